@@ -1,0 +1,162 @@
+"""What every benchmark suite shares: timing, ceilings, result files.
+
+Rules (README "Benchmarks"): CUDA-event timing through ``triton.testing.do_bench`` (median, with
+p20/p80), warm-up, inputs rotated when one set fits in L2, every baseline in the same process,
+eager and CUDA-graph-replay times side by side. Results are JSON in one schema for all suites::
+
+    {"meta": {"device", "torch", "triton", "date", "copy_tbps", ...},
+     "rows": [{"suite", "impl", "M", "N", "K", "r", "dtype", "median_us", "graph_us", ...}]}
+
+Markdown tables and PNG plots are drawn from the stored rows only.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Sequence
+
+import torch
+
+__all__ = ["Timing", "time_eager", "time_graph", "time_impl", "measure_copy_tbps", "device_meta",
+           "rotation_count", "write_results", "load_results", "RESULTS_DIR"]
+
+RESULTS_DIR = Path("benchmarks/results/h200")
+L2_BYTES_DEFAULT = 60 * 2**20
+
+
+@dataclass(frozen=True)
+class Timing:
+    median_us: float
+    p20_us: float
+    p80_us: float
+
+
+def _bench(fn: Callable[[], object], warmup_ms: int = 25, rep_ms: int = 100) -> Timing:
+    import triton.testing
+    q = triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms, quantiles=[0.5, 0.2, 0.8])
+    return Timing(*(1e3 * float(v) for v in q))
+
+
+def rotation_count(bytes_per_set: int, l2_bytes: int | None = None) -> int:
+    """How many input sets to rotate so that one pass over them is ≥ 3× the L2 (at least 1)."""
+    if l2_bytes is None:
+        l2_bytes = L2_BYTES_DEFAULT
+        if torch.cuda.is_available():
+            l2_bytes = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", l2_bytes)
+    return max(1, min(64, -(-3 * l2_bytes // max(1, bytes_per_set))))
+
+
+class _Rotator:
+    """Calls ``fn(*inputs[i])`` with i cycling, so repeated calls do not measure the cache."""
+
+    def __init__(self, fn, input_sets):
+        self.fn, self.sets, self.i = fn, input_sets, 0
+
+    def __call__(self):
+        args = self.sets[self.i]
+        self.i = (self.i + 1) % len(self.sets)
+        return self.fn(*args)
+
+
+def time_eager(fn, input_sets: Sequence[tuple]) -> Timing:
+    return _bench(_Rotator(fn, input_sets))
+
+
+def time_graph(fn, input_sets: Sequence[tuple]) -> Timing:
+    """Time one call as a CUDA-graph replay: the graph holds one call per input set (rotation),
+    the replay time is divided by the number of calls."""
+    n = len(input_sets)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):      # warm up (autotune, allocations) outside the capture
+        for args in input_sets:
+            fn(*args)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for args in input_sets:
+            fn(*args)
+    t = _bench(graph.replay)
+    return Timing(t.median_us / n, t.p20_us / n, t.p80_us / n)
+
+
+def time_impl(fn, input_sets: Sequence[tuple], graph: bool = True) -> dict:
+    """Eager and graph timings of one implementation, as row fields."""
+    e = time_eager(fn, input_sets)
+    row = {"median_us": round(e.median_us, 3), "p20_us": round(e.p20_us, 3), "p80_us": round(e.p80_us, 3)}
+    if graph:
+        try:
+            g = time_graph(fn, input_sets)
+            row.update(graph_us=round(g.median_us, 3), graph_p20_us=round(g.p20_us, 3),
+                       graph_p80_us=round(g.p80_us, 3))
+        except Exception as exc:  # a path that cannot be captured is reported, not hidden
+            row.update(graph_us=None, graph_error=f"{type(exc).__name__}: {exc}"[:200])
+    return row
+
+
+def measure_copy_tbps(nbytes: int = 2 * 2**30) -> float:
+    """Device-to-device copy bandwidth in TB/s, counting bytes read plus bytes written."""
+    src = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    t = _bench(lambda: dst.copy_(src))
+    return round(2 * nbytes / (t.median_us * 1e-6) / 1e12, 3)
+
+
+def _git_commit() -> str | None:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              check=True).stdout.strip()
+    except Exception:
+        return None
+
+
+def device_meta(copy_tbps: float | None = None) -> dict:
+    import triton
+    dev = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
+    return {"device": dev, "torch": torch.__version__, "triton": triton.__version__,
+            "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            "copy_tbps": copy_tbps, "commit": _git_commit()}
+
+
+def write_results(name: str, meta: dict, rows: list[dict], outdir: Path | str = RESULTS_DIR,
+                  md: str | None = None, plot: Callable[[dict, Path], None] | None = None) -> Path:
+    """Write ``<name>.json`` (and ``.md``, ``.png`` when given) under ``outdir``."""
+    outdir = Path(outdir)
+    outdir.mkdir(parents=True, exist_ok=True)
+    data = {"meta": meta, "rows": rows}
+    path = outdir / f"{name}.json"
+    path.write_text(json.dumps(data, indent=1) + "\n")
+    if md is not None:
+        (outdir / f"{name}.md").write_text(md)
+    if plot is not None:
+        try:
+            plot(data, outdir / f"{name}.png")
+        except ImportError:
+            pass
+    return path
+
+
+def load_results(path: Path | str) -> dict:
+    return json.loads(Path(path).read_text())
+
+
+def markdown_table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
+    def fmt(v):
+        if v is None:
+            return "—"
+        if isinstance(v, float):
+            return f"{v:.3g}" if abs(v) < 10 else f"{v:.1f}"
+        return str(v)
+    out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    out += ["| " + " | ".join(fmt(v) for v in r) + " |" for r in rows]
+    return "\n".join(out) + "\n"
+
+
+def meta_header(meta: dict) -> str:
+    return (f"{meta.get('device')} · torch {meta.get('torch')} · triton {meta.get('triton')} · "
+            f"{meta.get('date')} · copy {meta.get('copy_tbps')} TB/s · commit {meta.get('commit')}\n\n")

@@ -1,0 +1,22 @@
+"""Quantized storage formats (pure torch, exact round trips)."""
+
+from .int4 import (
+    PACK_BLOCK,
+    dequantize_int4,
+    pack_int4,
+    quantize_act_int4,
+    quantize_weight_int4,
+    unpack_int4,
+)
+from .int8 import dequantize_rows_int8, quantize_rows_int8
+
+__all__ = [
+    "PACK_BLOCK",
+    "pack_int4",
+    "unpack_int4",
+    "quantize_weight_int4",
+    "quantize_act_int4",
+    "dequantize_int4",
+    "quantize_rows_int8",
+    "dequantize_rows_int8",
+]

@@ -1,0 +1,66 @@
+"""Symmetric absmax quantization over groups along the last axis (shared by int4 and int8).
+
+The numerics contract, stated once for every integer format in this package:
+
+- The scale of a group is ``absmax / qmax`` computed in float32, then ROUNDED to the 16-bit scale dtype.
+  Values are quantized with the rounded scale, ``q = clamp(round(x / scale16), qmin, qmax)``, so
+  ``dequant = q * scale16`` is exact in float32.
+- A group whose scale is 0 (all zeros, or an absmax so small that the 16-bit scale underflows) gets
+  scale 1: never 0, never NaN from a finite input; its q values are then 0.
+- Non-finite inputs: a group holding any NaN gets scale NaN, a group holding ±Inf (and no NaN) gets scale
+  +Inf. Every q of such a group is 0, so the whole group dequantizes to NaN (0·NaN, 0·Inf) and the NaN
+  reaches the matmul output the way torch itself would propagate it.
+"""
+
+from __future__ import annotations
+
+import torch
+
+SCALE_DTYPES = (torch.bfloat16, torch.float16)
+FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+
+
+def check_float(x: torch.Tensor, name: str) -> None:
+    if not isinstance(x, torch.Tensor) or x.dtype not in FLOAT_DTYPES:
+        got = x.dtype if isinstance(x, torch.Tensor) else type(x).__name__
+        raise ValueError(f"{name} must be a float tensor ({', '.join(map(str, FLOAT_DTYPES))}), got {got}")
+
+
+def check_scale_dtype(scale_dtype: torch.dtype) -> None:
+    if scale_dtype not in SCALE_DTYPES:
+        raise ValueError(f"scale_dtype must be torch.bfloat16 or torch.float16, got {scale_dtype}")
+
+
+def check_group(k: int, group_size: int) -> None:
+    if group_size <= 0 or k % group_size != 0:
+        raise ValueError(f"K={k} is not a multiple of group_size={group_size}")
+
+
+def quantize_groups(
+    x: torch.Tensor, group_size: int, qmax: int, scale_dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Quantize rows of ``x`` [R, K] in groups of ``group_size`` along K.
+
+    Returns ``q`` int8 [R, K] in [-qmax - 1, qmax] and ``scales`` [K // G, R] (group-major, scale_dtype).
+    """
+    rows, k = x.shape
+    check_group(k, group_size)
+    xg = x.float().reshape(rows, k // group_size, group_size)  # (R, K/G, G)
+    absmax = xg.abs().amax(dim=-1, keepdim=True) if k else xg.new_zeros(rows, 0, 1)
+    scale16 = (absmax / qmax).to(scale_dtype)
+    scale16 = torch.where(scale16 == 0, torch.ones_like(scale16), scale16)
+    ratio = xg / scale16.float()
+    # NaN/Inf groups: q = 0 everywhere in the group (the scale carries the NaN/Inf, see module doc).
+    ratio = torch.where(torch.isfinite(scale16.float()) & torch.isfinite(ratio), ratio, torch.zeros_like(ratio))
+    q = ratio.round().clamp(-qmax - 1, qmax).to(torch.int8).reshape(rows, k)
+    return q, scale16.reshape(rows, k // group_size).t().contiguous()
+
+
+def dequantize_groups(q: torch.Tensor, scales: torch.Tensor, group_size: int) -> torch.Tensor:
+    """Inverse of :func:`quantize_groups`: ``q`` int [R, K], ``scales`` [K // G, R] → float32 [R, K]."""
+    rows, k = q.shape
+    check_group(k, group_size)
+    if scales.shape != (k // group_size, rows):
+        raise ValueError(f"scales must be [K // G, R] = {[k // group_size, rows]}, got {list(scales.shape)}")
+    qg = q.float().reshape(rows, k // group_size, group_size)
+    return (qg * scales.float().t().unsqueeze(-1)).reshape(rows, k)

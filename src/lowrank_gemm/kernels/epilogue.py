@@ -1,0 +1,49 @@
+"""The epilogue every kernel shares, on the fp32 accumulator tile.
+
+    y = acc ⊙ row_scale[:, None] ⊙ col_scale[None, :] + s · Bᵀ + bias     (reference.lowrank_epilogue_ref)
+
+The scales dequantize the main product only; the low-rank term ``s · Bᵀ`` is one more small MMA
+(K = rank) onto the same accumulator, so Y is written once. ``s`` is rounded to B's dtype before
+the up-projection, as an unfused ``(x @ A.T) @ B.T`` in that dtype would do.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+__all__ = ["lowrank_up", "affine", "add_bias", "store_tile"]
+
+
+@triton.jit
+def lowrank_up(acc, s, b_ptr, stride_bn, stride_br, offs_n, N, R, BLOCK_R: tl.constexpr):
+    """acc [BM, BN] += s [BM, BLOCK_R] · B[offs_n, :R]ᵀ  (B is [N, R]; columns ≥ R read as 0)."""
+    offs_r = tl.arange(0, BLOCK_R)
+    b_t = tl.load(b_ptr + offs_r[:, None] * stride_br + offs_n[None, :] * stride_bn,
+                  mask=(offs_r[:, None] < R) & (offs_n[None, :] < N), other=0.0)  # [BLOCK_R, BN]
+    return tl.dot(s.to(b_t.dtype), b_t, acc)
+
+
+@triton.jit
+def affine(acc, offs_m, offs_n, M, N, row_scale_ptr, col_scale_ptr,
+           HAS_ROW_SCALE: tl.constexpr, HAS_COL_SCALE: tl.constexpr):
+    """Dequantize the main product (row × column scales) — call before :func:`lowrank_up`."""
+    if HAS_ROW_SCALE:
+        acc = acc * tl.load(row_scale_ptr + offs_m, mask=offs_m < M, other=0.0).to(tl.float32)[:, None]
+    if HAS_COL_SCALE:
+        acc = acc * tl.load(col_scale_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
+    return acc
+
+
+@triton.jit
+def add_bias(acc, offs_n, N, bias_ptr, HAS_BIAS: tl.constexpr):
+    if HAS_BIAS:
+        acc = acc + tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
+    return acc
+
+
+@triton.jit
+def store_tile(y_ptr, acc, offs_m, offs_n, M, N, stride_ym, stride_yn):
+    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    tl.store(y_ptr + offs_m[:, None] * stride_ym + offs_n[None, :] * stride_yn,
+             acc.to(y_ptr.dtype.element_ty), mask=mask)

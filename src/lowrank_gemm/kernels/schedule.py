@@ -1,0 +1,57 @@
+"""Tile order shared by every GEMM kernel (Triton and Gluon) and by the host.
+
+Tiles are visited in *grouped* order: ``GROUP_M`` row-blocks of the output are walked column by
+column, so the weight tiles a group reads stay hot in L2 while its ``GROUP_M`` activation row-blocks
+are reused across the whole N extent. A persistent grid of ``min(#SMs, tiles)`` programs strides
+through this order (``tile_id = pid, pid + grid, ...``).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+__all__ = ["grouped_tile", "grouped_tile_host", "persistent_grid", "cdiv"]
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@triton.jit
+def grouped_tile(tile_id, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
+    """Map a linear tile id to (pid_m, pid_n) in grouped order."""
+    tiles_per_group = GROUP_M * num_pid_n
+    group_id = tile_id // tiles_per_group
+    first_pid_m = group_id * GROUP_M
+    group_rows = tl.minimum(num_pid_m - first_pid_m, GROUP_M)
+    pid_m = first_pid_m + (tile_id % group_rows)
+    pid_n = (tile_id % tiles_per_group) // group_rows
+    return pid_m, pid_n
+
+
+def grouped_tile_host(tile_id: int, num_pid_m: int, num_pid_n: int, group_m: int) -> tuple[int, int]:
+    """Host mirror of :func:`grouped_tile` (tests pin the device versions to it)."""
+    tiles_per_group = group_m * num_pid_n
+    group_id = tile_id // tiles_per_group
+    first_pid_m = group_id * group_m
+    group_rows = min(num_pid_m - first_pid_m, group_m)
+    return first_pid_m + (tile_id % group_rows), (tile_id % tiles_per_group) // group_rows
+
+
+_SM_COUNT: dict[int, int] = {}
+
+
+def num_sms(device) -> int:
+    import torch
+    if device.type != "cuda":
+        return 4  # interpreter: a few programs, enough to exercise the persistent stride
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    if idx not in _SM_COUNT:
+        _SM_COUNT[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
+    return _SM_COUNT[idx]
+
+
+def persistent_grid(num_tiles: int, device) -> int:
+    """Programs in a persistent launch: one per SM, never more than there are tiles."""
+    return max(1, min(num_tiles, num_sms(device)))

@@ -1,0 +1,49 @@
+"""The plain values the planner hands to a launcher."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, replace
+
+__all__ = ["KernelConfig"]
+
+
+@dataclass(frozen=True)
+class KernelConfig:
+    """Tile and pipeline choices of one launch. Every kernel family reads the fields it needs.
+
+    block_m/n/k: output tile and K step; block_r: rank padded to the MMA's K granularity;
+    group_m: rows of tiles per group in the grouped order; split_k: K slices reduced
+    deterministically (no atomics); num_stages: main-operand pipeline depth; lowrank_stages:
+    low-rank operand pipeline depth (warp-specialized kernels); persistent: grid of #SMs programs.
+    """
+
+    block_m: int = 128
+    block_n: int = 128
+    block_k: int = 64
+    block_r: int = 16
+    group_m: int = 8
+    num_warps: int = 4
+    num_stages: int = 3
+    lowrank_stages: int = 1
+    split_k: int = 1
+    persistent: bool = False
+
+    def __post_init__(self):
+        for name in ("block_m", "block_n", "block_k", "block_r"):
+            v = getattr(self, name)
+            if v < 16 or v & (v - 1):
+                raise ValueError(f"KernelConfig.{name} must be a power of two ≥ 16, got {v}")
+        if self.num_warps not in (1, 2, 4, 8, 16):
+            raise ValueError(f"KernelConfig.num_warps must be 1, 2, 4, 8 or 16, got {self.num_warps}")
+        if self.split_k < 1 or self.num_stages < 1 or self.group_m < 1 or self.lowrank_stages < 0:
+            raise ValueError(f"invalid KernelConfig {self}")
+
+    def replace(self, **kw) -> "KernelConfig":
+        return replace(self, **kw)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "KernelConfig":
+        return cls(**d)

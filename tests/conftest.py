@@ -1,0 +1,31 @@
+"""Test setup shared by the whole suite.
+
+On a machine without CUDA the Triton kernels run under the interpreter: ``TRITON_INTERPRET`` must
+be set before any ``@triton.jit`` is decorated, i.e. before the package is imported, hence here.
+GPU tests carry ``@pytest.mark.gpu`` and run on the device machine with ``pytest -m gpu``.
+"""
+
+import os
+
+import pytest
+import torch
+
+HAS_CUDA = torch.cuda.is_available()
+if not HAS_CUDA:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+
+
+def pytest_collection_modifyitems(config, items):
+    if HAS_CUDA:
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (run `pytest -m gpu` on the device machine)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(0)
