@@ -30,7 +30,8 @@ class CompiledInfo:
         return all(n in self.ptx for n in needles)
 
 
-def _compile_here(module: str, name: str, signature: dict, constexprs: dict, options: dict) -> dict:
+def _compile_here(module: str, name: str, signature: dict, constexprs: dict, options: dict,
+                  aligned: list | tuple = ()) -> dict:
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -43,23 +44,26 @@ def _compile_here(module: str, name: str, signature: dict, constexprs: dict, opt
     sig = dict(signature)
     for k in constexprs:
         sig[k] = "constexpr"
-    src = Src(fn=fn, signature=sig, constexprs=dict(constexprs))
+    # what the JIT infers at launch for 16-B-aligned pointers / multiples of 16 (vectorized, cp.async)
+    attrs = {(fn.arg_names.index(a),): [["tt.divisibility", 16]] for a in aligned}
+    src = Src(fn=fn, signature=sig, constexprs=dict(constexprs), attrs=attrs or None)
     c = triton.compile(src, target=GPUTarget(*SM90), options=options)
     return {"ptx": c.asm["ptx"], "shared": int(c.metadata.shared), "num_warps": int(c.metadata.num_warps)}
 
 
 def compile_sm90(module: str, name: str, signature: dict, constexprs: dict | None = None,
-                 **options) -> CompiledInfo:
+                 aligned: tuple[str, ...] = (), **options) -> CompiledInfo:
     """Compile ``module.name`` for sm_90.
 
     signature: argument name → Triton type string (``"*bf16"``, ``"i32"``, ``"fp32"``, …);
-    constexprs: argument name → value; options: ``num_warps``, ``num_stages``, ….
+    constexprs: argument name → value; aligned: argument names the JIT would specialize as
+    divisible by 16 (pointers, strides); options: ``num_warps``, ``num_stages``, ….
     """
     constexprs = constexprs or {}
     if os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
-        return CompiledInfo(**_compile_here(module, name, signature, constexprs, options))
+        return CompiledInfo(**_compile_here(module, name, signature, constexprs, options, aligned))
     payload = json.dumps({"module": module, "name": name, "signature": signature,
-                          "constexprs": constexprs, "options": options})
+                          "constexprs": constexprs, "options": options, "aligned": list(aligned)})
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     proc = subprocess.run([sys.executable, "-m", "lowrank_gemm.kernels.aot"], input=payload,
                           capture_output=True, text=True, env=env)
@@ -70,5 +74,6 @@ def compile_sm90(module: str, name: str, signature: dict, constexprs: dict | Non
 
 if __name__ == "__main__":
     req = json.loads(sys.stdin.read())
-    out = _compile_here(req["module"], req["name"], req["signature"], req["constexprs"], req["options"])
+    out = _compile_here(req["module"], req["name"], req["signature"], req["constexprs"], req["options"],
+                        req.get("aligned", ()))
     print(json.dumps(out))

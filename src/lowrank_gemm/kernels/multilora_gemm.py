@@ -1,0 +1,460 @@
+"""Fused multi-LoRA GEMM: ``y[m] = x[m]·Wᵀ + scale[l]·(x[m]·A[l]ᵀ)·B[l]ᵀ + bias`` with ``l = ids[m]``.
+
+Two launches, one pass over W and Y:
+
+1. **shrink** (``_mlora_shrink_kernel``): ``S[m] = x[m]·A[ids[m]]ᵀ`` into an fp32 workspace
+   ``[SPLIT_S, M, BLOCK_R]``. S depends on the row only, so it is computed once, not once per
+   N-tile. A program owns (row block, j-th distinct adapter of that block, 16-wide rank slice,
+   K slice): each (block, adapter) pair reads its A slice once, every row is written by exactly one
+   program per K slice (no atomics), and the K slices are summed in a fixed order by the consumer.
+2. **main** (``_mlora_main_kernel``): the base GEMM (W through TMA, ``wgmma``), then an epilogue
+   that sums the S slices, applies ``scale[l]`` per row and loops over the *distinct* adapters of the
+   tile: ``acc += where(ids == l, S, 0)·B[l, n_tile, :rank_l]ᵀ`` through the shared
+   :func:`~lowrank_gemm.kernels.epilogue.lowrank_up`. Each distinct adapter's B tile is read once
+   per N-tile, W once.
+
+Modes: ``gather`` keeps rows in place (ids unsorted); ``segment`` walks rows through a permutation
+sorting them by adapter (``row_order``, computed on device with ``torch.sort``, no host sync), so a
+tile holds few distinct adapters and B is read ~once overall. Nothing is permuted in memory: x is
+gathered and y scattered through the permutation.
+
+Safety: ids outside ``[0, L)`` (including −1) mean "base only" inside the kernels, and ranks are
+clamped to ``[0, r_max]``, so a bad id or rank can never read out of bounds. Host-side value checks
+(ids range, ranks ≤ r_max) need a device sync: they run only when ``validate`` is true, which by
+default means "not inside CUDA-graph capture and not compiling".
+
+Rows with id −1 get exactly the base product: the masked low-rank terms add exact zeros.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from lowrank_gemm.kernels.epilogue import add_bias, lowrank_up, store_tile
+from lowrank_gemm.kernels.schedule import cdiv, grouped_tile, num_sms
+from lowrank_gemm.plan.config import KernelConfig
+from lowrank_gemm.plan.smem import SmemLedger, SmemTerm, barrier_bytes, solve_stages, tile_bytes
+
+__all__ = ["MultiLoRAPlan", "choose_plan", "main_ledger", "can_implement", "sort_rows",
+           "multi_lora_linear", "multi_lora_gemm", "MODES"]
+
+MODES = ("gather", "segment", "auto")
+SHRINK_RANK_BLOCK = 16      # rank slice one shrink program owns (MMA N granularity)
+
+
+# ----------------------------------------------------------------------------------------------
+# device helpers
+# ----------------------------------------------------------------------------------------------
+
+@triton.jit
+def _safe_ids(ids_ptr, rows, valid, L):
+    """Adapter id per row; anything outside [0, L) (−1, stale, corrupt) reads as −1 = base only."""
+    ids = tl.load(ids_ptr + rows, mask=valid, other=-1).to(tl.int32)
+    return tl.where((ids >= 0) & (ids < L), ids, -1)
+
+
+@triton.jit
+def _distinct(ids, BM: tl.constexpr):
+    """First-occurrence marks of the valid ids of a row block and their order among distinct ids.
+
+    Returns (first [BM] bool, order [BM] int32, count): the j-th distinct adapter of the block is
+    ``max(where(first & (order == j), ids, -1))``; no sort, one [BM, BM] comparison.
+    """
+    ar = tl.arange(0, BM)
+    seen_before = (ids[:, None] == ids[None, :]) & (ar[None, :] < ar[:, None])
+    dup = tl.max(seen_before.to(tl.int32), axis=1)
+    first = (ids >= 0) & (dup == 0)
+    order = tl.cumsum(first.to(tl.int32), axis=0) - 1
+    return first, order, tl.sum(first.to(tl.int32), axis=0)
+
+
+@triton.jit
+def _block_rows(row_order_ptr, offs, M, HAS_ORDER: tl.constexpr):
+    """Physical rows of a (possibly sorted) row block; invalid slots map to row M (masked)."""
+    valid = offs < M
+    if HAS_ORDER:
+        rows = tl.load(row_order_ptr + offs, mask=valid, other=M).to(tl.int32)
+    else:
+        rows = offs
+    return rows, valid
+
+
+@triton.jit
+def multi_lowrank_up(acc, rows, valid, ids, s_ptr, stride_ss, stride_sm, SPLIT_S, scales_ptr,
+                     b_ptr, stride_bl, stride_bn, stride_br, ranks_ptr, R_MAX, offs_n, N,
+                     BM: tl.constexpr, BLOCK_R: tl.constexpr):
+    """acc [BM, BN] += scale[ids]·S[rows]·B[ids, offs_n, :rank]ᵀ, one MMA per distinct adapter.
+
+    S is the shrink workspace [SPLIT_S, M, BLOCK_R] (fp32), summed over its K slices in order;
+    rows whose id is −1 keep acc bit for bit (their S reads as 0 and is masked out of every MMA).
+    """
+    offs_r = tl.arange(0, BLOCK_R)
+    has = valid & (ids >= 0)
+    s_ptrs = s_ptr + rows[:, None].to(tl.int64) * stride_sm + offs_r[None, :]
+    s = tl.zeros((BM, BLOCK_R), tl.float32)
+    for sp in range(0, SPLIT_S):
+        s += tl.load(s_ptrs + sp * stride_ss, mask=has[:, None], other=0.0)
+    scale = tl.load(scales_ptr + ids, mask=has, other=0.0).to(tl.float32)
+    s = s * scale[:, None]
+    first, order, count = _distinct(ids, BM)
+    for j in range(0, count):
+        cur = tl.max(tl.where(first & (order == j), ids, -1), axis=0)
+        rank = tl.minimum(tl.maximum(tl.load(ranks_ptr + cur), 0), R_MAX)
+        s_l = tl.where((ids == cur)[:, None], s, 0.0)
+        acc = lowrank_up(acc, s_l, b_ptr + cur.to(tl.int64) * stride_bl, stride_bn, stride_br,
+                         offs_n, N, rank, BLOCK_R)
+    return acc
+
+
+# ----------------------------------------------------------------------------------------------
+# kernels
+# ----------------------------------------------------------------------------------------------
+
+@triton.jit
+def _mlora_shrink_kernel(
+        x_ptr,          # (M, K)
+        a_ptr,          # (L, R_MAX, K)
+        ids_ptr,        # (M,) int32
+        row_order_ptr,  # (M,) int32 or dummy
+        ranks_ptr,      # (L,) int32
+        s_ptr,          # (SPLIT_S, M, BLOCK_R) fp32, out
+        M, K, L, R_MAX, K_PER_SPLIT,
+        stride_xm, stride_xk, stride_al, stride_ar, stride_ak, stride_ss, stride_sm,
+        MAX_DISTINCT: tl.constexpr, NUM_RB: tl.constexpr, SPLIT_S: tl.constexpr,
+        BM: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr, HAS_ORDER: tl.constexpr):
+    pid = tl.program_id(0)
+    split = pid % SPLIT_S
+    t = pid // SPLIT_S
+    rb = t % NUM_RB
+    t = t // NUM_RB
+    j = t % MAX_DISTINCT
+    mb = t // MAX_DISTINCT
+
+    rows, valid = _block_rows(row_order_ptr, mb * BM + tl.arange(0, BM), M, HAS_ORDER)
+    ids = _safe_ids(ids_ptr, rows, valid, L)
+    first, order, count = _distinct(ids, BM)
+    cur = tl.max(tl.where(first & (order == j), ids, -1), axis=0)
+    if cur >= 0:
+        rank = tl.minimum(tl.maximum(tl.load(ranks_ptr + cur), 0), R_MAX)
+        sel = ids == cur
+        offs_r = rb * BR + tl.arange(0, BR)
+        k_lo = split * K_PER_SPLIT
+        k_hi = tl.minimum(k_lo + K_PER_SPLIT, K)
+        x_ptrs = x_ptr + rows[:, None].to(tl.int64) * stride_xm
+        a_ptrs = a_ptr + cur.to(tl.int64) * stride_al + offs_r[:, None] * stride_ar
+        acc = tl.zeros((BM, BR), tl.float32)
+        for k in range(k_lo, k_hi, BK):
+            offs_k = k + tl.arange(0, BK)
+            kin = offs_k < k_hi
+            xt = tl.load(x_ptrs + offs_k[None, :] * stride_xk, mask=sel[:, None] & kin[None, :], other=0.0)
+            at = tl.load(a_ptrs + offs_k[None, :] * stride_ak,
+                         mask=(offs_r[:, None] < rank) & kin[None, :], other=0.0)
+            acc = tl.dot(xt, at.T, acc)
+        tl.store(s_ptr + split * stride_ss + rows[:, None].to(tl.int64) * stride_sm + offs_r[None, :],
+                 acc, mask=sel[:, None])
+
+
+@triton.jit
+def _mlora_main_kernel(
+        x_ptr,          # (M, K)
+        w_desc,         # (N, K) TensorDescriptor, block [BN, BK]  (or raw pointer when not USE_TMA)
+        y_ptr,          # (M, N), out
+        bias_ptr,       # (N,) or dummy
+        ids_ptr,        # (M,) int32
+        row_order_ptr,  # (M,) int32 or dummy
+        s_ptr,          # (SPLIT_S, M, BLOCK_R) fp32 from the shrink kernel
+        scales_ptr,     # (L,) fp32
+        b_ptr,          # (L, N, R_MAX)
+        ranks_ptr,      # (L,) int32
+        M, N, K, L, R_MAX, SPLIT_S,
+        stride_xm, stride_xk, stride_wn, stride_wk, stride_ym, stride_yn,
+        stride_ss, stride_sm, stride_bl, stride_bn, stride_br,
+        BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, BLOCK_R: tl.constexpr,
+        GROUP_M: tl.constexpr, HAS_ORDER: tl.constexpr, HAS_LORA: tl.constexpr,
+        HAS_BIAS: tl.constexpr, USE_TMA: tl.constexpr):
+    num_pid_m = tl.cdiv(M, BM)
+    num_pid_n = tl.cdiv(N, BN)
+    pid_m, pid_n = grouped_tile(tl.program_id(0), num_pid_m, num_pid_n, GROUP_M)
+
+    rows, valid = _block_rows(row_order_ptr, pid_m * BM + tl.arange(0, BM), M, HAS_ORDER)
+    offs_n = pid_n * BN + tl.arange(0, BN)
+    x_ptrs = x_ptr + rows[:, None].to(tl.int64) * stride_xm
+    acc = tl.zeros((BM, BN), tl.float32)
+    for k in range(0, K, BK):
+        offs_k = k + tl.arange(0, BK)
+        xt = tl.load(x_ptrs + offs_k[None, :] * stride_xk, mask=valid[:, None] & (offs_k[None, :] < K),
+                     other=0.0)
+        if USE_TMA:
+            wt = w_desc.load([pid_n * BN, k])
+        else:
+            wt = tl.load(w_desc + offs_n[:, None] * stride_wn + offs_k[None, :] * stride_wk,
+                         mask=(offs_n[:, None] < N) & (offs_k[None, :] < K), other=0.0)
+        acc = tl.dot(xt, wt.T, acc)
+
+    if HAS_LORA:
+        ids = _safe_ids(ids_ptr, rows, valid, L)
+        acc = multi_lowrank_up(acc, rows, valid, ids, s_ptr, stride_ss, stride_sm, SPLIT_S, scales_ptr,
+                               b_ptr, stride_bl, stride_bn, stride_br, ranks_ptr, R_MAX, offs_n, N,
+                               BM, BLOCK_R)
+    acc = add_bias(acc, offs_n, N, bias_ptr, HAS_BIAS)
+    store_tile(y_ptr, acc, rows, offs_n, M, N, stride_ym, stride_yn)
+
+
+# ----------------------------------------------------------------------------------------------
+# plan: configs + SMEM ledger
+# ----------------------------------------------------------------------------------------------
+
+def _pow2_at_least(v: int, lo: int = 16) -> int:
+    return max(lo, triton.next_power_of_2(max(1, v)))
+
+
+@dataclass(frozen=True)
+class MultiLoRAPlan:
+    """The two launches' choices. ``main``: the GEMM tile; ``shrink``: block_m = rows per shrink
+    block, block_n = rank slice, block_k = K step, split_k = K slices summed by the epilogue."""
+
+    main: KernelConfig
+    shrink: KernelConfig
+    use_tma: bool = True
+
+
+def main_ledger(cfg: KernelConfig, elem_bits: int = 16, use_tma: bool = True) -> SmemLedger:
+    """SMEM of the main kernel: pipelined x and W tiles, TMA barriers; the epilogue's S and B
+    operand tiles reuse the pipeline buffers (dead after the K loop), so only any excess counts."""
+    pipe = [
+        SmemTerm("x tile", tile_bytes(cfg.block_m, cfg.block_k, elem_bits), cfg.num_stages),
+        SmemTerm("W tile", tile_bytes(cfg.block_n, cfg.block_k, elem_bits), cfg.num_stages),
+    ]
+    pipe_bytes = sum(t.total(1) for t in pipe)
+    epi_bytes = (tile_bytes(cfg.block_m, cfg.block_r, elem_bits) + tile_bytes(cfg.block_r, cfg.block_n, elem_bits))
+    terms = list(pipe)
+    if use_tma:
+        terms.append(SmemTerm("W TMA barriers", barrier_bytes(1), cfg.num_stages))
+    terms.append(SmemTerm("lowrank S+B beyond pipeline", max(0, epi_bytes - pipe_bytes)))
+    return SmemLedger(tuple(terms), label=f"multilora main {cfg.block_m}x{cfg.block_n}x{cfg.block_k}")
+
+
+def can_implement(cfg: KernelConfig, elem_bits: int = 16) -> bool:
+    return cfg.split_k == 1 and not cfg.persistent and main_ledger(cfg, elem_bits).fits()
+
+
+def choose_plan(M: int, N: int, K: int, r_max: int, L: int, mode: str, device) -> MultiLoRAPlan:
+    """Memory-bound decode shapes (M ≤ 256): enough N-tiles to cover the SMs, deep pipeline."""
+    sms = num_sms(device)
+    block_r = _pow2_at_least(r_max)
+    block_m = 64 if M <= 64 else 128
+    num_pid_m = cdiv(M, block_m)
+    block_n = 128
+    while block_n > 32 and num_pid_m * cdiv(N, block_n) < 0.9 * sms:
+        block_n //= 2       # small N: more, narrower tiles instead of split-K (W still read once)
+    block_k = 128 if block_m == 64 else 64
+    base = KernelConfig(block_m=block_m, block_n=block_n, block_k=block_k, block_r=block_r,
+                        group_m=8, num_warps=4 if block_m == 64 else 8)
+    stages, _, _ = solve_stages(lambda s, _l: main_ledger(base.replace(num_stages=s)), min_main=2,
+                                max_main=5)
+    main = base.replace(num_stages=stages)
+
+    # shrink: sorted rows share adapters, so bigger blocks; random ids → small blocks
+    sbm = min(64 if mode == "segment" else 16, _pow2_at_least(M))
+    sbk = 128 if K >= 128 else _pow2_at_least(K)
+    pairs = cdiv(M, sbm) * min(sbm, max(L, 1)) * (block_r // SHRINK_RANK_BLOCK)
+    # every extra K slice costs each main tile one more [rows, BLOCK_R] fp32 read: keep ≤ 32 KiB
+    s_budget = max(1, 32768 // (min(M, block_m) * block_r * 4))
+    split = max(1, min(cdiv(2 * sms, pairs), cdiv(K, sbk), s_budget, 32))
+    shrink = KernelConfig(block_m=sbm, block_n=SHRINK_RANK_BLOCK, block_k=sbk, block_r=block_r,
+                          split_k=split, num_warps=4, num_stages=3)
+    return MultiLoRAPlan(main=main, shrink=shrink)
+
+
+# ----------------------------------------------------------------------------------------------
+# host: validation, launch, op
+# ----------------------------------------------------------------------------------------------
+
+def sort_rows(adapter_ids: torch.Tensor) -> torch.Tensor:
+    """Row permutation sorting rows by adapter (stable), int32, on the ids' device — no host sync."""
+    return torch.sort(adapter_ids, stable=True).indices.to(torch.int32)
+
+
+def _default_validate() -> bool:
+    if torch.compiler.is_compiling():
+        return False
+    return not (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
+
+
+def _check_inputs(x, weight, bank_a, bank_b, ranks, scales, adapter_ids, bias, row_order, mode):
+    def need(cond, msg):
+        if not cond:
+            raise ValueError(f"multi_lora_linear: {msg}")
+
+    need(mode in MODES, f"mode must be one of {MODES}, got {mode!r}")
+    need(x.dim() == 2, f"x must be [M, K] (flatten leading dims), got shape {tuple(x.shape)}")
+    M, K = x.shape
+    need(weight.dim() == 2 and weight.shape[1] == K,
+         f"weight must be [N, K={K}], got {tuple(weight.shape)}")
+    N = weight.shape[0]
+    need(bank_a.dim() == 3 and bank_a.shape[2] == K,
+         f"bank_a must be [L, r_max, K={K}], got {tuple(bank_a.shape)}")
+    L, r_max = bank_a.shape[0], bank_a.shape[1]
+    need(tuple(bank_b.shape) == (L, N, r_max),
+         f"bank_b must be [L={L}, N={N}, r_max={r_max}], got {tuple(bank_b.shape)}")
+    need(tuple(ranks.shape) == (L,) and ranks.dtype == torch.int32,
+         f"ranks must be int32 [L={L}], got {ranks.dtype} {tuple(ranks.shape)}")
+    need(tuple(scales.shape) == (L,) and scales.dtype == torch.float32,
+         f"scales must be float32 [L={L}], got {scales.dtype} {tuple(scales.shape)}")
+    need(tuple(adapter_ids.shape) == (M,) and adapter_ids.dtype in (torch.int32, torch.int64),
+         f"adapter_ids must be int32/int64 [M={M}], got {adapter_ids.dtype} {tuple(adapter_ids.shape)}")
+    need(x.dtype in (torch.float16, torch.bfloat16), f"x must be fp16 or bf16, got {x.dtype}")
+    for name, t in (("weight", weight), ("bank_a", bank_a), ("bank_b", bank_b)):
+        need(t.dtype == x.dtype, f"{name} dtype must match x ({x.dtype}), got {t.dtype}")
+    if bias is not None:
+        need(tuple(bias.shape) == (N,), f"bias must be [N={N}], got {tuple(bias.shape)}")
+    if row_order is not None:
+        need(tuple(row_order.shape) == (M,) and row_order.dtype == torch.int32,
+             f"row_order must be int32 [M={M}], got {row_order.dtype} {tuple(row_order.shape)}")
+    named = [("weight", weight), ("bank_a", bank_a), ("bank_b", bank_b), ("ranks", ranks),
+             ("scales", scales), ("adapter_ids", adapter_ids), ("bias", bias), ("row_order", row_order)]
+    for name, t in named:
+        if t is not None:
+            need(t.device == x.device, f"{name} is on {t.device}, expected x's device {x.device}")
+    return M, N, K, L, r_max
+
+
+def _check_values(adapter_ids, ranks, L, r_max):
+    """Host-side value checks (sync on GPU): ids in [−1, L), ranks in [0, r_max]."""
+    lo, hi = int(adapter_ids.min()), int(adapter_ids.max())
+    if lo < -1 or hi >= L:
+        raise ValueError(f"multi_lora_linear: adapter_ids must lie in [-1, {L - 1}] (L={L} slots, −1 = base "
+                         f"only), got values in [{lo}, {hi}]")
+    if L:
+        rlo, rhi = int(ranks.min()), int(ranks.max())
+        if rlo < 0 or rhi > r_max:
+            raise ValueError(f"multi_lora_linear: ranks must lie in [0, r_max={r_max}], got [{rlo}, {rhi}]")
+
+
+def _w_operand(weight: torch.Tensor, cfg: KernelConfig, use_tma: bool):
+    if not use_tma:
+        return weight
+    from triton.tools.tensor_descriptor import TensorDescriptor
+    return TensorDescriptor(weight, shape=list(weight.shape), strides=list(weight.stride()),
+                            block_shape=[cfg.block_n, cfg.block_k])
+
+
+def multi_lora_gemm(x, weight, bank_a, bank_b, ranks, scales, adapter_ids, bias=None, row_order=None,
+                    mode: str = "auto", plan: MultiLoRAPlan | None = None, has_lora: bool = True,
+                    validate: bool | None = None, out: torch.Tensor | None = None,
+                    poison_workspace: bool = False) -> torch.Tensor:
+    """Launch shrink + main. x [M, K], weight [N, K], bank_a [L, r_max, K], bank_b [L, N, r_max],
+    ranks [L] int32, scales [L] fp32, adapter_ids [M] (−1 = base only), bias [N] → y [M, N].
+
+    ``mode``: "gather" (rows in place), "segment" (rows walked sorted by adapter; ``row_order``
+    may be passed in, else it is computed on device), "auto" (segment when M > 64).
+    ``has_lora=False`` runs the same main kernel without the low-rank epilogue (the base product).
+    ``out`` [M, N] receives y (tests pass it NaN-filled); ``poison_workspace`` NaN-fills the S
+    workspace first, so a read of a slot no shrink program wrote shows up.
+    """
+    M, N, K, L, r_max = _check_inputs(x, weight, bank_a, bank_b, ranks, scales, adapter_ids, bias,
+                                      row_order, mode)
+    if validate is None:
+        validate = _default_validate()
+    if validate and M:
+        _check_values(adapter_ids, ranks, L, r_max)
+    if mode == "auto":
+        mode = "segment" if M > 64 or row_order is not None else "gather"
+    if out is not None:
+        if tuple(out.shape) != (M, N) or out.dtype != x.dtype or out.device != x.device:
+            raise ValueError(f"multi_lora_linear: out must be {x.dtype} [{M}, {N}] on {x.device}, got "
+                             f"{out.dtype} {tuple(out.shape)} on {out.device}")
+        y = out
+    else:
+        y = torch.empty((M, N), dtype=x.dtype, device=x.device)
+    if M == 0 or N == 0:
+        return y
+    plan = plan or choose_plan(M, N, K, r_max, L, mode, x.device)
+    cfg, scfg = plan.main, plan.shrink
+    use_tma = plan.use_tma and (K * x.element_size()) % 16 == 0 and weight.stride(1) == 1
+    has_lora = has_lora and L > 0 and r_max > 0
+    ids = adapter_ids if adapter_ids.dtype == torch.int32 else adapter_ids.to(torch.int32)
+    if mode == "segment":
+        order = sort_rows(ids) if row_order is None else row_order
+    else:
+        order = None
+    order_arg = order if order is not None else ids      # dummy pointer when HAS_ORDER is False
+    block_r = _pow2_at_least(r_max)
+    if cfg.block_r != block_r:
+        cfg = cfg.replace(block_r=block_r)
+
+    split_s = scfg.split_k if has_lora else 1
+    s_ws = torch.empty((split_s, M, block_r), dtype=torch.float32, device=x.device)
+    if poison_workspace:
+        s_ws.fill_(float("nan"))
+    if has_lora:
+        sbm = scfg.block_m
+        max_distinct = min(sbm, L)
+        num_rb = block_r // scfg.block_n
+        k_per_split = cdiv(cdiv(K, split_s), scfg.block_k) * scfg.block_k
+        grid_s = (cdiv(M, sbm) * max_distinct * num_rb * split_s,)
+        _mlora_shrink_kernel[grid_s](
+            x, bank_a, ids, order_arg, ranks, s_ws, M, K, L, r_max, k_per_split,
+            x.stride(0), x.stride(1), bank_a.stride(0), bank_a.stride(1), bank_a.stride(2),
+            s_ws.stride(0), s_ws.stride(1),
+            MAX_DISTINCT=max_distinct, NUM_RB=num_rb, SPLIT_S=split_s, BM=sbm, BR=scfg.block_n,
+            BK=scfg.block_k, HAS_ORDER=order is not None, num_warps=scfg.num_warps,
+            num_stages=scfg.num_stages)
+
+    grid = (cdiv(M, cfg.block_m) * cdiv(N, cfg.block_n),)
+    _mlora_main_kernel[grid](
+        x, _w_operand(weight, cfg, use_tma), y, bias if bias is not None else x, ids, order_arg, s_ws,
+        scales, bank_b, ranks, M, N, K, L, r_max, split_s,
+        x.stride(0), x.stride(1), weight.stride(0), weight.stride(1), y.stride(0), y.stride(1),
+        s_ws.stride(0), s_ws.stride(1), bank_b.stride(0), bank_b.stride(1), bank_b.stride(2),
+        BM=cfg.block_m, BN=cfg.block_n, BK=cfg.block_k, BLOCK_R=block_r, GROUP_M=cfg.group_m,
+        HAS_ORDER=order is not None, HAS_LORA=has_lora, HAS_BIAS=bias is not None, USE_TMA=use_tma,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    return y
+
+
+@torch.library.custom_op("lowrank_gemm::multi_lora_linear", mutates_args=())
+def _multi_lora_linear_op(x: torch.Tensor, weight: torch.Tensor, bank_a: torch.Tensor, bank_b: torch.Tensor,
+                          ranks: torch.Tensor, scales: torch.Tensor, adapter_ids: torch.Tensor,
+                          bias: torch.Tensor | None, row_order: torch.Tensor | None, mode: str,
+                          validate: bool) -> torch.Tensor:
+    x2 = x.reshape(-1, x.shape[-1])
+    y = multi_lora_gemm(x2, weight, bank_a, bank_b, ranks, scales, adapter_ids.reshape(-1), bias,
+                        row_order, mode, validate=validate and _default_validate())
+    return y.reshape(*x.shape[:-1], weight.shape[0])
+
+
+@_multi_lora_linear_op.register_fake
+def _(x, weight, bank_a, bank_b, ranks, scales, adapter_ids, bias, row_order, mode, validate):
+    return x.new_empty((*x.shape[:-1], weight.shape[0]))
+
+
+def multi_lora_linear(x: torch.Tensor, weight: torch.Tensor, bank_a, bank_b: torch.Tensor | None = None,
+                      ranks: torch.Tensor | None = None, scales: torch.Tensor | None = None,
+                      adapter_ids: torch.Tensor | None = None, bias: torch.Tensor | None = None,
+                      mode: str = "auto", row_order: torch.Tensor | None = None,
+                      validate: bool = True) -> torch.Tensor:
+    """Per-row multi-adapter LoRA linear (custom op ``lowrank_gemm::multi_lora_linear``).
+
+    x [..., K], weight [N, K], bank_a [L, r_max, K], bank_b [L, N, r_max], ranks [L] int32,
+    scales [L] fp32, adapter_ids [...] (one id per row of x, −1 = base only), bias [N] → y [..., N].
+    ``bank_a`` may instead be an ``AdapterBank`` (then bank_b/ranks/scales come from it and the
+    next positional argument is ``adapter_ids``). ``validate`` runs the host-syncing value checks
+    unless inside CUDA-graph capture or torch.compile; bad ids are otherwise treated as −1.
+    """
+    if hasattr(bank_a, "bank_a"):       # an AdapterBank
+        bank = bank_a
+        if adapter_ids is None:
+            adapter_ids = bank_b
+        bank_a, bank_b, ranks, scales = bank.bank_a, bank.bank_b, bank.ranks, bank.scales
+    if adapter_ids is None or bank_b is None or ranks is None or scales is None:
+        raise TypeError("multi_lora_linear needs bank_b, ranks, scales and adapter_ids (or an AdapterBank)")
+    if adapter_ids.numel() != x.numel() // max(1, x.shape[-1]):
+        raise ValueError(f"multi_lora_linear: adapter_ids needs one id per row of x "
+                         f"({x.numel() // max(1, x.shape[-1])}), got shape {tuple(adapter_ids.shape)}")
+    return _multi_lora_linear_op(x, weight, bank_a, bank_b, ranks, scales, adapter_ids, bias, row_order,
+                                 mode, validate)

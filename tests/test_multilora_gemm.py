@@ -1,0 +1,287 @@
+"""Fused multi-LoRA GEMM on CPU (Triton interpreter, fp16) against reference.multi_lora_linear_ref.
+
+Tolerances: inputs are fp16 with |x|,|w| ~ 1 and K ≤ 100, outputs O(1..10); the kernel rounds S to
+fp16 before the up-projection (as an unfused fp16 path does) and stores y in fp16, so the error
+is a few fp16 ulps of |y|: atol 2e-2 + rtol 1e-2 is ~4× PyTorch's own fp16 error here.
+"""
+
+import math
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from lowrank_gemm.kernels import multilora_gemm as mg
+from lowrank_gemm.plan.config import KernelConfig
+from lowrank_gemm.reference import lora_linear_ref, multi_lora_linear_ref
+
+DT = torch.float16
+ATOL, RTOL = 2e-2, 1e-2
+
+
+def small_plan(split=2, sbm=16, bm=16, bn=32, bk=32, r_max=16):
+    br = max(16, 1 << (r_max - 1).bit_length())
+    return mg.MultiLoRAPlan(
+        main=KernelConfig(block_m=bm, block_n=bn, block_k=bk, block_r=br, group_m=2, num_stages=2),
+        shrink=KernelConfig(block_m=sbm, block_n=16, block_k=32, block_r=br, split_k=split))
+
+
+def make_case(M, N, K, L, r_max, ranks=None, seed=0, dirty=True, bias=True):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(M, K, generator=g).to(DT)
+    w = (torch.randn(N, K, generator=g) / math.sqrt(K)).to(DT)
+    a = (torch.randn(L, r_max, K, generator=g) / math.sqrt(K)).to(DT)
+    b = torch.randn(L, N, r_max, generator=g).to(DT)
+    if ranks is None:
+        ranks = torch.randint(0, r_max + 1, (L,), generator=g)
+    ranks = torch.as_tensor(ranks, dtype=torch.int32)
+    if dirty:   # slots past each rank hold garbage: the kernel must never read them
+        for l in range(L):
+            a[l, int(ranks[l]):] = float("nan")
+            b[l, :, int(ranks[l]):] = float("nan")
+    scales = (torch.rand(L, generator=g) + 0.5).float()
+    ids = torch.randint(-1, L, (M,), generator=g, dtype=torch.int32)
+    bias_t = torch.randn(N, generator=g).to(DT) if bias else None
+    return dict(x=x, weight=w, bank_a=a, bank_b=b, ranks=ranks, scales=scales, adapter_ids=ids, bias=bias_t)
+
+
+def clean(case):
+    """Zero the garbage past each rank: what the reference (which reads all r_max slots) expects."""
+    a, b = case["bank_a"].clone(), case["bank_b"].clone()
+    for l in range(a.shape[0]):
+        r = int(case["ranks"][l])
+        a[l, r:] = 0
+        b[l, :, r:] = 0
+    return a, b
+
+
+def ref_of(case):
+    a, b = clean(case)
+    return multi_lora_linear_ref(case["x"], case["weight"], a, b, case["adapter_ids"], case["scales"],
+                                 case["ranks"], case["bias"])
+
+
+def run(case, mode, plan=None, **kw):
+    M, N = case["x"].shape[0], case["weight"].shape[0]
+    out = torch.full((M, N), float("nan"), dtype=DT)
+    return mg.multi_lora_gemm(**case, mode=mode, plan=plan or small_plan(r_max=case["bank_a"].shape[1]),
+                              out=out, poison_workspace=True, **kw)
+
+
+def assert_close(y, ref):
+    assert not torch.isnan(y).any(), "unwritten (NaN) or NaN-contaminated outputs"
+    torch.testing.assert_close(y.double(), ref, atol=ATOL, rtol=RTOL)
+
+
+@pytest.mark.parametrize("mode", ["gather", "segment"])
+@pytest.mark.parametrize("M,N,K,L,r_max", [(37, 45, 72, 5, 16), (9, 70, 40, 3, 20), (50, 33, 96, 7, 8)])
+def test_matches_reference_ragged_mixed_ranks(mode, M, N, K, L, r_max):
+    case = make_case(M, N, K, L, r_max)
+    assert_close(run(case, mode), ref_of(case))
+
+
+def test_default_plan_and_public_op():
+    case = make_case(21, 40, 48, 4, 16, ranks=[16, 5, 0, 12])
+    ref = ref_of(case)
+    assert_close(mg.multi_lora_gemm(**case, mode="auto"), ref)
+    x3 = case["x"].reshape(3, 7, -1)
+    args = {k: v for k, v in case.items() if k != "x"}
+    args["adapter_ids"] = case["adapter_ids"].reshape(3, 7)
+    y = mg.multi_lora_linear(x3, mode="gather", **args)
+    assert y.shape == (3, 7, 40)
+    assert_close(y.reshape(21, 40), ref)
+
+
+def test_shrink_splits_and_wide_rank_blocks():
+    # r_max 40 → BLOCK_R 64: four 16-wide rank slices per shrink program, K in 3 slices
+    case = make_case(30, 24, 88, 4, 40, ranks=[40, 17, 33, 1])
+    for split in (1, 3):
+        assert_close(run(case, "gather", small_plan(split=split, r_max=40)), ref_of(case))
+
+
+def test_base_rows_bit_identical():
+    case = make_case(40, 36, 64, 4, 16, ranks=[16, 8, 3, 16], dirty=False)
+    case["adapter_ids"][::3] = -1
+    plan = small_plan()
+    y = run(case, "gather", plan)
+    base = run(case, "gather", plan, has_lora=False)
+    none = dict(case, adapter_ids=torch.full_like(case["adapter_ids"], -1))
+    y_none = run(none, "gather", plan)
+    rows = case["adapter_ids"] == -1
+    assert torch.equal(y[rows], base[rows])
+    assert torch.equal(y_none, base)
+    for mode in ("segment",):
+        assert torch.equal(run(case, mode, plan)[rows], base[rows])
+
+
+@pytest.mark.parametrize("mode", ["gather", "segment"])
+def test_single_adapter_equals_lora_ref(mode):
+    case = make_case(33, 40, 56, 3, 16, ranks=[16, 11, 16], dirty=False)
+    case["adapter_ids"].fill_(1)
+    a, b = clean(case)
+    ref = lora_linear_ref(case["x"], case["weight"], a[1, :11], b[1, :, :11], float(case["scales"][1]),
+                          case["bias"])
+    assert_close(run(case, mode), ref)
+
+
+def test_row_order_passed_in_and_int64_ids():
+    case = make_case(26, 30, 40, 5, 16)
+    ref = ref_of(case)
+    order = mg.sort_rows(case["adapter_ids"])
+    assert_close(run(dict(case), "segment", row_order=order), ref)
+    assert_close(run(dict(case, adapter_ids=case["adapter_ids"].long()), "gather"), ref)
+
+
+def test_bad_ids_rejected_or_clamped():
+    case = make_case(12, 20, 32, 3, 16, dirty=False)
+    bad = case["adapter_ids"].clone()
+    bad[0], bad[5] = 3, -2
+    with pytest.raises(ValueError, match=r"adapter_ids must lie in \[-1, 2\]"):
+        run(dict(case, adapter_ids=bad), "gather")
+    # without validation (graph capture) a bad id must never read out of bounds: it means "base only"
+    y = run(dict(case, adapter_ids=bad), "gather", validate=False)
+    fixed = bad.clone()
+    fixed[0], fixed[5] = -1, -1
+    assert_close(y, ref_of(dict(case, adapter_ids=fixed)))
+
+
+def test_ranks_above_rmax():
+    case = make_case(12, 20, 32, 3, 16, ranks=[16, 4, 8], dirty=False)
+    over = torch.tensor([17, 4, 8], dtype=torch.int32)
+    with pytest.raises(ValueError, match=r"ranks must lie in \[0, r_max=16\]"):
+        run(dict(case, ranks=over), "gather")
+    y = run(dict(case, ranks=over), "gather", validate=False)   # clamped to r_max
+    assert_close(y, ref_of(case))
+
+
+@pytest.mark.parametrize("field,bad,msg", [
+    ("adapter_ids", lambda c: c["adapter_ids"].float(), "adapter_ids must be int32/int64"),
+    ("adapter_ids", lambda c: c["adapter_ids"][:-1], r"adapter_ids must be int32/int64 \[M=12\]"),
+    ("adapter_ids", lambda c: c["adapter_ids"].to("meta"), "adapter_ids is on meta"),
+    ("bank_b", lambda c: c["bank_b"][:, :-1], r"bank_b must be \[L=3, N=20, r_max=16\]"),
+    ("bank_a", lambda c: c["bank_a"][..., :-1], r"bank_a must be \[L, r_max, K=32\]"),
+    ("ranks", lambda c: c["ranks"].long(), "ranks must be int32"),
+    ("scales", lambda c: c["scales"].half(), "scales must be float32"),
+    ("weight", lambda c: c["weight"].float(), "weight dtype must match x"),
+    ("bias", lambda c: c["weight"][0, :5], r"bias must be \[N=20\]"),
+])
+def test_bad_inputs_clear_errors(field, bad, msg):
+    case = make_case(12, 20, 32, 3, 16, dirty=False)
+    with pytest.raises(ValueError, match=msg):
+        mg.multi_lora_gemm(**dict(case, **{field: bad(case)}))
+    with pytest.raises(ValueError, match="mode must be one of"):
+        mg.multi_lora_gemm(**case, mode="sorted")
+
+
+def test_empty_batch():
+    case = make_case(1, 20, 32, 3, 16)
+    case["x"], case["adapter_ids"] = case["x"][:0], case["adapter_ids"][:0]
+    assert mg.multi_lora_gemm(**case).shape == (0, 20)
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(M=st.integers(1, 40), N=st.integers(1, 48), K=st.sampled_from([8, 24, 40, 64]),
+       L=st.integers(1, 6), r_max=st.sampled_from([4, 16, 24]), mode=st.sampled_from(["gather", "segment"]),
+       seed=st.integers(0, 2**16))
+def test_fuzz(M, N, K, L, r_max, mode, seed):
+    case = make_case(M, N, K, L, r_max, seed=seed, bias=seed % 2 == 0)
+    assert_close(run(case, mode), ref_of(case))
+
+
+def test_opcheck_fake_and_schema():
+    case = make_case(10, 16, 32, 2, 16, dirty=False)
+    args = (case["x"], case["weight"], case["bank_a"], case["bank_b"], case["ranks"], case["scales"],
+            case["adapter_ids"], case["bias"], None, "gather", True)
+    torch.library.opcheck(mg._multi_lora_linear_op, args,
+                          test_utils=("test_schema", "test_faketensor"))
+    with torch._subclasses.fake_tensor.FakeTensorMode() as mode:
+        fake = [mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in args]
+        assert torch.ops.lowrank_gemm.multi_lora_linear(*fake).shape == (10, 16)
+
+
+# ---- ahead-of-time sm_90 compiles: wgmma + TMA in the main kernel; the ledger equals metadata.shared
+
+MAIN_SIG_INTS = ("M N K L R_MAX SPLIT_S stride_xm stride_xk stride_wn stride_wk stride_ym stride_yn "
+                 "stride_ss stride_sm stride_bl stride_bn stride_br").split()
+# what the JIT specializes at launch for 16-B-aligned bf16 tensors with K, N multiples of 16
+MAIN_ALIGNED = ("x_ptr", "y_ptr", "b_ptr", "s_ptr", "K", "N", "stride_xm", "stride_ym", "stride_ss",
+                "stride_sm", "stride_bl", "stride_bn", "R_MAX")
+
+
+def _compile_main(cfg: KernelConfig, order: bool):
+    from lowrank_gemm.kernels.aot import compile_sm90
+    sig = {"x_ptr": "*bf16", "w_desc": f"tensordesc<bf16[{cfg.block_n}, {cfg.block_k}]>", "y_ptr": "*bf16",
+           "bias_ptr": "*bf16", "ids_ptr": "*i32", "row_order_ptr": "*i32", "s_ptr": "*fp32",
+           "scales_ptr": "*fp32", "b_ptr": "*bf16", "ranks_ptr": "*i32", **{k: "i32" for k in MAIN_SIG_INTS}}
+    const = dict(BM=cfg.block_m, BN=cfg.block_n, BK=cfg.block_k, BLOCK_R=cfg.block_r, GROUP_M=cfg.group_m,
+                 HAS_ORDER=order, HAS_LORA=True, HAS_BIAS=True, USE_TMA=True,
+                 stride_xk=1, stride_wk=1, stride_yn=1, stride_br=1)
+    return compile_sm90("lowrank_gemm.kernels.multilora_gemm", "_mlora_main_kernel", sig, const,
+                        aligned=MAIN_ALIGNED, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+
+
+@pytest.mark.parametrize("cfg,order", [
+    (KernelConfig(block_m=64, block_n=128, block_k=128, block_r=16, num_stages=4, num_warps=4), False),
+    (KernelConfig(block_m=128, block_n=64, block_k=64, block_r=64, num_stages=4, num_warps=8), True),
+])
+def test_aot_main_wgmma_tma_and_ledger(cfg, order):
+    info = _compile_main(cfg, order)
+    assert info.has("wgmma.mma_async", "cp.async.bulk.tensor")
+    assert info.has("cp.async.cg"), "x tiles should be pipelined with cp.async"
+    assert mg.main_ledger(cfg).total() == info.shared, mg.main_ledger(cfg).table()
+
+
+def test_aot_shrink_pipelined():
+    from lowrank_gemm.kernels.aot import compile_sm90
+    sig = {"x_ptr": "*bf16", "a_ptr": "*bf16", "ids_ptr": "*i32", "row_order_ptr": "*i32", "ranks_ptr": "*i32",
+           "s_ptr": "*fp32", **{k: "i32" for k in ("M K L R_MAX K_PER_SPLIT stride_xm stride_xk stride_al "
+                                                   "stride_ar stride_ak stride_ss stride_sm").split()}}
+    const = dict(MAX_DISTINCT=16, NUM_RB=4, SPLIT_S=2, BM=16, BR=16, BK=128, HAS_ORDER=False,
+                 stride_xk=1, stride_ak=1)
+    info = compile_sm90("lowrank_gemm.kernels.multilora_gemm", "_mlora_shrink_kernel", sig, const,
+                        aligned=("x_ptr", "a_ptr", "s_ptr", "K", "K_PER_SPLIT", "stride_xm", "stride_al",
+                                 "stride_ar", "stride_ss", "stride_sm"), num_warps=4, num_stages=3)
+    assert info.has("mma", "cp.async.cg")
+
+
+def test_plan_fits_and_covers_sms(monkeypatch):
+    monkeypatch.setattr(mg, "num_sms", lambda device: 132)
+    for M in (16, 64, 256):
+        for N in (4096, 28672):
+            for r in (16, 64):
+                p = mg.choose_plan(M, N, 4096, r, 64, "gather", torch.device("cpu"))
+                assert mg.can_implement(p.main)
+                tiles = math.ceil(M / p.main.block_m) * math.ceil(N / p.main.block_n)
+                assert tiles >= 0.9 * 132 or p.main.block_n == 32
+                assert p.shrink.split_k >= 1 and p.main.block_r >= r
+
+
+def test_bench_baselines_match_reference():
+    from lowrank_gemm.kernels._multilora_baselines import shrink_expand, torch_loop
+    case = make_case(19, 40, 72, 4, 16, ranks=[16, 3, 0, 9], dirty=False)
+    ref = ref_of(case)
+    assert_close(shrink_expand(**case, split=3, block_k=32, block_n=16), ref)
+    y = torch_loop(case["x"].float(), case["weight"].float(), case["bank_a"].float(), case["bank_b"].float(),
+                   case["ranks"].tolist(), case["scales"], case["adapter_ids"], slots=range(4),
+                   bias=case["bias"].float())
+    torch.testing.assert_close(y.double(), ref, atol=1e-3, rtol=1e-3)
+
+
+def test_bench_report_from_synthetic_rows(tmp_path):
+    from lowrank_gemm.bench import multilora as bm
+    rows = []
+    for impl, t in (("cublas_base", 70.0), ("torch_loop", 120.0), ("shrink_expand", 95.0), ("fused", 74.0),
+                    ("fused_segment", 76.0), ("segment_sort", 5.0)):
+        for a in (1, 16):
+            rows.append({"suite": "multilora", "impl": impl, "M": 64, "N": 28672, "K": 4096, "r": 16,
+                         "dtype": "bf16", "adapters": a, "assign": "random", "median_us": t + 5,
+                         "graph_us": t * (1 + a / 100), "floor_us": 60.0, "pct_floor": 80.0,
+                         "vs_base_graph": t / 70.0})
+    data = {"meta": {"device": "test", "quick": True}, "rows": rows}
+    md = bm.summarize(data)
+    assert "| 28672 | 16 | 64 | 16 |" in md and "Targets" in md
+    assert bm.floor_bytes(64, 28672, 16, 1) == 2 * (28672 * 4096 + 64 * 4096 + 64 * 28672 + 16 * 4096 + 28672 * 16)
+    pytest.importorskip("matplotlib")
+    bm.plot(data, tmp_path / "m.png")
+    assert (tmp_path / "m.png").stat().st_size > 0
