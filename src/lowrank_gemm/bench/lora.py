@@ -1,0 +1,258 @@
+"""Benchmark (and tuner) of the single-adapter LoRA GEMM on the GPU.
+
+    python -m lowrank_gemm.bench.lora [--quick] [--out DIR]        # table + lora.json/.md/.png
+    python -m lowrank_gemm.bench.lora --tune [--quick] --out DIR   # sweep → DIR/h200.json
+
+One process times, on the same inputs: cuBLAS base GEMM without LoRA (``x @ W.T``), torch
+unfused LoRA (``addmm(x@W.T, x@A.T, (scale·B).T)``), every plausible strategy of
+``lora_linear`` and ``auto``, eager and as CUDA-graph replays (``bench.common.time_impl``).
+Inputs rotate so that one pass over them is ≥ 3× the L2 (``rotation_count``).
+Bytes for the bandwidth column: W + X + Y + A + B (bf16), once each.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from ..plan.config import KernelConfig
+from ..plan.planner import (LORA_STRATEGIES, block_r_for, can_implement, group_m_for, lora_ledger,
+                            pinned, plan_lora, split_k_for, stages_for, tuned_key)
+from .common import (RESULTS_DIR, device_meta, markdown_table, measure_copy_tbps, meta_header,
+                     rotation_count, time_graph, time_impl, write_results)
+
+SHAPES_KN = [(4096, 28672), (4096, 4096), (8192, 8192)]
+RANKS = [8, 16, 64]
+MS = [1, 16, 64, 256, 1024, 4096]
+QUICK = [  # (M, K, N, r)
+    (64, 4096, 28672, 16), (256, 4096, 28672, 16), (64, 4096, 4096, 16), (1, 4096, 4096, 16),
+    (1024, 4096, 4096, 64), (4096, 8192, 8192, 16)]
+STRATS = [s for s in LORA_STRATEGIES if s != "torch"]
+SCALE = 0.5
+
+
+def plausible(strategy: str, M: int, r: int, quick: bool) -> bool:
+    """Which strategies to time in the full grid (keeps it ≤ ~6 minutes); --quick times all."""
+    if quick:
+        return True
+    if strategy in ("merged", "streams", "concat"):
+        return r == 16 and (strategy != "concat" or M >= 256)   # rank-independent baselines
+    if strategy.startswith("persistent"):
+        return M >= 64
+    if strategy == "kloop":
+        return r <= 64
+    return True
+
+
+def nbytes(M, N, K, r, elem=2):
+    return elem * (N * K + M * K + M * N + r * K + N * r)
+
+
+def flops(M, N, K, r):
+    return 2 * M * N * K + 2 * M * r * (K + N)
+
+
+def make_sets(M, N, K, r, dtype, device):
+    n = rotation_count(nbytes(M, N, K, r))
+    n = min(n, max(1, (8 << 30) // nbytes(M, N, K, r)))   # stay well inside GPU memory
+    sets = []
+    for i in range(n):
+        g = torch.Generator(device=device).manual_seed(i)
+        x = torch.randn(M, K, device=device, dtype=dtype, generator=g)
+        w = torch.randn(N, K, device=device, dtype=dtype, generator=g) / K ** 0.5
+        a = torch.randn(r, K, device=device, dtype=dtype, generator=g) / K ** 0.5
+        b = torch.randn(N, r, device=device, dtype=dtype, generator=g) / r ** 0.5
+        sets.append((x, w, a, b, (SCALE * b).contiguous()))
+    return sets
+
+
+def impls():
+    from ..kernels.lora_gemm import lora_linear
+    out = {"cublas_base": lambda x, w, a, b, bs: x @ w.T,
+           "torch_unfused": lambda x, w, a, b, bs: torch.addmm(x @ w.T, x @ a.T, bs.T),
+           "auto": lambda x, w, a, b, bs: lora_linear(x, w, a, b, SCALE)}
+    for s in STRATS:
+        out[s] = (lambda s_: lambda x, w, a, b, bs: lora_linear(x, w, a, b, SCALE, strategy=s_))(s)
+    return out
+
+
+def rel_err(y, x, w, a, b):
+    ref = x.float() @ w.float().T + SCALE * (x.float() @ a.float().T) @ b.float().T
+    return float((y.float() - ref).norm() / ref.norm())
+
+
+def bench_point(M, N, K, r, dtype, copy_tbps, quick, fns):
+    sets = make_sets(M, N, K, r, dtype, "cuda")
+    rows = []
+    for name, fn in fns.items():
+        if name in STRATS and not plausible(name, M, r, quick):
+            continue
+        row = {"suite": "lora", "impl": name, "M": M, "N": N, "K": K, "r": r,
+               "dtype": str(dtype).replace("torch.", "")}
+        try:
+            if name == "auto":
+                row["plan"] = plan_lora(M, N, K, r, dtype, torch.device("cuda"))[0]
+            y = fn(*sets[0])
+            if name != "cublas_base":
+                row["rel_err"] = round(rel_err(y, *sets[0][:4]), 6)
+            row.update(time_impl(fn, sets))
+        except Exception as exc:  # a failing impl is a row, not a crash of the whole run
+            row.update(median_us=None, graph_us=None, error=f"{type(exc).__name__}: {exc}"[:300])
+        t = row.get("graph_us") or row.get("median_us")
+        if t:
+            row["tflops"] = round(flops(M, N, K, r) / (t * 1e-6) / 1e12, 1)
+            row["bw_pct"] = round(100 * nbytes(M, N, K, r) / (t * 1e-6) / 1e12 / copy_tbps, 1)
+        rows.append(row)
+        print(f"  {name:>20} M={M:<5} N={N:<6} K={K:<5} r={r:<3} eager {row.get('median_us')} "
+              f"graph {row.get('graph_us')} err {row.get('rel_err')} {row.get('error', '')}", flush=True)
+    base = next((x for x in rows if x["impl"] == "cublas_base"), None)
+    for x in rows:
+        if base and base.get("graph_us") and x.get("graph_us"):
+            x["ratio_cublas"] = round(x["graph_us"] / base["graph_us"], 3)
+    del sets
+    torch.cuda.empty_cache()
+    return rows
+
+
+def to_markdown(meta, rows):
+    hdr = ["M", "N", "K", "r", "impl", "graph µs", "eager µs", "× cuBLAS", "% copy BW", "TFLOP/s", "rel err"]
+    body = [[r["M"], r["N"], r["K"], r["r"], r["impl"] + (f" ({r['plan']})" if r.get("plan") else ""),
+             r.get("graph_us"), r.get("median_us"), r.get("ratio_cublas"), r.get("bw_pct"), r.get("tflops"),
+             r.get("rel_err")] for r in rows]
+    return "# LoRA GEMM (single adapter)\n\n" + meta_header(meta) + markdown_table(hdr, body)
+
+
+def plot(data, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    rows = [r for r in data["rows"] if r.get("ratio_cublas")]
+    groups = sorted({(r["K"], r["N"], r["r"]) for r in rows})
+    fig, axes = plt.subplots(1, max(1, len(groups)), figsize=(4 * max(1, len(groups)), 3.5), squeeze=False)
+    for ax, (K, N, r) in zip(axes[0], groups):
+        sub = [x for x in rows if (x["K"], x["N"], x["r"]) == (K, N, r)]
+        for impl in sorted({x["impl"] for x in sub}):
+            pts = sorted((x["M"], x["ratio_cublas"]) for x in sub if x["impl"] == impl)
+            if len(pts) >= 1:
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=impl)
+        ax.axhline(1.0, color="k", lw=0.8)
+        ax.set_xscale("log", base=2)
+        ax.set_title(f"K={K} N={N} r={r}", fontsize=9)
+        ax.set_xlabel("M")
+        ax.set_ylabel("time / cuBLAS base (graph)")
+    axes[0][0].legend(fontsize=6)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+# ---------------------------------------------------------------------------- tuning
+
+def candidates(M, N, K, r):
+    """A small sweep per shape: tiles × split-K × strategy, each at its deepest feasible pipeline."""
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    br = block_r_for(r)
+    if M <= 64:
+        tiles = [(64, 64, 128, 4), (64, 128, 128, 4), (64, 256, 64, 4)]
+        strats = ["kloop", "split", "persistent_dynamic"]
+    elif M <= 256:
+        tiles = [(128, 128, 64, 4), (128, 256, 64, 8), (64, 128, 128, 4)]
+        strats = ["kloop", "split", "persistent_dynamic", "persistent_static"]
+    else:
+        tiles = [(128, 128, 64, 4), (128, 256, 64, 8)]
+        strats = ["split", "kloop", "persistent_dynamic", "persistent_static"]
+    out = []
+    for bm, bn, bk, warps in tiles:
+        npm, npn = -(-M // bm), -(-N // bn)
+        auto_split = split_k_for(npm * npn, -(-K // bk), sms)
+        for s in strats:
+            for split in sorted({1, auto_split} if not s.startswith("persistent") else {1}):
+                cfg = KernelConfig(block_m=bm, block_n=bn, block_k=bk, block_r=br, group_m=group_m_for(npm),
+                                   num_warps=warps, num_stages=2, split_k=split)
+                try:
+                    cfg = cfg.replace(num_stages=stages_for(lambda st: lora_ledger(s, cfg.replace(num_stages=st))))
+                except Exception:
+                    continue
+                if can_implement(s, (M, N, K, r), cfg):
+                    out.append((s, cfg))
+    return out
+
+
+def tune(quick: bool, outdir: Path, kn: list[tuple[int, int]] | None = None, dtype=torch.bfloat16):
+    """Time every candidate as a CUDA-graph replay, keep the fastest per tuned-table key. Merges
+    into an existing OUT/h200.json, so the grid can be tuned in several runs (``--kn``)."""
+    from ..kernels.lora_gemm import lora_linear
+    shapes = kn or SHAPES_KN
+    points = ([(m, n, k, r) for (m, k, n, r) in QUICK] if quick else
+              [(m, n, k, r) for (k, n) in shapes for r in (16, 64) for m in MS])
+    out_json = outdir / "h200.json"
+    table = json.loads(out_json.read_text()).get("lora", {}) if out_json.exists() else {}
+    log = []
+    t0 = time.time()
+    for M, N, K, r in points:
+        sets = make_sets(M, N, K, r, dtype, "cuda")
+        best = None
+        for s, cfg in candidates(M, N, K, r):
+            fn = (lambda s_, c_: lambda x, w, a, b, bs: _pinned_call(lora_linear, s_, c_, x, w, a, b))(s, cfg)
+            try:
+                us = time_graph(fn, sets).median_us
+            except Exception as exc:
+                log.append({"M": M, "N": N, "K": K, "r": r, "strategy": s, "config": cfg.to_dict(),
+                            "error": f"{type(exc).__name__}: {exc}"[:200]})
+                continue
+            log.append({"M": M, "N": N, "K": K, "r": r, "strategy": s, "config": cfg.to_dict(), "us": round(us, 3)})
+            if best is None or us < best[0]:
+                best = (us, s, cfg)
+        if best:
+            table[tuned_key(M, N, K, r, dtype)] = {"strategy": best[1], "config": best[2].to_dict(),
+                                                   "us": round(best[0], 3)}
+            print(f"tuned M={M} N={N} K={K} r={r}: {best[1]} {best[2]} {best[0]:.1f} µs "
+                  f"[{time.time() - t0:.0f}s]", flush=True)
+        del sets
+        torch.cuda.empty_cache()
+    outdir.mkdir(parents=True, exist_ok=True)
+    meta = device_meta()
+    (outdir / "h200.json").write_text(json.dumps({"version": 1, "meta": meta, "lora": table}, indent=1) + "\n")
+    (outdir / "lora_tune_log.json").write_text(json.dumps(log, indent=1) + "\n")
+    print(f"wrote {outdir / 'h200.json'} ({len(table)} entries) — copy it to src/lowrank_gemm/plan/tuned/")
+
+
+def _pinned_call(fn, strategy, cfg, x, w, a, b):
+    with pinned(strategy=strategy, config=cfg):
+        return fn(x, w, a, b, SCALE)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="representative subset (≤ 3 minutes)")
+    ap.add_argument("--out", type=Path, default=RESULTS_DIR)
+    ap.add_argument("--tune", action="store_true", help="sweep candidates, write OUT/h200.json")
+    ap.add_argument("--kn", default=None, help="only these K×N shapes, e.g. 4096x28672,4096x4096")
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("needs a CUDA GPU", file=sys.stderr)
+        return 2
+    kn = [tuple(int(v) for v in p.split("x")) for p in args.kn.split(",")] if args.kn else None
+    if args.tune:
+        tune(args.quick, args.out, kn)
+        return 0
+    copy = measure_copy_tbps()
+    meta = device_meta(copy)
+    points = QUICK if args.quick else [(m, k, n, r) for (k, n) in (kn or SHAPES_KN) for r in RANKS for m in MS]
+    fns = impls()
+    rows, t0 = [], time.time()
+    for M, K, N, r in points:
+        rows += bench_point(M, N, K, r, torch.bfloat16, copy, args.quick, fns)
+        print(f"[{time.time() - t0:.0f}s]", flush=True)
+    path = write_results("lora", meta, rows, args.out, md=to_markdown(meta, rows), plot=plot)
+    print(to_markdown(meta, rows))
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

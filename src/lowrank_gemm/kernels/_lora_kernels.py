@@ -1,0 +1,279 @@
+"""Triton kernels of the single-adapter LoRA GEMM (launchers and op: :mod:`.lora_gemm`).
+
+    Y = X·Wᵀ + (scale · X·Aᵀ)·Bᵀ + bias        X [M, K], W [N, K], A [R, K], B [N, R]
+
+X, W and A are read through TMA tensor descriptors (host ``TensorDescriptor``; out-of-bounds
+boxes are zero-filled, which is what makes ragged M/N/K and ranks below ``BLOCK_R`` exact). B and
+the fp32 S / workspace buffers are read with plain pointer loads: they are small, and S·Bᵀ is
+one rank-sized MMA on the finished accumulator (``epilogue.lowrank_up``).
+
+Kernels:
+- ``lora_main_kernel``: grouped-order tiles, optional deterministic split-K (``PARTIAL``: raw fp32
+  partials to a workspace, epilogue in ``lora_reduce_kernel``). ``LOWRANK`` selects the branch:
+  NONE (plain GEMM), KLOOP (S accumulated from the X tiles already in SMEM), GLOBAL (S read from
+  an fp32 [M, R] buffer written by ``lora_down_kernel``).
+- ``lora_down_kernel``: S = scale · X·Aᵀ, fp32 [M, R].
+- ``lora_reduce_kernel``: sums split-K partials in a fixed order, adds S·Bᵀ and bias, stores.
+- ``lora_persistent_kernel``: two-phase persistent grid; tasks 0..num_pid_m-1 produce S blocks and
+  raise a per-M-block flag, the remaining tasks are main tiles in grouped order whose epilogue
+  waits on that flag. Static stripes or a dynamic atomic *work* counter (results never go through
+  atomics, so output bits do not depend on the schedule).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from .epilogue import add_bias, lowrank_up, store_tile
+from .schedule import grouped_tile
+
+# LOWRANK modes of lora_main_kernel
+LOWRANK_NONE = 0
+LOWRANK_KLOOP = 1
+LOWRANK_GLOBAL = 2
+
+
+@triton.jit
+def _main_loop(x_desc, w_desc, a_desc, off_m, off_n, k_lo, k_hi,
+               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+               BLOCK_R: tl.constexpr, KLOOP: tl.constexpr):
+    """acc [BM, BN] = X[off_m:, k]·W[off_n:, k]ᵀ over K tiles [k_lo, k_hi); with KLOOP also
+    s [BM, BLOCK_R] = X·A[:BLOCK_R, k]ᵀ from the same X tile (unscaled)."""
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    s = tl.zeros((BLOCK_M, BLOCK_R), dtype=tl.float32)
+    for kt in tl.range(k_lo, k_hi):
+        k = kt * BLOCK_K
+        x = x_desc.load([off_m, k])                      # [BM, BK]
+        w = w_desc.load([off_n, k])                      # [BN, BK]
+        acc = tl.dot(x, w.T, acc)
+        if KLOOP:
+            a = a_desc.load([0, k])                      # [BR, BK]
+            s = tl.dot(x, a.T, s)
+    return acc, s
+
+
+@triton.jit
+def _down_loop(x_desc, a_desc, off_m, off_r, K,
+               BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr):
+    """s [BM, BR] = X[off_m:, :]·A[off_r:, :]ᵀ over all of K (unscaled, fp32)."""
+    s = tl.zeros((BLOCK_M, BLOCK_R), dtype=tl.float32)
+    for kt in tl.range(0, tl.cdiv(K, BLOCK_K)):
+        x = x_desc.load([off_m, kt * BLOCK_K])
+        a = a_desc.load([off_r, kt * BLOCK_K])
+        s = tl.dot(x, a.T, s)
+    return s
+
+
+@triton.jit
+def _lowrank_from_buffer(acc, s_ptr, stride_sk, stride_sm, stride_sr, S_SPLITS, s_scale,
+                         b_ptr, stride_bn, stride_br, offs_m, offs_n, M, N, R,
+                         BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr):
+    """acc += (s_scale · Σ_k S[k, offs_m, :R])·B[offs_n, :R]ᵀ, rank in BLOCK_R chunks, splits
+    summed in index order (deterministic). S is fp32 [S_SPLITS, M, ≥R]."""
+    for r0 in range(0, R, BLOCK_R):
+        offs_r = r0 + tl.arange(0, BLOCK_R)
+        mask = (offs_m[:, None] < M) & (offs_r[None, :] < R)
+        ptrs = s_ptr + offs_m[:, None] * stride_sm + offs_r[None, :] * stride_sr
+        s = tl.zeros((BLOCK_M, BLOCK_R), dtype=tl.float32)
+        for k in range(S_SPLITS):
+            s += tl.load(ptrs + k * stride_sk, mask=mask, other=0.0, cache_modifier=".cg")
+        acc = lowrank_up(acc, s * s_scale, b_ptr + r0 * stride_br, stride_bn, stride_br,
+                         offs_n, N, R - r0, BLOCK_R)
+    return acc
+
+
+@triton.jit
+def lora_main_kernel(
+    x_desc,             # X [M, K], box [BM, BK]
+    w_desc,             # W [N, K], box [BN, BK]
+    a_desc,             # A [R, K], box [BR, BK]          (KLOOP)
+    s_ptr,              # S [M, R] fp32, already scaled    (GLOBAL)
+    b_ptr,              # B [N, R]
+    bias_ptr,           # bias [N]                         (HAS_BIAS)
+    y_ptr,              # Y [M, N]; PARTIAL: workspace [SPLIT_K, M, N] fp32
+    sws_ptr,            # PARTIAL & KLOOP: S partials [SPLIT_K, M, BR] fp32
+    M, N, K, R, scale,
+    stride_sm, stride_sr, stride_bn, stride_br,
+    stride_yk, stride_ym, stride_yn,
+    stride_swk, stride_swm, stride_swr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr,
+    GROUP_M: tl.constexpr, SPLIT_K: tl.constexpr, LOWRANK: tl.constexpr,
+    HAS_BIAS: tl.constexpr, PARTIAL: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    pid_m, pid_n = grouped_tile(pid, num_pid_m, num_pid_n, GROUP_M)
+    off_m = pid_m * BLOCK_M
+    off_n = pid_n * BLOCK_N
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    per_split = tl.cdiv(k_tiles, SPLIT_K)
+    k_lo = pid_k * per_split
+    k_hi = tl.minimum(k_lo + per_split, k_tiles)
+
+    acc, s = _main_loop(x_desc, w_desc, a_desc, off_m, off_n, k_lo, k_hi,
+                        BLOCK_M, BLOCK_N, BLOCK_K, BLOCK_R, LOWRANK == 1)
+    offs_m = off_m + tl.arange(0, BLOCK_M)
+    offs_n = off_n + tl.arange(0, BLOCK_N)
+    if PARTIAL:
+        store_tile(y_ptr + pid_k * stride_yk, acc, offs_m, offs_n, M, N, stride_ym, stride_yn)
+        if LOWRANK == 1:
+            if pid_n == 0:  # S of an M-block is the same for every N-tile: one copy per split
+                offs_r = tl.arange(0, BLOCK_R)
+                tl.store(sws_ptr + pid_k * stride_swk + offs_m[:, None] * stride_swm
+                         + offs_r[None, :] * stride_swr, s, mask=offs_m[:, None] < M)
+    else:
+        if LOWRANK == 1:
+            # rank slots ≥ R hold x·0 (zero-filled A rows), NaN where x is ±inf: zero them so
+            # padding cannot leak into rows torch would keep finite
+            s = tl.where(tl.arange(0, BLOCK_R)[None, :] < R, s * scale, 0.0)
+            acc = lowrank_up(acc, s, b_ptr, stride_bn, stride_br, offs_n, N, R, BLOCK_R)
+        if LOWRANK == 2:
+            acc = _lowrank_from_buffer(acc, s_ptr, 0, stride_sm, stride_sr, 1, 1.0, b_ptr,
+                                       stride_bn, stride_br, offs_m, offs_n, M, N, R,
+                                       BLOCK_M, BLOCK_R)
+        acc = add_bias(acc, offs_n, N, bias_ptr, HAS_BIAS)
+        store_tile(y_ptr, acc, offs_m, offs_n, M, N, stride_ym, stride_yn)
+
+
+@triton.jit
+def lora_down_kernel(
+    x_desc,             # X [M, K], box [BM, BK]
+    a_desc,             # A [R, K], box [BR, BK]
+    s_ptr,              # S [M, R] fp32 (out)
+    M, K, R, scale, stride_sm, stride_sr,
+    BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    pid_m = tl.program_id(0)
+    pid_r = tl.program_id(1)
+    s = _down_loop(x_desc, a_desc, pid_m * BLOCK_M, pid_r * BLOCK_R, K, BLOCK_M, BLOCK_R, BLOCK_K)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_r = pid_r * BLOCK_R + tl.arange(0, BLOCK_R)
+    tl.store(s_ptr + offs_m[:, None] * stride_sm + offs_r[None, :] * stride_sr, s * scale,
+             mask=(offs_m[:, None] < M) & (offs_r[None, :] < R))
+
+
+@triton.jit
+def lora_reduce_kernel(
+    ws_ptr,             # partials [SPLITS, M, N] fp32
+    s_ptr,              # S [S_SPLITS, M, ≥R] fp32 (partials or final)
+    b_ptr,              # B [N, R]
+    bias_ptr,           # bias [N]
+    y_ptr,              # Y [M, N]
+    M, N, R, s_scale, SPLITS, S_SPLITS,
+    stride_wk, stride_wm, stride_wn, stride_sk, stride_sm, stride_sr,
+    stride_bn, stride_br, stride_ym, stride_yn,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr,
+    HAS_LORA: tl.constexpr, HAS_BIAS: tl.constexpr,
+):
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    ptrs = ws_ptr + offs_m[:, None] * stride_wm + offs_n[None, :] * stride_wn
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(SPLITS):
+        acc += tl.load(ptrs + k * stride_wk, mask=mask, other=0.0)
+    if HAS_LORA:
+        acc = _lowrank_from_buffer(acc, s_ptr, stride_sk, stride_sm, stride_sr, S_SPLITS, s_scale,
+                                   b_ptr, stride_bn, stride_br, offs_m, offs_n, M, N, R,
+                                   BLOCK_M, BLOCK_R)
+    acc = add_bias(acc, offs_n, N, bias_ptr, HAS_BIAS)
+    store_tile(y_ptr, acc, offs_m, offs_n, M, N, stride_ym, stride_yn)
+
+
+@triton.jit
+def _next_task(task, counter_ptr, DYNAMIC: tl.constexpr):
+    if DYNAMIC:
+        task = tl.atomic_add(counter_ptr, 1, sem="relaxed")
+    else:
+        task += tl.num_programs(0)
+    return task
+
+
+@triton.jit
+def lora_persistent_kernel(
+    x_desc,             # X [M, K], box [BM, BK]
+    w_desc,             # W [N, K], box [BN, BK]
+    a_desc,             # A [R, K], box [BR, BK]
+    s_ptr,              # S [M, R] fp32 scratch (written by S tasks)
+    sync_ptr,           # int32 [num_pid_m + 1], zeroed: S-ready flags, then the work counter
+    b_ptr,              # B [N, R]
+    bias_ptr,           # bias [N]
+    y_ptr,              # Y [M, N]
+    M, N, K, R, scale,
+    stride_sm, stride_sr, stride_bn, stride_br, stride_ym, stride_yn,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr,
+    GROUP_M: tl.constexpr, DYNAMIC: tl.constexpr, HAS_BIAS: tl.constexpr,
+):
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    num_tasks = num_pid_m + num_pid_m * num_pid_n
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    counter_ptr = sync_ptr + num_pid_m
+    if DYNAMIC:
+        task = tl.atomic_add(counter_ptr, 1, sem="relaxed")
+    else:
+        task = tl.program_id(0)
+    while task < num_tasks:
+        if task < num_pid_m:
+            # phase 1: S block of M-block `task`, then publish it (stores → CTA barrier → release)
+            s = _down_loop(x_desc, a_desc, task * BLOCK_M, 0, K, BLOCK_M, BLOCK_R, BLOCK_K)
+            offs_m = task * BLOCK_M + tl.arange(0, BLOCK_M)
+            offs_r = tl.arange(0, BLOCK_R)
+            tl.store(s_ptr + offs_m[:, None] * stride_sm + offs_r[None, :] * stride_sr, s * scale,
+                     mask=(offs_m[:, None] < M) & (offs_r[None, :] < R))
+            tl.debug_barrier()
+            tl.atomic_xchg(sync_ptr + task, 1, sem="release", scope="gpu")
+        else:
+            pid_m, pid_n = grouped_tile(task - num_pid_m, num_pid_m, num_pid_n, GROUP_M)
+            acc, _s = _main_loop(x_desc, w_desc, a_desc, pid_m * BLOCK_M, pid_n * BLOCK_N, 0,
+                                 k_tiles, BLOCK_M, BLOCK_N, BLOCK_K, BLOCK_R, False)
+            # phase 2: the S block was produced by a task with a smaller id, already handed out
+            while tl.atomic_add(sync_ptr + pid_m, 0, sem="acquire", scope="gpu") == 0:
+                pass
+            offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+            offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+            acc = _lowrank_from_buffer(acc, s_ptr, 0, stride_sm, stride_sr, 1, 1.0, b_ptr,
+                                       stride_bn, stride_br, offs_m, offs_n, M, N, R,
+                                       BLOCK_M, BLOCK_R)
+            acc = add_bias(acc, offs_n, N, bias_ptr, HAS_BIAS)
+            store_tile(y_ptr, acc, offs_m, offs_n, M, N, stride_ym, stride_yn)
+        task = _next_task(task, counter_ptr, DYNAMIC)
+
+
+# ---------------------------------------------------------------------------------------------
+# SMEM ledger (the only shared-memory arithmetic of this family)
+# ---------------------------------------------------------------------------------------------
+
+def smem_ledger(config, dtype_bits: int, strategy: str):
+    """Shared memory of the main kernel a strategy launches, term by term.
+
+    Triton 3.6 allocates one buffer per pipeline stage for every TMA load of the K loop and one
+    mbarrier per stage per TMA group (KLOOP's A tile gets its own group). Buffers whose live
+    ranges do not overlap share memory, so the epilogue's operand tiles (B tile ``[BR, BN]``,
+    S tile ``[BM, BR]`` for the rank-sized wgmma) and the persistent kernel's S-phase pipeline
+    only cost what they need *beyond* the main pipeline (the ``*_extra`` terms, usually 0).
+    """
+    from ..plan.smem import SmemLedger, SmemTerm, barrier_bytes, tile_bytes
+
+    c = config
+    st = c.num_stages
+    kloop = strategy == "kloop"
+    persistent = strategy in ("persistent_static", "persistent_dynamic")
+    lowrank = strategy in ("kloop", "split", "persistent_static", "persistent_dynamic")
+    x = tile_bytes(c.block_m, c.block_k, dtype_bits)
+    w = tile_bytes(c.block_n, c.block_k, dtype_bits)
+    a = tile_bytes(c.block_r, c.block_k, dtype_bits)
+    pipeline = st * (x + w + (a if kloop else 0))
+    terms = [SmemTerm("main X tile", x, st), SmemTerm("main W tile", w, st)]
+    if kloop:
+        terms.append(SmemTerm("lowrank A tile", a, st))
+    if persistent:
+        terms.append(SmemTerm("S-phase pipeline extra", max(0, st * (x + a) - pipeline)))
+    if lowrank and c.split_k == 1:
+        epi = tile_bytes(c.block_r, c.block_n, dtype_bits) + tile_bytes(c.block_m, c.block_r, dtype_bits)
+        terms.append(SmemTerm("epilogue B/S tiles extra", max(0, epi - pipeline)))
+    terms.append(SmemTerm("TMA barriers", barrier_bytes(2 if kloop else 1), st))
+    return SmemLedger(tuple(terms), label=f"lora {strategy} {c.block_m}x{c.block_n}x{c.block_k} r{c.block_r}")

@@ -1,0 +1,425 @@
+"""Single-adapter LoRA GEMM: launchers for every fusion strategy and the public op.
+
+    y = x·Wᵀ + scale·(x·Aᵀ)·Bᵀ + bias          x [..., K], W [N, K], A [r, K], B [N, r], bias [N]
+
+``lora_linear`` validates, then calls the custom op ``lowrank_gemm::lora_linear`` (opaque to
+``torch.compile``, shape-only fake impl; no host syncs, so it can be captured in a CUDA graph).
+Inside, the planner (:func:`lowrank_gemm.plan.planner.plan_lora`) picks a strategy and config
+unless ``strategy`` is given; kernels live in :mod:`._lora_kernels`.
+
+Where it runs:
+- CUDA tensors: Triton kernels.
+- CPU tensors with ``TRITON_INTERPRET=1``: the same kernels in Triton's interpreter (tests).
+- CPU tensors otherwise, or ``strategy="torch"``: unfused PyTorch computed in fp32, cast back.
+
+Input contract (decisions, tested):
+- dtypes: x, weight, lora_a, lora_b (and bias) all float16 or all bfloat16; output has x's dtype.
+- rank 0 (``lora_a [0, K]``, ``lora_b [N, 0]``) is accepted: a plain GEMM (+ bias).
+- M = 0 gives an empty ``[..., N]`` result.
+- TMA needs 16-byte aligned row strides and base pointers: non-contiguous or misaligned inputs
+  are copied, and K that is not a multiple of 8 elements is zero-padded (a copy of x, W and A:
+  correct but slow — real layers have K % 8 == 0).
+- ``merged`` / ``concat`` cache W + scale·B·A / [W; A] keyed by the tensors' data pointers and
+  versions (and ``scale``): in-place edits bump the version and invalidate the entry. Inference
+  tensors have no version counter; there only the pointer is used — call
+  :func:`clear_weight_cache` after editing such weights in place.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+from typing import Optional
+
+import torch
+import triton
+from triton.tools.tensor_descriptor import TensorDescriptor
+
+from ..plan.config import KernelConfig
+from ..plan.planner import LORA_STRATEGIES, current_pin, pinned, plan_lora
+from . import _lora_kernels as K_
+from ._lora_kernels import smem_ledger
+from .schedule import cdiv, grouped_tile_host, persistent_grid
+
+__all__ = ["lora_linear", "lora_linear_impl", "smem_ledger", "clear_weight_cache", "check_inputs",
+           "run_strategy"]
+
+_DTYPES = (torch.float16, torch.bfloat16)
+_TMA_ALIGN = 16
+
+
+# ---------------------------------------------------------------------------- input hygiene
+
+def check_inputs(x, weight, lora_a, lora_b, bias=None, strategy: str = "auto") -> None:
+    """Raise ValueError/TypeError saying expected vs got for any malformed input."""
+    for name, t in (("x", x), ("weight", weight), ("lora_a", lora_a), ("lora_b", lora_b)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if x.dim() < 1:
+        raise ValueError(f"x must be [..., K] with at least 1 dim, got shape {tuple(x.shape)}")
+    for name, t in (("weight", weight), ("lora_a", lora_a), ("lora_b", lora_b)):
+        if t.dim() != 2:
+            raise ValueError(f"{name} must be 2-D, got {t.dim()}-D shape {tuple(t.shape)}")
+    k, n, r = x.shape[-1], weight.shape[0], lora_a.shape[0]
+    if weight.shape[1] != k:
+        raise ValueError(f"weight must be [N, K] with K={k} (x's last dim), got {tuple(weight.shape)}")
+    if lora_a.shape[1] != k:
+        raise ValueError(f"lora_a must be [r, K] with K={k}, got {tuple(lora_a.shape)}")
+    if tuple(lora_b.shape) != (n, r):
+        raise ValueError(f"lora_b must be [N, r] = [{n}, {r}] (N from weight, r from lora_a), "
+                         f"got {tuple(lora_b.shape)}")
+    if bias is not None and tuple(bias.shape) != (n,):
+        raise ValueError(f"bias must be [N] = [{n}], got {tuple(bias.shape)}")
+    if x.dtype not in _DTYPES:
+        raise TypeError(f"x must be float16 or bfloat16, got {x.dtype}")
+    named = [("weight", weight), ("lora_a", lora_a), ("lora_b", lora_b)]
+    if bias is not None:
+        named.append(("bias", bias))
+    for name, t in named:
+        if t.dtype != x.dtype:
+            raise TypeError(f"{name} must have x's dtype {x.dtype}, got {t.dtype}")
+        if t.device != x.device:
+            raise ValueError(f"{name} must be on x's device {x.device}, got {t.device}")
+    if strategy != "auto" and strategy not in LORA_STRATEGIES:
+        raise ValueError(f"strategy must be 'auto' or one of {LORA_STRATEGIES}, got {strategy!r}")
+
+
+def _tma_ready(t: torch.Tensor) -> bool:
+    es = t.element_size()
+    return (t.stride(-1) == 1 and t.data_ptr() % _TMA_ALIGN == 0
+            and all((s * es) % _TMA_ALIGN == 0 for s in t.stride()[:-1]))
+
+
+def _tma_operand(t: torch.Tensor, k_pad: int) -> torch.Tensor:
+    """``t [rows, K]`` as a TMA-legal tensor: contiguous-ish, aligned, K zero-padded to ``k_pad``."""
+    if t.shape[-1] != k_pad:
+        t = torch.nn.functional.pad(t, (0, k_pad - t.shape[-1]))
+    if not _tma_ready(t):
+        t = t.contiguous()
+        if not _tma_ready(t):
+            t = t.clone()  # contiguous but offset view: a fresh allocation is 256-B aligned
+    return t
+
+
+def _k_padded(k: int, elem_bytes: int) -> int:
+    per = _TMA_ALIGN // elem_bytes
+    return cdiv(k, per) * per
+
+
+def _desc(t: torch.Tensor, rows: int, cols: int) -> TensorDescriptor:
+    return TensorDescriptor.from_tensor(t, [rows, cols])
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def _use_triton(x: torch.Tensor) -> bool:
+    return x.is_cuda or (x.device.type == "cpu" and _interpreting())
+
+
+# ---------------------------------------------------------------------------- weight cache
+
+class _WeightCache:
+    """A few derived weights ([W; A], W + scale·B·A), keyed by identity + version."""
+
+    def __init__(self, capacity: int = 4):
+        self.capacity = capacity
+        self.entries: collections.OrderedDict = collections.OrderedDict()
+
+    @staticmethod
+    def _ident(t: torch.Tensor) -> tuple:
+        try:
+            version = t._version
+        except RuntimeError:      # inference tensors carry no version counter
+            version = -1
+        return (t.data_ptr(), version, tuple(t.shape), tuple(t.stride()), t.dtype, str(t.device))
+
+    def get(self, kind: str, tensors: tuple, extra: tuple, build):
+        key = (kind, extra) + tuple(self._ident(t) for t in tensors)
+        hit = self.entries.get(key)
+        if hit is not None:
+            self.entries.move_to_end(key)
+            return hit
+        value = build()
+        self.entries[key] = value
+        while len(self.entries) > self.capacity:
+            self.entries.popitem(last=False)
+        return value
+
+    def clear(self) -> None:
+        self.entries.clear()
+
+
+_WEIGHT_CACHE = _WeightCache()
+
+
+def clear_weight_cache() -> None:
+    """Drop cached merged / concatenated weights (needed only after in-place edits of inference
+    tensors, whose version counter cannot be read)."""
+    _WEIGHT_CACHE.clear()
+
+
+# ---------------------------------------------------------------------------- launchers
+
+def _lora_linear_torch(x, weight, lora_a, lora_b, scale, bias):
+    """Unfused fallback in fp32 (CPU without the interpreter, or ``strategy="torch"``)."""
+    xf = x.float()
+    y = xf @ weight.float().t()
+    if lora_a.shape[0] > 0:
+        y = y + scale * ((xf @ lora_a.float().t()) @ lora_b.float().t())
+    if bias is not None:
+        y = y + bias.float()
+    return y.to(x.dtype)
+
+
+def _reduce_tile(cfg: KernelConfig) -> tuple[int, int]:
+    # memory-bound pass over the workspace: small tiles so even M=64 gives ≥ 1 wave of CTAs
+    return min(cfg.block_m, 32), min(cfg.block_n, 64)
+
+
+def _launch_main(x, w, a, b, s, bias, y, sws, M, N, Kp, R, scale, cfg, *, lowrank, partial):
+    """lora_main_kernel over an [M, N] grid of tiles × split_k. Shapes as in the kernel."""
+    c = cfg
+    x_d = _desc(x, c.block_m, c.block_k)
+    w_d = _desc(w, c.block_n, c.block_k)
+    a_d = _desc(a, c.block_r, c.block_k) if lowrank == K_.LOWRANK_KLOOP else x_d
+    sy = (y.stride(0), y.stride(1), y.stride(2)) if partial else (0, y.stride(0), y.stride(1))
+    has_bias = bias is not None and not partial
+    grid = (cdiv(M, c.block_m) * cdiv(N, c.block_n), c.split_k if partial else 1)
+    K_.lora_main_kernel[grid](
+        x_d, w_d, a_d, s, b, bias if has_bias else y, y, sws, M, N, Kp, R, scale,
+        s.stride(0), s.stride(-1), b.stride(0), b.stride(1), *sy,
+        sws.stride(0), sws.stride(1), sws.stride(2),
+        BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, BLOCK_R=c.block_r,
+        GROUP_M=c.group_m, SPLIT_K=c.split_k if partial else 1, LOWRANK=lowrank,
+        HAS_BIAS=has_bias, PARTIAL=partial, num_warps=c.num_warps, num_stages=c.num_stages)
+
+
+def _launch_reduce(ws, s, b, bias, y, M, N, R, s_scale, splits, s_splits, cfg, *, has_lora):
+    """y = Σ ws[k] (+ s_scale·Σ s[k]·Bᵀ) (+ bias). ws [splits, M, ≥N] fp32, s [s_splits, M, ≥R]."""
+    bm, bn = _reduce_tile(cfg)
+    grid = (cdiv(M, bm), cdiv(N, bn))
+    K_.lora_reduce_kernel[grid](
+        ws, s, b, y if bias is None else bias, y, M, N, R, s_scale, splits, s_splits,
+        ws.stride(0), ws.stride(1), ws.stride(2), s.stride(0), s.stride(1), s.stride(2),
+        b.stride(0), b.stride(1), y.stride(0), y.stride(1),
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_R=cfg.block_r, HAS_LORA=has_lora, HAS_BIAS=bias is not None,
+        num_warps=4, num_stages=1)
+
+
+def _empty_f32(device, *shape):
+    return torch.empty(shape, dtype=torch.float32, device=device)
+
+
+def _gemm(x, w, bias, y, cfg, *, N, Kp):
+    """Plain y = x·wᵀ (+ bias) with our kernel (rank 0), split-K through the reduce kernel."""
+    M, dev = x.shape[0], x.device
+    dummy = _empty_f32(dev, 1, 1, 1)
+    if cfg.split_k == 1:
+        _launch_main(x, w, None, y, dummy[0], bias, y, dummy, M, N, Kp, 0, 1.0, cfg,
+                     lowrank=K_.LOWRANK_NONE, partial=False)
+        return y
+    ws = _empty_f32(dev, cfg.split_k, M, N)
+    _launch_main(x, w, None, y, dummy[0], bias, ws, dummy, M, N, Kp, 0, 1.0, cfg,
+                 lowrank=K_.LOWRANK_NONE, partial=True)
+    _launch_reduce(ws, dummy, y, bias, y, M, N, 0, 1.0, cfg.split_k, 1, cfg, has_lora=False)
+    return y
+
+
+def _run_kloop(x, w, a, b, bias, y, scale, cfg, *, N, Kp, R):
+    M, dev = x.shape[0], x.device
+    dummy = _empty_f32(dev, 1, 1, 1)
+    if cfg.split_k == 1:
+        _launch_main(x, w, a, b, dummy[0], bias, y, dummy, M, N, Kp, R, scale, cfg,
+                     lowrank=K_.LOWRANK_KLOOP, partial=False)
+        return y
+    ws = _empty_f32(dev, cfg.split_k, M, N)
+    sws = _empty_f32(dev, cfg.split_k, M, cfg.block_r)
+    _launch_main(x, w, a, b, dummy[0], bias, ws, sws, M, N, Kp, R, scale, cfg,
+                 lowrank=K_.LOWRANK_KLOOP, partial=True)
+    _launch_reduce(ws, sws, b, bias, y, M, N, R, scale, cfg.split_k, cfg.split_k, cfg, has_lora=True)
+    return y
+
+
+def _launch_down(x, a, s, scale, cfg, *, Kp, R):
+    """s [M, R] fp32 = scale · x·aᵀ."""
+    M = x.shape[0]
+    c = cfg
+    grid = (cdiv(M, c.block_m), cdiv(R, c.block_r))
+    K_.lora_down_kernel[grid](_desc(x, c.block_m, c.block_k), _desc(a, c.block_r, c.block_k), s,
+                              M, Kp, R, scale, s.stride(0), s.stride(1),
+                              BLOCK_M=c.block_m, BLOCK_R=c.block_r, BLOCK_K=c.block_k,
+                              num_warps=4, num_stages=c.num_stages)
+
+
+def _run_split(x, w, a, b, bias, y, scale, cfg, *, N, Kp, R):
+    M, dev = x.shape[0], x.device
+    s = _empty_f32(dev, M, R)
+    _launch_down(x, a, s, scale, cfg, Kp=Kp, R=R)
+    dummy = _empty_f32(dev, 1, 1, 1)
+    if cfg.split_k == 1:
+        _launch_main(x, w, None, b, s, bias, y, dummy, M, N, Kp, R, 1.0, cfg,
+                     lowrank=K_.LOWRANK_GLOBAL, partial=False)
+        return y
+    ws = _empty_f32(dev, cfg.split_k, M, N)
+    _launch_main(x, w, None, b, s, bias, ws, dummy, M, N, Kp, R, 1.0, cfg,
+                 lowrank=K_.LOWRANK_NONE, partial=True)
+    _launch_reduce(ws, s.unsqueeze(0), b, bias, y, M, N, R, 1.0, cfg.split_k, 1, cfg, has_lora=True)
+    return y
+
+
+def _run_concat(x, w, a, b, bias, y, scale, cfg, *, N, Kp, R):
+    """[Y | S] = x·[W; A]ᵀ into an fp32 workspace (split-K partials), then the epilogue kernel."""
+    M, dev = x.shape[0], x.device
+    wcat = _WEIGHT_CACHE.get("concat", (w, a), (), lambda: torch.cat([w, a], 0).contiguous())
+    ws = _empty_f32(dev, cfg.split_k, M, N + R)
+    dummy = _empty_f32(dev, 1, 1, 1)
+    _launch_main(x, wcat, None, b, dummy[0], bias, ws, dummy, M, N + R, Kp, 0, 1.0, cfg,
+                 lowrank=K_.LOWRANK_NONE, partial=True)
+    _launch_reduce(ws, ws[:, :, N:], b, bias, y, M, N, R, scale, cfg.split_k, cfg.split_k, cfg,
+                   has_lora=True)
+    return y
+
+
+def _static_grid(num_pid_m: int, num_pid_n: int, group_m: int, device) -> int:
+    """Persistent grid; under the interpreter programs run one after another, so a program must
+    never wait on an S task owned by a later program — widen the grid until none does."""
+    grid = persistent_grid(num_pid_m + num_pid_m * num_pid_n, device)
+    if not _interpreting():
+        return grid
+    total = num_pid_m + num_pid_m * num_pid_n
+    for task in range(num_pid_m, total):
+        pm, _ = grouped_tile_host(task - num_pid_m, num_pid_m, num_pid_n, group_m)
+        if pm % grid > task % grid:
+            return total
+    return grid
+
+
+def _run_persistent(x, w, a, b, bias, y, scale, cfg, *, N, Kp, R, dynamic):
+    M, dev, c = x.shape[0], x.device, cfg
+    num_pid_m, num_pid_n = cdiv(M, c.block_m), cdiv(N, c.block_n)
+    s = _empty_f32(dev, M, R)
+    sync = torch.zeros(num_pid_m + 1, dtype=torch.int32, device=dev)
+    grid = (persistent_grid(num_pid_m * (num_pid_n + 1), dev) if dynamic
+            else _static_grid(num_pid_m, num_pid_n, c.group_m, dev),)
+    K_.lora_persistent_kernel[grid](
+        _desc(x, c.block_m, c.block_k), _desc(w, c.block_n, c.block_k), _desc(a, c.block_r, c.block_k),
+        s, sync, b, y if bias is None else bias, y, M, N, Kp, R, scale,
+        s.stride(0), s.stride(1), b.stride(0), b.stride(1), y.stride(0), y.stride(1),
+        BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, BLOCK_R=c.block_r,
+        GROUP_M=c.group_m, DYNAMIC=dynamic, HAS_BIAS=bias is not None,
+        num_warps=c.num_warps, num_stages=c.num_stages)
+    return y
+
+
+_SIDE_STREAMS: dict[int, torch.cuda.Stream] = {}
+
+
+def _side_stream(device: torch.device) -> torch.cuda.Stream:
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    if idx not in _SIDE_STREAMS:
+        _SIDE_STREAMS[idx] = torch.cuda.Stream(device=idx)
+    return _SIDE_STREAMS[idx]
+
+
+def _run_streams(x, w, a, b, bias, y, scale, cfg, *, N, Kp, R):
+    """Base GEMM on the current stream ‖ S = x·Aᵀ on a side stream; join; y += scale·S·Bᵀ.
+
+    S is allocated on the current stream before the fork, and the current stream waits on the
+    side stream before touching it, so the caching allocator and CUDA-graph capture both see a
+    proper fork/join (no record_stream needed)."""
+    s = torch.empty(x.shape[0], R, dtype=x.dtype, device=x.device)
+    if x.is_cuda:
+        cur, side = torch.cuda.current_stream(x.device), _side_stream(x.device)
+        side.wait_stream(cur)
+        with torch.cuda.stream(side):
+            torch.mm(x, a.t(), out=s)
+        _gemm(x, w, bias, y, cfg, N=N, Kp=Kp)
+        cur.wait_stream(side)
+    else:
+        torch.mm(x, a.t(), out=s)
+        _gemm(x, w, bias, y, cfg, N=N, Kp=Kp)
+    return y.addmm_(s, b.t(), alpha=scale)
+
+
+def _run_merged(x, w, a, b, bias, y, scale, cfg, *, N, Kp, R):
+    def build():
+        return (w.float() + scale * (b.float() @ a.float())).to(w.dtype).contiguous()
+    wm = _WEIGHT_CACHE.get("merged", (w, a, b), (float(scale),), build)
+    return _gemm(x, wm, bias, y, cfg, N=N, Kp=Kp)
+
+
+_RUNNERS = {
+    "kloop": _run_kloop, "split": _run_split, "concat": _run_concat, "streams": _run_streams,
+    "merged": _run_merged,
+    "persistent_static": lambda *a, **k: _run_persistent(*a, **k, dynamic=False),
+    "persistent_dynamic": lambda *a, **k: _run_persistent(*a, **k, dynamic=True),
+}
+
+
+def run_strategy(strategy: str, x2, weight, lora_a, lora_b, scale, bias, cfg: KernelConfig,
+                 out: torch.Tensor | None = None):
+    """Launch one strategy on 2-D x2 [M, K] (M > 0) → y [M, N] (written into ``out`` if given,
+    e.g. a NaN-poisoned buffer in tests). No validation, no planning."""
+    M, K = x2.shape
+    N, R = weight.shape[0], lora_a.shape[0]
+    y = torch.empty(M, N, dtype=x2.dtype, device=x2.device) if out is None else out
+    Kp = _k_padded(K, x2.element_size())
+    x2, w = _tma_operand(x2, Kp), _tma_operand(weight, Kp)
+    bias_arg = bias.contiguous() if bias is not None else None
+    if R == 0:  # documented: rank 0 is the plain GEMM
+        return _gemm(x2, w, bias_arg, y, cfg, N=N, Kp=Kp)
+    a = _tma_operand(lora_a, Kp)
+    return _RUNNERS[strategy](x2, w, a, lora_b, bias_arg, y, float(scale), cfg, N=N, Kp=Kp, R=R)
+
+
+def lora_linear_impl(x, weight, lora_a, lora_b, scale: float = 1.0, bias=None,
+                     strategy: str = "auto") -> torch.Tensor:
+    """The op body (no custom-op dispatch): validate, plan, launch. Shapes as :func:`lora_linear`."""
+    check_inputs(x, weight, lora_a, lora_b, bias, strategy)
+    N, K = weight.shape
+    x2 = x.reshape(-1, K)
+    M = x2.shape[0]
+    if M == 0:
+        return x.new_empty(*x.shape[:-1], N)
+    if strategy == "torch" or not _use_triton(x):
+        return _lora_linear_torch(x, weight, lora_a, lora_b, scale, bias)
+    pin = current_pin()
+    if strategy == "auto":
+        strategy, cfg = plan_lora(M, N, K, lora_a.shape[0], x.dtype, x.device)
+    else:
+        with pinned(strategy=strategy, config=pin.config if pin else None):
+            strategy, cfg = plan_lora(M, N, K, lora_a.shape[0], x.dtype, x.device)
+    if strategy == "torch":
+        return _lora_linear_torch(x, weight, lora_a, lora_b, scale, bias)
+    y = run_strategy(strategy, x2, weight, lora_a, lora_b, scale, bias, cfg)
+    return y.reshape(*x.shape[:-1], N)
+
+
+# ---------------------------------------------------------------------------- the op
+
+@torch.library.custom_op("lowrank_gemm::lora_linear", mutates_args=())
+def _lora_linear_op(x: torch.Tensor, weight: torch.Tensor, lora_a: torch.Tensor,
+                    lora_b: torch.Tensor, scale: float, bias: Optional[torch.Tensor],
+                    strategy: str) -> torch.Tensor:
+    return lora_linear_impl(x, weight, lora_a, lora_b, scale, bias, strategy)
+
+
+@_lora_linear_op.register_fake
+def _(x, weight, lora_a, lora_b, scale, bias, strategy):
+    check_inputs(x, weight, lora_a, lora_b, bias, strategy)
+    return x.new_empty(*x.shape[:-1], weight.shape[0])
+
+
+def lora_linear(x: torch.Tensor, weight: torch.Tensor, lora_a: torch.Tensor, lora_b: torch.Tensor,
+                scale: float = 1.0, bias: torch.Tensor | None = None, strategy: str = "auto"
+                ) -> torch.Tensor:
+    """``y = x·Wᵀ + scale·(x·Aᵀ)·Bᵀ + bias``, fused.
+
+    x [..., K], weight [N, K], lora_a [r, K], lora_b [N, r], bias [N] or None → y [..., N] in x's
+    dtype. ``strategy``: "auto" (planner) or one of ``LORA_STRATEGIES``; ``plan.planner.pinned``
+    can also force a strategy/config for a scope. See the module docstring for the input contract.
+    """
+    check_inputs(x, weight, lora_a, lora_b, bias, strategy)
+    return torch.ops.lowrank_gemm.lora_linear(x, weight, lora_a, lora_b, float(scale), bias, strategy)

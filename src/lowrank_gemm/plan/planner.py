@@ -1,0 +1,299 @@
+"""Strategy and launch configuration per shape: tuned table first, heuristic fallback.
+
+One small pure function per knob (``block_r_for``, ``tile_for``, ``split_k_for``,
+``stages_for``, ``group_m_for``) so other kernel families can reuse them; per-family planning
+functions (``plan_lora``) combine them and filter with the family's ``can_implement``.
+
+The only override is the scoped :func:`pinned` context manager (a ``ContextVar``), for tests and
+benchmarks; there is no other module state besides the read-only tuned-table cache.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import functools
+import json
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+
+import torch
+
+from .config import KernelConfig
+from .smem import SmemError, SmemLedger, solve_stages
+
+__all__ = ["LoraStrategy", "LORA_STRATEGIES", "plan_lora", "can_implement", "pinned", "Pinned",
+           "block_r_for", "tile_for", "split_k_for", "stages_for", "group_m_for", "m_bucket",
+           "r_bucket", "tuned_key", "load_tuned", "clear_plan_cache", "heuristic_lora", "MAX_FUSED_RANK", "TUNED_DIR"]
+
+TUNED_DIR = Path(__file__).parent / "tuned"
+MAX_FUSED_RANK = 128      # S lives in registers ([BM, BLOCK_R] fp32) in kloop / persistent
+M_BUCKETS = (1, 16, 64, 256, 1024, 4096)
+R_BUCKETS = (16, 64, 128)
+
+
+class LoraStrategy(str, Enum):
+    """How the low-rank branch is fused (DESIGN.md §3)."""
+
+    STREAMS = "streams"
+    """Base GEMM (our kernel, rank 0) ‖ S = X·Aᵀ on a side stream, then Y += scale·S·Bᵀ (addmm)."""
+    SPLIT = "split"
+    """S = scale·X·Aᵀ by a small kernel (fp32 [M, r]); the main kernel adds S·Bᵀ in its epilogue."""
+    KLOOP = "kloop"
+    """One kernel: S tile accumulated from the X tiles the main loop already loads; epilogue S·Bᵀ."""
+    CONCAT = "concat"
+    """One GEMM over the cached [W; A] into fp32 [Y | S], then an epilogue kernel adds S·Bᵀ."""
+    PERSISTENT_STATIC = "persistent_static"
+    """Persistent grid, S tasks first then main tiles in grouped order, static stripes."""
+    PERSISTENT_DYNAMIC = "persistent_dynamic"
+    """Same, tasks handed out by an atomic work counter (results stay deterministic)."""
+    MERGED = "merged"
+    """W' = W + scale·B·A, cached by the tensors' identity and version; then a plain GEMM."""
+    TORCH = "torch"
+    """Unfused PyTorch in fp32 (the fallback on CPU without the Triton interpreter)."""
+
+
+LORA_STRATEGIES = tuple(s.value for s in LoraStrategy)
+_FUSED_RANK_LIMITED = ("kloop", "persistent_static", "persistent_dynamic")
+_NO_SPLIT_K = ("persistent_static", "persistent_dynamic", "torch")
+
+
+# ---------------------------------------------------------------------------- knobs (pure)
+
+def _pow2_at_least(v: int) -> int:
+    return 1 << max(0, int(v) - 1).bit_length()
+
+
+def block_r_for(r: int) -> int:
+    """Rank padded to the MMA K granularity (16), as a power of two (``tl.arange``), ≤ 128."""
+    return min(MAX_FUSED_RANK, max(16, _pow2_at_least(r)))
+
+
+def tile_for(M: int, N: int, K: int, *, gpu: bool = True) -> tuple[int, int, int, int]:
+    """(block_m, block_n, block_k, num_warps). Decode M uses the smallest wgmma M (64) and deep
+    K tiles to keep many bytes in flight; large M uses 128×256 with two warpgroups."""
+    if not gpu:  # interpreter: small tiles keep CPU tests fast
+        return 32, 32, 32, 4
+    if M <= 64:
+        return 64, 128, 128, 4
+    if M <= 256:
+        return 128, 128, 64, 4
+    return 128, 256, 64, 8
+
+
+def split_k_for(num_tiles: int, k_tiles: int, sms: int, *, max_split: int = 8,
+                min_k_tiles_per_split: int = 4) -> int:
+    """Deterministic split-K when the output tiles cannot fill the SMs: double the split (a power
+    of two) while the CTAs still fit in about one wave, keeping ≥ ``min_k_tiles_per_split`` K
+    tiles each (the fp32 partials cost a write + read of [split, M, N], so no more than needed)."""
+    split = 1
+    while (num_tiles * split * 2 <= sms * 1.1 and split * 2 <= max_split
+           and k_tiles // (split * 2) >= min_k_tiles_per_split):
+        split *= 2
+    return split
+
+
+def stages_for(build, *, min_stages: int = 2, max_stages: int = 6) -> int:
+    """Deepest main pipeline whose ledger fits (``build(stages) -> SmemLedger``)."""
+    main, _, _ = solve_stages(lambda s, _lr: build(s), min_main=min_stages, max_main=max_stages)
+    return main
+
+
+def group_m_for(num_pid_m: int) -> int:
+    return 8 if num_pid_m >= 8 else max(1, num_pid_m)
+
+
+def m_bucket(M: int) -> int:
+    for b in M_BUCKETS:
+        if M <= b:
+            return b
+    return M_BUCKETS[-1]
+
+
+def r_bucket(r: int) -> int:
+    for b in R_BUCKETS:
+        if r <= b:
+            return b
+    return _pow2_at_least(r)
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+# ---------------------------------------------------------------------------- feasibility
+
+@dataclass(frozen=True)
+class Feasibility:
+    ok: bool
+    reason: str = ""
+
+    def __bool__(self) -> bool:
+        return self.ok
+
+
+def lora_ledger(strategy: str, config: KernelConfig, dtype_bits: int = 16) -> SmemLedger:
+    from ..kernels._lora_kernels import smem_ledger
+    return smem_ledger(config, dtype_bits, strategy)
+
+
+def can_implement(strategy: str, shape: tuple[int, int, int, int], config: KernelConfig,
+                  dtype_bits: int = 16) -> Feasibility:
+    """Whether ``strategy`` with ``config`` can run ``shape = (M, N, K, r)``; falsy with a reason if not."""
+    if strategy not in LORA_STRATEGIES:
+        return Feasibility(False, f"unknown strategy {strategy!r}; expected one of {LORA_STRATEGIES}")
+    M, N, K, r = shape
+    c = config
+    if strategy == "torch":
+        return Feasibility(True)
+    if max(c.block_m, c.block_n, c.block_k, c.block_r) > 256:
+        return Feasibility(False, f"TMA boxes are at most 256 per dim, got block "
+                                  f"{c.block_m}x{c.block_n}x{c.block_k} r{c.block_r}")
+    if strategy in _FUSED_RANK_LIMITED and r > c.block_r:
+        return Feasibility(False, f"{strategy} keeps S in registers: rank {r} > block_r {c.block_r}")
+    if c.block_r > MAX_FUSED_RANK and strategy in _FUSED_RANK_LIMITED:
+        return Feasibility(False, f"block_r {c.block_r} > {MAX_FUSED_RANK} (register budget of S)")
+    if c.split_k > 1 and strategy in _NO_SPLIT_K:
+        return Feasibility(False, f"{strategy} does not split K (split_k={c.split_k})")
+    k_tiles = _cdiv(max(K, 1), c.block_k)
+    if c.split_k > k_tiles:
+        return Feasibility(False, f"split_k {c.split_k} > {k_tiles} K tiles")
+    ledger = lora_ledger(strategy, c, dtype_bits)
+    if not ledger.fits():
+        return Feasibility(False, f"shared memory {ledger.total()} B > {ledger.limit} B:\n{ledger.table()}")
+    return Feasibility(True)
+
+
+# ---------------------------------------------------------------------------- tuned table
+
+def tuned_key(M: int, N: int, K: int, r: int, dtype: torch.dtype | str) -> str:
+    d = str(dtype).replace("torch.", "")
+    return f"m{m_bucket(M)}_n{N}_k{K}_r{r_bucket(r)}_{d}"
+
+
+@functools.lru_cache(maxsize=8)
+def load_tuned(name: str = "h200") -> dict:
+    """``{key: {"strategy": str, "config": {...}}}`` from ``plan/tuned/<name>.json`` (or {})."""
+    path = TUNED_DIR / f"{name}.json"
+    if not path.exists():
+        return {}
+    data = json.loads(path.read_text())
+    return data.get("lora", {})
+
+
+@functools.lru_cache(maxsize=16)
+def _device_name(device: torch.device) -> str:
+    return torch.cuda.get_device_name(device).lower()
+
+
+def _gpu_table_name(device: torch.device) -> str | None:
+    if device.type != "cuda":
+        return None
+    name = _device_name(device)
+    return "h200" if ("h200" in name or "h100" in name) else None
+
+
+# ---------------------------------------------------------------------------- pinning
+
+@dataclass(frozen=True)
+class Pinned:
+    strategy: str | None = None
+    config: KernelConfig | None = None
+
+
+_PINNED: contextvars.ContextVar[Pinned | None] = contextvars.ContextVar("lowrank_gemm_pinned",
+                                                                         default=None)
+
+
+@contextlib.contextmanager
+def pinned(strategy: str | None = None, config: KernelConfig | None = None):
+    """Force the planner's strategy and/or config inside the block (tests, benchmarks, tuning)."""
+    if strategy is not None and strategy not in LORA_STRATEGIES:
+        raise ValueError(f"unknown strategy {strategy!r}; expected one of {LORA_STRATEGIES}")
+    token = _PINNED.set(Pinned(strategy, config))
+    try:
+        yield
+    finally:
+        _PINNED.reset(token)
+
+
+def current_pin() -> Pinned | None:
+    return _PINNED.get()
+
+
+# ---------------------------------------------------------------------------- planning
+
+def heuristic_lora(M: int, N: int, K: int, r: int, dtype_bits: int, *, gpu: bool, sms: int,
+                   strategy: str | None = None) -> tuple[str, KernelConfig]:
+    """Shape rules for unseen shapes/GPUs. Decode and mid M: kloop (one launch, S recomputed per
+    N-tile costs r/BLOCK_N extra MMA, cheap while memory-bound); large M: split (S once)."""
+    bm, bn, bk, warps = tile_for(M, N, K, gpu=gpu)
+    br = block_r_for(r)
+    if strategy is None:
+        # r > 64: S [BM, BLOCK_R] fp32 beside the [BM, BN] accumulator would spill registers
+        strategy = "kloop" if (M <= 512 and r <= 64) else "split"
+    num_pid_m, num_pid_n = _cdiv(max(M, 1), bm), _cdiv(N, bn)
+    if gpu and M <= 64 and num_pid_m * num_pid_n < sms // 2:
+        bn = 64  # small N: more, narrower tiles before resorting to split-K
+        num_pid_n = _cdiv(N, bn)
+    k_tiles = _cdiv(K, bk)
+    split = 1 if strategy in _NO_SPLIT_K else split_k_for(num_pid_m * num_pid_n, k_tiles, sms)
+    base = KernelConfig(block_m=bm, block_n=bn, block_k=bk, block_r=br, group_m=group_m_for(num_pid_m),
+                        num_warps=warps, num_stages=2, split_k=split)
+    if not gpu:
+        return strategy, base
+    stages = stages_for(lambda s: lora_ledger(strategy, base.replace(num_stages=s), dtype_bits))
+    return strategy, base.replace(num_stages=stages)
+
+
+def plan_lora(M: int, N: int, K: int, r: int, dtype: torch.dtype, device: torch.device | str
+              ) -> tuple[str, KernelConfig]:
+    """(strategy, KernelConfig) for ``y[M, N] = x[M, K]·Wᵀ + (x·Aᵀ)[M, r]·Bᵀ``.
+
+    Order: :func:`pinned` override → tuned table (``plan/tuned/<gpu>.json``) → heuristic. Every
+    candidate is filtered with :func:`can_implement`; ``split`` (any rank) is the last resort.
+    Memoized per (shape, dtype, device, pin): the op calls this on every launch.
+    """
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    return _plan_lora(M, N, K, r, dtype, device, current_pin())
+
+
+def clear_plan_cache() -> None:
+    """Forget memoized plans (after swapping the tuned table, e.g. in tests)."""
+    _plan_lora.cache_clear()
+
+
+@functools.lru_cache(maxsize=4096)
+def _plan_lora(M: int, N: int, K: int, r: int, dtype: torch.dtype, device: torch.device,
+               pin: Pinned | None) -> tuple[str, KernelConfig]:
+    from ..kernels.schedule import num_sms
+    gpu = device.type == "cuda"
+    bits = torch.finfo(dtype).bits if dtype.is_floating_point else 16
+    sms = num_sms(device)
+    shape = (M, N, K, r)
+    pin_strategy = pin.strategy if pin else None
+    if pin and pin.config is not None:
+        strategy = pin_strategy or heuristic_lora(M, N, K, r, bits, gpu=gpu, sms=sms)[0]
+        ok = can_implement(strategy, shape, pin.config, bits)
+        if not ok:
+            raise ValueError(f"pinned config cannot run {strategy} on (M,N,K,r)={shape}: {ok.reason}")
+        return strategy, pin.config
+    if pin_strategy is None:
+        table = load_tuned(_gpu_table_name(device)) if _gpu_table_name(device) else {}
+        hit = table.get(tuned_key(M, N, K, r, dtype))
+        if hit is not None:
+            cfg = KernelConfig.from_dict(hit["config"])
+            if can_implement(hit["strategy"], shape, cfg, bits):
+                return hit["strategy"], cfg
+    strategy, cfg = heuristic_lora(M, N, K, r, bits, gpu=gpu, sms=sms, strategy=pin_strategy)
+    if r > cfg.block_r and strategy in _FUSED_RANK_LIMITED and pin_strategy is None:
+        strategy = "split"
+    ok = can_implement(strategy, shape, cfg, bits)
+    if not ok:
+        if pin_strategy is not None:
+            raise ValueError(f"pinned strategy {strategy} cannot run (M,N,K,r)={shape}: {ok.reason}")
+        strategy, cfg = heuristic_lora(M, N, K, r, bits, gpu=gpu, sms=sms, strategy="split")
+    return strategy, cfg

@@ -1,0 +1,359 @@
+"""Single-adapter LoRA GEMM vs the float64 spec, on CPU under Triton's interpreter (fp16: the
+interpreter's bf16 ``tl.dot`` is wrong) — plus op semantics, bad input and sm_90 PTX checks.
+
+Tolerance: fp16 inputs, fp32 accumulation, fp16 output: the rounding of y alone is ~2^-11
+relative, S is rounded to fp16 before S·Bᵀ as an unfused fp16 run would; 2e-3 of ‖ref‖ leaves
+~4× margin over the torch fp16 error on the same data (checked in ``test_tolerance_is_meaningful``).
+"""
+
+import os
+
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+
+from lowrank_gemm.kernels import lora_gemm as LG
+from lowrank_gemm.kernels.lora_gemm import lora_linear, run_strategy
+from lowrank_gemm.plan.config import KernelConfig
+from lowrank_gemm.plan.planner import block_r_for, can_implement, pinned
+from lowrank_gemm.reference import lora_linear_ref
+
+REL_TOL = 2e-3
+KERNEL_STRATEGIES = ("kloop", "split", "concat", "streams", "merged", "persistent_static",
+                     "persistent_dynamic")
+SPLIT_K_OK = ("kloop", "split", "concat", "streams", "merged")
+
+
+def make(M, N, K, r, dtype=torch.float16, bias=True, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(M, K, generator=g).to(dtype)
+    w = (torch.randn(N, K, generator=g) / K ** 0.5).to(dtype)
+    a = (torch.randn(r, K, generator=g) / K ** 0.5).to(dtype)
+    b = torch.randn(N, r, generator=g).to(dtype)
+    bb = torch.randn(N, generator=g).to(dtype) if bias else None
+    return x, w, a, b, bb
+
+
+def rel_err(y, ref):
+    return ((y.double() - ref).norm() / ref.norm()).item()
+
+
+def cfg_for(r, split_k=1, bm=16, bn=32, bk=16, group_m=2):
+    return KernelConfig(block_m=bm, block_n=bn, block_k=bk, block_r=block_r_for(r), group_m=group_m,
+                        num_warps=4, num_stages=2, split_k=split_k)
+
+
+@pytest.fixture
+def poisoned_workspaces(monkeypatch):
+    """Every fp32 scratch buffer (split-K partials, S) starts as NaN: a read of an unwritten
+    element poisons the result."""
+    real = LG._empty_f32
+
+    def nan_empty(device, *shape):
+        return real(device, *shape).fill_(float("nan"))
+    monkeypatch.setattr(LG, "_empty_f32", nan_empty)
+
+
+def run_poisoned(strategy, x, w, a, b, scale, bias, cfg):
+    out = torch.full((x.shape[0], w.shape[0]), float("nan"), dtype=x.dtype)
+    assert can_implement(strategy, (x.shape[0], w.shape[0], x.shape[1], a.shape[0]), cfg)
+    LG.clear_weight_cache()
+    return run_strategy(strategy, x, w, a, b, scale, bias, cfg, out=out)
+
+
+# ---------------------------------------------------------------------------- every strategy
+
+@pytest.mark.parametrize("strategy", KERNEL_STRATEGIES)
+@pytest.mark.parametrize("split_k", [1, 3])
+@pytest.mark.parametrize("with_bias", [True, False])
+def test_strategy_matches_reference(strategy, split_k, with_bias, poisoned_workspaces):
+    if split_k > 1 and strategy not in SPLIT_K_OK:
+        pytest.skip("persistent strategies do not split K")
+    M, N, K, r = 37, 70, 88, 8             # ragged against 16×32×16 tiles, 3 M-blocks
+    x, w, a, b, bias = make(M, N, K, r, bias=with_bias)
+    y = run_poisoned(strategy, x, w, a, b, 0.7, bias, cfg_for(r, split_k))
+    assert not y.isnan().any()
+    assert rel_err(y, lora_linear_ref(x, w, a, b, 0.7, bias)) < REL_TOL
+
+
+@pytest.mark.parametrize("r", [1, 8, 16, 64, 128])
+@pytest.mark.parametrize("strategy", ["kloop", "split", "concat", "persistent_dynamic"])
+def test_ranks(strategy, r, poisoned_workspaces):
+    M, N, K = 21, 40, 48
+    x, w, a, b, bias = make(M, N, K, r, seed=r)
+    y = run_poisoned(strategy, x, w, a, b, 1.3, bias, cfg_for(r, bm=16, bn=16, bk=16))
+    assert rel_err(y, lora_linear_ref(x, w, a, b, 1.3, bias)) < REL_TOL
+
+
+def test_split_rank_above_block_r_loops_over_chunks(poisoned_workspaces):
+    # split / concat read S from memory, so any rank works: rank 40 in 16-wide chunks
+    x, w, a, b, bias = make(20, 33, 32, 40)
+    cfg = cfg_for(16, split_k=2)
+    ref = lora_linear_ref(x, w, a, b, 0.5, bias)
+    for strategy in ("split", "concat", "streams"):
+        assert rel_err(run_poisoned(strategy, x, w, a, b, 0.5, bias, cfg), ref) < REL_TOL
+    assert not can_implement("kloop", (20, 33, 32, 40), cfg)
+
+
+def test_persistent_static_strides_over_tiles():
+    # one M-block: the static grid (4 programs on CPU) stays narrower than the 6 tasks
+    x, w, a, b, bias = make(9, 90, 32, 4)
+    y = run_poisoned("persistent_static", x, w, a, b, 0.9, bias, cfg_for(4, bm=16, bn=16))
+    assert LG._static_grid(1, 6, 2, x.device) == 4
+    assert rel_err(y, lora_linear_ref(x, w, a, b, 0.9, bias)) < REL_TOL
+
+
+@settings(max_examples=8, deadline=None)
+@given(M=st.integers(1, 50), N=st.integers(1, 60), K=st.integers(1, 70), r=st.integers(1, 20),
+       strategy=st.sampled_from(KERNEL_STRATEGIES), split_k=st.integers(1, 2),
+       bias=st.booleans(), scale=st.floats(-2, 2, allow_nan=False))
+def test_fuzz_shapes(M, N, K, r, strategy, split_k, bias, scale):
+    if strategy not in SPLIT_K_OK or K <= 16:
+        split_k = 1
+    x, w, a, b, bb = make(M, N, K, r, bias=bias, seed=M * 7 + N)
+    y = run_poisoned(strategy, x, w, a, b, scale, bb, cfg_for(r, split_k))
+    ref = lora_linear_ref(x, w, a, b, scale, bb)
+    assert ((y.double() - ref).abs().max() <= REL_TOL * ref.abs().max() + 1e-3).item()
+
+
+def test_tolerance_is_meaningful():
+    x, w, a, b, bias = make(37, 70, 88, 8)
+    ref = lora_linear_ref(x, w, a, b, 0.7, bias)
+    torch_fp16 = (x.float() @ w.float().T + 0.7 * (x.float() @ a.float().T).half().float()
+                  @ b.float().T + bias.float()).half()
+    assert rel_err(torch_fp16, ref) < REL_TOL / 4
+    wrong = run_poisoned("kloop", x, w, a, b, 0.75, bias, cfg_for(8))  # scale off by 7%
+    assert rel_err(wrong, ref) > REL_TOL
+
+
+# ---------------------------------------------------------------------------- the public op
+
+def test_op_auto_batched_and_planner():
+    x, w, a, b, bias = make(12, 40, 48, 8)
+    xb = x.reshape(3, 4, 48)
+    y = lora_linear(xb, w, a, b, scale=0.5, bias=bias)
+    assert y.shape == (3, 4, 40) and y.dtype == torch.float16
+    assert rel_err(y, lora_linear_ref(xb, w, a, b, 0.5, bias)) < REL_TOL
+
+
+def test_pinned_strategy_and_config_reach_the_launch(monkeypatch):
+    seen = []
+    real = LG.run_strategy
+    monkeypatch.setattr(LG, "run_strategy", lambda s, *a, **k: seen.append((s, a[-1])) or real(s, *a, **k))
+    x, w, a, b, _ = make(8, 16, 16, 4)
+    cfg = cfg_for(4)
+    with pinned(strategy="split", config=cfg):
+        lora_linear(x, w, a, b)
+    with pinned(config=cfg):
+        lora_linear(x, w, a, b, strategy="concat")
+    assert seen == [("split", cfg), ("concat", cfg)]
+
+
+def test_rank_zero_is_plain_gemm():
+    x, w, _, _, bias = make(10, 24, 32, 1)
+    a0, b0 = torch.empty(0, 32, dtype=x.dtype), torch.empty(24, 0, dtype=x.dtype)
+    for strategy in ("auto", "kloop", "persistent_static"):
+        y = lora_linear(x, w, a0, b0, bias=bias, strategy=strategy)
+        ref = x.double() @ w.double().T + bias.double()
+        assert rel_err(y, ref) < REL_TOL
+
+
+def test_empty_m():
+    x, w, a, b, bias = make(1, 24, 32, 4)
+    y = lora_linear(x[:0].reshape(0, 32), w, a, b, bias=bias)
+    assert y.shape == (0, 24)
+    y3 = lora_linear(torch.empty(2, 0, 32, dtype=x.dtype), w, a, b)
+    assert y3.shape == (2, 0, 24)
+
+
+def test_noncontiguous_misaligned_and_odd_k_are_copied():
+    x, w, a, b, bias = make(13, 24, 37, 4)       # K=37: rows are 74 B, not 16-B aligned → padded
+    ref = lora_linear_ref(x, w, a, b, 1.0, bias)
+    with pinned(config=cfg_for(4)):
+        assert rel_err(lora_linear(x, w, a, b, bias=bias, strategy="kloop"), ref) < REL_TOL
+        xt = torch.randn(48, 13).half().t()[:, :40]          # [13, 40] with stride (1, 13)
+        w2 = (torch.randn(24, 40) / 7).half()
+        a2 = (torch.randn(4, 40) / 7).half()
+        ref2 = lora_linear_ref(xt, w2, a2, b, 1.0, bias)
+        assert rel_err(lora_linear(xt, w2, a2, b, bias=bias, strategy="split"), ref2) < REL_TOL
+        buf = torch.randn(13 * 40 + 1).half()
+        xoff = buf[1:].view(13, 40)                          # contiguous, base off by 2 bytes
+        assert xoff.data_ptr() % 16 != 0
+        ref3 = lora_linear_ref(xoff, w2, a2, b, 1.0, bias)
+        assert rel_err(lora_linear(xoff, w2, a2, b, bias=bias, strategy="kloop"), ref3) < REL_TOL
+        assert rel_err(lora_linear(xt, w2, a2, b.t().contiguous().t(), bias=bias), ref2) < REL_TOL
+
+
+@pytest.mark.parametrize("strategy, split_k", [("kloop", 1), ("kloop", 2), ("split", 1),
+                                               ("concat", 2), ("persistent_dynamic", 1)])
+def test_nan_inf_propagate_like_torch(strategy, split_k):
+    x, w, a, b, bias = make(20, 24, 32, 4)
+    x[3, 5] = float("inf")
+    x[7, 0] = float("nan")
+    ref = lora_linear_ref(x, w, a, b, 1.0, bias)
+    with pinned(config=cfg_for(4, split_k)):
+        y = lora_linear(x, w, a, b, bias=bias, strategy=strategy)
+    assert torch.equal(y.isnan(), ref.isnan())
+    assert torch.equal(y.isinf(), ref.isinf())
+    fin = ref.isfinite()
+    assert rel_err(y[fin], ref[fin]) < REL_TOL
+
+
+def test_deterministic_bits():
+    x, w, a, b, bias = make(37, 70, 88, 8)
+    for strategy in ("kloop", "persistent_dynamic"):
+        cfg = cfg_for(8, split_k=1 if strategy.startswith("persistent") else 3)
+        y1 = run_poisoned(strategy, x, w, a, b, 0.7, bias, cfg)
+        y2 = run_poisoned(strategy, x, w, a, b, 0.7, bias, cfg)
+        assert torch.equal(y1, y2)
+
+
+def test_weight_cache_tracks_inplace_edits():
+    x, w, a, b, _ = make(8, 16, 16, 4)
+    LG.clear_weight_cache()
+    with pinned(config=cfg_for(4)):
+        y1 = lora_linear(x, w, a, b, strategy="merged")
+        with torch.no_grad():
+            b.mul_(2)                                   # bumps b._version
+        y2 = lora_linear(x, w, a, b, strategy="merged")
+        y3 = lora_linear(x, w, a, b, scale=0.5, strategy="merged")
+    assert rel_err(y2, lora_linear_ref(x, w, a, b)) < REL_TOL
+    assert rel_err(y3, lora_linear_ref(x, w, a, b, 0.5)) < REL_TOL
+    assert not torch.equal(y1, y2)
+
+
+def test_cpu_without_interpreter_falls_back_to_torch(monkeypatch):
+    monkeypatch.setattr(LG, "_interpreting", lambda: False)
+    called = []
+    monkeypatch.setattr(LG, "run_strategy", lambda *a, **k: called.append(1))
+    x, w, a, b, bias = make(5, 8, 16, 2)
+    y = lora_linear(x, w, a, b, 0.3, bias)
+    assert not called
+    assert rel_err(y, lora_linear_ref(x, w, a, b, 0.3, bias)) < REL_TOL
+
+
+def test_torch_compile_fullgraph_traces_the_op():
+    x, w, a, b, bias = make(6, 16, 16, 4)
+
+    def f(x):
+        return lora_linear(x, w, a, b, 0.5, bias).relu()
+    y = torch.compile(f, fullgraph=True, backend="aot_eager")(x)
+    assert rel_err(y, lora_linear_ref(x, w, a, b, 0.5, bias).relu()) < REL_TOL
+
+
+def test_opcheck():
+    x, w, a, b, bias = make(6, 16, 16, 4)
+    torch.library.opcheck(torch.ops.lowrank_gemm.lora_linear.default, (x, w, a, b, 0.5, bias, "split"),
+                          test_utils=("test_schema", "test_faketensor"))
+
+
+# ---------------------------------------------------------------------------- bad input
+
+def _bad(**over):
+    x, w, a, b, bias = make(4, 8, 16, 2)
+    args = dict(x=x, weight=w, lora_a=a, lora_b=b, bias=bias)
+    args.update(over)
+    return args
+
+
+@pytest.mark.parametrize("over, exc, needle", [
+    (dict(weight=torch.randn(8, 15).half()), ValueError, "weight must be [N, K] with K=16"),
+    (dict(lora_a=torch.randn(2, 15).half()), ValueError, "lora_a must be [r, K] with K=16"),
+    (dict(lora_b=torch.randn(8, 3).half()), ValueError, "lora_b must be [N, r] = [8, 2]"),
+    (dict(bias=torch.randn(9).half()), ValueError, "bias must be [N] = [8]"),
+    (dict(lora_a=torch.randn(2, 16).float()), TypeError, "lora_a must have x's dtype torch.float16"),
+    (dict(x=torch.randn(4, 16)), TypeError, "x must be float16 or bfloat16, got torch.float32"),
+    (dict(weight=torch.randn(8, 16, 1).half()), ValueError, "weight must be 2-D"),
+    (dict(lora_b=torch.randn(8, 2).half().to("meta")), ValueError, "lora_b must be on x's device"),
+])
+def test_bad_input_messages(over, exc, needle):
+    with pytest.raises(exc, match=needle.replace("[", r"\[").replace("]", r"\]")):
+        lora_linear(**_bad(**over))
+
+
+def test_bad_strategy_and_pins():
+    with pytest.raises(ValueError, match="strategy must be 'auto' or one of"):
+        lora_linear(**_bad(), strategy="fastest")
+    with pytest.raises(ValueError, match="unknown strategy"):
+        with pinned(strategy="nope"):
+            pass
+    args = _bad(lora_a=torch.randn(40, 16).half(), lora_b=torch.randn(8, 40).half())
+    with pinned(config=cfg_for(16)):   # block_r 16 < rank 40
+        with pytest.raises(ValueError, match="rank 40 > block_r 16"):
+            lora_linear(**args, strategy="kloop")
+
+
+# ---------------------------------------------------------------------------- sm_90 lowering
+
+MOD = "lowrank_gemm.kernels._lora_kernels"
+
+
+def main_signature(bm, bn, bk, br, dt="bf16"):
+    sig = {"x_desc": f"tensordesc<{dt}[{bm}, {bk}]>", "w_desc": f"tensordesc<{dt}[{bn}, {bk}]>",
+           "a_desc": f"tensordesc<{dt}[{br}, {bk}]>", "s_ptr": "*fp32", "b_ptr": f"*{dt}",
+           "bias_ptr": f"*{dt}", "y_ptr": f"*{dt}", "sws_ptr": "*fp32",
+           "M": "i32", "N": "i32", "K": "i32", "R": "i32", "scale": "fp32"}
+    sig.update({k: "i32" for k in ("stride_sm", "stride_sr", "stride_bn", "stride_br", "stride_yk",
+                                   "stride_ym", "stride_yn", "stride_swk", "stride_swm", "stride_swr")})
+    return sig
+
+
+def persistent_signature(bm, bn, bk, br, dt="bf16"):
+    sig = {"x_desc": f"tensordesc<{dt}[{bm}, {bk}]>", "w_desc": f"tensordesc<{dt}[{bn}, {bk}]>",
+           "a_desc": f"tensordesc<{dt}[{br}, {bk}]>", "s_ptr": "*fp32", "sync_ptr": "*i32",
+           "b_ptr": f"*{dt}", "bias_ptr": f"*{dt}", "y_ptr": f"*{dt}",
+           "M": "i32", "N": "i32", "K": "i32", "R": "i32", "scale": "fp32"}
+    sig.update({k: "i32" for k in ("stride_sm", "stride_sr", "stride_bn", "stride_br",
+                                   "stride_ym", "stride_yn")})
+    return sig
+
+
+def compile_main(cfg: KernelConfig, lowrank: int, partial=False):
+    from lowrank_gemm.kernels.aot import compile_sm90
+    c = cfg
+    return compile_sm90(MOD, "lora_main_kernel", main_signature(c.block_m, c.block_n, c.block_k, c.block_r),
+                        dict(BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, BLOCK_R=c.block_r,
+                             GROUP_M=c.group_m, SPLIT_K=c.split_k, LOWRANK=lowrank, HAS_BIAS=True,
+                             PARTIAL=partial), num_warps=c.num_warps, num_stages=c.num_stages)
+
+
+def compile_persistent(cfg: KernelConfig, dynamic: bool):
+    from lowrank_gemm.kernels.aot import compile_sm90
+    c = cfg
+    return compile_sm90(MOD, "lora_persistent_kernel",
+                        persistent_signature(c.block_m, c.block_n, c.block_k, c.block_r),
+                        dict(BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, BLOCK_R=c.block_r,
+                             GROUP_M=c.group_m, DYNAMIC=dynamic, HAS_BIAS=True),
+                        num_warps=c.num_warps, num_stages=c.num_stages)
+
+
+H200_CFG = KernelConfig(block_m=64, block_n=128, block_k=128, block_r=16, num_warps=4, num_stages=4)
+
+
+@pytest.mark.parametrize("name, compile_", [
+    ("kloop", lambda: compile_main(H200_CFG, LG.K_.LOWRANK_KLOOP)),
+    ("kloop split-K partial", lambda: compile_main(H200_CFG.replace(split_k=4), LG.K_.LOWRANK_KLOOP, True)),
+    ("split main", lambda: compile_main(H200_CFG.replace(block_m=128, block_k=64, block_r=64),
+                                        LG.K_.LOWRANK_GLOBAL)),
+    ("persistent dynamic", lambda: compile_persistent(H200_CFG.replace(block_m=128, block_k=64, num_stages=3), True)),
+])
+def test_sm90_ptx_uses_wgmma_and_tma(name, compile_):
+    info = compile_()
+    assert "wgmma.mma_async" in info.ptx, name
+    assert "cp.async.bulk.tensor" in info.ptx, name
+
+
+# ---------------------------------------------------------------------------- bench helpers (CPU)
+
+def test_bench_helpers_render(tmp_path):
+    from lowrank_gemm.bench import lora as B
+    assert B.nbytes(64, 28672, 4096, 16) == 2 * (28672 * 4096 + 64 * 4096 + 64 * 28672 + 16 * 4096 + 28672 * 16)
+    assert B.plausible("merged", 64, 16, False) and not B.plausible("merged", 64, 64, False)
+    assert all(B.plausible(s, 1, 64, True) for s in B.STRATS)
+    rows = [{"suite": "lora", "impl": i, "M": m, "N": 4096, "K": 4096, "r": 16, "dtype": "bfloat16",
+             "median_us": 10.0, "graph_us": 9.0 + (i == "auto"), "ratio_cublas": 1.0 + 0.1 * (i == "auto"),
+             "plan": "kloop" if i == "auto" else None} for i in ("cublas_base", "auto") for m in (1, 64)]
+    md = B.to_markdown({"device": "test"}, rows)
+    assert "auto (kloop)" in md and "× cuBLAS" in md
+    B.plot({"rows": rows}, tmp_path / "lora.png")
+    assert (tmp_path / "lora.png").stat().st_size > 0

@@ -1,0 +1,89 @@
+"""The LoRA family's SMEM ledger: each term, and the total against Triton's compiled ``shared``.
+
+Tolerance vs the compiler: 1 KiB. Triton 3.6 allocates exactly one buffer per stage per TMA load
+plus 8-byte mbarriers, and reuses pipeline memory for the epilogue's operand tiles (liveness), so
+the ledger is exact today; the slack covers alignment padding of a future allocator change. A
+ledger that counts one stage too many (≥ 8 KiB for the smallest tile here) fails the check —
+``test_ledger_check_can_fail`` proves it.
+"""
+
+import pytest
+
+from lowrank_gemm.kernels import _lora_kernels as K_
+from lowrank_gemm.kernels._lora_kernels import smem_ledger
+from lowrank_gemm.plan.config import KernelConfig
+from lowrank_gemm.plan.smem import SM90_SMEM_LIMIT
+
+from test_lora_gemm import compile_main, compile_persistent
+
+TOL_BYTES = 1024
+CFG = KernelConfig(block_m=64, block_n=128, block_k=128, block_r=16, num_warps=4, num_stages=4)
+
+
+def test_kloop_terms():
+    L = smem_ledger(CFG, 16, "kloop")
+    assert L.term("main X tile").total(1) == 4 * 64 * 128 * 2
+    assert L.term("main W tile").total(1) == 4 * 128 * 128 * 2
+    assert L.term("lowrank A tile").total(1) == 4 * 16 * 128 * 2
+    assert L.term("TMA barriers").total(1) == 4 * 2 * 8          # A load is its own TMA group
+    assert L.term("epilogue B/S tiles extra").total(1) == 0     # fits inside the freed pipeline
+    assert L.total() == 4 * (64 + 128 + 16) * 128 * 2 + 64
+
+
+def test_split_and_base_terms():
+    L = smem_ledger(CFG, 16, "split")
+    with pytest.raises(KeyError):
+        L.term("lowrank A tile")
+    assert L.term("TMA barriers").total(1) == 4 * 8
+    base = smem_ledger(CFG, 16, "merged")
+    assert base.total() == 4 * (64 + 128) * 128 * 2 + 32
+    with pytest.raises(KeyError):
+        base.term("epilogue B/S tiles extra")
+
+
+def test_epilogue_extra_only_beyond_pipeline():
+    # one shallow stage of a tiny K tile: the B [128, 128] + S [64, 128] tiles outgrow it
+    c = KernelConfig(block_m=64, block_n=128, block_k=16, block_r=128, num_stages=1)
+    L = smem_ledger(c, 16, "split")
+    pipeline = (64 + 128) * 16 * 2
+    assert L.term("epilogue B/S tiles extra").bytes_each == (128 * 128 + 64 * 128) * 2 - pipeline
+
+
+def test_persistent_s_phase_extra():
+    c = CFG.replace(block_n=16, block_r=64)          # S-phase X+A tiles larger than X+W
+    L = smem_ledger(c, 16, "persistent_static")
+    assert L.term("S-phase pipeline extra").bytes_each == 4 * (64 - 16) * 128 * 2
+    assert smem_ledger(CFG, 16, "persistent_static").term("S-phase pipeline extra").bytes_each == 0
+
+
+def test_limit_and_fp8_bits():
+    too_deep = CFG.replace(num_stages=6)
+    assert not smem_ledger(too_deep, 16, "kloop").fits()
+    assert smem_ledger(too_deep, 8, "kloop").total() < smem_ledger(too_deep, 16, "kloop").total()
+    assert smem_ledger(CFG, 16, "kloop").limit == SM90_SMEM_LIMIT
+
+
+COMPILED = [
+    ("kloop", CFG, lambda c: compile_main(c, K_.LOWRANK_KLOOP)),
+    ("kloop", CFG.replace(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=3),
+     lambda c: compile_main(c, K_.LOWRANK_KLOOP)),
+    ("split", CFG.replace(block_m=128, block_k=64, block_r=64, num_stages=3),
+     lambda c: compile_main(c, K_.LOWRANK_GLOBAL)),
+    ("merged", CFG.replace(num_stages=5), lambda c: compile_main(c, K_.LOWRANK_NONE)),
+    ("persistent_dynamic", CFG.replace(block_m=128, block_k=64, num_stages=3),
+     lambda c: compile_persistent(c, True)),
+]
+
+
+@pytest.mark.parametrize("strategy, cfg, compile_", COMPILED, ids=[f"{s}-{i}" for i, (s, _, _) in enumerate(COMPILED)])
+def test_ledger_matches_compiled_shared(strategy, cfg, compile_):
+    info = compile_(cfg)
+    predicted = smem_ledger(cfg, 16, strategy).total()
+    assert abs(predicted - info.shared) <= TOL_BYTES, (
+        f"ledger {predicted} B vs compiled {info.shared} B\n{smem_ledger(cfg, 16, strategy).table()}")
+
+
+def test_ledger_check_can_fail():
+    info = compile_main(CFG, K_.LOWRANK_KLOOP)
+    wrong = smem_ledger(CFG.replace(num_stages=5), 16, "kloop").total()   # one stage too many
+    assert abs(wrong - info.shared) > TOL_BYTES
