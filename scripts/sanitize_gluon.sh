@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Race and barrier checks of the warp-specialized v2 kernels (run on the GPU machine):
+#   bash scripts/sanitize_gluon.sh [OUTDIR]
+# Each tool runs one small checked launch per kernel (lowrank_gemm.kernels.gluon.smoke); the logs
+# go to OUTDIR (default: $OUT or ./sanitize_logs). Record the summary lines in benchmarks/NOTES.md.
+set -u
+OUTDIR="${1:-${OUT:-./sanitize_logs}}"
+mkdir -p "$OUTDIR"
+export PYTHONPATH="${PYTHONPATH:-}:src"
+SAN="$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)"
+if [ -z "$SAN" ]; then echo "compute-sanitizer not found" | tee "$OUTDIR/sanitize_summary.txt"; exit 2; fi
+status=0
+: > "$OUTDIR/sanitize_summary.txt"
+for fmt in int4_2l int4_g; do
+  for tool in racecheck synccheck memcheck; do
+    log="$OUTDIR/${tool}_${fmt}.log"
+    extra=""
+    [ "$tool" = racecheck ] && extra="--racecheck-report all"
+    timeout 300 "$SAN" --tool "$tool" $extra --target-processes all \
+      python -m lowrank_gemm.kernels.gluon.smoke --fmt "$fmt" > "$log" 2>&1
+    rc=$?
+    summary="$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|hazard|OK|FAIL' "$log" | tail -4 | tr '\n' ' ')"
+    echo "$tool $fmt rc=$rc :: $summary" | tee -a "$OUTDIR/sanitize_summary.txt"
+    [ $rc -ne 0 ] && status=1
+  done
+done
+exit $status

@@ -1,0 +1,241 @@
+"""The synchronization skeleton every warp-specialized (Gluon, sm_90) kernel here is built on.
+
+Pieces (after Triton's Gluon tutorials 07-persistence and 08-warp-specialization, Hopper parts only):
+
+- :class:`PipelineState` — slot index + phase bit of one role on one ring of SMEM slots.
+  ``next()`` / ``advance(n)`` return a new value and are must-use (aggregates are immutable:
+  dropping the result silently desynchronizes the ring — a hang, not an error).
+- :class:`Pipeline` — the ``ready``/``empty`` mbarrier pair of a ring, with the four moves
+  (producer_acquire / producer_commit / consumer_wait / consumer_release).
+- The phase rule, stated ONCE: an mbarrier starts in phase 0, not yet completed. Waiting for
+  parity 1 on a fresh barrier returns immediately ("the previous phase is complete"), so a producer
+  starts on the flipped phase (:data:`PRODUCER_START_PHASE` = 1) and its first lap over the ring
+  does not block on empty slots; a consumer starts on phase 0 and blocks until the first fill.
+- :class:`GroupedTileScheduler` — persistent grouped tile order, the SAME math as the Triton
+  kernels (it calls ``kernels.schedule.grouped_tile``), so every kernel walks tiles identically.
+  Program ``pid`` visits ``tile_id = pid, pid + nprog, ...``; :func:`program_tiles_host` mirrors it.
+- :data:`ROLES` — warps and registers of every role, the one table ``gl.warp_specialize`` reads.
+"""
+
+
+from dataclasses import dataclass
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier
+from triton.language.core import _aggregate as aggregate
+
+from ..schedule import cdiv, grouped_tile, grouped_tile_host
+
+__all__ = ["PipelineState", "Pipeline", "GroupedTileScheduler", "RoleSpec", "ROLES", "ROLE_IDS",
+           "PRODUCER_START_PHASE", "CONSUMER_START_PHASE", "producer_state", "consumer_state",
+           "alloc_barriers", "REGISTER_BUDGET", "DEFAULT_REGS", "CONSUMER_REGS", "DEFAULT_WARPS", "make_pipeline", "program_tiles_host", "expected_states_host",
+           "debug_record", "NUM_CONSUMERS", "Ring"]
+
+# ---------------------------------------------------------------------------------------------
+# Phase rule (see module docstring). Everything else derives its start phase from these two.
+PRODUCER_START_PHASE = 1
+CONSUMER_START_PHASE = 0
+_PRODUCER_START = gl.constexpr(PRODUCER_START_PHASE)
+_CONSUMER_START = gl.constexpr(CONSUMER_START_PHASE)
+
+
+class Ring:
+    """Names of the SMEM rings (pipelines) of a kernel; used as debug-record slots and in ledgers."""
+
+    MAIN = "main"          # 8-bit operands ready for wgmma (x int8, w expanded)
+    RAW = "raw"            # packed int4 tiles as TMA landed them, before expansion
+    LOWRANK = "lowrank"    # s [BM, BR] and lora_up [BN, BR] tiles of the epilogue's up-projection
+    EPILOGUE = "epilogue"  # per-consumer output staging buffer for the TMA store
+
+
+# ---------------------------------------------------------------------------------------------
+# Roles: warps and registers per partition, the ONE place they are stated.
+@dataclass(frozen=True)
+class RoleSpec:
+    name: str
+    warps: int
+    regs: int | None     # None: the default partition (gets what the workers leave)
+    does: str
+
+
+NUM_CONSUMERS = 2
+# Registers are handed out per warpgroup (setmaxnreg): 65536 registers / 128 threads = 512 per
+# thread summed over the 4 warpgroups (a 1-warp role still holds a whole warpgroup's share).
+# The default partition gets what the workers leave: 512 - 24 - 64 - 208 = 216.
+REGISTER_BUDGET = 512
+ROLES: tuple[RoleSpec, ...] = (
+    # Default partition: must come first (gl.warp_specialize runs it on the kernel's num_warps).
+    RoleSpec("consumer0", 4, None, "wgmma + rescale of even local tiles, then their epilogue"),
+    RoleSpec("loader", 1, 24, "TMA loads of every ring (main/raw/lowrank); scalar work only"),
+    RoleSpec("expander", 4, 64, "packed int4 -> int8 into SMEM, fence_async_shared, arrive"),
+    RoleSpec("consumer1", 4, 208, "wgmma + rescale of odd local tiles, then their epilogue"),
+)
+ROLE_IDS = {r.name: i for i, r in enumerate(ROLES)}
+ROLE_CONSUMER0 = gl.constexpr(ROLE_IDS["consumer0"])
+ROLE_LOADER = gl.constexpr(ROLE_IDS["loader"])
+ROLE_EXPANDER = gl.constexpr(ROLE_IDS["expander"])
+ROLE_CONSUMER1 = gl.constexpr(ROLE_IDS["consumer1"])
+NUM_ROLES = gl.constexpr(len(ROLES))
+# Worker lists in partition order (ROLES[1:]), as gl.warp_specialize wants them.
+WORKER_WARPS = gl.constexpr([r.warps for r in ROLES[1:]])
+WORKER_REGS = gl.constexpr([r.regs for r in ROLES[1:]])
+DEFAULT_WARPS = ROLES[0].warps
+DEFAULT_REGS = REGISTER_BUDGET - sum(r.regs for r in ROLES[1:])
+CONSUMER_REGS = min(DEFAULT_REGS, ROLES[ROLE_IDS["consumer1"]].regs)
+
+
+# ---------------------------------------------------------------------------------------------
+@aggregate
+class PipelineState:
+    """Where one role stands on one ring: slot ``index`` in [0, num_stages) and the ``phase`` bit
+    it waits for on that slot's barrier."""
+
+    index: gl.tensor
+    phase: gl.tensor
+    num_stages: gl.constexpr
+
+    @gluon.constexpr_function
+    def __init__(self, index, phase, num_stages):
+        self.index = index
+        self.phase = phase
+        self.num_stages = gl.constexpr(num_stages)
+
+    @gluon.must_use_result
+    @gluon.jit
+    def next(self):
+        incr = self.index + 1
+        rollover = incr == self.num_stages
+        return PipelineState(gl.where(rollover, 0, incr), gl.where(rollover, self.phase ^ 1, self.phase),
+                             self.num_stages)
+
+    @gluon.must_use_result
+    @gluon.jit
+    def advance(self, n):
+        """Skip ``n`` ≥ 0 slot uses (e.g. the other consumer's tile on a shared ring)."""
+        total = self.index + n
+        laps = total // self.num_stages
+        return PipelineState(total % self.num_stages, self.phase ^ (laps & 1), self.num_stages)
+
+
+@gluon.jit
+def producer_state(num_stages: gl.constexpr):
+    return PipelineState(gl.to_tensor(0), gl.to_tensor(_PRODUCER_START), num_stages)
+
+
+@gluon.jit
+def consumer_state(num_stages: gl.constexpr):
+    return PipelineState(gl.to_tensor(0), gl.to_tensor(_CONSUMER_START), num_stages)
+
+
+@gluon.jit
+def alloc_barriers(num: gl.constexpr, count: gl.constexpr):
+    """``num`` mbarriers, each completing a phase after ``count`` arrivals (+ any expected bytes)."""
+    bars = gl.allocate_shared_memory(gl.int64, [num, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(num):
+        mbarrier.init(bars.index(i), count=count)
+    return bars
+
+
+@aggregate
+class Pipeline:
+    """One ring: ``ready[i]`` completes when slot i is filled, ``empty[i]`` when it may be refilled."""
+
+    ready: gl.shared_memory_descriptor
+    empty: gl.shared_memory_descriptor
+    num_stages: gl.constexpr
+
+    @gluon.constexpr_function
+    def __init__(self, ready, empty, num_stages):
+        self.ready = ready
+        self.empty = empty
+        self.num_stages = gl.constexpr(num_stages)
+
+    @gluon.jit
+    def producer_acquire(self, st):
+        mbarrier.wait(self.empty.index(st.index), st.phase)
+
+    @gluon.jit
+    def ready_bar(self, st):
+        """The barrier a TMA fill of slot ``st`` signals (after ``mbarrier.expect``)."""
+        return self.ready.index(st.index)
+
+    @gluon.jit
+    def producer_commit(self, st):
+        """Software fill done (the caller has issued ``fence_async_shared`` after its SMEM stores)."""
+        mbarrier.arrive(self.ready.index(st.index))
+
+    @gluon.jit
+    def consumer_wait(self, st):
+        mbarrier.wait(self.ready.index(st.index), st.phase)
+
+    @gluon.jit
+    def consumer_release(self, st, pred=True):
+        mbarrier.arrive(self.empty.index(st.index), pred=pred)
+
+
+@gluon.jit
+def make_pipeline(num_stages: gl.constexpr, ready_count: gl.constexpr, empty_count: gl.constexpr):
+    """``ready_count``: arrivals that fill a slot (an ``expect`` counts as one); ``empty_count``:
+    roles that release it."""
+    return Pipeline(alloc_barriers(num_stages, ready_count), alloc_barriers(num_stages, empty_count), num_stages)
+
+
+# ---------------------------------------------------------------------------------------------
+@aggregate
+class GroupedTileScheduler:
+    """Static persistent schedule in grouped order: local tile ``idx`` of program ``pid`` is global
+    tile ``pid + idx * nprog``, mapped to (pid_m, pid_n) by ``schedule.grouped_tile``."""
+
+    pid: gl.tensor
+    nprog: gl.tensor
+    num_pid_m: gl.tensor
+    num_pid_n: gl.tensor
+    GROUP_M: gl.constexpr
+
+    @gluon.constexpr_function
+    def __init__(self, pid, nprog, num_pid_m, num_pid_n, GROUP_M):
+        self.pid = pid
+        self.nprog = nprog
+        self.num_pid_m = num_pid_m
+        self.num_pid_n = num_pid_n
+        self.GROUP_M = gl.constexpr(GROUP_M)
+
+    @gluon.jit
+    def initialize(M, N, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr):
+        return GroupedTileScheduler(gl.program_id(0), gl.num_programs(0), gl.cdiv(M, BLOCK_M),
+                                    gl.cdiv(N, BLOCK_N), GROUP_M)
+
+    @gluon.jit
+    def get_num_tiles(self):
+        total = self.num_pid_m * self.num_pid_n
+        return (total - self.pid + self.nprog - 1) // self.nprog
+
+    @gluon.jit
+    def get_tile(self, idx):
+        return grouped_tile(self.pid + idx * self.nprog, self.num_pid_m, self.num_pid_n, self.GROUP_M)
+
+
+def program_tiles_host(pid: int, nprog: int, M: int, N: int, block_m: int, block_n: int,
+                       group_m: int) -> list[tuple[int, int]]:
+    """Host mirror of :class:`GroupedTileScheduler`: the (pid_m, pid_n) program ``pid`` visits."""
+    num_pid_m, num_pid_n = cdiv(M, block_m), cdiv(N, block_n)
+    total = num_pid_m * num_pid_n
+    return [grouped_tile_host(t, num_pid_m, num_pid_n, group_m) for t in range(pid, total, nprog)]
+
+
+def expected_states_host(uses: list[int], num_stages: int, producer: bool) -> list[tuple[int, int]]:
+    """(index, phase) a role must see at each of its slot uses, given the ring's global use counters."""
+    start = PRODUCER_START_PHASE if producer else CONSUMER_START_PHASE
+    return [(n % num_stages, ((n // num_stages) & 1) ^ start) for n in uses]
+
+
+# ---------------------------------------------------------------------------------------------
+@gluon.jit
+def debug_record(dbg_ptr, role: gl.constexpr, it, st, DEBUG_ITERS: gl.constexpr):
+    """dbg int32 [nprog, NUM_ROLES, DEBUG_ITERS, 2] ← (index, phase) of ``role``'s ``it``-th slot use.
+    Every thread of the role writes the same value (benign)."""
+    if it < DEBUG_ITERS:
+        base = dbg_ptr + ((gl.program_id(0) * NUM_ROLES + role) * DEBUG_ITERS + it) * 2
+        gl.store(base, st.index)
+        gl.store(base + 1, st.phase)

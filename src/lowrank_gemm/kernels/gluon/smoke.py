@@ -1,0 +1,47 @@
+"""One small, checked launch of each v2 kernel: the target of scripts/sanitize_gluon.sh.
+
+    python -m lowrank_gemm.kernels.gluon.smoke [--fmt int4_2l|int4_g|all]
+
+Exits non-zero (with shapes and the error) if the output differs from the float64 reference.
+"""
+
+import argparse
+import sys
+
+import torch
+
+from .w4a4_ws import launch_w4a4_v2, make_operands_v2, reference_v2
+
+
+def normalized_error(got: torch.Tensor, ref: torch.Tensor) -> float:
+    got = got.detach().cpu().double()
+    if not torch.isfinite(got).all():
+        return float("inf")
+    return float((got - ref).abs().max() / ref.abs().max().clamp_min(1e-30))
+
+
+def run_one(fmt, M, N, K, rank, group=64, grid=None, out_dtype=torch.bfloat16, **kw):
+    ops = make_operands_v2(fmt, M, N, K, rank, group, device="cuda", out_dtype=out_dtype, **kw)
+    out = launch_w4a4_v2(**ops, grid=grid)
+    torch.cuda.synchronize()
+    ref = reference_v2(ops)
+    return normalized_error(out, ref)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--fmt", default="all", choices=["all", "int4_2l", "int4_g64"])
+    args = ap.parse_args(argv)
+    fmts = ["int4_2l", "int4_g64"] if args.fmt == "all" else [args.fmt]
+    bad = 0
+    for fmt in fmts:
+        # 3 programs over 2 × 3 tiles, ragged edges, K loop longer than the ring
+        err = run_one(fmt, 250, 300, 1024, 16, grid=3)
+        ok = err < 2e-2
+        bad += not ok
+        print(f"{fmt}: M=250 N=300 K=1024 r=16 grid=3 normalized max error {err:.3e} {'OK' if ok else 'FAIL'}", flush=True)
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

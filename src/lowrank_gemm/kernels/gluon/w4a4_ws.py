@@ -1,0 +1,680 @@
+"""W4A4 GEMM + low-rank branch, v2: warp-specialized persistent Gluon kernel for sm_90.
+
+    out[M, N] = epilogue( main(x, w) ) ,   epilogue(z) = z ⊙ row ⊙ col + s · lora_upᵀ + bias
+
+Two operand formats (``FMT``):
+
+- ``int4_g`` (SVDQuant standard): xq uint8 [M, K/2] and wq uint8 [N, K/2] packed int4
+  (``formats.int4``), group scales xscales [K/G, M], wscales [K/G, N] (16-bit), G ∈ {64, 128}.
+  main = Σ_g (x_g · w_gᵀ) ⊙ xs[g, :, None] ⊙ ws[g, None, :]; BLOCK_K = G so one K step is one group.
+- ``int4_2l`` (two-level): xq int8 [M, K] (already expanded), xscales [M] per token; wq uint8
+  [N, K/2] packed int4 q, wmult int8 [K/G2, N] level-2 multipliers (q·u must fit int8), wscales [N]
+  per channel. main = (x · (q⊙u)ᵀ) ⊙ xs[:, None] ⊙ ws[None, :] — no rescale in the K loop.
+
+Roles (table in ``skeleton.ROLES``): loader (TMA of every ring), expander (int4 → int8 into SMEM),
+two consumer warpgroups taking alternate local tiles (ping-pong: one's epilogue overlaps the
+other's MMA), each running the epilogue of its own tile (on Hopper the accumulator lives in the
+consumer's registers; handing it to a separate epilogue warpgroup would cost a 64 KiB fp32 SMEM
+round trip per tile). Rings: MAIN (8-bit operands), RAW (packed tiles), LOWRANK (s, lora_up tiles),
+EPILOGUE (per-consumer TMA-store buffer) — each with its own PipelineState per role.
+"""
+
+
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma,
+                                                               warpgroup_mma, warpgroup_mma_wait)
+from triton.language.core import _aggregate as aggregate
+
+from ...plan.config import KernelConfig
+from ...plan.smem import SM90_SMEM_LIMIT, Scope, SmemError, SmemLedger, SmemTerm, barrier_bytes, solve_stages, tile_bytes
+from ..schedule import cdiv, persistent_grid
+from .skeleton import (CONSUMER_REGS, DEFAULT_WARPS, NUM_CONSUMERS, NUM_ROLES, ROLE_CONSUMER0, ROLE_CONSUMER1, ROLE_EXPANDER,
+                       ROLE_LOADER, WORKER_REGS, WORKER_WARPS, GroupedTileScheduler, Pipeline, Ring,
+                       consumer_state, debug_record, make_pipeline, producer_state)
+
+__all__ = ["FMT_INT4_G", "FMT_INT4_2L", "RAW_STAGES", "w4a4_ledger", "plan_w4a4_v2", "can_implement_v2",
+           "launch_w4a4_v2", "w4a4_ws_kernel", "reference_v2", "make_operands_v2",
+           "kernel_args_v2", "aot_signature_v2", "default_config_v2"]
+
+FMT_INT4_G = 0
+FMT_INT4_2L = 1
+FORMATS = {"int4_g64": FMT_INT4_G, "int4_2l": FMT_INT4_2L}   # names of kernels/w4a4_gemm.py
+RAW_STAGES = 2          # packed tiles only wait for the expander: two slots hide the TMA latency
+PACK = 64               # formats.int4.PACK_BLOCK: one 64-wide K block = 32 bytes (lo | hi nibbles)
+DEBUG_ITERS_DEFAULT = 64
+DEBUG_TILES_DEFAULT = 16
+# Device-side copies (Gluon reads only constexpr globals).
+_PACK = gl.constexpr(PACK)
+_FMT_INT4_G = gl.constexpr(FMT_INT4_G)
+_FMT_INT4_2L = gl.constexpr(FMT_INT4_2L)
+_RAW_STAGES = gl.constexpr(RAW_STAGES)
+
+
+# =============================================================================================
+# Device code
+@aggregate
+class W4A4Args:
+    x_desc: tma.tensor_descriptor      # 2l: int8 [M, K] box [BM, BK]; g: uint8 [M, K/2] box [BM, BK/2]
+    w_desc: tma.tensor_descriptor      # uint8 [N, K/2] box [BN, BK/2]
+    s_desc: tma.tensor_descriptor      # fp32 [M, R] box [BM, BR]
+    b_desc: tma.tensor_descriptor      # 16-bit [N, R] box [BN, BR]
+    out_desc: tma.tensor_descriptor    # 16-bit [M, N] box [BM, BN] (EPI_TMA only)
+    x_bufs: gl.shared_memory_descriptor    # MAIN  [S, BM, BK] int8
+    w_bufs: gl.shared_memory_descriptor    # MAIN  [S, BN, BK] int8
+    xp_bufs: gl.shared_memory_descriptor   # RAW   [_RAW_STAGES, BM, BK/2] uint8 (g only)
+    wp_bufs: gl.shared_memory_descriptor   # RAW   [_RAW_STAGES, BN, BK/2] uint8
+    s_bufs: gl.shared_memory_descriptor    # LOWRANK [L, BM, BR] fp32
+    b_bufs: gl.shared_memory_descriptor    # LOWRANK [L, BN, BR] 16-bit
+    epi_bufs: gl.shared_memory_descriptor  # EPILOGUE [NUM_CONSUMERS, BM, BN] out dtype
+    main: Pipeline
+    raw: Pipeline
+    lowrank: Pipeline
+    out_ptr: gl.tensor
+    stride_om: gl.tensor
+    xscale_ptr: gl.tensor
+    wscale_ptr: gl.tensor
+    wmult_ptr: gl.tensor
+    col_scale_ptr: gl.tensor
+    bias_ptr: gl.tensor
+    dbg_ptr: gl.tensor
+    dbg_tiles_ptr: gl.tensor
+    M: gl.tensor
+    N: gl.tensor
+    K: gl.tensor
+    FMT: gl.constexpr
+    G2: gl.constexpr
+    BLOCK_M: gl.constexpr
+    BLOCK_N: gl.constexpr
+    BLOCK_K: gl.constexpr
+    BLOCK_R: gl.constexpr
+    GROUP_M: gl.constexpr
+    HAS_LOWRANK: gl.constexpr
+    HAS_COL_SCALE: gl.constexpr
+    HAS_BIAS: gl.constexpr
+    EPI_TMA: gl.constexpr
+    DEBUG: gl.constexpr
+    DEBUG_ITERS: gl.constexpr
+    DEBUG_TILES: gl.constexpr
+
+    @gluon.constexpr_function
+    def __init__(self, x_desc, w_desc, s_desc, b_desc, out_desc, x_bufs, w_bufs, xp_bufs, wp_bufs, s_bufs, b_bufs, epi_bufs, main, raw, lowrank, out_ptr, stride_om, xscale_ptr, wscale_ptr, wmult_ptr, col_scale_ptr, bias_ptr, dbg_ptr, dbg_tiles_ptr, M, N, K, FMT, G2, BLOCK_M, BLOCK_N, BLOCK_K, BLOCK_R, GROUP_M, HAS_LOWRANK, HAS_COL_SCALE, HAS_BIAS, EPI_TMA, DEBUG, DEBUG_ITERS, DEBUG_TILES):
+        self.x_desc = x_desc
+        self.w_desc = w_desc
+        self.s_desc = s_desc
+        self.b_desc = b_desc
+        self.out_desc = out_desc
+        self.x_bufs = x_bufs
+        self.w_bufs = w_bufs
+        self.xp_bufs = xp_bufs
+        self.wp_bufs = wp_bufs
+        self.s_bufs = s_bufs
+        self.b_bufs = b_bufs
+        self.epi_bufs = epi_bufs
+        self.main = main
+        self.raw = raw
+        self.lowrank = lowrank
+        self.out_ptr = out_ptr
+        self.stride_om = stride_om
+        self.xscale_ptr = xscale_ptr
+        self.wscale_ptr = wscale_ptr
+        self.wmult_ptr = wmult_ptr
+        self.col_scale_ptr = col_scale_ptr
+        self.bias_ptr = bias_ptr
+        self.dbg_ptr = dbg_ptr
+        self.dbg_tiles_ptr = dbg_tiles_ptr
+        self.M = M
+        self.N = N
+        self.K = K
+        self.FMT = gl.constexpr(FMT)
+        self.G2 = gl.constexpr(G2)
+        self.BLOCK_M = gl.constexpr(BLOCK_M)
+        self.BLOCK_N = gl.constexpr(BLOCK_N)
+        self.BLOCK_K = gl.constexpr(BLOCK_K)
+        self.BLOCK_R = gl.constexpr(BLOCK_R)
+        self.GROUP_M = gl.constexpr(GROUP_M)
+        self.HAS_LOWRANK = gl.constexpr(HAS_LOWRANK)
+        self.HAS_COL_SCALE = gl.constexpr(HAS_COL_SCALE)
+        self.HAS_BIAS = gl.constexpr(HAS_BIAS)
+        self.EPI_TMA = gl.constexpr(EPI_TMA)
+        self.DEBUG = gl.constexpr(DEBUG)
+        self.DEBUG_ITERS = gl.constexpr(DEBUG_ITERS)
+        self.DEBUG_TILES = gl.constexpr(DEBUG_TILES)
+
+
+@gluon.jit
+def _loader_partition(p):
+    """TMA only: per tile the LOWRANK slot first (it is consumed last, so it has time to land),
+    then per K step the MAIN x tile (2l) and the RAW packed tiles."""
+    BK: gl.constexpr = p.BLOCK_K
+    sched = GroupedTileScheduler.initialize(p.M, p.N, p.BLOCK_M, p.BLOCK_N, p.GROUP_M)
+    k_tiles = gl.cdiv(p.K, BK)
+    main = producer_state(p.main.num_stages)
+    raw = producer_state(p.raw.num_stages)
+    lr = producer_state(p.lowrank.num_stages)
+    it = 0
+    for t in range(sched.get_num_tiles()):
+        pid_m, pid_n = sched.get_tile(t)
+        off_m = pid_m * p.BLOCK_M
+        off_n = pid_n * p.BLOCK_N
+        if p.DEBUG:
+            if t < p.DEBUG_TILES:
+                tb = p.dbg_tiles_ptr + (gl.program_id(0) * p.DEBUG_TILES + t) * 2
+                gl.store(tb, pid_m)
+                gl.store(tb + 1, pid_n)
+        if p.HAS_LOWRANK:
+            p.lowrank.producer_acquire(lr)
+            bar = p.lowrank.ready_bar(lr)
+            mbarrier.expect(bar, p.s_desc.block_type.nbytes + p.b_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(p.s_desc, [off_m, 0], bar, p.s_bufs.index(lr.index))
+            tma.async_copy_global_to_shared(p.b_desc, [off_n, 0], bar, p.b_bufs.index(lr.index))
+            lr = lr.next()
+        for kk in range(k_tiles):
+            if p.DEBUG:
+                debug_record(p.dbg_ptr, ROLE_LOADER, it, raw, p.DEBUG_ITERS)
+            it += 1
+            if p.FMT == _FMT_INT4_2L:
+                p.main.producer_acquire(main)
+                bar = p.main.ready_bar(main)
+                mbarrier.expect(bar, p.x_desc.block_type.nbytes)
+                tma.async_copy_global_to_shared(p.x_desc, [off_m, kk * BK], bar, p.x_bufs.index(main.index))
+                main = main.next()
+            p.raw.producer_acquire(raw)
+            bar = p.raw.ready_bar(raw)
+            if p.FMT == _FMT_INT4_2L:
+                mbarrier.expect(bar, p.w_desc.block_type.nbytes)
+            else:
+                mbarrier.expect(bar, p.w_desc.block_type.nbytes + p.x_desc.block_type.nbytes)
+                tma.async_copy_global_to_shared(p.x_desc, [off_m, kk * (BK // 2)], bar, p.xp_bufs.index(raw.index))
+            tma.async_copy_global_to_shared(p.w_desc, [off_n, kk * (BK // 2)], bar, p.wp_bufs.index(raw.index))
+            raw = raw.next()
+
+
+@gluon.jit
+def _expand_into(dst, src, layout: gl.constexpr, ROWS: gl.constexpr, BK: gl.constexpr, mult):
+    """dst [ROWS, BK] int8 ← int4 nibbles of src [ROWS, BK/2] uint8 (×mult [ROWS] per row, 2l only).
+    In each 64-wide K block b, source byte j holds k = 64b + j (low) and 64b + 32 + j (high): the
+    two nibble tiles go to two 32-column slices of dst, so no register shuffles are needed."""
+    for b in gl.static_range(BK // _PACK):
+        packed = src.slice(b * (_PACK // 2), _PACK // 2, dim=1).load(layout).to(gl.int8, bitcast=True)
+        lo = (packed << 4) >> 4     # arithmetic shifts sign-extend the two's-complement nibbles
+        hi = packed >> 4
+        if mult is not None:
+            lo = lo * mult[:, None]
+            hi = hi * mult[:, None]
+        dst.slice(b * _PACK, _PACK // 2, dim=1).store(lo)
+        dst.slice(b * _PACK + _PACK // 2, _PACK // 2, dim=1).store(hi)
+
+
+@gluon.jit
+def _expander_partition(p):
+    BK: gl.constexpr = p.BLOCK_K
+    BN: gl.constexpr = p.BLOCK_N
+    nw: gl.constexpr = gl.num_warps()
+    # 16 contiguous bytes per thread: one 128-bit shared load per thread per 32-byte row slice.
+    layout: gl.constexpr = gl.BlockedLayout([1, 16], [16, 2], [nw, 1], [1, 0])
+    sched = GroupedTileScheduler.initialize(p.M, p.N, p.BLOCK_M, p.BLOCK_N, p.GROUP_M)
+    k_tiles = gl.cdiv(p.K, BK)
+    raw = consumer_state(p.raw.num_stages)
+    main = producer_state(p.main.num_stages)
+    it = 0
+    for t in range(sched.get_num_tiles()):
+        pid_m, pid_n = sched.get_tile(t)
+        off_n = pid_n * BN
+        for kk in range(k_tiles):
+            if p.DEBUG:
+                debug_record(p.dbg_ptr, ROLE_EXPANDER, it, main, p.DEBUG_ITERS)
+            it += 1
+            p.raw.consumer_wait(raw)
+            p.main.producer_acquire(main)
+            if p.FMT == _FMT_INT4_2L:
+                offs_n = off_n + gl.arange(0, BN, gl.SliceLayout(1, layout))
+                # one multiplier row per level-2 group; BK is a multiple of G2 or G2 of BK
+                g = (kk * BK) // p.G2
+                u = gl.load(p.wmult_ptr + g * p.N + offs_n, mask=offs_n < p.N, other=0).to(gl.int8)  # u ≤ 15
+                _expand_into(p.w_bufs.index(main.index), p.wp_bufs.index(raw.index), layout, BN, BK, u)
+            else:
+                _expand_into(p.w_bufs.index(main.index), p.wp_bufs.index(raw.index), layout, BN, BK, None)
+                _expand_into(p.x_bufs.index(main.index), p.xp_bufs.index(raw.index), layout, p.BLOCK_M, BK, None)
+            # Generic-proxy SMEM reads of RAW and writes of MAIN must be ordered before the async
+            # proxy (next TMA fill of RAW, wgmma reads of MAIN): one fence covers both.
+            fence_async_shared()
+            p.raw.consumer_release(raw)
+            p.main.producer_commit(main)
+            raw = raw.next()
+            main = main.next()
+
+
+@gluon.jit
+def _mainloop_2l(p, main, mma: gl.constexpr, k_tiles, it, ROLE: gl.constexpr):
+    """int32 accumulation straight through K, one wgmma in flight (slot released one step late)."""
+    acc = gl.zeros([p.BLOCK_M, p.BLOCK_N], gl.int32, mma)
+    prev = main
+    for kk in range(k_tiles):
+        if p.DEBUG:
+            debug_record(p.dbg_ptr, ROLE, it, main, p.DEBUG_ITERS)
+        it += 1
+        p.main.consumer_wait(main)
+        tok = warpgroup_mma(p.x_bufs.index(main.index), p.w_bufs.index(main.index).permute((1, 0)), acc,
+                            is_async=True)
+        acc = warpgroup_mma_wait(1, deps=(tok, ))
+        p.main.consumer_release(prev, pred=kk > 0)
+        prev = main
+        main = main.next()
+    acc = warpgroup_mma_wait(0, deps=(acc, ))
+    p.main.consumer_release(prev)
+    return acc.to(gl.float32), main, it
+
+
+@gluon.jit
+def _mainloop_g(p, main, mma: gl.constexpr, k_tiles, off_m, off_n, it, ROLE: gl.constexpr):
+    """One K step = one group: int32 partial, then fp32 acc += partial ⊙ xs ⊗ ws. The scale loads
+    are issued while the wgmma runs; the other consumer's MMA overlaps this one's rescale."""
+    offs_m = off_m + gl.arange(0, p.BLOCK_M, gl.SliceLayout(1, mma))
+    offs_n = off_n + gl.arange(0, p.BLOCK_N, gl.SliceLayout(0, mma))
+    acc = gl.zeros([p.BLOCK_M, p.BLOCK_N], gl.float32, mma)
+    part = gl.zeros([p.BLOCK_M, p.BLOCK_N], gl.int32, mma)   # loop-carried so its registers are reused
+    for kk in range(k_tiles):
+        if p.DEBUG:
+            debug_record(p.dbg_ptr, ROLE, it, main, p.DEBUG_ITERS)
+        it += 1
+        p.main.consumer_wait(main)
+        tok = warpgroup_mma(p.x_bufs.index(main.index), p.w_bufs.index(main.index).permute((1, 0)), part,
+                            use_acc=False, is_async=True)
+        xs = gl.load(p.xscale_ptr + kk * p.M + offs_m, mask=offs_m < p.M, other=0.0).to(gl.float32)
+        ws = gl.load(p.wscale_ptr + kk * p.N + offs_n, mask=offs_n < p.N, other=0.0).to(gl.float32)
+        part = warpgroup_mma_wait(0, deps=(tok, ))
+        p.main.consumer_release(main)
+        main = main.next()
+        acc = acc + part.to(gl.float32) * (xs[:, None] * ws[None, :])
+    return acc, main, it
+
+
+@gluon.jit
+def _epilogue(p, acc, lr, off_m, off_n, CONSUMER: gl.constexpr, mma: gl.constexpr):
+    """row/col scales → + s·lora_upᵀ (bf16/fp16 wgmma, K = BLOCK_R) → + bias → store."""
+    offs_m = off_m + gl.arange(0, p.BLOCK_M, gl.SliceLayout(1, mma))
+    offs_n = off_n + gl.arange(0, p.BLOCK_N, gl.SliceLayout(0, mma))
+    if p.FMT == _FMT_INT4_2L:
+        xs = gl.load(p.xscale_ptr + offs_m, mask=offs_m < p.M, other=0.0).to(gl.float32)
+        ws = gl.load(p.wscale_ptr + offs_n, mask=offs_n < p.N, other=0.0).to(gl.float32)
+        acc = acc * xs[:, None] * ws[None, :]
+    if p.HAS_COL_SCALE:
+        cs = gl.load(p.col_scale_ptr + offs_n, mask=offs_n < p.N, other=0.0).to(gl.float32)
+        acc = acc * cs[None, :]
+    if p.HAS_LOWRANK:
+        lr_dtype: gl.constexpr = p.b_desc.dtype
+        mma16: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[gl.num_warps(), 1],
+                                                        instr_shape=[16, p.BLOCK_N, 16])
+        s_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma16, k_width=2)
+        acc16 = gl.convert_layout(acc, mma16, assert_trivial=True)
+        p.lowrank.consumer_wait(lr)
+        s = p.s_bufs.index(lr.index).load(s_layout).to(lr_dtype)  # rounded like an unfused s @ B.T
+        acc16 = warpgroup_mma(s, p.b_bufs.index(lr.index).permute((1, 0)), acc16)
+        p.lowrank.consumer_release(lr)
+        acc = gl.convert_layout(acc16, mma, assert_trivial=True)
+    if p.HAS_BIAS:
+        bias = gl.load(p.bias_ptr + offs_n, mask=offs_n < p.N, other=0.0).to(gl.float32)
+        acc = acc + bias[None, :]
+    if p.EPI_TMA:
+        epi = p.epi_bufs.index(CONSUMER)
+        tma.store_wait(0)            # this consumer's previous tile has left its staging buffer
+        epi.store(acc.to(p.out_desc.dtype))
+        fence_async_shared()
+        tma.async_copy_shared_to_global(p.out_desc, [off_m, off_n], epi)
+    else:
+        mask = (offs_m[:, None] < p.M) & (offs_n[None, :] < p.N)
+        gl.store(p.out_ptr + offs_m[:, None] * p.stride_om + offs_n[None, :],
+                 acc.to(p.out_ptr.dtype.element_ty), mask=mask)
+
+
+@gluon.jit
+def _consumer_partition(p, CONSUMER: gl.constexpr):
+    """Local tiles CONSUMER, CONSUMER + 2, ...; the MAIN and LOWRANK rings are shared in tile order,
+    so this consumer's states skip the other consumer's slot uses."""
+    ROLE: gl.constexpr = ROLE_CONSUMER0 if CONSUMER == 0 else ROLE_CONSUMER1
+    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[gl.num_warps(), 1],
+                                                  instr_shape=[16, p.BLOCK_N, 32])
+    sched = GroupedTileScheduler.initialize(p.M, p.N, p.BLOCK_M, p.BLOCK_N, p.GROUP_M)
+    k_tiles = gl.cdiv(p.K, p.BLOCK_K)
+    main = consumer_state(p.main.num_stages).advance(CONSUMER * k_tiles)
+    lr = consumer_state(p.lowrank.num_stages).advance(CONSUMER)
+    it = 0
+    for t in range(CONSUMER, sched.get_num_tiles(), 2):
+        pid_m, pid_n = sched.get_tile(t)
+        off_m = pid_m * p.BLOCK_M
+        off_n = pid_n * p.BLOCK_N
+        if p.FMT == _FMT_INT4_2L:
+            acc, main, it = _mainloop_2l(p, main, mma, k_tiles, it, ROLE)
+        else:
+            acc, main, it = _mainloop_g(p, main, mma, k_tiles, off_m, off_n, it, ROLE)
+        main = main.advance(k_tiles)
+        _epilogue(p, acc, lr, off_m, off_n, CONSUMER, mma)
+        lr = lr.advance(2)
+    if p.EPI_TMA:
+        tma.store_wait(0)
+
+
+@gluon.jit
+def _consumer0(p):
+    _consumer_partition(p, 0)
+
+
+@gluon.jit
+def _consumer1(p):
+    _consumer_partition(p, 1)
+
+
+@gluon.jit
+def w4a4_ws_kernel(x_desc, w_desc, s_desc, b_desc, out_desc,
+                   out_ptr, stride_om,                          # [M, N] (used when not EPI_TMA)
+                   xscale_ptr, wscale_ptr, wmult_ptr,           # see module doc per FMT
+                   col_scale_ptr, bias_ptr,                     # [N], [N]
+                   dbg_ptr, dbg_tiles_ptr,                      # int32 (DEBUG only)
+                   M, N, K,
+                   FMT: gl.constexpr, G2: gl.constexpr,
+                   BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, BLOCK_R: gl.constexpr,
+                   GROUP_M: gl.constexpr, STAGES: gl.constexpr, LOWRANK_STAGES: gl.constexpr,
+                   HAS_LOWRANK: gl.constexpr, HAS_COL_SCALE: gl.constexpr, HAS_BIAS: gl.constexpr,
+                   EPI_TMA: gl.constexpr, DEBUG: gl.constexpr, DEBUG_ITERS: gl.constexpr,
+                   DEBUG_TILES: gl.constexpr):
+    gl.static_assert(BLOCK_K % _PACK == 0, "BLOCK_K must be a multiple of the 64-wide pack block")
+    gl.static_assert(LOWRANK_STAGES >= 1, "the LOWRANK ring needs a slot even when unused")
+    # Every SMEM buffer and barrier of the kernel is declared here (plan.smem ledger mirrors it).
+    x_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_K], gl.int8)
+    w_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_K], gl.int8)
+    x_bufs = gl.allocate_shared_memory(gl.int8, [STAGES, BLOCK_M, BLOCK_K], x_layout)
+    w_bufs = gl.allocate_shared_memory(gl.int8, [STAGES, BLOCK_N, BLOCK_K], w_layout)
+    if FMT == _FMT_INT4_G:
+        xp_bufs = gl.allocate_shared_memory(gl.uint8, [_RAW_STAGES] + x_desc.block_type.shape, x_desc.layout)
+    else:
+        xp_bufs = x_bufs   # unused: 2l activations land in MAIN directly
+    wp_bufs = gl.allocate_shared_memory(gl.uint8, [_RAW_STAGES] + w_desc.block_type.shape, w_desc.layout)
+    if HAS_LOWRANK:
+        s_bufs = gl.allocate_shared_memory(s_desc.dtype, [LOWRANK_STAGES] + s_desc.block_type.shape, s_desc.layout)
+        b_bufs = gl.allocate_shared_memory(b_desc.dtype, [LOWRANK_STAGES] + b_desc.block_type.shape, b_desc.layout)
+    else:
+        s_bufs = x_bufs
+        b_bufs = w_bufs
+    if EPI_TMA:
+        epi_bufs = gl.allocate_shared_memory(out_desc.dtype, [2] + out_desc.block_type.shape, out_desc.layout)
+    else:
+        epi_bufs = x_bufs
+
+    # MAIN fills: 2l = loader's expect (x by TMA) + expander's arrive (w); g = expander only.
+    main = make_pipeline(STAGES, 2 if FMT == _FMT_INT4_2L else 1, 1)
+    raw = make_pipeline(_RAW_STAGES, 1, 1)
+    lowrank = make_pipeline(LOWRANK_STAGES, 1, 1)
+
+    p = W4A4Args(x_desc, w_desc, s_desc, b_desc, out_desc, x_bufs, w_bufs, xp_bufs, wp_bufs, s_bufs, b_bufs,
+                 epi_bufs, main, raw, lowrank, out_ptr, stride_om, xscale_ptr, wscale_ptr, wmult_ptr,
+                 col_scale_ptr, bias_ptr, dbg_ptr, dbg_tiles_ptr, M, N, K, FMT, G2, BLOCK_M, BLOCK_N, BLOCK_K,
+                 BLOCK_R, GROUP_M, HAS_LOWRANK, HAS_COL_SCALE, HAS_BIAS, EPI_TMA, DEBUG, DEBUG_ITERS, DEBUG_TILES)
+    gl.warp_specialize([
+        (_consumer0, (p, )),
+        (_loader_partition, (p, )),
+        (_expander_partition, (p, )),
+        (_consumer1, (p, )),
+    ], WORKER_WARPS, WORKER_REGS)
+
+
+# =============================================================================================
+# Host side: plan (ledger), validate, launch.
+_TORCH_TO_GL = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16, torch.float32: gl.float32,
+                torch.int8: gl.int8, torch.uint8: gl.uint8}
+_BITS = {torch.bfloat16: 16, torch.float16: 16, torch.float32: 32}
+
+
+def _fmt_id(fmt) -> int:
+    if isinstance(fmt, int):
+        return fmt
+    if fmt not in FORMATS:
+        raise ValueError(f"unknown W4A4 format {fmt!r}; expected one of {sorted(FORMATS)}")
+    return FORMATS[fmt]
+
+
+def w4a4_ledger(config: KernelConfig, *, fmt, out_dtype=torch.bfloat16, has_lowrank: bool = True,
+                lowrank_dtype=torch.bfloat16, n_out: int = 8) -> SmemLedger:
+    """Every byte ``w4a4_ws_kernel`` allocates, itemized (mirrors the allocations in the kernel)."""
+    f = _fmt_id(fmt)
+    bm, bn, bk, br = config.block_m, config.block_n, config.block_k, config.block_r
+    s, lr = config.num_stages, max(1, config.lowrank_stages)
+    terms = [SmemTerm(f"{Ring.MAIN}.x_int8", tile_bytes(bm, bk, 8), s),
+             SmemTerm(f"{Ring.MAIN}.w_int8", tile_bytes(bn, bk, 8), s)]
+    if f == FMT_INT4_G:
+        terms.append(SmemTerm(f"{Ring.RAW}.x_packed", tile_bytes(bm, bk // 2, 8), RAW_STAGES))
+    terms.append(SmemTerm(f"{Ring.RAW}.w_packed", tile_bytes(bn, bk // 2, 8), RAW_STAGES))
+    if has_lowrank:
+        terms += [SmemTerm(f"{Ring.LOWRANK}.s_fp32", tile_bytes(bm, br, 32), lr),
+                  SmemTerm(f"{Ring.LOWRANK}.lora_up", tile_bytes(bn, br, _BITS[lowrank_dtype]), lr)]
+    if _epi_tma(out_dtype, n_out):
+        terms.append(SmemTerm(f"{Ring.EPILOGUE}.out", tile_bytes(bm, bn, _BITS[out_dtype]), 1,
+                              Scope.PER_CONSUMER))
+    terms.append(SmemTerm("barriers", barrier_bytes(2 * (s + RAW_STAGES + lr))))
+    return SmemLedger(tuple(terms), consumers=NUM_CONSUMERS, label=f"w4a4 v2 {fmt} {bm}x{bn}x{bk}")
+
+
+def _epi_tma(out_dtype, N: int = 8) -> bool:
+    # A 16-bit tile per consumer fits next to the operand rings; an fp32 one (2 × 64 KiB) does not.
+    # TMA also needs 16-byte row strides (N % 8 == 0); otherwise the consumer stores from registers.
+    return _BITS[out_dtype] == 16 and N % 8 == 0
+
+
+def default_config_v2(fmt, group_size: int = 64) -> KernelConfig:
+    if _fmt_id(fmt) == FMT_INT4_2L:
+        return KernelConfig(block_m=128, block_n=128, block_k=128, block_r=16, group_m=8, num_warps=4,
+                            num_stages=4, lowrank_stages=2, persistent=True)
+    # int4_g: the int32 partial and the fp32 accumulator both live in registers → 64×128 per consumer
+    return KernelConfig(block_m=64, block_n=128, block_k=group_size, block_r=16, group_m=8, num_warps=4,
+                        num_stages=4, lowrank_stages=2, persistent=True)
+
+
+def plan_w4a4_v2(fmt, *, rank: int, group_size: int = 64, out_dtype=torch.bfloat16,
+                 lowrank_dtype=torch.bfloat16, config: KernelConfig | None = None,
+                 verbose: bool = False, n_out: int = 8) -> KernelConfig:
+    """Tile sizes from ``config`` (or the default); stage counts from the ledger: the deepest MAIN
+    ring first, then the deepest LOWRANK ring. Raises SmemError with the table if nothing fits."""
+    base = config or default_config_v2(fmt, group_size)
+    br = max(16, triton.next_power_of_2(max(rank, 1)))
+    base = base.replace(block_r=max(base.block_r, br))
+    has_lr = rank > 0
+
+    def build(main_stages, lr_stages):
+        return w4a4_ledger(base.replace(num_stages=main_stages, lowrank_stages=lr_stages), fmt=fmt,
+                           out_dtype=out_dtype, has_lowrank=has_lr, lowrank_dtype=lowrank_dtype, n_out=n_out)
+
+    main, lr, ledger = solve_stages(build, min_main=2, max_main=8, min_lowrank=1 if not has_lr else 2,
+                                    max_lowrank=1 if not has_lr else 4)
+    if verbose:
+        print(ledger.table())
+    return base.replace(num_stages=main, lowrank_stages=lr)
+
+
+def _check_config(config: KernelConfig, M, N, K, rank, fmt, group_size, out_dtype, lowrank_dtype, wmult_rows=None):
+    """Raise ValueError/SmemError naming the violated constraint (expected vs got)."""
+    f = _fmt_id(fmt)
+    bm, bn, bk = config.block_m, config.block_n, config.block_k
+    if config.num_warps != DEFAULT_WARPS:
+        raise ValueError(f"w4a4 v2: num_warps is the consumer warpgroup size {DEFAULT_WARPS}, got {config.num_warps}")
+    if bm not in (64, 128) or bn not in (64, 128, 256):
+        raise ValueError(f"w4a4 v2: block_m ∈ {{64, 128}}, block_n ∈ {{64, 128, 256}}; got {bm}×{bn}")
+    if bk % PACK:
+        raise ValueError(f"w4a4 v2: block_k must be a multiple of {PACK}, got {bk}")
+    if K % PACK:
+        raise ValueError(f"w4a4 v2: K must be a multiple of {PACK} (int4 pack block), got K={K}")
+    acc_regs = bm * bn // 128 * (2 if f == FMT_INT4_G else 1)
+    if acc_regs > 160:
+        raise ValueError(f"w4a4 v2: {bm}×{bn} accumulators need {acc_regs} registers/thread per consumer "
+                         f"(limit 160 of the {CONSUMER_REGS} a consumer gets)")
+    if f == FMT_INT4_G:
+        if bk != group_size:
+            raise ValueError(f"w4a4 v2 int4_g: block_k must equal the group size {group_size}, got {bk}")
+    else:
+        if not (bk % group_size == 0 or group_size % bk == 0) or group_size % PACK:
+            raise ValueError(f"w4a4 v2 int4_2l: level-2 group {group_size} must be a multiple of {PACK} "
+                             f"and divide or be divided by block_k={bk}")
+    if rank > config.block_r:
+        raise ValueError(f"w4a4 v2: rank {rank} exceeds block_r {config.block_r}")
+    w4a4_ledger(config, fmt=fmt, out_dtype=out_dtype, has_lowrank=rank > 0, lowrank_dtype=lowrank_dtype,
+                n_out=N).check()
+
+
+def can_implement_v2(config: KernelConfig, shape) -> bool:
+    """``shape``: dict with M, N, K, rank, and optionally fmt ("int4_g64"), group_size (64),
+    out_dtype (bf16), lowrank_dtype (bf16)."""
+    try:
+        _check_config(config, shape["M"], shape["N"], shape["K"], shape.get("rank", 0), shape.get("fmt", "int4_g64"),
+                      shape.get("group_size", 64), shape.get("out_dtype", torch.bfloat16),
+                      shape.get("lowrank_dtype", torch.bfloat16))
+        return True
+    except (ValueError, SmemError):
+        return False
+
+
+def _layout(block, dtype):
+    return gl.NVMMASharedLayout.get_default_for(list(block), _TORCH_TO_GL[dtype])
+
+
+def _desc(t, block):
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+    return TensorDescriptor.from_tensor(t, list(block), _layout(block, t.dtype))
+
+
+_DUMMIES: dict = {}
+
+
+def _dummy(device, dtype, shape):
+    key = (str(device), dtype, tuple(shape))
+    if key not in _DUMMIES:
+        _DUMMIES[key] = torch.zeros(shape, dtype=dtype, device=device)
+    return _DUMMIES[key]
+
+
+def _expect(cond, msg):
+    if not cond:
+        raise ValueError(f"w4a4 v2: {msg}")
+
+
+def _pad_rank(t, r8):
+    # TMA rows must be 16-byte multiples: rank padded with zeros to a multiple of 8 (adds nothing).
+    return t if t.shape[1] == r8 else torch.nn.functional.pad(t, (0, r8 - t.shape[1]))
+
+
+def kernel_args_v2(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, out, fmt, group_size,
+                   config=None, *, col_scale=None, debug: bool = False, debug_iters: int = DEBUG_ITERS_DEFAULT,
+                   debug_tiles: int = DEBUG_TILES_DEFAULT, grid: int | None = None):
+    """Validate (the v1 contract's own checks), plan and build one launch.
+    Returns (grid, args, constexprs, config, (dbg, dbg_tiles))."""
+    from ..w4a4_gemm import check_gemm_args
+    M, N, K, r = check_gemm_args(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, group_size, fmt)
+    f = _fmt_id(fmt)
+    dev = out.device
+    _expect(out.dtype in _BITS and tuple(out.shape) == (M, N) and out.is_contiguous() and out.device == x_q.device,
+            f"out must be contiguous bf16/fp16/fp32 [M, N] = {[M, N]} on {x_q.device}, got {out.dtype} "
+            f"{list(out.shape)} on {out.device}")
+    _expect(col_scale is None or (tuple(col_scale.shape) == (N, ) and col_scale.device == dev),
+            f"col_scale must be [N={N}] on {dev}, got {None if col_scale is None else list(col_scale.shape)}")
+    for name, t in (("x_q", x_q), ("w_q", w_q), ("out", out)):
+        _expect(t.data_ptr() % 16 == 0, f"{name} must be 16-byte aligned for TMA, got address {t.data_ptr():#x}")
+    lr_dtype = lora_up.dtype if r else torch.bfloat16
+    config = plan_w4a4_v2(f, rank=r, group_size=group_size, out_dtype=out.dtype, lowrank_dtype=lr_dtype,
+                          config=config, n_out=N)
+    _check_config(config, M, N, K, r, f, group_size, out.dtype, lr_dtype)
+
+    bm, bn, bk, br = config.block_m, config.block_n, config.block_k, config.block_r
+    x_desc = _desc(x_q, (bm, bk) if f == FMT_INT4_2L else (bm, bk // 2))
+    w_desc = _desc(w_q, (bn, bk // 2))
+    r8 = -(-r // 8) * 8
+    s_desc = _desc(_pad_rank(lowrank_act, r8) if r else _dummy(dev, torch.float32, (bm, br)), (bm, br))
+    b_desc = _desc(_pad_rank(lora_up, r8) if r else _dummy(dev, lr_dtype, (bn, br)), (bn, br))
+    epi_tma = _epi_tma(out.dtype, N)
+    out_desc = _desc(out if epi_tma else _dummy(dev, torch.bfloat16, (bm, bn)), (bm, bn))
+    tiles = cdiv(M, bm) * cdiv(N, bn)
+    grid = min(grid, tiles) if grid else persistent_grid(tiles, dev)
+    dbg = dbg_tiles = None
+    i32 = _dummy(dev, torch.int32, (1, ))
+    if debug:
+        dbg = torch.full((grid, int(NUM_ROLES), debug_iters, 2), -1, dtype=torch.int32, device=dev)
+        dbg_tiles = torch.full((grid, debug_tiles, 2), -1, dtype=torch.int32, device=dev)
+    args = (x_desc, w_desc, s_desc, b_desc, out_desc, out, out.stride(0), x_scale, w_scale,
+            w_mul if w_mul is not None else i32, col_scale if col_scale is not None else i32,
+            bias if bias is not None else i32, dbg if debug else i32, dbg_tiles if debug else i32, M, N, K)
+    constexprs = dict(FMT=f, G2=group_size, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, BLOCK_R=br, GROUP_M=config.group_m,
+                      STAGES=config.num_stages, LOWRANK_STAGES=max(1, config.lowrank_stages), HAS_LOWRANK=r > 0,
+                      HAS_COL_SCALE=col_scale is not None, HAS_BIAS=bias is not None, EPI_TMA=epi_tma,
+                      DEBUG=debug, DEBUG_ITERS=debug_iters, DEBUG_TILES=debug_tiles)
+    return grid, args, constexprs, config, (dbg, dbg_tiles)
+
+
+def launch_w4a4_v2(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, out, fmt: str,
+                   group_size: int, config: KernelConfig | None = None, *, col_scale=None, debug: bool = False,
+                   grid: int | None = None):
+    """out [M, N] ← W4A4 v2; the argument contract of ``kernels.w4a4_gemm`` (its module docstring),
+    plus ``col_scale`` [N] (optional per-column factor on the main product). Returns ``out``, or
+    ``(out, (dbg [grid, roles, iters, 2] int32, tiles [grid, DEBUG_TILES, 2] int32))`` with ``debug``."""
+    g, args, cx, _, dbgs = kernel_args_v2(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, out,
+                                           fmt, group_size, config, col_scale=col_scale, debug=debug, grid=grid)
+    w4a4_ws_kernel[(g, )](*args, **cx, num_warps=DEFAULT_WARPS)
+    return (out, dbgs) if debug else out
+
+
+# =============================================================================================
+# Test/bench support.
+def reference_v2(ops: dict) -> torch.Tensor:
+    """float64 spec (``reference.w4a4_gemm_ref``) of a :func:`make_operands_v2` problem, on the CPU;
+    ``col_scale`` (v2's optional extra) multiplies the main product only."""
+    from ...reference import w4a4_gemm_ref
+    c = {k: (v.detach().cpu() if isinstance(v, torch.Tensor) else v) for k, v in ops.items()}
+    main = w4a4_gemm_ref(c["x_q"], c["x_scale"], c["w_q"], c["w_scale"], w_mul=c["w_mul"],
+                         group_size=c["group_size"], fmt=c["fmt"])
+    if c.get("col_scale") is not None:
+        main = main * c["col_scale"].double()
+    from ...reference import lowrank_epilogue_ref
+    s = c["lowrank_act"].to(c["lora_up"].dtype) if c["lowrank_act"] is not None else None
+    return lowrank_epilogue_ref(main, s, c["lora_up"], bias=c["bias"])
+
+
+def make_operands_v2(fmt, M, N, K, rank, group_size=64, *, device="cuda", bias=True, col_scale=False,
+                     out_dtype=torch.bfloat16, lowrank_dtype=torch.bfloat16, seed=0):
+    """Random, non-degenerate operands in the launcher contract (kwargs of :func:`launch_w4a4_v2`);
+    ``out`` is poisoned with NaN so unwritten elements fail the comparison."""
+    from ...formats.int4 import pack_int4
+    if fmt == "int4_g":
+        fmt = "int4_g64"
+    g = torch.Generator().manual_seed(seed)
+    wq = pack_int4(torch.randint(-8, 8, (N, K), generator=g, dtype=torch.int8))
+    if _fmt_id(fmt) == FMT_INT4_2L:
+        xq = torch.randint(-120, 121, (M, K), generator=g, dtype=torch.int8)
+        xs = torch.rand(M, generator=g) * 0.02 + 0.005
+        ws = torch.rand(N, generator=g) * 0.02 + 0.005
+        wmul = torch.randint(1, 16, (K // group_size, N), generator=g, dtype=torch.uint8)
+    else:
+        xq = pack_int4(torch.randint(-8, 8, (M, K), generator=g, dtype=torch.int8))
+        xs = (torch.rand(K // group_size, M, generator=g) * 0.1 + 0.02).to(torch.bfloat16)
+        ws = (torch.rand(K // group_size, N, generator=g) * 0.1 + 0.02).to(torch.bfloat16)
+        wmul = None
+    s = torch.randn(M, rank, generator=g) if rank else None
+    up = (torch.randn(N, rank, generator=g) * 0.1).to(lowrank_dtype) if rank else None
+    b = torch.randn(N, generator=g).to(torch.bfloat16) if bias else None
+    cs = (torch.rand(N, generator=g) + 0.5) if col_scale else None
+    out = torch.full((M, N), float("nan"), dtype=out_dtype)
+    ops = dict(x_q=xq, x_scale=xs, w_q=wq, w_scale=ws, w_mul=wmul, lowrank_act=s, lora_up=up, bias=b, out=out,
+               fmt=fmt, group_size=group_size, col_scale=cs)
+    return {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in ops.items()}
+
+
+# =============================================================================================
+# Ahead-of-time compile (CI, CPU): signature from CPU stand-in tensors of a small problem.
+def aot_signature_v2(fmt, config: KernelConfig | None = None, *, M=96, N=160, K=384, rank=16, group_size=64,
+                     out_dtype=torch.bfloat16, bias=True, col_scale=True, debug=False):
+    """(signature, constexprs, config) for ``kernels.aot.compile_sm90`` of :func:`w4a4_ws_kernel`."""
+    import inspect
+    from triton.runtime.jit import mangle_type
+    ops = make_operands_v2(fmt, M, N, K, rank, group_size, device="cpu", bias=bias, col_scale=col_scale,
+                           out_dtype=out_dtype)
+    _, args, cx, cfg, _ = kernel_args_v2(**ops, config=config, debug=debug)
+    names = [n for n in inspect.signature(w4a4_ws_kernel.fn).parameters if n not in cx]
+    sig = {n: (mangle_type(a) if not isinstance(a, int) else "i32") for n, a in zip(names, args)}
+    return sig, cx, cfg

@@ -1,0 +1,152 @@
+"""GPU tests of the warp-specialized v2 kernels: numerics, persistent tile counts, deadlock/race traps.
+
+Run on the device machine:  PYTHONPATH=src python -m pytest -m gpu tests/test_gluon_gpu.py -x -q -s
+Every test prints its problem before launching (flushed), so if the watchdog fires (a hang: a
+role waits on a phase nobody completes) the last line of the log names the case; the debug test
+then tells which role's (index, phase) sequence diverged. The watchdog uses the thread method: it
+dumps stacks and ends the process, since a hung kernel never returns control to a signal handler.
+"""
+
+import pytest
+import torch
+
+from lowrank_gemm.kernels.gluon import skeleton as sk
+from lowrank_gemm.kernels.gluon import w4a4_ws as w4
+from lowrank_gemm.kernels.gluon.smoke import normalized_error
+from lowrank_gemm.kernels.schedule import cdiv
+
+pytestmark = [pytest.mark.gpu]
+WATCHDOG = dict(timeout=60, method="thread")
+FMTS = ["int4_2l", "int4_g64"]
+# bf16 output: one rounding of the result (2^-8 relative) plus s rounded to bf16 before s·Bᵀ.
+TOL = {torch.bfloat16: 1e-2, torch.float32: 4e-3}
+
+
+def _sms():
+    return torch.cuda.get_device_properties(0).multi_processor_count
+
+
+def _check(fmt, M, N, K, rank=16, group=64, grid=None, out_dtype=torch.bfloat16, config=None, **kw):
+    print(f"\n[v2] {fmt} M={M} N={N} K={K} r={rank} G={group} grid={grid} out={out_dtype} {kw}", flush=True)
+    ops = w4.make_operands_v2(fmt, M, N, K, rank, group, device="cuda", out_dtype=out_dtype, **kw)
+    out = w4.launch_w4a4_v2(**ops, config=config, grid=grid)   # ops carries fmt/group_size
+    torch.cuda.synchronize()
+    ref = w4.reference_v2(ops)
+    got = out.cpu().double()
+    nan = (~torch.isfinite(got)).nonzero()
+    assert nan.numel() == 0, f"{nan.shape[0]} unwritten/non-finite outputs, first at {nan[:5].tolist()}"
+    err = normalized_error(out, ref)
+    if err >= TOL[out_dtype]:
+        diff = (got - ref).abs()
+        idx = divmod(int(diff.argmax()), N)
+        pytest.fail(f"normalized max error {err:.3e} ≥ {TOL[out_dtype]} at {idx}: got {got[idx].item():.5g} "
+                    f"ref {ref[idx].item():.5g}; rows with errors: {(diff.amax(1) > TOL[out_dtype] * ref.abs().max()).sum()}")
+
+
+def _block(fmt):
+    c = w4.default_config_v2(fmt)
+    return c.block_m, c.block_n
+
+
+# --- smallest first: one tile, K shorter than the ring ----------------------------------------
+@pytest.mark.timeout(**WATCHDOG)
+@pytest.mark.parametrize("fmt", FMTS)
+def test_single_tile_short_k(fmt):
+    _check(fmt, 17, 40, 64)
+
+
+@pytest.mark.timeout(**WATCHDOG)
+@pytest.mark.parametrize("fmt", FMTS)
+@pytest.mark.parametrize("K", [64, 128, 192, 640])
+def test_k_loop_vs_pipeline_depth(fmt, K):
+    _check(fmt, 130, 136, K, grid=2)
+
+
+# --- persistent tile counts around the SM count ------------------------------------------------
+@pytest.mark.timeout(**WATCHDOG)
+@pytest.mark.parametrize("fmt", FMTS)
+@pytest.mark.parametrize("which", ["1", "sms-1", "sms", "sms+1", "2sms+3"])
+def test_tile_counts(fmt, which):
+    sms = _sms()
+    tiles = {"1": 1, "sms-1": sms - 1, "sms": sms, "sms+1": sms + 1, "2sms+3": 2 * sms + 3}[which]
+    bm, bn = _block(fmt)
+    # one tile column, ragged in both M and N
+    _check(fmt, bm * tiles - 5, bn - 8, 256)
+
+
+@pytest.mark.timeout(**WATCHDOG)
+@pytest.mark.parametrize("fmt", FMTS)
+@pytest.mark.parametrize("grid", [1, 2, 3, 5])
+def test_few_programs_many_tiles(fmt, grid):
+    """Many local tiles per program: both consumers, ring wrap-around, LOWRANK ring reuse."""
+    _check(fmt, 300, 520, 512, grid=grid)
+
+
+# --- epilogue variants ---------------------------------------------------------------------------
+@pytest.mark.timeout(**WATCHDOG)
+@pytest.mark.parametrize("fmt", FMTS)
+@pytest.mark.parametrize("variant", ["no_lowrank", "no_bias", "col_scale", "fp32_out", "rank32", "rank_odd",
+                                     "group128", "n_unaligned"])
+def test_epilogue_variants(fmt, variant):
+    kw = dict(rank=16, group=64)
+    if variant == "no_lowrank":
+        kw["rank"] = 0
+    elif variant == "no_bias":
+        kw.update(bias=False)
+    elif variant == "col_scale":
+        kw.update(col_scale=True)
+    elif variant == "rank_odd":
+        kw["rank"] = 5          # padded to 8 for TMA by the launcher
+    elif variant == "fp32_out":
+        kw["out_dtype"] = torch.float32
+    elif variant == "rank32":
+        kw["rank"] = 32
+    elif variant == "group128":
+        kw["group"] = 128
+    n = 261 if variant == "n_unaligned" else 264   # N % 8 != 0: register-store epilogue
+    _check(fmt, 200, n, 512, **kw)
+
+
+@pytest.mark.timeout(**WATCHDOG)
+@pytest.mark.parametrize("fmt", FMTS)
+def test_real_shape_flux_fc1_slice(fmt):
+    _check(fmt, 1024, 3072, 3072, rank=32)
+
+
+@pytest.mark.timeout(**WATCHDOG)
+@pytest.mark.parametrize("fmt", FMTS)
+@pytest.mark.parametrize("M", [1, 16, 64])
+def test_decode_shapes(fmt, M):
+    _check(fmt, M, 2048, 4096, rank=32)
+
+
+# --- pipeline-state trace ----------------------------------------------------------------------
+@pytest.mark.timeout(**WATCHDOG)
+@pytest.mark.parametrize("fmt", FMTS)
+def test_debug_trace_of_every_role(fmt):
+    M, N, K, grid = 300, 400, 384, 3
+    ops = w4.make_operands_v2(fmt, M, N, K, 16, 64, device="cuda")
+    print(f"\n[v2 debug] {fmt} M={M} N={N} K={K} grid={grid}", flush=True)
+    out, (dbg, tiles) = w4.launch_w4a4_v2(**ops, grid=grid, debug=True)
+    torch.cuda.synchronize()
+    g, _, cx, cfg, _ = w4.kernel_args_v2(**ops, grid=grid)
+    bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
+    k_tiles = cdiv(K, bk)
+    dbg, tiles = dbg.cpu(), tiles.cpu()
+    for pid in range(grid):
+        host_tiles = sk.program_tiles_host(pid, grid, M, N, bm, bn, cfg.group_m)
+        n_local = len(host_tiles)
+        assert [tuple(t) for t in tiles[pid, :n_local].tolist()] == host_tiles, f"pid {pid}: tile order"
+        uses = list(range(n_local * k_tiles))
+        want = {
+            "loader": sk.expected_states_host(uses, w4.RAW_STAGES, producer=True),
+            "expander": sk.expected_states_host(uses, cx["STAGES"], producer=True),
+        }
+        for c, name in enumerate(["consumer0", "consumer1"]):
+            mine = [t * k_tiles + kk for t in range(c, n_local, 2) for kk in range(k_tiles)]
+            want[name] = sk.expected_states_host(mine, cx["STAGES"], producer=False)
+        for name, seq in want.items():
+            got = [tuple(v) for v in dbg[pid, sk.ROLE_IDS[name], :len(seq)].tolist()]
+            assert got == seq[:w4.DEBUG_ITERS_DEFAULT], f"pid {pid} role {name}: got {got[:12]}... want {seq[:12]}..."
+    ref = w4.reference_v2(ops)
+    assert normalized_error(out, ref) < TOL[torch.bfloat16], "debug mode changes no numerics"
