@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["lora_linear_ref", "multi_lora_linear_ref", "lowrank_epilogue_ref"]
+__all__ = ["lora_linear_ref", "multi_lora_linear_ref", "lowrank_epilogue_ref", "w4a4_gemm_ref", "svdq_linear_ref"]
 
 
 def _f64(t: torch.Tensor | None) -> torch.Tensor | None:
@@ -71,3 +71,56 @@ def multi_lora_linear_ref(x: torch.Tensor, weight: torch.Tensor, lora_a: torch.T
     if bias is not None:
         y = y + _f64(bias)
     return y
+
+
+# ---- W4A4 (SVDQuant) ------------------------------------------------------------------------------
+
+def w4a4_gemm_ref(x_q: torch.Tensor, x_scale: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor,
+                  lowrank_act: torch.Tensor | None = None, lora_up: torch.Tensor | None = None,
+                  bias: torch.Tensor | None = None, *, w_mul: torch.Tensor | None = None,
+                  group_size: int = 64, fmt: str = "int4_g64") -> torch.Tensor:
+    """The W4A4 GEMM on already-quantized operands, in float64 (same arguments as ``ops`` ``w4a4_gemm``).
+
+    fmt ``int4_g64``: x_q uint8 [M, K/2] packed, x_scale [K/G, M], w_q uint8 [N, K/2], w_scale [K/G, N].
+    fmt ``int4_2l``:  x_q int8 [M, K] (expanded q·v), x_scale [M], w_q uint8 [N, K/2], w_scale [N],
+                      w_mul uint8 [K/G, N].
+    ``y = deq(x)·deq(w)ᵀ + s·lora_upᵀ + bias`` with ``s = lowrank_act`` [M, r] rounded to lora_up's
+    dtype first, as the shared epilogue does (``kernels.epilogue.lowrank_up``).
+    """
+    from .formats.int4 import dequantize_int4, unpack_int4
+    from .formats.int4_twolevel import dequantize_act_2l, dequantize_weight_2l
+    if fmt == "int4_g64":
+        xa = dequantize_int4(unpack_int4(x_q), x_scale, group_size)
+        wd = dequantize_int4(unpack_int4(w_q), w_scale, group_size)
+    elif fmt == "int4_2l":
+        xa = dequantize_act_2l(x_q, x_scale)
+        wd = dequantize_weight_2l(w_q, w_mul, w_scale, group_size)
+    else:
+        raise ValueError(f"unknown fmt {fmt!r}")
+    s = None
+    if lowrank_act is not None and lora_up is not None and lowrank_act.shape[-1] > 0:
+        s = lowrank_act.to(lora_up.dtype)
+    return lowrank_epilogue_ref(_f64(xa) @ _f64(wd).T, s, lora_up, bias=bias)
+
+
+def svdq_linear_ref(x: torch.Tensor, qweight: torch.Tensor, wscales: torch.Tensor, smooth: torch.Tensor,
+                    lora_down: torch.Tensor, lora_up: torch.Tensor, bias: torch.Tensor | None = None,
+                    group_size: int = 64) -> torch.Tensor:
+    """The SVDQuant W4A4 layer (standard format), in float64.
+
+    x [..., K], qweight uint8 [N, K/2], wscales [K/G, N], smooth [K], lora_down [r, K] (applies to x/λ),
+    lora_up [N, r], bias [N] → y [..., N]:
+    ``xs = x/λ; (qa, sa) = quantize_act_int4(xs, G); y = (qa·sa)·(qw·sw)ᵀ + (xs·Aᵀ)·Bᵀ + bias``.
+    """
+    from .formats.int4 import dequantize_int4, quantize_act_int4, unpack_int4
+    k = x.shape[-1]
+    xs = _f64(x).reshape(-1, k) / _f64(smooth)
+    qa, sa = quantize_act_int4(xs, group_size, wscales.dtype)
+    xa = _f64(dequantize_int4(qa, sa, group_size))
+    wd = _f64(dequantize_int4(unpack_int4(qweight), wscales, group_size))
+    y = xa @ wd.T
+    if lora_down.shape[0]:
+        y = y + (xs @ _f64(lora_down).T) @ _f64(lora_up).T
+    if bias is not None:
+        y = y + _f64(bias)
+    return y.reshape(*x.shape[:-1], qweight.shape[0])

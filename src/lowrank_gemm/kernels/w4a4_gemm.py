@@ -1,0 +1,487 @@
+"""W4A4 GEMM + low-rank epilogue on Hopper, plain Triton ("v1"), and the public ops ``w4a4_gemm`` /
+``w4a4_linear`` (act_quant + GEMM).
+
+    y[M, N] = deq(x_q) · deq(w_q)ᵀ  +  lowrank_act · lora_upᵀ  +  bias        (reference.w4a4_gemm_ref)
+
+LAUNCHER CONTRACT (v1 ``launch_w4a4_v1`` and the Gluon v2 ``gluon.w4a4_ws.launch_w4a4_v2`` take exactly
+these arguments; every tensor on one CUDA device, row-major and contiguous unless noted):
+
+    launch(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, out, fmt, group_size, config)
+
+    fmt "int4_g64" (SVDQuant standard, G = group_size ∈ {64, 128}):
+      x_q         uint8 [M, K/2]   activations, int4 packed by formats.int4.pack_int4: per 64-block b,
+                                   byte j = element b·64+j (low nibble) | b·64+32+j (high nibble)
+      x_scale     bf16|fp16 [K/G, M]  group-major activation scales
+      w_q         uint8 [N, K/2]   weights, same packing
+      w_scale     bf16|fp16 [K/G, N]  group-major weight scales (same dtype as x_scale)
+      w_mul       None
+    fmt "int4_2l" (formats.int4_twolevel; G ∈ {64, 128}):
+      x_q         int8 [M, K]      EXPANDED activations q·v (natural K order), |.| ≤ 120
+      x_scale     fp32 [M]         per-token scale t
+      w_q         uint8 [N, K/2]   weights q, packed as above
+      w_scale     fp32 [N]         per-channel scale s
+      w_mul       uint8 [K/G, N]   per-group multipliers u ∈ [1, 15] (group-major)
+    lowrank_act   fp32 [M, r] or None   S = (x/λ)·lora_downᵀ (from act_quant); r may be 0 or odd
+    lora_up       bf16|fp16 [N, r] or None   S is rounded to this dtype before S·lora_upᵀ
+    bias          [N] any float dtype, or None
+    out           bf16|fp16|fp32 [M, N], written completely (every element)
+    config        KernelConfig or None (the launcher plans one)
+    K % 64 == 0, K % G == 0, K ≤ formats.int4_twolevel.MAX_K. Deterministic: no atomics, fixed K order.
+
+v1 kernel: persistent grid (#SMs programs) over tiles in grouped order (schedule.grouped_tile); TMA
+loads of the packed bytes; unpack with two shifts on int8 (lo = (p << 4) >> 4, hi = p >> 4) into two
+ready [rows, 32·(G/64)] tiles, no shuffles, and the dot split in two (low half, high half). g64: one group
+per K step (BK = G), int32 partial → fp32 rescale by x_scale ⊗ w_scale. int4_2l: the weight nibble is
+multiplied by u in the expansion and the whole K accumulates in int32; t ⊗ s are applied once in the
+epilogue (epilogue.affine). Epilogue: affine, lowrank_up, add_bias, store_tile (kernels/epilogue.py).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
+
+from ..formats.int4 import PACK_BLOCK
+from ..formats.int4_twolevel import MAX_K
+from ..plan.config import KernelConfig
+from ..plan.smem import Scope, SmemLedger, SmemTerm, barrier_bytes, solve_stages, tile_bytes
+from .act_quant import FORMATS, act_quant, block_r_for
+from .epilogue import add_bias, affine, lowrank_up, store_tile
+from .schedule import cdiv, grouped_tile, persistent_grid
+
+__all__ = ["launch_w4a4_v1", "plan_w4a4", "w4a4_ledger", "can_implement", "w4a4_gemm", "w4a4_linear",
+           "svdq_forward_cuda", "check_gemm_args", "GROUP_SIZES", "w4a4_epilogue_ledger",
+           "predicted_shared", "aot_compile"]
+
+GROUP_SIZES = (64, 128)
+_HALF = PACK_BLOCK // 2  # 32: elements per nibble half of a packing block
+
+
+# ---- kernel ---------------------------------------------------------------------------------------
+
+@triton.jit
+def _lo(p):
+    return (p << 4) >> 4  # arithmetic shift on int8 sign-extends the low nibble
+
+
+@triton.jit
+def _hi(p):
+    return p >> 4
+
+
+@triton.jit
+def _mma_in(v, MMA_FP8: tl.constexpr):
+    if MMA_FP8:
+        return v.to(tl.float16).to(tl.float8e4nv)  # every int4 value is exact in e4m3
+    else:
+        return v
+
+
+@triton.jit
+def _mainloop_g(a_desc, b_desc, xs_ptr, stride_xsg, ws_ptr, stride_wsg, m0, n0, offs_m, offs_n, M, N, K,
+                G: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MMA_FP8: tl.constexpr):
+    """Standard format: one group per K step, fp32 accumulator rescaled every group."""
+    HALF: tl.constexpr = G // 2
+    acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    for ki in range(0, K // G):
+        a = a_desc.load([m0, ki * HALF]).to(tl.int8, bitcast=True)  # [BM, G/2]
+        b = b_desc.load([n0, ki * HALF]).to(tl.int8, bitcast=True)  # [BN, G/2]
+        if MMA_FP8:
+            part = tl.dot(_mma_in(_lo(a), True), tl.trans(_mma_in(_lo(b), True)))
+            part = tl.dot(_mma_in(_hi(a), True), tl.trans(_mma_in(_hi(b), True)), part)
+        else:
+            part = tl.dot(_lo(a), tl.trans(_lo(b)), out_dtype=tl.int32)
+            part = tl.dot(_hi(a), tl.trans(_hi(b)), part, out_dtype=tl.int32).to(tl.float32)
+        sa = tl.load(xs_ptr + ki * stride_xsg + offs_m, mask=offs_m < M, other=0.0).to(tl.float32)
+        sw = tl.load(ws_ptr + ki * stride_wsg + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)
+        acc += part * sa[:, None] * sw[None, :]
+    return acc
+
+
+@triton.jit
+def _mainloop_2l(a_desc, b_desc, wu_ptr, stride_wug, m0, n0, offs_n, N, K,
+                 G: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Two-level format: weights expanded as q·u, one int32 accumulation over all of K."""
+    HALF: tl.constexpr = 32
+    acc = tl.zeros((BLOCK_M, BLOCK_N), tl.int32)
+    for ki in range(0, K // 64):
+        a_lo = a_desc.load([m0, ki * 64])          # [BM, 32] int8, elements 64ki + [0, 32)
+        a_hi = a_desc.load([m0, ki * 64 + HALF])   # [BM, 32] int8, elements 64ki + [32, 64)
+        b = b_desc.load([n0, ki * HALF]).to(tl.int8, bitcast=True)  # [BN, 32]
+        u = tl.load(wu_ptr + ((ki * 64) // G) * stride_wug + offs_n, mask=offs_n < N, other=0).to(tl.int8)
+        acc = tl.dot(a_lo, tl.trans(_lo(b) * u[:, None]), acc, out_dtype=tl.int32)
+        acc = tl.dot(a_hi, tl.trans(_hi(b) * u[:, None]), acc, out_dtype=tl.int32)
+    return acc
+
+
+@triton.jit
+def _w4a4_gemm_kernel(
+    a_desc,                        # g64: (M, K/2) u8 block [BM, G/2]; 2l: (M, K) i8 block [BM, 32]
+    b_desc,                        # (N, K/2) u8, block [BN, G/2] (g64) / [BN, 32] (2l)
+    xs_ptr, stride_xsg,            # g64: (K/G, M) 16-bit; 2l: (M,) fp32
+    ws_ptr, stride_wsg,            # g64: (K/G, N) 16-bit; 2l: (N,) fp32
+    wu_ptr, stride_wug,            # 2l: (K/G, N) u8 multipliers; g64: unused
+    lr_ptr, stride_lm,             # (M, R) fp32 low-rank activations
+    up_ptr, stride_un, stride_ur,  # (N, R) lora_up
+    bias_ptr,                      # (N,)
+    y_ptr, stride_ym, stride_yn,   # (M, N)
+    M, N, K, R, num_progs,
+    TWO_LEVEL: tl.constexpr, G: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_R: tl.constexpr, GROUP_M: tl.constexpr, HAS_LOWRANK: tl.constexpr, HAS_BIAS: tl.constexpr,
+    MMA_FP8: tl.constexpr,
+):
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    for tile_id in tl.range(tl.program_id(0), num_pid_m * num_pid_n, num_progs):
+        pid_m, pid_n = grouped_tile(tile_id, num_pid_m, num_pid_n, GROUP_M)
+        m0 = pid_m * BLOCK_M
+        n0 = pid_n * BLOCK_N
+        offs_m = m0 + tl.arange(0, BLOCK_M)
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        if TWO_LEVEL:
+            acc = _mainloop_2l(a_desc, b_desc, wu_ptr, stride_wug, m0, n0, offs_n, N, K, G, BLOCK_M, BLOCK_N)
+            acc = affine(acc.to(tl.float32), offs_m, offs_n, M, N, xs_ptr, ws_ptr, True, True)
+        else:
+            acc = _mainloop_g(a_desc, b_desc, xs_ptr, stride_xsg, ws_ptr, stride_wsg, m0, n0, offs_m, offs_n,
+                              M, N, K, G, BLOCK_M, BLOCK_N, MMA_FP8)
+            acc = affine(acc, offs_m, offs_n, M, N, xs_ptr, ws_ptr, False, False)
+        if HAS_LOWRANK:
+            offs_r = tl.arange(0, BLOCK_R)
+            s = tl.load(lr_ptr + offs_m[:, None] * stride_lm + offs_r[None, :],
+                        mask=(offs_m[:, None] < M) & (offs_r[None, :] < R), other=0.0)
+            acc = lowrank_up(acc, s, up_ptr, stride_un, stride_ur, offs_n, N, R, BLOCK_R)
+        acc = add_bias(acc, offs_n, N, bias_ptr, HAS_BIAS)
+        store_tile(y_ptr, acc, offs_m, offs_n, M, N, stride_ym, stride_yn)
+
+
+# ---- planning: SMEM ledger, config, can_implement ---------------------------------------------------
+
+def w4a4_ledger(cfg: KernelConfig, fmt: str, group_size: int) -> SmemLedger:
+    """Itemized shared memory of the v1 main loop (one CTA).
+
+    Triton 3.6's pipeliner gives a TMA operand that wgmma reads straight from SMEM ``num_stages`` ring
+    slots, and one that is consumed in registers (our unpack) ``num_stages − 1`` slots; one mbarrier per
+    slot. The unpacked B half is written back to SMEM for wgmma (B must come from SMEM); lo and hi reuse
+    one buffer. g64's unpacked A stays in registers (wgmma's register-A form). The epilogue's buffers
+    live after the loop and share its space: see :func:`w4a4_epilogue_ledger`.
+    """
+    bm, bn, s = cfg.block_m, cfg.block_n, cfg.num_stages
+    if fmt == "int4_2l":
+        a_slots, terms = s, [SmemTerm("main A x_q int8 lo+hi (TMA→wgmma)", 2 * tile_bytes(bm, _HALF, 8), s),
+                             SmemTerm("main B w_q packed (→regs)", tile_bytes(bn, _HALF, 8), s - 1)]
+        b_half = tile_bytes(bn, _HALF, 8)
+    else:
+        half = group_size // 2
+        a_slots, terms = s - 1, [SmemTerm("main A x_q packed (→regs)", tile_bytes(bm, half, 8), s - 1),
+                                 SmemTerm("main B w_q packed (→regs)", tile_bytes(bn, half, 8), s - 1)]
+        b_half = tile_bytes(bn, half, 8)
+    # one mbarrier per ring slot; the A ring's array is allocated first and padded to 16 bytes
+    terms += [SmemTerm("barriers A ring", barrier_bytes(1), a_slots),
+              SmemTerm("barrier array alignment", barrier_bytes(a_slots) % 16, 1),
+              SmemTerm("barriers B ring", barrier_bytes(1), s - 1),
+              SmemTerm("B unpacked half (wgmma)", b_half, 1)]
+    return SmemLedger(tuple(terms), consumers=1, label=f"w4a4 v1 main loop {fmt} g{group_size} {bm}x{bn}x{s}")
+
+
+def w4a4_epilogue_ledger(cfg: KernelConfig, lowrank_bits: int = 16) -> SmemLedger:
+    """Epilogue buffers (after the main loop, aliasing its space): the fp32 S tile's layout change
+    into the wgmma A operand, then the lora_up tile (``lowrank_stages`` = 1: once per output tile).
+    The two are live one after the other, so the epilogue needs the larger, not the sum."""
+    terms = (SmemTerm("low-rank S tile fp32 (layout)", tile_bytes(cfg.block_m, cfg.block_r, 32), 1),
+             SmemTerm("low-rank lora_up tile", tile_bytes(cfg.block_r, cfg.block_n, lowrank_bits),
+                      cfg.lowrank_stages))
+    return SmemLedger(terms, consumers=1, label=f"w4a4 v1 epilogue r{cfg.block_r}")
+
+
+def predicted_shared(cfg: KernelConfig, fmt: str, group_size: int, has_lowrank: bool = True) -> int:
+    """What the compiler should report: main loop and epilogue do not overlap in time."""
+    main = w4a4_ledger(cfg, fmt, group_size).total()
+    if not has_lowrank:
+        return main
+    return max(main, *(t.total(1) for t in w4a4_epilogue_ledger(cfg).terms))
+
+
+def can_implement(cfg: KernelConfig, fmt: str, group_size: int) -> bool:
+    if fmt not in FORMATS or group_size not in GROUP_SIZES:
+        return False
+    if cfg.block_m < 64 or cfg.block_n < 16 or cfg.split_k != 1:
+        return False  # wgmma needs 64 rows per warpgroup
+    return w4a4_ledger(cfg, fmt, group_size).fits() and w4a4_epilogue_ledger(cfg).fits()
+
+
+@functools.lru_cache(maxsize=1024)  # launch-path planning stays off the host critical path
+def plan_w4a4(m: int, n: int, k: int, r: int, fmt: str, group_size: int, device=None,
+              max_stages: int = 6) -> KernelConfig:
+    """Tile by bucket, then the deepest main pipeline (then low-rank pipeline) the ledger allows.
+
+    Decode (M ≤ 64): memory-bound, one 64-row block, narrow N tiles so ≥ 2 waves of tiles keep every SM
+    streaming weights. Prefill: 128×128 tiles over two warpgroups (8 warps), 256-wide N when M is large.
+    """
+    block_r = block_r_for(r)
+    if m <= 64:
+        base = KernelConfig(block_m=64, block_n=64, block_k=64, block_r=block_r, group_m=1, num_warps=4,
+                            persistent=True)
+        max_stages = 8
+    elif m <= 256:
+        base = KernelConfig(block_m=64, block_n=128, block_k=64, block_r=block_r, group_m=8, num_warps=4,
+                            persistent=True)
+    else:
+        base = KernelConfig(block_m=128, block_n=128, block_k=64, block_r=block_r, group_m=8, num_warps=8,
+                            persistent=True)
+    base = base.replace(block_k=group_size if fmt == "int4_g64" else PACK_BLOCK)
+
+    def build(main: int, low: int) -> SmemLedger:
+        return w4a4_ledger(base.replace(num_stages=main, lowrank_stages=low), fmt, group_size)
+
+    main, _, _ = solve_stages(build, min_main=2, max_main=max_stages)
+    cfg = base.replace(num_stages=main, lowrank_stages=1 if r else 0)
+    w4a4_epilogue_ledger(cfg).check()
+    return cfg
+
+
+# ---- launcher -------------------------------------------------------------------------------------
+
+def launch_w4a4_v1(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, out, fmt: str,
+                   group_size: int, config: KernelConfig | None = None, mma_fp8: bool = False) -> torch.Tensor:
+    """Launch the v1 kernel (argument contract: module docstring). Returns ``out``."""
+    m, n = out.shape
+    k = w_q.shape[1] * 2
+    r = 0 if lowrank_act is None or lora_up is None else lowrank_act.shape[1]
+    cfg = config or plan_w4a4(m, n, k, r, fmt, group_size, out.device)
+    two_level = fmt == "int4_2l"
+    kb = _HALF if two_level else group_size // 2
+    a_desc = TensorDescriptor.from_tensor(x_q, [cfg.block_m, kb])
+    b_desc = TensorDescriptor.from_tensor(w_q, [cfg.block_n, kb])
+    tiles = cdiv(m, cfg.block_m) * cdiv(n, cfg.block_n)
+    progs = persistent_grid(tiles, out.device)
+    wu = w_mul if two_level else w_q
+    lr = lowrank_act if r else out
+    up = lora_up if r else out
+    _w4a4_gemm_kernel[(progs,)](
+        a_desc, b_desc, x_scale, x_scale.stride(0), w_scale, w_scale.stride(0), wu, wu.stride(0),
+        lr, lr.stride(0), up, up.stride(0), up.stride(1) if r else 1,
+        bias if bias is not None else out, out, out.stride(0), out.stride(1),
+        m, n, k, r, progs,
+        TWO_LEVEL=two_level, G=group_size, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+        BLOCK_R=cfg.block_r if r else 16, GROUP_M=cfg.group_m, HAS_LOWRANK=r > 0, HAS_BIAS=bias is not None,
+        MMA_FP8=mma_fp8 and not two_level, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    return out
+
+
+# impl="auto" on CUDA: the Gluon v2 when importable (one line to flip once GPU numbers say otherwise);
+# a v2 that raises NotImplementedError for a problem falls back to v1.
+AUTO_PREFERS_V2 = False
+
+
+def _launcher(impl: str, device: torch.device):
+    if impl not in ("auto", "v1", "v2"):
+        raise ValueError(f"impl must be 'auto', 'v1' or 'v2', got {impl!r}")
+    if impl == "v1" or (impl == "auto" and (device.type != "cuda" or not AUTO_PREFERS_V2)):
+        return launch_w4a4_v1
+    try:
+        from .gluon.w4a4_ws import launch_w4a4_v2
+    except ImportError as err:
+        if impl == "v2":
+            raise NotImplementedError(f"impl='v2' needs kernels/gluon/w4a4_ws.py: {err}") from None
+        return launch_w4a4_v1
+    return launch_w4a4_v2
+
+
+# ---- validation -----------------------------------------------------------------------------------
+
+def _expect(ok: bool, what: str) -> None:
+    if not ok:
+        raise ValueError(f"w4a4: {what}")
+
+
+def _shape(t: torch.Tensor | None) -> list | None:
+    return None if t is None else list(t.shape)
+
+
+def check_gemm_args(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, group_size: int,
+                    fmt: str) -> tuple[int, int, int, int]:
+    """Validate the launcher contract; returns (M, N, K, r). Errors say expected vs got."""
+    _expect(fmt in FORMATS, f"fmt must be one of {FORMATS}, got {fmt!r}")
+    _expect(group_size in GROUP_SIZES, f"group_size must be one of {GROUP_SIZES}, got {group_size}")
+    _expect(w_q.dtype == torch.uint8 and w_q.dim() == 2,
+            f"qweight must be uint8 [N, K/2] (packed int4), got {w_q.dtype} {_shape(w_q)}")
+    n, k = w_q.shape[0], 2 * w_q.shape[1]
+    _expect(k % PACK_BLOCK == 0 and k % group_size == 0,
+            f"K={k} (from qweight [N, K/2]) must be a multiple of {PACK_BLOCK} and of group_size={group_size}")
+    _expect(k <= MAX_K, f"K={k} exceeds {MAX_K} (int32 accumulation could overflow)")
+    ng = k // group_size
+    if fmt == "int4_g64":
+        _expect(x_q.dtype == torch.uint8 and x_q.dim() == 2 and x_q.shape[1] == k // 2,
+                f"activations must be uint8 [M, {k // 2}] (packed int4), got {x_q.dtype} {_shape(x_q)}")
+        m = x_q.shape[0]
+        _expect(x_scale.shape == (ng, m) and x_scale.dtype in (torch.bfloat16, torch.float16),
+                f"activation scales must be bf16/fp16 [K/G, M] = {[ng, m]}, got {x_scale.dtype} {_shape(x_scale)}")
+        _expect(w_scale.shape == (ng, n) and w_scale.dtype == x_scale.dtype,
+                f"wscales must be {x_scale.dtype} [K/G, N] = {[ng, n]}, got {w_scale.dtype} {_shape(w_scale)}")
+        _expect(w_mul is None, "w_mul is only used by fmt='int4_2l'")
+    else:
+        _expect(x_q.dtype == torch.int8 and x_q.dim() == 2 and x_q.shape[1] == k,
+                f"int4_2l activations must be int8 [M, {k}] (expanded q·v), got {x_q.dtype} {_shape(x_q)}")
+        m = x_q.shape[0]
+        _expect(x_scale.shape == (m,) and x_scale.dtype == torch.float32,
+                f"int4_2l activation scales must be float32 [M] = [{m}], got {x_scale.dtype} {_shape(x_scale)}")
+        _expect(w_scale.shape == (n,) and w_scale.dtype == torch.float32,
+                f"int4_2l wscales must be float32 [N] = [{n}], got {w_scale.dtype} {_shape(w_scale)}")
+        _expect(w_mul is not None and w_mul.dtype == torch.uint8 and w_mul.shape == (ng, n),
+                f"int4_2l w_mul must be uint8 [K/G, N] = {[ng, n]}, got "
+                f"{None if w_mul is None else w_mul.dtype} {_shape(w_mul)}")
+    r = 0
+    if lowrank_act is not None or lora_up is not None:
+        _expect(lowrank_act is not None and lora_up is not None, "lowrank_act and lora_up come together")
+        r = lora_up.shape[1] if lora_up.dim() == 2 else -1
+        _expect(lora_up.dim() == 2 and lora_up.shape[0] == n and lora_up.dtype in (torch.bfloat16, torch.float16),
+                f"lora_up must be bf16/fp16 [N={n}, r], got {lora_up.dtype} {_shape(lora_up)}")
+        _expect(lowrank_act.shape == (m, r) and lowrank_act.dtype == torch.float32,
+                f"lowrank_act must be float32 [M, r] = {[m, r]}, got {lowrank_act.dtype} {_shape(lowrank_act)}")
+    if bias is not None:
+        _expect(bias.shape == (n,) and bias.is_floating_point(), f"bias must be float [{n}], got {bias.dtype} "
+                f"{_shape(bias)}")
+    tensors = [t for t in (x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias) if t is not None]
+    devs = {t.device for t in tensors}
+    _expect(len(devs) == 1, f"all tensors must be on one device, got {sorted(map(str, devs))}")
+    _expect(all(t.is_contiguous() for t in tensors), "all tensors must be contiguous")
+    return m, n, k, r
+
+
+def check_linear_args(x, qweight, wscales, smooth, lora_down, lora_up, bias, wmul, group_size: int, fmt: str):
+    """Validate the layer op's inputs; returns (K, N, r)."""
+    _expect(x.dtype in (torch.bfloat16, torch.float16), f"x must be bf16/fp16, got {x.dtype}")
+    k = x.shape[-1]
+    _expect(qweight.dim() == 2 and qweight.shape[1] * 2 == k,
+            f"qweight must be uint8 [N, K/2] with K = x.shape[-1] = {k}, got {qweight.dtype} {_shape(qweight)}")
+    _expect(k % PACK_BLOCK == 0 and k % group_size == 0,
+            f"K={k} must be a multiple of {PACK_BLOCK} and of group_size={group_size}")
+    _expect(smooth.shape == (k,) and smooth.is_floating_point(), f"smooth must be float [K={k}], got "
+            f"{smooth.dtype} {_shape(smooth)}")
+    r = lora_down.shape[0]
+    _expect(lora_down.dim() == 2 and lora_down.shape[1] == k and lora_down.is_floating_point(),
+            f"lora_down must be float [r, K={k}], got {lora_down.dtype} {_shape(lora_down)}")
+    _expect(lora_up.dim() == 2 and lora_up.shape == (qweight.shape[0], r),
+            f"lora_up must be [N={qweight.shape[0]}, r={r}], got {_shape(lora_up)}")
+    devs = {t.device for t in (x, qweight, wscales, smooth, lora_down, lora_up) if t is not None}
+    _expect(len(devs) == 1, f"all tensors must be on one device, got {sorted(map(str, devs))}")
+    _expect(x.is_contiguous() and smooth.is_contiguous() and lora_down.is_contiguous(),
+            "x, smooth and lora_down must be contiguous")
+    return k, qweight.shape[0], r
+
+
+# ---- public ops -----------------------------------------------------------------------------------
+
+@torch.library.custom_op("lowrank_gemm::w4a4_gemm", mutates_args=())
+def _w4a4_gemm_op(x_q: torch.Tensor, x_scale: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor,
+                  w_mul: Optional[torch.Tensor], lowrank_act: Optional[torch.Tensor],
+                  lora_up: Optional[torch.Tensor], bias: Optional[torch.Tensor], group_size: int, fmt: str,
+                  out_dtype: torch.dtype, impl: str) -> torch.Tensor:
+    m, n, _, _ = check_gemm_args(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, group_size, fmt)
+    out = torch.empty((m, n), device=x_q.device, dtype=out_dtype)
+    if m == 0:
+        return out
+    args = (x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, out, fmt, group_size, None)
+    launch = _launcher(impl, x_q.device)
+    try:
+        launch(*args)
+    except NotImplementedError:
+        if impl != "auto" or launch is launch_w4a4_v1:
+            raise
+        launch_w4a4_v1(*args)
+    return out
+
+
+@_w4a4_gemm_op.register_fake
+def _(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, group_size, fmt, out_dtype, impl):
+    return x_q.new_empty((x_q.shape[0], w_q.shape[0]), dtype=out_dtype)
+
+
+def w4a4_gemm(x_q: torch.Tensor, x_scale: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor,
+              lowrank_act: torch.Tensor | None = None, lora_up: torch.Tensor | None = None,
+              bias: torch.Tensor | None = None, *, w_mul: torch.Tensor | None = None, group_size: int = 64,
+              fmt: str = "int4_g64", out_dtype: torch.dtype = torch.bfloat16, impl: str = "auto") -> torch.Tensor:
+    """The W4A4 GEMM alone on quantized operands (layouts: module docstring) → y [M, N] in ``out_dtype``.
+
+    ``lowrank_act`` [M, r] fp32 and ``lora_up`` [N, r] add ``lowrank_act · lora_upᵀ`` in the epilogue.
+    """
+    _expect(out_dtype in (torch.bfloat16, torch.float16, torch.float32),
+            f"out_dtype must be bf16, fp16 or fp32, got {out_dtype}")
+    return _w4a4_gemm_op(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, group_size, fmt,
+                         out_dtype, impl)
+
+
+@torch.library.custom_op("lowrank_gemm::w4a4_linear", mutates_args=())
+def _w4a4_linear_op(x: torch.Tensor, qweight: torch.Tensor, wscales: torch.Tensor, smooth: torch.Tensor,
+                    lora_down: torch.Tensor, lora_up: torch.Tensor, bias: Optional[torch.Tensor],
+                    wmul: Optional[torch.Tensor], group_size: int, fmt: str, out_dtype: torch.dtype,
+                    impl: str) -> torch.Tensor:
+    k, n, r = check_linear_args(x, qweight, wscales, smooth, lora_down, lora_up, bias, wmul, group_size, fmt)
+    x2 = x.reshape(-1, k)
+    scale_dtype = wscales.dtype if fmt == "int4_g64" else torch.bfloat16
+    x_q, x_scale, lowrank_act = act_quant(x2, smooth, lora_down, group_size, fmt, scale_dtype)
+    y = _w4a4_gemm_op(x_q, x_scale, qweight, wscales, wmul, lowrank_act if r else None,
+                      lora_up if r else None, bias, group_size, fmt, out_dtype, impl)
+    return y.reshape(*x.shape[:-1], n)
+
+
+@_w4a4_linear_op.register_fake
+def _(x, qweight, wscales, smooth, lora_down, lora_up, bias, wmul, group_size, fmt, out_dtype, impl):
+    return x.new_empty((*x.shape[:-1], qweight.shape[0]), dtype=out_dtype)
+
+
+def w4a4_linear(x: torch.Tensor, qweight: torch.Tensor, wscales: torch.Tensor, smooth: torch.Tensor,
+                lora_down: torch.Tensor, lora_up: torch.Tensor, bias: torch.Tensor | None = None,
+                group_size: int = 64, fmt: str = "int4_g64", impl: str = "auto", *,
+                wmul: torch.Tensor | None = None, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """SVDQuant W4A4 layer: ``y = W4A4(x/λ) + ((x/λ)·lora_downᵀ)·lora_upᵀ + bias``, x [..., K] → [..., N].
+
+    int4_g64: qweight uint8 [N, K/2], wscales 16-bit [K/G, N]. int4_2l: qweight uint8 [N, K/2],
+    wscales fp32 [N] (s), wmul uint8 [K/G, N] (u), from ``formats.int4_twolevel.pack_weight_2l``.
+    smooth [K]; lora_down [r, K] applies to x/λ; lora_up [N, r] (r may be 0). Output dtype: x's unless
+    ``out_dtype``. NaN/Inf in a group of x make that group's scale NaN/Inf: the row's outputs are NaN.
+    """
+    out_dtype = out_dtype or x.dtype
+    _expect(out_dtype in (torch.bfloat16, torch.float16, torch.float32),
+            f"out_dtype must be bf16, fp16 or fp32, got {out_dtype}")
+    return _w4a4_linear_op(x, qweight, wscales, smooth, lora_down, lora_up, bias, wmul, group_size, fmt,
+                           out_dtype, impl)
+
+
+def svdq_forward_cuda(layer, x: torch.Tensor) -> torch.Tensor:
+    """``SVDQLinear`` forward through the kernels (install: ``layer._forward_kernel = svdq_forward_cuda``).
+
+    W4A16 layers (act_bits 16) and float32/float64 inputs fall back to the layer's reference path.
+    """
+    if layer.act_bits != 4 or x.dtype not in (torch.bfloat16, torch.float16):
+        return layer.forward_reference(x)
+    return w4a4_linear(x.contiguous(), layer.qweight, layer.wscales, layer.smooth, layer.lora_down,
+                       layer.lora_up, layer.bias, layer.group_size)
+
+
+# ---- ahead-of-time compile (CI: PTX and shared-memory checks without a GPU) --------------------------
+
+def aot_compile(cfg: KernelConfig, fmt: str = "int4_g64", group_size: int = 64, has_lowrank: bool = True,
+                out: str = "bf16", mma_fp8: bool = False):
+    """Compile the v1 kernel for sm_90 with ``cfg`` → ``aot.CompiledInfo`` (ptx, shared, num_warps)."""
+    from .aot import compile_sm90
+    two_level = fmt == "int4_2l"
+    kb = _HALF if two_level else group_size // 2
+    sc = "fp32" if two_level else "bf16"
+    sig = {"a_desc": f"tensordesc<{'i8' if two_level else 'u8'}[{cfg.block_m},{kb}]>",
+           "b_desc": f"tensordesc<u8[{cfg.block_n},{kb}]>",
+           "xs_ptr": f"*{sc}", "stride_xsg": "i32", "ws_ptr": f"*{sc}", "stride_wsg": "i32",
+           "wu_ptr": "*u8", "stride_wug": "i32", "lr_ptr": "*fp32", "stride_lm": "i32",
+           "up_ptr": "*bf16", "stride_un": "i32", "stride_ur": "i32", "bias_ptr": "*fp32",
+           "y_ptr": f"*{out}", "stride_ym": "i32", "stride_yn": "i32",
+           "M": "i32", "N": "i32", "K": "i32", "R": "i32", "num_progs": "i32"}
+    consts = {"TWO_LEVEL": two_level, "G": group_size, "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n,
+              "BLOCK_R": cfg.block_r, "GROUP_M": cfg.group_m, "HAS_LOWRANK": has_lowrank, "HAS_BIAS": True,
+              "MMA_FP8": mma_fp8 and not two_level}
+    return compile_sm90(__name__, "_w4a4_gemm_kernel", sig, consts, num_warps=cfg.num_warps,
+                        num_stages=cfg.num_stages)

@@ -1,0 +1,72 @@
+"""act_quant kernel (interpreter on CPU): bit-identical to the torch quantizers of x/λ, S vs float64."""
+
+import pytest
+import torch
+
+from lowrank_gemm.formats.int4 import pack_int4, quantize_act_int4
+from lowrank_gemm.formats.int4_twolevel import quantize_act_2l
+from lowrank_gemm.kernels.act_quant import act_quant
+
+
+def _inputs(m, k, r, dtype=torch.float16):
+    x = (torch.randn(m, k) * torch.exp(torch.randn(k) * 0.5)).to(dtype)
+    smooth = (torch.rand(k) + 0.5).to(torch.bfloat16)
+    down = torch.randn(r, k).to(torch.float16)
+    return x, smooth, down
+
+
+def _check_lowrank(s, x, smooth, down):
+    ref = (x.double() / smooth.double()) @ down.double().T
+    assert s.shape == ref.shape and s.dtype == torch.float32
+    if ref.numel():
+        assert ((s.double() - ref).norm() / ref.norm()).item() < 1e-5  # 3×TF32 ≈ fp32
+
+
+@pytest.mark.parametrize("m,k,g,r", [(37, 192, 64, 16), (5, 256, 128, 23), (33, 128, 64, 0), (20, 256, 64, 64)])
+def test_int4_g64_bit_identical(m, k, g, r):
+    x, smooth, down = _inputs(m, k, r)
+    x_q, x_scale, s = act_quant(x, smooth, down, g, "int4_g64")
+    q_ref, sc_ref = quantize_act_int4(x.float() / smooth.float(), g)
+    assert x_q.dtype == torch.uint8 and x_q.shape == (m, k // 2)
+    assert torch.equal(x_q, pack_int4(q_ref))
+    assert x_scale.dtype == torch.bfloat16 and torch.equal(x_scale, sc_ref)
+    _check_lowrank(s, x, smooth, down)
+
+
+def test_int4_g64_fp16_scales_bf16_input():
+    x, smooth, down = _inputs(19, 128, 32, torch.bfloat16)
+    x_q, x_scale, s = act_quant(x, smooth, down, 64, "int4_g64", torch.float16)
+    q_ref, sc_ref = quantize_act_int4(x.float() / smooth.float(), 64, torch.float16)
+    assert torch.equal(x_q, pack_int4(q_ref)) and torch.equal(x_scale, sc_ref)
+    _check_lowrank(s, x, smooth, down)
+
+
+@pytest.mark.parametrize("m,k,g,r", [(37, 192, 64, 32), (6, 256, 128, 23), (17, 128, 64, 0)])
+def test_int4_2l_bit_identical(m, k, g, r):
+    x, smooth, down = _inputs(m, k, r)
+    x_q, t, s = act_quant(x, smooth, down, g, "int4_2l")
+    e_ref, t_ref = quantize_act_2l(x.float() / smooth.float(), g)
+    assert x_q.dtype == torch.int8 and torch.equal(x_q, e_ref)
+    assert t.dtype == torch.float32 and torch.equal(t, t_ref)
+    _check_lowrank(s, x, smooth, down)
+
+
+@pytest.mark.parametrize("fmt", ["int4_g64", "int4_2l"])
+def test_nan_inf_and_zero_groups(fmt):
+    """NaN in a group → scale NaN, ±Inf → scale +Inf, q = 0 there (the torch quantizers' contract)."""
+    x, smooth, down = _inputs(20, 128, 16)
+    x[1, 5] = float("nan")
+    x[2, 100] = float("inf")
+    x[3, 64:] = 0
+    x_q, x_scale, s = act_quant(x, smooth, down, 64, fmt)
+    xs = x.float() / smooth.float()
+    if fmt == "int4_g64":
+        q_ref, sc_ref = quantize_act_int4(xs, 64)
+        assert torch.equal(x_q, pack_int4(q_ref))
+        assert torch.equal(x_scale.float().nan_to_num(7.0), sc_ref.float().nan_to_num(7.0))
+        assert torch.isnan(x_scale[0, 1]) and torch.isinf(x_scale[1, 2]) and x_scale[1, 3] == 1
+    else:
+        e_ref, t_ref = quantize_act_2l(xs, 64)
+        assert torch.equal(x_q, e_ref) and torch.equal(x_scale.nan_to_num(7.0), t_ref.nan_to_num(7.0))
+        assert torch.isnan(x_scale[1]) and torch.isinf(x_scale[2])
+    assert torch.isnan(s[1]).all() and torch.isfinite(s[4:]).all()
