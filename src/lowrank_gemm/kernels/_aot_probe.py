@@ -1,0 +1,15 @@
+"""A minimal TMA + tl.dot kernel: the AOT helper's own test subject (tests/test_foundation.py)."""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def probe_dot(a_ptr, b_ptr, c_ptr, M, N, K, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+    a_desc = tl.make_tensor_descriptor(a_ptr, [M, K], [K, 1], [BM, BK])
+    b_desc = tl.make_tensor_descriptor(b_ptr, [N, K], [K, 1], [BN, BK])
+    acc = tl.zeros((BM, BN), tl.float32)
+    for k in range(0, K, BK):
+        acc = tl.dot(a_desc.load([0, k]), b_desc.load([0, k]).T, acc)
+    offs = tl.arange(0, BM)[:, None] * N + tl.arange(0, BN)[None, :]
+    tl.store(c_ptr + offs, acc)

@@ -1,0 +1,83 @@
+"""``LoRALinear``: an ``nn.Linear`` with one (unmerged) LoRA branch, run as one fused op.
+
+    y = x·Wᵀ + scale·(x·Aᵀ)·Bᵀ + bias        W [N, K], A [r, K], B [N, r]  (PEFT layouts)
+
+Inference module: there is no dropout and no autograd through the fused kernels.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+__all__ = ["LoRALinear"]
+
+
+class LoRALinear(nn.Module):
+    """Linear layer plus a low-rank branch, computed by :func:`lowrank_gemm.ops.lora_linear`.
+
+    Parameters are frozen (``requires_grad=False``): ``weight [N, K]``, ``bias [N]`` or None,
+    ``lora_a [r, K]``, ``lora_b [N, r]``; ``scale`` multiplies the branch (PEFT's ``alpha / r``,
+    or ``alpha / sqrt(r)`` with rslora). ``strategy`` is passed to the op (``"auto"`` lets the planner pick).
+    """
+
+    def __init__(self, in_features: int, out_features: int, rank: int, *, bias: bool = True,
+                 scale: float = 1.0, strategy: str = "auto", device=None, dtype=None):
+        super().__init__()
+        if rank < 1:
+            raise ValueError(f"LoRALinear needs rank ≥ 1, got {rank} (use nn.Linear for no branch)")
+        kw = {"device": device, "dtype": dtype}
+        self.in_features, self.out_features, self.rank = in_features, out_features, rank
+        self.weight = nn.Parameter(torch.empty(out_features, in_features, **kw), requires_grad=False)
+        self.bias = nn.Parameter(torch.empty(out_features, **kw), requires_grad=False) if bias else None
+        self.lora_a = nn.Parameter(torch.empty(rank, in_features, **kw), requires_grad=False)
+        self.lora_b = nn.Parameter(torch.empty(out_features, rank, **kw), requires_grad=False)
+        self.scale = float(scale)
+        self.strategy = strategy
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, lora_a: torch.Tensor, lora_b: torch.Tensor, scale: float = 1.0,
+                    *, extra_bias: torch.Tensor | None = None, strategy: str = "auto") -> "LoRALinear":
+        """Wrap ``linear`` (its weight and bias are shared, not copied) with the branch ``(lora_a, lora_b)``.
+
+        lora_a [r, in_features], lora_b [out_features, r]; they are cast to the linear's dtype/device.
+        ``extra_bias`` [out_features] is added to the linear's bias (PEFT's ``lora_bias``).
+        """
+        n, k = linear.weight.shape
+        if lora_a.dim() != 2 or lora_b.dim() != 2:
+            raise ValueError(f"lora_a and lora_b must be 2-D, got {tuple(lora_a.shape)} and {tuple(lora_b.shape)}")
+        r = lora_a.shape[0]
+        if lora_a.shape[1] != k or lora_b.shape != (n, r):
+            raise ValueError(f"for a Linear({k} → {n}) expected lora_a [r, {k}] and lora_b [{n}, r]; "
+                             f"got {tuple(lora_a.shape)} and {tuple(lora_b.shape)}")
+        w = linear.weight
+        mod = cls.__new__(cls)
+        nn.Module.__init__(mod)
+        mod.in_features, mod.out_features, mod.rank = k, n, r
+        mod.weight = nn.Parameter(w.detach(), requires_grad=False)
+        bias = linear.bias.detach() if linear.bias is not None else None
+        if extra_bias is not None:
+            extra = extra_bias.detach().to(w.dtype)
+            bias = extra.clone() if bias is None else bias + extra
+        mod.bias = nn.Parameter(bias, requires_grad=False) if bias is not None else None
+        mod.lora_a = nn.Parameter(lora_a.detach().to(w.device, w.dtype).contiguous(), requires_grad=False)
+        mod.lora_b = nn.Parameter(lora_b.detach().to(w.device, w.dtype).contiguous(), requires_grad=False)
+        mod.scale, mod.strategy = float(scale), strategy
+        return mod
+
+    @classmethod
+    def from_peft(cls, layer: nn.Module, *, strategy: str = "auto") -> nn.Module:
+        """Convert a PEFT ``lora.Linear`` (eval-mode semantics). See :func:`lowrank_gemm.integrations.peft.peft_branch`."""
+        from ..integrations.peft import peft_branch
+        base, lora_a, lora_b, scale, extra_bias = peft_branch(layer)
+        if lora_a is None:
+            return base
+        return cls.from_linear(base, lora_a, lora_b, scale, extra_bias=extra_bias, strategy=strategy)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        from ..ops import lora_linear
+        return lora_linear(x, self.weight, self.lora_a, self.lora_b, self.scale, self.bias, self.strategy)
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, rank={self.rank}, "
+                f"scale={self.scale:g}, bias={self.bias is not None}, strategy={self.strategy!r}")
