@@ -232,6 +232,7 @@ def main(argv=None):
     ap.add_argument("--out", type=Path, default=RESULTS_DIR)
     ap.add_argument("--tune", action="store_true", help="sweep candidates, write OUT/h200.json")
     ap.add_argument("--kn", default=None, help="only these K×N shapes, e.g. 4096x28672,4096x4096")
+    ap.add_argument("--skip", default="", help="strategies not to time, e.g. persistent_static,persistent_dynamic")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("needs a CUDA GPU", file=sys.stderr)
@@ -243,7 +244,8 @@ def main(argv=None):
     copy = measure_copy_tbps()
     meta = device_meta(copy)
     points = QUICK if args.quick else [(m, k, n, r) for (k, n) in (kn or SHAPES_KN) for r in RANKS for m in MS]
-    fns = impls()
+    skip = {x for x in args.skip.split(",") if x}
+    fns = {k: v for k, v in impls().items() if k not in skip}
     rows, t0 = [], time.time()
     for M, K, N, r in points:
         rows += bench_point(M, N, K, r, torch.bfloat16, copy, args.quick, fns)

@@ -57,7 +57,7 @@ def _layer_weights(n: int, k: int, dev) -> dict:
             "smooth": (torch.rand(k, device=dev) + 0.5).to(torch.bfloat16)}
 
 
-def _providers(m: int, n: int, k: int, dev):
+def _providers(m: int, n: int, k: int, dev, impls=IMPLS):
     """name → (fn, make_input_set() → args, bytes_per_set)."""
     from ..formats.int4 import pack_int4, quantize_act_int4, quantize_weight_int4
     from ..formats.int4_twolevel import pack_weight_2l
@@ -117,7 +117,7 @@ def _providers(m: int, n: int, k: int, dev):
                           fp8_set, m * k + n * k + 2 * m * n),
         "int8_int_mm": (lambda a, b: torch._int_mm(a, b), int8_set, m * k + n * k + 4 * m * n),
     }
-    for impl in IMPLS:
+    for impl in impls:
         tag = "" if impl == "v1" else f":{impl}"
         for fmt in FORMATS:
             wbytes = n * k // 2 + (k // 64) * n * (2 if fmt == "int4_g64" else 1)
@@ -126,7 +126,7 @@ def _providers(m: int, n: int, k: int, dev):
     return out
 
 
-def run(quick: bool, outdir: Path) -> Path:
+def run(quick: bool, outdir: Path, impls: tuple[str, ...] = IMPLS) -> Path:
     if not torch.cuda.is_available():
         raise SystemExit("the w4a4 bench needs a CUDA GPU")
     dev = torch.device("cuda")
@@ -135,7 +135,7 @@ def run(quick: bool, outdir: Path) -> Path:
     meta.update(suite="w4a4", rank=RANK, group_size=64, quick=quick)
     rows = []
     for suite, m, n, k in shapes(quick):
-        for impl, (fn, make, nbytes) in _providers(m, n, k, dev).items():
+        for impl, (fn, make, nbytes) in _providers(m, n, k, dev, impls).items():
             row = {"suite": suite, "impl": impl, "M": m, "N": n, "K": k,
                    "r": RANK if ("lowrank" in impl or impl.startswith("w4a4")) else 0,
                    "dtype": impl.split(":")[1] if ":" in impl else impl.split("_")[0]}
@@ -207,8 +207,9 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="3 shapes (≤ 2 min)")
     ap.add_argument("--out", type=Path, default=RESULTS_DIR)
+    ap.add_argument("--impls", default=",".join(IMPLS), help="kernel generations to time: v1, v2 or v1,v2")
     args = ap.parse_args(argv)
-    print(run(args.quick, args.out))
+    print(run(args.quick, args.out, tuple(i for i in args.impls.split(",") if i)))
     return 0
 
 

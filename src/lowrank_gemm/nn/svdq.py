@@ -1,0 +1,196 @@
+"""Quantized linear modules: ``SVDQLinear`` (W4A4/W4A16 + smoothing + low-rank branch) and ``W8A8Linear``.
+
+The forward here is the reference path: pure torch, dequantize and matmul, the same math as
+``reference.svdq_linear_ref`` (computed in float32, or float64 for float64 inputs):
+
+    xs = x / smooth
+    y  = dequant(quant_act_int4(xs)) @ dequant(qweight)ᵀ + (xs @ lora_downᵀ) @ lora_upᵀ + bias
+
+A CUDA kernel path is installed by setting ``self._forward_kernel`` (see :meth:`SVDQLinear._use_kernels`).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..formats.int4 import dequantize_int4, unpack_int4
+from ..formats.int8 import dequantize_rows_int8, quantize_rows_int8
+from ..quant.calibrate import ActivationStats
+from ..quant.config import SVDQuantConfig, W8A8Config
+from ..quant.svdquant import fake_quant_act, lowrank_output, svdquant_weight
+
+_LINEAR_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def svdq_stored_bytes(out_features: int, in_features: int, rank: int, group_size: int,
+                      scale_bytes: int = 2, lowrank_bytes: int = 2) -> int:
+    """Bytes an SVDQLinear stores for its weight: packed int4 + scales + smooth + low-rank factors (no bias)."""
+    n, k = out_features, in_features
+    return n * k // 2 + (k // group_size) * n * scale_bytes + k * scale_bytes + rank * (n + k) * lowrank_bytes
+
+
+def check_linear(linear: nn.Module) -> None:
+    """Raise a clear error unless ``linear`` is an nn.Linear with a supported float weight dtype."""
+    if not isinstance(linear, nn.Linear):
+        raise TypeError(f"expected nn.Linear, got {type(linear).__name__}")
+    if linear.weight.dtype not in _LINEAR_DTYPES:
+        raise TypeError(f"unsupported weight dtype {linear.weight.dtype}; supported: {_LINEAR_DTYPES}")
+
+
+def _compute_dtype(x: torch.Tensor) -> torch.dtype:
+    return torch.float64 if x.dtype == torch.float64 else torch.float32
+
+
+class SVDQLinear(nn.Module):
+    """SVDQuant linear layer, ``y = x Wᵀ + b`` with W stored as smoothed int4 + 16-bit low rank.
+
+    Buffers:
+        qweight   uint8 [N, K/2]  packed Q(R), R = W·diag(smooth) − lora_up·lora_down (``formats.int4`` layout)
+        wscales   [K/G, N]        16-bit group scales (group-major)
+        smooth    [K]             16-bit smoothing λ; the input is divided by it (1 = no smoothing)
+        lora_down [r, K]          16-bit, applies to the SMOOTHED input x / λ
+        lora_up   [N, r]          16-bit
+        bias      [N] or None     the original bias, original dtype
+    Attributes: in_features (K), out_features (N), group_size (G), rank (r), act_bits (4 or 16), config.
+
+    Layers whose K is not a multiple of G are not converted by ``quantize_`` (skipped with a warning);
+    :meth:`from_linear` raises ValueError for them, and for rank > min(N, K) or NaN/Inf calibration data.
+    """
+
+    def __init__(self, in_features: int, out_features: int, rank: int, group_size: int, bias: bool = True,
+                 act_bits: int = 4, scale_dtype: torch.dtype = torch.bfloat16,
+                 lowrank_dtype: torch.dtype = torch.bfloat16, bias_dtype: torch.dtype = torch.float32,
+                 config: SVDQuantConfig | None = None):
+        super().__init__()
+        if in_features % group_size or in_features % 64:
+            raise ValueError(f"in_features={in_features} must be a multiple of group_size={group_size} and of 64")
+        self.in_features, self.out_features = in_features, out_features
+        self.rank, self.group_size, self.act_bits = rank, group_size, act_bits
+        self.config = config
+        n, k = out_features, in_features
+        self.register_buffer("qweight", torch.zeros(n, k // 2, dtype=torch.uint8))
+        self.register_buffer("wscales", torch.ones(k // group_size, n, dtype=scale_dtype))
+        self.register_buffer("smooth", torch.ones(k, dtype=scale_dtype))
+        self.register_buffer("lora_down", torch.zeros(rank, k, dtype=lowrank_dtype))
+        self.register_buffer("lora_up", torch.zeros(n, rank, dtype=lowrank_dtype))
+        self.register_buffer("bias", torch.zeros(n, dtype=bias_dtype) if bias else None)
+        self._forward_kernel = None  # CUDA path, installed by the lead (see _use_kernels)
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, config: SVDQuantConfig,
+                    calib_inputs: torch.Tensor | ActivationStats | None = None, name: str = "linear") -> "SVDQLinear":
+        """Quantize ``linear`` with SVDQuant. ``calib_inputs``: inputs [..., K] or collected stats."""
+        check_linear(linear)
+        k, group = linear.in_features, config.group_for(linear.in_features)
+        if k % group or k % 64:
+            raise ValueError(f"layer '{name}': K={k} is not a multiple of group_size={group} (and of 64)")
+        stats = calib_inputs
+        if isinstance(calib_inputs, torch.Tensor):
+            stats = ActivationStats.from_tensor(name, calib_inputs, config.calib_rows)
+        try:
+            res = svdquant_weight(linear.weight, config, stats)
+        except ValueError as err:
+            raise ValueError(f"layer '{name}': {err}") from None
+        has_bias = linear.bias is not None
+        mod = cls(k, linear.out_features, config.rank, group, has_bias, config.act_bits,
+                  config.torch_scale_dtype, config.torch_lowrank_dtype,
+                  linear.bias.dtype if has_bias else torch.float32, config)
+        for buf in ("qweight", "wscales", "smooth", "lora_down", "lora_up"):
+            setattr(mod, buf, getattr(res, buf))
+        if has_bias:
+            mod.bias = linear.bias.detach().clone()
+        mod.calib_error, mod.alpha = res.calib_error, res.alpha
+        return mod.to(linear.weight.device)
+
+    def _use_kernels(self, x: torch.Tensor) -> bool:
+        """Hook for the CUDA path: true when a kernel is installed and ``x`` is on CUDA."""
+        return self._forward_kernel is not None and x.is_cuda
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self._use_kernels(x):
+            return self._forward_kernel(self, x)
+        return self.forward_reference(x)
+
+    def forward_reference(self, x: torch.Tensor) -> torch.Tensor:
+        """Dequantize-and-matmul path ``x`` [..., K] → [..., N], computed in float32 (float64 for float64 x)."""
+        dt = _compute_dtype(x)
+        x2 = x.reshape(-1, self.in_features).to(dt)
+        xs = x2 / self.smooth.to(dt)
+        xa = fake_quant_act(xs, self.act_bits, self.group_size, self.wscales.dtype)
+        y = lowrank_output(xa, xs, self.dequantized_weight().to(dt), self.lora_down.to(dt), self.lora_up.to(dt))
+        if self.bias is not None:
+            y = y + self.bias.to(dt)
+        return y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
+
+    def dequantized_weight(self) -> torch.Tensor:
+        """Q(R) as float32 [N, K] (smoothing folded in, low-rank branch not included)."""
+        return dequantize_int4(unpack_int4(self.qweight), self.wscales, self.group_size)
+
+    @torch.no_grad()
+    def append_lora(self, lora_A: torch.Tensor, lora_B: torch.Tensor, scale: float = 1.0) -> None:
+        """Concatenate a user LoRA onto the low-rank branch: ``y += scale · (x A₂ᵀ) B₂ᵀ``.
+
+        lora_A [r2, K] applies to the raw input; the branch sees x / λ, so lora_A·diag(λ) is stored.
+        lora_B [N, r2] is stored times ``scale``. The rank grows by r2; nothing is re-quantized.
+        """
+        r2 = lora_A.shape[0]
+        if lora_A.shape != (r2, self.in_features) or lora_B.shape != (self.out_features, r2):
+            raise ValueError(f"append_lora expects A [r, {self.in_features}] and B [{self.out_features}, r], "
+                             f"got {list(lora_A.shape)} and {list(lora_B.shape)}")
+        down = (lora_A.float() * self.smooth.float()).to(self.lora_down.dtype)
+        up = (lora_B.float() * scale).to(self.lora_up.dtype)
+        self.lora_down = torch.cat([self.lora_down, down.to(self.lora_down.device)])
+        self.lora_up = torch.cat([self.lora_up, up.to(self.lora_up.device)], dim=1)
+        self.rank += r2
+
+    def stored_bytes(self) -> int:
+        """Bytes of the weight representation: qweight + wscales + smooth + lora_down + lora_up (no bias)."""
+        return sum(t.numel() * t.element_size()
+                   for t in (self.qweight, self.wscales, self.smooth, self.lora_down, self.lora_up))
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, rank={self.rank}, "
+                f"group_size={self.group_size}, act_bits={self.act_bits}, bias={self.bias is not None}")
+
+
+class W8A8Linear(nn.Module):
+    """int8 per-channel weights × int8 per-token activations (dynamic), reference forward.
+
+    Buffers: qweight int8 [N, K]; wscales [N] 16-bit; bias [N] or None.
+    """
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True,
+                 scale_dtype: torch.dtype = torch.bfloat16, bias_dtype: torch.dtype = torch.float32,
+                 config: W8A8Config | None = None):
+        super().__init__()
+        self.in_features, self.out_features, self.config = in_features, out_features, config
+        self.register_buffer("qweight", torch.zeros(out_features, in_features, dtype=torch.int8))
+        self.register_buffer("wscales", torch.ones(out_features, dtype=scale_dtype))
+        self.register_buffer("bias", torch.zeros(out_features, dtype=bias_dtype) if bias else None)
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, config: W8A8Config, calib_inputs=None, name: str = "linear"):
+        check_linear(linear)
+        has_bias = linear.bias is not None
+        mod = cls(linear.in_features, linear.out_features, has_bias, config.torch_scale_dtype,
+                  linear.bias.dtype if has_bias else torch.float32, config)
+        mod.qweight, mod.wscales = quantize_rows_int8(linear.weight.detach(), config.torch_scale_dtype)
+        if has_bias:
+            mod.bias = linear.bias.detach().clone()
+        return mod.to(linear.weight.device)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dt = _compute_dtype(x)
+        x2 = x.reshape(-1, self.in_features).to(dt)
+        xa = dequantize_rows_int8(*quantize_rows_int8(x2, self.wscales.dtype)).to(dt)
+        y = xa @ dequantize_rows_int8(self.qweight, self.wscales).to(dt).t()
+        if self.bias is not None:
+            y = y + self.bias.to(dt)
+        return y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
+
+    def stored_bytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.qweight, self.wscales))
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"

@@ -1,0 +1,207 @@
+"""The SVDQuant algorithm for one linear layer (pure functions; the module lives in ``nn/svdq.py``).
+
+Given W [N, K] and calibration stats of its input x:
+
+1. Smoothing search: for every candidate λ (λ = 1, plus λ_k = max|x_k|^α / max|w_k|^(1-α) for each α in
+   the grid), fold it in (X̂ = X / λ, Ŵ = W · diag(λ)), fit the rank-r SVD branch L = up·down of Ŵ,
+   quantize the residual R = Ŵ − L, and measure the layer's output error on the calibration sample,
+   ``‖Q_a(X̂)·Q(R)ᵀ + (X̂·downᵀ)·upᵀ − X·Wᵀ‖``. The best candidate wins. λ = 1 is always a candidate,
+   so smoothing is never worse than none on calibration data.
+2. Refit: L ← SVD_r(Ŵ − Q(Ŵ − L)) repeatedly, keeping the best state by output error, stopping after
+   ``refit_patience`` steps without gain. The unrefit state is the first candidate, so refit never loses.
+
+Everything a candidate is scored with is the stored, rounded tensor (16-bit λ, scales and factors), and
+the score uses the same math as the module's forward (:func:`lowrank_output`), so the calibration error
+reported here is the error the converted layer reproduces.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..formats.int4 import dequantize_int4, pack_int4, quantize_act_int4, quantize_weight_int4
+from .calibrate import ActivationStats
+from .config import SVDQuantConfig
+
+_EPS = 1e-5  # floor for absmax statistics: dead channels must not give λ = 0 or ∞
+
+
+def fake_quant_act(xs: torch.Tensor, act_bits: int, group_size: int, scale_dtype: torch.dtype) -> torch.Tensor:
+    """Activations as the W4A4 GEMM sees them: ``xs`` [M, K] → dequant(quant_int4(xs)) (float32).
+
+    ``act_bits == 16`` returns ``xs`` unchanged (W4A16).
+    """
+    if act_bits == 16:
+        return xs
+    q, scales = quantize_act_int4(xs, group_size, scale_dtype)
+    return dequantize_int4(q, scales, group_size).to(xs.dtype)
+
+
+def lowrank_output(
+    xa: torch.Tensor, xs: torch.Tensor, w_deq: torch.Tensor, lora_down: torch.Tensor, lora_up: torch.Tensor
+) -> torch.Tensor:
+    """The SVDQuant layer without bias: ``xa @ w_deqᵀ + (xs @ lora_downᵀ) @ lora_upᵀ``.
+
+    xa [M, K]: quantized smoothed input; xs [M, K]: smoothed input; w_deq [N, K]; lora_down [r, K];
+    lora_up [N, r]. All in one float dtype; returns [M, N].
+    """
+    y = xa @ w_deq.t()
+    if lora_down.shape[0]:
+        y = y + (xs @ lora_down.t()) @ lora_up.t()
+    return y
+
+
+@dataclass
+class SVDQuantResult:
+    """What the search produced for one layer (tensors on the layer's device).
+
+    qweight uint8 [N, K/2] (packed Q(R)); wscales [K/G, N]; smooth [K]; lora_down [r, K];
+    lora_up [N, r] (16-bit); alpha: chosen α (None = no smoothing); calib_error: relative output error
+    on the calibration sample (or relative weight error without calibration); refit_steps: refits run.
+    """
+
+    qweight: torch.Tensor
+    wscales: torch.Tensor
+    smooth: torch.Tensor
+    lora_down: torch.Tensor
+    lora_up: torch.Tensor
+    alpha: float | None
+    calib_error: float
+    refit_steps: int
+
+
+@dataclass
+class _State:
+    """One scored candidate: λ16, factors, quantized residual and its error."""
+
+    alpha: float | None
+    smooth: torch.Tensor
+    down: torch.Tensor
+    up: torch.Tensor
+    q: torch.Tensor
+    scales: torch.Tensor
+    w_deq: torch.Tensor
+    error: float
+
+
+class _Objective:
+    """Output error on the calibration sample (or weight error if there is none), per smoothing λ."""
+
+    def __init__(self, w: torch.Tensor, x: torch.Tensor | None, config: SVDQuantConfig, group: int):
+        self.w, self.x, self.config, self.group = w, x, config, group
+        self.y = x @ w.t() if x is not None else None
+        self.ref_norm = float(torch.linalg.vector_norm(self.y if x is not None else w)) or 1.0
+        self._cache: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+
+    def _inputs(self, smooth: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(xa, xs) for this λ, cached because refits reuse the same λ."""
+        if self._cache is None or self._cache[0] is not smooth:
+            xs = self.x / smooth.float()
+            xa = fake_quant_act(xs, self.config.act_bits, self.group, self.config.torch_scale_dtype)
+            self._cache = (smooth, xa, xs)
+        return self._cache[1], self._cache[2]
+
+    def __call__(self, smooth: torch.Tensor, w_deq: torch.Tensor, down: torch.Tensor, up: torch.Tensor) -> float:
+        if self.x is None:  # weight-space error; λ is 1 here
+            diff = w_deq + up.float() @ down.float() - self.w
+        else:
+            xa, xs = self._inputs(smooth)
+            diff = lowrank_output(xa, xs, w_deq, down.float(), up.float()) - self.y
+        return float(torch.linalg.vector_norm(diff)) / self.ref_norm
+
+
+def svdquant_weight(w: torch.Tensor, config: SVDQuantConfig, stats: ActivationStats | None) -> SVDQuantResult:
+    """Run smoothing search, SVD and refit on ``w`` [N, K] (see module doc). ``stats`` may be None
+    (no smoothing; the objective is then the weight reconstruction error)."""
+    out_device = w.device
+    device = torch.device("cuda") if torch.cuda.is_available() else w.device
+    w = w.detach().to(device, torch.float32)
+    n, k = w.shape
+    if config.rank > min(n, k):
+        raise ValueError(f"rank {config.rank} exceeds min(N, K) = {min(n, k)} for a [{n}, {k}] weight")
+    x = stats.sample.to(device) if stats is not None and stats.sample.shape[0] else None
+    if config.smooth and x is None:
+        raise ValueError("smoothing needs calibration data (pass calib_data / calib_inputs, or smooth=False)")
+    objective = _Objective(w, x, config, config.group_for(k))
+
+    candidates = _smoothing_candidates(w, stats, config) if config.smooth else [(None, _ones(k, config, device))]
+    best = min((_fit(w, alpha, smooth, None, config, objective) for alpha, smooth in candidates), key=lambda s: s.error)
+    steps = 0
+    if config.refit and config.rank > 0:
+        best, steps = _refit(w, best, config, objective)
+    return SVDQuantResult(
+        qweight=pack_int4(best.q).to(out_device),
+        wscales=best.scales.to(out_device),
+        smooth=best.smooth.to(out_device),
+        lora_down=best.down.to(out_device),
+        lora_up=best.up.to(out_device),
+        alpha=best.alpha,
+        calib_error=best.error,
+        refit_steps=steps,
+    )
+
+
+def _ones(k: int, config: SVDQuantConfig, device) -> torch.Tensor:
+    return torch.ones(k, dtype=config.torch_scale_dtype, device=device)
+
+
+def _smoothing_candidates(w: torch.Tensor, stats: ActivationStats, config: SVDQuantConfig):
+    """[(α, λ16 [K])]: λ = 1 first, then one λ per α, normalized to geometric mean ~1 and rounded to 16 bits."""
+    xmax = stats.absmax.to(w.device).clamp_min(_EPS)
+    wmax = w.abs().amax(dim=0).clamp_min(_EPS)
+    out = [(None, _ones(w.shape[1], config, w.device))]
+    for alpha in config.alpha_grid:
+        lam = xmax.pow(alpha) / wmax.pow(1.0 - alpha)
+        lam = lam / (lam.max() * lam.min()).sqrt()  # scale-free; keeps λ and 1/λ in range for 16 bits
+        out.append((alpha, lam.to(config.torch_scale_dtype)))
+    return out
+
+
+def _fit(w, alpha, smooth, residual_deq, config: SVDQuantConfig, objective: _Objective) -> _State:
+    """Score one state: L = SVD_r(Ŵ − residual_deq) (residual_deq None → SVD_r(Ŵ)), R = Ŵ − L quantized."""
+    w_hat = w * smooth.float()
+    target = w_hat if residual_deq is None else w_hat - residual_deq
+    down, up = _top_r_factors(target, config)
+    residual = w_hat - up.float() @ down.float() if config.rank else w_hat
+    group = config.group_for(w.shape[1])
+    q, scales = quantize_weight_int4(residual, group, config.torch_scale_dtype)
+    w_deq = dequantize_int4(q, scales, group)
+    return _State(alpha, smooth, down, up, q, scales, w_deq, objective(smooth, w_deq, down, up))
+
+
+def _refit(w, state: _State, config: SVDQuantConfig, objective: _Objective) -> tuple[_State, int]:
+    """L ← SVD_r(Ŵ − Q(Ŵ − L)) until ``refit_patience`` steps bring no gain; returns the best state."""
+    best, current, stale, steps = state, state, 0, 0
+    for steps in range(1, config.refit_iters + 1):
+        current = _fit(w, state.alpha, state.smooth, current.w_deq, config, objective)
+        if current.error < best.error:
+            best, stale = current, 0
+        else:
+            stale += 1
+            if stale >= config.refit_patience:
+                break
+    return best, steps
+
+
+def _top_r_factors(mat: torch.Tensor, config: SVDQuantConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rank-r factors of ``mat`` [N, K]: down [r, K] = √S·Vᵀ, up [N, r] = U·√S, rounded to 16 bits.
+
+    ``torch.linalg.svd`` for small layers, ``torch.svd_lowrank`` (randomized) above the threshold.
+    """
+    n, k, r = *mat.shape, config.rank
+    dtype = config.torch_lowrank_dtype
+    if r == 0:
+        return mat.new_zeros(0, k, dtype=dtype), mat.new_zeros(n, 0, dtype=dtype)
+    if min(n, k) > config.svd_lowrank_threshold:
+        # seeded inside fork_rng: deterministic results, and the caller's RNG stream is left alone
+        with torch.random.fork_rng(devices=[mat.device] if mat.is_cuda else []):
+            torch.manual_seed(0)
+            u, s, v = torch.svd_lowrank(mat, q=min(r + 16, min(n, k)), niter=4)
+        vh = v.t()
+    else:
+        u, s, vh = torch.linalg.svd(mat, full_matrices=False)
+    root = s[:r].sqrt()
+    # LAPACK returns column-major U/V: make the stored factors row-major so a reloaded module matches bit for bit
+    return (root[:, None] * vh[:r]).to(dtype).contiguous(), (u[:, :r] * root).to(dtype).contiguous()
