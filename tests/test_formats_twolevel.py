@@ -94,3 +94,12 @@ def test_bad_inputs():
 def test_zero_size():
     e, t = quantize_act_2l(torch.randn(0, 128), 64)
     assert e.shape == (0, 128) and t.shape == (0,)
+
+
+def test_row_scale_is_ieee_division():
+    """t = fl(absmax / 105) exactly (IEEE division, as the kernel's div_rn): torch on CUDA would compute
+    ``t / 105`` as ``t · fl(1/105)``, so the reference must divide by a tensor (GPU bit-identity)."""
+    x = torch.randn(512, 128) * torch.exp(torch.randn(512, 1))
+    _, t = quantize_act_2l(x, 64)
+    amax = x.abs().amax(dim=1)
+    assert torch.equal(t, (amax.double() / 105).float())  # fp32/fp32 in fp64 then rounded: correctly rounded

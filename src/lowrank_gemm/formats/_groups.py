@@ -47,7 +47,8 @@ def quantize_groups(
     check_group(k, group_size)
     xg = x.float().reshape(rows, k // group_size, group_size)  # (R, K/G, G)
     absmax = xg.abs().amax(dim=-1, keepdim=True) if k else xg.new_zeros(rows, 0, 1)
-    scale16 = (absmax / qmax).to(scale_dtype)
+    # divide by a tensor: on CUDA torch turns ``t / python_scalar`` into ``t · (1/scalar)`` (not IEEE)
+    scale16 = (absmax / torch.full_like(absmax, qmax)).to(scale_dtype)
     scale16 = torch.where(scale16 == 0, torch.ones_like(scale16), scale16)
     ratio = xg / scale16.float()
     # NaN/Inf groups: q = 0 everywhere in the group (the scale carries the NaN/Inf, see module doc).

@@ -68,12 +68,14 @@ def _two_level(t: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch.Te
     gmax = xg.abs().amax(dim=-1)  # (R, K/G); NaN propagates
     amax = gmax.amax(dim=-1) if k else x.new_zeros(rows)
     has_nan = torch.isnan(x).any(dim=-1)
-    scale = amax / LEVEL_MAX
+    # a tensor divisor, not the Python scalar: on CUDA, torch turns ``t / scalar`` into ``t · (1/scalar)``
+    # (not IEEE division), which differs from the kernel's div_rn in the last bit for many rows
+    scale = amax / torch.full_like(amax, LEVEL_MAX)
     scale = torch.where(scale == 0, torch.ones_like(scale), scale)
     scale = torch.where(has_nan, torch.full_like(scale, float("nan")), scale)
     finite = torch.isfinite(scale)
     safe = torch.where(finite, scale, torch.ones_like(scale))[:, None]
-    mul = (gmax / (INT4_MAX * safe)).ceil().clamp(1, MUL_MAX)
+    mul = (gmax / (safe * INT4_MAX)).ceil().clamp(1, MUL_MAX)  # tensor ÷ tensor: IEEE on CPU and CUDA
     mul = torch.where(torch.isfinite(mul), mul, torch.ones_like(mul))
     ratio = xg / (safe * mul)[..., None]
     ratio = torch.where(finite[:, None, None] & torch.isfinite(ratio), ratio, torch.zeros_like(ratio))

@@ -39,6 +39,9 @@ epilogue (epilogue.affine). Epilogue: affine, lowrank_up, add_bias, store_tile (
 from __future__ import annotations
 
 import functools
+import json
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Optional
 
 import torch
@@ -56,9 +59,11 @@ from .schedule import cdiv, grouped_tile, persistent_grid
 
 __all__ = ["launch_w4a4_v1", "plan_w4a4", "w4a4_ledger", "can_implement", "w4a4_gemm", "w4a4_linear",
            "svdq_forward_cuda", "check_gemm_args", "GROUP_SIZES", "w4a4_epilogue_ledger",
-           "predicted_shared", "aot_compile"]
+           "predicted_shared", "aot_compile", "VARIANTS", "W4A4Plan", "plan_w4a4_full", "swap_config",
+           "w4a4_swap_ledger", "load_tuned", "TUNED_PATH", "SWAP_AB_MAX_M"]
 
 GROUP_SIZES = (64, 128)
+VARIANTS = ("standard", "swap_ab")
 _HALF = PACK_BLOCK // 2  # 32: elements per nibble half of a packing block
 
 
@@ -83,12 +88,37 @@ def _mma_in(v, MMA_FP8: tl.constexpr):
 
 
 @triton.jit
+def _load_scales_g(xs_ptr, stride_xsg, ws_ptr, stride_wsg, ki, offs_m, offs_n, M, N):
+    sa = tl.load(xs_ptr + ki * stride_xsg + offs_m, mask=offs_m < M, other=0.0).to(tl.float32)
+    sw = tl.load(ws_ptr + ki * stride_wsg + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)
+    return sa, sw
+
+
+@triton.jit
+def _load_mul(wu_ptr, stride_wug, k0, offs_n, N, G: tl.constexpr):
+    return tl.load(wu_ptr + (k0 // G) * stride_wug + offs_n, mask=offs_n < N, other=0).to(tl.int8)
+
+
+@triton.jit
 def _mainloop_g(a_desc, b_desc, xs_ptr, stride_xsg, ws_ptr, stride_wsg, m0, n0, offs_m, offs_n, M, N, K,
-                G: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MMA_FP8: tl.constexpr):
-    """Standard format: one group per K step, fp32 accumulator rescaled every group."""
+                G: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MMA_FP8: tl.constexpr,
+                PREFETCH: tl.constexpr):
+    """Standard format: one group per K step, fp32 accumulator rescaled every group.
+
+    The scales are 16-bit, one per thread: too narrow for cp.async, so Triton's pipeliner leaves them as
+    plain loads whose full latency (~1 µs) stalls every K step. PREFETCH loads step ki+1's scales during
+    step ki (a register double buffer), so that latency overlaps one step's TMA wait and MMAs."""
     HALF: tl.constexpr = G // 2
     acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
-    for ki in range(0, K // G):
+    nk = K // G
+    if PREFETCH:
+        sa, sw = _load_scales_g(xs_ptr, stride_xsg, ws_ptr, stride_wsg, 0, offs_m, offs_n, M, N)
+    for ki in range(0, nk):
+        if PREFETCH:
+            kn = tl.minimum(ki + 1, nk - 1)
+            sa_n, sw_n = _load_scales_g(xs_ptr, stride_xsg, ws_ptr, stride_wsg, kn, offs_m, offs_n, M, N)
+        else:
+            sa, sw = _load_scales_g(xs_ptr, stride_xsg, ws_ptr, stride_wsg, ki, offs_m, offs_n, M, N)
         a = a_desc.load([m0, ki * HALF]).to(tl.int8, bitcast=True)  # [BM, G/2]
         b = b_desc.load([n0, ki * HALF]).to(tl.int8, bitcast=True)  # [BN, G/2]
         if MMA_FP8:
@@ -97,25 +127,78 @@ def _mainloop_g(a_desc, b_desc, xs_ptr, stride_xsg, ws_ptr, stride_wsg, m0, n0, 
         else:
             part = tl.dot(_lo(a), tl.trans(_lo(b)), out_dtype=tl.int32)
             part = tl.dot(_hi(a), tl.trans(_hi(b)), part, out_dtype=tl.int32).to(tl.float32)
-        sa = tl.load(xs_ptr + ki * stride_xsg + offs_m, mask=offs_m < M, other=0.0).to(tl.float32)
-        sw = tl.load(ws_ptr + ki * stride_wsg + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)
         acc += part * sa[:, None] * sw[None, :]
+        if PREFETCH:
+            sa = sa_n
+            sw = sw_n
     return acc
 
 
 @triton.jit
 def _mainloop_2l(a_desc, b_desc, wu_ptr, stride_wug, m0, n0, offs_n, N, K,
-                 G: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Two-level format: weights expanded as q·u, one int32 accumulation over all of K."""
+                 G: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PREFETCH: tl.constexpr):
+    """Two-level format: weights expanded as q·u, one int32 accumulation over all of K.
+    PREFETCH: the 8-bit multipliers u are loaded one K step ahead (see :func:`_mainloop_g`)."""
     HALF: tl.constexpr = 32
     acc = tl.zeros((BLOCK_M, BLOCK_N), tl.int32)
-    for ki in range(0, K // 64):
+    nk = K // 64
+    if PREFETCH:
+        u = _load_mul(wu_ptr, stride_wug, 0, offs_n, N, G)
+    for ki in range(0, nk):
+        if PREFETCH:
+            u_n = _load_mul(wu_ptr, stride_wug, tl.minimum(ki + 1, nk - 1) * 64, offs_n, N, G)
+        else:
+            u = _load_mul(wu_ptr, stride_wug, ki * 64, offs_n, N, G)
         a_lo = a_desc.load([m0, ki * 64])          # [BM, 32] int8, elements 64ki + [0, 32)
         a_hi = a_desc.load([m0, ki * 64 + HALF])   # [BM, 32] int8, elements 64ki + [32, 64)
         b = b_desc.load([n0, ki * HALF]).to(tl.int8, bitcast=True)  # [BN, 32]
-        u = tl.load(wu_ptr + ((ki * 64) // G) * stride_wug + offs_n, mask=offs_n < N, other=0).to(tl.int8)
         acc = tl.dot(a_lo, tl.trans(_lo(b) * u[:, None]), acc, out_dtype=tl.int32)
         acc = tl.dot(a_hi, tl.trans(_hi(b) * u[:, None]), acc, out_dtype=tl.int32)
+        if PREFETCH:
+            u = u_n
+    return acc
+
+
+@triton.jit
+def _mainloop_swap_2l(a_desc, b_desc, wu_ptr, stride_wug, m0, n0, offs_n, N, K,
+                      G: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """SWAP-AB, two-level: accᵀ [BN, BM] += (q·u) [BN, 64] · e[BM, 64]ᵀ. The expanded weight tile is
+    computed in registers and is wgmma's register-sourced A operand (no SMEM round trip); the few
+    tokens are the N of the MMA (≥ 16 in Triton), read by wgmma straight from the TMA buffer."""
+    HALF: tl.constexpr = 32
+    acc = tl.zeros((BLOCK_N, BLOCK_M), tl.int32)
+    nk = K // 64
+    u = _load_mul(wu_ptr, stride_wug, 0, offs_n, N, G)
+    for ki in range(0, nk):
+        u_n = _load_mul(wu_ptr, stride_wug, tl.minimum(ki + 1, nk - 1) * 64, offs_n, N, G)
+        b = b_desc.load([n0, ki * HALF]).to(tl.int8, bitcast=True)  # [BN, 32] packed weights
+        x_lo = a_desc.load([m0, ki * 64])          # [BM, 32] int8
+        x_hi = a_desc.load([m0, ki * 64 + HALF])
+        acc = tl.dot(_lo(b) * u[:, None], tl.trans(x_lo), acc, out_dtype=tl.int32)
+        acc = tl.dot(_hi(b) * u[:, None], tl.trans(x_hi), acc, out_dtype=tl.int32)
+        u = u_n
+    return acc
+
+
+@triton.jit
+def _mainloop_swap_g(a_desc, b_desc, xs_ptr, stride_xsg, ws_ptr, stride_wsg, m0, n0, offs_m, offs_n, M, N, K,
+                     G: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """SWAP-AB, standard format: accᵀ [BN, BM], unpacked weights as register A, unpacked activations
+    (a [BM, G/2] tile: tiny) written to SMEM as B; scales prefetched one step ahead."""
+    HALF: tl.constexpr = G // 2
+    acc = tl.zeros((BLOCK_N, BLOCK_M), tl.float32)
+    nk = K // G
+    sa, sw = _load_scales_g(xs_ptr, stride_xsg, ws_ptr, stride_wsg, 0, offs_m, offs_n, M, N)
+    for ki in range(0, nk):
+        kn = tl.minimum(ki + 1, nk - 1)
+        sa_n, sw_n = _load_scales_g(xs_ptr, stride_xsg, ws_ptr, stride_wsg, kn, offs_m, offs_n, M, N)
+        b = b_desc.load([n0, ki * HALF]).to(tl.int8, bitcast=True)  # [BN, G/2] weights
+        a = a_desc.load([m0, ki * HALF]).to(tl.int8, bitcast=True)  # [BM, G/2] activations
+        part = tl.dot(_lo(b), tl.trans(_lo(a)), out_dtype=tl.int32)
+        part = tl.dot(_hi(b), tl.trans(_hi(a)), part, out_dtype=tl.int32).to(tl.float32)
+        acc += part * sw[:, None] * sa[None, :]
+        sa = sa_n
+        sw = sw_n
     return acc
 
 
@@ -133,7 +216,7 @@ def _w4a4_gemm_kernel(
     M, N, K, R, num_progs,
     TWO_LEVEL: tl.constexpr, G: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_R: tl.constexpr, GROUP_M: tl.constexpr, HAS_LOWRANK: tl.constexpr, HAS_BIAS: tl.constexpr,
-    MMA_FP8: tl.constexpr,
+    MMA_FP8: tl.constexpr, SWAP_AB: tl.constexpr = False, PREFETCH: tl.constexpr = True,
 ):
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
@@ -143,12 +226,22 @@ def _w4a4_gemm_kernel(
         n0 = pid_n * BLOCK_N
         offs_m = m0 + tl.arange(0, BLOCK_M)
         offs_n = n0 + tl.arange(0, BLOCK_N)
-        if TWO_LEVEL:
-            acc = _mainloop_2l(a_desc, b_desc, wu_ptr, stride_wug, m0, n0, offs_n, N, K, G, BLOCK_M, BLOCK_N)
+        if SWAP_AB:
+            if TWO_LEVEL:
+                acc_t = _mainloop_swap_2l(a_desc, b_desc, wu_ptr, stride_wug, m0, n0, offs_n, N, K, G,
+                                          BLOCK_M, BLOCK_N)
+                acc = affine(tl.trans(acc_t).to(tl.float32), offs_m, offs_n, M, N, xs_ptr, ws_ptr, True, True)
+            else:
+                acc_t = _mainloop_swap_g(a_desc, b_desc, xs_ptr, stride_xsg, ws_ptr, stride_wsg, m0, n0, offs_m,
+                                         offs_n, M, N, K, G, BLOCK_M, BLOCK_N)
+                acc = affine(tl.trans(acc_t), offs_m, offs_n, M, N, xs_ptr, ws_ptr, False, False)
+        elif TWO_LEVEL:
+            acc = _mainloop_2l(a_desc, b_desc, wu_ptr, stride_wug, m0, n0, offs_n, N, K, G, BLOCK_M, BLOCK_N,
+                               PREFETCH)
             acc = affine(acc.to(tl.float32), offs_m, offs_n, M, N, xs_ptr, ws_ptr, True, True)
         else:
             acc = _mainloop_g(a_desc, b_desc, xs_ptr, stride_xsg, ws_ptr, stride_wsg, m0, n0, offs_m, offs_n,
-                              M, N, K, G, BLOCK_M, BLOCK_N, MMA_FP8)
+                              M, N, K, G, BLOCK_M, BLOCK_N, MMA_FP8, PREFETCH)
             acc = affine(acc, offs_m, offs_n, M, N, xs_ptr, ws_ptr, False, False)
         if HAS_LOWRANK:
             offs_r = tl.arange(0, BLOCK_R)
@@ -198,20 +291,89 @@ def w4a4_epilogue_ledger(cfg: KernelConfig, lowrank_bits: int = 16) -> SmemLedge
     return SmemLedger(terms, consumers=1, label=f"w4a4 v1 epilogue r{cfg.block_r}")
 
 
-def predicted_shared(cfg: KernelConfig, fmt: str, group_size: int, has_lowrank: bool = True) -> int:
+def w4a4_swap_ledger(cfg: KernelConfig, fmt: str, group_size: int) -> SmemLedger:
+    """SWAP-AB main loop (block_m = tokens, block_n = weight rows). The weights are unpacked into wgmma's
+    register A operand, so no unpacked weight buffer; 2l's activations go TMA → wgmma B directly; g64's
+    packed activations are unpacked in registers and their half tile written back for wgmma B."""
+    bm, bn, s = cfg.block_m, cfg.block_n, cfg.num_stages
+    if fmt == "int4_2l":
+        a_slots, terms = s, [SmemTerm("swap act e int8 lo+hi (TMA→wgmma B)", 2 * tile_bytes(bm, _HALF, 8), s),
+                             SmemTerm("swap w_q packed (→regs, wgmma A)", tile_bytes(bn, _HALF, 8), s - 1)]
+        extra = []
+    else:
+        half = group_size // 2
+        a_slots, terms = s - 1, [SmemTerm("swap act packed (→regs)", tile_bytes(bm, half, 8), s - 1),
+                                 SmemTerm("swap w_q packed (→regs, wgmma A)", tile_bytes(bn, half, 8), s - 1)]
+        extra = [SmemTerm("act unpacked half (wgmma B)", tile_bytes(bm, half, 8), 1)]
+    terms += [SmemTerm("barriers act ring", barrier_bytes(1), a_slots),
+              SmemTerm("barrier array alignment", barrier_bytes(a_slots) % 16, 1),
+              SmemTerm("barriers w ring", barrier_bytes(1), s - 1)] + extra
+    return SmemLedger(tuple(terms), consumers=1, label=f"w4a4 v1 swap_ab {fmt} g{group_size} {bm}x{bn}x{s}")
+
+
+def _main_ledger(cfg: KernelConfig, fmt: str, group_size: int, variant: str = "standard") -> SmemLedger:
+    return (w4a4_swap_ledger if variant == "swap_ab" else w4a4_ledger)(cfg, fmt, group_size)
+
+
+def predicted_shared(cfg: KernelConfig, fmt: str, group_size: int, has_lowrank: bool = True,
+                     variant: str = "standard") -> int:
     """What the compiler should report: main loop and epilogue do not overlap in time."""
-    main = w4a4_ledger(cfg, fmt, group_size).total()
+    main = _main_ledger(cfg, fmt, group_size, variant).total()
     if not has_lowrank:
         return main
     return max(main, *(t.total(1) for t in w4a4_epilogue_ledger(cfg).terms))
 
 
-def can_implement(cfg: KernelConfig, fmt: str, group_size: int) -> bool:
-    if fmt not in FORMATS or group_size not in GROUP_SIZES:
+def can_implement(cfg: KernelConfig, fmt: str, group_size: int, variant: str = "standard") -> bool:
+    if fmt not in FORMATS or group_size not in GROUP_SIZES or variant not in VARIANTS:
         return False
-    if cfg.block_m < 64 or cfg.block_n < 16 or cfg.split_k != 1:
+    if cfg.split_k != 1:
+        return False
+    if variant == "swap_ab":
+        if cfg.block_n < 64 or cfg.block_m > 64:
+            return False  # the weight rows are wgmma's M (64 per warpgroup); tokens its N
+    elif cfg.block_m < 64 or cfg.block_n < 16:
         return False  # wgmma needs 64 rows per warpgroup
-    return w4a4_ledger(cfg, fmt, group_size).fits() and w4a4_epilogue_ledger(cfg).fits()
+    return _main_ledger(cfg, fmt, group_size, variant).fits() and w4a4_epilogue_ledger(cfg).fits()
+
+
+@dataclass(frozen=True)
+class W4A4Plan:
+    """What launch_w4a4_v1 runs: kernel variant ("standard" | "swap_ab"), tiles, and two loop options
+    (mma_fp8: g64 partials through fp8 e4m3 MMAs; prefetch: scale/multiplier loads one K step ahead)."""
+
+    variant: str
+    config: KernelConfig
+    mma_fp8: bool = False
+    prefetch: bool = True
+
+    def to_dict(self) -> dict:
+        return {"variant": self.variant, "config": self.config.to_dict(), "mma_fp8": self.mma_fp8,
+                "prefetch": self.prefetch}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "W4A4Plan":
+        return cls(d["variant"], KernelConfig.from_dict(d["config"]), bool(d.get("mma_fp8", False)),
+                   bool(d.get("prefetch", True)))
+
+
+def _solve(base: KernelConfig, fmt: str, group_size: int, variant: str, r: int, max_stages: int) -> KernelConfig:
+    def build(main: int, low: int) -> SmemLedger:
+        return _main_ledger(base.replace(num_stages=main, lowrank_stages=low), fmt, group_size, variant)
+
+    main, _, _ = solve_stages(build, min_main=2, max_main=max_stages)
+    cfg = base.replace(num_stages=main, lowrank_stages=1 if r else 0)
+    w4a4_epilogue_ledger(cfg).check()
+    return cfg
+
+
+def swap_config(m: int, r: int, fmt: str, group_size: int, block_n: int = 128, max_stages: int = 8) -> KernelConfig:
+    """SWAP-AB tiles: tokens padded to a power of two in [16, 64] (the MMA's N), 128 weight rows
+    (two wgmma M tiles per warpgroup), the deepest pipeline the ledger allows (≤ max_stages)."""
+    bm = min(64, max(16, triton.next_power_of_2(max(m, 1))))
+    base = KernelConfig(block_m=bm, block_n=block_n, block_k=group_size if fmt == "int4_g64" else PACK_BLOCK,
+                        block_r=block_r_for(r), group_m=1, num_warps=4, persistent=True)
+    return _solve(base, fmt, group_size, "swap_ab", r, max_stages)
 
 
 @functools.lru_cache(maxsize=1024)  # launch-path planning stays off the host critical path
@@ -234,25 +396,65 @@ def plan_w4a4(m: int, n: int, k: int, r: int, fmt: str, group_size: int, device=
         base = KernelConfig(block_m=128, block_n=128, block_k=64, block_r=block_r, group_m=8, num_warps=8,
                             persistent=True)
     base = base.replace(block_k=group_size if fmt == "int4_g64" else PACK_BLOCK)
+    return _solve(base, fmt, group_size, "standard", r, max_stages)
 
-    def build(main: int, low: int) -> SmemLedger:
-        return w4a4_ledger(base.replace(num_stages=main, lowrank_stages=low), fmt, group_size)
 
-    main, _, _ = solve_stages(build, min_main=2, max_main=max_stages)
-    cfg = base.replace(num_stages=main, lowrank_stages=1 if r else 0)
-    w4a4_epilogue_ledger(cfg).check()
-    return cfg
+# SWAP-AB up to this many tokens (decode; reasoning in _mainloop_swap_2l — pin otherwise via the table)
+SWAP_AB_MAX_M = 64
+TUNED_PATH = Path(__file__).with_name("w4a4_tuned.json")
+
+
+@functools.lru_cache(maxsize=8)
+def load_tuned(path: str = str(TUNED_PATH)) -> tuple:
+    """Tuned entries (written by ``scripts/probe_w4a4.py --write-tuned``), sorted by m_max:
+    ``{"entries": [{"fmt", "group_size", "m_max" (null = ∞), "plan": W4A4Plan.to_dict()}]}``."""
+    p = Path(path)
+    if not p.exists():
+        return ()
+    entries = json.loads(p.read_text()).get("entries", [])
+    return tuple(sorted(entries, key=lambda e: float("inf") if e.get("m_max") is None else e["m_max"]))
+
+
+@functools.lru_cache(maxsize=1024)
+def plan_w4a4_full(m: int, n: int, k: int, r: int, fmt: str, group_size: int, device=None) -> W4A4Plan:
+    """Tuned table entry for (fmt, group_size, smallest m_max ≥ m) if any and implementable, else the
+    heuristic: SWAP-AB for m ≤ SWAP_AB_MAX_M, the standard tiles above."""
+    for e in load_tuned():
+        if e["fmt"] == fmt and e.get("group_size", 64) == group_size and (e.get("m_max") is None or m <= e["m_max"]):
+            plan = W4A4Plan.from_dict(e["plan"])
+            cfg = plan.config.replace(block_r=block_r_for(r), lowrank_stages=1 if r else 0)
+            if plan.variant == "swap_ab":  # tokens tile follows m inside the bucket
+                cfg = cfg.replace(block_m=min(64, max(16, triton.next_power_of_2(max(m, 1)))))
+            if can_implement(cfg, fmt, group_size, plan.variant):
+                return W4A4Plan(plan.variant, cfg, plan.mma_fp8 and fmt == "int4_g64", plan.prefetch)
+            break
+    if m <= SWAP_AB_MAX_M:
+        return W4A4Plan("swap_ab", swap_config(m, r, fmt, group_size))
+    return W4A4Plan("standard", plan_w4a4(m, n, k, r, fmt, group_size, device))
 
 
 # ---- launcher -------------------------------------------------------------------------------------
 
 def launch_w4a4_v1(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, out, fmt: str,
-                   group_size: int, config: KernelConfig | None = None, mma_fp8: bool = False) -> torch.Tensor:
-    """Launch the v1 kernel (argument contract: module docstring). Returns ``out``."""
+                   group_size: int, config: KernelConfig | None = None, mma_fp8: bool = False, *,
+                   variant: str | None = None, prefetch: bool = True, plan: W4A4Plan | None = None) -> torch.Tensor:
+    """Launch the v1 kernel (argument contract: module docstring). Returns ``out``.
+
+    No ``config``/``plan``: :func:`plan_w4a4_full` decides everything. A ``config`` without ``variant``
+    runs the standard kernel with it; ``plan`` overrides config/variant/mma_fp8/prefetch."""
     m, n = out.shape
     k = w_q.shape[1] * 2
     r = 0 if lowrank_act is None or lora_up is None else lowrank_act.shape[1]
-    cfg = config or plan_w4a4(m, n, k, r, fmt, group_size, out.device)
+    if plan is None:
+        if config is None:
+            plan = plan_w4a4_full(m, n, k, r, fmt, group_size, out.device)
+            if mma_fp8:
+                plan = W4A4Plan(plan.variant, plan.config, True, plan.prefetch)
+        else:
+            plan = W4A4Plan(variant or "standard", config, mma_fp8, prefetch)
+    cfg, swap = plan.config, plan.variant == "swap_ab"
+    if plan.variant not in VARIANTS:
+        raise ValueError(f"variant must be one of {VARIANTS}, got {plan.variant!r}")
     two_level = fmt == "int4_2l"
     kb = _HALF if two_level else group_size // 2
     a_desc = TensorDescriptor.from_tensor(x_q, [cfg.block_m, kb])
@@ -269,7 +471,8 @@ def launch_w4a4_v1(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias
         m, n, k, r, progs,
         TWO_LEVEL=two_level, G=group_size, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
         BLOCK_R=cfg.block_r if r else 16, GROUP_M=cfg.group_m, HAS_LOWRANK=r > 0, HAS_BIAS=bias is not None,
-        MMA_FP8=mma_fp8 and not two_level, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        MMA_FP8=plan.mma_fp8 and not two_level and not swap, SWAP_AB=swap, PREFETCH=plan.prefetch,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return out
 
 
@@ -467,7 +670,7 @@ def svdq_forward_cuda(layer, x: torch.Tensor) -> torch.Tensor:
 # ---- ahead-of-time compile (CI: PTX and shared-memory checks without a GPU) --------------------------
 
 def aot_compile(cfg: KernelConfig, fmt: str = "int4_g64", group_size: int = 64, has_lowrank: bool = True,
-                out: str = "bf16", mma_fp8: bool = False):
+                out: str = "bf16", mma_fp8: bool = False, variant: str = "standard", prefetch: bool = True):
     """Compile the v1 kernel for sm_90 with ``cfg`` → ``aot.CompiledInfo`` (ptx, shared, num_warps)."""
     from .aot import compile_sm90
     two_level = fmt == "int4_2l"
@@ -482,6 +685,6 @@ def aot_compile(cfg: KernelConfig, fmt: str = "int4_g64", group_size: int = 64, 
            "M": "i32", "N": "i32", "K": "i32", "R": "i32", "num_progs": "i32"}
     consts = {"TWO_LEVEL": two_level, "G": group_size, "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n,
               "BLOCK_R": cfg.block_r, "GROUP_M": cfg.group_m, "HAS_LOWRANK": has_lowrank, "HAS_BIAS": True,
-              "MMA_FP8": mma_fp8 and not two_level}
+              "MMA_FP8": mma_fp8 and not two_level, "SWAP_AB": variant == "swap_ab", "PREFETCH": prefetch}
     return compile_sm90(__name__, "_w4a4_gemm_kernel", sig, consts, num_warps=cfg.num_warps,
                         num_stages=cfg.num_stages)

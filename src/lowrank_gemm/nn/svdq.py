@@ -75,7 +75,10 @@ class SVDQLinear(nn.Module):
         self.register_buffer("lora_down", torch.zeros(rank, k, dtype=lowrank_dtype))
         self.register_buffer("lora_up", torch.zeros(n, rank, dtype=lowrank_dtype))
         self.register_buffer("bias", torch.zeros(n, dtype=bias_dtype) if bias else None)
-        self._forward_kernel = None  # CUDA path, installed by the lead (see _use_kernels)
+        # CUDA path: None means the package's W4A4 kernels (kernels/w4a4_gemm.svdq_forward_cuda);
+        # set a callable ``fn(layer, x)`` to override, or ``use_kernels = False`` to force the reference.
+        self._forward_kernel = None
+        self.use_kernels = True
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, config: SVDQuantConfig,
@@ -104,12 +107,15 @@ class SVDQLinear(nn.Module):
         return mod.to(linear.weight.device)
 
     def _use_kernels(self, x: torch.Tensor) -> bool:
-        """Hook for the CUDA path: true when a kernel is installed and ``x`` is on CUDA."""
-        return self._forward_kernel is not None and x.is_cuda
+        """The fused W4A4 kernels run on CUDA inputs; everything else takes the reference path."""
+        return x.is_cuda and getattr(self, "use_kernels", True)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self._use_kernels(x):
-            return self._forward_kernel(self, x)
+            fn = self._forward_kernel
+            if fn is None:
+                from ..kernels.w4a4_gemm import svdq_forward_cuda as fn
+            return fn(self, x)
         return self.forward_reference(x)
 
     def forward_reference(self, x: torch.Tensor) -> torch.Tensor:

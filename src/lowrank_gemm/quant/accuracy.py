@@ -12,6 +12,12 @@ the unused BERT pooler stay fp32) using ``quant/data/calib.txt`` and is scored o
 - bits_per_weight: stored bits of the converted layers' weights + scales + smooth + low-rank factors per
   original weight.
 
+Formats: 4-bit rows use the SVDQuant-standard ``int4_g64`` storage (signed int4, 16-bit group scales).
+One more row, ``format = int4_2l``, scores the Hopper two-level format (``formats/int4_twolevel.py``):
+it takes the SVDQuant r=32 g64 refit model (same smoothing, same low-rank branch) and re-quantizes
+its residual weight ``W·diag(λ) − B·A`` and its activations in ``int4_2l`` — exactly what the kernels of
+that format compute, with the branch fitted for the standard format.
+
 ``python -m lowrank_gemm.quant.accuracy --out benchmarks/results/accuracy/minilm.json`` writes the JSON and a
 Markdown table beside it.
 """
@@ -191,7 +197,60 @@ def evaluate_scheme(base: nn.Module, spec: SchemeSpec, calib: list[dict], evalb:
     }, model
 
 
-def run_accuracy(schemes=DEFAULT_SCHEMES, print_fn=None, progress: bool = False) -> list[dict]:
+class TwoLevelSim(nn.Module):
+    """An SVDQLinear's math with residual and activations in the ``int4_2l`` format (accuracy only)."""
+
+    def __init__(self, layer: nn.Module, original: nn.Linear):
+        super().__init__()
+        from ..formats.int4_twolevel import dequantize_weight_2l, quantize_weight_2l
+        self.group = layer.group_size
+        self.smooth = layer.smooth.float()
+        self.down, self.up = layer.lora_down.float(), layer.lora_up.float()
+        self.bias = None if layer.bias is None else layer.bias.float()
+        residual = original.weight.detach().float() * self.smooth[None, :] - self.up @ self.down
+        self.weight = dequantize_weight_2l(*quantize_weight_2l(residual, self.group), self.group)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        from ..formats.int4_twolevel import dequantize_act_2l, quantize_act_2l
+        xs = x.reshape(-1, x.shape[-1]).float() / self.smooth
+        y = dequantize_act_2l(*quantize_act_2l(xs, self.group)) @ self.weight.t()
+        if self.down.shape[0]:
+            y = y + (xs @ self.down.t()) @ self.up.t()
+        if self.bias is not None:
+            y = y + self.bias
+        return y.reshape(*x.shape[:-1], -1).to(x.dtype)
+
+
+def twolevel_row(base: nn.Module, svdq_model: nn.Module, svdq_row: dict, evalb: list[dict],
+                 fp_emb: torch.Tensor) -> dict:
+    """Score ``svdq_model`` with every SVDQLinear swapped for :class:`TwoLevelSim`."""
+    from ..nn.svdq import SVDQLinear
+    model = copy.deepcopy(svdq_model)
+    names = [n for n, m in model.named_modules() if isinstance(m, SVDQLinear)]
+    for name in names:
+        parent, _, child = name.rpartition(".")
+        setattr(model.get_submodule(parent), child, TwoLevelSim(model.get_submodule(name), base.get_submodule(name)))
+    emb = embed(model, evalb)
+    cos = (emb * fp_emb).sum(-1)
+    errs = layer_errors(model, {n: base.get_submodule(n) for n in names}, evalb)
+    return {**svdq_row, "format": "int4_2l", "mean_cos": float(cos.mean()), "min_cos": float(cos.min()),
+            "spearman": spearman(pairwise_similarities(emb), pairwise_similarities(fp_emb)),
+            "layer_err": sum(errs.values()) / len(errs),
+            "bits_per_weight": svdq_row["bits_per_weight"] - _scale_bits_saved(base, names, svdq_row["group_size"]),
+            "quantize_s": None}
+
+
+def _scale_bits_saved(base: nn.Module, names: list[str], group: int) -> float:
+    """int4_2l stores a uint8 multiplier per (group, channel) instead of a 16-bit scale, plus one fp32
+    scale per channel: bits saved per original weight."""
+    total_w = sum(base.get_submodule(n).weight.numel() for n in names)
+    saved = sum((base.get_submodule(n).weight.shape[1] // group) * base.get_submodule(n).weight.shape[0] * (16 - 8)
+                - base.get_submodule(n).weight.shape[0] * 32 for n in names)
+    return saved / total_w
+
+
+def run_accuracy(schemes=DEFAULT_SCHEMES, print_fn=None, progress: bool = False,
+                 twolevel: bool = True) -> list[dict]:
     """Quantize MiniLM with every scheme and return one row per scheme (see module doc)."""
     base, tokenizer = load_minilm()
     calib = tokenize(tokenizer, load_sentences("calib"))
@@ -199,14 +258,19 @@ def run_accuracy(schemes=DEFAULT_SCHEMES, print_fn=None, progress: bool = False)
     fp_emb = embed(base, evalb)
     rows = []
     for spec in schemes:
-        row, _ = evaluate_scheme(base, spec, calib, evalb, fp_emb, progress)
+        row, model = evaluate_scheme(base, spec, calib, evalb, fp_emb, progress)
+        row.setdefault("format", "int8" if spec.scheme == "w8a8" else "int4_g64")
         rows.append(row)
         if print_fn is not None:
             print_fn(format_row(row))
+        if twolevel and spec == _svdq(32, True):
+            rows.append(twolevel_row(base, model, row, evalb, fp_emb))
+            if print_fn is not None:
+                print_fn(format_row(rows[-1]))
     return rows
 
 
-COLUMNS = ("scheme", "group_size", "rank", "refit", "mean_cos", "min_cos", "spearman", "layer_err",
+COLUMNS = ("scheme", "format", "group_size", "rank", "refit", "mean_cos", "min_cos", "spearman", "layer_err",
            "bits_per_weight", "quantize_s")
 
 

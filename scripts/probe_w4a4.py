@@ -1,0 +1,181 @@
+"""GPU probe (≤ ~120 s): W4A4 v1 candidates side by side with the cuBLAS baselines, one process.
+
+    PYTHONPATH=src python scripts/probe_w4a4.py --out $OUT [--write-tuned]
+
+Shapes: FLUX fc1 (M=4608, N=12288, K=3072) and decode M=1 / M=64 (N=28672, K=4096), rank 32.
+Rows: cublas_bf16, fp8_scaled_mm, int8_int_mm; act_quant per format (auto split vs split=1, the old
+one-program-per-row-block behaviour); GEMM candidates per format (W4A4Plan variants). Every candidate
+is checked first against reference.w4a4_gemm_ref in float64 (first ≤ 256 rows; rel err < 2e-2 with bf16
+out) and skipped if it fails, raises, or the time budget is spent. Writes probe_w4a4.json / .md and
+w4a4_tuned.json (winners per format and M bucket: m_max 16 ← M=1, 64 ← M=64, null ← fc1) to --out;
+--write-tuned also copies it to src/lowrank_gemm/kernels/w4a4_tuned.json, which plan_w4a4_full reads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+from lowrank_gemm.bench.common import device_meta, markdown_table, time_impl
+from lowrank_gemm.formats.int4 import pack_int4, quantize_weight_int4
+from lowrank_gemm.formats.int4_twolevel import pack_weight_2l
+from lowrank_gemm.kernels.act_quant import act_quant
+from lowrank_gemm.kernels.w4a4_gemm import TUNED_PATH, W4A4Plan, launch_w4a4_v1, plan_w4a4, swap_config
+from lowrank_gemm.reference import w4a4_gemm_ref
+
+RANK, G = 32, 64
+SHAPES = [("fc1", 4608, 12288, 3072), ("decode", 1, 28672, 4096), ("decode", 64, 28672, 4096)]
+BUDGET_S = 110.0
+CHECK_ROWS = 256
+
+
+def candidates(m: int, n: int, k: int, fmt: str) -> dict[str, W4A4Plan]:
+    std = plan_w4a4(m, n, k, RANK, fmt, G)
+    c = {"std_noprefetch(old)": W4A4Plan("standard", std, prefetch=False),
+         "std_prefetch": W4A4Plan("standard", std)}
+    if m <= 64:
+        c["swap_bn128"] = W4A4Plan("swap_ab", swap_config(m, RANK, fmt, G, block_n=128))
+        c["swap_bn64"] = W4A4Plan("swap_ab", swap_config(m, RANK, fmt, G, block_n=64))
+    else:
+        c["swap_bm64_bn128"] = W4A4Plan("swap_ab", swap_config(64, RANK, fmt, G, block_n=128))
+        c["std_128x256_w8"] = W4A4Plan("standard", std.replace(block_n=256, num_stages=3))
+        if fmt == "int4_g64":
+            c["std_fp8mma"] = W4A4Plan("standard", std, mma_fp8=True)
+    return c
+
+
+def _operands(m, n, k, fmt, dev):
+    x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
+    w = torch.randn(n, k, device=dev) * 0.02
+    smooth = (torch.rand(k, device=dev) + 0.5).to(torch.bfloat16)
+    down = (torch.randn(RANK, k, device=dev) * 0.02).to(torch.bfloat16)
+    up = (torch.randn(n, RANK, device=dev) * 0.02).to(torch.bfloat16)
+    if fmt == "int4_g64":
+        qw, sw = quantize_weight_int4(w, G)
+        wq, wsc, wmul = pack_int4(qw), sw, None
+    else:
+        wq, wmul, wsc = pack_weight_2l(w, G)
+    xq, xsc, s = act_quant(x, smooth, down, G, fmt)
+    return dict(x=x, smooth=smooth, down=down, up=up, wq=wq, wsc=wsc, wmul=wmul, xq=xq, xsc=xsc, s=s)
+
+
+def _rows_ref(o, fmt, rows):
+    xq = o["xq"][:rows]
+    xsc = o["xsc"][:, :rows].contiguous() if fmt == "int4_g64" else o["xsc"][:rows]
+    return w4a4_gemm_ref(xq, xsc, o["wq"], o["wsc"], o["s"][:rows], o["up"], None, w_mul=o["wmul"],
+                         group_size=G, fmt=fmt)
+
+
+def _rel(a, b):
+    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--write-tuned", action="store_true", help=f"also write winners to {TUNED_PATH}")
+    args = ap.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    dev = torch.device("cuda")
+    torch.manual_seed(0)
+    t0 = time.time()
+    rows, best = [], {}
+
+    def record(shape, m, n, k, impl, fn, inputs, check=None, **extra):
+        row = {"suite": shape, "M": m, "N": n, "K": k, "r": RANK, "impl": impl, **extra}
+        if time.time() - t0 > BUDGET_S:
+            row["error"] = "skipped: probe time budget spent"
+        else:
+            try:
+                if check is not None:
+                    row["rel_err"] = check()
+                    if not row["rel_err"] < 2e-2:
+                        raise AssertionError(f"rel err {row['rel_err']:.3g} vs float64 reference")
+                row.update(time_impl(fn, [inputs]))
+            except Exception as exc:  # a candidate that fails to compile or is wrong is reported and skipped
+                row["error"] = f"{type(exc).__name__}: {exc}"[:300]
+                traceback.print_exc(limit=2)
+        t = row.get("graph_us") or row.get("median_us")
+        row["tops"] = round(2 * m * n * k / (t * 1e-6) / 1e12, 1) if t and "error" not in row else None
+        rows.append(row)
+        print(f"{shape:6s} M={m:5d} {impl:40s} graph {row.get('graph_us')} µs  rel {row.get('rel_err')} "
+              f"{row.get('error', '')}", flush=True)
+        return row
+
+    for shape, m, n, k in SHAPES:
+        x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
+        w = torch.randn(n, k, device=dev, dtype=torch.bfloat16) * 0.02
+        record(shape, m, n, k, "cublas_bf16", lambda a, b: torch.nn.functional.linear(a, b), (x, w))
+        x8 = x.to(torch.float8_e4m3fn)
+        w8 = w.to(torch.float8_e4m3fn).t()
+        one_m, one_n = torch.ones(m, 1, device=dev), torch.ones(1, n, device=dev)
+        record(shape, m, n, k, "fp8_scaled_mm",
+               lambda a, b, sa, sb: torch._scaled_mm(a, b, sa, sb, out_dtype=torch.bfloat16), (x8, w8, one_m, one_n))
+        if m > 16:
+            xi = torch.randint(-8, 8, (m, k), device=dev, dtype=torch.int8)
+            wi = torch.randint(-8, 8, (n, k), device=dev, dtype=torch.int8).t()
+            record(shape, m, n, k, "int8_int_mm", lambda a, b: torch._int_mm(a, b), (xi, wi))
+        del x, w, x8, w8
+        for fmt in ("int4_g64", "int4_2l"):
+            try:
+                o = _operands(m, n, k, fmt, dev)
+            except Exception as exc:
+                rows.append({"suite": shape, "M": m, "impl": f"operands:{fmt}", "error": repr(exc)[:300]})
+                continue
+            for tag, split in (("auto", None), ("split1(old)", 1)):
+                record(shape, m, n, k, f"act_quant:{fmt}:{tag}",
+                       lambda x, sm, d, split=split, fmt=fmt: act_quant(x, sm, d, G, fmt, split=split),
+                       (o["x"], o["smooth"], o["down"]))
+            rr = min(m, CHECK_ROWS)
+            ref = _rows_ref(o, fmt, rr)
+            for name, plan in candidates(m, n, k, fmt).items():
+                def fn(xq, xsc, wq, wsc, wmul, s, up, out, plan=plan, fmt=fmt):
+                    return launch_w4a4_v1(xq, xsc, wq, wsc, wmul, s, up, None, out, fmt, G, plan=plan)
+
+                out = torch.empty(m, n, device=dev, dtype=torch.bfloat16)
+                inputs = (o["xq"], o["xsc"], o["wq"], o["wsc"], o["wmul"], o["s"], o["up"], out)
+
+                def check(inputs=inputs, fn=fn):
+                    inputs[-1].fill_(float("nan"))
+                    y = fn(*inputs)
+                    torch.cuda.synchronize()
+                    if not torch.isfinite(y).all():
+                        return float("nan")
+                    return _rel(y[:rr], ref)
+
+                row = record(shape, m, n, k, f"gemm:{fmt}:{name}", fn, inputs, check, plan=plan.to_dict())
+                t = row.get("graph_us")
+                key = (fmt, 16 if m == 1 else 64 if m <= 64 else None)
+                if t and "error" not in row and (key not in best or t < best[key][0]):
+                    best[key] = (t, name, plan)
+            del o, ref
+            torch.cuda.empty_cache()
+
+    tuned = {"device": torch.cuda.get_device_name(0), "source": "scripts/probe_w4a4.py",
+             "entries": [{"fmt": f, "group_size": G, "m_max": mm, "probe_winner": name, "graph_us": t,
+                          "plan": plan.to_dict()} for (f, mm), (t, name, plan) in sorted(
+                              best.items(), key=lambda kv: (kv[0][0], float("inf") if kv[0][1] is None else kv[0][1]))]}
+    (args.out / "w4a4_tuned.json").write_text(json.dumps(tuned, indent=1))
+    if args.write_tuned:
+        TUNED_PATH.write_text(json.dumps(tuned, indent=1))
+    meta = device_meta()
+    meta.update(wall_s=round(time.time() - t0, 1))
+    (args.out / "probe_w4a4.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1, default=str))
+    table = markdown_table(["suite", "M", "impl", "graph µs", "eager µs", "TOPS", "rel err", "error"],
+                           [[r["suite"], r["M"], r["impl"], r.get("graph_us"), r.get("median_us"), r.get("tops"),
+                             r.get("rel_err"), r.get("error", "")[:80]] for r in rows])
+    (args.out / "probe_w4a4.md").write_text(f"# probe_w4a4\n\n{meta}\n\n{table}\n")
+    print(table)
+    print("winners:", {f"{k[0]}:m_max={k[1]}": (v[1], v[0]) for k, v in best.items()})
+    print(f"wall {time.time() - t0:.1f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
