@@ -20,11 +20,13 @@ DT = torch.float16
 ATOL, RTOL = 2e-2, 1e-2
 
 
-def small_plan(split=2, sbm=16, bm=16, bn=32, bk=32, r_max=16):
+def small_plan(split=2, sbm=16, bm=16, bn=32, bk=32, r_max=16, split_k=1, fuse_d=0, epi_d=1, x_tma=False):
     br = max(16, 1 << (r_max - 1).bit_length())
     return mg.MultiLoRAPlan(
-        main=KernelConfig(block_m=bm, block_n=bn, block_k=bk, block_r=br, group_m=2, num_stages=2),
-        shrink=KernelConfig(block_m=sbm, block_n=16, block_k=32, block_r=br, split_k=split))
+        main=KernelConfig(block_m=bm, block_n=bn, block_k=bk, block_r=br, group_m=2, num_stages=2,
+                          split_k=split_k),
+        shrink=KernelConfig(block_m=sbm, block_n=16, block_k=32, block_r=br, split_k=split),
+        fuse_d=fuse_d, epi_d=epi_d, x_tma=x_tma)
 
 
 def make_case(M, N, K, L, r_max, ranks=None, seed=0, dirty=True, bias=True):
@@ -203,20 +205,25 @@ def test_opcheck_fake_and_schema():
 # ---- ahead-of-time sm_90 compiles: wgmma + TMA in the main kernel; the ledger equals metadata.shared
 
 MAIN_SIG_INTS = ("M N K L R_MAX SPLIT_S stride_xm stride_xk stride_wn stride_wk stride_ym stride_yn "
-                 "stride_ss stride_sm stride_bl stride_bn stride_br").split()
+                 "stride_ss stride_sm stride_al stride_ar stride_ak stride_bl stride_bn stride_br").split()
 # what the JIT specializes at launch for 16-B-aligned bf16 tensors with K, N multiples of 16
-MAIN_ALIGNED = ("x_ptr", "y_ptr", "b_ptr", "s_ptr", "K", "N", "stride_xm", "stride_ym", "stride_ss",
-                "stride_sm", "stride_bl", "stride_bn", "R_MAX")
+MAIN_ALIGNED = ("x_ptr", "y_ptr", "a_ptr", "b_ptr", "s_ptr", "ws_ptr", "sws_ptr", "K", "N", "stride_xm",
+                "stride_ym", "stride_ss", "stride_sm", "stride_al", "stride_ar", "stride_bl", "stride_bn",
+                "R_MAX")
 
 
-def _compile_main(cfg: KernelConfig, order: bool):
+def _compile_main(cfg: KernelConfig, order: bool, fuse_d=0, epi_d=1, x_tma=False):
     from lowrank_gemm.kernels.aot import compile_sm90
-    sig = {"x_ptr": "*bf16", "w_desc": f"tensordesc<bf16[{cfg.block_n}, {cfg.block_k}]>", "y_ptr": "*bf16",
+    sig = {"x_ptr": "*bf16",
+           "x_desc": f"tensordesc<bf16[{cfg.block_m}, {cfg.block_k}]>" if x_tma else "*bf16",
+           "w_desc": f"tensordesc<bf16[{cfg.block_n}, {cfg.block_k}]>", "y_ptr": "*bf16",
            "bias_ptr": "*bf16", "ids_ptr": "*i32", "row_order_ptr": "*i32", "s_ptr": "*fp32",
-           "scales_ptr": "*fp32", "b_ptr": "*bf16", "ranks_ptr": "*i32", **{k: "i32" for k in MAIN_SIG_INTS}}
+           "scales_ptr": "*fp32", "a_ptr": "*bf16", "b_ptr": "*bf16", "ranks_ptr": "*i32", "ws_ptr": "*fp32",
+           "sws_ptr": "*fp32", "cnt_ptr": "*i32", **{k: "i32" for k in MAIN_SIG_INTS}}
     const = dict(BM=cfg.block_m, BN=cfg.block_n, BK=cfg.block_k, BLOCK_R=cfg.block_r, GROUP_M=cfg.group_m,
-                 HAS_ORDER=order, HAS_LORA=True, HAS_BIAS=True, USE_TMA=True,
-                 stride_xk=1, stride_wk=1, stride_yn=1, stride_br=1)
+                 HAS_ORDER=order, HAS_LORA=True, HAS_BIAS=True, USE_TMA=True, X_TMA=x_tma, FUSE_D=fuse_d,
+                 EPI_D=epi_d, SPLIT_K=cfg.split_k, stride_xk=1, stride_wk=1, stride_yn=1, stride_ak=1,
+                 stride_br=1)
     return compile_sm90("lowrank_gemm.kernels.multilora_gemm", "_mlora_main_kernel", sig, const,
                         aligned=MAIN_ALIGNED, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
@@ -230,6 +237,24 @@ def test_aot_main_wgmma_tma_and_ledger(cfg, order):
     assert info.has("wgmma.mma_async", "cp.async.bulk.tensor")
     assert info.has("cp.async.cg"), "x tiles should be pipelined with cp.async"
     assert mg.main_ledger(cfg).total() == info.shared, mg.main_ledger(cfg).table()
+
+
+@pytest.mark.parametrize("cfg,fuse_d,epi_d,x_tma", [
+    # N=4096 decode plan: fused shrink of 4 r16 adapters, in-kernel split-K, x through TMA
+    (KernelConfig(block_m=64, block_n=128, block_k=128, block_r=16, num_stages=3, num_warps=4, split_k=4),
+     4, 4, True),
+    # many adapters: shrink workspace, 4 adapters per stacked epilogue MMA
+    (KernelConfig(block_m=64, block_n=128, block_k=128, block_r=16, num_stages=4, num_warps=4), 0, 4, False),
+])
+def test_aot_main_variants(cfg, fuse_d, epi_d, x_tma):
+    info = _compile_main(cfg, False, fuse_d, epi_d, x_tma)
+    assert info.has("wgmma.mma_async", "cp.async.bulk.tensor")
+    if fuse_d:
+        assert info.has("cp.async.cg"), "stacked A tiles should be pipelined with cp.async"
+    if cfg.split_k > 1:
+        assert info.has("atom.global.gpu.acq_rel.add"), "split-K ticket"
+    assert mg.can_implement(cfg, fuse_d=fuse_d, epi_d=epi_d)
+    assert mg.main_ledger(cfg, fuse_d=fuse_d, epi_d=epi_d).total() == info.shared
 
 
 def test_aot_shrink_pipelined():
@@ -251,9 +276,10 @@ def test_plan_fits_and_covers_sms(monkeypatch):
         for N in (4096, 28672):
             for r in (16, 64):
                 p = mg.choose_plan(M, N, 4096, r, 64, "gather", torch.device("cpu"))
-                assert mg.can_implement(p.main)
+                assert mg.can_implement(p.main, fuse_d=p.fuse_d, epi_d=p.epi_d)
                 tiles = math.ceil(M / p.main.block_m) * math.ceil(N / p.main.block_n)
-                assert tiles >= 0.9 * 132 or p.main.block_n == 32
+                assert tiles * p.main.split_k >= 0.7 * 132 and tiles * p.main.split_k <= 2 * 132 or tiles > 132
+                assert p.fuse_d * p.main.block_r <= 64
                 assert p.shrink.split_k >= 1 and p.main.block_r >= r
 
 
@@ -285,3 +311,46 @@ def test_bench_report_from_synthetic_rows(tmp_path):
     pytest.importorskip("matplotlib")
     bm.plot(data, tmp_path / "m.png")
     assert (tmp_path / "m.png").stat().st_size > 0
+
+
+# ---- plan variants the probe times on the GPU: fused shrink, stacked epilogue, in-kernel split-K, x TMA
+
+VARIANTS = {
+    "epi_d2": dict(epi_d=2),
+    "epi_d4_split_k3": dict(epi_d=4, split_k=3),
+    "fuse_d1": dict(fuse_d=1),                      # most blocks hold > 1 adapter: fallback path
+    "fuse_d4_split_k2": dict(fuse_d=4, split_k=2),
+    "fuse_d2_x_tma": dict(fuse_d=2, x_tma=True),
+}
+
+
+@pytest.mark.parametrize("mode", ["gather", "segment"])
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_plan_variants_match_reference(variant, mode):
+    case = make_case(37, 45, 72, 5, 16)      # ragged: 3 K tiles of 32, tiles partial in M and N
+    assert_close(run(case, mode, small_plan(**VARIANTS[variant])), ref_of(case))
+
+
+def test_split_k_base_rows_bit_identical_and_repeatable():
+    case = make_case(40, 36, 96, 4, 16, ranks=[16, 8, 3, 16], dirty=False)
+    case["adapter_ids"][::3] = -1
+    plan = small_plan(split_k=3, fuse_d=2)
+    y1, y2 = run(case, "gather", plan), run(case, "gather", plan)
+    assert torch.equal(y1, y2)
+    base = run(case, "gather", plan, has_lora=False)
+    rows = case["adapter_ids"] == -1
+    assert torch.equal(y1[rows], base[rows])
+
+
+def test_tuned_table_round_trip(tmp_path, monkeypatch):
+    import json
+    monkeypatch.setattr(mg, "num_sms", lambda device: 132)
+    p = mg.heuristic_plan(64, 4096, 4096, 16, 64, "gather", 132, adapters=4)
+    assert p.fuse_d == 4 and p.main.split_k == 4 and p.main.block_n == 128
+    pinned = mg.MultiLoRAPlan.from_dict(dict(p.to_dict(), epi_d=2, fuse_d=0, x_tma=True))
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps({"version": 1, "plans": {mg.tuned_key(64, 4096, 4096, 16, 4): pinned.to_dict()}}))
+    got = mg.choose_plan(64, 4096, 4096, 16, 64, "gather", torch.device("cpu"), adapters=3, tuned_path=path)
+    assert got == pinned
+    miss = mg.choose_plan(64, 4096, 4096, 16, 64, "gather", torch.device("cpu"), adapters=16, tuned_path=path)
+    assert miss == mg.heuristic_plan(64, 4096, 4096, 16, 64, "gather", 132, adapters=16)

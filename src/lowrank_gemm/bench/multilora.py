@@ -71,9 +71,9 @@ def bench_case(M, N, r, adapters, copy_tbps, graph=True):
         "cublas_base": lambda x, w, bk, i: torch.nn.functional.linear(x, w),
         "shrink_expand": lambda x, w, bk, i: shrink_expand(x, w, bk.bank_a, bk.bank_b, bk.ranks, bk.scales, i),
         "fused": lambda x, w, bk, i: mg.multi_lora_gemm(x, w, bk.bank_a, bk.bank_b, bk.ranks, bk.scales, i,
-                                                        mode="gather", validate=False),
+                                                        mode="gather", validate=False, adapters=nd),
         "fused_segment": lambda x, w, bk, i: mg.multi_lora_gemm(x, w, bk.bank_a, bk.bank_b, bk.ranks, bk.scales,
-                                                                i, mode="segment", validate=False),
+                                                                i, mode="segment", validate=False, adapters=nd),
         "segment_sort": lambda x, w, bk, i: mg.sort_rows(i),
     }
     if adapters <= TORCH_LOOP_MAX_ADAPTERS:
@@ -87,7 +87,7 @@ def bench_case(M, N, r, adapters, copy_tbps, graph=True):
         y = impls[name](x, w, bk, i).double()
         errs[name] = ((y - y_ref).norm() / y_ref.norm()).item()
 
-    plan = mg.choose_plan(M, N, K, r, SLOTS, "gather", dev)
+    plan = mg.choose_plan(M, N, K, r, SLOTS, "gather", dev, adapters=nd)
     floor_us = touched / (copy_tbps * 1e12) * 1e6 if copy_tbps else None
     rows = []
     for name, fn in impls.items():
@@ -99,7 +99,7 @@ def bench_case(M, N, r, adapters, copy_tbps, graph=True):
                "pct_floor": round(100 * floor_us / best, 1) if floor_us and name != "segment_sort" else None,
                "rel_err_vs_shrink_expand": errs.get(name), **t}
         if name in ("fused", "fused_segment"):
-            row["plan"] = {"main": plan.main.to_dict(), "shrink": plan.shrink.to_dict()}
+            row["plan"] = plan.to_dict()
         rows.append(row)
     base = next(rw for rw in rows if rw["impl"] == "cublas_base")
     for rw in rows:

@@ -28,7 +28,10 @@ Rows with id −1 get exactly the base product: the masked low-rank terms add ex
 
 from __future__ import annotations
 
+import functools
+import json
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import triton
@@ -39,7 +42,7 @@ from lowrank_gemm.kernels.schedule import cdiv, grouped_tile, num_sms
 from lowrank_gemm.plan.config import KernelConfig
 from lowrank_gemm.plan.smem import SmemLedger, SmemTerm, barrier_bytes, solve_stages, tile_bytes
 
-__all__ = ["MultiLoRAPlan", "choose_plan", "main_ledger", "can_implement", "sort_rows",
+__all__ = ["MultiLoRAPlan", "choose_plan", "heuristic_plan", "tuned_key", "TUNED_PATH", "main_ledger", "can_implement", "sort_rows",
            "multi_lora_linear", "multi_lora_gemm", "MODES"]
 
 MODES = ("gather", "segment", "auto")
@@ -84,29 +87,58 @@ def _block_rows(row_order_ptr, offs, M, HAS_ORDER: tl.constexpr):
 
 
 @triton.jit
+def _stacked_slots(first, order, ids, j0, DQ: tl.constexpr, BLOCK_R: tl.constexpr):
+    """Adapter slot of each row q of a stacked rank tile [DQ = D·BLOCK_R]: row q belongs to the
+    (j0 + q // BLOCK_R)-th distinct adapter of the row block (−1 past the last one)."""
+    jq = j0 + tl.arange(0, DQ) // BLOCK_R
+    hit = first[:, None] & (order[:, None] == jq[None, :])                    # [BM, DQ]
+    return tl.max(tl.where(hit, ids[:, None], -1), axis=0)                   # [DQ]
+
+
+@triton.jit
+def _stacked_rows(slot_q, ranks_ptr, R_MAX, DQ: tl.constexpr, BLOCK_R: tl.constexpr):
+    """(rank index, live) of each stacked row: live = slot ≥ 0 and rank index < that slot's rank."""
+    rr = tl.arange(0, DQ) % BLOCK_R
+    rank = tl.load(ranks_ptr + slot_q, mask=slot_q >= 0, other=0)
+    rank = tl.minimum(tl.maximum(rank, 0), R_MAX)
+    return rr, (slot_q >= 0) & (rr < rank)
+
+
+@triton.jit
+def _stacked_up(acc, s, ids, slot_q, live_q, rr, b_ptr, stride_bl, stride_bn, stride_br, offs_n, N):
+    """acc [BM, BN] += where(ids == slot_q, s, 0) [BM, DQ] · B_stack [DQ, BN]: D adapters' B tiles
+    in ONE gathered load and ONE MMA (instead of D dependent load → MMA round trips)."""
+    s_x = tl.where((ids[:, None] == slot_q[None, :]) & live_q[None, :], s, 0.0)
+    b_rows = b_ptr + slot_q.to(tl.int64) * stride_bl + rr * stride_br
+    b_t = tl.load(b_rows[:, None] + offs_n[None, :] * stride_bn,
+                  mask=live_q[:, None] & (offs_n[None, :] < N), other=0.0)        # [DQ, BN]
+    return tl.dot(s_x.to(b_t.dtype), b_t, acc)
+
+
+@triton.jit
 def multi_lowrank_up(acc, rows, valid, ids, s_ptr, stride_ss, stride_sm, SPLIT_S, scales_ptr,
                      b_ptr, stride_bl, stride_bn, stride_br, ranks_ptr, R_MAX, offs_n, N,
-                     BM: tl.constexpr, BLOCK_R: tl.constexpr):
-    """acc [BM, BN] += scale[ids]·S[rows]·B[ids, offs_n, :rank]ᵀ, one MMA per distinct adapter.
+                     BM: tl.constexpr, BLOCK_R: tl.constexpr, EPI_D: tl.constexpr):
+    """acc [BM, BN] += scale[ids]·S[rows]·B[ids, offs_n, :rank]ᵀ, EPI_D distinct adapters per MMA.
 
-    S is the shrink workspace [SPLIT_S, M, BLOCK_R] (fp32), summed over its K slices in order;
-    rows whose id is −1 keep acc bit for bit (their S reads as 0 and is masked out of every MMA).
+    S is the shrink workspace [SPLIT_S, M, BLOCK_R] (fp32), summed over its K slices in order and
+    read with its columns repeated EPI_D times (so it lines up with the stacked B tile); rows whose
+    id is −1 keep acc bit for bit (their S is masked out of every MMA).
     """
-    offs_r = tl.arange(0, BLOCK_R)
+    DQ: tl.constexpr = EPI_D * BLOCK_R
+    offs_q = tl.arange(0, DQ)
     has = valid & (ids >= 0)
-    s_ptrs = s_ptr + rows[:, None].to(tl.int64) * stride_sm + offs_r[None, :]
-    s = tl.zeros((BM, BLOCK_R), tl.float32)
+    s_ptrs = s_ptr + rows[:, None].to(tl.int64) * stride_sm + (offs_q % BLOCK_R)[None, :]
+    s = tl.zeros((BM, DQ), tl.float32)
     for sp in range(0, SPLIT_S):
         s += tl.load(s_ptrs + sp * stride_ss, mask=has[:, None], other=0.0)
     scale = tl.load(scales_ptr + ids, mask=has, other=0.0).to(tl.float32)
     s = s * scale[:, None]
     first, order, count = _distinct(ids, BM)
-    for j in range(0, count):
-        cur = tl.max(tl.where(first & (order == j), ids, -1), axis=0)
-        rank = tl.minimum(tl.maximum(tl.load(ranks_ptr + cur), 0), R_MAX)
-        s_l = tl.where((ids == cur)[:, None], s, 0.0)
-        acc = lowrank_up(acc, s_l, b_ptr + cur.to(tl.int64) * stride_bl, stride_bn, stride_br,
-                         offs_n, N, rank, BLOCK_R)
+    for j0 in range(0, count, EPI_D):
+        slot_q = _stacked_slots(first, order, ids, j0, DQ, BLOCK_R)
+        rr, live_q = _stacked_rows(slot_q, ranks_ptr, R_MAX, DQ, BLOCK_R)
+        acc = _stacked_up(acc, s, ids, slot_q, live_q, rr, b_ptr, stride_bl, stride_bn, stride_br, offs_n, N)
     return acc
 
 
@@ -161,47 +193,133 @@ def _mlora_shrink_kernel(
 @triton.jit
 def _mlora_main_kernel(
         x_ptr,          # (M, K)
+        x_desc,         # (M, K) TensorDescriptor, block [BM, BK] when X_TMA (else a dummy pointer)
         w_desc,         # (N, K) TensorDescriptor, block [BN, BK]  (or raw pointer when not USE_TMA)
         y_ptr,          # (M, N), out
         bias_ptr,       # (N,) or dummy
         ids_ptr,        # (M,) int32
         row_order_ptr,  # (M,) int32 or dummy
-        s_ptr,          # (SPLIT_S, M, BLOCK_R) fp32 from the shrink kernel
+        s_ptr,          # (SPLIT_S, M, BLOCK_R) fp32 from the shrink kernel (FUSE_D == 0)
         scales_ptr,     # (L,) fp32
+        a_ptr,          # (L, R_MAX, K)                            (FUSE_D > 0)
         b_ptr,          # (L, N, R_MAX)
         ranks_ptr,      # (L,) int32
+        ws_ptr,         # (tiles, SPLIT_K, BM, BN) fp32 split-K partials              (SPLIT_K > 1)
+        sws_ptr,        # (tiles, SPLIT_K, BM, FUSE_D·BLOCK_R) fp32 S partials (SPLIT_K > 1, FUSE_D > 0)
+        cnt_ptr,        # (tiles,) int32 arrival tickets, zero on entry, left zero on exit (SPLIT_K > 1)
         M, N, K, L, R_MAX, SPLIT_S,
         stride_xm, stride_xk, stride_wn, stride_wk, stride_ym, stride_yn,
-        stride_ss, stride_sm, stride_bl, stride_bn, stride_br,
+        stride_ss, stride_sm, stride_al, stride_ar, stride_ak, stride_bl, stride_bn, stride_br,
         BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, BLOCK_R: tl.constexpr,
         GROUP_M: tl.constexpr, HAS_ORDER: tl.constexpr, HAS_LORA: tl.constexpr,
-        HAS_BIAS: tl.constexpr, USE_TMA: tl.constexpr):
+        HAS_BIAS: tl.constexpr, USE_TMA: tl.constexpr, X_TMA: tl.constexpr = False,
+        FUSE_D: tl.constexpr = 0, EPI_D: tl.constexpr = 1, SPLIT_K: tl.constexpr = 1):
+    FUSED: tl.constexpr = HAS_LORA and FUSE_D > 0
+    DQ: tl.constexpr = max(FUSE_D, 1) * BLOCK_R
+    tile = tl.program_id(0)
+    pid_k = tl.program_id(1)
     num_pid_m = tl.cdiv(M, BM)
     num_pid_n = tl.cdiv(N, BN)
-    pid_m, pid_n = grouped_tile(tl.program_id(0), num_pid_m, num_pid_n, GROUP_M)
+    pid_m, pid_n = grouped_tile(tile, num_pid_m, num_pid_n, GROUP_M)
 
     rows, valid = _block_rows(row_order_ptr, pid_m * BM + tl.arange(0, BM), M, HAS_ORDER)
     offs_n = pid_n * BN + tl.arange(0, BN)
     x_ptrs = x_ptr + rows[:, None].to(tl.int64) * stride_xm
+    ids = _safe_ids(ids_ptr, rows, valid, L)
+    per_split = tl.cdiv(tl.cdiv(K, BK), SPLIT_K) * BK
+    k_lo = pid_k * per_split
+    k_hi = tl.minimum(k_lo + per_split, K)
+
     acc = tl.zeros((BM, BN), tl.float32)
-    for k in range(0, K, BK):
+    s_f = tl.zeros((BM, DQ), tl.float32)
+    if FUSED:
+        # shrink in the k-loop: the first FUSE_D distinct adapters' A rows stacked into one
+        # [DQ, BK] tile per K step; S_all = X·A_stackᵀ rides along the main MMA (X already loaded)
+        first, order, count = _distinct(ids, BM)
+        slot_q = _stacked_slots(first, order, ids, 0, DQ, BLOCK_R)
+        rr, live_q = _stacked_rows(slot_q, ranks_ptr, R_MAX, DQ, BLOCK_R)
+        a_rows = a_ptr + slot_q.to(tl.int64) * stride_al + rr * stride_ar
+    for k in range(k_lo, k_hi, BK):
         offs_k = k + tl.arange(0, BK)
-        xt = tl.load(x_ptrs + offs_k[None, :] * stride_xk, mask=valid[:, None] & (offs_k[None, :] < K),
-                     other=0.0)
+        if X_TMA:
+            xt = x_desc.load([pid_m * BM, k])
+        else:
+            xt = tl.load(x_ptrs + offs_k[None, :] * stride_xk, mask=valid[:, None] & (offs_k[None, :] < k_hi),
+                         other=0.0)
         if USE_TMA:
             wt = w_desc.load([pid_n * BN, k])
         else:
             wt = tl.load(w_desc + offs_n[:, None] * stride_wn + offs_k[None, :] * stride_wk,
-                         mask=(offs_n[:, None] < N) & (offs_k[None, :] < K), other=0.0)
+                         mask=(offs_n[:, None] < N) & (offs_k[None, :] < k_hi), other=0.0)
         acc = tl.dot(xt, wt.T, acc)
+        if FUSED:
+            at = tl.load(a_rows[:, None] + offs_k[None, :] * stride_ak,
+                         mask=live_q[:, None] & (offs_k[None, :] < k_hi), other=0.0)
+            s_f = tl.dot(xt, at.T, s_f)
 
-    if HAS_LORA:
-        ids = _safe_ids(ids_ptr, rows, valid, L)
-        acc = multi_lowrank_up(acc, rows, valid, ids, s_ptr, stride_ss, stride_sm, SPLIT_S, scales_ptr,
-                               b_ptr, stride_bl, stride_bn, stride_br, ranks_ptr, R_MAX, offs_n, N,
-                               BM, BLOCK_R)
-    acc = add_bias(acc, offs_n, N, bias_ptr, HAS_BIAS)
-    store_tile(y_ptr, acc, rows, offs_n, M, N, stride_ym, stride_yn)
+    if SPLIT_K > 1:
+        # deterministic split-K without a second launch: every split parks its fp32 partial, the
+        # last to arrive (ticket) sums all partials in split order and runs the epilogue
+        ob = tl.arange(0, BM)
+        slot = (tile * SPLIT_K + pid_k).to(tl.int64)
+        p_ptrs = ws_ptr + ob[:, None] * BN + tl.arange(0, BN)[None, :]
+        tl.store(p_ptrs + slot * (BM * BN), acc)
+        if FUSED:
+            q_ptrs = sws_ptr + ob[:, None] * DQ + tl.arange(0, DQ)[None, :]
+            tl.store(q_ptrs + slot * (BM * DQ), s_f)
+        tl.debug_barrier()      # all threads' partial stores precede the (one-thread) release
+        ticket = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel", scope="gpu")
+        is_last = ticket == SPLIT_K - 1
+        if is_last:
+            acc = tl.zeros((BM, BN), tl.float32)
+            s_f = tl.zeros((BM, DQ), tl.float32)
+            for sp in tl.static_range(SPLIT_K):
+                acc += tl.load(p_ptrs + (tile * SPLIT_K + sp).to(tl.int64) * (BM * BN), cache_modifier=".cg")
+                if FUSED:
+                    s_f += tl.load(q_ptrs + (tile * SPLIT_K + sp).to(tl.int64) * (BM * DQ), cache_modifier=".cg")
+            tl.atomic_xchg(cnt_ptr + tile, 0, sem="relaxed", scope="gpu")     # ready for the next launch
+    else:
+        is_last = True
+
+    if is_last:
+        if HAS_LORA:
+            if FUSED:
+                has = valid & (ids >= 0)
+                scale = tl.load(scales_ptr + ids, mask=has, other=0.0).to(tl.float32)
+                acc = _stacked_up(acc, s_f * scale[:, None], ids, slot_q, live_q, rr, b_ptr, stride_bl,
+                                  stride_bn, stride_br, offs_n, N)
+                # more distinct adapters than fused (a wrong host hint): exact but slow fallback
+                for j in range(FUSE_D, count):
+                    acc = _late_adapter(acc, j, first, order, ids, x_ptrs, stride_xk, a_ptr, stride_al,
+                                        stride_ar, stride_ak, b_ptr, stride_bl, stride_bn, stride_br,
+                                        scales_ptr, ranks_ptr, R_MAX, offs_n, N, K, BM, BK, BLOCK_R)
+            else:
+                acc = multi_lowrank_up(acc, rows, valid, ids, s_ptr, stride_ss, stride_sm, SPLIT_S, scales_ptr,
+                                       b_ptr, stride_bl, stride_bn, stride_br, ranks_ptr, R_MAX, offs_n, N,
+                                       BM, BLOCK_R, EPI_D)
+        acc = add_bias(acc, offs_n, N, bias_ptr, HAS_BIAS)
+        store_tile(y_ptr, acc, rows, offs_n, M, N, stride_ym, stride_yn)
+
+
+@triton.jit
+def _late_adapter(acc, j, first, order, ids, x_ptrs, stride_xk, a_ptr, stride_al, stride_ar, stride_ak,
+                  b_ptr, stride_bl, stride_bn, stride_br, scales_ptr, ranks_ptr, R_MAX, offs_n, N, K,
+                  BM: tl.constexpr, BK: tl.constexpr, BLOCK_R: tl.constexpr):
+    """acc += scale·(X·A_jᵀ)·B_jᵀ for the j-th distinct adapter, S recomputed over all of K."""
+    cur = tl.max(tl.where(first & (order == j), ids, -1), axis=0)
+    rank = tl.minimum(tl.maximum(tl.load(ranks_ptr + cur), 0), R_MAX)
+    sel = ids == cur
+    offs_r = tl.arange(0, BLOCK_R)
+    a_rows = a_ptr + cur.to(tl.int64) * stride_al + offs_r * stride_ar
+    s = tl.zeros((BM, BLOCK_R), tl.float32)
+    for k in range(0, K, BK):
+        offs_k = k + tl.arange(0, BK)
+        xt = tl.load(x_ptrs + offs_k[None, :] * stride_xk, mask=sel[:, None] & (offs_k[None, :] < K), other=0.0)
+        at = tl.load(a_rows[:, None] + offs_k[None, :] * stride_ak,
+                     mask=(offs_r[:, None] < rank) & (offs_k[None, :] < K), other=0.0)
+        s = tl.dot(xt, at.T, s)
+    s = tl.where(sel[:, None], s * tl.load(scales_ptr + cur), 0.0)
+    return lowrank_up(acc, s, b_ptr + cur.to(tl.int64) * stride_bl, stride_bn, stride_br, offs_n, N, rank, BLOCK_R)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -214,23 +332,52 @@ def _pow2_at_least(v: int, lo: int = 16) -> int:
 
 @dataclass(frozen=True)
 class MultiLoRAPlan:
-    """The two launches' choices. ``main``: the GEMM tile; ``shrink``: block_m = rows per shrink
-    block, block_n = rank slice, block_k = K step, split_k = K slices summed by the epilogue."""
+    """The launches' choices. ``main``: the GEMM tile (``split_k`` > 1: deterministic in-kernel
+    split-K, the last split to arrive reduces); ``shrink``: block_m = rows per shrink block,
+    block_n = rank slice, block_k = K step, split_k = K slices summed by the epilogue.
+    ``fuse_d`` > 0: no shrink launch, S of the first ``fuse_d`` distinct adapters of a row block is
+    accumulated in the main k-loop (more adapters stay exact through a slow fallback);
+    ``epi_d``: distinct adapters per stacked epilogue MMA (shrink-workspace path);
+    ``x_tma``: x tiles through TMA (gather mode only)."""
 
     main: KernelConfig
     shrink: KernelConfig
     use_tma: bool = True
+    fuse_d: int = 0
+    epi_d: int = 1
+    x_tma: bool = False
+
+    def __post_init__(self):
+        for name in ("fuse_d", "epi_d"):
+            v = getattr(self, name)
+            if v < 0 or (v and v & (v - 1)) or (name == "epi_d" and v < 1):
+                raise ValueError(f"MultiLoRAPlan.{name} must be a power of two (fuse_d may be 0), got {v}")
+
+    def to_dict(self) -> dict:
+        return {"main": self.main.to_dict(), "shrink": self.shrink.to_dict(), "use_tma": self.use_tma,
+                "fuse_d": self.fuse_d, "epi_d": self.epi_d, "x_tma": self.x_tma}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "MultiLoRAPlan":
+        return cls(main=KernelConfig.from_dict(d["main"]), shrink=KernelConfig.from_dict(d["shrink"]),
+                   **{k: d[k] for k in ("use_tma", "fuse_d", "epi_d", "x_tma") if k in d})
 
 
-def main_ledger(cfg: KernelConfig, elem_bits: int = 16, use_tma: bool = True) -> SmemLedger:
-    """SMEM of the main kernel: pipelined x and W tiles, TMA barriers; the epilogue's S and B
-    operand tiles reuse the pipeline buffers (dead after the K loop), so only any excess counts."""
+def main_ledger(cfg: KernelConfig, elem_bits: int = 16, use_tma: bool = True, fuse_d: int = 0,
+                epi_d: int = 1) -> SmemLedger:
+    """SMEM of the main kernel: pipelined x, W (and, fused, stacked A) tiles, TMA barriers; the
+    epilogue's S and stacked-B operand tiles reuse the pipeline buffers (dead after the K loop),
+    so only any excess counts."""
+    dq = max(fuse_d, epi_d, 1) * cfg.block_r
     pipe = [
         SmemTerm("x tile", tile_bytes(cfg.block_m, cfg.block_k, elem_bits), cfg.num_stages),
         SmemTerm("W tile", tile_bytes(cfg.block_n, cfg.block_k, elem_bits), cfg.num_stages),
     ]
+    if fuse_d:
+        pipe.append(SmemTerm("A stack tile", tile_bytes(fuse_d * cfg.block_r, cfg.block_k, elem_bits),
+                             cfg.num_stages))
     pipe_bytes = sum(t.total(1) for t in pipe)
-    epi_bytes = (tile_bytes(cfg.block_m, cfg.block_r, elem_bits) + tile_bytes(cfg.block_r, cfg.block_n, elem_bits))
+    epi_bytes = tile_bytes(cfg.block_m, dq, elem_bits) + tile_bytes(dq, cfg.block_n, elem_bits)
     terms = list(pipe)
     if use_tma:
         terms.append(SmemTerm("W TMA barriers", barrier_bytes(1), cfg.num_stages))
@@ -238,24 +385,54 @@ def main_ledger(cfg: KernelConfig, elem_bits: int = 16, use_tma: bool = True) ->
     return SmemLedger(tuple(terms), label=f"multilora main {cfg.block_m}x{cfg.block_n}x{cfg.block_k}")
 
 
-def can_implement(cfg: KernelConfig, elem_bits: int = 16) -> bool:
-    return cfg.split_k == 1 and not cfg.persistent and main_ledger(cfg, elem_bits).fits()
+def can_implement(cfg: KernelConfig, elem_bits: int = 16, fuse_d: int = 0, epi_d: int = 1) -> bool:
+    return not cfg.persistent and main_ledger(cfg, elem_bits, fuse_d=fuse_d, epi_d=epi_d).fits()
 
 
-def choose_plan(M: int, N: int, K: int, r_max: int, L: int, mode: str, device) -> MultiLoRAPlan:
-    """Memory-bound decode shapes (M ≤ 256): enough N-tiles to cover the SMs, deep pipeline."""
-    sms = num_sms(device)
+TUNED_PATH = Path(__file__).resolve().parent.parent / "plan" / "tuned" / "multilora_h200.json"
+
+
+def tuned_key(M: int, N: int, K: int, r_max: int, adapters: int) -> str:
+    """Table key: M and the distinct-adapter bound in power-of-two buckets, exact N and K,
+    BLOCK_R for the rank."""
+    return f"m{_pow2_at_least(M, 1)}_n{N}_k{K}_r{_pow2_at_least(r_max)}_a{_pow2_at_least(adapters, 1)}"
+
+
+@functools.lru_cache(maxsize=4)
+def _load_tuned(path: str) -> dict:
+    p = Path(path)
+    if not p.exists():
+        return {}
+    data = json.loads(p.read_text())
+    if data.get("version") != 1:
+        raise ValueError(f"{p}: unsupported multilora tuned-table version {data.get('version')!r}")
+    return data.get("plans", {})
+
+
+def _on_h200(device) -> bool:
+    device = torch.device(device)
+    return device.type == "cuda" and torch.cuda.is_available() and "H200" in torch.cuda.get_device_name(device)
+
+
+def heuristic_plan(M: int, N: int, K: int, r_max: int, L: int, mode: str, sms: int,
+                   adapters: int | None = None) -> MultiLoRAPlan:
+    """Memory-bound decode shapes (M ≤ 256): wide W tiles (BN 128), in-kernel split-K to cover
+    the SMs when N is small; shrink fused into the k-loop when few adapters can meet in a row
+    block, else a separate shrink and EPI_D adapters per stacked epilogue MMA."""
     block_r = _pow2_at_least(r_max)
     block_m = 64 if M <= 64 else 128
     num_pid_m = cdiv(M, block_m)
     block_n = 128
-    while block_n > 32 and num_pid_m * cdiv(N, block_n) < 0.9 * sms:
-        block_n //= 2       # small N: more, narrower tiles instead of split-K (W still read once)
     block_k = 128 if block_m == 64 else 64
+    tiles = num_pid_m * cdiv(N, block_n)
+    split = max(1, min(sms // tiles, cdiv(K, block_k) // 4, 8))
+    d_bound = max(1, min(M, block_m, L, adapters if adapters is not None else L))
+    fuse_d = _pow2_at_least(d_bound, 1) if _pow2_at_least(d_bound, 1) * block_r <= 64 else 0
+    epi_d = max(1, 64 // block_r)
     base = KernelConfig(block_m=block_m, block_n=block_n, block_k=block_k, block_r=block_r,
-                        group_m=8, num_warps=4 if block_m == 64 else 8)
-    stages, _, _ = solve_stages(lambda s, _l: main_ledger(base.replace(num_stages=s)), min_main=2,
-                                max_main=5)
+                        group_m=8, num_warps=4 if block_m == 64 else 8, split_k=split)
+    stages, _, _ = solve_stages(lambda s, _l: main_ledger(base.replace(num_stages=s), fuse_d=fuse_d,
+                                                          epi_d=epi_d), min_main=2, max_main=5)
     main = base.replace(num_stages=stages)
 
     # shrink: sorted rows share adapters, so bigger blocks; random ids → small blocks
@@ -264,10 +441,24 @@ def choose_plan(M: int, N: int, K: int, r_max: int, L: int, mode: str, device) -
     pairs = cdiv(M, sbm) * min(sbm, max(L, 1)) * (block_r // SHRINK_RANK_BLOCK)
     # every extra K slice costs each main tile one more [rows, BLOCK_R] fp32 read: keep ≤ 32 KiB
     s_budget = max(1, 32768 // (min(M, block_m) * block_r * 4))
-    split = max(1, min(cdiv(2 * sms, pairs), cdiv(K, sbk), s_budget, 32))
+    s_split = max(1, min(cdiv(2 * sms, pairs), cdiv(K, sbk), s_budget, 32))
     shrink = KernelConfig(block_m=sbm, block_n=SHRINK_RANK_BLOCK, block_k=sbk, block_r=block_r,
-                          split_k=split, num_warps=4, num_stages=3)
-    return MultiLoRAPlan(main=main, shrink=shrink)
+                          split_k=s_split, num_warps=4, num_stages=3)
+    return MultiLoRAPlan(main=main, shrink=shrink, fuse_d=fuse_d, epi_d=epi_d)
+
+
+def choose_plan(M: int, N: int, K: int, r_max: int, L: int, mode: str, device,
+                adapters: int | None = None, tuned_path: str | Path | None = None) -> MultiLoRAPlan:
+    """Tuned table (``plan/tuned/multilora_h200.json``, on an H200 or when ``tuned_path`` is
+    given) → :func:`heuristic_plan`. ``adapters``: host-known bound on distinct adapters in the
+    batch (e.g. the bank's loaded count; None → L)."""
+    bound = max(1, min(M, L, adapters if adapters is not None else L))
+    path = tuned_path if tuned_path is not None else (TUNED_PATH if _on_h200(device) else None)
+    if path is not None:
+        hit = _load_tuned(str(path)).get(tuned_key(M, N, K, r_max, bound))
+        if hit is not None:
+            return MultiLoRAPlan.from_dict(hit)
+    return heuristic_plan(M, N, K, r_max, L, mode, num_sms(device), adapters)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -346,15 +537,16 @@ def _w_operand(weight: torch.Tensor, cfg: KernelConfig, use_tma: bool):
 def multi_lora_gemm(x, weight, bank_a, bank_b, ranks, scales, adapter_ids, bias=None, row_order=None,
                     mode: str = "auto", plan: MultiLoRAPlan | None = None, has_lora: bool = True,
                     validate: bool | None = None, out: torch.Tensor | None = None,
-                    poison_workspace: bool = False) -> torch.Tensor:
-    """Launch shrink + main. x [M, K], weight [N, K], bank_a [L, r_max, K], bank_b [L, N, r_max],
+                    poison_workspace: bool = False, adapters: int | None = None) -> torch.Tensor:
+    """Launch (shrink +) main. x [M, K], weight [N, K], bank_a [L, r_max, K], bank_b [L, N, r_max],
     ranks [L] int32, scales [L] fp32, adapter_ids [M] (−1 = base only), bias [N] → y [M, N].
 
     ``mode``: "gather" (rows in place), "segment" (rows walked sorted by adapter; ``row_order``
     may be passed in, else it is computed on device), "auto" (segment when M > 64).
-    ``has_lora=False`` runs the same main kernel without the low-rank epilogue (the base product).
-    ``out`` [M, N] receives y (tests pass it NaN-filled); ``poison_workspace`` NaN-fills the S
-    workspace first, so a read of a slot no shrink program wrote shows up.
+    ``has_lora=False`` runs the same main kernel without the low-rank branch (the base product).
+    ``adapters``: host-known bound on distinct adapters in the batch (plan choice only; a wrong
+    bound stays exact). ``out`` [M, N] receives y (tests pass it NaN-filled); ``poison_workspace``
+    NaN-fills the S and split-K workspaces first, so a read of a slot nobody wrote shows up.
     """
     M, N, K, L, r_max = _check_inputs(x, weight, bank_a, bank_b, ranks, scales, adapter_ids, bias,
                                       row_order, mode)
@@ -373,6 +565,71 @@ def multi_lora_gemm(x, weight, bank_a, bank_b, ranks, scales, adapter_ids, bias=
         y = torch.empty((M, N), dtype=x.dtype, device=x.device)
     if M == 0 or N == 0:
         return y
+    plan = plan or choose_plan(M, N, K, r_max, L, mode, x.device, adapters)
+    cfg, scfg = plan.main, plan.shrink
+    use_tma = plan.use_tma and (K * x.element_size()) % 16 == 0 and weight.stride(1) == 1
+    has_lora = has_lora and L > 0 and r_max > 0
+    ids = adapter_ids if adapter_ids.dtype == torch.int32 else adapter_ids.to(torch.int32)
+    if mode == "segment":
+        order = sort_rows(ids) if row_order is None else row_order
+    else:
+        order = None
+    order_arg = order if order is not None else ids      # dummy pointer when HAS_ORDER is False
+    block_r = _pow2_at_least(r_max)
+    if cfg.block_r != block_r:
+        cfg = cfg.replace(block_r=block_r)
+    fuse_d = plan.fuse_d if has_lora else 0
+    x_tma = (plan.x_tma and use_tma and order is None and x.stride(1) == 1
+             and (x.stride(0) * x.element_size()) % 16 == 0)
+
+    split_s = scfg.split_k if has_lora and not fuse_d else 1
+    s_ws = torch.empty((split_s, M, block_r), dtype=torch.float32, device=x.device)
+    if poison_workspace:
+        s_ws.fill_(float("nan"))
+    if has_lora and not fuse_d:
+        sbm = scfg.block_m
+        max_distinct = min(sbm, L)
+        num_rb = block_r // scfg.block_n
+        k_per_split = cdiv(cdiv(K, split_s), scfg.block_k) * scfg.block_k
+        grid_s = (cdiv(M, sbm) * max_distinct * num_rb * split_s,)
+        _mlora_shrink_kernel[grid_s](
+            x, bank_a, ids, order_arg, ranks, s_ws, M, K, L, r_max, k_per_split,
+            x.stride(0), x.stride(1), bank_a.stride(0), bank_a.stride(1), bank_a.stride(2),
+            s_ws.stride(0), s_ws.stride(1),
+            MAX_DISTINCT=max_distinct, NUM_RB=num_rb, SPLIT_S=split_s, BM=sbm, BR=scfg.block_n,
+            BK=scfg.block_k, HAS_ORDER=order is not None, num_warps=scfg.num_warps,
+            num_stages=scfg.num_stages)
+
+    tiles = cdiv(M, cfg.block_m) * cdiv(N, cfg.block_n)
+    split_k = max(1, min(cfg.split_k, cdiv(K, cfg.block_k)))
+    if split_k > 1:
+        ws = torch.empty((tiles, split_k, cfg.block_m, cfg.block_n), dtype=torch.float32, device=x.device)
+        sws = torch.empty((tiles, split_k, cfg.block_m, max(fuse_d, 1) * block_r) if fuse_d else (1,),
+                          dtype=torch.float32, device=x.device)
+        cnt = torch.zeros((tiles,), dtype=torch.int32, device=x.device)
+        if poison_workspace:
+            ws.fill_(float("nan"))
+            sws.fill_(float("nan"))
+    else:
+        ws = sws = s_ws
+        cnt = ids
+    if x_tma:
+        from triton.tools.tensor_descriptor import TensorDescriptor
+        x_desc = TensorDescriptor(x, shape=list(x.shape), strides=list(x.stride()),
+                                  block_shape=[cfg.block_m, cfg.block_k])
+    else:
+        x_desc = x
+    _mlora_main_kernel[(tiles, split_k)](
+        x, x_desc, _w_operand(weight, cfg, use_tma), y, bias if bias is not None else x, ids, order_arg, s_ws,
+        scales, bank_a, bank_b, ranks, ws, sws, cnt, M, N, K, L, r_max, split_s,
+        x.stride(0), x.stride(1), weight.stride(0), weight.stride(1), y.stride(0), y.stride(1),
+        s_ws.stride(0), s_ws.stride(1), bank_a.stride(0), bank_a.stride(1), bank_a.stride(2),
+        bank_b.stride(0), bank_b.stride(1), bank_b.stride(2),
+        BM=cfg.block_m, BN=cfg.block_n, BK=cfg.block_k, BLOCK_R=block_r, GROUP_M=cfg.group_m,
+        HAS_ORDER=order is not None, HAS_LORA=has_lora, HAS_BIAS=bias is not None, USE_TMA=use_tma,
+        X_TMA=x_tma, FUSE_D=fuse_d, EPI_D=plan.epi_d, SPLIT_K=split_k,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    return y
     plan = plan or choose_plan(M, N, K, r_max, L, mode, x.device)
     cfg, scfg = plan.main, plan.shrink
     use_tma = plan.use_tma and (K * x.element_size()) % 16 == 0 and weight.stride(1) == 1

@@ -1,0 +1,200 @@
+"""Probe: fused multi-LoRA GEMM plan variants vs cuBLAS and shrink_expand, one process, ≤ 120 s.
+
+    PYTHONPATH=src python scripts/probe_multilora.py --out DIR [--write-tuned] [--budget-s 105]
+
+Cases: bf16, K=4096, r=16, a bank of 64 slots, M ∈ {64, 256} × N ∈ {28672, 4096} × adapters
+∈ {1, 4, 16, 64} (random ids). Per case: cublas_base, shrink_expand, the old default plan
+(``legacy``: BN shrunk to 32, two launches, one adapter per epilogue MMA), the new heuristic
+(``heur``) and a few one-knob variants of it (fuse_d / epi_d / split_k / x_tma / BN), plus both
+plans with ``has_lora=False`` (``*_base``: the base GEMM alone, to separate base efficiency from
+branch cost). Every candidate is checked against the float64 reference (rel err) before timing;
+one that fails to compile, raises or is wrong is reported and skipped. Times: CUDA-graph replay
+medians (µs), inputs rotated past the L2. No candidate can block: split-K uses arrival tickets,
+never waits on another program.
+
+Writes DIR/probe_multilora.json (all rows) and DIR/multilora_h200.json (the fastest correct fused
+plan per case, in the tuned-table format read by ``multilora_gemm.choose_plan``); with
+``--write-tuned`` also into ``src/lowrank_gemm/plan/tuned/multilora_h200.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+K, R, SLOTS = 4096, 16, 64
+CASES = [(M, N, a) for M in (64, 256) for N in (4096, 28672) for a in (1, 4, 16, 64)]   # M=64 first
+REL_TOL = 1e-2      # bf16 output rounding is ~3e-3 relative; a wrong tile is O(1)
+
+
+def legacy_plan(mg, M, N, r_max, L, sms):
+    """The plan shipped before this probe (BN shrunk to 32 for small N, shrink launch, EPI_D 1)."""
+    p = mg.heuristic_plan(M, N, K, r_max, L, "gather", sms)
+    block_m = p.main.block_m
+    block_n = 128
+    while block_n > 32 and math.ceil(M / block_m) * math.ceil(N / block_n) < 0.9 * sms:
+        block_n //= 2
+    base = p.main.replace(block_n=block_n, split_k=1)
+    stages, _, _ = mg.solve_stages(lambda s, _l: mg.main_ledger(base.replace(num_stages=s)), min_main=2, max_main=5)
+    return mg.MultiLoRAPlan(main=base.replace(num_stages=stages), shrink=p.shrink)
+
+
+def restage(mg, plan):
+    """Deepest pipeline that fits for this plan's fuse_d / epi_d."""
+    stages, _, _ = mg.solve_stages(
+        lambda s, _l: mg.main_ledger(plan.main.replace(num_stages=s), fuse_d=plan.fuse_d, epi_d=plan.epi_d),
+        min_main=2, max_main=5)
+    return mg.MultiLoRAPlan(**{**plan.__dict__, "main": plan.main.replace(num_stages=stages)})
+
+
+def candidates(mg, M, N, adapters, sms):
+    """name → (plan, has_lora). One knob changed per variant, so each row reads as a delta."""
+    h = mg.heuristic_plan(M, N, K, R, SLOTS, "gather", sms, adapters=adapters)
+    old = legacy_plan(mg, M, N, R, SLOTS, sms)
+    var = lambda **kw: restage(mg, mg.MultiLoRAPlan(**{**h.__dict__, **kw}))  # noqa: E731
+    out = {"legacy": (old, True), "legacy_base": (old, False), "heur": (h, True), "heur_base": (h, False),
+           "heur_x_tma": (var(x_tma=True), True)}
+    d = 1 << max(0, (min(adapters, h.main.block_m) - 1).bit_length())
+    if h.fuse_d:
+        out["heur_fuse0_epi4"] = (var(fuse_d=0, epi_d=4), True)
+    elif d * R <= 64:
+        out[f"heur_fuse{d}"] = (var(fuse_d=d), True)
+    if not h.fuse_d and adapters > 1:
+        out["heur_epi1"] = (var(epi_d=1), True)
+        out["heur_epi8"] = (var(epi_d=8), True)
+    s = h.main.split_k
+    tiles = math.ceil(M / h.main.block_m) * math.ceil(N / h.main.block_n)
+    if s > 1:
+        out[f"heur_split{s // 2}"] = (var(main=h.main.replace(split_k=s // 2)), True)
+    if tiles < 2 * sms:
+        out[f"heur_split{2 * s}"] = (var(main=h.main.replace(split_k=2 * s)), True)
+    bn64_split = max(1, min(sms // (2 * tiles), 8))
+    out["heur_bn64"] = (var(main=h.main.replace(block_n=64, split_k=bn64_split)), True)
+    return out
+
+
+def make_sets(M, N, adapters, dev, seed):
+    from lowrank_gemm.bench.common import rotation_count
+    from lowrank_gemm.bench.multilora import _bank, _ids, floor_bytes
+    gen_cpu = torch.Generator().manual_seed(seed)
+    gen = torch.Generator(device=dev).manual_seed(seed)
+    ids, distinct = _ids(M, adapters, dev, gen_cpu)
+    n_sets = rotation_count(floor_bytes(M, N, R, len(distinct)))
+    sets = []
+    for _ in range(n_sets):
+        x = torch.randn(M, K, device=dev, generator=gen).to(torch.bfloat16)
+        w = (torch.randn(N, K, device=dev, generator=gen) / math.sqrt(K)).to(torch.bfloat16)
+        sets.append((x, w, _bank(N, R, dev, gen), ids))
+    return sets, distinct
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True, help="output directory")
+    ap.add_argument("--write-tuned", action="store_true",
+                    help="also write the winners into src/lowrank_gemm/plan/tuned/multilora_h200.json")
+    ap.add_argument("--budget-s", type=float, default=105.0, help="stop starting new timings after this")
+    ap.add_argument("--cases", default="", help="subset, e.g. '64x4096x1,256x28672x16' (MxNxadapters)")
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        raise SystemExit("the probe needs a CUDA GPU")
+    from lowrank_gemm.bench.common import device_meta, measure_copy_tbps, time_graph
+    from lowrank_gemm.bench.multilora import floor_bytes
+    from lowrank_gemm.kernels import multilora_gemm as mg
+    from lowrank_gemm.kernels._multilora_baselines import shrink_expand
+    from lowrank_gemm.reference import multi_lora_linear_ref
+
+    t0 = time.time()
+    dev = torch.device("cuda")
+    sms = mg.num_sms(dev)
+    copy = measure_copy_tbps(2**30)
+    cases = CASES if not args.cases else [tuple(int(v) for v in c.split("x")) for c in args.cases.split(",")]
+    rows, winners, skipped = [], {}, []
+    for M, N, adapters in cases:
+        if time.time() - t0 > args.budget_s:
+            skipped.append(f"{M}x{N}x{adapters}")
+            continue
+        sets, distinct = make_sets(M, N, adapters, dev, seed=M * 131 + N + adapters)
+        x, w, bk, ids = sets[0]
+        ref = multi_lora_linear_ref(x, w, bk.bank_a, bk.bank_b, ids, bk.scales, bk.ranks)
+        ref_base = x.double() @ w.double().T
+        floor_us = floor_bytes(M, N, R, len(distinct)) / (copy * 1e12) * 1e6
+        impls = {"cublas_base": (lambda x, w, bk, i: torch.nn.functional.linear(x, w), None, False),
+                 "shrink_expand": (lambda x, w, bk, i: shrink_expand(x, w, bk.bank_a, bk.bank_b, bk.ranks,
+                                                                     bk.scales, i), None, True)}
+        for name, (plan, has_lora) in candidates(mg, M, N, adapters, sms).items():
+            fn = (lambda p, hl: lambda x, w, bk, i: mg.multi_lora_gemm(
+                x, w, bk.bank_a, bk.bank_b, bk.ranks, bk.scales, i, mode="gather", plan=p, has_lora=hl,
+                validate=False))(plan, has_lora)
+            impls[name] = (fn, plan, has_lora)
+        case_rows = []
+        for name, (fn, plan, has_lora) in impls.items():
+            row = {"M": M, "N": N, "K": K, "r": R, "adapters": len(distinct), "impl": name,
+                   "floor_us": round(floor_us, 2), "plan": plan.to_dict() if plan else None}
+            if time.time() - t0 > args.budget_s:
+                row["status"] = "skipped (budget)"
+                case_rows.append(row)
+                continue
+            try:
+                y = fn(*sets[0]).double()
+                want = ref if has_lora else ref_base
+                err = ((y - want).norm() / want.norm()).item()
+                row["rel_err"] = float(f"{err:.3g}")
+                if not math.isfinite(err) or err > REL_TOL:
+                    row["status"] = "WRONG"
+                else:
+                    g = time_graph(fn, sets)
+                    row.update(status="ok", graph_us=round(g.median_us, 2), p20_us=round(g.p20_us, 2),
+                               p80_us=round(g.p80_us, 2), pct_floor=round(100 * floor_us / g.median_us, 1))
+            except Exception as exc:  # a candidate that cannot compile or run is reported, not fatal
+                row["status"] = f"ERROR {type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"
+                traceback.print_exc(limit=2, file=sys.stderr)
+            case_rows.append(row)
+        base = next((r_["graph_us"] for r_ in case_rows if r_["impl"] == "cublas_base" and "graph_us" in r_), None)
+        for r_ in case_rows:
+            if base and "graph_us" in r_:
+                r_["vs_cublas"] = round(r_["graph_us"] / base, 3)
+        fused_ok = [r_ for r_ in case_rows if r_.get("plan") and r_["impl"] != "legacy_base"
+                    and not r_["impl"].endswith("_base") and r_.get("status") == "ok"]
+        if fused_ok:
+            best = min(fused_ok, key=lambda r_: r_["graph_us"])
+            best["winner"] = True
+            winners[mg.tuned_key(M, N, K, R, len(distinct))] = best["plan"]
+        rows += case_rows
+        del sets
+        torch.cuda.empty_cache()
+        print(f"[{time.time() - t0:5.1f}s] M={M} N={N} a={len(distinct)}  " + "  ".join(
+            f"{r_['impl']}={r_.get('graph_us', r_.get('status'))}" for r_ in case_rows), flush=True)
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    meta = device_meta(copy) | {"K": K, "r": R, "slots": SLOTS, "elapsed_s": round(time.time() - t0, 1),
+                                "skipped_cases": skipped}
+    (out / "probe_multilora.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")
+    table = {"version": 1, "note": "written by scripts/probe_multilora.py: fastest correct fused plan per "
+             "case; keys from multilora_gemm.tuned_key(M, N, K, r_max, distinct adapters)", "plans": winners}
+    (out / "multilora_h200.json").write_text(json.dumps(table, indent=1) + "\n")
+    if args.write_tuned:
+        mg.TUNED_PATH.parent.mkdir(parents=True, exist_ok=True)
+        mg.TUNED_PATH.write_text(json.dumps(table, indent=1) + "\n")
+
+    print("\n| M | N | a | floor | impl | graph µs | ×cuBLAS | %floor | rel err | status |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for r_ in rows:
+        print(f"| {r_['M']} | {r_['N']} | {r_['adapters']} | {r_['floor_us']} | {r_['impl']}{' **win**' if r_.get('winner') else ''} "
+              f"| {r_.get('graph_us', '')} | {r_.get('vs_cublas', '')} | {r_.get('pct_floor', '')} "
+              f"| {r_.get('rel_err', '')} | {r_.get('status', '')} |")
+    print(f"\nwrote {out / 'probe_multilora.json'} and {out / 'multilora_h200.json'}"
+          f"{' and ' + str(mg.TUNED_PATH) if args.write_tuned else ''}; {time.time() - t0:.1f}s"
+          f"{'; skipped ' + ','.join(skipped) if skipped else ''}")
+
+
+if __name__ == "__main__":
+    main()
