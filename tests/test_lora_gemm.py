@@ -222,6 +222,52 @@ def test_weight_cache_tracks_inplace_edits():
     assert not torch.equal(y1, y2)
 
 
+def test_weight_cache_is_an_lru_bounded_by_entries_and_bytes():
+    cache = LG._WeightCache(capacity=3, max_bytes=3 * 64)       # 64 B per [4, 4] fp32 entry
+    ts = [torch.randn(4, 4) for _ in range(5)]
+    builds = []
+
+    def get(i):
+        return cache.get("k", (ts[i],), (), lambda: builds.append(i) or ts[i] * 2)
+    for i in (0, 1, 2, 0, 3):           # 0 is refreshed before 3 arrives: 1 is the LRU victim
+        get(i)
+    assert builds == [0, 1, 2, 3] and len(cache.entries) == 3
+    get(0), get(2), get(3)
+    assert builds == [0, 1, 2, 3]        # steady state over a rotation that fits: no rebuilds
+    get(1)
+    assert builds[-1] == 1 and len(cache.entries) == 3
+    small = LG._WeightCache(capacity=8, max_bytes=100)          # bytes bind before entries
+    for t in ts[:3]:
+        small.get("k", (t,), (), lambda t=t: t.clone())
+    assert len(small.entries) == 1      # newest is always kept, even above the byte bound
+
+
+def test_direct_eager_path_only_for_plain_tensors():
+    x, w, a, b, bias = make(6, 16, 16, 4)
+    assert LG._direct_ok(x, w, a, b, bias) and LG._direct_ok(x, torch.nn.Parameter(w, requires_grad=False), a, b, None)
+    wg = w.clone().requires_grad_()
+    assert not LG._direct_ok(x, wg, a, b, None)
+    with torch.no_grad():
+        assert LG._direct_ok(x, wg, a, b, None)
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    with FakeTensorMode():
+        assert not LG._direct_ok(torch.empty(2, 2), w, a, b, None)
+    y_direct = lora_linear(x, w, a, b, 0.5, bias)
+    y_op = torch.ops.lowrank_gemm.lora_linear(x, w, a, b, 0.5, bias, "auto")
+    assert torch.equal(y_direct, y_op)
+
+
+def test_split_down_projection_k_slices():
+    # S from K slices summed in order by the main epilogue, and by the reduce kernel after split-K
+    assert LG.down_splits(256, 16, 4096, 16, 132) == 4 and LG.down_splits(4096, 16, 4096, 16, 132) == 2
+    assert LG.down_splits(64, 16, 256, 16, 132) == 1            # keeps ≥ 4 K steps per slice
+    x, w, a, b, bias = make(40, 50, 96, 24)
+    for split_k in (1, 2):
+        cfg = cfg_for(16, split_k=split_k)
+        assert rel_err(run_poisoned("split", x, w, a, b, 0.5, bias, cfg),
+                       lora_linear_ref(x, w, a, b, 0.5, bias)) < REL_TOL
+
+
 def test_cpu_without_interpreter_falls_back_to_torch(monkeypatch):
     monkeypatch.setattr(LG, "_interpreting", lambda: False)
     called = []
@@ -292,8 +338,9 @@ def main_signature(bm, bn, bk, br, dt="bf16"):
     sig = {"x_desc": f"tensordesc<{dt}[{bm}, {bk}]>", "w_desc": f"tensordesc<{dt}[{bn}, {bk}]>",
            "a_desc": f"tensordesc<{dt}[{br}, {bk}]>", "s_ptr": "*fp32", "b_ptr": f"*{dt}",
            "bias_ptr": f"*{dt}", "y_ptr": f"*{dt}", "sws_ptr": "*fp32",
-           "M": "i32", "N": "i32", "K": "i32", "R": "i32", "scale": "fp32"}
-    sig.update({k: "i32" for k in ("stride_sm", "stride_sr", "stride_bn", "stride_br", "stride_yk",
+           "M": "i32", "N": "i32", "K": "i32", "R": "i32", "scale": "fp32", "SPLIT_K": "i32",
+           "S_SPLITS": "i32"}
+    sig.update({k: "i32" for k in ("stride_sk", "stride_sm", "stride_sr", "stride_bn", "stride_br", "stride_yk",
                                    "stride_ym", "stride_yn", "stride_swk", "stride_swm", "stride_swr")})
     return sig
 
@@ -308,13 +355,13 @@ def persistent_signature(bm, bn, bk, br, dt="bf16"):
     return sig
 
 
-def compile_main(cfg: KernelConfig, lowrank: int, partial=False):
+def compile_main(cfg: KernelConfig, lowrank: int, partial=False, r_chunks=1):
     from lowrank_gemm.kernels.aot import compile_sm90
     c = cfg
     return compile_sm90(MOD, "lora_main_kernel", main_signature(c.block_m, c.block_n, c.block_k, c.block_r),
                         dict(BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, BLOCK_R=c.block_r,
-                             GROUP_M=c.group_m, SPLIT_K=c.split_k, LOWRANK=lowrank, HAS_BIAS=True,
-                             PARTIAL=partial), num_warps=c.num_warps, num_stages=c.num_stages)
+                             GROUP_M=c.group_m, LOWRANK=lowrank, HAS_BIAS=True,
+                             PARTIAL=partial, R_CHUNKS=r_chunks), num_warps=c.num_warps, num_stages=c.num_stages)
 
 
 def compile_persistent(cfg: KernelConfig, dynamic: bool):
@@ -335,6 +382,9 @@ H200_CFG = KernelConfig(block_m=64, block_n=128, block_k=128, block_r=16, num_wa
     ("kloop split-K partial", lambda: compile_main(H200_CFG.replace(split_k=4), LG.K_.LOWRANK_KLOOP, True)),
     ("split main", lambda: compile_main(H200_CFG.replace(block_m=128, block_k=64, block_r=64),
                                         LG.K_.LOWRANK_GLOBAL)),
+    ("split main, planner's 128x256 8 warps, r 64 in 4 unrolled chunks",
+     lambda: compile_main(KernelConfig(block_m=128, block_n=256, block_k=64, block_r=16, num_warps=8,
+                                       num_stages=4), LG.K_.LOWRANK_GLOBAL, r_chunks=4)),
     ("persistent dynamic", lambda: compile_persistent(H200_CFG.replace(block_m=128, block_k=64, num_stages=3), True)),
 ])
 def test_sm90_ptx_uses_wgmma_and_tma(name, compile_):

@@ -53,6 +53,43 @@ def test_heuristic_rules():
     assert s == "split"                                  # rank 128 would spill S in kloop
 
 
+def test_heuristic_decode_one_wave_and_split_block_r():
+    # N=28672: 224 tiles of 128 would be 1.7 waves on 132 SMs → 112 tiles of 256, one wave
+    s, c = heuristic_lora(64, 28672, 4096, 16, 16, gpu=True, sms=H200_SMS)
+    assert (s, c.block_m, c.block_n, c.split_k) == ("kloop", 64, 256, 1) and c.num_stages >= 4
+    s, c = heuristic_lora(256, 28672, 4096, 16, 16, gpu=True, sms=H200_SMS)
+    assert (s, c.block_m, c.block_n, c.num_warps) == ("split", 128, 256, 8)
+    s, c = heuristic_lora(1024, 4096, 4096, 64, 16, gpu=True, sms=H200_SMS)
+    assert s == "split" and c.block_r == P.SPLIT_BLOCK_R      # rank walked in chunks: no spills
+
+
+def test_probe_candidates_are_short_feasible_and_reused(tmp_path):
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("probe_lora", P.TUNED_DIR.parents[3] / "scripts" / "probe_lora.py")
+    probe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(probe)
+    tiles = set()
+    for M, K, N, r in probe.points(quick=False):
+        cands = probe.candidates(M, N, K, r, H200_SMS)
+        assert 2 <= len(cands) <= probe.MAX_CANDIDATES
+        assert len({(s, c) for _, s, c in cands}) == len(cands)
+        for _, s, c in cands:
+            assert can_implement(s, (M, N, K, r), c), (M, N, K, r, s, c)
+            tiles.add((s, c.block_m, c.block_n, c.block_k, c.block_r, c.num_warps, c.num_stages))
+    assert len(tiles) <= 40                  # compiles are shared across (K, N)
+    rows = [{"M": 64, "N": 4096, "K": 4096, "r": 16, "strategy": "cublas", "graph_us": 14.0},
+            {"M": 64, "N": 4096, "K": 4096, "r": 16, "strategy": "kloop", "graph_us": 12.0,
+             "config": KernelConfig(block_m=64).to_dict()},
+            {"M": 64, "N": 4096, "K": 4096, "r": 16, "strategy": "split", "graph_us": 13.0,
+             "config": KernelConfig().to_dict()},
+            {"M": 64, "N": 4096, "K": 4096, "r": 16, "strategy": "persistent_static", "graph_us": 1.0,
+             "config": KernelConfig().to_dict()}]
+    table = probe.winners(rows, allow_persistent=False)
+    hit = table[tuned_key(64, 4096, 4096, 16, torch.bfloat16)]
+    assert hit["strategy"] == "kloop" and hit["x_cublas"] == round(12 / 14, 3)
+    assert KernelConfig.from_dict(hit["config"]).block_m == 64
+
+
 def test_can_implement_reasons():
     c = KernelConfig(block_r=16)
     assert "rank 40 > block_r 16" in can_implement("kloop", (8, 8, 64, 40), c).reason

@@ -50,7 +50,7 @@ def floor_bytes(M, N, r, distinct):
     return 2 * (N * K + M * K + M * N + distinct * (r * K + N * r))
 
 
-def bench_case(M, N, r, adapters, copy_tbps, graph=True):
+def bench_case(M, N, r, adapters, copy_tbps, graph=True, only=None):
     from lowrank_gemm.kernels import multilora_gemm as mg
     from lowrank_gemm.kernels._multilora_baselines import shrink_expand, torch_loop
     dev = torch.device("cuda")
@@ -91,6 +91,8 @@ def bench_case(M, N, r, adapters, copy_tbps, graph=True):
     floor_us = touched / (copy_tbps * 1e12) * 1e6 if copy_tbps else None
     rows = []
     for name, fn in impls.items():
+        if only and name not in only:
+            continue
         t = time_impl(fn, sets, graph=graph)
         best = t.get("graph_us") or t["median_us"]
         row = {"suite": SUITE, "impl": name, "M": M, "N": N, "K": K, "r": r, "dtype": "bf16",
@@ -176,7 +178,9 @@ def main(argv=None):
     ap.add_argument("--quick", action="store_true", help="a small grid (≤ 2 minutes)")
     ap.add_argument("--out", default=str(RESULTS_DIR), help="output directory")
     ap.add_argument("--no-graph", action="store_true", help="eager timings only")
+    ap.add_argument("--only", default="", help="comma list of impls to time (default: all)")
     args = ap.parse_args(argv)
+    only = {x for x in args.only.split(",") if x} or None
     if not torch.cuda.is_available():
         raise SystemExit("the multilora benchmark needs a CUDA GPU")
     grid = QUICK if args.quick else FULL
@@ -188,7 +192,7 @@ def main(argv=None):
         for r in grid["r"]:
             for M in grid["M"]:
                 for a in grid["adapters"]:
-                    rows += bench_case(M, N, r, a, copy, graph=not args.no_graph)
+                    rows += bench_case(M, N, r, a, copy, graph=not args.no_graph, only=only)
                     last = {rw["impl"]: rw.get("graph_us") for rw in rows[-6:]}
                     print(f"[{time.time() - t0:6.1f}s] N={N} r={r} M={M} adapters={a}: {last}", flush=True)
     data = {"meta": meta, "rows": rows}

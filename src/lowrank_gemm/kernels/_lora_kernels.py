@@ -11,8 +11,9 @@ Kernels:
 - ``lora_main_kernel``: grouped-order tiles, optional deterministic split-K (``PARTIAL``: raw fp32
   partials to a workspace, epilogue in ``lora_reduce_kernel``). ``LOWRANK`` selects the branch:
   NONE (plain GEMM), KLOOP (S accumulated from the X tiles already in SMEM), GLOBAL (S read from
-  an fp32 [M, R] buffer written by ``lora_down_kernel``).
-- ``lora_down_kernel``: S = scale · X·Aᵀ, fp32 [M, R].
+  an fp32 [S_SPLITS, M, R] buffer of K-slice partials written by ``lora_down_kernel``, summed in
+  slice order in the epilogue).
+- ``lora_down_kernel``: S = scale · X·Aᵀ, fp32 [S_SPLITS, M, R] (grid over M, R and K slices).
 - ``lora_reduce_kernel``: sums split-K partials in a fixed order, adds S·Bᵀ and bias, stores.
 - ``lora_persistent_kernel``: two-phase persistent grid; tasks 0..num_pid_m-1 produce S blocks and
   raise a per-M-block flag, the remaining tasks are main tiles in grouped order whose epilogue
@@ -84,23 +85,44 @@ def _lowrank_from_buffer(acc, s_ptr, stride_sk, stride_sm, stride_sr, S_SPLITS, 
 
 
 @triton.jit
+def _lowrank_from_slices(acc, s_ptr, stride_sk, stride_sm, stride_sr, S_SPLITS,
+                         b_ptr, stride_bn, stride_br, offs_m, offs_n, M, N, R,
+                         BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr, R_CHUNKS: tl.constexpr):
+    """As :func:`_lowrank_from_buffer` (scale already in S) with a compile-time number of rank
+    chunks: unrolled, so the [BM, BN] accumulator is not carried through a runtime loop (ptxas
+    then keeps extra copies of it: 128×256 fp32 over 8 warps went to 255 regs + spills)."""
+    for c in tl.static_range(R_CHUNKS):
+        offs_r = c * BLOCK_R + tl.arange(0, BLOCK_R)
+        mask = (offs_m[:, None] < M) & (offs_r[None, :] < R)
+        ptrs = s_ptr + offs_m[:, None] * stride_sm + offs_r[None, :] * stride_sr
+        s = tl.zeros((BLOCK_M, BLOCK_R), dtype=tl.float32)
+        for k in range(S_SPLITS):
+            s += tl.load(ptrs + k * stride_sk, mask=mask, other=0.0, cache_modifier=".cg")
+        acc = lowrank_up(acc, s, b_ptr + c * BLOCK_R * stride_br, stride_bn, stride_br,
+                         offs_n, N, R - c * BLOCK_R, BLOCK_R)
+    return acc
+
+
+@triton.jit
 def lora_main_kernel(
     x_desc,             # X [M, K], box [BM, BK]
     w_desc,             # W [N, K], box [BN, BK]
     a_desc,             # A [R, K], box [BR, BK]          (KLOOP)
-    s_ptr,              # S [M, R] fp32, already scaled    (GLOBAL)
+    s_ptr,              # S [S_SPLITS, M, R] fp32 partials, already scaled (GLOBAL)
     b_ptr,              # B [N, R]
     bias_ptr,           # bias [N]                         (HAS_BIAS)
     y_ptr,              # Y [M, N]; PARTIAL: workspace [SPLIT_K, M, N] fp32
     sws_ptr,            # PARTIAL & KLOOP: S partials [SPLIT_K, M, BR] fp32
-    M, N, K, R, scale,
-    stride_sm, stride_sr, stride_bn, stride_br,
+    M, N, K, R, scale, SPLIT_K, S_SPLITS,
+    stride_sk, stride_sm, stride_sr, stride_bn, stride_br,
     stride_yk, stride_ym, stride_yn,
     stride_swk, stride_swm, stride_swr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr,
-    GROUP_M: tl.constexpr, SPLIT_K: tl.constexpr, LOWRANK: tl.constexpr,
-    HAS_BIAS: tl.constexpr, PARTIAL: tl.constexpr,
+    GROUP_M: tl.constexpr, LOWRANK: tl.constexpr,
+    HAS_BIAS: tl.constexpr, PARTIAL: tl.constexpr, R_CHUNKS: tl.constexpr = 1,
 ):
+    # R_CHUNKS (GLOBAL): cdiv(R, BLOCK_R), rank chunks of the epilogue, unrolled
+    # SPLIT_K / S_SPLITS are runtime values: one compile serves every split of a tile config
     pid = tl.program_id(0)
     pid_k = tl.program_id(1)
     num_pid_m = tl.cdiv(M, BLOCK_M)
@@ -131,9 +153,9 @@ def lora_main_kernel(
             s = tl.where(tl.arange(0, BLOCK_R)[None, :] < R, s * scale, 0.0)
             acc = lowrank_up(acc, s, b_ptr, stride_bn, stride_br, offs_n, N, R, BLOCK_R)
         if LOWRANK == 2:
-            acc = _lowrank_from_buffer(acc, s_ptr, 0, stride_sm, stride_sr, 1, 1.0, b_ptr,
-                                       stride_bn, stride_br, offs_m, offs_n, M, N, R,
-                                       BLOCK_M, BLOCK_R)
+            acc = _lowrank_from_slices(acc, s_ptr, stride_sk, stride_sm, stride_sr, S_SPLITS,
+                                       b_ptr, stride_bn, stride_br, offs_m, offs_n, M, N, R,
+                                       BLOCK_M, BLOCK_R, R_CHUNKS)
         acc = add_bias(acc, offs_n, N, bias_ptr, HAS_BIAS)
         store_tile(y_ptr, acc, offs_m, offs_n, M, N, stride_ym, stride_yn)
 
@@ -142,17 +164,28 @@ def lora_main_kernel(
 def lora_down_kernel(
     x_desc,             # X [M, K], box [BM, BK]
     a_desc,             # A [R, K], box [BR, BK]
-    s_ptr,              # S [M, R] fp32 (out)
-    M, K, R, scale, stride_sm, stride_sr,
+    s_ptr,              # S [S_SPLITS, M, R] fp32 (out): scaled partial sums over K slices
+    M, K, R, scale, stride_sk, stride_sm, stride_sr,
     BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
+    # grid (M blocks, R blocks, K slices): a decode-sized M alone gives 1–2 CTAs, which would
+    # walk all of K serially (latency-bound); slices are summed in order by the consumer
     pid_m = tl.program_id(0)
     pid_r = tl.program_id(1)
-    s = _down_loop(x_desc, a_desc, pid_m * BLOCK_M, pid_r * BLOCK_R, K, BLOCK_M, BLOCK_R, BLOCK_K)
+    pid_k = tl.program_id(2)
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    per_split = tl.cdiv(k_tiles, tl.num_programs(2))
+    k_lo = pid_k * per_split
+    k_hi = tl.minimum(k_lo + per_split, k_tiles)
+    s = tl.zeros((BLOCK_M, BLOCK_R), dtype=tl.float32)
+    for kt in tl.range(k_lo, k_hi):
+        x = x_desc.load([pid_m * BLOCK_M, kt * BLOCK_K])
+        a = a_desc.load([pid_r * BLOCK_R, kt * BLOCK_K])
+        s = tl.dot(x, a.T, s)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_r = pid_r * BLOCK_R + tl.arange(0, BLOCK_R)
-    tl.store(s_ptr + offs_m[:, None] * stride_sm + offs_r[None, :] * stride_sr, s * scale,
-             mask=(offs_m[:, None] < M) & (offs_r[None, :] < R))
+    tl.store(s_ptr + pid_k * stride_sk + offs_m[:, None] * stride_sm + offs_r[None, :] * stride_sr,
+             s * scale, mask=(offs_m[:, None] < M) & (offs_r[None, :] < R))
 
 
 @triton.jit

@@ -33,13 +33,14 @@ from typing import Optional
 
 import torch
 import triton
+from torch.utils import _python_dispatch
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ..plan.config import KernelConfig
 from ..plan.planner import LORA_STRATEGIES, current_pin, pinned, plan_lora
 from . import _lora_kernels as K_
 from ._lora_kernels import smem_ledger
-from .schedule import cdiv, grouped_tile_host, persistent_grid
+from .schedule import cdiv, grouped_tile_host, num_sms, persistent_grid
 
 __all__ = ["lora_linear", "lora_linear_impl", "smem_ledger", "clear_weight_cache", "check_inputs",
            "run_strategy"]
@@ -121,11 +122,26 @@ def _use_triton(x: torch.Tensor) -> bool:
 # ---------------------------------------------------------------------------- weight cache
 
 class _WeightCache:
-    """A few derived weights ([W; A], W + scale·B·A), keyed by identity + version."""
+    """Derived weights ([W; A], W + scale·B·A), keyed by identity + version: an LRU bounded by
+    ``capacity`` entries and ``max_bytes`` (env ``LOWRANK_GEMM_WEIGHT_CACHE_MB``, default 2048).
 
-    def __init__(self, capacity: int = 4):
+    Several entries, not one: a model (or the bench, which rotates ≥ 3×L2 of weight sets) calls
+    the op with several weights in turn, and a one-entry cache would rebuild on every call. The
+    newest entry is always kept, even when it alone exceeds ``max_bytes``."""
+
+    def __init__(self, capacity: int = 16, max_bytes: int | None = None):
         self.capacity = capacity
+        if max_bytes is None:
+            max_bytes = int(float(os.environ.get("LOWRANK_GEMM_WEIGHT_CACHE_MB", "2048")) * 2**20)
+        self.max_bytes = max_bytes
         self.entries: collections.OrderedDict = collections.OrderedDict()
+
+    @staticmethod
+    def _nbytes(v) -> int:
+        return v.numel() * v.element_size() if isinstance(v, torch.Tensor) else 0
+
+    def nbytes(self) -> int:
+        return sum(self._nbytes(v) for v in self.entries.values())
 
     @staticmethod
     def _ident(t: torch.Tensor) -> tuple:
@@ -143,7 +159,8 @@ class _WeightCache:
             return hit
         value = build()
         self.entries[key] = value
-        while len(self.entries) > self.capacity:
+        while len(self.entries) > 1 and (len(self.entries) > self.capacity
+                                         or self.nbytes() > self.max_bytes):
             self.entries.popitem(last=False)
         return value
 
@@ -179,7 +196,8 @@ def _reduce_tile(cfg: KernelConfig) -> tuple[int, int]:
 
 
 def _launch_main(x, w, a, b, s, bias, y, sws, M, N, Kp, R, scale, cfg, *, lowrank, partial):
-    """lora_main_kernel over an [M, N] grid of tiles × split_k. Shapes as in the kernel."""
+    """lora_main_kernel over an [M, N] grid of tiles × split_k. Shapes as in the kernel; s is
+    [S_SPLITS, M, ≥R] fp32 (read only by GLOBAL)."""
     c = cfg
     x_d = _desc(x, c.block_m, c.block_k)
     w_d = _desc(w, c.block_n, c.block_k)
@@ -189,10 +207,12 @@ def _launch_main(x, w, a, b, s, bias, y, sws, M, N, Kp, R, scale, cfg, *, lowran
     grid = (cdiv(M, c.block_m) * cdiv(N, c.block_n), c.split_k if partial else 1)
     K_.lora_main_kernel[grid](
         x_d, w_d, a_d, s, b, bias if has_bias else y, y, sws, M, N, Kp, R, scale,
-        s.stride(0), s.stride(-1), b.stride(0), b.stride(1), *sy,
+        c.split_k if partial else 1, s.shape[0],
+        s.stride(0), s.stride(1), s.stride(2), b.stride(0), b.stride(1), *sy,
         sws.stride(0), sws.stride(1), sws.stride(2),
         BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, BLOCK_R=c.block_r,
-        GROUP_M=c.group_m, SPLIT_K=c.split_k if partial else 1, LOWRANK=lowrank,
+        GROUP_M=c.group_m, LOWRANK=lowrank,
+        R_CHUNKS=cdiv(R, c.block_r) if lowrank == K_.LOWRANK_GLOBAL else 1,
         HAS_BIAS=has_bias, PARTIAL=partial, num_warps=c.num_warps, num_stages=c.num_stages)
 
 
@@ -212,16 +232,30 @@ def _empty_f32(device, *shape):
     return torch.empty(shape, dtype=torch.float32, device=device)
 
 
+_DUMMIES: dict = {}
+
+
+def _dummy(device) -> torch.Tensor:
+    """A [1, 1, 1] fp32 placeholder for pointer arguments a launch never touches; cached (one
+    allocation less per call), except while a CUDA graph is being captured (its pool is private)."""
+    t = _DUMMIES.get(device)
+    if t is None:
+        t = _empty_f32(device, 1, 1, 1)
+        if not (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
+            _DUMMIES[device] = t
+    return t
+
+
 def _gemm(x, w, bias, y, cfg, *, N, Kp):
     """Plain y = x·wᵀ (+ bias) with our kernel (rank 0), split-K through the reduce kernel."""
     M, dev = x.shape[0], x.device
-    dummy = _empty_f32(dev, 1, 1, 1)
+    dummy = _dummy(dev)
     if cfg.split_k == 1:
-        _launch_main(x, w, None, y, dummy[0], bias, y, dummy, M, N, Kp, 0, 1.0, cfg,
+        _launch_main(x, w, None, y, dummy, bias, y, dummy, M, N, Kp, 0, 1.0, cfg,
                      lowrank=K_.LOWRANK_NONE, partial=False)
         return y
     ws = _empty_f32(dev, cfg.split_k, M, N)
-    _launch_main(x, w, None, y, dummy[0], bias, ws, dummy, M, N, Kp, 0, 1.0, cfg,
+    _launch_main(x, w, None, y, dummy, bias, ws, dummy, M, N, Kp, 0, 1.0, cfg,
                  lowrank=K_.LOWRANK_NONE, partial=True)
     _launch_reduce(ws, dummy, y, bias, y, M, N, 0, 1.0, cfg.split_k, 1, cfg, has_lora=False)
     return y
@@ -229,35 +263,53 @@ def _gemm(x, w, bias, y, cfg, *, N, Kp):
 
 def _run_kloop(x, w, a, b, bias, y, scale, cfg, *, N, Kp, R):
     M, dev = x.shape[0], x.device
-    dummy = _empty_f32(dev, 1, 1, 1)
+    dummy = _dummy(dev)
     if cfg.split_k == 1:
-        _launch_main(x, w, a, b, dummy[0], bias, y, dummy, M, N, Kp, R, scale, cfg,
+        _launch_main(x, w, a, b, dummy, bias, y, dummy, M, N, Kp, R, scale, cfg,
                      lowrank=K_.LOWRANK_KLOOP, partial=False)
         return y
     ws = _empty_f32(dev, cfg.split_k, M, N)
     sws = _empty_f32(dev, cfg.split_k, M, cfg.block_r)
-    _launch_main(x, w, a, b, dummy[0], bias, ws, sws, M, N, Kp, R, scale, cfg,
+    _launch_main(x, w, a, b, dummy, bias, ws, sws, M, N, Kp, R, scale, cfg,
                  lowrank=K_.LOWRANK_KLOOP, partial=True)
     _launch_reduce(ws, sws, b, bias, y, M, N, R, scale, cfg.split_k, cfg.split_k, cfg, has_lora=True)
     return y
 
 
-def _launch_down(x, a, s, scale, cfg, *, Kp, R):
-    """s [M, R] fp32 = scale · x·aᵀ."""
+# down-projection tile: M 64 (smallest wgmma M), deep K steps; it is a thin [M, K]·[K, r]
+# product, so what matters is enough CTAs in flight, not the tile shape of the main GEMM
+_DOWN_BM, _DOWN_BK, _DOWN_STAGES, _DOWN_MAX_SPLITS = 64, 128, 4, 4
+
+
+def down_splits(M: int, R: int, Kp: int, block_r: int, sms: int) -> int:
+    """K slices of the down projection: double while the grid stays within the SMs and every
+    slice keeps ≥ 4 K steps; ≤ 4 because every main tile's epilogue sums the slices."""
+    ctas = cdiv(M, _DOWN_BM) * cdiv(R, block_r)
+    k_tiles = cdiv(Kp, _DOWN_BK)
+    split = 1
+    while (ctas * split * 2 <= sms and k_tiles // (split * 2) >= 4
+           and split * 2 <= _DOWN_MAX_SPLITS):
+        split *= 2
+    return split
+
+
+def _launch_down(x, a, s, scale, block_r, *, Kp, R):
+    """s [S_SPLITS, M, R] fp32: K-slice partials of scale · x·aᵀ (S_SPLITS = s.shape[0])."""
     M = x.shape[0]
-    c = cfg
-    grid = (cdiv(M, c.block_m), cdiv(R, c.block_r))
-    K_.lora_down_kernel[grid](_desc(x, c.block_m, c.block_k), _desc(a, c.block_r, c.block_k), s,
-                              M, Kp, R, scale, s.stride(0), s.stride(1),
-                              BLOCK_M=c.block_m, BLOCK_R=c.block_r, BLOCK_K=c.block_k,
-                              num_warps=4, num_stages=c.num_stages)
+    bm, bk = (_DOWN_BM, _DOWN_BK) if not _interpreting() else (32, 32)
+    grid = (cdiv(M, bm), cdiv(R, block_r), s.shape[0])
+    K_.lora_down_kernel[grid](_desc(x, bm, bk), _desc(a, block_r, bk), s,
+                              M, Kp, R, scale, s.stride(0), s.stride(1), s.stride(2),
+                              BLOCK_M=bm, BLOCK_R=block_r, BLOCK_K=bk,
+                              num_warps=4, num_stages=_DOWN_STAGES)
 
 
 def _run_split(x, w, a, b, bias, y, scale, cfg, *, N, Kp, R):
     M, dev = x.shape[0], x.device
-    s = _empty_f32(dev, M, R)
-    _launch_down(x, a, s, scale, cfg, Kp=Kp, R=R)
-    dummy = _empty_f32(dev, 1, 1, 1)
+    splits = down_splits(M, R, Kp, cfg.block_r, num_sms(dev)) if not _interpreting() else 2
+    s = _empty_f32(dev, splits, M, R)
+    _launch_down(x, a, s, scale, cfg.block_r, Kp=Kp, R=R)
+    dummy = _dummy(dev)
     if cfg.split_k == 1:
         _launch_main(x, w, None, b, s, bias, y, dummy, M, N, Kp, R, 1.0, cfg,
                      lowrank=K_.LOWRANK_GLOBAL, partial=False)
@@ -265,7 +317,7 @@ def _run_split(x, w, a, b, bias, y, scale, cfg, *, N, Kp, R):
     ws = _empty_f32(dev, cfg.split_k, M, N)
     _launch_main(x, w, None, b, s, bias, ws, dummy, M, N, Kp, R, 1.0, cfg,
                  lowrank=K_.LOWRANK_NONE, partial=True)
-    _launch_reduce(ws, s.unsqueeze(0), b, bias, y, M, N, R, 1.0, cfg.split_k, 1, cfg, has_lora=True)
+    _launch_reduce(ws, s, b, bias, y, M, N, R, 1.0, cfg.split_k, s.shape[0], cfg, has_lora=True)
     return y
 
 
@@ -274,8 +326,8 @@ def _run_concat(x, w, a, b, bias, y, scale, cfg, *, N, Kp, R):
     M, dev = x.shape[0], x.device
     wcat = _WEIGHT_CACHE.get("concat", (w, a), (), lambda: torch.cat([w, a], 0).contiguous())
     ws = _empty_f32(dev, cfg.split_k, M, N + R)
-    dummy = _empty_f32(dev, 1, 1, 1)
-    _launch_main(x, wcat, None, b, dummy[0], bias, ws, dummy, M, N + R, Kp, 0, 1.0, cfg,
+    dummy = _dummy(dev)
+    _launch_main(x, wcat, None, b, dummy, bias, ws, dummy, M, N + R, Kp, 0, 1.0, cfg,
                  lowrank=K_.LOWRANK_NONE, partial=True)
     _launch_reduce(ws, ws[:, :, N:], b, bias, y, M, N, R, scale, cfg.split_k, cfg.split_k, cfg,
                    has_lora=True)
@@ -421,5 +473,25 @@ def lora_linear(x: torch.Tensor, weight: torch.Tensor, lora_a: torch.Tensor, lor
     dtype. ``strategy``: "auto" (planner) or one of ``LORA_STRATEGIES``; ``plan.planner.pinned``
     can also force a strategy/config for a scope. See the module docstring for the input contract.
     """
+    if _direct_ok(x, weight, lora_a, lora_b, bias):
+        return lora_linear_impl(x, weight, lora_a, lora_b, float(scale), bias, strategy)
     check_inputs(x, weight, lora_a, lora_b, bias, strategy)
     return torch.ops.lowrank_gemm.lora_linear(x, weight, lora_a, lora_b, float(scale), bias, strategy)
+
+
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+
+
+def _direct_ok(*tensors) -> bool:
+    """Eager calls on plain tensors skip the custom-op dispatcher (tens of µs of host time per
+    call) and run the op body directly: same validation, same kernels, same result. The op is
+    still used whenever something must see it: torch.compile / export tracing, dispatch modes
+    (fake, proxy), tensor subclasses, and autograd (the op has no backward, and through the op
+    torch raises on backward instead of silently returning no gradient)."""
+    if torch.compiler.is_compiling() or _python_dispatch._get_current_dispatch_mode() is not None:
+        return False
+    grad = torch.is_grad_enabled()
+    for t in tensors:
+        if t is not None and (type(t) not in _PLAIN or (grad and t.requires_grad)):
+            return False
+    return True

@@ -25,10 +25,14 @@ from .smem import SmemError, SmemLedger, solve_stages
 
 __all__ = ["LoraStrategy", "LORA_STRATEGIES", "plan_lora", "can_implement", "pinned", "Pinned",
            "block_r_for", "tile_for", "split_k_for", "stages_for", "group_m_for", "m_bucket",
-           "r_bucket", "tuned_key", "load_tuned", "clear_plan_cache", "heuristic_lora", "MAX_FUSED_RANK", "TUNED_DIR"]
+           "r_bucket", "tuned_key", "load_tuned", "clear_plan_cache", "heuristic_lora", "MAX_FUSED_RANK", "TUNED_DIR",
+           "SPLIT_BLOCK_R"]
 
 TUNED_DIR = Path(__file__).parent / "tuned"
 MAX_FUSED_RANK = 128      # S lives in registers ([BM, BLOCK_R] fp32) in kloop / persistent
+# split's epilogue walks the rank in BLOCK_R chunks (unrolled). ptxas -v, 128×256×64 8 warps
+# GLOBAL: one 64-wide chunk 255 regs + 460 B spill stores; 2×32: 48 B; 4×16: 253 regs, no spill
+SPLIT_BLOCK_R = 16
 M_BUCKETS = (1, 16, 64, 256, 1024, 4096)
 R_BUCKETS = (16, 64, 128)
 
@@ -70,15 +74,19 @@ def block_r_for(r: int) -> int:
     return min(MAX_FUSED_RANK, max(16, _pow2_at_least(r)))
 
 
-def tile_for(M: int, N: int, K: int, *, gpu: bool = True) -> tuple[int, int, int, int]:
-    """(block_m, block_n, block_k, num_warps). Decode M uses the smallest wgmma M (64) and deep
-    K tiles to keep many bytes in flight; large M uses 128×256 with two warpgroups."""
+def tile_for(M: int, N: int, K: int, *, gpu: bool = True, sms: int = 132
+             ) -> tuple[int, int, int, int]:
+    """(block_m, block_n, block_k, num_warps). Decode M (≤ 64) is a stream over W: the smallest
+    wgmma M (64); when N has ≥ one wave of 128-wide tiles, 256-wide tiles so the grid is ONE
+    wave (N=28672: 112 CTAs all streaming from t=0, instead of 224 CTAs = 1.7 waves whose second,
+    partial wave re-fills the pipeline), 5 stages × 40 KB in flight per SM; otherwise 128-wide,
+    deep K steps. Larger M: 128×256 with two warpgroups (wgmma m64n256 per warpgroup)."""
     if not gpu:  # interpreter: small tiles keep CPU tests fast
         return 32, 32, 32, 4
     if M <= 64:
+        if _cdiv(N, 128) >= sms:
+            return 64, 256, 64, 4
         return 64, 128, 128, 4
-    if M <= 256:
-        return 128, 128, 64, 4
     return 128, 256, 64, 8
 
 
@@ -226,13 +234,17 @@ def current_pin() -> Pinned | None:
 
 def heuristic_lora(M: int, N: int, K: int, r: int, dtype_bits: int, *, gpu: bool, sms: int,
                    strategy: str | None = None) -> tuple[str, KernelConfig]:
-    """Shape rules for unseen shapes/GPUs. Decode and mid M: kloop (one launch, S recomputed per
-    N-tile costs r/BLOCK_N extra MMA, cheap while memory-bound); large M: split (S once)."""
-    bm, bn, bk, warps = tile_for(M, N, K, gpu=gpu)
-    br = block_r_for(r)
+    """Shape rules for unseen shapes/GPUs. Decode M (≤ 64): kloop (one launch; S recomputed per
+    N-tile costs r/BLOCK_N extra MMA, free while memory-bound). Larger M: split — the main loop
+    is the plain GEMM (kloop's extra m64n16 wgmma + A-tile TMA per K step cost ~30% at M=256 on
+    the H200) and S comes once from a K-sliced down kernel."""
+    bm, bn, bk, warps = tile_for(M, N, K, gpu=gpu, sms=sms)
     if strategy is None:
         # r > 64: S [BM, BLOCK_R] fp32 beside the [BM, BN] accumulator would spill registers
-        strategy = "kloop" if (M <= 512 and r <= 64) else "split"
+        strategy = "kloop" if (M <= 64 and r <= 64) else "split"
+    br = block_r_for(r)
+    if strategy == "split" and gpu:
+        br = min(br, SPLIT_BLOCK_R)
     num_pid_m, num_pid_n = _cdiv(max(M, 1), bm), _cdiv(N, bn)
     if gpu and M <= 64 and num_pid_m * num_pid_n < sms // 2:
         bn = 64  # small N: more, narrower tiles before resorting to split-K
