@@ -237,6 +237,7 @@ def main(argv=None):
     ap.add_argument("--out", type=Path, default=RESULTS_DIR)
     ap.add_argument("--tune", action="store_true", help="sweep candidates, write OUT/h200.json")
     ap.add_argument("--kn", default=None, help="only these K×N shapes, e.g. 4096x28672,4096x4096")
+    ap.add_argument("--only", default="", help="time only these impls, e.g. cublas_base,torch_unfused,auto")
     ap.add_argument("--skip", default="", help="strategies not to time, e.g. persistent_static,persistent_dynamic")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
@@ -250,10 +251,12 @@ def main(argv=None):
     meta = device_meta(copy)
     points = QUICK if args.quick else [(m, k, n, r) for (k, n) in (kn or SHAPES_KN) for r in RANKS for m in MS]
     skip = {x for x in args.skip.split(",") if x}
-    fns = {k: v for k, v in impls().items() if k not in skip}
+    only = {x for x in args.only.split(",") if x}
+    fns = {k: v for k, v in impls().items() if k not in skip and (not only or k in only)}
     rows, t0 = [], time.time()
     for M, K, N, r in points:
         rows += bench_point(M, N, K, r, torch.bfloat16, copy, args.quick, fns)
+        write_results("lora", meta, rows, args.out)   # partial results survive a time limit
         print(f"[{time.time() - t0:.0f}s]", flush=True)
     path = write_results("lora", meta, rows, args.out, md=to_markdown(meta, rows), plot=plot)
     print(to_markdown(meta, rows))

@@ -193,6 +193,7 @@ def main(argv=None):
             for M in grid["M"]:
                 for a in grid["adapters"]:
                     rows += bench_case(M, N, r, a, copy, graph=not args.no_graph, only=only)
+                    write_results(SUITE, meta, rows, args.out)   # partial results survive a time limit
                     last = {rw["impl"]: rw.get("graph_us") for rw in rows[-6:]}
                     print(f"[{time.time() - t0:6.1f}s] N={N} r={r} M={M} adapters={a}: {last}", flush=True)
     data = {"meta": meta, "rows": rows}
