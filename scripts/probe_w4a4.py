@@ -8,7 +8,7 @@ one-program-per-row-block behaviour); GEMM candidates per format (W4A4Plan varia
 is checked first against reference.w4a4_gemm_ref in float64 (first ≤ 256 rows; rel err < 2e-2 with bf16
 out) and skipped if it fails, raises, or the time budget is spent. Writes probe_w4a4.json / .md and
 w4a4_tuned.json (winners per format and M bucket: m_max 16 ← M=1, 64 ← M=64, null ← fc1) to --out;
---write-tuned also copies it to src/lowrank_gemm/kernels/w4a4_tuned.json, which plan_w4a4_full reads.
+--write-tuned also copies it to src/lowrank_gemm/plan/tuned/w4a4_h200.json, which plan_w4a4_full reads.
 """
 
 from __future__ import annotations

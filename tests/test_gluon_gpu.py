@@ -82,6 +82,15 @@ def test_few_programs_many_tiles(fmt, grid):
     _check(fmt, 300, 520, 512, grid=grid)
 
 
+@pytest.mark.timeout(**WATCHDOG)
+@pytest.mark.parametrize("fmt", FMTS)
+@pytest.mark.parametrize("K,grid", [(1024, 3), (2048, 1), (1024, 2)])
+def test_two_consumers_k_loop_longer_than_ring(fmt, K, grid):
+    """The first H200 hang (smoke shape): ≥ 2 tiles per program with k_tiles ≥ STAGES. Without the
+    consumers' ring hand-off (skeleton.ConsumerOrder) consumer1 passes its first wait on parity."""
+    _check(fmt, 250, 300, K, grid=grid, col_scale=True)
+
+
 # --- epilogue variants ---------------------------------------------------------------------------
 @pytest.mark.timeout(**WATCHDOG)
 @pytest.mark.parametrize("fmt", FMTS)

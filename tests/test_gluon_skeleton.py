@@ -104,6 +104,31 @@ def test_pingpong_consumers_partition_the_ring(n_tiles, k_tiles, stages):
     assert [seen[u] for u in uses] == sk.expected_states_host(uses, stages, producer=False)
 
 
+# Protocol model (real mbarrier parity semantics, random interleavings, TMA landing out of order).
+SMOKE = dict(n_tiles=2, k_tiles=8, stages=5, lr_stages=4)   # smoke.py: 250×300×1024, grid 3, 2l defaults
+
+
+@pytest.mark.parametrize("fmt", ["int4_2l", "int4_g64"])
+def test_model_reproduces_the_h200_hang_without_consumer_order(fmt):
+    """The first H200 run hung on the smoke launch: consumer1's first wait is k_tiles ≥ STAGES slot
+    uses ahead, passes on parity, releases a slot nobody filled, and the ring deadlocks."""
+    from lowrank_gemm.kernels.gluon.protocol_model import simulate
+    for seed in range(5):
+        r = simulate(**SMOKE, fmt=fmt, order=False, seed=seed, stop_on_spurious=False)
+        assert not r.ok and r.why.startswith("deadlock") and "spurious" in r.why, r.why
+
+
+@pytest.mark.parametrize("fmt", ["int4_2l", "int4_g64"])
+@pytest.mark.parametrize("n_tiles,k_tiles,stages,lr_stages", [(2, 8, 5, 4), (1, 8, 5, 4), (3, 1, 4, 2), (5, 3, 2, 2),
+                                                              (7, 16, 3, 3), (4, 5, 5, 2), (9, 2, 8, 4)])
+def test_model_consumer_order_is_sound(fmt, n_tiles, k_tiles, stages, lr_stages):
+    from lowrank_gemm.kernels.gluon.protocol_model import simulate
+    for seed in range(12):
+        for has_lr in (True, False):
+            r = simulate(n_tiles, k_tiles, stages, lr_stages, fmt=fmt, has_lowrank=has_lr, order=True, seed=seed)
+            assert r.ok, r.why
+
+
 def test_role_table():
     assert sk.ROLES[0].regs is None, "the default partition comes first and takes the remainder"
     assert [r.name for r in sk.ROLES] == ["consumer0", "loader", "expander", "consumer1"]
@@ -132,7 +157,8 @@ def test_ledger_terms_2l():
     assert t["lowrank.s_fp32"].total(2) == 128 * 16 * 4 * 2
     assert t["lowrank.lora_up"].total(2) == 128 * 16 * 2 * 2
     assert t["epilogue.out"].scope is Scope.PER_CONSUMER and t["epilogue.out"].total(2) == 2 * 128 * 128 * 2
-    assert t["barriers"].total(2) == 8 * 2 * (3 + w4.RAW_STAGES + 2)
+    # ready + empty per slot, plus the consumers' two ORDER (ring hand-off) barriers
+    assert t["barriers"].total(2) == 8 * (2 * (3 + w4.RAW_STAGES + 2) + sk.NUM_CONSUMERS)
     # only the epilogue buffer is per consumer: a CTA term counted per consumer would show here
     assert [x.name for x in led.terms if x.scope is Scope.PER_CONSUMER] == ["epilogue.out"]
     assert led.total() == sum(x.bytes_each * x.stages for x in led.terms) + t["epilogue.out"].bytes_each

@@ -407,3 +407,15 @@ def test_bench_helpers_render(tmp_path):
     assert "auto (kloop)" in md and "× cuBLAS" in md
     B.plot({"rows": rows}, tmp_path / "lora.png")
     assert (tmp_path / "lora.png").stat().st_size > 0
+
+
+def test_weight_cache_never_serves_a_freed_tensors_entry():
+    """A freed weight's address can be reused by a new tensor with the same version: the cache must
+    not hand back the old derived weight (seen on the GPU as a flaky wrong `concat` result)."""
+    from lowrank_gemm.kernels.lora_gemm import _WeightCache
+    cache = _WeightCache()
+    w = torch.randn(8, 4)
+    first = cache.get("merged", (w,), (), lambda: w * 2)
+    assert cache.get("merged", (w,), (), lambda: w * 3) is first       # a hit while alive
+    del w
+    assert not cache.entries                                            # evicted with its source

@@ -28,6 +28,7 @@ Input contract (decisions, tested):
 from __future__ import annotations
 
 import collections
+import weakref
 import os
 from typing import Optional
 
@@ -122,7 +123,8 @@ def _use_triton(x: torch.Tensor) -> bool:
 # ---------------------------------------------------------------------------- weight cache
 
 class _WeightCache:
-    """Derived weights ([W; A], W + scale·B·A), keyed by identity + version: an LRU bounded by
+    """Derived weights ([W; A], W + scale·B·A), keyed by address + version and evicted when a source
+    tensor object is freed (so a reused address can never hit a stale entry): an LRU bounded by
     ``capacity`` entries and ``max_bytes`` (env ``LOWRANK_GEMM_WEIGHT_CACHE_MB``, default 2048).
 
     Several entries, not one: a model (or the bench, which rotates ≥ 3×L2 of weight sets) calls
@@ -159,6 +161,10 @@ class _WeightCache:
             return hit
         value = build()
         self.entries[key] = value
+        # A data pointer outlives nothing: once a source tensor is freed, a new tensor can get the
+        # same address and version and would hit a stale entry. Evict when any source dies.
+        for t in tensors:
+            weakref.finalize(t, self.entries.pop, key, None)
         while len(self.entries) > 1 and (len(self.entries) > self.capacity
                                          or self.nbytes() > self.max_bytes):
             self.entries.popitem(last=False)

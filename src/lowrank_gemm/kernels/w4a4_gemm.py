@@ -401,7 +401,7 @@ def plan_w4a4(m: int, n: int, k: int, r: int, fmt: str, group_size: int, device=
 
 # SWAP-AB up to this many tokens (decode; reasoning in _mainloop_swap_2l — pin otherwise via the table)
 SWAP_AB_MAX_M = 64
-TUNED_PATH = Path(__file__).with_name("w4a4_tuned.json")
+TUNED_PATH = Path(__file__).parent.parent / "plan" / "tuned" / "w4a4_h200.json"
 
 
 @functools.lru_cache(maxsize=8)

@@ -15,6 +15,13 @@ Pieces (after Triton's Gluon tutorials 07-persistence and 08-warp-specialization
   kernels (it calls ``kernels.schedule.grouped_tile``), so every kernel walks tiles identically.
   Program ``pid`` visits ``tile_id = pid, pid + nprog, ...``; :func:`program_tiles_host` mirrors it.
 - :data:`ROLES` — warps and registers of every role, the one table ``gl.warp_specialize`` reads.
+- Parity soundness (why :class:`ConsumerOrder` exists): ``try_wait.parity(P)`` only asks whether
+  the barrier's current phase has parity ≠ P, so a role may wait for phase n of a barrier only
+  after phase n-1 completed. A waiter one lap AHEAD passes at once on a slot nobody filled, and
+  after its early release the ring deadlocks (``protocol_model`` reproduces this). Roles that walk
+  a ring in order are safe by construction; the two consumers that take alternate tiles of ONE
+  ring are not (consumer1's first wait is k_tiles slot uses ahead), so they hand the ring to each
+  other: consumer c starts the K loop of local tile t only after the other finished tile t-1.
 """
 
 
@@ -30,7 +37,7 @@ from ..schedule import cdiv, grouped_tile, grouped_tile_host
 __all__ = ["PipelineState", "Pipeline", "GroupedTileScheduler", "RoleSpec", "ROLES", "ROLE_IDS",
            "PRODUCER_START_PHASE", "CONSUMER_START_PHASE", "producer_state", "consumer_state",
            "alloc_barriers", "REGISTER_BUDGET", "DEFAULT_REGS", "CONSUMER_REGS", "DEFAULT_WARPS", "make_pipeline", "program_tiles_host", "expected_states_host",
-           "debug_record", "NUM_CONSUMERS", "Ring"]
+           "debug_record", "NUM_CONSUMERS", "Ring", "ConsumerOrder", "make_consumer_order"]
 
 # ---------------------------------------------------------------------------------------------
 # Phase rule (see module docstring). Everything else derives its start phase from these two.
@@ -60,6 +67,7 @@ class RoleSpec:
 
 
 NUM_CONSUMERS = 2
+_NUM_CONSUMERS = gl.constexpr(NUM_CONSUMERS)
 # Registers are handed out per warpgroup (setmaxnreg): 65536 registers / 128 threads = 512 per
 # thread summed over the 4 warpgroups (a 1-warp role still holds a whole warpgroup's share).
 # The default partition gets what the workers leave: 512 - 24 - 64 - 208 = 216.
@@ -179,6 +187,37 @@ def make_pipeline(num_stages: gl.constexpr, ready_count: gl.constexpr, empty_cou
     """``ready_count``: arrivals that fill a slot (an ``expect`` counts as one); ``empty_count``:
     roles that release it."""
     return Pipeline(alloc_barriers(num_stages, ready_count), alloc_barriers(num_stages, empty_count), num_stages)
+
+
+@aggregate
+class ConsumerOrder:
+    """Hand-off of a shared ring between the two consumers (module docstring, parity soundness).
+    ``bars[c]`` completes its phase j when the other consumer finished the K loop of its j-th tile,
+    so consumer c waits for phase ((t-1)//2) before local tile t ≥ 1 — never more than one phase
+    ahead, since the other consumer cannot finish tile t+1 before this one finished tile t."""
+
+    bars: gl.shared_memory_descriptor
+    ENABLED: gl.constexpr
+
+    @gluon.constexpr_function
+    def __init__(self, bars, ENABLED):
+        self.bars = bars
+        self.ENABLED = gl.constexpr(ENABLED)
+
+    @gluon.jit
+    def acquire(self, CONSUMER: gl.constexpr, t):
+        if self.ENABLED:
+            mbarrier.wait(self.bars.index(CONSUMER), ((t - 1) // 2) & 1, pred=t > 0)
+
+    @gluon.jit
+    def release(self, CONSUMER: gl.constexpr):
+        if self.ENABLED:
+            mbarrier.arrive(self.bars.index(1 - CONSUMER))
+
+
+@gluon.jit
+def make_consumer_order(ENABLED: gl.constexpr):
+    return ConsumerOrder(alloc_barriers(_NUM_CONSUMERS, 1), ENABLED)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -15,7 +15,8 @@ Roles (table in ``skeleton.ROLES``): loader (TMA of every ring), expander (int4 
 two consumer warpgroups taking alternate local tiles (ping-pong: one's epilogue overlaps the
 other's MMA), each running the epilogue of its own tile (on Hopper the accumulator lives in the
 consumer's registers; handing it to a separate epilogue warpgroup would cost a 64 KiB fp32 SMEM
-round trip per tile). Rings: MAIN (8-bit operands), RAW (packed tiles), LOWRANK (s, lora_up tiles),
+round trip per tile). The consumers hand the shared MAIN ring to each other per tile
+(``skeleton.ConsumerOrder``; without it mbarrier parity aliasing hangs the kernel). Rings: MAIN (8-bit operands), RAW (packed tiles), LOWRANK (s, lora_up tiles),
 EPILOGUE (per-consumer TMA-store buffer) — each with its own PipelineState per role.
 """
 
@@ -32,8 +33,8 @@ from ...plan.config import KernelConfig
 from ...plan.smem import SM90_SMEM_LIMIT, Scope, SmemError, SmemLedger, SmemTerm, barrier_bytes, solve_stages, tile_bytes
 from ..schedule import cdiv, persistent_grid
 from .skeleton import (CONSUMER_REGS, DEFAULT_WARPS, NUM_CONSUMERS, NUM_ROLES, ROLE_CONSUMER0, ROLE_CONSUMER1, ROLE_EXPANDER,
-                       ROLE_LOADER, WORKER_REGS, WORKER_WARPS, GroupedTileScheduler, Pipeline, Ring,
-                       consumer_state, debug_record, make_pipeline, producer_state)
+                       ROLE_LOADER, WORKER_REGS, WORKER_WARPS, ConsumerOrder, GroupedTileScheduler, Pipeline,
+                       Ring, consumer_state, debug_record, make_consumer_order, make_pipeline, producer_state)
 
 __all__ = ["FMT_INT4_G", "FMT_INT4_2L", "RAW_STAGES", "w4a4_ledger", "plan_w4a4_v2", "can_implement_v2",
            "launch_w4a4_v2", "w4a4_ws_kernel", "reference_v2", "make_operands_v2",
@@ -72,6 +73,7 @@ class W4A4Args:
     main: Pipeline
     raw: Pipeline
     lowrank: Pipeline
+    order: ConsumerOrder
     out_ptr: gl.tensor
     stride_om: gl.tensor
     xscale_ptr: gl.tensor
@@ -100,7 +102,7 @@ class W4A4Args:
     DEBUG_TILES: gl.constexpr
 
     @gluon.constexpr_function
-    def __init__(self, x_desc, w_desc, s_desc, b_desc, out_desc, x_bufs, w_bufs, xp_bufs, wp_bufs, s_bufs, b_bufs, epi_bufs, main, raw, lowrank, out_ptr, stride_om, xscale_ptr, wscale_ptr, wmult_ptr, col_scale_ptr, bias_ptr, dbg_ptr, dbg_tiles_ptr, M, N, K, FMT, G2, BLOCK_M, BLOCK_N, BLOCK_K, BLOCK_R, GROUP_M, HAS_LOWRANK, HAS_COL_SCALE, HAS_BIAS, EPI_TMA, DEBUG, DEBUG_ITERS, DEBUG_TILES):
+    def __init__(self, x_desc, w_desc, s_desc, b_desc, out_desc, x_bufs, w_bufs, xp_bufs, wp_bufs, s_bufs, b_bufs, epi_bufs, main, raw, lowrank, order, out_ptr, stride_om, xscale_ptr, wscale_ptr, wmult_ptr, col_scale_ptr, bias_ptr, dbg_ptr, dbg_tiles_ptr, M, N, K, FMT, G2, BLOCK_M, BLOCK_N, BLOCK_K, BLOCK_R, GROUP_M, HAS_LOWRANK, HAS_COL_SCALE, HAS_BIAS, EPI_TMA, DEBUG, DEBUG_ITERS, DEBUG_TILES):
         self.x_desc = x_desc
         self.w_desc = w_desc
         self.s_desc = s_desc
@@ -116,6 +118,7 @@ class W4A4Args:
         self.main = main
         self.raw = raw
         self.lowrank = lowrank
+        self.order = order
         self.out_ptr = out_ptr
         self.stride_om = stride_om
         self.xscale_ptr = xscale_ptr
@@ -346,10 +349,12 @@ def _consumer_partition(p, CONSUMER: gl.constexpr):
         pid_m, pid_n = sched.get_tile(t)
         off_m = pid_m * p.BLOCK_M
         off_n = pid_n * p.BLOCK_N
+        p.order.acquire(CONSUMER, t)     # the other consumer is done with tile t-1's MAIN slots
         if p.FMT == _FMT_INT4_2L:
             acc, main, it = _mainloop_2l(p, main, mma, k_tiles, it, ROLE)
         else:
             acc, main, it = _mainloop_g(p, main, mma, k_tiles, off_m, off_n, it, ROLE)
+        p.order.release(CONSUMER)        # its K loop may start while this epilogue runs
         main = main.advance(k_tiles)
         _epilogue(p, acc, lr, off_m, off_n, CONSUMER, mma)
         lr = lr.advance(2)
@@ -379,7 +384,7 @@ def w4a4_ws_kernel(x_desc, w_desc, s_desc, b_desc, out_desc,
                    GROUP_M: gl.constexpr, STAGES: gl.constexpr, LOWRANK_STAGES: gl.constexpr,
                    HAS_LOWRANK: gl.constexpr, HAS_COL_SCALE: gl.constexpr, HAS_BIAS: gl.constexpr,
                    EPI_TMA: gl.constexpr, DEBUG: gl.constexpr, DEBUG_ITERS: gl.constexpr,
-                   DEBUG_TILES: gl.constexpr):
+                   DEBUG_TILES: gl.constexpr, CONSUMER_ORDER: gl.constexpr = True):
     gl.static_assert(BLOCK_K % _PACK == 0, "BLOCK_K must be a multiple of the 64-wide pack block")
     gl.static_assert(LOWRANK_STAGES >= 1, "the LOWRANK ring needs a slot even when unused")
     # Every SMEM buffer and barrier of the kernel is declared here (plan.smem ledger mirrors it).
@@ -407,9 +412,10 @@ def w4a4_ws_kernel(x_desc, w_desc, s_desc, b_desc, out_desc,
     main = make_pipeline(STAGES, 2 if FMT == _FMT_INT4_2L else 1, 1)
     raw = make_pipeline(_RAW_STAGES, 1, 1)
     lowrank = make_pipeline(LOWRANK_STAGES, 1, 1)
+    order = make_consumer_order(CONSUMER_ORDER)   # False only to reproduce the parity hang (bisect)
 
     p = W4A4Args(x_desc, w_desc, s_desc, b_desc, out_desc, x_bufs, w_bufs, xp_bufs, wp_bufs, s_bufs, b_bufs,
-                 epi_bufs, main, raw, lowrank, out_ptr, stride_om, xscale_ptr, wscale_ptr, wmult_ptr,
+                 epi_bufs, main, raw, lowrank, order, out_ptr, stride_om, xscale_ptr, wscale_ptr, wmult_ptr,
                  col_scale_ptr, bias_ptr, dbg_ptr, dbg_tiles_ptr, M, N, K, FMT, G2, BLOCK_M, BLOCK_N, BLOCK_K,
                  BLOCK_R, GROUP_M, HAS_LOWRANK, HAS_COL_SCALE, HAS_BIAS, EPI_TMA, DEBUG, DEBUG_ITERS, DEBUG_TILES)
     gl.warp_specialize([
@@ -452,7 +458,8 @@ def w4a4_ledger(config: KernelConfig, *, fmt, out_dtype=torch.bfloat16, has_lowr
     if _epi_tma(out_dtype, n_out):
         terms.append(SmemTerm(f"{Ring.EPILOGUE}.out", tile_bytes(bm, bn, _BITS[out_dtype]), 1,
                               Scope.PER_CONSUMER))
-    terms.append(SmemTerm("barriers", barrier_bytes(2 * (s + RAW_STAGES + lr))))
+    # ready + empty per slot of MAIN, RAW, LOWRANK, and the consumers' two ORDER barriers
+    terms.append(SmemTerm("barriers", barrier_bytes(2 * (s + RAW_STAGES + lr) + NUM_CONSUMERS)))
     return SmemLedger(tuple(terms), consumers=NUM_CONSUMERS, label=f"w4a4 v2 {fmt} {bm}x{bn}x{bk}")
 
 
@@ -564,9 +571,10 @@ def _pad_rank(t, r8):
 
 def kernel_args_v2(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, out, fmt, group_size,
                    config=None, *, col_scale=None, debug: bool = False, debug_iters: int = DEBUG_ITERS_DEFAULT,
-                   debug_tiles: int = DEBUG_TILES_DEFAULT, grid: int | None = None):
+                   debug_tiles: int = DEBUG_TILES_DEFAULT, grid: int | None = None, consumer_order: bool = True):
     """Validate (the v1 contract's own checks), plan and build one launch.
-    Returns (grid, args, constexprs, config, (dbg, dbg_tiles))."""
+    ``consumer_order=False`` drops the consumers' ring hand-off: it reproduces the parity hang
+    (scripts/bisect_gluon.py), never use it otherwise. Returns (grid, args, constexprs, config, (dbg, dbg_tiles))."""
     from ..w4a4_gemm import check_gemm_args
     M, N, K, r = check_gemm_args(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, group_size, fmt)
     f = _fmt_id(fmt)
@@ -604,18 +612,19 @@ def kernel_args_v2(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias
     constexprs = dict(FMT=f, G2=group_size, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, BLOCK_R=br, GROUP_M=config.group_m,
                       STAGES=config.num_stages, LOWRANK_STAGES=max(1, config.lowrank_stages), HAS_LOWRANK=r > 0,
                       HAS_COL_SCALE=col_scale is not None, HAS_BIAS=bias is not None, EPI_TMA=epi_tma,
-                      DEBUG=debug, DEBUG_ITERS=debug_iters, DEBUG_TILES=debug_tiles)
+                      DEBUG=debug, DEBUG_ITERS=debug_iters, DEBUG_TILES=debug_tiles, CONSUMER_ORDER=consumer_order)
     return grid, args, constexprs, config, (dbg, dbg_tiles)
 
 
 def launch_w4a4_v2(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, out, fmt: str,
                    group_size: int, config: KernelConfig | None = None, *, col_scale=None, debug: bool = False,
-                   grid: int | None = None):
+                   grid: int | None = None, consumer_order: bool = True):
     """out [M, N] ← W4A4 v2; the argument contract of ``kernels.w4a4_gemm`` (its module docstring),
     plus ``col_scale`` [N] (optional per-column factor on the main product). Returns ``out``, or
     ``(out, (dbg [grid, roles, iters, 2] int32, tiles [grid, DEBUG_TILES, 2] int32))`` with ``debug``."""
     g, args, cx, _, dbgs = kernel_args_v2(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, out,
-                                           fmt, group_size, config, col_scale=col_scale, debug=debug, grid=grid)
+                                           fmt, group_size, config, col_scale=col_scale, debug=debug, grid=grid,
+                                           consumer_order=consumer_order)
     w4a4_ws_kernel[(g, )](*args, **cx, num_warps=DEFAULT_WARPS)
     return (out, dbgs) if debug else out
 

@@ -1,0 +1,359 @@
+"""Bisect a Gluon (sm_90) hang: a ladder of increasingly complete kernels, one subprocess each.
+
+    PYTHONPATH=src python scripts/bisect_gluon.py [--out DIR] [--timeout 20] [--budget 150] [--rungs a,b] [--no-time]
+
+Every rung runs in its own process group under a timeout (a hung kernel never returns to Python,
+so the parent kills the group) and prints PASS / FAIL / HANG with its error against the reference:
+
+  r1  TMA + mbarrier ring + int8 wgmma, one partition (no warp specialization)     standalone
+  r2  + warp_specialize: 1-warp TMA loader + consumer, skeleton Pipeline/scheduler  standalone
+  r3  v2 2l, 1 tile, K loop shorter than the ring: loader + expander + consumer0   real kernel
+  r4  v2 2l, 1 tile, K loop longer than the ring (k_tiles > STAGES)                real kernel
+  r5  v2 2l, 3 tiles on 1 program: both consumers, alternate tiles                 real kernel
+  r6  v2 2l, smoke shape (2 tiles/program) + low-rank epilogue, bias, col scale     real kernel
+  r7  v2 2l, TMA-store epilogue, 2·grid+1 tiles                                    real kernel
+  r8  v2 int4_g64, 1 tile (group rescale)                                          real kernel
+  r9  v2 int4_g64, smoke shape + low-rank epilogue                                 real kernel
+  time  if r6 and r9 pass: v2 timings at two real shapes (CUDA-graph medians)
+  r10 repro: r6 with consumer_order=False (the original protocol) — expected HANG  real kernel
+
+Rungs marked trace re-launch with DEBUG=True when they pass and check every role's (index, phase)
+sequence of program 0 against skeleton.expected_states_host. Total ≤ --budget seconds even if
+every rung hangs (later rungs are then SKIPPED). JSON goes to DIR/bisect_gluon.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+# name → (description, kind, params, expected outcome)
+RUNGS = {
+    "r1": ("TMA ring + int8 wgmma, no WS", "ring", dict(M=200, N=136, K=640, stages=3), "PASS"),
+    "r2": ("WS loader(1 warp) + consumer", "ws", dict(M=300, N=200, K=640, stages=3, grid=2), "PASS"),
+    "r3": ("v2 2l 1 tile short K", "v2", dict(fmt="int4_2l", M=100, N=124, K=256, rank=0, grid=1, bias=False), "PASS"),
+    "r4": ("v2 2l 1 tile long K", "v2", dict(fmt="int4_2l", M=100, N=124, K=1024, rank=0, grid=1, bias=False), "PASS"),
+    "r5": ("v2 2l 3 tiles, 2 consumers", "v2",
+           dict(fmt="int4_2l", M=3 * 128 - 5, N=124, K=1024, rank=0, grid=1, bias=False, trace=True), "PASS"),
+    "r6": ("v2 2l smoke + lowrank/bias/cs", "v2",
+           dict(fmt="int4_2l", M=250, N=300, K=1024, rank=16, grid=3, col_scale=True, trace=True), "PASS"),
+    "r7": ("v2 2l TMA store, 2g+1 tiles", "v2", dict(fmt="int4_2l", M=5 * 128 - 7, N=120, K=640, rank=16, grid=2), "PASS"),
+    "r8": ("v2 g64 1 tile", "v2", dict(fmt="int4_g64", M=60, N=124, K=256, rank=0, grid=1, bias=False), "PASS"),
+    "r9": ("v2 g64 smoke + lowrank", "v2",
+           dict(fmt="int4_g64", M=250, N=300, K=1024, rank=16, grid=3, col_scale=True, trace=True), "PASS"),
+    "time": ("v2 timings (graph µs)", "time", {}, "PASS"),
+    "r10": ("repro: r6 without consumer order", "v2",
+            dict(fmt="int4_2l", M=250, N=300, K=1024, rank=16, grid=3, col_scale=True, consumer_order=False), "HANG"),
+}
+TOL = 1e-2   # bf16 output (see tests/test_gluon_gpu.py)
+
+
+# =============================================================================================
+# Standalone rungs (device code is built lazily so the parent never imports triton/torch).
+def _standalone_kernels():
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma
+
+    from lowrank_gemm.kernels.gluon.skeleton import (GroupedTileScheduler, alloc_barriers, consumer_state,
+                                                     make_pipeline, producer_state)
+
+    @gluon.jit
+    def _store_i32(c_ptr, acc, off_m, off_n, M, N, layout: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr):
+        offs_m = off_m + gl.arange(0, BM, gl.SliceLayout(1, layout))
+        offs_n = off_n + gl.arange(0, BN, gl.SliceLayout(0, layout))
+        mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+        gl.store(c_ptr + offs_m[:, None] * N + offs_n[None, :], acc, mask=mask)
+
+    @gluon.jit
+    def ring_gemm(a_desc, b_desc, c_ptr, M, N, K, STAGES: gl.constexpr):
+        """c[M, N] int32 = a[M, K] int8 · b[N, K]ᵀ; one tile per program, loads STAGES ahead."""
+        BM: gl.constexpr = a_desc.block_type.shape[0]
+        BK: gl.constexpr = a_desc.block_type.shape[1]
+        BN: gl.constexpr = b_desc.block_type.shape[0]
+        mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[gl.num_warps(), 1],
+                                                      instr_shape=[16, BN, 32])
+        a_bufs = gl.allocate_shared_memory(gl.int8, [STAGES, BM, BK], a_desc.layout)
+        b_bufs = gl.allocate_shared_memory(gl.int8, [STAGES, BN, BK], b_desc.layout)
+        ready = alloc_barriers(STAGES, 1)
+        off_m = gl.program_id(0) * BM
+        off_n = gl.program_id(1) * BN
+        k_tiles = gl.cdiv(K, BK)
+        nbytes: gl.constexpr = a_desc.block_type.nbytes + b_desc.block_type.nbytes
+        for i in gl.static_range(STAGES):
+            if i < k_tiles:
+                mbarrier.expect(ready.index(i), nbytes)
+                tma.async_copy_global_to_shared(a_desc, [off_m, i * BK], ready.index(i), a_bufs.index(i))
+                tma.async_copy_global_to_shared(b_desc, [off_n, i * BK], ready.index(i), b_bufs.index(i))
+        acc = gl.zeros([BM, BN], gl.int32, mma)
+        for kk in range(k_tiles):
+            s = kk % STAGES
+            mbarrier.wait(ready.index(s), (kk // STAGES) & 1)
+            acc = warpgroup_mma(a_bufs.index(s), b_bufs.index(s).permute((1, 0)), acc)
+            nxt = kk + STAGES
+            if nxt < k_tiles:
+                mbarrier.expect(ready.index(s), nbytes)
+                tma.async_copy_global_to_shared(a_desc, [off_m, nxt * BK], ready.index(s), a_bufs.index(s))
+                tma.async_copy_global_to_shared(b_desc, [off_n, nxt * BK], ready.index(s), b_bufs.index(s))
+        _store_i32(c_ptr, acc, off_m, off_n, M, N, mma, BM, BN)
+
+    @gluon.jit
+    def _ws_loader(a_desc, b_desc, a_bufs, b_bufs, ring, M, N, K):
+        BM: gl.constexpr = a_desc.block_type.shape[0]
+        BK: gl.constexpr = a_desc.block_type.shape[1]
+        BN: gl.constexpr = b_desc.block_type.shape[0]
+        sched = GroupedTileScheduler.initialize(M, N, BM, BN, 4)
+        st = producer_state(ring.num_stages)
+        for t in range(sched.get_num_tiles()):
+            pid_m, pid_n = sched.get_tile(t)
+            for kk in range(gl.cdiv(K, BK)):
+                ring.producer_acquire(st)
+                bar = ring.ready_bar(st)
+                mbarrier.expect(bar, a_desc.block_type.nbytes + b_desc.block_type.nbytes)
+                tma.async_copy_global_to_shared(a_desc, [pid_m * BM, kk * BK], bar, a_bufs.index(st.index))
+                tma.async_copy_global_to_shared(b_desc, [pid_n * BN, kk * BK], bar, b_bufs.index(st.index))
+                st = st.next()
+
+    @gluon.jit
+    def _ws_consumer(a_desc, b_desc, a_bufs, b_bufs, ring, c_ptr, M, N, K):
+        BM: gl.constexpr = a_desc.block_type.shape[0]
+        BK: gl.constexpr = a_desc.block_type.shape[1]
+        BN: gl.constexpr = b_desc.block_type.shape[0]
+        mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[gl.num_warps(), 1],
+                                                      instr_shape=[16, BN, 32])
+        sched = GroupedTileScheduler.initialize(M, N, BM, BN, 4)
+        st = consumer_state(ring.num_stages)
+        for t in range(sched.get_num_tiles()):
+            pid_m, pid_n = sched.get_tile(t)
+            acc = gl.zeros([BM, BN], gl.int32, mma)
+            for kk in range(gl.cdiv(K, BK)):
+                ring.consumer_wait(st)
+                acc = warpgroup_mma(a_bufs.index(st.index), b_bufs.index(st.index).permute((1, 0)), acc)
+                ring.consumer_release(st)
+                st = st.next()
+            _store_i32(c_ptr, acc, pid_m * BM, pid_n * BN, M, N, mma, BM, BN)
+
+    @gluon.jit
+    def ws_gemm(a_desc, b_desc, c_ptr, M, N, K, STAGES: gl.constexpr):
+        """Persistent c = a·bᵀ (int8 → int32): loader worker (1 warp, 24 regs) + default consumer."""
+        BM: gl.constexpr = a_desc.block_type.shape[0]
+        BK: gl.constexpr = a_desc.block_type.shape[1]
+        BN: gl.constexpr = b_desc.block_type.shape[0]
+        a_bufs = gl.allocate_shared_memory(gl.int8, [STAGES, BM, BK], a_desc.layout)
+        b_bufs = gl.allocate_shared_memory(gl.int8, [STAGES, BN, BK], b_desc.layout)
+        ring = make_pipeline(STAGES, 1, 1)
+        gl.warp_specialize([(_ws_consumer, (a_desc, b_desc, a_bufs, b_bufs, ring, c_ptr, M, N, K)),
+                            (_ws_loader, (a_desc, b_desc, a_bufs, b_bufs, ring, M, N, K))], [1], [24])
+
+    return ring_gemm, ws_gemm
+
+
+def _run_standalone(kind, M, N, K, stages, grid=None):
+    import torch
+
+    from lowrank_gemm.kernels.gluon.w4a4_ws import _desc
+    ring_gemm, ws_gemm = _standalone_kernels()
+    g = torch.Generator().manual_seed(0)
+    a = torch.randint(-100, 101, (M, K), generator=g, dtype=torch.int8).cuda()
+    b = torch.randint(-100, 101, (N, K), generator=g, dtype=torch.int8).cuda()
+    c = torch.full((M, N), -(2**31), dtype=torch.int32, device="cuda")   # poisoned
+    bm = bn = bk = 128
+    ad, bd = _desc(a, (bm, bk)), _desc(b, (bn, bk))
+    if kind == "ring":
+        ring_gemm[(triton_cdiv(M, bm), triton_cdiv(N, bn))](ad, bd, c, M, N, K, STAGES=stages, num_warps=4)
+    else:
+        ws_gemm[(grid, )](ad, bd, c, M, N, K, STAGES=stages, num_warps=4)
+    torch.cuda.synchronize()
+    ref = a.cpu().long() @ b.cpu().long().T
+    diff = (c.cpu().long() - ref).abs().max().item()
+    return dict(ok=diff == 0, err=float(diff), note="max |int32 diff|")
+
+
+def triton_cdiv(a, b):
+    return -(-a // b)
+
+
+# =============================================================================================
+def _trace(ops, grid):
+    """Debug re-launch: every role's (index, phase) of program 0 vs the host expectation."""
+    import torch
+
+    from lowrank_gemm.kernels.gluon import skeleton as sk
+    from lowrank_gemm.kernels.gluon import w4a4_ws as w4
+    from lowrank_gemm.kernels.schedule import cdiv
+    ops = dict(ops)
+    ops["out"] = torch.full_like(ops["out"], float("nan"))
+    out, (dbg, tiles) = w4.launch_w4a4_v2(**ops, grid=grid, debug=True)
+    torch.cuda.synchronize()
+    g, _, cx, cfg, _ = w4.kernel_args_v2(**ops, grid=grid)
+    M, N, K = ops["x_q"].shape[0], ops["w_q"].shape[0], ops["w_q"].shape[1] * 2
+    k_tiles = cdiv(K, cfg.block_k)
+    n_local = len(sk.program_tiles_host(0, g, M, N, cfg.block_m, cfg.block_n, cfg.group_m))
+    uses = list(range(n_local * k_tiles))
+    want = {"loader": sk.expected_states_host(uses, w4.RAW_STAGES, True),
+            "expander": sk.expected_states_host(uses, cx["STAGES"], True)}
+    for c, name in enumerate(["consumer0", "consumer1"]):
+        mine = [t * k_tiles + kk for t in range(c, n_local, 2) for kk in range(k_tiles)]
+        want[name] = sk.expected_states_host(mine, cx["STAGES"], False)
+    dbg = dbg.cpu()
+    lines, ok = [], True
+    for name, seq in want.items():
+        seq = seq[:w4.DEBUG_ITERS_DEFAULT]
+        got = [tuple(v) for v in dbg[0, sk.ROLE_IDS[name], :len(seq)].tolist()]
+        good = got == seq
+        ok &= good
+        lines.append(f"{name:9s} {'ok ' if good else 'BAD'} n={len(seq)} first (idx,ph): {got[:8]}"
+                     + ("" if good else f" want {seq[:8]}"))
+    return ok, lines
+
+
+def _run_v2(fmt, M, N, K, rank, grid, bias=True, col_scale=False, trace=False, consumer_order=True):
+    import torch
+
+    from lowrank_gemm.kernels.gluon import w4a4_ws as w4
+    from lowrank_gemm.kernels.gluon.smoke import normalized_error
+    ops = w4.make_operands_v2(fmt, M, N, K, rank, 64, device="cuda", bias=bias, col_scale=col_scale)
+    g, _, cx, cfg, _ = w4.kernel_args_v2(**ops, grid=grid)
+    print(f"  config {cfg} STAGES={cx['STAGES']} EPI_TMA={cx['EPI_TMA']} grid={g}", flush=True)
+    out = w4.launch_w4a4_v2(**ops, grid=grid, consumer_order=consumer_order)
+    torch.cuda.synchronize()
+    err = normalized_error(out, w4.reference_v2(ops))
+    res = dict(ok=err < TOL, err=err, note="normalized max err")
+    if res["ok"] and trace:
+        tok, lines = _trace(ops, grid)
+        res["trace_ok"] = tok
+        res["trace"] = lines
+        res["ok"] = tok
+    return res
+
+
+def _run_time():
+    import torch
+
+    from lowrank_gemm.bench.common import time_impl
+    from lowrank_gemm.kernels.gluon import w4a4_ws as w4
+    import inspect
+    from lowrank_gemm.kernels.w4a4_gemm import launch_w4a4_v1
+    v1_params = set(inspect.signature(launch_w4a4_v1).parameters)
+    rows = []
+    for fmt in os.environ.get("BISECT_TIME_FMTS", "int4_2l,int4_g64").split(","):
+        for M, K, N in ((4608, 3072, 12288), (64, 4096, 28672)):
+            ops = w4.make_operands_v2(fmt, M, N, K, 32, 64, device="cuda")
+            a8 = torch.randn(M, K, device="cuda").to(torch.float8_e4m3fn)
+            b8 = torch.randn(N, K, device="cuda").to(torch.float8_e4m3fn).t()
+            one = torch.ones((), device="cuda")
+            impls = {"v2": lambda: w4.launch_w4a4_v2(**ops),
+                     "v1": lambda: launch_w4a4_v1(**{k: v for k, v in ops.items() if k in v1_params}),
+                     "fp8_scaled_mm": lambda: torch._scaled_mm(a8, b8, one, one, out_dtype=torch.bfloat16)}
+            for impl, fn in impls.items():
+                try:
+                    t = time_impl(fn, [()])
+                except Exception as exc:  # report, keep timing the others
+                    print(f"  {impl} {fmt} M={M}: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
+                    continue
+                t["tops"] = round(2 * M * N * K / ((t.get("graph_us") or t["median_us"]) * 1e-6) / 1e12, 1)
+                rows.append(dict(impl=impl, fmt=fmt, M=M, N=N, K=K, r=32, **t))
+                print(f"  {impl} {fmt} M={M} N={N} K={K}: {t}", flush=True)
+    torch.cuda.synchronize()
+    return dict(ok=True, err=0.0, note="timings", rows=rows)
+
+
+def child(name: str) -> int:
+    _, kind, params, _ = RUNGS[name]
+    try:
+        if kind in ("ring", "ws"):
+            res = _run_standalone(kind, **params)
+        elif kind == "v2":
+            res = _run_v2(**params)
+        else:
+            res = _run_time()
+    except Exception as exc:   # compile or launch error: reported as FAIL with the message
+        import traceback
+        traceback.print_exc()
+        res = dict(ok=False, err=None, note=f"{type(exc).__name__}: {str(exc)[-600:]}")
+    print("RESULT " + json.dumps(res), flush=True)
+    return 0
+
+
+# =============================================================================================
+def parent(args) -> int:
+    names = args.rungs.split(",") if args.rungs else [n for n in RUNGS if not (n == "time" and args.no_time)]
+    t0 = time.monotonic()
+    results = []
+    env = dict(os.environ, PYTHONPATH=f"{ROOT / 'src'}:{os.environ.get('PYTHONPATH', '')}", PYTHONUNBUFFERED="1")
+    for name in names:
+        desc, kind, params, expected = RUNGS[name]
+        if name == "time" and not all(r["status"] == "PASS" for r in results if r["rung"] in ("r6", "r9")):
+            results.append(dict(rung=name, desc=desc, status="SKIPPED", expected=expected, note="r6/r9 did not pass"))
+            continue
+        left = args.budget - (time.monotonic() - t0)
+        limit = min(args.timeout if name != "time" else max(args.timeout, 40), left)
+        if limit < min(5, args.timeout):
+            results.append(dict(rung=name, desc=desc, status="SKIPPED", expected=expected, note="budget spent"))
+            continue
+        print(f"[{name}] {desc} {params} (timeout {limit:.0f}s)", flush=True)
+        start = time.monotonic()
+        proc = subprocess.Popen([sys.executable, __file__, "--child", name], stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True)
+        try:
+            out, _ = proc.communicate(timeout=limit)
+            status = None
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)    # the whole group: the hung kernel's process
+            out, _ = proc.communicate()
+            status = "HANG"
+        wall = round(time.monotonic() - start, 1)
+        res = {}
+        for line in (out or "").splitlines():
+            if line.startswith("RESULT "):
+                res = json.loads(line[len("RESULT "):])
+        if status is None:
+            status = "PASS" if res.get("ok") else "FAIL"
+        row = dict(rung=name, desc=desc, params=params, status=status, expected=expected, wall_s=wall,
+                   err=res.get("err"), note=res.get("note", ""), trace=res.get("trace"), rows=res.get("rows"),
+                   log_tail=(out or "")[-1500:] if status != "PASS" else None)
+        results.append(row)
+        mark = "" if status == expected else "   <-- UNEXPECTED"
+        err = f"{row['err']:.3e}" if isinstance(row["err"], float) else "-"
+        print(f"[{name}] {status:4s} err={err} ({row['note']}) {wall}s{mark}", flush=True)
+        for line in row["trace"] or []:
+            print(f"    {line}", flush=True)
+        if status != "PASS" and row["log_tail"]:
+            print("    " + "\n    ".join(row["log_tail"].strip().splitlines()[-12:]), flush=True)
+    print("\nrung | what | status | expected | err | s")
+    for r in results:
+        err = f"{r['err']:.2e}" if isinstance(r.get("err"), float) else "-"
+        print(f"{r['rung']:4s} | {r['desc']:34s} | {r['status']:7s} | {r['expected']:4s} | {err:8s} | {r.get('wall_s', '-')}")
+    print(f"total {time.monotonic() - t0:.0f}s")
+    if args.out:
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        (Path(args.out) / "bisect_gluon.json").write_text(json.dumps(dict(results=results), indent=1))
+    bad = [r for r in results if r["status"] not in (r["expected"], "SKIPPED")]
+    return 1 if bad else 0
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    ap.add_argument("--out", default=os.environ.get("OUT"))
+    ap.add_argument("--timeout", type=float, default=20.0, help="seconds per rung")
+    ap.add_argument("--budget", type=float, default=150.0, help="seconds for the whole ladder")
+    ap.add_argument("--rungs", default="", help="comma-separated subset, e.g. r1,r2,r6")
+    ap.add_argument("--no-time", action="store_true", help="skip the timing rung")
+    args = ap.parse_args(argv)
+    if args.child:
+        return child(args.child)
+    return parent(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,203 @@
+"""Host model of the v2 kernel's synchronization, with real mbarrier semantics, to find hangs on CPU.
+
+An mbarrier completes a phase when its pending arrivals reach 0 and its transaction bytes are all
+in; ``try_wait.parity(P)`` returns true iff the current (incomplete) phase's parity differs from P.
+So a waiter more than one phase AHEAD of a barrier passes spuriously (it reads a slot that is not
+filled yet) and one that falls two phases BEHIND blocks forever. Parity waits are only sound if
+every waiter for phase n of a barrier starts waiting after phase n-1 completed.
+
+:func:`simulate` runs the roles of ``w4a4_ws_kernel`` (loader, expander, two consumers, and a TMA
+engine that lands copies in random order) under a random interleaving and reports a deadlock
+(nobody can move) or a spurious pass (a consumer saw a slot holding another use's data).
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+
+__all__ = ["MBarrier", "simulate", "SimResult"]
+
+
+@dataclass
+class MBarrier:
+    count: int
+    pending: int = -1
+    tx: int = 0
+    completed: int = 0      # phases completed so far; the current phase's parity is completed & 1
+
+    def __post_init__(self):
+        self.pending = self.count
+
+    def _maybe_complete(self):
+        if self.pending == 0 and self.tx == 0:
+            self.completed += 1
+            self.pending = self.count
+
+    def arrive(self, expect_tx: int = 0):
+        self.tx += expect_tx
+        self.pending -= 1
+        self._maybe_complete()
+
+    def complete_tx(self, nbytes: int):
+        self.tx -= nbytes
+        self._maybe_complete()
+
+    def try_wait(self, parity: int) -> bool:
+        return (self.completed & 1) != parity
+
+
+@dataclass
+class SimResult:
+    ok: bool
+    why: str = ""
+    steps: int = 0
+    trace: list = field(default_factory=list)
+
+
+class _Ring:
+    def __init__(self, stages, ready_count, name):
+        self.n = stages
+        self.ready = [MBarrier(ready_count) for _ in range(stages)]
+        self.empty = [MBarrier(1) for _ in range(stages)]
+        self.content = [None] * stages   # use id written into each slot (per operand)
+        self.name = name
+
+
+def _state(use, n, producer):
+    return use % n, ((use // n) & 1) ^ (1 if producer else 0)
+
+
+def simulate(n_tiles: int, k_tiles: int, stages: int, lr_stages: int = 2, fmt: str = "int4_2l",
+             has_lowrank: bool = True, order: bool = True, seed: int = 0, max_steps: int = 200000,
+             stop_on_spurious: bool = True) -> SimResult:
+    """One program's ``n_tiles`` local tiles. ``order``: consumers hand the MAIN ring to each other
+    through the ORDER barriers (the fix); False models the original kernel. With
+    ``stop_on_spurious=False`` a spurious pass is recorded and the run goes on (to see the hang)."""
+    rng = random.Random(seed)
+    two_l = fmt == "int4_2l"
+    main = _Ring(stages, 2 if two_l else 1, "main")
+    raw = _Ring(2, 1, "raw")
+    lrr = _Ring(lr_stages, 1, "lowrank")
+    orderb = [MBarrier(1), MBarrier(1)]
+    spurious = []
+    main_x = [None] * stages    # 2l: the x tile lands in MAIN by TMA, w by the expander
+    tma_q = []                  # (barrier, nbytes, on_land)
+
+    def wait(bar, parity):
+        while not bar.try_wait(parity):
+            yield "blocked", bar, parity
+        return
+
+    def tma(bar, nbytes, on_land):
+        tma_q.append((bar, nbytes, on_land))
+
+    def loader():
+        u = 0
+        for t in range(n_tiles):
+            if has_lowrank:
+                i, ph = _state(t, lr_stages, True)
+                yield from wait(lrr.empty[i], ph)
+                lrr.ready[i].arrive(expect_tx=1)
+                tma(lrr.ready[i], 1, lambda i=i, t=t: lrr.content.__setitem__(i, t))
+            for _ in range(k_tiles):
+                if two_l:
+                    i, ph = _state(u, stages, True)
+                    yield from wait(main.empty[i], ph)
+                    main.ready[i].arrive(expect_tx=1)
+                    tma(main.ready[i], 1, lambda i=i, u=u: main_x.__setitem__(i, u))
+                j, ph = _state(u, 2, True)
+                yield from wait(raw.empty[j], ph)
+                raw.ready[j].arrive(expect_tx=1)
+                tma(raw.ready[j], 1, lambda j=j, u=u: raw.content.__setitem__(j, u))
+                u += 1
+                yield "ran", None, None
+
+    def expander():
+        for u in range(n_tiles * k_tiles):
+            j, ph = _state(u, 2, False)
+            yield from wait(raw.ready[j], ph)
+            if raw.content[j] != u:
+                _spurious(spurious, stop_on_spurious, f"expander read raw slot {j} holding use {raw.content[j]}, wanted {u}")
+            i, ph = _state(u, stages, True)
+            yield from wait(main.empty[i], ph)
+            main.content[i] = u
+            raw.empty[j].arrive()
+            main.ready[i].arrive()
+            yield "ran", None, None
+
+    def consumer(c):
+        for t in range(c, n_tiles, 2):
+            if order and t > 0:
+                yield from wait(orderb[c], ((t - 1) // 2) & 1)
+            for kk in range(k_tiles):
+                u = t * k_tiles + kk
+                i, ph = _state(u, stages, False)
+                yield from wait(main.ready[i], ph)
+                if main.content[i] != u or (two_l and main_x[i] != u):
+                    _spurious(spurious, stop_on_spurious, f"consumer{c} tile {t} k {kk}: MAIN slot {i} holds use "
+                                    f"{main.content[i]}/{main_x[i]}, wanted {u}")
+                yield "ran", None, None
+                main.empty[i].arrive()
+            if order:
+                orderb[1 - c].arrive()
+            if has_lowrank:
+                i, ph = _state(t, lr_stages, False)
+                yield from wait(lrr.ready[i], ph)
+                if lrr.content[i] != t:
+                    _spurious(spurious, stop_on_spurious, f"consumer{c} epilogue of tile {t}: LOWRANK slot {i} holds {lrr.content[i]}")
+                lrr.empty[i].arrive()
+            yield "ran", None, None
+
+    roles = {"loader": loader(), "expander": expander(), "consumer0": consumer(0), "consumer1": consumer(1)}
+    status = {name: ("ran", None, None) for name in roles}
+    trace = []
+    for step in range(max_steps):
+        live = [n for n in roles if status[n] is not None]
+        runnable = [n for n in live if status[n][0] == "ran" or status[n][1].try_wait(status[n][2])]
+        if tma_q:
+            runnable.append("tma")
+        if not live and not tma_q:
+            if spurious:
+                return SimResult(False, f"spurious passes ({len(spurious)}), first: {spurious[0]}", step, trace)
+            return SimResult(True, "", step, trace)
+        if not runnable:
+            stuck = {n: f"{_bar_name(status[n][1], main, raw, lrr, orderb)} parity {status[n][2]}" for n in live}
+            extra = f" after {len(spurious)} spurious passes, first: {spurious[0]}" if spurious else ""
+            return SimResult(False, f"deadlock: {stuck}{extra}", step, trace)
+        who = rng.choice(runnable)
+        if who == "tma":
+            bar, nbytes, on_land = tma_q.pop(rng.randrange(len(tma_q)))
+            on_land()
+            bar.complete_tx(nbytes)
+            continue
+        try:
+            status[who] = next(roles[who])
+            trace.append(who)
+        except StopIteration:
+            status[who] = None
+        except _Spurious as e:
+            return SimResult(False, f"spurious pass: {e}", step, trace)
+    return SimResult(False, "step limit", max_steps, trace)
+
+
+class _Spurious(Exception):
+    pass
+
+
+def _spurious(sink, stop, msg):
+    if stop:
+        raise _Spurious(msg)
+    sink.append(msg)
+
+
+def _bar_name(bar, main, raw, lrr, orderb):
+    for ring in (main, raw, lrr):
+        for kind in ("ready", "empty"):
+            for i, b in enumerate(getattr(ring, kind)):
+                if b is bar:
+                    return f"{ring.name}.{kind}[{i}] (completed {b.completed})"
+    for i, b in enumerate(orderb):
+        if b is bar:
+            return f"order[{i}] (completed {b.completed})"
+    return "?"
