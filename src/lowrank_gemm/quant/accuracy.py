@@ -184,6 +184,7 @@ def evaluate_scheme(base: nn.Module, spec: SchemeSpec, calib: list[dict], evalb:
     is_svdq = isinstance(config, SVDQuantConfig)
     return {
         "scheme": spec.scheme,
+        "format": "int8" if spec.scheme == "w8a8" else "int4_g64",
         "group_size": (config.group_size or "K") if is_svdq else "K",
         "rank": config.rank if is_svdq else 0,
         "refit": bool(is_svdq and config.refit and config.rank > 0),
@@ -259,7 +260,6 @@ def run_accuracy(schemes=DEFAULT_SCHEMES, print_fn=None, progress: bool = False,
     rows = []
     for spec in schemes:
         row, model = evaluate_scheme(base, spec, calib, evalb, fp_emb, progress)
-        row.setdefault("format", "int8" if spec.scheme == "w8a8" else "int4_g64")
         rows.append(row)
         if print_fn is not None:
             print_fn(format_row(row))
