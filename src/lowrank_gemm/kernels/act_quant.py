@@ -21,13 +21,15 @@ S is accumulated with 3×TF32 MMAs (≈ fp32) so it matches the float64 spec to 
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import triton
 import triton.language as tl
 
 from .schedule import cdiv, num_sms
 
-__all__ = ["act_quant", "plan_act_quant", "FORMATS", "MAX_SPLIT"]
+__all__ = ["act_quant", "plan_act_quant", "ActQuantPlan", "FORMATS", "MAX_SPLIT"]
 
 FORMATS = ("int4_g64", "int4_2l")
 _RNE_MAGIC = tl.constexpr(12582912.0)  # 1.5·2²³: adding and subtracting it rounds |v| < 2²² to the nearest even integer
@@ -73,33 +75,55 @@ def _down(s_acc, xs, a_ptr, stride_ar, offs_k, offs_r, R):
 
 
 @triton.jit
-def _quant_g64_group(x_ptr, stride_xm, smooth_ptr, q_ptr, stride_qm, sc_ptr, stride_sg, a_ptr, stride_ar,
-                     s_acc, g, offs_m, offs_r, M, R,
-                     G: tl.constexpr, HAS_LOWRANK: tl.constexpr, SCALE_BF16: tl.constexpr):
-    """Quantize group ``g`` of rows ``offs_m`` (packed int4 + 16-bit scale); returns the updated S partial."""
-    HALF: tl.constexpr = G // 2
-    col = tl.arange(0, HALF)
-    # byte c of a group packs element (c // 32)·64 + c % 32 (low nibble) and that + 32 (high nibble)
-    k_lo = g * G + (col // 32) * 64 + (col % 32)
+def _bcast_groups(v, BLOCK_M: tl.constexpr, NGS: tl.constexpr, W: tl.constexpr):
+    """[BM, NGS] per-group values → [BM, NGS·W] (each repeated over its group's W columns)."""
+    return tl.reshape(tl.broadcast_to(v[:, :, None], (BLOCK_M, NGS, W)), (BLOCK_M, NGS * W))
+
+
+@triton.jit
+def _group_max(v, BLOCK_M: tl.constexpr, NGS: tl.constexpr, W: tl.constexpr):
+    """[BM, NGS·W] → [BM, NGS] max over each group's W consecutive columns."""
+    return tl.max(tl.reshape(v, (BLOCK_M, NGS, W)), axis=2)
+
+
+@triton.jit
+def _quant_g64_step(x_ptr, stride_xm, smooth_ptr, q_ptr, stride_qm, sc_ptr, stride_sg, a_ptr, stride_ar,
+                    s_acc, k0, offs_m, offs_r, M, R,
+                    G: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
+                    HAS_LOWRANK: tl.constexpr, SCALE_BF16: tl.constexpr):
+    """Quantize columns [k0, k0 + BLOCK_K) (BLOCK_K/G whole groups) of rows ``offs_m``: packed int4 +
+    16-bit scales; returns the updated S partial. One wide step instead of one group per step: the
+    per-step latency chain (load → dot → reduce → store) is paid K/BLOCK_K times, not K/G times."""
+    HALF_K: tl.constexpr = BLOCK_K // 2
+    HG: tl.constexpr = G // 2        # lo (or hi) columns per group
+    NGS: tl.constexpr = BLOCK_K // G
+    col = tl.arange(0, HALF_K)
+    # byte c packs element (c // 32)·64 + c % 32 (low nibble) and that + 32 (high nibble); the lo columns
+    # of group j are c ∈ [j·G/2, (j+1)·G/2) for G = 64 and 128 alike
+    k_lo = k0 + (col // 32) * 64 + (col % 32)
     xs_lo = _smoothed(x_ptr, stride_xm, smooth_ptr, offs_m, k_lo, M)
     xs_hi = _smoothed(x_ptr, stride_xm, smooth_ptr, offs_m, k_lo + 32, M)
     if HAS_LOWRANK:
         s_acc = _down(s_acc, xs_lo, a_ptr, stride_ar, k_lo, offs_r, R)
         s_acc = _down(s_acc, xs_hi, a_ptr, stride_ar, k_lo + 32, offs_r, R)
-    amax = tl.maximum(tl.max(tl.abs(xs_lo), axis=1), tl.max(tl.abs(xs_hi), axis=1))
-    n_nan = tl.sum((xs_lo != xs_lo).to(tl.int32), axis=1) + tl.sum((xs_hi != xs_hi).to(tl.int32), axis=1)
-    scale = _round_scale16(tl.math.div_rn(amax, 7.0), SCALE_BF16)
+    amax = tl.maximum(_group_max(tl.abs(xs_lo), BLOCK_M, NGS, HG), _group_max(tl.abs(xs_hi), BLOCK_M, NGS, HG))
+    n_nan = (_group_max((xs_lo != xs_lo).to(tl.int32), BLOCK_M, NGS, HG)
+             + _group_max((xs_hi != xs_hi).to(tl.int32), BLOCK_M, NGS, HG))
+    scale = _round_scale16(tl.math.div_rn(amax, 7.0), SCALE_BF16)  # [BM, NGS]
     scale = tl.where(scale == 0.0, 1.0, scale)
     scale = tl.where(n_nan > 0, float("nan"), scale)
-    ok = _is_finite(scale)[:, None]
-    r_lo = tl.math.div_rn(xs_lo, scale[:, None])
-    r_hi = tl.math.div_rn(xs_hi, scale[:, None])
+    scale_b = _bcast_groups(scale, BLOCK_M, NGS, HG)
+    ok = _is_finite(scale_b)
+    r_lo = tl.math.div_rn(xs_lo, scale_b)
+    r_hi = tl.math.div_rn(xs_hi, scale_b)
     q_lo = tl.where(ok & _is_finite(r_lo), _rne(tl.minimum(tl.maximum(r_lo, -8.0), 7.0)), 0.0).to(tl.int32)
     q_hi = tl.where(ok & _is_finite(r_hi), _rne(tl.minimum(tl.maximum(r_hi, -8.0), 7.0)), 0.0).to(tl.int32)
     packed = ((q_lo & 0xF) | ((q_hi & 0xF) << 4)).to(tl.uint8)
     row_ok = offs_m < M
-    tl.store(q_ptr + offs_m[:, None] * stride_qm + (g * HALF + col)[None, :], packed, mask=row_ok[:, None])
-    tl.store(sc_ptr + g * stride_sg + offs_m, scale.to(sc_ptr.dtype.element_ty), mask=row_ok)
+    tl.store(q_ptr + offs_m[:, None] * stride_qm + (k0 // 2 + col)[None, :], packed, mask=row_ok[:, None])
+    gi = k0 // G + tl.arange(0, NGS)
+    tl.store(sc_ptr + gi[None, :] * stride_sg + offs_m[:, None], scale.to(sc_ptr.dtype.element_ty),
+             mask=row_ok[:, None])
     return s_acc
 
 
@@ -111,8 +135,8 @@ def _act_quant_g_kernel(
     sc_ptr, stride_sg,         # (K/G, M) 16-bit scales, group-major
     a_ptr, stride_ar,          # (R, K) lora_down
     sp_ptr, stride_sps, stride_spm,  # (SPLIT, M, R) fp32 S partials (SPLIT = 1: S itself)
-    M, K, R, GROUPS_PER_SLICE,
-    G: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr,
+    M, K, R, STEPS_PER_SLICE,
+    G: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr,
     HAS_LOWRANK: tl.constexpr, SCALE_BF16: tl.constexpr,
 ):
     """Program (row block, K slice): quantizes its groups (independent of the rest of the row) and
@@ -120,12 +144,13 @@ def _act_quant_g_kernel(
     pid_k = tl.program_id(1)
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_r = tl.arange(0, BLOCK_R)
-    g0 = pid_k * GROUPS_PER_SLICE
-    g1 = tl.minimum(g0 + GROUPS_PER_SLICE, K // G)
+    k_begin = pid_k * STEPS_PER_SLICE * BLOCK_K
+    k_end = tl.minimum(k_begin + STEPS_PER_SLICE * BLOCK_K, K)
     s_acc = tl.zeros((BLOCK_M, BLOCK_R), tl.float32)
-    for g in range(g0, g1):
-        s_acc = _quant_g64_group(x_ptr, stride_xm, smooth_ptr, q_ptr, stride_qm, sc_ptr, stride_sg, a_ptr,
-                                 stride_ar, s_acc, g, offs_m, offs_r, M, R, G, HAS_LOWRANK, SCALE_BF16)
+    for k0 in range(k_begin, k_end, BLOCK_K):
+        s_acc = _quant_g64_step(x_ptr, stride_xm, smooth_ptr, q_ptr, stride_qm, sc_ptr, stride_sg, a_ptr,
+                                stride_ar, s_acc, k0, offs_m, offs_r, M, R, G, BLOCK_M, BLOCK_K, HAS_LOWRANK,
+                                SCALE_BF16)
     if HAS_LOWRANK:
         tl.store(sp_ptr + pid_k * stride_sps + offs_m[:, None] * stride_spm + offs_r[None, :], s_acc,
                  mask=(offs_m[:, None] < M) & (offs_r[None, :] < R))
@@ -137,23 +162,23 @@ def _act_2l_stats_kernel(
     a_ptr, stride_ar,
     sp_ptr, stride_sps, stride_spm,  # (SPLIT, M, R) fp32 S partials
     ap_ptr, stride_aps,              # (SPLIT, M) fp32 partial row absmax (NaN if the slice holds NaN)
-    M, K, R, GROUPS_PER_SLICE,
-    G: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr, HAS_LOWRANK: tl.constexpr,
+    M, K, R, STEPS_PER_SLICE,
+    BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr, HAS_LOWRANK: tl.constexpr,
 ):
     """Two-level pass 1 per (row block, K slice): partial row absmax and partial S."""
     pid_k = tl.program_id(1)
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_r = tl.arange(0, BLOCK_R)
-    offs_g = tl.arange(0, G)
-    g0 = pid_k * GROUPS_PER_SLICE
-    g1 = tl.minimum(g0 + GROUPS_PER_SLICE, K // G)
+    offs_k = tl.arange(0, BLOCK_K)
+    k_begin = pid_k * STEPS_PER_SLICE * BLOCK_K
+    k_end = tl.minimum(k_begin + STEPS_PER_SLICE * BLOCK_K, K)
     s_acc = tl.zeros((BLOCK_M, BLOCK_R), tl.float32)
     amax = tl.zeros((BLOCK_M,), tl.float32)
     n_nan = tl.zeros((BLOCK_M,), tl.int32)
-    for g in range(g0, g1):
-        xs = _smoothed(x_ptr, stride_xm, smooth_ptr, offs_m, g * G + offs_g, M)
+    for k0 in range(k_begin, k_end, BLOCK_K):
+        xs = _smoothed(x_ptr, stride_xm, smooth_ptr, offs_m, k0 + offs_k, M)
         if HAS_LOWRANK:
-            s_acc = _down(s_acc, xs, a_ptr, stride_ar, g * G + offs_g, offs_r, R)
+            s_acc = _down(s_acc, xs, a_ptr, stride_ar, k0 + offs_k, offs_r, R)
         amax = tl.maximum(amax, tl.max(tl.abs(xs), axis=1))
         n_nan += tl.sum((xs != xs).to(tl.int32), axis=1)
     row_ok = offs_m < M
@@ -169,15 +194,16 @@ def _act_2l_quant_kernel(
     e_ptr, stride_em,          # (M, K) int8: expanded q·v
     t_ptr,                     # (M,) fp32 row scales
     ap_ptr, stride_aps,        # (SPLIT, M) partial absmax from pass 1
-    M, K, SPLIT, GROUPS_PER_SLICE,
-    G: tl.constexpr, BLOCK_M: tl.constexpr, SPLIT_P2: tl.constexpr,
+    M, K, SPLIT, STEPS_PER_SLICE,
+    G: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_P2: tl.constexpr,
 ):
     """Two-level pass 2 per (row block, K slice): row scale t from the partials (every slice program
     recomputes it from the same values in the same order), then multipliers v ∈ [1, 15] and e = q·v."""
+    NGS: tl.constexpr = BLOCK_K // G
     pid_k = tl.program_id(1)
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_s = tl.arange(0, SPLIT_P2)
-    offs_g = tl.arange(0, G)
+    offs_k = tl.arange(0, BLOCK_K)
     row_ok = offs_m < M
     part = tl.load(ap_ptr + offs_s[:, None] * stride_aps + offs_m[None, :],
                    mask=(offs_s[:, None] < SPLIT) & row_ok[None, :], other=0.0)
@@ -188,18 +214,19 @@ def _act_2l_quant_kernel(
     t = tl.where(has_nan, float("nan"), t)
     ok = _is_finite(t)
     safe_t = tl.where(ok, t, 1.0)
-    g0 = pid_k * GROUPS_PER_SLICE
-    g1 = tl.minimum(g0 + GROUPS_PER_SLICE, K // G)
-    for g in range(g0, g1):
-        xs = _smoothed(x_ptr, stride_xm, smooth_ptr, offs_m, g * G + offs_g, M)
-        gmax = tl.max(tl.abs(xs), axis=1)
-        v = tl.math.ceil(tl.math.div_rn(gmax, safe_t * 7.0))
+    k_begin = pid_k * STEPS_PER_SLICE * BLOCK_K
+    k_end = tl.minimum(k_begin + STEPS_PER_SLICE * BLOCK_K, K)
+    for k0 in range(k_begin, k_end, BLOCK_K):
+        xs = _smoothed(x_ptr, stride_xm, smooth_ptr, offs_m, k0 + offs_k, M)
+        gmax = _group_max(tl.abs(xs), BLOCK_M, NGS, G)  # [BM, NGS]
+        v = tl.math.ceil(tl.math.div_rn(gmax, (safe_t * 7.0)[:, None]))
         v = tl.minimum(tl.maximum(v, 1.0), 15.0)
         v = tl.where(_is_finite(v), v, 1.0)
-        r = tl.math.div_rn(xs, (safe_t * v)[:, None])
+        vb = _bcast_groups(v, BLOCK_M, NGS, G)
+        r = tl.math.div_rn(xs, safe_t[:, None] * vb)
         q = tl.where(ok[:, None] & _is_finite(r), _rne(tl.minimum(tl.maximum(r, -8.0), 7.0)), 0.0)
-        e = (q * v[:, None]).to(tl.int8)
-        tl.store(e_ptr + offs_m[:, None] * stride_em + (g * G + offs_g)[None, :], e, mask=row_ok[:, None])
+        e = (q * vb).to(tl.int8)
+        tl.store(e_ptr + offs_m[:, None] * stride_em + (k0 + offs_k)[None, :], e, mask=row_ok[:, None])
     if pid_k == 0:
         tl.store(t_ptr + offs_m, t, mask=row_ok)
 
@@ -225,34 +252,58 @@ def block_r_for(rank: int) -> int:
 MAX_SPLIT = 64  # K slices per row block: bounds the partials' size and the reduce tile
 
 
-def _block_m(m: int) -> int:
-    return 16 if m <= 64 else 32
+class ActQuantPlan(NamedTuple):
+    """How act_quant tiles X: rows per program, columns per step (whole groups), K slices per row block
+    (S partials summed afterwards), steps per slice, warps."""
+
+    block_m: int
+    block_k: int
+    split: int
+    steps_per_slice: int
+    num_warps: int
+
+
+def _block_k(k: int, group_size: int, want: int) -> int:
+    """Widest step ≤ ``want`` that is whole groups and divides K (K % G == 0, so G always qualifies)."""
+    for bk in (256, 128, 64):
+        if bk <= max(want, group_size) and bk % group_size == 0 and k % bk == 0:
+            return bk
+    return group_size
 
 
 def plan_act_quant(m: int, k: int, group_size: int, device=None, split: int | None = None,
-                   block_m: int | None = None) -> tuple[int, int, int]:
-    """(block_m, split, groups_per_slice). Memory-bound: aim at ≥ 2 programs per SM, splitting K across
-    programs when there are too few row blocks (decode: M = 1 has one row block, so K is split)."""
-    bm = block_m or _block_m(m)
-    ng = k // group_size
+                   block_m: int | None = None, block_k: int | None = None,
+                   num_warps: int | None = None) -> ActQuantPlan:
+    """Memory-bound: aim at ≥ 2 programs per SM, splitting K across programs when there are too few row
+    blocks (decode: M = 1 has one row block, so K is split).
+
+    Large M (> 64): 64-row blocks, 256-column steps, 8 warps. v1's 32×64 steps made each program walk
+    K/64 dependent load → dot → reduce → store chains with ~4 KB in flight: ~200 µs for FLUX fc1's X
+    (28 MB, floor ~7 µs). Decode keeps 16 × G steps (measured ~11–16 µs; K is split up to 64 ways)."""
+    large = m > 64
+    bm = block_m or (64 if large else 16)
+    bk = _block_k(k, group_size, block_k or (256 if large else group_size))
+    warps = num_warps or (8 if large and bm * bk >= 64 * 256 else 4)
+    nsteps = k // bk
     if split is None:
         sms = num_sms(device) if device is not None and device.type == "cuda" else 8
         split = cdiv(2 * sms, cdiv(m, bm))
-    split = max(1, min(split, ng, MAX_SPLIT))
-    gps = cdiv(ng, split)
-    return bm, cdiv(ng, gps), gps
+    split = max(1, min(split, nsteps, MAX_SPLIT))
+    sps = cdiv(nsteps, split)
+    return ActQuantPlan(bm, bk, cdiv(nsteps, sps), sps, warps)
 
 
 def act_quant(x: torch.Tensor, smooth: torch.Tensor, lora_down: torch.Tensor, group_size: int = 64,
               fmt: str = "int4_g64", scale_dtype: torch.dtype = torch.bfloat16, *, split: int | None = None,
-              block_m: int | None = None):
+              block_m: int | None = None, block_k: int | None = None, num_warps: int | None = None):
     """Quantize ``x`` [M, K] (bf16/fp16, contiguous rows) after dividing by ``smooth`` [K].
 
     Returns ``(x_q, x_scale, lowrank_act)``:
       int4_g64: x_q uint8 [M, K/2], x_scale ``scale_dtype`` [K/G, M];
       int4_2l:  x_q int8 [M, K],    x_scale float32 [M];
     and lowrank_act float32 [M, r] = (x / smooth) · lora_downᵀ (lora_down [r, K]; r may be 0).
-    ``split`` (K slices per row block) and ``block_m`` override the plan (:func:`plan_act_quant`).
+    ``split`` (K slices per row block), ``block_m``, ``block_k`` (columns per step, a multiple of G that
+    divides K; rounded down to one) and ``num_warps`` override the plan (:func:`plan_act_quant`).
     Launches: g64 one kernel (+ the S reduce when split > 1); 2l two passes (+ the S reduce when split > 1).
     Inputs are assumed validated by the op (``w4a4_gemm.check_linear_args``).
     """
@@ -260,30 +311,31 @@ def act_quant(x: torch.Tensor, smooth: torch.Tensor, lora_down: torch.Tensor, gr
     r = lora_down.shape[0]
     dev = x.device
     lowrank_act = torch.empty((m, r), device=dev, dtype=torch.float32)
-    bm, nsplit, gps = plan_act_quant(m, k, group_size, dev, split, block_m)
+    bm, bk, nsplit, sps, warps = plan_act_quant(m, k, group_size, dev, split, block_m, block_k, num_warps)
     br = block_r_for(r)
     grid = (cdiv(m, bm), nsplit)
     a = lora_down if r else x  # any valid pointer when the branch is off
     # S partials: one fp32 [M, r] slab per K slice, summed in slice order afterwards; no slab at split 1
     sp = lowrank_act if (nsplit == 1 or r == 0) else torch.empty((nsplit, m, r), device=dev, dtype=torch.float32)
-    sps = sp.stride(0) if sp.dim() == 3 else 0
+    spst = sp.stride(0) if sp.dim() == 3 else 0
     if fmt == "int4_g64":
         x_q = torch.empty((m, k // 2), device=dev, dtype=torch.uint8)
         x_scale = torch.empty((k // group_size, m), device=dev, dtype=scale_dtype)
         _act_quant_g_kernel[grid](x, x.stride(0), smooth, x_q, x_q.stride(0), x_scale, x_scale.stride(0),
-                                  a, a.stride(0), sp, sps, max(r, 1), m, k, r, gps,
-                                  G=group_size, BLOCK_M=bm, BLOCK_R=br, HAS_LOWRANK=r > 0,
-                                  SCALE_BF16=scale_dtype == torch.bfloat16, num_warps=4)
+                                  a, a.stride(0), sp, spst, max(r, 1), m, k, r, sps,
+                                  G=group_size, BLOCK_M=bm, BLOCK_K=bk, BLOCK_R=br, HAS_LOWRANK=r > 0,
+                                  SCALE_BF16=scale_dtype == torch.bfloat16, num_warps=warps)
     elif fmt == "int4_2l":
         x_q = torch.empty((m, k), device=dev, dtype=torch.int8)
         x_scale = torch.empty((m,), device=dev, dtype=torch.float32)
         amax_part = torch.empty((nsplit, m), device=dev, dtype=torch.float32)
-        _act_2l_stats_kernel[grid](x, x.stride(0), smooth, a, a.stride(0), sp, sps, max(r, 1),
-                                   amax_part, amax_part.stride(0), m, k, r, gps,
-                                   G=group_size, BLOCK_M=bm, BLOCK_R=br, HAS_LOWRANK=r > 0, num_warps=4)
+        _act_2l_stats_kernel[grid](x, x.stride(0), smooth, a, a.stride(0), sp, spst, max(r, 1),
+                                   amax_part, amax_part.stride(0), m, k, r, sps,
+                                   BLOCK_M=bm, BLOCK_K=bk, BLOCK_R=br, HAS_LOWRANK=r > 0, num_warps=warps)
         _act_2l_quant_kernel[grid](x, x.stride(0), smooth, x_q, x_q.stride(0), x_scale,
-                                   amax_part, amax_part.stride(0), m, k, nsplit, gps,
-                                   G=group_size, BLOCK_M=bm, SPLIT_P2=triton.next_power_of_2(nsplit), num_warps=4)
+                                   amax_part, amax_part.stride(0), m, k, nsplit, sps,
+                                   G=group_size, BLOCK_M=bm, BLOCK_K=bk, SPLIT_P2=triton.next_power_of_2(nsplit),
+                                   num_warps=warps)
     else:
         raise ValueError(f"fmt must be one of {FORMATS}, got {fmt!r}")
     if r and nsplit > 1:
