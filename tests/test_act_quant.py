@@ -88,3 +88,32 @@ def test_k_split_matches_and_is_deterministic(fmt, split, bm):
         assert torch.equal(x_q, e_ref) and torch.equal(x_scale, t_ref)
     _check_lowrank(s, x, smooth, down)
     assert torch.equal(s, act_quant(x, smooth, down, 64, fmt, split=split, block_m=bm)[2])
+
+
+@pytest.mark.parametrize("fmt", ["int4_g64", "int4_2l"])
+@pytest.mark.parametrize("g,bk,split,bm", [(64, 256, 1, 32), (64, 128, 2, 16), (128, 256, 1, 16)])
+def test_wide_steps_bit_identical(fmt, g, bk, split, bm):
+    """Large-M plan: several groups per step (block_k = 2–4 groups) must give the same bits."""
+    x, smooth, down = _inputs(37, 512, 20)
+    x[4, 70] = float("nan")
+    x_q, x_scale, s = act_quant(x, smooth, down, g, fmt, split=split, block_m=bm, block_k=bk)
+    xs = x.float() / smooth.float()
+    if fmt == "int4_g64":
+        q_ref, sc_ref = quantize_act_int4(xs, g)
+        assert torch.equal(x_q, pack_int4(q_ref))
+        assert torch.equal(x_scale.float().nan_to_num(7.0), sc_ref.float().nan_to_num(7.0))
+    else:
+        e_ref, t_ref = quantize_act_2l(xs, g)
+        assert torch.equal(x_q, e_ref) and torch.equal(x_scale.nan_to_num(7.0), t_ref.nan_to_num(7.0))
+    keep = torch.ones(37, dtype=torch.bool)
+    keep[4] = False
+    assert torch.isnan(s[4]).all()
+    _check_lowrank(s[keep], x[keep], smooth, down)
+
+
+def test_plan_large_m_is_wide():
+    from lowrank_gemm.kernels.act_quant import plan_act_quant
+    p = plan_act_quant(4608, 3072, 64)
+    assert (p.block_m, p.block_k, p.num_warps) == (64, 256, 8) and p.split * p.steps_per_slice >= 12
+    assert plan_act_quant(1, 4096, 64).block_k == 64
+    assert plan_act_quant(4608, 320, 64).block_k == 64  # 320 = 5 groups: only G divides it
