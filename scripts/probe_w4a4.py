@@ -8,7 +8,16 @@ one-program-per-row-block behaviour); GEMM candidates per format (W4A4Plan varia
 is checked first against reference.w4a4_gemm_ref in float64 (first ≤ 256 rows; rel err < 2e-2 with bf16
 out) and skipped if it fails, raises, or the time budget is spent. Writes probe_w4a4.json / .md and
 w4a4_tuned.json (winners per format and M bucket: m_max 16 ← M=1, 64 ← M=64, null ← fc1) to --out;
---write-tuned also copies it to src/lowrank_gemm/plan/tuned/w4a4_h200.json, which plan_w4a4_full reads.
+--write-tuned also merges it into src/lowrank_gemm/plan/tuned/w4a4_h200.json (entries of other
+(fmt, m_max) buckets are kept), which plan_w4a4_full reads.
+
+    PYTHONPATH=src python scripts/probe_w4a4.py --decode-only --out $OUT [--write-tuned]     (≤ 60 s)
+        decode M=1 / 64 only: cublas_bf16, fp8_scaled_mm, act_quant (auto), ≤ 6 SWAP-AB candidates per
+        format (bn128 = current default; block_k = 128/256/512: several groups per K step; bn64).
+    PYTHONPATH=src python scripts/probe_w4a4.py --fc1-actquant --out $OUT                  (≤ 20 s)
+        act_quant alone at M=4608, K=3072 and 12288, both formats, plan candidates (block_m, block_k,
+        num_warps); bit-identity vs the torch quantizer on the first rows checked first. Winners go to
+        act_quant_tuned.json (pin them as plan_act_quant's large-M defaults).
 """
 
 from __future__ import annotations
@@ -23,9 +32,9 @@ from pathlib import Path
 import torch
 
 from lowrank_gemm.bench.common import device_meta, markdown_table, time_impl
-from lowrank_gemm.formats.int4 import pack_int4, quantize_weight_int4
-from lowrank_gemm.formats.int4_twolevel import pack_weight_2l
-from lowrank_gemm.kernels.act_quant import act_quant
+from lowrank_gemm.formats.int4 import pack_int4, quantize_act_int4, quantize_weight_int4
+from lowrank_gemm.formats.int4_twolevel import pack_weight_2l, quantize_act_2l
+from lowrank_gemm.kernels.act_quant import act_quant, plan_act_quant
 from lowrank_gemm.kernels.w4a4_gemm import TUNED_PATH, W4A4Plan, launch_w4a4_v1, plan_w4a4, swap_config
 from lowrank_gemm.reference import w4a4_gemm_ref
 
@@ -35,13 +44,34 @@ BUDGET_S = 110.0
 CHECK_ROWS = 256
 
 
+DECODE_SHAPES = [("decode", 1, 28672, 4096), ("decode", 64, 28672, 4096)]
+FC1_ACTQUANT_SHAPES = [("fc1_aq", 4608, 12288, 3072), ("fc2_aq", 4608, 3072, 12288)]
+# act_quant candidates (block_m, block_k, num_warps); None = plan_act_quant's choice
+ACTQUANT_CANDIDATES = {"auto": None, "bm32_bk64(v1 tiles)": (32, 64, 4), "bm64_bk64": (64, 64, 4),
+                       "bm32_bk128": (32, 128, 4), "bm64_bk128_w8": (64, 128, 8), "bm64_bk256_w8": (64, 256, 8)}
+
+
+def decode_candidates(m: int, fmt: str) -> dict[str, W4A4Plan]:
+    """≤ 6 SWAP-AB plans: the current default (bn128, one group per K step) and wide K steps."""
+    c = {}
+    for name, bn, bk in (("swap_bn128", 128, None), ("swap_bn128_bk128", 128, 128), ("swap_bn128_bk256", 128, 256),
+                         ("swap_bn128_bk512", 128, 512), ("swap_bn64_bk256", 64, 256), ("swap_bn64_bk512", 64, 512)):
+        if m > 16 and bn == 64:
+            continue  # M=64: 4 candidates keep the decode probe inside 60 s
+        try:
+            c[name] = W4A4Plan("swap_ab", swap_config(m, RANK, fmt, G, block_n=bn, block_k=bk))
+        except Exception as exc:  # ledger refuses: reported by the caller as missing
+            print(f"skip {fmt} {name}: {exc}", flush=True)
+    return c
+
+
 def candidates(m: int, n: int, k: int, fmt: str) -> dict[str, W4A4Plan]:
     std = plan_w4a4(m, n, k, RANK, fmt, G)
     c = {"std_noprefetch(old)": W4A4Plan("standard", std, prefetch=False),
          "std_prefetch": W4A4Plan("standard", std)}
     if m <= 64:
         c["swap_bn128"] = W4A4Plan("swap_ab", swap_config(m, RANK, fmt, G, block_n=128))
-        c["swap_bn64"] = W4A4Plan("swap_ab", swap_config(m, RANK, fmt, G, block_n=64))
+        c["swap_bn128_bk256"] = W4A4Plan("swap_ab", swap_config(m, RANK, fmt, G, block_n=128, block_k=256))
     else:
         c["swap_bm64_bn128"] = W4A4Plan("swap_ab", swap_config(64, RANK, fmt, G, block_n=128))
         c["std_128x256_w8"] = W4A4Plan("standard", std.replace(block_n=256, num_stages=3))
@@ -76,11 +106,70 @@ def _rel(a, b):
     return ((a.double() - b.double()).norm() / b.double().norm()).item()
 
 
+def _merge_tuned(tuned: dict) -> dict:
+    """New entries replace the table's entries of the same (fmt, group_size, m_max); the others stay
+    (a --decode-only run must not drop the prefill bucket)."""
+    key = lambda e: (e["fmt"], e.get("group_size", 64), e.get("m_max"))  # noqa: E731
+    old = json.loads(TUNED_PATH.read_text()).get("entries", []) if TUNED_PATH.exists() else []
+    new_keys = {key(e) for e in tuned["entries"]}
+    return {**tuned, "entries": [e for e in old if key(e) not in new_keys] + tuned["entries"]}
+
+
+def _probe_actquant(record, dev) -> dict:
+    """act_quant alone (FLUX fc1 / fc2 activations, both formats): bit-identity of the first rows vs the
+    torch quantizer and S vs float64 first, then CUDA-graph time. Returns the winners per (fmt, K)."""
+    best = {}
+    for shape, m, n, k in FC1_ACTQUANT_SHAPES:
+        x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
+        smooth = (torch.rand(k, device=dev) + 0.5).to(torch.bfloat16)
+        down = (torch.randn(RANK, k, device=dev) * 0.02).to(torch.bfloat16)
+        rr = CHECK_ROWS
+        xs = x[:rr].float() / smooth.float()
+        s_ref = xs.double() @ down.double().T
+        for fmt in ("int4_g64", "int4_2l"):
+            q_ref = quantize_act_int4(xs, G) if fmt == "int4_g64" else quantize_act_2l(xs, G)
+            for name, c in ACTQUANT_CANDIDATES.items():
+                kw = {} if c is None else dict(block_m=c[0], block_k=c[1], num_warps=c[2])
+                plan = plan_act_quant(m, k, G, dev, **{a: b for a, b in kw.items()})
+
+                def fn(x, sm, d, kw=kw, fmt=fmt):
+                    return act_quant(x, sm, d, G, fmt, **kw)
+
+                def check(fn=fn, fmt=fmt, q_ref=q_ref):
+                    xq, xsc, s = fn(x, smooth, down)
+                    torch.cuda.synchronize()
+                    if fmt == "int4_g64":
+                        same = torch.equal(xq[:rr], pack_int4(q_ref[0])) and torch.equal(xsc[:, :rr], q_ref[1])
+                    else:
+                        same = torch.equal(xq[:rr], q_ref[0]) and torch.equal(xsc[:rr], q_ref[1])
+                    if not same:
+                        raise AssertionError("quantized activations differ from the torch quantizer")
+                    rel = _rel(s[:rr], s_ref)
+                    if not rel < 1e-5:
+                        raise AssertionError(f"S rel err {rel:.3g} vs float64")
+                    return rel
+
+                row = record(shape, m, n, k, f"act_quant:{fmt}:{name}", fn, (x, smooth, down), check,
+                             plan=plan._asdict())
+                t = row.get("graph_us")
+                bk = f"{fmt}:K={k}"
+                if t and "error" not in row and (bk not in best or t < best[bk]["graph_us"]):
+                    best[bk] = {"candidate": name, "graph_us": t, "plan": plan._asdict(),
+                                "floor_us": round((m * k * 2 + m * k // (2 if fmt == "int4_g64" else 1)) / 4.27e6, 1)}
+        del x, smooth, down
+        torch.cuda.empty_cache()
+    return best
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--write-tuned", action="store_true", help=f"also write winners to {TUNED_PATH}")
+    ap.add_argument("--write-tuned", action="store_true", help=f"also merge winners into {TUNED_PATH}")
+    mode = ap.add_mutually_exclusive_group()
+    mode.add_argument("--decode-only", action="store_true", help="decode M=1/64 baselines + SWAP-AB candidates (≤ 60 s)")
+    mode.add_argument("--fc1-actquant", action="store_true", help="act_quant alone at M=4608, K=3072/12288 (≤ 20 s)")
     args = ap.parse_args(argv)
+    budget = 55.0 if args.decode_only else 18.0 if args.fc1_actquant else BUDGET_S
     args.out.mkdir(parents=True, exist_ok=True)
     dev = torch.device("cuda")
     torch.manual_seed(0)
@@ -89,7 +178,7 @@ def main(argv=None) -> int:
 
     def record(shape, m, n, k, impl, fn, inputs, check=None, **extra):
         row = {"suite": shape, "M": m, "N": n, "K": k, "r": RANK, "impl": impl, **extra}
-        if time.time() - t0 > BUDGET_S:
+        if time.time() - t0 > budget:
             row["error"] = "skipped: probe time budget spent"
         else:
             try:
@@ -108,7 +197,11 @@ def main(argv=None) -> int:
               f"{row.get('error', '')}", flush=True)
         return row
 
-    for shape, m, n, k in SHAPES:
+    if args.fc1_actquant:
+        aq_best = _probe_actquant(record, dev)
+        (args.out / "act_quant_tuned.json").write_text(json.dumps(aq_best, indent=1))
+        print("act_quant winners:", aq_best)
+    for shape, m, n, k in ([] if args.fc1_actquant else DECODE_SHAPES if args.decode_only else SHAPES):
         x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
         w = torch.randn(n, k, device=dev, dtype=torch.bfloat16) * 0.02
         record(shape, m, n, k, "cublas_bf16", lambda a, b: torch.nn.functional.linear(a, b), (x, w))
@@ -117,7 +210,7 @@ def main(argv=None) -> int:
         one_m, one_n = torch.ones(m, 1, device=dev), torch.ones(1, n, device=dev)
         record(shape, m, n, k, "fp8_scaled_mm",
                lambda a, b, sa, sb: torch._scaled_mm(a, b, sa, sb, out_dtype=torch.bfloat16), (x8, w8, one_m, one_n))
-        if m > 16:
+        if m > 16 and not args.decode_only:
             xi = torch.randint(-8, 8, (m, k), device=dev, dtype=torch.int8)
             wi = torch.randint(-8, 8, (n, k), device=dev, dtype=torch.int8).t()
             record(shape, m, n, k, "int8_int_mm", lambda a, b: torch._int_mm(a, b), (xi, wi))
@@ -128,13 +221,14 @@ def main(argv=None) -> int:
             except Exception as exc:
                 rows.append({"suite": shape, "M": m, "impl": f"operands:{fmt}", "error": repr(exc)[:300]})
                 continue
-            for tag, split in (("auto", None), ("split1(old)", 1)):
+            for tag, split in (("auto", None),) if args.decode_only else (("auto", None), ("split1(old)", 1)):
                 record(shape, m, n, k, f"act_quant:{fmt}:{tag}",
                        lambda x, sm, d, split=split, fmt=fmt: act_quant(x, sm, d, G, fmt, split=split),
                        (o["x"], o["smooth"], o["down"]))
             rr = min(m, CHECK_ROWS)
             ref = _rows_ref(o, fmt, rr)
-            for name, plan in candidates(m, n, k, fmt).items():
+            cands = decode_candidates(m, fmt) if args.decode_only else candidates(m, n, k, fmt)
+            for name, plan in cands.items():
                 def fn(xq, xsc, wq, wsc, wmul, s, up, out, plan=plan, fmt=fmt):
                     return launch_w4a4_v1(xq, xsc, wq, wsc, wmul, s, up, None, out, fmt, G, plan=plan)
 
@@ -162,8 +256,8 @@ def main(argv=None) -> int:
                           "plan": plan.to_dict()} for (f, mm), (t, name, plan) in sorted(
                               best.items(), key=lambda kv: (kv[0][0], float("inf") if kv[0][1] is None else kv[0][1]))]}
     (args.out / "w4a4_tuned.json").write_text(json.dumps(tuned, indent=1))
-    if args.write_tuned:
-        TUNED_PATH.write_text(json.dumps(tuned, indent=1))
+    if args.write_tuned and tuned["entries"]:
+        TUNED_PATH.write_text(json.dumps(_merge_tuned(tuned), indent=1))
     meta = device_meta()
     meta.update(wall_s=round(time.time() - t0, 1))
     (args.out / "probe_w4a4.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1, default=str))

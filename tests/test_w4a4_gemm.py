@@ -231,6 +231,19 @@ def test_variants_vs_reference(fmt, variant, prefetch):
     assert _rel(y, _ref(ops, lowrank, bias, g, fmt)) < TOL
 
 
+@pytest.mark.parametrize("fmt", ["int4_g64", "int4_2l"])
+@pytest.mark.parametrize("k,block_k", [(256, 256), (256, 128), (192, 128)])
+def test_swap_wide_k_step_vs_reference(fmt, k, block_k):
+    """SWAP-AB with several groups per loop iteration (KSUB > 1); K not a multiple of block_k falls back
+    to one group per iteration."""
+    m, n, g, r = 5, 80, 64, 16
+    ops, lowrank, bias = _operands(m, n, k, r, g, fmt)
+    cfg = swap_config(m, r, fmt, g, block_n=64, block_k=block_k, max_stages=3)
+    assert cfg.block_k == block_k and can_implement(cfg, fmt, g, "swap_ab")
+    y = _run_poisoned(ops, lowrank, bias, m, n, g, fmt, plan=W4A4Plan("swap_ab", cfg))
+    assert _rel(y, _ref(ops, lowrank, bias, g, fmt)) < TOL
+
+
 def test_planner_variant_by_m_bucket():
     assert plan_w4a4_full(1, 28672, 4096, 32, "int4_2l", 64).variant == "swap_ab"
     assert plan_w4a4_full(1, 28672, 4096, 32, "int4_2l", 64).config.block_m == 16
@@ -246,3 +259,18 @@ def test_aot_sm90_swap_ab(fmt):
     assert "m64n16k32.s32.s8.s8" in info.ptx and "cp.async.bulk.tensor" in info.ptx
     pred = predicted_shared(cfg, fmt, 64, variant="swap_ab")
     assert 0 <= info.shared - pred <= (128 if fmt == "int4_2l" else 0), (info.shared, pred)
+
+
+@pytest.mark.parametrize("fmt", ["int4_g64", "int4_2l"])
+def test_aot_sm90_swap_wide_k_step(fmt):
+    """block_k = 4 groups: 4× the TMA loads per step, wgmma as before; the ledger is exact for g64 and an
+    upper bound (≤ 4 KB over) for 2l."""
+    cfg = swap_config(1, 32, fmt, 64, block_k=256)
+    info = aot_compile(cfg, fmt, 64, variant="swap_ab")
+    assert "m64n16k32.s32.s8.s8" in info.ptx and "cp.async.bulk.tensor" in info.ptx
+    pred = predicted_shared(cfg, fmt, 64, variant="swap_ab")
+    if fmt == "int4_g64":
+        assert info.shared == pred, (info.shared, pred)
+    else:
+        assert 0 <= pred - info.shared <= 4096, (info.shared, pred)
+

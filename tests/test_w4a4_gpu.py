@@ -140,3 +140,40 @@ def test_v2_matches_v1_if_present(fmt):
     y1 = w4a4_linear(x, fmt=fmt, impl="v1", out_dtype=torch.float32, **p)
     y2 = w4a4_linear(x, fmt=fmt, impl="v2", out_dtype=torch.float32, **p)
     assert _rel(y2, y1) <= 1e-5
+
+
+@pytest.mark.parametrize("fmt", FMTS)
+@pytest.mark.parametrize("m", [1, 64])
+def test_swap_wide_k_steps_bit_identical(fmt, m):
+    """SWAP-AB with block_k = 128/256/512 (several groups per pipelined step) adds the same terms in the
+    same order as one group per step: bit-identical outputs (fp32 out)."""
+    from lowrank_gemm.kernels.w4a4_gemm import W4A4Plan, launch_w4a4_v1, swap_config
+    n, k = 4096, 4096
+    x, p = _layer(m, n, k, fmt)
+    xq, xs, s = act_quant(x, p["smooth"], p["lora_down"], 64, fmt)
+    outs = []
+    for bk in (None, 128, 256, 512):
+        out = torch.full((m, n), float("nan"), device="cuda")
+        plan = W4A4Plan("swap_ab", swap_config(m, 32, fmt, 64, block_n=128, block_k=bk))
+        outs.append(launch_w4a4_v1(xq, xs, p["qweight"], p["wscales"], p.get("wmul"), s, p["lora_up"], p["bias"],
+                                   out, fmt, 64, plan=plan))
+    assert torch.isfinite(outs[0]).all()
+    for o in outs[1:]:
+        assert torch.equal(o, outs[0])
+
+
+@pytest.mark.parametrize("fmt", FMTS)
+@pytest.mark.parametrize("tiles", [(32, 64, 4), (64, 64, 4), (64, 256, 8)])
+def test_act_quant_plan_variants_bit_identical(fmt, tiles):
+    """Every act_quant plan the probe can pin gives the torch quantizer's bits at FLUX size."""
+    x, p = _layer(4608, 8, 3072, fmt)
+    bm, bk, w = tiles
+    xq, xs, s = act_quant(x, p["smooth"], p["lora_down"], 64, fmt, block_m=bm, block_k=bk, num_warps=w)
+    xsm = x.float() / p["smooth"].float()
+    if fmt == "int4_g64":
+        q_ref, sc_ref = quantize_act_int4(xsm, 64)
+        assert torch.equal(xq, pack_int4(q_ref)) and torch.equal(xs, sc_ref)
+    else:
+        e_ref, t_ref = quantize_act_2l(xsm, 64)
+        assert torch.equal(xq, e_ref) and torch.equal(xs, t_ref)
+    assert _rel(s, xsm.double() @ p["lora_down"].double().T) < 1e-5

@@ -5,6 +5,8 @@ Work is split over (row block, K slice) programs so a decode row (M = 1: one row
 spread over ~2 programs per SM; v1 walked all of K in ONE program per row block, a serial chain of
 ~K/64 dependent load→dot steps (hundreds of µs at M = 1). Each slice writes an fp32 S partial; a tiny
 kernel sums them in slice order (deterministic, no atomics). With one slice S is written directly.
+Each program step covers BLOCK_K columns (whole groups; 128 at large M): per-group maxima come from a
+[BM, BLOCK_K/G, ·] reshape, so the step count per program is K/BLOCK_K (see :func:`plan_act_quant`).
 Formats (``formats``):
 
 - ``int4_g64`` (standard): packed int4 [M, K/2] in the :func:`formats.int4.pack_int4` layout and 16-bit
@@ -16,7 +18,7 @@ Formats (``formats``):
 Numerics shared with the torch quantizers: divisions are IEEE round-to-nearest (``div_rn``, not the
 approximate GPU divide), rounding is half-to-even, a 16-bit scale is rounded before it is used. NaN/Inf
 in a group (g64) or row (2l) gives that scale NaN/Inf and zero q, so the row's GEMM outputs are NaN.
-S is accumulated with 3×TF32 MMAs (≈ fp32) so it matches the float64 spec to ~1e-6.
+S is accumulated with split-TF32 MMAs (xs = hi + lo, ≈ fp32) so it matches the float64 spec to ~1e-6.
 """
 
 from __future__ import annotations
@@ -71,7 +73,13 @@ def _smoothed(x_ptr, stride_xm, smooth_ptr, offs_m, offs_k, M):
 def _down(s_acc, xs, a_ptr, stride_ar, offs_k, offs_r, R):
     """s_acc [BM, BLOCK_R] += xs [BM, BK] · A[:, offs_k]ᵀ."""
     a_t = tl.load(a_ptr + offs_r[None, :] * stride_ar + offs_k[:, None], mask=offs_r[None, :] < R, other=0.0)
-    return tl.dot(xs, a_t.to(tl.float32), s_acc, input_precision="tf32x3")
+    a_t = a_t.to(tl.float32)
+    # A (bf16/fp16) is exact in TF32, so 3×TF32 needs only two MMAs: xs = hi + lo, hi = xs truncated to
+    # TF32's 10 mantissa bits (exact split), lo's own TF32 rounding costs ~2⁻²¹ relative. Fewer operand
+    # conversions than input_precision="tf32x3" (3 MMAs + splitting A too): v1 sat at 255 registers.
+    hi = (xs.to(tl.int32, bitcast=True) & -8192).to(tl.float32, bitcast=True)
+    s_acc = tl.dot(hi, a_t, s_acc, input_precision="tf32")
+    return tl.dot(xs - hi, a_t, s_acc, input_precision="tf32")
 
 
 @triton.jit
@@ -277,13 +285,13 @@ def plan_act_quant(m: int, k: int, group_size: int, device=None, split: int | No
     """Memory-bound: aim at ≥ 2 programs per SM, splitting K across programs when there are too few row
     blocks (decode: M = 1 has one row block, so K is split).
 
-    Large M (> 64): 64-row blocks, 256-column steps, 8 warps. v1's 32×64 steps made each program walk
-    K/64 dependent load → dot → reduce → store chains with ~4 KB in flight: ~200 µs for FLUX fc1's X
-    (28 MB, floor ~7 µs). Decode keeps 16 × G steps (measured ~11–16 µs; K is split up to 64 ways)."""
+    Large M (> 64): 64-row blocks, 128-column steps, 4 warps (16 KB of X per step; ptxas: 242 registers,
+    no spills for g64; 64×256 spills). v1 (32×64 steps, 3×TF32 S: 255 registers) measured ~200 µs for
+    FLUX fc1's X (28 MB, floor ~7 µs). Decode keeps 16 × G steps (measured ~11–16 µs; K split ≤ 64 ways)."""
     large = m > 64
     bm = block_m or (64 if large else 16)
-    bk = _block_k(k, group_size, block_k or (256 if large else group_size))
-    warps = num_warps or (8 if large and bm * bk >= 64 * 256 else 4)
+    bk = _block_k(k, group_size, block_k or (128 if large else group_size))
+    warps = num_warps or (8 if bm * bk >= 64 * 256 else 4)
     nsteps = k // bk
     if split is None:
         sms = num_sms(device) if device is not None and device.type == "cuda" else 8

@@ -60,7 +60,7 @@ from .schedule import cdiv, grouped_tile, persistent_grid
 __all__ = ["launch_w4a4_v1", "plan_w4a4", "w4a4_ledger", "can_implement", "w4a4_gemm", "w4a4_linear",
            "svdq_forward_cuda", "check_gemm_args", "GROUP_SIZES", "w4a4_epilogue_ledger",
            "predicted_shared", "aot_compile", "VARIANTS", "W4A4Plan", "plan_w4a4_full", "swap_config",
-           "w4a4_swap_ledger", "load_tuned", "TUNED_PATH", "SWAP_AB_MAX_M"]
+           "w4a4_swap_ledger", "swap_ksub", "load_tuned", "TUNED_PATH", "SWAP_AB_MAX_M"]
 
 GROUP_SIZES = (64, 128)
 VARIANTS = ("standard", "swap_ab")
@@ -161,44 +161,52 @@ def _mainloop_2l(a_desc, b_desc, wu_ptr, stride_wug, m0, n0, offs_n, N, K,
 
 @triton.jit
 def _mainloop_swap_2l(a_desc, b_desc, wu_ptr, stride_wug, m0, n0, offs_n, N, K,
-                      G: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+                      G: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, KSUB: tl.constexpr = 1):
     """SWAP-AB, two-level: accᵀ [BN, BM] += (q·u) [BN, 64] · e[BM, 64]ᵀ. The expanded weight tile is
     computed in registers and is wgmma's register-sourced A operand (no SMEM round trip); the few
-    tokens are the N of the MMA (≥ 16 in Triton), read by wgmma straight from the TMA buffer."""
+    tokens are the N of the MMA (≥ 16 in Triton), read by wgmma straight from the TMA buffer.
+    KSUB packing blocks per loop iteration (block_k = 64·KSUB; K % block_k == 0): each pipelined step
+    then moves KSUB× the bytes, so the fixed per-step cost (barrier wait, wgmma wait, loop) is paid
+    K/block_k times instead of K/64 (decode at K = 4096: 64 steps of only 4 KB of weights per CTA)."""
     HALF: tl.constexpr = 32
     acc = tl.zeros((BLOCK_N, BLOCK_M), tl.int32)
     nk = K // 64
     u = _load_mul(wu_ptr, stride_wug, 0, offs_n, N, G)
-    for ki in range(0, nk):
-        u_n = _load_mul(wu_ptr, stride_wug, tl.minimum(ki + 1, nk - 1) * 64, offs_n, N, G)
-        b = b_desc.load([n0, ki * HALF]).to(tl.int8, bitcast=True)  # [BN, 32] packed weights
-        x_lo = a_desc.load([m0, ki * 64])          # [BM, 32] int8
-        x_hi = a_desc.load([m0, ki * 64 + HALF])
-        acc = tl.dot(_lo(b) * u[:, None], tl.trans(x_lo), acc, out_dtype=tl.int32)
-        acc = tl.dot(_hi(b) * u[:, None], tl.trans(x_hi), acc, out_dtype=tl.int32)
-        u = u_n
+    for k0 in range(0, nk, KSUB):
+        for j in tl.static_range(KSUB):
+            ki = k0 + j
+            u_n = _load_mul(wu_ptr, stride_wug, tl.minimum(ki + 1, nk - 1) * 64, offs_n, N, G)
+            b = b_desc.load([n0, ki * HALF]).to(tl.int8, bitcast=True)  # [BN, 32] packed weights
+            x_lo = a_desc.load([m0, ki * 64])          # [BM, 32] int8
+            x_hi = a_desc.load([m0, ki * 64 + HALF])
+            acc = tl.dot(_lo(b) * u[:, None], tl.trans(x_lo), acc, out_dtype=tl.int32)
+            acc = tl.dot(_hi(b) * u[:, None], tl.trans(x_hi), acc, out_dtype=tl.int32)
+            u = u_n
     return acc
 
 
 @triton.jit
 def _mainloop_swap_g(a_desc, b_desc, xs_ptr, stride_xsg, ws_ptr, stride_wsg, m0, n0, offs_m, offs_n, M, N, K,
-                     G: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+                     G: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, KSUB: tl.constexpr = 1):
     """SWAP-AB, standard format: accᵀ [BN, BM], unpacked weights as register A, unpacked activations
-    (a [BM, G/2] tile: tiny) written to SMEM as B; scales prefetched one step ahead."""
+    (a [BM, G/2] tile: tiny) written to SMEM as B; scales prefetched one group ahead. KSUB groups per
+    loop iteration (block_k = G·KSUB), one int32 partial + rescale per group: see _mainloop_swap_2l."""
     HALF: tl.constexpr = G // 2
     acc = tl.zeros((BLOCK_N, BLOCK_M), tl.float32)
     nk = K // G
     sa, sw = _load_scales_g(xs_ptr, stride_xsg, ws_ptr, stride_wsg, 0, offs_m, offs_n, M, N)
-    for ki in range(0, nk):
-        kn = tl.minimum(ki + 1, nk - 1)
-        sa_n, sw_n = _load_scales_g(xs_ptr, stride_xsg, ws_ptr, stride_wsg, kn, offs_m, offs_n, M, N)
-        b = b_desc.load([n0, ki * HALF]).to(tl.int8, bitcast=True)  # [BN, G/2] weights
-        a = a_desc.load([m0, ki * HALF]).to(tl.int8, bitcast=True)  # [BM, G/2] activations
-        part = tl.dot(_lo(b), tl.trans(_lo(a)), out_dtype=tl.int32)
-        part = tl.dot(_hi(b), tl.trans(_hi(a)), part, out_dtype=tl.int32).to(tl.float32)
-        acc += part * sw[:, None] * sa[None, :]
-        sa = sa_n
-        sw = sw_n
+    for k0 in range(0, nk, KSUB):
+        for j in tl.static_range(KSUB):
+            ki = k0 + j
+            kn = tl.minimum(ki + 1, nk - 1)
+            sa_n, sw_n = _load_scales_g(xs_ptr, stride_xsg, ws_ptr, stride_wsg, kn, offs_m, offs_n, M, N)
+            b = b_desc.load([n0, ki * HALF]).to(tl.int8, bitcast=True)  # [BN, G/2] weights
+            a = a_desc.load([m0, ki * HALF]).to(tl.int8, bitcast=True)  # [BM, G/2] activations
+            part = tl.dot(_lo(b), tl.trans(_lo(a)), out_dtype=tl.int32)
+            part = tl.dot(_hi(b), tl.trans(_hi(a)), part, out_dtype=tl.int32).to(tl.float32)
+            acc += part * sw[:, None] * sa[None, :]
+            sa = sa_n
+            sw = sw_n
     return acc
 
 
@@ -217,6 +225,7 @@ def _w4a4_gemm_kernel(
     TWO_LEVEL: tl.constexpr, G: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_R: tl.constexpr, GROUP_M: tl.constexpr, HAS_LOWRANK: tl.constexpr, HAS_BIAS: tl.constexpr,
     MMA_FP8: tl.constexpr, SWAP_AB: tl.constexpr = False, PREFETCH: tl.constexpr = True,
+    KSUB: tl.constexpr = 1,
 ):
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
@@ -229,11 +238,11 @@ def _w4a4_gemm_kernel(
         if SWAP_AB:
             if TWO_LEVEL:
                 acc_t = _mainloop_swap_2l(a_desc, b_desc, wu_ptr, stride_wug, m0, n0, offs_n, N, K, G,
-                                          BLOCK_M, BLOCK_N)
+                                          BLOCK_M, BLOCK_N, KSUB)
                 acc = affine(tl.trans(acc_t).to(tl.float32), offs_m, offs_n, M, N, xs_ptr, ws_ptr, True, True)
             else:
                 acc_t = _mainloop_swap_g(a_desc, b_desc, xs_ptr, stride_xsg, ws_ptr, stride_wsg, m0, n0, offs_m,
-                                         offs_n, M, N, K, G, BLOCK_M, BLOCK_N)
+                                         offs_n, M, N, K, G, BLOCK_M, BLOCK_N, KSUB)
                 acc = affine(tl.trans(acc_t), offs_m, offs_n, M, N, xs_ptr, ws_ptr, False, False)
         elif TWO_LEVEL:
             acc = _mainloop_2l(a_desc, b_desc, wu_ptr, stride_wug, m0, n0, offs_n, N, K, G, BLOCK_M, BLOCK_N,
@@ -291,23 +300,35 @@ def w4a4_epilogue_ledger(cfg: KernelConfig, lowrank_bits: int = 16) -> SmemLedge
     return SmemLedger(terms, consumers=1, label=f"w4a4 v1 epilogue r{cfg.block_r}")
 
 
+def swap_ksub(cfg: KernelConfig, fmt: str, group_size: int) -> int:
+    """SWAP-AB K sub-steps per loop iteration: block_k / (G for g64, 64 for 2l), at least 1."""
+    unit = group_size if fmt == "int4_g64" else PACK_BLOCK
+    return max(1, cfg.block_k // unit)
+
+
 def w4a4_swap_ledger(cfg: KernelConfig, fmt: str, group_size: int) -> SmemLedger:
     """SWAP-AB main loop (block_m = tokens, block_n = weight rows). The weights are unpacked into wgmma's
     register A operand, so no unpacked weight buffer; 2l's activations go TMA → wgmma B directly; g64's
     packed activations are unpacked in registers and their half tile written back for wgmma B."""
     bm, bn, s = cfg.block_m, cfg.block_n, cfg.num_stages
+    q = swap_ksub(cfg, fmt, group_size)  # TMA loads of each kind per step (one ring each)
     if fmt == "int4_2l":
-        a_slots, terms = s, [SmemTerm("swap act e int8 lo+hi (TMA→wgmma B)", 2 * tile_bytes(bm, _HALF, 8), s),
-                             SmemTerm("swap w_q packed (→regs, wgmma A)", tile_bytes(bn, _HALF, 8), s - 1)]
+        a_slots, terms = s, [SmemTerm("swap act e int8 lo+hi (TMA→wgmma B)", 2 * q * tile_bytes(bm, _HALF, 8), s),
+                             SmemTerm("swap w_q packed (→regs, wgmma A)", q * tile_bytes(bn, _HALF, 8), s - 1)]
         extra = []
     else:
         half = group_size // 2
-        a_slots, terms = s - 1, [SmemTerm("swap act packed (→regs)", tile_bytes(bm, half, 8), s - 1),
-                                 SmemTerm("swap w_q packed (→regs, wgmma A)", tile_bytes(bn, half, 8), s - 1)]
+        a_slots, terms = s - 1, [SmemTerm("swap act packed (→regs)", q * tile_bytes(bm, half, 8), s - 1),
+                                 SmemTerm("swap w_q packed (→regs, wgmma A)", q * tile_bytes(bn, half, 8), s - 1)]
         extra = [SmemTerm("act unpacked half (wgmma B)", tile_bytes(bm, half, 8), 1)]
-    terms += [SmemTerm("barriers act ring", barrier_bytes(1), a_slots),
-              SmemTerm("barrier array alignment", barrier_bytes(a_slots) % 16, 1),
-              SmemTerm("barriers w ring", barrier_bytes(1), s - 1)] + extra
+    # one barrier array per TMA load site (ring of slots); g64: every array but the last padded to 16 B
+    # (AOT-checked for q = 1, 2, 4). 2l with q > 1: the compiler's total moves by up to ~1.8 KB either way
+    # around the terms (unexplained): a 2 KB slack keeps the ledger an upper bound.
+    terms += [SmemTerm("barriers act ring", barrier_bytes(1), a_slots * (2 * q if fmt == "int4_2l" else q)),
+              SmemTerm("barrier array alignment", barrier_bytes(a_slots) % 16, 1 if fmt == "int4_2l" else 2 * q - 1),
+              SmemTerm("barriers w ring", barrier_bytes(1), (s - 1) * q)] + extra
+    if fmt == "int4_2l" and q > 1:
+        terms.append(SmemTerm("compiler slack (2l wide steps, unmodelled)", 2048, 1))
     return SmemLedger(tuple(terms), consumers=1, label=f"w4a4 v1 swap_ab {fmt} g{group_size} {bm}x{bn}x{s}")
 
 
@@ -367,12 +388,16 @@ def _solve(base: KernelConfig, fmt: str, group_size: int, variant: str, r: int, 
     return cfg
 
 
-def swap_config(m: int, r: int, fmt: str, group_size: int, block_n: int = 128, max_stages: int = 8) -> KernelConfig:
+def swap_config(m: int, r: int, fmt: str, group_size: int, block_n: int = 128, max_stages: int = 8,
+                block_k: int | None = None, num_warps: int = 4) -> KernelConfig:
     """SWAP-AB tiles: tokens padded to a power of two in [16, 64] (the MMA's N), 128 weight rows
-    (two wgmma M tiles per warpgroup), the deepest pipeline the ledger allows (≤ max_stages)."""
+    (two wgmma M tiles per warpgroup), the deepest pipeline the ledger allows (≤ max_stages).
+    ``block_k``: K per loop iteration (a multiple of G for g64 / of 64 for 2l; default one group)."""
     bm = min(64, max(16, triton.next_power_of_2(max(m, 1))))
-    base = KernelConfig(block_m=bm, block_n=block_n, block_k=group_size if fmt == "int4_g64" else PACK_BLOCK,
-                        block_r=block_r_for(r), group_m=1, num_warps=4, persistent=True)
+    unit = group_size if fmt == "int4_g64" else PACK_BLOCK
+    bk = max(unit, (block_k or unit) // unit * unit)
+    base = KernelConfig(block_m=bm, block_n=block_n, block_k=bk,
+                        block_r=block_r_for(r), group_m=1, num_warps=num_warps, persistent=True)
     return _solve(base, fmt, group_size, "swap_ab", r, max_stages)
 
 
@@ -461,6 +486,9 @@ def launch_w4a4_v1(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias
     b_desc = TensorDescriptor.from_tensor(w_q, [cfg.block_n, kb])
     tiles = cdiv(m, cfg.block_m) * cdiv(n, cfg.block_n)
     progs = persistent_grid(tiles, out.device)
+    ksub = swap_ksub(cfg, fmt, group_size) if swap else 1
+    if k % (ksub * (group_size if not two_level else PACK_BLOCK)):
+        ksub = 1  # K not a multiple of the wide step: one group per iteration (same result)
     wu = w_mul if two_level else w_q
     lr = lowrank_act if r else out
     up = lora_up if r else out
@@ -471,7 +499,7 @@ def launch_w4a4_v1(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias
         m, n, k, r, progs,
         TWO_LEVEL=two_level, G=group_size, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
         BLOCK_R=cfg.block_r if r else 16, GROUP_M=cfg.group_m, HAS_LOWRANK=r > 0, HAS_BIAS=bias is not None,
-        MMA_FP8=plan.mma_fp8 and not two_level and not swap, SWAP_AB=swap, PREFETCH=plan.prefetch,
+        MMA_FP8=plan.mma_fp8 and not two_level and not swap, SWAP_AB=swap, PREFETCH=plan.prefetch, KSUB=ksub,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return out
 
@@ -685,6 +713,7 @@ def aot_compile(cfg: KernelConfig, fmt: str = "int4_g64", group_size: int = 64, 
            "M": "i32", "N": "i32", "K": "i32", "R": "i32", "num_progs": "i32"}
     consts = {"TWO_LEVEL": two_level, "G": group_size, "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n,
               "BLOCK_R": cfg.block_r, "GROUP_M": cfg.group_m, "HAS_LOWRANK": has_lowrank, "HAS_BIAS": True,
-              "MMA_FP8": mma_fp8 and not two_level, "SWAP_AB": variant == "swap_ab", "PREFETCH": prefetch}
+              "MMA_FP8": mma_fp8 and not two_level, "SWAP_AB": variant == "swap_ab", "PREFETCH": prefetch,
+              "KSUB": swap_ksub(cfg, fmt, group_size) if variant == "swap_ab" else 1}
     return compile_sm90(__name__, "_w4a4_gemm_kernel", sig, consts, num_warps=cfg.num_warps,
                         num_stages=cfg.num_stages)
