@@ -111,9 +111,11 @@ def test_wide_steps_bit_identical(fmt, g, bk, split, bm):
     _check_lowrank(s[keep], x[keep], smooth, down)
 
 
-def test_plan_large_m_is_wide():
+def test_plan_large_m_uses_measured_tiles():
+    # 64 rows × one group per step won the H200 probe at FLUX fc1 (wider steps were slower)
     from lowrank_gemm.kernels.act_quant import plan_act_quant
     p = plan_act_quant(4608, 3072, 64)
-    assert (p.block_m, p.block_k, p.num_warps) == (64, 128, 4) and p.split * p.steps_per_slice >= 12
+    assert (p.block_m, p.block_k, p.num_warps) == (64, 64, 4) and p.split * p.steps_per_slice >= 12
+    assert plan_act_quant(4608, 3072, 64, block_k=128).block_k == 128
     assert plan_act_quant(1, 4096, 64).block_k == 64
     assert plan_act_quant(4608, 320, 64).block_k == 64  # 320 = 5 groups: only G divides it

@@ -285,12 +285,14 @@ def plan_act_quant(m: int, k: int, group_size: int, device=None, split: int | No
     """Memory-bound: aim at ≥ 2 programs per SM, splitting K across programs when there are too few row
     blocks (decode: M = 1 has one row block, so K is split).
 
-    Large M (> 64): 64-row blocks, 128-column steps, 4 warps (16 KB of X per step; ptxas: 242 registers,
-    no spills for g64; 64×256 spills). v1 (32×64 steps, 3×TF32 S: 255 registers) measured ~200 µs for
-    FLUX fc1's X (28 MB, floor ~7 µs). Decode keeps 16 × G steps (measured ~11–16 µs; K split ≤ 64 ways)."""
+    Large M (> 64): 64-row blocks, one group (G columns) per step, 4 warps. Measured on the H200 at FLUX
+    fc1 (M=4608, K=3072; probes/probe_w4a4_actquant.md): 64×64 steps 83 µs (g64) / 109 µs (2l), against
+    130/140 µs for 64×128 and 110/138 µs for the v1 32×64 tiles — wider steps lose (more registers,
+    fewer programs in flight). Still ~10× the 28 MB floor (~7 µs). Decode keeps 16 × G steps
+    (measured ~11–16 µs; K split ≤ 64 ways)."""
     large = m > 64
     bm = block_m or (64 if large else 16)
-    bk = _block_k(k, group_size, block_k or (128 if large else group_size))
+    bk = _block_k(k, group_size, block_k or group_size)
     warps = num_warps or (8 if bm * bk >= 64 * 256 else 4)
     nsteps = k // bk
     if split is None:
