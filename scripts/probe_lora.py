@@ -15,9 +15,9 @@ depend only on the M bucket, so compiled kernels are shared across (K, N).
 The persistent strategies (spin-wait on S-ready flags: could hang) run last, in a child process
 with a timeout; whatever it printed before a timeout is kept.
 
-Outputs (DIR): ``probe_lora.json`` (every row), ``probe_lora.md`` (table), ``h200.json`` (the
+Outputs (DIR): ``probe_lora.json`` (every row), ``probe_lora.md`` (table), ``lora_h200.json`` (the
 winners in the planner's tuned-table format). ``--write-tuned PATH`` also merges the winners
-into PATH (e.g. ``src/lowrank_gemm/plan/tuned/h200.json``). Winners are fused strategies
+into PATH (e.g. ``src/lowrank_gemm/plan/tuned/lora_h200.json``). Winners are fused strategies
 (kloop / split; persistent only with ``--allow-persistent-winners``). Stops starting new points
 once ``--budget-s`` is spent (compiles dominate; skipped points are listed).
 """
@@ -317,7 +317,7 @@ def main(argv=None):
                                                           "winners": table}, indent=1) + "\n")
     (args.out / "probe_lora.md").write_text(to_md(json.dumps(meta), rows, skipped))
     tuned = {"version": 1, "meta": dict(meta, source="scripts/probe_lora.py"), "lora": table}
-    (args.out / "h200.json").write_text(json.dumps(tuned, indent=1) + "\n")
+    (args.out / "lora_h200.json").write_text(json.dumps(tuned, indent=1) + "\n")
     if args.write_tuned is not None:
         old = json.loads(args.write_tuned.read_text()) if args.write_tuned.exists() else {}
         merged = dict(old.get("lora", {}), **table)

@@ -127,8 +127,8 @@ def test_tuned_table_hit_and_infeasible_entry_ignored(monkeypatch):
     table = {tuned_key(64, 4096, 4096, 16, torch.bfloat16): {"strategy": "concat", "config": hit_cfg.to_dict()},
              tuned_key(1, 4096, 4096, 16, torch.bfloat16):
                  {"strategy": "kloop", "config": KernelConfig(block_r=16, split_k=128).to_dict()}}
-    monkeypatch.setattr(P, "_gpu_table_name", lambda dev: "h200")
-    monkeypatch.setattr(P, "load_tuned", lambda name: table)
+    monkeypatch.setattr(P, "tuned_file", lambda family, dev: P.TUNED_DIR / f"{family}_h200.json")
+    monkeypatch.setattr(P, "load_tuned", lambda path: table)
     P.clear_plan_cache()
     assert plan_lora(50, 4096, 4096, 16, torch.bfloat16, "cpu") == ("concat", hit_cfg)
     s, c = plan_lora(1, 4096, 4096, 16, torch.bfloat16, "cpu")   # split_k 128 > 64 K tiles: skipped
@@ -137,7 +137,7 @@ def test_tuned_table_hit_and_infeasible_entry_ignored(monkeypatch):
 
 
 def test_committed_table_is_valid():
-    data = json.loads((P.TUNED_DIR / "h200.json").read_text())
+    data = json.loads((P.TUNED_DIR / "lora_h200.json").read_text())
     assert data["version"] >= 1
     for key, entry in data["lora"].items():
         assert entry["strategy"] in LORA_STRATEGIES, key

@@ -1,7 +1,7 @@
 """Benchmark (and tuner) of the single-adapter LoRA GEMM on the GPU.
 
     python -m lowrank_gemm.bench.lora [--quick] [--out DIR]        # table + lora.json/.md/.png
-    python -m lowrank_gemm.bench.lora --tune [--quick] --out DIR   # sweep → DIR/h200.json
+    python -m lowrank_gemm.bench.lora --tune [--quick] --out DIR   # sweep → DIR/lora_h200.json
 
 One process times, on the same inputs: cuBLAS base GEMM without LoRA (``x @ W.T``), torch
 unfused LoRA (``addmm(x@W.T, x@A.T, (scale·B).T)``), every plausible strategy of
@@ -189,12 +189,12 @@ def candidates(M, N, K, r):
 
 def tune(quick: bool, outdir: Path, kn: list[tuple[int, int]] | None = None, dtype=torch.bfloat16):
     """Time every candidate as a CUDA-graph replay, keep the fastest per tuned-table key. Merges
-    into an existing OUT/h200.json, so the grid can be tuned in several runs (``--kn``)."""
+    into an existing OUT/lora_h200.json, so the grid can be tuned in several runs (``--kn``)."""
     from ..kernels.lora_gemm import lora_linear
     shapes = kn or SHAPES_KN
     points = ([(m, n, k, r) for (m, k, n, r) in QUICK] if quick else
               [(m, n, k, r) for (k, n) in shapes for r in (16, 64) for m in MS])
-    out_json = outdir / "h200.json"
+    out_json = outdir / "lora_h200.json"
     table = json.loads(out_json.read_text()).get("lora", {}) if out_json.exists() else {}
     log = []
     t0 = time.time()
@@ -221,9 +221,9 @@ def tune(quick: bool, outdir: Path, kn: list[tuple[int, int]] | None = None, dty
         torch.cuda.empty_cache()
     outdir.mkdir(parents=True, exist_ok=True)
     meta = device_meta()
-    (outdir / "h200.json").write_text(json.dumps({"version": 1, "meta": meta, "lora": table}, indent=1) + "\n")
+    (outdir / "lora_h200.json").write_text(json.dumps({"version": 1, "meta": meta, "lora": table}, indent=1) + "\n")
     (outdir / "lora_tune_log.json").write_text(json.dumps(log, indent=1) + "\n")
-    print(f"wrote {outdir / 'h200.json'} ({len(table)} entries) — copy it to src/lowrank_gemm/plan/tuned/")
+    print(f"wrote {outdir / 'lora_h200.json'} ({len(table)} entries) — copy it to src/lowrank_gemm/plan/tuned/")
 
 
 def _pinned_call(fn, strategy, cfg, x, w, a, b):
@@ -235,7 +235,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="representative subset (≤ 3 minutes)")
     ap.add_argument("--out", type=Path, default=RESULTS_DIR)
-    ap.add_argument("--tune", action="store_true", help="sweep candidates, write OUT/h200.json")
+    ap.add_argument("--tune", action="store_true", help="sweep candidates, write OUT/lora_h200.json")
     ap.add_argument("--kn", default=None, help="only these K×N shapes, e.g. 4096x28672,4096x4096")
     ap.add_argument("--only", default="", help="time only these impls, e.g. cublas_base,torch_unfused,auto")
     ap.add_argument("--skip", default="", help="strategies not to time, e.g. persistent_static,persistent_dynamic")

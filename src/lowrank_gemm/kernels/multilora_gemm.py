@@ -41,6 +41,7 @@ from lowrank_gemm.kernels.epilogue import add_bias, lowrank_up, store_tile
 from lowrank_gemm.kernels.schedule import cdiv, grouped_tile, num_sms
 from lowrank_gemm.plan.config import KernelConfig
 from lowrank_gemm.plan.smem import SmemLedger, SmemTerm, barrier_bytes, solve_stages, tile_bytes
+from lowrank_gemm.plan.tuned import TUNED_DIR, tuned_file
 
 __all__ = ["MultiLoRAPlan", "choose_plan", "heuristic_plan", "tuned_key", "TUNED_PATH", "main_ledger", "can_implement", "sort_rows",
            "multi_lora_linear", "multi_lora_gemm", "MODES"]
@@ -389,7 +390,7 @@ def can_implement(cfg: KernelConfig, elem_bits: int = 16, fuse_d: int = 0, epi_d
     return not cfg.persistent and main_ledger(cfg, elem_bits, fuse_d=fuse_d, epi_d=epi_d).fits()
 
 
-TUNED_PATH = Path(__file__).resolve().parent.parent / "plan" / "tuned" / "multilora_h200.json"
+TUNED_PATH = TUNED_DIR / "multilora_h200.json"
 
 
 def tuned_key(M: int, N: int, K: int, r_max: int, adapters: int) -> str:
@@ -407,11 +408,6 @@ def _load_tuned(path: str) -> dict:
     if data.get("version") != 1:
         raise ValueError(f"{p}: unsupported multilora tuned-table version {data.get('version')!r}")
     return data.get("plans", {})
-
-
-def _on_h200(device) -> bool:
-    device = torch.device(device)
-    return device.type == "cuda" and torch.cuda.is_available() and "H200" in torch.cuda.get_device_name(device)
 
 
 def heuristic_plan(M: int, N: int, K: int, r_max: int, L: int, mode: str, sms: int,
@@ -453,7 +449,7 @@ def choose_plan(M: int, N: int, K: int, r_max: int, L: int, mode: str, device,
     given) → :func:`heuristic_plan`. ``adapters``: host-known bound on distinct adapters in the
     batch (e.g. the bank's loaded count; None → L)."""
     bound = max(1, min(M, L, adapters if adapters is not None else L))
-    path = tuned_path if tuned_path is not None else (TUNED_PATH if _on_h200(device) else None)
+    path = tuned_path if tuned_path is not None else tuned_file("multilora", device)
     if path is not None:
         hit = _load_tuned(str(path)).get(tuned_key(M, N, K, r_max, bound))
         if hit is not None:

@@ -53,6 +53,7 @@ from ..formats.int4 import PACK_BLOCK
 from ..formats.int4_twolevel import MAX_K
 from ..plan.config import KernelConfig
 from ..plan.smem import Scope, SmemLedger, SmemTerm, barrier_bytes, solve_stages, tile_bytes
+from ..plan.tuned import TUNED_DIR, tuned_file
 from .act_quant import FORMATS, act_quant, block_r_for
 from .epilogue import add_bias, affine, lowrank_up, store_tile
 from .schedule import cdiv, grouped_tile, persistent_grid
@@ -426,7 +427,7 @@ def plan_w4a4(m: int, n: int, k: int, r: int, fmt: str, group_size: int, device=
 
 # SWAP-AB up to this many tokens (decode; reasoning in _mainloop_swap_2l — pin otherwise via the table)
 SWAP_AB_MAX_M = 64
-TUNED_PATH = Path(__file__).parent.parent / "plan" / "tuned" / "w4a4_h200.json"
+TUNED_PATH = TUNED_DIR / "w4a4_h200.json"   # where the probe writes; read through tuned_file(...)
 
 
 @functools.lru_cache(maxsize=8)
@@ -444,7 +445,8 @@ def load_tuned(path: str = str(TUNED_PATH)) -> tuple:
 def plan_w4a4_full(m: int, n: int, k: int, r: int, fmt: str, group_size: int, device=None) -> W4A4Plan:
     """Tuned table entry for (fmt, group_size, smallest m_max ≥ m) if any and implementable, else the
     heuristic: SWAP-AB for m ≤ SWAP_AB_MAX_M, the standard tiles above."""
-    for e in load_tuned():
+    table = tuned_file("w4a4", device)
+    for e in (load_tuned(str(table)) if table is not None else ()):
         if e["fmt"] == fmt and e.get("group_size", 64) == group_size and (e.get("m_max") is None or m <= e["m_max"]):
             plan = W4A4Plan.from_dict(e["plan"])
             cfg = plan.config.replace(block_r=block_r_for(r), lowrank_stages=1 if r else 0)

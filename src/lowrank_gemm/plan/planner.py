@@ -22,13 +22,13 @@ import torch
 
 from .config import KernelConfig
 from .smem import SmemError, SmemLedger, solve_stages
+from .tuned import TUNED_DIR, tuned_file
 
 __all__ = ["LoraStrategy", "LORA_STRATEGIES", "plan_lora", "can_implement", "pinned", "Pinned",
            "block_r_for", "tile_for", "split_k_for", "stages_for", "group_m_for", "m_bucket",
            "r_bucket", "tuned_key", "load_tuned", "clear_plan_cache", "heuristic_lora", "MAX_FUSED_RANK", "TUNED_DIR",
            "SPLIT_BLOCK_R"]
 
-TUNED_DIR = Path(__file__).parent / "tuned"
 MAX_FUSED_RANK = 128      # S lives in registers ([BM, BLOCK_R] fp32) in kloop / persistent
 # split's epilogue walks the rank in BLOCK_R chunks (unrolled). ptxas -v, 128×256×64 8 warps
 # GLOBAL: one 64-wide chunk 255 regs + 460 B spill stores; 2×32: 48 B; 4×16: 253 regs, no spill
@@ -181,25 +181,11 @@ def tuned_key(M: int, N: int, K: int, r: int, dtype: torch.dtype | str) -> str:
 
 
 @functools.lru_cache(maxsize=8)
-def load_tuned(name: str = "h200") -> dict:
-    """``{key: {"strategy": str, "config": {...}}}`` from ``plan/tuned/<name>.json`` (or {})."""
-    path = TUNED_DIR / f"{name}.json"
-    if not path.exists():
+def load_tuned(path: Path | None) -> dict:
+    """``{key: {"strategy": str, "config": {...}}}`` from a LoRA table (``plan/tuned/lora_<gpu>.json``)."""
+    if path is None or not Path(path).exists():
         return {}
-    data = json.loads(path.read_text())
-    return data.get("lora", {})
-
-
-@functools.lru_cache(maxsize=16)
-def _device_name(device: torch.device) -> str:
-    return torch.cuda.get_device_name(device).lower()
-
-
-def _gpu_table_name(device: torch.device) -> str | None:
-    if device.type != "cuda":
-        return None
-    name = _device_name(device)
-    return "h200" if ("h200" in name or "h100" in name) else None
+    return json.loads(Path(path).read_text()).get("lora", {})
 
 
 # ---------------------------------------------------------------------------- pinning
@@ -294,7 +280,7 @@ def _plan_lora(M: int, N: int, K: int, r: int, dtype: torch.dtype, device: torch
             raise ValueError(f"pinned config cannot run {strategy} on (M,N,K,r)={shape}: {ok.reason}")
         return strategy, pin.config
     if pin_strategy is None:
-        table = load_tuned(_gpu_table_name(device)) if _gpu_table_name(device) else {}
+        table = load_tuned(tuned_file("lora", device))
         hit = table.get(tuned_key(M, N, K, r, dtype))
         if hit is not None:
             cfg = KernelConfig.from_dict(hit["config"])
