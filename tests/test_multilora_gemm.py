@@ -354,3 +354,24 @@ def test_tuned_table_round_trip(tmp_path, monkeypatch):
     assert got == pinned
     miss = mg.choose_plan(64, 4096, 4096, 16, 64, "gather", torch.device("cpu"), adapters=16, tuned_path=path)
     assert miss == mg.heuristic_plan(64, 4096, 4096, 16, 64, "gather", 132, adapters=16)
+
+
+def test_max_adapters_hint_changes_only_the_plan():
+    """The serving loop's distinct-adapter count picks the plan; any value gives the same result."""
+    from lowrank_gemm.kernels.multilora_gemm import multi_lora_linear
+    from lowrank_gemm.reference import multi_lora_linear_ref
+    torch.manual_seed(3)
+    M, N, K, L, r = 37, 48, 64, 6, 8
+    x = torch.randn(M, K, dtype=torch.float16)
+    w = torch.randn(N, K, dtype=torch.float16) / 8
+    a = torch.randn(L, r, K, dtype=torch.float16) / 8
+    b = torch.randn(L, N, r, dtype=torch.float16) / 8
+    ranks = torch.full((L,), r, dtype=torch.int32)
+    scales = torch.rand(L) + 0.5
+    ids = torch.randint(-1, 2, (M,), dtype=torch.int32)     # at most 2 distinct adapters
+    ref = multi_lora_linear_ref(x, w, a, b, ids, scales, ranks)
+    for hint in (None, 1, 2, 6):                            # 1 is wrong (too low): still exact
+        y = multi_lora_linear(x, w, a, b, ranks, scales, ids, max_adapters=hint)
+        assert ((y.double() - ref).norm() / ref.norm()).item() < 3e-3, hint
+    with pytest.raises(ValueError, match="max_adapters"):
+        multi_lora_linear(x, w, a, b, ranks, scales, ids, max_adapters=0)

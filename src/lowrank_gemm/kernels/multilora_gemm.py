@@ -674,15 +674,15 @@ def multi_lora_gemm(x, weight, bank_a, bank_b, ranks, scales, adapter_ids, bias=
 def _multi_lora_linear_op(x: torch.Tensor, weight: torch.Tensor, bank_a: torch.Tensor, bank_b: torch.Tensor,
                           ranks: torch.Tensor, scales: torch.Tensor, adapter_ids: torch.Tensor,
                           bias: torch.Tensor | None, row_order: torch.Tensor | None, mode: str,
-                          validate: bool) -> torch.Tensor:
+                          validate: bool, max_adapters: int | None = None) -> torch.Tensor:
     x2 = x.reshape(-1, x.shape[-1])
     y = multi_lora_gemm(x2, weight, bank_a, bank_b, ranks, scales, adapter_ids.reshape(-1), bias,
-                        row_order, mode, validate=validate and _default_validate())
+                        row_order, mode, validate=validate and _default_validate(), adapters=max_adapters)
     return y.reshape(*x.shape[:-1], weight.shape[0])
 
 
 @_multi_lora_linear_op.register_fake
-def _(x, weight, bank_a, bank_b, ranks, scales, adapter_ids, bias, row_order, mode, validate):
+def _(x, weight, bank_a, bank_b, ranks, scales, adapter_ids, bias, row_order, mode, validate, max_adapters=None):
     return x.new_empty((*x.shape[:-1], weight.shape[0]))
 
 
@@ -690,7 +690,7 @@ def multi_lora_linear(x: torch.Tensor, weight: torch.Tensor, bank_a, bank_b: tor
                       ranks: torch.Tensor | None = None, scales: torch.Tensor | None = None,
                       adapter_ids: torch.Tensor | None = None, bias: torch.Tensor | None = None,
                       mode: str = "auto", row_order: torch.Tensor | None = None,
-                      validate: bool = True) -> torch.Tensor:
+                      validate: bool = True, max_adapters: int | None = None) -> torch.Tensor:
     """Per-row multi-adapter LoRA linear (custom op ``lowrank_gemm::multi_lora_linear``).
 
     x [..., K], weight [N, K], bank_a [L, r_max, K], bank_b [L, N, r_max], ranks [L] int32,
@@ -698,6 +698,9 @@ def multi_lora_linear(x: torch.Tensor, weight: torch.Tensor, bank_a, bank_b: tor
     ``bank_a`` may instead be an ``AdapterBank`` (then bank_b/ranks/scales come from it and the
     next positional argument is ``adapter_ids``). ``validate`` runs the host-syncing value checks
     unless inside CUDA-graph capture or torch.compile; bad ids are otherwise treated as −1.
+    ``max_adapters``: what the caller knows (without a sync) about how many distinct adapters a batch
+    holds; it only picks the kernel plan (the measured H200 plans are keyed by it). Results stay exact
+    when it is wrong, only slower. Default: the bank's slot count.
     """
     if hasattr(bank_a, "bank_a"):       # an AdapterBank
         bank = bank_a
@@ -709,5 +712,7 @@ def multi_lora_linear(x: torch.Tensor, weight: torch.Tensor, bank_a, bank_b: tor
     if adapter_ids.numel() != x.numel() // max(1, x.shape[-1]):
         raise ValueError(f"multi_lora_linear: adapter_ids needs one id per row of x "
                          f"({x.numel() // max(1, x.shape[-1])}), got shape {tuple(adapter_ids.shape)}")
+    if max_adapters is not None and max_adapters < 1:
+        raise ValueError(f"multi_lora_linear: max_adapters must be ≥ 1 or None, got {max_adapters}")
     return _multi_lora_linear_op(x, weight, bank_a, bank_b, ranks, scales, adapter_ids, bias, row_order,
-                                 mode, validate)
+                                 mode, validate, max_adapters)

@@ -93,8 +93,12 @@ class AdapterIds:
         self.mode = mode
         self.ids: torch.Tensor | None = None
         self.row_order: torch.Tensor | None = None
+        self.max_adapters: int | None = None
 
-    def set(self, ids: torch.Tensor) -> None:
+    def set(self, ids: torch.Tensor, max_adapters: int | None = None) -> None:
+        """``max_adapters``: the serving loop's own count of distinct adapters in the batch (it knows it
+        without a device sync); it only selects the kernel plan."""
+        self.max_adapters = max_adapters
         ids = ids.reshape(-1).to(torch.int32)
         if self.ids is not None and self.ids.shape == ids.shape and self.ids.device == ids.device:
             self.ids.copy_(ids)
@@ -141,8 +145,8 @@ class MultiLoRALinear(nn.Module):
     def out_features(self) -> int:
         return self.base.out_features
 
-    def set_adapter_ids(self, ids: torch.Tensor) -> None:
-        self.adapter_ids.set(ids)
+    def set_adapter_ids(self, ids: torch.Tensor, max_adapters: int | None = None) -> None:
+        self.adapter_ids.set(ids, max_adapters)
 
     def load_peft_adapter(self, name: str, peft_state_or_model, slot: int) -> None:
         """Load one PEFT LoRA adapter into ``slot``.
@@ -166,7 +170,8 @@ class MultiLoRALinear(nn.Module):
             order = None
         mode = "segment" if order is not None else self.adapter_ids.mode
         return multi_lora_linear(x, self.base.weight, self.bank.bank_a, self.bank.bank_b, self.bank.ranks,
-                                 self.bank.scales, ids, self.base.bias, mode=mode, row_order=order)
+                                 self.bank.scales, ids, self.base.bias, mode=mode, row_order=order,
+                                 max_adapters=self.adapter_ids.max_adapters)
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
