@@ -88,15 +88,7 @@ def test_load_peft_state_dict_scaling():
 peft = pytest.importorskip("peft")
 
 
-class Tiny(nn.Module):
-    def __init__(self, k=48, h=40, n=24):
-        super().__init__()
-        self.up = nn.Linear(k, h, bias=True)
-        self.act = nn.GELU()
-        self.down = nn.Linear(h, n, bias=False)
-
-    def forward(self, x):
-        return self.down(self.act(self.up(x)))
+from _models import Tiny  # noqa: E402
 
 
 def _randomize(model, name):

@@ -626,48 +626,6 @@ def multi_lora_gemm(x, weight, bank_a, bank_b, ranks, scales, adapter_ids, bias=
         X_TMA=x_tma, FUSE_D=fuse_d, EPI_D=plan.epi_d, SPLIT_K=split_k,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return y
-    plan = plan or choose_plan(M, N, K, r_max, L, mode, x.device)
-    cfg, scfg = plan.main, plan.shrink
-    use_tma = plan.use_tma and (K * x.element_size()) % 16 == 0 and weight.stride(1) == 1
-    has_lora = has_lora and L > 0 and r_max > 0
-    ids = adapter_ids if adapter_ids.dtype == torch.int32 else adapter_ids.to(torch.int32)
-    if mode == "segment":
-        order = sort_rows(ids) if row_order is None else row_order
-    else:
-        order = None
-    order_arg = order if order is not None else ids      # dummy pointer when HAS_ORDER is False
-    block_r = _pow2_at_least(r_max)
-    if cfg.block_r != block_r:
-        cfg = cfg.replace(block_r=block_r)
-
-    split_s = scfg.split_k if has_lora else 1
-    s_ws = torch.empty((split_s, M, block_r), dtype=torch.float32, device=x.device)
-    if poison_workspace:
-        s_ws.fill_(float("nan"))
-    if has_lora:
-        sbm = scfg.block_m
-        max_distinct = min(sbm, L)
-        num_rb = block_r // scfg.block_n
-        k_per_split = cdiv(cdiv(K, split_s), scfg.block_k) * scfg.block_k
-        grid_s = (cdiv(M, sbm) * max_distinct * num_rb * split_s,)
-        _mlora_shrink_kernel[grid_s](
-            x, bank_a, ids, order_arg, ranks, s_ws, M, K, L, r_max, k_per_split,
-            x.stride(0), x.stride(1), bank_a.stride(0), bank_a.stride(1), bank_a.stride(2),
-            s_ws.stride(0), s_ws.stride(1),
-            MAX_DISTINCT=max_distinct, NUM_RB=num_rb, SPLIT_S=split_s, BM=sbm, BR=scfg.block_n,
-            BK=scfg.block_k, HAS_ORDER=order is not None, num_warps=scfg.num_warps,
-            num_stages=scfg.num_stages)
-
-    grid = (cdiv(M, cfg.block_m) * cdiv(N, cfg.block_n),)
-    _mlora_main_kernel[grid](
-        x, _w_operand(weight, cfg, use_tma), y, bias if bias is not None else x, ids, order_arg, s_ws,
-        scales, bank_b, ranks, M, N, K, L, r_max, split_s,
-        x.stride(0), x.stride(1), weight.stride(0), weight.stride(1), y.stride(0), y.stride(1),
-        s_ws.stride(0), s_ws.stride(1), bank_b.stride(0), bank_b.stride(1), bank_b.stride(2),
-        BM=cfg.block_m, BN=cfg.block_n, BK=cfg.block_k, BLOCK_R=block_r, GROUP_M=cfg.group_m,
-        HAS_ORDER=order is not None, HAS_LORA=has_lora, HAS_BIAS=bias is not None, USE_TMA=use_tma,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-    return y
 
 
 @torch.library.custom_op("lowrank_gemm::multi_lora_linear", mutates_args=())
