@@ -6,7 +6,6 @@ relative, S is rounded to fp16 before S·Bᵀ as an unfused fp16 run would; 2e-3
 ~4× margin over the torch fp16 error on the same data (checked in ``test_tolerance_is_meaningful``).
 """
 
-import os
 
 import pytest
 import torch

@@ -1,6 +1,5 @@
 """SVDQuant algorithm, SVDQLinear / W8A8Linear modules, configs and quantize_()."""
 
-import warnings
 
 import pytest
 import torch

@@ -59,7 +59,7 @@ def _layer_weights(n: int, k: int, dev) -> dict:
 
 def _providers(m: int, n: int, k: int, dev, impls=IMPLS):
     """name → (fn, make_input_set() → args, bytes_per_set)."""
-    from ..formats.int4 import pack_int4, quantize_act_int4, quantize_weight_int4
+    from ..formats.int4 import pack_int4, quantize_weight_int4
     from ..formats.int4_twolevel import pack_weight_2l
     from ..kernels.act_quant import act_quant
     from ..kernels.w4a4_gemm import w4a4_gemm, w4a4_linear

@@ -33,7 +33,6 @@ import os
 from typing import Optional
 
 import torch
-import triton
 from torch.utils import _python_dispatch
 from triton.tools.tensor_descriptor import TensorDescriptor
 

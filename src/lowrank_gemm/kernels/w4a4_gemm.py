@@ -52,7 +52,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from ..formats.int4 import PACK_BLOCK
 from ..formats.int4_twolevel import MAX_K
 from ..plan.config import KernelConfig
-from ..plan.smem import Scope, SmemLedger, SmemTerm, barrier_bytes, solve_stages, tile_bytes
+from ..plan.smem import SmemLedger, SmemTerm, barrier_bytes, solve_stages, tile_bytes
 from ..plan.tuned import TUNED_DIR, tuned_file
 from .act_quant import FORMATS, act_quant, block_r_for
 from .epilogue import add_bias, affine, lowrank_up, store_tile

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from .config import KernelConfig
-from .smem import SmemError, SmemLedger, solve_stages
+from .smem import SmemLedger, solve_stages
 from .tuned import TUNED_DIR, tuned_file
 
 __all__ = ["LoraStrategy", "LORA_STRATEGIES", "plan_lora", "can_implement", "pinned", "Pinned",

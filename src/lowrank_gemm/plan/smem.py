@@ -8,7 +8,7 @@ total against the compiler's ``metadata.shared``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import Enum
 from typing import Callable
 
