@@ -69,6 +69,18 @@ class _PyState:
         total = self.index + k
         return _PyState(total % self.n, self.phase ^ ((total // self.n) & 1), self.n)
 
+    def prev(self):   # PipelineState.prev
+        return _PyState(self.n - 1, self.phase ^ 1, self.n) if self.index == 0 else _PyState(self.index - 1, self.phase, self.n)
+
+
+@pytest.mark.parametrize("stages", [1, 2, 3, 5])
+def test_prev_inverts_next(stages):
+    s = _PyState(0, sk.CONSUMER_START_PHASE, stages)
+    for _ in range(3 * stages):
+        n = s.next()
+        assert (n.prev().index, n.prev().phase) == (s.index, s.phase)
+        s = n
+
 
 @pytest.mark.parametrize("stages", [1, 2, 3, 5])
 @pytest.mark.parametrize("k", [0, 1, 2, 3, 7, 11])
@@ -127,6 +139,80 @@ def test_model_consumer_order_is_sound(fmt, n_tiles, k_tiles, stages, lr_stages)
         for has_lr in (True, False):
             r = simulate(n_tiles, k_tiles, stages, lr_stages, fmt=fmt, has_lowrank=has_lr, order=True, seed=seed)
             assert r.ok, r.why
+
+
+# Local tiles of program 0, k_tiles, STAGES, LOWRANK_STAGES, has_lowrank of the H200 bisect rungs r3–r7
+# (scripts/bisect_gluon.py, benchmarks/results/h200/logs/bisect_gluon.log: r3 wrong numbers, r4–r7 HANG).
+BISECT_2L = {"r3": (1, 2, 6, 1, False), "r4": (1, 8, 6, 1, False), "r5": (3, 8, 6, 1, False),
+             "r6": (2, 8, 5, 4, True), "r7": (3, 5, 3, 4, True)}
+
+
+@pytest.mark.parametrize("rung", sorted(BISECT_2L))
+def test_model_reproduces_the_2l_stale_release_hang(rung):
+    """2l consumer as compiled before the fix: ``prev = main`` was not loop-carried, so every MAIN
+    release hit the tile's first slot. The model hangs exactly where the H200 did (r4–r7: loader
+    stuck on a MAIN.empty slot nobody releases) and not on r3 (k_tiles < STAGES: no slot is reused); the lagged release
+    the kernel now does is sound on every rung."""
+    from lowrank_gemm.kernels.gluon.protocol_model import simulate
+    n, k, st, lr, has_lr = BISECT_2L[rung]
+    for seed in range(4):
+        stale = simulate(n, k, st, lr, fmt="int4_2l", has_lowrank=has_lr, seed=seed, release="stale",
+                         stop_on_spurious=False)
+        if rung == "r3":
+            assert stale.ok, stale.why
+        else:
+            assert not stale.ok and stale.why.startswith("deadlock") and "'loader': 'main.empty[" in stale.why, stale.why
+        fixed = simulate(n, k, st, lr, fmt="int4_2l", has_lowrank=has_lr, seed=seed)
+        assert fixed.ok, fixed.why
+
+
+def _ptx_loops(ptx: str):
+    """[(label, body lines)] of every PTX loop (a label with a later branch back to it)."""
+    lines = ptx.splitlines()
+    loops = []
+    for i, line in enumerate(lines):
+        if line.startswith("$L__BB") and line.split(":")[0] and ":" in line:
+            label = line.split(":")[0]
+            for j in range(i + 1, len(lines)):
+                if lines[j].strip().endswith(f"bra \t{label};") or lines[j].strip().endswith(f"bra.uni \t{label};"):
+                    loops.append((label, lines[i:j + 1]))
+                    break
+    return loops
+
+
+def _defined_in(reg: str, body) -> bool:
+    import re
+    pat = re.compile(r"^\s*(@%p\d+\s+)?[a-z][\w.:]*\s+" + re.escape(reg) + r"\s*,")
+    return any(pat.match(line) for line in body)
+
+
+def test_2l_ptx_releases_the_right_slots_and_multipliers():
+    """Pins both 2l bugs the H200 bisect found, on the sm_90 PTX of the r4 launch (BK=128, G2=64):
+    (1) the consumer K loop (the one with ``wgmma.wait_group 1``) must compute its MAIN.empty arrive
+    address inside the loop (before the fix it was loop-invariant: the stale ``prev``);
+    (2) the expander must load one u row per 64-wide block (BK/64 groups × 2 rows per thread for
+    BN=128), not one per K tile (which gave r3's normalized error 0.579)."""
+    import re
+    from lowrank_gemm.kernels.aot import compile_sm90
+    cfg = KernelConfig(block_m=128, block_n=128, block_k=128, block_r=16, group_m=8, num_warps=4, num_stages=6,
+                       lowrank_stages=1, persistent=True)
+    sig, cx, _ = w4.aot_signature_v2("int4_2l", cfg, M=100, N=124, K=1024, rank=0, bias=False, col_scale=False)
+    assert cx["STAGES"] == 6 and cx["G2"] == 64
+    ptx = compile_sm90("lowrank_gemm.kernels.gluon.w4a4_ws", "w4a4_ws_kernel", sig, cx, num_warps=sk.DEFAULT_WARPS).ptx
+    loops = _ptx_loops(ptx)
+    kloops = [body for _, body in loops if any("wgmma.wait_group.sync.aligned 1;" in x for x in body)]
+    assert kloops, "2l consumer K loop (one wgmma in flight) not found"
+    for body in kloops:
+        arrives = [re.search(r"mbarrier\.arrive\.shared::cta\.b64 _, \[(%r\d+)\]", x) for x in body]
+        regs = [m.group(1) for m in arrives if m]
+        assert regs, "the K loop releases MAIN slots"
+        for r in regs:
+            assert _defined_in(r, body), f"MAIN release address {r} is loop-invariant: every release hits one slot"
+    exp = [body for _, body in loops if any("fence.proxy.async.shared::cta" in x for x in body)
+           and any("ld.global" in x for x in body)]
+    assert exp, "expander loop not found"
+    n_u = sum(bool(re.search(r"ld\.global(\.\w+)*\.b8 ", x)) for x in exp[0])
+    assert n_u == (128 // 64) * (128 // 64), f"{n_u} u loads per K step, want one per 64-wide block and row"
 
 
 def test_role_table():

@@ -68,14 +68,26 @@ def _state(use, n, producer):
     return use % n, ((use // n) & 1) ^ (1 if producer else 0)
 
 
+RELEASES = ("now", "lagged", "stale")
+
+
 def simulate(n_tiles: int, k_tiles: int, stages: int, lr_stages: int = 2, fmt: str = "int4_2l",
              has_lowrank: bool = True, order: bool = True, seed: int = 0, max_steps: int = 200000,
-             stop_on_spurious: bool = True) -> SimResult:
+             stop_on_spurious: bool = True, release: str | None = None) -> SimResult:
     """One program's ``n_tiles`` local tiles. ``order``: consumers hand the MAIN ring to each other
     through the ORDER barriers (the fix); False models the original kernel. With
-    ``stop_on_spurious=False`` a spurious pass is recorded and the run goes on (to see the hang)."""
+    ``stop_on_spurious=False`` a spurious pass is recorded and the run goes on (to see the hang).
+
+    ``release`` — when a consumer frees its MAIN slots (default: what the kernel does per format):
+    ``"now"`` (g: wgmma_wait(0), then release), ``"lagged"`` (2l: one wgmma in flight, slot of step
+    kk-1 released after step kk's wgmma was issued, the last one after the loop), ``"stale"`` (2l as
+    compiled before the fix: the ``prev = main`` alias was not loop-carried, so every release hit
+    the slot of the tile's first K step)."""
     rng = random.Random(seed)
     two_l = fmt == "int4_2l"
+    release = release or ("lagged" if two_l else "now")
+    if release not in RELEASES:
+        raise ValueError(f"release must be one of {RELEASES}, got {release!r}")
     main = _Ring(stages, 2 if two_l else 1, "main")
     raw = _Ring(2, 1, "raw")
     lrr = _Ring(lr_stages, 1, "lowrank")
@@ -130,15 +142,23 @@ def simulate(n_tiles: int, k_tiles: int, stages: int, lr_stages: int = 2, fmt: s
         for t in range(c, n_tiles, 2):
             if order and t > 0:
                 yield from wait(orderb[c], ((t - 1) // 2) & 1)
+            first = t * k_tiles
             for kk in range(k_tiles):
-                u = t * k_tiles + kk
+                u = first + kk
                 i, ph = _state(u, stages, False)
                 yield from wait(main.ready[i], ph)
                 if main.content[i] != u or (two_l and main_x[i] != u):
                     _spurious(spurious, stop_on_spurious, f"consumer{c} tile {t} k {kk}: MAIN slot {i} holds use "
                                     f"{main.content[i]}/{main_x[i]}, wanted {u}")
                 yield "ran", None, None
-                main.empty[i].arrive()
+                if release == "now":
+                    main.empty[i].arrive()
+                elif kk > 0:
+                    _release_read(main, main_x, two_l, u - 1 if release == "lagged" else first, stages, c,
+                                  spurious, stop_on_spurious)
+            if release != "now":
+                _release_read(main, main_x, two_l, first + k_tiles - 1 if release == "lagged" else first,
+                              stages, c, spurious, stop_on_spurious)
             if order:
                 orderb[1 - c].arrive()
             if has_lowrank:
@@ -179,6 +199,15 @@ def simulate(n_tiles: int, k_tiles: int, stages: int, lr_stages: int = 2, fmt: s
         except _Spurious as e:
             return SimResult(False, f"spurious pass: {e}", step, trace)
     return SimResult(False, "step limit", max_steps, trace)
+
+
+def _release_read(main, main_x, two_l, v, stages, c, spurious, stop):
+    """Free the MAIN slot of use ``v``; its data must still be there (the wgmma read it until now)."""
+    i = v % stages
+    if main.content[i] != v or (two_l and main_x[i] != v):
+        _spurious(spurious, stop, f"consumer{c}: MAIN slot {i} was refilled ({main.content[i]}/{main_x[i]}) "
+                                  f"while the wgmma of use {v} could still read it")
+    main.empty[i].arrive()
 
 
 class _Spurious(Exception):

@@ -22,6 +22,12 @@ Pieces (after Triton's Gluon tutorials 07-persistence and 08-warp-specialization
   a ring in order are safe by construction; the two consumers that take alternate tiles of ONE
   ring are not (consumer1's first wait is k_tiles slot uses ahead), so they hand the ring to each
   other: consumer c starts the K loop of local tile t only after the other finished tile t-1.
+- Loop-carry pitfall (Triton 3.6 frontend, ``CodeGenerator._find_carries``): a name is loop-carried
+  only if its IR handles after a dry run of the body differ from those before the loop. So
+  ``prev = st`` before a loop plus ``prev = st; st = st.next()`` inside it leaves ``prev`` with the
+  SAME handles as before (the dry run reads ``st``'s entry value) → ``prev`` is silently NOT carried
+  and keeps the entry state in every iteration. Derive such values from the carried state instead
+  (:meth:`PipelineState.prev`). This hung the 2l consumer (releases all hit one slot).
 """
 
 
@@ -116,6 +122,14 @@ class PipelineState:
         rollover = incr == self.num_stages
         return PipelineState(gl.where(rollover, 0, incr), gl.where(rollover, self.phase ^ 1, self.phase),
                              self.num_stages)
+
+    @gluon.must_use_result
+    @gluon.jit
+    def prev(self):
+        """The slot use before this one (e.g. the slot to release one step late)."""
+        wrap = self.index == 0
+        return PipelineState(gl.where(wrap, self.num_stages - 1, self.index - 1),
+                             gl.where(wrap, self.phase ^ 1, self.phase), self.num_stages)
 
     @gluon.must_use_result
     @gluon.jit

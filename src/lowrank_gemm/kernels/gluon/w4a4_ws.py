@@ -196,17 +196,23 @@ def _loader_partition(p):
 
 
 @gluon.jit
-def _expand_into(dst, src, layout: gl.constexpr, ROWS: gl.constexpr, BK: gl.constexpr, mult):
-    """dst [ROWS, BK] int8 ← int4 nibbles of src [ROWS, BK/2] uint8 (×mult [ROWS] per row, 2l only).
+def _expand_into(dst, src, layout: gl.constexpr, ROWS: gl.constexpr, BK: gl.constexpr, mult_ptrs, mult_mask, k0,
+                 G2: gl.constexpr, mult_stride):
+    """dst [ROWS, BK] int8 ← int4 nibbles of src [ROWS, BK/2] uint8; 2l only (``mult_ptrs`` not None):
+    × u[g, row] with g = level-2 group of each 64-wide block (``mult_ptrs`` [ROWS] point at u[0, rows]).
     In each 64-wide K block b, source byte j holds k = 64b + j (low) and 64b + 32 + j (high): the
     two nibble tiles go to two 32-column slices of dst, so no register shuffles are needed."""
     for b in gl.static_range(BK // _PACK):
         packed = src.slice(b * (_PACK // 2), _PACK // 2, dim=1).load(layout).to(gl.int8, bitcast=True)
         lo = (packed << 4) >> 4     # arithmetic shifts sign-extend the two's-complement nibbles
         hi = packed >> 4
-        if mult is not None:
-            lo = lo * mult[:, None]
-            hi = hi * mult[:, None]
+        if mult_ptrs is not None:
+            # A tile of BK > G2 spans several level-2 groups (one u row each); a 64-wide block never
+            # straddles two (G2 % 64 == 0). One u row per whole tile was the H200 r3 error (0.579).
+            g = (k0 + b * _PACK) // G2
+            u = gl.load(mult_ptrs + g * mult_stride, mask=mult_mask, other=0).to(gl.int8)   # u ≤ 15
+            lo = lo * u[:, None]
+            hi = hi * u[:, None]
         dst.slice(b * _PACK, _PACK // 2, dim=1).store(lo)
         dst.slice(b * _PACK + _PACK // 2, _PACK // 2, dim=1).store(hi)
 
@@ -234,13 +240,13 @@ def _expander_partition(p):
             p.main.producer_acquire(main)
             if p.FMT == _FMT_INT4_2L:
                 offs_n = off_n + gl.arange(0, BN, gl.SliceLayout(1, layout))
-                # one multiplier row per level-2 group; BK is a multiple of G2 or G2 of BK
-                g = (kk * BK) // p.G2
-                u = gl.load(p.wmult_ptr + g * p.N + offs_n, mask=offs_n < p.N, other=0).to(gl.int8)  # u ≤ 15
-                _expand_into(p.w_bufs.index(main.index), p.wp_bufs.index(raw.index), layout, BN, BK, u)
+                _expand_into(p.w_bufs.index(main.index), p.wp_bufs.index(raw.index), layout, BN, BK,
+                             p.wmult_ptr + offs_n, offs_n < p.N, kk * BK, p.G2, p.N)
             else:
-                _expand_into(p.w_bufs.index(main.index), p.wp_bufs.index(raw.index), layout, BN, BK, None)
-                _expand_into(p.x_bufs.index(main.index), p.xp_bufs.index(raw.index), layout, p.BLOCK_M, BK, None)
+                _expand_into(p.w_bufs.index(main.index), p.wp_bufs.index(raw.index), layout, BN, BK,
+                             None, None, 0, p.G2, 0)
+                _expand_into(p.x_bufs.index(main.index), p.xp_bufs.index(raw.index), layout, p.BLOCK_M, BK,
+                             None, None, 0, p.G2, 0)
             # Generic-proxy SMEM reads of RAW and writes of MAIN must be ordered before the async
             # proxy (next TMA fill of RAW, wgmma reads of MAIN): one fence covers both.
             fence_async_shared()
@@ -252,9 +258,11 @@ def _expander_partition(p):
 
 @gluon.jit
 def _mainloop_2l(p, main, mma: gl.constexpr, k_tiles, it, ROLE: gl.constexpr):
-    """int32 accumulation straight through K, one wgmma in flight (slot released one step late)."""
+    """int32 accumulation straight through K, one wgmma in flight (slot released one step late).
+    The slot to release is recomputed from ``main`` (``prev()``), never kept in a ``prev = main``
+    variable: that alias is not loop-carried (skeleton docstring, loop-carry pitfall) — every release
+    then hit the tile's first slot, and the ring hung as soon as k_tiles > STAGES (H200 r4–r7)."""
     acc = gl.zeros([p.BLOCK_M, p.BLOCK_N], gl.int32, mma)
-    prev = main
     for kk in range(k_tiles):
         if p.DEBUG:
             debug_record(p.dbg_ptr, ROLE, it, main, p.DEBUG_ITERS)
@@ -263,11 +271,10 @@ def _mainloop_2l(p, main, mma: gl.constexpr, k_tiles, it, ROLE: gl.constexpr):
         tok = warpgroup_mma(p.x_bufs.index(main.index), p.w_bufs.index(main.index).permute((1, 0)), acc,
                             is_async=True)
         acc = warpgroup_mma_wait(1, deps=(tok, ))
-        p.main.consumer_release(prev, pred=kk > 0)
-        prev = main
+        p.main.consumer_release(main.prev(), pred=kk > 0)   # step kk-1's wgmma has retired
         main = main.next()
     acc = warpgroup_mma_wait(0, deps=(acc, ))
-    p.main.consumer_release(prev)
+    p.main.consumer_release(main.prev())                     # the last step's slot
     return acc.to(gl.float32), main, it
 
 
