@@ -2,6 +2,7 @@
 
     PYTHONPATH=src python scripts/probe_lora.py --out DIR [--write-tuned PATH] [--quick]
         [--budget-s 105] [--persistent-timeout-s 35] [--no-persistent] [--allow-persistent-winners]
+        [--streamk-only] [--allow-streamk-winners]
 
 For each shape family of the issue (M ∈ 1, 16, 64, 256, 1024, 4096; (K, N) ∈ (4096, 28672),
 (4096, 4096), (8192, 8192); r ∈ 16, 64 — the six measured points of lora.md first), in ONE
@@ -18,7 +19,9 @@ with a timeout; whatever it printed before a timeout is kept.
 Outputs (DIR): ``probe_lora.json`` (every row), ``probe_lora.md`` (table), ``lora_h200.json`` (the
 winners in the planner's tuned-table format). ``--write-tuned PATH`` also merges the winners
 into PATH (e.g. ``src/lowrank_gemm/plan/tuned/lora_h200.json``). Winners are fused strategies
-(kloop / split; persistent only with ``--allow-persistent-winners``). Stops starting new points
+(kloop / split; persistent only with ``--allow-persistent-winners``, streamk only with
+``--allow-streamk-winners``; streamk candidates — ``streamk_specs`` — are timed in the main
+process: no inter-program waits, so they cannot hang). Stops starting new points
 once ``--budget-s`` is spent (compiles dominate; skipped points are listed).
 """
 
@@ -87,7 +90,17 @@ def candidates(M, N, K, r, sms):
         if M <= 256:
             specs += [("kloop", 128, 256, 64, 8, None), ("split", 64, 256, 64, 4, None)]
     seen = {(out[0][1], out[0][2])}
-    for s, bm, bn, bk, w, split in specs:
+    n_stream_k = 0
+    for s, bm, bn, bk, w, split in specs + streamk_specs(M, N, K, r):
+        if s == "streamk":   # own quota, beyond MAX_CANDIDATES: the tiles-vs-split-K question
+            c = _cfg(s, M, N, K, r, bm, bn, bk, w, sms, 1)
+            if can_implement(s, (M, N, K, r), c) and (s, c) not in seen:
+                seen.add((s, c))
+                out.append((f"{s} {bm}x{bn}x{bk} w{w} s{c.num_stages} br{c.block_r}", s, c))
+                n_stream_k += 1
+            continue
+        if len(out) - n_stream_k >= MAX_CANDIDATES:
+            continue
         try:
             c = _cfg(s, M, N, K, r, bm, bn, bk, w, sms, split)
         except Exception:
@@ -96,9 +109,19 @@ def candidates(M, N, K, r, sms):
             continue
         seen.add((s, c))
         out.append((f"{s} {bm}x{bn}x{bk} w{w} s{c.num_stages} sk{c.split_k} br{c.block_r}", s, c))
-        if len(out) >= MAX_CANDIDATES:
-            break
     return out
+
+
+def streamk_specs(M, N, K, r):
+    """Stream-K candidates (strategy, bm, bn, bk, warps, split): K=N=4096 at M ≤ 256 and 8192² at
+    M ≤ 16, where 32–64 output tiles cannot fill 132 SMs. Wide 128-col tiles (no narrow-tile X
+    re-reads, n128 wgmma) with the K work spread evenly over all SMs, one launch, no reduce kernel."""
+    if r > 64 or not ((K, N) == (4096, 4096) and M <= 256 or (K, N) == (8192, 8192) and M <= 16):
+        return []
+    if M <= 64:
+        return [("streamk", 64, 128, 128, 4, 1), ("streamk", 64, 256, 64, 4, 1),
+                ("streamk", 64, 64, 128, 4, 1)]
+    return [("streamk", 128, 128, 64, 8, 1), ("streamk", 128, 256, 64, 8, 1)]
 
 
 def _checked(strategy, cfg, x, w, a, b):
@@ -164,7 +187,13 @@ def probe_point(M, K, N, r, sms, timing_eager=False):
     return rows
 
 
-def points(quick):
+STREAMK_POINTS = [(1, 4096, 4096, 16), (16, 4096, 4096, 16), (64, 4096, 4096, 16),
+                  (256, 4096, 4096, 16), (1, 8192, 8192, 16), (16, 8192, 8192, 16)]
+
+
+def points(quick, streamk_only=False):
+    if streamk_only:
+        return list(STREAMK_POINTS)
     pts = list(ISSUE_POINTS)
     if not quick:
         for r in RANKS:
@@ -237,9 +266,10 @@ def run_persistent(timeout_s):
 
 # ---------------------------------------------------------------------------- main
 
-def winners(rows, allow_persistent):
+def winners(rows, allow_persistent, allow_streamk=False):
     table = {}
     fused = {"kloop", "split"} | ({"persistent_static", "persistent_dynamic"} if allow_persistent else set())
+    fused |= {"streamk"} if allow_streamk else set()
     by_key = {}
     for row in rows:
         if row.get("strategy") in fused and row.get("graph_us") and row.get("config"):
@@ -274,6 +304,10 @@ def main(argv=None):
     ap.add_argument("--persistent-timeout-s", type=float, default=35.0)
     ap.add_argument("--no-persistent", action="store_true")
     ap.add_argument("--allow-persistent-winners", action="store_true")
+    ap.add_argument("--streamk-only", action="store_true",
+                    help="only STREAMK_POINTS (K=N=4096 M 1-256, 8192² M 1/16), no persistent child")
+    ap.add_argument("--allow-streamk-winners", action="store_true",
+                    help="let streamk rows win tuned-table entries (timed either way)")
     ap.add_argument("--persistent-child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
@@ -287,7 +321,7 @@ def main(argv=None):
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     t0 = time.time()
     rows, skipped = [], []
-    for i, (M, K, N, r) in enumerate(points(args.quick)):
+    for i, (M, K, N, r) in enumerate(points(args.quick, args.streamk_only)):
         if time.time() - t0 > args.budget_s:
             skipped.append((M, K, N, r))
             continue
@@ -301,7 +335,7 @@ def main(argv=None):
                   f"graph {row.get('graph_us')} eager {row.get('median_us', '')} x{row.get('x_cublas')} "
                   f"err {row.get('rel_err')} {row.get('error', '')}", flush=True)
         print(f"[{time.time() - t0:.0f}s]", flush=True)
-    if not args.no_persistent:
+    if not (args.no_persistent or args.streamk_only):
         prow, to = run_persistent(args.persistent_timeout_s)
         cub = {(r["M"], r["N"], r["K"], r["r"]): r["graph_us"] for r in rows if r.get("strategy") == "cublas"}
         for row in prow:
@@ -311,7 +345,7 @@ def main(argv=None):
             print(f"persistent: {row}", flush=True)
         rows += prow
     meta = device_meta()
-    table = winners(rows, args.allow_persistent_winners)
+    table = winners(rows, args.allow_persistent_winners, args.allow_streamk_winners)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "probe_lora.json").write_text(json.dumps({"meta": meta, "rows": rows, "skipped": skipped,
                                                           "winners": table}, indent=1) + "\n")

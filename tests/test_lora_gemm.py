@@ -19,7 +19,7 @@ from lowrank_gemm.reference import lora_linear_ref
 
 REL_TOL = 2e-3
 KERNEL_STRATEGIES = ("kloop", "split", "concat", "streams", "merged", "persistent_static",
-                     "persistent_dynamic")
+                     "persistent_dynamic", "streamk")
 SPLIT_K_OK = ("kloop", "split", "concat", "streams", "merged")
 
 
@@ -67,7 +67,7 @@ def run_poisoned(strategy, x, w, a, b, scale, bias, cfg):
 @pytest.mark.parametrize("with_bias", [True, False])
 def test_strategy_matches_reference(strategy, split_k, with_bias, poisoned_workspaces):
     if split_k > 1 and strategy not in SPLIT_K_OK:
-        pytest.skip("persistent strategies do not split K")
+        pytest.skip("persistent / stream-K strategies do not take split_k")
     M, N, K, r = 37, 70, 88, 8             # ragged against 16×32×16 tiles, 3 M-blocks
     x, w, a, b, bias = make(M, N, K, r, bias=with_bias)
     y = run_poisoned(strategy, x, w, a, b, 0.7, bias, cfg_for(r, split_k))
@@ -76,7 +76,7 @@ def test_strategy_matches_reference(strategy, split_k, with_bias, poisoned_works
 
 
 @pytest.mark.parametrize("r", [1, 8, 16, 64, 128])
-@pytest.mark.parametrize("strategy", ["kloop", "split", "concat", "persistent_dynamic"])
+@pytest.mark.parametrize("strategy", ["kloop", "split", "concat", "persistent_dynamic", "streamk"])
 def test_ranks(strategy, r, poisoned_workspaces):
     M, N, K = 21, 40, 48
     x, w, a, b, bias = make(M, N, K, r, seed=r)
@@ -92,6 +92,36 @@ def test_split_rank_above_block_r_loops_over_chunks(poisoned_workspaces):
     for strategy in ("split", "concat", "streams"):
         assert rel_err(run_poisoned(strategy, x, w, a, b, 0.5, bias, cfg), ref) < REL_TOL
     assert not can_implement("kloop", (20, 33, 32, 40), cfg)
+
+
+# ---------------------------------------------------------------------------- stream-K
+
+@pytest.mark.parametrize("M, N, K, grid, what", [
+    (10, 20, 96, 4, "one tile cut into 4 segments (6 K steps over 4 programs)"),
+    (37, 70, 32, 4, "9 tiles × 2 K steps: a program ends a tile, does a whole one, starts another"),
+    (37, 70, 88, 7, "ragged; grid not dividing the work"),
+    (5, 33, 200, 3, "few programs, long ranges"),
+    (20, 40, 48, 64, "grid clamped to the 12 work units: every tile cut into K-step segments"),
+])
+def test_streamk_segments_and_result(M, N, K, grid, what, monkeypatch, poisoned_workspaces):
+    monkeypatch.setattr(LG, "streamk_grid", lambda tiles, k_tiles, dev: max(1, min(grid, tiles * k_tiles)))
+    cfg = cfg_for(8)
+    tiles, k_tiles = -(-M // cfg.block_m) * -(-N // cfg.block_n), -(-K // cfg.block_k)
+    p = LG.streamk_grid(tiles, k_tiles, None)
+    segs = LG.streamk_segments(tiles, k_tiles, p)
+    total = tiles * k_tiles
+    for t, ss in enumerate(segs):       # each tile's K steps covered once, in order, owners ascending
+        assert [s[1] for s in ss] == [0] + [s[2] for s in ss[:-1]] and ss[-1][2] == k_tiles, what
+        assert [s[0] for s in ss] == list(range(ss[0][0], ss[0][0] + len(ss)))
+        # the kernel's owner formula (first/last unit of the tile) agrees with the host split
+        own = lambda u: ((u + 1) * p - 1) // total
+        assert own(t * k_tiles) == ss[0][0] and own(t * k_tiles + k_tiles - 1) == ss[-1][0]
+    x, w, a, b, bias = make(M, N, K, 8, seed=M + K)
+    y1 = run_poisoned("streamk", x, w, a, b, 0.7, bias, cfg)
+    y2 = run_poisoned("streamk", x, w, a, b, 0.7, bias, cfg)
+    assert not y1.isnan().any(), what
+    assert torch.equal(y1, y2), what
+    assert rel_err(y1, lora_linear_ref(x, w, a, b, 0.7, bias)) < REL_TOL, what
 
 
 def test_persistent_static_strides_over_tiles():
@@ -200,8 +230,8 @@ def test_nan_inf_propagate_like_torch(strategy, split_k):
 
 def test_deterministic_bits():
     x, w, a, b, bias = make(37, 70, 88, 8)
-    for strategy in ("kloop", "persistent_dynamic"):
-        cfg = cfg_for(8, split_k=1 if strategy.startswith("persistent") else 3)
+    for strategy in ("kloop", "persistent_dynamic", "streamk"):
+        cfg = cfg_for(8, split_k=1 if strategy in ("persistent_dynamic", "streamk") else 3)
         y1 = run_poisoned(strategy, x, w, a, b, 0.7, bias, cfg)
         y2 = run_poisoned(strategy, x, w, a, b, 0.7, bias, cfg)
         assert torch.equal(y1, y2)
@@ -373,6 +403,24 @@ def compile_persistent(cfg: KernelConfig, dynamic: bool):
                         num_warps=c.num_warps, num_stages=c.num_stages)
 
 
+def streamk_signature(bm, bn, bk, br, dt="bf16"):
+    sig = {"x_desc": f"tensordesc<{dt}[{bm}, {bk}]>", "w_desc": f"tensordesc<{dt}[{bn}, {bk}]>",
+           "a_desc": f"tensordesc<{dt}[{br}, {bk}]>", "b_ptr": f"*{dt}", "bias_ptr": f"*{dt}",
+           "y_ptr": f"*{dt}", "ws_ptr": "*fp32", "sws_ptr": "*fp32", "cnt_ptr": "*i32",
+           "M": "i32", "N": "i32", "K": "i32", "R": "i32", "scale": "fp32"}
+    sig.update({k: "i32" for k in ("stride_bn", "stride_br", "stride_ym", "stride_yn")})
+    return sig
+
+
+def compile_streamk(cfg: KernelConfig):
+    from lowrank_gemm.kernels.aot import compile_sm90
+    c = cfg
+    return compile_sm90(MOD, "lora_streamk_kernel", streamk_signature(c.block_m, c.block_n, c.block_k, c.block_r),
+                        dict(BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, BLOCK_R=c.block_r,
+                             GROUP_M=c.group_m, HAS_BIAS=True),
+                        num_warps=c.num_warps, num_stages=c.num_stages)
+
+
 H200_CFG = KernelConfig(block_m=64, block_n=128, block_k=128, block_r=16, num_warps=4, num_stages=4)
 
 
@@ -385,6 +433,8 @@ H200_CFG = KernelConfig(block_m=64, block_n=128, block_k=128, block_r=16, num_wa
      lambda: compile_main(KernelConfig(block_m=128, block_n=256, block_k=64, block_r=16, num_warps=8,
                                        num_stages=4), LG.K_.LOWRANK_GLOBAL, r_chunks=4)),
     ("persistent dynamic", lambda: compile_persistent(H200_CFG.replace(block_m=128, block_k=64, num_stages=3), True)),
+    ("streamk", lambda: compile_streamk(H200_CFG)),
+    ("streamk narrow 64x32, 6 stages", lambda: compile_streamk(H200_CFG.replace(block_n=32, num_stages=6))),
 ])
 def test_sm90_ptx_uses_wgmma_and_tma(name, compile_):
     info = compile_()

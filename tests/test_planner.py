@@ -71,12 +71,13 @@ def test_probe_candidates_are_short_feasible_and_reused(tmp_path):
     tiles = set()
     for M, K, N, r in probe.points(quick=False):
         cands = probe.candidates(M, N, K, r, H200_SMS)
-        assert 2 <= len(cands) <= probe.MAX_CANDIDATES
+        n_sk = sum(s == "streamk" for _, s, _ in cands)      # own quota of ≤ 3 (streamk_specs)
+        assert 2 <= len(cands) - n_sk <= probe.MAX_CANDIDATES and n_sk <= 3
         assert len({(s, c) for _, s, c in cands}) == len(cands)
         for _, s, c in cands:
             assert can_implement(s, (M, N, K, r), c), (M, N, K, r, s, c)
             tiles.add((s, c.block_m, c.block_n, c.block_k, c.block_r, c.num_warps, c.num_stages))
-    assert len(tiles) <= 40                  # compiles are shared across (K, N)
+    assert len(tiles) <= 45                  # compiles are shared across (K, N); 5 streamk tiles
     rows = [{"M": 64, "N": 4096, "K": 4096, "r": 16, "strategy": "cublas", "graph_us": 14.0},
             {"M": 64, "N": 4096, "K": 4096, "r": 16, "strategy": "kloop", "graph_us": 12.0,
              "config": KernelConfig(block_m=64).to_dict()},
@@ -142,3 +143,31 @@ def test_committed_table_is_valid():
     for key, entry in data["lora"].items():
         assert entry["strategy"] in LORA_STRATEGIES, key
         KernelConfig.from_dict(entry["config"])
+
+
+def test_streamk_is_a_candidate_never_a_default():
+    c = KernelConfig(block_m=64, block_n=128, block_k=128, block_r=16, num_stages=4)
+    assert can_implement("streamk", (1, 4096, 4096, 16), c)
+    assert "does not split K" in can_implement("streamk", (1, 4096, 4096, 16), c.replace(split_k=2)).reason
+    assert "rank 40 > block_r 16" in can_implement("streamk", (1, 4096, 4096, 40), c).reason
+    for M in (1, 16, 64, 256, 1024, 4096):
+        for K, N in ((4096, 28672), (4096, 4096), (8192, 8192)):
+            for r in (8, 16, 64, 128):
+                assert heuristic_lora(M, N, K, r, 16, gpu=True, sms=H200_SMS)[0] != "streamk"
+    s, cfg = heuristic_lora(1, 4096, 4096, 16, 16, gpu=True, sms=H200_SMS, strategy="streamk")
+    assert s == "streamk" and cfg.split_k == 1 and can_implement(s, (1, 4096, 4096, 16), cfg)
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("probe_lora", P.TUNED_DIR.parents[3] / "scripts" / "probe_lora.py")
+    probe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(probe)
+    rows = [{"M": 1, "N": 4096, "K": 4096, "r": 16, "strategy": "cublas", "graph_us": 15.0},
+            {"M": 1, "N": 4096, "K": 4096, "r": 16, "strategy": "kloop", "graph_us": 18.0,
+             "config": KernelConfig(block_m=64).to_dict()},
+            {"M": 1, "N": 4096, "K": 4096, "r": 16, "strategy": "streamk", "graph_us": 12.0,
+             "config": c.to_dict()}]
+    key = tuned_key(1, 4096, 4096, 16, torch.bfloat16)
+    assert probe.winners(rows, False)[key]["strategy"] == "kloop"          # opt-in only
+    assert probe.winners(rows, False, allow_streamk=True)[key]["strategy"] == "streamk"
+    cands = probe.candidates(1, 4096, 4096, 16, H200_SMS)
+    assert sum(s == "streamk" for _, s, _ in cands) >= 2
+    assert not any(s == "streamk" for _, s, _ in probe.candidates(1024, 4096, 4096, 16, H200_SMS))

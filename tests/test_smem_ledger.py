@@ -14,7 +14,7 @@ from lowrank_gemm.kernels._lora_kernels import smem_ledger
 from lowrank_gemm.plan.config import KernelConfig
 from lowrank_gemm.plan.smem import SM90_SMEM_LIMIT
 
-from test_lora_gemm import compile_main, compile_persistent
+from test_lora_gemm import compile_main, compile_persistent, compile_streamk
 
 TOL_BYTES = 1024
 CFG = KernelConfig(block_m=64, block_n=128, block_k=128, block_r=16, num_warps=4, num_stages=4)
@@ -28,6 +28,12 @@ def test_kloop_terms():
     assert L.term("TMA barriers").total(1) == 4 * 2 * 8          # A load is its own TMA group
     assert L.term("epilogue B/S tiles extra").total(1) == 0     # fits inside the freed pipeline
     assert L.total() == 4 * (64 + 128 + 16) * 128 * 2 + 64
+
+
+def test_streamk_terms_are_kloops():
+    # same K loop (X, W, A tiles, A its own TMA group) and epilogue operands; the partial/reduce
+    # path goes through global memory (no SMEM term)
+    assert smem_ledger(CFG, 16, "streamk").terms == smem_ledger(CFG, 16, "kloop").terms
 
 
 def test_split_and_base_terms():
@@ -72,6 +78,9 @@ COMPILED = [
     ("merged", CFG.replace(num_stages=5), lambda c: compile_main(c, K_.LOWRANK_NONE)),
     ("persistent_dynamic", CFG.replace(block_m=128, block_k=64, num_stages=3),
      lambda c: compile_persistent(c, True)),
+    ("streamk", CFG, compile_streamk),
+    ("streamk", CFG.replace(block_n=32, num_stages=6), compile_streamk),
+    ("streamk", CFG.replace(block_n=64, block_r=64, num_stages=2), compile_streamk),
 ]
 
 

@@ -19,6 +19,12 @@ Kernels:
   raise a per-M-block flag, the remaining tasks are main tiles in grouped order whose epilogue
   waits on that flag. Static stripes or a dynamic atomic *work* counter (results never go through
   atomics, so output bits do not depend on the schedule).
+- ``lora_streamk_kernel``: Stream-K. A persistent grid of P programs splits the whole work (tiles ×
+  K steps, grouped tile order) into P contiguous, equal ranges. Whole tiles go straight through
+  the epilogue; a tile cut by range boundaries is finished by whichever of its segment owners
+  arrives last (per-tile arrival ticket), which sums the fp32 partials (and partial S) of all
+  segments in segment order — who sums varies, the sum order does not, so bits are
+  deterministic. No program ever waits on another (no residency assumption, no spin).
 """
 
 from __future__ import annotations
@@ -276,6 +282,86 @@ def lora_persistent_kernel(
         task = _next_task(task, counter_ptr, DYNAMIC)
 
 
+@triton.jit
+def _streamk_owner(unit, P, total):
+    """Program whose range [p·total//P, (p+1)·total//P) holds work unit ``unit`` (int64)."""
+    return ((unit + 1) * P - 1) // total
+
+
+@triton.jit
+def lora_streamk_kernel(
+    x_desc,             # X [M, K], box [BM, BK]
+    w_desc,             # W [N, K], box [BN, BK]
+    a_desc,             # A [R, K], box [BR, BK]
+    b_ptr,              # B [N, R]
+    bias_ptr,           # bias [N]                         (HAS_BIAS)
+    y_ptr,              # Y [M, N]
+    ws_ptr,             # fp32 [2·P, BM, BN] partial accumulators, slot 2·program + (0 first | 1 last piece)
+    sws_ptr,            # fp32 [2·P, BM, BR] partial S, same slots
+    cnt_ptr,            # int32 [tiles] arrival tickets, zero on entry
+    M, N, K, R, scale,
+    stride_bn, stride_br, stride_ym, stride_yn,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr,
+    GROUP_M: tl.constexpr, HAS_BIAS: tl.constexpr,
+):
+    # Only a program's first and last piece can be partial tiles, so 2 slots per program bound
+    # the workspace by the grid (≤ 2·#SMs tiles), not by tiles × segments.
+    pid = tl.program_id(0)
+    P = tl.num_programs(0)
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    total = (num_pid_m * num_pid_n).to(tl.int64) * k_tiles
+    lo = pid.to(tl.int64) * total // P
+    hi = (pid + 1).to(tl.int64) * total // P
+    ob = tl.arange(0, BLOCK_M)
+    on = tl.arange(0, BLOCK_N)
+    orr = tl.arange(0, BLOCK_R)
+    u = lo
+    while u < hi:
+        tile = (u // k_tiles).to(tl.int32)
+        tile_lo = tile.to(tl.int64) * k_tiles
+        k_lo = (u - tile_lo).to(tl.int32)
+        k_hi = tl.minimum(k_tiles, (k_lo + (hi - u)).to(tl.int32))
+        pid_m, pid_n = grouped_tile(tile, num_pid_m, num_pid_n, GROUP_M)
+        acc, s = _main_loop(x_desc, w_desc, a_desc, pid_m * BLOCK_M, pid_n * BLOCK_N, k_lo, k_hi,
+                            BLOCK_M, BLOCK_N, BLOCK_K, BLOCK_R, True)
+        offs_m = pid_m * BLOCK_M + ob
+        offs_n = pid_n * BLOCK_N + on
+        is_last = (k_lo == 0) & (k_hi == k_tiles)
+        if not is_last:
+            # park the partial (rows ≥ M are never read: decode M writes 1 row, not BM)
+            row_ok = offs_m[:, None] < M
+            p_off = ob[:, None] * BLOCK_N + on[None, :]
+            q_off = ob[:, None] * BLOCK_R + orr[None, :]
+            mine = (2 * pid + (u != lo).to(tl.int32)).to(tl.int64)
+            tl.store(ws_ptr + mine * (BLOCK_M * BLOCK_N) + p_off, acc, mask=row_ok)
+            tl.store(sws_ptr + mine * (BLOCK_M * BLOCK_R) + q_off, s, mask=row_ok)
+            tl.debug_barrier()      # every thread's partial stores precede the one-thread release
+            first = _streamk_owner(tile_lo, P, total)
+            n_seg = (_streamk_owner(tile_lo + k_tiles - 1, P, total) - first + 1).to(tl.int32)
+            ticket = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel", scope="gpu")
+            is_last = ticket == n_seg - 1
+            if is_last:
+                # segment j belongs to program q = first + j: its first piece if q starts inside
+                # this tile, else its last piece; summed from zero in j order whoever arrives last
+                acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+                s = tl.zeros((BLOCK_M, BLOCK_R), dtype=tl.float32)
+                for j in range(n_seg):
+                    q = first + j
+                    slot = 2 * q + ((q * total // P) < tile_lo).to(tl.int64)
+                    acc += tl.load(ws_ptr + slot * (BLOCK_M * BLOCK_N) + p_off, mask=row_ok,
+                                   other=0.0, cache_modifier=".cg")
+                    s += tl.load(sws_ptr + slot * (BLOCK_M * BLOCK_R) + q_off, mask=row_ok,
+                                 other=0.0, cache_modifier=".cg")
+        if is_last:
+            s = tl.where(orr[None, :] < R, s * scale, 0.0)   # padding rank slots (see main kernel)
+            acc = lowrank_up(acc, s, b_ptr, stride_bn, stride_br, offs_n, N, R, BLOCK_R)
+            acc = add_bias(acc, offs_n, N, bias_ptr, HAS_BIAS)
+            store_tile(y_ptr, acc, offs_m, offs_n, M, N, stride_ym, stride_yn)
+        u += k_hi - k_lo
+
+
 # ---------------------------------------------------------------------------------------------
 # SMEM ledger (the only shared-memory arithmetic of this family)
 # ---------------------------------------------------------------------------------------------
@@ -293,9 +379,9 @@ def smem_ledger(config, dtype_bits: int, strategy: str):
 
     c = config
     st = c.num_stages
-    kloop = strategy == "kloop"
+    kloop = strategy in ("kloop", "streamk")   # streamk's K loop is kloop's (X, W and A tiles)
     persistent = strategy in ("persistent_static", "persistent_dynamic")
-    lowrank = strategy in ("kloop", "split", "persistent_static", "persistent_dynamic")
+    lowrank = strategy in ("kloop", "split", "persistent_static", "persistent_dynamic", "streamk")
     x = tile_bytes(c.block_m, c.block_k, dtype_bits)
     w = tile_bytes(c.block_n, c.block_k, dtype_bits)
     a = tile_bytes(c.block_r, c.block_k, dtype_bits)

@@ -370,6 +370,43 @@ def _run_persistent(x, w, a, b, bias, y, scale, cfg, *, N, Kp, R, dynamic):
     return y
 
 
+def streamk_grid(num_tiles: int, k_tiles: int, device) -> int:
+    """Stream-K programs: one per SM, never more than work units (tiles × K steps)."""
+    return max(1, min(num_tiles * k_tiles, num_sms(device)))
+
+
+def streamk_segments(num_tiles: int, k_tiles: int, grid: int) -> list[list[tuple[int, int, int]]]:
+    """Host mirror of the kernel's split, for tests and for reading a plan: per tile, the
+    segments ``(program, k_lo, k_hi)`` in segment (= K) order."""
+    total = num_tiles * k_tiles
+    out: list[list[tuple[int, int, int]]] = [[] for _ in range(num_tiles)]
+    for p in range(grid):
+        u, hi = p * total // grid, (p + 1) * total // grid
+        while u < hi:
+            t, k_lo = divmod(u, k_tiles)
+            k_hi = min(k_tiles, k_lo + hi - u)
+            out[t].append((p, k_lo, k_hi))
+            u += k_hi - k_lo
+    return out
+
+
+def _run_streamk(x, w, a, b, bias, y, scale, cfg, *, N, Kp, R):
+    M, dev, c = x.shape[0], x.device, cfg
+    tiles = cdiv(M, c.block_m) * cdiv(N, c.block_n)
+    grid = streamk_grid(tiles, cdiv(Kp, c.block_k), dev)
+    ws = _empty_f32(dev, 2 * grid, c.block_m, c.block_n)
+    sws = _empty_f32(dev, 2 * grid, c.block_m, c.block_r)
+    cnt = torch.zeros(tiles, dtype=torch.int32, device=dev)
+    K_.lora_streamk_kernel[(grid,)](
+        _desc(x, c.block_m, c.block_k), _desc(w, c.block_n, c.block_k), _desc(a, c.block_r, c.block_k),
+        b, y if bias is None else bias, y, ws, sws, cnt, M, N, Kp, R, scale,
+        b.stride(0), b.stride(1), y.stride(0), y.stride(1),
+        BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, BLOCK_R=c.block_r,
+        GROUP_M=c.group_m, HAS_BIAS=bias is not None,
+        num_warps=c.num_warps, num_stages=c.num_stages)
+    return y
+
+
 _SIDE_STREAMS: dict[int, torch.cuda.Stream] = {}
 
 
@@ -409,7 +446,7 @@ def _run_merged(x, w, a, b, bias, y, scale, cfg, *, N, Kp, R):
 
 _RUNNERS = {
     "kloop": _run_kloop, "split": _run_split, "concat": _run_concat, "streams": _run_streams,
-    "merged": _run_merged,
+    "merged": _run_merged, "streamk": _run_streamk,
     "persistent_static": lambda *a, **k: _run_persistent(*a, **k, dynamic=False),
     "persistent_dynamic": lambda *a, **k: _run_persistent(*a, **k, dynamic=True),
 }

@@ -52,6 +52,9 @@ class LoraStrategy(str, Enum):
     """Persistent grid, S tasks first then main tiles in grouped order, static stripes."""
     PERSISTENT_DYNAMIC = "persistent_dynamic"
     """Same, tasks handed out by an atomic work counter (results stay deterministic)."""
+    STREAMK = "streamk"
+    """Stream-K: #SMs programs split tiles × K steps evenly; split tiles are summed in segment
+    order by their last arriver (ticket). A probe candidate only: never chosen by the heuristic."""
     MERGED = "merged"
     """W' = W + scale·B·A, cached by the tensors' identity and version; then a plain GEMM."""
     TORCH = "torch"
@@ -59,8 +62,8 @@ class LoraStrategy(str, Enum):
 
 
 LORA_STRATEGIES = tuple(s.value for s in LoraStrategy)
-_FUSED_RANK_LIMITED = ("kloop", "persistent_static", "persistent_dynamic")
-_NO_SPLIT_K = ("persistent_static", "persistent_dynamic", "torch")
+_FUSED_RANK_LIMITED = ("kloop", "persistent_static", "persistent_dynamic", "streamk")
+_NO_SPLIT_K = ("persistent_static", "persistent_dynamic", "streamk", "torch")
 
 
 # ---------------------------------------------------------------------------- knobs (pure)
