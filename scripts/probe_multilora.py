@@ -1,6 +1,6 @@
 """Probe: fused multi-LoRA GEMM plan variants vs cuBLAS and shrink_expand, one process, ≤ 120 s.
 
-    PYTHONPATH=src python scripts/probe_multilora.py --out DIR [--write-tuned] [--budget-s 105]
+    PYTHONPATH=src python scripts/probe_multilora.py --out DIR [--write-tuned] [--budget-s 105] [--epi-only]
 
 Cases: bf16, K=4096, r=16, a bank of 64 slots, M ∈ {64, 256} × N ∈ {28672, 4096} × adapters
 ∈ {1, 4, 16, 64} (random ids). Per case: cublas_base, shrink_expand, the old default plan
@@ -11,6 +11,12 @@ branch cost). Every candidate is checked against the float64 reference (rel err)
 one that fails to compile, raises or is wrong is reported and skipped. Times: CUDA-graph replay
 medians (µs), inputs rotated past the L2. No candidate can block: split-K uses arrival tickets,
 never waits on another program.
+
+Epilogue candidates (``epi_*`` rows, cases with ≥ 16 adapters on the shrink-workspace path): the
+heuristic plan with ``b_vec`` (16-B vector B gather), ``epi_pipe`` 1 (next group's B loaded before
+the current MMA), ``epi_pipe`` 2/3 (compiler-pipelined group loop, cp.async ring) and combinations.
+``--epi-only``: just those cases (M ∈ {64, 256} × N ∈ {28672, 4096} × adapters ∈ {16, 64}) with
+cublas_base, shrink_expand, heur and the epilogue candidates (fits the 120 s budget on its own).
 
 Writes DIR/probe_multilora.json (all rows) and DIR/multilora_h200.json (the fastest correct fused
 plan per case, in the tuned-table format read by ``multilora_gemm.choose_plan``); with
@@ -31,6 +37,7 @@ import torch
 
 K, R, SLOTS = 4096, 16, 64
 CASES = [(M, N, a) for M in (64, 256) for N in (4096, 28672) for a in (1, 4, 16, 64)]   # M=64 first
+EPI_CASES = [(M, N, a) for a in (16, 64) for M in (64, 256) for N in (28672, 4096)]
 REL_TOL = 1e-2      # bf16 output rounding is ~3e-3 relative; a wrong tile is O(1)
 
 
@@ -47,16 +54,32 @@ def legacy_plan(mg, M, N, r_max, L, sms):
 
 
 def restage(mg, plan):
-    """Deepest pipeline that fits for this plan's fuse_d / epi_d."""
+    """Deepest pipeline that fits for this plan's fuse_d / epi_d / epilogue ring."""
     stages, _, _ = mg.solve_stages(
-        lambda s, _l: mg.main_ledger(plan.main.replace(num_stages=s), fuse_d=plan.fuse_d, epi_d=plan.epi_d),
+        lambda s, _l: mg.main_ledger(plan.main.replace(num_stages=s), fuse_d=plan.fuse_d, epi_d=plan.epi_d,
+                                     epi_pipe=plan.epi_pipe, b_vec=plan.b_vec),
         min_main=2, max_main=5)
     return mg.MultiLoRAPlan(**{**plan.__dict__, "main": plan.main.replace(num_stages=stages)})
 
 
-def candidates(mg, M, N, adapters, sms):
+def epi_candidates(mg, h):
+    """Epilogue plan candidates on top of the heuristic plan ``h`` (shrink-workspace path only)."""
+    if h.fuse_d:
+        return {}
+    var = lambda **kw: restage(mg, mg.MultiLoRAPlan(**{**h.__dict__, **kw}))  # noqa: E731
+    return {"epi_bvec": (var(b_vec=True), True),
+            "epi_pipe1": (var(epi_pipe=1), True),
+            "epi_pipe1_bvec": (var(epi_pipe=1, b_vec=True), True),
+            "epi_pipe2_bvec": (var(epi_pipe=2, b_vec=True), True),
+            "epi_pipe3_bvec": (var(epi_pipe=3, b_vec=True), True),
+            "epi_pipe1_bvec_d8": (var(epi_pipe=1, b_vec=True, epi_d=8), True)}
+
+
+def candidates(mg, M, N, adapters, sms, epi_only=False):
     """name → (plan, has_lora). One knob changed per variant, so each row reads as a delta."""
     h = mg.heuristic_plan(M, N, K, R, SLOTS, "gather", sms, adapters=adapters)
+    if epi_only:
+        return {"heur": (h, True), **epi_candidates(mg, h)}
     old = legacy_plan(mg, M, N, R, SLOTS, sms)
     var = lambda **kw: restage(mg, mg.MultiLoRAPlan(**{**h.__dict__, **kw}))  # noqa: E731
     out = {"legacy": (old, True), "legacy_base": (old, False), "heur": (h, True), "heur_base": (h, False),
@@ -77,6 +100,8 @@ def candidates(mg, M, N, adapters, sms):
         out[f"heur_split{2 * s}"] = (var(main=h.main.replace(split_k=2 * s)), True)
     bn64_split = max(1, min(sms // (2 * tiles), 8))
     out["heur_bn64"] = (var(main=h.main.replace(block_n=64, split_k=bn64_split)), True)
+    if adapters >= 16:
+        out.update(epi_candidates(mg, h))
     return out
 
 
@@ -102,6 +127,8 @@ def main(argv=None):
                     help="also write the winners into src/lowrank_gemm/plan/tuned/multilora_h200.json")
     ap.add_argument("--budget-s", type=float, default=105.0, help="stop starting new timings after this")
     ap.add_argument("--cases", default="", help="subset, e.g. '64x4096x1,256x28672x16' (MxNxadapters)")
+    ap.add_argument("--epi-only", action="store_true",
+                    help="only the epilogue candidates (and baselines) on the ≥ 16-adapter cases")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("the probe needs a CUDA GPU")
@@ -116,6 +143,8 @@ def main(argv=None):
     sms = mg.num_sms(dev)
     copy = measure_copy_tbps(2**30)
     cases = CASES if not args.cases else [tuple(int(v) for v in c.split("x")) for c in args.cases.split(",")]
+    if args.epi_only and not args.cases:
+        cases = EPI_CASES
     rows, winners, skipped = [], {}, []
     for M, N, adapters in cases:
         if time.time() - t0 > args.budget_s:
@@ -129,7 +158,7 @@ def main(argv=None):
         impls = {"cublas_base": (lambda x, w, bk, i: torch.nn.functional.linear(x, w), None, False),
                  "shrink_expand": (lambda x, w, bk, i: shrink_expand(x, w, bk.bank_a, bk.bank_b, bk.ranks,
                                                                      bk.scales, i), None, True)}
-        for name, (plan, has_lora) in candidates(mg, M, N, adapters, sms).items():
+        for name, (plan, has_lora) in candidates(mg, M, N, adapters, sms, args.epi_only).items():
             fn = (lambda p, hl: lambda x, w, bk, i: mg.multi_lora_gemm(
                 x, w, bk.bank_a, bk.bank_b, bk.ranks, bk.scales, i, mode="gather", plan=p, has_lora=hl,
                 validate=False))(plan, has_lora)

@@ -20,13 +20,14 @@ DT = torch.float16
 ATOL, RTOL = 2e-2, 1e-2
 
 
-def small_plan(split=2, sbm=16, bm=16, bn=32, bk=32, r_max=16, split_k=1, fuse_d=0, epi_d=1, x_tma=False):
+def small_plan(split=2, sbm=16, bm=16, bn=32, bk=32, r_max=16, split_k=1, fuse_d=0, epi_d=1, x_tma=False,
+               epi_pipe=0, b_vec=False):
     br = max(16, 1 << (r_max - 1).bit_length())
     return mg.MultiLoRAPlan(
         main=KernelConfig(block_m=bm, block_n=bn, block_k=bk, block_r=br, group_m=2, num_stages=2,
                           split_k=split_k),
         shrink=KernelConfig(block_m=sbm, block_n=16, block_k=32, block_r=br, split_k=split),
-        fuse_d=fuse_d, epi_d=epi_d, x_tma=x_tma)
+        fuse_d=fuse_d, epi_d=epi_d, x_tma=x_tma, epi_pipe=epi_pipe, b_vec=b_vec)
 
 
 def make_case(M, N, K, L, r_max, ranks=None, seed=0, dirty=True, bias=True):
@@ -212,7 +213,7 @@ MAIN_ALIGNED = ("x_ptr", "y_ptr", "a_ptr", "b_ptr", "s_ptr", "ws_ptr", "sws_ptr"
                 "R_MAX")
 
 
-def _compile_main(cfg: KernelConfig, order: bool, fuse_d=0, epi_d=1, x_tma=False):
+def _compile_main(cfg: KernelConfig, order: bool, fuse_d=0, epi_d=1, x_tma=False, epi_pipe=0, b_vec=False):
     from lowrank_gemm.kernels.aot import compile_sm90
     sig = {"x_ptr": "*bf16",
            "x_desc": f"tensordesc<bf16[{cfg.block_m}, {cfg.block_k}]>" if x_tma else "*bf16",
@@ -222,7 +223,7 @@ def _compile_main(cfg: KernelConfig, order: bool, fuse_d=0, epi_d=1, x_tma=False
            "sws_ptr": "*fp32", "cnt_ptr": "*i32", **{k: "i32" for k in MAIN_SIG_INTS}}
     const = dict(BM=cfg.block_m, BN=cfg.block_n, BK=cfg.block_k, BLOCK_R=cfg.block_r, GROUP_M=cfg.group_m,
                  HAS_ORDER=order, HAS_LORA=True, HAS_BIAS=True, USE_TMA=True, X_TMA=x_tma, FUSE_D=fuse_d,
-                 EPI_D=epi_d, SPLIT_K=cfg.split_k, stride_xk=1, stride_wk=1, stride_yn=1, stride_ak=1,
+                 EPI_D=epi_d, SPLIT_K=cfg.split_k, EPI_PIPE=epi_pipe, B_VEC=b_vec, stride_xk=1, stride_wk=1, stride_yn=1, stride_ak=1,
                  stride_br=1)
     return compile_sm90("lowrank_gemm.kernels.multilora_gemm", "_mlora_main_kernel", sig, const,
                         aligned=MAIN_ALIGNED, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
@@ -375,3 +376,79 @@ def test_max_adapters_hint_changes_only_the_plan():
         assert ((y.double() - ref).norm() / ref.norm()).item() < 3e-3, hint
     with pytest.raises(ValueError, match="max_adapters"):
         multi_lora_linear(x, w, a, b, ranks, scales, ids, max_adapters=0)
+
+
+# ---- epilogue plan candidates (unmeasured, off by default): pipelined group loop, vector B gather
+
+EPI_VARIANTS = {
+    "b_vec": dict(epi_d=2, b_vec=True),                      # plain loop, 16-B B loads
+    "pipe1": dict(epi_d=2, epi_pipe=1),                      # register double buffer, 2-B loads
+    "pipe1_b_vec": dict(epi_d=1, epi_pipe=1, b_vec=True, split=3),
+    "pipe3_b_vec": dict(epi_d=2, epi_pipe=3, b_vec=True, split_k=2),
+}
+
+
+@pytest.mark.parametrize("mode", ["gather", "segment"])
+@pytest.mark.parametrize("variant", sorted(EPI_VARIANTS))
+def test_epilogue_candidates_match_reference(variant, mode):
+    # L=7 over 37 rows of 16-row tiles: up to 7 groups per tile, so the prefetch crosses groups and
+    # runs one past the last; r_max 16 = BLOCK_R keeps B_VEC live, NaN past each rank must stay out
+    case = make_case(37, 45, 72, 7, 16, seed=11)
+    assert_close(run(case, mode, small_plan(**EPI_VARIANTS[variant])), ref_of(case))
+
+
+def test_epilogue_candidates_rank_not_pow2_and_base_rows():
+    # r_max 20 → BLOCK_R 32: B_VEC must switch itself off (a 32-wide vector would leave the row)
+    case = make_case(30, 40, 48, 5, 20, seed=5)
+    assert_close(run(case, "gather", small_plan(r_max=20, epi_d=2, epi_pipe=1, b_vec=True)), ref_of(case))
+    case = make_case(40, 36, 64, 6, 16, ranks=[16, 8, 3, 16, 0, 11], dirty=False)
+    case["adapter_ids"][::3] = -1
+    rows = case["adapter_ids"] == -1
+    for kw in (dict(epi_pipe=1, b_vec=True), dict(epi_pipe=2, b_vec=True, epi_d=2)):
+        plan = small_plan(**kw)
+        base = run(case, "gather", plan, has_lora=False)
+        for mode in ("gather", "segment"):
+            assert torch.equal(run(case, mode, plan)[rows], base[rows]), (kw, mode)
+
+
+def test_epilogue_candidate_plan_fields():
+    p = small_plan(epi_pipe=3, b_vec=True)
+    assert mg.MultiLoRAPlan.from_dict(p.to_dict()) == p
+    old = {k: v for k, v in p.to_dict().items() if k not in ("epi_pipe", "b_vec")}   # pre-candidate tables
+    got = mg.MultiLoRAPlan.from_dict(old)
+    assert got.epi_pipe == 0 and not got.b_vec
+    with pytest.raises(ValueError, match="epi_pipe"):
+        small_plan(epi_pipe=5)
+    h = mg.heuristic_plan(64, 28672, 4096, 16, 64, "gather", 132, adapters=16)
+    assert h.epi_pipe == 0 and not h.b_vec, "candidates stay off until measured"
+
+
+def _b_loads(ptx):
+    import re
+    return len(re.findall(r"ld\.global\.b16", ptx)), len(re.findall(r"ld\.global\.v4", ptx))
+
+
+@pytest.mark.parametrize("cfg,epi_d,epi_pipe,b_vec", [
+    (KernelConfig(block_m=64, block_n=128, block_k=128, block_r=16, num_stages=4, num_warps=4), 4, 1, True),
+    # shallow main pipeline: the 3-deep B ring no longer fits in the dead pipeline buffers
+    (KernelConfig(block_m=64, block_n=128, block_k=64, block_r=16, num_stages=2, num_warps=4), 4, 3, True),
+    (KernelConfig(block_m=128, block_n=128, block_k=64, block_r=16, num_stages=2, num_warps=8), 4, 4, True),
+    (KernelConfig(block_m=64, block_n=128, block_k=64, block_r=16, num_stages=2, num_warps=4), 4, 2, False),
+])
+def test_aot_epilogue_candidates(cfg, epi_d, epi_pipe, b_vec):
+    info = _compile_main(cfg, False, epi_d=epi_d, epi_pipe=epi_pipe, b_vec=b_vec)
+    assert info.has("wgmma.mma_async", "cp.async.bulk.tensor")
+    led = mg.main_ledger(cfg, epi_d=epi_d, epi_pipe=epi_pipe, b_vec=b_vec)
+    assert led.total() == info.shared, led.table()
+    assert mg.can_implement(cfg, epi_d=epi_d, epi_pipe=epi_pipe, b_vec=b_vec)
+    b16, v4 = _b_loads(info.ptx)
+    base = _compile_main(cfg, False, epi_d=epi_d)
+    b16_0, v4_0 = _b_loads(base.ptx)
+    tile_elems = epi_d * cfg.block_r * cfg.block_n // (32 * cfg.num_warps)     # B elements per thread
+    if b_vec:
+        # the 2-B gather (one load per element) is gone: B comes in 16-B vectors
+        assert b16 <= b16_0 - tile_elems, (b16_0, b16)
+        if epi_pipe >= 2:   # the compiler pipelines the vector gather: cp.async into the SMEM ring
+            assert info.ptx.count("cp.async.cg") > base.ptx.count("cp.async.cg")
+        else:
+            assert v4 >= v4_0 + 2 * tile_elems // 8, (v4_0, v4)       # prologue + in-loop prefetch

@@ -143,6 +143,91 @@ def multi_lowrank_up(acc, rows, valid, ids, s_ptr, stride_ss, stride_sm, SPLIT_S
     return acc
 
 
+@triton.jit
+def _group_rows(first, order, ids, rank_row, j0, DQ: tl.constexpr, BLOCK_R: tl.constexpr):
+    """(slot, rank index, live) of each stacked row of adapter group j0 — no memory access: the
+    rank comes from the per-row ranks loaded once before the loop (same reduction as the slot), so
+    the only load left in a group step is its B tile."""
+    jq = j0 + tl.arange(0, DQ) // BLOCK_R
+    hit = first[:, None] & (order[:, None] == jq[None, :])                    # [BM, DQ]
+    slot_q = tl.max(tl.where(hit, ids[:, None], -1), axis=0)
+    rank_q = tl.max(tl.where(hit, rank_row[:, None], 0), axis=0)
+    rr = tl.arange(0, DQ) % BLOCK_R
+    return slot_q, rr, (slot_q >= 0) & (rr < rank_q)
+
+
+@triton.jit
+def _group_b(slot_q, rr, live_q, b_ptr, stride_bl, stride_bn, stride_br, offs_n, N,
+             BLOCK_R: tl.constexpr, B_VEC: tl.constexpr):
+    """Stacked B tile [DQ, BN] of one adapter group. B_VEC (host-checked: stride_br == 1,
+    stride_bl % 8 == 0 and R_MAX == BLOCK_R) tells the compiler each BLOCK_R run of rows is one
+    adapter's contiguous, 16-B aligned rank vector, so the gather becomes 16-B vector loads instead
+    of one 2-B load per element. A vector needs one mask bit for all its lanes: the load is masked
+    per adapter (whole run) and the rank mask is applied after it (slots past a rank lie inside
+    the R_MAX row, in bounds, and may hold garbage, hence the where)."""
+    nmask = offs_n[None, :] < N
+    if B_VEC:
+        q_off = tl.max_contiguous(tl.multiple_of(slot_q.to(tl.int64) * stride_bl + rr, 8), BLOCK_R)
+        has_q = tl.max_constancy(slot_q >= 0, BLOCK_R)
+        b_t = tl.load(b_ptr + q_off[:, None] + offs_n[None, :] * stride_bn, mask=has_q[:, None] & nmask,
+                      other=0.0)
+        return tl.where(live_q[:, None], b_t, 0.0)
+    q_off = slot_q.to(tl.int64) * stride_bl + rr * stride_br
+    return tl.load(b_ptr + q_off[:, None] + offs_n[None, :] * stride_bn, mask=live_q[:, None] & nmask,
+                   other=0.0)
+
+
+@triton.jit
+def multi_lowrank_up_pipe(acc, rows, valid, ids, s_ptr, stride_ss, stride_sm, SPLIT_S, scales_ptr,
+                          b_ptr, stride_bl, stride_bn, stride_br, ranks_ptr, R_MAX, offs_n, N,
+                          BM: tl.constexpr, BLOCK_R: tl.constexpr, EPI_D: tl.constexpr,
+                          EPI_PIPE: tl.constexpr, B_VEC: tl.constexpr):
+    """:func:`multi_lowrank_up` with the group loop's load latency hidden (plan candidate).
+
+    EPI_PIPE == 1: manual double buffer — group g+1's B tile is loaded (into registers) before
+    group g's MMA, so one load latency per tile instead of one per group. EPI_PIPE ≥ 2: the
+    compiler's software pipeliner (``tl.range(num_stages=EPI_PIPE)``, cp.async into an SMEM ring
+    of EPI_PIPE B tiles; the sm_90 PTX shows the extra cp.async only with B_VEC — the 2-B gather is
+    not pipelined). EPI_PIPE 0: the plain loop (with B_VEC's vector loads).
+    Both read ranks once per row up front instead of once per group (a dependent load per step).
+    Same sums, same order as :func:`multi_lowrank_up`: −1 rows keep acc bit for bit.
+    """
+    DQ: tl.constexpr = EPI_D * BLOCK_R
+    offs_q = tl.arange(0, DQ)
+    has = valid & (ids >= 0)
+    s_ptrs = s_ptr + rows[:, None].to(tl.int64) * stride_sm + (offs_q % BLOCK_R)[None, :]
+    s = tl.zeros((BM, DQ), tl.float32)
+    for sp in range(0, SPLIT_S):
+        s += tl.load(s_ptrs + sp * stride_ss, mask=has[:, None], other=0.0)
+    scale = tl.load(scales_ptr + ids, mask=has, other=0.0).to(tl.float32)
+    rank_row = tl.load(ranks_ptr + ids, mask=has, other=0)
+    rank_row = tl.minimum(tl.maximum(rank_row, 0), R_MAX)
+    s = s * scale[:, None]
+    first, order, count = _distinct(ids, BM)
+    if EPI_PIPE == 1:
+        slot_q, rr, live_q = _group_rows(first, order, ids, rank_row, 0, DQ, BLOCK_R)
+        b_t = _group_b(slot_q, rr, live_q, b_ptr, stride_bl, stride_bn, stride_br, offs_n, N, BLOCK_R, B_VEC)
+        for j0 in range(0, count, EPI_D):
+            # next group first (past the last group every row is dead: a fully masked load, no traffic)
+            slot_n, rr_n, live_n = _group_rows(first, order, ids, rank_row, j0 + EPI_D, DQ, BLOCK_R)
+            b_n = _group_b(slot_n, rr_n, live_n, b_ptr, stride_bl, stride_bn, stride_br, offs_n, N,
+                           BLOCK_R, B_VEC)
+            s_x = tl.where((ids[:, None] == slot_q[None, :]) & live_q[None, :], s, 0.0)
+            acc = tl.dot(s_x.to(b_t.dtype), b_t, acc)
+            slot_q = slot_n
+            live_q = live_n
+            b_t = b_n
+    else:
+        # EPI_PIPE 0 (B_VEC alone): stages=1 keeps the pipeliner off this loop, as in multi_lowrank_up
+        for j0 in tl.range(0, count, EPI_D, num_stages=max(EPI_PIPE, 1)):
+            slot_q, rr, live_q = _group_rows(first, order, ids, rank_row, j0, DQ, BLOCK_R)
+            b_t = _group_b(slot_q, rr, live_q, b_ptr, stride_bl, stride_bn, stride_br, offs_n, N,
+                           BLOCK_R, B_VEC)
+            s_x = tl.where((ids[:, None] == slot_q[None, :]) & live_q[None, :], s, 0.0)
+            acc = tl.dot(s_x.to(b_t.dtype), b_t, acc)
+    return acc
+
+
 # ----------------------------------------------------------------------------------------------
 # kernels
 # ----------------------------------------------------------------------------------------------
@@ -214,7 +299,8 @@ def _mlora_main_kernel(
         BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, BLOCK_R: tl.constexpr,
         GROUP_M: tl.constexpr, HAS_ORDER: tl.constexpr, HAS_LORA: tl.constexpr,
         HAS_BIAS: tl.constexpr, USE_TMA: tl.constexpr, X_TMA: tl.constexpr = False,
-        FUSE_D: tl.constexpr = 0, EPI_D: tl.constexpr = 1, SPLIT_K: tl.constexpr = 1):
+        FUSE_D: tl.constexpr = 0, EPI_D: tl.constexpr = 1, SPLIT_K: tl.constexpr = 1,
+        EPI_PIPE: tl.constexpr = 0, B_VEC: tl.constexpr = False):
     FUSED: tl.constexpr = HAS_LORA and FUSE_D > 0
     DQ: tl.constexpr = max(FUSE_D, 1) * BLOCK_R
     tile = tl.program_id(0)
@@ -294,6 +380,10 @@ def _mlora_main_kernel(
                     acc = _late_adapter(acc, j, first, order, ids, x_ptrs, stride_xk, a_ptr, stride_al,
                                         stride_ar, stride_ak, b_ptr, stride_bl, stride_bn, stride_br,
                                         scales_ptr, ranks_ptr, R_MAX, offs_n, N, K, BM, BK, BLOCK_R)
+            elif EPI_PIPE > 0 or B_VEC:
+                acc = multi_lowrank_up_pipe(acc, rows, valid, ids, s_ptr, stride_ss, stride_sm, SPLIT_S,
+                                            scales_ptr, b_ptr, stride_bl, stride_bn, stride_br, ranks_ptr, R_MAX,
+                                            offs_n, N, BM, BLOCK_R, EPI_D, EPI_PIPE, B_VEC)
             else:
                 acc = multi_lowrank_up(acc, rows, valid, ids, s_ptr, stride_ss, stride_sm, SPLIT_S, scales_ptr,
                                        b_ptr, stride_bl, stride_bn, stride_br, ranks_ptr, R_MAX, offs_n, N,
@@ -339,7 +429,11 @@ class MultiLoRAPlan:
     ``fuse_d`` > 0: no shrink launch, S of the first ``fuse_d`` distinct adapters of a row block is
     accumulated in the main k-loop (more adapters stay exact through a slow fallback);
     ``epi_d``: distinct adapters per stacked epilogue MMA (shrink-workspace path);
-    ``x_tma``: x tiles through TMA (gather mode only)."""
+    ``x_tma``: x tiles through TMA (gather mode only).
+    Plan candidates for the shrink-workspace epilogue (unmeasured, off by default):
+    ``epi_pipe``: 0 = plain group loop; 1 = next group's B loaded before the current MMA (register
+    double buffer); ≥ 2 = ``tl.range(num_stages=epi_pipe)`` (compiler pipeliner, SMEM ring);
+    ``b_vec``: 16-B vector loads for the B gather (applied only when bank_b's layout allows)."""
 
     main: KernelConfig
     shrink: KernelConfig
@@ -347,28 +441,36 @@ class MultiLoRAPlan:
     fuse_d: int = 0
     epi_d: int = 1
     x_tma: bool = False
+    epi_pipe: int = 0
+    b_vec: bool = False
 
     def __post_init__(self):
         for name in ("fuse_d", "epi_d"):
             v = getattr(self, name)
             if v < 0 or (v and v & (v - 1)) or (name == "epi_d" and v < 1):
                 raise ValueError(f"MultiLoRAPlan.{name} must be a power of two (fuse_d may be 0), got {v}")
+        if not 0 <= self.epi_pipe <= 4:
+            raise ValueError(f"MultiLoRAPlan.epi_pipe must lie in [0, 4], got {self.epi_pipe}")
 
     def to_dict(self) -> dict:
         return {"main": self.main.to_dict(), "shrink": self.shrink.to_dict(), "use_tma": self.use_tma,
-                "fuse_d": self.fuse_d, "epi_d": self.epi_d, "x_tma": self.x_tma}
+                "fuse_d": self.fuse_d, "epi_d": self.epi_d, "x_tma": self.x_tma, "epi_pipe": self.epi_pipe,
+                "b_vec": self.b_vec}
 
     @classmethod
     def from_dict(cls, d: dict) -> "MultiLoRAPlan":
         return cls(main=KernelConfig.from_dict(d["main"]), shrink=KernelConfig.from_dict(d["shrink"]),
-                   **{k: d[k] for k in ("use_tma", "fuse_d", "epi_d", "x_tma") if k in d})
+                   **{k: d[k] for k in ("use_tma", "fuse_d", "epi_d", "x_tma", "epi_pipe", "b_vec")
+                      if k in d})
 
 
 def main_ledger(cfg: KernelConfig, elem_bits: int = 16, use_tma: bool = True, fuse_d: int = 0,
-                epi_d: int = 1) -> SmemLedger:
+                epi_d: int = 1, epi_pipe: int = 0, b_vec: bool = False) -> SmemLedger:
     """SMEM of the main kernel: pipelined x, W (and, fused, stacked A) tiles, TMA barriers; the
     epilogue's S and stacked-B operand tiles reuse the pipeline buffers (dead after the K loop),
-    so only any excess counts."""
+    so only any excess counts. ``epi_pipe`` ≥ 2 with ``b_vec`` (the only combination the
+    compiler pipelines): a ring of ``epi_pipe`` B tiles, which may also reuse the barriers' bytes
+    (sm_90 ``metadata.shared`` = max(pipeline + barriers, S + ring))."""
     dq = max(fuse_d, epi_d, 1) * cfg.block_r
     pipe = [
         SmemTerm("x tile", tile_bytes(cfg.block_m, cfg.block_k, elem_bits), cfg.num_stages),
@@ -378,16 +480,23 @@ def main_ledger(cfg: KernelConfig, elem_bits: int = 16, use_tma: bool = True, fu
         pipe.append(SmemTerm("A stack tile", tile_bytes(fuse_d * cfg.block_r, cfg.block_k, elem_bits),
                              cfg.num_stages))
     pipe_bytes = sum(t.total(1) for t in pipe)
-    epi_bytes = tile_bytes(cfg.block_m, dq, elem_bits) + tile_bytes(dq, cfg.block_n, elem_bits)
+    ring = epi_pipe if (epi_pipe >= 2 and b_vec and not fuse_d) else 1
+    epi_bytes = tile_bytes(cfg.block_m, dq, elem_bits) + ring * tile_bytes(dq, cfg.block_n, elem_bits)
     terms = list(pipe)
     if use_tma:
         terms.append(SmemTerm("W TMA barriers", barrier_bytes(1), cfg.num_stages))
-    terms.append(SmemTerm("lowrank S+B beyond pipeline", max(0, epi_bytes - pipe_bytes)))
+    if ring > 1:
+        reused = pipe_bytes + (barrier_bytes(1) * cfg.num_stages if use_tma else 0)
+        terms.append(SmemTerm(f"lowrank S+{ring} B ring beyond pipeline", max(0, epi_bytes - reused)))
+    else:
+        terms.append(SmemTerm("lowrank S+B beyond pipeline", max(0, epi_bytes - pipe_bytes)))
     return SmemLedger(tuple(terms), label=f"multilora main {cfg.block_m}x{cfg.block_n}x{cfg.block_k}")
 
 
-def can_implement(cfg: KernelConfig, elem_bits: int = 16, fuse_d: int = 0, epi_d: int = 1) -> bool:
-    return not cfg.persistent and main_ledger(cfg, elem_bits, fuse_d=fuse_d, epi_d=epi_d).fits()
+def can_implement(cfg: KernelConfig, elem_bits: int = 16, fuse_d: int = 0, epi_d: int = 1,
+                  epi_pipe: int = 0, b_vec: bool = False) -> bool:
+    return not cfg.persistent and main_ledger(cfg, elem_bits, fuse_d=fuse_d, epi_d=epi_d, epi_pipe=epi_pipe,
+                                              b_vec=b_vec).fits()
 
 
 TUNED_PATH = TUNED_DIR / "multilora_h200.json"
@@ -623,7 +732,8 @@ def multi_lora_gemm(x, weight, bank_a, bank_b, ranks, scales, adapter_ids, bias=
         bank_b.stride(0), bank_b.stride(1), bank_b.stride(2),
         BM=cfg.block_m, BN=cfg.block_n, BK=cfg.block_k, BLOCK_R=block_r, GROUP_M=cfg.group_m,
         HAS_ORDER=order is not None, HAS_LORA=has_lora, HAS_BIAS=bias is not None, USE_TMA=use_tma,
-        X_TMA=x_tma, FUSE_D=fuse_d, EPI_D=plan.epi_d, SPLIT_K=split_k,
+        X_TMA=x_tma, FUSE_D=fuse_d, EPI_D=plan.epi_d, SPLIT_K=split_k, EPI_PIPE=plan.epi_pipe,
+        B_VEC=plan.b_vec and bank_b.stride(2) == 1 and bank_b.stride(0) % 8 == 0 and r_max == block_r,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return y
 
