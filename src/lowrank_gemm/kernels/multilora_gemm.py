@@ -117,6 +117,20 @@ def _stacked_up(acc, s, ids, slot_q, live_q, rr, b_ptr, stride_bl, stride_bn, st
 
 
 @triton.jit
+def _scaled_s(rows, has, ids, s_ptr, stride_ss, stride_sm, SPLIT_S, scales_ptr,
+              BM: tl.constexpr, BLOCK_R: tl.constexpr, DQ: tl.constexpr):
+    """scale[ids]·S[rows] [BM, DQ]: the shrink workspace summed over its K slices in order, its
+    columns repeated DQ / BLOCK_R times to line up with a stacked B tile; 0 where not ``has``."""
+    offs_q = tl.arange(0, DQ)
+    s_ptrs = s_ptr + rows[:, None].to(tl.int64) * stride_sm + (offs_q % BLOCK_R)[None, :]
+    s = tl.zeros((BM, DQ), tl.float32)
+    for sp in range(0, SPLIT_S):
+        s += tl.load(s_ptrs + sp * stride_ss, mask=has[:, None], other=0.0)
+    scale = tl.load(scales_ptr + ids, mask=has, other=0.0).to(tl.float32)
+    return s * scale[:, None]
+
+
+@triton.jit
 def multi_lowrank_up(acc, rows, valid, ids, s_ptr, stride_ss, stride_sm, SPLIT_S, scales_ptr,
                      b_ptr, stride_bl, stride_bn, stride_br, ranks_ptr, R_MAX, offs_n, N,
                      BM: tl.constexpr, BLOCK_R: tl.constexpr, EPI_D: tl.constexpr):
@@ -127,14 +141,8 @@ def multi_lowrank_up(acc, rows, valid, ids, s_ptr, stride_ss, stride_sm, SPLIT_S
     id is −1 keep acc bit for bit (their S is masked out of every MMA).
     """
     DQ: tl.constexpr = EPI_D * BLOCK_R
-    offs_q = tl.arange(0, DQ)
     has = valid & (ids >= 0)
-    s_ptrs = s_ptr + rows[:, None].to(tl.int64) * stride_sm + (offs_q % BLOCK_R)[None, :]
-    s = tl.zeros((BM, DQ), tl.float32)
-    for sp in range(0, SPLIT_S):
-        s += tl.load(s_ptrs + sp * stride_ss, mask=has[:, None], other=0.0)
-    scale = tl.load(scales_ptr + ids, mask=has, other=0.0).to(tl.float32)
-    s = s * scale[:, None]
+    s = _scaled_s(rows, has, ids, s_ptr, stride_ss, stride_sm, SPLIT_S, scales_ptr, BM, BLOCK_R, DQ)
     first, order, count = _distinct(ids, BM)
     for j0 in range(0, count, EPI_D):
         slot_q = _stacked_slots(first, order, ids, j0, DQ, BLOCK_R)
@@ -193,16 +201,10 @@ def multi_lowrank_up_pipe(acc, rows, valid, ids, s_ptr, stride_ss, stride_sm, SP
     Same sums, same order as :func:`multi_lowrank_up`: −1 rows keep acc bit for bit.
     """
     DQ: tl.constexpr = EPI_D * BLOCK_R
-    offs_q = tl.arange(0, DQ)
     has = valid & (ids >= 0)
-    s_ptrs = s_ptr + rows[:, None].to(tl.int64) * stride_sm + (offs_q % BLOCK_R)[None, :]
-    s = tl.zeros((BM, DQ), tl.float32)
-    for sp in range(0, SPLIT_S):
-        s += tl.load(s_ptrs + sp * stride_ss, mask=has[:, None], other=0.0)
-    scale = tl.load(scales_ptr + ids, mask=has, other=0.0).to(tl.float32)
+    s = _scaled_s(rows, has, ids, s_ptr, stride_ss, stride_sm, SPLIT_S, scales_ptr, BM, BLOCK_R, DQ)
     rank_row = tl.load(ranks_ptr + ids, mask=has, other=0)
     rank_row = tl.minimum(tl.maximum(rank_row, 0), R_MAX)
-    s = s * scale[:, None]
     first, order, count = _distinct(ids, BM)
     if EPI_PIPE == 1:
         slot_q, rr, live_q = _group_rows(first, order, ids, rank_row, 0, DQ, BLOCK_R)
