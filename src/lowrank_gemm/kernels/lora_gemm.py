@@ -20,16 +20,16 @@ Input contract (decisions, tested):
   are copied, and K that is not a multiple of 8 elements is zero-padded (a copy of x, W and A:
   correct but slow — real layers have K % 8 == 0).
 - ``merged`` / ``concat`` cache W + scale·B·A / [W; A] keyed by the tensors' data pointers and
-  versions (and ``scale``): in-place edits bump the version and invalidate the entry. Inference
-  tensors have no version counter; there only the pointer is used — call
-  :func:`clear_weight_cache` after editing such weights in place.
+  versions (and ``scale``), evicted when a source tensor is freed: in-place edits bump the version
+  and invalidate the entry. Inference tensors have no version counter; there only the pointer is
+  used — call :func:`clear_weight_cache` after editing such weights in place.
 """
 
 from __future__ import annotations
 
 import collections
-import weakref
 import os
+import weakref
 from typing import Optional
 
 import torch

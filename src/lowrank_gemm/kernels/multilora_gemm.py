@@ -622,13 +622,16 @@ def _check_inputs(x, weight, bank_a, bank_b, ranks, scales, adapter_ids, bias, r
 
 
 def _check_values(adapter_ids, ranks, L, r_max):
-    """Host-side value checks (sync on GPU): ids in [−1, L), ranks in [0, r_max]."""
-    lo, hi = int(adapter_ids.min()), int(adapter_ids.max())
+    """Host-side value checks: ids in [−1, L), ranks in [0, r_max] — one device sync for all four bounds."""
+    if adapter_ids.numel() == 0:
+        return
+    bounds = [adapter_ids.min(), adapter_ids.max()] + ([ranks.min(), ranks.max()] if L else [])
+    lo, hi, *rank_bounds = torch.stack([b.to(torch.int64) for b in bounds]).tolist()
     if lo < -1 or hi >= L:
         raise ValueError(f"multi_lora_linear: adapter_ids must lie in [-1, {L - 1}] (L={L} slots, −1 = base "
                          f"only), got values in [{lo}, {hi}]")
     if L:
-        rlo, rhi = int(ranks.min()), int(ranks.max())
+        rlo, rhi = rank_bounds
         if rlo < 0 or rhi > r_max:
             raise ValueError(f"multi_lora_linear: ranks must lie in [0, r_max={r_max}], got [{rlo}, {rhi}]")
 
