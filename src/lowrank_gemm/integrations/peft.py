@@ -65,7 +65,5 @@ def fuse_lora_(model: nn.Module, *, strategy: str = "auto") -> nn.Module:
     from ..nn.lora import LoRALinear
     targets = [(name, mod) for name, mod in model.named_modules() if is_peft_lora_linear(mod)]
     for name, mod in targets:
-        parent_name, _, child = name.rpartition(".")
-        parent = model.get_submodule(parent_name) if parent_name else model
-        setattr(parent, child, LoRALinear.from_peft(mod, strategy=strategy))
+        model.set_submodule(name, LoRALinear.from_peft(mod, strategy=strategy))
     return model

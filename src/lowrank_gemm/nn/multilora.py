@@ -18,6 +18,7 @@ from typing import Mapping
 import torch
 from torch import nn
 
+from lowrank_gemm.integrations.peft import is_peft_lora_linear
 from lowrank_gemm.kernels.multilora_gemm import multi_lora_linear, sort_rows
 
 __all__ = ["AdapterBank", "AdapterIds", "MultiLoRALinear", "multilora_from_peft", "peft_scaling"]
@@ -178,17 +179,9 @@ class MultiLoRALinear(nn.Module):
                 f"slots={self.bank.num_slots}, r_max={self.bank.r_max}")
 
 
-def _is_peft_lora_linear(module: nn.Module) -> bool:
-    try:
-        from peft.tuners.lora.layer import Linear as PeftLoraLinear
-    except ImportError:
-        return False
-    return isinstance(module, PeftLoraLinear)
-
-
 def _peft_adapter(name: str, src) -> tuple[torch.Tensor, torch.Tensor, float]:
     if isinstance(src, nn.Module):
-        if not _is_peft_lora_linear(src):
+        if not is_peft_lora_linear(src):
             raise TypeError(f"expected a peft.tuners.lora.Linear, got {type(src).__name__}")
         if name not in src.lora_A:
             raise KeyError(f"PEFT layer has no adapter {name!r} (has {list(src.lora_A.keys())})")
@@ -224,7 +217,7 @@ def multilora_from_peft(model: nn.Module, adapters: list[str] | None = None, *, 
     Returns the shared :class:`AdapterIds` (set it per batch: ``ids.set(per_token_ids)``) and the
     name → slot map. DoRA/variants, lora_bias, merged layers and non-Linear bases are refused.
     """
-    targets = [(n, m) for n, m in model.named_modules() if _is_peft_lora_linear(m)]
+    targets = [(n, m) for n, m in model.named_modules() if is_peft_lora_linear(m)]
     if not targets:
         raise ValueError("model has no PEFT LoRA Linear layers")
     if adapters is None:
@@ -244,7 +237,5 @@ def multilora_from_peft(model: nn.Module, adapters: list[str] | None = None, *, 
         mod = MultiLoRALinear.from_linear(base, len(adapters), rmax, ids)
         for a in present:
             mod.load_peft_adapter(a, m, slots[a])
-        parent_name, _, child = name.rpartition(".")
-        parent = model.get_submodule(parent_name) if parent_name else model
-        setattr(parent, child, mod)
+        model.set_submodule(name, mod)
     return ids, slots

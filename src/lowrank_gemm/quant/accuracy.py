@@ -229,8 +229,7 @@ def twolevel_row(base: nn.Module, svdq_model: nn.Module, svdq_row: dict, evalb: 
     model = copy.deepcopy(svdq_model)
     names = [n for n, m in model.named_modules() if isinstance(m, SVDQLinear)]
     for name in names:
-        parent, _, child = name.rpartition(".")
-        setattr(model.get_submodule(parent), child, TwoLevelSim(model.get_submodule(name), base.get_submodule(name)))
+        model.set_submodule(name, TwoLevelSim(model.get_submodule(name), base.get_submodule(name)))
     emb = embed(model, evalb)
     cos = (emb * fp_emb).sum(-1)
     errs = layer_errors(model, {n: base.get_submodule(n) for n in names}, evalb)

@@ -79,7 +79,7 @@ def quantize_(model: nn.Module, config: _BaseConfig, calib_data: Iterable | None
     elif isinstance(config, SVDQuantConfig) and config.smooth and layers:
         raise ValueError("this config smooths activations: pass calib_data (or use smooth=False)")
     for name, linear in tqdm(layers.items(), desc=f"quantize {type(config).__name__}", disable=not progress):
-        _set_submodule(model, name, handler(linear, config, stats.get(name), name))
+        model.set_submodule(name, handler(linear, config, stats.get(name), name))
         summary.converted.append(name)
     summary.seconds = time.perf_counter() - start
     return summary
@@ -117,8 +117,3 @@ def _matches(name: str, pattern: str) -> bool:
 def _selected(name: str, config: _BaseConfig) -> bool:
     included = not config.include or any(_matches(name, p) for p in config.include)
     return included and not any(_matches(name, p) for p in config.exclude)
-
-
-def _set_submodule(model: nn.Module, name: str, module: nn.Module) -> None:
-    parent_name, _, child = name.rpartition(".")
-    setattr(model.get_submodule(parent_name) if parent_name else model, child, module)

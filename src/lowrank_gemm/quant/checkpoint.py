@@ -65,8 +65,7 @@ def load_quantized(path: str | Path, model_skeleton_or_factory: nn.Module | Call
     replacements = _build_replacements(model, metadata["modules"])
     _verify_tensors(model, replacements, tensors)
     for name, module in replacements.items():
-        parent, _, child = name.rpartition(".")
-        setattr(model.get_submodule(parent) if parent else model, child, module)
+        model.set_submodule(name, module)
     model.load_state_dict(tensors, strict=True)
     return model
 
