@@ -7,7 +7,6 @@ then tells which role's (index, phase) sequence diverged. The watchdog uses the 
 dumps stacks and ends the process, since a hung kernel never returns control to a signal handler.
 """
 
-import os
 
 import pytest
 import torch
@@ -24,7 +23,7 @@ WATCHDOG = dict(timeout=60, method="thread")
 # expander; tests/test_gluon_skeleton.py pins them on the PTX). A hung kernel would take the whole GPU
 # session with it, so 2l only runs when asked for explicitly, after the bisect ladder passes r3–r7.
 FMTS = [pytest.param("int4_2l", marks=pytest.mark.skipif(
-            os.environ.get("LOWRANK_GEMM_GLUON_2L") != "1",
+            not w4.two_level_enabled(),
             reason="int4_2l v2 fix not yet verified on a GPU (bisect r3–r7); set LOWRANK_GEMM_GLUON_2L=1 to run")),
         "int4_g64"]
 # bf16 output: one rounding of the result (2^-8 relative) plus s rounded to bf16 before s·Bᵀ.

@@ -8,7 +8,6 @@ runs on the same inputs; a failing one is recorded with its error instead of end
 """
 
 import argparse
-import os
 import traceback
 
 import torch
@@ -48,7 +47,7 @@ def _row(suite, impl, M, N, K, r, dtype, fn, sets, flops, **extra):
 
 
 def bench_w4a4(quick, rank=32):
-    from ..kernels.gluon.w4a4_ws import launch_w4a4_v2, make_operands_v2
+    from ..kernels.gluon.w4a4_ws import launch_w4a4_v2, make_operands_v2, two_level_enabled
     try:
         from ..kernels.w4a4_gemm import launch_w4a4_v1
     except ImportError as err:
@@ -64,8 +63,7 @@ def bench_w4a4(quick, rank=32):
             keys = ["x_q", "x_scale", "w_q", "w_scale", "w_mul", "lowrank_act", "lora_up", "bias", "out", "fmt",
                     "group_size"]
             args = [tuple(o[k] for k in keys) for o in sets]
-            if fmt == "int4_g64" or os.environ.get("LOWRANK_GEMM_GLUON_2L") == "1":
-                # int4_2l v2 still deadlocks (benchmarks/NOTES.md): only on request
+            if fmt == "int4_g64" or two_level_enabled():   # the launcher refuses 2l otherwise
                 rows.append(_row("w4a4", "v2", M, N, K, rank, "bf16", launch_w4a4_v2, args, flops, format=fmt))
             if launch_w4a4_v1 is not None:
                 rows.append(_row("w4a4", "v1", M, N, K, rank, "bf16", launch_w4a4_v1, args, flops, format=fmt))

@@ -10,7 +10,7 @@ import sys
 
 import torch
 
-from .w4a4_ws import launch_w4a4_v2, make_operands_v2, reference_v2
+from .w4a4_ws import launch_w4a4_v2, make_operands_v2, reference_v2, two_level_enabled
 
 
 def normalized_error(got: torch.Tensor, ref: torch.Tensor) -> float:
@@ -32,7 +32,8 @@ def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--fmt", default="all", choices=["all", "int4_2l", "int4_g64"])
     args = ap.parse_args(argv)
-    fmts = ["int4_2l", "int4_g64"] if args.fmt == "all" else [args.fmt]
+    fmts = ([f for f in ("int4_2l", "int4_g64") if f != "int4_2l" or two_level_enabled()]
+            if args.fmt == "all" else [args.fmt])
     bad = 0
     for fmt in fmts:
         # 3 programs over 2 × 3 tiles, ragged edges, K loop longer than the ring
