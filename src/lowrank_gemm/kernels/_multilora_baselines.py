@@ -13,6 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
+from lowrank_gemm.kernels.epilogue import rank_block
 from lowrank_gemm.kernels.schedule import cdiv
 
 __all__ = ["torch_loop", "shrink_expand"]
@@ -83,7 +84,7 @@ def shrink_expand(x, weight, bank_a, bank_b, ranks, scales, adapter_ids, bias=No
     if M == 0 or L == 0:
         return y
     ids = adapter_ids.to(torch.int32)
-    block_r = max(16, triton.next_power_of_2(r_max))
+    block_r = rank_block(r_max)
     split = max(1, min(split, cdiv(K, block_k)))
     k_per_split = cdiv(cdiv(K, split), block_k) * block_k
     s = torch.empty((split, M, block_r), dtype=torch.float32, device=x.device)

@@ -29,6 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .epilogue import rank_block
 from .schedule import cdiv, num_sms
 
 __all__ = ["act_quant", "plan_act_quant", "ActQuantPlan", "FORMATS", "MAX_SPLIT"]
@@ -252,11 +253,6 @@ def _sum_partials_kernel(sp_ptr, stride_sps, stride_spm, s_ptr, stride_sm, M, R,
     tl.store(s_ptr + m * stride_sm + offs_r, tl.sum(part, axis=0), mask=offs_r < R)
 
 
-def block_r_for(rank: int) -> int:
-    """Rank padded to the MMA's K granularity (power of two ≥ 16)."""
-    return max(16, triton.next_power_of_2(max(rank, 1)))
-
-
 MAX_SPLIT = 64  # K slices per row block: bounds the partials' size and the reduce tile
 
 
@@ -322,7 +318,7 @@ def act_quant(x: torch.Tensor, smooth: torch.Tensor, lora_down: torch.Tensor, gr
     dev = x.device
     lowrank_act = torch.empty((m, r), device=dev, dtype=torch.float32)
     bm, bk, nsplit, sps, warps = plan_act_quant(m, k, group_size, dev, split, block_m, block_k, num_warps)
-    br = block_r_for(r)
+    br = rank_block(r)
     grid = (cdiv(m, bm), nsplit)
     a = lora_down if r else x  # any valid pointer when the branch is off
     # S partials: one fp32 [M, r] slab per K slice, summed in slice order afterwards; no slab at split 1

@@ -37,7 +37,7 @@ import torch
 import triton
 import triton.language as tl
 
-from lowrank_gemm.kernels.epilogue import add_bias, lowrank_up, store_tile
+from lowrank_gemm.kernels.epilogue import add_bias, lowrank_up, rank_block, store_tile
 from lowrank_gemm.kernels.schedule import cdiv, grouped_tile, num_sms
 from lowrank_gemm.plan.config import KernelConfig
 from lowrank_gemm.plan.smem import SmemLedger, SmemTerm, barrier_bytes, solve_stages, tile_bytes
@@ -526,7 +526,7 @@ def heuristic_plan(M: int, N: int, K: int, r_max: int, L: int, mode: str, sms: i
     """Memory-bound decode shapes (M ≤ 256): wide W tiles (BN 128), in-kernel split-K to cover
     the SMs when N is small; shrink fused into the k-loop when few adapters can meet in a row
     block, else a separate shrink and EPI_D adapters per stacked epilogue MMA."""
-    block_r = _pow2_at_least(r_max)
+    block_r = rank_block(r_max)
     block_m = 64 if M <= 64 else 128
     num_pid_m = cdiv(M, block_m)
     block_n = 128
@@ -685,7 +685,7 @@ def multi_lora_gemm(x, weight, bank_a, bank_b, ranks, scales, adapter_ids, bias=
     else:
         order = None
     order_arg = order if order is not None else ids      # dummy pointer when HAS_ORDER is False
-    block_r = _pow2_at_least(r_max)
+    block_r = rank_block(r_max)
     if cfg.block_r != block_r:
         cfg = cfg.replace(block_r=block_r)
     fuse_d = plan.fuse_d if has_lora else 0

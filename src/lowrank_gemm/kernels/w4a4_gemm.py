@@ -54,8 +54,8 @@ from ..formats.int4_twolevel import MAX_K
 from ..plan.config import KernelConfig
 from ..plan.smem import SmemLedger, SmemTerm, barrier_bytes, solve_stages, tile_bytes
 from ..plan.tuned import TUNED_DIR, tuned_file
-from .act_quant import FORMATS, act_quant, block_r_for
-from .epilogue import add_bias, affine, lowrank_up, store_tile
+from .act_quant import FORMATS, act_quant
+from .epilogue import add_bias, affine, lowrank_up, rank_block, store_tile
 from .schedule import cdiv, grouped_tile, persistent_grid
 
 __all__ = ["launch_w4a4_v1", "plan_w4a4", "w4a4_ledger", "can_implement", "w4a4_gemm", "w4a4_linear",
@@ -398,7 +398,7 @@ def swap_config(m: int, r: int, fmt: str, group_size: int, block_n: int = 128, m
     unit = group_size if fmt == "int4_g64" else PACK_BLOCK
     bk = max(unit, (block_k or unit) // unit * unit)
     base = KernelConfig(block_m=bm, block_n=block_n, block_k=bk,
-                        block_r=block_r_for(r), group_m=1, num_warps=num_warps, persistent=True)
+                        block_r=rank_block(r), group_m=1, num_warps=num_warps, persistent=True)
     return _solve(base, fmt, group_size, "swap_ab", r, max_stages)
 
 
@@ -410,7 +410,7 @@ def plan_w4a4(m: int, n: int, k: int, r: int, fmt: str, group_size: int, device=
     Decode (M ≤ 64): memory-bound, one 64-row block, narrow N tiles so ≥ 2 waves of tiles keep every SM
     streaming weights. Prefill: 128×128 tiles over two warpgroups (8 warps), 256-wide N when M is large.
     """
-    block_r = block_r_for(r)
+    block_r = rank_block(r)
     if m <= 64:
         base = KernelConfig(block_m=64, block_n=64, block_k=64, block_r=block_r, group_m=1, num_warps=4,
                             persistent=True)
@@ -449,7 +449,7 @@ def plan_w4a4_full(m: int, n: int, k: int, r: int, fmt: str, group_size: int, de
     for e in (load_tuned(str(table)) if table is not None else ()):
         if e["fmt"] == fmt and e.get("group_size", 64) == group_size and (e.get("m_max") is None or m <= e["m_max"]):
             plan = W4A4Plan.from_dict(e["plan"])
-            cfg = plan.config.replace(block_r=block_r_for(r), lowrank_stages=1 if r else 0)
+            cfg = plan.config.replace(block_r=rank_block(r), lowrank_stages=1 if r else 0)
             if plan.variant == "swap_ab":  # tokens tile follows m inside the bucket
                 cfg = cfg.replace(block_m=min(64, max(16, triton.next_power_of_2(max(m, 1)))))
             if can_implement(cfg, fmt, group_size, plan.variant):

@@ -20,6 +20,8 @@ from pathlib import Path
 
 import torch
 
+from ..kernels.epilogue import rank_block
+from ..kernels.schedule import cdiv
 from .config import KernelConfig
 from .smem import SmemLedger, solve_stages
 from .tuned import TUNED_DIR, tuned_file
@@ -74,7 +76,7 @@ def _pow2_at_least(v: int) -> int:
 
 def block_r_for(r: int) -> int:
     """Rank padded to the MMA K granularity (16), as a power of two (``tl.arange``), ≤ 128."""
-    return min(MAX_FUSED_RANK, max(16, _pow2_at_least(r)))
+    return min(MAX_FUSED_RANK, rank_block(r))
 
 
 def tile_for(M: int, N: int, K: int, *, gpu: bool = True, sms: int = 132
@@ -87,7 +89,7 @@ def tile_for(M: int, N: int, K: int, *, gpu: bool = True, sms: int = 132
     if not gpu:  # interpreter: small tiles keep CPU tests fast
         return 32, 32, 32, 4
     if M <= 64:
-        if _cdiv(N, 128) >= sms:
+        if cdiv(N, 128) >= sms:
             return 64, 256, 64, 4
         return 64, 128, 128, 4
     return 128, 256, 64, 8
@@ -129,10 +131,6 @@ def r_bucket(r: int) -> int:
     return _pow2_at_least(r)
 
 
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
 # ---------------------------------------------------------------------------- feasibility
 
 @dataclass(frozen=True)
@@ -167,7 +165,7 @@ def can_implement(strategy: str, shape: tuple[int, int, int, int], config: Kerne
         return Feasibility(False, f"block_r {c.block_r} > {MAX_FUSED_RANK} (register budget of S)")
     if c.split_k > 1 and strategy in _NO_SPLIT_K:
         return Feasibility(False, f"{strategy} does not split K (split_k={c.split_k})")
-    k_tiles = _cdiv(max(K, 1), c.block_k)
+    k_tiles = cdiv(max(K, 1), c.block_k)
     if c.split_k > k_tiles:
         return Feasibility(False, f"split_k {c.split_k} > {k_tiles} K tiles")
     ledger = lora_ledger(strategy, c, dtype_bits)
@@ -234,11 +232,11 @@ def heuristic_lora(M: int, N: int, K: int, r: int, dtype_bits: int, *, gpu: bool
     br = block_r_for(r)
     if strategy == "split" and gpu:
         br = min(br, SPLIT_BLOCK_R)
-    num_pid_m, num_pid_n = _cdiv(max(M, 1), bm), _cdiv(N, bn)
+    num_pid_m, num_pid_n = cdiv(max(M, 1), bm), cdiv(N, bn)
     if gpu and M <= 64 and num_pid_m * num_pid_n < sms // 2:
         bn = 64  # small N: more, narrower tiles before resorting to split-K
-        num_pid_n = _cdiv(N, bn)
-    k_tiles = _cdiv(K, bk)
+        num_pid_n = cdiv(N, bn)
+    k_tiles = cdiv(K, bk)
     split = 1 if strategy in _NO_SPLIT_K else split_k_for(num_pid_m * num_pid_n, k_tiles, sms)
     base = KernelConfig(block_m=bm, block_n=bn, block_k=bk, block_r=br, group_m=group_m_for(num_pid_m),
                         num_warps=warps, num_stages=2, split_k=split)
@@ -252,7 +250,7 @@ def plan_lora(M: int, N: int, K: int, r: int, dtype: torch.dtype, device: torch.
               ) -> tuple[str, KernelConfig]:
     """(strategy, KernelConfig) for ``y[M, N] = x[M, K]·Wᵀ + (x·Aᵀ)[M, r]·Bᵀ``.
 
-    Order: :func:`pinned` override → tuned table (``plan/tuned/<gpu>.json``) → heuristic. Every
+    Order: :func:`pinned` override → tuned table (``plan/tuned/lora_<gpu>.json``) → heuristic. Every
     candidate is filtered with :func:`can_implement`; ``split`` (any rank) is the last resort.
     Memoized per (shape, dtype, device, pin): the op calls this on every launch.
     """

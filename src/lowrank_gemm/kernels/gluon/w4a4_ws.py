@@ -24,7 +24,6 @@ EPILOGUE (per-consumer TMA-store buffer) — each with its own PipelineState per
 import os
 
 import torch
-import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma,
@@ -33,6 +32,7 @@ from triton.language.core import _aggregate as aggregate
 
 from ...plan.config import KernelConfig
 from ...plan.smem import Scope, SmemError, SmemLedger, SmemTerm, barrier_bytes, solve_stages, tile_bytes
+from ..epilogue import rank_block
 from ..schedule import cdiv, persistent_grid
 from .skeleton import (CONSUMER_REGS, DEFAULT_WARPS, NUM_CONSUMERS, NUM_ROLES, ROLE_CONSUMER0, ROLE_CONSUMER1, ROLE_EXPANDER,
                        ROLE_LOADER, WORKER_REGS, WORKER_WARPS, ConsumerOrder, GroupedTileScheduler, Pipeline,
@@ -493,7 +493,7 @@ def plan_w4a4_v2(fmt, *, rank: int, group_size: int = 64, out_dtype=torch.bfloat
     """Tile sizes from ``config`` (or the default); stage counts from the ledger: the deepest MAIN
     ring first, then the deepest LOWRANK ring. Raises SmemError with the table if nothing fits."""
     base = config or default_config_v2(fmt, group_size)
-    br = max(16, triton.next_power_of_2(max(rank, 1)))
+    br = rank_block(rank)
     base = base.replace(block_r=max(base.block_r, br))
     has_lr = rank > 0
 
