@@ -251,9 +251,22 @@ def _run_time():
             a8 = torch.randn(M, K, device="cuda").to(torch.float8_e4m3fn)
             b8 = torch.randn(N, K, device="cuda").to(torch.float8_e4m3fn).t()
             one = torch.ones((), device="cuda")
-            impls = {"v2": lambda: w4.launch_w4a4_v2(**ops),
-                     "v1": lambda: launch_w4a4_v1(**{k: v for k, v in ops.items() if k in v1_params}),
-                     "fp8_scaled_mm": lambda: torch._scaled_mm(a8, b8, one, one, out_dtype=torch.bfloat16)}
+            v2_variants = {"v2": {}, "v2_noswar": dict(swar=False), "v2_plain": dict(scale_tma=False, swar=False)}
+            impls = {name: (lambda kw=kw: w4.launch_w4a4_v2(**ops, **kw)) for name, kw in v2_variants.items()}
+            impls["v1"] = lambda: launch_w4a4_v1(**{k: v for k, v in ops.items() if k in v1_params})
+            impls["fp8_scaled_mm"] = lambda: torch._scaled_mm(a8, b8, one, one, out_dtype=torch.bfloat16)
+            # the v2 variants do the same arithmetic in the same order: their outputs must be bit-identical
+            outs = {}
+            for name in v2_variants:
+                try:
+                    outs[name] = impls[name]().clone()
+                except Exception as exc:
+                    print(f"  {name} {fmt} M={M}: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
+            for name, o in outs.items():
+                if "v2_plain" in outs and not torch.equal(o, outs["v2_plain"]):
+                    print(f"  MISMATCH {name} vs v2_plain {fmt} M={M}: max diff "
+                          f"{(o.float() - outs['v2_plain'].float()).abs().max().item():.3e}", flush=True)
+                    rows.append(dict(impl=name, fmt=fmt, M=M, N=N, K=K, r=32, mismatch=True))
             for impl, fn in impls.items():
                 try:
                     t = time_impl(fn, [()])

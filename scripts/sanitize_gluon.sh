@@ -11,8 +11,8 @@ SAN="$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer
 if [ -z "$SAN" ]; then echo "compute-sanitizer not found" | tee "$OUTDIR/sanitize_summary.txt"; exit 2; fi
 status=0
 : > "$OUTDIR/sanitize_summary.txt"
-# int4_2l still deadlocks (benchmarks/NOTES.md), so by default only the standard format is checked.
-for fmt in ${SANITIZE_FMTS:-int4_g64}; do
+# Both formats by default (int4_2l v2 verified on the H200 in session 2); SANITIZE_FMTS narrows it.
+for fmt in ${SANITIZE_FMTS:-int4_g64 int4_2l}; do
   for tool in ${SANITIZE_TOOLS:-racecheck synccheck memcheck}; do
     log="$OUTDIR/${tool}_${fmt}.log"
     extra=""

@@ -196,7 +196,8 @@ def test_2l_ptx_releases_the_right_slots_and_multipliers():
     from lowrank_gemm.kernels.aot import compile_sm90
     cfg = KernelConfig(block_m=128, block_n=128, block_k=128, block_r=16, group_m=8, num_warps=4, num_stages=6,
                        lowrank_stages=1, persistent=True)
-    sig, cx, _ = w4.aot_signature_v2("int4_2l", cfg, M=100, N=124, K=1024, rank=0, bias=False, col_scale=False)
+    sig, cx, _ = w4.aot_signature_v2("int4_2l", cfg, M=100, N=124, K=1024, rank=0, bias=False, col_scale=False,
+                                     scale_tma=False, swar=False)   # the global-load path the bug was in
     assert cx["STAGES"] == 6 and cx["G2"] == 64
     ptx = compile_sm90("lowrank_gemm.kernels.gluon.w4a4_ws", "w4a4_ws_kernel", sig, cx, num_warps=sk.DEFAULT_WARPS).ptx
     loops = _ptx_loops(ptx)
@@ -213,6 +214,28 @@ def test_2l_ptx_releases_the_right_slots_and_multipliers():
     assert exp, "expander loop not found"
     n_u = sum(bool(re.search(r"ld\.global(\.\w+)*\.b8 ", x)) for x in exp[0])
     assert n_u == (128 // 64) * (128 // 64), f"{n_u} u loads per K step, want one per 64-wide block and row"
+
+
+@pytest.mark.parametrize("fmt", ["int4_2l", "int4_g64"])
+def test_scale_rows_by_tma_and_swar_ptx(fmt):
+    """SCALE_TMA: no per-step global loads of scales/multipliers left in the K loops (they were a DRAM
+    round trip per step on the expander's / consumers' critical path); 1-D TMA copies instead. SWAR:
+    the expansion is lop3 on whole registers, no per-element 16-bit shifts."""
+    import re
+    from lowrank_gemm.kernels.aot import compile_sm90
+    sig, cx, _ = w4.aot_signature_v2(fmt, M=100, N=124, K=1024, rank=0, bias=False, col_scale=False,
+                                     scale_tma=True, swar=True)
+    assert cx["SCALE_TMA"] and cx["SWAR"]
+    ptx = compile_sm90("lowrank_gemm.kernels.gluon.w4a4_ws", "w4a4_ws_kernel", sig, cx, num_warps=sk.DEFAULT_WARPS).ptx
+    assert "cp.async.bulk.tensor.1d" in ptx, "scale rows by 1-D TMA"
+    assert "lop3.b32" in ptx and "shr.s16" not in ptx
+    loops = _ptx_loops(ptx)
+    kbodies = [body for _, body in loops if any("wgmma.mma_async" in x or "fence.proxy.async.shared::cta" in x
+                                                for x in body)]
+    assert kbodies
+    for body in kbodies:
+        glob = [x for x in body if re.search(r"ld\.global", x)]
+        assert not glob, f"global loads left in a K loop: {glob[:3]}"
 
 
 def test_role_table():
@@ -259,6 +282,23 @@ def test_ledger_terms_g_and_variants():
     assert not any(n.startswith("lowrank") for n in no_lr)
     fp32 = {x.name for x in w4.w4a4_ledger(c, fmt="int4_g64", out_dtype=torch.float32).terms}
     assert "epilogue.out" not in fp32, "fp32 output is stored from registers"
+
+
+def test_ledger_scale_row_terms():
+    """SCALE_TMA rings: g's scale rows ride in MAIN (one per stage), 2l's u rows in RAW (BK/G2 rows per
+    slot); all shared by the CTA, none per consumer."""
+    c = CFG_G.replace(num_stages=4, lowrank_stages=2)
+    t = {x.name: x for x in w4.w4a4_ledger(c, fmt="int4_g64", scale_tma=True).terms}
+    assert t["main.x_scale_row"].total(2) == 64 * 2 * 4 and t["main.w_scale_row"].total(2) == 128 * 2 * 4
+    c2 = CFG_2L.replace(num_stages=3, lowrank_stages=2)
+    for g2, rows in ((64, 2), (128, 1)):
+        t2 = {x.name: x for x in w4.w4a4_ledger(c2, fmt="int4_2l", scale_tma=True, group_size=g2).terms}
+        assert t2["raw.u_rows"].total(2) == rows * 128 * w4.RAW_STAGES
+        assert "main.x_scale_row" not in t2
+    for led in (w4.w4a4_ledger(c, fmt="int4_g64", scale_tma=True), w4.w4a4_ledger(c2, fmt="int4_2l", scale_tma=True)):
+        assert [x.name for x in led.terms if x.scope is Scope.PER_CONSUMER] == ["epilogue.out"]
+    off = {x.name for x in w4.w4a4_ledger(c, fmt="int4_g64").terms}
+    assert not any("scale_row" in n or "u_rows" in n for n in off)
 
 
 def test_plan_solves_main_then_lowrank_and_prints(capsys):
@@ -348,6 +388,8 @@ def test_reference_matches_dequantized_matmul():
 AOT_CASES = [
     dict(fmt="int4_2l"),
     dict(fmt="int4_g64"),
+    dict(fmt="int4_2l", scale_tma=False, swar=False),
+    dict(fmt="int4_g64", scale_tma=False, swar=False),
     dict(fmt="int4_2l", rank=0, bias=False, col_scale=False),
     dict(fmt="int4_2l", rank=5, N=165),
     dict(fmt="int4_g64", group_size=128, K=512),
@@ -371,7 +413,8 @@ def test_aot_compile_ptx_and_ledger(case):
     if cx["EPI_TMA"]:
         assert "cp.async.bulk.tensor.2d.global.shared" in info.ptx, "TMA store epilogue"
     led = w4.w4a4_ledger(cfg, fmt=fmt, out_dtype=case.get("out_dtype", torch.bfloat16),
-                         has_lowrank=cx["HAS_LOWRANK"], n_out=case.get("N", 160))
+                         has_lowrank=cx["HAS_LOWRANK"], n_out=case.get("N", 160), scale_tma=cx["SCALE_TMA"],
+                         group_size=case.get("group_size", 64))
     print(led.table(), "\ncompiled shared:", info.shared)
     assert led.total() <= info.shared <= led.total() + WS_CAPTURE_SLACK, (led.table(), info.shared)
     assert info.shared <= SM90_SMEM_LIMIT

@@ -33,6 +33,7 @@ from triton.language.core import _aggregate as aggregate
 from ...plan.config import KernelConfig
 from ...plan.smem import Scope, SmemError, SmemLedger, SmemTerm, barrier_bytes, solve_stages, tile_bytes
 from ..epilogue import rank_block
+from ..int4_unpack import HI_ASM, HI_MUL_ASM, LO_ASM, LO_MUL_ASM
 from ..schedule import cdiv, persistent_grid
 from .skeleton import (CONSUMER_REGS, DEFAULT_WARPS, NUM_CONSUMERS, NUM_ROLES, ROLE_CONSUMER0, ROLE_CONSUMER1, ROLE_EXPANDER,
                        ROLE_LOADER, WORKER_REGS, WORKER_WARPS, ConsumerOrder, GroupedTileScheduler, Pipeline,
@@ -58,6 +59,11 @@ _RAW_STAGES = gl.constexpr(RAW_STAGES)
 
 # =============================================================================================
 # Device code
+@gluon.constexpr_function
+def _u_rows(block_k, g2):
+    return max(1, block_k // g2)   # = u_rows() on the host
+
+
 @aggregate
 class W4A4Args:
     x_desc: tma.tensor_descriptor      # 2l: int8 [M, K] box [BM, BK]; g: uint8 [M, K/2] box [BM, BK/2]
@@ -72,6 +78,10 @@ class W4A4Args:
     s_bufs: gl.shared_memory_descriptor    # LOWRANK [L, BM, BR] fp32
     b_bufs: gl.shared_memory_descriptor    # LOWRANK [L, BN, BR] 16-bit
     epi_bufs: gl.shared_memory_descriptor  # EPILOGUE [NUM_CONSUMERS, BM, BN] out dtype
+    sc_desc: tma.tensor_descriptor     # SCALE_TMA, 1-D views: g → x_scale [K/G·M] box [BM]; 2l → u [K/G2·N] box [BN]
+    sw_desc: tma.tensor_descriptor     # SCALE_TMA, g: w_scale [K/G·N] box [BN]
+    sx_bufs: gl.shared_memory_descriptor   # g: MAIN [S, BM] 16-bit;  2l: RAW [_RAW_STAGES·UR, BN] uint8 (u)
+    sw_bufs: gl.shared_memory_descriptor   # g: MAIN [S, BN] 16-bit
     main: Pipeline
     raw: Pipeline
     lowrank: Pipeline
@@ -102,9 +112,11 @@ class W4A4Args:
     DEBUG: gl.constexpr
     DEBUG_ITERS: gl.constexpr
     DEBUG_TILES: gl.constexpr
+    SCALE_TMA: gl.constexpr
+    SWAR: gl.constexpr
 
     @gluon.constexpr_function
-    def __init__(self, x_desc, w_desc, s_desc, b_desc, out_desc, x_bufs, w_bufs, xp_bufs, wp_bufs, s_bufs, b_bufs, epi_bufs, main, raw, lowrank, order, out_ptr, stride_om, xscale_ptr, wscale_ptr, wmult_ptr, col_scale_ptr, bias_ptr, dbg_ptr, dbg_tiles_ptr, M, N, K, FMT, G2, BLOCK_M, BLOCK_N, BLOCK_K, BLOCK_R, GROUP_M, HAS_LOWRANK, HAS_COL_SCALE, HAS_BIAS, EPI_TMA, DEBUG, DEBUG_ITERS, DEBUG_TILES):
+    def __init__(self, x_desc, w_desc, s_desc, b_desc, out_desc, x_bufs, w_bufs, xp_bufs, wp_bufs, s_bufs, b_bufs, epi_bufs, sc_desc, sw_desc, sx_bufs, sw_bufs, main, raw, lowrank, order, out_ptr, stride_om, xscale_ptr, wscale_ptr, wmult_ptr, col_scale_ptr, bias_ptr, dbg_ptr, dbg_tiles_ptr, M, N, K, FMT, G2, BLOCK_M, BLOCK_N, BLOCK_K, BLOCK_R, GROUP_M, HAS_LOWRANK, HAS_COL_SCALE, HAS_BIAS, EPI_TMA, DEBUG, DEBUG_ITERS, DEBUG_TILES, SCALE_TMA, SWAR):
         self.x_desc = x_desc
         self.w_desc = w_desc
         self.s_desc = s_desc
@@ -117,6 +129,10 @@ class W4A4Args:
         self.s_bufs = s_bufs
         self.b_bufs = b_bufs
         self.epi_bufs = epi_bufs
+        self.sc_desc = sc_desc
+        self.sw_desc = sw_desc
+        self.sx_bufs = sx_bufs
+        self.sw_bufs = sw_bufs
         self.main = main
         self.raw = raw
         self.lowrank = lowrank
@@ -147,6 +163,8 @@ class W4A4Args:
         self.DEBUG = gl.constexpr(DEBUG)
         self.DEBUG_ITERS = gl.constexpr(DEBUG_ITERS)
         self.DEBUG_TILES = gl.constexpr(DEBUG_TILES)
+        self.SCALE_TMA = gl.constexpr(SCALE_TMA)
+        self.SWAR = gl.constexpr(SWAR)
 
 
 @gluon.jit
@@ -186,10 +204,29 @@ def _loader_partition(p):
                 mbarrier.expect(bar, p.x_desc.block_type.nbytes)
                 tma.async_copy_global_to_shared(p.x_desc, [off_m, kk * BK], bar, p.x_bufs.index(main.index))
                 main = main.next()
+            elif p.SCALE_TMA:
+                # the group's scale rows ride in the MAIN slot the consumer reads them from (one DRAM
+                # round trip per K step on the consumer's critical path otherwise)
+                p.main.producer_acquire(main)
+                bar = p.main.ready_bar(main)
+                mbarrier.expect(bar, p.sc_desc.block_type.nbytes + p.sw_desc.block_type.nbytes)
+                # 1-D boxes: a box running past its row reads the next row's values into rows/columns
+                # that are never stored (their operands are TMA zero fill); past the end: zeros
+                tma.async_copy_global_to_shared(p.sc_desc, [kk * p.M + off_m], bar, p.sx_bufs.index(main.index))
+                tma.async_copy_global_to_shared(p.sw_desc, [kk * p.N + off_n], bar, p.sw_bufs.index(main.index))
+                main = main.next()
             p.raw.producer_acquire(raw)
             bar = p.raw.ready_bar(raw)
             if p.FMT == _FMT_INT4_2L:
-                mbarrier.expect(bar, p.w_desc.block_type.nbytes)
+                if p.SCALE_TMA:
+                    # the multipliers u of this K step's level-2 groups, for the expander
+                    UR: gl.constexpr = _u_rows(BK, p.G2)
+                    mbarrier.expect(bar, p.w_desc.block_type.nbytes + UR * p.sc_desc.block_type.nbytes)
+                    for j in gl.static_range(UR):
+                        tma.async_copy_global_to_shared(p.sc_desc, [((kk * BK) // p.G2 + j) * p.N + off_n], bar,
+                                                        p.sx_bufs.index(raw.index * UR + j))
+                else:
+                    mbarrier.expect(bar, p.w_desc.block_type.nbytes)
             else:
                 mbarrier.expect(bar, p.w_desc.block_type.nbytes + p.x_desc.block_type.nbytes)
                 tma.async_copy_global_to_shared(p.x_desc, [off_m, kk * (BK // 2)], bar, p.xp_bufs.index(raw.index))
@@ -198,23 +235,48 @@ def _loader_partition(p):
 
 
 @gluon.jit
-def _expand_into(dst, src, layout: gl.constexpr, ROWS: gl.constexpr, BK: gl.constexpr, mult_ptrs, mult_mask, k0,
-                 G2: gl.constexpr, mult_stride):
-    """dst [ROWS, BK] int8 ← int4 nibbles of src [ROWS, BK/2] uint8; 2l only (``mult_ptrs`` not None):
-    × u[g, row] with g = level-2 group of each 64-wide block (``mult_ptrs`` [ROWS] point at u[0, rows]).
-    In each 64-wide K block b, source byte j holds k = 64b + j (low) and 64b + 32 + j (high): the
-    two nibble tiles go to two 32-column slices of dst, so no register shuffles are needed."""
-    for b in gl.static_range(BK // _PACK):
-        packed = src.slice(b * (_PACK // 2), _PACK // 2, dim=1).load(layout).to(gl.int8, bitcast=True)
+def _nibbles(packed, u, HAS_U: gl.constexpr, SWAR: gl.constexpr):
+    """(low, high) sign-extended nibbles of ``packed`` int8 [R, C], × ``u`` [R] when HAS_U. SWAR: four bytes
+    per instruction (kernels/int4_unpack.py explains the byte arithmetic and the same-row assumption)."""
+    if SWAR:
+        if HAS_U:
+            ub = u[:, None]
+            lo = gl.inline_asm_elementwise(LO_MUL_ASM, "=r,r,r", [packed, ub], dtype=gl.int8, is_pure=True, pack=4)
+            hi = gl.inline_asm_elementwise(HI_MUL_ASM, "=r,r,r", [packed, ub], dtype=gl.int8, is_pure=True, pack=4)
+        else:
+            lo = gl.inline_asm_elementwise(LO_ASM, "=r,r", [packed], dtype=gl.int8, is_pure=True, pack=4)
+            hi = gl.inline_asm_elementwise(HI_ASM, "=r,r", [packed], dtype=gl.int8, is_pure=True, pack=4)
+    else:
         lo = (packed << 4) >> 4     # arithmetic shifts sign-extend the two's-complement nibbles
         hi = packed >> 4
+        if HAS_U:
+            lo = lo * u[:, None]
+            hi = hi * u[:, None]
+    return lo, hi
+
+
+@gluon.jit
+def _expand_into(dst, src, layout: gl.constexpr, ROWS: gl.constexpr, BK: gl.constexpr, mult_ptrs, mult_mask, k0,
+                 G2: gl.constexpr, mult_stride, u_smem, u_slot, SWAR: gl.constexpr):
+    """dst [ROWS, BK] int8 ← int4 nibbles of src [ROWS, BK/2] uint8; 2l only (``mult_ptrs`` not None):
+    × u[g, row] with g = level-2 group of each 64-wide block, read from ``u_smem`` rows u_slot·UR + j (the
+    RAW slot's TMA copy of u rows k0/G2 + j) when given, else from global memory through ``mult_ptrs`` [ROWS]
+    (pointing at u[0, rows]). In each 64-wide K block b, source byte j holds k = 64b + j (low) and
+    64b + 32 + j (high): the two nibble tiles go to two 32-column slices of dst, no register shuffles."""
+    for b in gl.static_range(BK // _PACK):
+        packed = src.slice(b * (_PACK // 2), _PACK // 2, dim=1).load(layout).to(gl.int8, bitcast=True)
         if mult_ptrs is not None:
             # A tile of BK > G2 spans several level-2 groups (one u row each); a 64-wide block never
             # straddles two (G2 % 64 == 0). One u row per whole tile was the H200 r3 error (0.579).
-            g = (k0 + b * _PACK) // G2
-            u = gl.load(mult_ptrs + g * mult_stride, mask=mult_mask, other=0).to(gl.int8)   # u ≤ 15
-            lo = lo * u[:, None]
-            hi = hi * u[:, None]
+            if u_smem is not None:
+                j = (k0 + b * _PACK) // G2 - k0 // G2
+                u = u_smem.index(u_slot * _u_rows(BK, G2) + j).load(gl.SliceLayout(1, layout)).to(gl.int8)
+            else:
+                g = (k0 + b * _PACK) // G2
+                u = gl.load(mult_ptrs + g * mult_stride, mask=mult_mask, other=0).to(gl.int8)   # u ≤ 15
+            lo, hi = _nibbles(packed, u, True, SWAR)
+        else:
+            lo, hi = _nibbles(packed, packed, False, SWAR)
         dst.slice(b * _PACK, _PACK // 2, dim=1).store(lo)
         dst.slice(b * _PACK + _PACK // 2, _PACK // 2, dim=1).store(hi)
 
@@ -242,13 +304,17 @@ def _expander_partition(p):
             p.main.producer_acquire(main)
             if p.FMT == _FMT_INT4_2L:
                 offs_n = off_n + gl.arange(0, BN, gl.SliceLayout(1, layout))
+                if p.SCALE_TMA:
+                    u_smem = p.sx_bufs
+                else:
+                    u_smem = None
                 _expand_into(p.w_bufs.index(main.index), p.wp_bufs.index(raw.index), layout, BN, BK,
-                             p.wmult_ptr + offs_n, offs_n < p.N, kk * BK, p.G2, p.N)
+                             p.wmult_ptr + offs_n, offs_n < p.N, kk * BK, p.G2, p.N, u_smem, raw.index, p.SWAR)
             else:
                 _expand_into(p.w_bufs.index(main.index), p.wp_bufs.index(raw.index), layout, BN, BK,
-                             None, None, 0, p.G2, 0)
+                             None, None, 0, p.G2, 0, None, 0, p.SWAR)
                 _expand_into(p.x_bufs.index(main.index), p.xp_bufs.index(raw.index), layout, p.BLOCK_M, BK,
-                             None, None, 0, p.G2, 0)
+                             None, None, 0, p.G2, 0, None, 0, p.SWAR)
             # Generic-proxy SMEM reads of RAW and writes of MAIN must be ordered before the async
             # proxy (next TMA fill of RAW, wgmma reads of MAIN): one fence covers both.
             fence_async_shared()
@@ -295,8 +361,12 @@ def _mainloop_g(p, main, mma: gl.constexpr, k_tiles, off_m, off_n, it, ROLE: gl.
         p.main.consumer_wait(main)
         tok = warpgroup_mma(p.x_bufs.index(main.index), p.w_bufs.index(main.index).permute((1, 0)), part,
                             use_acc=False, is_async=True)
-        xs = gl.load(p.xscale_ptr + kk * p.M + offs_m, mask=offs_m < p.M, other=0.0).to(gl.float32)
-        ws = gl.load(p.wscale_ptr + kk * p.N + offs_n, mask=offs_n < p.N, other=0.0).to(gl.float32)
+        if p.SCALE_TMA:   # landed with the slot (rows past M / N read as 0 from TMA's zero fill)
+            xs = p.sx_bufs.index(main.index).load(gl.SliceLayout(1, mma)).to(gl.float32)
+            ws = p.sw_bufs.index(main.index).load(gl.SliceLayout(0, mma)).to(gl.float32)
+        else:
+            xs = gl.load(p.xscale_ptr + kk * p.M + offs_m, mask=offs_m < p.M, other=0.0).to(gl.float32)
+            ws = gl.load(p.wscale_ptr + kk * p.N + offs_n, mask=offs_n < p.N, other=0.0).to(gl.float32)
         part = warpgroup_mma_wait(0, deps=(tok, ))
         p.main.consumer_release(main)
         main = main.next()
@@ -381,8 +451,10 @@ def _consumer1(p):
     _consumer_partition(p, 1)
 
 
-@gluon.jit
-def w4a4_ws_kernel(x_desc, w_desc, s_desc, b_desc, out_desc,
+# M, N, K, stride_om are W4A4Args fields typed gl.tensor: Triton would turn a value of 1 into a constexpr
+# (M=1 decode) and the aggregate would reject it, so they are never specialized.
+@gluon.jit(do_not_specialize=["M", "N", "K", "stride_om"])
+def w4a4_ws_kernel(x_desc, w_desc, s_desc, b_desc, out_desc, sc_desc, sw_desc,
                    out_ptr, stride_om,                          # [M, N] (used when not EPI_TMA)
                    xscale_ptr, wscale_ptr, wmult_ptr,           # see module doc per FMT
                    col_scale_ptr, bias_ptr,                     # [N], [N]
@@ -393,7 +465,8 @@ def w4a4_ws_kernel(x_desc, w_desc, s_desc, b_desc, out_desc,
                    GROUP_M: gl.constexpr, STAGES: gl.constexpr, LOWRANK_STAGES: gl.constexpr,
                    HAS_LOWRANK: gl.constexpr, HAS_COL_SCALE: gl.constexpr, HAS_BIAS: gl.constexpr,
                    EPI_TMA: gl.constexpr, DEBUG: gl.constexpr, DEBUG_ITERS: gl.constexpr,
-                   DEBUG_TILES: gl.constexpr, CONSUMER_ORDER: gl.constexpr = True):
+                   DEBUG_TILES: gl.constexpr, SCALE_TMA: gl.constexpr = False, SWAR: gl.constexpr = False,
+                   CONSUMER_ORDER: gl.constexpr = True):
     gl.static_assert(BLOCK_K % _PACK == 0, "BLOCK_K must be a multiple of the 64-wide pack block")
     gl.static_assert(LOWRANK_STAGES >= 1, "the LOWRANK ring needs a slot even when unused")
     # Every SMEM buffer and barrier of the kernel is declared here (plan.smem ledger mirrors it).
@@ -417,16 +490,30 @@ def w4a4_ws_kernel(x_desc, w_desc, s_desc, b_desc, out_desc,
     else:
         epi_bufs = x_bufs
 
-    # MAIN fills: 2l = loader's expect (x by TMA) + expander's arrive (w); g = expander only.
-    main = make_pipeline(STAGES, 2 if FMT == _FMT_INT4_2L else 1, 1)
+    if SCALE_TMA:
+        if FMT == _FMT_INT4_2L:
+            sx_bufs = gl.allocate_shared_memory(sc_desc.dtype, [_RAW_STAGES * _u_rows(BLOCK_K, G2)] + sc_desc.block_type.shape,
+                                                sc_desc.layout)
+            sw_bufs = sx_bufs
+        else:
+            sx_bufs = gl.allocate_shared_memory(sc_desc.dtype, [STAGES] + sc_desc.block_type.shape, sc_desc.layout)
+            sw_bufs = gl.allocate_shared_memory(sw_desc.dtype, [STAGES] + sw_desc.block_type.shape, sw_desc.layout)
+    else:
+        sx_bufs = x_bufs
+        sw_bufs = x_bufs
+
+    # MAIN fills: 2l = loader's expect (x by TMA) + expander's arrive (w); g = expander only, plus the
+    # loader's expect of the scale rows with SCALE_TMA.
+    main = make_pipeline(STAGES, 2 if (FMT == _FMT_INT4_2L or SCALE_TMA) else 1, 1)
     raw = make_pipeline(_RAW_STAGES, 1, 1)
     lowrank = make_pipeline(LOWRANK_STAGES, 1, 1)
     order = make_consumer_order(CONSUMER_ORDER)   # False only to reproduce the parity hang (bisect)
 
     p = W4A4Args(x_desc, w_desc, s_desc, b_desc, out_desc, x_bufs, w_bufs, xp_bufs, wp_bufs, s_bufs, b_bufs,
-                 epi_bufs, main, raw, lowrank, order, out_ptr, stride_om, xscale_ptr, wscale_ptr, wmult_ptr,
+                 epi_bufs, sc_desc, sw_desc, sx_bufs, sw_bufs, main, raw, lowrank, order, out_ptr, stride_om, xscale_ptr, wscale_ptr, wmult_ptr,
                  col_scale_ptr, bias_ptr, dbg_ptr, dbg_tiles_ptr, M, N, K, FMT, G2, BLOCK_M, BLOCK_N, BLOCK_K,
-                 BLOCK_R, GROUP_M, HAS_LOWRANK, HAS_COL_SCALE, HAS_BIAS, EPI_TMA, DEBUG, DEBUG_ITERS, DEBUG_TILES)
+                 BLOCK_R, GROUP_M, HAS_LOWRANK, HAS_COL_SCALE, HAS_BIAS, EPI_TMA, DEBUG, DEBUG_ITERS, DEBUG_TILES,
+                 SCALE_TMA, SWAR)
     gl.warp_specialize([
         (_consumer0, (p, )),
         (_loader_partition, (p, )),
@@ -451,7 +538,8 @@ def _fmt_id(fmt) -> int:
 
 
 def w4a4_ledger(config: KernelConfig, *, fmt, out_dtype=torch.bfloat16, has_lowrank: bool = True,
-                lowrank_dtype=torch.bfloat16, n_out: int = 8) -> SmemLedger:
+                lowrank_dtype=torch.bfloat16, n_out: int = 8, scale_tma: bool = False,
+                group_size: int = 64) -> SmemLedger:
     """Every byte ``w4a4_ws_kernel`` allocates, itemized (mirrors the allocations in the kernel)."""
     f = _fmt_id(fmt)
     bm, bn, bk, br = config.block_m, config.block_n, config.block_k, config.block_r
@@ -461,6 +549,12 @@ def w4a4_ledger(config: KernelConfig, *, fmt, out_dtype=torch.bfloat16, has_lowr
     if f == FMT_INT4_G:
         terms.append(SmemTerm(f"{Ring.RAW}.x_packed", tile_bytes(bm, bk // 2, 8), RAW_STAGES))
     terms.append(SmemTerm(f"{Ring.RAW}.w_packed", tile_bytes(bn, bk // 2, 8), RAW_STAGES))
+    if scale_tma:
+        if f == FMT_INT4_G:
+            terms += [SmemTerm(f"{Ring.MAIN}.x_scale_row", tile_bytes(1, bm, 16), s),
+                      SmemTerm(f"{Ring.MAIN}.w_scale_row", tile_bytes(1, bn, 16), s)]
+        else:
+            terms.append(SmemTerm(f"{Ring.RAW}.u_rows", tile_bytes(u_rows(bk, group_size), bn, 8), RAW_STAGES))
     if has_lowrank:
         terms += [SmemTerm(f"{Ring.LOWRANK}.s_fp32", tile_bytes(bm, br, 32), lr),
                   SmemTerm(f"{Ring.LOWRANK}.lora_up", tile_bytes(bn, br, _BITS[lowrank_dtype]), lr)]
@@ -470,6 +564,18 @@ def w4a4_ledger(config: KernelConfig, *, fmt, out_dtype=torch.bfloat16, has_lowr
     # ready + empty per slot of MAIN, RAW, LOWRANK, and the consumers' two ORDER barriers
     terms.append(SmemTerm("barriers", barrier_bytes(2 * (s + RAW_STAGES + lr) + NUM_CONSUMERS)))
     return SmemLedger(tuple(terms), consumers=NUM_CONSUMERS, label=f"w4a4 v2 {fmt} {bm}x{bn}x{bk}")
+
+
+def u_rows(block_k: int, group_size: int) -> int:
+    """Rows of the 2l multiplier table u [K/G2, N] one K step of ``block_k`` needs."""
+    return max(1, block_k // group_size)
+
+
+def scale_tma_ok(x_scale, w_scale, w_mul, fmt) -> bool:
+    """Whether the scale rows can come by TMA: through 1-D views, so only the tables' base addresses
+    must be 16-byte aligned (and the tables contiguous)."""
+    ts = (w_mul, ) if _fmt_id(fmt) == FMT_INT4_2L else (x_scale, w_scale)
+    return all(t is not None and t.is_contiguous() and t.data_ptr() % 16 == 0 for t in ts)
 
 
 def _epi_tma(out_dtype, N: int = 8) -> bool:
@@ -489,7 +595,7 @@ def default_config_v2(fmt, group_size: int = 64) -> KernelConfig:
 
 def plan_w4a4_v2(fmt, *, rank: int, group_size: int = 64, out_dtype=torch.bfloat16,
                  lowrank_dtype=torch.bfloat16, config: KernelConfig | None = None,
-                 verbose: bool = False, n_out: int = 8) -> KernelConfig:
+                 verbose: bool = False, n_out: int = 8, scale_tma: bool = False) -> KernelConfig:
     """Tile sizes from ``config`` (or the default); stage counts from the ledger: the deepest MAIN
     ring first, then the deepest LOWRANK ring. Raises SmemError with the table if nothing fits."""
     base = config or default_config_v2(fmt, group_size)
@@ -499,7 +605,8 @@ def plan_w4a4_v2(fmt, *, rank: int, group_size: int = 64, out_dtype=torch.bfloat
 
     def build(main_stages, lr_stages):
         return w4a4_ledger(base.replace(num_stages=main_stages, lowrank_stages=lr_stages), fmt=fmt,
-                           out_dtype=out_dtype, has_lowrank=has_lr, lowrank_dtype=lowrank_dtype, n_out=n_out)
+                           out_dtype=out_dtype, has_lowrank=has_lr, lowrank_dtype=lowrank_dtype, n_out=n_out,
+                           scale_tma=scale_tma, group_size=group_size)
 
     main, lr, ledger = solve_stages(build, min_main=2, max_main=8, min_lowrank=1 if not has_lr else 2,
                                     max_lowrank=1 if not has_lr else 4)
@@ -508,7 +615,8 @@ def plan_w4a4_v2(fmt, *, rank: int, group_size: int = 64, out_dtype=torch.bfloat
     return base.replace(num_stages=main, lowrank_stages=lr)
 
 
-def _check_config(config: KernelConfig, M, N, K, rank, fmt, group_size, out_dtype, lowrank_dtype, wmult_rows=None):
+def _check_config(config: KernelConfig, M, N, K, rank, fmt, group_size, out_dtype, lowrank_dtype, wmult_rows=None,
+                  scale_tma: bool = False):
     """Raise ValueError/SmemError naming the violated constraint (expected vs got)."""
     f = _fmt_id(fmt)
     bm, bn, bk = config.block_m, config.block_n, config.block_k
@@ -534,7 +642,7 @@ def _check_config(config: KernelConfig, M, N, K, rank, fmt, group_size, out_dtyp
     if rank > config.block_r:
         raise ValueError(f"w4a4 v2: rank {rank} exceeds block_r {config.block_r}")
     w4a4_ledger(config, fmt=fmt, out_dtype=out_dtype, has_lowrank=rank > 0, lowrank_dtype=lowrank_dtype,
-                n_out=N).check()
+                n_out=N, scale_tma=scale_tma, group_size=group_size).check()
 
 
 def can_implement_v2(config: KernelConfig, shape) -> bool:
@@ -553,9 +661,16 @@ def _layout(block, dtype):
     return gl.NVMMASharedLayout.get_default_for(list(block), _TORCH_TO_GL[dtype])
 
 
-def _desc(t, block):
+def _desc(t, block, layout=None):
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-    return TensorDescriptor.from_tensor(t, list(block), _layout(block, t.dtype))
+    return TensorDescriptor.from_tensor(t, list(block), layout or _layout(block, t.dtype))
+
+
+def _row_desc(t, box: int):
+    # A 1-D view: its only alignment rule is the 16-byte base (no row stride), so any M, N works, and
+    # the SMEM copy is a plain 1-D slot the consumer loads straight into a slice layout.
+    bits = t.element_size() * 8
+    return _desc(t.reshape(-1), (box, ), gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=bits, rank=1))
 
 
 _DUMMIES: dict = {}
@@ -580,8 +695,12 @@ def _pad_rank(t, r8):
 
 def kernel_args_v2(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, out, fmt, group_size,
                    config=None, *, col_scale=None, debug: bool = False, debug_iters: int = DEBUG_ITERS_DEFAULT,
-                   debug_tiles: int = DEBUG_TILES_DEFAULT, grid: int | None = None, consumer_order: bool = True):
+                   debug_tiles: int = DEBUG_TILES_DEFAULT, grid: int | None = None, consumer_order: bool = True,
+                   scale_tma: bool | None = None, swar: bool = True):
     """Validate (the v1 contract's own checks), plan and build one launch.
+    ``scale_tma`` (None = whenever the strides allow, :func:`scale_tma_ok`): the group scales (g) / level-2
+    multipliers (2l) come through the rings by TMA instead of per-step global loads. ``swar``: int4
+    expansion four bytes per instruction (kernels/int4_unpack.py); False = element-wise shifts.
     ``consumer_order=False`` drops the consumers' ring hand-off: it reproduces the parity hang
     (scripts/bisect_gluon.py), never use it otherwise. Returns (grid, args, constexprs, config, (dbg, dbg_tiles))."""
     from ..w4a4_gemm import check_gemm_args
@@ -596,9 +715,12 @@ def kernel_args_v2(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias
     for name, t in (("x_q", x_q), ("w_q", w_q), ("out", out)):
         _expect(t.data_ptr() % 16 == 0, f"{name} must be 16-byte aligned for TMA, got address {t.data_ptr():#x}")
     lr_dtype = lora_up.dtype if r else torch.bfloat16
+    ok = scale_tma_ok(x_scale, w_scale, w_mul, f)
+    _expect(not scale_tma or ok, "scale_tma needs contiguous, 16-byte aligned scale tables")
+    scale_tma = ok if scale_tma is None else scale_tma
     config = plan_w4a4_v2(f, rank=r, group_size=group_size, out_dtype=out.dtype, lowrank_dtype=lr_dtype,
-                          config=config, n_out=N)
-    _check_config(config, M, N, K, r, f, group_size, out.dtype, lr_dtype)
+                          config=config, n_out=N, scale_tma=scale_tma)
+    _check_config(config, M, N, K, r, f, group_size, out.dtype, lr_dtype, scale_tma=scale_tma)
 
     bm, bn, bk, br = config.block_m, config.block_n, config.block_k, config.block_r
     x_desc = _desc(x_q, (bm, bk) if f == FMT_INT4_2L else (bm, bk // 2))
@@ -608,6 +730,12 @@ def kernel_args_v2(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias
     b_desc = _desc(_pad_rank(lora_up, r8) if r else _dummy(dev, lr_dtype, (bn, br)), (bn, br))
     epi_tma = _epi_tma(out.dtype, N)
     out_desc = _desc(out if epi_tma else _dummy(dev, torch.bfloat16, (bm, bn)), (bm, bn))
+    if scale_tma and f == FMT_INT4_2L:
+        sc_desc = sw_desc = _row_desc(w_mul, bn)
+    elif scale_tma:
+        sc_desc, sw_desc = _row_desc(x_scale, bm), _row_desc(w_scale, bn)
+    else:
+        sc_desc = sw_desc = _row_desc(_dummy(dev, torch.uint8, (16, )), 16)
     tiles = cdiv(M, bm) * cdiv(N, bn)
     grid = min(grid, tiles) if grid else persistent_grid(tiles, dev)
     dbg = dbg_tiles = None
@@ -615,35 +743,36 @@ def kernel_args_v2(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias
     if debug:
         dbg = torch.full((grid, int(NUM_ROLES), debug_iters, 2), -1, dtype=torch.int32, device=dev)
         dbg_tiles = torch.full((grid, debug_tiles, 2), -1, dtype=torch.int32, device=dev)
-    args = (x_desc, w_desc, s_desc, b_desc, out_desc, out, out.stride(0), x_scale, w_scale,
+    args = (x_desc, w_desc, s_desc, b_desc, out_desc, sc_desc, sw_desc, out, out.stride(0), x_scale, w_scale,
             w_mul if w_mul is not None else i32, col_scale if col_scale is not None else i32,
             bias if bias is not None else i32, dbg if debug else i32, dbg_tiles if debug else i32, M, N, K)
     constexprs = dict(FMT=f, G2=group_size, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, BLOCK_R=br, GROUP_M=config.group_m,
                       STAGES=config.num_stages, LOWRANK_STAGES=max(1, config.lowrank_stages), HAS_LOWRANK=r > 0,
                       HAS_COL_SCALE=col_scale is not None, HAS_BIAS=bias is not None, EPI_TMA=epi_tma,
-                      DEBUG=debug, DEBUG_ITERS=debug_iters, DEBUG_TILES=debug_tiles, CONSUMER_ORDER=consumer_order)
+                      DEBUG=debug, DEBUG_ITERS=debug_iters, DEBUG_TILES=debug_tiles, SCALE_TMA=scale_tma,
+                      SWAR=swar, CONSUMER_ORDER=consumer_order)
     return grid, args, constexprs, config, (dbg, dbg_tiles)
 
 
 def two_level_enabled() -> bool:
-    """int4_2l v2 hung on the H200 and its fix (benchmarks/NOTES.md) is not GPU-verified yet: a hung
-    kernel takes its whole process (and a shared test session) with it, so its launches need the
-    explicit opt-in ``LOWRANK_GEMM_GLUON_2L=1`` (set by scripts/bisect_gluon.py for its children)."""
-    return os.environ.get("LOWRANK_GEMM_GLUON_2L") == "1"
+    """int4_2l v2 hung on the H200 in session 1; after the two fixes (benchmarks/NOTES.md) the bisect ladder
+    (r3–r7) and tests/test_gluon_gpu.py passed on the H200 in session 2, so it is on by default.
+    ``LOWRANK_GEMM_GLUON_2L=0`` turns it off again (instant fallback to v1 without a code change)."""
+    return os.environ.get("LOWRANK_GEMM_GLUON_2L", "1") != "0"
 
 
 def launch_w4a4_v2(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, out, fmt: str,
                    group_size: int, config: KernelConfig | None = None, *, col_scale=None, debug: bool = False,
-                   grid: int | None = None, consumer_order: bool = True):
+                   grid: int | None = None, consumer_order: bool = True, scale_tma: bool | None = None,
+                   swar: bool = True):
     """out [M, N] ← W4A4 v2; the argument contract of ``kernels.w4a4_gemm`` (its module docstring),
     plus ``col_scale`` [N] (optional per-column factor on the main product). Returns ``out``, or
     ``(out, (dbg [grid, roles, iters, 2] int32, tiles [grid, DEBUG_TILES, 2] int32))`` with ``debug``."""
     g, args, cx, _, dbgs = kernel_args_v2(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, out,
                                            fmt, group_size, config, col_scale=col_scale, debug=debug, grid=grid,
-                                           consumer_order=consumer_order)
+                                           consumer_order=consumer_order, scale_tma=scale_tma, swar=swar)
     if _fmt_id(fmt) == FMT_INT4_2L and not two_level_enabled():
-        raise NotImplementedError("int4_2l v2 is not GPU-verified yet (it hung on the H200); "
-                                  "set LOWRANK_GEMM_GLUON_2L=1 to launch it")
+        raise NotImplementedError("int4_2l v2 is switched off by LOWRANK_GEMM_GLUON_2L=0; use impl='v1'")
     w4a4_ws_kernel[(g, )](*args, **cx, num_warps=DEFAULT_WARPS)
     return (out, dbgs) if debug else out
 
@@ -696,13 +825,13 @@ def make_operands_v2(fmt, M, N, K, rank, group_size=64, *, device="cuda", bias=T
 # =============================================================================================
 # Ahead-of-time compile (CI, CPU): signature from CPU stand-in tensors of a small problem.
 def aot_signature_v2(fmt, config: KernelConfig | None = None, *, M=96, N=160, K=384, rank=16, group_size=64,
-                     out_dtype=torch.bfloat16, bias=True, col_scale=True, debug=False):
+                     out_dtype=torch.bfloat16, bias=True, col_scale=True, debug=False, scale_tma=None, swar=True):
     """(signature, constexprs, config) for ``kernels.aot.compile_sm90`` of :func:`w4a4_ws_kernel`."""
     import inspect
     from triton.runtime.jit import mangle_type
     ops = make_operands_v2(fmt, M, N, K, rank, group_size, device="cpu", bias=bias, col_scale=col_scale,
                            out_dtype=out_dtype)
-    _, args, cx, cfg, _ = kernel_args_v2(**ops, config=config, debug=debug)
+    _, args, cx, cfg, _ = kernel_args_v2(**ops, config=config, debug=debug, scale_tma=scale_tma, swar=swar)
     names = [n for n in inspect.signature(w4a4_ws_kernel.fn).parameters if n not in cx]
     sig = {n: (mangle_type(a) if not isinstance(a, int) else "i32") for n, a in zip(names, args)}
     return sig, cx, cfg
