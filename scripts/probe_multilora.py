@@ -1,6 +1,7 @@
 """Probe: fused multi-LoRA GEMM plan variants vs cuBLAS and shrink_expand, one process, ≤ 120 s.
 
-    PYTHONPATH=src python scripts/probe_multilora.py --out DIR [--write-tuned] [--budget-s 105] [--epi-only]
+    PYTHONPATH=src python scripts/probe_multilora.py --out DIR [--write-tuned] [--budget-s 105]
+                                                     [--epi-only | --appended-only]
 
 Cases: bf16, K=4096, r=16, a bank of 64 slots, M ∈ {64, 256} × N ∈ {28672, 4096} × adapters
 ∈ {1, 4, 16, 64} (random ids). Per case: cublas_base, shrink_expand, the old default plan
@@ -17,6 +18,16 @@ heuristic plan with ``b_vec`` (16-B vector B gather), ``epi_pipe`` 1 (next group
 the current MMA), ``epi_pipe`` 2/3 (compiler-pipelined group loop, cp.async ring) and combinations.
 ``--epi-only``: just those cases (M ∈ {64, 256} × N ∈ {28672, 4096} × adapters ∈ {16, 64}) with
 cublas_base, shrink_expand, heur and the epilogue candidates (fits the 120 s budget on its own).
+
+``--appended-only`` (issue 5): bf16, K=4096, 64 slots, the grid M ∈ {64, 16, 256} × N ∈ {28672, 4096}
+× r ∈ {16, 64} × adapters ∈ {64, 16, 4} (M=256 only r=16; M=16 only 4/16 adapters), most telling
+cases first so the budget drops the tail: cublas_base, shrink_expand, ``heur`` (the shipped plan,
+epilogue expand) vs ``app3`` (expand="appended", 3-deep B ring, A operand S⊙rowmask), ``app3_rs`` /
+``app4_rs`` (whole-S MMA, rows selected on the fp32 result), ``app3_rs_clean`` (M=64: bank known
+zero-padded, no rank mask on B; never a table winner) and, at N=4096 M≤64 without split-K, a split-2
+variant; plus one base-part case (M=64, N=4096, 1 adapter: BN 32/64/128 × split-K with the fused
+shrink). Writes DIR/probe_multilora_appended.json and DIR/multilora_h200_appended.json (winners in
+the tuned-table format; ``--write-tuned`` merges them into the shipped table).
 
 Writes DIR/probe_multilora.json (all rows) and DIR/multilora_h200.json (the fastest correct fused
 plan per case, in the tuned-table format read by ``multilora_gemm.choose_plan``); with
@@ -57,7 +68,8 @@ def restage(mg, plan):
     """Deepest pipeline that fits for this plan's fuse_d / epi_d / epilogue ring."""
     stages, _, _ = mg.solve_stages(
         lambda s, _l: mg.main_ledger(plan.main.replace(num_stages=s), fuse_d=plan.fuse_d, epi_d=plan.epi_d,
-                                     epi_pipe=plan.epi_pipe, b_vec=plan.b_vec),
+                                     epi_pipe=plan.epi_pipe, b_vec=plan.b_vec,
+                                     append_stages=plan.append_stages if plan.expand == "appended" else 0),
         min_main=2, max_main=5)
     return mg.MultiLoRAPlan(**{**plan.__dict__, "main": plan.main.replace(num_stages=stages)})
 
@@ -105,18 +117,49 @@ def candidates(mg, M, N, adapters, sms, epi_only=False):
     return out
 
 
-def make_sets(M, N, adapters, dev, seed):
+# --appended-only: (M, N, r, adapters), most informative first (the budget guard drops the tail)
+APPEND_CASES = ([(64, N, r, a) for r in (16, 64) for N in (28672, 4096) for a in (64, 16, 4)]
+                + [(16, N, r, a) for r in (16, 64) for N in (28672, 4096) for a in (16, 4)]
+                + [(256, N, 16, a) for N in (28672, 4096) for a in (64, 16, 4)])
+BASE_CASE = (64, 4096, 16, 1)       # 1 adapter at N=4096: which tile/split the base part wants
+
+
+def appended_candidates(mg, M, N, r, adapters, sms):
+    """name → (plan, has_lora, b_clean): old heuristic (epilogue expand) vs the appended expand."""
+    h = mg.heuristic_plan(M, N, K, r, SLOTS, "gather", sms, adapters=adapters)
+    if (M, N, r, adapters) == BASE_CASE:
+        var = lambda **kw: restage(mg, mg.MultiLoRAPlan(**{**h.__dict__, **kw}))  # noqa: E731
+        return {"heur": (h, True, False), "heur_base": (h, False, False),
+                "bn32_fuse1": (var(fuse_d=1, main=h.main.replace(block_n=32, split_k=1)), True, False),
+                "bn32_fuse1_base": (var(fuse_d=1, main=h.main.replace(block_n=32, split_k=1)), False, False),
+                "bn64_split2_fuse1": (var(fuse_d=1, main=h.main.replace(block_n=64, split_k=2)), True, False),
+                "bn128_split2_fuse1": (var(fuse_d=1, main=h.main.replace(split_k=2)), True, False)}
+    # appended needs the shrink workspace (fuse_d 0); the ring reuses the dead K-loop buffers
+    a = mg.MultiLoRAPlan(**{**h.__dict__, "fuse_d": 0, "expand": "appended"})
+    app = lambda **kw: restage(mg, mg.MultiLoRAPlan(**{**a.__dict__, **kw}))  # noqa: E731
+    out = {"heur": (h, True, False),
+           "app3": (app(append_stages=3), True, False),
+           "app3_rs": (app(append_stages=3, append_rowsel=True), True, False),
+           "app4_rs": (app(append_stages=4, append_rowsel=True), True, False)}
+    if M == 64:
+        out["app3_rs_clean"] = (app(append_stages=3, append_rowsel=True), True, True)
+    if a.main.split_k == 1 and M * N <= 64 * 4096:       # small N without split: more programs for the adapters
+        out["app3_rs_split2"] = (app(append_rowsel=True, main=a.main.replace(split_k=2)), True, False)
+    return out
+
+
+def make_sets(M, N, adapters, dev, seed, r=R):
     from lowrank_gemm.bench.common import rotation_count
     from lowrank_gemm.bench.multilora import _bank, _ids, floor_bytes
     gen_cpu = torch.Generator().manual_seed(seed)
     gen = torch.Generator(device=dev).manual_seed(seed)
     ids, distinct = _ids(M, adapters, dev, gen_cpu)
-    n_sets = rotation_count(floor_bytes(M, N, R, len(distinct)))
+    n_sets = rotation_count(floor_bytes(M, N, r, len(distinct)))
     sets = []
     for _ in range(n_sets):
         x = torch.randn(M, K, device=dev, generator=gen).to(torch.bfloat16)
         w = (torch.randn(N, K, device=dev, generator=gen) / math.sqrt(K)).to(torch.bfloat16)
-        sets.append((x, w, _bank(N, R, dev, gen), ids))
+        sets.append((x, w, _bank(N, r, dev, gen), ids))
     return sets, distinct
 
 
@@ -129,6 +172,9 @@ def main(argv=None):
     ap.add_argument("--cases", default="", help="subset, e.g. '64x4096x1,256x28672x16' (MxNxadapters)")
     ap.add_argument("--epi-only", action="store_true",
                     help="only the epilogue candidates (and baselines) on the ≥ 16-adapter cases")
+    ap.add_argument("--appended-only", action="store_true",
+                    help="old heuristic vs the appended expand (expand='appended') on the issue-5 grid, "
+                         "r ∈ {16, 64}; --cases then reads MxNxRxadapters")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("the probe needs a CUDA GPU")
@@ -142,30 +188,43 @@ def main(argv=None):
     dev = torch.device("cuda")
     sms = mg.num_sms(dev)
     copy = measure_copy_tbps(2**30)
-    cases = CASES if not args.cases else [tuple(int(v) for v in c.split("x")) for c in args.cases.split(",")]
-    if args.epi_only and not args.cases:
-        cases = EPI_CASES
+    parse = lambda c: tuple(int(v) for v in c.split("x"))  # noqa: E731
+    if args.appended_only:
+        cases = [BASE_CASE] + APPEND_CASES if not args.cases else [parse(c) for c in args.cases.split(",")]
+    else:
+        cases = CASES if not args.cases else [parse(c) for c in args.cases.split(",")]
+        if args.epi_only and not args.cases:
+            cases = EPI_CASES
+        cases = [(M, N, R, a) for M, N, a in cases]
     rows, winners, skipped = [], {}, []
-    for M, N, adapters in cases:
+    for M, N, r, adapters in cases:
         if time.time() - t0 > args.budget_s:
-            skipped.append(f"{M}x{N}x{adapters}")
+            skipped.append(f"{M}x{N}x{r}x{adapters}")
             continue
-        sets, distinct = make_sets(M, N, adapters, dev, seed=M * 131 + N + adapters)
+        try:
+            sets, distinct = make_sets(M, N, adapters, dev, seed=M * 131 + N + r * 7 + adapters, r=r)
+        except Exception as exc:     # e.g. out of memory: report the case, go on
+            skipped.append(f"{M}x{N}x{r}x{adapters} ({type(exc).__name__})")
+            continue
         x, w, bk, ids = sets[0]
         ref = multi_lora_linear_ref(x, w, bk.bank_a, bk.bank_b, ids, bk.scales, bk.ranks)
         ref_base = x.double() @ w.double().T
-        floor_us = floor_bytes(M, N, R, len(distinct)) / (copy * 1e12) * 1e6
+        floor_us = floor_bytes(M, N, r, len(distinct)) / (copy * 1e12) * 1e6
         impls = {"cublas_base": (lambda x, w, bk, i: torch.nn.functional.linear(x, w), None, False),
                  "shrink_expand": (lambda x, w, bk, i: shrink_expand(x, w, bk.bank_a, bk.bank_b, bk.ranks,
                                                                      bk.scales, i), None, True)}
-        for name, (plan, has_lora) in candidates(mg, M, N, adapters, sms, args.epi_only).items():
-            fn = (lambda p, hl: lambda x, w, bk, i: mg.multi_lora_gemm(
+        if args.appended_only:
+            cands = appended_candidates(mg, M, N, r, adapters, sms)
+        else:
+            cands = {k: (p, hl, False) for k, (p, hl) in candidates(mg, M, N, adapters, sms, args.epi_only).items()}
+        for name, (plan, has_lora, b_clean) in cands.items():
+            fn = (lambda p, hl, bc: lambda x, w, bk, i: mg.multi_lora_gemm(
                 x, w, bk.bank_a, bk.bank_b, bk.ranks, bk.scales, i, mode="gather", plan=p, has_lora=hl,
-                validate=False))(plan, has_lora)
+                validate=False, b_clean=bc))(plan, has_lora, b_clean)
             impls[name] = (fn, plan, has_lora)
         case_rows = []
         for name, (fn, plan, has_lora) in impls.items():
-            row = {"M": M, "N": N, "K": K, "r": R, "adapters": len(distinct), "impl": name,
+            row = {"M": M, "N": N, "K": K, "r": r, "adapters": len(distinct), "impl": name,
                    "floor_us": round(floor_us, 2), "plan": plan.to_dict() if plan else None}
             if time.time() - t0 > args.budget_s:
                 row["status"] = "skipped (budget)"
@@ -190,37 +249,44 @@ def main(argv=None):
         for r_ in case_rows:
             if base and "graph_us" in r_:
                 r_["vs_cublas"] = round(r_["graph_us"] / base, 3)
+        # *_clean rows assume a zero-padded bank (b_clean): not a plan property, never a table winner
         fused_ok = [r_ for r_ in case_rows if r_.get("plan") and r_["impl"] != "legacy_base"
-                    and not r_["impl"].endswith("_base") and r_.get("status") == "ok"]
+                    and not r_["impl"].endswith(("_base", "_clean")) and r_.get("status") == "ok"]
         if fused_ok:
             best = min(fused_ok, key=lambda r_: r_["graph_us"])
             best["winner"] = True
-            winners[mg.tuned_key(M, N, K, R, len(distinct))] = best["plan"]
+            winners[mg.tuned_key(M, N, K, r, len(distinct))] = best["plan"]
         rows += case_rows
         del sets
         torch.cuda.empty_cache()
-        print(f"[{time.time() - t0:5.1f}s] M={M} N={N} a={len(distinct)}  " + "  ".join(
+        print(f"[{time.time() - t0:5.1f}s] M={M} N={N} r={r} a={len(distinct)}  " + "  ".join(
             f"{r_['impl']}={r_.get('graph_us', r_.get('status'))}" for r_ in case_rows), flush=True)
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    meta = device_meta(copy) | {"K": K, "r": R, "slots": SLOTS, "elapsed_s": round(time.time() - t0, 1),
-                                "skipped_cases": skipped}
-    (out / "probe_multilora.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")
+    meta = device_meta(copy) | {"K": K, "r": R if not args.appended_only else "per row", "slots": SLOTS,
+                                "mode": "appended-only" if args.appended_only else ("epi-only" if args.epi_only else "all"),
+                                "elapsed_s": round(time.time() - t0, 1), "skipped_cases": skipped}
+    suffix = "_appended" if args.appended_only else ""
+    (out / f"probe_multilora{suffix}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")
     table = {"version": 1, "note": "written by scripts/probe_multilora.py: fastest correct fused plan per "
              "case; keys from multilora_gemm.tuned_key(M, N, K, r_max, distinct adapters)", "plans": winners}
-    (out / "multilora_h200.json").write_text(json.dumps(table, indent=1) + "\n")
+    table_path = out / f"multilora_h200{suffix}.json"
+    table_path.write_text(json.dumps(table, indent=1) + "\n")
     if args.write_tuned:
         mg.TUNED_PATH.parent.mkdir(parents=True, exist_ok=True)
+        if args.appended_only and mg.TUNED_PATH.exists():     # a partial grid: merge, keep the other keys
+            old = json.loads(mg.TUNED_PATH.read_text())
+            table = dict(old, plans={**old.get("plans", {}), **winners})
         mg.TUNED_PATH.write_text(json.dumps(table, indent=1) + "\n")
 
-    print("\n| M | N | a | floor | impl | graph µs | ×cuBLAS | %floor | rel err | status |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("\n| M | N | r | a | floor | impl | graph µs | ×cuBLAS | %floor | rel err | status |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r_ in rows:
-        print(f"| {r_['M']} | {r_['N']} | {r_['adapters']} | {r_['floor_us']} | {r_['impl']}{' **win**' if r_.get('winner') else ''} "
+        print(f"| {r_['M']} | {r_['N']} | {r_['r']} | {r_['adapters']} | {r_['floor_us']} | {r_['impl']}{' **win**' if r_.get('winner') else ''} "
               f"| {r_.get('graph_us', '')} | {r_.get('vs_cublas', '')} | {r_.get('pct_floor', '')} "
               f"| {r_.get('rel_err', '')} | {r_.get('status', '')} |")
-    print(f"\nwrote {out / 'probe_multilora.json'} and {out / 'multilora_h200.json'}"
+    print(f"\nwrote {out / f'probe_multilora{suffix}.json'} and {table_path}"
           f"{' and ' + str(mg.TUNED_PATH) if args.write_tuned else ''}; {time.time() - t0:.1f}s"
           f"{'; skipped ' + ','.join(skipped) if skipped else ''}")
 

@@ -21,13 +21,14 @@ ATOL, RTOL = 2e-2, 1e-2
 
 
 def small_plan(split=2, sbm=16, bm=16, bn=32, bk=32, r_max=16, split_k=1, fuse_d=0, epi_d=1, x_tma=False,
-               epi_pipe=0, b_vec=False):
+               epi_pipe=0, b_vec=False, expand="epilogue", append_stages=3, append_rowsel=False):
     br = max(16, 1 << (r_max - 1).bit_length())
     return mg.MultiLoRAPlan(
         main=KernelConfig(block_m=bm, block_n=bn, block_k=bk, block_r=br, group_m=2, num_stages=2,
                           split_k=split_k),
         shrink=KernelConfig(block_m=sbm, block_n=16, block_k=32, block_r=br, split_k=split),
-        fuse_d=fuse_d, epi_d=epi_d, x_tma=x_tma, epi_pipe=epi_pipe, b_vec=b_vec)
+        fuse_d=fuse_d, epi_d=epi_d, x_tma=x_tma, epi_pipe=epi_pipe, b_vec=b_vec, expand=expand,
+        append_stages=append_stages, append_rowsel=append_rowsel)
 
 
 def make_case(M, N, K, L, r_max, ranks=None, seed=0, dirty=True, bias=True):
@@ -213,17 +214,22 @@ MAIN_ALIGNED = ("x_ptr", "y_ptr", "a_ptr", "b_ptr", "s_ptr", "ws_ptr", "sws_ptr"
                 "R_MAX")
 
 
-def _compile_main(cfg: KernelConfig, order: bool, fuse_d=0, epi_d=1, x_tma=False, epi_pipe=0, b_vec=False):
+def _compile_main(cfg: KernelConfig, order: bool, fuse_d=0, epi_d=1, x_tma=False, epi_pipe=0, b_vec=False,
+                  append=False, append_stages=3, b_tma=True, b_mask=True, row_select=False):
     from lowrank_gemm.kernels.aot import compile_sm90
     sig = {"x_ptr": "*bf16",
            "x_desc": f"tensordesc<bf16[{cfg.block_m}, {cfg.block_k}]>" if x_tma else "*bf16",
            "w_desc": f"tensordesc<bf16[{cfg.block_n}, {cfg.block_k}]>", "y_ptr": "*bf16",
            "bias_ptr": "*bf16", "ids_ptr": "*i32", "row_order_ptr": "*i32", "s_ptr": "*fp32",
            "scales_ptr": "*fp32", "a_ptr": "*bf16", "b_ptr": "*bf16", "ranks_ptr": "*i32", "ws_ptr": "*fp32",
-           "sws_ptr": "*fp32", "cnt_ptr": "*i32", **{k: "i32" for k in MAIN_SIG_INTS}}
+           "sws_ptr": "*fp32", "cnt_ptr": "*i32",
+           "b_desc": f"tensordesc<bf16[1, {cfg.block_n}, {cfg.block_r}]>" if append and b_tma else "*bf16",
+           "lst_ptr": "*i32", **{k: "i32" for k in MAIN_SIG_INTS}}
     const = dict(BM=cfg.block_m, BN=cfg.block_n, BK=cfg.block_k, BLOCK_R=cfg.block_r, GROUP_M=cfg.group_m,
                  HAS_ORDER=order, HAS_LORA=True, HAS_BIAS=True, USE_TMA=True, X_TMA=x_tma, FUSE_D=fuse_d,
-                 EPI_D=epi_d, SPLIT_K=cfg.split_k, EPI_PIPE=epi_pipe, B_VEC=b_vec, stride_xk=1, stride_wk=1, stride_yn=1, stride_ak=1,
+                 EPI_D=epi_d, SPLIT_K=cfg.split_k, EPI_PIPE=epi_pipe, B_VEC=b_vec, APPEND=append,
+                 APPEND_STAGES=append_stages, B_TMA=append and b_tma, B_MASK=b_mask, ROW_SELECT=row_select,
+                 stride_xk=1, stride_wk=1, stride_yn=1, stride_ak=1,
                  stride_br=1)
     return compile_sm90("lowrank_gemm.kernels.multilora_gemm", "_mlora_main_kernel", sig, const,
                         aligned=MAIN_ALIGNED, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
@@ -452,3 +458,102 @@ def test_aot_epilogue_candidates(cfg, epi_d, epi_pipe, b_vec):
             assert info.ptx.count("cp.async.cg") > base.ptx.count("cp.async.cg")
         else:
             assert v4 >= v4_0 + 2 * tile_elems // 8, (v4_0, v4)       # prologue + in-loop prefetch
+
+
+# ---- appended expand (candidate): one pipelined K step per distinct adapter after the main K loop
+
+APPEND_VARIANTS = {
+    "stages3": dict(),
+    "rowsel": dict(append_rowsel=True),
+    "split_k2": dict(split_k=2),                              # adapters shared out over the K splits
+    "split_k3_rowsel_stages2": dict(split_k=3, append_rowsel=True, append_stages=2),
+    "stages4_bm32": dict(bm=32, append_stages=4),
+}
+
+
+@pytest.mark.parametrize("mode", ["gather", "segment"])
+@pytest.mark.parametrize("variant", sorted(APPEND_VARIANTS))
+def test_appended_matches_reference(variant, mode):
+    case = make_case(37, 45, 72, 7, 16, seed=13)       # NaN past each rank, ragged tiles, mixed ranks
+    assert_close(run(case, mode, small_plan(expand="appended", **APPEND_VARIANTS[variant])), ref_of(case))
+
+
+@pytest.mark.parametrize("r_max,ranks", [(20, [20, 3, 0, 17, 9]),      # rank stride 40 B: no TMA, 2-B loads
+                                         (40, [40, 17, 33, 1, 0]),     # BLOCK_R 64 > r_max: TMA zero-fill
+                                         (8, [8, 5, 1, 8, 2])])        # BLOCK_R 16 > r_max = 8
+def test_appended_rank_blocks_and_fallback(r_max, ranks):
+    case = make_case(30, 40, 48, 5, r_max, ranks=ranks, seed=5)
+    for kw in (dict(), dict(append_rowsel=True, split_k=2)):
+        assert_close(run(case, "gather", small_plan(r_max=r_max, expand="appended", **kw)), ref_of(case))
+
+
+def test_appended_many_adapters_per_block_and_clean_bank():
+    # 9 adapters over 20 rows in 16-row blocks: up to 9 appended steps per tile (deeper than the ring)
+    case = make_case(20, 33, 40, 9, 16, ranks=[16, 4, 16, 9, 1, 16, 12, 16, 7], seed=21, dirty=False)
+    case["adapter_ids"] = torch.arange(20, dtype=torch.int32) % 9
+    ref = ref_of(case)
+    for kw in (dict(), dict(append_rowsel=True), dict(split_k=2, append_stages=2)):
+        plan = small_plan(expand="appended", **kw)
+        assert_close(run(case, "gather", plan), ref)
+        assert_close(run(case, "gather", plan, b_clean=True), ref)     # zero-padded bank: mask skipped
+        assert_close(run(case, "segment", plan), ref)
+
+
+def test_appended_base_rows_bit_identical_and_repeatable():
+    case = make_case(40, 36, 64, 6, 16, ranks=[16, 8, 3, 16, 0, 11], dirty=False)
+    case["adapter_ids"][::3] = -1
+    rows = case["adapter_ids"] == -1
+    for kw in (dict(), dict(append_rowsel=True), dict(split_k=2)):
+        plan = small_plan(expand="appended", **kw)
+        base = run(case, "gather", plan, has_lora=False)
+        y1, y2 = run(case, "gather", plan), run(case, "gather", plan)
+        assert torch.equal(y1, y2), kw
+        assert torch.equal(y1[rows], base[rows]), kw
+        assert torch.equal(run(case, "segment", plan)[rows], base[rows]), kw
+        none = dict(case, adapter_ids=torch.full_like(case["adapter_ids"], -1))
+        assert torch.equal(run(none, "gather", plan), base), kw
+
+
+def test_appended_plan_fields():
+    p = small_plan(expand="appended", append_stages=4, append_rowsel=True)
+    assert mg.MultiLoRAPlan.from_dict(p.to_dict()) == p
+    old = {k: v for k, v in p.to_dict().items() if k not in ("expand", "append_stages", "append_rowsel")}
+    assert mg.MultiLoRAPlan.from_dict(old).expand == "epilogue"
+    with pytest.raises(ValueError, match="expand must be one of"):
+        small_plan(expand="kloop")
+    with pytest.raises(ValueError, match="needs fuse_d=0"):
+        small_plan(expand="appended", fuse_d=2)
+    with pytest.raises(ValueError, match="append_stages"):
+        small_plan(expand="appended", append_stages=0)
+    h = mg.heuristic_plan(64, 28672, 4096, 16, 64, "gather", 132, adapters=64)
+    assert h.expand == "epilogue", "candidate stays off until measured"
+
+
+def _appended_loop(ptx):
+    """Body of the innermost loop that issues the 3-D (bank_b) TMA loads."""
+    import re
+    blocks = re.split(r"\n\$L__BB\d+_\d+:", ptx)
+    loops = [b for b in blocks if "Loop Header" in b.split("\n", 1)[0] and "cp.async.bulk.tensor.3d" in b]
+    return loops[0] if loops else ""
+
+
+@pytest.mark.parametrize("cfg,kw", [
+    (KernelConfig(block_m=64, block_n=128, block_k=128, block_r=16, num_stages=4, num_warps=4), dict()),
+    (KernelConfig(block_m=64, block_n=128, block_k=128, block_r=16, num_stages=4, num_warps=4, split_k=4),
+     dict(append_rowsel=True)),
+    (KernelConfig(block_m=64, block_n=128, block_k=128, block_r=64, num_stages=3, num_warps=4),
+     dict(append_stages=4, b_mask=False)),
+    (KernelConfig(block_m=128, block_n=128, block_k=64, block_r=16, num_stages=4, num_warps=8), dict()),
+])
+def test_aot_appended_wgmma_tma_ring(cfg, kw):
+    stages = kw.pop("append_stages", 3)
+    rowsel = kw.pop("append_rowsel", False)
+    info = _compile_main(cfg, False, append=True, append_stages=stages, row_select=rowsel, **kw)
+    loop = _appended_loop(info.ptx)
+    assert "wgmma.mma_async" in loop and "cp.async.bulk.tensor.3d" in loop, "appended loop: TMA ring + wgmma"
+    assert "mbarrier.try_wait" in loop
+    # the ring is pipelined: 3-D loads issued before the loop too (prologue), not only inside it
+    assert info.ptx.count("cp.async.bulk.tensor.3d") >= 2
+    led = mg.main_ledger(cfg, append_stages=stages)
+    assert led.total() == info.shared, led.table()
+    assert mg.can_implement(cfg, append_stages=stages)

@@ -122,3 +122,23 @@ def test_bad_ids_clamp_safe_under_no_validation():
     fixed[0], fixed[1] = -1, -1
     ref, e_t = ref_and_torch_err(x, w, bank, fixed, bias)
     assert nerr(y, ref) <= 2 * e_t + 1e-3
+
+
+@pytest.mark.parametrize("mode", ["gather", "segment"])
+@pytest.mark.parametrize("M,N,K,L,r,split", [(64, 4096, 4096, 64, 16, 4), (64, 28672, 4096, 16, 64, 1),
+                                             (77, 3000, 1000, 9, 24, 2), (256, 4096, 4096, 64, 16, 1)])
+def test_appended_expand_matches_reference(mode, M, N, K, L, r, split):
+    """The appended-expand candidate (one pipelined K step per distinct adapter) at real sizes, bf16."""
+    import dataclasses
+    x, w, bank, ids, bias = make(M, N, K, L, r, seed=3)
+    ref, e_torch = ref_and_torch_err(x, w, bank, ids, bias)
+    base = mg.heuristic_plan(M, N, K, r, L, mode, torch.cuda.get_device_properties(0).multi_processor_count)
+    for rowsel in (False, True):
+        plan = dataclasses.replace(base, expand="appended", append_rowsel=rowsel, fuse_d=0,
+                                   main=base.main.replace(split_k=split))
+        y = mg.multi_lora_gemm(x, w, bank.bank_a, bank.bank_b, bank.ranks, bank.scales, ids, bias, mode=mode,
+                               plan=plan)
+        assert nerr(y, ref) <= 2 * e_torch + 1e-3, (rowsel, nerr(y, ref), e_torch)
+        y2 = mg.multi_lora_gemm(x, w, bank.bank_a, bank.bank_b, bank.ranks, bank.scales, ids, bias, mode=mode,
+                                plan=plan)
+        assert torch.equal(y, y2), "deterministic"

@@ -44,9 +44,11 @@ from lowrank_gemm.plan.smem import SmemLedger, SmemTerm, barrier_bytes, solve_st
 from lowrank_gemm.plan.tuned import TUNED_DIR, tuned_file
 
 __all__ = ["MultiLoRAPlan", "choose_plan", "heuristic_plan", "tuned_key", "TUNED_PATH", "main_ledger", "can_implement", "sort_rows",
-           "multi_lora_linear", "multi_lora_gemm", "MODES"]
+           "multi_lora_linear", "multi_lora_gemm", "MODES",
+           "EXPANDS"]
 
 MODES = ("gather", "segment", "auto")
+EXPANDS = ("epilogue", "appended")
 SHRINK_RANK_BLOCK = 16      # rank slice one shrink program owns (MMA N granularity)
 
 
@@ -230,6 +232,59 @@ def multi_lowrank_up_pipe(acc, rows, valid, ids, s_ptr, stride_ss, stride_sm, SP
     return acc
 
 
+@triton.jit
+def appended_expand(acc, rows, valid, ids, slot, pid_k, lst_ptr, s_ptr, stride_ss, stride_sm, SPLIT_S,
+                    scales_ptr, b_ptr, b_desc, stride_bl, stride_bn, stride_br, ranks_ptr, R_MAX, offs_n, n0, N,
+                    BM: tl.constexpr, BN: tl.constexpr, BLOCK_R: tl.constexpr, SPLIT_K: tl.constexpr,
+                    STAGES: tl.constexpr, B_TMA: tl.constexpr, B_MASK: tl.constexpr, ROW_SELECT: tl.constexpr):
+    """acc [BM, BN] += Σ_a (scale·S ⊙ rowmask_a) [BM, BLOCK_R] · B[a, n-tile, :]ᵀ as extra K steps.
+
+    One step per distinct adapter a of the row block (split pid_k takes every SPLIT_K-th one), run
+    as its own software-pipelined loop (``STAGES`` deep): the B tile [BN, BLOCK_R] streams in through
+    TMA (``b_desc``: bank_b viewed [L, N, R_MAX], box [1, BN, BLOCK_R], rows past N and columns past
+    R_MAX zero-filled, so nothing leaks from the next adapter) or 16-B cp.async, so step j+STAGES-1's
+    load overlaps step j's MMA instead of one exposed DRAM latency per adapter. The wgmma A operand
+    (S with other adapters' rows zeroed) is built in registers from the S tile loaded once.
+    The step's adapter id and rank come from a per-program list [2, BM] int32 (``lst_ptr`` + slot)
+    written here from the row block's first-occurrence marks: a scalar load per step that depends on
+    j only (the pipeliner can issue it ahead), instead of a [BM] cross-warp reduction per step.
+    B_MASK (TMA path) zeroes B's columns past each adapter's rank in registers (they may hold garbage,
+    even NaN); a caller whose bank is zero-padded (``AdapterBank``) may skip it, so wgmma reads the
+    TMA tile straight from SMEM. Rows with id −1 see exact zeros.
+    """
+    has = valid & (ids >= 0)
+    s = _scaled_s(rows, has, ids, s_ptr, stride_ss, stride_sm, SPLIT_S, scales_ptr, BM, BLOCK_R, BLOCK_R)
+    first, order, count = _distinct(ids, BM)
+    rank_row = tl.load(ranks_ptr + ids, mask=has, other=0)
+    rank_row = tl.minimum(tl.maximum(rank_row, 0), R_MAX)
+    lst = lst_ptr + slot.to(tl.int64) * (2 * BM)
+    tl.store(lst + order, ids, mask=first)
+    tl.store(lst + BM + order, rank_row, mask=first)
+    tl.debug_barrier()      # the list is read back by other threads of this program
+    rr = tl.arange(0, BLOCK_R)
+    s_op = s.to(b_ptr.dtype.element_ty)
+    for j in tl.range(pid_k, count, SPLIT_K, num_stages=STAGES):
+        cur = tl.load(lst + j)
+        if B_TMA:
+            b = b_desc.load([cur, n0, 0]).reshape(BN, BLOCK_R)
+            if B_MASK:
+                b = tl.where(rr[None, :] < tl.load(lst + BM + j), b, 0.0)
+        else:
+            # fallback (bank_b not TMA-legal): per-element rank mask, 2-B loads
+            rank = tl.load(lst + BM + j)
+            b = tl.load(b_ptr + cur.to(tl.int64) * stride_bl + offs_n[:, None] * stride_bn + rr[None, :] * stride_br,
+                        mask=(offs_n[:, None] < N) & (rr[None, :] < rank), other=0.0)
+        if ROW_SELECT:
+            # whole S tile as the (loop-invariant) A operand, the adapter's rows picked on the fp32
+            # result in the accumulator layout: no per-step A-operand relayout through SMEM
+            part = tl.dot(s_op, tl.trans(b))
+            acc = tl.where((ids == cur)[:, None], acc + part, acc)
+        else:
+            s_x = tl.where((ids == cur)[:, None], s, 0.0)
+            acc = tl.dot(s_x.to(b.dtype), tl.trans(b), acc)
+    return acc
+
+
 # ----------------------------------------------------------------------------------------------
 # kernels
 # ----------------------------------------------------------------------------------------------
@@ -295,6 +350,8 @@ def _mlora_main_kernel(
         ws_ptr,         # (tiles, SPLIT_K, BM, BN) fp32 split-K partials              (SPLIT_K > 1)
         sws_ptr,        # (tiles, SPLIT_K, BM, FUSE_D·BLOCK_R) fp32 S partials (SPLIT_K > 1, FUSE_D > 0)
         cnt_ptr,        # (tiles,) int32 arrival tickets, zero on entry, left zero on exit (SPLIT_K > 1)
+        b_desc,         # (L, N, R_MAX) TensorDescriptor, block [1, BN, BLOCK_R] (APPEND and B_TMA; else dummy)
+        lst_ptr,        # (tiles·SPLIT_K, 2, BM) int32 scratch: distinct adapters + ranks (APPEND)
         M, N, K, L, R_MAX, SPLIT_S,
         stride_xm, stride_xk, stride_wn, stride_wk, stride_ym, stride_yn,
         stride_ss, stride_sm, stride_al, stride_ar, stride_ak, stride_bl, stride_bn, stride_br,
@@ -302,8 +359,11 @@ def _mlora_main_kernel(
         GROUP_M: tl.constexpr, HAS_ORDER: tl.constexpr, HAS_LORA: tl.constexpr,
         HAS_BIAS: tl.constexpr, USE_TMA: tl.constexpr, X_TMA: tl.constexpr = False,
         FUSE_D: tl.constexpr = 0, EPI_D: tl.constexpr = 1, SPLIT_K: tl.constexpr = 1,
-        EPI_PIPE: tl.constexpr = 0, B_VEC: tl.constexpr = False):
+        EPI_PIPE: tl.constexpr = 0, B_VEC: tl.constexpr = False, APPEND: tl.constexpr = False,
+        APPEND_STAGES: tl.constexpr = 3, B_TMA: tl.constexpr = False, B_MASK: tl.constexpr = True,
+        ROW_SELECT: tl.constexpr = False):
     FUSED: tl.constexpr = HAS_LORA and FUSE_D > 0
+    APPENDED: tl.constexpr = HAS_LORA and APPEND and FUSE_D == 0
     DQ: tl.constexpr = max(FUSE_D, 1) * BLOCK_R
     tile = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -345,6 +405,11 @@ def _mlora_main_kernel(
             at = tl.load(a_rows[:, None] + offs_k[None, :] * stride_ak,
                          mask=live_q[:, None] & (offs_k[None, :] < k_hi), other=0.0)
             s_f = tl.dot(xt, at.T, s_f)
+    if APPENDED:
+        acc = appended_expand(acc, rows, valid, ids, tile * SPLIT_K + pid_k, pid_k, lst_ptr, s_ptr, stride_ss,
+                              stride_sm, SPLIT_S, scales_ptr, b_ptr, b_desc, stride_bl, stride_bn, stride_br,
+                              ranks_ptr, R_MAX, offs_n, pid_n * BN, N, BM, BN, BLOCK_R, SPLIT_K, APPEND_STAGES,
+                              B_TMA, B_MASK, ROW_SELECT)
 
     if SPLIT_K > 1:
         # deterministic split-K without a second launch: every split parks its fp32 partial, the
@@ -371,7 +436,7 @@ def _mlora_main_kernel(
         is_last = True
 
     if is_last:
-        if HAS_LORA:
+        if HAS_LORA and not APPENDED:
             if FUSED:
                 has = valid & (ids >= 0)
                 scale = tl.load(scales_ptr + ids, mask=has, other=0.0).to(tl.float32)
@@ -435,7 +500,11 @@ class MultiLoRAPlan:
     Plan candidates for the shrink-workspace epilogue (unmeasured, off by default):
     ``epi_pipe``: 0 = plain group loop; 1 = next group's B loaded before the current MMA (register
     double buffer); ≥ 2 = ``tl.range(num_stages=epi_pipe)`` (compiler pipeliner, SMEM ring);
-    ``b_vec``: 16-B vector loads for the B gather (applied only when bank_b's layout allows)."""
+    ``b_vec``: 16-B vector loads for the B gather (applied only when bank_b's layout allows).
+    ``expand``: "epilogue" (the loops above, after the K loop) or "appended" (candidate: one extra
+    pipelined K step per distinct adapter, B tiles through a TMA ring ``append_stages`` deep, adapters
+    shared out over the split-K programs; see :func:`appended_expand`); ``append_rowsel``: whole-S
+    MMA per step with the adapter's rows selected on the fp32 result (no per-step A relayout)."""
 
     main: KernelConfig
     shrink: KernelConfig
@@ -445,8 +514,18 @@ class MultiLoRAPlan:
     x_tma: bool = False
     epi_pipe: int = 0
     b_vec: bool = False
+    expand: str = "epilogue"
+    append_stages: int = 3
+    append_rowsel: bool = False
 
     def __post_init__(self):
+        if self.expand not in EXPANDS:
+            raise ValueError(f"MultiLoRAPlan.expand must be one of {EXPANDS}, got {self.expand!r}")
+        if self.expand == "appended" and self.fuse_d:
+            raise ValueError(f"MultiLoRAPlan: expand='appended' reads the shrink workspace, needs fuse_d=0, "
+                             f"got fuse_d={self.fuse_d}")
+        if not 1 <= self.append_stages <= 6:
+            raise ValueError(f"MultiLoRAPlan.append_stages must lie in [1, 6], got {self.append_stages}")
         for name in ("fuse_d", "epi_d"):
             v = getattr(self, name)
             if v < 0 or (v and v & (v - 1)) or (name == "epi_d" and v < 1):
@@ -457,17 +536,19 @@ class MultiLoRAPlan:
     def to_dict(self) -> dict:
         return {"main": self.main.to_dict(), "shrink": self.shrink.to_dict(), "use_tma": self.use_tma,
                 "fuse_d": self.fuse_d, "epi_d": self.epi_d, "x_tma": self.x_tma, "epi_pipe": self.epi_pipe,
-                "b_vec": self.b_vec}
+                "b_vec": self.b_vec, "expand": self.expand, "append_stages": self.append_stages,
+                "append_rowsel": self.append_rowsel}
 
     @classmethod
     def from_dict(cls, d: dict) -> "MultiLoRAPlan":
         return cls(main=KernelConfig.from_dict(d["main"]), shrink=KernelConfig.from_dict(d["shrink"]),
-                   **{k: d[k] for k in ("use_tma", "fuse_d", "epi_d", "x_tma", "epi_pipe", "b_vec")
+                   **{k: d[k] for k in ("use_tma", "fuse_d", "epi_d", "x_tma", "epi_pipe", "b_vec", "expand",
+                                          "append_stages", "append_rowsel")
                       if k in d})
 
 
 def main_ledger(cfg: KernelConfig, elem_bits: int = 16, use_tma: bool = True, fuse_d: int = 0,
-                epi_d: int = 1, epi_pipe: int = 0, b_vec: bool = False) -> SmemLedger:
+                epi_d: int = 1, epi_pipe: int = 0, b_vec: bool = False, append_stages: int = 0) -> SmemLedger:
     """SMEM of the main kernel: pipelined x, W (and, fused, stacked A) tiles, TMA barriers; the
     epilogue's S and stacked-B operand tiles reuse the pipeline buffers (dead after the K loop),
     so only any excess counts. ``epi_pipe`` ≥ 2 with ``b_vec`` (the only combination the
@@ -490,15 +571,21 @@ def main_ledger(cfg: KernelConfig, elem_bits: int = 16, use_tma: bool = True, fu
     if ring > 1:
         reused = pipe_bytes + (barrier_bytes(1) * cfg.num_stages if use_tma else 0)
         terms.append(SmemTerm(f"lowrank S+{ring} B ring beyond pipeline", max(0, epi_bytes - reused)))
+    elif append_stages:
+        # appended expand: a ring of [BN, BLOCK_R] B tiles + their barriers + the S operand tile,
+        # allocated after the K loop's buffers die (they reuse them)
+        ring_bytes = (append_stages * (tile_bytes(cfg.block_n, cfg.block_r, elem_bits) + barrier_bytes(1))
+                      + tile_bytes(cfg.block_m, cfg.block_r, elem_bits))
+        terms.append(SmemTerm(f"appended {append_stages}-deep B ring beyond pipeline", max(0, ring_bytes - pipe_bytes)))
     else:
         terms.append(SmemTerm("lowrank S+B beyond pipeline", max(0, epi_bytes - pipe_bytes)))
     return SmemLedger(tuple(terms), label=f"multilora main {cfg.block_m}x{cfg.block_n}x{cfg.block_k}")
 
 
 def can_implement(cfg: KernelConfig, elem_bits: int = 16, fuse_d: int = 0, epi_d: int = 1,
-                  epi_pipe: int = 0, b_vec: bool = False) -> bool:
+                  epi_pipe: int = 0, b_vec: bool = False, append_stages: int = 0) -> bool:
     return not cfg.persistent and main_ledger(cfg, elem_bits, fuse_d=fuse_d, epi_d=epi_d, epi_pipe=epi_pipe,
-                                              b_vec=b_vec).fits()
+                                              b_vec=b_vec, append_stages=append_stages).fits()
 
 
 TUNED_PATH = TUNED_DIR / "multilora_h200.json"
@@ -644,10 +731,26 @@ def _w_operand(weight: torch.Tensor, cfg: KernelConfig, use_tma: bool):
                             block_shape=[cfg.block_n, cfg.block_k])
 
 
+def _b_tma_ok(bank_b: torch.Tensor) -> bool:
+    """TMA needs a unit inner stride, 16-B aligned outer strides and base."""
+    es = bank_b.element_size()
+    return (bank_b.stride(2) == 1 and (bank_b.stride(1) * es) % 16 == 0 and (bank_b.stride(0) * es) % 16 == 0
+            and bank_b.data_ptr() % 16 == 0)
+
+
+def _b_descriptor(bank_b: torch.Tensor, block_n: int, block_r: int):
+    """bank_b [L, N, r_max] as a 3-D TMA descriptor, box [1, BN, BLOCK_R]: a box never crosses into
+    the next adapter (rows ≥ N and columns ≥ r_max are zero-filled by the TMA unit)."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+    return TensorDescriptor(bank_b, shape=list(bank_b.shape), strides=list(bank_b.stride()),
+                            block_shape=[1, block_n, block_r])
+
+
 def multi_lora_gemm(x, weight, bank_a, bank_b, ranks, scales, adapter_ids, bias=None, row_order=None,
                     mode: str = "auto", plan: MultiLoRAPlan | None = None, has_lora: bool = True,
                     validate: bool | None = None, out: torch.Tensor | None = None,
-                    poison_workspace: bool = False, adapters: int | None = None) -> torch.Tensor:
+                    poison_workspace: bool = False, adapters: int | None = None,
+                    b_clean: bool = False) -> torch.Tensor:
     """Launch (shrink +) main. x [M, K], weight [N, K], bank_a [L, r_max, K], bank_b [L, N, r_max],
     ranks [L] int32, scales [L] fp32, adapter_ids [M] (−1 = base only), bias [N] → y [M, N].
 
@@ -657,6 +760,8 @@ def multi_lora_gemm(x, weight, bank_a, bank_b, ranks, scales, adapter_ids, bias=
     ``adapters``: host-known bound on distinct adapters in the batch (plan choice only; a wrong
     bound stays exact). ``out`` [M, N] receives y (tests pass it NaN-filled); ``poison_workspace``
     NaN-fills the S and split-K workspaces first, so a read of a slot nobody wrote shows up.
+    ``b_clean``: the caller guarantees bank_b is zero past each slot's rank (``AdapterBank`` does);
+    lets the appended expand skip its per-step rank mask. Wrong when the padding holds NaN/Inf.
     """
     M, N, K, L, r_max = _check_inputs(x, weight, bank_a, bank_b, ranks, scales, adapter_ids, bias,
                                       row_order, mode)
@@ -729,9 +834,16 @@ def multi_lora_gemm(x, weight, bank_a, bank_b, ranks, scales, adapter_ids, bias=
                                   block_shape=[cfg.block_m, cfg.block_k])
     else:
         x_desc = x
+    append = plan.expand == "appended" and has_lora and not fuse_d
+    b_tma = append and _b_tma_ok(bank_b)
+    if append:
+        lst = torch.empty((tiles * split_k, 2 * cfg.block_m), dtype=torch.int32, device=x.device)
+        b_desc = _b_descriptor(bank_b, cfg.block_n, block_r) if b_tma else bank_b
+    else:
+        lst, b_desc = ids, bank_b
     _mlora_main_kernel[(tiles, split_k)](
         x, x_desc, _w_operand(weight, cfg, use_tma), y, bias if bias is not None else x, ids, order_arg, s_ws,
-        scales, bank_a, bank_b, ranks, ws, sws, cnt, M, N, K, L, r_max, split_s,
+        scales, bank_a, bank_b, ranks, ws, sws, cnt, b_desc, lst, M, N, K, L, r_max, split_s,
         x.stride(0), x.stride(1), weight.stride(0), weight.stride(1), y.stride(0), y.stride(1),
         s_ws.stride(0), s_ws.stride(1), bank_a.stride(0), bank_a.stride(1), bank_a.stride(2),
         bank_b.stride(0), bank_b.stride(1), bank_b.stride(2),
@@ -739,6 +851,8 @@ def multi_lora_gemm(x, weight, bank_a, bank_b, ranks, scales, adapter_ids, bias=
         HAS_ORDER=order is not None, HAS_LORA=has_lora, HAS_BIAS=bias is not None, USE_TMA=use_tma,
         X_TMA=x_tma, FUSE_D=fuse_d, EPI_D=plan.epi_d, SPLIT_K=split_k, EPI_PIPE=plan.epi_pipe,
         B_VEC=plan.b_vec and bank_b.stride(2) == 1 and bank_b.stride(0) % 8 == 0 and r_max == block_r,
+        APPEND=append, APPEND_STAGES=plan.append_stages, B_TMA=b_tma, B_MASK=not b_clean,
+        ROW_SELECT=plan.append_rowsel,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return y
 
