@@ -14,10 +14,21 @@ w4a4_tuned.json (winners per format and M bucket: m_max 16 ← M=1, 64 ← M=64,
     PYTHONPATH=src python scripts/probe_w4a4.py --decode-only --out $OUT [--write-tuned]     (≤ 60 s)
         decode M=1 / 64 only: cublas_bf16, fp8_scaled_mm, act_quant (auto), ≤ 6 SWAP-AB candidates per
         format (bn128 = current default; block_k = 128/256/512: several groups per K step; bn64).
+    PYTHONPATH=src python scripts/probe_w4a4.py --mainloop-only --out $OUT                 (≤ 120 s)
+        GEMM main loops alone (issues 4/6): fc1, fc2, decode M=1/16/64, both formats, r=32: today's plan
+        vs scale_tma vs expand (M > 64) vs fp8 _scaled_mm / cuBLAS bf16; then a decode scale_tma sweep
+        (block_n 64/128 × num_stages 6/10/14). Priority order; whatever the budget does not reach is
+        reported as skipped. Winners (total µs over the bucket's shapes) → w4a4_mainloop_tuned.json.
     PYTHONPATH=src python scripts/probe_w4a4.py --fc1-actquant --out $OUT                  (≤ 20 s)
         act_quant alone at M=4608, K=3072 and 12288, both formats, plan candidates (block_m, block_k,
         num_warps); bit-identity vs the torch quantizer on the first rows checked first. Winners go to
         act_quant_tuned.json (pin them as plan_act_quant's large-M defaults).
+    PYTHONPATH=src python scripts/probe_w4a4.py --actquant-only --out $OUT                 (≤ 120 s)
+        act_quant v1 (old kernels) vs v2 (prep + cheap per-element path) at M ∈ {1, 64, 4608} ×
+        K ∈ {3072, 4096, 12288}, both formats, r = 32, plus v2 tile variants at M = 4608. Every
+        candidate first checked on ALL rows: bytes and scales equal to the torch quantizer, S vs float64
+        (rel err recorded; fails above 1e-4). Writes probe_w4a4.json / .md and act_quant_ab.json
+        (per fmt × M × K: µs per candidate, the winner); pin with LOWRANK_GEMM_ACT_QUANT=v1|v2.
 """
 
 from __future__ import annotations
@@ -161,6 +172,197 @@ def _probe_actquant(record, dev) -> dict:
     return best
 
 
+MAINLOOP_SHAPES = [("decode", 1, 28672, 4096), ("decode", 64, 28672, 4096), ("fc1", 4608, 12288, 3072),
+                   ("decode", 16, 28672, 4096), ("fc2", 4608, 3072, 12288)]
+
+
+def _mainloop_candidates(m, n, k, fmt):
+    from lowrank_gemm.kernels.w4a4_gemm import can_implement, expand_config, plan_w4a4_full
+    today = plan_w4a4_full(m, n, k, RANK, fmt, G, torch.device("cuda"))
+    c = {"today": today}
+    tma = W4A4Plan(today.variant, today.config, today.mma_fp8, today.prefetch, True)
+    if can_implement(tma.config, fmt, G, tma.variant, True):
+        c["today_scale_tma"] = tma
+    if m > 64:
+        for name, kw in (("expand", {}), ("expand_bn128", {"block_n": 128}) if fmt == "int4_2l" else
+                         ("expand_fp8", {"mma_fp8": True})):
+            fp8 = kw.pop("mma_fp8", False)
+            try:
+                c[name] = W4A4Plan("expand", expand_config(RANK, fmt, G, **kw), mma_fp8=fp8)
+            except Exception as exc:
+                print(f"skip {fmt} {name}: {exc}", flush=True)
+        if fmt == "int4_g64":
+            c["expand_scale_tma"] = W4A4Plan("expand", expand_config(RANK, fmt, G, scale_tma=True), scale_tma=True)
+    return c
+
+
+def _decode_sweep(m, fmt):
+    from lowrank_gemm.kernels.w4a4_gemm import can_implement
+    c = {}
+    for bn in (64, 128):
+        for st in (6, 10, 14):
+            cfg = swap_config(m, RANK, fmt, G, block_n=bn, max_stages=st, scale_tma=True)
+            if cfg.num_stages == st and can_implement(cfg, fmt, G, "swap_ab", True):
+                c[f"swap_tma_bn{bn}_s{st}"] = W4A4Plan("swap_ab", cfg, scale_tma=True)
+    return c
+
+
+def mainloop_only(out: Path, budget: float = 112.0) -> int:
+    """--mainloop-only (see the module docstring). Self-contained: own rows, own files."""
+    from lowrank_gemm.kernels.w4_expand import expand_w4
+    dev = torch.device("cuda")
+    torch.manual_seed(0)
+    t0 = time.time()
+    rows, per = [], {}  # per[(fmt, bucket)][name] = {shape: (µs, plan)}
+
+    def record(shape, m, n, k, impl, fn, inputs, check=None, **extra):
+        row = {"suite": shape, "M": m, "N": n, "K": k, "r": RANK, "impl": impl, **extra}
+        if time.time() - t0 > budget:
+            row["error"] = "skipped: probe time budget spent"
+        else:
+            try:
+                if check is not None:
+                    row["rel_err"] = check()
+                    if not row["rel_err"] < 2e-2:
+                        raise AssertionError(f"rel err {row['rel_err']:.3g} vs float64 reference")
+                row.update(time_impl(fn, [inputs]))
+            except Exception as exc:  # reported, never stops the rest
+                row["error"] = f"{type(exc).__name__}: {exc}"[:300]
+                traceback.print_exc(limit=2)
+        t = row.get("graph_us")
+        row["tops"] = round(2 * m * n * k / (t * 1e-6) / 1e12, 1) if t and "error" not in row else None
+        rows.append(row)
+        print(f"{shape:6s} M={m:5d} {impl:44s} graph {t} µs rel {row.get('rel_err')} {row.get('error', '')}",
+              flush=True)
+        return row
+
+    work = [(s, fmt, False) for s in MAINLOOP_SHAPES for fmt in ("int4_2l", "int4_g64")]
+    work += [(s, fmt, True) for s in (MAINLOOP_SHAPES[1], MAINLOOP_SHAPES[0]) for fmt in ("int4_2l", "int4_g64")]
+    baselined = set()
+    for (shape, m, n, k), fmt, sweep in work:
+        if time.time() - t0 > budget:
+            rows.append({"suite": shape, "M": m, "impl": f"{fmt}:{'sweep' if sweep else 'main'}",
+                         "error": "skipped: probe time budget spent"})
+            continue
+        if (shape, m) not in baselined:
+            baselined.add((shape, m))
+            x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
+            w = torch.randn(n, k, device=dev, dtype=torch.bfloat16) * 0.02
+            record(shape, m, n, k, "cublas_bf16", lambda a, b: torch.nn.functional.linear(a, b), (x, w))
+            one_m, one_n = torch.ones(m, 1, device=dev), torch.ones(1, n, device=dev)
+            record(shape, m, n, k, "fp8_scaled_mm",
+                   lambda a, b, sa, sb: torch._scaled_mm(a, b, sa, sb, out_dtype=torch.bfloat16),
+                   (x.to(torch.float8_e4m3fn), w.to(torch.float8_e4m3fn).t(), one_m, one_n))
+            del x, w
+        try:
+            o = _operands(m, n, k, fmt, dev)
+            rr = min(m, CHECK_ROWS)
+            ref = _rows_ref(o, fmt, rr)
+            cands = _decode_sweep(m, fmt) if sweep else _mainloop_candidates(m, n, k, fmt)
+        except Exception as exc:
+            rows.append({"suite": shape, "M": m, "impl": f"operands:{fmt}", "error": repr(exc)[:300]})
+            continue
+        if m > 64 and not sweep:
+            ed = torch.int8
+            record(shape, m, n, k, f"expand_w4:{fmt}", lambda q, u: expand_w4(q, u, G, fmt, ed), (o["wq"], o["wmul"]),
+                   floor_us=round(n * k * 1.5 / 4.27e6, 1))
+        bucket = 16 if m <= 16 else 64 if m <= 64 else None
+        for name, plan in cands.items():
+            def fn(xq, xsc, wq, wsc, wmul, s, up, out, plan=plan, fmt=fmt):
+                return launch_w4a4_v1(xq, xsc, wq, wsc, wmul, s, up, None, out, fmt, G, plan=plan)
+
+            out_t = torch.empty(m, n, device=dev, dtype=torch.bfloat16)
+            inputs = (o["xq"], o["xsc"], o["wq"], o["wsc"], o["wmul"], o["s"], o["up"], out_t)
+
+            def check(inputs=inputs, fn=fn):
+                inputs[-1].fill_(float("nan"))
+                y = fn(*inputs)
+                torch.cuda.synchronize()
+                return float("nan") if not torch.isfinite(y).all() else _rel(y[:rr], ref)
+
+            row = record(shape, m, n, k, f"gemm:{fmt}:{name}", fn, inputs, check, plan=plan.to_dict())
+            if row.get("graph_us") and "error" not in row:
+                per.setdefault((fmt, bucket), {}).setdefault(name, {})[(shape, m)] = (row["graph_us"], plan)
+        del o, ref
+        torch.cuda.empty_cache()
+
+    entries = []
+    for (fmt, bucket), by_name in sorted(per.items(), key=lambda kv: (kv[0][0], kv[0][1] or 1 << 30)):
+        shapes = set().union(*(set(v) for v in by_name.values()))
+        full = {nm: v for nm, v in by_name.items() if set(v) == shapes} or by_name  # ran on every shape
+        name = min(full, key=lambda nm: sum(t for t, _ in full[nm].values()))
+        plan = next(iter(full[name].values()))[1]
+        entries.append({"fmt": fmt, "group_size": G, "m_max": bucket, "probe_winner": name,
+                        "graph_us": {f"{s}:M={mm}": t for (s, mm), (t, _) in full[name].items()},
+                        "plan": plan.to_dict()})
+    tuned = {"device": torch.cuda.get_device_name(0), "source": "scripts/probe_w4a4.py --mainloop-only",
+             "entries": entries}
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "w4a4_mainloop_tuned.json").write_text(json.dumps(tuned, indent=1))
+    meta = device_meta()
+    meta.update(wall_s=round(time.time() - t0, 1))
+    (out / "probe_w4a4_mainloop.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1, default=str))
+    table = markdown_table(["suite", "M", "impl", "graph µs", "eager µs", "TOPS", "rel err", "error"],
+                           [[r["suite"], r["M"], r["impl"], r.get("graph_us"), r.get("median_us"), r.get("tops"),
+                             r.get("rel_err"), r.get("error", "")[:80]] for r in rows])
+    (out / "probe_w4a4_mainloop.md").write_text(f"# probe_w4a4 --mainloop-only\n\n{meta}\n\n{table}\n")
+    print(table)
+    print("winners:", [(e["fmt"], e["m_max"], e["probe_winner"]) for e in entries])
+    print(f"wall {time.time() - t0:.1f} s")
+    return 0
+
+
+AB_MS, AB_KS = (4608, 64, 1), (3072, 4096, 12288)
+# (label, act_quant kwargs); the tile variants are tried at M = 4608 only
+AB_CANDIDATES = [("v1(old)", dict(variant="v1")), ("v2", dict(variant="v2"))]
+AB_LARGE_EXTRA = [("v2_w8", dict(variant="v2", num_warps=8)), ("v2_bm128_w8", dict(variant="v2", block_m=128, num_warps=8)),
+                  ("v2_bm32", dict(variant="v2", block_m=32))]
+
+
+def _probe_actquant_ab(record, dev) -> dict:
+    """act_quant v1 vs v2 on every (fmt, M, K): all rows' bytes/scales vs the torch quantizer and S vs
+    float64 first, then CUDA-graph time. Returns {"fmt:M=..:K=..": {label: graph_us, "winner": label}}."""
+    table = {}
+    for k in AB_KS:
+        for m in AB_MS:
+            x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
+            smooth = (torch.rand(k, device=dev) + 0.5).to(torch.bfloat16)
+            down = (torch.randn(RANK, k, device=dev) * 0.02).to(torch.bfloat16)
+            xs = x.float() / smooth.float()
+            s_ref = xs.double() @ down.double().T
+            for fmt in ("int4_g64", "int4_2l"):
+                q_ref = quantize_act_int4(xs, G) if fmt == "int4_g64" else quantize_act_2l(xs, G)
+                if fmt == "int4_g64":
+                    q_ref = (pack_int4(q_ref[0]), q_ref[1])
+                key = f"{fmt}:M={m}:K={k}"
+                table[key] = {}
+                for label, kw in AB_CANDIDATES + (AB_LARGE_EXTRA if m > 64 else []):
+                    def fn(x, sm, d, kw=kw, fmt=fmt):
+                        return act_quant(x, sm, d, G, fmt, **kw)
+
+                    def check(fn=fn, q_ref=q_ref):
+                        xq, xsc, s = fn(x, smooth, down)
+                        torch.cuda.synchronize()
+                        if not (torch.equal(xq, q_ref[0]) and torch.equal(xsc, q_ref[1])):
+                            bad = (xq != q_ref[0]).sum().item()
+                            raise AssertionError(f"bytes differ from the torch quantizer ({bad} elements)")
+                        rel = _rel(s, s_ref)
+                        if not rel < 1e-4:
+                            raise AssertionError(f"S rel err {rel:.3g} vs float64")
+                        return rel
+
+                    plan = plan_act_quant(m, k, G, dev, **kw)
+                    row = record(f"aq_K{k}", m, RANK, k, f"act_quant:{fmt}:{label}", fn, (x, smooth, down), check,
+                                 plan=plan._asdict())
+                    if row.get("graph_us") and "error" not in row:
+                        table[key][label] = row["graph_us"]
+                if table[key]:
+                    table[key]["winner"] = min(table[key], key=table[key].get)
+            del x, smooth, down, xs, s_ref
+            torch.cuda.empty_cache()
+    return table
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True)
@@ -168,8 +370,14 @@ def main(argv=None) -> int:
     mode = ap.add_mutually_exclusive_group()
     mode.add_argument("--decode-only", action="store_true", help="decode M=1/64 baselines + SWAP-AB candidates (≤ 60 s)")
     mode.add_argument("--fc1-actquant", action="store_true", help="act_quant alone at M=4608, K=3072/12288 (≤ 20 s)")
+    mode.add_argument("--actquant-only", action="store_true",
+                      help="act_quant v1 vs v2 at M∈{1,64,4608} × K∈{3072,4096,12288}, both formats (≤ 120 s)")
+    mode.add_argument("--mainloop-only", action="store_true",
+                      help="GEMM main loops: today vs scale_tma vs expand vs fp8/bf16, + decode sweep (≤ 120 s)")
     args = ap.parse_args(argv)
-    budget = 55.0 if args.decode_only else 18.0 if args.fc1_actquant else BUDGET_S
+    if args.mainloop_only:
+        return mainloop_only(args.out)
+    budget = 55.0 if args.decode_only else 18.0 if args.fc1_actquant else 100.0 if args.actquant_only else BUDGET_S
     args.out.mkdir(parents=True, exist_ok=True)
     dev = torch.device("cuda")
     torch.manual_seed(0)
@@ -197,11 +405,15 @@ def main(argv=None) -> int:
               f"{row.get('error', '')}", flush=True)
         return row
 
+    if args.actquant_only:
+        ab = _probe_actquant_ab(record, dev)
+        (args.out / "act_quant_ab.json").write_text(json.dumps(ab, indent=1))
+        print("act_quant v1 vs v2:", json.dumps(ab))
     if args.fc1_actquant:
         aq_best = _probe_actquant(record, dev)
         (args.out / "act_quant_tuned.json").write_text(json.dumps(aq_best, indent=1))
         print("act_quant winners:", aq_best)
-    for shape, m, n, k in ([] if args.fc1_actquant else DECODE_SHAPES if args.decode_only else SHAPES):
+    for shape, m, n, k in ([] if (args.fc1_actquant or args.actquant_only) else DECODE_SHAPES if args.decode_only else SHAPES):
         x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
         w = torch.randn(n, k, device=dev, dtype=torch.bfloat16) * 0.02
         record(shape, m, n, k, "cublas_bf16", lambda a, b: torch.nn.functional.linear(a, b), (x, w))

@@ -274,3 +274,77 @@ def test_aot_sm90_swap_wide_k_step(fmt):
     else:
         assert 0 <= pred - info.shared <= 4096, (info.shared, pred)
 
+
+
+# ---- scale_tma and expand (issues 4/6) -------------------------------------------------------------
+
+from lowrank_gemm.kernels.w4a4_gemm import expand_config, w4a4_expand_ledger  # noqa: E402
+
+
+def _new_plans(m, r, fmt, g):
+    std = KernelConfig(block_m=64, block_n=32, block_k=64, block_r=16, group_m=2, num_warps=4, num_stages=3)
+    plans = {"std_tma": W4A4Plan("standard", std, scale_tma=True),
+             "swap_tma": W4A4Plan("swap_ab", swap_config(m, r, fmt, g, block_n=64, scale_tma=True), scale_tma=True),
+             "expand": W4A4Plan("expand", std.replace(block_k=64 if fmt == "int4_2l" else g)),
+             "expand_tma": W4A4Plan("expand", std.replace(block_k=g), scale_tma=True)}
+    if fmt == "int4_g64":
+        plans["expand_fp8"] = W4A4Plan("expand", std.replace(block_k=g), mma_fp8=True)
+    return plans
+
+
+@pytest.mark.parametrize("fmt,g", [("int4_g64", 64), ("int4_2l", 64), ("int4_g64", 128)])
+@pytest.mark.parametrize("m,n,r", [(24, 144, 16), (19, 150, 0)])
+def test_scale_tma_and_expand_vs_reference(fmt, g, m, n, r):
+    """(24, 144): every scale tensor meets TMA's 16-byte row rule (the TMA path runs); (19, 150): none
+    does (per-tensor fallback to plain loads). Ragged vs the tiles either way; more tiles than programs."""
+    k = 256
+    ops, lowrank, bias = _operands(m, n, k, r, g, fmt)
+    ref = _ref(ops, lowrank, bias, g, fmt)
+    for name, plan in _new_plans(m, r, fmt, g).items():
+        assert can_implement(plan.config, fmt, g, plan.variant, plan.scale_tma), name
+        assert W4A4Plan.from_dict(plan.to_dict()) == plan
+        y = _run_poisoned(ops, lowrank, bias, m, n, g, fmt, plan=plan)
+        assert _rel(y, ref) < TOL, name
+
+
+def test_old_plan_dicts_default_scale_tma_off():
+    d = W4A4Plan("swap_ab", swap_config(1, 32, "int4_2l", 64)).to_dict()
+    d.pop("scale_tma")
+    assert W4A4Plan.from_dict(d).scale_tma is False
+
+
+def test_expand_planner_and_ledger():
+    cfg = expand_config(32, "int4_2l", 64)
+    assert (cfg.block_m, cfg.block_n, cfg.block_k, cfg.num_warps) == (128, 256, 128, 8) and cfg.num_stages == 4
+    assert can_implement(cfg, "int4_2l", 64, "expand") and not can_implement(cfg.replace(num_stages=5), "int4_2l", 64,
+                                                                              "expand")
+    assert "expand B w int8" in w4a4_expand_ledger(cfg, "int4_2l", 64).table()
+    g = expand_config(32, "int4_g64", 64, scale_tma=True)
+    assert g.block_k == 64 and "staging" in w4a4_expand_ledger(g, "int4_g64", 64, True).table()
+
+
+@pytest.mark.parametrize("fmt,g,variant,tma,stages", [
+    ("int4_2l", 64, "standard", True, 3), ("int4_2l", 64, "expand", False, 3), ("int4_g64", 64, "expand", False, 3),
+    ("int4_g64", 64, "expand", True, 3), ("int4_g64", 128, "expand", False, 2), ("int4_g64", 64, "swap_ab", True, 6),
+    ("int4_2l", 64, "swap_ab", True, 6)])
+def test_aot_sm90_new_loops(fmt, g, variant, tma, stages):
+    """wgmma + TMA in the PTX; scale_tma adds TMA load sites; SMEM = ledger (swap 2l: ledger ≤ 64 B over,
+    like the unexplained swap-2l barrier bytes of test_aot_sm90_swap_ab)."""
+    if variant == "expand":
+        cfg = expand_config(32, fmt, g)
+    elif variant == "swap_ab":
+        cfg = swap_config(1, 32, fmt, g)
+    else:
+        cfg = plan_w4a4(4608, 12288, 3072, 32, fmt, g)
+    cfg = cfg.replace(num_stages=stages)
+    info = aot_compile(cfg, fmt, g, variant=variant, scale_tma=tma, has_lowrank=False)
+    assert re.search(r"wgmma\.mma_async\.sync\.aligned\.m64n\d+k32\.s32\.s8\.s8", info.ptx)
+    assert "cp.async.bulk.tensor" in info.ptx
+    if tma:
+        base = aot_compile(cfg, fmt, g, variant=variant, scale_tma=False, has_lowrank=False)
+        assert info.ptx.count("cp.async.bulk.tensor") > base.ptx.count("cp.async.bulk.tensor")
+    pred = predicted_shared(cfg, fmt, g, has_lowrank=False, variant=variant, scale_tma=tma)
+    if variant == "swap_ab" and fmt == "int4_2l":
+        assert 0 <= pred - info.shared <= 64, (info.shared, pred)
+    else:
+        assert info.shared == pred, (info.shared, pred)

@@ -23,6 +23,7 @@ S is accumulated with split-TF32 MMAs (xs = hi + lo, ≈ fp32) so it matches the
 
 from __future__ import annotations
 
+import os
 from typing import NamedTuple
 
 import torch
@@ -32,7 +33,7 @@ import triton.language as tl
 from .epilogue import rank_block
 from .schedule import cdiv, num_sms
 
-__all__ = ["act_quant", "plan_act_quant", "ActQuantPlan", "FORMATS", "MAX_SPLIT"]
+__all__ = ["act_quant", "plan_act_quant", "ActQuantPlan", "FORMATS", "VARIANTS", "MAX_SPLIT"]
 
 FORMATS = ("int4_g64", "int4_2l")
 _RNE_MAGIC = tl.constexpr(12582912.0)  # 1.5·2²³: adding and subtracting it rounds |v| < 2²² to the nearest even integer
@@ -96,6 +97,27 @@ def _group_max(v, BLOCK_M: tl.constexpr, NGS: tl.constexpr, W: tl.constexpr):
 
 
 @triton.jit
+def _g64_quantize(xs_lo, xs_hi, BLOCK_M: tl.constexpr, NGS: tl.constexpr, HG: tl.constexpr,
+                  SCALE_BF16: tl.constexpr):
+    """Exact int4_g64 quantization of smoothed lo/hi nibble columns [BM, NGS·HG] → (packed uint8
+    [BM, NGS·HG], scales fp32 [BM, NGS]); every IEEE corner case (NaN, ±Inf, zero groups) handled."""
+    amax = tl.maximum(_group_max(tl.abs(xs_lo), BLOCK_M, NGS, HG), _group_max(tl.abs(xs_hi), BLOCK_M, NGS, HG))
+    n_nan = (_group_max((xs_lo != xs_lo).to(tl.int32), BLOCK_M, NGS, HG)
+             + _group_max((xs_hi != xs_hi).to(tl.int32), BLOCK_M, NGS, HG))
+    scale = _round_scale16(tl.math.div_rn(amax, 7.0), SCALE_BF16)  # [BM, NGS]
+    scale = tl.where(scale == 0.0, 1.0, scale)
+    scale = tl.where(n_nan > 0, float("nan"), scale)
+    scale_b = _bcast_groups(scale, BLOCK_M, NGS, HG)
+    ok = _is_finite(scale_b)
+    r_lo = tl.math.div_rn(xs_lo, scale_b)
+    r_hi = tl.math.div_rn(xs_hi, scale_b)
+    q_lo = tl.where(ok & _is_finite(r_lo), _rne(tl.minimum(tl.maximum(r_lo, -8.0), 7.0)), 0.0).to(tl.int32)
+    q_hi = tl.where(ok & _is_finite(r_hi), _rne(tl.minimum(tl.maximum(r_hi, -8.0), 7.0)), 0.0).to(tl.int32)
+    packed = ((q_lo & 0xF) | ((q_hi & 0xF) << 4)).to(tl.uint8)
+    return packed, scale
+
+
+@triton.jit
 def _quant_g64_step(x_ptr, stride_xm, smooth_ptr, q_ptr, stride_qm, sc_ptr, stride_sg, a_ptr, stride_ar,
                     s_acc, k0, offs_m, offs_r, M, R,
                     G: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -115,19 +137,7 @@ def _quant_g64_step(x_ptr, stride_xm, smooth_ptr, q_ptr, stride_qm, sc_ptr, stri
     if HAS_LOWRANK:
         s_acc = _down(s_acc, xs_lo, a_ptr, stride_ar, k_lo, offs_r, R)
         s_acc = _down(s_acc, xs_hi, a_ptr, stride_ar, k_lo + 32, offs_r, R)
-    amax = tl.maximum(_group_max(tl.abs(xs_lo), BLOCK_M, NGS, HG), _group_max(tl.abs(xs_hi), BLOCK_M, NGS, HG))
-    n_nan = (_group_max((xs_lo != xs_lo).to(tl.int32), BLOCK_M, NGS, HG)
-             + _group_max((xs_hi != xs_hi).to(tl.int32), BLOCK_M, NGS, HG))
-    scale = _round_scale16(tl.math.div_rn(amax, 7.0), SCALE_BF16)  # [BM, NGS]
-    scale = tl.where(scale == 0.0, 1.0, scale)
-    scale = tl.where(n_nan > 0, float("nan"), scale)
-    scale_b = _bcast_groups(scale, BLOCK_M, NGS, HG)
-    ok = _is_finite(scale_b)
-    r_lo = tl.math.div_rn(xs_lo, scale_b)
-    r_hi = tl.math.div_rn(xs_hi, scale_b)
-    q_lo = tl.where(ok & _is_finite(r_lo), _rne(tl.minimum(tl.maximum(r_lo, -8.0), 7.0)), 0.0).to(tl.int32)
-    q_hi = tl.where(ok & _is_finite(r_hi), _rne(tl.minimum(tl.maximum(r_hi, -8.0), 7.0)), 0.0).to(tl.int32)
-    packed = ((q_lo & 0xF) | ((q_hi & 0xF) << 4)).to(tl.uint8)
+    packed, scale = _g64_quantize(xs_lo, xs_hi, BLOCK_M, NGS, HG, SCALE_BF16)
     row_ok = offs_m < M
     tl.store(q_ptr + offs_m[:, None] * stride_qm + (k0 // 2 + col)[None, :], packed, mask=row_ok[:, None])
     gi = k0 // G + tl.arange(0, NGS)
@@ -198,6 +208,35 @@ def _act_2l_stats_kernel(
 
 
 @triton.jit
+def _2l_row_scale(ap_ptr, stride_aps, offs_m, row_ok, SPLIT, SPLIT_P2: tl.constexpr):
+    """Row scale t [BM] from the pass-1 absmax partials (every slice program recomputes it from the same
+    values in the same order); returns (t, ok = t finite, safe_t = t or 1)."""
+    offs_s = tl.arange(0, SPLIT_P2)
+    part = tl.load(ap_ptr + offs_s[:, None] * stride_aps + offs_m[None, :],
+                   mask=(offs_s[:, None] < SPLIT) & row_ok[None, :], other=0.0)
+    has_nan = tl.sum((part != part).to(tl.int32), axis=0) > 0
+    amax = tl.max(tl.where(part != part, 0.0, part), axis=0)
+    t = tl.math.div_rn(amax, 105.0)
+    t = tl.where(t == 0.0, 1.0, t)
+    t = tl.where(has_nan, float("nan"), t)
+    ok = _is_finite(t)
+    return t, ok, tl.where(ok, t, 1.0)
+
+
+@triton.jit
+def _2l_quantize(xs, safe_t, ok, BLOCK_M: tl.constexpr, NGS: tl.constexpr, G: tl.constexpr):
+    """Exact two-level quantization of smoothed columns xs [BM, NGS·G] given the row scale → e int8."""
+    gmax = _group_max(tl.abs(xs), BLOCK_M, NGS, G)  # [BM, NGS]
+    v = tl.math.ceil(tl.math.div_rn(gmax, (safe_t * 7.0)[:, None]))
+    v = tl.minimum(tl.maximum(v, 1.0), 15.0)
+    v = tl.where(_is_finite(v), v, 1.0)
+    vb = _bcast_groups(v, BLOCK_M, NGS, G)
+    r = tl.math.div_rn(xs, safe_t[:, None] * vb)
+    q = tl.where(ok[:, None] & _is_finite(r), _rne(tl.minimum(tl.maximum(r, -8.0), 7.0)), 0.0)
+    return (q * vb).to(tl.int8)
+
+
+@triton.jit
 def _act_2l_quant_kernel(
     x_ptr, stride_xm, smooth_ptr,
     e_ptr, stride_em,          # (M, K) int8: expanded q·v
@@ -211,30 +250,261 @@ def _act_2l_quant_kernel(
     NGS: tl.constexpr = BLOCK_K // G
     pid_k = tl.program_id(1)
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_s = tl.arange(0, SPLIT_P2)
     offs_k = tl.arange(0, BLOCK_K)
     row_ok = offs_m < M
-    part = tl.load(ap_ptr + offs_s[:, None] * stride_aps + offs_m[None, :],
-                   mask=(offs_s[:, None] < SPLIT) & row_ok[None, :], other=0.0)
-    has_nan = tl.sum((part != part).to(tl.int32), axis=0) > 0
-    amax = tl.max(tl.where(part != part, 0.0, part), axis=0)
-    t = tl.math.div_rn(amax, 105.0)
-    t = tl.where(t == 0.0, 1.0, t)
-    t = tl.where(has_nan, float("nan"), t)
-    ok = _is_finite(t)
-    safe_t = tl.where(ok, t, 1.0)
+    t, ok, safe_t = _2l_row_scale(ap_ptr, stride_aps, offs_m, row_ok, SPLIT, SPLIT_P2)
     k_begin = pid_k * STEPS_PER_SLICE * BLOCK_K
     k_end = tl.minimum(k_begin + STEPS_PER_SLICE * BLOCK_K, K)
     for k0 in range(k_begin, k_end, BLOCK_K):
         xs = _smoothed(x_ptr, stride_xm, smooth_ptr, offs_m, k0 + offs_k, M)
-        gmax = _group_max(tl.abs(xs), BLOCK_M, NGS, G)  # [BM, NGS]
-        v = tl.math.ceil(tl.math.div_rn(gmax, (safe_t * 7.0)[:, None]))
-        v = tl.minimum(tl.maximum(v, 1.0), 15.0)
-        v = tl.where(_is_finite(v), v, 1.0)
-        vb = _bcast_groups(v, BLOCK_M, NGS, G)
-        r = tl.math.div_rn(xs, safe_t[:, None] * vb)
-        q = tl.where(ok[:, None] & _is_finite(r), _rne(tl.minimum(tl.maximum(r, -8.0), 7.0)), 0.0)
-        e = (q * vb).to(tl.int8)
+        e = _2l_quantize(xs, safe_t, ok, BLOCK_M, NGS, G)
+        tl.store(e_ptr + offs_m[:, None] * stride_em + (k0 + offs_k)[None, :], e, mask=row_ok[:, None])
+    if pid_k == 0:
+        tl.store(t_ptr + offs_m, t, mask=row_ok)
+
+
+# --- v2: the same outputs for far fewer instructions per element --------------------------------------
+# v1 spends ~73 issued SASS instructions per element (sm_90, 64×64 steps): two IEEE divisions (~10 each:
+# MUFU.RCP, 5 FFMA, FCHK, branch), NaN bookkeeping, clamps/selects, and ~30 for S (split xs into TF32
+# hi + lo, and move both through shared memory into MMA operands). v2:
+#   * S = X · A'ᵀ with A' = A/λ precomputed once per call (a tiny prep kernel) as three 16-bit pieces
+#     (p1 + p2·2⁻ˢʰ + p3·2⁻²ˢʰ ≈ A' to fp32 precision): the MMAs read the raw bf16/fp16 X tile (exact) —
+#     no per-element work, and the loaded tile feeds the MMA straight from shared memory;
+#   * x/λ and xs/scale as q0 = a·rb, r = fma(−q0, b, a), q = fma(r, rb, q0) with rb = RN(1/b) precomputed
+#     (per column in the prep kernel, per row-group in the step): Markstein's correction, which is the
+#     CUDA div.rn fast path itself, so bit-exact when no operand or remainder under/overflows;
+#   * the fast path is taken per step only when every valid row's group maximum (g64: the 16-bit scale;
+#     2l: the row scale t) lies in a range where that holds for every element that can round to a
+#     non-zero q (see _FAST_*); then |xs/scale| < 7.02 needs no clamp, no NaN/Inf selects, and the
+#     nibble is the low bits of (r + 1.5·2²³). Otherwise (NaN/Inf, all-zero or extreme groups, λ outside
+#     [2⁻³⁰, 2³⁰]) the step reruns v1's exact code: slower, same bits.
+_FAST_LAM = tl.constexpr(2.0 ** 30)       # prep: λ outside [2⁻³⁰, 2³⁰] → 1/λ stored as NaN (forces the exact path)
+_FAST_LO = tl.constexpr(2.0 ** -60)       # smallest group scale / row scale t on the fast path
+_FAST_HI = tl.constexpr(2.0 ** 60)
+_FAST_LO_F16 = tl.constexpr(2.0 ** -14)   # fp16 scales: stay normal and finite
+_FAST_HI_F16 = tl.constexpr(2.0 ** 15)
+_MAGIC_BITS = tl.constexpr(0x4B400000)    # bit pattern of 1.5·2²³
+
+
+@triton.jit
+def _fma(a, b, c, EMU_FMA: tl.constexpr):
+    """Fused a·b + c. The interpreter's fma rounds twice; emulate it in float64 there (exact product,
+    one rounding to fp64 then fp32: differs from a true fma with probability ~2⁻²⁹)."""
+    if EMU_FMA:
+        return (a.to(tl.float64) * b.to(tl.float64) + c.to(tl.float64)).to(tl.float32)
+    else:
+        return tl.fma(a, b, c)
+
+
+@triton.jit
+def _div_fast(a, b, rb, EMU_FMA: tl.constexpr):
+    """RN(a / b) given rb = RN(1 / b), exact when b, rb, a/b and the remainder are normal."""
+    q0 = a * rb
+    r = _fma(-q0, b, a, EMU_FMA)
+    return _fma(r, rb, q0, EMU_FMA)
+
+
+@triton.jit
+def _max_nan(a, b):
+    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
+
+
+@triton.jit
+def _row_absmax_nan(a, b):
+    """[BM, W] × 2 → [BM] max |·| over both tiles; NaN if any element is NaN (max.NaN.f32)."""
+    return tl.reduce(_max_nan(tl.abs(a), tl.abs(b)), 1, _max_nan)
+
+
+@triton.jit
+def _prep_kernel(
+    smooth_ptr,                # (K,)
+    a_ptr, stride_ar,          # (R, K) lora_down
+    rl_ptr,                    # (K,) fp32: RN(1/λ), NaN where λ is outside the fast-path range
+    p_ptr, stride_pp,          # (3, K, BLOCK_R) pieces of A'ᵀ = (A/λ)ᵀ in the MMA dtype, rank padded with 0
+    K, R,
+    SHIFT: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr, HAS_LOWRANK: tl.constexpr,
+):
+    offs_k = tl.program_id(0) * BLOCK_K + tl.arange(0, BLOCK_K)
+    kmask = offs_k < K
+    lam = tl.load(smooth_ptr + offs_k, mask=kmask, other=1.0).to(tl.float32)
+    rl = tl.math.div_rn(1.0, lam)
+    safe = (tl.abs(lam) >= 1.0 / _FAST_LAM) & (tl.abs(lam) <= _FAST_LAM)
+    tl.store(rl_ptr + offs_k, tl.where(safe, rl, float("nan")), mask=kmask)
+    if HAS_LOWRANK:
+        offs_r = tl.arange(0, BLOCK_R)
+        a = tl.load(a_ptr + offs_r[None, :] * stride_ar + offs_k[:, None],
+                    mask=kmask[:, None] & (offs_r[None, :] < R), other=0.0).to(tl.float32)
+        ap = tl.math.div_rn(a, lam[:, None])  # [BK, BR]
+        dt = p_ptr.dtype.element_ty
+        p1 = ap.to(dt)
+        res = ap - p1.to(tl.float32)
+        p2 = (res * (2.0 ** SHIFT)).to(dt)
+        res = res - p2.to(tl.float32) * (2.0 ** -SHIFT)
+        p3 = (res * (2.0 ** (2 * SHIFT))).to(dt)
+        dst = p_ptr + offs_k[:, None] * BLOCK_R + offs_r[None, :]
+        tl.store(dst, p1, mask=kmask[:, None])
+        tl.store(dst + stride_pp, p2, mask=kmask[:, None])
+        tl.store(dst + 2 * stride_pp, p3, mask=kmask[:, None])
+
+
+@triton.jit
+def _down_pieces(acc1, acc2, acc3, x, p_ptr, stride_pp, offs_k, offs_r, BLOCK_R: tl.constexpr):
+    """acc_i [BM, BLOCK_R] += x [BM, BK] · piece_i[offs_k, :] (x cast to the pieces' dtype: a no-op on
+    the GPU; bf16 → fp32 under the interpreter, whose bf16 dot is wrong)."""
+    xm = x.to(p_ptr.dtype.element_ty)
+    src = p_ptr + offs_k[:, None] * BLOCK_R + offs_r[None, :]
+    acc1 = tl.dot(xm, tl.load(src), acc1, input_precision="ieee")
+    acc2 = tl.dot(xm, tl.load(src + stride_pp), acc2, input_precision="ieee")
+    acc3 = tl.dot(xm, tl.load(src + 2 * stride_pp), acc3, input_precision="ieee")
+    return acc1, acc2, acc3
+
+
+@triton.jit
+def _store_s_pieces(acc1, acc2, acc3, sp_ptr, stride_sps, stride_spm, pid_k, offs_m, offs_r, M, R,
+                    SHIFT: tl.constexpr):
+    s = acc1 + acc2 * (2.0 ** -SHIFT) + acc3 * (2.0 ** (-2 * SHIFT))
+    tl.store(sp_ptr + pid_k * stride_sps + offs_m[:, None] * stride_spm + offs_r[None, :], s,
+             mask=(offs_m[:, None] < M) & (offs_r[None, :] < R))
+
+
+@triton.jit
+def _act_quant_g_v2_kernel(
+    x_ptr, stride_xm,          # (M, K) bf16/fp16
+    smooth_ptr, rl_ptr,        # (K,) λ and RN(1/λ) (prep kernel)
+    q_ptr, stride_qm,          # (M, K/2) uint8, packed int4 (formats.int4 layout)
+    sc_ptr, stride_sg,         # (K/G, M) 16-bit scales, group-major
+    p_ptr, stride_pp,          # (3, K, BLOCK_R) A'ᵀ pieces (prep kernel)
+    sp_ptr, stride_sps, stride_spm,  # (SPLIT, M, R) fp32 S partials (SPLIT = 1: S itself)
+    M, K, R, STEPS_PER_SLICE,
+    G: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr, HAS_LOWRANK: tl.constexpr,
+    SCALE_BF16: tl.constexpr, SHIFT: tl.constexpr, EMU_FMA: tl.constexpr,
+):
+    """v2 of :func:`_act_quant_g_kernel`: one group (G columns, G % 64 == 0) per step, same bits."""
+    HALF: tl.constexpr = G // 2
+    LO: tl.constexpr = _FAST_LO if SCALE_BF16 else _FAST_LO_F16
+    HI: tl.constexpr = _FAST_HI if SCALE_BF16 else _FAST_HI_F16
+    pid_k = tl.program_id(1)
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_r = tl.arange(0, BLOCK_R)
+    row_ok = offs_m < M
+    col = tl.arange(0, HALF)
+    k_off = (col // 32) * 64 + (col % 32)  # lo nibble columns of the packed bytes (see _quant_g64_step)
+    k_begin = pid_k * STEPS_PER_SLICE * G
+    k_end = tl.minimum(k_begin + STEPS_PER_SLICE * G, K)
+    acc1 = tl.zeros((BLOCK_M, BLOCK_R), tl.float32)
+    acc2 = tl.zeros((BLOCK_M, BLOCK_R), tl.float32)
+    acc3 = tl.zeros((BLOCK_M, BLOCK_R), tl.float32)
+    for k0 in range(k_begin, k_end, G):
+        k_lo = k0 + k_off
+        x_lo = tl.load(x_ptr + offs_m[:, None] * stride_xm + k_lo[None, :], mask=row_ok[:, None], other=0.0)
+        x_hi = tl.load(x_ptr + offs_m[:, None] * stride_xm + (k_lo + 32)[None, :], mask=row_ok[:, None], other=0.0)
+        if HAS_LOWRANK:
+            acc1, acc2, acc3 = _down_pieces(acc1, acc2, acc3, x_lo, p_ptr, stride_pp, k_lo, offs_r, BLOCK_R)
+            acc1, acc2, acc3 = _down_pieces(acc1, acc2, acc3, x_hi, p_ptr, stride_pp, k_lo + 32, offs_r, BLOCK_R)
+        xf_lo = x_lo.to(tl.float32)
+        xf_hi = x_hi.to(tl.float32)
+        lam_lo = tl.load(smooth_ptr + k_lo).to(tl.float32)[None, :]
+        lam_hi = tl.load(smooth_ptr + k_lo + 32).to(tl.float32)[None, :]
+        xs_lo = _div_fast(xf_lo, lam_lo, tl.load(rl_ptr + k_lo)[None, :], EMU_FMA)
+        xs_hi = _div_fast(xf_hi, lam_hi, tl.load(rl_ptr + k_lo + 32)[None, :], EMU_FMA)
+        amax = _row_absmax_nan(xs_lo, xs_hi)[:, None]  # [BM, 1]
+        scale = _round_scale16(tl.math.div_rn(amax, 7.0), SCALE_BF16)
+        bad = row_ok[:, None] & ~((scale >= LO) & (scale <= HI))  # NaN scale → bad
+        if tl.max(tl.max(bad.to(tl.int32), axis=1), axis=0) > 0:
+            packed, scale = _g64_quantize(tl.math.div_rn(xf_lo, lam_lo), tl.math.div_rn(xf_hi, lam_hi),
+                                          BLOCK_M, 1, HALF, SCALE_BF16)
+        else:
+            rs = tl.math.div_rn(1.0, scale)
+            n_lo = (_div_fast(xs_lo, scale, rs, EMU_FMA) + _RNE_MAGIC).to(tl.int32, bitcast=True) & 0xF
+            n_hi = (_div_fast(xs_hi, scale, rs, EMU_FMA) + _RNE_MAGIC).to(tl.int32, bitcast=True) & 0xF
+            packed = (n_lo | (n_hi << 4)).to(tl.uint8)
+        tl.store(q_ptr + offs_m[:, None] * stride_qm + (k0 // 2 + col)[None, :], packed, mask=row_ok[:, None])
+        tl.store(sc_ptr + (k0 // G) * stride_sg + offs_m[:, None], scale.to(sc_ptr.dtype.element_ty),
+                 mask=row_ok[:, None])
+    if HAS_LOWRANK:
+        _store_s_pieces(acc1, acc2, acc3, sp_ptr, stride_sps, stride_spm, pid_k, offs_m, offs_r, M, R, SHIFT)
+
+
+@triton.jit
+def _act_2l_stats_v2_kernel(
+    x_ptr, stride_xm, smooth_ptr, rl_ptr,
+    p_ptr, stride_pp,                # (3, K, BLOCK_R) A'ᵀ pieces
+    sp_ptr, stride_sps, stride_spm,  # (SPLIT, M, R) fp32 S partials
+    ap_ptr, stride_aps,              # (SPLIT, M) fp32 partial row absmax (NaN if the slice holds NaN)
+    M, K, R, STEPS_PER_SLICE,
+    BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr, HAS_LOWRANK: tl.constexpr,
+    SHIFT: tl.constexpr, EMU_FMA: tl.constexpr,
+):
+    """v2 of :func:`_act_2l_stats_kernel`: a step's row maxima in [2⁻⁶⁰, 2⁶⁰] are exact on the fast
+    path (the maximal element is normal, so is its remainder); otherwise the step is redone exactly."""
+    pid_k = tl.program_id(1)
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_r = tl.arange(0, BLOCK_R)
+    offs_k = tl.arange(0, BLOCK_K)
+    row_ok = offs_m < M
+    k_begin = pid_k * STEPS_PER_SLICE * BLOCK_K
+    k_end = tl.minimum(k_begin + STEPS_PER_SLICE * BLOCK_K, K)
+    acc1 = tl.zeros((BLOCK_M, BLOCK_R), tl.float32)
+    acc2 = tl.zeros((BLOCK_M, BLOCK_R), tl.float32)
+    acc3 = tl.zeros((BLOCK_M, BLOCK_R), tl.float32)
+    amax = tl.zeros((BLOCK_M,), tl.float32)
+    n_nan = tl.zeros((BLOCK_M,), tl.int32)
+    for k0 in range(k_begin, k_end, BLOCK_K):
+        x = tl.load(x_ptr + offs_m[:, None] * stride_xm + (k0 + offs_k)[None, :], mask=row_ok[:, None], other=0.0)
+        if HAS_LOWRANK:
+            acc1, acc2, acc3 = _down_pieces(acc1, acc2, acc3, x, p_ptr, stride_pp, k0 + offs_k, offs_r, BLOCK_R)
+        xf = x.to(tl.float32)
+        lam = tl.load(smooth_ptr + k0 + offs_k).to(tl.float32)[None, :]
+        xs = _div_fast(xf, lam, tl.load(rl_ptr + k0 + offs_k)[None, :], EMU_FMA)
+        m = _row_absmax_nan(xs, xs)
+        bad = row_ok & ~((m >= _FAST_LO) & (m <= _FAST_HI))
+        nn = tl.zeros((BLOCK_M,), tl.int32)
+        if tl.max(bad.to(tl.int32), axis=0) > 0:
+            xs = tl.math.div_rn(xf, lam)
+            m = tl.max(tl.abs(xs), axis=1)
+            nn = tl.sum((xs != xs).to(tl.int32), axis=1)
+        amax = tl.maximum(amax, m)
+        n_nan += nn
+    tl.store(ap_ptr + pid_k * stride_aps + offs_m, tl.where(n_nan > 0, float("nan"), amax), mask=row_ok)
+    if HAS_LOWRANK:
+        _store_s_pieces(acc1, acc2, acc3, sp_ptr, stride_sps, stride_spm, pid_k, offs_m, offs_r, M, R, SHIFT)
+
+
+@triton.jit
+def _act_2l_quant_v2_kernel(
+    x_ptr, stride_xm, smooth_ptr, rl_ptr,
+    e_ptr, stride_em,          # (M, K) int8: expanded q·v
+    t_ptr,                     # (M,) fp32 row scales
+    ap_ptr, stride_aps,        # (SPLIT, M) partial absmax from pass 1
+    M, K, SPLIT, STEPS_PER_SLICE,
+    G: tl.constexpr, BLOCK_M: tl.constexpr, SPLIT_P2: tl.constexpr, EMU_FMA: tl.constexpr,
+):
+    """v2 of :func:`_act_2l_quant_kernel` (one group per step): fast path when every valid row's t is in
+    [2⁻⁶⁰, 2⁶⁰] and the group max is finite (|r| ≤ 7·(1 + 2⁻²²): no clamp; e = q·v in integers)."""
+    pid_k = tl.program_id(1)
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_k = tl.arange(0, G)
+    row_ok = offs_m < M
+    t, ok, safe_t = _2l_row_scale(ap_ptr, stride_aps, offs_m, row_ok, SPLIT, SPLIT_P2)
+    t_fast = (t >= _FAST_LO) & (t <= _FAST_HI)
+    k_begin = pid_k * STEPS_PER_SLICE * G
+    k_end = tl.minimum(k_begin + STEPS_PER_SLICE * G, K)
+    for k0 in range(k_begin, k_end, G):
+        x = tl.load(x_ptr + offs_m[:, None] * stride_xm + (k0 + offs_k)[None, :], mask=row_ok[:, None], other=0.0)
+        xf = x.to(tl.float32)
+        lam = tl.load(smooth_ptr + k0 + offs_k).to(tl.float32)[None, :]
+        xs = _div_fast(xf, lam, tl.load(rl_ptr + k0 + offs_k)[None, :], EMU_FMA)
+        gmax = _row_absmax_nan(xs, xs)
+        bad = row_ok & ~(t_fast & (gmax <= _FAST_HI * 4.0))  # NaN gmax (x or 1/λ) → bad
+        if tl.max(bad.to(tl.int32), axis=0) > 0:
+            e = _2l_quantize(tl.math.div_rn(xf, lam), safe_t, ok, BLOCK_M, 1, G)
+        else:
+            v = tl.math.ceil(tl.math.div_rn(gmax, safe_t * 7.0))
+            v = tl.minimum(tl.maximum(v, 1.0), 15.0)
+            d = (safe_t * v)[:, None]
+            r = _div_fast(xs, d, tl.math.div_rn(1.0, d), EMU_FMA)
+            qi = (r + _RNE_MAGIC).to(tl.int32, bitcast=True) - _MAGIC_BITS
+            e = (qi * v.to(tl.int32)[:, None]).to(tl.int8)
         tl.store(e_ptr + offs_m[:, None] * stride_em + (k0 + offs_k)[None, :], e, mask=row_ok[:, None])
     if pid_k == 0:
         tl.store(t_ptr + offs_m, t, mask=row_ok)
@@ -256,15 +526,22 @@ def _sum_partials_kernel(sp_ptr, stride_sps, stride_spm, s_ptr, stride_sm, M, R,
 MAX_SPLIT = 64  # K slices per row block: bounds the partials' size and the reduce tile
 
 
+VARIANTS = ("v1", "v2")
+# Pin the kernel variant without code changes: LOWRANK_GEMM_ACT_QUANT=v1|v2 (default: v2 for M > 64,
+# v1 for decode until the H200 probe says otherwise).
+_ENV_VARIANT = os.environ.get("LOWRANK_GEMM_ACT_QUANT", "").strip() or None
+
+
 class ActQuantPlan(NamedTuple):
     """How act_quant tiles X: rows per program, columns per step (whole groups), K slices per row block
-    (S partials summed afterwards), steps per slice, warps."""
+    (S partials summed afterwards), steps per slice, warps, kernel variant (``v1`` | ``v2``)."""
 
     block_m: int
     block_k: int
     split: int
     steps_per_slice: int
     num_warps: int
+    variant: str = "v1"
 
 
 def _block_k(k: int, group_size: int, want: int) -> int:
@@ -277,18 +554,27 @@ def _block_k(k: int, group_size: int, want: int) -> int:
 
 def plan_act_quant(m: int, k: int, group_size: int, device=None, split: int | None = None,
                    block_m: int | None = None, block_k: int | None = None,
-                   num_warps: int | None = None) -> ActQuantPlan:
+                   num_warps: int | None = None, variant: str | None = None) -> ActQuantPlan:
     """Memory-bound: aim at ≥ 2 programs per SM, splitting K across programs when there are too few row
     blocks (decode: M = 1 has one row block, so K is split).
 
     Large M (> 64): 64-row blocks, one group (G columns) per step, 4 warps. Measured on the H200 at FLUX
-    fc1 (M=4608, K=3072; probes/probe_w4a4_actquant.md): 64×64 steps 83 µs (g64) / 109 µs (2l), against
+    fc1 (M=4608, K=3072; probes/probe_w4a4_actquant.md): v1 64×64 steps 83 µs (g64) / 109 µs (2l), against
     130/140 µs for 64×128 and 110/138 µs for the v1 32×64 tiles — wider steps lose (more registers,
-    fewer programs in flight). Still ~10× the 28 MB floor (~7 µs). Decode keeps 16 × G steps
-    (measured ~11–16 µs; K split ≤ 64 ways)."""
+    fewer programs in flight). That grid is already 72 row blocks × 4 K slices = 288 programs: v1 is
+    issue-bound (~73 SASS instructions per element), not grid-bound; v2 (see the v2 kernels) cuts that.
+    Decode keeps 16 × G steps (measured ~11–16 µs; K split ≤ 64 ways).
+
+    ``variant``: None → ``LOWRANK_GEMM_ACT_QUANT`` if set, else v2 for M > 64 and v1 below. v2 needs
+    G % 64 == 0 and always steps one group (block_k = G); where it does not apply, v1 is used."""
     large = m > 64
+    variant = variant or _ENV_VARIANT or ("v2" if large else "v1")
+    if variant not in VARIANTS:
+        raise ValueError(f"act_quant variant must be one of {VARIANTS}, got {variant!r}")
+    if variant == "v2" and group_size % 64:
+        variant = "v1"
     bm = block_m or (64 if large else 16)
-    bk = _block_k(k, group_size, block_k or group_size)
+    bk = group_size if variant == "v2" else _block_k(k, group_size, block_k or group_size)
     warps = num_warps or (8 if bm * bk >= 64 * 256 else 4)
     nsteps = k // bk
     if split is None:
@@ -296,12 +582,34 @@ def plan_act_quant(m: int, k: int, group_size: int, device=None, split: int | No
         split = cdiv(2 * sms, cdiv(m, bm))
     split = max(1, min(split, nsteps, MAX_SPLIT))
     sps = cdiv(nsteps, split)
-    return ActQuantPlan(bm, bk, cdiv(nsteps, sps), sps, warps)
+    return ActQuantPlan(bm, bk, cdiv(nsteps, sps), sps, warps, variant)
+
+
+_PIECE_SHIFT = {torch.bfloat16: 8, torch.float16: 11, torch.float32: 24}
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def _prep(x, smooth, lora_down, r: int, br: int):
+    """v2 prep launch: RN(1/λ) [K] fp32 and the A'ᵀ pieces [3, K, BLOCK_R] (or a 1-element dummy)."""
+    k = x.shape[1]
+    # the MMA reads X as it is; the interpreter's bf16 dot is wrong, so there the pieces are fp32
+    pdt = torch.float32 if (x.dtype == torch.bfloat16 and _interpreting()) else x.dtype
+    rl = torch.empty((k,), device=x.device, dtype=torch.float32)
+    pieces = torch.empty((3, k, br) if r else (1, 1, 1), device=x.device, dtype=pdt)
+    a = lora_down if r else smooth
+    bk = 128
+    _prep_kernel[(cdiv(k, bk),)](smooth, a, a.stride(0) if r else 0, rl, pieces, pieces.stride(0), k, r,
+                                 SHIFT=_PIECE_SHIFT[pdt], BLOCK_K=bk, BLOCK_R=br, HAS_LOWRANK=r > 0, num_warps=4)
+    return rl, pieces, _PIECE_SHIFT[pdt]
 
 
 def act_quant(x: torch.Tensor, smooth: torch.Tensor, lora_down: torch.Tensor, group_size: int = 64,
               fmt: str = "int4_g64", scale_dtype: torch.dtype = torch.bfloat16, *, split: int | None = None,
-              block_m: int | None = None, block_k: int | None = None, num_warps: int | None = None):
+              block_m: int | None = None, block_k: int | None = None, num_warps: int | None = None,
+              variant: str | None = None):
     """Quantize ``x`` [M, K] (bf16/fp16, contiguous rows) after dividing by ``smooth`` [K].
 
     Returns ``(x_q, x_scale, lowrank_act)``:
@@ -309,7 +617,8 @@ def act_quant(x: torch.Tensor, smooth: torch.Tensor, lora_down: torch.Tensor, gr
       int4_2l:  x_q int8 [M, K],    x_scale float32 [M];
     and lowrank_act float32 [M, r] = (x / smooth) · lora_downᵀ (lora_down [r, K]; r may be 0).
     ``split`` (K slices per row block), ``block_m``, ``block_k`` (columns per step, a multiple of G that
-    divides K; rounded down to one) and ``num_warps`` override the plan (:func:`plan_act_quant`).
+    divides K; rounded down to one), ``num_warps`` and ``variant`` (``v1`` | ``v2``, same bits; v2 adds
+    a tiny prep launch) override the plan (:func:`plan_act_quant`).
     Launches: g64 one kernel (+ the S reduce when split > 1); 2l two passes (+ the S reduce when split > 1).
     Inputs are assumed validated by the op (``w4a4_gemm.check_linear_args``).
     """
@@ -317,13 +626,19 @@ def act_quant(x: torch.Tensor, smooth: torch.Tensor, lora_down: torch.Tensor, gr
     r = lora_down.shape[0]
     dev = x.device
     lowrank_act = torch.empty((m, r), device=dev, dtype=torch.float32)
-    bm, bk, nsplit, sps, warps = plan_act_quant(m, k, group_size, dev, split, block_m, block_k, num_warps)
+    bm, bk, nsplit, sps, warps, variant = plan_act_quant(m, k, group_size, dev, split, block_m, block_k,
+                                                         num_warps, variant)
     br = rank_block(r)
     grid = (cdiv(m, bm), nsplit)
     a = lora_down if r else x  # any valid pointer when the branch is off
     # S partials: one fp32 [M, r] slab per K slice, summed in slice order afterwards; no slab at split 1
     sp = lowrank_act if (nsplit == 1 or r == 0) else torch.empty((nsplit, m, r), device=dev, dtype=torch.float32)
     spst = sp.stride(0) if sp.dim() == 3 else 0
+    if fmt not in FORMATS:
+        raise ValueError(f"fmt must be one of {FORMATS}, got {fmt!r}")
+    if variant == "v2":
+        return _act_quant_v2(x, smooth, lora_down, group_size, fmt, scale_dtype, lowrank_act, sp, spst,
+                             grid, bm, nsplit, sps, warps, br)
     if fmt == "int4_g64":
         x_q = torch.empty((m, k // 2), device=dev, dtype=torch.uint8)
         x_scale = torch.empty((k // group_size, m), device=dev, dtype=scale_dtype)
@@ -344,7 +659,44 @@ def act_quant(x: torch.Tensor, smooth: torch.Tensor, lora_down: torch.Tensor, gr
                                    num_warps=warps)
     else:
         raise ValueError(f"fmt must be one of {FORMATS}, got {fmt!r}")
+    _sum_partials(sp, lowrank_act, nsplit, br)
+    return x_q, x_scale, lowrank_act
+
+
+def _sum_partials(sp, lowrank_act, nsplit: int, br: int) -> None:
+    m, r = lowrank_act.shape
     if r and nsplit > 1:
         _sum_partials_kernel[(m,)](sp, sp.stride(0), sp.stride(1), lowrank_act, lowrank_act.stride(0), m, r,
                                    nsplit, SPLIT_P2=triton.next_power_of_2(nsplit), BLOCK_R=br, num_warps=1)
+
+
+def _act_quant_v2(x, smooth, lora_down, group_size, fmt, scale_dtype, lowrank_act, sp, spst, grid, bm,
+                  nsplit, sps, warps, br):
+    """v2 launches: prep (1/λ, A'ᵀ pieces), then g64 one kernel / 2l two passes, then the S reduce."""
+    m, k = x.shape
+    r = lora_down.shape[0]
+    dev = x.device
+    rl, pieces, shift = _prep(x, smooth, lora_down, r, br)
+    emu = _interpreting()
+    if fmt == "int4_g64":
+        x_q = torch.empty((m, k // 2), device=dev, dtype=torch.uint8)
+        x_scale = torch.empty((k // group_size, m), device=dev, dtype=scale_dtype)
+        _act_quant_g_v2_kernel[grid](x, x.stride(0), smooth, rl, x_q, x_q.stride(0), x_scale, x_scale.stride(0),
+                                     pieces, pieces.stride(0), sp, spst, max(r, 1), m, k, r, sps,
+                                     G=group_size, BLOCK_M=bm, BLOCK_R=br, HAS_LOWRANK=r > 0,
+                                     SCALE_BF16=scale_dtype == torch.bfloat16, SHIFT=shift, EMU_FMA=emu,
+                                     num_warps=warps)
+    else:
+        x_q = torch.empty((m, k), device=dev, dtype=torch.int8)
+        x_scale = torch.empty((m,), device=dev, dtype=torch.float32)
+        amax_part = torch.empty((nsplit, m), device=dev, dtype=torch.float32)
+        _act_2l_stats_v2_kernel[grid](x, x.stride(0), smooth, rl, pieces, pieces.stride(0), sp, spst, max(r, 1),
+                                      amax_part, amax_part.stride(0), m, k, r, sps,
+                                      BLOCK_M=bm, BLOCK_K=group_size, BLOCK_R=br, HAS_LOWRANK=r > 0,
+                                      SHIFT=shift, EMU_FMA=emu, num_warps=warps)
+        _act_2l_quant_v2_kernel[grid](x, x.stride(0), smooth, rl, x_q, x_q.stride(0), x_scale,
+                                      amax_part, amax_part.stride(0), m, k, nsplit, sps,
+                                      G=group_size, BLOCK_M=bm, SPLIT_P2=triton.next_power_of_2(nsplit),
+                                      EMU_FMA=emu, num_warps=warps)
+    _sum_partials(sp, lowrank_act, nsplit, br)
     return x_q, x_scale, lowrank_act

@@ -16,12 +16,14 @@ a byte boundary:
 
 So: 3 instructions per 4 low nibbles, 4 per 4 high nibbles, 5–6 per 4 two-level products.
 
-The product form multiplies the register by the u of its FIRST byte: the four bytes an asm instance gets
-are consecutive elements of one thread's registers, which in every layout these loops produce (TMA tile
-read along K, wgmma register operand) are consecutive K elements of one row, hence share u. The GPU test
-``tests/test_w4a4_gpu.py::test_swar_unpack_matches_plain`` checks that claim in the real loops (bit-identical
-outputs with and without SWAR); the interpreter cannot run inline PTX, so ``SWAR=False`` keeps the plain
-element-wise path (the CPU tests and the fallback).
+The product form (LO_MUL_ASM / HI_MUL_ASM) multiplies the register by the u of its FIRST byte, so it is
+only correct when the four bytes an asm instance gets share a row. Triton packs consecutive elements of a
+thread's registers, and which elements those are depends on the layout the compiler picks: on the H200 a
+[16, 32] tile got a layout where they did not (wrong products). So the Triton helpers here do the nibble
+extraction in SWAR and the multiply element-wise (correct in any layout); only the Gluon expander, whose
+layout is explicit (16 consecutive K bytes of one row per thread), uses the one-IMUL product form
+(bit-identical to the plain path on the H200, scripts/bisect_gluon.py time rung).
+The interpreter cannot run inline PTX, so ``SWAR=False`` keeps the plain element-wise path (CPU tests).
 """
 
 from __future__ import annotations
@@ -92,21 +94,13 @@ def unpack_hi(p, SWAR: tl.constexpr):
 @triton.jit
 def unpack_lo_mul(p, u, SWAR: tl.constexpr):
     """Low nibbles of ``p`` [R, C] times the per-row multipliers ``u`` [R] (int8, 1..15) → int8 [R, C]."""
-    if SWAR:
-        ub = tl.broadcast_to(u[:, None], p.shape)
-        return tl.inline_asm_elementwise(LO_MUL_ASM, "=r,r,r", [p, ub], dtype=tl.int8, is_pure=True, pack=4)
-    else:
-        return ((p << 4) >> 4) * u[:, None]
+    return unpack_lo(p, SWAR) * u[:, None]
 
 
 @triton.jit
 def unpack_hi_mul(p, u, SWAR: tl.constexpr):
     """High nibbles of ``p`` [R, C] times the per-row multipliers ``u`` [R] → int8 [R, C]."""
-    if SWAR:
-        ub = tl.broadcast_to(u[:, None], p.shape)
-        return tl.inline_asm_elementwise(HI_MUL_ASM, "=r,r,r", [p, ub], dtype=tl.int8, is_pure=True, pack=4)
-    else:
-        return (p >> 4) * u[:, None]
+    return unpack_hi(p, SWAR) * u[:, None]
 
 
 @triton.jit

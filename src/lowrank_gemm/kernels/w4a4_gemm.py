@@ -55,16 +55,18 @@ from ..plan.config import KernelConfig
 from ..plan.smem import SmemLedger, SmemTerm, barrier_bytes, solve_stages, tile_bytes
 from ..plan.tuned import TUNED_DIR, tuned_file
 from .act_quant import FORMATS, act_quant
+from .w4_expand import expand_w4
 from .epilogue import add_bias, affine, lowrank_up, rank_block, store_tile
 from .schedule import cdiv, grouped_tile, persistent_grid
 
 __all__ = ["launch_w4a4_v1", "plan_w4a4", "w4a4_ledger", "can_implement", "w4a4_gemm", "w4a4_linear",
            "svdq_forward_cuda", "check_gemm_args", "GROUP_SIZES", "w4a4_epilogue_ledger",
            "predicted_shared", "aot_compile", "VARIANTS", "W4A4Plan", "plan_w4a4_full", "swap_config",
-           "w4a4_swap_ledger", "swap_ksub", "load_tuned", "TUNED_PATH", "SWAP_AB_MAX_M"]
+           "w4a4_swap_ledger", "swap_ksub", "load_tuned", "TUNED_PATH", "SWAP_AB_MAX_M", "w4a4_expand_ledger",
+           "expand_config", "scale_ring_terms"]
 
 GROUP_SIZES = (64, 128)
-VARIANTS = ("standard", "swap_ab")
+VARIANTS = ("standard", "swap_ab", "expand")
 _HALF = PACK_BLOCK // 2  # 32: elements per nibble half of a packing block
 
 
@@ -89,10 +91,13 @@ def _mma_in(v, MMA_FP8: tl.constexpr):
 
 
 @triton.jit
-def _load_scales_g(xs_ptr, stride_xsg, ws_ptr, stride_wsg, ki, offs_m, offs_n, M, N):
-    sa = tl.load(xs_ptr + ki * stride_xsg + offs_m, mask=offs_m < M, other=0.0).to(tl.float32)
-    sw = tl.load(ws_ptr + ki * stride_wsg + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)
-    return sa, sw
+def _load_xs(xs_ptr, stride_xsg, ki, offs_m, M):
+    return tl.load(xs_ptr + ki * stride_xsg + offs_m, mask=offs_m < M, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _load_ws(ws_ptr, stride_wsg, ki, offs_n, N):
+    return tl.load(ws_ptr + ki * stride_wsg + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)
 
 
 @triton.jit
@@ -100,26 +105,72 @@ def _load_mul(wu_ptr, stride_wug, k0, offs_n, N, G: tl.constexpr):
     return tl.load(wu_ptr + (k0 // G) * stride_wug + offs_n, mask=offs_n < N, other=0).to(tl.int8)
 
 
+# SCALE_TMA / XS_TMA: a K step's row of the group-major weight scales / multipliers (w_scale, u:
+# [K/G, N]) / activation scales (x_scale [K/G, M]) comes through a 2-D TMA descriptor, box [1, B]. A
+# descriptor load is what Triton's pipeliner puts in its async ring, num_stages − 1 steps ahead like the
+# packed operands; a one-element-per-thread tl.load (too narrow for cp.async) is not, and PREFETCH only
+# hides one step of its latency. TMA needs 16-byte row strides (the launcher falls back per tensor,
+# e.g. x_scale at M = 1); columns past M / N are zero-filled.
+@triton.jit
+def _tma_row(desc, g, c0, B: tl.constexpr):
+    return desc.load([g, c0]).reshape(B)
+
+
+@triton.jit
+def _step_scales_g(xs_ptr, stride_xsg, ws_ptr, stride_wsg, xs_desc, ws_desc, ki, nk, m0, n0, offs_m, offs_n,
+                   M, N, BM: tl.constexpr, BN: tl.constexpr, PREFETCH: tl.constexpr, XS_TMA: tl.constexpr,
+                   WS_TMA: tl.constexpr):
+    """The scales a step needs from where each lives: TMA (this step's row; the ring is ahead), or a plain
+    load of step ki+1 (PREFETCH: the caller uses the previous call's values) or of step ki."""
+    kl = tl.minimum(ki + 1, nk - 1) if PREFETCH else ki
+    if XS_TMA:
+        sa = _tma_row(xs_desc, ki, m0, BM).to(tl.float32)
+    else:
+        sa = _load_xs(xs_ptr, stride_xsg, kl, offs_m, M)
+    if WS_TMA:
+        sw = _tma_row(ws_desc, ki, n0, BN).to(tl.float32)
+    else:
+        sw = _load_ws(ws_ptr, stride_wsg, kl, offs_n, N)
+    return sa, sw
+
+
+@triton.jit
+def _init_scale(ptr, stride, offs, L, B: tl.constexpr, NEED: tl.constexpr):
+    """Step 0's scales for a prefetching loop (NEED), else a placeholder of the same type."""
+    if NEED:
+        return tl.load(ptr + offs, mask=offs < L, other=0.0).to(tl.float32)
+    else:
+        return tl.zeros((B,), tl.float32)
+
+
+@triton.jit
+def _pick(cur, nxt, TMA: tl.constexpr, PREFETCH: tl.constexpr):
+    """This step's value: the prefetched register (PREFETCH, plain load) or the fresh one."""
+    if PREFETCH and not TMA:
+        return cur
+    else:
+        return nxt
+
+
 @triton.jit
 def _mainloop_g(a_desc, b_desc, xs_ptr, stride_xsg, ws_ptr, stride_wsg, m0, n0, offs_m, offs_n, M, N, K,
                 G: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MMA_FP8: tl.constexpr,
-                PREFETCH: tl.constexpr):
+                PREFETCH: tl.constexpr, xs_desc, ws_desc, XS_TMA: tl.constexpr, WS_TMA: tl.constexpr):
     """Standard format: one group per K step, fp32 accumulator rescaled every group.
 
     The scales are 16-bit, one per thread: too narrow for cp.async, so Triton's pipeliner leaves them as
     plain loads whose full latency (~1 µs) stalls every K step. PREFETCH loads step ki+1's scales during
-    step ki (a register double buffer), so that latency overlaps one step's TMA wait and MMAs."""
+    step ki (a register double buffer); XS_TMA / WS_TMA put them in the TMA ring instead."""
     HALF: tl.constexpr = G // 2
     acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
     nk = K // G
-    if PREFETCH:
-        sa, sw = _load_scales_g(xs_ptr, stride_xsg, ws_ptr, stride_wsg, 0, offs_m, offs_n, M, N)
+    sa = _init_scale(xs_ptr, stride_xsg, offs_m, M, BLOCK_M, PREFETCH and not XS_TMA)
+    sw = _init_scale(ws_ptr, stride_wsg, offs_n, N, BLOCK_N, PREFETCH and not WS_TMA)
     for ki in range(0, nk):
-        if PREFETCH:
-            kn = tl.minimum(ki + 1, nk - 1)
-            sa_n, sw_n = _load_scales_g(xs_ptr, stride_xsg, ws_ptr, stride_wsg, kn, offs_m, offs_n, M, N)
-        else:
-            sa, sw = _load_scales_g(xs_ptr, stride_xsg, ws_ptr, stride_wsg, ki, offs_m, offs_n, M, N)
+        sa_n, sw_n = _step_scales_g(xs_ptr, stride_xsg, ws_ptr, stride_wsg, xs_desc, ws_desc, ki, nk, m0, n0,
+                                    offs_m, offs_n, M, N, BLOCK_M, BLOCK_N, PREFETCH, XS_TMA, WS_TMA)
+        sa = _pick(sa, sa_n, XS_TMA, PREFETCH)
+        sw = _pick(sw, sw_n, WS_TMA, PREFETCH)
         a = a_desc.load([m0, ki * HALF]).to(tl.int8, bitcast=True)  # [BM, G/2]
         b = b_desc.load([n0, ki * HALF]).to(tl.int8, bitcast=True)  # [BN, G/2]
         if MMA_FP8:
@@ -129,46 +180,56 @@ def _mainloop_g(a_desc, b_desc, xs_ptr, stride_xsg, ws_ptr, stride_wsg, m0, n0, 
             part = tl.dot(_lo(a), tl.trans(_lo(b)), out_dtype=tl.int32)
             part = tl.dot(_hi(a), tl.trans(_hi(b)), part, out_dtype=tl.int32).to(tl.float32)
         acc += part * sa[:, None] * sw[None, :]
-        if PREFETCH:
-            sa = sa_n
-            sw = sw_n
+        sa = sa_n
+        sw = sw_n
     return acc
 
 
 @triton.jit
+def _step_mul(wu_ptr, stride_wug, wu_desc, ki, nk, n0, offs_n, N, G: tl.constexpr, BN: tl.constexpr,
+              PREFETCH: tl.constexpr, WS_TMA: tl.constexpr):
+    if WS_TMA:
+        return _tma_row(wu_desc, (ki * 64) // G, n0, BN).to(tl.int8)
+    elif PREFETCH:
+        return _load_mul(wu_ptr, stride_wug, tl.minimum(ki + 1, nk - 1) * 64, offs_n, N, G)
+    else:
+        return _load_mul(wu_ptr, stride_wug, ki * 64, offs_n, N, G)
+
+
+@triton.jit
 def _mainloop_2l(a_desc, b_desc, wu_ptr, stride_wug, m0, n0, offs_n, N, K,
-                 G: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PREFETCH: tl.constexpr):
+                 G: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PREFETCH: tl.constexpr,
+                 wu_desc, WS_TMA: tl.constexpr):
     """Two-level format: weights expanded as q·u, one int32 accumulation over all of K.
-    PREFETCH: the 8-bit multipliers u are loaded one K step ahead (see :func:`_mainloop_g`)."""
+    PREFETCH: the 8-bit multipliers u are loaded one K step ahead (see :func:`_mainloop_g`); WS_TMA:
+    through the TMA ring."""
     HALF: tl.constexpr = 32
     acc = tl.zeros((BLOCK_M, BLOCK_N), tl.int32)
     nk = K // 64
-    if PREFETCH:
-        u = _load_mul(wu_ptr, stride_wug, 0, offs_n, N, G)
+    u = _load_mul(wu_ptr, stride_wug, 0, offs_n, N, G)
     for ki in range(0, nk):
-        if PREFETCH:
-            u_n = _load_mul(wu_ptr, stride_wug, tl.minimum(ki + 1, nk - 1) * 64, offs_n, N, G)
-        else:
-            u = _load_mul(wu_ptr, stride_wug, ki * 64, offs_n, N, G)
+        u_n = _step_mul(wu_ptr, stride_wug, wu_desc, ki, nk, n0, offs_n, N, G, BLOCK_N, PREFETCH, WS_TMA)
+        u = _pick(u, u_n, WS_TMA, PREFETCH)
         a_lo = a_desc.load([m0, ki * 64])          # [BM, 32] int8, elements 64ki + [0, 32)
         a_hi = a_desc.load([m0, ki * 64 + HALF])   # [BM, 32] int8, elements 64ki + [32, 64)
         b = b_desc.load([n0, ki * HALF]).to(tl.int8, bitcast=True)  # [BN, 32]
         acc = tl.dot(a_lo, tl.trans(_lo(b) * u[:, None]), acc, out_dtype=tl.int32)
         acc = tl.dot(a_hi, tl.trans(_hi(b) * u[:, None]), acc, out_dtype=tl.int32)
-        if PREFETCH:
-            u = u_n
+        u = u_n
     return acc
 
 
 @triton.jit
 def _mainloop_swap_2l(a_desc, b_desc, wu_ptr, stride_wug, m0, n0, offs_n, N, K,
-                      G: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, KSUB: tl.constexpr = 1):
+                      G: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, KSUB: tl.constexpr,
+                      wu_desc, WS_TMA: tl.constexpr):
     """SWAP-AB, two-level: accᵀ [BN, BM] += (q·u) [BN, 64] · e[BM, 64]ᵀ. The expanded weight tile is
     computed in registers and is wgmma's register-sourced A operand (no SMEM round trip); the few
     tokens are the N of the MMA (≥ 16 in Triton), read by wgmma straight from the TMA buffer.
     KSUB packing blocks per loop iteration (block_k = 64·KSUB; K % block_k == 0): each pipelined step
     then moves KSUB× the bytes, so the fixed per-step cost (barrier wait, wgmma wait, loop) is paid
-    K/block_k times instead of K/64 (decode at K = 4096: 64 steps of only 4 KB of weights per CTA)."""
+    K/block_k times instead of K/64 (decode at K = 4096: 64 steps of only 4 KB of weights per CTA).
+    u: prefetched one step ahead, or through the TMA ring (WS_TMA)."""
     HALF: tl.constexpr = 32
     acc = tl.zeros((BLOCK_N, BLOCK_M), tl.int32)
     nk = K // 64
@@ -176,7 +237,8 @@ def _mainloop_swap_2l(a_desc, b_desc, wu_ptr, stride_wug, m0, n0, offs_n, N, K,
     for k0 in range(0, nk, KSUB):
         for j in tl.static_range(KSUB):
             ki = k0 + j
-            u_n = _load_mul(wu_ptr, stride_wug, tl.minimum(ki + 1, nk - 1) * 64, offs_n, N, G)
+            u_n = _step_mul(wu_ptr, stride_wug, wu_desc, ki, nk, n0, offs_n, N, G, BLOCK_N, True, WS_TMA)
+            u = _pick(u, u_n, WS_TMA, True)
             b = b_desc.load([n0, ki * HALF]).to(tl.int8, bitcast=True)  # [BN, 32] packed weights
             x_lo = a_desc.load([m0, ki * 64])          # [BM, 32] int8
             x_hi = a_desc.load([m0, ki * 64 + HALF])
@@ -188,19 +250,23 @@ def _mainloop_swap_2l(a_desc, b_desc, wu_ptr, stride_wug, m0, n0, offs_n, N, K,
 
 @triton.jit
 def _mainloop_swap_g(a_desc, b_desc, xs_ptr, stride_xsg, ws_ptr, stride_wsg, m0, n0, offs_m, offs_n, M, N, K,
-                     G: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, KSUB: tl.constexpr = 1):
+                     G: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, KSUB: tl.constexpr,
+                     xs_desc, ws_desc, XS_TMA: tl.constexpr, WS_TMA: tl.constexpr):
     """SWAP-AB, standard format: accᵀ [BN, BM], unpacked weights as register A, unpacked activations
-    (a [BM, G/2] tile: tiny) written to SMEM as B; scales prefetched one group ahead. KSUB groups per
-    loop iteration (block_k = G·KSUB), one int32 partial + rescale per group: see _mainloop_swap_2l."""
+    (a [BM, G/2] tile: tiny) written to SMEM as B; scales prefetched one group ahead or through the TMA
+    ring. KSUB groups per loop iteration (block_k = G·KSUB), one int32 partial + rescale per group."""
     HALF: tl.constexpr = G // 2
     acc = tl.zeros((BLOCK_N, BLOCK_M), tl.float32)
     nk = K // G
-    sa, sw = _load_scales_g(xs_ptr, stride_xsg, ws_ptr, stride_wsg, 0, offs_m, offs_n, M, N)
+    sa = _init_scale(xs_ptr, stride_xsg, offs_m, M, BLOCK_M, not XS_TMA)
+    sw = _init_scale(ws_ptr, stride_wsg, offs_n, N, BLOCK_N, not WS_TMA)
     for k0 in range(0, nk, KSUB):
         for j in tl.static_range(KSUB):
             ki = k0 + j
-            kn = tl.minimum(ki + 1, nk - 1)
-            sa_n, sw_n = _load_scales_g(xs_ptr, stride_xsg, ws_ptr, stride_wsg, kn, offs_m, offs_n, M, N)
+            sa_n, sw_n = _step_scales_g(xs_ptr, stride_xsg, ws_ptr, stride_wsg, xs_desc, ws_desc, ki, nk, m0, n0,
+                                        offs_m, offs_n, M, N, BLOCK_M, BLOCK_N, True, XS_TMA, WS_TMA)
+            sa = _pick(sa, sa_n, XS_TMA, True)
+            sw = _pick(sw, sw_n, WS_TMA, True)
             b = b_desc.load([n0, ki * HALF]).to(tl.int8, bitcast=True)  # [BN, G/2] weights
             a = a_desc.load([m0, ki * HALF]).to(tl.int8, bitcast=True)  # [BM, G/2] activations
             part = tl.dot(_lo(b), tl.trans(_lo(a)), out_dtype=tl.int32)
@@ -212,12 +278,65 @@ def _mainloop_swap_g(a_desc, b_desc, xs_ptr, stride_xsg, ws_ptr, stride_wsg, m0,
 
 
 @triton.jit
+def _mainloop_expand_2l(a_desc, b_desc, m0, n0, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                        BLOCK_K: tl.constexpr):
+    """EXPAND, two-level: B is the pre-expanded q·u [N, K] int8 (kernels/w4_expand.py), so this is a plain
+    int8 × int8 TMA GEMM — both operands go TMA → SMEM → wgmma, nothing between the MMAs — with one
+    int32 accumulation over all of K (t ⊗ s in the epilogue). K tail past K: TMA zero-fills both sides."""
+    acc = tl.zeros((BLOCK_M, BLOCK_N), tl.int32)
+    for kt in range(0, tl.cdiv(K, BLOCK_K)):
+        a = a_desc.load([m0, kt * BLOCK_K])   # [BM, BK] int8 activations e = q·v
+        b = b_desc.load([n0, kt * BLOCK_K])   # [BN, BK] int8 weights q·u
+        acc = tl.dot(a, tl.trans(b), acc, out_dtype=tl.int32)
+    return acc
+
+
+@triton.jit
+def _mainloop_expand_g(a_desc, b_desc, xs_ptr, stride_xsg, ws_ptr, stride_wsg, m0, n0, offs_m, offs_n, M, N, K,
+                       G: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MMA_FP8: tl.constexpr,
+                       PREFETCH: tl.constexpr, xs_desc, ws_desc, XS_TMA: tl.constexpr, WS_TMA: tl.constexpr):
+    """EXPAND, standard format: B is the pre-expanded nibbles [N, K] (int8, or e4m3 with MMA_FP8) read by
+    wgmma straight from the TMA buffer (two [BN, 32] boxes per packing block: its lo and hi halves in
+    natural K order); only the small packed A tile [BM, 32] is unpacked in registers (register-A
+    wgmma). The per-group fp32 rescale stays."""
+    HALF: tl.constexpr = 32
+    acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    nk = K // G
+    sa = _init_scale(xs_ptr, stride_xsg, offs_m, M, BLOCK_M, PREFETCH and not XS_TMA)
+    sw = _init_scale(ws_ptr, stride_wsg, offs_n, N, BLOCK_N, PREFETCH and not WS_TMA)
+    for ki in range(0, nk):
+        sa_n, sw_n = _step_scales_g(xs_ptr, stride_xsg, ws_ptr, stride_wsg, xs_desc, ws_desc, ki, nk, m0, n0,
+                                    offs_m, offs_n, M, N, BLOCK_M, BLOCK_N, PREFETCH, XS_TMA, WS_TMA)
+        sa = _pick(sa, sa_n, XS_TMA, PREFETCH)
+        sw = _pick(sw, sw_n, WS_TMA, PREFETCH)
+        if MMA_FP8:
+            part = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+        else:
+            part = tl.zeros((BLOCK_M, BLOCK_N), tl.int32)
+        for j in tl.static_range(G // 64):
+            a = a_desc.load([m0, ki * (G // 2) + j * HALF]).to(tl.int8, bitcast=True)  # [BM, 32] packed
+            b_lo = b_desc.load([n0, ki * G + j * 64])          # [BN, 32] elements +[0, 32) of the block
+            b_hi = b_desc.load([n0, ki * G + j * 64 + HALF])   # [BN, 32] elements +[32, 64)
+            if MMA_FP8:
+                part = tl.dot(_mma_in(_lo(a), True), tl.trans(b_lo), part)
+                part = tl.dot(_mma_in(_hi(a), True), tl.trans(b_hi), part)
+            else:
+                part = tl.dot(_lo(a), tl.trans(b_lo), part, out_dtype=tl.int32)
+                part = tl.dot(_hi(a), tl.trans(b_hi), part, out_dtype=tl.int32)
+        acc += part.to(tl.float32) * sa[:, None] * sw[None, :]
+        sa = sa_n
+        sw = sw_n
+    return acc
+
+
+@triton.jit
 def _w4a4_gemm_kernel(
     a_desc,                        # g64: (M, K/2) u8 block [BM, G/2]; 2l: (M, K) i8 block [BM, 32]
     b_desc,                        # (N, K/2) u8, block [BN, G/2] (g64) / [BN, 32] (2l)
     xs_ptr, stride_xsg,            # g64: (K/G, M) 16-bit; 2l: (M,) fp32
     ws_ptr, stride_wsg,            # g64: (K/G, N) 16-bit; 2l: (N,) fp32
     wu_ptr, stride_wug,            # 2l: (K/G, N) u8 multipliers; g64: unused
+    xs_desc, ws_desc, wu_desc,     # XS_TMA / SCALE_TMA: descriptors over x_scale, w_scale | u, box [1, B]; else None
     lr_ptr, stride_lm,             # (M, R) fp32 low-rank activations
     up_ptr, stride_un, stride_ur,  # (N, R) lora_up
     bias_ptr,                      # (N,)
@@ -226,7 +345,9 @@ def _w4a4_gemm_kernel(
     TWO_LEVEL: tl.constexpr, G: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_R: tl.constexpr, GROUP_M: tl.constexpr, HAS_LOWRANK: tl.constexpr, HAS_BIAS: tl.constexpr,
     MMA_FP8: tl.constexpr, SWAP_AB: tl.constexpr = False, PREFETCH: tl.constexpr = True,
-    KSUB: tl.constexpr = 1,
+    KSUB: tl.constexpr = 1, SCALE_TMA: tl.constexpr = False, XS_TMA: tl.constexpr = False,
+    EXPAND: tl.constexpr = False,
+    BLOCK_K: tl.constexpr = 64,
 ):
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
@@ -236,22 +357,33 @@ def _w4a4_gemm_kernel(
         n0 = pid_n * BLOCK_N
         offs_m = m0 + tl.arange(0, BLOCK_M)
         offs_n = n0 + tl.arange(0, BLOCK_N)
-        if SWAP_AB:
+        if EXPAND:
+            if TWO_LEVEL:
+                acc = _mainloop_expand_2l(a_desc, b_desc, m0, n0, K, BLOCK_M, BLOCK_N, BLOCK_K)
+                acc = affine(acc.to(tl.float32), offs_m, offs_n, M, N, xs_ptr, ws_ptr, True, True)
+            else:
+                acc = _mainloop_expand_g(a_desc, b_desc, xs_ptr, stride_xsg, ws_ptr, stride_wsg, m0, n0, offs_m,
+                                         offs_n, M, N, K, G, BLOCK_M, BLOCK_N, MMA_FP8, PREFETCH, xs_desc,
+                                         ws_desc, XS_TMA, SCALE_TMA)
+                acc = affine(acc, offs_m, offs_n, M, N, xs_ptr, ws_ptr, False, False)
+        elif SWAP_AB:
             if TWO_LEVEL:
                 acc_t = _mainloop_swap_2l(a_desc, b_desc, wu_ptr, stride_wug, m0, n0, offs_n, N, K, G,
-                                          BLOCK_M, BLOCK_N, KSUB)
+                                          BLOCK_M, BLOCK_N, KSUB, wu_desc, SCALE_TMA)
                 acc = affine(tl.trans(acc_t).to(tl.float32), offs_m, offs_n, M, N, xs_ptr, ws_ptr, True, True)
             else:
                 acc_t = _mainloop_swap_g(a_desc, b_desc, xs_ptr, stride_xsg, ws_ptr, stride_wsg, m0, n0, offs_m,
-                                         offs_n, M, N, K, G, BLOCK_M, BLOCK_N, KSUB)
+                                         offs_n, M, N, K, G, BLOCK_M, BLOCK_N, KSUB, xs_desc, ws_desc,
+                                         XS_TMA, SCALE_TMA)
                 acc = affine(tl.trans(acc_t), offs_m, offs_n, M, N, xs_ptr, ws_ptr, False, False)
         elif TWO_LEVEL:
             acc = _mainloop_2l(a_desc, b_desc, wu_ptr, stride_wug, m0, n0, offs_n, N, K, G, BLOCK_M, BLOCK_N,
-                               PREFETCH)
+                               PREFETCH, wu_desc, SCALE_TMA)
             acc = affine(acc.to(tl.float32), offs_m, offs_n, M, N, xs_ptr, ws_ptr, True, True)
         else:
             acc = _mainloop_g(a_desc, b_desc, xs_ptr, stride_xsg, ws_ptr, stride_wsg, m0, n0, offs_m, offs_n,
-                              M, N, K, G, BLOCK_M, BLOCK_N, MMA_FP8, PREFETCH)
+                              M, N, K, G, BLOCK_M, BLOCK_N, MMA_FP8, PREFETCH, xs_desc, ws_desc, XS_TMA,
+                              SCALE_TMA)
             acc = affine(acc, offs_m, offs_n, M, N, xs_ptr, ws_ptr, False, False)
         if HAS_LOWRANK:
             offs_r = tl.arange(0, BLOCK_R)
@@ -264,7 +396,7 @@ def _w4a4_gemm_kernel(
 
 # ---- planning: SMEM ledger, config, can_implement ---------------------------------------------------
 
-def w4a4_ledger(cfg: KernelConfig, fmt: str, group_size: int) -> SmemLedger:
+def w4a4_ledger(cfg: KernelConfig, fmt: str, group_size: int, scale_tma: bool = False) -> SmemLedger:
     """Itemized shared memory of the v1 main loop (one CTA).
 
     Triton 3.6's pipeliner gives a TMA operand that wgmma reads straight from SMEM ``num_stages`` ring
@@ -288,7 +420,58 @@ def w4a4_ledger(cfg: KernelConfig, fmt: str, group_size: int) -> SmemLedger:
               SmemTerm("barrier array alignment", barrier_bytes(a_slots) % 16, 1),
               SmemTerm("barriers B ring", barrier_bytes(1), s - 1),
               SmemTerm("B unpacked half (wgmma)", b_half, 1)]
-    return SmemLedger(tuple(terms), consumers=1, label=f"w4a4 v1 main loop {fmt} g{group_size} {bm}x{bn}x{s}")
+    terms += scale_ring_terms(cfg, fmt, scale_tma)
+    return SmemLedger(tuple(terms), consumers=1, label=f"w4a4 v1 main loop {fmt} g{group_size} {bm}x{bn}x{s}"
+                      + (" scale_tma" if scale_tma else ""))
+
+
+def scale_ring_terms(cfg: KernelConfig, fmt: str, scale_tma: bool, variant: str = "standard") -> list[SmemTerm]:
+    """What scale_tma adds (AOT-measured, Triton 3.6, sm_90).
+
+    2l: u [1, BN] u8 feeds the dot's operand (q·u), so the pipeliner gives it a ring like the packed
+    weights: ``num_stages − 1`` slots + one mbarrier each, the barrier array padded to 16 bytes.
+    g64: the pipeliner does NOT ring x_scale / w_scale (they feed only the fp32 rescale, not a dot): each
+    step waits on its own TMA load, one staging row reused by both — which in the standard and swap loops
+    the allocator overlaps with other buffers (no extra bytes), in the expand loop not (one row + 2
+    barriers). Empty without scale_tma and for 2l's expand loop (no u in it)."""
+    if not scale_tma or (variant == "expand" and fmt == "int4_2l"):
+        return []
+    s, bm, bn = cfg.num_stages, cfg.block_m, cfg.block_n
+    if fmt == "int4_2l":
+        return [SmemTerm("scale ring u (TMA→regs)", tile_bytes(1, bn, 8), s - 1),
+                SmemTerm("barriers u ring", barrier_bytes(1), s - 1),
+                SmemTerm("u barrier array alignment", barrier_bytes(s - 1) % 16, 1)]
+    if variant == "expand":
+        return [SmemTerm("scale TMA staging row (not pipelined)", tile_bytes(1, max(bm, bn), 16), 1),
+                SmemTerm("barriers scale staging", barrier_bytes(1), 2)]
+    return []
+
+
+def _barrier_arrays(*slots: int) -> int:
+    """Bytes of mbarrier arrays allocated one after another: each padded to 16 B but the last."""
+    sizes = [barrier_bytes(n) for n in slots]
+    return sum(-(-b // 16) * 16 for b in sizes[:-1]) + sizes[-1]
+
+
+def w4a4_expand_ledger(cfg: KernelConfig, fmt: str, group_size: int, scale_tma: bool = False) -> SmemLedger:
+    """EXPAND main loop: B (pre-expanded 8-bit weights) goes TMA → wgmma, ``num_stages`` slots.
+    2l: A too ([BM, BK] int8); A and B of a stage share one mbarrier. g64: A is the packed [BM, 32] tile,
+    unpacked in registers (``num_stages − 1`` slots), B two [BN, 32] boxes (lo, hi: one barrier) per
+    packing block, G/64 blocks per step; barrier arrays B (per block) then A (per block)."""
+    bm, bn, s = cfg.block_m, cfg.block_n, cfg.num_stages
+    if fmt == "int4_2l":
+        bk = cfg.block_k
+        terms = [SmemTerm("expand A x_q int8 (TMA→wgmma)", tile_bytes(bm, bk, 8), s),
+                 SmemTerm("expand B w int8 (TMA→wgmma)", tile_bytes(bn, bk, 8), s),
+                 SmemTerm("barriers A+B ring (shared)", barrier_bytes(1), s)]
+    else:
+        q = group_size // PACK_BLOCK
+        terms = [SmemTerm("expand A x_q packed (→regs)", q * tile_bytes(bm, _HALF, 8), s - 1),
+                 SmemTerm("expand B w lo+hi 8-bit (TMA→wgmma)", 2 * q * tile_bytes(bn, _HALF, 8), s),
+                 SmemTerm("barrier arrays B, A (16-B padded)", _barrier_arrays(*([s] * q + [s - 1] * q)), 1)]
+    terms += scale_ring_terms(cfg, fmt, scale_tma, "expand")
+    return SmemLedger(tuple(terms), consumers=1, label=f"w4a4 v1 expand {fmt} g{group_size} {bm}x{bn}x{s}"
+                      + (" scale_tma" if scale_tma else ""))
 
 
 def w4a4_epilogue_ledger(cfg: KernelConfig, lowrank_bits: int = 16) -> SmemLedger:
@@ -307,7 +490,7 @@ def swap_ksub(cfg: KernelConfig, fmt: str, group_size: int) -> int:
     return max(1, cfg.block_k // unit)
 
 
-def w4a4_swap_ledger(cfg: KernelConfig, fmt: str, group_size: int) -> SmemLedger:
+def w4a4_swap_ledger(cfg: KernelConfig, fmt: str, group_size: int, scale_tma: bool = False) -> SmemLedger:
     """SWAP-AB main loop (block_m = tokens, block_n = weight rows). The weights are unpacked into wgmma's
     register A operand, so no unpacked weight buffer; 2l's activations go TMA → wgmma B directly; g64's
     packed activations are unpacked in registers and their half tile written back for wgmma B."""
@@ -330,23 +513,29 @@ def w4a4_swap_ledger(cfg: KernelConfig, fmt: str, group_size: int) -> SmemLedger
               SmemTerm("barriers w ring", barrier_bytes(1), (s - 1) * q)] + extra
     if fmt == "int4_2l" and q > 1:
         terms.append(SmemTerm("compiler slack (2l wide steps, unmodelled)", 2048, 1))
-    return SmemLedger(tuple(terms), consumers=1, label=f"w4a4 v1 swap_ab {fmt} g{group_size} {bm}x{bn}x{s}")
+    terms += scale_ring_terms(cfg, fmt, scale_tma) if q == 1 else [
+        SmemTerm(t.name, t.bytes_each, t.stages * q) for t in scale_ring_terms(cfg, fmt, scale_tma)]
+    return SmemLedger(tuple(terms), consumers=1, label=f"w4a4 v1 swap_ab {fmt} g{group_size} {bm}x{bn}x{s}"
+                      + (" scale_tma" if scale_tma else ""))
 
 
-def _main_ledger(cfg: KernelConfig, fmt: str, group_size: int, variant: str = "standard") -> SmemLedger:
-    return (w4a4_swap_ledger if variant == "swap_ab" else w4a4_ledger)(cfg, fmt, group_size)
+def _main_ledger(cfg: KernelConfig, fmt: str, group_size: int, variant: str = "standard",
+                 scale_tma: bool = False) -> SmemLedger:
+    led = {"swap_ab": w4a4_swap_ledger, "expand": w4a4_expand_ledger}.get(variant, w4a4_ledger)
+    return led(cfg, fmt, group_size, scale_tma)
 
 
 def predicted_shared(cfg: KernelConfig, fmt: str, group_size: int, has_lowrank: bool = True,
-                     variant: str = "standard") -> int:
+                     variant: str = "standard", scale_tma: bool = False) -> int:
     """What the compiler should report: main loop and epilogue do not overlap in time."""
-    main = _main_ledger(cfg, fmt, group_size, variant).total()
+    main = _main_ledger(cfg, fmt, group_size, variant, scale_tma).total()
     if not has_lowrank:
         return main
     return max(main, *(t.total(1) for t in w4a4_epilogue_ledger(cfg).terms))
 
 
-def can_implement(cfg: KernelConfig, fmt: str, group_size: int, variant: str = "standard") -> bool:
+def can_implement(cfg: KernelConfig, fmt: str, group_size: int, variant: str = "standard",
+                  scale_tma: bool = False) -> bool:
     if fmt not in FORMATS or group_size not in GROUP_SIZES or variant not in VARIANTS:
         return False
     if cfg.split_k != 1:
@@ -356,32 +545,39 @@ def can_implement(cfg: KernelConfig, fmt: str, group_size: int, variant: str = "
             return False  # the weight rows are wgmma's M (64 per warpgroup); tokens its N
     elif cfg.block_m < 64 or cfg.block_n < 16:
         return False  # wgmma needs 64 rows per warpgroup
-    return _main_ledger(cfg, fmt, group_size, variant).fits() and w4a4_epilogue_ledger(cfg).fits()
+    if variant == "expand" and fmt == "int4_2l" and cfg.block_k < 32:
+        return False  # int8 wgmma's K is 32
+    return _main_ledger(cfg, fmt, group_size, variant, scale_tma).fits() and w4a4_epilogue_ledger(cfg).fits()
 
 
 @dataclass(frozen=True)
 class W4A4Plan:
-    """What launch_w4a4_v1 runs: kernel variant ("standard" | "swap_ab"), tiles, and two loop options
-    (mma_fp8: g64 partials through fp8 e4m3 MMAs; prefetch: scale/multiplier loads one K step ahead)."""
+    """What launch_w4a4_v1 runs: kernel variant ("standard" | "swap_ab" | "expand"), tiles, and loop
+    options (mma_fp8: g64 partials through fp8 e4m3 MMAs; prefetch: scale/multiplier loads one K step
+    ahead; scale_tma: scale/multiplier rows through TMA in the pipeliner's ring, ``num_stages − 1`` steps
+    ahead — replaces prefetch where it applies, falls back to it when a tensor is not 16-byte aligned).
+    "expand" pre-expands the weights (kernels/w4_expand.py) and streams them into wgmma by TMA."""
 
     variant: str
     config: KernelConfig
     mma_fp8: bool = False
     prefetch: bool = True
+    scale_tma: bool = False
 
     def to_dict(self) -> dict:
         return {"variant": self.variant, "config": self.config.to_dict(), "mma_fp8": self.mma_fp8,
-                "prefetch": self.prefetch}
+                "prefetch": self.prefetch, "scale_tma": self.scale_tma}
 
     @classmethod
     def from_dict(cls, d: dict) -> "W4A4Plan":
         return cls(d["variant"], KernelConfig.from_dict(d["config"]), bool(d.get("mma_fp8", False)),
-                   bool(d.get("prefetch", True)))
+                   bool(d.get("prefetch", True)), bool(d.get("scale_tma", False)))
 
 
-def _solve(base: KernelConfig, fmt: str, group_size: int, variant: str, r: int, max_stages: int) -> KernelConfig:
+def _solve(base: KernelConfig, fmt: str, group_size: int, variant: str, r: int, max_stages: int,
+           scale_tma: bool = False) -> KernelConfig:
     def build(main: int, low: int) -> SmemLedger:
-        return _main_ledger(base.replace(num_stages=main, lowrank_stages=low), fmt, group_size, variant)
+        return _main_ledger(base.replace(num_stages=main, lowrank_stages=low), fmt, group_size, variant, scale_tma)
 
     main, _, _ = solve_stages(build, min_main=2, max_main=max_stages)
     cfg = base.replace(num_stages=main, lowrank_stages=1 if r else 0)
@@ -390,7 +586,7 @@ def _solve(base: KernelConfig, fmt: str, group_size: int, variant: str, r: int, 
 
 
 def swap_config(m: int, r: int, fmt: str, group_size: int, block_n: int = 128, max_stages: int = 8,
-                block_k: int | None = None, num_warps: int = 4) -> KernelConfig:
+                block_k: int | None = None, num_warps: int = 4, scale_tma: bool = False) -> KernelConfig:
     """SWAP-AB tiles: tokens padded to a power of two in [16, 64] (the MMA's N), 128 weight rows
     (two wgmma M tiles per warpgroup), the deepest pipeline the ledger allows (≤ max_stages).
     ``block_k``: K per loop iteration (a multiple of G for g64 / of 64 for 2l; default one group)."""
@@ -399,7 +595,20 @@ def swap_config(m: int, r: int, fmt: str, group_size: int, block_n: int = 128, m
     bk = max(unit, (block_k or unit) // unit * unit)
     base = KernelConfig(block_m=bm, block_n=block_n, block_k=bk,
                         block_r=rank_block(r), group_m=1, num_warps=num_warps, persistent=True)
-    return _solve(base, fmt, group_size, "swap_ab", r, max_stages)
+    return _solve(base, fmt, group_size, "swap_ab", r, max_stages, scale_tma)
+
+
+def expand_config(r: int, fmt: str, group_size: int, block_m: int = 128, block_n: int | None = None,
+                  block_k: int = 128, num_warps: int = 8, max_stages: int = 6, scale_tma: bool = False) -> KernelConfig:
+    """EXPAND tiles (compute-bound M): 2l is a plain int8 TMA GEMM, 128×256×128 over two warpgroups like
+    the DESIGN §2 probe that reached 1111–1158 TOPS; g64 keeps a second [BM, BN] partial for the group
+    rescale, so 128×128 (a 128×256 fp32 acc + int32 partial would spill) and one group per step."""
+    if block_n is None:
+        block_n = 256 if fmt == "int4_2l" else 128
+    bk = block_k if fmt == "int4_2l" else group_size
+    base = KernelConfig(block_m=block_m, block_n=block_n, block_k=bk, block_r=rank_block(r), group_m=8,
+                        num_warps=num_warps, persistent=True)
+    return _solve(base, fmt, group_size, "expand", r, max_stages, scale_tma)
 
 
 @functools.lru_cache(maxsize=1024)  # launch-path planning stays off the host critical path
@@ -452,8 +661,8 @@ def plan_w4a4_full(m: int, n: int, k: int, r: int, fmt: str, group_size: int, de
             cfg = plan.config.replace(block_r=rank_block(r), lowrank_stages=1 if r else 0)
             if plan.variant == "swap_ab":  # tokens tile follows m inside the bucket
                 cfg = cfg.replace(block_m=min(64, max(16, triton.next_power_of_2(max(m, 1)))))
-            if can_implement(cfg, fmt, group_size, plan.variant):
-                return W4A4Plan(plan.variant, cfg, plan.mma_fp8 and fmt == "int4_g64", plan.prefetch)
+            if can_implement(cfg, fmt, group_size, plan.variant, plan.scale_tma):
+                return W4A4Plan(plan.variant, cfg, plan.mma_fp8 and fmt == "int4_g64", plan.prefetch, plan.scale_tma)
             break
     if m <= SWAP_AB_MAX_M:
         return W4A4Plan("swap_ab", swap_config(m, r, fmt, group_size))
@@ -464,7 +673,8 @@ def plan_w4a4_full(m: int, n: int, k: int, r: int, fmt: str, group_size: int, de
 
 def launch_w4a4_v1(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, out, fmt: str,
                    group_size: int, config: KernelConfig | None = None, mma_fp8: bool = False, *,
-                   variant: str | None = None, prefetch: bool = True, plan: W4A4Plan | None = None) -> torch.Tensor:
+                   variant: str | None = None, prefetch: bool = True, plan: W4A4Plan | None = None,
+                   scale_tma: bool = False) -> torch.Tensor:
     """Launch the v1 kernel (argument contract: module docstring). Returns ``out``.
 
     No ``config``/``plan``: :func:`plan_w4a4_full` decides everything. A ``config`` without ``variant``
@@ -476,16 +686,25 @@ def launch_w4a4_v1(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias
         if config is None:
             plan = plan_w4a4_full(m, n, k, r, fmt, group_size, out.device)
             if mma_fp8:
-                plan = W4A4Plan(plan.variant, plan.config, True, plan.prefetch)
+                plan = W4A4Plan(plan.variant, plan.config, True, plan.prefetch, plan.scale_tma)
         else:
-            plan = W4A4Plan(variant or "standard", config, mma_fp8, prefetch)
-    cfg, swap = plan.config, plan.variant == "swap_ab"
+            plan = W4A4Plan(variant or "standard", config, mma_fp8, prefetch, scale_tma)
+    cfg, swap, expand = plan.config, plan.variant == "swap_ab", plan.variant == "expand"
     if plan.variant not in VARIANTS:
         raise ValueError(f"variant must be one of {VARIANTS}, got {plan.variant!r}")
     two_level = fmt == "int4_2l"
-    kb = _HALF if two_level else group_size // 2
-    a_desc = TensorDescriptor.from_tensor(x_q, [cfg.block_m, kb])
-    b_desc = TensorDescriptor.from_tensor(w_q, [cfg.block_n, kb])
+    mma_fp8 = plan.mma_fp8 and not two_level and not swap
+    if expand:
+        # transient [N, K] 8-bit weights from torch's caching allocator: no host sync, graph-capturable
+        w_x = expand_w4(w_q, w_mul, group_size, fmt, torch.float8_e4m3fn if mma_fp8 else torch.int8)
+        kb = cfg.block_k if two_level else _HALF
+        a_desc = TensorDescriptor.from_tensor(x_q, [cfg.block_m, kb])
+        b_desc = TensorDescriptor.from_tensor(w_x, [cfg.block_n, kb])
+    else:
+        kb = _HALF if two_level else group_size // 2
+        a_desc = TensorDescriptor.from_tensor(x_q, [cfg.block_m, kb])
+        b_desc = TensorDescriptor.from_tensor(w_q, [cfg.block_n, kb])
+    xs_desc, ws_desc, wu_desc = _scale_descs(plan, cfg, fmt, x_scale, w_scale, w_mul)
     tiles = cdiv(m, cfg.block_m) * cdiv(n, cfg.block_n)
     progs = persistent_grid(tiles, out.device)
     ksub = swap_ksub(cfg, fmt, group_size) if swap else 1
@@ -496,32 +715,59 @@ def launch_w4a4_v1(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias
     up = lora_up if r else out
     _w4a4_gemm_kernel[(progs,)](
         a_desc, b_desc, x_scale, x_scale.stride(0), w_scale, w_scale.stride(0), wu, wu.stride(0),
+        xs_desc, ws_desc, wu_desc,
         lr, lr.stride(0), up, up.stride(0), up.stride(1) if r else 1,
         bias if bias is not None else out, out, out.stride(0), out.stride(1),
         m, n, k, r, progs,
         TWO_LEVEL=two_level, G=group_size, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
         BLOCK_R=cfg.block_r if r else 16, GROUP_M=cfg.group_m, HAS_LOWRANK=r > 0, HAS_BIAS=bias is not None,
-        MMA_FP8=plan.mma_fp8 and not two_level and not swap, SWAP_AB=swap, PREFETCH=plan.prefetch, KSUB=ksub,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        MMA_FP8=mma_fp8, SWAP_AB=swap, PREFETCH=plan.prefetch, KSUB=ksub,
+        SCALE_TMA=ws_desc is not None or wu_desc is not None, XS_TMA=xs_desc is not None, EXPAND=expand, BLOCK_K=cfg.block_k, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return out
 
 
-# impl="auto" on CUDA: the Gluon v2 when importable (one line to flip once GPU numbers say otherwise);
-# a v2 that raises NotImplementedError for a problem falls back to v1.
-AUTO_PREFERS_V2 = False
+def _row_desc(t: torch.Tensor | None, box: int):
+    """TMA descriptor with box [1, box] over a 2-D group-major tensor, or None where TMA's rules fail
+    (base or row stride not 16-byte aligned: e.g. x_scale [K/G, M] with M % 8 != 0)."""
+    if t is None or t.data_ptr() % 16 or (t.stride(0) * t.element_size()) % 16 or box * t.element_size() < 16:
+        return None
+    return TensorDescriptor.from_tensor(t, [1, box])
 
 
-def _launcher(impl: str, device: torch.device):
+def _scale_descs(plan: W4A4Plan, cfg: KernelConfig, fmt: str, x_scale, w_scale, w_mul):
+    """(xs_desc, ws_desc, wu_desc) for plan.scale_tma; None for each tensor that stays on plain loads
+    (no scale_tma, not used in the loop — 2l keeps t and s for the epilogue and its expand loop has no
+    u —, or TMA's alignment rules fail for it: see _row_desc)."""
+    if not plan.scale_tma or (plan.variant == "expand" and fmt == "int4_2l"):
+        return None, None, None
+    if fmt == "int4_2l":
+        return None, None, _row_desc(w_mul, cfg.block_n)
+    return _row_desc(x_scale, cfg.block_m), _row_desc(w_scale, cfg.block_n), None
+
+
+# impl="auto" on CUDA: the Gluon v2 where its scale rows come by TMA (aligned M, N: gluon.w4a4_ws.scale_tma_ok),
+# v1 elsewhere. Measured on the H200 (session 2, same process): v2 fc1 int4_2l 466 µs vs v1 1055, int4_g64
+# 1203 vs 1915; M=64 decode 61 vs 105 (2l), 78 vs 140 (g64). Without TMA'd scales v2 loses (g64 4131 µs).
+# A v2 that raises NotImplementedError for a problem falls back to v1.
+AUTO_PREFERS_V2 = True
+
+
+def _launcher(impl: str, device: torch.device, scales: tuple | None = None):
+    """``scales``: (x_scale, w_scale, w_mul, fmt) of the problem, for impl="auto"."""
     if impl not in ("auto", "v1", "v2"):
         raise ValueError(f"impl must be 'auto', 'v1' or 'v2', got {impl!r}")
     if impl == "v1" or (impl == "auto" and (device.type != "cuda" or not AUTO_PREFERS_V2)):
         return launch_w4a4_v1
     try:
-        from .gluon.w4a4_ws import launch_w4a4_v2
+        from .gluon.w4a4_ws import launch_w4a4_v2, scale_tma_ok, two_level_enabled
     except ImportError as err:
         if impl == "v2":
             raise NotImplementedError(f"impl='v2' needs kernels/gluon/w4a4_ws.py: {err}") from None
         return launch_w4a4_v1
+    if impl == "auto" and scales is not None:
+        fmt = scales[3]
+        if not scale_tma_ok(*scales) or (fmt == "int4_2l" and not two_level_enabled()):
+            return launch_w4a4_v1
     return launch_w4a4_v2
 
 
@@ -620,7 +866,7 @@ def _w4a4_gemm_op(x_q: torch.Tensor, x_scale: torch.Tensor, w_q: torch.Tensor, w
     if m == 0:
         return out
     args = (x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, out, fmt, group_size, None)
-    launch = _launcher(impl, x_q.device)
+    launch = _launcher(impl, x_q.device, (x_scale, w_scale, w_mul, fmt))
     try:
         launch(*args)
     except NotImplementedError:
@@ -700,14 +946,23 @@ def svdq_forward_cuda(layer, x: torch.Tensor) -> torch.Tensor:
 # ---- ahead-of-time compile (CI: PTX and shared-memory checks without a GPU) --------------------------
 
 def aot_compile(cfg: KernelConfig, fmt: str = "int4_g64", group_size: int = 64, has_lowrank: bool = True,
-                out: str = "bf16", mma_fp8: bool = False, variant: str = "standard", prefetch: bool = True):
+                out: str = "bf16", mma_fp8: bool = False, variant: str = "standard", prefetch: bool = True,
+                scale_tma: bool = False):
     """Compile the v1 kernel for sm_90 with ``cfg`` → ``aot.CompiledInfo`` (ptx, shared, num_warps)."""
     from .aot import compile_sm90
     two_level = fmt == "int4_2l"
-    kb = _HALF if two_level else group_size // 2
+    expand = variant == "expand"
+    mma_fp8 = mma_fp8 and not two_level and variant != "swap_ab"
+    if expand:
+        kb = cfg.block_k if two_level else _HALF
+        b_ty = "fp8e4nv" if mma_fp8 else "i8"
+    else:
+        kb = _HALF if two_level else group_size // 2
+        b_ty = "u8"
     sc = "fp32" if two_level else "bf16"
-    sig = {"a_desc": f"tensordesc<{'i8' if two_level else 'u8'}[{cfg.block_m},{kb}]>",
-           "b_desc": f"tensordesc<u8[{cfg.block_n},{kb}]>",
+    scale_tma = scale_tma and not (expand and two_level)
+    sig = {"a_desc": f"tensordesc<{'i8' if two_level else 'u8'}[{cfg.block_m},{kb if two_level or not expand else _HALF}]>",
+           "b_desc": f"tensordesc<{b_ty}[{cfg.block_n},{kb}]>",
            "xs_ptr": f"*{sc}", "stride_xsg": "i32", "ws_ptr": f"*{sc}", "stride_wsg": "i32",
            "wu_ptr": "*u8", "stride_wug": "i32", "lr_ptr": "*fp32", "stride_lm": "i32",
            "up_ptr": "*bf16", "stride_un": "i32", "stride_ur": "i32", "bias_ptr": "*fp32",
@@ -715,7 +970,19 @@ def aot_compile(cfg: KernelConfig, fmt: str = "int4_g64", group_size: int = 64, 
            "M": "i32", "N": "i32", "K": "i32", "R": "i32", "num_progs": "i32"}
     consts = {"TWO_LEVEL": two_level, "G": group_size, "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n,
               "BLOCK_R": cfg.block_r, "GROUP_M": cfg.group_m, "HAS_LOWRANK": has_lowrank, "HAS_BIAS": True,
-              "MMA_FP8": mma_fp8 and not two_level, "SWAP_AB": variant == "swap_ab", "PREFETCH": prefetch,
-              "KSUB": swap_ksub(cfg, fmt, group_size) if variant == "swap_ab" else 1}
+              "MMA_FP8": mma_fp8, "SWAP_AB": variant == "swap_ab", "PREFETCH": prefetch and not scale_tma,
+              "KSUB": swap_ksub(cfg, fmt, group_size) if variant == "swap_ab" else 1,
+              "SCALE_TMA": scale_tma, "XS_TMA": scale_tma and not two_level, "EXPAND": expand,
+              "BLOCK_K": cfg.block_k}
+    descs = {"xs_desc": None, "ws_desc": None, "wu_desc": None}
+    if scale_tma and two_level:
+        descs["wu_desc"] = f"tensordesc<u8[1,{cfg.block_n}]>"
+    elif scale_tma:
+        descs.update(xs_desc=f"tensordesc<bf16[1,{cfg.block_m}]>", ws_desc=f"tensordesc<bf16[1,{cfg.block_n}]>")
+    for name, ty in descs.items():
+        if ty is None:
+            consts[name] = None
+        else:
+            sig[name] = ty
     return compile_sm90(__name__, "_w4a4_gemm_kernel", sig, consts, num_warps=cfg.num_warps,
                         num_stages=cfg.num_stages)

@@ -572,10 +572,16 @@ def u_rows(block_k: int, group_size: int) -> int:
 
 
 def scale_tma_ok(x_scale, w_scale, w_mul, fmt) -> bool:
-    """Whether the scale rows can come by TMA: through 1-D views, so only the tables' base addresses
-    must be 16-byte aligned (and the tables contiguous)."""
-    ts = (w_mul, ) if _fmt_id(fmt) == FMT_INT4_2L else (x_scale, w_scale)
-    return all(t is not None and t.is_contiguous() and t.data_ptr() % 16 == 0 for t in ts)
+    """Whether the scale rows can come by TMA. They are read through 1-D views with box starts at
+    row·len + tile offset, and every box start must be 16-byte aligned (the H200 raised "illegal
+    instruction" for M=60: a g64 row start at 120 B): g needs M, N % 8 == 0 (16-bit tables), 2l
+    N % 16 == 0 (uint8 u); plus contiguous tables at 16-byte aligned addresses."""
+    if _fmt_id(fmt) == FMT_INT4_2L:
+        ts, ok = (w_mul, ), w_mul is not None and w_mul.dim() == 2 and w_mul.shape[1] % 16 == 0
+    else:
+        ts = (x_scale, w_scale)
+        ok = x_scale.dim() == 2 and x_scale.shape[1] % 8 == 0 and w_scale.dim() == 2 and w_scale.shape[1] % 8 == 0
+    return ok and all(t.is_contiguous() and t.data_ptr() % 16 == 0 for t in ts)
 
 
 def _epi_tma(out_dtype, N: int = 8) -> bool:
@@ -667,8 +673,8 @@ def _desc(t, block, layout=None):
 
 
 def _row_desc(t, box: int):
-    # A 1-D view: its only alignment rule is the 16-byte base (no row stride), so any M, N works, and
-    # the SMEM copy is a plain 1-D slot the consumer loads straight into a slice layout.
+    # A 1-D view (box starts at row·len + offset; scale_tma_ok keeps them 16-byte aligned): the SMEM copy
+    # is a plain 1-D slot the consumer loads straight into a slice layout.
     bits = t.element_size() * 8
     return _desc(t.reshape(-1), (box, ), gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=bits, rank=1))
 
@@ -716,7 +722,8 @@ def kernel_args_v2(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias
         _expect(t.data_ptr() % 16 == 0, f"{name} must be 16-byte aligned for TMA, got address {t.data_ptr():#x}")
     lr_dtype = lora_up.dtype if r else torch.bfloat16
     ok = scale_tma_ok(x_scale, w_scale, w_mul, f)
-    _expect(not scale_tma or ok, "scale_tma needs contiguous, 16-byte aligned scale tables")
+    _expect(not scale_tma or ok, "scale_tma needs contiguous, 16-byte aligned scale tables and 16-byte aligned "
+                                 f"row starts (g: M, N % 8 == 0; 2l: N % 16 == 0), got M={M}, N={N}")
     scale_tma = ok if scale_tma is None else scale_tma
     config = plan_w4a4_v2(f, rank=r, group_size=group_size, out_dtype=out.dtype, lowrank_dtype=lr_dtype,
                           config=config, n_out=N, scale_tma=scale_tma)

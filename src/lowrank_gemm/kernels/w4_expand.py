@@ -1,0 +1,110 @@
+"""Expand packed int4 weights once per call into a transient 8-bit [N, K] buffer (natural K order).
+
+At compute-bound M (prefill, FLUX fc1) the W4A4 v1 main loop spends its time *between* MMAs: unpacking
+nibbles (and, for int4_2l, multiplying by ``u``) for every output tile that reads the weight tile, i.e.
+``cdiv(M, BLOCK_M)`` times per weight byte. Expanding once per call costs one streaming pass (fc1:
+read 19 MB, write 38 MB ≈ 14 µs at copy bandwidth) and lets the GEMM read its B operand straight from
+TMA into wgmma (variant ``"expand"`` of :mod:`.w4a4_gemm`). vLLM does the same for AWQ at large batch.
+
+    expand_w4(w_q [N, K/2] uint8, w_mul [K/G, N] uint8 | None, group_size, fmt, out_dtype) → [N, K]
+
+    int4_2l:  out[n, k] = q[n, k] · u[k // G, n]  as int8 (|q·u| ≤ 120: exact)
+    int4_g64: out[n, k] = q[n, k]                 as int8, or float8_e4m3fn (every int4 is exact in e4m3)
+
+Packing (formats.int4.pack_int4): per 64-block b, byte b·32 + j holds element b·64 + j (low nibble) and
+b·64 + 32 + j (high nibble), so the two nibble planes of a block are the two contiguous 32-element
+halves of the block in natural order: one 32-byte store each, no shuffles.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ..formats.int4 import PACK_BLOCK
+
+__all__ = ["expand_w4", "expand_w4_ref", "EXPAND_DTYPES"]
+
+EXPAND_DTYPES = (torch.int8, torch.float8_e4m3fn)
+_HALF = PACK_BLOCK // 2
+
+
+@triton.jit
+def _w4_expand_kernel(
+    wq_ptr,                 # (N, K/2) u8 packed int4
+    wu_ptr, stride_wug,     # (K/G, N) u8 multipliers (TWO_LEVEL) / unused
+    out_ptr,                # (N, K) int8 | fp8e4nv
+    N, KH,                  # KH = K/2 (bytes per packed row)
+    G: tl.constexpr, TWO_LEVEL: tl.constexpr, OUT_FP8: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr,   # rows, packing blocks (64 elements) per program
+):
+    HALF: tl.constexpr = 32
+    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_b = tl.program_id(1) * BLOCK_B + tl.arange(0, BLOCK_B)
+    offs_j = tl.arange(0, HALF)
+    rows = offs_n.to(tl.int64)[:, None, None]
+    cols = offs_b[None, :, None] * HALF + offs_j[None, None, :]                       # packed byte
+    mask = (offs_n < N)[:, None, None] & (offs_b < KH // HALF)[None, :, None]
+    p = tl.load(wq_ptr + rows * KH + cols, mask=mask, other=0).to(tl.int8, bitcast=True)  # [BN, BB, 32]
+    lo = (p << 4) >> 4  # arithmetic shifts on int8 sign-extend the nibbles
+    hi = p >> 4
+    if TWO_LEVEL:
+        g = (offs_b * 64) // G
+        u = tl.load(wu_ptr + g[None, :] * stride_wug + offs_n[:, None],
+                    mask=(offs_n < N)[:, None] & (offs_b < KH // HALF)[None, :], other=0).to(tl.int8)
+        lo = lo * u[:, :, None]
+        hi = hi * u[:, :, None]
+    if OUT_FP8:
+        lo = lo.to(tl.float16).to(tl.float8e4nv)
+        hi = hi.to(tl.float16).to(tl.float8e4nv)
+    dst = out_ptr + rows * (2 * KH) + offs_b[None, :, None] * (2 * HALF) + offs_j[None, None, :]
+    tl.store(dst, lo, mask=mask)
+    tl.store(dst + HALF, hi, mask=mask)
+
+
+def expand_w4(w_q: torch.Tensor, w_mul: torch.Tensor | None, group_size: int, fmt: str,
+              out_dtype: torch.dtype = torch.int8, out: torch.Tensor | None = None,
+              block_n: int = 32, block_b: int = 8) -> torch.Tensor:
+    """Packed int4 weights → 8-bit [N, K] (module docstring). ``out`` (optional, [N, K] of ``out_dtype``)
+    is written completely; without it a fresh buffer comes from torch's caching allocator (graph safe)."""
+    if w_q.dtype != torch.uint8 or w_q.dim() != 2:
+        raise ValueError(f"expand_w4: w_q must be uint8 [N, K/2], got {w_q.dtype} {list(w_q.shape)}")
+    n, k = w_q.shape[0], 2 * w_q.shape[1]
+    if k % PACK_BLOCK or k % group_size:
+        raise ValueError(f"expand_w4: K={k} must be a multiple of {PACK_BLOCK} and of group_size={group_size}")
+    if out_dtype not in EXPAND_DTYPES:
+        raise ValueError(f"expand_w4: out_dtype must be one of {EXPAND_DTYPES}, got {out_dtype}")
+    two_level = fmt == "int4_2l"
+    if two_level:
+        if w_mul is None or w_mul.dtype != torch.uint8 or tuple(w_mul.shape) != (k // group_size, n):
+            raise ValueError(f"expand_w4: int4_2l needs w_mul uint8 [K/G, N] = {[k // group_size, n]}, got "
+                             f"{None if w_mul is None else (w_mul.dtype, list(w_mul.shape))}")
+        if out_dtype != torch.int8:
+            raise ValueError("expand_w4: int4_2l expands to int8 (q·u up to ±120 is not exact in e4m3)")
+    elif fmt != "int4_g64":
+        raise ValueError(f"expand_w4: fmt must be 'int4_g64' or 'int4_2l', got {fmt!r}")
+    if not w_q.is_contiguous() or (w_mul is not None and not w_mul.is_contiguous()):
+        raise ValueError("expand_w4: w_q and w_mul must be contiguous")
+    if out is None:
+        out = torch.empty((n, k), device=w_q.device, dtype=out_dtype)
+    elif out.shape != (n, k) or out.dtype != out_dtype or not out.is_contiguous() or out.device != w_q.device:
+        raise ValueError(f"expand_w4: out must be contiguous {out_dtype} [{n}, {k}] on {w_q.device}, got "
+                         f"{out.dtype} {list(out.shape)} on {out.device}")
+    if n == 0:
+        return out
+    wu = w_mul if two_level else w_q
+    grid = (triton.cdiv(n, block_n), triton.cdiv(k // PACK_BLOCK, block_b))
+    _w4_expand_kernel[grid](w_q, wu, wu.stride(0), out, n, k // 2, G=group_size, TWO_LEVEL=two_level,
+                            OUT_FP8=out_dtype == torch.float8_e4m3fn, BLOCK_N=block_n, BLOCK_B=block_b,
+                            num_warps=4)
+    return out
+
+
+def expand_w4_ref(w_q: torch.Tensor, w_mul: torch.Tensor | None, group_size: int, fmt: str) -> torch.Tensor:
+    """Torch spec of :func:`expand_w4` as int16 [N, K] (exact values q or q·u)."""
+    from ..formats.int4 import unpack_int4
+    q = unpack_int4(w_q).to(torch.int16)
+    if fmt == "int4_2l":
+        q = q * w_mul.to(torch.int16).t().repeat_interleave(group_size, dim=1)
+    return q
