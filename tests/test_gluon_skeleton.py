@@ -223,15 +223,18 @@ def test_scale_rows_by_tma_and_swar_ptx(fmt):
     the expansion is lop3 on whole registers, no per-element 16-bit shifts."""
     import re
     from lowrank_gemm.kernels.aot import compile_sm90
-    sig, cx, _ = w4.aot_signature_v2(fmt, M=100, N=124, K=1024, rank=0, bias=False, col_scale=False,
-                                     scale_tma=True, swar=True)
+    sig, cx, _ = w4.aot_signature_v2(fmt, M=96, N=128, K=1024, rank=0, bias=False, col_scale=False,
+                                     scale_tma=True, swar=True)   # aligned row starts (scale_tma_ok)
     assert cx["SCALE_TMA"] and cx["SWAR"]
     ptx = compile_sm90("lowrank_gemm.kernels.gluon.w4a4_ws", "w4a4_ws_kernel", sig, cx, num_warps=sk.DEFAULT_WARPS).ptx
     assert "cp.async.bulk.tensor.1d" in ptx, "scale rows by 1-D TMA"
     assert "lop3.b32" in ptx and "shr.s16" not in ptx
     loops = _ptx_loops(ptx)
+    # the K loops (consumer MMA, expander), not the tile loops around them whose epilogue loads the
+    # per-row/column scales once per tile and stores the output
+    epilogue = ("cp.async.bulk.tensor.2d.global.shared", "st.global")
     kbodies = [body for _, body in loops if any("wgmma.mma_async" in x or "fence.proxy.async.shared::cta" in x
-                                                for x in body)]
+                                                for x in body) and not any(e in x for x in body for e in epilogue)]
     assert kbodies
     for body in kbodies:
         glob = [x for x in body if re.search(r"ld\.global", x)]
@@ -282,6 +285,19 @@ def test_ledger_terms_g_and_variants():
     assert not any(n.startswith("lowrank") for n in no_lr)
     fp32 = {x.name for x in w4.w4a4_ledger(c, fmt="int4_g64", out_dtype=torch.float32).terms}
     assert "epilogue.out" not in fp32, "fp32 output is stored from registers"
+
+
+def test_scale_tma_needs_aligned_row_starts():
+    """The H200 raised "illegal instruction" for 1-D scale boxes starting at unaligned offsets (M=60):
+    such shapes take the global-load path, and asking for scale_tma there is a clear error."""
+    ops = w4.make_operands_v2("int4_g64", 60, 128, 256, 0, 64, device="cpu")
+    assert not w4.scale_tma_ok(ops["x_scale"], ops["w_scale"], ops["w_mul"], "int4_g64")
+    with pytest.raises(ValueError, match="row starts"):
+        w4.kernel_args_v2(**ops, scale_tma=True)
+    ok = w4.make_operands_v2("int4_g64", 64, 128, 256, 0, 64, device="cpu")
+    assert w4.scale_tma_ok(ok["x_scale"], ok["w_scale"], ok["w_mul"], "int4_g64")
+    two = w4.make_operands_v2("int4_2l", 64, 120, 256, 0, 64, device="cpu")   # u rows of 120 B
+    assert not w4.scale_tma_ok(two["x_scale"], two["w_scale"], two["w_mul"], "int4_2l")
 
 
 def test_ledger_scale_row_terms():
