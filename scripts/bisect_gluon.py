@@ -50,7 +50,12 @@ RUNGS = {
     "r8": ("v2 g64 1 tile", "v2", dict(fmt="int4_g64", M=60, N=124, K=256, rank=0, grid=1, bias=False), "PASS"),
     "r9": ("v2 g64 smoke + lowrank", "v2",
            dict(fmt="int4_g64", M=250, N=300, K=1024, rank=16, grid=3, col_scale=True, trace=True), "PASS"),
+    "r11": ("v2 2l aligned: scale rows by TMA", "v2",
+            dict(fmt="int4_2l", M=256, N=384, K=1024, rank=16, grid=3, col_scale=True, trace=True), "PASS"),
+    "r12": ("v2 g64 aligned: scale rows by TMA", "v2",
+            dict(fmt="int4_g64", M=200, N=264, K=1024, rank=16, grid=3, col_scale=True, trace=True), "PASS"),
     "time": ("v2 timings (graph µs)", "time", {}, "PASS"),
+    "decode": ("v2 decode tile sweep (graph µs)", "decode", {}, "PASS"),
     "r10": ("repro: r6 without consumer order", "v2",
             dict(fmt="int4_2l", M=250, N=300, K=1024, rank=16, grid=3, col_scale=True, consumer_order=False), "HANG"),
 }
@@ -280,6 +285,43 @@ def _run_time():
     return dict(ok=True, err=0.0, note="timings", rows=rows)
 
 
+def _run_decode():
+    """Decode shapes (K=4096, N=28672, r=32): v2 tile configs side by side; every config's output must equal
+    the default config's to bf16 rounding of the same fp32 sums (same K order ⇒ bit-identical)."""
+    import torch
+
+    from lowrank_gemm.bench.common import time_impl
+    from lowrank_gemm.kernels.gluon import w4a4_ws as w4
+    from lowrank_gemm.plan.config import KernelConfig
+    rows = []
+    cfgs = {"default": (None, 2)}
+    # (64×256 tiles: over the SMEM limit with ≥ 4 raw slots, and 64×256×64 fails Triton 3.6's NVGPU lowering)
+    for bm, bn, bk, raw in ((128, 128, 128, 4), (64, 128, 128, 2), (64, 128, 128, 4), (64, 128, 128, 6),
+                            (64, 64, 128, 6), (64, 128, 256, 3), (64, 128, 64, 8), (64, 128, 64, 4)):
+        cfgs[f"{bm}x{bn}x{bk}_raw{raw}"] = (KernelConfig(block_m=bm, block_n=bn, block_k=bk, block_r=32, group_m=8,
+                                                         num_warps=4, num_stages=4, lowrank_stages=2,
+                                                         persistent=True), raw)
+    for fmt in os.environ.get("BISECT_TIME_FMTS", "int4_2l,int4_g64").split(","):
+        for M in (1, 16, 64):
+            ops = w4.make_operands_v2(fmt, M, 28672, 4096, 32, 64, device="cuda")
+            base = None
+            for name, (cfg, raw) in cfgs.items():
+                try:
+                    if fmt == "int4_g64" and cfg is not None and cfg.block_k != 64:
+                        continue
+                    out = w4.launch_w4a4_v2(**ops, config=cfg, raw_stages=raw).clone()
+                    if base is None:
+                        base = out
+                    same = bool(torch.equal(out, base))
+                    t = time_impl(lambda cfg=cfg, raw=raw: w4.launch_w4a4_v2(**ops, config=cfg, raw_stages=raw), [()])
+                except Exception as exc:
+                    print(f"  {fmt} M={M} {name}: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
+                    continue
+                rows.append(dict(impl=f"v2:{name}", fmt=fmt, M=M, N=28672, K=4096, r=32, same_as_default=same, **t))
+                print(f"  {fmt} M={M} {name}: graph {t.get('graph_us')} same={same}", flush=True)
+    return dict(ok=True, err=0.0, note="decode sweep", rows=rows)
+
+
 def child(name: str) -> int:
     _, kind, params, _ = RUNGS[name]
     try:
@@ -287,6 +329,8 @@ def child(name: str) -> int:
             res = _run_standalone(kind, **params)
         elif kind == "v2":
             res = _run_v2(**params)
+        elif kind == "decode":
+            res = _run_decode()
         else:
             res = _run_time()
     except Exception as exc:   # compile or launch error: reported as FAIL with the message

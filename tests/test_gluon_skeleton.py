@@ -317,6 +317,16 @@ def test_ledger_scale_row_terms():
     assert not any("scale_row" in n or "u_rows" in n for n in off)
 
 
+def test_ledger_raw_stages_scale_the_raw_ring_only():
+    c = CFG_2L.replace(num_stages=3, lowrank_stages=2)
+    two = {x.name: x for x in w4.w4a4_ledger(c, fmt="int4_2l", scale_tma=True, raw_stages=2).terms}
+    six = {x.name: x for x in w4.w4a4_ledger(c, fmt="int4_2l", scale_tma=True, raw_stages=6).terms}
+    assert six["raw.w_packed"].total(2) == 3 * two["raw.w_packed"].total(2)
+    assert six["raw.u_rows"].total(2) == 3 * two["raw.u_rows"].total(2)
+    assert six["main.w_int8"].total(2) == two["main.w_int8"].total(2)
+    assert six["barriers"].total(2) - two["barriers"].total(2) == 8 * 2 * 4   # ready + empty per extra slot
+
+
 def test_plan_solves_main_then_lowrank_and_prints(capsys):
     cfg = w4.plan_w4a4_v2("int4_2l", rank=32, group_size=128, verbose=True)
     assert "SMEM ledger" in capsys.readouterr().out

@@ -46,7 +46,8 @@ __all__ = ["FMT_INT4_G", "FMT_INT4_2L", "RAW_STAGES", "w4a4_ledger", "plan_w4a4_
 FMT_INT4_G = 0
 FMT_INT4_2L = 1
 FORMATS = {"int4_g64": FMT_INT4_G, "int4_2l": FMT_INT4_2L}   # names of kernels/w4a4_gemm.py
-RAW_STAGES = 2          # packed tiles only wait for the expander: two slots hide the TMA latency
+RAW_STAGES = 2          # packed tiles only wait for the expander: two slots hide the TMA latency when compute
+                        # bounds the kernel; memory-bound decode wants more bytes in flight (raw_stages=)
 PACK = 64               # formats.int4.PACK_BLOCK: one 64-wide K block = 32 bytes (lo | hi nibbles)
 DEBUG_ITERS_DEFAULT = 64
 DEBUG_TILES_DEFAULT = 16
@@ -54,7 +55,6 @@ DEBUG_TILES_DEFAULT = 16
 _PACK = gl.constexpr(PACK)
 _FMT_INT4_G = gl.constexpr(FMT_INT4_G)
 _FMT_INT4_2L = gl.constexpr(FMT_INT4_2L)
-_RAW_STAGES = gl.constexpr(RAW_STAGES)
 
 
 # =============================================================================================
@@ -73,14 +73,14 @@ class W4A4Args:
     out_desc: tma.tensor_descriptor    # 16-bit [M, N] box [BM, BN] (EPI_TMA only)
     x_bufs: gl.shared_memory_descriptor    # MAIN  [S, BM, BK] int8
     w_bufs: gl.shared_memory_descriptor    # MAIN  [S, BN, BK] int8
-    xp_bufs: gl.shared_memory_descriptor   # RAW   [_RAW_STAGES, BM, BK/2] uint8 (g only)
-    wp_bufs: gl.shared_memory_descriptor   # RAW   [_RAW_STAGES, BN, BK/2] uint8
+    xp_bufs: gl.shared_memory_descriptor   # RAW   [RAW_STAGES_N, BM, BK/2] uint8 (g only)
+    wp_bufs: gl.shared_memory_descriptor   # RAW   [RAW_STAGES_N, BN, BK/2] uint8
     s_bufs: gl.shared_memory_descriptor    # LOWRANK [L, BM, BR] fp32
     b_bufs: gl.shared_memory_descriptor    # LOWRANK [L, BN, BR] 16-bit
     epi_bufs: gl.shared_memory_descriptor  # EPILOGUE [NUM_CONSUMERS, BM, BN] out dtype
     sc_desc: tma.tensor_descriptor     # SCALE_TMA, 1-D views: g → x_scale [K/G·M] box [BM]; 2l → u [K/G2·N] box [BN]
     sw_desc: tma.tensor_descriptor     # SCALE_TMA, g: w_scale [K/G·N] box [BN]
-    sx_bufs: gl.shared_memory_descriptor   # g: MAIN [S, BM] 16-bit;  2l: RAW [_RAW_STAGES·UR, BN] uint8 (u)
+    sx_bufs: gl.shared_memory_descriptor   # g: MAIN [S, BM] 16-bit;  2l: RAW [RAW_STAGES_N·UR, BN] uint8 (u)
     sw_bufs: gl.shared_memory_descriptor   # g: MAIN [S, BN] 16-bit
     main: Pipeline
     raw: Pipeline
@@ -466,7 +466,7 @@ def w4a4_ws_kernel(x_desc, w_desc, s_desc, b_desc, out_desc, sc_desc, sw_desc,
                    HAS_LOWRANK: gl.constexpr, HAS_COL_SCALE: gl.constexpr, HAS_BIAS: gl.constexpr,
                    EPI_TMA: gl.constexpr, DEBUG: gl.constexpr, DEBUG_ITERS: gl.constexpr,
                    DEBUG_TILES: gl.constexpr, SCALE_TMA: gl.constexpr = False, SWAR: gl.constexpr = False,
-                   CONSUMER_ORDER: gl.constexpr = True):
+                   RAW_STAGES_N: gl.constexpr = 2, CONSUMER_ORDER: gl.constexpr = True):
     gl.static_assert(BLOCK_K % _PACK == 0, "BLOCK_K must be a multiple of the 64-wide pack block")
     gl.static_assert(LOWRANK_STAGES >= 1, "the LOWRANK ring needs a slot even when unused")
     # Every SMEM buffer and barrier of the kernel is declared here (plan.smem ledger mirrors it).
@@ -475,10 +475,10 @@ def w4a4_ws_kernel(x_desc, w_desc, s_desc, b_desc, out_desc, sc_desc, sw_desc,
     x_bufs = gl.allocate_shared_memory(gl.int8, [STAGES, BLOCK_M, BLOCK_K], x_layout)
     w_bufs = gl.allocate_shared_memory(gl.int8, [STAGES, BLOCK_N, BLOCK_K], w_layout)
     if FMT == _FMT_INT4_G:
-        xp_bufs = gl.allocate_shared_memory(gl.uint8, [_RAW_STAGES] + x_desc.block_type.shape, x_desc.layout)
+        xp_bufs = gl.allocate_shared_memory(gl.uint8, [RAW_STAGES_N] + x_desc.block_type.shape, x_desc.layout)
     else:
         xp_bufs = x_bufs   # unused: 2l activations land in MAIN directly
-    wp_bufs = gl.allocate_shared_memory(gl.uint8, [_RAW_STAGES] + w_desc.block_type.shape, w_desc.layout)
+    wp_bufs = gl.allocate_shared_memory(gl.uint8, [RAW_STAGES_N] + w_desc.block_type.shape, w_desc.layout)
     if HAS_LOWRANK:
         s_bufs = gl.allocate_shared_memory(s_desc.dtype, [LOWRANK_STAGES] + s_desc.block_type.shape, s_desc.layout)
         b_bufs = gl.allocate_shared_memory(b_desc.dtype, [LOWRANK_STAGES] + b_desc.block_type.shape, b_desc.layout)
@@ -492,7 +492,7 @@ def w4a4_ws_kernel(x_desc, w_desc, s_desc, b_desc, out_desc, sc_desc, sw_desc,
 
     if SCALE_TMA:
         if FMT == _FMT_INT4_2L:
-            sx_bufs = gl.allocate_shared_memory(sc_desc.dtype, [_RAW_STAGES * _u_rows(BLOCK_K, G2)] + sc_desc.block_type.shape,
+            sx_bufs = gl.allocate_shared_memory(sc_desc.dtype, [RAW_STAGES_N * _u_rows(BLOCK_K, G2)] + sc_desc.block_type.shape,
                                                 sc_desc.layout)
             sw_bufs = sx_bufs
         else:
@@ -505,7 +505,7 @@ def w4a4_ws_kernel(x_desc, w_desc, s_desc, b_desc, out_desc, sc_desc, sw_desc,
     # MAIN fills: 2l = loader's expect (x by TMA) + expander's arrive (w); g = expander only, plus the
     # loader's expect of the scale rows with SCALE_TMA.
     main = make_pipeline(STAGES, 2 if (FMT == _FMT_INT4_2L or SCALE_TMA) else 1, 1)
-    raw = make_pipeline(_RAW_STAGES, 1, 1)
+    raw = make_pipeline(RAW_STAGES_N, 1, 1)
     lowrank = make_pipeline(LOWRANK_STAGES, 1, 1)
     order = make_consumer_order(CONSUMER_ORDER)   # False only to reproduce the parity hang (bisect)
 
@@ -539,7 +539,7 @@ def _fmt_id(fmt) -> int:
 
 def w4a4_ledger(config: KernelConfig, *, fmt, out_dtype=torch.bfloat16, has_lowrank: bool = True,
                 lowrank_dtype=torch.bfloat16, n_out: int = 8, scale_tma: bool = False,
-                group_size: int = 64) -> SmemLedger:
+                group_size: int = 64, raw_stages: int = RAW_STAGES) -> SmemLedger:
     """Every byte ``w4a4_ws_kernel`` allocates, itemized (mirrors the allocations in the kernel)."""
     f = _fmt_id(fmt)
     bm, bn, bk, br = config.block_m, config.block_n, config.block_k, config.block_r
@@ -547,14 +547,14 @@ def w4a4_ledger(config: KernelConfig, *, fmt, out_dtype=torch.bfloat16, has_lowr
     terms = [SmemTerm(f"{Ring.MAIN}.x_int8", tile_bytes(bm, bk, 8), s),
              SmemTerm(f"{Ring.MAIN}.w_int8", tile_bytes(bn, bk, 8), s)]
     if f == FMT_INT4_G:
-        terms.append(SmemTerm(f"{Ring.RAW}.x_packed", tile_bytes(bm, bk // 2, 8), RAW_STAGES))
-    terms.append(SmemTerm(f"{Ring.RAW}.w_packed", tile_bytes(bn, bk // 2, 8), RAW_STAGES))
+        terms.append(SmemTerm(f"{Ring.RAW}.x_packed", tile_bytes(bm, bk // 2, 8), raw_stages))
+    terms.append(SmemTerm(f"{Ring.RAW}.w_packed", tile_bytes(bn, bk // 2, 8), raw_stages))
     if scale_tma:
         if f == FMT_INT4_G:
             terms += [SmemTerm(f"{Ring.MAIN}.x_scale_row", tile_bytes(1, bm, 16), s),
                       SmemTerm(f"{Ring.MAIN}.w_scale_row", tile_bytes(1, bn, 16), s)]
         else:
-            terms.append(SmemTerm(f"{Ring.RAW}.u_rows", tile_bytes(u_rows(bk, group_size), bn, 8), RAW_STAGES))
+            terms.append(SmemTerm(f"{Ring.RAW}.u_rows", tile_bytes(u_rows(bk, group_size), bn, 8), raw_stages))
     if has_lowrank:
         terms += [SmemTerm(f"{Ring.LOWRANK}.s_fp32", tile_bytes(bm, br, 32), lr),
                   SmemTerm(f"{Ring.LOWRANK}.lora_up", tile_bytes(bn, br, _BITS[lowrank_dtype]), lr)]
@@ -562,7 +562,7 @@ def w4a4_ledger(config: KernelConfig, *, fmt, out_dtype=torch.bfloat16, has_lowr
         terms.append(SmemTerm(f"{Ring.EPILOGUE}.out", tile_bytes(bm, bn, _BITS[out_dtype]), 1,
                               Scope.PER_CONSUMER))
     # ready + empty per slot of MAIN, RAW, LOWRANK, and the consumers' two ORDER barriers
-    terms.append(SmemTerm("barriers", barrier_bytes(2 * (s + RAW_STAGES + lr) + NUM_CONSUMERS)))
+    terms.append(SmemTerm("barriers", barrier_bytes(2 * (s + raw_stages + lr) + NUM_CONSUMERS)))
     return SmemLedger(tuple(terms), consumers=NUM_CONSUMERS, label=f"w4a4 v2 {fmt} {bm}x{bn}x{bk}")
 
 
@@ -601,7 +601,8 @@ def default_config_v2(fmt, group_size: int = 64) -> KernelConfig:
 
 def plan_w4a4_v2(fmt, *, rank: int, group_size: int = 64, out_dtype=torch.bfloat16,
                  lowrank_dtype=torch.bfloat16, config: KernelConfig | None = None,
-                 verbose: bool = False, n_out: int = 8, scale_tma: bool = False) -> KernelConfig:
+                 verbose: bool = False, n_out: int = 8, scale_tma: bool = False,
+                 raw_stages: int = RAW_STAGES) -> KernelConfig:
     """Tile sizes from ``config`` (or the default); stage counts from the ledger: the deepest MAIN
     ring first, then the deepest LOWRANK ring. Raises SmemError with the table if nothing fits."""
     base = config or default_config_v2(fmt, group_size)
@@ -612,7 +613,7 @@ def plan_w4a4_v2(fmt, *, rank: int, group_size: int = 64, out_dtype=torch.bfloat
     def build(main_stages, lr_stages):
         return w4a4_ledger(base.replace(num_stages=main_stages, lowrank_stages=lr_stages), fmt=fmt,
                            out_dtype=out_dtype, has_lowrank=has_lr, lowrank_dtype=lowrank_dtype, n_out=n_out,
-                           scale_tma=scale_tma, group_size=group_size)
+                           scale_tma=scale_tma, group_size=group_size, raw_stages=raw_stages)
 
     main, lr, ledger = solve_stages(build, min_main=2, max_main=8, min_lowrank=1 if not has_lr else 2,
                                     max_lowrank=1 if not has_lr else 4)
@@ -622,7 +623,7 @@ def plan_w4a4_v2(fmt, *, rank: int, group_size: int = 64, out_dtype=torch.bfloat
 
 
 def _check_config(config: KernelConfig, M, N, K, rank, fmt, group_size, out_dtype, lowrank_dtype, wmult_rows=None,
-                  scale_tma: bool = False):
+                  scale_tma: bool = False, raw_stages: int = RAW_STAGES):
     """Raise ValueError/SmemError naming the violated constraint (expected vs got)."""
     f = _fmt_id(fmt)
     bm, bn, bk = config.block_m, config.block_n, config.block_k
@@ -648,7 +649,7 @@ def _check_config(config: KernelConfig, M, N, K, rank, fmt, group_size, out_dtyp
     if rank > config.block_r:
         raise ValueError(f"w4a4 v2: rank {rank} exceeds block_r {config.block_r}")
     w4a4_ledger(config, fmt=fmt, out_dtype=out_dtype, has_lowrank=rank > 0, lowrank_dtype=lowrank_dtype,
-                n_out=N, scale_tma=scale_tma, group_size=group_size).check()
+                n_out=N, scale_tma=scale_tma, group_size=group_size, raw_stages=raw_stages).check()
 
 
 def can_implement_v2(config: KernelConfig, shape) -> bool:
@@ -702,7 +703,7 @@ def _pad_rank(t, r8):
 def kernel_args_v2(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, out, fmt, group_size,
                    config=None, *, col_scale=None, debug: bool = False, debug_iters: int = DEBUG_ITERS_DEFAULT,
                    debug_tiles: int = DEBUG_TILES_DEFAULT, grid: int | None = None, consumer_order: bool = True,
-                   scale_tma: bool | None = None, swar: bool = True):
+                   scale_tma: bool | None = None, swar: bool = True, raw_stages: int = RAW_STAGES):
     """Validate (the v1 contract's own checks), plan and build one launch.
     ``scale_tma`` (None = whenever the strides allow, :func:`scale_tma_ok`): the group scales (g) / level-2
     multipliers (2l) come through the rings by TMA instead of per-step global loads. ``swar``: int4
@@ -726,8 +727,8 @@ def kernel_args_v2(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias
                                  f"row starts (g: M, N % 8 == 0; 2l: N % 16 == 0), got M={M}, N={N}")
     scale_tma = ok if scale_tma is None else scale_tma
     config = plan_w4a4_v2(f, rank=r, group_size=group_size, out_dtype=out.dtype, lowrank_dtype=lr_dtype,
-                          config=config, n_out=N, scale_tma=scale_tma)
-    _check_config(config, M, N, K, r, f, group_size, out.dtype, lr_dtype, scale_tma=scale_tma)
+                          config=config, n_out=N, scale_tma=scale_tma, raw_stages=raw_stages)
+    _check_config(config, M, N, K, r, f, group_size, out.dtype, lr_dtype, scale_tma=scale_tma, raw_stages=raw_stages)
 
     bm, bn, bk, br = config.block_m, config.block_n, config.block_k, config.block_r
     x_desc = _desc(x_q, (bm, bk) if f == FMT_INT4_2L else (bm, bk // 2))
@@ -757,7 +758,7 @@ def kernel_args_v2(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias
                       STAGES=config.num_stages, LOWRANK_STAGES=max(1, config.lowrank_stages), HAS_LOWRANK=r > 0,
                       HAS_COL_SCALE=col_scale is not None, HAS_BIAS=bias is not None, EPI_TMA=epi_tma,
                       DEBUG=debug, DEBUG_ITERS=debug_iters, DEBUG_TILES=debug_tiles, SCALE_TMA=scale_tma,
-                      SWAR=swar, CONSUMER_ORDER=consumer_order)
+                      SWAR=swar, RAW_STAGES_N=raw_stages, CONSUMER_ORDER=consumer_order)
     return grid, args, constexprs, config, (dbg, dbg_tiles)
 
 
@@ -771,13 +772,14 @@ def two_level_enabled() -> bool:
 def launch_w4a4_v2(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, out, fmt: str,
                    group_size: int, config: KernelConfig | None = None, *, col_scale=None, debug: bool = False,
                    grid: int | None = None, consumer_order: bool = True, scale_tma: bool | None = None,
-                   swar: bool = True):
+                   swar: bool = True, raw_stages: int = RAW_STAGES):
     """out [M, N] ← W4A4 v2; the argument contract of ``kernels.w4a4_gemm`` (its module docstring),
     plus ``col_scale`` [N] (optional per-column factor on the main product). Returns ``out``, or
     ``(out, (dbg [grid, roles, iters, 2] int32, tiles [grid, DEBUG_TILES, 2] int32))`` with ``debug``."""
     g, args, cx, _, dbgs = kernel_args_v2(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, out,
                                            fmt, group_size, config, col_scale=col_scale, debug=debug, grid=grid,
-                                           consumer_order=consumer_order, scale_tma=scale_tma, swar=swar)
+                                           consumer_order=consumer_order, scale_tma=scale_tma, swar=swar,
+                                           raw_stages=raw_stages)
     if _fmt_id(fmt) == FMT_INT4_2L and not two_level_enabled():
         raise NotImplementedError("int4_2l v2 is switched off by LOWRANK_GEMM_GLUON_2L=0; use impl='v1'")
     w4a4_ws_kernel[(g, )](*args, **cx, num_warps=DEFAULT_WARPS)
@@ -832,13 +834,15 @@ def make_operands_v2(fmt, M, N, K, rank, group_size=64, *, device="cuda", bias=T
 # =============================================================================================
 # Ahead-of-time compile (CI, CPU): signature from CPU stand-in tensors of a small problem.
 def aot_signature_v2(fmt, config: KernelConfig | None = None, *, M=96, N=160, K=384, rank=16, group_size=64,
-                     out_dtype=torch.bfloat16, bias=True, col_scale=True, debug=False, scale_tma=None, swar=True):
+                     out_dtype=torch.bfloat16, bias=True, col_scale=True, debug=False, scale_tma=None, swar=True,
+                     raw_stages=RAW_STAGES):
     """(signature, constexprs, config) for ``kernels.aot.compile_sm90`` of :func:`w4a4_ws_kernel`."""
     import inspect
     from triton.runtime.jit import mangle_type
     ops = make_operands_v2(fmt, M, N, K, rank, group_size, device="cpu", bias=bias, col_scale=col_scale,
                            out_dtype=out_dtype)
-    _, args, cx, cfg, _ = kernel_args_v2(**ops, config=config, debug=debug, scale_tma=scale_tma, swar=swar)
+    _, args, cx, cfg, _ = kernel_args_v2(**ops, config=config, debug=debug, scale_tma=scale_tma, swar=swar,
+                                         raw_stages=raw_stages)
     names = [n for n in inspect.signature(w4a4_ws_kernel.fn).parameters if n not in cx]
     sig = {n: (mangle_type(a) if not isinstance(a, int) else "i32") for n, a in zip(names, args)}
     return sig, cx, cfg
