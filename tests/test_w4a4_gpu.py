@@ -89,24 +89,28 @@ def test_linear_vs_svdq_reference(m, n, k):
     assert yb.dtype == torch.bfloat16 and _rel(yb, ref) <= 5e-3
 
 
+@pytest.mark.parametrize("impl", ["v1", "auto"])
+@pytest.mark.parametrize("m", [64, 512])
 @pytest.mark.parametrize("fmt", FMTS)
-def test_cuda_graph_capture_and_compile(fmt):
-    x, p = _layer(64, 28672, 4096, fmt)
-    eager = w4a4_linear(x, fmt=fmt, impl="v1", **p)
+def test_cuda_graph_capture_and_compile(fmt, m, impl):
+    """M=512 takes the "expand" plan (weights expanded on a side stream while act_quant runs): the fork and
+    join must be captured too; auto may pick the Gluon v2."""
+    x, p = _layer(m, 28672 if m == 64 else 3072, 4096, fmt)
+    eager = w4a4_linear(x, fmt=fmt, impl=impl, **p)
     static_x = x.clone()
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
-        w4a4_linear(static_x, fmt=fmt, impl="v1", **p)
+        w4a4_linear(static_x, fmt=fmt, impl=impl, **p)
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        out = w4a4_linear(static_x, fmt=fmt, impl="v1", **p)
+        out = w4a4_linear(static_x, fmt=fmt, impl=impl, **p)
     static_x.copy_(x)
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(out, eager)
-    compiled = torch.compile(lambda x: w4a4_linear(x, fmt=fmt, impl="v1", **p), fullgraph=True)
+    compiled = torch.compile(lambda x: w4a4_linear(x, fmt=fmt, impl=impl, **p), fullgraph=True)
     assert torch.equal(compiled(x), eager)
 
 
