@@ -91,3 +91,15 @@ def test_swar_matches_plain_gpu(mul):
     want = _want(p.cpu(), u.cpu(), mul)
     torch.testing.assert_close(_run(p, u, mul, True, "cuda").cpu(), want, rtol=0, atol=0)
     torch.testing.assert_close(_run(p, u, mul, False, "cuda").cpu(), want, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("fmt,variant", [("int4_g64", "standard"), ("int4_2l", "swap_ab")])
+def test_v1_main_loops_use_swar(fmt, variant):
+    """The v1 W4A4 loops unpack through these helpers: the compiled (non-interpreted) kernel has the SWAR
+    sequence and none of the per-element 16-bit shifts Triton emitted before."""
+    from lowrank_gemm.kernels.w4a4_gemm import aot_compile, plan_w4a4_full
+    m = 4608 if variant == "standard" else 16
+    plan = plan_w4a4_full(m, 4096, 4096, 32, fmt, 64, device="cpu")
+    assert plan.variant == variant
+    ptx = aot_compile(plan.config, fmt, 64, variant=variant).ptx
+    assert "0x78787878" in ptx and "shr.s16" not in ptx

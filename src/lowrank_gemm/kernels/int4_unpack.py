@@ -28,10 +28,17 @@ The interpreter cannot run inline PTX, so ``SWAR=False`` keeps the plain element
 
 from __future__ import annotations
 
+import os
+
 import triton
 import triton.language as tl
 
-__all__ = ["unpack_lo", "unpack_hi", "unpack_lo_mul", "unpack_hi_mul", "LO_ASM", "HI_ASM", "LO_MUL_ASM", "HI_MUL_ASM"]
+__all__ = ["unpack_lo", "unpack_hi", "unpack_lo_mul", "unpack_hi_mul", "LO_ASM", "HI_ASM", "LO_MUL_ASM", "HI_MUL_ASM",
+           "SWAR_DEFAULT"]
+
+# Compiled kernels take the SWAR path; the interpreter (no inline PTX) the plain one. Read at import: the
+# CPU tests set TRITON_INTERPRET before importing, the sm_90 AOT compiles run in a child without it.
+SWAR_DEFAULT = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") != "1")
 
 LO_ASM = tl.constexpr("""{
 .reg .b32 t;

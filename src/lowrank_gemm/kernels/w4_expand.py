@@ -23,6 +23,7 @@ import triton
 import triton.language as tl
 
 from ..formats.int4 import PACK_BLOCK
+from .int4_unpack import SWAR_DEFAULT, unpack_hi, unpack_lo
 
 __all__ = ["expand_w4", "expand_w4_ref", "EXPAND_DTYPES"]
 
@@ -47,8 +48,8 @@ def _w4_expand_kernel(
     cols = offs_b[None, :, None] * HALF + offs_j[None, None, :]                       # packed byte
     mask = (offs_n < N)[:, None, None] & (offs_b < KH // HALF)[None, :, None]
     p = tl.load(wq_ptr + rows * KH + cols, mask=mask, other=0).to(tl.int8, bitcast=True)  # [BN, BB, 32]
-    lo = (p << 4) >> 4  # arithmetic shifts on int8 sign-extend the nibbles
-    hi = p >> 4
+    lo = unpack_lo(p, SWAR_DEFAULT)
+    hi = unpack_hi(p, SWAR_DEFAULT)
     if TWO_LEVEL:
         g = (offs_b * 64) // G
         u = tl.load(wu_ptr + g[None, :] * stride_wug + offs_n[:, None],

@@ -55,6 +55,7 @@ from ..plan.config import KernelConfig
 from ..plan.smem import SmemLedger, SmemTerm, barrier_bytes, solve_stages, tile_bytes
 from ..plan.tuned import TUNED_DIR, tuned_file
 from .act_quant import FORMATS, act_quant
+from .int4_unpack import SWAR_DEFAULT, unpack_hi, unpack_lo
 from .w4_expand import expand_w4
 from .epilogue import add_bias, affine, lowrank_up, rank_block, store_tile
 from .schedule import cdiv, grouped_tile, persistent_grid
@@ -74,12 +75,12 @@ _HALF = PACK_BLOCK // 2  # 32: elements per nibble half of a packing block
 
 @triton.jit
 def _lo(p):
-    return (p << 4) >> 4  # arithmetic shift on int8 sign-extends the low nibble
+    return unpack_lo(p, SWAR_DEFAULT)   # sign-extended low nibbles (kernels/int4_unpack.py)
 
 
 @triton.jit
 def _hi(p):
-    return p >> 4
+    return unpack_hi(p, SWAR_DEFAULT)
 
 
 @triton.jit
