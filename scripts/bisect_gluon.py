@@ -296,13 +296,17 @@ def _run_decode():
     rows = []
     cfgs = {"default": (None, 2)}
     # (64×256 tiles: over the SMEM limit with ≥ 4 raw slots, and 64×256×64 fails Triton 3.6's NVGPU lowering)
-    for bm, bn, bk, raw in ((128, 128, 128, 4), (64, 128, 128, 2), (64, 128, 128, 4), (64, 128, 128, 6),
-                            (64, 64, 128, 6), (64, 128, 256, 3), (64, 128, 64, 8), (64, 128, 64, 4)):
+    sweep = ((128, 128, 128, 4), (64, 128, 128, 2), (64, 128, 128, 4), (64, 128, 128, 6),
+             (64, 64, 128, 6), (64, 128, 256, 3), (64, 128, 64, 8), (64, 128, 64, 4))
+    only = os.environ.get("BISECT_DECODE_CFGS")   # e.g. "64x128x128_raw4,64x64x128_raw6"
+    for bm, bn, bk, raw in sweep:
+        if only and f"{bm}x{bn}x{bk}_raw{raw}" not in only.split(","):
+            continue
         cfgs[f"{bm}x{bn}x{bk}_raw{raw}"] = (KernelConfig(block_m=bm, block_n=bn, block_k=bk, block_r=32, group_m=8,
                                                          num_warps=4, num_stages=4, lowrank_stages=2,
                                                          persistent=True), raw)
     for fmt in os.environ.get("BISECT_TIME_FMTS", "int4_2l,int4_g64").split(","):
-        for M in (1, 16, 64):
+        for M in [int(m) for m in os.environ.get("BISECT_DECODE_M", "1,16,64").split(",")]:
             ops = w4.make_operands_v2(fmt, M, 28672, 4096, 32, 64, device="cuda")
             base = None
             for name, (cfg, raw) in cfgs.items():

@@ -29,6 +29,12 @@ variant; plus one base-part case (M=64, N=4096, 1 adapter: BN 32/64/128 × split
 shrink). Writes DIR/probe_multilora_appended.json and DIR/multilora_h200_appended.json (winners in
 the tuned-table format; ``--write-tuned`` merges them into the shipped table).
 
+``--round2``: the cases round 1 lost to shrink_expand and the 16-adapter M ≤ 64 cases (ROUND2_CASES):
+cublas_base, shrink_expand, ``app3`` (round 1), ``st2`` / ``st4`` (append_d: 2 or 4 adapters stacked into
+one [BN, d·r] step, 16-B cp.async gather), ``*_clean`` (zero-padded bank, no B rank mask: what an
+AdapterBank allows; never a table winner), ``st*_s4`` (4-deep ring) and at split-K cases a half-split
+variant. Writes DIR/probe_multilora_round2.json and DIR/multilora_h200_round2.json (winners).
+
 Writes DIR/probe_multilora.json (all rows) and DIR/multilora_h200.json (the fastest correct fused
 plan per case, in the tuned-table format read by ``multilora_gemm.choose_plan``); with
 ``--write-tuned`` also into ``src/lowrank_gemm/plan/tuned/multilora_h200.json``.
@@ -69,7 +75,8 @@ def restage(mg, plan):
     stages, _, _ = mg.solve_stages(
         lambda s, _l: mg.main_ledger(plan.main.replace(num_stages=s), fuse_d=plan.fuse_d, epi_d=plan.epi_d,
                                      epi_pipe=plan.epi_pipe, b_vec=plan.b_vec,
-                                     append_stages=plan.append_stages if plan.expand == "appended" else 0),
+                                     append_stages=plan.append_stages if plan.expand == "appended" else 0,
+                                     append_d=plan.append_d),
         min_main=2, max_main=5)
     return mg.MultiLoRAPlan(**{**plan.__dict__, "main": plan.main.replace(num_stages=stages)})
 
@@ -148,6 +155,30 @@ def appended_candidates(mg, M, N, r, adapters, sms):
     return out
 
 
+# --round2: the cases round 1 lost to shrink_expand + the 16-adapter M ≤ 64 cases, (M, N, r, adapters)
+ROUND2_CASES = [(64, 28672, 16, 16), (64, 28672, 16, 64), (64, 4096, 16, 64), (64, 4096, 16, 16),
+                (16, 28672, 16, 16), (16, 4096, 16, 16), (64, 28672, 64, 64), (256, 4096, 16, 64),
+                (64, 4096, 64, 64), (16, 4096, 16, 4), (256, 4096, 16, 16)]
+
+
+def round2_candidates(mg, M, N, r, adapters, sms):
+    """name → (plan, has_lora, b_clean): round-1 ``app3`` vs stacked appended steps (``append_d``)."""
+    h = mg.heuristic_plan(M, N, K, r, SLOTS, "gather", sms, adapters=adapters)
+    a = mg.MultiLoRAPlan(**{**h.__dict__, "fuse_d": 0, "expand": "appended"})
+    app = lambda **kw: restage(mg, mg.MultiLoRAPlan(**{**a.__dict__, **kw}))  # noqa: E731
+    out = {"app3": (app(append_stages=3), True, False),
+           "app3_clean": (app(append_stages=3), True, True)}
+    ds = (2, 4) if r <= 16 else (2,)
+    for d in ds:
+        out[f"st{d}"] = (app(append_d=d, append_stages=3), True, False)
+        out[f"st{d}_clean"] = (app(append_d=d, append_stages=3), True, True)
+    out[f"st{ds[-1]}_s4"] = (app(append_d=ds[-1], append_stages=4), True, False)
+    if a.main.split_k > 1:      # N=4096: fewer split programs → more adapters per program, fewer tickets
+        out[f"st{ds[-1]}_split{a.main.split_k // 2}"] = (
+            app(append_d=ds[-1], main=a.main.replace(split_k=a.main.split_k // 2)), True, False)
+    return out
+
+
 def make_sets(M, N, adapters, dev, seed, r=R):
     from lowrank_gemm.bench.common import rotation_count
     from lowrank_gemm.bench.multilora import _bank, _ids, floor_bytes
@@ -175,6 +206,9 @@ def main(argv=None):
     ap.add_argument("--appended-only", action="store_true",
                     help="old heuristic vs the appended expand (expand='appended') on the issue-5 grid, "
                          "r ∈ {16, 64}; --cases then reads MxNxRxadapters")
+    ap.add_argument("--round2", action="store_true",
+                    help="round 2: app3 (round 1) vs stacked appended steps (append_d 2/4, ± clean bank, "
+                         "stages, split) on the cases round 1 lost; --cases then reads MxNxRxadapters")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("the probe needs a CUDA GPU")
@@ -189,7 +223,9 @@ def main(argv=None):
     sms = mg.num_sms(dev)
     copy = measure_copy_tbps(2**30)
     parse = lambda c: tuple(int(v) for v in c.split("x"))  # noqa: E731
-    if args.appended_only:
+    if args.round2:
+        cases = ROUND2_CASES if not args.cases else [parse(c) for c in args.cases.split(",")]
+    elif args.appended_only:
         cases = [BASE_CASE] + APPEND_CASES if not args.cases else [parse(c) for c in args.cases.split(",")]
     else:
         cases = CASES if not args.cases else [parse(c) for c in args.cases.split(",")]
@@ -213,7 +249,9 @@ def main(argv=None):
         impls = {"cublas_base": (lambda x, w, bk, i: torch.nn.functional.linear(x, w), None, False),
                  "shrink_expand": (lambda x, w, bk, i: shrink_expand(x, w, bk.bank_a, bk.bank_b, bk.ranks,
                                                                      bk.scales, i), None, True)}
-        if args.appended_only:
+        if args.round2:
+            cands = round2_candidates(mg, M, N, r, adapters, sms)
+        elif args.appended_only:
             cands = appended_candidates(mg, M, N, r, adapters, sms)
         else:
             cands = {k: (p, hl, False) for k, (p, hl) in candidates(mg, M, N, adapters, sms, args.epi_only).items()}
@@ -264,10 +302,12 @@ def main(argv=None):
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    meta = device_meta(copy) | {"K": K, "r": R if not args.appended_only else "per row", "slots": SLOTS,
-                                "mode": "appended-only" if args.appended_only else ("epi-only" if args.epi_only else "all"),
+    mode = ("round2" if args.round2 else "appended-only" if args.appended_only
+            else "epi-only" if args.epi_only else "all")
+    meta = device_meta(copy) | {"K": K, "r": R if mode in ("all", "epi-only") else "per row", "slots": SLOTS,
+                                "mode": mode,
                                 "elapsed_s": round(time.time() - t0, 1), "skipped_cases": skipped}
-    suffix = "_appended" if args.appended_only else ""
+    suffix = "_round2" if args.round2 else "_appended" if args.appended_only else ""
     (out / f"probe_multilora{suffix}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")
     table = {"version": 1, "note": "written by scripts/probe_multilora.py: fastest correct fused plan per "
              "case; keys from multilora_gemm.tuned_key(M, N, K, r_max, distinct adapters)", "plans": winners}
@@ -275,7 +315,7 @@ def main(argv=None):
     table_path.write_text(json.dumps(table, indent=1) + "\n")
     if args.write_tuned:
         mg.TUNED_PATH.parent.mkdir(parents=True, exist_ok=True)
-        if args.appended_only and mg.TUNED_PATH.exists():     # a partial grid: merge, keep the other keys
+        if (args.appended_only or args.round2) and mg.TUNED_PATH.exists():   # partial grid: merge, keep the rest
             old = json.loads(mg.TUNED_PATH.read_text())
             table = dict(old, plans={**old.get("plans", {}), **winners})
         mg.TUNED_PATH.write_text(json.dumps(table, indent=1) + "\n")

@@ -21,14 +21,14 @@ ATOL, RTOL = 2e-2, 1e-2
 
 
 def small_plan(split=2, sbm=16, bm=16, bn=32, bk=32, r_max=16, split_k=1, fuse_d=0, epi_d=1, x_tma=False,
-               epi_pipe=0, b_vec=False, expand="epilogue", append_stages=3, append_rowsel=False):
+               epi_pipe=0, b_vec=False, expand="epilogue", append_stages=3, append_rowsel=False, append_d=1):
     br = max(16, 1 << (r_max - 1).bit_length())
     return mg.MultiLoRAPlan(
         main=KernelConfig(block_m=bm, block_n=bn, block_k=bk, block_r=br, group_m=2, num_stages=2,
                           split_k=split_k),
         shrink=KernelConfig(block_m=sbm, block_n=16, block_k=32, block_r=br, split_k=split),
         fuse_d=fuse_d, epi_d=epi_d, x_tma=x_tma, epi_pipe=epi_pipe, b_vec=b_vec, expand=expand,
-        append_stages=append_stages, append_rowsel=append_rowsel)
+        append_stages=append_stages, append_rowsel=append_rowsel, append_d=append_d)
 
 
 def make_case(M, N, K, L, r_max, ranks=None, seed=0, dirty=True, bias=True):
@@ -229,6 +229,7 @@ def _compile_main(cfg: KernelConfig, order: bool, fuse_d=0, epi_d=1, x_tma=False
                  HAS_ORDER=order, HAS_LORA=True, HAS_BIAS=True, USE_TMA=True, X_TMA=x_tma, FUSE_D=fuse_d,
                  EPI_D=epi_d, SPLIT_K=cfg.split_k, EPI_PIPE=epi_pipe, B_VEC=b_vec, APPEND=append,
                  APPEND_STAGES=append_stages, B_TMA=append and b_tma, B_MASK=b_mask, ROW_SELECT=row_select,
+                 APPEND_D=1,
                  stride_xk=1, stride_wk=1, stride_yn=1, stride_ak=1,
                  stride_br=1)
     return compile_sm90("lowrank_gemm.kernels.multilora_gemm", "_mlora_main_kernel", sig, const,
@@ -557,3 +558,90 @@ def test_aot_appended_wgmma_tma_ring(cfg, kw):
     led = mg.main_ledger(cfg, append_stages=stages)
     assert led.total() == info.shared, led.table()
     assert mg.can_implement(cfg, append_stages=stages)
+
+
+# ---- round 2: stacked appended steps (append_d adapters per fatter K step), AdapterBank b_clean
+
+STACK_VARIANTS = {
+    "d2": dict(append_d=2),
+    "d4": dict(append_d=4),
+    "d4_split2_stages2": dict(append_d=4, split_k=2, append_stages=2),
+    "d2_bm32_split3": dict(append_d=2, bm=32, split_k=3),
+}
+
+
+@pytest.mark.parametrize("mode", ["gather", "segment"])
+@pytest.mark.parametrize("variant", sorted(STACK_VARIANTS))
+def test_stacked_matches_reference(variant, mode):
+    case = make_case(37, 45, 72, 7, 16, seed=13)       # NaN past each rank, ragged tiles, mixed ranks
+    assert_close(run(case, mode, small_plan(expand="appended", **STACK_VARIANTS[variant])), ref_of(case))
+
+
+@pytest.mark.parametrize("r_max,ranks", [(20, [20, 3, 0, 17, 9]),      # rank stride 40 B: per-element gather
+                                         (8, [8, 5, 1, 8, 2]),         # BLOCK_R 16 > r_max: no vector path
+                                         (16, [16, 16, 7, 0, 12])])    # vector path, rank mask after load
+def test_stacked_rank_blocks_and_counts_not_multiple_of_d(r_max, ranks):
+    case = make_case(30, 40, 48, 5, r_max, ranks=ranks, seed=5)
+    for kw in (dict(append_d=2), dict(append_d=4, split_k=2)):       # 5 adapters: last group part-empty
+        assert_close(run(case, "gather", small_plan(r_max=r_max, expand="appended", **kw)), ref_of(case))
+
+
+def test_stacked_many_adapters_clean_bank_base_rows_bit_identical():
+    case = make_case(40, 36, 64, 9, 16, ranks=[16, 8, 3, 16, 0, 11, 16, 5, 2], dirty=False)
+    case["adapter_ids"] = (torch.arange(40, dtype=torch.int32) % 10) - 1        # 9 adapters + −1 rows
+    rows = case["adapter_ids"] == -1
+    ref = ref_of(case)
+    for kw in (dict(append_d=4), dict(append_d=2, split_k=2, append_stages=2)):
+        plan = small_plan(expand="appended", **kw)
+        base = run(case, "gather", plan, has_lora=False)
+        y1, y2 = run(case, "gather", plan), run(case, "gather", plan)
+        assert_close(y1, ref)
+        assert torch.equal(y1, y2), kw
+        assert torch.equal(y1[rows], base[rows]), kw
+        assert torch.equal(run(case, "segment", plan)[rows], base[rows]), kw
+        assert_close(run(case, "gather", plan, b_clean=True), ref)
+        none = dict(case, adapter_ids=torch.full_like(case["adapter_ids"], -1))
+        assert torch.equal(run(none, "gather", plan), base), kw
+
+
+def test_stacked_plan_fields():
+    p = small_plan(expand="appended", append_d=4)
+    assert mg.MultiLoRAPlan.from_dict(p.to_dict()) == p
+    old = {k: v for k, v in p.to_dict().items() if k != "append_d"}
+    assert mg.MultiLoRAPlan.from_dict(old).append_d == 1
+    with pytest.raises(ValueError, match="append_d"):
+        small_plan(expand="appended", append_d=3)
+    assert mg.heuristic_plan(64, 28672, 4096, 16, 64, "gather", 132, adapters=64).append_d == 1
+
+
+@pytest.mark.parametrize("cfg,d,b_mask", [
+    (KernelConfig(block_m=64, block_n=128, block_k=128, block_r=16, num_stages=4, num_warps=4), 4, True),
+    (KernelConfig(block_m=64, block_n=128, block_k=128, block_r=16, num_stages=4, num_warps=4, split_k=4), 4,
+     False),
+    (KernelConfig(block_m=64, block_n=128, block_k=128, block_r=64, num_stages=3, num_warps=4), 2, True),
+])
+def test_aot_stacked_one_wait_per_group(cfg, d, b_mask):
+    import re
+    from lowrank_gemm.kernels import aot
+    real = aot.compile_sm90
+
+    def with_stack(mod, name, sig, const, **o):
+        return real(mod, name, sig, dict(const, APPEND_D=d, B_VEC=True, B_MASK=b_mask), **o)
+
+    aot_mod = aot
+    aot_mod.compile_sm90 = with_stack
+    try:
+        info = _compile_main(cfg, False, append=True, b_tma=False)
+    finally:
+        aot_mod.compile_sm90 = real
+    blocks = re.split(r"\n\$L__BB\d+_\d+:", info.ptx)
+    loops = [b for b in blocks if "Loop Header" in b.split("\n", 1)[0] and "wgmma" in b and "tensor.2d" not in b
+             and "cp.async" in b]
+    assert loops, "stacked appended loop not found"
+    loop = loops[0]
+    # one pipelined [BN, d·BLOCK_R] gather of 16-B runs, d·BLOCK_R/16 wgmmas, ≤ 3 bar.sync per group
+    assert "cp.async.ca.shared.global" in loop and ", 0x10" in loop, "B gather should be 16-B cp.async"
+    assert loop.count("wgmma.mma_async") == d * cfg.block_r // 16
+    assert loop.count("bar.sync") <= 4
+    led = mg.main_ledger(cfg, append_stages=3, append_d=d)
+    assert led.total() == info.shared, led.table()

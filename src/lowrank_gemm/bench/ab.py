@@ -16,8 +16,6 @@ from .common import device_meta, markdown_table, measure_copy_tbps, meta_header,
 
 FLUX = [(3072, 12288), (12288, 3072), (3072, 3072), (3072, 9216)]   # (K, N) at M = 4608
 DECODE_M = [1, 16, 64]
-LORA_KN = [(4096, 28672), (4096, 4096), (8192, 8192)]
-LORA_M = [16, 64, 256, 4096]
 
 
 def _w4a4_shapes(quick):
@@ -27,9 +25,11 @@ def _w4a4_shapes(quick):
 
 
 def _lora_shapes(quick):
+    """(M, K, N, r): the LoRA v2 probe's shapes (scripts/probe_lora_v2.py)."""
     if quick:
-        return [(64, 4096, 28672), (4096, 4096, 4096)]
-    return [(m, k, n) for k, n in LORA_KN for m in LORA_M]
+        return [(64, 4096, 28672, 16), (4096, 4096, 4096, 64)]
+    return [(64, 4096, 28672, 16), (256, 4096, 28672, 16), (1024, 4096, 28672, 16), (4096, 8192, 8192, 16),
+            (256, 4096, 4096, 16), (4096, 4096, 4096, 64)]
 
 
 def _row(suite, impl, M, N, K, r, dtype, fn, sets, flops, **extra):
@@ -83,26 +83,38 @@ def bench_w4a4(quick, rank=32):
     return rows
 
 
-def bench_lora(quick, rank=16):
+def bench_lora(quick):
+    """v1 (``lora_linear(strategy="auto")``) vs v2 (``kernels/gluon/lora_ws.launch_lora_v2``, shrink chosen by
+    ``shrink_mode``: env LOWRANK_GEMM_LORA_V2_SHRINK pins it) + cuBLAS baselines, in this process. v2 runs
+    in-process here ONLY because scripts/probe_lora_v2.py proved it on the GPU first (child processes with
+    timeouts): run the probe before this suite after any change to lora_ws.py."""
     rows = []
     try:
         from ..kernels.lora_gemm import lora_linear
     except ImportError as err:
         lora_linear = None
         print(f"v1 LoRA rows skipped: {err}")
-    print("LoRA v2 (kernels/gluon/lora_ws.py) is not implemented yet: no v2 rows")
-    for M, K, N in _lora_shapes(quick):
-        flops = 2 * M * N * K
-        n_sets = min(rotation_count(2 * (M * K + N * K)), 2 if quick else 4)
+    try:
+        from ..kernels.gluon.lora_ws import launch_lora_v2, shrink_mode
+    except ImportError as err:
+        launch_lora_v2 = None
+        print(f"v2 LoRA rows skipped: {err}")
+    scale = 0.5
+    for M, K, N, rank in _lora_shapes(quick):
+        flops = 2 * M * N * K + 2 * M * rank * (K + N)
+        n_sets = min(rotation_count(2 * (M * K + N * K)), 2 if quick else 3)
         w = torch.randn(N, K, device="cuda", dtype=torch.bfloat16) * 0.02
         a = torch.randn(rank, K, device="cuda", dtype=torch.bfloat16) * 0.02
         b = torch.randn(N, rank, device="cuda", dtype=torch.bfloat16) * 0.02
         xs = [(torch.randn(M, K, device="cuda", dtype=torch.bfloat16), ) for _ in range(n_sets)]
         rows.append(_row("lora", "cublas_bf16", M, N, K, 0, "bf16", lambda x: x @ w.T, xs, flops))
         rows.append(_row("lora", "unfused_bf16", M, N, K, rank, "bf16",
-                         lambda x: torch.addmm(x @ w.T, x @ a.T, b.T), xs, flops))
+                         lambda x: torch.addmm(x @ w.T, x @ a.T, b.T, alpha=scale), xs, flops))
         if lora_linear is not None:
-            rows.append(_row("lora", "v1", M, N, K, rank, "bf16", lambda x: lora_linear(x, w, a, b), xs, flops))
+            rows.append(_row("lora", "v1", M, N, K, rank, "bf16", lambda x: lora_linear(x, w, a, b, scale), xs, flops))
+        if launch_lora_v2 is not None:
+            rows.append(_row("lora", "v2", M, N, K, rank, "bf16", lambda x: launch_lora_v2(x, w, a, b, scale), xs, flops,
+                             format=f"shrink={shrink_mode(M)}"))
         del w, a, b, xs
         torch.cuda.empty_cache()
     return rows

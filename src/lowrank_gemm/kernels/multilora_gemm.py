@@ -233,10 +233,36 @@ def multi_lowrank_up_pipe(acc, rows, valid, ids, s_ptr, stride_ss, stride_sm, SP
 
 
 @triton.jit
+def _appended_step(acc, s, s_op, ids, cur, rank, b_ptr, b_desc, stride_bl, stride_bn, stride_br, offs_n, n0, N,
+                   BN: tl.constexpr, BLOCK_R: tl.constexpr, B_TMA: tl.constexpr, B_MASK: tl.constexpr,
+                   ROW_SELECT: tl.constexpr):
+    """One appended K step: acc += (S ⊙ [ids == cur]) · B[cur, n-tile, :rank]ᵀ (see appended_expand)."""
+    rr = tl.arange(0, BLOCK_R)
+    if B_TMA:
+        b = b_desc.load([cur, n0, 0]).reshape(BN, BLOCK_R)
+        if B_MASK:
+            b = tl.where(rr[None, :] < rank, b, 0.0)
+    else:
+        # fallback (bank_b not TMA-legal): per-element rank mask, 2-B loads
+        b = tl.load(b_ptr + cur.to(tl.int64) * stride_bl + offs_n[:, None] * stride_bn + rr[None, :] * stride_br,
+                    mask=(offs_n[:, None] < N) & (rr[None, :] < rank), other=0.0)
+    if ROW_SELECT:
+        # whole S tile as the (loop-invariant) A operand, the adapter's rows picked on the fp32
+        # result in the accumulator layout: no per-step A-operand relayout through SMEM
+        part = tl.dot(s_op, tl.trans(b))
+        acc = tl.where((ids == cur)[:, None], acc + part, acc)
+    else:
+        s_x = tl.where((ids == cur)[:, None], s, 0.0)
+        acc = tl.dot(s_x.to(b.dtype), tl.trans(b), acc)
+    return acc
+
+
+@triton.jit
 def appended_expand(acc, rows, valid, ids, slot, pid_k, lst_ptr, s_ptr, stride_ss, stride_sm, SPLIT_S,
                     scales_ptr, b_ptr, b_desc, stride_bl, stride_bn, stride_br, ranks_ptr, R_MAX, offs_n, n0, N,
                     BM: tl.constexpr, BN: tl.constexpr, BLOCK_R: tl.constexpr, SPLIT_K: tl.constexpr,
-                    STAGES: tl.constexpr, B_TMA: tl.constexpr, B_MASK: tl.constexpr, ROW_SELECT: tl.constexpr):
+                    STAGES: tl.constexpr, B_TMA: tl.constexpr, B_MASK: tl.constexpr, ROW_SELECT: tl.constexpr,
+                    APPEND_D: tl.constexpr = 1, B_VEC: tl.constexpr = False):
     """acc [BM, BN] += Σ_a (scale·S ⊙ rowmask_a) [BM, BLOCK_R] · B[a, n-tile, :]ᵀ as extra K steps.
 
     One step per distinct adapter a of the row block (split pid_k takes every SPLIT_K-th one), run
@@ -251,6 +277,11 @@ def appended_expand(acc, rows, valid, ids, slot, pid_k, lst_ptr, s_ptr, stride_s
     B_MASK (TMA path) zeroes B's columns past each adapter's rank in registers (they may hold garbage,
     even NaN); a caller whose bank is zero-padded (``AdapterBank``) may skip it, so wgmma reads the
     TMA tile straight from SMEM. Rows with id −1 see exact zeros.
+    APPEND_D > 1 (round-2 candidate): APPEND_D distinct adapters stacked into one fatter step
+    (K = APPEND_D·BLOCK_R). sm_90 PTX of the D=1 loop: ~3 bar.sync, an A relayout through SMEM
+    (st.shared → bar.sync → ldmatrix) and a wgmma.wait_group 0 per adapter; D separate steps per
+    iteration keep all of that per adapter, a stacked step pays it once per APPEND_D adapters.
+    B comes by pointer gather (TMA boxes cannot be stacked: the adapters are not adjacent slots).
     """
     has = valid & (ids >= 0)
     s = _scaled_s(rows, has, ids, s_ptr, stride_ss, stride_sm, SPLIT_S, scales_ptr, BM, BLOCK_R, BLOCK_R)
@@ -261,26 +292,41 @@ def appended_expand(acc, rows, valid, ids, slot, pid_k, lst_ptr, s_ptr, stride_s
     tl.store(lst + order, ids, mask=first)
     tl.store(lst + BM + order, rank_row, mask=first)
     tl.debug_barrier()      # the list is read back by other threads of this program
-    rr = tl.arange(0, BLOCK_R)
     s_op = s.to(b_ptr.dtype.element_ty)
-    for j in tl.range(pid_k, count, SPLIT_K, num_stages=STAGES):
-        cur = tl.load(lst + j)
-        if B_TMA:
-            b = b_desc.load([cur, n0, 0]).reshape(BN, BLOCK_R)
-            if B_MASK:
-                b = tl.where(rr[None, :] < tl.load(lst + BM + j), b, 0.0)
-        else:
-            # fallback (bank_b not TMA-legal): per-element rank mask, 2-B loads
+    if APPEND_D == 1:
+        for j in tl.range(pid_k, count, SPLIT_K, num_stages=STAGES):
+            cur = tl.load(lst + j)
             rank = tl.load(lst + BM + j)
-            b = tl.load(b_ptr + cur.to(tl.int64) * stride_bl + offs_n[:, None] * stride_bn + rr[None, :] * stride_br,
-                        mask=(offs_n[:, None] < N) & (rr[None, :] < rank), other=0.0)
-        if ROW_SELECT:
-            # whole S tile as the (loop-invariant) A operand, the adapter's rows picked on the fp32
-            # result in the accumulator layout: no per-step A-operand relayout through SMEM
-            part = tl.dot(s_op, tl.trans(b))
-            acc = tl.where((ids == cur)[:, None], acc + part, acc)
-        else:
-            s_x = tl.where((ids == cur)[:, None], s, 0.0)
+            acc = _appended_step(acc, s, s_op, ids, cur, rank, b_ptr, b_desc, stride_bl, stride_bn, stride_br,
+                                 offs_n, n0, N, BN, BLOCK_R, B_TMA, B_MASK, ROW_SELECT)
+    else:
+        # stacked: APPEND_D adapters' B tiles gathered into ONE [BN, APPEND_D·BLOCK_R] operand (16-B
+        # cp.async runs, pipelined into an SMEM ring), S repeated APPEND_D times along K and masked
+        # block-diagonally: one A relayout, one MMA chain and one wgmma wait per APPEND_D adapters
+        DQ: tl.constexpr = APPEND_D * BLOCK_R
+        s_rep = _scaled_s(rows, has, ids, s_ptr, stride_ss, stride_sm, SPLIT_S, scales_ptr, BM, BLOCK_R, DQ)
+        qa = tl.arange(0, DQ) // BLOCK_R
+        qr = tl.arange(0, DQ) % BLOCK_R
+        nmask = offs_n[:, None] < N
+        for j in tl.range(pid_k * APPEND_D, count, SPLIT_K * APPEND_D, num_stages=STAGES):
+            jq = j + qa
+            live_q = jq < count
+            cur_q = tl.load(lst + jq, mask=live_q, other=-2)            # −2: matches no row
+            rank_q = tl.load(lst + BM + jq, mask=live_q, other=0)
+            if B_VEC:
+                # host-checked: unit rank stride, R_MAX == BLOCK_R, 16-B aligned adapter/row strides:
+                # each BLOCK_R run is one adapter's contiguous rank vector → masked as a whole
+                q_off = tl.max_contiguous(tl.multiple_of(cur_q.to(tl.int64) * stride_bl + qr, 8), BLOCK_R)
+                has_q = tl.max_constancy(live_q, BLOCK_R)
+                b = tl.load(b_ptr + q_off[None, :] + offs_n[:, None] * stride_bn, mask=nmask & has_q[None, :],
+                            other=0.0)
+                if B_MASK:
+                    b = tl.where((qr < rank_q)[None, :], b, 0.0)
+            else:
+                q_off = cur_q.to(tl.int64) * stride_bl + qr * stride_br
+                b = tl.load(b_ptr + q_off[None, :] + offs_n[:, None] * stride_bn,
+                            mask=nmask & (live_q & (qr < rank_q))[None, :], other=0.0)
+            s_x = tl.where(ids[:, None] == cur_q[None, :], s_rep, 0.0)
             acc = tl.dot(s_x.to(b.dtype), tl.trans(b), acc)
     return acc
 
@@ -361,7 +407,7 @@ def _mlora_main_kernel(
         FUSE_D: tl.constexpr = 0, EPI_D: tl.constexpr = 1, SPLIT_K: tl.constexpr = 1,
         EPI_PIPE: tl.constexpr = 0, B_VEC: tl.constexpr = False, APPEND: tl.constexpr = False,
         APPEND_STAGES: tl.constexpr = 3, B_TMA: tl.constexpr = False, B_MASK: tl.constexpr = True,
-        ROW_SELECT: tl.constexpr = False):
+        ROW_SELECT: tl.constexpr = False, APPEND_D: tl.constexpr = 1):
     FUSED: tl.constexpr = HAS_LORA and FUSE_D > 0
     APPENDED: tl.constexpr = HAS_LORA and APPEND and FUSE_D == 0
     DQ: tl.constexpr = max(FUSE_D, 1) * BLOCK_R
@@ -409,7 +455,7 @@ def _mlora_main_kernel(
         acc = appended_expand(acc, rows, valid, ids, tile * SPLIT_K + pid_k, pid_k, lst_ptr, s_ptr, stride_ss,
                               stride_sm, SPLIT_S, scales_ptr, b_ptr, b_desc, stride_bl, stride_bn, stride_br,
                               ranks_ptr, R_MAX, offs_n, pid_n * BN, N, BM, BN, BLOCK_R, SPLIT_K, APPEND_STAGES,
-                              B_TMA, B_MASK, ROW_SELECT)
+                              B_TMA, B_MASK, ROW_SELECT, APPEND_D, B_VEC)
 
     if SPLIT_K > 1:
         # deterministic split-K without a second launch: every split parks its fp32 partial, the
@@ -504,7 +550,8 @@ class MultiLoRAPlan:
     ``expand``: "epilogue" (the loops above, after the K loop) or "appended" (candidate: one extra
     pipelined K step per distinct adapter, B tiles through a TMA ring ``append_stages`` deep, adapters
     shared out over the split-K programs; see :func:`appended_expand`); ``append_rowsel``: whole-S
-    MMA per step with the adapter's rows selected on the fp32 result (no per-step A relayout)."""
+    MMA per step with the adapter's rows selected on the fp32 result (no per-step A relayout);
+    ``append_d`` (round-2 candidate, 1/2/4): adapters per pipelined appended iteration."""
 
     main: KernelConfig
     shrink: KernelConfig
@@ -517,6 +564,7 @@ class MultiLoRAPlan:
     expand: str = "epilogue"
     append_stages: int = 3
     append_rowsel: bool = False
+    append_d: int = 1
 
     def __post_init__(self):
         if self.expand not in EXPANDS:
@@ -524,6 +572,8 @@ class MultiLoRAPlan:
         if self.expand == "appended" and self.fuse_d:
             raise ValueError(f"MultiLoRAPlan: expand='appended' reads the shrink workspace, needs fuse_d=0, "
                              f"got fuse_d={self.fuse_d}")
+        if self.append_d not in (1, 2, 4):
+            raise ValueError(f"MultiLoRAPlan.append_d must be 1, 2 or 4, got {self.append_d}")
         if not 1 <= self.append_stages <= 6:
             raise ValueError(f"MultiLoRAPlan.append_stages must lie in [1, 6], got {self.append_stages}")
         for name in ("fuse_d", "epi_d"):
@@ -537,18 +587,19 @@ class MultiLoRAPlan:
         return {"main": self.main.to_dict(), "shrink": self.shrink.to_dict(), "use_tma": self.use_tma,
                 "fuse_d": self.fuse_d, "epi_d": self.epi_d, "x_tma": self.x_tma, "epi_pipe": self.epi_pipe,
                 "b_vec": self.b_vec, "expand": self.expand, "append_stages": self.append_stages,
-                "append_rowsel": self.append_rowsel}
+                "append_rowsel": self.append_rowsel, "append_d": self.append_d}
 
     @classmethod
     def from_dict(cls, d: dict) -> "MultiLoRAPlan":
         return cls(main=KernelConfig.from_dict(d["main"]), shrink=KernelConfig.from_dict(d["shrink"]),
                    **{k: d[k] for k in ("use_tma", "fuse_d", "epi_d", "x_tma", "epi_pipe", "b_vec", "expand",
-                                          "append_stages", "append_rowsel")
+                                          "append_stages", "append_rowsel", "append_d")
                       if k in d})
 
 
 def main_ledger(cfg: KernelConfig, elem_bits: int = 16, use_tma: bool = True, fuse_d: int = 0,
-                epi_d: int = 1, epi_pipe: int = 0, b_vec: bool = False, append_stages: int = 0) -> SmemLedger:
+                epi_d: int = 1, epi_pipe: int = 0, b_vec: bool = False, append_stages: int = 0,
+                append_d: int = 1) -> SmemLedger:
     """SMEM of the main kernel: pipelined x, W (and, fused, stacked A) tiles, TMA barriers; the
     epilogue's S and stacked-B operand tiles reuse the pipeline buffers (dead after the K loop),
     so only any excess counts. ``epi_pipe`` ≥ 2 with ``b_vec`` (the only combination the
@@ -574,8 +625,10 @@ def main_ledger(cfg: KernelConfig, elem_bits: int = 16, use_tma: bool = True, fu
     elif append_stages:
         # appended expand: a ring of [BN, BLOCK_R] B tiles + their barriers + the S operand tile,
         # allocated after the K loop's buffers die (they reuse them)
-        ring_bytes = (append_stages * (tile_bytes(cfg.block_n, cfg.block_r, elem_bits) + barrier_bytes(1))
-                      + tile_bytes(cfg.block_m, cfg.block_r, elem_bits))
+        # (append_d > 1: stacked [BN, d·BLOCK_R] tiles by cp.async, no TMA barriers)
+        dr = append_d * cfg.block_r
+        ring_bytes = (append_stages * (tile_bytes(cfg.block_n, dr, elem_bits) + (barrier_bytes(1) if append_d == 1 else 0))
+                      + tile_bytes(cfg.block_m, dr, elem_bits))
         terms.append(SmemTerm(f"appended {append_stages}-deep B ring beyond pipeline", max(0, ring_bytes - pipe_bytes)))
     else:
         terms.append(SmemTerm("lowrank S+B beyond pipeline", max(0, epi_bytes - pipe_bytes)))
@@ -583,9 +636,9 @@ def main_ledger(cfg: KernelConfig, elem_bits: int = 16, use_tma: bool = True, fu
 
 
 def can_implement(cfg: KernelConfig, elem_bits: int = 16, fuse_d: int = 0, epi_d: int = 1,
-                  epi_pipe: int = 0, b_vec: bool = False, append_stages: int = 0) -> bool:
+                  epi_pipe: int = 0, b_vec: bool = False, append_stages: int = 0, append_d: int = 1) -> bool:
     return not cfg.persistent and main_ledger(cfg, elem_bits, fuse_d=fuse_d, epi_d=epi_d, epi_pipe=epi_pipe,
-                                              b_vec=b_vec, append_stages=append_stages).fits()
+                                              b_vec=b_vec, append_stages=append_stages, append_d=append_d).fits()
 
 
 TUNED_PATH = TUNED_DIR / "multilora_h200.json"
@@ -835,7 +888,7 @@ def multi_lora_gemm(x, weight, bank_a, bank_b, ranks, scales, adapter_ids, bias=
     else:
         x_desc = x
     append = plan.expand == "appended" and has_lora and not fuse_d
-    b_tma = append and _b_tma_ok(bank_b)
+    b_tma = append and plan.append_d == 1 and _b_tma_ok(bank_b)     # stacked steps gather B by pointer
     if append:
         lst = torch.empty((tiles * split_k, 2 * cfg.block_m), dtype=torch.int32, device=x.device)
         b_desc = _b_descriptor(bank_b, cfg.block_n, block_r) if b_tma else bank_b
@@ -850,9 +903,10 @@ def multi_lora_gemm(x, weight, bank_a, bank_b, ranks, scales, adapter_ids, bias=
         BM=cfg.block_m, BN=cfg.block_n, BK=cfg.block_k, BLOCK_R=block_r, GROUP_M=cfg.group_m,
         HAS_ORDER=order is not None, HAS_LORA=has_lora, HAS_BIAS=bias is not None, USE_TMA=use_tma,
         X_TMA=x_tma, FUSE_D=fuse_d, EPI_D=plan.epi_d, SPLIT_K=split_k, EPI_PIPE=plan.epi_pipe,
-        B_VEC=plan.b_vec and bank_b.stride(2) == 1 and bank_b.stride(0) % 8 == 0 and r_max == block_r,
+        B_VEC=((plan.b_vec or (append and plan.append_d > 1)) and bank_b.stride(2) == 1
+               and bank_b.stride(0) % 8 == 0 and bank_b.stride(1) % 8 == 0 and r_max == block_r),
         APPEND=append, APPEND_STAGES=plan.append_stages, B_TMA=b_tma, B_MASK=not b_clean,
-        ROW_SELECT=plan.append_rowsel,
+        ROW_SELECT=plan.append_rowsel, APPEND_D=plan.append_d,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return y
 
