@@ -71,9 +71,11 @@ def bench_case(M, N, r, adapters, copy_tbps, graph=True, only=None):
         "cublas_base": lambda x, w, bk, i: torch.nn.functional.linear(x, w),
         "shrink_expand": lambda x, w, bk, i: shrink_expand(x, w, bk.bank_a, bk.bank_b, bk.ranks, bk.scales, i),
         "fused": lambda x, w, bk, i: mg.multi_lora_gemm(x, w, bk.bank_a, bk.bank_b, bk.ranks, bk.scales, i,
-                                                        mode="gather", validate=False, adapters=nd),
+                                                        mode="gather", validate=False, adapters=nd,
+                                                        b_clean=bk.B_ZERO_PADDED),   # as multi_lora_linear(bank)
         "fused_segment": lambda x, w, bk, i: mg.multi_lora_gemm(x, w, bk.bank_a, bk.bank_b, bk.ranks, bk.scales,
-                                                                i, mode="segment", validate=False, adapters=nd),
+                                                                i, mode="segment", validate=False, adapters=nd,
+                                                                b_clean=bk.B_ZERO_PADDED),
         "segment_sort": lambda x, w, bk, i: mg.sort_rows(i),
     }
     if adapters <= TORCH_LOOP_MAX_ADAPTERS:

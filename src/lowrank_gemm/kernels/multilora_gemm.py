@@ -915,15 +915,17 @@ def multi_lora_gemm(x, weight, bank_a, bank_b, ranks, scales, adapter_ids, bias=
 def _multi_lora_linear_op(x: torch.Tensor, weight: torch.Tensor, bank_a: torch.Tensor, bank_b: torch.Tensor,
                           ranks: torch.Tensor, scales: torch.Tensor, adapter_ids: torch.Tensor,
                           bias: torch.Tensor | None, row_order: torch.Tensor | None, mode: str,
-                          validate: bool, max_adapters: int | None = None) -> torch.Tensor:
+                          validate: bool, max_adapters: int | None = None, b_clean: bool = False) -> torch.Tensor:
     x2 = x.reshape(-1, x.shape[-1])
     y = multi_lora_gemm(x2, weight, bank_a, bank_b, ranks, scales, adapter_ids.reshape(-1), bias,
-                        row_order, mode, validate=validate and _default_validate(), adapters=max_adapters)
+                        row_order, mode, validate=validate and _default_validate(), adapters=max_adapters,
+                        b_clean=b_clean)
     return y.reshape(*x.shape[:-1], weight.shape[0])
 
 
 @_multi_lora_linear_op.register_fake
-def _(x, weight, bank_a, bank_b, ranks, scales, adapter_ids, bias, row_order, mode, validate, max_adapters=None):
+def _(x, weight, bank_a, bank_b, ranks, scales, adapter_ids, bias, row_order, mode, validate, max_adapters=None,
+      b_clean=False):
     return x.new_empty((*x.shape[:-1], weight.shape[0]))
 
 
@@ -943,8 +945,12 @@ def multi_lora_linear(x: torch.Tensor, weight: torch.Tensor, bank_a, bank_b: tor
     holds; it only picks the kernel plan (the measured H200 plans are keyed by it). Results stay exact
     when it is wrong, only slower. Default: the bank's slot count.
     """
+    b_clean = False
     if hasattr(bank_a, "bank_a"):       # an AdapterBank
         bank = bank_a
+        # its set_adapter/remove_adapter keep B zero past each rank, so the appended expand may skip the
+        # per-step rank mask on B (session 2, H200: r=64, 64 adapters 181.6 → 153.0 µs)
+        b_clean = getattr(bank, "B_ZERO_PADDED", False)
         if adapter_ids is None:
             adapter_ids = bank_b
         bank_a, bank_b, ranks, scales = bank.bank_a, bank.bank_b, bank.ranks, bank.scales
@@ -956,4 +962,4 @@ def multi_lora_linear(x: torch.Tensor, weight: torch.Tensor, bank_a, bank_b: tor
     if max_adapters is not None and max_adapters < 1:
         raise ValueError(f"multi_lora_linear: max_adapters must be ≥ 1 or None, got {max_adapters}")
     return _multi_lora_linear_op(x, weight, bank_a, bank_b, ranks, scales, adapter_ids, bias, row_order,
-                                 mode, validate, max_adapters)
+                                 mode, validate, max_adapters, b_clean)

@@ -52,6 +52,11 @@ class AdapterBank(nn.Module):
             raise IndexError(f"adapter slot must be in [0, {self.num_slots - 1}], got {slot}")
         return slot
 
+    # set_adapter / remove_adapter keep bank_b zero past each adapter's rank (and bank_a too): the fused
+    # kernel relies on it to skip masking B by rank. Write adapters through these methods; a bank_b edited
+    # by hand with NaN/Inf past a rank would leak them into that adapter's rows.
+    B_ZERO_PADDED = True
+
     @torch.no_grad()
     def set_adapter(self, slot: int, lora_a: torch.Tensor, lora_b: torch.Tensor, scale: float = 1.0,
                     name: str | None = None) -> None:
