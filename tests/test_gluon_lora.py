@@ -183,3 +183,20 @@ def test_ragged_k_and_rank_are_padded_for_tma():
     assert x_desc.shape[1] == 72 and w_desc.shape[1] == 72 and a_desc.shape[1] == 72
     assert b_desc.shape[1] == 8 and cx["BLOCK_R"] == 16 and cx["FUSED"]
     assert not cx["EPI_TMA"] or 40 % 8 == 0
+
+
+def test_auto_picks_v2_only_where_measured_faster(monkeypatch):
+    """lora_linear(strategy="auto") hands the shape to the Gluon v2 only inside the measured bucket of
+    plan/tuned/lora_v2_h200.json (M 33..64, N ≥ 16384, K 4096, r ≤ 16); LOWRANK_GEMM_LORA_V2=0 turns it off."""
+    import torch
+    from lowrank_gemm.kernels import lora_gemm as lg
+    from lowrank_gemm.plan.tuned import TUNED_DIR
+    monkeypatch.setattr(lg, "tuned_file", lambda family, device: TUNED_DIR / f"{family}_h200.json")
+    dev = torch.device("cpu")
+    assert lg._v2_choice(64, 28672, 4096, 16, dev) == "fused"
+    assert lg._v2_choice(48, 28672, 4096, 8, dev) == "fused"
+    for shape in ((16, 28672, 4096, 16), (128, 28672, 4096, 16), (64, 4096, 4096, 16), (64, 28672, 8192, 16),
+                  (64, 28672, 4096, 64), (64, 28672, 4096, 0)):
+        assert lg._v2_choice(*shape, dev) is None, shape
+    monkeypatch.setenv("LOWRANK_GEMM_LORA_V2", "0")
+    assert lg._v2_choice(64, 28672, 4096, 16, dev) is None

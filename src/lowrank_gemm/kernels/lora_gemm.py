@@ -28,8 +28,11 @@ Input contract (decisions, tested):
 from __future__ import annotations
 
 import collections
+import functools
+import json
 import os
 import weakref
+from pathlib import Path
 from typing import Optional
 
 import torch
@@ -38,6 +41,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ..plan.config import KernelConfig
 from ..plan.planner import LORA_STRATEGIES, current_pin, pinned, plan_lora
+from ..plan.tuned import tuned_file
 from . import _lora_kernels as K_
 from ._lora_kernels import smem_ledger
 from .schedule import cdiv, grouped_tile_host, num_sms, persistent_grid
@@ -480,6 +484,11 @@ def lora_linear_impl(x, weight, lora_a, lora_b, scale: float = 1.0, bias=None,
     if strategy == "torch" or not _use_triton(x):
         return _lora_linear_torch(x, weight, lora_a, lora_b, scale, bias)
     pin = current_pin()
+    if strategy == "auto" and pin is None and x.is_cuda:
+        shrink = _v2_choice(M, N, K, lora_a.shape[0], x.device)
+        if shrink is not None:
+            from .gluon.lora_ws import launch_lora_v2
+            return launch_lora_v2(x, weight, lora_a, lora_b, scale, bias, shrink=shrink)
     if strategy == "auto":
         strategy, cfg = plan_lora(M, N, K, lora_a.shape[0], x.dtype, x.device)
     else:
@@ -489,6 +498,24 @@ def lora_linear_impl(x, weight, lora_a, lora_b, scale: float = 1.0, bias=None,
         return _lora_linear_torch(x, weight, lora_a, lora_b, scale, bias)
     y = run_strategy(strategy, x2, weight, lora_a, lora_b, scale, bias, cfg)
     return y.reshape(*x.shape[:-1], N)
+
+
+def _v2_choice(M: int, N: int, K: int, r: int, device) -> str | None:
+    """The Gluon v2's shrink mode if the tuned table (``plan/tuned/lora_v2_<gpu>.json``) says v2 beat v1 for
+    this shape on this GPU, else None (v1). ``LOWRANK_GEMM_LORA_V2=0`` turns v2 off."""
+    if os.environ.get("LOWRANK_GEMM_LORA_V2", "1") == "0":
+        return None
+    path = tuned_file("lora_v2", device)
+    for e in _load_v2_table(str(path)) if path is not None else ():
+        if e["m_min"] <= M <= e["m_max"] and N >= e["n_min"] and K == e["k"] and 0 < r <= e["r_max"]:
+            return e["shrink"]
+    return None
+
+
+@functools.lru_cache(maxsize=None)
+def _load_v2_table(path: str) -> tuple:
+    p = Path(path)
+    return tuple(json.loads(p.read_text())["entries"]) if p.exists() else ()
 
 
 # ---------------------------------------------------------------------------- the op
