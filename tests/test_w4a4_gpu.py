@@ -93,8 +93,8 @@ def test_linear_vs_svdq_reference(m, n, k):
 @pytest.mark.parametrize("m", [64, 512])
 @pytest.mark.parametrize("fmt", FMTS)
 def test_cuda_graph_capture_and_compile(fmt, m, impl):
-    """M=512 takes the "expand" plan (weights expanded on a side stream while act_quant runs): the fork and
-    join must be captured too; auto may pick the Gluon v2."""
+    """M=512 takes the "expand" plan (a transient expanded-weight buffer inside the capture); auto may pick
+    the Gluon v2."""
     x, p = _layer(m, 28672 if m == 64 else 3072, 4096, fmt)
     eager = w4a4_linear(x, fmt=fmt, impl=impl, **p)
     static_x = x.clone()

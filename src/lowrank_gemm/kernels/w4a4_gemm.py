@@ -675,10 +675,8 @@ def plan_w4a4_full(m: int, n: int, k: int, r: int, fmt: str, group_size: int, de
 def launch_w4a4_v1(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, out, fmt: str,
                    group_size: int, config: KernelConfig | None = None, mma_fp8: bool = False, *,
                    variant: str | None = None, prefetch: bool = True, plan: W4A4Plan | None = None,
-                   scale_tma: bool = False, w_expanded: torch.Tensor | None = None) -> torch.Tensor:
+                   scale_tma: bool = False) -> torch.Tensor:
     """Launch the v1 kernel (argument contract: module docstring). Returns ``out``.
-    ``w_expanded``: the "expand" variant's 8-bit weights, already made by :func:`expand_w4` (the layer
-    makes them on a side stream while act_quant runs).
 
     No ``config``/``plan``: :func:`plan_w4a4_full` decides everything. A ``config`` without ``variant``
     runs the standard kernel with it; ``plan`` overrides config/variant/mma_fp8/prefetch."""
@@ -699,8 +697,7 @@ def launch_w4a4_v1(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias
     mma_fp8 = plan.mma_fp8 and not two_level and not swap
     if expand:
         # transient [N, K] 8-bit weights from torch's caching allocator: no host sync, graph-capturable
-        w_x = w_expanded if w_expanded is not None else expand_w4(
-            w_q, w_mul, group_size, fmt, torch.float8_e4m3fn if mma_fp8 else torch.int8)
+        w_x = expand_w4(w_q, w_mul, group_size, fmt, torch.float8_e4m3fn if mma_fp8 else torch.int8)
         kb = cfg.block_k if two_level else _HALF
         a_desc = TensorDescriptor.from_tensor(x_q, [cfg.block_m, kb])
         b_desc = TensorDescriptor.from_tensor(w_x, [cfg.block_n, kb])
@@ -914,39 +911,12 @@ def _w4a4_linear_op(x: torch.Tensor, qweight: torch.Tensor, wscales: torch.Tenso
     k, n, r = check_linear_args(x, qweight, wscales, smooth, lora_down, lora_up, bias, wmul, group_size, fmt)
     x2 = x.reshape(-1, k)
     scale_dtype = wscales.dtype if fmt == "int4_g64" else torch.bfloat16
-    plan = None
-    if x.is_cuda and impl in ("auto", "v1") and x2.shape[0] > 0:
-        plan = plan_w4a4_full(x2.shape[0], n, k, r, fmt, group_size, x.device)
-    if plan is not None and plan.variant == "expand" and (impl == "v1" or fmt == "int4_2l"):
-        # The weight expansion (memory-bound, 25 µs at fc1) does not depend on x: it runs on a side stream
-        # while act_quant (instruction-bound) runs on this one; the GEMM waits for both. Graph-capturable
-        # (fork/join through wait_stream); the buffer is tied to this stream for the allocator.
-        main = torch.cuda.current_stream(x.device)
-        side = _side_stream(x.device)
-        side.wait_stream(main)
-        with torch.cuda.stream(side):
-            w_x = expand_w4(qweight, wmul, group_size, fmt, torch.float8_e4m3fn if plan.mma_fp8 else torch.int8)
-        x_q, x_scale, lowrank_act = act_quant(x2, smooth, lora_down, group_size, fmt, scale_dtype)
-        main.wait_stream(side)
-        w_x.record_stream(main)
-        y = torch.empty((x2.shape[0], n), device=x.device, dtype=out_dtype)
-        launch_w4a4_v1(x_q, x_scale, qweight, wscales, wmul, lowrank_act if r else None, lora_up if r else None,
-                       bias, y, fmt, group_size, plan=plan, w_expanded=w_x)
-    else:
-        x_q, x_scale, lowrank_act = act_quant(x2, smooth, lora_down, group_size, fmt, scale_dtype)
-        y = _w4a4_gemm_op(x_q, x_scale, qweight, wscales, wmul, lowrank_act if r else None,
-                          lora_up if r else None, bias, group_size, fmt, out_dtype, impl)
+    x_q, x_scale, lowrank_act = act_quant(x2, smooth, lora_down, group_size, fmt, scale_dtype)
+    y = _w4a4_gemm_op(x_q, x_scale, qweight, wscales, wmul, lowrank_act if r else None,
+                      lora_up if r else None, bias, group_size, fmt, out_dtype, impl)
     return y.reshape(*x.shape[:-1], n)
 
 
-_SIDE_STREAMS: dict = {}
-
-
-def _side_stream(device: torch.device) -> torch.cuda.Stream:
-    key = torch.device(device).index
-    if key not in _SIDE_STREAMS:
-        _SIDE_STREAMS[key] = torch.cuda.Stream(device)
-    return _SIDE_STREAMS[key]
 
 
 @_w4a4_linear_op.register_fake
