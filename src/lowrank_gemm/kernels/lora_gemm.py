@@ -42,6 +42,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from ..plan.config import KernelConfig
 from ..plan.planner import LORA_STRATEGIES, current_pin, pinned, plan_lora
 from ..plan.tuned import tuned_file
+from .tma import TMA_ALIGN, tma_operand
 from . import _lora_kernels as K_
 from ._lora_kernels import smem_ledger
 from .schedule import cdiv, grouped_tile_host, num_sms, persistent_grid
@@ -50,7 +51,6 @@ __all__ = ["lora_linear", "lora_linear_impl", "smem_ledger", "clear_weight_cache
            "run_strategy"]
 
 _DTYPES = (torch.float16, torch.bfloat16)
-_TMA_ALIGN = 16
 
 
 # ---------------------------------------------------------------------------- input hygiene
@@ -89,25 +89,8 @@ def check_inputs(x, weight, lora_a, lora_b, bias=None, strategy: str = "auto") -
         raise ValueError(f"strategy must be 'auto' or one of {LORA_STRATEGIES}, got {strategy!r}")
 
 
-def _tma_ready(t: torch.Tensor) -> bool:
-    es = t.element_size()
-    return (t.stride(-1) == 1 and t.data_ptr() % _TMA_ALIGN == 0
-            and all((s * es) % _TMA_ALIGN == 0 for s in t.stride()[:-1]))
-
-
-def _tma_operand(t: torch.Tensor, k_pad: int) -> torch.Tensor:
-    """``t [rows, K]`` as a TMA-legal tensor: contiguous-ish, aligned, K zero-padded to ``k_pad``."""
-    if t.shape[-1] != k_pad:
-        t = torch.nn.functional.pad(t, (0, k_pad - t.shape[-1]))
-    if not _tma_ready(t):
-        t = t.contiguous()
-        if not _tma_ready(t):
-            t = t.clone()  # contiguous but offset view: a fresh allocation is 256-B aligned
-    return t
-
-
 def _k_padded(k: int, elem_bytes: int) -> int:
-    per = _TMA_ALIGN // elem_bytes
+    per = TMA_ALIGN // elem_bytes
     return cdiv(k, per) * per
 
 
@@ -464,11 +447,11 @@ def run_strategy(strategy: str, x2, weight, lora_a, lora_b, scale, bias, cfg: Ke
     N, R = weight.shape[0], lora_a.shape[0]
     y = torch.empty(M, N, dtype=x2.dtype, device=x2.device) if out is None else out
     Kp = _k_padded(K, x2.element_size())
-    x2, w = _tma_operand(x2, Kp), _tma_operand(weight, Kp)
+    x2, w = tma_operand(x2, Kp), tma_operand(weight, Kp)
     bias_arg = bias.contiguous() if bias is not None else None
     if R == 0:  # documented: rank 0 is the plain GEMM
         return _gemm(x2, w, bias_arg, y, cfg, N=N, Kp=Kp)
-    a = _tma_operand(lora_a, Kp)
+    a = tma_operand(lora_a, Kp)
     return _RUNNERS[strategy](x2, w, a, lora_b, bias_arg, y, float(scale), cfg, N=N, Kp=Kp, R=R)
 
 

@@ -42,6 +42,8 @@ from ...plan.config import KernelConfig
 from ...plan.smem import Scope, SmemError, SmemLedger, SmemTerm, barrier_bytes, solve_stages, tile_bytes
 from ..epilogue import rank_block
 from ..schedule import cdiv, num_sms
+from ..tma import tma_operand, tma_ready
+from .host import desc, dummy
 from .skeleton import (NUM_CONSUMERS, NUM_ROLES, REGISTER_BUDGET, ConsumerOrder, GroupedTileScheduler, Pipeline,
                        Ring, consumer_state, debug_record, make_consumer_order, make_pipeline, producer_state)
 
@@ -86,6 +88,9 @@ DEBUG_ITERS_DEFAULT = 64
 
 # =============================================================================================
 # Device code
+_DTYPES = (torch.bfloat16, torch.float16)   # 16-bit wgmma operands only
+
+
 @aggregate
 class LoraArgs:
     x_desc: tma.tensor_descriptor      # [M, K] box [BM, BK]
@@ -355,7 +360,6 @@ def lora_ws_kernel(x_desc, w_desc, a_desc, b_desc, s_desc, out_desc,
 
 # =============================================================================================
 # Host side: plan (ledger), validate, launch.
-_TORCH_TO_GL = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
 
 
 def lora_v2_ledger(config: KernelConfig, *, fused: bool, epi_tma: bool = True) -> SmemLedger:
@@ -432,7 +436,7 @@ def can_implement_v2(config: KernelConfig | None, shape: dict) -> bool:
     """``shape``: dict with M, N, K, rank and optionally shrink ("fused"/"pre"), dtype (bf16)."""
     try:
         M, N, K, r = shape["M"], shape["N"], shape["K"], shape["rank"]
-        if r < 1 or K < 1 or shape.get("dtype", torch.bfloat16) not in _TORCH_TO_GL:
+        if r < 1 or K < 1 or shape.get("dtype", torch.bfloat16) not in _DTYPES:
             return False
         fused = shrink_mode(M, shape.get("shrink")) == "fused"
         cfg = plan_lora_v2(M, N, K, r, config=config, fused=fused, epi_tma=N % 8 == 0)
@@ -449,37 +453,8 @@ def balanced_grid(tiles: int, sms: int) -> int:
     return max(1, cdiv(tiles, waves))
 
 
-def _desc(t, block):
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-    layout = gl.NVMMASharedLayout.get_default_for(list(block), _TORCH_TO_GL[t.dtype])
-    return TensorDescriptor.from_tensor(t, list(block), layout)
 
 
-def _tma_ready(t: torch.Tensor) -> bool:
-    es = t.element_size()
-    return t.stride(-1) == 1 and t.data_ptr() % 16 == 0 and all((s * es) % 16 == 0 for s in t.stride()[:-1])
-
-
-def _tma_operand(t: torch.Tensor, cols: int) -> torch.Tensor:
-    """``t`` [rows, c] as a TMA-legal tensor: last dim zero-padded to ``cols`` (16-byte row pitch), contiguous,
-    16-byte aligned. A copy only when the caller's tensor is not already legal."""
-    if t.shape[-1] != cols:
-        t = torch.nn.functional.pad(t, (0, cols - t.shape[-1]))
-    if not _tma_ready(t):
-        t = t.contiguous()
-        if not _tma_ready(t):
-            t = t.clone()
-    return t
-
-
-_DUMMIES: dict = {}
-
-
-def _dummy(device, dtype, shape):
-    key = (str(device), dtype, tuple(shape))
-    if key not in _DUMMIES:
-        _DUMMIES[key] = torch.zeros(shape, dtype=dtype, device=device)
-    return _DUMMIES[key]
 
 
 def kernel_args_v2(x, weight, lora_a, lora_b, scale=1.0, bias=None, out=None, config=None, *, shrink=None,
@@ -500,32 +475,32 @@ def kernel_args_v2(x, weight, lora_a, lora_b, scale=1.0, bias=None, out=None, co
         raise ValueError(f"lora v2: out must be [M, N] = {[M, N]} {x.dtype} on {x.device} with unit column stride, "
                          f"got {list(out.shape)} {out.dtype} on {out.device} strides {tuple(out.stride())}")
     fused = shrink_mode(M, shrink) == "fused"
-    epi_tma = _tma_ready(out) and N % 8 == 0
+    epi_tma = tma_ready(out) and N % 8 == 0
     cfg = plan_lora_v2(M, N, K, r, config=config, fused=fused, epi_tma=epi_tma)
     _check_config(cfg, r, fused, epi_tma)
     bm, bn, bk, br = cfg.block_m, cfg.block_n, cfg.block_k, cfg.block_r
     k8, r8 = cdiv(K, 8) * 8, cdiv(r, 8) * 8    # 16-byte row pitches for TMA (zero padding adds nothing)
-    xt, wt = _tma_operand(x, k8), _tma_operand(weight, k8)
-    bt = _tma_operand(lora_b, r8)
+    xt, wt = tma_operand(x, k8), tma_operand(weight, k8)
+    bt = tma_operand(lora_b, r8)
     dev = x.device
     if fused:
-        a_desc = _desc(_tma_operand(lora_a, k8), (br, bk))
-        s_desc = _desc(_dummy(dev, x.dtype, (bm, br)), (bm, br))
+        a_desc = desc(tma_operand(lora_a, k8), (br, bk))
+        s_desc = desc(dummy(dev, x.dtype, (bm, br)), (bm, br))
     else:
         if s_pre is None:
             # one cuBLAS call (fp32 accumulation, rounded once to x's dtype); scale is applied in fp32 in-kernel
             a8 = lora_a if r == r8 else torch.nn.functional.pad(lora_a, (0, 0, 0, r8 - r))
             s_pre = torch.mm(x, a8.t())
-        a_desc = _desc(_dummy(dev, x.dtype, (br, bk)), (br, bk))
-        s_desc = _desc(_tma_operand(s_pre, r8), (bm, br))
-    out_desc = _desc(out if epi_tma else _dummy(dev, x.dtype, (bm, bn)), (bm, bn))
+        a_desc = desc(dummy(dev, x.dtype, (br, bk)), (br, bk))
+        s_desc = desc(tma_operand(s_pre, r8), (bm, br))
+    out_desc = desc(out if epi_tma else dummy(dev, x.dtype, (bm, bn)), (bm, bn))
     tiles = cdiv(M, bm) * cdiv(N, bn)
     g = min(grid, tiles) if grid else balanced_grid(tiles, num_sms(dev) if dev.type == "cuda" else 4)
-    i32 = _dummy(dev, torch.int32, (1, ))
+    i32 = dummy(dev, torch.int32, (1, ))
     dbg = None
     if debug:
         dbg = torch.full((g, int(NUM_ROLES), debug_iters, 2), -1, dtype=torch.int32, device=dev)
-    args = (_desc(xt, (bm, bk)), _desc(wt, (bn, bk)), a_desc, _desc(bt, (bn, br)), s_desc, out_desc, out,
+    args = (desc(xt, (bm, bk)), desc(wt, (bn, bk)), a_desc, desc(bt, (bn, br)), s_desc, out_desc, out,
             out.stride(0), bias if bias is not None else i32, dbg if debug else i32, float(scale), M, N, K)
     cx = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, BLOCK_R=br, GROUP_M=cfg.group_m, STAGES=cfg.num_stages,
               FUSED=fused, HAS_BIAS=bias is not None, EPI_TMA=epi_tma, DEBUG=debug, DEBUG_ITERS=debug_iters,

@@ -35,6 +35,7 @@ from ...plan.smem import Scope, SmemError, SmemLedger, SmemTerm, barrier_bytes, 
 from ..epilogue import rank_block
 from ..int4_unpack import HI_ASM, HI_MUL_ASM, LO_ASM, LO_MUL_ASM
 from ..schedule import cdiv, persistent_grid
+from .host import desc, dummy
 from .skeleton import (CONSUMER_REGS, DEFAULT_WARPS, NUM_CONSUMERS, NUM_ROLES, ROLE_CONSUMER0, ROLE_CONSUMER1, ROLE_EXPANDER,
                        ROLE_LOADER, WORKER_REGS, WORKER_WARPS, ConsumerOrder, GroupedTileScheduler, Pipeline,
                        Ring, consumer_state, debug_record, make_consumer_order, make_pipeline, producer_state)
@@ -524,8 +525,6 @@ def w4a4_ws_kernel(x_desc, w_desc, s_desc, b_desc, out_desc, sc_desc, sw_desc,
 
 # =============================================================================================
 # Host side: plan (ledger), validate, launch.
-_TORCH_TO_GL = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16, torch.float32: gl.float32,
-                torch.int8: gl.int8, torch.uint8: gl.uint8}
 _BITS = {torch.bfloat16: 16, torch.float16: 16, torch.float32: 32}
 
 
@@ -664,30 +663,13 @@ def can_implement_v2(config: KernelConfig, shape) -> bool:
         return False
 
 
-def _layout(block, dtype):
-    return gl.NVMMASharedLayout.get_default_for(list(block), _TORCH_TO_GL[dtype])
-
-
-def _desc(t, block, layout=None):
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-    return TensorDescriptor.from_tensor(t, list(block), layout or _layout(block, t.dtype))
-
-
 def _row_desc(t, box: int):
     # A 1-D view (box starts at row·len + offset; scale_tma_ok keeps them 16-byte aligned): the SMEM copy
     # is a plain 1-D slot the consumer loads straight into a slice layout.
     bits = t.element_size() * 8
-    return _desc(t.reshape(-1), (box, ), gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=bits, rank=1))
+    return desc(t.reshape(-1), (box, ), gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=bits, rank=1))
 
 
-_DUMMIES: dict = {}
-
-
-def _dummy(device, dtype, shape):
-    key = (str(device), dtype, tuple(shape))
-    if key not in _DUMMIES:
-        _DUMMIES[key] = torch.zeros(shape, dtype=dtype, device=device)
-    return _DUMMIES[key]
 
 
 def _expect(cond, msg):
@@ -731,23 +713,23 @@ def kernel_args_v2(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias
     _check_config(config, M, N, K, r, f, group_size, out.dtype, lr_dtype, scale_tma=scale_tma, raw_stages=raw_stages)
 
     bm, bn, bk, br = config.block_m, config.block_n, config.block_k, config.block_r
-    x_desc = _desc(x_q, (bm, bk) if f == FMT_INT4_2L else (bm, bk // 2))
-    w_desc = _desc(w_q, (bn, bk // 2))
+    x_desc = desc(x_q, (bm, bk) if f == FMT_INT4_2L else (bm, bk // 2))
+    w_desc = desc(w_q, (bn, bk // 2))
     r8 = -(-r // 8) * 8
-    s_desc = _desc(_pad_rank(lowrank_act, r8) if r else _dummy(dev, torch.float32, (bm, br)), (bm, br))
-    b_desc = _desc(_pad_rank(lora_up, r8) if r else _dummy(dev, lr_dtype, (bn, br)), (bn, br))
+    s_desc = desc(_pad_rank(lowrank_act, r8) if r else dummy(dev, torch.float32, (bm, br)), (bm, br))
+    b_desc = desc(_pad_rank(lora_up, r8) if r else dummy(dev, lr_dtype, (bn, br)), (bn, br))
     epi_tma = _epi_tma(out.dtype, N)
-    out_desc = _desc(out if epi_tma else _dummy(dev, torch.bfloat16, (bm, bn)), (bm, bn))
+    out_desc = desc(out if epi_tma else dummy(dev, torch.bfloat16, (bm, bn)), (bm, bn))
     if scale_tma and f == FMT_INT4_2L:
         sc_desc = sw_desc = _row_desc(w_mul, bn)
     elif scale_tma:
         sc_desc, sw_desc = _row_desc(x_scale, bm), _row_desc(w_scale, bn)
     else:
-        sc_desc = sw_desc = _row_desc(_dummy(dev, torch.uint8, (16, )), 16)
+        sc_desc = sw_desc = _row_desc(dummy(dev, torch.uint8, (16, )), 16)
     tiles = cdiv(M, bm) * cdiv(N, bn)
     grid = min(grid, tiles) if grid else persistent_grid(tiles, dev)
     dbg = dbg_tiles = None
-    i32 = _dummy(dev, torch.int32, (1, ))
+    i32 = dummy(dev, torch.int32, (1, ))
     if debug:
         dbg = torch.full((grid, int(NUM_ROLES), debug_iters, 2), -1, dtype=torch.int32, device=dev)
         dbg_tiles = torch.full((grid, debug_tiles, 2), -1, dtype=torch.int32, device=dev)

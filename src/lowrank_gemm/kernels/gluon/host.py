@@ -1,0 +1,33 @@
+"""Host-side pieces every Gluon launcher shares: torch → Gluon dtypes, TMA descriptors with the default
+NVMMA shared layout, and cached placeholder tensors for arguments a specialization never reads."""
+
+from __future__ import annotations
+
+import torch
+from triton.experimental.gluon import language as gl
+
+__all__ = ["TORCH_TO_GL", "nvmma_layout", "desc", "dummy"]
+
+TORCH_TO_GL = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16, torch.float32: gl.float32,
+               torch.int8: gl.int8, torch.uint8: gl.uint8}
+
+
+def nvmma_layout(block, dtype):
+    return gl.NVMMASharedLayout.get_default_for(list(block), TORCH_TO_GL[dtype])
+
+
+def desc(t, block, layout=None):
+    """Host TMA descriptor of ``t`` with box ``block`` (default: the NVMMA layout wgmma reads)."""
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+    return TensorDescriptor.from_tensor(t, list(block), layout or nvmma_layout(block, t.dtype))
+
+
+_DUMMIES: dict = {}
+
+
+def dummy(device, dtype, shape):
+    """A cached zero tensor standing in for an argument the compiled variant never reads."""
+    key = (str(device), dtype, tuple(shape))
+    if key not in _DUMMIES:
+        _DUMMIES[key] = torch.zeros(shape, dtype=dtype, device=device)
+    return _DUMMIES[key]
