@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma,
+from triton.experimental.gluon.language.nvidia.hopper import (mbarrier, tma,
                                                                warpgroup_mma, warpgroup_mma_wait)
 from triton.language.core import _aggregate as aggregate
 
@@ -44,7 +44,7 @@ from ..epilogue import rank_block
 from ..schedule import cdiv, num_sms
 from ..tma import tma_operand, tma_ready
 from .host import desc, dummy
-from .skeleton import (NUM_CONSUMERS, NUM_ROLES, REGISTER_BUDGET, ConsumerOrder, GroupedTileScheduler, Pipeline,
+from .skeleton import (bias_and_store, NUM_CONSUMERS, NUM_ROLES, REGISTER_BUDGET, ConsumerOrder, GroupedTileScheduler, Pipeline,
                        Ring, consumer_state, debug_record, make_consumer_order, make_pipeline, producer_state)
 
 __all__ = ["LORA_ROLES", "LORA_ROLE_IDS", "LOWRANK_STAGES", "lora_v2_ledger", "plan_lora_v2", "default_config_v2",
@@ -260,20 +260,7 @@ def _epilogue(p, acc, s, lr, off_m, off_n, CONSUMER: gl.constexpr, mma: gl.const
         s16 = (p.s_bufs.index(lr.index).load(s_op).to(gl.float32) * p.scale).to(dtype)
     acc = warpgroup_mma(s16, p.b_bufs.index(lr.index).permute((1, 0)), acc)
     p.lowrank.consumer_release(lr)
-    offs_n = off_n + gl.arange(0, p.BLOCK_N, gl.SliceLayout(0, mma))
-    if p.HAS_BIAS:
-        bias = gl.load(p.bias_ptr + offs_n, mask=offs_n < p.N, other=0.0).to(gl.float32)
-        acc = acc + bias[None, :]
-    if p.EPI_TMA:
-        epi = p.epi_bufs.index(CONSUMER)
-        tma.store_wait(0)            # this consumer's previous tile has left its staging buffer
-        epi.store(acc.to(dtype))
-        fence_async_shared()
-        tma.async_copy_shared_to_global(p.out_desc, [off_m, off_n], epi)
-    else:
-        offs_m = off_m + gl.arange(0, p.BLOCK_M, gl.SliceLayout(1, mma))
-        mask = (offs_m[:, None] < p.M) & (offs_n[None, :] < p.N)
-        gl.store(p.out_ptr + offs_m[:, None] * p.stride_om + offs_n[None, :], acc.to(dtype), mask=mask)
+    bias_and_store(p, acc, off_m, off_n, CONSUMER, mma)
 
 
 @gluon.jit

@@ -35,12 +35,12 @@ from dataclasses import dataclass
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import mbarrier
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
 from triton.language.core import _aggregate as aggregate
 
 from ..schedule import cdiv, grouped_tile, grouped_tile_host
 
-__all__ = ["PipelineState", "Pipeline", "GroupedTileScheduler", "RoleSpec", "ROLES", "ROLE_IDS",
+__all__ = ["bias_and_store", "PipelineState", "Pipeline", "GroupedTileScheduler", "RoleSpec", "ROLES", "ROLE_IDS",
            "PRODUCER_START_PHASE", "CONSUMER_START_PHASE", "producer_state", "consumer_state",
            "alloc_barriers", "REGISTER_BUDGET", "DEFAULT_REGS", "CONSUMER_REGS", "DEFAULT_WARPS", "make_pipeline", "program_tiles_host", "expected_states_host",
            "debug_record", "NUM_CONSUMERS", "Ring", "ConsumerOrder", "make_consumer_order"]
@@ -292,3 +292,25 @@ def debug_record(dbg_ptr, role: gl.constexpr, it, st, DEBUG_ITERS: gl.constexpr)
         base = dbg_ptr + ((gl.program_id(0) * NUM_ROLES + role) * DEBUG_ITERS + it) * 2
         gl.store(base, st.index)
         gl.store(base + 1, st.phase)
+
+
+@gluon.jit
+def bias_and_store(p, acc, off_m, off_n, CONSUMER: gl.constexpr, mma: gl.constexpr):
+    """The epilogue tail every consumer shares: + bias[N] → store the tile, by TMA from this consumer's
+    staging buffer (``p.EPI_TMA``) or masked from registers. ``p``: a kernel's argument aggregate with
+    HAS_BIAS, bias_ptr, M, N, BLOCK_M, BLOCK_N, EPI_TMA, epi_bufs, out_desc, out_ptr, stride_om."""
+    offs_n = off_n + gl.arange(0, p.BLOCK_N, gl.SliceLayout(0, mma))
+    if p.HAS_BIAS:
+        bias = gl.load(p.bias_ptr + offs_n, mask=offs_n < p.N, other=0.0).to(gl.float32)
+        acc = acc + bias[None, :]
+    if p.EPI_TMA:
+        epi = p.epi_bufs.index(CONSUMER)
+        tma.store_wait(0)            # this consumer's previous tile has left its staging buffer
+        epi.store(acc.to(p.out_desc.dtype))
+        fence_async_shared()
+        tma.async_copy_shared_to_global(p.out_desc, [off_m, off_n], epi)
+    else:
+        offs_m = off_m + gl.arange(0, p.BLOCK_M, gl.SliceLayout(1, mma))
+        mask = (offs_m[:, None] < p.M) & (offs_n[None, :] < p.N)
+        gl.store(p.out_ptr + offs_m[:, None] * p.stride_om + offs_n[None, :],
+                 acc.to(p.out_ptr.dtype.element_ty), mask=mask)

@@ -36,7 +36,7 @@ from ..epilogue import rank_block
 from ..int4_unpack import HI_ASM, HI_MUL_ASM, LO_ASM, LO_MUL_ASM
 from ..schedule import cdiv, persistent_grid
 from .host import desc, dummy
-from .skeleton import (CONSUMER_REGS, DEFAULT_WARPS, NUM_CONSUMERS, NUM_ROLES, ROLE_CONSUMER0, ROLE_CONSUMER1, ROLE_EXPANDER,
+from .skeleton import (bias_and_store, CONSUMER_REGS, DEFAULT_WARPS, NUM_CONSUMERS, NUM_ROLES, ROLE_CONSUMER0, ROLE_CONSUMER1, ROLE_EXPANDER,
                        ROLE_LOADER, WORKER_REGS, WORKER_WARPS, ConsumerOrder, GroupedTileScheduler, Pipeline,
                        Ring, consumer_state, debug_record, make_consumer_order, make_pipeline, producer_state)
 
@@ -398,19 +398,7 @@ def _epilogue(p, acc, lr, off_m, off_n, CONSUMER: gl.constexpr, mma: gl.constexp
         acc16 = warpgroup_mma(s, p.b_bufs.index(lr.index).permute((1, 0)), acc16)
         p.lowrank.consumer_release(lr)
         acc = gl.convert_layout(acc16, mma, assert_trivial=True)
-    if p.HAS_BIAS:
-        bias = gl.load(p.bias_ptr + offs_n, mask=offs_n < p.N, other=0.0).to(gl.float32)
-        acc = acc + bias[None, :]
-    if p.EPI_TMA:
-        epi = p.epi_bufs.index(CONSUMER)
-        tma.store_wait(0)            # this consumer's previous tile has left its staging buffer
-        epi.store(acc.to(p.out_desc.dtype))
-        fence_async_shared()
-        tma.async_copy_shared_to_global(p.out_desc, [off_m, off_n], epi)
-    else:
-        mask = (offs_m[:, None] < p.M) & (offs_n[None, :] < p.N)
-        gl.store(p.out_ptr + offs_m[:, None] * p.stride_om + offs_n[None, :],
-                 acc.to(p.out_ptr.dtype.element_ty), mask=mask)
+    bias_and_store(p, acc, off_m, off_n, CONSUMER, mma)
 
 
 @gluon.jit
