@@ -27,11 +27,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
+
+from _childproc import run_child   # scripts/_childproc.py (this script's folder is on sys.path)
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
@@ -366,20 +366,8 @@ def parent(args) -> int:
             continue
         print(f"[{name}] {desc} {params} (timeout {limit:.0f}s)", flush=True)
         start = time.monotonic()
-        proc = subprocess.Popen([sys.executable, __file__, "--child", name], stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True)
-        try:
-            out, _ = proc.communicate(timeout=limit)
-            status = None
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)    # the whole group: the hung kernel's process
-            out, _ = proc.communicate()
-            status = "HANG"
+        status, out, res, _ = run_child([sys.executable, __file__, "--child", name], env, limit)
         wall = round(time.monotonic() - start, 1)
-        res = {}
-        for line in (out or "").splitlines():
-            if line.startswith("RESULT "):
-                res = json.loads(line[len("RESULT "):])
         if status is None:
             status = "PASS" if res.get("ok") else "FAIL"
         row = dict(rung=name, desc=desc, params=params, status=status, expected=expected, wall_s=wall,

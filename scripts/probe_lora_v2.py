@@ -24,11 +24,11 @@ Pin the winner without code changes: env LOWRANK_GEMM_LORA_V2_SHRINK=fused|pre (
 import argparse
 import json
 import os
-import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
+
+from _childproc import run_child   # scripts/_childproc.py (this script's folder is on sys.path)
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
@@ -209,21 +209,10 @@ def parent(args) -> int:
         print(f"[{name}] {desc} (timeout {limit:.0f}s)", flush=True)
         start = time.monotonic()
         cmd = [sys.executable, __file__, "--child", name, "--shapes", args.shapes]
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-                                start_new_session=True)
-        try:
-            out, _ = proc.communicate(timeout=limit)
-            status = None
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)   # the whole group: the hung kernel's process
-            out, _ = proc.communicate()
-            status = "HANG" if name != "time" else "TIMEOUT"
-        res = {}
-        for line in (out or "").splitlines():
-            if line.startswith("RESULT "):
-                res = json.loads(line[len("RESULT "):])
-            elif line.startswith("ROW ") and name == "time":
-                rows.append(json.loads(line[4:]))
+        status, out, res, child_rows = run_child(cmd, env, limit, row_prefix="ROW " if name == "time" else None)
+        rows += child_rows
+        if status == "HANG" and name == "time":
+            status = "TIMEOUT"
         if status is None:
             status = "PASS" if res.get("ok") else "FAIL"
         row = dict(rung=name, desc=desc, status=status, wall_s=round(time.monotonic() - start, 1), err=res.get("err"),
