@@ -194,21 +194,14 @@ def _trace(ops, grid):
 
     from lowrank_gemm.kernels.gluon import skeleton as sk
     from lowrank_gemm.kernels.gluon import w4a4_ws as w4
-    from lowrank_gemm.kernels.schedule import cdiv
     ops = dict(ops)
     ops["out"] = torch.full_like(ops["out"], float("nan"))
     out, (dbg, tiles) = w4.launch_w4a4_v2(**ops, grid=grid, debug=True)
     torch.cuda.synchronize()
     g, _, cx, cfg, _ = w4.kernel_args_v2(**ops, grid=grid)
     M, N, K = ops["x_q"].shape[0], ops["w_q"].shape[0], ops["w_q"].shape[1] * 2
-    k_tiles = cdiv(K, cfg.block_k)
-    n_local = len(sk.program_tiles_host(0, g, M, N, cfg.block_m, cfg.block_n, cfg.group_m))
-    uses = list(range(n_local * k_tiles))
-    want = {"loader": sk.expected_states_host(uses, w4.RAW_STAGES, True),
-            "expander": sk.expected_states_host(uses, cx["STAGES"], True)}
-    for c, name in enumerate(["consumer0", "consumer1"]):
-        mine = [t * k_tiles + kk for t in range(c, n_local, 2) for kk in range(k_tiles)]
-        want[name] = sk.expected_states_host(mine, cx["STAGES"], False)
+    want = sk.expected_role_states(g, M, N, K, cfg, {"loader": w4.RAW_STAGES, "expander": cx["STAGES"]},
+                                   cx["STAGES"])
     dbg = dbg.cpu()
     lines, ok = [], True
     for name, seq in want.items():

@@ -55,20 +55,13 @@ def _trace(ops, shrink, grid):
 
     from lowrank_gemm.kernels.gluon import lora_ws as L
     from lowrank_gemm.kernels.gluon import skeleton as sk
-    from lowrank_gemm.kernels.schedule import cdiv
     ops = dict(ops, out=torch.full_like(ops["out"], float("nan")))
     _, dbg = L.launch_lora_v2(**ops, shrink=shrink, grid=grid, debug=True)
     torch.cuda.synchronize()
     M, K = ops["x"].shape
     N = ops["weight"].shape[0]
     g, _, cx, cfg, _, _ = L.kernel_args_v2(**dict(ops, out=None), shrink=shrink, grid=grid)
-    k_tiles = cdiv(K, cfg.block_k)
-    n_local = len(sk.program_tiles_host(0, g, M, N, cfg.block_m, cfg.block_n, cfg.group_m))
-    uses = list(range(n_local * k_tiles))
-    want = {"loader": sk.expected_states_host(uses, cx["STAGES"], True)}
-    for c, name in enumerate(["consumer0", "consumer1"]):
-        want[name] = sk.expected_states_host([t * k_tiles + kk for t in range(c, n_local, 2) for kk in range(k_tiles)],
-                                             cx["STAGES"], False)
+    want = sk.expected_role_states(g, M, N, K, cfg, {"loader": cx["STAGES"]}, cx["STAGES"])
     dbg = dbg.cpu()
     ok, lines = True, []
     for name, seq in want.items():

@@ -12,7 +12,6 @@ import torch
 from lowrank_gemm.kernels.gluon import lora_ws as L
 from lowrank_gemm.kernels.gluon import skeleton as sk
 from lowrank_gemm.kernels.gluon.smoke import normalized_error
-from lowrank_gemm.kernels.schedule import cdiv
 
 pytestmark = [pytest.mark.gpu]
 WATCHDOG = dict(timeout=60, method="thread")
@@ -92,13 +91,7 @@ def test_debug_trace_matches_host_model(shrink):
     torch.cuda.synchronize()
     assert normalized_error(out, L.reference_v2(ops)) < TOL
     g, _, cx, cfg, _, _ = L.kernel_args_v2(**dict(ops, out=None), shrink=shrink, grid=1)
-    k_tiles = cdiv(K, cfg.block_k)
-    n_local = len(sk.program_tiles_host(0, g, M, N, cfg.block_m, cfg.block_n, cfg.group_m))
-    uses = list(range(n_local * k_tiles))
-    want = {"loader": sk.expected_states_host(uses, cx["STAGES"], True)}
-    for c, name in enumerate(["consumer0", "consumer1"]):
-        want[name] = sk.expected_states_host([t * k_tiles + kk for t in range(c, n_local, 2) for kk in range(k_tiles)],
-                                             cx["STAGES"], False)
+    want = sk.expected_role_states(g, M, N, K, cfg, {"loader": cx["STAGES"]}, cx["STAGES"])
     dbg = dbg.cpu()
     for name, seq in want.items():
         seq = seq[:L.DEBUG_ITERS_DEFAULT]

@@ -444,3 +444,13 @@ def test_aot_compile_ptx_and_ledger(case):
     print(led.table(), "\ncompiled shared:", info.shared)
     assert led.total() <= info.shared <= led.total() + WS_CAPTURE_SLACK, (led.table(), info.shared)
     assert info.shared <= SM90_SMEM_LIMIT
+
+
+def test_expected_role_states_split_tiles_between_consumers():
+    """3 local tiles of 2 K steps on a 2-slot ring: the producer sees every use, consumer 0 tiles 0 and 2,
+    consumer 1 tile 1 — each with the slot/phase of the ring's global use counter."""
+    cfg = KernelConfig(block_m=64, block_n=64, block_k=64, group_m=1)
+    want = sk.expected_role_states(1, 64, 3 * 64, 128, cfg, {"loader": 2}, 2)
+    assert want["loader"] == sk.expected_states_host(list(range(6)), 2, True)
+    assert want["consumer0"] == sk.expected_states_host([0, 1, 4, 5], 2, False)
+    assert want["consumer1"] == sk.expected_states_host([2, 3], 2, False)

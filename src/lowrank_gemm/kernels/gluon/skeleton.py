@@ -40,7 +40,7 @@ from triton.language.core import _aggregate as aggregate
 
 from ..schedule import cdiv, grouped_tile, grouped_tile_host
 
-__all__ = ["bias_and_store", "PipelineState", "Pipeline", "GroupedTileScheduler", "RoleSpec", "ROLES", "ROLE_IDS",
+__all__ = ["bias_and_store", "expected_role_states", "PipelineState", "Pipeline", "GroupedTileScheduler", "RoleSpec", "ROLES", "ROLE_IDS",
            "PRODUCER_START_PHASE", "CONSUMER_START_PHASE", "producer_state", "consumer_state",
            "alloc_barriers", "REGISTER_BUDGET", "DEFAULT_REGS", "CONSUMER_REGS", "DEFAULT_WARPS", "make_pipeline", "program_tiles_host", "expected_states_host",
            "debug_record", "NUM_CONSUMERS", "Ring", "ConsumerOrder", "make_consumer_order"]
@@ -281,6 +281,21 @@ def expected_states_host(uses: list[int], num_stages: int, producer: bool) -> li
     """(index, phase) a role must see at each of its slot uses, given the ring's global use counters."""
     start = PRODUCER_START_PHASE if producer else CONSUMER_START_PHASE
     return [(n % num_stages, ((n // num_stages) & 1) ^ start) for n in uses]
+
+
+def expected_role_states(grid: int, M: int, N: int, K: int, cfg, producers: dict, consumer_stages: int,
+                         pid: int = 0) -> dict:
+    """What each role of program ``pid`` must record in DEBUG mode: role name → [(index, phase)] per K-step
+    slot use. ``producers``: name → stages of the ring that role fills once per K step of every local tile;
+    consumer c takes local tiles c, c + NUM_CONSUMERS, … of the ring with ``consumer_stages`` slots."""
+    k_tiles = cdiv(K, cfg.block_k)
+    n_local = len(program_tiles_host(pid, grid, M, N, cfg.block_m, cfg.block_n, cfg.group_m))
+    uses = list(range(n_local * k_tiles))
+    want = {name: expected_states_host(uses, stages, True) for name, stages in producers.items()}
+    for c in range(NUM_CONSUMERS):
+        mine = [t * k_tiles + kk for t in range(c, n_local, NUM_CONSUMERS) for kk in range(k_tiles)]
+        want[f"consumer{c}"] = expected_states_host(mine, consumer_stages, False)
+    return want
 
 
 # ---------------------------------------------------------------------------------------------
