@@ -44,7 +44,7 @@ from ..epilogue import rank_block
 from ..schedule import cdiv, num_sms
 from ..tma import tma_operand, tma_ready
 from .host import desc, dummy
-from .skeleton import (bias_and_store, NUM_CONSUMERS, NUM_ROLES, REGISTER_BUDGET, ConsumerOrder, GroupedTileScheduler, Pipeline,
+from .skeleton import (bias_and_store, consumer_step, NUM_CONSUMERS, NUM_ROLES, REGISTER_BUDGET, ConsumerOrder, GroupedTileScheduler, Pipeline,
                        Ring, consumer_state, debug_record, make_consumer_order, make_pipeline, producer_state)
 
 __all__ = ["LORA_ROLES", "LORA_ROLE_IDS", "LOWRANK_STAGES", "lora_v2_ledger", "plan_lora_v2", "default_config_v2",
@@ -214,10 +214,7 @@ def _mainloop_fused(p, main, mma: gl.constexpr, mma_r: gl.constexpr, k_tiles, it
     acc = gl.zeros([p.BLOCK_M, p.BLOCK_N], gl.float32, mma)
     s = gl.zeros([p.BLOCK_M, p.BLOCK_R], gl.float32, mma_r)
     for kk in range(k_tiles):
-        if p.DEBUG:
-            debug_record(p.dbg_ptr, ROLE, it, main, p.DEBUG_ITERS)
-        it += 1
-        p.main.consumer_wait(main)
+        it = consumer_step(p, main, ROLE, it)
         xt = p.x_bufs.index(main.index)
         tok = warpgroup_mma(xt, p.w_bufs.index(main.index).permute((1, 0)), acc, is_async=True)
         tok_s = warpgroup_mma(xt, p.a_bufs.index(main.index).permute((1, 0)), s, is_async=True)
@@ -234,10 +231,7 @@ def _mainloop_pre(p, main, mma: gl.constexpr, k_tiles, it, ROLE: gl.constexpr):
     """acc += x·Wᵀ per K step, one wgmma in flight, lagged release as in :func:`_mainloop_fused`."""
     acc = gl.zeros([p.BLOCK_M, p.BLOCK_N], gl.float32, mma)
     for kk in range(k_tiles):
-        if p.DEBUG:
-            debug_record(p.dbg_ptr, ROLE, it, main, p.DEBUG_ITERS)
-        it += 1
-        p.main.consumer_wait(main)
+        it = consumer_step(p, main, ROLE, it)
         tok = warpgroup_mma(p.x_bufs.index(main.index), p.w_bufs.index(main.index).permute((1, 0)), acc,
                             is_async=True)
         acc = warpgroup_mma_wait(1, deps=(tok, ))

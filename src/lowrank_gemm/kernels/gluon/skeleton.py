@@ -40,7 +40,7 @@ from triton.language.core import _aggregate as aggregate
 
 from ..schedule import cdiv, grouped_tile, grouped_tile_host
 
-__all__ = ["bias_and_store", "expected_role_states", "PipelineState", "Pipeline", "GroupedTileScheduler", "RoleSpec", "ROLES", "ROLE_IDS",
+__all__ = ["bias_and_store", "consumer_step", "expected_role_states", "PipelineState", "Pipeline", "GroupedTileScheduler", "RoleSpec", "ROLES", "ROLE_IDS",
            "PRODUCER_START_PHASE", "CONSUMER_START_PHASE", "producer_state", "consumer_state",
            "alloc_barriers", "REGISTER_BUDGET", "DEFAULT_REGS", "CONSUMER_REGS", "DEFAULT_WARPS", "make_pipeline", "program_tiles_host", "expected_states_host",
            "debug_record", "NUM_CONSUMERS", "Ring", "ConsumerOrder", "make_consumer_order"]
@@ -307,6 +307,16 @@ def debug_record(dbg_ptr, role: gl.constexpr, it, st, DEBUG_ITERS: gl.constexpr)
         base = dbg_ptr + ((gl.program_id(0) * NUM_ROLES + role) * DEBUG_ITERS + it) * 2
         gl.store(base, st.index)
         gl.store(base + 1, st.phase)
+
+
+@gluon.jit
+def consumer_step(p, st, ROLE: gl.constexpr, it):
+    """Entry of a consumer's K step on the MAIN ring: record (index, phase) in DEBUG mode, wait until the slot
+    is full. Returns ``it + 1`` (the role's slot-use counter for the trace)."""
+    if p.DEBUG:
+        debug_record(p.dbg_ptr, ROLE, it, st, p.DEBUG_ITERS)
+    p.main.consumer_wait(st)
+    return it + 1
 
 
 @gluon.jit

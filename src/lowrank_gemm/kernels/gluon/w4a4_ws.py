@@ -36,7 +36,7 @@ from ..epilogue import rank_block
 from ..int4_unpack import HI_ASM, HI_MUL_ASM, LO_ASM, LO_MUL_ASM
 from ..schedule import cdiv, persistent_grid
 from .host import desc, dummy
-from .skeleton import (bias_and_store, CONSUMER_REGS, DEFAULT_WARPS, NUM_CONSUMERS, NUM_ROLES, ROLE_CONSUMER0, ROLE_CONSUMER1, ROLE_EXPANDER,
+from .skeleton import (bias_and_store, consumer_step, CONSUMER_REGS, DEFAULT_WARPS, NUM_CONSUMERS, NUM_ROLES, ROLE_CONSUMER0, ROLE_CONSUMER1, ROLE_EXPANDER,
                        ROLE_LOADER, WORKER_REGS, WORKER_WARPS, ConsumerOrder, GroupedTileScheduler, Pipeline,
                        Ring, consumer_state, debug_record, make_consumer_order, make_pipeline, producer_state)
 
@@ -333,10 +333,7 @@ def _mainloop_2l(p, main, mma: gl.constexpr, k_tiles, it, ROLE: gl.constexpr):
     then hit the tile's first slot, and the ring hung as soon as k_tiles > STAGES (H200 r4–r7)."""
     acc = gl.zeros([p.BLOCK_M, p.BLOCK_N], gl.int32, mma)
     for kk in range(k_tiles):
-        if p.DEBUG:
-            debug_record(p.dbg_ptr, ROLE, it, main, p.DEBUG_ITERS)
-        it += 1
-        p.main.consumer_wait(main)
+        it = consumer_step(p, main, ROLE, it)
         tok = warpgroup_mma(p.x_bufs.index(main.index), p.w_bufs.index(main.index).permute((1, 0)), acc,
                             is_async=True)
         acc = warpgroup_mma_wait(1, deps=(tok, ))
@@ -356,10 +353,7 @@ def _mainloop_g(p, main, mma: gl.constexpr, k_tiles, off_m, off_n, it, ROLE: gl.
     acc = gl.zeros([p.BLOCK_M, p.BLOCK_N], gl.float32, mma)
     part = gl.zeros([p.BLOCK_M, p.BLOCK_N], gl.int32, mma)   # loop-carried so its registers are reused
     for kk in range(k_tiles):
-        if p.DEBUG:
-            debug_record(p.dbg_ptr, ROLE, it, main, p.DEBUG_ITERS)
-        it += 1
-        p.main.consumer_wait(main)
+        it = consumer_step(p, main, ROLE, it)
         tok = warpgroup_mma(p.x_bufs.index(main.index), p.w_bufs.index(main.index).permute((1, 0)), part,
                             use_acc=False, is_async=True)
         if p.SCALE_TMA:   # landed with the slot (rows past M / N read as 0 from TMA's zero fill)
