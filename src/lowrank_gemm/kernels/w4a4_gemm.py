@@ -751,12 +751,25 @@ def _scale_descs(plan: W4A4Plan, cfg: KernelConfig, fmt: str, x_scale, w_scale, 
 # 1203 vs 1915; M=64 decode 61 vs 105 (2l), 78 vs 140 (g64). Without TMA'd scales v2 loses (g64 4131 µs).
 # A v2 that raises NotImplementedError for a problem falls back to v1.
 AUTO_PREFERS_V2 = True
+# impl="decode": gluon.w4a4_decode (int4_2l, M ≤ 64: swap-AB, weights as the register operand of wgmma, deep
+# TMA ring of packed weights). auto takes it for int4_2l decode when AUTO_DECODE (set from the H200 numbers).
+AUTO_DECODE = False
+IMPLS = ("auto", "v1", "v2", "decode")
+
+
+def _use_decode(impl: str, x_q: torch.Tensor, n: int, fmt: str) -> bool:
+    if impl == "decode":
+        return True
+    if impl != "auto" or not AUTO_DECODE or not x_q.is_cuda or fmt != "int4_2l" or n % 16:
+        return False
+    from .gluon.w4a4_decode import DECODE_MAX_M, decode_enabled
+    return x_q.shape[0] <= DECODE_MAX_M and decode_enabled()
 
 
 def _launcher(impl: str, device: torch.device, scales: tuple | None = None, v1_plan=None):
     """``scales``: (x_scale, w_scale, w_mul, fmt) of the problem, ``v1_plan``: v1's plan for it (impl="auto")."""
-    if impl not in ("auto", "v1", "v2"):
-        raise ValueError(f"impl must be 'auto', 'v1' or 'v2', got {impl!r}")
+    if impl not in IMPLS:
+        raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
     if impl == "v1" or (impl == "auto" and (device.type != "cuda" or not AUTO_PREFERS_V2)):
         return launch_w4a4_v1
     try:
@@ -870,6 +883,10 @@ def _w4a4_gemm_op(x_q: torch.Tensor, x_scale: torch.Tensor, w_q: torch.Tensor, w
     if m == 0:
         return out
     args = (x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, out, fmt, group_size, None)
+    if _use_decode(impl, x_q, n, fmt):
+        from .gluon.w4a4_decode import launch_w4a4_decode
+        launch_w4a4_decode(*args)
+        return out
     v1_plan = None
     if impl == "auto" and x_q.is_cuda and fmt == "int4_2l":
         v1_plan = plan_w4a4_full(m, n, x_q.shape[1], lowrank_act.shape[1] if lowrank_act is not None else 0,

@@ -1,0 +1,169 @@
+"""GPU probe (≤ ~150 s): the W4A4 decode kernel (kernels/gluon/w4a4_decode.py) — correctness first, then timings.
+
+    PYTHONPATH=src python scripts/probe_decode.py --out $OUT [--no-time] [--cfgs 64x256x4,128x256x4]
+
+1. ``check`` runs in a child process under a watchdog (a wrong mbarrier phase would hang, not fail): ragged and
+   real shapes vs the float64 reference (rel err < 1e-2, bf16 out, NaN-poisoned), K loops shorter than the ring,
+   rank 0 / 16 / 32, bias and col_scale, bit-identical repeats, CUDA-graph capture and replay.
+2. ``time`` (only if check passed), one process: at M ∈ {1, 16, 64}, K=4096, N=28672, r=32: cuBLAS bf16, fp8
+   _scaled_mm, the v2 GEMM (today's auto for 2l decode), decode tile candidates (block_n × block_k × stages),
+   and the whole layer (act_quant + GEMM) with impl auto vs decode. CUDA-graph medians, inputs rotated.
+Writes probe_decode.json / .md to --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+
+from _childproc import run_child   # scripts/_childproc.py
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+N, K, R = 28672, 4096, 32
+CFGS = "64x256x4,128x256x4s,128x256x4,128x256x3,128x128x6,128x128x8,128x512x2,64x512x3,128x256x5"
+
+
+def _cfg(tag: str, m: int):
+    """"BNxBKxSTAGES" (+ "s": synchronous wgmmas) → (config, mma_async)."""
+    from lowrank_gemm.kernels.gluon.w4a4_decode import default_decode_config
+    bn, bk, st = (int(v) for v in tag.rstrip("s").split("x"))
+    return default_decode_config(m).replace(block_n=bn, block_k=bk, num_stages=st), not tag.endswith("s")
+
+
+def check() -> dict:
+    import torch
+    from lowrank_gemm.kernels.gluon import w4a4_ws as w4
+    from lowrank_gemm.kernels.gluon.w4a4_decode import launch_w4a4_decode
+    cases = [dict(M=1, N=160, K=512, rank=16, bias=True, col_scale=True),
+             dict(M=5, N=336, K=1024, rank=32, bias=False, col_scale=False),
+             dict(M=16, N=272, K=192, rank=0, bias=True, col_scale=False),
+             dict(M=33, N=4112, K=4096, rank=32, bias=True, col_scale=True),
+             dict(M=64, N=N, K=K, rank=R, bias=True, col_scale=False)]
+    worst, notes = 0.0, []
+    for c in cases:
+        for tag in (None, "128x128x6", "64x512x3", "128x256x4s"):
+            ops = w4.make_operands_v2("int4_2l", c["M"], c["N"], c["K"], c["rank"], 64, device="cuda",
+                                      bias=c["bias"], col_scale=c["col_scale"])
+            if tag and c["K"] % int(tag.split("x")[1]):
+                continue
+            cfg, asy = _cfg(tag, c["M"]) if tag else (None, True)
+            out = launch_w4a4_decode(**ops, config=cfg, mma_async=asy).clone()
+            torch.cuda.synchronize()
+            ref = w4.reference_v2(ops)
+            got = out.double().cpu()
+            err = float((got - ref).norm() / ref.norm()) if torch.isfinite(got).all() else float("inf")
+            again = launch_w4a4_decode(**ops, config=cfg, mma_async=asy)
+            same = bool(torch.equal(again, out))
+            worst = max(worst, err)
+            notes.append(f"M={c['M']} N={c['N']} K={c['K']} r={c['rank']} cfg={tag}: err {err:.2e} same={same}")
+            print(notes[-1], flush=True)
+            if not same:
+                return dict(ok=False, err=err, note="not bit-identical over repeats: " + notes[-1])
+    ops = w4.make_operands_v2("int4_2l", 16, N, K, R, 64, device="cuda")
+    ref_out = launch_w4a4_decode(**ops).clone()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        launch_w4a4_decode(**ops)
+    ops["out"].fill_(float("nan"))
+    g.replay()
+    torch.cuda.synchronize()
+    graph_ok = bool(torch.equal(ops["out"], ref_out))
+    notes.append(f"graph replay equal: {graph_ok}")
+    return dict(ok=worst < 1e-2 and graph_ok, err=worst, note="; ".join(notes[-3:]))
+
+
+def time_all(cfgs: list[str], ms: list[int]) -> list[dict]:
+    import torch
+    from lowrank_gemm.bench.common import time_impl
+    from lowrank_gemm.bench.w4a4 import _providers
+    from lowrank_gemm.kernels.gluon import w4a4_ws as w4
+    from lowrank_gemm.kernels.gluon.w4a4_decode import launch_w4a4_decode
+    from lowrank_gemm.kernels.w4a4_gemm import check_gemm_args
+    dev = torch.device("cuda")
+    rows = []
+
+    def rec(m, impl, fn, sets, **extra):
+        row = dict(suite="decode", M=m, N=N, K=K, r=R, impl=impl, **extra)
+        try:
+            row.update(time_impl(fn, sets))
+        except Exception as exc:
+            row["error"] = f"{type(exc).__name__}: {exc}"[:300]
+            traceback.print_exc(limit=2)
+        rows.append(row)
+        print(f"M={m:3d} {impl:34s} graph {row.get('graph_us')} µs {row.get('error', '')}", flush=True)
+
+    for m in ms:
+        prov = _providers(m, N, K, dev, impls=("v2", "decode"))
+        for name in ("cublas_bf16", "fp8_scaled_mm", "w4a4_gemm:int4_2l:v2", "w4a4_layer:int4_2l:v2",
+                     "w4a4_layer:int4_2l:decode", "w4a4_gemm:int4_2l:decode"):
+            fn, make, _ = prov[name]
+            rec(m, name, fn, [make() for _ in range(2)])
+        # tile candidates on pre-quantized operands (v2's make_operands: same packing as the layer)
+        sets = [w4.make_operands_v2("int4_2l", m, N, K, R, 64, device="cuda", bias=True, seed=s) for s in range(2)]
+        for tag in cfgs:
+            try:
+                cfg, asy = _cfg(tag, m)
+                base = launch_w4a4_decode(**sets[0]).clone()
+                out = launch_w4a4_decode(**sets[0], config=cfg, mma_async=asy).clone()
+                diff = float((out.float() - base.float()).abs().max())
+            except Exception as exc:
+                rows.append(dict(suite="decode", M=m, N=N, K=K, r=R, impl=f"decode:{tag}",
+                                 error=f"{type(exc).__name__}: {exc}"[:300]))
+                print(f"M={m:3d} decode:{tag} {rows[-1]['error']}", flush=True)
+                continue
+            rec(m, f"decode:{tag}", lambda ops, cfg=cfg, asy=asy: launch_w4a4_decode(**ops, config=cfg, mma_async=asy),
+                [(s,) for s in sets], max_abs_diff_vs_default=diff)
+        del sets
+        torch.cuda.empty_cache()
+    return rows
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--no-time", action="store_true")
+    ap.add_argument("--cfgs", default=CFGS)
+    ap.add_argument("--ms", default="1,16,64")
+    ap.add_argument("--timeout", type=float, default=90.0)
+    args = ap.parse_args()
+    if args.child == "check":
+        try:
+            res = check()
+        except Exception as exc:
+            traceback.print_exc()
+            res = dict(ok=False, err=None, note=f"{type(exc).__name__}: {exc}"[:500])
+        print("RESULT " + json.dumps(res), flush=True)
+        return 0
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.time()
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
+    status, log, res, _ = run_child([sys.executable, __file__, "--child", "check"], env, args.timeout)
+    status = status or ("PASS" if res.get("ok") else "FAIL")
+    print(log[-3000:])
+    print(f"[check] {status} {res}", flush=True)
+    data = {"check": dict(status=status, **res), "rows": []}
+    if status == "PASS" and not args.no_time:
+        import torch  # noqa: F401  (only now: the parent stays light while the child runs)
+        from lowrank_gemm.bench.common import device_meta
+        data["meta"] = device_meta(None)
+        data["rows"] = time_all([c for c in args.cfgs.split(",") if c], [int(m) for m in args.ms.split(",")])
+    data["wall_s"] = round(time.time() - t0, 1)
+    (out / "probe_decode.json").write_text(json.dumps(data, indent=1))
+    lines = ["| M | impl | graph µs | eager µs | note |", "|---|---|---|---|---|"]
+    for r in data["rows"]:
+        lines.append(f"| {r['M']} | {r['impl']} | {r.get('graph_us')} | {r.get('median_us')} | "
+                     f"{r.get('error', r.get('max_abs_diff_vs_default', ''))} |")
+    (out / "probe_decode.md").write_text(f"# probe_decode\n\ncheck: {status} {res}\n\n" + "\n".join(lines) + "\n")
+    return 0 if status == "PASS" else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,285 @@
+"""W4A4 decode GEMM (int4_2l, M ≤ 64): swap-AB with the weights as the REGISTER operand of wgmma.
+
+    outᵀ[N, M] = epilogue( (q⊙u)[N, K] · x[M, K]ᵀ )        (same launcher contract as kernels/w4a4_gemm.py)
+
+Why a separate kernel: at decode sizes the whole cost is streaming 4-bit weights (K=4096, N=28672: 58.7 MB,
+≈ 14 µs at the H200's copy bandwidth). The v2 kernel (w4a4_ws) keeps only two packed stages in flight per SM
+(its SMEM goes to the expanded 8-bit ring the wgmma reads) and reached 56–69 µs; the v1 swap-AB kernel
+95–101 µs (Triton serializes the unpack with the MMA). Here nothing expanded ever touches shared memory:
+
+- one ring of STAGES slots, each the TMA copies of one K step: packed weights [BN, BK/2], the token tile
+  x [BT, BK] (int8, the wgmma B operand, read in place), the level-2 multipliers u [BK/G, BN];
+- the consumer loads each 64-wide packed block straight into the wgmma A-operand register layout
+  (k_width 4: every 32-bit register holds four consecutive K bytes of one weight row), expands it in
+  registers (SWAR, kernels/int4_unpack.py: low nibbles → K 0–31 of the block, high → 32–63, so no shuffles)
+  and issues two register-A wgmmas (m64nBTk32) against x's two 32-column slices;
+- no warp specialization: STAGES−1 steps of TMA are always in flight, and several CTAs share an SM (small
+  rings), so one CTA's expansion overlaps the others' loads. Refill of a slot happens after every warp has
+  passed the previous step (thread barrier) and that step's wgmmas retired.
+- epilogue in registers: × t[m] (token scale) × s[n] (channel scale) × col_scale[n], + Σ_r up[n, r]·S[m, r]
+  (S rounded to lora_up's dtype like the unfused reference; r ≤ 64 FMAs per element), + bias[n], then a
+  masked store of the transposed tile (M ≤ 64 rows: the output is < 4 MB).
+Deterministic: one program per output tile, fixed K order, no atomics.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+
+from ...plan.config import KernelConfig
+from ...plan.smem import SmemLedger, SmemTerm, barrier_bytes, tile_bytes
+from ..int4_unpack import HI_ASM, HI_MUL_ASM, LO_ASM, LO_MUL_ASM
+from ..schedule import cdiv
+from .host import desc, dummy
+from .skeleton import alloc_barriers
+
+__all__ = ["decode_ledger", "plan_decode", "default_decode_config", "launch_w4a4_decode", "w4a4_decode_kernel",
+           "decode_enabled", "DECODE_MAX_M", "aot_signature_decode", "check_decode_config"]
+
+PACK = 64                 # formats.int4.PACK_BLOCK
+DECODE_MAX_M = 64         # one token tile; larger M belongs to the compute-bound kernels
+WARPS = 4                 # one warpgroup
+CTAS_PER_SM = 2           # the default ring depth leaves room for this many CTAs per SM
+SM90_SMEM_PER_SM = 228 * 1024
+_PACK = gl.constexpr(PACK)
+U_ROW = 128               # bytes per SMEM row of u (≥ block_n; TMA destinations are 128-byte aligned)
+_U_ROW = gl.constexpr(U_ROW)
+
+
+@gluon.jit
+def _expand_regs(packed, u, SWAR: gl.constexpr):
+    """(low, high) nibbles of ``packed`` int8 [BN, 32] × u[BN] (two-level product, int8)."""
+    if SWAR:
+        ub = u[:, None]
+        lo = gl.inline_asm_elementwise(LO_MUL_ASM, "=r,r,r", [packed, ub], dtype=gl.int8, is_pure=True, pack=4)
+        hi = gl.inline_asm_elementwise(HI_MUL_ASM, "=r,r,r", [packed, ub], dtype=gl.int8, is_pure=True, pack=4)
+    else:
+        lo = ((packed << 4) >> 4) * u[:, None]
+        hi = (packed >> 4) * u[:, None]
+    return lo, hi
+
+
+@gluon.jit
+def _issue_step(step, x_desc, w_desc, u_desc, x_bufs, w_bufs, u_bufs, ready, off_t, off_n, N, k_tiles,
+                STAGES: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, G2: gl.constexpr, pred):
+    """TMA copies of K step ``step`` into slot step % STAGES (predicated off past the last step). The u rows
+    come through a 1-D view of u [K/G, N] (box starts row·N + off_n: 16-byte aligned as N % 16 == 0), each
+    into its own 128-byte-aligned SMEM row (TMA destinations must be; a 64-byte pitch faulted on the H200)."""
+    UR: gl.constexpr = BLOCK_K // G2
+    slot = step % STAGES
+    ok = (step < k_tiles) & pred
+    bar = ready.index(slot)
+    mbarrier.expect(bar, x_desc.block_type.nbytes + w_desc.block_type.nbytes + UR * u_desc.block_type.nbytes,
+                    pred=ok)
+    tma.async_copy_global_to_shared(x_desc, [off_t, step * BLOCK_K], bar, x_bufs.index(slot), pred=ok)
+    tma.async_copy_global_to_shared(w_desc, [off_n, step * (BLOCK_K // 2)], bar, w_bufs.index(slot), pred=ok)
+    for j in gl.static_range(UR):
+        dst = u_bufs.index(slot * UR + j).slice(0, BLOCK_N)
+        tma.async_copy_global_to_shared(u_desc, [((step * BLOCK_K) // G2 + j) * N + off_n], bar, dst, pred=ok)
+
+
+@gluon.jit(do_not_specialize=["M", "N", "K", "stride_om", "stride_sm", "stride_un", "R"])
+def w4a4_decode_kernel(x_desc, w_desc, u_desc,
+                       out_ptr, stride_om, xscale_ptr, wscale_ptr, col_scale_ptr, bias_ptr,
+                       s_ptr, stride_sm, up_ptr, stride_un,
+                       M, N, K, R,
+                       G2: gl.constexpr, BLOCK_T: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr,
+                       STAGES: gl.constexpr, BLOCK_R: gl.constexpr, HAS_LOWRANK: gl.constexpr,
+                       HAS_COL_SCALE: gl.constexpr, HAS_BIAS: gl.constexpr, SWAR: gl.constexpr,
+                       MMA_ASYNC: gl.constexpr = True):
+    gl.static_assert(BLOCK_K % _PACK == 0, "BLOCK_K must be a multiple of the 64-wide pack block")
+    gl.static_assert(BLOCK_K % G2 == 0, "a K step covers whole level-2 groups")
+    NB: gl.constexpr = BLOCK_K // _PACK
+    pid_n = gl.program_id(0)
+    pid_t = gl.program_id(1)
+    off_n = pid_n * BLOCK_N
+    off_t = pid_t * BLOCK_T
+    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[gl.num_warps(), 1],
+                                                  instr_shape=[16, BLOCK_T, 32])
+    a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=4)
+    row_layout: gl.constexpr = gl.SliceLayout(1, a_layout)
+
+    x_bufs = gl.allocate_shared_memory(gl.int8, [STAGES] + x_desc.block_type.shape, x_desc.layout)
+    w_bufs = gl.allocate_shared_memory(gl.uint8, [STAGES] + w_desc.block_type.shape, w_desc.layout)
+    UR: gl.constexpr = BLOCK_K // G2
+    u_bufs = gl.allocate_shared_memory(gl.uint8, [STAGES * UR, _U_ROW], u_desc.layout)
+    ready = alloc_barriers(STAGES, 1)
+
+    k_tiles = gl.cdiv(K, BLOCK_K)
+    for i in gl.static_range(STAGES):
+        _issue_step(i, x_desc, w_desc, u_desc, x_bufs, w_bufs, u_bufs, ready, off_t, off_n, N, k_tiles,
+                    STAGES, BLOCK_N, BLOCK_K, G2, True)
+
+    acc = gl.zeros([BLOCK_N, BLOCK_T], gl.int32, mma)
+    for kk in range(k_tiles):
+        slot = kk % STAGES
+        mbarrier.wait(ready.index(slot), (kk // STAGES) & 1)
+        wp = w_bufs.index(slot)
+        xb = x_bufs.index(slot)
+        for b in gl.static_range(NB):
+            packed = wp.slice(b * (_PACK // 2), _PACK // 2, dim=1).load(a_layout).to(gl.int8, bitcast=True)
+            u = u_bufs.index(slot * UR + (b * _PACK) // G2).slice(0, BLOCK_N).load(row_layout).to(gl.int8)
+            lo, hi = _expand_regs(packed, u, SWAR)
+            xl = xb.slice(b * _PACK, _PACK // 2, dim=1).permute((1, 0))
+            xh = xb.slice(b * _PACK + _PACK // 2, _PACK // 2, dim=1).permute((1, 0))
+            if MMA_ASYNC:
+                # ptxas keeps the register operands of an in-flight wgmma intact (PTX registers are virtual;
+                # it serializes only if it runs out), so the next block's expansion overlaps these MMAs
+                acc = warpgroup_mma(lo, xl, acc, is_async=True)
+                acc = warpgroup_mma(hi, xh, acc, is_async=True)
+            else:
+                acc = warpgroup_mma(lo, xl, acc)
+                acc = warpgroup_mma(hi, xh, acc)
+        if MMA_ASYNC:
+            # step kk-1's wgmmas have retired (this step's 2·NB groups may still run): refill its slot
+            acc = warpgroup_mma_wait(2 * NB, deps=(acc, ))
+            gl.thread_barrier()      # every warp is past step kk-1's SMEM reads too
+            _issue_step(kk - 1 + STAGES, x_desc, w_desc, u_desc, x_bufs, w_bufs, u_bufs, ready, off_t, off_n, N,
+                        k_tiles, STAGES, BLOCK_N, BLOCK_K, G2, kk > 0)
+        else:
+            # this step's wgmmas retired and every warp is past its SMEM reads: refill the slot with step
+            # kk + STAGES (the other STAGES - 1 slots are in flight meanwhile)
+            gl.thread_barrier()
+            _issue_step(kk + STAGES, x_desc, w_desc, u_desc, x_bufs, w_bufs, u_bufs, ready, off_t, off_n, N,
+                        k_tiles, STAGES, BLOCK_N, BLOCK_K, G2, True)
+    if MMA_ASYNC:
+        acc = warpgroup_mma_wait(0, deps=(acc, ))
+
+    # ---- epilogue (registers; the tile is [BLOCK_N weight rows, BLOCK_T tokens]) ----
+    offs_n = off_n + gl.arange(0, BLOCK_N, gl.SliceLayout(1, mma))
+    offs_t = off_t + gl.arange(0, BLOCK_T, gl.SliceLayout(0, mma))
+    n_ok = offs_n < N
+    t_ok = offs_t < M
+    ts = gl.load(xscale_ptr + offs_t, mask=t_ok, other=0.0)
+    ws = gl.load(wscale_ptr + offs_n, mask=n_ok, other=0.0)
+    if HAS_COL_SCALE:
+        ws = ws * gl.load(col_scale_ptr + offs_n, mask=n_ok, other=0.0).to(gl.float32)
+    out = acc.to(gl.float32) * ws[:, None] * ts[None, :]
+    if HAS_LOWRANK:
+        for r in range(R):
+            up = gl.load(up_ptr + offs_n * stride_un + r, mask=n_ok, other=0.0).to(gl.float32)
+            sv = gl.load(s_ptr + offs_t * stride_sm + r, mask=t_ok, other=0.0)
+            sv = sv.to(up_ptr.dtype.element_ty).to(gl.float32)     # rounded like an unfused s @ B.T
+            out = out + up[:, None] * sv[None, :]
+    if HAS_BIAS:
+        out = out + gl.load(bias_ptr + offs_n, mask=n_ok, other=0.0).to(gl.float32)[:, None]
+    mask = n_ok[:, None] & t_ok[None, :]
+    gl.store(out_ptr + offs_t[None, :] * stride_om + offs_n[:, None], out.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+# =============================================================================================
+# Host side
+_BITS = {torch.bfloat16: 16, torch.float16: 16, torch.float32: 32}
+
+
+def default_decode_config(M: int, group_size: int = 64) -> KernelConfig:
+    """Token tile = M rounded up to 16, 32 or 64 (a wgmma N; KernelConfig tiles are ≥ 16). Measured on the H200
+    (probes/probe_decode_s3b, K=4096, N=28672, async wgmmas): M ≤ 16 best at 128 weight rows × 256 K × 4 stages
+    (29.9 µs at M=1; 64×256×4 30.8, 128×512×2 35.5); M = 64 at 128×128×6 (47.1; 128×256×4 65.7: two CTAs
+    of 133 KB no longer share an SM). The ring is then cut to what lets CTAS_PER_SM CTAs share an SM."""
+    bt = 16 if M <= 16 else 32 if M <= 32 else 64
+    bk, stages = (256, 4) if bt == 16 else (128, 6)
+    base = KernelConfig(block_m=bt, block_n=128, block_k=bk, block_r=16, group_m=1, num_warps=WARPS,
+                        num_stages=stages, lowrank_stages=0, persistent=False)
+    while stages > 2 and CTAS_PER_SM * decode_ledger(base.replace(num_stages=stages), group_size).total() \
+            > SM90_SMEM_PER_SM:
+        stages -= 1
+    return base.replace(num_stages=stages)
+
+
+def decode_ledger(config: KernelConfig, group_size: int = 64) -> SmemLedger:
+    """Every byte ``w4a4_decode_kernel`` allocates (one CTA; several share an SM)."""
+    bt, bn, bk, s = config.block_m, config.block_n, config.block_k, config.num_stages
+    terms = (SmemTerm("ring.x_int8", tile_bytes(bt, bk, 8), s),
+             SmemTerm("ring.w_packed", tile_bytes(bn, bk // 2, 8), s),
+             SmemTerm("ring.u_rows", tile_bytes(bk // group_size, U_ROW, 8), s),
+             SmemTerm("barriers", barrier_bytes(s)))
+    return SmemLedger(terms, consumers=1, label=f"w4a4 decode {bt}x{bn}x{bk}")
+
+
+def check_decode_config(config: KernelConfig, M: int, N: int, K: int, group_size: int):
+    """Raise ValueError / SmemError naming the violated constraint (expected vs got)."""
+    bt, bn, bk = config.block_m, config.block_n, config.block_k
+    if config.num_warps != WARPS:
+        raise ValueError(f"w4a4 decode: num_warps must be {WARPS} (one warpgroup), got {config.num_warps}")
+    if bt not in (16, 32, 64) or bn not in (64, 128):
+        raise ValueError(f"w4a4 decode: block_m (tokens) ∈ {{16, 32, 64}}, block_n ∈ {{64, 128}}; got {bt}×{bn}")
+    if bk % PACK or bk % group_size or bk > 512:
+        raise ValueError(f"w4a4 decode: block_k must be a multiple of {PACK} and of the group size {group_size}, "
+                         f"≤ 512; got {bk}")
+    if config.num_stages < 2:
+        raise ValueError(f"w4a4 decode: num_stages ≥ 2, got {config.num_stages}")
+    if N % 16:
+        raise ValueError(f"w4a4 decode: N must be a multiple of 16 (u rows by TMA), got N={N}")
+    decode_ledger(config, group_size).check()
+
+
+def plan_decode(M: int, config: KernelConfig | None = None, group_size: int = 64) -> KernelConfig:
+    return config or default_decode_config(M)
+
+
+def decode_enabled() -> bool:
+    """``LOWRANK_GEMM_DECODE=0`` routes decode back to the v2/v1 kernels (instant fallback)."""
+    return os.environ.get("LOWRANK_GEMM_DECODE", "1") != "0"
+
+
+def _args(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, out, fmt, group_size, config,
+          col_scale=None, swar=True, mma_async=True):
+    from ..w4a4_gemm import check_gemm_args
+    if fmt != "int4_2l":
+        raise ValueError(f"w4a4 decode: only fmt='int4_2l' (got {fmt!r})")
+    M, N, K, r = check_gemm_args(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, group_size, fmt)
+    dev = x_q.device
+    if not (out.dtype in _BITS and tuple(out.shape) == (M, N) and out.is_contiguous() and out.device == dev):
+        raise ValueError(f"w4a4 decode: out must be contiguous bf16/fp16/fp32 [M, N] = {[M, N]} on {dev}, got "
+                         f"{out.dtype} {list(out.shape)} on {out.device}")
+    if col_scale is not None and (tuple(col_scale.shape) != (N, ) or col_scale.device != dev):
+        raise ValueError(f"w4a4 decode: col_scale must be [N={N}] on {dev}, got {list(col_scale.shape)}")
+    for name, t in (("x_q", x_q), ("w_q", w_q), ("w_mul", w_mul)):
+        if t.data_ptr() % 16:
+            raise ValueError(f"w4a4 decode: {name} must be 16-byte aligned for TMA, got address {t.data_ptr():#x}")
+    config = plan_decode(M, config, group_size)
+    check_decode_config(config, M, N, K, group_size)
+    bt, bn, bk = config.block_m, config.block_n, config.block_k
+    x_desc = desc(x_q, (bt, bk))
+    w_desc = desc(w_q, (bn, bk // 2))
+    u_desc = desc(w_mul.reshape(-1), (bn, ), gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=8, rank=1))
+    f32 = dummy(dev, torch.float32, (1, ))
+    grid = (cdiv(N, bn), cdiv(M, bt))
+    args = (x_desc, w_desc, u_desc, out, out.stride(0), x_scale, w_scale,
+            col_scale if col_scale is not None else f32, bias if bias is not None else f32,
+            lowrank_act if r else f32, lowrank_act.stride(0) if r else 0,
+            lora_up if r else dummy(dev, torch.bfloat16, (1, )), lora_up.stride(0) if r else 0, M, N, K, r)
+    cx = dict(G2=group_size, BLOCK_T=bt, BLOCK_N=bn, BLOCK_K=bk, STAGES=config.num_stages, BLOCK_R=0,
+              HAS_LOWRANK=r > 0, HAS_COL_SCALE=col_scale is not None, HAS_BIAS=bias is not None, SWAR=swar,
+              MMA_ASYNC=mma_async)
+    return grid, args, cx, config
+
+
+def launch_w4a4_decode(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, out, fmt: str,
+                       group_size: int, config: KernelConfig | None = None, *, col_scale=None, swar: bool = True,
+                       mma_async: bool = True):
+    """out [M, N] ← the W4A4 layer's GEMM + epilogue (launcher contract of kernels/w4a4_gemm.py, int4_2l).
+    ``mma_async=False``: each wgmma waits for itself (the first H200 version; kept for A/B)."""
+    grid, args, cx, _ = _args(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, out, fmt, group_size,
+                              config, col_scale, swar, mma_async)
+    w4a4_decode_kernel[grid](*args, **cx, num_warps=WARPS)
+    return out
+
+
+def aot_signature_decode(config: KernelConfig | None = None, *, M=5, N=160, K=512, rank=16, group_size=64,
+                         bias=True, col_scale=True, swar=True, mma_async=True):
+    """(signature, constexprs, config) for ``kernels.aot.compile_sm90`` of :func:`w4a4_decode_kernel`."""
+    import inspect
+    from triton.runtime.jit import mangle_type
+    from .w4a4_ws import make_operands_v2
+    ops = make_operands_v2("int4_2l", M, N, K, rank, group_size, device="cpu", bias=bias, col_scale=col_scale)
+    _, args, cx, cfg = _args(**ops, config=config, swar=swar, mma_async=mma_async)
+    names = [n for n in inspect.signature(w4a4_decode_kernel.fn).parameters if n not in cx]
+    sig = {n: (mangle_type(a) if not isinstance(a, int) else "i32") for n, a in zip(names, args)}
+    return sig, cx, cfg
