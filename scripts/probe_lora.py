@@ -3,6 +3,14 @@
     PYTHONPATH=src python scripts/probe_lora.py --out DIR [--write-tuned PATH] [--quick]
         [--budget-s 105] [--persistent-timeout-s 35] [--no-persistent] [--allow-persistent-winners]
         [--streamk-only] [--allow-streamk-winners]
+    PYTHONPATH=src python scripts/probe_lora.py --small-m --out DIR [--write-tuned PATH] [--budget-s 75]
+
+``--small-m`` (issue 2, decode M on few output tiles; ≤ 90 s): per (shape, M) in SMALL_M_POINTS,
+cuBLAS base, torch unfused, today's ``auto``, ``auto`` with ``LOWRANK_GEMM_SPLITK_MODE=fixup``, the
+heuristic plan, the one-launch split-K kloop (``split_mode="fixup"``) for split ∈ {1, 2, 4, 8} ×
+BLOCK_N ∈ {64, 128} (≤ ~2 waves of CTAs), and the 2-launch ``reduce`` mode for the same 128-wide
+splits (A/B in one process). Writes ``probe_lora_smallm.json/.md``; ``--write-tuned`` pins each
+(shape, M) winner that beats today's ``auto`` into the LoRA tuned table (config incl. split_mode).
 
 For each shape family of the issue (M ∈ 1, 16, 64, 256, 1024, 4096; (K, N) ∈ (4096, 28672),
 (4096, 4096), (8192, 8192); r ∈ 16, 64 — the six measured points of lora.md first), in ONE
@@ -264,6 +272,169 @@ def run_persistent(timeout_s):
     return rows, timed_out
 
 
+# ---------------------------------------------------------------------------- --small-m (issue 2)
+
+# (M, K, N, r), most informative first: the budget may cut the tail
+SMALL_M_POINTS = [(1, 4096, 4096, 16), (16, 4096, 4096, 16), (1, 8192, 8192, 16), (16, 8192, 8192, 16),
+                  (64, 4096, 4096, 16), (64, 8192, 8192, 16), (16, 4096, 4096, 64), (16, 8192, 8192, 64),
+                  (1, 4096, 28672, 16), (16, 4096, 28672, 16), (64, 4096, 28672, 16), (16, 4096, 28672, 64)]
+SMALL_M_SPLITS = (1, 2, 4, 8)
+SMALL_M_BN = (64, 128)
+
+
+def small_m_specs(M, N, K, r, sms):
+    """[(label, strategy, KernelConfig)] of the split-K sweep: kloop 64×BN×128, fixup for every
+    split with tiles × split ≤ 2.2 waves and ≥ 2 K steps per split; reduce for BN=128, split > 1."""
+    out = []
+    for bn in SMALL_M_BN:
+        tiles = _cdiv(M, 64) * _cdiv(N, bn)
+        for split in SMALL_M_SPLITS:
+            if tiles * split > 2.2 * sms or _cdiv(K, 128) // split < 2:
+                continue
+            modes = ("fixup", "reduce") if (bn == 128 and split > 1) else ("fixup",)
+            for mode in modes:
+                c = _cfg("kloop", M, N, K, r, 64, bn, 128, 4, sms, split).replace(split_mode=mode)
+                c = c.replace(num_stages=stages_for(lambda st: lora_ledger("kloop", c.replace(num_stages=st))))
+                if not can_implement("kloop", (M, N, K, r), c):
+                    continue
+                tag = f"{mode} " if split > 1 else ""
+                out.append((f"kloop {tag}64x{bn}x128 s{c.num_stages} sk{split} br{c.block_r}", "kloop", c))
+    return out
+
+
+def _with_env(fn, name, value):
+    def call(*args):
+        old = os.environ.get(name)
+        os.environ[name] = value
+        try:
+            return fn(*args)
+        finally:
+            if old is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = old
+    return call
+
+
+def small_m_point(M, K, N, r, sms):
+    from lowrank_gemm.kernels.lora_gemm import lora_linear
+    from lowrank_gemm.plan.planner import SPLIT_MODE_ENV, plan_lora
+    sets = make_sets(M, N, K, r, torch.bfloat16, "cuda")
+    x, w, a, b, _ = sets[0]
+    ref = lora_linear_ref(x, w, a, b, SCALE)
+    base = {"M": M, "N": N, "K": K, "r": r, "bytes": nbytes(M, N, K, r)}
+    auto = lambda x, w, a, b, bs: lora_linear(x, w, a, b, SCALE)        # noqa: E731
+    auto_fix = _with_env(auto, SPLIT_MODE_ENV, "fixup")
+    dev = torch.device("cuda")
+    plan_today = plan_lora(M, N, K, r, torch.bfloat16, dev)
+    hs, hc = heuristic_lora(M, N, K, r, 16, gpu=True, sms=sms)
+    cands = [("cublas", "cublas", None, lambda x, w, a, b, bs: x @ w.T),
+             ("torch_unfused", "torch_unfused", None, lambda x, w, a, b, bs: torch.addmm(x @ w.T, x @ a.T, bs.T)),
+             (f"auto (today: {plan_today[0]} {plan_today[1].block_n} sk{plan_today[1].split_k} "
+              f"{plan_today[1].split_mode})", "auto", plan_today[1], auto),
+             ("auto [LOWRANK_GEMM_SPLITK_MODE=fixup]", "auto_fixup", None, auto_fix),
+             (f"heur {hs} 64x{hc.block_n}x{hc.block_k} s{hc.num_stages} sk{hc.split_k} {hc.split_mode}",
+              hs, hc, _call(hs, hc))]
+    cands += [(label, s, c, _call(s, c)) for label, s, c in small_m_specs(M, N, K, r, sms)]
+    rows = []
+    for label, s, c, fn in cands:
+        row = dict(base, label=label, strategy=s)
+        if c is not None:
+            row["config"] = c.to_dict()
+        t0 = time.time()
+        try:
+            if c is not None and s not in ("auto",):
+                y = _checked(s, c, *sets[0][:4])         # NaN-poisoned output, same launch path
+            else:
+                y = fn(*sets[0])
+            torch.cuda.synchronize()
+            if s != "cublas":
+                row["rel_err"] = round(_rel_err(y, ref), 6)
+            row["first_call_s"] = round(time.time() - t0, 2)
+            if s != "cublas" and not row["rel_err"] <= TOL:
+                row["error"] = f"wrong: rel err {row['rel_err']} > {TOL}"
+            else:
+                row["graph_us"] = round(time_graph(fn, sets).median_us, 3)
+        except Exception as exc:
+            row["error"] = f"{type(exc).__name__}: {exc}"[:300]
+        rows.append(row)
+    cub = rows[0].get("graph_us")
+    for row in rows:
+        if cub and row.get("graph_us"):
+            row["x_cublas"] = round(row["graph_us"] / cub, 3)
+            row["bw_tbps"] = round(base["bytes"] / (row["graph_us"] * 1e-6) / 1e12, 3)
+    del sets, ref
+    torch.cuda.empty_cache()
+    return rows
+
+
+def small_m_winners(rows):
+    """Per tuned key: the fastest kloop/heuristic row, if it beats today's auto in this run."""
+    by_point = {}
+    for row in rows:
+        by_point.setdefault((row["M"], row["N"], row["K"], row["r"]), []).append(row)
+    table, report = {}, []
+    for (M, N, K, r), rs in by_point.items():
+        timed = [x for x in rs if x.get("graph_us")]
+        cand = [x for x in timed if x.get("config") and x["strategy"] in ("kloop", "split")]
+        auto = next((x for x in timed if x["strategy"] == "auto"), None)
+        cub = next((x for x in timed if x["strategy"] == "cublas"), None)
+        if not cand:
+            continue
+        best = min(cand, key=lambda x: x["graph_us"])
+        beats = auto is None or best["graph_us"] < auto["graph_us"]
+        report.append((M, N, K, r, best["label"], best["graph_us"], auto and auto["graph_us"],
+                       cub and cub["graph_us"], beats))
+        if beats:
+            table[tuned_key(M, N, K, r, torch.bfloat16)] = {
+                "strategy": best["strategy"], "config": best["config"], "us": best["graph_us"],
+                "cublas_us": cub and cub["graph_us"],
+                "x_cublas": round(best["graph_us"] / cub["graph_us"], 3) if cub else None}
+    return table, report
+
+
+def small_m_main(args):
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    t0 = time.time()
+    rows, skipped = [], []
+    for M, K, N, r in SMALL_M_POINTS:
+        if time.time() - t0 > args.budget_s:
+            skipped.append((M, K, N, r))
+            continue
+        try:
+            pr = small_m_point(M, K, N, r, sms)
+        except Exception as exc:
+            pr = [{"M": M, "N": N, "K": K, "r": r, "label": "point", "strategy": "point",
+                   "error": f"{type(exc).__name__}: {exc}"[:300]}]
+        rows += pr
+        for row in pr:
+            print(f"M={M:<3} K={K:<5} N={N:<6} r={r:<3} {row.get('label', ''):<52} graph {row.get('graph_us')} "
+                  f"x{row.get('x_cublas')} err {row.get('rel_err')} {row.get('error', '')}", flush=True)
+        print(f"[{time.time() - t0:.0f}s]", flush=True)
+    meta = device_meta()
+    table, report = small_m_winners(rows)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "probe_lora_smallm.json").write_text(json.dumps(
+        {"meta": meta, "rows": rows, "skipped": skipped, "winners": table}, indent=1) + "\n")
+    md = to_md(json.dumps(meta), rows, skipped).replace("# LoRA probe", "# LoRA probe --small-m", 1)
+    md += "\n## winners per (shape, M)\n\n" + markdown_table(
+        ["M", "N", "K", "r", "best", "µs", "auto µs", "cuBLAS µs", "best × cuBLAS", "pinned"],
+        [[M, N, K, r, lab, us, au, cu, round(us / cu, 3) if cu else None, "yes" if bt else "no (auto kept)"]
+         for M, N, K, r, lab, us, au, cu, bt in report])
+    (args.out / "probe_lora_smallm.md").write_text(md)
+    print("\nwinners per (shape, M):")
+    for M, N, K, r, lab, us, au, cu, bt in report:
+        print(f"  M={M} N={N} K={K} r={r}: {lab} {us} µs (auto {au}, cuBLAS {cu}, "
+              f"x{round(us / cu, 3) if cu else None}){' → pin' if bt else ''}")
+    if args.write_tuned is not None and table:
+        old = json.loads(args.write_tuned.read_text()) if args.write_tuned.exists() else {}
+        old.update(version=1, lora=dict(old.get("lora", {}), **table))
+        args.write_tuned.write_text(json.dumps(old, indent=1) + "\n")
+        print(f"merged {len(table)} winners into {args.write_tuned}")
+    print(f"total {time.time() - t0:.0f}s; skipped {len(skipped)} points; wrote {args.out}")
+    return 0
+
+
 # ---------------------------------------------------------------------------- main
 
 def winners(rows, allow_persistent, allow_streamk=False):
@@ -308,6 +479,8 @@ def main(argv=None):
                     help="only STREAMK_POINTS (K=N=4096 M 1-256, 8192² M 1/16), no persistent child")
     ap.add_argument("--allow-streamk-winners", action="store_true",
                     help="let streamk rows win tuned-table entries (timed either way)")
+    ap.add_argument("--small-m", action="store_true",
+                    help="issue 2: split-K fixup vs reduce vs baselines at M 1/16/64 (≤ 90 s)")
     ap.add_argument("--persistent-child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
@@ -318,6 +491,10 @@ def main(argv=None):
         return 0
     if args.out is None:
         ap.error("--out is required")
+    if args.small_m:
+        if args.budget_s == ap.get_default("budget_s"):
+            args.budget_s = 75.0
+        return small_m_main(args)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     t0 = time.time()
     rows, skipped = [], []

@@ -141,3 +141,96 @@ def test_auto_planned_bench_grid_is_feasible():
             for M in (1, 16, 64, 256, 1024, 4096):
                 s, cfg = plan_lora(M, N, K, r, torch.bfloat16, torch.device("cuda"))
                 assert can_implement(s, (M, N, K, r), cfg)
+
+
+# ---------------------------------------------------------------------------- one-launch split-K
+
+FIXUP_SHAPES = [(1, 4096, 4096, 16), (16, 8192, 8192, 64), (64, 4096, 4096, 16), (33, 1000, 1000, 7)]
+
+
+def _fixup_cfg(M, N, K, r, split, bn):
+    from lowrank_gemm.plan.config import KernelConfig
+    from lowrank_gemm.plan.planner import block_r_for, lora_ledger, stages_for
+    c = KernelConfig(block_m=64, block_n=bn, block_k=128, block_r=block_r_for(r), group_m=1, num_warps=4,
+                     num_stages=2, split_k=split, split_mode="fixup")
+    return c.replace(num_stages=stages_for(lambda s: lora_ledger("kloop", c.replace(num_stages=s))))
+
+
+def _tickets_zero():
+    torch.cuda.synchronize()
+    buf = LG._TICKETS.buffers.get(torch.device("cuda", torch.cuda.current_device()))
+    return buf is None or not buf.any().item()
+
+
+@pytest.mark.parametrize("shape", FIXUP_SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("split", [2, 4, 8])
+@pytest.mark.parametrize("bn", [64, 128])
+def test_fixup_split_k_bf16(shape, split, bn):
+    M, N, K, r = shape
+    c = _fixup_cfg(M, N, K, r, split, bn)
+    if not can_implement("kloop", shape, c):
+        pytest.skip(f"{c} cannot run {shape}")
+    x, w, a, b, bias = make(M, N, K, r, seed=split)
+    ys = []
+    for _ in range(3):
+        out = torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16)
+        ys.append(run_strategy("kloop", x, w, a, b, 0.5, bias, c, out=out))
+    assert not ys[0].isnan().any(), f"{c}: unwritten (NaN) outputs"
+    assert rel_err(ys[0], lora_linear_ref(x, w, a, b, 0.5, bias)) < TOL
+    assert all(torch.equal(ys[0], y) for y in ys[1:]), "fixup split-K is not bit-identical across calls"
+    assert _tickets_zero()
+
+
+@pytest.mark.parametrize("strategy", ["split", "merged"])
+def test_fixup_other_strategies_bf16(strategy):
+    M, N, K, r = 16, 4096, 4096, 16
+    x, w, a, b, bias = make(M, N, K, r)
+    c = _fixup_cfg(M, N, K, r, 4, 128)
+    if strategy == "split":
+        c = c.replace(block_r=16)
+    out = torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16)
+    LG.clear_weight_cache()
+    y = run_strategy(strategy, x, w, a, b, 0.5, bias, c, out=out)
+    assert rel_err(y, lora_linear_ref(x, w, a, b, 0.5, bias)) < TOL
+    assert _tickets_zero()
+
+
+def test_fixup_cuda_graph_replays_reuse_tickets():
+    M, N, K, r = 1, 4096, 4096, 16
+    x, w, a, b, bias = make(M, N, K, r)
+    c = _fixup_cfg(M, N, K, r, 4, 128)
+    fn = lambda: lora_linear(x, w, a, b, 0.5, bias)  # noqa: E731
+    with pinned(strategy="kloop", config=c):
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            eager = fn()
+        torch.cuda.current_stream().wait_stream(side)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            ys = [fn() for _ in range(3)]       # three launches on one ticket region, back to back
+    for _ in range(4):
+        g.replay()
+    torch.cuda.synchronize()
+    assert all(torch.equal(y, eager) for y in ys)
+    assert _tickets_zero()
+
+
+def test_fixup_concurrent_streams():
+    M, N, K, r = 16, 4096, 4096, 16
+    c = _fixup_cfg(M, N, K, r, 4, 128)
+    inputs = [make(M, N, K, r, seed=s) for s in range(2)]
+    streams = [torch.cuda.Stream() for _ in inputs]
+    outs = [None, None]
+    torch.cuda.synchronize()
+    for st in streams:
+        st.wait_stream(torch.cuda.current_stream())
+    with pinned(strategy="kloop", config=c):
+        for _ in range(20):
+            for i, (st, inp) in enumerate(zip(streams, inputs)):
+                with torch.cuda.stream(st):
+                    outs[i] = lora_linear(inp[0], inp[1], inp[2], inp[3], 0.5, inp[4])
+    torch.cuda.synchronize()
+    for (x, w, a, b, bias), y in zip(inputs, outs):
+        assert rel_err(y, lora_linear_ref(x, w, a, b, 0.5, bias)) < TOL
+    assert _tickets_zero()

@@ -8,8 +8,10 @@ the fp32 S / workspace buffers are read with plain pointer loads: they are small
 one rank-sized MMA on the finished accumulator (``epilogue.lowrank_up``).
 
 Kernels:
-- ``lora_main_kernel``: grouped-order tiles, optional deterministic split-K (``PARTIAL``: raw fp32
-  partials to a workspace, epilogue in ``lora_reduce_kernel``). ``LOWRANK`` selects the branch:
+- ``lora_main_kernel``: grouped-order tiles, optional deterministic split-K, either ``PARTIAL``
+  (raw fp32 partials to a workspace, epilogue in ``lora_reduce_kernel``: 2 launches) or ``FIXUP``
+  (one launch: partials parked, the tile's last arriving split sums them in split order and runs
+  the epilogue; ticket protocol in :mod:`.splitk`). ``LOWRANK`` selects the branch:
   NONE (plain GEMM), KLOOP (S accumulated from the X tiles already in SMEM), GLOBAL (S read from
   an fp32 [S_SPLITS, M, R] buffer of K-slice partials written by ``lora_down_kernel``, summed in
   slice order in the epilogue).
@@ -34,6 +36,7 @@ import triton.language as tl
 
 from .epilogue import add_bias, lowrank_up, store_tile
 from .schedule import grouped_tile
+from .splitk import splitk_arrive, splitk_reset, splitk_store, splitk_sum
 
 # LOWRANK modes of lora_main_kernel
 LOWRANK_NONE = 0
@@ -118,17 +121,25 @@ def lora_main_kernel(
     b_ptr,              # B [N, R]
     bias_ptr,           # bias [N]                         (HAS_BIAS)
     y_ptr,              # Y [M, N]; PARTIAL: workspace [SPLIT_K, M, N] fp32
-    sws_ptr,            # PARTIAL & KLOOP: S partials [SPLIT_K, M, BR] fp32
+    sws_ptr,            # KLOOP S partials, fp32: PARTIAL [SPLIT_K, M, BR]; FIXUP [SPLIT_K, n tiles, M, BR]
+    ws_ptr,             # FIXUP: partials [SPLIT_K, M, N] fp32
+    cnt_ptr,            # FIXUP: int32 [tiles] arrival tickets, zero on entry, left zero on exit
     M, N, K, R, scale, SPLIT_K, S_SPLITS,
     stride_sk, stride_sm, stride_sr, stride_bn, stride_br,
     stride_yk, stride_ym, stride_yn,
-    stride_swk, stride_swm, stride_swr,
+    stride_swk, stride_swn, stride_swm, stride_swr,
+    stride_wk, stride_wm, stride_wn,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr,
     GROUP_M: tl.constexpr, LOWRANK: tl.constexpr,
     HAS_BIAS: tl.constexpr, PARTIAL: tl.constexpr, R_CHUNKS: tl.constexpr = 1,
+    FIXUP: tl.constexpr = False, EPI_M: tl.constexpr = 64, IN_FLIGHT: tl.constexpr = 1,
 ):
     # R_CHUNKS (GLOBAL): cdiv(R, BLOCK_R), rank chunks of the epilogue, unrolled
     # SPLIT_K / S_SPLITS are runtime values: one compile serves every split of a tile config
+    # PARTIAL: raw partials out, epilogue in lora_reduce_kernel (2 launches); FIXUP: split-K in
+    # this launch, the tile's last arriving split sums the partials in split order (splitk.py);
+    # EPI_M (FIXUP): rows of the reduction/epilogue, BLOCK_M or, when M < BLOCK_M, ≥ M;
+    # IN_FLIGHT (FIXUP): partial loads in flight per step of the reduction (1 or 2)
     pid = tl.program_id(0)
     pid_k = tl.program_id(1)
     num_pid_m = tl.cdiv(M, BLOCK_M)
@@ -152,18 +163,59 @@ def lora_main_kernel(
                 offs_r = tl.arange(0, BLOCK_R)
                 tl.store(sws_ptr + pid_k * stride_swk + offs_m[:, None] * stride_swm
                          + offs_r[None, :] * stride_swr, s, mask=offs_m[:, None] < M)
-    else:
+    elif FIXUP:
+        # park this split's partials (rows ≥ M are neither parked nor read: decode M=1 moves one
+        # row per split, not BLOCK_M), take the tile's ticket; the last arriver finishes the tile
+        splitk_store(ws_ptr, offs_m[:, None] * stride_wm + offs_n[None, :] * stride_wn, stride_wk,
+                     pid_k, acc, (offs_m[:, None] < M) & (offs_n[None, :] < N))
         if LOWRANK == 1:
-            # rank slots ≥ R hold x·0 (zero-filled A rows), NaN where x is ±inf: zero them so
-            # padding cannot leak into rows torch would keep finite
-            s = tl.where(tl.arange(0, BLOCK_R)[None, :] < R, s * scale, 0.0)
-            acc = lowrank_up(acc, s, b_ptr, stride_bn, stride_br, offs_n, N, R, BLOCK_R)
-        if LOWRANK == 2:
-            acc = _lowrank_from_slices(acc, s_ptr, stride_sk, stride_sm, stride_sr, S_SPLITS,
-                                       b_ptr, stride_bn, stride_br, offs_m, offs_n, M, N, R,
-                                       BLOCK_M, BLOCK_R, R_CHUNKS)
-        acc = add_bias(acc, offs_n, N, bias_ptr, HAS_BIAS)
-        store_tile(y_ptr, acc, offs_m, offs_n, M, N, stride_ym, stride_yn)
+            # S of an M-block is the same for every N-tile, but only this tile's splits are
+            # ordered by its ticket: each tile parks its own copy
+            splitk_store(sws_ptr + pid_n * stride_swn,
+                         offs_m[:, None] * stride_swm + tl.arange(0, BLOCK_R)[None, :] * stride_swr,
+                         stride_swk, pid_k, s, offs_m[:, None] < M)
+        if splitk_arrive(cnt_ptr + pid, SPLIT_K):
+            # the reduction + epilogue run on EPI_M rows only (M < BLOCK_M: one M-block whose
+            # rows ≥ EPI_M do not exist): 16 rows at decode instead of 64 → 4× fewer registers
+            # per partial, so two partials can be in flight (IN_FLIGHT) without spilling
+            e_m = off_m + tl.arange(0, EPI_M)
+            t_mask = (e_m[:, None] < M) & (offs_n[None, :] < N)
+            acc2 = splitk_sum(ws_ptr, e_m[:, None] * stride_wm + offs_n[None, :] * stride_wn,
+                              stride_wk, t_mask, SPLIT_K, tl.zeros((EPI_M, BLOCK_N), dtype=tl.float32),
+                              IN_FLIGHT)
+            s2 = tl.zeros((EPI_M, BLOCK_R), dtype=tl.float32)
+            if LOWRANK == 1:
+                s2 = splitk_sum(sws_ptr + pid_n * stride_swn,
+                                e_m[:, None] * stride_swm + tl.arange(0, BLOCK_R)[None, :] * stride_swr,
+                                stride_swk, e_m[:, None] < M, SPLIT_K, s2, IN_FLIGHT)
+            splitk_reset(cnt_ptr + pid)
+            _epilogue(acc2, s2, e_m, offs_n, M, N, R, scale, s_ptr, stride_sk, stride_sm, stride_sr,
+                      S_SPLITS, b_ptr, stride_bn, stride_br, bias_ptr, y_ptr, stride_ym, stride_yn,
+                      EPI_M, BLOCK_R, LOWRANK, HAS_BIAS, R_CHUNKS)
+    else:
+        _epilogue(acc, s, offs_m, offs_n, M, N, R, scale, s_ptr, stride_sk, stride_sm, stride_sr,
+                  S_SPLITS, b_ptr, stride_bn, stride_br, bias_ptr, y_ptr, stride_ym, stride_yn,
+                  BLOCK_M, BLOCK_R, LOWRANK, HAS_BIAS, R_CHUNKS)
+
+
+@triton.jit
+def _epilogue(acc, s, offs_m, offs_n, M, N, R, scale, s_ptr, stride_sk, stride_sm, stride_sr,
+              S_SPLITS, b_ptr, stride_bn, stride_br, bias_ptr, y_ptr, stride_ym, stride_yn,
+              ROWS: tl.constexpr, BLOCK_R: tl.constexpr, LOWRANK: tl.constexpr,
+              HAS_BIAS: tl.constexpr, R_CHUNKS: tl.constexpr):
+    """Y[offs_m, offs_n] = acc (+ low-rank term of mode LOWRANK) (+ bias); acc [ROWS, BN] fp32,
+    s [ROWS, BLOCK_R] unscaled K-loop S (KLOOP)."""
+    if LOWRANK == 1:
+        # rank slots ≥ R hold x·0 (zero-filled A rows), NaN where x is ±inf: zero them so
+        # padding cannot leak into rows torch would keep finite
+        s = tl.where(tl.arange(0, BLOCK_R)[None, :] < R, s * scale, 0.0)
+        acc = lowrank_up(acc, s, b_ptr, stride_bn, stride_br, offs_n, N, R, BLOCK_R)
+    if LOWRANK == 2:
+        acc = _lowrank_from_slices(acc, s_ptr, stride_sk, stride_sm, stride_sr, S_SPLITS,
+                                   b_ptr, stride_bn, stride_br, offs_m, offs_n, M, N, R,
+                                   ROWS, BLOCK_R, R_CHUNKS)
+    acc = add_bias(acc, offs_n, N, bias_ptr, HAS_BIAS)
+    store_tile(y_ptr, acc, offs_m, offs_n, M, N, stride_ym, stride_yn)
 
 
 @triton.jit
@@ -391,7 +443,7 @@ def smem_ledger(config, dtype_bits: int, strategy: str):
         terms.append(SmemTerm("lowrank A tile", a, st))
     if persistent:
         terms.append(SmemTerm("S-phase pipeline extra", max(0, st * (x + a) - pipeline)))
-    if lowrank and c.split_k == 1:
+    if lowrank and (c.split_k == 1 or c.split_mode == "fixup"):   # epilogue in this kernel
         epi = tile_bytes(c.block_r, c.block_n, dtype_bits) + tile_bytes(c.block_m, c.block_r, dtype_bits)
         terms.append(SmemTerm("epilogue B/S tiles extra", max(0, epi - pipeline)))
     terms.append(SmemTerm("TMA barriers", barrier_bytes(2 if kloop else 1), st))

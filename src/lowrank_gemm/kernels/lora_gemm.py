@@ -187,25 +187,90 @@ def _reduce_tile(cfg: KernelConfig) -> tuple[int, int]:
     return min(cfg.block_m, 32), min(cfg.block_n, 64)
 
 
-def _launch_main(x, w, a, b, s, bias, y, sws, M, N, Kp, R, scale, cfg, *, lowrank, partial):
+def _launch_main(x, w, a, b, s, bias, y, sws, M, N, Kp, R, scale, cfg, *, lowrank, partial,
+                 fixup=None):
     """lora_main_kernel over an [M, N] grid of tiles × split_k. Shapes as in the kernel; s is
-    [S_SPLITS, M, ≥R] fp32 (read only by GLOBAL)."""
+    [S_SPLITS, M, ≥R] fp32 (read only by GLOBAL); sws is [SPLIT_K, M, BR] (PARTIAL) or
+    [SPLIT_K, n tiles, M, BR] (FIXUP). ``fixup = (ws [SPLIT_K, M, N] fp32, tickets int32 [tiles])``
+    selects the one-launch split-K (y is then the real output)."""
     c = cfg
     x_d = _desc(x, c.block_m, c.block_k)
     w_d = _desc(w, c.block_n, c.block_k)
     a_d = _desc(a, c.block_r, c.block_k) if lowrank == K_.LOWRANK_KLOOP else x_d
     sy = (y.stride(0), y.stride(1), y.stride(2)) if partial else (0, y.stride(0), y.stride(1))
+    ssw = (sws.stride(0), 0, sws.stride(1), sws.stride(2)) if sws.dim() == 3 else sws.stride()
+    ws, cnt = fixup if fixup is not None else (_dummy(x.device), _dummy(x.device))
     has_bias = bias is not None and not partial
-    grid = (cdiv(M, c.block_m) * cdiv(N, c.block_n), c.split_k if partial else 1)
+    split = c.split_k if (partial or fixup is not None) else 1
+    grid = (cdiv(M, c.block_m) * cdiv(N, c.block_n), split)
     K_.lora_main_kernel[grid](
-        x_d, w_d, a_d, s, b, bias if has_bias else y, y, sws, M, N, Kp, R, scale,
-        c.split_k if partial else 1, s.shape[0],
-        s.stride(0), s.stride(1), s.stride(2), b.stride(0), b.stride(1), *sy,
-        sws.stride(0), sws.stride(1), sws.stride(2),
+        x_d, w_d, a_d, s, b, bias if has_bias else y, y, sws, ws, cnt, M, N, Kp, R, scale,
+        split, s.shape[0],
+        s.stride(0), s.stride(1), s.stride(2), b.stride(0), b.stride(1), *sy, *ssw,
+        ws.stride(0), ws.stride(1), ws.stride(2),
         BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, BLOCK_R=c.block_r,
         GROUP_M=c.group_m, LOWRANK=lowrank,
         R_CHUNKS=cdiv(R, c.block_r) if lowrank == K_.LOWRANK_GLOBAL else 1,
-        HAS_BIAS=has_bias, PARTIAL=partial, num_warps=c.num_warps, num_stages=c.num_stages)
+        HAS_BIAS=has_bias, PARTIAL=partial, FIXUP=fixup is not None, **fixup_meta(M, c),
+        num_warps=c.num_warps, num_stages=c.num_stages)
+
+
+def fixup_meta(M: int, cfg: KernelConfig) -> dict:
+    """EPI_M / IN_FLIGHT of a FIXUP launch. When M < block_m there is one M-block and its rows
+    ≥ M do not exist: the last arriver reduces and finishes only the first EPI_M ≥ M rows (≥ 16,
+    the smallest MMA M of the up-projection). Two partials in flight while one partial costs
+    ≤ 32 fp32 registers per thread (64×128 tile: 64 → one at a time, else ptxas spills)."""
+    epi_m = cfg.block_m if M >= cfg.block_m else min(cfg.block_m, max(16, 1 << (M - 1).bit_length()))
+    per_thread = epi_m * cfg.block_n // (32 * cfg.num_warps)
+    return {"EPI_M": epi_m, "IN_FLIGHT": 2 if per_thread <= 32 else 1}
+
+
+# ---------------------------------------------------------------------------- split-K tickets
+
+TICKET_SLOTS = 4096          # tiles per ticket region (small-M plans have ≤ a few hundred)
+_TICKET_REGIONS = 16         # streams per device with their own region (round-robin beyond)
+
+
+class _Tickets:
+    """Zeroed int32 ticket regions for FIXUP launches, one per (device, stream), allocated once.
+
+    Every FIXUP launch leaves its tickets at zero, so a region is reused by every later launch on
+    the same stream (and by every CUDA-graph replay: the graph holds the region's address) with
+    no memset. Regions are carved from one buffer per device allocated outside any capture; a
+    stream first seen while capturing gets a free region without allocating. Launches on
+    different streams (up to ``_TICKET_REGIONS`` of them) get different regions, so they may
+    overlap in time; graphs captured on one stream share its region and must not be replayed
+    concurrently with each other."""
+
+    def __init__(self):
+        self.buffers: dict = {}
+        self.regions: dict = {}
+
+    def get(self, device: torch.device, tiles: int) -> torch.Tensor:
+        if tiles > TICKET_SLOTS:   # a pinned big-M plan: private zeroed tickets (a memset)
+            return torch.zeros(tiles, dtype=torch.int32, device=device)
+        capturing = device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+        buf = self.buffers.get(device)
+        if buf is None:
+            if capturing:          # nothing allocated before the capture: a memset node per call
+                return torch.zeros(tiles, dtype=torch.int32, device=device)
+            buf = torch.zeros(_TICKET_REGIONS, TICKET_SLOTS, dtype=torch.int32, device=device)
+            self.buffers[device] = buf
+        stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+        key = (device, stream)
+        idx = self.regions.get(key)
+        if idx is None:
+            idx = len([k for k in self.regions if k[0] == device]) % _TICKET_REGIONS
+            self.regions[key] = idx
+        return buf[idx, :tiles]
+
+    def region(self, device: torch.device, stream: int = 0) -> torch.Tensor | None:
+        """The whole region of (device, stream) (tests: it must be back at zero after launches)."""
+        idx = self.regions.get((device, stream))
+        return None if idx is None else self.buffers[device][idx]
+
+
+_TICKETS = _Tickets()
 
 
 def _launch_reduce(ws, s, b, bias, y, M, N, R, s_scale, splits, s_splits, cfg, *, has_lora):
@@ -238,6 +303,13 @@ def _dummy(device) -> torch.Tensor:
     return t
 
 
+def _fixup_buffers(M, N, cfg, device):
+    """(partials [split_k, M, N] fp32, tickets int32 [tiles]) of a FIXUP launch. The partials come
+    from the caching allocator (every element read is first written by the same launch)."""
+    tiles = cdiv(M, cfg.block_m) * cdiv(N, cfg.block_n)
+    return _empty_f32(device, cfg.split_k, M, N), _TICKETS.get(device, tiles)
+
+
 def _gemm(x, w, bias, y, cfg, *, N, Kp):
     """Plain y = x·wᵀ (+ bias) with our kernel (rank 0), split-K through the reduce kernel."""
     M, dev = x.shape[0], x.device
@@ -245,6 +317,10 @@ def _gemm(x, w, bias, y, cfg, *, N, Kp):
     if cfg.split_k == 1:
         _launch_main(x, w, None, y, dummy, bias, y, dummy, M, N, Kp, 0, 1.0, cfg,
                      lowrank=K_.LOWRANK_NONE, partial=False)
+        return y
+    if cfg.split_mode == "fixup":
+        _launch_main(x, w, None, y, dummy, bias, y, dummy, M, N, Kp, 0, 1.0, cfg,
+                     lowrank=K_.LOWRANK_NONE, partial=False, fixup=_fixup_buffers(M, N, cfg, dev))
         return y
     ws = _empty_f32(dev, cfg.split_k, M, N)
     _launch_main(x, w, None, y, dummy, bias, ws, dummy, M, N, Kp, 0, 1.0, cfg,
@@ -259,6 +335,11 @@ def _run_kloop(x, w, a, b, bias, y, scale, cfg, *, N, Kp, R):
     if cfg.split_k == 1:
         _launch_main(x, w, a, b, dummy, bias, y, dummy, M, N, Kp, R, scale, cfg,
                      lowrank=K_.LOWRANK_KLOOP, partial=False)
+        return y
+    if cfg.split_mode == "fixup":
+        sws = _empty_f32(dev, cfg.split_k, cdiv(N, cfg.block_n), M, cfg.block_r)
+        _launch_main(x, w, a, b, dummy, bias, y, sws, M, N, Kp, R, scale, cfg,
+                     lowrank=K_.LOWRANK_KLOOP, partial=False, fixup=_fixup_buffers(M, N, cfg, dev))
         return y
     ws = _empty_f32(dev, cfg.split_k, M, N)
     sws = _empty_f32(dev, cfg.split_k, M, cfg.block_r)
@@ -302,9 +383,10 @@ def _run_split(x, w, a, b, bias, y, scale, cfg, *, N, Kp, R):
     s = _empty_f32(dev, splits, M, R)
     _launch_down(x, a, s, scale, cfg.block_r, Kp=Kp, R=R)
     dummy = _dummy(dev)
-    if cfg.split_k == 1:
+    if cfg.split_k == 1 or cfg.split_mode == "fixup":
+        fixup = _fixup_buffers(M, N, cfg, dev) if cfg.split_k > 1 else None
         _launch_main(x, w, None, b, s, bias, y, dummy, M, N, Kp, R, 1.0, cfg,
-                     lowrank=K_.LOWRANK_GLOBAL, partial=False)
+                     lowrank=K_.LOWRANK_GLOBAL, partial=False, fixup=fixup)
         return y
     ws = _empty_f32(dev, cfg.split_k, M, N)
     _launch_main(x, w, None, b, s, bias, ws, dummy, M, N, Kp, R, 1.0, cfg,

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
 
-__all__ = ["KernelConfig"]
+__all__ = ["KernelConfig", "SPLIT_MODES"]
+
+SPLIT_MODES = ("reduce", "fixup")
 
 
 @dataclass(frozen=True)
@@ -14,7 +16,9 @@ class KernelConfig:
     block_m/n/k: output tile and K step; block_r: rank padded to the MMA's K granularity;
     group_m: rows of tiles per group in the grouped order; split_k: K slices reduced
     deterministically (no atomics); num_stages: main-operand pipeline depth; lowrank_stages:
-    low-rank operand pipeline depth (warp-specialized kernels); persistent: grid of #SMs programs.
+    low-rank operand pipeline depth (warp-specialized kernels); persistent: grid of #SMs programs;
+    split_mode (split_k > 1): "reduce" = partials summed by a second kernel, "fixup" = in the same
+    launch, by the last program of each tile to arrive (kernels/splitk.py).
     """
 
     block_m: int = 128
@@ -27,6 +31,7 @@ class KernelConfig:
     lowrank_stages: int = 1
     split_k: int = 1
     persistent: bool = False
+    split_mode: str = "reduce"
 
     def __post_init__(self):
         for name in ("block_m", "block_n", "block_k", "block_r"):
@@ -37,6 +42,8 @@ class KernelConfig:
             raise ValueError(f"KernelConfig.num_warps must be 1, 2, 4, 8 or 16, got {self.num_warps}")
         if self.split_k < 1 or self.num_stages < 1 or self.group_m < 1 or self.lowrank_stages < 0:
             raise ValueError(f"invalid KernelConfig {self}")
+        if self.split_mode not in SPLIT_MODES:
+            raise ValueError(f"KernelConfig.split_mode must be one of {SPLIT_MODES}, got {self.split_mode!r}")
 
     def replace(self, **kw) -> "KernelConfig":
         return replace(self, **kw)

@@ -14,6 +14,7 @@ import contextlib
 import contextvars
 import functools
 import json
+import os
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
@@ -22,14 +23,14 @@ import torch
 
 from ..kernels.epilogue import rank_block
 from ..kernels.schedule import cdiv
-from .config import KernelConfig
+from .config import SPLIT_MODES, KernelConfig
 from .smem import SmemLedger, solve_stages
 from .tuned import TUNED_DIR, tuned_file
 
 __all__ = ["LoraStrategy", "LORA_STRATEGIES", "plan_lora", "can_implement", "pinned", "Pinned",
            "block_r_for", "tile_for", "split_k_for", "stages_for", "group_m_for", "m_bucket",
            "r_bucket", "tuned_key", "load_tuned", "clear_plan_cache", "heuristic_lora", "MAX_FUSED_RANK", "TUNED_DIR",
-           "SPLIT_BLOCK_R"]
+           "SPLIT_BLOCK_R", "split_mode_override", "SPLIT_MODE_ENV", "FIXUP_STRATEGIES"]
 
 MAX_FUSED_RANK = 128      # S lives in registers ([BM, BLOCK_R] fp32) in kloop / persistent
 # split's epilogue walks the rank in BLOCK_R chunks (unrolled). ptxas -v, 128×256×64 8 warps
@@ -66,6 +67,21 @@ class LoraStrategy(str, Enum):
 LORA_STRATEGIES = tuple(s.value for s in LoraStrategy)
 _FUSED_RANK_LIMITED = ("kloop", "persistent_static", "persistent_dynamic", "streamk")
 _NO_SPLIT_K = ("persistent_static", "persistent_dynamic", "streamk", "torch")
+# strategies whose split-K can reduce in the main launch (split_mode "fixup"); concat's epilogue
+# needs the summed S columns of every N-tile, so it keeps the reduce kernel
+FIXUP_STRATEGIES = ("kloop", "split", "streams", "merged")
+# "reduce" | "fixup": forces the split-K mode of every plan with split_k > 1 (tuned entries
+# included); unset: tuned entries keep theirs, the heuristic uses "fixup"
+SPLIT_MODE_ENV = "LOWRANK_GEMM_SPLITK_MODE"
+
+
+def split_mode_override() -> str | None:
+    v = os.environ.get(SPLIT_MODE_ENV, "").strip().lower()
+    if v in ("", "auto"):
+        return None
+    if v not in SPLIT_MODES:
+        raise ValueError(f"{SPLIT_MODE_ENV} must be one of {SPLIT_MODES} (or unset), got {v!r}")
+    return v
 
 
 # ---------------------------------------------------------------------------- knobs (pure)
@@ -165,6 +181,9 @@ def can_implement(strategy: str, shape: tuple[int, int, int, int], config: Kerne
         return Feasibility(False, f"block_r {c.block_r} > {MAX_FUSED_RANK} (register budget of S)")
     if c.split_k > 1 and strategy in _NO_SPLIT_K:
         return Feasibility(False, f"{strategy} does not split K (split_k={c.split_k})")
+    if c.split_k > 1 and c.split_mode == "fixup" and strategy not in FIXUP_STRATEGIES:
+        return Feasibility(False, f"{strategy} has no in-launch split-K reduction (split_mode='fixup'); "
+                                  f"expected one of {FIXUP_STRATEGIES} or split_mode='reduce'")
     k_tiles = cdiv(max(K, 1), c.block_k)
     if c.split_k > k_tiles:
         return Feasibility(False, f"split_k {c.split_k} > {k_tiles} K tiles")
@@ -220,26 +239,37 @@ def current_pin() -> Pinned | None:
 # ---------------------------------------------------------------------------- planning
 
 def heuristic_lora(M: int, N: int, K: int, r: int, dtype_bits: int, *, gpu: bool, sms: int,
-                   strategy: str | None = None) -> tuple[str, KernelConfig]:
+                   strategy: str | None = None, split_mode: str | None = None
+                   ) -> tuple[str, KernelConfig]:
     """Shape rules for unseen shapes/GPUs. Decode M (≤ 64): kloop (one launch; S recomputed per
     N-tile costs r/BLOCK_N extra MMA, free while memory-bound). Larger M: split — the main loop
     is the plain GEMM (kloop's extra m64n16 wgmma + A-tile TMA per K step cost ~30% at M=256 on
-    the H200) and S comes once from a K-sliced down kernel."""
+    the H200) and S comes once from a K-sliced down kernel.
+
+    Few tiles (small N): with the in-launch split-K (``split_mode="fixup"``, the default) M ≤ 16
+    keeps 128-wide tiles and splits K up to ~1 wave (measured with the 2-launch reduce: K=N=4096
+    64x128x128 sk4 18.2 µs vs narrow 64x64 sk2 19.6; 8192² 64x128 sk2 46.2 vs 64x64 sk1 55.4);
+    17 ≤ M ≤ 64, or the "reduce" mode, first narrows the tiles to 64 columns."""
     bm, bn, bk, warps = tile_for(M, N, K, gpu=gpu, sms=sms)
     if strategy is None:
         # r > 64: S [BM, BLOCK_R] fp32 beside the [BM, BN] accumulator would spill registers
         strategy = "kloop" if (M <= 64 and r <= 64) else "split"
+    mode = split_mode or "fixup"
+    if strategy not in FIXUP_STRATEGIES:
+        mode = "reduce"
     br = block_r_for(r)
     if strategy == "split" and gpu:
         br = min(br, SPLIT_BLOCK_R)
     num_pid_m, num_pid_n = cdiv(max(M, 1), bm), cdiv(N, bn)
-    if gpu and M <= 64 and num_pid_m * num_pid_n < sms // 2:
+    narrow_first = not (mode == "fixup" and M <= 16)
+    if gpu and M <= 64 and num_pid_m * num_pid_n < sms // 2 and narrow_first:
         bn = 64  # small N: more, narrower tiles before resorting to split-K
         num_pid_n = cdiv(N, bn)
     k_tiles = cdiv(K, bk)
     split = 1 if strategy in _NO_SPLIT_K else split_k_for(num_pid_m * num_pid_n, k_tiles, sms)
     base = KernelConfig(block_m=bm, block_n=bn, block_k=bk, block_r=br, group_m=group_m_for(num_pid_m),
-                        num_warps=warps, num_stages=2, split_k=split)
+                        num_warps=warps, num_stages=2, split_k=split,
+                        split_mode=mode if split > 1 else "reduce")
     if not gpu:
         return strategy, base
     stages = stages_for(lambda s: lora_ledger(strategy, base.replace(num_stages=s), dtype_bits))
@@ -257,7 +287,7 @@ def plan_lora(M: int, N: int, K: int, r: int, dtype: torch.dtype, device: torch.
     device = torch.device(device)
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
-    return _plan_lora(M, N, K, r, dtype, device, current_pin())
+    return _plan_lora(M, N, K, r, dtype, device, current_pin(), split_mode_override())
 
 
 def clear_plan_cache() -> None:
@@ -265,9 +295,25 @@ def clear_plan_cache() -> None:
     _plan_lora.cache_clear()
 
 
+def _with_mode(strategy: str, cfg: KernelConfig, mode: str | None) -> KernelConfig:
+    """Apply the env's split-K mode where it means something (split_k > 1, a fixup strategy)."""
+    if mode is None or cfg.split_k == 1 or cfg.split_mode == mode:
+        return cfg
+    if mode == "fixup" and strategy not in FIXUP_STRATEGIES:
+        return cfg
+    return cfg.replace(split_mode=mode)
+
+
 @functools.lru_cache(maxsize=4096)
 def _plan_lora(M: int, N: int, K: int, r: int, dtype: torch.dtype, device: torch.device,
-               pin: Pinned | None) -> tuple[str, KernelConfig]:
+               pin: Pinned | None, env_mode: str | None = None) -> tuple[str, KernelConfig]:
+    strategy, cfg = _plan_lora_inner(M, N, K, r, dtype, device, pin, env_mode)
+    if pin and pin.config is not None:
+        return strategy, cfg       # a pinned config is taken as given
+    return strategy, _with_mode(strategy, cfg, env_mode)
+
+
+def _plan_lora_inner(M, N, K, r, dtype, device, pin, env_mode):
     from ..kernels.schedule import num_sms
     gpu = device.type == "cuda"
     bits = torch.finfo(dtype).bits if dtype.is_floating_point else 16
@@ -287,12 +333,16 @@ def _plan_lora(M: int, N: int, K: int, r: int, dtype: torch.dtype, device: torch
             cfg = KernelConfig.from_dict(hit["config"])
             if can_implement(hit["strategy"], shape, cfg, bits):
                 return hit["strategy"], cfg
-    strategy, cfg = heuristic_lora(M, N, K, r, bits, gpu=gpu, sms=sms, strategy=pin_strategy)
+    strategy, cfg = heuristic_lora(M, N, K, r, bits, gpu=gpu, sms=sms, strategy=pin_strategy,
+                                   split_mode=env_mode)
     if r > cfg.block_r and strategy in _FUSED_RANK_LIMITED and pin_strategy is None:
         strategy = "split"
+        if cfg.split_mode == "fixup" and strategy not in FIXUP_STRATEGIES:
+            cfg = cfg.replace(split_mode="reduce")
     ok = can_implement(strategy, shape, cfg, bits)
     if not ok:
         if pin_strategy is not None:
             raise ValueError(f"pinned strategy {strategy} cannot run (M,N,K,r)={shape}: {ok.reason}")
-        strategy, cfg = heuristic_lora(M, N, K, r, bits, gpu=gpu, sms=sms, strategy="split")
+        strategy, cfg = heuristic_lora(M, N, K, r, bits, gpu=gpu, sms=sms, strategy="split",
+                                       split_mode=env_mode)
     return strategy, cfg
