@@ -23,12 +23,14 @@ w4a4_tuned.json (winners per format and M bucket: m_max 16 ← M=1, 64 ← M=64,
         act_quant alone at M=4608, K=3072 and 12288, both formats, plan candidates (block_m, block_k,
         num_warps); bit-identity vs the torch quantizer on the first rows checked first. Winners go to
         act_quant_tuned.json (pin them as plan_act_quant's large-M defaults).
-    PYTHONPATH=src python scripts/probe_w4a4.py --actquant-only --out $OUT                 (≤ 120 s)
-        act_quant v1 (old kernels) vs v2 (prep + cheap per-element path) at M ∈ {1, 64, 4608} ×
-        K ∈ {3072, 4096, 12288}, both formats, r = 32, plus v2 tile variants at M = 4608. Every
-        candidate first checked on ALL rows: bytes and scales equal to the torch quantizer, S vs float64
-        (rel err recorded; fails above 1e-4). Writes probe_w4a4.json / .md and act_quant_ab.json
-        (per fmt × M × K: µs per candidate, the winner); pin with LOWRANK_GEMM_ACT_QUANT=v1|v2.
+    PYTHONPATH=src python scripts/probe_w4a4.py --actquant-only --out $OUT                 (≤ 90 s)
+        act_quant at decode: old split path (v1, 2–3 launches) vs fused (one launch) at M ∈ {1, 16, 64} ×
+        K ∈ {4096, 3072}, both formats, r = 32, next to a one-launch floor (torch.neg on X); then M = 4608
+        on the (unchanged) large-M path; then fused variants (8 warps, S step 64, quant chunk 512/2048,
+        split 16) at K = 4096. Every candidate first checked on ALL rows: bytes and scales equal to the
+        torch quantizer, S vs float64 (fails above 1e-4), a second call bit-identical, tickets back at 0.
+        Writes probe_w4a4.json / .md, act_quant_ab.json (per fmt × M × K: µs per candidate, the winner)
+        and act_quant_ab.md (old → best fused). Pin with LOWRANK_GEMM_ACT_QUANT_SMALL=v1|fused (M ≤ 64).
 """
 
 from __future__ import annotations
@@ -320,55 +322,108 @@ def mainloop_only(out: Path, budget: float = 112.0) -> int:
     return 0
 
 
-AB_MS, AB_KS = (4608, 64, 1), (3072, 4096, 12288)
-# (label, act_quant kwargs); the tile variants are tried at M = 4608 only
-AB_CANDIDATES = [("v1(old)", dict(variant="v1")), ("v2", dict(variant="v2"))]
-AB_LARGE_EXTRA = [("v2_w8", dict(variant="v2", num_warps=8)), ("v2_bm128_w8", dict(variant="v2", block_m=128, num_warps=8)),
-                  ("v2_bm32", dict(variant="v2", block_m=32))]
+# --actquant-only: the fused single launch (M ≤ 64 default) vs the old split path, priority order so
+# that whatever the budget cuts is the least important: (1) old vs fused at every decode shape (+ the
+# harness's one-launch floor), (2) M = 4608 on the large-M path (unchanged: shows no regression),
+# (3) fused plan variants at K = 4096.
+AB_DECODE_MS, AB_KS, AB_LARGE_M = (1, 16, 64), (4096, 3072), 4608
+AB_MAIN = [("v1(old)", dict(variant="v1")), ("fused", dict(variant="fused"))]
+AB_VARIANTS = [("fused_w8", dict(variant="fused", num_warps=8)),
+               ("fused_bk64", dict(variant="fused", block_k=64)),          # M ≥ 16: 2 steps per S program
+               ("fused_qk512", dict(variant="fused", quant_cols=512)),
+               ("fused_qk2048", dict(variant="fused", quant_cols=2048)),
+               ("fused_split16", dict(variant="fused", split=16))]
 
 
 def _probe_actquant_ab(record, dev) -> dict:
-    """act_quant v1 vs v2 on every (fmt, M, K): all rows' bytes/scales vs the torch quantizer and S vs
-    float64 first, then CUDA-graph time. Returns {"fmt:M=..:K=..": {label: graph_us, "winner": label}}."""
-    table = {}
-    for k in AB_KS:
-        for m in AB_MS:
+    """act_quant old (v1 split, 2–3 launches) vs fused (one launch). Every candidate first: all rows'
+    bytes/scales == the torch quantizer, S vs float64 (< 1e-4), a second call bit-identical, the ticket
+    buffer back at zero; then CUDA-graph time. Returns {"fmt:M=..:K=..": {label: graph_us, "winner": ..}}."""
+    from lowrank_gemm.kernels.act_quant import _TICKETS
+    table, cache = {}, {}
+
+    def operands(m, k):
+        if (m, k) not in cache:
             x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
             smooth = (torch.rand(k, device=dev) + 0.5).to(torch.bfloat16)
             down = (torch.randn(RANK, k, device=dev) * 0.02).to(torch.bfloat16)
             xs = x.float() / smooth.float()
-            s_ref = xs.double() @ down.double().T
+            refs = {"s": xs.double() @ down.double().T}
+            refs["int4_g64"] = (lambda q: (pack_int4(q[0]), q[1]))(quantize_act_int4(xs, G))
+            refs["int4_2l"] = quantize_act_2l(xs, G)
+            cache.clear()  # one shape's operands at a time
+            cache[(m, k)] = (x, smooth, down, refs)
+        return cache[(m, k)]
+
+    def one(m, k, fmt, label, kw):
+        x, smooth, down, refs = operands(m, k)
+
+        def fn(x, sm, d, kw=kw, fmt=fmt):
+            return act_quant(x, sm, d, G, fmt, **kw)
+
+        def check():
+            xq, xsc, s = fn(x, smooth, down)
+            s2 = fn(x, smooth, down)[2]
+            torch.cuda.synchronize()
+            q_ref = refs[fmt]
+            if not (torch.equal(xq, q_ref[0]) and torch.equal(xsc, q_ref[1])):
+                raise AssertionError(f"bytes differ from the torch quantizer ({(xq != q_ref[0]).sum().item()} elements)")
+            if not torch.equal(s, s2):
+                raise AssertionError("S differs between two calls")
+            if any(int(t.abs().sum()) for t in _TICKETS.values()):
+                raise AssertionError("ticket buffer not back at zero")
+            rel = _rel(s, refs["s"])
+            if not rel < 1e-4:
+                raise AssertionError(f"S rel err {rel:.3g} vs float64")
+            return rel
+
+        try:
+            plan = plan_act_quant(m, k, G, dev, fmt=fmt, rank=RANK, **kw)._asdict()
+        except Exception as exc:
+            plan = {"error": repr(exc)}
+        row = record(f"aq_K{k}", m, RANK, k, f"act_quant:{fmt}:{label}", fn, (x, smooth, down), check, plan=plan)
+        if row.get("graph_us") and "error" not in row:
+            key = f"{fmt}:M={m}:K={k}"
+            table.setdefault(key, {})[label] = row["graph_us"]
+
+    for k in AB_KS:
+        for m in AB_DECODE_MS:
+            x = operands(m, k)[0]
+            row = record(f"aq_K{k}", m, RANK, k, "floor:one_launch(torch.neg)", lambda x: torch.neg(x), (x,))
+            if row.get("graph_us"):
+                table.setdefault(f"floor:M={m}:K={k}", {})["one_launch"] = row["graph_us"]
             for fmt in ("int4_g64", "int4_2l"):
-                q_ref = quantize_act_int4(xs, G) if fmt == "int4_g64" else quantize_act_2l(xs, G)
-                if fmt == "int4_g64":
-                    q_ref = (pack_int4(q_ref[0]), q_ref[1])
-                key = f"{fmt}:M={m}:K={k}"
-                table[key] = {}
-                for label, kw in AB_CANDIDATES + (AB_LARGE_EXTRA if m > 64 else []):
-                    def fn(x, sm, d, kw=kw, fmt=fmt):
-                        return act_quant(x, sm, d, G, fmt, **kw)
-
-                    def check(fn=fn, q_ref=q_ref):
-                        xq, xsc, s = fn(x, smooth, down)
-                        torch.cuda.synchronize()
-                        if not (torch.equal(xq, q_ref[0]) and torch.equal(xsc, q_ref[1])):
-                            bad = (xq != q_ref[0]).sum().item()
-                            raise AssertionError(f"bytes differ from the torch quantizer ({bad} elements)")
-                        rel = _rel(s, s_ref)
-                        if not rel < 1e-4:
-                            raise AssertionError(f"S rel err {rel:.3g} vs float64")
-                        return rel
-
-                    plan = plan_act_quant(m, k, G, dev, **kw)
-                    row = record(f"aq_K{k}", m, RANK, k, f"act_quant:{fmt}:{label}", fn, (x, smooth, down), check,
-                                 plan=plan._asdict())
-                    if row.get("graph_us") and "error" not in row:
-                        table[key][label] = row["graph_us"]
-                if table[key]:
-                    table[key]["winner"] = min(table[key], key=table[key].get)
-            del x, smooth, down, xs, s_ref
-            torch.cuda.empty_cache()
+                for label, kw in AB_MAIN:
+                    one(m, k, fmt, label, kw)
+    for k in AB_KS:
+        for fmt in ("int4_g64", "int4_2l"):
+            one(AB_LARGE_M, k, fmt, "auto(v2, unchanged)", {})
+    for m in AB_DECODE_MS:
+        for fmt in ("int4_g64", "int4_2l"):
+            for label, kw in AB_VARIANTS:
+                one(m, 4096, fmt, label, kw)
+    for key, v in table.items():
+        if v and not key.startswith("floor"):
+            v["winner"] = min(v, key=v.get)
     return table
+
+
+def _ab_markdown(table: dict) -> str:
+    """old → fused per (fmt, K, M), the best fused variant, and the harness's one-launch floor."""
+    lines = ["| fmt | K | M | old (v1) µs | fused µs | best variant | best µs | old/best | one-launch floor µs |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for fmt in ("int4_g64", "int4_2l"):
+        for k in AB_KS:
+            for m in AB_DECODE_MS:
+                v = table.get(f"{fmt}:M={m}:K={k}", {})
+                fused = {n: t for n, t in v.items() if n.startswith("fused")}
+                best = min(fused, key=fused.get) if fused else None
+                old = v.get("v1(old)")
+                ratio = f"{old / fused[best]:.2f}×" if old and best else ""
+                fl = table.get(f"floor:M={m}:K={k}", {}).get("one_launch")
+                lines.append(f"| {fmt} | {k} | {m} | {old} | {v.get('fused')} | {best} | "
+                             f"{fused.get(best) if best else None} | {ratio} | {fl} |")
+    return "\n".join(lines) + "\n"
 
 
 def main(argv=None) -> int:
@@ -379,13 +434,14 @@ def main(argv=None) -> int:
     mode.add_argument("--decode-only", action="store_true", help="decode M=1/64 baselines + SWAP-AB candidates (≤ 60 s)")
     mode.add_argument("--fc1-actquant", action="store_true", help="act_quant alone at M=4608, K=3072/12288 (≤ 20 s)")
     mode.add_argument("--actquant-only", action="store_true",
-                      help="act_quant v1 vs v2 at M∈{1,64,4608} × K∈{3072,4096,12288}, both formats (≤ 120 s)")
+                      help="act_quant old (v1) vs fused at M∈{1,16,64} × K∈{4096,3072}, both formats, + M=4608 "
+                           "and fused variants (≤ 90 s)")
     mode.add_argument("--mainloop-only", action="store_true",
                       help="GEMM main loops: today vs scale_tma vs expand vs fp8/bf16, + decode sweep (≤ 120 s)")
     args = ap.parse_args(argv)
     if args.mainloop_only:
         return mainloop_only(args.out)
-    budget = 55.0 if args.decode_only else 18.0 if args.fc1_actquant else 100.0 if args.actquant_only else BUDGET_S
+    budget = 55.0 if args.decode_only else 18.0 if args.fc1_actquant else 78.0 if args.actquant_only else BUDGET_S
     args.out.mkdir(parents=True, exist_ok=True)
     dev = torch.device("cuda")
     torch.manual_seed(0)
@@ -397,7 +453,9 @@ def main(argv=None) -> int:
     if args.actquant_only:
         ab = _probe_actquant_ab(record, dev)
         (args.out / "act_quant_ab.json").write_text(json.dumps(ab, indent=1))
-        print("act_quant v1 vs v2:", json.dumps(ab))
+        summary = _ab_markdown(ab)
+        (args.out / "act_quant_ab.md").write_text("# act_quant: old (v1 split) vs fused (one launch)\n\n" + summary)
+        print(summary)
     if args.fc1_actquant:
         aq_best = _probe_actquant(record, dev)
         (args.out / "act_quant_tuned.json").write_text(json.dumps(aq_best, indent=1))

@@ -22,10 +22,15 @@ def _check_lowrank(s, x, smooth, down):
         assert ((s.double() - ref).norm() / ref.norm()).item() < 1e-5  # 3×TF32 ≈ fp32
 
 
+# M ≤ 64 defaults to the fused single launch; "v1" is the old split path (still selectable)
+SMALL_VARIANTS = pytest.mark.parametrize("variant", ["v1", "fused"])
+
+
+@SMALL_VARIANTS
 @pytest.mark.parametrize("m,k,g,r", [(37, 192, 64, 16), (5, 256, 128, 23), (33, 128, 64, 0), (20, 256, 64, 64)])
-def test_int4_g64_bit_identical(m, k, g, r):
+def test_int4_g64_bit_identical(m, k, g, r, variant):
     x, smooth, down = _inputs(m, k, r)
-    x_q, x_scale, s = act_quant(x, smooth, down, g, "int4_g64")
+    x_q, x_scale, s = act_quant(x, smooth, down, g, "int4_g64", variant=variant)
     q_ref, sc_ref = quantize_act_int4(x.float() / smooth.float(), g)
     assert x_q.dtype == torch.uint8 and x_q.shape == (m, k // 2)
     assert torch.equal(x_q, pack_int4(q_ref))
@@ -33,32 +38,35 @@ def test_int4_g64_bit_identical(m, k, g, r):
     _check_lowrank(s, x, smooth, down)
 
 
-def test_int4_g64_fp16_scales_bf16_input():
+@SMALL_VARIANTS
+def test_int4_g64_fp16_scales_bf16_input(variant):
     x, smooth, down = _inputs(19, 128, 32, torch.bfloat16)
-    x_q, x_scale, s = act_quant(x, smooth, down, 64, "int4_g64", torch.float16)
+    x_q, x_scale, s = act_quant(x, smooth, down, 64, "int4_g64", torch.float16, variant=variant)
     q_ref, sc_ref = quantize_act_int4(x.float() / smooth.float(), 64, torch.float16)
     assert torch.equal(x_q, pack_int4(q_ref)) and torch.equal(x_scale, sc_ref)
     _check_lowrank(s, x, smooth, down)
 
 
+@SMALL_VARIANTS
 @pytest.mark.parametrize("m,k,g,r", [(37, 192, 64, 32), (6, 256, 128, 23), (17, 128, 64, 0)])
-def test_int4_2l_bit_identical(m, k, g, r):
+def test_int4_2l_bit_identical(m, k, g, r, variant):
     x, smooth, down = _inputs(m, k, r)
-    x_q, t, s = act_quant(x, smooth, down, g, "int4_2l")
+    x_q, t, s = act_quant(x, smooth, down, g, "int4_2l", variant=variant)
     e_ref, t_ref = quantize_act_2l(x.float() / smooth.float(), g)
     assert x_q.dtype == torch.int8 and torch.equal(x_q, e_ref)
     assert t.dtype == torch.float32 and torch.equal(t, t_ref)
     _check_lowrank(s, x, smooth, down)
 
 
+@SMALL_VARIANTS
 @pytest.mark.parametrize("fmt", ["int4_g64", "int4_2l"])
-def test_nan_inf_and_zero_groups(fmt):
+def test_nan_inf_and_zero_groups(fmt, variant):
     """NaN in a group → scale NaN, ±Inf → scale +Inf, q = 0 there (the torch quantizers' contract)."""
     x, smooth, down = _inputs(20, 128, 16)
     x[1, 5] = float("nan")
     x[2, 100] = float("inf")
     x[3, 64:] = 0
-    x_q, x_scale, s = act_quant(x, smooth, down, 64, fmt)
+    x_q, x_scale, s = act_quant(x, smooth, down, 64, fmt, variant=variant)
     xs = x.float() / smooth.float()
     if fmt == "int4_g64":
         q_ref, sc_ref = quantize_act_int4(xs, 64)
@@ -72,13 +80,14 @@ def test_nan_inf_and_zero_groups(fmt):
     assert torch.isnan(s[1]).all() and torch.isfinite(s[4:]).all()
 
 
+@SMALL_VARIANTS
 @pytest.mark.parametrize("fmt", ["int4_g64", "int4_2l"])
 @pytest.mark.parametrize("split,bm", [(1, 16), (3, 16), (64, 32)])
-def test_k_split_matches_and_is_deterministic(fmt, split, bm):
+def test_k_split_matches_and_is_deterministic(fmt, split, bm, variant):
     """K split over programs (decode path): same bits as the torch quantizer for any split; S partials
     summed in fixed order, so two calls agree bit for bit."""
     x, smooth, down = _inputs(5, 320, 24)
-    x_q, x_scale, s = act_quant(x, smooth, down, 64, fmt, split=split, block_m=bm)
+    x_q, x_scale, s = act_quant(x, smooth, down, 64, fmt, split=split, block_m=bm, variant=variant)
     xs = x.float() / smooth.float()
     if fmt == "int4_g64":
         q_ref, sc_ref = quantize_act_int4(xs, 64)
@@ -87,16 +96,17 @@ def test_k_split_matches_and_is_deterministic(fmt, split, bm):
         e_ref, t_ref = quantize_act_2l(xs, 64)
         assert torch.equal(x_q, e_ref) and torch.equal(x_scale, t_ref)
     _check_lowrank(s, x, smooth, down)
-    assert torch.equal(s, act_quant(x, smooth, down, 64, fmt, split=split, block_m=bm)[2])
+    assert torch.equal(s, act_quant(x, smooth, down, 64, fmt, split=split, block_m=bm, variant=variant)[2])
 
 
+@SMALL_VARIANTS
 @pytest.mark.parametrize("fmt", ["int4_g64", "int4_2l"])
 @pytest.mark.parametrize("g,bk,split,bm", [(64, 256, 1, 32), (64, 128, 2, 16), (128, 256, 1, 16)])
-def test_wide_steps_bit_identical(fmt, g, bk, split, bm):
+def test_wide_steps_bit_identical(fmt, g, bk, split, bm, variant):
     """Large-M plan: several groups per step (block_k = 2–4 groups) must give the same bits."""
     x, smooth, down = _inputs(37, 512, 20)
     x[4, 70] = float("nan")
-    x_q, x_scale, s = act_quant(x, smooth, down, g, fmt, split=split, block_m=bm, block_k=bk)
+    x_q, x_scale, s = act_quant(x, smooth, down, g, fmt, split=split, block_m=bm, block_k=bk, variant=variant)
     xs = x.float() / smooth.float()
     if fmt == "int4_g64":
         q_ref, sc_ref = quantize_act_int4(xs, g)
@@ -171,7 +181,8 @@ def test_v2_fallback_cases_bit_identical(fmt):
 def test_v2_plan_defaults():
     from lowrank_gemm.kernels.act_quant import plan_act_quant
     assert plan_act_quant(4608, 3072, 64).variant == "v2"
-    assert plan_act_quant(1, 4096, 64).variant == "v1"
+    assert plan_act_quant(1, 4096, 64).variant == "fused"
+    assert plan_act_quant(64, 4096, 64).variant == "fused" and plan_act_quant(65, 4096, 64).variant == "v2"
     p = plan_act_quant(4608, 3072, 64, variant="v2", block_k=128)
     assert p.block_k == 64 and p.split * p.steps_per_slice >= 48  # v2 always steps one group
     assert plan_act_quant(4608, 3072, 64, variant="v1").variant == "v1"
@@ -209,3 +220,163 @@ def test_v2_gpu_bit_identical(fmt, m, k):
     ref = xs.double() @ down.double().T
     assert ((s.double() - ref).norm() / ref.norm()).item() < 2e-5
     assert torch.equal(s, act_quant(x, smooth, down, 64, fmt, variant="v2")[2])
+
+
+# --- fused: one launch for decode (S programs with a ticketed fixed-order sum + quant units) -----------
+
+class _PoisonedTorch:
+    """Stands in for ``torch`` inside act_quant: every ``empty`` comes back poisoned (float NaN, int8 −128
+    which no q·v can be, uint8 0xA5), so an element the kernel never writes fails the comparison."""
+
+    _FILL = {torch.int8: -128, torch.uint8: 0xA5}
+
+    def __getattr__(self, name):
+        return getattr(torch, name)
+
+    def empty(self, *shape, dtype=None, **kw):
+        t = torch.empty(*shape, dtype=dtype, **kw)
+        return t.fill_(float("nan") if t.is_floating_point() else self._FILL.get(t.dtype, 0x5A))
+
+
+@pytest.fixture
+def poisoned(monkeypatch):
+    import lowrank_gemm.kernels.act_quant as aq
+    monkeypatch.setattr(aq, "torch", _PoisonedTorch())
+
+
+def _tickets_zero():
+    from lowrank_gemm.kernels.act_quant import _TICKETS
+    return all(int(t.abs().sum()) == 0 for t in _TICKETS.values())
+
+
+@pytest.mark.parametrize("fmt", ["int4_g64", "int4_2l"])
+@pytest.mark.parametrize("m,k,r,split", [(1, 320, 32, None), (5, 192, 16, None), (16, 256, 32, 2), (37, 320, 0, None),
+                                         (64, 128, 32, None), (3, 128, 16, 1)])
+def test_fused_poisoned_ragged(poisoned, fmt, m, k, r, split):
+    """Ragged M/K, r ∈ {0, 16, 32}, split 1 (S stored directly) and > 1 (ticketed sum): every output
+    element written, bytes == torch quantizer, S vs float64, repeat bit-identical, tickets back at 0."""
+    x, smooth, down = _inputs(m, k, r)
+    out = act_quant(x, smooth, down, 64, fmt, split=split, variant="fused")
+    _check_formats(fmt, out[0], out[1], x.float() / smooth.float(), 64)
+    assert not torch.isnan(out[1]).any() and not torch.isnan(out[2]).any()
+    _check_lowrank(out[2], x, smooth, down)
+    again = act_quant(x, smooth, down, 64, fmt, split=split, variant="fused")
+    assert all(torch.equal(a, b) for a, b in zip(out, again))
+    assert _tickets_zero()
+
+
+@pytest.mark.parametrize("fmt", ["int4_g64", "int4_2l"])
+def test_fused_arrival_order_does_not_change_bits(fmt):
+    """The interpreter runs programs in order, so program SPLIT−1 always arrives last; rotating which
+    program owns which slice makes a different slice's program the elector: S must not change a bit."""
+    x, smooth, down = _inputs(21, 384, 24)
+    ref = act_quant(x, smooth, down, 64, fmt, split=6, variant="fused")
+    for rot in (1, 4):
+        out = act_quant(x, smooth, down, 64, fmt, split=6, variant="fused", _slice_rot=rot)
+        assert all(torch.equal(a, b) for a, b in zip(ref, out))
+    _check_lowrank(ref[2], x, smooth, down)
+    assert _tickets_zero()
+
+
+@pytest.mark.parametrize("fmt", ["int4_g64", "int4_2l"])
+@pytest.mark.parametrize("qm,qk,g,bm", [(2, 64, 64, 16), (4, 128, 64, 32), (1, 256, 128, 16), (1, 512, 64, 16)])
+def test_fused_quant_units(poisoned, fmt, qm, qk, g, bm):
+    """Quant units of several rows / a chunk wider than K / G = 128; NaN, Inf and zero rows inside."""
+    x, smooth, down = _inputs(13, 384, 16)
+    x[1, 5] = float("nan")
+    x[2, 300] = float("inf")
+    x[3] = 0
+    out = act_quant(x, smooth, down, g, fmt, block_m=bm, quant_rows=qm, quant_cols=qk, variant="fused")
+    _check_formats(fmt, out[0], out[1], x.float() / smooth.float(), g)
+    assert torch.isnan(out[2][1]).all() and torch.isfinite(out[2][3:]).all()
+    _check_lowrank(out[2][3:], x[3:], smooth, down)
+
+
+def test_fused_bf16_input_fp16_scales(poisoned):
+    x, smooth, down = _inputs(9, 256, 32, torch.bfloat16)
+    q, sc, _ = act_quant(x, smooth, down, 64, "int4_g64", torch.float16, variant="fused")
+    q_ref, sc_ref = quantize_act_int4(x.float() / smooth.float(), 64, torch.float16)
+    assert torch.equal(q, pack_int4(q_ref)) and torch.equal(sc, sc_ref)
+
+
+def test_fused_plan():
+    from lowrank_gemm.kernels.act_quant import _FUSED_SUM_ELEMS, plan_act_quant
+    for fmt in ("int4_g64", "int4_2l"):
+        for m in (1, 16, 64):
+            for k in (3072, 4096):
+                p = plan_act_quant(m, k, 64, fmt=fmt, rank=32)
+                assert p.variant == "fused" and p.steps_per_slice == 1  # no serial K loop in an S program
+                assert triton_p2(p.split) * min(16, triton_p2(m)) * 32 <= _FUSED_SUM_ELEMS
+                assert p.block_k <= 128 and p.quant_rows == 1 and p.quant_cols % 64 == 0
+    assert plan_act_quant(1, 4096, 64).split == 64
+    assert plan_act_quant(64, 4096, 64, split=5).split == 5
+    assert plan_act_quant(8, 4096, 64, variant="v1").variant == "v1"
+    with pytest.raises(ValueError, match="quant_cols"):
+        plan_act_quant(8, 4096, 64, quant_cols=96)
+
+
+def triton_p2(v):
+    import triton
+    return triton.next_power_of_2(v)
+
+
+def test_fused_sm90_ptx_ticket():
+    """sm_90: one acq_rel gpu-scope ticket add + a relaxed reset (no other atomics), S via mma."""
+    from lowrank_gemm.kernels.aot import compile_sm90
+    sig = dict(x_ptr="*bf16", stride_xm="i32", smooth_ptr="*bf16", q_ptr="*i8", stride_qm="i32", sc_ptr="*fp32",
+               stride_sg="i32", a_ptr="*bf16", stride_ar="i32", sp_ptr="*fp32", stride_sps="i32", stride_spm="i32",
+               s_ptr="*fp32", stride_sm="i32", cnt_ptr="*i32", M="i32", K="i32", R="i32", SPLIT="i32",
+               STEPS_PER_SLICE="i32", N_SPROG="i32", QS="i32", ROT="i32")
+    ce = dict(TWO_LEVEL=True, G=64, BLOCK_M=16, BLOCK_K=128, BLOCK_R=32, SPLIT_P2=32, SUM_ROWS=16, QM=1, QK=2048,
+              CH=4096, SCALE_BF16=True)
+    info = compile_sm90("lowrank_gemm.kernels.act_quant", "_act_quant_fused_kernel", sig, ce,
+                        aligned=("x_ptr", "stride_xm", "q_ptr", "stride_qm", "a_ptr", "stride_ar"), num_warps=4)
+    atoms = [ln for ln in info.ptx.splitlines() if "atom." in ln]
+    assert len(atoms) == 2 and "gpu.acq_rel.add" in atoms[0] and "relaxed.exch" in atoms[1], atoms
+    assert info.has("mma.sync", "div.rn.f32")
+
+
+def _gpu_inputs(m, k, r=32):
+    dev = torch.device("cuda")
+    x = (torch.randn(m, k, device=dev) * torch.exp(torch.randn(k, device=dev) * 0.5)).to(torch.bfloat16)
+    smooth = (torch.rand(k, device=dev) + 0.5).to(torch.bfloat16)
+    down = (torch.randn(r, k, device=dev) * 0.02).to(torch.bfloat16)
+    return x, smooth, down
+
+
+@pytest.mark.gpu
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("fmt", ["int4_g64", "int4_2l"])
+@pytest.mark.parametrize("m,k", [(1, 3072), (1, 4096), (16, 4096), (37, 3072), (64, 4096), (64, 12288)])
+def test_fused_gpu_bit_identical(fmt, m, k):
+    """bf16, decode sizes: fused == torch quantizer, S vs float64, 20 calls bit-identical, tickets at 0."""
+    x, smooth, down = _gpu_inputs(m, k)
+    q, sc, s = act_quant(x, smooth, down, 64, fmt, variant="fused")
+    xs = x.float() / smooth.float()
+    _check_formats(fmt, q, sc, xs, 64)
+    ref = xs.double() @ down.double().T
+    assert ((s.double() - ref).norm() / ref.norm()).item() < 2e-5
+    for _ in range(20):
+        assert torch.equal(s, act_quant(x, smooth, down, 64, fmt, variant="fused")[2])
+    torch.cuda.synchronize()
+    assert _tickets_zero()
+
+
+@pytest.mark.gpu
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("fmt", ["int4_g64", "int4_2l"])
+@pytest.mark.parametrize("m", [1, 64])
+def test_fused_gpu_cuda_graph(fmt, m):
+    """Captured once, replayed 50×: same bits as eager each replay (the ticket resets itself)."""
+    x, smooth, down = _gpu_inputs(m, 4096)
+    eager = act_quant(x, smooth, down, 64, fmt, variant="fused")
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = act_quant(x, smooth, down, 64, fmt, variant="fused")
+    for _ in range(50):
+        for t in out:
+            t.fill_(-1) if not t.is_floating_point() else t.fill_(float("nan"))
+        g.replay()
+        assert all(torch.equal(a, b) for a, b in zip(eager, out))
+    torch.cuda.synchronize()
+    assert _tickets_zero()

@@ -5,6 +5,8 @@ Work is split over (row block, K slice) programs so a decode row (M = 1: one row
 spread over ~2 programs per SM; v1 walked all of K in ONE program per row block, a serial chain of
 ~K/64 dependent load→dot steps (hundreds of µs at M = 1). Each slice writes an fp32 S partial; a tiny
 kernel sums them in slice order (deterministic, no atomics). With one slice S is written directly.
+Decode (M ≤ 64) defaults to ``fused``: all of it in ONE launch (S programs + quant units; the last S
+program of a row block to arrive, elected by an int32 ticket, sums the partials in a fixed order).
 Each program step covers BLOCK_K columns (whole groups; 128 at large M): per-group maxima come from a
 [BM, BLOCK_K/G, ·] reshape, so the step count per program is K/BLOCK_K (see :func:`plan_act_quant`).
 Formats (``formats``):
@@ -33,7 +35,7 @@ import triton.language as tl
 from .epilogue import rank_block
 from .schedule import cdiv, num_sms
 
-__all__ = ["act_quant", "plan_act_quant", "ActQuantPlan", "FORMATS", "VARIANTS", "MAX_SPLIT"]
+__all__ = ["act_quant", "plan_act_quant", "ActQuantPlan", "FORMATS", "VARIANTS", "MAX_SPLIT", "SMALL_M"]
 
 FORMATS = ("int4_g64", "int4_2l")
 _RNE_MAGIC = tl.constexpr(12582912.0)  # 1.5·2²³: adding and subtracting it rounds |v| < 2²² to the nearest even integer
@@ -523,18 +525,166 @@ def _sum_partials_kernel(sp_ptr, stride_sps, stride_spm, s_ptr, stride_sm, M, R,
     tl.store(s_ptr + m * stride_sm + offs_r, tl.sum(part, axis=0), mask=offs_r < R)
 
 
+# --- fused: ONE launch for decode (M ≤ 64) -------------------------------------------------------------
+# The split path costs 2 (g64) / 3 (2l) dependent launches at decode, each ~3–5 µs inside a CUDA graph
+# (H200: M=1 g64 15.3 µs, 2l 20.5 µs for ~40 KB of traffic). Here one grid holds two kinds of programs:
+#   * S programs (row block rb, K slice): S partial over the slice → fp32 slab; an int32 arrival ticket
+#     per row block elects the LAST arriver, which sums all slabs of its block with one fixed-shape
+#     reduction (same tree whatever the arrival order → bit-identical S every call) and resets its
+#     ticket to 0 (the buffer is persistent: CUDA-graph safe, no per-call memset);
+#   * quant programs (QM rows × QK columns): quantize independently of the S programs. int4_2l needs the
+#     whole row's absmax first: each unit recomputes it from the full rows (QM·K·2 bytes, L2-resident;
+#     max is order-independent, so t has the same bits as the old stats pass) instead of a stats launch.
+# Numerics are v1's (div_rn, split-TF32 S), so q / scales / t are bit-identical to the other paths.
+# the electing program's [SPLIT, rows, BLOCK_R] fp32 sum tile: ≤ 64 KB, 128 regs/thread at 4 warps. ptxas
+# (sm_90, 4 warps): BK=128 S step + [32, 16, 32] tile 162 regs, no spills; a [64, 16, 32] tile or a
+# BK=256 split-TF32 step hit 255 regs with 56–68 B of spills.
+_FUSED_SUM_ELEMS = 16384
+_FUSED_MAX_BK = 128
+
+
+@triton.jit
+def _fused_s_program(x_ptr, stride_xm, smooth_ptr, a_ptr, stride_ar, sp_ptr, stride_sps, stride_spm,
+                     s_ptr, stride_sm, cnt_ptr, pid, M, K, R, SPLIT, STEPS_PER_SLICE, ROT,
+                     BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr,
+                     SPLIT_P2: tl.constexpr, SUM_ROWS: tl.constexpr):
+    """S partial of (row block, slice); the last arriver of the row block writes S = Σ partials."""
+    rb = pid // SPLIT
+    sl = (pid % SPLIT + ROT) % SPLIT  # ROT (tests): permutes which program owns which slice
+    offs_m = rb * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_r = tl.arange(0, BLOCK_R)
+    offs_k = tl.arange(0, BLOCK_K)
+    k_begin = sl * STEPS_PER_SLICE * BLOCK_K
+    k_end = tl.minimum(k_begin + STEPS_PER_SLICE * BLOCK_K, K)
+    s_acc = tl.zeros((BLOCK_M, BLOCK_R), tl.float32)
+    for k0 in range(k_begin, k_end, BLOCK_K):
+        xs = _smoothed(x_ptr, stride_xm, smooth_ptr, offs_m, k0 + offs_k, M)
+        s_acc = _down(s_acc, xs, a_ptr, stride_ar, k0 + offs_k, offs_r, R)
+    smask = (offs_m[:, None] < M) & (offs_r[None, :] < R)
+    if SPLIT_P2 == 1:
+        tl.store(s_ptr + offs_m[:, None] * stride_sm + offs_r[None, :], s_acc, mask=smask)
+    else:
+        tl.store(sp_ptr + sl * stride_sps + offs_m[:, None] * stride_spm + offs_r[None, :], s_acc, mask=smask)
+        tl.debug_barrier()  # every thread's slab stores precede the (one-thread) release
+        ticket = tl.atomic_add(cnt_ptr + rb, 1, sem="acq_rel", scope="gpu")
+        if ticket == SPLIT - 1:
+            # SUM_ROWS ≥ the block's valid rows (min(BLOCK_M, M) ≤ SUM_ROWS): one tile, all loads in flight
+            offs_s = tl.arange(0, SPLIT_P2)
+            offs_j = rb * BLOCK_M + tl.arange(0, SUM_ROWS)
+            ptrs = (sp_ptr + offs_s[:, None, None] * stride_sps + offs_j[None, :, None] * stride_spm
+                    + offs_r[None, None, :])
+            jr = (offs_j[:, None] < M) & (offs_r[None, :] < R)
+            part = tl.load(ptrs, mask=(offs_s[:, None, None] < SPLIT) & jr[None, :, :], other=0.0,
+                           cache_modifier=".cg")
+            tl.store(s_ptr + offs_j[:, None] * stride_sm + offs_r[None, :], tl.sum(part, axis=0), mask=jr)
+            tl.atomic_xchg(cnt_ptr + rb, 0, sem="relaxed", scope="gpu")  # ready for the next launch
+
+
+@triton.jit
+def _load_smoothed(x_ptr, stride_xm, smooth_ptr, offs_m, offs_k, row_ok, k_ok):
+    """x[offs_m, offs_k] / λ[offs_k] in fp32, rows and columns masked (0 outside)."""
+    x = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :], mask=row_ok[:, None] & k_ok[None, :],
+                other=0.0)
+    lam = tl.load(smooth_ptr + offs_k, mask=k_ok, other=1.0).to(tl.float32)
+    return tl.math.div_rn(x.to(tl.float32), lam[None, :])
+
+
+@triton.jit
+def _fused_2l_unit(x_ptr, stride_xm, smooth_ptr, e_ptr, stride_em, t_ptr, u, QS, M, K,
+                   G: tl.constexpr, QM: tl.constexpr, QK: tl.constexpr, CH: tl.constexpr):
+    """Rows [r0, r0 + QM), columns chunk c of QK: row scale t from the full rows, then e = q·v."""
+    c = u % QS
+    offs_m = (u // QS) * QM + tl.arange(0, QM)
+    row_ok = offs_m < M
+    amax = tl.zeros((QM,), tl.float32)
+    n_nan = tl.zeros((QM,), tl.int32)
+    for k0 in range(0, K, CH):
+        offs_k = k0 + tl.arange(0, CH)
+        xs = _load_smoothed(x_ptr, stride_xm, smooth_ptr, offs_m, offs_k, row_ok, offs_k < K)
+        amax = tl.maximum(amax, tl.max(tl.abs(xs), axis=1))
+        n_nan += tl.sum((xs != xs).to(tl.int32), axis=1)
+    t = tl.math.div_rn(amax, 105.0)  # same expression as _2l_row_scale: same bits
+    t = tl.where(t == 0.0, 1.0, t)
+    t = tl.where(n_nan > 0, float("nan"), t)
+    ok = _is_finite(t)
+    offs_q = c * QK + tl.arange(0, QK)
+    q_ok = offs_q < K
+    xs = _load_smoothed(x_ptr, stride_xm, smooth_ptr, offs_m, offs_q, row_ok, q_ok)
+    e = _2l_quantize(xs, tl.where(ok, t, 1.0), ok, QM, QK // G, G)
+    tl.store(e_ptr + offs_m[:, None] * stride_em + offs_q[None, :], e, mask=row_ok[:, None] & q_ok[None, :])
+    if c == 0:
+        tl.store(t_ptr + offs_m, t, mask=row_ok)
+
+
+@triton.jit
+def _fused_g64_unit(x_ptr, stride_xm, smooth_ptr, q_ptr, stride_qm, sc_ptr, stride_sg, u, QS, M, K,
+                    G: tl.constexpr, QM: tl.constexpr, QK: tl.constexpr, SCALE_BF16: tl.constexpr):
+    """Rows [r0, r0 + QM), columns chunk c of QK (whole groups): packed int4 + 16-bit group scales."""
+    HALF: tl.constexpr = QK // 2
+    c = u % QS
+    offs_m = (u // QS) * QM + tl.arange(0, QM)
+    row_ok = offs_m < M
+    col = tl.arange(0, HALF)
+    k_lo = c * QK + (col // 32) * 64 + (col % 32)  # lo nibble columns (see _quant_g64_step)
+    k_ok = k_lo < K                                # K % 64 == 0: a packed block is all in or all out
+    xs_lo = _load_smoothed(x_ptr, stride_xm, smooth_ptr, offs_m, k_lo, row_ok, k_ok)
+    xs_hi = _load_smoothed(x_ptr, stride_xm, smooth_ptr, offs_m, k_lo + 32, row_ok, k_ok)
+    packed, scale = _g64_quantize(xs_lo, xs_hi, QM, QK // G, G // 2, SCALE_BF16)
+    tl.store(q_ptr + offs_m[:, None] * stride_qm + (c * HALF + col)[None, :], packed,
+             mask=row_ok[:, None] & k_ok[None, :])
+    gi = c * (QK // G) + tl.arange(0, QK // G)
+    tl.store(sc_ptr + gi[None, :] * stride_sg + offs_m[:, None], scale.to(sc_ptr.dtype.element_ty),
+             mask=row_ok[:, None] & (gi < K // G)[None, :])
+
+
+@triton.jit
+def _act_quant_fused_kernel(
+    x_ptr, stride_xm,          # (M, K) bf16/fp16
+    smooth_ptr,                # (K,)
+    q_ptr, stride_qm,          # g64: (M, K/2) uint8 packed; 2l: (M, K) int8 e = q·v
+    sc_ptr, stride_sg,         # g64: (K/G, M) 16-bit scales; 2l: (M,) fp32 row scales t (stride unused)
+    a_ptr, stride_ar,          # (R, K) lora_down
+    sp_ptr, stride_sps, stride_spm,  # (SPLIT, M, R) fp32 S slabs (unused when SPLIT = 1)
+    s_ptr, stride_sm,          # (M, R) fp32 S
+    cnt_ptr,                   # (≥ row blocks,) int32 tickets: zero on entry, left zero on exit
+    M, K, R, SPLIT, STEPS_PER_SLICE, N_SPROG, QS, ROT,
+    TWO_LEVEL: tl.constexpr, G: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_R: tl.constexpr, SPLIT_P2: tl.constexpr, SUM_ROWS: tl.constexpr, QM: tl.constexpr,
+    QK: tl.constexpr, CH: tl.constexpr, SCALE_BF16: tl.constexpr,
+):
+    """Programs [0, N_SPROG): S (row block, slice); the rest: quant unit u = pid − N_SPROG
+    (rows (u // QS)·QM …, column chunk u % QS). See the section comment above."""
+    pid = tl.program_id(0)
+    if pid < N_SPROG:
+        _fused_s_program(x_ptr, stride_xm, smooth_ptr, a_ptr, stride_ar, sp_ptr, stride_sps, stride_spm,
+                         s_ptr, stride_sm, cnt_ptr, pid, M, K, R, SPLIT, STEPS_PER_SLICE, ROT,
+                         BLOCK_M, BLOCK_K, BLOCK_R, SPLIT_P2, SUM_ROWS)
+    elif TWO_LEVEL:
+        _fused_2l_unit(x_ptr, stride_xm, smooth_ptr, q_ptr, stride_qm, sc_ptr, pid - N_SPROG, QS, M, K,
+                       G, QM, QK, CH)
+    else:
+        _fused_g64_unit(x_ptr, stride_xm, smooth_ptr, q_ptr, stride_qm, sc_ptr, stride_sg, pid - N_SPROG, QS,
+                        M, K, G, QM, QK, SCALE_BF16)
+
+
 MAX_SPLIT = 64  # K slices per row block: bounds the partials' size and the reduce tile
+MAX_FUSED_SPLIT = 256  # fused: one G-wide slice per program up to K = 16384 at M = 1
 
 
-VARIANTS = ("v1", "v2")
-# Pin the kernel variant without code changes: LOWRANK_GEMM_ACT_QUANT=v1|v2 (default: v2 for M > 64,
-# v1 for decode until the H200 probe says otherwise).
+VARIANTS = ("v1", "v2", "fused")
+# Pin the kernel variant without code changes:
+#   LOWRANK_GEMM_ACT_QUANT=v1|v2|fused         every M;
+#   LOWRANK_GEMM_ACT_QUANT_SMALL=v1|v2|fused   M ≤ 64 only (default fused; v1 = the old multi-launch path).
+# Large M (> 64) defaults to v2 (measured, probes/act_quant_s2.md).
 _ENV_VARIANT = os.environ.get("LOWRANK_GEMM_ACT_QUANT", "").strip() or None
+_ENV_SMALL = os.environ.get("LOWRANK_GEMM_ACT_QUANT_SMALL", "").strip() or None
+SMALL_M = 64
 
 
 class ActQuantPlan(NamedTuple):
     """How act_quant tiles X: rows per program, columns per step (whole groups), K slices per row block
-    (S partials summed afterwards), steps per slice, warps, kernel variant (``v1`` | ``v2``)."""
+    (S partials summed afterwards), steps per slice, warps, kernel variant (``v1`` | ``v2`` | ``fused``);
+    fused only: quant unit of ``quant_rows`` rows × ``quant_cols`` columns (0 elsewhere)."""
 
     block_m: int
     block_k: int
@@ -542,6 +692,8 @@ class ActQuantPlan(NamedTuple):
     steps_per_slice: int
     num_warps: int
     variant: str = "v1"
+    quant_rows: int = 0
+    quant_cols: int = 0
 
 
 def _block_k(k: int, group_size: int, want: int) -> int:
@@ -552,9 +704,44 @@ def _block_k(k: int, group_size: int, want: int) -> int:
     return group_size
 
 
+def _pow2_floor(v: int) -> int:
+    return 1 << (max(1, v).bit_length() - 1)
+
+
+def _plan_fused(m: int, k: int, group_size: int, fmt: str, rank: int, split, block_m, block_k, num_warps,
+                quant_rows, quant_cols) -> ActQuantPlan:
+    """Fused (one launch). S programs: 16-row blocks, one step per slice where the electing program's
+    sum tile [SPLIT, min(BM, M) rows, BLOCK_R] stays ≤ 64 KB (M=1: 64 slices of G columns at K=4096;
+    M=16/64, r ≤ 32: 32 slices of 128 columns): one load round trip per program, no serial K loop.
+    Quant units: 1 row × QK columns, QK = M·K/192 rounded to a power of two in [256 (g64) | 512 (2l),
+    2048] (~128–256 units at M = 16–64; 2l units each re-read the row for its absmax, so ≥ 512)."""
+    bm = block_m or 16
+    rows = min(bm, triton.next_power_of_2(max(m, 1)))
+    cap = _pow2_floor(max(1, _FUSED_SUM_ELEMS // (rows * rank_block(rank))))
+    cap = min(cap, MAX_FUSED_SPLIT)
+    if block_k:
+        bk = _block_k(k, group_size, block_k)
+    else:
+        bk = group_size
+        while k // bk > cap and bk < _FUSED_MAX_BK and k % (2 * bk) == 0:
+            bk *= 2
+    nsteps = k // bk
+    split = max(1, min(split or nsteps, nsteps, cap))
+    sps = cdiv(nsteps, split)
+    qm = quant_rows or 1
+    lo = 512 if fmt == "int4_2l" else 256
+    qk = quant_cols or min(2048, max(lo, triton.next_power_of_2(cdiv(max(m, 1) * k, 192))))
+    qk = max(group_size, min(qk, triton.next_power_of_2(k)))
+    if qm & (qm - 1) or qk & (qk - 1) or qk % group_size:
+        raise ValueError(f"fused act_quant: quant_rows must be a power of two and quant_cols a power-of-two "
+                         f"multiple of group_size={group_size}, got quant_rows={qm}, quant_cols={qk}")
+    return ActQuantPlan(bm, bk, cdiv(nsteps, sps), sps, num_warps or 4, "fused", qm, qk)
+
+
 def plan_act_quant(m: int, k: int, group_size: int, device=None, split: int | None = None,
                    block_m: int | None = None, block_k: int | None = None,
-                   num_warps: int | None = None, variant: str | None = None) -> ActQuantPlan:
+                   num_warps: int | None = None, variant: str | None = None, *, fmt: str = "int4_g64",
+                   rank: int = 32, quant_rows: int | None = None, quant_cols: int | None = None) -> ActQuantPlan:
     """Memory-bound: aim at ≥ 2 programs per SM, splitting K across programs when there are too few row
     blocks (decode: M = 1 has one row block, so K is split).
 
@@ -563,16 +750,22 @@ def plan_act_quant(m: int, k: int, group_size: int, device=None, split: int | No
     130/140 µs for 64×128 and 110/138 µs for the v1 32×64 tiles — wider steps lose (more registers,
     fewer programs in flight). That grid is already 72 row blocks × 4 K slices = 288 programs: v1 is
     issue-bound (~73 SASS instructions per element), not grid-bound; v2 (see the v2 kernels) cuts that.
-    Decode keeps 16 × G steps (measured ~11–16 µs; K split ≤ 64 ways).
+    Small M (≤ 64): ``fused``, one launch (:func:`_plan_fused`; ``fmt`` and ``rank`` size it). The old
+    split path (``v1``: 16 × G steps, K split ≤ 64 ways, 2–3 launches) measured 10–21 µs there.
 
-    ``variant``: None → ``LOWRANK_GEMM_ACT_QUANT`` if set, else v2 for M > 64 and v1 below. v2 needs
-    G % 64 == 0 and always steps one group (block_k = G); where it does not apply, v1 is used."""
-    large = m > 64
-    variant = variant or _ENV_VARIANT or ("v2" if large else "v1")
+    ``variant``: None → ``LOWRANK_GEMM_ACT_QUANT`` if set, else v2 for M > 64 and
+    ``LOWRANK_GEMM_ACT_QUANT_SMALL`` or fused below. v2 needs G % 64 == 0 and always steps one group
+    (block_k = G); where it does not apply, v1 is used."""
+    large = m > SMALL_M
+    variant = variant or _ENV_VARIANT or ("v2" if large else _ENV_SMALL or "fused")
     if variant not in VARIANTS:
         raise ValueError(f"act_quant variant must be one of {VARIANTS}, got {variant!r}")
     if variant == "v2" and group_size % 64:
         variant = "v1"
+    if variant == "fused" and group_size & (group_size - 1):
+        variant = "v1"  # tl.arange over groups needs a power-of-two G
+    if variant == "fused":
+        return _plan_fused(m, k, group_size, fmt, rank, split, block_m, block_k, num_warps, quant_rows, quant_cols)
     bm = block_m or (64 if large else 16)
     bk = group_size if variant == "v2" else _block_k(k, group_size, block_k or group_size)
     warps = num_warps or (8 if bm * bk >= 64 * 256 else 4)
@@ -609,7 +802,8 @@ def _prep(x, smooth, lora_down, r: int, br: int):
 def act_quant(x: torch.Tensor, smooth: torch.Tensor, lora_down: torch.Tensor, group_size: int = 64,
               fmt: str = "int4_g64", scale_dtype: torch.dtype = torch.bfloat16, *, split: int | None = None,
               block_m: int | None = None, block_k: int | None = None, num_warps: int | None = None,
-              variant: str | None = None):
+              variant: str | None = None, quant_rows: int | None = None, quant_cols: int | None = None,
+              _slice_rot: int = 0):
     """Quantize ``x`` [M, K] (bf16/fp16, contiguous rows) after dividing by ``smooth`` [K].
 
     Returns ``(x_q, x_scale, lowrank_act)``:
@@ -617,25 +811,31 @@ def act_quant(x: torch.Tensor, smooth: torch.Tensor, lora_down: torch.Tensor, gr
       int4_2l:  x_q int8 [M, K],    x_scale float32 [M];
     and lowrank_act float32 [M, r] = (x / smooth) · lora_downᵀ (lora_down [r, K]; r may be 0).
     ``split`` (K slices per row block), ``block_m``, ``block_k`` (columns per step, a multiple of G that
-    divides K; rounded down to one), ``num_warps`` and ``variant`` (``v1`` | ``v2``, same bits; v2 adds
-    a tiny prep launch) override the plan (:func:`plan_act_quant`).
-    Launches: g64 one kernel (+ the S reduce when split > 1); 2l two passes (+ the S reduce when split > 1).
+    divides K; rounded down to one), ``num_warps``, ``variant`` (``v1`` | ``v2`` | ``fused``, same bits;
+    v2 adds a tiny prep launch) and, for fused, ``quant_rows`` / ``quant_cols`` override the plan
+    (:func:`plan_act_quant`). ``_slice_rot`` (tests only) rotates which fused program owns which slice.
+    Launches: fused one; v1/v2 g64 one kernel, 2l two passes (+ v2's prep, + the S reduce when split > 1).
+    The fused path keeps a per-device int32 ticket buffer (zero between calls): calls that run
+    concurrently on two streams of one device must not both use it (a graph replay is one call per node).
     Inputs are assumed validated by the op (``w4a4_gemm.check_linear_args``).
     """
     m, k = x.shape
     r = lora_down.shape[0]
     dev = x.device
+    if fmt not in FORMATS:
+        raise ValueError(f"fmt must be one of {FORMATS}, got {fmt!r}")
+    plan = plan_act_quant(m, k, group_size, dev, split, block_m, block_k, num_warps, variant, fmt=fmt, rank=r,
+                          quant_rows=quant_rows, quant_cols=quant_cols)
+    if plan.variant == "fused":
+        return _act_quant_fused(x, smooth, lora_down, group_size, fmt, scale_dtype, plan, _slice_rot)
     lowrank_act = torch.empty((m, r), device=dev, dtype=torch.float32)
-    bm, bk, nsplit, sps, warps, variant = plan_act_quant(m, k, group_size, dev, split, block_m, block_k,
-                                                         num_warps, variant)
+    bm, bk, nsplit, sps, warps, variant = plan[:6]
     br = rank_block(r)
     grid = (cdiv(m, bm), nsplit)
     a = lora_down if r else x  # any valid pointer when the branch is off
     # S partials: one fp32 [M, r] slab per K slice, summed in slice order afterwards; no slab at split 1
     sp = lowrank_act if (nsplit == 1 or r == 0) else torch.empty((nsplit, m, r), device=dev, dtype=torch.float32)
     spst = sp.stride(0) if sp.dim() == 3 else 0
-    if fmt not in FORMATS:
-        raise ValueError(f"fmt must be one of {FORMATS}, got {fmt!r}")
     if variant == "v2":
         return _act_quant_v2(x, smooth, lora_down, group_size, fmt, scale_dtype, lowrank_act, sp, spst,
                              grid, bm, nsplit, sps, warps, br)
@@ -699,4 +899,55 @@ def _act_quant_v2(x, smooth, lora_down, group_size, fmt, scale_dtype, lowrank_ac
                                       G=group_size, BLOCK_M=bm, SPLIT_P2=triton.next_power_of_2(nsplit),
                                       EMU_FMA=emu, num_warps=warps)
     _sum_partials(sp, lowrank_act, nsplit, br)
+    return x_q, x_scale, lowrank_act
+
+
+_TICKETS: dict[torch.device, torch.Tensor] = {}
+
+
+def _tickets(dev: torch.device, n: int) -> torch.Tensor:
+    """Persistent int32 arrival tickets (≥ n), zero between launches (each electing program resets its
+    own). Created once per device outside graph capture; a first call inside a capture gets a private
+    zeroed buffer (captured as a memset) and leaves the cache alone."""
+    buf = _TICKETS.get(dev)
+    if buf is not None and buf.numel() >= n:
+        return buf
+    fresh = torch.zeros((max(n, 256),), device=dev, dtype=torch.int32)
+    if not (dev.type == "cuda" and torch.cuda.is_current_stream_capturing()):
+        _TICKETS[dev] = fresh
+    return fresh
+
+
+def _act_quant_fused(x, smooth, lora_down, group_size, fmt, scale_dtype, plan: ActQuantPlan, rot: int = 0):
+    """One launch: S programs (row block × slice, ticketed fixed-order sum) + quant units."""
+    m, k = x.shape
+    r = lora_down.shape[0]
+    dev = x.device
+    bm, bk, nsplit, sps, warps, _, qm, qk = plan
+    two_level = fmt == "int4_2l"
+    if two_level:
+        x_q = torch.empty((m, k), device=dev, dtype=torch.int8)
+        x_scale = torch.empty((m,), device=dev, dtype=torch.float32)
+    else:
+        x_q = torch.empty((m, k // 2), device=dev, dtype=torch.uint8)
+        x_scale = torch.empty((k // group_size, m), device=dev, dtype=scale_dtype)
+    lowrank_act = torch.empty((m, r), device=dev, dtype=torch.float32)
+    if m == 0:
+        return x_q, x_scale, lowrank_act
+    br = rank_block(r)
+    n_rb = cdiv(m, bm)
+    n_s = n_rb * nsplit if r else 0
+    qs = cdiv(k, qk)
+    n_q = cdiv(m, qm) * qs
+    sp = torch.empty((nsplit, m, r), device=dev, dtype=torch.float32) if (r and nsplit > 1) else lowrank_act
+    cnt = _tickets(dev, n_rb)
+    a = lora_down if r else x
+    _act_quant_fused_kernel[(n_s + n_q,)](
+        x, x.stride(0), smooth, x_q, x_q.stride(0), x_scale, x_scale.stride(0), a, a.stride(0),
+        sp, sp.stride(0) if sp.dim() == 3 else 0, sp.stride(-2), lowrank_act, lowrank_act.stride(0), cnt,
+        m, k, r, nsplit, sps, n_s, qs, rot % nsplit,
+        TWO_LEVEL=two_level, G=group_size, BLOCK_M=bm, BLOCK_K=bk, BLOCK_R=br,
+        SPLIT_P2=triton.next_power_of_2(nsplit), SUM_ROWS=min(bm, triton.next_power_of_2(m)), QM=qm, QK=qk,
+        CH=min(triton.next_power_of_2(k), max(64, 4096 // qm)), SCALE_BF16=scale_dtype == torch.bfloat16,
+        num_warps=warps)
     return x_q, x_scale, lowrank_act
