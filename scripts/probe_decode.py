@@ -26,14 +26,20 @@ from _childproc import run_child   # scripts/_childproc.py
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 N, K, R = 28672, 4096, 32
-CFGS = "64x256x4,128x256x4s,128x256x4,128x256x3,128x128x6,128x128x8,128x512x2,64x512x3,128x256x5"
+CFGS = ("128x256x4,128x256x4m,128x256x4w8,128x256x4w8m,128x256x3w8,128x128x6,128x128x6w8,128x128x6w8m,"
+        "128x128x4w8,128x512x2w8,64x256x4,128x256x6w8")
 
 
 def _cfg(tag: str, m: int):
-    """"BNxBKxSTAGES" (+ "s": synchronous wgmmas) → (config, mma_async)."""
+    """"BNxBKxSTAGES" + flags: "s" synchronous wgmmas, "w8" 8 warps (two warpgroups), "m" the 4/5-op mad
+    product → (config, launcher kwargs)."""
+    import re
     from lowrank_gemm.kernels.gluon.w4a4_decode import default_decode_config
-    bn, bk, st = (int(v) for v in tag.rstrip("s").split("x"))
-    return default_decode_config(m).replace(block_n=bn, block_k=bk, num_stages=st), not tag.endswith("s")
+    bn, bk, st, flags = re.fullmatch(r"(\d+)x(\d+)x(\d+)(\D.*)?", tag).groups()
+    flags = flags or ""
+    cfg = default_decode_config(m).replace(block_n=int(bn), block_k=int(bk), num_stages=int(st),
+                                           num_warps=8 if "w8" in flags else 4)
+    return cfg, dict(mma_async="s" not in flags, mad="m" in flags)
 
 
 def check() -> dict:
@@ -47,18 +53,18 @@ def check() -> dict:
              dict(M=64, N=N, K=K, rank=R, bias=True, col_scale=False)]
     worst, notes = 0.0, []
     for c in cases:
-        for tag in (None, "128x128x6", "64x512x3", "128x256x4s"):
+        for tag in (None, "128x128x6", "64x512x3", "128x256x4s", "128x256x4w8", "128x256x4m", "128x128x6w8m"):
             ops = w4.make_operands_v2("int4_2l", c["M"], c["N"], c["K"], c["rank"], 64, device="cuda",
                                       bias=c["bias"], col_scale=c["col_scale"])
             if tag and c["K"] % int(tag.split("x")[1]):
                 continue
-            cfg, asy = _cfg(tag, c["M"]) if tag else (None, True)
-            out = launch_w4a4_decode(**ops, config=cfg, mma_async=asy).clone()
+            cfg, kw = _cfg(tag, c["M"]) if tag else (None, {})
+            out = launch_w4a4_decode(**ops, config=cfg, **kw).clone()
             torch.cuda.synchronize()
             ref = w4.reference_v2(ops)
             got = out.double().cpu()
             err = float((got - ref).norm() / ref.norm()) if torch.isfinite(got).all() else float("inf")
-            again = launch_w4a4_decode(**ops, config=cfg, mma_async=asy)
+            again = launch_w4a4_decode(**ops, config=cfg, **kw)
             same = bool(torch.equal(again, out))
             worst = max(worst, err)
             notes.append(f"M={c['M']} N={c['N']} K={c['K']} r={c['rank']} cfg={tag}: err {err:.2e} same={same}")
@@ -108,16 +114,16 @@ def time_all(cfgs: list[str], ms: list[int]) -> list[dict]:
         sets = [w4.make_operands_v2("int4_2l", m, N, K, R, 64, device="cuda", bias=True, seed=s) for s in range(2)]
         for tag in cfgs:
             try:
-                cfg, asy = _cfg(tag, m)
+                cfg, kw = _cfg(tag, m)
                 base = launch_w4a4_decode(**sets[0]).clone()
-                out = launch_w4a4_decode(**sets[0], config=cfg, mma_async=asy).clone()
+                out = launch_w4a4_decode(**sets[0], config=cfg, **kw).clone()
                 diff = float((out.float() - base.float()).abs().max())
             except Exception as exc:
                 rows.append(dict(suite="decode", M=m, N=N, K=K, r=R, impl=f"decode:{tag}",
                                  error=f"{type(exc).__name__}: {exc}"[:300]))
                 print(f"M={m:3d} decode:{tag} {rows[-1]['error']}", flush=True)
                 continue
-            rec(m, f"decode:{tag}", lambda ops, cfg=cfg, asy=asy: launch_w4a4_decode(**ops, config=cfg, mma_async=asy),
+            rec(m, f"decode:{tag}", lambda ops, cfg=cfg, kw=kw: launch_w4a4_decode(**ops, config=cfg, **kw),
                 [(s,) for s in sets], max_abs_diff_vs_default=diff)
         del sets
         torch.cuda.empty_cache()

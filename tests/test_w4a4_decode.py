@@ -41,7 +41,8 @@ def _ops(M=3, N=160, K=512, rank=16):
     (dict(block_n=256), "block_n"),
     (dict(block_k=32), "multiple of 64"),
     (dict(num_stages=1), "num_stages"),
-    (dict(num_warps=8), "num_warps"),
+    (dict(num_warps=8, block_n=64), "num_warps"),
+    (dict(num_warps=2), "num_warps"),
     (dict(num_stages=40), None),
 ])
 def test_bad_configs_are_rejected_before_launch(kw, match):

@@ -33,7 +33,7 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warp
 
 from ...plan.config import KernelConfig
 from ...plan.smem import SmemLedger, SmemTerm, barrier_bytes, tile_bytes
-from ..int4_unpack import HI_ASM, HI_MUL_ASM, LO_ASM, LO_MUL_ASM
+from ..int4_unpack import HI_MUL_ASM, LO_MUL_ASM
 from ..schedule import cdiv
 from .host import desc, dummy
 from .skeleton import alloc_barriers
@@ -51,13 +51,41 @@ U_ROW = 128               # bytes per SMEM row of u (≥ block_n; TMA destinatio
 _U_ROW = gl.constexpr(U_ROW)
 
 
+# Two-level product q·u per byte with the row's constants precomputed: $2 holds u in every byte (a broadcast
+# row value), $3 holds 0x80 − 8u in every byte; (q + 8)·u + 0x80 − 8u ∈ [8, 233] never carries across bytes,
+# and flipping bit 7 gives q·u as int8 (kernels/int4_unpack.py derives it). 4 ops (low) / 5 ops (high) per
+# four weights instead of 7 / 8 with the offset recomputed per register.
+LO_MAD_ASM = gl.constexpr("""{
+.reg .b32 n, u;
+and.b32 u, $2, 0xFF;
+lop3.b32 n, $1, 0x0F0F0F0F, 0x08080808, 0x6a;
+mad.lo.u32 n, n, u, $3;
+xor.b32 $0, n, 0x80808080;
+}""")
+HI_MAD_ASM = gl.constexpr("""{
+.reg .b32 n, u;
+and.b32 u, $2, 0xFF;
+shr.u32 n, $1, 4;
+lop3.b32 n, n, 0x0F0F0F0F, 0x08080808, 0x6a;
+mad.lo.u32 n, n, u, $3;
+xor.b32 $0, n, 0x80808080;
+}""")
+
+
 @gluon.jit
-def _expand_regs(packed, u, SWAR: gl.constexpr):
+def _expand_regs(packed, u, SWAR: gl.constexpr, MAD: gl.constexpr):
     """(low, high) nibbles of ``packed`` int8 [BN, 32] × u[BN] (two-level product, int8)."""
     if SWAR:
         ub = u[:, None]
-        lo = gl.inline_asm_elementwise(LO_MUL_ASM, "=r,r,r", [packed, ub], dtype=gl.int8, is_pure=True, pack=4)
-        hi = gl.inline_asm_elementwise(HI_MUL_ASM, "=r,r,r", [packed, ub], dtype=gl.int8, is_pure=True, pack=4)
+        if MAD:
+            cb = (128 - 8 * u.to(gl.int32)).to(gl.int8)[:, None]    # 0x80 − 8u ∈ [8, 120]
+            lo = gl.inline_asm_elementwise(LO_MAD_ASM, "=r,r,r,r", [packed, ub, cb], dtype=gl.int8, is_pure=True,
+                                           pack=4)
+            hi = gl.inline_asm_elementwise(HI_MAD_ASM, "=r,r,r,r", [packed, ub, cb], dtype=gl.int8, is_pure=True,
+                                           pack=4)
+        else:
+            lo = gl.inline_asm_elementwise(LO_MUL_ASM, "=r,r,r", [packed, ub], dtype=gl.int8, is_pure=True, pack=4)
+            hi = gl.inline_asm_elementwise(HI_MUL_ASM, "=r,r,r", [packed, ub], dtype=gl.int8, is_pure=True, pack=4)
     else:
         lo = ((packed << 4) >> 4) * u[:, None]
         hi = (packed >> 4) * u[:, None]
@@ -91,7 +119,7 @@ def w4a4_decode_kernel(x_desc, w_desc, u_desc,
                        G2: gl.constexpr, BLOCK_T: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr,
                        STAGES: gl.constexpr, BLOCK_R: gl.constexpr, HAS_LOWRANK: gl.constexpr,
                        HAS_COL_SCALE: gl.constexpr, HAS_BIAS: gl.constexpr, SWAR: gl.constexpr,
-                       MMA_ASYNC: gl.constexpr = True):
+                       MMA_ASYNC: gl.constexpr = True, MAD: gl.constexpr = True):
     gl.static_assert(BLOCK_K % _PACK == 0, "BLOCK_K must be a multiple of the 64-wide pack block")
     gl.static_assert(BLOCK_K % G2 == 0, "a K step covers whole level-2 groups")
     NB: gl.constexpr = BLOCK_K // _PACK
@@ -124,7 +152,7 @@ def w4a4_decode_kernel(x_desc, w_desc, u_desc,
         for b in gl.static_range(NB):
             packed = wp.slice(b * (_PACK // 2), _PACK // 2, dim=1).load(a_layout).to(gl.int8, bitcast=True)
             u = u_bufs.index(slot * UR + (b * _PACK) // G2).slice(0, BLOCK_N).load(row_layout).to(gl.int8)
-            lo, hi = _expand_regs(packed, u, SWAR)
+            lo, hi = _expand_regs(packed, u, SWAR, MAD)
             xl = xb.slice(b * _PACK, _PACK // 2, dim=1).permute((1, 0))
             xh = xb.slice(b * _PACK + _PACK // 2, _PACK // 2, dim=1).permute((1, 0))
             if MMA_ASYNC:
@@ -205,8 +233,9 @@ def decode_ledger(config: KernelConfig, group_size: int = 64) -> SmemLedger:
 def check_decode_config(config: KernelConfig, M: int, N: int, K: int, group_size: int):
     """Raise ValueError / SmemError naming the violated constraint (expected vs got)."""
     bt, bn, bk = config.block_m, config.block_n, config.block_k
-    if config.num_warps != WARPS:
-        raise ValueError(f"w4a4 decode: num_warps must be {WARPS} (one warpgroup), got {config.num_warps}")
+    if config.num_warps not in (4, 8) or bn < 16 * config.num_warps:
+        raise ValueError(f"w4a4 decode: num_warps must be 4 or 8 (one or two warpgroups of 64 weight rows each; "
+                         f"block_n ≥ 16·num_warps), got {config.num_warps} with block_n={bn}")
     if bt not in (16, 32, 64) or bn not in (64, 128):
         raise ValueError(f"w4a4 decode: block_m (tokens) ∈ {{16, 32, 64}}, block_n ∈ {{64, 128}}; got {bt}×{bn}")
     if bk % PACK or bk % group_size or bk > 512:
@@ -229,7 +258,7 @@ def decode_enabled() -> bool:
 
 
 def _args(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, out, fmt, group_size, config,
-          col_scale=None, swar=True, mma_async=True):
+          col_scale=None, swar=True, mma_async=True, mad=True):
     from ..w4a4_gemm import check_gemm_args
     if fmt != "int4_2l":
         raise ValueError(f"w4a4 decode: only fmt='int4_2l' (got {fmt!r})")
@@ -257,29 +286,30 @@ def _args(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, out, fm
             lora_up if r else dummy(dev, torch.bfloat16, (1, )), lora_up.stride(0) if r else 0, M, N, K, r)
     cx = dict(G2=group_size, BLOCK_T=bt, BLOCK_N=bn, BLOCK_K=bk, STAGES=config.num_stages, BLOCK_R=0,
               HAS_LOWRANK=r > 0, HAS_COL_SCALE=col_scale is not None, HAS_BIAS=bias is not None, SWAR=swar,
-              MMA_ASYNC=mma_async)
+              MMA_ASYNC=mma_async, MAD=mad)
     return grid, args, cx, config
 
 
 def launch_w4a4_decode(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, out, fmt: str,
                        group_size: int, config: KernelConfig | None = None, *, col_scale=None, swar: bool = True,
-                       mma_async: bool = True):
+                       mma_async: bool = True, mad: bool = True):
     """out [M, N] ← the W4A4 layer's GEMM + epilogue (launcher contract of kernels/w4a4_gemm.py, int4_2l).
-    ``mma_async=False``: each wgmma waits for itself (the first H200 version; kept for A/B)."""
-    grid, args, cx, _ = _args(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, out, fmt, group_size,
-                              config, col_scale, swar, mma_async)
-    w4a4_decode_kernel[grid](*args, **cx, num_warps=WARPS)
+    ``mma_async=False``: each wgmma waits for itself; ``mad=False``: the 7/8-op two-level product of
+    kernels/int4_unpack.py (both the first H200 version, kept for A/B)."""
+    grid, args, cx, cfg = _args(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, out, fmt, group_size,
+                                config, col_scale, swar, mma_async, mad)
+    w4a4_decode_kernel[grid](*args, **cx, num_warps=cfg.num_warps)
     return out
 
 
 def aot_signature_decode(config: KernelConfig | None = None, *, M=5, N=160, K=512, rank=16, group_size=64,
-                         bias=True, col_scale=True, swar=True, mma_async=True):
+                         bias=True, col_scale=True, swar=True, mma_async=True, mad=True):
     """(signature, constexprs, config) for ``kernels.aot.compile_sm90`` of :func:`w4a4_decode_kernel`."""
     import inspect
     from triton.runtime.jit import mangle_type
     from .w4a4_ws import make_operands_v2
     ops = make_operands_v2("int4_2l", M, N, K, rank, group_size, device="cpu", bias=bias, col_scale=col_scale)
-    _, args, cx, cfg = _args(**ops, config=config, swar=swar, mma_async=mma_async)
+    _, args, cx, cfg = _args(**ops, config=config, swar=swar, mma_async=mma_async, mad=mad)
     names = [n for n in inspect.signature(w4a4_decode_kernel.fn).parameters if n not in cx]
     sig = {n: (mangle_type(a) if not isinstance(a, int) else "i32") for n, a in zip(names, args)}
     return sig, cx, cfg
