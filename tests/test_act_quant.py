@@ -182,7 +182,10 @@ def test_v2_plan_defaults():
     from lowrank_gemm.kernels.act_quant import plan_act_quant
     assert plan_act_quant(4608, 3072, 64).variant == "v2"
     assert plan_act_quant(1, 4096, 64).variant == "fused"
-    assert plan_act_quant(64, 4096, 64).variant == "fused" and plan_act_quant(65, 4096, 64).variant == "v2"
+    assert plan_act_quant(64, 4096, 64, fmt="int4_2l").variant == "fused"
+    assert plan_act_quant(65, 4096, 64, fmt="int4_2l").variant == "v2"
+    # int4_g64 keeps the old path from M = 16 on (it measured faster there on the H200)
+    assert plan_act_quant(16, 4096, 64).variant == "v1" and plan_act_quant(8, 4096, 64).variant == "fused"
     p = plan_act_quant(4608, 3072, 64, variant="v2", block_k=128)
     assert p.block_k == 64 and p.split * p.steps_per_slice >= 48  # v2 always steps one group
     assert plan_act_quant(4608, 3072, 64, variant="v1").variant == "v1"
@@ -304,7 +307,7 @@ def test_fused_plan():
     for fmt in ("int4_g64", "int4_2l"):
         for m in (1, 16, 64):
             for k in (3072, 4096):
-                p = plan_act_quant(m, k, 64, fmt=fmt, rank=32)
+                p = plan_act_quant(m, k, 64, fmt=fmt, rank=32, variant="fused")
                 assert p.variant == "fused" and p.steps_per_slice == 1  # no serial K loop in an S program
                 assert triton_p2(p.split) * min(16, triton_p2(m)) * 32 <= _FUSED_SUM_ELEMS
                 assert p.block_k <= 128 and p.quant_rows == 1 and p.quant_cols % 64 == 0

@@ -738,6 +738,16 @@ def _plan_fused(m: int, k: int, group_size: int, fmt: str, rank: int, split, blo
     return ActQuantPlan(bm, bk, cdiv(nsteps, sps), sps, num_warps or 4, "fused", qm, qk)
 
 
+def _small_default(m: int, fmt: str) -> str:
+    """Measured on the H200 (probes/act_quant_ab_s3, K=4096/3072, r=32, graph µs, old v1 → fused): int4_2l
+    20.4 → 12.7 (M=1), 13.2 → 12.3 (M=16), 14.0 → 12.7 (M=64); int4_g64 15.1 → 12.7 (M=1) but 10.2 → 12.2
+    (M=16) and 10.6 → 12.4 (M=64). So fused for int4_2l and for single-token int4_g64, v1 otherwise."""
+    return "fused" if fmt == "int4_2l" or m <= FUSED_G64_MAX_M else "v1"
+
+
+FUSED_G64_MAX_M = 8
+
+
 def plan_act_quant(m: int, k: int, group_size: int, device=None, split: int | None = None,
                    block_m: int | None = None, block_k: int | None = None,
                    num_warps: int | None = None, variant: str | None = None, *, fmt: str = "int4_g64",
@@ -757,7 +767,7 @@ def plan_act_quant(m: int, k: int, group_size: int, device=None, split: int | No
     ``LOWRANK_GEMM_ACT_QUANT_SMALL`` or fused below. v2 needs G % 64 == 0 and always steps one group
     (block_k = G); where it does not apply, v1 is used."""
     large = m > SMALL_M
-    variant = variant or _ENV_VARIANT or ("v2" if large else _ENV_SMALL or "fused")
+    variant = variant or _ENV_VARIANT or ("v2" if large else _ENV_SMALL or _small_default(m, fmt))
     if variant not in VARIANTS:
         raise ValueError(f"act_quant variant must be one of {VARIANTS}, got {variant!r}")
     if variant == "v2" and group_size % 64:
