@@ -26,8 +26,7 @@ from _childproc import run_child   # scripts/_childproc.py
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 N, K, R = 28672, 4096, 32
-CFGS = ("128x256x4,128x256x4m,128x256x4w8,128x256x4w8m,128x256x3w8,128x128x6,128x128x6w8,128x128x6w8m,"
-        "128x128x4w8,128x512x2w8,64x256x4,128x256x6w8")
+CFGS = "128x256x4,128x256x4t,128x256x3t,128x256x5t,128x128x6,128x128x6t,128x128x8t,64x256x4t,128x512x2t,64x512x3t"
 
 
 def _cfg(tag: str, m: int):
@@ -39,7 +38,20 @@ def _cfg(tag: str, m: int):
     flags = flags or ""
     cfg = default_decode_config(m).replace(block_n=int(bn), block_k=int(bk), num_stages=int(st),
                                            num_warps=8 if "w8" in flags else 4)
-    return cfg, dict(mma_async="s" not in flags, mad="m" in flags)
+    return cfg, dict(mma_async="s" not in flags, mad="m" in flags, tiled="t" in flags)
+
+
+def _launch(ops, cfg, kw):
+    """launch_w4a4_decode with the tag's options; "t" tiles the weights (tile_weights_for_decode) once per ops."""
+    from lowrank_gemm.kernels.gluon.w4a4_decode import launch_w4a4_decode, plan_decode, tile_weights_for_decode
+    kw = dict(kw)
+    if kw.pop("tiled", False):
+        c = plan_decode(ops["x_q"].shape[0], cfg)
+        key = ("w_tiled", c.block_n, c.block_k)
+        if key not in ops:
+            ops[key] = tile_weights_for_decode(ops["w_q"], c.block_n, c.block_k)
+        kw["w_tiled"] = ops[key]
+    return launch_w4a4_decode(**{k: v for k, v in ops.items() if isinstance(k, str)}, config=cfg, **kw)
 
 
 def check() -> dict:
@@ -53,18 +65,19 @@ def check() -> dict:
              dict(M=64, N=N, K=K, rank=R, bias=True, col_scale=False)]
     worst, notes = 0.0, []
     for c in cases:
-        for tag in (None, "128x128x6", "64x512x3", "128x256x4s", "128x256x4w8", "128x256x4m", "128x128x6w8m"):
+        for tag in (None, "128x128x6", "64x512x3", "128x256x4s", "128x256x4w8", "128x256x4m", "128x256x4t",
+                    "128x128x6t", "64x256x4t"):
             ops = w4.make_operands_v2("int4_2l", c["M"], c["N"], c["K"], c["rank"], 64, device="cuda",
                                       bias=c["bias"], col_scale=c["col_scale"])
             if tag and c["K"] % int(tag.split("x")[1]):
                 continue
             cfg, kw = _cfg(tag, c["M"]) if tag else (None, {})
-            out = launch_w4a4_decode(**ops, config=cfg, **kw).clone()
+            out = _launch(ops, cfg, kw).clone()
             torch.cuda.synchronize()
             ref = w4.reference_v2(ops)
             got = out.double().cpu()
             err = float((got - ref).norm() / ref.norm()) if torch.isfinite(got).all() else float("inf")
-            again = launch_w4a4_decode(**ops, config=cfg, **kw)
+            again = _launch(ops, cfg, kw)
             same = bool(torch.equal(again, out))
             worst = max(worst, err)
             notes.append(f"M={c['M']} N={c['N']} K={c['K']} r={c['rank']} cfg={tag}: err {err:.2e} same={same}")
@@ -115,15 +128,15 @@ def time_all(cfgs: list[str], ms: list[int]) -> list[dict]:
         for tag in cfgs:
             try:
                 cfg, kw = _cfg(tag, m)
-                base = launch_w4a4_decode(**sets[0]).clone()
-                out = launch_w4a4_decode(**sets[0], config=cfg, **kw).clone()
+                base = _launch(sets[0], None, {}).clone()
+                out = _launch(sets[0], cfg, kw).clone()
                 diff = float((out.float() - base.float()).abs().max())
             except Exception as exc:
                 rows.append(dict(suite="decode", M=m, N=N, K=K, r=R, impl=f"decode:{tag}",
                                  error=f"{type(exc).__name__}: {exc}"[:300]))
                 print(f"M={m:3d} decode:{tag} {rows[-1]['error']}", flush=True)
                 continue
-            rec(m, f"decode:{tag}", lambda ops, cfg=cfg, kw=kw: launch_w4a4_decode(**ops, config=cfg, **kw),
+            rec(m, f"decode:{tag}", lambda ops, cfg=cfg, kw=kw: _launch(ops, cfg, kw),
                 [(s,) for s in sets], max_abs_diff_vs_default=diff)
         del sets
         torch.cuda.empty_cache()

@@ -39,7 +39,8 @@ from .host import desc, dummy
 from .skeleton import alloc_barriers
 
 __all__ = ["decode_ledger", "plan_decode", "default_decode_config", "launch_w4a4_decode", "w4a4_decode_kernel",
-           "decode_enabled", "DECODE_MAX_M", "aot_signature_decode", "check_decode_config"]
+           "decode_enabled", "DECODE_MAX_M", "aot_signature_decode", "check_decode_config",
+           "tile_weights_for_decode"]
 
 PACK = 64                 # formats.int4.PACK_BLOCK
 DECODE_MAX_M = 64         # one token tile; larger M belongs to the compute-bound kernels
@@ -94,7 +95,8 @@ def _expand_regs(packed, u, SWAR: gl.constexpr, MAD: gl.constexpr):
 
 @gluon.jit
 def _issue_step(step, x_desc, w_desc, u_desc, x_bufs, w_bufs, u_bufs, ready, off_t, off_n, N, k_tiles,
-                STAGES: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, G2: gl.constexpr, pred):
+                STAGES: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, G2: gl.constexpr, pred,
+                W_TILED: gl.constexpr):
     """TMA copies of K step ``step`` into slot step % STAGES (predicated off past the last step). The u rows
     come through a 1-D view of u [K/G, N] (box starts row·N + off_n: 16-byte aligned as N % 16 == 0), each
     into its own 128-byte-aligned SMEM row (TMA destinations must be; a 64-byte pitch faulted on the H200)."""
@@ -105,7 +107,11 @@ def _issue_step(step, x_desc, w_desc, u_desc, x_bufs, w_bufs, u_bufs, ready, off
     mbarrier.expect(bar, x_desc.block_type.nbytes + w_desc.block_type.nbytes + UR * u_desc.block_type.nbytes,
                     pred=ok)
     tma.async_copy_global_to_shared(x_desc, [off_t, step * BLOCK_K], bar, x_bufs.index(slot), pred=ok)
-    tma.async_copy_global_to_shared(w_desc, [off_n, step * (BLOCK_K // 2)], bar, w_bufs.index(slot), pred=ok)
+    if W_TILED:   # tile_weights_for_decode: the (n tile, K step) box is one contiguous block
+        tma.async_copy_global_to_shared(w_desc, [((off_n // BLOCK_N) * k_tiles + step) * BLOCK_N, 0], bar,
+                                        w_bufs.index(slot), pred=ok)
+    else:
+        tma.async_copy_global_to_shared(w_desc, [off_n, step * (BLOCK_K // 2)], bar, w_bufs.index(slot), pred=ok)
     for j in gl.static_range(UR):
         dst = u_bufs.index(slot * UR + j).slice(0, BLOCK_N)
         tma.async_copy_global_to_shared(u_desc, [((step * BLOCK_K) // G2 + j) * N + off_n], bar, dst, pred=ok)
@@ -119,7 +125,7 @@ def w4a4_decode_kernel(x_desc, w_desc, u_desc,
                        G2: gl.constexpr, BLOCK_T: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr,
                        STAGES: gl.constexpr, BLOCK_R: gl.constexpr, HAS_LOWRANK: gl.constexpr,
                        HAS_COL_SCALE: gl.constexpr, HAS_BIAS: gl.constexpr, SWAR: gl.constexpr,
-                       MMA_ASYNC: gl.constexpr = True, MAD: gl.constexpr = True):
+                       MMA_ASYNC: gl.constexpr = True, MAD: gl.constexpr = False, W_TILED: gl.constexpr = False):
     gl.static_assert(BLOCK_K % _PACK == 0, "BLOCK_K must be a multiple of the 64-wide pack block")
     gl.static_assert(BLOCK_K % G2 == 0, "a K step covers whole level-2 groups")
     NB: gl.constexpr = BLOCK_K // _PACK
@@ -141,7 +147,7 @@ def w4a4_decode_kernel(x_desc, w_desc, u_desc,
     k_tiles = gl.cdiv(K, BLOCK_K)
     for i in gl.static_range(STAGES):
         _issue_step(i, x_desc, w_desc, u_desc, x_bufs, w_bufs, u_bufs, ready, off_t, off_n, N, k_tiles,
-                    STAGES, BLOCK_N, BLOCK_K, G2, True)
+                    STAGES, BLOCK_N, BLOCK_K, G2, True, W_TILED)
 
     acc = gl.zeros([BLOCK_N, BLOCK_T], gl.int32, mma)
     for kk in range(k_tiles):
@@ -168,13 +174,13 @@ def w4a4_decode_kernel(x_desc, w_desc, u_desc,
             acc = warpgroup_mma_wait(2 * NB, deps=(acc, ))
             gl.thread_barrier()      # every warp is past step kk-1's SMEM reads too
             _issue_step(kk - 1 + STAGES, x_desc, w_desc, u_desc, x_bufs, w_bufs, u_bufs, ready, off_t, off_n, N,
-                        k_tiles, STAGES, BLOCK_N, BLOCK_K, G2, kk > 0)
+                        k_tiles, STAGES, BLOCK_N, BLOCK_K, G2, kk > 0, W_TILED)
         else:
             # this step's wgmmas retired and every warp is past its SMEM reads: refill the slot with step
             # kk + STAGES (the other STAGES - 1 slots are in flight meanwhile)
             gl.thread_barrier()
             _issue_step(kk + STAGES, x_desc, w_desc, u_desc, x_bufs, w_bufs, u_bufs, ready, off_t, off_n, N,
-                        k_tiles, STAGES, BLOCK_N, BLOCK_K, G2, True)
+                        k_tiles, STAGES, BLOCK_N, BLOCK_K, G2, True, W_TILED)
     if MMA_ASYNC:
         acc = warpgroup_mma_wait(0, deps=(acc, ))
 
@@ -257,8 +263,19 @@ def decode_enabled() -> bool:
     return os.environ.get("LOWRANK_GEMM_DECODE", "1") != "0"
 
 
+def tile_weights_for_decode(w_q: torch.Tensor, block_n: int, block_k: int) -> torch.Tensor:
+    """Packed weights [N, K/2] → the decode kernel's tiled layout [⌈N/BN⌉·⌈K/BK⌉·BN, BK/2]: the bytes one
+    (n tile, K step) TMA box reads are contiguous (row-major [N, K/2] spreads them over BN rows 2 KB apart at
+    K=4096: a DRAM page per 128 bytes). Padding is zero (a zero nibble adds nothing; padded rows are masked)."""
+    n, kh = w_q.shape
+    bn, bkh = block_n, block_k // 2
+    nt, kt = cdiv(n, bn), cdiv(kh, bkh)
+    w = torch.nn.functional.pad(w_q, (0, kt * bkh - kh, 0, nt * bn - n))
+    return w.reshape(nt, bn, kt, bkh).permute(0, 2, 1, 3).contiguous().reshape(nt * kt * bn, bkh)
+
+
 def _args(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, out, fmt, group_size, config,
-          col_scale=None, swar=True, mma_async=True, mad=True):
+          col_scale=None, swar=True, mma_async=True, mad=False, w_tiled=None):
     from ..w4a4_gemm import check_gemm_args
     if fmt != "int4_2l":
         raise ValueError(f"w4a4 decode: only fmt='int4_2l' (got {fmt!r})")
@@ -276,7 +293,12 @@ def _args(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, out, fm
     check_decode_config(config, M, N, K, group_size)
     bt, bn, bk = config.block_m, config.block_n, config.block_k
     x_desc = desc(x_q, (bt, bk))
-    w_desc = desc(w_q, (bn, bk // 2))
+    if w_tiled is not None:
+        want = (cdiv(N, bn) * cdiv(K, bk) * bn, bk // 2)
+        if tuple(w_tiled.shape) != want or w_tiled.dtype != torch.uint8 or w_tiled.device != dev:
+            raise ValueError(f"w4a4 decode: w_tiled must be tile_weights_for_decode(w_q, {bn}, {bk}): uint8 "
+                             f"{list(want)} on {dev}, got {w_tiled.dtype} {list(w_tiled.shape)} on {w_tiled.device}")
+    w_desc = desc(w_tiled if w_tiled is not None else w_q, (bn, bk // 2))
     u_desc = desc(w_mul.reshape(-1), (bn, ), gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=8, rank=1))
     f32 = dummy(dev, torch.float32, (1, ))
     grid = (cdiv(N, bn), cdiv(M, bt))
@@ -286,30 +308,33 @@ def _args(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, out, fm
             lora_up if r else dummy(dev, torch.bfloat16, (1, )), lora_up.stride(0) if r else 0, M, N, K, r)
     cx = dict(G2=group_size, BLOCK_T=bt, BLOCK_N=bn, BLOCK_K=bk, STAGES=config.num_stages, BLOCK_R=0,
               HAS_LOWRANK=r > 0, HAS_COL_SCALE=col_scale is not None, HAS_BIAS=bias is not None, SWAR=swar,
-              MMA_ASYNC=mma_async, MAD=mad)
+              MMA_ASYNC=mma_async, MAD=mad, W_TILED=w_tiled is not None)
     return grid, args, cx, config
 
 
 def launch_w4a4_decode(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, out, fmt: str,
                        group_size: int, config: KernelConfig | None = None, *, col_scale=None, swar: bool = True,
-                       mma_async: bool = True, mad: bool = True):
+                       mma_async: bool = True, mad: bool = False, w_tiled: torch.Tensor | None = None):
     """out [M, N] ← the W4A4 layer's GEMM + epilogue (launcher contract of kernels/w4a4_gemm.py, int4_2l).
     ``mma_async=False``: each wgmma waits for itself; ``mad=False``: the 7/8-op two-level product of
-    kernels/int4_unpack.py (both the first H200 version, kept for A/B)."""
+    kernels/int4_unpack.py (the first H200 version; mad=True measured slower, probes/probe_decode_s3c).
+    ``w_tiled``: :func:`tile_weights_for_decode` ``(w_q, config.block_n, config.block_k)`` — contiguous TMA boxes."""
     grid, args, cx, cfg = _args(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, out, fmt, group_size,
-                                config, col_scale, swar, mma_async, mad)
+                                config, col_scale, swar, mma_async, mad, w_tiled)
     w4a4_decode_kernel[grid](*args, **cx, num_warps=cfg.num_warps)
     return out
 
 
 def aot_signature_decode(config: KernelConfig | None = None, *, M=5, N=160, K=512, rank=16, group_size=64,
-                         bias=True, col_scale=True, swar=True, mma_async=True, mad=True):
+                         bias=True, col_scale=True, swar=True, mma_async=True, mad=False, tiled=False):
     """(signature, constexprs, config) for ``kernels.aot.compile_sm90`` of :func:`w4a4_decode_kernel`."""
     import inspect
     from triton.runtime.jit import mangle_type
     from .w4a4_ws import make_operands_v2
     ops = make_operands_v2("int4_2l", M, N, K, rank, group_size, device="cpu", bias=bias, col_scale=col_scale)
-    _, args, cx, cfg = _args(**ops, config=config, swar=swar, mma_async=mma_async, mad=mad)
+    cfg0 = plan_decode(M, config, group_size)
+    wt = tile_weights_for_decode(ops["w_q"], cfg0.block_n, cfg0.block_k) if tiled else None
+    _, args, cx, cfg = _args(**ops, config=config, swar=swar, mma_async=mma_async, mad=mad, w_tiled=wt)
     names = [n for n in inspect.signature(w4a4_decode_kernel.fn).parameters if n not in cx]
     sig = {n: (mangle_type(a) if not isinstance(a, int) else "i32") for n, a in zip(names, args)}
     return sig, cx, cfg
