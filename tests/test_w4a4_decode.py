@@ -62,12 +62,13 @@ def test_bad_inputs():
         d._args(**{**ops, "out": ops["out"][:, :8]}, config=None)
 
 
-def test_auto_routing_flag_is_off_until_measured():
+def test_auto_routing(monkeypatch):
     from lowrank_gemm.kernels import w4a4_gemm as g
-    assert "decode" in g.IMPLS
+    assert "decode" in g.IMPLS and g.AUTO_DECODE
     ops = _ops()
     assert g._use_decode("decode", ops["x_q"], 160, "int4_2l")
     assert not g._use_decode("auto", ops["x_q"], 160, "int4_2l")    # CPU tensors never take a GPU kernel
+    assert not g._use_decode("v2", ops["x_q"], 160, "int4_2l")
 
 
 # ---------------------------------------------------------------------------------------------- GPU
@@ -108,6 +109,7 @@ def test_decode_graph_capture_and_op_routing_gpu():
     g.replay()
     torch.cuda.synchronize()
     assert torch.equal(ops["out"], want)
-    y = w4a4_gemm(ops["x_q"], ops["x_scale"], ops["w_q"], ops["w_scale"], ops["lowrank_act"], ops["lora_up"],
-                  ops["bias"], w_mul=ops["w_mul"], fmt="int4_2l", impl="decode")
-    assert torch.equal(y, want)
+    for impl in ("decode", "auto"):   # auto routes int4_2l M ≤ 64 here
+        y = w4a4_gemm(ops["x_q"], ops["x_scale"], ops["w_q"], ops["w_scale"], ops["lowrank_act"], ops["lora_up"],
+                      ops["bias"], w_mul=ops["w_mul"], fmt="int4_2l", impl=impl)
+        assert torch.equal(y, want)

@@ -752,8 +752,10 @@ def _scale_descs(plan: W4A4Plan, cfg: KernelConfig, fmt: str, x_scale, w_scale, 
 # A v2 that raises NotImplementedError for a problem falls back to v1.
 AUTO_PREFERS_V2 = True
 # impl="decode": gluon.w4a4_decode (int4_2l, M ≤ 64: swap-AB, weights as the register operand of wgmma, deep
-# TMA ring of packed weights). auto takes it for int4_2l decode when AUTO_DECODE (set from the H200 numbers).
-AUTO_DECODE = False
+# TMA ring of packed weights). H200, K=4096, N=28672, r=32 (probes/probe_decode_s3d, same process): GEMM 29.2 /
+# 30.1 / 46.7 µs at M = 1 / 16 / 64 vs v2 68.3 / 63.9 / 56.2; so auto takes it for every int4_2l M ≤ 64
+# (LOWRANK_GEMM_DECODE=0 turns it off).
+AUTO_DECODE = True
 IMPLS = ("auto", "v1", "v2", "decode")
 
 
