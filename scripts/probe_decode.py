@@ -26,7 +26,8 @@ from _childproc import run_child   # scripts/_childproc.py
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 N, K, R = 28672, 4096, 32
-CFGS = "128x256x4,128x256x4t,128x256x3t,128x256x5t,128x128x6,128x128x6t,128x128x8t,64x256x4t,128x512x2t,64x512x3t"
+FMT = "int4_2l"   # --fmt
+CFGS = "128x256x4,128x256x3,128x128x6,128x128x4,64x256x4,128x512x2,128x256x4w8,128x128x6w8"
 
 
 def _cfg(tag: str, m: int):
@@ -36,22 +37,14 @@ def _cfg(tag: str, m: int):
     from lowrank_gemm.kernels.gluon.w4a4_decode import default_decode_config
     bn, bk, st, flags = re.fullmatch(r"(\d+)x(\d+)x(\d+)(\D.*)?", tag).groups()
     flags = flags or ""
-    cfg = default_decode_config(m).replace(block_n=int(bn), block_k=int(bk), num_stages=int(st),
+    cfg = default_decode_config(m, 64, FMT).replace(block_n=int(bn), block_k=int(bk), num_stages=int(st),
                                            num_warps=8 if "w8" in flags else 4)
-    return cfg, dict(mma_async="s" not in flags, mad="m" in flags, tiled="t" in flags)
+    return cfg, dict(mma_async="s" not in flags, mad="m" in flags)
 
 
 def _launch(ops, cfg, kw):
-    """launch_w4a4_decode with the tag's options; "t" tiles the weights (tile_weights_for_decode) once per ops."""
-    from lowrank_gemm.kernels.gluon.w4a4_decode import launch_w4a4_decode, plan_decode, tile_weights_for_decode
-    kw = dict(kw)
-    if kw.pop("tiled", False):
-        c = plan_decode(ops["x_q"].shape[0], cfg)
-        key = ("w_tiled", c.block_n, c.block_k)
-        if key not in ops:
-            ops[key] = tile_weights_for_decode(ops["w_q"], c.block_n, c.block_k)
-        kw["w_tiled"] = ops[key]
-    return launch_w4a4_decode(**{k: v for k, v in ops.items() if isinstance(k, str)}, config=cfg, **kw)
+    from lowrank_gemm.kernels.gluon.w4a4_decode import launch_w4a4_decode
+    return launch_w4a4_decode(**ops, config=cfg, **kw)
 
 
 def check() -> dict:
@@ -65,9 +58,8 @@ def check() -> dict:
              dict(M=64, N=N, K=K, rank=R, bias=True, col_scale=False)]
     worst, notes = 0.0, []
     for c in cases:
-        for tag in (None, "128x128x6", "64x512x3", "128x256x4s", "128x256x4w8", "128x256x4m", "128x256x4t",
-                    "128x128x6t", "64x256x4t"):
-            ops = w4.make_operands_v2("int4_2l", c["M"], c["N"], c["K"], c["rank"], 64, device="cuda",
+        for tag in (None, "128x128x6", "64x512x3", "128x256x4w8") + (("128x256x4s", "128x256x4m") if FMT == "int4_2l" else ()):
+            ops = w4.make_operands_v2(FMT, c["M"], c["N"], c["K"], c["rank"], 64, device="cuda",
                                       bias=c["bias"], col_scale=c["col_scale"])
             if tag and c["K"] % int(tag.split("x")[1]):
                 continue
@@ -84,7 +76,7 @@ def check() -> dict:
             print(notes[-1], flush=True)
             if not same:
                 return dict(ok=False, err=err, note="not bit-identical over repeats: " + notes[-1])
-    ops = w4.make_operands_v2("int4_2l", 16, N, K, R, 64, device="cuda")
+    ops = w4.make_operands_v2(FMT, 16, N, K, R, 64, device="cuda")
     ref_out = launch_w4a4_decode(**ops).clone()
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
@@ -119,12 +111,12 @@ def time_all(cfgs: list[str], ms: list[int]) -> list[dict]:
 
     for m in ms:
         prov = _providers(m, N, K, dev, impls=("v2", "decode"))
-        for name in ("cublas_bf16", "fp8_scaled_mm", "w4a4_gemm:int4_2l:v2", "w4a4_layer:int4_2l:v2",
-                     "w4a4_layer:int4_2l:decode", "w4a4_gemm:int4_2l:decode"):
+        for name in ("cublas_bf16", "fp8_scaled_mm", f"w4a4_gemm:{FMT}:v2", f"w4a4_layer:{FMT}:v2",
+                     f"w4a4_layer:{FMT}:decode", f"w4a4_gemm:{FMT}:decode"):
             fn, make, _ = prov[name]
             rec(m, name, fn, [make() for _ in range(2)])
         # tile candidates on pre-quantized operands (v2's make_operands: same packing as the layer)
-        sets = [w4.make_operands_v2("int4_2l", m, N, K, R, 64, device="cuda", bias=True, seed=s) for s in range(2)]
+        sets = [w4.make_operands_v2(FMT, m, N, K, R, 64, device="cuda", bias=True, seed=s) for s in range(2)]
         for tag in cfgs:
             try:
                 cfg, kw = _cfg(tag, m)
@@ -150,8 +142,11 @@ def main() -> int:
     ap.add_argument("--no-time", action="store_true")
     ap.add_argument("--cfgs", default=CFGS)
     ap.add_argument("--ms", default="1,16,64")
+    ap.add_argument("--fmt", default="int4_2l", choices=("int4_2l", "int4_g64"))
     ap.add_argument("--timeout", type=float, default=90.0)
     args = ap.parse_args()
+    global FMT
+    FMT = args.fmt
     if args.child == "check":
         try:
             res = check()
@@ -164,7 +159,7 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
     env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
-    status, log, res, _ = run_child([sys.executable, __file__, "--child", "check"], env, args.timeout)
+    status, log, res, _ = run_child([sys.executable, __file__, "--child", "check", "--fmt", FMT], env, args.timeout)
     status = status or ("PASS" if res.get("ok") else "FAIL")
     print(log[-3000:])
     print(f"[check] {status} {res}", flush=True)
@@ -175,12 +170,13 @@ def main() -> int:
         data["meta"] = device_meta(None)
         data["rows"] = time_all([c for c in args.cfgs.split(",") if c], [int(m) for m in args.ms.split(",")])
     data["wall_s"] = round(time.time() - t0, 1)
-    (out / "probe_decode.json").write_text(json.dumps(data, indent=1))
+    data["fmt"] = FMT
+    (out / f"probe_decode_{FMT}.json").write_text(json.dumps(data, indent=1))
     lines = ["| M | impl | graph µs | eager µs | note |", "|---|---|---|---|---|"]
     for r in data["rows"]:
         lines.append(f"| {r['M']} | {r['impl']} | {r.get('graph_us')} | {r.get('median_us')} | "
                      f"{r.get('error', r.get('max_abs_diff_vs_default', ''))} |")
-    (out / "probe_decode.md").write_text(f"# probe_decode\n\ncheck: {status} {res}\n\n" + "\n".join(lines) + "\n")
+    (out / f"probe_decode_{FMT}.md").write_text(f"# probe_decode {FMT}\n\ncheck: {status} {res}\n\n" + "\n".join(lines) + "\n")
     return 0 if status == "PASS" else 1
 
 

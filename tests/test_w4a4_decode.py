@@ -13,17 +13,18 @@ from lowrank_gemm.plan.smem import SmemError
 MOD = "lowrank_gemm.kernels.gluon.w4a4_decode"
 
 
-@pytest.mark.parametrize("cfg", [None, dict(block_n=128, block_k=128, num_stages=6)])
-def test_sm90_ptx_register_a_wgmma_tma_and_ledger(cfg):
+@pytest.mark.parametrize("fmt,cfg", [("int4_2l", None), ("int4_2l", dict(block_n=128, block_k=128, num_stages=6)),
+                                     ("int4_g64", None), ("int4_g64", dict(block_n=64, block_k=128, num_stages=3))])
+def test_sm90_ptx_register_a_wgmma_tma_and_ledger(fmt, cfg):
     from lowrank_gemm.kernels.aot import compile_sm90
-    config = d.default_decode_config(5).replace(**cfg) if cfg else None
-    sig, cx, c = d.aot_signature_decode(config)
+    config = d.default_decode_config(5, 64, fmt).replace(**cfg) if cfg else None
+    sig, cx, c = d.aot_signature_decode(config, fmt=fmt)
     info = compile_sm90(MOD, "w4a4_decode_kernel", sig, cx, num_warps=d.WARPS)
     # register A operand: the second wgmma operand is a register list, not a shared-memory descriptor
     assert re.search(r"wgmma\.mma_async\.sync\.aligned\.m64n16k32\.s32\.s8\.s8 \{[^}]+\}, \{[^}]+\}", info.ptx)
     assert "cp.async.bulk.tensor.2d" in info.ptx and "cp.async.bulk.tensor.1d" in info.ptx
     assert "ld.local" not in info.ptx
-    assert d.decode_ledger(c).total() == info.shared
+    assert d.decode_ledger(c, 64, fmt).total() == info.shared
 
 
 def test_defaults_fit_several_ctas_per_sm():
@@ -53,7 +54,9 @@ def test_bad_configs_are_rejected_before_launch(kw, match):
 
 def test_bad_inputs():
     ops = _ops()
-    with pytest.raises(ValueError, match="int4_2l"):
+    with pytest.raises(ValueError, match="fmt must be one of"):
+        d._args(**{**ops, "fmt": "int4_g32"}, config=None)
+    with pytest.raises(ValueError, match="activations must be uint8"):   # 2l operands under the g64 contract
         d._args(**{**ops, "fmt": "int4_g64"}, config=None)
     with pytest.raises(ValueError, match="N must be a multiple of 16"):
         o = w4.make_operands_v2("int4_2l", 3, 152, 512, 16, 64, device="cpu")
@@ -72,7 +75,10 @@ def test_auto_routing(monkeypatch):
 
 
 # ---------------------------------------------------------------------------------------------- GPU
-CASES = [dict(M=1, N=160, K=512, rank=16, bias=True, col_scale=True, cfg=None),
+CASES = [dict(M=1, N=160, K=512, rank=16, bias=True, col_scale=True, cfg=None, fmt="int4_g64"),
+         dict(M=7, N=4112, K=4096, rank=32, bias=True, col_scale=False, cfg=None, fmt="int4_g64"),
+         dict(M=64, N=28672, K=4096, rank=32, bias=False, col_scale=True, cfg=None, fmt="int4_g64"),
+         dict(M=1, N=160, K=512, rank=16, bias=True, col_scale=True, cfg=None),
          dict(M=5, N=336, K=1024, rank=32, bias=False, col_scale=False, cfg=dict(block_n=128, block_k=128, num_stages=6)),
          dict(M=16, N=272, K=192, rank=0, bias=True, col_scale=False, cfg=dict(block_k=64, num_stages=8)),
          dict(M=33, N=4112, K=4096, rank=32, bias=True, col_scale=True, cfg=None),
@@ -81,13 +87,14 @@ CASES = [dict(M=1, N=160, K=512, rank=16, bias=True, col_scale=True, cfg=None),
 
 @pytest.mark.gpu
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("case", CASES, ids=lambda c: f"M{c['M']}N{c['N']}K{c['K']}r{c['rank']}")
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c.get('fmt', 'int4_2l')}-M{c['M']}N{c['N']}K{c['K']}r{c['rank']}")
 def test_decode_matches_reference_gpu(case):
     c = dict(case)
     cfg = c.pop("cfg")
-    ops = w4.make_operands_v2("int4_2l", c["M"], c["N"], c["K"], c["rank"], 64, device="cuda", bias=c["bias"],
+    fmt = c.pop("fmt", "int4_2l")
+    ops = w4.make_operands_v2(fmt, c["M"], c["N"], c["K"], c["rank"], 64, device="cuda", bias=c["bias"],
                               col_scale=c["col_scale"])
-    config = d.default_decode_config(c["M"]).replace(**cfg) if cfg else None
+    config = d.default_decode_config(c["M"], 64, fmt).replace(**cfg) if cfg else None
     out = d.launch_w4a4_decode(**ops, config=config).clone()
     ref = w4.reference_v2(ops)
     assert torch.isfinite(out).all(), "unwritten (NaN-poisoned) outputs"

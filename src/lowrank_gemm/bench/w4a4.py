@@ -120,8 +120,8 @@ def _providers(m: int, n: int, k: int, dev, impls=IMPLS):
     for impl in impls:
         tag = "" if impl == "v1" else f":{impl}"
         for fmt in FORMATS:
-            if impl == "decode" and (fmt != "int4_2l" or m > 64):
-                continue   # the decode kernel: int4_2l, M ≤ 64 only
+            if impl == "decode" and m > 64:
+                continue   # the decode kernel: M ≤ 64 only
             wbytes = n * k // 2 + (k // 64) * n * (2 if fmt == "int4_g64" else 1)
             out[f"w4a4_layer:{fmt}{tag}"] = (run_layer(fmt, impl), layer_set(fmt), 2 * m * k + wbytes + 2 * m * n)
             out[f"w4a4_gemm:{fmt}{tag}"] = (run_gemm(fmt, impl), gemm_set(fmt), m * k + wbytes + 2 * m * n)
@@ -209,7 +209,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="3 shapes (≤ 2 min)")
     ap.add_argument("--out", type=Path, default=RESULTS_DIR)
-    ap.add_argument("--impls", default=",".join(IMPLS), help="kernel generations to time: v1, v2, decode (int4_2l M ≤ 64), comma-separated")
+    ap.add_argument("--impls", default=",".join(IMPLS), help="kernel generations to time: v1, v2, decode (M ≤ 64), auto; comma-separated")
     args = ap.parse_args(argv)
     print(run(args.quick, args.out, tuple(i for i in args.impls.split(",") if i)))
     return 0

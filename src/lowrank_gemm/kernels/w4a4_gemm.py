@@ -756,13 +756,14 @@ AUTO_PREFERS_V2 = True
 # 30.1 / 46.7 µs at M = 1 / 16 / 64 vs v2 68.3 / 63.9 / 56.2; so auto takes it for every int4_2l M ≤ 64
 # (LOWRANK_GEMM_DECODE=0 turns it off).
 AUTO_DECODE = True
+AUTO_DECODE_FORMATS = ("int4_2l", )
 IMPLS = ("auto", "v1", "v2", "decode")
 
 
 def _use_decode(impl: str, x_q: torch.Tensor, n: int, fmt: str) -> bool:
     if impl == "decode":
         return True
-    if impl != "auto" or not AUTO_DECODE or not x_q.is_cuda or fmt != "int4_2l" or n % 16:
+    if impl != "auto" or not AUTO_DECODE or not x_q.is_cuda or fmt not in AUTO_DECODE_FORMATS or n % 16:
         return False
     from .gluon.w4a4_decode import DECODE_MAX_M, decode_enabled
     return x_q.shape[0] <= DECODE_MAX_M and decode_enabled()

@@ -29,18 +29,18 @@ import os
 import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
+                                                               warpgroup_mma_wait)
 
 from ...plan.config import KernelConfig
 from ...plan.smem import SmemLedger, SmemTerm, barrier_bytes, tile_bytes
-from ..int4_unpack import HI_MUL_ASM, LO_MUL_ASM
+from ..int4_unpack import HI_ASM, HI_MUL_ASM, LO_ASM, LO_MUL_ASM
 from ..schedule import cdiv
 from .host import desc, dummy
 from .skeleton import alloc_barriers
 
 __all__ = ["decode_ledger", "plan_decode", "default_decode_config", "launch_w4a4_decode", "w4a4_decode_kernel",
-           "decode_enabled", "DECODE_MAX_M", "aot_signature_decode", "check_decode_config",
-           "tile_weights_for_decode"]
+           "decode_enabled", "DECODE_MAX_M", "aot_signature_decode", "check_decode_config"]
 
 PACK = 64                 # formats.int4.PACK_BLOCK
 DECODE_MAX_M = 64         # one token tile; larger M belongs to the compute-bound kernels
@@ -48,6 +48,10 @@ WARPS = 4                 # one warpgroup
 CTAS_PER_SM = 2           # the default ring depth leaves room for this many CTAs per SM
 SM90_SMEM_PER_SM = 228 * 1024
 _PACK = gl.constexpr(PACK)
+FMT_INT4_G = 0            # w4a4_ws's format ids
+FMT_INT4_2L = 1
+_FMT_G = gl.constexpr(FMT_INT4_G)
+_FMT_2L = gl.constexpr(FMT_INT4_2L)
 U_ROW = 128               # bytes per SMEM row of u (≥ block_n; TMA destinations are 128-byte aligned)
 _U_ROW = gl.constexpr(U_ROW)
 
@@ -96,59 +100,49 @@ def _expand_regs(packed, u, SWAR: gl.constexpr, MAD: gl.constexpr):
 @gluon.jit
 def _issue_step(step, x_desc, w_desc, u_desc, x_bufs, w_bufs, u_bufs, ready, off_t, off_n, N, k_tiles,
                 STAGES: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, G2: gl.constexpr, pred,
-                W_TILED: gl.constexpr):
-    """TMA copies of K step ``step`` into slot step % STAGES (predicated off past the last step). The u rows
-    come through a 1-D view of u [K/G, N] (box starts row·N + off_n: 16-byte aligned as N % 16 == 0), each
-    into its own 128-byte-aligned SMEM row (TMA destinations must be; a 64-byte pitch faulted on the H200)."""
+                FMT: gl.constexpr):
+    """TMA copies of K step ``step`` into slot step % STAGES (predicated off past the last step). The row tables
+    (2l: u [K/G, N] uint8; g: w_scale [K/G, N] 16-bit) come through a 1-D view (box starts row·N + off_n:
+    16-byte aligned as N % 16 == 0), each into its own 128-byte-aligned SMEM row (TMA destinations must be;
+    a 64-byte pitch faulted on the H200)."""
     UR: gl.constexpr = BLOCK_K // G2
     slot = step % STAGES
     ok = (step < k_tiles) & pred
     bar = ready.index(slot)
     mbarrier.expect(bar, x_desc.block_type.nbytes + w_desc.block_type.nbytes + UR * u_desc.block_type.nbytes,
                     pred=ok)
-    tma.async_copy_global_to_shared(x_desc, [off_t, step * BLOCK_K], bar, x_bufs.index(slot), pred=ok)
-    if W_TILED:   # tile_weights_for_decode: the (n tile, K step) box is one contiguous block
-        tma.async_copy_global_to_shared(w_desc, [((off_n // BLOCK_N) * k_tiles + step) * BLOCK_N, 0], bar,
-                                        w_bufs.index(slot), pred=ok)
+    if FMT == _FMT_2L:
+        tma.async_copy_global_to_shared(x_desc, [off_t, step * BLOCK_K], bar, x_bufs.index(slot), pred=ok)
     else:
-        tma.async_copy_global_to_shared(w_desc, [off_n, step * (BLOCK_K // 2)], bar, w_bufs.index(slot), pred=ok)
+        tma.async_copy_global_to_shared(x_desc, [off_t, step * (BLOCK_K // 2)], bar, x_bufs.index(slot), pred=ok)
+    tma.async_copy_global_to_shared(w_desc, [off_n, step * (BLOCK_K // 2)], bar, w_bufs.index(slot), pred=ok)
     for j in gl.static_range(UR):
         dst = u_bufs.index(slot * UR + j).slice(0, BLOCK_N)
         tma.async_copy_global_to_shared(u_desc, [((step * BLOCK_K) // G2 + j) * N + off_n], bar, dst, pred=ok)
 
 
-@gluon.jit(do_not_specialize=["M", "N", "K", "stride_om", "stride_sm", "stride_un", "R"])
-def w4a4_decode_kernel(x_desc, w_desc, u_desc,
-                       out_ptr, stride_om, xscale_ptr, wscale_ptr, col_scale_ptr, bias_ptr,
-                       s_ptr, stride_sm, up_ptr, stride_un,
-                       M, N, K, R,
-                       G2: gl.constexpr, BLOCK_T: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr,
-                       STAGES: gl.constexpr, BLOCK_R: gl.constexpr, HAS_LOWRANK: gl.constexpr,
-                       HAS_COL_SCALE: gl.constexpr, HAS_BIAS: gl.constexpr, SWAR: gl.constexpr,
-                       MMA_ASYNC: gl.constexpr = True, MAD: gl.constexpr = False, W_TILED: gl.constexpr = False):
-    gl.static_assert(BLOCK_K % _PACK == 0, "BLOCK_K must be a multiple of the 64-wide pack block")
-    gl.static_assert(BLOCK_K % G2 == 0, "a K step covers whole level-2 groups")
-    NB: gl.constexpr = BLOCK_K // _PACK
-    pid_n = gl.program_id(0)
-    pid_t = gl.program_id(1)
-    off_n = pid_n * BLOCK_N
-    off_t = pid_t * BLOCK_T
-    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[gl.num_warps(), 1],
-                                                  instr_shape=[16, BLOCK_T, 32])
-    a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=4)
-    row_layout: gl.constexpr = gl.SliceLayout(1, a_layout)
-
-    x_bufs = gl.allocate_shared_memory(gl.int8, [STAGES] + x_desc.block_type.shape, x_desc.layout)
-    w_bufs = gl.allocate_shared_memory(gl.uint8, [STAGES] + w_desc.block_type.shape, w_desc.layout)
+@gluon.jit
+def _token_scales(xscale_ptr, step, k_tiles, off_t, M, BLOCK_T: gl.constexpr, BLOCK_K: gl.constexpr,
+                  G2: gl.constexpr, mma: gl.constexpr):
+    """g: the token scales x_scale[g, off_t:off_t+BT] of step ``step``'s groups as rows of a [16, BT] fp32 tile in
+    the accumulator layout (row j = the step's j-th group; rows ≥ BK/G and steps ≥ k_tiles are 0)."""
     UR: gl.constexpr = BLOCK_K // G2
-    u_bufs = gl.allocate_shared_memory(gl.uint8, [STAGES * UR, _U_ROW], u_desc.layout)
-    ready = alloc_barriers(STAGES, 1)
+    rows = gl.arange(0, 16, gl.SliceLayout(1, mma))
+    offs_t = off_t + gl.arange(0, BLOCK_T, gl.SliceLayout(0, mma))
+    g = (step * BLOCK_K) // G2 + rows
+    mask = (rows < UR)[:, None] & (offs_t < M)[None, :] & (step < k_tiles)
+    return gl.load(xscale_ptr + g[:, None] * M + offs_t[None, :], mask=mask, other=0.0).to(gl.float32)
 
-    k_tiles = gl.cdiv(K, BLOCK_K)
-    for i in gl.static_range(STAGES):
-        _issue_step(i, x_desc, w_desc, u_desc, x_bufs, w_bufs, u_bufs, ready, off_t, off_n, N, k_tiles,
-                    STAGES, BLOCK_N, BLOCK_K, G2, True, W_TILED)
 
+@gluon.jit
+def _mainloop_2l(x_desc, w_desc, u_desc, x_bufs, w_bufs, u_bufs, ready, off_t, off_n, N, k_tiles,
+                 STAGES: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_T: gl.constexpr, BLOCK_K: gl.constexpr,
+                 G2: gl.constexpr, SWAR: gl.constexpr, MMA_ASYNC: gl.constexpr, MAD: gl.constexpr,
+                 mma: gl.constexpr):
+    """int32 accumulation of (q⊙u)·xᵀ straight through K (t ⊗ s applied in the epilogue)."""
+    NB: gl.constexpr = BLOCK_K // _PACK
+    UR: gl.constexpr = BLOCK_K // G2
+    a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=4)
     acc = gl.zeros([BLOCK_N, BLOCK_T], gl.int32, mma)
     for kk in range(k_tiles):
         slot = kk % STAGES
@@ -157,8 +151,8 @@ def w4a4_decode_kernel(x_desc, w_desc, u_desc,
         xb = x_bufs.index(slot)
         for b in gl.static_range(NB):
             packed = wp.slice(b * (_PACK // 2), _PACK // 2, dim=1).load(a_layout).to(gl.int8, bitcast=True)
-            u = u_bufs.index(slot * UR + (b * _PACK) // G2).slice(0, BLOCK_N).load(row_layout).to(gl.int8)
-            lo, hi = _expand_regs(packed, u, SWAR, MAD)
+            u = u_bufs.index(slot * UR + (b * _PACK) // G2).slice(0, BLOCK_N).load(gl.SliceLayout(1, a_layout))
+            lo, hi = _expand_regs(packed, u.to(gl.int8), SWAR, MAD)
             xl = xb.slice(b * _PACK, _PACK // 2, dim=1).permute((1, 0))
             xh = xb.slice(b * _PACK + _PACK // 2, _PACK // 2, dim=1).permute((1, 0))
             if MMA_ASYNC:
@@ -174,26 +168,130 @@ def w4a4_decode_kernel(x_desc, w_desc, u_desc,
             acc = warpgroup_mma_wait(2 * NB, deps=(acc, ))
             gl.thread_barrier()      # every warp is past step kk-1's SMEM reads too
             _issue_step(kk - 1 + STAGES, x_desc, w_desc, u_desc, x_bufs, w_bufs, u_bufs, ready, off_t, off_n, N,
-                        k_tiles, STAGES, BLOCK_N, BLOCK_K, G2, kk > 0, W_TILED)
+                        k_tiles, STAGES, BLOCK_N, BLOCK_K, G2, kk > 0, _FMT_2L)
         else:
             # this step's wgmmas retired and every warp is past its SMEM reads: refill the slot with step
             # kk + STAGES (the other STAGES - 1 slots are in flight meanwhile)
             gl.thread_barrier()
             _issue_step(kk + STAGES, x_desc, w_desc, u_desc, x_bufs, w_bufs, u_bufs, ready, off_t, off_n, N,
-                        k_tiles, STAGES, BLOCK_N, BLOCK_K, G2, True, W_TILED)
+                        k_tiles, STAGES, BLOCK_N, BLOCK_K, G2, True, _FMT_2L)
     if MMA_ASYNC:
         acc = warpgroup_mma_wait(0, deps=(acc, ))
+    return acc.to(gl.float32)
+
+
+@gluon.jit
+def _mainloop_g(x_desc, w_desc, u_desc, x_bufs, w_bufs, u_bufs, xe, ready, xscale_ptr, off_t, off_n, M, N,
+                k_tiles, STAGES: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_T: gl.constexpr,
+                BLOCK_K: gl.constexpr, G2: gl.constexpr, SWAR: gl.constexpr, mma: gl.constexpr):
+    """SVDQuant standard format: per 64-wide block an int32 partial (two register-A wgmmas), then
+    acc += partial ⊙ w_scale[g, n] ⊗ x_scale[g, m] in fp32 — the per-group rescale is only BN·BT/128
+    elements per thread here, which is why this format is cheap at decode sizes. The packed token tile is
+    expanded once per step into ``xe`` (the wgmma B operand must be in shared memory)."""
+    NB: gl.constexpr = BLOCK_K // _PACK
+    UR: gl.constexpr = BLOCK_K // G2
+    a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=4)
+    nw: gl.constexpr = gl.num_warps()
+    x_layout: gl.constexpr = gl.BlockedLayout([1, 16], [16, 2], [nw, 1], [1, 0])
+    acc = gl.zeros([BLOCK_N, BLOCK_T], gl.float32, mma)
+    zero = gl.zeros([BLOCK_N, BLOCK_T], gl.int32, mma)
+    rows = gl.arange(0, 16, gl.SliceLayout(1, mma))
+    xs_next = _token_scales(xscale_ptr, 0, k_tiles, off_t, M, BLOCK_T, BLOCK_K, G2, mma)
+    for kk in range(k_tiles):
+        xs_step = xs_next
+        xs_next = _token_scales(xscale_ptr, kk + 1, k_tiles, off_t, M, BLOCK_T, BLOCK_K, G2, mma)   # prefetch
+        slot = kk % STAGES
+        mbarrier.wait(ready.index(slot), (kk // STAGES) & 1)
+        xp = x_bufs.index(slot)
+        for b in gl.static_range(NB):
+            packed_x = xp.slice(b * (_PACK // 2), _PACK // 2, dim=1).load(x_layout).to(gl.int8, bitcast=True)
+            xlo, xhi = _nibbles(packed_x, SWAR)
+            xe.slice(b * _PACK, _PACK // 2, dim=1).store(xlo)
+            xe.slice(b * _PACK + _PACK // 2, _PACK // 2, dim=1).store(xhi)
+        fence_async_shared()
+        gl.thread_barrier()          # every warp's expanded bytes are in xe before any wgmma reads them
+        wp = w_bufs.index(slot)
+        for b in gl.static_range(NB):
+            packed = wp.slice(b * (_PACK // 2), _PACK // 2, dim=1).load(a_layout).to(gl.int8, bitcast=True)
+            lo, hi = _nibbles(packed, SWAR)
+            part = warpgroup_mma(lo, xe.slice(b * _PACK, _PACK // 2, dim=1).permute((1, 0)), zero,
+                                 use_acc=False, is_async=True)
+            part = warpgroup_mma(hi, xe.slice(b * _PACK + _PACK // 2, _PACK // 2, dim=1).permute((1, 0)), part,
+                                 is_async=True)
+            ws = u_bufs.index(slot * UR + (b * _PACK) // G2).slice(0, BLOCK_N).load(gl.SliceLayout(1, mma))
+            xs = gl.sum(gl.where((rows == (b * _PACK) // G2)[:, None], xs_step, 0.0), axis=0)
+            part = warpgroup_mma_wait(0, deps=(part, ))
+            acc = acc + part.to(gl.float32) * ws.to(gl.float32)[:, None] * xs[None, :]
+        # every wgmma of this step retired (waited above); all warps past their SMEM reads → refill
+        gl.thread_barrier()
+        _issue_step(kk + STAGES, x_desc, w_desc, u_desc, x_bufs, w_bufs, u_bufs, ready, off_t, off_n, N,
+                    k_tiles, STAGES, BLOCK_N, BLOCK_K, G2, True, _FMT_G)
+    return acc
+
+
+@gluon.jit
+def _nibbles(packed, SWAR: gl.constexpr):
+    """(low, high) sign-extended nibbles of ``packed`` int8 (four bytes per instruction with SWAR)."""
+    if SWAR:
+        lo = gl.inline_asm_elementwise(LO_ASM, "=r,r", [packed], dtype=gl.int8, is_pure=True, pack=4)
+        hi = gl.inline_asm_elementwise(HI_ASM, "=r,r", [packed], dtype=gl.int8, is_pure=True, pack=4)
+    else:
+        lo = (packed << 4) >> 4
+        hi = packed >> 4
+    return lo, hi
+
+
+@gluon.jit(do_not_specialize=["M", "N", "K", "stride_om", "stride_sm", "stride_un", "R"])
+def w4a4_decode_kernel(x_desc, w_desc, u_desc,
+                       out_ptr, stride_om, xscale_ptr, wscale_ptr, col_scale_ptr, bias_ptr,
+                       s_ptr, stride_sm, up_ptr, stride_un,
+                       M, N, K, R,
+                       G2: gl.constexpr, BLOCK_T: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr,
+                       STAGES: gl.constexpr, BLOCK_R: gl.constexpr, HAS_LOWRANK: gl.constexpr,
+                       HAS_COL_SCALE: gl.constexpr, HAS_BIAS: gl.constexpr, SWAR: gl.constexpr,
+                       MMA_ASYNC: gl.constexpr = True, MAD: gl.constexpr = False, FMT: gl.constexpr = 1):
+    gl.static_assert(BLOCK_K % _PACK == 0, "BLOCK_K must be a multiple of the 64-wide pack block")
+    gl.static_assert(BLOCK_K % G2 == 0, "a K step covers whole groups")
+    pid_n = gl.program_id(0)
+    pid_t = gl.program_id(1)
+    off_n = pid_n * BLOCK_N
+    off_t = pid_t * BLOCK_T
+    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[gl.num_warps(), 1],
+                                                  instr_shape=[16, BLOCK_T, 32])
+    # Every SMEM buffer and barrier of the kernel is declared here (decode_ledger mirrors it).
+    x_bufs = gl.allocate_shared_memory(x_desc.dtype, [STAGES] + x_desc.block_type.shape, x_desc.layout)
+    w_bufs = gl.allocate_shared_memory(gl.uint8, [STAGES] + w_desc.block_type.shape, w_desc.layout)
+    UR: gl.constexpr = BLOCK_K // G2
+    EB: gl.constexpr = u_desc.dtype.primitive_bitwidth // 8
+    ROW: gl.constexpr = BLOCK_N if BLOCK_N * EB >= _U_ROW else _U_ROW // EB
+    u_bufs = gl.allocate_shared_memory(u_desc.dtype, [STAGES * UR, ROW], u_desc.layout)
+    ready = alloc_barriers(STAGES, 1)
+
+    k_tiles = gl.cdiv(K, BLOCK_K)
+    for i in gl.static_range(STAGES):
+        _issue_step(i, x_desc, w_desc, u_desc, x_bufs, w_bufs, u_bufs, ready, off_t, off_n, N, k_tiles,
+                    STAGES, BLOCK_N, BLOCK_K, G2, True, FMT)
+    if FMT == _FMT_2L:
+        acc = _mainloop_2l(x_desc, w_desc, u_desc, x_bufs, w_bufs, u_bufs, ready, off_t, off_n, N, k_tiles,
+                           STAGES, BLOCK_N, BLOCK_T, BLOCK_K, G2, SWAR, MMA_ASYNC, MAD, mma)
+    else:
+        xe_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_T, BLOCK_K], gl.int8)
+        xe = gl.allocate_shared_memory(gl.int8, [BLOCK_T, BLOCK_K], xe_layout)
+        acc = _mainloop_g(x_desc, w_desc, u_desc, x_bufs, w_bufs, u_bufs, xe, ready, xscale_ptr, off_t, off_n,
+                          M, N, k_tiles, STAGES, BLOCK_N, BLOCK_T, BLOCK_K, G2, SWAR, mma)
 
     # ---- epilogue (registers; the tile is [BLOCK_N weight rows, BLOCK_T tokens]) ----
     offs_n = off_n + gl.arange(0, BLOCK_N, gl.SliceLayout(1, mma))
     offs_t = off_t + gl.arange(0, BLOCK_T, gl.SliceLayout(0, mma))
     n_ok = offs_n < N
     t_ok = offs_t < M
-    ts = gl.load(xscale_ptr + offs_t, mask=t_ok, other=0.0)
-    ws = gl.load(wscale_ptr + offs_n, mask=n_ok, other=0.0)
+    if FMT == _FMT_2L:
+        ts = gl.load(xscale_ptr + offs_t, mask=t_ok, other=0.0)
+        ws = gl.load(wscale_ptr + offs_n, mask=n_ok, other=0.0)
+        acc = acc * ws[:, None] * ts[None, :]
     if HAS_COL_SCALE:
-        ws = ws * gl.load(col_scale_ptr + offs_n, mask=n_ok, other=0.0).to(gl.float32)
-    out = acc.to(gl.float32) * ws[:, None] * ts[None, :]
+        acc = acc * gl.load(col_scale_ptr + offs_n, mask=n_ok, other=0.0).to(gl.float32)[:, None]
+    out = acc
     if HAS_LOWRANK:
         for r in range(R):
             up = gl.load(up_ptr + offs_n * stride_un + r, mask=n_ok, other=0.0).to(gl.float32)
@@ -211,7 +309,7 @@ def w4a4_decode_kernel(x_desc, w_desc, u_desc,
 _BITS = {torch.bfloat16: 16, torch.float16: 16, torch.float32: 32}
 
 
-def default_decode_config(M: int, group_size: int = 64) -> KernelConfig:
+def default_decode_config(M: int, group_size: int = 64, fmt: str = "int4_2l") -> KernelConfig:
     """Token tile = M rounded up to 16, 32 or 64 (a wgmma N; KernelConfig tiles are ≥ 16). Measured on the H200
     (probes/probe_decode_s3b, K=4096, N=28672, async wgmmas): M ≤ 16 best at 128 weight rows × 256 K × 4 stages
     (29.9 µs at M=1; 64×256×4 30.8, 128×512×2 35.5); M = 64 at 128×128×6 (47.1; 128×256×4 65.7: two CTAs
@@ -220,23 +318,28 @@ def default_decode_config(M: int, group_size: int = 64) -> KernelConfig:
     bk, stages = (256, 4) if bt == 16 else (128, 6)
     base = KernelConfig(block_m=bt, block_n=128, block_k=bk, block_r=16, group_m=1, num_warps=WARPS,
                         num_stages=stages, lowrank_stages=0, persistent=False)
-    while stages > 2 and CTAS_PER_SM * decode_ledger(base.replace(num_stages=stages), group_size).total() \
+    while stages > 2 and CTAS_PER_SM * decode_ledger(base.replace(num_stages=stages), group_size, fmt).total() \
             > SM90_SMEM_PER_SM:
         stages -= 1
     return base.replace(num_stages=stages)
 
 
-def decode_ledger(config: KernelConfig, group_size: int = 64) -> SmemLedger:
+def decode_ledger(config: KernelConfig, group_size: int = 64, fmt: str = "int4_2l") -> SmemLedger:
     """Every byte ``w4a4_decode_kernel`` allocates (one CTA; several share an SM)."""
     bt, bn, bk, s = config.block_m, config.block_n, config.block_k, config.num_stages
-    terms = (SmemTerm("ring.x_int8", tile_bytes(bt, bk, 8), s),
+    g = fmt != "int4_2l"
+    row_bits = 16 if g else 8          # g: w_scale rows (16-bit); 2l: u rows (uint8)
+    row = max(bn, U_ROW * 8 // row_bits)
+    terms = [SmemTerm("ring.x_packed" if g else "ring.x_int8", tile_bytes(bt, bk // 2 if g else bk, 8), s),
              SmemTerm("ring.w_packed", tile_bytes(bn, bk // 2, 8), s),
-             SmemTerm("ring.u_rows", tile_bytes(bk // group_size, U_ROW, 8), s),
-             SmemTerm("barriers", barrier_bytes(s)))
-    return SmemLedger(terms, consumers=1, label=f"w4a4 decode {bt}x{bn}x{bk}")
+             SmemTerm("ring.w_scale_rows" if g else "ring.u_rows", tile_bytes(bk // group_size, row, row_bits), s)]
+    if g:
+        terms.append(SmemTerm("x_int8", tile_bytes(bt, bk, 8), 1))   # the step's expanded token tile
+    terms.append(SmemTerm("barriers", barrier_bytes(s)))
+    return SmemLedger(tuple(terms), consumers=1, label=f"w4a4 decode {fmt} {bt}x{bn}x{bk}")
 
 
-def check_decode_config(config: KernelConfig, M: int, N: int, K: int, group_size: int):
+def check_decode_config(config: KernelConfig, M: int, N: int, K: int, group_size: int, fmt: str = "int4_2l"):
     """Raise ValueError / SmemError naming the violated constraint (expected vs got)."""
     bt, bn, bk = config.block_m, config.block_n, config.block_k
     if config.num_warps not in (4, 8) or bn < 16 * config.num_warps:
@@ -250,12 +353,13 @@ def check_decode_config(config: KernelConfig, M: int, N: int, K: int, group_size
     if config.num_stages < 2:
         raise ValueError(f"w4a4 decode: num_stages ≥ 2, got {config.num_stages}")
     if N % 16:
-        raise ValueError(f"w4a4 decode: N must be a multiple of 16 (u rows by TMA), got N={N}")
-    decode_ledger(config, group_size).check()
+        raise ValueError(f"w4a4 decode: N must be a multiple of 16 (scale rows by TMA), got N={N}")
+    decode_ledger(config, group_size, fmt).check()
 
 
-def plan_decode(M: int, config: KernelConfig | None = None, group_size: int = 64) -> KernelConfig:
-    return config or default_decode_config(M)
+def plan_decode(M: int, config: KernelConfig | None = None, group_size: int = 64,
+                fmt: str = "int4_2l") -> KernelConfig:
+    return config or default_decode_config(M, group_size, fmt)
 
 
 def decode_enabled() -> bool:
@@ -263,22 +367,12 @@ def decode_enabled() -> bool:
     return os.environ.get("LOWRANK_GEMM_DECODE", "1") != "0"
 
 
-def tile_weights_for_decode(w_q: torch.Tensor, block_n: int, block_k: int) -> torch.Tensor:
-    """Packed weights [N, K/2] → the decode kernel's tiled layout [⌈N/BN⌉·⌈K/BK⌉·BN, BK/2]: the bytes one
-    (n tile, K step) TMA box reads are contiguous (row-major [N, K/2] spreads them over BN rows 2 KB apart at
-    K=4096: a DRAM page per 128 bytes). Padding is zero (a zero nibble adds nothing; padded rows are masked)."""
-    n, kh = w_q.shape
-    bn, bkh = block_n, block_k // 2
-    nt, kt = cdiv(n, bn), cdiv(kh, bkh)
-    w = torch.nn.functional.pad(w_q, (0, kt * bkh - kh, 0, nt * bn - n))
-    return w.reshape(nt, bn, kt, bkh).permute(0, 2, 1, 3).contiguous().reshape(nt * kt * bn, bkh)
-
-
 def _args(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, out, fmt, group_size, config,
-          col_scale=None, swar=True, mma_async=True, mad=False, w_tiled=None):
-    from ..w4a4_gemm import check_gemm_args
-    if fmt != "int4_2l":
-        raise ValueError(f"w4a4 decode: only fmt='int4_2l' (got {fmt!r})")
+          col_scale=None, swar=True, mma_async=True, mad=False):
+    from ..w4a4_gemm import FORMATS, check_gemm_args
+    if fmt not in FORMATS:
+        raise ValueError(f"w4a4 decode: fmt must be one of {FORMATS}, got {fmt!r}")
+    g = fmt != "int4_2l"
     M, N, K, r = check_gemm_args(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, group_size, fmt)
     dev = x_q.device
     if not (out.dtype in _BITS and tuple(out.shape) == (M, N) and out.is_contiguous() and out.device == dev):
@@ -286,20 +380,19 @@ def _args(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, out, fm
                          f"{out.dtype} {list(out.shape)} on {out.device}")
     if col_scale is not None and (tuple(col_scale.shape) != (N, ) or col_scale.device != dev):
         raise ValueError(f"w4a4 decode: col_scale must be [N={N}] on {dev}, got {list(col_scale.shape)}")
-    for name, t in (("x_q", x_q), ("w_q", w_q), ("w_mul", w_mul)):
+    rows = w_scale if g else w_mul       # the [K/G, N] table that rides in the ring
+    if g and (x_scale.dtype != w_scale.dtype):
+        raise ValueError(f"w4a4 decode: x_scale and w_scale must share a dtype, got {x_scale.dtype}, {w_scale.dtype}")
+    for name, t in (("x_q", x_q), ("w_q", w_q), ("w_mul" if not g else "w_scale", rows)):
         if t.data_ptr() % 16:
             raise ValueError(f"w4a4 decode: {name} must be 16-byte aligned for TMA, got address {t.data_ptr():#x}")
-    config = plan_decode(M, config, group_size)
-    check_decode_config(config, M, N, K, group_size)
+    config = plan_decode(M, config, group_size, fmt)
+    check_decode_config(config, M, N, K, group_size, fmt)
     bt, bn, bk = config.block_m, config.block_n, config.block_k
-    x_desc = desc(x_q, (bt, bk))
-    if w_tiled is not None:
-        want = (cdiv(N, bn) * cdiv(K, bk) * bn, bk // 2)
-        if tuple(w_tiled.shape) != want or w_tiled.dtype != torch.uint8 or w_tiled.device != dev:
-            raise ValueError(f"w4a4 decode: w_tiled must be tile_weights_for_decode(w_q, {bn}, {bk}): uint8 "
-                             f"{list(want)} on {dev}, got {w_tiled.dtype} {list(w_tiled.shape)} on {w_tiled.device}")
-    w_desc = desc(w_tiled if w_tiled is not None else w_q, (bn, bk // 2))
-    u_desc = desc(w_mul.reshape(-1), (bn, ), gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=8, rank=1))
+    x_desc = desc(x_q, (bt, bk // 2) if g else (bt, bk))
+    w_desc = desc(w_q, (bn, bk // 2))
+    bits = rows.element_size() * 8
+    u_desc = desc(rows.reshape(-1), (bn, ), gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=bits, rank=1))
     f32 = dummy(dev, torch.float32, (1, ))
     grid = (cdiv(N, bn), cdiv(M, bt))
     args = (x_desc, w_desc, u_desc, out, out.stride(0), x_scale, w_scale,
@@ -308,33 +401,31 @@ def _args(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, out, fm
             lora_up if r else dummy(dev, torch.bfloat16, (1, )), lora_up.stride(0) if r else 0, M, N, K, r)
     cx = dict(G2=group_size, BLOCK_T=bt, BLOCK_N=bn, BLOCK_K=bk, STAGES=config.num_stages, BLOCK_R=0,
               HAS_LOWRANK=r > 0, HAS_COL_SCALE=col_scale is not None, HAS_BIAS=bias is not None, SWAR=swar,
-              MMA_ASYNC=mma_async, MAD=mad, W_TILED=w_tiled is not None)
+              MMA_ASYNC=mma_async, MAD=mad, FMT=FMT_INT4_G if g else FMT_INT4_2L)
     return grid, args, cx, config
 
 
 def launch_w4a4_decode(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, out, fmt: str,
                        group_size: int, config: KernelConfig | None = None, *, col_scale=None, swar: bool = True,
-                       mma_async: bool = True, mad: bool = False, w_tiled: torch.Tensor | None = None):
-    """out [M, N] ← the W4A4 layer's GEMM + epilogue (launcher contract of kernels/w4a4_gemm.py, int4_2l).
+                       mma_async: bool = True, mad: bool = False):
+    """out [M, N] ← the W4A4 layer's GEMM + epilogue (launcher contract of kernels/w4a4_gemm.py, both formats).
     ``mma_async=False``: each wgmma waits for itself; ``mad=False``: the 7/8-op two-level product of
-    kernels/int4_unpack.py (the first H200 version; mad=True measured slower, probes/probe_decode_s3c).
-    ``w_tiled``: :func:`tile_weights_for_decode` ``(w_q, config.block_n, config.block_k)`` — contiguous TMA boxes."""
+    kernels/int4_unpack.py (the first H200 version; mad=True measured slower, probes/probe_decode_s3c). Both
+    only affect int4_2l."""
     grid, args, cx, cfg = _args(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, out, fmt, group_size,
-                                config, col_scale, swar, mma_async, mad, w_tiled)
+                                config, col_scale, swar, mma_async, mad)
     w4a4_decode_kernel[grid](*args, **cx, num_warps=cfg.num_warps)
     return out
 
 
 def aot_signature_decode(config: KernelConfig | None = None, *, M=5, N=160, K=512, rank=16, group_size=64,
-                         bias=True, col_scale=True, swar=True, mma_async=True, mad=False, tiled=False):
+                         bias=True, col_scale=True, swar=True, mma_async=True, mad=False, fmt="int4_2l"):
     """(signature, constexprs, config) for ``kernels.aot.compile_sm90`` of :func:`w4a4_decode_kernel`."""
     import inspect
     from triton.runtime.jit import mangle_type
     from .w4a4_ws import make_operands_v2
-    ops = make_operands_v2("int4_2l", M, N, K, rank, group_size, device="cpu", bias=bias, col_scale=col_scale)
-    cfg0 = plan_decode(M, config, group_size)
-    wt = tile_weights_for_decode(ops["w_q"], cfg0.block_n, cfg0.block_k) if tiled else None
-    _, args, cx, cfg = _args(**ops, config=config, swar=swar, mma_async=mma_async, mad=mad, w_tiled=wt)
+    ops = make_operands_v2(fmt, M, N, K, rank, group_size, device="cpu", bias=bias, col_scale=col_scale)
+    _, args, cx, cfg = _args(**ops, config=config, swar=swar, mma_async=mma_async, mad=mad)
     names = [n for n in inspect.signature(w4a4_decode_kernel.fn).parameters if n not in cx]
     sig = {n: (mangle_type(a) if not isinstance(a, int) else "i32") for n, a in zip(names, args)}
     return sig, cx, cfg

@@ -1,0 +1,23 @@
+"""Launches for `ncu -k <kernel>` on the device: the decode GEMM (both formats) and act_quant at M=1."""
+import sys
+
+import torch
+
+sys.path.insert(0, "src")
+from lowrank_gemm.kernels.act_quant import act_quant  # noqa: E402
+from lowrank_gemm.kernels.gluon import w4a4_ws as w4  # noqa: E402
+from lowrank_gemm.kernels.gluon.w4a4_decode import launch_w4a4_decode  # noqa: E402
+
+what = sys.argv[1] if len(sys.argv) > 1 else "decode"
+if what == "decode":
+    for fmt in ("int4_2l", "int4_g64"):
+        ops = w4.make_operands_v2(fmt, 1, 28672, 4096, 32, 64, device="cuda")
+        for _ in range(3):
+            launch_w4a4_decode(**ops)
+else:
+    x = torch.randn(1, 4096, device="cuda", dtype=torch.bfloat16)
+    smooth = torch.rand(4096, device="cuda", dtype=torch.bfloat16) + 0.5
+    a = torch.randn(32, 4096, device="cuda", dtype=torch.bfloat16) * 0.02
+    for _ in range(3):
+        act_quant(x, smooth, a, 64, "int4_2l")
+torch.cuda.synchronize()
