@@ -43,8 +43,10 @@ def _impls() -> tuple[str, ...]:
 IMPLS = _impls()
 
 
-def shapes(quick: bool) -> list[tuple[str, int, int, int]]:
-    """(suite, M, N, K)."""
+def shapes(quick: bool, only: str | None = None) -> list[tuple[str, int, int, int]]:
+    """(suite, M, N, K); ``only``: "decode" or "flux" keeps that suite's shapes."""
+    if only:
+        return [s for s in shapes(quick) if s[0] == only]
     if quick:
         return [("flux", FLUX_M, 12288, 3072), ("decode", 1, 28672, 4096), ("decode", 64, 28672, 4096)]
     return [("flux", FLUX_M, n, k) for k, n in FLUX_KN] + [("decode", m, n, k) for m, k, n in DECODE]
@@ -128,15 +130,15 @@ def _providers(m: int, n: int, k: int, dev, impls=IMPLS):
     return out
 
 
-def run(quick: bool, outdir: Path, impls: tuple[str, ...] = IMPLS) -> Path:
+def run(quick: bool, outdir: Path, impls: tuple[str, ...] = IMPLS, only: str | None = None) -> Path:
     if not torch.cuda.is_available():
         raise SystemExit("the w4a4 bench needs a CUDA GPU")
     dev = torch.device("cuda")
     torch.manual_seed(0)
     meta = device_meta(measure_copy_tbps())
-    meta.update(suite="w4a4", rank=RANK, group_size=64, quick=quick)
+    meta.update(suite="w4a4", rank=RANK, group_size=64, quick=quick, only=only)
     rows = []
-    for suite, m, n, k in shapes(quick):
+    for suite, m, n, k in shapes(quick, only):
         for impl, (fn, make, nbytes) in _providers(m, n, k, dev, impls).items():
             row = {"suite": suite, "impl": impl, "M": m, "N": n, "K": k,
                    "r": RANK if ("lowrank" in impl or impl.startswith("w4a4")) else 0,
@@ -154,7 +156,8 @@ def run(quick: bool, outdir: Path, impls: tuple[str, ...] = IMPLS) -> Path:
                   f"graph {row.get('graph_us')} µs  {row['tops']} TOPS {row.get('error', '')}", flush=True)
             torch.cuda.empty_cache()
     _add_ratios(rows)
-    return write_results("w4a4", meta, rows, outdir, md=_markdown(meta, rows), plot=_plot)
+    name = "w4a4" if not only else f"w4a4_{only}"   # a one-suite run never overwrites the full table
+    return write_results(name, meta, rows, outdir, md=_markdown(meta, rows), plot=_plot)
 
 
 def _t(row):
@@ -210,8 +213,10 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="3 shapes (≤ 2 min)")
     ap.add_argument("--out", type=Path, default=RESULTS_DIR)
     ap.add_argument("--impls", default=",".join(IMPLS), help="kernel generations to time: v1, v2, decode (M ≤ 64), auto; comma-separated")
+    ap.add_argument("--only", choices=("flux", "decode"), default=None,
+                    help="one suite's shapes, written to w4a4_<suite>.{json,md,png}")
     args = ap.parse_args(argv)
-    print(run(args.quick, args.out, tuple(i for i in args.impls.split(",") if i)))
+    print(run(args.quick, args.out, tuple(i for i in args.impls.split(",") if i), args.only))
     return 0
 
 

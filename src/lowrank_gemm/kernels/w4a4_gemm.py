@@ -754,19 +754,20 @@ AUTO_PREFERS_V2 = True
 # impl="decode": gluon.w4a4_decode (int4_2l, M ≤ 64: swap-AB, weights as the register operand of wgmma, deep
 # TMA ring of packed weights). H200, K=4096, N=28672, r=32 (probes/probe_decode_s3d, same process): GEMM 29.2 /
 # 30.1 / 46.7 µs at M = 1 / 16 / 64 vs v2 68.3 / 63.9 / 56.2; so auto takes it for every int4_2l M ≤ 64
-# (LOWRANK_GEMM_DECODE=0 turns it off).
+# (LOWRANK_GEMM_DECODE=0 turns it off). int4_g64 (probes/probe_decode_g64_s3): 44.2 / 45.1 / 97.6 µs vs v2
+# 195.9 / 72.9 / 73.3 — the per-block rescale waits on every wgmma, which M = 64 tiles no longer hide — so M ≤ 16.
 AUTO_DECODE = True
-AUTO_DECODE_FORMATS = ("int4_2l", )
+AUTO_DECODE_MAX_M = {"int4_2l": 64, "int4_g64": 16}
 IMPLS = ("auto", "v1", "v2", "decode")
 
 
 def _use_decode(impl: str, x_q: torch.Tensor, n: int, fmt: str) -> bool:
     if impl == "decode":
         return True
-    if impl != "auto" or not AUTO_DECODE or not x_q.is_cuda or fmt not in AUTO_DECODE_FORMATS or n % 16:
+    if impl != "auto" or not AUTO_DECODE or not x_q.is_cuda or n % 16:
         return False
-    from .gluon.w4a4_decode import DECODE_MAX_M, decode_enabled
-    return x_q.shape[0] <= DECODE_MAX_M and decode_enabled()
+    from .gluon.w4a4_decode import decode_enabled
+    return x_q.shape[0] <= AUTO_DECODE_MAX_M.get(fmt, 0) and decode_enabled()
 
 
 def _launcher(impl: str, device: torch.device, scales: tuple | None = None, v1_plan=None):
