@@ -1,4 +1,5 @@
-"""Launches for `ncu -k <kernel>` on the device: the decode GEMM (both formats) and act_quant at M=1."""
+"""Launches for `ncu -k <kernel>` / compute-sanitizer on the device: the decode GEMM (both formats) and act_quant
+at M=1 (`decode`, `actquant`), or one small checked decode launch per format (`smoke`, for the sanitizers)."""
 import sys
 
 import torch
@@ -9,7 +10,14 @@ from lowrank_gemm.kernels.gluon import w4a4_ws as w4  # noqa: E402
 from lowrank_gemm.kernels.gluon.w4a4_decode import launch_w4a4_decode  # noqa: E402
 
 what = sys.argv[1] if len(sys.argv) > 1 else "decode"
-if what == "decode":
+if what == "smoke":
+    for fmt in ("int4_2l", "int4_g64"):
+        ops = w4.make_operands_v2(fmt, 5, 160, 512, 16, 64, device="cuda", col_scale=True)
+        out = launch_w4a4_decode(**ops).clone()
+        ref = w4.reference_v2(ops)
+        err = float((out.double().cpu() - ref).norm() / ref.norm())
+        print(f"smoke {fmt}: rel err {err:.2e}", "OK" if err < 1e-2 else "FAIL")
+elif what == "decode":
     for fmt in ("int4_2l", "int4_g64"):
         ops = w4.make_operands_v2(fmt, 1, 28672, 4096, 32, 64, device="cuda")
         for _ in range(3):
