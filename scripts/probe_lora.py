@@ -152,6 +152,19 @@ def _rel_err(y, ref):
     return float((y.double() - ref).norm() / ref.norm())
 
 
+def _check_then_time(row: dict, fn, y, ref, sets, t0: float) -> None:
+    """Record ``y``'s error vs ``ref`` (None: a baseline, not checked) and the first call's seconds (≈ compile
+    time when new); time ``fn`` (CUDA-graph median) only if the error is within TOL."""
+    torch.cuda.synchronize()
+    if ref is not None:
+        row["rel_err"] = round(_rel_err(y, ref), 6)
+    row["first_call_s"] = round(time.time() - t0, 2)
+    if ref is not None and not row["rel_err"] <= TOL:
+        row["error"] = f"wrong: rel err {row['rel_err']} > {TOL}"
+    else:
+        row["graph_us"] = round(time_graph(fn, sets).median_us, 3)
+
+
 def probe_point(M, K, N, r, sms, timing_eager=False):
     from lowrank_gemm.kernels.lora_gemm import lora_linear
     sets = make_sets(M, N, K, r, torch.bfloat16, "cuda")
@@ -175,13 +188,7 @@ def probe_point(M, K, N, r, sms, timing_eager=False):
         try:
             fn = _call(s, cfg)
             y = _checked(s, cfg, *sets[0][:4])
-            torch.cuda.synchronize()
-            row["rel_err"] = round(_rel_err(y, ref), 6)
-            row["first_call_s"] = round(time.time() - t0, 2)   # ≈ compile time when new
-            if not row["rel_err"] <= TOL:
-                row["error"] = f"wrong: rel err {row['rel_err']} > {TOL}"
-            else:
-                row["graph_us"] = round(time_graph(fn, sets).median_us, 3)
+            _check_then_time(row, fn, y, ref, sets, t0)
         except Exception as exc:
             row["error"] = f"{type(exc).__name__}: {exc}"[:300]
         rows.append(row)
@@ -347,14 +354,7 @@ def small_m_point(M, K, N, r, sms):
                 y = _checked(s, c, *sets[0][:4])         # NaN-poisoned output, same launch path
             else:
                 y = fn(*sets[0])
-            torch.cuda.synchronize()
-            if s != "cublas":
-                row["rel_err"] = round(_rel_err(y, ref), 6)
-            row["first_call_s"] = round(time.time() - t0, 2)
-            if s != "cublas" and not row["rel_err"] <= TOL:
-                row["error"] = f"wrong: rel err {row['rel_err']} > {TOL}"
-            else:
-                row["graph_us"] = round(time_graph(fn, sets).median_us, 3)
+            _check_then_time(row, fn, y, None if s == "cublas" else ref, sets, t0)
         except Exception as exc:
             row["error"] = f"{type(exc).__name__}: {exc}"[:300]
         rows.append(row)

@@ -94,11 +94,9 @@ def test_torch_compile_fullgraph(strategy):
     assert rel_err(y, ref) < TOL
 
 
-@pytest.mark.parametrize("strategy", STRATEGIES + ("auto",))
-def test_cuda_graph_capture_replay(strategy):
-    M, N, K, r = 64, 4096, 4096, 16
-    x, w, a, b, bias = make(M, N, K, r)
-    fn = lambda: lora_linear(x, w, a, b, 0.5, bias, strategy=strategy)  # noqa: E731
+def _warm_and_capture(fn, captured=None):
+    """(eager result of ``fn`` run on a side stream — compiles and warms outside the capture —, the CUDA graph
+    of ``captured`` (default ``fn``), the graph's output)."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
@@ -106,7 +104,15 @@ def test_cuda_graph_capture_replay(strategy):
     torch.cuda.current_stream().wait_stream(side)
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
-        y = fn()
+        out = (captured or fn)()
+    return eager, g, out
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES + ("auto",))
+def test_cuda_graph_capture_replay(strategy):
+    M, N, K, r = 64, 4096, 4096, 16
+    x, w, a, b, bias = make(M, N, K, r)
+    eager, g, y = _warm_and_capture(lambda: lora_linear(x, w, a, b, 0.5, bias, strategy=strategy))
     g.replay()
     torch.cuda.synchronize()
     assert torch.equal(y, eager)
@@ -199,16 +205,10 @@ def test_fixup_cuda_graph_replays_reuse_tickets():
     M, N, K, r = 1, 4096, 4096, 16
     x, w, a, b, bias = make(M, N, K, r)
     c = _fixup_cfg(M, N, K, r, 4, 128)
-    fn = lambda: lora_linear(x, w, a, b, 0.5, bias)  # noqa: E731
+    fn = lambda: lora_linear(x, w, a, b, 0.5, bias)
     with pinned(strategy="kloop", config=c):
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            eager = fn()
-        torch.cuda.current_stream().wait_stream(side)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            ys = [fn() for _ in range(3)]       # three launches on one ticket region, back to back
+        # three launches on one ticket region, back to back
+        eager, g, ys = _warm_and_capture(fn, lambda: [fn() for _ in range(3)])
     for _ in range(4):
         g.replay()
     torch.cuda.synchronize()
