@@ -24,13 +24,15 @@ w4a4_tuned.json (winners per format and M bucket: m_max 16 ← M=1, 64 ← M=64,
         num_warps); bit-identity vs the torch quantizer on the first rows checked first. Winners go to
         act_quant_tuned.json (pin them as plan_act_quant's large-M defaults).
     PYTHONPATH=src python scripts/probe_w4a4.py --actquant-only --out $OUT                 (≤ 90 s)
-        act_quant at decode: old split path (v1, 2–3 launches) vs fused (one launch) at M ∈ {1, 16, 64} ×
-        K ∈ {4096, 3072}, both formats, r = 32, next to a one-launch floor (torch.neg on X); then M = 4608
-        on the (unchanged) large-M path; then fused variants (8 warps, S step 64, quant chunk 512/2048,
-        split 16) at K = 4096. Every candidate first checked on ALL rows: bytes and scales equal to the
-        torch quantizer, S vs float64 (fails above 1e-4), a second call bit-identical, tickets back at 0.
-        Writes probe_w4a4.json / .md, act_quant_ab.json (per fmt × M × K: µs per candidate, the winner)
-        and act_quant_ab.md (old → best fused). Pin with LOWRANK_GEMM_ACT_QUANT_SMALL=v1|fused (M ≤ 64).
+        act_quant at decode: old split path (v1, 2–3 launches) vs fused with the ticketed K-split S
+        (`fused_ticket`, session 3) vs fused default (rank-split S at M ≤ 16) at M ∈ {1, 16, 64} ×
+        K ∈ {4096, 3072}, both formats, r = 32, next to a one-launch floor (torch.neg on X); then rank-split
+        variants at K = 4096 (8 warps, 2 ranks / program, quant chunk 1024, rows per S program 1/4/8);
+        then M = 4608 on the (unchanged) large-M path. Every candidate first checked on ALL rows: bytes and
+        scales equal to the torch quantizer, S vs float64 (fails above 1e-4), a second call bit-identical,
+        tickets back at 0. Writes probe_w4a4.json / .md, act_quant_ab.json (per fmt × M × K: µs per
+        candidate, the winner) and act_quant_ab.md. Pin with LOWRANK_GEMM_ACT_QUANT_SMALL=v1|fused (M ≤ 64)
+        and LOWRANK_GEMM_ACT_QUANT_FUSED_S=rank|ticket (fused S mode, every M).
 """
 
 from __future__ import annotations
@@ -323,16 +325,24 @@ def mainloop_only(out: Path, budget: float = 112.0) -> int:
 
 
 # --actquant-only: the fused single launch (M ≤ 64 default) vs the old split path, priority order so
-# that whatever the budget cuts is the least important: (1) old vs fused at every decode shape (+ the
-# harness's one-launch floor), (2) M = 4608 on the large-M path (unchanged: shows no regression),
-# (3) fused plan variants at K = 4096.
+# that whatever the budget cuts is the least important: (1) at every decode shape: old v1 split path,
+# the session-3 fused (ticketed K-split S, `fused_ticket`), today's default fused (rank-split S at M ≤ 16,
+# ticket above) + the harness's one-launch floor; (2) fused variants at K = 4096 (per M); (3) M = 4608 on
+# the large-M path (unchanged: shows no regression).
 AB_DECODE_MS, AB_KS, AB_LARGE_M = (1, 16, 64), (4096, 3072), 4608
-AB_MAIN = [("v1(old)", dict(variant="v1")), ("fused", dict(variant="fused"))]
-AB_VARIANTS = [("fused_w8", dict(variant="fused", num_warps=8)),
-               ("fused_bk64", dict(variant="fused", block_k=64)),          # M ≥ 16: 2 steps per S program
-               ("fused_qk512", dict(variant="fused", quant_cols=512)),
-               ("fused_qk2048", dict(variant="fused", quant_cols=2048)),
-               ("fused_split16", dict(variant="fused", split=16))]
+AB_MAIN = [("v1(old)", dict(variant="v1")), ("fused_ticket", dict(variant="fused", s_ranks=0)),
+           ("fused", dict(variant="fused"))]
+AB_VARIANTS = {
+    1: [("fused_rank_w8", dict(variant="fused", s_ranks=1, num_warps=8)),
+        ("fused_rank_rb2", dict(variant="fused", s_ranks=2)),
+        ("fused_rank_qk1024", dict(variant="fused", s_ranks=1, quant_cols=1024))],
+    16: [("fused_rank_sr1", dict(variant="fused", s_rows=1, s_ranks=1)),
+         ("fused_rank_sr4", dict(variant="fused", s_rows=4, s_ranks=1)),
+         ("fused_rank_w8", dict(variant="fused", s_ranks=1, num_warps=8))],
+    64: [("fused_rank_sr4", dict(variant="fused", s_rows=4, s_ranks=1)),
+         ("fused_rank_sr2", dict(variant="fused", s_rows=2, s_ranks=1)),
+         ("fused_rank_sr8_w8", dict(variant="fused", s_rows=8, s_ranks=1, num_warps=8))],
+}
 
 
 def _probe_actquant_ab(record, dev) -> dict:
@@ -355,8 +365,10 @@ def _probe_actquant_ab(record, dev) -> dict:
             cache[(m, k)] = (x, smooth, down, refs)
         return cache[(m, k)]
 
-    def one(m, k, fmt, label, kw):
+    def one(m, k, fmt, label, kw, rank0=False):
         x, smooth, down, refs = operands(m, k)
+        if rank0:  # diagnostic: no low-rank branch → the quant units alone (how long is the S-free part?)
+            down = down[:0]
 
         def fn(x, sm, d, kw=kw, fmt=fmt):
             return act_quant(x, sm, d, G, fmt, **kw)
@@ -368,6 +380,8 @@ def _probe_actquant_ab(record, dev) -> dict:
             q_ref = refs[fmt]
             if not (torch.equal(xq, q_ref[0]) and torch.equal(xsc, q_ref[1])):
                 raise AssertionError(f"bytes differ from the torch quantizer ({(xq != q_ref[0]).sum().item()} elements)")
+            if rank0:
+                return 0.0
             if not torch.equal(s, s2):
                 raise AssertionError("S differs between two calls")
             if any(int(t.abs().sum()) for t in _TICKETS.values()):
@@ -378,12 +392,12 @@ def _probe_actquant_ab(record, dev) -> dict:
             return rel
 
         try:
-            plan = plan_act_quant(m, k, G, dev, fmt=fmt, rank=RANK, **kw)._asdict()
+            plan = plan_act_quant(m, k, G, dev, fmt=fmt, rank=0 if rank0 else RANK, **kw)._asdict()
         except Exception as exc:
             plan = {"error": repr(exc)}
         row = record(f"aq_K{k}", m, RANK, k, f"act_quant:{fmt}:{label}", fn, (x, smooth, down), check, plan=plan)
         if row.get("graph_us") and "error" not in row:
-            key = f"{fmt}:M={m}:K={k}"
+            key = f"{'diag:' if rank0 else ''}{fmt}:M={m}:K={k}"
             table.setdefault(key, {})[label] = row["graph_us"]
 
     for k in AB_KS:
@@ -392,38 +406,44 @@ def _probe_actquant_ab(record, dev) -> dict:
             row = record(f"aq_K{k}", m, RANK, k, "floor:one_launch(torch.neg)", lambda x: torch.neg(x), (x,))
             if row.get("graph_us"):
                 table.setdefault(f"floor:M={m}:K={k}", {})["one_launch"] = row["graph_us"]
-            for fmt in ("int4_g64", "int4_2l"):
+            for fmt in ("int4_2l", "int4_g64"):  # 2l first: the decode layer's format
                 for label, kw in AB_MAIN:
                     one(m, k, fmt, label, kw)
+    for m in AB_DECODE_MS:
+        for fmt in ("int4_2l", "int4_g64"):
+            for label, kw in AB_VARIANTS.get(m, []):
+                one(m, 4096, fmt, label, kw)
+    for m in (1, 16):
+        for fmt in ("int4_2l", "int4_g64"):
+            one(m, 4096, fmt, "fused_quant_only(r=0)", dict(variant="fused"), rank0=True)
     for k in AB_KS:
         for fmt in ("int4_g64", "int4_2l"):
             one(AB_LARGE_M, k, fmt, "auto(v2, unchanged)", {})
-    for m in AB_DECODE_MS:
-        for fmt in ("int4_g64", "int4_2l"):
-            for label, kw in AB_VARIANTS:
-                one(m, 4096, fmt, label, kw)
     for key, v in table.items():
-        if v and not key.startswith("floor"):
+        if v and not key.startswith(("floor", "diag")):
             v["winner"] = min(v, key=v.get)
     return table
 
 
 def _ab_markdown(table: dict) -> str:
-    """old → fused per (fmt, K, M), the best fused variant, and the harness's one-launch floor."""
-    lines = ["| fmt | K | M | old (v1) µs | fused µs | best variant | best µs | old/best | one-launch floor µs |",
-             "|---|---|---|---|---|---|---|---|---|"]
-    for fmt in ("int4_g64", "int4_2l"):
+    """old v1 → session-3 fused (ticket S) → today's default fused per (fmt, K, M), the best fused
+    variant, and the harness's one-launch floor."""
+    lines = ["| fmt | K | M | old (v1) µs | fused_ticket µs | fused (default) µs | best variant | best µs | "
+             "ticket/best | one-launch floor µs |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for fmt in ("int4_2l", "int4_g64"):
         for k in AB_KS:
             for m in AB_DECODE_MS:
                 v = table.get(f"{fmt}:M={m}:K={k}", {})
                 fused = {n: t for n, t in v.items() if n.startswith("fused")}
                 best = min(fused, key=fused.get) if fused else None
-                old = v.get("v1(old)")
-                ratio = f"{old / fused[best]:.2f}×" if old and best else ""
+                tk = v.get("fused_ticket")
+                ratio = f"{tk / fused[best]:.2f}×" if tk and best else ""
                 fl = table.get(f"floor:M={m}:K={k}", {}).get("one_launch")
-                lines.append(f"| {fmt} | {k} | {m} | {old} | {v.get('fused')} | {best} | "
+                lines.append(f"| {fmt} | {k} | {m} | {v.get('v1(old)')} | {tk} | {v.get('fused')} | {best} | "
                              f"{fused.get(best) if best else None} | {ratio} | {fl} |")
-    return "\n".join(lines) + "\n"
+    diag = [f"- {key[5:]}: quant units alone (r = 0, fused) {v.get('fused_quant_only(r=0)')} µs"
+            for key, v in table.items() if key.startswith("diag:")]
+    return "\n".join(lines) + "\n" + ("\n" + "\n".join(diag) + "\n" if diag else "")
 
 
 def main(argv=None) -> int:
@@ -454,7 +474,8 @@ def main(argv=None) -> int:
         ab = _probe_actquant_ab(record, dev)
         (args.out / "act_quant_ab.json").write_text(json.dumps(ab, indent=1))
         summary = _ab_markdown(ab)
-        (args.out / "act_quant_ab.md").write_text("# act_quant: old (v1 split) vs fused (one launch)\n\n" + summary)
+        (args.out / "act_quant_ab.md").write_text("# act_quant: old (v1 split) vs fused (one launch: ticket S "
+                                                  "vs rank-split S)\n\n" + summary)
         print(summary)
     if args.fc1_actquant:
         aq_best = _probe_actquant(record, dev)

@@ -252,20 +252,72 @@ def _tickets_zero():
     return all(int(t.abs().sum()) == 0 for t in _TICKETS.values())
 
 
+@pytest.mark.parametrize("s_ranks", [None, 0])  # None: the plan's S mode (rank-split at M ≤ 16); 0: ticket
 @pytest.mark.parametrize("fmt", ["int4_g64", "int4_2l"])
 @pytest.mark.parametrize("m,k,r,split", [(1, 320, 32, None), (5, 192, 16, None), (16, 256, 32, 2), (37, 320, 0, None),
                                          (64, 128, 32, None), (3, 128, 16, 1)])
-def test_fused_poisoned_ragged(poisoned, fmt, m, k, r, split):
-    """Ragged M/K, r ∈ {0, 16, 32}, split 1 (S stored directly) and > 1 (ticketed sum): every output
-    element written, bytes == torch quantizer, S vs float64, repeat bit-identical, tickets back at 0."""
+def test_fused_poisoned_ragged(poisoned, fmt, m, k, r, split, s_ranks):
+    """Ragged M/K, r ∈ {0, 16, 32}, split 1 (S stored directly) and > 1 (ticketed sum), both S modes: every
+    output element written, bytes == torch quantizer, S vs float64, repeat bit-identical, tickets at 0."""
     x, smooth, down = _inputs(m, k, r)
-    out = act_quant(x, smooth, down, 64, fmt, split=split, variant="fused")
+    out = act_quant(x, smooth, down, 64, fmt, split=split, variant="fused", s_ranks=s_ranks)
     _check_formats(fmt, out[0], out[1], x.float() / smooth.float(), 64)
     assert not torch.isnan(out[1]).any() and not torch.isnan(out[2]).any()
     _check_lowrank(out[2], x, smooth, down)
-    again = act_quant(x, smooth, down, 64, fmt, split=split, variant="fused")
+    again = act_quant(x, smooth, down, 64, fmt, split=split, variant="fused", s_ranks=s_ranks)
     assert all(torch.equal(a, b) for a, b in zip(out, again))
     assert _tickets_zero()
+
+
+@pytest.mark.parametrize("fmt", ["int4_g64", "int4_2l"])
+@pytest.mark.parametrize("m,k,r,sr,rb", [(1, 320, 32, 1, 1), (7, 320, 23, 2, 2), (13, 192, 5, 4, 4), (3, 128, 16, 8, 1),
+                                         (20, 256, 32, 1, 8), (2, 64, 0, 1, 1)])
+def test_fused_rank_s_poisoned(poisoned, monkeypatch, fmt, m, k, r, sr, rb):
+    """Rank-split S (SR rows × RB ranks per program over all of K): ragged M / r (r % RB ≠ 0, r = 0),
+    several unrolled K chunks with a masked tail (the chunk tile shrunk so K = 320 needs 3 chunks),
+    NaN / Inf / zero rows; every element written, exact bytes, S vs float64, repeat bit-identical."""
+    import lowrank_gemm.kernels.act_quant as aq
+    monkeypatch.setattr(aq, "_RANK_TILE_ELEMS", 256)
+    x, smooth, down = _inputs(m, k, r)
+    if m >= 7:
+        x[1, 5] = float("nan")
+        x[2, 30] = float("inf")
+        x[3] = 0
+    plan = aq.plan_act_quant(m, k, 64, fmt=fmt, rank=r, variant="fused", s_rows=sr, s_ranks=rb)
+    assert (plan.s_rows, plan.s_ranks) == (sr, rb)
+    out = act_quant(x, smooth, down, 64, fmt, variant="fused", s_rows=sr, s_ranks=rb)
+    _check_formats(fmt, out[0], out[1], x.float() / smooth.float(), 64)
+    again = act_quant(x, smooth, down, 64, fmt, variant="fused", s_rows=sr, s_ranks=rb)
+    assert all(torch.equal(a.nan_to_num(7.0), b.nan_to_num(7.0)) if a.is_floating_point() else torch.equal(a, b)
+               for a, b in zip(out, again))
+    assert out[2].shape == (m, r)
+    if m >= 7:
+        if r:
+            assert torch.isnan(out[2][1]).all()
+        _check_lowrank(out[2][3:], x[3:], smooth, down)
+    else:
+        assert not torch.isnan(out[2]).any()
+        _check_lowrank(out[2], x, smooth, down)
+
+
+def test_fused_s_mode_plan(monkeypatch):
+    """Default S mode: rank-split for M ≤ 16, ticket above; the env var pins it; bad values are errors."""
+    import lowrank_gemm.kernels.act_quant as aq
+    p = aq.plan_act_quant
+    assert (p(1, 4096, 64, variant="fused").s_rows, p(1, 4096, 64, variant="fused").s_ranks) == (1, 1)
+    assert p(16, 4096, 64, variant="fused").s_ranks == 1 and p(64, 4096, 64, variant="fused").s_ranks == 0
+    assert p(1, 4096, 64, variant="fused", s_ranks=0).s_ranks == 0
+    assert p(64, 4096, 64, variant="fused", s_ranks=2).s_ranks == 2
+    assert aq._rank_chunks(4096, 1, 1) == (4096, 1) and aq._rank_chunks(12288, 2, 1) == (2048, 6)
+    monkeypatch.setattr(aq, "_ENV_FUSED_S", "ticket")
+    assert p(1, 4096, 64, variant="fused").s_ranks == 0
+    monkeypatch.setattr(aq, "_ENV_FUSED_S", "rank")
+    assert p(64, 4096, 64, variant="fused").s_ranks == 1
+    monkeypatch.setattr(aq, "_ENV_FUSED_S", "bogus")
+    with pytest.raises(ValueError, match="FUSED_S"):
+        p(1, 4096, 64, variant="fused")
+    with pytest.raises(ValueError, match="powers of two"):
+        p(1, 4096, 64, variant="fused", s_rows=3, s_ranks=1)
 
 
 @pytest.mark.parametrize("fmt", ["int4_g64", "int4_2l"])
@@ -339,6 +391,22 @@ def test_fused_sm90_ptx_ticket():
     assert info.has("mma.sync", "div.rn.f32")
 
 
+def test_fused_rank_sm90_ptx():
+    """sm_90, rank-split S: no atomics, no MMA (plain FMAs), 16-byte vector loads of X / A / λ."""
+    from lowrank_gemm.kernels.aot import compile_sm90
+    sig = dict(x_ptr="*bf16", stride_xm="i32", smooth_ptr="*bf16", q_ptr="*u8", stride_qm="i32", sc_ptr="*bf16",
+               stride_sg="i32", a_ptr="*bf16", stride_ar="i32", sp_ptr="*fp32", stride_sps="i32", stride_spm="i32",
+               s_ptr="*fp32", stride_sm="i32", cnt_ptr="*fp32", M="i32", K="i32", R="i32", SPLIT="i32",
+               STEPS_PER_SLICE="i32", N_SPROG="i32", QS="i32", ROT="i32")
+    ce = dict(TWO_LEVEL=False, G=64, BLOCK_M=16, BLOCK_K=64, BLOCK_R=32, SPLIT_P2=1, SUM_ROWS=1, QM=1, QK=256,
+              CH=4096, SCALE_BF16=True, S_RANK=True, SR=1, RB=1, CK=4096, NCH=1)
+    info = compile_sm90("lowrank_gemm.kernels.act_quant", "_act_quant_fused_kernel", sig, ce,
+                        aligned=("x_ptr", "stride_xm", "smooth_ptr", "q_ptr", "stride_qm", "a_ptr", "stride_ar",
+                                 "K"), num_warps=4)
+    assert "atom." not in info.ptx and "mma" not in info.ptx
+    assert info.has("ld.global.v4", "fma.rn.f32", "div.rn.f32")
+
+
 def _gpu_inputs(m, k, r=32):
     dev = torch.device("cuda")
     x = (torch.randn(m, k, device=dev) * torch.exp(torch.randn(k, device=dev) * 0.5)).to(torch.bfloat16)
@@ -350,17 +418,18 @@ def _gpu_inputs(m, k, r=32):
 @pytest.mark.gpu
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("fmt", ["int4_g64", "int4_2l"])
+@pytest.mark.parametrize("s_ranks", [None, 0, 1])  # plan default, ticket, rank-split
 @pytest.mark.parametrize("m,k", [(1, 3072), (1, 4096), (16, 4096), (37, 3072), (64, 4096), (64, 12288)])
-def test_fused_gpu_bit_identical(fmt, m, k):
+def test_fused_gpu_bit_identical(fmt, m, k, s_ranks):
     """bf16, decode sizes: fused == torch quantizer, S vs float64, 20 calls bit-identical, tickets at 0."""
     x, smooth, down = _gpu_inputs(m, k)
-    q, sc, s = act_quant(x, smooth, down, 64, fmt, variant="fused")
+    q, sc, s = act_quant(x, smooth, down, 64, fmt, variant="fused", s_ranks=s_ranks)
     xs = x.float() / smooth.float()
     _check_formats(fmt, q, sc, xs, 64)
     ref = xs.double() @ down.double().T
     assert ((s.double() - ref).norm() / ref.norm()).item() < 2e-5
     for _ in range(20):
-        assert torch.equal(s, act_quant(x, smooth, down, 64, fmt, variant="fused")[2])
+        assert torch.equal(s, act_quant(x, smooth, down, 64, fmt, variant="fused", s_ranks=s_ranks)[2])
     torch.cuda.synchronize()
     assert _tickets_zero()
 
@@ -368,14 +437,15 @@ def test_fused_gpu_bit_identical(fmt, m, k):
 @pytest.mark.gpu
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("fmt", ["int4_g64", "int4_2l"])
+@pytest.mark.parametrize("s_ranks", [0, 1])
 @pytest.mark.parametrize("m", [1, 64])
-def test_fused_gpu_cuda_graph(fmt, m):
+def test_fused_gpu_cuda_graph(fmt, m, s_ranks):
     """Captured once, replayed 50×: same bits as eager each replay (the ticket resets itself)."""
     x, smooth, down = _gpu_inputs(m, 4096)
-    eager = act_quant(x, smooth, down, 64, fmt, variant="fused")
+    eager = act_quant(x, smooth, down, 64, fmt, variant="fused", s_ranks=s_ranks)
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
-        out = act_quant(x, smooth, down, 64, fmt, variant="fused")
+        out = act_quant(x, smooth, down, 64, fmt, variant="fused", s_ranks=s_ranks)
     for _ in range(50):
         for t in out:
             t.fill_(-1) if not t.is_floating_point() else t.fill_(float("nan"))

@@ -5,8 +5,10 @@ Work is split over (row block, K slice) programs so a decode row (M = 1: one row
 spread over ~2 programs per SM; v1 walked all of K in ONE program per row block, a serial chain of
 ~K/64 dependent load→dot steps (hundreds of µs at M = 1). Each slice writes an fp32 S partial; a tiny
 kernel sums them in slice order (deterministic, no atomics). With one slice S is written directly.
-Decode (M ≤ 64) defaults to ``fused``: all of it in ONE launch (S programs + quant units; the last S
-program of a row block to arrive, elected by an int32 ticket, sums the partials in a fixed order).
+Decode (M ≤ 64) defaults to ``fused``: all of it in ONE launch (S programs + quant units). Its S
+programs either split K (the last of a row block to arrive, elected by an int32 ticket, sums the partials
+in a fixed order: ``s_ranks=0``, the default above M = 16) or split the rank (``s_ranks ≥ 1``: each owns
+a few rows × ranks over all of K — no partials, no ticket; the default for M ≤ 16).
 Each program step covers BLOCK_K columns (whole groups; 128 at large M): per-group maxima come from a
 [BM, BLOCK_K/G, ·] reshape, so the step count per program is K/BLOCK_K (see :func:`plan_act_quant`).
 Formats (``formats``):
@@ -580,6 +582,39 @@ def _fused_s_program(x_ptr, stride_xm, smooth_ptr, a_ptr, stride_ar, sp_ptr, str
             tl.atomic_xchg(cnt_ptr + rb, 0, sem="relaxed", scope="gpu")  # ready for the next launch
 
 
+# Rank-split S (s_ranks ≥ 1, the default for M ≤ FUSED_RANK_MAX_M): the ticket path above pays, after its
+# loads, a dependent chain of slab store → gpu-scope release + ticket atomic (a cold L2 line) → reload of
+# every slab → sum → store, ~3 extra global round trips on top of the one-launch floor; and its split-TF32
+# MMA pads M=1 to 16 rows. Here an S program owns SR rows × RB ranks over ALL of K: loads (x, λ, A rows),
+# fp32 FMAs, one in-program fixed-shape reduction, store. No slabs, no atomics, no ticket: the chain is
+# the floor's (load → math → store). Each program re-reads its x rows (L2; R/RB programs per row block)
+# and A is read once per row block — cheap at decode (M=1: r programs × 24 KB). The K chunks are
+# unrolled (static_range) so all their loads can be in flight together (sm_90 SASS at M=1: 12 LDG.128 per
+# thread, then the math). S: fp32 FMAs of (x / λ)·A with the approximate divide (div.full.f32, ≤ 2 ulp:
+# S is compared to float64 at ~1e-6; only q / scales must be exact, and they keep div_rn), same bits
+# every call (fixed layout, fixed reduction tree), not the ticket path's bits.
+@triton.jit
+def _fused_s_rank_program(x_ptr, stride_xm, smooth_ptr, a_ptr, stride_ar, s_ptr, stride_sm, pid, M, K, R,
+                          SR: tl.constexpr, RB: tl.constexpr, CK: tl.constexpr, NCH: tl.constexpr):
+    """S[rows, ranks] for SR rows × RB ranks over all of K; tile row i is (row i // RB, rank i % RB)."""
+    TR: tl.constexpr = SR * RB
+    n_rg = tl.cdiv(R, RB)
+    i = tl.arange(0, TR)
+    offs_m = (pid // n_rg) * SR + i // RB
+    offs_r = (pid % n_rg) * RB + i % RB
+    ok = (offs_m < M) & (offs_r < R)
+    acc = tl.zeros((TR, CK), tl.float32)
+    for c in tl.static_range(NCH):
+        offs_k = c * CK + tl.arange(0, CK)
+        k_ok = offs_k < K
+        m2 = ok[:, None] & k_ok[None, :]
+        x = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :], mask=m2, other=0.0)
+        a = tl.load(a_ptr + offs_r[:, None] * stride_ar + offs_k[None, :], mask=m2, other=0.0)
+        lam = tl.load(smooth_ptr + offs_k, mask=k_ok, other=1.0)
+        acc += (x.to(tl.float32) / lam.to(tl.float32)[None, :]) * a.to(tl.float32)
+    tl.store(s_ptr + offs_m * stride_sm + offs_r, tl.sum(acc, axis=1), mask=ok)
+
+
 @triton.jit
 def _load_smoothed(x_ptr, stride_xm, smooth_ptr, offs_m, offs_k, row_ok, k_ok):
     """x[offs_m, offs_k] / λ[offs_k] in fp32, rows and columns masked (0 outside)."""
@@ -596,6 +631,14 @@ def _fused_2l_unit(x_ptr, stride_xm, smooth_ptr, e_ptr, stride_em, t_ptr, u, QS,
     c = u % QS
     offs_m = (u // QS) * QM + tl.arange(0, QM)
     row_ok = offs_m < M
+    # the unit's own columns are loaded first (raw 16-bit: half the registers of fp32 across the loop):
+    # independent of the row absmax, so the load is in flight with the row loop's (before: issued after
+    # the dynamic loop, a second dependent round trip)
+    offs_q = c * QK + tl.arange(0, QK)
+    q_ok = offs_q < K
+    x_q = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_q[None, :], mask=row_ok[:, None] & q_ok[None, :],
+                  other=0.0)
+    lam_q = tl.load(smooth_ptr + offs_q, mask=q_ok, other=1.0)
     amax = tl.zeros((QM,), tl.float32)
     n_nan = tl.zeros((QM,), tl.int32)
     for k0 in range(0, K, CH):
@@ -607,10 +650,8 @@ def _fused_2l_unit(x_ptr, stride_xm, smooth_ptr, e_ptr, stride_em, t_ptr, u, QS,
     t = tl.where(t == 0.0, 1.0, t)
     t = tl.where(n_nan > 0, float("nan"), t)
     ok = _is_finite(t)
-    offs_q = c * QK + tl.arange(0, QK)
-    q_ok = offs_q < K
-    xs = _load_smoothed(x_ptr, stride_xm, smooth_ptr, offs_m, offs_q, row_ok, q_ok)
-    e = _2l_quantize(xs, tl.where(ok, t, 1.0), ok, QM, QK // G, G)
+    xs_q = tl.math.div_rn(x_q.to(tl.float32), lam_q.to(tl.float32)[None, :])  # = _load_smoothed's values
+    e = _2l_quantize(xs_q, tl.where(ok, t, 1.0), ok, QM, QK // G, G)
     tl.store(e_ptr + offs_m[:, None] * stride_em + offs_q[None, :], e, mask=row_ok[:, None] & q_ok[None, :])
     if c == 0:
         tl.store(t_ptr + offs_m, t, mask=row_ok)
@@ -651,14 +692,20 @@ def _act_quant_fused_kernel(
     TWO_LEVEL: tl.constexpr, G: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
     BLOCK_R: tl.constexpr, SPLIT_P2: tl.constexpr, SUM_ROWS: tl.constexpr, QM: tl.constexpr,
     QK: tl.constexpr, CH: tl.constexpr, SCALE_BF16: tl.constexpr,
+    S_RANK: tl.constexpr = False, SR: tl.constexpr = 1, RB: tl.constexpr = 1, CK: tl.constexpr = 64,
+    NCH: tl.constexpr = 1,
 ):
-    """Programs [0, N_SPROG): S (row block, slice); the rest: quant unit u = pid − N_SPROG
-    (rows (u // QS)·QM …, column chunk u % QS). See the section comment above."""
+    """Programs [0, N_SPROG): S — (row block, K slice) + ticket, or with S_RANK (SR rows, RB ranks) over all
+    of K; the rest: quant unit u = pid − N_SPROG (rows (u // QS)·QM …, column chunk u % QS)."""
     pid = tl.program_id(0)
     if pid < N_SPROG:
-        _fused_s_program(x_ptr, stride_xm, smooth_ptr, a_ptr, stride_ar, sp_ptr, stride_sps, stride_spm,
-                         s_ptr, stride_sm, cnt_ptr, pid, M, K, R, SPLIT, STEPS_PER_SLICE, ROT,
-                         BLOCK_M, BLOCK_K, BLOCK_R, SPLIT_P2, SUM_ROWS)
+        if S_RANK:  # constexpr: the ticket code (atomics, slab sum) is not even compiled
+            _fused_s_rank_program(x_ptr, stride_xm, smooth_ptr, a_ptr, stride_ar, s_ptr, stride_sm, pid, M, K,
+                                  R, SR, RB, CK, NCH)
+        else:
+            _fused_s_program(x_ptr, stride_xm, smooth_ptr, a_ptr, stride_ar, sp_ptr, stride_sps, stride_spm,
+                             s_ptr, stride_sm, cnt_ptr, pid, M, K, R, SPLIT, STEPS_PER_SLICE, ROT,
+                             BLOCK_M, BLOCK_K, BLOCK_R, SPLIT_P2, SUM_ROWS)
     elif TWO_LEVEL:
         _fused_2l_unit(x_ptr, stride_xm, smooth_ptr, q_ptr, stride_qm, sc_ptr, pid - N_SPROG, QS, M, K,
                        G, QM, QK, CH)
@@ -684,7 +731,9 @@ SMALL_M = 64
 class ActQuantPlan(NamedTuple):
     """How act_quant tiles X: rows per program, columns per step (whole groups), K slices per row block
     (S partials summed afterwards), steps per slice, warps, kernel variant (``v1`` | ``v2`` | ``fused``);
-    fused only: quant unit of ``quant_rows`` rows × ``quant_cols`` columns (0 elsewhere)."""
+    fused only: quant unit of ``quant_rows`` rows × ``quant_cols`` columns (0 elsewhere), and the S mode:
+    ``s_ranks`` = 0 → (row block, K slice) programs + ticketed sum (block_m / block_k / split apply);
+    ``s_ranks`` ≥ 1 → rank-split: ``s_rows`` rows × ``s_ranks`` ranks per program over all of K."""
 
     block_m: int
     block_k: int
@@ -694,6 +743,8 @@ class ActQuantPlan(NamedTuple):
     variant: str = "v1"
     quant_rows: int = 0
     quant_cols: int = 0
+    s_rows: int = 0
+    s_ranks: int = 0
 
 
 def _block_k(k: int, group_size: int, want: int) -> int:
@@ -708,8 +759,39 @@ def _pow2_floor(v: int) -> int:
     return 1 << (max(1, v).bit_length() - 1)
 
 
+# Fused S mode: LOWRANK_GEMM_ACT_QUANT_FUSED_S=ticket|rank pins it for every M; unset → rank-split for
+# M ≤ FUSED_RANK_MAX_M, ticket above (the rank path re-reads X once per rank group: predicted to lose at M=64).
+_ENV_FUSED_S = os.environ.get("LOWRANK_GEMM_ACT_QUANT_FUSED_S", "").strip() or None
+FUSED_RANK_MAX_M = 16
+_RANK_TILE_ELEMS = 4096  # [SR·RB, CK] per K chunk: 32 fp32 per thread at 4 warps
+
+
+def _fused_s_mode(m: int, s_rows, s_ranks) -> tuple[int, int]:
+    """(s_rows, s_ranks) of the fused S programs; s_ranks = 0 is the ticket path."""
+    if s_ranks is None:
+        mode = _ENV_FUSED_S or ("rank" if m <= FUSED_RANK_MAX_M else "ticket")
+        if mode not in ("rank", "ticket"):
+            raise ValueError(f"LOWRANK_GEMM_ACT_QUANT_FUSED_S must be 'rank' or 'ticket', got {mode!r}")
+        s_ranks = 1 if mode == "rank" else 0
+    if s_ranks == 0:
+        return 0, 0
+    # ptxas hoists every unrolled chunk's loads (the point: one round trip), so registers grow with SR:
+    # sm_90, 4 warps, K = 4096, 2l: SR 1/2/4 → 105/112/164 registers, SR 8 → 255 + 73 spill stores
+    sr = s_rows or min(triton.next_power_of_2(max(m, 1)), 2 if m <= FUSED_RANK_MAX_M else 4)
+    if sr & (sr - 1) or s_ranks & (s_ranks - 1) or s_ranks < 0:
+        raise ValueError(f"fused act_quant: s_rows and s_ranks must be powers of two, got s_rows={sr}, "
+                         f"s_ranks={s_ranks}")
+    return sr, s_ranks
+
+
+def _rank_chunks(k: int, sr: int, rb: int) -> tuple[int, int]:
+    """(CK, NCH): K columns per unrolled chunk of a rank-split S program and the chunk count."""
+    ck = min(triton.next_power_of_2(k), max(64, _RANK_TILE_ELEMS // (sr * rb)))
+    return ck, cdiv(k, ck)
+
+
 def _plan_fused(m: int, k: int, group_size: int, fmt: str, rank: int, split, block_m, block_k, num_warps,
-                quant_rows, quant_cols) -> ActQuantPlan:
+                quant_rows, quant_cols, s_rows=None, s_ranks=None) -> ActQuantPlan:
     """Fused (one launch). S programs: 16-row blocks, one step per slice where the electing program's
     sum tile [SPLIT, min(BM, M) rows, BLOCK_R] stays ≤ 64 KB (M=1: 64 slices of G columns at K=4096;
     M=16/64, r ≤ 32: 32 slices of 128 columns): one load round trip per program, no serial K loop.
@@ -735,7 +817,8 @@ def _plan_fused(m: int, k: int, group_size: int, fmt: str, rank: int, split, blo
     if qm & (qm - 1) or qk & (qk - 1) or qk % group_size:
         raise ValueError(f"fused act_quant: quant_rows must be a power of two and quant_cols a power-of-two "
                          f"multiple of group_size={group_size}, got quant_rows={qm}, quant_cols={qk}")
-    return ActQuantPlan(bm, bk, cdiv(nsteps, sps), sps, num_warps or 4, "fused", qm, qk)
+    sr, rb = _fused_s_mode(m, s_rows, s_ranks)
+    return ActQuantPlan(bm, bk, cdiv(nsteps, sps), sps, num_warps or 4, "fused", qm, qk, sr, rb)
 
 
 def _small_default(m: int, fmt: str) -> str:
@@ -745,13 +828,16 @@ def _small_default(m: int, fmt: str) -> str:
     return "fused" if fmt == "int4_2l" or m <= FUSED_G64_MAX_M else "v1"
 
 
-FUSED_G64_MAX_M = 8
+# LOWRANK_GEMM_ACT_QUANT_G64_FUSED_MAX_M pins the int4_g64 fused/v1 boundary (e.g. 16 if the rank-split
+# fused S wins at M = 16 on the probe; 0 = v1 always).
+FUSED_G64_MAX_M = int(os.environ.get("LOWRANK_GEMM_ACT_QUANT_G64_FUSED_MAX_M", "").strip() or 8)
 
 
 def plan_act_quant(m: int, k: int, group_size: int, device=None, split: int | None = None,
                    block_m: int | None = None, block_k: int | None = None,
                    num_warps: int | None = None, variant: str | None = None, *, fmt: str = "int4_g64",
-                   rank: int = 32, quant_rows: int | None = None, quant_cols: int | None = None) -> ActQuantPlan:
+                   rank: int = 32, quant_rows: int | None = None, quant_cols: int | None = None,
+                   s_rows: int | None = None, s_ranks: int | None = None) -> ActQuantPlan:
     """Memory-bound: aim at ≥ 2 programs per SM, splitting K across programs when there are too few row
     blocks (decode: M = 1 has one row block, so K is split).
 
@@ -775,7 +861,8 @@ def plan_act_quant(m: int, k: int, group_size: int, device=None, split: int | No
     if variant == "fused" and group_size & (group_size - 1):
         variant = "v1"  # tl.arange over groups needs a power-of-two G
     if variant == "fused":
-        return _plan_fused(m, k, group_size, fmt, rank, split, block_m, block_k, num_warps, quant_rows, quant_cols)
+        return _plan_fused(m, k, group_size, fmt, rank, split, block_m, block_k, num_warps, quant_rows, quant_cols,
+                           s_rows, s_ranks)
     bm = block_m or (64 if large else 16)
     bk = group_size if variant == "v2" else _block_k(k, group_size, block_k or group_size)
     warps = num_warps or (8 if bm * bk >= 64 * 256 else 4)
@@ -813,7 +900,7 @@ def act_quant(x: torch.Tensor, smooth: torch.Tensor, lora_down: torch.Tensor, gr
               fmt: str = "int4_g64", scale_dtype: torch.dtype = torch.bfloat16, *, split: int | None = None,
               block_m: int | None = None, block_k: int | None = None, num_warps: int | None = None,
               variant: str | None = None, quant_rows: int | None = None, quant_cols: int | None = None,
-              _slice_rot: int = 0):
+              s_rows: int | None = None, s_ranks: int | None = None, _slice_rot: int = 0):
     """Quantize ``x`` [M, K] (bf16/fp16, contiguous rows) after dividing by ``smooth`` [K].
 
     Returns ``(x_q, x_scale, lowrank_act)``:
@@ -823,7 +910,9 @@ def act_quant(x: torch.Tensor, smooth: torch.Tensor, lora_down: torch.Tensor, gr
     ``split`` (K slices per row block), ``block_m``, ``block_k`` (columns per step, a multiple of G that
     divides K; rounded down to one), ``num_warps``, ``variant`` (``v1`` | ``v2`` | ``fused``, same bits;
     v2 adds a tiny prep launch) and, for fused, ``quant_rows`` / ``quant_cols`` override the plan
-    (:func:`plan_act_quant`). ``_slice_rot`` (tests only) rotates which fused program owns which slice.
+    (:func:`plan_act_quant`), and ``s_ranks`` (0: ticketed K-split S; ≥ 1: rank-split S, ``s_rows`` rows
+    per program) picks the fused S mode (default: ``LOWRANK_GEMM_ACT_QUANT_FUSED_S`` or rank for M ≤ 16).
+    ``_slice_rot`` (tests only) rotates which fused program owns which slice (ticket mode).
     Launches: fused one; v1/v2 g64 one kernel, 2l two passes (+ v2's prep, + the S reduce when split > 1).
     The fused path keeps a per-device int32 ticket buffer (zero between calls): calls that run
     concurrently on two streams of one device must not both use it (a graph replay is one call per node).
@@ -835,7 +924,7 @@ def act_quant(x: torch.Tensor, smooth: torch.Tensor, lora_down: torch.Tensor, gr
     if fmt not in FORMATS:
         raise ValueError(f"fmt must be one of {FORMATS}, got {fmt!r}")
     plan = plan_act_quant(m, k, group_size, dev, split, block_m, block_k, num_warps, variant, fmt=fmt, rank=r,
-                          quant_rows=quant_rows, quant_cols=quant_cols)
+                          quant_rows=quant_rows, quant_cols=quant_cols, s_rows=s_rows, s_ranks=s_ranks)
     if plan.variant == "fused":
         return _act_quant_fused(x, smooth, lora_down, group_size, fmt, scale_dtype, plan, _slice_rot)
     lowrank_act = torch.empty((m, r), device=dev, dtype=torch.float32)
@@ -933,7 +1022,7 @@ def _act_quant_fused(x, smooth, lora_down, group_size, fmt, scale_dtype, plan: A
     m, k = x.shape
     r = lora_down.shape[0]
     dev = x.device
-    bm, bk, nsplit, sps, warps, _, qm, qk = plan
+    bm, bk, nsplit, sps, warps, _, qm, qk, sr, rb = plan
     two_level = fmt == "int4_2l"
     if two_level:
         x_q = torch.empty((m, k), device=dev, dtype=torch.int8)
@@ -945,13 +1034,24 @@ def _act_quant_fused(x, smooth, lora_down, group_size, fmt, scale_dtype, plan: A
     if m == 0:
         return x_q, x_scale, lowrank_act
     br = rank_block(r)
-    n_rb = cdiv(m, bm)
-    n_s = n_rb * nsplit if r else 0
     qs = cdiv(k, qk)
     n_q = cdiv(m, qm) * qs
+    a = lora_down if r else x
+    if rb:  # rank-split S: no slabs, no tickets
+        ck, nch = _rank_chunks(k, sr, rb)
+        n_s = cdiv(m, sr) * cdiv(r, rb) if r else 0
+        _act_quant_fused_kernel[(n_s + n_q,)](
+            x, x.stride(0), smooth, x_q, x_q.stride(0), x_scale, x_scale.stride(0), a, a.stride(0),
+            lowrank_act, 0, 0, lowrank_act, lowrank_act.stride(0), lowrank_act,  # no slabs / tickets
+            m, k, r, 1, 1, n_s, qs, 0,
+            TWO_LEVEL=two_level, G=group_size, BLOCK_M=16, BLOCK_K=group_size, BLOCK_R=br, SPLIT_P2=1, SUM_ROWS=1,
+            QM=qm, QK=qk, CH=min(triton.next_power_of_2(k), max(64, 4096 // qm)),
+            SCALE_BF16=scale_dtype == torch.bfloat16, S_RANK=True, SR=sr, RB=rb, CK=ck, NCH=nch, num_warps=warps)
+        return x_q, x_scale, lowrank_act
+    n_rb = cdiv(m, bm)
+    n_s = n_rb * nsplit if r else 0
     sp = torch.empty((nsplit, m, r), device=dev, dtype=torch.float32) if (r and nsplit > 1) else lowrank_act
     cnt = _tickets(dev, n_rb)
-    a = lora_down if r else x
     _act_quant_fused_kernel[(n_s + n_q,)](
         x, x.stride(0), smooth, x_q, x_q.stride(0), x_scale, x_scale.stride(0), a, a.stride(0),
         sp, sp.stride(0) if sp.dim() == 3 else 0, sp.stride(-2), lowrank_act, lowrank_act.stride(0), cnt,
