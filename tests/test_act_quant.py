@@ -185,7 +185,7 @@ def test_v2_plan_defaults():
     assert plan_act_quant(64, 4096, 64, fmt="int4_2l").variant == "fused"
     assert plan_act_quant(65, 4096, 64, fmt="int4_2l").variant == "v2"
     # int4_g64 keeps the old path from M = 16 on (it measured faster there on the H200)
-    assert plan_act_quant(16, 4096, 64).variant == "v1" and plan_act_quant(8, 4096, 64).variant == "fused"
+    assert plan_act_quant(17, 4096, 64).variant == "v1" and plan_act_quant(16, 4096, 64).variant == "fused"
     p = plan_act_quant(4608, 3072, 64, variant="v2", block_k=128)
     assert p.block_k == 64 and p.split * p.steps_per_slice >= 48  # v2 always steps one group
     assert plan_act_quant(4608, 3072, 64, variant="v1").variant == "v1"

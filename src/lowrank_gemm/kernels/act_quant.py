@@ -822,15 +822,15 @@ def _plan_fused(m: int, k: int, group_size: int, fmt: str, rank: int, split, blo
 
 
 def _small_default(m: int, fmt: str) -> str:
-    """Measured on the H200 (probes/act_quant_ab_s3, K=4096/3072, r=32, graph µs, old v1 → fused): int4_2l
-    20.4 → 12.7 (M=1), 13.2 → 12.3 (M=16), 14.0 → 12.7 (M=64); int4_g64 15.1 → 12.7 (M=1) but 10.2 → 12.2
-    (M=16) and 10.6 → 12.4 (M=64). So fused for int4_2l and for single-token int4_g64, v1 otherwise."""
+    """Measured on the H200 (K=4096, r=32, graph µs; probes/act_quant_ab_s3 then act_quant_ab_s3b with the
+    rank-split S): old v1 → fused: int4_2l 20.1 → 7.5 (M=1), 13.0 → 8.4 (M=16), 14.0 → 12.8 (M=64, ticket S);
+    int4_g64 15.3 → 7.7 (M=1), 10.0 → 7.9 (M=16), but 10.5 → 12.4 at M=64. So fused for int4_2l and for
+    int4_g64 up to M=16, v1 above."""
     return "fused" if fmt == "int4_2l" or m <= FUSED_G64_MAX_M else "v1"
 
 
-# LOWRANK_GEMM_ACT_QUANT_G64_FUSED_MAX_M pins the int4_g64 fused/v1 boundary (e.g. 16 if the rank-split
-# fused S wins at M = 16 on the probe; 0 = v1 always).
-FUSED_G64_MAX_M = int(os.environ.get("LOWRANK_GEMM_ACT_QUANT_G64_FUSED_MAX_M", "").strip() or 8)
+# LOWRANK_GEMM_ACT_QUANT_G64_FUSED_MAX_M pins the int4_g64 fused/v1 boundary (0 = v1 always).
+FUSED_G64_MAX_M = int(os.environ.get("LOWRANK_GEMM_ACT_QUANT_G64_FUSED_MAX_M", "").strip() or 16)
 
 
 def plan_act_quant(m: int, k: int, group_size: int, device=None, split: int | None = None,
