@@ -645,18 +645,3 @@ def test_aot_stacked_one_wait_per_group(cfg, d, b_mask):
     assert loop.count("bar.sync") <= 4
     led = mg.main_ledger(cfg, append_stages=3, append_d=d)
     assert led.total() == info.shared, led.table()
-
-
-@pytest.mark.parametrize("plan_kw", [dict(split_k=3, fuse_d=2), dict(split_k=2, epi_d=4),
-                                     dict(split_k=3, expand="appended", append_rowsel=True)],
-                         ids=["fused", "epilogue", "appended"])
-def test_split_k_shared_fixup_bit_identical_to_inline(plan_kw, monkeypatch):
-    """LOWRANK_GEMM_ML_SPLITK=shared (the kernels/splitk.py protocol) gives the same bits as the inline copy."""
-    case = make_case(40, 36, 96, 4, 16, ranks=[16, 8, 3, 16], seed=3)
-    plan = small_plan(**plan_kw)
-    monkeypatch.setenv("LOWRANK_GEMM_ML_SPLITK", "inline")
-    want = run(case, "gather", plan)
-    monkeypatch.setenv("LOWRANK_GEMM_ML_SPLITK", "shared")
-    got = run(case, "gather", plan)
-    assert torch.equal(got, want)
-    assert_close(got, ref_of(case))

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,7 +39,6 @@ import triton.language as tl
 
 from lowrank_gemm.kernels.epilogue import add_bias, lowrank_up, rank_block, store_tile
 from lowrank_gemm.kernels.schedule import cdiv, grouped_tile, num_sms
-from lowrank_gemm.kernels.splitk import splitk_arrive, splitk_reset, splitk_store, splitk_sum
 from lowrank_gemm.plan.config import KernelConfig
 from lowrank_gemm.plan.smem import SmemLedger, SmemTerm, barrier_bytes, solve_stages, tile_bytes
 from lowrank_gemm.plan.tuned import TUNED_DIR, tuned_file
@@ -409,7 +407,7 @@ def _mlora_main_kernel(
         FUSE_D: tl.constexpr = 0, EPI_D: tl.constexpr = 1, SPLIT_K: tl.constexpr = 1,
         EPI_PIPE: tl.constexpr = 0, B_VEC: tl.constexpr = False, APPEND: tl.constexpr = False,
         APPEND_STAGES: tl.constexpr = 3, B_TMA: tl.constexpr = False, B_MASK: tl.constexpr = True,
-        ROW_SELECT: tl.constexpr = False, APPEND_D: tl.constexpr = 1, SPLITK_SHARED: tl.constexpr = False):
+        ROW_SELECT: tl.constexpr = False, APPEND_D: tl.constexpr = 1):
     FUSED: tl.constexpr = HAS_LORA and FUSE_D > 0
     APPENDED: tl.constexpr = HAS_LORA and APPEND and FUSE_D == 0
     DQ: tl.constexpr = max(FUSE_D, 1) * BLOCK_R
@@ -460,46 +458,26 @@ def _mlora_main_kernel(
                               B_TMA, B_MASK, ROW_SELECT, APPEND_D, B_VEC)
 
     if SPLIT_K > 1:
-        if SPLITK_SHARED:
-            # the protocol of kernels/splitk.py (shared with the LoRA kernel): every split parks its fp32
-            # partial(s) in the tile's slots, the last to arrive (ticket) sums them in split order and runs
-            # the epilogue; workspace tiles are whole, so the masks are all-true
-            offs_p = tl.arange(0, BM)[:, None] * BN + tl.arange(0, BN)[None, :]
-            ws_tile = ws_ptr + tile.to(tl.int64) * (SPLIT_K * BM * BN)
-            splitk_store(ws_tile, offs_p, BM * BN, pid_k, acc, tl.full((BM, BN), 1, tl.int1))
-            if FUSED:
-                offs_q = tl.arange(0, BM)[:, None] * DQ + tl.arange(0, DQ)[None, :]
-                sws_tile = sws_ptr + tile.to(tl.int64) * (SPLIT_K * BM * DQ)
-                splitk_store(sws_tile, offs_q, BM * DQ, pid_k, s_f, tl.full((BM, DQ), 1, tl.int1))
-            is_last = splitk_arrive(cnt_ptr + tile, SPLIT_K)
-            if is_last:
-                acc = splitk_sum(ws_tile, offs_p, BM * BN, tl.full((BM, BN), 1, tl.int1), SPLIT_K,
-                                 tl.zeros((BM, BN), tl.float32))
+        # deterministic split-K without a second launch: every split parks its fp32 partial, the
+        # last to arrive (ticket) sums all partials in split order and runs the epilogue
+        ob = tl.arange(0, BM)
+        slot = (tile * SPLIT_K + pid_k).to(tl.int64)
+        p_ptrs = ws_ptr + ob[:, None] * BN + tl.arange(0, BN)[None, :]
+        tl.store(p_ptrs + slot * (BM * BN), acc)
+        if FUSED:
+            q_ptrs = sws_ptr + ob[:, None] * DQ + tl.arange(0, DQ)[None, :]
+            tl.store(q_ptrs + slot * (BM * DQ), s_f)
+        tl.debug_barrier()      # all threads' partial stores precede the (one-thread) release
+        ticket = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel", scope="gpu")
+        is_last = ticket == SPLIT_K - 1
+        if is_last:
+            acc = tl.zeros((BM, BN), tl.float32)
+            s_f = tl.zeros((BM, DQ), tl.float32)
+            for sp in tl.static_range(SPLIT_K):
+                acc += tl.load(p_ptrs + (tile * SPLIT_K + sp).to(tl.int64) * (BM * BN), cache_modifier=".cg")
                 if FUSED:
-                    s_f = splitk_sum(sws_tile, offs_q, BM * DQ, tl.full((BM, DQ), 1, tl.int1), SPLIT_K,
-                                     tl.zeros((BM, DQ), tl.float32))
-                splitk_reset(cnt_ptr + tile)
-        else:
-            # deterministic split-K without a second launch: every split parks its fp32 partial, the
-            # last to arrive (ticket) sums all partials in split order and runs the epilogue
-            ob = tl.arange(0, BM)
-            slot = (tile * SPLIT_K + pid_k).to(tl.int64)
-            p_ptrs = ws_ptr + ob[:, None] * BN + tl.arange(0, BN)[None, :]
-            tl.store(p_ptrs + slot * (BM * BN), acc)
-            if FUSED:
-                q_ptrs = sws_ptr + ob[:, None] * DQ + tl.arange(0, DQ)[None, :]
-                tl.store(q_ptrs + slot * (BM * DQ), s_f)
-            tl.debug_barrier()      # all threads' partial stores precede the (one-thread) release
-            ticket = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel", scope="gpu")
-            is_last = ticket == SPLIT_K - 1
-            if is_last:
-                acc = tl.zeros((BM, BN), tl.float32)
-                s_f = tl.zeros((BM, DQ), tl.float32)
-                for sp in tl.static_range(SPLIT_K):
-                    acc += tl.load(p_ptrs + (tile * SPLIT_K + sp).to(tl.int64) * (BM * BN), cache_modifier=".cg")
-                    if FUSED:
-                        s_f += tl.load(q_ptrs + (tile * SPLIT_K + sp).to(tl.int64) * (BM * DQ), cache_modifier=".cg")
-                tl.atomic_xchg(cnt_ptr + tile, 0, sem="relaxed", scope="gpu")     # ready for the next launch
+                    s_f += tl.load(q_ptrs + (tile * SPLIT_K + sp).to(tl.int64) * (BM * DQ), cache_modifier=".cg")
+            tl.atomic_xchg(cnt_ptr + tile, 0, sem="relaxed", scope="gpu")     # ready for the next launch
     else:
         is_last = True
 
@@ -928,7 +906,7 @@ def multi_lora_gemm(x, weight, bank_a, bank_b, ranks, scales, adapter_ids, bias=
         B_VEC=((plan.b_vec or (append and plan.append_d > 1)) and bank_b.stride(2) == 1
                and bank_b.stride(0) % 8 == 0 and bank_b.stride(1) % 8 == 0 and r_max == block_r),
         APPEND=append, APPEND_STAGES=plan.append_stages, B_TMA=b_tma, B_MASK=not b_clean,
-        ROW_SELECT=plan.append_rowsel, APPEND_D=plan.append_d, SPLITK_SHARED=_splitk_shared(),
+        ROW_SELECT=plan.append_rowsel, APPEND_D=plan.append_d,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return y
 
@@ -949,13 +927,6 @@ def _multi_lora_linear_op(x: torch.Tensor, weight: torch.Tensor, bank_a: torch.T
 def _(x, weight, bank_a, bank_b, ranks, scales, adapter_ids, bias, row_order, mode, validate, max_adapters=None,
       b_clean=False):
     return x.new_empty((*x.shape[:-1], weight.shape[0]))
-
-
-def _splitk_shared() -> bool:
-    """Split-K fixup through kernels/splitk.py (shared with LoRA) instead of this file's own copy. Off until
-    the H200 A/B: the shared form uses 32-bit offsets from one base (fewer registers: 255 → 195–251 and no
-    spills on the tuned M=64 split-4 plans) but its sum loop is not unrolled. LOWRANK_GEMM_ML_SPLITK=shared."""
-    return os.environ.get("LOWRANK_GEMM_ML_SPLITK", "inline") == "shared"
 
 
 def multi_lora_linear(x: torch.Tensor, weight: torch.Tensor, bank_a, bank_b: torch.Tensor | None = None,
