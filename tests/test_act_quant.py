@@ -375,13 +375,18 @@ def triton_p2(v):
     return triton.next_power_of_2(v)
 
 
+def _fused_signature(q: str, sc: str, cnt: str) -> dict:
+    """sm_90 signature of ``_act_quant_fused_kernel`` (``q``/``sc``/``cnt``: the format-dependent pointer types)."""
+    return dict(x_ptr="*bf16", stride_xm="i32", smooth_ptr="*bf16", q_ptr=q, stride_qm="i32", sc_ptr=sc,
+                stride_sg="i32", a_ptr="*bf16", stride_ar="i32", sp_ptr="*fp32", stride_sps="i32", stride_spm="i32",
+                s_ptr="*fp32", stride_sm="i32", cnt_ptr=cnt, M="i32", K="i32", R="i32", SPLIT="i32",
+                STEPS_PER_SLICE="i32", N_SPROG="i32", QS="i32", ROT="i32")
+
+
 def test_fused_sm90_ptx_ticket():
     """sm_90: one acq_rel gpu-scope ticket add + a relaxed reset (no other atomics), S via mma."""
     from lowrank_gemm.kernels.aot import compile_sm90
-    sig = dict(x_ptr="*bf16", stride_xm="i32", smooth_ptr="*bf16", q_ptr="*i8", stride_qm="i32", sc_ptr="*fp32",
-               stride_sg="i32", a_ptr="*bf16", stride_ar="i32", sp_ptr="*fp32", stride_sps="i32", stride_spm="i32",
-               s_ptr="*fp32", stride_sm="i32", cnt_ptr="*i32", M="i32", K="i32", R="i32", SPLIT="i32",
-               STEPS_PER_SLICE="i32", N_SPROG="i32", QS="i32", ROT="i32")
+    sig = _fused_signature(q="*i8", sc="*fp32", cnt="*i32")
     ce = dict(TWO_LEVEL=True, G=64, BLOCK_M=16, BLOCK_K=128, BLOCK_R=32, SPLIT_P2=32, SUM_ROWS=16, QM=1, QK=2048,
               CH=4096, SCALE_BF16=True)
     info = compile_sm90("lowrank_gemm.kernels.act_quant", "_act_quant_fused_kernel", sig, ce,
@@ -394,10 +399,7 @@ def test_fused_sm90_ptx_ticket():
 def test_fused_rank_sm90_ptx():
     """sm_90, rank-split S: no atomics, no MMA (plain FMAs), 16-byte vector loads of X / A / λ."""
     from lowrank_gemm.kernels.aot import compile_sm90
-    sig = dict(x_ptr="*bf16", stride_xm="i32", smooth_ptr="*bf16", q_ptr="*u8", stride_qm="i32", sc_ptr="*bf16",
-               stride_sg="i32", a_ptr="*bf16", stride_ar="i32", sp_ptr="*fp32", stride_sps="i32", stride_spm="i32",
-               s_ptr="*fp32", stride_sm="i32", cnt_ptr="*fp32", M="i32", K="i32", R="i32", SPLIT="i32",
-               STEPS_PER_SLICE="i32", N_SPROG="i32", QS="i32", ROT="i32")
+    sig = _fused_signature(q="*u8", sc="*bf16", cnt="*fp32")
     ce = dict(TWO_LEVEL=False, G=64, BLOCK_M=16, BLOCK_K=64, BLOCK_R=32, SPLIT_P2=1, SUM_ROWS=1, QM=1, QK=256,
               CH=4096, SCALE_BF16=True, S_RANK=True, SR=1, RB=1, CK=4096, NCH=1)
     info = compile_sm90("lowrank_gemm.kernels.act_quant", "_act_quant_fused_kernel", sig, ce,
