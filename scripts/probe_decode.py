@@ -31,15 +31,15 @@ CFGS = "128x256x4,128x256x3,128x128x6,128x128x4,64x256x4,128x512x2,128x256x4w8,1
 
 
 def _cfg(tag: str, m: int):
-    """"BNxBKxSTAGES" + flags: "s" synchronous wgmmas, "w8" 8 warps (two warpgroups), "m" the 4/5-op mad
-    product → (config, launcher kwargs)."""
+    """"BNxBKxSTAGES" + flags: "s" synchronous wgmmas, "w8" 8 warps (two warpgroups) → (config, launcher
+    kwargs). (Session 3 also tried an "m" mad product and a "t" tiled weight layout: no gain, removed.)"""
     import re
     from lowrank_gemm.kernels.gluon.w4a4_decode import default_decode_config
     bn, bk, st, flags = re.fullmatch(r"(\d+)x(\d+)x(\d+)(\D.*)?", tag).groups()
     flags = flags or ""
     cfg = default_decode_config(m, 64, FMT).replace(block_n=int(bn), block_k=int(bk), num_stages=int(st),
                                            num_warps=8 if "w8" in flags else 4)
-    return cfg, dict(mma_async="s" not in flags, mad="m" in flags)
+    return cfg, dict(mma_async="s" not in flags)
 
 
 def _launch(ops, cfg, kw):
@@ -58,7 +58,7 @@ def check() -> dict:
              dict(M=64, N=N, K=K, rank=R, bias=True, col_scale=False)]
     worst, notes = 0.0, []
     for c in cases:
-        for tag in (None, "128x128x6", "64x512x3", "128x256x4w8") + (("128x256x4s", "128x256x4m") if FMT == "int4_2l" else ()):
+        for tag in (None, "128x128x6", "64x512x3", "128x256x4w8") + (("128x256x4s", ) if FMT == "int4_2l" else ()):
             ops = w4.make_operands_v2(FMT, c["M"], c["N"], c["K"], c["rank"], 64, device="cuda",
                                       bias=c["bias"], col_scale=c["col_scale"])
             if tag and c["K"] % int(tag.split("x")[1]):

@@ -34,10 +34,10 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 
 from ...plan.config import KernelConfig
 from ...plan.smem import SmemLedger, SmemTerm, barrier_bytes, tile_bytes
-from ..int4_unpack import HI_ASM, HI_MUL_ASM, LO_ASM, LO_MUL_ASM
 from ..schedule import cdiv
 from .host import desc, dummy
 from .skeleton import alloc_barriers
+from .w4a4_ws import _nibbles
 
 __all__ = ["decode_ledger", "plan_decode", "default_decode_config", "launch_w4a4_decode", "w4a4_decode_kernel",
            "decode_enabled", "DECODE_MAX_M", "aot_signature_decode", "check_decode_config"]
@@ -54,47 +54,6 @@ _FMT_G = gl.constexpr(FMT_INT4_G)
 _FMT_2L = gl.constexpr(FMT_INT4_2L)
 U_ROW = 128               # bytes per SMEM row of u (≥ block_n; TMA destinations are 128-byte aligned)
 _U_ROW = gl.constexpr(U_ROW)
-
-
-# Two-level product q·u per byte with the row's constants precomputed: $2 holds u in every byte (a broadcast
-# row value), $3 holds 0x80 − 8u in every byte; (q + 8)·u + 0x80 − 8u ∈ [8, 233] never carries across bytes,
-# and flipping bit 7 gives q·u as int8 (kernels/int4_unpack.py derives it). 4 ops (low) / 5 ops (high) per
-# four weights instead of 7 / 8 with the offset recomputed per register.
-LO_MAD_ASM = gl.constexpr("""{
-.reg .b32 n, u;
-and.b32 u, $2, 0xFF;
-lop3.b32 n, $1, 0x0F0F0F0F, 0x08080808, 0x6a;
-mad.lo.u32 n, n, u, $3;
-xor.b32 $0, n, 0x80808080;
-}""")
-HI_MAD_ASM = gl.constexpr("""{
-.reg .b32 n, u;
-and.b32 u, $2, 0xFF;
-shr.u32 n, $1, 4;
-lop3.b32 n, n, 0x0F0F0F0F, 0x08080808, 0x6a;
-mad.lo.u32 n, n, u, $3;
-xor.b32 $0, n, 0x80808080;
-}""")
-
-
-@gluon.jit
-def _expand_regs(packed, u, SWAR: gl.constexpr, MAD: gl.constexpr):
-    """(low, high) nibbles of ``packed`` int8 [BN, 32] × u[BN] (two-level product, int8)."""
-    if SWAR:
-        ub = u[:, None]
-        if MAD:
-            cb = (128 - 8 * u.to(gl.int32)).to(gl.int8)[:, None]    # 0x80 − 8u ∈ [8, 120]
-            lo = gl.inline_asm_elementwise(LO_MAD_ASM, "=r,r,r,r", [packed, ub, cb], dtype=gl.int8, is_pure=True,
-                                           pack=4)
-            hi = gl.inline_asm_elementwise(HI_MAD_ASM, "=r,r,r,r", [packed, ub, cb], dtype=gl.int8, is_pure=True,
-                                           pack=4)
-        else:
-            lo = gl.inline_asm_elementwise(LO_MUL_ASM, "=r,r,r", [packed, ub], dtype=gl.int8, is_pure=True, pack=4)
-            hi = gl.inline_asm_elementwise(HI_MUL_ASM, "=r,r,r", [packed, ub], dtype=gl.int8, is_pure=True, pack=4)
-    else:
-        lo = ((packed << 4) >> 4) * u[:, None]
-        hi = (packed >> 4) * u[:, None]
-    return lo, hi
 
 
 @gluon.jit
@@ -137,7 +96,7 @@ def _token_scales(xscale_ptr, step, k_tiles, off_t, M, BLOCK_T: gl.constexpr, BL
 @gluon.jit
 def _mainloop_2l(x_desc, w_desc, u_desc, x_bufs, w_bufs, u_bufs, ready, off_t, off_n, N, k_tiles,
                  STAGES: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_T: gl.constexpr, BLOCK_K: gl.constexpr,
-                 G2: gl.constexpr, SWAR: gl.constexpr, MMA_ASYNC: gl.constexpr, MAD: gl.constexpr,
+                 G2: gl.constexpr, SWAR: gl.constexpr, MMA_ASYNC: gl.constexpr,
                  mma: gl.constexpr):
     """int32 accumulation of (q⊙u)·xᵀ straight through K (t ⊗ s applied in the epilogue)."""
     NB: gl.constexpr = BLOCK_K // _PACK
@@ -152,7 +111,7 @@ def _mainloop_2l(x_desc, w_desc, u_desc, x_bufs, w_bufs, u_bufs, ready, off_t, o
         for b in gl.static_range(NB):
             packed = wp.slice(b * (_PACK // 2), _PACK // 2, dim=1).load(a_layout).to(gl.int8, bitcast=True)
             u = u_bufs.index(slot * UR + (b * _PACK) // G2).slice(0, BLOCK_N).load(gl.SliceLayout(1, a_layout))
-            lo, hi = _expand_regs(packed, u.to(gl.int8), SWAR, MAD)
+            lo, hi = _nibbles(packed, u.to(gl.int8), True, SWAR)   # q·u: one IMUL per four bytes
             xl = xb.slice(b * _PACK, _PACK // 2, dim=1).permute((1, 0))
             xh = xb.slice(b * _PACK + _PACK // 2, _PACK // 2, dim=1).permute((1, 0))
             if MMA_ASYNC:
@@ -205,7 +164,7 @@ def _mainloop_g(x_desc, w_desc, u_desc, x_bufs, w_bufs, u_bufs, xe, ready, xscal
         xp = x_bufs.index(slot)
         for b in gl.static_range(NB):
             packed_x = xp.slice(b * (_PACK // 2), _PACK // 2, dim=1).load(x_layout).to(gl.int8, bitcast=True)
-            xlo, xhi = _nibbles(packed_x, SWAR)
+            xlo, xhi = _nibbles(packed_x, packed_x, False, SWAR)
             xe.slice(b * _PACK, _PACK // 2, dim=1).store(xlo)
             xe.slice(b * _PACK + _PACK // 2, _PACK // 2, dim=1).store(xhi)
         fence_async_shared()
@@ -213,7 +172,7 @@ def _mainloop_g(x_desc, w_desc, u_desc, x_bufs, w_bufs, u_bufs, xe, ready, xscal
         wp = w_bufs.index(slot)
         for b in gl.static_range(NB):
             packed = wp.slice(b * (_PACK // 2), _PACK // 2, dim=1).load(a_layout).to(gl.int8, bitcast=True)
-            lo, hi = _nibbles(packed, SWAR)
+            lo, hi = _nibbles(packed, packed, False, SWAR)
             part = warpgroup_mma(lo, xe.slice(b * _PACK, _PACK // 2, dim=1).permute((1, 0)), zero,
                                  use_acc=False, is_async=True)
             part = warpgroup_mma(hi, xe.slice(b * _PACK + _PACK // 2, _PACK // 2, dim=1).permute((1, 0)), part,
@@ -229,18 +188,6 @@ def _mainloop_g(x_desc, w_desc, u_desc, x_bufs, w_bufs, u_bufs, xe, ready, xscal
     return acc
 
 
-@gluon.jit
-def _nibbles(packed, SWAR: gl.constexpr):
-    """(low, high) sign-extended nibbles of ``packed`` int8 (four bytes per instruction with SWAR)."""
-    if SWAR:
-        lo = gl.inline_asm_elementwise(LO_ASM, "=r,r", [packed], dtype=gl.int8, is_pure=True, pack=4)
-        hi = gl.inline_asm_elementwise(HI_ASM, "=r,r", [packed], dtype=gl.int8, is_pure=True, pack=4)
-    else:
-        lo = (packed << 4) >> 4
-        hi = packed >> 4
-    return lo, hi
-
-
 @gluon.jit(do_not_specialize=["M", "N", "K", "stride_om", "stride_sm", "stride_un", "R"])
 def w4a4_decode_kernel(x_desc, w_desc, u_desc,
                        out_ptr, stride_om, xscale_ptr, wscale_ptr, col_scale_ptr, bias_ptr,
@@ -249,7 +196,7 @@ def w4a4_decode_kernel(x_desc, w_desc, u_desc,
                        G2: gl.constexpr, BLOCK_T: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr,
                        STAGES: gl.constexpr, BLOCK_R: gl.constexpr, HAS_LOWRANK: gl.constexpr,
                        HAS_COL_SCALE: gl.constexpr, HAS_BIAS: gl.constexpr, SWAR: gl.constexpr,
-                       MMA_ASYNC: gl.constexpr = True, MAD: gl.constexpr = False, FMT: gl.constexpr = 1):
+                       MMA_ASYNC: gl.constexpr = True, FMT: gl.constexpr = 1):
     gl.static_assert(BLOCK_K % _PACK == 0, "BLOCK_K must be a multiple of the 64-wide pack block")
     gl.static_assert(BLOCK_K % G2 == 0, "a K step covers whole groups")
     pid_n = gl.program_id(0)
@@ -273,7 +220,7 @@ def w4a4_decode_kernel(x_desc, w_desc, u_desc,
                     STAGES, BLOCK_N, BLOCK_K, G2, True, FMT)
     if FMT == _FMT_2L:
         acc = _mainloop_2l(x_desc, w_desc, u_desc, x_bufs, w_bufs, u_bufs, ready, off_t, off_n, N, k_tiles,
-                           STAGES, BLOCK_N, BLOCK_T, BLOCK_K, G2, SWAR, MMA_ASYNC, MAD, mma)
+                           STAGES, BLOCK_N, BLOCK_T, BLOCK_K, G2, SWAR, MMA_ASYNC, mma)
     else:
         xe_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_T, BLOCK_K], gl.int8)
         xe = gl.allocate_shared_memory(gl.int8, [BLOCK_T, BLOCK_K], xe_layout)
@@ -368,7 +315,7 @@ def decode_enabled() -> bool:
 
 
 def _args(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, out, fmt, group_size, config,
-          col_scale=None, swar=True, mma_async=True, mad=False):
+          col_scale=None, swar=True, mma_async=True):
     from ..w4a4_gemm import FORMATS, check_gemm_args
     if fmt not in FORMATS:
         raise ValueError(f"w4a4 decode: fmt must be one of {FORMATS}, got {fmt!r}")
@@ -401,31 +348,29 @@ def _args(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, out, fm
             lora_up if r else dummy(dev, torch.bfloat16, (1, )), lora_up.stride(0) if r else 0, M, N, K, r)
     cx = dict(G2=group_size, BLOCK_T=bt, BLOCK_N=bn, BLOCK_K=bk, STAGES=config.num_stages, BLOCK_R=0,
               HAS_LOWRANK=r > 0, HAS_COL_SCALE=col_scale is not None, HAS_BIAS=bias is not None, SWAR=swar,
-              MMA_ASYNC=mma_async, MAD=mad, FMT=FMT_INT4_G if g else FMT_INT4_2L)
+              MMA_ASYNC=mma_async, FMT=FMT_INT4_G if g else FMT_INT4_2L)
     return grid, args, cx, config
 
 
 def launch_w4a4_decode(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, out, fmt: str,
                        group_size: int, config: KernelConfig | None = None, *, col_scale=None, swar: bool = True,
-                       mma_async: bool = True, mad: bool = False):
+                       mma_async: bool = True):
     """out [M, N] ← the W4A4 layer's GEMM + epilogue (launcher contract of kernels/w4a4_gemm.py, both formats).
-    ``mma_async=False``: each wgmma waits for itself; ``mad=False``: the 7/8-op two-level product of
-    kernels/int4_unpack.py (the first H200 version; mad=True measured slower, probes/probe_decode_s3c). Both
-    only affect int4_2l."""
+    ``mma_async=False`` (int4_2l): each wgmma waits for itself — the first H200 version, kept for A/B."""
     grid, args, cx, cfg = _args(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, out, fmt, group_size,
-                                config, col_scale, swar, mma_async, mad)
+                                config, col_scale, swar, mma_async)
     w4a4_decode_kernel[grid](*args, **cx, num_warps=cfg.num_warps)
     return out
 
 
 def aot_signature_decode(config: KernelConfig | None = None, *, M=5, N=160, K=512, rank=16, group_size=64,
-                         bias=True, col_scale=True, swar=True, mma_async=True, mad=False, fmt="int4_2l"):
+                         bias=True, col_scale=True, swar=True, mma_async=True, fmt="int4_2l"):
     """(signature, constexprs, config) for ``kernels.aot.compile_sm90`` of :func:`w4a4_decode_kernel`."""
     import inspect
     from triton.runtime.jit import mangle_type
     from .w4a4_ws import make_operands_v2
     ops = make_operands_v2(fmt, M, N, K, rank, group_size, device="cpu", bias=bias, col_scale=col_scale)
-    _, args, cx, cfg = _args(**ops, config=config, swar=swar, mma_async=mma_async, mad=mad)
+    _, args, cx, cfg = _args(**ops, config=config, swar=swar, mma_async=mma_async)
     names = [n for n in inspect.signature(w4a4_decode_kernel.fn).parameters if n not in cx]
     sig = {n: (mangle_type(a) if not isinstance(a, int) else "i32") for n, a in zip(names, args)}
     return sig, cx, cfg
