@@ -1,24 +1,28 @@
-"""W4A4 decode GEMM (int4_2l, M ≤ 64): swap-AB with the weights as the REGISTER operand of wgmma.
+"""W4A4 decode GEMM (M ≤ 64, both formats): swap-AB with the weights as the REGISTER operand of wgmma.
 
-    outᵀ[N, M] = epilogue( (q⊙u)[N, K] · x[M, K]ᵀ )        (same launcher contract as kernels/w4a4_gemm.py)
+    outᵀ[N, M] = epilogue( W[N, K] · x[M, K]ᵀ )        (same launcher contract as kernels/w4a4_gemm.py)
 
 Why a separate kernel: at decode sizes the whole cost is streaming 4-bit weights (K=4096, N=28672: 58.7 MB,
 ≈ 14 µs at the H200's copy bandwidth). The v2 kernel (w4a4_ws) keeps only two packed stages in flight per SM
 (its SMEM goes to the expanded 8-bit ring the wgmma reads) and reached 56–69 µs; the v1 swap-AB kernel
-95–101 µs (Triton serializes the unpack with the MMA). Here nothing expanded ever touches shared memory:
+95–101 µs (Triton serializes the unpack with the MMA). Here no expanded weight ever touches shared memory:
 
 - one ring of STAGES slots, each the TMA copies of one K step: packed weights [BN, BK/2], the token tile
-  x [BT, BK] (int8, the wgmma B operand, read in place), the level-2 multipliers u [BK/G, BN];
+  (int4_2l: int8 x [BT, BK], the wgmma B operand read in place; int4_g64: packed [BT, BK/2], expanded once per
+  step into one int8 tile), and the [K/G, N] row table of the step's groups (2l: multipliers u; g64: w_scale);
 - the consumer loads each 64-wide packed block straight into the wgmma A-operand register layout
   (k_width 4: every 32-bit register holds four consecutive K bytes of one weight row), expands it in
-  registers (SWAR, kernels/int4_unpack.py: low nibbles → K 0–31 of the block, high → 32–63, so no shuffles)
-  and issues two register-A wgmmas (m64nBTk32) against x's two 32-column slices;
-- no warp specialization: STAGES−1 steps of TMA are always in flight, and several CTAs share an SM (small
-  rings), so one CTA's expansion overlaps the others' loads. Refill of a slot happens after every warp has
-  passed the previous step (thread barrier) and that step's wgmmas retired.
-- epilogue in registers: × t[m] (token scale) × s[n] (channel scale) × col_scale[n], + Σ_r up[n, r]·S[m, r]
-  (S rounded to lora_up's dtype like the unfused reference; r ≤ 64 FMAs per element), + bias[n], then a
-  masked store of the transposed tile (M ≤ 64 rows: the output is < 4 MB).
+  registers (SWAR, kernels/int4_unpack.py: low nibbles → K 0–31 of the block, high → 32–63, so no shuffles;
+  2l multiplies by u in the same step) and issues two register-A wgmmas (m64nBTk32) against x's two 32-column
+  slices. int4_2l accumulates int32 through K (async wgmmas); int4_g64 rescales a per-block int32 partial by
+  w_scale ⊗ x_scale into fp32 (cheap here: BN·BT/128 elements per thread);
+- no warp specialization: the ring keeps STAGES−1 steps of TMA in flight, and two CTAs share an SM, so one
+  CTA's expansion overlaps the other's loads. A slot is refilled once every warp has passed its SMEM reads
+  (thread barrier) and the wgmmas that read it retired. H200 profile (NOTES.md, session 3): latency-bound,
+  ≈ 2.2 TB/s of weights at M ≤ 16;
+- epilogue in registers: (2l: × t[m] × s[n]) × col_scale[n], + Σ_r up[n, r]·S[m, r] (S rounded to lora_up's
+  dtype like the unfused reference; r ≤ 64 FMAs per element), + bias[n], then a masked store of the
+  transposed tile (M ≤ 64 rows: the output is < 4 MB).
 Deterministic: one program per output tile, fixed K order, no atomics.
 """
 
