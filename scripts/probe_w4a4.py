@@ -117,6 +117,23 @@ def _rows_ref(o, fmt, rows):
                          group_size=G, fmt=fmt)
 
 
+def _v1_candidate(o, m, n, fmt, plan, rr, ref, dev):
+    """(fn, inputs, check) of one v1 GEMM plan on the quantized operands ``o``: ``check`` poisons the output,
+    runs once and returns the first ``rr`` rows' error vs ``ref`` (NaN if any output is not finite)."""
+    def fn(xq, xsc, wq, wsc, wmul, s, up, out):
+        return launch_w4a4_v1(xq, xsc, wq, wsc, wmul, s, up, None, out, fmt, G, plan=plan)
+
+    inputs = (o["xq"], o["xsc"], o["wq"], o["wsc"], o["wmul"], o["s"], o["up"],
+              torch.empty(m, n, device=dev, dtype=torch.bfloat16))
+
+    def check():
+        inputs[-1].fill_(float("nan"))
+        y = fn(*inputs)
+        torch.cuda.synchronize()
+        return float("nan") if not torch.isfinite(y).all() else _rel(y[:rr], ref)
+    return fn, inputs, check
+
+
 def _rel(a, b):
     return ((a.double() - b.double()).norm() / b.double().norm()).item()
 
@@ -280,18 +297,7 @@ def mainloop_only(out: Path, budget: float = 112.0) -> int:
                    floor_us=round(n * k * 1.5 / 4.27e6, 1))
         bucket = 16 if m <= 16 else 64 if m <= 64 else None
         for name, plan in cands.items():
-            def fn(xq, xsc, wq, wsc, wmul, s, up, out, plan=plan, fmt=fmt):
-                return launch_w4a4_v1(xq, xsc, wq, wsc, wmul, s, up, None, out, fmt, G, plan=plan)
-
-            out_t = torch.empty(m, n, device=dev, dtype=torch.bfloat16)
-            inputs = (o["xq"], o["xsc"], o["wq"], o["wsc"], o["wmul"], o["s"], o["up"], out_t)
-
-            def check(inputs=inputs, fn=fn):
-                inputs[-1].fill_(float("nan"))
-                y = fn(*inputs)
-                torch.cuda.synchronize()
-                return float("nan") if not torch.isfinite(y).all() else _rel(y[:rr], ref)
-
+            fn, inputs, check = _v1_candidate(o, m, n, fmt, plan, rr, ref, dev)
             row = record(shape, m, n, k, f"gemm:{fmt}:{name}", fn, inputs, check, plan=plan.to_dict())
             if row.get("graph_us") and "error" not in row:
                 per.setdefault((fmt, bucket), {}).setdefault(name, {})[(shape, m)] = (row["graph_us"], plan)
@@ -509,20 +515,7 @@ def main(argv=None) -> int:
             ref = _rows_ref(o, fmt, rr)
             cands = decode_candidates(m, fmt) if args.decode_only else candidates(m, n, k, fmt)
             for name, plan in cands.items():
-                def fn(xq, xsc, wq, wsc, wmul, s, up, out, plan=plan, fmt=fmt):
-                    return launch_w4a4_v1(xq, xsc, wq, wsc, wmul, s, up, None, out, fmt, G, plan=plan)
-
-                out = torch.empty(m, n, device=dev, dtype=torch.bfloat16)
-                inputs = (o["xq"], o["xsc"], o["wq"], o["wsc"], o["wmul"], o["s"], o["up"], out)
-
-                def check(inputs=inputs, fn=fn):
-                    inputs[-1].fill_(float("nan"))
-                    y = fn(*inputs)
-                    torch.cuda.synchronize()
-                    if not torch.isfinite(y).all():
-                        return float("nan")
-                    return _rel(y[:rr], ref)
-
+                fn, inputs, check = _v1_candidate(o, m, n, fmt, plan, rr, ref, dev)
                 row = record(shape, m, n, k, f"gemm:{fmt}:{name}", fn, inputs, check, plan=plan.to_dict())
                 t = row.get("graph_us")
                 key = (fmt, 16 if m == 1 else 64 if m <= 64 else None)
