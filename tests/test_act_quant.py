@@ -107,14 +107,7 @@ def test_wide_steps_bit_identical(fmt, g, bk, split, bm, variant):
     x, smooth, down = _inputs(37, 512, 20)
     x[4, 70] = float("nan")
     x_q, x_scale, s = act_quant(x, smooth, down, g, fmt, split=split, block_m=bm, block_k=bk, variant=variant)
-    xs = x.float() / smooth.float()
-    if fmt == "int4_g64":
-        q_ref, sc_ref = quantize_act_int4(xs, g)
-        assert torch.equal(x_q, pack_int4(q_ref))
-        assert torch.equal(x_scale.float().nan_to_num(7.0), sc_ref.float().nan_to_num(7.0))
-    else:
-        e_ref, t_ref = quantize_act_2l(xs, g)
-        assert torch.equal(x_q, e_ref) and torch.equal(x_scale.nan_to_num(7.0), t_ref.nan_to_num(7.0))
+    _check_formats(fmt, x_q, x_scale, x.float() / smooth.float(), g)
     keep = torch.ones(37, dtype=torch.bool)
     keep[4] = False
     assert torch.isnan(s[4]).all()
