@@ -10,6 +10,7 @@ dumps stacks and ends the process, since a hung kernel never returns control to 
 
 import pytest
 import torch
+from _tiles import TILE_COUNT_CASES, tile_count
 
 from lowrank_gemm.kernels.gluon import skeleton as sk
 from lowrank_gemm.kernels.gluon import w4a4_ws as w4
@@ -25,10 +26,6 @@ FMTS = [pytest.param("int4_2l", marks=pytest.mark.skipif(
         "int4_g64"]
 # bf16 output: one rounding of the result (2^-8 relative) plus s rounded to bf16 before s·Bᵀ.
 TOL = {torch.bfloat16: 1e-2, torch.float32: 4e-3}
-
-
-def _sms():
-    return torch.cuda.get_device_properties(0).multi_processor_count
 
 
 def _check(fmt, M, N, K, rank=16, group=64, grid=None, out_dtype=torch.bfloat16, config=None, **kw):
@@ -70,10 +67,9 @@ def test_k_loop_vs_pipeline_depth(fmt, K):
 # --- persistent tile counts around the SM count ------------------------------------------------
 @pytest.mark.timeout(**WATCHDOG)
 @pytest.mark.parametrize("fmt", FMTS)
-@pytest.mark.parametrize("which", ["1", "sms-1", "sms", "sms+1", "2sms+3"])
+@pytest.mark.parametrize("which", TILE_COUNT_CASES)
 def test_tile_counts(fmt, which):
-    sms = _sms()
-    tiles = {"1": 1, "sms-1": sms - 1, "sms": sms, "sms+1": sms + 1, "2sms+3": 2 * sms + 3}[which]
+    tiles = tile_count(which)
     bm, bn = _block(fmt)
     # one tile column, ragged in both M and N
     _check(fmt, bm * tiles - 5, bn - 8, 256)

@@ -8,6 +8,7 @@ never returns to Python); each test has a thread watchdog that dumps stacks and 
 
 import pytest
 import torch
+from _tiles import TILE_COUNT_CASES, tile_count
 
 from lowrank_gemm.kernels.gluon import lora_ws as L
 from lowrank_gemm.kernels.gluon import skeleton as sk
@@ -17,10 +18,6 @@ pytestmark = [pytest.mark.gpu]
 WATCHDOG = dict(timeout=60, method="thread")
 TOL = 1e-2      # bf16 output: one rounding of y, s rounded to bf16 before s·Bᵀ
 SHRINKS = ["fused", "pre"]
-
-
-def _sms():
-    return torch.cuda.get_device_properties(0).multi_processor_count
 
 
 def _check(M, N, K, rank=16, shrink="fused", grid=None, config=None, dtype=torch.bfloat16, bias=True, seed=0):
@@ -52,10 +49,9 @@ def test_k_loop_vs_ring_depth(shrink, K):
 
 @pytest.mark.timeout(**WATCHDOG)
 @pytest.mark.parametrize("shrink", SHRINKS)
-@pytest.mark.parametrize("which", ["1", "sms-1", "sms", "sms+1", "2sms+3"])
+@pytest.mark.parametrize("which", TILE_COUNT_CASES)
 def test_tile_counts(shrink, which):
-    sms = _sms()
-    tiles = {"1": 1, "sms-1": sms - 1, "sms": sms, "sms+1": sms + 1, "2sms+3": 2 * sms + 3}[which]
+    tiles = tile_count(which)
     # one row of 128-row tiles (M > 64 → BLOCK_M 128), ragged in M and N
     _check(128 - 5, 128 * tiles - 8, 256, shrink=shrink)
 
