@@ -4,6 +4,7 @@ safe watchdog is outside it: a timeout, then SIGKILL of the child's whole proces
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import signal
@@ -30,3 +31,15 @@ def run_child(cmd: list[str], env: dict, limit: float, *, row_prefix: str | None
         elif row_prefix and line.startswith(row_prefix):
             rows.append(json.loads(line[len(row_prefix):]))
     return status, out or "", result, rows
+
+
+def ladder_parser(doc: str, timeout: float, rung_example: str) -> argparse.ArgumentParser:
+    """The options every child-process ladder shares (--child is the internal re-entry of one rung)."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    ap.add_argument("--out", default=os.environ.get("OUT"))
+    ap.add_argument("--timeout", type=float, default=timeout, help="seconds per correctness rung")
+    ap.add_argument("--budget", type=float, default=150.0, help="seconds for the whole ladder")
+    ap.add_argument("--rungs", default="", help=f"comma-separated subset, e.g. {rung_example}")
+    ap.add_argument("--no-time", action="store_true", help="skip the timing rung")
+    return ap

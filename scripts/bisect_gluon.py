@@ -24,14 +24,13 @@ every rung hangs (later rungs are then SKIPPED). JSON goes to DIR/bisect_gluon.j
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
 import time
 from pathlib import Path
 
-from _childproc import run_child   # scripts/_childproc.py (this script's folder is on sys.path)
+from _childproc import ladder_parser, run_child   # scripts/_childproc.py (this script's folder is on sys.path)
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
@@ -387,13 +386,7 @@ def parent(args) -> int:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--child", help=argparse.SUPPRESS)
-    ap.add_argument("--out", default=os.environ.get("OUT"))
-    ap.add_argument("--timeout", type=float, default=20.0, help="seconds per rung")
-    ap.add_argument("--budget", type=float, default=150.0, help="seconds for the whole ladder")
-    ap.add_argument("--rungs", default="", help="comma-separated subset, e.g. r1,r2,r6")
-    ap.add_argument("--no-time", action="store_true", help="skip the timing rung")
+    ap = ladder_parser(__doc__, 20.0, "r1,r2,r6")
     args = ap.parse_args(argv)
     if args.child:
         return child(args.child)

@@ -21,14 +21,13 @@ Writes DIR/probe_lora_v2.json (shared schema rows: suite "lora_v2", impl, M, N, 
 Pin the winner without code changes: env LOWRANK_GEMM_LORA_V2_SHRINK=fused|pre (or launch_lora_v2(shrink=…)).
 """
 
-import argparse
 import json
 import os
 import sys
 import time
 from pathlib import Path
 
-from _childproc import run_child   # scripts/_childproc.py (this script's folder is on sys.path)
+from _childproc import ladder_parser, run_child   # scripts/_childproc.py (this script's folder is on sys.path)
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
@@ -237,13 +236,7 @@ def parent(args) -> int:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--child", help=argparse.SUPPRESS)
-    ap.add_argument("--out", default=os.environ.get("OUT"))
-    ap.add_argument("--timeout", type=float, default=25.0, help="seconds per correctness rung")
-    ap.add_argument("--budget", type=float, default=150.0, help="seconds for everything")
-    ap.add_argument("--rungs", default="", help="comma-separated subset, e.g. c1,c2,time")
-    ap.add_argument("--no-time", action="store_true")
+    ap = ladder_parser(__doc__, 25.0, "c1,c2,time")
     ap.add_argument("--shapes", default=";".join(",".join(map(str, s)) for s in SHAPES),
                     help="timing shapes 'M,K,N,r;…'")
     args = ap.parse_args(argv)
