@@ -44,10 +44,9 @@ from .skeleton import alloc_barriers
 from .w4a4_ws import _nibbles
 
 __all__ = ["decode_ledger", "plan_decode", "default_decode_config", "launch_w4a4_decode", "w4a4_decode_kernel",
-           "decode_enabled", "DECODE_MAX_M", "aot_signature_decode", "check_decode_config"]
+           "decode_enabled", "aot_signature_decode", "check_decode_config"]
 
 PACK = 64                 # formats.int4.PACK_BLOCK
-DECODE_MAX_M = 64         # one token tile; larger M belongs to the compute-bound kernels
 WARPS = 4                 # one warpgroup
 CTAS_PER_SM = 2           # the default ring depth leaves room for this many CTAs per SM
 SM90_SMEM_PER_SM = 228 * 1024
@@ -198,7 +197,7 @@ def w4a4_decode_kernel(x_desc, w_desc, u_desc,
                        s_ptr, stride_sm, up_ptr, stride_un,
                        M, N, K, R,
                        G2: gl.constexpr, BLOCK_T: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr,
-                       STAGES: gl.constexpr, BLOCK_R: gl.constexpr, HAS_LOWRANK: gl.constexpr,
+                       STAGES: gl.constexpr, HAS_LOWRANK: gl.constexpr,
                        HAS_COL_SCALE: gl.constexpr, HAS_BIAS: gl.constexpr, SWAR: gl.constexpr,
                        MMA_ASYNC: gl.constexpr = True, FMT: gl.constexpr = 1):
     gl.static_assert(BLOCK_K % _PACK == 0, "BLOCK_K must be a multiple of the 64-wide pack block")
@@ -350,7 +349,7 @@ def _args(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, out, fm
             col_scale if col_scale is not None else f32, bias if bias is not None else f32,
             lowrank_act if r else f32, lowrank_act.stride(0) if r else 0,
             lora_up if r else dummy(dev, torch.bfloat16, (1, )), lora_up.stride(0) if r else 0, M, N, K, r)
-    cx = dict(G2=group_size, BLOCK_T=bt, BLOCK_N=bn, BLOCK_K=bk, STAGES=config.num_stages, BLOCK_R=0,
+    cx = dict(G2=group_size, BLOCK_T=bt, BLOCK_N=bn, BLOCK_K=bk, STAGES=config.num_stages,
               HAS_LOWRANK=r > 0, HAS_COL_SCALE=col_scale is not None, HAS_BIAS=bias is not None, SWAR=swar,
               MMA_ASYNC=mma_async, FMT=FMT_INT4_G if g else FMT_INT4_2L)
     return grid, args, cx, config
