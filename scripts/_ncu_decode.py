@@ -1,5 +1,6 @@
 """Launches for `ncu -k <kernel>` / compute-sanitizer on the device: the decode GEMM (both formats) and act_quant
-at M=1 (`decode`, `actquant`), or one small checked decode launch per format (`smoke`, for the sanitizers)."""
+at M=1 (`decode`, `actquant`), one small checked decode launch per format (`smoke`, for the sanitizers), or the
+v2 int4_g64 kernel at FLUX fc1, fp8 path then int8 path, two launches each (`v2g`)."""
 import sys
 
 import torch
@@ -17,6 +18,15 @@ if what == "smoke":
         ref = w4.reference_v2(ops)
         err = float((out.double().cpu() - ref).norm() / ref.norm())
         print(f"smoke {fmt}: rel err {err:.2e}", "OK" if err < 1e-2 else "FAIL")
+elif what == "v2g":
+    ops = w4.make_operands_v2("int4_g64", 4608, 12288, 3072, 32, 64, device="cuda")
+    for f8 in (True, False):
+        for _ in range(2):
+            w4.launch_w4a4_v2(**ops, f8=f8)
+elif what == "v2f8":   # the fp8 path alone (raw ring 4), two launches
+    ops = w4.make_operands_v2("int4_g64", 4608, 12288, 3072, 32, 64, device="cuda")
+    for _ in range(2):
+        w4.launch_w4a4_v2(**ops, f8=True, raw_stages=4)
 elif what == "decode":
     for fmt in ("int4_2l", "int4_g64"):
         ops = w4.make_operands_v2(fmt, 1, 28672, 4096, 32, 64, device="cuda")

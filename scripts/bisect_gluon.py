@@ -53,6 +53,21 @@ RUNGS = {
             dict(fmt="int4_2l", M=256, N=384, K=1024, rank=16, grid=3, col_scale=True, trace=True), "PASS"),
     "r12": ("v2 g64 aligned: scale rows by TMA", "v2",
             dict(fmt="int4_g64", M=200, N=264, K=1024, rank=16, grid=3, col_scale=True, trace=True), "PASS"),
+    "r13": ("v2 g64 f8 1 tile (global-load rows)", "v2",
+            dict(fmt="int4_g64", M=60, N=124, K=256, rank=0, grid=1, bias=False, f8=True), "PASS"),
+    "r14": ("v2 g64 f8 smoke + lowrank", "v2",
+            dict(fmt="int4_g64", M=250, N=300, K=1024, rank=16, grid=3, col_scale=True, trace=True, f8=True), "PASS"),
+    "r15": ("v2 g64 f8 aligned: rows by TMA", "v2",
+            dict(fmt="int4_g64", M=200, N=264, K=1024, rank=16, grid=3, col_scale=True, trace=True, f8=True), "PASS"),
+    "r16": ("v2 g64 f8 paired, rows by TMA", "v2",
+            dict(fmt="int4_g64", M=200, N=264, K=1024, rank=16, grid=3, col_scale=True, trace=True, f8=True,
+                 paired=True), "PASS"),
+    "r17": ("v2 g64 f8 paired, odd tiles, long K", "v2",
+            dict(fmt="int4_g64", M=5 * 64 - 8, N=128, K=2048, rank=16, grid=2, trace=True, f8=True, paired=True),
+            "PASS"),
+    "r18": ("v2 g64 int8 paired, rows by TMA", "v2",
+            dict(fmt="int4_g64", M=200, N=264, K=1024, rank=16, grid=3, col_scale=True, trace=True, paired=True),
+            "PASS"),
     "time": ("v2 timings (graph µs)", "time", {}, "PASS"),
     "decode": ("v2 decode tile sweep (graph µs)", "decode", {}, "PASS"),
     "r10": ("repro: r6 without consumer order", "v2",
@@ -199,8 +214,8 @@ def _trace(ops, grid):
     torch.cuda.synchronize()
     g, _, cx, cfg, _ = w4.kernel_args_v2(**ops, grid=grid)
     M, N, K = ops["x_q"].shape[0], ops["w_q"].shape[0], ops["w_q"].shape[1] * 2
-    want = sk.expected_role_states(g, M, N, K, cfg, {"loader": w4.RAW_STAGES, "expander": cx["STAGES"]},
-                                   cx["STAGES"])
+    want = sk.expected_role_states(g, M, N, K, cfg, {"loader": cx["RAW_STAGES_N"], "expander": cx["STAGES"]},
+                                   cx["STAGES"], paired=cx["PAIRED"])
     dbg = dbg.cpu()
     lines, ok = [], True
     for name, seq in want.items():
@@ -213,7 +228,11 @@ def _trace(ops, grid):
     return ok, lines
 
 
-def _run_v2(fmt, M, N, K, rank, grid, bias=True, col_scale=False, trace=False, consumer_order=True):
+def _run_v2(fmt, M, N, K, rank, grid, bias=True, col_scale=False, trace=False, consumer_order=True, f8=False,
+            paired=False):
+    # variants through the environment so the traced re-launch and kernel_args_v2 see the same one
+    os.environ["LOWRANK_GEMM_V2_F8"] = "1" if f8 else "0"
+    os.environ["LOWRANK_GEMM_V2_PAIRED"] = "1" if paired else "0"
     import torch
 
     from lowrank_gemm.kernels.gluon import w4a4_ws as w4
@@ -240,16 +259,29 @@ def _run_time():
     from lowrank_gemm.kernels.gluon import w4a4_ws as w4
     import inspect
     from lowrank_gemm.kernels.w4a4_gemm import launch_w4a4_v1
+    from lowrank_gemm.kernels.gluon.smoke import normalized_error
     v1_params = set(inspect.signature(launch_w4a4_v1).parameters)
     rows = []
     for fmt in os.environ.get("BISECT_TIME_FMTS", "int4_2l,int4_g64").split(","):
-        for M, K, N in ((4608, 3072, 12288), (64, 4096, 28672)):
+        shapes = os.environ.get("BISECT_TIME_SHAPES", "4608x3072x12288,64x4096x28672")   # MxKxN
+        for M, K, N in (tuple(int(v) for v in s.split("x")) for s in shapes.split(",")):
             ops = w4.make_operands_v2(fmt, M, N, K, 32, 64, device="cuda")
             a8 = torch.randn(M, K, device="cuda").to(torch.float8_e4m3fn)
             b8 = torch.randn(N, K, device="cuda").to(torch.float8_e4m3fn).t()
             one = torch.ones((), device="cuda")
-            v2_variants = {"v2": {}, "v2_noswar": dict(swar=False), "v2_plain": dict(scale_tma=False, swar=False)}
+            v2_variants = {"v2": dict(f8=False, paired=False)}
+            f8_variants = {"v2_f8": dict(f8=True, paired=False), "v2_f8_raw2": dict(f8=True, paired=False, raw_stages=2),
+                           "v2_f8_paired": dict(f8=True, paired=True)}
+            if fmt != "int4_2l":   # other arithmetic / order: checked against the reference below
+                for name, kw in f8_variants.items():
+                    impls_f8 = w4.launch_w4a4_v2(**ops, **kw)
+                    err = normalized_error(impls_f8, w4.reference_v2(ops))
+                    print(f"  {name} {fmt} M={M}: normalized error {err:.2e}", flush=True)
+                    rows.append(dict(impl=name, fmt=fmt, M=M, N=N, K=K, r=32, check_err=err))
             impls = {name: (lambda kw=kw: w4.launch_w4a4_v2(**ops, **kw)) for name, kw in v2_variants.items()}
+            if fmt != "int4_2l":
+                for name, kw in f8_variants.items():
+                    impls[name] = lambda kw=kw: w4.launch_w4a4_v2(**ops, **kw)
             impls["v1"] = lambda: launch_w4a4_v1(**{k: v for k, v in ops.items() if k in v1_params})
             impls["fp8_scaled_mm"] = lambda: torch._scaled_mm(a8, b8, one, one, out_dtype=torch.bfloat16)
             # the v2 variants do the same arithmetic in the same order: their outputs must be bit-identical

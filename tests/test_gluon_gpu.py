@@ -23,15 +23,26 @@ WATCHDOG = dict(timeout=60, method="thread")
 # LOWRANK_GEMM_GLUON_2L=0 switches it off (then its cases skip).
 FMTS = [pytest.param("int4_2l", marks=pytest.mark.skipif(
             not w4.two_level_enabled(), reason="int4_2l v2 switched off (LOWRANK_GEMM_GLUON_2L=0)")),
-        "int4_g64"]
+        "int4_g64", "int4_g64_f8", "int4_g64_f8p"]
+# _f8: the e4m3-MMA path of int4_g64 (kernel_args_v2(f8=True)); _f8p: plus paired consumer K loops (paired=True)
 # bf16 output: one rounding of the result (2^-8 relative) plus s rounded to bf16 before s·Bᵀ.
 TOL = {torch.bfloat16: 1e-2, torch.float32: 4e-3}
 
 
+def _variant(fmt):
+    """"int4_g64_f8" → ("int4_g64", f8 on, unpaired); "int4_g64_f8p" → f8 and paired; plain g names → both off."""
+    if fmt.endswith("_f8p"):
+        return fmt[:-4], dict(f8=True, paired=True)
+    if fmt.endswith("_f8"):
+        return fmt[:-3], dict(f8=True, paired=False)
+    return fmt, (dict(f8=False, paired=False) if fmt.startswith("int4_g") else {})
+
+
 def _check(fmt, M, N, K, rank=16, group=64, grid=None, out_dtype=torch.bfloat16, config=None, **kw):
     print(f"\n[v2] {fmt} M={M} N={N} K={K} r={rank} G={group} grid={grid} out={out_dtype} {kw}", flush=True)
+    fmt, vkw = _variant(fmt)
     ops = w4.make_operands_v2(fmt, M, N, K, rank, group, device="cuda", out_dtype=out_dtype, **kw)
-    out = w4.launch_w4a4_v2(**ops, config=config, grid=grid)   # ops carries fmt/group_size
+    out = w4.launch_w4a4_v2(**ops, config=config, grid=grid, **vkw)   # ops carries fmt/group_size
     torch.cuda.synchronize()
     ref = w4.reference_v2(ops)
     got = out.cpu().double()
@@ -46,7 +57,7 @@ def _check(fmt, M, N, K, rank=16, group=64, grid=None, out_dtype=torch.bfloat16,
 
 
 def _block(fmt):
-    c = w4.default_config_v2(fmt)
+    c = w4.default_config_v2(_variant(fmt)[0])
     return c.block_m, c.block_n
 
 
@@ -135,11 +146,12 @@ def test_decode_shapes(fmt, M):
 @pytest.mark.parametrize("fmt", FMTS)
 def test_debug_trace_of_every_role(fmt):
     M, N, K, grid = 300, 400, 384, 3
-    ops = w4.make_operands_v2(fmt, M, N, K, 16, 64, device="cuda")
     print(f"\n[v2 debug] {fmt} M={M} N={N} K={K} grid={grid}", flush=True)
-    out, (dbg, tiles) = w4.launch_w4a4_v2(**ops, grid=grid, debug=True)
+    fmt, vkw = _variant(fmt)
+    ops = w4.make_operands_v2(fmt, M, N, K, 16, 64, device="cuda")
+    out, (dbg, tiles) = w4.launch_w4a4_v2(**ops, grid=grid, debug=True, **vkw)
     torch.cuda.synchronize()
-    g, _, cx, cfg, _ = w4.kernel_args_v2(**ops, grid=grid)
+    g, _, cx, cfg, _ = w4.kernel_args_v2(**ops, grid=grid, **vkw)
     bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
     k_tiles = cdiv(K, bk)
     dbg, tiles = dbg.cpu(), tiles.cpu()
@@ -149,14 +161,34 @@ def test_debug_trace_of_every_role(fmt):
         assert [tuple(t) for t in tiles[pid, :n_local].tolist()] == host_tiles, f"pid {pid}: tile order"
         uses = list(range(n_local * k_tiles))
         want = {
-            "loader": sk.expected_states_host(uses, w4.RAW_STAGES, producer=True),
+            "loader": sk.expected_states_host(uses, cx["RAW_STAGES_N"], producer=True),
             "expander": sk.expected_states_host(uses, cx["STAGES"], producer=True),
         }
         for c, name in enumerate(["consumer0", "consumer1"]):
-            mine = [t * k_tiles + kk for t in range(c, n_local, 2) for kk in range(k_tiles)]
+            mine = sk.consumer_uses_host(c, n_local, k_tiles, cx["PAIRED"])
             want[name] = sk.expected_states_host(mine, cx["STAGES"], producer=False)
         for name, seq in want.items():
             got = [tuple(v) for v in dbg[pid, sk.ROLE_IDS[name], :len(seq)].tolist()]
             assert got == seq[:w4.DEBUG_ITERS_DEFAULT], f"pid {pid} role {name}: got {got[:12]}... want {seq[:12]}..."
     ref = w4.reference_v2(ops)
     assert normalized_error(out, ref) < TOL[torch.bfloat16], "debug mode changes no numerics"
+
+
+@pytest.mark.timeout(**WATCHDOG)
+@pytest.mark.parametrize("M,N,K", [(1024, 3072, 3072), (200, 264, 1024), (60, 124, 256)])
+def test_f8_and_paired_variants_agree_and_repeat_bit_identically(M, N, K):
+    """The fp8 path computes the same sums as the int8 path (products of int4 values are exact in both;
+    only the fp32 rounding order of the rescale differs) and is deterministic call to call."""
+    ops = w4.make_operands_v2("int4_g64", M, N, K, 16, 64, device="cuda")
+    a = w4.launch_w4a4_v2(**ops, f8=True, paired=False).clone()
+    b = w4.launch_w4a4_v2(**ops, f8=True, paired=False).clone()
+    c = w4.launch_w4a4_v2(**ops, f8=False, paired=False).clone()
+    d = w4.launch_w4a4_v2(**ops, f8=True, paired=True).clone()
+    e = w4.launch_w4a4_v2(**ops, f8=False, paired=True).clone()
+    assert torch.equal(a, b), "f8 path not bit-identical over repeated runs"
+    # pairing changes which consumer computes a tile, not the arithmetic
+    assert torch.equal(a, d), "paired f8 differs from unpaired f8"
+    assert torch.equal(c, e), "paired int8 differs from unpaired int8"
+    ref = w4.reference_v2(ops)
+    assert normalized_error(a, ref) < TOL[torch.bfloat16]
+    assert normalized_error(a, c.double().cpu()) < 2 * TOL[torch.bfloat16]

@@ -422,6 +422,11 @@ AOT_CASES = [
     dict(fmt="int4_2l", group_size=128, K=512),
     dict(fmt="int4_g64", out_dtype=torch.float32),
     dict(fmt="int4_2l", debug=True),
+    dict(fmt="int4_g64", f8=True, M=96, N=128),                  # e4m3 MMA, rows by TMA
+    dict(fmt="int4_g64", f8=True, scale_tma=False, swar=False),  # e4m3 MMA, rows by global loads
+    dict(fmt="int4_g64", f8=True, group_size=128, K=512, M=96, N=128),
+    dict(fmt="int4_g64", f8=True, paired=True, M=96, N=128),
+    dict(fmt="int4_g64", paired=True, M=96, N=128),
 ]
 
 
@@ -432,7 +437,11 @@ def test_aot_compile_ptx_and_ledger(case):
     fmt = case.pop("fmt")
     sig, cx, cfg = w4.aot_signature_v2(fmt, **case)
     info = compile_sm90("lowrank_gemm.kernels.gluon.w4a4_ws", "w4a4_ws_kernel", sig, cx, num_warps=sk.DEFAULT_WARPS)
-    assert info.has("wgmma.mma_async.sync.aligned", ".s32.s8.s8"), "8-bit wgmma main product"
+    if cx.get("F8"):
+        assert info.has("wgmma.mma_async.sync.aligned", ".f32.e4m3.e4m3"), "e4m3 wgmma main product"
+        assert ".s32.s8.s8" not in info.ptx and "cvt.rn.f32.s32" not in info.ptx, "no int32 partials to convert"
+    else:
+        assert info.has("wgmma.mma_async.sync.aligned", ".s32.s8.s8"), "8-bit wgmma main product"
     assert info.has("cp.async.bulk.tensor", "mbarrier.try_wait", "setmaxnreg")
     if cx["HAS_LOWRANK"]:
         assert info.has(".f32.bf16.bf16"), "bf16 wgmma for s·lora_upᵀ"
@@ -440,7 +449,7 @@ def test_aot_compile_ptx_and_ledger(case):
         assert "cp.async.bulk.tensor.2d.global.shared" in info.ptx, "TMA store epilogue"
     led = w4.w4a4_ledger(cfg, fmt=fmt, out_dtype=case.get("out_dtype", torch.bfloat16),
                          has_lowrank=cx["HAS_LOWRANK"], n_out=case.get("N", 160), scale_tma=cx["SCALE_TMA"],
-                         group_size=case.get("group_size", 64))
+                         group_size=case.get("group_size", 64), f8=cx.get("F8", False), raw_stages=cx["RAW_STAGES_N"])
     print(led.table(), "\ncompiled shared:", info.shared)
     assert led.total() <= info.shared <= led.total() + WS_CAPTURE_SLACK, (led.table(), info.shared)
     assert info.shared <= SM90_SMEM_LIMIT
@@ -454,3 +463,50 @@ def test_expected_role_states_split_tiles_between_consumers():
     assert want["loader"] == sk.expected_states_host(list(range(6)), 2, True)
     assert want["consumer0"] == sk.expected_states_host([0, 1, 4, 5], 2, False)
     assert want["consumer1"] == sk.expected_states_host([2, 3], 2, False)
+
+
+def test_f8_rescale_is_two_ffma_per_element_and_expander_one_lop3_per_word():
+    """The fp8 path's reason to exist, checked in the sm_90 PTX: no int32 → fp32 conversion anywhere, two
+    fma.rn.f32 per accumulator element per group in each consumer's K loop, and the weight expansion is
+    one lop3 (low nibbles) or shr + lop3 (high nibbles) per 32-bit word."""
+    import re
+    from lowrank_gemm.kernels.aot import compile_sm90
+    sig, cx, cfg = w4.aot_signature_v2("int4_g64", M=96, N=128, K=1024, rank=0, bias=False, col_scale=False,
+                                       scale_tma=True, swar=True, f8=True)
+    ptx = compile_sm90("lowrank_gemm.kernels.gluon.w4a4_ws", "w4a4_ws_kernel", sig, cx, num_warps=sk.DEFAULT_WARPS).ptx
+    assert "cvt.rn.f32.s32" not in ptx
+    loops = _ptx_loops(ptx)
+    kloops = [body for _, body in loops if any("wgmma.mma_async" in x and "e4m3" in x for x in body)]
+    assert len(kloops) == 2, "one K loop per consumer"
+    per_thread = cfg.block_m * cfg.block_n // 128
+    for body in kloops:
+        assert sum(x.strip().startswith("fma.rn.f32") for x in body) == 2 * per_thread
+    exp = sorted((body for _, body in loops if any("fence.proxy.async.shared::cta" in x for x in body)
+                  and any(x.strip().startswith("st.shared") for x in body)
+                  and not any("wgmma" in x or "cp.async.bulk.tensor.2d.global.shared" in x for x in body)),
+                 key=len)   # the expander's K loop (SMEM stores, fence), innermost first
+    assert exp, "expander loop not found"
+    lop3 = sum("lop3.b32" in x for x in exp[0])
+    words = cfg.block_n * cfg.block_k // 2 // 4 // 128       # packed 32-bit words per expander thread
+    assert lop3 == 2 * words, f"{lop3} lop3 for {words} packed words (want one per word and nibble half)"
+    assert not any(re.search(r"\bmul\.lo|\bprmt", x) for x in exp[0]), "no multiplies or byte permutes"
+
+
+def test_paired_consumer_uses_partition_the_ring_in_fill_order():
+    """PAIRED: the two consumers' MAIN uses are disjoint, cover every fill exactly once, each consumer's uses
+    increase by at most 2 (< any ring depth, so mbarrier parity cannot alias), and a lone last tile is walked
+    with stride 1 by consumer 0."""
+    for n_local in range(1, 8):
+        for k_tiles in (1, 2, 5):
+            u0 = sk.consumer_uses_host(0, n_local, k_tiles, paired=True)
+            u1 = sk.consumer_uses_host(1, n_local, k_tiles, paired=True)
+            assert sorted(u0 + u1) == list(range(n_local * k_tiles))
+            for u in (u0, u1):
+                assert all(0 < b - a <= 2 for a, b in zip(u, u[1:]))
+            assert sk.consumer_uses_host(0, n_local, k_tiles) == [t * k_tiles + k for t in range(0, n_local, 2)
+                                                                  for k in range(k_tiles)]
+
+
+def test_paired_needs_int4_g():
+    with pytest.raises(ValueError, match="paired"):
+        w4.kernel_args_v2(**w4.make_operands_v2("int4_2l", 40, 48, 192, 16, 64, device="cpu"), paired=True)

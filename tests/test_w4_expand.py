@@ -5,7 +5,7 @@ import torch
 
 from lowrank_gemm.formats.int4 import pack_int4, quantize_weight_int4
 from lowrank_gemm.formats.int4_twolevel import pack_weight_2l
-from lowrank_gemm.kernels.w4_expand import expand_w4, expand_w4_ref
+from lowrank_gemm.kernels.w4_expand import expand_act_f8, expand_act_f8_ref, expand_w4, expand_w4_ref
 
 
 @pytest.mark.parametrize("n,k,g", [(45, 320, 64), (33, 256, 128), (1, 64, 64)])
@@ -34,3 +34,31 @@ def test_expand_bad_inputs():
         expand_w4(q.view(torch.int8), u, 64, "int4_2l")
     with pytest.raises(ValueError, match=r"out must be contiguous torch.int8 \[8, 128\]"):
         expand_w4(q, u, 64, "int4_2l", out=torch.empty(8, 64, dtype=torch.int8))
+
+
+@pytest.mark.parametrize("m,k,g", [(37, 192, 64), (5, 256, 128), (64, 128, 64)])
+def test_expand_act_f8_exact(m, k, g):
+    """x8 holds q exactly (e4m3), rows a = 2⁹·xs and b = −8·R·xs (R: the group row sum of q) exactly as the spec
+    computes them in fp32; every element written (poison-free by construction: fresh buffers compared in full)."""
+    gen = torch.Generator().manual_seed(m + k)
+    q = torch.randint(-8, 8, (m, k), generator=gen, dtype=torch.int8)
+    xs = (torch.rand(k // g, m, generator=gen) + 0.1).to(torch.bfloat16)
+    x8, xab = expand_act_f8(pack_int4(q), xs, g)
+    rq, rab = expand_act_f8_ref(pack_int4(q), xs, g)
+    assert x8.dtype == torch.float8_e4m3fn and xab.shape == (k // g, 2, m)
+    assert torch.equal(x8.float(), q.float()) and torch.equal(rq, q.float())
+    assert torch.equal(xab, rab)
+    # the identity the kernel relies on: Σ q_x·q_w = 2⁹·Σ q_x·(q_w + 8)·2⁻⁹ − 8·R
+    w = torch.randint(-8, 8, (3, k), generator=gen).double()
+    p_off = q.double() @ ((w + 8) * 2.0 ** -9).T                      # what the e4m3 MMA returns (exact)
+    r = q.double().reshape(m, k // g, g).sum(-1)                      # R per (row, group)
+    assert torch.equal(2.0 ** 9 * p_off - 8 * r.sum(1, keepdim=True), q.double() @ w.T)
+
+
+def test_expand_act_f8_bad_inputs():
+    with pytest.raises(ValueError, match="x_scale"):
+        expand_act_f8(torch.zeros(4, 64, dtype=torch.uint8), torch.ones(1, 5, dtype=torch.bfloat16), 64)
+    with pytest.raises(ValueError, match="uint8"):
+        expand_act_f8(torch.zeros(4, 64, dtype=torch.int8), torch.ones(2, 4, dtype=torch.bfloat16), 64)
+    with pytest.raises(ValueError, match="group_size"):
+        expand_act_f8(torch.zeros(4, 64, dtype=torch.uint8), torch.ones(2, 4, dtype=torch.bfloat16), 96)

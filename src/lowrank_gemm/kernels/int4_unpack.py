@@ -34,7 +34,7 @@ import triton
 import triton.language as tl
 
 __all__ = ["unpack_lo", "unpack_hi", "unpack_lo_mul", "unpack_hi_mul", "LO_ASM", "HI_ASM", "LO_MUL_ASM", "HI_MUL_ASM",
-           "SWAR_DEFAULT"]
+           "LO_OFFSET_ASM", "HI_OFFSET_ASM", "SWAR_DEFAULT"]
 
 # Compiled kernels take the SWAR path; the interpreter (no inline PTX) the plain one. Read at import: the
 # CPU tests set TRITON_INTERPRET before importing, the sm_90 AOT compiles run in a child without it.
@@ -53,6 +53,16 @@ shr.u32 t, $1, 4;
 lop3.b32 t, t, 0x0F0F0F0F, 0x08080808, 0x6a;
 add.u32 t, t, 0x78787878;
 xor.b32 $0, t, 0x80808080;
+}""")
+
+# Offset binary n' = q + 8 per byte (the first step of the sign extension above): the W4A4 fp8 path feeds these
+# bytes to an e4m3 wgmma as n'·2⁻⁹ and corrects the +8 per group (gluon/w4a4_ws.py, module doc).
+LO_OFFSET_ASM = tl.constexpr("lop3.b32 $0, $1, 0x0F0F0F0F, 0x08080808, 0x6a;")
+
+HI_OFFSET_ASM = tl.constexpr("""{
+.reg .b32 t;
+shr.u32 t, $1, 4;
+lop3.b32 $0, t, 0x0F0F0F0F, 0x08080808, 0x6a;
 }""")
 
 # (q + 8)·u + (0x80 − 8u) per byte, then bit 7 flipped; u from byte 0 of $2

@@ -11,12 +11,18 @@ TMA into wgmma (variant ``"expand"`` of :mod:`.w4a4_gemm`). vLLM does the same f
     int4_2l:  out[n, k] = q[n, k] · u[k // G, n]  as int8 (|q·u| ≤ 120: exact)
     int4_g64: out[n, k] = q[n, k]                 as int8, or float8_e4m3fn (every int4 is exact in e4m3)
 
+    expand_act_f8(x_q [M, K/2] uint8, x_scale [K/G, M] 16-bit, group_size) → (x8 [M, K] e4m3, xab [K/G, 2, M] fp32)
+        the activation side of the W4A4 v2 fp8 path (gluon/w4a4_ws.py): x8 = q exactly; per (group, row)
+        a = 2⁹·xs and b = −8·R·xs with R = Σ_k∈g q — the rows that undo the offset encoding of the weights.
+
 Packing (formats.int4.pack_int4): per 64-block b, byte b·32 + j holds element b·64 + j (low nibble) and
 b·64 + 32 + j (high nibble), so the two nibble planes of a block are the two contiguous 32-element
 halves of the block in natural order: one 32-byte store each, no shuffles.
 """
 
 from __future__ import annotations
+
+import os
 
 import torch
 import triton
@@ -25,7 +31,7 @@ import triton.language as tl
 from ..formats.int4 import PACK_BLOCK
 from .int4_unpack import SWAR_DEFAULT, unpack_hi, unpack_lo
 
-__all__ = ["expand_w4", "expand_w4_ref", "EXPAND_DTYPES"]
+__all__ = ["expand_w4", "expand_w4_ref", "EXPAND_DTYPES", "expand_act_f8", "expand_act_f8_ref", "F8_W_SHIFT"]
 
 EXPAND_DTYPES = (torch.int8, torch.float8_e4m3fn)
 _HALF = PACK_BLOCK // 2
@@ -109,3 +115,68 @@ def expand_w4_ref(w_q: torch.Tensor, w_mul: torch.Tensor | None, group_size: int
     if fmt == "int4_2l":
         q = q * w_mul.to(torch.int16).t().repeat_interleave(group_size, dim=1)
     return q
+
+
+# The v2 fp8 path feeds weight nibbles as n' = q + 8 whose e4m3 bit patterns mean n'·2⁻⁹.
+F8_W_SHIFT = 9
+F8_W_OFFSET = 8
+
+
+@triton.jit
+def _act_f8_kernel(xq_ptr, xs_ptr, x8_ptr, xab_ptr, M, KH,
+                   G: tl.constexpr, BLOCK_M: tl.constexpr):
+    """One program: BLOCK_M rows × one scale group. x8 = q as e4m3; xab[g, 0, m] = 2⁹·xs, xab[g, 1, m] = −8·R·xs."""
+    HALF: tl.constexpr = 32
+    NB: tl.constexpr = G // 64
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    g = tl.program_id(1)
+    rows = offs_m.to(tl.int64)[:, None, None]
+    offs_b = g * NB + tl.arange(0, NB)
+    offs_j = tl.arange(0, HALF)
+    cols = offs_b[None, :, None] * HALF + offs_j[None, None, :]
+    mask = (offs_m < M)[:, None, None] & (cols < KH)
+    p = tl.load(xq_ptr + rows * KH + cols, mask=mask, other=0).to(tl.int8, bitcast=True)   # [BM, NB, 32]
+    lo = (p << 4) >> 4      # arithmetic shifts sign-extend the two's-complement nibbles
+    hi = p >> 4
+    rsum = tl.sum(tl.sum(lo.to(tl.int32) + hi.to(tl.int32), axis=2), axis=1)                # R [BM]
+    dst = x8_ptr + rows * (2 * KH) + offs_b[None, :, None] * (2 * HALF) + offs_j[None, None, :]
+    tl.store(dst, lo.to(tl.float16).to(tl.float8e4nv), mask=mask)
+    tl.store(dst + HALF, hi.to(tl.float16).to(tl.float8e4nv), mask=mask)
+    mm = offs_m < M
+    xs = tl.load(xs_ptr + g * M + offs_m, mask=mm, other=0.0).to(tl.float32)
+    tl.store(xab_ptr + (2 * g) * M + offs_m, xs * 512.0, mask=mm)
+    tl.store(xab_ptr + (2 * g + 1) * M + offs_m, -8.0 * rsum.to(tl.float32) * xs, mask=mm)
+
+
+def expand_act_f8(x_q: torch.Tensor, x_scale: torch.Tensor, group_size: int, block_m: int = 32):
+    """Packed int4 activations (+ their group scales) → the operands of the W4A4 v2 fp8 path (module doc).
+    Fresh buffers from torch's caching allocator (graph safe); the xab rows of M are 16-byte aligned when
+    M % 4 == 0 (the TMA path's condition, gluon.w4a4_ws.scale_tma_ok)."""
+    if x_q.dtype != torch.uint8 or x_q.dim() != 2 or not x_q.is_contiguous():
+        raise ValueError(f"expand_act_f8: x_q must be contiguous uint8 [M, K/2], got {x_q.dtype} {list(x_q.shape)}")
+    m, k = x_q.shape[0], 2 * x_q.shape[1]
+    if group_size % PACK_BLOCK or k % group_size:
+        raise ValueError(f"expand_act_f8: group_size={group_size} must be a multiple of {PACK_BLOCK} dividing K={k}")
+    if tuple(x_scale.shape) != (k // group_size, m) or not x_scale.is_contiguous():
+        raise ValueError(f"expand_act_f8: x_scale must be contiguous [K/G, M] = {[k // group_size, m]}, got "
+                         f"{list(x_scale.shape)}")
+    if not x_q.is_cuda and os.environ.get("TRITON_INTERPRET", "0") != "1":
+        # CPU without the interpreter (ahead-of-time compiles build their launch arguments this way)
+        q, xab = expand_act_f8_ref(x_q, x_scale, group_size)
+        return q.to(torch.float8_e4m3fn), xab
+    x8 = torch.empty((m, k), device=x_q.device, dtype=torch.float8_e4m3fn)
+    xab = torch.empty((k // group_size, 2, m), device=x_q.device, dtype=torch.float32)
+    if m:
+        grid = (triton.cdiv(m, block_m), k // group_size)
+        _act_f8_kernel[grid](x_q, x_scale, x8, xab, m, k // 2, G=group_size, BLOCK_M=block_m, num_warps=4)
+    return x8, xab
+
+
+def expand_act_f8_ref(x_q: torch.Tensor, x_scale: torch.Tensor, group_size: int):
+    """Torch spec of :func:`expand_act_f8`: (q as float32 [M, K], xab float32 [K/G, 2, M])."""
+    from ..formats.int4 import unpack_int4
+    q = unpack_int4(x_q.cpu()).to(torch.float32)
+    m, k = q.shape
+    r = q.reshape(m, k // group_size, group_size).sum(-1).t()                 # [K/G, M]
+    xs = x_scale.cpu().float()
+    return q, torch.stack([xs * 2.0 ** F8_W_SHIFT, -F8_W_OFFSET * r * xs], dim=1)

@@ -9,7 +9,7 @@ from triton.experimental.gluon import language as gl
 __all__ = ["TORCH_TO_GL", "nvmma_layout", "desc", "dummy"]
 
 TORCH_TO_GL = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16, torch.float32: gl.float32,
-               torch.int8: gl.int8, torch.uint8: gl.uint8}
+               torch.int8: gl.int8, torch.uint8: gl.uint8, torch.float8_e4m3fn: gl.float8e4nv}
 
 
 def nvmma_layout(block, dtype):

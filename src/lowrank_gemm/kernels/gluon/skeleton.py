@@ -40,7 +40,7 @@ from triton.language.core import _aggregate as aggregate
 
 from ..schedule import cdiv, grouped_tile, grouped_tile_host
 
-__all__ = ["bias_and_store", "consumer_step", "expected_role_states", "PipelineState", "Pipeline", "GroupedTileScheduler", "RoleSpec", "ROLES", "ROLE_IDS",
+__all__ = ["bias_and_store", "consumer_step", "consumer_uses_host", "expected_role_states", "PipelineState", "Pipeline", "GroupedTileScheduler", "RoleSpec", "ROLES", "ROLE_IDS",
            "PRODUCER_START_PHASE", "CONSUMER_START_PHASE", "producer_state", "consumer_state",
            "alloc_barriers", "REGISTER_BUDGET", "DEFAULT_REGS", "CONSUMER_REGS", "DEFAULT_WARPS", "make_pipeline", "program_tiles_host", "expected_states_host",
            "debug_record", "NUM_CONSUMERS", "Ring", "ConsumerOrder", "make_consumer_order"]
@@ -283,18 +283,33 @@ def expected_states_host(uses: list[int], num_stages: int, producer: bool) -> li
     return [(n % num_stages, ((n // num_stages) & 1) ^ start) for n in uses]
 
 
+def consumer_uses_host(c: int, n_local: int, k_tiles: int, paired: bool = False) -> list:
+    """MAIN-ring use numbers consumer ``c`` takes: its local tiles c, c + 2, … in order; ``paired``: tile
+    pair q owns uses [2q·k_tiles, …) with the pair's K steps interleaved (stride 1 for a lone last tile)."""
+    out = []
+    for t in range(c, n_local, NUM_CONSUMERS):
+        if paired:
+            q = t // 2
+            stride = 2 if 2 * q + 1 < n_local else 1
+            out += [2 * q * k_tiles + c + stride * kk for kk in range(k_tiles)]
+        else:
+            out += [t * k_tiles + kk for kk in range(k_tiles)]
+    return out
+
+
 def expected_role_states(grid: int, M: int, N: int, K: int, cfg, producers: dict, consumer_stages: int,
-                         pid: int = 0) -> dict:
+                         pid: int = 0, paired: bool = False) -> dict:
     """What each role of program ``pid`` must record in DEBUG mode: role name → [(index, phase)] per K-step
     slot use. ``producers``: name → stages of the ring that role fills once per K step of every local tile;
-    consumer c takes local tiles c, c + NUM_CONSUMERS, … of the ring with ``consumer_stages`` slots."""
+    consumer c takes local tiles c, c + NUM_CONSUMERS, … of the ring with ``consumer_stages`` slots
+    (:func:`consumer_uses_host`)."""
     k_tiles = cdiv(K, cfg.block_k)
     n_local = len(program_tiles_host(pid, grid, M, N, cfg.block_m, cfg.block_n, cfg.group_m))
     uses = list(range(n_local * k_tiles))
     want = {name: expected_states_host(uses, stages, True) for name, stages in producers.items()}
     for c in range(NUM_CONSUMERS):
-        mine = [t * k_tiles + kk for t in range(c, n_local, NUM_CONSUMERS) for kk in range(k_tiles)]
-        want[f"consumer{c}"] = expected_states_host(mine, consumer_stages, False)
+        want[f"consumer{c}"] = expected_states_host(consumer_uses_host(c, n_local, k_tiles, paired),
+                                                    consumer_stages, False)
     return want
 
 

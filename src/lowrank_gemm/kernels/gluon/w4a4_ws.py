@@ -11,6 +11,17 @@ Two operand formats (``FMT``):
   [N, K/2] packed int4 q, wmult int8 [K/G2, N] level-2 multipliers (q·u must fit int8), wscales [N]
   per channel. main = (x · (q⊙u)ᵀ) ⊙ xs[:, None] ⊙ ws[None, :] — no rescale in the K loop.
 
+``int4_g`` with ``F8`` (fp8 MMA): the int8 path converts every int32 partial to fp32 once per group (I2F,
+a quarter-rate conversion on sm_90) before its two-op rescale. With e4m3 operands the wgmma hands back an
+fp32 partial directly, and the int4 values stay exact:
+- x arrives pre-expanded (``expand_act_f8``: e4m3 [M, K], exact q ∈ [-8, 7]) by TMA into MAIN, like 2l;
+- w is expanded in SMEM as the *offset* nibble n' = q + 8 ∈ [0, 15] (one LOP3 per four bytes): the e4m3 bit
+  patterns 0x00–0x0F are exactly n'·2⁻⁹ (subnormals, then the lowest binade), so the MMA returns
+  P' = 2⁻⁹·Σ q_x·(q_w + 8);
+- Σ q_x·q_w = 2⁹·P' − 8·R with R = Σ_k∈g q_x, the group row sum, so per group
+  acc += fma(P', a, b) · ws with rows a = 2⁹·xs, b = −8·R·xs (``xab`` [K/G, 2, M] fp32): two FFMAs per
+  element, no conversion.
+
 Roles (table in ``skeleton.ROLES``): loader (TMA of every ring), expander (int4 → int8 into SMEM),
 two consumer warpgroups taking alternate local tiles (ping-pong: one's epilogue overlaps the
 other's MMA), each running the epilogue of its own tile (on Hopper the accumulator lives in the
@@ -33,22 +44,24 @@ from triton.language.core import _aggregate as aggregate
 from ...plan.config import KernelConfig
 from ...plan.smem import Scope, SmemError, SmemLedger, SmemTerm, barrier_bytes, solve_stages, tile_bytes
 from ..epilogue import rank_block
-from ..int4_unpack import HI_ASM, HI_MUL_ASM, LO_ASM, LO_MUL_ASM
+from ..int4_unpack import HI_ASM, HI_MUL_ASM, HI_OFFSET_ASM, LO_ASM, LO_MUL_ASM, LO_OFFSET_ASM
 from ..schedule import cdiv, persistent_grid
 from .host import desc, dummy
 from .skeleton import (bias_and_store, consumer_step, CONSUMER_REGS, DEFAULT_WARPS, NUM_CONSUMERS, NUM_ROLES, ROLE_CONSUMER0, ROLE_CONSUMER1, ROLE_EXPANDER,
                        ROLE_LOADER, WORKER_REGS, WORKER_WARPS, ConsumerOrder, GroupedTileScheduler, Pipeline,
                        Ring, consumer_state, debug_record, make_consumer_order, make_pipeline, producer_state)
 
-__all__ = ["FMT_INT4_G", "FMT_INT4_2L", "RAW_STAGES", "w4a4_ledger", "plan_w4a4_v2", "can_implement_v2",
+__all__ = ["FMT_INT4_G", "FMT_INT4_2L", "RAW_STAGES", "RAW_STAGES_F8", "w4a4_ledger", "plan_w4a4_v2", "can_implement_v2",
            "launch_w4a4_v2", "w4a4_ws_kernel", "reference_v2", "make_operands_v2",
-           "kernel_args_v2", "aot_signature_v2", "default_config_v2"]
+           "kernel_args_v2", "aot_signature_v2", "default_config_v2", "f8_default", "paired_default"]
 
 FMT_INT4_G = 0
 FMT_INT4_2L = 1
 FORMATS = {"int4_g64": FMT_INT4_G, "int4_2l": FMT_INT4_2L}   # names of kernels/w4a4_gemm.py
 RAW_STAGES = 2          # packed tiles only wait for the expander: two slots hide the TMA latency when compute
                         # bounds the kernel; memory-bound decode wants more bytes in flight (raw_stages=)
+RAW_STAGES_F8 = 4       # the f8 expander turns a slot around faster than one TMA round trip: 2 → 4 slots took
+                        # fc1 955 → 883 µs and M=64 decode 69.8 → 58.7 µs (H200, benchmarks/NOTES.md session 4)
 PACK = 64               # formats.int4.PACK_BLOCK: one 64-wide K block = 32 bytes (lo | hi nibbles)
 DEBUG_ITERS_DEFAULT = 64
 DEBUG_TILES_DEFAULT = 16
@@ -115,9 +128,11 @@ class W4A4Args:
     DEBUG_TILES: gl.constexpr
     SCALE_TMA: gl.constexpr
     SWAR: gl.constexpr
+    F8: gl.constexpr
+    PAIRED: gl.constexpr
 
     @gluon.constexpr_function
-    def __init__(self, x_desc, w_desc, s_desc, b_desc, out_desc, x_bufs, w_bufs, xp_bufs, wp_bufs, s_bufs, b_bufs, epi_bufs, sc_desc, sw_desc, sx_bufs, sw_bufs, main, raw, lowrank, order, out_ptr, stride_om, xscale_ptr, wscale_ptr, wmult_ptr, col_scale_ptr, bias_ptr, dbg_ptr, dbg_tiles_ptr, M, N, K, FMT, G2, BLOCK_M, BLOCK_N, BLOCK_K, BLOCK_R, GROUP_M, HAS_LOWRANK, HAS_COL_SCALE, HAS_BIAS, EPI_TMA, DEBUG, DEBUG_ITERS, DEBUG_TILES, SCALE_TMA, SWAR):
+    def __init__(self, x_desc, w_desc, s_desc, b_desc, out_desc, x_bufs, w_bufs, xp_bufs, wp_bufs, s_bufs, b_bufs, epi_bufs, sc_desc, sw_desc, sx_bufs, sw_bufs, main, raw, lowrank, order, out_ptr, stride_om, xscale_ptr, wscale_ptr, wmult_ptr, col_scale_ptr, bias_ptr, dbg_ptr, dbg_tiles_ptr, M, N, K, FMT, G2, BLOCK_M, BLOCK_N, BLOCK_K, BLOCK_R, GROUP_M, HAS_LOWRANK, HAS_COL_SCALE, HAS_BIAS, EPI_TMA, DEBUG, DEBUG_ITERS, DEBUG_TILES, SCALE_TMA, SWAR, F8, PAIRED):
         self.x_desc = x_desc
         self.w_desc = w_desc
         self.s_desc = s_desc
@@ -166,73 +181,123 @@ class W4A4Args:
         self.DEBUG_TILES = gl.constexpr(DEBUG_TILES)
         self.SCALE_TMA = gl.constexpr(SCALE_TMA)
         self.SWAR = gl.constexpr(SWAR)
+        self.F8 = gl.constexpr(F8)
+        self.PAIRED = gl.constexpr(PAIRED)
+
+
+@gluon.jit
+def _load_step(p, main, raw, off_m, off_n, kk, it):
+    """One K step of one tile: the MAIN fill the loader owns (x for 2l / F8, scale rows with SCALE_TMA)
+    and the RAW packed tiles. Returns the advanced (main, raw, it)."""
+    BK: gl.constexpr = p.BLOCK_K
+    if p.DEBUG:
+        debug_record(p.dbg_ptr, ROLE_LOADER, it, raw, p.DEBUG_ITERS)
+    it += 1
+    if p.FMT == _FMT_INT4_2L:
+        p.main.producer_acquire(main)
+        bar = p.main.ready_bar(main)
+        mbarrier.expect(bar, p.x_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(p.x_desc, [off_m, kk * BK], bar, p.x_bufs.index(main.index))
+        main = main.next()
+    elif p.F8:
+        # e4m3 activations straight into MAIN; with SCALE_TMA also the group's a, b rows and w_scale row
+        p.main.producer_acquire(main)
+        bar = p.main.ready_bar(main)
+        if p.SCALE_TMA:
+            mbarrier.expect(bar, p.x_desc.block_type.nbytes + 2 * p.sc_desc.block_type.nbytes
+                            + p.sw_desc.block_type.nbytes)
+            for j in gl.static_range(2):
+                tma.async_copy_global_to_shared(p.sc_desc, [(2 * kk + j) * p.M + off_m], bar,
+                                                p.sx_bufs.index(2 * main.index + j))
+            tma.async_copy_global_to_shared(p.sw_desc, [kk * p.N + off_n], bar, p.sw_bufs.index(main.index))
+        else:
+            mbarrier.expect(bar, p.x_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(p.x_desc, [off_m, kk * BK], bar, p.x_bufs.index(main.index))
+        main = main.next()
+    elif p.SCALE_TMA:
+        # the group's scale rows ride in the MAIN slot the consumer reads them from (one DRAM
+        # round trip per K step on the consumer's critical path otherwise)
+        p.main.producer_acquire(main)
+        bar = p.main.ready_bar(main)
+        mbarrier.expect(bar, p.sc_desc.block_type.nbytes + p.sw_desc.block_type.nbytes)
+        # 1-D boxes: a box running past its row reads the next row's values into rows/columns
+        # that are never stored (their operands are TMA zero fill); past the end: zeros
+        tma.async_copy_global_to_shared(p.sc_desc, [kk * p.M + off_m], bar, p.sx_bufs.index(main.index))
+        tma.async_copy_global_to_shared(p.sw_desc, [kk * p.N + off_n], bar, p.sw_bufs.index(main.index))
+        main = main.next()
+    p.raw.producer_acquire(raw)
+    bar = p.raw.ready_bar(raw)
+    if p.FMT == _FMT_INT4_2L:
+        if p.SCALE_TMA:
+            # the multipliers u of this K step's level-2 groups, for the expander
+            UR: gl.constexpr = _u_rows(BK, p.G2)
+            mbarrier.expect(bar, p.w_desc.block_type.nbytes + UR * p.sc_desc.block_type.nbytes)
+            for j in gl.static_range(UR):
+                tma.async_copy_global_to_shared(p.sc_desc, [((kk * BK) // p.G2 + j) * p.N + off_n], bar,
+                                                p.sx_bufs.index(raw.index * UR + j))
+        else:
+            mbarrier.expect(bar, p.w_desc.block_type.nbytes)
+    elif p.F8:
+        mbarrier.expect(bar, p.w_desc.block_type.nbytes)
+    else:
+        mbarrier.expect(bar, p.w_desc.block_type.nbytes + p.x_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(p.x_desc, [off_m, kk * (BK // 2)], bar, p.xp_bufs.index(raw.index))
+    tma.async_copy_global_to_shared(p.w_desc, [off_n, kk * (BK // 2)], bar, p.wp_bufs.index(raw.index))
+    raw = raw.next()
+    return main, raw, it
+
+
+@gluon.jit
+def _load_tile_head(p, sched, t, lr):
+    """Per tile, before its K steps: (DEBUG) record the tile, then fill its LOWRANK slot (consumed last,
+    so it has time to land). Returns (off_m, off_n, lr)."""
+    pid_m, pid_n = sched.get_tile(t)
+    off_m = pid_m * p.BLOCK_M
+    off_n = pid_n * p.BLOCK_N
+    if p.DEBUG:
+        if t < p.DEBUG_TILES:
+            tb = p.dbg_tiles_ptr + (gl.program_id(0) * p.DEBUG_TILES + t) * 2
+            gl.store(tb, pid_m)
+            gl.store(tb + 1, pid_n)
+    if p.HAS_LOWRANK:
+        p.lowrank.producer_acquire(lr)
+        bar = p.lowrank.ready_bar(lr)
+        mbarrier.expect(bar, p.s_desc.block_type.nbytes + p.b_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(p.s_desc, [off_m, 0], bar, p.s_bufs.index(lr.index))
+        tma.async_copy_global_to_shared(p.b_desc, [off_n, 0], bar, p.b_bufs.index(lr.index))
+        lr = lr.next()
+    return off_m, off_n, lr
 
 
 @gluon.jit
 def _loader_partition(p):
-    """TMA only: per tile the LOWRANK slot first (it is consumed last, so it has time to land),
-    then per K step the MAIN x tile (2l) and the RAW packed tiles."""
-    BK: gl.constexpr = p.BLOCK_K
+    """TMA only: per tile the LOWRANK slot, then per K step the MAIN x tile (2l / F8) and the RAW packed
+    tiles. PAIRED: tiles go in pairs (t, t+1) whose K steps interleave on MAIN — the order the two
+    consumers, one tile each, consume them concurrently."""
     sched = GroupedTileScheduler.initialize(p.M, p.N, p.BLOCK_M, p.BLOCK_N, p.GROUP_M)
-    k_tiles = gl.cdiv(p.K, BK)
+    k_tiles = gl.cdiv(p.K, p.BLOCK_K)
     main = producer_state(p.main.num_stages)
     raw = producer_state(p.raw.num_stages)
     lr = producer_state(p.lowrank.num_stages)
     it = 0
-    for t in range(sched.get_num_tiles()):
-        pid_m, pid_n = sched.get_tile(t)
-        off_m = pid_m * p.BLOCK_M
-        off_n = pid_n * p.BLOCK_N
-        if p.DEBUG:
-            if t < p.DEBUG_TILES:
-                tb = p.dbg_tiles_ptr + (gl.program_id(0) * p.DEBUG_TILES + t) * 2
-                gl.store(tb, pid_m)
-                gl.store(tb + 1, pid_n)
-        if p.HAS_LOWRANK:
-            p.lowrank.producer_acquire(lr)
-            bar = p.lowrank.ready_bar(lr)
-            mbarrier.expect(bar, p.s_desc.block_type.nbytes + p.b_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(p.s_desc, [off_m, 0], bar, p.s_bufs.index(lr.index))
-            tma.async_copy_global_to_shared(p.b_desc, [off_n, 0], bar, p.b_bufs.index(lr.index))
-            lr = lr.next()
-        for kk in range(k_tiles):
-            if p.DEBUG:
-                debug_record(p.dbg_ptr, ROLE_LOADER, it, raw, p.DEBUG_ITERS)
-            it += 1
-            if p.FMT == _FMT_INT4_2L:
-                p.main.producer_acquire(main)
-                bar = p.main.ready_bar(main)
-                mbarrier.expect(bar, p.x_desc.block_type.nbytes)
-                tma.async_copy_global_to_shared(p.x_desc, [off_m, kk * BK], bar, p.x_bufs.index(main.index))
-                main = main.next()
-            elif p.SCALE_TMA:
-                # the group's scale rows ride in the MAIN slot the consumer reads them from (one DRAM
-                # round trip per K step on the consumer's critical path otherwise)
-                p.main.producer_acquire(main)
-                bar = p.main.ready_bar(main)
-                mbarrier.expect(bar, p.sc_desc.block_type.nbytes + p.sw_desc.block_type.nbytes)
-                # 1-D boxes: a box running past its row reads the next row's values into rows/columns
-                # that are never stored (their operands are TMA zero fill); past the end: zeros
-                tma.async_copy_global_to_shared(p.sc_desc, [kk * p.M + off_m], bar, p.sx_bufs.index(main.index))
-                tma.async_copy_global_to_shared(p.sw_desc, [kk * p.N + off_n], bar, p.sw_bufs.index(main.index))
-                main = main.next()
-            p.raw.producer_acquire(raw)
-            bar = p.raw.ready_bar(raw)
-            if p.FMT == _FMT_INT4_2L:
-                if p.SCALE_TMA:
-                    # the multipliers u of this K step's level-2 groups, for the expander
-                    UR: gl.constexpr = _u_rows(BK, p.G2)
-                    mbarrier.expect(bar, p.w_desc.block_type.nbytes + UR * p.sc_desc.block_type.nbytes)
-                    for j in gl.static_range(UR):
-                        tma.async_copy_global_to_shared(p.sc_desc, [((kk * BK) // p.G2 + j) * p.N + off_n], bar,
-                                                        p.sx_bufs.index(raw.index * UR + j))
-                else:
-                    mbarrier.expect(bar, p.w_desc.block_type.nbytes)
-            else:
-                mbarrier.expect(bar, p.w_desc.block_type.nbytes + p.x_desc.block_type.nbytes)
-                tma.async_copy_global_to_shared(p.x_desc, [off_m, kk * (BK // 2)], bar, p.xp_bufs.index(raw.index))
-            tma.async_copy_global_to_shared(p.w_desc, [off_n, kk * (BK // 2)], bar, p.wp_bufs.index(raw.index))
-            raw = raw.next()
+    n_tiles = sched.get_num_tiles()
+    if p.PAIRED:
+        for t in range(0, n_tiles, 2):
+            off_m, off_n, lr = _load_tile_head(p, sched, t, lr)
+            has1 = t + 1 < n_tiles
+            off_m1 = off_m
+            off_n1 = off_n
+            if has1:
+                off_m1, off_n1, lr = _load_tile_head(p, sched, t + 1, lr)
+            for kk in range(k_tiles):
+                main, raw, it = _load_step(p, main, raw, off_m, off_n, kk, it)
+                if has1:
+                    main, raw, it = _load_step(p, main, raw, off_m1, off_n1, kk, it)
+    else:
+        for t in range(n_tiles):
+            off_m, off_n, lr = _load_tile_head(p, sched, t, lr)
+            for kk in range(k_tiles):
+                main, raw, it = _load_step(p, main, raw, off_m, off_n, kk, it)
 
 
 @gluon.jit
@@ -257,6 +322,19 @@ def _nibbles(packed, u, HAS_U: gl.constexpr, SWAR: gl.constexpr):
 
 
 @gluon.jit
+def _offset_nibbles_f8(packed, SWAR: gl.constexpr):
+    """(low, high) OFFSET nibbles n' = q + 8 of ``packed`` int8 as e4m3 bit patterns (= n'·2⁻⁹): one LOP3 per four
+    bytes (two for the high nibbles), kernels/int4_unpack.py. Layout-agnostic (no per-row operand)."""
+    if SWAR:
+        lo = gl.inline_asm_elementwise(LO_OFFSET_ASM, "=r,r", [packed], dtype=gl.int8, is_pure=True, pack=4)
+        hi = gl.inline_asm_elementwise(HI_OFFSET_ASM, "=r,r", [packed], dtype=gl.int8, is_pure=True, pack=4)
+    else:
+        lo = (packed & 0x0F) ^ 0x08
+        hi = ((packed >> 4) & 0x0F) ^ 0x08
+    return lo.to(gl.float8e4nv, bitcast=True), hi.to(gl.float8e4nv, bitcast=True)
+
+
+@gluon.jit
 def _expand_into(dst, src, layout: gl.constexpr, ROWS: gl.constexpr, BK: gl.constexpr, mult_ptrs, mult_mask, k0,
                  G2: gl.constexpr, mult_stride, u_smem, u_slot, SWAR: gl.constexpr):
     """dst [ROWS, BK] int8 ← int4 nibbles of src [ROWS, BK/2] uint8; 2l only (``mult_ptrs`` not None):
@@ -278,6 +356,18 @@ def _expand_into(dst, src, layout: gl.constexpr, ROWS: gl.constexpr, BK: gl.cons
             lo, hi = _nibbles(packed, u, True, SWAR)
         else:
             lo, hi = _nibbles(packed, packed, False, SWAR)
+        dst.slice(b * _PACK, _PACK // 2, dim=1).store(lo)
+        dst.slice(b * _PACK + _PACK // 2, _PACK // 2, dim=1).store(hi)
+
+
+@gluon.jit
+def _expand_offset_into(dst, src, layout: gl.constexpr, BK: gl.constexpr, SWAR: gl.constexpr):
+    """dst [ROWS, BK] e4m3 ← offset nibbles n' = q + 8 of src [ROWS, BK/2] uint8 (F8 path, module doc): the
+    bit pattern n' ∈ [0, 15] IS the e4m3 encoding of n'·2⁻⁹, so one LOP3 per four bytes (two for the high
+    nibbles) expands them. Same block layout as :func:`_expand_into`."""
+    for b in gl.static_range(BK // _PACK):
+        packed = src.slice(b * (_PACK // 2), _PACK // 2, dim=1).load(layout).to(gl.int8, bitcast=True)
+        lo, hi = _offset_nibbles_f8(packed, SWAR)
         dst.slice(b * _PACK, _PACK // 2, dim=1).store(lo)
         dst.slice(b * _PACK + _PACK // 2, _PACK // 2, dim=1).store(hi)
 
@@ -311,6 +401,8 @@ def _expander_partition(p):
                     u_smem = None
                 _expand_into(p.w_bufs.index(main.index), p.wp_bufs.index(raw.index), layout, BN, BK,
                              p.wmult_ptr + offs_n, offs_n < p.N, kk * BK, p.G2, p.N, u_smem, raw.index, p.SWAR)
+            elif p.F8:
+                _expand_offset_into(p.w_bufs.index(main.index), p.wp_bufs.index(raw.index), layout, BK, p.SWAR)
             else:
                 _expand_into(p.w_bufs.index(main.index), p.wp_bufs.index(raw.index), layout, BN, BK,
                              None, None, 0, p.G2, 0, None, 0, p.SWAR)
@@ -345,7 +437,16 @@ def _mainloop_2l(p, main, mma: gl.constexpr, k_tiles, it, ROLE: gl.constexpr):
 
 
 @gluon.jit
-def _mainloop_g(p, main, mma: gl.constexpr, k_tiles, off_m, off_n, it, ROLE: gl.constexpr):
+def _next_use(p, main, stride):
+    # PAIRED: this consumer's K steps are every other MAIN use while its tile's partner exists
+    if p.PAIRED:
+        return main.advance(stride)
+    else:
+        return main.next()
+
+
+@gluon.jit
+def _mainloop_g(p, main, mma: gl.constexpr, k_tiles, off_m, off_n, it, ROLE: gl.constexpr, stride):
     """One K step = one group: int32 partial, then fp32 acc += partial ⊙ xs ⊗ ws. The scale loads
     are issued while the wgmma runs; the other consumer's MMA overlaps this one's rescale."""
     offs_m = off_m + gl.arange(0, p.BLOCK_M, gl.SliceLayout(1, mma))
@@ -364,8 +465,35 @@ def _mainloop_g(p, main, mma: gl.constexpr, k_tiles, off_m, off_n, it, ROLE: gl.
             ws = gl.load(p.wscale_ptr + kk * p.N + offs_n, mask=offs_n < p.N, other=0.0).to(gl.float32)
         part = warpgroup_mma_wait(0, deps=(tok, ))
         p.main.consumer_release(main)
-        main = main.next()
+        main = _next_use(p, main, stride)
         acc = acc + part.to(gl.float32) * (xs[:, None] * ws[None, :])
+    return acc, main, it
+
+
+@gluon.jit
+def _mainloop_g_f8(p, main, mma: gl.constexpr, k_tiles, off_m, off_n, it, ROLE: gl.constexpr, stride):
+    """F8 variant of :func:`_mainloop_g` (module doc): the e4m3 wgmma returns the fp32 partial
+    P' = 2⁻⁹·Σ q_x·(q_w + 8); acc += fma(P', a, b) · ws — two FFMAs per element, no I2F."""
+    offs_m = off_m + gl.arange(0, p.BLOCK_M, gl.SliceLayout(1, mma))
+    offs_n = off_n + gl.arange(0, p.BLOCK_N, gl.SliceLayout(0, mma))
+    acc = gl.zeros([p.BLOCK_M, p.BLOCK_N], gl.float32, mma)
+    part = gl.zeros([p.BLOCK_M, p.BLOCK_N], gl.float32, mma)
+    for kk in range(k_tiles):
+        it = consumer_step(p, main, ROLE, it)
+        tok = warpgroup_mma(p.x_bufs.index(main.index), p.w_bufs.index(main.index).permute((1, 0)), part,
+                            use_acc=False, is_async=True)
+        if p.SCALE_TMA:
+            xa = p.sx_bufs.index(2 * main.index).load(gl.SliceLayout(1, mma))
+            xb = p.sx_bufs.index(2 * main.index + 1).load(gl.SliceLayout(1, mma))
+            ws = p.sw_bufs.index(main.index).load(gl.SliceLayout(0, mma)).to(gl.float32)
+        else:
+            xa = gl.load(p.xscale_ptr + (2 * kk) * p.M + offs_m, mask=offs_m < p.M, other=0.0)
+            xb = gl.load(p.xscale_ptr + (2 * kk + 1) * p.M + offs_m, mask=offs_m < p.M, other=0.0)
+            ws = gl.load(p.wscale_ptr + kk * p.N + offs_n, mask=offs_n < p.N, other=0.0).to(gl.float32)
+        part = warpgroup_mma_wait(0, deps=(tok, ))
+        p.main.consumer_release(main)
+        main = _next_use(p, main, stride)
+        acc = gl.fma(gl.fma(part, xa[:, None], xb[:, None]), ws[None, :], acc)
     return acc, main, it
 
 
@@ -398,26 +526,38 @@ def _epilogue(p, acc, lr, off_m, off_n, CONSUMER: gl.constexpr, mma: gl.constexp
 @gluon.jit
 def _consumer_partition(p, CONSUMER: gl.constexpr):
     """Local tiles CONSUMER, CONSUMER + 2, ...; the MAIN and LOWRANK rings are shared in tile order,
-    so this consumer's states skip the other consumer's slot uses."""
+    so this consumer's states skip the other consumer's slot uses (PAIRED: MAIN in interleaved pair order)."""
     ROLE: gl.constexpr = ROLE_CONSUMER0 if CONSUMER == 0 else ROLE_CONSUMER1
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[gl.num_warps(), 1],
                                                   instr_shape=[16, p.BLOCK_N, 32])
     sched = GroupedTileScheduler.initialize(p.M, p.N, p.BLOCK_M, p.BLOCK_N, p.GROUP_M)
     k_tiles = gl.cdiv(p.K, p.BLOCK_K)
+    n_tiles = sched.get_num_tiles()
     main = consumer_state(p.main.num_stages).advance(CONSUMER * k_tiles)
     lr = consumer_state(p.lowrank.num_stages).advance(CONSUMER)
     it = 0
-    for t in range(CONSUMER, sched.get_num_tiles(), 2):
+    for t in range(CONSUMER, n_tiles, 2):
         pid_m, pid_n = sched.get_tile(t)
         off_m = pid_m * p.BLOCK_M
         off_n = pid_n * p.BLOCK_N
-        p.order.acquire(CONSUMER, t)     # the other consumer is done with tile t-1's MAIN slots
+        if p.PAIRED:
+            # both consumers run their K loops at once (one's rescale overlaps the other's MMA): tile pair
+            # t//2 owns MAIN uses [pair·2·k_tiles, …), its K steps interleaved (stride 2; 1 for a lone last tile)
+            pair = t // 2
+            stride = gl.where(pair * 2 + 1 < n_tiles, 2, 1)
+            main = consumer_state(p.main.num_stages).advance(pair * 2 * k_tiles + CONSUMER)
+        else:
+            stride = 1
+            p.order.acquire(CONSUMER, t)     # the other consumer is done with tile t-1's MAIN slots
         if p.FMT == _FMT_INT4_2L:
             acc, main, it = _mainloop_2l(p, main, mma, k_tiles, it, ROLE)
+        elif p.F8:
+            acc, main, it = _mainloop_g_f8(p, main, mma, k_tiles, off_m, off_n, it, ROLE, stride)
         else:
-            acc, main, it = _mainloop_g(p, main, mma, k_tiles, off_m, off_n, it, ROLE)
-        p.order.release(CONSUMER)        # its K loop may start while this epilogue runs
-        main = main.advance(k_tiles)
+            acc, main, it = _mainloop_g(p, main, mma, k_tiles, off_m, off_n, it, ROLE, stride)
+        if not p.PAIRED:
+            p.order.release(CONSUMER)        # its K loop may start while this epilogue runs
+            main = main.advance(k_tiles)
         _epilogue(p, acc, lr, off_m, off_n, CONSUMER, mma)
         lr = lr.advance(2)
     if p.EPI_TMA:
@@ -449,18 +589,24 @@ def w4a4_ws_kernel(x_desc, w_desc, s_desc, b_desc, out_desc, sc_desc, sw_desc,
                    HAS_LOWRANK: gl.constexpr, HAS_COL_SCALE: gl.constexpr, HAS_BIAS: gl.constexpr,
                    EPI_TMA: gl.constexpr, DEBUG: gl.constexpr, DEBUG_ITERS: gl.constexpr,
                    DEBUG_TILES: gl.constexpr, SCALE_TMA: gl.constexpr = False, SWAR: gl.constexpr = False,
-                   RAW_STAGES_N: gl.constexpr = 2, CONSUMER_ORDER: gl.constexpr = True):
+                   RAW_STAGES_N: gl.constexpr = 2, CONSUMER_ORDER: gl.constexpr = True, F8: gl.constexpr = False,
+                   PAIRED: gl.constexpr = False):
     gl.static_assert(BLOCK_K % _PACK == 0, "BLOCK_K must be a multiple of the 64-wide pack block")
     gl.static_assert(LOWRANK_STAGES >= 1, "the LOWRANK ring needs a slot even when unused")
     # Every SMEM buffer and barrier of the kernel is declared here (plan.smem ledger mirrors it).
-    x_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_K], gl.int8)
-    w_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_K], gl.int8)
-    x_bufs = gl.allocate_shared_memory(gl.int8, [STAGES, BLOCK_M, BLOCK_K], x_layout)
-    w_bufs = gl.allocate_shared_memory(gl.int8, [STAGES, BLOCK_N, BLOCK_K], w_layout)
-    if FMT == _FMT_INT4_G:
+    gl.static_assert(not F8 or FMT == _FMT_INT4_G, "F8 (e4m3 MMA) is the int4_g path's variant")
+    # PAIRED: the expander walks RAW → MAIN in fill order without knowing tiles, which only holds for g
+    # (2l expansion multiplies by the tile's u rows)
+    gl.static_assert(not PAIRED or FMT == _FMT_INT4_G, "PAIRED main loops are an int4_g option")
+    op_dtype: gl.constexpr = gl.float8e4nv if F8 else gl.int8
+    x_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_K], op_dtype)
+    w_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_K], op_dtype)
+    x_bufs = gl.allocate_shared_memory(op_dtype, [STAGES, BLOCK_M, BLOCK_K], x_layout)
+    w_bufs = gl.allocate_shared_memory(op_dtype, [STAGES, BLOCK_N, BLOCK_K], w_layout)
+    if FMT == _FMT_INT4_G and not F8:
         xp_bufs = gl.allocate_shared_memory(gl.uint8, [RAW_STAGES_N] + x_desc.block_type.shape, x_desc.layout)
     else:
-        xp_bufs = x_bufs   # unused: 2l activations land in MAIN directly
+        xp_bufs = x_bufs   # unused: 2l / F8 activations land in MAIN directly
     wp_bufs = gl.allocate_shared_memory(gl.uint8, [RAW_STAGES_N] + w_desc.block_type.shape, w_desc.layout)
     if HAS_LOWRANK:
         s_bufs = gl.allocate_shared_memory(s_desc.dtype, [LOWRANK_STAGES] + s_desc.block_type.shape, s_desc.layout)
@@ -479,15 +625,17 @@ def w4a4_ws_kernel(x_desc, w_desc, s_desc, b_desc, out_desc, sc_desc, sw_desc,
                                                 sc_desc.layout)
             sw_bufs = sx_bufs
         else:
-            sx_bufs = gl.allocate_shared_memory(sc_desc.dtype, [STAGES] + sc_desc.block_type.shape, sc_desc.layout)
+            # F8: two fp32 rows (a, b) per slot; int8 g: one 16-bit x_scale row
+            sx_bufs = gl.allocate_shared_memory(sc_desc.dtype, [STAGES * (2 if F8 else 1)] + sc_desc.block_type.shape,
+                                                sc_desc.layout)
             sw_bufs = gl.allocate_shared_memory(sw_desc.dtype, [STAGES] + sw_desc.block_type.shape, sw_desc.layout)
     else:
         sx_bufs = x_bufs
         sw_bufs = x_bufs
 
-    # MAIN fills: 2l = loader's expect (x by TMA) + expander's arrive (w); g = expander only, plus the
+    # MAIN fills: 2l / F8 = loader's expect (x by TMA) + expander's arrive (w); g = expander only, plus the
     # loader's expect of the scale rows with SCALE_TMA.
-    main = make_pipeline(STAGES, 2 if (FMT == _FMT_INT4_2L or SCALE_TMA) else 1, 1)
+    main = make_pipeline(STAGES, 2 if (FMT == _FMT_INT4_2L or SCALE_TMA or F8) else 1, 1)
     raw = make_pipeline(RAW_STAGES_N, 1, 1)
     lowrank = make_pipeline(LOWRANK_STAGES, 1, 1)
     order = make_consumer_order(CONSUMER_ORDER)   # False only to reproduce the parity hang (bisect)
@@ -496,7 +644,7 @@ def w4a4_ws_kernel(x_desc, w_desc, s_desc, b_desc, out_desc, sc_desc, sw_desc,
                  epi_bufs, sc_desc, sw_desc, sx_bufs, sw_bufs, main, raw, lowrank, order, out_ptr, stride_om, xscale_ptr, wscale_ptr, wmult_ptr,
                  col_scale_ptr, bias_ptr, dbg_ptr, dbg_tiles_ptr, M, N, K, FMT, G2, BLOCK_M, BLOCK_N, BLOCK_K,
                  BLOCK_R, GROUP_M, HAS_LOWRANK, HAS_COL_SCALE, HAS_BIAS, EPI_TMA, DEBUG, DEBUG_ITERS, DEBUG_TILES,
-                 SCALE_TMA, SWAR)
+                 SCALE_TMA, SWAR, F8, PAIRED)
     gl.warp_specialize([
         (_consumer0, (p, )),
         (_loader_partition, (p, )),
@@ -520,18 +668,22 @@ def _fmt_id(fmt) -> int:
 
 def w4a4_ledger(config: KernelConfig, *, fmt, out_dtype=torch.bfloat16, has_lowrank: bool = True,
                 lowrank_dtype=torch.bfloat16, n_out: int = 8, scale_tma: bool = False,
-                group_size: int = 64, raw_stages: int = RAW_STAGES) -> SmemLedger:
+                group_size: int = 64, raw_stages: int = RAW_STAGES, f8: bool = False) -> SmemLedger:
     """Every byte ``w4a4_ws_kernel`` allocates, itemized (mirrors the allocations in the kernel)."""
     f = _fmt_id(fmt)
     bm, bn, bk, br = config.block_m, config.block_n, config.block_k, config.block_r
     s, lr = config.num_stages, max(1, config.lowrank_stages)
-    terms = [SmemTerm(f"{Ring.MAIN}.x_int8", tile_bytes(bm, bk, 8), s),
-             SmemTerm(f"{Ring.MAIN}.w_int8", tile_bytes(bn, bk, 8), s)]
-    if f == FMT_INT4_G:
+    op = "e4m3" if f8 else "int8"
+    terms = [SmemTerm(f"{Ring.MAIN}.x_{op}", tile_bytes(bm, bk, 8), s),
+             SmemTerm(f"{Ring.MAIN}.w_{op}", tile_bytes(bn, bk, 8), s)]
+    if f == FMT_INT4_G and not f8:
         terms.append(SmemTerm(f"{Ring.RAW}.x_packed", tile_bytes(bm, bk // 2, 8), raw_stages))
     terms.append(SmemTerm(f"{Ring.RAW}.w_packed", tile_bytes(bn, bk // 2, 8), raw_stages))
     if scale_tma:
-        if f == FMT_INT4_G:
+        if f8:
+            terms += [SmemTerm(f"{Ring.MAIN}.x_ab_rows", tile_bytes(2, bm, 32), s),
+                      SmemTerm(f"{Ring.MAIN}.w_scale_row", tile_bytes(1, bn, 16), s)]
+        elif f == FMT_INT4_G:
             terms += [SmemTerm(f"{Ring.MAIN}.x_scale_row", tile_bytes(1, bm, 16), s),
                       SmemTerm(f"{Ring.MAIN}.w_scale_row", tile_bytes(1, bn, 16), s)]
         else:
@@ -544,7 +696,7 @@ def w4a4_ledger(config: KernelConfig, *, fmt, out_dtype=torch.bfloat16, has_lowr
                               Scope.PER_CONSUMER))
     # ready + empty per slot of MAIN, RAW, LOWRANK, and the consumers' two ORDER barriers
     terms.append(SmemTerm("barriers", barrier_bytes(2 * (s + raw_stages + lr) + NUM_CONSUMERS)))
-    return SmemLedger(tuple(terms), consumers=NUM_CONSUMERS, label=f"w4a4 v2 {fmt} {bm}x{bn}x{bk}")
+    return SmemLedger(tuple(terms), consumers=NUM_CONSUMERS, label=f"w4a4 v2 {fmt}{' f8' if f8 else ''} {bm}x{bn}x{bk}")
 
 
 def u_rows(block_k: int, group_size: int) -> int:
@@ -583,7 +735,7 @@ def default_config_v2(fmt, group_size: int = 64) -> KernelConfig:
 def plan_w4a4_v2(fmt, *, rank: int, group_size: int = 64, out_dtype=torch.bfloat16,
                  lowrank_dtype=torch.bfloat16, config: KernelConfig | None = None,
                  verbose: bool = False, n_out: int = 8, scale_tma: bool = False,
-                 raw_stages: int = RAW_STAGES) -> KernelConfig:
+                 raw_stages: int = RAW_STAGES, f8: bool = False) -> KernelConfig:
     """Tile sizes from ``config`` (or the default); stage counts from the ledger: the deepest MAIN
     ring first, then the deepest LOWRANK ring. Raises SmemError with the table if nothing fits."""
     base = config or default_config_v2(fmt, group_size)
@@ -594,7 +746,7 @@ def plan_w4a4_v2(fmt, *, rank: int, group_size: int = 64, out_dtype=torch.bfloat
     def build(main_stages, lr_stages):
         return w4a4_ledger(base.replace(num_stages=main_stages, lowrank_stages=lr_stages), fmt=fmt,
                            out_dtype=out_dtype, has_lowrank=has_lr, lowrank_dtype=lowrank_dtype, n_out=n_out,
-                           scale_tma=scale_tma, group_size=group_size, raw_stages=raw_stages)
+                           scale_tma=scale_tma, group_size=group_size, raw_stages=raw_stages, f8=f8)
 
     main, lr, ledger = solve_stages(build, min_main=2, max_main=8, min_lowrank=1 if not has_lr else 2,
                                     max_lowrank=1 if not has_lr else 4)
@@ -604,9 +756,11 @@ def plan_w4a4_v2(fmt, *, rank: int, group_size: int = 64, out_dtype=torch.bfloat
 
 
 def _check_config(config: KernelConfig, M, N, K, rank, fmt, group_size, out_dtype, lowrank_dtype, wmult_rows=None,
-                  scale_tma: bool = False, raw_stages: int = RAW_STAGES):
+                  scale_tma: bool = False, raw_stages: int = RAW_STAGES, f8: bool = False):
     """Raise ValueError/SmemError naming the violated constraint (expected vs got)."""
     f = _fmt_id(fmt)
+    if f8 and f != FMT_INT4_G:
+        raise ValueError(f"w4a4 v2: the fp8 MMA path (f8=True) is for int4_g formats, got {fmt!r}")
     bm, bn, bk = config.block_m, config.block_n, config.block_k
     if config.num_warps != DEFAULT_WARPS:
         raise ValueError(f"w4a4 v2: num_warps is the consumer warpgroup size {DEFAULT_WARPS}, got {config.num_warps}")
@@ -630,7 +784,7 @@ def _check_config(config: KernelConfig, M, N, K, rank, fmt, group_size, out_dtyp
     if rank > config.block_r:
         raise ValueError(f"w4a4 v2: rank {rank} exceeds block_r {config.block_r}")
     w4a4_ledger(config, fmt=fmt, out_dtype=out_dtype, has_lowrank=rank > 0, lowrank_dtype=lowrank_dtype,
-                n_out=N, scale_tma=scale_tma, group_size=group_size, raw_stages=raw_stages).check()
+                n_out=N, scale_tma=scale_tma, group_size=group_size, raw_stages=raw_stages, f8=f8).check()
 
 
 def can_implement_v2(config: KernelConfig, shape) -> bool:
@@ -667,8 +821,14 @@ def _pad_rank(t, r8):
 def kernel_args_v2(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, out, fmt, group_size,
                    config=None, *, col_scale=None, debug: bool = False, debug_iters: int = DEBUG_ITERS_DEFAULT,
                    debug_tiles: int = DEBUG_TILES_DEFAULT, grid: int | None = None, consumer_order: bool = True,
-                   scale_tma: bool | None = None, swar: bool = True, raw_stages: int = RAW_STAGES):
+                   scale_tma: bool | None = None, swar: bool = True, raw_stages: int | None = None,
+                   f8: bool | None = None, paired: bool | None = None):
     """Validate (the v1 contract's own checks), plan and build one launch.
+    ``paired`` (int4_g only; None = :func:`paired_default`): the two consumers run the K loops of a tile pair at
+    the same time, the pair's K steps interleaved on MAIN, so one consumer's rescale overlaps the other's MMA
+    (otherwise they hand the ring over per tile and only the epilogues overlap).
+    ``f8`` (int4_g only; None = :func:`f8_default`): e4m3 MMA with the activations pre-expanded by
+    ``kernels.w4_expand.expand_act_f8`` (module doc); False = int8 MMA on in-kernel expanded activations.
     ``scale_tma`` (None = whenever the strides allow, :func:`scale_tma_ok`): the group scales (g) / level-2
     multipliers (2l) come through the rings by TMA instead of per-step global loads. ``swar``: int4
     expansion four bytes per instruction (kernels/int4_unpack.py); False = element-wise shifts.
@@ -690,12 +850,22 @@ def kernel_args_v2(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias
     _expect(not scale_tma or ok, "scale_tma needs contiguous, 16-byte aligned scale tables and 16-byte aligned "
                                  f"row starts (g: M, N % 8 == 0; 2l: N % 16 == 0), got M={M}, N={N}")
     scale_tma = ok if scale_tma is None else scale_tma
+    f8 = (f == FMT_INT4_G and f8_default()) if f8 is None else f8
+    if raw_stages is None:
+        raw_stages = RAW_STAGES_F8 if f8 else RAW_STAGES
+    # (default only with TMA'd scale rows: the global-load variant spills when paired)
+    paired = (f == FMT_INT4_G and scale_tma and paired_default()) if paired is None else paired
+    _expect(not paired or f == FMT_INT4_G, f"paired main loops are an int4_g option, got fmt={fmt!r}")
     config = plan_w4a4_v2(f, rank=r, group_size=group_size, out_dtype=out.dtype, lowrank_dtype=lr_dtype,
-                          config=config, n_out=N, scale_tma=scale_tma, raw_stages=raw_stages)
-    _check_config(config, M, N, K, r, f, group_size, out.dtype, lr_dtype, scale_tma=scale_tma, raw_stages=raw_stages)
+                          config=config, n_out=N, scale_tma=scale_tma, raw_stages=raw_stages, f8=f8)
+    _check_config(config, M, N, K, r, f, group_size, out.dtype, lr_dtype, scale_tma=scale_tma, raw_stages=raw_stages,
+                  f8=f8)
 
     bm, bn, bk, br = config.block_m, config.block_n, config.block_k, config.block_r
-    x_desc = desc(x_q, (bm, bk) if f == FMT_INT4_2L else (bm, bk // 2))
+    if f8:
+        from ..w4_expand import expand_act_f8
+        x_q, x_scale = expand_act_f8(x_q, x_scale, group_size)   # e4m3 [M, K], rows a, b [K/G, 2, M] fp32
+    x_desc = desc(x_q, (bm, bk) if (f == FMT_INT4_2L or f8) else (bm, bk // 2))
     w_desc = desc(w_q, (bn, bk // 2))
     r8 = -(-r // 8) * 8
     s_desc = desc(_pad_rank(lowrank_act, r8) if r else dummy(dev, torch.float32, (bm, br)), (bm, br))
@@ -722,8 +892,21 @@ def kernel_args_v2(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias
                       STAGES=config.num_stages, LOWRANK_STAGES=max(1, config.lowrank_stages), HAS_LOWRANK=r > 0,
                       HAS_COL_SCALE=col_scale is not None, HAS_BIAS=bias is not None, EPI_TMA=epi_tma,
                       DEBUG=debug, DEBUG_ITERS=debug_iters, DEBUG_TILES=debug_tiles, SCALE_TMA=scale_tma,
-                      SWAR=swar, RAW_STAGES_N=raw_stages, CONSUMER_ORDER=consumer_order)
+                      SWAR=swar, RAW_STAGES_N=raw_stages, CONSUMER_ORDER=consumer_order, F8=f8, PAIRED=paired)
     return grid, args, constexprs, config, (dbg, dbg_tiles)
+
+
+def f8_default() -> bool:
+    """Whether int4_g v2 takes the fp8 MMA path by default (``LOWRANK_GEMM_V2_F8``, default on: H200, same
+    process, fc1 GEMM 1206 → 883 µs, fc2 1250 → 978, M=64 decode 77.7 → 58.7; ``=0`` restores the int8 path)."""
+    return os.environ.get("LOWRANK_GEMM_V2_F8", "1") != "0"
+
+
+def paired_default() -> bool:
+    """Whether int4_g v2 pairs its consumers' K loops by default (``LOWRANK_GEMM_V2_PAIRED``, default off: on the
+    H200 it measured within noise of unpaired (fc1 f8 910 vs 923 µs, 894 vs 883) because the expander, not
+    the consumers, bounds the f8 kernel; it paid only where the consumers were the limit)."""
+    return os.environ.get("LOWRANK_GEMM_V2_PAIRED", "0") == "1"
 
 
 def two_level_enabled() -> bool:
@@ -736,14 +919,15 @@ def two_level_enabled() -> bool:
 def launch_w4a4_v2(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, out, fmt: str,
                    group_size: int, config: KernelConfig | None = None, *, col_scale=None, debug: bool = False,
                    grid: int | None = None, consumer_order: bool = True, scale_tma: bool | None = None,
-                   swar: bool = True, raw_stages: int = RAW_STAGES):
+                   swar: bool = True, raw_stages: int | None = None, f8: bool | None = None,
+                   paired: bool | None = None):
     """out [M, N] ← W4A4 v2; the argument contract of ``kernels.w4a4_gemm`` (its module docstring),
     plus ``col_scale`` [N] (optional per-column factor on the main product). Returns ``out``, or
     ``(out, (dbg [grid, roles, iters, 2] int32, tiles [grid, DEBUG_TILES, 2] int32))`` with ``debug``."""
     g, args, cx, _, dbgs = kernel_args_v2(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, out,
                                            fmt, group_size, config, col_scale=col_scale, debug=debug, grid=grid,
                                            consumer_order=consumer_order, scale_tma=scale_tma, swar=swar,
-                                           raw_stages=raw_stages)
+                                           raw_stages=raw_stages, f8=f8, paired=paired)
     if _fmt_id(fmt) == FMT_INT4_2L and not two_level_enabled():
         raise NotImplementedError("int4_2l v2 is switched off by LOWRANK_GEMM_GLUON_2L=0; use impl='v1'")
     w4a4_ws_kernel[(g, )](*args, **cx, num_warps=DEFAULT_WARPS)
@@ -799,14 +983,14 @@ def make_operands_v2(fmt, M, N, K, rank, group_size=64, *, device="cuda", bias=T
 # Ahead-of-time compile (CI, CPU): signature from CPU stand-in tensors of a small problem.
 def aot_signature_v2(fmt, config: KernelConfig | None = None, *, M=96, N=160, K=384, rank=16, group_size=64,
                      out_dtype=torch.bfloat16, bias=True, col_scale=True, debug=False, scale_tma=None, swar=True,
-                     raw_stages=RAW_STAGES):
+                     raw_stages=None, f8=None, paired=None):
     """(signature, constexprs, config) for ``kernels.aot.compile_sm90`` of :func:`w4a4_ws_kernel`."""
     import inspect
     from triton.runtime.jit import mangle_type
     ops = make_operands_v2(fmt, M, N, K, rank, group_size, device="cpu", bias=bias, col_scale=col_scale,
                            out_dtype=out_dtype)
     _, args, cx, cfg, _ = kernel_args_v2(**ops, config=config, debug=debug, scale_tma=scale_tma, swar=swar,
-                                         raw_stages=raw_stages)
+                                         raw_stages=raw_stages, f8=f8, paired=paired)
     names = [n for n in inspect.signature(w4a4_ws_kernel.fn).parameters if n not in cx]
     sig = {n: (mangle_type(a) if not isinstance(a, int) else "i32") for n, a in zip(names, args)}
     return sig, cx, cfg
