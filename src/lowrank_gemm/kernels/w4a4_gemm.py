@@ -749,6 +749,7 @@ def _scale_descs(plan: W4A4Plan, cfg: KernelConfig, fmt: str, x_scale, w_scale, 
 # impl="auto" on CUDA: the Gluon v2 where its scale rows come by TMA (aligned M, N: gluon.w4a4_ws.scale_tma_ok),
 # v1 elsewhere. Measured on the H200 (session 2, same process): v2 fc1 int4_2l 466 µs vs v1 1055, int4_g64
 # 1203 vs 1915; M=64 decode 61 vs 105 (2l), 78 vs 140 (g64). Without TMA'd scales v2 loses (g64 4131 µs).
+# Session 4: int4_g64 v2 runs its e4m3 path (gluon/w4a4_ws.py module doc): fc1 879 vs v1 1308, M=64 54 vs 86.
 # A v2 that raises NotImplementedError for a problem falls back to v1.
 AUTO_PREFERS_V2 = True
 # impl="decode": gluon.w4a4_decode (int4_2l, M ≤ 64: swap-AB, weights as the register operand of wgmma, deep
@@ -756,6 +757,8 @@ AUTO_PREFERS_V2 = True
 # 30.1 / 46.7 µs at M = 1 / 16 / 64 vs v2 68.3 / 63.9 / 56.2; so auto takes it for every int4_2l M ≤ 64
 # (LOWRANK_GEMM_DECODE=0 turns it off). int4_g64 (probes/probe_decode_g64_s3): 44.2 / 45.1 / 97.6 µs vs v2
 # 195.9 / 72.9 / 73.3 — the per-block rescale waits on every wgmma, which M = 64 tiles no longer hide — so M ≤ 16.
+# Session 4 (e4m3 paths on both kernels, w4a4.md at 4abdfb4): g64 decode 31.1 / 33.6 µs at M = 1 / 16 and the
+# decode kernel's 102.8 vs v2 54.2 at M = 64 keep that split.
 AUTO_DECODE = True
 AUTO_DECODE_MAX_M = {"int4_2l": 64, "int4_g64": 16}
 IMPLS = ("auto", "v1", "v2", "decode")
