@@ -68,6 +68,12 @@ RUNGS = {
     "r18": ("v2 g64 int8 paired, rows by TMA", "v2",
             dict(fmt="int4_g64", M=200, N=264, K=1024, rank=16, grid=3, col_scale=True, trace=True, paired=True),
             "PASS"),
+    "r19": ("v2 g64 f8, two expanders", "v2",
+            dict(fmt="int4_g64", M=200, N=264, K=1024, rank=16, grid=3, col_scale=True, trace=True, f8=True,
+                 expanders=2), "PASS"),
+    "r20": ("v2 g64 f8, two expanders, paired, odd steps", "v2",
+            dict(fmt="int4_g64", M=3 * 64 - 8, N=128, K=192, rank=16, grid=1, trace=True, f8=True, paired=True,
+                 expanders=2), "PASS"),
     "time": ("v2 timings (graph µs)", "time", {}, "PASS"),
     "decode": ("v2 decode tile sweep (graph µs)", "decode", {}, "PASS"),
     "r10": ("repro: r6 without consumer order", "v2",
@@ -229,10 +235,11 @@ def _trace(ops, grid):
 
 
 def _run_v2(fmt, M, N, K, rank, grid, bias=True, col_scale=False, trace=False, consumer_order=True, f8=False,
-            paired=False):
+            paired=False, expanders=1):
     # variants through the environment so the traced re-launch and kernel_args_v2 see the same one
     os.environ["LOWRANK_GEMM_V2_F8"] = "1" if f8 else "0"
     os.environ["LOWRANK_GEMM_V2_PAIRED"] = "1" if paired else "0"
+    os.environ["LOWRANK_GEMM_V2_F8_EXPANDERS"] = str(expanders)
     import torch
 
     from lowrank_gemm.kernels.gluon import w4a4_ws as w4
@@ -270,8 +277,10 @@ def _run_time():
             b8 = torch.randn(N, K, device="cuda").to(torch.float8_e4m3fn).t()
             one = torch.ones((), device="cuda")
             v2_variants = {"v2": dict(f8=False, paired=False)}
-            f8_variants = {"v2_f8": dict(f8=True, paired=False), "v2_f8_raw2": dict(f8=True, paired=False, raw_stages=2),
-                           "v2_f8_paired": dict(f8=True, paired=True)}
+            f8_variants = {"v2_f8": dict(f8=True, paired=False, expanders=1),
+                           "v2_f8_e2": dict(f8=True, paired=False, expanders=2),
+                           "v2_f8p_e2": dict(f8=True, paired=True, expanders=2),
+                           "v2_f8_e2_raw6": dict(f8=True, paired=False, expanders=2, raw_stages=6)}
             if fmt != "int4_2l":   # other arithmetic / order: checked against the reference below
                 for name, kw in f8_variants.items():
                     impls_f8 = w4.launch_w4a4_v2(**ops, **kw)

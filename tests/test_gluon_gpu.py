@@ -24,7 +24,8 @@ WATCHDOG = dict(timeout=60, method="thread")
 FMTS = [pytest.param("int4_2l", marks=pytest.mark.skipif(
             not w4.two_level_enabled(), reason="int4_2l v2 switched off (LOWRANK_GEMM_GLUON_2L=0)")),
         "int4_g64", "int4_g64_f8", "int4_g64_f8p"]
-# _f8: the e4m3-MMA path of int4_g64 (kernel_args_v2(f8=True)); _f8p: plus paired consumer K loops (paired=True)
+# _f8: the e4m3-MMA path of int4_g64, one expander, unpaired; _f8p: two expanders and paired consumer K loops
+# (the defaults where the scale rows come by TMA)
 # bf16 output: one rounding of the result (2^-8 relative) plus s rounded to bf16 before s·Bᵀ.
 TOL = {torch.bfloat16: 1e-2, torch.float32: 4e-3}
 
@@ -32,9 +33,9 @@ TOL = {torch.bfloat16: 1e-2, torch.float32: 4e-3}
 def _variant(fmt):
     """"int4_g64_f8" → ("int4_g64", f8 on, unpaired); "int4_g64_f8p" → f8 and paired; plain g names → both off."""
     if fmt.endswith("_f8p"):
-        return fmt[:-4], dict(f8=True, paired=True)
+        return fmt[:-4], dict(f8=True, paired=True, expanders=2)
     if fmt.endswith("_f8"):
-        return fmt[:-3], dict(f8=True, paired=False)
+        return fmt[:-3], dict(f8=True, paired=False, expanders=1)
     return fmt, (dict(f8=False, paired=False) if fmt.startswith("int4_g") else {})
 
 
@@ -180,14 +181,15 @@ def test_f8_and_paired_variants_agree_and_repeat_bit_identically(M, N, K):
     """The fp8 path computes the same sums as the int8 path (products of int4 values are exact in both;
     only the fp32 rounding order of the rescale differs) and is deterministic call to call."""
     ops = w4.make_operands_v2("int4_g64", M, N, K, 16, 64, device="cuda")
-    a = w4.launch_w4a4_v2(**ops, f8=True, paired=False).clone()
-    b = w4.launch_w4a4_v2(**ops, f8=True, paired=False).clone()
+    a = w4.launch_w4a4_v2(**ops, f8=True, paired=False, expanders=1).clone()
+    b = w4.launch_w4a4_v2(**ops, f8=True, paired=False, expanders=1).clone()
     c = w4.launch_w4a4_v2(**ops, f8=False, paired=False).clone()
-    d = w4.launch_w4a4_v2(**ops, f8=True, paired=True).clone()
+    d = w4.launch_w4a4_v2(**ops, f8=True, paired=True, expanders=2).clone()
     e = w4.launch_w4a4_v2(**ops, f8=False, paired=True).clone()
-    assert torch.equal(a, b), "f8 path not bit-identical over repeated runs"
-    # pairing changes which consumer computes a tile, not the arithmetic
-    assert torch.equal(a, d), "paired f8 differs from unpaired f8"
+    d2 = w4.launch_w4a4_v2(**ops, f8=True, paired=True, expanders=2).clone()
+    assert torch.equal(a, b) and torch.equal(d, d2), "f8 path not bit-identical over repeated runs"
+    # pairing / a second expander change which warps do a tile's work, not the arithmetic
+    assert torch.equal(a, d), "paired two-expander f8 differs from unpaired single-expander f8"
     assert torch.equal(c, e), "paired int8 differs from unpaired int8"
     ref = w4.reference_v2(ops)
     assert normalized_error(a, ref) < TOL[torch.bfloat16]

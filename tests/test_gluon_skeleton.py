@@ -223,8 +223,9 @@ def test_scale_rows_by_tma_and_swar_ptx(fmt):
     the expansion is lop3 on whole registers, no per-element 16-bit shifts."""
     import re
     from lowrank_gemm.kernels.aot import compile_sm90
+    extra = dict(f8=False, paired=False) if fmt == "int4_g64" else {}   # the int8 path (f8 has its own test)
     sig, cx, _ = w4.aot_signature_v2(fmt, M=96, N=128, K=1024, rank=0, bias=False, col_scale=False,
-                                     scale_tma=True, swar=True)   # aligned row starts (scale_tma_ok)
+                                     scale_tma=True, swar=True, **extra)   # aligned row starts (scale_tma_ok)
     assert cx["SCALE_TMA"] and cx["SWAR"]
     ptx = compile_sm90("lowrank_gemm.kernels.gluon.w4a4_ws", "w4a4_ws_kernel", sig, cx, num_warps=sk.DEFAULT_WARPS).ptx
     assert "cp.async.bulk.tensor.1d" in ptx, "scale rows by 1-D TMA"
@@ -426,6 +427,8 @@ AOT_CASES = [
     dict(fmt="int4_g64", f8=True, scale_tma=False, swar=False),  # e4m3 MMA, rows by global loads
     dict(fmt="int4_g64", f8=True, group_size=128, K=512, M=96, N=128),
     dict(fmt="int4_g64", f8=True, paired=True, M=96, N=128),
+    dict(fmt="int4_g64", f8=True, paired=True, expanders=2, M=96, N=128),
+    dict(fmt="int4_g64", f8=True, paired=False, expanders=1, M=96, N=128),
     dict(fmt="int4_g64", paired=True, M=96, N=128),
 ]
 
@@ -472,7 +475,7 @@ def test_f8_rescale_is_two_ffma_per_element_and_expander_one_lop3_per_word():
     import re
     from lowrank_gemm.kernels.aot import compile_sm90
     sig, cx, cfg = w4.aot_signature_v2("int4_g64", M=96, N=128, K=1024, rank=0, bias=False, col_scale=False,
-                                       scale_tma=True, swar=True, f8=True)
+                                       scale_tma=True, swar=True, f8=True, paired=False, expanders=1)
     ptx = compile_sm90("lowrank_gemm.kernels.gluon.w4a4_ws", "w4a4_ws_kernel", sig, cx, num_warps=sk.DEFAULT_WARPS).ptx
     assert "cvt.rn.f32.s32" not in ptx
     loops = _ptx_loops(ptx)
@@ -510,3 +513,20 @@ def test_paired_consumer_uses_partition_the_ring_in_fill_order():
 def test_paired_needs_int4_g():
     with pytest.raises(ValueError, match="paired"):
         w4.kernel_args_v2(**w4.make_operands_v2("int4_2l", 40, 48, 192, 16, 64, device="cpu"), paired=True)
+
+
+def test_two_expander_role_table():
+    """The fifth warpgroup stays inside the 512-register budget and setmaxnreg's range; both expanders share
+    the expander's debug row, so NUM_ROLES (the debug buffer) does not change."""
+    t = sk.ROLES_TWO_EXPANDERS
+    assert [r.name for r in t] == ["consumer0", "loader", "expander", "consumer1", "expander1"]
+    assert sk.DEFAULT_REGS_2X + sum(r.regs for r in t[1:]) == sk.REGISTER_BUDGET
+    assert all(r.regs is None or r.regs % 8 == 0 and 24 <= r.regs <= 256 for r in t)
+    assert list(sk.WORKER_WARPS_2X.value) == [r.warps for r in t[1:]]
+    assert list(sk.WORKER_REGS_2X.value) == [r.regs for r in t[1:]]
+
+
+def test_two_expanders_need_f8():
+    ops = w4.make_operands_v2("int4_g64", 40, 48, 192, 16, 64, device="cpu")
+    with pytest.raises(ValueError, match="expanders=2"):
+        w4.kernel_args_v2(**ops, f8=False, expanders=2)

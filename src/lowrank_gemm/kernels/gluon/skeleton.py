@@ -43,7 +43,8 @@ from ..schedule import cdiv, grouped_tile, grouped_tile_host
 __all__ = ["bias_and_store", "consumer_step", "consumer_uses_host", "expected_role_states", "PipelineState", "Pipeline", "GroupedTileScheduler", "RoleSpec", "ROLES", "ROLE_IDS",
            "PRODUCER_START_PHASE", "CONSUMER_START_PHASE", "producer_state", "consumer_state",
            "alloc_barriers", "REGISTER_BUDGET", "DEFAULT_REGS", "CONSUMER_REGS", "DEFAULT_WARPS", "make_pipeline", "program_tiles_host", "expected_states_host",
-           "debug_record", "NUM_CONSUMERS", "Ring", "ConsumerOrder", "make_consumer_order"]
+           "debug_record", "NUM_CONSUMERS", "Ring", "ConsumerOrder", "make_consumer_order",
+           "ROLES_TWO_EXPANDERS", "WORKER_WARPS_2X", "WORKER_REGS_2X", "DEFAULT_REGS_2X"]
 
 # ---------------------------------------------------------------------------------------------
 # Phase rule (see module docstring). Everything else derives its start phase from these two.
@@ -97,6 +98,19 @@ WORKER_REGS = gl.constexpr([r.regs for r in ROLES[1:]])
 DEFAULT_WARPS = ROLES[0].warps
 DEFAULT_REGS = REGISTER_BUDGET - sum(r.regs for r in ROLES[1:])
 CONSUMER_REGS = min(DEFAULT_REGS, ROLES[ROLE_IDS["consumer1"]].regs)
+# Two expanders (W4A4 f8 path, EXPANDERS=2): a fifth warpgroup; expander e expands K steps e, e+2, … so two
+# steps' latency chains (barrier waits, proxy fence, arrives) overlap. Same 512-register budget, so both
+# expanders get 40 and the consumers 200 / 208. Debug traces of both go to the "expander" role row.
+ROLES_TWO_EXPANDERS: tuple[RoleSpec, ...] = (
+    RoleSpec("consumer0", 4, None, ROLES[0].does),
+    RoleSpec("loader", 1, 24, ROLES[1].does),
+    RoleSpec("expander", 4, 40, "even K steps: packed int4 -> 8-bit into SMEM, fence_async_shared, arrive"),
+    RoleSpec("consumer1", 4, 208, ROLES[3].does),
+    RoleSpec("expander1", 4, 40, "odd K steps, as expander"),
+)
+WORKER_WARPS_2X = gl.constexpr([r.warps for r in ROLES_TWO_EXPANDERS[1:]])
+WORKER_REGS_2X = gl.constexpr([r.regs for r in ROLES_TWO_EXPANDERS[1:]])
+DEFAULT_REGS_2X = REGISTER_BUDGET - sum(r.regs for r in ROLES_TWO_EXPANDERS[1:])
 
 
 # ---------------------------------------------------------------------------------------------

@@ -21,6 +21,10 @@ fp32 partial directly, and the int4 values stay exact:
 - Σ q_x·q_w = 2⁹·P' − 8·R with R = Σ_k∈g q_x, the group row sum, so per group
   acc += fma(P', a, b) · ws with rows a = 2⁹·xs, b = −8·R·xs (``xab`` [K/G, 2, M] fp32): two FFMAs per
   element, no conversion.
+  Its defaults where the scale rows come by TMA: 4 RAW slots, two expander warpgroups (even / odd K steps,
+  ``skeleton.ROLES_TWO_EXPANDERS``) and PAIRED consumer K loops (both consumers on a tile pair at once, K steps
+  interleaved on MAIN, so one's rescale overlaps the other's MMA). ncu showed the single expander busy ~80 % of
+  the kernel; the second expander alone did not pay (the consumers' K loops then serialized), both together did.
 
 Roles (table in ``skeleton.ROLES``): loader (TMA of every ring), expander (int4 → int8 into SMEM),
 two consumer warpgroups taking alternate local tiles (ping-pong: one's epilogue overlaps the
@@ -48,12 +52,12 @@ from ..int4_unpack import HI_ASM, HI_MUL_ASM, HI_OFFSET_ASM, LO_ASM, LO_MUL_ASM,
 from ..schedule import cdiv, persistent_grid
 from .host import desc, dummy
 from .skeleton import (bias_and_store, consumer_step, CONSUMER_REGS, DEFAULT_WARPS, NUM_CONSUMERS, NUM_ROLES, ROLE_CONSUMER0, ROLE_CONSUMER1, ROLE_EXPANDER,
-                       ROLE_LOADER, WORKER_REGS, WORKER_WARPS, ConsumerOrder, GroupedTileScheduler, Pipeline,
+                       ROLE_LOADER, WORKER_REGS, WORKER_REGS_2X, WORKER_WARPS, WORKER_WARPS_2X, ConsumerOrder, GroupedTileScheduler, Pipeline,
                        Ring, consumer_state, debug_record, make_consumer_order, make_pipeline, producer_state)
 
 __all__ = ["FMT_INT4_G", "FMT_INT4_2L", "RAW_STAGES", "RAW_STAGES_F8", "w4a4_ledger", "plan_w4a4_v2", "can_implement_v2",
            "launch_w4a4_v2", "w4a4_ws_kernel", "reference_v2", "make_operands_v2",
-           "kernel_args_v2", "aot_signature_v2", "default_config_v2", "f8_default", "paired_default"]
+           "kernel_args_v2", "aot_signature_v2", "default_config_v2", "f8_default", "paired_default", "f8_expanders_default"]
 
 FMT_INT4_G = 0
 FMT_INT4_2L = 1
@@ -130,9 +134,10 @@ class W4A4Args:
     SWAR: gl.constexpr
     F8: gl.constexpr
     PAIRED: gl.constexpr
+    EXPANDERS: gl.constexpr
 
     @gluon.constexpr_function
-    def __init__(self, x_desc, w_desc, s_desc, b_desc, out_desc, x_bufs, w_bufs, xp_bufs, wp_bufs, s_bufs, b_bufs, epi_bufs, sc_desc, sw_desc, sx_bufs, sw_bufs, main, raw, lowrank, order, out_ptr, stride_om, xscale_ptr, wscale_ptr, wmult_ptr, col_scale_ptr, bias_ptr, dbg_ptr, dbg_tiles_ptr, M, N, K, FMT, G2, BLOCK_M, BLOCK_N, BLOCK_K, BLOCK_R, GROUP_M, HAS_LOWRANK, HAS_COL_SCALE, HAS_BIAS, EPI_TMA, DEBUG, DEBUG_ITERS, DEBUG_TILES, SCALE_TMA, SWAR, F8, PAIRED):
+    def __init__(self, x_desc, w_desc, s_desc, b_desc, out_desc, x_bufs, w_bufs, xp_bufs, wp_bufs, s_bufs, b_bufs, epi_bufs, sc_desc, sw_desc, sx_bufs, sw_bufs, main, raw, lowrank, order, out_ptr, stride_om, xscale_ptr, wscale_ptr, wmult_ptr, col_scale_ptr, bias_ptr, dbg_ptr, dbg_tiles_ptr, M, N, K, FMT, G2, BLOCK_M, BLOCK_N, BLOCK_K, BLOCK_R, GROUP_M, HAS_LOWRANK, HAS_COL_SCALE, HAS_BIAS, EPI_TMA, DEBUG, DEBUG_ITERS, DEBUG_TILES, SCALE_TMA, SWAR, F8, PAIRED, EXPANDERS):
         self.x_desc = x_desc
         self.w_desc = w_desc
         self.s_desc = s_desc
@@ -183,6 +188,7 @@ class W4A4Args:
         self.SWAR = gl.constexpr(SWAR)
         self.F8 = gl.constexpr(F8)
         self.PAIRED = gl.constexpr(PAIRED)
+        self.EXPANDERS = gl.constexpr(EXPANDERS)
 
 
 @gluon.jit
@@ -373,6 +379,35 @@ def _expand_offset_into(dst, src, layout: gl.constexpr, BK: gl.constexpr, SWAR: 
 
 
 @gluon.jit
+def _expander_f8_strided(p, E: gl.constexpr):
+    """Expander E of two (EXPANDERS=2, F8 only): MAIN/RAW uses E, E+2, … of the flat K-step sequence. The f8
+    expansion needs no tile information, so a step is just a slot pair; both expanders trace into the
+    expander row at the global use number, which makes the combined trace the single expander's."""
+    nw: gl.constexpr = gl.num_warps()
+    layout: gl.constexpr = gl.BlockedLayout([1, 16], [16, 2], [nw, 1], [1, 0])
+    sched = GroupedTileScheduler.initialize(p.M, p.N, p.BLOCK_M, p.BLOCK_N, p.GROUP_M)
+    steps = sched.get_num_tiles() * gl.cdiv(p.K, p.BLOCK_K)
+    raw = consumer_state(p.raw.num_stages).advance(E)
+    main = producer_state(p.main.num_stages).advance(E)
+    for s in range(E, steps, 2):
+        if p.DEBUG:
+            debug_record(p.dbg_ptr, ROLE_EXPANDER, s, main, p.DEBUG_ITERS)
+        p.raw.consumer_wait(raw)
+        p.main.producer_acquire(main)
+        _expand_offset_into(p.w_bufs.index(main.index), p.wp_bufs.index(raw.index), layout, p.BLOCK_K, p.SWAR)
+        fence_async_shared()
+        p.raw.consumer_release(raw)
+        p.main.producer_commit(main)
+        raw = raw.advance(2)
+        main = main.advance(2)
+
+
+@gluon.jit
+def _expander1(p):
+    _expander_f8_strided(p, 1)
+
+
+@gluon.jit
 def _expander_partition(p):
     BK: gl.constexpr = p.BLOCK_K
     BN: gl.constexpr = p.BLOCK_N
@@ -381,6 +416,9 @@ def _expander_partition(p):
     layout: gl.constexpr = gl.BlockedLayout([1, 16], [16, 2], [nw, 1], [1, 0])
     sched = GroupedTileScheduler.initialize(p.M, p.N, p.BLOCK_M, p.BLOCK_N, p.GROUP_M)
     k_tiles = gl.cdiv(p.K, BK)
+    if p.EXPANDERS == 2:
+        _expander_f8_strided(p, 0)
+        return
     raw = consumer_state(p.raw.num_stages)
     main = producer_state(p.main.num_stages)
     it = 0
@@ -590,7 +628,7 @@ def w4a4_ws_kernel(x_desc, w_desc, s_desc, b_desc, out_desc, sc_desc, sw_desc,
                    EPI_TMA: gl.constexpr, DEBUG: gl.constexpr, DEBUG_ITERS: gl.constexpr,
                    DEBUG_TILES: gl.constexpr, SCALE_TMA: gl.constexpr = False, SWAR: gl.constexpr = False,
                    RAW_STAGES_N: gl.constexpr = 2, CONSUMER_ORDER: gl.constexpr = True, F8: gl.constexpr = False,
-                   PAIRED: gl.constexpr = False):
+                   PAIRED: gl.constexpr = False, EXPANDERS: gl.constexpr = 1):
     gl.static_assert(BLOCK_K % _PACK == 0, "BLOCK_K must be a multiple of the 64-wide pack block")
     gl.static_assert(LOWRANK_STAGES >= 1, "the LOWRANK ring needs a slot even when unused")
     # Every SMEM buffer and barrier of the kernel is declared here (plan.smem ledger mirrors it).
@@ -598,6 +636,7 @@ def w4a4_ws_kernel(x_desc, w_desc, s_desc, b_desc, out_desc, sc_desc, sw_desc,
     # PAIRED: the expander walks RAW → MAIN in fill order without knowing tiles, which only holds for g
     # (2l expansion multiplies by the tile's u rows)
     gl.static_assert(not PAIRED or FMT == _FMT_INT4_G, "PAIRED main loops are an int4_g option")
+    gl.static_assert(EXPANDERS == 1 or (F8 and EXPANDERS == 2), "two expanders: the F8 path only")
     op_dtype: gl.constexpr = gl.float8e4nv if F8 else gl.int8
     x_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_K], op_dtype)
     w_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_K], op_dtype)
@@ -644,13 +683,22 @@ def w4a4_ws_kernel(x_desc, w_desc, s_desc, b_desc, out_desc, sc_desc, sw_desc,
                  epi_bufs, sc_desc, sw_desc, sx_bufs, sw_bufs, main, raw, lowrank, order, out_ptr, stride_om, xscale_ptr, wscale_ptr, wmult_ptr,
                  col_scale_ptr, bias_ptr, dbg_ptr, dbg_tiles_ptr, M, N, K, FMT, G2, BLOCK_M, BLOCK_N, BLOCK_K,
                  BLOCK_R, GROUP_M, HAS_LOWRANK, HAS_COL_SCALE, HAS_BIAS, EPI_TMA, DEBUG, DEBUG_ITERS, DEBUG_TILES,
-                 SCALE_TMA, SWAR, F8, PAIRED)
-    gl.warp_specialize([
-        (_consumer0, (p, )),
-        (_loader_partition, (p, )),
-        (_expander_partition, (p, )),
-        (_consumer1, (p, )),
-    ], WORKER_WARPS, WORKER_REGS)
+                 SCALE_TMA, SWAR, F8, PAIRED, EXPANDERS)
+    if EXPANDERS == 2:
+        gl.warp_specialize([
+            (_consumer0, (p, )),
+            (_loader_partition, (p, )),
+            (_expander_partition, (p, )),
+            (_consumer1, (p, )),
+            (_expander1, (p, )),
+        ], WORKER_WARPS_2X, WORKER_REGS_2X)
+    else:
+        gl.warp_specialize([
+            (_consumer0, (p, )),
+            (_loader_partition, (p, )),
+            (_expander_partition, (p, )),
+            (_consumer1, (p, )),
+        ], WORKER_WARPS, WORKER_REGS)
 
 
 # =============================================================================================
@@ -822,8 +870,10 @@ def kernel_args_v2(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias
                    config=None, *, col_scale=None, debug: bool = False, debug_iters: int = DEBUG_ITERS_DEFAULT,
                    debug_tiles: int = DEBUG_TILES_DEFAULT, grid: int | None = None, consumer_order: bool = True,
                    scale_tma: bool | None = None, swar: bool = True, raw_stages: int | None = None,
-                   f8: bool | None = None, paired: bool | None = None):
+                   f8: bool | None = None, paired: bool | None = None, expanders: int | None = None):
     """Validate (the v1 contract's own checks), plan and build one launch.
+    ``expanders`` (f8 only; None = :func:`f8_expanders_default`): 2 runs a second expander warpgroup on the odd
+    K steps (skeleton.ROLES_TWO_EXPANDERS).
     ``paired`` (int4_g only; None = :func:`paired_default`): the two consumers run the K loops of a tile pair at
     the same time, the pair's K steps interleaved on MAIN, so one consumer's rescale overlaps the other's MMA
     (otherwise they hand the ring over per tile and only the epilogues overlap).
@@ -853,8 +903,11 @@ def kernel_args_v2(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias
     f8 = (f == FMT_INT4_G and f8_default()) if f8 is None else f8
     if raw_stages is None:
         raw_stages = RAW_STAGES_F8 if f8 else RAW_STAGES
-    # (default only with TMA'd scale rows: the global-load variant spills when paired)
-    paired = (f == FMT_INT4_G and scale_tma and paired_default()) if paired is None else paired
+    expanders = (f8_expanders_default() if f8 and scale_tma else 1) if expanders is None else expanders
+    _expect(expanders == 1 or (f8 and expanders == 2), f"expanders=2 needs the f8 path, got expanders={expanders}, "
+                                                       f"f8={f8}")
+    # (defaults only with TMA'd scale rows: the global-load variant spills when paired)
+    paired = (f == FMT_INT4_G and f8 and scale_tma and paired_default()) if paired is None else paired
     _expect(not paired or f == FMT_INT4_G, f"paired main loops are an int4_g option, got fmt={fmt!r}")
     config = plan_w4a4_v2(f, rank=r, group_size=group_size, out_dtype=out.dtype, lowrank_dtype=lr_dtype,
                           config=config, n_out=N, scale_tma=scale_tma, raw_stages=raw_stages, f8=f8)
@@ -892,7 +945,8 @@ def kernel_args_v2(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias
                       STAGES=config.num_stages, LOWRANK_STAGES=max(1, config.lowrank_stages), HAS_LOWRANK=r > 0,
                       HAS_COL_SCALE=col_scale is not None, HAS_BIAS=bias is not None, EPI_TMA=epi_tma,
                       DEBUG=debug, DEBUG_ITERS=debug_iters, DEBUG_TILES=debug_tiles, SCALE_TMA=scale_tma,
-                      SWAR=swar, RAW_STAGES_N=raw_stages, CONSUMER_ORDER=consumer_order, F8=f8, PAIRED=paired)
+                      SWAR=swar, RAW_STAGES_N=raw_stages, CONSUMER_ORDER=consumer_order, F8=f8, PAIRED=paired,
+                      EXPANDERS=expanders)
     return grid, args, constexprs, config, (dbg, dbg_tiles)
 
 
@@ -902,11 +956,18 @@ def f8_default() -> bool:
     return os.environ.get("LOWRANK_GEMM_V2_F8", "1") != "0"
 
 
+def f8_expanders_default() -> int:
+    """Expander warpgroups of the f8 path (``LOWRANK_GEMM_V2_F8_EXPANDERS``, default 2). H200, same process:
+    with paired consumer K loops fc1 885 → 754 µs, fc2 941 → 793, M=64 58.5 → 55.0; alone (unpaired) 935 / 1003 /
+    60.7 — once the expanders keep up, the consumers' serialized K loops are the limit, which pairing removes."""
+    return int(os.environ.get("LOWRANK_GEMM_V2_F8_EXPANDERS", "2"))
+
+
 def paired_default() -> bool:
-    """Whether int4_g v2 pairs its consumers' K loops by default (``LOWRANK_GEMM_V2_PAIRED``, default off: on the
-    H200 it measured within noise of unpaired (fc1 f8 910 vs 923 µs, 894 vs 883) because the expander, not
-    the consumers, bounds the f8 kernel; it paid only where the consumers were the limit)."""
-    return os.environ.get("LOWRANK_GEMM_V2_PAIRED", "0") == "1"
+    """Whether the int4_g f8 path pairs its consumers' K loops by default (``LOWRANK_GEMM_V2_PAIRED``, default on).
+    With one expander it measured within noise (fc1 910 vs 923 µs: the expander bounded the kernel); with two
+    expanders it takes fc1 935 → 754 µs (:func:`f8_expanders_default`)."""
+    return os.environ.get("LOWRANK_GEMM_V2_PAIRED", "1") != "0"
 
 
 def two_level_enabled() -> bool:
@@ -920,14 +981,14 @@ def launch_w4a4_v2(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias
                    group_size: int, config: KernelConfig | None = None, *, col_scale=None, debug: bool = False,
                    grid: int | None = None, consumer_order: bool = True, scale_tma: bool | None = None,
                    swar: bool = True, raw_stages: int | None = None, f8: bool | None = None,
-                   paired: bool | None = None):
+                   paired: bool | None = None, expanders: int | None = None):
     """out [M, N] ← W4A4 v2; the argument contract of ``kernels.w4a4_gemm`` (its module docstring),
     plus ``col_scale`` [N] (optional per-column factor on the main product). Returns ``out``, or
     ``(out, (dbg [grid, roles, iters, 2] int32, tiles [grid, DEBUG_TILES, 2] int32))`` with ``debug``."""
     g, args, cx, _, dbgs = kernel_args_v2(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, out,
                                            fmt, group_size, config, col_scale=col_scale, debug=debug, grid=grid,
                                            consumer_order=consumer_order, scale_tma=scale_tma, swar=swar,
-                                           raw_stages=raw_stages, f8=f8, paired=paired)
+                                           raw_stages=raw_stages, f8=f8, paired=paired, expanders=expanders)
     if _fmt_id(fmt) == FMT_INT4_2L and not two_level_enabled():
         raise NotImplementedError("int4_2l v2 is switched off by LOWRANK_GEMM_GLUON_2L=0; use impl='v1'")
     w4a4_ws_kernel[(g, )](*args, **cx, num_warps=DEFAULT_WARPS)
@@ -983,14 +1044,14 @@ def make_operands_v2(fmt, M, N, K, rank, group_size=64, *, device="cuda", bias=T
 # Ahead-of-time compile (CI, CPU): signature from CPU stand-in tensors of a small problem.
 def aot_signature_v2(fmt, config: KernelConfig | None = None, *, M=96, N=160, K=384, rank=16, group_size=64,
                      out_dtype=torch.bfloat16, bias=True, col_scale=True, debug=False, scale_tma=None, swar=True,
-                     raw_stages=None, f8=None, paired=None):
+                     raw_stages=None, f8=None, paired=None, expanders=None):
     """(signature, constexprs, config) for ``kernels.aot.compile_sm90`` of :func:`w4a4_ws_kernel`."""
     import inspect
     from triton.runtime.jit import mangle_type
     ops = make_operands_v2(fmt, M, N, K, rank, group_size, device="cpu", bias=bias, col_scale=col_scale,
                            out_dtype=out_dtype)
     _, args, cx, cfg, _ = kernel_args_v2(**ops, config=config, debug=debug, scale_tma=scale_tma, swar=swar,
-                                         raw_stages=raw_stages, f8=f8, paired=paired)
+                                         raw_stages=raw_stages, f8=f8, paired=paired, expanders=expanders)
     names = [n for n in inspect.signature(w4a4_ws_kernel.fn).parameters if n not in cx]
     sig = {n: (mangle_type(a) if not isinstance(a, int) else "i32") for n, a in zip(names, args)}
     return sig, cx, cfg
