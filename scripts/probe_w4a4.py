@@ -33,6 +33,14 @@ w4a4_tuned.json (winners per format and M bucket: m_max 16 ← M=1, 64 ← M=64,
         tickets back at 0. Writes probe_w4a4.json / .md, act_quant_ab.json (per fmt × M × K: µs per
         candidate, the winner) and act_quant_ab.md. Pin with LOWRANK_GEMM_ACT_QUANT_SMALL=v1|fused (M ≤ 64)
         and LOWRANK_GEMM_ACT_QUANT_FUSED_S=rank|ticket (fused S mode, every M).
+    PYTHONPATH=src python scripts/probe_w4a4.py --actquant-large --out $OUT                (≤ 90 s)
+        act_quant at M = 4608 (FLUX prefill), K ∈ {3072, 12288}, both formats, r = 32: v2 (today's default)
+        vs v3 (fast path only in the loop, exact redo after it) at its default split and split 4/8/12/16, next
+        to the byte floor (X read + q write at 4.27 TB/s). Every candidate first checked on ALL rows: bytes and
+        scales == the torch quantizer, S == v2's S bit for bit (v3) and vs float64 (< 1e-4), a second call
+        bit-identical. Writes probe_w4a4.json / .md, act_quant_large.json ({fmt:K: {label: µs, winner}}) and
+        act_quant_large.md. Pin: LOWRANK_GEMM_ACT_QUANT_LARGE=v3 (+ LOWRANK_GEMM_ACT_QUANT_V3_WAVES=n, split
+        = ceil(n·SMs / row blocks)).
 """
 
 from __future__ import annotations
@@ -452,6 +460,81 @@ def _ab_markdown(table: dict) -> str:
     return "\n".join(lines) + "\n" + ("\n" + "\n".join(diag) + "\n" if diag else "")
 
 
+# --actquant-large: v2 vs v3 at FLUX prefill (priority order: the default of each first, then v3 splits)
+AQL_M, AQL_KS = 4608, (3072, 12288)
+AQL_CANDS = [("v2", dict(variant="v2")), ("v3", dict(variant="v3"))] + [
+    (f"v3_split{sp}", dict(variant="v3", split=sp)) for sp in (4, 6, 12, 16)]
+
+
+def _probe_actquant_large(record, dev) -> dict:
+    """act_quant v2 vs v3 at M=4608. Returns {"fmt:K=..": {label: graph_us, "floor": µs, "winner": label}}."""
+    table = {}
+    for k in AQL_KS:
+        m = AQL_M
+        x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
+        smooth = (torch.rand(k, device=dev) + 0.5).to(torch.bfloat16)
+        down = (torch.randn(RANK, k, device=dev) * 0.02).to(torch.bfloat16)
+        xs = x.float() / smooth.float()
+        s_ref = xs.double() @ down.double().T
+        for fmt in ("int4_g64", "int4_2l"):
+            q_ref = quantize_act_int4(xs, G) if fmt == "int4_g64" else quantize_act_2l(xs, G)
+            q_ref = (pack_int4(q_ref[0]), q_ref[1]) if fmt == "int4_g64" else q_ref
+            key = f"{fmt}:K={k}"
+            floor = round((m * k * 2 + m * k // (2 if fmt == "int4_g64" else 1)) / 4.27e6, 1)
+            table[key] = {"floor": floor}
+            v2_s = {}
+            for label, kw in AQL_CANDS:
+                def fn(x, sm, d, kw=kw, fmt=fmt):
+                    return act_quant(x, sm, d, G, fmt, **kw)
+
+                def check(fn=fn, fmt=fmt, q_ref=q_ref, label=label):
+                    xq, xsc, s = fn(x, smooth, down)
+                    s2 = fn(x, smooth, down)
+                    torch.cuda.synchronize()
+                    if not (torch.equal(xq, q_ref[0]) and torch.equal(xsc, q_ref[1])):
+                        raise AssertionError(f"bytes differ from the torch quantizer "
+                                             f"({(xq != q_ref[0]).sum().item()} elements)")
+                    if not all(torch.equal(a, b) for a, b in zip((xq, xsc, s), s2)):
+                        raise AssertionError("second call differs")
+                    if label == "v2":
+                        v2_s["s"], v2_s["split"] = s, plan_act_quant(m, k, G, dev, variant="v2").split
+                    elif "s" in v2_s and plan_act_quant(m, k, G, dev, **kw).split == v2_s["split"] \
+                            and not torch.equal(s, v2_s["s"]):
+                        raise AssertionError("S differs from v2's at the same split")
+                    rel = _rel(s, s_ref)
+                    if not rel < 1e-4:
+                        raise AssertionError(f"S rel err {rel:.3g} vs float64")
+                    return rel
+
+                try:
+                    plan = plan_act_quant(m, k, G, dev, fmt=fmt, rank=RANK, **kw)._asdict()
+                except Exception as exc:
+                    plan = {"error": repr(exc)}
+                row = record(f"aql_K{k}", m, RANK, k, f"act_quant:{fmt}:{label}", fn, (x, smooth, down), check,
+                             plan=plan, floor_us=floor)
+                if row.get("graph_us") and "error" not in row:
+                    table[key][label] = row["graph_us"]
+            v = {n: t for n, t in table[key].items() if n != "floor"}
+            if v:
+                table[key]["winner"] = min(v, key=v.get)
+        del x, smooth, down, xs, s_ref
+        torch.cuda.empty_cache()
+    return table
+
+
+def _aql_markdown(table: dict) -> str:
+    labels = [lb for lb, _ in AQL_CANDS]
+    lines = ["| fmt | K | byte floor µs | " + " | ".join(f"{lb} µs" for lb in labels) + " | winner | v2/winner |",
+             "|---|---|---|" + "---|" * len(labels) + "---|---|"]
+    for key, v in table.items():
+        fmt, k = key.split(":K=")
+        w = v.get("winner")
+        ratio = f"{v['v2'] / v[w]:.2f}×" if w and v.get("v2") else ""
+        lines.append(f"| {fmt} | {k} | {v.get('floor')} | " + " | ".join(str(v.get(lb)) for lb in labels)
+                     + f" | {w} | {ratio} |")
+    return "\n".join(lines) + "\n"
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True)
@@ -462,12 +545,15 @@ def main(argv=None) -> int:
     mode.add_argument("--actquant-only", action="store_true",
                       help="act_quant old (v1) vs fused at M∈{1,16,64} × K∈{4096,3072}, both formats, + M=4608 "
                            "and fused variants (≤ 90 s)")
+    mode.add_argument("--actquant-large", action="store_true",
+                      help="act_quant v2 vs v3 (+ v3 splits) at M=4608, K∈{3072,12288}, both formats (≤ 90 s)")
     mode.add_argument("--mainloop-only", action="store_true",
                       help="GEMM main loops: today vs scale_tma vs expand vs fp8/bf16, + decode sweep (≤ 120 s)")
     args = ap.parse_args(argv)
     if args.mainloop_only:
         return mainloop_only(args.out)
-    budget = 55.0 if args.decode_only else 18.0 if args.fc1_actquant else 78.0 if args.actquant_only else BUDGET_S
+    budget = (55.0 if args.decode_only else 18.0 if args.fc1_actquant else 78.0 if args.actquant_only
+              else 75.0 if args.actquant_large else BUDGET_S)
     args.out.mkdir(parents=True, exist_ok=True)
     dev = torch.device("cuda")
     torch.manual_seed(0)
@@ -483,11 +569,17 @@ def main(argv=None) -> int:
         (args.out / "act_quant_ab.md").write_text("# act_quant: old (v1 split) vs fused (one launch: ticket S "
                                                   "vs rank-split S)\n\n" + summary)
         print(summary)
+    if args.actquant_large:
+        aql = _probe_actquant_large(record, dev)
+        (args.out / "act_quant_large.json").write_text(json.dumps(aql, indent=1))
+        summary = _aql_markdown(aql)
+        (args.out / "act_quant_large.md").write_text("# act_quant at M=4608: v2 vs v3 (graph µs)\n\n" + summary)
+        print(summary)
     if args.fc1_actquant:
         aq_best = _probe_actquant(record, dev)
         (args.out / "act_quant_tuned.json").write_text(json.dumps(aq_best, indent=1))
         print("act_quant winners:", aq_best)
-    for shape, m, n, k in ([] if (args.fc1_actquant or args.actquant_only) else DECODE_SHAPES if args.decode_only else SHAPES):
+    for shape, m, n, k in ([] if (args.fc1_actquant or args.actquant_only or args.actquant_large) else DECODE_SHAPES if args.decode_only else SHAPES):
         x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
         w = torch.randn(n, k, device=dev, dtype=torch.bfloat16) * 0.02
         record(shape, m, n, k, "cublas_bf16", lambda a, b: torch.nn.functional.linear(a, b), (x, w))

@@ -136,22 +136,24 @@ def _check_formats(fmt, x_q, x_scale, xs, g):
         assert torch.equal(x_q, e_ref) and torch.equal(x_scale.nan_to_num(7.0), t_ref.nan_to_num(7.0))
 
 
+@pytest.mark.parametrize("variant", ["v2", "v3"])
 @pytest.mark.parametrize("fmt", ["int4_g64", "int4_2l"])
 @pytest.mark.parametrize("m,k,g,r,split,dtype", [
     (37, 192, 64, 16, 1, torch.float16), (20, 320, 64, 32, 3, torch.float16), (5, 256, 128, 0, 2, torch.float16),
     (33, 256, 64, 32, 4, torch.bfloat16), (17, 128, 64, 0, 1, torch.bfloat16)])
-def test_v2_bit_identical(fmt, m, k, g, r, split, dtype):
+def test_v2_bit_identical(fmt, m, k, g, r, split, dtype, variant):
     """Ragged M, K slices, r ∈ {0, 16, 32}: v2 == torch quantizer bit for bit, S vs float64, deterministic
     (bf16 X: the interpreter's pieces are fp32 because its bf16 dot is wrong)."""
     x, smooth, down = _inputs(m, k, r, dtype)
-    out = act_quant(x, smooth, down, g, fmt, split=split, block_m=16, variant="v2")
+    out = act_quant(x, smooth, down, g, fmt, split=split, block_m=16, variant=variant)
     _check_formats(fmt, out[0], out[1], x.float() / smooth.float(), g)
     _check_lowrank(out[2], x, smooth, down)
-    assert torch.equal(out[2], act_quant(x, smooth, down, g, fmt, split=split, block_m=16, variant="v2")[2])
+    assert torch.equal(out[2], act_quant(x, smooth, down, g, fmt, split=split, block_m=16, variant=variant)[2])
 
 
+@pytest.mark.parametrize("variant", ["v2", "v3"])
 @pytest.mark.parametrize("fmt", ["int4_g64", "int4_2l"])
-def test_v2_fallback_cases_bit_identical(fmt):
+def test_v2_fallback_cases_bit_identical(fmt, variant):
     """Steps outside the fast path's range rerun v1's exact code: NaN, ±Inf, all-zero groups, tiny and
     huge groups, λ outside [2⁻³⁰, 2³⁰] — same bits as the torch quantizer, NaN S only on NaN/Inf rows."""
     x, smooth, down = _inputs(40, 256, 16)
@@ -166,17 +168,109 @@ def test_v2_fallback_cases_bit_identical(fmt):
     smooth[200] = 2.0 ** -40     # 1/λ outside the fast range → that step is exact
     x16 = x.to(torch.bfloat16)   # bf16 keeps the tiny/huge values representable
     xs = x16.float() / smooth.float()
-    q, sc, s = act_quant(x16, smooth, down, 64, fmt, split=2, block_m=16, variant="v2")
+    q, sc, s = act_quant(x16, smooth, down, 64, fmt, split=2, block_m=16, variant=variant)
     _check_formats(fmt, q, sc, xs, 64)
     assert torch.isnan(s[1]).all() and torch.isfinite(s[8:]).all()
 
 
-def test_v2_plan_defaults():
+# --- v3 (large M): v2's fast path in the loop, the exact redo of a slice after it ----------------------
+
+@pytest.mark.parametrize("fmt", ["int4_g64", "int4_2l"])
+@pytest.mark.parametrize("m,k,g,r,split,bad", [
+    (37, 320, 64, 32, 2, "nan"), (21, 256, 128, 16, 1, "tiny"), (50, 192, 64, 0, 3, "none"),
+    (33, 384, 128, 23, 3, "inf_zero")])
+def test_v3_poisoned_ragged_same_as_v2(poisoned, fmt, m, k, g, r, split, bad):
+    """Ragged M/K, G 64/128, r ∈ {0, 16, 23, 32}, bad groups in only some slices (the others keep their
+    fast-path bytes, the bad slice is redone): every element written, bytes == torch quantizer, outputs
+    == v2 (S bit for bit: same MMAs), repeat bit-identical."""
+    x, smooth, down = _inputs(m, k, r)
+    if bad == "nan":
+        x[3, k - 5] = float("nan")        # last slice only
+    elif bad == "tiny":
+        x = x.float()
+        x[4, :g] *= 2.0 ** -100
+        x = x.to(torch.bfloat16)
+    elif bad == "inf_zero":
+        x[2, 7] = float("inf")
+        x[9, g:2 * g] = 0
+    out = act_quant(x, smooth, down, g, fmt, split=split, block_m=16, variant="v3")
+    _check_formats(fmt, out[0], out[1], x.float() / smooth.float(), g)
+    ref = act_quant(x, smooth, down, g, fmt, split=split, block_m=16, variant="v2")
+    again = act_quant(x, smooth, down, g, fmt, split=split, block_m=16, variant="v3")
+    for a, b, c in zip(out, ref, again):
+        if a.is_floating_point():
+            a, b, c = a.nan_to_num(7.0), b.nan_to_num(7.0), c.nan_to_num(7.0)
+        assert torch.equal(a, b) and torch.equal(a, c)
+    rows = torch.isfinite(x.float()).all(1)
+    if r:
+        assert not torch.isnan(out[2][rows]).any()
+        _check_lowrank(out[2][rows], x[rows], smooth, down)
+
+
+def test_v3_plan(monkeypatch):
+    import lowrank_gemm.kernels.act_quant as aq
+    assert aq.plan_act_quant(4608, 3072, 64).variant == "v3"  # measured faster on the H200 (session 4)
+    p = aq.plan_act_quant(4608, 3072, 64, variant="v3")
+    assert p.variant == "v3" and p.block_k == 64 and p.split * p.steps_per_slice >= 48
+    big = aq.plan_act_quant(4608, 12288, 64, variant="v3")   # ≤ V3_MAX_STEPS steps per slice at large K
+    assert big.steps_per_slice <= aq.V3_MAX_STEPS and big.split * big.steps_per_slice >= 192
+    monkeypatch.setattr(aq, "_ENV_LARGE", "v2")
+    assert aq.plan_act_quant(4608, 3072, 64).variant == "v2"
+    assert aq.plan_act_quant(4608, 3072, 32, variant="v3").variant == "v1"  # packed halves: G % 64 == 0
+    monkeypatch.setattr(aq, "_ENV_LARGE", "v3")
+    assert aq.plan_act_quant(4608, 3072, 64).variant == "v3"
+    assert aq.plan_act_quant(64, 3072, 64, fmt="int4_2l").variant == "fused"  # M ≤ 64 untouched
+
+
+@pytest.mark.parametrize("kernel", ["_act_quant_g_v3_kernel", "_act_2l_stats_v3_kernel", "_act_2l_quant_v3_kernel"])
+def test_v3_sm90_no_spills(kernel):
+    """sm_90 (ptxas): no spills, ≤ 168 registers (v2 g64: 199–243), 16-byte λ / 1/λ loads."""
+    import os
+    import re
+    import subprocess
+    import tempfile
+    import triton
+    from lowrank_gemm.kernels.aot import compile_sm90
+    common = dict(x_ptr="*bf16", stride_xm="i32", smooth_ptr="*bf16", rl_ptr="*fp32")
+    al = ("x_ptr", "stride_xm", "smooth_ptr", "rl_ptr")
+    if kernel == "_act_quant_g_v3_kernel":
+        sig = dict(common, q_ptr="*u8", stride_qm="i32", sc_ptr="*bf16", stride_sg="i32", p_ptr="*bf16",
+                   stride_pp="i32", sp_ptr="*fp32", stride_sps="i32", stride_spm="i32", M="i32", K="i32", R="i32",
+                   STEPS_PER_SLICE="i32")
+        ce = dict(G=64, BLOCK_M=64, BLOCK_R=32, HAS_LOWRANK=True, SCALE_BF16=True, SHIFT=8, EMU_FMA=False)
+        al += ("q_ptr", "stride_qm", "p_ptr", "stride_pp", "sp_ptr", "stride_spm", "sc_ptr")
+    elif kernel == "_act_2l_stats_v3_kernel":
+        sig = dict(common, p_ptr="*bf16", stride_pp="i32", sp_ptr="*fp32", stride_sps="i32", stride_spm="i32",
+                   ap_ptr="*fp32", stride_aps="i32", M="i32", K="i32", R="i32", STEPS_PER_SLICE="i32")
+        ce = dict(BLOCK_M=64, BLOCK_K=64, BLOCK_R=32, HAS_LOWRANK=True, SHIFT=8, EMU_FMA=False)
+        al += ("p_ptr", "stride_pp", "sp_ptr", "stride_spm")
+    else:
+        sig = dict(common, e_ptr="*i8", stride_em="i32", t_ptr="*fp32", ap_ptr="*fp32", stride_aps="i32",
+                   M="i32", K="i32", SPLIT="i32", STEPS_PER_SLICE="i32")
+        ce = dict(G=64, BLOCK_M=64, SPLIT_P2=8, EMU_FMA=False)
+        al += ("e_ptr", "stride_em")
+    info = compile_sm90("lowrank_gemm.kernels.act_quant", kernel, sig, ce, aligned=al, num_warps=4)
+    if "grid" not in kernel and "stats" not in kernel and "quant_v3" not in kernel:
+        assert info.has("wgmma")
+    assert "ld.global.v4" in info.ptx or "ld.global.nc.v4" in info.ptx
+    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+    with tempfile.TemporaryDirectory() as d:
+        src = os.path.join(d, "k.ptx")
+        open(src, "w").write(info.ptx)
+        res = subprocess.run([ptxas, "-arch=sm_90a", "-v", src, "-o", os.path.join(d, "k.cubin")],
+                             capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "0 bytes spill stores" in res.stderr and "0 bytes spill loads" in res.stderr
+    regs = int(re.search(r"Used (\d+) registers", res.stderr).group(1))
+    assert regs <= 168, regs
+
+
+def test_plan_defaults():
     from lowrank_gemm.kernels.act_quant import plan_act_quant
-    assert plan_act_quant(4608, 3072, 64).variant == "v2"
+    assert plan_act_quant(4608, 3072, 64).variant == "v3"
     assert plan_act_quant(1, 4096, 64).variant == "fused"
     assert plan_act_quant(64, 4096, 64, fmt="int4_2l").variant == "fused"
-    assert plan_act_quant(65, 4096, 64, fmt="int4_2l").variant == "v2"
+    assert plan_act_quant(65, 4096, 64, fmt="int4_2l").variant == "v3"
     # int4_g64 keeps the old path from M = 16 on (it measured faster there on the H200)
     assert plan_act_quant(17, 4096, 64).variant == "v1" and plan_act_quant(16, 4096, 64).variant == "fused"
     p = plan_act_quant(4608, 3072, 64, variant="v2", block_k=128)
@@ -184,7 +278,7 @@ def test_v2_plan_defaults():
     assert plan_act_quant(4608, 3072, 64, variant="v1").variant == "v1"
     assert plan_act_quant(4608, 3072, 32, variant="v2").variant == "v1"  # the packed halves need G % 64 == 0
     with pytest.raises(ValueError, match="variant"):
-        plan_act_quant(64, 128, 64, variant="v3")
+        plan_act_quant(64, 128, 64, variant="v9")
 
 
 def test_v2_sm90_ptx_uses_wgmma_and_fma():
@@ -203,19 +297,20 @@ def test_v2_sm90_ptx_uses_wgmma_and_fma():
 @pytest.mark.gpu
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("fmt", ["int4_g64", "int4_2l"])
+@pytest.mark.parametrize("variant", ["v2", "v3"])
 @pytest.mark.parametrize("m,k", [(300, 3072), (4608, 3072), (1, 4096), (130, 12288)])
-def test_v2_gpu_bit_identical(fmt, m, k):
+def test_v2_gpu_bit_identical(fmt, m, k, variant):
     """bf16 X, real sizes: v2 (bf16 MMA pieces, fma divisions) == torch quantizer on the GPU, S vs float64."""
     dev = torch.device("cuda")
     x = (torch.randn(m, k, device=dev) * torch.exp(torch.randn(k, device=dev) * 0.5)).to(torch.bfloat16)
     smooth = (torch.rand(k, device=dev) + 0.5).to(torch.bfloat16)
     down = (torch.randn(32, k, device=dev) * 0.02).to(torch.bfloat16)
-    q, sc, s = act_quant(x, smooth, down, 64, fmt, variant="v2")
+    q, sc, s = act_quant(x, smooth, down, 64, fmt, variant=variant)
     xs = x.float() / smooth.float()
     _check_formats(fmt, q, sc, xs, 64)
     ref = xs.double() @ down.double().T
     assert ((s.double() - ref).norm() / ref.norm()).item() < 2e-5
-    assert torch.equal(s, act_quant(x, smooth, down, 64, fmt, variant="v2")[2])
+    assert torch.equal(s, act_quant(x, smooth, down, 64, fmt, variant=variant)[2])
 
 
 # --- fused: one launch for decode (S programs with a ticketed fixed-order sum + quant units) -----------

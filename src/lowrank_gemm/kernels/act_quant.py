@@ -514,6 +514,160 @@ def _act_2l_quant_v2_kernel(
         tl.store(t_ptr + offs_m, t, mask=row_ok)
 
 
+# --- v3 (large M): the v2 math with the per-step CTA-wide branch moved out of the loop ------------------
+# sm_90 read of v2 (64×64 steps, 4 warps; ptxas): 243 registers (2 CTAs per SM; 288 programs at M=4608 =
+# 1.09 waves), ~1100 SASS per thread per step = ~34 per element, 5 bar.sync per step. Most of it is not the
+# fast path (~250 SASS): the per-step `if any(bad)` is a CTA-wide reduction (bar.sync) and its exact branch
+# made Triton keep a second, column-major layout alive in the loop (the scale store's), so λ and 1/λ were
+# loaded element by element in BOTH layouts (~130 scalar LDG per thread per step) and x was read from
+# shared memory a second time with 32 LDS.U16. v3 runs the fast path unconditionally: nibbles of a bad
+# (row, group) are garbage for a moment, its flag is OR-ed into a per-row register; after the loop ONE
+# CTA-wide test decides whether the program re-quantizes its whole slice with v1's exact code (same bytes,
+# overwriting; the barrier of that reduction orders the two stores). S and the fast path are v2's, so
+# q / scales / t are bit-identical to v2 and S is v2's S.
+_RCP7 = tl.constexpr(0.1428571492433548)  # RN(1/7) in fp32: amax/7 by Markstein (amax normal on the fast path)
+
+
+@triton.jit
+def _act_quant_g_v3_kernel(
+    x_ptr, stride_xm, smooth_ptr, rl_ptr, q_ptr, stride_qm, sc_ptr, stride_sg, p_ptr, stride_pp,
+    sp_ptr, stride_sps, stride_spm, M, K, R, STEPS_PER_SLICE,
+    G: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr, HAS_LOWRANK: tl.constexpr,
+    SCALE_BF16: tl.constexpr, SHIFT: tl.constexpr, EMU_FMA: tl.constexpr,
+):
+    """v3 of :func:`_act_quant_g_v2_kernel` (same arguments, same bits): fast path only in the loop, the
+    exact redo of the slice after it when any of its (row, group) scales left the fast range."""
+    HALF: tl.constexpr = G // 2
+    LO: tl.constexpr = _FAST_LO if SCALE_BF16 else _FAST_LO_F16
+    HI: tl.constexpr = _FAST_HI if SCALE_BF16 else _FAST_HI_F16
+    pid_k = tl.program_id(1)
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_r = tl.arange(0, BLOCK_R)
+    row_ok = offs_m < M
+    col = tl.arange(0, HALF)
+    # lo nibble columns (see _quant_g64_step): runs of 32 → 16-byte vector loads of x, λ and 1/λ
+    k_off = tl.max_contiguous(tl.multiple_of((col // 32) * 64 + (col % 32), 32), 32)
+    k_begin = pid_k * STEPS_PER_SLICE * G
+    k_end = tl.minimum(k_begin + STEPS_PER_SLICE * G, K)
+    acc1 = tl.zeros((BLOCK_M, BLOCK_R), tl.float32)
+    acc2 = tl.zeros((BLOCK_M, BLOCK_R), tl.float32)
+    acc3 = tl.zeros((BLOCK_M, BLOCK_R), tl.float32)
+    n_bad = tl.zeros((BLOCK_M, 1), tl.int32)
+    for k0 in range(k_begin, k_end, G):
+        k_lo = k0 + k_off
+        x_lo = tl.load(x_ptr + offs_m[:, None] * stride_xm + k_lo[None, :], mask=row_ok[:, None], other=0.0)
+        x_hi = tl.load(x_ptr + offs_m[:, None] * stride_xm + (k_lo + 32)[None, :], mask=row_ok[:, None], other=0.0)
+        if HAS_LOWRANK:
+            acc1, acc2, acc3 = _down_pieces(acc1, acc2, acc3, x_lo, p_ptr, stride_pp, k_lo, offs_r, BLOCK_R)
+            acc1, acc2, acc3 = _down_pieces(acc1, acc2, acc3, x_hi, p_ptr, stride_pp, k_lo + 32, offs_r, BLOCK_R)
+        lam_lo = tl.load(smooth_ptr + k_lo).to(tl.float32)[None, :]
+        lam_hi = tl.load(smooth_ptr + k_lo + 32).to(tl.float32)[None, :]
+        xs_lo = _div_fast(x_lo.to(tl.float32), lam_lo, tl.load(rl_ptr + k_lo)[None, :], EMU_FMA)
+        xs_hi = _div_fast(x_hi.to(tl.float32), lam_hi, tl.load(rl_ptr + k_lo + 32)[None, :], EMU_FMA)
+        amax = _row_absmax_nan(xs_lo, xs_hi)[:, None]  # [BM, 1]; NaN if x or 1/λ is
+        scale = _round_scale16(_div_fast(amax, tl.full((BLOCK_M, 1), 7.0, tl.float32),
+                                         tl.full((BLOCK_M, 1), _RCP7, tl.float32), EMU_FMA), SCALE_BF16)
+        ok = (scale >= LO) & (scale <= HI)  # NaN → not ok; in range: amax normal, so amax/7 was exact
+        n_bad += (row_ok[:, None] & ~ok).to(tl.int32)
+        rs = tl.math.div_rn(1.0, tl.where(ok, scale, 1.0))
+        n_lo = (_div_fast(xs_lo, scale, rs, EMU_FMA) + _RNE_MAGIC).to(tl.int32, bitcast=True) & 0xF
+        n_hi = (_div_fast(xs_hi, scale, rs, EMU_FMA) + _RNE_MAGIC).to(tl.int32, bitcast=True) & 0xF
+        packed = (n_lo | (n_hi << 4)).to(tl.uint8)
+        tl.store(q_ptr + offs_m[:, None] * stride_qm + (k0 // 2 + col)[None, :], packed, mask=row_ok[:, None])
+        tl.store(sc_ptr + (k0 // G) * stride_sg + offs_m[:, None], scale.to(sc_ptr.dtype.element_ty),
+                 mask=row_ok[:, None])
+    if HAS_LOWRANK:
+        _store_s_pieces(acc1, acc2, acc3, sp_ptr, stride_sps, stride_spm, pid_k, offs_m, offs_r, M, R, SHIFT)
+    if tl.max(tl.max(n_bad, axis=1), axis=0) > 0:  # rare: NaN/Inf, zero or extreme groups, λ out of range
+        tl.debug_barrier()
+        for k0 in range(k_begin, k_end, G):
+            s_dummy = tl.zeros((BLOCK_M, BLOCK_R), tl.float32)
+            _quant_g64_step(x_ptr, stride_xm, smooth_ptr, q_ptr, stride_qm, sc_ptr, stride_sg, x_ptr, 0,
+                            s_dummy, k0, offs_m, offs_r, M, R, G, BLOCK_M, G, False, SCALE_BF16)
+
+
+@triton.jit
+def _act_2l_stats_v3_kernel(
+    x_ptr, stride_xm, smooth_ptr, rl_ptr, p_ptr, stride_pp, sp_ptr, stride_sps, stride_spm, ap_ptr, stride_aps,
+    M, K, R, STEPS_PER_SLICE,
+    BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr, HAS_LOWRANK: tl.constexpr,
+    SHIFT: tl.constexpr, EMU_FMA: tl.constexpr,
+):
+    """v3 of :func:`_act_2l_stats_v2_kernel`: fast row maxima in the loop; if any step's maximum left
+    [2⁻⁶⁰, 2⁶⁰] (or was NaN), the slice's absmax is recomputed exactly after it (max is order-free: same bits)."""
+    pid_k = tl.program_id(1)
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_r = tl.arange(0, BLOCK_R)
+    offs_k = tl.max_contiguous(tl.multiple_of(tl.arange(0, BLOCK_K), BLOCK_K), BLOCK_K)
+    row_ok = offs_m < M
+    k_begin = pid_k * STEPS_PER_SLICE * BLOCK_K
+    k_end = tl.minimum(k_begin + STEPS_PER_SLICE * BLOCK_K, K)
+    acc1 = tl.zeros((BLOCK_M, BLOCK_R), tl.float32)
+    acc2 = tl.zeros((BLOCK_M, BLOCK_R), tl.float32)
+    acc3 = tl.zeros((BLOCK_M, BLOCK_R), tl.float32)
+    amax = tl.zeros((BLOCK_M,), tl.float32)
+    n_bad = tl.zeros((BLOCK_M,), tl.int32)
+    for k0 in range(k_begin, k_end, BLOCK_K):
+        x = tl.load(x_ptr + offs_m[:, None] * stride_xm + (k0 + offs_k)[None, :], mask=row_ok[:, None], other=0.0)
+        if HAS_LOWRANK:
+            acc1, acc2, acc3 = _down_pieces(acc1, acc2, acc3, x, p_ptr, stride_pp, k0 + offs_k, offs_r, BLOCK_R)
+        lam = tl.load(smooth_ptr + k0 + offs_k).to(tl.float32)[None, :]
+        xs = _div_fast(x.to(tl.float32), lam, tl.load(rl_ptr + k0 + offs_k)[None, :], EMU_FMA)
+        m = _row_absmax_nan(xs, xs)
+        n_bad += (row_ok & ~((m >= _FAST_LO) & (m <= _FAST_HI))).to(tl.int32)
+        amax = tl.maximum(amax, m)
+    if tl.max(n_bad, axis=0) > 0:
+        amax = tl.zeros((BLOCK_M,), tl.float32)
+        n_nan = tl.zeros((BLOCK_M,), tl.int32)
+        for k0 in range(k_begin, k_end, BLOCK_K):
+            xs = _smoothed(x_ptr, stride_xm, smooth_ptr, offs_m, k0 + offs_k, M)
+            amax = tl.maximum(amax, tl.max(tl.abs(xs), axis=1))
+            n_nan += tl.sum((xs != xs).to(tl.int32), axis=1)
+        amax = tl.where(n_nan > 0, float("nan"), amax)
+    tl.store(ap_ptr + pid_k * stride_aps + offs_m, amax, mask=row_ok)
+    if HAS_LOWRANK:
+        _store_s_pieces(acc1, acc2, acc3, sp_ptr, stride_sps, stride_spm, pid_k, offs_m, offs_r, M, R, SHIFT)
+
+
+@triton.jit
+def _act_2l_quant_v3_kernel(
+    x_ptr, stride_xm, smooth_ptr, rl_ptr, e_ptr, stride_em, t_ptr, ap_ptr, stride_aps, M, K, SPLIT, STEPS_PER_SLICE,
+    G: tl.constexpr, BLOCK_M: tl.constexpr, SPLIT_P2: tl.constexpr, EMU_FMA: tl.constexpr,
+):
+    """v3 of :func:`_act_2l_quant_v2_kernel`: fast path in the loop, exact redo of the slice after it."""
+    pid_k = tl.program_id(1)
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_k = tl.max_contiguous(tl.multiple_of(tl.arange(0, G), G), G)
+    row_ok = offs_m < M
+    t, ok, safe_t = _2l_row_scale(ap_ptr, stride_aps, offs_m, row_ok, SPLIT, SPLIT_P2)
+    t_fast = (t >= _FAST_LO) & (t <= _FAST_HI)
+    t7 = safe_t * 7.0
+    k_begin = pid_k * STEPS_PER_SLICE * G
+    k_end = tl.minimum(k_begin + STEPS_PER_SLICE * G, K)
+    n_bad = tl.zeros((BLOCK_M,), tl.int32)
+    for k0 in range(k_begin, k_end, G):
+        x = tl.load(x_ptr + offs_m[:, None] * stride_xm + (k0 + offs_k)[None, :], mask=row_ok[:, None], other=0.0)
+        lam = tl.load(smooth_ptr + k0 + offs_k).to(tl.float32)[None, :]
+        xs = _div_fast(x.to(tl.float32), lam, tl.load(rl_ptr + k0 + offs_k)[None, :], EMU_FMA)
+        gmax = _row_absmax_nan(xs, xs)
+        n_bad += (row_ok & ~(t_fast & (gmax <= _FAST_HI * 4.0))).to(tl.int32)  # NaN gmax → bad
+        v = tl.math.ceil(tl.math.div_rn(gmax, t7))
+        v = tl.minimum(tl.maximum(v, 1.0), 15.0)
+        d = (safe_t * v)[:, None]
+        r = _div_fast(xs, d, tl.math.div_rn(1.0, d), EMU_FMA)
+        qi = (r + _RNE_MAGIC).to(tl.int32, bitcast=True) - _MAGIC_BITS
+        e = (qi * v.to(tl.int32)[:, None]).to(tl.int8)
+        tl.store(e_ptr + offs_m[:, None] * stride_em + (k0 + offs_k)[None, :], e, mask=row_ok[:, None])
+    if pid_k == 0:
+        tl.store(t_ptr + offs_m, t, mask=row_ok)
+    if tl.max(n_bad, axis=0) > 0:
+        tl.debug_barrier()
+        for k0 in range(k_begin, k_end, G):
+            xs = _smoothed(x_ptr, stride_xm, smooth_ptr, offs_m, k0 + offs_k, M)
+            e = _2l_quantize(xs, safe_t, ok, BLOCK_M, 1, G)
+            tl.store(e_ptr + offs_m[:, None] * stride_em + (k0 + offs_k)[None, :], e, mask=row_ok[:, None])
+
+
 @triton.jit
 def _sum_partials_kernel(sp_ptr, stride_sps, stride_spm, s_ptr, stride_sm, M, R, SPLIT,
                          SPLIT_P2: tl.constexpr, BLOCK_R: tl.constexpr):
@@ -718,12 +872,20 @@ MAX_SPLIT = 64  # K slices per row block: bounds the partials' size and the redu
 MAX_FUSED_SPLIT = 256  # fused: one G-wide slice per program up to K = 16384 at M = 1
 
 
-VARIANTS = ("v1", "v2", "fused")
+VARIANTS = ("v1", "v2", "v3", "fused")
 # Pin the kernel variant without code changes:
 #   LOWRANK_GEMM_ACT_QUANT=v1|v2|fused         every M;
-#   LOWRANK_GEMM_ACT_QUANT_SMALL=v1|v2|fused   M ≤ 64 only (default fused; v1 = the old multi-launch path).
-# Large M (> 64) defaults to v2 (measured, probes/act_quant_s2.md).
+#   LOWRANK_GEMM_ACT_QUANT_SMALL=v1|v2|fused   M ≤ 64 only (default fused; v1 = the old multi-launch path);
+#   LOWRANK_GEMM_ACT_QUANT_LARGE=v2|v3         M > 64 only (default v3).
+# Large M (> 64) defaults to v3: H200, M=4608, same process (probes/act_quant_large_s4.md): g64 74.3 → 42.9 µs
+# (K=3072), 249.1 → 98.3 (K=12288, split 16); 2l 61.7 → 54.0, 191.3 → 138.2 (split 16).
 _ENV_VARIANT = os.environ.get("LOWRANK_GEMM_ACT_QUANT", "").strip() or None
+_ENV_LARGE = os.environ.get("LOWRANK_GEMM_ACT_QUANT_LARGE", "").strip() or None
+# v3 K slices: enough programs for V3_WAVES per SM (v2: 2), and at most V3_MAX_STEPS K steps per slice — the
+# K=12288 sweep (192 steps) ran best at split 16 (12 steps per slice: g64 98.3 µs vs 114.0 at the wave-sized
+# split 8), K=3072 (48 steps) at the wave-sized split 8. LOWRANK_GEMM_ACT_QUANT_V3_WAVES overrides the waves.
+V3_WAVES = int(os.environ.get("LOWRANK_GEMM_ACT_QUANT_V3_WAVES", "").strip() or 4)
+V3_MAX_STEPS = 12
 _ENV_SMALL = os.environ.get("LOWRANK_GEMM_ACT_QUANT_SMALL", "").strip() or None
 SMALL_M = 64
 
@@ -851,12 +1013,14 @@ def plan_act_quant(m: int, k: int, group_size: int, device=None, split: int | No
 
     ``variant``: None → ``LOWRANK_GEMM_ACT_QUANT`` if set, else v2 for M > 64 and
     ``LOWRANK_GEMM_ACT_QUANT_SMALL`` or fused below. v2 needs G % 64 == 0 and always steps one group
-    (block_k = G); where it does not apply, v1 is used."""
+    (block_k = G); where it does not apply, v1 is used. ``v3`` (same tiles and bits as v2, the exact path
+    out of the loop; split sized for ``V3_WAVES`` programs per SM, ≤ ``V3_MAX_STEPS`` steps per slice) is the
+    M > 64 default (``LOWRANK_GEMM_ACT_QUANT_LARGE=v2`` restores v2)."""
     large = m > SMALL_M
-    variant = variant or _ENV_VARIANT or ("v2" if large else _ENV_SMALL or _small_default(m, fmt))
+    variant = variant or _ENV_VARIANT or ((_ENV_LARGE or "v3") if large else _ENV_SMALL or _small_default(m, fmt))
     if variant not in VARIANTS:
         raise ValueError(f"act_quant variant must be one of {VARIANTS}, got {variant!r}")
-    if variant == "v2" and group_size % 64:
+    if variant in ("v2", "v3") and group_size % 64:
         variant = "v1"
     if variant == "fused" and group_size & (group_size - 1):
         variant = "v1"  # tl.arange over groups needs a power-of-two G
@@ -864,12 +1028,14 @@ def plan_act_quant(m: int, k: int, group_size: int, device=None, split: int | No
         return _plan_fused(m, k, group_size, fmt, rank, split, block_m, block_k, num_warps, quant_rows, quant_cols,
                            s_rows, s_ranks)
     bm = block_m or (64 if large else 16)
-    bk = group_size if variant == "v2" else _block_k(k, group_size, block_k or group_size)
+    bk = group_size if variant in ("v2", "v3") else _block_k(k, group_size, block_k or group_size)
     warps = num_warps or (8 if bm * bk >= 64 * 256 else 4)
     nsteps = k // bk
     if split is None:
         sms = num_sms(device) if device is not None and device.type == "cuda" else 8
-        split = cdiv(2 * sms, cdiv(m, bm))
+        split = cdiv((V3_WAVES if variant == "v3" else 2) * sms, cdiv(m, bm))
+        if variant == "v3":
+            split = max(split, cdiv(nsteps, V3_MAX_STEPS))
     split = max(1, min(split, nsteps, MAX_SPLIT))
     sps = cdiv(nsteps, split)
     return ActQuantPlan(bm, bk, cdiv(nsteps, sps), sps, warps, variant)
@@ -935,9 +1101,9 @@ def act_quant(x: torch.Tensor, smooth: torch.Tensor, lora_down: torch.Tensor, gr
     # S partials: one fp32 [M, r] slab per K slice, summed in slice order afterwards; no slab at split 1
     sp = lowrank_act if (nsplit == 1 or r == 0) else torch.empty((nsplit, m, r), device=dev, dtype=torch.float32)
     spst = sp.stride(0) if sp.dim() == 3 else 0
-    if variant == "v2":
+    if variant in ("v2", "v3"):
         return _act_quant_v2(x, smooth, lora_down, group_size, fmt, scale_dtype, lowrank_act, sp, spst,
-                             grid, bm, nsplit, sps, warps, br)
+                             grid, bm, nsplit, sps, warps, br, variant == "v3")
     if fmt == "int4_g64":
         x_q = torch.empty((m, k // 2), device=dev, dtype=torch.uint8)
         x_scale = torch.empty((k // group_size, m), device=dev, dtype=scale_dtype)
@@ -970,8 +1136,12 @@ def _sum_partials(sp, lowrank_act, nsplit: int, br: int) -> None:
 
 
 def _act_quant_v2(x, smooth, lora_down, group_size, fmt, scale_dtype, lowrank_act, sp, spst, grid, bm,
-                  nsplit, sps, warps, br):
-    """v2 launches: prep (1/λ, A'ᵀ pieces), then g64 one kernel / 2l two passes, then the S reduce."""
+                  nsplit, sps, warps, br, v3=False):
+    """v2 / v3 launches (same arguments): prep (1/λ, A'ᵀ pieces), then g64 one kernel / 2l two passes,
+    then the S reduce."""
+    g_kernel = _act_quant_g_v3_kernel if v3 else _act_quant_g_v2_kernel
+    stats_kernel = _act_2l_stats_v3_kernel if v3 else _act_2l_stats_v2_kernel
+    quant_kernel = _act_2l_quant_v3_kernel if v3 else _act_2l_quant_v2_kernel
     m, k = x.shape
     r = lora_down.shape[0]
     dev = x.device
@@ -980,7 +1150,7 @@ def _act_quant_v2(x, smooth, lora_down, group_size, fmt, scale_dtype, lowrank_ac
     if fmt == "int4_g64":
         x_q = torch.empty((m, k // 2), device=dev, dtype=torch.uint8)
         x_scale = torch.empty((k // group_size, m), device=dev, dtype=scale_dtype)
-        _act_quant_g_v2_kernel[grid](x, x.stride(0), smooth, rl, x_q, x_q.stride(0), x_scale, x_scale.stride(0),
+        g_kernel[grid](x, x.stride(0), smooth, rl, x_q, x_q.stride(0), x_scale, x_scale.stride(0),
                                      pieces, pieces.stride(0), sp, spst, max(r, 1), m, k, r, sps,
                                      G=group_size, BLOCK_M=bm, BLOCK_R=br, HAS_LOWRANK=r > 0,
                                      SCALE_BF16=scale_dtype == torch.bfloat16, SHIFT=shift, EMU_FMA=emu,
@@ -989,11 +1159,11 @@ def _act_quant_v2(x, smooth, lora_down, group_size, fmt, scale_dtype, lowrank_ac
         x_q = torch.empty((m, k), device=dev, dtype=torch.int8)
         x_scale = torch.empty((m,), device=dev, dtype=torch.float32)
         amax_part = torch.empty((nsplit, m), device=dev, dtype=torch.float32)
-        _act_2l_stats_v2_kernel[grid](x, x.stride(0), smooth, rl, pieces, pieces.stride(0), sp, spst, max(r, 1),
+        stats_kernel[grid](x, x.stride(0), smooth, rl, pieces, pieces.stride(0), sp, spst, max(r, 1),
                                       amax_part, amax_part.stride(0), m, k, r, sps,
                                       BLOCK_M=bm, BLOCK_K=group_size, BLOCK_R=br, HAS_LOWRANK=r > 0,
                                       SHIFT=shift, EMU_FMA=emu, num_warps=warps)
-        _act_2l_quant_v2_kernel[grid](x, x.stride(0), smooth, rl, x_q, x_q.stride(0), x_scale,
+        quant_kernel[grid](x, x.stride(0), smooth, rl, x_q, x_q.stride(0), x_scale,
                                       amax_part, amax_part.stride(0), m, k, nsplit, sps,
                                       G=group_size, BLOCK_M=bm, SPLIT_P2=triton.next_power_of_2(nsplit),
                                       EMU_FMA=emu, num_warps=warps)
