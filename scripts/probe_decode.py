@@ -49,9 +49,9 @@ def _vtag(f8) -> str:
 
 
 def _cfg(tag: str | None, m: int, f8=None):
-    """"BNxBKxSTAGES" + flags: "s" synchronous wgmmas, "w8" 8 warps (two warpgroups), "x" (f8) the a/b rows as
-    one tile per step (xab_loads=False) → (config, launcher kwargs); ``tag`` None = the default config. (Session 3 also tried an "m" mad product and a "t" tiled weight
-    layout: no gain, removed.)"""
+    """"BNxBKxSTAGES" + flags: "s" synchronous wgmmas, "w8" 8 warps (two warpgroups) → (config, launcher kwargs);
+    ``tag`` None = the default config. (Session 3 also tried an "m" mad product and a "t" tiled weight layout: no
+    gain, removed.)"""
     import re
     from lowrank_gemm.kernels.gluon.w4a4_decode import default_decode_config
     kw = {} if f8 is None else dict(f8=f8)
@@ -62,8 +62,6 @@ def _cfg(tag: str | None, m: int, f8=None):
     cfg = default_decode_config(m, 64, FMT, f8=bool(f8)).replace(block_n=int(bn), block_k=int(bk),
                                                                  num_stages=int(st), num_warps=8 if "w8" in flags else 4)
     kw = dict(kw, mma_async="s" not in flags)
-    if "x" in flags:
-        kw["xab_loads"] = False
     return cfg, kw
 
 
@@ -82,7 +80,7 @@ def _check_variant(f8) -> dict:
     from lowrank_gemm.kernels.gluon import w4a4_ws as w4
     tags = (None, "128x128x6", "64x512x3", "128x256x4w8") + (("128x256x4s", ) if FMT == "int4_2l" else ())
     if len(_variants()) > 1:
-        tags = (None, "128x128x6", "128x256x4x") if f8 else (None, "128x128x6")
+        tags = (None, "128x128x6")
     cases = [dict(M=1, N=160, K=512, rank=16, bias=True, col_scale=True),
              dict(M=5, N=336, K=1024, rank=32, bias=False, col_scale=False),
              dict(M=16, N=272, K=192, rank=0, bias=True, col_scale=False),

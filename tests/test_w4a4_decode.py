@@ -47,19 +47,18 @@ def _ptxas(ptx: str):
     return max(regs), max(spills or [0]), log
 
 
-# (M, config overrides, group size, xab_loads): M ≤ 16 → 16-token tiles (the default 128×256×4 and other rings),
+# (M, config overrides, group size): M ≤ 16 → 16-token tiles (the default 128×256×4 and other rings),
 # M > 16 → 64-token tiles (64 weight rows: two fp32 partials beside acc), G = 128 (two 64-blocks chain per
-# partial), the a/b rows as per-group loads (default) or one tile per step (xab_loads=False)
-F8_CASES = [(5, None, 64, True), (5, None, 64, False), (5, dict(block_k=128, num_stages=6), 64, True),
-            (5, dict(block_n=64, block_k=512, num_stages=3), 64, True), (40, None, 64, True), (40, None, 64, False),
-            (16, None, 128, True)]
+# partial)
+F8_CASES = [(5, None, 64), (5, dict(block_k=128, num_stages=6), 64),
+            (5, dict(block_n=64, block_k=512, num_stages=3), 64), (40, None, 64), (16, None, 128)]
 
 
-@pytest.mark.parametrize("M,cfg,gs,xl", F8_CASES, ids=lambda v: str(v))
-def test_sm90_f8_e4m3_register_a_wgmma_no_i2f_no_spills(M, cfg, gs, xl):
+@pytest.mark.parametrize("M,cfg,gs", F8_CASES, ids=lambda v: str(v))
+def test_sm90_f8_e4m3_register_a_wgmma_no_i2f_no_spills(M, cfg, gs):
     from lowrank_gemm.kernels.aot import compile_sm90
     config = d.default_decode_config(M, gs, "int4_g64", f8=True).replace(**cfg) if cfg else None
-    sig, cx, c = d.aot_signature_decode(config, fmt="int4_g64", f8=True, M=M, K=1024, group_size=gs, xab_loads=xl)
+    sig, cx, c = d.aot_signature_decode(config, fmt="int4_g64", f8=True, M=M, K=1024, group_size=gs)
     assert cx["F8"] and sig["xscale_ptr"] == "*fp32"      # the a, b rows replace the 16-bit x scales
     info = compile_sm90(MOD, "w4a4_decode_kernel", sig, cx, num_warps=d.WARPS)
     bt = c.block_m
@@ -245,34 +244,31 @@ F8_GPU_CASES = [dict(M=1, N=160, K=512, rank=16, bias=True, col_scale=True, gs=6
                      cfg=dict(block_k=128, num_stages=6)),
                 dict(M=5, N=4112, K=4096, rank=16, bias=True, col_scale=False, gs=128, cfg=None),
                 dict(M=40, N=4112, K=4096, rank=32, bias=True, col_scale=True, gs=64, cfg=None),
-                # the a/b rows as one [16, BT] tile per step (xab_loads=False), ragged K included
-                dict(M=5, N=272, K=640, rank=16, bias=True, col_scale=False, gs=64, cfg=None, kw=dict(xab_loads=False)),
-                dict(M=40, N=336, K=1024, rank=0, bias=False, col_scale=True, gs=64, cfg=None,
-                     kw=dict(xab_loads=False))]
+                dict(M=40, N=336, K=1024, rank=0, bias=False, col_scale=True, gs=64, cfg=None)]
 
 
 @pytest.mark.gpu
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("case", F8_GPU_CASES, ids=lambda c: f"M{c['M']}N{c['N']}K{c['K']}r{c['rank']}g{c['gs']}"
-                                                         + ("" if c["cfg"] is None else "-cfg") + ("-tile" if "kw" in c else ""))
+                                                         + ("" if c["cfg"] is None else "-cfg"))
 def test_decode_f8_matches_reference_and_int8_gpu(case):
     c = dict(case)
-    cfg, gs, kw = c.pop("cfg"), c.pop("gs"), c.pop("kw", {})
+    cfg, gs = c.pop("cfg"), c.pop("gs")
     ops = w4.make_operands_v2("int4_g64", c["M"], c["N"], c["K"], c["rank"], gs, device="cuda", bias=c["bias"],
                               col_scale=c["col_scale"])
     config = d.default_decode_config(c["M"], gs, "int4_g64", f8=True).replace(**cfg) if cfg else None
-    out = d.launch_w4a4_decode(**ops, config=config, f8=True, **kw).clone()
+    out = d.launch_w4a4_decode(**ops, config=config, f8=True).clone()
     torch.cuda.synchronize()
     ref = w4.reference_v2(ops)
     assert torch.isfinite(out).all(), f"unwritten (NaN-poisoned) outputs: {(~torch.isfinite(out)).sum().item()}"
     err = float((out.double().cpu() - ref).norm() / ref.norm())
     assert err < 1e-2, f"f8 vs float64 reference: rel err {err:.3e}"
-    again = d.launch_w4a4_decode(**ops, config=config, f8=True, **kw)
+    again = d.launch_w4a4_decode(**ops, config=config, f8=True)
     assert torch.equal(again, out), "f8 not bit-identical over repeats"
     # f8 vs the int8 path in fp32: both sum the same exact integers per group (int32 / exact fp32 partials),
     # they differ only in fp32 rounding of the rescale (and in the fp8 MMA's accumulation, if it were inexact)
     o32 = {**ops, "out": torch.full_like(ops["out"], float("nan"), dtype=torch.float32)}
-    y8 = d.launch_w4a4_decode(**o32, config=config, f8=True, **kw).clone()
+    y8 = d.launch_w4a4_decode(**o32, config=config, f8=True).clone()
     o32["out"].fill_(float("nan"))
     cfg8 = d.default_decode_config(c["M"], gs, "int4_g64").replace(**cfg) if cfg else None
     yi = d.launch_w4a4_decode(**o32, config=cfg8, f8=False).clone()

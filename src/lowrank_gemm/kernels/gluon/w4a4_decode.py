@@ -203,60 +203,32 @@ def _mainloop_g(x_desc, w_desc, u_desc, x_bufs, w_bufs, u_bufs, xe, ready, xscal
 
 
 @gluon.jit
-def _xab_rows(xab_ptr, step, k_tiles, off_t, M, NG, BLOCK_T: gl.constexpr, BLOCK_K: gl.constexpr,
-              G2: gl.constexpr, mma: gl.constexpr):
-    """F8: the rows a, b (xab [K/G, 2, M] fp32, seen as [2·K/G, M]) of step ``step``'s groups as a [16, BT] tile in
-    the accumulator layout: row 2j = a, row 2j + 1 = b of the step's j-th group (2·BK/G ≤ 16). Rows of groups
-    past K/G (ragged last step), tokens ≥ M and steps ≥ k_tiles are 0, so their partials (0 by TMA's zero
-    fill) stay 0 instead of 0·garbage."""
-    UR: gl.constexpr = BLOCK_K // G2
-    gl.static_assert(2 * UR <= 16, "F8: a K step covers at most 8 groups (2 rows each in a 16-row tile)")
-    rows = gl.arange(0, 16, gl.SliceLayout(1, mma))
-    offs_t = off_t + gl.arange(0, BLOCK_T, gl.SliceLayout(0, mma))
-    g = step * UR + rows // 2
-    mask = ((rows < 2 * UR) & (g < NG))[:, None] & (offs_t < M)[None, :] & (step < k_tiles)
-    return gl.load(xab_ptr + (2 * step * UR + rows)[:, None] * M + offs_t[None, :], mask=mask, other=0.0)
-
-
-@gluon.jit
 def _mainloop_g_f8(x_desc, w_desc, u_desc, x_bufs, w_bufs, u_bufs, ready, xab_ptr, off_t, off_n, M, N, K,
                    k_tiles, STAGES: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_T: gl.constexpr,
-                   BLOCK_K: gl.constexpr, G2: gl.constexpr, SWAR: gl.constexpr, XAB_LOADS: gl.constexpr,
-                   mma: gl.constexpr):
+                   BLOCK_K: gl.constexpr, G2: gl.constexpr, SWAR: gl.constexpr, mma: gl.constexpr):
     """int4_g64 on e4m3 wgmmas (module doc). Per group j of a step: 2·G/64 register-A wgmmas (m64nBTk32,
     .e4m3.e4m3) chain into a fresh fp32 partial; then group j−1's partial is waited for (everything but group
     j's wgmmas retires) and folded in: acc = fma(fma(P', a, b), ws, acc) — so the tensor cores run under the
     next group's ldmatrix + LOP3s. The step's last group is waited for in full before the step ends: an
     in-flight partial carried over the loop's back edge makes ptxas serialize EVERY wgmma (C7514 "non wgmma
     instructions reading accumulator registers"; seen with the carried variant). Then the slot is refilled.
-    The rows a, b: XAB_LOADS = two [BT] loads per group straight into the accumulator's column layout, two
-    groups ahead (an L2 hit hides behind two groups' work); else one [16, BT] tile per step, a step ahead, whose
-    rows are picked by a masked sum (shuffles: ~250 of the loop's ~970 SASS instructions at BT = 16)."""
+    The rows a, b: two [BT] loads per group straight into the accumulator's column layout, two groups ahead
+    (an L2 hit hides behind two groups' work); rows of groups past K/G and tokens ≥ M load as 0, so their
+    partials (0 by TMA's zero fill) add exactly 0. (One [16, BT] tile per step with rows picked by a masked sum
+    cost ~250 more SASS instructions per loop at BT = 16: 969 vs 826.)"""
     UR: gl.constexpr = BLOCK_K // G2
     BPG: gl.constexpr = G2 // _PACK       # 64-wide blocks per group
     a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=4)
     NG = K // G2
     acc = gl.zeros([BLOCK_N, BLOCK_T], gl.float32, mma)
     zero = gl.zeros([BLOCK_N, BLOCK_T], gl.float32, mma)
-    rows = gl.arange(0, 16, gl.SliceLayout(1, mma))
     offs_t = off_t + gl.arange(0, BLOCK_T, gl.SliceLayout(0, mma))
     t_ok = offs_t < M
-    # tile mode: the rows one step ahead; BT > 16 without (two [16, BT] tiles beside acc and two partials spill)
-    PREFETCH: gl.constexpr = BLOCK_T <= 16
-    if XAB_LOADS:
-        a1 = gl.load(xab_ptr + offs_t, mask=t_ok & (NG > 0), other=0.0)          # group 0
-        b1 = gl.load(xab_ptr + M + offs_t, mask=t_ok & (NG > 0), other=0.0)
-        a2 = gl.load(xab_ptr + 2 * M + offs_t, mask=t_ok & (NG > 1), other=0.0)  # group 1
-        b2 = gl.load(xab_ptr + 3 * M + offs_t, mask=t_ok & (NG > 1), other=0.0)
-    else:
-        xab_next = _xab_rows(xab_ptr, 0, k_tiles, off_t, M, NG, BLOCK_T, BLOCK_K, G2, mma)
+    a1 = gl.load(xab_ptr + offs_t, mask=t_ok & (NG > 0), other=0.0)          # group 0
+    b1 = gl.load(xab_ptr + M + offs_t, mask=t_ok & (NG > 0), other=0.0)
+    a2 = gl.load(xab_ptr + 2 * M + offs_t, mask=t_ok & (NG > 1), other=0.0)  # group 1
+    b2 = gl.load(xab_ptr + 3 * M + offs_t, mask=t_ok & (NG > 1), other=0.0)
     for kk in range(k_tiles):
-        if not XAB_LOADS:
-            if PREFETCH:
-                xab_step = xab_next
-                xab_next = _xab_rows(xab_ptr, kk + 1, k_tiles, off_t, M, NG, BLOCK_T, BLOCK_K, G2, mma)
-            else:
-                xab_step = _xab_rows(xab_ptr, kk, k_tiles, off_t, M, NG, BLOCK_T, BLOCK_K, G2, mma)
         slot = kk % STAGES
         mbarrier.wait(ready.index(slot), (kk // STAGES) & 1)
         wp = w_bufs.index(slot)
@@ -271,17 +243,13 @@ def _mainloop_g_f8(x_desc, w_desc, u_desc, x_bufs, w_bufs, u_bufs, ready, xab_pt
                 part = warpgroup_mma(hi, xb.slice(b * _PACK + _PACK // 2, _PACK // 2, dim=1).permute((1, 0)), part,
                                      is_async=True)
             ws = u_bufs.index(slot * UR + j).slice(0, BLOCK_N).load(gl.SliceLayout(1, mma)).to(gl.float32)
-            if XAB_LOADS:
-                a = a1
-                bv = b1
-                a1 = a2
-                b1 = b2
-                g2 = kk * UR + j + 2        # two groups ahead (the flat rows of xab [K/G, 2, M] are 2g, 2g + 1)
-                a2 = gl.load(xab_ptr + (2 * g2) * M + offs_t, mask=t_ok & (g2 < NG), other=0.0)
-                b2 = gl.load(xab_ptr + (2 * g2 + 1) * M + offs_t, mask=t_ok & (g2 < NG), other=0.0)
-            else:
-                a = gl.sum(gl.where((rows == 2 * j)[:, None], xab_step, 0.0), axis=0)
-                bv = gl.sum(gl.where((rows == 2 * j + 1)[:, None], xab_step, 0.0), axis=0)
+            a = a1
+            bv = b1
+            a1 = a2
+            b1 = b2
+            g2 = kk * UR + j + 2        # two groups ahead (the flat rows of xab [K/G, 2, M] are 2g, 2g + 1)
+            a2 = gl.load(xab_ptr + (2 * g2) * M + offs_t, mask=t_ok & (g2 < NG), other=0.0)
+            b2 = gl.load(xab_ptr + (2 * g2 + 1) * M + offs_t, mask=t_ok & (g2 < NG), other=0.0)
             if j > 0:
                 done = warpgroup_mma_wait(2 * BPG, deps=(prev, ))   # all but group j's wgmmas retired
                 acc = gl.fma(gl.fma(done, pa[None, :], pb[None, :]), pw[:, None], acc)
@@ -307,8 +275,7 @@ def w4a4_decode_kernel(x_desc, w_desc, u_desc,
                        G2: gl.constexpr, BLOCK_T: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr,
                        STAGES: gl.constexpr, HAS_LOWRANK: gl.constexpr,
                        HAS_COL_SCALE: gl.constexpr, HAS_BIAS: gl.constexpr, SWAR: gl.constexpr,
-                       MMA_ASYNC: gl.constexpr = True, FMT: gl.constexpr = 1, F8: gl.constexpr = False,
-                       XAB_LOADS: gl.constexpr = True):
+                       MMA_ASYNC: gl.constexpr = True, FMT: gl.constexpr = 1, F8: gl.constexpr = False):
     gl.static_assert(BLOCK_K % _PACK == 0, "BLOCK_K must be a multiple of the 64-wide pack block")
     gl.static_assert(BLOCK_K % G2 == 0, "a K step covers whole groups")
     gl.static_assert(not F8 or FMT == _FMT_G, "F8 (e4m3 MMA) is the int4_g64 path's variant")
@@ -333,7 +300,7 @@ def w4a4_decode_kernel(x_desc, w_desc, u_desc,
                     STAGES, BLOCK_N, BLOCK_K, G2, True, FMT, F8)
     if F8:   # xscale_ptr = xab [K/G, 2, M] fp32
         acc = _mainloop_g_f8(x_desc, w_desc, u_desc, x_bufs, w_bufs, u_bufs, ready, xscale_ptr, off_t, off_n, M, N, K,
-                             k_tiles, STAGES, BLOCK_N, BLOCK_T, BLOCK_K, G2, SWAR, XAB_LOADS, mma)
+                             k_tiles, STAGES, BLOCK_N, BLOCK_T, BLOCK_K, G2, SWAR, mma)
     elif FMT == _FMT_2L:
         acc = _mainloop_2l(x_desc, w_desc, u_desc, x_bufs, w_bufs, u_bufs, ready, off_t, off_n, N, k_tiles,
                            STAGES, BLOCK_N, BLOCK_T, BLOCK_K, G2, SWAR, MMA_ASYNC, mma)
@@ -452,16 +419,8 @@ def decode_f8_default() -> bool:
     return env == "1" if env in ("0", "1") else bool(F8_DEFAULT)
 
 
-def _resolve_f8(fmt: str, f8: bool | None) -> bool:
-    if f8 is None:
-        return fmt == "int4_g64" and decode_f8_default()
-    if f8 and fmt != "int4_g64":
-        raise ValueError(f"w4a4 decode: the e4m3 path (f8=True) is for int4_g64, got fmt={fmt!r}")
-    return bool(f8)
-
-
 def _args(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, out, fmt, group_size, config,
-          col_scale=None, swar=True, mma_async=True, f8=None, xab_loads=True):
+          col_scale=None, swar=True, mma_async=True, f8=None):
     from ..w4a4_gemm import FORMATS, check_gemm_args
     if fmt not in FORMATS:
         raise ValueError(f"w4a4 decode: fmt must be one of {FORMATS}, got {fmt!r}")
@@ -479,7 +438,7 @@ def _args(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, out, fm
     for name, t in (("x_q", x_q), ("w_q", w_q), ("w_mul" if not g else "w_scale", rows)):
         if t.data_ptr() % 16:
             raise ValueError(f"w4a4 decode: {name} must be 16-byte aligned for TMA, got address {t.data_ptr():#x}")
-    f8 = _resolve_f8(fmt, f8)
+    f8 = (g and decode_f8_default()) if f8 is None else bool(f8)   # f8 with int4_2l: check_decode_config raises
     config = plan_decode(M, config, group_size, fmt, f8)
     check_decode_config(config, M, N, K, group_size, fmt, f8)
     bt, bn, bk = config.block_m, config.block_n, config.block_k
@@ -499,33 +458,31 @@ def _args(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, out, fm
             lora_up if r else dummy(dev, torch.bfloat16, (1, )), lora_up.stride(0) if r else 0, M, N, K, r)
     cx = dict(G2=group_size, BLOCK_T=bt, BLOCK_N=bn, BLOCK_K=bk, STAGES=config.num_stages,
               HAS_LOWRANK=r > 0, HAS_COL_SCALE=col_scale is not None, HAS_BIAS=bias is not None, SWAR=swar,
-              MMA_ASYNC=mma_async, FMT=FMT_INT4_G if g else FMT_INT4_2L, F8=f8, XAB_LOADS=bool(xab_loads))
+              MMA_ASYNC=mma_async, FMT=FMT_INT4_G if g else FMT_INT4_2L, F8=f8)
     return grid, args, cx, config
 
 
 def launch_w4a4_decode(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, out, fmt: str,
                        group_size: int, config: KernelConfig | None = None, *, col_scale=None, swar: bool = True,
-                       mma_async: bool = True, f8: bool | None = None, xab_loads: bool = True):
+                       mma_async: bool = True, f8: bool | None = None):
     """out [M, N] ← the W4A4 layer's GEMM + epilogue (launcher contract of kernels/w4a4_gemm.py, both formats).
     ``mma_async=False`` (int4_2l): each wgmma waits for itself — the first H200 version, kept for A/B.
     ``f8`` (int4_g64; None = :func:`decode_f8_default`): e4m3 wgmmas on offset-encoded weights, the tokens
-    pre-expanded by ``w4_expand.expand_act_f8`` (one extra launch); False = the int8 path. ``xab_loads`` (f8):
-    the per-group rows a, b by direct loads two groups ahead; False = one tile per step + masked-sum picks."""
+    pre-expanded by ``w4_expand.expand_act_f8`` (one extra launch); False = the int8 path."""
     grid, args, cx, cfg = _args(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, out, fmt, group_size,
-                                config, col_scale, swar, mma_async, f8, xab_loads)
+                                config, col_scale, swar, mma_async, f8)
     w4a4_decode_kernel[grid](*args, **cx, num_warps=cfg.num_warps)
     return out
 
 
 def aot_signature_decode(config: KernelConfig | None = None, *, M=5, N=160, K=512, rank=16, group_size=64,
-                         bias=True, col_scale=True, swar=True, mma_async=True, fmt="int4_2l", f8=None,
-                         xab_loads=True):
+                         bias=True, col_scale=True, swar=True, mma_async=True, fmt="int4_2l", f8=None):
     """(signature, constexprs, config) for ``kernels.aot.compile_sm90`` of :func:`w4a4_decode_kernel`."""
     import inspect
     from triton.runtime.jit import mangle_type
     from .w4a4_ws import make_operands_v2
     ops = make_operands_v2(fmt, M, N, K, rank, group_size, device="cpu", bias=bias, col_scale=col_scale)
-    _, args, cx, cfg = _args(**ops, config=config, swar=swar, mma_async=mma_async, f8=f8, xab_loads=xab_loads)
+    _, args, cx, cfg = _args(**ops, config=config, swar=swar, mma_async=mma_async, f8=f8)
     names = [n for n in inspect.signature(w4a4_decode_kernel.fn).parameters if n not in cx]
     sig = {n: (mangle_type(a) if not isinstance(a, int) else "i32") for n, a in zip(names, args)}
     return sig, cx, cfg
