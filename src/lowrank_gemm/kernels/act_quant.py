@@ -372,6 +372,35 @@ def _store_s_pieces(acc1, acc2, acc3, sp_ptr, stride_sps, stride_spm, pid_k, off
 
 
 @triton.jit
+def _smooth_fast(x, lam_ptrs, rl_ptrs, EMU_FMA: tl.constexpr):
+    """(λ [1, C] fp32, x/λ) for x [BM, C] with λ and RN(1/λ) (prep kernel) at ``lam_ptrs`` / ``rl_ptrs`` [C]: one
+    FMA correction (:func:`_div_fast`) instead of a division — the v2 / v3 fast path."""
+    lam = tl.load(lam_ptrs).to(tl.float32)[None, :]
+    return lam, _div_fast(x.to(tl.float32), lam, tl.load(rl_ptrs)[None, :], EMU_FMA)
+
+
+@triton.jit
+def _g64_fast_pack(xs_lo, xs_hi, scale, rs, EMU_FMA: tl.constexpr):
+    """Packed int4 bytes of the two nibble halves xs / scale (rs = RN(1/scale)), rounded half-to-even by the
+    magic-number add; valid when the scale is in the fast range (no clamp needed)."""
+    n_lo = (_div_fast(xs_lo, scale, rs, EMU_FMA) + _RNE_MAGIC).to(tl.int32, bitcast=True) & 0xF
+    n_hi = (_div_fast(xs_hi, scale, rs, EMU_FMA) + _RNE_MAGIC).to(tl.int32, bitcast=True) & 0xF
+    return (n_lo | (n_hi << 4)).to(tl.uint8)
+
+
+@triton.jit
+def _2l_fast_codes(xs, gmax, safe_t, t7, EMU_FMA: tl.constexpr):
+    """int8 e = q·v of a [BM, G] group on the fast path: v = clamp(ceil(gmax / (7t)), 1, 15), q = RNE(xs / (t·v))
+    (|q| ≤ 7 without a clamp there). ``t7`` = 7·t."""
+    v = tl.math.ceil(tl.math.div_rn(gmax, t7))
+    v = tl.minimum(tl.maximum(v, 1.0), 15.0)
+    d = (safe_t * v)[:, None]
+    r = _div_fast(xs, d, tl.math.div_rn(1.0, d), EMU_FMA)
+    qi = (r + _RNE_MAGIC).to(tl.int32, bitcast=True) - _MAGIC_BITS
+    return (qi * v.to(tl.int32)[:, None]).to(tl.int8)
+
+
+@triton.jit
 def _act_quant_g_v2_kernel(
     x_ptr, stride_xm,          # (M, K) bf16/fp16
     smooth_ptr, rl_ptr,        # (K,) λ and RN(1/λ) (prep kernel)
@@ -405,23 +434,16 @@ def _act_quant_g_v2_kernel(
         if HAS_LOWRANK:
             acc1, acc2, acc3 = _down_pieces(acc1, acc2, acc3, x_lo, p_ptr, stride_pp, k_lo, offs_r, BLOCK_R)
             acc1, acc2, acc3 = _down_pieces(acc1, acc2, acc3, x_hi, p_ptr, stride_pp, k_lo + 32, offs_r, BLOCK_R)
-        xf_lo = x_lo.to(tl.float32)
-        xf_hi = x_hi.to(tl.float32)
-        lam_lo = tl.load(smooth_ptr + k_lo).to(tl.float32)[None, :]
-        lam_hi = tl.load(smooth_ptr + k_lo + 32).to(tl.float32)[None, :]
-        xs_lo = _div_fast(xf_lo, lam_lo, tl.load(rl_ptr + k_lo)[None, :], EMU_FMA)
-        xs_hi = _div_fast(xf_hi, lam_hi, tl.load(rl_ptr + k_lo + 32)[None, :], EMU_FMA)
+        lam_lo, xs_lo = _smooth_fast(x_lo, smooth_ptr + k_lo, rl_ptr + k_lo, EMU_FMA)
+        lam_hi, xs_hi = _smooth_fast(x_hi, smooth_ptr + k_lo + 32, rl_ptr + k_lo + 32, EMU_FMA)
         amax = _row_absmax_nan(xs_lo, xs_hi)[:, None]  # [BM, 1]
         scale = _round_scale16(tl.math.div_rn(amax, 7.0), SCALE_BF16)
         bad = row_ok[:, None] & ~((scale >= LO) & (scale <= HI))  # NaN scale → bad
         if tl.max(tl.max(bad.to(tl.int32), axis=1), axis=0) > 0:
-            packed, scale = _g64_quantize(tl.math.div_rn(xf_lo, lam_lo), tl.math.div_rn(xf_hi, lam_hi),
-                                          BLOCK_M, 1, HALF, SCALE_BF16)
+            packed, scale = _g64_quantize(tl.math.div_rn(x_lo.to(tl.float32), lam_lo),
+                                          tl.math.div_rn(x_hi.to(tl.float32), lam_hi), BLOCK_M, 1, HALF, SCALE_BF16)
         else:
-            rs = tl.math.div_rn(1.0, scale)
-            n_lo = (_div_fast(xs_lo, scale, rs, EMU_FMA) + _RNE_MAGIC).to(tl.int32, bitcast=True) & 0xF
-            n_hi = (_div_fast(xs_hi, scale, rs, EMU_FMA) + _RNE_MAGIC).to(tl.int32, bitcast=True) & 0xF
-            packed = (n_lo | (n_hi << 4)).to(tl.uint8)
+            packed = _g64_fast_pack(xs_lo, xs_hi, scale, tl.math.div_rn(1.0, scale), EMU_FMA)
         tl.store(q_ptr + offs_m[:, None] * stride_qm + (k0 // 2 + col)[None, :], packed, mask=row_ok[:, None])
         tl.store(sc_ptr + (k0 // G) * stride_sg + offs_m[:, None], scale.to(sc_ptr.dtype.element_ty),
                  mask=row_ok[:, None])
@@ -457,14 +479,12 @@ def _act_2l_stats_v2_kernel(
         x = tl.load(x_ptr + offs_m[:, None] * stride_xm + (k0 + offs_k)[None, :], mask=row_ok[:, None], other=0.0)
         if HAS_LOWRANK:
             acc1, acc2, acc3 = _down_pieces(acc1, acc2, acc3, x, p_ptr, stride_pp, k0 + offs_k, offs_r, BLOCK_R)
-        xf = x.to(tl.float32)
-        lam = tl.load(smooth_ptr + k0 + offs_k).to(tl.float32)[None, :]
-        xs = _div_fast(xf, lam, tl.load(rl_ptr + k0 + offs_k)[None, :], EMU_FMA)
+        lam, xs = _smooth_fast(x, smooth_ptr + k0 + offs_k, rl_ptr + k0 + offs_k, EMU_FMA)
         m = _row_absmax_nan(xs, xs)
         bad = row_ok & ~((m >= _FAST_LO) & (m <= _FAST_HI))
         nn = tl.zeros((BLOCK_M,), tl.int32)
         if tl.max(bad.to(tl.int32), axis=0) > 0:
-            xs = tl.math.div_rn(xf, lam)
+            xs = tl.math.div_rn(x.to(tl.float32), lam)
             m = tl.max(tl.abs(xs), axis=1)
             nn = tl.sum((xs != xs).to(tl.int32), axis=1)
         amax = tl.maximum(amax, m)
@@ -495,20 +515,13 @@ def _act_2l_quant_v2_kernel(
     k_end = tl.minimum(k_begin + STEPS_PER_SLICE * G, K)
     for k0 in range(k_begin, k_end, G):
         x = tl.load(x_ptr + offs_m[:, None] * stride_xm + (k0 + offs_k)[None, :], mask=row_ok[:, None], other=0.0)
-        xf = x.to(tl.float32)
-        lam = tl.load(smooth_ptr + k0 + offs_k).to(tl.float32)[None, :]
-        xs = _div_fast(xf, lam, tl.load(rl_ptr + k0 + offs_k)[None, :], EMU_FMA)
+        lam, xs = _smooth_fast(x, smooth_ptr + k0 + offs_k, rl_ptr + k0 + offs_k, EMU_FMA)
         gmax = _row_absmax_nan(xs, xs)
         bad = row_ok & ~(t_fast & (gmax <= _FAST_HI * 4.0))  # NaN gmax (x or 1/λ) → bad
         if tl.max(bad.to(tl.int32), axis=0) > 0:
-            e = _2l_quantize(tl.math.div_rn(xf, lam), safe_t, ok, BLOCK_M, 1, G)
+            e = _2l_quantize(tl.math.div_rn(x.to(tl.float32), lam), safe_t, ok, BLOCK_M, 1, G)
         else:
-            v = tl.math.ceil(tl.math.div_rn(gmax, safe_t * 7.0))
-            v = tl.minimum(tl.maximum(v, 1.0), 15.0)
-            d = (safe_t * v)[:, None]
-            r = _div_fast(xs, d, tl.math.div_rn(1.0, d), EMU_FMA)
-            qi = (r + _RNE_MAGIC).to(tl.int32, bitcast=True) - _MAGIC_BITS
-            e = (qi * v.to(tl.int32)[:, None]).to(tl.int8)
+            e = _2l_fast_codes(xs, gmax, safe_t, safe_t * 7.0, EMU_FMA)
         tl.store(e_ptr + offs_m[:, None] * stride_em + (k0 + offs_k)[None, :], e, mask=row_ok[:, None])
     if pid_k == 0:
         tl.store(t_ptr + offs_m, t, mask=row_ok)
@@ -560,19 +573,14 @@ def _act_quant_g_v3_kernel(
         if HAS_LOWRANK:
             acc1, acc2, acc3 = _down_pieces(acc1, acc2, acc3, x_lo, p_ptr, stride_pp, k_lo, offs_r, BLOCK_R)
             acc1, acc2, acc3 = _down_pieces(acc1, acc2, acc3, x_hi, p_ptr, stride_pp, k_lo + 32, offs_r, BLOCK_R)
-        lam_lo = tl.load(smooth_ptr + k_lo).to(tl.float32)[None, :]
-        lam_hi = tl.load(smooth_ptr + k_lo + 32).to(tl.float32)[None, :]
-        xs_lo = _div_fast(x_lo.to(tl.float32), lam_lo, tl.load(rl_ptr + k_lo)[None, :], EMU_FMA)
-        xs_hi = _div_fast(x_hi.to(tl.float32), lam_hi, tl.load(rl_ptr + k_lo + 32)[None, :], EMU_FMA)
+        _, xs_lo = _smooth_fast(x_lo, smooth_ptr + k_lo, rl_ptr + k_lo, EMU_FMA)
+        _, xs_hi = _smooth_fast(x_hi, smooth_ptr + k_lo + 32, rl_ptr + k_lo + 32, EMU_FMA)
         amax = _row_absmax_nan(xs_lo, xs_hi)[:, None]  # [BM, 1]; NaN if x or 1/λ is
         scale = _round_scale16(_div_fast(amax, tl.full((BLOCK_M, 1), 7.0, tl.float32),
                                          tl.full((BLOCK_M, 1), _RCP7, tl.float32), EMU_FMA), SCALE_BF16)
         ok = (scale >= LO) & (scale <= HI)  # NaN → not ok; in range: amax normal, so amax/7 was exact
         n_bad += (row_ok[:, None] & ~ok).to(tl.int32)
-        rs = tl.math.div_rn(1.0, tl.where(ok, scale, 1.0))
-        n_lo = (_div_fast(xs_lo, scale, rs, EMU_FMA) + _RNE_MAGIC).to(tl.int32, bitcast=True) & 0xF
-        n_hi = (_div_fast(xs_hi, scale, rs, EMU_FMA) + _RNE_MAGIC).to(tl.int32, bitcast=True) & 0xF
-        packed = (n_lo | (n_hi << 4)).to(tl.uint8)
+        packed = _g64_fast_pack(xs_lo, xs_hi, scale, tl.math.div_rn(1.0, tl.where(ok, scale, 1.0)), EMU_FMA)
         tl.store(q_ptr + offs_m[:, None] * stride_qm + (k0 // 2 + col)[None, :], packed, mask=row_ok[:, None])
         tl.store(sc_ptr + (k0 // G) * stride_sg + offs_m[:, None], scale.to(sc_ptr.dtype.element_ty),
                  mask=row_ok[:, None])
@@ -611,8 +619,7 @@ def _act_2l_stats_v3_kernel(
         x = tl.load(x_ptr + offs_m[:, None] * stride_xm + (k0 + offs_k)[None, :], mask=row_ok[:, None], other=0.0)
         if HAS_LOWRANK:
             acc1, acc2, acc3 = _down_pieces(acc1, acc2, acc3, x, p_ptr, stride_pp, k0 + offs_k, offs_r, BLOCK_R)
-        lam = tl.load(smooth_ptr + k0 + offs_k).to(tl.float32)[None, :]
-        xs = _div_fast(x.to(tl.float32), lam, tl.load(rl_ptr + k0 + offs_k)[None, :], EMU_FMA)
+        _, xs = _smooth_fast(x, smooth_ptr + k0 + offs_k, rl_ptr + k0 + offs_k, EMU_FMA)
         m = _row_absmax_nan(xs, xs)
         n_bad += (row_ok & ~((m >= _FAST_LO) & (m <= _FAST_HI))).to(tl.int32)
         amax = tl.maximum(amax, m)
@@ -647,16 +654,10 @@ def _act_2l_quant_v3_kernel(
     n_bad = tl.zeros((BLOCK_M,), tl.int32)
     for k0 in range(k_begin, k_end, G):
         x = tl.load(x_ptr + offs_m[:, None] * stride_xm + (k0 + offs_k)[None, :], mask=row_ok[:, None], other=0.0)
-        lam = tl.load(smooth_ptr + k0 + offs_k).to(tl.float32)[None, :]
-        xs = _div_fast(x.to(tl.float32), lam, tl.load(rl_ptr + k0 + offs_k)[None, :], EMU_FMA)
+        _, xs = _smooth_fast(x, smooth_ptr + k0 + offs_k, rl_ptr + k0 + offs_k, EMU_FMA)
         gmax = _row_absmax_nan(xs, xs)
         n_bad += (row_ok & ~(t_fast & (gmax <= _FAST_HI * 4.0))).to(tl.int32)  # NaN gmax → bad
-        v = tl.math.ceil(tl.math.div_rn(gmax, t7))
-        v = tl.minimum(tl.maximum(v, 1.0), 15.0)
-        d = (safe_t * v)[:, None]
-        r = _div_fast(xs, d, tl.math.div_rn(1.0, d), EMU_FMA)
-        qi = (r + _RNE_MAGIC).to(tl.int32, bitcast=True) - _MAGIC_BITS
-        e = (qi * v.to(tl.int32)[:, None]).to(tl.int8)
+        e = _2l_fast_codes(xs, gmax, safe_t, t7, EMU_FMA)
         tl.store(e_ptr + offs_m[:, None] * stride_em + (k0 + offs_k)[None, :], e, mask=row_ok[:, None])
     if pid_k == 0:
         tl.store(t_ptr + offs_m, t, mask=row_ok)
