@@ -199,53 +199,40 @@ def _load_step(p, main, raw, off_m, off_n, kk, it):
     if p.DEBUG:
         debug_record(p.dbg_ptr, ROLE_LOADER, it, raw, p.DEBUG_ITERS)
     it += 1
-    if p.FMT == _FMT_INT4_2L:
+    # The loader's share of a MAIN fill: 8-bit activations (2l, F8) and, for g with SCALE_TMA, the group's scale
+    # rows — they ride in the slot the consumer reads them from (a DRAM round trip per K step on the consumer's
+    # critical path otherwise). 1-D boxes: a box running past its row reads the next row's values into
+    # rows/columns that are never stored (their operands are TMA zero fill); past the end: zeros.
+    X_IN_MAIN: gl.constexpr = p.FMT == _FMT_INT4_2L or p.F8
+    ROWS_IN_MAIN: gl.constexpr = p.SCALE_TMA and p.FMT != _FMT_INT4_2L
+    NX: gl.constexpr = 2 if p.F8 else 1          # x rows per group: F8 a and b; int8 g the x_scale row
+    if X_IN_MAIN or ROWS_IN_MAIN:
         p.main.producer_acquire(main)
         bar = p.main.ready_bar(main)
-        mbarrier.expect(bar, p.x_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(p.x_desc, [off_m, kk * BK], bar, p.x_bufs.index(main.index))
-        main = main.next()
-    elif p.F8:
-        # e4m3 activations straight into MAIN; with SCALE_TMA also the group's a, b rows and w_scale row
-        p.main.producer_acquire(main)
-        bar = p.main.ready_bar(main)
-        if p.SCALE_TMA:
-            mbarrier.expect(bar, p.x_desc.block_type.nbytes + 2 * p.sc_desc.block_type.nbytes
+        if ROWS_IN_MAIN:
+            mbarrier.expect(bar, X_IN_MAIN * p.x_desc.block_type.nbytes + NX * p.sc_desc.block_type.nbytes
                             + p.sw_desc.block_type.nbytes)
-            for j in gl.static_range(2):
-                tma.async_copy_global_to_shared(p.sc_desc, [(2 * kk + j) * p.M + off_m], bar,
-                                                p.sx_bufs.index(2 * main.index + j))
+            for j in gl.static_range(NX):
+                tma.async_copy_global_to_shared(p.sc_desc, [(NX * kk + j) * p.M + off_m], bar,
+                                                p.sx_bufs.index(NX * main.index + j))
             tma.async_copy_global_to_shared(p.sw_desc, [kk * p.N + off_n], bar, p.sw_bufs.index(main.index))
         else:
             mbarrier.expect(bar, p.x_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(p.x_desc, [off_m, kk * BK], bar, p.x_bufs.index(main.index))
-        main = main.next()
-    elif p.SCALE_TMA:
-        # the group's scale rows ride in the MAIN slot the consumer reads them from (one DRAM
-        # round trip per K step on the consumer's critical path otherwise)
-        p.main.producer_acquire(main)
-        bar = p.main.ready_bar(main)
-        mbarrier.expect(bar, p.sc_desc.block_type.nbytes + p.sw_desc.block_type.nbytes)
-        # 1-D boxes: a box running past its row reads the next row's values into rows/columns
-        # that are never stored (their operands are TMA zero fill); past the end: zeros
-        tma.async_copy_global_to_shared(p.sc_desc, [kk * p.M + off_m], bar, p.sx_bufs.index(main.index))
-        tma.async_copy_global_to_shared(p.sw_desc, [kk * p.N + off_n], bar, p.sw_bufs.index(main.index))
+        if X_IN_MAIN:
+            tma.async_copy_global_to_shared(p.x_desc, [off_m, kk * BK], bar, p.x_bufs.index(main.index))
         main = main.next()
     p.raw.producer_acquire(raw)
     bar = p.raw.ready_bar(raw)
-    if p.FMT == _FMT_INT4_2L:
-        if p.SCALE_TMA:
-            # the multipliers u of this K step's level-2 groups, for the expander
-            UR: gl.constexpr = _u_rows(BK, p.G2)
-            mbarrier.expect(bar, p.w_desc.block_type.nbytes + UR * p.sc_desc.block_type.nbytes)
-            for j in gl.static_range(UR):
-                tma.async_copy_global_to_shared(p.sc_desc, [((kk * BK) // p.G2 + j) * p.N + off_n], bar,
-                                                p.sx_bufs.index(raw.index * UR + j))
-        else:
-            mbarrier.expect(bar, p.w_desc.block_type.nbytes)
-    elif p.F8:
+    if p.FMT == _FMT_INT4_2L and p.SCALE_TMA:
+        # the multipliers u of this K step's level-2 groups, for the expander
+        UR: gl.constexpr = _u_rows(BK, p.G2)
+        mbarrier.expect(bar, p.w_desc.block_type.nbytes + UR * p.sc_desc.block_type.nbytes)
+        for j in gl.static_range(UR):
+            tma.async_copy_global_to_shared(p.sc_desc, [((kk * BK) // p.G2 + j) * p.N + off_n], bar,
+                                            p.sx_bufs.index(raw.index * UR + j))
+    elif X_IN_MAIN:
         mbarrier.expect(bar, p.w_desc.block_type.nbytes)
-    else:
+    else:   # int8 g: the packed activations are expanded in SMEM too
         mbarrier.expect(bar, p.w_desc.block_type.nbytes + p.x_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(p.x_desc, [off_m, kk * (BK // 2)], bar, p.xp_bufs.index(raw.index))
     tma.async_copy_global_to_shared(p.w_desc, [off_n, kk * (BK // 2)], bar, p.wp_bufs.index(raw.index))
