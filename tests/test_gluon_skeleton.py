@@ -517,10 +517,15 @@ def test_paired_needs_int4_g():
 
 def test_two_expander_role_table():
     """The fifth warpgroup stays inside the 512-register budget and setmaxnreg's range; both expanders share
-    the expander's debug row, so NUM_ROLES (the debug buffer) does not change."""
+    the expander's debug row, so NUM_ROLES (the debug buffer) does not change. The default partition's share is
+    what Triton actually hands out (checked in the compiled PTX), not the budget's remainder."""
+    from lowrank_gemm.kernels.aot import compile_sm90
     t = sk.ROLES_TWO_EXPANDERS
     assert [r.name for r in t] == ["consumer0", "loader", "expander", "consumer1", "expander1"]
-    assert sk.DEFAULT_REGS_2X + sum(r.regs for r in t[1:]) == sk.REGISTER_BUDGET
+    assert sk.DEFAULT_REGS_2X + sum(r.regs for r in t[1:]) <= sk.REGISTER_BUDGET
+    sig, cx, _ = w4.aot_signature_v2("int4_g64", M=96, N=128, K=1024, scale_tma=True, f8=True, expanders=2)
+    ptx = compile_sm90("lowrank_gemm.kernels.gluon.w4a4_ws", "w4a4_ws_kernel", sig, cx, num_warps=sk.DEFAULT_WARPS).ptx
+    assert f"setmaxnreg.dec.sync.aligned.u32 \t{sk.DEFAULT_REGS_2X};" in ptx
     assert all(r.regs is None or r.regs % 8 == 0 and 24 <= r.regs <= 256 for r in t)
     assert list(sk.WORKER_WARPS_2X.value) == [r.warps for r in t[1:]]
     assert list(sk.WORKER_REGS_2X.value) == [r.regs for r in t[1:]]

@@ -99,8 +99,10 @@ DEFAULT_WARPS = ROLES[0].warps
 DEFAULT_REGS = REGISTER_BUDGET - sum(r.regs for r in ROLES[1:])
 CONSUMER_REGS = min(DEFAULT_REGS, ROLES[ROLE_IDS["consumer1"]].regs)
 # Two expanders (W4A4 f8 path, EXPANDERS=2): a fifth warpgroup; expander e expands K steps e, e+2, … so two
-# steps' latency chains (barrier waits, proxy fence, arrives) overlap. Same 512-register budget, so both
-# expanders get 40 and the consumers 200 / 208. Debug traces of both go to the "expander" role row.
+# steps' latency chains (barrier waits, proxy fence, arrives) overlap. Debug traces of both go to the
+# "expander" role row. With 640 threads a CTA starts at 65536 / 640 → 96 registers per thread (multiples of 8),
+# and Triton hands the default partition 5 × 96 minus the workers' registers: consumer0 gets 168, not the
+# 512-budget remainder (sm_90 PTX: setmaxnreg.dec 168); ptxas fits the f8 consumer in it without spills.
 ROLES_TWO_EXPANDERS: tuple[RoleSpec, ...] = (
     RoleSpec("consumer0", 4, None, ROLES[0].does),
     RoleSpec("loader", 1, 24, ROLES[1].does),
@@ -110,7 +112,8 @@ ROLES_TWO_EXPANDERS: tuple[RoleSpec, ...] = (
 )
 WORKER_WARPS_2X = gl.constexpr([r.warps for r in ROLES_TWO_EXPANDERS[1:]])
 WORKER_REGS_2X = gl.constexpr([r.regs for r in ROLES_TWO_EXPANDERS[1:]])
-DEFAULT_REGS_2X = REGISTER_BUDGET - sum(r.regs for r in ROLES_TWO_EXPANDERS[1:])
+_INITIAL_REGS_2X = (65536 // (128 * len(ROLES_TWO_EXPANDERS))) // 8 * 8          # 96
+DEFAULT_REGS_2X = len(ROLES_TWO_EXPANDERS) * _INITIAL_REGS_2X - sum(r.regs for r in ROLES_TWO_EXPANDERS[1:])
 
 
 # ---------------------------------------------------------------------------------------------
