@@ -49,7 +49,7 @@ from ...plan.smem import SmemLedger, SmemTerm, barrier_bytes, tile_bytes
 from ..schedule import cdiv
 from .host import desc, dummy
 from .skeleton import alloc_barriers
-from .w4a4_ws import _nibbles, _offset_nibbles_f8
+from .w4a4_ws import _f8_operands, _nibbles, _offset_nibbles_f8
 
 __all__ = ["decode_ledger", "plan_decode", "default_decode_config", "launch_w4a4_decode", "w4a4_decode_kernel",
            "decode_enabled", "aot_signature_decode", "check_decode_config", "decode_f8_default", "F8_DEFAULT"]
@@ -442,10 +442,7 @@ def _args(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, out, fm
     config = plan_decode(M, config, group_size, fmt, f8)
     check_decode_config(config, M, N, K, group_size, fmt, f8)
     bt, bn, bk = config.block_m, config.block_n, config.block_k
-    if f8:
-        from ..w4_expand import expand_act_f8
-        # one extra launch per call: e4m3 tokens [M, K] and rows a, b [K/G, 2, M] fp32 (replace x_q, x_scale)
-        x_q, x_scale = expand_act_f8(x_q, x_scale, group_size)
+    x_q, x_scale = _f8_operands(x_q, x_scale, group_size, f8, "w4a4 decode")
     x_desc = desc(x_q, (bt, bk // 2) if (g and not f8) else (bt, bk))
     w_desc = desc(w_q, (bn, bk // 2))
     bits = rows.element_size() * 8

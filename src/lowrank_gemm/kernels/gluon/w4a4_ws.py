@@ -848,6 +848,19 @@ def _expect(cond, msg):
         raise ValueError(f"w4a4 v2: {msg}")
 
 
+def _f8_operands(x_q, x_scale, group_size: int, f8: bool, who: str):
+    """The activation operands the kernel reads. The e4m3 path (``f8``) takes x8 e4m3 [M, K] + xab fp32
+    [K/G, 2, M] (``w4_expand.expand_act_f8``'s outputs); a caller that already holds them (act_quant can emit
+    them directly) passes them as (x_q, x_scale) and saves the expansion launch, otherwise it runs here."""
+    if x_q.dtype == torch.float8_e4m3fn:
+        _expect(f8, f"{who}: pre-expanded e4m3 activations need the e4m3 path (f8=True), got f8={f8}")
+        return x_q, x_scale
+    if not f8:
+        return x_q, x_scale
+    from ..w4_expand import expand_act_f8
+    return expand_act_f8(x_q, x_scale, group_size)
+
+
 def _pad_rank(t, r8):
     # TMA rows must be 16-byte multiples: rank padded with zeros to a multiple of 8 (adds nothing).
     return t if t.shape[1] == r8 else torch.nn.functional.pad(t, (0, r8 - t.shape[1]))
@@ -902,9 +915,7 @@ def kernel_args_v2(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias
                   f8=f8)
 
     bm, bn, bk, br = config.block_m, config.block_n, config.block_k, config.block_r
-    if f8:
-        from ..w4_expand import expand_act_f8
-        x_q, x_scale = expand_act_f8(x_q, x_scale, group_size)   # e4m3 [M, K], rows a, b [K/G, 2, M] fp32
+    x_q, x_scale = _f8_operands(x_q, x_scale, group_size, f8, "w4a4 v2")
     x_desc = desc(x_q, (bm, bk) if (f == FMT_INT4_2L or f8) else (bm, bk // 2))
     w_desc = desc(w_q, (bn, bk // 2))
     r8 = -(-r // 8) * 8

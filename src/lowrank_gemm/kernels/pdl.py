@@ -1,0 +1,69 @@
+"""Programmatic dependent launch (PDL) between the kernels of one layer call.
+
+A W4A4 layer is a chain of launches — act_quant, (the e4m3 expansion), the GEMM — and at decode sizes
+each kernel runs only a few microseconds, so the gap between them and the next kernel's ramp-up (weight
+loads that do not depend on the previous kernel at all) is a large share of the layer. With PDL a kernel
+launched with ``launch_pdl=True`` may start once every program of the kernel before it has executed
+``griddepcontrol.launch_dependents`` (or exited); it must execute ``griddepcontrol.wait`` before it reads
+anything the earlier kernel wrote. Both instructions are no-ops when the launch did not use PDL, and
+CUDA-graph capture keeps the dependency as a programmatic edge.
+
+The rule each kernel of the chain follows:
+- ``launch_dependents`` as early as it likes (it only allows the next grid to be scheduled: the next grid's
+  ``wait`` still waits for this whole grid to finish and flush its writes);
+- ``wait`` before its first read of a predecessor's output — and before its first global write, since the
+  predecessor may still read a buffer that this kernel overwrites (the caching allocator reuses memory).
+
+The interpreter cannot run inline PTX, so kernels take a ``PDL`` constexpr that is False there
+(:func:`pdl_enabled`).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+
+__all__ = ["PDL_DEFAULT", "pdl_enabled", "gdc_wait", "gdc_launch_dependents", "gl_gdc_wait", "gl_gdc_launch_dependents"]
+
+
+PDL_DEFAULT = False       # until measured on the H200: LOWRANK_GEMM_PDL=1 turns it on
+
+
+def pdl_enabled(device: torch.device | None = None) -> bool:
+    """PDL on this launch: CUDA sm_90+, not the interpreter, and ``LOWRANK_GEMM_PDL`` (0/1, else
+    :data:`PDL_DEFAULT`)."""
+    env = os.environ.get("LOWRANK_GEMM_PDL", "")
+    if not (env == "1" if env in ("0", "1") else PDL_DEFAULT):
+        return False
+    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+        return False
+    if device is None or device.type != "cuda":
+        return False
+    return torch.cuda.get_device_capability(device)[0] >= 9
+
+
+@triton.jit
+def gdc_wait():
+    tl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def gdc_launch_dependents():
+    tl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=tl.int32,
+                              is_pure=False, pack=1)
+
+
+@gluon.jit
+def gl_gdc_wait():
+    gl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
+def gl_gdc_launch_dependents():
+    gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32,
+                              is_pure=False, pack=1)
