@@ -183,6 +183,306 @@ def test_auto_routing(monkeypatch):
     assert not g._use_decode("v2", ops["x_q"], 160, "int4_2l")
 
 
+# ---------------------------------------------------------------------------------------------- split-K / stream-K
+# The work split and the ticket protocol on the host (DecodeWork mirrors the kernel's STREAM arithmetic), then the
+# sm_90 compiles of the new variants.
+
+WORK_CASES = [(224, 1, 16, 264), (224, 1, 16, 448), (224, 1, 16, 672), (224, 1, 16, 896), (224, 1, 32, 264),
+              (448, 1, 32, 264), (3, 1, 3, 9), (5, 2, 7, 13), (1, 1, 1, 1), (7, 3, 5, 4), (2, 1, 16, 31),
+              (10, 1, 8, 80), (33, 4, 2, 50)]
+
+
+@pytest.mark.parametrize("tiles_n,tiles_t,k_tiles,programs", WORK_CASES)
+def test_work_split_covers_every_iteration_once(tiles_n, tiles_t, k_tiles, programs):
+    w = d.DecodeWork(tiles_n, tiles_t, k_tiles, programs)
+    T = w.total
+    ranges = [w.range_of(p) for p in range(programs)]
+    assert ranges[0][0] == 0 and ranges[-1][1] == T
+    assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:]))
+    assert all(hi - lo in (T // programs, -(-T // programs)) for lo, hi in ranges)   # equal shares ± 1
+    for p, (lo, hi) in enumerate(ranges):
+        assert all(w.owner(it) == p for it in (lo, hi - 1))
+    seen = {}
+    for p in range(programs):
+        for tile, k_lo, k_hi in w.segments(p):
+            assert 0 <= k_lo < k_hi <= k_tiles
+            for k in range(k_lo, k_hi):
+                assert (tile, k) not in seen
+                seen[(tile, k)] = p
+    assert len(seen) == T
+    contrib = {t: sorted({seen[(t, k)] for k in range(k_tiles)}) for t in range(w.tiles)}
+    for t in range(w.tiles):
+        assert list(w.contributors(t)) == contrib[t]      # consecutive programs, in iteration order
+    assert w.max_contrib == max(len(c) for c in contrib.values())
+    assert w.workspace_numel(128, 16) == (w.tiles * w.max_contrib * 128 * 16 if w.max_contrib > 1 else 0)
+
+
+@pytest.mark.parametrize("tiles_n,tiles_t,k_tiles,programs", WORK_CASES)
+@pytest.mark.parametrize("kind", ["fp32", "int"])
+def test_ticket_protocol_model_is_order_independent(tiles_n, tiles_t, k_tiles, programs, kind):
+    """Random interleavings of the programs: every tile finished once, tickets back at 0, and the finished values
+    bit-identical whatever the arrival order (fp32 partials summed from zero in slot order; int partials — the 2l
+    int32 path — equal the unsplit sum)."""
+    import random
+    w = d.DecodeWork(tiles_n, tiles_t, k_tiles, programs)
+    gen = torch.Generator().manual_seed(tiles_n * 1000 + programs)
+    vals = torch.randn(w.tiles, k_tiles, 8, generator=gen)          # per (tile, K step) contribution (8 lanes)
+    ivals = torch.randint(-2**20, 2**20, (w.tiles, k_tiles), generator=gen)
+
+    def partial(tile, k_lo, k_hi):   # a program's in-register accumulation over its K steps, from zero
+        if kind == "int":
+            return int(ivals[tile, k_lo:k_hi].sum())
+        acc = torch.zeros(8, dtype=torch.float32)
+        for k in range(k_lo, k_hi):
+            acc = acc + vals[tile, k]
+        return acc
+
+    results = []
+    for seed in range(4):
+        rng = random.Random(seed)
+        schedule = (lambda ready: ready[0]) if seed == 0 else (lambda ready: rng.choice(ready))
+        done, tickets, slots = d.simulate_decode_work(w, partial, schedule)
+        assert sorted(done) == list(range(w.tiles)) and not any(tickets)
+        assert all(s < w.max_contrib for _, s in slots)
+        results.append(done)
+    for t in range(w.tiles):
+        if kind == "int":
+            assert all(r[t] == int(ivals[t].sum()) for r in results)
+        else:
+            assert all(torch.equal(r[t], results[0][t]) for r in results[1:])
+
+
+def test_plan_decode_work_modes():
+    c = d.default_decode_config(1)
+    base = d.plan_decode_work(1, 28672, 4096, c)
+    assert not base.stream and base.grid == (224, 1) and base.max_contrib == 1 and base.workspace_numel(128, 16) == 0
+    for split in (2, 3, 4):
+        w = d.plan_decode_work(1, 28672, 4096, c.replace(split_k=split))
+        assert w.grid == (224 * split, ) and w.max_contrib == split
+        assert all(len(w.segments(p)) == 1 for p in range(w.programs))        # split-K: inside one tile
+    w = d.plan_decode_work(1, 28672, 4096, c.replace(split_k=64))             # split beyond the K steps
+    assert w.programs == 224 * 16 and w.max_contrib == 16
+    sk = d.plan_decode_work(1, 28672, 4096, c.replace(persistent=True), num_sms=132)
+    assert sk.grid == (132 * d.CTAS_PER_SM, ) and sk.max_contrib == 3       # 13–14 steps per program, 16 per tile
+    steps = [hi - lo for lo, hi in map(sk.range_of, range(sk.programs))]
+    assert set(steps) == {13, 14} and max(len(sk.segments(p)) for p in range(sk.programs)) == 2
+    tiny = d.plan_decode_work(1, 160, 512, c.replace(persistent=True), num_sms=132)   # fewer iterations than slots
+    assert tiny.programs == tiny.total == 4 and tiny.max_contrib == 2
+    with pytest.raises(ValueError, match="pick one"):
+        d.check_decode_config(c.replace(split_k=2, persistent=True), 1, 160, 512, 64)
+    with pytest.raises(ValueError, match="overflows int32"):
+        d.DecodeWork(4096, 1, 4096, 4096 * 4096)
+
+
+def test_ctas_per_sm_of_the_defaults():
+    for fmt, f8 in (("int4_2l", False), ("int4_g64", False), ("int4_g64", True)):
+        for m in (1, 16, 33, 64):
+            c = d.default_decode_config(m, 64, fmt, f8)
+            assert d.decode_ctas_per_sm(c, 64, fmt, f8) == d.CTAS_PER_SM
+            assert d.decode_ctas_per_sm(c.replace(persistent=True), 64, fmt, f8) == d.CTAS_PER_SM
+            # a 3-slot ring: three 2l CTAs per SM at 16-token tiles (registers ≤ REGS_2L_16), else still two
+            three = c.replace(persistent=True, num_stages=3)
+            assert d.decode_ctas_per_sm(three, 64, fmt, f8) == (3 if fmt == "int4_2l" and m <= 16 else 2)
+    sk = d.plan_decode_work(1, 28672, 4096, d.default_decode_config(1).replace(persistent=True, num_stages=3))
+    assert sk.programs == 396 and sk.max_contrib == 3
+
+
+def test_split_env_and_launch_args(monkeypatch):
+    monkeypatch.delenv(d.SPLIT_ENV, raising=False)
+    assert d.plan_decode(1) == d.default_decode_config(1)
+    monkeypatch.setenv(d.SPLIT_ENV, "3")
+    assert d.plan_decode(1).split_k == 3
+    cfg = d.default_decode_config(1).replace(block_k=128, num_stages=6)
+    assert d.plan_decode(1, cfg) is cfg                                      # explicit configs win
+    monkeypatch.setenv(d.SPLIT_ENV, "stream")
+    assert d.plan_decode(1).persistent
+    monkeypatch.setenv(d.SPLIT_ENV, "stream:3")
+    assert d.plan_decode(1).persistent and d.plan_decode(1).num_stages == 3
+    monkeypatch.setenv(d.SPLIT_ENV, "many")
+    with pytest.raises(ValueError, match=d.SPLIT_ENV):
+        d.plan_decode(1)
+    monkeypatch.delenv(d.SPLIT_ENV)
+    for fmt, dtype in (("int4_2l", torch.int32), ("int4_g64", torch.float32)):
+        ops = w4.make_operands_v2(fmt, 3, 160, 1024, 16, 64, device="cpu")
+        c = d.default_decode_config(3, 64, fmt, fmt != "int4_2l")
+        grid, args, cx, _ = d._args(**ops, config=c.replace(split_k=2), pdl=False)
+        work = d.plan_decode_work(3, 160, 1024, c.replace(split_k=2))
+        assert cx["STREAM"] and grid == (work.programs, ) == (4, )     # 2 tiles × split 2
+        names = [n for n in __import__("inspect").signature(d.w4a4_decode_kernel.fn).parameters if n not in cx]
+        a = dict(zip(names, args))
+        assert a["ws_ptr"].dtype == dtype and a["ws_ptr"].numel() == work.workspace_numel(c.block_n, c.block_m)
+        assert a["cnt_ptr"].dtype == torch.int32 and not a["cnt_ptr"].any()
+        assert (a["n_programs"], a["max_contrib"]) == (4, 2)
+        grid, args, cx, _ = d._args(**ops, config=None, pdl=False)
+        assert not cx["STREAM"] and grid == (2, 1)
+
+
+def test_pre_expanded_e4m3_activations_are_accepted():
+    """act_quant may hand the e4m3 operands over directly (x8, xab): no expansion launch, xab as the scale rows."""
+    from lowrank_gemm.kernels.w4_expand import expand_act_f8
+    ops = w4.make_operands_v2("int4_g64", 3, 160, 512, 16, 64, device="cpu")
+    x8, xab = expand_act_f8(ops["x_q"], ops["x_scale"], 64)
+    _, args, cx, _ = d._args(**{**ops, "x_q": x8, "x_scale": xab}, config=None, f8=True)
+    assert cx["F8"] and args[5] is xab
+    with pytest.raises(ValueError, match="e4m3 path"):
+        d._args(**{**ops, "x_q": x8, "x_scale": xab}, config=None, f8=False)
+
+
+def test_nonempty_k_switch(monkeypatch):
+    monkeypatch.delenv("LOWRANK_GEMM_DECODE_NONEMPTY_K", raising=False)
+    assert d.NONEMPTY_K_DEFAULT is True and d.decode_nonempty_k_default()     # H200 session 5: 47.0 → 45.2 µs at M=64
+    monkeypatch.setenv("LOWRANK_GEMM_DECODE_NONEMPTY_K", "0")
+    assert not d.decode_nonempty_k_default() and not d._args(**_ops(), config=None)[2]["NONEMPTY_K"]
+    monkeypatch.setenv("LOWRANK_GEMM_DECODE_NONEMPTY_K", "1")
+    assert d.decode_nonempty_k_default()
+    assert d._args(**_ops(), config=None)[2]["NONEMPTY_K"]
+    g = w4.make_operands_v2("int4_g64", 3, 160, 512, 16, 64, device="cpu")
+    assert not d._args(**g, config=None)[2]["NONEMPTY_K"]                  # 2l only (the g loops wait per step)
+    assert not d._args(**_ops(), config=None, nonempty_k=False)[2]["NONEMPTY_K"]
+
+
+def _compile(M, fmt, f8, mode, pdl=False, nonempty_k=False, row_box=False, **cfg):
+    from lowrank_gemm.kernels.aot import compile_sm90
+    config = d.default_decode_config(M, 64, fmt, f8).replace(**cfg)
+    if mode.startswith("stream"):
+        config = config.replace(persistent=True, num_stages=int(mode[7:]) if ":" in mode else config.num_stages)
+    elif mode.startswith("split"):
+        config = config.replace(split_k=int(mode[5:]))
+    sig, cx, c = d.aot_signature_decode(config, fmt=fmt, f8=f8, M=M, K=1024, pdl=pdl, nonempty_k=nonempty_k,
+                                        row_box=row_box)
+    return compile_sm90(MOD, "w4a4_decode_kernel", sig, cx, num_warps=d.WARPS), cx, c
+
+
+# (M, fmt, f8, mode, pdl): the stream variants of every main loop, PDL with and without them
+VARIANTS = [(5, "int4_2l", False, "split2", False), (5, "int4_2l", False, "stream", True),
+            (16, "int4_2l", False, "stream:3", False),
+            (40, "int4_2l", False, "stream", False), (5, "int4_2l", False, "tile", True),
+            (5, "int4_g64", True, "split3", False), (5, "int4_g64", True, "stream", True),
+            (5, "int4_g64", True, "tile", True), (40, "int4_g64", True, "stream", False),
+            (5, "int4_g64", False, "split2", False)]
+
+
+@pytest.mark.parametrize("M,fmt,f8,mode,pdl", VARIANTS, ids=lambda v: str(v))
+def test_sm90_split_stream_pdl_variants(M, fmt, f8, mode, pdl):
+    info, cx, c = _compile(M, fmt, f8, mode, pdl)
+    ptx = info.ptx
+    kind = "f32.e4m3.e4m3" if f8 else "s32.s8.s8"
+    assert re.search(rf"wgmma\.mma_async\.sync\.aligned\.m64n{c.block_m}k32\.{kind} \{{[^}}]+\}}, \{{[^}}]+\}}", ptx)
+    assert "cp.async.bulk.tensor.2d" in ptx and "cp.async.bulk.tensor.1d" in ptx and "ld.local" not in ptx
+    assert d.decode_ledger(c, 64, fmt, f8).total() == info.shared
+    stream = mode != "tile"
+    assert cx["STREAM"] == stream
+    # the ticket protocol of kernels/splitk.py: acq_rel ticket, L2 (.cg) reads of the partials, relaxed reset
+    assert ("atom.global.gpu.acq_rel.add" in ptx) == stream and ("atom.global.gpu.relaxed.exch" in ptx) == stream
+    assert ("ld.global.cg" in ptx) == stream
+    assert ("griddepcontrol" in ptx) == pdl
+    if pdl:
+        ur = c.block_k // 64
+        launch, wait = ptx.index("griddepcontrol.launch_dependents"), ptx.index("griddepcontrol.wait")
+        before = ptx[:wait]
+        assert launch < ptx.index("cp.async.bulk.tensor")
+        # all STAGES steps' expects, weight tiles and row-table rows are out; no token tile, load or store yet
+        assert before.count("mbarrier.arrive.expect_tx") == c.num_stages
+        assert before.count("cp.async.bulk.tensor") == c.num_stages * (1 + ur)
+        assert not re.search(r"ld\.global|st\.global|atom\.", before)
+        after = re.findall(r"cp\.async\.bulk\.tensor\.(\dd)", ptx[wait:])
+        assert after[:c.num_stages] == ["2d"] * c.num_stages     # the token tiles [BT, BK], then the main loop
+    rs = _ptxas(ptx)
+    if rs is not None:
+        regs, spills, log = rs
+        assert "C7514" not in log and "C7515" not in log and "serialized" not in log, log
+        if not (f8 and c.block_m > 16):   # f8 at 64 tokens sits at 255 registers already (8 B spill in stream)
+            assert spills == 0, f"ptxas spills {spills} B ({regs} registers)"
+        if fmt == "int4_2l" and c.block_m == 16:   # what decode_ctas_per_sm budgets (three CTAs per SM)
+            assert regs <= d.REGS_2L_16, regs
+
+
+@pytest.mark.parametrize("M,cfg", [(40, {}), (20, {}), (5, dict(block_k=512, num_stages=2))])
+def test_sm90_nonempty_k_pipelines_the_2l_wgmmas(M, cfg):
+    """The 2l K loop with a provable trip count ≥ 1: ptxas keeps the wgmmas in flight (no C7515) where the one-tile
+    kernel serializes them (M > 16: the default configs of M = 17..64)."""
+    info, cx, c = _compile(M, "int4_2l", False, "tile", nonempty_k=True, **cfg)
+    assert cx["NONEMPTY_K"] and d.decode_ledger(c).total() == info.shared
+    rs = _ptxas(info.ptx)
+    if rs is not None:
+        regs, spills, log = rs
+        assert spills == 0 and "C7515" not in log and "serialized" not in log, log
+
+
+def test_split_stream_ledger_terms():
+    for fmt, f8 in (("int4_2l", False), ("int4_g64", True)):
+        c = d.default_decode_config(1, 64, fmt, f8)
+        base = d.decode_ledger(c, 64, fmt, f8)
+        for cfg in (c.replace(split_k=2), c.replace(persistent=True)):
+            led = d.decode_ledger(cfg, 64, fmt, f8)
+            scratch = led.term("ticket_scratch").bytes_each
+            assert led.total() == -(-base.total() // 128) * 128 + 4 and 4 <= scratch < 132
+            assert d.CTAS_PER_SM * led.total() <= d.SM90_SMEM_PER_SM
+
+
+# ---- row box: the step's row table (u / w_scale) in one 2-D TMA box
+def _bar_syncs(ptx: str) -> int:
+    return len(re.findall(r"\bbar\.sync|\bbarrier\.sync", ptx))
+
+
+# (M, fmt, f8, mode, pdl, config overrides): every main loop; stream-K (the ring crosses tiles); PDL (the box goes
+# out before griddepcontrol.wait); 2l with 64 weight rows (64-byte rows: slots padded to 128 bytes, odd BK/G)
+ROW_BOX_VARIANTS = [(5, "int4_2l", False, "tile", False, {}), (40, "int4_2l", False, "tile", False, {}),
+                    (5, "int4_2l", False, "stream", True, {}), (5, "int4_2l", False, "tile", True, {}),
+                    (5, "int4_2l", False, "tile", False, dict(block_n=64, block_k=64, num_stages=4)),
+                    (5, "int4_g64", True, "tile", True, {}), (40, "int4_g64", True, "tile", False, {}),
+                    (5, "int4_g64", True, "split2", False, {}), (5, "int4_g64", False, "tile", False, {})]
+
+
+@pytest.mark.parametrize("M,fmt,f8,mode,pdl,cfg", ROW_BOX_VARIANTS, ids=lambda v: str(v))
+def test_sm90_row_box_one_copy_per_step(M, fmt, f8, mode, pdl, cfg):
+    """row_box: no 1-D copies left, three 2-D copies per step (tokens, weights, rows), fewer bar.syncs than the
+    1-D rows (Triton's barrier pass puts one before each copy), ledger == compiled shared, no spills / C7514 /
+    C7515; with PDL the STAGES weight + row boxes precede griddepcontrol.wait."""
+    info, cx, c = _compile(M, fmt, f8, mode, pdl, nonempty_k=True, row_box=True, **cfg)
+    base, _, _ = _compile(M, fmt, f8, mode, pdl, nonempty_k=True, **cfg)
+    ptx = info.ptx
+    assert "cp.async.bulk.tensor.1d" not in ptx and "cp.async.bulk.tensor.2d" in ptx and "ld.local" not in ptx
+    assert d.decode_ledger(c, 64, fmt, f8, row_box=True).total() == info.shared
+    assert d.decode_ledger(c, 64, fmt, f8).total() == base.shared
+    ur = c.block_k // 64
+    assert ptx.count("cp.async.bulk.tensor") * (1 + ur) == base.ptx.count("cp.async.bulk.tensor") * 3
+    if ur > 1:
+        assert _bar_syncs(ptx) < _bar_syncs(base.ptx), (_bar_syncs(ptx), _bar_syncs(base.ptx))
+    if pdl:
+        before = ptx[:ptx.index("griddepcontrol.wait")]
+        assert before.count("cp.async.bulk.tensor.2d") == 2 * c.num_stages
+        assert not re.search(r"ld\.global|st\.global|atom\.", before)
+    rs = _ptxas(ptx)
+    if rs is not None:
+        regs, spills, log = rs
+        assert "C7514" not in log and "C7515" not in log and "serialized" not in log, log
+        if not (f8 and c.block_m > 16):   # f8 at 64 tokens sits at 255 registers already (as without row_box)
+            assert spills == 0, f"ptxas spills {spills} B ({regs} registers)"
+
+
+def test_row_box_ledger_and_switch(monkeypatch):
+    c = d.default_decode_config(5, 64, "int4_2l")
+    # the defaults' rows are ≥ 128 bytes (2l 128 u bytes, g 64/128 16-bit scales): the same SMEM either way
+    for fmt, f8, m in (("int4_2l", False, 5), ("int4_2l", False, 40), ("int4_g64", True, 5), ("int4_g64", True, 40)):
+        cfg = d.default_decode_config(m, 64, fmt, f8)
+        assert d.decode_ledger(cfg, 64, fmt, f8, row_box=True).total() == d.decode_ledger(cfg, 64, fmt, f8).total()
+    # 64 u bytes per row: dense rows, each slot padded to 128 bytes (one step of BK = 64 → two rows)
+    small = c.replace(block_n=64, block_k=64, num_stages=4)
+    assert d.decode_ledger(small, row_box=True).term("ring.u_rows").bytes_each == 128
+    assert d.decode_ledger(c.replace(block_n=64), row_box=True).term("ring.u_rows").bytes_each == 4 * 64
+    assert d.decode_ledger(c.replace(block_n=64)).term("ring.u_rows").bytes_each == 4 * 128
+    monkeypatch.delenv("LOWRANK_GEMM_DECODE_ROW_BOX", raising=False)
+    assert d.ROW_BOX_DEFAULT is False and not d.decode_row_box_default()
+    _, args, _, _ = d._args(**_ops(), config=None)
+    assert len(args[2].block_shape) == 1
+    monkeypatch.setenv("LOWRANK_GEMM_DECODE_ROW_BOX", "1")
+    _, args, _, cfg = d._args(**_ops(), config=None)
+    assert list(args[2].block_shape) == [cfg.block_k // 64, cfg.block_n]
+    _, args, _, _ = d._args(**_ops(), config=None, row_box=False)
+    assert len(args[2].block_shape) == 1
+
+
 # ---------------------------------------------------------------------------------------------- GPU
 CASES = [dict(M=1, N=160, K=512, rank=16, bias=True, col_scale=True, cfg=None, fmt="int4_g64"),
          dict(M=7, N=4112, K=4096, rank=32, bias=True, col_scale=False, cfg=None, fmt="int4_g64"),
@@ -296,3 +596,200 @@ def test_decode_f8_graph_capture_and_default_switch_gpu(monkeypatch):
     y = w4a4_gemm(ops["x_q"], ops["x_scale"], ops["w_q"], ops["w_scale"], ops["lowrank_act"], ops["lora_up"],
                   ops["bias"], fmt="int4_g64", impl="decode")
     assert torch.equal(y, want)
+
+
+# ---- split-K / stream-K, PDL and nonempty_k on the GPU
+SPLIT_MODES = ["split2", "split3", "split4", "stream"]
+SPLIT_FMTS = [("int4_2l", False), ("int4_g64", True), ("int4_g64", False)]
+SPLIT_SHAPES = [dict(M=1, N=160, K=512, rank=16, bias=True, col_scale=True),
+                dict(M=5, N=336, K=640, rank=32, bias=False, col_scale=False),     # ragged K: the last step half past K
+                dict(M=16, N=28672, K=4096, rank=32, bias=True, col_scale=False),  # the decode shape (224 tiles)
+                dict(M=40, N=4112, K=4096, rank=32, bias=True, col_scale=True)]    # 64-token tiles, ragged N
+
+
+def _mode_config(M, fmt, f8, mode, **over):
+    c = d.default_decode_config(M, 64, fmt, f8).replace(**over)
+    if mode == "stream":
+        return c.replace(persistent=True)
+    return c.replace(split_k=int(mode[5:])) if mode.startswith("split") else c
+
+
+def _tickets_zero():
+    from lowrank_gemm.kernels import lora_gemm as LG
+    torch.cuda.synchronize()
+    buf = LG._TICKETS.buffers.get(torch.device("cuda", torch.cuda.current_device()))
+    return buf is None or not buf.any().item()
+
+
+@pytest.mark.gpu
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("shape", SPLIT_SHAPES, ids=lambda c: f"M{c['M']}N{c['N']}K{c['K']}")
+@pytest.mark.parametrize("fmt,f8", SPLIT_FMTS, ids=["2l", "g64f8", "g64int8"])
+@pytest.mark.parametrize("mode", SPLIT_MODES)
+def test_decode_split_stream_matches_reference_gpu(mode, fmt, f8, shape):
+    """Each split / stream-K plan vs the float64 reference (NaN-poisoned out), bit-identical over repeats, against
+    the one-tile-per-program kernel (2l: bit-identical — int32 partials; g: the fp32 sums differ in order only),
+    tickets back at zero."""
+    c = dict(shape)
+    ops = w4.make_operands_v2(fmt, c["M"], c["N"], c["K"], c["rank"], 64, device="cuda", bias=c["bias"],
+                              col_scale=c["col_scale"])
+    config = _mode_config(c["M"], fmt, f8, mode)
+    out = d.launch_w4a4_decode(**ops, config=config, f8=f8).clone()
+    torch.cuda.synchronize()
+    assert torch.isfinite(out).all(), f"unwritten (NaN-poisoned) outputs: {(~torch.isfinite(out)).sum().item()}"
+    ref = w4.reference_v2(ops)
+    err = float((out.double().cpu() - ref).norm() / ref.norm())
+    assert err < 1e-2, err
+    for _ in range(2):
+        ops["out"].fill_(float("nan"))
+        assert torch.equal(d.launch_w4a4_decode(**ops, config=config, f8=f8), out), "not bit-identical over repeats"
+    o32 = {**ops, "out": torch.full_like(ops["out"], float("nan"), dtype=torch.float32)}
+    ys = d.launch_w4a4_decode(**o32, config=config, f8=f8).clone()
+    o32["out"].fill_(float("nan"))
+    y1 = d.launch_w4a4_decode(**o32, config=_mode_config(c["M"], fmt, f8, "tile"), f8=f8).clone()
+    if fmt == "int4_2l":
+        assert torch.equal(ys, y1), "2l split partials are int32: the sum must equal the unsplit kernel's"
+    else:
+        diff = float((ys.double() - y1.double()).norm() / y1.double().norm())
+        assert diff < 1e-5, f"split vs unsplit (fp32 out): rel diff {diff:.3e}"
+    assert _tickets_zero()
+
+
+@pytest.mark.gpu
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("fmt,f8", SPLIT_FMTS[:2], ids=["2l", "g64f8"])
+@pytest.mark.parametrize("mode", ["split3", "stream"])
+def test_decode_split_graph_replay_reuses_tickets_gpu(mode, fmt, f8):
+    """Three split launches back to back in one CUDA graph (one ticket region), replayed: the same bits as eager,
+    and every ticket back at zero after each replay."""
+    ops = [w4.make_operands_v2(fmt, 16, 4096, 4096, 32, 64, device="cuda", seed=s) for s in range(3)]
+    config = _mode_config(16, fmt, f8, mode)
+    want = [d.launch_w4a4_decode(**o, config=config, f8=f8).clone() for o in ops]
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for o in ops:
+            d.launch_w4a4_decode(**o, config=config, f8=f8)
+    torch.cuda.current_stream().wait_stream(side)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for o in ops:
+            d.launch_w4a4_decode(**o, config=config, f8=f8)
+    for _ in range(3):
+        for o in ops:
+            o["out"].fill_(float("nan"))
+        g.replay()
+        torch.cuda.synchronize()
+        assert all(torch.equal(o["out"], w) for o, w in zip(ops, want))
+        assert _tickets_zero()
+
+
+@pytest.mark.gpu
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("fmt,f8", SPLIT_FMTS[:2], ids=["2l", "g64f8"])
+@pytest.mark.parametrize("mode", ["tile", "stream"])
+def test_decode_pdl_gpu(mode, fmt, f8):
+    """PDL launches (eager, and in a CUDA graph behind a producer that writes the activations the GEMM reads)
+    give the non-PDL bits."""
+    ops = w4.make_operands_v2(fmt, 16, 4096, 4096, 32, 64, device="cuda")
+    config = _mode_config(16, fmt, f8, mode)
+    want = d.launch_w4a4_decode(**ops, config=config, f8=f8, pdl=False).clone()
+    ops["out"].fill_(float("nan"))
+    assert torch.equal(d.launch_w4a4_decode(**ops, config=config, f8=f8, pdl=True), want)
+    if f8:   # the producer: expand_act_f8 into the buffers the GEMM reads (pre-expanded e4m3 operands)
+        from lowrank_gemm.kernels.w4_expand import expand_act_f8
+        x8, xab = expand_act_f8(ops["x_q"], ops["x_scale"], 64)
+        src, dst = (ops["x_q"], ops["x_scale"]), (torch.zeros_like(x8), torch.zeros_like(xab))
+        produce = lambda: [t.copy_(s) for t, s in zip(dst, expand_act_f8(*src, 64))]
+    else:    # the producer: a copy of the int8 tokens
+        src, dst = (ops["x_q"], ), (torch.zeros_like(ops["x_q"]), )
+        produce = lambda: dst[0].copy_(src[0])
+    gops = {**ops, "x_q": dst[0], "x_scale": dst[1] if f8 else ops["x_scale"]}
+
+    def layer():
+        produce()
+        d.launch_w4a4_decode(**gops, config=config, f8=f8, pdl=True)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        layer()
+    torch.cuda.current_stream().wait_stream(side)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        layer()
+    for t in dst:
+        t.zero_()
+    gops["out"].fill_(float("nan"))
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(gops["out"], want)
+    assert _tickets_zero()
+
+
+@pytest.mark.gpu
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("M", [20, 40, 64])
+def test_decode_nonempty_k_bit_identical_gpu(M):
+    """The 2l K loop that ptxas keeps pipelined (nonempty_k) gives the default kernel's bits (int32 sums)."""
+    ops = w4.make_operands_v2("int4_2l", M, 4112, 4096, 32, 64, device="cuda", col_scale=True)
+    want = d.launch_w4a4_decode(**ops, nonempty_k=False).clone()
+    ops["out"].fill_(float("nan"))
+    got = d.launch_w4a4_decode(**ops, nonempty_k=True)
+    assert torch.equal(got, want)
+    ref = w4.reference_v2(ops)
+    assert float((got.double().cpu() - ref).norm() / ref.norm()) < 1e-2
+
+
+# ---- row box on the GPU
+ROW_BOX_GPU = [dict(M=1, N=160, K=512), dict(M=5, N=336, K=640),          # ragged K: the last box half past K/G
+               dict(M=16, N=4112, K=4096), dict(M=40, N=4112, K=4096)]   # ragged N (the box's last columns: OOB)
+
+
+@pytest.mark.gpu
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("shape", ROW_BOX_GPU, ids=lambda c: f"M{c['M']}N{c['N']}K{c['K']}")
+@pytest.mark.parametrize("fmt,f8,over", [("int4_2l", False, {}), ("int4_g64", True, {}), ("int4_g64", False, {}),
+                                         ("int4_2l", False, dict(block_n=64, block_k=64, num_stages=4))],
+                         ids=["2l", "g64f8", "g64int8", "2l-64rows"])
+@pytest.mark.parametrize("mode", ["tile", "stream"])
+def test_decode_row_box_matches_1d_rows_gpu(mode, fmt, f8, over, shape):
+    """The 2-D row box gives the 1-D rows' bits (same products, same order), NaN-poisoned out fully written,
+    bit-identical over repeats, PDL bits = non-PDL bits."""
+    M, N, K = shape["M"], shape["N"], shape["K"]
+    ops = w4.make_operands_v2(fmt, M, N, K, 32, 64, device="cuda", bias=True, col_scale=True)
+    config = _mode_config(M, fmt, f8, mode, **over)
+    want = d.launch_w4a4_decode(**ops, config=config, f8=f8, row_box=False).clone()
+    for pdl in (False, True):
+        for _ in range(2):
+            ops["out"].fill_(float("nan"))
+            got = d.launch_w4a4_decode(**ops, config=config, f8=f8, row_box=True, pdl=pdl)
+            torch.cuda.synchronize()
+            assert torch.isfinite(got).all()
+            assert torch.equal(got, want)
+    ref = w4.reference_v2(ops)
+    assert float((got.double().cpu() - ref).norm() / ref.norm()) < 1e-2
+    assert _tickets_zero()
+
+
+@pytest.mark.gpu
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("fmt,f8", SPLIT_FMTS[:2], ids=["2l", "g64f8"])
+def test_decode_row_box_graph_replay_gpu(fmt, f8):
+    ops = [w4.make_operands_v2(fmt, 16, 4096, 4096, 32, 64, device="cuda", seed=s) for s in range(2)]
+    want = [d.launch_w4a4_decode(**o, f8=f8, row_box=True).clone() for o in ops]
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for o in ops:
+            d.launch_w4a4_decode(**o, f8=f8, row_box=True)
+    torch.cuda.current_stream().wait_stream(side)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for o in ops:
+            d.launch_w4a4_decode(**o, f8=f8, row_box=True)
+    for _ in range(2):
+        for o in ops:
+            o["out"].fill_(float("nan"))
+        g.replay()
+        torch.cuda.synchronize()
+        assert all(torch.equal(o["out"], w) for o, w in zip(ops, want))

@@ -32,11 +32,29 @@ Why a separate kernel: at decode sizes the whole cost is streaming 4-bit weights
   dtype like the unfused reference; r ≤ 64 FMAs per element), + bias[n], then a masked store of the
   transposed tile (M ≤ 64 rows: the output is < 4 MB).
 Deterministic: one program per output tile, fixed K order, no atomics.
+
+Options (off by default until measured on the H200; ``scripts/probe_decode_split.py`` A/Bs them in one process):
+- split-K / stream-K (``config.split_k`` > 1 / ``config.persistent``, or env ``LOWRANK_GEMM_DECODE_SPLIT`` for
+  the default config): the grid's 224 tiles (N = 28672) on 132 SMs × 2 CTAs leave 92 SMs with two tiles and 40
+  with one, every tile a 16-step K loop. Here program p owns the contiguous iterations [p·T // P, (p + 1)·T // P)
+  of the T = tiles · k_tiles (tile, K step) space (:class:`DecodeWork`): split-K is P = tiles · split, stream-K
+  P = #SMs × CTAs per SM (equal work per SM; a program may span two tiles, and its ring prefetches across the
+  boundary). A tile shared by several programs is finished in ONE launch by the last to arrive (the protocol of
+  kernels/splitk.py, whose helpers the kernel calls: partials in a workspace from the caching allocator, int32
+  for 2l, fp32 for g; summed from zero in contributor order, so the bits never depend on the arrival order; one
+  int32 ticket per tile, left at zero for the next launch and every CUDA-graph replay);
+- PDL (``pdl``; None = ``kernels.pdl.pdl_enabled``): the weight and row-table copies of the first STAGES steps
+  are issued before ``griddepcontrol.wait`` (their mbarrier expects the whole step, the token tile follows after
+  the wait); nothing the previous kernel writes is read, and nothing global written, before it;
+- ``nonempty_k`` (int4_2l): a K loop whose trip count is provably ≥ 1 — without it ptxas serializes every wgmma
+  of the 2l kernel at M > 16 (C7515, ``_mainloop_2l``).
 """
 
 from __future__ import annotations
 
+import functools
 import os
+from dataclasses import dataclass
 
 import torch
 from triton.experimental import gluon
@@ -46,52 +64,140 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 
 from ...plan.config import KernelConfig
 from ...plan.smem import SmemLedger, SmemTerm, barrier_bytes, tile_bytes
-from ..schedule import cdiv
+from ..pdl import gl_gdc_launch_dependents, gl_gdc_wait, pdl_enabled
+from ..schedule import cdiv, num_sms
+from ..splitk import splitk_arrive, splitk_reset, splitk_store, splitk_sum
 from .host import desc, dummy
 from .skeleton import alloc_barriers
 from .w4a4_ws import _f8_operands, _nibbles, _offset_nibbles_f8
 
-__all__ = ["decode_ledger", "plan_decode", "default_decode_config", "launch_w4a4_decode", "w4a4_decode_kernel",
-           "decode_enabled", "aot_signature_decode", "check_decode_config", "decode_f8_default", "F8_DEFAULT"]
+__all__ = ["decode_ledger", "plan_decode", "DecodeWork", "plan_decode_work", "simulate_decode_work",
+           "decode_ctas_per_sm", "default_decode_config", "launch_w4a4_decode", "w4a4_decode_kernel",
+           "decode_enabled", "aot_signature_decode", "check_decode_config", "decode_f8_default", "F8_DEFAULT",
+           "decode_nonempty_k_default", "NONEMPTY_K_DEFAULT", "decode_row_box_default", "ROW_BOX_DEFAULT",
+           "SPLIT_ENV"]
 
 PACK = 64                 # formats.int4.PACK_BLOCK
 WARPS = 4                 # one warpgroup
 CTAS_PER_SM = 2           # the default ring depth leaves room for this many CTAs per SM
 SM90_SMEM_PER_SM = 228 * 1024
+SM90_SMS = 132            # H100 SXM / H200 (AOT signatures and CPU planning; a GPU launch asks the device)
+SM90_REGS_PER_SM = 65536
+REGS_2L_16 = 168          # the most registers per thread the 2l kernel takes with 16-token tiles (sm_90 AOT: 106–134,
+                          # checked in tests): three CTAs of 128 threads fit an SM's register file
 _PACK = gl.constexpr(PACK)
 FMT_INT4_G = 0            # w4a4_ws's format ids
 FMT_INT4_2L = 1
 _FMT_G = gl.constexpr(FMT_INT4_G)
 _FMT_2L = gl.constexpr(FMT_INT4_2L)
+TICKET_SCRATCH_ALIGN = 128  # the compiler puts the ticket's scalar-atomic scratch word this aligned after the buffers
 U_ROW = 128               # bytes per SMEM row of u (≥ block_n; TMA destinations are 128-byte aligned)
 _U_ROW = gl.constexpr(U_ROW)
+NONEMPTY_K_DEFAULT = True    # int4_2l K loop with a provable trip count ≥ 1 (_mainloop_2l: no C7515 wgmma
+                             # serialization at M > 16); env LOWRANK_GEMM_DECODE_NONEMPTY_K=0/1 overrides. H200
+                             # (probe_decode_split, session 5): GEMM 47.0 → 45.2 µs at M=64, neutral at M ≤ 16
+ROW_BOX_DEFAULT = False      # the row table (u / w_scale) as one 2-D TMA box per step instead of BK/G 1-D copies
+                             # (_issue_step); env LOWRANK_GEMM_DECODE_ROW_BOX=0/1 overrides. Off until measured
+SPLIT_ENV = "LOWRANK_GEMM_DECODE_SPLIT"   # default configs only: "2".."8" split-K, "stream[:stages]" stream-K
 F8_DEFAULT = True         # int4_g64 takes the e4m3 path when f8=None: H200, same process, GEMM 43.7 → 33.7 µs
                           # (M=1), 44.9 → 35.2 (M=16), outputs equal to the int8 path's in fp32 (probe_decode
                           # session 4); env LOWRANK_GEMM_DECODE_F8=0/1 overrides
 
 
+# _issue_step's PART: the whole step (expect + every copy), or, with PDL, the part that does not depend on the
+# previous kernel (expect of the whole step's bytes + weights + row table) and, after griddepcontrol.wait, the
+# token tile (its bytes were already expected, so the slot's phase cannot complete without it)
+_PART_ALL = gl.constexpr(0)
+_PART_WEIGHTS = gl.constexpr(1)
+_PART_TOKENS = gl.constexpr(2)
+
+
 @gluon.jit
-def _issue_step(step, x_desc, w_desc, u_desc, x_bufs, w_bufs, u_bufs, ready, off_t, off_n, N, k_tiles,
+def _issue_step(slot_step, step, x_desc, w_desc, u_desc, x_bufs, w_bufs, u_bufs, ready, off_t, off_n, N, k_tiles,
                 STAGES: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, G2: gl.constexpr, pred,
-                FMT: gl.constexpr, F8: gl.constexpr = False):
-    """TMA copies of K step ``step`` into slot step % STAGES (predicated off past the last step). The row tables
-    (2l: u [K/G, N] uint8; g: w_scale [K/G, N] 16-bit) come through a 1-D view (box starts row·N + off_n:
-    16-byte aligned as N % 16 == 0), each into its own 128-byte-aligned SMEM row (TMA destinations must be;
-    a 64-byte pitch faulted on the H200)."""
+                FMT: gl.constexpr, F8: gl.constexpr = False, PART: gl.constexpr = _PART_ALL):
+    """TMA copies of K step ``step`` of tile (off_n, off_t) into ring slot slot_step % STAGES (predicated off past
+    the last step). One tile per program: slot_step = step; split-K / stream-K: slot_step counts the program's
+    steps over all its tiles. The row tables (2l: u [K/G, N] uint8; g: w_scale [K/G, N] 16-bit) come either
+    through a 1-D view (box starts row·N + off_n: 16-byte aligned as N % 16 == 0), each into its own
+    128-byte-aligned SMEM row (TMA destinations must be; a 64-byte pitch faulted on the H200), or — ROW_BOX, a
+    2-D descriptor over [K/G, N] — as ONE [BK/G, BN] box per step into the slot's rows (:func:`_row_slot_rows`):
+    fewer copies, and Triton's barrier pass puts a bar.sync before each one."""
     UR: gl.constexpr = BLOCK_K // G2
-    slot = step % STAGES
+    ROW_BOX: gl.constexpr = _is_row_box(u_desc.block_type.shape)
+    ROW_COPIES: gl.constexpr = 1 if ROW_BOX else UR
+    slot = slot_step % STAGES
     ok = (step < k_tiles) & pred
     bar = ready.index(slot)
-    mbarrier.expect(bar, x_desc.block_type.nbytes + w_desc.block_type.nbytes + UR * u_desc.block_type.nbytes,
-                    pred=ok)
-    if FMT == _FMT_2L or F8:     # 8-bit tokens [BT, BK] (2l int8, F8 e4m3)
-        tma.async_copy_global_to_shared(x_desc, [off_t, step * BLOCK_K], bar, x_bufs.index(slot), pred=ok)
+    if PART != _PART_TOKENS:
+        mbarrier.expect(bar, x_desc.block_type.nbytes + w_desc.block_type.nbytes
+                        + ROW_COPIES * u_desc.block_type.nbytes, pred=ok)
+    if PART != _PART_WEIGHTS:
+        if FMT == _FMT_2L or F8:     # 8-bit tokens [BT, BK] (2l int8, F8 e4m3)
+            tma.async_copy_global_to_shared(x_desc, [off_t, step * BLOCK_K], bar, x_bufs.index(slot), pred=ok)
+        else:
+            tma.async_copy_global_to_shared(x_desc, [off_t, step * (BLOCK_K // 2)], bar, x_bufs.index(slot),
+                                            pred=ok)
+    if PART != _PART_TOKENS:
+        tma.async_copy_global_to_shared(w_desc, [off_n, step * (BLOCK_K // 2)], bar, w_bufs.index(slot), pred=ok)
+        if ROW_BOX:   # the same bytes seen as [STAGES, slot rows, BN] in the box's (unswizzled) layout
+            SR: gl.constexpr = u_bufs.shape[0] // STAGES
+            boxes = u_bufs._reinterpret(u_desc.dtype, [STAGES, SR, BLOCK_N], u_desc.layout)
+            tma.async_copy_global_to_shared(u_desc, [(step * BLOCK_K) // G2, off_n], bar,
+                                            boxes.index(slot).slice(0, UR, dim=0), pred=ok)
+        else:
+            for j in gl.static_range(UR):
+                dst = u_bufs.index(slot * UR + j).slice(0, BLOCK_N)
+                tma.async_copy_global_to_shared(u_desc, [((step * BLOCK_K) // G2 + j) * N + off_n], bar, dst, pred=ok)
+
+
+@gluon.constexpr_function
+def _is_row_box(box_shape):
+    """The row-table descriptor is 2-D ([K/G, N], one box per step) rather than the 1-D view of one row."""
+    return len(box_shape) == 2
+
+
+@gluon.jit
+def _row(u_bufs, slot, j, STAGES: gl.constexpr, BLOCK_N: gl.constexpr):
+    """Row ``j`` (the step's j-th group) of ring slot ``slot`` of the row table u_bufs [STAGES · slot rows, ROW]
+    (1-D layout; ROW_BOX: rows of BN elements, slots padded, :func:`_row_slot_rows`), as a [BLOCK_N] view."""
+    return u_bufs.index(slot * (u_bufs.shape[0] // STAGES) + j).slice(0, BLOCK_N)
+
+
+@gluon.constexpr_function
+def _row_slot_rows(rows_per_step, row_bytes, row_box):
+    """SMEM rows one ring slot of the row table takes: 1-D copies land one per row (rows ≥ 128 B, :data:`U_ROW`);
+    a 2-D box lands densely, so the slot is padded to whole 128-byte units (every TMA destination starts
+    128-byte aligned: a 64-byte row, BN = 64 u bytes, with an odd row count per step would break it)."""
+    if not row_box:
+        return rows_per_step
+    unit = max(1, 128 // row_bytes)        # U_ROW (a literal: the dependency check rejects module globals here)
+    return -(-rows_per_step // unit) * unit
+
+
+@gluon.jit
+def _refill(c, k, pred, n_local, tiles_t, off_t, off_n, x_desc, w_desc, u_desc, x_bufs, w_bufs, u_bufs, ready, N,
+            k_tiles, STAGES: gl.constexpr, BLOCK_T: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr,
+            G2: gl.constexpr, FMT: gl.constexpr, F8: gl.constexpr, STREAM: gl.constexpr,
+            PART: gl.constexpr = _PART_ALL):
+    """Issue the program's ring step ``c``: K step ``k`` counted from the start of tile (off_n, off_t). One tile
+    per program: k = c. STREAM: the program owns n_local consecutive iterations of the tile-major (tile = pid_n ·
+    tiles_t + pid_t, K step fastest) iteration space, so k ≥ k_tiles means a following tile — the ring prefetches
+    across tile boundaries (host mirror: DecodeWork). Only then are there divisions (a branch, taken by the last
+    STAGES refills before each boundary), not in every step."""
+    if STREAM:
+        pid_n = off_n // BLOCK_N
+        pid_t = off_t // BLOCK_T
+        if k >= k_tiles:
+            tile = pid_n * tiles_t + pid_t + k // k_tiles
+            k = k % k_tiles
+            pid_n = tile // tiles_t
+            pid_t = tile - pid_n * tiles_t
+        _issue_step(c, k, x_desc, w_desc, u_desc, x_bufs, w_bufs, u_bufs, ready, pid_t * BLOCK_T, pid_n * BLOCK_N, N,
+                    k_tiles, STAGES, BLOCK_N, BLOCK_K, G2, pred & (c < n_local), FMT, F8, PART)
     else:
-        tma.async_copy_global_to_shared(x_desc, [off_t, step * (BLOCK_K // 2)], bar, x_bufs.index(slot), pred=ok)
-    tma.async_copy_global_to_shared(w_desc, [off_n, step * (BLOCK_K // 2)], bar, w_bufs.index(slot), pred=ok)
-    for j in gl.static_range(UR):
-        dst = u_bufs.index(slot * UR + j).slice(0, BLOCK_N)
-        tma.async_copy_global_to_shared(u_desc, [((step * BLOCK_K) // G2 + j) * N + off_n], bar, dst, pred=ok)
+        _issue_step(c, c, x_desc, w_desc, u_desc, x_bufs, w_bufs, u_bufs, ready, off_t, off_n, N, k_tiles,
+                    STAGES, BLOCK_N, BLOCK_K, G2, pred, FMT, F8, PART)
 
 
 @gluon.jit
@@ -107,56 +213,76 @@ def _token_scales(xscale_ptr, step, k_tiles, off_t, M, BLOCK_T: gl.constexpr, BL
     return gl.load(xscale_ptr + g[:, None] * M + offs_t[None, :], mask=mask, other=0.0).to(gl.float32)
 
 
+# Every main loop consumes the program's ring steps c0 .. c0 + n_steps − 1, which are K steps k0 .. of the tile
+# (off_n, off_t), and refills each slot it frees through _refill with the step STAGES ahead (n_local, tiles_t: the
+# STREAM mapping). One tile per program: c0 = k0 = 0, n_steps = k_tiles (constants: the loops are the ones before
+# split-K existed).
+
 @gluon.jit
-def _mainloop_2l(x_desc, w_desc, u_desc, x_bufs, w_bufs, u_bufs, ready, off_t, off_n, N, k_tiles,
-                 STAGES: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_T: gl.constexpr, BLOCK_K: gl.constexpr,
-                 G2: gl.constexpr, SWAR: gl.constexpr, MMA_ASYNC: gl.constexpr,
-                 mma: gl.constexpr):
-    """int32 accumulation of (q⊙u)·xᵀ straight through K (t ⊗ s applied in the epilogue)."""
+def _mainloop_2l(x_desc, w_desc, u_desc, x_bufs, w_bufs, u_bufs, ready, off_t, off_n, N, k_tiles, c0, n_steps,
+                 k0, n_local, tiles_t, STAGES: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_T: gl.constexpr,
+                 BLOCK_K: gl.constexpr, G2: gl.constexpr, SWAR: gl.constexpr, MMA_ASYNC: gl.constexpr,
+                 mma: gl.constexpr, STREAM: gl.constexpr, NONEMPTY_K: gl.constexpr):
+    """int32 accumulation of (q⊙u)·xᵀ straight through K (t ⊗ s applied in the epilogue); returns the int32 tile
+    (split-K partials stay exact integers). NONEMPTY_K: the trip count is max(n_steps, 1), which the caller
+    guarantees anyway — so LLVM emits no zero-trip path. That path's zero-fill of the accumulator is laid out
+    between the loop's in-flight wgmmas and their final wait, and ptxas then serializes EVERY wgmma (C7515,
+    "non wgmma instructions defining accumulator registers"): today's one-tile-per-program kernel at
+    BLOCK_T ≥ 32 (M > 16) and at BLOCK_K = 512 (sm_90 AOT; 16-token tiles with BLOCK_K ≤ 256 escape it)."""
     NB: gl.constexpr = BLOCK_K // _PACK
     UR: gl.constexpr = BLOCK_K // G2
     a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=4)
     acc = gl.zeros([BLOCK_N, BLOCK_T], gl.int32, mma)
-    for kk in range(k_tiles):
+    if NONEMPTY_K:
+        n_steps = gl.maximum(n_steps, 1)
+    for kk in range(c0, c0 + n_steps):
         slot = kk % STAGES
         mbarrier.wait(ready.index(slot), (kk // STAGES) & 1)
         wp = w_bufs.index(slot)
         xb = x_bufs.index(slot)
         for b in gl.static_range(NB):
             packed = wp.slice(b * (_PACK // 2), _PACK // 2, dim=1).load(a_layout).to(gl.int8, bitcast=True)
-            u = u_bufs.index(slot * UR + (b * _PACK) // G2).slice(0, BLOCK_N).load(gl.SliceLayout(1, a_layout))
-            lo, hi = _nibbles(packed, u.to(gl.int8), True, SWAR)   # q·u: one IMUL per four bytes
+            u = _row(u_bufs, slot, (b * _PACK) // G2, STAGES, BLOCK_N).load(gl.SliceLayout(1, a_layout))
+            lo_b, hi_b = _nibbles(packed, u.to(gl.int8), True, SWAR)   # q·u: one IMUL per four bytes
             xl = xb.slice(b * _PACK, _PACK // 2, dim=1).permute((1, 0))
             xh = xb.slice(b * _PACK + _PACK // 2, _PACK // 2, dim=1).permute((1, 0))
             if MMA_ASYNC:
                 # ptxas keeps the register operands of an in-flight wgmma intact (PTX registers are virtual;
                 # it serializes only if it runs out), so the next block's expansion overlaps these MMAs
-                acc = warpgroup_mma(lo, xl, acc, is_async=True)
-                acc = warpgroup_mma(hi, xh, acc, is_async=True)
+                acc = warpgroup_mma(lo_b, xl, acc, is_async=True)
+                acc = warpgroup_mma(hi_b, xh, acc, is_async=True)
             else:
-                acc = warpgroup_mma(lo, xl, acc)
-                acc = warpgroup_mma(hi, xh, acc)
+                acc = warpgroup_mma(lo_b, xl, acc)
+                acc = warpgroup_mma(hi_b, xh, acc)
         if MMA_ASYNC:
             # step kk-1's wgmmas have retired (this step's 2·NB groups may still run): refill its slot
             acc = warpgroup_mma_wait(2 * NB, deps=(acc, ))
             gl.thread_barrier()      # every warp is past step kk-1's SMEM reads too
-            _issue_step(kk - 1 + STAGES, x_desc, w_desc, u_desc, x_bufs, w_bufs, u_bufs, ready, off_t, off_n, N,
-                        k_tiles, STAGES, BLOCK_N, BLOCK_K, G2, kk > 0, _FMT_2L)
+            _refill(kk - 1 + STAGES, k0 + (kk - 1 - c0) + STAGES, kk > c0, n_local, tiles_t, off_t, off_n, x_desc,
+                    w_desc, u_desc, x_bufs, w_bufs, u_bufs, ready, N, k_tiles, STAGES, BLOCK_T, BLOCK_N, BLOCK_K, G2,
+                    _FMT_2L, False, STREAM)
         else:
             # this step's wgmmas retired and every warp is past its SMEM reads: refill the slot with step
             # kk + STAGES (the other STAGES - 1 slots are in flight meanwhile)
             gl.thread_barrier()
-            _issue_step(kk + STAGES, x_desc, w_desc, u_desc, x_bufs, w_bufs, u_bufs, ready, off_t, off_n, N,
-                        k_tiles, STAGES, BLOCK_N, BLOCK_K, G2, True, _FMT_2L)
+            _refill(kk + STAGES, k0 + (kk - c0) + STAGES, True, n_local, tiles_t, off_t, off_n, x_desc, w_desc,
+                    u_desc, x_bufs, w_bufs, u_bufs, ready, N, k_tiles, STAGES, BLOCK_T, BLOCK_N, BLOCK_K, G2, _FMT_2L,
+                    False, STREAM)
     if MMA_ASYNC:
         acc = warpgroup_mma_wait(0, deps=(acc, ))
-    return acc.to(gl.float32)
+        if STREAM:   # the last step's slot now, not in the next tile's first step (the finish runs between)
+            gl.thread_barrier()
+            _refill(c0 + n_steps - 1 + STAGES, k0 + n_steps - 1 + STAGES, n_steps > 0, n_local, tiles_t, off_t, off_n,
+                    x_desc, w_desc, u_desc, x_bufs, w_bufs, u_bufs, ready, N, k_tiles, STAGES, BLOCK_T, BLOCK_N,
+                    BLOCK_K, G2, _FMT_2L, False, STREAM)
+    return acc
 
 
 @gluon.jit
 def _mainloop_g(x_desc, w_desc, u_desc, x_bufs, w_bufs, u_bufs, xe, ready, xscale_ptr, off_t, off_n, M, N,
-                k_tiles, STAGES: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_T: gl.constexpr,
-                BLOCK_K: gl.constexpr, G2: gl.constexpr, SWAR: gl.constexpr, mma: gl.constexpr):
+                k_tiles, c0, n_steps, k0, n_local, tiles_t, STAGES: gl.constexpr, BLOCK_N: gl.constexpr,
+                BLOCK_T: gl.constexpr, BLOCK_K: gl.constexpr, G2: gl.constexpr, SWAR: gl.constexpr, mma: gl.constexpr,
+                STREAM: gl.constexpr):
     """SVDQuant standard format: per 64-wide block an int32 partial (two register-A wgmmas), then
     acc += partial ⊙ w_scale[g, n] ⊗ x_scale[g, m] in fp32 — the per-group rescale is only BN·BT/128
     elements per thread here, which is why this format is cheap at decode sizes. The packed token tile is
@@ -169,10 +295,11 @@ def _mainloop_g(x_desc, w_desc, u_desc, x_bufs, w_bufs, u_bufs, xe, ready, xscal
     acc = gl.zeros([BLOCK_N, BLOCK_T], gl.float32, mma)
     zero = gl.zeros([BLOCK_N, BLOCK_T], gl.int32, mma)
     rows = gl.arange(0, 16, gl.SliceLayout(1, mma))
-    xs_next = _token_scales(xscale_ptr, 0, k_tiles, off_t, M, BLOCK_T, BLOCK_K, G2, mma)
-    for kk in range(k_tiles):
+    xs_next = _token_scales(xscale_ptr, k0, k_tiles, off_t, M, BLOCK_T, BLOCK_K, G2, mma)
+    for kk in range(c0, c0 + n_steps):
         xs_step = xs_next
-        xs_next = _token_scales(xscale_ptr, kk + 1, k_tiles, off_t, M, BLOCK_T, BLOCK_K, G2, mma)   # prefetch
+        xs_next = _token_scales(xscale_ptr, k0 + (kk - c0) + 1, k_tiles, off_t, M, BLOCK_T, BLOCK_K, G2,
+                                mma)   # prefetch
         slot = kk % STAGES
         mbarrier.wait(ready.index(slot), (kk // STAGES) & 1)
         xp = x_bufs.index(slot)
@@ -186,26 +313,27 @@ def _mainloop_g(x_desc, w_desc, u_desc, x_bufs, w_bufs, u_bufs, xe, ready, xscal
         wp = w_bufs.index(slot)
         for b in gl.static_range(NB):
             packed = wp.slice(b * (_PACK // 2), _PACK // 2, dim=1).load(a_layout).to(gl.int8, bitcast=True)
-            lo, hi = _nibbles(packed, packed, False, SWAR)
-            part = warpgroup_mma(lo, xe.slice(b * _PACK, _PACK // 2, dim=1).permute((1, 0)), zero,
+            lo_b, hi_b = _nibbles(packed, packed, False, SWAR)
+            part = warpgroup_mma(lo_b, xe.slice(b * _PACK, _PACK // 2, dim=1).permute((1, 0)), zero,
                                  use_acc=False, is_async=True)
-            part = warpgroup_mma(hi, xe.slice(b * _PACK + _PACK // 2, _PACK // 2, dim=1).permute((1, 0)), part,
+            part = warpgroup_mma(hi_b, xe.slice(b * _PACK + _PACK // 2, _PACK // 2, dim=1).permute((1, 0)), part,
                                  is_async=True)
-            ws = u_bufs.index(slot * UR + (b * _PACK) // G2).slice(0, BLOCK_N).load(gl.SliceLayout(1, mma))
+            ws = _row(u_bufs, slot, (b * _PACK) // G2, STAGES, BLOCK_N).load(gl.SliceLayout(1, mma))
             xs = gl.sum(gl.where((rows == (b * _PACK) // G2)[:, None], xs_step, 0.0), axis=0)
             part = warpgroup_mma_wait(0, deps=(part, ))
             acc = acc + part.to(gl.float32) * ws.to(gl.float32)[:, None] * xs[None, :]
         # every wgmma of this step retired (waited above); all warps past their SMEM reads → refill
         gl.thread_barrier()
-        _issue_step(kk + STAGES, x_desc, w_desc, u_desc, x_bufs, w_bufs, u_bufs, ready, off_t, off_n, N,
-                    k_tiles, STAGES, BLOCK_N, BLOCK_K, G2, True, _FMT_G)
+        _refill(kk + STAGES, k0 + (kk - c0) + STAGES, True, n_local, tiles_t, off_t, off_n, x_desc, w_desc, u_desc,
+                x_bufs, w_bufs, u_bufs, ready, N, k_tiles, STAGES, BLOCK_T, BLOCK_N, BLOCK_K, G2, _FMT_G, False, STREAM)
     return acc
 
 
 @gluon.jit
 def _mainloop_g_f8(x_desc, w_desc, u_desc, x_bufs, w_bufs, u_bufs, ready, xab_ptr, off_t, off_n, M, N, K,
-                   k_tiles, STAGES: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_T: gl.constexpr,
-                   BLOCK_K: gl.constexpr, G2: gl.constexpr, SWAR: gl.constexpr, mma: gl.constexpr):
+                   k_tiles, c0, n_steps, k0, n_local, tiles_t, STAGES: gl.constexpr, BLOCK_N: gl.constexpr,
+                   BLOCK_T: gl.constexpr, BLOCK_K: gl.constexpr, G2: gl.constexpr, SWAR: gl.constexpr,
+                   mma: gl.constexpr, STREAM: gl.constexpr):
     """int4_g64 on e4m3 wgmmas (module doc). Per group j of a step: 2·G/64 register-A wgmmas (m64nBTk32,
     .e4m3.e4m3) chain into a fresh fp32 partial; then group j−1's partial is waited for (everything but group
     j's wgmmas retires) and folded in: acc = fma(fma(P', a, b), ws, acc) — so the tensor cores run under the
@@ -220,15 +348,16 @@ def _mainloop_g_f8(x_desc, w_desc, u_desc, x_bufs, w_bufs, u_bufs, ready, xab_pt
     BPG: gl.constexpr = G2 // _PACK       # 64-wide blocks per group
     a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=4)
     NG = K // G2
+    g0 = k0 * UR                          # the tile's first group of this main loop
     acc = gl.zeros([BLOCK_N, BLOCK_T], gl.float32, mma)
     zero = gl.zeros([BLOCK_N, BLOCK_T], gl.float32, mma)
     offs_t = off_t + gl.arange(0, BLOCK_T, gl.SliceLayout(0, mma))
     t_ok = offs_t < M
-    a1 = gl.load(xab_ptr + offs_t, mask=t_ok & (NG > 0), other=0.0)          # group 0
-    b1 = gl.load(xab_ptr + M + offs_t, mask=t_ok & (NG > 0), other=0.0)
-    a2 = gl.load(xab_ptr + 2 * M + offs_t, mask=t_ok & (NG > 1), other=0.0)  # group 1
-    b2 = gl.load(xab_ptr + 3 * M + offs_t, mask=t_ok & (NG > 1), other=0.0)
-    for kk in range(k_tiles):
+    a1 = gl.load(xab_ptr + (2 * g0) * M + offs_t, mask=t_ok & (NG > g0), other=0.0)              # group g0
+    b1 = gl.load(xab_ptr + (2 * g0 + 1) * M + offs_t, mask=t_ok & (NG > g0), other=0.0)
+    a2 = gl.load(xab_ptr + (2 * g0 + 2) * M + offs_t, mask=t_ok & (NG > g0 + 1), other=0.0)      # group g0 + 1
+    b2 = gl.load(xab_ptr + (2 * g0 + 3) * M + offs_t, mask=t_ok & (NG > g0 + 1), other=0.0)
+    for kk in range(c0, c0 + n_steps):
         slot = kk % STAGES
         mbarrier.wait(ready.index(slot), (kk // STAGES) & 1)
         wp = w_bufs.index(slot)
@@ -237,17 +366,17 @@ def _mainloop_g_f8(x_desc, w_desc, u_desc, x_bufs, w_bufs, u_bufs, ready, xab_pt
             part = zero
             for b in gl.static_range(j * BPG, (j + 1) * BPG):    # the group's 64-wide blocks
                 packed = wp.slice(b * (_PACK // 2), _PACK // 2, dim=1).load(a_layout).to(gl.int8, bitcast=True)
-                lo, hi = _offset_nibbles_f8(packed, SWAR)
-                part = warpgroup_mma(lo, xb.slice(b * _PACK, _PACK // 2, dim=1).permute((1, 0)), part,
+                lo_b, hi_b = _offset_nibbles_f8(packed, SWAR)
+                part = warpgroup_mma(lo_b, xb.slice(b * _PACK, _PACK // 2, dim=1).permute((1, 0)), part,
                                      use_acc=b > j * BPG, is_async=True)
-                part = warpgroup_mma(hi, xb.slice(b * _PACK + _PACK // 2, _PACK // 2, dim=1).permute((1, 0)), part,
-                                     is_async=True)
-            ws = u_bufs.index(slot * UR + j).slice(0, BLOCK_N).load(gl.SliceLayout(1, mma)).to(gl.float32)
+                part = warpgroup_mma(hi_b, xb.slice(b * _PACK + _PACK // 2, _PACK // 2, dim=1).permute((1, 0)),
+                                     part, is_async=True)
+            ws = _row(u_bufs, slot, j, STAGES, BLOCK_N).load(gl.SliceLayout(1, mma)).to(gl.float32)
             a = a1
             bv = b1
             a1 = a2
             b1 = b2
-            g2 = kk * UR + j + 2        # two groups ahead (the flat rows of xab [K/G, 2, M] are 2g, 2g + 1)
+            g2 = (k0 + (kk - c0)) * UR + j + 2   # two groups ahead (the flat rows of xab [K/G, 2, M]: 2g, 2g + 1)
             a2 = gl.load(xab_ptr + (2 * g2) * M + offs_t, mask=t_ok & (g2 < NG), other=0.0)
             b2 = gl.load(xab_ptr + (2 * g2 + 1) * M + offs_t, mask=t_ok & (g2 < NG), other=0.0)
             if j > 0:
@@ -262,55 +391,40 @@ def _mainloop_g_f8(x_desc, w_desc, u_desc, x_bufs, w_bufs, u_bufs, ready, xab_pt
         # every wgmma of this step retired and every warp is past its SMEM reads: refill the slot with step
         # kk + STAGES (the other STAGES − 1 slots are in flight meanwhile)
         gl.thread_barrier()
-        _issue_step(kk + STAGES, x_desc, w_desc, u_desc, x_bufs, w_bufs, u_bufs, ready, off_t, off_n, N,
-                    k_tiles, STAGES, BLOCK_N, BLOCK_K, G2, True, _FMT_G, True)
+        _refill(kk + STAGES, k0 + (kk - c0) + STAGES, True, n_local, tiles_t, off_t, off_n, x_desc, w_desc, u_desc,
+                x_bufs, w_bufs, u_bufs, ready, N, k_tiles, STAGES, BLOCK_T, BLOCK_N, BLOCK_K, G2, _FMT_G, True, STREAM)
     return acc
 
 
-@gluon.jit(do_not_specialize=["M", "N", "K", "stride_om", "stride_sm", "stride_un", "R"])
-def w4a4_decode_kernel(x_desc, w_desc, u_desc,
-                       out_ptr, stride_om, xscale_ptr, wscale_ptr, col_scale_ptr, bias_ptr,
-                       s_ptr, stride_sm, up_ptr, stride_un,
-                       M, N, K, R,
-                       G2: gl.constexpr, BLOCK_T: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr,
-                       STAGES: gl.constexpr, HAS_LOWRANK: gl.constexpr,
-                       HAS_COL_SCALE: gl.constexpr, HAS_BIAS: gl.constexpr, SWAR: gl.constexpr,
-                       MMA_ASYNC: gl.constexpr = True, FMT: gl.constexpr = 1, F8: gl.constexpr = False):
-    gl.static_assert(BLOCK_K % _PACK == 0, "BLOCK_K must be a multiple of the 64-wide pack block")
-    gl.static_assert(BLOCK_K % G2 == 0, "a K step covers whole groups")
-    gl.static_assert(not F8 or FMT == _FMT_G, "F8 (e4m3 MMA) is the int4_g64 path's variant")
-    pid_n = gl.program_id(0)
-    pid_t = gl.program_id(1)
-    off_n = pid_n * BLOCK_N
-    off_t = pid_t * BLOCK_T
-    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[gl.num_warps(), 1],
-                                                  instr_shape=[16, BLOCK_T, 32])
-    # Every SMEM buffer and barrier of the kernel is declared here (decode_ledger mirrors it).
-    x_bufs = gl.allocate_shared_memory(x_desc.dtype, [STAGES] + x_desc.block_type.shape, x_desc.layout)
-    w_bufs = gl.allocate_shared_memory(gl.uint8, [STAGES] + w_desc.block_type.shape, w_desc.layout)
-    UR: gl.constexpr = BLOCK_K // G2
-    EB: gl.constexpr = u_desc.dtype.primitive_bitwidth // 8
-    ROW: gl.constexpr = BLOCK_N if BLOCK_N * EB >= _U_ROW else _U_ROW // EB
-    u_bufs = gl.allocate_shared_memory(u_desc.dtype, [STAGES * UR, ROW], u_desc.layout)
-    ready = alloc_barriers(STAGES, 1)
-
-    k_tiles = gl.cdiv(K, BLOCK_K)
-    for i in gl.static_range(STAGES):
-        _issue_step(i, x_desc, w_desc, u_desc, x_bufs, w_bufs, u_bufs, ready, off_t, off_n, N, k_tiles,
-                    STAGES, BLOCK_N, BLOCK_K, G2, True, FMT, F8)
+@gluon.jit
+def _mainloop(x_desc, w_desc, u_desc, x_bufs, w_bufs, u_bufs, xe, ready, xscale_ptr, off_t, off_n, M, N, K,
+              k_tiles, c0, n_steps, k0, n_local, tiles_t, STAGES: gl.constexpr, BLOCK_N: gl.constexpr,
+              BLOCK_T: gl.constexpr, BLOCK_K: gl.constexpr, G2: gl.constexpr, SWAR: gl.constexpr,
+              MMA_ASYNC: gl.constexpr, FMT: gl.constexpr, F8: gl.constexpr, mma: gl.constexpr,
+              STREAM: gl.constexpr, NONEMPTY_K: gl.constexpr):
+    """The format's main loop over ring steps c0 .. c0 + n_steps − 1 (K steps k0 .. of the tile): the [BN, BT]
+    accumulator, int32 for 2l (t ⊗ s come in the epilogue), fp32 (already rescaled) for g."""
     if F8:   # xscale_ptr = xab [K/G, 2, M] fp32
-        acc = _mainloop_g_f8(x_desc, w_desc, u_desc, x_bufs, w_bufs, u_bufs, ready, xscale_ptr, off_t, off_n, M, N, K,
-                             k_tiles, STAGES, BLOCK_N, BLOCK_T, BLOCK_K, G2, SWAR, mma)
+        acc = _mainloop_g_f8(x_desc, w_desc, u_desc, x_bufs, w_bufs, u_bufs, ready, xscale_ptr, off_t, off_n, M, N,
+                             K, k_tiles, c0, n_steps, k0, n_local, tiles_t, STAGES, BLOCK_N, BLOCK_T, BLOCK_K,
+                             G2, SWAR, mma, STREAM)
     elif FMT == _FMT_2L:
-        acc = _mainloop_2l(x_desc, w_desc, u_desc, x_bufs, w_bufs, u_bufs, ready, off_t, off_n, N, k_tiles,
-                           STAGES, BLOCK_N, BLOCK_T, BLOCK_K, G2, SWAR, MMA_ASYNC, mma)
+        acc = _mainloop_2l(x_desc, w_desc, u_desc, x_bufs, w_bufs, u_bufs, ready, off_t, off_n, N, k_tiles, c0,
+                           n_steps, k0, n_local, tiles_t, STAGES, BLOCK_N, BLOCK_T, BLOCK_K, G2, SWAR, MMA_ASYNC, mma,
+                           STREAM, NONEMPTY_K)
     else:
-        xe_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_T, BLOCK_K], gl.int8)
-        xe = gl.allocate_shared_memory(gl.int8, [BLOCK_T, BLOCK_K], xe_layout)
-        acc = _mainloop_g(x_desc, w_desc, u_desc, x_bufs, w_bufs, u_bufs, xe, ready, xscale_ptr, off_t, off_n,
-                          M, N, k_tiles, STAGES, BLOCK_N, BLOCK_T, BLOCK_K, G2, SWAR, mma)
+        acc = _mainloop_g(x_desc, w_desc, u_desc, x_bufs, w_bufs, u_bufs, xe, ready, xscale_ptr, off_t, off_n, M, N,
+                          k_tiles, c0, n_steps, k0, n_local, tiles_t, STAGES, BLOCK_N, BLOCK_T, BLOCK_K, G2, SWAR,
+                          mma, STREAM)
+    return acc
 
-    # ---- epilogue (registers; the tile is [BLOCK_N weight rows, BLOCK_T tokens]) ----
+
+@gluon.jit
+def _epilogue(acc, off_n, off_t, M, N, R, out_ptr, stride_om, xscale_ptr, wscale_ptr, col_scale_ptr, bias_ptr,
+              s_ptr, stride_sm, up_ptr, stride_un, BLOCK_N: gl.constexpr, BLOCK_T: gl.constexpr, FMT: gl.constexpr,
+              HAS_LOWRANK: gl.constexpr, HAS_COL_SCALE: gl.constexpr, HAS_BIAS: gl.constexpr, mma: gl.constexpr):
+    """Registers → out: the tile is [BLOCK_N weight rows, BLOCK_T tokens] of the fp32 main product (2l: still
+    without t ⊗ s); masked store of the transposed tile."""
     offs_n = off_n + gl.arange(0, BLOCK_N, gl.SliceLayout(1, mma))
     offs_t = off_t + gl.arange(0, BLOCK_T, gl.SliceLayout(0, mma))
     n_ok = offs_n < N
@@ -332,6 +446,136 @@ def w4a4_decode_kernel(x_desc, w_desc, u_desc,
         out = out + gl.load(bias_ptr + offs_n, mask=n_ok, other=0.0).to(gl.float32)[:, None]
     mask = n_ok[:, None] & t_ok[None, :]
     gl.store(out_ptr + offs_t[None, :] * stride_om + offs_n[:, None], out.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@gluon.jit
+def _finish_tile(acc, tile, whole, pid, n_programs, total, k_tiles, ws_ptr, cnt_ptr, max_contrib,
+                 BLOCK_N: gl.constexpr, BLOCK_T: gl.constexpr, mma: gl.constexpr):
+    """STREAM: the tile's accumulator over this program's K range → (ready, acc): the whole tile's sum once it is
+    complete. A program that owns the whole tile has it. Otherwise the tile's contributors — programs
+    p_first .. p_last, in iteration order — each park their partial in slot p − p_first of the tile's workspace
+    and take a ticket; the last to arrive sums slots 0 .. n−1 from zero in slot order (kernels/splitk.py: the
+    bits do not depend on who arrives last; 2l partials are int32, exact in any order), resets the ticket and
+    finishes the tile. (p_first/p_last: the owner of iteration i is ((i + 1)·P − 1) // T, host:
+    DecodeWork.owner.)"""
+    IN_FLIGHT: gl.constexpr = 2 if BLOCK_N * BLOCK_T <= 4096 else 1   # ≤ 32 partial registers per thread
+    TILE: gl.constexpr = BLOCK_N * BLOCK_T
+    if whole:
+        ready = whole
+    else:
+        p_first = ((tile * k_tiles + 1) * n_programs - 1) // total
+        n_contrib = (((tile + 1) * k_tiles) * n_programs - 1) // total - p_first + 1
+        rows = gl.arange(0, BLOCK_N, gl.SliceLayout(1, mma))
+        cols = gl.arange(0, BLOCK_T, gl.SliceLayout(0, mma))
+        offs = rows[:, None] * BLOCK_T + cols[None, :]
+        every = gl.full([BLOCK_N, BLOCK_T], True, gl.int1, mma)
+        base = ws_ptr + tile.to(gl.int64) * max_contrib * TILE
+        splitk_store(base, offs, TILE, pid - p_first, acc, every)
+        ready = splitk_arrive(cnt_ptr + tile, n_contrib)
+        if ready:
+            acc = splitk_sum(base, offs, TILE, every, n_contrib, gl.zeros_like(acc), IN_FLIGHT)
+            splitk_reset(cnt_ptr + tile)
+    return ready, acc
+
+
+@gluon.jit(do_not_specialize=["M", "N", "K", "stride_om", "stride_sm", "stride_un", "R", "n_programs",
+                              "max_contrib"])
+def w4a4_decode_kernel(x_desc, w_desc, u_desc,
+                       out_ptr, stride_om, xscale_ptr, wscale_ptr, col_scale_ptr, bias_ptr,
+                       s_ptr, stride_sm, up_ptr, stride_un, ws_ptr, cnt_ptr,
+                       M, N, K, R, n_programs, max_contrib,
+                       G2: gl.constexpr, BLOCK_T: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr,
+                       STAGES: gl.constexpr, HAS_LOWRANK: gl.constexpr,
+                       HAS_COL_SCALE: gl.constexpr, HAS_BIAS: gl.constexpr, SWAR: gl.constexpr,
+                       MMA_ASYNC: gl.constexpr = True, FMT: gl.constexpr = 1, F8: gl.constexpr = False,
+                       STREAM: gl.constexpr = False, PDL: gl.constexpr = False, NONEMPTY_K: gl.constexpr = False):
+    """STREAM = False: one program per output tile, grid (cdiv(N, BN), cdiv(M, BT)). STREAM: grid (n_programs,),
+    program p owns iterations [p·T // P, (p + 1)·T // P) of the T = tiles · k_tiles (tile, K step) iterations
+    (split-K: P = tiles · split; stream-K: P = the programs that fit on the device at once); tiles split over
+    programs meet in ws_ptr ([tiles, max_contrib, BN·BT], int32 for 2l, fp32 for g) with one int32 ticket per
+    tile (cnt_ptr: zero on entry, left zero). PDL: the weight and row-table copies of the first STAGES steps go
+    out before griddepcontrol.wait; everything the previous kernel writes (tokens, scales, lowrank_act) is read,
+    and anything global written, only after it."""
+    gl.static_assert(BLOCK_K % _PACK == 0, "BLOCK_K must be a multiple of the 64-wide pack block")
+    gl.static_assert(BLOCK_K % G2 == 0, "a K step covers whole groups")
+    gl.static_assert(not F8 or FMT == _FMT_G, "F8 (e4m3 MMA) is the int4_g64 path's variant")
+    if PDL:
+        gl_gdc_launch_dependents()   # only lets the next grid be scheduled; its own wait still waits for us
+    if STREAM:
+        pid = gl.program_id(0)
+    else:
+        off_n = gl.program_id(0) * BLOCK_N
+        off_t = gl.program_id(1) * BLOCK_T
+    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[gl.num_warps(), 1],
+                                                  instr_shape=[16, BLOCK_T, 32])
+    # Every SMEM buffer and barrier of the kernel is declared here (decode_ledger mirrors it).
+    x_bufs = gl.allocate_shared_memory(x_desc.dtype, [STAGES] + x_desc.block_type.shape, x_desc.layout)
+    w_bufs = gl.allocate_shared_memory(gl.uint8, [STAGES] + w_desc.block_type.shape, w_desc.layout)
+    UR: gl.constexpr = BLOCK_K // G2
+    EB: gl.constexpr = u_desc.dtype.primitive_bitwidth // 8
+    ROW_BOX: gl.constexpr = _is_row_box(u_desc.block_type.shape)
+    # 1-D copies: each row 128-byte aligned; a 2-D box: rows of BN elements, dense, slots padded (_row_slot_rows)
+    ROW: gl.constexpr = BLOCK_N if (ROW_BOX or BLOCK_N * EB >= _U_ROW) else _U_ROW // EB
+    SR: gl.constexpr = _row_slot_rows(UR, BLOCK_N * EB, ROW_BOX)
+    rows_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=EB * 8, rank=1)
+    u_bufs = gl.allocate_shared_memory(u_desc.dtype, [STAGES * SR, ROW], rows_layout)
+    ready = alloc_barriers(STAGES, 1)
+    if FMT == _FMT_G and not F8:     # the step's expanded token tile (the int8 path's wgmma B operand)
+        xe_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_T, BLOCK_K], gl.int8)
+        xe = gl.allocate_shared_memory(gl.int8, [BLOCK_T, BLOCK_K], xe_layout)
+    else:
+        xe = u_bufs   # unused
+
+    k_tiles = gl.cdiv(K, BLOCK_K)
+    tiles_t = gl.cdiv(M, BLOCK_T)
+    if STREAM:
+        total = gl.cdiv(N, BLOCK_N) * tiles_t * k_tiles
+        lo = (pid * total) // n_programs
+        hi = ((pid + 1) * total) // n_programs
+        first = lo // k_tiles              # the program's first tile and K step: the prologue's origin
+        pid_n = first // tiles_t
+        off_n = pid_n * BLOCK_N
+        off_t = (first - pid_n * tiles_t) * BLOCK_T
+        k_first = lo - first * k_tiles
+    else:
+        lo = 0
+        hi = k_tiles
+        k_first = 0
+    # the ring's first STAGES steps; with PDL the tokens only after the previous kernel is done
+    for i in gl.static_range(STAGES):
+        _refill(i, k_first + i, True, hi - lo, tiles_t, off_t, off_n, x_desc, w_desc, u_desc, x_bufs, w_bufs, u_bufs,
+                ready, N, k_tiles, STAGES, BLOCK_T, BLOCK_N, BLOCK_K, G2, FMT, F8, STREAM,
+                _PART_WEIGHTS if PDL else _PART_ALL)
+    if PDL:
+        gl_gdc_wait()
+        for i in gl.static_range(STAGES):
+            _refill(i, k_first + i, True, hi - lo, tiles_t, off_t, off_n, x_desc, w_desc, u_desc, x_bufs, w_bufs,
+                    u_bufs, ready, N, k_tiles, STAGES, BLOCK_T, BLOCK_N, BLOCK_K, G2, FMT, F8, STREAM, _PART_TOKENS)
+
+    if STREAM:
+        for tile in range(lo // k_tiles, (hi - 1) // k_tiles + 1):
+            t_lo = tile * k_tiles
+            seg_lo = gl.maximum(lo, t_lo)
+            seg_hi = gl.minimum(hi, t_lo + k_tiles)
+            pid_n = tile // tiles_t
+            tile_n = pid_n * BLOCK_N
+            tile_t = (tile - pid_n * tiles_t) * BLOCK_T
+            acc = _mainloop(x_desc, w_desc, u_desc, x_bufs, w_bufs, u_bufs, xe, ready, xscale_ptr, tile_t, tile_n,
+                            M, N, K, k_tiles, seg_lo - lo, seg_hi - seg_lo, seg_lo - t_lo, hi - lo, tiles_t,
+                            STAGES, BLOCK_N, BLOCK_T, BLOCK_K, G2, SWAR, MMA_ASYNC, FMT, F8, mma, STREAM, NONEMPTY_K)
+            done, acc = _finish_tile(acc, tile, (seg_lo == t_lo) & (seg_hi == t_lo + k_tiles), pid, n_programs, total,
+                                     k_tiles, ws_ptr, cnt_ptr, max_contrib, BLOCK_N, BLOCK_T, mma)
+            if done:
+                _epilogue(acc.to(gl.float32), tile_n, tile_t, M, N, R, out_ptr, stride_om, xscale_ptr, wscale_ptr,
+                          col_scale_ptr, bias_ptr, s_ptr, stride_sm, up_ptr, stride_un, BLOCK_N, BLOCK_T, FMT,
+                          HAS_LOWRANK, HAS_COL_SCALE, HAS_BIAS, mma)
+    else:
+        acc = _mainloop(x_desc, w_desc, u_desc, x_bufs, w_bufs, u_bufs, xe, ready, xscale_ptr, off_t, off_n, M, N, K,
+                        k_tiles, 0, k_tiles, 0, k_tiles, tiles_t, STAGES, BLOCK_N, BLOCK_T, BLOCK_K, G2, SWAR,
+                        MMA_ASYNC, FMT, F8, mma, STREAM, NONEMPTY_K)
+        _epilogue(acc.to(gl.float32), off_n, off_t, M, N, R, out_ptr, stride_om, xscale_ptr, wscale_ptr,
+                  col_scale_ptr, bias_ptr, s_ptr, stride_sm, up_ptr, stride_un, BLOCK_N, BLOCK_T, FMT, HAS_LOWRANK,
+                  HAS_COL_SCALE, HAS_BIAS, mma)
 
 
 # =============================================================================================
@@ -359,30 +603,40 @@ def default_decode_config(M: int, group_size: int = 64, fmt: str = "int4_2l", f8
     return base.replace(num_stages=stages)
 
 
-def decode_ledger(config: KernelConfig, group_size: int = 64, fmt: str = "int4_2l", f8: bool = False) -> SmemLedger:
+def decode_ledger(config: KernelConfig, group_size: int = 64, fmt: str = "int4_2l", f8: bool = False,
+                  row_box: bool = False) -> SmemLedger:
     """Every byte ``w4a4_decode_kernel`` allocates (one CTA; several share an SM). ``f8`` (int4_g64): the ring
     holds e4m3 token tiles [BT, BK] (the wgmma B operand, by TMA) and there is no expanded token tile; the
-    a/b rows come from global memory (L2) into registers, no SMEM."""
+    a/b rows come from global memory (L2) into registers, no SMEM. ``row_box``: the row table lands as one dense
+    [BK/G, BN] box per slot (padded to 128 bytes) instead of one 128-byte-aligned row per group."""
     bt, bn, bk, s = config.block_m, config.block_n, config.block_k, config.num_stages
     g = fmt != "int4_2l"
     f8 = bool(f8) and g
     row_bits = 16 if g else 8          # g: w_scale rows (16-bit); 2l: u rows (uint8)
-    row = max(bn, U_ROW * 8 // row_bits)
+    row = bn if row_box else max(bn, U_ROW * 8 // row_bits)
+    slot_rows = _row_slot_rows(bk // group_size, bn * row_bits // 8, row_box)
     if f8:
         x_term = SmemTerm("ring.x_e4m3", tile_bytes(bt, bk, 8), s)
     else:
         x_term = SmemTerm("ring.x_packed" if g else "ring.x_int8", tile_bytes(bt, bk // 2 if g else bk, 8), s)
     terms = [x_term,
              SmemTerm("ring.w_packed", tile_bytes(bn, bk // 2, 8), s),
-             SmemTerm("ring.w_scale_rows" if g else "ring.u_rows", tile_bytes(bk // group_size, row, row_bits), s)]
+             SmemTerm("ring.w_scale_rows" if g else "ring.u_rows", tile_bytes(slot_rows, row, row_bits), s)]
     if g and not f8:
         terms.append(SmemTerm("x_int8", tile_bytes(bt, bk, 8), 1))   # the step's expanded token tile
     terms.append(SmemTerm("barriers", barrier_bytes(s)))
-    return SmemLedger(tuple(terms), consumers=1, label=f"w4a4 decode {fmt}{' f8' if f8 else ''} {bt}x{bn}x{bk}")
+    if config.split_k > 1 or config.persistent:
+        # the ticket (a scalar atomic: one thread's result, broadcast) gets a 4-byte scratch word that the
+        # compiler places 128-byte aligned after every buffer above
+        below = sum(t.total(1) for t in terms)
+        terms.append(SmemTerm("ticket_scratch", -below % TICKET_SCRATCH_ALIGN + 4))
+    return SmemLedger(tuple(terms), consumers=1, label=f"w4a4 decode {fmt}{' f8' if f8 else ''} {bt}x{bn}x{bk}"
+                      + (" row-box" if row_box else "")
+                      + (f" split{config.split_k}" if config.split_k > 1 else " stream-K" if config.persistent else ""))
 
 
 def check_decode_config(config: KernelConfig, M: int, N: int, K: int, group_size: int, fmt: str = "int4_2l",
-                        f8: bool = False):
+                        f8: bool = False, row_box: bool = False):
     """Raise ValueError / SmemError naming the violated constraint (expected vs got)."""
     bt, bn, bk = config.block_m, config.block_n, config.block_k
     if config.num_warps not in (4, 8) or bn < 16 * config.num_warps:
@@ -397,19 +651,193 @@ def check_decode_config(config: KernelConfig, M: int, N: int, K: int, group_size
         raise ValueError(f"w4a4 decode: num_stages ≥ 2, got {config.num_stages}")
     if N % 16:
         raise ValueError(f"w4a4 decode: N must be a multiple of 16 (scale rows by TMA), got N={N}")
+    if K < 1:
+        raise ValueError(f"w4a4 decode: K must be ≥ {PACK}, got K={K}")
     if f8 and fmt != "int4_g64":
         raise ValueError(f"w4a4 decode: the e4m3 path (f8=True) is for int4_g64, got fmt={fmt!r}")
-    decode_ledger(config, group_size, fmt, f8).check()
+    if config.split_k > 1 and config.persistent:
+        raise ValueError(f"w4a4 decode: split_k={config.split_k} and persistent (stream-K) are two ways to deal the "
+                         f"K steps to programs; pick one")
+    decode_ledger(config, group_size, fmt, f8, row_box).check()
 
 
 def plan_decode(M: int, config: KernelConfig | None = None, group_size: int = 64,
                 fmt: str = "int4_2l", f8: bool = False) -> KernelConfig:
-    return config or default_decode_config(M, group_size, fmt, f8)
+    """``config``, else the default one — dealt as ``LOWRANK_GEMM_DECODE_SPLIT`` says (unset: one program per
+    tile; "2", "3", …: split-K; "stream": stream-K; "stream:3": stream-K on a 3-slot ring, i.e. three 2l CTAs per
+    SM at M ≤ 16), so the layer op can be A/B'd without a config."""
+    if config is not None:
+        return config
+    config = default_decode_config(M, group_size, fmt, f8)
+    mode = os.environ.get(SPLIT_ENV, "")
+    if mode in ("", "1"):
+        return config
+    if mode == "stream":
+        return config.replace(persistent=True)
+    if mode.startswith("stream:") and mode[7:].isdigit() and int(mode[7:]) >= 2:
+        return config.replace(persistent=True, num_stages=int(mode[7:]))
+    if not mode.isdigit():
+        raise ValueError(f"{SPLIT_ENV} must be a split count, 'stream' or 'stream:<ring stages>', got {mode!r}")
+    return config.replace(split_k=int(mode))
+
+
+@dataclass(frozen=True)
+class DecodeWork:
+    """How one launch deals its T = tiles · k_tiles (tile, K step) iterations to programs — the host mirror of the
+    kernel's STREAM arithmetic (plain Python: the tests run the ticket protocol on it, tests/test_w4a4_decode.py).
+
+    ``programs`` = 0: one program per tile, grid (tiles_n, tiles_t), no partials (today's default). Otherwise
+    grid (programs,) and program p owns iterations [p·T // P, (p + 1)·T // P), tile-major (tile = pid_n ·
+    tiles_t + pid_t, K step fastest): split-K is P = tiles · split (each program inside one tile), stream-K P =
+    the programs resident at once (#SMs × CTAs per SM: equal work per SM, a program may span tiles). A tile
+    owned by one program is finished by it; otherwise its contributors (consecutive programs) park partials in
+    slots 0 .. n−1 of the tile's workspace, in iteration order, and the last to take the tile's ticket sums
+    them in slot order and finishes the tile."""
+
+    tiles_n: int
+    tiles_t: int
+    k_tiles: int
+    programs: int = 0
+
+    def __post_init__(self):
+        if min(self.tiles_n, self.tiles_t, self.k_tiles) < 1 or not 0 <= self.programs <= self.total:
+            raise ValueError(f"w4a4 decode: bad work split {self} (0 ≤ programs ≤ tiles·k_tiles = {self.total})")
+        if self.programs * self.total >= 2**31:   # the kernel forms p·T in int32
+            raise ValueError(f"w4a4 decode: programs·iterations = {self.programs * self.total} overflows int32")
+
+    @property
+    def stream(self) -> bool:
+        return self.programs > 0
+
+    @property
+    def tiles(self) -> int:
+        return self.tiles_n * self.tiles_t
+
+    @property
+    def total(self) -> int:
+        return self.tiles * self.k_tiles
+
+    @property
+    def grid(self) -> tuple:
+        return (self.programs, ) if self.stream else (self.tiles_n, self.tiles_t)
+
+    def range_of(self, p: int) -> tuple[int, int]:
+        """Iterations [lo, hi) of program p (STREAM)."""
+        return p * self.total // self.programs, (p + 1) * self.total // self.programs
+
+    def owner(self, it: int) -> int:
+        """The program whose range holds iteration ``it``: the largest p with p·T // P ≤ it."""
+        return ((it + 1) * self.programs - 1) // self.total
+
+    def contributors(self, tile: int) -> range:
+        """Programs that run K steps of ``tile``, in slot order (STREAM)."""
+        return range(self.owner(tile * self.k_tiles), self.owner((tile + 1) * self.k_tiles - 1) + 1)
+
+    def segments(self, p: int) -> list[tuple[int, int, int]]:
+        """(tile, first K step, end K step) of every tile program p works on, in order (the kernel's tile loop)."""
+        lo, hi = self.range_of(p)
+        k = self.k_tiles
+        return [(t, max(lo, t * k) - t * k, min(hi, t * k + k) - t * k) for t in range(lo // k, (hi - 1) // k + 1)]
+
+    @functools.cached_property
+    def max_contrib(self) -> int:
+        """Partial slots per tile in the workspace (1: no tile is shared, no partials)."""
+        if not self.stream:
+            return 1
+        return max(len(self.contributors(t)) for t in range(self.tiles))
+
+    def workspace_numel(self, block_n: int, block_t: int) -> int:
+        return self.tiles * self.max_contrib * block_n * block_t if self.max_contrib > 1 else 0
+
+
+def simulate_decode_work(work: DecodeWork, partial, schedule) -> tuple[dict, list, list]:
+    """Run the kernel's finish protocol (``_finish_tile``) on the host with programs interleaved at will — the
+    model the CPU tests check (every iteration once, every tile finished once, results independent of the
+    arrival order, tickets back at 0). ``partial(tile, k_lo, k_hi)``: a program's accumulator over those K steps
+    of the tile (any value with ``+``: fp32 tensors model the g sums, ints the 2l ones); ``schedule(ready)``:
+    picks which of the programs that still have tiles left runs its next tile. Returns (tile → finished value,
+    tickets, slots written as (tile, slot))."""
+    tickets = [0] * work.tiles
+    slots: dict = {}
+    done: dict = {}
+    nxt = {p: 0 for p in range(work.programs)}
+    segs = {p: work.segments(p) for p in range(work.programs)}
+    while nxt:
+        p = schedule(sorted(nxt))
+        tile, k_lo, k_hi = segs[p][nxt[p]]
+        nxt[p] += 1
+        if nxt[p] == len(segs[p]):
+            del nxt[p]
+        acc = partial(tile, k_lo, k_hi)
+        if k_lo == 0 and k_hi == work.k_tiles:
+            assert tile not in done, f"tile {tile} finished twice"
+            done[tile] = acc
+            continue
+        owners = work.contributors(tile)
+        slot = p - owners.start
+        assert 0 <= slot < work.max_contrib and (tile, slot) not in slots, (tile, slot)
+        slots[(tile, slot)] = acc
+        tickets[tile] += 1
+        if tickets[tile] == len(owners):        # the last arriver: sum from zero in slot order
+            total = partial(tile, 0, 0)          # zero of the partials' type
+            for s in range(len(owners)):
+                total = total + slots[(tile, s)]
+            tickets[tile] = 0
+            assert tile not in done, f"tile {tile} finished twice"
+            done[tile] = total
+    return done, tickets, sorted(slots)
+
+
+def decode_ctas_per_sm(config: KernelConfig, group_size: int = 64, fmt: str = "int4_2l", f8: bool = False,
+                       row_box: bool = False) -> int:
+    """CTAs of this config that share an SM — what stream-K sizes its grid by, so an overestimate would leave
+    programs for a second wave: SMEM (ledger + the 1 KB the driver reserves per CTA) and registers (2l with
+    16-token tiles ≤ :data:`REGS_2L_16` per thread; everything else is budgeted at 255, i.e. two CTAs)."""
+    per_cta = decode_ledger(config, group_size, fmt, f8, row_box).total() + 1024
+    regs = REGS_2L_16 if fmt == "int4_2l" and config.block_m == 16 else 255
+    by_regs = SM90_REGS_PER_SM // (-(-regs // 8) * 8 * 32 * config.num_warps)
+    return max(1, min(by_regs, SM90_SMEM_PER_SM // per_cta))
+
+
+def plan_decode_work(M: int, N: int, K: int, config: KernelConfig, group_size: int = 64, fmt: str = "int4_2l",
+                     f8: bool = False, num_sms: int = SM90_SMS, row_box: bool = False) -> DecodeWork:
+    """One program per tile (default); ``config.split_k`` = s > 1: split-K, each tile's K steps in min(s, k_tiles)
+    near-equal contiguous shares; ``config.persistent``: stream-K over num_sms × :func:`decode_ctas_per_sm`
+    programs (at most one per iteration). Both are one launch (the last contributor of a tile finishes it;
+    ``config.split_mode`` is not read)."""
+    tiles_n, tiles_t, k_tiles = cdiv(N, config.block_n), cdiv(M, config.block_m), cdiv(K, config.block_k)
+    tiles = tiles_n * tiles_t
+    if config.split_k > 1:
+        programs = tiles * min(config.split_k, k_tiles)
+    elif config.persistent:
+        programs = min(tiles * k_tiles, num_sms * decode_ctas_per_sm(config, group_size, fmt, f8, row_box))
+    else:
+        programs = 0
+    return _work(tiles_n, tiles_t, k_tiles, programs)
+
+
+@functools.lru_cache(maxsize=256)
+def _work(tiles_n: int, tiles_t: int, k_tiles: int, programs: int) -> DecodeWork:
+    work = DecodeWork(tiles_n, tiles_t, k_tiles, programs)
+    work.max_contrib   # computed once per plan (a loop over the tiles)
+    return work
 
 
 def decode_enabled() -> bool:
     """``LOWRANK_GEMM_DECODE=0`` routes decode back to the v2/v1 kernels (instant fallback)."""
     return os.environ.get("LOWRANK_GEMM_DECODE", "1") != "0"
+
+
+def decode_nonempty_k_default() -> bool:
+    """``nonempty_k=None``: ``LOWRANK_GEMM_DECODE_NONEMPTY_K`` = 0/1, else :data:`NONEMPTY_K_DEFAULT`."""
+    env = os.environ.get("LOWRANK_GEMM_DECODE_NONEMPTY_K", "")
+    return env == "1" if env in ("0", "1") else bool(NONEMPTY_K_DEFAULT)
+
+
+def decode_row_box_default() -> bool:
+    """``row_box=None``: ``LOWRANK_GEMM_DECODE_ROW_BOX`` = 0/1, else :data:`ROW_BOX_DEFAULT`."""
+    env = os.environ.get("LOWRANK_GEMM_DECODE_ROW_BOX", "")
+    return env == "1" if env in ("0", "1") else bool(ROW_BOX_DEFAULT)
 
 
 def decode_f8_default() -> bool:
@@ -420,7 +848,7 @@ def decode_f8_default() -> bool:
 
 
 def _args(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, out, fmt, group_size, config,
-          col_scale=None, swar=True, mma_async=True, f8=None):
+          col_scale=None, swar=True, mma_async=True, f8=None, pdl=None, nonempty_k=None, row_box=None):
     from ..w4a4_gemm import FORMATS, check_gemm_args
     if fmt not in FORMATS:
         raise ValueError(f"w4a4 decode: fmt must be one of {FORMATS}, got {fmt!r}")
@@ -433,53 +861,80 @@ def _args(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, out, fm
     if col_scale is not None and (tuple(col_scale.shape) != (N, ) or col_scale.device != dev):
         raise ValueError(f"w4a4 decode: col_scale must be [N={N}] on {dev}, got {list(col_scale.shape)}")
     rows = w_scale if g else w_mul       # the [K/G, N] table that rides in the ring
-    if g and (x_scale.dtype != w_scale.dtype):
+    if g and x_q.dtype != torch.float8_e4m3fn and x_scale.dtype != w_scale.dtype:   # (e4m3: x_scale = xab fp32)
         raise ValueError(f"w4a4 decode: x_scale and w_scale must share a dtype, got {x_scale.dtype}, {w_scale.dtype}")
     for name, t in (("x_q", x_q), ("w_q", w_q), ("w_mul" if not g else "w_scale", rows)):
         if t.data_ptr() % 16:
             raise ValueError(f"w4a4 decode: {name} must be 16-byte aligned for TMA, got address {t.data_ptr():#x}")
     f8 = (g and decode_f8_default()) if f8 is None else bool(f8)   # f8 with int4_2l: check_decode_config raises
+    pdl = pdl_enabled(dev) if pdl is None else bool(pdl)
+    nonempty_k = decode_nonempty_k_default() if nonempty_k is None else bool(nonempty_k)
+    row_box = decode_row_box_default() if row_box is None else bool(row_box)
     config = plan_decode(M, config, group_size, fmt, f8)
-    check_decode_config(config, M, N, K, group_size, fmt, f8)
+    check_decode_config(config, M, N, K, group_size, fmt, f8, row_box)
     bt, bn, bk = config.block_m, config.block_n, config.block_k
+    work = plan_decode_work(M, N, K, config, group_size, fmt, f8, num_sms(dev) if dev.type == "cuda" else SM90_SMS,
+                            row_box)
     x_q, x_scale = _f8_operands(x_q, x_scale, group_size, f8, "w4a4 decode")
     x_desc = desc(x_q, (bt, bk // 2) if (g and not f8) else (bt, bk))
     w_desc = desc(w_q, (bn, bk // 2))
     bits = rows.element_size() * 8
-    u_desc = desc(rows.reshape(-1), (bn, ), gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=bits, rank=1))
+    if row_box:   # [K/G, N]: the step's BK/G rows × BN columns in one box (row pitch N·bytes: 16-aligned, N % 16 == 0)
+        u_desc = desc(rows, (bk // group_size, bn),
+                      gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=bits, rank=2))
+    else:
+        u_desc = desc(rows.reshape(-1), (bn, ),
+                      gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=bits, rank=1))
     f32 = dummy(dev, torch.float32, (1, ))
-    grid = (cdiv(N, bn), cdiv(M, bt))
+    part_dtype = torch.float32 if g else torch.int32     # 2l partials are exact int32 sums
+    ws, tickets = dummy(dev, part_dtype, (1, )), dummy(dev, torch.int32, (1, ))
+    if work.max_contrib > 1:
+        from ..lora_gemm import _TICKETS     # zeroed once per (device, stream), left zero by every launch
+        ws = torch.empty(work.workspace_numel(bn, bt), device=dev, dtype=part_dtype)
+        tickets = _TICKETS.get(dev, work.tiles)
     args = (x_desc, w_desc, u_desc, out, out.stride(0), x_scale, w_scale,
             col_scale if col_scale is not None else f32, bias if bias is not None else f32,
             lowrank_act if r else f32, lowrank_act.stride(0) if r else 0,
-            lora_up if r else dummy(dev, torch.bfloat16, (1, )), lora_up.stride(0) if r else 0, M, N, K, r)
+            lora_up if r else dummy(dev, torch.bfloat16, (1, )), lora_up.stride(0) if r else 0, ws, tickets,
+            M, N, K, r, work.programs, work.max_contrib)
     cx = dict(G2=group_size, BLOCK_T=bt, BLOCK_N=bn, BLOCK_K=bk, STAGES=config.num_stages,
               HAS_LOWRANK=r > 0, HAS_COL_SCALE=col_scale is not None, HAS_BIAS=bias is not None, SWAR=swar,
-              MMA_ASYNC=mma_async, FMT=FMT_INT4_G if g else FMT_INT4_2L, F8=f8)
-    return grid, args, cx, config
+              MMA_ASYNC=mma_async, FMT=FMT_INT4_G if g else FMT_INT4_2L, F8=f8, STREAM=work.stream, PDL=pdl,
+              NONEMPTY_K=nonempty_k and not g)
+    return work.grid, args, cx, config
 
 
 def launch_w4a4_decode(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, out, fmt: str,
                        group_size: int, config: KernelConfig | None = None, *, col_scale=None, swar: bool = True,
-                       mma_async: bool = True, f8: bool | None = None):
+                       mma_async: bool = True, f8: bool | None = None, pdl: bool | None = None,
+                       nonempty_k: bool | None = None, row_box: bool | None = None):
     """out [M, N] ← the W4A4 layer's GEMM + epilogue (launcher contract of kernels/w4a4_gemm.py, both formats).
     ``mma_async=False`` (int4_2l): each wgmma waits for itself — the first H200 version, kept for A/B.
     ``f8`` (int4_g64; None = :func:`decode_f8_default`): e4m3 wgmmas on offset-encoded weights, the tokens
-    pre-expanded by ``w4_expand.expand_act_f8`` (one extra launch); False = the int8 path."""
+    pre-expanded by ``w4_expand.expand_act_f8`` (one extra launch); False = the int8 path.
+    ``config.split_k`` > 1 / ``config.persistent``: split-K / stream-K in one launch (:func:`plan_decode_work`;
+    partials from the caching allocator, tickets from the per-stream zeroed regions of ``lora_gemm``: launches
+    on one stream must not overlap — PDL keeps them apart, every ticket access follows griddepcontrol.wait).
+    ``pdl`` (None = :func:`kernels.pdl.pdl_enabled`): programmatic dependent launch — the kernel's weight loads
+    start while the previous kernel (act_quant / expand_act_f8) finishes. ``nonempty_k`` (int4_2l; None =
+    :func:`decode_nonempty_k_default`): the K loop that ptxas does not serialize at M > 16 (``_mainloop_2l``).
+    ``row_box`` (None = :func:`decode_row_box_default`): the step's row table in one 2-D TMA box (``_issue_step``)."""
     grid, args, cx, cfg = _args(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, out, fmt, group_size,
-                                config, col_scale, swar, mma_async, f8)
-    w4a4_decode_kernel[grid](*args, **cx, num_warps=cfg.num_warps)
+                                config, col_scale, swar, mma_async, f8, pdl, nonempty_k, row_box)
+    w4a4_decode_kernel[grid](*args, **cx, num_warps=cfg.num_warps, launch_pdl=cx["PDL"])
     return out
 
 
 def aot_signature_decode(config: KernelConfig | None = None, *, M=5, N=160, K=512, rank=16, group_size=64,
-                         bias=True, col_scale=True, swar=True, mma_async=True, fmt="int4_2l", f8=None):
+                         bias=True, col_scale=True, swar=True, mma_async=True, fmt="int4_2l", f8=None, pdl=False,
+                         nonempty_k=False, row_box=False):
     """(signature, constexprs, config) for ``kernels.aot.compile_sm90`` of :func:`w4a4_decode_kernel`."""
     import inspect
     from triton.runtime.jit import mangle_type
     from .w4a4_ws import make_operands_v2
     ops = make_operands_v2(fmt, M, N, K, rank, group_size, device="cpu", bias=bias, col_scale=col_scale)
-    _, args, cx, cfg = _args(**ops, config=config, swar=swar, mma_async=mma_async, f8=f8)
+    _, args, cx, cfg = _args(**ops, config=config, swar=swar, mma_async=mma_async, f8=f8, pdl=pdl,
+                             nonempty_k=nonempty_k, row_box=row_box)
     names = [n for n in inspect.signature(w4a4_decode_kernel.fn).parameters if n not in cx]
     sig = {n: (mangle_type(a) if not isinstance(a, int) else "i32") for n, a in zip(names, args)}
     return sig, cx, cfg
