@@ -493,7 +493,7 @@ def test_fused_rank_sm90_ptx():
     info = compile_sm90("lowrank_gemm.kernels.act_quant", "_act_quant_fused_kernel", sig, ce,
                         aligned=("x_ptr", "stride_xm", "smooth_ptr", "q_ptr", "stride_qm", "a_ptr", "stride_ar",
                                  "K"), num_warps=4)
-    assert "atom." not in info.ptx and "mma" not in info.ptx
+    assert "atom." not in info.ptx and "mma" not in info.ptx and "griddepcontrol" not in info.ptx   # PDL off
     assert info.has("ld.global.v4", "fma.rn.f32", "div.rn.f32")
 
 
@@ -543,3 +543,134 @@ def test_fused_gpu_cuda_graph(fmt, m, s_ranks):
         assert all(torch.equal(a, b) for a, b in zip(eager, out))
     torch.cuda.synchronize()
     assert _tickets_zero()
+
+
+# --- out="f8": the e4m3 GEMM operands straight from x, bit-identical to expand_act_f8 of the packed pair ------
+
+def _same_bits(a, b):
+    """Bitwise equality (NaN payloads and signed zeros included) of two tensors of one dtype."""
+    view = {torch.float32: torch.int32, torch.float8_e4m3fn: torch.uint8, torch.bfloat16: torch.int16,
+            torch.float16: torch.int16}.get(a.dtype)
+    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a.view(view) if view else a,
+                                                                     b.view(view) if view else b)
+
+
+_F8_A = (5, 320, 64, 16, torch.bfloat16)
+_F8_B = (3, 256, 128, 0, torch.float16)
+
+
+@pytest.mark.parametrize("variant,s_ranks,m,k,g,r,scale_dtype", [
+    ("fused", None, *_F8_A), ("fused", None, *_F8_B), ("fused", 0, *_F8_A), ("v1", None, *_F8_A), ("v1", None, *_F8_B),
+    ("v3", None, *_F8_A), ("v3", None, *_F8_B), ("v2", None, *_F8_B)])
+def test_f8_out_bit_identical_to_expand(poisoned, variant, s_ranks, m, k, g, r, scale_dtype):
+    """act_quant(out="f8") == expand_act_f8(act_quant(...)) bit for bit (x8 bytes, xab words incl. NaN rows), on
+    ragged M/K, G 64/128, NaN / Inf / all-zero groups (v3: its exact redo of the slice), fp16 scales; every element
+    written (poisoned buffers); S identical to the packed call's."""
+    from lowrank_gemm.kernels.w4_expand import expand_act_f8
+    x, smooth, down = _inputs(m, k, r)
+    x[0, 3] = float("nan")
+    if m > 2:
+        x[2, k - 7] = float("inf")
+        x[1, :64] = 0
+    kw = dict(variant=variant, s_ranks=s_ranks) if variant == "fused" else dict(variant=variant, split=2, block_m=16)
+    q, sc, s = act_quant(x, smooth, down, g, "int4_g64", scale_dtype, **kw)
+    x8_ref, xab_ref = expand_act_f8(q, sc, g)
+    x8, xab, s8 = act_quant(x, smooth, down, g, "int4_g64", scale_dtype, out="f8", **kw)
+    assert x8.dtype == torch.float8_e4m3fn and x8.shape == (m, k) and xab.shape == (k // g, 2, m)
+    assert _same_bits(x8, x8_ref) and _same_bits(xab, xab_ref) and _same_bits(s8, s)
+    assert torch.isnan(xab[0, :, 0]).all()                                  # the NaN group of row 0
+
+
+def test_f8_out_bad_arguments():
+    x, smooth, down = _inputs(3, 128, 16)
+    with pytest.raises(ValueError, match="out must be one of"):
+        act_quant(x, smooth, down, out="e5m2")
+    with pytest.raises(ValueError, match="fmt='int4_g64'"):
+        act_quant(x, smooth, down, 64, "int4_2l", out="f8")
+
+
+@pytest.mark.parametrize("fmt", ["int4_g64", "int4_2l"])
+@pytest.mark.parametrize("m,k,r,out", [(1, 320, 32, "packed"), (6, 256, 23, "f8"), (4, 320, 32, "packed")])
+def test_fused_loads_first_same_bits(poisoned, monkeypatch, fmt, m, k, r, out):
+    """LOADS_FIRST (the S program's load gate and the g64 unit's barrier) changes no bit, with one or several K
+    chunks per S program (the chunk tile shrunk), also when picked by the env switch (read per call)."""
+    import lowrank_gemm.kernels.act_quant as aq
+    monkeypatch.setattr(aq, "_RANK_TILE_ELEMS", 256)
+    if fmt == "int4_2l" and out == "f8":
+        out = "packed"
+    x, smooth, down = _inputs(m, k, r)
+    x[0, 5] = float("nan")
+    ref = act_quant(x, smooth, down, 64, fmt, variant="fused", out=out, loads_first=False)
+    monkeypatch.setenv("LOWRANK_GEMM_ACT_QUANT_LOADS_FIRST", "1")
+    got = act_quant(x, smooth, down, 64, fmt, variant="fused", out=out)
+    assert all(_same_bits(a, b) for a, b in zip(ref, got))
+
+
+def _sass_load_waves(ptx: str, tmp) -> tuple[list, list]:
+    """Load-issue waves of the fused kernel's rank-split S program (the code up to its unconditional EXIT) and of its
+    quant unit (up to the next one): loads issued before the next first use of any pending load's register — one
+    wave is one round trip. None without triton's ptxas / cuobjdump."""
+    import os
+    import re
+    import subprocess
+    import triton
+    bin_dir = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+    if not all(os.path.exists(os.path.join(bin_dir, t)) for t in ("ptxas", "cuobjdump")):
+        return None
+    (tmp / "k.ptx").write_text(ptx)
+    subprocess.run([os.path.join(bin_dir, "ptxas"), "-arch=sm_90a", str(tmp / "k.ptx"), "-o", str(tmp / "k.cubin")],
+                   check=True, capture_output=True)
+    sass = subprocess.run([os.path.join(bin_dir, "cuobjdump"), "-sass", str(tmp / "k.cubin")], check=True,
+                          capture_output=True, text=True).stdout
+    ins = re.findall(r"/\*[0-9a-f]{4}\*/ +([^;]*);", sass)
+
+    def waves(seg):
+        out, cur, pending = [], 0, {}
+        for n, t in enumerate(seg):
+            m = re.match(r"(@!?P\d+ )?LDG\S*?(\.128|\.64)? (R\d+)", t)
+            if m:
+                pending[n] = (int(m.group(3)[1:]), {".128": 4, ".64": 2}.get(m.group(2), 1))
+                cur += 1
+                continue
+            srcs = [int(v) for v in re.findall(r"\bR(\d+)\b", t.split(",", 1)[1])] if "," in t else []
+            used = [key for key, (d, w) in pending.items() if any(d <= s < d + w for s in srcs)]
+            if used and cur:
+                out.append(cur)
+                cur = 0
+            for key in used:
+                pending.pop(key)
+        return out + ([cur] if cur else [])
+
+    ends = [i for i, t in enumerate(ins) if t.strip() == "EXIT"]   # the unconditional exit of each program kind
+    return waves(ins[:ends[0]]), waves(ins[ends[0] + 1:ends[1]])
+
+
+def test_fused_sm90_pdl_f8_loads_first(tmp_path):
+    """sm_90, the M=1 int4_g64 decode plan with the e4m3 outputs, PDL and LOADS_FIRST: griddepcontrol
+    .launch_dependents then .wait before the first global access; e4m3 stores; no spills; the S program issues its
+    12 loads in one wave and the quant unit its 4 (SASS; without LOADS_FIRST ptxas spreads them over 6 and 2)."""
+    import os
+    import re
+    import subprocess
+    import triton
+    from lowrank_gemm.kernels.aot import compile_sm90
+    sig = dict(_fused_signature(q="*fp8e4nv", sc="*fp32", cnt="*fp32"))
+    ce = dict(TWO_LEVEL=False, G=64, BLOCK_M=16, BLOCK_K=64, BLOCK_R=32, SPLIT_P2=1, SUM_ROWS=1, QM=1, QK=256,
+              CH=4096, SCALE_BF16=True, S_RANK=True, SR=1, RB=1, CK=4096, NCH=1, F8=True, PDL=True,
+              LOADS_FIRST=True)
+    info = compile_sm90("lowrank_gemm.kernels.act_quant", "_act_quant_fused_kernel", sig, ce,
+                        aligned=("x_ptr", "stride_xm", "smooth_ptr", "q_ptr", "stride_qm", "a_ptr", "stride_ar",
+                                 "K"), num_warps=4)
+    ptx = info.ptx
+    first_global = min(ptx.find(op) for op in ("ld.global", "st.global", "atom.global") if op in ptx)
+    assert 0 < ptx.find("griddepcontrol.launch_dependents") < ptx.find("griddepcontrol.wait") < first_global
+    assert "e4m3" in ptx and "atom." not in ptx
+    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+    (tmp_path / "a.ptx").write_text(ptx)
+    log = subprocess.run([ptxas, "-arch=sm_90a", "-v", str(tmp_path / "a.ptx"), "-o", str(tmp_path / "a.cubin")],
+                         capture_output=True, text=True).stderr
+    assert "0 bytes spill stores" in log, log
+    assert int(re.search(r"Used (\d+) registers", log).group(1)) <= 128
+    res = _sass_load_waves(ptx, tmp_path)
+    if res is not None:
+        assert res == ([12], [4]), res

@@ -62,3 +62,13 @@ def test_expand_act_f8_bad_inputs():
         expand_act_f8(torch.zeros(4, 64, dtype=torch.int8), torch.ones(2, 4, dtype=torch.bfloat16), 64)
     with pytest.raises(ValueError, match="group_size"):
         expand_act_f8(torch.zeros(4, 64, dtype=torch.uint8), torch.ones(2, 4, dtype=torch.bfloat16), 96)
+
+
+def test_act_f8_sm90_pdl():
+    """sm_90 with PDL: the kernel lets the next grid launch first, then waits before reading x_q / x_scale."""
+    from lowrank_gemm.kernels.aot import compile_sm90
+    sig = dict(xq_ptr="*u8", xs_ptr="*bf16", x8_ptr="*fp8e4nv", xab_ptr="*fp32", M="i32", KH="i32")
+    info = compile_sm90("lowrank_gemm.kernels.w4_expand", "_act_f8_kernel", sig, dict(G=64, BLOCK_M=32, PDL=True),
+                        aligned=("xq_ptr", "x8_ptr", "KH"), num_warps=4)
+    ptx = info.ptx
+    assert 0 < ptx.find("griddepcontrol.launch_dependents") < ptx.find("griddepcontrol.wait") < ptx.find("ld.global")

@@ -348,3 +348,99 @@ def test_aot_sm90_new_loops(fmt, g, variant, tma, stages):
         assert 0 <= pred - info.shared <= 64, (info.shared, pred)
     else:
         assert info.shared == pred, (info.shared, pred)
+
+
+# ---- pre-expanded e4m3 operands (act_quant(out="f8")): contract, routing, the layer op's dispatch ----------------
+
+def _pre_expanded(m, n, k, r, g):
+    from lowrank_gemm.kernels.w4_expand import expand_act_f8
+    ops, lowrank, bias = _operands(m, n, k, r, g, "int4_g64")
+    x8, xab = expand_act_f8(ops["x_q"], ops["x_scale"], g)
+    return dict(ops, x_q=x8, x_scale=xab), lowrank, bias
+
+
+def test_pre_expanded_contract_errors():
+    """check_gemm_args takes (e4m3 [M, K], xab fp32 [K/G, 2, M]) for int4_g64 and names what is wrong otherwise;
+    v1 (its launcher and impl="v1") and a device without the e4m3 kernels refuse them."""
+    from lowrank_gemm.kernels.w4a4_gemm import check_gemm_args
+    m, n, k, g = 6, 24, 256, 64
+    ops, lowrank, bias = _pre_expanded(m, n, k, 16, g)
+    args = lambda **o: {**ops, **o}  # noqa: E731
+    gemm_args = ("x_q", "x_scale", "w_q", "w_scale", "w_mul")
+    assert check_gemm_args(*(ops[a] for a in gemm_args), *lowrank, bias, g, "int4_g64") == (m, n, k, 16)
+    with pytest.raises(ValueError, match=r"xab float32 \[K/G, 2, M\] = \[4, 2, 6\]"):
+        check_gemm_args(*(args(x_scale=ops["x_scale"][:, 0].contiguous())[a] for a in gemm_args), *lowrank, bias, g,
+                        "int4_g64")
+    with pytest.raises(ValueError, match="xab float32"):
+        check_gemm_args(*(args(x_scale=ops["x_scale"].half())[a] for a in gemm_args), *lowrank, bias, g, "int4_g64")
+    with pytest.raises(ValueError, match=r"pre-expanded activations must be float8_e4m3fn \[M, 256\]"):
+        check_gemm_args(*(args(x_q=ops["x_q"][:, :128].contiguous())[a] for a in gemm_args), *lowrank, bias, g,
+                        "int4_g64")
+    with pytest.raises(ValueError, match="int4_2l activations must be int8"):
+        check_gemm_args(ops["x_q"], ops["x_scale"], ops["w_q"], torch.ones(n), torch.ones(k // g, n, dtype=torch.uint8),
+                        *lowrank, bias, g, "int4_2l")
+    out = torch.empty(m, n)
+    with pytest.raises(ValueError, match="v1 takes packed int4"):
+        launch_w4a4_v1(*(ops[a] for a in gemm_args), *lowrank, bias, out, "int4_g64", g)
+    for impl in ("v1", "auto"):   # auto on the CPU: no e4m3 kernel to route to
+        with pytest.raises(ValueError, match="run only on the e4m3 paths"):
+            w4a4_gemm(ops["x_q"], ops["x_scale"], ops["w_q"], ops["w_scale"], *lowrank, bias, impl=impl)
+
+
+def test_layer_f8_decision(monkeypatch):
+    """The layer op asks for the e4m3 operands only with LOWRANK_GEMM_ACT_QUANT_F8=1 and only where the GEMM it
+    routes to runs its e4m3 path at no loss: decode with decode_f8_default(), v2 with f8_default() where xab
+    keeps the scale TMA the packed scales would get; never v1 (the CPU route)."""
+    import lowrank_gemm.kernels.w4a4_gemm as g
+    from lowrank_gemm.kernels.gluon.w4a4_ws import scale_tma_ok
+    cuda = torch.device("cuda")
+    ws = torch.ones(4096 // 64, 256, dtype=torch.bfloat16)
+    want = lambda m, impl="auto", dev=cuda: g._layer_wants_f8(impl, "int4_g64", m, 256, 4096, 32, 64, dev,  # noqa: E731
+                                                              torch.bfloat16, ws)
+    monkeypatch.delenv("LOWRANK_GEMM_ACT_QUANT_F8", raising=False)
+    assert not g.ACT_QUANT_F8_DEFAULT and not want(1, "decode")                     # off by default
+    monkeypatch.setenv("LOWRANK_GEMM_ACT_QUANT_F8", "1")
+    monkeypatch.setenv("LOWRANK_GEMM_DECODE_F8", "1")
+    assert want(1, "decode") and want(16, "decode")
+    assert not want(16, "auto", torch.device("cpu"))                                # v1
+    assert not g._layer_wants_f8("decode", "int4_2l", 1, 256, 4096, 32, 64, cuda, torch.bfloat16, ws)
+    monkeypatch.setenv("LOWRANK_GEMM_DECODE_F8", "0")
+    assert not want(1, "decode")                                                    # the int8 decode path
+    for m in (5, 16, 64):   # v2: only where xab keeps whatever scale TMA the packed scales would have
+        xab, packed = torch.empty(64, 2, m, device="meta"), torch.empty(64, m, dtype=torch.bfloat16, device="meta")
+        assert want(m, "v2") == (scale_tma_ok(xab, ws, None, "int4_g64") or not scale_tma_ok(packed, ws, None,
+                                                                                             "int4_g64"))
+    monkeypatch.setenv("LOWRANK_GEMM_ACT_QUANT_F8", "0")
+    assert not want(5, "v2")
+
+
+def test_layer_dispatch_pre_expanded(monkeypatch):
+    """Interpreter path of the layer op with the switch on: act_quant hands the decode launcher (here a CPU
+    stand-in that checks the xab rows, repacks, and runs v1) the e4m3 operands; the output is bit-identical
+    to the switch-off call, which hands it the packed ones."""
+    import lowrank_gemm.kernels.w4a4_gemm as g
+    from lowrank_gemm.kernels.gluon import w4a4_decode
+    seen = []
+
+    def decode_on_cpu(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, out, fmt, group_size, config):
+        seen.append(x_q.dtype)
+        if x_q.dtype == torch.float8_e4m3fn:
+            q = x_q.float()
+            xs = x_scale[:, 0, :] / 512
+            r = q.reshape(q.shape[0], -1, group_size).sum(-1).t()
+            assert torch.equal(x_scale[:, 1, :].nan_to_num(7.0), (-8 * r * xs).nan_to_num(7.0))
+            x_q, x_scale = pack_int4(q.to(torch.int8)), xs.to(w_scale.dtype)
+        return launch_w4a4_v1(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, out, fmt, group_size,
+                              config)
+
+    monkeypatch.setattr(g, "_decode_route", lambda impl, m, n, fmt, device: True)
+    monkeypatch.setattr(w4a4_decode, "launch_w4a4_decode", decode_on_cpu)
+    monkeypatch.setenv("LOWRANK_GEMM_DECODE_F8", "1")
+    x, p = _layer(5, 40, 256, 16, 64, "int4_g64")
+    x[1, 3] = float("nan")
+    monkeypatch.setenv("LOWRANK_GEMM_ACT_QUANT_F8", "0")
+    ref = w4a4_linear(x, group_size=64, out_dtype=torch.float32, **p)
+    monkeypatch.setenv("LOWRANK_GEMM_ACT_QUANT_F8", "1")
+    got = w4a4_linear(x, group_size=64, out_dtype=torch.float32, **p)
+    assert seen == [torch.uint8, torch.float8_e4m3fn]
+    assert torch.equal(got.nan_to_num(7.0), ref.nan_to_num(7.0)) and torch.isnan(got[1]).all()

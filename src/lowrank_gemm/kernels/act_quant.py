@@ -35,9 +35,11 @@ import triton
 import triton.language as tl
 
 from .epilogue import rank_block
+from .pdl import gdc_launch_dependents, gdc_wait, pdl_enabled
 from .schedule import cdiv, num_sms
+from .w4_expand import act_f8_rows, e4m3_codes, expand_act_f8
 
-__all__ = ["act_quant", "plan_act_quant", "ActQuantPlan", "FORMATS", "VARIANTS", "MAX_SPLIT", "SMALL_M"]
+__all__ = ["act_quant", "plan_act_quant", "ActQuantPlan", "FORMATS", "OUTPUTS", "VARIANTS", "MAX_SPLIT", "SMALL_M"]
 
 FORMATS = ("int4_g64", "int4_2l")
 _RNE_MAGIC = tl.constexpr(12582912.0)  # 1.5·2²³: adding and subtracting it rounds |v| < 2²² to the nearest even integer
@@ -101,10 +103,10 @@ def _group_max(v, BLOCK_M: tl.constexpr, NGS: tl.constexpr, W: tl.constexpr):
 
 
 @triton.jit
-def _g64_quantize(xs_lo, xs_hi, BLOCK_M: tl.constexpr, NGS: tl.constexpr, HG: tl.constexpr,
-                  SCALE_BF16: tl.constexpr):
-    """Exact int4_g64 quantization of smoothed lo/hi nibble columns [BM, NGS·HG] → (packed uint8
-    [BM, NGS·HG], scales fp32 [BM, NGS]); every IEEE corner case (NaN, ±Inf, zero groups) handled."""
+def _g64_codes(xs_lo, xs_hi, BLOCK_M: tl.constexpr, NGS: tl.constexpr, HG: tl.constexpr,
+               SCALE_BF16: tl.constexpr):
+    """Exact int4_g64 quantization of smoothed lo/hi nibble columns [BM, NGS·HG] → (q_lo, q_hi int32 in
+    [−8, 7], scales fp32 [BM, NGS]); every IEEE corner case (NaN, ±Inf, zero groups) handled."""
     amax = tl.maximum(_group_max(tl.abs(xs_lo), BLOCK_M, NGS, HG), _group_max(tl.abs(xs_hi), BLOCK_M, NGS, HG))
     n_nan = (_group_max((xs_lo != xs_lo).to(tl.int32), BLOCK_M, NGS, HG)
              + _group_max((xs_hi != xs_hi).to(tl.int32), BLOCK_M, NGS, HG))
@@ -117,18 +119,58 @@ def _g64_quantize(xs_lo, xs_hi, BLOCK_M: tl.constexpr, NGS: tl.constexpr, HG: tl
     r_hi = tl.math.div_rn(xs_hi, scale_b)
     q_lo = tl.where(ok & _is_finite(r_lo), _rne(tl.minimum(tl.maximum(r_lo, -8.0), 7.0)), 0.0).to(tl.int32)
     q_hi = tl.where(ok & _is_finite(r_hi), _rne(tl.minimum(tl.maximum(r_hi, -8.0), 7.0)), 0.0).to(tl.int32)
-    packed = ((q_lo & 0xF) | ((q_hi & 0xF) << 4)).to(tl.uint8)
-    return packed, scale
+    return q_lo, q_hi, scale
+
+
+@triton.jit
+def _pack_nibbles(q_lo, q_hi):
+    """Two's-complement nibbles of q_lo (low) and q_hi (high) → one byte (formats.int4 packing)."""
+    return ((q_lo & 0xF) | ((q_hi & 0xF) << 4)).to(tl.uint8)
+
+
+@triton.jit
+def _g64_quantize(xs_lo, xs_hi, BLOCK_M: tl.constexpr, NGS: tl.constexpr, HG: tl.constexpr,
+                  SCALE_BF16: tl.constexpr):
+    """:func:`_g64_codes` → (packed uint8 [BM, NGS·HG], scales fp32 [BM, NGS])."""
+    q_lo, q_hi, scale = _g64_codes(xs_lo, xs_hi, BLOCK_M, NGS, HG, SCALE_BF16)
+    return _pack_nibbles(q_lo, q_hi), scale
+
+
+@triton.jit
+def _store_g64(q_ptr, stride_qm, sc_ptr, stride_sg, q_lo, q_hi, scale, offs_m, k_lo, byte_cols, gi, mask, g_mask,
+               M, BLOCK_M: tl.constexpr, NGS: tl.constexpr, HG: tl.constexpr, SCALE_BF16: tl.constexpr,
+               F8: tl.constexpr):
+    """Write a tile's int4_g64 codes q_lo / q_hi (the lo / hi nibble columns k_lo / k_lo + 32 of rows offs_m,
+    [BM, NGS·HG]; byte_cols: their packed byte columns) and its group scales [BM, NGS] (groups gi).
+
+    Packed (default): bytes into q [M, K/2] uint8, 16-bit scales into sc [K/G, M] (stride_sg per group).
+    F8: the operands of the e4m3 GEMM paths, bit-identical to ``w4_expand.expand_act_f8`` of the packed ones:
+    q [M, K] e4m3 (stride_qm = K) at the natural columns, and sc = xab [K/G, 2, M] fp32 (stride_sg = 2·M): rows
+    (a, b) = (2⁹·xs, −8·R·xs) with xs the 16-bit scale and R the group's Σ q (w4_expand.act_f8_rows)."""
+    if F8:
+        tl.store(q_ptr + offs_m[:, None] * stride_qm + k_lo[None, :], e4m3_codes(q_lo), mask=mask)
+        tl.store(q_ptr + offs_m[:, None] * stride_qm + (k_lo + 32)[None, :], e4m3_codes(q_hi), mask=mask)
+        rsum = tl.sum(tl.reshape(q_lo + q_hi, (BLOCK_M, NGS, HG)), axis=2)         # R [BM, NGS]
+        # the scale as the packed path stores it, then widened the way expand_act_f8 reads it: same bits
+        xs = scale.to(tl.bfloat16 if SCALE_BF16 else tl.float16).to(tl.float32)
+        row_a, row_b = act_f8_rows(rsum, xs)
+        dst = sc_ptr + gi[None, :] * stride_sg + offs_m[:, None]
+        tl.store(dst, row_a, mask=g_mask)
+        tl.store(dst + M, row_b, mask=g_mask)
+    else:
+        tl.store(q_ptr + offs_m[:, None] * stride_qm + byte_cols[None, :], _pack_nibbles(q_lo, q_hi), mask=mask)
+        tl.store(sc_ptr + gi[None, :] * stride_sg + offs_m[:, None], scale.to(sc_ptr.dtype.element_ty), mask=g_mask)
 
 
 @triton.jit
 def _quant_g64_step(x_ptr, stride_xm, smooth_ptr, q_ptr, stride_qm, sc_ptr, stride_sg, a_ptr, stride_ar,
                     s_acc, k0, offs_m, offs_r, M, R,
                     G: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
-                    HAS_LOWRANK: tl.constexpr, SCALE_BF16: tl.constexpr):
+                    HAS_LOWRANK: tl.constexpr, SCALE_BF16: tl.constexpr, F8: tl.constexpr = False):
     """Quantize columns [k0, k0 + BLOCK_K) (BLOCK_K/G whole groups) of rows ``offs_m``: packed int4 +
-    16-bit scales; returns the updated S partial. One wide step instead of one group per step: the
-    per-step latency chain (load → dot → reduce → store) is paid K/BLOCK_K times, not K/G times."""
+    16-bit scales (F8: e4m3 codes + xab rows, :func:`_store_g64`); returns the updated S partial. One wide
+    step instead of one group per step: the per-step latency chain (load → dot → reduce → store) is paid
+    K/BLOCK_K times, not K/G times."""
     HALF_K: tl.constexpr = BLOCK_K // 2
     HG: tl.constexpr = G // 2        # lo (or hi) columns per group
     NGS: tl.constexpr = BLOCK_K // G
@@ -141,12 +183,10 @@ def _quant_g64_step(x_ptr, stride_xm, smooth_ptr, q_ptr, stride_qm, sc_ptr, stri
     if HAS_LOWRANK:
         s_acc = _down(s_acc, xs_lo, a_ptr, stride_ar, k_lo, offs_r, R)
         s_acc = _down(s_acc, xs_hi, a_ptr, stride_ar, k_lo + 32, offs_r, R)
-    packed, scale = _g64_quantize(xs_lo, xs_hi, BLOCK_M, NGS, HG, SCALE_BF16)
-    row_ok = offs_m < M
-    tl.store(q_ptr + offs_m[:, None] * stride_qm + (k0 // 2 + col)[None, :], packed, mask=row_ok[:, None])
-    gi = k0 // G + tl.arange(0, NGS)
-    tl.store(sc_ptr + gi[None, :] * stride_sg + offs_m[:, None], scale.to(sc_ptr.dtype.element_ty),
-             mask=row_ok[:, None])
+    q_lo, q_hi, scale = _g64_codes(xs_lo, xs_hi, BLOCK_M, NGS, HG, SCALE_BF16)
+    row_ok = (offs_m < M)[:, None]
+    _store_g64(q_ptr, stride_qm, sc_ptr, stride_sg, q_lo, q_hi, scale, offs_m, k_lo, k0 // 2 + col,
+               k0 // G + tl.arange(0, NGS), row_ok, row_ok, M, BLOCK_M, NGS, HG, SCALE_BF16, F8)
     return s_acc
 
 
@@ -160,10 +200,11 @@ def _act_quant_g_kernel(
     sp_ptr, stride_sps, stride_spm,  # (SPLIT, M, R) fp32 S partials (SPLIT = 1: S itself)
     M, K, R, STEPS_PER_SLICE,
     G: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr,
-    HAS_LOWRANK: tl.constexpr, SCALE_BF16: tl.constexpr,
+    HAS_LOWRANK: tl.constexpr, SCALE_BF16: tl.constexpr, F8: tl.constexpr = False,
 ):
     """Program (row block, K slice): quantizes its groups (independent of the rest of the row) and
-    writes its S partial; the partials are summed in slice order by :func:`_sum_partials_kernel`."""
+    writes its S partial; the partials are summed in slice order by :func:`_sum_partials_kernel`.
+    F8: q / sc are the e4m3 operands x8 [M, K] / xab [K/G, 2, M] instead (:func:`_store_g64`)."""
     pid_k = tl.program_id(1)
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_r = tl.arange(0, BLOCK_R)
@@ -173,7 +214,7 @@ def _act_quant_g_kernel(
     for k0 in range(k_begin, k_end, BLOCK_K):
         s_acc = _quant_g64_step(x_ptr, stride_xm, smooth_ptr, q_ptr, stride_qm, sc_ptr, stride_sg, a_ptr,
                                 stride_ar, s_acc, k0, offs_m, offs_r, M, R, G, BLOCK_M, BLOCK_K, HAS_LOWRANK,
-                                SCALE_BF16)
+                                SCALE_BF16, F8)
     if HAS_LOWRANK:
         tl.store(sp_ptr + pid_k * stride_sps + offs_m[:, None] * stride_spm + offs_r[None, :], s_acc,
                  mask=(offs_m[:, None] < M) & (offs_r[None, :] < R))
@@ -380,12 +421,19 @@ def _smooth_fast(x, lam_ptrs, rl_ptrs, EMU_FMA: tl.constexpr):
 
 
 @triton.jit
-def _g64_fast_pack(xs_lo, xs_hi, scale, rs, EMU_FMA: tl.constexpr):
-    """Packed int4 bytes of the two nibble halves xs / scale (rs = RN(1/scale)), rounded half-to-even by the
+def _g64_fast_codes(xs_lo, xs_hi, scale, rs, EMU_FMA: tl.constexpr):
+    """int32 codes q = RNE(xs / scale) of the two nibble halves (rs = RN(1/scale)), rounded half-to-even by the
     magic-number add; valid when the scale is in the fast range (no clamp needed)."""
-    n_lo = (_div_fast(xs_lo, scale, rs, EMU_FMA) + _RNE_MAGIC).to(tl.int32, bitcast=True) & 0xF
-    n_hi = (_div_fast(xs_hi, scale, rs, EMU_FMA) + _RNE_MAGIC).to(tl.int32, bitcast=True) & 0xF
-    return (n_lo | (n_hi << 4)).to(tl.uint8)
+    q_lo = (_div_fast(xs_lo, scale, rs, EMU_FMA) + _RNE_MAGIC).to(tl.int32, bitcast=True) - _MAGIC_BITS
+    q_hi = (_div_fast(xs_hi, scale, rs, EMU_FMA) + _RNE_MAGIC).to(tl.int32, bitcast=True) - _MAGIC_BITS
+    return q_lo, q_hi
+
+
+@triton.jit
+def _g64_fast_pack(xs_lo, xs_hi, scale, rs, EMU_FMA: tl.constexpr):
+    """Packed int4 bytes of :func:`_g64_fast_codes` (the magic bits are 0 in the low nibble: no subtract)."""
+    q_lo, q_hi = _g64_fast_codes(xs_lo, xs_hi, scale, rs, EMU_FMA)
+    return _pack_nibbles(q_lo, q_hi)
 
 
 @triton.jit
@@ -546,10 +594,11 @@ def _act_quant_g_v3_kernel(
     x_ptr, stride_xm, smooth_ptr, rl_ptr, q_ptr, stride_qm, sc_ptr, stride_sg, p_ptr, stride_pp,
     sp_ptr, stride_sps, stride_spm, M, K, R, STEPS_PER_SLICE,
     G: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr, HAS_LOWRANK: tl.constexpr,
-    SCALE_BF16: tl.constexpr, SHIFT: tl.constexpr, EMU_FMA: tl.constexpr,
+    SCALE_BF16: tl.constexpr, SHIFT: tl.constexpr, EMU_FMA: tl.constexpr, F8: tl.constexpr = False,
 ):
     """v3 of :func:`_act_quant_g_v2_kernel` (same arguments, same bits): fast path only in the loop, the
-    exact redo of the slice after it when any of its (row, group) scales left the fast range."""
+    exact redo of the slice after it when any of its (row, group) scales left the fast range.
+    F8: q / sc are the e4m3 operands x8 [M, K] / xab [K/G, 2, M] instead (:func:`_store_g64`)."""
     HALF: tl.constexpr = G // 2
     LO: tl.constexpr = _FAST_LO if SCALE_BF16 else _FAST_LO_F16
     HI: tl.constexpr = _FAST_HI if SCALE_BF16 else _FAST_HI_F16
@@ -580,10 +629,9 @@ def _act_quant_g_v3_kernel(
                                          tl.full((BLOCK_M, 1), _RCP7, tl.float32), EMU_FMA), SCALE_BF16)
         ok = (scale >= LO) & (scale <= HI)  # NaN → not ok; in range: amax normal, so amax/7 was exact
         n_bad += (row_ok[:, None] & ~ok).to(tl.int32)
-        packed = _g64_fast_pack(xs_lo, xs_hi, scale, tl.math.div_rn(1.0, tl.where(ok, scale, 1.0)), EMU_FMA)
-        tl.store(q_ptr + offs_m[:, None] * stride_qm + (k0 // 2 + col)[None, :], packed, mask=row_ok[:, None])
-        tl.store(sc_ptr + (k0 // G) * stride_sg + offs_m[:, None], scale.to(sc_ptr.dtype.element_ty),
-                 mask=row_ok[:, None])
+        q_lo, q_hi = _g64_fast_codes(xs_lo, xs_hi, scale, tl.math.div_rn(1.0, tl.where(ok, scale, 1.0)), EMU_FMA)
+        _store_g64(q_ptr, stride_qm, sc_ptr, stride_sg, q_lo, q_hi, scale, offs_m, k_lo, k0 // 2 + col,
+                   k0 // G + tl.arange(0, 1), row_ok[:, None], row_ok[:, None], M, BLOCK_M, 1, HALF, SCALE_BF16, F8)
     if HAS_LOWRANK:
         _store_s_pieces(acc1, acc2, acc3, sp_ptr, stride_sps, stride_spm, pid_k, offs_m, offs_r, M, R, SHIFT)
     if tl.max(tl.max(n_bad, axis=1), axis=0) > 0:  # rare: NaN/Inf, zero or extreme groups, λ out of range
@@ -591,7 +639,7 @@ def _act_quant_g_v3_kernel(
         for k0 in range(k_begin, k_end, G):
             s_dummy = tl.zeros((BLOCK_M, BLOCK_R), tl.float32)
             _quant_g64_step(x_ptr, stride_xm, smooth_ptr, q_ptr, stride_qm, sc_ptr, stride_sg, x_ptr, 0,
-                            s_dummy, k0, offs_m, offs_r, M, R, G, BLOCK_M, G, False, SCALE_BF16)
+                            s_dummy, k0, offs_m, offs_r, M, R, G, BLOCK_M, G, False, SCALE_BF16, F8)
 
 
 @triton.jit
@@ -744,13 +792,14 @@ def _fused_s_program(x_ptr, stride_xm, smooth_ptr, a_ptr, stride_ar, sp_ptr, str
 # fp32 FMAs, one in-program fixed-shape reduction, store. No slabs, no atomics, no ticket: the chain is
 # the floor's (load → math → store). Each program re-reads its x rows (L2; R/RB programs per row block)
 # and A is read once per row block — cheap at decode (M=1: r programs × 24 KB). The K chunks are
-# unrolled (static_range) so all their loads can be in flight together (sm_90 SASS at M=1: 12 LDG.128 per
-# thread, then the math). S: fp32 FMAs of (x / λ)·A with the approximate divide (div.full.f32, ≤ 2 ulp:
+# unrolled (static_range) so all their loads can be in flight together (sm_90 at M=1: 12 LDG.128 per thread;
+# ptxas spreads them over several round trips unless LOADS_FIRST, see _loads_in_flight). S: fp32 FMAs of (x / λ)·A with the approximate divide (div.full.f32, ≤ 2 ulp:
 # S is compared to float64 at ~1e-6; only q / scales must be exact, and they keep div_rn), same bits
 # every call (fixed layout, fixed reduction tree), not the ticket path's bits.
 @triton.jit
 def _fused_s_rank_program(x_ptr, stride_xm, smooth_ptr, a_ptr, stride_ar, s_ptr, stride_sm, pid, M, K, R,
-                          SR: tl.constexpr, RB: tl.constexpr, CK: tl.constexpr, NCH: tl.constexpr):
+                          SR: tl.constexpr, RB: tl.constexpr, CK: tl.constexpr, NCH: tl.constexpr,
+                          LOADS_FIRST: tl.constexpr):
     """S[rows, ranks] for SR rows × RB ranks over all of K; tile row i is (row i // RB, rank i % RB)."""
     TR: tl.constexpr = SR * RB
     n_rg = tl.cdiv(R, RB)
@@ -766,17 +815,69 @@ def _fused_s_rank_program(x_ptr, stride_xm, smooth_ptr, a_ptr, stride_ar, s_ptr,
         x = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :], mask=m2, other=0.0)
         a = tl.load(a_ptr + offs_r[:, None] * stride_ar + offs_k[None, :], mask=m2, other=0.0)
         lam = tl.load(smooth_ptr + offs_k, mask=k_ok, other=1.0)
-        acc += (x.to(tl.float32) / lam.to(tl.float32)[None, :]) * a.to(tl.float32)
+        if LOADS_FIRST:
+            lamf = _gated_on_loads(lam, x, a)
+            acc += (x.to(tl.float32) / lamf[None, :]) * a.to(tl.float32)
+        else:
+            acc += (x.to(tl.float32) / lam.to(tl.float32)[None, :]) * a.to(tl.float32)
     tl.store(s_ptr + offs_m * stride_sm + offs_r, tl.sum(acc, axis=1), mask=ok)
+
+
+# LOADS_FIRST (fused programs). ptxas (sm_90) issues the loads of these short programs lazily, next to their first
+# use, so one step's loads take several dependent L2/DRAM round trips. SASS, loads issued per wave (a wave ends at
+# the first instruction that reads a pending load; K = 4096, 4 warps):
+#   * rank-split S program: g64 M=1 [4, 2, 2, 1, 1, 2] (its four A loads only after all 32 divisions), g64 M=16
+#     [3, 6, 4, 2, 1, 1, 1, 2], 2l M=1 [2, 4, 1, 2, 3] — although the PTX issues every load of a chunk first;
+#   * g64 quant unit: [2, 2] — its hi half is loaded after the lo half's div.rn, whose slow-path CALL ptxas does
+#     not move loads across.
+# With LOADS_FIRST: S [12], [10, 10] (one wave per K chunk), [12]; unit [4]. The unit loads both halves, then a
+# CTA barrier (ptxas cannot move a global load across one). The S program gates λ — so every division, so every
+# use of x and A — on one CTA-wide reduction over all the chunk's loaded elements (:func:`_gated_on_loads`); a
+# barrier alone does not do it there: ptxas hoists the divisions above it and interleaves the loads with them again.
+@triton.jit
+def _loads_in_flight(LOADS_FIRST: tl.constexpr):
+    if LOADS_FIRST:
+        tl.debug_barrier()
+
+
+@triton.jit
+def _raw_bits(v):
+    """The stored bits of a 16- or 32-bit float tensor as int32 (no conversion of the value)."""
+    if v.dtype.primitive_bitwidth == 16:
+        return v.to(tl.int16, bitcast=True).to(tl.int32)
+    else:
+        return v.to(tl.int32, bitcast=True)
+
+
+@triton.jit
+def _gated_on_loads(lam, x, a):
+    """λ as fp32 [CK], made to depend on a CTA max over the stored bits of every element of x, A [TR, CK] and λ:
+    the select is never taken (the max of non-negative ints), but it comes through shuffles and shared memory, so
+    no division can be scheduled before all loads have landed — and so all of them are issued first. The stored
+    bits keep the 16-bit values packed while they wait (sm_90, g64 M=1: 77 registers; on the fp32 values 119)."""
+    bits = (_raw_bits(x) | _raw_bits(a) | _raw_bits(lam)[None, :]) & 0x7FFFFFFF
+    return tl.where(tl.max(tl.max(bits, axis=1), axis=0) < 0, 1.0, lam.to(tl.float32))
+
+
+@triton.jit
+def _load_x_lam(x_ptr, stride_xm, smooth_ptr, offs_m, offs_k, row_ok, k_ok):
+    """(x[offs_m, offs_k], λ[offs_k]) as stored, rows and columns masked (x 0, λ 1 outside)."""
+    x = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :], mask=row_ok[:, None] & k_ok[None, :],
+                other=0.0)
+    return x, tl.load(smooth_ptr + offs_k, mask=k_ok, other=1.0)
+
+
+@triton.jit
+def _div_lam(x, lam):
+    """x / λ in fp32, correctly rounded (λ broadcast over rows)."""
+    return tl.math.div_rn(x.to(tl.float32), lam.to(tl.float32)[None, :])
 
 
 @triton.jit
 def _load_smoothed(x_ptr, stride_xm, smooth_ptr, offs_m, offs_k, row_ok, k_ok):
     """x[offs_m, offs_k] / λ[offs_k] in fp32, rows and columns masked (0 outside)."""
-    x = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :], mask=row_ok[:, None] & k_ok[None, :],
-                other=0.0)
-    lam = tl.load(smooth_ptr + offs_k, mask=k_ok, other=1.0).to(tl.float32)
-    return tl.math.div_rn(x.to(tl.float32), lam[None, :])
+    x, lam = _load_x_lam(x_ptr, stride_xm, smooth_ptr, offs_m, offs_k, row_ok, k_ok)
+    return _div_lam(x, lam)
 
 
 @triton.jit
@@ -814,23 +915,31 @@ def _fused_2l_unit(x_ptr, stride_xm, smooth_ptr, e_ptr, stride_em, t_ptr, u, QS,
 
 @triton.jit
 def _fused_g64_unit(x_ptr, stride_xm, smooth_ptr, q_ptr, stride_qm, sc_ptr, stride_sg, u, QS, M, K,
-                    G: tl.constexpr, QM: tl.constexpr, QK: tl.constexpr, SCALE_BF16: tl.constexpr):
-    """Rows [r0, r0 + QM), columns chunk c of QK (whole groups): packed int4 + 16-bit group scales."""
+                    G: tl.constexpr, QM: tl.constexpr, QK: tl.constexpr, SCALE_BF16: tl.constexpr,
+                    F8: tl.constexpr, LOADS_FIRST: tl.constexpr):
+    """Rows [r0, r0 + QM), columns chunk c of QK (whole groups): packed int4 + 16-bit group scales, or (F8)
+    the e4m3 codes + xab rows (:func:`_store_g64`)."""
     HALF: tl.constexpr = QK // 2
+    NGS: tl.constexpr = QK // G
     c = u % QS
     offs_m = (u // QS) * QM + tl.arange(0, QM)
     row_ok = offs_m < M
     col = tl.arange(0, HALF)
     k_lo = c * QK + (col // 32) * 64 + (col % 32)  # lo nibble columns (see _quant_g64_step)
     k_ok = k_lo < K                                # K % 64 == 0: a packed block is all in or all out
-    xs_lo = _load_smoothed(x_ptr, stride_xm, smooth_ptr, offs_m, k_lo, row_ok, k_ok)
-    xs_hi = _load_smoothed(x_ptr, stride_xm, smooth_ptr, offs_m, k_lo + 32, row_ok, k_ok)
-    packed, scale = _g64_quantize(xs_lo, xs_hi, QM, QK // G, G // 2, SCALE_BF16)
-    tl.store(q_ptr + offs_m[:, None] * stride_qm + (c * HALF + col)[None, :], packed,
-             mask=row_ok[:, None] & k_ok[None, :])
-    gi = c * (QK // G) + tl.arange(0, QK // G)
-    tl.store(sc_ptr + gi[None, :] * stride_sg + offs_m[:, None], scale.to(sc_ptr.dtype.element_ty),
-             mask=row_ok[:, None] & (gi < K // G)[None, :])
+    x_lo, lam_lo = _load_x_lam(x_ptr, stride_xm, smooth_ptr, offs_m, k_lo, row_ok, k_ok)
+    if LOADS_FIRST:
+        x_hi, lam_hi = _load_x_lam(x_ptr, stride_xm, smooth_ptr, offs_m, k_lo + 32, row_ok, k_ok)
+        _loads_in_flight(LOADS_FIRST)
+    xs_lo = _div_lam(x_lo, lam_lo)
+    if not LOADS_FIRST:
+        x_hi, lam_hi = _load_x_lam(x_ptr, stride_xm, smooth_ptr, offs_m, k_lo + 32, row_ok, k_ok)
+    xs_hi = _div_lam(x_hi, lam_hi)
+    q_lo, q_hi, scale = _g64_codes(xs_lo, xs_hi, QM, NGS, G // 2, SCALE_BF16)
+    gi = c * NGS + tl.arange(0, NGS)
+    _store_g64(q_ptr, stride_qm, sc_ptr, stride_sg, q_lo, q_hi, scale, offs_m, k_lo, c * HALF + col, gi,
+               row_ok[:, None] & k_ok[None, :], row_ok[:, None] & (gi < K // G)[None, :], M, QM, NGS, G // 2,
+               SCALE_BF16, F8)
 
 
 @triton.jit
@@ -848,15 +957,24 @@ def _act_quant_fused_kernel(
     BLOCK_R: tl.constexpr, SPLIT_P2: tl.constexpr, SUM_ROWS: tl.constexpr, QM: tl.constexpr,
     QK: tl.constexpr, CH: tl.constexpr, SCALE_BF16: tl.constexpr,
     S_RANK: tl.constexpr = False, SR: tl.constexpr = 1, RB: tl.constexpr = 1, CK: tl.constexpr = 64,
-    NCH: tl.constexpr = 1,
+    NCH: tl.constexpr = 1, F8: tl.constexpr = False, PDL: tl.constexpr = False, LOADS_FIRST: tl.constexpr = False,
 ):
     """Programs [0, N_SPROG): S — (row block, K slice) + ticket, or with S_RANK (SR rows, RB ranks) over all
-    of K; the rest: quant unit u = pid − N_SPROG (rows (u // QS)·QM …, column chunk u % QS)."""
+    of K; the rest: quant unit u = pid − N_SPROG (rows (u // QS)·QM …, column chunk u % QS).
+    F8 (g64): q / sc are the e4m3 operands x8 [M, K] / xab [K/G, 2, M] (:func:`_store_g64`).
+    PDL (kernels/pdl.py): every program first lets the next kernel (the GEMM) be scheduled, so it can start
+    its weight loads during this one, then waits for the previous kernel (x's producer) before its first
+    global access — x, λ, A and also the tickets and outputs (a predecessor may still read them).
+    LOADS_FIRST: the rank-split S program and the g64 quant unit issue all their loads before the first use
+    (:func:`_loads_in_flight`)."""
+    if PDL:
+        gdc_launch_dependents()
+        gdc_wait()
     pid = tl.program_id(0)
     if pid < N_SPROG:
         if S_RANK:  # constexpr: the ticket code (atomics, slab sum) is not even compiled
             _fused_s_rank_program(x_ptr, stride_xm, smooth_ptr, a_ptr, stride_ar, s_ptr, stride_sm, pid, M, K,
-                                  R, SR, RB, CK, NCH)
+                                  R, SR, RB, CK, NCH, LOADS_FIRST)
         else:
             _fused_s_program(x_ptr, stride_xm, smooth_ptr, a_ptr, stride_ar, sp_ptr, stride_sps, stride_spm,
                              s_ptr, stride_sm, cnt_ptr, pid, M, K, R, SPLIT, STEPS_PER_SLICE, ROT,
@@ -866,7 +984,7 @@ def _act_quant_fused_kernel(
                        G, QM, QK, CH)
     else:
         _fused_g64_unit(x_ptr, stride_xm, smooth_ptr, q_ptr, stride_qm, sc_ptr, stride_sg, pid - N_SPROG, QS,
-                        M, K, G, QM, QK, SCALE_BF16)
+                        M, K, G, QM, QK, SCALE_BF16, F8, LOADS_FIRST)
 
 
 MAX_SPLIT = 64  # K slices per row block: bounds the partials' size and the reduce tile
@@ -927,6 +1045,14 @@ def _pow2_floor(v: int) -> int:
 _ENV_FUSED_S = os.environ.get("LOWRANK_GEMM_ACT_QUANT_FUSED_S", "").strip() or None
 FUSED_RANK_MAX_M = 16
 _RANK_TILE_ELEMS = 4096  # [SR·RB, CK] per K chunk: 32 fp32 per thread at 4 warps
+# Fused LOADS_FIRST (see _loads_in_flight): LOWRANK_GEMM_ACT_QUANT_LOADS_FIRST=0/1, read per call (one process can
+# A/B it), else LOADS_FIRST_DEFAULT. Off until measured on the H200.
+LOADS_FIRST_DEFAULT = False
+
+
+def _loads_first_default() -> bool:
+    env = os.environ.get("LOWRANK_GEMM_ACT_QUANT_LOADS_FIRST", "")
+    return env == "1" if env in ("0", "1") else LOADS_FIRST_DEFAULT
 
 
 def _fused_s_mode(m: int, s_rows, s_ranks) -> tuple[int, int]:
@@ -938,7 +1064,7 @@ def _fused_s_mode(m: int, s_rows, s_ranks) -> tuple[int, int]:
         s_ranks = 1 if mode == "rank" else 0
     if s_ranks == 0:
         return 0, 0
-    # ptxas hoists every unrolled chunk's loads (the point: one round trip), so registers grow with SR:
+    # every unrolled chunk's loads are live at once in the PTX, so registers grow with SR:
     # sm_90, 4 warps, K = 4096, 2l: SR 1/2/4 → 105/112/164 registers, SR 8 → 255 + 73 spill stores
     sr = s_rows or min(triton.next_power_of_2(max(m, 1)), 2 if m <= FUSED_RANK_MAX_M else 4)
     if sr & (sr - 1) or s_ranks & (s_ranks - 1) or s_ranks < 0:
@@ -1063,24 +1189,47 @@ def _prep(x, smooth, lora_down, r: int, br: int):
     return rl, pieces, _PIECE_SHIFT[pdt]
 
 
+OUTPUTS = ("packed", "f8")
+# variants that write the e4m3 operands themselves (out="f8"); the others quantize packed, then expand_act_f8
+_F8_NATIVE = ("v1", "v3", "fused")
+
+
+def _g64_outputs(m: int, k: int, group_size: int, dev, scale_dtype, f8: bool):
+    """Fresh int4_g64 outputs: packed uint8 [M, K/2] + 16-bit scales [K/G, M], or (f8) x8 e4m3 [M, K] +
+    xab fp32 [K/G, 2, M] (the layout of ``w4_expand.expand_act_f8``)."""
+    if f8:
+        return (torch.empty((m, k), device=dev, dtype=torch.float8_e4m3fn),
+                torch.empty((k // group_size, 2, m), device=dev, dtype=torch.float32))
+    return (torch.empty((m, k // 2), device=dev, dtype=torch.uint8),
+            torch.empty((k // group_size, m), device=dev, dtype=scale_dtype))
+
+
 def act_quant(x: torch.Tensor, smooth: torch.Tensor, lora_down: torch.Tensor, group_size: int = 64,
-              fmt: str = "int4_g64", scale_dtype: torch.dtype = torch.bfloat16, *, split: int | None = None,
-              block_m: int | None = None, block_k: int | None = None, num_warps: int | None = None,
-              variant: str | None = None, quant_rows: int | None = None, quant_cols: int | None = None,
-              s_rows: int | None = None, s_ranks: int | None = None, _slice_rot: int = 0):
+              fmt: str = "int4_g64", scale_dtype: torch.dtype = torch.bfloat16, *, out: str = "packed",
+              split: int | None = None, block_m: int | None = None, block_k: int | None = None,
+              num_warps: int | None = None, variant: str | None = None, quant_rows: int | None = None,
+              quant_cols: int | None = None, s_rows: int | None = None, s_ranks: int | None = None,
+              loads_first: bool | None = None, _slice_rot: int = 0):
     """Quantize ``x`` [M, K] (bf16/fp16, contiguous rows) after dividing by ``smooth`` [K].
 
     Returns ``(x_q, x_scale, lowrank_act)``:
       int4_g64: x_q uint8 [M, K/2], x_scale ``scale_dtype`` [K/G, M];
+      int4_g64, ``out="f8"``: the operands of the e4m3 GEMM paths, x_q float8_e4m3fn [M, K] and x_scale =
+                xab float32 [K/G, 2, M], bit-identical to ``w4_expand.expand_act_f8`` of the packed pair
+                (``scale_dtype`` still sets the 16-bit scale xab is built from). The fused / v1 / v3 kernels
+                write them directly (no packed intermediate, no expansion launch); v2 expands after;
       int4_2l:  x_q int8 [M, K],    x_scale float32 [M];
     and lowrank_act float32 [M, r] = (x / smooth) · lora_downᵀ (lora_down [r, K]; r may be 0).
     ``split`` (K slices per row block), ``block_m``, ``block_k`` (columns per step, a multiple of G that
     divides K; rounded down to one), ``num_warps``, ``variant`` (``v1`` | ``v2`` | ``fused``, same bits;
     v2 adds a tiny prep launch) and, for fused, ``quant_rows`` / ``quant_cols`` override the plan
     (:func:`plan_act_quant`), and ``s_ranks`` (0: ticketed K-split S; ≥ 1: rank-split S, ``s_rows`` rows
-    per program) picks the fused S mode (default: ``LOWRANK_GEMM_ACT_QUANT_FUSED_S`` or rank for M ≤ 16).
+    per program) picks the fused S mode (default: ``LOWRANK_GEMM_ACT_QUANT_FUSED_S`` or rank for M ≤ 16);
+    ``loads_first`` (fused; None: ``LOWRANK_GEMM_ACT_QUANT_LOADS_FIRST``, default off) makes the rank-split S
+    programs and the g64 quant units issue all their loads before the first use (same bits).
     ``_slice_rot`` (tests only) rotates which fused program owns which slice (ticket mode).
     Launches: fused one; v1/v2 g64 one kernel, 2l two passes (+ v2's prep, + the S reduce when split > 1).
+    The fused kernel is launched with programmatic dependent launch when ``pdl.pdl_enabled`` (off by default).
     The fused path keeps a per-device int32 ticket buffer (zero between calls): calls that run
     concurrently on two streams of one device must not both use it (a graph replay is one call per node).
     Inputs are assumed validated by the op (``w4a4_gemm.check_linear_args``).
@@ -1090,10 +1239,22 @@ def act_quant(x: torch.Tensor, smooth: torch.Tensor, lora_down: torch.Tensor, gr
     dev = x.device
     if fmt not in FORMATS:
         raise ValueError(f"fmt must be one of {FORMATS}, got {fmt!r}")
+    if out not in OUTPUTS:
+        raise ValueError(f"act_quant: out must be one of {OUTPUTS}, got {out!r}")
+    f8 = out == "f8"
+    if f8 and (fmt != "int4_g64" or group_size % 64):
+        raise ValueError(f"act_quant: out='f8' (the e4m3 GEMM operands) needs fmt='int4_g64' and a group size that "
+                         f"is a multiple of 64, got fmt={fmt!r}, group_size={group_size}")
     plan = plan_act_quant(m, k, group_size, dev, split, block_m, block_k, num_warps, variant, fmt=fmt, rank=r,
                           quant_rows=quant_rows, quant_cols=quant_cols, s_rows=s_rows, s_ranks=s_ranks)
+    if f8 and plan.variant not in _F8_NATIVE:
+        x_q, x_scale, lowrank_act = act_quant(x, smooth, lora_down, group_size, fmt, scale_dtype, split=split,
+                                              block_m=block_m, block_k=block_k, num_warps=num_warps,
+                                              variant=plan.variant)
+        return (*expand_act_f8(x_q, x_scale, group_size), lowrank_act)
     if plan.variant == "fused":
-        return _act_quant_fused(x, smooth, lora_down, group_size, fmt, scale_dtype, plan, _slice_rot)
+        return _act_quant_fused(x, smooth, lora_down, group_size, fmt, scale_dtype, plan, _slice_rot, f8,
+                                _loads_first_default() if loads_first is None else loads_first)
     lowrank_act = torch.empty((m, r), device=dev, dtype=torch.float32)
     bm, bk, nsplit, sps, warps, variant = plan[:6]
     br = rank_block(r)
@@ -1104,14 +1265,13 @@ def act_quant(x: torch.Tensor, smooth: torch.Tensor, lora_down: torch.Tensor, gr
     spst = sp.stride(0) if sp.dim() == 3 else 0
     if variant in ("v2", "v3"):
         return _act_quant_v2(x, smooth, lora_down, group_size, fmt, scale_dtype, lowrank_act, sp, spst,
-                             grid, bm, nsplit, sps, warps, br, variant == "v3")
+                             grid, bm, nsplit, sps, warps, br, variant == "v3", f8)
     if fmt == "int4_g64":
-        x_q = torch.empty((m, k // 2), device=dev, dtype=torch.uint8)
-        x_scale = torch.empty((k // group_size, m), device=dev, dtype=scale_dtype)
+        x_q, x_scale = _g64_outputs(m, k, group_size, dev, scale_dtype, f8)
         _act_quant_g_kernel[grid](x, x.stride(0), smooth, x_q, x_q.stride(0), x_scale, x_scale.stride(0),
                                   a, a.stride(0), sp, spst, max(r, 1), m, k, r, sps,
                                   G=group_size, BLOCK_M=bm, BLOCK_K=bk, BLOCK_R=br, HAS_LOWRANK=r > 0,
-                                  SCALE_BF16=scale_dtype == torch.bfloat16, num_warps=warps)
+                                  SCALE_BF16=scale_dtype == torch.bfloat16, F8=f8, num_warps=warps)
     elif fmt == "int4_2l":
         x_q = torch.empty((m, k), device=dev, dtype=torch.int8)
         x_scale = torch.empty((m,), device=dev, dtype=torch.float32)
@@ -1137,9 +1297,9 @@ def _sum_partials(sp, lowrank_act, nsplit: int, br: int) -> None:
 
 
 def _act_quant_v2(x, smooth, lora_down, group_size, fmt, scale_dtype, lowrank_act, sp, spst, grid, bm,
-                  nsplit, sps, warps, br, v3=False):
+                  nsplit, sps, warps, br, v3=False, f8=False):
     """v2 / v3 launches (same arguments): prep (1/λ, A'ᵀ pieces), then g64 one kernel / 2l two passes,
-    then the S reduce."""
+    then the S reduce. ``f8``: v3 only (the e4m3 outputs)."""
     g_kernel = _act_quant_g_v3_kernel if v3 else _act_quant_g_v2_kernel
     stats_kernel = _act_2l_stats_v3_kernel if v3 else _act_2l_stats_v2_kernel
     quant_kernel = _act_2l_quant_v3_kernel if v3 else _act_2l_quant_v2_kernel
@@ -1149,13 +1309,12 @@ def _act_quant_v2(x, smooth, lora_down, group_size, fmt, scale_dtype, lowrank_ac
     rl, pieces, shift = _prep(x, smooth, lora_down, r, br)
     emu = _interpreting()
     if fmt == "int4_g64":
-        x_q = torch.empty((m, k // 2), device=dev, dtype=torch.uint8)
-        x_scale = torch.empty((k // group_size, m), device=dev, dtype=scale_dtype)
+        x_q, x_scale = _g64_outputs(m, k, group_size, dev, scale_dtype, f8)
         g_kernel[grid](x, x.stride(0), smooth, rl, x_q, x_q.stride(0), x_scale, x_scale.stride(0),
-                                     pieces, pieces.stride(0), sp, spst, max(r, 1), m, k, r, sps,
-                                     G=group_size, BLOCK_M=bm, BLOCK_R=br, HAS_LOWRANK=r > 0,
-                                     SCALE_BF16=scale_dtype == torch.bfloat16, SHIFT=shift, EMU_FMA=emu,
-                                     num_warps=warps)
+                       pieces, pieces.stride(0), sp, spst, max(r, 1), m, k, r, sps,
+                       G=group_size, BLOCK_M=bm, BLOCK_R=br, HAS_LOWRANK=r > 0,
+                       SCALE_BF16=scale_dtype == torch.bfloat16, SHIFT=shift, EMU_FMA=emu,
+                       **({"F8": True} if f8 else {}), num_warps=warps)  # f8: v3 only (act_quant)
     else:
         x_q = torch.empty((m, k), device=dev, dtype=torch.int8)
         x_scale = torch.empty((m,), device=dev, dtype=torch.float32)
@@ -1188,7 +1347,8 @@ def _tickets(dev: torch.device, n: int) -> torch.Tensor:
     return fresh
 
 
-def _act_quant_fused(x, smooth, lora_down, group_size, fmt, scale_dtype, plan: ActQuantPlan, rot: int = 0):
+def _act_quant_fused(x, smooth, lora_down, group_size, fmt, scale_dtype, plan: ActQuantPlan, rot: int = 0,
+                     f8: bool = False, loads_first: bool = False):
     """One launch: S programs (row block × slice, ticketed fixed-order sum) + quant units."""
     m, k = x.shape
     r = lora_down.shape[0]
@@ -1199,8 +1359,7 @@ def _act_quant_fused(x, smooth, lora_down, group_size, fmt, scale_dtype, plan: A
         x_q = torch.empty((m, k), device=dev, dtype=torch.int8)
         x_scale = torch.empty((m,), device=dev, dtype=torch.float32)
     else:
-        x_q = torch.empty((m, k // 2), device=dev, dtype=torch.uint8)
-        x_scale = torch.empty((k // group_size, m), device=dev, dtype=scale_dtype)
+        x_q, x_scale = _g64_outputs(m, k, group_size, dev, scale_dtype, f8)
     lowrank_act = torch.empty((m, r), device=dev, dtype=torch.float32)
     if m == 0:
         return x_q, x_scale, lowrank_act
@@ -1208,6 +1367,8 @@ def _act_quant_fused(x, smooth, lora_down, group_size, fmt, scale_dtype, plan: A
     qs = cdiv(k, qk)
     n_q = cdiv(m, qm) * qs
     a = lora_down if r else x
+    pdl = pdl_enabled(dev)
+    modes = dict(F8=f8, PDL=pdl, LOADS_FIRST=loads_first, launch_pdl=pdl)
     if rb:  # rank-split S: no slabs, no tickets
         ck, nch = _rank_chunks(k, sr, rb)
         n_s = cdiv(m, sr) * cdiv(r, rb) if r else 0
@@ -1217,7 +1378,8 @@ def _act_quant_fused(x, smooth, lora_down, group_size, fmt, scale_dtype, plan: A
             m, k, r, 1, 1, n_s, qs, 0,
             TWO_LEVEL=two_level, G=group_size, BLOCK_M=16, BLOCK_K=group_size, BLOCK_R=br, SPLIT_P2=1, SUM_ROWS=1,
             QM=qm, QK=qk, CH=min(triton.next_power_of_2(k), max(64, 4096 // qm)),
-            SCALE_BF16=scale_dtype == torch.bfloat16, S_RANK=True, SR=sr, RB=rb, CK=ck, NCH=nch, num_warps=warps)
+            SCALE_BF16=scale_dtype == torch.bfloat16, S_RANK=True, SR=sr, RB=rb, CK=ck, NCH=nch, num_warps=warps,
+            **modes)
         return x_q, x_scale, lowrank_act
     n_rb = cdiv(m, bm)
     n_s = n_rb * nsplit if r else 0
@@ -1230,5 +1392,5 @@ def _act_quant_fused(x, smooth, lora_down, group_size, fmt, scale_dtype, plan: A
         TWO_LEVEL=two_level, G=group_size, BLOCK_M=bm, BLOCK_K=bk, BLOCK_R=br,
         SPLIT_P2=triton.next_power_of_2(nsplit), SUM_ROWS=min(bm, triton.next_power_of_2(m)), QM=qm, QK=qk,
         CH=min(triton.next_power_of_2(k), max(64, 4096 // qm)), SCALE_BF16=scale_dtype == torch.bfloat16,
-        num_warps=warps)
+        num_warps=warps, **modes)
     return x_q, x_scale, lowrank_act

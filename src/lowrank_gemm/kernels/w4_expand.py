@@ -12,8 +12,10 @@ TMA into wgmma (variant ``"expand"`` of :mod:`.w4a4_gemm`). vLLM does the same f
     int4_g64: out[n, k] = q[n, k]                 as int8, or float8_e4m3fn (every int4 is exact in e4m3)
 
     expand_act_f8(x_q [M, K/2] uint8, x_scale [K/G, M] 16-bit, group_size) → (x8 [M, K] e4m3, xab [K/G, 2, M] fp32)
-        the activation side of the W4A4 v2 fp8 path (gluon/w4a4_ws.py): x8 = q exactly; per (group, row)
-        a = 2⁹·xs and b = −8·R·xs with R = Σ_k∈g q — the rows that undo the offset encoding of the weights.
+        the activation side of the W4A4 fp8 paths (gluon/w4a4_ws.py, gluon/w4a4_decode.py): x8 = q exactly; per
+        (group, row) a = 2⁹·xs and b = −8·R·xs with R = Σ_k∈g q — the rows that undo the offset encoding of the
+        weights. ``act_quant(..., out="f8")`` writes the same bytes straight from x (no packed intermediate):
+        both go through :func:`e4m3_codes` and :func:`act_f8_rows`.
 
 Packing (formats.int4.pack_int4): per 64-block b, byte b·32 + j holds element b·64 + j (low nibble) and
 b·64 + 32 + j (high nibble), so the two nibble planes of a block are the two contiguous 32-element
@@ -30,8 +32,10 @@ import triton.language as tl
 
 from ..formats.int4 import PACK_BLOCK
 from .int4_unpack import SWAR_DEFAULT, unpack_hi, unpack_lo
+from .pdl import gdc_launch_dependents, gdc_wait, pdl_enabled
 
-__all__ = ["expand_w4", "expand_w4_ref", "EXPAND_DTYPES", "expand_act_f8", "expand_act_f8_ref", "F8_W_SHIFT"]
+__all__ = ["expand_w4", "expand_w4_ref", "EXPAND_DTYPES", "expand_act_f8", "expand_act_f8_ref", "F8_W_SHIFT",
+           "e4m3_codes", "act_f8_rows"]
 
 EXPAND_DTYPES = (torch.int8, torch.float8_e4m3fn)
 _HALF = PACK_BLOCK // 2
@@ -120,12 +124,31 @@ def expand_w4_ref(w_q: torch.Tensor, w_mul: torch.Tensor | None, group_size: int
 # The v2 fp8 path feeds weight nibbles as n' = q + 8 whose e4m3 bit patterns mean n'·2⁻⁹.
 F8_W_SHIFT = 9
 F8_W_OFFSET = 8
+_F8_A = tl.constexpr(2.0 ** F8_W_SHIFT)
+_F8_B = tl.constexpr(-float(F8_W_OFFSET))
+
+
+@triton.jit
+def e4m3_codes(q):
+    """Integer codes q ∈ [−8, 7] (any integer dtype) → e4m3, exactly (through fp16, as every int4 path does)."""
+    return q.to(tl.float16).to(tl.float8e4nv)
+
+
+@triton.jit
+def act_f8_rows(rsum, xs):
+    """The xab rows of one (group, row): (a, b) = (2⁹·xs, −8·R·xs) for the group row sum R (integer) and the
+    group scale xs (the 16-bit value, as fp32). Both products are exact (|R| ≤ 1024, 16-bit xs)."""
+    return xs * _F8_A, _F8_B * rsum.to(tl.float32) * xs
 
 
 @triton.jit
 def _act_f8_kernel(xq_ptr, xs_ptr, x8_ptr, xab_ptr, M, KH,
-                   G: tl.constexpr, BLOCK_M: tl.constexpr):
-    """One program: BLOCK_M rows × one scale group. x8 = q as e4m3; xab[g, 0, m] = 2⁹·xs, xab[g, 1, m] = −8·R·xs."""
+                   G: tl.constexpr, BLOCK_M: tl.constexpr, PDL: tl.constexpr = False):
+    """One program: BLOCK_M rows × one scale group. x8 = q as e4m3; xab[g, 0, m] = 2⁹·xs, xab[g, 1, m] = −8·R·xs.
+    PDL (kernels/pdl.py): the next kernel may be scheduled at once; x_q / x_scale are read after the wait."""
+    if PDL:
+        gdc_launch_dependents()
+        gdc_wait()
     HALF: tl.constexpr = 32
     NB: tl.constexpr = G // 64
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -140,18 +163,20 @@ def _act_f8_kernel(xq_ptr, xs_ptr, x8_ptr, xab_ptr, M, KH,
     hi = p >> 4
     rsum = tl.sum(tl.sum(lo.to(tl.int32) + hi.to(tl.int32), axis=2), axis=1)                # R [BM]
     dst = x8_ptr + rows * (2 * KH) + offs_b[None, :, None] * (2 * HALF) + offs_j[None, None, :]
-    tl.store(dst, lo.to(tl.float16).to(tl.float8e4nv), mask=mask)
-    tl.store(dst + HALF, hi.to(tl.float16).to(tl.float8e4nv), mask=mask)
+    tl.store(dst, e4m3_codes(lo), mask=mask)
+    tl.store(dst + HALF, e4m3_codes(hi), mask=mask)
     mm = offs_m < M
     xs = tl.load(xs_ptr + g * M + offs_m, mask=mm, other=0.0).to(tl.float32)
-    tl.store(xab_ptr + (2 * g) * M + offs_m, xs * 512.0, mask=mm)
-    tl.store(xab_ptr + (2 * g + 1) * M + offs_m, -8.0 * rsum.to(tl.float32) * xs, mask=mm)
+    row_a, row_b = act_f8_rows(rsum, xs)
+    tl.store(xab_ptr + (2 * g) * M + offs_m, row_a, mask=mm)
+    tl.store(xab_ptr + (2 * g + 1) * M + offs_m, row_b, mask=mm)
 
 
 def expand_act_f8(x_q: torch.Tensor, x_scale: torch.Tensor, group_size: int, block_m: int = 32):
-    """Packed int4 activations (+ their group scales) → the operands of the W4A4 v2 fp8 path (module doc).
+    """Packed int4 activations (+ their group scales) → the operands of the W4A4 fp8 paths (module doc).
     Fresh buffers from torch's caching allocator (graph safe); the xab rows of M are 16-byte aligned when
-    M % 4 == 0 (the TMA path's condition, gluon.w4a4_ws.scale_tma_ok)."""
+    M % 4 == 0 (the TMA path's condition, gluon.w4a4_ws.scale_tma_ok). Launched with PDL when
+    :func:`pdl.pdl_enabled` (``LOWRANK_GEMM_PDL=1``)."""
     if x_q.dtype != torch.uint8 or x_q.dim() != 2 or not x_q.is_contiguous():
         raise ValueError(f"expand_act_f8: x_q must be contiguous uint8 [M, K/2], got {x_q.dtype} {list(x_q.shape)}")
     m, k = x_q.shape[0], 2 * x_q.shape[1]
@@ -168,7 +193,9 @@ def expand_act_f8(x_q: torch.Tensor, x_scale: torch.Tensor, group_size: int, blo
     xab = torch.empty((k // group_size, 2, m), device=x_q.device, dtype=torch.float32)
     if m:
         grid = (triton.cdiv(m, block_m), k // group_size)
-        _act_f8_kernel[grid](x_q, x_scale, x8, xab, m, k // 2, G=group_size, BLOCK_M=block_m, num_warps=4)
+        pdl = pdl_enabled(x_q.device)
+        _act_f8_kernel[grid](x_q, x_scale, x8, xab, m, k // 2, G=group_size, BLOCK_M=block_m, PDL=pdl,
+                             num_warps=4, launch_pdl=pdl)
     return x8, xab
 
 

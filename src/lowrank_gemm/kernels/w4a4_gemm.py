@@ -12,8 +12,12 @@ these arguments; every tensor on one CUDA device, row-major and contiguous unles
       x_q         uint8 [M, K/2]   activations, int4 packed by formats.int4.pack_int4: per 64-block b,
                                    byte j = element b·64+j (low nibble) | b·64+32+j (high nibble)
       x_scale     bf16|fp16 [K/G, M]  group-major activation scales
+        or, pre-expanded for the e4m3 paths of the v2 / decode kernels (``act_quant(..., out="f8")`` or
+        ``w4_expand.expand_act_f8``; v1 and the int8 paths reject them):
+      x_q         float8_e4m3fn [M, K]   the codes q in natural K order
+      x_scale     fp32 [K/G, 2, M]       xab: rows (2⁹·xs, −8·R·xs) per group
       w_q         uint8 [N, K/2]   weights, same packing
-      w_scale     bf16|fp16 [K/G, N]  group-major weight scales (same dtype as x_scale)
+      w_scale     bf16|fp16 [K/G, N]  group-major weight scales (same dtype as the 16-bit x_scale)
       w_mul       None
     fmt "int4_2l" (formats.int4_twolevel; G ∈ {64, 128}):
       x_q         int8 [M, K]      EXPANDED activations q·v (natural K order), |.| ≤ 120
@@ -40,6 +44,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -680,6 +685,7 @@ def launch_w4a4_v1(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias
 
     No ``config``/``plan``: :func:`plan_w4a4_full` decides everything. A ``config`` without ``variant``
     runs the standard kernel with it; ``plan`` overrides config/variant/mma_fp8/prefetch."""
+    _expect(x_q.dtype != torch.float8_e4m3fn, _PRE_EXPANDED_V1)
     m, n = out.shape
     k = w_q.shape[1] * 2
     r = 0 if lowrank_act is None or lora_up is None else lowrank_act.shape[1]
@@ -765,12 +771,69 @@ IMPLS = ("auto", "v1", "v2", "decode")
 
 
 def _use_decode(impl: str, x_q: torch.Tensor, n: int, fmt: str) -> bool:
+    return _decode_route(impl, x_q.shape[0], n, fmt, x_q.device)
+
+
+def _decode_route(impl: str, m: int, n: int, fmt: str, device: torch.device) -> bool:
     if impl == "decode":
         return True
-    if impl != "auto" or not AUTO_DECODE or not x_q.is_cuda or n % 16:
+    if impl != "auto" or not AUTO_DECODE or device.type != "cuda" or n % 16:
         return False
     from .gluon.w4a4_decode import decode_enabled
-    return x_q.shape[0] <= AUTO_DECODE_MAX_M.get(fmt, 0) and decode_enabled()
+    return m <= AUTO_DECODE_MAX_M.get(fmt, 0) and decode_enabled()
+
+
+_PRE_EXPANDED_V1 = ("pre-expanded e4m3 activations (act_quant(out='f8') / expand_act_f8) run only on the e4m3 paths "
+                    "of the decode and v2 kernels; v1 takes packed int4 activations uint8 [M, K/2]")
+
+
+def _route(impl: str, fmt: str, m: int, n: int, k: int, r: int, group_size: int, device: torch.device,
+           x_scale, w_scale, w_mul, pre_expanded: bool = False) -> str:
+    """The kernel the GEMM op runs: "decode" | "v2" | "v1" — the one place that decides, for the GEMM op and for
+    the layer op's choice of act_quant output (:func:`_layer_wants_f8`). ``x_scale``: the packed activation
+    scales (or a stand-in of their shape, dtype and contiguity: only their TMA-ability is judged);
+    ``pre_expanded``: the activations are the e4m3 operands, which only the decode and v2 kernels take."""
+    if _decode_route(impl, m, n, fmt, device):
+        return "decode"
+    if pre_expanded:
+        _expect(impl in ("auto", "v2") and device.type == "cuda", f"impl={impl!r} on {device}: {_PRE_EXPANDED_V1}")
+        return "v2"
+    v1_plan = None
+    if impl == "auto" and device.type == "cuda" and fmt == "int4_2l":
+        v1_plan = plan_w4a4_full(m, n, k, r, fmt, group_size, device)
+    return "v1" if _launcher(impl, device, (x_scale, w_scale, w_mul, fmt), v1_plan) is launch_w4a4_v1 else "v2"
+
+
+# The layer op asks act_quant for the e4m3 operands (one launch less: no expand_act_f8 inside the GEMM launcher)
+# when LOWRANK_GEMM_ACT_QUANT_F8=1 (read per call), else ACT_QUANT_F8_DEFAULT. Off until measured on the H200.
+ACT_QUANT_F8_DEFAULT = False
+
+
+def act_quant_f8_enabled() -> bool:
+    env = os.environ.get("LOWRANK_GEMM_ACT_QUANT_F8", "")
+    return env == "1" if env in ("0", "1") else ACT_QUANT_F8_DEFAULT
+
+
+def _layer_wants_f8(impl: str, fmt: str, m: int, n: int, k: int, r: int, group_size: int, device: torch.device,
+                    scale_dtype: torch.dtype, w_scale: torch.Tensor) -> bool:
+    """Whether the layer op asks act_quant for the e4m3 operands: only where the GEMM it dispatches to
+    (:func:`_route`, judged on a stand-in of the packed scales act_quant would return) runs its e4m3 path —
+    decode: ``decode_f8_default()``, v2: ``f8_default()`` — and takes them at no loss: v2 decides its scale TMA
+    on what it is handed (``scale_tma_ok``), so it gets them only where xab qualifies whenever the packed
+    scales would."""
+    if fmt != "int4_g64" or not act_quant_f8_enabled():
+        return False
+    ng = k // group_size
+    packed = torch.empty((ng, m), dtype=scale_dtype, device="meta")
+    kernel = _route(impl, fmt, m, n, k, r, group_size, device, packed, w_scale, None)
+    if kernel == "decode":
+        from .gluon.w4a4_decode import decode_f8_default
+        return decode_f8_default()
+    if kernel == "v2":
+        from .gluon.w4a4_ws import f8_default, scale_tma_ok
+        xab = torch.empty((ng, 2, m), dtype=torch.float32, device="meta")
+        return f8_default() and (scale_tma_ok(xab, w_scale, None, fmt) or not scale_tma_ok(packed, w_scale, None, fmt))
+    return False
 
 
 def _launcher(impl: str, device: torch.device, scales: tuple | None = None, v1_plan=None):
@@ -818,9 +881,20 @@ def check_gemm_args(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bia
             f"K={k} (from qweight [N, K/2]) must be a multiple of {PACK_BLOCK} and of group_size={group_size}")
     _expect(k <= MAX_K, f"K={k} exceeds {MAX_K} (int32 accumulation could overflow)")
     ng = k // group_size
-    if fmt == "int4_g64":
+    if fmt == "int4_g64" and x_q.dtype == torch.float8_e4m3fn:   # pre-expanded (module docstring)
+        _expect(x_q.dim() == 2 and x_q.shape[1] == k,
+                f"pre-expanded activations must be float8_e4m3fn [M, {k}], got {x_q.dtype} {_shape(x_q)}")
+        m = x_q.shape[0]
+        _expect(x_scale.shape == (ng, 2, m) and x_scale.dtype == torch.float32,
+                f"pre-expanded e4m3 activations come with xab float32 [K/G, 2, M] = {[ng, 2, m]} "
+                f"(act_quant(out='f8') / expand_act_f8), got {x_scale.dtype} {_shape(x_scale)}")
+        _expect(w_scale.shape == (ng, n) and w_scale.dtype in (torch.bfloat16, torch.float16),
+                f"wscales must be bf16/fp16 [K/G, N] = {[ng, n]}, got {w_scale.dtype} {_shape(w_scale)}")
+        _expect(w_mul is None, "w_mul is only used by fmt='int4_2l'")
+    elif fmt == "int4_g64":
         _expect(x_q.dtype == torch.uint8 and x_q.dim() == 2 and x_q.shape[1] == k // 2,
-                f"activations must be uint8 [M, {k // 2}] (packed int4), got {x_q.dtype} {_shape(x_q)}")
+                f"activations must be uint8 [M, {k // 2}] (packed int4; or float8_e4m3fn [M, {k}] pre-expanded), "
+                f"got {x_q.dtype} {_shape(x_q)}")
         m = x_q.shape[0]
         _expect(x_scale.shape == (ng, m) and x_scale.dtype in (torch.bfloat16, torch.float16),
                 f"activation scales must be bf16/fp16 [K/G, M] = {[ng, m]}, got {x_scale.dtype} {_shape(x_scale)}")
@@ -885,24 +959,25 @@ def _w4a4_gemm_op(x_q: torch.Tensor, x_scale: torch.Tensor, w_q: torch.Tensor, w
                   w_mul: Optional[torch.Tensor], lowrank_act: Optional[torch.Tensor],
                   lora_up: Optional[torch.Tensor], bias: Optional[torch.Tensor], group_size: int, fmt: str,
                   out_dtype: torch.dtype, impl: str) -> torch.Tensor:
-    m, n, _, _ = check_gemm_args(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, group_size, fmt)
+    m, n, k, r = check_gemm_args(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, group_size, fmt)
     out = torch.empty((m, n), device=x_q.device, dtype=out_dtype)
     if m == 0:
         return out
     args = (x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, out, fmt, group_size, None)
-    if _use_decode(impl, x_q, n, fmt):
+    pre_expanded = x_q.dtype == torch.float8_e4m3fn
+    kernel = _route(impl, fmt, m, n, k, r, group_size, x_q.device, x_scale, w_scale, w_mul, pre_expanded)
+    if kernel == "decode":
         from .gluon.w4a4_decode import launch_w4a4_decode
         launch_w4a4_decode(*args)
         return out
-    v1_plan = None
-    if impl == "auto" and x_q.is_cuda and fmt == "int4_2l":
-        v1_plan = plan_w4a4_full(m, n, x_q.shape[1], lowrank_act.shape[1] if lowrank_act is not None else 0,
-                                 fmt, group_size, x_q.device)
-    launch = _launcher(impl, x_q.device, (x_scale, w_scale, w_mul, fmt), v1_plan)
+    if kernel == "v2":
+        from .gluon.w4a4_ws import launch_w4a4_v2 as launch
+    else:
+        launch = launch_w4a4_v1
     try:
         launch(*args)
     except NotImplementedError:
-        if impl != "auto" or launch is launch_w4a4_v1:
+        if impl != "auto" or launch is launch_w4a4_v1 or pre_expanded:
             raise
         launch_w4a4_v1(*args)
     return out
@@ -920,6 +995,8 @@ def w4a4_gemm(x_q: torch.Tensor, x_scale: torch.Tensor, w_q: torch.Tensor, w_sca
     """The W4A4 GEMM alone on quantized operands (layouts: module docstring) → y [M, N] in ``out_dtype``.
 
     ``lowrank_act`` [M, r] fp32 and ``lora_up`` [N, r] add ``lowrank_act · lora_upᵀ`` in the epilogue.
+    int4_g64 also takes act_quant's pre-expanded e4m3 operands (``out="f8"``): they run on the decode or v2
+    kernel (impl "auto", "decode", "v2"), never on v1.
     """
     _expect(out_dtype in (torch.bfloat16, torch.float16, torch.float32),
             f"out_dtype must be bf16, fp16 or fp32, got {out_dtype}")
@@ -935,7 +1012,9 @@ def _w4a4_linear_op(x: torch.Tensor, qweight: torch.Tensor, wscales: torch.Tenso
     k, n, r = check_linear_args(x, qweight, wscales, smooth, lora_down, lora_up, bias, wmul, group_size, fmt)
     x2 = x.reshape(-1, k)
     scale_dtype = wscales.dtype if fmt == "int4_g64" else torch.bfloat16
-    x_q, x_scale, lowrank_act = act_quant(x2, smooth, lora_down, group_size, fmt, scale_dtype)
+    f8 = _layer_wants_f8(impl, fmt, x2.shape[0], n, k, r, group_size, x.device, scale_dtype, wscales)
+    x_q, x_scale, lowrank_act = act_quant(x2, smooth, lora_down, group_size, fmt, scale_dtype,
+                                          out="f8" if f8 else "packed")
     y = _w4a4_gemm_op(x_q, x_scale, qweight, wscales, wmul, lowrank_act if r else None,
                       lora_up if r else None, bias, group_size, fmt, out_dtype, impl)
     return y.reshape(*x.shape[:-1], n)
