@@ -21,14 +21,15 @@ ATOL, RTOL = 2e-2, 1e-2
 
 
 def small_plan(split=2, sbm=16, bm=16, bn=32, bk=32, r_max=16, split_k=1, fuse_d=0, epi_d=1, x_tma=False,
-               epi_pipe=0, b_vec=False, expand="epilogue", append_stages=3, append_rowsel=False, append_d=1):
+               epi_pipe=0, b_vec=False, expand="epilogue", append_stages=3, append_rowsel=False, append_d=1,
+               s_unroll=False):
     br = max(16, 1 << (r_max - 1).bit_length())
     return mg.MultiLoRAPlan(
         main=KernelConfig(block_m=bm, block_n=bn, block_k=bk, block_r=br, group_m=2, num_stages=2,
                           split_k=split_k),
         shrink=KernelConfig(block_m=sbm, block_n=16, block_k=32, block_r=br, split_k=split),
         fuse_d=fuse_d, epi_d=epi_d, x_tma=x_tma, epi_pipe=epi_pipe, b_vec=b_vec, expand=expand,
-        append_stages=append_stages, append_rowsel=append_rowsel, append_d=append_d)
+        append_stages=append_stages, append_rowsel=append_rowsel, append_d=append_d, s_unroll=s_unroll)
 
 
 def make_case(M, N, K, L, r_max, ranks=None, seed=0, dirty=True, bias=True):
@@ -215,7 +216,7 @@ MAIN_ALIGNED = ("x_ptr", "y_ptr", "a_ptr", "b_ptr", "s_ptr", "ws_ptr", "sws_ptr"
 
 
 def _compile_main(cfg: KernelConfig, order: bool, fuse_d=0, epi_d=1, x_tma=False, epi_pipe=0, b_vec=False,
-                  append=False, append_stages=3, b_tma=True, b_mask=True, row_select=False):
+                  append=False, append_stages=3, b_tma=True, b_mask=True, row_select=False, pdl=False, s_slices=0):
     from lowrank_gemm.kernels.aot import compile_sm90
     sig = {"x_ptr": "*bf16",
            "x_desc": f"tensordesc<bf16[{cfg.block_m}, {cfg.block_k}]>" if x_tma else "*bf16",
@@ -229,7 +230,7 @@ def _compile_main(cfg: KernelConfig, order: bool, fuse_d=0, epi_d=1, x_tma=False
                  HAS_ORDER=order, HAS_LORA=True, HAS_BIAS=True, USE_TMA=True, X_TMA=x_tma, FUSE_D=fuse_d,
                  EPI_D=epi_d, SPLIT_K=cfg.split_k, EPI_PIPE=epi_pipe, B_VEC=b_vec, APPEND=append,
                  APPEND_STAGES=append_stages, B_TMA=append and b_tma, B_MASK=b_mask, ROW_SELECT=row_select,
-                 APPEND_D=1,
+                 APPEND_D=1, PDL=pdl, S_SLICES=s_slices,
                  stride_xk=1, stride_wk=1, stride_yn=1, stride_ak=1,
                  stride_br=1)
     return compile_sm90("lowrank_gemm.kernels.multilora_gemm", "_mlora_main_kernel", sig, const,

@@ -142,3 +142,70 @@ def test_appended_expand_matches_reference(mode, M, N, K, L, r, split):
         y2 = mg.multi_lora_gemm(x, w, bank.bank_a, bank.bank_b, bank.ranks, bank.scales, ids, bias, mode=mode,
                                 plan=plan)
         assert torch.equal(y, y2), "deterministic"
+
+
+# ---- session 5: PDL between the shrink and the main kernel, the unrolled S sum (plan s_unroll)
+
+def _appended_plan(M, N, K, L, r, mode, split):
+    import dataclasses
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    base = mg.heuristic_plan(M, N, K, r, L, mode, sms)
+    return dataclasses.replace(base, expand="appended", fuse_d=0, main=base.main.replace(split_k=split))
+
+
+@pytest.mark.parametrize("mode", ["gather", "segment"])
+@pytest.mark.parametrize("M,N,K,L,r,split", [(64, 4096, 4096, 64, 16, 4), (16, 28672, 4096, 16, 64, 1),
+                                             (77, 3000, 1000, 9, 24, 2), (256, 4096, 4096, 64, 16, 2)])
+def test_pdl_and_s_unroll_bit_identical(mode, M, N, K, L, r, split):
+    """PDL and the unrolled S sum change when things run, not what is computed: outputs equal the
+    PDL-off loop bit for bit (NaN-poisoned outputs and workspaces), −1 rows equal the base."""
+    import dataclasses
+    x, w, bank, ids, bias = make(M, N, K, L, r, seed=5)
+    ids[::5] = -1
+    plan = _appended_plan(M, N, K, L, r, mode, split)
+    args = (x, w, bank.bank_a, bank.bank_b, bank.ranks, bank.scales, ids, bias)
+
+    def gemm(p, pdl, **kw):
+        out = torch.full((M, N), float("nan"), dtype=DT, device="cuda")
+        return mg.multi_lora_gemm(*args, mode=mode, plan=p, pdl=pdl, out=out, poison_workspace=True, **kw)
+
+    y0 = gemm(plan, False)
+    ref, e_torch = ref_and_torch_err(x, w, bank, ids, bias)
+    assert nerr(y0, ref) <= 2 * e_torch + 1e-3
+    for pdl, unroll in ((True, False), (True, True), (False, True)):
+        assert torch.equal(gemm(dataclasses.replace(plan, s_unroll=unroll), pdl), y0), (pdl, unroll)
+    base = gemm(plan, True, has_lora=False)
+    rows = ids == -1
+    assert torch.equal(gemm(plan, True)[rows], base[rows])
+
+
+@pytest.mark.parametrize("mode", ["gather", "segment"])
+def test_pdl_cuda_graph_replay_and_id_swap(mode):
+    """Under CUDA-graph capture the main kernel overlaps the shrink through a programmatic edge: every
+    replay (S workspace NaN-poisoned inside the graph) equals the eager PDL-off call, also after the
+    ids change between replays."""
+    import dataclasses
+    M, N, K, L, r = 64, 4096, 4096, 16, 16
+    x, w, bank, ids, bias = make(M, N, K, L, r, seed=9)
+    plan = dataclasses.replace(_appended_plan(M, N, K, L, r, mode, 4), s_unroll=True)
+    static_ids = ids.clone()
+
+    def call(pdl):
+        return mg.multi_lora_gemm(x, w, bank.bank_a, bank.bank_b, bank.ranks, bank.scales, static_ids, bias,
+                                  mode=mode, plan=plan, pdl=pdl, validate=False, poison_workspace=True)
+
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        call(True)
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        y_g = call(True)
+    gen = torch.Generator(device="cuda").manual_seed(11)
+    for _ in range(3):
+        y_g.fill_(float("nan"))
+        g.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(y_g, call(False))
+        static_ids.copy_(torch.randint(-1, L, (M,), generator=gen, device="cuda", dtype=torch.int32))

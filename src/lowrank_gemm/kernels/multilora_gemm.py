@@ -13,6 +13,12 @@ Two launches, one pass over W and Y:
    :func:`~lowrank_gemm.kernels.epilogue.lowrank_up`. Each distinct adapter's B tile is read once
    per N-tile, W once.
 
+With ``pdl`` (programmatic dependent launch, off by default until measured) the two launches
+overlap: the shrink lets the main kernel start at once, and the main kernel runs its whole base
+K loop (x, W: nothing the shrink writes) before ``griddepcontrol.wait``; S and every global write
+come after it. The shrink itself keeps an ordinary launch, so everything before it (the id sort of
+segment mode included) has finished when the main kernel starts: both modes overlap the whole loop.
+
 Modes: ``gather`` keeps rows in place (ids unsorted); ``segment`` walks rows through a permutation
 sorting them by adapter (``row_order``, computed on device with ``torch.sort``, no host sync), so a
 tile holds few distinct adapters and B is read ~once overall. Nothing is permuted in memory: x is
@@ -30,6 +36,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,6 +45,7 @@ import triton
 import triton.language as tl
 
 from lowrank_gemm.kernels.epilogue import add_bias, lowrank_up, rank_block, store_tile
+from lowrank_gemm.kernels.pdl import gdc_launch_dependents, gdc_wait, pdl_enabled
 from lowrank_gemm.kernels.schedule import cdiv, grouped_tile, num_sms
 from lowrank_gemm.plan.config import KernelConfig
 from lowrank_gemm.plan.smem import SmemLedger, SmemTerm, barrier_bytes, solve_stages, tile_bytes
@@ -120,14 +128,23 @@ def _stacked_up(acc, s, ids, slot_q, live_q, rr, b_ptr, stride_bl, stride_bn, st
 
 @triton.jit
 def _scaled_s(rows, has, ids, s_ptr, stride_ss, stride_sm, SPLIT_S, scales_ptr,
-              BM: tl.constexpr, BLOCK_R: tl.constexpr, DQ: tl.constexpr):
+              BM: tl.constexpr, BLOCK_R: tl.constexpr, DQ: tl.constexpr, S_SLICES: tl.constexpr = 0):
     """scale[ids]·S[rows] [BM, DQ]: the shrink workspace summed over its K slices in order, its
-    columns repeated DQ / BLOCK_R times to line up with a stacked B tile; 0 where not ``has``."""
+    columns repeated DQ / BLOCK_R times to line up with a stacked B tile; 0 where not ``has``.
+
+    S_SLICES == 0: a runtime loop over SPLIT_S slices — each iteration's add waits for its load, so
+    the slices cost SPLIT_S dependent L2 round trips (17 at M=16) on the program's tail.
+    S_SLICES > 0 (host-set to SPLIT_S, plan ``s_unroll``): the same sum, same order, unrolled, so the
+    loads are independent and in flight together: one round trip. Bit-identical to the loop."""
     offs_q = tl.arange(0, DQ)
     s_ptrs = s_ptr + rows[:, None].to(tl.int64) * stride_sm + (offs_q % BLOCK_R)[None, :]
     s = tl.zeros((BM, DQ), tl.float32)
-    for sp in range(0, SPLIT_S):
-        s += tl.load(s_ptrs + sp * stride_ss, mask=has[:, None], other=0.0)
+    if S_SLICES > 0:
+        for sp in tl.static_range(S_SLICES):
+            s += tl.load(s_ptrs + sp * stride_ss, mask=has[:, None], other=0.0)
+    else:
+        for sp in range(0, SPLIT_S):
+            s += tl.load(s_ptrs + sp * stride_ss, mask=has[:, None], other=0.0)
     scale = tl.load(scales_ptr + ids, mask=has, other=0.0).to(tl.float32)
     return s * scale[:, None]
 
@@ -135,7 +152,7 @@ def _scaled_s(rows, has, ids, s_ptr, stride_ss, stride_sm, SPLIT_S, scales_ptr,
 @triton.jit
 def multi_lowrank_up(acc, rows, valid, ids, s_ptr, stride_ss, stride_sm, SPLIT_S, scales_ptr,
                      b_ptr, stride_bl, stride_bn, stride_br, ranks_ptr, R_MAX, offs_n, N,
-                     BM: tl.constexpr, BLOCK_R: tl.constexpr, EPI_D: tl.constexpr):
+                     BM: tl.constexpr, BLOCK_R: tl.constexpr, EPI_D: tl.constexpr, S_SLICES: tl.constexpr = 0):
     """acc [BM, BN] += scale[ids]·S[rows]·B[ids, offs_n, :rank]ᵀ, EPI_D distinct adapters per MMA.
 
     S is the shrink workspace [SPLIT_S, M, BLOCK_R] (fp32), summed over its K slices in order and
@@ -144,7 +161,7 @@ def multi_lowrank_up(acc, rows, valid, ids, s_ptr, stride_ss, stride_sm, SPLIT_S
     """
     DQ: tl.constexpr = EPI_D * BLOCK_R
     has = valid & (ids >= 0)
-    s = _scaled_s(rows, has, ids, s_ptr, stride_ss, stride_sm, SPLIT_S, scales_ptr, BM, BLOCK_R, DQ)
+    s = _scaled_s(rows, has, ids, s_ptr, stride_ss, stride_sm, SPLIT_S, scales_ptr, BM, BLOCK_R, DQ, S_SLICES)
     first, order, count = _distinct(ids, BM)
     for j0 in range(0, count, EPI_D):
         slot_q = _stacked_slots(first, order, ids, j0, DQ, BLOCK_R)
@@ -191,7 +208,7 @@ def _group_b(slot_q, rr, live_q, b_ptr, stride_bl, stride_bn, stride_br, offs_n,
 def multi_lowrank_up_pipe(acc, rows, valid, ids, s_ptr, stride_ss, stride_sm, SPLIT_S, scales_ptr,
                           b_ptr, stride_bl, stride_bn, stride_br, ranks_ptr, R_MAX, offs_n, N,
                           BM: tl.constexpr, BLOCK_R: tl.constexpr, EPI_D: tl.constexpr,
-                          EPI_PIPE: tl.constexpr, B_VEC: tl.constexpr):
+                          EPI_PIPE: tl.constexpr, B_VEC: tl.constexpr, S_SLICES: tl.constexpr = 0):
     """:func:`multi_lowrank_up` with the group loop's load latency hidden (plan candidate).
 
     EPI_PIPE == 1: manual double buffer — group g+1's B tile is loaded (into registers) before
@@ -204,7 +221,7 @@ def multi_lowrank_up_pipe(acc, rows, valid, ids, s_ptr, stride_ss, stride_sm, SP
     """
     DQ: tl.constexpr = EPI_D * BLOCK_R
     has = valid & (ids >= 0)
-    s = _scaled_s(rows, has, ids, s_ptr, stride_ss, stride_sm, SPLIT_S, scales_ptr, BM, BLOCK_R, DQ)
+    s = _scaled_s(rows, has, ids, s_ptr, stride_ss, stride_sm, SPLIT_S, scales_ptr, BM, BLOCK_R, DQ, S_SLICES)
     rank_row = tl.load(ranks_ptr + ids, mask=has, other=0)
     rank_row = tl.minimum(tl.maximum(rank_row, 0), R_MAX)
     first, order, count = _distinct(ids, BM)
@@ -262,7 +279,7 @@ def appended_expand(acc, rows, valid, ids, slot, pid_k, lst_ptr, s_ptr, stride_s
                     scales_ptr, b_ptr, b_desc, stride_bl, stride_bn, stride_br, ranks_ptr, R_MAX, offs_n, n0, N,
                     BM: tl.constexpr, BN: tl.constexpr, BLOCK_R: tl.constexpr, SPLIT_K: tl.constexpr,
                     STAGES: tl.constexpr, B_TMA: tl.constexpr, B_MASK: tl.constexpr, ROW_SELECT: tl.constexpr,
-                    APPEND_D: tl.constexpr = 1, B_VEC: tl.constexpr = False):
+                    APPEND_D: tl.constexpr = 1, B_VEC: tl.constexpr = False, S_SLICES: tl.constexpr = 0):
     """acc [BM, BN] += Σ_a (scale·S ⊙ rowmask_a) [BM, BLOCK_R] · B[a, n-tile, :]ᵀ as extra K steps.
 
     One step per distinct adapter a of the row block (split pid_k takes every SPLIT_K-th one), run
@@ -284,7 +301,7 @@ def appended_expand(acc, rows, valid, ids, slot, pid_k, lst_ptr, s_ptr, stride_s
     B comes by pointer gather (TMA boxes cannot be stacked: the adapters are not adjacent slots).
     """
     has = valid & (ids >= 0)
-    s = _scaled_s(rows, has, ids, s_ptr, stride_ss, stride_sm, SPLIT_S, scales_ptr, BM, BLOCK_R, BLOCK_R)
+    s = _scaled_s(rows, has, ids, s_ptr, stride_ss, stride_sm, SPLIT_S, scales_ptr, BM, BLOCK_R, BLOCK_R, S_SLICES)
     first, order, count = _distinct(ids, BM)
     rank_row = tl.load(ranks_ptr + ids, mask=has, other=0)
     rank_row = tl.minimum(tl.maximum(rank_row, 0), R_MAX)
@@ -304,7 +321,8 @@ def appended_expand(acc, rows, valid, ids, slot, pid_k, lst_ptr, s_ptr, stride_s
         # cp.async runs, pipelined into an SMEM ring), S repeated APPEND_D times along K and masked
         # block-diagonally: one A relayout, one MMA chain and one wgmma wait per APPEND_D adapters
         DQ: tl.constexpr = APPEND_D * BLOCK_R
-        s_rep = _scaled_s(rows, has, ids, s_ptr, stride_ss, stride_sm, SPLIT_S, scales_ptr, BM, BLOCK_R, DQ)
+        s_rep = _scaled_s(rows, has, ids, s_ptr, stride_ss, stride_sm, SPLIT_S, scales_ptr, BM, BLOCK_R, DQ,
+                          S_SLICES)
         qa = tl.arange(0, DQ) // BLOCK_R
         qr = tl.arange(0, DQ) % BLOCK_R
         nmask = offs_n[:, None] < N
@@ -346,7 +364,14 @@ def _mlora_shrink_kernel(
         M, K, L, R_MAX, K_PER_SPLIT,
         stride_xm, stride_xk, stride_al, stride_ar, stride_ak, stride_ss, stride_sm,
         MAX_DISTINCT: tl.constexpr, NUM_RB: tl.constexpr, SPLIT_S: tl.constexpr,
-        BM: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr, HAS_ORDER: tl.constexpr):
+        BM: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr, HAS_ORDER: tl.constexpr,
+        PDL: tl.constexpr = False):
+    if PDL:
+        # the main kernel may start now: its K loop reads nothing this kernel writes, and it waits
+        # for this whole grid before it reads S. The wait is a no-op as launched (without the PDL
+        # attribute, see multi_lora_gemm); it keeps this kernel correct if it ever is.
+        gdc_launch_dependents()
+        gdc_wait()
     pid = tl.program_id(0)
     split = pid % SPLIT_S
     t = pid // SPLIT_S
@@ -407,7 +432,8 @@ def _mlora_main_kernel(
         FUSE_D: tl.constexpr = 0, EPI_D: tl.constexpr = 1, SPLIT_K: tl.constexpr = 1,
         EPI_PIPE: tl.constexpr = 0, B_VEC: tl.constexpr = False, APPEND: tl.constexpr = False,
         APPEND_STAGES: tl.constexpr = 3, B_TMA: tl.constexpr = False, B_MASK: tl.constexpr = True,
-        ROW_SELECT: tl.constexpr = False, APPEND_D: tl.constexpr = 1):
+        ROW_SELECT: tl.constexpr = False, APPEND_D: tl.constexpr = 1, S_SLICES: tl.constexpr = 0,
+        PDL: tl.constexpr = False):
     FUSED: tl.constexpr = HAS_LORA and FUSE_D > 0
     APPENDED: tl.constexpr = HAS_LORA and APPEND and FUSE_D == 0
     DQ: tl.constexpr = max(FUSE_D, 1) * BLOCK_R
@@ -451,11 +477,16 @@ def _mlora_main_kernel(
             at = tl.load(a_rows[:, None] + offs_k[None, :] * stride_ak,
                          mask=live_q[:, None] & (offs_k[None, :] < k_hi), other=0.0)
             s_f = tl.dot(xt, at.T, s_f)
+    if PDL:
+        # launched as the shrink's programmatic dependent: everything above read only x, W, ids and
+        # the row order, none of which the shrink writes. S, and every global write (y, split-K
+        # partials and tickets, the appended list), come after the shrink grid has finished.
+        gdc_wait()
     if APPENDED:
         acc = appended_expand(acc, rows, valid, ids, tile * SPLIT_K + pid_k, pid_k, lst_ptr, s_ptr, stride_ss,
                               stride_sm, SPLIT_S, scales_ptr, b_ptr, b_desc, stride_bl, stride_bn, stride_br,
                               ranks_ptr, R_MAX, offs_n, pid_n * BN, N, BM, BN, BLOCK_R, SPLIT_K, APPEND_STAGES,
-                              B_TMA, B_MASK, ROW_SELECT, APPEND_D, B_VEC)
+                              B_TMA, B_MASK, ROW_SELECT, APPEND_D, B_VEC, S_SLICES)
 
     if SPLIT_K > 1:
         # deterministic split-K without a second launch: every split parks its fp32 partial, the
@@ -496,11 +527,11 @@ def _mlora_main_kernel(
             elif EPI_PIPE > 0 or B_VEC:
                 acc = multi_lowrank_up_pipe(acc, rows, valid, ids, s_ptr, stride_ss, stride_sm, SPLIT_S,
                                             scales_ptr, b_ptr, stride_bl, stride_bn, stride_br, ranks_ptr, R_MAX,
-                                            offs_n, N, BM, BLOCK_R, EPI_D, EPI_PIPE, B_VEC)
+                                            offs_n, N, BM, BLOCK_R, EPI_D, EPI_PIPE, B_VEC, S_SLICES)
             else:
                 acc = multi_lowrank_up(acc, rows, valid, ids, s_ptr, stride_ss, stride_sm, SPLIT_S, scales_ptr,
                                        b_ptr, stride_bl, stride_bn, stride_br, ranks_ptr, R_MAX, offs_n, N,
-                                       BM, BLOCK_R, EPI_D)
+                                       BM, BLOCK_R, EPI_D, S_SLICES)
         acc = add_bias(acc, offs_n, N, bias_ptr, HAS_BIAS)
         store_tile(y_ptr, acc, rows, offs_n, M, N, stride_ym, stride_yn)
 
@@ -551,7 +582,10 @@ class MultiLoRAPlan:
     pipelined K step per distinct adapter, B tiles through a TMA ring ``append_stages`` deep, adapters
     shared out over the split-K programs; see :func:`appended_expand`); ``append_rowsel``: whole-S
     MMA per step with the adapter's rows selected on the fp32 result (no per-step A relayout);
-    ``append_d`` (round-2 candidate, 1/2/4): adapters per pipelined appended iteration."""
+    ``append_d`` (round-2 candidate, 1/2/4): adapters per pipelined appended iteration.
+    ``s_unroll`` (session-5 candidate, off until measured): the main kernel sums the shrink's K
+    slices of S unrolled — all slice loads in flight at once instead of one L2 round trip per
+    slice on every program's tail (:func:`_scaled_s`); bit-identical."""
 
     main: KernelConfig
     shrink: KernelConfig
@@ -565,6 +599,7 @@ class MultiLoRAPlan:
     append_stages: int = 3
     append_rowsel: bool = False
     append_d: int = 1
+    s_unroll: bool = False
 
     def __post_init__(self):
         if self.expand not in EXPANDS:
@@ -587,13 +622,13 @@ class MultiLoRAPlan:
         return {"main": self.main.to_dict(), "shrink": self.shrink.to_dict(), "use_tma": self.use_tma,
                 "fuse_d": self.fuse_d, "epi_d": self.epi_d, "x_tma": self.x_tma, "epi_pipe": self.epi_pipe,
                 "b_vec": self.b_vec, "expand": self.expand, "append_stages": self.append_stages,
-                "append_rowsel": self.append_rowsel, "append_d": self.append_d}
+                "append_rowsel": self.append_rowsel, "append_d": self.append_d, "s_unroll": self.s_unroll}
 
     @classmethod
     def from_dict(cls, d: dict) -> "MultiLoRAPlan":
         return cls(main=KernelConfig.from_dict(d["main"]), shrink=KernelConfig.from_dict(d["shrink"]),
                    **{k: d[k] for k in ("use_tma", "fuse_d", "epi_d", "x_tma", "epi_pipe", "b_vec", "expand",
-                                          "append_stages", "append_rowsel", "append_d")
+                                          "append_stages", "append_rowsel", "append_d", "s_unroll")
                       if k in d})
 
 
@@ -776,6 +811,14 @@ def _check_values(adapter_ids, ranks, L, r_max):
             raise ValueError(f"multi_lora_linear: ranks must lie in [0, r_max={r_max}], got [{rlo}, {rhi}]")
 
 
+def _pdl_launchable(device: torch.device) -> bool:
+    """Whether an explicit ``pdl=True`` can take effect: a CUDA sm_90+ device, not the interpreter
+    (which cannot run the griddepcontrol inline PTX)."""
+    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0") or device.type != "cuda":
+        return False
+    return torch.cuda.get_device_capability(device)[0] >= 9
+
+
 def _w_operand(weight: torch.Tensor, cfg: KernelConfig, use_tma: bool):
     if not use_tma:
         return weight
@@ -803,7 +846,7 @@ def multi_lora_gemm(x, weight, bank_a, bank_b, ranks, scales, adapter_ids, bias=
                     mode: str = "auto", plan: MultiLoRAPlan | None = None, has_lora: bool = True,
                     validate: bool | None = None, out: torch.Tensor | None = None,
                     poison_workspace: bool = False, adapters: int | None = None,
-                    b_clean: bool = False) -> torch.Tensor:
+                    b_clean: bool = False, pdl: bool | None = None) -> torch.Tensor:
     """Launch (shrink +) main. x [M, K], weight [N, K], bank_a [L, r_max, K], bank_b [L, N, r_max],
     ranks [L] int32, scales [L] fp32, adapter_ids [M] (−1 = base only), bias [N] → y [M, N].
 
@@ -815,6 +858,11 @@ def multi_lora_gemm(x, weight, bank_a, bank_b, ranks, scales, adapter_ids, bias=
     NaN-fills the S and split-K workspaces first, so a read of a slot nobody wrote shows up.
     ``b_clean``: the caller guarantees bank_b is zero past each slot's rank (``AdapterBank`` does);
     lets the appended expand skip its per-step rank mask. Wrong when the padding holds NaN/Inf.
+    ``pdl``: programmatic dependent launch of the main kernel behind the shrink (its K loop runs
+    while the shrink does; it waits for S after the loop). None → ``kernels.pdl.pdl_enabled``
+    (``LOWRANK_GEMM_PDL``, off by default until measured); True is ignored where PDL cannot run
+    (CPU, interpreter, before sm_90) and when there is no shrink launch (fused shrink,
+    ``has_lora=False``). Same results bit for bit.
     """
     M, N, K, L, r_max = _check_inputs(x, weight, bank_a, bank_b, ranks, scales, adapter_ids, bias,
                                       row_order, mode)
@@ -850,24 +898,20 @@ def multi_lora_gemm(x, weight, bank_a, bank_b, ranks, scales, adapter_ids, bias=
     x_tma = (plan.x_tma and use_tma and order is None and x.stride(1) == 1
              and (x.stride(0) * x.element_size()) % 16 == 0)
 
-    split_s = scfg.split_k if has_lora and not fuse_d else 1
+    shrink = has_lora and not fuse_d
+    # PDL only between the shrink and the main kernel: main's K loop reads x, W, ids and the row
+    # order before its wait, which is safe because the shrink itself is launched WITHOUT the PDL
+    # attribute (it starts after every earlier kernel — the id sort, whatever wrote x — has finished
+    # and flushed) and main can start only once every shrink program has started. A PDL-launched
+    # shrink would let main overlap an earlier kernel that may still be writing x or the ids.
+    use_pdl = shrink and (pdl_enabled(x.device) if pdl is None else (pdl and _pdl_launchable(x.device)))
+    split_s = scfg.split_k if shrink else 1
     s_ws = torch.empty((split_s, M, block_r), dtype=torch.float32, device=x.device)
     if poison_workspace:
         s_ws.fill_(float("nan"))
-    if has_lora and not fuse_d:
-        sbm = scfg.block_m
-        max_distinct = min(sbm, L)
-        num_rb = block_r // scfg.block_n
-        k_per_split = cdiv(cdiv(K, split_s), scfg.block_k) * scfg.block_k
-        grid_s = (cdiv(M, sbm) * max_distinct * num_rb * split_s,)
-        _mlora_shrink_kernel[grid_s](
-            x, bank_a, ids, order_arg, ranks, s_ws, M, K, L, r_max, k_per_split,
-            x.stride(0), x.stride(1), bank_a.stride(0), bank_a.stride(1), bank_a.stride(2),
-            s_ws.stride(0), s_ws.stride(1),
-            MAX_DISTINCT=max_distinct, NUM_RB=num_rb, SPLIT_S=split_s, BM=sbm, BR=scfg.block_n,
-            BK=scfg.block_k, HAS_ORDER=order is not None, num_warps=scfg.num_warps,
-            num_stages=scfg.num_stages)
 
+    # every workspace is set up before the shrink launch, so that the shrink is the main kernel's
+    # immediate predecessor in the stream (the PDL pair)
     tiles = cdiv(M, cfg.block_m) * cdiv(N, cfg.block_n)
     split_k = max(1, min(cfg.split_k, cdiv(K, cfg.block_k)))
     if split_k > 1:
@@ -881,19 +925,33 @@ def multi_lora_gemm(x, weight, bank_a, bank_b, ranks, scales, adapter_ids, bias=
     else:
         ws = sws = s_ws
         cnt = ids
-    if x_tma:
-        from triton.tools.tensor_descriptor import TensorDescriptor
-        x_desc = TensorDescriptor(x, shape=list(x.shape), strides=list(x.stride()),
-                                  block_shape=[cfg.block_m, cfg.block_k])
-    else:
-        x_desc = x
-    append = plan.expand == "appended" and has_lora and not fuse_d
+    append = plan.expand == "appended" and shrink
     b_tma = append and plan.append_d == 1 and _b_tma_ok(bank_b)     # stacked steps gather B by pointer
     if append:
         lst = torch.empty((tiles * split_k, 2 * cfg.block_m), dtype=torch.int32, device=x.device)
         b_desc = _b_descriptor(bank_b, cfg.block_n, block_r) if b_tma else bank_b
     else:
         lst, b_desc = ids, bank_b
+    if x_tma:
+        from triton.tools.tensor_descriptor import TensorDescriptor
+        x_desc = TensorDescriptor(x, shape=list(x.shape), strides=list(x.stride()),
+                                  block_shape=[cfg.block_m, cfg.block_k])
+    else:
+        x_desc = x
+
+    if shrink:
+        sbm = scfg.block_m
+        max_distinct = min(sbm, L)
+        num_rb = block_r // scfg.block_n
+        k_per_split = cdiv(cdiv(K, split_s), scfg.block_k) * scfg.block_k
+        grid_s = (cdiv(M, sbm) * max_distinct * num_rb * split_s,)
+        _mlora_shrink_kernel[grid_s](
+            x, bank_a, ids, order_arg, ranks, s_ws, M, K, L, r_max, k_per_split,
+            x.stride(0), x.stride(1), bank_a.stride(0), bank_a.stride(1), bank_a.stride(2),
+            s_ws.stride(0), s_ws.stride(1),
+            MAX_DISTINCT=max_distinct, NUM_RB=num_rb, SPLIT_S=split_s, BM=sbm, BR=scfg.block_n,
+            BK=scfg.block_k, HAS_ORDER=order is not None, PDL=use_pdl, num_warps=scfg.num_warps,
+            num_stages=scfg.num_stages)
     _mlora_main_kernel[(tiles, split_k)](
         x, x_desc, _w_operand(weight, cfg, use_tma), y, bias if bias is not None else x, ids, order_arg, s_ws,
         scales, bank_a, bank_b, ranks, ws, sws, cnt, b_desc, lst, M, N, K, L, r_max, split_s,
@@ -907,7 +965,8 @@ def multi_lora_gemm(x, weight, bank_a, bank_b, ranks, scales, adapter_ids, bias=
                and bank_b.stride(0) % 8 == 0 and bank_b.stride(1) % 8 == 0 and r_max == block_r),
         APPEND=append, APPEND_STAGES=plan.append_stages, B_TMA=b_tma, B_MASK=not b_clean,
         ROW_SELECT=plan.append_rowsel, APPEND_D=plan.append_d,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        S_SLICES=split_s if plan.s_unroll and shrink else 0, PDL=use_pdl,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, launch_pdl=use_pdl)
     return y
 
 
