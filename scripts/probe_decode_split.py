@@ -2,13 +2,14 @@
 first (child process under a watchdog), then every timing in ONE process.
 
     PYTHONPATH=src python scripts/probe_decode_split.py --out $OUT [--ms 1,16,64] [--fmts int4_2l,int4_g64]
-                                                        [--no-time] [--timeout 100] [--budget 110]
+                                                        [--no-time] [--timeout 120] [--budget 140]
 
 Variants (kernels/gluon/w4a4_decode.py module doc): ``tile`` (today: one program per output tile), ``split2`` /
 ``split3`` / ``split4`` (split-K, one launch, the last contributor of a tile finishes it), ``stream`` (stream-K
 over #SMs × 2 programs), int4_2l also ``stream:3`` (stream-K on a 3-slot ring: #SMs × 3 programs at M ≤ 16);
 each also with ``:pdl`` (programmatic dependent launch); int4_2l also ``tile:nk`` / ``stream:nk``
-(``nonempty_k``: the K loop ptxas does not serialize at M > 16). int4_g64 runs its default e4m3 path on
+(``nonempty_k``: the K loop ptxas does not serialize at M > 16); both formats ``tile+rb`` / ``stream+rb`` (± PDL:
+the row table as one 2-D TMA box per step, ``row_box``; 2l on the nonempty_k loop). int4_g64 runs its default e4m3 path on
 pre-expanded activations (the GEMM alone; ``expand_act_f8`` is its own row and the PDL producer).
 
 1. ``check`` (one child per format, ``--timeout`` s each): at (M, N, K) ∈ {(1, 160, 512), (5, 336, 640) ragged K,
@@ -24,7 +25,8 @@ pre-expanded activations (the GEMM alone; ``expand_act_f8`` is its own row and t
      the int8 tokens; g64: ``expand_act_f8``), ``trigger`` = a Triton copy that runs griddepcontrol.
      launch_dependents first (the best case PDL can give: the GEMM's weight loads start while it runs);
    - ``layer:<fmt>:...`` — the whole op (act_quant + [expand] + GEMM, ``w4a4_linear(impl="decode")``) today, with
-     the fastest GEMM mode (env LOWRANK_GEMM_DECODE_SPLIT), and with it + LOWRANK_GEMM_PDL=1 (+ nonempty_k for 2l).
+     the fastest GEMM mode (env LOWRANK_GEMM_DECODE_SPLIT), and with it + LOWRANK_GEMM_PDL=1 (+ nonempty_k for 2l);
+     then ``layer:<fmt>:tile+rb[:pdl]`` (LOWRANK_GEMM_DECODE_ROW_BOX=1, PDL off / on).
    The target (issue 4): layer ≤ cuBLAS bf16 / 3.
 Writes probe_decode_split.json / .md to --out (rows so far are written even if the budget runs out).
 """
@@ -57,7 +59,9 @@ def _variants(fmt: str) -> list[tuple[str, bool, bool]]:
     two_level = fmt == "int4_2l"
     out = [("tile", False, False), ("tile", True, False)] + ([("tile", False, True)] if two_level else [])
     out += [(m, p, False) for m in MODES[1:] + (("stream:3", ) if two_level else ()) for p in (False, True)]
-    return out + ([("stream", False, True)] if two_level else [])
+    out += [("stream", False, True)] if two_level else []
+    # ``+rb``: the row table as one 2-D TMA box per step (row_box), on the nonempty_k loop (2l's default now)
+    return out + [(m, p, two_level) for m in ("tile+rb", "stream+rb") for p in (False, True)]
 
 
 def _name(fmt, mode, pdl, nk) -> str:
@@ -85,7 +89,9 @@ def _operands(fmt: str, m: int, n: int, k: int, seed: int = 0):
 
 def _launch(ops, fmt, m, mode, pdl=False, nk=False):
     from lowrank_gemm.kernels.gluon.w4a4_decode import launch_w4a4_decode
-    return launch_w4a4_decode(**ops, config=_config(fmt, m, mode), f8=fmt != "int4_2l", pdl=pdl, nonempty_k=nk)
+    row_box = mode.endswith("+rb")
+    return launch_w4a4_decode(**ops, config=_config(fmt, m, mode.removesuffix("+rb")), f8=fmt != "int4_2l", pdl=pdl,
+                              nonempty_k=nk, row_box=row_box)
 
 
 def _tickets_zero() -> bool:
@@ -326,7 +332,8 @@ def time_all(ms: list[int], fmts: list[str], passed: set, deadline: float, rows:
             for r in rows:
                 if r["M"] == m and r["impl"].startswith(f"gemm:{fmt}:") and base and r.get("graph_us"):
                     r["vs_tile"] = round(r["graph_us"] / base, 3)
-            timed = {k: v for k, v in gemm.items() if v and not k[1]}
+            # (the +rb modes have their own layer rows: the SPLIT env takes no row_box)
+            timed = {k: v for k, v in gemm.items() if v and not k[1] and not k[0].endswith("+rb")}
             best = min(timed, key=timed.get)[0] if timed else "tile"    # the fastest way to deal the work
             # PDL: [producer → GEMM] graphs, off vs on
             for mode in ["tile"] + ([best] if best != "tile" else []):
@@ -352,6 +359,12 @@ def time_all(ms: list[int], fmts: list[str], passed: set, deadline: float, rows:
                     rec(m, f"layer:{fmt}:{best}", fn, lsets)
             with _env(**{SPLIT_ENV: split, "LOWRANK_GEMM_PDL": "1", "LOWRANK_GEMM_DECODE_NONEMPTY_K": nk}):
                 rec(m, f"layer:{fmt}:{best}:pdl" + (":nk" if nk else ""), fn, lsets)
+            # the row box (+ nonempty_k for 2l, its default now), without and with PDL
+            if _name(fmt, "tile+rb", False, fmt == "int4_2l") in passed:
+                for pdl in ("0", "1"):
+                    with _env(**{"LOWRANK_GEMM_DECODE_ROW_BOX": "1", "LOWRANK_GEMM_PDL": pdl,
+                                 "LOWRANK_GEMM_DECODE_NONEMPTY_K": "1" if fmt == "int4_2l" else None}):
+                        rec(m, f"layer:{fmt}:tile+rb" + (":pdl" if pdl == "1" else ""), fn, lsets)
             del lsets
             torch.cuda.empty_cache()
 
@@ -381,8 +394,8 @@ def main() -> int:
     ap.add_argument("--ms", default="1,16,64")
     ap.add_argument("--fmts", default="int4_2l,int4_g64")
     ap.add_argument("--no-time", action="store_true")
-    ap.add_argument("--timeout", type=float, default=100.0, help="seconds for each format's correctness child")
-    ap.add_argument("--budget", type=float, default=110.0, help="seconds for the timing phase (rows after it: skipped)")
+    ap.add_argument("--timeout", type=float, default=120.0, help="seconds for each format's correctness child")
+    ap.add_argument("--budget", type=float, default=140.0, help="seconds for the timing phase (rows after it: skipped)")
     args = ap.parse_args()
     fmts = [f for f in args.fmts.split(",") if f]
     if args.child == "check":
