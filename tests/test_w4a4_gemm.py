@@ -388,7 +388,7 @@ def test_pre_expanded_contract_errors():
 
 
 def test_layer_f8_decision(monkeypatch):
-    """The layer op asks for the e4m3 operands only with LOWRANK_GEMM_ACT_QUANT_F8=1 and only where the GEMM it
+    """The layer op asks for the e4m3 operands (default on; LOWRANK_GEMM_ACT_QUANT_F8=0 turns it off) only where the GEMM it
     routes to runs its e4m3 path at no loss: decode with decode_f8_default(), v2 with f8_default() where xab
     keeps the scale TMA the packed scales would get; never v1 (the CPU route)."""
     import lowrank_gemm.kernels.w4a4_gemm as g
@@ -398,9 +398,11 @@ def test_layer_f8_decision(monkeypatch):
     want = lambda m, impl="auto", dev=cuda: g._layer_wants_f8(impl, "int4_g64", m, 256, 4096, 32, 64, dev,  # noqa: E731
                                                               torch.bfloat16, ws)
     monkeypatch.delenv("LOWRANK_GEMM_ACT_QUANT_F8", raising=False)
-    assert not g.ACT_QUANT_F8_DEFAULT and not want(1, "decode")                     # off by default
-    monkeypatch.setenv("LOWRANK_GEMM_ACT_QUANT_F8", "1")
     monkeypatch.setenv("LOWRANK_GEMM_DECODE_F8", "1")
+    assert g.ACT_QUANT_F8_DEFAULT and want(1, "decode")                             # on by default
+    monkeypatch.setenv("LOWRANK_GEMM_ACT_QUANT_F8", "0")
+    assert not want(1, "decode")
+    monkeypatch.setenv("LOWRANK_GEMM_ACT_QUANT_F8", "1")
     assert want(1, "decode") and want(16, "decode")
     assert not want(16, "auto", torch.device("cpu"))                                # v1
     assert not g._layer_wants_f8("decode", "int4_2l", 1, 256, 4096, 32, 64, cuda, torch.bfloat16, ws)

@@ -1046,13 +1046,15 @@ _ENV_FUSED_S = os.environ.get("LOWRANK_GEMM_ACT_QUANT_FUSED_S", "").strip() or N
 FUSED_RANK_MAX_M = 16
 _RANK_TILE_ELEMS = 4096  # [SR·RB, CK] per K chunk: 32 fp32 per thread at 4 warps
 # Fused LOADS_FIRST (see _loads_in_flight): LOWRANK_GEMM_ACT_QUANT_LOADS_FIRST=0/1, read per call (one process can
-# A/B it), else LOADS_FIRST_DEFAULT. Off until measured on the H200.
-LOADS_FIRST_DEFAULT = False
+# A/B it), else on for M ≤ LOADS_FIRST_MAX_M. H200 (probes/s5/probe_actquant_decode, K=4096, r=32, alone): g64 M=1
+# 3.59 → 2.99 µs (layer f8+PDL 33.9 → 32.5), 2l M=1 neutral (4.26 → 4.29); M=16 worse (g64 4.06 → 4.54, 2l 5.16 →
+# 5.40: more registers, fewer programs per SM), M=64 neutral. Only M=1 was measured below 16.
+LOADS_FIRST_MAX_M = 1
 
 
-def _loads_first_default() -> bool:
+def _loads_first_default(m: int) -> bool:
     env = os.environ.get("LOWRANK_GEMM_ACT_QUANT_LOADS_FIRST", "")
-    return env == "1" if env in ("0", "1") else LOADS_FIRST_DEFAULT
+    return env == "1" if env in ("0", "1") else m <= LOADS_FIRST_MAX_M
 
 
 def _fused_s_mode(m: int, s_rows, s_ranks) -> tuple[int, int]:
@@ -1254,7 +1256,7 @@ def act_quant(x: torch.Tensor, smooth: torch.Tensor, lora_down: torch.Tensor, gr
         return (*expand_act_f8(x_q, x_scale, group_size), lowrank_act)
     if plan.variant == "fused":
         return _act_quant_fused(x, smooth, lora_down, group_size, fmt, scale_dtype, plan, _slice_rot, f8,
-                                _loads_first_default() if loads_first is None else loads_first)
+                                _loads_first_default(m) if loads_first is None else loads_first)
     lowrank_act = torch.empty((m, r), device=dev, dtype=torch.float32)
     bm, bk, nsplit, sps, warps, variant = plan[:6]
     br = rank_block(r)

@@ -31,7 +31,9 @@ from triton.experimental.gluon import language as gl
 __all__ = ["PDL_DEFAULT", "pdl_enabled", "gdc_wait", "gdc_launch_dependents", "gl_gdc_wait", "gl_gdc_launch_dependents"]
 
 
-PDL_DEFAULT = False       # until measured on the H200: LOWRANK_GEMM_PDL=1 turns it on
+# On (LOWRANK_GEMM_PDL=0 turns it off). H200, CUDA-graph replays (NOTES.md session 5): decode layers −1…3.3 µs
+# (act_quant → decode GEMM), multi-LoRA −2.5…11 µs (shrink → main), outputs bit-identical to PDL off.
+PDL_DEFAULT = True
 
 
 def pdl_enabled(device: torch.device | None = None) -> bool:
