@@ -4,6 +4,18 @@
         [--budget-s 105] [--persistent-timeout-s 35] [--no-persistent] [--allow-persistent-winners]
         [--streamk-only] [--allow-streamk-winners]
     PYTHONPATH=src python scripts/probe_lora.py --small-m --out DIR [--write-tuned PATH] [--budget-s 75]
+    PYTHONPATH=src python scripts/probe_lora.py --issue2 --out DIR [--budget-s 190] [--write-tuned PATH]
+
+``--issue2`` (session 5; ≤ ~215 s): ISSUE2_POINTS (mid M first) — cuBLAS, today's ``auto`` with the
+launch options (``LoraOptions``) off and on, one-launch (fixup, :func:`planner.wave_split`) candidates
+with the options on (``issue2_specs``), at the best one an A/B of the options and our rank-0 GEMM at
+the same tiles (how much of the gap is the base GEMM). Every plan: NaN-poisoned output, float64
+reference (M > 1024: first and last 256 rows), bit-identical second call, then a CUDA-graph median.
+A parallel compile warm-up (``--warm-workers`` processes, ``--warm-s``) fills the JIT cache first;
+points then run in child processes (a faulting kernel costs its point only). Writes
+``probe_lora_issue2.json/.md`` and ``lora_h200.json`` (the table with each point's winner where it
+beats today's plan under the same options; other entries kept) under DIR; ``--write-tuned PATH``
+also writes that table to PATH.
 
 ``--small-m`` (issue 2, decode M on few output tiles; ≤ 90 s): per (shape, M) in SMALL_M_POINTS,
 cuBLAS base, torch unfused, today's ``auto``, ``auto`` with ``LOWRANK_GEMM_SPLITK_MODE=fixup``, the
@@ -435,6 +447,395 @@ def small_m_main(args):
     return 0
 
 
+# ---------------------------------------------------------------------------- --issue2 (session 5)
+
+# (M, K, N, r), most informative first: the budget may cut the tail. Mid M (the worst ratios and
+# the new one-launch plans) first, then the small-M and large-M points of issue 2.
+ISSUE2_POINTS = [(256, 4096, 4096, 16), (256, 4096, 4096, 64), (256, 8192, 8192, 16), (256, 4096, 28672, 16),
+                 (4096, 4096, 4096, 64), (1, 4096, 4096, 16), (64, 4096, 4096, 16), (1024, 4096, 4096, 16),
+                 (16, 8192, 8192, 16), (1, 8192, 8192, 16), (16, 4096, 4096, 16), (1024, 4096, 4096, 64),
+                 (256, 8192, 8192, 64), (256, 4096, 28672, 64), (4096, 4096, 4096, 16), (64, 4096, 4096, 64),
+                 (16, 4096, 4096, 64), (1, 4096, 4096, 64), (16, 8192, 8192, 64), (64, 8192, 8192, 64)]
+# issue 2: auto ≤ 1.00× cuBLAS at M ≤ 64, ≤ 1.05× at M ≥ 256
+ISSUE2_TARGET = {True: 1.00, False: 1.05}
+OPTIONS_ON = "prefetch,pdl,down_full_rank"
+ROW_PREFIX = "ROW "
+REF_ROWS = 256          # M > 1024: the float64 reference covers the first and last REF_ROWS rows
+
+
+def _cfg_fixup(strategy, M, N, K, r, bm, bn, bk, warps, sms, split=None):
+    """A one-launch (``fixup``) candidate: split-K by :func:`planner.wave_split` unless given."""
+    from lowrank_gemm.plan.planner import wave_split
+    if split is None:
+        split = wave_split(_cdiv(M, bm) * _cdiv(N, bn), _cdiv(K, bk), sms)
+    c = _cfg(strategy, M, N, K, r, bm, bn, bk, warps, sms, split)
+    return c.replace(split_mode="fixup") if c.split_k > 1 else c
+
+
+def issue2_specs(M, N, K, r, sms):
+    """[(label, strategy, KernelConfig)] of one point: the new heuristic plan first, then one-launch
+    (fixup) split-K candidates by M class — mid M (64 < M ≤ 512): 128×256 / 128×128 / 64×256 /
+    256×128 tiles for ``split`` and ``kloop`` (the K-loop S costs one m64n16 wgmma per k16, measured
+    +25 % at 128×256, but saves the down kernel's launch); large M: 128×256 / 256×128; decode M:
+    64-row tiles with 128/256-wide K steps (half the K-loop iterations of session 3's sweep)."""
+    hs, hc = heuristic_lora(M, N, K, r, 16, gpu=True, sms=sms)
+    kl = "kloop" if r <= 64 else "split"
+    if M <= 64:
+        specs = [(kl, 64, 128, 128, 4), (kl, 64, 64, 128, 4), (kl, 64, 128, 256, 4), (kl, 64, 64, 256, 4),
+                 (kl, 64, 32, 256, 4), (kl, 64, 256, 64, 4)]
+    elif M <= 512:
+        specs = [("split", 128, 256, 64, 8), ("kloop", 128, 256, 64, 8), ("split", 128, 128, 64, 8),
+                 ("kloop", 128, 128, 64, 8), ("split", 128, 128, 64, 4), ("split", 64, 256, 64, 4),
+                 ("kloop", 64, 256, 64, 4), ("split", 256, 128, 64, 8)]
+    else:
+        specs = [("split", 128, 256, 64, 8), ("split", 256, 128, 64, 8), ("kloop", 128, 256, 64, 8)]
+    out = [(f"heur {hs} {hc.block_m}x{hc.block_n}x{hc.block_k} w{hc.num_warps} s{hc.num_stages} "
+            f"sk{hc.split_k} {hc.split_mode} br{hc.block_r}", hs, hc)]
+    seen = {(hs, hc)}
+    for s, bm, bn, bk, w in specs:
+        if s == "kloop" and r > 64:
+            continue
+        try:
+            c = _cfg_fixup(s, M, N, K, r, bm, bn, bk, w, sms)
+        except Exception:      # no stage count fits
+            continue
+        if (s, c) in seen or not can_implement(s, (M, N, K, r), c):
+            continue
+        seen.add((s, c))
+        out.append((f"{s} {bm}x{bn}x{bk} w{w} s{c.num_stages} sk{c.split_k} {c.split_mode} br{c.block_r}", s, c))
+    if r > SPLIT_BLOCK_R and M > 64:
+        # the whole rank in one epilogue chunk (SPLIT_BLOCK_R=16 came from spills that only the test
+        # suite's unspecialized compiles have: 128×256 r64 in one chunk is 225 registers as launched)
+        c = _cfg_fixup("split", M, N, K, r, 128, 256, 64, 8, sms).replace(block_r=block_r_for(r))
+        if ("split", c) not in seen and can_implement("split", (M, N, K, r), c):
+            out.append((f"split 128x256x64 w8 s{c.num_stages} sk{c.split_k} {c.split_mode} br{c.block_r}",
+                        "split", c))
+    return out
+
+
+def _flags(on=()):
+    """Every LoraOptions field, True for the names in ``on`` (explicit: the env cannot leak in)."""
+    return {k: k in on for k in OPTIONS_ON.split(",")}
+
+
+def _option_sets(strategy, r):
+    """{label: LoraOptions flags} of the A/B at a point's best candidate: all off (today's defaults),
+    and each option that acts on this strategy switched off alone."""
+    names = OPTIONS_ON.split(",")
+    sets = {"off": _flags()}
+    acting = ["prefetch"] + (["pdl"] + (["down_full_rank"] if r > 16 else []) if strategy == "split" else [])
+    for n in acting:
+        sets[f"on-{n}"] = _flags([k for k in names if k != n])
+    return sets
+
+
+def _timed_call(strategy, cfg, flags, rank0=False):
+    """fn(x, w, a, b, bs, out=None) as the op runs it (pinned plan, launch options in scope); rank0:
+    our plain GEMM at the same config (lora_a/lora_b with r = 0), the LoRA-free time of that tile
+    plan. ``out``: the result goes there (a NaN-poisoned buffer in the checks) — same launches,
+    through ``run_strategy`` with the plan the op would take."""
+    from lowrank_gemm.kernels.lora_gemm import lora_linear, lora_options, run_strategy
+    from lowrank_gemm.plan.planner import plan_lora
+
+    def fn(x, w, a, b, bs, out=None):
+        with lora_options(**flags):
+            if rank0:
+                return run_strategy(strategy, x, w, a[:0], b[:, :0], SCALE, None, cfg, out=out)
+            if out is not None:
+                s, c = (strategy, cfg) if strategy != "auto" else \
+                    plan_lora(x.shape[0], w.shape[0], x.shape[1], a.shape[0], x.dtype, x.device)
+                return run_strategy(s, x, w, a, b, SCALE, None, c, out=out)
+            if strategy == "auto":
+                return lora_linear(x, w, a, b, SCALE)
+            with pinned(strategy=strategy, config=cfg):
+                return lora_linear(x, w, a, b, SCALE)
+    return fn
+
+
+def _issue2_check(row, fn, sets, ref, ref_rows, rank0):
+    """Two calls into NaN-poisoned outputs: no NaN left, error on the reference rows ≤ TOL, the two
+    bit-identical; True if the plan may be timed."""
+    x, w, a, b, bs = sets[0]
+    ys = []
+    for _ in range(2):
+        out = torch.full((x.shape[0], w.shape[0]), float("nan"), dtype=x.dtype, device=x.device)
+        y = fn(x, w, a, b, bs, out=out)
+        if y.is_cuda:
+            torch.cuda.synchronize()
+        ys.append(y)
+    y = ys[0]
+    row["nan"] = bool(y.isnan().any().item())
+    sub = y[ref_rows] if ref_rows is not None else y
+    row["rel_err"] = round(_rel_err(sub, ref if not rank0 else ref[1]), 6)
+    row["bit_identical"] = bool(torch.equal(ys[0], ys[1]))
+    if row["nan"] or not row["rel_err"] <= TOL or not row["bit_identical"]:
+        row["error"] = (f"wrong: rel err {row['rel_err']} nan {row['nan']} "
+                        f"bit-identical {row['bit_identical']}")
+        return False
+    return True
+
+
+def _exit_if_context_lost(row, emit):
+    """A faulting kernel (illegal address, misaligned TMA) leaves the CUDA context unusable: every
+    later call would fail too. Report the row and end this child; the parent resumes after the point."""
+    if not torch.cuda.is_available():
+        return
+    try:
+        torch.cuda.synchronize()
+    except Exception as exc:
+        row["error"] += f" | context lost: {type(exc).__name__}: {exc}"[:200]
+        emit(row)
+        sys.stdout.flush()
+        os._exit(3)
+
+
+def issue2_point(M, K, N, r, sms, emit, device="cuda", dtype=torch.bfloat16):
+    """Rows of one point, each passed to ``emit`` as soon as it is timed (device/dtype: CPU tests)."""
+    from lowrank_gemm.plan.planner import plan_lora
+    sets = make_sets(M, N, K, r, dtype, device)
+    x, w, a, b, _ = sets[0]
+    Mx = x.shape[0]
+    ref_rows = None if Mx <= 1024 else torch.cat([torch.arange(REF_ROWS), torch.arange(Mx - REF_ROWS, Mx)]).to(device)
+    xr = x if ref_rows is None else x[ref_rows]
+    ref = lora_linear_ref(xr, w, a, b, SCALE)
+    ref0 = xr.double() @ w.double().T                       # rank-0 diagnostic rows
+    base = {"M": M, "N": N, "K": K, "r": r, "bytes": nbytes(M, N, K, r)}
+    on = _flags(OPTIONS_ON.split(","))
+    today = plan_lora(*x.shape[:1], w.shape[0], x.shape[1], a.shape[0], dtype, torch.device(device))
+    rows = []
+
+    def run(label, strategy, cfg, flags, kind, fn=None, rank0=False):
+        row = dict(base, label=label, strategy=strategy, kind=kind,
+                   options=",".join(k for k, v in sorted(flags.items()) if v) or "off",
+                   config=cfg.to_dict() if cfg else None)
+        t0 = time.time()
+        try:
+            call = fn or _timed_call(strategy, cfg, flags, rank0)
+            if strategy == "cublas" or _issue2_check(row, call, sets, (ref, ref0) if rank0 else ref,
+                                                     ref_rows, rank0):
+                row["first_call_s"] = round(time.time() - t0, 2)
+                row["graph_us"] = round(time_graph(call, sets).median_us, 3)
+        except Exception as exc:
+            row["error"] = f"{type(exc).__name__}: {exc}"[:300]
+            _exit_if_context_lost(row, emit)
+        cub = rows[0].get("graph_us") if rows else row.get("graph_us")
+        if cub and row.get("graph_us"):
+            row["x_cublas"] = round(row["graph_us"] / cub, 3)
+            row["bw_tbps"] = round(base["bytes"] / (row["graph_us"] * 1e-6) / 1e12, 3)
+        # a launch option never measured on the device (PDL under graph capture, a prefetched
+        # tile's SMEM) must not cost the candidate: the same plan once more with all of them off
+        retry = "error" in row and any(flags.values()) and fn is None
+        if retry:
+            row["kind"] = f"{kind} (failed with options)"
+        rows.append(row)
+        emit(row)
+        if retry:
+            return run(label + " [retry, options off]", strategy, cfg, _flags(), kind, rank0=rank0)
+        return row
+
+    run("cublas", "cublas", None, _flags(), "baseline", fn=lambda x, w, a, b, bs: x @ w.T)
+    tl = f"{today[0]} {today[1].block_m}x{today[1].block_n}x{today[1].block_k} sk{today[1].split_k} {today[1].split_mode}"
+    run(f"auto (today: {tl})", "auto", today[1], _flags(), "today")
+    run(f"auto (today: {tl}) [options on]", "auto", today[1], on, "today")
+    cands = [run(label, s, c, on, "candidate") for label, s, c in issue2_specs(M, N, K, r, sms)]
+    timed = [c for c in cands if c.get("graph_us")]
+    if timed:
+        best = min(timed, key=lambda c: c["graph_us"])
+        cfg = KernelConfig.from_dict(best["config"])
+        for tag, flags in _option_sets(best["strategy"], r).items():
+            run(f"best [{tag}]: {best['label']}", best["strategy"], cfg, flags, "ab")
+        run(f"ours rank 0 @best: {best['label']}", best["strategy"], cfg, on, "rank0", rank0=True)
+    del sets
+    if torch.device(device).type == "cuda":
+        torch.cuda.empty_cache()
+    return rows
+
+
+def issue2_warm(args):
+    """Compile-only pass over some points (``--points``): every plan the timing child will run first
+    (today's and each candidate's, with the options on and off) is called once on the real shapes, so the
+    JIT's disk cache holds it when the timing child gets there. Several of these run in parallel
+    (compiles are CPU-bound; the device machine has 16 cores); anything they miss compiles later."""
+    from lowrank_gemm.plan.planner import plan_lora
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    on, off = _flags(OPTIONS_ON.split(",")), _flags()
+    for i in (int(v) for v in args.points.split(",") if v):
+        if time.time() > args.deadline:
+            break
+        M, K, N, r = ISSUE2_POINTS[i]
+        x, w, a, b, bs = make_sets(M, N, K, r, torch.bfloat16, "cuda")[0]
+        today = plan_lora(M, N, K, r, torch.bfloat16, torch.device("cuda"))
+        plans = [("auto", today[1], off), ("auto", today[1], on)]
+        cands = issue2_specs(M, N, K, r, sms)
+        plans += [(s, c, on) for _, s, c in cands] + [(s, c, off) for _, s, c in cands]
+        for s, c, f in plans:
+            if time.time() > args.deadline:
+                break
+            try:
+                _timed_call(s, c, f)(x, w, a, b, bs)
+                torch.cuda.synchronize()
+            except Exception as exc:
+                print(f"warm {ISSUE2_POINTS[i]} {s} {c}: {type(exc).__name__}: {exc}"[:300], flush=True)
+                _exit_if_context_lost({"error": ""}, lambda row: None)
+        print(f"WARM {i}", flush=True)
+        del x, w, a, b, bs
+        torch.cuda.empty_cache()
+
+
+def issue2_warm_all(deadline, workers):
+    """Run ``workers`` warm-up children in parallel over ISSUE2_POINTS (round-robin shares, so each
+    holds early points), each in its own process group, all killed at ``deadline``. → warmed points."""
+    import signal
+    import subprocess
+    procs = []
+    for k in range(workers):
+        share = ",".join(str(i) for i in range(k, len(ISSUE2_POINTS), workers))
+        cmd = [sys.executable, os.path.abspath(__file__), "--issue2-warm", "--points", share,
+               "--deadline", str(deadline)]
+        procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                      start_new_session=True))
+    warmed = []
+    for p in procs:
+        try:
+            out, _ = p.communicate(timeout=max(1.0, deadline - time.time() + 10))
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            out, _ = p.communicate()
+        warmed += [int(l.split()[1]) for l in (out or "").splitlines() if l.startswith("WARM ")]
+    return sorted(warmed)
+
+
+def issue2_child(args):
+    """Runs ISSUE2_POINTS[start:] until the deadline; prints ``ROW {json}`` per row (flushed)."""
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    for i in range(args.start, len(ISSUE2_POINTS)):
+        if time.time() > args.deadline:
+            break
+        M, K, N, r = ISSUE2_POINTS[i]
+        print(f"POINT {i} {json.dumps([M, K, N, r])}", flush=True)
+        issue2_point(M, K, N, r, sms, lambda row: print(ROW_PREFIX + json.dumps(row), flush=True))
+        print(f"DONE {i}", flush=True)
+
+
+def issue2_winners(rows, existing):
+    """Per tuned key: the fastest correct candidate (options on) if it beats today's plan timed with
+    the same options in this run; else the existing entry stays. → (table updates, report lines)."""
+    by_point = {}
+    for row in rows:
+        by_point.setdefault((row["M"], row["N"], row["K"], row["r"]), []).append(row)
+    updates, report = {}, []
+    for (M, N, K, r), rs in by_point.items():
+        timed = [x for x in rs if x.get("graph_us")]
+        cub = next((x["graph_us"] for x in timed if x["strategy"] == "cublas"), None)
+        today = next((x for x in timed if x["kind"] == "today" and x["options"] != "off"), None)
+        today_off = next((x for x in timed if x["kind"] == "today" and x["options"] == "off"), None)
+        cands = [x for x in timed if x["kind"] == "candidate"]
+        if not cands:
+            continue
+        best = min(cands, key=lambda x: x["graph_us"])
+        key = tuned_key(M, N, K, r, torch.bfloat16)
+        pin = today is None or best["graph_us"] < today["graph_us"]
+        if pin:
+            updates[key] = {"strategy": best["strategy"], "config": best["config"], "us": best["graph_us"],
+                            "cublas_us": cub, "x_cublas": round(best["graph_us"] / cub, 3) if cub else None,
+                            "options": best["options"]}
+        final = best["graph_us"] if pin else today["graph_us"]
+        report.append(dict(M=M, N=N, K=K, r=r, key=key, best=best["label"], best_us=best["graph_us"],
+                           today_us=today_off and today_off["graph_us"], today_on_us=today and today["graph_us"],
+                           cublas_us=cub, final_x=round(final / cub, 3) if cub else None,
+                           target=ISSUE2_TARGET[M <= 64], pinned=pin, had_entry=key in existing))
+    return updates, report
+
+
+def issue2_md(meta, rows, report, skipped):
+    md = f"# LoRA probe --issue2\n\n{json.dumps(meta)}\n\n## scoreboard (graph µs; final = the tuned table after this run, options on)\n\n"
+    md += markdown_table(
+        ["M", "N", "K", "r", "cuBLAS", "today (off)", "today (on)", "best candidate", "best µs", "final ×", "target", "met", "pinned"],
+        [[e["M"], e["N"], e["K"], e["r"], e["cublas_us"], e["today_us"], e["today_on_us"], e["best"], e["best_us"],
+          e["final_x"], e["target"], "yes" if e["final_x"] and e["final_x"] <= e["target"] else "no",
+          "yes" if e["pinned"] else "no (kept)"] for e in report])
+    md += "\n## every row\n\n" + markdown_table(
+        ["M", "N", "K", "r", "kind", "candidate", "options", "graph µs", "× cuBLAS", "TB/s", "rel err", "error"],
+        [[x.get("M"), x.get("N"), x.get("K"), x.get("r"), x.get("kind"), x.get("label"), x.get("options"),
+          x.get("graph_us"), x.get("x_cublas"), x.get("bw_tbps"), x.get("rel_err"), (x.get("error") or "")[:80]]
+         for x in rows])
+    if skipped:
+        md += f"\nnot reached (budget or a dead child): {skipped}\n"
+    return md
+
+
+def _issue2_write(args, rows, done, failed, warmed, t0, tuned_path, meta):
+    """probe_lora_issue2.json/.md and the merged lora_h200.json under args.out (→ the report)."""
+    skipped = [p for i, p in enumerate(ISSUE2_POINTS) if i not in done]
+    existing_path = tuned_path or args.write_tuned or (Path(__file__).resolve().parents[1]
+                                                       / "src/lowrank_gemm/plan/tuned/lora_h200.json")
+    existing = json.loads(Path(existing_path).read_text()) if Path(existing_path).exists() else {"version": 1, "lora": {}}
+    updates, report = issue2_winners(rows, existing.get("lora", {}))
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "probe_lora_issue2.json").write_text(json.dumps(
+        {"meta": meta, "rows": rows, "skipped": skipped, "failed": failed, "winners": updates, "report": report,
+         "options_on": OPTIONS_ON, "warmed": warmed, "seconds": round(time.time() - t0, 1)}, indent=1) + "\n")
+    (args.out / "probe_lora_issue2.md").write_text(issue2_md(meta, rows, report, skipped))
+    merged = dict(existing, version=1, lora=dict(existing.get("lora", {}), **updates))
+    merged["meta"] = dict(existing.get("meta", {}), issue2=dict(meta, source="scripts/probe_lora.py --issue2",
+                                                               options=OPTIONS_ON))
+    (args.out / "lora_h200.json").write_text(json.dumps(merged, indent=1) + "\n")
+    if args.write_tuned is not None:
+        args.write_tuned.write_text(json.dumps(merged, indent=1) + "\n")
+        print(f"merged {len(updates)} winners into {args.write_tuned}")
+    return report
+
+
+def issue2_main(args, tuned_path=None):
+    """Parent (no CUDA until the children are done): children run the points; a child that dies (a
+    CUDA error poisons its context) or passes the deadline costs only its current point, the next
+    child resumes after it. ``tuned_path``: the table to merge into (default ``--write-tuned``, else
+    the repository's ``plan/tuned/lora_h200.json``, which is then only read)."""
+    from _childproc import run_child
+    t0 = time.time()
+    deadline = t0 + args.budget_s
+    warmed = issue2_warm_all(t0 + args.warm_s, args.warm_workers) if args.warm_workers > 0 else []
+    print(f"[{time.time() - t0:.0f}s] compile warm-up: points {warmed}", flush=True)
+    rows, done, failed, start = [], set(), [], 0
+    while start < len(ISSUE2_POINTS) and time.time() < deadline - 5:
+        cmd = [sys.executable, os.path.abspath(__file__), "--issue2-child", "--start", str(start),
+               "--deadline", str(deadline)]
+        limit = deadline - time.time() + args.grace_s
+        status, out, _, got = run_child(cmd, dict(os.environ), limit, row_prefix=ROW_PREFIX)
+        rows += got
+        began = [int(l.split()[1]) for l in out.splitlines() if l.startswith("POINT ")]
+        ended = {int(l.split()[1]) for l in out.splitlines() if l.startswith("DONE ")}
+        done |= ended
+        cut = [i for i in began if i not in ended]
+        _issue2_write(args, rows, done, failed, warmed, t0, tuned_path, {"partial": True})   # if killed later
+        if not cut:
+            break                                   # the child ran out of points or of time
+        i = cut[0]
+        failed.append({"point": ISSUE2_POINTS[i], "status": status or "died",
+                       "log_tail": out[-1500:]})
+        print(f"point {ISSUE2_POINTS[i]}: child {status or 'died'}; resuming after it\n{out[-800:]}", flush=True)
+        start = i + 1
+    for row in rows:
+        print(f"M={row['M']:<5} K={row['K']:<5} N={row['N']:<6} r={row['r']:<3} {row['kind']:<9} "
+              f"{row['label'][:60]:<60} [{row['options']}] graph {row.get('graph_us')} x{row.get('x_cublas')} "
+              f"err {row.get('rel_err')} {row.get('error', '')}", flush=True)
+    from lowrank_gemm.bench.common import measure_copy_tbps
+    try:
+        copy = measure_copy_tbps()
+    except Exception:
+        copy = None
+    report = _issue2_write(args, rows, done, failed, warmed, t0, tuned_path, device_meta(copy))
+    print("\nscoreboard:")
+    for e in report:
+        print(f"  M={e['M']} N={e['N']} K={e['K']} r={e['r']}: cuBLAS {e['cublas_us']} today {e['today_us']} "
+              f"(on {e['today_on_us']}) best {e['best_us']} ({e['best']}) → x{e['final_x']} "
+              f"(target {e['target']}){' pinned' if e['pinned'] else ''}")
+    skipped = [p for i, p in enumerate(ISSUE2_POINTS) if i not in done]
+    print(f"total {time.time() - t0:.0f}s; {len(done)} points done, {len(failed)} failed, not reached: {skipped}; "
+          f"wrote {args.out}")
+    return 0
+
+
 # ---------------------------------------------------------------------------- main
 
 def winners(rows, allow_persistent, allow_streamk=False):
@@ -481,7 +882,17 @@ def main(argv=None):
                     help="let streamk rows win tuned-table entries (timed either way)")
     ap.add_argument("--small-m", action="store_true",
                     help="issue 2: split-K fixup vs reduce vs baselines at M 1/16/64 (≤ 90 s)")
+    ap.add_argument("--issue2", action="store_true",
+                    help="session 5: one-launch mid-M plans, launch options A/B, re-tune ISSUE2_POINTS (≤ budget)")
+    ap.add_argument("--grace-s", type=float, default=15.0, help="--issue2: a child's limit past the deadline")
+    ap.add_argument("--warm-s", type=float, default=70.0, help="--issue2: parallel compile warm-up, seconds")
+    ap.add_argument("--warm-workers", type=int, default=12, help="--issue2: warm-up processes (0: none)")
+    ap.add_argument("--issue2-warm", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--points", default="", help=argparse.SUPPRESS)
     ap.add_argument("--persistent-child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--issue2-child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--start", type=int, default=0, help=argparse.SUPPRESS)
+    ap.add_argument("--deadline", type=float, default=0.0, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("needs a CUDA GPU", file=sys.stderr)
@@ -489,8 +900,18 @@ def main(argv=None):
     if args.persistent_child:
         persistent_child()
         return 0
+    if args.issue2_child:
+        issue2_child(args)
+        return 0
+    if args.issue2_warm:
+        issue2_warm(args)
+        return 0
     if args.out is None:
         ap.error("--out is required")
+    if args.issue2:
+        if args.budget_s == ap.get_default("budget_s"):
+            args.budget_s = 190.0
+        return issue2_main(args)
     if args.small_m:
         if args.budget_s == ap.get_default("budget_s"):
             args.budget_s = 75.0

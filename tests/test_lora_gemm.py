@@ -368,7 +368,7 @@ def main_signature(bm, bn, bk, br, dt="bf16"):
            "a_desc": f"tensordesc<{dt}[{br}, {bk}]>", "s_ptr": "*fp32", "b_ptr": f"*{dt}",
            "bias_ptr": f"*{dt}", "y_ptr": f"*{dt}", "sws_ptr": "*fp32", "ws_ptr": "*fp32", "cnt_ptr": "*i32",
            "M": "i32", "N": "i32", "K": "i32", "R": "i32", "scale": "fp32", "SPLIT_K": "i32",
-           "S_SPLITS": "i32"}
+           "S_SPLITS": "i32", "DP_TILES": "i32"}
     sig.update({k: "i32" for k in ("stride_sk", "stride_sm", "stride_sr", "stride_bn", "stride_br", "stride_yk",
                                    "stride_ym", "stride_yn", "stride_swk", "stride_swn", "stride_swm",
                                    "stride_swr", "stride_wk", "stride_wm", "stride_wn")})
@@ -385,15 +385,24 @@ def persistent_signature(bm, bn, bk, br, dt="bf16"):
     return sig
 
 
-def compile_main(cfg: KernelConfig, lowrank: int, partial=False, r_chunks=1, fixup_m=None):
-    """fixup_m: compile the FIXUP (one-launch split-K) variant with the launcher's EPI_M/IN_FLIGHT for M."""
+MAIN_FLAGS = dict(FIXUP=False, EPI_M=64, EPI_CHUNKS=1, IN_FLIGHT=1, HYBRID=False, PDL=False, EPI_PREFETCH=False)
+
+
+def compile_main(cfg: KernelConfig, lowrank: int, partial=False, r_chunks=1, fixup_m=None, **flags):
+    """fixup_m: compile the FIXUP (one-launch split-K) variant with the launcher's EPI_M/EPI_CHUNKS/
+    IN_FLIGHT for M; flags: HYBRID, PDL, EPI_PREFETCH, HAS_BIAS. Every constexpr is passed: Triton's
+    AOT cache key lists the constexpr *values* in argument order without their names, so two
+    partial sets such as {HYBRID: True} and {EPI_PREFETCH: True} would share a cache entry."""
     from lowrank_gemm.kernels.aot import compile_sm90
     c = cfg
-    extra = dict(FIXUP=True, **LG.fixup_meta(fixup_m, c)) if fixup_m is not None else {}
+    consts = dict(MAIN_FLAGS, HAS_BIAS=True)
+    if fixup_m is not None:
+        consts.update(FIXUP=True, **LG.fixup_meta(fixup_m, c))
+    consts.update(flags)
     return compile_sm90(MOD, "lora_main_kernel", main_signature(c.block_m, c.block_n, c.block_k, c.block_r),
                         dict(BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, BLOCK_R=c.block_r,
-                             GROUP_M=c.group_m, LOWRANK=lowrank, HAS_BIAS=True,
-                             PARTIAL=partial, R_CHUNKS=r_chunks, **extra),
+                             GROUP_M=c.group_m, LOWRANK=lowrank, PARTIAL=partial, R_CHUNKS=r_chunks,
+                             **consts),
                         num_warps=c.num_warps, num_stages=c.num_stages)
 
 

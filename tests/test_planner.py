@@ -171,3 +171,159 @@ def test_streamk_is_a_candidate_never_a_default():
     cands = probe.candidates(1, 4096, 4096, 16, H200_SMS)
     assert sum(s == "streamk" for _, s, _ in cands) >= 2
     assert not any(s == "streamk" for _, s, _ in probe.candidates(1024, 4096, 4096, 16, H200_SMS))
+
+
+# ---------------------------------------------------------------------------- session 5: wave-aware split
+
+def test_wave_split_fills_the_partial_wave_only():
+    ws = P.wave_split
+    assert ws(32, 64, H200_SMS) == 4          # K=N=4096, M=256, 128×256 tiles: 32 → 128 CTAs, one launch
+    assert ws(64, 64, H200_SMS) == 2          # 8192², M=256: 64 tiles
+    assert ws(224, 64, H200_SMS) == 4         # N=28672, M=256: 132 whole + 92 × 4 pieces (1.9 vs 2 tile-times)
+    assert ws(128, 64, H200_SMS) == 1         # M=1024, K=N=4096: 0.97 of a wave already
+    assert ws(512, 64, H200_SMS) == 1 and ws(1024, 128, H200_SMS) == 1    # last wave ≥ 88 % full
+    assert ws(32, 8, H200_SMS) == 2           # ≥ 4 K tiles per piece
+    for tiles, k_tiles in ((32, 32), (64, 64), (16, 32), (120, 64)):   # below a wave: split_k_for's rule
+        assert ws(tiles, k_tiles, H200_SMS) == split_k_for(tiles, k_tiles, H200_SMS)
+
+
+def test_heuristic_mid_m_is_one_launch():
+    s, c = heuristic_lora(256, 4096, 4096, 16, 16, gpu=True, sms=H200_SMS)
+    assert (s, c.block_m, c.block_n, c.split_k, c.split_mode) == ("split", 128, 256, 4, "fixup")
+    s, c = heuristic_lora(256, 28672, 4096, 16, 16, gpu=True, sms=H200_SMS)
+    assert (c.split_k, c.split_mode) == (4, "fixup")
+    assert P.fixup_dp_tiles(2 * 112, c.split_k, H200_SMS) == H200_SMS
+    for M, K, N in ((1024, 4096, 4096), (4096, 8192, 8192), (1024, 4096, 28672)):
+        assert heuristic_lora(M, N, K, 16, 16, gpu=True, sms=H200_SMS)[1].split_k == 1
+    s, c = heuristic_lora(256, 4096, 4096, 16, 16, gpu=True, sms=H200_SMS, split_mode="reduce")
+    assert (c.split_k, c.split_mode) == (4, "reduce")    # reduce mode keeps split_k_for
+
+
+def _probe():
+    import importlib.util
+    import sys
+    sys.path.insert(0, str(P.TUNED_DIR.parents[3] / "scripts"))
+    spec = importlib.util.spec_from_file_location("probe_lora", P.TUNED_DIR.parents[3] / "scripts" / "probe_lora.py")
+    probe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(probe)
+    return probe
+
+
+def test_issue2_candidates_feasible_and_short():
+    probe = _probe()
+    tiles = set()
+    for M, K, N, r in probe.ISSUE2_POINTS:
+        cands = probe.issue2_specs(M, N, K, r, H200_SMS)
+        assert 3 <= len(cands) <= 9 and cands[0][0].startswith("heur")
+        assert len({(s, c) for _, s, c in cands}) == len(cands)
+        for _, s, c in cands:
+            assert can_implement(s, (M, N, K, r), c), (M, N, K, r, s, c)
+            assert c.split_k == 1 or c.split_mode == "fixup"          # one main launch everywhere
+            tiles.add((s, c.block_m, c.block_n, c.block_k, c.block_r, c.num_warps, c.num_stages))
+    assert len(tiles) <= 40
+    sets = probe._option_sets("split", 64)
+    assert sets["off"] == {"prefetch": False, "pdl": False, "down_full_rank": False}
+    assert set(sets) == {"off", "on-prefetch", "on-pdl", "on-down_full_rank"}
+    assert set(probe._option_sets("kloop", 16)) == {"off", "on-prefetch"}
+
+
+def test_issue2_winners_keep_better_entries():
+    probe = _probe()
+    base = {"M": 256, "N": 4096, "K": 4096, "r": 16}
+    cfg = KernelConfig(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=4, split_k=4,
+                       split_mode="fixup").to_dict()
+    rows = [dict(base, strategy="cublas", kind="baseline", options="off", graph_us=19.0),
+            dict(base, strategy="auto", kind="today", options="off", graph_us=27.0),
+            dict(base, strategy="auto", kind="today", options=probe.OPTIONS_ON, graph_us=26.0),
+            dict(base, strategy="kloop", kind="candidate", options=probe.OPTIONS_ON, graph_us=19.5, config=cfg,
+                 label="kloop 128x256"),
+            dict(base, strategy="split", kind="candidate (failed with options)", options=probe.OPTIONS_ON,
+                 error="boom", config=cfg, label="split"),
+            dict(base, strategy="split", kind="candidate", options="off", graph_us=21.0, config=cfg, label="split")]
+    key = tuned_key(256, 4096, 4096, 16, torch.bfloat16)
+    up, rep = probe.issue2_winners(rows, {key: {}})
+    assert up[key]["strategy"] == "kloop" and up[key]["x_cublas"] == round(19.5 / 19.0, 3)
+    assert up[key]["options"] == probe.OPTIONS_ON and rep[0]["pinned"] and rep[0]["had_entry"]
+    slower = [dict(r, graph_us=30.0) if r.get("kind") == "candidate" else r for r in rows]
+    up, rep = probe.issue2_winners(slower, {key: {}})
+    assert not up and not rep[0]["pinned"] and rep[0]["final_x"] == round(26.0 / 19.0, 3)
+    assert "| 256 | 4096 | 4096 | 16 |" in probe.issue2_md({}, rows, rep, [])
+
+
+def test_issue2_parent_resumes_after_a_dead_child(monkeypatch, tmp_path):
+    """A child that dies inside a point costs that point only; the next child starts after it."""
+    import json
+    probe = _probe()                 # puts scripts/ on sys.path
+    import _childproc
+    starts = []
+    row = lambda i: probe.ROW_PREFIX + json.dumps(dict(
+        M=probe.ISSUE2_POINTS[i][0], K=probe.ISSUE2_POINTS[i][1], N=probe.ISSUE2_POINTS[i][2],
+        r=probe.ISSUE2_POINTS[i][3], label="cublas", strategy="cublas", kind="baseline", options="off",
+        graph_us=10.0))
+
+    def fake_run_child(cmd, env, limit, row_prefix=None):
+        start = int(cmd[cmd.index("--start") + 1])
+        starts.append(start)
+        if start == 0:       # point 0 done, point 1 dies half way
+            out = "\n".join(["POINT 0", row(0), "DONE 0", "POINT 1", row(1)])
+            return None, out, {}, [json.loads(row(0)[len(probe.ROW_PREFIX):]), json.loads(row(1)[len(probe.ROW_PREFIX):])]
+        out = "\n".join(["POINT 2", row(2), "DONE 2"])      # then the deadline
+        return None, out, {}, [json.loads(row(2)[len(probe.ROW_PREFIX):])]
+    monkeypatch.setattr(_childproc, "run_child", fake_run_child)
+    monkeypatch.setattr(probe, "device_meta", lambda *a: {"device": "test"})
+    tuned = tmp_path / "lora_h200.json"
+    tuned.write_text(json.dumps({"version": 1, "lora": {"k": {"strategy": "kloop", "config": {}}}}))
+    args = type("A", (), dict(budget_s=60.0, grace_s=1.0, out=tmp_path / "out", write_tuned=None,
+                              warm_s=0.0, warm_workers=0))()
+    assert probe.issue2_main(args, tuned_path=tuned) == 0
+    assert starts == [0, 2]
+    out = json.loads((tmp_path / "out" / "probe_lora_issue2.json").read_text())
+    assert out["failed"][0]["point"] == list(probe.ISSUE2_POINTS[1]) and len(out["rows"]) == 3
+    table = json.loads((tmp_path / "out" / "lora_h200.json").read_text())
+    assert table["lora"]["k"]["strategy"] == "kloop"                  # existing entries kept
+
+
+def test_issue2_point_flow_on_the_interpreter(monkeypatch):
+    """The child's whole per-point flow (checks, option A/B, rank-0 row, retries) on tiny fp16 CPU
+    inputs under the interpreter, with a stand-in timer: what the device run executes, minus speed."""
+    probe = _probe()
+    from lowrank_gemm.bench.common import Timing
+    from lowrank_gemm.kernels import lora_gemm as LG
+
+    def tiny_sets(M, N, K, r, dtype, device):
+        g = torch.Generator().manual_seed(0)
+        m, n, k = min(M, 20), 40, 64
+        x = torch.randn(m, k, generator=g).to(dtype)
+        w = (torch.randn(n, k, generator=g) / 8).to(dtype)
+        a = (torch.randn(r, k, generator=g) / 8).to(dtype)
+        b = torch.randn(n, r, generator=g).to(dtype)
+        return [(x, w, a, b, (probe.SCALE * b).contiguous())]
+    calls = []
+
+    def fake_time(fn, sets):
+        calls.append(fn)
+        fn(*sets[0])
+        return Timing(10.0 + len(calls), 0.0, 0.0)
+    tiny = lambda s, split: KernelConfig(block_m=16, block_n=32, block_k=16, block_r=16, group_m=1, num_warps=4,
+                                         num_stages=2, split_k=split, split_mode="fixup" if split > 1 else "reduce")
+    monkeypatch.setattr(probe, "make_sets", tiny_sets)
+    monkeypatch.setattr(probe, "time_graph", fake_time)
+    monkeypatch.setattr(probe, "issue2_specs", lambda M, N, K, r, sms: [
+        ("heur kloop tiny", "kloop", tiny("kloop", 2)), ("split tiny", "split", tiny("split", 2)),
+        ("bad", "kloop", tiny("kloop", 1).replace(block_r=16, block_n=16))])
+    real_run = LG.run_strategy
+    monkeypatch.setattr(LG, "run_strategy", lambda s, *a, **k: (
+        torch.zeros(a[0].shape[0], a[1].shape[0], dtype=a[0].dtype) if a[-1].block_n == 16 else real_run(s, *a, **k)))
+    rows = []
+    probe.issue2_point(256, 4096, 4096, 16, 132, rows.append, device="cpu", dtype=torch.float16)
+    kinds = [r["kind"] for r in rows]
+    assert kinds[:3] == ["baseline", "today", "today"] and kinds.count("rank0") == 1
+    cand = [r for r in rows if r["kind"].startswith("candidate")]
+    assert [r["label"] for r in cand][:2] == ["heur kloop tiny", "split tiny"]
+    assert all(r.get("graph_us") and r["rel_err"] < 1e-2 and r["bit_identical"] for r in cand[:2])
+    bad = [r for r in cand if r["label"].startswith("bad")]
+    assert "wrong" in bad[0]["error"] and bad[0]["kind"] == "candidate (failed with options)"
+    assert "retry, options off" in bad[1]["label"] and "wrong" in bad[1]["error"]     # retried once, off
+    ab = [r for r in rows if r["kind"] == "ab"]
+    assert {r["options"] for r in ab} >= {"off"} and all(r.get("graph_us") for r in ab)
+    assert all(r.get("x_cublas") for r in rows if r.get("graph_us"))

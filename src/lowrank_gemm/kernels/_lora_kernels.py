@@ -11,11 +11,15 @@ Kernels:
 - ``lora_main_kernel``: grouped-order tiles, optional deterministic split-K, either ``PARTIAL``
   (raw fp32 partials to a workspace, epilogue in ``lora_reduce_kernel``: 2 launches) or ``FIXUP``
   (one launch: partials parked, the tile's last arriving split sums them in split order and runs
-  the epilogue; ticket protocol in :mod:`.splitk`). ``LOWRANK`` selects the branch:
-  NONE (plain GEMM), KLOOP (S accumulated from the X tiles already in SMEM), GLOBAL (S read from
-  an fp32 [S_SPLITS, M, R] buffer of K-slice partials written by ``lora_down_kernel``, summed in
-  slice order in the epilogue).
-- ``lora_down_kernel``: S = scale · X·Aᵀ, fp32 [S_SPLITS, M, R] (grid over M, R and K slices).
+  the epilogue in row chunks of ``EPI_M``; ticket protocol in :mod:`.splitk`). ``HYBRID`` (a FIXUP
+  1-D grid): the first ``DP_TILES`` tiles — the whole waves — run unsplit, only the rest are cut in
+  ``SPLIT_K`` pieces. ``LOWRANK`` selects the branch: NONE (plain GEMM), KLOOP (S accumulated from
+  the X tiles already in SMEM), GLOBAL (S read from an fp32 [S_SPLITS, M, R] buffer of K-slice
+  partials written by ``lora_down_kernel``, summed in slice order in the epilogue). ``PDL``: the
+  programmatic dependent of the down kernel, waiting for it after the K loop; ``EPI_PREFETCH``:
+  the epilogue's B tile / bias / S rows are loaded before the K loop.
+- ``lora_down_kernel``: S = scale · X·Aᵀ, fp32 [S_SPLITS, M, R] (grid over M, R and K slices);
+  ``PDL``: lets its dependent (the main kernel) be scheduled at once.
 - ``lora_reduce_kernel``: sums split-K partials in a fixed order, adds S·Bᵀ and bias, stores.
 - ``lora_persistent_kernel``: two-phase persistent grid; tasks 0..num_pid_m-1 produce S blocks and
   raise a per-M-block flag, the remaining tasks are main tiles in grouped order whose epilogue
@@ -36,6 +40,7 @@ import triton.language as tl
 
 from .epilogue import add_bias, lowrank_up, store_tile
 from .schedule import grouped_tile
+from .pdl import gdc_launch_dependents, gdc_wait
 from .splitk import splitk_arrive, splitk_reset, splitk_store, splitk_sum
 
 # LOWRANK modes of lora_main_kernel
@@ -94,6 +99,20 @@ def _lowrank_from_buffer(acc, s_ptr, stride_sk, stride_sm, stride_sr, S_SPLITS, 
 
 
 @triton.jit
+def _s_rows(s_ptr, stride_sk, stride_sm, stride_sr, S_SPLITS, offs_m, M, r0, R,
+            BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr):
+    """Σ_k S[k, offs_m, r0 : r0 + BLOCK_R] (fp32 [BLOCK_M, BLOCK_R]; K slices in index order,
+    rows ≥ M and ranks ≥ R read 0)."""
+    offs_r = r0 + tl.arange(0, BLOCK_R)
+    mask = (offs_m[:, None] < M) & (offs_r[None, :] < R)
+    ptrs = s_ptr + offs_m[:, None] * stride_sm + offs_r[None, :] * stride_sr
+    s = tl.zeros((BLOCK_M, BLOCK_R), dtype=tl.float32)
+    for k in range(S_SPLITS):
+        s += tl.load(ptrs + k * stride_sk, mask=mask, other=0.0, cache_modifier=".cg")
+    return s
+
+
+@triton.jit
 def _lowrank_from_slices(acc, s_ptr, stride_sk, stride_sm, stride_sr, S_SPLITS,
                          b_ptr, stride_bn, stride_br, offs_m, offs_n, M, N, R,
                          BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr, R_CHUNKS: tl.constexpr):
@@ -101,15 +120,20 @@ def _lowrank_from_slices(acc, s_ptr, stride_sk, stride_sm, stride_sr, S_SPLITS,
     chunks: unrolled, so the [BM, BN] accumulator is not carried through a runtime loop (ptxas
     then keeps extra copies of it: 128×256 fp32 over 8 warps went to 255 regs + spills)."""
     for c in tl.static_range(R_CHUNKS):
-        offs_r = c * BLOCK_R + tl.arange(0, BLOCK_R)
-        mask = (offs_m[:, None] < M) & (offs_r[None, :] < R)
-        ptrs = s_ptr + offs_m[:, None] * stride_sm + offs_r[None, :] * stride_sr
-        s = tl.zeros((BLOCK_M, BLOCK_R), dtype=tl.float32)
-        for k in range(S_SPLITS):
-            s += tl.load(ptrs + k * stride_sk, mask=mask, other=0.0, cache_modifier=".cg")
+        s = _s_rows(s_ptr, stride_sk, stride_sm, stride_sr, S_SPLITS, offs_m, M, c * BLOCK_R, R,
+                    BLOCK_M, BLOCK_R)
         acc = lowrank_up(acc, s, b_ptr + c * BLOCK_R * stride_br, stride_bn, stride_br,
                          offs_n, N, R - c * BLOCK_R, BLOCK_R)
     return acc
+
+
+@triton.jit
+def _b_tile(b_ptr, stride_bn, stride_br, offs_n, N, R, BLOCK_R: tl.constexpr):
+    """B[offs_n, :BLOCK_R]ᵀ as [BLOCK_R, BN] (ranks ≥ R, columns ≥ N read 0): the operand
+    :func:`epilogue.lowrank_up` loads, loaded on its own so it can be issued before the K loop."""
+    offs_r = tl.arange(0, BLOCK_R)
+    return tl.load(b_ptr + offs_r[:, None] * stride_br + offs_n[None, :] * stride_bn,
+                   mask=(offs_r[:, None] < R) & (offs_n[None, :] < N), other=0.0)
 
 
 @triton.jit
@@ -124,7 +148,7 @@ def lora_main_kernel(
     sws_ptr,            # KLOOP S partials, fp32: PARTIAL [SPLIT_K, M, BR]; FIXUP [SPLIT_K, n tiles, M, BR]
     ws_ptr,             # FIXUP: partials [SPLIT_K, M, N] fp32
     cnt_ptr,            # FIXUP: int32 [tiles] arrival tickets, zero on entry, left zero on exit
-    M, N, K, R, scale, SPLIT_K, S_SPLITS,
+    M, N, K, R, scale, SPLIT_K, S_SPLITS, DP_TILES,
     stride_sk, stride_sm, stride_sr, stride_bn, stride_br,
     stride_yk, stride_ym, stride_yn,
     stride_swk, stride_swn, stride_swm, stride_swr,
@@ -133,29 +157,70 @@ def lora_main_kernel(
     GROUP_M: tl.constexpr, LOWRANK: tl.constexpr,
     HAS_BIAS: tl.constexpr, PARTIAL: tl.constexpr, R_CHUNKS: tl.constexpr = 1,
     FIXUP: tl.constexpr = False, EPI_M: tl.constexpr = 64, IN_FLIGHT: tl.constexpr = 1,
+    EPI_CHUNKS: tl.constexpr = 1, HYBRID: tl.constexpr = False, PDL: tl.constexpr = False,
+    EPI_PREFETCH: tl.constexpr = False,
 ):
     # R_CHUNKS (GLOBAL): cdiv(R, BLOCK_R), rank chunks of the epilogue, unrolled
     # SPLIT_K / S_SPLITS are runtime values: one compile serves every split of a tile config
     # PARTIAL: raw partials out, epilogue in lora_reduce_kernel (2 launches); FIXUP: split-K in
     # this launch, the tile's last arriving split sums the partials in split order (splitk.py);
-    # EPI_M (FIXUP): rows of the reduction/epilogue, BLOCK_M or, when M < BLOCK_M, ≥ M;
-    # IN_FLIGHT (FIXUP): partial loads in flight per step of the reduction (1 or 2)
+    # EPI_M × EPI_CHUNKS (FIXUP): rows of the reduction/epilogue, walked in EPI_CHUNKS row chunks of
+    # EPI_M (BLOCK_M, or when M < BLOCK_M ≥ M); IN_FLIGHT (FIXUP): partial loads in flight per step
+    # HYBRID (FIXUP, 1-D grid): the first DP_TILES tiles (grouped order) run whole, unsplit; the
+    # remaining tiles are cut into SPLIT_K pieces each (the split-K of the last, partial wave only)
+    # PDL: launched as the dependent of lora_down_kernel; waits for it after the K loop
+    # EPI_PREFETCH: the epilogue's B tile, bias (and, GLOBAL without PDL, S rows) load before the
+    # K loop instead of after it (R_CHUNKS == 1 for GLOBAL)
+    tl.static_assert(not (EPI_PREFETCH and PARTIAL), "PARTIAL has no epilogue to prefetch for")
+    tl.static_assert(not (EPI_PREFETCH and LOWRANK == 2 and R_CHUNKS > 1),
+                     "EPI_PREFETCH holds one rank chunk of S and B")
+    tl.static_assert(not (HYBRID and not FIXUP), "HYBRID is a FIXUP grid")
     pid = tl.program_id(0)
     pid_k = tl.program_id(1)
+    n_split = SPLIT_K
+    whole = False           # a tile computed unsplit in a FIXUP launch (HYBRID: a runtime value)
+    tile = pid
+    if HYBRID:
+        whole = pid < DP_TILES
+        piece = tl.maximum(pid - DP_TILES, 0)
+        tile = tl.where(whole, pid, DP_TILES + piece // SPLIT_K)
+        pid_k = tl.where(whole, 0, piece % SPLIT_K)
+        n_split = tl.where(whole, 1, SPLIT_K)
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
-    pid_m, pid_n = grouped_tile(pid, num_pid_m, num_pid_n, GROUP_M)
+    pid_m, pid_n = grouped_tile(tile, num_pid_m, num_pid_n, GROUP_M)
     off_m = pid_m * BLOCK_M
     off_n = pid_n * BLOCK_N
     k_tiles = tl.cdiv(K, BLOCK_K)
-    per_split = tl.cdiv(k_tiles, SPLIT_K)
+    per_split = tl.cdiv(k_tiles, n_split)
     k_lo = pid_k * per_split
     k_hi = tl.minimum(k_lo + per_split, k_tiles)
 
+    # epilogue operands that do not depend on the K loop: with EPI_PREFETCH their loads are in
+    # flight during the pipeline fill instead of on the critical path after the last MMA
+    b_pre = 0.0
+    bias_pre = 0.0
+    s_pre = 0.0
+    if EPI_PREFETCH:
+        pre_n = off_n + tl.arange(0, BLOCK_N)
+        if LOWRANK != 0:
+            b_pre = _b_tile(b_ptr, stride_bn, stride_br, pre_n, N, R, BLOCK_R)
+        if HAS_BIAS:
+            bias_pre = tl.load(bias_ptr + pre_n, mask=pre_n < N, other=0.0).to(tl.float32)
+        if LOWRANK == 2 and not PDL:
+            s_pre = _s_rows(s_ptr, stride_sk, stride_sm, stride_sr, S_SPLITS,
+                            off_m + tl.arange(0, BLOCK_M), M, 0, R, BLOCK_M, BLOCK_R)
     acc, s = _main_loop(x_desc, w_desc, a_desc, off_m, off_n, k_lo, k_hi,
                         BLOCK_M, BLOCK_N, BLOCK_K, BLOCK_R, LOWRANK == 1)
     offs_m = off_m + tl.arange(0, BLOCK_M)
     offs_n = off_n + tl.arange(0, BLOCK_N)
+    if PDL:
+        gdc_wait()      # S (lora_down_kernel's output) is complete and visible from here on
+        if EPI_PREFETCH and LOWRANK == 2:
+            s_pre = _s_rows(s_ptr, stride_sk, stride_sm, stride_sr, S_SPLITS, offs_m, M, 0, R,
+                            BLOCK_M, BLOCK_R)
+    if LOWRANK == 2 and EPI_PREFETCH:
+        s = s_pre           # the whole-tile epilogue's S rows (GLOBAL)
     if PARTIAL:
         store_tile(y_ptr + pid_k * stride_yk, acc, offs_m, offs_n, M, N, stride_ym, stride_yn)
         if LOWRANK == 1:
@@ -163,58 +228,91 @@ def lora_main_kernel(
                 offs_r = tl.arange(0, BLOCK_R)
                 tl.store(sws_ptr + pid_k * stride_swk + offs_m[:, None] * stride_swm
                          + offs_r[None, :] * stride_swr, s, mask=offs_m[:, None] < M)
-    elif FIXUP:
-        # park this split's partials (rows ≥ M are neither parked nor read: decode M=1 moves one
-        # row per split, not BLOCK_M), take the tile's ticket; the last arriver finishes the tile
-        splitk_store(ws_ptr, offs_m[:, None] * stride_wm + offs_n[None, :] * stride_wn, stride_wk,
-                     pid_k, acc, (offs_m[:, None] < M) & (offs_n[None, :] < N))
-        if LOWRANK == 1:
-            # S of an M-block is the same for every N-tile, but only this tile's splits are
-            # ordered by its ticket: each tile parks its own copy
-            splitk_store(sws_ptr + pid_n * stride_swn,
-                         offs_m[:, None] * stride_swm + tl.arange(0, BLOCK_R)[None, :] * stride_swr,
-                         stride_swk, pid_k, s, offs_m[:, None] < M)
-        if splitk_arrive(cnt_ptr + pid, SPLIT_K):
-            # the reduction + epilogue run on EPI_M rows only (M < BLOCK_M: one M-block whose
-            # rows ≥ EPI_M do not exist): 16 rows at decode instead of 64 → 4× fewer registers
-            # per partial, so two partials can be in flight (IN_FLIGHT) without spilling
-            e_m = off_m + tl.arange(0, EPI_M)
+    elif FIXUP and not whole:
+        _fixup_tile(acc, s, tile, pid_k, n_split, off_m, offs_m, offs_n, M, N, R, scale,
+                    s_ptr, stride_sk, stride_sm, stride_sr, S_SPLITS, b_ptr, stride_bn,
+                    stride_br, bias_ptr, y_ptr, stride_ym, stride_yn, sws_ptr, stride_swk,
+                    stride_swn, stride_swm, stride_swr, ws_ptr, cnt_ptr, stride_wk,
+                    stride_wm, stride_wn, pid_n, b_pre, bias_pre, BLOCK_N, BLOCK_R, LOWRANK,
+                    HAS_BIAS, R_CHUNKS, EPI_M, IN_FLIGHT, EPI_CHUNKS, EPI_PREFETCH)
+    else:
+        _epilogue(acc, s, offs_m, offs_n, M, N, R, scale, s_ptr, stride_sk, stride_sm, stride_sr,
+                  S_SPLITS, b_ptr, stride_bn, stride_br, bias_ptr, y_ptr, stride_ym, stride_yn,
+                  b_pre, bias_pre, BLOCK_M, BLOCK_R, LOWRANK, HAS_BIAS, R_CHUNKS, EPI_PREFETCH)
+
+
+@triton.jit
+def _fixup_tile(acc, s, tile, pid_k, n_split, off_m, offs_m, offs_n, M, N, R, scale,
+                s_ptr, stride_sk, stride_sm, stride_sr, S_SPLITS, b_ptr, stride_bn, stride_br,
+                bias_ptr, y_ptr, stride_ym, stride_yn, sws_ptr, stride_swk, stride_swn, stride_swm,
+                stride_swr, ws_ptr, cnt_ptr, stride_wk, stride_wm, stride_wn, pid_n, b_pre, bias_pre,
+                BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr, LOWRANK: tl.constexpr,
+                HAS_BIAS: tl.constexpr, R_CHUNKS: tl.constexpr, EPI_M: tl.constexpr,
+                IN_FLIGHT: tl.constexpr, EPI_CHUNKS: tl.constexpr, PREFETCHED: tl.constexpr):
+    """One split piece of a FIXUP tile: park this piece's partials (rows ≥ M are neither parked nor
+    read: decode M=1 moves one row per split, not BLOCK_M), take the tile's ticket; the last of
+    ``n_split`` arrivals sums the partials in split order and runs the epilogue."""
+    splitk_store(ws_ptr, offs_m[:, None] * stride_wm + offs_n[None, :] * stride_wn, stride_wk,
+                 pid_k, acc, (offs_m[:, None] < M) & (offs_n[None, :] < N))
+    if LOWRANK == 1:
+        # S of an M-block is the same for every N-tile, but only this tile's splits are
+        # ordered by its ticket: each tile parks its own copy
+        splitk_store(sws_ptr + pid_n * stride_swn,
+                     offs_m[:, None] * stride_swm + tl.arange(0, BLOCK_R)[None, :] * stride_swr,
+                     stride_swk, pid_k, s, offs_m[:, None] < M)
+    if splitk_arrive(cnt_ptr + tile, n_split):
+        # the reduction + epilogue run on EPI_CHUNKS chunks of EPI_M rows: one summed tile and
+        # one loaded partial of EPI_M rows live at a time, not two whole 128-row tiles, and at
+        # decode M only the EPI_M ≥ M rows that exist (16 instead of 64)
+        for c in tl.static_range(EPI_CHUNKS):
+            e_m = off_m + c * EPI_M + tl.arange(0, EPI_M)
             t_mask = (e_m[:, None] < M) & (offs_n[None, :] < N)
             acc2 = splitk_sum(ws_ptr, e_m[:, None] * stride_wm + offs_n[None, :] * stride_wn,
-                              stride_wk, t_mask, SPLIT_K, tl.zeros((EPI_M, BLOCK_N), dtype=tl.float32),
-                              IN_FLIGHT)
+                              stride_wk, t_mask, n_split,
+                              tl.zeros((EPI_M, BLOCK_N), dtype=tl.float32), IN_FLIGHT)
             s2 = tl.zeros((EPI_M, BLOCK_R), dtype=tl.float32)
             if LOWRANK == 1:
                 s2 = splitk_sum(sws_ptr + pid_n * stride_swn,
                                 e_m[:, None] * stride_swm + tl.arange(0, BLOCK_R)[None, :] * stride_swr,
-                                stride_swk, e_m[:, None] < M, SPLIT_K, s2, IN_FLIGHT)
-            splitk_reset(cnt_ptr + pid)
+                                stride_swk, e_m[:, None] < M, n_split, s2, IN_FLIGHT)
+            if LOWRANK == 2 and PREFETCHED:
+                s2 = _s_rows(s_ptr, stride_sk, stride_sm, stride_sr, S_SPLITS, e_m, M, 0, R,
+                             EPI_M, BLOCK_R)
+            if c == EPI_CHUNKS - 1:     # every read of this launch's partials is issued
+                splitk_reset(cnt_ptr + tile)
             _epilogue(acc2, s2, e_m, offs_n, M, N, R, scale, s_ptr, stride_sk, stride_sm, stride_sr,
                       S_SPLITS, b_ptr, stride_bn, stride_br, bias_ptr, y_ptr, stride_ym, stride_yn,
-                      EPI_M, BLOCK_R, LOWRANK, HAS_BIAS, R_CHUNKS)
-    else:
-        _epilogue(acc, s, offs_m, offs_n, M, N, R, scale, s_ptr, stride_sk, stride_sm, stride_sr,
-                  S_SPLITS, b_ptr, stride_bn, stride_br, bias_ptr, y_ptr, stride_ym, stride_yn,
-                  BLOCK_M, BLOCK_R, LOWRANK, HAS_BIAS, R_CHUNKS)
+                      b_pre, bias_pre, EPI_M, BLOCK_R, LOWRANK, HAS_BIAS, R_CHUNKS, PREFETCHED)
 
 
 @triton.jit
 def _epilogue(acc, s, offs_m, offs_n, M, N, R, scale, s_ptr, stride_sk, stride_sm, stride_sr,
               S_SPLITS, b_ptr, stride_bn, stride_br, bias_ptr, y_ptr, stride_ym, stride_yn,
-              ROWS: tl.constexpr, BLOCK_R: tl.constexpr, LOWRANK: tl.constexpr,
-              HAS_BIAS: tl.constexpr, R_CHUNKS: tl.constexpr):
+              b_pre, bias_pre, ROWS: tl.constexpr, BLOCK_R: tl.constexpr, LOWRANK: tl.constexpr,
+              HAS_BIAS: tl.constexpr, R_CHUNKS: tl.constexpr, PREFETCHED: tl.constexpr):
     """Y[offs_m, offs_n] = acc (+ low-rank term of mode LOWRANK) (+ bias); acc [ROWS, BN] fp32,
-    s [ROWS, BLOCK_R] unscaled K-loop S (KLOOP)."""
+    s [ROWS, BLOCK_R]: the unscaled K-loop S (KLOOP), or with PREFETCHED the summed S rows
+    (GLOBAL). PREFETCHED: B tile ``b_pre`` and bias row ``bias_pre`` were loaded by the caller."""
     if LOWRANK == 1:
         # rank slots ≥ R hold x·0 (zero-filled A rows), NaN where x is ±inf: zero them so
         # padding cannot leak into rows torch would keep finite
         s = tl.where(tl.arange(0, BLOCK_R)[None, :] < R, s * scale, 0.0)
-        acc = lowrank_up(acc, s, b_ptr, stride_bn, stride_br, offs_n, N, R, BLOCK_R)
+        if PREFETCHED:
+            acc = tl.dot(s.to(b_pre.dtype), b_pre, acc)      # = lowrank_up with the loaded B
+        else:
+            acc = lowrank_up(acc, s, b_ptr, stride_bn, stride_br, offs_n, N, R, BLOCK_R)
     if LOWRANK == 2:
-        acc = _lowrank_from_slices(acc, s_ptr, stride_sk, stride_sm, stride_sr, S_SPLITS,
-                                   b_ptr, stride_bn, stride_br, offs_m, offs_n, M, N, R,
-                                   ROWS, BLOCK_R, R_CHUNKS)
-    acc = add_bias(acc, offs_n, N, bias_ptr, HAS_BIAS)
+        if PREFETCHED:
+            acc = tl.dot(s.to(b_pre.dtype), b_pre, acc)
+        else:
+            acc = _lowrank_from_slices(acc, s_ptr, stride_sk, stride_sm, stride_sr, S_SPLITS,
+                                       b_ptr, stride_bn, stride_br, offs_m, offs_n, M, N, R,
+                                       ROWS, BLOCK_R, R_CHUNKS)
+    if PREFETCHED:
+        if HAS_BIAS:
+            acc = acc + bias_pre[None, :]
+    else:
+        acc = add_bias(acc, offs_n, N, bias_ptr, HAS_BIAS)
     store_tile(y_ptr, acc, offs_m, offs_n, M, N, stride_ym, stride_yn)
 
 
@@ -224,10 +322,14 @@ def lora_down_kernel(
     a_desc,             # A [R, K], box [BR, BK]
     s_ptr,              # S [S_SPLITS, M, R] fp32 (out): scaled partial sums over K slices
     M, K, R, scale, stride_sk, stride_sm, stride_sr,
-    BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr = False,
 ):
     # grid (M blocks, R blocks, K slices): a decode-sized M alone gives 1–2 CTAs, which would
     # walk all of K serially (latency-bound); slices are summed in order by the consumer
+    # PDL: the main kernel (launched as this one's dependent) may be scheduled at once: it reads S
+    # only after its griddepcontrol.wait, i.e. after this whole grid has finished
+    if PDL:
+        gdc_launch_dependents()
     pid_m = tl.program_id(0)
     pid_r = tl.program_id(1)
     pid_k = tl.program_id(2)
@@ -418,7 +520,7 @@ def lora_streamk_kernel(
 # SMEM ledger (the only shared-memory arithmetic of this family)
 # ---------------------------------------------------------------------------------------------
 
-def smem_ledger(config, dtype_bits: int, strategy: str):
+def smem_ledger(config, dtype_bits: int, strategy: str, prefetch: bool = False):
     """Shared memory of the main kernel a strategy launches, term by term.
 
     Triton 3.6 allocates one buffer per pipeline stage for every TMA load of the K loop and one
@@ -426,6 +528,9 @@ def smem_ledger(config, dtype_bits: int, strategy: str):
     ranges do not overlap share memory, so the epilogue's operand tiles (B tile ``[BR, BN]``,
     S tile ``[BM, BR]`` for the rank-sized wgmma) and the persistent kernel's S-phase pipeline
     only cost what they need *beyond* the main pipeline (the ``*_extra`` terms, usually 0).
+    ``prefetch`` (``LoraOptions.prefetch``, EPI_PREFETCH): the B tile loaded before the K loop
+    gets its own buffer, live across the loop (+8 KB at 16×256 in the compiled kernels; where
+    only the FIXUP finisher uses it Triton may place it after the loop: the term is an upper bound).
     """
     from ..plan.smem import SmemLedger, SmemTerm, barrier_bytes, tile_bytes
 
@@ -446,5 +551,7 @@ def smem_ledger(config, dtype_bits: int, strategy: str):
     if lowrank and (c.split_k == 1 or c.split_mode == "fixup"):   # epilogue in this kernel
         epi = tile_bytes(c.block_r, c.block_n, dtype_bits) + tile_bytes(c.block_m, c.block_r, dtype_bits)
         terms.append(SmemTerm("epilogue B/S tiles extra", max(0, epi - pipeline)))
+    if prefetch and lowrank and not persistent and strategy != "streamk":
+        terms.append(SmemTerm("prefetched B tile", tile_bytes(c.block_r, c.block_n, dtype_bits)))
     terms.append(SmemTerm("TMA barriers", barrier_bytes(2 if kloop else 1), st))
     return SmemLedger(tuple(terms), label=f"lora {strategy} {c.block_m}x{c.block_n}x{c.block_k} r{c.block_r}")

@@ -7,6 +7,11 @@
 Inside, the planner (:func:`lowrank_gemm.plan.planner.plan_lora`) picks a strategy and config
 unless ``strategy`` is given; kernels live in :mod:`._lora_kernels`.
 
+Launch options that leave the plan as it is (:class:`LoraOptions`: epilogue prefetch, PDL between
+``split``'s two kernels, full-rank down kernel) are off unless ``LOWRANK_GEMM_LORA_OPTIONS`` or
+:func:`lora_options` turn them on. A one-launch (``split_mode="fixup"``) split-K with at least
+one wave of tiles splits only the tiles past the last whole wave (:func:`planner.fixup_dp_tiles`).
+
 Where it runs:
 - CUDA tensors: Triton kernels.
 - CPU tensors with ``TRITON_INTERPRET=1``: the same kernels in Triton's interpreter (tests).
@@ -28,10 +33,13 @@ Input contract (decisions, tested):
 from __future__ import annotations
 
 import collections
+import contextlib
+import contextvars
 import functools
 import json
 import os
 import weakref
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Optional
 
@@ -40,7 +48,8 @@ from torch.utils import _python_dispatch
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ..plan.config import KernelConfig
-from ..plan.planner import LORA_STRATEGIES, current_pin, pinned, plan_lora
+from ..plan.planner import (LORA_STRATEGIES, block_r_for, current_pin, fixup_dp_tiles, pinned,
+                            plan_lora)
 from ..plan.tuned import tuned_file
 from .tma import TMA_ALIGN, tma_operand
 from . import _lora_kernels as K_
@@ -48,7 +57,7 @@ from ._lora_kernels import smem_ledger
 from .schedule import cdiv, grouped_tile_host, num_sms, persistent_grid
 
 __all__ = ["lora_linear", "lora_linear_impl", "smem_ledger", "clear_weight_cache", "check_inputs",
-           "run_strategy"]
+           "run_strategy", "LoraOptions", "lora_options", "current_options", "LORA_OPTIONS_ENV"]
 
 _DTYPES = (torch.float16, torch.bfloat16)
 
@@ -102,8 +111,73 @@ def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
+def _pdl_supported(device: torch.device) -> bool:
+    """Programmatic dependent launch can be used here (sm_90+, not the interpreter); whether it
+    is used is :class:`LoraOptions`'s ``pdl``, independent of the W4A4 chain's ``LOWRANK_GEMM_PDL``."""
+    return (device.type == "cuda" and not _interpreting()
+            and torch.cuda.get_device_capability(device)[0] >= 9)
+
+
 def _use_triton(x: torch.Tensor) -> bool:
     return x.is_cuda or (x.device.type == "cpu" and _interpreting())
+
+
+# ---------------------------------------------------------------------------- launch options
+
+@dataclass(frozen=True)
+class LoraOptions:
+    """Launch choices under a given plan (strategy + config), off by default until measured on the H200
+    (``scripts/probe_lora.py --issue2`` A/Bs them in one process). Set per process with
+    ``LOWRANK_GEMM_LORA_OPTIONS`` (comma-separated field names, or ``all``), per scope with
+    :func:`lora_options` (which wins).
+
+    - ``prefetch``: the epilogue's B tile and bias (and, for ``split`` without PDL, the S rows) are
+      loaded before the K loop, so their round trip overlaps the pipeline fill instead of following
+      the last MMA (outputs bit-identical).
+    - ``pdl``: ``split``'s main kernel is the programmatic dependent of the down kernel: its K loop
+      starts while S is computed, and it waits (griddepcontrol) before it reads S or writes anything
+      (outputs bit-identical). Main CTAs start on every SM without a down CTA; the rest follow as
+      the down CTAs finish (beside a down CTA's 80 KB only a main CTA of ≤ ~145 KB fits).
+    - ``down_full_rank``: the down kernel covers all r ≤ 128 ranks per program (X read once) instead
+      of 16-rank blocks (``SPLIT_BLOCK_R``: X read ⌈r/16⌉ times — at M=4096, K=4096, r=64 three
+      extra 32 MB passes). S differs from the 16-rank blocks at most in the MMA's summation order.
+    """
+
+    prefetch: bool = False
+    pdl: bool = False
+    down_full_rank: bool = False
+
+
+LORA_OPTIONS_ENV = "LOWRANK_GEMM_LORA_OPTIONS"
+_OPTION_NAMES = tuple(f.name for f in fields(LoraOptions))
+_OPTIONS: contextvars.ContextVar[LoraOptions | None] = contextvars.ContextVar("lora_options", default=None)
+
+
+@functools.lru_cache(maxsize=16)
+def _options_from_env(value: str) -> LoraOptions:
+    names = [v.strip().lower() for v in value.split(",") if v.strip()]
+    if names == ["all"]:
+        names = list(_OPTION_NAMES)
+    bad = [n for n in names if n not in _OPTION_NAMES]
+    if bad:
+        raise ValueError(f"{LORA_OPTIONS_ENV} takes a comma-separated subset of {_OPTION_NAMES} or 'all', "
+                         f"got {value!r}")
+    return LoraOptions(**{n: True for n in names})
+
+
+def current_options() -> LoraOptions:
+    scoped = _OPTIONS.get()
+    return scoped if scoped is not None else _options_from_env(os.environ.get(LORA_OPTIONS_ENV, ""))
+
+
+@contextlib.contextmanager
+def lora_options(**flags: bool):
+    """Set :class:`LoraOptions` fields for a scope (the others keep their current value)."""
+    token = _OPTIONS.set(replace(current_options(), **flags))
+    try:
+        yield
+    finally:
+        _OPTIONS.reset(token)
 
 
 # ---------------------------------------------------------------------------- weight cache
@@ -188,11 +262,13 @@ def _reduce_tile(cfg: KernelConfig) -> tuple[int, int]:
 
 
 def _launch_main(x, w, a, b, s, bias, y, sws, M, N, Kp, R, scale, cfg, *, lowrank, partial,
-                 fixup=None):
+                 fixup=None, pdl=False):
     """lora_main_kernel over an [M, N] grid of tiles × split_k. Shapes as in the kernel; s is
     [S_SPLITS, M, ≥R] fp32 (read only by GLOBAL); sws is [SPLIT_K, M, BR] (PARTIAL) or
     [SPLIT_K, n tiles, M, BR] (FIXUP). ``fixup = (ws [SPLIT_K, M, N] fp32, tickets int32 [tiles])``
-    selects the one-launch split-K (y is then the real output)."""
+    selects the one-launch split-K (y is then the real output); with ≥ one wave of tiles only the
+    tiles past the last whole wave are split (:func:`fixup_dp_tiles`, a 1-D grid). ``pdl``: launched
+    as the programmatic dependent of the down kernel just before it (GLOBAL)."""
     c = cfg
     x_d = _desc(x, c.block_m, c.block_k)
     w_d = _desc(w, c.block_n, c.block_k)
@@ -202,27 +278,75 @@ def _launch_main(x, w, a, b, s, bias, y, sws, M, N, Kp, R, scale, cfg, *, lowran
     ws, cnt = fixup if fixup is not None else (_dummy(x.device), _dummy(x.device))
     has_bias = bias is not None and not partial
     split = c.split_k if (partial or fixup is not None) else 1
-    grid = (cdiv(M, c.block_m) * cdiv(N, c.block_n), split)
+    tiles = cdiv(M, c.block_m) * cdiv(N, c.block_n)
+    r_chunks = cdiv(R, c.block_r) if lowrank == K_.LOWRANK_GLOBAL else 1
+    grid, dp, meta = (tiles, split), 0, {}
+    if fixup is not None:
+        meta = fixup_meta(M, c)
+        dp = fixup_dp_tiles(tiles, split, _wave_sms(x.device))
+        if dp:
+            grid, meta["HYBRID"] = (dp + (tiles - dp) * split,), True
+    if pdl:
+        meta.update(PDL=True, launch_pdl=True)
+    if _prefetch_ok(c, x.element_size() * 8, lowrank, partial=partial, has_bias=has_bias,
+                    r_chunks=r_chunks):
+        meta["EPI_PREFETCH"] = True
     K_.lora_main_kernel[grid](
         x_d, w_d, a_d, s, b, bias if has_bias else y, y, sws, ws, cnt, M, N, Kp, R, scale,
-        split, s.shape[0],
+        split, s.shape[0], dp,
         s.stride(0), s.stride(1), s.stride(2), b.stride(0), b.stride(1), *sy, *ssw,
         ws.stride(0), ws.stride(1), ws.stride(2),
         BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, BLOCK_R=c.block_r,
-        GROUP_M=c.group_m, LOWRANK=lowrank,
-        R_CHUNKS=cdiv(R, c.block_r) if lowrank == K_.LOWRANK_GLOBAL else 1,
-        HAS_BIAS=has_bias, PARTIAL=partial, FIXUP=fixup is not None, **fixup_meta(M, c),
+        GROUP_M=c.group_m, LOWRANK=lowrank, R_CHUNKS=r_chunks,
+        HAS_BIAS=has_bias, PARTIAL=partial, FIXUP=fixup is not None, **meta,
         num_warps=c.num_warps, num_stages=c.num_stages)
 
 
+_LEDGER_STRATEGY = {K_.LOWRANK_NONE: "merged", K_.LOWRANK_KLOOP: "kloop", K_.LOWRANK_GLOBAL: "split"}
+
+
+def _prefetch_ok(cfg: KernelConfig, dtype_bits: int, lowrank: int, *, partial: bool, has_bias: bool,
+                 r_chunks: int) -> bool:
+    """EPI_PREFETCH for this launch: asked for (LoraOptions.prefetch), something to prefetch, one
+    rank chunk of S and B at most, and the prefetched B tile still fits beside the pipeline the
+    planner sized without it (else this launch runs without)."""
+    if not current_options().prefetch or partial or r_chunks > 1:
+        return False
+    if lowrank == K_.LOWRANK_NONE and not has_bias:
+        return False
+    return smem_ledger(cfg, dtype_bits, _LEDGER_STRATEGY[lowrank], prefetch=True).fits()
+
+
+# SMs of one wave for the FIXUP hybrid grid under the interpreter: None = the interpreter has no
+# waves (every tile is split, as on the GPU below one wave); tests set it to exercise the hybrid
+INTERPRETER_WAVE_SMS: int | None = None
+
+
+def _wave_sms(device) -> int | None:
+    return num_sms(device) if device.type == "cuda" else INTERPRETER_WAVE_SMS
+
+
+# fp32 elements per thread of one row chunk of a FIXUP reduction (the running sum and the partial
+# being loaded are each this size). ptxas -v on sm_90a, compiled as launched (stride-1 arguments
+# specialized, aligned pointers): whole 128-row tiles (128 per thread: 128×128 over 4 warps,
+# 128×256 / 256×128 over 8) took 215–255 registers; chunks of 64 per thread 164–208, no spills
+FIXUP_MAX_PER_THREAD = 64
+
+
 def fixup_meta(M: int, cfg: KernelConfig) -> dict:
-    """EPI_M / IN_FLIGHT of a FIXUP launch. When M < block_m there is one M-block and its rows
-    ≥ M do not exist: the last arriver reduces and finishes only the first EPI_M ≥ M rows (≥ 16,
-    the smallest MMA M of the up-projection). Two partials in flight while one partial costs
-    ≤ 32 fp32 registers per thread (64×128 tile: 64 → one at a time, else ptxas spills)."""
-    epi_m = cfg.block_m if M >= cfg.block_m else min(cfg.block_m, max(16, 1 << (M - 1).bit_length()))
-    per_thread = epi_m * cfg.block_n // (32 * cfg.num_warps)
-    return {"EPI_M": epi_m, "IN_FLIGHT": 2 if per_thread <= 32 else 1}
+    """EPI_M / EPI_CHUNKS / IN_FLIGHT of a FIXUP launch. The last arriver reduces and finishes the
+    tile's rows in EPI_CHUNKS chunks of EPI_M rows: all BLOCK_M rows when M ≥ BLOCK_M, else only
+    the first ≥ M (≥ 16, the smallest MMA M of the up-projection: one M-block whose rows ≥ M do
+    not exist). A chunk is halved until one partial costs ≤ FIXUP_MAX_PER_THREAD registers per
+    thread (decode tiles never are: one chunk, as before). Two partials in flight while one costs
+    ≤ 32 fp32 registers per thread."""
+    rows = cfg.block_m if M >= cfg.block_m else min(cfg.block_m, max(16, 1 << (M - 1).bit_length()))
+    threads = 32 * cfg.num_warps
+    epi_m = rows
+    while epi_m > 16 and epi_m * cfg.block_n // threads > FIXUP_MAX_PER_THREAD:
+        epi_m //= 2
+    per_thread = epi_m * cfg.block_n // threads
+    return {"EPI_M": epi_m, "EPI_CHUNKS": rows // epi_m, "IN_FLIGHT": 2 if per_thread <= 32 else 1}
 
 
 # ---------------------------------------------------------------------------- split-K tickets
@@ -366,31 +490,40 @@ def down_splits(M: int, R: int, Kp: int, block_r: int, sms: int) -> int:
     return split
 
 
-def _launch_down(x, a, s, scale, block_r, *, Kp, R):
+def down_block_r(R: int, cfg: KernelConfig, opts: LoraOptions) -> int:
+    """Ranks per down-kernel program: the main epilogue's chunk (``cfg.block_r``), or with
+    ``down_full_rank`` all of them (≤ 128) so X is read once."""
+    return block_r_for(R) if opts.down_full_rank else cfg.block_r
+
+
+def _launch_down(x, a, s, scale, block_r, *, Kp, R, pdl=False):
     """s [S_SPLITS, M, R] fp32: K-slice partials of scale · x·aᵀ (S_SPLITS = s.shape[0])."""
     M = x.shape[0]
     bm, bk = (_DOWN_BM, _DOWN_BK) if not _interpreting() else (32, 32)
     grid = (cdiv(M, bm), cdiv(R, block_r), s.shape[0])
     K_.lora_down_kernel[grid](_desc(x, bm, bk), _desc(a, block_r, bk), s,
                               M, Kp, R, scale, s.stride(0), s.stride(1), s.stride(2),
-                              BLOCK_M=bm, BLOCK_R=block_r, BLOCK_K=bk,
+                              BLOCK_M=bm, BLOCK_R=block_r, BLOCK_K=bk, PDL=pdl,
                               num_warps=4, num_stages=_DOWN_STAGES)
 
 
 def _run_split(x, w, a, b, bias, y, scale, cfg, *, N, Kp, R):
     M, dev = x.shape[0], x.device
-    splits = down_splits(M, R, Kp, cfg.block_r, num_sms(dev)) if not _interpreting() else 2
+    opts = current_options()
+    pdl = opts.pdl and _pdl_supported(dev)
+    dbr = down_block_r(R, cfg, opts)
+    splits = down_splits(M, R, Kp, dbr, num_sms(dev)) if not _interpreting() else 2
     s = _empty_f32(dev, splits, M, R)
-    _launch_down(x, a, s, scale, cfg.block_r, Kp=Kp, R=R)
+    _launch_down(x, a, s, scale, dbr, Kp=Kp, R=R, pdl=pdl)
     dummy = _dummy(dev)
     if cfg.split_k == 1 or cfg.split_mode == "fixup":
         fixup = _fixup_buffers(M, N, cfg, dev) if cfg.split_k > 1 else None
         _launch_main(x, w, None, b, s, bias, y, dummy, M, N, Kp, R, 1.0, cfg,
-                     lowrank=K_.LOWRANK_GLOBAL, partial=False, fixup=fixup)
+                     lowrank=K_.LOWRANK_GLOBAL, partial=False, fixup=fixup, pdl=pdl)
         return y
     ws = _empty_f32(dev, cfg.split_k, M, N)
     _launch_main(x, w, None, b, s, bias, ws, dummy, M, N, Kp, R, 1.0, cfg,
-                 lowrank=K_.LOWRANK_NONE, partial=True)
+                 lowrank=K_.LOWRANK_NONE, partial=True, pdl=pdl)
     _launch_reduce(ws, s, b, bias, y, M, N, R, 1.0, cfg.split_k, s.shape[0], cfg, has_lora=True)
     return y
 

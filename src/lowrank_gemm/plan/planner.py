@@ -30,7 +30,8 @@ from .tuned import TUNED_DIR, tuned_file
 __all__ = ["LoraStrategy", "LORA_STRATEGIES", "plan_lora", "can_implement", "pinned", "Pinned",
            "block_r_for", "tile_for", "split_k_for", "stages_for", "group_m_for", "m_bucket",
            "r_bucket", "tuned_key", "load_tuned", "clear_plan_cache", "heuristic_lora", "MAX_FUSED_RANK", "TUNED_DIR",
-           "SPLIT_BLOCK_R", "split_mode_override", "SPLIT_MODE_ENV", "FIXUP_STRATEGIES"]
+           "SPLIT_BLOCK_R", "split_mode_override", "SPLIT_MODE_ENV", "FIXUP_STRATEGIES",
+           "fixup_dp_tiles", "wave_split", "PIECE_OVERHEAD"]
 
 MAX_FUSED_RANK = 128      # S lives in registers ([BM, BLOCK_R] fp32) in kloop / persistent
 # split's epilogue walks the rank in BLOCK_R chunks (unrolled). ptxas -v, 128×256×64 8 warps
@@ -121,6 +122,44 @@ def split_k_for(num_tiles: int, k_tiles: int, sms: int, *, max_split: int = 8,
            and k_tiles // (split * 2) >= min_k_tiles_per_split):
         split *= 2
     return split
+
+
+# a split piece's fixed cost (pipeline refill, partial store + reload, ticket) in tile-times
+PIECE_OVERHEAD = 0.05
+
+
+def wave_split(num_tiles: int, k_tiles: int, sms: int, *, max_split: int = 8,
+               min_k_tiles_per_split: int = 4) -> int:
+    """Split-K of a one-launch (``fixup``) plan, by predicted makespan in tile-times: the whole
+    waves run unsplit (:func:`fixup_dp_tiles`), the rest in ``split`` pieces of 1/split +
+    ``PIECE_OVERHEAD`` each; the smallest power of two ≤ ``max_split`` that minimizes it, keeping
+    ≥ ``min_k_tiles_per_split`` K tiles per piece. Below one wave this is :func:`split_k_for`'s
+    fill-the-SMs rule (K=N=4096, M=256, 128×256 tiles: 32 tiles → 4); above it, a split only where
+    the last wave is short (N=28672, M=256: 224 tiles → 4, 1.9 tile-times instead of 2; 512 or
+    1024 tiles, 97 % of their last wave full → 1)."""
+    def makespan(split: int) -> float:
+        if split == 1:
+            return float(cdiv(num_tiles, sms))
+        whole = fixup_dp_tiles(num_tiles, split, sms)
+        pieces = (num_tiles - whole) * split
+        return whole // sms + cdiv(pieces, sms) * (1.0 / split + PIECE_OVERHEAD)
+
+    best, split = 1, 2
+    while split <= max_split and k_tiles // split >= min_k_tiles_per_split:
+        if makespan(split) < makespan(best) - 1e-9:
+            best = split
+        split *= 2
+    return best
+
+
+def fixup_dp_tiles(tiles: int, split_k: int, sms: int | None) -> int:
+    """Tiles a one-launch (FIXUP) split-K runs whole before the split pieces of the others: every
+    whole wave when there is one (tiles ≥ sms), else none (every tile split). Split-K is for the
+    partial last wave: 224 tiles on 132 SMs take 2 tile-times (1.70 waves); with the 92 tiles past
+    the first wave cut in 4 K pieces, 1 + ⌈368/132⌉/4 = 1.75, and only those 92 pay for partials."""
+    if split_k <= 1 or not sms or tiles < sms:
+        return 0
+    return tiles // sms * sms
 
 
 def stages_for(build, *, min_stages: int = 2, max_stages: int = 6) -> int:
@@ -249,7 +288,9 @@ def heuristic_lora(M: int, N: int, K: int, r: int, dtype_bits: int, *, gpu: bool
     Few tiles (small N): with the in-launch split-K (``split_mode="fixup"``, the default) M ≤ 16
     keeps 128-wide tiles and splits K up to ~1 wave (measured with the 2-launch reduce: K=N=4096
     64x128x128 sk4 18.2 µs vs narrow 64x64 sk2 19.6; 8192² 64x128 sk2 46.2 vs 64x64 sk1 55.4);
-    17 ≤ M ≤ 64, or the "reduce" mode, first narrows the tiles to 64 columns."""
+    17 ≤ M ≤ 64, or the "reduce" mode, first narrows the tiles to 64 columns. The fixup split is
+    :func:`wave_split` (the partial last wave only; below one wave the same as ``split_k_for``),
+    so mid M gets one main launch too (M=256, K=N=4096: 32 tiles of 128×256 → split 4)."""
     bm, bn, bk, warps = tile_for(M, N, K, gpu=gpu, sms=sms)
     if strategy is None:
         # r > 64: S [BM, BLOCK_R] fp32 beside the [BM, BN] accumulator would spill registers
@@ -266,7 +307,13 @@ def heuristic_lora(M: int, N: int, K: int, r: int, dtype_bits: int, *, gpu: bool
         bn = 64  # small N: more, narrower tiles before resorting to split-K
         num_pid_n = cdiv(N, bn)
     k_tiles = cdiv(K, bk)
-    split = 1 if strategy in _NO_SPLIT_K else split_k_for(num_pid_m * num_pid_n, k_tiles, sms)
+    tiles = num_pid_m * num_pid_n
+    if strategy in _NO_SPLIT_K:
+        split = 1
+    elif mode == "fixup":       # one launch: whole waves unsplit, the partial last wave split
+        split = wave_split(tiles, k_tiles, sms)
+    else:                       # every tile split, partials through the reduce kernel
+        split = split_k_for(tiles, k_tiles, sms)
     base = KernelConfig(block_m=bm, block_n=bn, block_k=bk, block_r=br, group_m=group_m_for(num_pid_m),
                         num_warps=warps, num_stages=2, split_k=split,
                         split_mode=mode if split > 1 else "reduce")
