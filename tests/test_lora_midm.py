@@ -179,7 +179,13 @@ def test_chunked_fixup_matches_reference(strategy, M, r, poisoned_workspaces):
 
 def test_options_default_env_and_scope(monkeypatch):
     monkeypatch.delenv(LG.LORA_OPTIONS_ENV, raising=False)
-    assert LG.current_options() == LG.LoraOptions()                       # all off by default
+    monkeypatch.delenv("LOWRANK_GEMM_PDL", raising=False)
+    assert LG.current_options() == LG.LoraOptions(pdl=True)              # PDL on by default, the rest off
+    monkeypatch.setenv("LOWRANK_GEMM_PDL", "0")
+    assert LG.current_options() == LG.LoraOptions()                       # the project-wide PDL switch
+    monkeypatch.setenv(LG.LORA_OPTIONS_ENV, "none")
+    monkeypatch.delenv("LOWRANK_GEMM_PDL", raising=False)
+    assert LG.current_options() == LG.LoraOptions()
     monkeypatch.setenv(LG.LORA_OPTIONS_ENV, "prefetch, pdl")
     assert LG.current_options() == LG.LoraOptions(prefetch=True, pdl=True)
     monkeypatch.setenv(LG.LORA_OPTIONS_ENV, "all")

@@ -126,10 +126,12 @@ def _use_triton(x: torch.Tensor) -> bool:
 
 @dataclass(frozen=True)
 class LoraOptions:
-    """Launch choices under a given plan (strategy + config), off by default until measured on the H200
-    (``scripts/probe_lora.py --issue2`` A/Bs them in one process). Set per process with
-    ``LOWRANK_GEMM_LORA_OPTIONS`` (comma-separated field names, or ``all``), per scope with
-    :func:`lora_options` (which wins).
+    """Launch choices under a given plan (strategy + config). Measured on the H200 (``scripts/probe_lora.py
+    --issue2``, NOTES.md session 5): ``pdl`` pays wherever ``split`` runs its down kernel (M=256, 4096²:
+    28.5 → 25.8 µs) and is on by default with the project-wide switch (``LOWRANK_GEMM_PDL``, kernels/pdl.py);
+    ``prefetch`` is mixed (−0.3 µs at M=256 4096², +2.6 at M=256 N=28672) and ``down_full_rank`` neutral, so
+    both stay off. Set per process with ``LOWRANK_GEMM_LORA_OPTIONS`` (comma-separated field names, ``all``
+    or ``none``; replaces the defaults), per scope with :func:`lora_options` (which wins).
 
     - ``prefetch``: the epilogue's B tile and bias (and, for ``split`` without PDL, the S rows) are
       loaded before the K loop, so their round trip overlaps the pipeline fill instead of following
@@ -154,20 +156,27 @@ _OPTIONS: contextvars.ContextVar[LoraOptions | None] = contextvars.ContextVar("l
 
 
 @functools.lru_cache(maxsize=16)
-def _options_from_env(value: str) -> LoraOptions:
+def _options_from_env(value: str, _pdl_env: str = "") -> LoraOptions:   # _pdl_env: part of the cache key
     names = [v.strip().lower() for v in value.split(",") if v.strip()]
+    if not names:
+        from .pdl import PDL_DEFAULT
+        env = os.environ.get("LOWRANK_GEMM_PDL", "")
+        return LoraOptions(pdl=env == "1" if env in ("0", "1") else PDL_DEFAULT)
+    if names == ["none"]:
+        return LoraOptions()
     if names == ["all"]:
         names = list(_OPTION_NAMES)
     bad = [n for n in names if n not in _OPTION_NAMES]
     if bad:
-        raise ValueError(f"{LORA_OPTIONS_ENV} takes a comma-separated subset of {_OPTION_NAMES} or 'all', "
+        raise ValueError(f"{LORA_OPTIONS_ENV} takes a comma-separated subset of {_OPTION_NAMES}, 'all' or 'none', "
                          f"got {value!r}")
     return LoraOptions(**{n: True for n in names})
 
 
 def current_options() -> LoraOptions:
     scoped = _OPTIONS.get()
-    return scoped if scoped is not None else _options_from_env(os.environ.get(LORA_OPTIONS_ENV, ""))
+    return scoped if scoped is not None else _options_from_env(os.environ.get(LORA_OPTIONS_ENV, ""),
+                                                                os.environ.get("LOWRANK_GEMM_PDL", ""))
 
 
 @contextlib.contextmanager
