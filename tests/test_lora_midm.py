@@ -344,6 +344,7 @@ def compile_as_launched(strategy, shape, config, options=(), wave=132):
     req = dict(strategy=strategy, shape=list(shape), config=config.to_dict(), wave=wave,
                options={k: True for k in options})
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}    # record + compile, one process
+    env["LOWRANK_GEMM_LORA_OPTIONS"] = "none"     # exactly ``options`` on (PDL is on by default otherwise)
     proc = subprocess.run([sys.executable, "-c", _RECORD_CHILD], input=json.dumps(req), capture_output=True,
                           text=True, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]

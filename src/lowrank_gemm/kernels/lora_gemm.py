@@ -516,10 +516,16 @@ def _launch_down(x, a, s, scale, block_r, *, Kp, R, pdl=False):
                               num_warps=4, num_stages=_DOWN_STAGES)
 
 
+# PDL between split's down and main kernels only up to this M. H200 (NOTES.md session 5): M=256 4096² 28.5 → 25.8 µs,
+# M=1024 −1.3 µs; at M=4096 the early main CTAs compete with a long down kernel (X is 32 MB): 4096² r8 221.6 →
+# 236.9, r16 213.5 → 218.2.
+SPLIT_PDL_MAX_M = 1024
+
+
 def _run_split(x, w, a, b, bias, y, scale, cfg, *, N, Kp, R):
     M, dev = x.shape[0], x.device
     opts = current_options()
-    pdl = opts.pdl and _pdl_supported(dev)
+    pdl = opts.pdl and _pdl_supported(dev) and M <= SPLIT_PDL_MAX_M
     dbr = down_block_r(R, cfg, opts)
     splits = down_splits(M, R, Kp, dbr, num_sms(dev)) if not _interpreting() else 2
     s = _empty_f32(dev, splits, M, R)
