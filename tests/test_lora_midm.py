@@ -13,7 +13,6 @@ import os
 import re
 import subprocess
 import sys
-import tempfile
 
 import pytest
 import torch
@@ -26,22 +25,11 @@ from lowrank_gemm.plan.config import KernelConfig
 from lowrank_gemm.plan.planner import block_r_for, can_implement, fixup_dp_tiles
 from lowrank_gemm.reference import lora_linear_ref
 
+from _lora import make, rel_err  # noqa: E402
+from _sm90 import ptxas_stats  # noqa: E402
+
 REL_TOL = 2e-3
 CPU = torch.device("cpu")
-
-
-def make(M, N, K, r, bias=True, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(M, K, generator=g).half()
-    w = (torch.randn(N, K, generator=g) / K ** 0.5).half()
-    a = (torch.randn(r, K, generator=g) / K ** 0.5).half()
-    b = torch.randn(N, r, generator=g).half()
-    bb = torch.randn(N, generator=g).half() if bias else None
-    return x, w, a, b, bb
-
-
-def rel_err(y, ref):
-    return ((y.double() - ref).norm() / ref.norm()).item()
 
 
 def cfg(r, split_k, bm=16, bn=32, bk=16, warps=4, mode="fixup", strategy="kloop"):
@@ -353,18 +341,8 @@ def compile_as_launched(strategy, shape, config, options=(), wave=132):
 
 
 def ptxas(ptx):
-    import triton
-    exe = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
-    if not os.path.exists(exe):
-        return None
-    with tempfile.TemporaryDirectory() as d:
-        src = os.path.join(d, "k.ptx")
-        open(src, "w").write(ptx)
-        err = subprocess.run([exe, "-arch=sm_90a", "-v", src, "-o", os.path.join(d, "k.o")],
-                             capture_output=True, text=True).stderr
-    regs = [int(v) for v in re.findall(r"Used (\d+) registers", err)]
-    spills = [int(v) for v in re.findall(r"(\d+) bytes spill stores", err)]
-    return max(regs), max(spills or [0])
+    stats = ptxas_stats(ptx)
+    return None if stats is None else stats[:2]
 
 
 MIDM = [  # (strategy, shape, config): the issue-2 mid-M one-launch plans (split-K FIXUP, hybrid)

@@ -18,22 +18,10 @@ from lowrank_gemm.plan.config import KernelConfig
 from lowrank_gemm.plan.planner import block_r_for, can_implement, pinned, plan_lora
 from lowrank_gemm.reference import lora_linear_ref
 
+from _lora import make, rel_err  # noqa: E402
+
 REL_TOL = 2e-3
 CPU = torch.device("cpu")
-
-
-def make(M, N, K, r, bias=True, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(M, K, generator=g).half()
-    w = (torch.randn(N, K, generator=g) / K ** 0.5).half()
-    a = (torch.randn(r, K, generator=g) / K ** 0.5).half()
-    b = torch.randn(N, r, generator=g).half()
-    bb = torch.randn(N, generator=g).half() if bias else None
-    return x, w, a, b, bb
-
-
-def rel_err(y, ref):
-    return ((y.double() - ref).norm() / ref.norm()).item()
 
 
 def cfg(r, split_k, mode="fixup", bm=16, bn=32, bk=16):

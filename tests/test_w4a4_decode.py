@@ -10,6 +10,8 @@ from lowrank_gemm.kernels.gluon import w4a4_decode as d
 from lowrank_gemm.kernels.gluon import w4a4_ws as w4
 from lowrank_gemm.plan.smem import SmemError
 
+from _sm90 import ptxas_stats  # noqa: E402
+
 MOD = "lowrank_gemm.kernels.gluon.w4a4_decode"
 
 
@@ -28,23 +30,7 @@ def test_sm90_ptx_register_a_wgmma_tma_and_ledger(fmt, cfg):
     assert d.decode_ledger(c, 64, fmt).total() == info.shared
 
 
-def _ptxas(ptx: str):
-    """(registers, spill-store bytes, ptxas stderr) of ``ptx`` for sm_90a, or None without triton's ptxas."""
-    import os
-    import subprocess
-    import tempfile
-    import triton
-    exe = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
-    if not os.path.exists(exe):
-        return None
-    with tempfile.TemporaryDirectory() as tmp:
-        with open(os.path.join(tmp, "k.ptx"), "w") as f:
-            f.write(ptx)
-        log = subprocess.run([exe, "-arch=sm_90a", "-v", os.path.join(tmp, "k.ptx"), "-o", os.path.join(tmp, "k.o")],
-                             capture_output=True, text=True).stderr
-    regs = [int(v) for v in re.findall(r"Used (\d+) registers", log)]
-    spills = [int(v) for v in re.findall(r"(\d+) bytes spill stores", log)]
-    return max(regs), max(spills or [0]), log
+_ptxas = ptxas_stats
 
 
 # (M, config overrides, group size): M ≤ 16 → 16-token tiles (the default 128×256×4 and other rings),

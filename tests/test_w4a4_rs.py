@@ -22,6 +22,8 @@ from lowrank_gemm.kernels.gluon import w4a4_ws as w4
 from lowrank_gemm.plan.config import KernelConfig
 from lowrank_gemm.plan.smem import SmemError
 
+from _sm90 import ptxas_stats  # noqa: E402
+
 MOD = "lowrank_gemm.kernels.gluon.w4a4_rs"
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -35,21 +37,7 @@ def _cfg(bt, bn, bk, stages=None, group_m=8):
 CONFIGS = {tag: rs.config_from_tag(tag) for tag in rs.PROBE_TAGS}
 
 
-def _ptxas(ptx: str):
-    """(registers, spill-store bytes, ptxas stderr) of ``ptx`` for sm_90a, or None without triton's ptxas."""
-    import tempfile
-    import triton
-    exe = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
-    if not os.path.exists(exe):
-        return None
-    with tempfile.TemporaryDirectory() as tmp:
-        with open(os.path.join(tmp, "k.ptx"), "w") as f:
-            f.write(ptx)
-        log = subprocess.run([exe, "-arch=sm_90a", "-v", os.path.join(tmp, "k.ptx"), "-o", os.path.join(tmp, "k.o")],
-                             capture_output=True, text=True).stderr
-    regs = [int(v) for v in re.findall(r"Used (\d+) registers", log)]
-    spills = [int(v) for v in re.findall(r"(\d+) bytes spill stores", log)]
-    return max(regs), max(spills or [0]), log
+_ptxas = ptxas_stats
 
 
 def _ptx_loops(ptx: str):
