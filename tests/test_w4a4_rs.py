@@ -62,7 +62,12 @@ def _compile(tag, **kw):
 
 
 # ---------------------------------------------------------------------------------------------- sm_90 compiles
-@pytest.mark.parametrize("tag", sorted(CONFIGS))
+# the kernel is experimental (not routed): CI compiles the default and the fastest measured config
+# (probes/probe_w4a4_rs.md); LOWRANK_GEMM_TEST_ALL_RS=1 compiles every probe config
+CI_CONFIGS = sorted(CONFIGS) if os.environ.get("LOWRANK_GEMM_TEST_ALL_RS") == "1" else ["default", "t64n64k256"]
+
+
+@pytest.mark.parametrize("tag", CI_CONFIGS)
 def test_sm90_register_a_e4m3_wgmma_tma_no_spills_and_ledger(tag):
     """Every timed config: e4m3 wgmmas with a REGISTER A operand (the packed weights never go back to SMEM), the
     token tile as the B descriptor, TMA for every ring, no local memory, ptxas 0 spills and no serialized wgmmas,
@@ -85,8 +90,7 @@ def test_sm90_register_a_e4m3_wgmma_tma_no_spills_and_ledger(tag):
         assert "C7514" not in log and "serialized" not in log, log
 
 
-@pytest.mark.parametrize("kw", [dict(rank=0, bias=False, col_scale=False), dict(rank=5), dict(rank=64),
-                                dict(out_dtype=torch.float32), dict(group_size=128, K=512), dict(swar=False)],
+@pytest.mark.parametrize("kw", [dict(rank=0, bias=False, col_scale=False), dict(rank=64), dict(group_size=128, K=512)],
                          ids=lambda kw: "-".join(f"{k}={v}" for k, v in kw.items()))
 def test_sm90_variants_compile_and_match_the_ledger(kw):
     info, cx, cfg = _compile("default", **kw)
