@@ -249,7 +249,7 @@ def test_pdl_is_a_no_op_off_the_gpu(poisoned_workspaces):
     y0 = run("split", x, w, a, b, 0.5, bias, c)
     with lora_options(pdl=True):
         y1 = run("split", x, w, a, b, 0.5, bias, c)
-    assert torch.equal(y0, y1) and not LG._pdl_supported(CPU)
+    assert torch.equal(y0, y1) and not LG.pdl_supported(CPU)
 
 
 def test_options_reach_the_op_through_auto():
@@ -279,7 +279,7 @@ real = (K_.lora_main_kernel, K_.lora_down_kernel)
 K_.lora_main_kernel, K_.lora_down_kernel = Rec(real[0]), Rec(real[1])
 LG.INTERPRETER_WAVE_SMS = req["wave"]
 LG.num_sms = lambda device: 132
-LG._pdl_supported = lambda device: True
+LG.pdl_supported = lambda device: True
 LG._interpreting = lambda: False
 M, N, K, r = req["shape"]
 dt = torch.bfloat16

@@ -100,7 +100,7 @@ def _launches(monkeypatch, case, mode, plan, launchable=True, env_pdl=False, **k
     events = []
     monkeypatch.setattr(mg, "_mlora_shrink_kernel", _Recorder("shrink", events))
     monkeypatch.setattr(mg, "_mlora_main_kernel", _Recorder("main", events))
-    monkeypatch.setattr(mg, "_pdl_launchable", lambda device: launchable)
+    monkeypatch.setattr(mg, "pdl_supported", lambda device: launchable)
     monkeypatch.setattr(mg, "pdl_enabled", lambda device: env_pdl)
     with _Log(events):
         mg.multi_lora_gemm(**case, mode=mode, plan=plan, validate=False, **kw)

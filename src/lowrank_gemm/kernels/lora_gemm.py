@@ -51,6 +51,7 @@ from ..plan.config import KernelConfig
 from ..plan.planner import (LORA_STRATEGIES, block_r_for, current_pin, fixup_dp_tiles, pinned,
                             plan_lora)
 from ..plan.tuned import tuned_file
+from .pdl import pdl_supported
 from .tma import TMA_ALIGN, tma_operand
 from . import _lora_kernels as K_
 from ._lora_kernels import smem_ledger
@@ -109,13 +110,6 @@ def _desc(t: torch.Tensor, rows: int, cols: int) -> TensorDescriptor:
 
 def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-
-
-def _pdl_supported(device: torch.device) -> bool:
-    """Programmatic dependent launch can be used here (sm_90+, not the interpreter); whether it
-    is used is :class:`LoraOptions`'s ``pdl``, independent of the W4A4 chain's ``LOWRANK_GEMM_PDL``."""
-    return (device.type == "cuda" and not _interpreting()
-            and torch.cuda.get_device_capability(device)[0] >= 9)
 
 
 def _use_triton(x: torch.Tensor) -> bool:
@@ -525,7 +519,7 @@ SPLIT_PDL_MAX_M = 1024
 def _run_split(x, w, a, b, bias, y, scale, cfg, *, N, Kp, R):
     M, dev = x.shape[0], x.device
     opts = current_options()
-    pdl = opts.pdl and _pdl_supported(dev) and M <= SPLIT_PDL_MAX_M
+    pdl = opts.pdl and pdl_supported(dev) and M <= SPLIT_PDL_MAX_M
     dbr = down_block_r(R, cfg, opts)
     splits = down_splits(M, R, Kp, dbr, num_sms(dev)) if not _interpreting() else 2
     s = _empty_f32(dev, splits, M, R)

@@ -45,7 +45,7 @@ import triton
 import triton.language as tl
 
 from lowrank_gemm.kernels.epilogue import add_bias, lowrank_up, rank_block, store_tile
-from lowrank_gemm.kernels.pdl import gdc_launch_dependents, gdc_wait, pdl_enabled
+from lowrank_gemm.kernels.pdl import gdc_launch_dependents, gdc_wait, pdl_enabled, pdl_supported
 from lowrank_gemm.kernels.schedule import cdiv, grouped_tile, num_sms
 from lowrank_gemm.plan.config import KernelConfig
 from lowrank_gemm.plan.smem import SmemLedger, SmemTerm, barrier_bytes, solve_stages, tile_bytes
@@ -811,14 +811,6 @@ def _check_values(adapter_ids, ranks, L, r_max):
             raise ValueError(f"multi_lora_linear: ranks must lie in [0, r_max={r_max}], got [{rlo}, {rhi}]")
 
 
-def _pdl_launchable(device: torch.device) -> bool:
-    """Whether an explicit ``pdl=True`` can take effect: a CUDA sm_90+ device, not the interpreter
-    (which cannot run the griddepcontrol inline PTX)."""
-    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0") or device.type != "cuda":
-        return False
-    return torch.cuda.get_device_capability(device)[0] >= 9
-
-
 def _w_operand(weight: torch.Tensor, cfg: KernelConfig, use_tma: bool):
     if not use_tma:
         return weight
@@ -904,7 +896,7 @@ def multi_lora_gemm(x, weight, bank_a, bank_b, ranks, scales, adapter_ids, bias=
     # attribute (it starts after every earlier kernel — the id sort, whatever wrote x — has finished
     # and flushed) and main can start only once every shrink program has started. A PDL-launched
     # shrink would let main overlap an earlier kernel that may still be writing x or the ids.
-    use_pdl = shrink and (pdl_enabled(x.device) if pdl is None else (pdl and _pdl_launchable(x.device)))
+    use_pdl = shrink and (pdl_enabled(x.device) if pdl is None else (pdl and pdl_supported(x.device)))
     split_s = scfg.split_k if shrink else 1
     s_ws = torch.empty((split_s, M, block_r), dtype=torch.float32, device=x.device)
     if poison_workspace:

@@ -28,7 +28,7 @@ import triton.language as tl
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
-__all__ = ["PDL_DEFAULT", "pdl_enabled", "gdc_wait", "gdc_launch_dependents", "gl_gdc_wait", "gl_gdc_launch_dependents"]
+__all__ = ["PDL_DEFAULT", "pdl_supported", "pdl_enabled", "gdc_wait", "gdc_launch_dependents", "gl_gdc_wait", "gl_gdc_launch_dependents"]
 
 
 # On (LOWRANK_GEMM_PDL=0 turns it off). H200, CUDA-graph replays (NOTES.md session 5): decode layers −1…3.3 µs
@@ -36,17 +36,20 @@ __all__ = ["PDL_DEFAULT", "pdl_enabled", "gdc_wait", "gdc_launch_dependents", "g
 PDL_DEFAULT = True
 
 
-def pdl_enabled(device: torch.device | None = None) -> bool:
-    """PDL on this launch: CUDA sm_90+, not the interpreter, and ``LOWRANK_GEMM_PDL`` (0/1, else
-    :data:`PDL_DEFAULT`)."""
-    env = os.environ.get("LOWRANK_GEMM_PDL", "")
-    if not (env == "1" if env in ("0", "1") else PDL_DEFAULT):
-        return False
+def pdl_supported(device: torch.device | None) -> bool:
+    """Whether a launch on ``device`` can use PDL at all: CUDA sm_90+, not the interpreter (which cannot run the
+    griddepcontrol inline PTX). Callers with their own on/off switch combine it with this."""
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         return False
     if device is None or device.type != "cuda":
         return False
     return torch.cuda.get_device_capability(device)[0] >= 9
+
+
+def pdl_enabled(device: torch.device | None = None) -> bool:
+    """PDL on this launch: :func:`pdl_supported` and ``LOWRANK_GEMM_PDL`` (0/1, else :data:`PDL_DEFAULT`)."""
+    env = os.environ.get("LOWRANK_GEMM_PDL", "")
+    return (env == "1" if env in ("0", "1") else PDL_DEFAULT) and pdl_supported(device)
 
 
 @triton.jit
