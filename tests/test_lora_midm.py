@@ -22,10 +22,10 @@ from lowrank_gemm.kernels import lora_gemm as LG
 from lowrank_gemm.kernels.lora_gemm import lora_linear, lora_options, run_strategy
 from lowrank_gemm.kernels.schedule import cdiv, grouped_tile_host
 from lowrank_gemm.plan.config import KernelConfig
-from lowrank_gemm.plan.planner import block_r_for, can_implement, fixup_dp_tiles
+from lowrank_gemm.plan.planner import block_r_for, fixup_dp_tiles
 from lowrank_gemm.reference import lora_linear_ref
 
-from _lora import make, rel_err  # noqa: E402
+from _lora import make, rel_err, run, tickets_zero  # noqa: E402
 from _sm90 import ptxas_stats  # noqa: E402
 
 REL_TOL = 2e-3
@@ -50,18 +50,6 @@ def waves(monkeypatch):
     def set_(n):
         monkeypatch.setattr(LG, "INTERPRETER_WAVE_SMS", n)
     return set_
-
-
-def run(strategy, x, w, a, b, scale, bias, c):
-    out = torch.full((x.shape[0], w.shape[0]), float("nan"), dtype=x.dtype)
-    assert can_implement(strategy, (x.shape[0], w.shape[0], x.shape[1], a.shape[0]), c)
-    LG.clear_weight_cache()
-    return run_strategy(strategy, x, w, a, b, scale, bias, c, out=out)
-
-
-def tickets_zero():
-    region = LG._TICKETS.region(CPU)
-    return region is None or not region.any()
 
 
 def tile_mask(M, N, c, tiles):

@@ -18,7 +18,7 @@ from lowrank_gemm.plan.config import KernelConfig
 from lowrank_gemm.plan.planner import block_r_for, can_implement, pinned, plan_lora
 from lowrank_gemm.reference import lora_linear_ref
 
-from _lora import make, rel_err  # noqa: E402
+from _lora import make, rel_err, run, tickets_zero  # noqa: E402
 
 REL_TOL = 2e-3
 CPU = torch.device("cpu")
@@ -34,18 +34,6 @@ def poisoned_workspaces(monkeypatch):
     """Partials start as NaN: reading a slot no split wrote poisons the result."""
     real = LG._empty_f32
     monkeypatch.setattr(LG, "_empty_f32", lambda device, *shape: real(device, *shape).fill_(float("nan")))
-
-
-def run(strategy, x, w, a, b, scale, bias, c):
-    out = torch.full((x.shape[0], w.shape[0]), float("nan"), dtype=x.dtype)
-    assert can_implement(strategy, (x.shape[0], w.shape[0], x.shape[1], a.shape[0]), c)
-    LG.clear_weight_cache()
-    return run_strategy(strategy, x, w, a, b, scale, bias, c, out=out)
-
-
-def tickets_zero():
-    region = LG._TICKETS.region(CPU)
-    return region is None or not region.any()
 
 
 # ---------------------------------------------------------------------------- results
