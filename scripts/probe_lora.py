@@ -17,6 +17,11 @@ points then run in child processes (a faulting kernel costs its point only). Wri
 beats today's plan under the same options; other entries kept) under DIR; ``--write-tuned PATH``
 also writes that table to PATH.
 
+``--issue2 --swap`` (session 6): the same machinery over SWAP_POINTS (every M ≤ 64 point of issue 2, r 16 and 64)
+with ``swap_specs`` — ``split`` plans whose main K loop is W·Xᵀ (``KernelConfig.swap_ab``: weight rows as the
+wgmma M, a 16/64-token tile as its N; ``probes/s6/probe_box.md``: that GEMM alone is 0.82–0.98× cuBLAS at
+M ≤ 16) — and the op's default launch options (``pdl`` only).
+
 ``--small-m`` (issue 2, decode M on few output tiles; ≤ 90 s): per (shape, M) in SMALL_M_POINTS,
 cuBLAS base, torch unfused, today's ``auto``, ``auto`` with ``LOWRANK_GEMM_SPLITK_MODE=fixup``, the
 heuristic plan, the one-launch split-K kloop (``split_mode="fixup"``) for split ∈ {1, 2, 4, 8} ×
@@ -458,7 +463,11 @@ ISSUE2_POINTS = [(256, 4096, 4096, 16), (256, 4096, 4096, 64), (256, 8192, 8192,
                  (16, 4096, 4096, 64), (1, 4096, 4096, 64), (16, 8192, 8192, 64), (64, 8192, 8192, 64)]
 # issue 2: auto ≤ 1.00× cuBLAS at M ≤ 64, ≤ 1.05× at M ≥ 256
 ISSUE2_TARGET = {True: 1.00, False: 1.05}
-OPTIONS_ON = "prefetch,pdl,down_full_rank"
+ALL_OPTIONS = "prefetch,pdl,down_full_rank"
+OPTIONS_ON = ALL_OPTIONS          # --swap: "pdl" (the op's defaults)
+SWAP_POINTS = [(M, K, N, r) for r in (16, 64) for (K, N) in ((4096, 4096), (8192, 8192), (4096, 28672))
+               for M in (1, 16, 64)]
+_MODE_ARGS: list = []             # passed on to the warm-up and timing children (--swap)
 ROW_PREFIX = "ROW "
 REF_ROWS = 256          # M > 1024: the float64 reference covers the first and last REF_ROWS rows
 
@@ -513,15 +522,41 @@ def issue2_specs(M, N, K, r, sms):
     return out
 
 
+def swap_specs(M, N, K, r, sms):
+    """[(label, "split", KernelConfig)] with ``swap_ab``: 16-token tiles at M ≤ 16 (64 at M=64), 64/128 weight
+    rows, 64–256-wide K steps, unsplit or a one-launch (fixup) split-K — the fastest rows of
+    ``probes/s6/probe_box.md`` per shape family, where the bare GEMM beat cuBLAS."""
+    bm = 16 if M <= 16 else 32 if M <= 32 else 64
+    tiles = [(64, 128, 1), (64, 256, 1), (128, 64, 1), (128, 128, 1), (64, 128, 2), (64, 256, 2), (128, 256, 4)]
+    out, seen = [], set()
+    for bn, bk, split in tiles:
+        try:
+            c = _cfg("split", M, N, K, r, bm, bn, bk, 4, sms, split).replace(swap_ab=True)
+        except Exception:      # no stage count fits
+            continue
+        c = c.replace(split_mode="fixup") if split > 1 else c
+        if c in seen or not can_implement("split", (M, N, K, r), c):
+            continue
+        seen.add(c)
+        out.append((f"split swap {bm}x{bn}x{bk} s{c.num_stages} sk{c.split_k} br{c.block_r}", "split", c))
+    return out
+
+
+def _specs(M, N, K, r, sms):
+    return swap_specs(M, N, K, r, sms) if "--swap" in _MODE_ARGS else issue2_specs(M, N, K, r, sms)
+
+
 def _flags(on=()):
     """Every LoraOptions field, True for the names in ``on`` (explicit: the env cannot leak in)."""
-    return {k: k in on for k in OPTIONS_ON.split(",")}
+    return {k: k in on for k in ALL_OPTIONS.split(",")}
 
 
 def _option_sets(strategy, r):
     """{label: LoraOptions flags} of the A/B at a point's best candidate: all off (today's defaults),
     and each option that acts on this strategy switched off alone."""
     names = OPTIONS_ON.split(",")
+    if names == ["pdl"]:
+        return {"off": _flags()}
     sets = {"off": _flags()}
     acting = ["prefetch"] + (["pdl"] + (["down_full_rank"] if r > 16 else []) if strategy == "split" else [])
     for n in acting:
@@ -637,7 +672,7 @@ def issue2_point(M, K, N, r, sms, emit, device="cuda", dtype=torch.bfloat16):
     tl = f"{today[0]} {today[1].block_m}x{today[1].block_n}x{today[1].block_k} sk{today[1].split_k} {today[1].split_mode}"
     run(f"auto (today: {tl})", "auto", today[1], _flags(), "today")
     run(f"auto (today: {tl}) [options on]", "auto", today[1], on, "today")
-    cands = [run(label, s, c, on, "candidate") for label, s, c in issue2_specs(M, N, K, r, sms)]
+    cands = [run(label, s, c, on, "candidate") for label, s, c in _specs(M, N, K, r, sms)]
     timed = [c for c in cands if c.get("graph_us")]
     if timed:
         best = min(timed, key=lambda c: c["graph_us"])
@@ -666,7 +701,7 @@ def issue2_warm(args):
         x, w, a, b, bs = make_sets(M, N, K, r, torch.bfloat16, "cuda")[0]
         today = plan_lora(M, N, K, r, torch.bfloat16, torch.device("cuda"))
         plans = [("auto", today[1], off), ("auto", today[1], on)]
-        cands = issue2_specs(M, N, K, r, sms)
+        cands = _specs(M, N, K, r, sms)
         plans += [(s, c, on) for _, s, c in cands] + [(s, c, off) for _, s, c in cands]
         for s, c, f in plans:
             if time.time() > args.deadline:
@@ -691,7 +726,7 @@ def issue2_warm_all(deadline, workers):
     for k in range(workers):
         share = ",".join(str(i) for i in range(k, len(ISSUE2_POINTS), workers))
         cmd = [sys.executable, os.path.abspath(__file__), "--issue2-warm", "--points", share,
-               "--deadline", str(deadline)]
+               "--deadline", str(deadline)] + _MODE_ARGS
         procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                       start_new_session=True))
     warmed = []
@@ -799,7 +834,7 @@ def issue2_main(args, tuned_path=None):
     rows, done, failed, start = [], set(), [], 0
     while start < len(ISSUE2_POINTS) and time.time() < deadline - 5:
         cmd = [sys.executable, os.path.abspath(__file__), "--issue2-child", "--start", str(start),
-               "--deadline", str(deadline)]
+               "--deadline", str(deadline)] + _MODE_ARGS
         limit = deadline - time.time() + args.grace_s
         status, out, _, got = run_child(cmd, dict(os.environ), limit, row_prefix=ROW_PREFIX)
         rows += got
@@ -884,6 +919,8 @@ def main(argv=None):
                     help="issue 2: split-K fixup vs reduce vs baselines at M 1/16/64 (≤ 90 s)")
     ap.add_argument("--issue2", action="store_true",
                     help="session 5: one-launch mid-M plans, launch options A/B, re-tune ISSUE2_POINTS (≤ budget)")
+    ap.add_argument("--swap", action="store_true",
+                    help="with --issue2: SWAP_POINTS (M ≤ 64) and swap_ab split candidates, default options")
     ap.add_argument("--grace-s", type=float, default=15.0, help="--issue2: a child's limit past the deadline")
     ap.add_argument("--warm-s", type=float, default=70.0, help="--issue2: parallel compile warm-up, seconds")
     ap.add_argument("--warm-workers", type=int, default=12, help="--issue2: warm-up processes (0: none)")
@@ -894,6 +931,11 @@ def main(argv=None):
     ap.add_argument("--start", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--deadline", type=float, default=0.0, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.swap:
+        global OPTIONS_ON
+        OPTIONS_ON = "pdl"
+        ISSUE2_POINTS[:] = SWAP_POINTS
+        _MODE_ARGS[:] = ["--swap"]
     if not torch.cuda.is_available():
         print("needs a CUDA GPU", file=sys.stderr)
         return 2

@@ -75,6 +75,32 @@ def test_strategy_matches_reference(strategy, split_k, with_bias, poisoned_works
     assert rel_err(y, lora_linear_ref(x, w, a, b, 0.7, bias)) < REL_TOL
 
 
+@pytest.mark.parametrize("strategy, split_k, split_mode", [
+    ("split", 1, "reduce"), ("split", 3, "fixup"), ("split", 2, "reduce"), ("merged", 3, "fixup"),
+    ("concat", 2, "reduce"), ("streams", 1, "reduce")])
+def test_swap_ab_matches_reference(strategy, split_k, split_mode, poisoned_workspaces):
+    """swap_ab (W·Xᵀ in the K loop, decode-sized M): ragged M, N and K against 16-token × 64-row tiles,
+    rank 40 over three BR chunks, bias; split-K in both modes."""
+    M, N, K, r = 19, 150, 88, 40
+    x, w, a, b, bias = make(M, N, K, r, seed=3)
+    cfg = cfg_for(16, split_k, bm=16, bn=64, bk=16).replace(swap_ab=True, split_mode=split_mode)
+    y = run_poisoned(strategy, x, w, a, b, 0.6, bias, cfg)
+    assert not y.isnan().any()
+    assert rel_err(y, lora_linear_ref(x, w, a, b, 0.6, bias)) < REL_TOL
+
+
+@pytest.mark.parametrize("strategy, cfg, needle", [
+    ("kloop", dict(block_n=64), "swap_ab is a lora_main_kernel option"),
+    ("streamk", dict(block_n=64), "swap_ab is a lora_main_kernel option"),
+    ("split", dict(block_n=32), "block_n ≥ 64"),
+    ("split", dict(block_n=64, num_warps=8), "16·num_warps"),
+])
+def test_swap_ab_infeasible_configs_say_why(strategy, cfg, needle):
+    c = cfg_for(16).replace(swap_ab=True, **cfg)
+    feas = can_implement(strategy, (4, 256, 64, 16), c)
+    assert not feas and needle in feas.reason
+
+
 @pytest.mark.parametrize("r", [1, 8, 16, 64, 128])
 @pytest.mark.parametrize("strategy", ["kloop", "split", "concat", "persistent_dynamic", "streamk"])
 def test_ranks(strategy, r, poisoned_workspaces):
@@ -385,7 +411,8 @@ def persistent_signature(bm, bn, bk, br, dt="bf16"):
     return sig
 
 
-MAIN_FLAGS = dict(FIXUP=False, EPI_M=64, EPI_CHUNKS=1, IN_FLIGHT=1, HYBRID=False, PDL=False, EPI_PREFETCH=False)
+MAIN_FLAGS = dict(FIXUP=False, EPI_M=64, EPI_CHUNKS=1, IN_FLIGHT=1, HYBRID=False, PDL=False, EPI_PREFETCH=False,
+                  SWAP_AB=False)
 
 
 def compile_main(cfg: KernelConfig, lowrank: int, partial=False, r_chunks=1, fixup_m=None, **flags):

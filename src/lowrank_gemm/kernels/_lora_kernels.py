@@ -52,19 +52,36 @@ LOWRANK_GLOBAL = 2
 @triton.jit
 def _main_loop(x_desc, w_desc, a_desc, off_m, off_n, k_lo, k_hi,
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-               BLOCK_R: tl.constexpr, KLOOP: tl.constexpr):
+               BLOCK_R: tl.constexpr, KLOOP: tl.constexpr, SWAP_AB: tl.constexpr = False):
     """acc [BM, BN] = X[off_m:, k]·W[off_n:, k]ᵀ over K tiles [k_lo, k_hi); with KLOOP also
-    s [BM, BLOCK_R] = X·A[:BLOCK_R, k]ᵀ from the same X tile (unscaled)."""
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    s [BM, BLOCK_R] = X·A[:BLOCK_R, k]ᵀ from the same X tile (unscaled).
+
+    SWAP_AB (decode-sized M): the MMA computes accᵀ [BN, BM] = W·Xᵀ, so the weight rows fill the
+    wgmma's M (≥ 64) and the few tokens its N (≥ 8): BM = 16 instead of a 64-row X tile that is
+    mostly TMA zero fill. The transpose back is one layout conversion after the loop; everything
+    after the loop (split-K fixup, epilogue) sees the usual [BM, BN] tile."""
     s = tl.zeros((BLOCK_M, BLOCK_R), dtype=tl.float32)
-    for kt in tl.range(k_lo, k_hi):
-        k = kt * BLOCK_K
-        x = x_desc.load([off_m, k])                      # [BM, BK]
-        w = w_desc.load([off_n, k])                      # [BN, BK]
-        acc = tl.dot(x, w.T, acc)
-        if KLOOP:
-            a = a_desc.load([0, k])                      # [BR, BK]
-            s = tl.dot(x, a.T, s)
+    if SWAP_AB:
+        acc_t = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+        for kt in tl.range(k_lo, k_hi):
+            k = kt * BLOCK_K
+            x = x_desc.load([off_m, k])                  # [BM, BK]
+            w = w_desc.load([off_n, k])                  # [BN, BK]
+            acc_t = tl.dot(w, x.T, acc_t)
+            if KLOOP:
+                a = a_desc.load([0, k])                  # [BR, BK]
+                s = tl.dot(x, a.T, s)
+        acc = tl.trans(acc_t)
+    else:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for kt in tl.range(k_lo, k_hi):
+            k = kt * BLOCK_K
+            x = x_desc.load([off_m, k])                  # [BM, BK]
+            w = w_desc.load([off_n, k])                  # [BN, BK]
+            acc = tl.dot(x, w.T, acc)
+            if KLOOP:
+                a = a_desc.load([0, k])                  # [BR, BK]
+                s = tl.dot(x, a.T, s)
     return acc, s
 
 
@@ -158,7 +175,7 @@ def lora_main_kernel(
     HAS_BIAS: tl.constexpr, PARTIAL: tl.constexpr, R_CHUNKS: tl.constexpr = 1,
     FIXUP: tl.constexpr = False, EPI_M: tl.constexpr = 64, IN_FLIGHT: tl.constexpr = 1,
     EPI_CHUNKS: tl.constexpr = 1, HYBRID: tl.constexpr = False, PDL: tl.constexpr = False,
-    EPI_PREFETCH: tl.constexpr = False,
+    EPI_PREFETCH: tl.constexpr = False, SWAP_AB: tl.constexpr = False,
 ):
     # R_CHUNKS (GLOBAL): cdiv(R, BLOCK_R), rank chunks of the epilogue, unrolled
     # SPLIT_K / S_SPLITS are runtime values: one compile serves every split of a tile config
@@ -171,6 +188,7 @@ def lora_main_kernel(
     # PDL: launched as the dependent of lora_down_kernel; waits for it after the K loop
     # EPI_PREFETCH: the epilogue's B tile, bias (and, GLOBAL without PDL, S rows) load before the
     # K loop instead of after it (R_CHUNKS == 1 for GLOBAL)
+    # SWAP_AB: the K loop's MMA is W·Xᵀ (weights as the wgmma M, tokens as its N: decode-sized M)
     tl.static_assert(not (EPI_PREFETCH and PARTIAL), "PARTIAL has no epilogue to prefetch for")
     tl.static_assert(not (EPI_PREFETCH and LOWRANK == 2 and R_CHUNKS > 1),
                      "EPI_PREFETCH holds one rank chunk of S and B")
@@ -211,7 +229,7 @@ def lora_main_kernel(
             s_pre = _s_rows(s_ptr, stride_sk, stride_sm, stride_sr, S_SPLITS,
                             off_m + tl.arange(0, BLOCK_M), M, 0, R, BLOCK_M, BLOCK_R)
     acc, s = _main_loop(x_desc, w_desc, a_desc, off_m, off_n, k_lo, k_hi,
-                        BLOCK_M, BLOCK_N, BLOCK_K, BLOCK_R, LOWRANK == 1)
+                        BLOCK_M, BLOCK_N, BLOCK_K, BLOCK_R, LOWRANK == 1, SWAP_AB)
     offs_m = off_m + tl.arange(0, BLOCK_M)
     offs_n = off_n + tl.arange(0, BLOCK_N)
     if PDL:

@@ -291,6 +291,8 @@ def _launch_main(x, w, a, b, s, bias, y, sws, M, N, Kp, R, scale, cfg, *, lowran
             grid, meta["HYBRID"] = (dp + (tiles - dp) * split,), True
     if pdl:
         meta.update(PDL=True, launch_pdl=True)
+    if c.swap_ab:
+        meta["SWAP_AB"] = True
     if _prefetch_ok(c, x.element_size() * 8, lowrank, partial=partial, has_bias=has_bias,
                     r_chunks=r_chunks):
         meta["EPI_PREFETCH"] = True

@@ -18,7 +18,9 @@ class KernelConfig:
     deterministically (no atomics); num_stages: main-operand pipeline depth; lowrank_stages:
     low-rank operand pipeline depth (warp-specialized kernels); persistent: grid of #SMs programs;
     split_mode (split_k > 1): "reduce" = partials summed by a second kernel, "fixup" = in the same
-    launch, by the last program of each tile to arrive (kernels/splitk.py).
+    launch, by the last program of each tile to arrive (kernels/splitk.py); swap_ab: the K loop
+    multiplies W·Xᵀ (weight rows as the MMA's M, block_m tokens as its N — decode-sized M; the
+    LoRA main kernel's kloop / split strategies).
     """
 
     block_m: int = 128
@@ -32,6 +34,7 @@ class KernelConfig:
     split_k: int = 1
     persistent: bool = False
     split_mode: str = "reduce"
+    swap_ab: bool = False
 
     def __post_init__(self):
         for name in ("block_m", "block_n", "block_k", "block_r"):
