@@ -523,22 +523,26 @@ def issue2_specs(M, N, K, r, sms):
 
 
 def swap_specs(M, N, K, r, sms):
-    """[(label, "split", KernelConfig)] with ``swap_ab``: 16-token tiles at M ≤ 16 (64 at M=64), 64/128 weight
+    """[(label, strategy, KernelConfig)] with ``swap_ab``: 16-token tiles at M ≤ 16 (64 at M=64), 64/128 weight
     rows, 64–256-wide K steps, unsplit or a one-launch (fixup) split-K — the fastest rows of
-    ``probes/s6/probe_box.md`` per shape family, where the bare GEMM beat cuBLAS."""
+    ``probes/s6/probe_box.md`` per shape family, where the bare GEMM beat cuBLAS; ``kloop`` (S = A·Xᵀ in
+    the K loop, one launch) and ``split`` (PDL down kernel), both with the whole rank in one prefetched
+    epilogue chunk."""
     bm = 16 if M <= 16 else 32 if M <= 32 else 64
-    tiles = [(64, 128, 1), (64, 256, 1), (128, 64, 1), (128, 128, 1), (64, 128, 2), (64, 256, 2), (128, 256, 4)]
+    br = block_r_for(r)
+    specs = [("kloop", 128, 64, 1), ("kloop", 64, 128, 1), ("kloop", 64, 256, 1), ("kloop", 128, 128, 1),
+             ("kloop", 64, 128, 2), ("split", 128, 64, 1), ("split", 64, 256, 1), ("split", 64, 128, 2)]
     out, seen = [], set()
-    for bn, bk, split in tiles:
-        try:
-            c = _cfg("split", M, N, K, r, bm, bn, bk, 4, sms, split).replace(swap_ab=True)
-        except Exception:      # no stage count fits
+    for s, bn, bk, split in specs:
+        # one epilogue chunk of the whole rank (prefetched B: _prefetch_ok); kloop: ≥ 64 rank rows on the S wgmma
+        rows = max(64, br) if s == "kloop" else br
+        c = KernelConfig(block_m=bm, block_n=bn, block_k=bk, block_r=rows, group_m=1, num_warps=4, num_stages=2,
+                         split_k=split, split_mode="fixup" if split > 1 else "reduce", swap_ab=True)
+        c = c.replace(num_stages=stages_for(lambda st: lora_ledger(s, c.replace(num_stages=st))))
+        if (s, c) in seen or not can_implement(s, (M, N, K, r), c):
             continue
-        c = c.replace(split_mode="fixup") if split > 1 else c
-        if c in seen or not can_implement("split", (M, N, K, r), c):
-            continue
-        seen.add(c)
-        out.append((f"split swap {bm}x{bn}x{bk} s{c.num_stages} sk{c.split_k} br{c.block_r}", "split", c))
+        seen.add((s, c))
+        out.append((f"{s} swap {bm}x{bn}x{bk} s{c.num_stages} sk{c.split_k} br{c.block_r}", s, c))
     return out
 
 

@@ -76,21 +76,24 @@ def test_strategy_matches_reference(strategy, split_k, with_bias, poisoned_works
 
 
 @pytest.mark.parametrize("strategy, split_k, split_mode", [
+    ("kloop", 1, "reduce"), ("kloop", 3, "fixup"), ("kloop", 2, "reduce"),
     ("split", 1, "reduce"), ("split", 3, "fixup"), ("split", 2, "reduce"), ("merged", 3, "fixup"),
     ("concat", 2, "reduce"), ("streams", 1, "reduce")])
 def test_swap_ab_matches_reference(strategy, split_k, split_mode, poisoned_workspaces):
     """swap_ab (W·Xᵀ in the K loop, decode-sized M): ragged M, N and K against 16-token × 64-row tiles,
-    rank 40 over three BR chunks, bias; split-K in both modes."""
+    rank 40 (kloop: one 64-row S wgmma tile with 24 zero-filled ranks; split: three BR chunks), bias;
+    split-K in both modes."""
     M, N, K, r = 19, 150, 88, 40
     x, w, a, b, bias = make(M, N, K, r, seed=3)
-    cfg = cfg_for(16, split_k, bm=16, bn=64, bk=16).replace(swap_ab=True, split_mode=split_mode)
+    cfg = cfg_for(16, split_k, bm=16, bn=64, bk=16).replace(swap_ab=True, split_mode=split_mode,
+                                                            block_r=64 if strategy == "kloop" else 16)
     y = run_poisoned(strategy, x, w, a, b, 0.6, bias, cfg)
     assert not y.isnan().any()
     assert rel_err(y, lora_linear_ref(x, w, a, b, 0.6, bias)) < REL_TOL
 
 
 @pytest.mark.parametrize("strategy, cfg, needle", [
-    ("kloop", dict(block_n=64), "swap_ab is a lora_main_kernel option"),
+    ("kloop", dict(block_n=64), "block_r ≥ 64"),
     ("streamk", dict(block_n=64), "swap_ab is a lora_main_kernel option"),
     ("split", dict(block_n=32), "block_n ≥ 64"),
     ("split", dict(block_n=64, num_warps=8), "16·num_warps"),

@@ -240,28 +240,30 @@ SWAP_SHAPES = [(1, 28672, 4096, 16), (16, 4096, 4096, 64), (64, 8192, 8192, 16),
 
 
 @pytest.mark.parametrize("shape", SWAP_SHAPES, ids=lambda s: "x".join(map(str, s)))
-@pytest.mark.parametrize("bn, bk, split", [(64, 128, 1), (128, 256, 4), (64, 256, 2)])
-def test_swap_ab_split_bf16(shape, bn, bk, split):
-    """split with swap_ab (W·Xᵀ, tokens as the wgmma N), PDL down → main as the op launches it: float64
-    reference, NaN-poisoned output, bit-identical repeats, CUDA-graph replay equal to eager."""
+@pytest.mark.parametrize("bn, bk, split", [(64, 128, 1), (128, 64, 1), (64, 256, 2)])
+@pytest.mark.parametrize("strategy", ["kloop", "split"])
+def test_swap_ab_bf16(strategy, shape, bn, bk, split):
+    """kloop / split with swap_ab (W·Xᵀ, tokens as the wgmma N; split: PDL down → main) as the op launches
+    them: float64 reference, NaN-poisoned output, bit-identical repeats, CUDA-graph replay equal to eager."""
     from lowrank_gemm.plan.config import KernelConfig
-    from lowrank_gemm.plan.planner import lora_ledger, stages_for
+    from lowrank_gemm.plan.planner import block_r_for, lora_ledger, stages_for
     M, N, K, r = shape
     bm = 16 if M <= 16 else 64
-    c = KernelConfig(block_m=bm, block_n=bn, block_k=bk, block_r=16, group_m=1, num_warps=4, num_stages=2,
+    br = max(64, block_r_for(r)) if strategy == "kloop" else block_r_for(r)
+    c = KernelConfig(block_m=bm, block_n=bn, block_k=bk, block_r=br, group_m=1, num_warps=4, num_stages=2,
                      split_k=split, split_mode="fixup", swap_ab=True)
-    c = c.replace(num_stages=stages_for(lambda s: lora_ledger("split", c.replace(num_stages=s))))
-    assert can_implement("split", shape, c)
+    c = c.replace(num_stages=stages_for(lambda s: lora_ledger(strategy, c.replace(num_stages=s))))
+    assert can_implement(strategy, shape, c)
     x, w, a, b, bias = make(M, N, K, r, seed=bn + split)
     ys = []
     for _ in range(3):
         out = torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16)
-        ys.append(run_strategy("split", x, w, a, b, 0.5, bias, c, out=out))
+        ys.append(run_strategy(strategy, x, w, a, b, 0.5, bias, c, out=out))
     assert not ys[0].isnan().any(), f"{c}: unwritten (NaN) outputs"
     assert rel_err(ys[0], lora_linear_ref(x, w, a, b, 0.5, bias)) < TOL
-    assert all(torch.equal(ys[0], y) for y in ys[1:]), "swap_ab split is not bit-identical across calls"
+    assert all(torch.equal(ys[0], y) for y in ys[1:]), "swap_ab is not bit-identical across calls"
     fn = lambda: lora_linear(x, w, a, b, 0.5, bias)
-    with pinned(strategy="split", config=c):
+    with pinned(strategy=strategy, config=c):
         eager, g, outs = _warm_and_capture(fn, lambda: [fn()])
     g.replay()
     torch.cuda.synchronize()

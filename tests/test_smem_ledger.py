@@ -81,6 +81,11 @@ COMPILED = [
     ("streamk", CFG, compile_streamk),
     ("streamk", CFG.replace(block_n=32, num_stages=6), compile_streamk),
     ("streamk", CFG.replace(block_n=64, block_r=64, num_stages=2), compile_streamk),
+    # swap_ab (decode-sized M): 16-token X tiles, A tiles of 64 rank rows on the S wgmma's M
+    ("kloop", CFG.replace(block_m=16, block_n=128, block_k=64, block_r=64, num_stages=6, swap_ab=True),
+     lambda c: compile_main(c, K_.LOWRANK_KLOOP, SWAP_AB=True)),
+    ("split", CFG.replace(block_m=16, block_n=64, block_k=256, block_r=64, num_stages=5, swap_ab=True),
+     lambda c: compile_main(c, K_.LOWRANK_GLOBAL, SWAP_AB=True, PDL=True)),
 ]
 
 

@@ -312,10 +312,11 @@ _LEDGER_STRATEGY = {K_.LOWRANK_NONE: "merged", K_.LOWRANK_KLOOP: "kloop", K_.LOW
 
 def _prefetch_ok(cfg: KernelConfig, dtype_bits: int, lowrank: int, *, partial: bool, has_bias: bool,
                  r_chunks: int) -> bool:
-    """EPI_PREFETCH for this launch: asked for (LoraOptions.prefetch), something to prefetch, one
-    rank chunk of S and B at most, and the prefetched B tile still fits beside the pipeline the
-    planner sized without it (else this launch runs without)."""
-    if not current_options().prefetch or partial or r_chunks > 1:
+    """EPI_PREFETCH for this launch: asked for (LoraOptions.prefetch) or a swap_ab plan (decode-sized
+    M: the epilogue's loads after the last MMA are pure exposed latency there), something to
+    prefetch, one rank chunk of S and B at most, and the prefetched B tile still fits beside the
+    pipeline the planner sized without it (else this launch runs without)."""
+    if not (current_options().prefetch or cfg.swap_ab) or partial or r_chunks > 1:
         return False
     if lowrank == K_.LOWRANK_NONE and not has_bias:
         return False

@@ -68,9 +68,10 @@ class LoraStrategy(str, Enum):
 LORA_STRATEGIES = tuple(s.value for s in LoraStrategy)
 _FUSED_RANK_LIMITED = ("kloop", "persistent_static", "persistent_dynamic", "streamk")
 _NO_SPLIT_K = ("persistent_static", "persistent_dynamic", "streamk", "torch")
-# strategies whose main kernel is lora_main_kernel (KernelConfig.swap_ab reaches its K loop); not kloop: its
-# S = X·Aᵀ is then an mma.sync of block_m rows inside the loop, and ptxas serializes every wgmma (C7515, sm_90 AOT)
-SWAP_AB_STRATEGIES = ("split", "concat", "streams", "merged")
+# strategies whose main kernel is lora_main_kernel (KernelConfig.swap_ab reaches its K loop); kloop's S = A·Xᵀ is
+# then a wgmma with block_r on its M, so block_r ≥ 64 (an mma.sync of block_m rows instead: ptxas serializes every
+# wgmma, C7515, sm_90 AOT)
+SWAP_AB_STRATEGIES = ("kloop", "split", "concat", "streams", "merged")
 # strategies whose split-K can reduce in the main launch (split_mode "fixup"); concat's epilogue
 # needs the summed S columns of every N-tile, so it keeps the reduce kernel
 FIXUP_STRATEGIES = ("kloop", "split", "streams", "merged")
@@ -233,6 +234,9 @@ def can_implement(strategy: str, shape: tuple[int, int, int, int], config: Kerne
         if c.block_n < 16 * c.num_warps or c.block_n < 64:
             return Feasibility(False, f"swap_ab puts block_n on the wgmma's M: block_n ≥ 64 and ≥ 16·num_warps "
                                       f"(the warps' rows), got block_n={c.block_n} with {c.num_warps} warps")
+        if strategy == "kloop" and (c.block_r < 16 * c.num_warps or c.block_r < 64):
+            return Feasibility(False, f"kloop with swap_ab puts block_r on the S wgmma's M: block_r ≥ 64 and "
+                                      f"≥ 16·num_warps, got block_r={c.block_r} with {c.num_warps} warps")
     k_tiles = cdiv(max(K, 1), c.block_k)
     if c.split_k > k_tiles:
         return Feasibility(False, f"split_k {c.split_k} > {k_tiles} K tiles")
