@@ -128,8 +128,14 @@ def _s_rows(s_ptr, stride_sk, stride_sm, stride_sr, S_SPLITS, offs_m, M, r0, R,
     mask = (offs_m[:, None] < M) & (offs_r[None, :] < R)
     ptrs = s_ptr + offs_m[:, None] * stride_sm + offs_r[None, :] * stride_sr
     s = tl.zeros((BLOCK_M, BLOCK_R), dtype=tl.float32)
-    for k in range(S_SPLITS):
-        s += tl.load(ptrs + k * stride_sk, mask=mask, other=0.0, cache_modifier=".cg")
+    # four slices' loads are issued before the first add (one round trip, not S_SPLITS: after the K
+    # loop this is exposed latency); the adds keep index order, and masked slices add exact zeros
+    for k0 in range(0, S_SPLITS, 4):
+        p0 = tl.load(ptrs + k0 * stride_sk, mask=mask, other=0.0, cache_modifier=".cg")
+        p1 = tl.load(ptrs + (k0 + 1) * stride_sk, mask=mask & (k0 + 1 < S_SPLITS), other=0.0, cache_modifier=".cg")
+        p2 = tl.load(ptrs + (k0 + 2) * stride_sk, mask=mask & (k0 + 2 < S_SPLITS), other=0.0, cache_modifier=".cg")
+        p3 = tl.load(ptrs + (k0 + 3) * stride_sk, mask=mask & (k0 + 3 < S_SPLITS), other=0.0, cache_modifier=".cg")
+        s = (((s + p0) + p1) + p2) + p3
     return s
 
 
