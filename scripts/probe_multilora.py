@@ -39,6 +39,9 @@ Writes DIR/probe_multilora.json (all rows) and DIR/multilora_h200.json (the fast
 plan per case, in the tuned-table format read by ``multilora_gemm.choose_plan``); with
 ``--write-tuned`` also into ``src/lowrank_gemm/plan/tuned/multilora_h200.json``.
 
+``--pdl`` also times swap-AB candidates at M ≤ 64 (session 6, ``swap_*`` rows: ``KernelConfig.swap_ab`` main loops,
+shrink launch + PDL + unrolled S sum).
+
 ``--pdl`` (session 5, one GPU call ≤ 4 min; ``--cases`` reads MxNxRxadapters): the issue grid M ∈ {16,
 64, 256} × N ∈ {4096, 28672} × r ∈ {16, 64} × adapters ∈ {1, 4, 16, 64}, most telling cases first
 (PDL_CASES; the budget, 200 s by default, drops the tail). First ``--jobs`` child processes compile
@@ -247,6 +250,16 @@ def pdl_impls(mg, M, N, r, adapters, dev):
 
     p = mg.choose_plan(M, N, K, r, SLOTS, "gather", dev, adapters=adapters)
     out = {"fused": spec(p)}
+    if M <= 64:
+        # session 6: swap-AB main loops (W·Xᵀ; 16/64 tokens on the wgmma N) with the shrink launch, PDL and the
+        # unrolled S sum; from the fused-shrink plans too (swap needs fuse_d = 0)
+        sw = p if not p.fuse_d else replace(p, fuse_d=0, epi_d=max(p.epi_d, 64 // p.main.block_r))
+        sw = replace(sw, s_unroll=True)
+        tiles = ((128, 1), (64, 1)) if N >= 16384 else ((64, 1), (64, 2), (128, 4))
+        for bn, split in tiles:
+            candidate(f"swap_bn{bn}s{split}_pdl_sum", lambda bn=bn, split=split: restage(mg, replace(sw, main=sw.main.replace(
+                swap_ab=True, block_m=16 if M <= 16 else 64, block_n=bn, split_k=split, num_warps=4))),
+                pdl=True, pin=True)
     if p.fuse_d:        # no shrink launch: PDL and s_unroll change nothing
         return out
     su = replace(p, s_unroll=True)

@@ -22,11 +22,11 @@ ATOL, RTOL = 2e-2, 1e-2
 
 def small_plan(split=2, sbm=16, bm=16, bn=32, bk=32, r_max=16, split_k=1, fuse_d=0, epi_d=1, x_tma=False,
                epi_pipe=0, b_vec=False, expand="epilogue", append_stages=3, append_rowsel=False, append_d=1,
-               s_unroll=False):
+               s_unroll=False, swap_ab=False):
     br = max(16, 1 << (r_max - 1).bit_length())
     return mg.MultiLoRAPlan(
         main=KernelConfig(block_m=bm, block_n=bn, block_k=bk, block_r=br, group_m=2, num_stages=2,
-                          split_k=split_k),
+                          split_k=split_k, swap_ab=swap_ab),
         shrink=KernelConfig(block_m=sbm, block_n=16, block_k=32, block_r=br, split_k=split),
         fuse_d=fuse_d, epi_d=epi_d, x_tma=x_tma, epi_pipe=epi_pipe, b_vec=b_vec, expand=expand,
         append_stages=append_stages, append_rowsel=append_rowsel, append_d=append_d, s_unroll=s_unroll)
@@ -216,7 +216,8 @@ MAIN_ALIGNED = ("x_ptr", "y_ptr", "a_ptr", "b_ptr", "s_ptr", "ws_ptr", "sws_ptr"
 
 
 def _compile_main(cfg: KernelConfig, order: bool, fuse_d=0, epi_d=1, x_tma=False, epi_pipe=0, b_vec=False,
-                  append=False, append_stages=3, b_tma=True, b_mask=True, row_select=False, pdl=False, s_slices=0):
+                  append=False, append_stages=3, b_tma=True, b_mask=True, row_select=False, pdl=False, s_slices=0,
+                  swap_ab=False):
     from lowrank_gemm.kernels.aot import compile_sm90
     sig = {"x_ptr": "*bf16",
            "x_desc": f"tensordesc<bf16[{cfg.block_m}, {cfg.block_k}]>" if x_tma else "*bf16",
@@ -230,7 +231,7 @@ def _compile_main(cfg: KernelConfig, order: bool, fuse_d=0, epi_d=1, x_tma=False
                  HAS_ORDER=order, HAS_LORA=True, HAS_BIAS=True, USE_TMA=True, X_TMA=x_tma, FUSE_D=fuse_d,
                  EPI_D=epi_d, SPLIT_K=cfg.split_k, EPI_PIPE=epi_pipe, B_VEC=b_vec, APPEND=append,
                  APPEND_STAGES=append_stages, B_TMA=append and b_tma, B_MASK=b_mask, ROW_SELECT=row_select,
-                 APPEND_D=1, PDL=pdl, S_SLICES=s_slices,
+                 APPEND_D=1, PDL=pdl, S_SLICES=s_slices, SWAP_AB=swap_ab,
                  stride_xk=1, stride_wk=1, stride_yn=1, stride_ak=1,
                  stride_br=1)
     return compile_sm90("lowrank_gemm.kernels.multilora_gemm", "_mlora_main_kernel", sig, const,
@@ -264,6 +265,30 @@ def test_aot_main_variants(cfg, fuse_d, epi_d, x_tma):
         assert info.has("atom.global.gpu.acq_rel.add"), "split-K ticket"
     assert mg.can_implement(cfg, fuse_d=fuse_d, epi_d=epi_d)
     assert mg.main_ledger(cfg, fuse_d=fuse_d, epi_d=epi_d).total() == info.shared
+
+
+@pytest.mark.parametrize("cfg,x_tma,epi_d", [
+    (KernelConfig(block_m=16, block_n=128, block_k=128, block_r=16, num_stages=4, num_warps=4, swap_ab=True), True, 1),
+    (KernelConfig(block_m=16, block_n=64, block_k=128, block_r=16, num_stages=4, num_warps=4, split_k=2,
+                  swap_ab=True), False, 4),
+])
+def test_aot_main_swap_ab(cfg, x_tma, epi_d):
+    """W·Xᵀ: still wgmma + TMA, no serialized wgmma (C7515: an mma.sync in the loop would cause it), no
+    spill (138 / 236 registers; 128-wide tiles with epi_d 4 spill 4 B, the unswapped 64×128 576 B), the
+    ledger equal to the compiled shared memory."""
+    from _sm90 import ptxas_stats
+    info = _compile_main(cfg, False, 0, epi_d, x_tma, pdl=True, s_slices=2, swap_ab=True)
+    assert info.has("wgmma.mma_async", "cp.async.bulk.tensor")
+    _, spills, log = ptxas_stats(info.ptx)
+    assert spills == 0 and "C7515" not in log, log
+    assert mg.main_ledger(cfg, epi_d=epi_d).total() == info.shared, mg.main_ledger(cfg, epi_d=epi_d).table()
+
+
+def test_swap_ab_plan_needs_the_shrink_launch_and_wide_tiles():
+    with pytest.raises(ValueError, match="fuse_d = 0"):
+        small_plan(swap_ab=True, bn=64, fuse_d=2)
+    with pytest.raises(ValueError, match="block_n ≥ 64"):
+        small_plan(swap_ab=True, bn=32)
 
 
 def test_aot_shrink_pipelined():
@@ -330,6 +355,10 @@ VARIANTS = {
     "fuse_d1": dict(fuse_d=1),                      # most blocks hold > 1 adapter: fallback path
     "fuse_d4_split_k2": dict(fuse_d=4, split_k=2),
     "fuse_d2_x_tma": dict(fuse_d=2, x_tma=True),
+    # swap_ab: W·Xᵀ with 64 weight rows on the wgmma's M, 16 tokens on its N (shrink launch)
+    "swap_ab": dict(swap_ab=True, bn=64),
+    "swap_ab_split_k2_x_tma_epi_d2": dict(swap_ab=True, bn=64, split_k=2, x_tma=True, epi_d=2),
+    "swap_ab_appended_s_unroll": dict(swap_ab=True, bn=64, expand="appended", s_unroll=True),
 }
 
 

@@ -433,8 +433,9 @@ def _mlora_main_kernel(
         EPI_PIPE: tl.constexpr = 0, B_VEC: tl.constexpr = False, APPEND: tl.constexpr = False,
         APPEND_STAGES: tl.constexpr = 3, B_TMA: tl.constexpr = False, B_MASK: tl.constexpr = True,
         ROW_SELECT: tl.constexpr = False, APPEND_D: tl.constexpr = 1, S_SLICES: tl.constexpr = 0,
-        PDL: tl.constexpr = False):
+        PDL: tl.constexpr = False, SWAP_AB: tl.constexpr = False):
     FUSED: tl.constexpr = HAS_LORA and FUSE_D > 0
+    tl.static_assert(not (SWAP_AB and FUSED), "swap_ab: the fused shrink's MMA has BM rows (plan fuse_d = 0)")
     APPENDED: tl.constexpr = HAS_LORA and APPEND and FUSE_D == 0
     DQ: tl.constexpr = max(FUSE_D, 1) * BLOCK_R
     tile = tl.program_id(0)
@@ -451,7 +452,9 @@ def _mlora_main_kernel(
     k_lo = pid_k * per_split
     k_hi = tl.minimum(k_lo + per_split, K)
 
-    acc = tl.zeros((BM, BN), tl.float32)
+    # SWAP_AB (decode-sized M, the LoRA kernel's KernelConfig.swap_ab): accᵀ [BN, BM] = W·Xᵀ, weight rows on
+    # the wgmma's M and the BM tokens on its N; transposed back once after the loop
+    acc = tl.zeros((BN, BM) if SWAP_AB else (BM, BN), tl.float32)
     s_f = tl.zeros((BM, DQ), tl.float32)
     if FUSED:
         # shrink in the k-loop: the first FUSE_D distinct adapters' A rows stacked into one
@@ -472,11 +475,16 @@ def _mlora_main_kernel(
         else:
             wt = tl.load(w_desc + offs_n[:, None] * stride_wn + offs_k[None, :] * stride_wk,
                          mask=(offs_n[:, None] < N) & (offs_k[None, :] < k_hi), other=0.0)
-        acc = tl.dot(xt, wt.T, acc)
+        if SWAP_AB:
+            acc = tl.dot(wt, xt.T, acc)
+        else:
+            acc = tl.dot(xt, wt.T, acc)
         if FUSED:
             at = tl.load(a_rows[:, None] + offs_k[None, :] * stride_ak,
                          mask=live_q[:, None] & (offs_k[None, :] < k_hi), other=0.0)
             s_f = tl.dot(xt, at.T, s_f)
+    if SWAP_AB:
+        acc = tl.trans(acc)
     if PDL:
         # launched as the shrink's programmatic dependent: everything above read only x, W, ids and
         # the row order, none of which the shrink writes. S, and every global write (y, split-K
@@ -585,7 +593,8 @@ class MultiLoRAPlan:
     ``append_d`` (round-2 candidate, 1/2/4): adapters per pipelined appended iteration.
     ``s_unroll`` (session-5 candidate, off until measured): the main kernel sums the shrink's K
     slices of S unrolled — all slice loads in flight at once instead of one L2 round trip per
-    slice on every program's tail (:func:`_scaled_s`); bit-identical."""
+    slice on every program's tail (:func:`_scaled_s`); bit-identical. ``main.swap_ab`` (session 6): the K
+    loop's MMA is W·Xᵀ — weight rows on the wgmma's M, block_m = 16/64 tokens on its N (shrink launch only)."""
 
     main: KernelConfig
     shrink: KernelConfig
@@ -617,6 +626,11 @@ class MultiLoRAPlan:
                 raise ValueError(f"MultiLoRAPlan.{name} must be a power of two (fuse_d may be 0), got {v}")
         if not 0 <= self.epi_pipe <= 4:
             raise ValueError(f"MultiLoRAPlan.epi_pipe must lie in [0, 4], got {self.epi_pipe}")
+        m = self.main
+        if m.swap_ab and (self.fuse_d or m.block_n < 64 or m.block_n < 16 * m.num_warps):
+            raise ValueError(f"MultiLoRAPlan: main.swap_ab puts block_n on the wgmma's M and needs the shrink launch: "
+                             f"fuse_d = 0, block_n ≥ 64 and ≥ 16·num_warps; got fuse_d={self.fuse_d}, "
+                             f"block_n={m.block_n}, num_warps={m.num_warps}")
 
     def to_dict(self) -> dict:
         return {"main": self.main.to_dict(), "shrink": self.shrink.to_dict(), "use_tma": self.use_tma,
@@ -957,7 +971,7 @@ def multi_lora_gemm(x, weight, bank_a, bank_b, ranks, scales, adapter_ids, bias=
                and bank_b.stride(0) % 8 == 0 and bank_b.stride(1) % 8 == 0 and r_max == block_r),
         APPEND=append, APPEND_STAGES=plan.append_stages, B_TMA=b_tma, B_MASK=not b_clean,
         ROW_SELECT=plan.append_rowsel, APPEND_D=plan.append_d,
-        S_SLICES=split_s if plan.s_unroll and shrink else 0, PDL=use_pdl,
+        S_SLICES=split_s if plan.s_unroll and shrink else 0, PDL=use_pdl, SWAP_AB=cfg.swap_ab,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, launch_pdl=use_pdl)
     return y
 
