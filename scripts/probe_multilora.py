@@ -255,11 +255,14 @@ def pdl_impls(mg, M, N, r, adapters, dev):
         # unrolled S sum; from the fused-shrink plans too (swap needs fuse_d = 0)
         sw = p if not p.fuse_d else replace(p, fuse_d=0, epi_d=max(p.epi_d, 64 // p.main.block_r))
         sw = replace(sw, s_unroll=True)
-        tiles = ((128, 1), (64, 1)) if N >= 16384 else ((64, 1), (64, 2), (128, 4))
-        for bn, split in tiles:
-            candidate(f"swap_bn{bn}s{split}_pdl_sum", lambda bn=bn, split=split: restage(mg, replace(sw, main=sw.main.replace(
-                swap_ab=True, block_m=16 if M <= 16 else 64, block_n=bn, split_k=split, num_warps=4))),
-                pdl=True, pin=True)
+        # (BN, BK, split): 64-wide K steps keep two 128-row CTAs per SM (all 224 tiles of N=28672 resident at
+        # once; LoRA's swap winner there), 256-wide ones suit 64-row tiles at N=4096 (probes/s6/probe_box.md)
+        tiles = (((128, 64, 1), (128, 128, 1), (64, 128, 1), (64, 256, 1)) if N >= 16384 else
+                 ((64, 256, 1), (64, 128, 1), (64, 128, 2), (128, 128, 4)))
+        for bn, bk, split in tiles:
+            candidate(f"swap_bn{bn}k{bk}s{split}_pdl_sum", lambda bn=bn, bk=bk, split=split: restage(mg, replace(
+                sw, main=sw.main.replace(swap_ab=True, block_m=16 if M <= 16 else 64, block_n=bn, block_k=bk,
+                                         split_k=split, num_warps=4))), pdl=True, pin=True)
     if p.fuse_d:        # no shrink launch: PDL and s_unroll change nothing
         return out
     su = replace(p, s_unroll=True)

@@ -329,11 +329,12 @@ def test_probe_pdl_dry_run(monkeypatch, tmp_path):
     rows = {(r["M"], r["impl"]): r for r in data["rows"]}
     for key in [(16, "fused"), (16, "fused_pdl"), (16, "fused_pdl_sum"), (16, "fused_pdl_sum_ss4"),
                 (16, "bn64s2_pdl_sum"), (80, "app_pdl_sum"), (80, "seg"), (80, "seg_pdl_sum"),
-                (80, "app_seg_pdl_sum"), (16, "shrink_expand"), (16, "swap_bn64s1_pdl_sum"),
-                (16, "swap_bn64s2_pdl_sum")]:
+                (80, "app_seg_pdl_sum"), (16, "shrink_expand"), (16, "swap_bn64k128s1_pdl_sum"),
+                (16, "swap_bn64k128s2_pdl_sum")]:
         assert rows[key]["status"] == "ok" and rows[key]["graph_us"] == 10.0, (key, rows[key])
     assert rows[(16, "bn32s1_pdl_sum")]["status"].startswith("ERROR (plan) SmemError")
-    swaps = {"swap_bn64s1_pdl_sum", "swap_bn64s2_pdl_sum", "swap_bn128s4_pdl_sum"}   # M ≤ 64, N < 16384
+    swaps = {"swap_bn64k256s1_pdl_sum", "swap_bn64k128s1_pdl_sum", "swap_bn64k128s2_pdl_sum",
+             "swap_bn128k128s4_pdl_sum"}                                           # M ≤ 64, N < 16384
     assert {r["impl"] for r in data["rows"] if r["adapters"] == 1} == {"cublas_base", "shrink_expand", "fused"} | swaps
     assert all(rows[(16, s)]["plan"]["main"]["swap_ab"] and rows[(16, s)]["plan"]["fuse_d"] == 0 for s in swaps)
     assert not any(r["impl"].startswith("swap") for r in data["rows"] if r["M"] > 64)
