@@ -35,6 +35,20 @@ def make(M, N, K, L, r_max, ranks=None, seed=0, bias=True):
     return x, w, bank, ids, b_
 
 
+def _captured(fn):
+    """(CUDA graph of one ``fn()`` call, its output), after a warm-up call on a side stream (compiles and
+    allocations stay outside the capture)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = fn()
+    return g, out
+
+
 def nerr(y, ref):
     return ((y.double() - ref).norm() / ref.norm()).item()
 
@@ -76,14 +90,7 @@ def test_cuda_graph_adapter_swap_no_recapture():
     x, w, bank, ids, bias = make(64, 4096, 4096, 4, 32)
     static_ids = ids.clone()
     mg.multi_lora_linear(x, w, bank, static_ids, bias=bias, mode="gather")      # compile outside capture
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        mg.multi_lora_linear(x, w, bank, static_ids, bias=bias, mode="segment")
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        y_g = mg.multi_lora_linear(x, w, bank, static_ids, bias=bias, mode="segment")
+    g, y_g = _captured(lambda: mg.multi_lora_linear(x, w, bank, static_ids, bias=bias, mode="segment"))
     g.replay()
     ref, e_t = ref_and_torch_err(x, w, bank, static_ids, bias)
     assert nerr(y_g, ref) <= 2 * e_t + 1e-3
@@ -194,14 +201,7 @@ def test_pdl_cuda_graph_replay_and_id_swap(mode):
         return mg.multi_lora_gemm(x, w, bank.bank_a, bank.bank_b, bank.ranks, bank.scales, static_ids, bias,
                                   mode=mode, plan=plan, pdl=pdl, validate=False, poison_workspace=True)
 
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        call(True)
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        y_g = call(True)
+    g, y_g = _captured(lambda: call(True))
     gen = torch.Generator(device="cuda").manual_seed(11)
     for _ in range(3):
         y_g.fill_(float("nan"))
@@ -238,14 +238,7 @@ def test_swap_ab_matches_reference(mode, M, N, K, L, r, bn, split, expand):
     assert torch.equal(gemm(), y)
     rows = ids == -1
     assert torch.equal(y[rows], gemm(has_lora=False)[rows])
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        gemm()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        y_g = gemm()
+    g, y_g = _captured(gemm)
     y_g.fill_(float("nan"))
     g.replay()
     torch.cuda.synchronize()

@@ -58,34 +58,29 @@ def _main_loop(x_desc, w_desc, a_desc, off_m, off_n, k_lo, k_hi,
 
     SWAP_AB (decode-sized M): the MMA computes accᵀ [BN, BM] = W·Xᵀ, so the weight rows fill the
     wgmma's M (≥ 64) and the few tokens its N (≥ 8): BM = 16 instead of a 64-row X tile that is
-    mostly TMA zero fill. KLOOP likewise accumulates sᵀ [BR, BM] = A·Xᵀ, BR ≥ 64 rows of A (ranks
-    ≥ R are TMA zero fill: no DRAM bytes) — a wgmma too: an mma.sync of BM rows in this loop makes
-    ptxas serialize every wgmma (C7515). The transposes back are layout conversions after the loop;
+    mostly TMA zero fill. KLOOP likewise accumulates sᵀ [BR, BM] = A·Xᵀ, BR ≥ 64 rows of A — a
+    wgmma too: an mma.sync of BM rows in this loop makes ptxas serialize every wgmma (C7515). (Ranks
+    ≥ R are TMA zero fill, which is slow: r16 18.7 vs r64 11.95 µs at 4096², probes/s6/probe_lora_branch.md.) The transposes back are layout conversions after the loop;
     everything after it (split-K fixup, epilogue) sees the usual [BM, BN] / [BM, BR] tiles."""
-    if SWAP_AB:
-        acc_t = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-        s_t = tl.zeros((BLOCK_R, BLOCK_M), dtype=tl.float32)
-        for kt in tl.range(k_lo, k_hi):
-            k = kt * BLOCK_K
-            x = x_desc.load([off_m, k])                  # [BM, BK]
-            w = w_desc.load([off_n, k])                  # [BN, BK]
-            acc_t = tl.dot(w, x.T, acc_t)
-            if KLOOP:
-                a = a_desc.load([0, k])                  # [BR, BK]
-                s_t = tl.dot(a, x.T, s_t)
-        acc = tl.trans(acc_t)
-        s = tl.trans(s_t)
-    else:
-        s = tl.zeros((BLOCK_M, BLOCK_R), dtype=tl.float32)
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for kt in tl.range(k_lo, k_hi):
-            k = kt * BLOCK_K
-            x = x_desc.load([off_m, k])                  # [BM, BK]
-            w = w_desc.load([off_n, k])                  # [BN, BK]
+    acc = tl.zeros((BLOCK_N, BLOCK_M) if SWAP_AB else (BLOCK_M, BLOCK_N), dtype=tl.float32)
+    s = tl.zeros((BLOCK_R, BLOCK_M) if SWAP_AB else (BLOCK_M, BLOCK_R), dtype=tl.float32)
+    for kt in tl.range(k_lo, k_hi):
+        k = kt * BLOCK_K
+        x = x_desc.load([off_m, k])                      # [BM, BK]
+        w = w_desc.load([off_n, k])                      # [BN, BK]
+        if SWAP_AB:
+            acc = tl.dot(w, x.T, acc)
+        else:
             acc = tl.dot(x, w.T, acc)
-            if KLOOP:
-                a = a_desc.load([0, k])                  # [BR, BK]
+        if KLOOP:
+            a = a_desc.load([0, k])                      # [BR, BK]
+            if SWAP_AB:
+                s = tl.dot(a, x.T, s)
+            else:
                 s = tl.dot(x, a.T, s)
+    if SWAP_AB:
+        acc = tl.trans(acc)
+        s = tl.trans(s)
     return acc, s
 
 
