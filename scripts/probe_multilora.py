@@ -224,6 +224,10 @@ PDL_CASES = ([(M, 4096, 16, a) for M in (64, 16) for a in (4, 16, 64)]
              + [(256, N, r, a) for r in (16, 64) for N in (4096, 28672) for a in (4, 16, 64)]
              + [(M, N, r, 1) for M in (64, 16, 256) for N in (4096, 28672) for r in (16, 64)]
              + [(16, 28672, 16, 4)])
+# swap-AB candidates (BN, BK, split) at M ≤ 64: 64-wide K steps keep two 128-row CTAs per SM (all 224 tiles of
+# N=28672 resident at once; LoRA's swap winner there), 256-wide ones suit 64-row tiles at N=4096 (probe_box.md)
+SWAP_TILES_WIDE_N = ((128, 64, 1), (128, 128, 1), (64, 128, 1), (64, 256, 1))
+SWAP_TILES_NARROW_N = ((64, 256, 1), (64, 128, 1), (64, 128, 2), (128, 128, 4))
 PDL_SMALL = (77, 3000, 1000, 9, 24)      # M, N, K, slots, r_max: ragged tiles, BLOCK_R 32 > r_max, −1 rows
 SMALL_DTYPE = torch.bfloat16             # (the CPU dry-run test uses fp16: bf16 dots are wrong in the interpreter)
 
@@ -255,11 +259,7 @@ def pdl_impls(mg, M, N, r, adapters, dev):
         # unrolled S sum; from the fused-shrink plans too (swap needs fuse_d = 0)
         sw = p if not p.fuse_d else replace(p, fuse_d=0, epi_d=max(p.epi_d, 64 // p.main.block_r))
         sw = replace(sw, s_unroll=True)
-        # (BN, BK, split): 64-wide K steps keep two 128-row CTAs per SM (all 224 tiles of N=28672 resident at
-        # once; LoRA's swap winner there), 256-wide ones suit 64-row tiles at N=4096 (probes/s6/probe_box.md)
-        tiles = (((128, 64, 1), (128, 128, 1), (64, 128, 1), (64, 256, 1)) if N >= 16384 else
-                 ((64, 256, 1), (64, 128, 1), (64, 128, 2), (128, 128, 4)))
-        for bn, bk, split in tiles:
+        for bn, bk, split in (SWAP_TILES_WIDE_N if N >= 16384 else SWAP_TILES_NARROW_N):
             candidate(f"swap_bn{bn}k{bk}s{split}_pdl_sum", lambda bn=bn, bk=bk, split=split: restage(mg, replace(
                 sw, main=sw.main.replace(swap_ab=True, block_m=16 if M <= 16 else 64, block_n=bn, block_k=bk,
                                          split_k=split, num_warps=4))), pdl=True, pin=True)

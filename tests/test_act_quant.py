@@ -340,10 +340,11 @@ def _tickets_zero():
     return all(int(t.abs().sum()) == 0 for t in _TICKETS.values())
 
 
-@pytest.mark.parametrize("s_ranks", [None, 0])  # None: the plan's S mode (rank-split at M ≤ 16); 0: ticket
 @pytest.mark.parametrize("fmt", ["int4_g64", "int4_2l"])
-@pytest.mark.parametrize("m,k,r,split", [(1, 320, 32, None), (5, 192, 16, None), (16, 256, 32, 2), (37, 320, 0, None),
-                                         (64, 128, 32, None), (3, 128, 16, 1)])
+@pytest.mark.parametrize("m,k,r,split,s_ranks", [   # s_ranks None: the plan's S mode (rank-split at M ≤ 16); 0: ticket
+    (1, 320, 32, None, None), (1, 320, 32, None, 0), (5, 192, 16, None, None), (16, 256, 32, 2, None),
+    (16, 256, 32, 2, 0), (37, 320, 0, None, None), (64, 128, 32, None, None), (3, 128, 16, 1, None),
+    (3, 128, 16, 1, 0)])
 def test_fused_poisoned_ragged(poisoned, fmt, m, k, r, split, s_ranks):
     """Ragged M/K, r ∈ {0, 16, 32}, split 1 (S stored directly) and > 1 (ticketed sum), both S modes: every
     output element written, bytes == torch quantizer, S vs float64, repeat bit-identical, tickets at 0."""

@@ -312,6 +312,7 @@ def test_probe_pdl_dry_run(monkeypatch, tmp_path):
             raise SmemError("no pipeline depth fits")
         return real_restage(mg_, plan)
 
+    monkeypatch.setattr(probe, "SWAP_TILES_NARROW_N", ((64, 128, 1), (64, 128, 2)))   # CPU time: two of four
     monkeypatch.setattr(probe, "make_sets", make_sets)
     monkeypatch.setattr(probe, "restage", restage)
     monkeypatch.setattr(mg, "choose_plan", choose)
@@ -333,8 +334,7 @@ def test_probe_pdl_dry_run(monkeypatch, tmp_path):
                 (16, "swap_bn64k128s2_pdl_sum")]:
         assert rows[key]["status"] == "ok" and rows[key]["graph_us"] == 10.0, (key, rows[key])
     assert rows[(16, "bn32s1_pdl_sum")]["status"].startswith("ERROR (plan) SmemError")
-    swaps = {"swap_bn64k256s1_pdl_sum", "swap_bn64k128s1_pdl_sum", "swap_bn64k128s2_pdl_sum",
-             "swap_bn128k128s4_pdl_sum"}                                           # M ≤ 64, N < 16384
+    swaps = {"swap_bn64k128s1_pdl_sum", "swap_bn64k128s2_pdl_sum"}        # M ≤ 64, N < 16384 (the tiles set above)
     assert {r["impl"] for r in data["rows"] if r["adapters"] == 1} == {"cublas_base", "shrink_expand", "fused"} | swaps
     assert all(rows[(16, s)]["plan"]["main"]["swap_ab"] and rows[(16, s)]["plan"]["fuse_d"] == 0 for s in swaps)
     assert not any(r["impl"].startswith("swap") for r in data["rows"] if r["M"] > 64)

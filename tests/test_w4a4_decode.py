@@ -340,12 +340,10 @@ def _compile(M, fmt, f8, mode, pdl=False, nonempty_k=False, row_box=False, **cfg
 
 
 # (M, fmt, f8, mode, pdl): the stream variants of every main loop, PDL with and without them
+# (trimmed for CPU time: split/stream-K are measured, off-by-default options — one case per loop they touch)
 VARIANTS = [(5, "int4_2l", False, "split2", False), (5, "int4_2l", False, "stream", True),
-            (16, "int4_2l", False, "stream:3", False),
-            (40, "int4_2l", False, "stream", False), (5, "int4_2l", False, "tile", True),
-            (5, "int4_g64", True, "split3", False), (5, "int4_g64", True, "stream", True),
-            (5, "int4_g64", True, "tile", True), (40, "int4_g64", True, "stream", False),
-            (5, "int4_g64", False, "split2", False)]
+            (16, "int4_2l", False, "stream:3", False), (5, "int4_2l", False, "tile", True),
+            (5, "int4_g64", True, "stream", True), (5, "int4_g64", True, "tile", True)]
 
 
 @pytest.mark.parametrize("M,fmt,f8,mode,pdl", VARIANTS, ids=lambda v: str(v))
@@ -413,11 +411,10 @@ def _bar_syncs(ptx: str) -> int:
 
 # (M, fmt, f8, mode, pdl, config overrides): every main loop; stream-K (the ring crosses tiles); PDL (the box goes
 # out before griddepcontrol.wait); 2l with 64 weight rows (64-byte rows: slots padded to 128 bytes, odd BK/G)
-ROW_BOX_VARIANTS = [(5, "int4_2l", False, "tile", False, {}), (40, "int4_2l", False, "tile", False, {}),
-                    (5, "int4_2l", False, "stream", True, {}), (5, "int4_2l", False, "tile", True, {}),
+# (trimmed for CPU time: row_box is a measured, off-by-default option)
+ROW_BOX_VARIANTS = [(5, "int4_2l", False, "tile", True, {}),
                     (5, "int4_2l", False, "tile", False, dict(block_n=64, block_k=64, num_stages=4)),
-                    (5, "int4_g64", True, "tile", True, {}), (40, "int4_g64", True, "tile", False, {}),
-                    (5, "int4_g64", True, "split2", False, {}), (5, "int4_g64", False, "tile", False, {})]
+                    (40, "int4_g64", True, "tile", False, {})]
 
 
 @pytest.mark.parametrize("M,fmt,f8,mode,pdl,cfg", ROW_BOX_VARIANTS, ids=lambda v: str(v))
