@@ -60,7 +60,8 @@ def _main_loop(x_desc, w_desc, a_desc, off_m, off_n, k_lo, k_hi,
     wgmma's M (≥ 64) and the few tokens its N (≥ 8): BM = 16 instead of a 64-row X tile that is
     mostly TMA zero fill. KLOOP likewise accumulates sᵀ [BR, BM] = A·Xᵀ, BR ≥ 64 rows of A — a
     wgmma too: an mma.sync of BM rows in this loop makes ptxas serialize every wgmma (C7515). (Ranks
-    ≥ R are TMA zero fill, which is slow: r16 18.7 vs r64 11.95 µs at 4096², probes/s6/probe_lora_branch.md.) The transposes back are layout conversions after the loop;
+    ≥ R are TMA zero fill, which is slow: r16 18.7 vs r64 11.95 µs at 4096²,
+    probes/s6/probe_lora_branch.md.) The transposes back are layout conversions after the loop;
     everything after it (split-K fixup, epilogue) sees the usual [BM, BN] / [BM, BR] tiles."""
     acc = tl.zeros((BLOCK_N, BLOCK_M) if SWAP_AB else (BLOCK_M, BLOCK_N), dtype=tl.float32)
     s = tl.zeros((BLOCK_R, BLOCK_M) if SWAP_AB else (BLOCK_M, BLOCK_R), dtype=tl.float32)

@@ -626,11 +626,11 @@ class MultiLoRAPlan:
                 raise ValueError(f"MultiLoRAPlan.{name} must be a power of two (fuse_d may be 0), got {v}")
         if not 0 <= self.epi_pipe <= 4:
             raise ValueError(f"MultiLoRAPlan.epi_pipe must lie in [0, 4], got {self.epi_pipe}")
-        m = self.main
-        if m.swap_ab and (self.fuse_d or m.block_n < 64 or m.block_n < 16 * m.num_warps):
-            raise ValueError(f"MultiLoRAPlan: main.swap_ab puts block_n on the wgmma's M and needs the shrink launch: "
-                             f"fuse_d = 0, block_n ≥ 64 and ≥ 16·num_warps; got fuse_d={self.fuse_d}, "
-                             f"block_n={m.block_n}, num_warps={m.num_warps}")
+        if self.main.swap_ab_mismatch():
+            raise ValueError(f"MultiLoRAPlan.main: {self.main.swap_ab_mismatch()}")
+        if self.main.swap_ab and self.fuse_d:
+            raise ValueError(f"MultiLoRAPlan: main.swap_ab needs the shrink launch (the fused shrink's MMA has "
+                             f"block_m rows): fuse_d = 0, got fuse_d={self.fuse_d}")
 
     def to_dict(self) -> dict:
         return {"main": self.main.to_dict(), "shrink": self.shrink.to_dict(), "use_tma": self.use_tma,

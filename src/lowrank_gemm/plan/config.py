@@ -20,7 +20,7 @@ class KernelConfig:
     split_mode (split_k > 1): "reduce" = partials summed by a second kernel, "fixup" = in the same
     launch, by the last program of each tile to arrive (kernels/splitk.py); swap_ab: the K loop
     multiplies W·Xᵀ (weight rows as the MMA's M, block_m tokens as its N — decode-sized M; the
-    LoRA main kernel's kloop / split strategies).
+    LoRA and multi-LoRA main kernels).
     """
 
     block_m: int = 128
@@ -47,6 +47,14 @@ class KernelConfig:
             raise ValueError(f"invalid KernelConfig {self}")
         if self.split_mode not in SPLIT_MODES:
             raise ValueError(f"KernelConfig.split_mode must be one of {SPLIT_MODES}, got {self.split_mode!r}")
+
+    def swap_ab_mismatch(self) -> str | None:
+        """Why these tiles cannot run swap_ab (None if they can, or swap_ab is off): block_n is then the
+        wgmma's M, 64 rows per warpgroup."""
+        if self.swap_ab and (self.block_n < 64 or self.block_n < 16 * self.num_warps):
+            return (f"swap_ab puts block_n on the wgmma's M: block_n ≥ 64 and ≥ 16·num_warps (the warps' rows), "
+                    f"got block_n={self.block_n} with {self.num_warps} warps")
+        return None
 
     def replace(self, **kw) -> "KernelConfig":
         return replace(self, **kw)

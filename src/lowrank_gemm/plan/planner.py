@@ -231,9 +231,8 @@ def can_implement(strategy: str, shape: tuple[int, int, int, int], config: Kerne
         if strategy not in SWAP_AB_STRATEGIES:
             return Feasibility(False, f"swap_ab is a lora_main_kernel option; {strategy} does not take it "
                                       f"(expected one of {SWAP_AB_STRATEGIES})")
-        if c.block_n < 16 * c.num_warps or c.block_n < 64:
-            return Feasibility(False, f"swap_ab puts block_n on the wgmma's M: block_n ≥ 64 and ≥ 16·num_warps "
-                                      f"(the warps' rows), got block_n={c.block_n} with {c.num_warps} warps")
+        if c.swap_ab_mismatch():
+            return Feasibility(False, c.swap_ab_mismatch())
         if strategy == "kloop" and (c.block_r < 16 * c.num_warps or c.block_r < 64):
             return Feasibility(False, f"kloop with swap_ab puts block_r on the S wgmma's M: block_r ≥ 64 and "
                                       f"≥ 16·num_warps, got block_r={c.block_r} with {c.num_warps} warps")
