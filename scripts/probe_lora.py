@@ -466,7 +466,7 @@ ISSUE2_TARGET = {True: 1.00, False: 1.05}
 ALL_OPTIONS = "prefetch,pdl,down_full_rank"
 OPTIONS_ON = ALL_OPTIONS          # --swap: "pdl" (the op's defaults)
 SWAP_POINTS = [(M, K, N, r) for r in (16, 64) for (K, N) in ((4096, 4096), (8192, 8192), (4096, 28672))
-               for M in (1, 16, 64)]
+               for M in (1, 16)]   # (M=64: swap lost at every point in session 6, runs 2–4)
 _MODE_ARGS: list = []             # passed on to the warm-up and timing children (--swap)
 ROW_PREFIX = "ROW "
 REF_ROWS = 256          # M > 1024: the float64 reference covers the first and last REF_ROWS rows
@@ -530,8 +530,10 @@ def swap_specs(M, N, K, r, sms):
     epilogue chunk."""
     bm = 16 if M <= 16 else 32 if M <= 32 else 64
     br = block_r_for(r)
-    specs = [("kloop", 128, 64, 1), ("kloop", 64, 128, 1), ("kloop", 64, 256, 1), ("kloop", 128, 128, 1),
-             ("kloop", 64, 128, 2), ("split", 128, 64, 1), ("split", 64, 256, 1), ("split", 64, 128, 2)]
+    # (session 6, runs 2–4: kloop + swap wins only some r64 points — TMA zero fill of its 64-row A box —, and only
+    # in these two tiles; every winner elsewhere is split + swap)
+    specs = [("kloop", 64, 128, 1), ("kloop", 128, 128, 1), ("split", 128, 64, 1), ("split", 64, 256, 1),
+             ("split", 64, 128, 2)]
     out, seen = [], set()
     for s, bn, bk, split in specs:
         # one epilogue chunk of the whole rank (prefetched B: _prefetch_ok); kloop: ≥ 64 rank rows on the S wgmma
@@ -543,6 +545,10 @@ def swap_specs(M, N, K, r, sms):
             continue
         seen.add((s, c))
         out.append((f"{s} swap {bm}x{bn}x{bk} s{c.num_stages} sk{c.split_k} br{c.block_r}", s, c))
+        if s == "split" and split == 1:   # the same plan in one launch: S from 4 producers at the grid's head
+            p = c.replace(s_producers=4)
+            if can_implement(s, (M, N, K, r), p):
+                out.append((f"{s} swap prod4 {bm}x{bn}x{bk} s{p.num_stages} br{p.block_r}", s, p))
     return out
 
 

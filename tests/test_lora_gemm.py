@@ -92,6 +92,31 @@ def test_swap_ab_matches_reference(strategy, split_k, split_mode, poisoned_works
     assert rel_err(y, lora_linear_ref(x, w, a, b, 0.6, bias)) < REL_TOL
 
 
+@pytest.mark.parametrize("M, r, swap, producers", [(19, 40, True, 3), (1, 16, True, 4), (37, 8, False, 2)])
+def test_in_grid_s_producers_match_reference(M, r, swap, producers, poisoned_workspaces):
+    """split with s_producers (one launch: S's K slices from the head of the main grid, the main tiles wait for
+    them after their K loop): ragged M over two row blocks, rank in one block, bias, with and without swap_ab;
+    bit-identical repeats and both counters back at zero."""
+    from _lora import tickets_zero
+    N, K = 150, 88
+    x, w, a, b, bias = make(M, N, K, r, seed=M + r)
+    cfg = cfg_for(r, bm=16, bn=64 if swap else 32, bk=16).replace(swap_ab=swap, s_producers=producers)
+    ys = [run_poisoned("split", x, w, a, b, 0.6, bias, cfg) for _ in range(2)]
+    assert not ys[0].isnan().any() and torch.equal(ys[0], ys[1])
+    assert rel_err(ys[0], lora_linear_ref(x, w, a, b, 0.6, bias)) < REL_TOL
+    assert tickets_zero()
+
+
+@pytest.mark.parametrize("strategy, cfg, needle", [
+    ("split", dict(s_producers=2, split_k=2), "split_k 1"),
+    ("kloop", dict(s_producers=2, block_r=64), "split option"),
+    ("split", dict(s_producers=2, block_r=16), "rank ≤ block_r"),
+])
+def test_s_producers_infeasible_configs_say_why(strategy, cfg, needle):
+    feas = can_implement(strategy, (4, 256, 64, 40), cfg_for(16).replace(**cfg))
+    assert not feas and needle in feas.reason
+
+
 @pytest.mark.parametrize("strategy, cfg, needle", [
     ("kloop", dict(block_n=64), "block_r ≥ 64"),
     ("streamk", dict(block_n=64), "swap_ab is a lora_main_kernel option"),
@@ -415,7 +440,7 @@ def persistent_signature(bm, bn, bk, br, dt="bf16"):
 
 
 MAIN_FLAGS = dict(FIXUP=False, EPI_M=64, EPI_CHUNKS=1, IN_FLIGHT=1, HYBRID=False, PDL=False, EPI_PREFETCH=False,
-                  SWAP_AB=False)
+                  SWAP_AB=False, S_PRODUCERS=0)
 
 
 def compile_main(cfg: KernelConfig, lowrank: int, partial=False, r_chunks=1, fixup_m=None, **flags):

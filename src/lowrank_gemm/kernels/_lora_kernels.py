@@ -181,7 +181,7 @@ def lora_main_kernel(
     HAS_BIAS: tl.constexpr, PARTIAL: tl.constexpr, R_CHUNKS: tl.constexpr = 1,
     FIXUP: tl.constexpr = False, EPI_M: tl.constexpr = 64, IN_FLIGHT: tl.constexpr = 1,
     EPI_CHUNKS: tl.constexpr = 1, HYBRID: tl.constexpr = False, PDL: tl.constexpr = False,
-    EPI_PREFETCH: tl.constexpr = False, SWAP_AB: tl.constexpr = False,
+    EPI_PREFETCH: tl.constexpr = False, SWAP_AB: tl.constexpr = False, S_PRODUCERS: tl.constexpr = 0,
 ):
     # R_CHUNKS (GLOBAL): cdiv(R, BLOCK_R), rank chunks of the epilogue, unrolled
     # SPLIT_K / S_SPLITS are runtime values: one compile serves every split of a tile config
@@ -195,11 +195,22 @@ def lora_main_kernel(
     # EPI_PREFETCH: the epilogue's B tile, bias (and, GLOBAL without PDL, S rows) load before the
     # K loop instead of after it (R_CHUNKS == 1 for GLOBAL)
     # SWAP_AB: the K loop's MMA is W·Xᵀ (weights as the wgmma M, tokens as its N: decode-sized M)
+    # S_PRODUCERS (GLOBAL, one launch): programs 0 .. S_PRODUCERS−1 compute S's K slices (the down
+    # kernel's work, :func:`_produce_s_slice`), the others are the main tiles and wait for all of them
+    # after their K loop (cnt_ptr[0]); the last main program to finish resets the counters (cnt_ptr[1]).
+    tl.static_assert(not (S_PRODUCERS > 0 and (LOWRANK != 2 or PARTIAL or FIXUP or PDL)),
+                     "S_PRODUCERS: GLOBAL S in one unsplit launch, no PDL")
     tl.static_assert(not (EPI_PREFETCH and PARTIAL), "PARTIAL has no epilogue to prefetch for")
     tl.static_assert(not (EPI_PREFETCH and LOWRANK == 2 and R_CHUNKS > 1),
                      "EPI_PREFETCH holds one rank chunk of S and B")
     tl.static_assert(not (HYBRID and not FIXUP), "HYBRID is a FIXUP grid")
     pid = tl.program_id(0)
+    if S_PRODUCERS > 0:
+        if pid < S_PRODUCERS:
+            _produce_s_slice(x_desc, a_desc, s_ptr, cnt_ptr, pid, S_PRODUCERS, M, K, R, scale, stride_sk,
+                             stride_sm, stride_sr, BLOCK_M, BLOCK_R, BLOCK_K)
+            return
+        pid -= S_PRODUCERS
     pid_k = tl.program_id(1)
     n_split = SPLIT_K
     whole = False           # a tile computed unsplit in a FIXUP launch (HYBRID: a runtime value)
@@ -231,13 +242,21 @@ def lora_main_kernel(
             b_pre = _b_tile(b_ptr, stride_bn, stride_br, pre_n, N, R, BLOCK_R)
         if HAS_BIAS:
             bias_pre = tl.load(bias_ptr + pre_n, mask=pre_n < N, other=0.0).to(tl.float32)
-        if LOWRANK == 2 and not PDL:
+        if LOWRANK == 2 and not PDL and S_PRODUCERS == 0:
             s_pre = _s_rows(s_ptr, stride_sk, stride_sm, stride_sr, S_SPLITS,
                             off_m + tl.arange(0, BLOCK_M), M, 0, R, BLOCK_M, BLOCK_R)
     acc, s = _main_loop(x_desc, w_desc, a_desc, off_m, off_n, k_lo, k_hi,
                         BLOCK_M, BLOCK_N, BLOCK_K, BLOCK_R, LOWRANK == 1, SWAP_AB)
     offs_m = off_m + tl.arange(0, BLOCK_M)
     offs_n = off_n + tl.arange(0, BLOCK_N)
+    if S_PRODUCERS > 0:
+        # every producer's S slice is stored and released (they are the lowest program ids: dispatched
+        # first, and they wait for nothing, so they are resident or done while anyone spins here)
+        while tl.atomic_add(cnt_ptr, 0, sem="acquire", scope="gpu") < S_PRODUCERS:
+            pass
+        if EPI_PREFETCH:
+            s_pre = _s_rows(s_ptr, stride_sk, stride_sm, stride_sr, S_SPLITS, off_m + tl.arange(0, BLOCK_M), M, 0,
+                            R, BLOCK_M, BLOCK_R)
     if PDL:
         gdc_wait()      # S (lora_down_kernel's output) is complete and visible from here on
         if EPI_PREFETCH and LOWRANK == 2:
@@ -263,6 +282,33 @@ def lora_main_kernel(
         _epilogue(acc, s, offs_m, offs_n, M, N, R, scale, s_ptr, stride_sk, stride_sm, stride_sr,
                   S_SPLITS, b_ptr, stride_bn, stride_br, bias_ptr, y_ptr, stride_ym, stride_yn,
                   b_pre, bias_pre, BLOCK_M, BLOCK_R, LOWRANK, HAS_BIAS, R_CHUNKS, EPI_PREFETCH)
+    if S_PRODUCERS > 0:
+        # S is read (the epilogue's loads precede the ticket); the last main program leaves both
+        # counters at zero for the next launch on this stream / the next graph replay
+        if splitk_arrive(cnt_ptr + 1, num_pid_m * num_pid_n):
+            splitk_reset(cnt_ptr)
+            splitk_reset(cnt_ptr + 1)
+
+
+@triton.jit
+def _produce_s_slice(x_desc, a_desc, s_ptr, cnt_ptr, slice_id, SLICES, M, K, R, scale, stride_sk, stride_sm,
+                     stride_sr, BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr):
+    """An S producer of an S_PRODUCERS launch: S[slice_id] = scale · X·A[:R]ᵀ over the slice's K steps,
+    every row < M and rank < R written (R ≤ BLOCK_R; at decode M one row block), then released."""
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    per = tl.cdiv(k_tiles, SLICES)
+    for m0 in range(0, M, BLOCK_M):
+        s = tl.zeros((BLOCK_M, BLOCK_R), dtype=tl.float32)
+        for kt in tl.range(slice_id * per, tl.minimum(slice_id * per + per, k_tiles)):
+            x = x_desc.load([m0, kt * BLOCK_K])
+            a = a_desc.load([0, kt * BLOCK_K])
+            s = tl.dot(x, a.T, s)
+        offs_m = m0 + tl.arange(0, BLOCK_M)
+        offs_r = tl.arange(0, BLOCK_R)
+        tl.store(s_ptr + slice_id * stride_sk + offs_m[:, None] * stride_sm + offs_r[None, :] * stride_sr,
+                 s * scale, mask=(offs_m[:, None] < M) & (offs_r[None, :] < R))
+    tl.debug_barrier()      # all threads' S stores precede the (one-thread) release
+    tl.atomic_add(cnt_ptr, 1, sem="release", scope="gpu")
 
 
 @triton.jit

@@ -265,20 +265,23 @@ def _reduce_tile(cfg: KernelConfig) -> tuple[int, int]:
 
 
 def _launch_main(x, w, a, b, s, bias, y, sws, M, N, Kp, R, scale, cfg, *, lowrank, partial,
-                 fixup=None, pdl=False):
+                 fixup=None, pdl=False, producers=None):
     """lora_main_kernel over an [M, N] grid of tiles × split_k. Shapes as in the kernel; s is
     [S_SPLITS, M, ≥R] fp32 (read only by GLOBAL); sws is [SPLIT_K, M, BR] (PARTIAL) or
     [SPLIT_K, n tiles, M, BR] (FIXUP). ``fixup = (ws [SPLIT_K, M, N] fp32, tickets int32 [tiles])``
     selects the one-launch split-K (y is then the real output); with ≥ one wave of tiles only the
     tiles past the last whole wave are split (:func:`fixup_dp_tiles`, a 1-D grid). ``pdl``: launched
-    as the programmatic dependent of the down kernel just before it (GLOBAL)."""
+    as the programmatic dependent of the down kernel just before it (GLOBAL). ``producers`` (GLOBAL,
+    ``cfg.s_producers`` > 0): int32 [2] zeroed counters; ``cfg.s_producers`` programs at the head of the grid
+    write S's K slices into s (no down kernel)."""
     c = cfg
     x_d = _desc(x, c.block_m, c.block_k)
     w_d = _desc(w, c.block_n, c.block_k)
-    a_d = _desc(a, c.block_r, c.block_k) if lowrank == K_.LOWRANK_KLOOP else x_d
+    a_d = _desc(a, c.block_r, c.block_k) if (lowrank == K_.LOWRANK_KLOOP or producers is not None) else x_d
     sy = (y.stride(0), y.stride(1), y.stride(2)) if partial else (0, y.stride(0), y.stride(1))
     ssw = (sws.stride(0), 0, sws.stride(1), sws.stride(2)) if sws.dim() == 3 else sws.stride()
-    ws, cnt = fixup if fixup is not None else (_dummy(x.device), _dummy(x.device))
+    ws, cnt = fixup if fixup is not None else (_dummy(x.device), producers if producers is not None
+                                               else _dummy(x.device))
     has_bias = bias is not None and not partial
     split = c.split_k if (partial or fixup is not None) else 1
     tiles = cdiv(M, c.block_m) * cdiv(N, c.block_n)
@@ -293,6 +296,8 @@ def _launch_main(x, w, a, b, s, bias, y, sws, M, N, Kp, R, scale, cfg, *, lowran
         meta.update(PDL=True, launch_pdl=True)
     if c.swap_ab:
         meta["SWAP_AB"] = True
+    if producers is not None:
+        grid, meta["S_PRODUCERS"] = (c.s_producers + tiles, 1), c.s_producers
     if _prefetch_ok(c, x.element_size() * 8, lowrank, partial=partial, has_bias=has_bias,
                     r_chunks=r_chunks):
         meta["EPI_PREFETCH"] = True
@@ -521,6 +526,11 @@ SPLIT_PDL_MAX_M = 1024
 
 def _run_split(x, w, a, b, bias, y, scale, cfg, *, N, Kp, R):
     M, dev = x.shape[0], x.device
+    if cfg.s_producers:       # one launch: S's K slices come from the head of the main grid
+        s = _empty_f32(dev, cfg.s_producers, M, R)
+        _launch_main(x, w, a, b, s, bias, y, _dummy(dev), M, N, Kp, R, scale, cfg, lowrank=K_.LOWRANK_GLOBAL,
+                     partial=False, producers=_TICKETS.get(dev, 2))
+        return y
     opts = current_options()
     pdl = opts.pdl and pdl_supported(dev) and M <= SPLIT_PDL_MAX_M
     dbr = down_block_r(R, cfg, opts)

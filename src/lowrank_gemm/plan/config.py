@@ -20,7 +20,9 @@ class KernelConfig:
     split_mode (split_k > 1): "reduce" = partials summed by a second kernel, "fixup" = in the same
     launch, by the last program of each tile to arrive (kernels/splitk.py); swap_ab: the K loop
     multiplies W·Xᵀ (weight rows as the MMA's M, block_m tokens as its N — decode-sized M; the
-    LoRA and multi-LoRA main kernels).
+    LoRA and multi-LoRA main kernels); s_producers (LoRA ``split``, > 0): the down projection's K slices
+    are computed by this many extra programs at the head of the main grid, which the main tiles wait
+    for after their K loop — one launch instead of the down kernel + the main kernel.
     """
 
     block_m: int = 128
@@ -35,6 +37,7 @@ class KernelConfig:
     persistent: bool = False
     split_mode: str = "reduce"
     swap_ab: bool = False
+    s_producers: int = 0
 
     def __post_init__(self):
         for name in ("block_m", "block_n", "block_k", "block_r"):
@@ -43,7 +46,8 @@ class KernelConfig:
                 raise ValueError(f"KernelConfig.{name} must be a power of two ≥ 16, got {v}")
         if self.num_warps not in (1, 2, 4, 8, 16):
             raise ValueError(f"KernelConfig.num_warps must be 1, 2, 4, 8 or 16, got {self.num_warps}")
-        if self.split_k < 1 or self.num_stages < 1 or self.group_m < 1 or self.lowrank_stages < 0:
+        if (self.split_k < 1 or self.num_stages < 1 or self.group_m < 1 or self.lowrank_stages < 0
+                or self.s_producers < 0):
             raise ValueError(f"invalid KernelConfig {self}")
         if self.split_mode not in SPLIT_MODES:
             raise ValueError(f"KernelConfig.split_mode must be one of {SPLIT_MODES}, got {self.split_mode!r}")
