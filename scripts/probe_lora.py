@@ -17,10 +17,11 @@ points then run in child processes (a faulting kernel costs its point only). Wri
 beats today's plan under the same options; other entries kept) under DIR; ``--write-tuned PATH``
 also writes that table to PATH.
 
-``--issue2 --swap`` (session 6): the same machinery over SWAP_POINTS (every M ≤ 64 point of issue 2, r 16 and 64)
-with ``swap_specs`` — ``split`` plans whose main K loop is W·Xᵀ (``KernelConfig.swap_ab``: weight rows as the
-wgmma M, a 16/64-token tile as its N; ``probes/s6/probe_box.md``: that GEMM alone is 0.82–0.98× cuBLAS at
-M ≤ 16) — and the op's default launch options (``pdl`` only).
+``--issue2 --swap`` (session 6): the same machinery over SWAP_POINTS (every M ≤ 16 point of issue 2, r 16 and 64;
+swap plans lost at every M=64 point) with ``swap_specs`` — ``split`` / ``kloop`` plans whose main K loop is W·Xᵀ
+(``KernelConfig.swap_ab``: weight rows as the wgmma M, a 16-token tile as its N; ``probes/s6/probe_box.md``: that
+GEMM alone is 0.82–0.98× cuBLAS at M ≤ 16), ``split`` also in one launch with in-grid S producers
+(``KernelConfig.s_producers``) — and the op's default launch options (``pdl`` only).
 
 ``--small-m`` (issue 2, decode M on few output tiles; ≤ 90 s): per (shape, M) in SMALL_M_POINTS,
 cuBLAS base, torch unfused, today's ``auto``, ``auto`` with ``LOWRANK_GEMM_SPLITK_MODE=fixup``, the
@@ -526,8 +527,8 @@ def swap_specs(M, N, K, r, sms):
     """[(label, strategy, KernelConfig)] with ``swap_ab``: 16-token tiles at M ≤ 16 (64 at M=64), 64/128 weight
     rows, 64–256-wide K steps, unsplit or a one-launch (fixup) split-K — the fastest rows of
     ``probes/s6/probe_box.md`` per shape family, where the bare GEMM beat cuBLAS; ``kloop`` (S = A·Xᵀ in
-    the K loop, one launch) and ``split`` (PDL down kernel), both with the whole rank in one prefetched
-    epilogue chunk."""
+    the K loop, one launch) and ``split`` (PDL down kernel, or unsplit plans once more with 4 in-grid S
+    producers), all with the whole rank in one prefetched epilogue chunk."""
     bm = 16 if M <= 16 else 32 if M <= 32 else 64
     br = block_r_for(r)
     # (session 6, runs 2–4: kloop + swap wins only some r64 points — TMA zero fill of its 64-row A box —, and only
