@@ -338,3 +338,16 @@ def test_issue2_point_flow_on_the_interpreter(monkeypatch):
     ab = [r for r in rows if r["kind"] == "ab"]
     assert {r["options"] for r in ab} >= {"off"} and all(r.get("graph_us") for r in ab)
     assert all(r.get("x_cublas") for r in rows if r.get("graph_us"))
+
+
+def test_heuristic_decode_size_split_is_swap_ab():
+    """M ≤ 16 on a GPU: split + swap_ab in the H200 winners' tiles (wide N: 128 rows × 64-wide K steps, two CTAs
+    per SM; narrower N: 64 × 256); M = 64, r > 64, 8-bit inputs or a pinned kloop keep the unswapped plans."""
+    s, c = heuristic_lora(1, 28672, 4096, 16, 16, gpu=True, sms=H200_SMS)
+    assert (s, c.swap_ab, c.block_m, c.block_n, c.block_k, c.num_stages) == ("split", True, 16, 128, 64, 6)
+    s, c = heuristic_lora(16, 8192, 8192, 64, 16, gpu=True, sms=H200_SMS)
+    assert (s, c.swap_ab, c.block_n, c.block_k, c.num_stages, c.block_r) == ("split", True, 64, 256, 5, 64)
+    assert can_implement(s, (16, 8192, 8192, 64), c)
+    for M, r, bits, pin in ((64, 16, 16, None), (1, 128, 16, None), (1, 16, 8, None), (1, 16, 16, "kloop")):
+        s, c = heuristic_lora(M, 4096, 4096, r, bits, gpu=True, sms=H200_SMS, strategy=pin)
+        assert not c.swap_ab, (M, r, bits, pin)

@@ -297,6 +297,21 @@ def current_pin() -> Pinned | None:
 
 # ---------------------------------------------------------------------------- planning
 
+# H200, session 6 (NOTES.md): split + swap_ab beat every unswapped plan at M ≤ 16 on all three issue-2 shape
+# families (4–16 %) and lost at M = 64; measured for 16-bit inputs and ranks ≤ 64
+SWAP_AB_MAX_M = 16
+
+
+def _swap_split_plan(M: int, N: int, r: int, dtype_bits: int, sms: int) -> KernelConfig:
+    """The decode-size split plan with swap_ab, as the H200 table's winners: 128 weight rows × 64-wide K steps
+    when N fills a wave of 128-row tiles (two such CTAs share an SM, so every tile is resident at once; N=28672:
+    16x128x64, 6 stages), else 64 rows × 256-wide K steps (4096², 8192²: 16x64x256, 5 stages)."""
+    bn, bk = (128, 64) if cdiv(N, 128) >= sms else (64, 256)
+    base = KernelConfig(block_m=16, block_n=bn, block_k=bk, block_r=block_r_for(r), group_m=1, num_warps=4,
+                        num_stages=2, swap_ab=True)
+    return base.replace(num_stages=stages_for(lambda s: lora_ledger("split", base.replace(num_stages=s), dtype_bits)))
+
+
 def heuristic_lora(M: int, N: int, K: int, r: int, dtype_bits: int, *, gpu: bool, sms: int,
                    strategy: str | None = None, split_mode: str | None = None
                    ) -> tuple[str, KernelConfig]:
@@ -310,7 +325,13 @@ def heuristic_lora(M: int, N: int, K: int, r: int, dtype_bits: int, *, gpu: bool
     64x128x128 sk4 18.2 µs vs narrow 64x64 sk2 19.6; 8192² 64x128 sk2 46.2 vs 64x64 sk1 55.4);
     17 ≤ M ≤ 64, or the "reduce" mode, first narrows the tiles to 64 columns. The fixup split is
     :func:`wave_split` (the partial last wave only; below one wave the same as ``split_k_for``),
-    so mid M gets one main launch too (M=256, K=N=4096: 32 tiles of 128×256 → split 4)."""
+    so mid M gets one main launch too (M=256, K=N=4096: 32 tiles of 128×256 → split 4).
+
+    On a GPU at M ≤ :data:`SWAP_AB_MAX_M` (16-bit, r ≤ 64, strategy free or ``split``): ``split`` with
+    swap_ab (:func:`_swap_split_plan`)."""
+    if (gpu and M <= SWAP_AB_MAX_M and dtype_bits == 16 and r <= 64 and strategy in (None, "split")
+            and split_mode in (None, "fixup")):
+        return "split", _swap_split_plan(M, N, r, dtype_bits, sms)
     bm, bn, bk, warps = tile_for(M, N, K, gpu=gpu, sms=sms)
     if strategy is None:
         # r > 64: S [BM, BLOCK_R] fp32 beside the [BM, BN] accumulator would spill registers
