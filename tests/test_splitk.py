@@ -120,10 +120,11 @@ def test_config_validates_split_mode():
 
 
 def test_heuristic_small_m_uses_fixup_and_wide_tiles():
-    # 8192² at M=1: 64 tiles of 64×128 split 2 (not 128 narrow 64×64 tiles, split 1)
-    s, c = P.heuristic_lora(1, 8192, 8192, 16, 16, gpu=True, sms=132)
+    # 8192² at M=1: 64 tiles of 64×128 split 2 (not 128 narrow 64×64 tiles, split 1) — the unswapped kloop plan, which
+    # a pinned kloop gets (unpinned M ≤ 16 plans split + swap_ab: test_planner.test_heuristic_decode_size_split_is_swap_ab)
+    s, c = P.heuristic_lora(1, 8192, 8192, 16, 16, gpu=True, sms=132, strategy="kloop")
     assert (s, c.block_n, c.split_k, c.split_mode) == ("kloop", 128, 2, "fixup")
-    s, c = P.heuristic_lora(16, 4096, 4096, 16, 16, gpu=True, sms=132)
+    s, c = P.heuristic_lora(16, 4096, 4096, 16, 16, gpu=True, sms=132, strategy="kloop")
     assert (c.block_n, c.split_k, c.split_mode) == (128, 4, "fixup")
     assert 32 * c.split_k <= 132 * 1.1 < 32 * c.split_k * 2            # ≈ one wave of CTAs
     # today's 2-launch choice stays selectable: narrow tiles first, then split with reduce
