@@ -86,15 +86,31 @@ def _main_loop(x_desc, w_desc, a_desc, off_m, off_n, k_lo, k_hi,
 
 
 @triton.jit
-def _down_loop(x_desc, a_desc, off_m, off_r, K,
+def _down_loop(x_desc, a_desc, off_m, off_r, k_lo, k_hi,
                BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr):
-    """s [BM, BR] = X[off_m:, :]·A[off_r:, :]ᵀ over all of K (unscaled, fp32)."""
+    """s [BM, BR] = X[off_m:, k]·A[off_r:, k]ᵀ over K tiles [k_lo, k_hi) (unscaled, fp32)."""
     s = tl.zeros((BLOCK_M, BLOCK_R), dtype=tl.float32)
-    for kt in tl.range(0, tl.cdiv(K, BLOCK_K)):
+    for kt in tl.range(k_lo, k_hi):
         x = x_desc.load([off_m, kt * BLOCK_K])
         a = a_desc.load([off_r, kt * BLOCK_K])
         s = tl.dot(x, a.T, s)
     return s
+
+
+@triton.jit
+def _down_slice(x_desc, a_desc, s_ptr, off_m, off_r, slice_id, slices, M, K, R, scale, stride_sk, stride_sm,
+                stride_sr, BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr):
+    """S[slice_id, off_m:, off_r:] = scale · X·Aᵀ over the slice-th of ``slices`` near-equal K-tile ranges,
+    rows ≥ M and ranks ≥ R not stored: the down kernel's program, and an in-grid S producer's."""
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    per_split = tl.cdiv(k_tiles, slices)
+    k_lo = slice_id * per_split
+    s = _down_loop(x_desc, a_desc, off_m, off_r, k_lo, tl.minimum(k_lo + per_split, k_tiles),
+                   BLOCK_M, BLOCK_R, BLOCK_K)
+    offs_m = off_m + tl.arange(0, BLOCK_M)
+    offs_r = off_r + tl.arange(0, BLOCK_R)
+    tl.store(s_ptr + slice_id * stride_sk + offs_m[:, None] * stride_sm + offs_r[None, :] * stride_sr,
+             s * scale, mask=(offs_m[:, None] < M) & (offs_r[None, :] < R))
 
 
 @triton.jit
@@ -254,14 +270,10 @@ def lora_main_kernel(
         # first, and they wait for nothing, so they are resident or done while anyone spins here)
         while tl.atomic_add(cnt_ptr, 0, sem="acquire", scope="gpu") < S_PRODUCERS:
             pass
-        if EPI_PREFETCH:
-            s_pre = _s_rows(s_ptr, stride_sk, stride_sm, stride_sr, S_SPLITS, off_m + tl.arange(0, BLOCK_M), M, 0,
-                            R, BLOCK_M, BLOCK_R)
     if PDL:
         gdc_wait()      # S (lora_down_kernel's output) is complete and visible from here on
-        if EPI_PREFETCH and LOWRANK == 2:
-            s_pre = _s_rows(s_ptr, stride_sk, stride_sm, stride_sr, S_SPLITS, offs_m, M, 0, R,
-                            BLOCK_M, BLOCK_R)
+    if EPI_PREFETCH and LOWRANK == 2 and (PDL or S_PRODUCERS > 0):     # S rows as soon as S is complete
+        s_pre = _s_rows(s_ptr, stride_sk, stride_sm, stride_sr, S_SPLITS, offs_m, M, 0, R, BLOCK_M, BLOCK_R)
     if LOWRANK == 2 and EPI_PREFETCH:
         s = s_pre           # the whole-tile epilogue's S rows (GLOBAL)
     if PARTIAL:
@@ -293,20 +305,11 @@ def lora_main_kernel(
 @triton.jit
 def _produce_s_slice(x_desc, a_desc, s_ptr, cnt_ptr, slice_id, SLICES, M, K, R, scale, stride_sk, stride_sm,
                      stride_sr, BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr):
-    """An S producer of an S_PRODUCERS launch: S[slice_id] = scale · X·A[:R]ᵀ over the slice's K steps,
-    every row < M and rank < R written (R ≤ BLOCK_R; at decode M one row block), then released."""
-    k_tiles = tl.cdiv(K, BLOCK_K)
-    per = tl.cdiv(k_tiles, SLICES)
+    """An S producer of an S_PRODUCERS launch: S[slice_id] for every row block (R ≤ BLOCK_R; at decode M one
+    block), then released."""
     for m0 in range(0, M, BLOCK_M):
-        s = tl.zeros((BLOCK_M, BLOCK_R), dtype=tl.float32)
-        for kt in tl.range(slice_id * per, tl.minimum(slice_id * per + per, k_tiles)):
-            x = x_desc.load([m0, kt * BLOCK_K])
-            a = a_desc.load([0, kt * BLOCK_K])
-            s = tl.dot(x, a.T, s)
-        offs_m = m0 + tl.arange(0, BLOCK_M)
-        offs_r = tl.arange(0, BLOCK_R)
-        tl.store(s_ptr + slice_id * stride_sk + offs_m[:, None] * stride_sm + offs_r[None, :] * stride_sr,
-                 s * scale, mask=(offs_m[:, None] < M) & (offs_r[None, :] < R))
+        _down_slice(x_desc, a_desc, s_ptr, m0, 0, slice_id, SLICES, M, K, R, scale, stride_sk, stride_sm, stride_sr,
+                    BLOCK_M, BLOCK_R, BLOCK_K)
     tl.debug_barrier()      # all threads' S stores precede the (one-thread) release
     tl.atomic_add(cnt_ptr, 1, sem="release", scope="gpu")
 
@@ -400,22 +403,8 @@ def lora_down_kernel(
     # only after its griddepcontrol.wait, i.e. after this whole grid has finished
     if PDL:
         gdc_launch_dependents()
-    pid_m = tl.program_id(0)
-    pid_r = tl.program_id(1)
-    pid_k = tl.program_id(2)
-    k_tiles = tl.cdiv(K, BLOCK_K)
-    per_split = tl.cdiv(k_tiles, tl.num_programs(2))
-    k_lo = pid_k * per_split
-    k_hi = tl.minimum(k_lo + per_split, k_tiles)
-    s = tl.zeros((BLOCK_M, BLOCK_R), dtype=tl.float32)
-    for kt in tl.range(k_lo, k_hi):
-        x = x_desc.load([pid_m * BLOCK_M, kt * BLOCK_K])
-        a = a_desc.load([pid_r * BLOCK_R, kt * BLOCK_K])
-        s = tl.dot(x, a.T, s)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_r = pid_r * BLOCK_R + tl.arange(0, BLOCK_R)
-    tl.store(s_ptr + pid_k * stride_sk + offs_m[:, None] * stride_sm + offs_r[None, :] * stride_sr,
-             s * scale, mask=(offs_m[:, None] < M) & (offs_r[None, :] < R))
+    _down_slice(x_desc, a_desc, s_ptr, tl.program_id(0) * BLOCK_M, tl.program_id(1) * BLOCK_R, tl.program_id(2),
+                tl.num_programs(2), M, K, R, scale, stride_sk, stride_sm, stride_sr, BLOCK_M, BLOCK_R, BLOCK_K)
 
 
 @triton.jit
@@ -482,7 +471,7 @@ def lora_persistent_kernel(
     while task < num_tasks:
         if task < num_pid_m:
             # phase 1: S block of M-block `task`, then publish it (stores → CTA barrier → release)
-            s = _down_loop(x_desc, a_desc, task * BLOCK_M, 0, K, BLOCK_M, BLOCK_R, BLOCK_K)
+            s = _down_loop(x_desc, a_desc, task * BLOCK_M, 0, 0, k_tiles, BLOCK_M, BLOCK_R, BLOCK_K)
             offs_m = task * BLOCK_M + tl.arange(0, BLOCK_M)
             offs_r = tl.arange(0, BLOCK_R)
             tl.store(s_ptr + offs_m[:, None] * stride_sm + offs_r[None, :] * stride_sr, s * scale,

@@ -231,18 +231,15 @@ def can_implement(strategy: str, shape: tuple[int, int, int, int], config: Kerne
         if strategy not in SWAP_AB_STRATEGIES:
             return Feasibility(False, f"swap_ab is a lora_main_kernel option; {strategy} does not take it "
                                       f"(expected one of {SWAP_AB_STRATEGIES})")
-        if c.swap_ab_mismatch():
-            return Feasibility(False, c.swap_ab_mismatch())
+        if (why := c.swap_ab_mismatch()) is not None:
+            return Feasibility(False, why)
         if strategy == "kloop" and (c.block_r < 16 * c.num_warps or c.block_r < 64):
             return Feasibility(False, f"kloop with swap_ab puts block_r on the S wgmma's M: block_r ≥ 64 and "
                                       f"≥ 16·num_warps, got block_r={c.block_r} with {c.num_warps} warps")
     if c.s_producers and (strategy != "split" or c.split_k > 1 or r > c.block_r):
         return Feasibility(False, f"s_producers (in-grid S producers) is a split option for one unsplit launch with the "
-                                  f"whole rank in one block: strategy split, split_k 1, rank ≤ block_r; got "
-                                  f"{strategy}, split_k {c.split_k}, rank {r} > block_r {c.block_r}"
-                           if r > c.block_r else
-                           f"s_producers (in-grid S producers) is a split option for one unsplit launch: strategy "
-                           f"split, split_k 1; got {strategy}, split_k {c.split_k}")
+                                  f"whole rank in one block: strategy split, split_k 1, rank ≤ block_r; got {strategy}, "
+                                  f"split_k {c.split_k}, rank {r}, block_r {c.block_r}")
     k_tiles = cdiv(max(K, 1), c.block_k)
     if c.split_k > k_tiles:
         return Feasibility(False, f"split_k {c.split_k} > {k_tiles} K tiles")
