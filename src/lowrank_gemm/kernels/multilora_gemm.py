@@ -626,8 +626,8 @@ class MultiLoRAPlan:
                 raise ValueError(f"MultiLoRAPlan.{name} must be a power of two (fuse_d may be 0), got {v}")
         if not 0 <= self.epi_pipe <= 4:
             raise ValueError(f"MultiLoRAPlan.epi_pipe must lie in [0, 4], got {self.epi_pipe}")
-        if self.main.swap_ab_mismatch():
-            raise ValueError(f"MultiLoRAPlan.main: {self.main.swap_ab_mismatch()}")
+        if (why := self.main.swap_ab_mismatch()) is not None:
+            raise ValueError(f"MultiLoRAPlan.main: {why}")
         if self.main.swap_ab and self.fuse_d:
             raise ValueError(f"MultiLoRAPlan: main.swap_ab needs the shrink launch (the fused shrink's MMA has "
                              f"block_m rows): fuse_d = 0, got fuse_d={self.fuse_d}")
