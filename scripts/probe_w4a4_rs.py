@@ -58,6 +58,8 @@ CHECK_CASES = [  # name, M, N, K, rank, grid, bias, col_scale
     ("short_k_odd_rank", 132, 136, 192, 5, 3, True, True),
     ("fc1", *FLUX["fc1"], RANK, None, True, False),
     ("fc2", *FLUX["fc2"], RANK, None, True, False),
+    ("fc1_fp32_out", *FLUX["fc1"], 0, None, False, False),   # the kernel's fp32 result before any cast (RATIO's
+                                                            # in-place e4m3 accumulation vs fresh exact partials)
 ]
 
 
@@ -68,38 +70,40 @@ def child_check(tags: list[str]) -> None:
     from lowrank_gemm.kernels.w4_expand import expand_act_f8
     probs = {}
     for name, M, N, K, r, grid, bias, cs in CHECK_CASES:
-        ops = w4.make_operands_v2("int4_g64", M, N, K, r, 64, device="cuda", bias=bias, col_scale=cs)
+        ops = w4.make_operands_v2("int4_g64", M, N, K, r, 64, device="cuda", bias=bias, col_scale=cs,
+                                  out_dtype=torch.float32 if name.endswith("fp32_out") else torch.bfloat16)
         ref = _reference_cuda(ops) if M * N * K > 2**28 else w4.reference_v2(ops).cuda()
         probs[name] = (ops, ref, grid)
     print("READY", flush=True)
     for tag in tags:
         print(f"START {tag}", flush=True)
-        config, nsplit, stages = rs.config_from_tag(tag)
+        config, opts = rs.config_from_tag(tag)
         row = dict(tag=tag, cases={})
         try:
             for name, (ops, ref, grid) in probs.items():
                 ops["out"].fill_(float("nan"))
                 t0 = time.time()
-                y = rs.launch_w4a4_rs(**ops, config=config, nsplit=nsplit, stages=stages, grid=grid).clone()
+                y = rs.launch_w4a4_rs(**ops, config=config, **opts, grid=grid).clone()
                 torch.cuda.synchronize()
                 got = y.double()
                 finite = bool(torch.isfinite(got).all())
                 err = float((got - ref).abs().max() / ref.abs().max()) if finite else float("inf")
+                rel_fro = float((got - ref).norm() / ref.norm()) if finite else float("inf")
                 ops["out"].fill_(float("nan"))
-                same = bool(torch.equal(rs.launch_w4a4_rs(**ops, config=config, nsplit=nsplit, stages=stages,
-                                                          grid=grid), y))
-                c = dict(err=err, finite=finite, same=same, s=round(time.time() - t0, 2))
+                same = bool(torch.equal(rs.launch_w4a4_rs(**ops, config=config, **opts, grid=grid), y))
+                c = dict(err=err, rel_fro=rel_fro, finite=finite, same=same, s=round(time.time() - t0, 2))
                 if name == "fc1":     # the pre-expanded launch the timing rows use
                     x8, xab = expand_act_f8(ops["x_q"], ops["x_scale"], 64)
-                    pre = rs.launch_w4a4_rs(**{**ops, "x_q": x8, "x_scale": xab}, config=config, nsplit=nsplit,
-                                            stages=stages)
+                    pre = rs.launch_w4a4_rs(**{**ops, "x_q": x8, "x_scale": xab}, config=config, **opts)
                     c["pre_expanded_equal"] = bool(torch.equal(pre, y))
                 row["cases"][name] = c
-                print(f"CASE {tag} {name}: err {err:.2e} finite={finite} same={same}", flush=True)
-            _, _, cx, cfg = rs.rs_args(**probs["fc1"][0], config=config, nsplit=nsplit, stages=stages)
+                print(f"CASE {tag} {name}: err {err:.2e} rel {rel_fro:.2e} finite={finite} same={same}", flush=True)
+            _, _, cx, cfg = rs.rs_args(**probs["fc1"][0], config=config, **opts)
             row["config"] = dict(block_t=cfg.block_m, block_n=cfg.block_n, block_k=cfg.block_k,
                                  stages=cfg.num_stages, nsplit=cx["NSPLIT"], warps=cfg.num_warps,
-                                 ctas_per_sm=rs.ctas_per_sm(cfg))
+                                 ratio=bool(cx["RATIO"]),
+                                 ctas_per_sm=rs.ctas_per_sm(cfg, rs.rs_ledger(cfg, ratio=bool(cx["RATIO"])),
+                                                            opts.get("ctas")))
             row["ok"] = all(c["finite"] and c["err"] < TOL and c["same"] and c.get("pre_expanded_equal", True)
                             for c in row["cases"].values())
             print("ROW " + json.dumps(row), flush=True)
@@ -152,17 +156,25 @@ def child_time(tags: list[str]) -> None:
             base = w4.launch_w4a4_v2(**packed[0]).double().clone()
             emit(shape, "v2_gemm+expand_act_f8", lambda o: w4.launch_w4a4_v2(**o), [(o, ) for o in packed])
         del packed
+        ratio_sets = None
         for tag in tags:
-            config, nsplit, stages = rs.config_from_tag(tag)
+            config, opts = rs.config_from_tag(tag)
+            run = sets
+            if opts.get("ratio"):
+                if ratio_sets is None:   # the tables a layer would hold (weights) / act_quant would emit (tokens)
+                    ratio_sets = [({**o, "ratio_tables": (*rs.ratio_act_tables(o["x_scale"]),
+                                                          *rs.ratio_weight_tables(o["w_scale"]))}, ) for (o, ) in sets]
+                    emit(shape, "ratio_act_tables(torch)", lambda o: rs.ratio_act_tables(o["x_scale"]), sets)
+                run = ratio_sets
             try:
-                y = rs.launch_w4a4_rs(**sets[0][0], config=config, nsplit=nsplit, stages=stages).double()
+                y = rs.launch_w4a4_rs(**run[0][0], config=config, **opts).double()
                 rel = float((y - base).abs().max() / base.abs().max())
             except Exception as exc:
                 print("ROW " + json.dumps(dict(shape=shape, M=M, N=N, K=K, r=RANK, impl=f"rs:{tag}",
                                                error=f"{type(exc).__name__}: {exc}"[:300])), flush=True)
                 continue
-            emit(shape, f"rs:{tag}", lambda o, c=config, n=nsplit, s=stages: rs.launch_w4a4_rs(
-                **o, config=c, nsplit=n, stages=s), sets, max_rel_diff_vs_v2=rel)
+            emit(shape, f"rs:{tag}", lambda o, c=config, kw=opts: rs.launch_w4a4_rs(**o, config=c, **kw), run,
+                 max_rel_diff_vs_v2=rel)
         del sets, base
         torch.cuda.empty_cache()
     print("DONE", flush=True)

@@ -56,15 +56,16 @@ def _ptx_loops(ptx: str):
 
 def _compile(tag, **kw):
     from lowrank_gemm.kernels.aot import compile_sm90
-    config, nsplit, stages = CONFIGS[tag]
-    sig, cx, cfg = rs.aot_signature_rs(config, nsplit=nsplit, stages=stages, **kw)
+    config, opts = CONFIGS[tag]
+    sig, cx, cfg = rs.aot_signature_rs(config, **{**opts, **kw})
     return compile_sm90(MOD, "w4a4_rs_kernel", sig, cx, num_warps=cfg.num_warps), cx, cfg
 
 
 # ---------------------------------------------------------------------------------------------- sm_90 compiles
 # the kernel is experimental (not routed): CI compiles the default and the fastest measured config
 # (probes/probe_w4a4_rs.md); LOWRANK_GEMM_TEST_ALL_RS=1 compiles every probe config
-CI_CONFIGS = sorted(CONFIGS) if os.environ.get("LOWRANK_GEMM_TEST_ALL_RS") == "1" else ["default", "t64n64k256"]
+CI_CONFIGS = sorted(CONFIGS) if os.environ.get("LOWRANK_GEMM_TEST_ALL_RS") == "1" else ["default", "t64n64k256",
+                                                                                      "t128n64k128r"]
 
 
 @pytest.mark.parametrize("tag", CI_CONFIGS)
@@ -80,7 +81,7 @@ def test_sm90_register_a_e4m3_wgmma_tma_no_spills_and_ledger(tag):
     assert re.search(r"wgmma\.mma_async\.sync\.aligned\.m64n\d+k16\.f32\.bf16\.bf16", info.ptx), "s·lora_upᵀ wgmma"
     assert "lop3.b32" in info.ptx and "0x08080808" in info.ptx, "offset-nibble LOP3"
     assert "cp.async.bulk.tensor.2d" in info.ptx and "ld.local" not in info.ptx
-    led = rs.rs_ledger(cfg, group_size=64, has_lowrank=cx["HAS_LOWRANK"])
+    led = rs.rs_ledger(cfg, group_size=64, has_lowrank=cx["HAS_LOWRANK"], ratio=cx["RATIO"])
     assert led.total() == info.shared, (led.table(), info.shared)
     res = _ptxas(info.ptx)
     if res is not None:
@@ -232,13 +233,92 @@ def _emulate(ops, config, nsplit, grid):
     ("t128n64k128", 64, 72, 64, 0, 64, 1),      # K = one group, no low-rank
 ])
 def test_host_emulation_of_the_data_path_matches_the_reference(tag, M, N, K, rank, G, grid):
-    config, nsplit, _ = CONFIGS[tag]
+    config, opts = CONFIGS[tag]
     ops = w4.make_operands_v2("int4_g64", M, N, K, rank, G, device="cpu", bias=rank > 0, col_scale=rank > 0)
     cfg = rs.plan_rs(rank, G, config)
-    got = _emulate(ops, cfg, nsplit or rs.default_nsplit(cfg.block_m), grid)
+    got = _emulate(ops, cfg, opts.get("nsplit") or rs.default_nsplit(cfg.block_m), grid)
     ref = w4.reference_v2(ops)
     assert torch.isfinite(got).all(), "every output element is stored exactly once"
     assert float((got - ref).abs().max() / ref.abs().max()) < 1e-12
+
+
+def _emulate_ratio(ops, G):
+    """float64 replay of the RATIO arithmetic over K (tile-independent): per group U = U·ρa·ρw + cb + P', then
+    Y = U·a_last·ws_last — from the tables the launcher builds (ratio_act_tables / ratio_weight_tables)."""
+    from lowrank_gemm.formats.int4 import unpack_int4
+    from lowrank_gemm.kernels.w4_expand import expand_act_f8_ref
+    x8, xab = expand_act_f8_ref(ops["x_q"], ops["x_scale"], G)
+    rab, a_last = rs.ratio_act_tables(xab)
+    rw, w_last = rs.ratio_weight_tables(ops["w_scale"])
+    rab, a_last, rw, w_last = (t.double() for t in (rab, a_last, rw, w_last))
+    wn = (unpack_int4(ops["w_q"]).double() + 8) / 512
+    x8 = x8.double()
+    K = x8.shape[1]
+    u = torch.zeros(x8.shape[0], wn.shape[0], dtype=torch.float64)
+    for g in range(K // G):
+        ks = slice(g * G, (g + 1) * G)
+        u = u * rab[g, 0][:, None] * rw[g][None, :] + rab[g, 1][:, None] + x8[:, ks] @ wn[:, ks].t()
+    return u * a_last[:, None] * w_last[None, :]
+
+
+@pytest.mark.parametrize("case", ["random", "zero_groups", "tiny_groups"])
+def test_ratio_chain_matches_the_reference(case):
+    """RATIO's math (module doc) in float64 against w4a4_gemm_ref on the same quantized operands — including
+    all-zero activation groups (scale 0: ρ stays finite through the floor), a zero weight-scale group, and groups
+    2⁻⁶⁰ below their row's largest (raised to the floor: their error stays below fp32 resolution)."""
+    from lowrank_gemm.reference import w4a4_gemm_ref
+    M, N, K, G = 24, 40, 512, 64
+    ops = w4.make_operands_v2("int4_g64", M, N, K, 0, G, device="cpu", bias=False)
+    if case == "zero_groups":
+        ops["x_scale"][2, :5] = 0
+        ops["x_q"][:5, G:3 * G // 2] = 0          # group 2's packed bytes of tokens 0-4 (32 bytes per group)
+        ops["w_scale"][3, 7] = 0
+    elif case == "tiny_groups":
+        ops["x_scale"][1, 3] = ops["x_scale"][1, 3] * 2.0 ** -60
+        ops["w_scale"][5, 9] = ops["w_scale"][5, 9] * 2.0 ** -60
+    ref = w4a4_gemm_ref(ops["x_q"], ops["x_scale"], ops["w_q"], ops["w_scale"], group_size=G, fmt="int4_g64")
+    got = _emulate_ratio(ops, G)
+    # the ratios are fp32 (one rounding each, compounded over the K/G = 8 groups): ~1e-7; a wrong term is O(1)
+    assert float((got - ref).abs().max() / ref.abs().max()) < 1e-6
+
+
+def test_ratio_tables():
+    """ρ[0] = 0 and ρ[g] = s[g−1]/s[g] on the floored scales; cb = −R/64 with R the exact integer group row sum;
+    a NaN scale poisons its whole column (row of the output), as the reference does."""
+    a = torch.tensor([[512.0, 0.0, 2.0 ** -50], [256.0, 0.0, 1.0], [1024.0, 0.0, 1.0]])   # [K/G=3, M=3], a = 2⁹·xs
+    r_int = torch.tensor([[3.0, 0.0, -7.0], [-100.0, 0.0, 2.0], [0.0, 0.0, 5.0]])
+    xab = torch.stack((a, -8.0 * r_int * a / 512.0), dim=1)
+    rab, a_last = rs.ratio_act_tables(xab)
+    assert torch.equal(rab[0, 0], torch.zeros(3))
+    assert torch.equal(rab[1:, 0, 0], torch.tensor([2.0, 0.25]))
+    assert torch.equal(rab[:, 0, 1], torch.tensor([0.0, 1.0, 1.0]))          # all-zero column: floor 1, ratio 1
+    assert rab[1, 0, 2] == 2.0 ** -40                                       # 2⁻⁵⁰ raised to 2⁻⁴⁰ · max
+    assert torch.equal(rab[:, 1], -r_int / 64.0)
+    assert torch.equal(a_last, torch.tensor([1024.0, 1.0, 1.0]))
+    xab[1, 0, 0] = float("nan")
+    rab, a_last = rs.ratio_act_tables(xab)
+    assert torch.isnan(a_last[0]) and not torch.isnan(a_last[1:]).any()
+    rw, w_last = rs.ratio_weight_tables(torch.tensor([[2.0, 3.0], [4.0, 3.0]], dtype=torch.bfloat16))
+    assert torch.equal(rw, torch.tensor([[0.0, 0.0], [0.5, 1.0]])) and torch.equal(w_last, torch.tensor([4.0, 3.0]))
+
+
+def test_ratio_k_loop_is_one_fmul_one_ffma_per_element_per_group_and_no_partials():
+    """RATIO's K loop: per group and accumulator element one mul (× ρa) and one fma (× ρw + cb), every wgmma
+    accumulating in place (none starts from zero), and no ptxas-injected waits (C7517 would serialize chunk 0's
+    wgmmas with chunk 1's rescale)."""
+    info, cx, cfg = _compile("t128n64k128r", rank=0, bias=False, col_scale=False)
+    kloops = [body for _, body in _ptx_loops(info.ptx) if any("e4m3.e4m3" in x for x in body)]
+    assert len(kloops) == 1
+    body = kloops[0]
+    ur = cfg.block_k // 64
+    per_thread = cfg.block_m * cfg.block_n // (32 * cfg.num_warps)
+    assert sum(x.strip().startswith("fma.rn.f32") for x in body) == ur * per_thread
+    assert sum(x.strip().startswith("mul.f32") for x in body) >= ur * per_thread
+    wg = [x for x in body if "wgmma.mma_async" in x]
+    assert wg and all(re.search(r", %p\d+, 1, 1;", x) or x.rstrip().endswith("1, 1, 1;") for x in wg), wg[:2]
+    res = _ptxas(info.ptx)
+    if res is not None:
+        assert res[1] == 0 and "C7517" not in res[2] and "C7514" not in res[2], res[2]
 
 
 # ---------------------------------------------------------------------------------------------- host side
@@ -380,9 +460,10 @@ def _child(tag: str) -> dict:
     repeat; on one shape also CUDA-graph replay, the pre-expanded path and the fp32 agreement with v2's f8 path."""
     from lowrank_gemm.kernels.w4_expand import expand_act_f8
     from lowrank_gemm.kernels.schedule import num_sms
-    config, nsplit, stages = CONFIGS[tag]
-    cfg = rs.plan_rs(16, 64, config)
-    sms = num_sms(torch.device("cuda")) * rs.ctas_per_sm(cfg)
+    config, opts = CONFIGS[tag]
+    ratio = bool(opts.get("ratio"))
+    cfg = rs.plan_rs(16, 64, config, ratio=ratio, ctas=opts.get("ctas"))
+    sms = num_sms(torch.device("cuda")) * rs.ctas_per_sm(cfg, rs.rs_ledger(cfg, ratio=ratio), opts.get("ctas"))
     counts = {"1": 1, "sms-1": sms - 1, "sms": sms, "sms+1": sms + 1, "2sms+3": 2 * sms + 3}
     # one tile column, ragged in M and N
     tiles = [dict(M=cfg.block_m * counts[w] - 4, N=cfg.block_n - 8, K=256, rank=16, G=64, grid=None, bias=True,
@@ -394,28 +475,28 @@ def _child(tag: str) -> dict:
         ops = w4.make_operands_v2("int4_g64", c["M"], c["N"], c["K"], c["rank"], c["G"], device="cuda",
                                   bias=c["bias"], col_scale=c["col_scale"], out_dtype=out_dtype)
         print(f"[rs {tag}] {case}", flush=True)
-        y = rs.launch_w4a4_rs(**ops, config=config, nsplit=nsplit, stages=stages, grid=c["grid"]).clone()
+        y = rs.launch_w4a4_rs(**ops, config=config, **opts, grid=c["grid"]).clone()
         torch.cuda.synchronize()
         ref = w4.reference_v2(ops)
         got = y.double().cpu()
         finite = bool(torch.isfinite(got).all())
         err = float((got - ref).abs().max() / ref.abs().max()) if finite else float("inf")
         ops["out"].fill_(float("nan"))
-        again = rs.launch_w4a4_rs(**ops, config=config, nsplit=nsplit, stages=stages, grid=c["grid"])
+        again = rs.launch_w4a4_rs(**ops, config=config, **opts, grid=c["grid"])
         res.append(dict(case={k: str(v) for k, v in case.items()}, finite=finite, err=err,
                         same=bool(torch.equal(again, y))))
     # graph replay, pre-expanded activations, and v2's f8 path on the same exact integers (fp32 out)
     ops = w4.make_operands_v2("int4_g64", 512, 1024, 1024, 32, 64, device="cuda", out_dtype=torch.float32)
-    want = rs.launch_w4a4_rs(**ops, config=config, nsplit=nsplit, stages=stages).clone()
+    want = rs.launch_w4a4_rs(**ops, config=config, **opts).clone()
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
-        rs.launch_w4a4_rs(**ops, config=config, nsplit=nsplit, stages=stages)
+        rs.launch_w4a4_rs(**ops, config=config, **opts)
     ops["out"].fill_(float("nan"))
     g.replay()
     torch.cuda.synchronize()
     graph_ok = bool(torch.equal(ops["out"], want))
     x8, xab = expand_act_f8(ops["x_q"], ops["x_scale"], 64)
-    pre = rs.launch_w4a4_rs(**{**ops, "x_q": x8, "x_scale": xab}, config=config, nsplit=nsplit, stages=stages).clone()
+    pre = rs.launch_w4a4_rs(**{**ops, "x_q": x8, "x_scale": xab}, config=config, **opts).clone()
     v2 = w4.launch_w4a4_v2(**ops, f8=True).clone()
     v2_rel = float((want.double() - v2.double()).norm() / v2.double().norm())
     return dict(cases=res, graph_ok=graph_ok, pre_expanded_equal=bool(torch.equal(pre, want)), v2_rel=v2_rel)
@@ -441,8 +522,10 @@ def test_gpu_matches_reference_repeats_and_replays(tag):
         assert r["same"], f"not bit-identical over repeats: {r['case']}"
     assert res["graph_ok"], "CUDA-graph replay differs from the eager launch"
     assert res["pre_expanded_equal"], "pre-expanded (x8, xab) launch differs from the packed one"
-    # both paths sum the same exact integer partials; only the fp32 rounding order of the rescale differs
-    assert res["v2_rel"] < 1e-5, res["v2_rel"]
+    # both paths sum the same exact integer partials; only the fp32 rounding order of the rescale differs. RATIO
+    # accumulates each group's partial onto the running sum inside the e4m3 wgmma (its adder keeps fewer bits than
+    # fp32): held to the issue's 1e-3 on the fp32 result
+    assert res["v2_rel"] < (1e-3 if CONFIGS[tag][1].get("ratio") else 1e-5), res["v2_rel"]
 
 
 if __name__ == "__main__":

@@ -62,7 +62,8 @@ from .w4a4_ws import _f8_operands, _offset_nibbles_f8, _pad_rank
 
 __all__ = ["rs_ledger", "default_rs_config", "plan_rs", "check_rs_config", "launch_w4a4_rs", "w4a4_rs_kernel",
            "rs_args", "aot_signature_rs", "rs_steps_host", "rs_cursor_host", "simulate_rs", "default_nsplit",
-           "ctas_per_sm", "SM90_SMEM_PER_SM", "PROBE_TAGS", "config_from_tag"]
+           "ctas_per_sm", "SM90_SMEM_PER_SM", "PROBE_TAGS", "config_from_tag", "RATIO_FLOOR",
+           "ratio_weight_tables", "ratio_act_tables"]
 
 PACK = 64                    # formats.int4.PACK_BLOCK: a 64-wide K block is 32 packed bytes (lo | hi nibbles)
 _PACK = gl.constexpr(PACK)
@@ -170,9 +171,66 @@ def _step(acc0, acc1, xb, wp, ab, wsr, slot, zero, BLOCK_K: gl.constexpr, G2: gl
 
 
 @gluon.jit
+def _ratio_rescale(acc, ab, ab_row, rw_row, c: gl.constexpr, BTC: gl.constexpr, mma: gl.constexpr):
+    """RATIO: acc = acc·ρa[m]·ρw[n] + cb[m] — the running sum re-expressed in group g's scale units, plus the
+    group's offset correction; the group's wgmmas then accumulate P' onto it in place (module doc, "RATIO")."""
+    ra = ab.index(ab_row).slice(c * BTC, BTC).load(gl.SliceLayout(0, mma))
+    cb = ab.index(ab_row + 1).slice(c * BTC, BTC).load(gl.SliceLayout(0, mma))
+    return gl.fma(acc * ra[None, :], rw_row[:, None], cb[None, :])
+
+
+@gluon.jit
+def _step_ratio(acc0, acc1, xb, wp, ab, wsr, slot, BLOCK_K: gl.constexpr, G2: gl.constexpr, NSPLIT: gl.constexpr,
+                SWAR: gl.constexpr, mma: gl.constexpr):
+    """RATIO form of :func:`_step`: no partials. Per unit (group j, chunk c) the chunk's accumulator is rescaled
+    by the ratio rows and the group's register-A wgmmas accumulate onto it. With two chunks, chunk c's rescale
+    runs while the other chunk's wgmmas are in flight (wait leaves the other chunk's 2·BPG wgmmas outstanding);
+    the step's wgmmas are drained before it returns (the slot is refilled next)."""
+    UR: gl.constexpr = BLOCK_K // G2
+    BPG: gl.constexpr = G2 // _PACK
+    BTC: gl.constexpr = acc0.shape[1]
+    a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=4)
+    for j in gl.static_range(UR):
+        rw_row = wsr.index(slot * UR + j).load(gl.SliceLayout(1, mma))
+        if BPG == 1:
+            lo1, hi1 = _weights_a(wp, j, SWAR, a_layout)
+        for c in gl.static_range(NSPLIT):
+            if c == 0:
+                acc = acc0
+            else:
+                acc = acc1
+            # this chunk's previous group retired, the other chunk's may still run. (At j = 0, c = 1 nothing of
+            # this chunk is in flight — the last step drained — but without the wait ptxas cannot prove it and
+            # injects a full wait after chunk 0's wgmmas: C7517)
+            if j > 0 or c > 0:
+                acc = warpgroup_mma_wait(2 * BPG if NSPLIT == 2 else 0, deps=(acc, ))
+            acc = _ratio_rescale(acc, ab, slot * (2 * UR) + 2 * j, rw_row, c, BTC, mma)
+            xc = xb.slice(c * BTC, BTC, dim=0)
+            for b in gl.static_range(j * BPG, (j + 1) * BPG):
+                if BPG == 1:
+                    lo = lo1
+                    hi = hi1
+                else:
+                    lo, hi = _weights_a(wp, b, SWAR, a_layout)
+                acc = warpgroup_mma(lo, xc.slice(b * _PACK, _PACK // 2, dim=1).permute((1, 0)), acc, is_async=True)
+                acc = warpgroup_mma(hi, xc.slice(b * _PACK + _PACK // 2, _PACK // 2, dim=1).permute((1, 0)), acc,
+                                    is_async=True)
+            if c == 0:
+                acc0 = acc
+            else:
+                acc1 = acc
+    if NSPLIT == 2:
+        acc0, acc1 = warpgroup_mma_wait(0, deps=(acc0, acc1))
+    else:
+        acc0 = warpgroup_mma_wait(0, deps=(acc0, ))
+    return acc0, acc1
+
+
+@gluon.jit
 def _store_chunk(acc, c: gl.constexpr, off_t, off_n, up_regs, s16, out_ptr, stride_om, col_scale_ptr, bias_ptr, M, N,
                  HAS_LOWRANK: gl.constexpr, HAS_COL_SCALE: gl.constexpr, HAS_BIAS: gl.constexpr,
-                 mma: gl.constexpr, mma16: gl.constexpr):
+                 mma: gl.constexpr, mma16: gl.constexpr, RATIO: gl.constexpr = False, a_last_ptr=None,
+                 w_last_ptr=None):
     """Epilogue of token chunk c: × col_scale[n] → + s·lora_upᵀ (one wgmma, K = BR) → + bias[n] → masked store of
     the transposed [BN, BTc] tile into out [M, N]."""
     BN: gl.constexpr = acc.shape[0]
@@ -181,6 +239,9 @@ def _store_chunk(acc, c: gl.constexpr, off_t, off_n, up_regs, s16, out_ptr, stri
     offs_t = off_t + c * BTC + gl.arange(0, BTC, gl.SliceLayout(0, mma))
     n_ok = offs_n < N
     t_ok = offs_t < M
+    if RATIO:   # the last group's scales: acc was kept in their units
+        acc = acc * gl.load(w_last_ptr + offs_n, mask=n_ok, other=0.0)[:, None] \
+            * gl.load(a_last_ptr + offs_t, mask=t_ok, other=0.0)[None, :]
     if HAS_COL_SCALE:
         acc = acc * gl.load(col_scale_ptr + offs_n, mask=n_ok, other=0.0).to(gl.float32)[:, None]
     if HAS_LOWRANK:
@@ -196,12 +257,12 @@ def _store_chunk(acc, c: gl.constexpr, off_t, off_n, up_regs, s16, out_ptr, stri
 # M, N, K, stride_om: never specialized (a value of 1 would become a constexpr).
 @gluon.jit(do_not_specialize=["M", "N", "K", "stride_om"])
 def w4a4_rs_kernel(x_desc, w_desc, ab_desc, ws_desc, s_desc, up_desc,
-                   out_ptr, stride_om, col_scale_ptr, bias_ptr,
+                   out_ptr, stride_om, col_scale_ptr, bias_ptr, a_last_ptr, w_last_ptr,
                    M, N, K,
                    G2: gl.constexpr, BLOCK_T: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr,
                    BLOCK_R: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr, NSPLIT: gl.constexpr,
                    HAS_LOWRANK: gl.constexpr, HAS_COL_SCALE: gl.constexpr, HAS_BIAS: gl.constexpr,
-                   SWAR: gl.constexpr):
+                   SWAR: gl.constexpr, RATIO: gl.constexpr = False):
     gl.static_assert(BLOCK_K % G2 == 0 and G2 % _PACK == 0, "a K step covers whole groups of 64-wide blocks")
     gl.static_assert(NSPLIT == 1 or NSPLIT == 2, "one or two token chunks")
     gl.static_assert(BLOCK_N == _ROWS_PER_WARP * gl.num_warps(), "one 64-row wgmma per warpgroup")
@@ -218,7 +279,8 @@ def w4a4_rs_kernel(x_desc, w_desc, ab_desc, ws_desc, s_desc, up_desc,
     ab_rows = ab_bufs._reinterpret(ab_desc.dtype, [STAGES * 2 * UR, BLOCK_T],
                                    gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=1))
     ws_rows = ws_bufs._reinterpret(ws_desc.dtype, [STAGES * UR, BLOCK_N],
-                                   gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=16, rank=1))
+                                   gl.NVMMASharedLayout(swizzle_byte_width=0,
+                                                        element_bitwidth=ws_desc.dtype.primitive_bitwidth, rank=1))
     ready = alloc_barriers(STAGES, 1)
     lr_dtype: gl.constexpr = up_desc.dtype
     mma16: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[nw, 1],
@@ -255,8 +317,12 @@ def w4a4_rs_kernel(x_desc, w_desc, ab_desc, ws_desc, s_desc, up_desc,
         acc1 = gl.zeros([BLOCK_N, BTC], gl.float32, mma)
         for kk in range(k_tiles):
             mbarrier.wait(ready.index(slot), phase)
-            acc0, acc1 = _step(acc0, acc1, x_bufs.index(slot), w_bufs.index(slot), ab_rows, ws_rows, slot, zero,
-                               BLOCK_K, G2, NSPLIT, SWAR, mma)
+            if RATIO:
+                acc0, acc1 = _step_ratio(acc0, acc1, x_bufs.index(slot), w_bufs.index(slot), ab_rows, ws_rows, slot,
+                                         BLOCK_K, G2, NSPLIT, SWAR, mma)
+            else:
+                acc0, acc1 = _step(acc0, acc1, x_bufs.index(slot), w_bufs.index(slot), ab_rows, ws_rows, slot, zero,
+                                   BLOCK_K, G2, NSPLIT, SWAR, mma)
             # every warp is past this slot's SMEM reads and its wgmmas retired: refill it STAGES steps ahead
             gl.thread_barrier()
             _issue_step(i_t < n_local, slot, i_kk, i_off_t, i_off_n, x_desc, w_desc, ab_desc, ws_desc, x_bufs,
@@ -282,10 +348,11 @@ def w4a4_rs_kernel(x_desc, w_desc, ab_desc, ws_desc, s_desc, up_desc,
             up_regs = zero
             s16 = x_bufs
         _store_chunk(acc0, 0, off_t, off_n, up_regs, s16, out_ptr, stride_om, col_scale_ptr, bias_ptr, M, N,
-                     HAS_LOWRANK, HAS_COL_SCALE, HAS_BIAS, mma, mma16)
+                     HAS_LOWRANK, HAS_COL_SCALE, HAS_BIAS, mma, mma16, RATIO, a_last_ptr,
+                     w_last_ptr)
         if NSPLIT == 2:
             _store_chunk(acc1, 1, off_t, off_n, up_regs, s16, out_ptr, stride_om, col_scale_ptr, bias_ptr, M, N,
-                         HAS_LOWRANK, HAS_COL_SCALE, HAS_BIAS, mma, mma16)
+                         HAS_LOWRANK, HAS_COL_SCALE, HAS_BIAS, mma, mma16, RATIO, a_last_ptr, w_last_ptr)
         if HAS_LOWRANK:
             gl.thread_barrier()          # every warp is past s_smem / up_smem / s16: the next tile's copies may land
             _issue_lowrank(t + 1, n_local, sched, s_desc, up_desc, s_smem, up_smem, lr_bar, BLOCK_T, BLOCK_N)
@@ -300,14 +367,15 @@ def default_nsplit(block_t: int) -> int:
 
 
 def rs_ledger(config: KernelConfig, *, group_size: int = 64, has_lowrank: bool = True,
-              lowrank_dtype=torch.bfloat16) -> SmemLedger:
-    """Every byte :func:`w4a4_rs_kernel` allocates (mirrors the allocations in the kernel; one CTA)."""
+              lowrank_dtype=torch.bfloat16, ratio: bool = False) -> SmemLedger:
+    """Every byte :func:`w4a4_rs_kernel` allocates (mirrors the allocations in the kernel; one CTA). ``ratio``: the
+    weight rows are the fp32 ratios ρw instead of the 16-bit w_scale."""
     bt, bn, bk, br, s = config.block_m, config.block_n, config.block_k, config.block_r, config.num_stages
     ur = bk // group_size
     terms = [SmemTerm("ring.x_e4m3", tile_bytes(bt, bk, 8), s),
              SmemTerm("ring.w_packed", tile_bytes(bn, bk // 2, 8), s),
              SmemTerm("ring.xab_rows", tile_bytes(2 * ur, bt, 32), s),
-             SmemTerm("ring.w_scale_rows", tile_bytes(ur, bn, 16), s),
+             SmemTerm("ring.w_ratio_rows" if ratio else "ring.w_scale_rows", tile_bytes(ur, bn, 32 if ratio else 16), s),
              SmemTerm("barriers.ring", barrier_bytes(s))]
     if has_lowrank:
         bits = _BITS[lowrank_dtype]
@@ -316,16 +384,17 @@ def rs_ledger(config: KernelConfig, *, group_size: int = 64, has_lowrank: bool =
                   SmemTerm("lowrank.s_rounded", tile_bytes(bt, br, bits)),
                   # the allocator places this barrier after the ring's, 16-byte aligned (odd ring depth: 8 B gap)
                   SmemTerm("barriers.lowrank", barrier_bytes(1) + (8 if s % 2 else 0))]
-    return SmemLedger(tuple(terms), consumers=1, label=f"w4a4 rs {bt}x{bn}x{bk}")
+    return SmemLedger(tuple(terms), consumers=1, label=f"w4a4 rs {bt}x{bn}x{bk}{' ratio' if ratio else ''}")
 
 
-def ctas_per_sm(config: KernelConfig, ledger: SmemLedger | None = None) -> int:
-    """CTAs the persistent grid puts on one SM: 2 when one warpgroup's CTA fits twice in shared memory (≤ 255
-    registers × 128 threads × 2 always fits the register file), else 1. The grid never exceeds what runs at once."""
-    if config.num_warps > 4:
-        return 1
+def ctas_per_sm(config: KernelConfig, ledger: SmemLedger | None = None, ctas: int | None = None) -> int:
+    """CTAs the persistent grid puts on one SM: as many as shared memory holds, up to ``ctas`` (default: 2 for one
+    warpgroup — ≤ 255 registers × 128 threads × 2 always fits the register file — else 1; a caller asking for
+    more asserts the registers fit, e.g. RATIO with ≤ 128 registers × 256 threads × 2). The grid never exceeds
+    what runs at once."""
+    want = ctas or (2 if config.num_warps <= 4 else 1)
     total = (ledger or rs_ledger(config)).total()
-    return 2 if 2 * (total + SMEM_RESERVED_PER_CTA) <= SM90_SMEM_PER_SM else 1
+    return max(1, min(want, SM90_SMEM_PER_SM // (total + SMEM_RESERVED_PER_CTA)))
 
 
 def default_rs_config(group_size: int = 64) -> KernelConfig:
@@ -340,10 +409,10 @@ def _budget(config: KernelConfig, want_ctas: int) -> int:
 
 
 def plan_rs(rank: int, group_size: int = 64, config: KernelConfig | None = None, lowrank_dtype=torch.bfloat16,
-            stages: int | None = None) -> KernelConfig:
+            stages: int | None = None, ratio: bool = False, ctas: int | None = None) -> KernelConfig:
     """Tiles from ``config`` (or the default), block_r from the rank, and the ring depth: ``stages`` if given,
     else the deepest ring (≤ MAX_STAGES) that fits — two CTAs per SM for one-warpgroup tiles when that leaves
-    ≥ 3 slots, else one."""
+    ≥ 3 slots, else one; ``ctas``: that many CTAs per SM (≥ 2 slots), else one."""
     base = (config or default_rs_config(group_size))
     base = base.replace(block_r=max(base.block_r, rank_block(rank)), num_warps=base.block_n // ROWS_PER_WARP)
     if stages is not None:
@@ -352,18 +421,18 @@ def plan_rs(rank: int, group_size: int = 64, config: KernelConfig | None = None,
 
     def fits(s, want_ctas):
         led = rs_ledger(base.replace(num_stages=s), group_size=group_size, has_lowrank=has_lr,
-                        lowrank_dtype=lowrank_dtype)
+                        lowrank_dtype=lowrank_dtype, ratio=ratio)
         return led.total() <= min(led.limit, _budget(base, want_ctas))
 
-    for want in ((2, 1) if base.num_warps <= 4 else (1, )):
+    for want in ((ctas, 1) if ctas else (2, 1) if base.num_warps <= 4 else (1, )):
         ok = [s for s in range(2, MAX_STAGES + 1) if fits(s, want)]
-        if ok and (want == 1 or max(ok) >= 3):
+        if ok and (want == 1 or max(ok) >= (2 if ctas else 3)):
             return base.replace(num_stages=max(ok))
     return base.replace(num_stages=2)        # check_rs_config raises SmemError with the table
 
 
 def check_rs_config(config: KernelConfig, M: int, N: int, K: int, rank: int, group_size: int, nsplit: int,
-                    lowrank_dtype=torch.bfloat16):
+                    lowrank_dtype=torch.bfloat16, ratio: bool = False):
     """Raise ValueError / SmemError naming the violated constraint (expected vs got)."""
     bt, bn, bk = config.block_m, config.block_n, config.block_k
     # (256 tokens would need 128 accumulator registers per thread beside the partials: ptxas spills)
@@ -386,7 +455,7 @@ def check_rs_config(config: KernelConfig, M: int, N: int, K: int, rank: int, gro
     if M % 4 or N % 8:
         raise ValueError(f"w4a4 rs: needs M % 4 == 0 (xab rows, fp32) and N % 8 == 0 (w_scale rows, 16-bit) for "
                          f"the TMA'd scale rows; got M={M}, N={N} (use launch_w4a4_v2 for such shapes)")
-    rs_ledger(config, group_size=group_size, has_lowrank=rank > 0, lowrank_dtype=lowrank_dtype).check()
+    rs_ledger(config, group_size=group_size, has_lowrank=rank > 0, lowrank_dtype=lowrank_dtype, ratio=ratio).check()
 
 
 def _expect(cond, msg):
@@ -396,31 +465,79 @@ def _expect(cond, msg):
 
 # The candidates the probe times and the tests compile (scripts/probe_w4a4_rs.py): "t{BT}n{BN}k{BK}[s{NSPLIT}]
 # [x{STAGES}]", "default" = :func:`default_rs_config`. Each compiles with 0 spills (tests/test_w4a4_rs.py).
-PROBE_TAGS = ("default", "t128n128k128", "t128n128k128s1", "t128n64k128", "t64n128k256", "t64n64k256")
+PROBE_TAGS = ("default", "t128n128k128", "t128n128k128s1", "t128n64k128", "t64n128k256", "t64n64k256",
+              "t128n128k128r", "t128n64k128r", "t128n64k128rc3", "t128n64k256rc2", "t64n64k256r", "t64n64k128rc4")
 
 
-def config_from_tag(tag: str) -> tuple[KernelConfig | None, int | None, int | None]:
-    """"t128n64k128s2x4" → (config 128 tokens × 64 weight rows × 128 K, nsplit 2, stages 4); absent parts → None
-    (nsplit: :func:`default_nsplit`, stages: as deep as fits); "default" → (None, None, None)."""
+def config_from_tag(tag: str) -> tuple[KernelConfig | None, dict]:
+    """"t128n64k128s2x4rc3" → (config 128 tokens × 64 weight rows × 128 K, launch options nsplit 2, stages 4,
+    ratio (``r``: the RATIO K loop), ctas 3 per SM); absent parts → None / False (nsplit: :func:`default_nsplit`,
+    stages: as deep as fits, ctas: :func:`ctas_per_sm`'s default); "default" → (None, {})."""
     import re
     if tag == "default":
-        return None, None, None
-    m = re.fullmatch(r"t(\d+)n(\d+)k(\d+)(?:s(\d))?(?:x(\d))?", tag)
+        return None, {}
+    m = re.fullmatch(r"t(\d+)n(\d+)k(\d+)(?:s(\d))?(?:x(\d))?(r)?(?:c(\d))?", tag)
     if not m:
-        raise ValueError(f"w4a4 rs: config tag must look like t128n128k256[s2][x3] or 'default', got {tag!r}")
+        raise ValueError(f"w4a4 rs: config tag must look like t128n128k256[s2][x3][r][c2] or 'default', got {tag!r}")
     bt, bn, bk = (int(v) for v in m.groups()[:3])
-    nsplit = int(m.group(4)) if m.group(4) else None
-    stages = int(m.group(5)) if m.group(5) else None
+    kw = {}
+    if m.group(4):
+        kw["nsplit"] = int(m.group(4))
+    if m.group(5):
+        kw["stages"] = int(m.group(5))
+    if m.group(6):
+        kw["ratio"] = True
+    if m.group(7):
+        kw["ctas"] = int(m.group(7))
     cfg = default_rs_config().replace(block_m=bt, block_n=bn, block_k=bk, num_warps=bn // ROWS_PER_WARP)
-    return cfg, nsplit, stages
+    return cfg, kw
+
+
+# RATIO (module doc): how far below its row's (column's) largest scale a group's scale may sit before it is raised
+# to that floor for the ratio chain — keeps every ratio product ≤ 2⁸⁰ (fp32 holds 2¹²⁷); a raised group's error is
+# ≤ 2⁻⁴⁰ of the row's (column's) largest group's contribution, below fp32 resolution.
+RATIO_FLOOR = 2.0 ** -40
+
+
+def _ratio_chain(scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Group-major scales [K/G, L] → (ρ [K/G, L] fp32 with ρ[g] = s[g−1]/s[g], ρ[0] = 0; s_last [L]) on the
+    effective scales s = max(scale, floor) with floor = RATIO_FLOOR · max over groups (1 for an all-zero column).
+    NaN anywhere in a column makes the column's s, hence its ρ and s_last, NaN."""
+    s = scale.float()
+    top = s.amax(dim=0, keepdim=True)
+    floor = torch.where(top > 0, top * RATIO_FLOOR, torch.ones_like(top))
+    floor = torch.where(torch.isnan(top), top, floor)
+    eff = torch.maximum(s, floor)
+    rho = torch.zeros_like(eff)
+    rho[1:] = eff[:-1] / eff[1:]
+    return rho, eff[-1].contiguous()
+
+
+def ratio_weight_tables(w_scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The weights' side of RATIO, once per weight: (ρw [K/G, N] fp32, ws_last [N] fp32)."""
+    return _ratio_chain(w_scale)
+
+
+def ratio_act_tables(xab: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The tokens' side of RATIO from the e4m3 path's rows xab [K/G, 2, M] = (a = 2⁹·xs, b = −8·R·xs):
+    (rab [K/G, 2, M] fp32 = (ρa, cb), a_last [M]) with cb = −R/64 (the offset correction in P' units; R recovered as
+    the integer round(−64·b/a), 0 where a = 0)."""
+    a, b = xab[:, 0].float(), xab[:, 1].float()
+    rho, a_last = _ratio_chain(a)
+    r = torch.where(a != 0, torch.round(-64.0 * b / torch.where(a != 0, a, torch.ones_like(a))), torch.zeros_like(a))
+    r = torch.where(torch.isnan(a), a, r)
+    return torch.stack((rho, -r / 64.0), dim=1).contiguous(), a_last
 
 
 def rs_args(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, out, fmt, group_size,
             config: KernelConfig | None = None, *, col_scale=None, grid: int | None = None, nsplit: int | None = None,
-            stages: int | None = None, swar: bool = True):
+            stages: int | None = None, swar: bool = True, ratio: bool = False, ctas: int | None = None,
+            ratio_tables=None):
     """Validate (the v1/v2 contract's checks, ``w4a4_gemm.check_gemm_args``), plan and build one launch.
     x_q / x_scale may be the pre-expanded e4m3 operands (x8 [M, K], xab [K/G, 2, M]) or packed int4 + scales
-    (then ``expand_act_f8`` runs here). Returns (grid, args, constexprs, config)."""
+    (then ``expand_act_f8`` runs here). ``ratio``: the RATIO K loop; ``ratio_tables`` = (rab, a_last, ρw, ws_last)
+    if the caller holds them (else computed here, :func:`ratio_act_tables` / :func:`ratio_weight_tables`).
+    Returns (grid, args, constexprs, config)."""
     from ..w4a4_gemm import check_gemm_args
     _expect(fmt in ("int4_g64", "int4_g"), f"the register-A kernel is the int4_g64 (e4m3) path, got fmt={fmt!r}")
     if x_q.dtype == torch.float8_e4m3fn:
@@ -450,9 +567,9 @@ def rs_args(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, out, 
     for name, t in (("x_q", x_q), ("w_q", w_q)):
         _expect(t.data_ptr() % 16 == 0, f"{name} must be 16-byte aligned for TMA, got address {t.data_ptr():#x}")
     lr_dtype = lora_up.dtype if r else torch.bfloat16
-    config = plan_rs(r, group_size, config, lr_dtype, stages)
+    config = plan_rs(r, group_size, config, lr_dtype, stages, ratio, ctas)
     nsplit = default_nsplit(config.block_m) if nsplit is None else nsplit
-    check_rs_config(config, M, N, K, r, group_size, nsplit, lr_dtype)
+    check_rs_config(config, M, N, K, r, group_size, nsplit, lr_dtype, ratio)
 
     bt, bn, bk, br = config.block_m, config.block_n, config.block_k, config.block_r
     ur = bk // group_size
@@ -460,46 +577,61 @@ def rs_args(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, out, 
     x_desc = desc(x8, (bt, bk))
     w_desc = desc(w_q, (bn, bk // 2))
     # the scale tables as 2-D row tables, unswizzled (each row is loaded on its own into a slice layout)
+    f32 = dummy(dev, torch.float32, (1, ))
+    a_last = w_last = f32
+    rows = w_scale
+    if ratio:
+        if ratio_tables is None:
+            ratio_tables = (*ratio_act_tables(xab), *ratio_weight_tables(w_scale))
+        xab, a_last, rows, w_last = ratio_tables
+        _expect(tuple(xab.shape) == (K // group_size, 2, M) and tuple(rows.shape) == (K // group_size, N)
+                and a_last.numel() == M and w_last.numel() == N
+                and all(t.dtype == torch.float32 and t.is_contiguous() for t in ratio_tables),
+                f"ratio tables must be contiguous float32 rab [{K // group_size}, 2, {M}], a_last [{M}], "
+                f"rho_w [{K // group_size}, {N}], ws_last [{N}]; got {[tuple(t.shape) for t in ratio_tables]}")
     ab_desc = desc(xab.reshape(2 * (K // group_size), M), (2 * ur, bt),
                    gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2))
-    ws_desc = desc(w_scale, (ur, bn), gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=16, rank=2))
+    ws_desc = desc(rows, (ur, bn), gl.NVMMASharedLayout(swizzle_byte_width=0,
+                                                        element_bitwidth=rows.element_size() * 8, rank=2))
     r8 = -(-r // 8) * 8
     s_desc = desc(_pad_rank(lowrank_act, r8) if r else dummy(dev, torch.float32, (bt, br)), (bt, br))
     up_desc = desc(_pad_rank(lora_up, r8) if r else dummy(dev, lr_dtype, (bn, br)), (bn, br))
     tiles = cdiv(M, bt) * cdiv(N, bn)
     cap = num_sms(dev) * ctas_per_sm(config, rs_ledger(config, group_size=group_size, has_lowrank=r > 0,
-                                                       lowrank_dtype=lr_dtype))
+                                                       lowrank_dtype=lr_dtype, ratio=ratio), ctas)
     grid = max(1, min(grid or cap, tiles))
-    f32 = dummy(dev, torch.float32, (1, ))
     args = (x_desc, w_desc, ab_desc, ws_desc, s_desc, up_desc, out, out.stride(0),
-            col_scale if col_scale is not None else f32, bias if bias is not None else f32, M, N, K)
+            col_scale if col_scale is not None else f32, bias if bias is not None else f32, a_last, w_last, M, N, K)
     cx = dict(G2=group_size, BLOCK_T=bt, BLOCK_N=bn, BLOCK_K=bk, BLOCK_R=br, GROUP_M=config.group_m,
               STAGES=config.num_stages, NSPLIT=nsplit, HAS_LOWRANK=r > 0, HAS_COL_SCALE=col_scale is not None,
-              HAS_BIAS=bias is not None, SWAR=swar)
+              HAS_BIAS=bias is not None, SWAR=swar, RATIO=bool(ratio))
     return grid, args, cx, config
 
 
 def launch_w4a4_rs(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, out, fmt: str = "int4_g64",
                    group_size: int = 64, config: KernelConfig | None = None, *, col_scale=None,
-                   grid: int | None = None, nsplit: int | None = None, stages: int | None = None, swar: bool = True):
+                   grid: int | None = None, nsplit: int | None = None, stages: int | None = None, swar: bool = True,
+                   ratio: bool = False, ctas: int | None = None, ratio_tables=None):
     """out [M, N] ← the int4_g64 W4A4 GEMM + epilogue (``launch_w4a4_v2``'s contract, plus pre-expanded e4m3
     activations). ``nsplit``: token chunks per tile (None = :func:`default_nsplit`); ``stages``: ring depth
     (None = deepest that fits); ``grid``: persistent programs (None = SMs × :func:`ctas_per_sm`)."""
     g, args, cx, cfg = rs_args(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, out, fmt, group_size,
-                               config, col_scale=col_scale, grid=grid, nsplit=nsplit, stages=stages, swar=swar)
+                               config, col_scale=col_scale, grid=grid, nsplit=nsplit, stages=stages, swar=swar,
+                               ratio=ratio, ctas=ctas, ratio_tables=ratio_tables)
     w4a4_rs_kernel[(g, )](*args, **cx, num_warps=cfg.num_warps)
     return out
 
 
 def aot_signature_rs(config: KernelConfig | None = None, *, M=300, N=320, K=448, rank=32, group_size=64, bias=True,
-                     col_scale=True, out_dtype=torch.bfloat16, nsplit=None, stages=None, swar=True):
+                     col_scale=True, out_dtype=torch.bfloat16, nsplit=None, stages=None, swar=True, ratio=False,
+                     ctas=None):
     """(signature, constexprs, config) for ``kernels.aot.compile_sm90`` of :func:`w4a4_rs_kernel`."""
     import inspect
     from triton.runtime.jit import mangle_type
     from .w4a4_ws import make_operands_v2
     ops = make_operands_v2("int4_g64", M, N, K, rank, group_size, device="cpu", bias=bias, col_scale=col_scale,
                            out_dtype=out_dtype)
-    _, args, cx, cfg = rs_args(**ops, config=config, nsplit=nsplit, stages=stages, swar=swar)
+    _, args, cx, cfg = rs_args(**ops, config=config, nsplit=nsplit, stages=stages, swar=swar, ratio=ratio, ctas=ctas)
     names = [n for n in inspect.signature(w4a4_rs_kernel.fn).parameters if n not in cx]
     sig = {n: (mangle_type(a) if not isinstance(a, int) else "i32") for n, a in zip(names, args)}
     return sig, cx, cfg
