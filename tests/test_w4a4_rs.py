@@ -242,32 +242,40 @@ def test_host_emulation_of_the_data_path_matches_the_reference(tag, M, N, K, ran
     assert float((got - ref).abs().max() / ref.abs().max()) < 1e-12
 
 
-def _emulate_ratio(ops, G):
-    """float64 replay of the RATIO arithmetic over K (tile-independent): per group U = U·ρa·ρw + cb + P', then
+def _emulate_ratio(ops, G, bk=512):
+    """float64 replay of the RATIO arithmetic over the K steps of a BLOCK_K = bk config: per group (the last step's
+    groups past K included, their rows read as TMA would: zero past the table) U = U·ρa·ρw + cb + P', then
     Y = U·a_last·ws_last — from the tables the launcher builds (ratio_act_tables / ratio_weight_tables)."""
     from lowrank_gemm.formats.int4 import unpack_int4
     from lowrank_gemm.kernels.w4_expand import expand_act_f8_ref
     x8, xab = expand_act_f8_ref(ops["x_q"], ops["x_scale"], G)
-    rab, a_last = rs.ratio_act_tables(xab)
-    rw, w_last = rs.ratio_weight_tables(ops["w_scale"])
+    K = x8.shape[1]
+    rab, a_last = rs.ratio_act_tables(xab, G)
+    rw, w_last = rs.ratio_weight_tables(ops["w_scale"], G)
+    pad = rs.ratio_groups(K // G, G) - K // G
+    assert rab.shape[0] == rw.shape[0] == K // G + pad
+    assert bool((rab[K // G:, 0] == 1).all() and (rab[K // G:, 1] == 0).all() and (rw[K // G:] == 1).all()), \
+        "padded groups leave the running sum alone"
     rab, a_last, rw, w_last = (t.double() for t in (rab, a_last, rw, w_last))
     wn = (unpack_int4(ops["w_q"]).double() + 8) / 512
-    x8 = x8.double()
-    K = x8.shape[1]
+    kp = -(-K // bk) * bk                     # the K the steps cover: tokens past K are 0, weight bytes 0 → n' = 8
+    x8 = torch.nn.functional.pad(x8.double(), (0, kp - K))
+    wn = torch.nn.functional.pad(wn, (0, kp - K), value=8 / 512)
     u = torch.zeros(x8.shape[0], wn.shape[0], dtype=torch.float64)
-    for g in range(K // G):
+    for g in range(kp // G):
         ks = slice(g * G, (g + 1) * G)
-        u = u * rab[g, 0][:, None] * rw[g][None, :] + rab[g, 1][:, None] + x8[:, ks] @ wn[:, ks].t()
+        ra, cb, rwg = ((t[g] if g < t.shape[0] else torch.zeros_like(t[0])) for t in (rab[:, 0], rab[:, 1], rw))
+        u = u * ra[:, None] * rwg[None, :] + cb[:, None] + x8[:, ks] @ wn[:, ks].t()
     return u * a_last[:, None] * w_last[None, :]
 
 
-@pytest.mark.parametrize("case", ["random", "zero_groups", "tiny_groups"])
+@pytest.mark.parametrize("case", ["random", "zero_groups", "tiny_groups", "ragged_k"])
 def test_ratio_chain_matches_the_reference(case):
     """RATIO's math (module doc) in float64 against w4a4_gemm_ref on the same quantized operands — including
     all-zero activation groups (scale 0: ρ stays finite through the floor), a zero weight-scale group, and groups
     2⁻⁶⁰ below their row's largest (raised to the floor: their error stays below fp32 resolution)."""
     from lowrank_gemm.reference import w4a4_gemm_ref
-    M, N, K, G = 24, 40, 512, 64
+    M, N, K, G = 24, 40, 448 if case == "ragged_k" else 512, 64   # 448: the last 512-wide step has one group
     ops = w4.make_operands_v2("int4_g64", M, N, K, 0, G, device="cpu", bias=False)
     if case == "zero_groups":
         ops["x_scale"][2, :5] = 0
@@ -289,6 +297,9 @@ def test_ratio_tables():
     r_int = torch.tensor([[3.0, 0.0, -7.0], [-100.0, 0.0, 2.0], [0.0, 0.0, 5.0]])
     xab = torch.stack((a, -8.0 * r_int * a / 512.0), dim=1)
     rab, a_last = rs.ratio_act_tables(xab)
+    assert rab.shape == (8, 2, 3) and torch.equal(rab[3:, 0], torch.ones(5, 3)) and torch.equal(rab[3:, 1],
+                                                                                                torch.zeros(5, 3))
+    rab = rab[:3]
     assert torch.equal(rab[0, 0], torch.zeros(3))
     assert torch.equal(rab[1:, 0, 0], torch.tensor([2.0, 0.25]))
     assert torch.equal(rab[:, 0, 1], torch.tensor([0.0, 1.0, 1.0]))          # all-zero column: floor 1, ratio 1
@@ -298,8 +309,9 @@ def test_ratio_tables():
     xab[1, 0, 0] = float("nan")
     rab, a_last = rs.ratio_act_tables(xab)
     assert torch.isnan(a_last[0]) and not torch.isnan(a_last[1:]).any()
-    rw, w_last = rs.ratio_weight_tables(torch.tensor([[2.0, 3.0], [4.0, 3.0]], dtype=torch.bfloat16))
-    assert torch.equal(rw, torch.tensor([[0.0, 0.0], [0.5, 1.0]])) and torch.equal(w_last, torch.tensor([4.0, 3.0]))
+    rw, w_last = rs.ratio_weight_tables(torch.tensor([[2.0, 3.0], [4.0, 3.0]], dtype=torch.bfloat16), 128)
+    assert torch.equal(rw, torch.tensor([[0.0, 0.0], [0.5, 1.0], [1.0, 1.0], [1.0, 1.0]]))
+    assert torch.equal(w_last, torch.tensor([4.0, 3.0]))
 
 
 def test_ratio_k_loop_is_one_fmul_one_ffma_per_element_per_group_and_no_partials():

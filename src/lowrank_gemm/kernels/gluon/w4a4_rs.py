@@ -63,7 +63,7 @@ from .w4a4_ws import _f8_operands, _offset_nibbles_f8, _pad_rank
 __all__ = ["rs_ledger", "default_rs_config", "plan_rs", "check_rs_config", "launch_w4a4_rs", "w4a4_rs_kernel",
            "rs_args", "aot_signature_rs", "rs_steps_host", "rs_cursor_host", "simulate_rs", "default_nsplit",
            "ctas_per_sm", "SM90_SMEM_PER_SM", "PROBE_TAGS", "config_from_tag", "RATIO_FLOOR",
-           "ratio_weight_tables", "ratio_act_tables"]
+           "ratio_weight_tables", "ratio_act_tables", "ratio_groups"]
 
 PACK = 64                    # formats.int4.PACK_BLOCK: a 64-wide K block is 32 packed bytes (lo | hi nibbles)
 _PACK = gl.constexpr(PACK)
@@ -499,34 +499,46 @@ def config_from_tag(tag: str) -> tuple[KernelConfig | None, dict]:
 RATIO_FLOOR = 2.0 ** -40
 
 
-def _ratio_chain(scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Group-major scales [K/G, L] → (ρ [K/G, L] fp32 with ρ[g] = s[g−1]/s[g], ρ[0] = 0; s_last [L]) on the
-    effective scales s = max(scale, floor) with floor = RATIO_FLOOR · max over groups (1 for an all-zero column).
-    NaN anywhere in a column makes the column's s, hence its ρ and s_last, NaN."""
+def ratio_groups(n_groups: int, group_size: int) -> int:
+    """Rows of a ratio table: K/G padded to whole 512-wide K steps (the largest BLOCK_K), so any config's last step
+    reads real rows. A padded group must leave the running sum alone (ρ = 1, cb = 0): TMA's zero fill would read
+    ρ = 0 and wipe it."""
+    per = max(1, 512 // group_size)
+    return -(-n_groups // per) * per
+
+
+def _ratio_chain(scale: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Group-major scales [K/G, L] → (ρ [ratio_groups, L] fp32 with ρ[g] = s[g−1]/s[g], ρ[0] = 0, padded rows 1;
+    s_last [L]) on the effective scales s = max(scale, floor) with floor = RATIO_FLOOR · max over groups (1 for an
+    all-zero column). NaN anywhere in a column makes the column's s, hence its ρ and s_last, NaN."""
     s = scale.float()
     top = s.amax(dim=0, keepdim=True)
     floor = torch.where(top > 0, top * RATIO_FLOOR, torch.ones_like(top))
     floor = torch.where(torch.isnan(top), top, floor)
     eff = torch.maximum(s, floor)
-    rho = torch.zeros_like(eff)
-    rho[1:] = eff[:-1] / eff[1:]
+    g = s.shape[0]
+    rho = torch.ones(ratio_groups(g, group_size), s.shape[1], dtype=torch.float32, device=s.device)
+    rho[0] = 0.0
+    rho[1:g] = eff[:-1] / eff[1:]
     return rho, eff[-1].contiguous()
 
 
-def ratio_weight_tables(w_scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The weights' side of RATIO, once per weight: (ρw [K/G, N] fp32, ws_last [N] fp32)."""
-    return _ratio_chain(w_scale)
+def ratio_weight_tables(w_scale: torch.Tensor, group_size: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
+    """The weights' side of RATIO, once per weight: (ρw [ratio_groups, N] fp32, ws_last [N] fp32)."""
+    return _ratio_chain(w_scale, group_size)
 
 
-def ratio_act_tables(xab: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def ratio_act_tables(xab: torch.Tensor, group_size: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
     """The tokens' side of RATIO from the e4m3 path's rows xab [K/G, 2, M] = (a = 2⁹·xs, b = −8·R·xs):
-    (rab [K/G, 2, M] fp32 = (ρa, cb), a_last [M]) with cb = −R/64 (the offset correction in P' units; R recovered as
-    the integer round(−64·b/a), 0 where a = 0)."""
+    (rab [ratio_groups, 2, M] fp32 = (ρa, cb), a_last [M]) with cb = −R/64 (the offset correction in P' units; R
+    recovered as the integer round(−64·b/a), 0 where a = 0; 0 in padded rows)."""
     a, b = xab[:, 0].float(), xab[:, 1].float()
-    rho, a_last = _ratio_chain(a)
+    rho, a_last = _ratio_chain(a, group_size)
     r = torch.where(a != 0, torch.round(-64.0 * b / torch.where(a != 0, a, torch.ones_like(a))), torch.zeros_like(a))
     r = torch.where(torch.isnan(a), a, r)
-    return torch.stack((rho, -r / 64.0), dim=1).contiguous(), a_last
+    cb = torch.zeros_like(rho)
+    cb[:a.shape[0]] = -r / 64.0
+    return torch.stack((rho, cb), dim=1).contiguous(), a_last
 
 
 def rs_args(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, out, fmt, group_size,
@@ -582,14 +594,15 @@ def rs_args(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, out, 
     rows = w_scale
     if ratio:
         if ratio_tables is None:
-            ratio_tables = (*ratio_act_tables(xab), *ratio_weight_tables(w_scale))
+            ratio_tables = (*ratio_act_tables(xab, group_size), *ratio_weight_tables(w_scale, group_size))
         xab, a_last, rows, w_last = ratio_tables
-        _expect(tuple(xab.shape) == (K // group_size, 2, M) and tuple(rows.shape) == (K // group_size, N)
+        gp = ratio_groups(K // group_size, group_size)
+        _expect(tuple(xab.shape) == (gp, 2, M) and tuple(rows.shape) == (gp, N)
                 and a_last.numel() == M and w_last.numel() == N
                 and all(t.dtype == torch.float32 and t.is_contiguous() for t in ratio_tables),
-                f"ratio tables must be contiguous float32 rab [{K // group_size}, 2, {M}], a_last [{M}], "
-                f"rho_w [{K // group_size}, {N}], ws_last [{N}]; got {[tuple(t.shape) for t in ratio_tables]}")
-    ab_desc = desc(xab.reshape(2 * (K // group_size), M), (2 * ur, bt),
+                f"ratio tables must be contiguous float32 rab [{gp}, 2, {M}], a_last [{M}], rho_w [{gp}, {N}], "
+                f"ws_last [{N}] (ratio_act_tables / ratio_weight_tables); got {[tuple(t.shape) for t in ratio_tables]}")
+    ab_desc = desc(xab.reshape(-1, M), (2 * ur, bt),
                    gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2))
     ws_desc = desc(rows, (ur, bn), gl.NVMMASharedLayout(swizzle_byte_width=0,
                                                         element_bitwidth=rows.element_size() * 8, rank=2))
