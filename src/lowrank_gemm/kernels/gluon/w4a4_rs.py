@@ -466,7 +466,8 @@ def _expect(cond, msg):
 # The candidates the probe times and the tests compile (scripts/probe_w4a4_rs.py): "t{BT}n{BN}k{BK}[s{NSPLIT}]
 # [x{STAGES}]", "default" = :func:`default_rs_config`. Each compiles with 0 spills (tests/test_w4a4_rs.py).
 PROBE_TAGS = ("default", "t128n128k128", "t128n128k128s1", "t128n64k128", "t64n128k256", "t64n64k256",
-              "t128n128k128r", "t128n64k128r", "t128n64k128rc3", "t128n64k256rc2", "t64n64k256r", "t64n64k128rc4")
+              "t128n128k128r", "t128n64k128r", "t128n64k128rc3", "t128n64k256rc2", "t64n64k256r", "t64n64k128rc4",
+              "t64n64k128c4", "t64n64k128c3", "t64n64k256c3", "t128n64k128c3")
 
 
 def config_from_tag(tag: str) -> tuple[KernelConfig | None, dict]:

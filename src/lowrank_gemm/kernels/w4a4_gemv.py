@@ -1,0 +1,258 @@
+"""W4A4 GEMV for a handful of tokens (M ≤ 4): the layer as a weight stream on the CUDA cores, no tensor cores.
+
+    out[m, n] = epilogue( Σ_g xs[g, m] · ws[g, n] · Σ_{k ∈ g} q_x[m, k] · q_w[n, k] )     (int4_g64)
+
+Why: at M = 1 the decode GEMM (gluon/w4a4_decode.py) spends its time in a per-CTA chain — wait for the TMA slot,
+ldmatrix, expand, wgmma, wait, rescale — while 15/16 of every wgmma multiplies zero tokens; it streams the 58.7 MB of
+K=4096, N=28672 weights in ~29 µs where a plain load kernel with ≥ 4 programs per SM needs 16.3 µs
+(NOTES.md, session 5, ``probe_stream``). Here every thread loads 16-byte runs of packed weights with ordinary
+vectorized loads (many small programs keep the bytes in flight) and does the arithmetic in 8-bit SIMD:
+
+- a 32-bit word of packed weights holds K positions 4j..4j+3 (low nibbles) and 32+4j..32+4j+3 (high nibbles) of a
+  64-wide packing block (formats/int4.py). One LOP3 turns four nibbles into offset bytes n' = q + 8 (u8), so two
+  ``dp4a.u32.s32`` against the token's signed bytes at the same K positions give Σ q_x·n' over those 8 positions:
+  five instructions per 8 weights per token (``_DOT_ASM``);
+- the token's packed word at the same index covers the same K positions; its nibbles become signed bytes once per
+  program and K chunk (tiny: the token is K/2 bytes), with their group row sums R = Σ q_x;
+- per group: S_g = Σ q_x·n' − 8·R exact in int32, then acc += S_g · ws[g, n] · xs[g, m] in fp32;
+- epilogue: × col_scale[n], + Σ_r lora_up[n, r]·s[m, r] (s rounded to lora_up's dtype like the unfused
+  reference), + bias[n], store.
+
+One program per (BLOCK_N weight rows, token): programs of the same rows are adjacent (token fastest), so a second
+token's read of the rows hits L2. Deterministic: a fixed reduction order, no atomics. PDL (kernels/pdl.py): the
+launch may start while act_quant finishes; nothing the previous kernel writes is read before ``griddepcontrol.wait``.
+The interpreter cannot run inline PTX: ``SWAR=False`` does the same arithmetic with plain integer ops (CPU tests).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from .epilogue import rank_block
+from .int4_unpack import SWAR_DEFAULT
+from .pdl import gdc_launch_dependents, gdc_wait, pdl_enabled
+
+__all__ = ["launch_w4a4_gemv", "w4a4_gemv_kernel", "gemv_args", "GEMV_MAX_M", "gemv_enabled", "gemv_config", "GemvConfig",
+           "DEFAULT_CONFIG", "aot_signature_gemv"]
+
+GEMV_MAX_M = 4       # the route's limit (w4a4_gemm._route): past it the token reuse favours the tensor cores
+
+# Σ q_x · n'_w over the 8 K positions of one packed weight word ($1) against the token's signed bytes at the low
+# ($2) and high ($3) positions; n' = (nibble ^ 8) = q_w + 8 via LOP3 ((a & b) ^ c).
+_DOT_ASM = tl.constexpr("""{
+.reg .b32 lo, hi, t;
+lop3.b32 lo, $1, 0x0F0F0F0F, 0x08080808, 0x6a;
+shr.u32 t, $1, 4;
+lop3.b32 hi, t, 0x0F0F0F0F, 0x08080808, 0x6a;
+dp4a.u32.s32 t, lo, $2, 0;
+dp4a.u32.s32 $0, hi, $3, t;
+}""")
+
+
+@triton.jit
+def _signed_bytes(u):
+    """Four nibbles (uint32 ``u``, one per byte, two's complement int4) → four int8 bytes as an int32 word:
+    ((n ^ 8) + 120) ^ 128 per byte, no carry crossing a byte (kernels/int4_unpack.py)."""
+    return (((u ^ 0x08080808) + 0x78787878) ^ 0x80808080).to(tl.int32, bitcast=True)
+
+
+@triton.jit
+def _word_dot(w, xlo, xhi, SWAR: tl.constexpr):
+    """Σ over the word's 8 K positions of q_x · (q_w + 8) (int32)."""
+    if SWAR:
+        return tl.inline_asm_elementwise(_DOT_ASM, "=r,r,r,r", [w, xlo, xhi], dtype=tl.int32, is_pure=True, pack=1)
+    else:
+        acc = tl.zeros(w.shape, tl.int32)
+        for i in tl.static_range(4):
+            lo = (w >> (8 * i)) & 0x0F ^ 0x08
+            hi = (w >> (8 * i + 4)) & 0x0F ^ 0x08
+            xl = ((xlo >> (8 * i)) & 0xFF ^ 0x80) - 0x80          # the byte as int8
+            xh = ((xhi >> (8 * i)) & 0xFF ^ 0x80) - 0x80
+            acc += lo * xl + hi * xh
+        return acc
+
+
+@triton.jit
+def _byte_sum(v):
+    """Sum of the four int8 bytes of ``v`` (int32)."""
+    acc = tl.zeros(v.shape, tl.int32)
+    for i in tl.static_range(4):
+        acc += ((v >> (8 * i)) & 0xFF ^ 0x80) - 0x80
+    return acc
+
+
+@triton.jit(do_not_specialize=["M", "N", "K", "R"])
+def w4a4_gemv_kernel(xq_ptr, xs_ptr, wq_ptr, ws_ptr, s_ptr, up_ptr, bias_ptr, cs_ptr, y_ptr,
+                     M, N, K, R, stride_sm, stride_un, stride_ym,
+                     G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_KW: tl.constexpr, BLOCK_R: tl.constexpr,
+                     HAS_LOWRANK: tl.constexpr, HAS_COL_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr,
+                     SWAR: tl.constexpr, PDL: tl.constexpr):
+    """xq int32 words [M, K/8] (packed int4 activations), xs [K/G, M]; wq int32 words [N, K/8], ws [K/G, N]; s fp32
+    [M, R], up [N, R]; y [M, N]. BLOCK_KW packed words (8·BLOCK_KW K positions) per K chunk, whole groups."""
+    WPG: tl.constexpr = G // 8                 # packed words per group
+    Q: tl.constexpr = BLOCK_KW // 4            # 16-byte quarters of a chunk row: one thread's vector load each
+    if PDL:
+        gdc_launch_dependents()
+    pid = tl.program_id(0)
+    m = pid % M
+    n0 = (pid // M) * BLOCK_N
+    rows = n0 + tl.arange(0, BLOCK_N)
+    row_ok = rows < N
+    kw_total = tl.multiple_of(K // 8, 8)       # words per row: K % 64 == 0, so rows start 32-byte aligned
+    offs_w = tl.arange(0, BLOCK_KW)
+    offs_q = tl.arange(0, Q)
+    # per (row, 16-byte quarter) fp32 partials, reduced across the row's threads once after the K loop: the loop
+    # itself has no shuffles (a quarter lies inside one group, so it is scaled on its own)
+    acc2 = tl.zeros((BLOCK_N, Q), tl.float32)
+    w_ptrs = wq_ptr + rows[:, None].to(tl.int64) * kw_total + offs_w[None, :]
+    ws_ptrs = ws_ptr + ((offs_q * 4) // WPG)[None, :] * N + rows[:, None]
+    w_next = tl.load(w_ptrs, mask=row_ok[:, None], other=0)       # the weights do not depend on the previous kernel
+    if PDL:
+        gdc_wait()            # the token, its scales and s come from the previous kernel (act_quant)
+    for kw in range(0, kw_total, BLOCK_KW):
+        w = w_next
+        # the next chunk's loads go out before this one's arithmetic (a register double buffer: two chunks in
+        # flight per thread)
+        w_next = tl.load(w_ptrs + kw + BLOCK_KW, mask=row_ok[:, None] & (kw + BLOCK_KW < kw_total), other=0)
+        xw = tl.load(xq_ptr + m * kw_total + kw + offs_w).to(tl.uint32, bitcast=True)    # [BKW]
+        xlo = _signed_bytes(xw & 0x0F0F0F0F)
+        xhi = _signed_bytes((xw >> 4) & 0x0F0F0F0F)
+        d = _word_dot(w, tl.broadcast_to(xlo[None, :], (BLOCK_N, BLOCK_KW)),
+                      tl.broadcast_to(xhi[None, :], (BLOCK_N, BLOCK_KW)), SWAR)
+        dq = tl.sum(tl.reshape(d, (BLOCK_N, Q, 4)), axis=2)                           # [BN, Q]  Σ q_x·n'
+        rq = tl.sum(tl.reshape(_byte_sum(xlo) + _byte_sum(xhi), (Q, 4)), axis=1)      # [Q]  Σ q_x
+        g0 = kw // WPG
+        ws = tl.load(ws_ptrs + g0 * N, mask=row_ok[:, None], other=0.0).to(tl.float32)  # [BN, Q] (2 per group)
+        xs = tl.load(xs_ptr + (g0 + (offs_q * 4) // WPG) * M + m).to(tl.float32)        # [Q]
+        part = (dq - 8 * rq[None, :]).to(tl.float32)                                    # Σ q_x·q_w, exact
+        acc2 += part * ws * xs[None, :]
+    acc = tl.sum(acc2, axis=1)
+    if HAS_COL_SCALE:
+        acc = acc * tl.load(cs_ptr + rows, mask=row_ok, other=0.0).to(tl.float32)
+    if HAS_LOWRANK:
+        offs_r = tl.arange(0, BLOCK_R)
+        r_ok = offs_r < R
+        sv = tl.load(s_ptr + m * stride_sm + offs_r, mask=r_ok, other=0.0)
+        sv = sv.to(up_ptr.dtype.element_ty).to(tl.float32)           # rounded like an unfused s @ B.T
+        up = tl.load(up_ptr + rows[:, None] * stride_un + offs_r[None, :], mask=row_ok[:, None] & r_ok[None, :],
+                     other=0.0).to(tl.float32)
+        acc += tl.sum(up * sv[None, :], axis=1)
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + rows, mask=row_ok, other=0.0).to(tl.float32)
+    tl.store(y_ptr + m * stride_ym + rows, acc.to(y_ptr.dtype.element_ty), mask=row_ok)
+
+
+class GemvConfig(tuple):
+    """(block_n, block_kw, num_warps, num_stages)."""
+
+    def __new__(cls, block_n: int, block_kw: int, num_warps: int, num_stages: int):
+        return super().__new__(cls, (block_n, block_kw, num_warps, num_stages))
+
+    block_n = property(lambda s: s[0])
+    block_kw = property(lambda s: s[1])
+    num_warps = property(lambda s: s[2])
+    num_stages = property(lambda s: s[3])
+
+
+# Default: 32 weight rows × 512 K per chunk (16 KB of packed weights in flight per program per stage, 4 warps:
+# 16 words = 64 B per thread); N = 28672 gives 896 programs per token. Measured choices: NOTES.md, session 7.
+DEFAULT_CONFIG = GemvConfig(32, 64, 4, 3)
+CONFIG_ENV = "LOWRANK_GEMM_GEMV_CONFIG"      # "block_n,block_kw,warps,stages" (probes)
+
+
+def gemv_config(config: GemvConfig | None = None) -> GemvConfig:
+    if config is not None:
+        return GemvConfig(*config)
+    env = os.environ.get(CONFIG_ENV, "")
+    if env:
+        parts = env.split(",")
+        if len(parts) != 4 or not all(p.isdigit() for p in parts):
+            raise ValueError(f"{CONFIG_ENV} must be 'block_n,block_kw,warps,stages', got {env!r}")
+        return GemvConfig(*(int(p) for p in parts))
+    return DEFAULT_CONFIG
+
+
+def gemv_enabled() -> bool:
+    """``LOWRANK_GEMM_GEMV=0`` routes M ≤ GEMV_MAX_M back to the decode kernel (instant fallback)."""
+    return os.environ.get("LOWRANK_GEMM_GEMV", "1") != "0"
+
+
+def _expect(cond, msg):
+    if not cond:
+        raise ValueError(f"w4a4 gemv: {msg}")
+
+
+def gemv_args(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, out, fmt: str = "int4_g64",
+              group_size: int = 64, *, col_scale=None, config: GemvConfig | None = None, swar=None, pdl=None):
+    """Validate (the launcher contract, ``w4a4_gemm.check_gemm_args``), plan, and build one launch:
+    (grid, args, constexprs, config)."""
+    from .w4a4_gemm import check_gemm_args
+    _expect(fmt in ("int4_g64", "int4_g"), f"the GEMV runs the standard format int4_g64, got fmt={fmt!r}")
+    _expect(x_q.dtype == torch.uint8, f"activations must be packed int4 uint8 [M, K/2] (not the pre-expanded e4m3 "
+                                      f"operands), got {x_q.dtype}")
+    M, N, K, r = check_gemm_args(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, group_size, fmt)
+    dev = x_q.device
+    _expect(1 <= M, f"needs at least one token, got M={M}")
+    _expect(out.dtype in (torch.bfloat16, torch.float16, torch.float32) and tuple(out.shape) == (M, N)
+            and out.stride(1) == 1 and out.device == dev,
+            f"out must be bf16/fp16/fp32 [M, N] = {[M, N]} with unit column stride on {dev}, got {out.dtype} "
+            f"{list(out.shape)} on {out.device}")
+    _expect(col_scale is None or (tuple(col_scale.shape) == (N, ) and col_scale.device == dev),
+            f"col_scale must be [N={N}] on {dev}, got {None if col_scale is None else list(col_scale.shape)}")
+    for name, t in (("x_q", x_q), ("w_q", w_q)):
+        _expect(t.is_contiguous() and t.data_ptr() % 4 == 0,
+                f"{name} must be contiguous and 4-byte aligned (read as 32-bit words)")
+    _expect(x_scale.is_contiguous() and w_scale.is_contiguous(), "x_scale / w_scale must be contiguous [K/G, ·]")
+    cfg = gemv_config(config)
+    bn, bkw = cfg.block_n, cfg.block_kw
+    wpg = group_size // 8
+    _expect(bkw % wpg == 0 and bkw & (bkw - 1) == 0 and bn & (bn - 1) == 0 and bn >= 16,
+            f"block_kw must be a power of two of whole groups ({wpg} words per group of {group_size}), block_n a "
+            f"power of two ≥ 16; got {cfg}")
+    while (K // 8) % bkw:        # the K chunk divides K (K % G == 0, so one group always does): no K masks
+        bkw //= 2
+    cfg = GemvConfig(bn, bkw, cfg.num_warps, cfg.num_stages)
+    swar = SWAR_DEFAULT if swar is None else bool(swar)
+    pdl = pdl_enabled(dev) if pdl is None else bool(pdl)
+    f32 = torch.empty(1, dtype=torch.float32, device=dev)
+    br = rank_block(r) if r else 16
+    if r:
+        _expect(lowrank_act.stride(1) == 1 and lora_up.stride(1) == 1, "lowrank_act / lora_up need unit column stride")
+    args = (x_q.view(torch.int32), x_scale, w_q.view(torch.int32), w_scale,
+            lowrank_act if r else f32, lora_up if r else f32, bias if bias is not None else f32,
+            col_scale if col_scale is not None else f32, out,
+            M, N, K, r, lowrank_act.stride(0) if r else 0, lora_up.stride(0) if r else 0, out.stride(0))
+    cx = dict(G=group_size, BLOCK_N=bn, BLOCK_KW=bkw, BLOCK_R=br, HAS_LOWRANK=bool(r),
+              HAS_COL_SCALE=col_scale is not None, HAS_BIAS=bias is not None, SWAR=swar, PDL=pdl)
+    grid = (triton.cdiv(N, bn) * M, )
+    return grid, args, cx, cfg
+
+
+def launch_w4a4_gemv(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, out, fmt: str = "int4_g64",
+                     group_size: int = 64, *, col_scale=None, config: GemvConfig | None = None, swar=None, pdl=None):
+    """out [M, N] ← the int4_g64 W4A4 GEMM + epilogue for a few tokens (launcher contract of kernels/w4a4_gemm.py).
+    ``config``: :class:`GemvConfig` (None: env ``LOWRANK_GEMM_GEMV_CONFIG``, else the default); ``pdl`` (None =
+    :func:`kernels.pdl.pdl_enabled`)."""
+    grid, args, cx, cfg = gemv_args(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, out, fmt,
+                                    group_size, col_scale=col_scale, config=config, swar=swar, pdl=pdl)
+    w4a4_gemv_kernel[grid](*args, **cx, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+                           launch_pdl=cx["PDL"])
+    return out
+
+
+def aot_signature_gemv(config: GemvConfig | None = None, *, M=2, N=160, K=512, rank=16, group_size=64, bias=True,
+                       col_scale=True, pdl=True):
+    """(signature, constexprs, config) for ``kernels.aot.compile_sm90`` of :func:`w4a4_gemv_kernel` (SWAR on)."""
+    import inspect
+    from triton.runtime.jit import mangle_type
+    from .gluon.w4a4_ws import make_operands_v2
+    ops = make_operands_v2("int4_g64", M, N, K, rank, group_size, device="cpu", bias=bias, col_scale=col_scale)
+    _, args, cx, cfg = gemv_args(**ops, config=config, swar=True, pdl=False)
+    cx["PDL"] = bool(pdl)
+    names = [n for n in inspect.signature(w4a4_gemv_kernel.fn).parameters if n not in cx]
+    sig = {n: (mangle_type(a) if not isinstance(a, int) else "i32") for n, a in zip(names, args)}
+    return sig, cx, cfg
