@@ -19,7 +19,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 SHAPES = [(28672, 4096), (4096, 4096), (14336, 4096), (4096, 14336)]      # (N, K): Llama-3-8B gate_up, o/qkv, …
-CFGS = "32,64,4,1;16,64,2,1;64,64,4,1;32,128,4,1;16,128,4,1;32,32,2,1;64,128,8,1"
+CFGS = ("t:16,64,2,1;g:16,64,2,1;g:32,64,4,1;g:16,128,4,1;g:32,128,4,1;g:64,64,8,1;g:16,32,1,1;g:32,32,2,1;"
+        "g:64,128,4,1")
 
 
 def main() -> int:
@@ -36,7 +37,9 @@ def main() -> int:
     from lowrank_gemm.kernels.w4_expand import expand_act_f8
     from lowrank_gemm.reference import lowrank_epilogue_ref, w4a4_gemm_ref
 
-    cfgs = [gv.GemvConfig(*(int(v) for v in c.split(","))) for c in args.cfgs.split(";") if c]
+    kernels = {"g": "gluon", "t": "triton"}
+    cfgs = [(kernels[c.split(":")[0]], gv.GemvConfig(*(int(v) for v in c.split(":")[1].split(","))))
+            for c in args.cfgs.split(";") if c]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     rows, t0 = [], time.time()
@@ -76,18 +79,18 @@ def main() -> int:
             y = launch_w4a4_decode(**pre[0][0]).double()
             err = float((y - ref).abs().max() / ref.abs().max())
             emit(**base, impl="decode_gemm", err=err, **time_impl(lambda p: launch_w4a4_decode(**p), pre))
-            for cfg in cfgs:
-                name = "gemv:" + ",".join(map(str, cfg))
+            for kern, cfg in cfgs:
+                name = f"gemv:{kern}:" + ",".join(map(str, cfg))
                 try:
                     o["out"].fill_(float("nan"))
-                    y = gv.launch_w4a4_gemv(**o, config=cfg).clone()
+                    y = gv.launch_w4a4_gemv(**o, config=cfg, kernel=kern).clone()
                     torch.cuda.synchronize()
                     err = float((y.double() - ref).abs().max() / ref.abs().max())
-                    same = bool(torch.equal(gv.launch_w4a4_gemv(**o, config=cfg), y))
+                    same = bool(torch.equal(gv.launch_w4a4_gemv(**o, config=cfg, kernel=kern), y))
                     ok = bool(torch.isfinite(y).all()) and err < 1e-2 and same
                     emit(**base, impl=name, err=err, same=same, ok=ok,
-                         **(time_impl(lambda p, c=cfg: gv.launch_w4a4_gemv(**p, config=c), [(s, ) for s in sets])
-                            if ok else {}))
+                         **(time_impl(lambda p, c=cfg, k=kern: gv.launch_w4a4_gemv(**p, config=c, kernel=k),
+                                      [(s, ) for s in sets]) if ok else {}))
                 except Exception as exc:
                     traceback.print_exc()
                     emit(**base, impl=name, error=f"{type(exc).__name__}: {exc}"[:300])

@@ -83,16 +83,22 @@ def test_bad_inputs():
             del os.environ[gv.CONFIG_ENV]
 
 
-@pytest.mark.parametrize("cfg", [None, gv.GemvConfig(64, 128, 4, 3), gv.GemvConfig(16, 64, 2, 4)],
-                         ids=lambda c: "default" if c is None else "-".join(map(str, c)))
-def test_sm90_compile_dp4a_no_spills(cfg):
-    """Compiled for sm_90: the weight words go through dp4a (two per packed word and token), the loads are 16-byte
-    vectors, PDL's griddepcontrol is there, and ptxas spills nothing."""
+def _compile(cfg, kernel):
     from lowrank_gemm.kernels.aot import compile_sm90
-    sig, cx, c = gv.aot_signature_gemv(cfg)
+    sig, cx, c = gv.aot_signature_gemv(cfg, kernel=kernel)
+    name = "w4a4_gemv_gl_kernel" if kernel == "gluon" else "w4a4_gemv_kernel"
     # the pointers 16-byte aligned, as the JIT specializes them at launch (torch allocations)
-    info = compile_sm90(MOD, "w4a4_gemv_kernel", sig, cx, num_warps=c.num_warps, num_stages=c.num_stages,
+    return compile_sm90(MOD, name, sig, cx, num_warps=c.num_warps, num_stages=c.num_stages,
                         aligned=tuple(a for a in sig if a.endswith("_ptr")))
+
+
+@pytest.mark.parametrize("kernel,cfg", [("triton", None), ("triton", gv.GemvConfig(64, 128, 4, 3)),
+                                        ("gluon", None), ("gluon", gv.GemvConfig(32, 128, 4, 1))],
+                         ids=lambda v: v if isinstance(v, str) else "default" if v is None else "-".join(map(str, v)))
+def test_sm90_compile_dp4a_no_spills(kernel, cfg):
+    """Compiled for sm_90: the weight words go through dp4a (two per packed word and token), the weight loads are
+    16-byte vectors, PDL's griddepcontrol is there, and ptxas spills nothing."""
+    info = _compile(cfg, kernel)
     assert "dp4a.u32.s32" in info.ptx and "griddepcontrol.wait" in info.ptx
     assert not re.search(r"\bmma\b|wgmma", info.ptx), "CUDA cores only"
     assert re.search(r"ld\.global(\.\w+)*\.v4\.b32", info.ptx), "16-byte weight loads"
@@ -101,22 +107,46 @@ def test_sm90_compile_dp4a_no_spills(cfg):
         assert res[1] == 0, f"ptxas spills {res[1]} B ({res[0]} registers)"
 
 
+def test_sm90_gluon_k_loop_stays_in_registers():
+    """The Gluon kernel's K loop moves nothing between threads: no shared memory, no barrier, no shuffle (the
+    Triton version's compiler converted its accumulator through shared memory every iteration)."""
+    info = _compile(None, "gluon")
+    body = [x for _, b in _ptx_loops(info.ptx) for x in b if "dp4a" in "".join(b)]
+    assert body and not any(re.search(r"\b(bar\.sync|st\.shared|ld\.shared|shfl)", x) for x in body)
+
+
+def _ptx_loops(ptx):
+    """(label, body lines) of every PTX loop (a block that branches back to its own label)."""
+    lines = ptx.splitlines()
+    out = []
+    for i, ln in enumerate(lines):
+        mt = re.match(r"^(\$L__BB\d+_\d+):", ln)
+        if not mt:
+            continue
+        for j in range(i + 1, len(lines)):
+            if re.search(rf"bra(\.uni)?\s+{re.escape(mt.group(1))};", lines[j]):
+                out.append((mt.group(1), lines[i:j + 1]))
+                break
+    return out
+
+
 # ---------------------------------------------------------------------------------------------- GPU
 @pytest.mark.gpu
+@pytest.mark.parametrize("kernel", ["gluon", "triton"])
 @pytest.mark.parametrize("M", [1, 2, 4])
-@pytest.mark.parametrize("N,K,rank", [(28672, 4096, 32), (4096, 4096, 16), (3000, 1536, 0)])
-def test_gpu_real_sizes_repeats_and_graph(M, N, K, rank):
-    ops = _ops(M, N, K, rank, 64, device="cuda", out=torch.bfloat16, bias=True, col_scale=False, seed=M)
-    y = gv.launch_w4a4_gemv(**ops).clone()
+@pytest.mark.parametrize("N,K,rank", [(28672, 4096, 32), (4096, 4096, 16), (3000, 1536, 0), (200, 448, 5)])
+def test_gpu_real_sizes_repeats_and_graph(M, N, K, rank, kernel):
+    ops = _ops(M, N, K, rank, 64, device="cuda", out=torch.bfloat16, bias=True, col_scale=rank == 5, seed=M)
+    y = gv.launch_w4a4_gemv(**ops, kernel=kernel).clone()
     torch.cuda.synchronize()
     ref = w4.reference_v2(ops)
     assert torch.isfinite(y).all()
     assert float((y.double().cpu() - ref).abs().max() / ref.abs().max()) < 1e-2
     ops["out"].fill_(float("nan"))
-    assert torch.equal(gv.launch_w4a4_gemv(**ops), y), "bit-identical repeats"
+    assert torch.equal(gv.launch_w4a4_gemv(**ops, kernel=kernel), y), "bit-identical repeats"
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
-        gv.launch_w4a4_gemv(**ops)
+        gv.launch_w4a4_gemv(**ops, kernel=kernel)
     ops["out"].fill_(float("nan"))
     g.replay()
     torch.cuda.synchronize()
@@ -124,9 +154,10 @@ def test_gpu_real_sizes_repeats_and_graph(M, N, K, rank):
 
 
 @pytest.mark.gpu
-def test_gpu_fp32_result_is_exact_to_fp32_rounding():
+@pytest.mark.parametrize("kernel", ["gluon", "triton"])
+def test_gpu_fp32_result_is_exact_to_fp32_rounding(kernel):
     """The issue's accuracy bar on the fp32 result (before any cast): ≤ 1e-3 — here ~1e-7, the sums are exact ints."""
     ops = _ops(1, 28672, 4096, 32, 64, device="cuda", out=torch.float32)
-    y = gv.launch_w4a4_gemv(**ops).double().cpu()
+    y = gv.launch_w4a4_gemv(**ops, kernel=kernel).double().cpu()
     ref = w4.reference_v2(ops)
     assert float((y - ref).norm() / ref.norm()) < 1e-6

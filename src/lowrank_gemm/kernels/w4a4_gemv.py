@@ -31,13 +31,15 @@ import os
 import torch
 import triton
 import triton.language as tl
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
 
 from .epilogue import rank_block
 from .int4_unpack import SWAR_DEFAULT
-from .pdl import gdc_launch_dependents, gdc_wait, pdl_enabled
+from .pdl import gdc_launch_dependents, gdc_wait, gl_gdc_launch_dependents, gl_gdc_wait, pdl_enabled
 
 __all__ = ["launch_w4a4_gemv", "w4a4_gemv_kernel", "gemv_args", "GEMV_MAX_M", "gemv_enabled", "gemv_config", "GemvConfig",
-           "DEFAULT_CONFIG", "aot_signature_gemv"]
+           "DEFAULT_CONFIG", "aot_signature_gemv", "w4a4_gemv_gl_kernel"]
 
 GEMV_MAX_M = 4       # the route's limit (w4a4_gemm._route): past it the token reuse favours the tensor cores
 
@@ -76,13 +78,23 @@ def _word_dot(w, xlo, xhi, SWAR: tl.constexpr):
         return acc
 
 
+_SUM_ASM = tl.constexpr("""{
+.reg .b32 t;
+dp4a.s32.s32 t, $1, 0x01010101, 0;
+dp4a.s32.s32 $0, $2, 0x01010101, t;
+}""")
+
+
 @triton.jit
-def _byte_sum(v):
-    """Sum of the four int8 bytes of ``v`` (int32)."""
-    acc = tl.zeros(v.shape, tl.int32)
-    for i in tl.static_range(4):
-        acc += ((v >> (8 * i)) & 0xFF ^ 0x80) - 0x80
-    return acc
+def _byte_sum2(a, b, SWAR: tl.constexpr):
+    """Sum of the eight int8 bytes of ``a`` and ``b`` (int32)."""
+    if SWAR:
+        return tl.inline_asm_elementwise(_SUM_ASM, "=r,r,r", [a, b], dtype=tl.int32, is_pure=True, pack=1)
+    else:
+        acc = tl.zeros(a.shape, tl.int32)
+        for i in tl.static_range(4):
+            acc += (((a >> (8 * i)) & 0xFF ^ 0x80) - 0x80) + (((b >> (8 * i)) & 0xFF ^ 0x80) - 0x80)
+        return acc
 
 
 @triton.jit(do_not_specialize=["M", "N", "K", "R"])
@@ -94,7 +106,6 @@ def w4a4_gemv_kernel(xq_ptr, xs_ptr, wq_ptr, ws_ptr, s_ptr, up_ptr, bias_ptr, cs
     """xq int32 words [M, K/8] (packed int4 activations), xs [K/G, M]; wq int32 words [N, K/8], ws [K/G, N]; s fp32
     [M, R], up [N, R]; y [M, N]. BLOCK_KW packed words (8·BLOCK_KW K positions) per K chunk, whole groups."""
     WPG: tl.constexpr = G // 8                 # packed words per group
-    Q: tl.constexpr = BLOCK_KW // 4            # 16-byte quarters of a chunk row: one thread's vector load each
     if PDL:
         gdc_launch_dependents()
     pid = tl.program_id(0)
@@ -104,12 +115,18 @@ def w4a4_gemv_kernel(xq_ptr, xs_ptr, wq_ptr, ws_ptr, s_ptr, up_ptr, bias_ptr, cs
     row_ok = rows < N
     kw_total = tl.multiple_of(K // 8, 8)       # words per row: K % 64 == 0, so rows start 32-byte aligned
     offs_w = tl.arange(0, BLOCK_KW)
-    offs_q = tl.arange(0, Q)
-    # per (row, 16-byte quarter) fp32 partials, reduced across the row's threads once after the K loop: the loop
-    # itself has no shuffles (a quarter lies inside one group, so it is scaled on its own)
-    acc2 = tl.zeros((BLOCK_N, Q), tl.float32)
+    zero_rows = tl.zeros((BLOCK_N, 1), tl.int32)
+    # Every operand is addressed per (row, word) in the weights' [BN, BKW] shape, so they all share one layout and
+    # nothing crosses threads inside the K loop (a 1-D token vector broadcast into it cost a shared-memory
+    # round trip and ~8 bar.syncs per iteration, SASS of the first version): repeated addresses of a thread (the
+    # token words of its rows, a group's scales) are loaded once (CSE). Per-word fp32 partials; one reduction
+    # across the row's threads after the loop.
+    acc2 = tl.zeros((BLOCK_N, BLOCK_KW), tl.float32)
     w_ptrs = wq_ptr + rows[:, None].to(tl.int64) * kw_total + offs_w[None, :]
-    ws_ptrs = ws_ptr + ((offs_q * 4) // WPG)[None, :] * N + rows[:, None]
+    x_ptrs = xq_ptr + m * kw_total + offs_w[None, :] + zero_rows
+    g_of_w = (offs_w // WPG)[None, :] + zero_rows                       # [BN, BKW] group of each word, chunk-relative
+    ws_ptrs = ws_ptr + g_of_w * N + rows[:, None]
+    xs_ptrs = xs_ptr + g_of_w * M + m
     w_next = tl.load(w_ptrs, mask=row_ok[:, None], other=0)       # the weights do not depend on the previous kernel
     if PDL:
         gdc_wait()            # the token, its scales and s come from the previous kernel (act_quant)
@@ -118,18 +135,15 @@ def w4a4_gemv_kernel(xq_ptr, xs_ptr, wq_ptr, ws_ptr, s_ptr, up_ptr, bias_ptr, cs
         # the next chunk's loads go out before this one's arithmetic (a register double buffer: two chunks in
         # flight per thread)
         w_next = tl.load(w_ptrs + kw + BLOCK_KW, mask=row_ok[:, None] & (kw + BLOCK_KW < kw_total), other=0)
-        xw = tl.load(xq_ptr + m * kw_total + kw + offs_w).to(tl.uint32, bitcast=True)    # [BKW]
+        xw = tl.load(x_ptrs + kw).to(tl.uint32, bitcast=True)
         xlo = _signed_bytes(xw & 0x0F0F0F0F)
         xhi = _signed_bytes((xw >> 4) & 0x0F0F0F0F)
-        d = _word_dot(w, tl.broadcast_to(xlo[None, :], (BLOCK_N, BLOCK_KW)),
-                      tl.broadcast_to(xhi[None, :], (BLOCK_N, BLOCK_KW)), SWAR)
-        dq = tl.sum(tl.reshape(d, (BLOCK_N, Q, 4)), axis=2)                           # [BN, Q]  Σ q_x·n'
-        rq = tl.sum(tl.reshape(_byte_sum(xlo) + _byte_sum(xhi), (Q, 4)), axis=1)      # [Q]  Σ q_x
         g0 = kw // WPG
-        ws = tl.load(ws_ptrs + g0 * N, mask=row_ok[:, None], other=0.0).to(tl.float32)  # [BN, Q] (2 per group)
-        xs = tl.load(xs_ptr + (g0 + (offs_q * 4) // WPG) * M + m).to(tl.float32)        # [Q]
-        part = (dq - 8 * rq[None, :]).to(tl.float32)                                    # Σ q_x·q_w, exact
-        acc2 += part * ws * xs[None, :]
+        ws = tl.load(ws_ptrs + g0 * N, mask=row_ok[:, None], other=0.0).to(tl.float32)
+        xs = tl.load(xs_ptrs + g0 * M).to(tl.float32)
+        # Σ over the word's 8 positions of q_x·q_w = Σ q_x·(q_w + 8) − 8·Σ q_x, exact in int32
+        d = _word_dot(w, xlo, xhi, SWAR) - 8 * _byte_sum2(xlo, xhi, SWAR)
+        acc2 += d.to(tl.float32) * (ws * xs)
     acc = tl.sum(acc2, axis=1)
     if HAS_COL_SCALE:
         acc = acc * tl.load(cs_ptr + rows, mask=row_ok, other=0.0).to(tl.float32)
@@ -144,6 +158,104 @@ def w4a4_gemv_kernel(xq_ptr, xs_ptr, wq_ptr, ws_ptr, s_ptr, up_ptr, bias_ptr, cs
     if HAS_BIAS:
         acc += tl.load(bias_ptr + rows, mask=row_ok, other=0.0).to(tl.float32)
     tl.store(y_ptr + m * stride_ym + rows, acc.to(y_ptr.dtype.element_ty), mask=row_ok)
+
+
+@gluon.constexpr_function
+def _word_layout(block_n, block_kw, num_warps):
+    """[BN, Q, 4] packed words, 4 consecutive words (16 bytes: one vector load, one 16-byte quarter of a group)
+    per thread; the quarters of a row across a warp's threads, rows across the rest and the warps."""
+    q = block_kw // 4
+    tk = min(q, 32)
+    return gl.BlockedLayout([1, 1, 4], [32 // tk, tk, 1], [num_warps, 1, 1], [2, 1, 0])
+
+
+@gluon.jit
+def _gl_word_dot(w, xlo, xhi):
+    return gl.inline_asm_elementwise(_DOT_ASM, "=r,r,r,r", [w, xlo, xhi], dtype=gl.int32, is_pure=True, pack=1)
+
+
+@gluon.jit
+def _gl_signed_bytes(u):
+    return (((u ^ 0x08080808) + 0x78787878) ^ 0x80808080).to(gl.int32, bitcast=True)
+
+
+@gluon.jit
+def _gl_byte_sum2(a, b):
+    return gl.inline_asm_elementwise(_SUM_ASM, "=r,r,r", [a, b], dtype=gl.int32, is_pure=True, pack=1)
+
+
+@gluon.jit(do_not_specialize=["M", "N", "K", "R"])
+def w4a4_gemv_gl_kernel(xq_ptr, xs_ptr, wq_ptr, ws_ptr, s_ptr, up_ptr, bias_ptr, cs_ptr, y_ptr,
+                        M, N, K, R, stride_sm, stride_un, stride_ym,
+                        G: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_KW: gl.constexpr, BLOCK_R: gl.constexpr,
+                        HAS_LOWRANK: gl.constexpr, HAS_COL_SCALE: gl.constexpr, HAS_BIAS: gl.constexpr,
+                        SWAR: gl.constexpr, PDL: gl.constexpr):
+    """:func:`w4a4_gemv_kernel` with every layout explicit (Gluon): the weights as [BN, Q, 4] words, 16 bytes per
+    thread; the token words, their byte sums and the group scales in slices of that layout, so nothing crosses
+    threads inside the K loop (the Triton version's compiler laid the scale loads out along rows and moved its
+    accumulator through shared memory every iteration). Per (row, quarter) fp32 partials; one cross-thread
+    reduction after the loop."""
+    WPG: gl.constexpr = G // 8
+    Q: gl.constexpr = BLOCK_KW // 4
+    L3: gl.constexpr = _word_layout(BLOCK_N, BLOCK_KW, gl.num_warps())
+    LQ: gl.constexpr = gl.SliceLayout(2, L3)            # [BN, Q]
+    LROW: gl.constexpr = gl.SliceLayout(1, LQ)          # [BN]
+    LQV: gl.constexpr = gl.SliceLayout(0, LQ)           # [Q]
+    LX: gl.constexpr = gl.SliceLayout(0, L3)            # [Q, 4] token words
+    if PDL:
+        gl_gdc_launch_dependents()
+    pid = gl.program_id(0)
+    m = pid % M
+    n0 = (pid // M) * BLOCK_N
+    kw_total = gl.multiple_of(K // 8, 8)       # words per row: K % 64 == 0, so rows start 32-byte aligned
+    rows = n0 + gl.arange(0, BLOCK_N, LROW)
+    row_ok = rows < N
+    q = gl.arange(0, Q, LQV)
+    i4 = gl.arange(0, 4, gl.SliceLayout(0, gl.SliceLayout(1, L3)))
+    i4x = gl.arange(0, 4, gl.SliceLayout(0, LX))
+    qx = gl.arange(0, Q, gl.SliceLayout(1, LX))
+    word3 = (q * 4)[None, :, None] + i4[None, None, :]                      # [1, Q, 4] word in the chunk
+    w_ptrs = wq_ptr + (rows.to(gl.int64) * kw_total)[:, None, None] + word3
+    w_mask = row_ok[:, None, None] & (word3 >= 0)
+    x_ptrs = xq_ptr + m * kw_total + (qx * 4)[:, None] + i4x[None, :]       # [Q, 4]
+    gq = (q * 4) // WPG                                                     # [Q] group of each quarter
+    ws_ptrs = ws_ptr + gq[None, :] * N + rows[:, None]                      # [BN, Q]
+    ws_mask = row_ok[:, None] & (gq >= 0)[None, :]
+    xs_ptrs = xs_ptr + gq * M + m                                           # [Q]
+    acc2 = gl.zeros([BLOCK_N, Q], gl.float32, LQ)
+    w_next = gl.load(w_ptrs, mask=w_mask, other=0)       # the weights do not depend on the previous kernel
+    if PDL:
+        gl_gdc_wait()
+    for kw in range(0, kw_total, BLOCK_KW):
+        w = w_next
+        w_next = gl.load(w_ptrs + kw + BLOCK_KW, mask=w_mask & (kw + BLOCK_KW < kw_total), other=0)
+        xw = gl.load(x_ptrs + kw).to(gl.uint32, bitcast=True)
+        xlo = _gl_signed_bytes(xw & 0x0F0F0F0F)
+        xhi = _gl_signed_bytes((xw >> 4) & 0x0F0F0F0F)
+        rx = gl.sum(_gl_byte_sum2(xlo, xhi), axis=1)                          # [Q]  Σ q_x over the quarter
+        d = gl.sum(_gl_word_dot(w, xlo[None, :, :], xhi[None, :, :]), axis=2)    # [BN, Q]  Σ q_x·(q_w + 8)
+        g0 = kw // WPG
+        ws = gl.load(ws_ptrs + g0 * N, mask=ws_mask, other=0.0).to(gl.float32)
+        xs = gl.load(xs_ptrs + g0 * M).to(gl.float32)
+        rxq = gl.convert_layout(rx, LQV, assert_trivial=True)
+        part = (d - 8 * rxq[None, :]).to(gl.float32)                         # Σ q_x·q_w, exact
+        acc2 += part * ws * xs[None, :]
+    acc = gl.sum(acc2, axis=1)                                               # [BN] LROW
+    if HAS_COL_SCALE:
+        acc = acc * gl.load(cs_ptr + rows, mask=row_ok, other=0.0).to(gl.float32)
+    if HAS_LOWRANK:
+        LE: gl.constexpr = gl.BlockedLayout([1, 4], [32 // (BLOCK_R // 4), BLOCK_R // 4], [gl.num_warps(), 1], [1, 0])
+        rows_e = gl.convert_layout(rows, gl.SliceLayout(1, LE))
+        offs_r = gl.arange(0, BLOCK_R, gl.SliceLayout(0, LE))
+        r_ok = offs_r < R
+        sv = gl.load(s_ptr + m * stride_sm + offs_r, mask=r_ok, other=0.0)
+        sv = sv.to(up_ptr.dtype.element_ty).to(gl.float32)       # rounded like an unfused s @ B.T
+        up = gl.load(up_ptr + rows_e[:, None] * stride_un + offs_r[None, :],
+                     mask=(rows_e < N)[:, None] & r_ok[None, :], other=0.0).to(gl.float32)
+        acc = acc + gl.convert_layout(gl.sum(up * sv[None, :], axis=1), LROW)
+    if HAS_BIAS:
+        acc = acc + gl.load(bias_ptr + rows, mask=row_ok, other=0.0).to(gl.float32)
+    gl.store(y_ptr + m * stride_ym + rows, acc.to(y_ptr.dtype.element_ty), mask=row_ok)
 
 
 class GemvConfig(tuple):
@@ -162,6 +274,8 @@ class GemvConfig(tuple):
 # 16 words = 64 B per thread); N = 28672 gives 896 programs per token. Measured choices: NOTES.md, session 7.
 DEFAULT_CONFIG = GemvConfig(32, 64, 4, 3)
 CONFIG_ENV = "LOWRANK_GEMM_GEMV_CONFIG"      # "block_n,block_kw,warps,stages" (probes)
+KERNEL_ENV = "LOWRANK_GEMM_GEMV_KERNEL"      # "gluon" | "triton"
+DEFAULT_KERNEL = "gluon" if SWAR_DEFAULT else "triton"
 
 
 def gemv_config(config: GemvConfig | None = None) -> GemvConfig:
@@ -187,7 +301,8 @@ def _expect(cond, msg):
 
 
 def gemv_args(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, out, fmt: str = "int4_g64",
-              group_size: int = 64, *, col_scale=None, config: GemvConfig | None = None, swar=None, pdl=None):
+              group_size: int = 64, *, col_scale=None, config: GemvConfig | None = None, swar=None, pdl=None,
+              kernel: str | None = None):
     """Validate (the launcher contract, ``w4a4_gemm.check_gemm_args``), plan, and build one launch:
     (grid, args, constexprs, config)."""
     from .w4a4_gemm import check_gemm_args
@@ -229,30 +344,39 @@ def gemv_args(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, out
     cx = dict(G=group_size, BLOCK_N=bn, BLOCK_KW=bkw, BLOCK_R=br, HAS_LOWRANK=bool(r),
               HAS_COL_SCALE=col_scale is not None, HAS_BIAS=bias is not None, SWAR=swar, PDL=pdl)
     grid = (triton.cdiv(N, bn) * M, )
+    kernel = kernel or os.environ.get(KERNEL_ENV, DEFAULT_KERNEL)
+    _expect(kernel in ("gluon", "triton"), f"kernel must be 'gluon' or 'triton', got {kernel!r}")
+    if kernel == "gluon":
+        _expect(swar, "the Gluon kernel runs compiled only (SWAR); the interpreter takes kernel='triton'")
+        _expect(bkw >= 4 and (bkw // 4) <= 32 * 32 and br >= 16, f"Gluon tiles: block_kw ≥ 4; got {cfg}")
+    cx["KERNEL"] = kernel
     return grid, args, cx, cfg
 
 
 def launch_w4a4_gemv(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, out, fmt: str = "int4_g64",
-                     group_size: int = 64, *, col_scale=None, config: GemvConfig | None = None, swar=None, pdl=None):
+                     group_size: int = 64, *, col_scale=None, config: GemvConfig | None = None, swar=None, pdl=None,
+                     kernel: str | None = None):
     """out [M, N] ← the int4_g64 W4A4 GEMM + epilogue for a few tokens (launcher contract of kernels/w4a4_gemm.py).
     ``config``: :class:`GemvConfig` (None: env ``LOWRANK_GEMM_GEMV_CONFIG``, else the default); ``pdl`` (None =
     :func:`kernels.pdl.pdl_enabled`)."""
     grid, args, cx, cfg = gemv_args(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, out, fmt,
-                                    group_size, col_scale=col_scale, config=config, swar=swar, pdl=pdl)
-    w4a4_gemv_kernel[grid](*args, **cx, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-                           launch_pdl=cx["PDL"])
+                                    group_size, col_scale=col_scale, config=config, swar=swar, pdl=pdl, kernel=kernel)
+    kern = w4a4_gemv_gl_kernel if cx.pop("KERNEL") == "gluon" else w4a4_gemv_kernel
+    kern[grid](*args, **cx, num_warps=cfg.num_warps, num_stages=cfg.num_stages, launch_pdl=cx["PDL"])
     return out
 
 
 def aot_signature_gemv(config: GemvConfig | None = None, *, M=2, N=160, K=512, rank=16, group_size=64, bias=True,
-                       col_scale=True, pdl=True):
+                       col_scale=True, pdl=True, kernel: str = "triton"):
     """(signature, constexprs, config) for ``kernels.aot.compile_sm90`` of :func:`w4a4_gemv_kernel` (SWAR on)."""
     import inspect
     from triton.runtime.jit import mangle_type
     from .gluon.w4a4_ws import make_operands_v2
     ops = make_operands_v2("int4_g64", M, N, K, rank, group_size, device="cpu", bias=bias, col_scale=col_scale)
-    _, args, cx, cfg = gemv_args(**ops, config=config, swar=True, pdl=False)
+    _, args, cx, cfg = gemv_args(**ops, config=config, swar=True, pdl=False, kernel=kernel)
     cx["PDL"] = bool(pdl)
-    names = [n for n in inspect.signature(w4a4_gemv_kernel.fn).parameters if n not in cx]
+    cx.pop("KERNEL")
+    kern = w4a4_gemv_gl_kernel if kernel == "gluon" else w4a4_gemv_kernel
+    names = [n for n in inspect.signature(kern.fn).parameters if n not in cx]
     sig = {n: (mangle_type(a) if not isinstance(a, int) else "i32") for n, a in zip(names, args)}
     return sig, cx, cfg
