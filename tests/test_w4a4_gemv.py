@@ -130,7 +130,56 @@ def _ptx_loops(ptx):
     return out
 
 
+def test_route(monkeypatch):
+    """impl="auto": int4_g64 with M ≤ AUTO_GEMV_MAX_M on packed activations on CUDA goes to the GEMV; two-level,
+    pre-expanded e4m3 activations, more tokens, the CPU or LOWRANK_GEMM_GEMV=0 do not; impl="gemv" on what it
+    cannot run is an error."""
+    from lowrank_gemm.kernels.w4a4_gemm import _route
+    cuda = torch.device("cuda")
+    xs = torch.empty(64, 1, dtype=torch.bfloat16, device="meta")
+    ws = torch.empty(64, 28672, dtype=torch.bfloat16, device="meta")
+
+    def route(impl="auto", fmt="int4_g64", m=1, device=cuda, pre=False):
+        return _route(impl, fmt, m, 28672, 4096, 32, 64, device, xs, ws, None, pre)
+
+    assert route() == "gemv" and route(m=gv.AUTO_GEMV_MAX_M) == "gemv"
+    assert route(m=gv.AUTO_GEMV_MAX_M + 1) != "gemv"
+    assert route(fmt="int4_2l") != "gemv" and route(pre=True) != "gemv" and route(device=torch.device("cpu")) == "v1"
+    assert route(impl="gemv", m=16) == "gemv"
+    monkeypatch.setenv("LOWRANK_GEMM_GEMV", "0")
+    assert route() != "gemv"
+    with pytest.raises(ValueError, match="impl='gemv'"):
+        route(impl="gemv", fmt="int4_2l")
+    with pytest.raises(ValueError, match="impl='gemv'"):
+        route(impl="gemv", pre=True)
+
+
+def test_config_by_rows():
+    assert gv.gemv_config(None, 28672) == gv.DEFAULT_CONFIG and gv.gemv_config(None, 4096) == gv.WIDE_CONFIG
+    assert gv.gemv_config(gv.GemvConfig(8, 64, 1, 3), 4096) == (8, 64, 1, 3)
+
+
 # ---------------------------------------------------------------------------------------------- GPU
+@pytest.mark.gpu
+@pytest.mark.parametrize("M", [1, 2])
+def test_gpu_layer_auto_routes_here_and_matches_v1(M):
+    """The layer op (act_quant + GEMM) with impl="auto" at M ≤ 2 runs the GEMV (packed activations, PDL) and agrees
+    with the v1 kernel on the same quantized operands."""
+    from lowrank_gemm.kernels.w4a4_gemm import w4a4_linear
+    from lowrank_gemm.formats.int4 import pack_int4, quantize_weight_int4
+    g = torch.Generator(device="cuda").manual_seed(M)
+    n, k, r = 4096, 4096, 32
+    x = torch.randn(M, k, device="cuda", dtype=torch.bfloat16, generator=g)
+    w = torch.randn(n, k, device="cuda", generator=g) * 0.02
+    qw, sw = quantize_weight_int4(w, 64)
+    smooth = (torch.rand(k, device="cuda", generator=g) + 0.5).to(torch.bfloat16)
+    down = (torch.randn(r, k, device="cuda", generator=g) * 0.02).to(torch.bfloat16)
+    up = (torch.randn(n, r, device="cuda", generator=g) * 0.02).to(torch.bfloat16)
+    args = (x, pack_int4(qw), sw, smooth, down, up)
+    y = w4a4_linear(*args, impl="auto")
+    ref = w4a4_linear(*args, impl="v1")
+    assert float((y.float() - ref.float()).abs().max() / ref.float().abs().max()) < 1e-2
+    assert torch.equal(w4a4_linear(*args, impl="gemv"), y)
 @pytest.mark.gpu
 @pytest.mark.parametrize("kernel", ["gluon", "triton"])
 @pytest.mark.parametrize("M", [1, 2, 4])

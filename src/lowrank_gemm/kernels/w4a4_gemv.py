@@ -1,4 +1,5 @@
-"""W4A4 GEMV for a handful of tokens (M ≤ 4): the layer as a weight stream on the CUDA cores, no tensor cores.
+"""W4A4 GEMV for a handful of tokens: the layer as a weight stream on the CUDA cores, no tensor cores (impl="auto"
+routes int4_g64 with M ≤ :data:`AUTO_GEMV_MAX_M` here; impl="gemv" forces it).
 
     out[m, n] = epilogue( Σ_g xs[g, m] · ws[g, n] · Σ_{k ∈ g} q_x[m, k] · q_w[n, k] )     (int4_g64)
 
@@ -38,10 +39,13 @@ from .epilogue import rank_block
 from .int4_unpack import SWAR_DEFAULT
 from .pdl import gdc_launch_dependents, gdc_wait, gl_gdc_launch_dependents, gl_gdc_wait, pdl_enabled
 
-__all__ = ["launch_w4a4_gemv", "w4a4_gemv_kernel", "gemv_args", "GEMV_MAX_M", "gemv_enabled", "gemv_config", "GemvConfig",
+__all__ = ["launch_w4a4_gemv", "w4a4_gemv_kernel", "gemv_args", "AUTO_GEMV_MAX_M", "gemv_enabled", "gemv_config", "GemvConfig",
            "DEFAULT_CONFIG", "aot_signature_gemv", "w4a4_gemv_gl_kernel"]
 
-GEMV_MAX_M = 4       # the route's limit (w4a4_gemm._route): past it the token reuse favours the tensor cores
+# impl="auto" routes int4_g64 with M ≤ this here (w4a4_gemm._route). H200 (probes/s7/gemv_run2, K=4096, N=28672,
+# GEMM alone): M=1 23.4 µs vs the decode kernel's 30.8, M=2 28.0 vs 31.6, M=4 44.3 vs 31.5 (every token re-runs
+# the dp4a work; past two the tensor cores' token reuse wins)
+AUTO_GEMV_MAX_M = 2
 
 # Σ q_x · n'_w over the 8 K positions of one packed weight word ($1) against the token's signed bytes at the low
 # ($2) and high ($3) positions; n' = (nibble ^ 8) = q_w + 8 via LOP3 ((a & b) ^ c).
@@ -189,7 +193,7 @@ def w4a4_gemv_gl_kernel(xq_ptr, xs_ptr, wq_ptr, ws_ptr, s_ptr, up_ptr, bias_ptr,
                         M, N, K, R, stride_sm, stride_un, stride_ym,
                         G: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_KW: gl.constexpr, BLOCK_R: gl.constexpr,
                         HAS_LOWRANK: gl.constexpr, HAS_COL_SCALE: gl.constexpr, HAS_BIAS: gl.constexpr,
-                        SWAR: gl.constexpr, PDL: gl.constexpr):
+                        SWAR: gl.constexpr, PDL: gl.constexpr, STAGES: gl.constexpr = 2):
     """:func:`w4a4_gemv_kernel` with every layout explicit (Gluon): the weights as [BN, Q, 4] words, 16 bytes per
     thread; the token words, their byte sums and the group scales in slices of that layout, so nothing crosses
     threads inside the K loop (the Triton version's compiler laid the scale loads out along rows and moved its
@@ -223,12 +227,20 @@ def w4a4_gemv_gl_kernel(xq_ptr, xs_ptr, wq_ptr, ws_ptr, s_ptr, up_ptr, bias_ptr,
     ws_mask = row_ok[:, None] & (gq >= 0)[None, :]
     xs_ptrs = xs_ptr + gq * M + m                                           # [Q]
     acc2 = gl.zeros([BLOCK_N, Q], gl.float32, LQ)
-    w_next = gl.load(w_ptrs, mask=w_mask, other=0)       # the weights do not depend on the previous kernel
+    # a register ring of STAGES − 1 chunks in flight ahead of the one being used (2 or 3 stages); the weights do
+    # not depend on the previous kernel, so the first loads go out before griddepcontrol.wait
+    w_next = gl.load(w_ptrs, mask=w_mask, other=0)
+    if STAGES >= 3:
+        w_next2 = gl.load(w_ptrs + BLOCK_KW, mask=w_mask & (BLOCK_KW < kw_total), other=0)
     if PDL:
         gl_gdc_wait()
     for kw in range(0, kw_total, BLOCK_KW):
         w = w_next
-        w_next = gl.load(w_ptrs + kw + BLOCK_KW, mask=w_mask & (kw + BLOCK_KW < kw_total), other=0)
+        if STAGES >= 3:
+            w_next = w_next2
+            w_next2 = gl.load(w_ptrs + kw + 2 * BLOCK_KW, mask=w_mask & (kw + 2 * BLOCK_KW < kw_total), other=0)
+        else:
+            w_next = gl.load(w_ptrs + kw + BLOCK_KW, mask=w_mask & (kw + BLOCK_KW < kw_total), other=0)
         xw = gl.load(x_ptrs + kw).to(gl.uint32, bitcast=True)
         xlo = _gl_signed_bytes(xw & 0x0F0F0F0F)
         xhi = _gl_signed_bytes((xw >> 4) & 0x0F0F0F0F)
@@ -270,15 +282,22 @@ class GemvConfig(tuple):
     num_stages = property(lambda s: s[3])
 
 
-# Default: 32 weight rows × 512 K per chunk (16 KB of packed weights in flight per program per stage, 4 warps:
-# 16 words = 64 B per thread); N = 28672 gives 896 programs per token. Measured choices: NOTES.md, session 7.
-DEFAULT_CONFIG = GemvConfig(32, 64, 4, 3)
+# 16 weight rows × 512 K per chunk, 2 warps (16 words = 64 B per thread per chunk), one chunk in flight ahead.
+DEFAULT_CONFIG = GemvConfig(16, 64, 2, 2)
 CONFIG_ENV = "LOWRANK_GEMM_GEMV_CONFIG"      # "block_n,block_kw,warps,stages" (probes)
 KERNEL_ENV = "LOWRANK_GEMM_GEMV_KERNEL"      # "gluon" | "triton"
 DEFAULT_KERNEL = "gluon" if SWAR_DEFAULT else "triton"
 
 
-def gemv_config(config: GemvConfig | None = None) -> GemvConfig:
+# Per shape (H200, probes/s7/gemv_run3, M=1, GEMM alone; cuBLAS bf16 beside): many weight rows → short programs
+# of 16 rows × 256-byte chunks, all resident in one wave (K=4096: N=28672 23.3 µs, N=14336 16.3); few rows or a long
+# K → 8 rows × 2 KB chunks, more bytes in flight per program (N=4096: K=4096 7.9 µs vs 10.7, K=14336 17.4 vs 27.5).
+MANY_ROWS = 12288
+WIDE_CONFIG = GemvConfig(8, 512, 4, 2)
+
+
+def gemv_config(config: GemvConfig | None = None, n: int | None = None) -> GemvConfig:
+    """``config``, else env ``LOWRANK_GEMM_GEMV_CONFIG``, else by the row count ``n`` (above)."""
     if config is not None:
         return GemvConfig(*config)
     env = os.environ.get(CONFIG_ENV, "")
@@ -287,11 +306,11 @@ def gemv_config(config: GemvConfig | None = None) -> GemvConfig:
         if len(parts) != 4 or not all(p.isdigit() for p in parts):
             raise ValueError(f"{CONFIG_ENV} must be 'block_n,block_kw,warps,stages', got {env!r}")
         return GemvConfig(*(int(p) for p in parts))
-    return DEFAULT_CONFIG
+    return DEFAULT_CONFIG if n is None or n >= MANY_ROWS else WIDE_CONFIG
 
 
 def gemv_enabled() -> bool:
-    """``LOWRANK_GEMM_GEMV=0`` routes M ≤ GEMV_MAX_M back to the decode kernel (instant fallback)."""
+    """``LOWRANK_GEMM_GEMV=0`` routes M ≤ AUTO_GEMV_MAX_M back to the decode kernel (instant fallback)."""
     return os.environ.get("LOWRANK_GEMM_GEMV", "1") != "0"
 
 
@@ -322,12 +341,12 @@ def gemv_args(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, out
         _expect(t.is_contiguous() and t.data_ptr() % 4 == 0,
                 f"{name} must be contiguous and 4-byte aligned (read as 32-bit words)")
     _expect(x_scale.is_contiguous() and w_scale.is_contiguous(), "x_scale / w_scale must be contiguous [K/G, ·]")
-    cfg = gemv_config(config)
+    cfg = gemv_config(config, N)
     bn, bkw = cfg.block_n, cfg.block_kw
     wpg = group_size // 8
-    _expect(bkw % wpg == 0 and bkw & (bkw - 1) == 0 and bn & (bn - 1) == 0 and bn >= 16,
+    _expect(bkw % wpg == 0 and bkw & (bkw - 1) == 0 and bn & (bn - 1) == 0 and bn >= 4,
             f"block_kw must be a power of two of whole groups ({wpg} words per group of {group_size}), block_n a "
-            f"power of two ≥ 16; got {cfg}")
+            f"power of two ≥ 4; got {cfg}")
     while (K // 8) % bkw:        # the K chunk divides K (K % G == 0, so one group always does): no K masks
         bkw //= 2
     cfg = GemvConfig(bn, bkw, cfg.num_warps, cfg.num_stages)
@@ -349,6 +368,7 @@ def gemv_args(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, out
     if kernel == "gluon":
         _expect(swar, "the Gluon kernel runs compiled only (SWAR); the interpreter takes kernel='triton'")
         _expect(bkw >= 4 and (bkw // 4) <= 32 * 32 and br >= 16, f"Gluon tiles: block_kw ≥ 4; got {cfg}")
+        cx["STAGES"] = max(2, min(cfg.num_stages, 3))   # the register ring: chunks in flight + the one in use
     cx["KERNEL"] = kernel
     return grid, args, cx, cfg
 
@@ -361,8 +381,11 @@ def launch_w4a4_gemv(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bi
     :func:`kernels.pdl.pdl_enabled`)."""
     grid, args, cx, cfg = gemv_args(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, out, fmt,
                                     group_size, col_scale=col_scale, config=config, swar=swar, pdl=pdl, kernel=kernel)
-    kern = w4a4_gemv_gl_kernel if cx.pop("KERNEL") == "gluon" else w4a4_gemv_kernel
-    kern[grid](*args, **cx, num_warps=cfg.num_warps, num_stages=cfg.num_stages, launch_pdl=cx["PDL"])
+    if cx.pop("KERNEL") == "gluon":
+        w4a4_gemv_gl_kernel[grid](*args, **cx, num_warps=cfg.num_warps, launch_pdl=cx["PDL"])
+    else:
+        w4a4_gemv_kernel[grid](*args, **cx, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+                               launch_pdl=cx["PDL"])
     return out
 
 
