@@ -93,13 +93,15 @@ def _compile(cfg, kernel):
 
 
 @pytest.mark.parametrize("kernel,cfg", [("triton", None), ("triton", gv.GemvConfig(64, 128, 4, 3)),
-                                        ("gluon", None), ("gluon", gv.GemvConfig(32, 128, 4, 1))],
+                                        ("gluon", None), ("gluon", gv.GemvConfig(32, 128, 4, 1)),
+                                        ("gluon", gv.GemvConfig(16, 16, 2, 1, 4))],
                          ids=lambda v: v if isinstance(v, str) else "default" if v is None else "-".join(map(str, v)))
 def test_sm90_compile_dp4a_no_spills(kernel, cfg):
     """Compiled for sm_90: the weight words go through dp4a (two per packed word and token), the weight loads are
     16-byte vectors, PDL's griddepcontrol is there, and ptxas spills nothing."""
     info = _compile(cfg, kernel)
     assert "dp4a.u32.s32" in info.ptx and "griddepcontrol.wait" in info.ptx
+    assert bool(re.search(r"atom\.global\.gpu\.acq_rel\.add", info.ptx)) == bool(cfg and cfg.split > 1), "split-K tickets"
     assert not re.search(r"\bmma\b|wgmma", info.ptx), "CUDA cores only"
     assert re.search(r"ld\.global(\.\w+)*\.v4\.b32", info.ptx), "16-byte weight loads"
     res = ptxas_stats(info.ptx)
@@ -180,26 +182,35 @@ def test_gpu_layer_auto_routes_here_and_matches_v1(M):
     ref = w4a4_linear(*args, impl="v1")
     assert float((y.float() - ref.float()).abs().max() / ref.float().abs().max()) < 1e-2
     assert torch.equal(w4a4_linear(*args, impl="gemv"), y)
+SPLIT4 = gv.GemvConfig(16, 64, 2, 1, 4)
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("kernel", ["gluon", "triton"])
+@pytest.mark.parametrize("kernel,cfg", [("gluon", None), ("gluon", SPLIT4), ("triton", None)],
+                         ids=["gluon", "gluon-split4", "triton"])
 @pytest.mark.parametrize("M", [1, 2, 4])
 @pytest.mark.parametrize("N,K,rank", [(28672, 4096, 32), (4096, 4096, 16), (3000, 1536, 0), (200, 448, 5)])
-def test_gpu_real_sizes_repeats_and_graph(M, N, K, rank, kernel):
+def test_gpu_real_sizes_repeats_and_graph(M, N, K, rank, kernel, cfg):
+    """NaN-poisoned bf16 out vs the float64 reference, bit-identical repeats, CUDA-graph replay; split-K leaves its
+    tickets at zero (K=448: 7 groups, split over 4 programs unevenly)."""
+    from lowrank_gemm.kernels.lora_gemm import _TICKETS
     ops = _ops(M, N, K, rank, 64, device="cuda", out=torch.bfloat16, bias=True, col_scale=rank == 5, seed=M)
-    y = gv.launch_w4a4_gemv(**ops, kernel=kernel).clone()
+    y = gv.launch_w4a4_gemv(**ops, kernel=kernel, config=cfg).clone()
     torch.cuda.synchronize()
     ref = w4.reference_v2(ops)
     assert torch.isfinite(y).all()
     assert float((y.double().cpu() - ref).abs().max() / ref.abs().max()) < 1e-2
     ops["out"].fill_(float("nan"))
-    assert torch.equal(gv.launch_w4a4_gemv(**ops, kernel=kernel), y), "bit-identical repeats"
+    assert torch.equal(gv.launch_w4a4_gemv(**ops, kernel=kernel, config=cfg), y), "bit-identical repeats"
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
-        gv.launch_w4a4_gemv(**ops, kernel=kernel)
+        gv.launch_w4a4_gemv(**ops, kernel=kernel, config=cfg)
     ops["out"].fill_(float("nan"))
     g.replay()
     torch.cuda.synchronize()
     assert torch.equal(ops["out"], y), "graph replay"
+    region = _TICKETS.region(torch.device("cuda", torch.cuda.current_device()))
+    assert region is None or int(region.abs().sum()) == 0, "tickets back at zero"
 
 
 @pytest.mark.gpu

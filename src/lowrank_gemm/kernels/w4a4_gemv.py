@@ -38,6 +38,7 @@ from triton.experimental.gluon import language as gl
 from .epilogue import rank_block
 from .int4_unpack import SWAR_DEFAULT
 from .pdl import gdc_launch_dependents, gdc_wait, gl_gdc_launch_dependents, gl_gdc_wait, pdl_enabled
+from .splitk import splitk_arrive, splitk_reset, splitk_store, splitk_sum
 
 __all__ = ["launch_w4a4_gemv", "w4a4_gemv_kernel", "gemv_args", "AUTO_GEMV_MAX_M", "gemv_enabled", "gemv_config", "GemvConfig",
            "DEFAULT_CONFIG", "aot_signature_gemv", "w4a4_gemv_gl_kernel"]
@@ -189,11 +190,11 @@ def _gl_byte_sum2(a, b):
 
 
 @gluon.jit(do_not_specialize=["M", "N", "K", "R"])
-def w4a4_gemv_gl_kernel(xq_ptr, xs_ptr, wq_ptr, ws_ptr, s_ptr, up_ptr, bias_ptr, cs_ptr, y_ptr,
+def w4a4_gemv_gl_kernel(xq_ptr, xs_ptr, wq_ptr, ws_ptr, s_ptr, up_ptr, bias_ptr, cs_ptr, y_ptr, part_ptr, cnt_ptr,
                         M, N, K, R, stride_sm, stride_un, stride_ym,
                         G: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_KW: gl.constexpr, BLOCK_R: gl.constexpr,
                         HAS_LOWRANK: gl.constexpr, HAS_COL_SCALE: gl.constexpr, HAS_BIAS: gl.constexpr,
-                        SWAR: gl.constexpr, PDL: gl.constexpr, STAGES: gl.constexpr = 2):
+                        SWAR: gl.constexpr, PDL: gl.constexpr, SPLIT: gl.constexpr = 1):
     """:func:`w4a4_gemv_kernel` with every layout explicit (Gluon): the weights as [BN, Q, 4] words, 16 bytes per
     thread; the token words, their byte sums and the group scales in slices of that layout, so nothing crosses
     threads inside the K loop (the Triton version's compiler laid the scale loads out along rows and moved its
@@ -209,8 +210,9 @@ def w4a4_gemv_gl_kernel(xq_ptr, xs_ptr, wq_ptr, ws_ptr, s_ptr, up_ptr, bias_ptr,
     if PDL:
         gl_gdc_launch_dependents()
     pid = gl.program_id(0)
-    m = pid % M
-    n0 = (pid // M) * BLOCK_N
+    m = pid % M                      # programs: token fastest, then the split, then the row block
+    split = (pid // M) % SPLIT
+    n0 = (pid // M) // SPLIT * BLOCK_N
     kw_total = gl.multiple_of(K // 8, 8)       # words per row: K % 64 == 0, so rows start 32-byte aligned
     rows = n0 + gl.arange(0, BLOCK_N, LROW)
     row_ok = rows < N
@@ -227,20 +229,18 @@ def w4a4_gemv_gl_kernel(xq_ptr, xs_ptr, wq_ptr, ws_ptr, s_ptr, up_ptr, bias_ptr,
     ws_mask = row_ok[:, None] & (gq >= 0)[None, :]
     xs_ptrs = xs_ptr + gq * M + m                                           # [Q]
     acc2 = gl.zeros([BLOCK_N, Q], gl.float32, LQ)
-    # a register ring of STAGES − 1 chunks in flight ahead of the one being used (2 or 3 stages); the weights do
-    # not depend on the previous kernel, so the first loads go out before griddepcontrol.wait
-    w_next = gl.load(w_ptrs, mask=w_mask, other=0)
-    if STAGES >= 3:
-        w_next2 = gl.load(w_ptrs + BLOCK_KW, mask=w_mask & (BLOCK_KW < kw_total), other=0)
+    # this program's K chunks [c_lo, c_hi) of the row block's chunks (SPLIT programs share a row block)
+    n_chunks = kw_total // BLOCK_KW
+    kw_lo = (split * n_chunks // SPLIT) * BLOCK_KW
+    kw_hi = ((split + 1) * n_chunks // SPLIT) * BLOCK_KW
+    # one chunk in flight ahead of the one in use (a deeper register ring measured slower: probes/s7/gemv_run4);
+    # the weights do not depend on the previous kernel, so the first load goes out before griddepcontrol.wait
+    w_next = gl.load(w_ptrs + kw_lo, mask=w_mask & (kw_lo < kw_hi), other=0)
     if PDL:
         gl_gdc_wait()
-    for kw in range(0, kw_total, BLOCK_KW):
+    for kw in range(kw_lo, kw_hi, BLOCK_KW):
         w = w_next
-        if STAGES >= 3:
-            w_next = w_next2
-            w_next2 = gl.load(w_ptrs + kw + 2 * BLOCK_KW, mask=w_mask & (kw + 2 * BLOCK_KW < kw_total), other=0)
-        else:
-            w_next = gl.load(w_ptrs + kw + BLOCK_KW, mask=w_mask & (kw + BLOCK_KW < kw_total), other=0)
+        w_next = gl.load(w_ptrs + kw + BLOCK_KW, mask=w_mask & (kw + BLOCK_KW < kw_hi), other=0)
         xw = gl.load(x_ptrs + kw).to(gl.uint32, bitcast=True)
         xlo = _gl_signed_bytes(xw & 0x0F0F0F0F)
         xhi = _gl_signed_bytes((xw >> 4) & 0x0F0F0F0F)
@@ -253,6 +253,28 @@ def w4a4_gemv_gl_kernel(xq_ptr, xs_ptr, wq_ptr, ws_ptr, s_ptr, up_ptr, bias_ptr,
         part = (d - 8 * rxq[None, :]).to(gl.float32)                         # Σ q_x·q_w, exact
         acc2 += part * ws * xs[None, :]
     acc = gl.sum(acc2, axis=1)                                               # [BN] LROW
+    if SPLIT > 1:
+        # the row block's SPLIT partials meet in the workspace; the last to arrive sums them in split order
+        # (kernels/splitk.py: the bits do not depend on who arrives last) and runs the epilogue
+        tile = (pid // M) // SPLIT * M + m
+        offs = gl.arange(0, BLOCK_N, LROW)
+        base = part_ptr + tile.to(gl.int64) * (SPLIT * BLOCK_N)
+        splitk_store(base, offs, BLOCK_N, split, acc, row_ok)
+        if splitk_arrive(cnt_ptr + tile, SPLIT):
+            acc = splitk_sum(base, offs, BLOCK_N, row_ok, SPLIT, gl.zeros_like(acc))
+            splitk_reset(cnt_ptr + tile)
+            _gl_epilogue(acc, rows, row_ok, m, N, R, s_ptr, stride_sm, up_ptr, stride_un, bias_ptr, cs_ptr, y_ptr,
+                         stride_ym, BLOCK_R, HAS_LOWRANK, HAS_COL_SCALE, HAS_BIAS, LROW)
+    else:
+        _gl_epilogue(acc, rows, row_ok, m, N, R, s_ptr, stride_sm, up_ptr, stride_un, bias_ptr, cs_ptr, y_ptr,
+                     stride_ym, BLOCK_R, HAS_LOWRANK, HAS_COL_SCALE, HAS_BIAS, LROW)
+
+
+@gluon.jit
+def _gl_epilogue(acc, rows, row_ok, m, N, R, s_ptr, stride_sm, up_ptr, stride_un, bias_ptr, cs_ptr, y_ptr, stride_ym,
+                 BLOCK_R: gl.constexpr, HAS_LOWRANK: gl.constexpr, HAS_COL_SCALE: gl.constexpr,
+                 HAS_BIAS: gl.constexpr, LROW: gl.constexpr):
+    """× col_scale, + Σ_r up[n, r]·s[m, r] (s rounded to up's dtype), + bias, store row m of y."""
     if HAS_COL_SCALE:
         acc = acc * gl.load(cs_ptr + rows, mask=row_ok, other=0.0).to(gl.float32)
     if HAS_LOWRANK:
@@ -271,15 +293,17 @@ def w4a4_gemv_gl_kernel(xq_ptr, xs_ptr, wq_ptr, ws_ptr, s_ptr, up_ptr, bias_ptr,
 
 
 class GemvConfig(tuple):
-    """(block_n, block_kw, num_warps, num_stages)."""
+    """(block_n, block_kw, num_warps, num_stages, split): split > 1 (Gluon kernel) deals each row block's K chunks
+    to that many programs, which meet in one launch (kernels/splitk.py)."""
 
-    def __new__(cls, block_n: int, block_kw: int, num_warps: int, num_stages: int):
-        return super().__new__(cls, (block_n, block_kw, num_warps, num_stages))
+    def __new__(cls, block_n: int, block_kw: int, num_warps: int, num_stages: int, split: int = 1):
+        return super().__new__(cls, (block_n, block_kw, num_warps, num_stages, split))
 
     block_n = property(lambda s: s[0])
     block_kw = property(lambda s: s[1])
     num_warps = property(lambda s: s[2])
     num_stages = property(lambda s: s[3])
+    split = property(lambda s: s[4])
 
 
 # 16 weight rows × 512 K per chunk, 2 warps (16 words = 64 B per thread per chunk), one chunk in flight ahead.
@@ -303,8 +327,8 @@ def gemv_config(config: GemvConfig | None = None, n: int | None = None) -> GemvC
     env = os.environ.get(CONFIG_ENV, "")
     if env:
         parts = env.split(",")
-        if len(parts) != 4 or not all(p.isdigit() for p in parts):
-            raise ValueError(f"{CONFIG_ENV} must be 'block_n,block_kw,warps,stages', got {env!r}")
+        if len(parts) not in (4, 5) or not all(p.isdigit() for p in parts):
+            raise ValueError(f"{CONFIG_ENV} must be 'block_n,block_kw,warps,stages[,split]', got {env!r}")
         return GemvConfig(*(int(p) for p in parts))
     return DEFAULT_CONFIG if n is None or n >= MANY_ROWS else WIDE_CONFIG
 
@@ -349,7 +373,8 @@ def gemv_args(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, out
             f"power of two ≥ 4; got {cfg}")
     while (K // 8) % bkw:        # the K chunk divides K (K % G == 0, so one group always does): no K masks
         bkw //= 2
-    cfg = GemvConfig(bn, bkw, cfg.num_warps, cfg.num_stages)
+    split = max(1, min(cfg.split, (K // 8) // bkw))
+    cfg = GemvConfig(bn, bkw, cfg.num_warps, cfg.num_stages, split)
     swar = SWAR_DEFAULT if swar is None else bool(swar)
     pdl = pdl_enabled(dev) if pdl is None else bool(pdl)
     f32 = torch.empty(1, dtype=torch.float32, device=dev)
@@ -365,10 +390,19 @@ def gemv_args(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, out
     grid = (triton.cdiv(N, bn) * M, )
     kernel = kernel or os.environ.get(KERNEL_ENV, DEFAULT_KERNEL)
     _expect(kernel in ("gluon", "triton"), f"kernel must be 'gluon' or 'triton', got {kernel!r}")
+    _expect(kernel == "gluon" or split == 1, f"split-K ({cfg}) is the Gluon kernel's option")
     if kernel == "gluon":
         _expect(swar, "the Gluon kernel runs compiled only (SWAR); the interpreter takes kernel='triton'")
         _expect(bkw >= 4 and (bkw // 4) <= 32 * 32 and br >= 16, f"Gluon tiles: block_kw ≥ 4; got {cfg}")
-        cx["STAGES"] = max(2, min(cfg.num_stages, 3))   # the register ring: chunks in flight + the one in use
+        tiles = triton.cdiv(N, bn) * M
+        if split > 1:
+            from .lora_gemm import _TICKETS     # zeroed once per (device, stream), left zero by every launch
+            part, cnt = torch.empty(tiles * split * bn, dtype=torch.float32, device=dev), _TICKETS.get(dev, tiles)
+        else:
+            part, cnt = f32, torch.empty(1, dtype=torch.int32, device=dev)
+        args = args[:9] + (part, cnt) + args[9:]
+        cx["SPLIT"] = split
+        grid = (tiles * split, )
     cx["KERNEL"] = kernel
     return grid, args, cx, cfg
 
