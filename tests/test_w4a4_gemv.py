@@ -158,7 +158,7 @@ def test_route(monkeypatch):
 
 def test_config_by_rows():
     assert gv.gemv_config(None, 28672) == gv.DEFAULT_CONFIG and gv.gemv_config(None, 4096) == gv.WIDE_CONFIG
-    assert gv.gemv_config(gv.GemvConfig(8, 64, 1, 3), 4096) == (8, 64, 1, 3)
+    assert gv.gemv_config(gv.GemvConfig(8, 64, 1, 3), 4096) == (8, 64, 1, 3, 1)
 
 
 # ---------------------------------------------------------------------------------------------- GPU
