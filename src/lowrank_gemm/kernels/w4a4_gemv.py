@@ -313,11 +313,12 @@ KERNEL_ENV = "LOWRANK_GEMM_GEMV_KERNEL"      # "gluon" | "triton"
 DEFAULT_KERNEL = "gluon" if SWAR_DEFAULT else "triton"
 
 
-# Per shape (H200, probes/s7/gemv_run3, M=1, GEMM alone; cuBLAS bf16 beside): many weight rows → short programs
-# of 16 rows × 256-byte chunks, all resident in one wave (K=4096: N=28672 23.3 µs, N=14336 16.3); few rows or a long
-# K → 8 rows × 2 KB chunks, more bytes in flight per program (N=4096: K=4096 7.9 µs vs 10.7, K=14336 17.4 vs 27.5).
+# Per shape (H200, probes/s7/gemv_run3 and _run5, M=1, GEMM alone; cuBLAS bf16 beside): many weight rows → short
+# programs of 16 rows × 256-byte chunks, all resident in one wave (K=4096: N=28672 23.2 µs, N=14336 16.5; split-K
+# only slows these: 26.9–32.3 / 16.7–19.7); few rows → 8 rows × 2 KB chunks and K split over 2 programs (N=4096:
+# K=4096 8.1 µs vs 11.0, K=14336 16.1 vs 28.3).
 MANY_ROWS = 12288
-WIDE_CONFIG = GemvConfig(8, 512, 4, 2)
+WIDE_CONFIG = GemvConfig(8, 512, 4, 2, 2)
 
 
 def gemv_config(config: GemvConfig | None = None, n: int | None = None) -> GemvConfig:
