@@ -438,3 +438,25 @@ def aot_signature_gemv(config: GemvConfig | None = None, *, M=2, N=160, K=512, r
     names = [n for n in inspect.signature(kern.fn).parameters if n not in cx]
     sig = {n: (mangle_type(a) if not isinstance(a, int) else "i32") for n, a in zip(names, args)}
     return sig, cx, cfg
+
+
+def _smoke() -> int:
+    """One small checked launch per kernel and config (compute-sanitizer runs this: scripts/sanitize_gemv.sh)."""
+    from .gluon.w4a4_ws import make_operands_v2, reference_v2
+    fails = 0
+    for kernel, cfg in (("gluon", None), ("gluon", WIDE_CONFIG), ("gluon", GemvConfig(16, 16, 2, 2, 4)),
+                        ("triton", None)):
+        for m in (1, 2):
+            ops = make_operands_v2("int4_g64", m, 200, 448, 5, 64, device="cuda", bias=True, col_scale=True)
+            y = launch_w4a4_gemv(**ops, kernel=kernel, config=cfg)
+            torch.cuda.synchronize()
+            ref = reference_v2(ops)
+            err = float((y.double().cpu() - ref).abs().max() / ref.abs().max())
+            ok = bool(torch.isfinite(y).all()) and err < 1e-2
+            fails += not ok
+            print(f"{'OK' if ok else 'FAIL'} gemv {kernel} {cfg} M={m}: err {err:.2e}", flush=True)
+    return 1 if fails else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(_smoke())
