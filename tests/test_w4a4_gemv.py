@@ -62,6 +62,18 @@ def test_bad_configs(kw, match):
         gv.launch_w4a4_gemv(**ops, **kw)
 
 
+def test_split_k_is_the_gluon_kernels():
+    """The few-row default config splits K (Gluon); the Triton kernel runs it unsplit; asking the Triton kernel
+    for split-K explicitly is an error."""
+    ops = _ops(1, 40, 512, 0, 64)
+    y = gv.launch_w4a4_gemv(**ops, kernel="triton")
+    assert torch.isfinite(y).all()
+    _, _, _, cfg = gv.gemv_args(**ops, kernel="triton")
+    assert cfg.split == 1 and gv.gemv_config(None, 40).split == 2
+    with pytest.raises(ValueError, match="Gluon kernel's option"):   # two 512-wide chunks to split
+        gv.launch_w4a4_gemv(**_ops(1, 40, 1024, 0, 64), kernel="triton", config=gv.GemvConfig(8, 64, 4, 2, 2))
+
+
 def test_bad_inputs():
     ops = _ops(1, 32, 256, 8, 64)
     with pytest.raises(ValueError, match="packed int4"):

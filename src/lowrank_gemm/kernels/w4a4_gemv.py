@@ -374,7 +374,9 @@ def gemv_args(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, out
             f"power of two ≥ 4; got {cfg}")
     while (K // 8) % bkw:        # the K chunk divides K (K % G == 0, so one group always does): no K masks
         bkw //= 2
-    split = max(1, min(cfg.split, (K // 8) // bkw))
+    kernel = kernel or os.environ.get(KERNEL_ENV, DEFAULT_KERNEL)
+    # split-K is the Gluon kernel's: a default config drops it for the Triton one, an explicit one is an error below
+    split = max(1, min(cfg.split if (config is not None or kernel == "gluon") else 1, (K // 8) // bkw))
     cfg = GemvConfig(bn, bkw, cfg.num_warps, cfg.num_stages, split)
     swar = SWAR_DEFAULT if swar is None else bool(swar)
     pdl = pdl_enabled(dev) if pdl is None else bool(pdl)
@@ -389,7 +391,6 @@ def gemv_args(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, out
     cx = dict(G=group_size, BLOCK_N=bn, BLOCK_KW=bkw, BLOCK_R=br, HAS_LOWRANK=bool(r),
               HAS_COL_SCALE=col_scale is not None, HAS_BIAS=bias is not None, SWAR=swar, PDL=pdl)
     grid = (triton.cdiv(N, bn) * M, )
-    kernel = kernel or os.environ.get(KERNEL_ENV, DEFAULT_KERNEL)
     _expect(kernel in ("gluon", "triton"), f"kernel must be 'gluon' or 'triton', got {kernel!r}")
     _expect(kernel == "gluon" or split == 1, f"split-K ({cfg}) is the Gluon kernel's option")
     if kernel == "gluon":
