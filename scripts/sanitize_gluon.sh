@@ -3,6 +3,8 @@
 #   bash scripts/sanitize_gluon.sh [OUTDIR]
 # Each tool runs one small checked launch per kernel (lowrank_gemm.kernels.gluon.smoke); the logs
 # go to OUTDIR (default: $OUT or ./sanitize_logs). Record the summary lines in benchmarks/NOTES.md.
+# SANITIZE_FMTS=gemv runs the W4A4 GEMV's smoke instead (python -m lowrank_gemm.kernels.w4a4_gemv: both
+# kernels, split-K and not).
 set -u
 OUTDIR="${1:-${OUT:-./sanitize_logs}}"
 mkdir -p "$OUTDIR"
@@ -17,8 +19,10 @@ for fmt in ${SANITIZE_FMTS:-int4_g64 int4_2l}; do
     log="$OUTDIR/${tool}_${fmt}.log"
     extra=""
     [ "$tool" = racecheck ] && extra="--racecheck-report all"
+    if [ "$fmt" = gemv ]; then smoke=(-m lowrank_gemm.kernels.w4a4_gemv); else
+      smoke=(-m lowrank_gemm.kernels.gluon.smoke --fmt "$fmt"); fi
     timeout "${SANITIZE_TIMEOUT:-120}" "$SAN" --tool "$tool" $extra --target-processes all \
-      python -m lowrank_gemm.kernels.gluon.smoke --fmt "$fmt" > "$log" 2>&1
+      python "${smoke[@]}" > "$log" 2>&1
     rc=$?
     summary="$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|hazard|OK|FAIL' "$log" | tail -4 | tr '\n' ' ')"
     echo "$tool $fmt rc=$rc :: $summary" | tee -a "$OUTDIR/sanitize_summary.txt"

@@ -442,7 +442,7 @@ def aot_signature_gemv(config: GemvConfig | None = None, *, M=2, N=160, K=512, r
 
 
 def _smoke() -> int:
-    """One small checked launch per kernel and config (compute-sanitizer runs this: scripts/sanitize_gemv.sh)."""
+    """One small checked launch per kernel and config (compute-sanitizer runs this: SANITIZE_FMTS=gemv scripts/sanitize_gluon.sh)."""
     from .gluon.w4a4_ws import make_operands_v2, reference_v2
     fails = 0
     for kernel, cfg in (("gluon", None), ("gluon", WIDE_CONFIG), ("gluon", GemvConfig(16, 16, 2, 2, 4)),
