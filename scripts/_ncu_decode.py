@@ -1,6 +1,7 @@
 """Launches for `ncu -k <kernel>` / compute-sanitizer on the device: the decode GEMM (both formats) and act_quant
-at M=1 (`decode`, `actquant`), one small checked decode launch per format (`smoke`, for the sanitizers), or the
-v2 int4_g64 kernel at FLUX fc1, fp8 path then int8 path, two launches each (`v2g`)."""
+at M=1 (`decode`, `actquant`), one small checked decode launch per format (`smoke`, for the sanitizers), the
+v2 int4_g64 kernel at FLUX fc1, fp8 path then int8 path, two launches each (`v2g`), or the W4A4 GEMV at M=1,
+K=4096, N=28672, three launches (`gemv`)."""
 import sys
 
 import torch
@@ -27,6 +28,11 @@ elif what == "v2f8":   # the fp8 path alone (raw ring 4), two launches
     ops = w4.make_operands_v2("int4_g64", 4608, 12288, 3072, 32, 64, device="cuda")
     for _ in range(2):
         w4.launch_w4a4_v2(**ops, f8=True, raw_stages=4)
+elif what == "gemv":
+    from lowrank_gemm.kernels.w4a4_gemv import launch_w4a4_gemv
+    ops = w4.make_operands_v2("int4_g64", 1, 28672, 4096, 32, 64, device="cuda")
+    for _ in range(3):
+        launch_w4a4_gemv(**ops)
 elif what == "decode":
     for fmt in ("int4_2l", "int4_g64"):
         ops = w4.make_operands_v2(fmt, 1, 28672, 4096, 32, 64, device="cuda")
