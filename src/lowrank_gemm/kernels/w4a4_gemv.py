@@ -194,7 +194,8 @@ def w4a4_gemv_gl_kernel(xq_ptr, xs_ptr, wq_ptr, ws_ptr, s_ptr, up_ptr, bias_ptr,
                         M, N, K, R, stride_sm, stride_un, stride_ym,
                         G: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_KW: gl.constexpr, BLOCK_R: gl.constexpr,
                         HAS_LOWRANK: gl.constexpr, HAS_COL_SCALE: gl.constexpr, HAS_BIAS: gl.constexpr,
-                        SWAR: gl.constexpr, PDL: gl.constexpr, SPLIT: gl.constexpr = 1):
+                        SWAR: gl.constexpr, PDL: gl.constexpr, SPLIT: gl.constexpr = 1,
+                        EPI_FIRST: gl.constexpr = True):
     """:func:`w4a4_gemv_kernel` with every layout explicit (Gluon): the weights as [BN, Q, 4] words, 16 bytes per
     thread; the token words, their byte sums and the group scales in slices of that layout, so nothing crosses
     threads inside the K loop (the Triton version's compiler laid the scale loads out along rows and moved its
@@ -238,6 +239,9 @@ def w4a4_gemv_gl_kernel(xq_ptr, xs_ptr, wq_ptr, ws_ptr, s_ptr, up_ptr, bias_ptr,
     w_next = gl.load(w_ptrs + kw_lo, mask=w_mask & (kw_lo < kw_hi), other=0)
     if PDL:
         gl_gdc_wait()
+    if EPI_FIRST:
+        cs, add = _gl_epilogue_terms(rows, row_ok, m, N, R, s_ptr, stride_sm, up_ptr, stride_un, bias_ptr, cs_ptr,
+                                     BLOCK_R, HAS_LOWRANK, HAS_COL_SCALE, HAS_BIAS, LROW)
     for kw in range(kw_lo, kw_hi, BLOCK_KW):
         w = w_next
         w_next = gl.load(w_ptrs + kw + BLOCK_KW, mask=w_mask & (kw + BLOCK_KW < kw_hi), other=0)
@@ -253,6 +257,9 @@ def w4a4_gemv_gl_kernel(xq_ptr, xs_ptr, wq_ptr, ws_ptr, s_ptr, up_ptr, bias_ptr,
         part = (d - 8 * rxq[None, :]).to(gl.float32)                         # Σ q_x·q_w, exact
         acc2 += part * ws * xs[None, :]
     acc = gl.sum(acc2, axis=1)                                               # [BN] LROW
+    if not EPI_FIRST:
+        cs, add = _gl_epilogue_terms(rows, row_ok, m, N, R, s_ptr, stride_sm, up_ptr, stride_un, bias_ptr, cs_ptr,
+                                     BLOCK_R, HAS_LOWRANK, HAS_COL_SCALE, HAS_BIAS, LROW)
     if SPLIT > 1:
         # the row block's SPLIT partials meet in the workspace; the last to arrive sums them in split order
         # (kernels/splitk.py: the bits do not depend on who arrives last) and runs the epilogue
@@ -263,33 +270,36 @@ def w4a4_gemv_gl_kernel(xq_ptr, xs_ptr, wq_ptr, ws_ptr, s_ptr, up_ptr, bias_ptr,
         if splitk_arrive(cnt_ptr + tile, SPLIT):
             acc = splitk_sum(base, offs, BLOCK_N, row_ok, SPLIT, gl.zeros_like(acc))
             splitk_reset(cnt_ptr + tile)
-            _gl_epilogue(acc, rows, row_ok, m, N, R, s_ptr, stride_sm, up_ptr, stride_un, bias_ptr, cs_ptr, y_ptr,
-                         stride_ym, BLOCK_R, HAS_LOWRANK, HAS_COL_SCALE, HAS_BIAS, LROW)
+            gl.store(y_ptr + m * stride_ym + rows, (acc * cs + add).to(y_ptr.dtype.element_ty), mask=row_ok)
     else:
-        _gl_epilogue(acc, rows, row_ok, m, N, R, s_ptr, stride_sm, up_ptr, stride_un, bias_ptr, cs_ptr, y_ptr,
-                     stride_ym, BLOCK_R, HAS_LOWRANK, HAS_COL_SCALE, HAS_BIAS, LROW)
+        gl.store(y_ptr + m * stride_ym + rows, (acc * cs + add).to(y_ptr.dtype.element_ty), mask=row_ok)
 
 
 @gluon.jit
-def _gl_epilogue(acc, rows, row_ok, m, N, R, s_ptr, stride_sm, up_ptr, stride_un, bias_ptr, cs_ptr, y_ptr, stride_ym,
-                 BLOCK_R: gl.constexpr, HAS_LOWRANK: gl.constexpr, HAS_COL_SCALE: gl.constexpr,
-                 HAS_BIAS: gl.constexpr, LROW: gl.constexpr):
-    """× col_scale, + Σ_r up[n, r]·s[m, r] (s rounded to up's dtype), + bias, store row m of y."""
+def _gl_epilogue_terms(rows, row_ok, m, N, R, s_ptr, stride_sm, up_ptr, stride_un, bias_ptr, cs_ptr,
+                       BLOCK_R: gl.constexpr, HAS_LOWRANK: gl.constexpr, HAS_COL_SCALE: gl.constexpr,
+                       HAS_BIAS: gl.constexpr, LROW: gl.constexpr):
+    """(col_scale[n], Σ_r up[n, r]·s[m, r] + bias[n]) for the program's rows — loaded and summed BEFORE the K loop
+    (their latency then hides under the weight stream instead of adding a round trip to the kernel's tail);
+    s is rounded to up's dtype like an unfused s @ B.T."""
+    add = gl.zeros_like(rows.to(gl.float32))
     if HAS_COL_SCALE:
-        acc = acc * gl.load(cs_ptr + rows, mask=row_ok, other=0.0).to(gl.float32)
+        cs = gl.load(cs_ptr + rows, mask=row_ok, other=0.0).to(gl.float32)
+    else:
+        cs = add + 1.0
     if HAS_LOWRANK:
         LE: gl.constexpr = gl.BlockedLayout([1, 4], [32 // (BLOCK_R // 4), BLOCK_R // 4], [gl.num_warps(), 1], [1, 0])
         rows_e = gl.convert_layout(rows, gl.SliceLayout(1, LE))
         offs_r = gl.arange(0, BLOCK_R, gl.SliceLayout(0, LE))
         r_ok = offs_r < R
         sv = gl.load(s_ptr + m * stride_sm + offs_r, mask=r_ok, other=0.0)
-        sv = sv.to(up_ptr.dtype.element_ty).to(gl.float32)       # rounded like an unfused s @ B.T
+        sv = sv.to(up_ptr.dtype.element_ty).to(gl.float32)
         up = gl.load(up_ptr + rows_e[:, None] * stride_un + offs_r[None, :],
                      mask=(rows_e < N)[:, None] & r_ok[None, :], other=0.0).to(gl.float32)
-        acc = acc + gl.convert_layout(gl.sum(up * sv[None, :], axis=1), LROW)
+        add = add + gl.convert_layout(gl.sum(up * sv[None, :], axis=1), LROW)
     if HAS_BIAS:
-        acc = acc + gl.load(bias_ptr + rows, mask=row_ok, other=0.0).to(gl.float32)
-    gl.store(y_ptr + m * stride_ym + rows, acc.to(y_ptr.dtype.element_ty), mask=row_ok)
+        add = add + gl.load(bias_ptr + rows, mask=row_ok, other=0.0).to(gl.float32)
+    return cs, add
 
 
 class GemvConfig(tuple):
@@ -310,6 +320,7 @@ class GemvConfig(tuple):
 DEFAULT_CONFIG = GemvConfig(16, 64, 2, 2)
 CONFIG_ENV = "LOWRANK_GEMM_GEMV_CONFIG"      # "block_n,block_kw,warps,stages" (probes)
 KERNEL_ENV = "LOWRANK_GEMM_GEMV_KERNEL"      # "gluon" | "triton"
+EPI_FIRST_ENV = "LOWRANK_GEMM_GEMV_EPI_FIRST"  # 0: the epilogue's loads after the K loop (A/B)
 DEFAULT_KERNEL = "gluon" if SWAR_DEFAULT else "triton"
 
 
@@ -404,6 +415,7 @@ def gemv_args(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, out
             part, cnt = f32, torch.empty(1, dtype=torch.int32, device=dev)
         args = args[:9] + (part, cnt) + args[9:]
         cx["SPLIT"] = split
+        cx["EPI_FIRST"] = os.environ.get(EPI_FIRST_ENV, "1") != "0"
         grid = (tiles * split, )
     cx["KERNEL"] = kernel
     return grid, args, cx, cfg
