@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 import traceback
@@ -38,7 +37,7 @@ def main() -> int:
     from lowrank_gemm.kernels.w4_expand import expand_act_f8
     from lowrank_gemm.reference import lowrank_epilogue_ref, w4a4_gemm_ref
 
-    kernels = {"g": "gluon", "t": "triton", "gl": "gluon:late"}   # gl: the epilogue's loads after the K loop
+    kernels = {"g": "gluon", "t": "triton"}
     cfgs = [(kernels[c.split(":")[0]], gv.GemvConfig(*(int(v) for v in c.split(":")[1].split(","))))
             for c in args.cfgs.split(";") if c]
     out = Path(args.out)
@@ -80,10 +79,8 @@ def main() -> int:
             y = launch_w4a4_decode(**pre[0][0]).double()
             err = float((y - ref).abs().max() / ref.abs().max())
             emit(**base, impl="decode_gemm", err=err, **time_impl(lambda p: launch_w4a4_decode(**p), pre))
-            for kern_tag, cfg in cfgs:
-                kern = kern_tag.split(":")[0]
-                os.environ[gv.EPI_FIRST_ENV] = "0" if kern_tag.endswith(":late") else "1"
-                name = f"gemv:{kern_tag}:" + ",".join(map(str, cfg))
+            for kern, cfg in cfgs:
+                name = f"gemv:{kern}:" + ",".join(map(str, cfg))
                 try:
                     o["out"].fill_(float("nan"))
                     y = gv.launch_w4a4_gemv(**o, config=cfg, kernel=kern).clone()

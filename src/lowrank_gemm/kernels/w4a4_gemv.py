@@ -194,8 +194,7 @@ def w4a4_gemv_gl_kernel(xq_ptr, xs_ptr, wq_ptr, ws_ptr, s_ptr, up_ptr, bias_ptr,
                         M, N, K, R, stride_sm, stride_un, stride_ym,
                         G: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_KW: gl.constexpr, BLOCK_R: gl.constexpr,
                         HAS_LOWRANK: gl.constexpr, HAS_COL_SCALE: gl.constexpr, HAS_BIAS: gl.constexpr,
-                        SWAR: gl.constexpr, PDL: gl.constexpr, SPLIT: gl.constexpr = 1,
-                        EPI_FIRST: gl.constexpr = True):
+                        SWAR: gl.constexpr, PDL: gl.constexpr, SPLIT: gl.constexpr = 1):
     """:func:`w4a4_gemv_kernel` with every layout explicit (Gluon): the weights as [BN, Q, 4] words, 16 bytes per
     thread; the token words, their byte sums and the group scales in slices of that layout, so nothing crosses
     threads inside the K loop (the Triton version's compiler laid the scale loads out along rows and moved its
@@ -239,9 +238,6 @@ def w4a4_gemv_gl_kernel(xq_ptr, xs_ptr, wq_ptr, ws_ptr, s_ptr, up_ptr, bias_ptr,
     w_next = gl.load(w_ptrs + kw_lo, mask=w_mask & (kw_lo < kw_hi), other=0)
     if PDL:
         gl_gdc_wait()
-    if EPI_FIRST:
-        cs, add = _gl_epilogue_terms(rows, row_ok, m, N, R, s_ptr, stride_sm, up_ptr, stride_un, bias_ptr, cs_ptr,
-                                     BLOCK_R, HAS_LOWRANK, HAS_COL_SCALE, HAS_BIAS, LROW)
     for kw in range(kw_lo, kw_hi, BLOCK_KW):
         w = w_next
         w_next = gl.load(w_ptrs + kw + BLOCK_KW, mask=w_mask & (kw + BLOCK_KW < kw_hi), other=0)
@@ -257,9 +253,10 @@ def w4a4_gemv_gl_kernel(xq_ptr, xs_ptr, wq_ptr, ws_ptr, s_ptr, up_ptr, bias_ptr,
         part = (d - 8 * rxq[None, :]).to(gl.float32)                         # Σ q_x·q_w, exact
         acc2 += part * ws * xs[None, :]
     acc = gl.sum(acc2, axis=1)                                               # [BN] LROW
-    if not EPI_FIRST:
-        cs, add = _gl_epilogue_terms(rows, row_ok, m, N, R, s_ptr, stride_sm, up_ptr, stride_un, bias_ptr, cs_ptr,
-                                     BLOCK_R, HAS_LOWRANK, HAS_COL_SCALE, HAS_BIAS, LROW)
+    # (loading these before the K loop, to hide their round trip under the stream, measured within noise and cost
+    # 8 registers: probes/s7/gemv_epi)
+    cs, add = _gl_epilogue_terms(rows, row_ok, m, N, R, s_ptr, stride_sm, up_ptr, stride_un, bias_ptr, cs_ptr,
+                                 BLOCK_R, HAS_LOWRANK, HAS_COL_SCALE, HAS_BIAS, LROW)
     if SPLIT > 1:
         # the row block's SPLIT partials meet in the workspace; the last to arrive sums them in split order
         # (kernels/splitk.py: the bits do not depend on who arrives last) and runs the epilogue
@@ -279,9 +276,8 @@ def w4a4_gemv_gl_kernel(xq_ptr, xs_ptr, wq_ptr, ws_ptr, s_ptr, up_ptr, bias_ptr,
 def _gl_epilogue_terms(rows, row_ok, m, N, R, s_ptr, stride_sm, up_ptr, stride_un, bias_ptr, cs_ptr,
                        BLOCK_R: gl.constexpr, HAS_LOWRANK: gl.constexpr, HAS_COL_SCALE: gl.constexpr,
                        HAS_BIAS: gl.constexpr, LROW: gl.constexpr):
-    """(col_scale[n], Σ_r up[n, r]·s[m, r] + bias[n]) for the program's rows — loaded and summed BEFORE the K loop
-    (their latency then hides under the weight stream instead of adding a round trip to the kernel's tail);
-    s is rounded to up's dtype like an unfused s @ B.T."""
+    """(col_scale[n], Σ_r up[n, r]·s[m, r] + bias[n]) for the program's rows; s is rounded to up's dtype like an
+    unfused s @ B.T."""
     add = gl.zeros_like(rows.to(gl.float32))
     if HAS_COL_SCALE:
         cs = gl.load(cs_ptr + rows, mask=row_ok, other=0.0).to(gl.float32)
@@ -320,7 +316,6 @@ class GemvConfig(tuple):
 DEFAULT_CONFIG = GemvConfig(16, 64, 2, 2)
 CONFIG_ENV = "LOWRANK_GEMM_GEMV_CONFIG"      # "block_n,block_kw,warps,stages" (probes)
 KERNEL_ENV = "LOWRANK_GEMM_GEMV_KERNEL"      # "gluon" | "triton"
-EPI_FIRST_ENV = "LOWRANK_GEMM_GEMV_EPI_FIRST"  # 0: the epilogue's loads after the K loop (A/B)
 DEFAULT_KERNEL = "gluon" if SWAR_DEFAULT else "triton"
 
 
@@ -415,7 +410,6 @@ def gemv_args(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, out
             part, cnt = f32, torch.empty(1, dtype=torch.int32, device=dev)
         args = args[:9] + (part, cnt) + args[9:]
         cx["SPLIT"] = split
-        cx["EPI_FIRST"] = os.environ.get(EPI_FIRST_ENV, "1") != "0"
         grid = (tiles * split, )
     cx["KERNEL"] = kernel
     return grid, args, cx, cfg
