@@ -113,7 +113,8 @@ def test_sm90_compile_dp4a_no_spills(kernel, cfg):
     16-byte vectors, PDL's griddepcontrol is there, and ptxas spills nothing."""
     info = _compile(cfg, kernel)
     assert "dp4a.u32.s32" in info.ptx and "griddepcontrol.wait" in info.ptx
-    assert bool(re.search(r"atom\.global\.gpu\.acq_rel\.add", info.ptx)) == bool(cfg and cfg.split > 1), "split-K tickets"
+    tickets = bool(re.search(r"atom\.global\.gpu\.acq_rel\.add", info.ptx))
+    assert tickets == bool(cfg and cfg.split > 1), "split-K tickets"
     assert not re.search(r"\bmma\b|wgmma", info.ptx), "CUDA cores only"
     assert re.search(r"ld\.global(\.\w+)*\.v4\.b32", info.ptx), "16-byte weight loads"
     res = ptxas_stats(info.ptx)

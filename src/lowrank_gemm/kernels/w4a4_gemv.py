@@ -13,16 +13,25 @@ vectorized loads (many small programs keep the bytes in flight) and does the ari
   64-wide packing block (formats/int4.py). One LOP3 turns four nibbles into offset bytes n' = q + 8 (u8), so two
   ``dp4a.u32.s32`` against the token's signed bytes at the same K positions give Σ q_x·n' over those 8 positions:
   five instructions per 8 weights per token (``_DOT_ASM``);
-- the token's packed word at the same index covers the same K positions; its nibbles become signed bytes once per
-  program and K chunk (tiny: the token is K/2 bytes), with their group row sums R = Σ q_x;
-- per group: S_g = Σ q_x·n' − 8·R exact in int32, then acc += S_g · ws[g, n] · xs[g, m] in fp32;
+- the token's packed word at the same index covers the same K positions; its nibbles become signed bytes (three
+  integer ops per four, kernels/int4_unpack.py) with their sums R = Σ q_x over each 16-byte quarter;
+- per quarter (half a group: it lies in one group): S = Σ q_x·n' − 8·R exact in int32, then
+  acc += S · ws[g, n] · xs[g, m] in fp32 — per-(row, quarter) partials, reduced across the row's threads once;
 - epilogue: × col_scale[n], + Σ_r lora_up[n, r]·s[m, r] (s rounded to lora_up's dtype like the unfused
   reference), + bias[n], store.
 
-One program per (BLOCK_N weight rows, token): programs of the same rows are adjacent (token fastest), so a second
-token's read of the rows hits L2. Deterministic: a fixed reduction order, no atomics. PDL (kernels/pdl.py): the
-launch may start while act_quant finishes; nothing the previous kernel writes is read before ``griddepcontrol.wait``.
-The interpreter cannot run inline PTX: ``SWAR=False`` does the same arithmetic with plain integer ops (CPU tests).
+Two kernels, one arithmetic. :func:`w4a4_gemv_gl_kernel` (Gluon, what runs on the GPU) states every layout: the
+weights as [BN, Q, 4] words with 16 bytes per thread, and everything else in slices of that layout, so the K loop
+has no shared memory, barrier or shuffle. :func:`w4a4_gemv_kernel` (Triton) is its interpreter twin for the CPU
+tests (``SWAR=False``: plain integer ops instead of inline PTX); compiled, Triton lays the scale loads out along
+rows and moves its accumulator through shared memory every iteration (NOTES.md, session 7).
+
+One program per (BLOCK_N weight rows, token), token fastest, so a second token's read of the rows hits L2;
+``GemvConfig.split`` > 1 deals a row block's K chunks to that many programs, which meet in the same launch
+(kernels/splitk.py: an atomic ticket elects the reducer, the partials are summed in a fixed order). The config
+depends on the row count (:func:`gemv_config`). Deterministic: fixed reduction orders, no result through an
+atomic. PDL (kernels/pdl.py): the launch may start while act_quant finishes; the first weight chunk is loaded
+before ``griddepcontrol.wait``, nothing the previous kernel writes is read before it.
 """
 
 from __future__ import annotations
@@ -40,8 +49,8 @@ from .int4_unpack import SWAR_DEFAULT
 from .pdl import gdc_launch_dependents, gdc_wait, gl_gdc_launch_dependents, gl_gdc_wait, pdl_enabled
 from .splitk import splitk_arrive, splitk_reset, splitk_store, splitk_sum
 
-__all__ = ["launch_w4a4_gemv", "w4a4_gemv_kernel", "gemv_args", "AUTO_GEMV_MAX_M", "gemv_enabled", "gemv_config", "GemvConfig",
-           "DEFAULT_CONFIG", "aot_signature_gemv", "w4a4_gemv_gl_kernel"]
+__all__ = ["launch_w4a4_gemv", "w4a4_gemv_kernel", "w4a4_gemv_gl_kernel", "gemv_args", "AUTO_GEMV_MAX_M",
+           "gemv_enabled", "gemv_config", "GemvConfig", "DEFAULT_CONFIG", "WIDE_CONFIG", "aot_signature_gemv"]
 
 # impl="auto" routes int4_g64 with M ≤ this here (w4a4_gemm._route). H200 (probes/s7/gemv_run2, K=4096, N=28672,
 # GEMM alone): M=1 23.4 µs vs the decode kernel's 30.8, M=2 28.0 vs 31.6, M=4 44.3 vs 31.5 (every token re-runs
@@ -448,7 +457,8 @@ def aot_signature_gemv(config: GemvConfig | None = None, *, M=2, N=160, K=512, r
 
 
 def _smoke() -> int:
-    """One small checked launch per kernel and config (compute-sanitizer runs this: SANITIZE_FMTS=gemv scripts/sanitize_gluon.sh)."""
+    """One small checked launch per kernel and config (compute-sanitizer runs this:
+    ``SANITIZE_FMTS=gemv scripts/sanitize_gluon.sh``)."""
     from .gluon.w4a4_ws import make_operands_v2, reference_v2
     fails = 0
     for kernel, cfg in (("gluon", None), ("gluon", WIDE_CONFIG), ("gluon", GemvConfig(16, 16, 2, 2, 4)),

@@ -375,7 +375,8 @@ def rs_ledger(config: KernelConfig, *, group_size: int = 64, has_lowrank: bool =
     terms = [SmemTerm("ring.x_e4m3", tile_bytes(bt, bk, 8), s),
              SmemTerm("ring.w_packed", tile_bytes(bn, bk // 2, 8), s),
              SmemTerm("ring.xab_rows", tile_bytes(2 * ur, bt, 32), s),
-             SmemTerm("ring.w_ratio_rows" if ratio else "ring.w_scale_rows", tile_bytes(ur, bn, 32 if ratio else 16), s),
+             SmemTerm("ring.w_ratio_rows" if ratio else "ring.w_scale_rows",
+                      tile_bytes(ur, bn, 32 if ratio else 16), s),
              SmemTerm("barriers.ring", barrier_bytes(s))]
     if has_lowrank:
         bits = _BITS[lowrank_dtype]
