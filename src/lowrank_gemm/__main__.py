@@ -61,7 +61,7 @@ def _demo_w4a4_gpu(print_fn=print) -> None:
     from . import ops
     from .bench.common import time_impl
     g = torch.Generator(device="cuda").manual_seed(0)
-    for M, K, N in ((64, 4096, 28672), (4608, 3072, 12288)):
+    for M, K, N in ((1, 4096, 28672), (64, 4096, 28672), (4608, 3072, 12288)):   # M=1: the GEMV route
         x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16, generator=g)
         w = torch.randn(N, K, device="cuda", dtype=torch.bfloat16, generator=g) / K ** 0.5
         qw = torch.randint(0, 256, (N, K // 2), device="cuda", dtype=torch.uint8, generator=g)
