@@ -62,6 +62,22 @@ def test_bad_configs(kw, match):
         gv.launch_w4a4_gemv(**ops, **kw)
 
 
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_non_finite_group_scale_poisons_its_token_only(bad):
+    """act_quant gives a group holding NaN/Inf a NaN/Inf scale and zero nibbles: 0 · NaN and 0 · Inf are NaN, so that
+    token's outputs are all NaN (as w4a4_linear documents) and the other tokens' are untouched."""
+    ops = _ops(3, 40, 512, 8, 64)
+    clean = gv.launch_w4a4_gemv(**ops).clone()
+    xq = ops["x_q"].clone()
+    xq[1, 64:96] = 0                                  # token 1, group 2: zero nibbles …
+    xs = ops["x_scale"].clone()
+    xs[2, 1] = bad                                    # … and a non-finite scale
+    ops["out"].fill_(0.0)
+    y = gv.launch_w4a4_gemv(**{**ops, "x_q": xq, "x_scale": xs})
+    assert torch.isnan(y[1]).all()
+    assert torch.equal(y[0], clean[0]) and torch.equal(y[2], clean[2])
+
+
 def test_split_k_is_the_gluon_kernels():
     """The few-row default config splits K (Gluon); the Triton kernel runs it unsplit; asking the Triton kernel
     for split-K explicitly is an error."""
