@@ -130,11 +130,12 @@ def w4a4_gemv_kernel(xq_ptr, xs_ptr, wq_ptr, ws_ptr, s_ptr, up_ptr, bias_ptr, cs
     kw_total = tl.multiple_of(K // 8, 8)       # words per row: K % 64 == 0, so rows start 32-byte aligned
     offs_w = tl.arange(0, BLOCK_KW)
     zero_rows = tl.zeros((BLOCK_N, 1), tl.int32)
-    # Every operand is addressed per (row, word) in the weights' [BN, BKW] shape, so they all share one layout and
-    # nothing crosses threads inside the K loop (a 1-D token vector broadcast into it cost a shared-memory
-    # round trip and ~8 bar.syncs per iteration, SASS of the first version): repeated addresses of a thread (the
-    # token words of its rows, a group's scales) are loaded once (CSE). Per-word fp32 partials; one reduction
-    # across the row's threads after the loop.
+    # Every operand is addressed per (row, word) in the weights' [BN, BKW] shape (a 1-D token vector broadcast
+    # into it cost a shared-memory round trip and ~8 bar.syncs per iteration in the first version); a thread's
+    # repeated addresses (the token words of its rows, a group's scales) are loaded once (CSE). Compiled, Triton
+    # still lays the scale loads out along rows and converts the accumulator through shared memory each iteration
+    # (2 bar.syncs): the Gluon kernel below is the one that runs on the GPU. Per-word fp32 partials; one
+    # reduction across the row's threads after the loop.
     acc2 = tl.zeros((BLOCK_N, BLOCK_KW), tl.float32)
     w_ptrs = wq_ptr + rows[:, None].to(tl.int64) * kw_total + offs_w[None, :]
     x_ptrs = xq_ptr + m * kw_total + offs_w[None, :] + zero_rows
