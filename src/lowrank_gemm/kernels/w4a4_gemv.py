@@ -45,6 +45,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
 from .epilogue import rank_block
+from .gluon.host import dummy
 from .int4_unpack import SWAR_DEFAULT
 from .pdl import gdc_launch_dependents, gdc_wait, gl_gdc_launch_dependents, gl_gdc_wait, pdl_enabled
 from .splitk import splitk_arrive, splitk_reset, splitk_store, splitk_sum
@@ -396,7 +397,7 @@ def gemv_args(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, out
     cfg = GemvConfig(bn, bkw, cfg.num_warps, cfg.num_stages, split)
     swar = SWAR_DEFAULT if swar is None else bool(swar)
     pdl = pdl_enabled(dev) if pdl is None else bool(pdl)
-    f32 = torch.empty(1, dtype=torch.float32, device=dev)
+    f32 = dummy(dev, torch.float32, (1, ))
     br = rank_block(r) if r else 16
     if r:
         _expect(lowrank_act.stride(1) == 1 and lora_up.stride(1) == 1, "lowrank_act / lora_up need unit column stride")
@@ -417,7 +418,7 @@ def gemv_args(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, out
             from .lora_gemm import _TICKETS     # zeroed once per (device, stream), left zero by every launch
             part, cnt = torch.empty(tiles * split * bn, dtype=torch.float32, device=dev), _TICKETS.get(dev, tiles)
         else:
-            part, cnt = f32, torch.empty(1, dtype=torch.int32, device=dev)
+            part, cnt = f32, dummy(dev, torch.int32, (1, ))
         args = args[:9] + (part, cnt) + args[9:]
         cx["SPLIT"] = split
         grid = (tiles * split, )
