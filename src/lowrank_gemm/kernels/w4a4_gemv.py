@@ -185,21 +185,6 @@ def _word_layout(block_n, block_kw, num_warps):
     return gl.BlockedLayout([1, 1, 4], [32 // tk, tk, 1], [num_warps, 1, 1], [2, 1, 0])
 
 
-@gluon.jit
-def _gl_word_dot(w, xlo, xhi):
-    return gl.inline_asm_elementwise(_DOT_ASM, "=r,r,r,r", [w, xlo, xhi], dtype=gl.int32, is_pure=True, pack=1)
-
-
-@gluon.jit
-def _gl_signed_bytes(u):
-    return (((u ^ 0x08080808) + 0x78787878) ^ 0x80808080).to(gl.int32, bitcast=True)
-
-
-@gluon.jit
-def _gl_byte_sum2(a, b):
-    return gl.inline_asm_elementwise(_SUM_ASM, "=r,r,r", [a, b], dtype=gl.int32, is_pure=True, pack=1)
-
-
 @gluon.jit(do_not_specialize=["M", "N", "K", "R"])
 def w4a4_gemv_gl_kernel(xq_ptr, xs_ptr, wq_ptr, ws_ptr, s_ptr, up_ptr, bias_ptr, cs_ptr, y_ptr, part_ptr, cnt_ptr,
                         M, N, K, R, stride_sm, stride_un, stride_ym,
@@ -253,10 +238,11 @@ def w4a4_gemv_gl_kernel(xq_ptr, xs_ptr, wq_ptr, ws_ptr, s_ptr, up_ptr, bias_ptr,
         w = w_next
         w_next = gl.load(w_ptrs + kw + BLOCK_KW, mask=w_mask & (kw + BLOCK_KW < kw_hi), other=0)
         xw = gl.load(x_ptrs + kw).to(gl.uint32, bitcast=True)
-        xlo = _gl_signed_bytes(xw & 0x0F0F0F0F)
-        xhi = _gl_signed_bytes((xw >> 4) & 0x0F0F0F0F)
-        rx = gl.sum(_gl_byte_sum2(xlo, xhi), axis=1)                          # [Q]  Σ q_x over the quarter
-        d = gl.sum(_gl_word_dot(w, xlo[None, :, :], xhi[None, :, :]), axis=2)    # [BN, Q]  Σ q_x·(q_w + 8)
+        # (the Triton kernel's helpers: Gluon calls them on its own layouts)
+        xlo = _signed_bytes(xw & 0x0F0F0F0F)
+        xhi = _signed_bytes((xw >> 4) & 0x0F0F0F0F)
+        rx = gl.sum(_byte_sum2(xlo, xhi, True), axis=1)                       # [Q]  Σ q_x over the quarter
+        d = gl.sum(_word_dot(w, xlo[None, :, :], xhi[None, :, :], True), axis=2)   # [BN, Q]  Σ q_x·(q_w + 8)
         g0 = kw // WPG
         ws = gl.load(ws_ptrs + g0 * N, mask=ws_mask, other=0.0).to(gl.float32)
         xs = gl.load(xs_ptrs + g0 * M).to(gl.float32)
