@@ -215,14 +215,8 @@ def check(ms: list[int]) -> dict:
         try:
             with _Env(on):
                 eager = fn(*args).clone()
-                side = torch.cuda.Stream()
-                side.wait_stream(torch.cuda.current_stream())
-                with torch.cuda.stream(side):
-                    fn(*args)
-                torch.cuda.current_stream().wait_stream(side)
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph):
-                    out = fn(*args)
+                from lowrank_gemm.bench.common import capture_graph
+                _, graph, out = capture_graph(lambda: fn(*args))
             equal = True
             for _ in range(3):
                 out.fill_(float("nan"))

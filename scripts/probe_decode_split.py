@@ -231,14 +231,8 @@ def _check_format(fmt: str) -> dict:
         def body():
             for prod, gops in pairs:
                 _produce_and_launch(prod, gops, fmt, 16, "stream", True)
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            body()
-        torch.cuda.current_stream().wait_stream(side)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            body()
+        from lowrank_gemm.bench.common import capture_graph
+        _, g, _ = capture_graph(body)
         for _ in range(2):
             for _, gops in pairs:
                 gops["out"].fill_(float("nan"))

@@ -310,14 +310,8 @@ def _pdl_call(mg, sp):
 def _graph_replays_equal(call, expect, reps=3):
     """One call captured in a CUDA graph (its workspaces NaN-poisoned inside the graph, so a read of S
     before the shrink wrote it shows up), output NaN-filled before each replay: every replay == expect."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        call()
-    torch.cuda.current_stream().wait_stream(side)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        y = call()
+    from lowrank_gemm.bench.common import capture_graph
+    _, g, y = capture_graph(call)
     ok = True
     for _ in range(reps):
         y.fill_(float("nan"))

@@ -26,7 +26,7 @@ import triton
 import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-from lowrank_gemm.bench.common import _bench, device_meta, measure_copy_tbps  # noqa: E402
+from lowrank_gemm.bench.common import _bench, capture_graph, device_meta, measure_copy_tbps  # noqa: E402
 from lowrank_gemm.kernels.pdl import gdc_launch_dependents, gdc_wait  # noqa: E402
 
 N_ROWS, ROW_BYTES = 28672, 2048          # int4 weights of K=4096, N=28672
@@ -66,18 +66,11 @@ def _producer_kernel(src_ptr, v_ptr, STEPS: tl.constexpr, PDL: tl.constexpr):
 
 
 def _graph_time(calls, n=8):
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(2):
+    def run(times):
+        for _ in range(times):
             for c in calls:
                 c()
-    torch.cuda.current_stream().wait_stream(side)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(n):
-            for c in calls:
-                c()
+    _, g, _ = capture_graph(lambda: run(2), lambda: run(n))
     t = _bench(g.replay)
     return t.median_us / n, g
 

@@ -8,6 +8,7 @@ alone is ~2e-3.
 import pytest
 import torch
 
+from lowrank_gemm.bench.common import capture_graph
 from lowrank_gemm.kernels import lora_gemm as LG
 from lowrank_gemm.kernels.lora_gemm import lora_linear, run_strategy
 from lowrank_gemm.plan.planner import can_implement, pinned, plan_lora
@@ -97,15 +98,7 @@ def test_torch_compile_fullgraph(strategy):
 def _warm_and_capture(fn, captured=None):
     """(eager result of ``fn`` run on a side stream — compiles and warms outside the capture —, the CUDA graph
     of ``captured`` (default ``fn``), the graph's output)."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        eager = fn()
-    torch.cuda.current_stream().wait_stream(side)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        out = (captured or fn)()
-    return eager, g, out
+    return capture_graph(fn, captured)
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES + ("auto",))

@@ -10,6 +10,7 @@ import math
 import pytest
 import torch
 
+from lowrank_gemm.bench.common import capture_graph
 from lowrank_gemm.kernels import multilora_gemm as mg
 from lowrank_gemm.kernels._multilora_baselines import shrink_expand, torch_loop
 from lowrank_gemm.nn.multilora import AdapterBank
@@ -38,14 +39,7 @@ def make(M, N, K, L, r_max, ranks=None, seed=0, bias=True):
 def _captured(fn):
     """(CUDA graph of one ``fn()`` call, its output), after a warm-up call on a side stream (compiles and
     allocations stay outside the capture)."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn()
-    torch.cuda.current_stream().wait_stream(side)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        out = fn()
+    _, g, out = capture_graph(fn)
     return g, out
 
 

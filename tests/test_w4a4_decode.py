@@ -6,6 +6,7 @@ import re
 import pytest
 import torch
 
+from lowrank_gemm.bench.common import capture_graph
 from lowrank_gemm.kernels.gluon import w4a4_decode as d
 from lowrank_gemm.kernels.gluon import w4a4_ws as w4
 from lowrank_gemm.plan.smem import SmemError
@@ -648,16 +649,7 @@ def test_decode_split_graph_replay_reuses_tickets_gpu(mode, fmt, f8):
     ops = [w4.make_operands_v2(fmt, 16, 4096, 4096, 32, 64, device="cuda", seed=s) for s in range(3)]
     config = _mode_config(16, fmt, f8, mode)
     want = [d.launch_w4a4_decode(**o, config=config, f8=f8).clone() for o in ops]
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for o in ops:
-            d.launch_w4a4_decode(**o, config=config, f8=f8)
-    torch.cuda.current_stream().wait_stream(side)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for o in ops:
-            d.launch_w4a4_decode(**o, config=config, f8=f8)
+    _, g, _ = capture_graph(lambda: [d.launch_w4a4_decode(**o, config=config, f8=f8) for o in ops])
     for _ in range(3):
         for o in ops:
             o["out"].fill_(float("nan"))
@@ -692,14 +684,7 @@ def test_decode_pdl_gpu(mode, fmt, f8):
     def layer():
         produce()
         d.launch_w4a4_decode(**gops, config=config, f8=f8, pdl=True)
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        layer()
-    torch.cuda.current_stream().wait_stream(side)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        layer()
+    _, g, _ = capture_graph(layer)
     for t in dst:
         t.zero_()
     gops["out"].fill_(float("nan"))
@@ -760,16 +745,7 @@ def test_decode_row_box_matches_1d_rows_gpu(mode, fmt, f8, over, shape):
 def test_decode_row_box_graph_replay_gpu(fmt, f8):
     ops = [w4.make_operands_v2(fmt, 16, 4096, 4096, 32, 64, device="cuda", seed=s) for s in range(2)]
     want = [d.launch_w4a4_decode(**o, f8=f8, row_box=True).clone() for o in ops]
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for o in ops:
-            d.launch_w4a4_decode(**o, f8=f8, row_box=True)
-    torch.cuda.current_stream().wait_stream(side)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for o in ops:
-            d.launch_w4a4_decode(**o, f8=f8, row_box=True)
+    _, g, _ = capture_graph(lambda: [d.launch_w4a4_decode(**o, f8=f8, row_box=True) for o in ops])
     for _ in range(2):
         for o in ops:
             o["out"].fill_(float("nan"))

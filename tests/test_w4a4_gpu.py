@@ -7,6 +7,7 @@ Run on the device machine: ``PYTHONPATH=src python -m pytest -m gpu tests/test_w
 import pytest
 import torch
 
+from lowrank_gemm.bench.common import capture_graph
 from lowrank_gemm.formats.int4 import pack_int4, quantize_act_int4, quantize_weight_int4
 from lowrank_gemm.formats.int4_twolevel import pack_weight_2l, quantize_act_2l
 from lowrank_gemm.kernels.act_quant import act_quant
@@ -98,14 +99,7 @@ def test_cuda_graph_capture_and_compile(fmt, m, impl):
     x, p = _layer(m, 28672 if m == 64 else 3072, 4096, fmt)
     eager = w4a4_linear(x, fmt=fmt, impl=impl, **p)
     static_x = x.clone()
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        w4a4_linear(static_x, fmt=fmt, impl=impl, **p)
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = w4a4_linear(static_x, fmt=fmt, impl=impl, **p)
+    _, graph, out = capture_graph(lambda: w4a4_linear(static_x, fmt=fmt, impl=impl, **p))
     static_x.copy_(x)
     graph.replay()
     torch.cuda.synchronize()

@@ -22,7 +22,7 @@ from typing import Callable, Sequence
 
 import torch
 
-__all__ = ["Timing", "time_eager", "time_graph", "time_impl", "measure_copy_tbps", "device_meta",
+__all__ = ["Timing", "capture_graph", "time_eager", "time_graph", "time_impl", "measure_copy_tbps", "device_meta",
            "rotation_count", "write_results", "load_results", "RESULTS_DIR"]
 
 RESULTS_DIR = Path("benchmarks/results/h200")
@@ -67,20 +67,30 @@ def time_eager(fn, input_sets: Sequence[tuple]) -> Timing:
     return _bench(_Rotator(fn, input_sets))
 
 
+def capture_graph(fn, captured=None):
+    """(the result of ``fn()`` run on a side stream — compiles, autotuning and allocations stay outside the
+    capture —, a CUDA graph of one ``(captured or fn)()`` call, that call's output). The benches, probes and GPU
+    tests make their graphs here."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        warm = fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = (captured or fn)()
+    return warm, graph, out
+
+
 def time_graph(fn, input_sets: Sequence[tuple]) -> Timing:
     """Time one call as a CUDA-graph replay: the graph holds one call per input set (rotation),
     the replay time is divided by the number of calls."""
     n = len(input_sets)
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):      # warm up (autotune, allocations) outside the capture
+
+    def calls():
         for args in input_sets:
             fn(*args)
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for args in input_sets:
-            fn(*args)
+    _, graph, _ = capture_graph(calls)
     t = _bench(graph.replay)
     return Timing(t.median_us / n, t.p20_us / n, t.p80_us / n)
 
