@@ -95,17 +95,11 @@ def test_torch_compile_fullgraph(strategy):
     assert rel_err(y, ref) < TOL
 
 
-def _warm_and_capture(fn, captured=None):
-    """(eager result of ``fn`` run on a side stream — compiles and warms outside the capture —, the CUDA graph
-    of ``captured`` (default ``fn``), the graph's output)."""
-    return capture_graph(fn, captured)
-
-
 @pytest.mark.parametrize("strategy", STRATEGIES + ("auto",))
 def test_cuda_graph_capture_replay(strategy):
     M, N, K, r = 64, 4096, 4096, 16
     x, w, a, b, bias = make(M, N, K, r)
-    eager, g, y = _warm_and_capture(lambda: lora_linear(x, w, a, b, 0.5, bias, strategy=strategy))
+    eager, g, y = capture_graph(lambda: lora_linear(x, w, a, b, 0.5, bias, strategy=strategy))
     g.replay()
     torch.cuda.synchronize()
     assert torch.equal(y, eager)
@@ -201,7 +195,7 @@ def test_fixup_cuda_graph_replays_reuse_tickets():
     fn = lambda: lora_linear(x, w, a, b, 0.5, bias)
     with pinned(strategy="kloop", config=c):
         # three launches on one ticket region, back to back
-        eager, g, ys = _warm_and_capture(fn, lambda: [fn() for _ in range(3)])
+        eager, g, ys = capture_graph(fn, lambda: [fn() for _ in range(3)])
     for _ in range(4):
         g.replay()
     torch.cuda.synchronize()
@@ -257,7 +251,7 @@ def test_swap_ab_bf16(strategy, shape, bn, bk, split):
     assert all(torch.equal(ys[0], y) for y in ys[1:]), "swap_ab is not bit-identical across calls"
     fn = lambda: lora_linear(x, w, a, b, 0.5, bias)
     with pinned(strategy=strategy, config=c):
-        eager, g, outs = _warm_and_capture(fn, lambda: [fn()])
+        eager, g, outs = capture_graph(fn, lambda: [fn()])
     g.replay()
     torch.cuda.synchronize()
     assert torch.equal(outs[0], eager)
@@ -287,7 +281,7 @@ def test_s_producers_bf16(shape, bn, bk):
     assert all(torch.equal(ys[0], y) for y in ys[1:])
     fn = lambda: lora_linear(x, w, a, b, 0.5, bias)
     with pinned(strategy="split", config=c):
-        eager, g, outs = _warm_and_capture(fn, lambda: [fn() for _ in range(2)])
+        eager, g, outs = capture_graph(fn, lambda: [fn() for _ in range(2)])
     for _ in range(3):
         g.replay()
     torch.cuda.synchronize()

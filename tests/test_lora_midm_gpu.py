@@ -8,13 +8,14 @@ test_lora_gemm_gpu.py).
 import pytest
 import torch
 
+from lowrank_gemm.bench.common import capture_graph
 from lowrank_gemm.kernels import lora_gemm as LG
 from lowrank_gemm.kernels.lora_gemm import lora_linear, lora_options, run_strategy
 from lowrank_gemm.plan.config import KernelConfig
 from lowrank_gemm.plan.planner import can_implement, fixup_dp_tiles, pinned
 from lowrank_gemm.reference import lora_linear_ref
 
-from test_lora_gemm_gpu import TOL, _warm_and_capture, make, rel_err
+from test_lora_gemm_gpu import TOL, make, rel_err
 
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(120)]
 
@@ -65,7 +66,7 @@ def test_prefetch_and_pdl_bit_identical_eager_and_graph(strategy, cfg):
     with pinned(strategy=strategy, config=cfg):
         base = fn()
         with lora_options(prefetch=True, pdl=True):
-            eager, g, y = _warm_and_capture(fn)
+            eager, g, y = capture_graph(fn)
             g.replay()
     torch.cuda.synchronize()
     assert torch.equal(base, eager) and torch.equal(base, y)

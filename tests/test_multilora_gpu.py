@@ -36,13 +36,6 @@ def make(M, N, K, L, r_max, ranks=None, seed=0, bias=True):
     return x, w, bank, ids, b_
 
 
-def _captured(fn):
-    """(CUDA graph of one ``fn()`` call, its output), after a warm-up call on a side stream (compiles and
-    allocations stay outside the capture)."""
-    _, g, out = capture_graph(fn)
-    return g, out
-
-
 def nerr(y, ref):
     return ((y.double() - ref).norm() / ref.norm()).item()
 
@@ -84,7 +77,7 @@ def test_cuda_graph_adapter_swap_no_recapture():
     x, w, bank, ids, bias = make(64, 4096, 4096, 4, 32)
     static_ids = ids.clone()
     mg.multi_lora_linear(x, w, bank, static_ids, bias=bias, mode="gather")      # compile outside capture
-    g, y_g = _captured(lambda: mg.multi_lora_linear(x, w, bank, static_ids, bias=bias, mode="segment"))
+    _, g, y_g = capture_graph(lambda: mg.multi_lora_linear(x, w, bank, static_ids, bias=bias, mode="segment"))
     g.replay()
     ref, e_t = ref_and_torch_err(x, w, bank, static_ids, bias)
     assert nerr(y_g, ref) <= 2 * e_t + 1e-3
@@ -195,7 +188,7 @@ def test_pdl_cuda_graph_replay_and_id_swap(mode):
         return mg.multi_lora_gemm(x, w, bank.bank_a, bank.bank_b, bank.ranks, bank.scales, static_ids, bias,
                                   mode=mode, plan=plan, pdl=pdl, validate=False, poison_workspace=True)
 
-    g, y_g = _captured(lambda: call(True))
+    _, g, y_g = capture_graph(lambda: call(True))
     gen = torch.Generator(device="cuda").manual_seed(11)
     for _ in range(3):
         y_g.fill_(float("nan"))
@@ -232,7 +225,7 @@ def test_swap_ab_matches_reference(mode, M, N, K, L, r, bn, split, expand):
     assert torch.equal(gemm(), y)
     rows = ids == -1
     assert torch.equal(y[rows], gemm(has_lora=False)[rows])
-    g, y_g = _captured(gemm)
+    _, g, y_g = capture_graph(gemm)
     y_g.fill_(float("nan"))
     g.replay()
     torch.cuda.synchronize()
