@@ -126,6 +126,8 @@ def _providers(m: int, n: int, k: int, dev, impls=IMPLS):
                 continue   # the decode kernel: M ≤ 64 only
             if impl == "gemv" and (m > 4 or fmt != "int4_g64"):
                 continue   # the GEMV: int4_g64, a few tokens
+            if impl == "skinny" and (m > 64 or fmt != "int4_g64"):
+                continue   # the skinny GEMM: int4_g64, decode sizes
             wbytes = n * k // 2 + (k // 64) * n * (2 if fmt == "int4_g64" else 1)
             out[f"w4a4_layer:{fmt}{tag}"] = (run_layer(fmt, impl), layer_set(fmt), 2 * m * k + wbytes + 2 * m * n)
             out[f"w4a4_gemm:{fmt}{tag}"] = (run_gemm(fmt, impl), gemm_set(fmt), m * k + wbytes + 2 * m * n)

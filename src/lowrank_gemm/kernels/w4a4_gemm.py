@@ -767,7 +767,7 @@ AUTO_PREFERS_V2 = True
 # decode kernel's 102.8 vs v2 54.2 at M = 64 keep that split.
 AUTO_DECODE = True
 AUTO_DECODE_MAX_M = {"int4_2l": 64, "int4_g64": 16}
-IMPLS = ("auto", "v1", "v2", "decode", "gemv")
+IMPLS = ("auto", "v1", "v2", "decode", "gemv", "skinny")
 
 
 def _use_decode(impl: str, x_q: torch.Tensor, n: int, fmt: str) -> bool:
@@ -799,14 +799,28 @@ def _gemv_route(impl: str, m: int, fmt: str, device: torch.device, pre_expanded:
     return m <= AUTO_GEMV_MAX_M and gemv_enabled()
 
 
+def _skinny_route(impl: str, m: int, n: int, fmt: str, device: torch.device, pre_expanded: bool) -> bool:
+    if impl == "skinny":
+        _expect(fmt == "int4_g64" and not pre_expanded and device.type == "cuda",
+                f"impl='skinny' runs int4_g64 on packed int4 activations on CUDA, got fmt={fmt!r}"
+                f"{', pre-expanded e4m3 activations' if pre_expanded else ''} on {device}")
+        return True
+    if impl != "auto" or fmt != "int4_g64" or pre_expanded or device.type != "cuda":
+        return False
+    from .w4a4_skinny import AUTO_SKINNY_M, AUTO_SKINNY_MAX_N, skinny_enabled
+    return AUTO_SKINNY_M[0] <= m <= AUTO_SKINNY_M[1] and n < AUTO_SKINNY_MAX_N and skinny_enabled()
+
+
 def _route(impl: str, fmt: str, m: int, n: int, k: int, r: int, group_size: int, device: torch.device,
            x_scale, w_scale, w_mul, pre_expanded: bool = False) -> str:
-    """The kernel the GEMM op runs: "gemv" | "decode" | "v2" | "v1" — the one place that decides, for the GEMM op
+    """The kernel the GEMM op runs: "gemv" | "skinny" | "decode" | "v2" | "v1" — the one place that decides, for the GEMM op
     and for the layer op's choice of act_quant output (:func:`_layer_wants_f8`). ``x_scale``: the packed
     activation scales (or a stand-in of their shape, dtype and contiguity: only their TMA-ability is judged);
     ``pre_expanded``: the activations are the e4m3 operands, which only the decode and v2 kernels take."""
     if _gemv_route(impl, m, fmt, device, pre_expanded):
         return "gemv"
+    if _skinny_route(impl, m, n, fmt, device, pre_expanded):
+        return "skinny"
     if _decode_route(impl, m, n, fmt, device):
         return "decode"
     if pre_expanded:
@@ -984,6 +998,10 @@ def _w4a4_gemm_op(x_q: torch.Tensor, x_scale: torch.Tensor, w_q: torch.Tensor, w
     if kernel == "gemv":
         from .w4a4_gemv import launch_w4a4_gemv
         launch_w4a4_gemv(*args[:11])
+        return out
+    if kernel == "skinny":
+        from .w4a4_skinny import launch_w4a4_skinny
+        launch_w4a4_skinny(*args[:11])
         return out
     if kernel == "decode":
         from .gluon.w4a4_decode import launch_w4a4_decode

@@ -1,0 +1,372 @@
+"""W4A4 skinny GEMM (int4_g64, 3 ≤ M ≤ a few dozen tokens): the GEMV's weight stream with the tensor cores doing
+the token reuse (impl="skinny"; impl="auto" routes M in :data:`AUTO_SKINNY_M` here).
+
+    out[m, n] = epilogue( Σ_g xs[g, m] · ws[g, n] · Σ_{k ∈ g} q_x[m, k] · q_w[n, k] )     (int4_g64)
+
+Why: the GEMV (kernels/w4a4_gemv.py) streams the weights at ~3.4 TB/s but re-runs its dp4a work for every token
+(M = 4 costs twice M = 1); the decode kernel (gluon/w4a4_decode.py) reuses the weights across tokens on wgmma but
+moves them through a TMA ring and a wait → ldmatrix → expand → wgmma → wait chain per CTA, ~2.2 TB/s. Here the
+weights go straight from global memory into ``mma.sync`` registers, so the stream looks like the GEMV's:
+
+- ``mma.sync.m16n8k32.s8``: 16 weight rows × 8 tokens × 32 K per instruction (weights = A, tokens = B). A 64-wide
+  packing block of one row is 8 packed words (formats/int4.py: word j holds K 4j..4j+3 in its low nibbles and
+  32+4j..32+4j+3 in its high ones). Every tensor of the K loop is a [BN, 8] tile in the mma accumulator layout, in
+  which thread (g, q) of a warp owns elements (g, 2q), (g, 2q+1), (g+8, 2q), (g+8, 2q+1): for the weights that is
+  words 2q and 2q+1 of rows g and g+8 — one 8-byte load per row — and, unpacked (low nibbles, then high), exactly
+  the A fragment of two k32 MMAs once the words are read as K positions: word 2q ↔ k 4q..4q+3, word 2q+1 ↔
+  k 16+4q..16+4q+3. A dot product does not care which K position is called which, as long as the token side
+  agrees: the token tile loads token (16p + g)'s words 2q, 2q+1 the same way, and its registers are the B
+  fragments of token tiles 2p (elements 0, 1) and 2p+1 (2, 3). ``_MMA_ASM`` issues the two MMAs of a block with
+  those register orders (``inline_asm_elementwise`` with ``pack=4`` hands it one thread's four elements);
+- nibbles → signed bytes with three integer ops per four (``w4a4_gemv._signed_bytes``), so the int32 block partial
+  is Σ q_x·q_w exactly, fresh per 64-block; acc += partial · ws[g, n] · xs[g, m] in fp32 (G = 128: two blocks per
+  group, each rescaled);
+- K in chunks of ``kb`` blocks: chunk c + 1's weights, token words and scales are loaded (back to back, so a
+  row's 32·kb bytes are requested together) before chunk c's arithmetic; the weights and their scales of the first
+  chunk before ``griddepcontrol.wait`` (they do not come from act_quant);
+- epilogue in the same layout: × col_scale[n], + Σ_r lora_up[n, r]·s[m, r] on ``mma_v2`` (s rounded to lora_up's
+  dtype like the unfused reference, fp32 accumulation), + bias[n], masked store of the transposed tile.
+
+One program per (BLOCK_N rows, 16 tokens), tokens fastest (a second token block's read of the rows hits L2). No
+shared memory, no atomics: deterministic. The kernel needs the GPU (inline ``mma.sync``); the CPU suite compiles it
+for sm_90 and checks its PTX, the GPU suite checks its numbers against the float64 reference.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+
+from .epilogue import rank_block
+from .gluon.host import dummy
+from .pdl import gl_gdc_launch_dependents, gl_gdc_wait, pdl_enabled
+from .w4a4_gemv import _signed_bytes
+
+__all__ = ["launch_w4a4_skinny", "w4a4_skinny_kernel", "skinny_args", "SkinnyConfig", "DEFAULT_CONFIG",
+           "AUTO_SKINNY_M", "AUTO_SKINNY_MAX_N", "skinny_enabled", "skinny_config", "aot_signature_skinny"]
+
+# impl="auto" routes int4_g64 with M in AUTO_SKINNY_M and N < AUTO_SKINNY_MAX_N here (w4a4_gemm._route). H200
+# (probes/s8/skinny_run3, GEMM alone, same process): K=4096, N=4096, M=16: 14.7 µs vs the decode kernel's 22.6
+# (cuBLAS bf16 17.8) — few rows, so the K split across a program's warps buys the parallelism; N=28672 keeps the
+# decode kernel (M=16: 55–65 µs vs 33; 47.5 for the unsplit 4-warp form of run 2).
+AUTO_SKINNY_M = (3, 16)
+AUTO_SKINNY_MAX_N = 12288
+
+# Two k32 MMAs of one 64-block for one 8-token tile: A = the weights' low / high nibbles as signed bytes
+# ($4..$7 / $8..$11, thread elements (g,2q), (g,2q+1), (g+8,2q), (g+8,2q+1) → fragment order a0 = (g, k 4q..),
+# a1 = (g+8, k 4q..), a2 = (g, k 16+4q..), a3 = (g+8, k 16+4q..)), B = the tokens' low / high bytes ($12..$15 /
+# $16..$19: elements 0, 1 are token tile 0's b0, b1; 2, 3 tile 1's). The partial starts from zero each block.
+_MMA_HEAD = """{
+.reg .b32 z, d0, d1, d2, d3;
+mov.b32 z, 0;
+"""
+_MMA_TILE = ("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {{d0, d1, d2, d3}}, {{$4, $6, $5, $7}}, "
+             "{{${x0}, ${x1}}}, {{z, z, z, z}};\n"
+             "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {{$0, $1, $2, $3}}, {{$8, $10, $9, $11}}, "
+             "{{${x2}, ${x3}}}, {{d0, d1, d2, d3}};\n}}")
+_MMA_ASM_T0 = gl.constexpr(_MMA_HEAD + _MMA_TILE.format(x0=12, x1=13, x2=16, x3=17))
+_MMA_ASM_T1 = gl.constexpr(_MMA_HEAD + _MMA_TILE.format(x0=14, x1=15, x2=18, x3=19))
+_MMA_CONSTRAINTS = gl.constexpr("=r,=r,=r,=r," + ",".join(["r"] * 16))
+
+
+@gluon.jit
+def _block_partial(wlo, whi, xlo, xhi, TILE: gl.constexpr):
+    """int32 [BN, 8]: Σ over the 64-block of q_w[row] · q_x[token] for token tile TILE (0 or 1) of the 16."""
+    if TILE == 0:
+        return gl.inline_asm_elementwise(_MMA_ASM_T0, _MMA_CONSTRAINTS, [wlo, whi, xlo, xhi], dtype=gl.int32,
+                                         is_pure=True, pack=4)
+    else:
+        return gl.inline_asm_elementwise(_MMA_ASM_T1, _MMA_CONSTRAINTS, [wlo, whi, xlo, xhi], dtype=gl.int32,
+                                         is_pure=True, pack=4)
+
+
+@gluon.jit
+def _unpack(words):
+    """Packed int32 words → (low nibbles, high nibbles) as four signed bytes each."""
+    u = words.to(gl.uint32, bitcast=True)
+    return _signed_bytes(u & 0x0F0F0F0F), _signed_bytes((u >> 4) & 0x0F0F0F0F)
+
+
+@gluon.jit
+def _load_w(w_ptrs, ws_ptrs, ch, n_blocks, row_ok, N, WPG: gl.constexpr, KB: gl.constexpr):
+    """Each tile row's chunk ``ch`` [BN] (rows of different K parts read different chunks): KB blocks of
+    (weight words [BN, 8], the group's weight scales [BN]), zeros past the last block. The KB loads go out back to
+    back, so a row's 32·KB bytes are requested together."""
+    out = ()
+    for j in gl.static_range(KB):
+        b = ch * KB + j
+        live = row_ok & (b < n_blocks)
+        out = out + ((gl.load(w_ptrs + (b * 8)[:, None], mask=live[:, None], other=0),
+                      gl.load(ws_ptrs + (b * 8 // WPG) * N, mask=live, other=0.0)), )
+    return out
+
+
+@gluon.jit
+def _load_x(x_ptrs, ch, n_blocks, tok_ok, KB: gl.constexpr):
+    """The same chunks' token words [BN, 8] (16 tokens)."""
+    out = ()
+    for j in gl.static_range(KB):
+        b = ch * KB + j
+        out = out + (gl.load(x_ptrs + (b * 8)[:, None], mask=(tok_ok & (b < n_blocks))[:, None], other=0), )
+    return out
+
+
+@gluon.jit
+def _load_xs(xs_ptrs, ch, n_blocks, tok_ok_t, M, WPG: gl.constexpr, KB: gl.constexpr):
+    """The same chunks' token scales [BN, 8] of one 8-token tile (loaded for the round being computed, not a round
+    ahead: they are L2-resident and would double the ring's registers)."""
+    out = ()
+    for j in gl.static_range(KB):
+        b = ch * KB + j
+        g = (b * 8 // WPG) * M
+        out = out + (gl.load(xs_ptrs + g[:, None], mask=(b < n_blocks)[:, None] & tok_ok_t, other=0.0), )
+    return out
+
+
+@gluon.jit
+def _rescale(acc, part, ws, xs):
+    return acc + part.to(gl.float32) * (ws.to(gl.float32)[:, None] * xs.to(gl.float32))
+
+
+@gluon.jit
+def _reduce_parts(acc, red, ROWS: gl.constexpr, KS: gl.constexpr, LE: gl.constexpr):
+    """Σ over the KS K parts (row slices of ``acc``) → [ROWS, 8] in LE, through shared memory."""
+    gl.thread_barrier()              # the previous tile's reads of ``red`` are done
+    red.store(acc)
+    gl.thread_barrier()
+    tot = red.slice(0, ROWS, dim=0).load(LE)
+    for p in gl.static_range(1, KS):
+        tot = tot + red.slice(p * ROWS, ROWS, dim=0).load(LE)
+    return tot
+
+
+@gluon.jit
+def _finish(acc, tok0, n0, N, M, R, s_ptr, stride_sm, up_ptr, stride_un, bias_ptr, cs_ptr, y_ptr, stride_ym,
+            LE: gl.constexpr, BLOCK_R: gl.constexpr, HAS_LOWRANK: gl.constexpr, HAS_COL_SCALE: gl.constexpr,
+            HAS_BIAS: gl.constexpr):
+    """y[tok0 + j, rows] = acc[:, j] · col_scale + Σ_r up[rows, r]·s[tok0 + j, r] + bias for an 8-token tile (s
+    rounded to lora_up's dtype like an unfused s @ B.T)."""
+    rows = n0 + gl.arange(0, acc.shape[0], gl.SliceLayout(1, LE))
+    row_ok = rows < N
+    toks = tok0 + gl.arange(0, 8, gl.SliceLayout(0, LE))
+    tok_ok = toks < M
+    if HAS_COL_SCALE:
+        acc = acc * gl.load(cs_ptr + rows, mask=row_ok, other=0.0).to(gl.float32)[:, None]
+    if HAS_LOWRANK:
+        for r in gl.static_range(BLOCK_R):
+            live = r < R
+            up = gl.load(up_ptr + rows * stride_un + r, mask=row_ok & live, other=0.0).to(gl.float32)
+            sv = gl.load(s_ptr + toks * stride_sm + r, mask=tok_ok & live, other=0.0)
+            acc = acc + up[:, None] * sv.to(up_ptr.dtype.element_ty).to(gl.float32)[None, :]
+    if HAS_BIAS:
+        acc = acc + gl.load(bias_ptr + rows, mask=row_ok, other=0.0).to(gl.float32)[:, None]
+    gl.store(y_ptr + toks[None, :] * stride_ym + rows[:, None], acc.to(y_ptr.dtype.element_ty),
+             mask=row_ok[:, None] & tok_ok[None, :])
+
+
+@gluon.jit(do_not_specialize=["M", "N", "K", "R"])
+def w4a4_skinny_kernel(xq_ptr, xs_ptr, wq_ptr, ws_ptr, s_ptr, up_ptr, bias_ptr, cs_ptr, y_ptr,
+                       M, N, K, R, stride_sm, stride_un, stride_ym,
+                       G: gl.constexpr, BLOCK_T: gl.constexpr, RW: gl.constexpr, KB: gl.constexpr,
+                       BLOCK_R: gl.constexpr, HAS_LOWRANK: gl.constexpr, HAS_COL_SCALE: gl.constexpr,
+                       HAS_BIAS: gl.constexpr, PDL: gl.constexpr):
+    """xq int32 words [M, K/8], xs [K/G, M]; wq int32 words [N, K/8], ws [K/G, N]; s fp32 [M, R], up [N, R];
+    y [M, N]. num_warps = RW · KS: RW m16 row tiles per program, each read by KS warps that split K (chunk c goes
+    to part c % KS, so a program's warps read adjacent chunks of the same rows at once); tile row r is weight row
+    n0 + r % (16·RW) of K part r // (16·RW), and token tok0 + r % 16. BLOCK_T ∈ {8, 16} tokens per program."""
+    WPG: gl.constexpr = G // 8
+    NW: gl.constexpr = gl.num_warps()
+    KS: gl.constexpr = NW // RW
+    ROWS: gl.constexpr = 16 * RW
+    BN: gl.constexpr = 16 * NW
+    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[NW, 1], instr_shape=[16, 8])
+    LROW: gl.constexpr = gl.SliceLayout(1, mma)
+    LCOL: gl.constexpr = gl.SliceLayout(0, mma)
+    LE: gl.constexpr = gl.BlockedLayout([1, 1], [4, 8], [NW, 1], [1, 0])
+    if PDL:
+        gl_gdc_launch_dependents()
+    pid = gl.program_id(0)
+    n_tok_blocks = gl.cdiv(M, BLOCK_T)
+    tok0 = (pid % n_tok_blocks) * BLOCK_T
+    n0 = (pid // n_tok_blocks) * ROWS
+    kw_total = gl.multiple_of(K // 8, 8)       # words per row: K % 64 == 0, so rows start 32-byte aligned
+    n_blocks = kw_total // 8
+    n_chunks = gl.cdiv(n_blocks, KB)
+    r = gl.arange(0, BN, LROW)
+    rows = n0 + r % ROWS
+    kpart = r // ROWS
+    row_ok = rows < N
+    col = gl.arange(0, 8, LCOL)
+    w_ptrs = wq_ptr + (rows.to(gl.int64) * kw_total)[:, None] + col[None, :]
+    ws_ptrs = ws_ptr + rows
+    tok_r = tok0 + r % 16
+    tok_ok = (tok_r < M) & (tok_r < tok0 + BLOCK_T)
+    x_ptrs = xq_ptr + (tok_r * kw_total)[:, None] + col[None, :]
+    tok_c = tok0 + col
+    xs_ptrs = xs_ptr + tok_c[None, :]
+    tok_ok_a = (tok_c < M)[None, :]
+    tok_ok_b = ((tok_c + 8 < M) & (BLOCK_T > 8))[None, :]
+    acc_a = gl.zeros([BN, 8], gl.float32, mma)
+    acc_b = gl.zeros([BN, 8], gl.float32, mma)
+    # rounds of KS chunks (one per K part), the next round in flight while this one computes; the weights and their
+    # scales do not come from act_quant, so the first round's go out before griddepcontrol.wait
+    n_rounds = gl.cdiv(n_chunks, KS)
+    w_cur = _load_w(w_ptrs, ws_ptrs, kpart, n_blocks, row_ok, N, WPG, KB)
+    if PDL:
+        gl_gdc_wait()          # the token words, their scales and s come from act_quant
+    x_cur = _load_x(x_ptrs, kpart, n_blocks, tok_ok, KB)
+    for i in range(0, n_rounds):
+        ch = i * KS + kpart
+        w_nxt = _load_w(w_ptrs, ws_ptrs, ch + KS, n_blocks, row_ok, N, WPG, KB)
+        x_nxt = _load_x(x_ptrs, ch + KS, n_blocks, tok_ok, KB)
+        xs_a = _load_xs(xs_ptrs, ch, n_blocks, tok_ok_a, M, WPG, KB)
+        if BLOCK_T > 8:
+            xs_b = _load_xs(xs_ptrs + 8, ch, n_blocks, tok_ok_b, M, WPG, KB)
+        for j in gl.static_range(KB):
+            w, ws = w_cur[j]
+            wlo, whi = _unpack(w)
+            xlo, xhi = _unpack(x_cur[j])
+            acc_a = _rescale(acc_a, _block_partial(wlo, whi, xlo, xhi, 0), ws, xs_a[j])
+            if BLOCK_T > 8:
+                acc_b = _rescale(acc_b, _block_partial(wlo, whi, xlo, xhi, 1), ws, xs_b[j])
+        w_cur = w_nxt
+        x_cur = x_nxt
+    red = gl.allocate_shared_memory(gl.float32, [BN, 8], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
+    _finish(_reduce_parts(acc_a, red, ROWS, KS, LE), tok0, n0, N, M, R, s_ptr, stride_sm, up_ptr, stride_un,
+            bias_ptr, cs_ptr, y_ptr, stride_ym, LE, BLOCK_R, HAS_LOWRANK, HAS_COL_SCALE, HAS_BIAS)
+    if BLOCK_T > 8:
+        _finish(_reduce_parts(acc_b, red, ROWS, KS, LE), tok0 + 8, n0, N, M, R, s_ptr, stride_sm, up_ptr,
+                stride_un, bias_ptr, cs_ptr, y_ptr, stride_ym, LE, BLOCK_R, HAS_LOWRANK, HAS_COL_SCALE, HAS_BIAS)
+
+
+class SkinnyConfig(tuple):
+    """(rw, ks, kb): rw m16 row tiles per program (16·rw weight rows), each read by ks warps that split K
+    (num_warps = rw·ks), K in chunks of ``kb`` 64-blocks (the next round of chunks in flight while one computes)."""
+
+    def __new__(cls, rw: int, ks: int, kb: int):
+        return super().__new__(cls, (rw, ks, kb))
+
+    rw = property(lambda s: s[0])
+    ks = property(lambda s: s[1])
+    kb = property(lambda s: s[2])
+    num_warps = property(lambda s: s[0] * s[1])
+
+
+DEFAULT_CONFIG = SkinnyConfig(1, 4, 2)
+CONFIG_ENV = "LOWRANK_GEMM_SKINNY_CONFIG"      # "rw,ks,kb" (probes)
+
+
+def skinny_config(config: SkinnyConfig | None = None) -> SkinnyConfig:
+    """``config``, else env ``LOWRANK_GEMM_SKINNY_CONFIG``, else :data:`DEFAULT_CONFIG`."""
+    if config is not None:
+        return SkinnyConfig(*config)
+    env = os.environ.get(CONFIG_ENV, "")
+    if env:
+        parts = env.split(",")
+        if len(parts) != 3 or not all(p.isdigit() for p in parts):
+            raise ValueError(f"{CONFIG_ENV} must be 'rw,ks,kb', got {env!r}")
+        return SkinnyConfig(*(int(p) for p in parts))
+    return DEFAULT_CONFIG
+
+
+def skinny_enabled() -> bool:
+    """``LOWRANK_GEMM_SKINNY=0`` routes those M back to the decode kernel (instant fallback)."""
+    return os.environ.get("LOWRANK_GEMM_SKINNY", "1") != "0"
+
+
+def _expect(cond, msg):
+    if not cond:
+        raise ValueError(f"w4a4 skinny: {msg}")
+
+
+def skinny_args(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, out, fmt: str = "int4_g64",
+                group_size: int = 64, *, col_scale=None, config: SkinnyConfig | None = None, pdl=None,
+                block_t: int | None = None):
+    """Validate (the launcher contract, ``w4a4_gemm.check_gemm_args``), plan, and build one launch:
+    (grid, args, constexprs, config)."""
+    from .w4a4_gemm import check_gemm_args
+    _expect(fmt in ("int4_g64", "int4_g"), f"runs the standard format int4_g64, got fmt={fmt!r}")
+    _expect(x_q.dtype == torch.uint8, f"activations must be packed int4 uint8 [M, K/2] (not the pre-expanded e4m3 "
+                                      f"operands), got {x_q.dtype}")
+    M, N, K, r = check_gemm_args(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, group_size, fmt)
+    dev = x_q.device
+    _expect(M >= 1, f"needs at least one token, got M={M}")
+    _expect(out.dtype in (torch.bfloat16, torch.float16, torch.float32) and tuple(out.shape) == (M, N)
+            and out.stride(1) == 1 and out.device == dev,
+            f"out must be bf16/fp16/fp32 [M, N] = {[M, N]} with unit column stride on {dev}, got {out.dtype} "
+            f"{list(out.shape)} on {out.device}")
+    _expect(col_scale is None or (tuple(col_scale.shape) == (N, ) and col_scale.device == dev),
+            f"col_scale must be [N={N}] on {dev}, got {None if col_scale is None else list(col_scale.shape)}")
+    for name, t in (("x_q", x_q), ("w_q", w_q)):
+        _expect(t.is_contiguous() and t.data_ptr() % 8 == 0,
+                f"{name} must be contiguous and 8-byte aligned (read as pairs of 32-bit words)")
+    cfg = skinny_config(config)
+    _expect(cfg.num_warps in (1, 2, 4, 8) and cfg.kb in (1, 2, 4, 8),
+            f"rw·ks (the warps) must be 1, 2, 4 or 8 and kb 1, 2, 4 or 8, got {cfg}")
+    block_t = block_t or (8 if M <= 8 else 16)
+    _expect(block_t in (8, 16), f"block_t must be 8 or 16, got {block_t}")
+    pdl = pdl_enabled(dev) if pdl is None else bool(pdl)
+    f32 = dummy(dev, torch.float32, (1, ))
+    br = rank_block(r) if r else 16
+    if r:
+        _expect(lowrank_act.stride(1) == 1 and lora_up.stride(1) == 1, "lowrank_act / lora_up need unit column stride")
+    args = (x_q.view(torch.int32), x_scale, w_q.view(torch.int32), w_scale,
+            lowrank_act if r else f32, lora_up if r else dummy(dev, torch.bfloat16, (1, )),
+            bias if bias is not None else f32, col_scale if col_scale is not None else f32, out,
+            M, N, K, r, lowrank_act.stride(0) if r else 0, lora_up.stride(0) if r else 0, out.stride(0))
+    cx = dict(G=group_size, BLOCK_T=block_t, RW=cfg.rw, KB=cfg.kb, BLOCK_R=br, HAS_LOWRANK=bool(r),
+              HAS_COL_SCALE=col_scale is not None, HAS_BIAS=bias is not None, PDL=pdl)
+    grid = (triton.cdiv(N, 16 * cfg.rw) * triton.cdiv(M, block_t), )
+    return grid, args, cx, cfg
+
+
+def launch_w4a4_skinny(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, out, fmt: str = "int4_g64",
+                       group_size: int = 64, *, col_scale=None, config: SkinnyConfig | None = None, pdl=None,
+                       block_t: int | None = None):
+    """out [M, N] ← the int4_g64 W4A4 GEMM + epilogue for a few tokens (launcher contract of kernels/w4a4_gemm.py).
+    ``config``: :class:`SkinnyConfig` (None: env ``LOWRANK_GEMM_SKINNY_CONFIG``, else the default); ``pdl``
+    (None = :func:`kernels.pdl.pdl_enabled`)."""
+    _expect(x_q.device.type == "cuda", f"runs on CUDA only (inline mma.sync), got {x_q.device}")
+    grid, args, cx, cfg = skinny_args(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, out, fmt,
+                                      group_size, col_scale=col_scale, config=config, pdl=pdl, block_t=block_t)
+    w4a4_skinny_kernel[grid](*args, **cx, num_warps=cfg.num_warps, launch_pdl=cx["PDL"])
+    return out
+
+
+def aot_signature_skinny(config: SkinnyConfig | None = None, *, M=12, N=160, K=512, rank=16, group_size=64,
+                         bias=True, col_scale=True, pdl=True, block_t=None):
+    """(signature, constexprs, config) for ``kernels.aot.compile_sm90`` of :func:`w4a4_skinny_kernel`."""
+    import inspect
+    from triton.runtime.jit import mangle_type
+    from .gluon.w4a4_ws import make_operands_v2
+    ops = make_operands_v2("int4_g64", M, N, K, rank, group_size, device="cpu", bias=bias, col_scale=col_scale)
+    _, args, cx, cfg = skinny_args(**ops, config=config, pdl=False, block_t=block_t)
+    cx["PDL"] = bool(pdl)
+    names = [n for n in inspect.signature(w4a4_skinny_kernel.fn).parameters if n not in cx]
+    sig = {n: (mangle_type(a) if not isinstance(a, int) else "i32") for n, a in zip(names, args)}
+    return sig, cx, cfg
+
+
+def _smoke() -> int:
+    """Small checked launches (compute-sanitizer runs this: ``SANITIZE_FMTS=skinny scripts/sanitize_gluon.sh``)."""
+    from .gluon.w4a4_ws import make_operands_v2, reference_v2
+    fails = 0
+    for cfg in (DEFAULT_CONFIG, SkinnyConfig(1, 1, 1), SkinnyConfig(2, 2, 8), SkinnyConfig(4, 1, 2)):
+        for m in (3, 9, 16, 21):
+            ops = make_operands_v2("int4_g64", m, 200, 448, 5, 64, device="cuda", bias=True, col_scale=True)
+            y = launch_w4a4_skinny(**ops, config=cfg)
+            torch.cuda.synchronize()
+            ref = reference_v2(ops)
+            err = float((y.double().cpu() - ref).abs().max() / ref.abs().max())
+            ok = bool(torch.isfinite(y).all()) and err < 1e-2
+            fails += not ok
+            print(f"{'OK' if ok else 'FAIL'} skinny {cfg} M={m}: err {err:.2e}", flush=True)
+    return 1 if fails else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(_smoke())
