@@ -20,7 +20,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 SHAPES = [(28672, 4096), (4096, 4096)]      # (N, K): Llama-3-8B gate_up, o/qkv
-CFGS = "1,4,4;1,4,2;1,8,2;1,8,1;1,2,4;2,2,4;2,4,2;4,1,4;1,4,4/8;1,8,2/8"
+CFGS = "1,4,2;4,1,4;4,1,2;2,1,4;8,1,2;2,2,2;1,2,4;4,1,4/8;8,1,2/8"
 
 
 def main() -> int:
@@ -29,6 +29,7 @@ def main() -> int:
     ap.add_argument("--cfgs", default=CFGS)
     ap.add_argument("--ms", default="1,2,3,4,8,16,32,64")
     ap.add_argument("--small-ms", default="4,16", help="M values for the shapes after the first")
+    ap.add_argument("--layer", action="store_true", help="also time the layer op (act_quant + GEMM) per impl")
     ap.add_argument("--shapes", default=",".join(f"{n}x{k}" for n, k in SHAPES), help="NxK,NxK,…")
     args = ap.parse_args()
     import torch
@@ -77,6 +78,17 @@ def main() -> int:
                     list(zip(x8, w8))))
             except Exception as exc:
                 emit(**base, impl="fp8_scaled_mm", error=str(exc)[:200])
+            if args.layer:
+                from lowrank_gemm.formats.int4 import pack_int4, quantize_weight_int4
+                from lowrank_gemm.kernels.w4a4_gemm import w4a4_linear
+                qw, sw = quantize_weight_int4(wb[0].float() * 0.02, 64)
+                lw = (pack_int4(qw), sw, (torch.rand(k, device="cuda") + 0.5).to(torch.bfloat16),
+                      (torch.randn(32, k, device="cuda") * 0.02).to(torch.bfloat16),
+                      (torch.randn(n, 32, device="cuda") * 0.02).to(torch.bfloat16))
+                for impl in ("auto", "decode", "skinny") + (("gemv", ) if m <= 4 else ()):
+                    emit(**base, impl=f"layer:{impl}", **time_impl(
+                        lambda a, i=impl: w4a4_linear(a, *lw, impl=i), [(a, ) for a in x]))
+                del qw, sw, lw
             del x, wb, x8, w8
             pre = []
             for s in sets:

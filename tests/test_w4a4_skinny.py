@@ -28,8 +28,7 @@ def _ops(M, N, K, rank, G, *, device="cpu", out=torch.float32, bias=True, col_sc
 def _compile(cfg=None, block_t=None, **kw):
     from lowrank_gemm.kernels.aot import compile_sm90
     sig, cx, c = sk.aot_signature_skinny(cfg, block_t=block_t, **kw)
-    return compile_sm90(MOD, "w4a4_skinny_kernel", sig, cx, num_warps=c.num_warps,
-                        aligned=tuple(a for a in sig if a.endswith("_ptr")))
+    return compile_sm90(MOD, "w4a4_skinny_kernel", sig, cx, num_warps=c.num_warps, aligned=tuple(a for a in sig if a.endswith("_ptr")))
 
 
 def _ptx_loops(ptx):
@@ -134,8 +133,8 @@ def test_route(monkeypatch):
 
 # ---------------------------------------------------------------------------------------------- GPU
 @pytest.mark.gpu
-@pytest.mark.parametrize("cfg", [None, sk.SkinnyConfig(2, 2, 8), sk.SkinnyConfig(8, 1, 1), sk.SkinnyConfig(1, 8, 2)],
-                         ids=["default", "2-2-8", "8-1-1", "1-8-2"])
+@pytest.mark.parametrize("cfg", [None, sk.SkinnyConfig(2, 2, 8), sk.SkinnyConfig(8, 1, 1), sk.SkinnyConfig(1, 8, 2),
+                                 sk.SkinnyConfig(4, 1, 4)], ids=["default", "2-2-8", "8-1-1", "1-8-2", "4-1-4"])
 @pytest.mark.parametrize("M", [3, 8, 9, 16, 17, 64])
 @pytest.mark.parametrize("N,K,rank,G", [(28672, 4096, 32, 64), (4096, 4096, 16, 64), (3000, 1536, 0, 128),
                                         (200, 448, 5, 64)])

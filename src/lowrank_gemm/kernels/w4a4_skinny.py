@@ -72,7 +72,6 @@ _MMA_ASM_T0 = gl.constexpr(_MMA_HEAD + _MMA_TILE.format(x0=12, x1=13, x2=16, x3=
 _MMA_ASM_T1 = gl.constexpr(_MMA_HEAD + _MMA_TILE.format(x0=14, x1=15, x2=18, x3=19))
 _MMA_CONSTRAINTS = gl.constexpr("=r,=r,=r,=r," + ",".join(["r"] * 16))
 
-
 @gluon.jit
 def _block_partial(wlo, whi, xlo, xhi, TILE: gl.constexpr):
     """int32 [BN, 8]: Σ over the 64-block of q_w[row] · q_x[token] for token tile TILE (0 or 1) of the 16."""
@@ -92,38 +91,68 @@ def _unpack(words):
 
 
 @gluon.jit
-def _load_w(w_ptrs, ws_ptrs, ch, n_blocks, row_ok, N, WPG: gl.constexpr, KB: gl.constexpr):
-    """Each tile row's chunk ``ch`` [BN] (rows of different K parts read different chunks): KB blocks of
-    (weight words [BN, 8], the group's weight scales [BN]), zeros past the last block. The KB loads go out back to
-    back, so a row's 32·KB bytes are requested together."""
+def _rowcol(off, KS: gl.constexpr):
+    """A chunk's word offset as an addend of a [BN, 8] pointer tile: a scalar when every warp reads the same chunk
+    (KS = 1), else one offset per tile row (its K part's chunk)."""
+    if KS == 1:
+        return off
+    else:
+        return off[:, None]
+
+
+@gluon.jit
+def _load_weights(w_ptrs, ws_ptrs, ch, n_blocks, row_ok, N, WPG: gl.constexpr, KB: gl.constexpr, KS: gl.constexpr,
+                  EVEN: gl.constexpr):
+    """Chunk ``ch`` (a scalar, or per tile row when the warps split K): per block (weight words [BN, 8], weight
+    scales [BN]). The KB loads go out back to back, so a row's 32·KB bytes are requested together. EVEN: whole row
+    tiles and chunks (the caller never asks past the end), so they load unmasked."""
     out = ()
     for j in gl.static_range(KB):
         b = ch * KB + j
-        live = row_ok & (b < n_blocks)
-        out = out + ((gl.load(w_ptrs + (b * 8)[:, None], mask=live[:, None], other=0),
-                      gl.load(ws_ptrs + (b * 8 // WPG) * N, mask=live, other=0.0)), )
+        g = b * 8 // WPG
+        if EVEN:
+            out = out + ((gl.load(w_ptrs + _rowcol(b * 8, KS)), gl.load(ws_ptrs + g * N)), )
+        else:
+            live = b < n_blocks
+            w = gl.load(w_ptrs + _rowcol(b * 8, KS), mask=(row_ok & live)[:, None] if KS > 1 else
+                        (row_ok[:, None] & live), other=0)
+            out = out + ((w, gl.load(ws_ptrs + g * N, mask=row_ok & live, other=0.0)), )
     return out
 
 
 @gluon.jit
-def _load_x(x_ptrs, ch, n_blocks, tok_ok, KB: gl.constexpr):
-    """The same chunks' token words [BN, 8] (16 tokens)."""
+def _load_tokens(x_ptrs, xs_ptrs, ch, n_blocks, tok_ok, tok_ok_a, tok_ok_b, M, WPG: gl.constexpr, KB: gl.constexpr,
+                 KS: gl.constexpr, EVEN: gl.constexpr):
+    """The same chunk's per block (token words [BN, 8] of the 16 tokens, and — KS = 1 — the token scales [8], [8] of
+    both 8-token tiles)."""
     out = ()
     for j in gl.static_range(KB):
         b = ch * KB + j
-        out = out + (gl.load(x_ptrs + (b * 8)[:, None], mask=(tok_ok & (b < n_blocks))[:, None], other=0), )
+        g = b * 8 // WPG
+        if EVEN:
+            xmask = tok_ok[:, None]
+        else:
+            xmask = (tok_ok & (b < n_blocks))[:, None]
+        x = gl.load(x_ptrs + _rowcol(b * 8, KS), mask=xmask, other=0)
+        if KS == 1:
+            sc = (gl.load(xs_ptrs + g * M, mask=tok_ok_a, other=0.0), gl.load(xs_ptrs + g * M + 8, mask=tok_ok_b,
+                                                                                 other=0.0))
+        else:
+            sc = (0, 0)
+        out = out + ((x, sc), )
     return out
 
 
 @gluon.jit
-def _load_xs(xs_ptrs, ch, n_blocks, tok_ok_t, M, WPG: gl.constexpr, KB: gl.constexpr):
-    """The same chunks' token scales [BN, 8] of one 8-token tile (loaded for the round being computed, not a round
-    ahead: they are L2-resident and would double the ring's registers)."""
+def _load_xs_rows(xs_ptrs, ch, n_blocks, tok_ok_t, M, WPG: gl.constexpr, KB: gl.constexpr):
+    """KS > 1: the chunks' token scales [BN, 8] of one 8-token tile, a group per tile row (its K part's); loaded for
+    the round being computed, not a round ahead (L2-resident; a round ahead doubled the ring's registers)."""
     out = ()
     for j in gl.static_range(KB):
         b = ch * KB + j
         g = (b * 8 // WPG) * M
-        out = out + (gl.load(xs_ptrs + g[:, None], mask=(b < n_blocks)[:, None] & tok_ok_t, other=0.0), )
+        out = out + (gl.load(xs_ptrs[None, :] + g[:, None], mask=(b < n_blocks)[:, None] & tok_ok_t[None, :],
+                             other=0.0), )
     return out
 
 
@@ -172,12 +201,13 @@ def _finish(acc, tok0, n0, N, M, R, s_ptr, stride_sm, up_ptr, stride_un, bias_pt
 def w4a4_skinny_kernel(xq_ptr, xs_ptr, wq_ptr, ws_ptr, s_ptr, up_ptr, bias_ptr, cs_ptr, y_ptr,
                        M, N, K, R, stride_sm, stride_un, stride_ym,
                        G: gl.constexpr, BLOCK_T: gl.constexpr, RW: gl.constexpr, KB: gl.constexpr,
-                       BLOCK_R: gl.constexpr, HAS_LOWRANK: gl.constexpr, HAS_COL_SCALE: gl.constexpr,
-                       HAS_BIAS: gl.constexpr, PDL: gl.constexpr):
+                       EVEN: gl.constexpr, BLOCK_R: gl.constexpr, HAS_LOWRANK: gl.constexpr,
+                       HAS_COL_SCALE: gl.constexpr, HAS_BIAS: gl.constexpr, PDL: gl.constexpr):
     """xq int32 words [M, K/8], xs [K/G, M]; wq int32 words [N, K/8], ws [K/G, N]; s fp32 [M, R], up [N, R];
     y [M, N]. num_warps = RW · KS: RW m16 row tiles per program, each read by KS warps that split K (chunk c goes
     to part c % KS, so a program's warps read adjacent chunks of the same rows at once); tile row r is weight row
-    n0 + r % (16·RW) of K part r // (16·RW), and token tok0 + r % 16. BLOCK_T ∈ {8, 16} tokens per program."""
+    n0 + r % (16·RW) of K part r // (16·RW), and token tok0 + r % 16. BLOCK_T ∈ {8, 16} tokens per program.
+    EVEN: N a multiple of 16·RW and the chunks a multiple of KS (no weight masks)."""
     WPG: gl.constexpr = G // 8
     NW: gl.constexpr = gl.num_warps()
     KS: gl.constexpr = NW // RW
@@ -198,7 +228,10 @@ def w4a4_skinny_kernel(xq_ptr, xs_ptr, wq_ptr, ws_ptr, s_ptr, up_ptr, bias_ptr, 
     n_chunks = gl.cdiv(n_blocks, KB)
     r = gl.arange(0, BN, LROW)
     rows = n0 + r % ROWS
-    kpart = r // ROWS
+    if KS == 1:
+        kpart = 0
+    else:
+        kpart = r // ROWS
     row_ok = rows < N
     col = gl.arange(0, 8, LCOL)
     w_ptrs = wq_ptr + (rows.to(gl.int64) * kw_total)[:, None] + col[None, :]
@@ -207,34 +240,49 @@ def w4a4_skinny_kernel(xq_ptr, xs_ptr, wq_ptr, ws_ptr, s_ptr, up_ptr, bias_ptr, 
     tok_ok = (tok_r < M) & (tok_r < tok0 + BLOCK_T)
     x_ptrs = xq_ptr + (tok_r * kw_total)[:, None] + col[None, :]
     tok_c = tok0 + col
-    xs_ptrs = xs_ptr + tok_c[None, :]
-    tok_ok_a = (tok_c < M)[None, :]
-    tok_ok_b = ((tok_c + 8 < M) & (BLOCK_T > 8))[None, :]
+    xs_ptrs = xs_ptr + tok_c
+    tok_ok_a = tok_c < M
+    tok_ok_b = (tok_c + 8 < M) & (BLOCK_T > 8)
     acc_a = gl.zeros([BN, 8], gl.float32, mma)
     acc_b = gl.zeros([BN, 8], gl.float32, mma)
-    # rounds of KS chunks (one per K part), the next round in flight while this one computes; the weights and their
-    # scales do not come from act_quant, so the first round's go out before griddepcontrol.wait
+    # rounds of KS chunks (one per K part), the next round in flight while this one computes (EVEN: the last
+    # round's "next" re-reads the last round, so nothing is read past the end)
     n_rounds = gl.cdiv(n_chunks, KS)
-    w_cur = _load_w(w_ptrs, ws_ptrs, kpart, n_blocks, row_ok, N, WPG, KB)
+    # the weights and their scales do not come from act_quant: the first round's go out before
+    # griddepcontrol.wait (PDL), the tokens' after it
+    cur_w = _load_weights(w_ptrs, ws_ptrs, kpart, n_blocks, row_ok, N, WPG, KB, KS, EVEN)
     if PDL:
         gl_gdc_wait()          # the token words, their scales and s come from act_quant
-    x_cur = _load_x(x_ptrs, kpart, n_blocks, tok_ok, KB)
+    cur_x = _load_tokens(x_ptrs, xs_ptrs, kpart, n_blocks, tok_ok, tok_ok_a, tok_ok_b, M, WPG, KB, KS, EVEN)
     for i in range(0, n_rounds):
         ch = i * KS + kpart
-        w_nxt = _load_w(w_ptrs, ws_ptrs, ch + KS, n_blocks, row_ok, N, WPG, KB)
-        x_nxt = _load_x(x_ptrs, ch + KS, n_blocks, tok_ok, KB)
-        xs_a = _load_xs(xs_ptrs, ch, n_blocks, tok_ok_a, M, WPG, KB)
-        if BLOCK_T > 8:
-            xs_b = _load_xs(xs_ptrs + 8, ch, n_blocks, tok_ok_b, M, WPG, KB)
-        for j in gl.static_range(KB):
-            w, ws = w_cur[j]
-            wlo, whi = _unpack(w)
-            xlo, xhi = _unpack(x_cur[j])
-            acc_a = _rescale(acc_a, _block_partial(wlo, whi, xlo, xhi, 0), ws, xs_a[j])
+        if EVEN:
+            nxt_ch = gl.minimum(i + 1, n_rounds - 1) * KS + kpart
+        else:
+            nxt_ch = ch + KS
+        nxt_w = _load_weights(w_ptrs, ws_ptrs, nxt_ch, n_blocks, row_ok, N, WPG, KB, KS, EVEN)
+        nxt_x = _load_tokens(x_ptrs, xs_ptrs, nxt_ch, n_blocks, tok_ok, tok_ok_a, tok_ok_b, M, WPG, KB, KS, EVEN)
+        if KS > 1:
+            xs_a = _load_xs_rows(xs_ptrs, ch, n_blocks, tok_ok_a, M, WPG, KB)
             if BLOCK_T > 8:
-                acc_b = _rescale(acc_b, _block_partial(wlo, whi, xlo, xhi, 1), ws, xs_b[j])
-        w_cur = w_nxt
-        x_cur = x_nxt
+                xs_b = _load_xs_rows(xs_ptrs + 8, ch, n_blocks, tok_ok_b, M, WPG, KB)
+        for j in gl.static_range(KB):
+            w, ws = cur_w[j]
+            x, sc = cur_x[j]
+            if KS > 1:
+                xa = xs_a[j]
+                if BLOCK_T > 8:
+                    xb = xs_b[j]
+            else:
+                xa = sc[0][None, :]
+                xb = sc[1][None, :]
+            wlo, whi = _unpack(w)
+            xlo, xhi = _unpack(x)
+            acc_a = _rescale(acc_a, _block_partial(wlo, whi, xlo, xhi, 0), ws, xa)
+            if BLOCK_T > 8:
+                acc_b = _rescale(acc_b, _block_partial(wlo, whi, xlo, xhi, 1), ws, xb)
+        cur_w = nxt_w
+        cur_x = nxt_x
     red = gl.allocate_shared_memory(gl.float32, [BN, 8], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
     _finish(_reduce_parts(acc_a, red, ROWS, KS, LE), tok0, n0, N, M, R, s_ptr, stride_sm, up_ptr, stride_un,
             bias_ptr, cs_ptr, y_ptr, stride_ym, LE, BLOCK_R, HAS_LOWRANK, HAS_COL_SCALE, HAS_BIAS)
@@ -291,7 +339,7 @@ def skinny_args(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, o
     from .w4a4_gemm import check_gemm_args
     _expect(fmt in ("int4_g64", "int4_g"), f"runs the standard format int4_g64, got fmt={fmt!r}")
     _expect(x_q.dtype == torch.uint8, f"activations must be packed int4 uint8 [M, K/2] (not the pre-expanded e4m3 "
-                                      f"operands), got {x_q.dtype}")
+                                      f"operands: e4m3 mma.sync is emulated on sm_90), got {x_q.dtype}")
     M, N, K, r = check_gemm_args(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, group_size, fmt)
     dev = x_q.device
     _expect(M >= 1, f"needs at least one token, got M={M}")
@@ -318,7 +366,9 @@ def skinny_args(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, o
             lowrank_act if r else f32, lora_up if r else dummy(dev, torch.bfloat16, (1, )),
             bias if bias is not None else f32, col_scale if col_scale is not None else f32, out,
             M, N, K, r, lowrank_act.stride(0) if r else 0, lora_up.stride(0) if r else 0, out.stride(0))
-    cx = dict(G=group_size, BLOCK_T=block_t, RW=cfg.rw, KB=cfg.kb, BLOCK_R=br, HAS_LOWRANK=bool(r),
+    n_blocks = K // 64
+    even = N % (16 * cfg.rw) == 0 and n_blocks % cfg.kb == 0 and (n_blocks // cfg.kb) % cfg.ks == 0
+    cx = dict(G=group_size, BLOCK_T=block_t, RW=cfg.rw, KB=cfg.kb, EVEN=even, BLOCK_R=br, HAS_LOWRANK=bool(r),
               HAS_COL_SCALE=col_scale is not None, HAS_BIAS=bias is not None, PDL=pdl)
     grid = (triton.cdiv(N, 16 * cfg.rw) * triton.cdiv(M, block_t), )
     return grid, args, cx, cfg
@@ -358,9 +408,9 @@ def _smoke() -> int:
     for cfg in (DEFAULT_CONFIG, SkinnyConfig(1, 1, 1), SkinnyConfig(2, 2, 8), SkinnyConfig(4, 1, 2)):
         for m in (3, 9, 16, 21):
             ops = make_operands_v2("int4_g64", m, 200, 448, 5, 64, device="cuda", bias=True, col_scale=True)
+            ref = reference_v2(ops)
             y = launch_w4a4_skinny(**ops, config=cfg)
             torch.cuda.synchronize()
-            ref = reference_v2(ops)
             err = float((y.double().cpu() - ref).abs().max() / ref.abs().max())
             ok = bool(torch.isfinite(y).all()) and err < 1e-2
             fails += not ok
