@@ -175,6 +175,10 @@ def test_route(monkeypatch):
 
     assert route() == "gemv" and route(m=gv.AUTO_GEMV_MAX_M) == "gemv"
     assert route(m=gv.AUTO_GEMV_MAX_M + 1) != "gemv"
+    # few weight rows: up to AUTO_GEMV_MAX_M_FEW_ROWS tokens
+    few = _route("auto", "int4_g64", gv.AUTO_GEMV_MAX_M_FEW_ROWS, 4096, 4096, 32, 64, cuda, xs, ws, None, False)
+    more = _route("auto", "int4_g64", gv.AUTO_GEMV_MAX_M_FEW_ROWS + 1, 4096, 4096, 32, 64, cuda, xs, ws, None, False)
+    assert few == "gemv" and more != "gemv" and gv.auto_gemv_max_m(28672) == gv.AUTO_GEMV_MAX_M
     assert route(fmt="int4_2l") != "gemv" and route(pre=True) != "gemv" and route(device=torch.device("cpu")) == "v1"
     assert route(impl="gemv", m=16) == "gemv"
     monkeypatch.setenv("LOWRANK_GEMM_GEMV", "0")

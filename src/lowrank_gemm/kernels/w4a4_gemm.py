@@ -787,7 +787,7 @@ _PRE_EXPANDED_V1 = ("pre-expanded e4m3 activations (act_quant(out='f8') / expand
                     "of the decode and v2 kernels; v1 takes packed int4 activations uint8 [M, K/2]")
 
 
-def _gemv_route(impl: str, m: int, fmt: str, device: torch.device, pre_expanded: bool) -> bool:
+def _gemv_route(impl: str, m: int, n: int, fmt: str, device: torch.device, pre_expanded: bool) -> bool:
     if impl == "gemv":
         _expect(fmt == "int4_g64" and not pre_expanded and device.type == "cuda",
                 f"impl='gemv' runs int4_g64 on packed int4 activations on CUDA, got fmt={fmt!r}"
@@ -795,8 +795,8 @@ def _gemv_route(impl: str, m: int, fmt: str, device: torch.device, pre_expanded:
         return True
     if impl != "auto" or fmt != "int4_g64" or pre_expanded or device.type != "cuda":
         return False
-    from .w4a4_gemv import AUTO_GEMV_MAX_M, gemv_enabled
-    return m <= AUTO_GEMV_MAX_M and gemv_enabled()
+    from .w4a4_gemv import auto_gemv_max_m, gemv_enabled
+    return m <= auto_gemv_max_m(n) and gemv_enabled()
 
 
 def _skinny_route(impl: str, m: int, n: int, fmt: str, device: torch.device, pre_expanded: bool) -> bool:
@@ -817,7 +817,7 @@ def _route(impl: str, fmt: str, m: int, n: int, k: int, r: int, group_size: int,
     and for the layer op's choice of act_quant output (:func:`_layer_wants_f8`). ``x_scale``: the packed
     activation scales (or a stand-in of their shape, dtype and contiguity: only their TMA-ability is judged);
     ``pre_expanded``: the activations are the e4m3 operands, which only the decode and v2 kernels take."""
-    if _gemv_route(impl, m, fmt, device, pre_expanded):
+    if _gemv_route(impl, m, n, fmt, device, pre_expanded):
         return "gemv"
     if _skinny_route(impl, m, n, fmt, device, pre_expanded):
         return "skinny"

@@ -1,5 +1,6 @@
-"""W4A4 skinny GEMM (int4_g64, 3 ≤ M ≤ a few dozen tokens): the GEMV's weight stream with the tensor cores doing
-the token reuse (impl="skinny"; impl="auto" routes M in :data:`AUTO_SKINNY_M` here).
+"""W4A4 skinny GEMM (int4_g64, a handful of tokens, few weight rows): the GEMV's weight stream with the tensor cores
+doing the token reuse (impl="skinny"; impl="auto" routes M in :data:`AUTO_SKINNY_M` with N < :data:`AUTO_SKINNY_MAX_N`
+here).
 
     out[m, n] = epilogue( Σ_g xs[g, m] · ws[g, n] · Σ_{k ∈ g} q_x[m, k] · q_w[n, k] )     (int4_g64)
 
@@ -24,12 +25,22 @@ weights go straight from global memory into ``mma.sync`` registers, so the strea
 - K in chunks of ``kb`` blocks: chunk c + 1's weights, token words and scales are loaded (back to back, so a
   row's 32·kb bytes are requested together) before chunk c's arithmetic; the weights and their scales of the first
   chunk before ``griddepcontrol.wait`` (they do not come from act_quant);
-- epilogue in the same layout: × col_scale[n], + Σ_r lora_up[n, r]·s[m, r] on ``mma_v2`` (s rounded to lora_up's
-  dtype like the unfused reference, fp32 accumulation), + bias[n], masked store of the transposed tile.
+- a program's warps may split K (``SkinnyConfig.ks``): tile row r is weight row r % (16·rw) of K part r // (16·rw),
+  chunk c belongs to part c % ks, so the warps read adjacent chunks of the same rows at once; with few weight rows
+  (N = 4096: 256 programs of one m16 tile) that is where the parallelism comes from. The parts meet once, in
+  shared memory, after the loop;
+- epilogue (blocked layout): × col_scale[n], + Σ_r lora_up[n, r]·s[m, r] in fp32 FMAs (s rounded to lora_up's
+  dtype like the unfused reference), + bias[n], masked store of the transposed tile.
 
-One program per (BLOCK_N rows, 16 tokens), tokens fastest (a second token block's read of the rows hits L2). No
-shared memory, no atomics: deterministic. The kernel needs the GPU (inline ``mma.sync``); the CPU suite compiles it
-for sm_90 and checks its PTX, the GPU suite checks its numbers against the float64 reference.
+One program per (16·rw rows, 16 tokens — 8 when M ≤ 8), tokens fastest (a second token block's read of the rows hits
+L2). No atomics, fixed reduction order: deterministic. The kernel needs the GPU (inline ``mma.sync``); the CPU suite
+compiles it for sm_90 and checks its PTX, the GPU suite checks its numbers against the float64 reference.
+
+Measured on the H200 (benchmarks/NOTES.md, session 8): a win with few weight rows (K = N = 4096, M = 16: 16.6 µs vs
+the decode kernel's 23.0, cuBLAS bf16 17.8), a loss with many (N = 28672: ≥ 51 µs vs 33 — ~147 SASS instructions per
+16 rows × 64 K at M = 16 make it issue-bound there). Tried and removed: a cp.async ring in shared memory (Gluon puts a
+CTA barrier before every refill: slower everywhere), e4m3 ``mma.sync`` on act_quant's e4m3 tokens (ptxas emulates it
+on sm_90 with F2FP + f16 HMMA).
 """
 
 from __future__ import annotations
@@ -50,10 +61,12 @@ __all__ = ["launch_w4a4_skinny", "w4a4_skinny_kernel", "skinny_args", "SkinnyCon
            "AUTO_SKINNY_M", "AUTO_SKINNY_MAX_N", "skinny_enabled", "skinny_config", "aot_signature_skinny"]
 
 # impl="auto" routes int4_g64 with M in AUTO_SKINNY_M and N < AUTO_SKINNY_MAX_N here (w4a4_gemm._route). H200
-# (probes/s8/skinny_run3, GEMM alone, same process): K=4096, N=4096, M=16: 14.7 µs vs the decode kernel's 22.6
-# (cuBLAS bf16 17.8) — few rows, so the K split across a program's warps buys the parallelism; N=28672 keeps the
-# decode kernel (M=16: 55–65 µs vs 33; 47.5 for the unsplit 4-warp form of run 2).
-AUTO_SKINNY_M = (3, 16)
+# (probes/s8/skinny_final, same process, K=N=4096): GEMM 14.1 / 16.6 µs at M = 8 / 16 vs the decode kernel's 22.3 /
+# 23.0 (cuBLAS bf16 17.5 / 17.8); layer (act_quant + GEMM) 28.4 / 19.2 vs 29.7 / 30.4. M ≤ 4 goes to the GEMV, whose
+# layer is faster there (w4a4_gemv.AUTO_GEMV_MAX_M_FEW_ROWS: behind act_quant with PDL this kernel's layer costs
+# ~11 µs more than its GEMM at M ≤ 8 — 15.3 µs at M = 4 with LOWRANK_GEMM_PDL=0, probes/s8/skinny_pdl — cause not
+# found yet). N = 28672 keeps the decode kernel (M = 16: 51.6–61.3 µs vs 32.9).
+AUTO_SKINNY_M = (5, 16)
 AUTO_SKINNY_MAX_N = 12288
 
 # Two k32 MMAs of one 64-block for one 8-token tile: A = the weights' low / high nibbles as signed bytes
