@@ -216,7 +216,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="3 shapes (≤ 2 min)")
     ap.add_argument("--out", type=Path, default=RESULTS_DIR)
-    ap.add_argument("--impls", default=",".join(IMPLS), help="kernel generations to time: v1, v2, decode (M ≤ 64), auto; comma-separated")
+    ap.add_argument("--impls", default=",".join(IMPLS), help="kernel generations to time: v1, v2, decode (M ≤ 64), gemv (M ≤ 4), skinny (M ≤ 64), auto; comma-separated")
     ap.add_argument("--only", choices=("flux", "decode"), default=None,
                     help="one suite's shapes, written to w4a4_<suite>.{json,md,png}")
     args = ap.parse_args(argv)
