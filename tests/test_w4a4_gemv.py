@@ -196,21 +196,13 @@ def test_config_by_rows():
 
 # ---------------------------------------------------------------------------------------------- GPU
 @pytest.mark.gpu
-@pytest.mark.parametrize("M", [1, 2])
+@pytest.mark.parametrize("M", [1, 2, 4])
 def test_gpu_layer_auto_routes_here_and_matches_v1(M):
-    """The layer op (act_quant + GEMM) with impl="auto" at M ≤ 2 runs the GEMV (packed activations, PDL) and agrees
-    with the v1 kernel on the same quantized operands."""
+    """The layer op (act_quant + GEMM) with impl="auto" at M ≤ 2 — M ≤ 4 with these 4096 rows — runs the GEMV
+    (packed activations, PDL) and agrees with the v1 kernel on the same quantized operands."""
     from lowrank_gemm.kernels.w4a4_gemm import w4a4_linear
-    from lowrank_gemm.formats.int4 import pack_int4, quantize_weight_int4
-    g = torch.Generator(device="cuda").manual_seed(M)
-    n, k, r = 4096, 4096, 32
-    x = torch.randn(M, k, device="cuda", dtype=torch.bfloat16, generator=g)
-    w = torch.randn(n, k, device="cuda", generator=g) * 0.02
-    qw, sw = quantize_weight_int4(w, 64)
-    smooth = (torch.rand(k, device="cuda", generator=g) + 0.5).to(torch.bfloat16)
-    down = (torch.randn(r, k, device="cuda", generator=g) * 0.02).to(torch.bfloat16)
-    up = (torch.randn(n, r, device="cuda", generator=g) * 0.02).to(torch.bfloat16)
-    args = (x, pack_int4(qw), sw, smooth, down, up)
+    from _w4a4_layer import layer_args
+    args = layer_args(M, seed=M)
     y = w4a4_linear(*args, impl="auto")
     ref = w4a4_linear(*args, impl="v1")
     assert float((y.float() - ref.float()).abs().max() / ref.float().abs().max()) < 1e-2

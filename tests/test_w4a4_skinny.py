@@ -12,6 +12,7 @@ import re
 import pytest
 import torch
 
+from lowrank_gemm.bench.common import capture_graph
 from lowrank_gemm.kernels import w4a4_skinny as sk
 from lowrank_gemm.kernels.gluon import w4a4_ws as w4
 
@@ -149,13 +150,11 @@ def test_gpu_real_sizes_repeats_and_graph(M, N, K, rank, G, cfg):
     assert float((y.double().cpu() - ref).abs().max() / ref.abs().max()) < 1e-2
     ops["out"].fill_(float("nan"))
     assert torch.equal(sk.launch_w4a4_skinny(**ops, config=cfg), y), "bit-identical repeats"
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        sk.launch_w4a4_skinny(**ops, config=cfg)
-    ops["out"].fill_(float("nan"))
+    _, g, out = capture_graph(lambda: sk.launch_w4a4_skinny(**ops, config=cfg))
+    out.fill_(float("nan"))
     g.replay()
     torch.cuda.synchronize()
-    assert torch.equal(ops["out"], y), "graph replay"
+    assert torch.equal(out, y), "graph replay"
 
 
 @pytest.mark.gpu
@@ -190,16 +189,8 @@ def test_gpu_layer_auto_routes_here_and_matches_v1(M):
     """The layer op (act_quant + GEMM) with impl="auto" at these M runs this kernel and agrees with the v1 kernel on
     the same quantized operands."""
     from lowrank_gemm.kernels.w4a4_gemm import w4a4_linear
-    from lowrank_gemm.formats.int4 import pack_int4, quantize_weight_int4
-    g = torch.Generator(device="cuda").manual_seed(M)
-    n, k, r = 4096, 4096, 32
-    x = torch.randn(M, k, device="cuda", dtype=torch.bfloat16, generator=g)
-    w = torch.randn(n, k, device="cuda", generator=g) * 0.02
-    qw, sw = quantize_weight_int4(w, 64)
-    smooth = (torch.rand(k, device="cuda", generator=g) + 0.5).to(torch.bfloat16)
-    down = (torch.randn(r, k, device="cuda", generator=g) * 0.02).to(torch.bfloat16)
-    up = (torch.randn(n, r, device="cuda", generator=g) * 0.02).to(torch.bfloat16)
-    args = (x, pack_int4(qw), sw, smooth, down, up)
+    from _w4a4_layer import layer_args
+    args = layer_args(M, seed=M)
     ref = w4a4_linear(*args, impl="v1")
     y = w4a4_linear(*args, impl="skinny")
     assert float((y.float() - ref.float()).abs().max() / ref.float().abs().max()) < 1e-2

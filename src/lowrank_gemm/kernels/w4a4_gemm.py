@@ -787,26 +787,31 @@ _PRE_EXPANDED_V1 = ("pre-expanded e4m3 activations (act_quant(out='f8') / expand
                     "of the decode and v2 kernels; v1 takes packed int4 activations uint8 [M, K/2]")
 
 
-def _gemv_route(impl: str, m: int, n: int, fmt: str, device: torch.device, pre_expanded: bool) -> bool:
-    if impl == "gemv":
+def _packed_route(impl: str, name: str, fmt: str, device: torch.device, pre_expanded: bool) -> bool | None:
+    """The shared part of the GEMV / skinny routes: True when ``impl`` pins ``name`` (an error where it cannot run),
+    False where ``auto`` cannot use it (other format, e4m3 activations, not CUDA), None: ask the kernel's rule."""
+    if impl == name:
         _expect(fmt == "int4_g64" and not pre_expanded and device.type == "cuda",
-                f"impl='gemv' runs int4_g64 on packed int4 activations on CUDA, got fmt={fmt!r}"
+                f"impl={name!r} runs int4_g64 on packed int4 activations on CUDA, got fmt={fmt!r}"
                 f"{', pre-expanded e4m3 activations' if pre_expanded else ''} on {device}")
         return True
     if impl != "auto" or fmt != "int4_g64" or pre_expanded or device.type != "cuda":
         return False
+    return None
+
+
+def _gemv_route(impl: str, m: int, n: int, fmt: str, device: torch.device, pre_expanded: bool) -> bool:
+    pinned = _packed_route(impl, "gemv", fmt, device, pre_expanded)
+    if pinned is not None:
+        return pinned
     from .w4a4_gemv import auto_gemv_max_m, gemv_enabled
     return m <= auto_gemv_max_m(n) and gemv_enabled()
 
 
 def _skinny_route(impl: str, m: int, n: int, fmt: str, device: torch.device, pre_expanded: bool) -> bool:
-    if impl == "skinny":
-        _expect(fmt == "int4_g64" and not pre_expanded and device.type == "cuda",
-                f"impl='skinny' runs int4_g64 on packed int4 activations on CUDA, got fmt={fmt!r}"
-                f"{', pre-expanded e4m3 activations' if pre_expanded else ''} on {device}")
-        return True
-    if impl != "auto" or fmt != "int4_g64" or pre_expanded or device.type != "cuda":
-        return False
+    pinned = _packed_route(impl, "skinny", fmt, device, pre_expanded)
+    if pinned is not None:
+        return pinned
     from .w4a4_skinny import AUTO_SKINNY_M, AUTO_SKINNY_MAX_N, skinny_enabled
     return AUTO_SKINNY_M[0] <= m <= AUTO_SKINNY_M[1] and n < AUTO_SKINNY_MAX_N and skinny_enabled()
 
@@ -956,6 +961,32 @@ def check_gemm_args(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bia
     devs = {t.device for t in tensors}
     _expect(len(devs) == 1, f"all tensors must be on one device, got {sorted(map(str, devs))}")
     _expect(all(t.is_contiguous() for t in tensors), "all tensors must be contiguous")
+    return m, n, k, r
+
+
+def check_packed_launch(who: str, x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, out, fmt: str,
+                        group_size: int, col_scale, word_bytes: int) -> tuple[int, int, int, int]:
+    """The launcher contract of the kernels that read packed int4 activations as words (the GEMV, the skinny GEMM):
+    :func:`check_gemm_args`, then int4_g64 on packed activations, ``out`` [M, N], ``col_scale`` [N], and x_q / w_q
+    contiguous and ``word_bytes``-aligned. Errors name ``who``; returns (M, N, K, r)."""
+    def need(ok, what):
+        if not ok:
+            raise ValueError(f"w4a4 {who}: {what}")
+    need(fmt in ("int4_g64", "int4_g"), f"runs the standard format int4_g64, got fmt={fmt!r}")
+    need(x_q.dtype == torch.uint8, f"activations must be packed int4 uint8 [M, K/2] (not the pre-expanded e4m3 "
+                                   f"operands), got {x_q.dtype}")
+    m, n, k, r = check_gemm_args(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, group_size, fmt)
+    dev = x_q.device
+    need(m >= 1, f"needs at least one token, got M={m}")
+    need(out.dtype in (torch.bfloat16, torch.float16, torch.float32) and tuple(out.shape) == (m, n)
+         and out.stride(1) == 1 and out.device == dev,
+         f"out must be bf16/fp16/fp32 [M, N] = {[m, n]} with unit column stride on {dev}, got {out.dtype} "
+         f"{list(out.shape)} on {out.device}")
+    need(col_scale is None or (tuple(col_scale.shape) == (n, ) and col_scale.device == dev),
+         f"col_scale must be [N={n}] on {dev}, got {None if col_scale is None else list(col_scale.shape)}")
+    for name, t in (("x_q", x_q), ("w_q", w_q)):
+        need(t.is_contiguous() and t.data_ptr() % word_bytes == 0,
+             f"{name} must be contiguous and {word_bytes}-byte aligned (read as {word_bytes}-byte words)")
     return m, n, k, r
 
 

@@ -44,6 +44,7 @@ import triton.language as tl
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
+from .env import env_ints, env_on
 from .epilogue import rank_block
 from .gluon.host import dummy
 from .int4_unpack import SWAR_DEFAULT
@@ -338,18 +339,15 @@ def gemv_config(config: GemvConfig | None = None, n: int | None = None) -> GemvC
     """``config``, else env ``LOWRANK_GEMM_GEMV_CONFIG``, else by the row count ``n`` (above)."""
     if config is not None:
         return GemvConfig(*config)
-    env = os.environ.get(CONFIG_ENV, "")
-    if env:
-        parts = env.split(",")
-        if len(parts) not in (4, 5) or not all(p.isdigit() for p in parts):
-            raise ValueError(f"{CONFIG_ENV} must be 'block_n,block_kw,warps,stages[,split]', got {env!r}")
-        return GemvConfig(*(int(p) for p in parts))
+    env = env_ints(CONFIG_ENV, (4, 5), "block_n,block_kw,warps,stages[,split]")
+    if env is not None:
+        return GemvConfig(*env)
     return DEFAULT_CONFIG if n is None or n >= MANY_ROWS else WIDE_CONFIG
 
 
 def gemv_enabled() -> bool:
     """``LOWRANK_GEMM_GEMV=0`` routes M ≤ :func:`auto_gemv_max_m` back to the decode kernel (instant fallback)."""
-    return os.environ.get("LOWRANK_GEMM_GEMV", "1") != "0"
+    return env_on("LOWRANK_GEMM_GEMV")
 
 
 def _expect(cond, msg):
@@ -362,22 +360,10 @@ def gemv_args(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, out
               kernel: str | None = None):
     """Validate (the launcher contract, ``w4a4_gemm.check_gemm_args``), plan, and build one launch:
     (grid, args, constexprs, config)."""
-    from .w4a4_gemm import check_gemm_args
-    _expect(fmt in ("int4_g64", "int4_g"), f"the GEMV runs the standard format int4_g64, got fmt={fmt!r}")
-    _expect(x_q.dtype == torch.uint8, f"activations must be packed int4 uint8 [M, K/2] (not the pre-expanded e4m3 "
-                                      f"operands), got {x_q.dtype}")
-    M, N, K, r = check_gemm_args(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, group_size, fmt)
+    from .w4a4_gemm import check_packed_launch
+    M, N, K, r = check_packed_launch("gemv", x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, out, fmt,
+                                     group_size, col_scale, 4)
     dev = x_q.device
-    _expect(1 <= M, f"needs at least one token, got M={M}")
-    _expect(out.dtype in (torch.bfloat16, torch.float16, torch.float32) and tuple(out.shape) == (M, N)
-            and out.stride(1) == 1 and out.device == dev,
-            f"out must be bf16/fp16/fp32 [M, N] = {[M, N]} with unit column stride on {dev}, got {out.dtype} "
-            f"{list(out.shape)} on {out.device}")
-    _expect(col_scale is None or (tuple(col_scale.shape) == (N, ) and col_scale.device == dev),
-            f"col_scale must be [N={N}] on {dev}, got {None if col_scale is None else list(col_scale.shape)}")
-    for name, t in (("x_q", x_q), ("w_q", w_q)):
-        _expect(t.is_contiguous() and t.data_ptr() % 4 == 0,
-                f"{name} must be contiguous and 4-byte aligned (read as 32-bit words)")
     _expect(x_scale.is_contiguous() and w_scale.is_contiguous(), "x_scale / w_scale must be contiguous [K/G, ·]")
     cfg = gemv_config(config, N)
     bn, bkw = cfg.block_n, cfg.block_kw

@@ -45,13 +45,12 @@ on sm_90 with F2FP + f16 HMMA).
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
+from .env import env_ints, env_on
 from .epilogue import rank_block
 from .gluon.host import dummy
 from .pdl import gl_gdc_launch_dependents, gl_gdc_wait, pdl_enabled
@@ -325,18 +324,13 @@ def skinny_config(config: SkinnyConfig | None = None) -> SkinnyConfig:
     """``config``, else env ``LOWRANK_GEMM_SKINNY_CONFIG``, else :data:`DEFAULT_CONFIG`."""
     if config is not None:
         return SkinnyConfig(*config)
-    env = os.environ.get(CONFIG_ENV, "")
-    if env:
-        parts = env.split(",")
-        if len(parts) != 3 or not all(p.isdigit() for p in parts):
-            raise ValueError(f"{CONFIG_ENV} must be 'rw,ks,kb', got {env!r}")
-        return SkinnyConfig(*(int(p) for p in parts))
-    return DEFAULT_CONFIG
+    env = env_ints(CONFIG_ENV, (3, ), "rw,ks,kb")
+    return DEFAULT_CONFIG if env is None else SkinnyConfig(*env)
 
 
 def skinny_enabled() -> bool:
     """``LOWRANK_GEMM_SKINNY=0`` routes those M back to the decode kernel (instant fallback)."""
-    return os.environ.get("LOWRANK_GEMM_SKINNY", "1") != "0"
+    return env_on("LOWRANK_GEMM_SKINNY")
 
 
 def _expect(cond, msg):
@@ -349,22 +343,10 @@ def skinny_args(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, o
                 block_t: int | None = None):
     """Validate (the launcher contract, ``w4a4_gemm.check_gemm_args``), plan, and build one launch:
     (grid, args, constexprs, config)."""
-    from .w4a4_gemm import check_gemm_args
-    _expect(fmt in ("int4_g64", "int4_g"), f"runs the standard format int4_g64, got fmt={fmt!r}")
-    _expect(x_q.dtype == torch.uint8, f"activations must be packed int4 uint8 [M, K/2] (not the pre-expanded e4m3 "
-                                      f"operands: e4m3 mma.sync is emulated on sm_90), got {x_q.dtype}")
-    M, N, K, r = check_gemm_args(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, group_size, fmt)
+    from .w4a4_gemm import check_packed_launch
+    M, N, K, r = check_packed_launch("skinny", x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, out,
+                                     fmt, group_size, col_scale, 8)
     dev = x_q.device
-    _expect(M >= 1, f"needs at least one token, got M={M}")
-    _expect(out.dtype in (torch.bfloat16, torch.float16, torch.float32) and tuple(out.shape) == (M, N)
-            and out.stride(1) == 1 and out.device == dev,
-            f"out must be bf16/fp16/fp32 [M, N] = {[M, N]} with unit column stride on {dev}, got {out.dtype} "
-            f"{list(out.shape)} on {out.device}")
-    _expect(col_scale is None or (tuple(col_scale.shape) == (N, ) and col_scale.device == dev),
-            f"col_scale must be [N={N}] on {dev}, got {None if col_scale is None else list(col_scale.shape)}")
-    for name, t in (("x_q", x_q), ("w_q", w_q)):
-        _expect(t.is_contiguous() and t.data_ptr() % 8 == 0,
-                f"{name} must be contiguous and 8-byte aligned (read as pairs of 32-bit words)")
     cfg = skinny_config(config)
     _expect(cfg.num_warps in (1, 2, 4, 8) and cfg.kb in (1, 2, 4, 8),
             f"rw·ks (the warps) must be 1, 2, 4 or 8 and kb 1, 2, 4 or 8, got {cfg}")

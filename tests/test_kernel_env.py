@@ -1,0 +1,25 @@
+"""kernels/env.py: the switches and config overrides the kernels read from the environment."""
+
+import pytest
+
+from lowrank_gemm.kernels.env import env_ints, env_on
+
+
+def test_env_on(monkeypatch):
+    monkeypatch.delenv("LOWRANK_GEMM_TEST_SWITCH", raising=False)
+    assert env_on("LOWRANK_GEMM_TEST_SWITCH")
+    monkeypatch.setenv("LOWRANK_GEMM_TEST_SWITCH", "0")
+    assert not env_on("LOWRANK_GEMM_TEST_SWITCH")
+    monkeypatch.setenv("LOWRANK_GEMM_TEST_SWITCH", "1")
+    assert env_on("LOWRANK_GEMM_TEST_SWITCH")
+
+
+def test_env_ints(monkeypatch):
+    monkeypatch.delenv("LOWRANK_GEMM_TEST_CFG", raising=False)
+    assert env_ints("LOWRANK_GEMM_TEST_CFG", (2, 3), "a,b[,c]") is None
+    monkeypatch.setenv("LOWRANK_GEMM_TEST_CFG", "4,16")
+    assert env_ints("LOWRANK_GEMM_TEST_CFG", (2, 3), "a,b[,c]") == (4, 16)
+    for bad in ("4", "4,x", "4,-1", "1,2,3,4"):
+        monkeypatch.setenv("LOWRANK_GEMM_TEST_CFG", bad)
+        with pytest.raises(ValueError, match="must be 'a,b\\[,c\\]'"):
+            env_ints("LOWRANK_GEMM_TEST_CFG", (2, 3), "a,b[,c]")
