@@ -196,3 +196,60 @@ def test_gpu_layer_auto_routes_here_and_matches_v1(M):
     assert float((y.float() - ref.float()).abs().max() / ref.float().abs().max()) < 1e-2
     if sk.AUTO_SKINNY_M[0] <= M <= sk.AUTO_SKINNY_M[1]:
         assert torch.equal(w4a4_linear(*args, impl="auto"), y)
+
+
+def _asm_text(c):
+    return getattr(c, "value", c)
+
+
+@pytest.mark.parametrize("tile", [0, 1])
+def test_mma_operand_order_computes_the_block_dot_product(tile):
+    """The kernel's inline MMAs, emulated per the PTX ISA's m16n8k32 .s8 fragment layouts: with every thread holding
+    its four mma-layout elements ((g, 2q), (g, 2q+1), (g+8, 2q), (g+8, 2q+1)) of the packed weight words of 16 rows
+    and the packed token words of 16 tokens, unpacked as the kernel does, the asm's operand order yields
+    D[row, token] = Σ_k q_w[row, k]·q_x[8·tile + token, k] over the 64-block (both nibble halves). Guards the one
+    place where the K numbering is a convention (weights and tokens must agree on it)."""
+    import re
+    from lowrank_gemm.formats.int4 import pack_int4
+    g = torch.Generator().manual_seed(tile)
+    qw = torch.randint(-8, 8, (16, 64), generator=g, dtype=torch.int8)
+    qx = torch.randint(-8, 8, (16, 64), generator=g, dtype=torch.int8)
+    words = lambda q: pack_int4(q).view(torch.int32)                     # [16, 8] packed words per row / token
+    ww, xw = words(qw), words(qx)
+
+    def nibbles(word, hi):                                                # four signed bytes of one packed word
+        b = [(int(word) >> (8 * i + 4 * hi)) & 0xF for i in range(4)]
+        return [v - 16 if v >= 8 else v for v in b]
+
+    # operand $n → (lane) → four int8 values, from each thread's elements e0..e3 of a [16, 8] mma-layout tile
+    def elem(tile_words, lane, e):
+        grp, q = lane // 4, lane % 4
+        return tile_words[grp + 8 * (e // 2), 2 * q + e % 2]
+
+    def operand(n, lane):
+        src, hi = {0: (ww, 0), 1: (ww, 1), 2: (xw, 0), 3: (xw, 1)}[(n - 4) // 4]
+        return nibbles(elem(src, lane, (n - 4) % 4), hi)
+
+    asm = _asm_text(sk._MMA_ASM_T0 if tile == 0 else sk._MMA_ASM_T1)
+    mmas = re.findall(r"mma\.sync\.aligned\.m16n8k32\.row\.col\.s32\.s8\.s8\.s32 \{[^}]*\}, \{([^}]*)\}, \{([^}]*)\}",
+                      asm)
+    assert len(mmas) == 2
+    d = torch.zeros(16, 8, dtype=torch.int64)
+    for a_ops, b_ops in mmas:
+        a_n = [int(t.strip()[1:]) for t in a_ops.split(",")]
+        b_n = [int(t.strip()[1:]) for t in b_ops.split(",")]
+        A = torch.zeros(16, 32, dtype=torch.int64)
+        B = torch.zeros(32, 8, dtype=torch.int64)
+        for lane in range(32):
+            grp, q = lane // 4, lane % 4
+            for r, n in enumerate(a_n):                     # a0: (grp, 4q..), a1: (grp+8, 4q..), a2/a3: +16 in k
+                vals = operand(n, lane)
+                for i in range(4):
+                    A[grp + 8 * (r % 2), 4 * q + i + 16 * (r // 2)] = vals[i]
+            for r, n in enumerate(b_n):                     # b0: k 4q.., b1: k 16+4q..; column grp
+                vals = operand(n, lane)
+                for i in range(4):
+                    B[4 * q + i + 16 * r, grp] = vals[i]
+        d += A @ B
+    want = qw.long() @ qx[8 * tile: 8 * tile + 8].long().T
+    assert torch.equal(d, want)
