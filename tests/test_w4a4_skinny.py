@@ -253,3 +253,20 @@ def test_mma_operand_order_computes_the_block_dot_product(tile):
         d += A @ B
     want = qw.long() @ qx[8 * tile: 8 * tile + 8].long().T
     assert torch.equal(d, want)
+
+
+@pytest.mark.parametrize("warps", [1, 4, 8])
+def test_mma_layout_registers_are_the_fragment_elements(warps):
+    """The other half of the convention: in the [16·warps, 8] mma (v2, m16n8) layout the kernel uses, a thread's four
+    consecutive registers — what ``inline_asm_elementwise(pack=4)`` hands the asm — are (g, 2q), (g, 2q+1), (g+8, 2q),
+    (g+8, 2q+1) for lane 4g + q, one warp per 16 rows (Triton's own linear-layout conversion, triton 3.6)."""
+    from triton._C.libtriton import gluon_ir, ir
+    from triton.experimental.gluon import language as gl
+    ctx = ir.context()
+    ir.load_dialects(ctx)
+    b = gluon_ir.GluonOpBuilder(ctx)
+    mma = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[warps, 1], instr_shape=[16, 8])
+    ll = b.to_linear_layout(mma._to_ir(b), [16 * warps, 8])
+    assert ll.reg_bases == [[0, 1], [8, 0]]
+    assert ll.lane_bases == [[0, 2], [0, 4], [1, 0], [2, 0], [4, 0]]
+    assert ll.warp_bases == [[16 << i, 0] for i in range(warps.bit_length() - 1)]
