@@ -97,6 +97,16 @@ def test_config_env(monkeypatch):
         sk.skinny_config()
 
 
+def test_pdl_knob(monkeypatch):
+    """PDL follows kernels.pdl.pdl_enabled unless LOWRANK_GEMM_SKINNY_PDL=0 turns it off for this kernel alone; an
+    explicit ``pdl=`` wins."""
+    ops = _ops(4, 64, 256, 0, 64)
+    monkeypatch.setattr(sk, "pdl_enabled", lambda dev=None: True)
+    assert sk.skinny_args(**ops)[2]["PDL"] is True
+    monkeypatch.setenv("LOWRANK_GEMM_SKINNY_PDL", "0")
+    assert sk.skinny_args(**ops)[2]["PDL"] is False and sk.skinny_args(**ops, pdl=True)[2]["PDL"] is True
+
+
 def test_grid_and_token_blocks():
     """One program per (16·rw rows, block_t tokens); M ≤ 8 takes 8-token programs (one MMA tile)."""
     grid, _, cx, _ = sk.skinny_args(**_ops(5, 200, 256, 0, 64), config=sk.SkinnyConfig(1, 4, 4))
