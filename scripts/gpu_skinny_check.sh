@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# One device call (≈ 4 min) for the skinny W4A4 GEMM's open items (docs/gpu_runbook.md, session 8):
+#   LOWRANK_GEMM_COMMIT=<hash> bash scripts/gpu_skinny_check.sh
+# 1. compute-sanitizer (memcheck, racecheck, synccheck) on the skinny smoke;
+# 2. the skinny + GEMV GPU suites three times (an unwritten-output failure was seen once in a reverted variant);
+# 3. the layer's PDL overhead at M ≤ 8: probe_skinny --layer with PDL, with the skinny launch alone without PDL
+#    (LOWRANK_GEMM_SKINNY_PDL=0), and with PDL off everywhere.
+# Everything lands under $OUT (logs tarred, probe tables beside them).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/out}; L=$OUT/skinny_check; mkdir -p "$L"
+echo "commit=${LOWRANK_GEMM_COMMIT:-?} $(nvidia-smi --query-gpu=name --format=csv,noheader)" | tee "$L/summary.txt"
+SANITIZE_FMTS=skinny SANITIZE_TIMEOUT=150 bash scripts/sanitize_gluon.sh "$L/sanitize" > /dev/null 2>&1
+echo "sanitize rc=$?: $(tr '\n' ' ' < "$L/sanitize/sanitize_summary.txt")" | tee -a "$L/summary.txt"
+for i in 1 2 3; do
+  timeout 150 python3 -m pytest -m gpu -q -n 8 --timeout=100 -p no:cacheprovider -W ignore -rf \
+      tests/test_w4a4_skinny.py tests/test_w4a4_gemv.py > "$L/gpu_tests_$i.log" 2>&1
+  echo "pytest run $i rc=$?: $(tail -1 "$L/gpu_tests_$i.log")" | tee -a "$L/summary.txt"
+done
+probe() {  # name, env...
+  local name=$1; shift
+  env "$@" timeout 120 python3 scripts/probe_skinny.py --out "$L/$name" --layer --cfgs "1,4,2" --ms 4,8,16 \
+      --shapes 4096x4096 > "$L/$name.log" 2>&1
+  echo "probe $name rc=$?" | tee -a "$L/summary.txt"
+  grep -E "layer:|skinny:" "$L/$name.log" | grep "^|" | cut -d'|' -f2-6 | tee -a "$L/summary.txt"
+}
+probe pdl_on
+probe skinny_pdl_off LOWRANK_GEMM_SKINNY_PDL=0
+probe pdl_off LOWRANK_GEMM_PDL=0
+tar czf "$OUT/skinny_check.tgz" -C "$OUT" skinny_check
