@@ -2,7 +2,8 @@
 # One device call (≈ 4 min) for the skinny W4A4 GEMM's open items (docs/gpu_runbook.md, session 8):
 #   LOWRANK_GEMM_COMMIT=<hash> bash scripts/gpu_skinny_check.sh
 # 1. compute-sanitizer (memcheck, racecheck, synccheck) on the skinny smoke;
-# 2. the skinny + GEMV GPU suites three times (an unwritten-output failure was seen once in a reverted variant);
+# 2. the skinny + GEMV GPU suites three times (an unwritten-output failure was seen once in a reverted variant),
+#    the W4A4 and decode suites once (the session-8 routes);
 # 3. the layer's PDL overhead at M ≤ 8: probe_skinny --layer with PDL, with the skinny launch alone without PDL
 #    (LOWRANK_GEMM_SKINNY_PDL=0), and with PDL off everywhere.
 # Everything lands under $OUT (logs tarred, probe tables beside them).
@@ -14,8 +15,9 @@ echo "commit=${LOWRANK_GEMM_COMMIT:-?} $(nvidia-smi --query-gpu=name --format=cs
 SANITIZE_FMTS=skinny SANITIZE_TIMEOUT=150 bash scripts/sanitize_gluon.sh "$L/sanitize" > /dev/null 2>&1
 echo "sanitize rc=$?: $(tr '\n' ' ' < "$L/sanitize/sanitize_summary.txt")" | tee -a "$L/summary.txt"
 for i in 1 2 3; do
-  timeout 150 python3 -m pytest -m gpu -q -n 8 --timeout=100 -p no:cacheprovider -W ignore -rf \
-      tests/test_w4a4_skinny.py tests/test_w4a4_gemv.py > "$L/gpu_tests_$i.log" 2>&1
+  extra=""; [ $i = 1 ] && extra="tests/test_w4a4_gpu.py tests/test_w4a4_decode.py"   # the routes, once
+  timeout 200 python3 -m pytest -m gpu -q -n 8 --timeout=100 -p no:cacheprovider -W ignore -rf \
+      tests/test_w4a4_skinny.py tests/test_w4a4_gemv.py $extra > "$L/gpu_tests_$i.log" 2>&1
   echo "pytest run $i rc=$?: $(tail -1 "$L/gpu_tests_$i.log")" | tee -a "$L/summary.txt"
 done
 probe() {  # name, env...
