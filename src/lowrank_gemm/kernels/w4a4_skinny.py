@@ -84,6 +84,7 @@ _MMA_ASM_T0 = gl.constexpr(_MMA_HEAD + _MMA_TILE.format(x0=12, x1=13, x2=16, x3=
 _MMA_ASM_T1 = gl.constexpr(_MMA_HEAD + _MMA_TILE.format(x0=14, x1=15, x2=18, x3=19))
 _MMA_CONSTRAINTS = gl.constexpr("=r,=r,=r,=r," + ",".join(["r"] * 16))
 
+
 @gluon.jit
 def _block_partial(wlo, whi, xlo, xhi, TILE: gl.constexpr):
     """int32 [BN, 8]: Σ over the 64-block of q_w[row] · q_x[token] for token tile TILE (0 or 1) of the 16."""
