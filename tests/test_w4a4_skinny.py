@@ -168,6 +168,24 @@ def test_gpu_real_sizes_repeats_and_graph(M, N, K, rank, G, cfg):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("cfg", [sk.SkinnyConfig(4, 1, 4), sk.SkinnyConfig(1, 4, 2), sk.SkinnyConfig(2, 1, 8)],
+                         ids=["4-1-4", "1-4-2", "2-1-8"])
+def test_gpu_nothing_read_past_the_scales(cfg):
+    """K = 448 is 7 blocks, so the last chunk of 4 (or 8) blocks runs past K: whatever lies after x_scale / w_scale
+    (here NaN) must not reach the result — a block past the end has zero partials, and 0 · NaN is NaN."""
+    ops = _ops(64, 200, 448, 5, 64, device="cuda", out=torch.float32, seed=3)
+    ref = w4.reference_v2(ops)
+    for name in ("x_scale", "w_scale"):
+        t = ops[name]
+        padded = torch.full((t.numel() + 4096, ), float("nan"), dtype=t.dtype, device=t.device)
+        padded[:t.numel()] = t.reshape(-1)
+        ops[name] = padded[:t.numel()].view(t.shape)
+    y = sk.launch_w4a4_skinny(**ops, config=cfg)
+    assert torch.isfinite(y).all()
+    assert float((y.double().cpu() - ref).abs().max() / ref.abs().max()) < 1e-5
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("M", [4, 16])
 def test_gpu_fp32_result_is_exact_to_fp32_rounding(M):
     """The issue's accuracy bar on the fp32 result (before any cast): ≤ 1e-3 — here ~1e-7, the block sums are exact

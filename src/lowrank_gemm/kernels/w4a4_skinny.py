@@ -143,13 +143,15 @@ def _load_tokens(x_ptrs, xs_ptrs, ch, n_blocks, tok_ok, tok_ok_a, tok_ok_b, M, W
         b = ch * KB + j
         g = b * 8 // WPG
         if EVEN:
-            xmask = tok_ok[:, None]
+            live = True
         else:
-            xmask = (tok_ok & (b < n_blocks))[:, None]
-        x = gl.load(x_ptrs + _rowcol(b * 8, KS), mask=xmask, other=0)
+            live = b < n_blocks
+        x = gl.load(x_ptrs + _rowcol(b * 8, KS), mask=(tok_ok & live)[:, None], other=0)
         if KS == 1:
-            sc = (gl.load(xs_ptrs + g * M, mask=tok_ok_a, other=0.0), gl.load(xs_ptrs + g * M + 8, mask=tok_ok_b,
-                                                                                 other=0.0))
+            # masked past the last block too: a block there has zero partials, but 0 · (a NaN read past x_scale's
+            # end) is NaN
+            sc = (gl.load(xs_ptrs + g * M, mask=tok_ok_a & live, other=0.0),
+                  gl.load(xs_ptrs + g * M + 8, mask=tok_ok_b & live, other=0.0))
         else:
             sc = (0, 0)
         out = out + ((x, sc), )
