@@ -970,8 +970,7 @@ def check_packed_launch(who: str, x_q, x_scale, w_q, w_scale, w_mul, lowrank_act
     :func:`check_gemm_args`, then int4_g64 on packed activations, ``out`` [M, N], ``col_scale`` [N], and x_q / w_q
     contiguous and ``word_bytes``-aligned. Errors name ``who``; returns (M, N, K, r)."""
     def need(ok, what):
-        if not ok:
-            raise ValueError(f"w4a4 {who}: {what}")
+        _expect(ok, f"{who}: {what}")
     need(fmt in ("int4_g64", "int4_g"), f"runs the standard format int4_g64, got fmt={fmt!r}")
     need(x_q.dtype == torch.uint8, f"activations must be packed int4 uint8 [M, K/2] (not the pre-expanded e4m3 "
                                    f"operands), got {x_q.dtype}")
@@ -1026,13 +1025,10 @@ def _w4a4_gemm_op(x_q: torch.Tensor, x_scale: torch.Tensor, w_q: torch.Tensor, w
     args = (x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, out, fmt, group_size, None)
     pre_expanded = x_q.dtype == torch.float8_e4m3fn
     kernel = _route(impl, fmt, m, n, k, r, group_size, x_q.device, x_scale, w_scale, w_mul, pre_expanded)
-    if kernel == "gemv":
+    if kernel in ("gemv", "skinny"):      # packed-activation kernels: no config argument
         from .w4a4_gemv import launch_w4a4_gemv
-        launch_w4a4_gemv(*args[:11])
-        return out
-    if kernel == "skinny":
         from .w4a4_skinny import launch_w4a4_skinny
-        launch_w4a4_skinny(*args[:11])
+        (launch_w4a4_gemv if kernel == "gemv" else launch_w4a4_skinny)(*args[:11])
         return out
     if kernel == "decode":
         from .gluon.w4a4_decode import launch_w4a4_decode
