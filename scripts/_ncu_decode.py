@@ -1,7 +1,8 @@
 """Launches for `ncu -k <kernel>` / compute-sanitizer on the device: the decode GEMM (both formats) and act_quant
 at M=1 (`decode`, `actquant`), one small checked decode launch per format (`smoke`, for the sanitizers), the
 v2 int4_g64 kernel at FLUX fc1, fp8 path then int8 path, two launches each (`v2g`), or the W4A4 GEMV at M=1,
-K=4096, N=28672, three launches (`gemv`)."""
+K=4096, N=28672, three launches (`gemv`), or the skinny GEMM at M=16 (argv[2], default 16), K=4096, N=28672, three
+launches (`skinny`; config from LOWRANK_GEMM_SKINNY_CONFIG)."""
 import sys
 
 import torch
@@ -33,6 +34,12 @@ elif what == "gemv":
     ops = w4.make_operands_v2("int4_g64", 1, 28672, 4096, 32, 64, device="cuda")
     for _ in range(3):
         launch_w4a4_gemv(**ops)
+elif what == "skinny":
+    from lowrank_gemm.kernels.w4a4_skinny import launch_w4a4_skinny
+    m = int(sys.argv[2]) if len(sys.argv) > 2 else 16
+    ops = w4.make_operands_v2("int4_g64", m, 28672, 4096, 32, 64, device="cuda")
+    for _ in range(3):
+        launch_w4a4_skinny(**ops)
 elif what == "decode":
     for fmt in ("int4_2l", "int4_g64"):
         ops = w4.make_operands_v2(fmt, 1, 28672, 4096, 32, 64, device="cuda")

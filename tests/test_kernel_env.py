@@ -14,6 +14,18 @@ def test_env_on(monkeypatch):
     assert env_on("LOWRANK_GEMM_TEST_SWITCH")
 
 
+def test_env_on_default_off(monkeypatch):
+    """An opt-in switch: off unless set to something other than 0."""
+    monkeypatch.delenv("LOWRANK_GEMM_TEST_SWITCH", raising=False)
+    assert not env_on("LOWRANK_GEMM_TEST_SWITCH", default=False)
+    monkeypatch.setenv("LOWRANK_GEMM_TEST_SWITCH", "")
+    assert not env_on("LOWRANK_GEMM_TEST_SWITCH", default=False)
+    monkeypatch.setenv("LOWRANK_GEMM_TEST_SWITCH", "1")
+    assert env_on("LOWRANK_GEMM_TEST_SWITCH", default=False)
+    monkeypatch.setenv("LOWRANK_GEMM_TEST_SWITCH", "0")
+    assert not env_on("LOWRANK_GEMM_TEST_SWITCH", default=False)
+
+
 def test_env_ints(monkeypatch):
     monkeypatch.delenv("LOWRANK_GEMM_TEST_CFG", raising=False)
     assert env_ints("LOWRANK_GEMM_TEST_CFG", (2, 3), "a,b[,c]") is None

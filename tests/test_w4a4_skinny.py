@@ -98,13 +98,19 @@ def test_config_env(monkeypatch):
 
 
 def test_pdl_knob(monkeypatch):
-    """PDL follows kernels.pdl.pdl_enabled unless LOWRANK_GEMM_SKINNY_PDL=0 turns it off for this kernel alone; an
+    """PDL is opt-in for this kernel (LOWRANK_GEMM_SKINNY_PDL=1, and only where kernels.pdl.pdl_enabled); an
     explicit ``pdl=`` wins."""
     ops = _ops(4, 64, 256, 0, 64)
     monkeypatch.setattr(sk, "pdl_enabled", lambda dev=None: True)
+    monkeypatch.delenv("LOWRANK_GEMM_SKINNY_PDL", raising=False)
+    assert sk.skinny_args(**ops)[2]["PDL"] is False and sk.skinny_args(**ops, pdl=True)[2]["PDL"] is True
+    monkeypatch.setenv("LOWRANK_GEMM_SKINNY_PDL", "1")
     assert sk.skinny_args(**ops)[2]["PDL"] is True
     monkeypatch.setenv("LOWRANK_GEMM_SKINNY_PDL", "0")
-    assert sk.skinny_args(**ops)[2]["PDL"] is False and sk.skinny_args(**ops, pdl=True)[2]["PDL"] is True
+    assert sk.skinny_args(**ops)[2]["PDL"] is False
+    monkeypatch.setattr(sk, "pdl_enabled", lambda dev=None: False)
+    monkeypatch.setenv("LOWRANK_GEMM_SKINNY_PDL", "1")
+    assert sk.skinny_args(**ops)[2]["PDL"] is False
 
 
 def test_grid_and_token_blocks():

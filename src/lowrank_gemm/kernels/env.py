@@ -7,9 +7,11 @@ import os
 __all__ = ["env_on", "env_ints"]
 
 
-def env_on(var: str) -> bool:
-    """A switch that is on unless ``var=0`` (instant fallback to the previous kernel)."""
-    return os.environ.get(var, "1") != "0"
+def env_on(var: str, default: bool = True) -> bool:
+    """A switch: ``var=0`` off, any other value on, unset ``default`` (on: instant fallback to the previous kernel;
+    off: an opt-in kept for A/B probes)."""
+    val = os.environ.get(var)
+    return default if val is None or val == "" else val != "0"
 
 
 def env_ints(var: str, lengths: tuple[int, ...], usage: str) -> tuple[int, ...] | None:

@@ -355,9 +355,10 @@ def skinny_args(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, o
             f"rw·ks (the warps) must be 1, 2, 4 or 8 and kb 1, 2, 4 or 8, got {cfg}")
     block_t = block_t or (8 if M <= 8 else 16)
     _expect(block_t in (8, 16), f"block_t must be 8 or 16, got {block_t}")
-    # LOWRANK_GEMM_SKINNY_PDL=0: this kernel's launch without PDL while the rest of the layer keeps it (the probe
-    # knob for the layer overhead at M ≤ 8, NOTES.md session 8)
-    pdl = (pdl_enabled(dev) and env_on("LOWRANK_GEMM_SKINNY_PDL")) if pdl is None else bool(pdl)
+    # PDL is opt-in here (LOWRANK_GEMM_SKINNY_PDL=1, for A/B probes): behind act_quant an early-launched grid made
+    # the layer slower, K = N = 4096, M = 4 / 8 / 16: 25.5 / 28.3 / 19.3 µs with it, 15.5 / 16.2 / 18.5 without
+    # (GEMM alone 13.5 / 14.2 / 16.7; probes/s9/skinny_check)
+    pdl = (pdl_enabled(dev) and env_on("LOWRANK_GEMM_SKINNY_PDL", default=False)) if pdl is None else bool(pdl)
     f32 = dummy(dev, torch.float32, (1, ))
     br = rank_block(r) if r else 16
     if r:
