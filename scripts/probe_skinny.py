@@ -5,7 +5,7 @@ feeds it) and the GEMV, two rotated operand sets; ``--layer`` also times the lay
 
     PYTHONPATH=src python scripts/probe_skinny.py --out $OUT [--cfgs "1,4,4;1,8,2/8"] [--ms 1,4,16,64] [--layer]
 
-A config is "rw,ks,kb[/block_t]". Writes probe_skinny.json / .md to --out.
+A config is "rw,ks,kb[,rt][/block_t]". Writes probe_skinny.json / .md to --out.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "scripts"))
 SHAPES = [(28672, 4096), (4096, 4096)]      # (N, K): Llama-3-8B gate_up, o/qkv
-CFGS = "1,4,2;4,1,4;4,1,2;2,1,4;8,1,2;2,2,2;1,2,4;4,1,4/8;8,1,2/8"
+CFGS = "1,4,2;4,1,4;4,1,2,2;2,1,4,2;4,1,2,4;8,1,2,2;2,2,2,2;1,4,2,2;4,1,4/8"
 
 
 def main() -> int:

@@ -47,18 +47,23 @@ def _ptx_loops(ptx):
 
 @pytest.mark.parametrize("cfg,block_t,rank,mmas", [
     (None, 16, 16, 4 * sk.DEFAULT_CONFIG.kb), (sk.SkinnyConfig(1, 2, 8), 8, 0, 2 * 8), (sk.SkinnyConfig(4, 1, 1), 8, 64, 2),
-    (sk.SkinnyConfig(2, 4, 2), 16, 0, 4 * 2)], ids=["default-16", "ks2-kb8-8-r0", "rw4-kb1-8-r64", "rw2-ks4-kb2-16-r0"])
+    (sk.SkinnyConfig(2, 4, 2), 16, 0, 4 * 2), (sk.SkinnyConfig(4, 1, 2, 2), 16, 32, 4 * 2 * 2),
+    (sk.SkinnyConfig(2, 2, 2, 4), 8, 0, 2 * 2 * 4)],
+    ids=["default-16", "ks2-kb8-8-r0", "rw4-kb1-8-r64", "rw2-ks4-kb2-16-r0", "rw4-kb2-rt2-16-r32", "rw2-ks2-kb2-rt4-8"])
 def test_sm90_compile(cfg, block_t, rank, mmas):
-    """Compiled for sm_90: the K loop holds two s8 m16n8k32 MMAs per 8-token tile and block, loads the weight and
-    token words as 8-byte vectors, and touches no shared memory, barrier or shuffle (the K parts meet in shared
-    memory once, after the loop); PDL's griddepcontrol is there; ptxas spills nothing."""
+    """Compiled for sm_90: the K loop holds two s8 m16n8k32 MMAs per 8-token tile, row tile and block, loads the
+    weight words of each row tile and the token words once as 8-byte vectors, converts no int32 to float (the MAGIC
+    accumulator start), and touches no shared memory, barrier or shuffle (the K parts meet in shared memory once,
+    after the loop); PDL's griddepcontrol is there; ptxas spills nothing."""
     info = _compile(cfg, block_t, rank=rank)
     loops = [b for b in _ptx_loops(info.ptx) if any("m16n8k32" in x for x in b)]
     assert len(loops) == 1, "one K loop"
     body = "\n".join(loops[0])
     assert len(re.findall(r"mma\.sync\.aligned\.m16n8k32\.row\.col\.s32\.s8\.s8\.s32", body)) == mmas
-    kb = (cfg or sk.DEFAULT_CONFIG).kb
-    assert len(re.findall(r"ld\.global(\.\w+)*\.v2\.b32", body)) == (2 + 2) * kb, "weights: rows g, g+8; tokens: g, g+8"
+    c = cfg or sk.DEFAULT_CONFIG
+    assert len(re.findall(r"ld\.global(\.\w+)*\.v2\.b32", body)) == (2 * c.rt + 2) * c.kb, \
+        "weights: rows g, g+8 of each row tile; tokens: g, g+8 once"
+    assert not re.search(r"cvt\.rn\.f32\.s32", body), "no I2F in the K loop"
     assert not re.search(r"\b(bar\.sync|st\.shared|ld\.shared|shfl)", body)
     assert "griddepcontrol.wait" in info.ptx and "atom." not in info.ptx
     res = ptxas_stats(info.ptx)
@@ -84,6 +89,8 @@ def test_bad_inputs():
         sk.skinny_args(**{**ops, "x_q": xq})
     with pytest.raises(ValueError, match="the warps"):
         sk.skinny_args(**ops, config=sk.SkinnyConfig(3, 1, 4))
+    with pytest.raises(ValueError, match="rt 1, 2 or 4"):
+        sk.skinny_args(**ops, config=sk.SkinnyConfig(1, 4, 2, 3))
     with pytest.raises(ValueError, match="block_t"):
         sk.skinny_args(**ops, block_t=32)
 
@@ -91,7 +98,9 @@ def test_bad_inputs():
 def test_config_env(monkeypatch):
     assert sk.skinny_config() == sk.DEFAULT_CONFIG
     monkeypatch.setenv(sk.CONFIG_ENV, "2,2,8")
-    assert sk.skinny_config() == (2, 2, 8) and sk.skinny_config().num_warps == 4
+    assert sk.skinny_config() == sk.SkinnyConfig(2, 2, 8, 1) and sk.skinny_config().num_warps == 4
+    monkeypatch.setenv(sk.CONFIG_ENV, "4,1,2,2")
+    assert sk.skinny_config().rt == 2 and sk.skinny_config().rows == 128
     monkeypatch.setenv(sk.CONFIG_ENV, "2")
     with pytest.raises(ValueError, match="SKINNY_CONFIG"):
         sk.skinny_config()
@@ -119,6 +128,10 @@ def test_grid_and_token_blocks():
     assert cx["BLOCK_T"] == 8 and grid == (13, )
     grid, _, cx, _ = sk.skinny_args(**_ops(21, 200, 256, 0, 64), config=sk.SkinnyConfig(2, 2, 2))
     assert cx["BLOCK_T"] == 16 and grid == (7 * 2, )
+    grid, _, cx, _ = sk.skinny_args(**_ops(21, 200, 256, 0, 64), config=sk.SkinnyConfig(2, 1, 2, 4))
+    assert cx["RT"] == 4 and not cx["EVEN"] and grid == (2 * 2, )           # 128 rows per program
+    _, _, cx, _ = sk.skinny_args(**_ops(21, 256, 256, 0, 64), config=sk.SkinnyConfig(2, 1, 2, 4))
+    assert cx["EVEN"]
 
 
 def test_route(monkeypatch):
@@ -151,7 +164,8 @@ def test_route(monkeypatch):
 # ---------------------------------------------------------------------------------------------- GPU
 @pytest.mark.gpu
 @pytest.mark.parametrize("cfg", [None, sk.SkinnyConfig(2, 2, 8), sk.SkinnyConfig(8, 1, 1), sk.SkinnyConfig(1, 8, 2),
-                                 sk.SkinnyConfig(4, 1, 4)], ids=["default", "2-2-8", "8-1-1", "1-8-2", "4-1-4"])
+                                 sk.SkinnyConfig(4, 1, 4), sk.SkinnyConfig(4, 1, 2, 2), sk.SkinnyConfig(1, 4, 2, 4)],
+                         ids=["default", "2-2-8", "8-1-1", "1-8-2", "4-1-4", "4-1-2-2", "1-4-2-4"])
 @pytest.mark.parametrize("M", [3, 8, 9, 16, 17, 64])
 @pytest.mark.parametrize("N,K,rank,G", [(28672, 4096, 32, 64), (4096, 4096, 16, 64), (3000, 1536, 0, 128),
                                         (200, 448, 5, 64)])
@@ -240,20 +254,24 @@ def _asm_text(c):
 def test_mma_operand_order_computes_the_block_dot_product(tile):
     """The kernel's inline MMAs, emulated per the PTX ISA's m16n8k32 .s8 fragment layouts: with every thread holding
     its four mma-layout elements ((g, 2q), (g, 2q+1), (g+8, 2q), (g+8, 2q+1)) of the packed weight words of 16 rows
-    and the packed token words of 16 tokens, unpacked as the kernel does, the asm's operand order yields
-    D[row, token] = Σ_k q_w[row, k]·q_x[8·tile + token, k] over the 64-block (both nibble halves). Guards the one
-    place where the K numbering is a convention (weights and tokens must agree on it)."""
+    and the packed token words of 16 tokens, unpacked as ``_unpack16`` does (16·nibble per byte), the asm's operand
+    order and accumulator start yield D[row, token] = 0x4B400000 + 256·Σ_k q_w[row, k]·q_x[8·tile + token, k] over
+    the 64-block, whose bits read as a float are MAGIC_F + 256·Σ. Guards the one place where the K numbering is a
+    convention (weights and tokens must agree on it)."""
     import re
+    import struct
     from lowrank_gemm.formats.int4 import pack_int4
     g = torch.Generator().manual_seed(tile)
     qw = torch.randint(-8, 8, (16, 64), generator=g, dtype=torch.int8)
     qx = torch.randint(-8, 8, (16, 64), generator=g, dtype=torch.int8)
+    qw[0], qx[8 * tile] = -8, -8                                          # the extreme products
     words = lambda q: pack_int4(q).view(torch.int32)                     # [16, 8] packed words per row / token
     ww, xw = words(qw), words(qx)
 
-    def nibbles(word, hi):                                                # four signed bytes of one packed word
-        b = [(int(word) >> (8 * i + 4 * hi)) & 0xF for i in range(4)]
-        return [v - 16 if v >= 8 else v for v in b]
+    def unpack16(word, hi):                                               # _unpack16's word ops, then 4 int8
+        u = int(word) & 0xFFFFFFFF
+        v = (u & 0xF0F0F0F0) if hi else ((u << 4) & 0xF0F0F0F0)
+        return [b - 256 if b >= 128 else b for b in ((v >> (8 * i)) & 0xFF for i in range(4))]
 
     # operand $n → (lane) → four int8 values, from each thread's elements e0..e3 of a [16, 8] mma-layout tile
     def elem(tile_words, lane, e):
@@ -262,14 +280,15 @@ def test_mma_operand_order_computes_the_block_dot_product(tile):
 
     def operand(n, lane):
         src, hi = {0: (ww, 0), 1: (ww, 1), 2: (xw, 0), 3: (xw, 1)}[(n - 4) // 4]
-        return nibbles(elem(src, lane, (n - 4) % 4), hi)
+        return unpack16(elem(src, lane, (n - 4) % 4), hi)
 
     asm = _asm_text(sk._MMA_ASM_T0 if tile == 0 else sk._MMA_ASM_T1)
-    mmas = re.findall(r"mma\.sync\.aligned\.m16n8k32\.row\.col\.s32\.s8\.s8\.s32 \{[^}]*\}, \{([^}]*)\}, \{([^}]*)\}",
-                      asm)
-    assert len(mmas) == 2
-    d = torch.zeros(16, 8, dtype=torch.int64)
-    for a_ops, b_ops in mmas:
+    assert "mov.b32 c, 0x4B400000;" in asm
+    mmas = re.findall(r"mma\.sync\.aligned\.m16n8k32\.row\.col\.s32\.s8\.s8\.s32 \{[^}]*\}, \{([^}]*)\}, \{([^}]*)\}, "
+                      r"\{([^}]*)\}", asm)
+    assert len(mmas) == 2 and mmas[0][2].replace(" ", "") == "c,c,c,c" and mmas[1][2].replace(" ", "") == "d0,d1,d2,d3"
+    d = torch.full((16, 8), 0x4B400000, dtype=torch.int64)
+    for a_ops, b_ops, _ in mmas:
         a_n = [int(t.strip()[1:]) for t in a_ops.split(",")]
         b_n = [int(t.strip()[1:]) for t in b_ops.split(",")]
         A = torch.zeros(16, 32, dtype=torch.int64)
@@ -285,8 +304,25 @@ def test_mma_operand_order_computes_the_block_dot_product(tile):
                 for i in range(4):
                     B[4 * q + i + 16 * r, grp] = vals[i]
         d += A @ B
-    want = qw.long() @ qx[8 * tile: 8 * tile + 8].long().T
-    assert torch.equal(d, want)
+    dot = qw.long() @ qx[8 * tile: 8 * tile + 8].long().T
+    assert torch.equal(d, 0x4B400000 + 256 * dot)
+    as_float = torch.tensor([struct.unpack("<f", struct.pack("<I", int(v)))[0] for v in d.flatten()]).view(16, 8)
+    assert torch.equal(as_float.double(), sk.MAGIC_FLOAT + 256 * dot.double()), "exact: |256·Σ| < 2^22"
+
+
+def test_rescale_offset_is_exact_for_16_bit_scales():
+    """_rescale's fma(part, xs, −MAGIC_F·xs) equals xs·256·Σ rounded once: −MAGIC_F·xs is exact in fp32 for every
+    finite bf16 / fp16 scale (MAGIC_F = 3·2^22 adds two significant bits)."""
+    g = torch.Generator().manual_seed(0)
+    for dt, lo, hi in ((torch.bfloat16, -100, 100), (torch.float16, -24, 15)):
+        xs = (torch.rand(4096, generator=g) * 2.0 ** torch.randint(lo, hi, (4096, ), generator=g)).to(dt).float()
+        prod = xs.double() * -sk.MAGIC_FLOAT
+        assert torch.equal(prod.float().double(), prod)
+        sums = torch.randint(-2 ** 20, 2 ** 20 + 1, (4096, ), generator=g).double()
+        part = sk.MAGIC_FLOAT + sums                               # exact in fp32 (|sums| < 2^22)
+        assert torch.equal(part.float().double(), part)
+        fused = (part * xs.double() + prod).float()                   # fma: one rounding of the exact value
+        assert torch.equal(fused, (sums * xs.double()).float())
 
 
 @pytest.mark.parametrize("warps", [1, 4, 8])

@@ -68,16 +68,21 @@ __all__ = ["launch_w4a4_skinny", "w4a4_skinny_kernel", "skinny_args", "SkinnyCon
 AUTO_SKINNY_M = (5, 16)
 AUTO_SKINNY_MAX_N = 12288
 
-# Two k32 MMAs of one 64-block for one 8-token tile: A = the weights' low / high nibbles as signed bytes
-# ($4..$7 / $8..$11, thread elements (g,2q), (g,2q+1), (g+8,2q), (g+8,2q+1) → fragment order a0 = (g, k 4q..),
-# a1 = (g+8, k 4q..), a2 = (g, k 16+4q..), a3 = (g+8, k 16+4q..)), B = the tokens' low / high bytes ($12..$15 /
-# $16..$19: elements 0, 1 are token tile 0's b0, b1; 2, 3 tile 1's). The partial starts from zero each block.
+# Two k32 MMAs of one 64-block for one 8-token tile: A = the weights' low / high nibbles ($4..$7 / $8..$11, thread
+# elements (g,2q), (g,2q+1), (g+8,2q), (g+8,2q+1) → fragment order a0 = (g, k 4q..), a1 = (g+8, k 4q..),
+# a2 = (g, k 16+4q..), a3 = (g+8, k 16+4q..)), B = the tokens' low / high nibbles ($12..$15 / $16..$19: elements
+# 0, 1 are token tile 0's b0, b1; 2, 3 tile 1's). Every operand byte is 16·nibble (:func:`_unpack16`), so the sum is
+# 256·Σ q_w·q_x, and the accumulator starts at MAGIC = 0x4B400000, the bits of the float 1.5·2^23: with
+# |256·Σ| ≤ 256·64·64 = 2^20 < 2^22 the int32 result read as a float is exactly 1.5·2^23 + 256·Σ — no I2F (a
+# quarter-rate pipe), the offset leaves in the rescale's fma (:func:`_rescale`).
+MAGIC_FLOAT = 12582912.0                   # the float whose bits are 0x4B400000
+MAGIC_F = gl.constexpr(MAGIC_FLOAT)
 _MMA_HEAD = """{
-.reg .b32 z, d0, d1, d2, d3;
-mov.b32 z, 0;
+.reg .b32 c, d0, d1, d2, d3;
+mov.b32 c, 0x4B400000;
 """
 _MMA_TILE = ("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {{d0, d1, d2, d3}}, {{$4, $6, $5, $7}}, "
-             "{{${x0}, ${x1}}}, {{z, z, z, z}};\n"
+             "{{${x0}, ${x1}}}, {{c, c, c, c}};\n"
              "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {{$0, $1, $2, $3}}, {{$8, $10, $9, $11}}, "
              "{{${x2}, ${x3}}}, {{d0, d1, d2, d3}};\n}}")
 _MMA_ASM_T0 = gl.constexpr(_MMA_HEAD + _MMA_TILE.format(x0=12, x1=13, x2=16, x3=17))
@@ -87,20 +92,24 @@ _MMA_CONSTRAINTS = gl.constexpr("=r,=r,=r,=r," + ",".join(["r"] * 16))
 
 @gluon.jit
 def _block_partial(wlo, whi, xlo, xhi, TILE: gl.constexpr):
-    """int32 [BN, 8]: Σ over the 64-block of q_w[row] · q_x[token] for token tile TILE (0 or 1) of the 16."""
+    """[BN, 8] fp32: MAGIC_F + 256 · Σ over the 64-block of q_w[row] · q_x[token] for token tile TILE (0 or 1) of the
+    16, as the bits of the int32 MMA result."""
     if TILE == 0:
-        return gl.inline_asm_elementwise(_MMA_ASM_T0, _MMA_CONSTRAINTS, [wlo, whi, xlo, xhi], dtype=gl.int32,
-                                         is_pure=True, pack=4)
+        d = gl.inline_asm_elementwise(_MMA_ASM_T0, _MMA_CONSTRAINTS, [wlo, whi, xlo, xhi], dtype=gl.int32,
+                                      is_pure=True, pack=4)
     else:
-        return gl.inline_asm_elementwise(_MMA_ASM_T1, _MMA_CONSTRAINTS, [wlo, whi, xlo, xhi], dtype=gl.int32,
-                                         is_pure=True, pack=4)
+        d = gl.inline_asm_elementwise(_MMA_ASM_T1, _MMA_CONSTRAINTS, [wlo, whi, xlo, xhi], dtype=gl.int32,
+                                      is_pure=True, pack=4)
+    return d.to(gl.float32, bitcast=True)
 
 
 @gluon.jit
-def _unpack(words):
-    """Packed int32 words → (low nibbles, high nibbles) as four signed bytes each."""
+def _unpack16(words):
+    """Packed int32 words → (low nibbles, high nibbles) · 16 as four signed bytes each: a two's-complement nibble in
+    a byte's upper half is the signed byte 16·q, so the high nibbles need one AND and the low ones a shift and an
+    AND (the signed unpack to q itself takes three more ops per four)."""
     u = words.to(gl.uint32, bitcast=True)
-    return _signed_bytes(u & 0x0F0F0F0F), _signed_bytes((u >> 4) & 0x0F0F0F0F)
+    return ((u << 4) & 0xF0F0F0F0).to(gl.int32, bitcast=True), (u & 0xF0F0F0F0).to(gl.int32, bitcast=True)
 
 
 @gluon.jit
@@ -114,22 +123,29 @@ def _rowcol(off, KS: gl.constexpr):
 
 
 @gluon.jit
-def _load_weights(w_ptrs, ws_ptrs, ch, n_blocks, row_ok, N, WPG: gl.constexpr, KB: gl.constexpr, KS: gl.constexpr,
-                  EVEN: gl.constexpr):
-    """Chunk ``ch`` (a scalar, or per tile row when the warps split K): per block (weight words [BN, 8], weight
-    scales [BN]). The KB loads go out back to back, so a row's 32·KB bytes are requested together. EVEN: whole row
-    tiles and chunks (the caller never asks past the end), so they load unmasked."""
+def _load_weights(w_ptrs, ws_ptrs, ch, n_blocks, row_ok, N, tile_words, WPG: gl.constexpr, KB: gl.constexpr,
+                  KS: gl.constexpr, RT: gl.constexpr, ROWS: gl.constexpr, EVEN: gl.constexpr):
+    """Chunk ``ch`` (a scalar, or per tile row when the warps split K): per block, per row tile t (``tile_words``
+    apart, ``row_ok[t]``) the weight words [BN, 8] and weight scales [BN]. The loads go out back to back, so a row's
+    32·KB bytes are requested together. EVEN: whole row tiles and chunks (the caller never asks past the end), so
+    they load unmasked."""
     out = ()
     for j in gl.static_range(KB):
         b = ch * KB + j
         g = b * 8 // WPG
-        if EVEN:
-            out = out + ((gl.load(w_ptrs + _rowcol(b * 8, KS)), gl.load(ws_ptrs + g * N)), )
-        else:
-            live = b < n_blocks
-            w = gl.load(w_ptrs + _rowcol(b * 8, KS), mask=(row_ok & live)[:, None] if KS > 1 else
-                        (row_ok[:, None] & live), other=0)
-            out = out + ((w, gl.load(ws_ptrs + g * N, mask=row_ok & live, other=0.0)), )
+        tiles = ()
+        for t in gl.static_range(RT):
+            wp = w_ptrs + t * tile_words
+            sp = ws_ptrs + g * N + t * ROWS
+            if EVEN:
+                tiles = tiles + ((gl.load(wp + _rowcol(b * 8, KS)), gl.load(sp)), )
+            else:
+                live = b < n_blocks
+                ok = row_ok[t]
+                w = gl.load(wp + _rowcol(b * 8, KS), mask=(ok & live)[:, None] if KS > 1 else (ok[:, None] & live),
+                            other=0)
+                tiles = tiles + ((w, gl.load(sp, mask=ok & live, other=0.0)), )
+        out = out + (tiles, )
     return out
 
 
@@ -172,8 +188,11 @@ def _load_xs_rows(xs_ptrs, ch, n_blocks, tok_ok_t, M, WPG: gl.constexpr, KB: gl.
 
 
 @gluon.jit
-def _rescale(acc, part, ws, xs):
-    return acc + part.to(gl.float32) * (ws.to(gl.float32)[:, None] * xs.to(gl.float32))
+def _rescale(acc, part, ws, xs, xc):
+    """acc + ws·xs·256·Σ: ``part`` is MAGIC_F + 256·Σ (exact) and ``xc`` = −MAGIC_F·xs, itself exact in fp32 for a
+    16-bit ``xs`` (3·xs has at most 13 significant bits), so the fma rounds once, as xs·256·Σ would. The 256 leaves
+    in the epilogue (an exact power of two)."""
+    return acc + ws.to(gl.float32)[:, None] * gl.fma(part, xs, xc)
 
 
 @gluon.jit
@@ -198,6 +217,7 @@ def _finish(acc, tok0, n0, N, M, R, s_ptr, stride_sm, up_ptr, stride_un, bias_pt
     row_ok = rows < N
     toks = tok0 + gl.arange(0, 8, gl.SliceLayout(0, LE))
     tok_ok = toks < M
+    acc = acc * (1.0 / 256.0)          # the ·16 of both MMA operands (_unpack16)
     if HAS_COL_SCALE:
         acc = acc * gl.load(cs_ptr + rows, mask=row_ok, other=0.0).to(gl.float32)[:, None]
     if HAS_LOWRANK:
@@ -215,14 +235,15 @@ def _finish(acc, tok0, n0, N, M, R, s_ptr, stride_sm, up_ptr, stride_un, bias_pt
 @gluon.jit(do_not_specialize=["M", "N", "K", "R"])
 def w4a4_skinny_kernel(xq_ptr, xs_ptr, wq_ptr, ws_ptr, s_ptr, up_ptr, bias_ptr, cs_ptr, y_ptr,
                        M, N, K, R, stride_sm, stride_un, stride_ym,
-                       G: gl.constexpr, BLOCK_T: gl.constexpr, RW: gl.constexpr, KB: gl.constexpr,
+                       G: gl.constexpr, BLOCK_T: gl.constexpr, RW: gl.constexpr, KB: gl.constexpr, RT: gl.constexpr,
                        EVEN: gl.constexpr, BLOCK_R: gl.constexpr, HAS_LOWRANK: gl.constexpr,
                        HAS_COL_SCALE: gl.constexpr, HAS_BIAS: gl.constexpr, PDL: gl.constexpr):
-    """xq int32 words [M, K/8], xs [K/G, M]; wq int32 words [N, K/8], ws [K/G, N]; s fp32 [M, R], up [N, R];
-    y [M, N]. num_warps = RW · KS: RW m16 row tiles per program, each read by KS warps that split K (chunk c goes
-    to part c % KS, so a program's warps read adjacent chunks of the same rows at once); tile row r is weight row
-    n0 + r % (16·RW) of K part r // (16·RW), and token tok0 + r % 16. BLOCK_T ∈ {8, 16} tokens per program.
-    EVEN: N a multiple of 16·RW and the chunks a multiple of KS (no weight masks)."""
+    """xq int32 words [M, K/8], xs [K/G, M] (16-bit); wq int32 words [N, K/8], ws [K/G, N]; s fp32 [M, R],
+    up [N, R]; y [M, N]. num_warps = RW · KS: RW m16 row slots per program, each read by KS warps that split K
+    (chunk c goes to part c % KS, so a program's warps read adjacent chunks of the same rows at once); each warp
+    holds RT row tiles that share its token registers (tile t = rows n0 + t·16·RW + …). Tile row r is weight row
+    n0 + t·16·RW + r % (16·RW) of K part r // (16·RW), and token tok0 + r % 16. BLOCK_T ∈ {8, 16} tokens per
+    program. EVEN: N a multiple of 16·RW·RT and the chunks a multiple of KS (no weight masks)."""
     WPG: gl.constexpr = G // 8
     NW: gl.constexpr = gl.num_warps()
     KS: gl.constexpr = NW // RW
@@ -232,12 +253,13 @@ def w4a4_skinny_kernel(xq_ptr, xs_ptr, wq_ptr, ws_ptr, s_ptr, up_ptr, bias_ptr, 
     LROW: gl.constexpr = gl.SliceLayout(1, mma)
     LCOL: gl.constexpr = gl.SliceLayout(0, mma)
     LE: gl.constexpr = gl.BlockedLayout([1, 1], [4, 8], [NW, 1], [1, 0])
+    gl.static_assert(xs_ptr.dtype.element_ty.primitive_bitwidth == 16, "token scales must be 16-bit (see _rescale)")
     if PDL:
         gl_gdc_launch_dependents()
     pid = gl.program_id(0)
     n_tok_blocks = gl.cdiv(M, BLOCK_T)
     tok0 = (pid % n_tok_blocks) * BLOCK_T
-    n0 = (pid // n_tok_blocks) * ROWS
+    n0 = (pid // n_tok_blocks) * (ROWS * RT)
     kw_total = gl.multiple_of(K // 8, 8)       # words per row: K % 64 == 0, so rows start 32-byte aligned
     n_blocks = kw_total // 8
     n_chunks = gl.cdiv(n_blocks, KB)
@@ -247,7 +269,10 @@ def w4a4_skinny_kernel(xq_ptr, xs_ptr, wq_ptr, ws_ptr, s_ptr, up_ptr, bias_ptr, 
         kpart = 0
     else:
         kpart = r // ROWS
-    row_ok = rows < N
+    row_ok = ()
+    for t in gl.static_range(RT):
+        row_ok = row_ok + (rows + t * ROWS < N, )
+    tile_words = kw_total.to(gl.int64) * ROWS
     col = gl.arange(0, 8, LCOL)
     w_ptrs = wq_ptr + (rows.to(gl.int64) * kw_total)[:, None] + col[None, :]
     ws_ptrs = ws_ptr + rows
@@ -258,14 +283,17 @@ def w4a4_skinny_kernel(xq_ptr, xs_ptr, wq_ptr, ws_ptr, s_ptr, up_ptr, bias_ptr, 
     xs_ptrs = xs_ptr + tok_c
     tok_ok_a = tok_c < M
     tok_ok_b = (tok_c + 8 < M) & (BLOCK_T > 8)
-    acc_a = gl.zeros([BN, 8], gl.float32, mma)
-    acc_b = gl.zeros([BN, 8], gl.float32, mma)
+    acc_a = ()
+    acc_b = ()
+    for t in gl.static_range(RT):
+        acc_a = acc_a + (gl.zeros([BN, 8], gl.float32, mma), )
+        acc_b = acc_b + (gl.zeros([BN, 8], gl.float32, mma), )
     # rounds of KS chunks (one per K part), the next round in flight while this one computes (EVEN: the last
     # round's "next" re-reads the last round, so nothing is read past the end)
     n_rounds = gl.cdiv(n_chunks, KS)
     # the weights and their scales do not come from act_quant: the first round's go out before
     # griddepcontrol.wait (PDL), the tokens' after it
-    cur_w = _load_weights(w_ptrs, ws_ptrs, kpart, n_blocks, row_ok, N, WPG, KB, KS, EVEN)
+    cur_w = _load_weights(w_ptrs, ws_ptrs, kpart, n_blocks, row_ok, N, tile_words, WPG, KB, KS, RT, ROWS, EVEN)
     if PDL:
         gl_gdc_wait()          # the token words, their scales and s come from act_quant
     cur_x = _load_tokens(x_ptrs, xs_ptrs, kpart, n_blocks, tok_ok, tok_ok_a, tok_ok_b, M, WPG, KB, KS, EVEN)
@@ -275,59 +303,76 @@ def w4a4_skinny_kernel(xq_ptr, xs_ptr, wq_ptr, ws_ptr, s_ptr, up_ptr, bias_ptr, 
             nxt_ch = gl.minimum(i + 1, n_rounds - 1) * KS + kpart
         else:
             nxt_ch = ch + KS
-        nxt_w = _load_weights(w_ptrs, ws_ptrs, nxt_ch, n_blocks, row_ok, N, WPG, KB, KS, EVEN)
+        nxt_w = _load_weights(w_ptrs, ws_ptrs, nxt_ch, n_blocks, row_ok, N, tile_words, WPG, KB, KS, RT, ROWS, EVEN)
         nxt_x = _load_tokens(x_ptrs, xs_ptrs, nxt_ch, n_blocks, tok_ok, tok_ok_a, tok_ok_b, M, WPG, KB, KS, EVEN)
         if KS > 1:
             xs_a = _load_xs_rows(xs_ptrs, ch, n_blocks, tok_ok_a, M, WPG, KB)
             if BLOCK_T > 8:
                 xs_b = _load_xs_rows(xs_ptrs + 8, ch, n_blocks, tok_ok_b, M, WPG, KB)
         for j in gl.static_range(KB):
-            w, ws = cur_w[j]
             x, sc = cur_x[j]
             if KS > 1:
                 xa = xs_a[j]
                 if BLOCK_T > 8:
                     xb = xs_b[j]
             else:
-                xa = sc[0][None, :]
-                xb = sc[1][None, :]
-            wlo, whi = _unpack(w)
-            xlo, xhi = _unpack(x)
-            acc_a = _rescale(acc_a, _block_partial(wlo, whi, xlo, xhi, 0), ws, xa)
+                xa = sc[0].to(gl.float32)[None, :]
+                xb = sc[1].to(gl.float32)[None, :]
+            xa = xa.to(gl.float32)
+            # the token side once per block, shared by the RT row tiles
+            xlo, xhi = _unpack16(x)
+            xca = xa * (-MAGIC_F)
             if BLOCK_T > 8:
-                acc_b = _rescale(acc_b, _block_partial(wlo, whi, xlo, xhi, 1), ws, xb)
+                xb = xb.to(gl.float32)
+                xcb = xb * (-MAGIC_F)
+            new_a = ()
+            new_b = ()
+            for t in gl.static_range(RT):
+                w, ws = cur_w[j][t]
+                wlo, whi = _unpack16(w)
+                new_a = new_a + (_rescale(acc_a[t], _block_partial(wlo, whi, xlo, xhi, 0), ws, xa, xca), )
+                if BLOCK_T > 8:
+                    new_b = new_b + (_rescale(acc_b[t], _block_partial(wlo, whi, xlo, xhi, 1), ws, xb, xcb), )
+            acc_a = new_a
+            if BLOCK_T > 8:
+                acc_b = new_b
         cur_w = nxt_w
         cur_x = nxt_x
     red = gl.allocate_shared_memory(gl.float32, [BN, 8], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
-    _finish(_reduce_parts(acc_a, red, ROWS, KS, LE), tok0, n0, N, M, R, s_ptr, stride_sm, up_ptr, stride_un,
-            bias_ptr, cs_ptr, y_ptr, stride_ym, LE, BLOCK_R, HAS_LOWRANK, HAS_COL_SCALE, HAS_BIAS)
-    if BLOCK_T > 8:
-        _finish(_reduce_parts(acc_b, red, ROWS, KS, LE), tok0 + 8, n0, N, M, R, s_ptr, stride_sm, up_ptr,
+    for t in gl.static_range(RT):
+        _finish(_reduce_parts(acc_a[t], red, ROWS, KS, LE), tok0, n0 + t * ROWS, N, M, R, s_ptr, stride_sm, up_ptr,
                 stride_un, bias_ptr, cs_ptr, y_ptr, stride_ym, LE, BLOCK_R, HAS_LOWRANK, HAS_COL_SCALE, HAS_BIAS)
+        if BLOCK_T > 8:
+            _finish(_reduce_parts(acc_b[t], red, ROWS, KS, LE), tok0 + 8, n0 + t * ROWS, N, M, R, s_ptr, stride_sm,
+                    up_ptr, stride_un, bias_ptr, cs_ptr, y_ptr, stride_ym, LE, BLOCK_R, HAS_LOWRANK, HAS_COL_SCALE,
+                    HAS_BIAS)
 
 
 class SkinnyConfig(tuple):
-    """(rw, ks, kb): rw m16 row tiles per program (16·rw weight rows), each read by ks warps that split K
-    (num_warps = rw·ks), K in chunks of ``kb`` 64-blocks (the next round of chunks in flight while one computes)."""
+    """(rw, ks, kb[, rt]): rw m16 row slots per program, each read by ks warps that split K (num_warps = rw·ks), K in
+    chunks of ``kb`` 64-blocks (the next round of chunks in flight while one computes), rt row tiles per warp sharing
+    its token registers (16·rw·rt weight rows per program; default 1)."""
 
-    def __new__(cls, rw: int, ks: int, kb: int):
-        return super().__new__(cls, (rw, ks, kb))
+    def __new__(cls, rw: int, ks: int, kb: int, rt: int = 1):
+        return super().__new__(cls, (rw, ks, kb, rt))
 
     rw = property(lambda s: s[0])
     ks = property(lambda s: s[1])
     kb = property(lambda s: s[2])
+    rt = property(lambda s: s[3])
     num_warps = property(lambda s: s[0] * s[1])
+    rows = property(lambda s: 16 * s[0] * s[3])
 
 
 DEFAULT_CONFIG = SkinnyConfig(1, 4, 2)
-CONFIG_ENV = "LOWRANK_GEMM_SKINNY_CONFIG"      # "rw,ks,kb" (probes)
+CONFIG_ENV = "LOWRANK_GEMM_SKINNY_CONFIG"      # "rw,ks,kb[,rt]" (probes)
 
 
 def skinny_config(config: SkinnyConfig | None = None) -> SkinnyConfig:
     """``config``, else env ``LOWRANK_GEMM_SKINNY_CONFIG``, else :data:`DEFAULT_CONFIG`."""
     if config is not None:
         return SkinnyConfig(*config)
-    env = env_ints(CONFIG_ENV, (3, ), "rw,ks,kb")
+    env = env_ints(CONFIG_ENV, (3, 4), "rw,ks,kb[,rt]")
     return DEFAULT_CONFIG if env is None else SkinnyConfig(*env)
 
 
@@ -351,8 +396,8 @@ def skinny_args(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, o
                                      fmt, group_size, col_scale, 8)
     dev = x_q.device
     cfg = skinny_config(config)
-    _expect(cfg.num_warps in (1, 2, 4, 8) and cfg.kb in (1, 2, 4, 8),
-            f"rw·ks (the warps) must be 1, 2, 4 or 8 and kb 1, 2, 4 or 8, got {cfg}")
+    _expect(cfg.num_warps in (1, 2, 4, 8) and cfg.kb in (1, 2, 4, 8) and cfg.rt in (1, 2, 4),
+            f"rw·ks (the warps) must be 1, 2, 4 or 8, kb 1, 2, 4 or 8 and rt 1, 2 or 4, got {cfg}")
     block_t = block_t or (8 if M <= 8 else 16)
     _expect(block_t in (8, 16), f"block_t must be 8 or 16, got {block_t}")
     # PDL is opt-in here (LOWRANK_GEMM_SKINNY_PDL=1, for A/B probes): behind act_quant an early-launched grid made
@@ -368,10 +413,10 @@ def skinny_args(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, o
             bias if bias is not None else f32, col_scale if col_scale is not None else f32, out,
             M, N, K, r, lowrank_act.stride(0) if r else 0, lora_up.stride(0) if r else 0, out.stride(0))
     n_blocks = K // 64
-    even = N % (16 * cfg.rw) == 0 and n_blocks % cfg.kb == 0 and (n_blocks // cfg.kb) % cfg.ks == 0
-    cx = dict(G=group_size, BLOCK_T=block_t, RW=cfg.rw, KB=cfg.kb, EVEN=even, BLOCK_R=br, HAS_LOWRANK=bool(r),
+    even = N % cfg.rows == 0 and n_blocks % cfg.kb == 0 and (n_blocks // cfg.kb) % cfg.ks == 0
+    cx = dict(G=group_size, BLOCK_T=block_t, RW=cfg.rw, KB=cfg.kb, RT=cfg.rt, EVEN=even, BLOCK_R=br, HAS_LOWRANK=bool(r),
               HAS_COL_SCALE=col_scale is not None, HAS_BIAS=bias is not None, PDL=pdl)
-    grid = (triton.cdiv(N, 16 * cfg.rw) * triton.cdiv(M, block_t), )
+    grid = (triton.cdiv(N, cfg.rows) * triton.cdiv(M, block_t), )
     return grid, args, cx, cfg
 
 
@@ -406,7 +451,7 @@ def _smoke() -> int:
     """Small checked launches (compute-sanitizer runs this: ``SANITIZE_FMTS=skinny scripts/sanitize_gluon.sh``)."""
     from .gluon.w4a4_ws import make_operands_v2, reference_v2
     fails = 0
-    for cfg in (DEFAULT_CONFIG, SkinnyConfig(1, 1, 1), SkinnyConfig(2, 2, 8), SkinnyConfig(4, 1, 2)):
+    for cfg in (DEFAULT_CONFIG, SkinnyConfig(1, 1, 1), SkinnyConfig(2, 2, 8), SkinnyConfig(4, 1, 2), SkinnyConfig(2, 1, 2, 2)):
         for m in (3, 9, 16, 21):
             ops = make_operands_v2("int4_g64", m, 200, 448, 5, 64, device="cuda", bias=True, col_scale=True)
             ref = reference_v2(ops)
