@@ -96,7 +96,9 @@ def test_bad_inputs():
 
 
 def test_config_env(monkeypatch):
-    assert sk.skinny_config() == sk.DEFAULT_CONFIG
+    assert sk.skinny_config() == sk.DEFAULT_CONFIG and sk.skinny_config(k=sk.LONG_K - 64) == sk.DEFAULT_CONFIG
+    assert sk.skinny_config(k=sk.LONG_K) == sk.LONG_K_CONFIG
+    assert sk.skinny_args(**_ops(4, 64, sk.LONG_K, 0, 64))[3] == sk.LONG_K_CONFIG
     monkeypatch.setenv(sk.CONFIG_ENV, "2,2,8")
     assert sk.skinny_config() == sk.SkinnyConfig(2, 2, 8, 1) and sk.skinny_config().num_warps == 4
     monkeypatch.setenv(sk.CONFIG_ENV, "4,1,2,2")
@@ -147,7 +149,7 @@ def test_route(monkeypatch):
         return _route(impl, fmt, m, n, 4096, 32, 64, device, xs, ws, None, pre)
 
     lo, hi = sk.AUTO_SKINNY_M
-    assert route(m=lo) == "skinny" and route(m=hi) == "skinny" and route(m=1) == "gemv"
+    assert route(m=lo) == "skinny" and route(m=hi) == "skinny" and route(m=1) == "gemv" and route(m=2) == "gemv"
     assert route(m=hi + 1) != "skinny" and route(m=lo - 1) != "skinny"
     assert route(n=sk.AUTO_SKINNY_MAX_N) == "decode" and route(n=sk.AUTO_SKINNY_MAX_N, impl="skinny") == "skinny"
     assert route(fmt="int4_2l") != "skinny" and route(pre=True) != "skinny"
@@ -206,11 +208,11 @@ def test_gpu_nothing_read_past_the_scales(cfg):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("M", [4, 16])
-def test_gpu_fp32_result_is_exact_to_fp32_rounding(M):
+@pytest.mark.parametrize("M,N,K", [(4, 28672, 4096), (16, 28672, 4096), (16, 4096, 14336)])
+def test_gpu_fp32_result_is_exact_to_fp32_rounding(M, N, K):
     """The issue's accuracy bar on the fp32 result (before any cast): ≤ 1e-3 — here ~1e-7, the block sums are exact
-    ints."""
-    ops = _ops(M, 28672, 4096, 32, 64, device="cuda", out=torch.float32)
+    ints (K = 14336 runs the long-K default config)."""
+    ops = _ops(M, N, K, 32, 64, device="cuda", out=torch.float32)
     y = sk.launch_w4a4_skinny(**ops).double().cpu()
     ref = w4.reference_v2(ops)
     assert float((y - ref).norm() / ref.norm()) < 1e-6
@@ -232,7 +234,7 @@ def test_gpu_non_finite_group_scale_poisons_its_token_only(bad):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("M", [4, 16])
+@pytest.mark.parametrize("M", [2, 3, 16, 17])
 def test_gpu_layer_auto_routes_here_and_matches_v1(M):
     """The layer op (act_quant + GEMM) with impl="auto" at these M runs this kernel and agrees with the v1 kernel on
     the same quantized operands."""

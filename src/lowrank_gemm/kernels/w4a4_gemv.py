@@ -52,22 +52,20 @@ from .pdl import gdc_launch_dependents, gdc_wait, gl_gdc_launch_dependents, gl_g
 from .splitk import splitk_arrive, splitk_reset, splitk_store, splitk_sum
 
 __all__ = ["launch_w4a4_gemv", "w4a4_gemv_kernel", "w4a4_gemv_gl_kernel", "gemv_args", "AUTO_GEMV_MAX_M",
-           "AUTO_GEMV_MAX_M_FEW_ROWS", "auto_gemv_max_m",
+           "auto_gemv_max_m",
            "gemv_enabled", "gemv_config", "GemvConfig", "DEFAULT_CONFIG", "WIDE_CONFIG", "aot_signature_gemv"]
 
 # impl="auto" routes int4_g64 with M ≤ this here (w4a4_gemm._route). H200 (probes/s7/gemv_run2, K=4096, N=28672,
 # GEMM alone): M=1 23.4 µs vs the decode kernel's 30.8, M=2 28.0 vs 31.6, M=4 44.3 vs 31.5 (every token re-runs
 # the dp4a work; past two the tensor cores' token reuse wins)
 AUTO_GEMV_MAX_M = 2
-# … and with M ≤ 4 when N < MANY_ROWS: the skinny GEMM (w4a4_skinny.py) is faster there alone but not as a layer —
-# behind act_quant with PDL its layer takes 25 µs (probes/s8/skinny_final, K=N=4096, M=3 / 4: layer 15.4 / 17.6 µs
-# here vs 25.0 / 25.5 skinny, 29.2 / 29.3 decode; K=14336, N=4096, M=4: 39.0 vs 67.1 / 75.8)
-AUTO_GEMV_MAX_M_FEW_ROWS = 4
+# (Sessions 7–8 also sent M = 3–4 here when N < MANY_ROWS; since session 9 the skinny GEMM takes them: K = N = 4096,
+# M = 4, GEMM alone 11.6 µs vs 17.0 here, probes/s9/skinny_rt.)
 
 
 def auto_gemv_max_m(n: int) -> int:
-    """The largest M impl="auto" sends here for a layer of ``n`` weight rows."""
-    return AUTO_GEMV_MAX_M_FEW_ROWS if n < MANY_ROWS else AUTO_GEMV_MAX_M
+    """The largest M impl="auto" sends here for a layer of ``n`` weight rows (the same for every ``n`` today)."""
+    return AUTO_GEMV_MAX_M
 
 # Σ q_x · n'_w over the 8 K positions of one packed weight word ($1) against the token's signed bytes at the low
 # ($2) and high ($3) positions; n' = (nibble ^ 8) = q_w + 8 via LOP3 ((a & b) ^ c).

@@ -57,15 +57,17 @@ from .pdl import gl_gdc_launch_dependents, gl_gdc_wait, pdl_enabled
 from .w4a4_gemv import _signed_bytes
 
 __all__ = ["launch_w4a4_skinny", "w4a4_skinny_kernel", "skinny_args", "SkinnyConfig", "DEFAULT_CONFIG",
+           "LONG_K", "LONG_K_CONFIG",
            "AUTO_SKINNY_M", "AUTO_SKINNY_MAX_N", "skinny_enabled", "skinny_config", "aot_signature_skinny"]
 
 # impl="auto" routes int4_g64 with M in AUTO_SKINNY_M and N < AUTO_SKINNY_MAX_N here (w4a4_gemm._route). H200
-# (probes/s8/skinny_final, same process, K=N=4096): GEMM 14.1 / 16.6 µs at M = 8 / 16 vs the decode kernel's 22.3 /
-# 23.0 (cuBLAS bf16 17.5 / 17.8); layer (act_quant + GEMM) 28.4 / 19.2 vs 29.7 / 30.4. M ≤ 4 goes to the GEMV, whose
-# layer is faster there (w4a4_gemv.AUTO_GEMV_MAX_M_FEW_ROWS: behind act_quant with PDL this kernel's layer costs
-# ~11 µs more than its GEMM at M ≤ 8 — 15.3 µs at M = 4 with LOWRANK_GEMM_PDL=0, probes/s8/skinny_pdl — cause not
-# found yet). N = 28672 keeps the decode kernel (M = 16: 51.6–61.3 µs vs 32.9).
-AUTO_SKINNY_M = (5, 16)
+# (probes/s9/skinny_rt, same process, GEMM alone, default configs): K = N = 4096, M = 2 / 4 / 8 / 16: 11.4 / 11.6 /
+# 12.4 / 14.5 µs vs the GEMV's 11.1 / 17.0 / — / —, the decode kernel's 21.9 / 22.0 / 22.3 / 23.0, cuBLAS bf16
+# 17.6 / 17.6 / 17.5 / 17.8; K = 14336, N = 4096, M = 2 / 4 / 16: 25.2 / 25.6 / 31.6 vs GEMV 21.3 / 34.3 / —,
+# decode 55.6 / 56.2 / 58.8, cuBLAS 37.2 / 37.2 / 37.6. M ≤ 2 stays on the GEMV. N = 28672 keeps the decode kernel:
+# M = 4 / 8 / 16: 31.6 / 33.2 / 43.6 (best configs) vs 31.5 / 32.2 / 33.1 — L1-bound there (ncu: L1/TEX 79 % busy,
+# DRAM 23 %: each 8-byte load touches 16 rows' lines).
+AUTO_SKINNY_M = (3, 16)
 AUTO_SKINNY_MAX_N = 12288
 
 # Two k32 MMAs of one 64-block for one 8-token tile: A = the weights' low / high nibbles ($4..$7 / $8..$11, thread
@@ -364,16 +366,22 @@ class SkinnyConfig(tuple):
     rows = property(lambda s: 16 * s[0] * s[3])
 
 
-DEFAULT_CONFIG = SkinnyConfig(1, 4, 2)
+DEFAULT_CONFIG = SkinnyConfig(1, 4, 4)
+# K ≥ LONG_K: more K parts per program, shorter chunks (K = 14336, N = 4096, M = 4: 25.6 µs vs 28.2 with the default)
+LONG_K = 8192
+LONG_K_CONFIG = SkinnyConfig(1, 8, 2)
 CONFIG_ENV = "LOWRANK_GEMM_SKINNY_CONFIG"      # "rw,ks,kb[,rt]" (probes)
 
 
-def skinny_config(config: SkinnyConfig | None = None) -> SkinnyConfig:
-    """``config``, else env ``LOWRANK_GEMM_SKINNY_CONFIG``, else :data:`DEFAULT_CONFIG`."""
+def skinny_config(config: SkinnyConfig | None = None, k: int | None = None) -> SkinnyConfig:
+    """``config``, else env ``LOWRANK_GEMM_SKINNY_CONFIG``, else :data:`LONG_K_CONFIG` for K ≥ :data:`LONG_K`, else
+    :data:`DEFAULT_CONFIG`."""
     if config is not None:
         return SkinnyConfig(*config)
     env = env_ints(CONFIG_ENV, (3, 4), "rw,ks,kb[,rt]")
-    return DEFAULT_CONFIG if env is None else SkinnyConfig(*env)
+    if env is not None:
+        return SkinnyConfig(*env)
+    return LONG_K_CONFIG if k is not None and k >= LONG_K else DEFAULT_CONFIG
 
 
 def skinny_enabled() -> bool:
@@ -395,7 +403,7 @@ def skinny_args(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, o
     M, N, K, r = check_packed_launch("skinny", x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, out,
                                      fmt, group_size, col_scale, 8)
     dev = x_q.device
-    cfg = skinny_config(config)
+    cfg = skinny_config(config, K)
     _expect(cfg.num_warps in (1, 2, 4, 8) and cfg.kb in (1, 2, 4, 8) and cfg.rt in (1, 2, 4),
             f"rw·ks (the warps) must be 1, 2, 4 or 8, kb 1, 2, 4 or 8 and rt 1, 2 or 4, got {cfg}")
     block_t = block_t or (8 if M <= 8 else 16)
