@@ -46,7 +46,7 @@ def _ptx_loops(ptx):
 
 
 @pytest.mark.parametrize("cfg,block_t,rank,mmas", [
-    (None, 16, 16, 4 * sk.DEFAULT_CONFIG.kb), (sk.SkinnyConfig(1, 2, 8), 8, 0, 2 * 8), (sk.SkinnyConfig(4, 1, 1), 8, 64, 2),
+    (None, 16, 16, 4 * sk.DEFAULT_CONFIG.kb // 2), (sk.SkinnyConfig(1, 2, 8), 8, 0, 2 * 8), (sk.SkinnyConfig(4, 1, 1), 8, 64, 2),
     (sk.SkinnyConfig(2, 4, 2), 16, 0, 4 * 2), (sk.SkinnyConfig(4, 1, 2, 2), 16, 32, 4 * 2 * 2),
     (sk.SkinnyConfig(2, 2, 2, 4), 8, 0, 2 * 2 * 4)],
     ids=["default-16", "ks2-kb8-8-r0", "rw4-kb1-8-r64", "rw2-ks4-kb2-16-r0", "rw4-kb2-rt2-16-r32", "rw2-ks2-kb2-rt4-8"])
@@ -60,12 +60,26 @@ def test_sm90_compile(cfg, block_t, rank, mmas):
     assert len(loops) == 1, "one K loop"
     body = "\n".join(loops[0])
     assert len(re.findall(r"mma\.sync\.aligned\.m16n8k32\.row\.col\.s32\.s8\.s8\.s32", body)) == mmas
-    c = cfg or sk.DEFAULT_CONFIG
+    c = cfg or sk.skinny_config(None, 12, 160, 512)     # aot_signature_skinny's shape: the masked path
     assert len(re.findall(r"ld\.global(\.\w+)*\.v2\.b32", body)) == (2 * c.rt + 2) * c.kb, \
         "weights: rows g, g+8 of each row tile; tokens: g, g+8 once"
     assert not re.search(r"cvt\.rn\.f32\.s32", body), "no I2F in the K loop"
     assert not re.search(r"\b(bar\.sync|st\.shared|ld\.shared|shfl)", body)
     assert "griddepcontrol.wait" in info.ptx and "atom." not in info.ptx
+    res = ptxas_stats(info.ptx)
+    if res is not None:
+        assert res[1] == 0, f"ptxas spills {res[1]} B ({res[0]} registers)"
+
+
+@pytest.mark.parametrize("M", [16, 32])
+def test_sm90_default_configs_unmasked_do_not_spill(M):
+    """The shipped defaults on their unmasked path (K a multiple of 2048, whole row tiles): DEFAULT_CONFIG at M ≤ 16,
+    MANY_TOKENS_CONFIG above (two row tiles per warp); ptxas spills nothing."""
+    sig, cx, c = sk.aot_signature_skinny(None, M=M, N=256, K=2048, rank=32)
+    assert cx["EVEN"] and c == (sk.DEFAULT_CONFIG if M <= 16 else sk.MANY_TOKENS_CONFIG)
+    from lowrank_gemm.kernels.aot import compile_sm90
+    info = compile_sm90(MOD, "w4a4_skinny_kernel", sig, cx, num_warps=c.num_warps,
+                        aligned=tuple(a for a in sig if a.endswith("_ptr")))
     res = ptxas_stats(info.ptx)
     if res is not None:
         assert res[1] == 0, f"ptxas spills {res[1]} B ({res[0]} registers)"
@@ -96,9 +110,14 @@ def test_bad_inputs():
 
 
 def test_config_env(monkeypatch):
-    assert sk.skinny_config() == sk.DEFAULT_CONFIG and sk.skinny_config(k=sk.LONG_K - 64) == sk.DEFAULT_CONFIG
-    assert sk.skinny_config(k=sk.LONG_K) == sk.LONG_K_CONFIG
-    assert sk.skinny_args(**_ops(4, 64, sk.LONG_K, 0, 64))[3] == sk.LONG_K_CONFIG
+    assert sk.skinny_config() == sk.DEFAULT_CONFIG and sk.skinny_config(m=16) == sk.DEFAULT_CONFIG
+    assert sk.skinny_config(m=17) == sk.MANY_TOKENS_CONFIG
+    assert sk.skinny_args(**_ops(17, 64, 2048, 0, 64))[3] == sk.MANY_TOKENS_CONFIG
+    # the masked path (ragged N or K) takes half the chunk: (1, 4, 8) spills there
+    d, t = sk.DEFAULT_CONFIG, sk.MANY_TOKENS_CONFIG
+    assert sk.skinny_args(**_ops(4, 64, 2048, 0, 64))[3] == d and sk.skinny_args(**_ops(4, 64, 2048, 0, 64))[2]["EVEN"]
+    assert sk.skinny_args(**_ops(4, 200, 448, 0, 64))[3] == sk.SkinnyConfig(d.rw, d.ks, d.kb // 2, d.rt)
+    assert sk.skinny_args(**_ops(17, 200, 448, 0, 64))[3] == sk.SkinnyConfig(t.rw, t.ks, t.kb // 2, t.rt)
     monkeypatch.setenv(sk.CONFIG_ENV, "2,2,8")
     assert sk.skinny_config() == sk.SkinnyConfig(2, 2, 8, 1) and sk.skinny_config().num_warps == 4
     monkeypatch.setenv(sk.CONFIG_ENV, "4,1,2,2")
@@ -208,10 +227,10 @@ def test_gpu_nothing_read_past_the_scales(cfg):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("M,N,K", [(4, 28672, 4096), (16, 28672, 4096), (16, 4096, 14336)])
+@pytest.mark.parametrize("M,N,K", [(4, 28672, 4096), (16, 28672, 4096), (16, 4096, 14336), (32, 4096, 14336)])
 def test_gpu_fp32_result_is_exact_to_fp32_rounding(M, N, K):
     """The issue's accuracy bar on the fp32 result (before any cast): ≤ 1e-3 — here ~1e-7, the block sums are exact
-    ints (K = 14336 runs the long-K default config)."""
+    ints."""
     ops = _ops(M, N, K, 32, 64, device="cuda", out=torch.float32)
     y = sk.launch_w4a4_skinny(**ops).double().cpu()
     ref = w4.reference_v2(ops)
@@ -234,7 +253,7 @@ def test_gpu_non_finite_group_scale_poisons_its_token_only(bad):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("M", [2, 3, 16, 17])
+@pytest.mark.parametrize("M", [2, 3, 16, 17, 32, 33])
 def test_gpu_layer_auto_routes_here_and_matches_v1(M):
     """The layer op (act_quant + GEMM) with impl="auto" at these M runs this kernel and agrees with the v1 kernel on
     the same quantized operands."""

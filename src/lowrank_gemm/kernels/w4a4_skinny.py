@@ -57,17 +57,18 @@ from .pdl import gl_gdc_launch_dependents, gl_gdc_wait, pdl_enabled
 from .w4a4_gemv import _signed_bytes
 
 __all__ = ["launch_w4a4_skinny", "w4a4_skinny_kernel", "skinny_args", "SkinnyConfig", "DEFAULT_CONFIG",
-           "LONG_K", "LONG_K_CONFIG",
+           "MANY_TOKENS_CONFIG",
            "AUTO_SKINNY_M", "AUTO_SKINNY_MAX_N", "skinny_enabled", "skinny_config", "aot_signature_skinny"]
 
-# impl="auto" routes int4_g64 with M in AUTO_SKINNY_M and N < AUTO_SKINNY_MAX_N here (w4a4_gemm._route). H200
-# (probes/s9/skinny_rt, same process, GEMM alone, default configs): K = N = 4096, M = 2 / 4 / 8 / 16: 11.4 / 11.6 /
-# 12.4 / 14.5 µs vs the GEMV's 11.1 / 17.0 / — / —, the decode kernel's 21.9 / 22.0 / 22.3 / 23.0, cuBLAS bf16
-# 17.6 / 17.6 / 17.5 / 17.8; K = 14336, N = 4096, M = 2 / 4 / 16: 25.2 / 25.6 / 31.6 vs GEMV 21.3 / 34.3 / —,
-# decode 55.6 / 56.2 / 58.8, cuBLAS 37.2 / 37.2 / 37.6. M ≤ 2 stays on the GEMV. N = 28672 keeps the decode kernel:
-# M = 4 / 8 / 16: 31.6 / 33.2 / 43.6 (best configs) vs 31.5 / 32.2 / 33.1 — L1-bound there (ncu: L1/TEX 79 % busy,
-# DRAM 23 %: each 8-byte load touches 16 rows' lines).
-AUTO_SKINNY_M = (3, 16)
+# impl="auto" routes int4_g64 with M in AUTO_SKINNY_M and N < AUTO_SKINNY_MAX_N here (w4a4_gemm._route). H200, same
+# process, graph µs (probes/s9/final): K = N = 4096, M = 3 / 4 / 8 / 16 / 24 / 32, GEMM alone with the defaults below:
+# 10.4 / 10.5 / 11.4 / 13.8 / 18.6 / 18.8 vs the GEMV's 13.9 / 16.8 / — (M ≤ 2 stays there: 8.0 / 11.0 vs 10.1 /
+# 10.2), the decode kernel's 21.8 / 22.1 / 22.2 / 22.7 / 35.3 / 34.7, cuBLAS bf16 17.6 / 17.8 / 17.6 / 17.8 / 18.0 /
+# 18.1; K = 14336, N = 4096, M = 4 / 16 / 32: 22.0 / 27.3 / 36.3 vs GEMV 34.1, decode 55.9 / 58.2 / 98.3, cuBLAS 37.9 /
+# 38.2 / 38.9. N = 28672 keeps the decode kernel (M = 4 / 16: best skinny configs 33.8 / 42.4 vs 31.8 / 33.0) — the
+# skinny kernel is L1-bound there (ncu, probes/s9/skinny_rt: L1/TEX 79 % busy, DRAM 23 %: every 8-byte load touches
+# 16 rows' cache lines, and the scale loads are 2-byte gathers).
+AUTO_SKINNY_M = (3, 32)
 AUTO_SKINNY_MAX_N = 12288
 
 # Two k32 MMAs of one 64-block for one 8-token tile: A = the weights' low / high nibbles ($4..$7 / $8..$11, thread
@@ -366,22 +367,32 @@ class SkinnyConfig(tuple):
     rows = property(lambda s: 16 * s[0] * s[3])
 
 
-DEFAULT_CONFIG = SkinnyConfig(1, 4, 4)
-# K ≥ LONG_K: more K parts per program, shorter chunks (K = 14336, N = 4096, M = 4: 25.6 µs vs 28.2 with the default)
-LONG_K = 8192
-LONG_K_CONFIG = SkinnyConfig(1, 8, 2)
+DEFAULT_CONFIG = SkinnyConfig(1, 4, 8)
+# M > 16 (two or more 16-token programs per row block): two row tiles per warp share the token registers
+MANY_TOKENS_CONFIG = SkinnyConfig(1, 4, 4, 2)
 CONFIG_ENV = "LOWRANK_GEMM_SKINNY_CONFIG"      # "rw,ks,kb[,rt]" (probes)
 
 
-def skinny_config(config: SkinnyConfig | None = None, k: int | None = None) -> SkinnyConfig:
-    """``config``, else env ``LOWRANK_GEMM_SKINNY_CONFIG``, else :data:`LONG_K_CONFIG` for K ≥ :data:`LONG_K`, else
-    :data:`DEFAULT_CONFIG`."""
+def _even(cfg: SkinnyConfig, n: int, k: int) -> bool:
+    """Whole row tiles and rounds of chunks: the kernel's unmasked path (EVEN)."""
+    n_blocks = k // 64
+    return n % cfg.rows == 0 and n_blocks % cfg.kb == 0 and (n_blocks // cfg.kb) % cfg.ks == 0
+
+
+def skinny_config(config: SkinnyConfig | None = None, m: int | None = None, n: int | None = None,
+                  k: int | None = None) -> SkinnyConfig:
+    """``config``, else env ``LOWRANK_GEMM_SKINNY_CONFIG``, else :data:`MANY_TOKENS_CONFIG` for M > 16, else
+    :data:`DEFAULT_CONFIG` — with half the chunk when (N, K) would take the masked path (its extra registers spill
+    at kb = 8)."""
     if config is not None:
         return SkinnyConfig(*config)
     env = env_ints(CONFIG_ENV, (3, 4), "rw,ks,kb[,rt]")
     if env is not None:
         return SkinnyConfig(*env)
-    return LONG_K_CONFIG if k is not None and k >= LONG_K else DEFAULT_CONFIG
+    cfg = MANY_TOKENS_CONFIG if m is not None and m > 16 else DEFAULT_CONFIG
+    if n is not None and k is not None and not _even(cfg, n, k):
+        cfg = SkinnyConfig(cfg.rw, cfg.ks, cfg.kb // 2, cfg.rt)
+    return cfg
 
 
 def skinny_enabled() -> bool:
@@ -403,7 +414,7 @@ def skinny_args(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, o
     M, N, K, r = check_packed_launch("skinny", x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, out,
                                      fmt, group_size, col_scale, 8)
     dev = x_q.device
-    cfg = skinny_config(config, K)
+    cfg = skinny_config(config, M, N, K)
     _expect(cfg.num_warps in (1, 2, 4, 8) and cfg.kb in (1, 2, 4, 8) and cfg.rt in (1, 2, 4),
             f"rw·ks (the warps) must be 1, 2, 4 or 8, kb 1, 2, 4 or 8 and rt 1, 2 or 4, got {cfg}")
     block_t = block_t or (8 if M <= 8 else 16)
@@ -420,8 +431,7 @@ def skinny_args(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, o
             lowrank_act if r else f32, lora_up if r else dummy(dev, torch.bfloat16, (1, )),
             bias if bias is not None else f32, col_scale if col_scale is not None else f32, out,
             M, N, K, r, lowrank_act.stride(0) if r else 0, lora_up.stride(0) if r else 0, out.stride(0))
-    n_blocks = K // 64
-    even = N % cfg.rows == 0 and n_blocks % cfg.kb == 0 and (n_blocks // cfg.kb) % cfg.ks == 0
+    even = _even(cfg, N, K)
     cx = dict(G=group_size, BLOCK_T=block_t, RW=cfg.rw, KB=cfg.kb, RT=cfg.rt, EVEN=even, BLOCK_R=br, HAS_LOWRANK=bool(r),
               HAS_COL_SCALE=col_scale is not None, HAS_BIAS=bias is not None, PDL=pdl)
     grid = (triton.cdiv(N, cfg.rows) * triton.cdiv(M, block_t), )
