@@ -19,9 +19,15 @@ weights go straight from global memory into ``mma.sync`` registers, so the strea
   agrees: the token tile loads token (16p + g)'s words 2q, 2q+1 the same way, and its registers are the B
   fragments of token tiles 2p (elements 0, 1) and 2p+1 (2, 3). ``_MMA_ASM`` issues the two MMAs of a block with
   those register orders (``inline_asm_elementwise`` with ``pack=4`` hands it one thread's four elements);
-- nibbles → signed bytes with three integer ops per four (``w4a4_gemv._signed_bytes``), so the int32 block partial
-  is Σ q_x·q_w exactly, fresh per 64-block; acc += partial · ws[g, n] · xs[g, m] in fp32 (G = 128: two blocks per
-  group, each rescaled);
+- operands as 16·nibble: a two's-complement nibble in a byte's upper half is the signed byte 16·q, so the high
+  nibbles are one AND and the low ones a shift and an AND (``_unpack16``, no sign fix-up); the MMA sums 256·Σ q_w·q_x
+  exactly, |·| ≤ 2^20;
+- no int → float conversion: the MMA's accumulator starts at MAGIC = 0x4B400000 (the float 1.5·2^23), so the int32
+  result read as a float is 1.5·2^23 + 256·Σ exactly; ``_rescale`` takes the offset out with one fma against
+  −1.5·2^23·xs (exact in fp32 for a 16-bit xs) and multiplies by ws: acc += ws[g, n] · xs[g, m] · 256·Σ, two FFMAs
+  per element (G = 128: two blocks per group, each rescaled); the 1/256 in the epilogue;
+- ``rt`` row tiles per warp (``SkinnyConfig.rt``) share the warp's token registers and their unpack, and give the
+  warp rt× the weight bytes in flight per round (tile t = rows n0 + t·16·rw + …);
 - K in chunks of ``kb`` blocks: chunk c + 1's weights, token words and scales are loaded (back to back, so a
   row's 32·kb bytes are requested together) before chunk c's arithmetic; the weights and their scales of the first
   chunk before ``griddepcontrol.wait`` (they do not come from act_quant);
@@ -32,15 +38,17 @@ weights go straight from global memory into ``mma.sync`` registers, so the strea
 - epilogue (blocked layout): × col_scale[n], + Σ_r lora_up[n, r]·s[m, r] in fp32 FMAs (s rounded to lora_up's
   dtype like the unfused reference), + bias[n], masked store of the transposed tile.
 
-One program per (16·rw rows, 16 tokens — 8 when M ≤ 8), tokens fastest (a second token block's read of the rows hits
-L2). No atomics, fixed reduction order: deterministic. The kernel needs the GPU (inline ``mma.sync``); the CPU suite
-compiles it for sm_90 and checks its PTX, the GPU suite checks its numbers against the float64 reference.
+One program per (16·rw·rt rows, 16 tokens — 8 when M ≤ 8), tokens fastest (a second token block's read of the rows
+hits L2). No atomics, fixed reduction order: deterministic. The kernel needs the GPU (inline ``mma.sync``); the CPU
+suite compiles it for sm_90 and checks its PTX and the asm's operand order (emulated), the GPU suite checks its
+numbers against the float64 reference.
 
-Measured on the H200 (benchmarks/NOTES.md, session 8): a win with few weight rows (K = N = 4096, M = 16: 16.6 µs vs
-the decode kernel's 23.0, cuBLAS bf16 17.8), a loss with many (N = 28672: ≥ 51 µs vs 33 — ~147 SASS instructions per
-16 rows × 64 K at M = 16 make it issue-bound there). Tried and removed: a cp.async ring in shared memory (Gluon puts a
-CTA barrier before every refill: slower everywhere), e4m3 ``mma.sync`` on act_quant's e4m3 tokens (ptxas emulates it
-on sm_90 with F2FP + f16 HMMA).
+Measured on the H200 (benchmarks/NOTES.md, sessions 8–9; ~69 SASS instructions per 16 rows × 64 K at M = 16 with
+rt = 2, 147 before session 9): a win with few weight rows (K = N = 4096, M = 16: 13.8 µs vs the decode kernel's 22.7,
+cuBLAS bf16 17.8; M = 32: 18.8 vs 34.7), a loss with many (N = 28672, M = 16: best config 42.4 µs vs 33.0 — L1-bound:
+each 8-byte load touches 16 rows' cache lines). PDL is opt-in: behind act_quant an early-launched grid made the layer
+~10 µs slower. Tried and removed: a cp.async ring in shared memory (Gluon puts a CTA barrier before every refill:
+slower everywhere), e4m3 ``mma.sync`` on act_quant's e4m3 tokens (ptxas emulates it on sm_90 with F2FP + f16 HMMA).
 """
 
 from __future__ import annotations
@@ -54,7 +62,6 @@ from .env import env_ints, env_on
 from .epilogue import rank_block
 from .gluon.host import dummy
 from .pdl import gl_gdc_launch_dependents, gl_gdc_wait, pdl_enabled
-from .w4a4_gemv import _signed_bytes
 
 __all__ = ["launch_w4a4_skinny", "w4a4_skinny_kernel", "skinny_args", "SkinnyConfig", "DEFAULT_CONFIG",
            "MANY_TOKENS_CONFIG",
