@@ -23,7 +23,7 @@ from typing import Callable, Sequence
 import torch
 
 __all__ = ["Timing", "capture_graph", "time_eager", "time_graph", "time_impl", "measure_copy_tbps", "device_meta",
-           "rotation_count", "write_results", "load_results", "RESULTS_DIR"]
+           "rotation_count", "write_results", "load_results", "RESULTS_DIR", "GRAPH_CALLS"]
 
 RESULTS_DIR = Path("benchmarks/results/h200")
 L2_BYTES_DEFAULT = 60 * 2**20
@@ -82,17 +82,26 @@ def capture_graph(fn, captured=None):
     return warm, graph, out
 
 
-def time_graph(fn, input_sets: Sequence[tuple]) -> Timing:
-    """Time one call as a CUDA-graph replay: the graph holds one call per input set (rotation),
-    the replay time is divided by the number of calls."""
-    n = len(input_sets)
+# Calls per captured graph, the same for every implementation: a replay has a fixed cost (the graph launch and the
+# first kernel's start, ~15 µs on the H200 — session 9 found cuBLAS bf16 at K=4096, N=28672, M=1 at 70.1 µs with one
+# call per graph and 62.5 with two), divided by the calls in the graph. Before session 9 the graph held one call per
+# rotated input set, so an implementation with big operands (one set) carried the whole fixed cost and one with small
+# operands (three or four sets) a third or a quarter — ratios between them leaned towards the small one.
+GRAPH_CALLS = 8
 
-    def calls():
-        for args in input_sets:
-            fn(*args)
-    _, graph, _ = capture_graph(calls)
+
+def time_graph(fn, input_sets: Sequence[tuple], calls: int | None = None) -> Timing:
+    """Time one call as a CUDA-graph replay: the graph holds ``calls`` (default :data:`GRAPH_CALLS`, at least one per
+    input set) calls cycling through the rotated input sets; the replay time is divided by the number of calls."""
+    n = len(input_sets)
+    calls = max(calls or GRAPH_CALLS, n)
+
+    def run():
+        for i in range(calls):
+            fn(*input_sets[i % n])
+    _, graph, _ = capture_graph(run)
     t = _bench(graph.replay)
-    return Timing(t.median_us / n, t.p20_us / n, t.p80_us / n)
+    return Timing(t.median_us / calls, t.p20_us / calls, t.p80_us / calls)
 
 
 def time_impl(fn, input_sets: Sequence[tuple], graph: bool = True) -> dict:

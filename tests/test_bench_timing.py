@@ -1,0 +1,36 @@
+"""bench/common.py's graph timing: every implementation's graph holds the same number of calls, so the replay's fixed
+cost is divided equally (before session 9 a one-set implementation carried all of it and a four-set one a quarter)."""
+
+from lowrank_gemm.bench import common
+
+
+def _fake(monkeypatch, replay_us=80.0):
+    seen = []
+
+    def capture(fn, captured=None):
+        fn()                                   # records the calls the graph would hold
+        return None, type("G", (), {"replay": staticmethod(lambda: None)}), None
+    monkeypatch.setattr(common, "capture_graph", capture)
+    monkeypatch.setattr(common, "_bench", lambda fn: common.Timing(replay_us, replay_us * 0.9, replay_us * 1.1))
+    return seen
+
+
+def test_graph_calls_are_the_same_for_one_or_many_sets(monkeypatch):
+    _fake(monkeypatch)
+    for n_sets in (1, 3, 4):
+        seen = []
+        t = common.time_graph(lambda a: seen.append(a), [(i, ) for i in range(n_sets)])
+        assert len(seen) == common.GRAPH_CALLS, "same number of calls per graph whatever the rotation"
+        assert seen == [i % n_sets for i in range(common.GRAPH_CALLS)], "cycling through the sets in order"
+        assert t == common.Timing(80.0 / common.GRAPH_CALLS, 72.0 / common.GRAPH_CALLS, 88.0 / common.GRAPH_CALLS)
+
+
+def test_graph_calls_at_least_one_per_set(monkeypatch):
+    _fake(monkeypatch)
+    seen = []
+    sets = [(i, ) for i in range(common.GRAPH_CALLS + 3)]
+    t = common.time_graph(lambda a: seen.append(a), sets)
+    assert seen == list(range(len(sets))) and abs(t.median_us - 80.0 / len(sets)) < 1e-12
+    seen.clear()
+    common.time_graph(lambda a: seen.append(a), sets[:2], calls=5)
+    assert seen == [0, 1, 0, 1, 0]
