@@ -1,33 +1,68 @@
 #!/usr/bin/env bash
-# One device call (≈ 5 min) for the skinny W4A4 GEMM (docs/gpu_runbook.md; written in session 8, run in session 9):
-#   LOWRANK_GEMM_COMMIT=<hash> bash scripts/gpu_skinny_check.sh
-# 1. compute-sanitizer (memcheck, racecheck, synccheck) on the skinny smoke;
-# 2. the skinny + GEMV GPU suites three times (an unwritten-output failure was seen once in a reverted variant),
-#    the W4A4 and decode suites once (the session-8 routes);
-# 3. the layer's PDL A/B at M ≤ 16: probe_skinny --layer as shipped (the skinny launch without PDL since session 9),
-#    with the skinny launch on PDL (LOWRANK_GEMM_SKINNY_PDL=1), and with PDL off everywhere.
-# Everything lands under $OUT (logs tarred, probe tables beside them).
+# One device call for the skinny W4A4 GEMM (kernels/w4a4_skinny.py; docs/gpu_runbook.md sessions 8–9):
+#   LOWRANK_GEMM_COMMIT=<hash> MODE=<mode> bash scripts/gpu_skinny_check.sh
+# MODE=pdl    (≈ 5 min; session 9's first call): compute-sanitizer on the skinny smoke, the skinny + GEMV GPU suites
+#             three times (the W4A4 and decode suites once), the layer's PDL A/B at K = N = 4096, M ≤ 16 (as shipped,
+#             the skinny launch on PDL via LOWRANK_GEMM_SKINNY_PDL=1, PDL off everywhere);
+# MODE=sweep  (≈ 5 min): the skinny suite, configs × M next to the decode kernel, the GEMV, cuBLAS and fp8 (GEMM and
+#             layer) at N = 28672 and N = 4096 (K = 4096, 14336), ncu (full set, one launch) at N = 28672, M = 16 for
+#             the configs in NCU_CFGS;
+# MODE=final  (≈ 5 min, the default): sanitizer, the skinny / GEMV / W4A4 / decode suites, the shipped defaults and a
+#             few more configs at N = 4096 and N = 28672;
+# MODE=quick  (≈ 2.5 min): the skinny + GEMV suites, the layer at N = 4096 with the shipped defaults.
+# Everything lands under $OUT/skinny_<mode> (tarred; summary.txt beside it).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1
-OUT=${OUT:-/tmp/out}; L=$OUT/skinny_check; mkdir -p "$L"
-echo "commit=${LOWRANK_GEMM_COMMIT:-?} $(nvidia-smi --query-gpu=name --format=csv,noheader)" | tee "$L/summary.txt"
-SANITIZE_FMTS=skinny SANITIZE_TIMEOUT=150 bash scripts/sanitize_gluon.sh "$L/sanitize" > /dev/null 2>&1
-echo "sanitize rc=$?: $(tr '\n' ' ' < "$L/sanitize/sanitize_summary.txt")" | tee -a "$L/summary.txt"
-for i in 1 2 3; do
-  extra=""; [ $i = 1 ] && extra="tests/test_w4a4_gpu.py tests/test_w4a4_decode.py"   # the routes, once
-  timeout 200 python3 -m pytest -m gpu -q -n 8 --timeout=100 -p no:cacheprovider -W ignore -rf \
-      tests/test_w4a4_skinny.py tests/test_w4a4_gemv.py $extra > "$L/gpu_tests_$i.log" 2>&1
-  echo "pytest run $i rc=$?: $(tail -1 "$L/gpu_tests_$i.log")" | tee -a "$L/summary.txt"
-done
-probe() {  # name, env...
-  local name=$1; shift
-  env "$@" timeout 120 python3 scripts/probe_skinny.py --out "$L/$name" --layer --cfgs "1,4,8" --ms 4,8,16 \
-      --shapes 4096x4096 > "$L/$name.log" 2>&1
-  echo "probe $name rc=$?" | tee -a "$L/summary.txt"
-  grep -E "layer:|skinny:" "$L/$name.log" | grep "^|" | cut -d'|' -f2-6 | tee -a "$L/summary.txt"
+MODE=${MODE:-final}
+OUT=${OUT:-/tmp/out}; L=$OUT/skinny_$MODE; mkdir -p "$L"
+say() { echo "$*" | tee -a "$L/summary.txt"; }
+say "commit=${LOWRANK_GEMM_COMMIT:-?} mode=$MODE $(nvidia-smi --query-gpu=name --format=csv,noheader)"
+sanitize() {
+  SANITIZE_FMTS=skinny SANITIZE_TIMEOUT=150 bash scripts/sanitize_gluon.sh "$L/sanitize" > /dev/null 2>&1
+  say "sanitize rc=$?: $(grep -oE '^[a-z]+ skinny rc=[0-9]+|(ERROR|RACECHECK) SUMMARY: [^=]*' \
+      "$L/sanitize/sanitize_summary.txt" | tr '\n' ' ')"
 }
-probe shipped
-probe skinny_pdl_on LOWRANK_GEMM_SKINNY_PDL=1
-probe pdl_off LOWRANK_GEMM_PDL=0
-tar czf "$OUT/skinny_check.tgz" -C "$OUT" skinny_check
+suites() {  # log name, test files...
+  local name=$1; shift
+  timeout 300 python3 -m pytest -m gpu -q -n 8 --timeout=150 -p no:cacheprovider -W ignore -rf "$@" \
+      > "$L/$name.log" 2>&1
+  say "pytest $name rc=$?: $(tail -1 "$L/$name.log")"
+  grep -E "^FAILED" "$L/$name.log" | head -5 | tee -a "$L/summary.txt"
+}
+probe() {  # name, shapes, ms, cfgs, env...
+  local name=$1 shapes=$2 ms=$3 cfgs=$4; shift 4
+  env "$@" timeout 200 python3 scripts/probe_skinny.py --out "$L/$name" --layer --cfgs "$cfgs" --ms "$ms" \
+      --small-ms "$ms" --shapes "$shapes" > "$L/$name.log" 2>&1
+  say "probe $name rc=$?"
+  grep "^|" "$L/$name.log" | cut -d'|' -f2-6 | tee -a "$L/summary.txt"
+}
+SK=tests/test_w4a4_skinny.py; GV=tests/test_w4a4_gemv.py; ROUTES="tests/test_w4a4_gpu.py tests/test_w4a4_decode.py"
+case "$MODE" in
+  pdl)
+    sanitize
+    suites gpu_tests_1 $SK $GV $ROUTES; suites gpu_tests_2 $SK $GV; suites gpu_tests_3 $SK $GV
+    probe shipped 4096x4096 4,8,16 "1,4,8"
+    probe skinny_pdl_on 4096x4096 4,8,16 "1,4,8" LOWRANK_GEMM_SKINNY_PDL=1
+    probe pdl_off 4096x4096 4,8,16 "1,4,8" LOWRANK_GEMM_PDL=0;;
+  sweep)
+    suites gpu_tests $SK
+    probe n28k 28672x4096 1,4,8,16,32,64 "1,4,8;1,4,4,2;4,1,2,2;4,1,4;2,1,4,2;2,1,8,2;8,1,2,2;4,1,4,2"
+    probe n4k 4096x4096,4096x14336 1,2,4,8,16,32 "1,4,8;1,4,4;1,8,2;1,8,4;1,4,4,2"
+    for cfg in ${NCU_CFGS:-1,4,8 4,1,2,2}; do
+      LOWRANK_GEMM_SKINNY_CONFIG=$cfg timeout 120 ncu --clock-control none --set full -k regex:skinny -s 1 -c 1 \
+          python3 scripts/_ncu_decode.py skinny 16 > "$L/ncu_skinny_${cfg//,/_}.txt" 2>&1
+      say "ncu $cfg rc=$?: $(grep -E "^\s+Duration|DRAM Throughput|L1/TEX Cache Throughput|Registers Per|Achieved \
+Occupancy|Issue Slots Busy" "$L/ncu_skinny_${cfg//,/_}.txt" | tr -s ' ' | tr '\n' ';')"
+    done;;
+  final)
+    sanitize
+    suites gpu_tests $SK $GV $ROUTES
+    probe n4k 4096x4096,4096x14336 1,2,3,4,8,16,24,32 "1,4,8;1,4,4,2;1,4,4;1,8,4"
+    probe n28k 28672x4096 4,16 "1,4,4,2;2,1,8,2;2,1,4,2";;
+  quick)
+    suites gpu_tests $SK $GV
+    probe n4k 4096x4096,4096x14336 2,3,4,8,16,24,32 "1,4,8;1,4,4,2";;
+  *) say "unknown MODE=$MODE (pdl | sweep | final | quick)"; exit 2;;
+esac
+tar czf "$OUT/skinny_$MODE.tgz" -C "$OUT" "skinny_$MODE"
