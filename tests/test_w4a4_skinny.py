@@ -46,7 +46,8 @@ def _ptx_loops(ptx):
 
 
 @pytest.mark.parametrize("cfg,block_t,rank,mmas", [
-    (None, 16, 16, 4 * sk.DEFAULT_CONFIG.kb // 2), (sk.SkinnyConfig(1, 2, 8), 8, 0, 2 * 8), (sk.SkinnyConfig(4, 1, 1), 8, 64, 2),
+    (None, 16, 16, 4 * sk.DEFAULT_CONFIG.kb // 2), (sk.SkinnyConfig(1, 2, 8), 8, 0, 2 * 8),
+    (sk.SkinnyConfig(4, 1, 1), 8, 64, 2),
     (sk.SkinnyConfig(2, 4, 2), 16, 0, 4 * 2), (sk.SkinnyConfig(4, 1, 2, 2), 16, 32, 4 * 2 * 2),
     (sk.SkinnyConfig(2, 2, 2, 4), 8, 0, 2 * 2 * 4)],
     ids=["default-16", "ks2-kb8-8-r0", "rw4-kb1-8-r64", "rw2-ks4-kb2-16-r0", "rw4-kb2-rt2-16-r32", "rw2-ks2-kb2-rt4-8"])

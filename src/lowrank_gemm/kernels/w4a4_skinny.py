@@ -326,8 +326,8 @@ def w4a4_skinny_kernel(xq_ptr, xs_ptr, wq_ptr, ws_ptr, s_ptr, up_ptr, bias_ptr, 
                 if BLOCK_T > 8:
                     xb = xs_b[j]
             else:
-                xa = sc[0].to(gl.float32)[None, :]
-                xb = sc[1].to(gl.float32)[None, :]
+                xa = sc[0][None, :]
+                xb = sc[1][None, :]
             xa = xa.to(gl.float32)
             # the token side once per block, shared by the RT row tiles
             xlo, xhi = _unpack16(x)
@@ -439,8 +439,8 @@ def skinny_args(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, o
             bias if bias is not None else f32, col_scale if col_scale is not None else f32, out,
             M, N, K, r, lowrank_act.stride(0) if r else 0, lora_up.stride(0) if r else 0, out.stride(0))
     even = _even(cfg, N, K)
-    cx = dict(G=group_size, BLOCK_T=block_t, RW=cfg.rw, KB=cfg.kb, RT=cfg.rt, EVEN=even, BLOCK_R=br, HAS_LOWRANK=bool(r),
-              HAS_COL_SCALE=col_scale is not None, HAS_BIAS=bias is not None, PDL=pdl)
+    cx = dict(G=group_size, BLOCK_T=block_t, RW=cfg.rw, KB=cfg.kb, RT=cfg.rt, EVEN=even, BLOCK_R=br,
+              HAS_LOWRANK=bool(r), HAS_COL_SCALE=col_scale is not None, HAS_BIAS=bias is not None, PDL=pdl)
     grid = (triton.cdiv(N, cfg.rows) * triton.cdiv(M, block_t), )
     return grid, args, cx, cfg
 
@@ -476,7 +476,8 @@ def _smoke() -> int:
     """Small checked launches (compute-sanitizer runs this: ``SANITIZE_FMTS=skinny scripts/sanitize_gluon.sh``)."""
     from .gluon.w4a4_ws import make_operands_v2, reference_v2
     fails = 0
-    for cfg in (DEFAULT_CONFIG, SkinnyConfig(1, 1, 1), SkinnyConfig(2, 2, 8), SkinnyConfig(4, 1, 2), SkinnyConfig(2, 1, 2, 2)):
+    for cfg in (DEFAULT_CONFIG, SkinnyConfig(1, 1, 1), SkinnyConfig(2, 2, 8), SkinnyConfig(4, 1, 2),
+                SkinnyConfig(2, 1, 2, 2)):
         for m in (3, 9, 16, 21):
             ops = make_operands_v2("int4_g64", m, 200, 448, 5, 64, device="cuda", bias=True, col_scale=True)
             ref = reference_v2(ops)
