@@ -2,7 +2,7 @@
 
 import pytest
 
-from lowrank_gemm.kernels.env import env_ints, env_on
+from lowrank_gemm.kernels.env import env_ints, env_on, pinned_config
 
 
 def test_env_on(monkeypatch):
@@ -35,3 +35,13 @@ def test_env_ints(monkeypatch):
         monkeypatch.setenv("LOWRANK_GEMM_TEST_CFG", bad)
         with pytest.raises(ValueError, match="must be 'a,b\\[,c\\]'"):
             env_ints("LOWRANK_GEMM_TEST_CFG", (2, 3), "a,b[,c]")
+
+
+def test_pinned_config(monkeypatch):
+    """The caller's config wins, then the env override; None leaves the choice to the kernel."""
+    monkeypatch.delenv("LOWRANK_GEMM_TEST_CFG", raising=False)
+    pair = lambda *v: list(v)                                        # noqa: E731  (a config class stand-in)
+    assert pinned_config(None, "LOWRANK_GEMM_TEST_CFG", (2, ), "a,b", pair) is None
+    monkeypatch.setenv("LOWRANK_GEMM_TEST_CFG", "4,16")
+    assert pinned_config(None, "LOWRANK_GEMM_TEST_CFG", (2, ), "a,b", pair) == [4, 16]
+    assert pinned_config((1, 2), "LOWRANK_GEMM_TEST_CFG", (2, ), "a,b", pair) == [1, 2]

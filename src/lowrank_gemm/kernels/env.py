@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["env_on", "env_ints"]
+__all__ = ["env_on", "env_ints", "pinned_config"]
 
 
 def env_on(var: str, default: bool = True) -> bool:
@@ -24,3 +24,12 @@ def env_ints(var: str, lengths: tuple[int, ...], usage: str) -> tuple[int, ...] 
     if len(parts) not in lengths or not all(p.isdigit() for p in parts):
         raise ValueError(f"{var} must be '{usage}', got {env!r}")
     return tuple(int(p) for p in parts)
+
+
+def pinned_config(config, var: str, lengths: tuple[int, ...], usage: str, cls):
+    """A kernel config pinned by the caller (``config``, as ``cls``) or by env ``var`` (:func:`env_ints`); None when
+    neither pins one, so the kernel picks its own default."""
+    if config is not None:
+        return cls(*config)
+    env = env_ints(var, lengths, usage)
+    return None if env is None else cls(*env)

@@ -44,7 +44,7 @@ import triton.language as tl
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
-from .env import env_ints, env_on
+from .env import env_on, pinned_config
 from .epilogue import rank_block
 from .gluon.host import dummy
 from .int4_unpack import SWAR_DEFAULT
@@ -335,11 +335,9 @@ WIDE_CONFIG = GemvConfig(8, 512, 4, 2, 2)
 
 def gemv_config(config: GemvConfig | None = None, n: int | None = None) -> GemvConfig:
     """``config``, else env ``LOWRANK_GEMM_GEMV_CONFIG``, else by the row count ``n`` (above)."""
-    if config is not None:
-        return GemvConfig(*config)
-    env = env_ints(CONFIG_ENV, (4, 5), "block_n,block_kw,warps,stages[,split]")
-    if env is not None:
-        return GemvConfig(*env)
+    pinned = pinned_config(config, CONFIG_ENV, (4, 5), "block_n,block_kw,warps,stages[,split]", GemvConfig)
+    if pinned is not None:
+        return pinned
     return DEFAULT_CONFIG if n is None or n >= MANY_ROWS else WIDE_CONFIG
 
 

@@ -58,7 +58,7 @@ import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
-from .env import env_ints, env_on
+from .env import env_on, pinned_config
 from .epilogue import rank_block
 from .gluon.host import dummy
 from .pdl import gl_gdc_launch_dependents, gl_gdc_wait, pdl_enabled
@@ -391,11 +391,9 @@ def skinny_config(config: SkinnyConfig | None = None, m: int | None = None, n: i
     """``config``, else env ``LOWRANK_GEMM_SKINNY_CONFIG``, else :data:`MANY_TOKENS_CONFIG` for M > 16, else
     :data:`DEFAULT_CONFIG` — with half the chunk when (N, K) would take the masked path (its extra registers spill
     at kb = 8)."""
-    if config is not None:
-        return SkinnyConfig(*config)
-    env = env_ints(CONFIG_ENV, (3, 4), "rw,ks,kb[,rt]")
-    if env is not None:
-        return SkinnyConfig(*env)
+    pinned = pinned_config(config, CONFIG_ENV, (3, 4), "rw,ks,kb[,rt]", SkinnyConfig)
+    if pinned is not None:
+        return pinned
     cfg = MANY_TOKENS_CONFIG if m is not None and m > 16 else DEFAULT_CONFIG
     if n is not None and k is not None and not _even(cfg, n, k):
         cfg = SkinnyConfig(cfg.rw, cfg.ks, cfg.kb // 2, cfg.rt)
