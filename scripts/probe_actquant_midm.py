@@ -34,6 +34,8 @@ def main() -> int:
     ap.add_argument("--out", default=".")
     ap.add_argument("--ms", default="17,24,32,48,64")
     ap.add_argument("--ks", default="4096,14336")
+    ap.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated names from VARIANTS")
+    ap.add_argument("--aq-only", action="store_true", help="time act_quant only (no cuBLAS, GEMM or layer rows)")
     args = ap.parse_args()
     import torch
     from _decode_probe import Probe
@@ -52,10 +54,12 @@ def main() -> int:
             base = dict(M=m, N=N, K=k, r=RANK)
             xs = [torch.randn(m, k, device="cuda", dtype=torch.bfloat16) for _ in range(2)]
             wb = [torch.randn(N, k, device="cuda", dtype=torch.bfloat16) for _ in range(2)]
-            probe.emit(**base, impl="cublas_bf16", **time_impl(lambda a, b: a @ b.T, list(zip(xs, wb))))
+            if not args.aq_only:
+                probe.emit(**base, impl="cublas_bf16", **time_impl(lambda a, b: a @ b.T, list(zip(xs, wb))))
             del wb
             want = act_quant(xs[0], smooth, down, 64)
-            for name, kw in VARIANTS.items():
+            for name in (v for v in args.variants.split(",") if v):
+                kw = VARIANTS[name]
                 try:
                     got = act_quant(xs[0], smooth, down, 64, **kw)
                     same = torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
@@ -67,6 +71,8 @@ def main() -> int:
                 except Exception as exc:
                     traceback.print_exc()
                     probe.emit(**base, impl=f"act_quant:{name}", error=f"{type(exc).__name__}: {exc}"[:300])
+            if args.aq_only:
+                continue
             sets = [w4.make_operands_v2("int4_g64", m, N, k, RANK, 64, device="cuda", bias=True, seed=s)
                     for s in range(2)]
             probe.emit(**base, impl="skinny_gemm", **time_impl(lambda o: launch_w4a4_skinny(**o),

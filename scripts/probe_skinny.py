@@ -28,6 +28,7 @@ def main() -> int:
     ap.add_argument("--ms", default="1,2,3,4,8,16,32,64")
     ap.add_argument("--small-ms", default="4,16", help="M values for the shapes after the first")
     ap.add_argument("--layer", action="store_true", help="also time the layer op (act_quant + GEMM) per impl")
+    ap.add_argument("--layer-impls", default="auto,decode,skinny", help="impls of the --layer rows (+ gemv at M ≤ 4)")
     ap.add_argument("--shapes", default=",".join(f"{n}x{k}" for n, k in SHAPES), help="NxK,NxK,…")
     args = ap.parse_args()
     import torch
@@ -53,7 +54,7 @@ def main() -> int:
             lw = (pack_int4(qw), sw, (torch.rand(k, device="cuda") + 0.5).to(torch.bfloat16),
                   (torch.randn(32, k, device="cuda") * 0.02).to(torch.bfloat16),
                   (torch.randn(n, 32, device="cuda") * 0.02).to(torch.bfloat16))
-            for impl in ("auto", "decode", "skinny") + (("gemv", ) if m <= 4 else ()):
+            for impl in tuple(args.layer_impls.split(",")) + (("gemv", ) if m <= 4 else ()):
                 probe.emit(**base, impl=f"layer:{impl}", **time_impl(
                     lambda a, i=impl: w4a4_linear(a, *lw, impl=i), [(a, ) for a in x]))
         return run if args.layer else None
