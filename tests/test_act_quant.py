@@ -271,8 +271,18 @@ def test_plan_defaults():
     assert plan_act_quant(1, 4096, 64).variant == "fused"
     assert plan_act_quant(64, 4096, 64, fmt="int4_2l").variant == "fused"
     assert plan_act_quant(65, 4096, 64, fmt="int4_2l").variant == "v3"
-    # int4_g64 keeps the old path from M = 16 on (it measured faster there on the H200)
-    assert plan_act_quant(17, 4096, 64).variant == "v1" and plan_act_quant(16, 4096, 64).variant == "fused"
+    # int4_g64 above M = 16 (probes/s10/actquant_midm): the rank-split fused plan while M·K is small, v3 at large K
+    # or where v1's last 16-row block would be partial, v1 otherwise
+    assert plan_act_quant(16, 4096, 64).variant == "fused" and plan_act_quant(16, 4096, 64).s_ranks >= 1
+    for m, k, want in [(17, 4096, "fused"), (48, 4096, "fused"), (64, 3072, "fused"), (24, 8192, "fused"),
+                       (64, 4096, "v1"), (32, 8192, "v1"), (40, 8192, "v3"), (17, 14336, "v3"), (64, 14336, "v3"),
+                       (17, 12288, "v3")]:
+        p = plan_act_quant(m, k, 64)
+        assert p.variant == want, (m, k, p)
+        if want == "fused":
+            assert p.s_ranks >= 1, (m, k, p)   # rank-split S, not the ticket path
+    assert plan_act_quant(17, 4096, 64, fmt="int4_2l").variant == "fused"
+    assert plan_act_quant(17, 4096, 64, s_ranks=0).s_ranks == 0   # an explicit S mode wins
     p = plan_act_quant(4608, 3072, 64, variant="v2", block_k=128)
     assert p.block_k == 64 and p.split * p.steps_per_slice >= 48  # v2 always steps one group
     assert plan_act_quant(4608, 3072, 64, variant="v1").variant == "v1"

@@ -72,12 +72,13 @@ def test_sm90_compile(cfg, block_t, rank, mmas):
         assert res[1] == 0, f"ptxas spills {res[1]} B ({res[0]} registers)"
 
 
-@pytest.mark.parametrize("M", [16, 32])
+@pytest.mark.parametrize("M", [16, 32, 64])
 def test_sm90_default_configs_unmasked_do_not_spill(M):
     """The shipped defaults on their unmasked path (K a multiple of 2048, whole row tiles): DEFAULT_CONFIG at M ≤ 16,
-    MANY_TOKENS_CONFIG above (two row tiles per warp); ptxas spills nothing."""
+    MANY_TOKENS_CONFIG to 32 (two row tiles per warp), WIDE_BATCH_CONFIG above; ptxas spills nothing."""
     sig, cx, c = sk.aot_signature_skinny(None, M=M, N=256, K=2048, rank=32)
-    assert cx["EVEN"] and c == (sk.DEFAULT_CONFIG if M <= 16 else sk.MANY_TOKENS_CONFIG)
+    want = sk.DEFAULT_CONFIG if M <= 16 else sk.MANY_TOKENS_CONFIG if M <= 32 else sk.WIDE_BATCH_CONFIG
+    assert cx["EVEN"] and c == want
     from lowrank_gemm.kernels.aot import compile_sm90
     info = compile_sm90(MOD, "w4a4_skinny_kernel", sig, cx, num_warps=c.num_warps,
                         aligned=tuple(a for a in sig if a.endswith("_ptr")))
@@ -112,7 +113,8 @@ def test_bad_inputs():
 
 def test_config_env(monkeypatch):
     assert sk.skinny_config() == sk.DEFAULT_CONFIG and sk.skinny_config(m=16) == sk.DEFAULT_CONFIG
-    assert sk.skinny_config(m=17) == sk.MANY_TOKENS_CONFIG
+    assert sk.skinny_config(m=17) == sk.MANY_TOKENS_CONFIG and sk.skinny_config(m=32) == sk.MANY_TOKENS_CONFIG
+    assert sk.skinny_config(m=33) == sk.WIDE_BATCH_CONFIG and sk.skinny_config(m=64) == sk.WIDE_BATCH_CONFIG
     assert sk.skinny_args(**_ops(17, 64, 2048, 0, 64))[3] == sk.MANY_TOKENS_CONFIG
     # the masked path (ragged N or K) takes half the chunk: (1, 4, 8) spills there
     d, t = sk.DEFAULT_CONFIG, sk.MANY_TOKENS_CONFIG
@@ -254,7 +256,7 @@ def test_gpu_non_finite_group_scale_poisons_its_token_only(bad):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("M", [2, 3, 16, 17, 32, 33])
+@pytest.mark.parametrize("M", [2, 3, 16, 17, 32, 33, 64, 65])
 def test_gpu_layer_auto_routes_here_and_matches_v1(M):
     """The layer op (act_quant + GEMM) with impl="auto" at these M runs this kernel and agrees with the v1 kernel on
     the same quantized operands."""

@@ -1112,12 +1112,35 @@ def _plan_fused(m: int, k: int, group_size: int, fmt: str, rank: int, split, blo
     return ActQuantPlan(bm, bk, cdiv(nsteps, sps), sps, num_warps or 4, "fused", qm, qk, sr, rb)
 
 
-def _small_default(m: int, fmt: str) -> str:
-    """Measured on the H200 (K=4096, r=32, graph µs; probes/act_quant_ab_s3 then act_quant_ab_s3b with the
-    rank-split S): old v1 → fused: int4_2l 20.1 → 7.5 (M=1), 13.0 → 8.4 (M=16), 14.0 → 12.8 (M=64, ticket S);
-    int4_g64 15.3 → 7.7 (M=1), 10.0 → 7.9 (M=16), but 10.5 → 12.4 at M=64. So fused for int4_2l and for
-    int4_g64 up to M=16, v1 above."""
-    return "fused" if fmt == "int4_2l" or m <= FUSED_G64_MAX_M else "v1"
+def _small_default(m: int, k: int, fmt: str) -> tuple[str, int | None]:
+    """(variant, s_ranks) for M ≤ SMALL_M. Measured on the H200 (K=4096, r=32, graph µs; probes/act_quant_ab_s3 then
+    act_quant_ab_s3b with the rank-split S): old v1 → fused: int4_2l 20.1 → 7.5 (M=1), 13.0 → 8.4 (M=16), 14.0 → 12.8
+    (M=64, ticket S); int4_g64 15.3 → 7.7 (M=1), 10.0 → 7.9 (M=16), but 10.5 → 12.4 at M=64. So fused for int4_2l and
+    for int4_g64 up to M=16; int4_g64 above: :func:`_g64_tens_of_rows`."""
+    if fmt == "int4_2l" or m <= FUSED_G64_MAX_M:
+        return "fused", None
+    return _g64_tens_of_rows(m, k) if m > 16 else ("v1", None)
+
+
+# int4_g64, FUSED_G64_MAX_M < M ≤ SMALL_M (probes/s10/actquant_midm, act_quant alone, graph µs, r = 32), v1 / fused
+# rank-split S / v3:
+#   K = 3072:  M = 17 12.1 / 3.7 / 9.0,  M = 32 6.0 / 4.2 / 9.1,  M = 64 6.5 / 5.4 / 9.7
+#   K = 4096:  M = 17 12.2 / 4.4 / 9.4,  M = 48 6.7 / 6.0 / 9.9,  M = 64 6.7 / 7.5 / 10.0
+#   K = 8192:  M = 17 20.6 / 7.3 / 10.1, M = 32 8.8 / 9.1 / 10.2, M = 64 9.5 / 15.1 / 11.2
+#   K = 14336: M = 17 36.8 / 122 / 11.7, M = 32 13.3 / 42.6 / 11.8, M = 64 14.8 / 79.5 / 13.2
+# The rank-split program walks all of K for its 4 rows (cost ∝ M·K per program, and its unrolled chunks spill past
+# K = 8192); v1 is 2–3× slower when M is not a whole number of its 16-row blocks (M = 17 / 24 vs 32); v3 is flat.
+RANK_S_MAX_MK = 48 * 4096
+RANK_S_MAX_K = 8192
+V3_MIN_K = 12288
+
+
+def _g64_tens_of_rows(m: int, k: int) -> tuple[str, int | None]:
+    if m * k <= RANK_S_MAX_MK and k <= RANK_S_MAX_K:
+        return "fused", 1
+    if k >= V3_MIN_K or m % 16:
+        return "v3", None
+    return "v1", None
 
 
 # LOWRANK_GEMM_ACT_QUANT_G64_FUSED_MAX_M pins the int4_g64 fused/v1 boundary (0 = v1 always).
@@ -1146,7 +1169,10 @@ def plan_act_quant(m: int, k: int, group_size: int, device=None, split: int | No
     out of the loop; split sized for ``V3_WAVES`` programs per SM, ≤ ``V3_MAX_STEPS`` steps per slice) is the
     M > 64 default (``LOWRANK_GEMM_ACT_QUANT_LARGE=v2`` restores v2)."""
     large = m > SMALL_M
-    variant = variant or _ENV_VARIANT or ((_ENV_LARGE or "v3") if large else _ENV_SMALL or _small_default(m, fmt))
+    if not (variant or _ENV_VARIANT or large or _ENV_SMALL):
+        variant, ranks = _small_default(m, k, fmt)
+        s_ranks = ranks if s_ranks is None else s_ranks
+    variant = variant or _ENV_VARIANT or ((_ENV_LARGE or "v3") if large else _ENV_SMALL)
     if variant not in VARIANTS:
         raise ValueError(f"act_quant variant must be one of {VARIANTS}, got {variant!r}")
     if variant in ("v2", "v3") and group_size % 64:

@@ -64,7 +64,7 @@ from .gluon.host import dummy
 from .pdl import gl_gdc_launch_dependents, gl_gdc_wait, pdl_enabled
 
 __all__ = ["launch_w4a4_skinny", "w4a4_skinny_kernel", "skinny_args", "SkinnyConfig", "DEFAULT_CONFIG",
-           "MANY_TOKENS_CONFIG",
+           "MANY_TOKENS_CONFIG", "WIDE_BATCH_CONFIG",
            "AUTO_SKINNY_M", "AUTO_SKINNY_MAX_N", "skinny_enabled", "skinny_config", "aot_signature_skinny"]
 
 # impl="auto" routes int4_g64 with M in AUTO_SKINNY_M and N < AUTO_SKINNY_MAX_N here (w4a4_gemm._route). H200, same
@@ -75,7 +75,10 @@ __all__ = ["launch_w4a4_skinny", "w4a4_skinny_kernel", "skinny_args", "SkinnyCon
 # 38.2 / 38.9. N = 28672 keeps the decode kernel (M = 4 / 16: best skinny configs 33.8 / 42.4 vs 31.8 / 33.0) — the
 # skinny kernel is L1-bound there (ncu, probes/s9/skinny_rt: L1/TEX 79 % busy, DRAM 23 %: every 8-byte load touches
 # 16 rows' cache lines, and the scale loads are 2-byte gathers).
-AUTO_SKINNY_M = (3, 32)
+# M = 33–64 (probes/s10/skinny_midm, layer µs, N = 4096): v2 (the old route) 91 / 33.4 / 33.3 at K = 4096, M = 33 /
+# 48 / 64, and 297 / 97 / 96 at K = 14336, against the skinny GEMM alone at WIDE_BATCH_CONFIG 21.6 / 21.7 / 21.9 and
+# 52.7 / 53.3 / 53.7 (cuBLAS bf16 14.5 / 15.3 / 13.3 and 35.2 / 35.7 / 37.5: a loss to bf16 there either way).
+AUTO_SKINNY_M = (3, 64)
 AUTO_SKINNY_MAX_N = 12288
 
 # Two k32 MMAs of one 64-block for one 8-token tile: A = the weights' low / high nibbles ($4..$7 / $8..$11, thread
@@ -377,6 +380,10 @@ class SkinnyConfig(tuple):
 DEFAULT_CONFIG = SkinnyConfig(1, 4, 8)
 # M > 16 (two or more 16-token programs per row block): two row tiles per warp share the token registers
 MANY_TOKENS_CONFIG = SkinnyConfig(1, 4, 4, 2)
+# M > 32: two row slots and half the K split. N = 4096, GEMM µs at M = 33 / 48 / 64 (probes/s10/skinny_midm), K = 4096:
+# 21.6 / 21.7 / 21.9 against MANY_TOKENS_CONFIG's 26.5 / 24.9 / 28.8; K = 14336: 52.7 / 53.3 / 53.7 vs 55.8 / 57.2 /
+# 59.2 ((1, 4, 4, 4): 51.8 / 53.1 / 54.5)
+WIDE_BATCH_CONFIG = SkinnyConfig(2, 2, 4, 2)
 CONFIG_ENV = "LOWRANK_GEMM_SKINNY_CONFIG"      # "rw,ks,kb[,rt]" (probes)
 
 
@@ -388,13 +395,14 @@ def _even(cfg: SkinnyConfig, n: int, k: int) -> bool:
 
 def skinny_config(config: SkinnyConfig | None = None, m: int | None = None, n: int | None = None,
                   k: int | None = None) -> SkinnyConfig:
-    """``config``, else env ``LOWRANK_GEMM_SKINNY_CONFIG``, else :data:`MANY_TOKENS_CONFIG` for M > 16, else
-    :data:`DEFAULT_CONFIG` — with half the chunk when (N, K) would take the masked path (its extra registers spill
+    """``config``, else env ``LOWRANK_GEMM_SKINNY_CONFIG``, else :data:`WIDE_BATCH_CONFIG` for M > 32,
+    :data:`MANY_TOKENS_CONFIG` for M > 16, :data:`DEFAULT_CONFIG` below — with half the chunk when (N, K) would take the masked path (its extra registers spill
     at kb = 8)."""
     pinned = pinned_config(config, CONFIG_ENV, (3, 4), "rw,ks,kb[,rt]", SkinnyConfig)
     if pinned is not None:
         return pinned
-    cfg = MANY_TOKENS_CONFIG if m is not None and m > 16 else DEFAULT_CONFIG
+    m = m or 1
+    cfg = WIDE_BATCH_CONFIG if m > 32 else MANY_TOKENS_CONFIG if m > 16 else DEFAULT_CONFIG
     if n is not None and k is not None and not _even(cfg, n, k):
         cfg = SkinnyConfig(cfg.rw, cfg.ks, cfg.kb // 2, cfg.rt)
     return cfg
