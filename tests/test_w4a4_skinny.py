@@ -186,13 +186,20 @@ def test_route(monkeypatch):
 
 
 # ---------------------------------------------------------------------------------------------- GPU
+_GPU_SHAPES = [(28672, 4096, 32, 64), (4096, 4096, 16, 64), (3000, 1536, 0, 128), (200, 448, 5, 64)]
+_PROBE_CFGS = [sk.SkinnyConfig(2, 2, 8), sk.SkinnyConfig(8, 1, 1), sk.SkinnyConfig(1, 8, 2), sk.SkinnyConfig(4, 1, 4),
+               sk.SkinnyConfig(4, 1, 2, 2), sk.SkinnyConfig(1, 4, 2, 4)]
+# The default config (whatever skinny_config picks: every shipped tier, masked and unmasked) at every shape and M;
+# the other configs (probe candidates) at one unmasked and one masked shape, with 8 and 16 tokens per program. (The
+# full cross product, 168 tests, took ~4 minutes on a fresh device machine — mostly compiles.)
+_GPU_CASES = ([(*shape, m, None) for shape in _GPU_SHAPES for m in (3, 8, 9, 16, 17, 33, 64)]
+              + [(*shape, m, c) for shape in (_GPU_SHAPES[1], _GPU_SHAPES[3]) for m in (8, 17) for c in _PROBE_CFGS])
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("cfg", [None, sk.SkinnyConfig(2, 2, 8), sk.SkinnyConfig(8, 1, 1), sk.SkinnyConfig(1, 8, 2),
-                                 sk.SkinnyConfig(4, 1, 4), sk.SkinnyConfig(4, 1, 2, 2), sk.SkinnyConfig(1, 4, 2, 4)],
-                         ids=["default", "2-2-8", "8-1-1", "1-8-2", "4-1-4", "4-1-2-2", "1-4-2-4"])
-@pytest.mark.parametrize("M", [3, 8, 9, 16, 17, 64])
-@pytest.mark.parametrize("N,K,rank,G", [(28672, 4096, 32, 64), (4096, 4096, 16, 64), (3000, 1536, 0, 128),
-                                        (200, 448, 5, 64)])
+@pytest.mark.parametrize("N,K,rank,G,M,cfg", _GPU_CASES,
+                         ids=[f"{n}-{k}-{r}-{g}-{m}-" + ("default" if c is None else "-".join(map(str, c)))
+                              for n, k, r, g, m, c in _GPU_CASES])
 def test_gpu_real_sizes_repeats_and_graph(M, N, K, rank, G, cfg):
     """NaN-poisoned bf16 out vs the float64 reference, bit-identical repeats, CUDA-graph replay."""
     ops = _ops(M, N, K, rank, G, device="cuda", out=torch.bfloat16, bias=True, col_scale=rank == 5, seed=M)
