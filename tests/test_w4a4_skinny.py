@@ -49,11 +49,14 @@ def _ptx_loops(ptx):
     (None, 16, 16, 4 * sk.DEFAULT_CONFIG.kb // 2), (sk.SkinnyConfig(1, 2, 8), 8, 0, 2 * 8),
     (sk.SkinnyConfig(4, 1, 1), 8, 64, 2),
     (sk.SkinnyConfig(2, 4, 2), 16, 0, 4 * 2), (sk.SkinnyConfig(4, 1, 2, 2), 16, 32, 4 * 2 * 2),
-    (sk.SkinnyConfig(2, 2, 2, 4), 8, 0, 2 * 2 * 4)],
-    ids=["default-16", "ks2-kb8-8-r0", "rw4-kb1-8-r64", "rw2-ks4-kb2-16-r0", "rw4-kb2-rt2-16-r32", "rw2-ks2-kb2-rt4-8"])
+    (sk.SkinnyConfig(2, 2, 2, 4), 8, 0, 2 * 2 * 4), (sk.SkinnyConfig(1, 4, 2), 32, 16, 2 * 4 * 2),
+    (sk.SkinnyConfig(1, 4, 2), 64, 0, 2 * 8 * 2)],
+    ids=["default-16", "ks2-kb8-8-r0", "rw4-kb1-8-r64", "rw2-ks4-kb2-16-r0", "rw4-kb2-rt2-16-r32", "rw2-ks2-kb2-rt4-8",
+         "ks4-kb2-32-r16", "ks4-kb2-64-r0"])
 def test_sm90_compile(cfg, block_t, rank, mmas):
     """Compiled for sm_90: the K loop holds two s8 m16n8k32 MMAs per 8-token tile, row tile and block, loads the
-    weight words of each row tile and the token words once as 8-byte vectors, converts no int32 to float (the MAGIC
+    weight words of each row tile once (whatever the token count: 32 / 64 tokens share them) and the token words once
+    as 8-byte vectors, converts no int32 to float (the MAGIC
     accumulator start), and touches no shared memory, barrier or shuffle (the K parts meet in shared memory once,
     after the loop); PDL's griddepcontrol is there; ptxas spills nothing."""
     info = _compile(cfg, block_t, rank=rank)
@@ -62,8 +65,9 @@ def test_sm90_compile(cfg, block_t, rank, mmas):
     body = "\n".join(loops[0])
     assert len(re.findall(r"mma\.sync\.aligned\.m16n8k32\.row\.col\.s32\.s8\.s8\.s32", body)) == mmas
     c = cfg or sk.skinny_config(None, 12, 160, 512)     # aot_signature_skinny's shape: the masked path
-    assert len(re.findall(r"ld\.global(\.\w+)*\.v2\.b32", body)) == (2 * c.rt + 2) * c.kb, \
-        "weights: rows g, g+8 of each row tile; tokens: g, g+8 once"
+    groups = max(1, block_t // 16)
+    assert len(re.findall(r"ld\.global(\.\w+)*\.v2\.b32", body)) == (2 * c.rt + 2 * groups) * c.kb, \
+        "weights: rows g, g+8 of each row tile; tokens: g, g+8 once per 16-token group"
     assert not re.search(r"cvt\.rn\.f32\.s32", body), "no I2F in the K loop"
     assert not re.search(r"\b(bar\.sync|st\.shared|ld\.shared|shfl)", body)
     assert "griddepcontrol.wait" in info.ptx and "atom." not in info.ptx
@@ -107,8 +111,8 @@ def test_bad_inputs():
         sk.skinny_args(**ops, config=sk.SkinnyConfig(3, 1, 4))
     with pytest.raises(ValueError, match="rt 1, 2 or 4"):
         sk.skinny_args(**ops, config=sk.SkinnyConfig(1, 4, 2, 3))
-    with pytest.raises(ValueError, match="block_t"):
-        sk.skinny_args(**ops, block_t=32)
+    with pytest.raises(ValueError, match="block_t must be one of"):
+        sk.skinny_args(**ops, block_t=24)
 
 
 def test_config_env(monkeypatch):
@@ -146,7 +150,7 @@ def test_pdl_knob(monkeypatch):
     assert sk.skinny_args(**ops)[2]["PDL"] is False
 
 
-def test_grid_and_token_blocks():
+def test_grid_and_token_blocks(monkeypatch):
     """One program per (16·rw rows, block_t tokens); M ≤ 8 takes 8-token programs (one MMA tile)."""
     grid, _, cx, _ = sk.skinny_args(**_ops(5, 200, 256, 0, 64), config=sk.SkinnyConfig(1, 4, 4))
     assert cx["BLOCK_T"] == 8 and grid == (13, )
@@ -156,6 +160,15 @@ def test_grid_and_token_blocks():
     assert cx["RT"] == 4 and not cx["EVEN"] and grid == (2 * 2, )           # 128 rows per program
     _, _, cx, _ = sk.skinny_args(**_ops(21, 256, 256, 0, 64), config=sk.SkinnyConfig(2, 1, 2, 4))
     assert cx["EVEN"]
+    # tokens per program: 8 to M = 8, else 16; 32 / 64 only when asked (argument or env), one program per 64 tokens
+    assert sk.skinny_args(**_ops(8, 64, 256, 0, 64))[2]["BLOCK_T"] == 8
+    assert sk.skinny_args(**_ops(40, 64, 256, 0, 64))[2]["BLOCK_T"] == 16
+    c = sk.SkinnyConfig(1, 4, 2)                         # 16 rows per program
+    grid, _, cx, _ = sk.skinny_args(**_ops(40, 64, 256, 0, 64), config=c, block_t=64)
+    assert cx["BLOCK_T"] == 64 and grid == (4, )         # 4 row programs × one token program
+    monkeypatch.setenv(sk.BLOCK_T_ENV, "32")
+    grid, _, cx, _ = sk.skinny_args(**_ops(40, 64, 256, 0, 64), config=c)
+    assert cx["BLOCK_T"] == 32 and grid == (4 * 2, )
 
 
 def test_route(monkeypatch):
@@ -202,20 +215,38 @@ _GPU_CASES = ([(*shape, m, None) for shape in _GPU_SHAPES for m in (3, 8, 9, 16,
                               for n, k, r, g, m, c in _GPU_CASES])
 def test_gpu_real_sizes_repeats_and_graph(M, N, K, rank, G, cfg):
     """NaN-poisoned bf16 out vs the float64 reference, bit-identical repeats, CUDA-graph replay."""
+    _check_real_size(M, N, K, rank, G, cfg, None)
+
+
+def _check_real_size(M, N, K, rank, G, cfg, block_t):
     ops = _ops(M, N, K, rank, G, device="cuda", out=torch.bfloat16, bias=True, col_scale=rank == 5, seed=M)
     ops["out"].fill_(float("nan"))
-    y = sk.launch_w4a4_skinny(**ops, config=cfg).clone()
+    y = sk.launch_w4a4_skinny(**ops, config=cfg, block_t=block_t).clone()
     torch.cuda.synchronize()
     ref = w4.reference_v2(ops)
     assert torch.isfinite(y).all(), "every output element written"
     assert float((y.double().cpu() - ref).abs().max() / ref.abs().max()) < 1e-2
     ops["out"].fill_(float("nan"))
-    assert torch.equal(sk.launch_w4a4_skinny(**ops, config=cfg), y), "bit-identical repeats"
-    _, g, out = capture_graph(lambda: sk.launch_w4a4_skinny(**ops, config=cfg))
+    assert torch.equal(sk.launch_w4a4_skinny(**ops, config=cfg, block_t=block_t), y), "bit-identical repeats"
+    _, g, out = capture_graph(lambda: sk.launch_w4a4_skinny(**ops, config=cfg, block_t=block_t))
     out.fill_(float("nan"))
     g.replay()
     torch.cuda.synchronize()
     assert torch.equal(out, y), "graph replay"
+
+
+_TOKEN_GROUP_CASES = [(4096, 4096, 16, 64, 33, 32), (4096, 4096, 16, 64, 64, 64), (28672, 4096, 32, 64, 64, 64),
+                      (200, 448, 5, 64, 40, 32), (200, 448, 5, 64, 50, 64), (3000, 1536, 0, 128, 17, 32)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cfg", [sk.SkinnyConfig(1, 4, 2), sk.SkinnyConfig(2, 2, 2)], ids=["1-4-2", "2-2-2"])
+@pytest.mark.parametrize("N,K,rank,G,M,block_t", _TOKEN_GROUP_CASES,
+                         ids=[f"{n}-{k}-{r}-{g}-{m}-bt{b}" for n, k, r, g, m, b in _TOKEN_GROUP_CASES])
+def test_gpu_token_groups(N, K, rank, G, M, block_t, cfg):
+    """32 / 64 tokens per program (one weight unpack for two / four 16-token groups, ragged last group): NaN-poisoned
+    bf16 out vs the float64 reference, bit-identical repeats, graph replay."""
+    _check_real_size(M, N, K, rank, G, cfg, block_t)
 
 
 @pytest.mark.gpu

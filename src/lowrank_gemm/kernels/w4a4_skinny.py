@@ -39,7 +39,8 @@ weights go straight from global memory into ``mma.sync`` registers, so the strea
   dtype like the unfused reference), + bias[n], masked store of the transposed tile.
 
 One program per (16·rw·rt rows, 16 tokens — 8 when M ≤ 8), tokens fastest (a second token block's read of the rows
-hits L2). No atomics, fixed reduction order: deterministic. The kernel needs the GPU (inline ``mma.sync``); the CPU
+hits L2). ``block_t`` = 32 / 64 (session 10, opt-in, not yet run on the GPU) gives a program two / four 16-token
+groups that share one load and unpack of the weights. No atomics, fixed reduction order: deterministic. The kernel needs the GPU (inline ``mma.sync``); the CPU
 suite compiles it for sm_90 and checks its PTX and the asm's operand order (emulated), the GPU suite checks its
 numbers against the float64 reference.
 
@@ -52,6 +53,8 @@ slower everywhere), e4m3 ``mma.sync`` on act_quant's e4m3 tokens (ptxas emulates
 """
 
 from __future__ import annotations
+
+import os
 
 import torch
 import triton
@@ -163,10 +166,11 @@ def _load_weights(w_ptrs, ws_ptrs, ch, n_blocks, row_ok, N, tile_words, WPG: gl.
 
 
 @gluon.jit
-def _load_tokens(x_ptrs, xs_ptrs, ch, n_blocks, tok_ok, tok_ok_a, tok_ok_b, M, WPG: gl.constexpr, KB: gl.constexpr,
-                 KS: gl.constexpr, EVEN: gl.constexpr):
-    """The same chunk's per block (token words [BN, 8] of the 16 tokens, and — KS = 1 — the token scales [8], [8] of
-    both 8-token tiles)."""
+def _load_tokens(x_ptrs, xs_ptrs, ch, n_blocks, tok_oks, tok_ok_cols, M, group_words, WPG: gl.constexpr,
+                 KB: gl.constexpr, KS: gl.constexpr, TG: gl.constexpr, EVEN: gl.constexpr):
+    """The same chunk's per block, per 16-token group u (``group_words`` apart, rows ``tok_oks[u]``): the token
+    words [BN, 8] and — KS = 1 — the token scales [8], [8] of its two 8-token tiles (``tok_ok_cols[2u]``,
+    ``[2u + 1]``)."""
     out = ()
     for j in gl.static_range(KB):
         b = ch * KB + j
@@ -175,15 +179,25 @@ def _load_tokens(x_ptrs, xs_ptrs, ch, n_blocks, tok_ok, tok_ok_a, tok_ok_b, M, W
             live = True
         else:
             live = b < n_blocks
-        x = gl.load(x_ptrs + _rowcol(b * 8, KS), mask=(tok_ok & live)[:, None], other=0)
-        if KS == 1:
-            # masked past the last block too: a block there has zero partials, but 0 · (a NaN read past x_scale's
-            # end) is NaN
-            sc = (gl.load(xs_ptrs + g * M, mask=tok_ok_a & live, other=0.0),
-                  gl.load(xs_ptrs + g * M + 8, mask=tok_ok_b & live, other=0.0))
-        else:
-            sc = (0, 0)
-        out = out + ((x, sc), )
+        groups = ()
+        for u in gl.static_range(TG):
+            if u == 0:
+                xp = x_ptrs
+            else:
+                xp = x_ptrs + u * group_words
+            x = gl.load(xp + _rowcol(b * 8, KS), mask=(tok_oks[u] & live)[:, None], other=0)
+            if KS == 1:
+                sp = xs_ptrs + g * M
+                if u > 0:
+                    sp = sp + 16 * u
+                # masked past the last block too: a block there has zero partials, but 0 · (a NaN read past
+                # x_scale's end) is NaN
+                sc = (gl.load(sp, mask=tok_ok_cols[2 * u] & live, other=0.0),
+                      gl.load(sp + 8, mask=tok_ok_cols[2 * u + 1] & live, other=0.0))
+            else:
+                sc = (0, 0)
+            groups = groups + ((x, sc), )
+        out = out + (groups, )
     return out
 
 
@@ -255,8 +269,8 @@ def w4a4_skinny_kernel(xq_ptr, xs_ptr, wq_ptr, ws_ptr, s_ptr, up_ptr, bias_ptr, 
     up [N, R]; y [M, N]. num_warps = RW · KS: RW m16 row slots per program, each read by KS warps that split K
     (chunk c goes to part c % KS, so a program's warps read adjacent chunks of the same rows at once); each warp
     holds RT row tiles that share its token registers (tile t = rows n0 + t·16·RW + …). Tile row r is weight row
-    n0 + t·16·RW + r % (16·RW) of K part r // (16·RW), and token tok0 + r % 16. BLOCK_T ∈ {8, 16} tokens per
-    program. EVEN: N a multiple of 16·RW·RT and the chunks a multiple of KS (no weight masks)."""
+    n0 + t·16·RW + r % (16·RW) of K part r // (16·RW), and token tok0 + 16·u + r % 16 of token group u.
+    BLOCK_T ∈ {8, 16, 32, 64} tokens per program (⌈BLOCK_T / 16⌉ groups). EVEN: N a multiple of 16·RW·RT and the chunks a multiple of KS (no weight masks)."""
     WPG: gl.constexpr = G // 8
     NW: gl.constexpr = gl.num_warps()
     KS: gl.constexpr = NW // RW
@@ -290,17 +304,28 @@ def w4a4_skinny_kernel(xq_ptr, xs_ptr, wq_ptr, ws_ptr, s_ptr, up_ptr, bias_ptr, 
     w_ptrs = wq_ptr + (rows.to(gl.int64) * kw_total)[:, None] + col[None, :]
     ws_ptrs = ws_ptr + rows
     tok_r = tok0 + r % 16
-    tok_ok = (tok_r < M) & (tok_r < tok0 + BLOCK_T)
+    # TG 16-token groups per program (BLOCK_T = 32 / 64: the weights are unpacked once for all of them), NT 8-token
+    # MMA tiles; accumulator of row tile t, token tile i: acc[t * NT + i]
+    TG: gl.constexpr = (BLOCK_T + 15) // 16
+    NT: gl.constexpr = BLOCK_T // 8
+    NTG: gl.constexpr = 1 + (BLOCK_T > 8)       # 8-token tiles per group
+    tok_oks = ()
+    for u in gl.static_range(TG):
+        if u == 0:
+            tok_oks = tok_oks + ((tok_r < M) & (tok_r < tok0 + BLOCK_T), )
+        else:
+            tok_oks = tok_oks + ((tok_r + 16 * u < M) & (tok_r + 16 * u < tok0 + BLOCK_T), )
     x_ptrs = xq_ptr + (tok_r * kw_total)[:, None] + col[None, :]
+    group_words = kw_total * 16
     tok_c = tok0 + col
     xs_ptrs = xs_ptr + tok_c
-    tok_ok_a = tok_c < M
-    tok_ok_b = (tok_c + 8 < M) & (BLOCK_T > 8)
-    acc_a = ()
-    acc_b = ()
+    tok_ok_cols = (tok_c < M, (tok_c + 8 < M) & (BLOCK_T > 8))
+    for i in gl.static_range(2, NT):
+        tok_ok_cols = tok_ok_cols + (tok_c + 8 * i < M, )
+    acc = ()
     for t in gl.static_range(RT):
-        acc_a = acc_a + (gl.zeros([BN, 8], gl.float32, mma), )
-        acc_b = acc_b + (gl.zeros([BN, 8], gl.float32, mma), )
+        for i in gl.static_range(NT):
+            acc = acc + (gl.zeros([BN, 8], gl.float32, mma), )
     # rounds of KS chunks (one per K part), the next round in flight while this one computes (EVEN: the last
     # round's "next" re-reads the last round, so nothing is read past the end)
     n_rounds = gl.cdiv(n_chunks, KS)
@@ -309,7 +334,8 @@ def w4a4_skinny_kernel(xq_ptr, xs_ptr, wq_ptr, ws_ptr, s_ptr, up_ptr, bias_ptr, 
     cur_w = _load_weights(w_ptrs, ws_ptrs, kpart, n_blocks, row_ok, N, tile_words, WPG, KB, KS, RT, ROWS, EVEN)
     if PDL:
         gl_gdc_wait()          # the token words, their scales and s come from act_quant
-    cur_x = _load_tokens(x_ptrs, xs_ptrs, kpart, n_blocks, tok_ok, tok_ok_a, tok_ok_b, M, WPG, KB, KS, EVEN)
+    cur_x = _load_tokens(x_ptrs, xs_ptrs, kpart, n_blocks, tok_oks, tok_ok_cols, M, group_words, WPG, KB, KS, TG,
+                         EVEN)
     for i in range(0, n_rounds):
         ch = i * KS + kpart
         if EVEN:
@@ -317,48 +343,55 @@ def w4a4_skinny_kernel(xq_ptr, xs_ptr, wq_ptr, ws_ptr, s_ptr, up_ptr, bias_ptr, 
         else:
             nxt_ch = ch + KS
         nxt_w = _load_weights(w_ptrs, ws_ptrs, nxt_ch, n_blocks, row_ok, N, tile_words, WPG, KB, KS, RT, ROWS, EVEN)
-        nxt_x = _load_tokens(x_ptrs, xs_ptrs, nxt_ch, n_blocks, tok_ok, tok_ok_a, tok_ok_b, M, WPG, KB, KS, EVEN)
+        nxt_x = _load_tokens(x_ptrs, xs_ptrs, nxt_ch, n_blocks, tok_oks, tok_ok_cols, M, group_words, WPG, KB, KS,
+                             TG, EVEN)
         if KS > 1:
-            xs_a = _load_xs_rows(xs_ptrs, ch, n_blocks, tok_ok_a, M, WPG, KB)
-            if BLOCK_T > 8:
-                xs_b = _load_xs_rows(xs_ptrs + 8, ch, n_blocks, tok_ok_b, M, WPG, KB)
+            xs_rows = ()
+            for it in gl.static_range(NT):
+                if it == 0:
+                    xs_rows = xs_rows + (_load_xs_rows(xs_ptrs, ch, n_blocks, tok_ok_cols[0], M, WPG, KB), )
+                else:
+                    xs_rows = xs_rows + (_load_xs_rows(xs_ptrs + 8 * it, ch, n_blocks, tok_ok_cols[it], M, WPG,
+                                                       KB), )
         for j in gl.static_range(KB):
-            x, sc = cur_x[j]
-            if KS > 1:
-                xa = xs_a[j]
-                if BLOCK_T > 8:
-                    xb = xs_b[j]
-            else:
-                xa = sc[0][None, :]
-                xb = sc[1][None, :]
-            xa = xa.to(gl.float32)
             # the token side once per block, shared by the RT row tiles
-            xlo, xhi = _unpack16(x)
-            xca = xa * (-MAGIC_F)
-            if BLOCK_T > 8:
-                xb = xb.to(gl.float32)
-                xcb = xb * (-MAGIC_F)
-            new_a = ()
-            new_b = ()
+            toks = ()
+            for u in gl.static_range(TG):
+                x, sc = cur_x[j][u]
+                if KS > 1:
+                    xa = xs_rows[2 * u][j]
+                else:
+                    xa = sc[0][None, :]
+                xa = xa.to(gl.float32)
+                xlo, xhi = _unpack16(x)
+                tiles = ((xa, xa * (-MAGIC_F)), )
+                if BLOCK_T > 8:
+                    if KS > 1:
+                        xb = xs_rows[2 * u + 1][j]
+                    else:
+                        xb = sc[1][None, :]
+                    xb = xb.to(gl.float32)
+                    tiles = tiles + ((xb, xb * (-MAGIC_F)), )
+                toks = toks + ((xlo, xhi, tiles), )
+            new = ()
             for t in gl.static_range(RT):
                 w, ws = cur_w[j][t]
                 wlo, whi = _unpack16(w)
-                new_a = new_a + (_rescale(acc_a[t], _block_partial(wlo, whi, xlo, xhi, 0), ws, xa, xca), )
-                if BLOCK_T > 8:
-                    new_b = new_b + (_rescale(acc_b[t], _block_partial(wlo, whi, xlo, xhi, 1), ws, xb, xcb), )
-            acc_a = new_a
-            if BLOCK_T > 8:
-                acc_b = new_b
+                for u in gl.static_range(TG):
+                    xlo, xhi, tiles = toks[u]
+                    for h in gl.static_range(NTG):
+                        xv, xc = tiles[h]
+                        new = new + (_rescale(acc[t * NT + 2 * u + h], _block_partial(wlo, whi, xlo, xhi, h), ws,
+                                              xv, xc), )
+            acc = new
         cur_w = nxt_w
         cur_x = nxt_x
     red = gl.allocate_shared_memory(gl.float32, [BN, 8], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
     for t in gl.static_range(RT):
-        _finish(_reduce_parts(acc_a[t], red, ROWS, KS, LE), tok0, n0 + t * ROWS, N, M, R, s_ptr, stride_sm, up_ptr,
-                stride_un, bias_ptr, cs_ptr, y_ptr, stride_ym, LE, BLOCK_R, HAS_LOWRANK, HAS_COL_SCALE, HAS_BIAS)
-        if BLOCK_T > 8:
-            _finish(_reduce_parts(acc_b[t], red, ROWS, KS, LE), tok0 + 8, n0 + t * ROWS, N, M, R, s_ptr, stride_sm,
-                    up_ptr, stride_un, bias_ptr, cs_ptr, y_ptr, stride_ym, LE, BLOCK_R, HAS_LOWRANK, HAS_COL_SCALE,
-                    HAS_BIAS)
+        for it in gl.static_range(NT):
+            _finish(_reduce_parts(acc[t * NT + it], red, ROWS, KS, LE), tok0 + 8 * it, n0 + t * ROWS, N, M, R, s_ptr,
+                    stride_sm, up_ptr, stride_un, bias_ptr, cs_ptr, y_ptr, stride_ym, LE, BLOCK_R, HAS_LOWRANK,
+                    HAS_COL_SCALE, HAS_BIAS)
 
 
 class SkinnyConfig(tuple):
@@ -385,6 +418,11 @@ MANY_TOKENS_CONFIG = SkinnyConfig(1, 4, 4, 2)
 # 59.2 ((1, 4, 4, 4): 51.8 / 53.1 / 54.5)
 WIDE_BATCH_CONFIG = SkinnyConfig(2, 2, 4, 2)
 CONFIG_ENV = "LOWRANK_GEMM_SKINNY_CONFIG"      # "rw,ks,kb[,rt]" (probes)
+# Tokens per program: 8 up to M = 8, else 16. 32 / 64 (session 10, compiled and checked on the CPU only — not yet run
+# on the GPU, so nothing routes there) give a program TG = block_t / 16 token groups that share one unpack of the
+# weights; LOWRANK_GEMM_SKINNY_BLOCK_T pins it for probes.
+BLOCK_TS = (8, 16, 32, 64)
+BLOCK_T_ENV = "LOWRANK_GEMM_SKINNY_BLOCK_T"
 
 
 def _even(cfg: SkinnyConfig, n: int, k: int) -> bool:
@@ -430,8 +468,8 @@ def skinny_args(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, o
     cfg = skinny_config(config, M, N, K)
     _expect(cfg.num_warps in (1, 2, 4, 8) and cfg.kb in (1, 2, 4, 8) and cfg.rt in (1, 2, 4),
             f"rw·ks (the warps) must be 1, 2, 4 or 8, kb 1, 2, 4 or 8 and rt 1, 2 or 4, got {cfg}")
-    block_t = block_t or (8 if M <= 8 else 16)
-    _expect(block_t in (8, 16), f"block_t must be 8 or 16, got {block_t}")
+    block_t = block_t or int(os.environ.get(BLOCK_T_ENV, "0").strip() or 0) or (8 if M <= 8 else 16)
+    _expect(block_t in BLOCK_TS, f"block_t must be one of {BLOCK_TS}, got {block_t}")
     # PDL is opt-in here (LOWRANK_GEMM_SKINNY_PDL=1, for A/B probes): behind act_quant an early-launched grid made
     # the layer slower, K = N = 4096, M = 4 / 8 / 16: 25.5 / 28.3 / 19.3 µs with it, 15.5 / 16.2 / 18.5 without
     # (GEMM alone 13.5 / 14.2 / 16.7; probes/s9/skinny_check)
