@@ -5,7 +5,7 @@ feeds it) and the GEMV, two rotated operand sets; ``--layer`` also times the lay
 
     PYTHONPATH=src python scripts/probe_skinny.py --out $OUT [--cfgs "1,4,4;1,8,2/8"] [--ms 1,4,16,64] [--layer]
 
-A config is "rw,ks,kb[,rt][/block_t]". Writes probe_skinny.json / .md to --out.
+A config is "rw,ks,kb[,rt][/block_t][+l16]" (+l16: the 16-byte-load K loop). Writes probe_skinny.json / .md to --out.
 """
 
 from __future__ import annotations
@@ -40,8 +40,9 @@ def main() -> int:
     cfgs = []
     for c in args.cfgs.split(";"):
         if c:
+            c, l16 = (c[:-4], True) if c.endswith("+l16") else (c, False)
             cfg, _, bt = c.partition("/")
-            cfgs.append((int(bt) if bt else None, sk.SkinnyConfig(*(int(v) for v in cfg.split(",")))))
+            cfgs.append((int(bt) if bt else None, sk.SkinnyConfig(*(int(v) for v in cfg.split(","))), l16))
     probe = Probe(args.out, "probe_skinny")
     shapes = [tuple(int(v) for v in sh.split("x")) for sh in args.shapes.split(",")]
 
@@ -68,11 +69,11 @@ def main() -> int:
             if m <= 4:
                 probe.emit(**base, impl="gemv", **time_impl(lambda p: gv.launch_w4a4_gemv(**p),
                                                             [(s, ) for s in sets]))
-            for bt, cfg in cfgs:
+            for bt, cfg, l16 in cfgs:
                 if bt is None or bt > 16 or m <= bt:     # /8 and /16 below their token count; /32, /64 anywhere
-                    name = "skinny:" + ",".join(map(str, cfg)) + (f"/{bt}" if bt else "")
-                    probe.checked(base, name, lambda c=cfg, b=bt, **o: sk.launch_w4a4_skinny(**o, config=c, block_t=b),
-                                  sets, ref)
+                    name = "skinny:" + ",".join(map(str, cfg)) + (f"/{bt}" if bt else "") + ("+l16" if l16 else "")
+                    probe.checked(base, name, lambda c=cfg, b=bt, f=l16, **o: sk.launch_w4a4_skinny(
+                        **o, config=c, block_t=b, load16=f), sets, ref)
             del sets
             torch.cuda.empty_cache()
     probe.write()

@@ -91,6 +91,57 @@ def test_sm90_default_configs_unmasked_do_not_spill(M):
         assert res[1] == 0, f"ptxas spills {res[1]} B ({res[0]} registers)"
 
 
+@pytest.mark.parametrize("cfg,block_t,mmas", [(sk.SkinnyConfig(4, 1, 2, 2), 16, 2 * 2 * 2 * 2 * 4),
+                                                (sk.SkinnyConfig(4, 1, 2), 8, 2 * 1 * 2 * 4),
+                                                (sk.SkinnyConfig(2, 1, 1, 2), 32, 1 * 2 * 4 * 2 * 4)],
+                         ids=["rt2-16", "rt1-8", "rt2-32"])
+def test_sm90_compile_load16(cfg, block_t, mmas):
+    """The 16-byte-load K loop: every weight and token load of the loop is a 16-byte ld.global.v2.b64 (a row's run
+    of a two-block pair; none of the 8-byte loads), four MMAs per scale group, 8-token tile, row tile and pair (two
+    groups per pair), no I2F, no shared memory in the loop; ptxas spills nothing."""
+    sig, cx, c = sk.aot_signature_skinny(cfg, block_t=block_t, M=min(block_t, 16) + 1, N=256, K=2048, rank=16,
+                                         load16=True)
+    assert cx["L16"] and cx["EVEN"] and sig["xq_ptr"] == "*i64" and sig["wq_ptr"] == "*i64"
+    from lowrank_gemm.kernels.aot import compile_sm90
+    info = compile_sm90(MOD, "w4a4_skinny_kernel", sig, cx, num_warps=c.num_warps,
+                        aligned=tuple(a for a in sig if a.endswith("_ptr")))
+    loops = [b for b in _ptx_loops(info.ptx) if any("m16n8k32" in x for x in b)]
+    assert len(loops) == 1
+    body = "\n".join(loops[0])
+    assert len(re.findall(r"mma\.sync\.aligned\.m16n8k32\.row\.col\.s32\.s8\.s8\.s32", body)) == mmas
+    groups = max(1, block_t // 16)
+    assert len(re.findall(r"ld\.global(\.\w+)*\.v2\.b64", body)) == (2 * c.rt + 2 * groups) * c.kb
+    assert not re.search(r"ld\.global(\.\w+)*\.v2\.b32", body)
+    assert not re.search(r"cvt\.rn\.f32\.s32", body)
+    assert not re.search(r"\b(bar\.sync|st\.shared|ld\.shared|shfl)", body)
+    res = ptxas_stats(info.ptx)
+    if res is not None:
+        assert res[1] == 0, f"ptxas spills {res[1]} B ({res[0]} registers)"
+
+
+def test_load16_rules(monkeypatch):
+    """Off unless asked (argument or LOWRANK_GEMM_SKINNY_LOAD16=1); where it cannot run (K split across warps,
+    group 128, ragged N or K, 8-byte-aligned words) a clear error, never the other path silently."""
+    ops = _ops(16, 256, 2048, 8, 64)
+    assert "L16" not in sk.skinny_args(**ops, config=sk.SkinnyConfig(4, 1, 2, 2))[2]
+    _, args, cx, _ = sk.skinny_args(**ops, config=sk.SkinnyConfig(4, 1, 2, 2), load16=True)
+    assert cx["L16"] and args[0].dtype == torch.int64 and args[2].dtype == torch.int64
+    monkeypatch.setenv(sk.LOAD16_ENV, "1")
+    assert sk.skinny_args(**ops, config=sk.SkinnyConfig(4, 1, 2, 2))[2]["L16"]
+    with pytest.raises(ValueError, match="16-byte loads need"):
+        sk.skinny_args(**ops, config=sk.SkinnyConfig(1, 4, 2))                      # ks = 4
+    with pytest.raises(ValueError, match="16-byte loads need"):
+        sk.skinny_args(**_ops(16, 200, 2048, 8, 64), config=sk.SkinnyConfig(4, 1, 2))   # ragged N
+    with pytest.raises(ValueError, match="16-byte loads need"):
+        sk.skinny_args(**_ops(16, 256, 448, 8, 64), config=sk.SkinnyConfig(4, 1, 2))    # K = 7 blocks
+    with pytest.raises(ValueError, match="16-byte loads need"):
+        sk.skinny_args(**_ops(16, 256, 2048, 8, 128), config=sk.SkinnyConfig(4, 1, 2))  # group 128
+    with pytest.raises(ValueError, match="16-byte aligned"):
+        xq = ops["x_q"]
+        shifted = torch.empty(xq.numel() + 8, dtype=torch.uint8)[8:].view(xq.shape)
+        sk.skinny_args(**{**ops, "x_q": shifted}, config=sk.SkinnyConfig(4, 1, 2))
+
+
 def test_bad_inputs():
     ops = _ops(4, 32, 256, 8, 64)
     with pytest.raises(ValueError, match="CUDA only"):
@@ -235,6 +286,24 @@ def _check_real_size(M, N, K, rank, G, cfg, block_t):
     assert torch.equal(out, y), "graph replay"
 
 
+_LOAD16_CASES = [(28672, 4096, 32, 64, 16, sk.SkinnyConfig(4, 1, 2, 2), None),
+                 (28672, 4096, 32, 64, 4, sk.SkinnyConfig(4, 1, 2), None),
+                 (4096, 4096, 16, 64, 13, sk.SkinnyConfig(2, 1, 2, 2), None),
+                 (4096, 4096, 5, 64, 40, sk.SkinnyConfig(2, 1, 1, 2), 32),
+                 (1024, 1024, 0, 64, 64, sk.SkinnyConfig(4, 1, 1, 2), 64)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("N,K,rank,G,M,cfg,block_t", _LOAD16_CASES,
+                         ids=[f"{n}-{k}-{r}-{g}-{m}-" + "-".join(map(str, c)) + f"-bt{b}" for n, k, r, g, m, c, b
+                              in _LOAD16_CASES])
+def test_gpu_load16(N, K, rank, G, M, cfg, block_t, monkeypatch):
+    """The 16-byte-load K loop (LOWRANK_GEMM_SKINNY_LOAD16=1): NaN-poisoned bf16 out vs the float64 reference,
+    bit-identical repeats, graph replay."""
+    monkeypatch.setenv(sk.LOAD16_ENV, "1")
+    _check_real_size(M, N, K, rank, G, cfg, block_t)
+
+
 _TOKEN_GROUP_CASES = [(4096, 4096, 16, 64, 33, 32), (4096, 4096, 16, 64, 64, 64), (28672, 4096, 32, 64, 64, 64),
                       (200, 448, 5, 64, 40, 32), (200, 448, 5, 64, 50, 64), (3000, 1536, 0, 128, 17, 32)]
 
@@ -370,6 +439,76 @@ def test_mma_operand_order_computes_the_block_dot_product(tile):
     assert torch.equal(d, 0x4B400000 + 256 * dot)
     as_float = torch.tensor([struct.unpack("<f", struct.pack("<I", int(v)))[0] for v in d.flatten()]).view(16, 8)
     assert torch.equal(as_float.double(), sk.MAGIC_FLOAT + 256 * dot.double()), "exact: |256·Σ| < 2^22"
+
+
+@pytest.mark.parametrize("tile", [0, 1])
+@pytest.mark.parametrize("group", [0, 1])
+def test_mma16_operand_order_computes_one_group_of_the_pair(tile, group):
+    """The 16-byte-load path's inline MMAs (``_mma16_asm``), emulated register by register per the PTX ISA's
+    m16n8k32 .s8 fragments: each thread's four int64 mma-layout elements of a [16, 8] int64 tile (row g / g + 8,
+    16 contiguous bytes = words 4q..4q+3 of a two-block pair), unpacked as ``_unpack16_64`` does, with the token
+    operand zeroed on the other group's threads (q < 2 hold block 0: ``keep0`` / ``keep1``), give
+    D[row, token] = 0x4B400000 + 256·Σ over block ``group`` only of q_w[row, k]·q_x[8·tile + token, k]."""
+    import re
+    from lowrank_gemm.formats.int4 import pack_int4
+    g = torch.Generator().manual_seed(10 * tile + group)
+    qw = torch.randint(-8, 8, (16, 128), generator=g, dtype=torch.int8)
+    qx = torch.randint(-8, 8, (16, 128), generator=g, dtype=torch.int8)
+    qw[3], qx[8 * tile + 2] = -8, -8                                     # the extreme products
+    runs = lambda q: pack_int4(q).view(torch.int64)                      # [16, 8] int64 per row / token
+    wr, xr = runs(qw), runs(qx)
+    hi_mask = 0xF0F0F0F0F0F0F0F0
+
+    def unpack(v, hi):                                                    # _unpack16_64, as an unsigned 64-bit value
+        u = int(v) & 0xFFFFFFFFFFFFFFFF
+        return (u & hi_mask) if hi else ((u << 4) & hi_mask)
+
+    def element(tile_runs, lane, e):
+        grp, q = lane // 4, lane % 4
+        return tile_runs[grp + 8 * (e // 2), 2 * q + e % 2]
+
+    def operand(n, lane):                                                 # $n as a 64-bit value
+        e = (n - 4) % 4
+        src, hi = {0: (wr, 0), 1: (wr, 1), 2: (xr, 0), 3: (xr, 1)}[(n - 4) // 4]
+        v = unpack(element(src, lane, e), hi)
+        if src is xr and ((lane % 4) < 2) != (group == 0):              # keep0 / keep1: the other group's threads
+            v = 0
+        return v
+
+    asm = _asm_text(sk._MMA16_ASM_T0 if tile == 0 else sk._MMA16_ASM_T1)
+    movs = re.findall(r"mov\.b64 \{(\w+), (\w+)\}, \$(\d+);", asm)
+    mmas = re.findall(r"mma\.sync\.aligned\.m16n8k32\.row\.col\.s32\.s8\.s8\.s32 \{([^}]*)\}, \{([^}]*)\}, "
+                      r"\{([^}]*)\}, \{([^}]*)\}", asm)
+    assert len(mmas) == 4 and "mov.b32 c, 0x4B400000;" in asm
+    assert mmas[-1][0].replace(" ", "") == "$0,$1,$2,$3" and mmas[0][3].replace(" ", "") == "c,c,c,c"
+
+    def regs(lane):                                                       # register name → four int8 values
+        out = {}
+        for lo, hi, n in movs:
+            v = operand(int(n), lane)
+            for name, word in ((lo, v & 0xFFFFFFFF), (hi, v >> 32)):
+                out[name] = [b - 256 if b >= 128 else b for b in ((word >> (8 * i)) & 0xFF for i in range(4))]
+        return out
+
+    per_lane = [regs(lane) for lane in range(32)]
+    d = torch.full((16, 8), 0x4B400000, dtype=torch.int64)
+    for _, a_ops, b_ops, _ in mmas:
+        a_n = [t.strip() for t in a_ops.split(",")]
+        b_n = [t.strip() for t in b_ops.split(",")]
+        A = torch.zeros(16, 32, dtype=torch.int64)
+        B = torch.zeros(32, 8, dtype=torch.int64)
+        for lane in range(32):
+            grp, q = lane // 4, lane % 4
+            for r, name in enumerate(a_n):
+                for i, val in enumerate(per_lane[lane][name]):
+                    A[grp + 8 * (r % 2), 4 * q + i + 16 * (r // 2)] = val
+            for r, name in enumerate(b_n):
+                for i, val in enumerate(per_lane[lane][name]):
+                    B[4 * q + i + 16 * r, grp] = val
+        d += A @ B
+    k = slice(64 * group, 64 * group + 64)
+    dot = qw[:, k].long() @ qx[8 * tile: 8 * tile + 8, k].long().T
+    assert torch.equal(d, 0x4B400000 + 256 * dot)
 
 
 def test_rescale_offset_is_exact_for_16_bit_scales():

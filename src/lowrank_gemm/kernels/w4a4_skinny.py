@@ -40,9 +40,10 @@ weights go straight from global memory into ``mma.sync`` registers, so the strea
 
 One program per (16·rw·rt rows, 16 tokens — 8 when M ≤ 8), tokens fastest (a second token block's read of the rows
 hits L2). ``block_t`` = 32 / 64 (session 10, opt-in, not yet run on the GPU) gives a program two / four 16-token
-groups that share one load and unpack of the weights. No atomics, fixed reduction order: deterministic. The kernel needs the GPU (inline ``mma.sync``); the CPU
-suite compiles it for sm_90 and checks its PTX and the asm's operand order (emulated), the GPU suite checks its
-numbers against the float64 reference.
+groups that share one load and unpack of the weights; ``load16`` (same status) reads 16-byte runs of a two-block
+pair per row (``_mma16_asm``). No atomics, fixed reduction order: deterministic. The kernel needs the GPU (inline
+``mma.sync``); the CPU suite compiles it for sm_90 and checks its PTX and the asm's operand order (emulated), the
+GPU suite checks its numbers against the float64 reference.
 
 Measured on the H200 (benchmarks/NOTES.md, sessions 8–9; ~69 SASS instructions per 16 rows × 64 K at M = 16 with
 rt = 2, 147 before session 9): a win with few weight rows (K = N = 4096, M = 16: 13.8 µs vs the decode kernel's 22.7,
@@ -126,6 +127,131 @@ def _unpack16(words):
     AND (the signed unpack to q itself takes three more ops per four)."""
     u = words.to(gl.uint32, bitcast=True)
     return ((u << 4) & 0xF0F0F0F0).to(gl.int32, bitcast=True), (u & 0xF0F0F0F0).to(gl.int32, bitcast=True)
+
+
+# 16-byte loads (``load16``, opt-in, session 10 — compiled and emulated on the CPU, not yet run on the GPU): the
+# tiles hold int64 elements, so a thread's two elements of a row are 16 contiguous bytes — words 4q..4q+3 of a
+# two-block pair (one LDG.128 per row instead of two 8-byte loads of 16 rows' lines each; session 9's ncu had the
+# 8-byte K loop L1-bound at N = 28672). Word i of thread q's run is the A operand of MMA i: its low nibbles k 4q..,
+# its high nibbles k 16+4q.. (the token side the same). One MMA then sums words i, 4+i (block 0) and 8+i, 12+i
+# (block 1) — two scale groups — so each group gets its own four MMAs, the token operand zeroed on the other
+# group's threads (q < 2 hold block 0): twice the MMAs, which are not the limit.
+def _mma16_asm(tile: int) -> str:
+    x_lo, x_hi = 12 + 2 * tile, 16 + 2 * tile          # token elements 2·tile, 2·tile + 1 (token g / g + 8)
+    body = ["{", ".reg .b32 c, d0, d1, d2, d3, la<4>, lb<4>, ha<4>, hb<4>, xa<2>, xb<2>, ya<2>, yb<2>;",
+            "mov.b32 c, 0x4B400000;"]
+    for e in range(4):       # weight element e: row g (e < 2) or g + 8, words 2·(e % 2), 2·(e % 2) + 1 of the run
+        body += [f"mov.b64 {{la{e}, lb{e}}}, ${4 + e};", f"mov.b64 {{ha{e}, hb{e}}}, ${8 + e};"]
+    for e in range(2):
+        body += [f"mov.b64 {{xa{e}, xb{e}}}, ${x_lo + e};", f"mov.b64 {{ya{e}, yb{e}}}, ${x_hi + e};"]
+    outs = ["d0, d1, d2, d3"] * 3 + ["$0, $1, $2, $3"]
+    for i in range(4):       # word i of the run: element i // 2 (row g) / 2 + i // 2 (row g + 8), half i % 2
+        h, e = "ab"[i % 2], i // 2
+        c = "c, c, c, c" if i == 0 else "d0, d1, d2, d3"
+        body.append(f"mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {{{outs[i]}}}, "
+                    f"{{l{h}{e}, l{h}{e + 2}, h{h}{e}, h{h}{e + 2}}}, {{x{h}{e}, y{h}{e}}}, {{{c}}};")
+    body.append("}")
+    return "\n".join(body)
+
+
+_MMA16_ASM_T0 = gl.constexpr(_mma16_asm(0))
+_MMA16_ASM_T1 = gl.constexpr(_mma16_asm(1))
+_MMA16_CONSTRAINTS = gl.constexpr("=r,=r,=r,=r," + ",".join(["l"] * 16))
+_NIBBLE_HI64 = gl.constexpr(-0x0F0F0F0F0F0F0F10)        # the int64 whose bytes are all 0xF0
+
+
+@gluon.jit
+def _pair_partial(wlo, whi, xlo, xhi, TILE: gl.constexpr):
+    """[BN, 8] fp32: MAGIC_F + 256 · Σ over one scale group of a two-block pair (the other group's token bytes zeroed
+    in ``xlo`` / ``xhi``), token tile TILE."""
+    if TILE == 0:
+        d = gl.inline_asm_elementwise(_MMA16_ASM_T0, _MMA16_CONSTRAINTS, [wlo, whi, xlo, xhi], dtype=gl.int32,
+                                      is_pure=True, pack=4)
+    else:
+        d = gl.inline_asm_elementwise(_MMA16_ASM_T1, _MMA16_CONSTRAINTS, [wlo, whi, xlo, xhi], dtype=gl.int32,
+                                      is_pure=True, pack=4)
+    return d.to(gl.float32, bitcast=True)
+
+
+@gluon.jit
+def _unpack16_64(v):
+    """_unpack16 on int64 elements (two words each)."""
+    return (v << 4) & _NIBBLE_HI64, v & _NIBBLE_HI64
+
+
+@gluon.jit
+def _load_weights16(w_ptrs, ws_ptrs, ch, N, tile_words, KB: gl.constexpr, RT: gl.constexpr, ROWS: gl.constexpr):
+    """Chunk ``ch`` of two-block pairs: per pair, per row tile, the [BN, 8] int64 run and both groups' scales."""
+    out = ()
+    for j in gl.static_range(KB):
+        b = ch * KB + j
+        tiles = ()
+        for t in gl.static_range(RT):
+            sp = ws_ptrs + (2 * b) * N + t * ROWS
+            tiles = tiles + ((gl.load(w_ptrs + t * tile_words + b * 8), gl.load(sp), gl.load(sp + N)), )
+        out = out + (tiles, )
+    return out
+
+
+@gluon.jit
+def _load_tokens16(x_ptrs, xs_ptrs, ch, tok_oks, tok_ok_cols, M, group_words, KB: gl.constexpr,
+                   TG: gl.constexpr):
+    """Per pair, per 16-token group: the [BN, 8] int64 token run and the scales (group 0 tile a, tile b, group 1 tile
+    a, tile b)."""
+    out = ()
+    for j in gl.static_range(KB):
+        b = ch * KB + j
+        groups = ()
+        for u in gl.static_range(TG):
+            x = gl.load(x_ptrs + u * group_words + b * 8, mask=tok_oks[u][:, None], other=0)
+            sp = xs_ptrs + (2 * b) * M + 16 * u
+            ma = tok_ok_cols[2 * u]
+            mb = tok_ok_cols[2 * u + 1]
+            sc = (gl.load(sp, mask=ma, other=0.0), gl.load(sp + 8, mask=mb, other=0.0),
+                  gl.load(sp + M, mask=ma, other=0.0), gl.load(sp + M + 8, mask=mb, other=0.0))
+            groups = groups + ((x, sc), )
+        out = out + (groups, )
+    return out
+
+
+@gluon.jit
+def _kloop16(acc, w_ptrs, ws_ptrs, x_ptrs, xs_ptrs, n_chunks, N, M, tile_words, group_words, tok_oks, tok_ok_cols,
+             keep0, keep1, KB: gl.constexpr, RT: gl.constexpr, ROWS: gl.constexpr, TG: gl.constexpr,
+             NT: gl.constexpr, NTG: gl.constexpr, PDL: gl.constexpr):
+    """The K loop with 16-byte loads (KS = 1, whole row tiles and chunks): chunks of KB pairs, the next in flight."""
+    cur_w = _load_weights16(w_ptrs, ws_ptrs, 0, N, tile_words, KB, RT, ROWS)
+    if PDL:
+        gl_gdc_wait()
+    cur_x = _load_tokens16(x_ptrs, xs_ptrs, 0, tok_oks, tok_ok_cols, M, group_words, KB, TG)
+    for i in range(0, n_chunks):
+        nxt = gl.minimum(i + 1, n_chunks - 1)
+        nxt_w = _load_weights16(w_ptrs, ws_ptrs, nxt, N, tile_words, KB, RT, ROWS)
+        nxt_x = _load_tokens16(x_ptrs, xs_ptrs, nxt, tok_oks, tok_ok_cols, M, group_words, KB, TG)
+        for j in gl.static_range(KB):
+            toks = ()
+            for u in gl.static_range(TG):
+                x, sc = cur_x[j][u]
+                xlo, xhi = _unpack16_64(x)
+                tiles = ()
+                for h in gl.static_range(NTG):
+                    s0 = sc[h].to(gl.float32)[None, :]
+                    s1 = sc[2 + h].to(gl.float32)[None, :]
+                    tiles = tiles + ((s0, s0 * (-MAGIC_F), s1, s1 * (-MAGIC_F)), )
+                toks = toks + ((xlo & keep0, xhi & keep0, xlo & keep1, xhi & keep1, tiles), )
+            new = ()
+            for t in gl.static_range(RT):
+                w, ws0, ws1 = cur_w[j][t]
+                wlo, whi = _unpack16_64(w)
+                for u in gl.static_range(TG):
+                    lo0, hi0, lo1, hi1, tiles = toks[u]
+                    for h in gl.static_range(NTG):
+                        s0, c0, s1, c1 = tiles[h]
+                        a = _rescale(acc[t * NT + 2 * u + h], _pair_partial(wlo, whi, lo0, hi0, h), ws0, s0, c0)
+                        new = new + (_rescale(a, _pair_partial(wlo, whi, lo1, hi1, h), ws1, s1, c1), )
+            acc = new
+        cur_w = nxt_w
+        cur_x = nxt_x
+    return acc
 
 
 @gluon.jit
@@ -264,13 +390,15 @@ def w4a4_skinny_kernel(xq_ptr, xs_ptr, wq_ptr, ws_ptr, s_ptr, up_ptr, bias_ptr, 
                        M, N, K, R, stride_sm, stride_un, stride_ym,
                        G: gl.constexpr, BLOCK_T: gl.constexpr, RW: gl.constexpr, KB: gl.constexpr, RT: gl.constexpr,
                        EVEN: gl.constexpr, BLOCK_R: gl.constexpr, HAS_LOWRANK: gl.constexpr,
-                       HAS_COL_SCALE: gl.constexpr, HAS_BIAS: gl.constexpr, PDL: gl.constexpr):
+                       HAS_COL_SCALE: gl.constexpr, HAS_BIAS: gl.constexpr, PDL: gl.constexpr,
+                       L16: gl.constexpr = False):
     """xq int32 words [M, K/8], xs [K/G, M] (16-bit); wq int32 words [N, K/8], ws [K/G, N]; s fp32 [M, R],
     up [N, R]; y [M, N]. num_warps = RW · KS: RW m16 row slots per program, each read by KS warps that split K
     (chunk c goes to part c % KS, so a program's warps read adjacent chunks of the same rows at once); each warp
     holds RT row tiles that share its token registers (tile t = rows n0 + t·16·RW + …). Tile row r is weight row
     n0 + t·16·RW + r % (16·RW) of K part r // (16·RW), and token tok0 + 16·u + r % 16 of token group u.
-    BLOCK_T ∈ {8, 16, 32, 64} tokens per program (⌈BLOCK_T / 16⌉ groups). EVEN: N a multiple of 16·RW·RT and the chunks a multiple of KS (no weight masks)."""
+    BLOCK_T ∈ {8, 16, 32, 64} tokens per program (⌈BLOCK_T / 16⌉ groups). EVEN: N a multiple of 16·RW·RT and the
+    chunks a multiple of KS (no weight masks). L16: the 16-byte-load K loop (:func:`_kloop16`)."""
     WPG: gl.constexpr = G // 8
     NW: gl.constexpr = gl.num_warps()
     KS: gl.constexpr = NW // RW
@@ -287,7 +415,11 @@ def w4a4_skinny_kernel(xq_ptr, xs_ptr, wq_ptr, ws_ptr, s_ptr, up_ptr, bias_ptr, 
     n_tok_blocks = gl.cdiv(M, BLOCK_T)
     tok0 = (pid % n_tok_blocks) * BLOCK_T
     n0 = (pid // n_tok_blocks) * (ROWS * RT)
-    kw_total = gl.multiple_of(K // 8, 8)       # words per row: K % 64 == 0, so rows start 32-byte aligned
+    if L16:
+        # xq / wq as int64 elements (two words): 8 per two-block pair, the "block" of this path
+        kw_total = gl.multiple_of(K // 16, 8)
+    else:
+        kw_total = gl.multiple_of(K // 8, 8)       # words per row: K % 64 == 0, so rows start 32-byte aligned
     n_blocks = kw_total // 8
     n_chunks = gl.cdiv(n_blocks, KB)
     r = gl.arange(0, BN, LROW)
@@ -326,66 +458,73 @@ def w4a4_skinny_kernel(xq_ptr, xs_ptr, wq_ptr, ws_ptr, s_ptr, up_ptr, bias_ptr, 
     for t in gl.static_range(RT):
         for i in gl.static_range(NT):
             acc = acc + (gl.zeros([BN, 8], gl.float32, mma), )
-    # rounds of KS chunks (one per K part), the next round in flight while this one computes (EVEN: the last
-    # round's "next" re-reads the last round, so nothing is read past the end)
-    n_rounds = gl.cdiv(n_chunks, KS)
-    # the weights and their scales do not come from act_quant: the first round's go out before
-    # griddepcontrol.wait (PDL), the tokens' after it
-    cur_w = _load_weights(w_ptrs, ws_ptrs, kpart, n_blocks, row_ok, N, tile_words, WPG, KB, KS, RT, ROWS, EVEN)
-    if PDL:
-        gl_gdc_wait()          # the token words, their scales and s come from act_quant
-    cur_x = _load_tokens(x_ptrs, xs_ptrs, kpart, n_blocks, tok_oks, tok_ok_cols, M, group_words, WPG, KB, KS, TG,
-                         EVEN)
-    for i in range(0, n_rounds):
-        ch = i * KS + kpart
-        if EVEN:
-            nxt_ch = gl.minimum(i + 1, n_rounds - 1) * KS + kpart
-        else:
-            nxt_ch = ch + KS
-        nxt_w = _load_weights(w_ptrs, ws_ptrs, nxt_ch, n_blocks, row_ok, N, tile_words, WPG, KB, KS, RT, ROWS, EVEN)
-        nxt_x = _load_tokens(x_ptrs, xs_ptrs, nxt_ch, n_blocks, tok_oks, tok_ok_cols, M, group_words, WPG, KB, KS,
-                             TG, EVEN)
-        if KS > 1:
-            xs_rows = ()
-            for it in gl.static_range(NT):
-                if it == 0:
-                    xs_rows = xs_rows + (_load_xs_rows(xs_ptrs, ch, n_blocks, tok_ok_cols[0], M, WPG, KB), )
-                else:
-                    xs_rows = xs_rows + (_load_xs_rows(xs_ptrs + 8 * it, ch, n_blocks, tok_ok_cols[it], M, WPG,
-                                                       KB), )
-        for j in gl.static_range(KB):
-            # the token side once per block, shared by the RT row tiles
-            toks = ()
-            for u in gl.static_range(TG):
-                x, sc = cur_x[j][u]
-                if KS > 1:
-                    xa = xs_rows[2 * u][j]
-                else:
-                    xa = sc[0][None, :]
-                xa = xa.to(gl.float32)
-                xlo, xhi = _unpack16(x)
-                tiles = ((xa, xa * (-MAGIC_F)), )
-                if BLOCK_T > 8:
-                    if KS > 1:
-                        xb = xs_rows[2 * u + 1][j]
+    if L16:
+        gl.static_assert(KS == 1 and EVEN, "16-byte loads: whole row tiles and chunks, K not split across warps")
+        keep0 = gl.where(col < 4, -1, 0).to(gl.int64)[None, :]       # threads q < 2 hold block 0 of the pair
+        keep1 = gl.where(col < 4, 0, -1).to(gl.int64)[None, :]
+        acc = _kloop16(acc, w_ptrs, ws_ptrs, x_ptrs, xs_ptrs, n_chunks, N, M, tile_words, group_words, tok_oks,
+                       tok_ok_cols, keep0, keep1, KB, RT, ROWS, TG, NT, NTG, PDL)
+    else:
+        # rounds of KS chunks (one per K part), the next round in flight while this one computes (EVEN: the last
+        # round's "next" re-reads the last round, so nothing is read past the end)
+        n_rounds = gl.cdiv(n_chunks, KS)
+        # the weights and their scales do not come from act_quant: the first round's go out before
+        # griddepcontrol.wait (PDL), the tokens' after it
+        cur_w = _load_weights(w_ptrs, ws_ptrs, kpart, n_blocks, row_ok, N, tile_words, WPG, KB, KS, RT, ROWS, EVEN)
+        if PDL:
+            gl_gdc_wait()          # the token words, their scales and s come from act_quant
+        cur_x = _load_tokens(x_ptrs, xs_ptrs, kpart, n_blocks, tok_oks, tok_ok_cols, M, group_words, WPG, KB, KS, TG,
+                             EVEN)
+        for i in range(0, n_rounds):
+            ch = i * KS + kpart
+            if EVEN:
+                nxt_ch = gl.minimum(i + 1, n_rounds - 1) * KS + kpart
+            else:
+                nxt_ch = ch + KS
+            nxt_w = _load_weights(w_ptrs, ws_ptrs, nxt_ch, n_blocks, row_ok, N, tile_words, WPG, KB, KS, RT, ROWS, EVEN)
+            nxt_x = _load_tokens(x_ptrs, xs_ptrs, nxt_ch, n_blocks, tok_oks, tok_ok_cols, M, group_words, WPG, KB, KS,
+                                 TG, EVEN)
+            if KS > 1:
+                xs_rows = ()
+                for it in gl.static_range(NT):
+                    if it == 0:
+                        xs_rows = xs_rows + (_load_xs_rows(xs_ptrs, ch, n_blocks, tok_ok_cols[0], M, WPG, KB), )
                     else:
-                        xb = sc[1][None, :]
-                    xb = xb.to(gl.float32)
-                    tiles = tiles + ((xb, xb * (-MAGIC_F)), )
-                toks = toks + ((xlo, xhi, tiles), )
-            new = ()
-            for t in gl.static_range(RT):
-                w, ws = cur_w[j][t]
-                wlo, whi = _unpack16(w)
+                        xs_rows = xs_rows + (_load_xs_rows(xs_ptrs + 8 * it, ch, n_blocks, tok_ok_cols[it], M, WPG,
+                                                           KB), )
+            for j in gl.static_range(KB):
+                # the token side once per block, shared by the RT row tiles
+                toks = ()
                 for u in gl.static_range(TG):
-                    xlo, xhi, tiles = toks[u]
-                    for h in gl.static_range(NTG):
-                        xv, xc = tiles[h]
-                        new = new + (_rescale(acc[t * NT + 2 * u + h], _block_partial(wlo, whi, xlo, xhi, h), ws,
-                                              xv, xc), )
-            acc = new
-        cur_w = nxt_w
-        cur_x = nxt_x
+                    x, sc = cur_x[j][u]
+                    if KS > 1:
+                        xa = xs_rows[2 * u][j]
+                    else:
+                        xa = sc[0][None, :]
+                    xa = xa.to(gl.float32)
+                    xlo, xhi = _unpack16(x)
+                    tiles = ((xa, xa * (-MAGIC_F)), )
+                    if BLOCK_T > 8:
+                        if KS > 1:
+                            xb = xs_rows[2 * u + 1][j]
+                        else:
+                            xb = sc[1][None, :]
+                        xb = xb.to(gl.float32)
+                        tiles = tiles + ((xb, xb * (-MAGIC_F)), )
+                    toks = toks + ((xlo, xhi, tiles), )
+                new = ()
+                for t in gl.static_range(RT):
+                    w, ws = cur_w[j][t]
+                    wlo, whi = _unpack16(w)
+                    for u in gl.static_range(TG):
+                        xlo, xhi, tiles = toks[u]
+                        for h in gl.static_range(NTG):
+                            xv, xc = tiles[h]
+                            new = new + (_rescale(acc[t * NT + 2 * u + h], _block_partial(wlo, whi, xlo, xhi, h), ws,
+                                                  xv, xc), )
+                acc = new
+            cur_w = nxt_w
+            cur_x = nxt_x
     red = gl.allocate_shared_memory(gl.float32, [BN, 8], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
     for t in gl.static_range(RT):
         for it in gl.static_range(NT):
@@ -423,6 +562,7 @@ CONFIG_ENV = "LOWRANK_GEMM_SKINNY_CONFIG"      # "rw,ks,kb[,rt]" (probes)
 # weights; LOWRANK_GEMM_SKINNY_BLOCK_T pins it for probes.
 BLOCK_TS = (8, 16, 32, 64)
 BLOCK_T_ENV = "LOWRANK_GEMM_SKINNY_BLOCK_T"
+LOAD16_ENV = "LOWRANK_GEMM_SKINNY_LOAD16"       # 1: the 16-byte-load K loop (opt-in, not yet run on the GPU)
 
 
 def _even(cfg: SkinnyConfig, n: int, k: int) -> bool:
@@ -434,8 +574,8 @@ def _even(cfg: SkinnyConfig, n: int, k: int) -> bool:
 def skinny_config(config: SkinnyConfig | None = None, m: int | None = None, n: int | None = None,
                   k: int | None = None) -> SkinnyConfig:
     """``config``, else env ``LOWRANK_GEMM_SKINNY_CONFIG``, else :data:`WIDE_BATCH_CONFIG` for M > 32,
-    :data:`MANY_TOKENS_CONFIG` for M > 16, :data:`DEFAULT_CONFIG` below — with half the chunk when (N, K) would take the masked path (its extra registers spill
-    at kb = 8)."""
+    :data:`MANY_TOKENS_CONFIG` for M > 16, :data:`DEFAULT_CONFIG` below — with half the chunk when (N, K) would take
+    the masked path (its extra registers spill at kb = 8)."""
     pinned = pinned_config(config, CONFIG_ENV, (3, 4), "rw,ks,kb[,rt]", SkinnyConfig)
     if pinned is not None:
         return pinned
@@ -458,14 +598,20 @@ def _expect(cond, msg):
 
 def skinny_args(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, out, fmt: str = "int4_g64",
                 group_size: int = 64, *, col_scale=None, config: SkinnyConfig | None = None, pdl=None,
-                block_t: int | None = None):
+                block_t: int | None = None, load16: bool | None = None):
     """Validate (the launcher contract, ``w4a4_gemm.check_gemm_args``), plan, and build one launch:
-    (grid, args, constexprs, config)."""
+    (grid, args, constexprs, config). ``load16`` (None: env ``LOWRANK_GEMM_SKINNY_LOAD16``, default off): the
+    16-byte-load K loop (G = 64, K not split across warps, whole row tiles and chunks of pairs)."""
     from .w4a4_gemm import check_packed_launch
+    load16 = env_on(LOAD16_ENV, default=False) if load16 is None else bool(load16)
     M, N, K, r = check_packed_launch("skinny", x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, out,
-                                     fmt, group_size, col_scale, 8)
+                                     fmt, group_size, col_scale, 16 if load16 else 8)
     dev = x_q.device
     cfg = skinny_config(config, M, N, K)
+    if load16:
+        _expect(group_size == 64 and cfg.ks == 1 and N % cfg.rows == 0 and K % (128 * cfg.kb) == 0,
+                f"16-byte loads need group_size 64, ks = 1, N a multiple of the {cfg.rows} rows per program and K of "
+                f"128·kb = {128 * cfg.kb}; got group_size={group_size}, {cfg}, N={N}, K={K}")
     _expect(cfg.num_warps in (1, 2, 4, 8) and cfg.kb in (1, 2, 4, 8) and cfg.rt in (1, 2, 4),
             f"rw·ks (the warps) must be 1, 2, 4 or 8, kb 1, 2, 4 or 8 and rt 1, 2 or 4, got {cfg}")
     block_t = block_t or int(os.environ.get(BLOCK_T_ENV, "0").strip() or 0) or (8 if M <= 8 else 16)
@@ -478,38 +624,42 @@ def skinny_args(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, o
     br = rank_block(r) if r else 16
     if r:
         _expect(lowrank_act.stride(1) == 1 and lora_up.stride(1) == 1, "lowrank_act / lora_up need unit column stride")
-    args = (x_q.view(torch.int32), x_scale, w_q.view(torch.int32), w_scale,
+    word = torch.int64 if load16 else torch.int32
+    args = (x_q.view(word), x_scale, w_q.view(word), w_scale,
             lowrank_act if r else f32, lora_up if r else dummy(dev, torch.bfloat16, (1, )),
             bias if bias is not None else f32, col_scale if col_scale is not None else f32, out,
             M, N, K, r, lowrank_act.stride(0) if r else 0, lora_up.stride(0) if r else 0, out.stride(0))
     even = _even(cfg, N, K)
     cx = dict(G=group_size, BLOCK_T=block_t, RW=cfg.rw, KB=cfg.kb, RT=cfg.rt, EVEN=even, BLOCK_R=br,
               HAS_LOWRANK=bool(r), HAS_COL_SCALE=col_scale is not None, HAS_BIAS=bias is not None, PDL=pdl)
+    if load16:
+        cx.update(L16=True, EVEN=True)
     grid = (triton.cdiv(N, cfg.rows) * triton.cdiv(M, block_t), )
     return grid, args, cx, cfg
 
 
 def launch_w4a4_skinny(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, out, fmt: str = "int4_g64",
                        group_size: int = 64, *, col_scale=None, config: SkinnyConfig | None = None, pdl=None,
-                       block_t: int | None = None):
+                       block_t: int | None = None, load16: bool | None = None):
     """out [M, N] ← the int4_g64 W4A4 GEMM + epilogue for a few tokens (launcher contract of kernels/w4a4_gemm.py).
     ``config``: :class:`SkinnyConfig` (None: env ``LOWRANK_GEMM_SKINNY_CONFIG``, else the default); ``pdl``
     (None = :func:`kernels.pdl.pdl_enabled`)."""
     _expect(x_q.device.type == "cuda", f"runs on CUDA only (inline mma.sync), got {x_q.device}")
     grid, args, cx, cfg = skinny_args(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, out, fmt,
-                                      group_size, col_scale=col_scale, config=config, pdl=pdl, block_t=block_t)
+                                      group_size, col_scale=col_scale, config=config, pdl=pdl, block_t=block_t,
+                                      load16=load16)
     w4a4_skinny_kernel[grid](*args, **cx, num_warps=cfg.num_warps, launch_pdl=cx["PDL"])
     return out
 
 
 def aot_signature_skinny(config: SkinnyConfig | None = None, *, M=12, N=160, K=512, rank=16, group_size=64,
-                         bias=True, col_scale=True, pdl=True, block_t=None):
+                         bias=True, col_scale=True, pdl=True, block_t=None, load16=False):
     """(signature, constexprs, config) for ``kernels.aot.compile_sm90`` of :func:`w4a4_skinny_kernel`."""
     import inspect
     from triton.runtime.jit import mangle_type
     from .gluon.w4a4_ws import make_operands_v2
     ops = make_operands_v2("int4_g64", M, N, K, rank, group_size, device="cpu", bias=bias, col_scale=col_scale)
-    _, args, cx, cfg = skinny_args(**ops, config=config, pdl=False, block_t=block_t)
+    _, args, cx, cfg = skinny_args(**ops, config=config, pdl=False, block_t=block_t, load16=load16)
     cx["PDL"] = bool(pdl)
     names = [n for n in inspect.signature(w4a4_skinny_kernel.fn).parameters if n not in cx]
     sig = {n: (mangle_type(a) if not isinstance(a, int) else "i32") for n, a in zip(names, args)}
@@ -531,6 +681,18 @@ def _smoke() -> int:
             ok = bool(torch.isfinite(y).all()) and err < 1e-2
             fails += not ok
             print(f"{'OK' if ok else 'FAIL'} skinny {cfg} M={m}: err {err:.2e}", flush=True)
+    for cfg, bt, load16 in ((SkinnyConfig(1, 4, 2), 32, False), (SkinnyConfig(2, 2, 2), 64, False),
+                            (SkinnyConfig(4, 1, 2, 2), None, True), (SkinnyConfig(2, 1, 1, 2), 32, True)):
+        for m in (5, 21, 40):
+            ops = make_operands_v2("int4_g64", m, 256, 1024, 5, 64, device="cuda", bias=True, col_scale=True)
+            ref = reference_v2(ops)
+            y = launch_w4a4_skinny(**ops, config=cfg, block_t=bt, load16=load16)
+            torch.cuda.synchronize()
+            err = float((y.double().cpu() - ref).abs().max() / ref.abs().max())
+            ok = bool(torch.isfinite(y).all()) and err < 1e-2
+            fails += not ok
+            print(f"{'OK' if ok else 'FAIL'} skinny {cfg} block_t={bt} load16={load16} M={m}: err {err:.2e}",
+                  flush=True)
     return 1 if fails else 0
 
 
