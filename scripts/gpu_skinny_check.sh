@@ -9,7 +9,11 @@
 #             the configs in NCU_CFGS;
 # MODE=final  (≈ 5 min, the default): sanitizer, the skinny / GEMV / W4A4 / decode suites, the shipped defaults and a
 #             few more configs at N = 4096 and N = 28672;
-# MODE=quick  (≈ 2.5 min): the skinny + GEMV suites, the layer at N = 4096 with the shipped defaults.
+# MODE=quick  (≈ 2.5 min): the skinny + GEMV suites, the layer at N = 4096 with the shipped defaults;
+# MODE=variants (≈ 6 min; session 10's prepared, CPU-checked-only variants): sanitizer (smoke incl. block_t 32 / 64
+#             and load16), the skinny + GEMV suites (incl. test_gpu_token_groups / test_gpu_load16), then the 16-byte
+#             loads (+l16) and 32 / 64 tokens per program (/32, /64) next to the shipped configs at N = 28672 and at
+#             N = 4096 (K = 4096, 14336), M = 4 … 64.
 # Everything lands under $OUT/skinny_<mode> (tarred; summary.txt beside it).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -60,9 +64,16 @@ Occupancy|Issue Slots Busy" "$L/ncu_skinny_${cfg//,/_}.txt" | tr -s ' ' | tr '\n
     suites gpu_tests $SK $GV $ROUTES
     probe n4k 4096x4096,4096x14336 1,2,3,4,8,16,24,32 "1,4,8;1,4,4,2;1,4,4;1,8,4"
     probe n28k 28672x4096 4,16 "1,4,4,2;2,1,8,2;2,1,4,2";;
+  variants)
+    sanitize
+    suites gpu_tests $SK $GV
+    probe n28k 28672x4096 4,16,32,64 \
+        "4,1,2,2;4,1,2,2+l16;4,1,2+l16;2,1,2,2+l16;2,1,1,2/32+l16;4,1,1/64+l16;2,1,1/64+l16;1,4,2/64;2,2,2/64;4,1,2/64"
+    probe n4k 4096x4096,4096x14336 16,32,48,64 \
+        "1,4,4,2;2,2,4,2;1,4,2/32;1,4,2/64;2,2,2/32;2,2,2/64;2,1,2,2+l16;2,1,1,2/32+l16;2,1,1/64+l16";;
   quick)
     suites gpu_tests $SK $GV
     probe n4k 4096x4096,4096x14336 2,3,4,8,16,24,32 "1,4,8;1,4,4,2";;
-  *) say "unknown MODE=$MODE (pdl | sweep | final | quick)"; exit 2;;
+  *) say "unknown MODE=$MODE (pdl | sweep | final | quick | variants)"; exit 2;;
 esac
 tar czf "$OUT/skinny_$MODE.tgz" -C "$OUT" "skinny_$MODE"

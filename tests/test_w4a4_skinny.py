@@ -290,7 +290,7 @@ _LOAD16_CASES = [(28672, 4096, 32, 64, 16, sk.SkinnyConfig(4, 1, 2, 2), None),
                  (28672, 4096, 32, 64, 4, sk.SkinnyConfig(4, 1, 2), None),
                  (4096, 4096, 16, 64, 13, sk.SkinnyConfig(2, 1, 2, 2), None),
                  (4096, 4096, 5, 64, 40, sk.SkinnyConfig(2, 1, 1, 2), 32),
-                 (1024, 1024, 0, 64, 64, sk.SkinnyConfig(4, 1, 1, 2), 64)]
+                 (1024, 1024, 0, 64, 64, sk.SkinnyConfig(4, 1, 1), 64)]
 
 
 @pytest.mark.gpu
