@@ -108,16 +108,27 @@ _MMA_CONSTRAINTS = gl.constexpr("=r,=r,=r,=r," + ",".join(["r"] * 16))
 
 
 @gluon.jit
-def _block_partial(wlo, whi, xlo, xhi, TILE: gl.constexpr):
-    """[BN, 8] fp32: MAGIC_F + 256 · Σ over the 64-block of q_w[row] · q_x[token] for token tile TILE (0 or 1) of the
-    16, as the bits of the int32 MMA result."""
-    if TILE == 0:
-        d = gl.inline_asm_elementwise(_MMA_ASM_T0, _MMA_CONSTRAINTS, [wlo, whi, xlo, xhi], dtype=gl.int32,
-                                      is_pure=True, pack=4)
-    else:
-        d = gl.inline_asm_elementwise(_MMA_ASM_T1, _MMA_CONSTRAINTS, [wlo, whi, xlo, xhi], dtype=gl.int32,
-                                      is_pure=True, pack=4)
+def _mma_partial(wlo, whi, xlo, xhi, ASM: gl.constexpr, CONSTRAINTS: gl.constexpr):
+    d = gl.inline_asm_elementwise(ASM, CONSTRAINTS, [wlo, whi, xlo, xhi], dtype=gl.int32, is_pure=True, pack=4)
     return d.to(gl.float32, bitcast=True)
+
+
+@gluon.jit
+def _block_partial(wlo, whi, xlo, xhi, TILE: gl.constexpr, L16: gl.constexpr = False):
+    """[BN, 8] fp32: MAGIC_F + 256 · Σ over the 64-block of q_w[row] · q_x[token] for token tile TILE (0 or 1) of the
+    16, as the bits of the int32 MMA result. L16: the same over one scale group of a two-block pair (int64 runs, the
+    other group's token bytes zeroed in ``xlo`` / ``xhi``; ``_mma16_asm``)."""
+    if L16:
+        if TILE == 0:
+            d = _mma_partial(wlo, whi, xlo, xhi, _MMA16_ASM_T0, _MMA16_CONSTRAINTS)
+        else:
+            d = _mma_partial(wlo, whi, xlo, xhi, _MMA16_ASM_T1, _MMA16_CONSTRAINTS)
+    else:
+        if TILE == 0:
+            d = _mma_partial(wlo, whi, xlo, xhi, _MMA_ASM_T0, _MMA_CONSTRAINTS)
+        else:
+            d = _mma_partial(wlo, whi, xlo, xhi, _MMA_ASM_T1, _MMA_CONSTRAINTS)
+    return d
 
 
 @gluon.jit
@@ -158,19 +169,6 @@ _MMA16_ASM_T0 = gl.constexpr(_mma16_asm(0))
 _MMA16_ASM_T1 = gl.constexpr(_mma16_asm(1))
 _MMA16_CONSTRAINTS = gl.constexpr("=r,=r,=r,=r," + ",".join(["l"] * 16))
 _NIBBLE_HI64 = gl.constexpr(-0x0F0F0F0F0F0F0F10)        # the int64 whose bytes are all 0xF0
-
-
-@gluon.jit
-def _pair_partial(wlo, whi, xlo, xhi, TILE: gl.constexpr):
-    """[BN, 8] fp32: MAGIC_F + 256 · Σ over one scale group of a two-block pair (the other group's token bytes zeroed
-    in ``xlo`` / ``xhi``), token tile TILE."""
-    if TILE == 0:
-        d = gl.inline_asm_elementwise(_MMA16_ASM_T0, _MMA16_CONSTRAINTS, [wlo, whi, xlo, xhi], dtype=gl.int32,
-                                      is_pure=True, pack=4)
-    else:
-        d = gl.inline_asm_elementwise(_MMA16_ASM_T1, _MMA16_CONSTRAINTS, [wlo, whi, xlo, xhi], dtype=gl.int32,
-                                      is_pure=True, pack=4)
-    return d.to(gl.float32, bitcast=True)
 
 
 @gluon.jit
@@ -246,8 +244,9 @@ def _kloop16(acc, w_ptrs, ws_ptrs, x_ptrs, xs_ptrs, n_chunks, N, M, tile_words, 
                     lo0, hi0, lo1, hi1, tiles = toks[u]
                     for h in gl.static_range(NTG):
                         s0, c0, s1, c1 = tiles[h]
-                        a = _rescale(acc[t * NT + 2 * u + h], _pair_partial(wlo, whi, lo0, hi0, h), ws0, s0, c0)
-                        new = new + (_rescale(a, _pair_partial(wlo, whi, lo1, hi1, h), ws1, s1, c1), )
+                        a = _rescale(acc[t * NT + 2 * u + h], _block_partial(wlo, whi, lo0, hi0, h, True), ws0,
+                                     s0, c0)
+                        new = new + (_rescale(a, _block_partial(wlo, whi, lo1, hi1, h, True), ws1, s1, c1), )
             acc = new
         cur_w = nxt_w
         cur_x = nxt_x
