@@ -3,6 +3,7 @@
 with a ~36 µs GEMM; the fused variant was slower at M = 17–32).
 
     PYTHONPATH=src python scripts/probe_actquant_midm.py --out $OUT [--ms 17,24,32,48,64] [--ks 4096,14336]
+        [--variants default,v3,…] [--aq-only] [--fmt int4_2l]
 
 Per (M, K), in one process with cuBLAS bf16 at N = 4096 as the yardstick: act_quant alone with the default plan, v1
 at K splits 4 / 8 / 16 / 32 / 64, fused with the ticketed and the rank-split S, v3; the skinny GEMM alone (default
@@ -36,6 +37,8 @@ def main() -> int:
     ap.add_argument("--ks", default="4096,14336")
     ap.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated names from VARIANTS")
     ap.add_argument("--aq-only", action="store_true", help="time act_quant only (no cuBLAS, GEMM or layer rows)")
+    ap.add_argument("--fmt", default="int4_g64", choices=("int4_g64", "int4_2l"),
+                    help="activation format (int4_2l: act_quant rows only, as --aq-only)")
     args = ap.parse_args()
     import torch
     from _decode_probe import Probe
@@ -54,24 +57,26 @@ def main() -> int:
             base = dict(M=m, N=N, K=k, r=RANK)
             xs = [torch.randn(m, k, device="cuda", dtype=torch.bfloat16) for _ in range(2)]
             wb = [torch.randn(N, k, device="cuda", dtype=torch.bfloat16) for _ in range(2)]
-            if not args.aq_only:
+            aq_only = args.aq_only or args.fmt != "int4_g64"
+            if not aq_only:
                 probe.emit(**base, impl="cublas_bf16", **time_impl(lambda a, b: a @ b.T, list(zip(xs, wb))))
             del wb
-            want = act_quant(xs[0], smooth, down, 64)
+            fmt = args.fmt
+            want = act_quant(xs[0], smooth, down, 64, fmt)
             for name in (v for v in args.variants.split(",") if v):
                 kw = VARIANTS[name]
                 try:
-                    got = act_quant(xs[0], smooth, down, 64, **kw)
+                    got = act_quant(xs[0], smooth, down, 64, fmt, **kw)
                     same = torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
                     s_err = float((got[2] - want[2]).abs().max() / want[2].abs().max().clamp_min(1e-30))
                     ok = same and s_err < 1e-5
-                    probe.emit(**base, impl=f"act_quant:{name}", err=s_err, same=same, ok=ok,
-                               **(time_impl(lambda a, kw=kw: act_quant(a, smooth, down, 64, **kw),
+                    probe.emit(**base, impl=f"act_quant:{fmt}:{name}", err=s_err, same=same, ok=ok,
+                               **(time_impl(lambda a, kw=kw: act_quant(a, smooth, down, 64, fmt, **kw),
                                             [(a, ) for a in xs]) if ok else {}))
                 except Exception as exc:
                     traceback.print_exc()
-                    probe.emit(**base, impl=f"act_quant:{name}", error=f"{type(exc).__name__}: {exc}"[:300])
-            if args.aq_only:
+                    probe.emit(**base, impl=f"act_quant:{fmt}:{name}", error=f"{type(exc).__name__}: {exc}"[:300])
+            if aq_only:
                 continue
             sets = [w4.make_operands_v2("int4_g64", m, N, k, RANK, 64, device="cuda", bias=True, seed=s)
                     for s in range(2)]
