@@ -25,7 +25,10 @@ python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', tr
 if [ -n "${PRE:-}" ]; then log "pre: $PRE"; timeout 90 bash -c "$PRE" >>"$OUT/session.log" 2>&1; log "pre rc=$?"; fi
 if [ -n "$TESTS" ]; then
   log "pytest -m gpu $TESTS"
-  timeout "$TEST_TIMEOUT" python3 -m pytest -m gpu $TESTS -q --maxfail=25 --timeout=90 -p no:cacheprovider -rf \
+  # -n: one worker per few cores — a fresh machine compiles every kernel variant, and serially that took ~1 s per
+  # test (session 10 lost two runs to it)
+  timeout "$TEST_TIMEOUT" python3 -m pytest -m gpu $TESTS -q -n "${PYTEST_WORKERS:-8}" --maxfail=25 --timeout=150 \
+      -p no:cacheprovider -rf \
       >"$OUT/gpu_tests.log" 2>&1; log "pytest rc=$?"
   tail -25 "$OUT/gpu_tests.log" | tee -a "$OUT/session.log"
 fi
