@@ -1,0 +1,203 @@
+"""Tensor parallelism (nn/parallel.py): every rank's slice of every supported layer, simulated in one process
+(column shards concatenated, row shards summed + bias = the unsharded layer), bad shardings, and one real
+two-process run over gloo (``parallelize_`` on a small model: column → row, a gathered column, a row layer that
+slices its own input, a multi-LoRA layer with adapters written after sharding).
+
+    CPU:  PYTHONPATH=src python -m pytest -q tests/test_parallel.py
+"""
+
+import os
+import tempfile
+
+import pytest
+import torch
+from torch import nn
+
+from lowrank_gemm.nn import AdapterBank, LoRALinear, MultiLoRALinear, SVDQLinear
+from lowrank_gemm.nn.multilora import AdapterIds
+from lowrank_gemm.nn.parallel import ColumnParallel, RowParallel, parallelize_, shard_columns, shard_rows
+from lowrank_gemm.quant.config import SVDQuantConfig
+
+K, N, R = 256, 96, 8
+
+
+DT = torch.float16          # the fused ops take fp16 / bf16 (fp16: exact in the interpreter too)
+TOL = dict(rtol=4e-3, atol=4e-3)   # row shards: each rank's fp16 output rounds once before the sum
+
+
+def _linear(seed, k=K, n=N, bias=True):
+    torch.manual_seed(seed)
+    lin = nn.Linear(k, n, bias=bias)
+    with torch.no_grad():
+        lin.weight.normal_(0, 0.05)
+        if bias:
+            lin.bias.normal_(0, 0.1)
+    return lin.to(DT)
+
+
+def _layers(seed=0):
+    """One of each supported layer, fp16 on the CPU (LoRA through the op's torch path, SVDQ its reference)."""
+    g = torch.Generator().manual_seed(seed)
+    lora = LoRALinear.from_linear(_linear(seed), torch.randn(R, K, generator=g) * 0.1,
+                                  torch.randn(N, R, generator=g) * 0.1, 0.5, strategy="torch")
+    ids = AdapterIds(mode="gather")
+    multi = MultiLoRALinear(_linear(seed + 1), AdapterBank(4, R, K, N, dtype=DT), ids)
+    for slot, r in ((0, R), (2, 4)):
+        multi.bank.set_adapter(slot, torch.randn(r, K, generator=g) * 0.1, torch.randn(N, r, generator=g) * 0.1,
+                               0.25 * (slot + 1))
+    ids.set(torch.tensor([0, -1, 2, 2, 0]))
+    calib = torch.randn(64, K, generator=g).to(DT)
+    svdq = SVDQLinear.from_linear(_linear(seed + 2), SVDQuantConfig(rank=R, group_size=64), calib)
+    return {"linear": _linear(seed + 3), "lora": lora, "multilora": multi, "svdq": svdq}
+
+
+@pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.parametrize("kind", ["linear", "lora", "multilora", "svdq"])
+def test_column_shards_concatenate_to_the_layer(kind, world):
+    layer = _layers()[kind]
+    x = torch.randn(5, K).to(DT)
+    want = layer(x)
+    shards = [shard_columns(layer, i, world) for i in range(world)]
+    assert all(type(s) is type(layer) and s.out_features == N // world for s in shards)
+    got = torch.cat([s(x) for s in shards], dim=-1)
+    torch.testing.assert_close(got, want, rtol=1e-3, atol=1e-3)
+
+
+@pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.parametrize("kind", ["linear", "lora", "multilora", "svdq"])
+def test_row_shards_sum_to_the_layer(kind, world):
+    """Σ over ranks of the whole fused op on each K slice, plus the bias once, is the layer: the low-rank branch
+    splits by linearity, and the W4A4 activation groups never straddle a shard."""
+    layer = _layers()[kind]
+    x = torch.randn(5, K).to(DT)
+    want = layer(x).float()
+    width = K // world
+    total = 0
+    for i in range(world):
+        shard, bias = shard_rows(layer, i, world)
+        assert type(shard) is type(layer) and shard.in_features == width
+        assert getattr(shard, "bias", None) is None and getattr(getattr(shard, "base", None), "bias", None) is None
+        total = total + shard(x[:, i * width:(i + 1) * width]).float()
+    torch.testing.assert_close(total + bias.float(), want, **TOL)
+
+
+def test_shards_are_copies_and_the_layer_is_untouched():
+    layer = _layers()["svdq"]
+    before = {k: v.clone() for k, v in layer.state_dict().items()}
+    shard, _ = shard_rows(layer, 1, 2)
+    assert shard.qweight.is_contiguous() and shard.qweight.data_ptr() != layer.qweight.data_ptr()
+    assert all(torch.equal(before[k], v) for k, v in layer.state_dict().items())
+
+
+def test_bad_shardings():
+    layers = _layers()
+    with pytest.raises(ValueError, match="out_features=96 must split into 5 shards"):
+        shard_columns(layers["lora"], 0, 5)
+    with pytest.raises(ValueError, match="in_features=256 must split into 8 shards of a multiple of 64"):
+        shard_rows(layers["svdq"], 0, 8)                 # 32-wide shards would cut W4A4 groups
+    with pytest.raises(ValueError, match="rank 2 is not in a world of 2"):
+        shard_columns(layers["linear"], 2, 2)
+    with pytest.raises(TypeError, match="no column sharding for Conv1d"):
+        shard_columns(nn.Conv1d(4, 4, 1), 0, 2)
+    with pytest.raises(RuntimeError, match="torch.distributed initialized"):
+        ColumnParallel(layers["linear"])
+
+
+class _Block(nn.Module):
+    """up: LoRA K → K (column) · relu · down: W4A4 K → K (row) · then head: Linear K → N (column, gathered) and
+    multi: multi-LoRA K → N (row, slicing its own full input)."""
+
+    def __init__(self):
+        super().__init__()
+        g = torch.Generator().manual_seed(5)
+        self.up = LoRALinear.from_linear(_linear(3, n=K), torch.randn(R, K, generator=g) * 0.1,
+                                         torch.randn(K, R, generator=g) * 0.1, 0.5, strategy="torch")
+        self.down = SVDQLinear.from_linear(_linear(4, n=K), SVDQuantConfig(rank=R, group_size=64),
+                                           torch.randn(64, K, generator=g).to(DT))
+        self.head = _linear(6)
+        self.multi = _layers(8)["multilora"]
+
+    def trunk(self, x):
+        return self.down(torch.relu(self.up(x)))
+
+
+def _worker(rank, world, init_file, results, backend="gloo"):
+    import copy
+    import torch.distributed as dist
+    dev = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
+    if dev.type == "cuda":
+        torch.cuda.set_device(dev)
+    dist.init_process_group(backend, init_method=f"file://{init_file}", rank=rank, world_size=world)
+    try:
+        torch.manual_seed(0)
+        x = torch.randn(5, K).to(DT).to(dev)
+        model = _Block().to(dev)
+        y = model.trunk(x)
+        want_head = model.head(y)
+        g = torch.Generator().manual_seed(11)
+        extra_a = (torch.randn(R, K, generator=g) * 0.1).to(DT).to(dev)
+        extra_b = (torch.randn(N, R, generator=g) * 0.1).to(DT).to(dev)
+        reference_multi = copy.deepcopy(model.multi)
+        reference_multi.bank.set_adapter(1, extra_a, extra_b, 0.5)
+        model.multi.adapter_ids.set(torch.tensor([1, -1, 2, 1, 0], device=dev))
+        reference_multi.adapter_ids = model.multi.adapter_ids
+        want_multi = reference_multi(y)
+        parallelize_(model, {"up": "column", "down": "row", "head": ("column", {"gather_output": True}),
+                             "multi": ("row", {"input_is_parallel": False})})
+        assert isinstance(model.up, ColumnParallel) and isinstance(model.down, RowParallel)
+        assert model.up.shard.out_features == K // world and model.down.shard.in_features == K // world
+        model.multi.set_adapter(1, extra_a, extra_b, 0.5)      # a full-size adapter written after sharding
+        y_tp = model.trunk(x)
+        got_head, got_multi = model.head(y_tp), model.multi(y_tp)
+        results[rank] = (float((y_tp - y).abs().max()), float((got_head - want_head).abs().max()),
+                         float((got_multi - want_multi).abs().max()), tuple(got_head.shape), tuple(got_multi.shape))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_two_processes_over_gloo():
+    """parallelize_ on two ranks: the column layer's sharded output feeds the row layer directly (one all-reduce),
+    the gathered column layer returns every feature, the row multi-LoRA layer slices its full input itself; both
+    ranks reproduce the unsharded model."""
+    _two_ranks("gloo")
+
+
+@pytest.mark.gpu
+def test_gpu_two_gpus_over_nccl():
+    """The same on two GPUs over NCCL, through the fused CUDA kernels (needs the two-GPU machine)."""
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs two GPUs")
+    _two_ranks("nccl")
+
+
+def _two_ranks(backend):
+    import torch.multiprocessing as mp
+    with tempfile.TemporaryDirectory() as d:
+        ctx = mp.get_context("spawn")
+        results = ctx.Manager().dict()
+        procs = [ctx.Process(target=_worker, args=(r, 2, os.path.join(d, "init"), results, backend))
+                 for r in range(2)]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(120)
+        assert all(p.exitcode == 0 for p in procs), [p.exitcode for p in procs]
+    for rank in range(2):
+        trunk_err, head_err, multi_err, head_shape, multi_shape = results[rank]
+        assert head_shape == (5, N) and multi_shape == (5, N)
+        assert max(trunk_err, head_err, multi_err) < 5e-3, (rank, trunk_err, head_err, multi_err)
+
+
+def test_parallelize_plan_errors(monkeypatch):
+    import torch.distributed as dist
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "get_rank", lambda group=None: 0)
+    monkeypatch.setattr(dist, "get_world_size", lambda group=None: 2)
+    model = nn.Sequential(_linear(0), nn.ReLU(), _linear(1, k=N, n=K))
+    with pytest.raises(ValueError, match="matches no layer"):
+        parallelize_(model, {"nothing.*": "column"})
+    with pytest.raises(ValueError, match="style must be 'column' or 'row'"):
+        parallelize_(model, {"0": "diagonal"})
+    parallelize_(model, {"0": "column", "2": "row"})
+    assert isinstance(model[0], ColumnParallel) and model[0].shard.out_features == N // 2
+    assert isinstance(model[2], RowParallel) and model[2].shard.in_features == N // 2
