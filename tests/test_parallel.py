@@ -149,6 +149,8 @@ def _worker(rank, world, init_file, results, backend="gloo"):
         model.multi.set_adapter(1, extra_a, extra_b, 0.5)      # a full-size adapter written after sharding
         y_tp = model.trunk(x)
         got_head, got_multi = model.head(y_tp), model.multi(y_tp)
+        compiled = torch.compile(lambda v: model.head(model.trunk(v)), fullgraph=True, backend="aot_eager")
+        assert torch.equal(compiled(x), got_head), "the parallel model traces whole under torch.compile"
         results[rank] = (float((y_tp - y).abs().max()), float((got_head - want_head).abs().max()),
                          float((got_multi - want_multi).abs().max()), tuple(got_head.shape), tuple(got_multi.shape))
     finally:

@@ -25,7 +25,8 @@ output dtype).
     dist.init_process_group("nccl")
     parallelize_(model, {"mlp.gate_up": "column", "mlp.down": "row", "attn.qkv": "column", "attn.o": "row"})
 
-Shards are views-free copies of the slices (``contiguous``), so the full weights can be freed afterwards.
+Shards are copies of the slices (``contiguous``), so the full weights can be freed afterwards. The wrappers use
+functional collectives, so a parallel model traces whole under ``torch.compile(fullgraph=True)``.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from typing import Mapping
 
 import torch
 import torch.distributed as dist
+import torch.distributed._functional_collectives as fc
 from torch import nn
 
 from .lora import LoRALinear
@@ -146,6 +148,14 @@ def _svdq_like(layer: SVDQLinear, k: int, n: int, bias: bool) -> SVDQLinear:
     return out.to(layer.qweight.device)
 
 
+# functional collectives: they return new tensors and trace under torch.compile(fullgraph=True)
+_all_gather = getattr(fc, "all_gather_single", None) or fc.all_gather_tensor
+
+
+def _group(group):
+    return group if group is not None else dist.group.WORLD
+
+
 def _group_info(group) -> tuple[int, int]:
     if not dist.is_available() or not dist.is_initialized():
         raise RuntimeError("tensor parallelism needs torch.distributed initialized (dist.init_process_group)")
@@ -168,9 +178,7 @@ class ColumnParallel(nn.Module):
         y = self.shard(x)
         if not self.gather_output or self.world == 1:
             return y
-        parts = [torch.empty_like(y) for _ in range(self.world)]
-        dist.all_gather(parts, y.contiguous(), group=self.group)
-        return torch.cat(parts, dim=-1)
+        return _all_gather(y.contiguous(), y.dim() - 1, _group(self.group))
 
     def set_adapter(self, slot: int, lora_a: torch.Tensor, lora_b: torch.Tensor, scale: float = 1.0,
                     name: str | None = None) -> None:
@@ -210,7 +218,7 @@ class RowParallel(nn.Module):
         if self.reduce_dtype is not None:
             y = y.to(self.reduce_dtype)
         if self.world > 1:
-            dist.all_reduce(y, group=self.group)
+            y = fc.all_reduce(y, "sum", _group(self.group))
         if self.bias is not None:
             y = y + self.bias.to(y.dtype)
         return y.to(out_dtype)
