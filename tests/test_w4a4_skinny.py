@@ -120,26 +120,29 @@ def test_sm90_compile_load16(cfg, block_t, mmas):
 
 
 def test_load16_rules(monkeypatch):
-    """Off unless asked (argument or LOWRANK_GEMM_SKINNY_LOAD16=1); where it cannot run (K split across warps,
-    group 128, ragged N or K, 8-byte-aligned words) a clear error, never the other path silently."""
+    """Off unless asked. Asked by argument where it cannot run (K split across warps, group 128, ragged N or K,
+    8-byte-aligned words): a clear error. Asked by LOWRANK_GEMM_SKINNY_LOAD16=1: only where it fits."""
     ops = _ops(16, 256, 2048, 8, 64)
     assert "L16" not in sk.skinny_args(**ops, config=sk.SkinnyConfig(4, 1, 2, 2))[2]
     _, args, cx, _ = sk.skinny_args(**ops, config=sk.SkinnyConfig(4, 1, 2, 2), load16=True)
     assert cx["L16"] and args[0].dtype == torch.int64 and args[2].dtype == torch.int64
-    monkeypatch.setenv(sk.LOAD16_ENV, "1")
-    assert sk.skinny_args(**ops, config=sk.SkinnyConfig(4, 1, 2, 2))[2]["L16"]
-    with pytest.raises(ValueError, match="16-byte loads need"):
-        sk.skinny_args(**ops, config=sk.SkinnyConfig(1, 4, 2))                      # ks = 4
-    with pytest.raises(ValueError, match="16-byte loads need"):
-        sk.skinny_args(**_ops(16, 200, 2048, 8, 64), config=sk.SkinnyConfig(4, 1, 2))   # ragged N
-    with pytest.raises(ValueError, match="16-byte loads need"):
-        sk.skinny_args(**_ops(16, 256, 448, 8, 64), config=sk.SkinnyConfig(4, 1, 2))    # K = 7 blocks
-    with pytest.raises(ValueError, match="16-byte loads need"):
-        sk.skinny_args(**_ops(16, 256, 2048, 8, 128), config=sk.SkinnyConfig(4, 1, 2))  # group 128
+    c = sk.SkinnyConfig(4, 1, 2)
+    for bad_ops, bad_cfg in ((ops, sk.SkinnyConfig(1, 4, 2)),                    # ks = 4
+                             (_ops(16, 200, 2048, 8, 64), c),                     # ragged N
+                             (_ops(16, 256, 448, 8, 64), c),                      # K = 7 blocks
+                             (_ops(16, 256, 2048, 8, 128), c)):                   # group 128
+        with pytest.raises(ValueError, match="16-byte loads need"):
+            sk.skinny_args(**bad_ops, config=bad_cfg, load16=True)
     with pytest.raises(ValueError, match="16-byte aligned"):
         xq = ops["x_q"]
         shifted = torch.empty(xq.numel() + 8, dtype=torch.uint8)[8:].view(xq.shape)
-        sk.skinny_args(**{**ops, "x_q": shifted}, config=sk.SkinnyConfig(4, 1, 2))
+        sk.skinny_args(**{**ops, "x_q": shifted}, config=c, load16=True)
+    # the env knob: where the path fits, else the 8-byte loop (a global setting never breaks a launch)
+    monkeypatch.setenv(sk.LOAD16_ENV, "1")
+    assert sk.skinny_args(**ops, config=sk.SkinnyConfig(4, 1, 2, 2))[2]["L16"]
+    for bad_ops, bad_cfg in ((ops, sk.SkinnyConfig(1, 4, 2)), (_ops(16, 200, 2048, 8, 64), c), (ops, None)):
+        _, args, cx, _ = sk.skinny_args(**bad_ops, config=bad_cfg)
+        assert "L16" not in cx and args[0].dtype == torch.int32
 
 
 def test_bad_inputs():
@@ -269,17 +272,18 @@ def test_gpu_real_sizes_repeats_and_graph(M, N, K, rank, G, cfg):
     _check_real_size(M, N, K, rank, G, cfg, None)
 
 
-def _check_real_size(M, N, K, rank, G, cfg, block_t):
+def _check_real_size(M, N, K, rank, G, cfg, block_t, load16=None):
     ops = _ops(M, N, K, rank, G, device="cuda", out=torch.bfloat16, bias=True, col_scale=rank == 5, seed=M)
     ops["out"].fill_(float("nan"))
-    y = sk.launch_w4a4_skinny(**ops, config=cfg, block_t=block_t).clone()
+    y = sk.launch_w4a4_skinny(**ops, config=cfg, block_t=block_t, load16=load16).clone()
     torch.cuda.synchronize()
     ref = w4.reference_v2(ops)
     assert torch.isfinite(y).all(), "every output element written"
     assert float((y.double().cpu() - ref).abs().max() / ref.abs().max()) < 1e-2
     ops["out"].fill_(float("nan"))
-    assert torch.equal(sk.launch_w4a4_skinny(**ops, config=cfg, block_t=block_t), y), "bit-identical repeats"
-    _, g, out = capture_graph(lambda: sk.launch_w4a4_skinny(**ops, config=cfg, block_t=block_t))
+    assert torch.equal(sk.launch_w4a4_skinny(**ops, config=cfg, block_t=block_t, load16=load16), y), \
+        "bit-identical repeats"
+    _, g, out = capture_graph(lambda: sk.launch_w4a4_skinny(**ops, config=cfg, block_t=block_t, load16=load16))
     out.fill_(float("nan"))
     g.replay()
     torch.cuda.synchronize()
@@ -297,11 +301,10 @@ _LOAD16_CASES = [(28672, 4096, 32, 64, 16, sk.SkinnyConfig(4, 1, 2, 2), None),
 @pytest.mark.parametrize("N,K,rank,G,M,cfg,block_t", _LOAD16_CASES,
                          ids=[f"{n}-{k}-{r}-{g}-{m}-" + "-".join(map(str, c)) + f"-bt{b}" for n, k, r, g, m, c, b
                               in _LOAD16_CASES])
-def test_gpu_load16(N, K, rank, G, M, cfg, block_t, monkeypatch):
-    """The 16-byte-load K loop (LOWRANK_GEMM_SKINNY_LOAD16=1): NaN-poisoned bf16 out vs the float64 reference,
-    bit-identical repeats, graph replay."""
-    monkeypatch.setenv(sk.LOAD16_ENV, "1")
-    _check_real_size(M, N, K, rank, G, cfg, block_t)
+def test_gpu_load16(N, K, rank, G, M, cfg, block_t):
+    """The 16-byte-load K loop (load16=True: an error rather than the 8-byte loop if it did not fit): NaN-poisoned
+    bf16 out vs the float64 reference, bit-identical repeats, graph replay."""
+    _check_real_size(M, N, K, rank, G, cfg, block_t, load16=True)
 
 
 _TOKEN_GROUP_CASES = [(4096, 4096, 16, 64, 33, 32), (4096, 4096, 16, 64, 64, 64), (28672, 4096, 32, 64, 64, 64),

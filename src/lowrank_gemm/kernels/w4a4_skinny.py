@@ -599,18 +599,22 @@ def skinny_args(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, o
                 group_size: int = 64, *, col_scale=None, config: SkinnyConfig | None = None, pdl=None,
                 block_t: int | None = None, load16: bool | None = None):
     """Validate (the launcher contract, ``w4a4_gemm.check_gemm_args``), plan, and build one launch:
-    (grid, args, constexprs, config). ``load16`` (None: env ``LOWRANK_GEMM_SKINNY_LOAD16``, default off): the
-    16-byte-load K loop (G = 64, K not split across warps, whole row tiles and chunks of pairs)."""
+    (grid, args, constexprs, config). ``load16``: the 16-byte-load K loop (G = 64, K not split across warps, whole
+    row tiles and chunks of pairs) — True: required (an error where it cannot run); None: env
+    ``LOWRANK_GEMM_SKINNY_LOAD16`` (default off), and only where it fits."""
     from .w4a4_gemm import check_packed_launch
-    load16 = env_on(LOAD16_ENV, default=False) if load16 is None else bool(load16)
+    asked = load16
     M, N, K, r = check_packed_launch("skinny", x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, out,
-                                     fmt, group_size, col_scale, 16 if load16 else 8)
+                                     fmt, group_size, col_scale, 16 if asked else 8)
     dev = x_q.device
     cfg = skinny_config(config, M, N, K)
-    if load16:
-        _expect(group_size == 64 and cfg.ks == 1 and N % cfg.rows == 0 and K % (128 * cfg.kb) == 0,
-                f"16-byte loads need group_size 64, ks = 1, N a multiple of the {cfg.rows} rows per program and K of "
-                f"128·kb = {128 * cfg.kb}; got group_size={group_size}, {cfg}, N={N}, K={K}")
+    fits16 = (group_size == 64 and cfg.ks == 1 and N % cfg.rows == 0 and K % (128 * cfg.kb) == 0
+              and x_q.data_ptr() % 16 == 0 and w_q.data_ptr() % 16 == 0)
+    if asked:
+        _expect(fits16, f"16-byte loads need group_size 64, ks = 1, N a multiple of the {cfg.rows} rows per program "
+                        f"and K of 128·kb = {128 * cfg.kb}; got group_size={group_size}, {cfg}, N={N}, K={K}")
+    # the env knob (probes) applies where the path fits and leaves every other launch on the 8-byte loop
+    load16 = fits16 and (asked if asked is not None else env_on(LOAD16_ENV, default=False))
     _expect(cfg.num_warps in (1, 2, 4, 8) and cfg.kb in (1, 2, 4, 8) and cfg.rt in (1, 2, 4),
             f"rw·ks (the warps) must be 1, 2, 4 or 8, kb 1, 2, 4 or 8 and rt 1, 2 or 4, got {cfg}")
     block_t = block_t or int(os.environ.get(BLOCK_T_ENV, "0").strip() or 0) or (8 if M <= 8 else 16)
