@@ -10,8 +10,9 @@
 # MODE=final  (≈ 5 min, the default): sanitizer, the skinny / GEMV / W4A4 / decode suites, the shipped defaults and a
 #             few more configs at N = 4096 and N = 28672;
 # MODE=quick  (≈ 2.5 min): the skinny + GEMV suites, the layer at N = 4096 with the shipped defaults;
-# MODE=variants (≈ 6 min; session 10's prepared, CPU-checked-only variants): sanitizer (smoke incl. block_t 32 / 64
-#             and load16), the skinny + GEMV suites (incl. test_gpu_token_groups / test_gpu_load16), then the 16-byte
+# MODE=variants (≈ 7 min; session 10's prepared, CPU-checked-only variants): sanitizer (smokes incl. block_t 32 / 64,
+#             load16 and the int4_2l GEMV), the skinny + GEMV suites (incl. test_gpu_token_groups / test_gpu_load16 /
+#             the int4_2l GEMV tests), the int4_2l GEMV probe (probe_gemv.py --two-level), then the 16-byte
 #             loads (+l16) and 32 / 64 tokens per program (/32, /64) next to the shipped configs at N = 28672 and at
 #             N = 4096 (K = 4096, 14336), M = 4 … 64.
 # Everything lands under $OUT/skinny_<mode> (tarred; summary.txt beside it).
@@ -22,9 +23,10 @@ MODE=${MODE:-final}
 OUT=${OUT:-/tmp/out}; L=$OUT/skinny_$MODE; mkdir -p "$L"
 say() { echo "$*" | tee -a "$L/summary.txt"; }
 say "commit=${LOWRANK_GEMM_COMMIT:-?} mode=$MODE $(nvidia-smi --query-gpu=name --format=csv,noheader)"
-sanitize() {
-  SANITIZE_FMTS=skinny SANITIZE_TIMEOUT=150 bash scripts/sanitize_gluon.sh "$L/sanitize" > /dev/null 2>&1
-  say "sanitize rc=$?: $(grep -oE '^[a-z]+ skinny rc=[0-9]+|(ERROR|RACECHECK) SUMMARY: [^=]*' \
+sanitize() {  # smokes: skinny by default, SANITIZE_FMTS="skinny gemv" for both
+  SANITIZE_FMTS=${SANITIZE_FMTS:-skinny} SANITIZE_TIMEOUT=150 bash scripts/sanitize_gluon.sh "$L/sanitize" \
+      > /dev/null 2>&1
+  say "sanitize rc=$?: $(grep -oE '^[a-z]+ (skinny|gemv) rc=[0-9]+|(ERROR|RACECHECK) SUMMARY: [^=]*' \
       "$L/sanitize/sanitize_summary.txt" | tr '\n' ' ')"
 }
 suites() {  # log name, test files...
@@ -65,8 +67,10 @@ Occupancy|Issue Slots Busy" "$L/ncu_skinny_${cfg//,/_}.txt" | tr -s ' ' | tr '\n
     probe n4k 4096x4096,4096x14336 1,2,3,4,8,16,24,32 "1,4,8;1,4,4,2;1,4,4;1,8,4"
     probe n28k 28672x4096 4,16 "1,4,4,2;2,1,8,2;2,1,4,2";;
   variants)
-    sanitize
+    SANITIZE_FMTS="skinny gemv" sanitize
     suites gpu_tests $SK $GV
+    timeout 150 python3 scripts/probe_gemv.py --two-level --ms 1,2 --out "$L/gemv_2l" > "$L/gemv_2l.log" 2>&1
+    say "probe gemv_2l rc=$?"; grep "^|" "$L/gemv_2l.log" | cut -d'|' -f2-6 | tee -a "$L/summary.txt"
     probe n28k 28672x4096 4,16,32,64 \
         "4,1,2,2;4,1,2,2+l16;4,1,2+l16;2,1,2,2+l16;2,1,1,2/32+l16;4,1,1/64+l16;2,1,1/64+l16;1,4,2/64;2,2,2/64;4,1,2/64"
     probe n4k 4096x4096,4096x14336 16,32,48,64 \

@@ -3,6 +3,11 @@ process, CUDA-graph medians next to cuBLAS bf16, fp8 ``_scaled_mm`` and today's 
 pre-expanded as the layer feeds it), two rotated operand sets.
 
     PYTHONPATH=src python scripts/probe_gemv.py --out $OUT [--cfgs 32,64,4,1;16,64,2,1] [--ms 1,2,4]
+    PYTHONPATH=src python scripts/probe_gemv.py --out $OUT --two-level [--ms 1,2]
+
+``--two-level``: the int4_2l GEMV (opt-in, impl="gemv") — per shape and M, the GEMM on int4_2l operands (checked
+against the float64 reference) next to the decode kernel, and the layer (act_quant + GEMM) with impl gemv / decode
+/ auto, beside cuBLAS bf16.
 
 Writes probe_gemv.json / .md to --out.
 """
@@ -26,7 +31,10 @@ def main() -> int:
     ap.add_argument("--out", default=".")
     ap.add_argument("--cfgs", default=CFGS)
     ap.add_argument("--ms", default="1,2,4")
+    ap.add_argument("--two-level", action="store_true", help="the int4_2l GEMV instead (see above)")
     args = ap.parse_args()
+    if args.two_level:
+        return two_level(args)
     import torch
     from _decode_probe import Probe
     from lowrank_gemm.kernels import w4a4_gemv as gv
@@ -45,6 +53,41 @@ def main() -> int:
                 probe.checked(base, f"gemv:{kern}:" + ",".join(map(str, cfg)),
                               lambda c=cfg, kk=kern, **o: gv.launch_w4a4_gemv(**o, config=c, kernel=kk), sets, ref)
             del sets
+            torch.cuda.empty_cache()
+    probe.write()
+    return 0
+
+
+def two_level(args) -> int:
+    import torch
+    from _decode_probe import Probe
+    from lowrank_gemm.bench.common import time_impl
+    from lowrank_gemm.formats.int4_twolevel import pack_weight_2l
+    from lowrank_gemm.kernels import w4a4_gemv as gv
+    from lowrank_gemm.kernels.gluon import w4a4_ws as w4
+    from lowrank_gemm.kernels.gluon.w4a4_decode import launch_w4a4_decode
+    from lowrank_gemm.kernels.w4a4_gemm import w4a4_linear
+
+    probe = Probe(args.out, "probe_gemv_2l")
+    for n, k in SHAPES:
+        for m in (int(v) for v in args.ms.split(",")):
+            base = dict(M=m, N=n, K=k, r=32)
+            xs = [torch.randn(m, k, device="cuda", dtype=torch.bfloat16) for _ in range(2)]
+            wb = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) for _ in range(2)]
+            probe.emit(**base, impl="cublas_bf16", **time_impl(lambda a, b: a @ b.T, list(zip(xs, wb))))
+            del wb
+            sets = [w4.make_operands_v2("int4_2l", m, n, k, 32, 64, device="cuda", bias=True, seed=s) for s in (0, 1)]
+            ref = w4.reference_v2(sets[0]).cuda()
+            probe.checked(base, "gemm:gemv", lambda **o: gv.launch_w4a4_gemv(**o), sets, ref)
+            probe.checked(base, "gemm:decode", lambda **o: launch_w4a4_decode(**o), sets, ref)
+            del sets
+            wq, wmul, wsc = pack_weight_2l(torch.randn(n, k, device="cuda") * 0.02, 64)
+            p = dict(qweight=wq, wscales=wsc, wmul=wmul, smooth=(torch.rand(k, device="cuda") + 0.5).to(torch.bfloat16),
+                     lora_down=(torch.randn(32, k, device="cuda") * 0.02).to(torch.bfloat16),
+                     lora_up=(torch.randn(n, 32, device="cuda") * 0.02).to(torch.bfloat16))
+            for impl in ("gemv", "decode", "auto"):
+                probe.emit(**base, impl=f"layer:{impl}", **time_impl(
+                    lambda a, i=impl: w4a4_linear(a, **p, fmt="int4_2l", impl=i), [(a, ) for a in xs]))
             torch.cuda.empty_cache()
     probe.write()
     return 0

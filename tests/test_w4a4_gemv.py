@@ -49,8 +49,25 @@ def test_bf16_out_and_repeats_are_bit_identical():
     assert torch.equal(gv.launch_w4a4_gemv(**ops), y)
 
 
+@pytest.mark.parametrize("M,N,K,rank,cfg", [
+    (1, 40, 448, 16, None),                        # ragged N, 7 groups
+    (2, 72, 512, 5, gv.GemvConfig(16, 32, 2, 2)),
+    (3, 33, 256, 0, None),
+    (1, 64, 2048, 8, gv.GemvConfig(64, 128, 4, 3)),
+])
+def test_two_level_matches_the_float64_reference(M, N, K, rank, cfg):
+    """int4_2l (expanded int8 activations, per-group integer multipliers u, per-row s and per-token t): the int32
+    partials × u summed exactly, × t·s once."""
+    ops = w4.make_operands_v2("int4_2l", M, N, K, rank, 64, device="cpu", bias=True, col_scale=rank % 2 == 0,
+                              out_dtype=torch.float32, lowrank_dtype=torch.float16)
+    y = gv.launch_w4a4_gemv(**ops, config=cfg).double()
+    ref = w4.reference_v2(ops)
+    assert torch.isfinite(y).all(), "every output element written (out was NaN-poisoned)"
+    assert float((y - ref).abs().max() / ref.abs().max()) < 1e-5
+
+
 @pytest.mark.parametrize("kw,match", [
-    (dict(fmt="int4_2l"), "standard format"),
+    (dict(fmt="int4_g128"), "int4_g64 or int4_2l"),
     (dict(config=gv.GemvConfig(32, 12, 4, 3)), "power of two"),
     (dict(config=gv.GemvConfig(32, 4, 4, 3)), "whole groups"),
 ])
@@ -138,6 +155,34 @@ def test_sm90_compile_dp4a_no_spills(kernel, cfg):
         assert res[1] == 0, f"ptxas spills {res[1]} B ({res[0]} registers)"
 
 
+@pytest.mark.parametrize("kernel", ["gluon", "triton"])
+def test_sm90_compile_two_level(kernel):
+    """int4_2l compiled for sm_90: dp4a on the weight words against the int8 activation words (16-byte loads of
+    both), the u multipliers as integers (no per-group float rescale: one int → float conversion per row, after the
+    loop), no split-K tickets, no spills."""
+    from lowrank_gemm.kernels.aot import compile_sm90
+    sig, cx, c = gv.aot_signature_gemv(None, kernel=kernel, fmt="int4_2l", N=256, K=2048, M=1)
+    assert cx["TWO_LEVEL"] and sig["wu_ptr"] == "*u8" and sig["xq_ptr"] == "*i32"
+    name = "w4a4_gemv_gl_kernel" if kernel == "gluon" else "w4a4_gemv_kernel"
+    info = compile_sm90(MOD, name, sig, cx, num_warps=c.num_warps, num_stages=c.num_stages,
+                        aligned=tuple(a for a in sig if a.endswith("_ptr")))
+    assert "dp4a.u32.s32" in info.ptx and not re.search(r"atom\.global", info.ptx)
+    assert len(re.findall(r"ld\.global(\.\w+)*\.v4\.b32", info.ptx)) >= 2, "16-byte weight and activation loads"
+    if kernel == "gluon":
+        loops = [b for _, b in _ptx_loops(info.ptx) if "dp4a" in "".join(b)]
+        assert loops and not any("cvt.rn.f32.s32" in x for b in loops for x in b), "no float rescale in the loop"
+    res = ptxas_stats(info.ptx)
+    if res is not None:
+        assert res[1] == 0, f"ptxas spills {res[1]} B ({res[0]} registers)"
+
+
+def test_two_level_split_k_is_refused():
+    ops = w4.make_operands_v2("int4_2l", 1, 64, 512, 0, 64, device="cpu", out_dtype=torch.float32)
+    with pytest.raises(ValueError, match="int4_2l runs without split-K"):
+        gv.gemv_args(**ops, config=gv.GemvConfig(16, 16, 2, 1, 4), kernel="gluon", swar=True)
+    assert gv.gemv_args(**ops, kernel="gluon", swar=True)[3].split == 1      # the few-row default's split dropped
+
+
 def test_sm90_gluon_k_loop_stays_in_registers():
     """The Gluon kernel's K loop moves nothing between threads: no shared memory, no barrier, no shuffle (the
     Triton version's compiler converted its accumulator through shared memory every iteration)."""
@@ -181,10 +226,12 @@ def test_route(monkeypatch):
     assert few == "gemv" and more == "skinny" and gv.auto_gemv_max_m(4096) == gv.auto_gemv_max_m(28672)
     assert route(fmt="int4_2l") != "gemv" and route(pre=True) != "gemv" and route(device=torch.device("cpu")) == "v1"
     assert route(impl="gemv", m=16) == "gemv"
+    # int4_2l runs here only when asked (not GPU-measured yet, so auto keeps the decode kernel)
+    assert route(impl="gemv", fmt="int4_2l") == "gemv"
     monkeypatch.setenv("LOWRANK_GEMM_GEMV", "0")
     assert route() != "gemv"
     with pytest.raises(ValueError, match="impl='gemv'"):
-        route(impl="gemv", fmt="int4_2l")
+        route(impl="gemv", fmt="int4_g128")
     with pytest.raises(ValueError, match="impl='gemv'"):
         route(impl="gemv", pre=True)
 
@@ -220,6 +267,24 @@ def test_gpu_real_sizes_repeats_and_graph(M, N, K, rank, kernel, cfg):
     tickets at zero (K=448: 7 groups, split over 4 programs unevenly)."""
     from lowrank_gemm.kernels.lora_gemm import _TICKETS
     ops = _ops(M, N, K, rank, 64, device="cuda", out=torch.bfloat16, bias=True, col_scale=rank == 5, seed=M)
+    _check_gpu_launch(ops, kernel, cfg)
+    region = _TICKETS.region(torch.device("cuda", torch.cuda.current_device()))
+    assert region is None or int(region.abs().sum()) == 0, "tickets back at zero"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kernel", ["gluon", "triton"])
+@pytest.mark.parametrize("M", [1, 2])
+@pytest.mark.parametrize("N,K,rank", [(28672, 4096, 32), (4096, 4096, 16), (200, 448, 5)])
+def test_gpu_two_level_real_sizes(M, N, K, rank, kernel):
+    """int4_2l through the GEMV (impl="gemv", opt-in): NaN-poisoned bf16 out vs the float64 reference, repeats,
+    graph replay."""
+    ops = w4.make_operands_v2("int4_2l", M, N, K, rank, 64, device="cuda", bias=True, col_scale=rank == 5, seed=M)
+    _check_gpu_launch(ops, kernel, None)
+
+
+def _check_gpu_launch(ops, kernel, cfg):
+    """NaN-poisoned out vs the float64 reference, a bit-identical repeat, a CUDA-graph replay."""
     y = gv.launch_w4a4_gemv(**ops, kernel=kernel, config=cfg).clone()
     torch.cuda.synchronize()
     ref = w4.reference_v2(ops)
@@ -234,8 +299,23 @@ def test_gpu_real_sizes_repeats_and_graph(M, N, K, rank, kernel, cfg):
     g.replay()
     torch.cuda.synchronize()
     assert torch.equal(ops["out"], y), "graph replay"
-    region = _TICKETS.region(torch.device("cuda", torch.cuda.current_device()))
-    assert region is None or int(region.abs().sum()) == 0, "tickets back at zero"
+
+
+@pytest.mark.gpu
+def test_gpu_two_level_layer_gemv_matches_decode():
+    """The int4_2l layer with impl="gemv" against the decode kernel on the same quantized operands."""
+    from lowrank_gemm.formats.int4_twolevel import pack_weight_2l
+    from lowrank_gemm.kernels.w4a4_gemm import w4a4_linear
+    torch.manual_seed(0)
+    n, k = 4096, 4096
+    wq, wmul, wsc = pack_weight_2l(torch.randn(n, k, device="cuda") * 0.02, 64)
+    x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
+    p = dict(qweight=wq, wscales=wsc, wmul=wmul, smooth=(torch.rand(k, device="cuda") + 0.5).to(torch.bfloat16),
+             lora_down=(torch.randn(32, k, device="cuda") * 0.02).to(torch.bfloat16),
+             lora_up=(torch.randn(n, 32, device="cuda") * 0.02).to(torch.bfloat16))
+    y = w4a4_linear(x, **p, fmt="int4_2l", impl="gemv", out_dtype=torch.float32)
+    ref = w4a4_linear(x, **p, fmt="int4_2l", impl="decode", out_dtype=torch.float32)
+    assert float((y - ref).abs().max() / ref.abs().max()) < 1e-4
 
 
 @pytest.mark.gpu

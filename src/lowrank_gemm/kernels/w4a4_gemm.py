@@ -791,9 +791,10 @@ def _packed_route(impl: str, name: str, fmt: str, device: torch.device, pre_expa
     """The shared part of the GEMV / skinny routes: True when ``impl`` pins ``name`` (an error where it cannot run),
     False where ``auto`` cannot use it (other format, e4m3 activations, not CUDA), None: ask the kernel's rule."""
     if impl == name:
-        _expect(fmt == "int4_g64" and not pre_expanded and device.type == "cuda",
-                f"impl={name!r} runs int4_g64 on packed int4 activations on CUDA, got fmt={fmt!r}"
-                f"{', pre-expanded e4m3 activations' if pre_expanded else ''} on {device}")
+        fmts = ("int4_g64", "int4_2l") if name == "gemv" else ("int4_g64", )
+        _expect(fmt in fmts and not pre_expanded and device.type == "cuda",
+                f"impl={name!r} runs {' / '.join(fmts)} on packed int4 (int4_2l: int8) activations on CUDA, got "
+                f"fmt={fmt!r}{', pre-expanded e4m3 activations' if pre_expanded else ''} on {device}")
         return True
     if impl != "auto" or fmt != "int4_g64" or pre_expanded or device.type != "cuda":
         return False
@@ -965,15 +966,21 @@ def check_gemm_args(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bia
 
 
 def check_packed_launch(who: str, x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, out, fmt: str,
-                        group_size: int, col_scale, word_bytes: int) -> tuple[int, int, int, int]:
+                        group_size: int, col_scale, word_bytes: int,
+                        two_level: bool = False) -> tuple[int, int, int, int]:
     """The launcher contract of the kernels that read packed int4 activations as words (the GEMV, the skinny GEMM):
-    :func:`check_gemm_args`, then int4_g64 on packed activations, ``out`` [M, N], ``col_scale`` [N], and x_q / w_q
-    contiguous and ``word_bytes``-aligned. Errors name ``who``; returns (M, N, K, r)."""
+    :func:`check_gemm_args`, then int4_g64 on packed activations (``two_level``: or int4_2l on its int8 ones),
+    ``out`` [M, N], ``col_scale`` [N], and x_q / w_q contiguous and ``word_bytes``-aligned. Errors name ``who``;
+    returns (M, N, K, r)."""
     def need(ok, what):
         _expect(ok, f"{who}: {what}")
-    need(fmt in ("int4_g64", "int4_g"), f"runs the standard format int4_g64, got fmt={fmt!r}")
-    need(x_q.dtype == torch.uint8, f"activations must be packed int4 uint8 [M, K/2] (not the pre-expanded e4m3 "
-                                   f"operands), got {x_q.dtype}")
+    if two_level and fmt == "int4_2l":
+        need(x_q.dtype == torch.int8, f"int4_2l activations must be int8 [M, K], got {x_q.dtype}")
+    else:
+        need(fmt in ("int4_g64", "int4_g"), f"runs the standard format int4_g64"
+                                            f"{' or int4_2l' if two_level else ''}, got fmt={fmt!r}")
+        need(x_q.dtype == torch.uint8, f"activations must be packed int4 uint8 [M, K/2] (not the pre-expanded e4m3 "
+                                       f"operands), got {x_q.dtype}")
     m, n, k, r = check_gemm_args(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, group_size, fmt)
     dev = x_q.device
     need(m >= 1, f"needs at least one token, got M={m}")

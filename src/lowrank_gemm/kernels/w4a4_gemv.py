@@ -20,6 +20,12 @@ vectorized loads (many small programs keep the bytes in flight) and does the ari
 - epilogue: × col_scale[n], + Σ_r lora_up[n, r]·s[m, r] (s rounded to lora_up's dtype like the unfused
   reference), + bias[n], store.
 
+int4_2l (session 10, opt-in through impl="gemv", CPU-checked — interpreter numerics, sm_90 compile — not yet run on
+the GPU): the activations are act_quant's expanded int8 values, so the token words need no unpacking (a weight word's
+low / high K positions are activation words 16b + j / 16b + 8 + j of its 64-block b); each quarter's exact int32
+partial is multiplied by the group's integer multiplier u and summed in int32, and the per-token t and per-row s scale
+the row sum once — no per-group float rescale.
+
 Two kernels, one arithmetic. :func:`w4a4_gemv_gl_kernel` (Gluon, what runs on the GPU) states every layout: the
 weights as [BN, Q, 4] words with 16 bytes per thread, and everything else in slices of that layout, so the K loop
 has no shared memory, barrier or shuffle. :func:`w4a4_gemv_kernel` (Triton) is its interpreter twin for the CPU
@@ -121,14 +127,23 @@ def _byte_sum2(a, b, SWAR: tl.constexpr):
         return acc
 
 
+@triton.jit
+def _twolevel_words(w):
+    """int4_2l: the int8-activation word holding the low-nibble K positions of packed weight word ``w`` (a word of
+    64-block b, j = w % 8, covers K b·64 + 4j..4j+3 low and +32 high: activation words 16b + j and 16b + 8 + j)."""
+    return (w // 8) * 16 + w % 8
+
+
 @triton.jit(do_not_specialize=["M", "N", "K", "R"])
 def w4a4_gemv_kernel(xq_ptr, xs_ptr, wq_ptr, ws_ptr, s_ptr, up_ptr, bias_ptr, cs_ptr, y_ptr,
-                     M, N, K, R, stride_sm, stride_un, stride_ym,
+                     M, N, K, R, stride_sm, stride_un, stride_ym, wu_ptr,
                      G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_KW: tl.constexpr, BLOCK_R: tl.constexpr,
                      HAS_LOWRANK: tl.constexpr, HAS_COL_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr,
-                     SWAR: tl.constexpr, PDL: tl.constexpr):
+                     SWAR: tl.constexpr, PDL: tl.constexpr, TWO_LEVEL: tl.constexpr = False):
     """xq int32 words [M, K/8] (packed int4 activations), xs [K/G, M]; wq int32 words [N, K/8], ws [K/G, N]; s fp32
-    [M, R], up [N, R]; y [M, N]. BLOCK_KW packed words (8·BLOCK_KW K positions) per K chunk, whole groups."""
+    [M, R], up [N, R]; y [M, N]. BLOCK_KW packed words (8·BLOCK_KW K positions) per K chunk, whole groups.
+    TWO_LEVEL (int4_2l): xq the expanded int8 activations as words [M, K/4], xs t [M], ws s [N], wu u [K/G, N]:
+    int32 partials × u summed exactly, × t·s once (:func:`_twolevel_words`)."""
     WPG: tl.constexpr = G // 8                 # packed words per group
     if PDL:
         gdc_launch_dependents()
@@ -155,21 +170,34 @@ def w4a4_gemv_kernel(xq_ptr, xs_ptr, wq_ptr, ws_ptr, s_ptr, up_ptr, bias_ptr, cs
     w_next = tl.load(w_ptrs, mask=row_ok[:, None], other=0)       # the weights do not depend on the previous kernel
     if PDL:
         gdc_wait()            # the token, its scales and s come from the previous kernel (act_quant)
-    for kw in range(0, kw_total, BLOCK_KW):
-        w = w_next
-        # the next chunk's loads go out before this one's arithmetic (a register double buffer: two chunks in
-        # flight per thread)
-        w_next = tl.load(w_ptrs + kw + BLOCK_KW, mask=row_ok[:, None] & (kw + BLOCK_KW < kw_total), other=0)
-        xw = tl.load(x_ptrs + kw).to(tl.uint32, bitcast=True)
-        xlo = _signed_bytes(xw & 0x0F0F0F0F)
-        xhi = _signed_bytes((xw >> 4) & 0x0F0F0F0F)
-        g0 = kw // WPG
-        ws = tl.load(ws_ptrs + g0 * N, mask=row_ok[:, None], other=0.0).to(tl.float32)
-        xs = tl.load(xs_ptrs + g0 * M).to(tl.float32)
-        # Σ over the word's 8 positions of q_x·q_w = Σ q_x·(q_w + 8) − 8·Σ q_x, exact in int32
-        d = _word_dot(w, xlo, xhi, SWAR) - 8 * _byte_sum2(xlo, xhi, SWAR)
-        acc2 += d.to(tl.float32) * (ws * xs)
-    acc = tl.sum(acc2, axis=1)
+    if TWO_LEVEL:
+        xt_ptrs = xq_ptr + m * (2 * kw_total) + _twolevel_words(offs_w)[None, :] + zero_rows
+        acc_i = tl.zeros((BLOCK_N, BLOCK_KW), tl.int32)
+        for kw in range(0, kw_total, BLOCK_KW):
+            w = w_next
+            w_next = tl.load(w_ptrs + kw + BLOCK_KW, mask=row_ok[:, None] & (kw + BLOCK_KW < kw_total), other=0)
+            xlo = tl.load(xt_ptrs + 2 * kw)
+            xhi = tl.load(xt_ptrs + 2 * kw + 8)
+            u = tl.load(wu_ptr + (kw // WPG + g_of_w) * N + rows[:, None], mask=row_ok[:, None], other=0)
+            acc_i += (_word_dot(w, xlo, xhi, SWAR) - 8 * _byte_sum2(xlo, xhi, SWAR)) * u.to(tl.int32)
+        ts = tl.load(xs_ptr + m) * tl.load(ws_ptr + rows, mask=row_ok, other=0.0)
+        acc = tl.sum(acc_i, axis=1).to(tl.float32) * ts
+    else:
+        for kw in range(0, kw_total, BLOCK_KW):
+            w = w_next
+            # the next chunk's loads go out before this one's arithmetic (a register double buffer: two chunks in
+            # flight per thread)
+            w_next = tl.load(w_ptrs + kw + BLOCK_KW, mask=row_ok[:, None] & (kw + BLOCK_KW < kw_total), other=0)
+            xw = tl.load(x_ptrs + kw).to(tl.uint32, bitcast=True)
+            xlo = _signed_bytes(xw & 0x0F0F0F0F)
+            xhi = _signed_bytes((xw >> 4) & 0x0F0F0F0F)
+            g0 = kw // WPG
+            ws = tl.load(ws_ptrs + g0 * N, mask=row_ok[:, None], other=0.0).to(tl.float32)
+            xs = tl.load(xs_ptrs + g0 * M).to(tl.float32)
+            # Σ over the word's 8 positions of q_x·q_w = Σ q_x·(q_w + 8) − 8·Σ q_x, exact in int32
+            d = _word_dot(w, xlo, xhi, SWAR) - 8 * _byte_sum2(xlo, xhi, SWAR)
+            acc2 += d.to(tl.float32) * (ws * xs)
+        acc = tl.sum(acc2, axis=1)
     if HAS_COL_SCALE:
         acc = acc * tl.load(cs_ptr + rows, mask=row_ok, other=0.0).to(tl.float32)
     if HAS_LOWRANK:
@@ -196,10 +224,11 @@ def _word_layout(block_n, block_kw, num_warps):
 
 @gluon.jit(do_not_specialize=["M", "N", "K", "R"])
 def w4a4_gemv_gl_kernel(xq_ptr, xs_ptr, wq_ptr, ws_ptr, s_ptr, up_ptr, bias_ptr, cs_ptr, y_ptr, part_ptr, cnt_ptr,
-                        M, N, K, R, stride_sm, stride_un, stride_ym,
+                        M, N, K, R, stride_sm, stride_un, stride_ym, wu_ptr,
                         G: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_KW: gl.constexpr, BLOCK_R: gl.constexpr,
                         HAS_LOWRANK: gl.constexpr, HAS_COL_SCALE: gl.constexpr, HAS_BIAS: gl.constexpr,
-                        SWAR: gl.constexpr, PDL: gl.constexpr, SPLIT: gl.constexpr = 1):
+                        SWAR: gl.constexpr, PDL: gl.constexpr, SPLIT: gl.constexpr = 1,
+                        TWO_LEVEL: gl.constexpr = False):
     """:func:`w4a4_gemv_kernel` with every layout explicit (Gluon): the weights as [BN, Q, 4] words, 16 bytes per
     thread; the token words, their byte sums and the group scales in slices of that layout, so nothing crosses
     threads inside the K loop (the Triton version's compiler laid the scale loads out along rows and moved its
@@ -243,22 +272,39 @@ def w4a4_gemv_gl_kernel(xq_ptr, xs_ptr, wq_ptr, ws_ptr, s_ptr, up_ptr, bias_ptr,
     w_next = gl.load(w_ptrs + kw_lo, mask=w_mask & (kw_lo < kw_hi), other=0)
     if PDL:
         gl_gdc_wait()
-    for kw in range(kw_lo, kw_hi, BLOCK_KW):
-        w = w_next
-        w_next = gl.load(w_ptrs + kw + BLOCK_KW, mask=w_mask & (kw + BLOCK_KW < kw_hi), other=0)
-        xw = gl.load(x_ptrs + kw).to(gl.uint32, bitcast=True)
-        # (the Triton kernel's helpers: Gluon calls them on its own layouts)
-        xlo = _signed_bytes(xw & 0x0F0F0F0F)
-        xhi = _signed_bytes((xw >> 4) & 0x0F0F0F0F)
-        rx = gl.sum(_byte_sum2(xlo, xhi, True), axis=1)                       # [Q]  Σ q_x over the quarter
-        d = gl.sum(_word_dot(w, xlo[None, :, :], xhi[None, :, :], True), axis=2)   # [BN, Q]  Σ q_x·(q_w + 8)
-        g0 = kw // WPG
-        ws = gl.load(ws_ptrs + g0 * N, mask=ws_mask, other=0.0).to(gl.float32)
-        xs = gl.load(xs_ptrs + g0 * M).to(gl.float32)
-        rxq = gl.convert_layout(rx, LQV, assert_trivial=True)
-        part = (d - 8 * rxq[None, :]).to(gl.float32)                         # Σ q_x·q_w, exact
-        acc2 += part * ws * xs[None, :]
-    acc = gl.sum(acc2, axis=1)                                               # [BN] LROW
+    if TWO_LEVEL:
+        gl.static_assert(SPLIT == 1, "int4_2l: no split-K")
+        # int8 activations: the words of weight word w's low / high K positions (_twolevel_words, + 8)
+        xt_ptrs = xq_ptr + m * (2 * kw_total) + _twolevel_words((qx * 4)[:, None] + i4x[None, :])
+        acc_i = gl.zeros([BLOCK_N, Q], gl.int32, LQ)
+        for kw in range(kw_lo, kw_hi, BLOCK_KW):
+            w = w_next
+            w_next = gl.load(w_ptrs + kw + BLOCK_KW, mask=w_mask & (kw + BLOCK_KW < kw_hi), other=0)
+            xlo = gl.load(xt_ptrs + 2 * kw)
+            xhi = gl.load(xt_ptrs + 2 * kw + 8)
+            rx = gl.sum(_byte_sum2(xlo, xhi, True), axis=1)
+            d = gl.sum(_word_dot(w, xlo[None, :, :], xhi[None, :, :], True), axis=2)
+            u = gl.load(wu_ptr + (kw // WPG + gq)[None, :] * N + rows[:, None], mask=ws_mask, other=0)
+            acc_i += (d - 8 * gl.convert_layout(rx, LQV, assert_trivial=True)[None, :]) * u.to(gl.int32)
+        ts = gl.load(xs_ptr + m) * gl.load(ws_ptr + rows, mask=row_ok, other=0.0)
+        acc = gl.sum(acc_i, axis=1).to(gl.float32) * ts
+    else:
+        for kw in range(kw_lo, kw_hi, BLOCK_KW):
+            w = w_next
+            w_next = gl.load(w_ptrs + kw + BLOCK_KW, mask=w_mask & (kw + BLOCK_KW < kw_hi), other=0)
+            xw = gl.load(x_ptrs + kw).to(gl.uint32, bitcast=True)
+            # (the Triton kernel's helpers: Gluon calls them on its own layouts)
+            xlo = _signed_bytes(xw & 0x0F0F0F0F)
+            xhi = _signed_bytes((xw >> 4) & 0x0F0F0F0F)
+            rx = gl.sum(_byte_sum2(xlo, xhi, True), axis=1)                       # [Q]  Σ q_x over the quarter
+            d = gl.sum(_word_dot(w, xlo[None, :, :], xhi[None, :, :], True), axis=2)   # [BN, Q]  Σ q_x·(q_w + 8)
+            g0 = kw // WPG
+            ws = gl.load(ws_ptrs + g0 * N, mask=ws_mask, other=0.0).to(gl.float32)
+            xs = gl.load(xs_ptrs + g0 * M).to(gl.float32)
+            rxq = gl.convert_layout(rx, LQV, assert_trivial=True)
+            part = (d - 8 * rxq[None, :]).to(gl.float32)                         # Σ q_x·q_w, exact
+            acc2 += part * ws * xs[None, :]
+        acc = gl.sum(acc2, axis=1)                                               # [BN] LROW
     # (loading these before the K loop, to hide their round trip under the stream, measured within noise and cost
     # 8 registers: probes/s7/gemv_epi)
     cs, add = _gl_epilogue_terms(rows, row_ok, m, N, R, s_ptr, stride_sm, up_ptr, stride_un, bias_ptr, cs_ptr,
@@ -358,7 +404,8 @@ def gemv_args(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, out
     (grid, args, constexprs, config)."""
     from .w4a4_gemm import check_packed_launch
     M, N, K, r = check_packed_launch("gemv", x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, out, fmt,
-                                     group_size, col_scale, 4)
+                                     group_size, col_scale, 4, two_level=True)
+    two_level = fmt == "int4_2l"
     dev = x_q.device
     _expect(x_scale.is_contiguous() and w_scale.is_contiguous(), "x_scale / w_scale must be contiguous [K/G, ·]")
     cfg = gemv_config(config, N)
@@ -372,6 +419,8 @@ def gemv_args(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, out
     kernel = kernel or os.environ.get(KERNEL_ENV, DEFAULT_KERNEL)
     # split-K is the Gluon kernel's: a default config drops it for the Triton one, an explicit one is an error below
     split = max(1, min(cfg.split if (config is not None or kernel == "gluon") else 1, (K // 8) // bkw))
+    _expect(not (two_level and split > 1 and config is not None), f"int4_2l runs without split-K, got {cfg}")
+    split = 1 if two_level else split
     cfg = GemvConfig(bn, bkw, cfg.num_warps, cfg.num_stages, split)
     swar = SWAR_DEFAULT if swar is None else bool(swar)
     pdl = pdl_enabled(dev) if pdl is None else bool(pdl)
@@ -382,9 +431,12 @@ def gemv_args(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, out
     args = (x_q.view(torch.int32), x_scale, w_q.view(torch.int32), w_scale,
             lowrank_act if r else f32, lora_up if r else f32, bias if bias is not None else f32,
             col_scale if col_scale is not None else f32, out,
-            M, N, K, r, lowrank_act.stride(0) if r else 0, lora_up.stride(0) if r else 0, out.stride(0))
+            M, N, K, r, lowrank_act.stride(0) if r else 0, lora_up.stride(0) if r else 0, out.stride(0),
+            w_mul if two_level else dummy(dev, torch.uint8, (1, )))
     cx = dict(G=group_size, BLOCK_N=bn, BLOCK_KW=bkw, BLOCK_R=br, HAS_LOWRANK=bool(r),
               HAS_COL_SCALE=col_scale is not None, HAS_BIAS=bias is not None, SWAR=swar, PDL=pdl)
+    if two_level:
+        cx["TWO_LEVEL"] = True
     grid = (triton.cdiv(N, bn) * M, )
     _expect(kernel in ("gluon", "triton"), f"kernel must be 'gluon' or 'triton', got {kernel!r}")
     _expect(kernel == "gluon" or split == 1, f"split-K ({cfg}) is the Gluon kernel's option")
@@ -421,12 +473,12 @@ def launch_w4a4_gemv(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bi
 
 
 def aot_signature_gemv(config: GemvConfig | None = None, *, M=2, N=160, K=512, rank=16, group_size=64, bias=True,
-                       col_scale=True, pdl=True, kernel: str = "triton"):
+                       col_scale=True, pdl=True, kernel: str = "triton", fmt: str = "int4_g64"):
     """(signature, constexprs, config) for ``kernels.aot.compile_sm90`` of :func:`w4a4_gemv_kernel` (SWAR on)."""
     import inspect
     from triton.runtime.jit import mangle_type
     from .gluon.w4a4_ws import make_operands_v2
-    ops = make_operands_v2("int4_g64", M, N, K, rank, group_size, device="cpu", bias=bias, col_scale=col_scale)
+    ops = make_operands_v2(fmt, M, N, K, rank, group_size, device="cpu", bias=bias, col_scale=col_scale)
     _, args, cx, cfg = gemv_args(**ops, config=config, swar=True, pdl=False, kernel=kernel)
     cx["PDL"] = bool(pdl)
     cx.pop("KERNEL")
@@ -441,17 +493,18 @@ def _smoke() -> int:
     ``SANITIZE_FMTS=gemv scripts/sanitize_gluon.sh``)."""
     from .gluon.w4a4_ws import make_operands_v2, reference_v2
     fails = 0
-    for kernel, cfg in (("gluon", None), ("gluon", WIDE_CONFIG), ("gluon", GemvConfig(16, 16, 2, 2, 4)),
-                        ("triton", None)):
+    for fmt, kernel, cfg in (("int4_g64", "gluon", None), ("int4_g64", "gluon", WIDE_CONFIG),
+                             ("int4_g64", "gluon", GemvConfig(16, 16, 2, 2, 4)), ("int4_g64", "triton", None),
+                             ("int4_2l", "gluon", None), ("int4_2l", "triton", None)):
         for m in (1, 2):
-            ops = make_operands_v2("int4_g64", m, 200, 448, 5, 64, device="cuda", bias=True, col_scale=True)
+            ops = make_operands_v2(fmt, m, 200, 448, 5, 64, device="cuda", bias=True, col_scale=True)
             y = launch_w4a4_gemv(**ops, kernel=kernel, config=cfg)
             torch.cuda.synchronize()
             ref = reference_v2(ops)
             err = float((y.double().cpu() - ref).abs().max() / ref.abs().max())
             ok = bool(torch.isfinite(y).all()) and err < 1e-2
             fails += not ok
-            print(f"{'OK' if ok else 'FAIL'} gemv {kernel} {cfg} M={m}: err {err:.2e}", flush=True)
+            print(f"{'OK' if ok else 'FAIL'} gemv {fmt} {kernel} {cfg} M={m}: err {err:.2e}", flush=True)
     return 1 if fails else 0
 
 
