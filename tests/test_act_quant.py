@@ -592,6 +592,22 @@ def test_f8_out_bit_identical_to_expand(poisoned, variant, s_ranks, m, k, g, r, 
     assert torch.isnan(xab[0, :, 0]).all()                                  # the NaN group of row 0
 
 
+@pytest.mark.parametrize("m,k", [(20, 256), (33, 192)])
+def test_f8_out_with_the_tens_of_rows_default(m, k):
+    """The default plan above M = 16 (the rank-split fused program with 4-row S tiles) writes the e4m3 operands
+    bit-identical to expanding its packed output — the layer asks for them on the v2 route (N ≥ 12288)."""
+    from lowrank_gemm.kernels.act_quant import plan_act_quant
+    from lowrank_gemm.kernels.w4_expand import expand_act_f8
+    p = plan_act_quant(m, k, 64)
+    assert p.variant == "fused" and p.s_ranks >= 1 and p.s_rows == 4
+    x, smooth, down = _inputs(m, k, 16)
+    q, sc, s = act_quant(x, smooth, down, 64, "int4_g64", torch.float16)
+    x8_ref, xab_ref = expand_act_f8(q, sc, 64)
+    x8, xab, s8 = act_quant(x, smooth, down, 64, "int4_g64", torch.float16, out="f8")
+    assert _same_bits(x8, x8_ref) and _same_bits(xab, xab_ref) and _same_bits(s8, s)
+    _check_lowrank(s, x, smooth, down)
+
+
 def test_f8_out_bad_arguments():
     x, smooth, down = _inputs(3, 128, 16)
     with pytest.raises(ValueError, match="out must be one of"):
