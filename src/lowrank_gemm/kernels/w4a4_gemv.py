@@ -419,8 +419,9 @@ def gemv_args(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, out
     kernel = kernel or os.environ.get(KERNEL_ENV, DEFAULT_KERNEL)
     # split-K is the Gluon kernel's: a default config drops it for the Triton one, an explicit one is an error below
     split = max(1, min(cfg.split if (config is not None or kernel == "gluon") else 1, (K // 8) // bkw))
-    _expect(not (two_level and split > 1 and config is not None), f"int4_2l runs without split-K, got {cfg}")
-    split = 1 if two_level else split
+    if two_level:       # its int32 row sums are not split: a default config's split is dropped, an explicit one refused
+        _expect(config is None or split == 1, f"int4_2l runs without split-K, got {cfg}")
+        split = 1
     cfg = GemvConfig(bn, bkw, cfg.num_warps, cfg.num_stages, split)
     swar = SWAR_DEFAULT if swar is None else bool(swar)
     pdl = pdl_enabled(dev) if pdl is None else bool(pdl)

@@ -306,15 +306,9 @@ def _load_tokens(x_ptrs, xs_ptrs, ch, n_blocks, tok_oks, tok_ok_cols, M, group_w
             live = b < n_blocks
         groups = ()
         for u in gl.static_range(TG):
-            if u == 0:
-                xp = x_ptrs
-            else:
-                xp = x_ptrs + u * group_words
-            x = gl.load(xp + _rowcol(b * 8, KS), mask=(tok_oks[u] & live)[:, None], other=0)
+            x = gl.load(x_ptrs + u * group_words + _rowcol(b * 8, KS), mask=(tok_oks[u] & live)[:, None], other=0)
             if KS == 1:
-                sp = xs_ptrs + g * M
-                if u > 0:
-                    sp = sp + 16 * u
+                sp = xs_ptrs + g * M + 16 * u
                 # masked past the last block too: a block there has zero partials, but 0 · (a NaN read past
                 # x_scale's end) is NaN
                 sc = (gl.load(sp, mask=tok_ok_cols[2 * u] & live, other=0.0),
@@ -442,10 +436,7 @@ def w4a4_skinny_kernel(xq_ptr, xs_ptr, wq_ptr, ws_ptr, s_ptr, up_ptr, bias_ptr, 
     NTG: gl.constexpr = 1 + (BLOCK_T > 8)       # 8-token tiles per group
     tok_oks = ()
     for u in gl.static_range(TG):
-        if u == 0:
-            tok_oks = tok_oks + ((tok_r < M) & (tok_r < tok0 + BLOCK_T), )
-        else:
-            tok_oks = tok_oks + ((tok_r + 16 * u < M) & (tok_r + 16 * u < tok0 + BLOCK_T), )
+        tok_oks = tok_oks + ((tok_r + 16 * u < M) & (tok_r + 16 * u < tok0 + BLOCK_T), )
     x_ptrs = xq_ptr + (tok_r * kw_total)[:, None] + col[None, :]
     group_words = kw_total * 16
     tok_c = tok0 + col
@@ -486,11 +477,7 @@ def w4a4_skinny_kernel(xq_ptr, xs_ptr, wq_ptr, ws_ptr, s_ptr, up_ptr, bias_ptr, 
             if KS > 1:
                 xs_rows = ()
                 for it in gl.static_range(NT):
-                    if it == 0:
-                        xs_rows = xs_rows + (_load_xs_rows(xs_ptrs, ch, n_blocks, tok_ok_cols[0], M, WPG, KB), )
-                    else:
-                        xs_rows = xs_rows + (_load_xs_rows(xs_ptrs + 8 * it, ch, n_blocks, tok_ok_cols[it], M, WPG,
-                                                           KB), )
+                    xs_rows = xs_rows + (_load_xs_rows(xs_ptrs + 8 * it, ch, n_blocks, tok_ok_cols[it], M, WPG, KB), )
             for j in gl.static_range(KB):
                 # the token side once per block, shared by the RT row tiles
                 toks = ()
