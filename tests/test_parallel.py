@@ -81,11 +81,17 @@ def test_row_shards_sum_to_the_layer(kind, world):
     torch.testing.assert_close(total + bias.float(), want, **TOL)
 
 
-def test_shards_are_copies_and_the_layer_is_untouched():
-    layer = _layers()["svdq"]
+@pytest.mark.parametrize("kind", ["linear", "lora", "multilora", "svdq"])
+def test_shards_are_copies_and_the_layer_is_untouched(kind):
+    """No shard tensor shares storage with the full layer (a view of a dim-0 slice would keep the whole weight
+    alive after the model is parallelized), and sharding leaves the layer as it was."""
+    layer = _layers()[kind]
     before = {k: v.clone() for k, v in layer.state_dict().items()}
-    shard, _ = shard_rows(layer, 1, 2)
-    assert shard.qweight.is_contiguous() and shard.qweight.data_ptr() != layer.qweight.data_ptr()
+    full = {t.untyped_storage().data_ptr() for t in layer.state_dict().values()}
+    for rank in (0, 1):
+        for shard in (shard_columns(layer, rank, 2), shard_rows(layer, rank, 2)[0]):
+            for name, t in shard.state_dict().items():
+                assert t.is_contiguous() and t.untyped_storage().data_ptr() not in full, (kind, name)
     assert all(torch.equal(before[k], v) for k, v in layer.state_dict().items())
 
 

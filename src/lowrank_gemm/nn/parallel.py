@@ -25,7 +25,7 @@ output dtype).
     dist.init_process_group("nccl")
     parallelize_(model, {"mlp.gate_up": "column", "mlp.down": "row", "attn.qkv": "column", "attn.o": "row"})
 
-Shards are copies of the slices (``contiguous``), so the full weights can be freed afterwards. The wrappers use
+Shards are contiguous copies of the slices (never views), so the full weights can be freed afterwards. The wrappers use
 functional collectives, so a parallel model traces whole under ``torch.compile(fullgraph=True)``.
 """
 
@@ -55,8 +55,13 @@ def _span(total: int, rank: int, world: int, unit: int, what: str) -> slice:
     return slice(rank * width, (rank + 1) * width)
 
 
+def _view(t: torch.Tensor, dim: int, span: slice) -> torch.Tensor:
+    return t.narrow(dim, span.start, span.stop - span.start)
+
+
 def _piece(t: torch.Tensor | None, dim: int, span: slice) -> torch.Tensor | None:
-    return None if t is None else t.narrow(dim, span.start, span.stop - span.start).contiguous()
+    """A contiguous copy of the slice (never a view: a view would keep the full tensor's storage alive)."""
+    return None if t is None else _view(t.detach(), dim, span).clone(memory_format=torch.contiguous_format)
 
 
 def _linear(weight: torch.Tensor, bias: torch.Tensor | None) -> nn.Linear:
@@ -91,17 +96,17 @@ def shard_columns(layer: nn.Module, rank: int, world: int) -> nn.Module:
         return out
     if isinstance(layer, MultiLoRALinear):
         n = _span(layer.out_features, rank, world, 1, "out_features")
-        base = _linear(_piece(layer.base.weight.detach(), 0, n), _piece(_detached(layer.base.bias), 0, n))
+        base = _linear(_piece(layer.base.weight, 0, n), _piece(layer.base.bias, 0, n))
         return MultiLoRALinear(base, _bank(layer.bank, layer.bank.bank_a.clone(), _piece(layer.bank.bank_b, 1, n)),
                                layer.adapter_ids)
     if isinstance(layer, LoRALinear):
         n = _span(layer.out_features, rank, world, 1, "out_features")
-        base = _linear(_piece(layer.weight.detach(), 0, n), _piece(_detached(layer.bias), 0, n))
-        return LoRALinear.from_linear(base, layer.lora_a.detach().clone(), _piece(layer.lora_b.detach(), 0, n),
+        base = _linear(_piece(layer.weight, 0, n), _piece(layer.bias, 0, n))
+        return LoRALinear.from_linear(base, _copy(layer.lora_a), _piece(layer.lora_b, 0, n),
                                       layer.scale, strategy=layer.strategy)
     if isinstance(layer, nn.Linear):
         n = _span(layer.out_features, rank, world, 1, "out_features")
-        return _linear(_piece(layer.weight.detach(), 0, n), _piece(_detached(layer.bias), 0, n))
+        return _linear(_piece(layer.weight, 0, n), _piece(layer.bias, 0, n))
     raise TypeError(f"no column sharding for {type(layer).__name__} (nn.Linear, LoRALinear, MultiLoRALinear, "
                     f"SVDQLinear)")
 
@@ -118,25 +123,25 @@ def shard_rows(layer: nn.Module, rank: int, world: int) -> tuple[nn.Module, torc
         out.wscales = _piece(layer.wscales, 0, slice(k.start // layer.group_size, k.stop // layer.group_size))
         out.smooth, out.lora_down = _piece(layer.smooth, 0, k), _piece(layer.lora_down, 1, k)
         out.lora_up = layer.lora_up.clone()
-        return out, _detached(layer.bias)
+        return out, _copy(layer.bias)
     if isinstance(layer, MultiLoRALinear):
         k = _span(layer.in_features, rank, world, 1, "in_features")
-        base = _linear(_piece(layer.base.weight.detach(), 1, k), None)
+        base = _linear(_piece(layer.base.weight, 1, k), None)
         bank = _bank(layer.bank, _piece(layer.bank.bank_a, 2, k), layer.bank.bank_b.clone())
-        return MultiLoRALinear(base, bank, layer.adapter_ids), _detached(layer.base.bias)
+        return MultiLoRALinear(base, bank, layer.adapter_ids), _copy(layer.base.bias)
     if isinstance(layer, LoRALinear):
         k = _span(layer.in_features, rank, world, 1, "in_features")
-        base = _linear(_piece(layer.weight.detach(), 1, k), None)
-        return (LoRALinear.from_linear(base, _piece(layer.lora_a.detach(), 1, k), layer.lora_b.detach().clone(),
-                                       layer.scale, strategy=layer.strategy), _detached(layer.bias))
+        base = _linear(_piece(layer.weight, 1, k), None)
+        return (LoRALinear.from_linear(base, _piece(layer.lora_a, 1, k), _copy(layer.lora_b),
+                                       layer.scale, strategy=layer.strategy), _copy(layer.bias))
     if isinstance(layer, nn.Linear):
         k = _span(layer.in_features, rank, world, 1, "in_features")
-        return _linear(_piece(layer.weight.detach(), 1, k), None), _detached(layer.bias)
+        return _linear(_piece(layer.weight, 1, k), None), _copy(layer.bias)
     raise TypeError(f"no row sharding for {type(layer).__name__} (nn.Linear, LoRALinear, MultiLoRALinear, "
                     f"SVDQLinear)")
 
 
-def _detached(t):
+def _copy(t):
     return None if t is None else t.detach().clone()
 
 
@@ -185,7 +190,7 @@ class ColumnParallel(nn.Module):
         """Write a full-size adapter (A [r, K], B [N, r]) into a sharded MultiLoRALinear's bank: this rank's rows of
         B, all of A."""
         n = _span(self.out_features, self.rank, self.world, 1, "out_features")
-        self.shard.bank.set_adapter(slot, lora_a, _piece(lora_b, 0, n), scale, name=name)
+        self.shard.bank.set_adapter(slot, lora_a, _view(lora_b, 0, n), scale, name=name)
 
     def extra_repr(self) -> str:
         return f"rank={self.rank}, world={self.world}, gather_output={self.gather_output}"
@@ -209,7 +214,7 @@ class RowParallel(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         k = self.shard.in_features
         if not self.input_is_parallel:
-            x = _piece(x, x.dim() - 1, _span(x.shape[-1], self.rank, self.world, 1, "input features"))
+            x = _view(x, x.dim() - 1, _span(x.shape[-1], self.rank, self.world, 1, "input features")).contiguous()
         if x.shape[-1] != k:
             raise ValueError(f"RowParallel rank {self.rank}: expected {k} input features (this rank's slice of "
                              f"{self.in_features}), got {x.shape[-1]}")
@@ -228,7 +233,7 @@ class RowParallel(nn.Module):
         """Write a full-size adapter (A [r, K], B [N, r]) into a sharded MultiLoRALinear's bank: this rank's columns
         of A, all of B."""
         k = _span(self.in_features, self.rank, self.world, 1, "in_features")
-        self.shard.bank.set_adapter(slot, _piece(lora_a, 1, k), lora_b, scale, name=name)
+        self.shard.bank.set_adapter(slot, _view(lora_a, 1, k), lora_b, scale, name=name)
 
     def extra_repr(self) -> str:
         return (f"rank={self.rank}, world={self.world}, input_is_parallel={self.input_is_parallel}, "
