@@ -3,7 +3,10 @@
 with a ~36 µs GEMM; the fused variant was slower at M = 17–32).
 
     PYTHONPATH=src python scripts/probe_actquant_midm.py --out $OUT [--ms 17,24,32,48,64] [--ks 4096,14336]
-        [--variants default,v3,…] [--aq-only] [--fmt int4_2l]
+        [--variants default,v3,…] [--aq-only] [--fmt int4_2l] [--rank 0] [--f8]
+
+Also the FLUX sizes (session 11, ``scripts/gpu_actquant_large.sh``): ``--ms 4608 --ks 3072,12288`` with the v3 tile
+variants, rank 0 (what S costs) and ``--f8`` (the e4m3 operands the int4_g64 v2 layer asks for).
 
 Per (M, K), in one process with cuBLAS bf16 at N = 4096 as the yardstick: act_quant alone with the default plan, v1
 at K splits 4 / 8 / 16 / 32 / 64, fused with the ticketed and the rank-split S, v3; the skinny GEMM alone (default
@@ -27,7 +30,11 @@ N = 4096
 RANK = 32
 VARIANTS = {"default": {}, **{f"v1:split{s}": dict(variant="v1", split=s) for s in (4, 8, 16, 32, 64)},
             "fused:ticket": dict(variant="fused", s_ranks=0), "fused:rank": dict(variant="fused", s_ranks=1),
-            "v3": dict(variant="v3")}
+            "v3": dict(variant="v3"), "v2": dict(variant="v2"),
+            # large-M tiles (FLUX: M = 4608; the v3 default is 64 rows × one group per step, 4 warps, 4 waves)
+            **{f"v3:bm{b}": dict(variant="v3", block_m=b) for b in (16, 32, 128)},
+            **{f"v3:w{w}": dict(variant="v3", num_warps=w) for w in (2, 8)},
+            **{f"v3:split{s}": dict(variant="v3", split=s) for s in (2, 4, 16, 32)}}
 
 
 def main() -> int:
@@ -39,6 +46,9 @@ def main() -> int:
     ap.add_argument("--aq-only", action="store_true", help="time act_quant only (no cuBLAS, GEMM or layer rows)")
     ap.add_argument("--fmt", default="int4_g64", choices=("int4_g64", "int4_2l"),
                     help="activation format (int4_2l: act_quant rows only, as --aq-only)")
+    ap.add_argument("--rank", type=int, default=RANK, help="low-rank branch rank (0: no S; act_quant rows only)")
+    ap.add_argument("--f8", action="store_true", help="int4_g64: the e4m3 operands (out='f8', what the layer asks "
+                    "of act_quant for the decode / v2 kernels); act_quant rows only")
     args = ap.parse_args()
     import torch
     from _decode_probe import Probe
@@ -52,25 +62,28 @@ def main() -> int:
     probe = Probe(args.out, "probe_actquant_midm")
     for k in (int(v) for v in args.ks.split(",")):
         smooth = (torch.rand(k, device="cuda") + 0.5).to(torch.bfloat16)
-        down = (torch.randn(RANK, k, device="cuda") * 0.02).to(torch.bfloat16)
+        down = (torch.randn(args.rank, k, device="cuda") * 0.02).to(torch.bfloat16)
         for m in (int(v) for v in args.ms.split(",")):
-            base = dict(M=m, N=N, K=k, r=RANK)
+            base = dict(M=m, N=N, K=k, r=args.rank)
             xs = [torch.randn(m, k, device="cuda", dtype=torch.bfloat16) for _ in range(2)]
             wb = [torch.randn(N, k, device="cuda", dtype=torch.bfloat16) for _ in range(2)]
-            aq_only = args.aq_only or args.fmt != "int4_g64"
+            aq_only = args.aq_only or args.fmt != "int4_g64" or args.rank != RANK or args.f8
+            out = dict(out="f8") if args.f8 else {}
             if not aq_only:
                 probe.emit(**base, impl="cublas_bf16", **time_impl(lambda a, b: a @ b.T, list(zip(xs, wb))))
             del wb
             fmt = args.fmt
-            want = act_quant(xs[0], smooth, down, 64, fmt)
+            want = act_quant(xs[0], smooth, down, 64, fmt, **out)
             for name in (v for v in args.variants.split(",") if v):
-                kw = VARIANTS[name]
+                kw = {**VARIANTS[name], **out}
                 try:
                     got = act_quant(xs[0], smooth, down, 64, fmt, **kw)
                     same = torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
-                    s_err = float((got[2] - want[2]).abs().max() / want[2].abs().max().clamp_min(1e-30))
+                    s_err = (float((got[2] - want[2]).abs().max() / want[2].abs().max().clamp_min(1e-30))
+                             if args.rank else 0.0)
                     ok = same and s_err < 1e-5
-                    probe.emit(**base, impl=f"act_quant:{fmt}:{name}", err=s_err, same=same, ok=ok,
+                    tag = f"act_quant:{fmt}{':f8' if args.f8 else ''}:{name}"
+                    probe.emit(**base, impl=tag, err=s_err, same=same, ok=ok,
                                **(time_impl(lambda a, kw=kw: act_quant(a, smooth, down, 64, fmt, **kw),
                                             [(a, ) for a in xs]) if ok else {}))
                 except Exception as exc:

@@ -509,7 +509,7 @@ def test_decode_graph_capture_and_op_routing_gpu():
     g.replay()
     torch.cuda.synchronize()
     assert torch.equal(ops["out"], want)
-    for impl in ("decode", "auto"):   # auto routes int4_2l M ≤ 64 here
+    for impl in ("decode", "auto"):   # auto routes int4_2l 3 ≤ M ≤ 64 here (the GEMV takes M ≤ 2)
         y = w4a4_gemm(ops["x_q"], ops["x_scale"], ops["w_q"], ops["w_scale"], ops["lowrank_act"], ops["lora_up"],
                       ops["bias"], w_mul=ops["w_mul"], fmt="int4_2l", impl=impl)
         assert torch.equal(y, want)

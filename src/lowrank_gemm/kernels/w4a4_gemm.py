@@ -790,13 +790,13 @@ _PRE_EXPANDED_V1 = ("pre-expanded e4m3 activations (act_quant(out='f8') / expand
 def _packed_route(impl: str, name: str, fmt: str, device: torch.device, pre_expanded: bool) -> bool | None:
     """The shared part of the GEMV / skinny routes: True when ``impl`` pins ``name`` (an error where it cannot run),
     False where ``auto`` cannot use it (other format, e4m3 activations, not CUDA), None: ask the kernel's rule."""
+    fmts = ("int4_g64", "int4_2l") if name == "gemv" else ("int4_g64", )
     if impl == name:
-        fmts = ("int4_g64", "int4_2l") if name == "gemv" else ("int4_g64", )
         _expect(fmt in fmts and not pre_expanded and device.type == "cuda",
                 f"impl={name!r} runs {' / '.join(fmts)} on packed int4 (int4_2l: int8) activations on CUDA, got "
                 f"fmt={fmt!r}{', pre-expanded e4m3 activations' if pre_expanded else ''} on {device}")
         return True
-    if impl != "auto" or fmt != "int4_g64" or pre_expanded or device.type != "cuda":
+    if impl != "auto" or fmt not in fmts or pre_expanded or device.type != "cuda":
         return False
     return None
 

@@ -1,5 +1,5 @@
 """W4A4 GEMV for a handful of tokens: the layer as a weight stream on the CUDA cores, no tensor cores (impl="auto"
-routes int4_g64 with M ≤ :func:`auto_gemv_max_m` here; impl="gemv" forces it).
+routes both formats with M ≤ :func:`auto_gemv_max_m` here; impl="gemv" forces it).
 
     out[m, n] = epilogue( Σ_g xs[g, m] · ws[g, n] · Σ_{k ∈ g} q_x[m, k] · q_w[n, k] )     (int4_g64)
 
@@ -20,8 +20,7 @@ vectorized loads (many small programs keep the bytes in flight) and does the ari
 - epilogue: × col_scale[n], + Σ_r lora_up[n, r]·s[m, r] (s rounded to lora_up's dtype like the unfused
   reference), + bias[n], store.
 
-int4_2l (session 10, opt-in through impl="gemv", CPU-checked — interpreter numerics, sm_90 compile — not yet run on
-the GPU): the activations are act_quant's expanded int8 values, so the token words need no unpacking (a weight word's
+int4_2l (session 10; routed since session 11, after its GPU run): the activations are act_quant's expanded int8 values, so the token words need no unpacking (a weight word's
 low / high K positions are activation words 16b + j / 16b + 8 + j of its 64-block b); each quarter's exact int32
 partial is multiplied by the group's integer multiplier u and summed in int32, and the per-token t and per-row s scale
 the row sum once — no per-group float rescale.
@@ -63,7 +62,9 @@ __all__ = ["launch_w4a4_gemv", "w4a4_gemv_kernel", "w4a4_gemv_gl_kernel", "gemv_
 
 # impl="auto" routes int4_g64 with M ≤ this here (w4a4_gemm._route). H200 (probes/s7/gemv_run2, K=4096, N=28672,
 # GEMM alone): M=1 23.4 µs vs the decode kernel's 30.8, M=2 28.0 vs 31.6, M=4 44.3 vs 31.5 (every token re-runs
-# the dp4a work; past two the tensor cores' token reuse wins)
+# the dp4a work; past two the tensor cores' token reuse wins). int4_2l too (probes/s11/variants, layer vs the decode
+# kernel's, µs): K = 4096, N = 28672 M = 1 / 2 21.7 / 28.5 vs 27.9 / 28.3; N = 4096 7.9 / 11.1 vs 19.8 / 21.9;
+# N = 14336 13.7 / 16.5 vs 24.2 / 24.4; K = 14336, N = 4096 25.0 / 26.0 vs 58.9 / 60.6.
 AUTO_GEMV_MAX_M = 2
 # (Sessions 7–8 also sent M = 3–4 here when N < MANY_ROWS; since session 9 the skinny GEMM takes them: K = N = 4096,
 # M = 4, GEMM alone 11.6 µs vs 17.0 here, probes/s9/skinny_rt.)
