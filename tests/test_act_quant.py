@@ -265,6 +265,97 @@ def test_v3_sm90_no_spills(kernel):
     assert regs <= 168, regs
 
 
+@pytest.mark.parametrize("fmt,s_apart,s_config,m,k,r", [
+    ("int4_g64", True, None, 37, 384, 32), ("int4_g64", "overlap", (32, 64, 4, 3, 1), 33, 384, 23),
+    ("int4_g64", True, (64, 128, 4, 3, 2), 70, 256, 16), ("int4_2l", True, (16, 64, 4, 2, 3), 37, 384, 32),
+    ("int4_2l", "overlap", None, 70, 256, 16), ("int4_2l", True, (64, 128, 4, 3, 2), 33, 384, 23)])
+def test_v3_s_apart_poisoned(poisoned, fmt, s_apart, s_config, m, k, r):
+    """S by its own kernel (after the first pass / beside it; on the CPU "overlap" runs in order): x_q and x_scale
+    the same bytes as S inside the quantizers, every S element written (poisoned slabs), S vs float64, repeat
+    bit-identical; ragged M, odd rank, 1- and 3-slice splits, 128-wide steps."""
+    x, smooth, down = _inputs(m, k, r)
+    ref = act_quant(x, smooth, down, 64, fmt, split=2, block_m=16, variant="v3", s_apart=False)
+    got = act_quant(x, smooth, down, 64, fmt, split=2, block_m=16, variant="v3", s_apart=s_apart, s_config=s_config)
+    assert torch.equal(got[0], ref[0]) and torch.equal(got[1], ref[1])
+    _check_lowrank(got[2], x, smooth, down)
+    again = act_quant(x, smooth, down, 64, fmt, split=2, block_m=16, variant="v3", s_apart=s_apart, s_config=s_config)
+    assert torch.equal(got[2], again[2])
+
+
+def test_v3_s_apart_modes_and_plan(monkeypatch):
+    import lowrank_gemm.kernels.act_quant as aq
+    x, smooth, down = _inputs(20, 128, 16)
+    with pytest.raises(ValueError, match="s_apart"):
+        act_quant(x, smooth, down, 64, variant="v3", s_apart="sideways")
+    with pytest.raises(ValueError, match="block_k"):
+        aq.plan_s(64, 192, None, (64, 128, 4, 3, 2))          # 128 does not divide K = 192
+    p = aq.plan_s(4608, 3072)
+    assert p.block_k == 128 and 3072 // 128 // p.split >= 4 and p.split >= 1
+    assert aq.plan_s(4608, 192).block_k == 64
+    assert aq.plan_s(4608, 3072, None, (128, 64, 8, 4, 999)).split == min(3072 // 64, aq.MAX_SPLIT)
+    monkeypatch.setenv(aq.S_CONFIG_ENV, "32,64,4,2,3")
+    assert aq.plan_s(100, 640) == aq.SPlan(32, 64, 4, 2, 3)
+    monkeypatch.setattr(aq, "_ENV_S_APART", "overlap")
+    assert aq.s_apart_default("int4_g64", 3072) == "overlap"
+    monkeypatch.setattr(aq, "_ENV_S_APART", "0")
+    assert aq.s_apart_default("int4_2l", 3072) is False
+
+
+def test_s_pieces_kernel_sm90_wgmma_no_spills():
+    """The S kernel compiles for sm_90 to bf16 wgmma with a cp.async / TMA-free pipelined K loop, no spills."""
+    import os
+    import subprocess
+    import tempfile
+    import triton
+    from lowrank_gemm.kernels.aot import compile_sm90
+    sig = dict(x_ptr="*bf16", stride_xm="i32", p_ptr="*bf16", stride_pp="i32", sp_ptr="*fp32", stride_sps="i32",
+               stride_spm="i32", M="i32", K="i32", R="i32", STEPS_PER_SLICE="i32")
+    for bm, bk, warps, stages, tail in ((64, 128, 4, 3, False), (128, 128, 8, 3, True)):
+        info = compile_sm90("lowrank_gemm.kernels.act_quant", "_s_pieces_kernel", sig,
+                            dict(BLOCK_M=bm, BLOCK_K=bk, BLOCK_R=32, SHIFT=8, TAIL_WAIT=tail),
+                            aligned=("x_ptr", "stride_xm", "p_ptr", "stride_pp", "sp_ptr", "stride_spm"),
+                            num_warps=warps, num_stages=stages)
+        assert info.has("wgmma", "bf16")
+        assert ("griddepcontrol.wait" in info.ptx) == tail
+        ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+        with tempfile.TemporaryDirectory() as d:
+            src = os.path.join(d, "k.ptx")
+            open(src, "w").write(info.ptx)
+            res = subprocess.run([ptxas, "-arch=sm_90a", "-v", src, "-o", os.path.join(d, "k.cubin")],
+                                 capture_output=True, text=True)
+        assert res.returncode == 0, res.stderr[-2000:]
+        assert "0 bytes spill stores" in res.stderr and "0 bytes spill loads" in res.stderr
+
+
+@pytest.mark.gpu
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("fmt", ["int4_g64", "int4_2l"])
+@pytest.mark.parametrize("s_apart", [True, "overlap"])
+@pytest.mark.parametrize("m,k", [(4608, 3072), (1000, 1536), (300, 12288)])
+def test_v3_s_apart_gpu(fmt, s_apart, m, k):
+    """bf16, real sizes: the quantized bytes equal S-inside (e4m3 operands for int4_g64, as the v2 layer asks),
+    S vs float64, repeat bit-identical, a CUDA-graph replay equal to eager (the overlap's PDL edge included)."""
+    dev = torch.device("cuda")
+    x = (torch.randn(m, k, device=dev) * torch.exp(torch.randn(k, device=dev) * 0.5)).to(torch.bfloat16)
+    smooth = (torch.rand(k, device=dev) + 0.5).to(torch.bfloat16)
+    down = (torch.randn(32, k, device=dev) * 0.02).to(torch.bfloat16)
+    kw = dict(out="f8") if fmt == "int4_g64" else {}
+    ref = act_quant(x, smooth, down, 64, fmt, variant="v3", s_apart=False, **kw)
+    got = act_quant(x, smooth, down, 64, fmt, variant="v3", s_apart=s_apart, **kw)
+    assert torch.equal(got[0].view(torch.uint8), ref[0].view(torch.uint8)) and torch.equal(got[1], ref[1])
+    s64 = (x.double() / smooth.double()) @ down.double().T
+    assert ((got[2].double() - s64).norm() / s64.norm()).item() < 2e-5
+    assert torch.equal(got[2], act_quant(x, smooth, down, 64, fmt, variant="v3", s_apart=s_apart, **kw)[2])
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = act_quant(x, smooth, down, 64, fmt, variant="v3", s_apart=s_apart, **kw)
+    for t in out:
+        t.view(torch.uint8).fill_(0xA5)
+    g.replay()
+    torch.cuda.synchronize()
+    assert all(torch.equal(a.view(torch.uint8), b.view(torch.uint8)) for a, b in zip(out, got))
+
+
 def test_plan_defaults():
     from lowrank_gemm.kernels.act_quant import plan_act_quant
     assert plan_act_quant(4608, 3072, 64).variant == "v3"
