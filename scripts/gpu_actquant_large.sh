@@ -2,7 +2,9 @@
 # One device call (≈ 4 min): act_quant at FLUX sizes (M = 4608, K = 3072 / 12288), where it is 30–130 µs of the
 # W4A4 layer (w4a4.md: int4_2l layer − GEMM 49 µs at fc1, 129 at fc2; int4_g64 31 / 76) against a byte floor of
 # ~10 / ~45 µs. Per format: the v3 default and its tile variants, rank 32 vs rank 0 (what S costs), ncu on one launch.
-#   LOWRANK_GEMM_COMMIT=<hash> bash scripts/gpu_actquant_large.sh        → $OUT/aq_large (tarred; summary.txt beside)
+#   LOWRANK_GEMM_COMMIT=<hash> [TESTS="..."] [VARIANTS=a,b] [R0=0] [NCU=0] bash scripts/gpu_actquant_large.sh
+#       → $OUT/aq_large (tarred; summary.txt beside). Session 11 second call: VARIANTS with v3:apart / v3:overlap
+#       (and the S-kernel configs of probe_actquant_midm.py), R0=0 NCU=0.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1
@@ -23,9 +25,10 @@ run() {  # name, args...
   grep "^|" "$L/$name.log" | cut -d'|' -f2-6 | grep -v "^ M\|^---" | tee -a "$L/summary.txt"
 }
 run g64_f8 --f8 --variants "$V"
-run g64_f8_r0 --f8 --rank 0 --variants default,v3:bm32,v3:w8
+[ "${R0:-1}" = 1 ] && run g64_f8_r0 --f8 --rank 0 --variants default,v3:bm32,v3:w8
 run 2l --fmt int4_2l --variants "$V"
-run 2l_r0 --fmt int4_2l --rank 0 --variants default,v3:bm32,v3:w8
+[ "${R0:-1}" = 1 ] && run 2l_r0 --fmt int4_2l --rank 0 --variants default,v3:bm32,v3:w8
+[ "${NCU:-1}" = 1 ] || exit 0
 cat > /tmp/aq_ncu.py <<'PY'
 import sys, torch
 from lowrank_gemm.kernels.act_quant import act_quant
