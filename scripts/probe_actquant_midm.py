@@ -34,14 +34,7 @@ VARIANTS = {"default": {}, **{f"v1:split{s}": dict(variant="v1", split=s) for s 
             # large-M tiles (FLUX: M = 4608; the v3 default is 64 rows × one group per step, 4 warps, 4 waves)
             **{f"v3:bm{b}": dict(variant="v3", block_m=b) for b in (16, 32, 128)},
             **{f"v3:w{w}": dict(variant="v3", num_warps=w) for w in (2, 8)},
-            **{f"v3:split{s}": dict(variant="v3", split=s) for s in (2, 4, 16, 32)},
-            # S by its own kernel (session 11): after the first pass / beside it (PDL), and S-kernel configs
-            "v3:apart": dict(variant="v3", s_apart=True), "v3:overlap": dict(variant="v3", s_apart="overlap"),
-            **{f"v3:apart:{'-'.join(map(str, c))}": dict(variant="v3", s_apart=True, s_config=c)
-               for c in ((64, 128, 4, 4, 2), (64, 128, 4, 3, 8), (128, 128, 8, 3, 4), (128, 64, 8, 4, 2),
-                         (64, 64, 4, 4, 8), (32, 128, 4, 4, 2))},
-            **{f"v3:overlap:{'-'.join(map(str, c))}": dict(variant="v3", s_apart="overlap", s_config=c)
-               for c in ((64, 128, 4, 4, 2), (128, 128, 8, 3, 4))}}
+            **{f"v3:split{s}": dict(variant="v3", split=s) for s in (2, 4, 16, 32)}}
 
 
 def main() -> int:
@@ -88,7 +81,7 @@ def main() -> int:
                     same = torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
                     s_err = (float((got[2] - want[2]).abs().max() / want[2].abs().max().clamp_min(1e-30))
                              if args.rank else 0.0)
-                    ok = bool(same and s_err < 1e-5 and torch.isfinite(got[2]).all())
+                    ok = same and s_err < 1e-5
                     tag = f"act_quant:{fmt}{':f8' if args.f8 else ''}:{name}"
                     probe.emit(**base, impl=tag, err=s_err, same=same, ok=ok,
                                **(time_impl(lambda a, kw=kw: act_quant(a, smooth, down, 64, fmt, **kw),

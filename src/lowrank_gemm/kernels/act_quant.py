@@ -39,8 +39,7 @@ from .pdl import gdc_launch_dependents, gdc_wait, pdl_enabled
 from .schedule import cdiv, num_sms
 from .w4_expand import act_f8_rows, e4m3_codes, expand_act_f8
 
-__all__ = ["act_quant", "plan_act_quant", "ActQuantPlan", "FORMATS", "OUTPUTS", "VARIANTS", "MAX_SPLIT", "SMALL_M",
-           "SPlan", "plan_s", "s_apart_default", "S_APART_MODES"]
+__all__ = ["act_quant", "plan_act_quant", "ActQuantPlan", "FORMATS", "OUTPUTS", "VARIANTS", "MAX_SPLIT", "SMALL_M"]
 
 FORMATS = ("int4_g64", "int4_2l")
 _RNE_MAGIC = tl.constexpr(12582912.0)  # 1.5·2²³: adding and subtracting it rounds |v| < 2²² to the nearest even integer
@@ -596,14 +595,10 @@ def _act_quant_g_v3_kernel(
     sp_ptr, stride_sps, stride_spm, M, K, R, STEPS_PER_SLICE,
     G: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr, HAS_LOWRANK: tl.constexpr,
     SCALE_BF16: tl.constexpr, SHIFT: tl.constexpr, EMU_FMA: tl.constexpr, F8: tl.constexpr = False,
-    LAUNCH_DEPS: tl.constexpr = False,
 ):
     """v3 of :func:`_act_quant_g_v2_kernel` (same arguments, same bits): fast path only in the loop, the
     exact redo of the slice after it when any of its (row, group) scales left the fast range.
-    F8: q / sc are the e4m3 operands x8 [M, K] / xab [K/G, 2, M] instead (:func:`_store_g64`).
-    LAUNCH_DEPS: the S kernel is PDL-launched behind this one (``s_apart="overlap"``) and may start at once."""
-    if LAUNCH_DEPS:
-        gdc_launch_dependents()
+    F8: q / sc are the e4m3 operands x8 [M, K] / xab [K/G, 2, M] instead (:func:`_store_g64`)."""
     HALF: tl.constexpr = G // 2
     LO: tl.constexpr = _FAST_LO if SCALE_BF16 else _FAST_LO_F16
     HI: tl.constexpr = _FAST_HI if SCALE_BF16 else _FAST_HI_F16
@@ -652,13 +647,10 @@ def _act_2l_stats_v3_kernel(
     x_ptr, stride_xm, smooth_ptr, rl_ptr, p_ptr, stride_pp, sp_ptr, stride_sps, stride_spm, ap_ptr, stride_aps,
     M, K, R, STEPS_PER_SLICE,
     BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr, HAS_LOWRANK: tl.constexpr,
-    SHIFT: tl.constexpr, EMU_FMA: tl.constexpr, LAUNCH_DEPS: tl.constexpr = False,
+    SHIFT: tl.constexpr, EMU_FMA: tl.constexpr,
 ):
     """v3 of :func:`_act_2l_stats_v2_kernel`: fast row maxima in the loop; if any step's maximum left
-    [2⁻⁶⁰, 2⁶⁰] (or was NaN), the slice's absmax is recomputed exactly after it (max is order-free: same bits).
-    LAUNCH_DEPS: as in :func:`_act_quant_g_v3_kernel`."""
-    if LAUNCH_DEPS:
-        gdc_launch_dependents()
+    [2⁻⁶⁰, 2⁶⁰] (or was NaN), the slice's absmax is recomputed exactly after it (max is order-free: same bits)."""
     pid_k = tl.program_id(1)
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_r = tl.arange(0, BLOCK_R)
@@ -752,38 +744,6 @@ def _sum_partials_kernel(sp_ptr, stride_sps, stride_spm, s_ptr, stride_sm, M, R,
 # the electing program's [SPLIT, rows, BLOCK_R] fp32 sum tile: ≤ 64 KB, 128 regs/thread at 4 warps. ptxas
 # (sm_90, 4 warps): BK=128 S step + [32, 16, 32] tile 162 regs, no spills; a [64, 16, 32] tile or a
 # BK=256 split-TF32 step hit 255 regs with 56–68 B of spills.
-@triton.jit
-def _s_pieces_kernel(
-    x_ptr, stride_xm,                 # (M, K) bf16/fp16
-    p_ptr, stride_pp,                 # (3, K, BLOCK_R) A'ᵀ pieces (prep kernel)
-    sp_ptr, stride_sps, stride_spm,   # (SPLIT, M, R) fp32 S partials (SPLIT = 1: S itself)
-    M, K, R, STEPS_PER_SLICE,
-    BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr, SHIFT: tl.constexpr,
-    TAIL_WAIT: tl.constexpr = False,
-):
-    """S = (x/λ)·Aᵀ on its own (``s_apart``): the v3 quantizers' tensor-core down-projection in a plain K loop, so
-    the quantizing kernels run without its accumulators, operand shuffles and per-step piece loads (rank 32 made
-    v3 2–2.5× slower than rank 0 at FLUX sizes: probes/s11/aq_large). Same pieces, same MMAs, one more read of x.
-    TAIL_WAIT (PDL-launched behind the quantizer, ``s_apart="overlap"``): runs beside it and waits for it only
-    before exiting, so the launch after this one still sees both finished."""
-    pid_k = tl.program_id(1)
-    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_r = tl.arange(0, BLOCK_R)
-    offs_k = tl.max_contiguous(tl.multiple_of(tl.arange(0, BLOCK_K), BLOCK_K), BLOCK_K)
-    row_ok = offs_m < M
-    k_begin = pid_k * STEPS_PER_SLICE * BLOCK_K
-    k_end = tl.minimum(k_begin + STEPS_PER_SLICE * BLOCK_K, K)
-    acc1 = tl.zeros((BLOCK_M, BLOCK_R), tl.float32)
-    acc2 = tl.zeros((BLOCK_M, BLOCK_R), tl.float32)
-    acc3 = tl.zeros((BLOCK_M, BLOCK_R), tl.float32)
-    for k0 in range(k_begin, k_end, BLOCK_K):
-        x = tl.load(x_ptr + offs_m[:, None] * stride_xm + (k0 + offs_k)[None, :], mask=row_ok[:, None], other=0.0)
-        acc1, acc2, acc3 = _down_pieces(acc1, acc2, acc3, x, p_ptr, stride_pp, k0 + offs_k, offs_r, BLOCK_R)
-    _store_s_pieces(acc1, acc2, acc3, sp_ptr, stride_sps, stride_spm, pid_k, offs_m, offs_r, M, R, SHIFT)
-    if TAIL_WAIT:
-        gdc_wait()
-
-
 _FUSED_SUM_ELEMS = 16384
 _FUSED_MAX_BK = 128
 
@@ -1277,8 +1237,7 @@ def act_quant(x: torch.Tensor, smooth: torch.Tensor, lora_down: torch.Tensor, gr
               split: int | None = None, block_m: int | None = None, block_k: int | None = None,
               num_warps: int | None = None, variant: str | None = None, quant_rows: int | None = None,
               quant_cols: int | None = None, s_rows: int | None = None, s_ranks: int | None = None,
-              loads_first: bool | None = None, s_apart: bool | str | None = None, s_config: tuple | None = None,
-              _slice_rot: int = 0):
+              loads_first: bool | None = None, _slice_rot: int = 0):
     """Quantize ``x`` [M, K] (bf16/fp16, contiguous rows) after dividing by ``smooth`` [K].
 
     Returns ``(x_q, x_scale, lowrank_act)``:
@@ -1296,10 +1255,6 @@ def act_quant(x: torch.Tensor, smooth: torch.Tensor, lora_down: torch.Tensor, gr
     per program) picks the fused S mode (default: ``LOWRANK_GEMM_ACT_QUANT_FUSED_S`` or rank for M ≤ 16);
     ``loads_first`` (fused; None: ``LOWRANK_GEMM_ACT_QUANT_LOADS_FIRST``, default off) makes the rank-split S
     programs and the g64 quant units issue all their loads before the first use (same bits).
-    ``s_apart`` (v3, r > 0; None: :func:`s_apart_default`): S by its own tensor-core kernel instead of inside the
-    quantizers — True after the first pass, ``"overlap"`` beside it (PDL); ``s_config`` pins that kernel's
-    (block_m, block_k, warps, stages, split) (:func:`plan_s`). Same x_q / x_scale bits; S to fp32 rounding
-    (other K slices, other summation order), deterministic.
     ``_slice_rot`` (tests only) rotates which fused program owns which slice (ticket mode).
     Launches: fused one; v1/v2 g64 one kernel, 2l two passes (+ v2's prep, + the S reduce when split > 1).
     The fused kernel is launched with programmatic dependent launch when ``pdl.pdl_enabled`` (off by default).
@@ -1333,20 +1288,12 @@ def act_quant(x: torch.Tensor, smooth: torch.Tensor, lora_down: torch.Tensor, gr
     br = rank_block(r)
     grid = (cdiv(m, bm), nsplit)
     a = lora_down if r else x  # any valid pointer when the branch is off
-    if variant in ("v2", "v3"):
-        if s_apart is None:
-            s_apart = s_apart_default(fmt, k)
-        if s_apart not in S_APART_MODES:
-            raise ValueError(f"act_quant: s_apart must be one of {S_APART_MODES}, got {s_apart!r}")
-    apart = variant == "v3" and bool(s_apart)
-    # S partials: one fp32 [M, r] slab per K slice, summed in slice order afterwards; no slab at split 1 (nor when
-    # the S kernel of s_apart brings its own)
-    sp = (lowrank_act if (nsplit == 1 or r == 0 or apart)
-          else torch.empty((nsplit, m, r), device=dev, dtype=torch.float32))
+    # S partials: one fp32 [M, r] slab per K slice, summed in slice order afterwards; no slab at split 1
+    sp = lowrank_act if (nsplit == 1 or r == 0) else torch.empty((nsplit, m, r), device=dev, dtype=torch.float32)
     spst = sp.stride(0) if sp.dim() == 3 else 0
     if variant in ("v2", "v3"):
         return _act_quant_v2(x, smooth, lora_down, group_size, fmt, scale_dtype, lowrank_act, sp, spst,
-                             grid, bm, nsplit, sps, warps, br, variant == "v3", f8, s_apart, s_config)
+                             grid, bm, nsplit, sps, warps, br, variant == "v3", f8)
     if fmt == "int4_g64":
         x_q, x_scale = _g64_outputs(m, k, group_size, dev, scale_dtype, f8)
         _act_quant_g_kernel[grid](x, x.stride(0), smooth, x_q, x_q.stride(0), x_scale, x_scale.stride(0),
@@ -1377,70 +1324,10 @@ def _sum_partials(sp, lowrank_act, nsplit: int, br: int) -> None:
                                    nsplit, SPLIT_P2=triton.next_power_of_2(nsplit), BLOCK_R=br, num_warps=1)
 
 
-class SPlan(NamedTuple):
-    """The S kernel of ``s_apart`` (:func:`_s_pieces_kernel`): rows per program, K columns per step, warps,
-    pipeline stages, K slices (partials summed in slice order)."""
-
-    block_m: int
-    block_k: int
-    num_warps: int
-    num_stages: int
-    split: int
-
-
-S_APART_MODES = (False, True, "overlap")
-_ENV_S_APART = os.environ.get("LOWRANK_GEMM_ACT_QUANT_S_APART", "").strip() or None
-S_CONFIG_ENV = "LOWRANK_GEMM_ACT_QUANT_S_CONFIG"     # "block_m,block_k,warps,stages,split" (probes)
-
-
-def s_apart_default(fmt: str, k: int) -> bool | str:
-    """v3's S mode when the caller does not pick one: ``LOWRANK_GEMM_ACT_QUANT_S_APART`` (0 / 1 / overlap), else
-    in the quantizer (not yet measured on the GPU: the session-11 probe decides)."""
-    if _ENV_S_APART is not None:
-        return {"0": False, "1": True}.get(_ENV_S_APART, _ENV_S_APART)
-    return False
-
-
-def plan_s(m: int, k: int, device=None, config: tuple | None = None) -> SPlan:
-    """64 rows × 128 columns (64 when K % 128) per step, 4 warps, 3 stages, K split for ~2 programs per SM while
-    every slice keeps ≥ 4 steps; ``config`` or env ``LOWRANK_GEMM_ACT_QUANT_S_CONFIG`` pins it."""
-    env = os.environ.get(S_CONFIG_ENV, "").strip()
-    if config is None and env:
-        config = tuple(int(v) for v in env.split(","))
-    if config is not None:
-        bm, bk, warps, stages, split = config
-        if bk % 16 or bk & (bk - 1) or bm & (bm - 1) or bm < 16 or k % bk:
-            raise ValueError(f"act_quant S config: block_m and block_k must be powers of two ≥ 16 and block_k must "
-                             f"divide K={k}; got {config}")
-        return SPlan(bm, bk, warps, stages, max(1, min(split, k // bk, MAX_SPLIT)))
-    bk = 128 if k % 128 == 0 else 64
-    sms = num_sms(device) if device is not None and device.type == "cuda" else 8
-    split = max(1, min(cdiv(2 * sms, cdiv(m, 64)), k // bk // 4, MAX_SPLIT))
-    return SPlan(64, bk, 4, 3, split)
-
-
-def _launch_s_apart(x, pieces, shift, lowrank_act, br, splan: SPlan, overlap: bool):
-    """S by :func:`_s_pieces_kernel` into fresh partial slabs (the caller sums them). ``overlap``: PDL-launched
-    behind a quantizer that ran ``launch_dependents`` — its writes go only to the slabs allocated here, which the
-    running quantizer never touches, so they need no wait; the kernel waits before exiting."""
-    m, k = x.shape
-    r = lowrank_act.shape[1]
-    steps = k // splan.block_k
-    sps = cdiv(steps, splan.split)
-    nsplit = cdiv(steps, sps)
-    sp = lowrank_act if nsplit == 1 else torch.empty((nsplit, m, r), device=x.device, dtype=torch.float32)
-    _s_pieces_kernel[(cdiv(m, splan.block_m), nsplit)](
-        x, x.stride(0), pieces, pieces.stride(0), sp, sp.stride(0) if sp.dim() == 3 else 0, sp.stride(-2),
-        m, k, r, sps, BLOCK_M=splan.block_m, BLOCK_K=splan.block_k, BLOCK_R=br, SHIFT=shift, TAIL_WAIT=overlap,
-        num_warps=splan.num_warps, num_stages=splan.num_stages, launch_pdl=overlap)
-    return sp, nsplit
-
-
 def _act_quant_v2(x, smooth, lora_down, group_size, fmt, scale_dtype, lowrank_act, sp, spst, grid, bm,
-                  nsplit, sps, warps, br, v3=False, f8=False, s_apart=False, s_config=None):
+                  nsplit, sps, warps, br, v3=False, f8=False):
     """v2 / v3 launches (same arguments): prep (1/λ, A'ᵀ pieces), then g64 one kernel / 2l two passes,
-    then the S reduce. ``f8``: v3 only (the e4m3 outputs). ``s_apart`` (v3): S by its own kernel after the first
-    pass (True) or beside it (``"overlap"``, PDL) instead of inside the quantizers."""
+    then the S reduce. ``f8``: v3 only (the e4m3 outputs)."""
     g_kernel = _act_quant_g_v3_kernel if v3 else _act_quant_g_v2_kernel
     stats_kernel = _act_2l_stats_v3_kernel if v3 else _act_2l_stats_v2_kernel
     quant_kernel = _act_2l_quant_v3_kernel if v3 else _act_2l_quant_v2_kernel
@@ -1449,37 +1336,25 @@ def _act_quant_v2(x, smooth, lora_down, group_size, fmt, scale_dtype, lowrank_ac
     dev = x.device
     rl, pieces, shift = _prep(x, smooth, lora_down, r, br)
     emu = _interpreting()
-    apart = bool(s_apart) and v3 and r > 0
-    overlap = apart and s_apart == "overlap" and pdl_enabled(dev)
-    in_kernel = r > 0 and not apart
-    deps = {"LAUNCH_DEPS": True} if overlap else {}
     if fmt == "int4_g64":
         x_q, x_scale = _g64_outputs(m, k, group_size, dev, scale_dtype, f8)
         g_kernel[grid](x, x.stride(0), smooth, rl, x_q, x_q.stride(0), x_scale, x_scale.stride(0),
                        pieces, pieces.stride(0), sp, spst, max(r, 1), m, k, r, sps,
-                       G=group_size, BLOCK_M=bm, BLOCK_R=br, HAS_LOWRANK=in_kernel,
+                       G=group_size, BLOCK_M=bm, BLOCK_R=br, HAS_LOWRANK=r > 0,
                        SCALE_BF16=scale_dtype == torch.bfloat16, SHIFT=shift, EMU_FMA=emu,
-                       **({"F8": True} if f8 else {}), **deps, num_warps=warps)  # f8: v3 only (act_quant)
-        if apart:
-            sp, nsplit = _launch_s_apart(x, pieces, shift, lowrank_act, br, plan_s(m, k, dev, s_config), overlap)
+                       **({"F8": True} if f8 else {}), num_warps=warps)  # f8: v3 only (act_quant)
     else:
         x_q = torch.empty((m, k), device=dev, dtype=torch.int8)
         x_scale = torch.empty((m,), device=dev, dtype=torch.float32)
         amax_part = torch.empty((nsplit, m), device=dev, dtype=torch.float32)
         stats_kernel[grid](x, x.stride(0), smooth, rl, pieces, pieces.stride(0), sp, spst, max(r, 1),
-                           amax_part, amax_part.stride(0), m, k, r, sps,
-                           BLOCK_M=bm, BLOCK_K=group_size, BLOCK_R=br, HAS_LOWRANK=in_kernel,
-                           SHIFT=shift, EMU_FMA=emu, **deps, num_warps=warps)
-        s_split = None
-        if apart:   # beside the stats pass (overlap) or between the passes; its slabs are its own
-            s_sp, s_split = _launch_s_apart(x, pieces, shift, lowrank_act, br, plan_s(m, k, dev, s_config),
-                                            overlap)
+                                      amax_part, amax_part.stride(0), m, k, r, sps,
+                                      BLOCK_M=bm, BLOCK_K=group_size, BLOCK_R=br, HAS_LOWRANK=r > 0,
+                                      SHIFT=shift, EMU_FMA=emu, num_warps=warps)
         quant_kernel[grid](x, x.stride(0), smooth, rl, x_q, x_q.stride(0), x_scale,
-                           amax_part, amax_part.stride(0), m, k, nsplit, sps,
-                           G=group_size, BLOCK_M=bm, SPLIT_P2=triton.next_power_of_2(nsplit),
-                           EMU_FMA=emu, num_warps=warps)
-        if apart:
-            sp, nsplit = s_sp, s_split
+                                      amax_part, amax_part.stride(0), m, k, nsplit, sps,
+                                      G=group_size, BLOCK_M=bm, SPLIT_P2=triton.next_power_of_2(nsplit),
+                                      EMU_FMA=emu, num_warps=warps)
     _sum_partials(sp, lowrank_act, nsplit, br)
     return x_q, x_scale, lowrank_act
 
