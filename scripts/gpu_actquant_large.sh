@@ -3,8 +3,7 @@
 # W4A4 layer (w4a4.md: int4_2l layer − GEMM 49 µs at fc1, 129 at fc2; int4_g64 31 / 76) against a byte floor of
 # ~10 / ~45 µs. Per format: the v3 default and its tile variants, rank 32 vs rank 0 (what S costs), ncu on one launch.
 #   LOWRANK_GEMM_COMMIT=<hash> [TESTS="..."] [VARIANTS=a,b] [R0=0] [NCU=0] bash scripts/gpu_actquant_large.sh
-#       → $OUT/aq_large (tarred; summary.txt beside). Session 11 second call: VARIANTS with v3:apart / v3:overlap
-#       (and the S-kernel configs of probe_actquant_midm.py), R0=0 NCU=0.
+#       → $OUT/aq_large (tarred; summary.txt beside). VARIANTS: names from probe_actquant_midm.py's VARIANTS.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1
