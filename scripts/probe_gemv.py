@@ -2,7 +2,7 @@
 process, CUDA-graph medians next to cuBLAS bf16, fp8 ``_scaled_mm`` and today's decode GEMM (e4m3 path, operands
 pre-expanded as the layer feeds it), two rotated operand sets.
 
-    PYTHONPATH=src python scripts/probe_gemv.py --out $OUT [--cfgs 32,64,4,1;16,64,2,1] [--ms 1,2,4]
+    PYTHONPATH=src python scripts/probe_gemv.py --out $OUT [--cfgs g:32,64,4,1;g:16,64,2,1+ef] [--ms 1,2,4]
     PYTHONPATH=src python scripts/probe_gemv.py --out $OUT --two-level [--ms 1,2]
 
 ``--two-level``: the int4_2l GEMV (opt-in, impl="gemv") — per shape and M, the GEMM on int4_2l operands (checked
@@ -40,8 +40,9 @@ def main() -> int:
     from lowrank_gemm.kernels import w4a4_gemv as gv
 
     kernels = {"g": "gluon", "t": "triton"}
-    cfgs = [(kernels[c.split(":")[0]], gv.GemvConfig(*(int(v) for v in c.split(":")[1].split(","))))
-            for c in args.cfgs.split(";") if c]
+    # "g:16,64,2,1+ef+cg": config, then the weight loads' cache hints (w4a4_gemv.load_hints)
+    cfgs = [(kernels[c.split(":")[0]], gv.GemvConfig(*(int(v) for v in c.split(":")[1].split("+")[0].split(","))),
+             ",".join(c.split("+")[1:])) for c in args.cfgs.split(";") if c]
     probe = Probe(args.out, "probe_gemv")
     for n, k in SHAPES:
         for m in (int(v) for v in args.ms.split(",")):
@@ -49,9 +50,11 @@ def main() -> int:
                 continue
             sets, ref, base = probe.operands(m, n, k)
             probe.baselines(base, sets, ref)
-            for kern, cfg in cfgs:
-                probe.checked(base, f"gemv:{kern}:" + ",".join(map(str, cfg)),
-                              lambda c=cfg, kk=kern, **o: gv.launch_w4a4_gemv(**o, config=c, kernel=kk), sets, ref)
+            for kern, cfg, hints in cfgs:
+                probe.checked(base, f"gemv:{kern}:" + ",".join(map(str, cfg)) + "".join(f"+{h}" for h in
+                                                                                     hints.split(",") if h),
+                              lambda c=cfg, kk=kern, h=hints, **o: gv.launch_w4a4_gemv(**o, config=c, kernel=kk, hints=h),
+                              sets, ref)
             del sets
             torch.cuda.empty_cache()
     probe.write()

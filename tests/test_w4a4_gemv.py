@@ -329,3 +329,23 @@ def test_gpu_fp32_result_is_exact_to_fp32_rounding(kernel):
     y = gv.launch_w4a4_gemv(**ops, kernel=kernel).double().cpu()
     ref = w4.reference_v2(ops)
     assert float((y - ref).norm() / ref.norm()) < 1e-6
+
+
+def test_load_hints_reach_the_weight_loads_only():
+    """``hints`` (probe knob, env LOWRANK_GEMM_GEMV_HINTS): the weight stream's 16-byte loads carry the cache hint,
+    nothing else does; unknown or conflicting hints are refused."""
+    import re
+    from lowrank_gemm.kernels.aot import compile_sm90
+    assert gv.load_hints("") == {} and gv.load_hints("ef") == {"W_EVICT": "evict_first"}
+    with pytest.raises(ValueError, match="hints"):
+        gv.load_hints("zz")
+    with pytest.raises(ValueError, match="cg"):
+        gv.load_hints("ef,cg")
+    sig, cx, cfg = gv.aot_signature_gemv(None, kernel="gluon", N=256, K=2048, M=1)
+    for hints, want in (("ef", "ld.global.L1::evict_first.L2::cache_hint.v4.b32"), ("cg", "ld.global.cg.v4.b32")):
+        info = compile_sm90("lowrank_gemm.kernels.w4a4_gemv", "w4a4_gemv_gl_kernel", sig,
+                            {**cx, **gv.load_hints(hints)}, num_warps=cfg.num_warps,
+                            aligned=("xq_ptr", "wq_ptr", "ws_ptr", "xs_ptr"))
+        lds = re.findall(r"ld\.global[^ \t]*", info.ptx)
+        assert want in lds and all(("evict" in x or ".cg" in x) == x.endswith("v4.b32") for x in lds
+                                   if x.endswith(".b16")), sorted(set(lds))

@@ -229,7 +229,7 @@ def w4a4_gemv_gl_kernel(xq_ptr, xs_ptr, wq_ptr, ws_ptr, s_ptr, up_ptr, bias_ptr,
                         G: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_KW: gl.constexpr, BLOCK_R: gl.constexpr,
                         HAS_LOWRANK: gl.constexpr, HAS_COL_SCALE: gl.constexpr, HAS_BIAS: gl.constexpr,
                         SWAR: gl.constexpr, PDL: gl.constexpr, SPLIT: gl.constexpr = 1,
-                        TWO_LEVEL: gl.constexpr = False):
+                        TWO_LEVEL: gl.constexpr = False, W_CACHE: gl.constexpr = "", W_EVICT: gl.constexpr = ""):
     """:func:`w4a4_gemv_kernel` with every layout explicit (Gluon): the weights as [BN, Q, 4] words, 16 bytes per
     thread; the token words, their byte sums and the group scales in slices of that layout, so nothing crosses
     threads inside the K loop (the Triton version's compiler laid the scale loads out along rows and moved its
@@ -270,7 +270,8 @@ def w4a4_gemv_gl_kernel(xq_ptr, xs_ptr, wq_ptr, ws_ptr, s_ptr, up_ptr, bias_ptr,
     kw_hi = ((split + 1) * n_chunks // SPLIT) * BLOCK_KW
     # one chunk in flight ahead of the one in use (a deeper register ring measured slower: probes/s7/gemv_run4);
     # the weights do not depend on the previous kernel, so the first load goes out before griddepcontrol.wait
-    w_next = gl.load(w_ptrs + kw_lo, mask=w_mask & (kw_lo < kw_hi), other=0)
+    w_next = gl.load(w_ptrs + kw_lo, mask=w_mask & (kw_lo < kw_hi), other=0, cache_modifier=W_CACHE,
+                     eviction_policy=W_EVICT)
     if PDL:
         gl_gdc_wait()
     if TWO_LEVEL:
@@ -280,7 +281,8 @@ def w4a4_gemv_gl_kernel(xq_ptr, xs_ptr, wq_ptr, ws_ptr, s_ptr, up_ptr, bias_ptr,
         acc_i = gl.zeros([BLOCK_N, Q], gl.int32, LQ)
         for kw in range(kw_lo, kw_hi, BLOCK_KW):
             w = w_next
-            w_next = gl.load(w_ptrs + kw + BLOCK_KW, mask=w_mask & (kw + BLOCK_KW < kw_hi), other=0)
+            w_next = gl.load(w_ptrs + kw + BLOCK_KW, mask=w_mask & (kw + BLOCK_KW < kw_hi), other=0,
+                             cache_modifier=W_CACHE, eviction_policy=W_EVICT)
             xlo = gl.load(xt_ptrs + 2 * kw)
             xhi = gl.load(xt_ptrs + 2 * kw + 8)
             rx = gl.sum(_byte_sum2(xlo, xhi, True), axis=1)
@@ -292,7 +294,8 @@ def w4a4_gemv_gl_kernel(xq_ptr, xs_ptr, wq_ptr, ws_ptr, s_ptr, up_ptr, bias_ptr,
     else:
         for kw in range(kw_lo, kw_hi, BLOCK_KW):
             w = w_next
-            w_next = gl.load(w_ptrs + kw + BLOCK_KW, mask=w_mask & (kw + BLOCK_KW < kw_hi), other=0)
+            w_next = gl.load(w_ptrs + kw + BLOCK_KW, mask=w_mask & (kw + BLOCK_KW < kw_hi), other=0,
+                             cache_modifier=W_CACHE, eviction_policy=W_EVICT)
             xw = gl.load(x_ptrs + kw).to(gl.uint32, bitcast=True)
             # (the Triton kernel's helpers: Gluon calls them on its own layouts)
             xlo = _signed_bytes(xw & 0x0F0F0F0F)
@@ -368,6 +371,22 @@ class GemvConfig(tuple):
 # 16 weight rows × 512 K per chunk, 2 warps (16 words = 64 B per thread per chunk), one chunk in flight ahead.
 DEFAULT_CONFIG = GemvConfig(16, 64, 2, 2)
 CONFIG_ENV = "LOWRANK_GEMM_GEMV_CONFIG"      # "block_n,block_kw,warps,stages" (probes)
+# Cache hints on the Gluon kernel's weight stream (read once per call): "ef" evict_first, "el" evict_last, "cg" (L2
+# only), comma-separated; kwarg ``hints`` or env, default none (session 11 probe, "+ef" / "+cg" configs).
+HINTS_ENV = "LOWRANK_GEMM_GEMV_HINTS"
+_HINTS = {"ef": ("W_EVICT", "evict_first"), "el": ("W_EVICT", "evict_last"), "cg": ("W_CACHE", ".cg")}
+
+
+def load_hints(hints: str | None = None) -> dict:
+    """The weight loads' constexprs for ``hints`` ("ef,cg"; None: env ``LOWRANK_GEMM_GEMV_HINTS``)."""
+    hints = os.environ.get(HINTS_ENV, "") if hints is None else hints
+    out = {}
+    for h in (v.strip() for v in hints.split(",") if v.strip()):
+        _expect(h in _HINTS, f"gemv load hints are {sorted(_HINTS)}, got {h!r}")
+        out[_HINTS[h][0]] = _HINTS[h][1]
+    _expect(not ("W_CACHE" in out and "W_EVICT" in out), f"gemv load hints: ptxas takes no L1 eviction hint on a .cg "
+            f"load, got {hints!r}")
+    return out
 KERNEL_ENV = "LOWRANK_GEMM_GEMV_KERNEL"      # "gluon" | "triton"
 DEFAULT_KERNEL = "gluon" if SWAR_DEFAULT else "triton"
 
@@ -400,9 +419,9 @@ def _expect(cond, msg):
 
 def gemv_args(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, out, fmt: str = "int4_g64",
               group_size: int = 64, *, col_scale=None, config: GemvConfig | None = None, swar=None, pdl=None,
-              kernel: str | None = None):
+              kernel: str | None = None, hints: str | None = None):
     """Validate (the launcher contract, ``w4a4_gemm.check_gemm_args``), plan, and build one launch:
-    (grid, args, constexprs, config)."""
+    (grid, args, constexprs, config). ``hints``: :func:`load_hints` (Gluon kernel)."""
     from .w4a4_gemm import check_packed_launch
     M, N, K, r = check_packed_launch("gemv", x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, out, fmt,
                                      group_size, col_scale, 4, two_level=True)
@@ -453,6 +472,7 @@ def gemv_args(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, out
             part, cnt = f32, dummy(dev, torch.int32, (1, ))
         args = args[:9] + (part, cnt) + args[9:]
         cx["SPLIT"] = split
+        cx.update(load_hints(hints))
         grid = (tiles * split, )
     cx["KERNEL"] = kernel
     return grid, args, cx, cfg
@@ -460,12 +480,13 @@ def gemv_args(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, out
 
 def launch_w4a4_gemv(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, out, fmt: str = "int4_g64",
                      group_size: int = 64, *, col_scale=None, config: GemvConfig | None = None, swar=None, pdl=None,
-                     kernel: str | None = None):
+                     kernel: str | None = None, hints: str | None = None):
     """out [M, N] ← the int4_g64 W4A4 GEMM + epilogue for a few tokens (launcher contract of kernels/w4a4_gemm.py).
     ``config``: :class:`GemvConfig` (None: env ``LOWRANK_GEMM_GEMV_CONFIG``, else the default); ``pdl`` (None =
     :func:`kernels.pdl.pdl_enabled`)."""
     grid, args, cx, cfg = gemv_args(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, out, fmt,
-                                    group_size, col_scale=col_scale, config=config, swar=swar, pdl=pdl, kernel=kernel)
+                                    group_size, col_scale=col_scale, config=config, swar=swar, pdl=pdl, kernel=kernel,
+                                    hints=hints)
     if cx.pop("KERNEL") == "gluon":
         w4a4_gemv_gl_kernel[grid](*args, **cx, num_warps=cfg.num_warps, launch_pdl=cx["PDL"])
     else:
