@@ -332,8 +332,8 @@ def test_gpu_fp32_result_is_exact_to_fp32_rounding(kernel):
 
 
 def test_load_hints_reach_the_weight_loads_only():
-    """``hints`` (probe knob, env LOWRANK_GEMM_GEMV_HINTS): the weight stream's 16-byte loads carry the cache hint,
-    nothing else does; unknown or conflicting hints are refused."""
+    """``hints`` (default evict_first; env LOWRANK_GEMM_GEMV_HINTS): the weight stream's 16-byte loads carry the cache
+    hint, the scale loads do not; unknown or conflicting hints are refused."""
     import re
     from lowrank_gemm.kernels.aot import compile_sm90
     assert gv.load_hints("") == {} and gv.load_hints("ef") == {"W_EVICT": "evict_first"}
@@ -342,6 +342,8 @@ def test_load_hints_reach_the_weight_loads_only():
     with pytest.raises(ValueError, match="cg"):
         gv.load_hints("ef,cg")
     sig, cx, cfg = gv.aot_signature_gemv(None, kernel="gluon", N=256, K=2048, M=1)
+    assert cx["W_EVICT"] == "evict_first" and gv.DEFAULT_HINTS == "ef"      # the shipped default (session 11)
+    cx = {k: v for k, v in cx.items() if k not in ("W_EVICT", "W_CACHE")}
     for hints, want in (("ef", "ld.global.L1::evict_first.L2::cache_hint.v4.b32"), ("cg", "ld.global.cg.v4.b32")):
         info = compile_sm90("lowrank_gemm.kernels.w4a4_gemv", "w4a4_gemv_gl_kernel", sig,
                             {**cx, **gv.load_hints(hints)}, num_warps=cfg.num_warps,
