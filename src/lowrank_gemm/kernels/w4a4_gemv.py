@@ -368,18 +368,20 @@ class GemvConfig(tuple):
     split = property(lambda s: s[4])
 
 
-# 8 weight rows × 512 K per chunk, 1 warp (16 words = 64 B per thread per chunk), one chunk in flight ahead. H200,
-# K = 4096, M = 1, GEMM alone, same process (probes/s11/gemv_hints): N = 28672 16,64,2 20.1 µs → 8,64,1 19.4, with
-# evict_first 18.7 (16,64,2 + evict_first 19.5); N = 14336 13.0 → 12.2. Session 7's (16, 64, 2) was the best of
-# its sweep, which had tried 8 rows only with a 3-deep ring (23.8 µs).
-DEFAULT_CONFIG = GemvConfig(8, 64, 1, 2)
+# 16 weight rows × 512 K per chunk, 2 warps (16 words = 64 B per thread per chunk), one chunk in flight ahead.
+# Session 11 (H200, K = 4096, N = 28672): 8 rows on 1 warp ran the GEMM alone faster (M = 1, evict_first: 18.7 vs
+# 19.5 µs, probes/s11/gemv_hints) but not the layer behind act_quant (same process, three rotated weight sets:
+# M = 1 20.7 vs 20.6, M = 2 26.9 vs 27.3; without evict_first 22.5 vs 21.1) — kept at 16 rows.
+DEFAULT_CONFIG = GemvConfig(16, 64, 2, 2)
 CONFIG_ENV = "LOWRANK_GEMM_GEMV_CONFIG"      # "block_n,block_kw,warps,stages" (probes)
 # Cache hints on the Gluon kernel's weight stream (read once per call): "ef" evict_first, "el" evict_last, "cg" (L2
 # only), comma-separated; kwarg ``hints``, else env, else DEFAULT_HINTS ("" turns them off). evict_first: the
 # weights, read once, stop displacing what is read again (the token words, scales, the epilogue's rows) — H200,
 # probes/s11/gemv_hints, M = 1, GEMM alone: N = 28672 −0.6…−0.7 µs (20.1 → 19.5 with 16,64,2; 19.4 → 18.7 with
 # 8,64,1), K = 14336 × N = 4096 (WIDE_CONFIG) 12.1 → 11.6, K = N = 4096 4.60 / 4.63 (neutral); evict_last and .cg
-# within noise or slower.
+# within noise or slower. The layer (act_quant + GEMV, same process, three rotated weight sets, N = 28672): M = 1
+# 21.1 → 20.6 µs, M = 2 27.7 → 27.3. (With one weight set the gain read ~1 µs: evict_first let part of a 62 MB
+# weight set survive in L2 between calls — why benches rotate weights.)
 HINTS_ENV = "LOWRANK_GEMM_GEMV_HINTS"
 DEFAULT_HINTS = "ef"
 _HINTS = {"ef": ("W_EVICT", "evict_first"), "el": ("W_EVICT", "evict_last"), "cg": ("W_CACHE", ".cg")}
@@ -401,7 +403,7 @@ DEFAULT_KERNEL = "gluon" if SWAR_DEFAULT else "triton"
 
 
 # Per shape (H200, probes/s7/gemv_run3 and _run5, M=1, GEMM alone; cuBLAS bf16 beside): many weight rows → short
-# programs of 16 (since session 11: 8) rows × 256-byte chunks, all resident in one wave (K=4096: N=28672 23.2 µs, N=14336 16.5; split-K
+# programs of 16 rows × 256-byte chunks, all resident in one wave (K=4096: N=28672 23.2 µs, N=14336 16.5; split-K
 # only slows these: 26.9–32.3 / 16.7–19.7); few rows → 8 rows × 2 KB chunks and K split over 2 programs (N=4096:
 # K=4096 8.1 µs vs 11.0, K=14336 16.1 vs 28.3).
 MANY_ROWS = 12288
