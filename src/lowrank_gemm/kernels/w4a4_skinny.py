@@ -39,9 +39,10 @@ weights go straight from global memory into ``mma.sync`` registers, so the strea
   dtype like the unfused reference), + bias[n], masked store of the transposed tile.
 
 One program per (16·rw·rt rows, 16 tokens — 8 when M ≤ 8), tokens fastest (a second token block's read of the rows
-hits L2). ``block_t`` = 32 / 64 (session 10, opt-in, not yet run on the GPU) gives a program two / four 16-token
-groups that share one load and unpack of the weights; ``load16`` (same status) reads 16-byte runs of a two-block
-pair per row (``_mma16_asm``). No atomics, fixed reduction order: deterministic. The kernel needs the GPU (inline
+hits L2). ``block_t`` = 32 / 64 (session 10, opt-in) gives a program two / four 16-token groups that share one load
+and unpack of the weights; ``load16`` (same) reads 16-byte runs of a two-block pair per row (``_mma16_asm``). Both
+were measured in session 11 and route nowhere: block_t was never faster, load16 took 17 % off the skinny GEMM at
+N = 28672 but stayed behind the decode kernel there (NOTES.md, session 11). No atomics, fixed reduction order: deterministic. The kernel needs the GPU (inline
 ``mma.sync``); the CPU suite compiles it for sm_90 and checks its PTX and the asm's operand order (emulated), the
 GPU suite checks its numbers against the float64 reference.
 
@@ -140,7 +141,8 @@ def _unpack16(words):
     return ((u << 4) & 0xF0F0F0F0).to(gl.int32, bitcast=True), (u & 0xF0F0F0F0).to(gl.int32, bitcast=True)
 
 
-# 16-byte loads (``load16``, opt-in, session 10 — compiled and emulated on the CPU, not yet run on the GPU): the
+# 16-byte loads (``load16``, opt-in, session 10; measured in session 11: N = 28672, M = 16 best config 41.4 vs 49.6 µs
+# without it, the decode GEMM 29.3 — so not routed): the
 # tiles hold int64 elements, so a thread's two elements of a row are 16 contiguous bytes — words 4q..4q+3 of a
 # two-block pair (one LDG.128 per row instead of two 8-byte loads of 16 rows' lines each; session 9's ncu had the
 # 8-byte K loop L1-bound at N = 28672). Word i of thread q's run is the A operand of MMA i: its low nibbles k 4q..,
@@ -543,12 +545,12 @@ MANY_TOKENS_CONFIG = SkinnyConfig(1, 4, 4, 2)
 # 59.2 ((1, 4, 4, 4): 51.8 / 53.1 / 54.5)
 WIDE_BATCH_CONFIG = SkinnyConfig(2, 2, 4, 2)
 CONFIG_ENV = "LOWRANK_GEMM_SKINNY_CONFIG"      # "rw,ks,kb[,rt]" (probes)
-# Tokens per program: 8 up to M = 8, else 16. 32 / 64 (session 10, compiled and checked on the CPU only — not yet run
-# on the GPU, so nothing routes there) give a program TG = block_t / 16 token groups that share one unpack of the
-# weights; LOWRANK_GEMM_SKINNY_BLOCK_T pins it for probes.
+# Tokens per program: 8 up to M = 8, else 16. 32 / 64 (session 10) give a program TG = block_t / 16 token groups that
+# share one unpack of the weights; never faster on the H200 (session 11: N = 4096, M = 48 / 64 at K = 4096 24.5 / 26.9
+# vs 21.7 / 21.9 µs; 2–5× slower at N = 28672), so nothing routes there; LOWRANK_GEMM_SKINNY_BLOCK_T pins it.
 BLOCK_TS = (8, 16, 32, 64)
 BLOCK_T_ENV = "LOWRANK_GEMM_SKINNY_BLOCK_T"
-LOAD16_ENV = "LOWRANK_GEMM_SKINNY_LOAD16"       # 1: the 16-byte-load K loop (opt-in, not yet run on the GPU)
+LOAD16_ENV = "LOWRANK_GEMM_SKINNY_LOAD16"       # 1: the 16-byte-load K loop (opt-in, measured, not routed)
 
 
 def _even(cfg: SkinnyConfig, n: int, k: int) -> bool:
