@@ -4,11 +4,7 @@
 # ~10 / ~45 µs. Per format: the v3 default and its tile variants, rank 32 vs rank 0 (what S costs), ncu on one launch.
 #   LOWRANK_GEMM_COMMIT=<hash> [TESTS="..."] [VARIANTS=a,b] [R0=0] [NCU=0] bash scripts/gpu_actquant_large.sh
 #       → $OUT/aq_large (tarred; summary.txt beside). VARIANTS: names from probe_actquant_midm.py's VARIANTS.
-set -uo pipefail
-cd "$(dirname "$0")/.."
-export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1
-OUT=${OUT:-/tmp/out}; L=$OUT/aq_large; mkdir -p "$L"
-say() { echo "$*" | tee -a "$L/summary.txt"; }
+source "$(dirname "$0")/_device_prelude.sh" aq_large
 say "commit=${LOWRANK_GEMM_COMMIT:-?} $(nvidia-smi --query-gpu=name --format=csv,noheader)"
 if [ -n "${TESTS:-}" ]; then
   timeout 240 python3 -m pytest -m gpu -q -n 8 --timeout=150 -p no:cacheprovider -W ignore -rf $TESTS \

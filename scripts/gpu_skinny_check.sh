@@ -16,12 +16,8 @@
 #             loads (+l16) and 32 / 64 tokens per program (/32, /64) next to the shipped configs at N = 28672 and at
 #             N = 4096 (K = 4096, 14336), M = 4 … 64.
 # Everything lands under $OUT/skinny_<mode> (tarred; summary.txt beside it).
-set -uo pipefail
-cd "$(dirname "$0")/.."
-export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1
 MODE=${MODE:-final}
-OUT=${OUT:-/tmp/out}; L=$OUT/skinny_$MODE; mkdir -p "$L"
-say() { echo "$*" | tee -a "$L/summary.txt"; }
+source "$(dirname "$0")/_device_prelude.sh" "skinny_$MODE"
 say "commit=${LOWRANK_GEMM_COMMIT:-?} mode=$MODE $(nvidia-smi --query-gpu=name --format=csv,noheader)"
 sanitize() {  # smokes: skinny by default, SANITIZE_FMTS="skinny gemv" for both
   SANITIZE_FMTS=${SANITIZE_FMTS:-skinny} SANITIZE_TIMEOUT=150 bash scripts/sanitize_gluon.sh "$L/sanitize" \
