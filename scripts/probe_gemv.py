@@ -51,10 +51,9 @@ def main() -> int:
             sets, ref, base = probe.operands(m, n, k)
             probe.baselines(base, sets, ref)
             for kern, cfg, hints in cfgs:
-                probe.checked(base, f"gemv:{kern}:" + ",".join(map(str, cfg)) + "".join(f"+{h}" for h in
-                                                                                     hints.split(",") if h),
-                              lambda c=cfg, kk=kern, h=hints, **o: gv.launch_w4a4_gemv(**o, config=c, kernel=kk, hints=h),
-                              sets, ref)
+                tag = f"gemv:{kern}:" + ",".join(map(str, cfg)) + "".join(f"+{h}" for h in hints.split(",") if h)
+                probe.checked(base, tag, lambda c=cfg, kk=kern, h=hints, **o: gv.launch_w4a4_gemv(
+                    **o, config=c, kernel=kk, hints=h), sets, ref)
             del sets
             torch.cuda.empty_cache()
     probe.write()

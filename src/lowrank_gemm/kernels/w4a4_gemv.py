@@ -20,8 +20,9 @@ vectorized loads (many small programs keep the bytes in flight) and does the ari
 - epilogue: × col_scale[n], + Σ_r lora_up[n, r]·s[m, r] (s rounded to lora_up's dtype like the unfused
   reference), + bias[n], store.
 
-int4_2l (session 10; routed since session 11, after its GPU run): the activations are act_quant's expanded int8 values, so the token words need no unpacking (a weight word's
-low / high K positions are activation words 16b + j / 16b + 8 + j of its 64-block b); each quarter's exact int32
+int4_2l (session 10; routed since session 11, after its GPU run): the activations are act_quant's expanded int8
+values, so the token words need no unpacking (a weight word's low / high K positions are activation words 16b + j /
+16b + 8 + j of its 64-block b); each quarter's exact int32
 partial is multiplied by the group's integer multiplier u and summed in int32, and the per-token t and per-row s scale
 the row sum once — no per-group float rescale.
 
@@ -371,7 +372,7 @@ class GemvConfig(tuple):
 # 16 weight rows × 512 K per chunk, 2 warps (16 words = 64 B per thread per chunk), one chunk in flight ahead.
 # Session 11 (H200, K = 4096, N = 28672): 8 rows on 1 warp ran the GEMM alone faster (M = 1, evict_first: 18.7 vs
 # 19.5 µs, probes/s11/gemv_hints) but not the layer behind act_quant (same process, three rotated weight sets:
-# M = 1 20.7 vs 20.6, M = 2 26.9 vs 27.3; without evict_first 22.5 vs 21.1) — kept at 16 rows.
+# M = 1 20.8 vs 20.6, M = 2 26.9 vs 27.3; without evict_first 22.5 vs 21.1) — kept at 16 rows.
 DEFAULT_CONFIG = GemvConfig(16, 64, 2, 2)
 CONFIG_ENV = "LOWRANK_GEMM_GEMV_CONFIG"      # "block_n,block_kw,warps,stages" (probes)
 # Cache hints on the Gluon kernel's weight stream (read once per call): "ef" evict_first, "el" evict_last, "cg" (L2

@@ -42,9 +42,9 @@ One program per (16·rw·rt rows, 16 tokens — 8 when M ≤ 8), tokens fastest 
 hits L2). ``block_t`` = 32 / 64 (session 10, opt-in) gives a program two / four 16-token groups that share one load
 and unpack of the weights; ``load16`` (same) reads 16-byte runs of a two-block pair per row (``_mma16_asm``). Both
 were measured in session 11 and route nowhere: block_t was never faster, load16 took 17 % off the skinny GEMM at
-N = 28672 but stayed behind the decode kernel there (NOTES.md, session 11). No atomics, fixed reduction order: deterministic. The kernel needs the GPU (inline
-``mma.sync``); the CPU suite compiles it for sm_90 and checks its PTX and the asm's operand order (emulated), the
-GPU suite checks its numbers against the float64 reference.
+N = 28672 but stayed behind the decode kernel there (NOTES.md, session 11). No atomics, fixed reduction order:
+deterministic. The kernel needs the GPU (inline ``mma.sync``); the CPU suite compiles it for sm_90 and checks its
+PTX and the asm's operand order (emulated), the GPU suite checks its numbers against the float64 reference.
 
 Measured on the H200 (benchmarks/NOTES.md, sessions 8–9; ~69 SASS instructions per 16 rows × 64 K at M = 16 with
 rt = 2, 147 before session 9): a win with few weight rows (K = N = 4096, M = 16: 13.8 µs vs the decode kernel's 22.7,
