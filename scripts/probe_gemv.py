@@ -9,6 +9,13 @@ pre-expanded as the layer feeds it), two rotated operand sets.
 against the float64 reference) next to the decode kernel, and the layer (act_quant + GEMM) with impl gemv / decode
 / auto, beside cuBLAS bf16.
 
+``--layer`` (session 11's lead for the M = 1 decode target): the layer op (act_quant + GEMV, impl auto) under the
+launch-order knobs, one process, weights rotated past the L2 (one 62 MB set let evict_first keep part of it in L2
+between calls): as shipped; the GEMV's first weight chunk after griddepcontrol.wait (``LOWRANK_GEMM_GEMV_EARLY=0``);
+act_quant without launch_dependents (``LOWRANK_GEMM_ACT_QUANT_EARLY_DEPS=0``); both; each again with 8 rows per
+1-warp program (the GEMM alone's best, 18.7 µs); no evict_first; PDL off. Every variant's output is compared with
+the shipped one (bit-identical or not, max rel. difference). ``--fmt int4_2l`` for the two-level format.
+
 Writes probe_gemv.json / .md to --out.
 """
 
@@ -32,9 +39,13 @@ def main() -> int:
     ap.add_argument("--cfgs", default=CFGS)
     ap.add_argument("--ms", default="1,2,4")
     ap.add_argument("--two-level", action="store_true", help="the int4_2l GEMV instead (see above)")
+    ap.add_argument("--layer", action="store_true", help="the layer under the launch-order knobs (see above)")
+    ap.add_argument("--fmt", default="int4_g64", choices=("int4_g64", "int4_2l"), help="--layer: weight format")
     args = ap.parse_args()
     if args.two_level:
         return two_level(args)
+    if args.layer:
+        return layer_knobs(args)
     import torch
     from _decode_probe import Probe
     from lowrank_gemm.kernels import w4a4_gemv as gv
@@ -90,6 +101,78 @@ def two_level(args) -> int:
             for impl in ("gemv", "decode", "auto"):
                 probe.emit(**base, impl=f"layer:{impl}", **time_impl(
                     lambda a, i=impl: w4a4_linear(a, **p, fmt="int4_2l", impl=i), [(a, ) for a in xs]))
+            torch.cuda.empty_cache()
+    probe.write()
+    return 0
+
+
+LAYER_SHAPES = [(28672, 4096), (14336, 4096), (4096, 14336)]
+_EARLY = {"LOWRANK_GEMM_GEMV_EARLY": "0"}
+_DEPS = {"LOWRANK_GEMM_ACT_QUANT_EARLY_DEPS": "0"}
+_R8 = {"LOWRANK_GEMM_GEMV_CONFIG": "8,64,1,2"}
+LAYER_VARIANTS = {"shipped": {}, "late_w": _EARLY, "late_deps": _DEPS, "late_both": {**_EARLY, **_DEPS},
+                  "r8": _R8, "r8_late_w": {**_R8, **_EARLY}, "r8_late_deps": {**_R8, **_DEPS},
+                  "r8_late_both": {**_R8, **_EARLY, **_DEPS}, "no_ef": {"LOWRANK_GEMM_GEMV_HINTS": ""},
+                  "no_pdl": {"LOWRANK_GEMM_PDL": "0"}}
+
+
+def layer_knobs(args) -> int:
+    import contextlib
+    import os
+    import torch
+    from _decode_probe import Probe
+    from lowrank_gemm.bench.common import rotation_count, time_impl
+    from lowrank_gemm.formats.int4 import pack_int4, quantize_weight_int4
+    from lowrank_gemm.formats.int4_twolevel import pack_weight_2l
+    from lowrank_gemm.kernels.w4a4_gemm import w4a4_linear
+
+    @contextlib.contextmanager
+    def env(values):
+        old = {k: os.environ.get(k) for k in values}
+        os.environ.update(values)
+        try:
+            yield
+        finally:
+            for k, v in old.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+
+    two_level = args.fmt == "int4_2l"
+    probe = Probe(args.out, f"probe_gemv_layer_{args.fmt}")
+    for n, k in LAYER_SHAPES:
+        def weights():
+            w = torch.randn(n, k, device="cuda") * 0.02
+            if two_level:
+                wq, wmul, wsc = pack_weight_2l(w, 64)
+                return dict(qweight=wq, wscales=wsc, wmul=wmul)
+            q, sc = quantize_weight_int4(w, 64)
+            return dict(qweight=pack_int4(q), wscales=sc)
+        n_sets = min(4, rotation_count(n * k // 2))
+        ws = [weights() for _ in range(n_sets)]
+        common = dict(smooth=(torch.rand(k, device="cuda") + 0.5).to(torch.bfloat16),
+                      lora_down=(torch.randn(32, k, device="cuda") * 0.02).to(torch.bfloat16),
+                      lora_up=(torch.randn(n, 32, device="cuda") * 0.02).to(torch.bfloat16))
+        for m in (int(v) for v in args.ms.split(",")):
+            if n != 28672 and m != 1:
+                continue
+            base = dict(M=m, N=n, K=k, r=32, sets=n_sets)
+            xs = [torch.randn(m, k, device="cuda", dtype=torch.bfloat16) for _ in ws]
+            n_b = min(3, rotation_count(2 * n * k))
+            wb = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) for _ in range(n_b)]
+            probe.emit(**base, impl="cublas_bf16", **time_impl(lambda a, b: a @ b.T, list(zip(xs, wb))))
+            del wb
+
+            def layer(a, w):
+                return w4a4_linear(a, **w, **common, fmt=args.fmt, impl="auto")
+            want = layer(xs[0], ws[0])
+            for name, values in LAYER_VARIANTS.items():
+                with env(values):
+                    got = layer(xs[0], ws[0])
+                    diff = float((got.float() - want.float()).abs().max() / want.float().abs().max())
+                    probe.emit(**base, impl=f"layer:{name}", same=bool(torch.equal(got, want)), max_rel_diff=diff,
+                               **(time_impl(layer, list(zip(xs, ws))) if diff < 1e-2 else {}))
             torch.cuda.empty_cache()
     probe.write()
     return 0

@@ -701,3 +701,23 @@ def test_fused_sm90_pdl_f8_loads_first(tmp_path):
     res = _sass_load_waves(ptx, tmp_path)
     if res is not None:
         assert res == ([12], [4]), res
+
+
+def test_fused_early_deps_knob(monkeypatch):
+    """LOWRANK_GEMM_ACT_QUANT_EARLY_DEPS=0 (probe knob): the fused kernel keeps griddepcontrol.wait before its first
+    global access but issues no launch_dependents (the next kernel launches as this one's programs exit); the env is
+    read per call and only matters with PDL on."""
+    import lowrank_gemm.kernels.act_quant as aq
+    from lowrank_gemm.kernels.aot import compile_sm90
+    assert aq._early_deps()
+    monkeypatch.setenv("LOWRANK_GEMM_ACT_QUANT_EARLY_DEPS", "0")
+    assert not aq._early_deps()
+    sig = dict(_fused_signature(q="*fp8e4nv", sc="*fp32", cnt="*fp32"))
+    ce = dict(TWO_LEVEL=False, G=64, BLOCK_M=16, BLOCK_K=64, BLOCK_R=32, SPLIT_P2=1, SUM_ROWS=1, QM=1, QK=256,
+              CH=4096, SCALE_BF16=True, S_RANK=True, SR=1, RB=1, CK=4096, NCH=1, F8=True, PDL=True,
+              LOADS_FIRST=True, EARLY_DEPS=False)
+    ptx = compile_sm90("lowrank_gemm.kernels.act_quant", "_act_quant_fused_kernel", sig, ce,
+                       aligned=("x_ptr", "stride_xm", "smooth_ptr", "q_ptr", "stride_qm", "a_ptr", "stride_ar",
+                                "K"), num_warps=4).ptx
+    first_global = min(ptx.find(op) for op in ("ld.global", "st.global") if op in ptx)
+    assert "griddepcontrol.launch_dependents" not in ptx and 0 < ptx.find("griddepcontrol.wait") < first_global

@@ -352,3 +352,23 @@ def test_load_hints_reach_the_weight_loads_only():
         scale_loads = [x for x in lds if x.endswith(".b16")]
         hinted = [x for x in scale_loads if "evict" in x or ".cg" in x]
         assert want in lds and scale_loads and not hinted, sorted(set(lds))
+
+
+@pytest.mark.parametrize("fmt", ["int4_g64", "int4_2l"])
+def test_early_weight_load_knob(monkeypatch, fmt):
+    """LOWRANK_GEMM_GEMV_EARLY=0 (probe knob, read per call, PDL only): the first weight chunk is loaded after
+    griddepcontrol.wait instead of before it; by default before."""
+    import re
+    from lowrank_gemm.kernels.aot import compile_sm90
+    from lowrank_gemm.kernels.gluon.w4a4_ws import make_operands_v2
+    ops = make_operands_v2(fmt, 1, 160, 512, 16, 64, device="cpu")
+    assert "EARLY_W" not in gv.gemv_args(**ops, swar=True, pdl=True, kernel="gluon")[2]
+    monkeypatch.setenv(gv.EARLY_ENV, "0")
+    assert gv.gemv_args(**ops, swar=True, pdl=True, kernel="gluon")[2]["EARLY_W"] is False
+    assert "EARLY_W" not in gv.gemv_args(**ops, swar=True, pdl=False, kernel="gluon")[2]
+    sig, cx, cfg = gv.aot_signature_gemv(None, kernel="gluon", N=256, K=2048, M=1, fmt=fmt)
+    for early in (True, False):
+        ptx = compile_sm90("lowrank_gemm.kernels.w4a4_gemv", "w4a4_gemv_gl_kernel", sig, {**cx, "EARLY_W": early},
+                           num_warps=cfg.num_warps, aligned=("xq_ptr", "wq_ptr", "ws_ptr", "xs_ptr")).ptx
+        weight_load = re.search(r"ld\.global\S*evict_first", ptx).start()
+        assert (weight_load < ptx.find("griddepcontrol.wait")) == early

@@ -958,6 +958,7 @@ def _act_quant_fused_kernel(
     QK: tl.constexpr, CH: tl.constexpr, SCALE_BF16: tl.constexpr,
     S_RANK: tl.constexpr = False, SR: tl.constexpr = 1, RB: tl.constexpr = 1, CK: tl.constexpr = 64,
     NCH: tl.constexpr = 1, F8: tl.constexpr = False, PDL: tl.constexpr = False, LOADS_FIRST: tl.constexpr = False,
+    EARLY_DEPS: tl.constexpr = True,
 ):
     """Programs [0, N_SPROG): S — (row block, K slice) + ticket, or with S_RANK (SR rows, RB ranks) over all
     of K; the rest: quant unit u = pid − N_SPROG (rows (u // QS)·QM …, column chunk u % QS).
@@ -966,9 +967,13 @@ def _act_quant_fused_kernel(
     its weight loads during this one, then waits for the previous kernel (x's producer) before its first
     global access — x, λ, A and also the tickets and outputs (a predecessor may still read them).
     LOADS_FIRST: the rank-split S program and the g64 quant unit issue all their loads before the first use
-    (:func:`_loads_in_flight`)."""
+    (:func:`_loads_in_flight`).
+    EARLY_DEPS = False (probe knob, ``LOWRANK_GEMM_ACT_QUANT_EARLY_DEPS=0``): no ``launch_dependents`` — each program
+    lets the next kernel be scheduled only by exiting, so that kernel's early weight loads (the GEMV's first chunk,
+    ~7 MB at N = 28672) no longer queue in DRAM ahead of this kernel's own loads."""
     if PDL:
-        gdc_launch_dependents()
+        if EARLY_DEPS:
+            gdc_launch_dependents()
         gdc_wait()
     pid = tl.program_id(0)
     if pid < N_SPROG:
@@ -1050,6 +1055,12 @@ _RANK_TILE_ELEMS = 4096  # [SR·RB, CK] per K chunk: 32 fp32 per thread at 4 war
 # 3.59 → 2.99 µs (layer f8+PDL 33.9 → 32.5), 2l M=1 neutral (4.26 → 4.29); M=16 worse (g64 4.06 → 4.54, 2l 5.16 →
 # 5.40: more registers, fewer programs per SM), M=64 neutral. Only M=1 was measured below 16.
 LOADS_FIRST_MAX_M = 1
+
+
+def _early_deps() -> bool:
+    """``LOWRANK_GEMM_ACT_QUANT_EARLY_DEPS`` (read per call; default 1): the fused kernel's programs let the next
+    kernel launch as they start (1) or only as they exit (0)."""
+    return os.environ.get("LOWRANK_GEMM_ACT_QUANT_EARLY_DEPS", "1") != "0"
 
 
 def _loads_first_default(m: int) -> bool:
@@ -1397,6 +1408,8 @@ def _act_quant_fused(x, smooth, lora_down, group_size, fmt, scale_dtype, plan: A
     a = lora_down if r else x
     pdl = pdl_enabled(dev)
     modes = dict(F8=f8, PDL=pdl, LOADS_FIRST=loads_first, launch_pdl=pdl)
+    if pdl and not _early_deps():
+        modes["EARLY_DEPS"] = False
     if rb:  # rank-split S: no slabs, no tickets
         ck, nch = _rank_chunks(k, sr, rb)
         n_s = cdiv(m, sr) * cdiv(r, rb) if r else 0

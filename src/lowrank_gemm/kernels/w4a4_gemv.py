@@ -230,7 +230,8 @@ def w4a4_gemv_gl_kernel(xq_ptr, xs_ptr, wq_ptr, ws_ptr, s_ptr, up_ptr, bias_ptr,
                         G: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_KW: gl.constexpr, BLOCK_R: gl.constexpr,
                         HAS_LOWRANK: gl.constexpr, HAS_COL_SCALE: gl.constexpr, HAS_BIAS: gl.constexpr,
                         SWAR: gl.constexpr, PDL: gl.constexpr, SPLIT: gl.constexpr = 1,
-                        TWO_LEVEL: gl.constexpr = False, W_CACHE: gl.constexpr = "", W_EVICT: gl.constexpr = ""):
+                        TWO_LEVEL: gl.constexpr = False, W_CACHE: gl.constexpr = "", W_EVICT: gl.constexpr = "",
+                        EARLY_W: gl.constexpr = True):
     """:func:`w4a4_gemv_kernel` with every layout explicit (Gluon): the weights as [BN, Q, 4] words, 16 bytes per
     thread; the token words, their byte sums and the group scales in slices of that layout, so nothing crosses
     threads inside the K loop (the Triton version's compiler laid the scale loads out along rows and moved its
@@ -271,10 +272,15 @@ def w4a4_gemv_gl_kernel(xq_ptr, xs_ptr, wq_ptr, ws_ptr, s_ptr, up_ptr, bias_ptr,
     kw_hi = ((split + 1) * n_chunks // SPLIT) * BLOCK_KW
     # one chunk in flight ahead of the one in use (a deeper register ring measured slower: probes/s7/gemv_run4);
     # the weights do not depend on the previous kernel, so the first load goes out before griddepcontrol.wait
-    w_next = gl.load(w_ptrs + kw_lo, mask=w_mask & (kw_lo < kw_hi), other=0, cache_modifier=W_CACHE,
-                     eviction_policy=W_EVICT)
+    # (EARLY_W = False, probe knob: after it, so ~7 MB of weight loads do not queue ahead of act_quant's own)
+    if EARLY_W:
+        w_next = gl.load(w_ptrs + kw_lo, mask=w_mask & (kw_lo < kw_hi), other=0, cache_modifier=W_CACHE,
+                         eviction_policy=W_EVICT)
     if PDL:
         gl_gdc_wait()
+    if not EARLY_W:
+        w_next = gl.load(w_ptrs + kw_lo, mask=w_mask & (kw_lo < kw_hi), other=0, cache_modifier=W_CACHE,
+                         eviction_policy=W_EVICT)
     if TWO_LEVEL:
         gl.static_assert(SPLIT == 1, "int4_2l: no split-K")
         # int8 activations: the words of weight word w's low / high K positions (_twolevel_words, + 8)
@@ -384,6 +390,7 @@ CONFIG_ENV = "LOWRANK_GEMM_GEMV_CONFIG"      # "block_n,block_kw,warps,stages" (
 # 21.1 → 20.6 µs, M = 2 27.7 → 27.3. (With one weight set the gain read ~1 µs: evict_first let part of a 62 MB
 # weight set survive in L2 between calls — why benches rotate weights.)
 HINTS_ENV = "LOWRANK_GEMM_GEMV_HINTS"
+EARLY_ENV = "LOWRANK_GEMM_GEMV_EARLY"        # 0: the first weight chunk after griddepcontrol.wait (probe knob)
 DEFAULT_HINTS = "ef"
 _HINTS = {"ef": ("W_EVICT", "evict_first"), "el": ("W_EVICT", "evict_last"), "cg": ("W_CACHE", ".cg")}
 
@@ -485,6 +492,8 @@ def gemv_args(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, out
         args = args[:9] + (part, cnt) + args[9:]
         cx["SPLIT"] = split
         cx.update(load_hints(hints))
+        if pdl and os.environ.get(EARLY_ENV, "1") == "0":
+            cx["EARLY_W"] = False
         grid = (tiles * split, )
     cx["KERNEL"] = kernel
     return grid, args, cx, cfg
