@@ -715,7 +715,7 @@ def test_fused_early_deps_knob(monkeypatch):
     sig = dict(_fused_signature(q="*fp8e4nv", sc="*fp32", cnt="*fp32"))
     ce = dict(TWO_LEVEL=False, G=64, BLOCK_M=16, BLOCK_K=64, BLOCK_R=32, SPLIT_P2=1, SUM_ROWS=1, QM=1, QK=256,
               CH=4096, SCALE_BF16=True, S_RANK=True, SR=1, RB=1, CK=4096, NCH=1, F8=True, PDL=True,
-              LOADS_FIRST=True, EARLY_DEPS=False)
+              LOADS_FIRST=True, LATE_DEPS=True)
     ptx = compile_sm90("lowrank_gemm.kernels.act_quant", "_act_quant_fused_kernel", sig, ce,
                        aligned=("x_ptr", "stride_xm", "smooth_ptr", "q_ptr", "stride_qm", "a_ptr", "stride_ar",
                                 "K"), num_warps=4).ptx

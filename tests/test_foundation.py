@@ -39,3 +39,15 @@ def test_aot_compile_reports_wgmma_tma_and_shared():
     assert info.has("wgmma", "cp.async.bulk.tensor")
     # 3 stages of a 128×64 and a 128×64 fp16 tile = 96 KiB, plus barriers
     assert 3 * 2 * 128 * 64 * 2 <= info.shared <= 3 * 2 * 128 * 64 * 2 + 4096
+
+
+def test_aot_compile_binds_constexpr_defaults():
+    """A constexpr the caller leaves out compiles with its default, as a JIT launch binds it (before session 11 it
+    compiled as None, so a True default silently took the other branch)."""
+    from lowrank_gemm.kernels.aot import compile_sm90
+
+    def stored(constexprs):
+        ptx = compile_sm90("lowrank_gemm.kernels._aot_probe", "probe_default", {"out_ptr": "*i32"}, constexprs).ptx
+        return [v for v in ("1234567", "7654321") if v in ptx]
+    assert stored({}) == ["1234567"] and stored({"FLAG": True}) == ["1234567"]
+    assert stored({"FLAG": False}) == ["7654321"]

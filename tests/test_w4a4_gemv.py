@@ -362,13 +362,13 @@ def test_early_weight_load_knob(monkeypatch, fmt):
     from lowrank_gemm.kernels.aot import compile_sm90
     from lowrank_gemm.kernels.gluon.w4a4_ws import make_operands_v2
     ops = make_operands_v2(fmt, 1, 160, 512, 16, 64, device="cpu")
-    assert "EARLY_W" not in gv.gemv_args(**ops, swar=True, pdl=True, kernel="gluon")[2]
+    assert "LATE_W" not in gv.gemv_args(**ops, swar=True, pdl=True, kernel="gluon")[2]
     monkeypatch.setenv(gv.EARLY_ENV, "0")
-    assert gv.gemv_args(**ops, swar=True, pdl=True, kernel="gluon")[2]["EARLY_W"] is False
-    assert "EARLY_W" not in gv.gemv_args(**ops, swar=True, pdl=False, kernel="gluon")[2]
+    assert gv.gemv_args(**ops, swar=True, pdl=True, kernel="gluon")[2]["LATE_W"] is True
+    assert "LATE_W" not in gv.gemv_args(**ops, swar=True, pdl=False, kernel="gluon")[2]
     sig, cx, cfg = gv.aot_signature_gemv(None, kernel="gluon", N=256, K=2048, M=1, fmt=fmt)
     for early in (True, False):
-        ptx = compile_sm90("lowrank_gemm.kernels.w4a4_gemv", "w4a4_gemv_gl_kernel", sig, {**cx, "EARLY_W": early},
+        ptx = compile_sm90("lowrank_gemm.kernels.w4a4_gemv", "w4a4_gemv_gl_kernel", sig, {**cx, "LATE_W": not early},
                            num_warps=cfg.num_warps, aligned=("xq_ptr", "wq_ptr", "ws_ptr", "xs_ptr")).ptx
         weight_load = re.search(r"ld\.global\S*evict_first", ptx).start()
         assert (weight_load < ptx.find("griddepcontrol.wait")) == early

@@ -13,3 +13,12 @@ def probe_dot(a_ptr, b_ptr, c_ptr, M, N, K, BM: tl.constexpr, BN: tl.constexpr, 
         acc = tl.dot(a_desc.load([0, k]), b_desc.load([0, k]).T, acc)
     offs = tl.arange(0, BM)[:, None] * N + tl.arange(0, BN)[None, :]
     tl.store(c_ptr + offs, acc)
+
+
+@triton.jit
+def probe_default(out_ptr, FLAG: tl.constexpr = True):
+    """Stores 1234567 with FLAG (its default) and 7654321 without: which branch an AOT compile took."""
+    if FLAG:
+        tl.store(out_ptr, 1234567)
+    else:
+        tl.store(out_ptr, 7654321)

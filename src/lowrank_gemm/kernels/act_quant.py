@@ -958,7 +958,7 @@ def _act_quant_fused_kernel(
     QK: tl.constexpr, CH: tl.constexpr, SCALE_BF16: tl.constexpr,
     S_RANK: tl.constexpr = False, SR: tl.constexpr = 1, RB: tl.constexpr = 1, CK: tl.constexpr = 64,
     NCH: tl.constexpr = 1, F8: tl.constexpr = False, PDL: tl.constexpr = False, LOADS_FIRST: tl.constexpr = False,
-    EARLY_DEPS: tl.constexpr = True,
+    LATE_DEPS: tl.constexpr = False,
 ):
     """Programs [0, N_SPROG): S — (row block, K slice) + ticket, or with S_RANK (SR rows, RB ranks) over all
     of K; the rest: quant unit u = pid − N_SPROG (rows (u // QS)·QM …, column chunk u % QS).
@@ -968,11 +968,11 @@ def _act_quant_fused_kernel(
     global access — x, λ, A and also the tickets and outputs (a predecessor may still read them).
     LOADS_FIRST: the rank-split S program and the g64 quant unit issue all their loads before the first use
     (:func:`_loads_in_flight`).
-    EARLY_DEPS = False (probe knob, ``LOWRANK_GEMM_ACT_QUANT_EARLY_DEPS=0``): no ``launch_dependents`` — each program
+    LATE_DEPS (probe knob, ``LOWRANK_GEMM_ACT_QUANT_EARLY_DEPS=0``): no ``launch_dependents`` — each program
     lets the next kernel be scheduled only by exiting, so that kernel's early weight loads (the GEMV's first chunk,
     ~7 MB at N = 28672) no longer queue in DRAM ahead of this kernel's own loads."""
     if PDL:
-        if EARLY_DEPS:
+        if not LATE_DEPS:   # (a False default: AOT compiles that leave a constexpr out get the shipped code)
             gdc_launch_dependents()
         gdc_wait()
     pid = tl.program_id(0)
@@ -1409,7 +1409,7 @@ def _act_quant_fused(x, smooth, lora_down, group_size, fmt, scale_dtype, plan: A
     pdl = pdl_enabled(dev)
     modes = dict(F8=f8, PDL=pdl, LOADS_FIRST=loads_first, launch_pdl=pdl)
     if pdl and not _early_deps():
-        modes["EARLY_DEPS"] = False
+        modes["LATE_DEPS"] = True
     if rb:  # rank-split S: no slabs, no tickets
         ck, nch = _rank_chunks(k, sr, rb)
         n_s = cdiv(m, sr) * cdiv(r, rb) if r else 0

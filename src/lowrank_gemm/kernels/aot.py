@@ -9,6 +9,7 @@ cannot be compiled, so the compile then runs in a child process with the interpr
 from __future__ import annotations
 
 import importlib
+import inspect
 import json
 import os
 import subprocess
@@ -41,6 +42,13 @@ def _compile_here(module: str, name: str, signature: dict, constexprs: dict, opt
         from triton.experimental.gluon._runtime import GluonASTSource as Src
     else:
         Src = ASTSource
+    # a constexpr left out gets its default, as a JIT launch binds it (ASTSource alone would compile it as None:
+    # falsy, so a True default silently compiled the other branch — found in session 11)
+    constexprs = dict(constexprs)
+    for p in fn.params:
+        if p.is_constexpr and p.name not in constexprs and p.name not in signature \
+                and p.default is not inspect.Parameter.empty:
+            constexprs[p.name] = p.default
     sig = dict(signature)
     for k in constexprs:
         sig[k] = "constexpr"

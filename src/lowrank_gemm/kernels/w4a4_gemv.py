@@ -231,7 +231,7 @@ def w4a4_gemv_gl_kernel(xq_ptr, xs_ptr, wq_ptr, ws_ptr, s_ptr, up_ptr, bias_ptr,
                         HAS_LOWRANK: gl.constexpr, HAS_COL_SCALE: gl.constexpr, HAS_BIAS: gl.constexpr,
                         SWAR: gl.constexpr, PDL: gl.constexpr, SPLIT: gl.constexpr = 1,
                         TWO_LEVEL: gl.constexpr = False, W_CACHE: gl.constexpr = "", W_EVICT: gl.constexpr = "",
-                        EARLY_W: gl.constexpr = True):
+                        LATE_W: gl.constexpr = False):
     """:func:`w4a4_gemv_kernel` with every layout explicit (Gluon): the weights as [BN, Q, 4] words, 16 bytes per
     thread; the token words, their byte sums and the group scales in slices of that layout, so nothing crosses
     threads inside the K loop (the Triton version's compiler laid the scale loads out along rows and moved its
@@ -272,13 +272,14 @@ def w4a4_gemv_gl_kernel(xq_ptr, xs_ptr, wq_ptr, ws_ptr, s_ptr, up_ptr, bias_ptr,
     kw_hi = ((split + 1) * n_chunks // SPLIT) * BLOCK_KW
     # one chunk in flight ahead of the one in use (a deeper register ring measured slower: probes/s7/gemv_run4);
     # the weights do not depend on the previous kernel, so the first load goes out before griddepcontrol.wait
-    # (EARLY_W = False, probe knob: after it, so ~7 MB of weight loads do not queue ahead of act_quant's own)
-    if EARLY_W:
+    # (LATE_W, probe knob: after it, so ~7 MB of weight loads do not queue ahead of act_quant's own; a False default
+    # so that AOT compiles which leave it out get the shipped code)
+    if not LATE_W:
         w_next = gl.load(w_ptrs + kw_lo, mask=w_mask & (kw_lo < kw_hi), other=0, cache_modifier=W_CACHE,
                          eviction_policy=W_EVICT)
     if PDL:
         gl_gdc_wait()
-    if not EARLY_W:
+    if LATE_W:
         w_next = gl.load(w_ptrs + kw_lo, mask=w_mask & (kw_lo < kw_hi), other=0, cache_modifier=W_CACHE,
                          eviction_policy=W_EVICT)
     if TWO_LEVEL:
@@ -493,7 +494,7 @@ def gemv_args(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, out
         cx["SPLIT"] = split
         cx.update(load_hints(hints))
         if pdl and os.environ.get(EARLY_ENV, "1") == "0":
-            cx["EARLY_W"] = False
+            cx["LATE_W"] = True
         grid = (tiles * split, )
     cx["KERNEL"] = kernel
     return grid, args, cx, cfg
