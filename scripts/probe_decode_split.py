@@ -34,7 +34,6 @@ Writes probe_decode_split.json / .md to --out (rows so far are written even if t
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import sys
@@ -43,6 +42,7 @@ import traceback
 from pathlib import Path
 
 from _childproc import run_child   # scripts/_childproc.py
+from _scoped_env import scoped_env
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
@@ -264,23 +264,6 @@ def check(fmts: list[str]) -> dict:
 
 
 # -------------------------------------------------------------------------------------------------------- time
-@contextlib.contextmanager
-def _env(**kv):
-    old = {k: os.environ.get(k) for k in kv}
-    os.environ.update({k: v for k, v in kv.items() if v is not None})
-    for k, v in kv.items():
-        if v is None:
-            os.environ.pop(k, None)
-    try:
-        yield
-    finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-
-
 def time_all(ms: list[int], fmts: list[str], passed: set, deadline: float, rows: list, flush) -> None:
     import torch
     from lowrank_gemm.bench.common import time_impl
@@ -349,14 +332,14 @@ def time_all(ms: list[int], fmts: list[str], passed: set, deadline: float, rows:
             split = None if best == "tile" else (best if best.startswith("stream") else best[5:])
             nk = "1" if fmt == "int4_2l" and ("tile", True) in gemm else None
             if best != "tile":
-                with _env(**{SPLIT_ENV: split}):
+                with scoped_env(**{SPLIT_ENV: split}):
                     rec(m, f"layer:{fmt}:{best}", fn, lsets)
-            with _env(**{SPLIT_ENV: split, "LOWRANK_GEMM_PDL": "1", "LOWRANK_GEMM_DECODE_NONEMPTY_K": nk}):
+            with scoped_env(**{SPLIT_ENV: split, "LOWRANK_GEMM_PDL": "1", "LOWRANK_GEMM_DECODE_NONEMPTY_K": nk}):
                 rec(m, f"layer:{fmt}:{best}:pdl" + (":nk" if nk else ""), fn, lsets)
             # the row box (+ nonempty_k for 2l, its default now), without and with PDL
             if _name(fmt, "tile+rb", False, fmt == "int4_2l") in passed:
                 for pdl in ("0", "1"):
-                    with _env(**{"LOWRANK_GEMM_DECODE_ROW_BOX": "1", "LOWRANK_GEMM_PDL": pdl,
+                    with scoped_env(**{"LOWRANK_GEMM_DECODE_ROW_BOX": "1", "LOWRANK_GEMM_PDL": pdl,
                                  "LOWRANK_GEMM_DECODE_NONEMPTY_K": "1" if fmt == "int4_2l" else None}):
                         rec(m, f"layer:{fmt}:tile+rb" + (":pdl" if pdl == "1" else ""), fn, lsets)
             del lsets

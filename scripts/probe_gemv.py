@@ -117,27 +117,13 @@ LAYER_VARIANTS = {"shipped": {}, "late_w": _EARLY, "late_deps": _DEPS, "late_bot
 
 
 def layer_knobs(args) -> int:
-    import contextlib
-    import os
     import torch
     from _decode_probe import Probe
+    from _scoped_env import scoped_env
     from lowrank_gemm.bench.common import rotation_count, time_impl
     from lowrank_gemm.formats.int4 import pack_int4, quantize_weight_int4
     from lowrank_gemm.formats.int4_twolevel import pack_weight_2l
     from lowrank_gemm.kernels.w4a4_gemm import w4a4_linear
-
-    @contextlib.contextmanager
-    def env(values):
-        old = {k: os.environ.get(k) for k in values}
-        os.environ.update(values)
-        try:
-            yield
-        finally:
-            for k, v in old.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
 
     two_level = args.fmt == "int4_2l"
     probe = Probe(args.out, f"probe_gemv_layer_{args.fmt}")
@@ -168,7 +154,7 @@ def layer_knobs(args) -> int:
                 return w4a4_linear(a, **w, **common, fmt=args.fmt, impl="auto")
             want = layer(xs[0], ws[0])
             for name, values in LAYER_VARIANTS.items():
-                with env(values):
+                with scoped_env(**values):
                     got = layer(xs[0], ws[0])
                     diff = float((got.float() - want.float()).abs().max() / want.float().abs().max())
                     probe.emit(**base, impl=f"layer:{name}", same=bool(torch.equal(got, want)), max_rel_diff=diff,
