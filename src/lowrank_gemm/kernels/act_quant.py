@@ -972,7 +972,7 @@ def _act_quant_fused_kernel(
     lets the next kernel be scheduled only by exiting, so that kernel's early weight loads (the GEMV's first chunk,
     ~7 MB at N = 28672) no longer queue in DRAM ahead of this kernel's own loads."""
     if PDL:
-        if not LATE_DEPS:   # (a False default: AOT compiles that leave a constexpr out get the shipped code)
+        if not LATE_DEPS:
             gdc_launch_dependents()
         gdc_wait()
     pid = tl.program_id(0)

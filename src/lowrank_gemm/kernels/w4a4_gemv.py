@@ -272,8 +272,7 @@ def w4a4_gemv_gl_kernel(xq_ptr, xs_ptr, wq_ptr, ws_ptr, s_ptr, up_ptr, bias_ptr,
     kw_hi = ((split + 1) * n_chunks // SPLIT) * BLOCK_KW
     # one chunk in flight ahead of the one in use (a deeper register ring measured slower: probes/s7/gemv_run4);
     # the weights do not depend on the previous kernel, so the first load goes out before griddepcontrol.wait
-    # (LATE_W, probe knob: after it, so ~7 MB of weight loads do not queue ahead of act_quant's own; a False default
-    # so that AOT compiles which leave it out get the shipped code)
+    # (LATE_W, probe knob: after it, so ~7 MB of weight loads do not queue ahead of act_quant's own)
     if not LATE_W:
         w_next = gl.load(w_ptrs + kw_lo, mask=w_mask & (kw_lo < kw_hi), other=0, cache_modifier=W_CACHE,
                          eviction_policy=W_EVICT)
