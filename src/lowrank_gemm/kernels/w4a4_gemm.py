@@ -787,10 +787,11 @@ _PRE_EXPANDED_V1 = ("pre-expanded e4m3 activations (act_quant(out='f8') / expand
                     "of the decode and v2 kernels; v1 takes packed int4 activations uint8 [M, K/2]")
 
 
-def _packed_route(impl: str, name: str, fmt: str, device: torch.device, pre_expanded: bool) -> bool | None:
+def _packed_route(impl: str, name: str, fmt: str, device: torch.device, pre_expanded: bool,
+                  fmts: tuple[str, ...] = ("int4_g64", )) -> bool | None:
     """The shared part of the GEMV / skinny routes: True when ``impl`` pins ``name`` (an error where it cannot run),
-    False where ``auto`` cannot use it (other format, e4m3 activations, not CUDA), None: ask the kernel's rule."""
-    fmts = ("int4_g64", "int4_2l") if name == "gemv" else ("int4_g64", )
+    False where ``auto`` cannot use it (a format not in ``fmts``, e4m3 activations, not CUDA), None: ask the kernel's
+    rule."""
     if impl == name:
         _expect(fmt in fmts and not pre_expanded and device.type == "cuda",
                 f"impl={name!r} runs {' / '.join(fmts)} on packed int4 (int4_2l: int8) activations on CUDA, got "
@@ -802,10 +803,10 @@ def _packed_route(impl: str, name: str, fmt: str, device: torch.device, pre_expa
 
 
 def _gemv_route(impl: str, m: int, n: int, fmt: str, device: torch.device, pre_expanded: bool) -> bool:
-    pinned = _packed_route(impl, "gemv", fmt, device, pre_expanded)
+    from .w4a4_gemv import FORMATS, auto_gemv_max_m, gemv_enabled
+    pinned = _packed_route(impl, "gemv", fmt, device, pre_expanded, FORMATS)
     if pinned is not None:
         return pinned
-    from .w4a4_gemv import auto_gemv_max_m, gemv_enabled
     return m <= auto_gemv_max_m(n) and gemv_enabled()
 
 

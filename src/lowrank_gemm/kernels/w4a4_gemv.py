@@ -22,9 +22,8 @@ vectorized loads (many small programs keep the bytes in flight) and does the ari
 
 int4_2l (session 10; routed since session 11, after its GPU run): the activations are act_quant's expanded int8
 values, so the token words need no unpacking (a weight word's low / high K positions are activation words 16b + j /
-16b + 8 + j of its 64-block b); each quarter's exact int32
-partial is multiplied by the group's integer multiplier u and summed in int32, and the per-token t and per-row s scale
-the row sum once — no per-group float rescale.
+16b + 8 + j of its 64-block b); each quarter's exact int32 partial is multiplied by the group's integer multiplier u
+and summed in int32, and the per-token t and per-row s scale the row sum once — no per-group float rescale.
 
 Two kernels, one arithmetic. :func:`w4a4_gemv_gl_kernel` (Gluon, what runs on the GPU) states every layout: the
 weights as [BN, Q, 4] words with 16 bytes per thread, and everything else in slices of that layout, so the K loop
@@ -57,7 +56,9 @@ from .int4_unpack import SWAR_DEFAULT
 from .pdl import gdc_launch_dependents, gdc_wait, gl_gdc_launch_dependents, gl_gdc_wait, pdl_enabled
 from .splitk import splitk_arrive, splitk_reset, splitk_store, splitk_sum
 
-__all__ = ["launch_w4a4_gemv", "w4a4_gemv_kernel", "w4a4_gemv_gl_kernel", "gemv_args", "AUTO_GEMV_MAX_M",
+FORMATS = ("int4_g64", "int4_2l")      # the weight formats the GEMV runs (int4_2l on act_quant's int8 activations)
+
+__all__ = ["FORMATS", "launch_w4a4_gemv", "w4a4_gemv_kernel", "w4a4_gemv_gl_kernel", "gemv_args", "AUTO_GEMV_MAX_M",
            "auto_gemv_max_m",
            "gemv_enabled", "gemv_config", "GemvConfig", "DEFAULT_CONFIG", "WIDE_CONFIG", "aot_signature_gemv"]
 
@@ -273,14 +274,12 @@ def w4a4_gemv_gl_kernel(xq_ptr, xs_ptr, wq_ptr, ws_ptr, s_ptr, up_ptr, bias_ptr,
     # one chunk in flight ahead of the one in use (a deeper register ring measured slower: probes/s7/gemv_run4);
     # the weights do not depend on the previous kernel, so the first load goes out before griddepcontrol.wait
     # (LATE_W, probe knob: after it, so ~7 MB of weight loads do not queue ahead of act_quant's own)
-    if not LATE_W:
-        w_next = gl.load(w_ptrs + kw_lo, mask=w_mask & (kw_lo < kw_hi), other=0, cache_modifier=W_CACHE,
-                         eviction_policy=W_EVICT)
-    if PDL:
+    if PDL and LATE_W:
         gl_gdc_wait()
-    if LATE_W:
-        w_next = gl.load(w_ptrs + kw_lo, mask=w_mask & (kw_lo < kw_hi), other=0, cache_modifier=W_CACHE,
-                         eviction_policy=W_EVICT)
+    w_next = gl.load(w_ptrs + kw_lo, mask=w_mask & (kw_lo < kw_hi), other=0, cache_modifier=W_CACHE,
+                     eviction_policy=W_EVICT)
+    if PDL and not LATE_W:
+        gl_gdc_wait()
     if TWO_LEVEL:
         gl.static_assert(SPLIT == 1, "int4_2l: no split-K")
         # int8 activations: the words of weight word w's low / high K positions (_twolevel_words, + 8)
