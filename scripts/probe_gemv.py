@@ -15,6 +15,9 @@ between calls): as shipped; the GEMV's first weight chunk after griddepcontrol.w
 act_quant without launch_dependents (``LOWRANK_GEMM_ACT_QUANT_EARLY_DEPS=0``); both; each again with 8 rows per
 1-warp program (the GEMM alone's best, 18.7 µs); no evict_first; PDL off. Every variant's output is compared with
 the shipped one (bit-identical or not, max rel. difference). ``--fmt int4_2l`` for the two-level format.
+Session 12 adds ``pf<P>``: the next P chunks of each weight row bulk-prefetched into L2 before griddepcontrol.wait
+(``LOWRANK_GEMM_GEMV_L2_PREFETCH=P``), alone, with late_deps and with 8 rows; ``--variants`` picks (default: the
+session-12 set).
 
 Writes probe_gemv.json / .md to --out.
 """
@@ -40,6 +43,7 @@ def main() -> int:
     ap.add_argument("--ms", default="1,2,4")
     ap.add_argument("--two-level", action="store_true", help="the int4_2l GEMV instead (see above)")
     ap.add_argument("--layer", action="store_true", help="the layer under the launch-order knobs (see above)")
+    ap.add_argument("--variants", default=LAYER_DEFAULT, help=f"--layer: comma list of {sorted(LAYER_VARIANTS)}")
     ap.add_argument("--fmt", default="int4_g64", choices=("int4_g64", "int4_2l"), help="--layer: weight format")
     args = ap.parse_args()
     if args.two_level:
@@ -114,6 +118,12 @@ LAYER_VARIANTS = {"shipped": {}, "late_w": _EARLY, "late_deps": _DEPS, "late_bot
                   "r8": _R8, "r8_late_w": {**_R8, **_EARLY}, "r8_late_deps": {**_R8, **_DEPS},
                   "r8_late_both": {**_R8, **_EARLY, **_DEPS}, "no_ef": {"LOWRANK_GEMM_GEMV_HINTS": ""},
                   "no_pdl": {"LOWRANK_GEMM_PDL": "0"}}
+# session 12: the next P chunks of every weight row bulk-prefetched into L2 before griddepcontrol.wait
+for _p in (1, 2, 4, 7):
+    LAYER_VARIANTS[f"pf{_p}"] = {"LOWRANK_GEMM_GEMV_L2_PREFETCH": str(_p)}
+    LAYER_VARIANTS[f"late_deps_pf{_p}"] = {**_DEPS, "LOWRANK_GEMM_GEMV_L2_PREFETCH": str(_p)}
+    LAYER_VARIANTS[f"r8_pf{_p}"] = {**_R8, "LOWRANK_GEMM_GEMV_L2_PREFETCH": str(_p)}
+LAYER_DEFAULT = "shipped,late_deps,r8,pf1,pf2,pf4,pf7,late_deps_pf2,late_deps_pf7,r8_pf2,r8_pf7"
 
 
 def layer_knobs(args) -> int:
@@ -153,7 +163,8 @@ def layer_knobs(args) -> int:
             def layer(a, w):
                 return w4a4_linear(a, **w, **common, fmt=args.fmt, impl="auto")
             want = layer(xs[0], ws[0])
-            for name, values in LAYER_VARIANTS.items():
+            for name in args.variants.split(","):
+                values = LAYER_VARIANTS[name]
                 with scoped_env(**values):
                     got = layer(xs[0], ws[0])
                     diff = float((got.float() - want.float()).abs().max() / want.float().abs().max())

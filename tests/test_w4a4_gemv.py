@@ -372,3 +372,43 @@ def test_early_weight_load_knob(monkeypatch, fmt):
                            num_warps=cfg.num_warps, aligned=("xq_ptr", "wq_ptr", "ws_ptr", "xs_ptr")).ptx
         weight_load = re.search(r"ld\.global\S*evict_first", ptx).start()
         assert (weight_load < ptx.find("griddepcontrol.wait")) == early
+
+
+@pytest.mark.parametrize("fmt", ["int4_g64", "int4_2l"])
+def test_l2_prefetch_knob(monkeypatch, fmt):
+    """LOWRANK_GEMM_GEMV_L2_PREFETCH=P (probe knob, Gluon kernel): the next P chunks of each weight row are bulk-
+    prefetched into L2 before griddepcontrol.wait, one instruction per row; off by default (no prefetch in the PTX);
+    a non-count is refused."""
+    import re
+    from lowrank_gemm.kernels.aot import compile_sm90
+    from lowrank_gemm.kernels.gluon.w4a4_ws import make_operands_v2
+    ops = make_operands_v2(fmt, 1, 160, 512, 16, 64, device="cpu")
+    assert "L2_PREFETCH" not in gv.gemv_args(**ops, swar=True, pdl=True, kernel="gluon")[2]
+    monkeypatch.setenv(gv.L2_PREFETCH_ENV, "3")
+    assert gv.gemv_args(**ops, swar=True, pdl=True, kernel="gluon")[2]["L2_PREFETCH"] == 3
+    monkeypatch.setenv(gv.L2_PREFETCH_ENV, "two")
+    with pytest.raises(ValueError, match="chunk count"):
+        gv.gemv_args(**ops, swar=True, pdl=True, kernel="gluon")
+    monkeypatch.delenv(gv.L2_PREFETCH_ENV)
+    sig, cx, cfg = gv.aot_signature_gemv(None, kernel="gluon", N=256, K=2048, M=1, fmt=fmt)
+    for pf in (0, 2):
+        ptx = compile_sm90("lowrank_gemm.kernels.w4a4_gemv", "w4a4_gemv_gl_kernel", sig, {**cx, "L2_PREFETCH": pf},
+                           num_warps=cfg.num_warps, aligned=("xq_ptr", "wq_ptr", "ws_ptr", "xs_ptr")).ptx
+        prefetches = [m.start() for m in re.finditer(r"cp\.async\.bulk\.prefetch\.L2\.global", ptx)]
+        per_thread = cfg.block_n * (cfg.block_kw // 4) // (32 * cfg.num_warps)    # [BN, Q] elements (predicated)
+        assert len(prefetches) == (per_thread if pf else 0)
+        assert all(p < ptx.find("griddepcontrol.wait") for p in prefetches)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt,cfg", [("int4_g64", None), ("int4_g64", SPLIT4), ("int4_2l", None)],
+                         ids=["g64", "g64-split4", "2l"])
+@pytest.mark.parametrize("prefetch", ["1", "7", "64"])
+def test_gpu_l2_prefetch_knob_bit_identical(monkeypatch, fmt, cfg, prefetch):
+    """The L2 prefetch only warms the cache: outputs bit-identical to the default launch, including a prefetch
+    window past the program's last chunk (clamped) and split-K's per-program chunk ranges."""
+    ops = w4.make_operands_v2(fmt, 1, 28672, 4096, 32, 64, device="cuda", bias=True, seed=3)
+    want = gv.launch_w4a4_gemv(**ops, kernel="gluon", config=cfg).clone()
+    monkeypatch.setenv(gv.L2_PREFETCH_ENV, prefetch)
+    ops["out"].fill_(float("nan"))
+    assert torch.equal(gv.launch_w4a4_gemv(**ops, kernel="gluon", config=cfg), want)

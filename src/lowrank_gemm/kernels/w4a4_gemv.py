@@ -111,6 +111,14 @@ def _word_dot(w, xlo, xhi, SWAR: tl.constexpr):
         return acc
 
 
+# ``cp.async.bulk.prefetch.L2`` of $2 bytes at $1 when $2 > 0 (the GEMV's L2_PREFETCH knob); $0 is a dummy.
+_L2_PREFETCH_ASM = tl.constexpr("""{
+.reg .pred p;
+setp.gt.s32 p, $2, 0;
+@p cp.async.bulk.prefetch.L2.global [$1], $2;
+mov.u32 $0, 0;
+}""")
+
 _SUM_ASM = tl.constexpr("""{
 .reg .b32 t;
 dp4a.s32.s32 t, $1, 0x01010101, 0;
@@ -232,7 +240,7 @@ def w4a4_gemv_gl_kernel(xq_ptr, xs_ptr, wq_ptr, ws_ptr, s_ptr, up_ptr, bias_ptr,
                         HAS_LOWRANK: gl.constexpr, HAS_COL_SCALE: gl.constexpr, HAS_BIAS: gl.constexpr,
                         SWAR: gl.constexpr, PDL: gl.constexpr, SPLIT: gl.constexpr = 1,
                         TWO_LEVEL: gl.constexpr = False, W_CACHE: gl.constexpr = "", W_EVICT: gl.constexpr = "",
-                        LATE_W: gl.constexpr = False):
+                        LATE_W: gl.constexpr = False, L2_PREFETCH: gl.constexpr = 0):
     """:func:`w4a4_gemv_kernel` with every layout explicit (Gluon): the weights as [BN, Q, 4] words, 16 bytes per
     thread; the token words, their byte sums and the group scales in slices of that layout, so nothing crosses
     threads inside the K loop (the Triton version's compiler laid the scale loads out along rows and moved its
@@ -278,6 +286,14 @@ def w4a4_gemv_gl_kernel(xq_ptr, xs_ptr, wq_ptr, ws_ptr, s_ptr, up_ptr, bias_ptr,
         gl_gdc_wait()
     w_next = gl.load(w_ptrs + kw_lo, mask=w_mask & (kw_lo < kw_hi), other=0, cache_modifier=W_CACHE,
                      eviction_policy=W_EVICT)
+    if L2_PREFETCH > 0:
+        # (probe knob) the next L2_PREFETCH chunks of every row, which lie contiguous after the first, into L2
+        # while the program waits for act_quant: one bulk prefetch per row, by the row's q = 0 thread
+        ahead = gl.minimum(kw_hi - kw_lo - BLOCK_KW, L2_PREFETCH * BLOCK_KW) * 4
+        pf_bytes = gl.where(row_ok[:, None] & (q == 0)[None, :], ahead, 0)               # [BN, Q]
+        pf_ptrs = wq_ptr + (rows.to(gl.int64) * kw_total + kw_lo + BLOCK_KW)[:, None] + (q * 0)[None, :]
+        gl.inline_asm_elementwise(_L2_PREFETCH_ASM, "=r,l,r", [pf_ptrs, pf_bytes], dtype=gl.int32, is_pure=False,
+                                  pack=1)
     if PDL and not LATE_W:
         gl_gdc_wait()
     if TWO_LEVEL:
@@ -390,6 +406,7 @@ CONFIG_ENV = "LOWRANK_GEMM_GEMV_CONFIG"      # "block_n,block_kw,warps,stages" (
 # weight set survive in L2 between calls — why benches rotate weights.)
 HINTS_ENV = "LOWRANK_GEMM_GEMV_HINTS"
 EARLY_ENV = "LOWRANK_GEMM_GEMV_EARLY"        # 0: the first weight chunk after griddepcontrol.wait (probe knob)
+L2_PREFETCH_ENV = "LOWRANK_GEMM_GEMV_L2_PREFETCH"   # n > 0: n more chunks per row prefetched to L2 before the wait
 DEFAULT_HINTS = "ef"
 _HINTS = {"ef": ("W_EVICT", "evict_first"), "el": ("W_EVICT", "evict_last"), "cg": ("W_CACHE", ".cg")}
 
@@ -493,6 +510,10 @@ def gemv_args(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, out
         cx.update(load_hints(hints))
         if pdl and os.environ.get(EARLY_ENV, "1") == "0":
             cx["LATE_W"] = True
+        prefetch = os.environ.get(L2_PREFETCH_ENV, "0").strip() or "0"
+        _expect(prefetch.isdigit(), f"{L2_PREFETCH_ENV} takes a chunk count, got {prefetch!r}")
+        if int(prefetch):
+            cx["L2_PREFETCH"] = int(prefetch)
         grid = (tiles * split, )
     cx["KERNEL"] = kernel
     return grid, args, cx, cfg
