@@ -17,7 +17,7 @@ act_quant without launch_dependents (``LOWRANK_GEMM_ACT_QUANT_EARLY_DEPS=0``); b
 the shipped one (bit-identical or not, max rel. difference). ``--fmt int4_2l`` for the two-level format.
 Session 12 adds ``pf<P>``: the next P chunks of each weight row bulk-prefetched into L2 before griddepcontrol.wait
 (``LOWRANK_GEMM_GEMV_L2_PREFETCH=P``), alone, with late_deps and with 8 rows; ``--variants`` picks (default: the
-session-12 set).
+launch-order check: shipped / early_deps / late_deps).
 
 Writes probe_gemv.json / .md to --out.
 """
@@ -110,7 +110,7 @@ def two_level(args) -> int:
     return 0
 
 
-LAYER_SHAPES = [(28672, 4096), (14336, 4096), (4096, 14336)]
+LAYER_SHAPES = [(28672, 4096), (14336, 4096), (4096, 14336), (4096, 4096), (6144, 4096)]
 _EARLY = {"LOWRANK_GEMM_GEMV_EARLY": "0"}
 _DEPS = {"LOWRANK_GEMM_ACT_QUANT_EARLY_DEPS": "0"}
 _R8 = {"LOWRANK_GEMM_GEMV_CONFIG": "8,64,1,2"}
@@ -123,7 +123,10 @@ for _p in (1, 2, 4, 7):
     LAYER_VARIANTS[f"pf{_p}"] = {"LOWRANK_GEMM_GEMV_L2_PREFETCH": str(_p)}
     LAYER_VARIANTS[f"late_deps_pf{_p}"] = {**_DEPS, "LOWRANK_GEMM_GEMV_L2_PREFETCH": str(_p)}
     LAYER_VARIANTS[f"r8_pf{_p}"] = {**_R8, "LOWRANK_GEMM_GEMV_L2_PREFETCH": str(_p)}
-LAYER_DEFAULT = "shipped,late_deps,r8,pf1,pf2,pf4,pf7,late_deps_pf2,late_deps_pf7,r8_pf2,r8_pf7"
+LAYER_VARIANTS["early_deps"] = {"LOWRANK_GEMM_ACT_QUANT_EARLY_DEPS": "1"}
+# session 12, call 2: "shipped,late_deps,r8,pf1,pf2,pf4,pf7,late_deps_pf2,late_deps_pf7,r8_pf2,r8_pf7"; then the
+# per-format launch order (w4a4_gemv.act_quant_early_launch) is what ships, checked against both forced orders
+LAYER_DEFAULT = "shipped,early_deps,late_deps"
 
 
 def layer_knobs(args) -> int:

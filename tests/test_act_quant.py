@@ -709,9 +709,11 @@ def test_fused_early_deps_knob(monkeypatch):
     read per call and only matters with PDL on."""
     import lowrank_gemm.kernels.act_quant as aq
     from lowrank_gemm.kernels.aot import compile_sm90
-    assert aq._early_deps()
+    assert aq._early_deps() and aq._early_deps(True) and not aq._early_deps(False)   # caller's choice, default on
     monkeypatch.setenv("LOWRANK_GEMM_ACT_QUANT_EARLY_DEPS", "0")
-    assert not aq._early_deps()
+    assert not aq._early_deps() and not aq._early_deps(True)                          # the env wins
+    monkeypatch.setenv("LOWRANK_GEMM_ACT_QUANT_EARLY_DEPS", "1")
+    assert aq._early_deps(False)
     sig = dict(_fused_signature(q="*fp8e4nv", sc="*fp32", cnt="*fp32"))
     ce = dict(TWO_LEVEL=False, G=64, BLOCK_M=16, BLOCK_K=64, BLOCK_R=32, SPLIT_P2=1, SUM_ROWS=1, QM=1, QK=256,
               CH=4096, SCALE_BF16=True, S_RANK=True, SR=1, RB=1, CK=4096, NCH=1, F8=True, PDL=True,

@@ -412,3 +412,43 @@ def test_gpu_l2_prefetch_knob_bit_identical(monkeypatch, fmt, cfg, prefetch):
     monkeypatch.setenv(gv.L2_PREFETCH_ENV, prefetch)
     ops["out"].fill_(float("nan"))
     assert torch.equal(gv.launch_w4a4_gemv(**ops, kernel="gluon", config=cfg), want)
+
+
+def test_act_quant_early_launch_route(monkeypatch):
+    """The layer op hands act_quant the GEMV's launch-order choice (measured per format and config, session 12):
+    int4_g64 early only on the wide config, int4_2l early only at M = 1 on 16-row programs; other routes keep
+    act_quant's default (None)."""
+    from lowrank_gemm.kernels import w4a4_gemm as wg
+    cuda = torch.device("cuda")
+    for fmt, m, n, want in (("int4_g64", 1, 28672, False), ("int4_g64", 2, 14336, False), ("int4_g64", 1, 4096, True),
+                            ("int4_2l", 1, 28672, True), ("int4_2l", 2, 28672, False), ("int4_2l", 1, 4096, False)):
+        assert gv.act_quant_early_launch(fmt, m, n) is want, (fmt, m, n)
+        assert wg._early_launch("auto", fmt, m, n, cuda) is want
+    assert wg._early_launch("auto", "int4_g64", 16, 28672, cuda) is None          # not the GEMV's
+    monkeypatch.setenv("LOWRANK_GEMM_GEMV", "0")
+    assert wg._early_launch("auto", "int4_g64", 1, 28672, cuda) is None
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt,m,n", [("int4_g64", 1, 14336), ("int4_g64", 1, 4096), ("int4_2l", 1, 28672),
+                                     ("int4_2l", 2, 28672)])
+def test_gpu_layer_launch_order_same_bits(monkeypatch, fmt, m, n):
+    """The layer op passes the GEMV's launch-order choice to act_quant, and either order gives the same bits."""
+    from lowrank_gemm.formats.int4_twolevel import pack_weight_2l
+    from lowrank_gemm.kernels import w4a4_gemm as wg
+    from _w4a4_layer import layer_args
+    x, qw, sw, smooth, down, up = layer_args(m, seed=1, n=n)
+    p = dict(smooth=smooth, lora_down=down, lora_up=up)
+    if fmt == "int4_2l":
+        wq, wmul, wsc = pack_weight_2l(torch.randn(n, x.shape[1], device="cuda") * 0.02, 64)
+        p.update(qweight=wq, wscales=wsc, wmul=wmul)
+    else:
+        p.update(qweight=qw, wscales=sw)
+    seen = []
+    real = wg.act_quant
+    monkeypatch.setattr(wg, "act_quant", lambda *a, **kw: seen.append(kw.get("early_launch")) or real(*a, **kw))
+    y = wg.w4a4_linear(x, **p, fmt=fmt, impl="auto")
+    assert seen == [gv.act_quant_early_launch(fmt, m, n)]
+    for env in ("0", "1"):
+        monkeypatch.setenv("LOWRANK_GEMM_ACT_QUANT_EARLY_DEPS", env)
+        assert torch.equal(wg.w4a4_linear(x, **p, fmt=fmt, impl="auto"), y)

@@ -1057,10 +1057,14 @@ _RANK_TILE_ELEMS = 4096  # [SR·RB, CK] per K chunk: 32 fp32 per thread at 4 war
 LOADS_FIRST_MAX_M = 1
 
 
-def _early_deps() -> bool:
-    """``LOWRANK_GEMM_ACT_QUANT_EARLY_DEPS`` (read per call; default 1): the fused kernel's programs let the next
-    kernel launch as they start (1) or only as they exit (0)."""
-    return os.environ.get("LOWRANK_GEMM_ACT_QUANT_EARLY_DEPS", "1") != "0"
+def _early_deps(early_launch: bool | None = None) -> bool:
+    """Whether the fused kernel's programs let the next kernel launch as they start (True) or only as they exit:
+    env ``LOWRANK_GEMM_ACT_QUANT_EARLY_DEPS`` (0 / 1, read per call) if set, else ``early_launch`` (the caller's
+    choice for the kernel that follows: w4a4_gemv.act_quant_early_launch), else True."""
+    env = os.environ.get("LOWRANK_GEMM_ACT_QUANT_EARLY_DEPS", "")
+    if env in ("0", "1"):
+        return env == "1"
+    return True if early_launch is None else bool(early_launch)
 
 
 def _loads_first_default(m: int) -> bool:
@@ -1248,7 +1252,7 @@ def act_quant(x: torch.Tensor, smooth: torch.Tensor, lora_down: torch.Tensor, gr
               split: int | None = None, block_m: int | None = None, block_k: int | None = None,
               num_warps: int | None = None, variant: str | None = None, quant_rows: int | None = None,
               quant_cols: int | None = None, s_rows: int | None = None, s_ranks: int | None = None,
-              loads_first: bool | None = None, _slice_rot: int = 0):
+              loads_first: bool | None = None, early_launch: bool | None = None, _slice_rot: int = 0):
     """Quantize ``x`` [M, K] (bf16/fp16, contiguous rows) after dividing by ``smooth`` [K].
 
     Returns ``(x_q, x_scale, lowrank_act)``:
@@ -1266,6 +1270,8 @@ def act_quant(x: torch.Tensor, smooth: torch.Tensor, lora_down: torch.Tensor, gr
     per program) picks the fused S mode (default: ``LOWRANK_GEMM_ACT_QUANT_FUSED_S`` or rank for M ≤ 16);
     ``loads_first`` (fused; None: ``LOWRANK_GEMM_ACT_QUANT_LOADS_FIRST``, default off) makes the rank-split S
     programs and the g64 quant units issue all their loads before the first use (same bits).
+    ``early_launch`` (fused, with PDL; None: on): the next kernel may launch as the programs start rather than as
+    they exit (env ``LOWRANK_GEMM_ACT_QUANT_EARLY_DEPS`` overrides; same bits either way).
     ``_slice_rot`` (tests only) rotates which fused program owns which slice (ticket mode).
     Launches: fused one; v1/v2 g64 one kernel, 2l two passes (+ v2's prep, + the S reduce when split > 1).
     The fused kernel is launched with programmatic dependent launch when ``pdl.pdl_enabled`` (off by default).
@@ -1293,7 +1299,8 @@ def act_quant(x: torch.Tensor, smooth: torch.Tensor, lora_down: torch.Tensor, gr
         return (*expand_act_f8(x_q, x_scale, group_size), lowrank_act)
     if plan.variant == "fused":
         return _act_quant_fused(x, smooth, lora_down, group_size, fmt, scale_dtype, plan, _slice_rot, f8,
-                                _loads_first_default(m) if loads_first is None else loads_first)
+                                _loads_first_default(m) if loads_first is None else loads_first,
+                                _early_deps(early_launch))
     lowrank_act = torch.empty((m, r), device=dev, dtype=torch.float32)
     bm, bk, nsplit, sps, warps, variant = plan[:6]
     br = rank_block(r)
@@ -1387,7 +1394,7 @@ def _tickets(dev: torch.device, n: int) -> torch.Tensor:
 
 
 def _act_quant_fused(x, smooth, lora_down, group_size, fmt, scale_dtype, plan: ActQuantPlan, rot: int = 0,
-                     f8: bool = False, loads_first: bool = False):
+                     f8: bool = False, loads_first: bool = False, early_deps: bool = True):
     """One launch: S programs (row block × slice, ticketed fixed-order sum) + quant units."""
     m, k = x.shape
     r = lora_down.shape[0]
@@ -1408,7 +1415,7 @@ def _act_quant_fused(x, smooth, lora_down, group_size, fmt, scale_dtype, plan: A
     a = lora_down if r else x
     pdl = pdl_enabled(dev)
     modes = dict(F8=f8, PDL=pdl, LOADS_FIRST=loads_first, launch_pdl=pdl)
-    if pdl and not _early_deps():
+    if pdl and not early_deps:
         modes["LATE_DEPS"] = True
     if rb:  # rank-split S: no slabs, no tickets
         ck, nch = _rank_chunks(k, sr, rb)

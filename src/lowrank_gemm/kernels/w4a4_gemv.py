@@ -58,7 +58,7 @@ from .splitk import splitk_arrive, splitk_reset, splitk_store, splitk_sum
 
 FORMATS = ("int4_g64", "int4_2l")      # the weight formats the GEMV runs (int4_2l on act_quant's int8 activations)
 
-__all__ = ["FORMATS", "launch_w4a4_gemv", "w4a4_gemv_kernel", "w4a4_gemv_gl_kernel", "gemv_args", "AUTO_GEMV_MAX_M",
+__all__ = ["FORMATS", "launch_w4a4_gemv", "act_quant_early_launch", "w4a4_gemv_kernel", "w4a4_gemv_gl_kernel", "gemv_args", "AUTO_GEMV_MAX_M",
            "auto_gemv_max_m",
            "gemv_enabled", "gemv_config", "GemvConfig", "DEFAULT_CONFIG", "WIDE_CONFIG", "aot_signature_gemv"]
 
@@ -440,6 +440,20 @@ def gemv_config(config: GemvConfig | None = None, n: int | None = None) -> GemvC
     if pinned is not None:
         return pinned
     return DEFAULT_CONFIG if n is None or n >= MANY_ROWS else WIDE_CONFIG
+
+
+def act_quant_early_launch(fmt: str, m: int, n: int) -> bool:
+    """Whether act_quant (fused, PDL) should let this kernel launch as its programs start — the GEMV's programs then
+    load their first weight chunk while act_quant runs — or only as they exit. H200, act_quant + GEMV layer, same
+    process, rotated weights, K = 4096 unless noted, early vs late µs, two runs agreeing within 0.2 µs
+    (probes/s12/launch_order, and the shipped / late_deps rows of probes/s12/l2_prefetch). Early is faster only
+    for int4_g64 on the wide config (K = 14336, N = 4096: 17.1 vs 18.5) and int4_2l at M = 1 on 16-row programs
+    (N = 28672: 21.5 vs 21.6, N = 14336: 14.5 vs 14.7). Late wins elsewhere: int4_g64 N = 14336, M = 1 16.8 vs
+    14.0; N = 28672, M = 2 27.8 vs 27.2 (M = 1: 20.7 / 20.6); int4_2l K = 14336, N = 4096 25.8 vs 22.4; N = 28672,
+    M = 2 27.5 vs 26.1. Why the formats disagree on the wide config is not profiled (their act_quant programs
+    differ)."""
+    wide = gemv_config(None, n) != DEFAULT_CONFIG
+    return wide if fmt == "int4_g64" else (not wide and m == 1)
 
 
 def gemv_enabled() -> bool:
