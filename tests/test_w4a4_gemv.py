@@ -416,17 +416,19 @@ def test_gpu_l2_prefetch_knob_bit_identical(monkeypatch, fmt, cfg, prefetch):
 
 def test_act_quant_early_launch_route(monkeypatch):
     """The layer op hands act_quant the GEMV's launch-order choice (measured per format and config, session 12):
-    int4_g64 early only on the wide config, int4_2l early only at M = 1 on 16-row programs; other routes keep
+    int4_g64 early only on the wide config, int4_2l early only at M = 1 with K ≤ 8192; other routes keep
     act_quant's default (None)."""
     from lowrank_gemm.kernels import w4a4_gemm as wg
     cuda = torch.device("cuda")
-    for fmt, m, n, want in (("int4_g64", 1, 28672, False), ("int4_g64", 2, 14336, False), ("int4_g64", 1, 4096, True),
-                            ("int4_2l", 1, 28672, True), ("int4_2l", 2, 28672, False), ("int4_2l", 1, 4096, False)):
-        assert gv.act_quant_early_launch(fmt, m, n) is want, (fmt, m, n)
-        assert wg._early_launch("auto", fmt, m, n, cuda) is want
-    assert wg._early_launch("auto", "int4_g64", 16, 28672, cuda) is None          # not the GEMV's
+    for fmt, m, n, k, want in (("int4_g64", 1, 28672, 4096, False), ("int4_g64", 2, 14336, 4096, False),
+                               ("int4_g64", 1, 4096, 14336, True), ("int4_2l", 1, 28672, 4096, True),
+                               ("int4_2l", 2, 28672, 4096, False), ("int4_2l", 1, 4096, 4096, True),
+                               ("int4_2l", 1, 4096, 14336, False)):
+        assert gv.act_quant_early_launch(fmt, m, n, k) is want, (fmt, m, n, k)
+        assert wg._early_launch("auto", fmt, m, n, k, cuda) is want
+    assert wg._early_launch("auto", "int4_g64", 16, 28672, 4096, cuda) is None          # not the GEMV's
     monkeypatch.setenv("LOWRANK_GEMM_GEMV", "0")
-    assert wg._early_launch("auto", "int4_g64", 1, 28672, cuda) is None
+    assert wg._early_launch("auto", "int4_g64", 1, 28672, 4096, cuda) is None
 
 
 @pytest.mark.gpu
@@ -448,7 +450,7 @@ def test_gpu_layer_launch_order_same_bits(monkeypatch, fmt, m, n):
     real = wg.act_quant
     monkeypatch.setattr(wg, "act_quant", lambda *a, **kw: seen.append(kw.get("early_launch")) or real(*a, **kw))
     y = wg.w4a4_linear(x, **p, fmt=fmt, impl="auto")
-    assert seen == [gv.act_quant_early_launch(fmt, m, n)]
+    assert seen == [gv.act_quant_early_launch(fmt, m, n, x.shape[1])]
     for env in ("0", "1"):
         monkeypatch.setenv("LOWRANK_GEMM_ACT_QUANT_EARLY_DEPS", env)
         assert torch.equal(wg.w4a4_linear(x, **p, fmt=fmt, impl="auto"), y)

@@ -872,12 +872,12 @@ def _layer_wants_f8(impl: str, fmt: str, m: int, n: int, k: int, r: int, group_s
     return False
 
 
-def _early_launch(impl: str, fmt: str, m: int, n: int, device: torch.device) -> bool | None:
+def _early_launch(impl: str, fmt: str, m: int, n: int, k: int, device: torch.device) -> bool | None:
     """act_quant's ``early_launch`` for the GEMM the layer op runs next: the GEMV's own choice
     (:func:`w4a4_gemv.act_quant_early_launch`), else act_quant's default (None)."""
     if _gemv_route(impl, m, n, fmt, device, False):
         from .w4a4_gemv import act_quant_early_launch
-        return act_quant_early_launch(fmt, m, n)
+        return act_quant_early_launch(fmt, m, n, k)
     return None
 
 
@@ -1096,7 +1096,7 @@ def _w4a4_linear_op(x: torch.Tensor, qweight: torch.Tensor, wscales: torch.Tenso
     f8 = _layer_wants_f8(impl, fmt, x2.shape[0], n, k, r, group_size, x.device, scale_dtype, wscales)
     x_q, x_scale, lowrank_act = act_quant(x2, smooth, lora_down, group_size, fmt, scale_dtype,
                                           out="f8" if f8 else "packed",
-                                          early_launch=_early_launch(impl, fmt, x2.shape[0], n, x.device))
+                                          early_launch=_early_launch(impl, fmt, x2.shape[0], n, k, x.device))
     y = _w4a4_gemm_op(x_q, x_scale, qweight, wscales, wmul, lowrank_act if r else None,
                       lora_up if r else None, bias, group_size, fmt, out_dtype, impl)
     return y.reshape(*x.shape[:-1], n)

@@ -442,18 +442,23 @@ def gemv_config(config: GemvConfig | None = None, n: int | None = None) -> GemvC
     return DEFAULT_CONFIG if n is None or n >= MANY_ROWS else WIDE_CONFIG
 
 
-def act_quant_early_launch(fmt: str, m: int, n: int) -> bool:
+def act_quant_early_launch(fmt: str, m: int, n: int, k: int) -> bool:
     """Whether act_quant (fused, PDL) should let this kernel launch as its programs start — the GEMV's programs then
     load their first weight chunk while act_quant runs — or only as they exit. H200, act_quant + GEMV layer, same
-    process, rotated weights, K = 4096 unless noted, early vs late µs, two runs agreeing within 0.2 µs
-    (probes/s12/launch_order, and the shipped / late_deps rows of probes/s12/l2_prefetch). Early is faster only
-    for int4_g64 on the wide config (K = 14336, N = 4096: 17.1 vs 18.5) and int4_2l at M = 1 on 16-row programs
-    (N = 28672: 21.5 vs 21.6, N = 14336: 14.5 vs 14.7). Late wins elsewhere: int4_g64 N = 14336, M = 1 16.8 vs
-    14.0; N = 28672, M = 2 27.8 vs 27.2 (M = 1: 20.7 / 20.6); int4_2l K = 14336, N = 4096 25.8 vs 22.4; N = 28672,
-    M = 2 27.5 vs 26.1. Why the formats disagree on the wide config is not profiled (their act_quant programs
-    differ)."""
-    wide = gemv_config(None, n) != DEFAULT_CONFIG
-    return wide if fmt == "int4_g64" else (not wide and m == 1)
+    process, rotated weights, early vs late µs (probes/s12/launch_order, the shipped / late_deps rows of
+    probes/s12/l2_prefetch, and probes/s12/launch_order_check; the three runs agree within 0.3 µs):
+
+    | early / late µs | N = 28672 | N = 28672, M = 2 | N = 14336 | N = 4096 | N = 6144 | K = 14336, N = 4096 |
+    |-----------------|-----------|------------------|-----------|----------|----------|---------------------|
+    | int4_g64        | 20.9/20.8 | 27.8/27.1        | 16.8/14.0 | 7.2/8.0  | 10.1/11.4| 17.1/18.5           |
+    | int4_2l         | 21.6/21.8 | 27.5/26.1        | 14.5/14.7 | 8.2/9.6  | 11.8/13.2| 25.8/22.3           |
+
+    (K = 4096 and M = 1 unless noted.) So: int4_g64 early only on the wide config (N < MANY_ROWS); int4_2l early at
+    M = 1 with K = 4096, late at M = 2 and at K = 14336 (the boundary between is not measured: 8192 is taken). Why
+    the formats disagree is not profiled: their act_quant programs differ, and the 2l one grows with K."""
+    if fmt == "int4_g64":
+        return gemv_config(None, n) != DEFAULT_CONFIG
+    return m == 1 and k <= 8192
 
 
 def gemv_enabled() -> bool:
