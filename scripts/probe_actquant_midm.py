@@ -6,7 +6,11 @@ with a ~36 µs GEMM; the fused variant was slower at M = 17–32).
         [--variants default,v3,…] [--aq-only] [--fmt int4_2l] [--rank 0] [--f8]
 
 Also the FLUX sizes (session 11, ``scripts/gpu_actquant_large.sh``): ``--ms 4608 --ks 3072,12288`` with the v3 tile
-variants, rank 0 (what S costs) and ``--f8`` (the e4m3 operands the int4_g64 v2 layer asks for).
+variants, rank 0 (what S costs) and ``--f8`` (the e4m3 operands the int4_g64 v2 layer asks for), and the v3 S feeds
+(``act_quant(s_feed=...)``: ``v3:one`` sums the three A' pieces in one accumulator, 4–5 CTAs per SM instead of 3;
+``v3:one_tma`` also loads X by TMA in the int4_2l stats pass; ``v3:one:splitN`` re-sizes the K split for that
+occupancy — the default split 8 / 16 gives 576 / 1152 programs at M = 4608, K = 3072 / 12288 —, and ``v3:split5`` /
+``v3:split7`` are the default feed's controls).
 
 Per (M, K), in one process with cuBLAS bf16 at N = 4096 as the yardstick: act_quant alone with the default plan, v1
 at K splits 4 / 8 / 16 / 32 / 64, fused with the ticketed and the rank-split S, v3; the skinny GEMM alone (default
@@ -35,6 +39,11 @@ VARIANTS = {"default": {}, **{f"v1:split{s}": dict(variant="v1", split=s) for s 
             **{f"v3:bm{b}": dict(variant="v3", block_m=b) for b in (16, 32, 128)},
             **{f"v3:w{w}": dict(variant="v3", num_warps=w) for w in (2, 8)},
             **{f"v3:split{s}": dict(variant="v3", split=s) for s in (2, 4, 16, 32)}}
+# the v3 S feeds (act_quant.S_FEEDS; same q / scales, S to fp32 rounding) and the default feed's controls: split 7 (the
+# same split) and 5 (its 3 CTAs per SM in one wave at M = 4608): named in --variants, not run by default
+FEEDS = {**{f"v3:{f}": dict(variant="v3", s_feed=f) for f in ("one", "one_tma")},
+         **{f"v3:one:split{s}": dict(variant="v3", s_feed="one", split=s) for s in (7, 9, 14, 18)},
+         **{f"v3:split{s}": dict(variant="v3", split=s) for s in (5, 7)}}
 
 
 def main() -> int:
@@ -42,7 +51,7 @@ def main() -> int:
     ap.add_argument("--out", default=".")
     ap.add_argument("--ms", default="17,24,32,48,64")
     ap.add_argument("--ks", default="4096,14336")
-    ap.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated names from VARIANTS")
+    ap.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated names from VARIANTS / FEEDS")
     ap.add_argument("--aq-only", action="store_true", help="time act_quant only (no cuBLAS, GEMM or layer rows)")
     ap.add_argument("--fmt", default="int4_g64", choices=("int4_g64", "int4_2l"),
                     help="activation format (int4_2l: act_quant rows only, as --aq-only)")
@@ -75,7 +84,7 @@ def main() -> int:
             fmt = args.fmt
             want = act_quant(xs[0], smooth, down, 64, fmt, **out)
             for name in (v for v in args.variants.split(",") if v):
-                kw = {**VARIANTS[name], **out}
+                kw = {**{**VARIANTS, **FEEDS}[name], **out}
                 try:
                     got = act_quant(xs[0], smooth, down, 64, fmt, **kw)
                     same = torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])

@@ -723,3 +723,156 @@ def test_fused_early_deps_knob(monkeypatch):
                                 "K"), num_warps=4).ptx
     first_global = min(ptx.find(op) for op in ("ld.global", "st.global") if op in ptx)
     assert "griddepcontrol.launch_dependents" not in ptx and 0 < ptx.find("griddepcontrol.wait") < first_global
+
+
+# --- v3 S feed (opt-in A/B: act_quant(s_feed=...) / LOWRANK_GEMM_ACT_QUANT_S_FEED): the three A' pieces in ONE
+# accumulator ("one"), and X by TMA in the int4_2l stats pass ("one_tma"); x_q / scales / t as the default feed
+
+# ragged M (not a multiple of the 16-row test blocks), uneven K slices, G 64 / 128, r 0 / 16 / 32 / 64, and a bad
+# group in some slices (their exact redo) — the v3 cases of test_v3_poisoned_ragged_same_as_v2
+_FEED_CASES = [(37, 320, 64, 32, 3, "nan"), (21, 384, 128, 16, 2, "tiny"), (50, 192, 64, 0, 2, "none"),
+               (19, 256, 64, 64, 3, "inf_zero")]
+
+
+def _feed_inputs(m, k, g, r, bad):
+    x, smooth, down = _inputs(m, k, r, torch.bfloat16)   # the feed is bf16-only (fp16 X keeps "split")
+    if bad == "nan":
+        x[3, k - 5] = float("nan")
+    elif bad == "tiny":
+        x[4, :g] = (x[4, :g].float() * 2.0 ** -100).to(torch.bfloat16)
+    elif bad == "inf_zero":
+        x[2, 7] = float("inf")
+        x[9, g:2 * g] = 0
+    return x, smooth, down
+
+
+@pytest.mark.parametrize("fmt,out,feed", [("int4_g64", "packed", "one"), ("int4_g64", "f8", "one"),
+                                          ("int4_2l", "packed", "one"), ("int4_2l", "packed", "one_tma")])
+@pytest.mark.parametrize("m,k,g,r,split,bad", _FEED_CASES)
+def test_s_feed_same_bits_as_default(poisoned, fmt, out, feed, m, k, g, r, split, bad):
+    """Every output element written (poisoned buffers); x_q / x_scale bit-identical to the default feed (packed: to
+    the torch quantizer too); S of the finite rows vs float64 and within 1e-6 of the default's S (max-normalized;
+    under the interpreter the pieces are fp32, so there it is the same S), NaN on the NaN/Inf rows; repeat
+    bit-identical."""
+    x, smooth, down = _feed_inputs(m, k, g, r, bad)
+    kw = dict(variant="v3", split=split, block_m=16, out=out)
+    got = act_quant(x, smooth, down, g, fmt, s_feed=feed, **kw)
+    ref = act_quant(x, smooth, down, g, fmt, s_feed="split", **kw)
+    assert _same_bits(got[0], ref[0]) and _same_bits(got[1], ref[1])
+    if out == "packed":
+        _check_formats(fmt, got[0], got[1], x.float() / smooth.float(), g)
+    assert all(_same_bits(a, b) for a, b in zip(got, act_quant(x, smooth, down, g, fmt, s_feed=feed, **kw)))
+    rows = torch.isfinite(x.float()).all(1)
+    assert torch.isnan(got[2][~rows]).all() and not torch.isnan(got[2][rows]).any()
+    if r:
+        _check_lowrank(got[2][rows], x[rows], smooth, down)
+        d = (got[2][rows] - ref[2][rows]).abs().max() / ref[2][rows].abs().max()
+        assert d <= 1e-6, d
+
+
+def test_s_feed_unscaled_bf16_pieces(monkeypatch):
+    """The GPU MMAs read bf16 pieces (the interpreter gets fp32 ones: its bf16 dot is wrong), so their algebra is
+    checked here: the prep at SHIFT 0 ("one") splits A' = A/λ into three unscaled bf16 pieces with p1 + p2 + p3 = A'
+    to 2⁻²⁰ per element (the interpreter's bf16 cast truncates; round-to-nearest on the GPU: ~2⁻²⁴), as the scaled
+    pieces of "split" do, and S = Σ x·(p1 + p2 + p3) — the one-accumulator MMA chain, in float64 — matches float64."""
+    import lowrank_gemm.kernels.act_quant as aq
+    monkeypatch.setattr(aq, "_interpreting", lambda: False)   # bf16 pieces, as on the GPU
+    x, smooth, down = _inputs(9, 320, 23, torch.bfloat16)      # rank 23: BLOCK_R 32, the pad columns stay 0
+    ap = down.double().T / smooth.double()[:, None]            # [K, r]
+    _, p, shift = aq._prep(x, smooth, down, 23, 32, unscaled=True)
+    assert shift == 0 and p.dtype == torch.bfloat16 and p.shape == (3, 320, 32)
+    one = p.double().sum(0)
+    assert (one[:, 23:] == 0).all() and ((one[:, :23] - ap).abs() <= 2.0 ** -20 * ap.abs()).all()
+    _, p8, shift8 = aq._prep(x, smooth, down, 23, 32)
+    split = p8[0].double() + p8[1].double() * 2.0 ** -shift8 + p8[2].double() * 2.0 ** (-2 * shift8)
+    assert ((split[:, :23] - ap).abs() <= 2.0 ** -20 * ap.abs()).all()
+    s = x.double() @ one[:, :23]
+    ref = (x.double() / smooth.double()) @ down.double().T
+    assert ((s - ref).norm() / ref.norm()).item() < 1e-6
+
+
+def test_s_feed_knob_and_fallbacks(monkeypatch):
+    """s_feed: kwarg, else LOWRANK_GEMM_ACT_QUANT_S_FEED read per call, else "split"; "split" for fp16 X (unscaled
+    fp16 pieces would underflow), r = 0 and non-v3 variants; "one_tma" → "one" where X is not TMA-legal; a bad name
+    raises. Under the knob an fp16 call is the default bit for bit (S included)."""
+    import lowrank_gemm.kernels.act_quant as aq
+    x, smooth, down = _inputs(20, 192, 16, torch.bfloat16)
+    assert aq._s_feed(None, x, 16, "v3") == "split"
+    monkeypatch.setenv("LOWRANK_GEMM_ACT_QUANT_S_FEED", "one")
+    assert aq._s_feed(None, x, 16, "v3") == "one" and aq._s_feed("split", x, 16, "v3") == "split"
+    assert aq._s_feed("one", x.half(), 16, "v3") == "split"
+    assert aq._s_feed("one", x, 0, "v3") == "split" and aq._s_feed("one", x, 16, "v2") == "split"
+    odd = torch.empty(20 * 192 + 1, dtype=torch.bfloat16)[1:].view(20, 192).copy_(x)   # base 2 bytes off 16
+    assert aq._s_feed("one_tma", odd, 16, "v3") == "one" and aq._s_feed("one_tma", x, 16, "v3") == "one_tma"
+    with pytest.raises(ValueError, match="s_feed"):
+        act_quant(x, smooth, down, 64, "int4_g64", variant="v3", s_feed="wide")
+    xh = x.half()
+    kw = dict(variant="v3", split=2, block_m=16)
+    assert all(_same_bits(a, b) for a, b in zip(act_quant(xh, smooth, down, 64, "int4_2l", **kw),
+                                                act_quant(xh, smooth, down, 64, "int4_2l", s_feed="split", **kw)))
+    q, sc, s = act_quant(odd, smooth, down, 64, "int4_2l", s_feed="one_tma", **kw)   # the fallback runs
+    _check_formats("int4_2l", q, sc, x.float() / smooth.float(), 64)
+    _check_lowrank(s, x, smooth, down)
+
+
+def test_s_feed_sm90_one_accumulator(tmp_path):
+    """sm_90 at the FLUX plan (64 × 64 steps, 4 warps, r = 32, 2 stages): with ONE_ACC every wgmma of the K loop
+    accumulates into the same 16 registers (m64n32k16; the default feeds three), the int4_2l stats pass with X_TMA
+    loads X by TMA (cp.async.bulk.tensor.2d, mbarrier wait), no spills, and ptxas fits 4 CTAs per SM (≤ 128
+    registers; the default feed: 155–164, 3 CTAs)."""
+    import os
+    import re
+    import subprocess
+    import triton
+    from lowrank_gemm.kernels.aot import compile_sm90
+    common = dict(x_ptr="*bf16", stride_xm="i32", smooth_ptr="*bf16", rl_ptr="*fp32", p_ptr="*bf16", stride_pp="i32",
+                  sp_ptr="*fp32", stride_sps="i32", stride_spm="i32", M="i32", K="i32", R="i32", STEPS_PER_SLICE="i32")
+    al = ("x_ptr", "stride_xm", "smooth_ptr", "rl_ptr", "p_ptr", "stride_pp", "sp_ptr", "stride_spm")
+    cases = []
+    for f8 in (False, True):
+        sig = dict(common, q_ptr="*fp8e4nv" if f8 else "*u8", stride_qm="i32", sc_ptr="*fp32" if f8 else "*bf16",
+                   stride_sg="i32")
+        cases.append(("_act_quant_g_v3_kernel", sig, dict(G=64, BLOCK_M=64, BLOCK_R=32, HAS_LOWRANK=True,
+                                                          SCALE_BF16=True, SHIFT=0, EMU_FMA=False, F8=f8, ONE_ACC=True),
+                      al + ("q_ptr", "stride_qm", "sc_ptr")))
+    sig = dict(common, x_ptr="tensordesc<bf16[64, 64]>", ap_ptr="*fp32", stride_aps="i32")
+    cases.append(("_act_2l_stats_v3_kernel", sig, dict(BLOCK_M=64, BLOCK_K=64, BLOCK_R=32, HAS_LOWRANK=True, SHIFT=0,
+                                                       EMU_FMA=False, ONE_ACC=True, X_TMA=True), al))
+    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+    for i, (kernel, sig, ce, aligned) in enumerate(cases):
+        ptx = compile_sm90("lowrank_gemm.kernels.act_quant", kernel, sig, ce, aligned=aligned, num_warps=4,
+                           num_stages=2).ptx
+        accs = set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n32k16\.f32\.bf16\.bf16 (\{[^}]*\})", ptx))
+        assert len(accs) == 1, accs
+        if ce.get("X_TMA"):
+            assert "cp.async.bulk.tensor.2d" in ptx and "mbarrier.try_wait" in ptx
+        (tmp_path / f"{i}.ptx").write_text(ptx)
+        log = subprocess.run([ptxas, "-arch=sm_90a", "-v", str(tmp_path / f"{i}.ptx"), "-o",
+                              str(tmp_path / f"{i}.cubin")], capture_output=True, text=True).stderr
+        assert "0 bytes spill stores" in log, log
+        regs = int(re.search(r"Used (\d+) registers", log).group(1))
+        assert regs <= 128, (kernel, ce, regs)
+
+
+@pytest.mark.gpu
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("fmt,out,feed", [("int4_g64", "packed", "one"), ("int4_g64", "f8", "one"),
+                                          ("int4_2l", "packed", "one"), ("int4_2l", "packed", "one_tma")])
+@pytest.mark.parametrize("m,k", [(4608, 3072), (4608, 12288), (300, 3072)])
+def test_s_feed_gpu(fmt, out, feed, m, k):
+    """bf16, r = 32, FLUX sizes (and ragged M = 300): x_q / x_scale bit-identical to the default feed (packed: to the
+    torch quantizer), S vs float64 as the default's GPU test (2e-5) and within 1e-5 of the default's S
+    (max-normalized, the A/B probe's check), repeat bit-identical."""
+    dev = torch.device("cuda")
+    x = (torch.randn(m, k, device=dev) * torch.exp(torch.randn(k, device=dev) * 0.5)).to(torch.bfloat16)
+    smooth = (torch.rand(k, device=dev) + 0.5).to(torch.bfloat16)
+    down = (torch.randn(32, k, device=dev) * 0.02).to(torch.bfloat16)
+    got = act_quant(x, smooth, down, 64, fmt, out=out, variant="v3", s_feed=feed)
+    ref = act_quant(x, smooth, down, 64, fmt, out=out, variant="v3", s_feed="split")
+    assert _same_bits(got[0], ref[0]) and _same_bits(got[1], ref[1])
+    if out == "packed":
+        _check_formats(fmt, got[0], got[1], x.float() / smooth.float(), 64)
+    s64 = (x.double() / smooth.double()) @ down.double().T
+    assert ((got[2].double() - s64).norm() / s64.norm()).item() < 2e-5
+    assert ((got[2] - ref[2]).abs().max() / ref[2].abs().max()).item() < 1e-5
+    assert _same_bits(got[2], act_quant(x, smooth, down, 64, fmt, out=out, variant="v3", s_feed=feed)[2])

@@ -33,13 +33,16 @@ from typing import NamedTuple
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from .epilogue import rank_block
 from .pdl import gdc_launch_dependents, gdc_wait, pdl_enabled
 from .schedule import cdiv, num_sms
+from .tma import tma_ready
 from .w4_expand import act_f8_rows, e4m3_codes, expand_act_f8
 
-__all__ = ["act_quant", "plan_act_quant", "ActQuantPlan", "FORMATS", "OUTPUTS", "VARIANTS", "MAX_SPLIT", "SMALL_M"]
+__all__ = ["act_quant", "plan_act_quant", "ActQuantPlan", "FORMATS", "OUTPUTS", "VARIANTS", "MAX_SPLIT", "SMALL_M",
+           "S_FEEDS"]
 
 FORMATS = ("int4_g64", "int4_2l")
 _RNE_MAGIC = tl.constexpr(12582912.0)  # 1.5·2²³: adding and subtracting it rounds |v| < 2²² to the nearest even integer
@@ -412,6 +415,40 @@ def _store_s_pieces(acc1, acc2, acc3, sp_ptr, stride_sps, stride_spm, pid_k, off
              mask=(offs_m[:, None] < M) & (offs_r[None, :] < R))
 
 
+# --- S feed "one" (opt-in, act_quant(s_feed=...)): the three pieces into ONE accumulator ----------------------
+# Prepped with SHIFT = 0 (p1 = RN(A'), p2 = RN(A' − p1), p3 = RN(A' − p1 − p2), all unscaled: bf16 has fp32's
+# exponent range, so nothing underflows; fp16 pieces would, hence bf16 X only), S = Σ x·p1 + x·p2 + x·p3 chains
+# three MMAs on one [BM, BLOCK_R] fp32 accumulator instead of three: 32 fewer accumulator registers, S to fp32
+# rounding (3× as many accumulator roundings as today's p1 accumulator; not bit-identical to "split").
+# sm_90 (AOT, ptxas, FLUX plan: 64 × 64 steps, 4 warps, r = 32, bf16): v3 g64 packed 164 → 128 registers, e4m3
+# 159 → 128, 2l stats 155 → 96: 4 (g64) and 5 (stats) CTAs per SM instead of 3 (2 stages: 33 KB SMEM; at 3 stages
+# e4m3 stays at 153). The price: 5 wgmma waits per g64 step instead of 3 (2 instead of 1 in the stats pass).
+# Measured and dropped on the same ledger: X by TMA in the g64 pass (two [BM, 32] boxes: 139–168 registers, 18
+# λ / 1/λ loads and ~480 more PTX lines per step; one [BM, G] box split into the nibble halves in registers: 168–255
+# registers, ~40 more ld.shared), and the pieces side by side as one [BK, 4·BLOCK_R] operand (one N = 128 wgmma
+# per K chunk, but a 64-register accumulator: 147–227 registers). The default feed's X already arrives by
+# cp.async and the wgmma reads it from shared memory (the quantizer too, 4 ld.shared per step): there is no
+# register round trip to remove; what S costs there is occupancy (3 CTAs per SM: 576 programs at K = 3072 are
+# 1.45 waves) and a wgmma wait per accumulator per step.
+S_FEEDS = ("split", "one", "one_tma")
+
+
+@triton.jit
+def _down_one(acc, x, p_ptr, stride_pp, offs_k, offs_r, BLOCK_R: tl.constexpr):
+    """acc [BM, BLOCK_R] += x [BM, BK] · (p1 + p2 + p3)[offs_k, :] with the unscaled pieces (SHIFT = 0)."""
+    xm = x.to(p_ptr.dtype.element_ty)
+    src = p_ptr + offs_k[:, None] * BLOCK_R + offs_r[None, :]
+    acc = tl.dot(xm, tl.load(src), acc, input_precision="ieee")
+    acc = tl.dot(xm, tl.load(src + stride_pp), acc, input_precision="ieee")
+    return tl.dot(xm, tl.load(src + 2 * stride_pp), acc, input_precision="ieee")
+
+
+@triton.jit
+def _store_s(s, sp_ptr, stride_sps, stride_spm, pid_k, offs_m, offs_r, M, R):
+    tl.store(sp_ptr + pid_k * stride_sps + offs_m[:, None] * stride_spm + offs_r[None, :], s,
+             mask=(offs_m[:, None] < M) & (offs_r[None, :] < R))
+
+
 @triton.jit
 def _smooth_fast(x, lam_ptrs, rl_ptrs, EMU_FMA: tl.constexpr):
     """(λ [1, C] fp32, x/λ) for x [BM, C] with λ and RN(1/λ) (prep kernel) at ``lam_ptrs`` / ``rl_ptrs`` [C]: one
@@ -595,10 +632,12 @@ def _act_quant_g_v3_kernel(
     sp_ptr, stride_sps, stride_spm, M, K, R, STEPS_PER_SLICE,
     G: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr, HAS_LOWRANK: tl.constexpr,
     SCALE_BF16: tl.constexpr, SHIFT: tl.constexpr, EMU_FMA: tl.constexpr, F8: tl.constexpr = False,
+    ONE_ACC: tl.constexpr = False,
 ):
     """v3 of :func:`_act_quant_g_v2_kernel` (same arguments, same bits): fast path only in the loop, the
     exact redo of the slice after it when any of its (row, group) scales left the fast range.
-    F8: q / sc are the e4m3 operands x8 [M, K] / xab [K/G, 2, M] instead (:func:`_store_g64`)."""
+    F8: q / sc are the e4m3 operands x8 [M, K] / xab [K/G, 2, M] instead (:func:`_store_g64`).
+    ONE_ACC: S from unscaled pieces into one accumulator (:func:`_down_one`; same q / scales)."""
     HALF: tl.constexpr = G // 2
     LO: tl.constexpr = _FAST_LO if SCALE_BF16 else _FAST_LO_F16
     HI: tl.constexpr = _FAST_HI if SCALE_BF16 else _FAST_HI_F16
@@ -619,7 +658,10 @@ def _act_quant_g_v3_kernel(
         k_lo = k0 + k_off
         x_lo = tl.load(x_ptr + offs_m[:, None] * stride_xm + k_lo[None, :], mask=row_ok[:, None], other=0.0)
         x_hi = tl.load(x_ptr + offs_m[:, None] * stride_xm + (k_lo + 32)[None, :], mask=row_ok[:, None], other=0.0)
-        if HAS_LOWRANK:
+        if HAS_LOWRANK and ONE_ACC:
+            acc1 = _down_one(acc1, x_lo, p_ptr, stride_pp, k_lo, offs_r, BLOCK_R)
+            acc1 = _down_one(acc1, x_hi, p_ptr, stride_pp, k_lo + 32, offs_r, BLOCK_R)
+        elif HAS_LOWRANK:
             acc1, acc2, acc3 = _down_pieces(acc1, acc2, acc3, x_lo, p_ptr, stride_pp, k_lo, offs_r, BLOCK_R)
             acc1, acc2, acc3 = _down_pieces(acc1, acc2, acc3, x_hi, p_ptr, stride_pp, k_lo + 32, offs_r, BLOCK_R)
         _, xs_lo = _smooth_fast(x_lo, smooth_ptr + k_lo, rl_ptr + k_lo, EMU_FMA)
@@ -632,7 +674,9 @@ def _act_quant_g_v3_kernel(
         q_lo, q_hi = _g64_fast_codes(xs_lo, xs_hi, scale, tl.math.div_rn(1.0, tl.where(ok, scale, 1.0)), EMU_FMA)
         _store_g64(q_ptr, stride_qm, sc_ptr, stride_sg, q_lo, q_hi, scale, offs_m, k_lo, k0 // 2 + col,
                    k0 // G + tl.arange(0, 1), row_ok[:, None], row_ok[:, None], M, BLOCK_M, 1, HALF, SCALE_BF16, F8)
-    if HAS_LOWRANK:
+    if HAS_LOWRANK and ONE_ACC:
+        _store_s(acc1, sp_ptr, stride_sps, stride_spm, pid_k, offs_m, offs_r, M, R)
+    elif HAS_LOWRANK:
         _store_s_pieces(acc1, acc2, acc3, sp_ptr, stride_sps, stride_spm, pid_k, offs_m, offs_r, M, R, SHIFT)
     if tl.max(tl.max(n_bad, axis=1), axis=0) > 0:  # rare: NaN/Inf, zero or extreme groups, λ out of range
         tl.debug_barrier()
@@ -647,12 +691,15 @@ def _act_2l_stats_v3_kernel(
     x_ptr, stride_xm, smooth_ptr, rl_ptr, p_ptr, stride_pp, sp_ptr, stride_sps, stride_spm, ap_ptr, stride_aps,
     M, K, R, STEPS_PER_SLICE,
     BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr, HAS_LOWRANK: tl.constexpr,
-    SHIFT: tl.constexpr, EMU_FMA: tl.constexpr,
+    SHIFT: tl.constexpr, EMU_FMA: tl.constexpr, ONE_ACC: tl.constexpr = False, X_TMA: tl.constexpr = False,
 ):
     """v3 of :func:`_act_2l_stats_v2_kernel`: fast row maxima in the loop; if any step's maximum left
-    [2⁻⁶⁰, 2⁶⁰] (or was NaN), the slice's absmax is recomputed exactly after it (max is order-free: same bits)."""
+    [2⁻⁶⁰, 2⁶⁰] (or was NaN), the slice's absmax is recomputed exactly after it (max is order-free: same bits).
+    ONE_ACC: S from unscaled pieces into one accumulator (:func:`_down_one`). X_TMA (with ONE_ACC): ``x_ptr`` is
+    a TMA descriptor of X, box [BLOCK_M, BLOCK_K] (rows ≥ M read as 0, as the masked loads do); same absmax bits."""
     pid_k = tl.program_id(1)
-    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    m0 = tl.program_id(0) * BLOCK_M
+    offs_m = m0 + tl.arange(0, BLOCK_M)
     offs_r = tl.arange(0, BLOCK_R)
     offs_k = tl.max_contiguous(tl.multiple_of(tl.arange(0, BLOCK_K), BLOCK_K), BLOCK_K)
     row_ok = offs_m < M
@@ -664,8 +711,14 @@ def _act_2l_stats_v3_kernel(
     amax = tl.zeros((BLOCK_M,), tl.float32)
     n_bad = tl.zeros((BLOCK_M,), tl.int32)
     for k0 in range(k_begin, k_end, BLOCK_K):
-        x = tl.load(x_ptr + offs_m[:, None] * stride_xm + (k0 + offs_k)[None, :], mask=row_ok[:, None], other=0.0)
-        if HAS_LOWRANK:
+        if X_TMA:
+            x = x_ptr.load([m0, k0])
+        else:
+            x = tl.load(x_ptr + offs_m[:, None] * stride_xm + (k0 + offs_k)[None, :], mask=row_ok[:, None],
+                        other=0.0)
+        if HAS_LOWRANK and ONE_ACC:
+            acc1 = _down_one(acc1, x, p_ptr, stride_pp, k0 + offs_k, offs_r, BLOCK_R)
+        elif HAS_LOWRANK:
             acc1, acc2, acc3 = _down_pieces(acc1, acc2, acc3, x, p_ptr, stride_pp, k0 + offs_k, offs_r, BLOCK_R)
         _, xs = _smooth_fast(x, smooth_ptr + k0 + offs_k, rl_ptr + k0 + offs_k, EMU_FMA)
         m = _row_absmax_nan(xs, xs)
@@ -675,12 +728,18 @@ def _act_2l_stats_v3_kernel(
         amax = tl.zeros((BLOCK_M,), tl.float32)
         n_nan = tl.zeros((BLOCK_M,), tl.int32)
         for k0 in range(k_begin, k_end, BLOCK_K):
-            xs = _smoothed(x_ptr, stride_xm, smooth_ptr, offs_m, k0 + offs_k, M)
+            if X_TMA:
+                xs = tl.math.div_rn(x_ptr.load([m0, k0]).to(tl.float32),
+                                    tl.load(smooth_ptr + k0 + offs_k).to(tl.float32)[None, :])
+            else:
+                xs = _smoothed(x_ptr, stride_xm, smooth_ptr, offs_m, k0 + offs_k, M)
             amax = tl.maximum(amax, tl.max(tl.abs(xs), axis=1))
             n_nan += tl.sum((xs != xs).to(tl.int32), axis=1)
         amax = tl.where(n_nan > 0, float("nan"), amax)
     tl.store(ap_ptr + pid_k * stride_aps + offs_m, amax, mask=row_ok)
-    if HAS_LOWRANK:
+    if HAS_LOWRANK and ONE_ACC:
+        _store_s(acc1, sp_ptr, stride_sps, stride_spm, pid_k, offs_m, offs_r, M, R)
+    elif HAS_LOWRANK:
         _store_s_pieces(acc1, acc2, acc3, sp_ptr, stride_sps, stride_spm, pid_k, offs_m, offs_r, M, R, SHIFT)
 
 
@@ -1218,18 +1277,37 @@ def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
-def _prep(x, smooth, lora_down, r: int, br: int):
-    """v2 prep launch: RN(1/λ) [K] fp32 and the A'ᵀ pieces [3, K, BLOCK_R] (or a 1-element dummy)."""
+def _prep(x, smooth, lora_down, r: int, br: int, unscaled: bool = False):
+    """v2 prep launch: RN(1/λ) [K] fp32 and the A'ᵀ pieces [3, K, BLOCK_R] (or a 1-element dummy); ``unscaled``
+    (S feed "one"): the pieces at SHIFT 0, summed by the MMAs into one accumulator."""
     k = x.shape[1]
     # the MMA reads X as it is; the interpreter's bf16 dot is wrong, so there the pieces are fp32
     pdt = torch.float32 if (x.dtype == torch.bfloat16 and _interpreting()) else x.dtype
+    shift = 0 if unscaled else _PIECE_SHIFT[pdt]
     rl = torch.empty((k,), device=x.device, dtype=torch.float32)
     pieces = torch.empty((3, k, br) if r else (1, 1, 1), device=x.device, dtype=pdt)
     a = lora_down if r else smooth
     bk = 128
     _prep_kernel[(cdiv(k, bk),)](smooth, a, a.stride(0) if r else 0, rl, pieces, pieces.stride(0), k, r,
-                                 SHIFT=_PIECE_SHIFT[pdt], BLOCK_K=bk, BLOCK_R=br, HAS_LOWRANK=r > 0, num_warps=4)
-    return rl, pieces, _PIECE_SHIFT[pdt]
+                                 SHIFT=shift, BLOCK_K=bk, BLOCK_R=br, HAS_LOWRANK=r > 0, num_warps=4)
+    return rl, pieces, shift
+
+
+# S feed of the v3 first passes (opt-in A/B; S_FEEDS and the ledger: see _down_one): act_quant(s_feed=...), else
+# LOWRANK_GEMM_ACT_QUANT_S_FEED=split|one|one_tma read per call (unset: split, today's three scaled accumulators).
+# "one": one accumulator, 2 stages; "one_tma": the same, and X by TMA in the int4_2l stats pass (the g64 pass stays
+# "one"). Applies to v3 with r > 0 and bf16 X only ("split" elsewhere: unscaled fp16 pieces would underflow);
+# "one_tma" falls back to "one" where X is not TMA-legal (tma.tma_ready). Same x_q / scales / t bits as "split".
+S_FEED_STAGES = 2
+
+
+def _s_feed(s_feed: str | None, x: torch.Tensor, r: int, variant: str) -> str:
+    feed = s_feed or os.environ.get("LOWRANK_GEMM_ACT_QUANT_S_FEED", "").strip() or "split"
+    if feed not in S_FEEDS:
+        raise ValueError(f"act_quant: s_feed (LOWRANK_GEMM_ACT_QUANT_S_FEED) must be one of {S_FEEDS}, got {feed!r}")
+    if variant != "v3" or r == 0 or x.dtype != torch.bfloat16:
+        return "split"
+    return "one" if feed == "one_tma" and not tma_ready(x) else feed
 
 
 OUTPUTS = ("packed", "f8")
@@ -1252,7 +1330,8 @@ def act_quant(x: torch.Tensor, smooth: torch.Tensor, lora_down: torch.Tensor, gr
               split: int | None = None, block_m: int | None = None, block_k: int | None = None,
               num_warps: int | None = None, variant: str | None = None, quant_rows: int | None = None,
               quant_cols: int | None = None, s_rows: int | None = None, s_ranks: int | None = None,
-              loads_first: bool | None = None, early_launch: bool | None = None, _slice_rot: int = 0):
+              loads_first: bool | None = None, early_launch: bool | None = None, s_feed: str | None = None,
+              _slice_rot: int = 0):
     """Quantize ``x`` [M, K] (bf16/fp16, contiguous rows) after dividing by ``smooth`` [K].
 
     Returns ``(x_q, x_scale, lowrank_act)``:
@@ -1272,6 +1351,9 @@ def act_quant(x: torch.Tensor, smooth: torch.Tensor, lora_down: torch.Tensor, gr
     programs and the g64 quant units issue all their loads before the first use (same bits).
     ``early_launch`` (fused, with PDL; None: on): the next kernel may launch as the programs start rather than as
     they exit (env ``LOWRANK_GEMM_ACT_QUANT_EARLY_DEPS`` overrides; same bits either way).
+    ``s_feed`` (v3, r > 0, bf16 X; None: ``LOWRANK_GEMM_ACT_QUANT_S_FEED``, default ``"split"``): how the first
+    passes compute S — ``"one"`` / ``"one_tma"`` sum the three A' pieces in one accumulator (:data:`S_FEEDS`; same
+    x_q / x_scale bits, S to fp32 rounding but not bit-identical to ``"split"``).
     ``_slice_rot`` (tests only) rotates which fused program owns which slice (ticket mode).
     Launches: fused one; v1/v2 g64 one kernel, 2l two passes (+ v2's prep, + the S reduce when split > 1).
     The fused kernel is launched with programmatic dependent launch when ``pdl.pdl_enabled`` (off by default).
@@ -1311,7 +1393,7 @@ def act_quant(x: torch.Tensor, smooth: torch.Tensor, lora_down: torch.Tensor, gr
     spst = sp.stride(0) if sp.dim() == 3 else 0
     if variant in ("v2", "v3"):
         return _act_quant_v2(x, smooth, lora_down, group_size, fmt, scale_dtype, lowrank_act, sp, spst,
-                             grid, bm, nsplit, sps, warps, br, variant == "v3", f8)
+                             grid, bm, nsplit, sps, warps, br, variant == "v3", f8, _s_feed(s_feed, x, r, variant))
     if fmt == "int4_g64":
         x_q, x_scale = _g64_outputs(m, k, group_size, dev, scale_dtype, f8)
         _act_quant_g_kernel[grid](x, x.stride(0), smooth, x_q, x_q.stride(0), x_scale, x_scale.stride(0),
@@ -1343,32 +1425,36 @@ def _sum_partials(sp, lowrank_act, nsplit: int, br: int) -> None:
 
 
 def _act_quant_v2(x, smooth, lora_down, group_size, fmt, scale_dtype, lowrank_act, sp, spst, grid, bm,
-                  nsplit, sps, warps, br, v3=False, f8=False):
+                  nsplit, sps, warps, br, v3=False, f8=False, feed="split"):
     """v2 / v3 launches (same arguments): prep (1/λ, A'ᵀ pieces), then g64 one kernel / 2l two passes,
-    then the S reduce. ``f8``: v3 only (the e4m3 outputs)."""
+    then the S reduce. ``f8``: v3 only (the e4m3 outputs); ``feed``: v3 only (:func:`_s_feed`)."""
     g_kernel = _act_quant_g_v3_kernel if v3 else _act_quant_g_v2_kernel
     stats_kernel = _act_2l_stats_v3_kernel if v3 else _act_2l_stats_v2_kernel
     quant_kernel = _act_2l_quant_v3_kernel if v3 else _act_2l_quant_v2_kernel
     m, k = x.shape
     r = lora_down.shape[0]
     dev = x.device
-    rl, pieces, shift = _prep(x, smooth, lora_down, r, br)
+    rl, pieces, shift = _prep(x, smooth, lora_down, r, br, unscaled=feed != "split")
     emu = _interpreting()
+    one = dict(ONE_ACC=True, num_stages=S_FEED_STAGES) if feed != "split" else {}
     if fmt == "int4_g64":
         x_q, x_scale = _g64_outputs(m, k, group_size, dev, scale_dtype, f8)
         g_kernel[grid](x, x.stride(0), smooth, rl, x_q, x_q.stride(0), x_scale, x_scale.stride(0),
                        pieces, pieces.stride(0), sp, spst, max(r, 1), m, k, r, sps,
                        G=group_size, BLOCK_M=bm, BLOCK_R=br, HAS_LOWRANK=r > 0,
                        SCALE_BF16=scale_dtype == torch.bfloat16, SHIFT=shift, EMU_FMA=emu,
-                       **({"F8": True} if f8 else {}), num_warps=warps)  # f8: v3 only (act_quant)
+                       **({"F8": True} if f8 else {}), **one, num_warps=warps)  # f8: v3 only (act_quant)
     else:
         x_q = torch.empty((m, k), device=dev, dtype=torch.int8)
         x_scale = torch.empty((m,), device=dev, dtype=torch.float32)
         amax_part = torch.empty((nsplit, m), device=dev, dtype=torch.float32)
-        stats_kernel[grid](x, x.stride(0), smooth, rl, pieces, pieces.stride(0), sp, spst, max(r, 1),
+        tma = feed == "one_tma"
+        x_arg = TensorDescriptor.from_tensor(x, [bm, group_size]) if tma else x
+        stats_kernel[grid](x_arg, x.stride(0), smooth, rl, pieces, pieces.stride(0), sp, spst, max(r, 1),
                                       amax_part, amax_part.stride(0), m, k, r, sps,
                                       BLOCK_M=bm, BLOCK_K=group_size, BLOCK_R=br, HAS_LOWRANK=r > 0,
-                                      SHIFT=shift, EMU_FMA=emu, num_warps=warps)
+                                      SHIFT=shift, EMU_FMA=emu, **one, **({"X_TMA": True} if tma else {}),
+                                      num_warps=warps)
         quant_kernel[grid](x, x.stride(0), smooth, rl, x_q, x_q.stride(0), x_scale,
                                       amax_part, amax_part.stride(0), m, k, nsplit, sps,
                                       G=group_size, BLOCK_M=bm, SPLIT_P2=triton.next_power_of_2(nsplit),
