@@ -56,7 +56,9 @@ def _ops(names):
         bank_b = torch.randn(4, 4096, 16, device=dev, dtype=bf) * 0.02
         x4 = torch.randn(4, k, device=dev, dtype=bf)
         ids = torch.tensor([0, 1, 2, -1], device=dev, dtype=torch.int32)
-        out["multilora"] = lambda: multi_lora_linear(x4, w, bank_a, bank_b, adapter_ids=ids)
+        ranks = torch.full((4, ), 16, device=dev, dtype=torch.int32)
+        scales = torch.ones(4, device=dev, dtype=torch.float32)
+        out["multilora"] = lambda: multi_lora_linear(x4, w, bank_a, bank_b, ranks, scales, ids)
     return out
 
 
@@ -69,10 +71,15 @@ def main() -> int:
     args = ap.parse_args()
     ops = _ops(args.ops.split(","))
     report = io.StringIO()
-    for name, fn in ops.items():
-        for _ in range(20):
-            fn()
-        torch.cuda.synchronize()
+    for name, fn in list(ops.items()):
+        try:
+            for _ in range(20):
+                fn()
+            torch.cuda.synchronize()
+        except Exception as exc:       # one broken op is reported, the others still measured
+            print(f"{name}: FAILED {type(exc).__name__}: {exc}"[:300], file=report, flush=True)
+            del ops[name]
+            continue
         t = 0.0
         for i in range(args.calls):
             t0 = time.perf_counter()
@@ -81,6 +88,7 @@ def main() -> int:
             if i % 20 == 19:
                 torch.cuda.synchronize()
         print(f"{name}: host {1e6 * t / args.calls:.1f} µs per call", file=report, flush=True)
+        print(report.getvalue().splitlines()[-1], flush=True)
     for name, fn in ops.items():
         if name.startswith("cublas"):
             continue

@@ -792,11 +792,14 @@ def test_s_feed_unscaled_bf16_pieces(monkeypatch):
 
 
 def test_s_feed_knob_and_fallbacks(monkeypatch):
-    """s_feed: kwarg, else LOWRANK_GEMM_ACT_QUANT_S_FEED read per call, else "split"; "split" for fp16 X (unscaled
-    fp16 pieces would underflow), r = 0 and non-v3 variants; "one_tma" → "one" where X is not TMA-legal; a bad name
-    raises. Under the knob an fp16 call is the default bit for bit (S included)."""
+    """s_feed: kwarg, else LOWRANK_GEMM_ACT_QUANT_S_FEED read per call, else "one" at r ≤ 32 and "split" above;
+    "split" for fp16 X (unscaled fp16 pieces would underflow), r = 0 and non-v3 variants; "one_tma" → "one" where X
+    is not TMA-legal; a bad name raises. Under the knob an fp16 call is the default bit for bit (S included)."""
     import lowrank_gemm.kernels.act_quant as aq
     x, smooth, down = _inputs(20, 192, 16, torch.bfloat16)
+    assert aq._s_feed(None, x, 16, "v3") == "one" and aq._s_feed(None, x, 32, "v3") == "one"
+    assert aq._s_feed(None, x, 64, "v3") == "split"
+    monkeypatch.setenv("LOWRANK_GEMM_ACT_QUANT_S_FEED", "split")
     assert aq._s_feed(None, x, 16, "v3") == "split"
     monkeypatch.setenv("LOWRANK_GEMM_ACT_QUANT_S_FEED", "one")
     assert aq._s_feed(None, x, 16, "v3") == "one" and aq._s_feed("split", x, 16, "v3") == "split"
@@ -876,3 +879,24 @@ def test_s_feed_gpu(fmt, out, feed, m, k):
     assert ((got[2].double() - s64).norm() / s64.norm()).item() < 2e-5
     assert ((got[2] - ref[2]).abs().max() / ref[2].abs().max()).item() < 1e-5
     assert _same_bits(got[2], act_quant(x, smooth, down, 64, fmt, out=out, variant="v3", s_feed=feed)[2])
+
+
+def test_s_feed_one_sizes_the_split_for_one_wave(monkeypatch):
+    """The default "one" feed re-plans v3's K split for one wave at its occupancy (⌊CTAs/SM · SMs / row blocks⌋, the
+    measured optimum at M = 4608: g64 7, 2l 9 on 132 SMs); an explicit ``split`` or the "split" feed keeps the
+    plan's."""
+    import lowrank_gemm.kernels.act_quant as aq
+    dev = torch.device("cuda")
+    monkeypatch.setattr(aq, "num_sms", lambda device: 132)
+    assert aq._one_wave_split(4608, 64, "int4_g64", dev) == 7 and aq._one_wave_split(4608, 64, "int4_2l", dev) == 9
+    assert aq.plan_act_quant(4608, 3072, 64, dev, fmt="int4_g64").split == 8        # the default feed-free plan
+    seen = []
+    real = aq._act_quant_v2
+    monkeypatch.setattr(aq, "_act_quant_v2", lambda *a: seen.append((a[10], a[11], a[-1])) or real(*a))
+    x, smooth, down = _inputs(300, 384, 16, torch.bfloat16)
+    monkeypatch.setattr(aq, "_one_wave_split", lambda m, bm, fmt, device: 3)
+    act_quant(x, smooth, down, 64, "int4_g64", variant="v3")
+    act_quant(x, smooth, down, 64, "int4_g64", variant="v3", split=2)
+    act_quant(x, smooth, down, 64, "int4_g64", variant="v3", s_feed="split")
+    want_default = aq.plan_act_quant(300, 384, 64, x.device, variant="v3").split
+    assert [(nsplit, feed) for _, nsplit, feed in seen] == [(3, "one"), (2, "one"), (want_default, "split")]

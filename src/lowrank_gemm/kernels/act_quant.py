@@ -1293,21 +1293,39 @@ def _prep(x, smooth, lora_down, r: int, br: int, unscaled: bool = False):
     return rl, pieces, shift
 
 
-# S feed of the v3 first passes (opt-in A/B; S_FEEDS and the ledger: see _down_one): act_quant(s_feed=...), else
-# LOWRANK_GEMM_ACT_QUANT_S_FEED=split|one|one_tma read per call (unset: split, today's three scaled accumulators).
-# "one": one accumulator, 2 stages; "one_tma": the same, and X by TMA in the int4_2l stats pass (the g64 pass stays
-# "one"). Applies to v3 with r > 0 and bf16 X only ("split" elsewhere: unscaled fp16 pieces would underflow);
-# "one_tma" falls back to "one" where X is not TMA-legal (tma.tma_ready). Same x_q / scales / t bits as "split".
+# S feed of the v3 first passes (S_FEEDS and the ledger: see _down_one): act_quant(s_feed=...), else
+# LOWRANK_GEMM_ACT_QUANT_S_FEED=split|one|one_tma read per call, else "one" at rank ≤ S_FEED_ONE_MAX_RANK (the ranks
+# whose ledger was checked: r = 16 / 32) and "split" above. "one": one accumulator, 2 stages, and the K split sized
+# for ONE wave at the feed's occupancy (:func:`_one_wave_split`); "one_tma": the same, and X by TMA in the int4_2l
+# stats pass (the g64 pass stays "one"). Applies to v3 with r > 0 and bf16 X only ("split" elsewhere: unscaled fp16
+# pieces would underflow); "one_tma" falls back to "one" where X is not TMA-legal (tma.tma_ready). Same x_q / scales
+# / t bits as "split"; S to fp32 rounding, not bit-identical to "split".
+# H200, act_quant alone at M = 4608, rank 32, graph µs, split → one at the one-wave split (probes/s12/aq_feed,
+# 3724c3a): int4_g64 e4m3 K = 3072 42.4 → 36.0, K = 12288 110.2 → 105.3; packed 37.0 → 32.4, 92.6 → 90.1; int4_2l
+# 49.0 → 44.7, 132.3 → 122.9. "one" at the default split was level or slower for g64 (42.9, 117.5, 38.3, 101.6:
+# still more programs than slots) and −4 / −1 µs for 2l; "one_tma" within 1.5 µs of "one" (not routed).
 S_FEED_STAGES = 2
+S_FEED_ONE_MAX_RANK = 32
+# CTAs per SM of the "one" first passes at r ≤ 32 (sm_90 ledger: g64 124–128 registers → 4, 2l stats 91–96 → 5)
+_ONE_FEED_CTAS = {"int4_g64": 4, "int4_2l": 5}
 
 
 def _s_feed(s_feed: str | None, x: torch.Tensor, r: int, variant: str) -> str:
-    feed = s_feed or os.environ.get("LOWRANK_GEMM_ACT_QUANT_S_FEED", "").strip() or "split"
+    feed = s_feed or os.environ.get("LOWRANK_GEMM_ACT_QUANT_S_FEED", "").strip() or (
+        "one" if r <= S_FEED_ONE_MAX_RANK else "split")
     if feed not in S_FEEDS:
         raise ValueError(f"act_quant: s_feed (LOWRANK_GEMM_ACT_QUANT_S_FEED) must be one of {S_FEEDS}, got {feed!r}")
     if variant != "v3" or r == 0 or x.dtype != torch.bfloat16:
         return "split"
     return "one" if feed == "one_tma" and not tma_ready(x) else feed
+
+
+def _one_wave_split(m: int, block_m: int, fmt: str, device) -> int:
+    """K slices per row block so that every program of the "one" feed is resident at once: ⌊slots / row blocks⌋
+    (the measured optimum at M = 4608: g64 split 7 at 4 CTAs per SM, 2l split 8 / 9 at 5; more slices than slots
+    ran a second partial wave, K = 3072 g64: 42.9 vs 36.0 µs)."""
+    sms = num_sms(device) if device is not None and device.type == "cuda" else 8
+    return max(1, _ONE_FEED_CTAS[fmt] * sms // cdiv(m, block_m))
 
 
 OUTPUTS = ("packed", "f8")
@@ -1351,9 +1369,10 @@ def act_quant(x: torch.Tensor, smooth: torch.Tensor, lora_down: torch.Tensor, gr
     programs and the g64 quant units issue all their loads before the first use (same bits).
     ``early_launch`` (fused, with PDL; None: on): the next kernel may launch as the programs start rather than as
     they exit (env ``LOWRANK_GEMM_ACT_QUANT_EARLY_DEPS`` overrides; same bits either way).
-    ``s_feed`` (v3, r > 0, bf16 X; None: ``LOWRANK_GEMM_ACT_QUANT_S_FEED``, default ``"split"``): how the first
-    passes compute S — ``"one"`` / ``"one_tma"`` sum the three A' pieces in one accumulator (:data:`S_FEEDS`; same
-    x_q / x_scale bits, S to fp32 rounding but not bit-identical to ``"split"``).
+    ``s_feed`` (v3, r > 0, bf16 X; None: ``LOWRANK_GEMM_ACT_QUANT_S_FEED``, else ``"one"`` at r ≤ 32 and
+    ``"split"`` above): how the first passes compute S — ``"one"`` / ``"one_tma"`` sum the three A' pieces in one
+    accumulator, with the K split sized for one wave unless ``split`` is given (:data:`S_FEEDS`; same x_q / x_scale
+    bits, S to fp32 rounding but not bit-identical to ``"split"``).
     ``_slice_rot`` (tests only) rotates which fused program owns which slice (ticket mode).
     Launches: fused one; v1/v2 g64 one kernel, 2l two passes (+ v2's prep, + the S reduce when split > 1).
     The fused kernel is launched with programmatic dependent launch when ``pdl.pdl_enabled`` (off by default).
@@ -1392,8 +1411,16 @@ def act_quant(x: torch.Tensor, smooth: torch.Tensor, lora_down: torch.Tensor, gr
     sp = lowrank_act if (nsplit == 1 or r == 0) else torch.empty((nsplit, m, r), device=dev, dtype=torch.float32)
     spst = sp.stride(0) if sp.dim() == 3 else 0
     if variant in ("v2", "v3"):
+        feed = _s_feed(s_feed, x, r, variant)
+        if feed != "split" and split is None:      # the feed's occupancy sizes the K split (one wave)
+            plan = plan_act_quant(m, k, group_size, dev, _one_wave_split(m, bm, fmt, dev), block_m, block_k,
+                                  num_warps, variant, fmt=fmt, rank=r)
+            bm, bk, nsplit, sps, warps, variant = plan[:6]
+            grid = (cdiv(m, bm), nsplit)
+            sp = lowrank_act if nsplit == 1 else torch.empty((nsplit, m, r), device=dev, dtype=torch.float32)
+            spst = sp.stride(0) if sp.dim() == 3 else 0
         return _act_quant_v2(x, smooth, lora_down, group_size, fmt, scale_dtype, lowrank_act, sp, spst,
-                             grid, bm, nsplit, sps, warps, br, variant == "v3", f8, _s_feed(s_feed, x, r, variant))
+                             grid, bm, nsplit, sps, warps, br, variant == "v3", f8, feed)
     if fmt == "int4_g64":
         x_q, x_scale = _g64_outputs(m, k, group_size, dev, scale_dtype, f8)
         _act_quant_g_kernel[grid](x, x.stride(0), smooth, x_q, x_q.stride(0), x_scale, x_scale.stride(0),
