@@ -61,6 +61,7 @@ from ..plan.smem import SmemLedger, SmemTerm, barrier_bytes, solve_stages, tile_
 from ..plan.tuned import TUNED_DIR, tuned_file
 from .act_quant import FORMATS, act_quant
 from .int4_unpack import SWAR_DEFAULT, unpack_hi, unpack_lo
+from .lora_gemm import _direct_ok
 from .w4_expand import expand_w4
 from .epilogue import add_bias, affine, lowrank_up, rank_block, store_tile
 from .schedule import cdiv, grouped_tile, persistent_grid
@@ -1035,6 +1036,14 @@ def _w4a4_gemm_op(x_q: torch.Tensor, x_scale: torch.Tensor, w_q: torch.Tensor, w
                   w_mul: Optional[torch.Tensor], lowrank_act: Optional[torch.Tensor],
                   lora_up: Optional[torch.Tensor], bias: Optional[torch.Tensor], group_size: int, fmt: str,
                   out_dtype: torch.dtype, impl: str) -> torch.Tensor:
+    return _w4a4_gemm_impl(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, group_size, fmt, out_dtype,
+                           impl)
+
+
+def _w4a4_gemm_impl(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, group_size: int, fmt: str,
+                    out_dtype: torch.dtype, impl: str) -> torch.Tensor:
+    """The GEMM op's body (validate, route, launch); eager calls on plain tensors run it without the custom-op
+    dispatch (:func:`lora_gemm._direct_ok`)."""
     m, n, k, r = check_gemm_args(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, group_size, fmt)
     out = torch.empty((m, n), device=x_q.device, dtype=out_dtype)
     if m == 0:
@@ -1081,8 +1090,8 @@ def w4a4_gemm(x_q: torch.Tensor, x_scale: torch.Tensor, w_q: torch.Tensor, w_sca
     """
     _expect(out_dtype in (torch.bfloat16, torch.float16, torch.float32),
             f"out_dtype must be bf16, fp16 or fp32, got {out_dtype}")
-    return _w4a4_gemm_op(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, group_size, fmt,
-                         out_dtype, impl)
+    op = _w4a4_gemm_impl if _direct_ok(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias) else _w4a4_gemm_op
+    return op(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, group_size, fmt, out_dtype, impl)
 
 
 @torch.library.custom_op("lowrank_gemm::w4a4_linear", mutates_args=())
@@ -1090,6 +1099,13 @@ def _w4a4_linear_op(x: torch.Tensor, qweight: torch.Tensor, wscales: torch.Tenso
                     lora_down: torch.Tensor, lora_up: torch.Tensor, bias: Optional[torch.Tensor],
                     wmul: Optional[torch.Tensor], group_size: int, fmt: str, out_dtype: torch.dtype,
                     impl: str) -> torch.Tensor:
+    return _w4a4_linear_impl(x, qweight, wscales, smooth, lora_down, lora_up, bias, wmul, group_size, fmt, out_dtype,
+                             impl)
+
+
+def _w4a4_linear_impl(x, qweight, wscales, smooth, lora_down, lora_up, bias, wmul, group_size: int, fmt: str,
+                      out_dtype: torch.dtype, impl: str) -> torch.Tensor:
+    """The layer op's body: act_quant, then the GEMM's body (no nested op dispatch)."""
     k, n, r = check_linear_args(x, qweight, wscales, smooth, lora_down, lora_up, bias, wmul, group_size, fmt)
     x2 = x.reshape(-1, k)
     scale_dtype = wscales.dtype if fmt == "int4_g64" else torch.bfloat16
@@ -1097,8 +1113,8 @@ def _w4a4_linear_op(x: torch.Tensor, qweight: torch.Tensor, wscales: torch.Tenso
     x_q, x_scale, lowrank_act = act_quant(x2, smooth, lora_down, group_size, fmt, scale_dtype,
                                           out="f8" if f8 else "packed",
                                           early_launch=_early_launch(impl, fmt, x2.shape[0], n, k, x.device))
-    y = _w4a4_gemm_op(x_q, x_scale, qweight, wscales, wmul, lowrank_act if r else None,
-                      lora_up if r else None, bias, group_size, fmt, out_dtype, impl)
+    y = _w4a4_gemm_impl(x_q, x_scale, qweight, wscales, wmul, lowrank_act if r else None,
+                        lora_up if r else None, bias, group_size, fmt, out_dtype, impl)
     return y.reshape(*x.shape[:-1], n)
 
 
@@ -1123,8 +1139,9 @@ def w4a4_linear(x: torch.Tensor, qweight: torch.Tensor, wscales: torch.Tensor, s
     out_dtype = out_dtype or x.dtype
     _expect(out_dtype in (torch.bfloat16, torch.float16, torch.float32),
             f"out_dtype must be bf16, fp16 or fp32, got {out_dtype}")
-    return _w4a4_linear_op(x, qweight, wscales, smooth, lora_down, lora_up, bias, wmul, group_size, fmt,
-                           out_dtype, impl)
+    op = (_w4a4_linear_impl if _direct_ok(x, qweight, wscales, smooth, lora_down, lora_up, bias, wmul)
+          else _w4a4_linear_op)
+    return op(x, qweight, wscales, smooth, lora_down, lora_up, bias, wmul, group_size, fmt, out_dtype, impl)
 
 
 def svdq_forward_cuda(layer, x: torch.Tensor) -> torch.Tensor:

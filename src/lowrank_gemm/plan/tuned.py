@@ -32,6 +32,7 @@ def gpu_table_name(device) -> str | None:
     return "h200" if ("h200" in name or "h100" in name) else None
 
 
+@functools.lru_cache(maxsize=64)        # called on every eager launch; the answer is fixed per (family, device)
 def tuned_file(family: str, device) -> Path | None:
     """``plan/tuned/<family>_<gpu>.json`` for ``device``, or None where no table applies."""
     gpu = gpu_table_name(device)
