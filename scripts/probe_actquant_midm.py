@@ -43,7 +43,8 @@ VARIANTS = {"default": {}, **{f"v1:split{s}": dict(variant="v1", split=s) for s 
 # same split) and 5 (its 3 CTAs per SM in one wave at M = 4608): named in --variants, not run by default
 FEEDS = {**{f"v3:{f}": dict(variant="v3", s_feed=f) for f in ("one", "one_tma")},
          **{f"v3:one:split{s}": dict(variant="v3", s_feed="one", split=s) for s in (7, 9, 14, 18)},
-         **{f"v3:split{s}": dict(variant="v3", split=s) for s in (5, 7)}}
+         **{f"v3:split{s}": dict(variant="v3", split=s) for s in (5, 7)},
+         "v3:feed_split": dict(variant="v3", s_feed="split")}      # session 12: the pre-"one" default
 
 
 def main() -> int:

@@ -43,6 +43,7 @@ def main() -> int:
     ap.add_argument("--ms", default="1,2,4")
     ap.add_argument("--two-level", action="store_true", help="the int4_2l GEMV instead (see above)")
     ap.add_argument("--layer", action="store_true", help="the layer under the launch-order knobs (see above)")
+    ap.add_argument("--shapes", default="", help="--layer: N:K,… (default: LAYER_SHAPES)")
     ap.add_argument("--variants", default=LAYER_DEFAULT, help=f"--layer: comma list of {sorted(LAYER_VARIANTS)}")
     ap.add_argument("--fmt", default="int4_g64", choices=("int4_g64", "int4_2l"), help="--layer: weight format")
     args = ap.parse_args()
@@ -140,7 +141,8 @@ def layer_knobs(args) -> int:
 
     two_level = args.fmt == "int4_2l"
     probe = Probe(args.out, f"probe_gemv_layer_{args.fmt}")
-    for n, k in LAYER_SHAPES:
+    shapes = [tuple(int(v) for v in sh.split(":")) for sh in args.shapes.split(",")] if args.shapes else LAYER_SHAPES
+    for n, k in shapes:
         def weights():
             w = torch.randn(n, k, device="cuda") * 0.02
             if two_level:
