@@ -16,8 +16,9 @@ act_quant without launch_dependents (``LOWRANK_GEMM_ACT_QUANT_EARLY_DEPS=0``); b
 1-warp program (the GEMM alone's best, 18.7 µs); no evict_first; PDL off. Every variant's output is compared with
 the shipped one (bit-identical or not, max rel. difference). ``--fmt int4_2l`` for the two-level format.
 Session 12 adds ``pf<P>``: the next P chunks of each weight row bulk-prefetched into L2 before griddepcontrol.wait
-(``LOWRANK_GEMM_GEMV_L2_PREFETCH=P``), alone, with late_deps and with 8 rows; ``--variants`` picks (default: the
-launch-order check: shipped / early_deps / late_deps).
+(``LOWRANK_GEMM_GEMV_L2_PREFETCH=P``), alone, with late_deps and with 8 rows; ``--variants`` picks, ';'-separated
+(default: the launch-order check: shipped / early_deps / late_deps), and ``cfg:bn,bkw,warps,stages[+late]`` runs the
+layer on that GEMV config with act_quant's trigger forced early (or late).
 
 Writes probe_gemv.json / .md to --out.
 """
@@ -44,7 +45,8 @@ def main() -> int:
     ap.add_argument("--two-level", action="store_true", help="the int4_2l GEMV instead (see above)")
     ap.add_argument("--layer", action="store_true", help="the layer under the launch-order knobs (see above)")
     ap.add_argument("--shapes", default="", help="--layer: N:K,… (default: LAYER_SHAPES)")
-    ap.add_argument("--variants", default=LAYER_DEFAULT, help=f"--layer: comma list of {sorted(LAYER_VARIANTS)}")
+    ap.add_argument("--variants", default=LAYER_DEFAULT, help=f"--layer: ';'-separated names of {sorted(LAYER_VARIANTS)} "
+                    f"or cfg:bn,bkw,warps,stages[+late] (the GEMV config, act_quant's trigger early or +late)")
     ap.add_argument("--fmt", default="int4_g64", choices=("int4_g64", "int4_2l"), help="--layer: weight format")
     args = ap.parse_args()
     if args.two_level:
@@ -127,7 +129,7 @@ for _p in (1, 2, 4, 7):
 LAYER_VARIANTS["early_deps"] = {"LOWRANK_GEMM_ACT_QUANT_EARLY_DEPS": "1"}
 # session 12, call 2: "shipped,late_deps,r8,pf1,pf2,pf4,pf7,late_deps_pf2,late_deps_pf7,r8_pf2,r8_pf7"; then the
 # per-format launch order (w4a4_gemv.act_quant_early_launch) is what ships, checked against both forced orders
-LAYER_DEFAULT = "shipped,early_deps,late_deps"
+LAYER_DEFAULT = "shipped;early_deps;late_deps"
 
 
 def layer_knobs(args) -> int:
@@ -168,8 +170,11 @@ def layer_knobs(args) -> int:
             def layer(a, w):
                 return w4a4_linear(a, **w, **common, fmt=args.fmt, impl="auto")
             want = layer(xs[0], ws[0])
-            for name in args.variants.split(","):
-                values = LAYER_VARIANTS[name]
+            for name in args.variants.split(";"):
+                # "cfg:bn,bkw,warps,stages": the GEMV config (LOWRANK_GEMM_GEMV_CONFIG), optionally "+late"
+                cfg, _, late = name[4:].partition("+") if name.startswith("cfg:") else (None, "", "")
+                values = LAYER_VARIANTS[name] if cfg is None else {
+                    "LOWRANK_GEMM_GEMV_CONFIG": cfg, "LOWRANK_GEMM_ACT_QUANT_EARLY_DEPS": "0" if late else "1"}
                 with scoped_env(**values):
                     got = layer(xs[0], ws[0])
                     diff = float((got.float() - want.float()).abs().max() / want.float().abs().max())
