@@ -746,9 +746,14 @@ def _feed_inputs(m, k, g, r, bad):
     return x, smooth, down
 
 
-@pytest.mark.parametrize("fmt,out,feed", [("int4_g64", "packed", "one"), ("int4_g64", "f8", "one"),
-                                          ("int4_2l", "packed", "one"), ("int4_2l", "packed", "one_tma")])
-@pytest.mark.parametrize("m,k,g,r,split,bad", _FEED_CASES)
+_FEED_OUTS = [("int4_g64", "packed", "one"), ("int4_g64", "f8", "one"), ("int4_2l", "packed", "one"),
+              ("int4_2l", "packed", "one_tma")]
+
+
+# each (format, output, feed) on two of the cases and each case under two of them (the full product doubled the
+# interpreter time for no new code path)
+@pytest.mark.parametrize("fmt,out,feed,m,k,g,r,split,bad",
+                         [(*_FEED_OUTS[i], *_FEED_CASES[(i + j) % 4]) for i in range(4) for j in (0, 1)])
 def test_s_feed_same_bits_as_default(poisoned, fmt, out, feed, m, k, g, r, split, bad):
     """Every output element written (poisoned buffers); x_q / x_scale bit-identical to the default feed (packed: to
     the torch quantizer too); S of the finite rows vs float64 and within 1e-6 of the default's S (max-normalized;
