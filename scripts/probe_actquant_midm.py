@@ -9,8 +9,9 @@ Also the FLUX sizes (session 11, ``scripts/gpu_actquant_large.sh``): ``--ms 4608
 variants, rank 0 (what S costs) and ``--f8`` (the e4m3 operands the int4_g64 v2 layer asks for), and the v3 S feeds
 (``act_quant(s_feed=...)``: ``v3:one`` sums the three A' pieces in one accumulator, 4–5 CTAs per SM instead of 3;
 ``v3:one_tma`` also loads X by TMA in the int4_2l stats pass; ``v3:one:splitN`` re-sizes the K split for that
-occupancy — the default split 8 / 16 gives 576 / 1152 programs at M = 4608, K = 3072 / 12288 —, and ``v3:split5`` /
-``v3:split7`` are the default feed's controls).
+occupancy — the pre-session-12 split 8 / 16 gave 576 / 1152 programs at M = 4608, K = 3072 / 12288 —, ``v3:split5`` /
+``v3:split7`` are controls, and ``v3:feed_split`` is the pre-session-12 default; "default" is now "one" with the
+one-wave split, session 12).
 
 Per (M, K), in one process with cuBLAS bf16 at N = 4096 as the yardstick: act_quant alone with the default plan, v1
 at K splits 4 / 8 / 16 / 32 / 64, fused with the ticketed and the rank-split S, v3; the skinny GEMM alone (default

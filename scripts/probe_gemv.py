@@ -45,8 +45,9 @@ def main() -> int:
     ap.add_argument("--two-level", action="store_true", help="the int4_2l GEMV instead (see above)")
     ap.add_argument("--layer", action="store_true", help="the layer under the launch-order knobs (see above)")
     ap.add_argument("--shapes", default="", help="--layer: N:K,… (default: LAYER_SHAPES)")
-    ap.add_argument("--variants", default=LAYER_DEFAULT, help=f"--layer: ';'-separated names of {sorted(LAYER_VARIANTS)} "
-                    f"or cfg:bn,bkw,warps,stages[+late] (the GEMV config, act_quant's trigger early or +late)")
+    ap.add_argument("--variants", default=LAYER_DEFAULT,
+                    help=f"--layer: ';'-separated names of {sorted(LAYER_VARIANTS)} or cfg:bn,bkw,warps,stages[+late] "
+                    f"(the GEMV config, act_quant's trigger early or +late)")
     ap.add_argument("--fmt", default="int4_g64", choices=("int4_g64", "int4_2l"), help="--layer: weight format")
     args = ap.parse_args()
     if args.two_level:

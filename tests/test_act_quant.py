@@ -725,8 +725,8 @@ def test_fused_early_deps_knob(monkeypatch):
     assert "griddepcontrol.launch_dependents" not in ptx and 0 < ptx.find("griddepcontrol.wait") < first_global
 
 
-# --- v3 S feed (opt-in A/B: act_quant(s_feed=...) / LOWRANK_GEMM_ACT_QUANT_S_FEED): the three A' pieces in ONE
-# accumulator ("one"), and X by TMA in the int4_2l stats pass ("one_tma"); x_q / scales / t as the default feed
+# --- v3 S feed (act_quant(s_feed=...) / LOWRANK_GEMM_ACT_QUANT_S_FEED; "one" by default at r ≤ 32): the three A'
+# pieces in ONE accumulator ("one"), and X by TMA in the int4_2l stats pass ("one_tma"); x_q / scales / t as "split"
 
 # ragged M (not a multiple of the 16-row test blocks), uneven K slices, G 64 / 128, r 0 / 16 / 32 / 64, and a bad
 # group in some slices (their exact redo) — the v3 cases of test_v3_poisoned_ragged_same_as_v2

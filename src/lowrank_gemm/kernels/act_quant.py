@@ -415,7 +415,7 @@ def _store_s_pieces(acc1, acc2, acc3, sp_ptr, stride_sps, stride_spm, pid_k, off
              mask=(offs_m[:, None] < M) & (offs_r[None, :] < R))
 
 
-# --- S feed "one" (opt-in, act_quant(s_feed=...)): the three pieces into ONE accumulator ----------------------
+# --- S feed "one" (the v3 default at r ≤ 32 since session 12, act_quant(s_feed=...)): the three pieces into ONE acc.
 # Prepped with SHIFT = 0 (p1 = RN(A'), p2 = RN(A' − p1), p3 = RN(A' − p1 − p2), all unscaled: bf16 has fp32's
 # exponent range, so nothing underflows; fp16 pieces would, hence bf16 X only), S = Σ x·p1 + x·p2 + x·p3 chains
 # three MMAs on one [BM, BLOCK_R] fp32 accumulator instead of three: 32 fewer accumulator registers, S to fp32

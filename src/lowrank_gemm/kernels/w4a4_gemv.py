@@ -58,9 +58,8 @@ from .splitk import splitk_arrive, splitk_reset, splitk_store, splitk_sum
 
 FORMATS = ("int4_g64", "int4_2l")      # the weight formats the GEMV runs (int4_2l on act_quant's int8 activations)
 
-__all__ = ["FORMATS", "launch_w4a4_gemv", "act_quant_early_launch", "w4a4_gemv_kernel", "w4a4_gemv_gl_kernel", "gemv_args", "AUTO_GEMV_MAX_M",
-           "auto_gemv_max_m",
-           "gemv_enabled", "gemv_config", "GemvConfig", "DEFAULT_CONFIG", "WIDE_CONFIG", "aot_signature_gemv"]
+__all__ = ["FORMATS", "launch_w4a4_gemv", "act_quant_early_launch", "w4a4_gemv_kernel", "w4a4_gemv_gl_kernel",
+           "gemv_args", "AUTO_GEMV_MAX_M", "auto_gemv_max_m", "gemv_enabled", "gemv_config", "GemvConfig", "DEFAULT_CONFIG", "WIDE_CONFIG", "aot_signature_gemv"]
 
 # impl="auto" routes int4_g64 with M ≤ this here (w4a4_gemm._route). H200 (probes/s7/gemv_run2, K=4096, N=28672,
 # GEMM alone): M=1 23.4 µs vs the decode kernel's 30.8, M=2 28.0 vs 31.6, M=4 44.3 vs 31.5 (every token re-runs
@@ -454,8 +453,10 @@ def act_quant_early_launch(fmt: str, m: int, n: int, k: int) -> bool:
     | int4_2l         | 21.6/21.8 | 27.5/26.1        | 14.5/14.7 | 8.2/9.6  | 11.8/13.2| 25.8/22.3           |
 
     (K = 4096 and M = 1 unless noted.) So: int4_g64 early only on the wide config (N < MANY_ROWS); int4_2l early at
-    M = 1 with K = 4096, late at M = 2 and at K = 14336 (the boundary between is not measured: 8192 is taken). Why
-    the formats disagree is not profiled: their act_quant programs differ, and the 2l one grows with K."""
+    M = 1 up to K = 8192, late at M = 2 and at K = 14336. Checked off those points (probes/s12/checks, K = 8192,
+    M = 1): int4_2l N = 8192 19.9 / 21.8, N = 28672 37.9 / 37.9; int4_g64 N = 8192 21.1 / 22.5, N = 28672 37.2 /
+    36.6 — the rule's choice or a tie each time. Why the formats disagree is not profiled: their act_quant programs
+    differ, and the 2l one grows with K."""
     if fmt == "int4_g64":
         return gemv_config(None, n) != DEFAULT_CONFIG
     return m == 1 and k <= 8192
