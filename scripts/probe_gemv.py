@@ -128,6 +128,11 @@ for _p in (1, 2, 4, 7):
     LAYER_VARIANTS[f"late_deps_pf{_p}"] = {**_DEPS, "LOWRANK_GEMM_GEMV_L2_PREFETCH": str(_p)}
     LAYER_VARIANTS[f"r8_pf{_p}"] = {**_R8, "LOWRANK_GEMM_GEMV_L2_PREFETCH": str(_p)}
 LAYER_VARIANTS["early_deps"] = {"LOWRANK_GEMM_ACT_QUANT_EARLY_DEPS": "1"}
+# session 12, last call: the weights through a cp.async ring of s chunks (LOWRANK_GEMM_GEMV_CP_STAGES)
+for _s in (2, 3, 4):
+    LAYER_VARIANTS[f"cp{_s}"] = {"LOWRANK_GEMM_GEMV_CP_STAGES": str(_s)}
+    LAYER_VARIANTS[f"r8_cp{_s}"] = {**_R8, "LOWRANK_GEMM_GEMV_CP_STAGES": str(_s)}
+    LAYER_VARIANTS[f"r32_cp{_s}"] = {"LOWRANK_GEMM_GEMV_CONFIG": "32,64,4,2", "LOWRANK_GEMM_GEMV_CP_STAGES": str(_s)}
 # session 12, call 2: "shipped,late_deps,r8,pf1,pf2,pf4,pf7,late_deps_pf2,late_deps_pf7,r8_pf2,r8_pf7"; then the
 # per-format launch order (w4a4_gemv.act_quant_early_launch) is what ships, checked against both forced orders
 LAYER_DEFAULT = "shipped;early_deps;late_deps"

@@ -454,3 +454,42 @@ def test_gpu_layer_launch_order_same_bits(monkeypatch, fmt, m, n):
     for env in ("0", "1"):
         monkeypatch.setenv("LOWRANK_GEMM_ACT_QUANT_EARLY_DEPS", env)
         assert torch.equal(wg.w4a4_linear(x, **p, fmt=fmt, impl="auto"), y)
+
+
+@pytest.mark.parametrize("fmt", ["int4_g64", "int4_2l"])
+def test_cp_async_ring_knob(monkeypatch, fmt):
+    """LOWRANK_GEMM_GEMV_CP_STAGES=s (probe knob, Gluon kernel): the weights go through a cp.async ring of s chunks in
+    shared memory (s − 1 in flight) instead of the register double buffer; off by default (no cp.async, no ring in
+    the shared memory); 1 and non-counts are refused."""
+    from lowrank_gemm.kernels.aot import compile_sm90
+    from lowrank_gemm.kernels.gluon.w4a4_ws import make_operands_v2
+    ops = make_operands_v2(fmt, 1, 160, 512, 16, 64, device="cpu")
+    assert "CP_STAGES" not in gv.gemv_args(**ops, swar=True, pdl=True, kernel="gluon")[2]
+    monkeypatch.setenv(gv.CP_STAGES_ENV, "3")
+    assert gv.gemv_args(**ops, swar=True, pdl=True, kernel="gluon")[2]["CP_STAGES"] == 3
+    for bad in ("1", "x"):
+        monkeypatch.setenv(gv.CP_STAGES_ENV, bad)
+        with pytest.raises(ValueError, match="ring depth"):
+            gv.gemv_args(**ops, swar=True, pdl=True, kernel="gluon")
+    monkeypatch.delenv(gv.CP_STAGES_ENV)
+    sig, cx, cfg = gv.aot_signature_gemv(None, kernel="gluon", N=28672, K=4096, M=1, fmt=fmt)
+    for stages in (0, 3):
+        info = compile_sm90("lowrank_gemm.kernels.w4a4_gemv", "w4a4_gemv_gl_kernel", sig, {**cx, "CP_STAGES": stages},
+                            num_warps=cfg.num_warps, aligned=("xq_ptr", "wq_ptr", "ws_ptr", "xs_ptr"))
+        ring_bytes = stages * cfg.block_n * cfg.block_kw * 4
+        assert ("cp.async.cg.shared.global" in info.ptx) == bool(stages)
+        assert (info.shared >= ring_bytes) if stages else info.shared < 1024, info.shared
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt,cfg", [("int4_g64", None), ("int4_g64", SPLIT4), ("int4_2l", None)],
+                         ids=["g64", "g64-split4", "2l"])
+@pytest.mark.parametrize("stages", ["2", "3", "4"])
+def test_gpu_cp_async_ring_bit_identical(monkeypatch, fmt, cfg, stages):
+    """The cp.async ring changes how the weights arrive, not the arithmetic: outputs bit-identical to the default
+    launch (split-K's per-program chunk ranges included)."""
+    ops = w4.make_operands_v2(fmt, 1, 28672, 4096, 32, 64, device="cuda", bias=True, seed=5)
+    want = gv.launch_w4a4_gemv(**ops, kernel="gluon", config=cfg).clone()
+    monkeypatch.setenv(gv.CP_STAGES_ENV, stages)
+    ops["out"].fill_(float("nan"))
+    assert torch.equal(gv.launch_w4a4_gemv(**ops, kernel="gluon", config=cfg), want)

@@ -48,6 +48,7 @@ import triton
 import triton.language as tl
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import async_copy
 
 from .env import env_on, pinned_config
 from .epilogue import rank_block
@@ -239,7 +240,7 @@ def w4a4_gemv_gl_kernel(xq_ptr, xs_ptr, wq_ptr, ws_ptr, s_ptr, up_ptr, bias_ptr,
                         HAS_LOWRANK: gl.constexpr, HAS_COL_SCALE: gl.constexpr, HAS_BIAS: gl.constexpr,
                         SWAR: gl.constexpr, PDL: gl.constexpr, SPLIT: gl.constexpr = 1,
                         TWO_LEVEL: gl.constexpr = False, W_CACHE: gl.constexpr = "", W_EVICT: gl.constexpr = "",
-                        LATE_W: gl.constexpr = False, L2_PREFETCH: gl.constexpr = 0):
+                        LATE_W: gl.constexpr = False, L2_PREFETCH: gl.constexpr = 0, CP_STAGES: gl.constexpr = 0):
     """:func:`w4a4_gemv_kernel` with every layout explicit (Gluon): the weights as [BN, Q, 4] words, 16 bytes per
     thread; the token words, their byte sums and the group scales in slices of that layout, so nothing crosses
     threads inside the K loop (the Triton version's compiler laid the scale loads out along rows and moved its
@@ -283,8 +284,21 @@ def w4a4_gemv_gl_kernel(xq_ptr, xs_ptr, wq_ptr, ws_ptr, s_ptr, up_ptr, bias_ptr,
     # (LATE_W, probe knob: after it, so ~7 MB of weight loads do not queue ahead of act_quant's own)
     if PDL and LATE_W:
         gl_gdc_wait()
-    w_next = gl.load(w_ptrs + kw_lo, mask=w_mask & (kw_lo < kw_hi), other=0, cache_modifier=W_CACHE,
-                     eviction_policy=W_EVICT)
+    if CP_STAGES > 0:
+        # (probe knob) a cp.async ring of CP_STAGES chunks in shared memory instead of the register double buffer:
+        # CP_STAGES − 1 chunks in flight without holding registers; each thread reads back only its own 16 bytes
+        ring = gl.allocate_shared_memory(gl.int32, [CP_STAGES, BLOCK_N, Q, 4],
+                                         gl.SwizzledSharedLayout(4, 1, 1, [2, 1, 0]))
+        for s in gl.static_range(CP_STAGES - 1):
+            async_copy.async_copy_global_to_shared(ring.index(s), w_ptrs + kw_lo + s * BLOCK_KW,
+                                                   mask=w_mask & (kw_lo + s * BLOCK_KW < kw_hi),
+                                                   eviction_policy=W_EVICT)
+            async_copy.commit_group()
+        w_next = gl.zeros([BLOCK_N, Q, 4], gl.int32, L3)
+    else:
+        ring = 0
+        w_next = gl.load(w_ptrs + kw_lo, mask=w_mask & (kw_lo < kw_hi), other=0, cache_modifier=W_CACHE,
+                         eviction_policy=W_EVICT)
     if L2_PREFETCH > 0:
         # (probe knob) the next L2_PREFETCH chunks of every row, which lie contiguous after the first, into L2
         # while the program waits for act_quant: one bulk prefetch per row, by the row's q = 0 thread
@@ -301,9 +315,12 @@ def w4a4_gemv_gl_kernel(xq_ptr, xs_ptr, wq_ptr, ws_ptr, s_ptr, up_ptr, bias_ptr,
         xt_ptrs = xq_ptr + m * (2 * kw_total) + _twolevel_words((qx * 4)[:, None] + i4x[None, :])
         acc_i = gl.zeros([BLOCK_N, Q], gl.int32, LQ)
         for kw in range(kw_lo, kw_hi, BLOCK_KW):
-            w = w_next
-            w_next = gl.load(w_ptrs + kw + BLOCK_KW, mask=w_mask & (kw + BLOCK_KW < kw_hi), other=0,
-                             cache_modifier=W_CACHE, eviction_policy=W_EVICT)
+            if CP_STAGES > 0:
+                w = _gl_ring_chunk(ring, w_ptrs, w_mask, kw, kw_lo, kw_hi, BLOCK_KW, CP_STAGES, W_EVICT, L3)
+            else:
+                w = w_next
+                w_next = gl.load(w_ptrs + kw + BLOCK_KW, mask=w_mask & (kw + BLOCK_KW < kw_hi), other=0,
+                                 cache_modifier=W_CACHE, eviction_policy=W_EVICT)
             xlo = gl.load(xt_ptrs + 2 * kw)
             xhi = gl.load(xt_ptrs + 2 * kw + 8)
             rx = gl.sum(_byte_sum2(xlo, xhi, True), axis=1)
@@ -314,9 +331,12 @@ def w4a4_gemv_gl_kernel(xq_ptr, xs_ptr, wq_ptr, ws_ptr, s_ptr, up_ptr, bias_ptr,
         acc = gl.sum(acc_i, axis=1).to(gl.float32) * ts
     else:
         for kw in range(kw_lo, kw_hi, BLOCK_KW):
-            w = w_next
-            w_next = gl.load(w_ptrs + kw + BLOCK_KW, mask=w_mask & (kw + BLOCK_KW < kw_hi), other=0,
-                             cache_modifier=W_CACHE, eviction_policy=W_EVICT)
+            if CP_STAGES > 0:
+                w = _gl_ring_chunk(ring, w_ptrs, w_mask, kw, kw_lo, kw_hi, BLOCK_KW, CP_STAGES, W_EVICT, L3)
+            else:
+                w = w_next
+                w_next = gl.load(w_ptrs + kw + BLOCK_KW, mask=w_mask & (kw + BLOCK_KW < kw_hi), other=0,
+                                 cache_modifier=W_CACHE, eviction_policy=W_EVICT)
             xw = gl.load(x_ptrs + kw).to(gl.uint32, bitcast=True)
             # (the Triton kernel's helpers: Gluon calls them on its own layouts)
             xlo = _signed_bytes(xw & 0x0F0F0F0F)
@@ -347,6 +367,21 @@ def w4a4_gemv_gl_kernel(xq_ptr, xs_ptr, wq_ptr, ws_ptr, s_ptr, up_ptr, bias_ptr,
             gl.store(y_ptr + m * stride_ym + rows, (acc * cs + add).to(y_ptr.dtype.element_ty), mask=row_ok)
     else:
         gl.store(y_ptr + m * stride_ym + rows, (acc * cs + add).to(y_ptr.dtype.element_ty), mask=row_ok)
+
+
+@gluon.jit
+def _gl_ring_chunk(ring, w_ptrs, w_mask, kw, kw_lo, kw_hi, BLOCK_KW: gl.constexpr, CP_STAGES: gl.constexpr,
+                   W_EVICT: gl.constexpr, L3: gl.constexpr):
+    """The chunk at ``kw`` from the cp.async ring (waits for it), then the copy of chunk + CP_STAGES − 1 into the slot
+    the previous iteration read (its registers are consumed: no thread reads a slot being refilled)."""
+    i = (kw - kw_lo) // BLOCK_KW
+    async_copy.wait_group(CP_STAGES - 2)
+    w = ring.index(i % CP_STAGES).load(L3)
+    kw_n = kw + (CP_STAGES - 1) * BLOCK_KW
+    async_copy.async_copy_global_to_shared(ring.index((i + CP_STAGES - 1) % CP_STAGES), w_ptrs + kw_n,
+                                           mask=w_mask & (kw_n < kw_hi), eviction_policy=W_EVICT)
+    async_copy.commit_group()
+    return w
 
 
 @gluon.jit
@@ -406,6 +441,7 @@ CONFIG_ENV = "LOWRANK_GEMM_GEMV_CONFIG"      # "block_n,block_kw,warps,stages" (
 HINTS_ENV = "LOWRANK_GEMM_GEMV_HINTS"
 EARLY_ENV = "LOWRANK_GEMM_GEMV_EARLY"        # 0: the first weight chunk after griddepcontrol.wait (probe knob)
 L2_PREFETCH_ENV = "LOWRANK_GEMM_GEMV_L2_PREFETCH"   # n > 0: n more chunks per row prefetched to L2 before the wait
+CP_STAGES_ENV = "LOWRANK_GEMM_GEMV_CP_STAGES"       # s ≥ 2: the weights through a cp.async ring of s chunks
 DEFAULT_HINTS = "ef"
 _HINTS = {"ef": ("W_EVICT", "evict_first"), "el": ("W_EVICT", "evict_last"), "cg": ("W_CACHE", ".cg")}
 
@@ -530,6 +566,10 @@ def gemv_args(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, out
         cx.update(load_hints(hints))
         if pdl and os.environ.get(EARLY_ENV, "1") == "0":
             cx["LATE_W"] = True
+        stages = os.environ.get(CP_STAGES_ENV, "0").strip() or "0"
+        _expect(stages.isdigit() and int(stages) != 1, f"{CP_STAGES_ENV} takes 0 (off) or a ring depth ≥ 2, got {stages!r}")
+        if int(stages):
+            cx["CP_STAGES"] = int(stages)
         prefetch = os.environ.get(L2_PREFETCH_ENV, "0").strip() or "0"
         _expect(prefetch.isdigit(), f"{L2_PREFETCH_ENV} takes a chunk count, got {prefetch!r}")
         if int(prefetch):
