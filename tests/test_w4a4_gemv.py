@@ -374,6 +374,18 @@ def test_early_weight_load_knob(monkeypatch, fmt):
         assert (weight_load < ptx.find("griddepcontrol.wait")) == early
 
 
+def _check_count_knob(monkeypatch, ops, env, constexpr, bad_values, match):
+    """A GEMV probe knob read per call: absent by default, ``env=3`` → constexpr 3, each bad value refused."""
+    assert constexpr not in gv.gemv_args(**ops, swar=True, pdl=True, kernel="gluon")[2]
+    monkeypatch.setenv(env, "3")
+    assert gv.gemv_args(**ops, swar=True, pdl=True, kernel="gluon")[2][constexpr] == 3
+    for bad in bad_values:
+        monkeypatch.setenv(env, bad)
+        with pytest.raises(ValueError, match=match):
+            gv.gemv_args(**ops, swar=True, pdl=True, kernel="gluon")
+    monkeypatch.delenv(env)
+
+
 @pytest.mark.parametrize("fmt", ["int4_g64", "int4_2l"])
 def test_l2_prefetch_knob(monkeypatch, fmt):
     """LOWRANK_GEMM_GEMV_L2_PREFETCH=P (probe knob, Gluon kernel): the next P chunks of each weight row are bulk-
@@ -382,14 +394,8 @@ def test_l2_prefetch_knob(monkeypatch, fmt):
     import re
     from lowrank_gemm.kernels.aot import compile_sm90
     from lowrank_gemm.kernels.gluon.w4a4_ws import make_operands_v2
-    ops = make_operands_v2(fmt, 1, 160, 512, 16, 64, device="cpu")
-    assert "L2_PREFETCH" not in gv.gemv_args(**ops, swar=True, pdl=True, kernel="gluon")[2]
-    monkeypatch.setenv(gv.L2_PREFETCH_ENV, "3")
-    assert gv.gemv_args(**ops, swar=True, pdl=True, kernel="gluon")[2]["L2_PREFETCH"] == 3
-    monkeypatch.setenv(gv.L2_PREFETCH_ENV, "two")
-    with pytest.raises(ValueError, match="chunk count"):
-        gv.gemv_args(**ops, swar=True, pdl=True, kernel="gluon")
-    monkeypatch.delenv(gv.L2_PREFETCH_ENV)
+    _check_count_knob(monkeypatch, make_operands_v2(fmt, 1, 160, 512, 16, 64, device="cpu"), gv.L2_PREFETCH_ENV,
+                      "L2_PREFETCH", ("two", ), "chunk count")
     sig, cx, cfg = gv.aot_signature_gemv(None, kernel="gluon", N=256, K=2048, M=1, fmt=fmt)
     for pf in (0, 2):
         ptx = compile_sm90("lowrank_gemm.kernels.w4a4_gemv", "w4a4_gemv_gl_kernel", sig, {**cx, "L2_PREFETCH": pf},
@@ -463,15 +469,8 @@ def test_cp_async_ring_knob(monkeypatch, fmt):
     the shared memory); 1 and non-counts are refused."""
     from lowrank_gemm.kernels.aot import compile_sm90
     from lowrank_gemm.kernels.gluon.w4a4_ws import make_operands_v2
-    ops = make_operands_v2(fmt, 1, 160, 512, 16, 64, device="cpu")
-    assert "CP_STAGES" not in gv.gemv_args(**ops, swar=True, pdl=True, kernel="gluon")[2]
-    monkeypatch.setenv(gv.CP_STAGES_ENV, "3")
-    assert gv.gemv_args(**ops, swar=True, pdl=True, kernel="gluon")[2]["CP_STAGES"] == 3
-    for bad in ("1", "x"):
-        monkeypatch.setenv(gv.CP_STAGES_ENV, bad)
-        with pytest.raises(ValueError, match="ring depth"):
-            gv.gemv_args(**ops, swar=True, pdl=True, kernel="gluon")
-    monkeypatch.delenv(gv.CP_STAGES_ENV)
+    _check_count_knob(monkeypatch, make_operands_v2(fmt, 1, 160, 512, 16, 64, device="cpu"), gv.CP_STAGES_ENV,
+                      "CP_STAGES", ("1", "x"), "ring depth")
     sig, cx, cfg = gv.aot_signature_gemv(None, kernel="gluon", N=28672, K=4096, M=1, fmt=fmt)
     for stages in (0, 3):
         info = compile_sm90("lowrank_gemm.kernels.w4a4_gemv", "w4a4_gemv_gl_kernel", sig, {**cx, "CP_STAGES": stages},

@@ -315,12 +315,8 @@ def w4a4_gemv_gl_kernel(xq_ptr, xs_ptr, wq_ptr, ws_ptr, s_ptr, up_ptr, bias_ptr,
         xt_ptrs = xq_ptr + m * (2 * kw_total) + _twolevel_words((qx * 4)[:, None] + i4x[None, :])
         acc_i = gl.zeros([BLOCK_N, Q], gl.int32, LQ)
         for kw in range(kw_lo, kw_hi, BLOCK_KW):
-            if CP_STAGES > 0:
-                w = _gl_ring_chunk(ring, w_ptrs, w_mask, kw, kw_lo, kw_hi, BLOCK_KW, CP_STAGES, W_EVICT, L3)
-            else:
-                w = w_next
-                w_next = gl.load(w_ptrs + kw + BLOCK_KW, mask=w_mask & (kw + BLOCK_KW < kw_hi), other=0,
-                                 cache_modifier=W_CACHE, eviction_policy=W_EVICT)
+            w, w_next = _gl_weights(ring, w_next, w_ptrs, w_mask, kw, kw_lo, kw_hi, BLOCK_KW, CP_STAGES, W_CACHE,
+                                    W_EVICT, L3)
             xlo = gl.load(xt_ptrs + 2 * kw)
             xhi = gl.load(xt_ptrs + 2 * kw + 8)
             rx = gl.sum(_byte_sum2(xlo, xhi, True), axis=1)
@@ -331,12 +327,8 @@ def w4a4_gemv_gl_kernel(xq_ptr, xs_ptr, wq_ptr, ws_ptr, s_ptr, up_ptr, bias_ptr,
         acc = gl.sum(acc_i, axis=1).to(gl.float32) * ts
     else:
         for kw in range(kw_lo, kw_hi, BLOCK_KW):
-            if CP_STAGES > 0:
-                w = _gl_ring_chunk(ring, w_ptrs, w_mask, kw, kw_lo, kw_hi, BLOCK_KW, CP_STAGES, W_EVICT, L3)
-            else:
-                w = w_next
-                w_next = gl.load(w_ptrs + kw + BLOCK_KW, mask=w_mask & (kw + BLOCK_KW < kw_hi), other=0,
-                                 cache_modifier=W_CACHE, eviction_policy=W_EVICT)
+            w, w_next = _gl_weights(ring, w_next, w_ptrs, w_mask, kw, kw_lo, kw_hi, BLOCK_KW, CP_STAGES, W_CACHE,
+                                    W_EVICT, L3)
             xw = gl.load(x_ptrs + kw).to(gl.uint32, bitcast=True)
             # (the Triton kernel's helpers: Gluon calls them on its own layouts)
             xlo = _signed_bytes(xw & 0x0F0F0F0F)
@@ -367,6 +359,20 @@ def w4a4_gemv_gl_kernel(xq_ptr, xs_ptr, wq_ptr, ws_ptr, s_ptr, up_ptr, bias_ptr,
             gl.store(y_ptr + m * stride_ym + rows, (acc * cs + add).to(y_ptr.dtype.element_ty), mask=row_ok)
     else:
         gl.store(y_ptr + m * stride_ym + rows, (acc * cs + add).to(y_ptr.dtype.element_ty), mask=row_ok)
+
+
+@gluon.jit
+def _gl_weights(ring, w_next, w_ptrs, w_mask, kw, kw_lo, kw_hi, BLOCK_KW: gl.constexpr, CP_STAGES: gl.constexpr,
+                W_CACHE: gl.constexpr, W_EVICT: gl.constexpr, L3: gl.constexpr):
+    """(the weights of the chunk at ``kw``, the register buffer for the next): the register double buffer (its next
+    load goes out before this chunk's arithmetic), or the cp.async ring (CP_STAGES > 0; ``w_next`` unused)."""
+    if CP_STAGES > 0:
+        w = _gl_ring_chunk(ring, w_ptrs, w_mask, kw, kw_lo, kw_hi, BLOCK_KW, CP_STAGES, W_EVICT, L3)
+    else:
+        w = w_next
+        w_next = gl.load(w_ptrs + kw + BLOCK_KW, mask=w_mask & (kw + BLOCK_KW < kw_hi), other=0,
+                         cache_modifier=W_CACHE, eviction_policy=W_EVICT)
+    return w, w_next
 
 
 @gluon.jit
