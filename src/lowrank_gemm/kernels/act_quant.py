@@ -1402,6 +1402,10 @@ def act_quant(x: torch.Tensor, smooth: torch.Tensor, lora_down: torch.Tensor, gr
         return _act_quant_fused(x, smooth, lora_down, group_size, fmt, scale_dtype, plan, _slice_rot, f8,
                                 _loads_first_default(m) if loads_first is None else loads_first,
                                 _early_deps(early_launch))
+    feed = _s_feed(s_feed, x, r, plan.variant) if plan.variant in ("v2", "v3") else "split"
+    if feed != "split" and split is None:          # the feed's occupancy sizes the K split (one wave)
+        plan = plan_act_quant(m, k, group_size, dev, _one_wave_split(m, plan.block_m, fmt, dev), block_m, block_k,
+                              num_warps, plan.variant, fmt=fmt, rank=r)
     lowrank_act = torch.empty((m, r), device=dev, dtype=torch.float32)
     bm, bk, nsplit, sps, warps, variant = plan[:6]
     br = rank_block(r)
@@ -1411,14 +1415,6 @@ def act_quant(x: torch.Tensor, smooth: torch.Tensor, lora_down: torch.Tensor, gr
     sp = lowrank_act if (nsplit == 1 or r == 0) else torch.empty((nsplit, m, r), device=dev, dtype=torch.float32)
     spst = sp.stride(0) if sp.dim() == 3 else 0
     if variant in ("v2", "v3"):
-        feed = _s_feed(s_feed, x, r, variant)
-        if feed != "split" and split is None:      # the feed's occupancy sizes the K split (one wave)
-            plan = plan_act_quant(m, k, group_size, dev, _one_wave_split(m, bm, fmt, dev), block_m, block_k,
-                                  num_warps, variant, fmt=fmt, rank=r)
-            bm, bk, nsplit, sps, warps, variant = plan[:6]
-            grid = (cdiv(m, bm), nsplit)
-            sp = lowrank_act if nsplit == 1 else torch.empty((nsplit, m, r), device=dev, dtype=torch.float32)
-            spst = sp.stride(0) if sp.dim() == 3 else 0
         return _act_quant_v2(x, smooth, lora_down, group_size, fmt, scale_dtype, lowrank_act, sp, spst,
                              grid, bm, nsplit, sps, warps, br, variant == "v3", f8, feed)
     if fmt == "int4_g64":
