@@ -408,11 +408,17 @@ def _down_pieces(acc1, acc2, acc3, x, p_ptr, stride_pp, offs_k, offs_r, BLOCK_R:
 
 
 @triton.jit
-def _store_s_pieces(acc1, acc2, acc3, sp_ptr, stride_sps, stride_spm, pid_k, offs_m, offs_r, M, R,
-                    SHIFT: tl.constexpr):
-    s = acc1 + acc2 * (2.0 ** -SHIFT) + acc3 * (2.0 ** (-2 * SHIFT))
+def _store_s(s, sp_ptr, stride_sps, stride_spm, pid_k, offs_m, offs_r, M, R):
+    """S (or slice ``pid_k``'s S partial) [BM, BLOCK_R] → sp, rows < M and ranks < R."""
     tl.store(sp_ptr + pid_k * stride_sps + offs_m[:, None] * stride_spm + offs_r[None, :], s,
              mask=(offs_m[:, None] < M) & (offs_r[None, :] < R))
+
+
+@triton.jit
+def _store_s_pieces(acc1, acc2, acc3, sp_ptr, stride_sps, stride_spm, pid_k, offs_m, offs_r, M, R,
+                    SHIFT: tl.constexpr):
+    _store_s(acc1 + acc2 * (2.0 ** -SHIFT) + acc3 * (2.0 ** (-2 * SHIFT)), sp_ptr, stride_sps, stride_spm, pid_k,
+             offs_m, offs_r, M, R)
 
 
 # --- S feed "one" (the v3 default at r ≤ 32 since session 12, act_quant(s_feed=...)): the three pieces into ONE acc.
@@ -441,12 +447,6 @@ def _down_one(acc, x, p_ptr, stride_pp, offs_k, offs_r, BLOCK_R: tl.constexpr):
     acc = tl.dot(xm, tl.load(src), acc, input_precision="ieee")
     acc = tl.dot(xm, tl.load(src + stride_pp), acc, input_precision="ieee")
     return tl.dot(xm, tl.load(src + 2 * stride_pp), acc, input_precision="ieee")
-
-
-@triton.jit
-def _store_s(s, sp_ptr, stride_sps, stride_spm, pid_k, offs_m, offs_r, M, R):
-    tl.store(sp_ptr + pid_k * stride_sps + offs_m[:, None] * stride_spm + offs_r[None, :], s,
-             mask=(offs_m[:, None] < M) & (offs_r[None, :] < R))
 
 
 @triton.jit
@@ -1027,9 +1027,10 @@ def _act_quant_fused_kernel(
     global access — x, λ, A and also the tickets and outputs (a predecessor may still read them).
     LOADS_FIRST: the rank-split S program and the g64 quant unit issue all their loads before the first use
     (:func:`_loads_in_flight`).
-    LATE_DEPS (probe knob, ``LOWRANK_GEMM_ACT_QUANT_EARLY_DEPS=0``): no ``launch_dependents`` — each program
-    lets the next kernel be scheduled only by exiting, so that kernel's early weight loads (the GEMV's first chunk,
-    ~7 MB at N = 28672) no longer queue in DRAM ahead of this kernel's own loads."""
+    LATE_DEPS (``act_quant(early_launch=False)``, chosen per GEMV route by ``w4a4_gemv.act_quant_early_launch``;
+    env ``LOWRANK_GEMM_ACT_QUANT_EARLY_DEPS`` overrides): no ``launch_dependents`` — each program lets the next
+    kernel be scheduled only by exiting, so that kernel's early weight loads (the GEMV's first chunk, ~7 MB at
+    N = 28672) do not compete with this kernel's own."""
     if PDL:
         if not LATE_DEPS:
             gdc_launch_dependents()
