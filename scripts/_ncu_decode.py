@@ -2,7 +2,8 @@
 at M=1 (`decode`, `actquant`), one small checked decode launch per format (`smoke`, for the sanitizers), the
 v2 int4_g64 kernel at FLUX fc1, fp8 path then int8 path, two launches each (`v2g`), or the W4A4 GEMV at M=1,
 K=4096, N=28672, three launches (`gemv`), or the skinny GEMM at M=16 (argv[2], default 16), K=4096, N=28672, three
-launches (`skinny`; config from LOWRANK_GEMM_SKINNY_CONFIG)."""
+launches (`skinny`; config from LOWRANK_GEMM_SKINNY_CONFIG), or the plain read kernel of `probe_stream.py` over the
+GEMV's 62.4 MB (weights + scales), 16 programs per SM, three launches (`stream`: the GEMV's floor, side by side)."""
 import sys
 
 import torch
@@ -34,6 +35,19 @@ elif what == "gemv":
     ops = w4.make_operands_v2("int4_g64", 1, 28672, 4096, 32, 64, device="cuda")
     for _ in range(3):
         launch_w4a4_gemv(**ops)
+elif what == "stream":
+    sys.path.insert(0, "scripts")
+    import triton
+    from probe_stream import _stream_kernel
+    n_words = (28672 * 2048 + 28672 * 64 * 2) // 4
+    progs = torch.cuda.get_device_properties(0).multi_processor_count * 16
+    wpp = triton.cdiv(triton.cdiv(n_words, progs), 2048) * 2048
+    progs = triton.cdiv(n_words, wpp)
+    w = torch.randint(-2**31, 2**31 - 1, (n_words,), device="cuda", dtype=torch.int32)
+    v = torch.zeros(1, device="cuda", dtype=torch.int32)
+    outs = torch.empty(progs, device="cuda", dtype=torch.int32)
+    for _ in range(3):
+        _stream_kernel[(progs,)](w, v, outs, n_words, wpp, BLOCK=2048, PDL=False, num_warps=8)
 elif what == "skinny":
     from lowrank_gemm.kernels.w4a4_skinny import launch_w4a4_skinny
     m = int(sys.argv[2]) if len(sys.argv) > 2 else 16
