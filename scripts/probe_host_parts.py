@@ -106,6 +106,8 @@ def main() -> int:
     cx.pop("KERNEL")
     kw = dict(cx, num_warps=cfg.num_warps, launch_pdl=cx["PDL"])
     row("      jit[grid](precomputed)", lambda: gv.w4a4_gemv_gl_kernel[grid](*args, **kw))
+    from lowrank_gemm.kernels.launch import launch
+    row("      kernels.launch.launch(precomputed)", lambda: launch(gv.w4a4_gemv_gl_kernel, grid, *args, **kw))
     try:
         row("      CompiledKernel.run (bound once)", direct_launch(gv.w4a4_gemv_gl_kernel, grid, args, kw))
     except Exception as exc:

@@ -36,8 +36,9 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from .epilogue import rank_block
+from .launch import launch
 from .pdl import gdc_launch_dependents, gdc_wait, pdl_enabled
-from .schedule import cdiv, num_sms
+from .schedule import cdiv, next_pow2, num_sms
 from .tma import tma_ready
 from .w4_expand import act_f8_rows, e4m3_codes, expand_act_f8
 
@@ -1143,7 +1144,7 @@ def _fused_s_mode(m: int, s_rows, s_ranks) -> tuple[int, int]:
         return 0, 0
     # every unrolled chunk's loads are live at once in the PTX, so registers grow with SR:
     # sm_90, 4 warps, K = 4096, 2l: SR 1/2/4 → 105/112/164 registers, SR 8 → 255 + 73 spill stores
-    sr = s_rows or min(triton.next_power_of_2(max(m, 1)), 2 if m <= FUSED_RANK_MAX_M else 4)
+    sr = s_rows or min(next_pow2(max(m, 1)), 2 if m <= FUSED_RANK_MAX_M else 4)
     if sr & (sr - 1) or s_ranks & (s_ranks - 1) or s_ranks < 0:
         raise ValueError(f"fused act_quant: s_rows and s_ranks must be powers of two, got s_rows={sr}, "
                          f"s_ranks={s_ranks}")
@@ -1152,7 +1153,7 @@ def _fused_s_mode(m: int, s_rows, s_ranks) -> tuple[int, int]:
 
 def _rank_chunks(k: int, sr: int, rb: int) -> tuple[int, int]:
     """(CK, NCH): K columns per unrolled chunk of a rank-split S program and the chunk count."""
-    ck = min(triton.next_power_of_2(k), max(64, _RANK_TILE_ELEMS // (sr * rb)))
+    ck = min(next_pow2(k), max(64, _RANK_TILE_ELEMS // (sr * rb)))
     return ck, cdiv(k, ck)
 
 
@@ -1164,7 +1165,7 @@ def _plan_fused(m: int, k: int, group_size: int, fmt: str, rank: int, split, blo
     Quant units: 1 row × QK columns, QK = M·K/192 rounded to a power of two in [256 (g64) | 512 (2l),
     2048] (~128–256 units at M = 16–64; 2l units each re-read the row for its absmax, so ≥ 512)."""
     bm = block_m or 16
-    rows = min(bm, triton.next_power_of_2(max(m, 1)))
+    rows = min(bm, next_pow2(max(m, 1)))
     cap = _pow2_floor(max(1, _FUSED_SUM_ELEMS // (rows * rank_block(rank))))
     cap = min(cap, MAX_FUSED_SPLIT)
     if block_k:
@@ -1178,8 +1179,8 @@ def _plan_fused(m: int, k: int, group_size: int, fmt: str, rank: int, split, blo
     sps = cdiv(nsteps, split)
     qm = quant_rows or 1
     lo = 512 if fmt == "int4_2l" else 256
-    qk = quant_cols or min(2048, max(lo, triton.next_power_of_2(cdiv(max(m, 1) * k, 192))))
-    qk = max(group_size, min(qk, triton.next_power_of_2(k)))
+    qk = quant_cols or min(2048, max(lo, next_pow2(cdiv(max(m, 1) * k, 192))))
+    qk = max(group_size, min(qk, next_pow2(k)))
     if qm & (qm - 1) or qk & (qk - 1) or qk % group_size:
         raise ValueError(f"fused act_quant: quant_rows must be a power of two and quant_cols a power-of-two "
                          f"multiple of group_size={group_size}, got quant_rows={qm}, quant_cols={qk}")
@@ -1289,7 +1290,7 @@ def _prep(x, smooth, lora_down, r: int, br: int, unscaled: bool = False):
     pieces = torch.empty((3, k, br) if r else (1, 1, 1), device=x.device, dtype=pdt)
     a = lora_down if r else smooth
     bk = 128
-    _prep_kernel[(cdiv(k, bk),)](smooth, a, a.stride(0) if r else 0, rl, pieces, pieces.stride(0), k, r,
+    launch(_prep_kernel, (cdiv(k, bk),), smooth, a, a.stride(0) if r else 0, rl, pieces, pieces.stride(0), k, r,
                                  SHIFT=shift, BLOCK_K=bk, BLOCK_R=br, HAS_LOWRANK=r > 0, num_warps=4)
     return rl, pieces, shift
 
@@ -1420,7 +1421,7 @@ def act_quant(x: torch.Tensor, smooth: torch.Tensor, lora_down: torch.Tensor, gr
                              grid, bm, nsplit, sps, warps, br, variant == "v3", f8, feed)
     if fmt == "int4_g64":
         x_q, x_scale = _g64_outputs(m, k, group_size, dev, scale_dtype, f8)
-        _act_quant_g_kernel[grid](x, x.stride(0), smooth, x_q, x_q.stride(0), x_scale, x_scale.stride(0),
+        launch(_act_quant_g_kernel, grid, x, x.stride(0), smooth, x_q, x_q.stride(0), x_scale, x_scale.stride(0),
                                   a, a.stride(0), sp, spst, max(r, 1), m, k, r, sps,
                                   G=group_size, BLOCK_M=bm, BLOCK_K=bk, BLOCK_R=br, HAS_LOWRANK=r > 0,
                                   SCALE_BF16=scale_dtype == torch.bfloat16, F8=f8, num_warps=warps)
@@ -1428,12 +1429,12 @@ def act_quant(x: torch.Tensor, smooth: torch.Tensor, lora_down: torch.Tensor, gr
         x_q = torch.empty((m, k), device=dev, dtype=torch.int8)
         x_scale = torch.empty((m,), device=dev, dtype=torch.float32)
         amax_part = torch.empty((nsplit, m), device=dev, dtype=torch.float32)
-        _act_2l_stats_kernel[grid](x, x.stride(0), smooth, a, a.stride(0), sp, spst, max(r, 1),
+        launch(_act_2l_stats_kernel, grid, x, x.stride(0), smooth, a, a.stride(0), sp, spst, max(r, 1),
                                    amax_part, amax_part.stride(0), m, k, r, sps,
                                    BLOCK_M=bm, BLOCK_K=bk, BLOCK_R=br, HAS_LOWRANK=r > 0, num_warps=warps)
-        _act_2l_quant_kernel[grid](x, x.stride(0), smooth, x_q, x_q.stride(0), x_scale,
+        launch(_act_2l_quant_kernel, grid, x, x.stride(0), smooth, x_q, x_q.stride(0), x_scale,
                                    amax_part, amax_part.stride(0), m, k, nsplit, sps,
-                                   G=group_size, BLOCK_M=bm, BLOCK_K=bk, SPLIT_P2=triton.next_power_of_2(nsplit),
+                                   G=group_size, BLOCK_M=bm, BLOCK_K=bk, SPLIT_P2=next_pow2(nsplit),
                                    num_warps=warps)
     else:
         raise ValueError(f"fmt must be one of {FORMATS}, got {fmt!r}")
@@ -1444,8 +1445,8 @@ def act_quant(x: torch.Tensor, smooth: torch.Tensor, lora_down: torch.Tensor, gr
 def _sum_partials(sp, lowrank_act, nsplit: int, br: int) -> None:
     m, r = lowrank_act.shape
     if r and nsplit > 1:
-        _sum_partials_kernel[(m,)](sp, sp.stride(0), sp.stride(1), lowrank_act, lowrank_act.stride(0), m, r,
-                                   nsplit, SPLIT_P2=triton.next_power_of_2(nsplit), BLOCK_R=br, num_warps=1)
+        launch(_sum_partials_kernel, (m,), sp, sp.stride(0), sp.stride(1), lowrank_act, lowrank_act.stride(0), m, r,
+                                   nsplit, SPLIT_P2=next_pow2(nsplit), BLOCK_R=br, num_warps=1)
 
 
 def _act_quant_v2(x, smooth, lora_down, group_size, fmt, scale_dtype, lowrank_act, sp, spst, grid, bm,
@@ -1463,7 +1464,7 @@ def _act_quant_v2(x, smooth, lora_down, group_size, fmt, scale_dtype, lowrank_ac
     one = dict(ONE_ACC=True, num_stages=S_FEED_STAGES) if feed != "split" else {}
     if fmt == "int4_g64":
         x_q, x_scale = _g64_outputs(m, k, group_size, dev, scale_dtype, f8)
-        g_kernel[grid](x, x.stride(0), smooth, rl, x_q, x_q.stride(0), x_scale, x_scale.stride(0),
+        launch(g_kernel, grid, x, x.stride(0), smooth, rl, x_q, x_q.stride(0), x_scale, x_scale.stride(0),
                        pieces, pieces.stride(0), sp, spst, max(r, 1), m, k, r, sps,
                        G=group_size, BLOCK_M=bm, BLOCK_R=br, HAS_LOWRANK=r > 0,
                        SCALE_BF16=scale_dtype == torch.bfloat16, SHIFT=shift, EMU_FMA=emu,
@@ -1474,14 +1475,14 @@ def _act_quant_v2(x, smooth, lora_down, group_size, fmt, scale_dtype, lowrank_ac
         amax_part = torch.empty((nsplit, m), device=dev, dtype=torch.float32)
         tma = feed == "one_tma"
         x_arg = TensorDescriptor.from_tensor(x, [bm, group_size]) if tma else x
-        stats_kernel[grid](x_arg, x.stride(0), smooth, rl, pieces, pieces.stride(0), sp, spst, max(r, 1),
+        launch(stats_kernel, grid, x_arg, x.stride(0), smooth, rl, pieces, pieces.stride(0), sp, spst, max(r, 1),
                                       amax_part, amax_part.stride(0), m, k, r, sps,
                                       BLOCK_M=bm, BLOCK_K=group_size, BLOCK_R=br, HAS_LOWRANK=r > 0,
                                       SHIFT=shift, EMU_FMA=emu, **one, **({"X_TMA": True} if tma else {}),
                                       num_warps=warps)
-        quant_kernel[grid](x, x.stride(0), smooth, rl, x_q, x_q.stride(0), x_scale,
+        launch(quant_kernel, grid, x, x.stride(0), smooth, rl, x_q, x_q.stride(0), x_scale,
                                       amax_part, amax_part.stride(0), m, k, nsplit, sps,
-                                      G=group_size, BLOCK_M=bm, SPLIT_P2=triton.next_power_of_2(nsplit),
+                                      G=group_size, BLOCK_M=bm, SPLIT_P2=next_pow2(nsplit),
                                       EMU_FMA=emu, num_warps=warps)
     _sum_partials(sp, lowrank_act, nsplit, br)
     return x_q, x_scale, lowrank_act
@@ -1530,12 +1531,12 @@ def _act_quant_fused(x, smooth, lora_down, group_size, fmt, scale_dtype, plan: A
     if rb:  # rank-split S: no slabs, no tickets
         ck, nch = _rank_chunks(k, sr, rb)
         n_s = cdiv(m, sr) * cdiv(r, rb) if r else 0
-        _act_quant_fused_kernel[(n_s + n_q,)](
+        launch(_act_quant_fused_kernel, (n_s + n_q,),
             x, x.stride(0), smooth, x_q, x_q.stride(0), x_scale, x_scale.stride(0), a, a.stride(0),
             lowrank_act, 0, 0, lowrank_act, lowrank_act.stride(0), lowrank_act,  # no slabs / tickets
             m, k, r, 1, 1, n_s, qs, 0,
             TWO_LEVEL=two_level, G=group_size, BLOCK_M=16, BLOCK_K=group_size, BLOCK_R=br, SPLIT_P2=1, SUM_ROWS=1,
-            QM=qm, QK=qk, CH=min(triton.next_power_of_2(k), max(64, 4096 // qm)),
+            QM=qm, QK=qk, CH=min(next_pow2(k), max(64, 4096 // qm)),
             SCALE_BF16=scale_dtype == torch.bfloat16, S_RANK=True, SR=sr, RB=rb, CK=ck, NCH=nch, num_warps=warps,
             **modes)
         return x_q, x_scale, lowrank_act
@@ -1543,12 +1544,12 @@ def _act_quant_fused(x, smooth, lora_down, group_size, fmt, scale_dtype, plan: A
     n_s = n_rb * nsplit if r else 0
     sp = torch.empty((nsplit, m, r), device=dev, dtype=torch.float32) if (r and nsplit > 1) else lowrank_act
     cnt = _tickets(dev, n_rb)
-    _act_quant_fused_kernel[(n_s + n_q,)](
+    launch(_act_quant_fused_kernel, (n_s + n_q,),
         x, x.stride(0), smooth, x_q, x_q.stride(0), x_scale, x_scale.stride(0), a, a.stride(0),
         sp, sp.stride(0) if sp.dim() == 3 else 0, sp.stride(-2), lowrank_act, lowrank_act.stride(0), cnt,
         m, k, r, nsplit, sps, n_s, qs, rot % nsplit,
         TWO_LEVEL=two_level, G=group_size, BLOCK_M=bm, BLOCK_K=bk, BLOCK_R=br,
-        SPLIT_P2=triton.next_power_of_2(nsplit), SUM_ROWS=min(bm, triton.next_power_of_2(m)), QM=qm, QK=qk,
-        CH=min(triton.next_power_of_2(k), max(64, 4096 // qm)), SCALE_BF16=scale_dtype == torch.bfloat16,
+        SPLIT_P2=next_pow2(nsplit), SUM_ROWS=min(bm, next_pow2(m)), QM=qm, QK=qk,
+        CH=min(next_pow2(k), max(64, 4096 // qm)), SCALE_BF16=scale_dtype == torch.bfloat16,
         num_warps=warps, **modes)
     return x_q, x_scale, lowrank_act

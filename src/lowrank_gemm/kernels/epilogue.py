@@ -12,13 +12,15 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from .schedule import next_pow2
+
 __all__ = ["rank_block", "lowrank_up", "affine", "add_bias", "store_tile"]
 
 
 def rank_block(rank: int) -> int:
     """BLOCK_R of :func:`lowrank_up`: the rank padded to the MMA's K granularity, a power of two ≥ 16
     (``tl.arange``); slots ≥ rank are masked to zero."""
-    return max(16, triton.next_power_of_2(max(rank, 1)))
+    return max(16, next_pow2(max(rank, 1)))
 
 
 @triton.jit

@@ -51,6 +51,7 @@ from ..plan.config import KernelConfig
 from ..plan.planner import (LORA_STRATEGIES, block_r_for, current_pin, fixup_dp_tiles, pinned,
                             plan_lora)
 from ..plan.tuned import tuned_file
+from .launch import launch
 from .pdl import pdl_supported
 from .tma import TMA_ALIGN, tma_operand
 from . import _lora_kernels as K_
@@ -301,7 +302,7 @@ def _launch_main(x, w, a, b, s, bias, y, sws, M, N, Kp, R, scale, cfg, *, lowran
     if _prefetch_ok(c, x.element_size() * 8, lowrank, partial=partial, has_bias=has_bias,
                     r_chunks=r_chunks):
         meta["EPI_PREFETCH"] = True
-    K_.lora_main_kernel[grid](
+    launch(K_.lora_main_kernel, grid,
         x_d, w_d, a_d, s, b, bias if has_bias else y, y, sws, ws, cnt, M, N, Kp, R, scale,
         split, s.shape[0], dp,
         s.stride(0), s.stride(1), s.stride(2), b.stride(0), b.stride(1), *sy, *ssw,
@@ -325,6 +326,11 @@ def _prefetch_ok(cfg: KernelConfig, dtype_bits: int, lowrank: int, *, partial: b
         return False
     if lowrank == K_.LOWRANK_NONE and not has_bias:
         return False
+    return _prefetch_fits(cfg, dtype_bits, lowrank)
+
+
+@functools.lru_cache(maxsize=256)      # per plan, not per call: the ledger is ~20 µs of host time per launch
+def _prefetch_fits(cfg: KernelConfig, dtype_bits: int, lowrank: int) -> bool:
     return smem_ledger(cfg, dtype_bits, _LEDGER_STRATEGY[lowrank], prefetch=True).fits()
 
 
@@ -380,29 +386,39 @@ class _Tickets:
     def __init__(self):
         self.buffers: dict = {}
         self.regions: dict = {}
+        self.views: dict = {}      # (device, stream, tiles) → the region's first ``tiles`` slots (one view per plan)
 
     def get(self, device: torch.device, tiles: int) -> torch.Tensor:
         if tiles > TICKET_SLOTS:   # a pinned big-M plan: private zeroed tickets (a memset)
             return torch.zeros(tiles, dtype=torch.int32, device=device)
-        capturing = device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+        is_cuda = device.type == "cuda"
+        stream = torch._C._cuda_getCurrentRawStream(_device_index(device)) if is_cuda else 0
+        view = self.views.get((device, stream, tiles))
+        if view is not None:
+            return view
+        capturing = is_cuda and torch.cuda.is_current_stream_capturing()
         buf = self.buffers.get(device)
         if buf is None:
             if capturing:          # nothing allocated before the capture: a memset node per call
                 return torch.zeros(tiles, dtype=torch.int32, device=device)
             buf = torch.zeros(_TICKET_REGIONS, TICKET_SLOTS, dtype=torch.int32, device=device)
             self.buffers[device] = buf
-        stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
         key = (device, stream)
         idx = self.regions.get(key)
         if idx is None:
             idx = len([k for k in self.regions if k[0] == device]) % _TICKET_REGIONS
             self.regions[key] = idx
-        return buf[idx, :tiles]
+        view = self.views[(device, stream, tiles)] = buf[idx, :tiles]
+        return view
 
     def region(self, device: torch.device, stream: int = 0) -> torch.Tensor | None:
         """The whole region of (device, stream) (tests: it must be back at zero after launches)."""
         idx = self.regions.get((device, stream))
         return None if idx is None else self.buffers[device][idx]
+
+
+def _device_index(device: torch.device) -> int:
+    return device.index if device.index is not None else torch.cuda.current_device()
 
 
 _TICKETS = _Tickets()
@@ -412,7 +428,7 @@ def _launch_reduce(ws, s, b, bias, y, M, N, R, s_scale, splits, s_splits, cfg, *
     """y = Σ ws[k] (+ s_scale·Σ s[k]·Bᵀ) (+ bias). ws [splits, M, ≥N] fp32, s [s_splits, M, ≥R]."""
     bm, bn = _reduce_tile(cfg)
     grid = (cdiv(M, bm), cdiv(N, bn))
-    K_.lora_reduce_kernel[grid](
+    launch(K_.lora_reduce_kernel, grid,
         ws, s, b, y if bias is None else bias, y, M, N, R, s_scale, splits, s_splits,
         ws.stride(0), ws.stride(1), ws.stride(2), s.stride(0), s.stride(1), s.stride(2),
         b.stride(0), b.stride(1), y.stride(0), y.stride(1),
@@ -512,7 +528,7 @@ def _launch_down(x, a, s, scale, block_r, *, Kp, R, pdl=False):
     M = x.shape[0]
     bm, bk = (_DOWN_BM, _DOWN_BK) if not _interpreting() else (32, 32)
     grid = (cdiv(M, bm), cdiv(R, block_r), s.shape[0])
-    K_.lora_down_kernel[grid](_desc(x, bm, bk), _desc(a, block_r, bk), s,
+    launch(K_.lora_down_kernel, grid, _desc(x, bm, bk), _desc(a, block_r, bk), s,
                               M, Kp, R, scale, s.stride(0), s.stride(1), s.stride(2),
                               BLOCK_M=bm, BLOCK_R=block_r, BLOCK_K=bk, PDL=pdl,
                               num_warps=4, num_stages=_DOWN_STAGES)
@@ -584,7 +600,7 @@ def _run_persistent(x, w, a, b, bias, y, scale, cfg, *, N, Kp, R, dynamic):
     sync = torch.zeros(num_pid_m + 1, dtype=torch.int32, device=dev)
     grid = (persistent_grid(num_pid_m * (num_pid_n + 1), dev) if dynamic
             else _static_grid(num_pid_m, num_pid_n, c.group_m, dev),)
-    K_.lora_persistent_kernel[grid](
+    launch(K_.lora_persistent_kernel, grid,
         _desc(x, c.block_m, c.block_k), _desc(w, c.block_n, c.block_k), _desc(a, c.block_r, c.block_k),
         s, sync, b, y if bias is None else bias, y, M, N, Kp, R, scale,
         s.stride(0), s.stride(1), b.stride(0), b.stride(1), y.stride(0), y.stride(1),
@@ -621,7 +637,7 @@ def _run_streamk(x, w, a, b, bias, y, scale, cfg, *, N, Kp, R):
     ws = _empty_f32(dev, 2 * grid, c.block_m, c.block_n)
     sws = _empty_f32(dev, 2 * grid, c.block_m, c.block_r)
     cnt = torch.zeros(tiles, dtype=torch.int32, device=dev)
-    K_.lora_streamk_kernel[(grid,)](
+    launch(K_.lora_streamk_kernel, (grid,),
         _desc(x, c.block_m, c.block_k), _desc(w, c.block_n, c.block_k), _desc(a, c.block_r, c.block_k),
         b, y if bias is None else bias, y, ws, sws, cnt, M, N, Kp, R, scale,
         b.stride(0), b.stride(1), y.stride(0), y.stride(1),

@@ -44,8 +44,9 @@ import triton
 import triton.language as tl
 
 from lowrank_gemm.kernels.epilogue import add_bias, lowrank_up, rank_block, store_tile
+from lowrank_gemm.kernels.launch import launch
 from lowrank_gemm.kernels.pdl import gdc_launch_dependents, gdc_wait, pdl_enabled, pdl_supported
-from lowrank_gemm.kernels.schedule import cdiv, grouped_tile, num_sms
+from lowrank_gemm.kernels.schedule import cdiv, grouped_tile, next_pow2, num_sms
 from lowrank_gemm.plan.config import KernelConfig
 from lowrank_gemm.plan.smem import SmemLedger, SmemTerm, barrier_bytes, solve_stages, tile_bytes
 from lowrank_gemm.plan.tuned import TUNED_DIR, tuned_file
@@ -569,7 +570,7 @@ def _late_adapter(acc, j, first, order, ids, x_ptrs, stride_xk, a_ptr, stride_al
 # ----------------------------------------------------------------------------------------------
 
 def _pow2_at_least(v: int, lo: int = 16) -> int:
-    return max(lo, triton.next_power_of_2(max(1, v)))
+    return max(lo, next_pow2(max(1, v)))
 
 
 @dataclass(frozen=True)
@@ -773,40 +774,40 @@ def _default_validate() -> bool:
 
 
 def _check_inputs(x, weight, bank_a, bank_b, ranks, scales, adapter_ids, bias, row_order, mode):
-    def need(cond, msg):
+    def need(cond, msg):      # msg: a string or a callable building it (built only on failure)
         if not cond:
-            raise ValueError(f"multi_lora_linear: {msg}")
+            raise ValueError(f"multi_lora_linear: {msg() if callable(msg) else msg}")
 
-    need(mode in MODES, f"mode must be one of {MODES}, got {mode!r}")
-    need(x.dim() == 2, f"x must be [M, K] (flatten leading dims), got shape {tuple(x.shape)}")
+    need(mode in MODES, lambda: f"mode must be one of {MODES}, got {mode!r}")
+    need(x.dim() == 2, lambda: f"x must be [M, K] (flatten leading dims), got shape {tuple(x.shape)}")
     M, K = x.shape
     need(weight.dim() == 2 and weight.shape[1] == K,
-         f"weight must be [N, K={K}], got {tuple(weight.shape)}")
+         lambda: f"weight must be [N, K={K}], got {tuple(weight.shape)}")
     N = weight.shape[0]
     need(bank_a.dim() == 3 and bank_a.shape[2] == K,
-         f"bank_a must be [L, r_max, K={K}], got {tuple(bank_a.shape)}")
+         lambda: f"bank_a must be [L, r_max, K={K}], got {tuple(bank_a.shape)}")
     L, r_max = bank_a.shape[0], bank_a.shape[1]
     need(tuple(bank_b.shape) == (L, N, r_max),
-         f"bank_b must be [L={L}, N={N}, r_max={r_max}], got {tuple(bank_b.shape)}")
+         lambda: f"bank_b must be [L={L}, N={N}, r_max={r_max}], got {tuple(bank_b.shape)}")
     need(tuple(ranks.shape) == (L,) and ranks.dtype == torch.int32,
-         f"ranks must be int32 [L={L}], got {ranks.dtype} {tuple(ranks.shape)}")
+         lambda: f"ranks must be int32 [L={L}], got {ranks.dtype} {tuple(ranks.shape)}")
     need(tuple(scales.shape) == (L,) and scales.dtype == torch.float32,
-         f"scales must be float32 [L={L}], got {scales.dtype} {tuple(scales.shape)}")
+         lambda: f"scales must be float32 [L={L}], got {scales.dtype} {tuple(scales.shape)}")
     need(tuple(adapter_ids.shape) == (M,) and adapter_ids.dtype in (torch.int32, torch.int64),
-         f"adapter_ids must be int32/int64 [M={M}], got {adapter_ids.dtype} {tuple(adapter_ids.shape)}")
-    need(x.dtype in (torch.float16, torch.bfloat16), f"x must be fp16 or bf16, got {x.dtype}")
+         lambda: f"adapter_ids must be int32/int64 [M={M}], got {adapter_ids.dtype} {tuple(adapter_ids.shape)}")
+    need(x.dtype in (torch.float16, torch.bfloat16), lambda: f"x must be fp16 or bf16, got {x.dtype}")
     for name, t in (("weight", weight), ("bank_a", bank_a), ("bank_b", bank_b)):
-        need(t.dtype == x.dtype, f"{name} dtype must match x ({x.dtype}), got {t.dtype}")
+        need(t.dtype == x.dtype, lambda: f"{name} dtype must match x ({x.dtype}), got {t.dtype}")
     if bias is not None:
-        need(tuple(bias.shape) == (N,), f"bias must be [N={N}], got {tuple(bias.shape)}")
+        need(tuple(bias.shape) == (N,), lambda: f"bias must be [N={N}], got {tuple(bias.shape)}")
     if row_order is not None:
         need(tuple(row_order.shape) == (M,) and row_order.dtype == torch.int32,
-             f"row_order must be int32 [M={M}], got {row_order.dtype} {tuple(row_order.shape)}")
+             lambda: f"row_order must be int32 [M={M}], got {row_order.dtype} {tuple(row_order.shape)}")
     named = [("weight", weight), ("bank_a", bank_a), ("bank_b", bank_b), ("ranks", ranks),
              ("scales", scales), ("adapter_ids", adapter_ids), ("bias", bias), ("row_order", row_order)]
     for name, t in named:
         if t is not None:
-            need(t.device == x.device, f"{name} is on {t.device}, expected x's device {x.device}")
+            need(t.device == x.device, lambda: f"{name} is on {t.device}, expected x's device {x.device}")
     return M, N, K, L, r_max
 
 
@@ -951,14 +952,14 @@ def multi_lora_gemm(x, weight, bank_a, bank_b, ranks, scales, adapter_ids, bias=
         num_rb = block_r // scfg.block_n
         k_per_split = cdiv(cdiv(K, split_s), scfg.block_k) * scfg.block_k
         grid_s = (cdiv(M, sbm) * max_distinct * num_rb * split_s,)
-        _mlora_shrink_kernel[grid_s](
+        launch(_mlora_shrink_kernel, grid_s,
             x, bank_a, ids, order_arg, ranks, s_ws, M, K, L, r_max, k_per_split,
             x.stride(0), x.stride(1), bank_a.stride(0), bank_a.stride(1), bank_a.stride(2),
             s_ws.stride(0), s_ws.stride(1),
             MAX_DISTINCT=max_distinct, NUM_RB=num_rb, SPLIT_S=split_s, BM=sbm, BR=scfg.block_n,
             BK=scfg.block_k, HAS_ORDER=order is not None, PDL=use_pdl, num_warps=scfg.num_warps,
             num_stages=scfg.num_stages)
-    _mlora_main_kernel[(tiles, split_k)](
+    launch(_mlora_main_kernel, (tiles, split_k),
         x, x_desc, _w_operand(weight, cfg, use_tma), y, bias if bias is not None else x, ids, order_arg, s_ws,
         scales, bank_a, bank_b, ranks, ws, sws, cnt, b_desc, lst, M, N, K, L, r_max, split_s,
         x.stride(0), x.stride(1), weight.stride(0), weight.stride(1), y.stride(0), y.stride(1),

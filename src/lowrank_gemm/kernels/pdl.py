@@ -20,6 +20,7 @@ The interpreter cannot run inline PTX, so kernels take a ``PDL`` constexpr that 
 
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -43,7 +44,12 @@ def pdl_supported(device: torch.device | None) -> bool:
         return False
     if device is None or device.type != "cuda":
         return False
-    return torch.cuda.get_device_capability(device)[0] >= 9
+    return _sm90_or_later(device.index if device.index is not None else torch.cuda.current_device())
+
+
+@functools.lru_cache(maxsize=None)        # a device property query is microseconds of host time per launch
+def _sm90_or_later(index: int) -> bool:
+    return torch.cuda.get_device_capability(index)[0] >= 9
 
 
 def pdl_enabled(device: torch.device | None = None) -> bool:

@@ -11,11 +11,18 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-__all__ = ["grouped_tile", "grouped_tile_host", "persistent_grid", "cdiv"]
+__all__ = ["grouped_tile", "grouped_tile_host", "persistent_grid", "cdiv", "next_pow2"]
 
 
+# Host arithmetic in plain Python: triton.cdiv / triton.next_power_of_2 are constexpr functions whose Python call
+# costs ~5 µs each, and a decode call's launch path used a dozen of them.
 def cdiv(a: int, b: int) -> int:
     return -(-a // b)
+
+
+def next_pow2(n: int) -> int:
+    """The smallest power of two ≥ n (0 for n ≤ 0, as triton.next_power_of_2)."""
+    return 1 << (n - 1).bit_length() if n > 0 else 0
 
 
 @triton.jit

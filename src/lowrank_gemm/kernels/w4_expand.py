@@ -32,7 +32,9 @@ import triton.language as tl
 
 from ..formats.int4 import PACK_BLOCK
 from .int4_unpack import SWAR_DEFAULT, unpack_hi, unpack_lo
+from .launch import launch
 from .pdl import gdc_launch_dependents, gdc_wait, pdl_enabled
+from .schedule import cdiv
 
 __all__ = ["expand_w4", "expand_w4_ref", "EXPAND_DTYPES", "expand_act_f8", "expand_act_f8_ref", "F8_W_SHIFT",
            "e4m3_codes", "act_f8_rows"]
@@ -105,8 +107,8 @@ def expand_w4(w_q: torch.Tensor, w_mul: torch.Tensor | None, group_size: int, fm
     if n == 0:
         return out
     wu = w_mul if two_level else w_q
-    grid = (triton.cdiv(n, block_n), triton.cdiv(k // PACK_BLOCK, block_b))
-    _w4_expand_kernel[grid](w_q, wu, wu.stride(0), out, n, k // 2, G=group_size, TWO_LEVEL=two_level,
+    grid = (cdiv(n, block_n), cdiv(k // PACK_BLOCK, block_b))
+    launch(_w4_expand_kernel, grid, w_q, wu, wu.stride(0), out, n, k // 2, G=group_size, TWO_LEVEL=two_level,
                             OUT_FP8=out_dtype == torch.float8_e4m3fn, BLOCK_N=block_n, BLOCK_B=block_b,
                             num_warps=4)
     return out
@@ -192,9 +194,9 @@ def expand_act_f8(x_q: torch.Tensor, x_scale: torch.Tensor, group_size: int, blo
     x8 = torch.empty((m, k), device=x_q.device, dtype=torch.float8_e4m3fn)
     xab = torch.empty((k // group_size, 2, m), device=x_q.device, dtype=torch.float32)
     if m:
-        grid = (triton.cdiv(m, block_m), k // group_size)
+        grid = (cdiv(m, block_m), k // group_size)
         pdl = pdl_enabled(x_q.device)
-        _act_f8_kernel[grid](x_q, x_scale, x8, xab, m, k // 2, G=group_size, BLOCK_M=block_m, PDL=pdl,
+        launch(_act_f8_kernel, grid, x_q, x_scale, x8, xab, m, k // 2, G=group_size, BLOCK_M=block_m, PDL=pdl,
                              num_warps=4, launch_pdl=pdl)
     return x8, xab
 

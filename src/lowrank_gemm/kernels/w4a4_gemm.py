@@ -61,10 +61,11 @@ from ..plan.smem import SmemLedger, SmemTerm, barrier_bytes, solve_stages, tile_
 from ..plan.tuned import TUNED_DIR, tuned_file
 from .act_quant import FORMATS, act_quant
 from .int4_unpack import SWAR_DEFAULT, unpack_hi, unpack_lo
+from .launch import launch
 from .lora_gemm import _direct_ok
 from .w4_expand import expand_w4
 from .epilogue import add_bias, affine, lowrank_up, rank_block, store_tile
-from .schedule import cdiv, grouped_tile, persistent_grid
+from .schedule import cdiv, grouped_tile, next_pow2, persistent_grid
 
 __all__ = ["launch_w4a4_v1", "plan_w4a4", "w4a4_ledger", "can_implement", "w4a4_gemm", "w4a4_linear",
            "svdq_forward_cuda", "check_gemm_args", "GROUP_SIZES", "w4a4_epilogue_ledger",
@@ -597,7 +598,7 @@ def swap_config(m: int, r: int, fmt: str, group_size: int, block_n: int = 128, m
     """SWAP-AB tiles: tokens padded to a power of two in [16, 64] (the MMA's N), 128 weight rows
     (two wgmma M tiles per warpgroup), the deepest pipeline the ledger allows (≤ max_stages).
     ``block_k``: K per loop iteration (a multiple of G for g64 / of 64 for 2l; default one group)."""
-    bm = min(64, max(16, triton.next_power_of_2(max(m, 1))))
+    bm = min(64, max(16, next_pow2(max(m, 1))))
     unit = group_size if fmt == "int4_g64" else PACK_BLOCK
     bk = max(unit, (block_k or unit) // unit * unit)
     base = KernelConfig(block_m=bm, block_n=block_n, block_k=bk,
@@ -667,7 +668,7 @@ def plan_w4a4_full(m: int, n: int, k: int, r: int, fmt: str, group_size: int, de
             plan = W4A4Plan.from_dict(e["plan"])
             cfg = plan.config.replace(block_r=rank_block(r), lowrank_stages=1 if r else 0)
             if plan.variant == "swap_ab":  # tokens tile follows m inside the bucket
-                cfg = cfg.replace(block_m=min(64, max(16, triton.next_power_of_2(max(m, 1)))))
+                cfg = cfg.replace(block_m=min(64, max(16, next_pow2(max(m, 1)))))
             if can_implement(cfg, fmt, group_size, plan.variant, plan.scale_tma):
                 return W4A4Plan(plan.variant, cfg, plan.mma_fp8 and fmt == "int4_g64", plan.prefetch, plan.scale_tma)
             break
@@ -721,7 +722,7 @@ def launch_w4a4_v1(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias
     wu = w_mul if two_level else w_q
     lr = lowrank_act if r else out
     up = lora_up if r else out
-    _w4a4_gemm_kernel[(progs,)](
+    launch(_w4a4_gemm_kernel, (progs,),
         a_desc, b_desc, x_scale, x_scale.stride(0), w_scale, w_scale.stride(0), wu, wu.stride(0),
         xs_desc, ws_desc, wu_desc,
         lr, lr.stride(0), up, up.stride(0), up.stride(1) if r else 1,
@@ -795,7 +796,7 @@ def _packed_route(impl: str, name: str, fmt: str, device: torch.device, pre_expa
     rule."""
     if impl == name:
         _expect(fmt in fmts and not pre_expanded and device.type == "cuda",
-                f"impl={name!r} runs {' / '.join(fmts)} on packed int4 (int4_2l: int8) activations on CUDA, got "
+                lambda: f"impl={name!r} runs {' / '.join(fmts)} on packed int4 (int4_2l: int8) activations on CUDA, got "
                 f"fmt={fmt!r}{', pre-expanded e4m3 activations' if pre_expanded else ''} on {device}")
         return True
     if impl != "auto" or fmt not in fmts or pre_expanded or device.type != "cuda":
@@ -832,7 +833,7 @@ def _route(impl: str, fmt: str, m: int, n: int, k: int, r: int, group_size: int,
     if _decode_route(impl, m, n, fmt, device):
         return "decode"
     if pre_expanded:
-        _expect(impl in ("auto", "v2") and device.type == "cuda", f"impl={impl!r} on {device}: {_PRE_EXPANDED_V1}")
+        _expect(impl in ("auto", "v2") and device.type == "cuda", lambda: f"impl={impl!r} on {device}: {_PRE_EXPANDED_V1}")
         return "v2"
     v1_plan = None
     if impl == "auto" and device.type == "cuda" and fmt == "int4_2l":
@@ -906,9 +907,11 @@ def _launcher(impl: str, device: torch.device, scales: tuple | None = None, v1_p
 
 # ---- validation -----------------------------------------------------------------------------------
 
-def _expect(ok: bool, what: str) -> None:
+def _expect(ok: bool, what) -> None:
+    """Raise ValueError("w4a4: " + what) unless ``ok``. ``what``: the message, or a callable building it — the
+    checks run on every eager call, and an f-string with shapes in it costs a microsecond even when nothing fails."""
     if not ok:
-        raise ValueError(f"w4a4: {what}")
+        raise ValueError(f"w4a4: {what() if callable(what) else what}")
 
 
 def _shape(t: torch.Tensor | None) -> list | None:
@@ -918,112 +921,114 @@ def _shape(t: torch.Tensor | None) -> list | None:
 def check_gemm_args(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, group_size: int,
                     fmt: str) -> tuple[int, int, int, int]:
     """Validate the launcher contract; returns (M, N, K, r). Errors say expected vs got."""
-    _expect(fmt in FORMATS, f"fmt must be one of {FORMATS}, got {fmt!r}")
-    _expect(group_size in GROUP_SIZES, f"group_size must be one of {GROUP_SIZES}, got {group_size}")
+    _expect(fmt in FORMATS, lambda: f"fmt must be one of {FORMATS}, got {fmt!r}")
+    _expect(group_size in GROUP_SIZES, lambda: f"group_size must be one of {GROUP_SIZES}, got {group_size}")
     _expect(w_q.dtype == torch.uint8 and w_q.dim() == 2,
-            f"qweight must be uint8 [N, K/2] (packed int4), got {w_q.dtype} {_shape(w_q)}")
+            lambda: f"qweight must be uint8 [N, K/2] (packed int4), got {w_q.dtype} {_shape(w_q)}")
     n, k = w_q.shape[0], 2 * w_q.shape[1]
     _expect(k % PACK_BLOCK == 0 and k % group_size == 0,
-            f"K={k} (from qweight [N, K/2]) must be a multiple of {PACK_BLOCK} and of group_size={group_size}")
-    _expect(k <= MAX_K, f"K={k} exceeds {MAX_K} (int32 accumulation could overflow)")
+            lambda: f"K={k} (from qweight [N, K/2]) must be a multiple of {PACK_BLOCK} and of group_size={group_size}")
+    _expect(k <= MAX_K, lambda: f"K={k} exceeds {MAX_K} (int32 accumulation could overflow)")
     ng = k // group_size
     if fmt == "int4_g64" and x_q.dtype == torch.float8_e4m3fn:   # pre-expanded (module docstring)
         _expect(x_q.dim() == 2 and x_q.shape[1] == k,
-                f"pre-expanded activations must be float8_e4m3fn [M, {k}], got {x_q.dtype} {_shape(x_q)}")
+                lambda: f"pre-expanded activations must be float8_e4m3fn [M, {k}], got {x_q.dtype} {_shape(x_q)}")
         m = x_q.shape[0]
         _expect(x_scale.shape == (ng, 2, m) and x_scale.dtype == torch.float32,
-                f"pre-expanded e4m3 activations come with xab float32 [K/G, 2, M] = {[ng, 2, m]} "
+                lambda: f"pre-expanded e4m3 activations come with xab float32 [K/G, 2, M] = {[ng, 2, m]} "
                 f"(act_quant(out='f8') / expand_act_f8), got {x_scale.dtype} {_shape(x_scale)}")
         _expect(w_scale.shape == (ng, n) and w_scale.dtype in (torch.bfloat16, torch.float16),
-                f"wscales must be bf16/fp16 [K/G, N] = {[ng, n]}, got {w_scale.dtype} {_shape(w_scale)}")
+                lambda: f"wscales must be bf16/fp16 [K/G, N] = {[ng, n]}, got {w_scale.dtype} {_shape(w_scale)}")
         _expect(w_mul is None, "w_mul is only used by fmt='int4_2l'")
     elif fmt == "int4_g64":
         _expect(x_q.dtype == torch.uint8 and x_q.dim() == 2 and x_q.shape[1] == k // 2,
-                f"activations must be uint8 [M, {k // 2}] (packed int4; or float8_e4m3fn [M, {k}] pre-expanded), "
+                lambda: f"activations must be uint8 [M, {k // 2}] (packed int4; or float8_e4m3fn [M, {k}] pre-expanded), "
                 f"got {x_q.dtype} {_shape(x_q)}")
         m = x_q.shape[0]
         _expect(x_scale.shape == (ng, m) and x_scale.dtype in (torch.bfloat16, torch.float16),
-                f"activation scales must be bf16/fp16 [K/G, M] = {[ng, m]}, got {x_scale.dtype} {_shape(x_scale)}")
+                lambda: f"activation scales must be bf16/fp16 [K/G, M] = {[ng, m]}, got {x_scale.dtype} {_shape(x_scale)}")
         _expect(w_scale.shape == (ng, n) and w_scale.dtype == x_scale.dtype,
-                f"wscales must be {x_scale.dtype} [K/G, N] = {[ng, n]}, got {w_scale.dtype} {_shape(w_scale)}")
+                lambda: f"wscales must be {x_scale.dtype} [K/G, N] = {[ng, n]}, got {w_scale.dtype} {_shape(w_scale)}")
         _expect(w_mul is None, "w_mul is only used by fmt='int4_2l'")
     else:
         _expect(x_q.dtype == torch.int8 and x_q.dim() == 2 and x_q.shape[1] == k,
-                f"int4_2l activations must be int8 [M, {k}] (expanded q·v), got {x_q.dtype} {_shape(x_q)}")
+                lambda: f"int4_2l activations must be int8 [M, {k}] (expanded q·v), got {x_q.dtype} {_shape(x_q)}")
         m = x_q.shape[0]
         _expect(x_scale.shape == (m,) and x_scale.dtype == torch.float32,
-                f"int4_2l activation scales must be float32 [M] = [{m}], got {x_scale.dtype} {_shape(x_scale)}")
+                lambda: f"int4_2l activation scales must be float32 [M] = [{m}], got {x_scale.dtype} {_shape(x_scale)}")
         _expect(w_scale.shape == (n,) and w_scale.dtype == torch.float32,
-                f"int4_2l wscales must be float32 [N] = [{n}], got {w_scale.dtype} {_shape(w_scale)}")
+                lambda: f"int4_2l wscales must be float32 [N] = [{n}], got {w_scale.dtype} {_shape(w_scale)}")
         _expect(w_mul is not None and w_mul.dtype == torch.uint8 and w_mul.shape == (ng, n),
-                f"int4_2l w_mul must be uint8 [K/G, N] = {[ng, n]}, got "
+                lambda: f"int4_2l w_mul must be uint8 [K/G, N] = {[ng, n]}, got "
                 f"{None if w_mul is None else w_mul.dtype} {_shape(w_mul)}")
     r = 0
     if lowrank_act is not None or lora_up is not None:
         _expect(lowrank_act is not None and lora_up is not None, "lowrank_act and lora_up come together")
         r = lora_up.shape[1] if lora_up.dim() == 2 else -1
         _expect(lora_up.dim() == 2 and lora_up.shape[0] == n and lora_up.dtype in (torch.bfloat16, torch.float16),
-                f"lora_up must be bf16/fp16 [N={n}, r], got {lora_up.dtype} {_shape(lora_up)}")
+                lambda: f"lora_up must be bf16/fp16 [N={n}, r], got {lora_up.dtype} {_shape(lora_up)}")
         _expect(lowrank_act.shape == (m, r) and lowrank_act.dtype == torch.float32,
-                f"lowrank_act must be float32 [M, r] = {[m, r]}, got {lowrank_act.dtype} {_shape(lowrank_act)}")
+                lambda: f"lowrank_act must be float32 [M, r] = {[m, r]}, got {lowrank_act.dtype} {_shape(lowrank_act)}")
     if bias is not None:
-        _expect(bias.shape == (n,) and bias.is_floating_point(), f"bias must be float [{n}], got {bias.dtype} "
+        _expect(bias.shape == (n,) and bias.is_floating_point(), lambda: f"bias must be float [{n}], got {bias.dtype} "
                 f"{_shape(bias)}")
     tensors = [t for t in (x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias) if t is not None]
     devs = {t.device for t in tensors}
-    _expect(len(devs) == 1, f"all tensors must be on one device, got {sorted(map(str, devs))}")
+    _expect(len(devs) == 1, lambda: f"all tensors must be on one device, got {sorted(map(str, devs))}")
     _expect(all(t.is_contiguous() for t in tensors), "all tensors must be contiguous")
     return m, n, k, r
 
 
 def check_packed_launch(who: str, x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, out, fmt: str,
                         group_size: int, col_scale, word_bytes: int,
-                        two_level: bool = False) -> tuple[int, int, int, int]:
+                        two_level: bool = False, dims: tuple | None = None) -> tuple[int, int, int, int]:
     """The launcher contract of the kernels that read packed int4 activations as words (the GEMV, the skinny GEMM):
     :func:`check_gemm_args`, then int4_g64 on packed activations (``two_level``: or int4_2l on its int8 ones),
     ``out`` [M, N], ``col_scale`` [N], and x_q / w_q contiguous and ``word_bytes``-aligned. Errors name ``who``;
     returns (M, N, K, r)."""
     def need(ok, what):
-        _expect(ok, f"{who}: {what}")
+        _expect(ok, lambda: f"{who}: {what() if callable(what) else what}")
     if two_level and fmt == "int4_2l":
-        need(x_q.dtype == torch.int8, f"int4_2l activations must be int8 [M, K], got {x_q.dtype}")
+        need(x_q.dtype == torch.int8, lambda: f"int4_2l activations must be int8 [M, K], got {x_q.dtype}")
     else:
-        need(fmt in ("int4_g64", "int4_g"), f"runs the standard format int4_g64"
+        need(fmt in ("int4_g64", "int4_g"), lambda: f"runs the standard format int4_g64"
                                             f"{' or int4_2l' if two_level else ''}, got fmt={fmt!r}")
-        need(x_q.dtype == torch.uint8, f"activations must be packed int4 uint8 [M, K/2] (not the pre-expanded e4m3 "
+        need(x_q.dtype == torch.uint8, lambda: f"activations must be packed int4 uint8 [M, K/2] (not the pre-expanded e4m3 "
                                        f"operands), got {x_q.dtype}")
-    m, n, k, r = check_gemm_args(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, group_size, fmt)
+    # dims: (M, N, K, r) from the caller's own check_gemm_args of these tensors (the GEMM op's body) — not twice
+    m, n, k, r = dims or check_gemm_args(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, group_size,
+                                         fmt)
     dev = x_q.device
-    need(m >= 1, f"needs at least one token, got M={m}")
+    need(m >= 1, lambda: f"needs at least one token, got M={m}")
     need(out.dtype in (torch.bfloat16, torch.float16, torch.float32) and tuple(out.shape) == (m, n)
          and out.stride(1) == 1 and out.device == dev,
-         f"out must be bf16/fp16/fp32 [M, N] = {[m, n]} with unit column stride on {dev}, got {out.dtype} "
+         lambda: f"out must be bf16/fp16/fp32 [M, N] = {[m, n]} with unit column stride on {dev}, got {out.dtype} "
          f"{list(out.shape)} on {out.device}")
     need(col_scale is None or (tuple(col_scale.shape) == (n, ) and col_scale.device == dev),
-         f"col_scale must be [N={n}] on {dev}, got {None if col_scale is None else list(col_scale.shape)}")
+         lambda: f"col_scale must be [N={n}] on {dev}, got {None if col_scale is None else list(col_scale.shape)}")
     for name, t in (("x_q", x_q), ("w_q", w_q)):
         need(t.is_contiguous() and t.data_ptr() % word_bytes == 0,
-             f"{name} must be contiguous and {word_bytes}-byte aligned (read as {word_bytes}-byte words)")
+             lambda: f"{name} must be contiguous and {word_bytes}-byte aligned (read as {word_bytes}-byte words)")
     return m, n, k, r
 
 
 def check_linear_args(x, qweight, wscales, smooth, lora_down, lora_up, bias, wmul, group_size: int, fmt: str):
     """Validate the layer op's inputs; returns (K, N, r)."""
-    _expect(x.dtype in (torch.bfloat16, torch.float16), f"x must be bf16/fp16, got {x.dtype}")
+    _expect(x.dtype in (torch.bfloat16, torch.float16), lambda: f"x must be bf16/fp16, got {x.dtype}")
     k = x.shape[-1]
     _expect(qweight.dim() == 2 and qweight.shape[1] * 2 == k,
-            f"qweight must be uint8 [N, K/2] with K = x.shape[-1] = {k}, got {qweight.dtype} {_shape(qweight)}")
+            lambda: f"qweight must be uint8 [N, K/2] with K = x.shape[-1] = {k}, got {qweight.dtype} {_shape(qweight)}")
     _expect(k % PACK_BLOCK == 0 and k % group_size == 0,
-            f"K={k} must be a multiple of {PACK_BLOCK} and of group_size={group_size}")
-    _expect(smooth.shape == (k,) and smooth.is_floating_point(), f"smooth must be float [K={k}], got "
+            lambda: f"K={k} must be a multiple of {PACK_BLOCK} and of group_size={group_size}")
+    _expect(smooth.shape == (k,) and smooth.is_floating_point(), lambda: f"smooth must be float [K={k}], got "
             f"{smooth.dtype} {_shape(smooth)}")
     r = lora_down.shape[0]
     _expect(lora_down.dim() == 2 and lora_down.shape[1] == k and lora_down.is_floating_point(),
-            f"lora_down must be float [r, K={k}], got {lora_down.dtype} {_shape(lora_down)}")
+            lambda: f"lora_down must be float [r, K={k}], got {lora_down.dtype} {_shape(lora_down)}")
     _expect(lora_up.dim() == 2 and lora_up.shape == (qweight.shape[0], r),
-            f"lora_up must be [N={qweight.shape[0]}, r={r}], got {_shape(lora_up)}")
+            lambda: f"lora_up must be [N={qweight.shape[0]}, r={r}], got {_shape(lora_up)}")
     devs = {t.device for t in (x, qweight, wscales, smooth, lora_down, lora_up) if t is not None}
-    _expect(len(devs) == 1, f"all tensors must be on one device, got {sorted(map(str, devs))}")
+    _expect(len(devs) == 1, lambda: f"all tensors must be on one device, got {sorted(map(str, devs))}")
     _expect(x.is_contiguous() and smooth.is_contiguous() and lora_down.is_contiguous(),
             "x, smooth and lora_down must be contiguous")
     return k, qweight.shape[0], r
@@ -1054,20 +1059,20 @@ def _w4a4_gemm_impl(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bia
     if kernel in ("gemv", "skinny"):      # packed-activation kernels: no config argument
         from .w4a4_gemv import launch_w4a4_gemv
         from .w4a4_skinny import launch_w4a4_skinny
-        (launch_w4a4_gemv if kernel == "gemv" else launch_w4a4_skinny)(*args[:11])
+        (launch_w4a4_gemv if kernel == "gemv" else launch_w4a4_skinny)(*args[:11], _dims=(m, n, k, r))
         return out
     if kernel == "decode":
         from .gluon.w4a4_decode import launch_w4a4_decode
         launch_w4a4_decode(*args)
         return out
     if kernel == "v2":
-        from .gluon.w4a4_ws import launch_w4a4_v2 as launch
+        from .gluon.w4a4_ws import launch_w4a4_v2 as launcher
     else:
-        launch = launch_w4a4_v1
+        launcher = launch_w4a4_v1
     try:
-        launch(*args)
+        launcher(*args)
     except NotImplementedError:
-        if impl != "auto" or launch is launch_w4a4_v1 or pre_expanded:
+        if impl != "auto" or launcher is launch_w4a4_v1 or pre_expanded:
             raise
         launch_w4a4_v1(*args)
     return out
@@ -1089,7 +1094,7 @@ def w4a4_gemm(x_q: torch.Tensor, x_scale: torch.Tensor, w_q: torch.Tensor, w_sca
     kernel (impl "auto", "decode", "v2"), never on v1.
     """
     _expect(out_dtype in (torch.bfloat16, torch.float16, torch.float32),
-            f"out_dtype must be bf16, fp16 or fp32, got {out_dtype}")
+            lambda: f"out_dtype must be bf16, fp16 or fp32, got {out_dtype}")
     op = _w4a4_gemm_impl if _direct_ok(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias) else _w4a4_gemm_op
     return op(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, group_size, fmt, out_dtype, impl)
 
@@ -1138,7 +1143,7 @@ def w4a4_linear(x: torch.Tensor, qweight: torch.Tensor, wscales: torch.Tensor, s
     """
     out_dtype = out_dtype or x.dtype
     _expect(out_dtype in (torch.bfloat16, torch.float16, torch.float32),
-            f"out_dtype must be bf16, fp16 or fp32, got {out_dtype}")
+            lambda: f"out_dtype must be bf16, fp16 or fp32, got {out_dtype}")
     op = (_w4a4_linear_impl if _direct_ok(x, qweight, wscales, smooth, lora_down, lora_up, bias, wmul)
           else _w4a4_linear_op)
     return op(x, qweight, wscales, smooth, lora_down, lora_up, bias, wmul, group_size, fmt, out_dtype, impl)

@@ -54,7 +54,9 @@ from .env import env_on, pinned_config
 from .epilogue import rank_block
 from .gluon.host import dummy
 from .int4_unpack import SWAR_DEFAULT
+from .launch import launch
 from .pdl import gdc_launch_dependents, gdc_wait, gl_gdc_launch_dependents, gl_gdc_wait, pdl_enabled
+from .schedule import cdiv
 from .splitk import splitk_arrive, splitk_reset, splitk_store, splitk_sum
 
 FORMATS = ("int4_g64", "int4_2l")      # the weight formats the GEMV runs (int4_2l on act_quant's int8 activations)
@@ -458,9 +460,9 @@ def load_hints(hints: str | None = None) -> dict:
     hints = os.environ.get(HINTS_ENV, DEFAULT_HINTS) if hints is None else hints
     out = {}
     for h in (v.strip() for v in hints.split(",") if v.strip()):
-        _expect(h in _HINTS, f"gemv load hints are {sorted(_HINTS)}, got {h!r}")
+        _expect(h in _HINTS, lambda: f"gemv load hints are {sorted(_HINTS)}, got {h!r}")
         out[_HINTS[h][0]] = _HINTS[h][1]
-    _expect(not ("W_CACHE" in out and "W_EVICT" in out), f"gemv load hints: ptxas takes no L1 eviction hint on a .cg "
+    _expect(not ("W_CACHE" in out and "W_EVICT" in out), lambda: f"gemv load hints: ptxas takes no L1 eviction hint on a .cg "
             f"load, got {hints!r}")
     return out
 KERNEL_ENV = "LOWRANK_GEMM_GEMV_KERNEL"      # "gluon" | "triton"
@@ -510,18 +512,19 @@ def gemv_enabled() -> bool:
 
 
 def _expect(cond, msg):
-    if not cond:
-        raise ValueError(f"w4a4 gemv: {msg}")
+    if not cond:                              # msg: a string or a callable building it (w4a4_gemm._expect)
+        raise ValueError(f"w4a4 gemv: {msg() if callable(msg) else msg}")
 
 
 def gemv_args(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, out, fmt: str = "int4_g64",
               group_size: int = 64, *, col_scale=None, config: GemvConfig | None = None, swar=None, pdl=None,
-              kernel: str | None = None, hints: str | None = None):
-    """Validate (the launcher contract, ``w4a4_gemm.check_gemm_args``), plan, and build one launch:
+              kernel: str | None = None, hints: str | None = None, _dims: tuple | None = None):
+    """Validate (the launcher contract, ``w4a4_gemm.check_gemm_args``; ``_dims``: already checked by the GEMM op,
+    ``w4a4_gemm.check_packed_launch``), plan, and build one launch:
     (grid, args, constexprs, config). ``hints``: :func:`load_hints` (Gluon kernel)."""
     from .w4a4_gemm import check_packed_launch
     M, N, K, r = check_packed_launch("gemv", x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, out, fmt,
-                                     group_size, col_scale, 4, two_level=True)
+                                     group_size, col_scale, 4, two_level=True, dims=_dims)
     two_level = fmt == "int4_2l"
     dev = x_q.device
     _expect(x_scale.is_contiguous() and w_scale.is_contiguous(), "x_scale / w_scale must be contiguous [K/G, ·]")
@@ -529,7 +532,7 @@ def gemv_args(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, out
     bn, bkw = cfg.block_n, cfg.block_kw
     wpg = group_size // 8
     _expect(bkw % wpg == 0 and bkw & (bkw - 1) == 0 and bn & (bn - 1) == 0 and bn >= 4,
-            f"block_kw must be a power of two of whole groups ({wpg} words per group of {group_size}), block_n a "
+            lambda: f"block_kw must be a power of two of whole groups ({wpg} words per group of {group_size}), block_n a "
             f"power of two ≥ 4; got {cfg}")
     while (K // 8) % bkw:        # the K chunk divides K (K % G == 0, so one group always does): no K masks
         bkw //= 2
@@ -537,7 +540,7 @@ def gemv_args(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, out
     # split-K is the Gluon kernel's: a default config drops it for the Triton one, an explicit one is an error below
     split = max(1, min(cfg.split if (config is not None or kernel == "gluon") else 1, (K // 8) // bkw))
     if two_level:       # its int32 row sums are not split: a default config's split is dropped, an explicit one refused
-        _expect(config is None or split == 1, f"int4_2l runs without split-K, got {cfg}")
+        _expect(config is None or split == 1, lambda: f"int4_2l runs without split-K, got {cfg}")
         split = 1
     cfg = GemvConfig(bn, bkw, cfg.num_warps, cfg.num_stages, split)
     swar = SWAR_DEFAULT if swar is None else bool(swar)
@@ -555,13 +558,13 @@ def gemv_args(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, out
               HAS_COL_SCALE=col_scale is not None, HAS_BIAS=bias is not None, SWAR=swar, PDL=pdl)
     if two_level:
         cx["TWO_LEVEL"] = True
-    grid = (triton.cdiv(N, bn) * M, )
-    _expect(kernel in ("gluon", "triton"), f"kernel must be 'gluon' or 'triton', got {kernel!r}")
-    _expect(kernel == "gluon" or split == 1, f"split-K ({cfg}) is the Gluon kernel's option")
+    grid = (cdiv(N, bn) * M, )
+    _expect(kernel in ("gluon", "triton"), lambda: f"kernel must be 'gluon' or 'triton', got {kernel!r}")
+    _expect(kernel == "gluon" or split == 1, lambda: f"split-K ({cfg}) is the Gluon kernel's option")
     if kernel == "gluon":
         _expect(swar, "the Gluon kernel runs compiled only (SWAR); the interpreter takes kernel='triton'")
-        _expect(bkw >= 4 and (bkw // 4) <= 32 * 32 and br >= 16, f"Gluon tiles: block_kw ≥ 4; got {cfg}")
-        tiles = triton.cdiv(N, bn) * M
+        _expect(bkw >= 4 and (bkw // 4) <= 32 * 32 and br >= 16, lambda: f"Gluon tiles: block_kw ≥ 4; got {cfg}")
+        tiles = cdiv(N, bn) * M
         if split > 1:
             from .lora_gemm import _TICKETS     # zeroed once per (device, stream), left zero by every launch
             part, cnt = torch.empty(tiles * split * bn, dtype=torch.float32, device=dev), _TICKETS.get(dev, tiles)
@@ -573,11 +576,11 @@ def gemv_args(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, out
         if pdl and os.environ.get(EARLY_ENV, "1") == "0":
             cx["LATE_W"] = True
         stages = os.environ.get(CP_STAGES_ENV, "0").strip() or "0"
-        _expect(stages.isdigit() and int(stages) != 1, f"{CP_STAGES_ENV} takes 0 (off) or a ring depth ≥ 2, got {stages!r}")
+        _expect(stages.isdigit() and int(stages) != 1, lambda: f"{CP_STAGES_ENV} takes 0 (off) or a ring depth ≥ 2, got {stages!r}")
         if int(stages):
             cx["CP_STAGES"] = int(stages)
         prefetch = os.environ.get(L2_PREFETCH_ENV, "0").strip() or "0"
-        _expect(prefetch.isdigit(), f"{L2_PREFETCH_ENV} takes a chunk count, got {prefetch!r}")
+        _expect(prefetch.isdigit(), lambda: f"{L2_PREFETCH_ENV} takes a chunk count, got {prefetch!r}")
         if int(prefetch):
             cx["L2_PREFETCH"] = int(prefetch)
         grid = (tiles * split, )
@@ -587,17 +590,17 @@ def gemv_args(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, out
 
 def launch_w4a4_gemv(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, out, fmt: str = "int4_g64",
                      group_size: int = 64, *, col_scale=None, config: GemvConfig | None = None, swar=None, pdl=None,
-                     kernel: str | None = None, hints: str | None = None):
+                     kernel: str | None = None, hints: str | None = None, _dims: tuple | None = None):
     """out [M, N] ← the int4_g64 W4A4 GEMM + epilogue for a few tokens (launcher contract of kernels/w4a4_gemm.py).
     ``config``: :class:`GemvConfig` (None: env ``LOWRANK_GEMM_GEMV_CONFIG``, else the default); ``pdl`` (None =
     :func:`kernels.pdl.pdl_enabled`)."""
     grid, args, cx, cfg = gemv_args(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, out, fmt,
                                     group_size, col_scale=col_scale, config=config, swar=swar, pdl=pdl, kernel=kernel,
-                                    hints=hints)
+                                    hints=hints, _dims=_dims)
     if cx.pop("KERNEL") == "gluon":
-        w4a4_gemv_gl_kernel[grid](*args, **cx, num_warps=cfg.num_warps, launch_pdl=cx["PDL"])
+        launch(w4a4_gemv_gl_kernel, grid, *args, **cx, num_warps=cfg.num_warps, launch_pdl=cx["PDL"])
     else:
-        w4a4_gemv_kernel[grid](*args, **cx, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        launch(w4a4_gemv_kernel, grid, *args, **cx, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
                                launch_pdl=cx["PDL"])
     return out
 

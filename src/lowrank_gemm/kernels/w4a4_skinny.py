@@ -59,14 +59,15 @@ from __future__ import annotations
 import os
 
 import torch
-import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
 from .env import env_on, pinned_config
 from .epilogue import rank_block
 from .gluon.host import dummy
+from .launch import launch
 from .pdl import gl_gdc_launch_dependents, gl_gdc_wait, pdl_enabled
+from .schedule import cdiv
 
 __all__ = ["launch_w4a4_skinny", "w4a4_skinny_kernel", "skinny_args", "SkinnyConfig", "DEFAULT_CONFIG",
            "MANY_TOKENS_CONFIG", "WIDE_BATCH_CONFIG",
@@ -580,13 +581,13 @@ def skinny_enabled() -> bool:
 
 
 def _expect(cond, msg):
-    if not cond:
-        raise ValueError(f"w4a4 skinny: {msg}")
+    if not cond:                              # msg: a string or a callable building it (w4a4_gemm._expect)
+        raise ValueError(f"w4a4 skinny: {msg() if callable(msg) else msg}")
 
 
 def skinny_args(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, out, fmt: str = "int4_g64",
                 group_size: int = 64, *, col_scale=None, config: SkinnyConfig | None = None, pdl=None,
-                block_t: int | None = None, load16: bool | None = None):
+                block_t: int | None = None, load16: bool | None = None, _dims: tuple | None = None):
     """Validate (the launcher contract, ``w4a4_gemm.check_gemm_args``), plan, and build one launch:
     (grid, args, constexprs, config). ``load16``: the 16-byte-load K loop (G = 64, K not split across warps, whole
     row tiles and chunks of pairs) — True: required (an error where it cannot run); None: env
@@ -594,20 +595,20 @@ def skinny_args(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, o
     from .w4a4_gemm import check_packed_launch
     asked = load16
     M, N, K, r = check_packed_launch("skinny", x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, out,
-                                     fmt, group_size, col_scale, 16 if asked else 8)
+                                     fmt, group_size, col_scale, 16 if asked else 8, dims=_dims)
     dev = x_q.device
     cfg = skinny_config(config, M, N, K)
     fits16 = (group_size == 64 and cfg.ks == 1 and N % cfg.rows == 0 and K % (128 * cfg.kb) == 0
               and x_q.data_ptr() % 16 == 0 and w_q.data_ptr() % 16 == 0)
     if asked:
-        _expect(fits16, f"16-byte loads need group_size 64, ks = 1, N a multiple of the {cfg.rows} rows per program "
+        _expect(fits16, lambda: f"16-byte loads need group_size 64, ks = 1, N a multiple of the {cfg.rows} rows per program "
                         f"and K of 128·kb = {128 * cfg.kb}; got group_size={group_size}, {cfg}, N={N}, K={K}")
     # the env knob (probes) applies where the path fits and leaves every other launch on the 8-byte loop
     load16 = fits16 and (asked if asked is not None else env_on(LOAD16_ENV, default=False))
     _expect(cfg.num_warps in (1, 2, 4, 8) and cfg.kb in (1, 2, 4, 8) and cfg.rt in (1, 2, 4),
-            f"rw·ks (the warps) must be 1, 2, 4 or 8, kb 1, 2, 4 or 8 and rt 1, 2 or 4, got {cfg}")
+            lambda: f"rw·ks (the warps) must be 1, 2, 4 or 8, kb 1, 2, 4 or 8 and rt 1, 2 or 4, got {cfg}")
     block_t = block_t or int(os.environ.get(BLOCK_T_ENV, "0").strip() or 0) or (8 if M <= 8 else 16)
-    _expect(block_t in BLOCK_TS, f"block_t must be one of {BLOCK_TS}, got {block_t}")
+    _expect(block_t in BLOCK_TS, lambda: f"block_t must be one of {BLOCK_TS}, got {block_t}")
     # PDL is opt-in here (LOWRANK_GEMM_SKINNY_PDL=1, for A/B probes): behind act_quant an early-launched grid made
     # the layer slower, K = N = 4096, M = 4 / 8 / 16: 25.5 / 28.3 / 19.3 µs with it, 15.5 / 16.2 / 18.5 without
     # (GEMM alone 13.5 / 14.2 / 16.7; probes/s9/skinny_check)
@@ -626,21 +627,21 @@ def skinny_args(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, o
               HAS_LOWRANK=bool(r), HAS_COL_SCALE=col_scale is not None, HAS_BIAS=bias is not None, PDL=pdl)
     if load16:
         cx.update(L16=True, EVEN=True)
-    grid = (triton.cdiv(N, cfg.rows) * triton.cdiv(M, block_t), )
+    grid = (cdiv(N, cfg.rows) * cdiv(M, block_t), )
     return grid, args, cx, cfg
 
 
 def launch_w4a4_skinny(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, out, fmt: str = "int4_g64",
                        group_size: int = 64, *, col_scale=None, config: SkinnyConfig | None = None, pdl=None,
-                       block_t: int | None = None, load16: bool | None = None):
+                       block_t: int | None = None, load16: bool | None = None, _dims: tuple | None = None):
     """out [M, N] ← the int4_g64 W4A4 GEMM + epilogue for a few tokens (launcher contract of kernels/w4a4_gemm.py).
     ``config``: :class:`SkinnyConfig` (None: env ``LOWRANK_GEMM_SKINNY_CONFIG``, else the default); ``pdl``
     (None = :func:`kernels.pdl.pdl_enabled`)."""
-    _expect(x_q.device.type == "cuda", f"runs on CUDA only (inline mma.sync), got {x_q.device}")
+    _expect(x_q.device.type == "cuda", lambda: f"runs on CUDA only (inline mma.sync), got {x_q.device}")
     grid, args, cx, cfg = skinny_args(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, out, fmt,
                                       group_size, col_scale=col_scale, config=config, pdl=pdl, block_t=block_t,
-                                      load16=load16)
-    w4a4_skinny_kernel[grid](*args, **cx, num_warps=cfg.num_warps, launch_pdl=cx["PDL"])
+                                      load16=load16, _dims=_dims)
+    launch(w4a4_skinny_kernel, grid, *args, **cx, num_warps=cfg.num_warps, launch_pdl=cx["PDL"])
     return out
 
 

@@ -41,6 +41,7 @@ from triton.language.core import _aggregate as aggregate
 from ...plan.config import KernelConfig
 from ...plan.smem import Scope, SmemError, SmemLedger, SmemTerm, barrier_bytes, solve_stages, tile_bytes
 from ..epilogue import rank_block
+from ..launch import launch
 from ..schedule import cdiv, num_sms
 from ..tma import tma_operand, tma_ready
 from .host import desc, dummy
@@ -508,7 +509,7 @@ def launch_lora_v2(x, weight, lora_a, lora_b, scale: float = 1.0, bias=None, out
         return (y, None) if debug else y
     g, args, cx, _, out2, dbg = kernel_args_v2(x2, weight, lora_a, lora_b, scale, bias, out2, config, shrink=shrink,
                                                grid=grid, debug=debug, consumer_order=consumer_order)
-    lora_ws_kernel[(g, )](*args, **cx, num_warps=CONSUMER_WARPS)
+    launch(lora_ws_kernel, (g, ), *args, **cx, num_warps=CONSUMER_WARPS)
     y = out if out is not None else out2.reshape(*lead, N)
     return (y, dbg) if debug else y
 

@@ -64,6 +64,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 
 from ...plan.config import KernelConfig
 from ...plan.smem import SmemLedger, SmemTerm, barrier_bytes, tile_bytes
+from ..launch import launch
 from ..pdl import gl_gdc_launch_dependents, gl_gdc_wait, pdl_enabled
 from ..schedule import cdiv, num_sms
 from ..splitk import splitk_arrive, splitk_reset, splitk_store, splitk_sum
@@ -921,7 +922,7 @@ def launch_w4a4_decode(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, 
     ``row_box`` (None = :func:`decode_row_box_default`): the step's row table in one 2-D TMA box (``_issue_step``)."""
     grid, args, cx, cfg = _args(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, out, fmt, group_size,
                                 config, col_scale, swar, mma_async, f8, pdl, nonempty_k, row_box)
-    w4a4_decode_kernel[grid](*args, **cx, num_warps=cfg.num_warps, launch_pdl=cx["PDL"])
+    launch(w4a4_decode_kernel, grid, *args, **cx, num_warps=cfg.num_warps, launch_pdl=cx["PDL"])
     return out
 
 

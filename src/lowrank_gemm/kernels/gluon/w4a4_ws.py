@@ -49,6 +49,7 @@ from ...plan.config import KernelConfig
 from ...plan.smem import Scope, SmemError, SmemLedger, SmemTerm, barrier_bytes, solve_stages, tile_bytes
 from ..epilogue import rank_block
 from ..int4_unpack import HI_ASM, HI_MUL_ASM, HI_OFFSET_ASM, LO_ASM, LO_MUL_ASM, LO_OFFSET_ASM
+from ..launch import launch
 from ..schedule import cdiv, persistent_grid
 from .host import desc, dummy
 from .skeleton import (bias_and_store, consumer_step, CONSUMER_REGS, DEFAULT_WARPS, NUM_CONSUMERS, NUM_ROLES, ROLE_CONSUMER0, ROLE_CONSUMER1, ROLE_EXPANDER,
@@ -848,8 +849,8 @@ def _row_desc(t, box: int):
 
 
 def _expect(cond, msg):
-    if not cond:
-        raise ValueError(f"w4a4 v2: {msg}")
+    if not cond:                              # msg: a string or a callable building it (w4a4_gemm._expect)
+        raise ValueError(f"w4a4 v2: {msg() if callable(msg) else msg}")
 
 
 def _f8_operands(x_q, x_scale, group_size: int, f8: bool, who: str):
@@ -857,7 +858,7 @@ def _f8_operands(x_q, x_scale, group_size: int, f8: bool, who: str):
     [K/G, 2, M] (``w4_expand.expand_act_f8``'s outputs); a caller that already holds them (act_quant can emit
     them directly) passes them as (x_q, x_scale) and saves the expansion launch, otherwise it runs here."""
     if x_q.dtype == torch.float8_e4m3fn:
-        _expect(f8, f"{who}: pre-expanded e4m3 activations need the e4m3 path (f8=True), got f8={f8}")
+        _expect(f8, lambda: f"{who}: pre-expanded e4m3 activations need the e4m3 path (f8=True), got f8={f8}")
         return x_q, x_scale
     if not f8:
         return x_q, x_scale
@@ -893,12 +894,12 @@ def kernel_args_v2(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias
     f = _fmt_id(fmt)
     dev = out.device
     _expect(out.dtype in _BITS and tuple(out.shape) == (M, N) and out.is_contiguous() and out.device == x_q.device,
-            f"out must be contiguous bf16/fp16/fp32 [M, N] = {[M, N]} on {x_q.device}, got {out.dtype} "
+            lambda: f"out must be contiguous bf16/fp16/fp32 [M, N] = {[M, N]} on {x_q.device}, got {out.dtype} "
             f"{list(out.shape)} on {out.device}")
     _expect(col_scale is None or (tuple(col_scale.shape) == (N, ) and col_scale.device == dev),
-            f"col_scale must be [N={N}] on {dev}, got {None if col_scale is None else list(col_scale.shape)}")
+            lambda: f"col_scale must be [N={N}] on {dev}, got {None if col_scale is None else list(col_scale.shape)}")
     for name, t in (("x_q", x_q), ("w_q", w_q), ("out", out)):
-        _expect(t.data_ptr() % 16 == 0, f"{name} must be 16-byte aligned for TMA, got address {t.data_ptr():#x}")
+        _expect(t.data_ptr() % 16 == 0, lambda: f"{name} must be 16-byte aligned for TMA, got address {t.data_ptr():#x}")
     lr_dtype = lora_up.dtype if r else torch.bfloat16
     ok = scale_tma_ok(x_scale, w_scale, w_mul, f)
     _expect(not scale_tma or ok, "scale_tma needs contiguous, 16-byte aligned scale tables and 16-byte aligned "
@@ -908,11 +909,11 @@ def kernel_args_v2(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias
     if raw_stages is None:
         raw_stages = RAW_STAGES_F8 if f8 else RAW_STAGES
     expanders = (f8_expanders_default() if f8 and scale_tma else 1) if expanders is None else expanders
-    _expect(expanders == 1 or (f8 and expanders == 2), f"expanders=2 needs the f8 path, got expanders={expanders}, "
+    _expect(expanders == 1 or (f8 and expanders == 2), lambda: f"expanders=2 needs the f8 path, got expanders={expanders}, "
                                                        f"f8={f8}")
     # (defaults only with TMA'd scale rows: the global-load variant spills when paired)
     paired = (f == FMT_INT4_G and f8 and scale_tma and paired_default()) if paired is None else paired
-    _expect(not paired or f == FMT_INT4_G, f"paired main loops are an int4_g option, got fmt={fmt!r}")
+    _expect(not paired or f == FMT_INT4_G, lambda: f"paired main loops are an int4_g option, got fmt={fmt!r}")
     config = plan_w4a4_v2(f, rank=r, group_size=group_size, out_dtype=out.dtype, lowrank_dtype=lr_dtype,
                           config=config, n_out=N, scale_tma=scale_tma, raw_stages=raw_stages, f8=f8)
     _check_config(config, M, N, K, r, f, group_size, out.dtype, lr_dtype, scale_tma=scale_tma, raw_stages=raw_stages,
@@ -993,7 +994,7 @@ def launch_w4a4_v2(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias
                                            raw_stages=raw_stages, f8=f8, paired=paired, expanders=expanders)
     if _fmt_id(fmt) == FMT_INT4_2L and not two_level_enabled():
         raise NotImplementedError("int4_2l v2 is switched off by LOWRANK_GEMM_GLUON_2L=0; use impl='v1'")
-    w4a4_ws_kernel[(g, )](*args, **cx, num_warps=DEFAULT_WARPS)
+    launch(w4a4_ws_kernel, (g, ), *args, **cx, num_warps=DEFAULT_WARPS)
     return (out, dbgs) if debug else out
 
 
