@@ -14,13 +14,15 @@ from __future__ import annotations
 import argparse
 import cProfile
 import io
+import os
 import pstats
 import sys
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "src"))
+# PROBE_SRC: another tree's src, to compare two commits on one host (one process each)
+sys.path.insert(0, os.environ.get("PROBE_SRC") or str(ROOT / "src"))
 
 
 def _ops(names):
@@ -68,6 +70,7 @@ def main() -> int:
     ap.add_argument("--out", default=".")
     ap.add_argument("--ops", default="lora,w4a4_g64,w4a4_2l,multilora")
     ap.add_argument("--calls", type=int, default=300)
+    ap.add_argument("--no-profile", action="store_true", help="totals only (A/B runs)")
     args = ap.parse_args()
     ops = _ops(args.ops.split(","))
     report = io.StringIO()
@@ -90,7 +93,7 @@ def main() -> int:
         print(f"{name}: host {1e6 * t / args.calls:.1f} µs per call", file=report, flush=True)
         print(report.getvalue().splitlines()[-1], flush=True)
     for name, fn in ops.items():
-        if name.startswith("cublas"):
+        if name.startswith("cublas") or args.no_profile:
             continue
         prof = cProfile.Profile()
         prof.enable()

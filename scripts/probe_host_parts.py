@@ -11,12 +11,14 @@ kernel's own launcher with pre-bound arguments (``CompiledKernel.run``, what a c
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "src"))
+# PROBE_SRC: another tree's src, to compare two commits on one host (one process each)
+sys.path.insert(0, os.environ.get("PROBE_SRC") or str(ROOT / "src"))
 
 
 def _time(fn, calls: int) -> float:

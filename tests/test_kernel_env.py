@@ -1,5 +1,6 @@
 """kernels/env.py: the switches and config overrides the kernels read from the environment."""
 
+import os
 import pytest
 
 from lowrank_gemm.kernels.env import env_ints, env_on, pinned_config
@@ -45,3 +46,20 @@ def test_pinned_config(monkeypatch):
     monkeypatch.setenv("LOWRANK_GEMM_TEST_CFG", "4,16")
     assert pinned_config(None, "LOWRANK_GEMM_TEST_CFG", (2, ), "a,b", pair) == [4, 16]
     assert pinned_config((1, 2), "LOWRANK_GEMM_TEST_CFG", (2, ), "a,b", pair) == [1, 2]
+
+
+def test_getenv_follows_os_environ(monkeypatch):
+    """kernels.env.getenv reads os.environ's backing dict: it must see every change made through os.environ (and
+    monkeypatch), unset variables give the default, values decode as os.environ's do."""
+    from lowrank_gemm.kernels.env import getenv
+    var = "LOWRANK_GEMM_TEST_GETENV"
+    monkeypatch.delenv(var, raising=False)
+    assert getenv(var) is None and getenv(var, "d") == "d"
+    monkeypatch.setenv(var, "0")
+    assert getenv(var, "d") == "0" == os.environ.get(var)
+    os.environ[var] = "ünï,1"
+    assert getenv(var) == os.environ.get(var) == "ünï,1"
+    del os.environ[var]
+    assert getenv(var, "gone") == "gone"
+    monkeypatch.setenv(var, "")
+    assert getenv(var, "d") == ""

@@ -79,6 +79,20 @@ def assert_close(y, ref):
     torch.testing.assert_close(y.double(), ref, atol=ATOL, rtol=RTOL)
 
 
+def assert_base_rows_equal(y, base, what=None):
+    """Rows with id −1 equal the base output. The kernels compute both with the same arithmetic, and the GPU tests
+    check it bit for bit. Under the interpreter, "segment" mode moves a row to another position in its tile, and the
+    tile product is a numpy matmul. On some hosts OpenBLAS (DYNAMIC_ARCH, e.g. AMD EPYC) then sums that row's dot
+    product in another order. Seen: 1 element of 720, off by 2.4e-7 next to a row maximum of 4.2. So on the CPU the
+    check allows fp32 summation-order noise, 2⁻²⁰ of the output scale: four orders of magnitude below an fp16 ulp
+    at 1, far below any real leak of an adapter into a base row."""
+    if y.is_cuda:
+        assert torch.equal(y, base), what
+    else:
+        torch.testing.assert_close(y, base, rtol=0, atol=2.0**-20 * max(1.0, float(base.abs().max())),
+                                   msg=lambda m: f"{m} ({what})")
+
+
 @pytest.mark.parametrize("mode", ["gather", "segment"])
 @pytest.mark.parametrize("M,N,K,L,r_max", [(37, 45, 72, 5, 16), (9, 70, 40, 3, 20), (50, 33, 96, 7, 8)])
 def test_matches_reference_ragged_mixed_ranks(mode, M, N, K, L, r_max):
@@ -117,7 +131,7 @@ def test_base_rows_bit_identical():
     assert torch.equal(y[rows], base[rows])
     assert torch.equal(y_none, base)
     for mode in ("segment",):
-        assert torch.equal(run(case, mode, plan)[rows], base[rows])
+        assert_base_rows_equal(run(case, mode, plan)[rows], base[rows])
 
 
 @pytest.mark.parametrize("mode", ["gather", "segment"])
@@ -192,6 +206,23 @@ def test_empty_batch():
 def test_fuzz(M, N, K, L, r_max, mode, seed):
     case = make_case(M, N, K, L, r_max, seed=seed, bias=seed % 2 == 0)
     assert_close(run(case, mode), ref_of(case))
+
+
+def test_eager_call_skips_the_op_dispatch_and_matches_it(monkeypatch):
+    """Plain eager tensors run the op body directly (as lora_linear / w4a4_linear do); the result equals the
+    custom op's, and a tensor that needs the dispatcher (requires_grad under grad mode) still goes through it."""
+    case = make_case(10, 16, 32, 2, 16, bias=True)
+    args = (case["x"], case["weight"], case["bank_a"], case["bank_b"], case["ranks"], case["scales"],
+            case["adapter_ids"], case["bias"])
+    paths = []
+    op = mg._multi_lora_linear_op
+    monkeypatch.setattr(mg, "_multi_lora_linear_op", lambda *a: paths.append("op") or op(*a))
+    y_direct = mg.multi_lora_linear(*args)
+    assert paths == []
+    y_op = torch.ops.lowrank_gemm.multi_lora_linear(*args, None, "auto", True)
+    assert torch.equal(y_direct, y_op)
+    mg.multi_lora_linear(case["x"].clone().requires_grad_(), *args[1:])
+    assert paths == ["op"]
 
 
 def test_opcheck_fake_and_schema():
@@ -445,7 +476,7 @@ def test_epilogue_candidates_rank_not_pow2_and_base_rows():
         plan = small_plan(**kw)
         base = run(case, "gather", plan, has_lora=False)
         for mode in ("gather", "segment"):
-            assert torch.equal(run(case, mode, plan)[rows], base[rows]), (kw, mode)
+            assert_base_rows_equal(run(case, mode, plan)[rows], base[rows], (kw, mode))
 
 
 def test_epilogue_candidate_plan_fields():
@@ -540,7 +571,7 @@ def test_appended_base_rows_bit_identical_and_repeatable():
         y1, y2 = run(case, "gather", plan), run(case, "gather", plan)
         assert torch.equal(y1, y2), kw
         assert torch.equal(y1[rows], base[rows]), kw
-        assert torch.equal(run(case, "segment", plan)[rows], base[rows]), kw
+        assert_base_rows_equal(run(case, "segment", plan)[rows], base[rows], kw)
         none = dict(case, adapter_ids=torch.full_like(case["adapter_ids"], -1))
         assert torch.equal(run(none, "gather", plan), base), kw
 
@@ -628,7 +659,7 @@ def test_stacked_many_adapters_clean_bank_base_rows_bit_identical():
         assert_close(y1, ref)
         assert torch.equal(y1, y2), kw
         assert torch.equal(y1[rows], base[rows]), kw
-        assert torch.equal(run(case, "segment", plan)[rows], base[rows]), kw
+        assert_base_rows_equal(run(case, "segment", plan)[rows], base[rows], kw)
         assert_close(run(case, "gather", plan, b_clean=True), ref)
         none = dict(case, adapter_ids=torch.full_like(case["adapter_ids"], -1))
         assert torch.equal(run(none, "gather", plan), base), kw

@@ -27,7 +27,6 @@ S is accumulated with split-TF32 MMAs (xs = hi + lo, ≈ fp32) so it matches the
 
 from __future__ import annotations
 
-import os
 from typing import NamedTuple
 
 import torch
@@ -35,6 +34,7 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
+from .env import getenv
 from .epilogue import rank_block
 from .launch import launch
 from .pdl import gdc_launch_dependents, gdc_wait, pdl_enabled
@@ -1064,14 +1064,14 @@ VARIANTS = ("v1", "v2", "v3", "fused")
 #   LOWRANK_GEMM_ACT_QUANT_LARGE=v2|v3         M > 64 only (default v3).
 # Large M (> 64) defaults to v3: H200, M=4608, same process (probes/act_quant_large_s4.md): g64 74.3 → 42.9 µs
 # (K=3072), 249.1 → 98.3 (K=12288, split 16); 2l 61.7 → 54.0, 191.3 → 138.2 (split 16).
-_ENV_VARIANT = os.environ.get("LOWRANK_GEMM_ACT_QUANT", "").strip() or None
-_ENV_LARGE = os.environ.get("LOWRANK_GEMM_ACT_QUANT_LARGE", "").strip() or None
+_ENV_VARIANT = getenv("LOWRANK_GEMM_ACT_QUANT", "").strip() or None
+_ENV_LARGE = getenv("LOWRANK_GEMM_ACT_QUANT_LARGE", "").strip() or None
 # v3 K slices: enough programs for V3_WAVES per SM (v2: 2), and at most V3_MAX_STEPS K steps per slice — the
 # K=12288 sweep (192 steps) ran best at split 16 (12 steps per slice: g64 98.3 µs vs 114.0 at the wave-sized
 # split 8), K=3072 (48 steps) at the wave-sized split 8. LOWRANK_GEMM_ACT_QUANT_V3_WAVES overrides the waves.
-V3_WAVES = int(os.environ.get("LOWRANK_GEMM_ACT_QUANT_V3_WAVES", "").strip() or 4)
+V3_WAVES = int(getenv("LOWRANK_GEMM_ACT_QUANT_V3_WAVES", "").strip() or 4)
 V3_MAX_STEPS = 12
-_ENV_SMALL = os.environ.get("LOWRANK_GEMM_ACT_QUANT_SMALL", "").strip() or None
+_ENV_SMALL = getenv("LOWRANK_GEMM_ACT_QUANT_SMALL", "").strip() or None
 SMALL_M = 64
 
 
@@ -1108,7 +1108,7 @@ def _pow2_floor(v: int) -> int:
 
 # Fused S mode: LOWRANK_GEMM_ACT_QUANT_FUSED_S=ticket|rank pins it for every M; unset → rank-split for
 # M ≤ FUSED_RANK_MAX_M, ticket above (the rank path re-reads X once per rank group: predicted to lose at M=64).
-_ENV_FUSED_S = os.environ.get("LOWRANK_GEMM_ACT_QUANT_FUSED_S", "").strip() or None
+_ENV_FUSED_S = getenv("LOWRANK_GEMM_ACT_QUANT_FUSED_S", "").strip() or None
 FUSED_RANK_MAX_M = 16
 _RANK_TILE_ELEMS = 4096  # [SR·RB, CK] per K chunk: 32 fp32 per thread at 4 warps
 # Fused LOADS_FIRST (see _loads_in_flight): LOWRANK_GEMM_ACT_QUANT_LOADS_FIRST=0/1, read per call (one process can
@@ -1122,14 +1122,14 @@ def _early_deps(early_launch: bool | None = None) -> bool:
     """Whether the fused kernel's programs let the next kernel launch as they start (True) or only as they exit:
     env ``LOWRANK_GEMM_ACT_QUANT_EARLY_DEPS`` (0 / 1, read per call) if set, else ``early_launch`` (the caller's
     choice for the kernel that follows: w4a4_gemv.act_quant_early_launch), else True."""
-    env = os.environ.get("LOWRANK_GEMM_ACT_QUANT_EARLY_DEPS", "")
+    env = getenv("LOWRANK_GEMM_ACT_QUANT_EARLY_DEPS", "")
     if env in ("0", "1"):
         return env == "1"
     return True if early_launch is None else bool(early_launch)
 
 
 def _loads_first_default(m: int) -> bool:
-    env = os.environ.get("LOWRANK_GEMM_ACT_QUANT_LOADS_FIRST", "")
+    env = getenv("LOWRANK_GEMM_ACT_QUANT_LOADS_FIRST", "")
     return env == "1" if env in ("0", "1") else m <= LOADS_FIRST_MAX_M
 
 
@@ -1220,7 +1220,7 @@ def _g64_tens_of_rows(m: int, k: int) -> tuple[str, int | None]:
 
 
 # LOWRANK_GEMM_ACT_QUANT_G64_FUSED_MAX_M pins the int4_g64 fused/v1 boundary (0 = v1 always).
-FUSED_G64_MAX_M = int(os.environ.get("LOWRANK_GEMM_ACT_QUANT_G64_FUSED_MAX_M", "").strip() or 16)
+FUSED_G64_MAX_M = int(getenv("LOWRANK_GEMM_ACT_QUANT_G64_FUSED_MAX_M", "").strip() or 16)
 
 
 def plan_act_quant(m: int, k: int, group_size: int, device=None, split: int | None = None,
@@ -1276,7 +1276,7 @@ _PIECE_SHIFT = {torch.bfloat16: 8, torch.float16: 11, torch.float32: 24}
 
 
 def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+    return getenv("TRITON_INTERPRET", "0") not in ("", "0")
 
 
 def _prep(x, smooth, lora_down, r: int, br: int, unscaled: bool = False):
@@ -1313,7 +1313,7 @@ _ONE_FEED_CTAS = {"int4_g64": 4, "int4_2l": 5}
 
 
 def _s_feed(s_feed: str | None, x: torch.Tensor, r: int, variant: str) -> str:
-    feed = s_feed or os.environ.get("LOWRANK_GEMM_ACT_QUANT_S_FEED", "").strip() or (
+    feed = s_feed or getenv("LOWRANK_GEMM_ACT_QUANT_S_FEED", "").strip() or (
         "one" if r <= S_FEED_ONE_MAX_RANK else "split")
     if feed not in S_FEEDS:
         raise ValueError(f"act_quant: s_feed (LOWRANK_GEMM_ACT_QUANT_S_FEED) must be one of {S_FEEDS}, got {feed!r}")

@@ -37,7 +37,6 @@ import contextlib
 import contextvars
 import functools
 import json
-import os
 import weakref
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
@@ -51,6 +50,7 @@ from ..plan.config import KernelConfig
 from ..plan.planner import (LORA_STRATEGIES, block_r_for, current_pin, fixup_dp_tiles, pinned,
                             plan_lora)
 from ..plan.tuned import tuned_file
+from .env import getenv
 from .launch import launch
 from .pdl import pdl_supported
 from .tma import TMA_ALIGN, tma_operand
@@ -110,7 +110,7 @@ def _desc(t: torch.Tensor, rows: int, cols: int) -> TensorDescriptor:
 
 
 def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+    return getenv("TRITON_INTERPRET", "0") not in ("", "0")
 
 
 def _use_triton(x: torch.Tensor) -> bool:
@@ -155,7 +155,7 @@ def _options_from_env(value: str, _pdl_env: str = "") -> LoraOptions:   # _pdl_e
     names = [v.strip().lower() for v in value.split(",") if v.strip()]
     if not names:
         from .pdl import PDL_DEFAULT
-        env = os.environ.get("LOWRANK_GEMM_PDL", "")
+        env = getenv("LOWRANK_GEMM_PDL", "")
         return LoraOptions(pdl=env == "1" if env in ("0", "1") else PDL_DEFAULT)
     if names == ["none"]:
         return LoraOptions()
@@ -170,8 +170,8 @@ def _options_from_env(value: str, _pdl_env: str = "") -> LoraOptions:   # _pdl_e
 
 def current_options() -> LoraOptions:
     scoped = _OPTIONS.get()
-    return scoped if scoped is not None else _options_from_env(os.environ.get(LORA_OPTIONS_ENV, ""),
-                                                                os.environ.get("LOWRANK_GEMM_PDL", ""))
+    return scoped if scoped is not None else _options_from_env(getenv(LORA_OPTIONS_ENV, ""),
+                                                                getenv("LOWRANK_GEMM_PDL", ""))
 
 
 @contextlib.contextmanager
@@ -198,7 +198,7 @@ class _WeightCache:
     def __init__(self, capacity: int = 16, max_bytes: int | None = None):
         self.capacity = capacity
         if max_bytes is None:
-            max_bytes = int(float(os.environ.get("LOWRANK_GEMM_WEIGHT_CACHE_MB", "2048")) * 2**20)
+            max_bytes = int(float(getenv("LOWRANK_GEMM_WEIGHT_CACHE_MB", "2048")) * 2**20)
         self.max_bytes = max_bytes
         self.entries: collections.OrderedDict = collections.OrderedDict()
 
@@ -739,7 +739,7 @@ def lora_linear_impl(x, weight, lora_a, lora_b, scale: float = 1.0, bias=None,
 def _v2_choice(M: int, N: int, K: int, r: int, device) -> str | None:
     """The Gluon v2's shrink mode if the tuned table (``plan/tuned/lora_v2_<gpu>.json``) says v2 beat v1 for
     this shape on this GPU, else None (v1). ``LOWRANK_GEMM_LORA_V2=0`` turns v2 off."""
-    if os.environ.get("LOWRANK_GEMM_LORA_V2", "1") == "0":
+    if getenv("LOWRANK_GEMM_LORA_V2", "1") == "0":
         return None
     path = tuned_file("lora_v2", device)
     for e in _load_v2_table(str(path)) if path is not None else ():

@@ -982,6 +982,14 @@ def _multi_lora_linear_op(x: torch.Tensor, weight: torch.Tensor, bank_a: torch.T
                           ranks: torch.Tensor, scales: torch.Tensor, adapter_ids: torch.Tensor,
                           bias: torch.Tensor | None, row_order: torch.Tensor | None, mode: str,
                           validate: bool, max_adapters: int | None = None, b_clean: bool = False) -> torch.Tensor:
+    return _multi_lora_linear_impl(x, weight, bank_a, bank_b, ranks, scales, adapter_ids, bias, row_order, mode,
+                                   validate, max_adapters, b_clean)
+
+
+def _multi_lora_linear_impl(x, weight, bank_a, bank_b, ranks, scales, adapter_ids, bias, row_order, mode: str,
+                            validate: bool, max_adapters: int | None = None, b_clean: bool = False) -> torch.Tensor:
+    """The op's body; eager calls on plain tensors run it without the custom-op dispatch
+    (:func:`lora_gemm._direct_ok`)."""
     x2 = x.reshape(-1, x.shape[-1])
     y = multi_lora_gemm(x2, weight, bank_a, bank_b, ranks, scales, adapter_ids.reshape(-1), bias,
                         row_order, mode, validate=validate and _default_validate(), adapters=max_adapters,
@@ -1027,5 +1035,8 @@ def multi_lora_linear(x: torch.Tensor, weight: torch.Tensor, bank_a, bank_b: tor
                          f"({x.numel() // max(1, x.shape[-1])}), got shape {tuple(adapter_ids.shape)}")
     if max_adapters is not None and max_adapters < 1:
         raise ValueError(f"multi_lora_linear: max_adapters must be ≥ 1 or None, got {max_adapters}")
-    return _multi_lora_linear_op(x, weight, bank_a, bank_b, ranks, scales, adapter_ids, bias, row_order,
-                                 mode, validate, max_adapters, b_clean)
+    from .lora_gemm import _direct_ok
+    op = (_multi_lora_linear_impl if _direct_ok(x, weight, bank_a, bank_b, ranks, scales, adapter_ids, bias, row_order)
+          else _multi_lora_linear_op)
+    return op(x, weight, bank_a, bank_b, ranks, scales, adapter_ids, bias, row_order, mode, validate, max_adapters,
+              b_clean)

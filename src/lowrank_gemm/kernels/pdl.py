@@ -21,13 +21,14 @@ The interpreter cannot run inline PTX, so kernels take a ``PDL`` constexpr that 
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
 import triton
 import triton.language as tl
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
+
+from .env import getenv
 
 __all__ = ["PDL_DEFAULT", "pdl_supported", "pdl_enabled", "gdc_wait", "gdc_launch_dependents", "gl_gdc_wait", "gl_gdc_launch_dependents"]
 
@@ -40,7 +41,7 @@ PDL_DEFAULT = True
 def pdl_supported(device: torch.device | None) -> bool:
     """Whether a launch on ``device`` can use PDL at all: CUDA sm_90+, not the interpreter (which cannot run the
     griddepcontrol inline PTX). Callers with their own on/off switch combine it with this."""
-    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+    if getenv("TRITON_INTERPRET", "0") not in ("", "0"):
         return False
     if device is None or device.type != "cuda":
         return False
@@ -54,7 +55,7 @@ def _sm90_or_later(index: int) -> bool:
 
 def pdl_enabled(device: torch.device | None = None) -> bool:
     """PDL on this launch: :func:`pdl_supported` and ``LOWRANK_GEMM_PDL`` (0/1, else :data:`PDL_DEFAULT`)."""
-    env = os.environ.get("LOWRANK_GEMM_PDL", "")
+    env = getenv("LOWRANK_GEMM_PDL", "")
     return (env == "1" if env in ("0", "1") else PDL_DEFAULT) and pdl_supported(device)
 
 

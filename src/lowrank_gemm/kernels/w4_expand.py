@@ -24,13 +24,13 @@ halves of the block in natural order: one 32-byte store each, no shuffles.
 
 from __future__ import annotations
 
-import os
 
 import torch
 import triton
 import triton.language as tl
 
 from ..formats.int4 import PACK_BLOCK
+from .env import getenv
 from .int4_unpack import SWAR_DEFAULT, unpack_hi, unpack_lo
 from .launch import launch
 from .pdl import gdc_launch_dependents, gdc_wait, pdl_enabled
@@ -187,7 +187,7 @@ def expand_act_f8(x_q: torch.Tensor, x_scale: torch.Tensor, group_size: int, blo
     if tuple(x_scale.shape) != (k // group_size, m) or not x_scale.is_contiguous():
         raise ValueError(f"expand_act_f8: x_scale must be contiguous [K/G, M] = {[k // group_size, m]}, got "
                          f"{list(x_scale.shape)}")
-    if not x_q.is_cuda and os.environ.get("TRITON_INTERPRET", "0") != "1":
+    if not x_q.is_cuda and getenv("TRITON_INTERPRET", "0") != "1":
         # CPU without the interpreter (ahead-of-time compiles build their launch arguments this way)
         q, xab = expand_act_f8_ref(x_q, x_scale, group_size)
         return q.to(torch.float8_e4m3fn), xab

@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -60,6 +59,7 @@ from ..plan.config import KernelConfig
 from ..plan.smem import SmemLedger, SmemTerm, barrier_bytes, solve_stages, tile_bytes
 from ..plan.tuned import TUNED_DIR, tuned_file
 from .act_quant import FORMATS, act_quant
+from .env import getenv
 from .int4_unpack import SWAR_DEFAULT, unpack_hi, unpack_lo
 from .launch import launch
 from .lora_gemm import _direct_ok
@@ -848,7 +848,7 @@ ACT_QUANT_F8_DEFAULT = True
 
 
 def act_quant_f8_enabled() -> bool:
-    env = os.environ.get("LOWRANK_GEMM_ACT_QUANT_F8", "")
+    env = getenv("LOWRANK_GEMM_ACT_QUANT_F8", "")
     return env == "1" if env in ("0", "1") else ACT_QUANT_F8_DEFAULT
 
 
@@ -861,6 +861,8 @@ def _layer_wants_f8(impl: str, fmt: str, m: int, n: int, k: int, r: int, group_s
     scales would."""
     if fmt != "int4_g64" or not act_quant_f8_enabled():
         return False
+    if _gemv_route(impl, m, n, fmt, device, False) or _skinny_route(impl, m, n, fmt, device, False):
+        return False        # _route's first two answers take packed operands: no stand-in tensors to build
     ng = k // group_size
     packed = torch.empty((ng, m), dtype=scale_dtype, device="meta")
     kernel = _route(impl, fmt, m, n, k, r, group_size, device, packed, w_scale, None)

@@ -41,7 +41,6 @@ before ``griddepcontrol.wait``, nothing the previous kernel writes is read befor
 
 from __future__ import annotations
 
-import os
 
 import torch
 import triton
@@ -50,7 +49,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy
 
-from .env import env_on, pinned_config
+from .env import env_on, getenv, pinned_config
 from .epilogue import rank_block
 from .gluon.host import dummy
 from .int4_unpack import SWAR_DEFAULT
@@ -457,7 +456,7 @@ _HINTS = {"ef": ("W_EVICT", "evict_first"), "el": ("W_EVICT", "evict_last"), "cg
 def load_hints(hints: str | None = None) -> dict:
     """The weight loads' constexprs for ``hints`` ("ef,cg"; None: env ``LOWRANK_GEMM_GEMV_HINTS``, else
     :data:`DEFAULT_HINTS`)."""
-    hints = os.environ.get(HINTS_ENV, DEFAULT_HINTS) if hints is None else hints
+    hints = getenv(HINTS_ENV, DEFAULT_HINTS) if hints is None else hints
     out = {}
     for h in (v.strip() for v in hints.split(",") if v.strip()):
         _expect(h in _HINTS, lambda: f"gemv load hints are {sorted(_HINTS)}, got {h!r}")
@@ -536,7 +535,7 @@ def gemv_args(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, out
             f"power of two ≥ 4; got {cfg}")
     while (K // 8) % bkw:        # the K chunk divides K (K % G == 0, so one group always does): no K masks
         bkw //= 2
-    kernel = kernel or os.environ.get(KERNEL_ENV, DEFAULT_KERNEL)
+    kernel = kernel or getenv(KERNEL_ENV, DEFAULT_KERNEL)
     # split-K is the Gluon kernel's: a default config drops it for the Triton one, an explicit one is an error below
     split = max(1, min(cfg.split if (config is not None or kernel == "gluon") else 1, (K // 8) // bkw))
     if two_level:       # its int32 row sums are not split: a default config's split is dropped, an explicit one refused
@@ -573,13 +572,13 @@ def gemv_args(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, out
         args = args[:9] + (part, cnt) + args[9:]
         cx["SPLIT"] = split
         cx.update(load_hints(hints))
-        if pdl and os.environ.get(EARLY_ENV, "1") == "0":
+        if pdl and getenv(EARLY_ENV, "1") == "0":
             cx["LATE_W"] = True
-        stages = os.environ.get(CP_STAGES_ENV, "0").strip() or "0"
+        stages = getenv(CP_STAGES_ENV, "0").strip() or "0"
         _expect(stages.isdigit() and int(stages) != 1, lambda: f"{CP_STAGES_ENV} takes 0 (off) or a ring depth ≥ 2, got {stages!r}")
         if int(stages):
             cx["CP_STAGES"] = int(stages)
-        prefetch = os.environ.get(L2_PREFETCH_ENV, "0").strip() or "0"
+        prefetch = getenv(L2_PREFETCH_ENV, "0").strip() or "0"
         _expect(prefetch.isdigit(), lambda: f"{L2_PREFETCH_ENV} takes a chunk count, got {prefetch!r}")
         if int(prefetch):
             cx["L2_PREFETCH"] = int(prefetch)

@@ -56,13 +56,12 @@ slower everywhere), e4m3 ``mma.sync`` on act_quant's e4m3 tokens (ptxas emulates
 
 from __future__ import annotations
 
-import os
 
 import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
-from .env import env_on, pinned_config
+from .env import env_on, getenv, pinned_config
 from .epilogue import rank_block
 from .gluon.host import dummy
 from .launch import launch
@@ -607,7 +606,7 @@ def skinny_args(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, o
     load16 = fits16 and (asked if asked is not None else env_on(LOAD16_ENV, default=False))
     _expect(cfg.num_warps in (1, 2, 4, 8) and cfg.kb in (1, 2, 4, 8) and cfg.rt in (1, 2, 4),
             lambda: f"rw·ks (the warps) must be 1, 2, 4 or 8, kb 1, 2, 4 or 8 and rt 1, 2 or 4, got {cfg}")
-    block_t = block_t or int(os.environ.get(BLOCK_T_ENV, "0").strip() or 0) or (8 if M <= 8 else 16)
+    block_t = block_t or int(getenv(BLOCK_T_ENV, "0").strip() or 0) or (8 if M <= 8 else 16)
     _expect(block_t in BLOCK_TS, lambda: f"block_t must be one of {BLOCK_TS}, got {block_t}")
     # PDL is opt-in here (LOWRANK_GEMM_SKINNY_PDL=1, for A/B probes): behind act_quant an early-launched grid made
     # the layer slower, K = N = 4096, M = 4 / 8 / 16: 25.5 / 28.3 / 19.3 µs with it, 15.5 / 16.2 / 18.5 without

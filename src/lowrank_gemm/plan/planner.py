@@ -14,13 +14,13 @@ import contextlib
 import contextvars
 import functools
 import json
-import os
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 
 import torch
 
+from ..kernels.env import getenv
 from ..kernels.epilogue import rank_block
 from ..kernels.schedule import cdiv
 from .config import SPLIT_MODES, KernelConfig
@@ -81,7 +81,7 @@ SPLIT_MODE_ENV = "LOWRANK_GEMM_SPLITK_MODE"
 
 
 def split_mode_override() -> str | None:
-    v = os.environ.get(SPLIT_MODE_ENV, "").strip().lower()
+    v = getenv(SPLIT_MODE_ENV, "").strip().lower()
     if v in ("", "auto"):
         return None
     if v not in SPLIT_MODES:

@@ -28,7 +28,6 @@ the consumers hand the MAIN ring to each other per tile.
 """
 
 
-import os
 from dataclasses import dataclass
 
 import torch
@@ -40,6 +39,7 @@ from triton.language.core import _aggregate as aggregate
 
 from ...plan.config import KernelConfig
 from ...plan.smem import Scope, SmemError, SmemLedger, SmemTerm, barrier_bytes, solve_stages, tile_bytes
+from ..env import getenv
 from ..epilogue import rank_block
 from ..launch import launch
 from ..schedule import cdiv, num_sms
@@ -375,7 +375,7 @@ def default_config_v2(M: int, N: int, K: int, rank: int) -> KernelConfig:
 def shrink_mode(M: int, requested: str | None = None) -> str:
     """``requested`` > env ``LOWRANK_GEMM_LORA_V2_SHRINK`` (fused|pre) > default: fused for M ≤ 128
     (memory-bound: the extra r/BN MMA work is free), pre above (compute-bound: it is not)."""
-    mode = requested or os.environ.get("LOWRANK_GEMM_LORA_V2_SHRINK") or ("fused" if M <= 128 else "pre")
+    mode = requested or getenv("LOWRANK_GEMM_LORA_V2_SHRINK") or ("fused" if M <= 128 else "pre")
     if mode not in SHRINK_MODES:
         raise ValueError(f"lora v2: shrink must be one of {SHRINK_MODES}, got {mode!r}")
     return mode

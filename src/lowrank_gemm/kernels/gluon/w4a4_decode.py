@@ -53,7 +53,6 @@ Options (off by default until measured on the H200; ``scripts/probe_decode_split
 from __future__ import annotations
 
 import functools
-import os
 from dataclasses import dataclass
 
 import torch
@@ -64,6 +63,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 
 from ...plan.config import KernelConfig
 from ...plan.smem import SmemLedger, SmemTerm, barrier_bytes, tile_bytes
+from ..env import getenv
 from ..launch import launch
 from ..pdl import gl_gdc_launch_dependents, gl_gdc_wait, pdl_enabled
 from ..schedule import cdiv, num_sms
@@ -670,7 +670,7 @@ def plan_decode(M: int, config: KernelConfig | None = None, group_size: int = 64
     if config is not None:
         return config
     config = default_decode_config(M, group_size, fmt, f8)
-    mode = os.environ.get(SPLIT_ENV, "")
+    mode = getenv(SPLIT_ENV, "")
     if mode in ("", "1"):
         return config
     if mode == "stream":
@@ -826,25 +826,25 @@ def _work(tiles_n: int, tiles_t: int, k_tiles: int, programs: int) -> DecodeWork
 
 def decode_enabled() -> bool:
     """``LOWRANK_GEMM_DECODE=0`` routes decode back to the v2/v1 kernels (instant fallback)."""
-    return os.environ.get("LOWRANK_GEMM_DECODE", "1") != "0"
+    return getenv("LOWRANK_GEMM_DECODE", "1") != "0"
 
 
 def decode_nonempty_k_default() -> bool:
     """``nonempty_k=None``: ``LOWRANK_GEMM_DECODE_NONEMPTY_K`` = 0/1, else :data:`NONEMPTY_K_DEFAULT`."""
-    env = os.environ.get("LOWRANK_GEMM_DECODE_NONEMPTY_K", "")
+    env = getenv("LOWRANK_GEMM_DECODE_NONEMPTY_K", "")
     return env == "1" if env in ("0", "1") else bool(NONEMPTY_K_DEFAULT)
 
 
 def decode_row_box_default() -> bool:
     """``row_box=None``: ``LOWRANK_GEMM_DECODE_ROW_BOX`` = 0/1, else :data:`ROW_BOX_DEFAULT`."""
-    env = os.environ.get("LOWRANK_GEMM_DECODE_ROW_BOX", "")
+    env = getenv("LOWRANK_GEMM_DECODE_ROW_BOX", "")
     return env == "1" if env in ("0", "1") else bool(ROW_BOX_DEFAULT)
 
 
 def decode_f8_default() -> bool:
     """Whether int4_g64 decode takes the e4m3 path when ``f8=None``: ``LOWRANK_GEMM_DECODE_F8`` = 0/1, else the
     module-level :data:`F8_DEFAULT`."""
-    env = os.environ.get("LOWRANK_GEMM_DECODE_F8", "")
+    env = getenv("LOWRANK_GEMM_DECODE_F8", "")
     return env == "1" if env in ("0", "1") else bool(F8_DEFAULT)
 
 

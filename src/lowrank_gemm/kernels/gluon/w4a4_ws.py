@@ -36,7 +36,6 @@ EPILOGUE (per-consumer TMA-store buffer) — each with its own PipelineState per
 """
 
 
-import os
 
 import torch
 from triton.experimental import gluon
@@ -47,6 +46,7 @@ from triton.language.core import _aggregate as aggregate
 
 from ...plan.config import KernelConfig
 from ...plan.smem import Scope, SmemError, SmemLedger, SmemTerm, barrier_bytes, solve_stages, tile_bytes
+from ..env import getenv
 from ..epilogue import rank_block
 from ..int4_unpack import HI_ASM, HI_MUL_ASM, HI_OFFSET_ASM, LO_ASM, LO_MUL_ASM, LO_OFFSET_ASM
 from ..launch import launch
@@ -956,28 +956,28 @@ def kernel_args_v2(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias
 def f8_default() -> bool:
     """Whether int4_g v2 takes the fp8 MMA path by default (``LOWRANK_GEMM_V2_F8``, default on: H200, same
     process, fc1 GEMM 1206 → 883 µs, fc2 1250 → 978, M=64 decode 77.7 → 58.7; ``=0`` restores the int8 path)."""
-    return os.environ.get("LOWRANK_GEMM_V2_F8", "1") != "0"
+    return getenv("LOWRANK_GEMM_V2_F8", "1") != "0"
 
 
 def f8_expanders_default() -> int:
     """Expander warpgroups of the f8 path (``LOWRANK_GEMM_V2_F8_EXPANDERS``, default 2). H200, same process:
     with paired consumer K loops fc1 885 → 754 µs, fc2 941 → 793, M=64 58.5 → 55.0; alone (unpaired) 935 / 1003 /
     60.7 — once the expanders keep up, the consumers' serialized K loops are the limit, which pairing removes."""
-    return int(os.environ.get("LOWRANK_GEMM_V2_F8_EXPANDERS", "2"))
+    return int(getenv("LOWRANK_GEMM_V2_F8_EXPANDERS", "2"))
 
 
 def paired_default() -> bool:
     """Whether the int4_g f8 path pairs its consumers' K loops by default (``LOWRANK_GEMM_V2_PAIRED``, default on).
     With one expander it measured within noise (fc1 910 vs 923 µs: the expander bounded the kernel); with two
     expanders it takes fc1 935 → 754 µs (:func:`f8_expanders_default`)."""
-    return os.environ.get("LOWRANK_GEMM_V2_PAIRED", "1") != "0"
+    return getenv("LOWRANK_GEMM_V2_PAIRED", "1") != "0"
 
 
 def two_level_enabled() -> bool:
     """int4_2l v2 hung on the H200 in session 1; after the two fixes (benchmarks/NOTES.md) the bisect ladder
     (r3–r7) and tests/test_gluon_gpu.py passed on the H200 in session 2, so it is on by default.
     ``LOWRANK_GEMM_GLUON_2L=0`` turns it off again (instant fallback to v1 without a code change)."""
-    return os.environ.get("LOWRANK_GEMM_GLUON_2L", "1") != "0"
+    return getenv("LOWRANK_GEMM_GLUON_2L", "1") != "0"
 
 
 def launch_w4a4_v2(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, out, fmt: str,
