@@ -44,7 +44,7 @@ def main() -> int:
     ap.add_argument("--ms", default="1,2,4")
     ap.add_argument("--two-level", action="store_true", help="the int4_2l GEMV instead (see above)")
     ap.add_argument("--layer", action="store_true", help="the layer under the launch-order knobs (see above)")
-    ap.add_argument("--shapes", default="", help="--layer: N:K,… (default: LAYER_SHAPES)")
+    ap.add_argument("--shapes", default="", help="N:K,… (default: LAYER_SHAPES with --layer, else SHAPES)")
     ap.add_argument("--variants", default=LAYER_DEFAULT,
                     help=f"--layer: ';'-separated names of {sorted(LAYER_VARIANTS)} or cfg:bn,bkw,warps,stages[+late] "
                     f"(the GEMV config, act_quant's trigger early or +late)")
@@ -63,7 +63,8 @@ def main() -> int:
     cfgs = [(kernels[c.split(":")[0]], gv.GemvConfig(*(int(v) for v in c.split(":")[1].split("+")[0].split(","))),
              ",".join(c.split("+")[1:])) for c in args.cfgs.split(";") if c]
     probe = Probe(args.out, "probe_gemv")
-    for n, k in SHAPES:
+    shapes = [tuple(int(v) for v in s.split(":")) for s in args.shapes.split(",") if s] or SHAPES
+    for n, k in shapes:
         for m in (int(v) for v in args.ms.split(",")):
             if n != 28672 and m != 1:
                 continue
