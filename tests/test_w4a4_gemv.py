@@ -492,3 +492,44 @@ def test_gpu_cp_async_ring_bit_identical(monkeypatch, fmt, cfg, stages):
     monkeypatch.setenv(gv.CP_STAGES_ENV, stages)
     ops["out"].fill_(float("nan"))
     assert torch.equal(gv.launch_w4a4_gemv(**ops, kernel="gluon", config=cfg), want)
+
+
+def test_epilogue_early_knob(monkeypatch):
+    """LOWRANK_GEMM_GEMV_EPI_EARLY=1 (probe knob, Gluon kernel): the epilogue operands act_quant does not write (col
+    scale, up rows, bias) load before the K loop and S right after griddepcontrol.wait; off by default, and the
+    default kernel's PTX does not depend on the knob's existence (checked against HEAD when it was added)."""
+    from lowrank_gemm.kernels.aot import compile_sm90
+    ops = w4.make_operands_v2("int4_g64", 1, 160, 512, 16, 64, device="cpu", bias=True, col_scale=True)
+    monkeypatch.delenv(gv.EPI_EARLY_ENV, raising=False)
+    assert "EPI_EARLY" not in gv.gemv_args(**ops, kernel="gluon", swar=True, pdl=False)[2]
+    monkeypatch.setenv(gv.EPI_EARLY_ENV, "1")
+    assert gv.gemv_args(**ops, kernel="gluon", swar=True, pdl=False)[2]["EPI_EARLY"] is True
+    sig, cx, cfg = gv.aot_signature_gemv(None, kernel="gluon", N=28672, K=4096, M=1)
+    ptx = {}
+    for epi in (False, True):
+        info = compile_sm90("lowrank_gemm.kernels.w4a4_gemv", "w4a4_gemv_gl_kernel", sig, {**cx, "EPI_EARLY": epi},
+                            num_warps=cfg.num_warps, aligned=("xq_ptr", "wq_ptr", "ws_ptr", "xs_ptr"))
+        ptx[epi] = info.ptx
+    # early: more global loads are issued before griddepcontrol.wait (the up rows, bias, col scale join the first
+    # weight chunk there)
+    def loads_before_wait(text):
+        return text[:text.index("griddepcontrol.wait")].count("ld.global")
+    assert loads_before_wait(ptx[True]) > loads_before_wait(ptx[False])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt,cfg,m", [("int4_g64", None, 1), ("int4_g64", None, 2), ("int4_g64", SPLIT4, 1),
+                                       ("int4_g64", gv.WIDE_CONFIG, 1), ("int4_2l", None, 1), ("int4_2l", None, 2)],
+                         ids=["g64", "g64-m2", "g64-split4", "g64-wide", "2l", "2l-m2"])
+@pytest.mark.parametrize("terms", ["all", "none"])
+def test_gpu_epilogue_early_bit_identical(monkeypatch, fmt, cfg, m, terms):
+    """EPI_EARLY moves loads, not arithmetic: outputs bit-identical to the default launch, with every epilogue term
+    (rank 32, bias, col scale) or none."""
+    on = terms == "all"
+    ops = w4.make_operands_v2(fmt, m, 28672 if cfg is not gv.WIDE_CONFIG else 4096, 4096, 32 if on else 0, 64,
+                              device="cuda", bias=on, col_scale=on, seed=7)
+    monkeypatch.delenv(gv.EPI_EARLY_ENV, raising=False)
+    want = gv.launch_w4a4_gemv(**ops, kernel="gluon", config=cfg).clone()
+    monkeypatch.setenv(gv.EPI_EARLY_ENV, "1")
+    ops["out"].fill_(float("nan"))
+    assert torch.equal(gv.launch_w4a4_gemv(**ops, kernel="gluon", config=cfg), want)

@@ -241,7 +241,8 @@ def w4a4_gemv_gl_kernel(xq_ptr, xs_ptr, wq_ptr, ws_ptr, s_ptr, up_ptr, bias_ptr,
                         HAS_LOWRANK: gl.constexpr, HAS_COL_SCALE: gl.constexpr, HAS_BIAS: gl.constexpr,
                         SWAR: gl.constexpr, PDL: gl.constexpr, SPLIT: gl.constexpr = 1,
                         TWO_LEVEL: gl.constexpr = False, W_CACHE: gl.constexpr = "", W_EVICT: gl.constexpr = "",
-                        LATE_W: gl.constexpr = False, L2_PREFETCH: gl.constexpr = 0, CP_STAGES: gl.constexpr = 0):
+                        LATE_W: gl.constexpr = False, L2_PREFETCH: gl.constexpr = 0, CP_STAGES: gl.constexpr = 0,
+                        EPI_EARLY: gl.constexpr = False):
     """:func:`w4a4_gemv_kernel` with every layout explicit (Gluon): the weights as [BN, Q, 4] words, 16 bytes per
     thread; the token words, their byte sums and the group scales in slices of that layout, so nothing crosses
     threads inside the K loop (the Triton version's compiler laid the scale loads out along rows and moved its
@@ -308,8 +309,15 @@ def w4a4_gemv_gl_kernel(xq_ptr, xs_ptr, wq_ptr, ws_ptr, s_ptr, up_ptr, bias_ptr,
         pf_ptrs = wq_ptr + (rows.to(gl.int64) * kw_total + kw_lo + BLOCK_KW)[:, None] + (q * 0)[None, :]
         gl.inline_asm_elementwise(_L2_PREFETCH_ASM, "=r,l,r", [pf_ptrs, pf_bytes], dtype=gl.int32, is_pure=False,
                                   pack=1)
+    if EPI_EARLY:
+        # (probe knob) the epilogue operands that act_quant does not write (col scale, the up rows, bias), loaded
+        # before the K loop so their round trip is hidden by the stream; S, act_quant's, just after the wait
+        cs, up_e, bias_e = _gl_epilogue_early(rows, row_ok, N, R, up_ptr, stride_un, bias_ptr, cs_ptr, BLOCK_R,
+                                               HAS_LOWRANK, HAS_COL_SCALE, HAS_BIAS, LROW)
     if PDL and not LATE_W:
         gl_gdc_wait()
+    if EPI_EARLY:
+        sv_e = _gl_epilogue_s(m, R, s_ptr, stride_sm, up_ptr, BLOCK_R, HAS_LOWRANK)
     if TWO_LEVEL:
         gl.static_assert(SPLIT == 1, "int4_2l: no split-K")
         # int8 activations: the words of weight word w's low / high K positions (_twolevel_words, + 8)
@@ -345,8 +353,11 @@ def w4a4_gemv_gl_kernel(xq_ptr, xs_ptr, wq_ptr, ws_ptr, s_ptr, up_ptr, bias_ptr,
         acc = gl.sum(acc2, axis=1)                                               # [BN] LROW
     # (loading these before the K loop, to hide their round trip under the stream, measured within noise and cost
     # 8 registers: probes/s7/gemv_epi)
-    cs, add = _gl_epilogue_terms(rows, row_ok, m, N, R, s_ptr, stride_sm, up_ptr, stride_un, bias_ptr, cs_ptr,
-                                 BLOCK_R, HAS_LOWRANK, HAS_COL_SCALE, HAS_BIAS, LROW)
+    if EPI_EARLY:
+        add = _gl_epilogue_add(rows, up_e, sv_e, bias_e, HAS_LOWRANK, HAS_BIAS, LROW)
+    else:
+        cs, add = _gl_epilogue_terms(rows, row_ok, m, N, R, s_ptr, stride_sm, up_ptr, stride_un, bias_ptr, cs_ptr,
+                                     BLOCK_R, HAS_LOWRANK, HAS_COL_SCALE, HAS_BIAS, LROW)
     if SPLIT > 1:
         # the row block's SPLIT partials meet in the workspace; the last to arrive sums them in split order
         # (kernels/splitk.py: the bits do not depend on who arrives last) and runs the epilogue
@@ -403,7 +414,7 @@ def _gl_epilogue_terms(rows, row_ok, m, N, R, s_ptr, stride_sm, up_ptr, stride_u
     else:
         cs = add + 1.0
     if HAS_LOWRANK:
-        LE: gl.constexpr = gl.BlockedLayout([1, 4], [32 // (BLOCK_R // 4), BLOCK_R // 4], [gl.num_warps(), 1], [1, 0])
+        LE: gl.constexpr = _epilogue_layout(BLOCK_R, gl.num_warps())
         rows_e = gl.convert_layout(rows, gl.SliceLayout(1, LE))
         offs_r = gl.arange(0, BLOCK_R, gl.SliceLayout(0, LE))
         r_ok = offs_r < R
@@ -415,6 +426,62 @@ def _gl_epilogue_terms(rows, row_ok, m, N, R, s_ptr, stride_sm, up_ptr, stride_u
     if HAS_BIAS:
         add = add + gl.load(bias_ptr + rows, mask=row_ok, other=0.0).to(gl.float32)
     return cs, add
+
+
+@gluon.constexpr_function
+def _epilogue_layout(block_r, num_warps):
+    """[BN, BLOCK_R] tile of the up-projection: 4 ranks per thread."""
+    return gl.BlockedLayout([1, 4], [32 // (block_r // 4), block_r // 4], [num_warps, 1], [1, 0])
+
+
+@gluon.jit
+def _gl_epilogue_early(rows, row_ok, N, R, up_ptr, stride_un, bias_ptr, cs_ptr, BLOCK_R: gl.constexpr,
+                       HAS_LOWRANK: gl.constexpr, HAS_COL_SCALE: gl.constexpr, HAS_BIAS: gl.constexpr,
+                       LROW: gl.constexpr):
+    """EPI_EARLY: (col_scale[n], up rows [BN, BLOCK_R] fp32, bias[n]) loaded before the K loop — the same values
+    :func:`_gl_epilogue_terms` loads after it (0 where a term is off)."""
+    zero = gl.zeros_like(rows.to(gl.float32))
+    if HAS_COL_SCALE:
+        cs = gl.load(cs_ptr + rows, mask=row_ok, other=0.0).to(gl.float32)
+    else:
+        cs = zero + 1.0
+    if HAS_BIAS:
+        bias = gl.load(bias_ptr + rows, mask=row_ok, other=0.0).to(gl.float32)
+    else:
+        bias = zero
+    if HAS_LOWRANK:
+        LE: gl.constexpr = _epilogue_layout(BLOCK_R, gl.num_warps())
+        rows_e = gl.convert_layout(rows, gl.SliceLayout(1, LE))
+        offs_r = gl.arange(0, BLOCK_R, gl.SliceLayout(0, LE))
+        up = gl.load(up_ptr + rows_e[:, None] * stride_un + offs_r[None, :],
+                     mask=(rows_e < N)[:, None] & (offs_r < R)[None, :], other=0.0).to(gl.float32)
+    else:
+        up = zero
+    return cs, up, bias
+
+
+@gluon.jit
+def _gl_epilogue_s(m, R, s_ptr, stride_sm, up_ptr, BLOCK_R: gl.constexpr, HAS_LOWRANK: gl.constexpr):
+    """EPI_EARLY: the token's S row (act_quant's output: after griddepcontrol.wait), rounded to up's dtype."""
+    if HAS_LOWRANK:
+        LE: gl.constexpr = _epilogue_layout(BLOCK_R, gl.num_warps())
+        offs_r = gl.arange(0, BLOCK_R, gl.SliceLayout(0, LE))
+        sv = gl.load(s_ptr + m * stride_sm + offs_r, mask=offs_r < R, other=0.0)
+        sv = sv.to(up_ptr.dtype.element_ty).to(gl.float32)
+    else:
+        sv = 0.0
+    return sv
+
+
+@gluon.jit
+def _gl_epilogue_add(rows, up, sv, bias, HAS_LOWRANK: gl.constexpr, HAS_BIAS: gl.constexpr, LROW: gl.constexpr):
+    """EPI_EARLY: Σ_r up[n, r]·s[r] + bias[n], in :func:`_gl_epilogue_terms`'s order (same bits)."""
+    add = gl.zeros_like(rows.to(gl.float32))
+    if HAS_LOWRANK:
+        add = add + gl.convert_layout(gl.sum(up * sv[None, :], axis=1), LROW)
+    if HAS_BIAS:
+        add = add + bias
+    return add
 
 
 class GemvConfig(tuple):
@@ -449,6 +516,7 @@ HINTS_ENV = "LOWRANK_GEMM_GEMV_HINTS"
 EARLY_ENV = "LOWRANK_GEMM_GEMV_EARLY"        # 0: the first weight chunk after griddepcontrol.wait (probe knob)
 L2_PREFETCH_ENV = "LOWRANK_GEMM_GEMV_L2_PREFETCH"   # n > 0: n more chunks per row prefetched to L2 before the wait
 CP_STAGES_ENV = "LOWRANK_GEMM_GEMV_CP_STAGES"       # s ≥ 2: the weights through a cp.async ring of s chunks
+EPI_EARLY_ENV = "LOWRANK_GEMM_GEMV_EPI_EARLY"       # 1: the epilogue's operands loaded before the K loop
 DEFAULT_HINTS = "ef"
 _HINTS = {"ef": ("W_EVICT", "evict_first"), "el": ("W_EVICT", "evict_last"), "cg": ("W_CACHE", ".cg")}
 
@@ -582,6 +650,8 @@ def gemv_args(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, out
         _expect(prefetch.isdigit(), lambda: f"{L2_PREFETCH_ENV} takes a chunk count, got {prefetch!r}")
         if int(prefetch):
             cx["L2_PREFETCH"] = int(prefetch)
+        if env_on(EPI_EARLY_ENV, default=False):
+            cx["EPI_EARLY"] = True
         grid = (tiles * split, )
     cx["KERNEL"] = kernel
     return grid, args, cx, cfg
