@@ -136,6 +136,7 @@ for _s in (2, 3, 4):
     LAYER_VARIANTS[f"r32_cp{_s}"] = {"LOWRANK_GEMM_GEMV_CONFIG": "32,64,4,2", "LOWRANK_GEMM_GEMV_CP_STAGES": str(_s)}
 # session 13: the epilogue's operands loaded before the K loop (LOWRANK_GEMM_GEMV_EPI_EARLY)
 LAYER_VARIANTS["epi_early"] = {"LOWRANK_GEMM_GEMV_EPI_EARLY": "1"}
+LAYER_VARIANTS["epi_early_deps"] = {"LOWRANK_GEMM_GEMV_EPI_EARLY": "1", "LOWRANK_GEMM_ACT_QUANT_EARLY_DEPS": "1"}
 # session 12, call 2: "shipped,late_deps,r8,pf1,pf2,pf4,pf7,late_deps_pf2,late_deps_pf7,r8_pf2,r8_pf7"; then the
 # per-format launch order (w4a4_gemv.act_quant_early_launch) is what ships, checked against both forced orders
 LAYER_DEFAULT = "shipped;early_deps;late_deps"
