@@ -495,15 +495,23 @@ def test_gpu_cp_async_ring_bit_identical(monkeypatch, fmt, cfg, stages):
 
 
 def test_epilogue_early_knob(monkeypatch):
-    """LOWRANK_GEMM_GEMV_EPI_EARLY=1 (probe knob, Gluon kernel): the epilogue operands act_quant does not write (col
-    scale, up rows, bias) load before the K loop and S right after griddepcontrol.wait; off by default, and the
-    default kernel's PTX does not depend on the knob's existence (checked against HEAD when it was added)."""
+    """EPI_EARLY (Gluon kernel): the epilogue operands act_quant does not write (col scale, up rows, bias) load before
+    the K loop and S right after griddepcontrol.wait. Routed where measured faster — int4_2l at M = 1 (act_quant's
+    early trigger) on the many-rows config —, ``LOWRANK_GEMM_GEMV_EPI_EARLY`` = 1 / 0 forces it; the kernel without
+    it compiles to the PTX it had before the option existed (checked against that commit when it was added)."""
     from lowrank_gemm.kernels.aot import compile_sm90
-    ops = w4.make_operands_v2("int4_g64", 1, 160, 512, 16, 64, device="cpu", bias=True, col_scale=True)
     monkeypatch.delenv(gv.EPI_EARLY_ENV, raising=False)
+    for fmt, m, n, k, want in (("int4_2l", 1, 28672, 4096, True), ("int4_2l", 1, 14336, 4096, True),
+                               ("int4_2l", 2, 28672, 4096, False), ("int4_2l", 1, 4096, 4096, False),
+                               ("int4_2l", 1, 28672, 14336, False), ("int4_g64", 1, 28672, 4096, False)):
+        assert gv.epilogue_early(fmt, m, n, k) is want, (fmt, m, n, k)
+    ops = w4.make_operands_v2("int4_g64", 1, 160, 512, 16, 64, device="cpu", bias=True, col_scale=True)
     assert "EPI_EARLY" not in gv.gemv_args(**ops, kernel="gluon", swar=True, pdl=False)[2]
     monkeypatch.setenv(gv.EPI_EARLY_ENV, "1")
     assert gv.gemv_args(**ops, kernel="gluon", swar=True, pdl=False)[2]["EPI_EARLY"] is True
+    assert gv.epilogue_early("int4_g64", 2, 4096, 4096)
+    monkeypatch.setenv(gv.EPI_EARLY_ENV, "0")
+    assert not gv.epilogue_early("int4_2l", 1, 28672, 4096)
     sig, cx, cfg = gv.aot_signature_gemv(None, kernel="gluon", N=28672, K=4096, M=1)
     ptx = {}
     for epi in (False, True):
@@ -528,7 +536,7 @@ def test_gpu_epilogue_early_bit_identical(monkeypatch, fmt, cfg, m, terms):
     on = terms == "all"
     ops = w4.make_operands_v2(fmt, m, 28672 if cfg is not gv.WIDE_CONFIG else 4096, 4096, 32 if on else 0, 64,
                               device="cuda", bias=on, col_scale=on, seed=7)
-    monkeypatch.delenv(gv.EPI_EARLY_ENV, raising=False)
+    monkeypatch.setenv(gv.EPI_EARLY_ENV, "0")
     want = gv.launch_w4a4_gemv(**ops, kernel="gluon", config=cfg).clone()
     monkeypatch.setenv(gv.EPI_EARLY_ENV, "1")
     ops["out"].fill_(float("nan"))

@@ -516,7 +516,7 @@ HINTS_ENV = "LOWRANK_GEMM_GEMV_HINTS"
 EARLY_ENV = "LOWRANK_GEMM_GEMV_EARLY"        # 0: the first weight chunk after griddepcontrol.wait (probe knob)
 L2_PREFETCH_ENV = "LOWRANK_GEMM_GEMV_L2_PREFETCH"   # n > 0: n more chunks per row prefetched to L2 before the wait
 CP_STAGES_ENV = "LOWRANK_GEMM_GEMV_CP_STAGES"       # s ≥ 2: the weights through a cp.async ring of s chunks
-EPI_EARLY_ENV = "LOWRANK_GEMM_GEMV_EPI_EARLY"       # 1: the epilogue's operands loaded before the K loop
+EPI_EARLY_ENV = "LOWRANK_GEMM_GEMV_EPI_EARLY"       # 1 / 0: the epilogue's operands before the K loop or not
 DEFAULT_HINTS = "ef"
 _HINTS = {"ef": ("W_EVICT", "evict_first"), "el": ("W_EVICT", "evict_last"), "cg": ("W_CACHE", ".cg")}
 
@@ -571,6 +571,24 @@ def act_quant_early_launch(fmt: str, m: int, n: int, k: int) -> bool:
     if fmt == "int4_g64":
         return gemv_config(None, n) != DEFAULT_CONFIG
     return m == 1 and k <= 8192
+
+
+def epilogue_early(fmt: str, m: int, n: int, k: int) -> bool:
+    """Whether the Gluon GEMV loads its epilogue operands (col scale, up rows, bias) before the K loop and S right after
+    griddepcontrol.wait (EPI_EARLY; same bits either way). ``LOWRANK_GEMM_GEMV_EPI_EARLY`` = 1 / 0 forces it.
+    H200, act_quant + GEMV layer, same process, two runs (probes/s13/epi), shipped / early µs, K = 4096:
+
+    | | N = 28672, M = 1 | M = 2 | N = 14336 | N = 4096 |
+    |---|---|---|---|---|
+    | int4_g64 | 20.87 / 20.86 | 27.11 / 27.45 | 14.04 / 14.24 | 7.14 / 8.05 |
+    | int4_2l | 21.66 / **20.83** | 26.18 / 26.62 | 14.56 / 14.52 | 8.20 / 8.17 |
+
+    It pays where act_quant lets the GEMV launch early (int4_2l at M = 1) on the many-rows config: the loads then
+    overlap act_quant. Elsewhere it is neutral or slower (g64 at N = 4096: +0.9 µs)."""
+    env = getenv(EPI_EARLY_ENV, "")
+    if env in ("0", "1"):
+        return env == "1"
+    return fmt == "int4_2l" and n >= MANY_ROWS and act_quant_early_launch(fmt, m, n, k)
 
 
 def gemv_enabled() -> bool:
@@ -650,7 +668,7 @@ def gemv_args(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, out
         _expect(prefetch.isdigit(), lambda: f"{L2_PREFETCH_ENV} takes a chunk count, got {prefetch!r}")
         if int(prefetch):
             cx["L2_PREFETCH"] = int(prefetch)
-        if env_on(EPI_EARLY_ENV, default=False):
+        if epilogue_early(fmt, M, N, K):
             cx["EPI_EARLY"] = True
         grid = (tiles * split, )
     cx["KERNEL"] = kernel
