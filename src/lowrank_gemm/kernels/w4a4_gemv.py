@@ -407,7 +407,8 @@ def _gl_epilogue_terms(rows, row_ok, m, N, R, s_ptr, stride_sm, up_ptr, stride_u
                        BLOCK_R: gl.constexpr, HAS_LOWRANK: gl.constexpr, HAS_COL_SCALE: gl.constexpr,
                        HAS_BIAS: gl.constexpr, LROW: gl.constexpr):
     """(col_scale[n], Σ_r up[n, r]·s[m, r] + bias[n]) for the program's rows; s is rounded to up's dtype like an
-    unfused s @ B.T."""
+    unfused s @ B.T. (EPI_EARLY's three helpers below compute the same terms; composing this one from them changes
+    the shipped default's PTX — its load order — which was measured as it is, so it stays written out.)"""
     add = gl.zeros_like(rows.to(gl.float32))
     if HAS_COL_SCALE:
         cs = gl.load(cs_ptr + rows, mask=row_ok, other=0.0).to(gl.float32)
