@@ -1291,7 +1291,7 @@ def _prep(x, smooth, lora_down, r: int, br: int, unscaled: bool = False):
     a = lora_down if r else smooth
     bk = 128
     launch(_prep_kernel, (cdiv(k, bk),), smooth, a, a.stride(0) if r else 0, rl, pieces, pieces.stride(0), k, r,
-                                 SHIFT=shift, BLOCK_K=bk, BLOCK_R=br, HAS_LOWRANK=r > 0, num_warps=4)
+           SHIFT=shift, BLOCK_K=bk, BLOCK_R=br, HAS_LOWRANK=r > 0, num_warps=4)
     return rl, pieces, shift
 
 
@@ -1422,20 +1422,20 @@ def act_quant(x: torch.Tensor, smooth: torch.Tensor, lora_down: torch.Tensor, gr
     if fmt == "int4_g64":
         x_q, x_scale = _g64_outputs(m, k, group_size, dev, scale_dtype, f8)
         launch(_act_quant_g_kernel, grid, x, x.stride(0), smooth, x_q, x_q.stride(0), x_scale, x_scale.stride(0),
-                                  a, a.stride(0), sp, spst, max(r, 1), m, k, r, sps,
-                                  G=group_size, BLOCK_M=bm, BLOCK_K=bk, BLOCK_R=br, HAS_LOWRANK=r > 0,
-                                  SCALE_BF16=scale_dtype == torch.bfloat16, F8=f8, num_warps=warps)
+               a, a.stride(0), sp, spst, max(r, 1), m, k, r, sps,
+               G=group_size, BLOCK_M=bm, BLOCK_K=bk, BLOCK_R=br, HAS_LOWRANK=r > 0,
+               SCALE_BF16=scale_dtype == torch.bfloat16, F8=f8, num_warps=warps)
     elif fmt == "int4_2l":
         x_q = torch.empty((m, k), device=dev, dtype=torch.int8)
         x_scale = torch.empty((m,), device=dev, dtype=torch.float32)
         amax_part = torch.empty((nsplit, m), device=dev, dtype=torch.float32)
         launch(_act_2l_stats_kernel, grid, x, x.stride(0), smooth, a, a.stride(0), sp, spst, max(r, 1),
-                                   amax_part, amax_part.stride(0), m, k, r, sps,
-                                   BLOCK_M=bm, BLOCK_K=bk, BLOCK_R=br, HAS_LOWRANK=r > 0, num_warps=warps)
+               amax_part, amax_part.stride(0), m, k, r, sps,
+               BLOCK_M=bm, BLOCK_K=bk, BLOCK_R=br, HAS_LOWRANK=r > 0, num_warps=warps)
         launch(_act_2l_quant_kernel, grid, x, x.stride(0), smooth, x_q, x_q.stride(0), x_scale,
-                                   amax_part, amax_part.stride(0), m, k, nsplit, sps,
-                                   G=group_size, BLOCK_M=bm, BLOCK_K=bk, SPLIT_P2=next_pow2(nsplit),
-                                   num_warps=warps)
+               amax_part, amax_part.stride(0), m, k, nsplit, sps,
+               G=group_size, BLOCK_M=bm, BLOCK_K=bk, SPLIT_P2=next_pow2(nsplit),
+               num_warps=warps)
     else:
         raise ValueError(f"fmt must be one of {FORMATS}, got {fmt!r}")
     _sum_partials(sp, lowrank_act, nsplit, br)
@@ -1446,7 +1446,7 @@ def _sum_partials(sp, lowrank_act, nsplit: int, br: int) -> None:
     m, r = lowrank_act.shape
     if r and nsplit > 1:
         launch(_sum_partials_kernel, (m,), sp, sp.stride(0), sp.stride(1), lowrank_act, lowrank_act.stride(0), m, r,
-                                   nsplit, SPLIT_P2=next_pow2(nsplit), BLOCK_R=br, num_warps=1)
+               nsplit, SPLIT_P2=next_pow2(nsplit), BLOCK_R=br, num_warps=1)
 
 
 def _act_quant_v2(x, smooth, lora_down, group_size, fmt, scale_dtype, lowrank_act, sp, spst, grid, bm,
@@ -1465,10 +1465,10 @@ def _act_quant_v2(x, smooth, lora_down, group_size, fmt, scale_dtype, lowrank_ac
     if fmt == "int4_g64":
         x_q, x_scale = _g64_outputs(m, k, group_size, dev, scale_dtype, f8)
         launch(g_kernel, grid, x, x.stride(0), smooth, rl, x_q, x_q.stride(0), x_scale, x_scale.stride(0),
-                       pieces, pieces.stride(0), sp, spst, max(r, 1), m, k, r, sps,
-                       G=group_size, BLOCK_M=bm, BLOCK_R=br, HAS_LOWRANK=r > 0,
-                       SCALE_BF16=scale_dtype == torch.bfloat16, SHIFT=shift, EMU_FMA=emu,
-                       **({"F8": True} if f8 else {}), **one, num_warps=warps)  # f8: v3 only (act_quant)
+               pieces, pieces.stride(0), sp, spst, max(r, 1), m, k, r, sps,
+               G=group_size, BLOCK_M=bm, BLOCK_R=br, HAS_LOWRANK=r > 0,
+               SCALE_BF16=scale_dtype == torch.bfloat16, SHIFT=shift, EMU_FMA=emu,
+               **({"F8": True} if f8 else {}), **one, num_warps=warps)  # f8: v3 only (act_quant)
     else:
         x_q = torch.empty((m, k), device=dev, dtype=torch.int8)
         x_scale = torch.empty((m,), device=dev, dtype=torch.float32)
@@ -1476,14 +1476,14 @@ def _act_quant_v2(x, smooth, lora_down, group_size, fmt, scale_dtype, lowrank_ac
         tma = feed == "one_tma"
         x_arg = TensorDescriptor.from_tensor(x, [bm, group_size]) if tma else x
         launch(stats_kernel, grid, x_arg, x.stride(0), smooth, rl, pieces, pieces.stride(0), sp, spst, max(r, 1),
-                                      amax_part, amax_part.stride(0), m, k, r, sps,
-                                      BLOCK_M=bm, BLOCK_K=group_size, BLOCK_R=br, HAS_LOWRANK=r > 0,
-                                      SHIFT=shift, EMU_FMA=emu, **one, **({"X_TMA": True} if tma else {}),
-                                      num_warps=warps)
+               amax_part, amax_part.stride(0), m, k, r, sps,
+               BLOCK_M=bm, BLOCK_K=group_size, BLOCK_R=br, HAS_LOWRANK=r > 0,
+               SHIFT=shift, EMU_FMA=emu, **one, **({"X_TMA": True} if tma else {}),
+               num_warps=warps)
         launch(quant_kernel, grid, x, x.stride(0), smooth, rl, x_q, x_q.stride(0), x_scale,
-                                      amax_part, amax_part.stride(0), m, k, nsplit, sps,
-                                      G=group_size, BLOCK_M=bm, SPLIT_P2=next_pow2(nsplit),
-                                      EMU_FMA=emu, num_warps=warps)
+               amax_part, amax_part.stride(0), m, k, nsplit, sps,
+               G=group_size, BLOCK_M=bm, SPLIT_P2=next_pow2(nsplit),
+               EMU_FMA=emu, num_warps=warps)
     _sum_partials(sp, lowrank_act, nsplit, br)
     return x_q, x_scale, lowrank_act
 

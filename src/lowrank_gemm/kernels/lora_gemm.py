@@ -529,9 +529,9 @@ def _launch_down(x, a, s, scale, block_r, *, Kp, R, pdl=False):
     bm, bk = (_DOWN_BM, _DOWN_BK) if not _interpreting() else (32, 32)
     grid = (cdiv(M, bm), cdiv(R, block_r), s.shape[0])
     launch(K_.lora_down_kernel, grid, _desc(x, bm, bk), _desc(a, block_r, bk), s,
-                              M, Kp, R, scale, s.stride(0), s.stride(1), s.stride(2),
-                              BLOCK_M=bm, BLOCK_R=block_r, BLOCK_K=bk, PDL=pdl,
-                              num_warps=4, num_stages=_DOWN_STAGES)
+           M, Kp, R, scale, s.stride(0), s.stride(1), s.stride(2),
+           BLOCK_M=bm, BLOCK_R=block_r, BLOCK_K=bk, PDL=pdl,
+           num_warps=4, num_stages=_DOWN_STAGES)
 
 
 # PDL between split's down and main kernels only up to this M. H200 (NOTES.md session 5): M=256 4096² 28.5 → 25.8 µs,

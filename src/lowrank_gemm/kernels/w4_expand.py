@@ -109,8 +109,8 @@ def expand_w4(w_q: torch.Tensor, w_mul: torch.Tensor | None, group_size: int, fm
     wu = w_mul if two_level else w_q
     grid = (cdiv(n, block_n), cdiv(k // PACK_BLOCK, block_b))
     launch(_w4_expand_kernel, grid, w_q, wu, wu.stride(0), out, n, k // 2, G=group_size, TWO_LEVEL=two_level,
-                            OUT_FP8=out_dtype == torch.float8_e4m3fn, BLOCK_N=block_n, BLOCK_B=block_b,
-                            num_warps=4)
+           OUT_FP8=out_dtype == torch.float8_e4m3fn, BLOCK_N=block_n, BLOCK_B=block_b,
+           num_warps=4)
     return out
 
 
@@ -197,7 +197,7 @@ def expand_act_f8(x_q: torch.Tensor, x_scale: torch.Tensor, group_size: int, blo
         grid = (cdiv(m, block_m), k // group_size)
         pdl = pdl_enabled(x_q.device)
         launch(_act_f8_kernel, grid, x_q, x_scale, x8, xab, m, k // 2, G=group_size, BLOCK_M=block_m, PDL=pdl,
-                             num_warps=4, launch_pdl=pdl)
+               num_warps=4, launch_pdl=pdl)
     return x8, xab
 
 

@@ -689,7 +689,7 @@ def launch_w4a4_gemv(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bi
         launch(w4a4_gemv_gl_kernel, grid, *args, **cx, num_warps=cfg.num_warps, launch_pdl=cx["PDL"])
     else:
         launch(w4a4_gemv_kernel, grid, *args, **cx, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-                               launch_pdl=cx["PDL"])
+               launch_pdl=cx["PDL"])
     return out
 
 
