@@ -64,9 +64,7 @@ def launch(kernel, grid, *args, **kwargs) -> None:
         compiled = kernel[grid](*args, **kwargs)
         _remember(kernel, device, args, kwargs, compiled)
         return
-    # Triton adds these two to every launch's options (JITFunction.run); they belong to the key for the same reason
-    kwargs["debug"] = kwargs.get("debug", kernel.debug) or hooks.debug
-    kwargs["instrumentation_mode"] = knobs.compilation.instrumentation_mode
+    _add_run_options(kernel, kwargs)
     bound, spec, options = binder(*args, **kwargs)
     key = (tuple(spec), tuple(options.items()))
     per_kernel = entry[1]
@@ -92,8 +90,13 @@ def _remember(kernel, device: int, args, kwargs, compiled) -> None:
         return
     if hasattr(compiled, "result"):
         compiled = compiled.result()
-    kwargs = dict(kwargs)
-    kwargs["debug"] = kwargs.get("debug", kernel.debug) or knobs.runtime.debug
-    kwargs["instrumentation_mode"] = knobs.compilation.instrumentation_mode
+    kwargs = _add_run_options(kernel, dict(kwargs))
     _, spec, options = caches[device][4](*args, **kwargs)
     per_kernel[(tuple(spec), tuple(options.items()))] = compiled
+
+
+def _add_run_options(kernel, kwargs: dict) -> dict:
+    """The two options Triton's JITFunction.run adds to every launch; they are part of its cache key, so of ours."""
+    kwargs["debug"] = kwargs.get("debug", kernel.debug) or knobs.runtime.debug
+    kwargs["instrumentation_mode"] = knobs.compilation.instrumentation_mode
+    return kwargs

@@ -56,7 +56,7 @@ from .pdl import pdl_supported
 from .tma import TMA_ALIGN, tma_operand
 from . import _lora_kernels as K_
 from ._lora_kernels import smem_ledger
-from .schedule import cdiv, grouped_tile_host, num_sms, persistent_grid
+from .schedule import cdiv, device_index, grouped_tile_host, num_sms, persistent_grid
 
 __all__ = ["lora_linear", "lora_linear_impl", "smem_ledger", "clear_weight_cache", "check_inputs",
            "run_strategy", "LoraOptions", "lora_options", "current_options", "LORA_OPTIONS_ENV"]
@@ -392,7 +392,7 @@ class _Tickets:
         if tiles > TICKET_SLOTS:   # a pinned big-M plan: private zeroed tickets (a memset)
             return torch.zeros(tiles, dtype=torch.int32, device=device)
         is_cuda = device.type == "cuda"
-        stream = torch._C._cuda_getCurrentRawStream(_device_index(device)) if is_cuda else 0
+        stream = torch._C._cuda_getCurrentRawStream(device_index(device)) if is_cuda else 0
         view = self.views.get((device, stream, tiles))
         if view is not None:
             return view
@@ -415,10 +415,6 @@ class _Tickets:
         """The whole region of (device, stream) (tests: it must be back at zero after launches)."""
         idx = self.regions.get((device, stream))
         return None if idx is None else self.buffers[device][idx]
-
-
-def _device_index(device: torch.device) -> int:
-    return device.index if device.index is not None else torch.cuda.current_device()
 
 
 _TICKETS = _Tickets()
@@ -651,7 +647,7 @@ _SIDE_STREAMS: dict[int, torch.cuda.Stream] = {}
 
 
 def _side_stream(device: torch.device) -> torch.cuda.Stream:
-    idx = device.index if device.index is not None else torch.cuda.current_device()
+    idx = device_index(device)
     if idx not in _SIDE_STREAMS:
         _SIDE_STREAMS[idx] = torch.cuda.Stream(device=idx)
     return _SIDE_STREAMS[idx]

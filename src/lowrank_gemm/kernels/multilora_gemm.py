@@ -45,6 +45,7 @@ import triton.language as tl
 
 from lowrank_gemm.kernels.epilogue import add_bias, lowrank_up, rank_block, store_tile
 from lowrank_gemm.kernels.launch import launch
+from lowrank_gemm.kernels.lora_gemm import _direct_ok
 from lowrank_gemm.kernels.pdl import gdc_launch_dependents, gdc_wait, pdl_enabled, pdl_supported
 from lowrank_gemm.kernels.schedule import cdiv, grouped_tile, next_pow2, num_sms
 from lowrank_gemm.plan.config import KernelConfig
@@ -1035,7 +1036,6 @@ def multi_lora_linear(x: torch.Tensor, weight: torch.Tensor, bank_a, bank_b: tor
                          f"({x.numel() // max(1, x.shape[-1])}), got shape {tuple(adapter_ids.shape)}")
     if max_adapters is not None and max_adapters < 1:
         raise ValueError(f"multi_lora_linear: max_adapters must be ≥ 1 or None, got {max_adapters}")
-    from .lora_gemm import _direct_ok
     op = (_multi_lora_linear_impl if _direct_ok(x, weight, bank_a, bank_b, ranks, scales, adapter_ids, bias, row_order)
           else _multi_lora_linear_op)
     return op(x, weight, bank_a, bank_b, ranks, scales, adapter_ids, bias, row_order, mode, validate, max_adapters,

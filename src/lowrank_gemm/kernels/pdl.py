@@ -29,6 +29,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
 from .env import getenv
+from .schedule import device_index
 
 __all__ = ["PDL_DEFAULT", "pdl_supported", "pdl_enabled", "gdc_wait", "gdc_launch_dependents", "gl_gdc_wait", "gl_gdc_launch_dependents"]
 
@@ -45,7 +46,7 @@ def pdl_supported(device: torch.device | None) -> bool:
         return False
     if device is None or device.type != "cuda":
         return False
-    return _sm90_or_later(device.index if device.index is not None else torch.cuda.current_device())
+    return _sm90_or_later(device_index(device))
 
 
 @functools.lru_cache(maxsize=None)        # a device property query is microseconds of host time per launch

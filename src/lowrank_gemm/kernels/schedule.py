@@ -11,7 +11,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-__all__ = ["grouped_tile", "grouped_tile_host", "persistent_grid", "cdiv", "next_pow2"]
+__all__ = ["grouped_tile", "grouped_tile_host", "persistent_grid", "cdiv", "next_pow2", "device_index"]
 
 
 # Host arithmetic in plain Python: triton.cdiv / triton.next_power_of_2 are constexpr functions whose Python call
@@ -49,11 +49,17 @@ def grouped_tile_host(tile_id: int, num_pid_m: int, num_pid_n: int, group_m: int
 _SM_COUNT: dict[int, int] = {}
 
 
+def device_index(device) -> int:
+    """The CUDA ordinal of ``device`` (the current device for a bare ``cuda``)."""
+    import torch
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
 def num_sms(device) -> int:
     import torch
     if device.type != "cuda":
         return 4  # interpreter: a few programs, enough to exercise the persistent stride
-    idx = device.index if device.index is not None else torch.cuda.current_device()
+    idx = device_index(device)
     if idx not in _SM_COUNT:
         _SM_COUNT[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
     return _SM_COUNT[idx]
