@@ -422,11 +422,13 @@ def test_gpu_l2_prefetch_knob_bit_identical(monkeypatch, fmt, cfg, prefetch):
 
 def test_act_quant_early_launch_route(monkeypatch):
     """The layer op hands act_quant the GEMV's launch-order choice (measured per format and config, session 12):
-    int4_g64 early only on the wide config, int4_2l early only at M = 1 with K ≤ 8192; other routes keep
-    act_quant's default (None)."""
+    int4_g64 early on the wide config and at M = 1, K ≤ 4096, N ≥ 24576 (paired with EPI_EARLY, session 14), int4_2l
+    early only at M = 1 with K ≤ 8192; other routes keep act_quant's default (None)."""
     from lowrank_gemm.kernels import w4a4_gemm as wg
     cuda = torch.device("cuda")
-    for fmt, m, n, k, want in (("int4_g64", 1, 28672, 4096, False), ("int4_g64", 2, 14336, 4096, False),
+    for fmt, m, n, k, want in (("int4_g64", 1, 28672, 4096, True), ("int4_g64", 2, 28672, 4096, False),
+                               ("int4_g64", 1, 14336, 4096, False), ("int4_g64", 1, 28672, 8192, False),
+                               ("int4_g64", 2, 14336, 4096, False),
                                ("int4_g64", 1, 4096, 14336, True), ("int4_2l", 1, 28672, 4096, True),
                                ("int4_2l", 2, 28672, 4096, False), ("int4_2l", 1, 4096, 4096, True),
                                ("int4_2l", 1, 4096, 14336, False)):
@@ -497,14 +499,18 @@ def test_gpu_cp_async_ring_bit_identical(monkeypatch, fmt, cfg, stages):
 def test_epilogue_early_knob(monkeypatch):
     """EPI_EARLY (Gluon kernel): the epilogue operands act_quant does not write (col scale, up rows, bias) load before
     the K loop and S right after griddepcontrol.wait. Routed where measured faster — int4_2l at M = 1 (act_quant's
-    early trigger) on the many-rows config —, ``LOWRANK_GEMM_GEMV_EPI_EARLY`` = 1 / 0 forces it; the kernel without
+    early trigger) on the many-rows config, int4_g64 with that trigger at M = 1, N ≥ 24576 —, ``LOWRANK_GEMM_GEMV_EPI_EARLY`` = 1 / 0 forces it; the kernel without
     it compiles to the PTX it had before the option existed (checked against that commit when it was added)."""
     from lowrank_gemm.kernels.aot import compile_sm90
     monkeypatch.delenv(gv.EPI_EARLY_ENV, raising=False)
     for fmt, m, n, k, want in (("int4_2l", 1, 28672, 4096, True), ("int4_2l", 1, 14336, 4096, True),
                                ("int4_2l", 2, 28672, 4096, False), ("int4_2l", 1, 4096, 4096, False),
-                               ("int4_2l", 1, 28672, 14336, False), ("int4_g64", 1, 28672, 4096, False)):
+                               ("int4_2l", 1, 28672, 14336, False), ("int4_g64", 1, 28672, 4096, True),
+                               ("int4_g64", 1, 14336, 4096, False), ("int4_g64", 2, 28672, 4096, False),
+                               ("int4_g64", 1, 4096, 4096, False)):
         assert gv.epilogue_early(fmt, m, n, k) is want, (fmt, m, n, k)
+        if fmt == "int4_g64" and want:            # the pair: EPI_EARLY pays for g64 only with the early trigger
+            assert gv.act_quant_early_launch(fmt, m, n, k)
     ops = w4.make_operands_v2("int4_g64", 1, 160, 512, 16, 64, device="cpu", bias=True, col_scale=True)
     assert "EPI_EARLY" not in gv.gemv_args(**ops, kernel="gluon", swar=True, pdl=False)[2]
     monkeypatch.setenv(gv.EPI_EARLY_ENV, "1")

@@ -568,10 +568,24 @@ def act_quant_early_launch(fmt: str, m: int, n: int, k: int) -> bool:
     M = 1 up to K = 8192, late at M = 2 and at K = 14336. Checked off those points (probes/s12/checks, K = 8192,
     M = 1): int4_2l N = 8192 19.9 / 21.8, N = 28672 37.9 / 37.9; int4_g64 N = 8192 21.1 / 22.5, N = 28672 37.2 /
     36.6 — the rule's choice or a tie each time. Why the formats disagree is not profiled: their act_quant programs
-    differ, and the 2l one grows with K."""
+    differ, and the 2l one grows with K.
+
+    One exception for int4_g64, measured with :func:`epilogue_early` on (the two pay only together): M = 1, K ≤ 4096,
+    N ≥ :data:`G64_EARLY_MIN_N` (:func:`_g64_early_pair`)."""
     if fmt == "int4_g64":
-        return gemv_config(None, n) != DEFAULT_CONFIG
+        return gemv_config(None, n) != DEFAULT_CONFIG or _g64_early_pair(m, n, k)
     return m == 1 and k <= 8192
+
+
+# int4_g64's early act_quant trigger + EPI_EARLY pair at M = 1 (H200, layer µs, same process, shipped / pair, K = 4096):
+# N = 28672 20.68 / 20.32 (probes/s13/epi_g64_deps), 20.64 / 20.26 and 20.66 / 20.25 (probes/s14/first, two
+# processes); N = 14336 14.04 / 15.62 (both s14 runs) and M = 2, N = 28672 27.17 / 27.64 — slower, hence the bound
+# between the two measured N. K = 8192 was slower with the early trigger alone (probes/s12/checks) and is not paired.
+G64_EARLY_MIN_N = 24576
+
+
+def _g64_early_pair(m: int, n: int, k: int) -> bool:
+    return m == 1 and k <= 4096 and n >= G64_EARLY_MIN_N
 
 
 def epilogue_early(fmt: str, m: int, n: int, k: int) -> bool:
@@ -585,11 +599,14 @@ def epilogue_early(fmt: str, m: int, n: int, k: int) -> bool:
     | int4_2l | 21.66 / **20.83** | 26.18 / 26.62 | 14.56 / 14.52 | 8.20 / 8.17 |
 
     It pays where act_quant lets the GEMV launch early (int4_2l at M = 1) on the many-rows config: the loads then
-    overlap act_quant. Elsewhere it is neutral or slower (g64 at N = 4096: +0.9 µs)."""
+    overlap act_quant. Elsewhere it is neutral or slower (g64 at N = 4096: +0.9 µs) — except int4_g64 at M = 1,
+    N = 28672 together with act_quant's early trigger (:func:`_g64_early_pair`): 20.66 → 20.25 µs, three runs."""
     env = getenv(EPI_EARLY_ENV, "")
     if env in ("0", "1"):
         return env == "1"
-    return fmt == "int4_2l" and n >= MANY_ROWS and act_quant_early_launch(fmt, m, n, k)
+    if fmt == "int4_g64":
+        return _g64_early_pair(m, n, k)
+    return n >= MANY_ROWS and act_quant_early_launch(fmt, m, n, k)
 
 
 def gemv_enabled() -> bool:
