@@ -230,3 +230,41 @@ def test_swap_ab_matches_reference(mode, M, N, K, L, r, bn, split, expand):
     g.replay()
     torch.cuda.synchronize()
     assert torch.equal(y_g, y)
+
+
+@pytest.mark.parametrize("mode", ["gather", "segment"])
+@pytest.mark.parametrize("M,N,K,L,r,swap,split,epi_d", [(16, 28672, 4096, 4, 16, True, 1, 4),
+                                                        (64, 28672, 4096, 4, 64, False, 1, 1),
+                                                        (37, 3000, 1000, 9, 24, False, 2, 2),
+                                                        (13, 4096, 4096, 16, 16, True, 3, 4)])
+def test_epi_early_matches_reference(mode, M, N, K, L, r, swap, split, epi_d):
+    """EPI_EARLY (the epilogue expand's ids-only work and first B tile before the K loop) with PDL, 16-B B loads and
+    the unrolled S sum: the float64 reference, NaN-poisoned output and workspaces, bit-identical repeats and equal to
+    the same plan's late (double-buffered) epilogue, −1 rows equal to the base GEMM, CUDA-graph replay equal to eager."""
+    import dataclasses
+    x, w, bank, ids, bias = make(M, N, K, L, r, seed=17)
+    ids[::5] = -1
+    p = mg.choose_plan(M, N, K, r, L, mode, x.device)
+    p = dataclasses.replace(p, fuse_d=0, epi_d=epi_d, s_unroll=True, expand="epilogue", b_vec=True, epi_pipe=0,
+                            epi_early=True, x_tma=False,
+                            main=p.main.replace(swap_ab=swap, block_m=16 if swap else 64, block_n=128,
+                                                block_k=64, split_k=split, num_warps=4, num_stages=4))
+    late = dataclasses.replace(p, epi_early=False, epi_pipe=1)
+    args = (x, w, bank.bank_a, bank.bank_b, bank.ranks, bank.scales, ids, bias)
+
+    def gemm(plan=p, **kw):
+        out = torch.full((M, N), float("nan"), dtype=DT, device="cuda")
+        return mg.multi_lora_gemm(*args, mode=mode, plan=plan, pdl=True, out=out, poison_workspace=True, **kw)
+
+    y = gemm()
+    ref, e_torch = ref_and_torch_err(x, w, bank, ids, bias)
+    assert nerr(y, ref) <= 2 * e_torch + 1e-3, (nerr(y, ref), e_torch)
+    assert torch.equal(gemm(), y)
+    assert torch.equal(gemm(late), y)
+    rows = ids == -1
+    assert torch.equal(y[rows], gemm(has_lora=False)[rows])
+    _, g, y_g = capture_graph(gemm)
+    y_g.fill_(float("nan"))
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(y_g, y)
