@@ -8,10 +8,11 @@ plan, gather mode); ``fused_base`` (the same plan with ``has_lora=False``: the m
 no shrink launch); ``lora_single`` (one adapter only: the single-adapter ``lora_linear`` with that adapter's A, B
 and scale — what the same bytes cost through the LoRA kernel). Writes DIR/probe_multilora_parts.{json,md}.
 
-``--early`` adds EPI_EARLY candidates (``MultiLoRAPlan.epi_early``: the epilogue expand's ids-only work and its
-first B tile before the K loop, 16-B B loads, the S slices summed unrolled): ``early`` (today's main config),
-``early_k64`` (the main loop with BK = 64 and 6 stages (M ≤ 16, swap-AB, the single-adapter kernel's config) or
-4 stages (M > 16): two CTAs per SM). Every fused row is checked against the float64 reference before it is timed.
+``--configs`` adds main-loop candidates that fit two CTAs per SM (ncu, session 14: with the branch the main kernel
+runs 5–6 µs longer than without it, and today's plans hold 185–214 KB of SMEM, one CTA per SM over 224 tiles, so
+every tile's epilogue sits on the critical path twice): the tuned plan (expand, shrink, fuse_d kept) with BK = 64
+and 6 / 4 stages, with BN = 64, and (M ≤ 16) the single-adapter kernel's swap-AB config. Every fused row is
+checked against the float64 reference before it is timed.
 """
 
 from __future__ import annotations
@@ -27,20 +28,27 @@ DEFAULT_CASES = ("16x28672x16x1,16x28672x16x4,16x28672x64x1,16x28672x64x4,64x286
                  "64x28672x64x4,16x28672x16x16,16x4096x16x1")
 
 
-def early_candidates(plan, M, N, r, nd, dev):
-    """EPI_EARLY plans for one case: today's main config, and a BK = 64 main loop (two CTAs per SM). A case whose
-    plan fuses the shrink into the K loop (fuse_d > 0) takes the shrink launch instead; M ≤ 16 always swap-AB."""
+def config_candidates(plan, M):
+    """Main-loop variants of one case's plan that leave room for two CTAs per SM (ledger-checked)."""
     import dataclasses
-    from lowrank_gemm.kernels.epilogue import rank_block
-    main, shrink = plan.main, plan.shrink
-    if M <= 16 and not main.swap_ab:
-        main = main.replace(block_m=16, block_n=128, block_k=128, num_stages=5, swap_ab=True, num_warps=4, split_k=1)
-    epi_d = max(1, min(4, 64 // rank_block(r)))
-    common = dict(fuse_d=0, expand="epilogue", epi_early=True, b_vec=True, s_unroll=True, epi_pipe=0, epi_d=epi_d,
-                  x_tma=False if main.swap_ab else plan.x_tma)
-    out = {"early": dataclasses.replace(plan, main=main, shrink=shrink, **common)}
-    k64 = main.replace(block_k=64, num_stages=6 if M <= 16 else 4)
-    out["early_k64"] = dataclasses.replace(plan, main=k64, shrink=shrink, **common)
+    from lowrank_gemm.kernels import multilora_gemm as mg
+    main = plan.main
+    cands = {"k64s6" if M <= 16 else "k64s4": main.replace(block_k=64, num_stages=6 if M <= 16 else 4),
+             "k64s3": main.replace(block_k=64, num_stages=3),
+             "n64": main.replace(block_n=64, num_stages=min(main.num_stages, 4)),
+             "n64k64": main.replace(block_n=64, block_k=64, num_stages=6)}
+    plans = {name: dataclasses.replace(plan, main=cfg) for name, cfg in cands.items()}
+    if M <= 16 and not main.swap_ab:       # the single-adapter kernel's swap-AB config (shrink launch, PDL)
+        swap = main.replace(block_m=16, block_n=128, block_k=64, num_stages=6, swap_ab=True, num_warps=4)
+        for expand in ("epilogue", "appended"):
+            plans[f"swap_k64s6_{expand[:3]}"] = dataclasses.replace(plan, main=swap, fuse_d=0, expand=expand,
+                                                                    s_unroll=True, x_tma=False)
+    out = {}
+    for name, p in plans.items():
+        cfg = p.main
+        if mg.can_implement(cfg, fuse_d=p.fuse_d, epi_d=p.epi_d, epi_pipe=p.epi_pipe, b_vec=p.b_vec,
+                            append_stages=p.append_stages if p.expand == "appended" else 0, append_d=p.append_d):
+            out[name] = p
     return out
 
 
@@ -48,7 +56,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
     ap.add_argument("--cases", default=DEFAULT_CASES)
-    ap.add_argument("--early", action="store_true")
+    ap.add_argument("--configs", action="store_true")
     args = ap.parse_args(argv)
     from lowrank_gemm.bench.common import device_meta, markdown_table, rotation_count, time_impl
     from lowrank_gemm.bench.multilora import K, SLOTS, _bank, _ids, floor_bytes
@@ -77,8 +85,8 @@ def main(argv=None):
                  "fused": fused,
                  "fused_base": lambda x, w, bk, i: fused(x, w, bk, i, has_lora=False)}
         plans = {}
-        if args.early:
-            plans = early_candidates(plan, M, N, r, nd, dev)
+        if args.configs:
+            plans = config_candidates(plan, M)
             for name, p in plans.items():
                 impls[name] = lambda x, w, bk, i, p=p: fused(x, w, bk, i, p=p)
         if nd == 1:

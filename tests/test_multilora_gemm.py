@@ -22,15 +22,14 @@ ATOL, RTOL = 2e-2, 1e-2
 
 def small_plan(split=2, sbm=16, bm=16, bn=32, bk=32, r_max=16, split_k=1, fuse_d=0, epi_d=1, x_tma=False,
                epi_pipe=0, b_vec=False, expand="epilogue", append_stages=3, append_rowsel=False, append_d=1,
-               s_unroll=False, swap_ab=False, epi_early=False):
+               s_unroll=False, swap_ab=False):
     br = max(16, 1 << (r_max - 1).bit_length())
     return mg.MultiLoRAPlan(
         main=KernelConfig(block_m=bm, block_n=bn, block_k=bk, block_r=br, group_m=2, num_stages=2,
                           split_k=split_k, swap_ab=swap_ab),
         shrink=KernelConfig(block_m=sbm, block_n=16, block_k=32, block_r=br, split_k=split),
         fuse_d=fuse_d, epi_d=epi_d, x_tma=x_tma, epi_pipe=epi_pipe, b_vec=b_vec, expand=expand,
-        append_stages=append_stages, append_rowsel=append_rowsel, append_d=append_d, s_unroll=s_unroll,
-        epi_early=epi_early)
+        append_stages=append_stages, append_rowsel=append_rowsel, append_d=append_d, s_unroll=s_unroll)
 
 
 def make_case(M, N, K, L, r_max, ranks=None, seed=0, dirty=True, bias=True):
@@ -249,7 +248,7 @@ MAIN_ALIGNED = ("x_ptr", "y_ptr", "a_ptr", "b_ptr", "s_ptr", "ws_ptr", "sws_ptr"
 
 def _compile_main(cfg: KernelConfig, order: bool, fuse_d=0, epi_d=1, x_tma=False, epi_pipe=0, b_vec=False,
                   append=False, append_stages=3, b_tma=True, b_mask=True, row_select=False, pdl=False, s_slices=0,
-                  swap_ab=False, epi_early=False):
+                  swap_ab=False):
     from lowrank_gemm.kernels.aot import compile_sm90
     sig = {"x_ptr": "*bf16",
            "x_desc": f"tensordesc<bf16[{cfg.block_m}, {cfg.block_k}]>" if x_tma else "*bf16",
@@ -263,7 +262,7 @@ def _compile_main(cfg: KernelConfig, order: bool, fuse_d=0, epi_d=1, x_tma=False
                  HAS_ORDER=order, HAS_LORA=True, HAS_BIAS=True, USE_TMA=True, X_TMA=x_tma, FUSE_D=fuse_d,
                  EPI_D=epi_d, SPLIT_K=cfg.split_k, EPI_PIPE=epi_pipe, B_VEC=b_vec, APPEND=append,
                  APPEND_STAGES=append_stages, B_TMA=append and b_tma, B_MASK=b_mask, ROW_SELECT=row_select,
-                 APPEND_D=1, PDL=pdl, S_SLICES=s_slices, SWAP_AB=swap_ab, EPI_EARLY=epi_early,
+                 APPEND_D=1, PDL=pdl, S_SLICES=s_slices, SWAP_AB=swap_ab,
                  stride_xk=1, stride_wk=1, stride_yn=1, stride_ak=1,
                  stride_br=1)
     return compile_sm90("lowrank_gemm.kernels.multilora_gemm", "_mlora_main_kernel", sig, const,
@@ -521,68 +520,6 @@ def test_aot_epilogue_candidates(cfg, epi_d, epi_pipe, b_vec):
             assert info.ptx.count("cp.async.cg") > base.ptx.count("cp.async.cg")
         else:
             assert v4 >= v4_0 + 2 * tile_elems // 8, (v4_0, v4)       # prologue + in-loop prefetch
-
-
-# ---- EPI_EARLY (session 14): the epilogue expand's ids-only work and group 0's B tile before the K loop
-
-EARLY_VARIANTS = {
-    "d1": dict(epi_d=1, epi_early=True),
-    "d2_b_vec_unrolled": dict(epi_d=2, b_vec=True, epi_early=True, s_unroll=True, split=3),
-    "d4_split_k2": dict(epi_d=4, epi_early=True, split_k=2),          # every split prefetches, the last one uses it
-    "swap": dict(epi_d=2, b_vec=True, epi_early=True, swap_ab=True, bm=16, bn=64),
-}
-
-
-@pytest.mark.parametrize("mode", ["gather", "segment"])
-@pytest.mark.parametrize("variant", sorted(EARLY_VARIANTS))
-def test_epi_early_matches_reference(variant, mode):
-    # L = 7 over 37 rows of 16-row tiles: up to 7 distinct adapters per tile (group 0 prefetched, the rest through
-    # the double buffer), NaN past each rank and NaN-poisoned outputs / workspaces
-    case = make_case(37, 45, 72, 7, 16, seed=13)
-    assert_close(run(case, mode, small_plan(**EARLY_VARIANTS[variant])), ref_of(case))
-
-
-def test_epi_early_equals_the_late_epilogue_and_keeps_base_rows():
-    """Same sums in the same order as the double-buffered epilogue it moves forward; −1 rows (and an all-base block)
-    equal the base product."""
-    case = make_case(40, 36, 64, 6, 16, ranks=[16, 8, 3, 16, 0, 11], dirty=False, seed=3)
-    case["adapter_ids"][::3] = -1
-    case["adapter_ids"][32:] = -1                        # the third 16-row block: rows 32..39 all base
-    rows = case["adapter_ids"] == -1
-    early = small_plan(epi_d=2, epi_pipe=0, b_vec=True, epi_early=True)
-    late = small_plan(epi_d=2, epi_pipe=1, b_vec=True)
-    base = run(case, "gather", early, has_lora=False)
-    for mode in ("gather", "segment"):
-        y = run(case, mode, early)
-        torch.testing.assert_close(y, run(case, mode, late), rtol=0, atol=2.0**-20 * float(y.abs().max()))
-        assert_base_rows_equal(y[rows], base[rows], mode)
-
-
-def test_epi_early_plan_fields():
-    p = small_plan(epi_early=True, b_vec=True)
-    assert mg.MultiLoRAPlan.from_dict(p.to_dict()) == p
-    old = {k: v for k, v in p.to_dict().items() if k != "epi_early"}       # tables written before the field
-    assert not mg.MultiLoRAPlan.from_dict(old).epi_early
-    with pytest.raises(ValueError, match="epi_early"):
-        small_plan(epi_early=True, expand="appended")
-    with pytest.raises(ValueError, match="epi_early"):
-        small_plan(epi_early=True, fuse_d=1)
-
-
-def test_aot_epi_early_loads_b_before_the_k_loop():
-    """sm_90: with EPI_EARLY the B tile's 16-byte loads come before the main loop's first wgmma, without it after
-    the last one; the SMEM is the ledger's either way (the prefetch lives in registers)."""
-    cfg = KernelConfig(block_m=16, block_n=128, block_k=128, block_r=16, num_stages=4, num_warps=4, swap_ab=True)
-    ptx = {}
-    for early in (False, True):
-        info = _compile_main(cfg, False, epi_d=4, b_vec=True, swap_ab=True, epi_early=early)
-        assert info.has("wgmma.mma_async", "cp.async.bulk.tensor")
-        assert mg.main_ledger(cfg, epi_d=4, b_vec=True).total() == info.shared
-        ptx[early] = info.ptx
-    for early, text in ptx.items():
-        first_v4 = text.find("ld.global.v4")
-        assert first_v4 >= 0
-        assert (first_v4 < text.find("wgmma.mma_async")) is early, early
 
 
 # ---- appended expand (candidate): one pipelined K step per distinct adapter after the main K loop

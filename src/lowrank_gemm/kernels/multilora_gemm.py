@@ -206,40 +206,6 @@ def _group_b(slot_q, rr, live_q, b_ptr, stride_bl, stride_bn, stride_br, offs_n,
 
 
 @triton.jit
-def _groups_double_buffered(acc, s, ids, first, order, count, rank_row, slot_q, live_q, b_t, b_ptr, stride_bl,
-                            stride_bn, stride_br, offs_n, N, BLOCK_R: tl.constexpr, EPI_D: tl.constexpr,
-                            B_VEC: tl.constexpr):
-    """The adapter-group loop with a manual double buffer: group g+1's B tile is loaded (into registers) before
-    group g's MMA. (slot_q, live_q, b_t): group 0, already loaded by the caller."""
-    DQ: tl.constexpr = EPI_D * BLOCK_R
-    for j0 in range(0, count, EPI_D):
-        # next group first (past the last group every row is dead: a fully masked load, no traffic)
-        slot_n, rr_n, live_n = _group_rows(first, order, ids, rank_row, j0 + EPI_D, DQ, BLOCK_R)
-        b_n = _group_b(slot_n, rr_n, live_n, b_ptr, stride_bl, stride_bn, stride_br, offs_n, N, BLOCK_R, B_VEC)
-        s_x = tl.where((ids[:, None] == slot_q[None, :]) & live_q[None, :], s, 0.0)
-        acc = tl.dot(s_x.to(b_t.dtype), b_t, acc)
-        slot_q = slot_n
-        live_q = live_n
-        b_t = b_n
-    return acc
-
-
-@triton.jit
-def _early_groups(ids, valid, ranks_ptr, R_MAX, b_ptr, stride_bl, stride_bn, stride_br, offs_n, N,
-                  BM: tl.constexpr, BLOCK_R: tl.constexpr, EPI_D: tl.constexpr, B_VEC: tl.constexpr):
-    """EPI_EARLY, before the main K loop: everything the branch needs that the shrink does not write — the row
-    block's distinct adapters, each row's rank and group 0's B tile (its loads land while the K loop runs; the
-    registers are first read after it). Returns (rank_row, first, order, count, slot_q, live_q, b_t)."""
-    DQ: tl.constexpr = EPI_D * BLOCK_R
-    rank_row = tl.load(ranks_ptr + ids, mask=valid & (ids >= 0), other=0)
-    rank_row = tl.minimum(tl.maximum(rank_row, 0), R_MAX)
-    first, order, count = _distinct(ids, BM)
-    slot_q, rr, live_q = _group_rows(first, order, ids, rank_row, 0, DQ, BLOCK_R)
-    b_t = _group_b(slot_q, rr, live_q, b_ptr, stride_bl, stride_bn, stride_br, offs_n, N, BLOCK_R, B_VEC)
-    return rank_row, first, order, count, slot_q, live_q, b_t
-
-
-@triton.jit
 def multi_lowrank_up_pipe(acc, rows, valid, ids, s_ptr, stride_ss, stride_sm, SPLIT_S, scales_ptr,
                           b_ptr, stride_bl, stride_bn, stride_br, ranks_ptr, R_MAX, offs_n, N,
                           BM: tl.constexpr, BLOCK_R: tl.constexpr, EPI_D: tl.constexpr,
@@ -263,8 +229,16 @@ def multi_lowrank_up_pipe(acc, rows, valid, ids, s_ptr, stride_ss, stride_sm, SP
     if EPI_PIPE == 1:
         slot_q, rr, live_q = _group_rows(first, order, ids, rank_row, 0, DQ, BLOCK_R)
         b_t = _group_b(slot_q, rr, live_q, b_ptr, stride_bl, stride_bn, stride_br, offs_n, N, BLOCK_R, B_VEC)
-        acc = _groups_double_buffered(acc, s, ids, first, order, count, rank_row, slot_q, live_q, b_t, b_ptr,
-                                      stride_bl, stride_bn, stride_br, offs_n, N, BLOCK_R, EPI_D, B_VEC)
+        for j0 in range(0, count, EPI_D):
+            # next group first (past the last group every row is dead: a fully masked load, no traffic)
+            slot_n, rr_n, live_n = _group_rows(first, order, ids, rank_row, j0 + EPI_D, DQ, BLOCK_R)
+            b_n = _group_b(slot_n, rr_n, live_n, b_ptr, stride_bl, stride_bn, stride_br, offs_n, N,
+                           BLOCK_R, B_VEC)
+            s_x = tl.where((ids[:, None] == slot_q[None, :]) & live_q[None, :], s, 0.0)
+            acc = tl.dot(s_x.to(b_t.dtype), b_t, acc)
+            slot_q = slot_n
+            live_q = live_n
+            b_t = b_n
     else:
         # EPI_PIPE 0 (B_VEC alone): stages=1 keeps the pipeliner off this loop, as in multi_lowrank_up
         for j0 in tl.range(0, count, EPI_D, num_stages=max(EPI_PIPE, 1)):
@@ -460,7 +434,7 @@ def _mlora_main_kernel(
         EPI_PIPE: tl.constexpr = 0, B_VEC: tl.constexpr = False, APPEND: tl.constexpr = False,
         APPEND_STAGES: tl.constexpr = 3, B_TMA: tl.constexpr = False, B_MASK: tl.constexpr = True,
         ROW_SELECT: tl.constexpr = False, APPEND_D: tl.constexpr = 1, S_SLICES: tl.constexpr = 0,
-        PDL: tl.constexpr = False, SWAP_AB: tl.constexpr = False, EPI_EARLY: tl.constexpr = False):
+        PDL: tl.constexpr = False, SWAP_AB: tl.constexpr = False):
     FUSED: tl.constexpr = HAS_LORA and FUSE_D > 0
     tl.static_assert(not (SWAP_AB and FUSED), "swap_ab: the fused shrink's MMA has BM rows (plan fuse_d = 0)")
     APPENDED: tl.constexpr = HAS_LORA and APPEND and FUSE_D == 0
@@ -490,12 +464,6 @@ def _mlora_main_kernel(
         slot_q = _stacked_slots(first, order, ids, 0, DQ, BLOCK_R)
         rr, live_q = _stacked_rows(slot_q, ranks_ptr, R_MAX, DQ, BLOCK_R)
         a_rows = a_ptr + slot_q.to(tl.int64) * stride_al + rr * stride_ar
-    if EPI_EARLY:
-        # the branch's ids-only work and group 0's B loads before the K loop (host: epilogue expand, shrink
-        # launch): after the loop only S (an L2 read) is left on the tile's dependent chain
-        rank_e, first_e, order_e, count_e, slot_e, live_e, b_e = _early_groups(
-            ids, valid, ranks_ptr, R_MAX, b_ptr, stride_bl, stride_bn, stride_br, offs_n, N, BM, BLOCK_R, EPI_D,
-            B_VEC)
     for k in range(k_lo, k_hi, BK):
         offs_k = k + tl.arange(0, BK)
         if X_TMA:
@@ -565,12 +533,6 @@ def _mlora_main_kernel(
                     acc = _late_adapter(acc, j, first, order, ids, x_ptrs, stride_xk, a_ptr, stride_al,
                                         stride_ar, stride_ak, b_ptr, stride_bl, stride_bn, stride_br,
                                         scales_ptr, ranks_ptr, R_MAX, offs_n, N, K, BM, BK, BLOCK_R)
-            elif EPI_EARLY:
-                s_e = _scaled_s(rows, valid & (ids >= 0), ids, s_ptr, stride_ss, stride_sm, SPLIT_S, scales_ptr,
-                                BM, BLOCK_R, EPI_D * BLOCK_R, S_SLICES)
-                acc = _groups_double_buffered(acc, s_e, ids, first_e, order_e, count_e, rank_e, slot_e, live_e,
-                                              b_e, b_ptr, stride_bl, stride_bn, stride_br, offs_n, N, BLOCK_R,
-                                              EPI_D, B_VEC)
             elif EPI_PIPE > 0 or B_VEC:
                 acc = multi_lowrank_up_pipe(acc, rows, valid, ids, s_ptr, stride_ss, stride_sm, SPLIT_S,
                                             scales_ptr, b_ptr, stride_bl, stride_bn, stride_br, ranks_ptr, R_MAX,
@@ -648,7 +610,6 @@ class MultiLoRAPlan:
     append_rowsel: bool = False
     append_d: int = 1
     s_unroll: bool = False
-    epi_early: bool = False
 
     def __post_init__(self):
         if self.expand not in EXPANDS:
@@ -656,9 +617,6 @@ class MultiLoRAPlan:
         if self.expand == "appended" and self.fuse_d:
             raise ValueError(f"MultiLoRAPlan: expand='appended' reads the shrink workspace, needs fuse_d=0, "
                              f"got fuse_d={self.fuse_d}")
-        if self.epi_early and (self.expand != "epilogue" or self.fuse_d):
-            raise ValueError(f"MultiLoRAPlan: epi_early loads the epilogue expand's first B tile before the K loop "
-                             f"(expand='epilogue', fuse_d=0), got expand={self.expand!r}, fuse_d={self.fuse_d}")
         if self.append_d not in (1, 2, 4):
             raise ValueError(f"MultiLoRAPlan.append_d must be 1, 2 or 4, got {self.append_d}")
         if not 1 <= self.append_stages <= 6:
@@ -679,14 +637,13 @@ class MultiLoRAPlan:
         return {"main": self.main.to_dict(), "shrink": self.shrink.to_dict(), "use_tma": self.use_tma,
                 "fuse_d": self.fuse_d, "epi_d": self.epi_d, "x_tma": self.x_tma, "epi_pipe": self.epi_pipe,
                 "b_vec": self.b_vec, "expand": self.expand, "append_stages": self.append_stages,
-                "append_rowsel": self.append_rowsel, "append_d": self.append_d, "s_unroll": self.s_unroll,
-                "epi_early": self.epi_early}
+                "append_rowsel": self.append_rowsel, "append_d": self.append_d, "s_unroll": self.s_unroll}
 
     @classmethod
     def from_dict(cls, d: dict) -> "MultiLoRAPlan":
         return cls(main=KernelConfig.from_dict(d["main"]), shrink=KernelConfig.from_dict(d["shrink"]),
                    **{k: d[k] for k in ("use_tma", "fuse_d", "epi_d", "x_tma", "epi_pipe", "b_vec", "expand",
-                                          "append_stages", "append_rowsel", "append_d", "s_unroll", "epi_early")
+                                          "append_stages", "append_rowsel", "append_d", "s_unroll")
                       if k in d})
 
 
@@ -1017,7 +974,6 @@ def multi_lora_gemm(x, weight, bank_a, bank_b, ranks, scales, adapter_ids, bias=
         APPEND=append, APPEND_STAGES=plan.append_stages, B_TMA=b_tma, B_MASK=not b_clean,
         ROW_SELECT=plan.append_rowsel, APPEND_D=plan.append_d,
         S_SLICES=split_s if plan.s_unroll and shrink else 0, PDL=use_pdl, SWAP_AB=cfg.swap_ab,
-        EPI_EARLY=plan.epi_early and shrink and not append,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, launch_pdl=use_pdl)
     return y
 
