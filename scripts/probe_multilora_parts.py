@@ -13,6 +13,10 @@ runs 5–6 µs longer than without it, and today's plans hold 185–214 KB of SM
 every tile's epilogue sits on the critical path twice): the tuned plan (expand, shrink, fuse_d kept) with BK = 64
 and 6 / 4 stages, with BN = 64, and (M ≤ 16) the single-adapter kernel's swap-AB config. Every fused row is
 checked against the float64 reference before it is timed.
+
+``--pin-from JSON`` (CPU, no GPU needed): merge a --configs run's winners into the shipped tuned table
+(``plan/tuned/multilora_h200.json``) — a candidate replaces the case's plan only if it was at least ``--min-gain``
+(3 %) faster than ``fused`` (today's plan) in that run.
 """
 
 from __future__ import annotations
@@ -52,12 +56,43 @@ def config_candidates(plan, M):
     return out
 
 
+def pin_winners(path, min_gain):
+    """Winners of a --configs run into the tuned table (keys: multilora_gemm.tuned_key, as choose_plan reads them)."""
+    from lowrank_gemm.bench.multilora import K
+    from lowrank_gemm.kernels import multilora_gemm as mg
+    run = json.loads(Path(path).read_text())
+    table = json.loads(mg.TUNED_PATH.read_text())
+    by_case = {}
+    for rw in run["rows"]:
+        by_case.setdefault((rw["M"], rw["N"], rw["r"], rw["adapters"]), {})[rw["impl"]] = rw
+    pinned = []
+    for (M, N, r, nd), impls in sorted(by_case.items()):
+        today = impls.get("fused")
+        cands = [rw for name, rw in impls.items() if name not in ("cublas_base", "fused", "fused_base", "lora_single")]
+        if not today or not cands:
+            continue
+        best = min(cands, key=lambda rw: rw["graph_us"])
+        if best["graph_us"] <= (1 - min_gain) * today["graph_us"]:
+            table["plans"][mg.tuned_key(M, N, K, r, nd)] = best["plan"]
+            pinned.append(f"{M}x{N}x{r}x{nd}: {best['impl']} {best['graph_us']} µs (today {today['graph_us']})")
+    if pinned:
+        src = (f"session 14: scripts/probe_multilora_parts.py --configs ({run['meta'].get('date', '?')}): "
+               f"{len(pinned)} two-CTA main-loop winners ≥ {min_gain:.0%} faster than the plan they replace")
+        table["sources"] = [*table.get("sources", []), src]
+        mg.TUNED_PATH.write_text(json.dumps(table, indent=1))
+    print("\n".join(pinned) or "nothing pinned")
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
     ap.add_argument("--cases", default=DEFAULT_CASES)
     ap.add_argument("--configs", action="store_true")
+    ap.add_argument("--pin-from", default="")
+    ap.add_argument("--min-gain", type=float, default=0.03)
     args = ap.parse_args(argv)
+    if args.pin_from:
+        return pin_winners(args.pin_from, args.min_gain)
     from lowrank_gemm.bench.common import device_meta, markdown_table, rotation_count, time_impl
     from lowrank_gemm.bench.multilora import K, SLOTS, _bank, _ids, floor_bytes
     from lowrank_gemm.kernels import multilora_gemm as mg
