@@ -51,3 +51,25 @@ def test_aot_compile_binds_constexpr_defaults():
         return [v for v in ("1234567", "7654321") if v in ptx]
     assert stored({}) == ["1234567"] and stored({"FLAG": True}) == ["1234567"]
     assert stored({"FLAG": False}) == ["7654321"]
+
+
+def test_aot_compile_server_survives_errors_and_restarts(monkeypatch):
+    """Under the interpreter the compiles run in one reused child process: a compile error comes back as a clear
+    RuntimeError and the child serves the next request; a dead child is replaced by the next compile."""
+    import os
+
+    from lowrank_gemm.kernels import aot
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    sig = {"out_ptr": "*i32"}
+    assert "1234567" in aot.compile_sm90("lowrank_gemm.kernels._aot_probe", "probe_default", sig).ptx
+    server = aot._SERVER
+    assert server is not None and server.alive()
+    with pytest.raises(RuntimeError, match="probe_missing"):
+        aot.compile_sm90("lowrank_gemm.kernels._aot_probe", "probe_missing", sig)
+    assert aot._SERVER is server and server.alive(), "an error in one compile must not cost the server"
+    assert "7654321" in aot.compile_sm90("lowrank_gemm.kernels._aot_probe", "probe_default", sig, {"FLAG": False}).ptx
+    server.proc.kill()
+    server.proc.wait()
+    assert "1234567" in aot.compile_sm90("lowrank_gemm.kernels._aot_probe", "probe_default", sig).ptx
+    assert aot._SERVER is not server and aot._SERVER.alive()
+    assert aot._SERVER.proc.pid != os.getpid()

@@ -59,6 +59,54 @@ def _compile_here(module: str, name: str, signature: dict, constexprs: dict, opt
     return {"ptx": c.asm["ptx"], "shared": int(c.metadata.shared), "num_warps": int(c.metadata.num_warps)}
 
 
+class _CompileServer:
+    """One child process (interpreter off) that compiles request after request: under ``TRITON_INTERPRET`` every
+    compile used to start its own interpreter, and importing torch, Triton and the package took ~5 s of each
+    (~190 AOT tests in the CPU suite). Requests and replies are one JSON line each; the child's stderr goes to a
+    file, so an error message (or a crash) can be reported without a pipe filling up."""
+
+    def __init__(self):
+        import tempfile
+        self._err = tempfile.TemporaryFile(mode="w+")
+        env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+        self.proc = subprocess.Popen([sys.executable, "-m", "lowrank_gemm.kernels.aot", "--serve"], env=env,
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._err, text=True)
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def _stderr_tail(self) -> str:
+        self._err.flush()
+        self._err.seek(0)
+        return self._err.read()[-4000:]
+
+    def request(self, payload: str) -> dict:
+        self.proc.stdin.write(payload + "\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"the sm_90 compile server died (rc={self.proc.wait()}):\n{self._stderr_tail()}")
+        return json.loads(line)
+
+
+_SERVER: _CompileServer | None = None
+
+
+def _compile_in_child(payload: str, what: str) -> dict:
+    global _SERVER
+    if _SERVER is None or not _SERVER.alive():
+        _SERVER = _CompileServer()
+    server = _SERVER
+    try:
+        reply = server.request(payload)
+    except RuntimeError:
+        _SERVER = None              # the next compile starts a fresh child
+        raise
+    if "error" in reply:
+        raise RuntimeError(f"sm_90 compile of {what} failed:\n{reply['error']}")
+    return reply["result"]
+
+
 def compile_sm90(module: str, name: str, signature: dict, constexprs: dict | None = None,
                  aligned: tuple[str, ...] = (), **options) -> CompiledInfo:
     """Compile ``module.name`` for sm_90.
@@ -72,16 +120,33 @@ def compile_sm90(module: str, name: str, signature: dict, constexprs: dict | Non
         return CompiledInfo(**_compile_here(module, name, signature, constexprs, options, aligned))
     payload = json.dumps({"module": module, "name": name, "signature": signature,
                           "constexprs": constexprs, "options": options, "aligned": list(aligned)})
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    proc = subprocess.run([sys.executable, "-m", "lowrank_gemm.kernels.aot"], input=payload,
-                          capture_output=True, text=True, env=env)
-    if proc.returncode != 0:
-        raise RuntimeError(f"sm_90 compile of {module}.{name} failed:\n{proc.stderr[-4000:]}")
-    return CompiledInfo(**json.loads(proc.stdout.strip().splitlines()[-1]))
+    return CompiledInfo(**_compile_in_child(payload, f"{module}.{name}"))
+
+
+def _serve() -> None:
+    """The child's loop: a request per stdin line, a reply per stdout line ({"result": …} or {"error": …})."""
+    import traceback
+    replies = os.fdopen(os.dup(1), "w")      # the protocol's own channel; anything else printed goes to stderr
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        req = json.loads(line)
+        try:
+            out = {"result": _compile_here(req["module"], req["name"], req["signature"], req["constexprs"],
+                                           req["options"], req.get("aligned", ()))}
+        except Exception:          # the compile's own error, reported to the caller; the server lives on
+            out = {"error": traceback.format_exc()[-4000:]}
+        replies.write(json.dumps(out) + "\n")
+        replies.flush()
 
 
 if __name__ == "__main__":
-    req = json.loads(sys.stdin.read())
-    out = _compile_here(req["module"], req["name"], req["signature"], req["constexprs"], req["options"],
-                        req.get("aligned", ()))
-    print(json.dumps(out))
+    if "--serve" in sys.argv:
+        _serve()
+    else:
+        req = json.loads(sys.stdin.read())
+        out = _compile_here(req["module"], req["name"], req["signature"], req["constexprs"], req["options"],
+                            req.get("aligned", ()))
+        print(json.dumps(out))
