@@ -73,3 +73,17 @@ def test_aot_compile_server_survives_errors_and_restarts(monkeypatch):
     assert "1234567" in aot.compile_sm90("lowrank_gemm.kernels._aot_probe", "probe_default", sig).ptx
     assert aot._SERVER is not server and aot._SERVER.alive()
     assert aot._SERVER.proc.pid != os.getpid()
+
+
+def test_aot_compile_server_sees_the_callers_environment(monkeypatch):
+    """An environment variable set after the compile child started reaches the next compile, as it did when every
+    compile had its own child: Triton's TRITON_DEFAULT_FP_FUSION=0 turns the probe's fma into a multiply and an add."""
+    from lowrank_gemm.kernels import aot
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    sig = {"x_ptr": "*fp32", "out_ptr": "*fp32"}
+    monkeypatch.delenv("TRITON_DEFAULT_FP_FUSION", raising=False)
+    assert "fma.rn.f32" in aot.compile_sm90("lowrank_gemm.kernels._aot_probe", "probe_fma", sig).ptx
+    assert aot._SERVER is not None and aot._SERVER.alive()
+    monkeypatch.setenv("TRITON_DEFAULT_FP_FUSION", "0")
+    ptx = aot.compile_sm90("lowrank_gemm.kernels._aot_probe", "probe_fma", sig).ptx
+    assert "fma.rn.f32" not in ptx and "mul.rn.f32" in ptx, ptx[-800:]

@@ -22,3 +22,12 @@ def probe_default(out_ptr, FLAG: tl.constexpr = True):
         tl.store(out_ptr, 1234567)
     else:
         tl.store(out_ptr, 7654321)
+
+
+
+@triton.jit
+def probe_fma(x_ptr, out_ptr):
+    """out = x·x + 1 in fp32: one ``fma.rn.f32`` by default, a multiply and an add with Triton's
+    ``TRITON_DEFAULT_FP_FUSION=0`` (which the AOT compile child must see from its caller's environment)."""
+    x = tl.load(x_ptr)
+    tl.store(out_ptr, x * x + 1.0)

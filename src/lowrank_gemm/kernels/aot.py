@@ -81,9 +81,12 @@ class _CompileServer:
         return self._err.read()[-4000:]
 
     def request(self, payload: str) -> dict:
-        self.proc.stdin.write(payload + "\n")
-        self.proc.stdin.flush()
-        line = self.proc.stdout.readline()
+        try:
+            self.proc.stdin.write(payload + "\n")
+            self.proc.stdin.flush()
+            line = self.proc.stdout.readline()
+        except OSError:             # a broken pipe: the child is gone
+            line = ""
         if not line:
             raise RuntimeError(f"the sm_90 compile server died (rc={self.proc.wait()}):\n{self._stderr_tail()}")
         return json.loads(line)
@@ -118,8 +121,10 @@ def compile_sm90(module: str, name: str, signature: dict, constexprs: dict | Non
     constexprs = constexprs or {}
     if os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
         return CompiledInfo(**_compile_here(module, name, signature, constexprs, options, aligned))
-    payload = json.dumps({"module": module, "name": name, "signature": signature,
-                          "constexprs": constexprs, "options": options, "aligned": list(aligned)})
+    # the caller's environment travels with each request (a test may have set a knob since the child started)
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    payload = json.dumps({"module": module, "name": name, "signature": signature, "constexprs": constexprs,
+                          "options": options, "aligned": list(aligned), "env": env})
     return CompiledInfo(**_compile_in_child(payload, f"{module}.{name}"))
 
 
@@ -133,6 +138,9 @@ def _serve() -> None:
         if not line.strip():
             continue
         req = json.loads(line)
+        if "env" in req:
+            os.environ.clear()
+            os.environ.update(req["env"])
         try:
             out = {"result": _compile_here(req["module"], req["name"], req["signature"], req["constexprs"],
                                            req["options"], req.get("aligned", ()))}
