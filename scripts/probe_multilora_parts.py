@@ -56,12 +56,14 @@ def config_candidates(plan, M):
     return out
 
 
-def pin_winners(path, min_gain):
-    """Winners of a --configs run into the tuned table (keys: multilora_gemm.tuned_key, as choose_plan reads them)."""
+def pin_winners(path, min_gain, table_path=None):
+    """Winners of a --configs run into the tuned table (default: the shipped one; keys: multilora_gemm.tuned_key, as
+    choose_plan reads them). Returns the pinned cases."""
     from lowrank_gemm.bench.multilora import K
     from lowrank_gemm.kernels import multilora_gemm as mg
     run = json.loads(Path(path).read_text())
-    table = json.loads(mg.TUNED_PATH.read_text())
+    table_path = Path(table_path or mg.TUNED_PATH)
+    table = json.loads(table_path.read_text())
     by_case = {}
     for rw in run["rows"]:
         by_case.setdefault((rw["M"], rw["N"], rw["r"], rw["adapters"]), {})[rw["impl"]] = rw
@@ -79,8 +81,9 @@ def pin_winners(path, min_gain):
         src = (f"session 14: scripts/probe_multilora_parts.py --configs ({run['meta'].get('date', '?')}): "
                f"{len(pinned)} two-CTA main-loop winners ≥ {min_gain:.0%} faster than the plan they replace")
         table["sources"] = [*table.get("sources", []), src]
-        mg.TUNED_PATH.write_text(json.dumps(table, indent=1))
+        table_path.write_text(json.dumps(table, indent=1))
     print("\n".join(pinned) or "nothing pinned")
+    return pinned
 
 
 def main(argv=None):

@@ -5,6 +5,7 @@ fp16 before the up-projection (as an unfused fp16 path does) and stores y in fp1
 is a few fp16 ulps of |y|: atol 2e-2 + rtol 1e-2 is ~4× PyTorch's own fp16 error here.
 """
 
+import dataclasses
 import math
 
 import pytest
@@ -706,3 +707,36 @@ def test_aot_stacked_one_wait_per_group(cfg, d, b_mask):
     assert loop.count("bar.sync") <= 4
     led = mg.main_ledger(cfg, append_stages=3, append_d=d)
     assert led.total() == info.shared, led.table()
+
+
+def test_parts_probe_pins_only_clear_winners(tmp_path):
+    """scripts/probe_multilora_parts.py --pin-from: a candidate replaces a case's plan only when it beat today's plan
+    (``fused``) by the margin; the table keeps its format and records the run as a source; choose_plan reads it."""
+    import importlib.util
+    import json
+    from pathlib import Path
+    path = Path(__file__).resolve().parents[1] / "scripts" / "probe_multilora_parts.py"
+    spec = importlib.util.spec_from_file_location("probe_multilora_parts_test", path)
+    probe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(probe)
+    today = mg.heuristic_plan(64, 28672, 4096, 16, 64, "gather", 132, adapters=4)
+    faster = dataclasses.replace(today, main=today.main.replace(block_k=64, num_stages=4))
+    close = dataclasses.replace(today, main=today.main.replace(block_k=64, num_stages=3))
+
+    def row(M, impl, us, plan=today):
+        return {"M": M, "N": 28672, "r": 16, "adapters": 4, "impl": impl, "graph_us": us, "plan": plan.to_dict()}
+    run = {"meta": {"date": "2026-12-02"}, "rows": [
+        row(64, "cublas_base", 60.0), row(64, "fused", 70.0), row(64, "k64s4", 66.0, faster),   # −5.7 %: pinned
+        row(16, "cublas_base", 58.0), row(16, "fused", 64.0), row(16, "k64s3", 63.0, close)]}   # −1.6 %: kept
+    (tmp_path / "run.json").write_text(json.dumps(run))
+    table = tmp_path / "table.json"
+    table.write_text(json.dumps({"version": 1, "note": "t", "plans": {}, "sources": []}, indent=1))
+    pinned = probe.pin_winners(tmp_path / "run.json", 0.03, table)
+    assert len(pinned) == 1 and pinned[0].startswith("64x28672x16x4: k64s4")
+    data = json.loads(table.read_text())
+    assert list(data["plans"]) == [mg.tuned_key(64, 28672, 4096, 16, 4)] and len(data["sources"]) == 1
+    assert table.read_text() == json.dumps(data, indent=1)                      # the shipped table's layout
+    mg._load_tuned.cache_clear()
+    assert mg.choose_plan(64, 28672, 4096, 16, 64, "gather", torch.device("cpu"), adapters=4,
+                          tuned_path=table) == faster
+    mg._load_tuned.cache_clear()
