@@ -11,7 +11,8 @@ and scale — what the same bytes cost through the LoRA kernel). Writes DIR/prob
 ``--configs`` adds main-loop candidates that fit two CTAs per SM (ncu, session 14: with the branch the main kernel
 runs 5–6 µs longer than without it, and today's plans hold 185–214 KB of SMEM, one CTA per SM over 224 tiles, so
 every tile's epilogue sits on the critical path twice): the tuned plan (expand, shrink, fuse_d kept) with BK = 64
-and 6 / 4 stages, with BN = 64, and (M ≤ 16) the single-adapter kernel's swap-AB config. Every fused row is
+and 6 (M ≤ 16) or 4 stages, with BK = 64 and 3 stages, with BN = 64 (BK kept, or 64 with 6 stages), and (M ≤ 16,
+when today's plan is not swap-AB) the single-adapter kernel's swap-AB config with either expand. Every fused row is
 checked against the float64 reference before it is timed.
 
 ``--pin-from JSON`` (CPU, no GPU needed): merge a --configs run's winners into the shipped tuned table
