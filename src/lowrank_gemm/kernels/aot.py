@@ -69,7 +69,7 @@ class _CompileServer:
         import tempfile
         self._err = tempfile.TemporaryFile(mode="w+")
         env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-        self.proc = subprocess.Popen([sys.executable, "-m", "lowrank_gemm.kernels.aot", "--serve"], env=env,
+        self.proc = subprocess.Popen([sys.executable, "-m", "lowrank_gemm.kernels.aot"], env=env,
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._err, text=True)
 
     def alive(self) -> bool:
@@ -151,10 +151,4 @@ def _serve() -> None:
 
 
 if __name__ == "__main__":
-    if "--serve" in sys.argv:
-        _serve()
-    else:
-        req = json.loads(sys.stdin.read())
-        out = _compile_here(req["module"], req["name"], req["signature"], req["constexprs"], req["options"],
-                            req.get("aligned", ()))
-        print(json.dumps(out))
+    _serve()
