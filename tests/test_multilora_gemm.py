@@ -323,6 +323,22 @@ def test_swap_ab_plan_needs_the_shrink_launch_and_wide_tiles():
         small_plan(swap_ab=True, bn=32)
 
 
+@pytest.mark.parametrize("mode", ["gather", "segment"])
+@pytest.mark.parametrize("M", [1, 7, 16])
+def test_decode_heuristic_is_swap_ab_and_matches_reference(mode, M):
+    """M ≤ 16 (session 15): the heuristic plan is swap-AB tiles with the shrink launch and the appended expand;
+    ragged N and K, −1 rows, poisoned output and workspaces."""
+    case = make_case(M, 150, 72, 5, 24)
+    case["adapter_ids"][::4] = -1
+    p = mg.heuristic_plan(M, 150, 72, 24, 5, mode, 132)
+    assert p.main.swap_ab and p.main.block_m == 16 and p.fuse_d == 0 and p.expand == "appended" and p.s_unroll
+    assert mg.can_implement(p.main, append_stages=p.append_stages)
+    old = mg.heuristic_plan(M, 150, 72, 24, 5, mode, 132, decode_swap=False)
+    assert not old.main.swap_ab and old.main.block_m == 64
+    assert not mg.heuristic_plan(17, 150, 72, 24, 5, mode, 132).main.swap_ab
+    assert_close(run(case, mode, p), ref_of(case))
+
+
 def test_aot_shrink_pipelined():
     from lowrank_gemm.kernels.aot import compile_sm90
     sig = {"x_ptr": "*bf16", "a_ptr": "*bf16", "ids_ptr": "*i32", "row_order_ptr": "*i32", "ranks_ptr": "*i32",

@@ -49,7 +49,9 @@ def ref_and_torch_err(x, w, bank, ids, bias):
 
 @pytest.mark.parametrize("mode", ["gather", "segment"])
 @pytest.mark.parametrize("M,N,K,L,r", [(16, 4096, 4096, 4, 16), (64, 28672, 4096, 16, 64),
-                                       (256, 4096, 4096, 64, 64), (77, 3000, 1000, 5, 24)])
+                                       (256, 4096, 4096, 64, 64), (77, 3000, 1000, 5, 24),
+                                       # untuned decode shapes: the swap-AB heuristic (session 15)
+                                       (16, 6144, 4096, 16, 16), (3, 3000, 1000, 5, 24)])
 def test_matches_reference_bf16(mode, M, N, K, L, r):
     x, w, bank, ids, bias = make(M, N, K, L, r)
     ref, e_torch = ref_and_torch_err(x, w, bank, ids, bias)
