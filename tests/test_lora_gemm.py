@@ -19,7 +19,7 @@ from lowrank_gemm.reference import lora_linear_ref
 
 REL_TOL = 2e-3
 KERNEL_STRATEGIES = ("kloop", "split", "concat", "streams", "merged", "persistent_static",
-                     "persistent_dynamic", "streamk")
+                     "persistent_dynamic", "streamk", "kcat")
 SPLIT_K_OK = ("kloop", "split", "concat", "streams", "merged")
 
 

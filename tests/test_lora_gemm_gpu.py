@@ -16,7 +16,7 @@ from lowrank_gemm.reference import lora_linear_ref
 
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(120)]
 
-STRATEGIES = ("kloop", "split", "concat", "streams", "merged", "persistent_static", "persistent_dynamic")
+STRATEGIES = ("kloop", "split", "concat", "streams", "merged", "persistent_static", "persistent_dynamic", "kcat")
 SHAPES = [  # (M, N, K, r): decode wide N, split-K territory, ragged, large M
     (64, 28672, 4096, 16),
     (64, 4096, 4096, 16),
@@ -287,3 +287,26 @@ def test_s_producers_bf16(shape, bn, bk):
     torch.cuda.synchronize()
     assert all(torch.equal(o, eager) for o in outs)
     assert _tickets_zero()
+
+
+@pytest.mark.parametrize("shape", [(1024, 28672, 4096, 16), (4096, 28672, 4096, 64), (1500, 9000, 3000, 24)],
+                         ids=lambda s: "x".join(map(str, s)))
+def test_auto_on_the_packed_layout_runs_kcat(shape, monkeypatch):
+    """Where kcat_preferred says so, auto on pack_lora_weights' views runs kcat (no derived weight): right vs float64,
+    bit-identical repeats, and the same under CUDA-graph replay."""
+    from lowrank_gemm.kernels.lora_kcat import pack_lora_weights
+    M, N, K, r = shape
+    x, w, a, b, bias = make(M, N, K, r, seed=2)
+    wv, bv = pack_lora_weights(w, b)
+    calls = []
+    real = LG._RUNNERS["kcat"]
+    monkeypatch.setitem(LG._RUNNERS, "kcat", lambda *args, **kw: calls.append(1) or real(*args, **kw))
+    LG.clear_weight_cache()
+    y = lora_linear(x, wv, a, bv, 0.5, bias)
+    assert calls and not LG._WEIGHT_CACHE.entries
+    assert rel_err(y, lora_linear_ref(x, w, a, b, 0.5, bias)) < TOL
+    assert torch.equal(y, lora_linear(x, wv, a, bv, 0.5, bias))
+    eager, g, yg = capture_graph(lambda: lora_linear(x, wv, a, bv, 0.5, bias))
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(yg, y)

@@ -25,6 +25,8 @@ from pathlib import Path
 
 import torch
 
+from ..kernels.lora_gemm import kcat_preferred
+from ..kernels.lora_kcat import pack_lora_weights
 from ..plan.config import KernelConfig
 from ..plan.planner import (LORA_STRATEGIES, block_r_for, can_implement, group_m_for, lora_ledger,
                             pinned, plan_lora, split_k_for, stages_for, tuned_key)
@@ -38,6 +40,8 @@ QUICK = [  # (M, K, N, r)
     (64, 4096, 28672, 16), (256, 4096, 28672, 16), (64, 4096, 4096, 16), (1, 4096, 4096, 16),
     (1024, 4096, 4096, 64), (4096, 8192, 8192, 16)]
 STRATS = [s for s in LORA_STRATEGIES if s != "torch"]
+# rows timed on the packed layout (W and B views of one buffer): kcat then needs no derived weight
+PACKED_IMPLS = ("auto_packed", "kcat")
 SCALE = 0.5
 
 
@@ -47,6 +51,8 @@ def plausible(strategy: str, M: int, r: int, quick: bool) -> bool:
         return True
     if strategy in ("merged", "streams", "concat"):
         return r == 16 and (strategy != "concat" or M >= 256)   # rank-independent baselines
+    if strategy == "kcat":
+        return M >= 256
     if strategy.startswith("persistent"):
         return M >= 64
     if strategy == "kloop":
@@ -80,7 +86,9 @@ def impls():
     from ..kernels.lora_gemm import lora_linear
     out = {"cublas_base": lambda x, w, a, b, bs: x @ w.T,
            "torch_unfused": lambda x, w, a, b, bs: torch.addmm(x @ w.T, x @ a.T, bs.T),
-           "auto": lambda x, w, a, b, bs: lora_linear(x, w, a, b, SCALE)}
+           "auto": lambda x, w, a, b, bs: lora_linear(x, w, a, b, SCALE),
+           # W and B as views of one [W | B | 0] buffer (pack_lora_weights): there auto may run kcat
+           "auto_packed": lambda x, w, a, b, bs: lora_linear(x, w, a, b, SCALE)}
     for s in STRATS:
         out[s] = (lambda s_: lambda x, w, a, b, bs: lora_linear(x, w, a, b, SCALE, strategy=s_))(s)
     return out
@@ -93,19 +101,26 @@ def rel_err(y, x, w, a, b):
 
 def bench_point(M, N, K, r, dtype, copy_tbps, quick, fns):
     sets = make_sets(M, N, K, r, dtype, "cuda")
+    packed = [(x, *pack_lora_weights(w, b), bs) for (x, w, a, b, bs) in sets]
+    packed = [(x, wv, a, bv, bs) for (x, wv, bv, bs), (_, _, a, _, _) in zip(packed, sets)]
     rows = []
     for name, fn in fns.items():
         if name in STRATS and not plausible(name, M, r, quick):
             continue
+        if name in PACKED_IMPLS and not (quick or M >= 256):
+            continue
+        use = packed if name in PACKED_IMPLS else sets
         row = {"suite": "lora", "impl": name, "M": M, "N": N, "K": K, "r": r,
                "dtype": str(dtype).replace("torch.", "")}
         try:
-            if name == "auto":
+            if name in ("auto", "auto_packed"):
                 row["plan"] = plan_lora(M, N, K, r, dtype, torch.device("cuda"))[0]
-            y = fn(*sets[0])
+                if name == "auto_packed" and kcat_preferred(M, N, K, r):
+                    row["plan"] = "kcat"
+            y = fn(*use[0])
             if name != "cublas_base":
                 row["rel_err"] = round(rel_err(y, *sets[0][:4]), 6)
-            row.update(time_impl(fn, sets))
+            row.update(time_impl(fn, use))
         except Exception as exc:  # a failing impl is a row, not a crash of the whole run
             row.update(median_us=None, graph_us=None, error=f"{type(exc).__name__}: {exc}"[:300])
         t = row.get("graph_us") or row.get("median_us")
@@ -119,7 +134,7 @@ def bench_point(M, N, K, r, dtype, copy_tbps, quick, fns):
     for x in rows:
         if base and base.get("graph_us") and x.get("graph_us"):
             x["ratio_cublas"] = round(x["graph_us"] / base["graph_us"], 3)
-    del sets
+    del sets, packed
     torch.cuda.empty_cache()
     return rows
 

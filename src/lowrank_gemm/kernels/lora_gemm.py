@@ -680,9 +680,20 @@ def _run_merged(x, w, a, b, bias, y, scale, cfg, *, N, Kp, R):
     return _gemm(x, wm, bias, y, cfg, N=N, Kp=Kp)
 
 
+def _run_kcat(x, w, a, b, bias, y, scale, cfg, *, N, Kp, R):
+    """[x | scale·x·Aᵀ] (one concat kernel) · [W | B]ᵀ (one cuBLAS GEMM). The plan's config is not used: the concat
+    kernel plans itself (:func:`.lora_kcat.xcat_plan`) and cuBLAS picks its own tiles."""
+    from .lora_kcat import build_xcat, kcat_gemm, kcat_weight, packed_wcat, r_padded
+    rp = r_padded(R)
+    wcat = packed_wcat(w, b)
+    if wcat is None or w.shape[1] != Kp:
+        wcat = _WEIGHT_CACHE.get("kcat", (w, b), (), lambda: kcat_weight(w[:, :Kp], b, rp))
+    return kcat_gemm(build_xcat(x, a, scale, rp), wcat, bias, y)
+
+
 _RUNNERS = {
     "kloop": _run_kloop, "split": _run_split, "concat": _run_concat, "streams": _run_streams,
-    "merged": _run_merged, "streamk": _run_streamk,
+    "merged": _run_merged, "streamk": _run_streamk, "kcat": _run_kcat,
     "persistent_static": lambda *a, **k: _run_persistent(*a, **k, dynamic=False),
     "persistent_dynamic": lambda *a, **k: _run_persistent(*a, **k, dynamic=True),
 }
@@ -721,6 +732,10 @@ def lora_linear_impl(x, weight, lora_a, lora_b, scale: float = 1.0, bias=None,
         if shrink is not None:
             from .gluon.lora_ws import launch_lora_v2
             return launch_lora_v2(x, weight, lora_a, lora_b, scale, bias, shrink=shrink)
+    if strategy == "auto" and pin is None and x.is_cuda and kcat_preferred(M, N, K, lora_a.shape[0]):
+        from .lora_kcat import packed_wcat
+        if packed_wcat(weight, lora_b) is not None:      # the packed layout: [W | B] is a free view
+            strategy = "kcat"
     if strategy == "auto":
         strategy, cfg = plan_lora(M, N, K, lora_a.shape[0], x.dtype, x.device)
     else:
@@ -730,6 +745,13 @@ def lora_linear_impl(x, weight, lora_a, lora_b, scale: float = 1.0, bias=None,
         return _lora_linear_torch(x, weight, lora_a, lora_b, scale, bias)
     y = run_strategy(strategy, x2, weight, lora_a, lora_b, scale, bias, cfg)
     return y.reshape(*x.shape[:-1], N)
+
+
+def kcat_preferred(M: int, N: int, K: int, r: int) -> bool:
+    """Where ``auto`` runs ``kcat`` on the packed layout (H200, session 15, ``probes/s15/kcat*``): compute-bound M with
+    N ≥ 2·K, where the concat of x (~4·M·K bytes) is small next to the GEMM (2·M·N·K flops) and cuBLAS's main loop
+    beats ours by 4–12 %."""
+    return M >= 1024 and N >= 2 * K and r <= 128
 
 
 def _v2_choice(M: int, N: int, K: int, r: int, device) -> str | None:

@@ -61,13 +61,16 @@ class LoraStrategy(str, Enum):
     order by their last arriver (ticket). A probe candidate only: never chosen by the heuristic."""
     MERGED = "merged"
     """W' = W + scale·B·A, cached by the tensors' identity and version; then a plain GEMM."""
+    KCAT = "kcat"
+    """The branch in the base GEMM's K: [x | scale·x·Aᵀ]·[W | B]ᵀ by cuBLAS (:mod:`..kernels.lora_kcat`), x and S
+    concatenated by one memory-bound kernel; [W | B] is the packed layout's view (``pack_lora_weights``) or cached."""
     TORCH = "torch"
     """Unfused PyTorch in fp32 (the fallback on CPU without the Triton interpreter)."""
 
 
 LORA_STRATEGIES = tuple(s.value for s in LoraStrategy)
 _FUSED_RANK_LIMITED = ("kloop", "persistent_static", "persistent_dynamic", "streamk")
-_NO_SPLIT_K = ("persistent_static", "persistent_dynamic", "streamk", "torch")
+_NO_SPLIT_K = ("persistent_static", "persistent_dynamic", "streamk", "torch", "kcat")
 # strategies whose main kernel is lora_main_kernel (KernelConfig.swap_ab reaches its K loop); kloop's S = A·Xᵀ is
 # then a wgmma with block_r on its M, so block_r ≥ 64 (an mma.sync of block_m rows instead: ptxas serializes every
 # wgmma, C7515, sm_90 AOT)
