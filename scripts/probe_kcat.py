@@ -5,8 +5,8 @@
 Per case (MxNxKxr, bf16, the bench's rotated input sets, one process): ``cublas_base`` (x @ Wᵀ), ``auto``
 (lora_linear today), both also on the packed layout (``_packed``: W and B as views of one [N, K + r] buffer), ``kcat`` (the x-concat kernel + one cuBLAS GEMM over K + r_pad; the derived weight built
 once per set, outside the timing, as the bench's merged/concat rows), ``kcat_gemm`` (the GEMM alone, on a prebuilt
-xcat) and ``xcat`` (the concat kernel alone; its default plan and the --xcat configs). CUDA-graph replay medians. Every kcat result is
-checked against the float64 reference first. Writes DIR/probe_kcat.{json,md}.
+xcat) and ``xcat`` (the concat kernel alone; its default plan and the --xcat configs). CUDA-graph replay medians.
+Every kcat result is checked against the float64 reference first, and for a bit-identical repeat. Writes DIR/probe_kcat.{json,md}.
 """
 
 from __future__ import annotations
@@ -57,9 +57,10 @@ def main():
         y = kcat(*ksets[0])
         err = float((y.double() - ref).norm() / ref.norm())
         assert err < 1e-2, (case, err)
+        assert torch.equal(y, kcat(*ksets[0])), (case, "kcat repeat not bit-identical")
         impls["kcat"] = (kcat, ksets)
         impls["xcat"] = (lambda x, a, wc: build_xcat(x, a, bl.SCALE, rp), ksets)
-        for v in args.xcat.split(","):
+        for v in filter(None, args.xcat.split(",")):
             bm, sp = map(int, v.split("x"))
             impls[f"xcat_{v}"] = (lambda x, a, wc, bm=bm, sp=sp: build_xcat(x, a, bl.SCALE, rp, block_m=bm, split=sp),
                                   ksets)

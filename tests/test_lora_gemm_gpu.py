@@ -310,3 +310,20 @@ def test_auto_on_the_packed_layout_runs_kcat(shape, monkeypatch):
     g.replay()
     torch.cuda.synchronize()
     assert torch.equal(yg, y)
+
+
+@pytest.mark.parametrize("M,K,r", [(4096, 4096, 16), (1024, 8192, 64), (256, 4096, 16), (1500, 3000, 24)])
+def test_xcat_exact_copy_right_s_and_repeatable(M, K, r):
+    """The x-concat kernel's default plan at real sizes: x copied bit for bit, S right, pad zero, repeats equal
+    (session 15: 64-row blocks with a pipelined K loop gave wrong, varying S; the plan runs them unpipelined)."""
+    from lowrank_gemm.kernels.lora_kcat import build_xcat, r_padded
+    g = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn(M, K, device="cuda", generator=g).bfloat16()
+    a = (torch.randn(r, K, device="cuda", generator=g) / K ** 0.5).bfloat16()
+    rp = r_padded(r)
+    ys = [build_xcat(x, a, 0.5, rp) for _ in range(5)]
+    s_ref = 0.5 * x.double() @ a.double().t()
+    assert torch.equal(ys[0][:, :K], x)
+    assert rel_err(ys[0][:, K:K + r], s_ref) < 3e-3
+    assert bool((ys[0][:, K + r:] == 0).all())
+    assert all(torch.equal(ys[0], y) for y in ys[1:])

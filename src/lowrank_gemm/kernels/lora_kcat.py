@@ -71,17 +71,23 @@ def xcat_kernel(x_ptr, a_ptr, out_ptr, ws_ptr, cnt_ptr, M, K, R, RP, scale, K_PE
             splitk_reset(cnt_ptr + pid_m)
 
 
-def xcat_plan(M: int, K: int, sms: int, block_k: int = 128) -> tuple[int, int]:
-    """(rows per program, K slices). H200 (``probes/s15/kcat2``, rows × slices 16×8 / 32×4 / 64×8): 64×8 was the
-    fastest at M ≥ 1024 (M = 4096, K = 4096: 30 µs against 52–70), 16×8 at M = 256 (7.9 µs). At most 8 slices: the
-    last arriver's sum is a chain of L2 round trips, one per slice. ``sms`` is kept for other GPUs' rules."""
-    block_m = 64 if M >= 1024 else 16
+def xcat_plan(M: int, K: int, sms: int, block_k: int = 128) -> tuple[int, int, int]:
+    """(rows per program, K slices, pipeline stages). H200, ``probes/s15/kcat2`` and ``xcat_check``:
+
+    - 64-row blocks are the fast ones at M ≥ 1024 (M = 4096, K = 4096: 29 µs against 52–70 for 16 / 32 rows), but
+      64 (and 128) rows with a pipelined K loop (stages ≥ 2) — the S product then runs as an async wgmma — gave
+      wrong S (1e-2 relative error) and repeats that differ, while the x copy stayed exact. The same tile with
+      one stage (no pipelining) is right and bit-identical on repeat, at 2–8 µs more; so 64 rows, one stage.
+      (8 warps with 3 stages was also right in that probe, but nothing explains why, so it is not relied on.)
+    - below M = 1024, 16-row blocks (an mma.sync product), 3 stages: 7.8 µs at M = 256, right and repeatable.
+    At most 8 slices: the last arriver's sum is a chain of L2 round trips, one per slice. ``sms`` is kept for
+    other GPUs' rules."""
     split = max(1, min(8, -(-K // block_k)))
-    return block_m, split
+    return (64, split, 1) if M >= 1024 else (16, split, 3)
 
 
 def build_xcat(x: torch.Tensor, a: torch.Tensor, scale: float, rp: int, *, block_m: int | None = None,
-               split: int | None = None, block_k: int = 128, num_stages: int = 3, num_warps: int = 4,
+               split: int | None = None, block_k: int = 128, num_stages: int | None = None, num_warps: int = 4,
                out: torch.Tensor | None = None) -> torch.Tensor:
     """[x | scale·x·Aᵀ | 0] as one [M, K + rp] tensor in x's dtype (x [M, K] with unit column stride)."""
     from .lora_gemm import _TICKETS
@@ -90,8 +96,8 @@ def build_xcat(x: torch.Tensor, a: torch.Tensor, scale: float, rp: int, *, block
     R = a.shape[0]
     if out is None:
         out = torch.empty(M, K + rp, dtype=x.dtype, device=x.device)
-    bm, sp = xcat_plan(M, K, num_sms(x.device), block_k)
-    bm, sp = block_m or bm, split or sp
+    bm, sp, stages = xcat_plan(M, K, num_sms(x.device), block_k)
+    bm, sp, stages = block_m or bm, split or sp, num_stages or stages
     block_r = max(16, triton.next_power_of_2(rp))
     k_per_split = -(-(-(-K // block_k)) // sp) * block_k
     sp = -(-K // k_per_split)
@@ -103,7 +109,7 @@ def build_xcat(x: torch.Tensor, a: torch.Tensor, scale: float, rp: int, *, block
         ws = cnt = out
     xcat_kernel[(row_blocks, sp)](x, a, out, ws, cnt, M, K, R, rp, float(scale), k_per_split,
                                   x.stride(0), a.stride(0), out.stride(0), BLOCK_M=bm, BLOCK_K=block_k,
-                                  BLOCK_R=block_r, SPLIT=sp, NUM_STAGES=num_stages, num_warps=num_warps)
+                                  BLOCK_R=block_r, SPLIT=sp, NUM_STAGES=stages, num_warps=num_warps)
     return out
 
 
