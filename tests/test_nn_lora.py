@@ -71,6 +71,36 @@ def test_fuse_lora_matches_peft(cfg):
     assert rel_err(got, want) < 5e-3
 
 
+def test_pack_keeps_values_and_survives_state_dict():
+    lin = nn.Linear(72, 56).to(DT)
+    a, b = torch.randn(8, 72, dtype=DT) * 0.1, torch.randn(56, 8, dtype=DT) * 0.1
+    mod = LoRALinear.from_linear(lin, a, b, scale=1.5)
+    x = torch.randn(9, 72, dtype=DT)
+    before = mod(x)
+    assert not mod.packed
+    w, bb = mod.weight.clone(), mod.lora_b.clone()
+    assert mod.pack_() is mod and mod.packed and "packed" in repr(mod)
+    assert torch.equal(mod.weight, w) and torch.equal(mod.lora_b, bb)
+    torch.testing.assert_close(mod(x), before, rtol=0, atol=0)      # small M: the same kernels, same bits
+    sd = {k: v.clone() for k, v in mod.state_dict().items()}
+    sd["lora_b"].mul_(2)
+    mod.load_state_dict(sd)
+    assert mod.packed and torch.equal(mod.lora_b, 2 * bb), "load_state_dict writes in place: the layout stays"
+    assert not mod.to(torch.float32).packed, "moving makes separate tensors (documented: pack after moving)"
+
+
+def test_fuse_lora_pack():
+    model = _peft_model(r=8, lora_alpha=16)
+    x = torch.randn(2, 7, 48, dtype=DT)
+    with torch.no_grad():
+        want = model(x)
+        fuse_lora_(model, pack=True)
+        got = model(x)
+    fused = [m for m in model.modules() if isinstance(m, LoRALinear)]
+    assert len(fused) == 2 and all(m.packed for m in fused)
+    assert rel_err(got, want) < 5e-3
+
+
 def test_multiple_active_adapters_concatenate():
     model = _peft_model(r=4, lora_alpha=8)
     model.add_adapter("second", peft.LoraConfig(target_modules=["up", "down"], r=2, lora_alpha=6))

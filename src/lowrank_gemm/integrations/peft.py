@@ -57,13 +57,18 @@ def peft_branch(layer: nn.Module):
     return base, lora_a, lora_b, 1.0, extra_bias
 
 
-def fuse_lora_(model: nn.Module, *, strategy: str = "auto") -> nn.Module:
+def fuse_lora_(model: nn.Module, *, strategy: str = "auto", pack: bool = False) -> nn.Module:
     """Replace, in place, every PEFT LoRA Linear in ``model`` by :class:`~lowrank_gemm.nn.LoRALinear`.
 
-    Layers whose adapters are disabled become their plain base ``nn.Linear``. Returns ``model``.
+    Layers whose adapters are disabled become their plain base ``nn.Linear``. ``pack``: lay each layer's W and B
+    out as one buffer (:meth:`LoRALinear.pack_`), where ``auto`` runs the ``kcat`` strategy at prefill sizes.
+    Returns ``model``.
     """
     from ..nn.lora import LoRALinear
     targets = [(name, mod) for name, mod in model.named_modules() if is_peft_lora_linear(mod)]
     for name, mod in targets:
-        model.set_submodule(name, LoRALinear.from_peft(mod, strategy=strategy))
+        new = LoRALinear.from_peft(mod, strategy=strategy)
+        if pack and isinstance(new, LoRALinear):
+            new.pack_()
+        model.set_submodule(name, new)
     return model

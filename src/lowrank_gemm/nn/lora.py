@@ -74,10 +74,29 @@ class LoRALinear(nn.Module):
             return base
         return cls.from_linear(base, lora_a, lora_b, scale, extra_bias=extra_bias, strategy=strategy)
 
+    def pack_(self) -> "LoRALinear":
+        """Re-lay ``weight`` and ``lora_b`` as views of one ``[N, K + r_pad]`` buffer ``[W | B | 0]``
+        (:func:`lowrank_gemm.kernels.lora_kcat.pack_lora_weights`): on it ``auto`` runs the ``kcat`` strategy at
+        compute-bound sizes (M ≥ 1024, N ≥ 2·K: the base product by cuBLAS with the branch in its K), with no
+        derived weight. Same values; W is copied into the new buffer (the old tensor is freed unless shared), plus
+        N·r_pad zeros. ``.to()`` / ``.half()`` make separate tensors again: pack after moving. ``load_state_dict``
+        and in-place writes keep the layout. Returns self."""
+        from ..kernels.lora_kcat import pack_lora_weights
+        wv, bv = pack_lora_weights(self.weight.detach(), self.lora_b.detach())
+        self.weight = nn.Parameter(wv, requires_grad=False)
+        self.lora_b = nn.Parameter(bv, requires_grad=False)
+        return self
+
+    @property
+    def packed(self) -> bool:
+        from ..kernels.lora_kcat import packed_wcat
+        return packed_wcat(self.weight, self.lora_b) is not None
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         from ..ops import lora_linear
         return lora_linear(x, self.weight, self.lora_a, self.lora_b, self.scale, self.bias, self.strategy)
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, rank={self.rank}, "
-                f"scale={self.scale:g}, bias={self.bias is not None}, strategy={self.strategy!r}")
+                f"scale={self.scale:g}, bias={self.bias is not None}, strategy={self.strategy!r}"
+                + (", packed" if self.packed else ""))
