@@ -1,12 +1,13 @@
 """Probe: the ``kcat`` LoRA strategy ([x | scale·x·Aᵀ]·[W | B]ᵀ by cuBLAS) against cuBLAS base and ``auto``.
 
-    PYTHONPATH=src python scripts/probe_kcat.py --out DIR [--cases 4096x28672x4096x16,...] [--block-m 16,32]
+    PYTHONPATH=src python scripts/probe_kcat.py --out DIR [--cases 4096x28672x4096x16,...] [--xcat 64x8,16x8]
 
-Per case (MxNxKxr, bf16, the bench's rotated input sets, one process): ``cublas_base`` (x @ Wᵀ), ``auto``
-(lora_linear today), both also on the packed layout (``_packed``: W and B as views of one [N, K + r] buffer), ``kcat`` (the x-concat kernel + one cuBLAS GEMM over K + r_pad; the derived weight built
-once per set, outside the timing, as the bench's merged/concat rows), ``kcat_gemm`` (the GEMM alone, on a prebuilt
-xcat) and ``xcat`` (the concat kernel alone; its default plan and the --xcat configs). CUDA-graph replay medians.
-Every kcat result is checked against the float64 reference first, and for a bit-identical repeat. Writes DIR/probe_kcat.{json,md}.
+Per case (MxNxKxr, bf16, the bench's rotated input sets, one process), CUDA-graph replay medians of:
+``cublas_base`` (x @ Wᵀ) and ``auto`` (lora_linear today), both also on the packed layout (``_packed``: W and B as
+views of one [N, K + r_pad] buffer); ``kcat`` (the x-concat kernel + one cuBLAS GEMM over K + r_pad, on [W | B]
+built once per set outside the timing); ``kcat_gemm`` (the GEMM alone on a prebuilt concat) and ``xcat`` (the
+concat kernel alone: its default plan and the --xcat configs, rows x K slices). Every kcat result is checked
+against the float64 reference first, and for a bit-identical repeat. Writes DIR/probe_kcat.{json,md}.
 """
 
 from __future__ import annotations
