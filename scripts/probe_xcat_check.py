@@ -1,7 +1,7 @@
 """Probe: the x-concat kernel's correctness and speed per config on the GPU (session 15: kcat's error was 3–4× the
 other strategies' at M ≥ 1024, where xcat_plan picks 64-row blocks, and repeats were not bit-identical there).
 
-    PYTHONPATH=src python scripts/probe_xcat_check.py
+    PYTHONPATH=src python scripts/probe_xcat_check.py [ROWSxSLICESxSTAGESxWARPS,... [MxKxR,...]]
 Per (M, K) and config (rows, K slices, stages, warps): x copied exactly?, S's error vs float64, five repeats
 bit-identical?, CUDA-graph µs."""
 import torch
@@ -9,9 +9,16 @@ import torch
 from lowrank_gemm.bench.common import time_graph
 from lowrank_gemm.kernels.lora_kcat import build_xcat, r_padded
 
+import sys
+
 CONFIGS = [(64, 8, 3, 4), (64, 8, 1, 4), (64, 8, 3, 8), (64, 8, 2, 4), (32, 8, 3, 4), (16, 8, 3, 4), (64, 1, 3, 4),
            (128, 8, 3, 8)]
-for M, K, r in ((1024, 4096, 16), (4096, 4096, 16), (4096, 8192, 64), (256, 4096, 16)):
+SHAPES = ((1024, 4096, 16), (4096, 4096, 16), (4096, 8192, 64), (256, 4096, 16))
+if len(sys.argv) > 1:       # rows x slices x stages x warps,...  [MxKxr,...]
+    CONFIGS = [tuple(map(int, c.split("x"))) for c in sys.argv[1].split(",")]
+if len(sys.argv) > 2:
+    SHAPES = [tuple(map(int, c.split("x"))) for c in sys.argv[2].split(",")]
+for M, K, r in SHAPES:
     g = torch.Generator(device="cuda").manual_seed(0)
     x = torch.randn(M, K, device="cuda", generator=g).bfloat16()
     a = (torch.randn(r, K, device="cuda", generator=g) / K ** 0.5).bfloat16()
