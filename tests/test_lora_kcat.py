@@ -24,17 +24,19 @@ def rel_err(y, ref):
 
 
 @pytest.mark.parametrize("M,K,r,split,block_m", [(37, 72, 5, None, None), (50, 600, 24, 3, 16), (50, 600, 24, 5, 32),
-                                                  (70, 1000, 64, None, 64), (3, 40, 1, 1, 16)])
+                                                  (70, 1000, 64, None, 64), (3, 40, 1, 1, 16),
+                                                  (1100, 300, 8, None, None)])     # the M ≥ 1024 plan
 def test_xcat_copies_x_and_appends_scaled_s(M, K, r, split, block_m):
     x, _, a, _, _ = make(M, 8, K, r)
     rp = r_padded(r)
     out = torch.full((M, K + rp), float("nan"), dtype=x.dtype)
-    xc = build_xcat(x, a, 0.7, rp, split=split, block_m=block_m, block_k=64, out=out)
+    bk = 128 if M >= 1024 else 64
+    xc = build_xcat(x, a, 0.7, rp, split=split, block_m=block_m, block_k=bk, out=out)
     assert torch.equal(xc[:, :K], x)
     s = 0.7 * x.double() @ a.double().t()
     torch.testing.assert_close(xc[:, K:K + r].double(), s, atol=2e-3, rtol=2e-3)
     assert torch.equal(xc[:, K + r:], torch.zeros(M, rp - r, dtype=x.dtype)), "pad columns must be written zero"
-    again = build_xcat(x, a, 0.7, rp, split=split, block_m=block_m, block_k=64)
+    again = build_xcat(x, a, 0.7, rp, split=split, block_m=block_m, block_k=bk)
     assert torch.equal(xc, again), "deterministic (the slices' S summed in slice order)"
 
 

@@ -76,14 +76,20 @@ def xcat_plan(M: int, K: int, sms: int, block_k: int = 128) -> tuple[int, int, i
 
     - 64-row blocks are the fast ones at M ≥ 1024 (M = 4096, K = 4096: 29 µs against 52–70 for 16 / 32 rows), but
       64 (and 128) rows with a pipelined K loop (stages ≥ 2) — the S product then runs as an async wgmma — gave
-      wrong S (1e-2 relative error) and repeats that differ, while the x copy stayed exact. The same tile with
-      one stage (no pipelining) is right and bit-identical on repeat, at 2–8 µs more; so 64 rows, one stage.
-      (8 warps with 3 stages was also right in that probe, but nothing explains why, so it is not relied on.)
-    - below M = 1024, 16-row blocks (an mma.sync product), 3 stages: 7.8 µs at M = 256, right and repeatable.
-    At most 8 slices: the last arriver's sum is a chain of L2 round trips, one per slice. ``sms`` is kept for
+      wrong S (1e-2 relative error) and repeats that differ, while the x copy stayed exact. The same tiles with
+      one stage (no pipelining) are right and bit-identical on repeat (every one of 8 configs × 4 shapes), at 2–8 µs
+      more; so 64 rows, one stage, and K sliced for ~256 programs (M = 4096: 4 slices, 27.3 / 50.7 µs at K = 4096 /
+      8192 against 31.0 / 56.4 with 8; M = 1024: 16, within ±1.6 µs of 8). (8 warps with 3 stages was also right,
+      but nothing explains why, so it is not relied on.)
+    - below M = 1024, 16-row blocks (an mma.sync product), 3 stages, 8 slices: 7.8 µs at M = 256, right and
+      repeatable.
+    At most 16 slices: the last arriver's sum is a chain of L2 round trips, one per slice. ``sms`` is kept for
     other GPUs' rules."""
-    split = max(1, min(8, -(-K // block_k)))
-    return (64, split, 1) if M >= 1024 else (16, split, 3)
+    k_steps = -(-K // block_k)
+    if M < 1024:
+        return 16, max(1, min(8, k_steps)), 3
+    row_blocks = -(-M // 64)
+    return 64, max(1, min(16, k_steps, -(-256 // row_blocks))), 1
 
 
 def build_xcat(x: torch.Tensor, a: torch.Tensor, scale: float, rp: int, *, block_m: int | None = None,
