@@ -56,7 +56,7 @@ def test_packed_layout_views_and_detection():
 
 
 @pytest.mark.parametrize("packed", [True, False])
-@pytest.mark.parametrize("M,N,K,r", [(37, 70, 88, 8), (21, 50, 40, 3), (40, 33, 200, 64)])
+@pytest.mark.parametrize("M,N,K,r", [(37, 70, 88, 8), (21, 50, 40, 3), (40, 33, 200, 64), (13, 30, 75, 5)])
 def test_kcat_strategy_matches_reference(packed, M, N, K, r):
     x, w, a, b, bias = make(M, N, K, r)
     if packed:
@@ -66,7 +66,8 @@ def test_kcat_strategy_matches_reference(packed, M, N, K, r):
         y = lora_linear(x, w, a, b, 0.7, bias)
     ref = lora_linear_ref(x, w, a, b, 0.7, bias)
     assert rel_err(y, ref) < 2e-3
-    assert bool(LG._WEIGHT_CACHE.entries) == (not packed), "packed: the view, no derived weight"
+    if K % 8 == 0:      # else x, W and A are padded copies: a derived weight per call, evicted with its source
+        assert bool(LG._WEIGHT_CACHE.entries) == (not packed), "packed: the view, no derived weight"
     out = torch.full((M, N), float("nan"), dtype=x.dtype)
     cfg = heuristic_lora(M, N, K, r, 16, gpu=False, sms=4, strategy="kcat")[1]
     y2 = run_strategy("kcat", x, w, a, b, 0.7, None, cfg, out=out)

@@ -685,9 +685,9 @@ def _run_kcat(x, w, a, b, bias, y, scale, cfg, *, N, Kp, R):
     kernel plans itself (:func:`.lora_kcat.xcat_plan`) and cuBLAS picks its own tiles."""
     from .lora_kcat import build_xcat, kcat_gemm, kcat_weight, packed_wcat, r_padded
     rp = r_padded(R)
-    wcat = packed_wcat(w, b)
-    if wcat is None or w.shape[1] != Kp:
-        wcat = _WEIGHT_CACHE.get("kcat", (w, b), (), lambda: kcat_weight(w[:, :Kp], b, rp))
+    wcat = packed_wcat(w, b)        # w, x and A arrive padded to Kp columns (run_strategy), so shapes agree
+    if wcat is None:
+        wcat = _WEIGHT_CACHE.get("kcat", (w, b), (), lambda: kcat_weight(w, b, rp))
     return kcat_gemm(build_xcat(x, a, scale, rp), wcat, bias, y)
 
 

@@ -1,6 +1,6 @@
 """The ``kcat`` LoRA strategy: the branch folded into the base GEMM's K dimension.
 
-    y = [x | scale·x·Aᵀ] · [W | B]ᵀ + bias          (K grows by the rank, padded to 8)
+    y = [x | scale·x·Aᵀ] · [W | B]ᵀ + bias          (K grows by the rank, padded to 64)
 
 One memory-bound pass (:func:`xcat_kernel`) reads x once, writes it into ``xcat[:, :K]`` and
 ``bf16(scale·x·Aᵀ)`` into the next columns; one cuBLAS GEMM over K + r_pad does the rest. The derived
