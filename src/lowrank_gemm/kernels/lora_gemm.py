@@ -732,6 +732,7 @@ def lora_linear_impl(x, weight, lora_a, lora_b, scale: float = 1.0, bias=None,
         if shrink is not None:
             from .gluon.lora_ws import launch_lora_v2
             return launch_lora_v2(x, weight, lora_a, lora_b, scale, bias, shrink=shrink)
+    # kcat needs [W | B] as a free view, a property of the tensors and not of the shape: decided here, not in plan_lora
     if strategy == "auto" and pin is None and x.is_cuda and kcat_preferred(M, N, K, lora_a.shape[0]):
         from .lora_kcat import packed_wcat
         if packed_wcat(weight, lora_b) is not None:      # the packed layout: [W | B] is a free view
