@@ -101,8 +101,11 @@ def rel_err(y, x, w, a, b):
 
 def bench_point(M, N, K, r, dtype, copy_tbps, quick, fns):
     sets = make_sets(M, N, K, r, dtype, "cuda")
-    packed = [(x, *pack_lora_weights(w, b), bs) for (x, w, a, b, bs) in sets] if (quick or M >= 256) else []
-    packed = [(x, wv, a, bv, bs) for (x, wv, bv, bs), (_, _, a, _, _) in zip(packed, sets)]
+    packed = []
+    if quick or M >= 256:
+        for x, w, a, b, bs in sets:
+            wv, bv = pack_lora_weights(w, b)
+            packed.append((x, wv, a, bv, bs))
     rows = []
     for name, fn in fns.items():
         if name in STRATS and not plausible(name, M, r, quick):

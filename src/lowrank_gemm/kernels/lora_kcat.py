@@ -18,6 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .schedule import cdiv, next_pow2, num_sms
 from .splitk import splitk_arrive, splitk_reset, splitk_store, splitk_sum
 
 # K grows by the rank padded to 64: cuBLAS's bf16 kernels ran K + 8 / K + 16 up to 8 % / 4.5 % slower than K, K + 64
@@ -26,7 +27,7 @@ R_ALIGN = 64
 
 
 def r_padded(r: int) -> int:
-    return -(-r // R_ALIGN) * R_ALIGN
+    return cdiv(r, R_ALIGN) * R_ALIGN
 
 
 @triton.jit
@@ -85,11 +86,10 @@ def xcat_plan(M: int, K: int, sms: int, block_k: int = 128) -> tuple[int, int, i
       repeatable.
     At most 16 slices: the last arriver's sum is a chain of L2 round trips, one per slice. ``sms`` is kept for
     other GPUs' rules."""
-    k_steps = -(-K // block_k)
+    k_steps = cdiv(K, block_k)
     if M < 1024:
         return 16, max(1, min(8, k_steps)), 3
-    row_blocks = -(-M // 64)
-    return 64, max(1, min(16, k_steps, -(-256 // row_blocks))), 1
+    return 64, max(1, min(16, k_steps, cdiv(256, cdiv(M, 64)))), 1
 
 
 def build_xcat(x: torch.Tensor, a: torch.Tensor, scale: float, rp: int, *, block_m: int | None = None,
@@ -97,17 +97,16 @@ def build_xcat(x: torch.Tensor, a: torch.Tensor, scale: float, rp: int, *, block
                out: torch.Tensor | None = None) -> torch.Tensor:
     """[x | scale·x·Aᵀ | 0] as one [M, K + rp] tensor in x's dtype (x [M, K] with unit column stride)."""
     from .lora_gemm import _TICKETS
-    from .schedule import num_sms
     M, K = x.shape
     R = a.shape[0]
     if out is None:
         out = torch.empty(M, K + rp, dtype=x.dtype, device=x.device)
     bm, sp, stages = xcat_plan(M, K, num_sms(x.device), block_k)
     bm, sp, stages = block_m or bm, split or sp, num_stages or stages
-    block_r = max(16, triton.next_power_of_2(rp))
-    k_per_split = -(-(-(-K // block_k)) // sp) * block_k
-    sp = -(-K // k_per_split)
-    row_blocks = -(-M // bm)
+    block_r = max(16, next_pow2(rp))
+    k_per_split = cdiv(cdiv(K, block_k), sp) * block_k
+    sp = cdiv(K, k_per_split)          # every slice non-empty
+    row_blocks = cdiv(M, bm)
     if sp > 1:
         ws = torch.empty(sp, M, block_r, dtype=torch.float32, device=x.device)
         cnt = _TICKETS.get(x.device, row_blocks)
@@ -151,7 +150,7 @@ def kcat_weight(w: torch.Tensor, b: torch.Tensor, rp: int) -> torch.Tensor:
     """[W | B | 0]: [N, K + rp], contiguous (the scale stays on the x side, so one weight serves any scale)."""
     N, R = b.shape
     pad = torch.zeros(N, rp - R, dtype=w.dtype, device=w.device)
-    return torch.cat([w, b.to(w.dtype), pad], 1).contiguous()
+    return torch.cat([w, b.to(w.dtype), pad], 1)
 
 
 def kcat_gemm(xcat: torch.Tensor, wcat: torch.Tensor, bias: torch.Tensor | None, y: torch.Tensor) -> torch.Tensor:
