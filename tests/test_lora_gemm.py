@@ -461,14 +461,22 @@ def compile_main(cfg: KernelConfig, lowrank: int, partial=False, r_chunks=1, fix
                         num_warps=c.num_warps, num_stages=c.num_stages)
 
 
+# what the JIT binds for a real launch (contiguous S, B, Y; 16-B aligned pointers, sizes and row strides a
+# multiple of 16): without it the compiler lays the persistent epilogue out differently and reports less shared
+# memory than the launch needs (session 16)
+PERSISTENT_UNIT_STRIDES = dict(stride_sr=1, stride_br=1, stride_yn=1)
+PERSISTENT_ALIGNED = ("s_ptr", "sync_ptr", "b_ptr", "bias_ptr", "y_ptr", "M", "N", "K", "R",
+                      "stride_sm", "stride_bn", "stride_ym")
+
+
 def compile_persistent(cfg: KernelConfig, dynamic: bool):
     from lowrank_gemm.kernels.aot import compile_sm90
     c = cfg
     return compile_sm90(MOD, "lora_persistent_kernel",
                         persistent_signature(c.block_m, c.block_n, c.block_k, c.block_r),
                         dict(BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, BLOCK_R=c.block_r,
-                             GROUP_M=c.group_m, DYNAMIC=dynamic, HAS_BIAS=True),
-                        num_warps=c.num_warps, num_stages=c.num_stages)
+                             GROUP_M=c.group_m, DYNAMIC=dynamic, HAS_BIAS=True, **PERSISTENT_UNIT_STRIDES),
+                        aligned=PERSISTENT_ALIGNED, num_warps=c.num_warps, num_stages=c.num_stages)
 
 
 def streamk_signature(bm, bn, bk, br, dt="bf16"):

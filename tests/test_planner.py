@@ -351,3 +351,14 @@ def test_heuristic_decode_size_split_is_swap_ab():
     for M, r, bits, pin in ((64, 16, 16, None), (1, 128, 16, None), (1, 16, 8, None), (1, 16, 16, "kloop")):
         s, c = heuristic_lora(M, 4096, 4096, r, bits, gpu=True, sms=H200_SMS, strategy=pin)
         assert not c.swap_ab, (M, r, bits, pin)
+
+
+def test_every_committed_lora_entry_passes_the_ledger():
+    """A tuned entry the ledger rejects is skipped silently at plan time (heuristic instead), so the committed table
+    must pass it: session 16's persistent r64 entries were checked against the corrected epilogue term."""
+    table = json.loads((P.TUNED_DIR / "lora_h200.json").read_text())["lora"]
+    assert table
+    for key, entry in table.items():
+        m, n, k, r = (int(p[1:]) for p in key.split("_")[:4])
+        ok = can_implement(entry["strategy"], (m, n, k, r), KernelConfig.from_dict(entry["config"]))
+        assert ok, f"{key}: {ok.reason}"

@@ -62,6 +62,23 @@ def test_persistent_s_phase_extra():
     assert smem_ledger(CFG, 16, "persistent_static").term("S-phase pipeline extra").bytes_each == 0
 
 
+def test_persistent_epilogue_buffers_extra():
+    # the compiler multi-buffers the persistent epilogue's loads: S fp32 [BM, BR] × (st − 1), B [BR, BN] × st
+    c = CFG.replace(block_m=128, block_n=128, block_k=64, block_r=64, num_stages=4)
+    L = smem_ledger(c, 16, "persistent_static")
+    epi = 3 * 128 * 64 * 4 + 4 * 64 * 128 * 2
+    assert L.term("epilogue S/B buffers extra").bytes_each == epi - 4 * (128 + 128) * 64 * 2
+    assert L.total() == epi + 4 * 8
+    # rank 16: both buffers fit inside the freed K pipelines
+    assert smem_ledger(c.replace(block_r=16), 16, "persistent_static").term("epilogue S/B buffers extra").bytes_each == 0
+    # 256x128 r64, 4 stages: 256 KiB — rejected before launch (the H200 launch failed with OutOfResources, session 16)
+    big = c.replace(block_m=256, num_warps=8)
+    assert smem_ledger(big, 16, "persistent_static").total() == 262144 + 32
+    assert not smem_ledger(big, 16, "persistent_static").fits()
+    with pytest.raises(KeyError):      # the other kernels' epilogue tiles are not this term
+        smem_ledger(c, 16, "split").term("epilogue S/B buffers extra")
+
+
 def test_limit_and_fp8_bits():
     too_deep = CFG.replace(num_stages=6)
     assert not smem_ledger(too_deep, 16, "kloop").fits()
@@ -78,6 +95,13 @@ COMPILED = [
     ("merged", CFG.replace(num_stages=5), lambda c: compile_main(c, K_.LOWRANK_NONE)),
     ("persistent_dynamic", CFG.replace(block_m=128, block_k=64, num_stages=3),
      lambda c: compile_persistent(c, True)),
+    # rank 64: the epilogue's multi-buffered S/B loads outgrow the K pipelines (the session-16 probe's tiles)
+    ("persistent_static", CFG.replace(block_m=128, block_n=256, block_k=64, block_r=64, num_warps=8, num_stages=4),
+     lambda c: compile_persistent(c, False)),
+    ("persistent_static", CFG.replace(block_m=128, block_n=128, block_k=64, block_r=64, num_stages=3),
+     lambda c: compile_persistent(c, False)),
+    ("persistent_static", CFG.replace(block_m=256, block_n=128, block_k=64, block_r=16, num_warps=8, num_stages=4),
+     lambda c: compile_persistent(c, False)),
     ("streamk", CFG, compile_streamk),
     ("streamk", CFG.replace(block_n=32, num_stages=6), compile_streamk),
     ("streamk", CFG.replace(block_n=64, block_r=64, num_stages=2), compile_streamk),

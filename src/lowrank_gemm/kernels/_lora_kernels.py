@@ -606,8 +606,16 @@ def smem_ledger(config, dtype_bits: int, strategy: str, prefetch: bool = False):
     if kloop:
         terms.append(SmemTerm("lowrank A tile", a, st))
     if persistent:
-        terms.append(SmemTerm("S-phase pipeline extra", max(0, st * (x + a) - pipeline)))
-    if lowrank and (c.split_k == 1 or c.split_mode == "fixup"):   # epilogue in this kernel
+        s_phase = st * (x + a)
+        terms.append(SmemTerm("S-phase pipeline extra", max(0, s_phase - pipeline)))
+        # Triton 3.6 multi-buffers the persistent loop's epilogue loads (cp.async): S as fp32 [BM, BR] in
+        # st − 1 buffers, B as [BR, BN] in st. They share memory with both K pipelines (disjoint live ranges)
+        # but not with each other, so at BR=64 they outgrow them: 256x128 r64 4 stages compiles to 256 KiB
+        # against a 192 KiB main pipeline (session 16: the launch failed with OutOfResources on the H200
+        # after this ledger, which then shared them like the other kernels' epilogue tiles, let it through).
+        epi = (st - 1) * tile_bytes(c.block_m, c.block_r, 32) + st * tile_bytes(c.block_r, c.block_n, dtype_bits)
+        terms.append(SmemTerm("epilogue S/B buffers extra", max(0, epi - max(pipeline, s_phase))))
+    elif lowrank and (c.split_k == 1 or c.split_mode == "fixup"):   # epilogue in this kernel
         epi = tile_bytes(c.block_r, c.block_n, dtype_bits) + tile_bytes(c.block_m, c.block_r, dtype_bits)
         terms.append(SmemTerm("epilogue B/S tiles extra", max(0, epi - pipeline)))
     if prefetch and lowrank and not persistent and strategy != "streamk":

@@ -751,8 +751,10 @@ def lora_linear_impl(x, weight, lora_a, lora_b, scale: float = 1.0, bias=None,
 def kcat_preferred(M: int, N: int, K: int, r: int) -> bool:
     """Where ``auto`` runs ``kcat`` on the packed layout (H200, session 15, ``probes/s15/kcat*``): compute-bound M with
     N ≥ 2·K, where the concat of x (~4·M·K bytes) is small next to the GEMM (2·M·N·K flops) and cuBLAS's main loop
-    beats ours by 4–12 %."""
-    return M >= 1024 and N >= 2 * K and r <= 128
+    beats ours by 4–12 %. From M=2048: at M=1024 the persistent two-phase kernel (tuned table, session 16,
+    ``probes/s16/persistent``) read 1.007–1.009× cuBLAS where kcat read 1.055–1.058× in the same day's bench; at
+    M=4096 kcat 0.94–0.95× against persistent 0.97–0.98×."""
+    return M >= 2048 and N >= 2 * K and r <= 128
 
 
 def _v2_choice(M: int, N: int, K: int, r: int, device) -> str | None:
