@@ -34,3 +34,28 @@ def test_graph_calls_at_least_one_per_set(monkeypatch):
     seen.clear()
     common.time_graph(lambda a: seen.append(a), sets[:2], calls=5)
     assert seen == [0, 1, 0, 1, 0]
+
+
+def test_paired_ratio_alternates_and_takes_the_median_round(monkeypatch):
+    """Base and impl are timed in alternation; a drifting clock that slows both alike leaves the ratio alone, and
+    one disturbed round does not move the median."""
+    order = []
+    graphs = iter(["impl", "base"])            # paired_ratio captures the impl's graph first
+
+    def capture_named(fn, captured=None):
+        tag = next(graphs)
+        fn()
+        return None, type("G", (), {"replay": staticmethod(lambda t=tag: order.append(t))}), None
+    monkeypatch.setattr(common, "capture_graph", capture_named)
+    # round k: the clock is (1 + 0.1·k) slower; the impl is 1.02× the base, except round 1 (a hiccup: 1.30×)
+    times = {"base": [100.0, 110.0, 120.0], "impl": [102.0, 143.0, 122.4]}
+
+    def bench(replay):
+        replay()
+        tag = order[-1]
+        return common.Timing(times[tag].pop(0), 0.0, 0.0)
+    monkeypatch.setattr(common, "_bench", bench)
+    out = common.paired_ratio(lambda a: None, [(0, )], lambda a: None, [(0, )])
+    assert order == ["base", "impl"] * 3
+    assert abs(out["ratio_paired"] - 1.02) < 1e-9
+    assert len(out["paired_us"]) == 3

@@ -104,6 +104,29 @@ def time_graph(fn, input_sets: Sequence[tuple], calls: int | None = None) -> Tim
     return Timing(t.median_us / calls, t.p20_us / calls, t.p80_us / calls)
 
 
+def paired_ratio(fn, input_sets: Sequence[tuple], base_fn, base_sets: Sequence[tuple], rounds: int = 3) -> dict:
+    """``fn`` ÷ ``base_fn`` as CUDA-graph replays timed in alternation (base, fn, base, fn, …), the median of the
+    per-round ratios. Compute-bound rows drift with the clock under power limits (session 16: cuBLAS alone read
+    1415–1650 µs at one 4096×28672×4096 shape across a bench run), so a ratio to a base timed minutes earlier
+    carries that drift; adjacent pairs share the GPU's state. → ``{"ratio_paired", "paired_us": [[base, fn], …]}``."""
+    def graph_of(f, sets):
+        n = len(sets)
+        calls = max(GRAPH_CALLS, n)
+
+        def run():
+            for i in range(calls):
+                f(*sets[i % n])
+        return capture_graph(run)[1], calls
+    (g_fn, c_fn), (g_base, c_base) = graph_of(fn, input_sets), graph_of(base_fn, base_sets)
+    pairs = []
+    for _ in range(rounds):
+        b = _bench(g_base.replay).median_us / c_base
+        f = _bench(g_fn.replay).median_us / c_fn
+        pairs.append([round(b, 3), round(f, 3)])
+    ratios = sorted(f / b for b, f in pairs)
+    return {"ratio_paired": round(ratios[len(ratios) // 2], 4), "paired_us": pairs}
+
+
 def time_impl(fn, input_sets: Sequence[tuple], graph: bool = True) -> dict:
     """Eager and graph timings of one implementation, as row fields."""
     e = time_eager(fn, input_sets)

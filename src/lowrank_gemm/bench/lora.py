@@ -7,7 +7,9 @@ One process times, on the same inputs: cuBLAS base GEMM without LoRA (``x @ W.T`
 unfused LoRA (``addmm(x@W.T, x@A.T, (scale·B).T)``), every plausible strategy of
 ``lora_linear`` and ``auto``, eager and as CUDA-graph replays (``bench.common.time_impl``).
 Inputs rotate so that one pass over them is ≥ 3× the L2 (``rotation_count``).
-Bytes for the bandwidth column: W + X + Y + A + B (bf16), once each.
+Bytes for the bandwidth column: W + X + Y + A + B (bf16), once each. ``auto`` / ``auto_packed`` rows also carry
+``ratio_paired``: their graph replay and cuBLAS's timed in three alternating rounds (``bench.common.paired_ratio``),
+the ratio the targets are best read from where the clock drifts over the run.
 
 ``merged`` / ``concat`` rows are the steady state: their derived weights (W + scale·B·A, [W; A])
 come from an LRU cache (16 entries, ≤ 2 GiB: ``LOWRANK_GEMM_WEIGHT_CACHE_MB``) that holds the
@@ -31,7 +33,7 @@ from ..plan.config import KernelConfig
 from ..plan.planner import (LORA_STRATEGIES, block_r_for, can_implement, group_m_for, lora_ledger,
                             pinned, plan_lora, split_k_for, stages_for, tuned_key)
 from .common import (RESULTS_DIR, device_meta, markdown_table, measure_copy_tbps, meta_header,
-                     rotation_count, time_graph, time_impl, write_results)
+                     paired_ratio, rotation_count, time_graph, time_impl, write_results)
 
 SHAPES_KN = [(4096, 28672), (4096, 4096), (8192, 8192)]
 RANKS = [8, 16, 64]
@@ -42,6 +44,8 @@ QUICK = [  # (M, K, N, r)
 STRATS = [s for s in LORA_STRATEGIES if s != "torch"]
 # rows timed on the packed layout (W and B views of one buffer): kcat then needs no derived weight
 PACKED_IMPLS = ("auto_packed", "kcat")
+# the rows the targets are read from: also timed in alternation with cuBLAS (``ratio_paired``)
+PAIRED_IMPLS = ("auto", "auto_packed")
 SCALE = 0.5
 
 
@@ -124,6 +128,8 @@ def bench_point(M, N, K, r, dtype, copy_tbps, quick, fns):
             if name != "cublas_base":
                 row["rel_err"] = round(rel_err(y, *sets[0][:4]), 6)
             row.update(time_impl(fn, use))
+            if name in PAIRED_IMPLS and row.get("graph_us"):
+                row.update(paired_ratio(fn, use, fns["cublas_base"], sets))
         except Exception as exc:  # a failing impl is a row, not a crash of the whole run
             row.update(median_us=None, graph_us=None, error=f"{type(exc).__name__}: {exc}"[:300])
         t = row.get("graph_us") or row.get("median_us")
@@ -143,10 +149,11 @@ def bench_point(M, N, K, r, dtype, copy_tbps, quick, fns):
 
 
 def to_markdown(meta, rows):
-    hdr = ["M", "N", "K", "r", "impl", "graph µs", "eager µs", "× cuBLAS", "% copy BW", "TFLOP/s", "rel err"]
+    hdr = ["M", "N", "K", "r", "impl", "graph µs", "eager µs", "× cuBLAS", "× cuBLAS (paired)", "% copy BW",
+           "TFLOP/s", "rel err"]
     body = [[r["M"], r["N"], r["K"], r["r"], r["impl"] + (f" ({r['plan']})" if r.get("plan") else ""),
-             r.get("graph_us"), r.get("median_us"), r.get("ratio_cublas"), r.get("bw_pct"), r.get("tflops"),
-             r.get("rel_err")] for r in rows]
+             r.get("graph_us"), r.get("median_us"), r.get("ratio_cublas"), r.get("ratio_paired"), r.get("bw_pct"),
+             r.get("tflops"), r.get("rel_err")] for r in rows]
     return "# LoRA GEMM (single adapter)\n\n" + meta_header(meta) + markdown_table(hdr, body)
 
 
