@@ -210,12 +210,18 @@ def probe_point(M, K, N, r, sms, timing_eager=False):
         except Exception as exc:
             row["error"] = f"{type(exc).__name__}: {exc}"[:300]
         rows.append(row)
+    del sets, ref
+    return finish_point(rows, base["bytes"])
+
+
+def finish_point(rows, nbytes=None):
+    """Ratios to the point's first row (cuBLAS), bandwidth if ``nbytes``; frees the point's tensors' cache."""
     cub = rows[0]["graph_us"]
     for row in rows:
         if row.get("graph_us"):
             row["x_cublas"] = round(row["graph_us"] / cub, 3)
-            row["bw_tbps"] = round(base["bytes"] / (row["graph_us"] * 1e-6) / 1e12, 3)
-    del sets, ref
+            if nbytes:
+                row["bw_tbps"] = round(nbytes / (row["graph_us"] * 1e-6) / 1e12, 3)
     torch.cuda.empty_cache()
     return rows
 

@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from probe_lora import _call, _checked, _rel_err  # noqa: E402
+from probe_lora import _call, _checked, _rel_err, finish_point  # noqa: E402
 
 from lowrank_gemm.bench.common import device_meta, markdown_table, time_graph  # noqa: E402
 from lowrank_gemm.bench.lora import SCALE, make_sets  # noqa: E402
@@ -95,13 +95,8 @@ def probe_point(M, K, N, r, sms):
         except Exception as exc:       # a compile/launch failure costs this candidate only
             row["error"] = f"{type(exc).__name__}: {exc}"[:300]
         rows.append(row)
-    cub = rows[0]["graph_us"]
-    for row in rows:
-        if row.get("graph_us"):
-            row["x_cublas"] = round(row["graph_us"] / cub, 3)
     del sets, ref
-    torch.cuda.empty_cache()
-    return rows
+    return finish_point(rows)
 
 
 def updates(rows, margin):
