@@ -5,9 +5,9 @@
 Why: the session-16 full ``bench lora`` (``probes/s16/first``) timed ``persistent_static`` on the heuristic
 128×256×64 tile at 1.003–1.020× cuBLAS for 4096×28672 M=1024, where ``auto`` (tuned ``split``, same tile) read
 1.07–1.12×; at 8192² M=1024 1.06–1.10× against 1.13–1.23×. Those were one-off cells of a 54-cell grid, so this
-probe re-times them, with a few variants (group_m, stages, a 256×128 tile, the dynamic counter), next to cuBLAS
-and ``auto`` in one process. Every candidate: NaN-poisoned output, float64 reference (M > 1024: the whole
-output, it is cheap at these sizes), a second call bit-identical to the first, then a CUDA-graph median.
+probe re-times them, with a few variants (group_m, stages, a 256×128 tile, ``epi_stages=1``, the dynamic
+counter), next to cuBLAS and ``auto`` in one process. Every candidate: NaN-poisoned output, float64 reference
+(the whole output, cheap at these sizes), a second call bit-identical to the first, then a CUDA-graph median.
 
 Outputs (DIR): ``probe_lora_persistent.{json,md}`` and ``lora_h200_updates.json`` — per tuned key, the fastest
 candidate when it beats ``auto`` of the same run by more than ``--margin`` (default 2 %), in the tuned-table
@@ -57,6 +57,14 @@ def candidates(M, N, K, r, sms):
         t = heur.replace(block_m=128, block_n=128, num_warps=8, num_stages=2)
         t = t.replace(num_stages=stages_for(lambda s: lora_ledger("persistent_static", t.replace(num_stages=s), 16)))
         variants.append(("ps_128x128", t))
+    # epi_stages=1 (session 16's lead): the epilogue's rank loop unpipelined — the A/B against the same tiles
+    # pipelined by the compiler, and at rank 64 the freed shared memory as a deeper main pipeline
+    for label, cfg in list(variants):
+        if label in ("ps", "ps_256x128"):
+            e1 = cfg.replace(epi_stages=1, num_stages=2)
+            e1 = e1.replace(num_stages=stages_for(lambda s: lora_ledger("persistent_static", e1.replace(num_stages=s),
+                                                                        16)))
+            variants.append((label + "_e1", e1))
     for label, cfg in variants:
         if can_implement("persistent_static", (M, N, K, r), cfg, 16):
             out.append((label, "persistent_static", cfg))
@@ -77,7 +85,8 @@ def probe_point(M, K, N, r, sms):
                  graph_us=round(time_graph(lambda x, w, a, b, bs: x @ w.T, sets).median_us, 3))]
     strat, cfg = plan_lora(M, N, K, r, torch.bfloat16, x.device)
     auto = lambda x, w, a, b, bs: lora_linear(x, w, a, b, SCALE)
-    row = dict(base, label="auto", strategy=strat, config=cfg.to_dict(), rel_err=round(_rel_err(auto(*sets[0]), ref), 6))
+    row = dict(base, label="auto", strategy=strat, config=cfg.to_dict(),
+               rel_err=round(_rel_err(auto(*sets[0]), ref), 6))
     row["graph_us"] = round(time_graph(auto, sets).median_us, 3)
     rows.append(row)
     for label, s, c in candidates(M, N, K, r, sms):
@@ -143,7 +152,7 @@ def main(argv=None):
                 (args.out / "probe_lora_persistent.json").write_text(json.dumps(
                     {"meta": meta, "rows": rows, "skipped": skipped}, indent=1))
                 (args.out / "lora_h200_updates.json").write_text(json.dumps(upd, indent=1))
-    labels = ["auto", "ps", "ps_g4", "ps_g16", "ps_s3", "ps_256x128", "ps_128x128", "pd"]
+    labels = ["auto", "ps", "ps_e1", "ps_g4", "ps_g16", "ps_s3", "ps_256x128", "ps_256x128_e1", "ps_128x128", "pd"]
     table = []
     for (M, N, K, r) in dict.fromkeys((x["M"], x["N"], x["K"], x["r"]) for x in rows):
         rs = {x["label"]: x for x in rows if (x["M"], x["N"], x["K"], x["r"]) == (M, N, K, r)}

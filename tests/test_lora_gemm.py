@@ -186,6 +186,16 @@ def test_persistent_static_strides_over_tiles():
     assert rel_err(y, lora_linear_ref(x, w, a, b, 0.9, bias)) < REL_TOL
 
 
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_persistent_epi_stages_one_is_the_same_result(dynamic):
+    # KernelConfig.epi_stages only changes how deep the compiler pipelines the epilogue's rank loop: same values
+    x, w, a, b, bias = make(37, 70, 48, 12)
+    strategy = "persistent_dynamic" if dynamic else "persistent_static"
+    ys = [run_poisoned(strategy, x, w, a, b, 0.6, bias, cfg_for(4, bm=16, bn=32).replace(epi_stages=e)) for e in (0, 1)]
+    assert torch.equal(ys[0], ys[1])
+    assert rel_err(ys[1], lora_linear_ref(x, w, a, b, 0.6, bias)) < REL_TOL
+
+
 @settings(max_examples=8, deadline=None)
 @given(M=st.integers(1, 50), N=st.integers(1, 60), K=st.integers(1, 70), r=st.integers(1, 20),
        strategy=st.sampled_from(KERNEL_STRATEGIES), split_k=st.integers(1, 2),
@@ -475,7 +485,8 @@ def compile_persistent(cfg: KernelConfig, dynamic: bool):
     return compile_sm90(MOD, "lora_persistent_kernel",
                         persistent_signature(c.block_m, c.block_n, c.block_k, c.block_r),
                         dict(BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, BLOCK_R=c.block_r,
-                             GROUP_M=c.group_m, DYNAMIC=dynamic, HAS_BIAS=True, **PERSISTENT_UNIT_STRIDES),
+                             GROUP_M=c.group_m, DYNAMIC=dynamic, HAS_BIAS=True, EPI_STAGES=c.epi_stages or None,
+                             **PERSISTENT_UNIT_STRIDES),
                         aligned=PERSISTENT_ALIGNED, num_warps=c.num_warps, num_stages=c.num_stages)
 
 

@@ -69,12 +69,16 @@ def test_persistent_epilogue_buffers_extra():
     epi = 3 * 128 * 64 * 4 + 4 * 64 * 128 * 2
     assert L.term("epilogue S/B buffers extra").bytes_each == epi - 4 * (128 + 128) * 64 * 2
     assert L.total() == epi + 4 * 8
-    # rank 16: both buffers fit inside the freed K pipelines
-    assert smem_ledger(c.replace(block_r=16), 16, "persistent_static").term("epilogue S/B buffers extra").bytes_each == 0
-    # 256x128 r64, 4 stages: 256 KiB — rejected before launch (the H200 launch failed with OutOfResources, session 16)
+    def extra(cfg):
+        return smem_ledger(cfg, 16, "persistent_static").term("epilogue S/B buffers extra").bytes_each
+    assert extra(c.replace(block_r=16)) == 0          # rank 16: both buffers fit inside the freed K pipelines
+    # 256x128 r64, 4 stages: 256 KiB — rejected before launch (on the H200 it failed with OutOfResources, session 16)
     big = c.replace(block_m=256, num_warps=8)
     assert smem_ledger(big, 16, "persistent_static").total() == 262144 + 32
     assert not smem_ledger(big, 16, "persistent_static").fits()
+    # epi_stages=1: one buffer each, shared with the K pipelines; 2: one S, two B
+    assert smem_ledger(big.replace(epi_stages=1), 16, "persistent_static").total() == 196608 + 32
+    assert extra(c.replace(epi_stages=2)) == 0
     with pytest.raises(KeyError):      # the other kernels' epilogue tiles are not this term
         smem_ledger(c, 16, "split").term("epilogue S/B buffers extra")
 
@@ -102,6 +106,12 @@ COMPILED = [
      lambda c: compile_persistent(c, False)),
     ("persistent_static", CFG.replace(block_m=256, block_n=128, block_k=64, block_r=16, num_warps=8, num_stages=4),
      lambda c: compile_persistent(c, False)),
+    # epi_stages=1: one S and one B buffer, inside the K pipelines again (256x128 r64 4 stages fits: 196 640 B)
+    ("persistent_static", CFG.replace(block_m=256, block_n=128, block_k=64, block_r=64, num_warps=8, num_stages=4,
+                                      epi_stages=1), lambda c: compile_persistent(c, False)),
+    ("persistent_dynamic",
+     CFG.replace(block_m=128, block_n=128, block_k=64, block_r=64, num_stages=4, epi_stages=2),
+     lambda c: compile_persistent(c, True)),
     ("streamk", CFG, compile_streamk),
     ("streamk", CFG.replace(block_n=32, num_stages=6), compile_streamk),
     ("streamk", CFG.replace(block_n=64, block_r=64, num_stages=2), compile_streamk),

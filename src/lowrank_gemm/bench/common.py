@@ -108,7 +108,9 @@ def paired_ratio(fn, input_sets: Sequence[tuple], base_fn, base_sets: Sequence[t
     """``fn`` ÷ ``base_fn`` as CUDA-graph replays timed in alternation (base, fn, base, fn, …), the median of the
     per-round ratios. Compute-bound rows drift with the clock under power limits (session 16: cuBLAS alone read
     1415–1650 µs at one 4096×28672×4096 shape across a bench run), so a ratio to a base timed minutes earlier
-    carries that drift; adjacent pairs share the GPU's state. → ``{"ratio_paired", "paired_us": [[base, fn], …]}``."""
+    carries that drift; adjacent pairs share more of the GPU's state. The median survives one spoiled round, not
+    two: slow spells on the H200 last whole rounds (NOTES.md, session 16).
+    → ``{"ratio_paired", "paired_us": [[base, fn], …]}``."""
     def graph_of(f, sets):
         n = len(sets)
         calls = max(GRAPH_CALLS, n)

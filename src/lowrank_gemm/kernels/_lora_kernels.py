@@ -116,10 +116,12 @@ def _down_slice(x_desc, a_desc, s_ptr, off_m, off_r, slice_id, slices, M, K, R, 
 @triton.jit
 def _lowrank_from_buffer(acc, s_ptr, stride_sk, stride_sm, stride_sr, S_SPLITS, s_scale,
                          b_ptr, stride_bn, stride_br, offs_m, offs_n, M, N, R,
-                         BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr):
+                         BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr, EPI_STAGES: tl.constexpr = None):
     """acc += (s_scale · Σ_k S[k, offs_m, :R])·B[offs_n, :R]ᵀ, rank in BLOCK_R chunks, splits
-    summed in index order (deterministic). S is fp32 [S_SPLITS, M, ≥R]."""
-    for r0 in range(0, R, BLOCK_R):
+    summed in index order (deterministic). S is fp32 [S_SPLITS, M, ≥R]. EPI_STAGES: software-pipeline depth of
+    the chunk loop (None: the compiler's, i.e. the kernel's num_stages — it then multi-buffers S and B in shared
+    memory even when the loop runs once; ``KernelConfig.epi_stages``)."""
+    for r0 in tl.range(0, R, BLOCK_R, num_stages=EPI_STAGES):
         offs_r = r0 + tl.arange(0, BLOCK_R)
         mask = (offs_m[:, None] < M) & (offs_r[None, :] < R)
         ptrs = s_ptr + offs_m[:, None] * stride_sm + offs_r[None, :] * stride_sr
@@ -458,6 +460,7 @@ def lora_persistent_kernel(
     stride_sm, stride_sr, stride_bn, stride_br, stride_ym, stride_yn,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr,
     GROUP_M: tl.constexpr, DYNAMIC: tl.constexpr, HAS_BIAS: tl.constexpr,
+    EPI_STAGES: tl.constexpr = None,    # KernelConfig.epi_stages (0 → None: the compiler's choice)
 ):
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
@@ -489,7 +492,7 @@ def lora_persistent_kernel(
             offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
             acc = _lowrank_from_buffer(acc, s_ptr, 0, stride_sm, stride_sr, 1, 1.0, b_ptr,
                                        stride_bn, stride_br, offs_m, offs_n, M, N, R,
-                                       BLOCK_M, BLOCK_R)
+                                       BLOCK_M, BLOCK_R, EPI_STAGES)
             acc = add_bias(acc, offs_n, N, bias_ptr, HAS_BIAS)
             store_tile(y_ptr, acc, offs_m, offs_n, M, N, stride_ym, stride_yn)
         task = _next_task(task, counter_ptr, DYNAMIC)
@@ -608,12 +611,15 @@ def smem_ledger(config, dtype_bits: int, strategy: str, prefetch: bool = False):
     if persistent:
         s_phase = st * (x + a)
         terms.append(SmemTerm("S-phase pipeline extra", max(0, s_phase - pipeline)))
-        # Triton 3.6 multi-buffers the persistent loop's epilogue loads (cp.async): S as fp32 [BM, BR] in
-        # st − 1 buffers, B as [BR, BN] in st. They share memory with both K pipelines (disjoint live ranges)
-        # but not with each other, so at BR=64 they outgrow them: 256x128 r64 4 stages compiles to 256 KiB
-        # against a 192 KiB main pipeline (session 16: the launch failed with OutOfResources on the H200
-        # after this ledger, which then shared them like the other kernels' epilogue tiles, let it through).
-        epi = (st - 1) * tile_bytes(c.block_m, c.block_r, 32) + st * tile_bytes(c.block_r, c.block_n, dtype_bits)
+        # Triton 3.6 software-pipelines the epilogue's rank-chunk loop (_lowrank_from_buffer) with the kernel's
+        # num_stages, so S gets st − 1 fp32 [BM, BR] buffers and B st [BR, BN] ones (cp.async). They share memory
+        # with both K pipelines (disjoint live ranges) but not with each other, so at BR=64 they outgrow them:
+        # 256x128 r64 4 stages compiles to 256 KiB against a 192 KiB main pipeline (session 16: the launch failed
+        # with OutOfResources on the H200 after this ledger, which then shared them like the other kernels'
+        # epilogue tiles, let it through). ``epi_stages`` sets that depth instead (1: one S and one B buffer).
+        es = c.epi_stages or st
+        epi = (max(1, es - 1) * tile_bytes(c.block_m, c.block_r, 32)
+               + es * tile_bytes(c.block_r, c.block_n, dtype_bits))
         terms.append(SmemTerm("epilogue S/B buffers extra", max(0, epi - max(pipeline, s_phase))))
     elif lowrank and (c.split_k == 1 or c.split_mode == "fixup"):   # epilogue in this kernel
         epi = tile_bytes(c.block_r, c.block_n, dtype_bits) + tile_bytes(c.block_m, c.block_r, dtype_bits)

@@ -601,7 +601,7 @@ def _run_persistent(x, w, a, b, bias, y, scale, cfg, *, N, Kp, R, dynamic):
         s, sync, b, y if bias is None else bias, y, M, N, Kp, R, scale,
         s.stride(0), s.stride(1), b.stride(0), b.stride(1), y.stride(0), y.stride(1),
         BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, BLOCK_R=c.block_r,
-        GROUP_M=c.group_m, DYNAMIC=dynamic, HAS_BIAS=bias is not None,
+        GROUP_M=c.group_m, DYNAMIC=dynamic, HAS_BIAS=bias is not None, EPI_STAGES=c.epi_stages or None,
         num_warps=c.num_warps, num_stages=c.num_stages)
     return y
 

@@ -22,7 +22,9 @@ class KernelConfig:
     multiplies W·Xᵀ (weight rows as the MMA's M, block_m tokens as its N — decode-sized M; the
     LoRA and multi-LoRA main kernels); s_producers (LoRA ``split``, > 0): the down projection's K slices
     are computed by this many extra programs at the head of the main grid, which the main tiles wait
-    for after their K loop — one launch instead of the down kernel + the main kernel.
+    for after their K loop — one launch instead of the down kernel + the main kernel; epi_stages (LoRA
+    persistent kernels): software-pipeline depth of the epilogue's rank-chunk loop, 0 = the compiler's choice
+    (num_stages: S and B multi-buffered in shared memory even when the loop runs once, R ≤ block_r).
     """
 
     block_m: int = 128
@@ -38,6 +40,7 @@ class KernelConfig:
     split_mode: str = "reduce"
     swap_ab: bool = False
     s_producers: int = 0
+    epi_stages: int = 0
 
     def __post_init__(self):
         for name in ("block_m", "block_n", "block_k", "block_r"):
@@ -47,7 +50,7 @@ class KernelConfig:
         if self.num_warps not in (1, 2, 4, 8, 16):
             raise ValueError(f"KernelConfig.num_warps must be 1, 2, 4, 8 or 16, got {self.num_warps}")
         if (self.split_k < 1 or self.num_stages < 1 or self.group_m < 1 or self.lowrank_stages < 0
-                or self.s_producers < 0):
+                or self.s_producers < 0 or self.epi_stages < 0):
             raise ValueError(f"invalid KernelConfig {self}")
         if self.split_mode not in SPLIT_MODES:
             raise ValueError(f"KernelConfig.split_mode must be one of {SPLIT_MODES}, got {self.split_mode!r}")
