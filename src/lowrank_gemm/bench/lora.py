@@ -129,7 +129,10 @@ def bench_point(M, N, K, r, dtype, copy_tbps, quick, fns):
                 row["rel_err"] = round(rel_err(y, *sets[0][:4]), 6)
             row.update(time_impl(fn, use))
             if name in PAIRED_IMPLS and row.get("graph_us"):
-                row.update(paired_ratio(fn, use, fns["cublas_base"], sets))
+                try:        # the row's own timings stand whatever happens here
+                    row.update(paired_ratio(fn, use, fns["cublas_base"], sets))
+                except Exception as exc:
+                    row["paired_error"] = f"{type(exc).__name__}: {exc}"[:200]
         except Exception as exc:  # a failing impl is a row, not a crash of the whole run
             row.update(median_us=None, graph_us=None, error=f"{type(exc).__name__}: {exc}"[:300])
         t = row.get("graph_us") or row.get("median_us")
