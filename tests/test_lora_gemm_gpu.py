@@ -138,9 +138,9 @@ def _tuned_entries():
 
 @pytest.mark.timeout(300)
 def test_every_tuned_plan_runs_right_at_its_bucket():
-    """Each committed H200 table entry at the top of its M and rank bucket (the shapes it was measured at), with a
-    ragged M just past the previous bucket where the tile allows: launches (the ledger let it through), every output
-    element written (NaN-poisoned), within 1e-2 of float64, bit-identical on a second call."""
+    """Each committed H200 table entry at the top of its M and rank bucket (the shape it was measured at) and at a
+    ragged M = m/4 + 1 inside the bucket: launches (the ledger let it through), every output element written
+    (NaN-poisoned), within 1e-2 of float64, bit-identical on a second call."""
     for key, entry in _tuned_entries():
         m, n, k, r = (int(p[1:]) for p in key.split("_")[:4])
         cfg = KernelConfig.from_dict(entry["config"])

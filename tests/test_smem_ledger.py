@@ -69,6 +69,7 @@ def test_persistent_epilogue_buffers_extra():
     epi = 3 * 128 * 64 * 4 + 4 * 64 * 128 * 2
     assert L.term("epilogue S/B buffers extra").bytes_each == epi - 4 * (128 + 128) * 64 * 2
     assert L.total() == epi + 4 * 8
+
     def extra(cfg):
         return smem_ledger(cfg, 16, "persistent_static").term("epilogue S/B buffers extra").bytes_each
     assert extra(c.replace(block_r=16)) == 0          # rank 16: both buffers fit inside the freed K pipelines
