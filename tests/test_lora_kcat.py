@@ -85,8 +85,10 @@ def test_packed_views_work_for_every_strategy():
 
 
 def test_auto_rule():
-    assert kcat_preferred(2048, 28672, 4096, 16) and kcat_preferred(4096, 28672, 4096, 64)
-    assert not kcat_preferred(1024, 28672, 4096, 16)         # the persistent kernel's bucket (session 16)
+    assert kcat_preferred(2048, 28672, 4096, 16) and kcat_preferred(4096, 28672, 4096, 64, "persistent_static")
+    # M in [1024, 2048): kcat beats the planner's split, not a tuned persistent plan (session 16)
+    assert kcat_preferred(1024, 28672, 4096, 16) and kcat_preferred(1500, 9000, 3000, 24, "split")
+    assert not kcat_preferred(1024, 28672, 4096, 16, "persistent_static")
     assert not kcat_preferred(256, 28672, 4096, 16)          # memory-bound: the copy of x is not free
     assert not kcat_preferred(4096, 8192, 8192, 16)          # N = K: the concat is ~7 % of the GEMM (measured)
     assert not kcat_preferred(4096, 28672, 4096, 256)

@@ -122,7 +122,7 @@ def bench_point(M, N, K, r, dtype, copy_tbps, quick, fns):
         try:
             if name in ("auto", "auto_packed"):
                 row["plan"] = plan_lora(M, N, K, r, dtype, torch.device("cuda"))[0]
-                if name == "auto_packed" and kcat_preferred(M, N, K, r):
+                if name == "auto_packed" and kcat_preferred(M, N, K, r, row["plan"]):
                     row["plan"] = "kcat"
             y = fn(*use[0])
             if name != "cublas_base":

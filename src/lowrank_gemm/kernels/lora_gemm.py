@@ -733,10 +733,12 @@ def lora_linear_impl(x, weight, lora_a, lora_b, scale: float = 1.0, bias=None,
             from .gluon.lora_ws import launch_lora_v2
             return launch_lora_v2(x, weight, lora_a, lora_b, scale, bias, shrink=shrink)
     # kcat needs [W | B] as a free view, a property of the tensors and not of the shape: decided here, not in plan_lora
-    if strategy == "auto" and pin is None and x.is_cuda and kcat_preferred(M, N, K, lora_a.shape[0]):
+    if strategy == "auto" and pin is None and x.is_cuda and kcat_preferred(M, N, K, lora_a.shape[0], "split"):
         from .lora_kcat import packed_wcat
         if packed_wcat(weight, lora_b) is not None:      # the packed layout: [W | B] is a free view
-            strategy = "kcat"
+            planned = plan_lora(M, N, K, lora_a.shape[0], x.dtype, x.device)[0]
+            if kcat_preferred(M, N, K, lora_a.shape[0], planned):
+                strategy = "kcat"
     if strategy == "auto":
         strategy, cfg = plan_lora(M, N, K, lora_a.shape[0], x.dtype, x.device)
     else:
@@ -748,13 +750,16 @@ def lora_linear_impl(x, weight, lora_a, lora_b, scale: float = 1.0, bias=None,
     return y.reshape(*x.shape[:-1], N)
 
 
-def kcat_preferred(M: int, N: int, K: int, r: int) -> bool:
+def kcat_preferred(M: int, N: int, K: int, r: int, planned: str | None = None) -> bool:
     """Where ``auto`` runs ``kcat`` on the packed layout (H200, session 15, ``probes/s15/kcat*``): compute-bound M with
     N ≥ 2·K, where the concat of x (~4·M·K bytes) is small next to the GEMM (2·M·N·K flops) and cuBLAS's main loop
-    beats ours by 4–12 %. From M=2048: at M=1024 the persistent two-phase kernel (tuned table, session 16,
-    ``probes/s16/persistent``) read 1.007–1.009× cuBLAS where kcat read 1.055–1.058× in the same day's bench; at
-    M=4096 kcat 0.94–0.95× against persistent 0.97–0.98×."""
-    return M >= 2048 and N >= 2 * K and r <= 128
+    beats ours by 4–12 %. ``planned``: the strategy ``plan_lora`` picked for the shape. Below M=2048 a tuned
+    persistent plan wins instead (4096×28672 M=1024, session 16: persistent 1.007–1.009× cuBLAS in the probe, kcat
+    1.055–1.058× in the same day's bench); elsewhere kcat beat the planner's ``split`` there (1.07–1.12×). From
+    M=2048 kcat stays (M=4096: 1.01–1.02× paired against the persistent plan's 1.02–1.04×)."""
+    if not (M >= 1024 and N >= 2 * K and r <= 128):
+        return False
+    return M >= 2048 or not (planned or "").startswith("persistent")
 
 
 def _v2_choice(M: int, N: int, K: int, r: int, device) -> str | None:

@@ -77,7 +77,7 @@ class LoRALinear(nn.Module):
     def pack_(self) -> "LoRALinear":
         """Re-lay ``weight`` and ``lora_b`` as views of one ``[N, K + r_pad]`` buffer ``[W | B | 0]``
         (:func:`lowrank_gemm.kernels.lora_kcat.pack_lora_weights`): on it ``auto`` runs the ``kcat`` strategy at
-        compute-bound sizes (M ≥ 2048, N ≥ 2·K: the base product by cuBLAS with the branch in its K), with no
+        compute-bound sizes (M ≥ 1024, N ≥ 2·K: the base product by cuBLAS with the branch in its K), with no
         derived weight. Same values; W is copied into the new buffer (the old tensor is freed unless shared), plus
         N·r_pad zeros. ``.to()`` / ``.half()`` make separate tensors again: pack after moving. ``load_state_dict``
         and in-place writes keep the layout. Returns self."""
