@@ -733,14 +733,15 @@ def lora_linear_impl(x, weight, lora_a, lora_b, scale: float = 1.0, bias=None,
             from .gluon.lora_ws import launch_lora_v2
             return launch_lora_v2(x, weight, lora_a, lora_b, scale, bias, shrink=shrink)
     # kcat needs [W | B] as a free view, a property of the tensors and not of the shape: decided here, not in plan_lora
+    planned = None
     if strategy == "auto" and pin is None and x.is_cuda and kcat_preferred(M, N, K, lora_a.shape[0], "split"):
         from .lora_kcat import packed_wcat
         if packed_wcat(weight, lora_b) is not None:      # the packed layout: [W | B] is a free view
-            planned = plan_lora(M, N, K, lora_a.shape[0], x.dtype, x.device)[0]
-            if kcat_preferred(M, N, K, lora_a.shape[0], planned):
-                strategy = "kcat"
+            planned = plan_lora(M, N, K, lora_a.shape[0], x.dtype, x.device)
+            if kcat_preferred(M, N, K, lora_a.shape[0], planned[0]):
+                strategy, planned = "kcat", None
     if strategy == "auto":
-        strategy, cfg = plan_lora(M, N, K, lora_a.shape[0], x.dtype, x.device)
+        strategy, cfg = planned or plan_lora(M, N, K, lora_a.shape[0], x.dtype, x.device)
     else:
         with pinned(strategy=strategy, config=pin.config if pin else None):
             strategy, cfg = plan_lora(M, N, K, lora_a.shape[0], x.dtype, x.device)
