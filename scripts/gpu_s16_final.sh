@@ -2,7 +2,7 @@
 # Session 16, two device calls on a warm machine:
 #   PART=probe: LoRA GPU tests (incl. every tuned plan at its bucket), then the persistent probe, which merges its
 #               winners into plan/tuned/lora_h200.json (copied to $OUT);
-#   PART=bench: `bench lora` (full) on that table (pass the probe's table back first: TABLE=<path in the tree>).
+#   PART=bench: `bench lora` (full) on the tree's table (copy the probe's $OUT/lora_h200.json into the tree first).
 #   PART=probe LOWRANK_GEMM_COMMIT=<hash> bash scripts/gpu_s16_final.sh
 cd "$(dirname "$0")/.."
 export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1
@@ -15,5 +15,5 @@ if [ "${PART:-probe}" = probe ]; then
   cp "$TABLE" "$OUT/lora_h200.json"
   tar czf "$OUT/persistent.tar.gz" -C "$OUT" persistent && rm -rf "$OUT/persistent"
 else
-  TEST_TIMEOUT=1 BENCH_TIMEOUT=480 bash scripts/gpu_session.sh --no-tests --suites lora
+  BENCH_TIMEOUT=480 bash scripts/gpu_session.sh --no-tests --suites lora
 fi

@@ -734,7 +734,7 @@ def lora_linear_impl(x, weight, lora_a, lora_b, scale: float = 1.0, bias=None,
             return launch_lora_v2(x, weight, lora_a, lora_b, scale, bias, shrink=shrink)
     # kcat needs [W | B] as a free view, a property of the tensors and not of the shape: decided here, not in plan_lora
     planned = None
-    if strategy == "auto" and pin is None and x.is_cuda and kcat_preferred(M, N, K, lora_a.shape[0], "split"):
+    if strategy == "auto" and pin is None and x.is_cuda and kcat_shape(M, N, K, lora_a.shape[0]):
         from .lora_kcat import packed_wcat
         if packed_wcat(weight, lora_b) is not None:      # the packed layout: [W | B] is a free view
             planned = plan_lora(M, N, K, lora_a.shape[0], x.dtype, x.device)
@@ -758,9 +758,14 @@ def kcat_preferred(M: int, N: int, K: int, r: int, planned: str | None = None) -
     persistent plan wins instead (4096×28672 M=1024, session 16: persistent 1.007–1.009× cuBLAS in the probe, kcat
     1.055–1.058× in the same day's bench); elsewhere kcat beat the planner's ``split`` there (1.07–1.12×). From
     M=2048 kcat stays (M=4096: 1.01–1.02× paired against the persistent plan's 1.02–1.04×)."""
-    if not (M >= 1024 and N >= 2 * K and r <= 128):
+    if not kcat_shape(M, N, K, r):
         return False
     return M >= 2048 or not (planned or "").startswith("persistent")
+
+
+def kcat_shape(M: int, N: int, K: int, r: int) -> bool:
+    """The shapes where kcat can be ``auto``'s choice at all (compute-bound M, N ≥ 2·K, r ≤ 128)."""
+    return M >= 1024 and N >= 2 * K and r <= 128
 
 
 def _v2_choice(M: int, N: int, K: int, r: int, device) -> str | None:
