@@ -120,8 +120,13 @@ def main(argv=None):
     ap.add_argument("--budget-s", type=float, default=300.0)
     ap.add_argument("--margin", type=float, default=0.03)
     ap.add_argument("--write-tuned", type=Path, default=None)
+    ap.add_argument("--from-json", type=Path, default=None, help="no GPU: rebuild the report from a saved run's rows")
     args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.from_json is not None:
+        saved = json.loads(args.from_json.read_text())
+        report(saved["rows"], saved["meta"], saved["skipped"], args)
+        return
     t0, rows, skipped = time.time(), [], []
     meta = device_meta()
     for M in MS:
@@ -136,7 +141,14 @@ def main(argv=None):
                       " ".join(f"{x['label']}={x.get('x_cublas', x.get('error', '?'))}" for x in pr), flush=True)
                 (args.out / "probe_lora_unseen.json").write_text(json.dumps(
                     {"meta": meta, "rows": rows, "skipped": skipped}, indent=1))
-    upd = {k: dict(v, source="scripts/probe_lora_unseen.py") for k, v in updates(rows, args.margin).items()}
+    report(rows, meta, skipped, args)
+
+
+def report(rows, meta, skipped, args):
+    """``probe_lora_unseen.md``, ``lora_h200_updates.json`` (winners over ``auto`` by > margin; the torch
+    baseline is never a winner) and, with ``--write-tuned``, the merged table."""
+    fused = [x for x in rows if x["label"] != "unfused"]
+    upd = {k: dict(v, source="scripts/probe_lora_unseen.py") for k, v in updates(fused, args.margin).items()}
     (args.out / "lora_h200_updates.json").write_text(json.dumps(upd, indent=1))
     table = []
     for (M, N, K, r) in dict.fromkeys((x["M"], x["N"], x["K"], x["r"]) for x in rows):

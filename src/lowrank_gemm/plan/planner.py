@@ -31,7 +31,7 @@ __all__ = ["LoraStrategy", "LORA_STRATEGIES", "plan_lora", "can_implement", "pin
            "block_r_for", "tile_for", "split_k_for", "stages_for", "group_m_for", "m_bucket",
            "r_bucket", "tuned_key", "load_tuned", "clear_plan_cache", "heuristic_lora", "MAX_FUSED_RANK", "TUNED_DIR",
            "SPLIT_BLOCK_R", "split_mode_override", "SPLIT_MODE_ENV", "FIXUP_STRATEGIES",
-           "fixup_dp_tiles", "wave_split", "PIECE_OVERHEAD"]
+           "fixup_dp_tiles", "wave_split", "PIECE_OVERHEAD", "measured_tile"]
 
 MAX_FUSED_RANK = 128      # S lives in registers ([BM, BLOCK_R] fp32) in kloop / persistent
 # split's epilogue walks the rank in BLOCK_R chunks (unrolled). ptxas -v, 128×256×64 8 warps
@@ -302,14 +302,49 @@ def current_pin() -> Pinned | None:
 SWAP_AB_MAX_M = 16
 
 
+# 128-row swap tiles from 0.8 of a wave of them: N=14336 (112 tiles) M=16 16x128x64 1.064× cuBLAS vs 16x64x256 1.114×
+# (r16; r64 1.138 vs 1.221), probes/s17/families
+SWAP_WIDE_WAVE = 0.8
+
+
 def _swap_split_plan(M: int, N: int, r: int, dtype_bits: int, sms: int) -> KernelConfig:
     """The decode-size split plan with swap_ab, as the H200 table's winners: 128 weight rows × 64-wide K steps
-    when N fills a wave of 128-row tiles (two such CTAs share an SM, so every tile is resident at once; N=28672:
-    16x128x64, 6 stages), else 64 rows × 256-wide K steps (4096², 8192²: 16x64x256, 5 stages)."""
-    bn, bk = (128, 64) if cdiv(N, 128) >= sms else (64, 256)
+    when N fills most of a wave of 128-row tiles (two such CTAs share an SM, so every tile is resident at once;
+    N=28672: 16x128x64, 6 stages), else 64 rows × 256-wide K steps (4096², 8192²: 16x64x256, 5 stages)."""
+    bn, bk = (128, 64) if cdiv(N, 128) >= SWAP_WIDE_WAVE * sms else (64, 256)
     base = KernelConfig(block_m=16, block_n=bn, block_k=bk, block_r=block_r_for(r), group_m=1, num_warps=4,
                         num_stages=2, swap_ab=True)
     return base.replace(num_stages=stages_for(lambda s: lora_ledger("split", base.replace(num_stages=s), dtype_bits)))
+
+
+def measured_tile(M: int, N: int, K: int, sms: int) -> tuple[int, int, int, int, int, str]:
+    """(block_m, block_n, block_k, num_warps, split_k, split_mode) on a GPU for 16 < M, from the H200 tuned
+    winners and the untuned Llama-3-8B projections (``probes/s17/families``, × cuBLAS, r16):
+
+    - 16 < M ≤ 64, the weight stream: 64 rows × the widest N tile that still gives about a wave of tiles —
+      64×256×64 from a full wave of 128-wide tiles (N=28672), 64×128×128 from 3/4 of one (N=14336: 0.97×),
+      64×64×128 from 0.7 of a wave of 64-wide tiles (N=6144: 1.09×, where 64×32 read 1.45× and the old
+      fixup split 64×64 sk4 1.87×; 8192²'s tuned tile), else 64×32×256 (4096²'s tuned tile), split 2 in the
+      launch when even those are under half a wave (N=1024: 1.23× vs 1.41× unsplit); at K ≥ 8192 64×64
+      split 2 instead (K=14336, N=4096: 1.05× vs 64×32 1.09×).
+    - M > 64: 128×256 tiles (8 warps) from half a wave of them; below that 128×128 (4 warps), K split in two
+      through the reduce kernel when even those are under half a wave (M=256, N=1024 / K=14336 N=4096: 1.91× /
+      1.18× vs unsplit 2.49× / 1.35×; one-launch fixup 2.22× / 1.21×). No split-K on 128×256 tiles: the old
+      one-launch split of M=256, N=6144 into 8 pieces read 3.6× (128×128 unsplit: 1.25×)."""
+    if M <= 64:
+        if cdiv(N, 128) >= sms:
+            return 64, 256, 64, 4, 1, "reduce"
+        if cdiv(N, 128) >= 0.75 * sms:
+            return 64, 128, 128, 4, 1, "reduce"
+        if cdiv(N, 64) >= 0.7 * sms:
+            return 64, 64, 128, 4, 1, "reduce"
+        if K >= 8192:
+            return 64, 64, 128, 4, 2, "fixup"
+        return 64, 32, 256, 4, (2 if cdiv(N, 32) < sms // 2 else 1), "fixup"
+    pm = cdiv(M, 128)
+    if pm * cdiv(N, 256) >= sms // 2:
+        return 128, 256, 64, 8, 1, "reduce"
+    return 128, 128, 64, 4, (2 if pm * cdiv(N, 128) < sms // 2 else 1), "reduce"
 
 
 def heuristic_lora(M: int, N: int, K: int, r: int, dtype_bits: int, *, gpu: bool, sms: int,
@@ -320,12 +355,15 @@ def heuristic_lora(M: int, N: int, K: int, r: int, dtype_bits: int, *, gpu: bool
     is the plain GEMM (kloop's extra m64n16 wgmma + A-tile TMA per K step cost ~30% at M=256 on
     the H200) and S comes once from a K-sliced down kernel.
 
-    Few tiles (small N): with the in-launch split-K (``split_mode="fixup"``, the default) M ≤ 16
-    keeps 128-wide tiles and splits K up to ~1 wave (measured with the 2-launch reduce: K=N=4096
-    64x128x128 sk4 18.2 µs vs narrow 64x64 sk2 19.6; 8192² 64x128 sk2 46.2 vs 64x64 sk1 55.4);
-    17 ≤ M ≤ 64, or the "reduce" mode, first narrows the tiles to 64 columns. The fixup split is
-    :func:`wave_split` (the partial last wave only; below one wave the same as ``split_k_for``),
-    so mid M gets one main launch too (M=256, K=N=4096: 32 tiles of 128×256 → split 4).
+    On a GPU above :data:`SWAP_AB_MAX_M` (strategy free, ``split`` or ``kloop``; no split-mode override): the
+    tiles and split of :func:`measured_tile`, and ``persistent_static`` for a free strategy from ~a wave of 128×256
+    tiles at N ≥ 8192. Session 17 measured the older rules below on untuned Llama-3-8B shapes at 1.75–4.2× cuBLAS
+    (one-launch split-K of 128×256 tiles at M = 256, of 64×64 at M = 64), slower than torch's unfused branch.
+
+    Otherwise (pinned persistent / concat / …, the env's split mode, the interpreter): few tiles keep 128-wide
+    tiles with the in-launch split-K (``split_mode="fixup"``) at M ≤ 16 and split K up to ~1 wave; 17 ≤ M ≤ 64,
+    or the "reduce" mode, first narrows the tiles to 64 columns. The fixup split is :func:`wave_split` (the
+    partial last wave only; below one wave the same as ``split_k_for``).
 
     On a GPU at M ≤ :data:`SWAP_AB_MAX_M` (16-bit, r ≤ 64, strategy free or ``split``): ``split`` with
     swap_ab (:func:`_swap_split_plan`)."""
@@ -333,9 +371,26 @@ def heuristic_lora(M: int, N: int, K: int, r: int, dtype_bits: int, *, gpu: bool
             and split_mode in (None, "fixup")):
         return "split", _swap_split_plan(M, N, r, dtype_bits, sms)
     bm, bn, bk, warps = tile_for(M, N, K, gpu=gpu, sms=sms)
+    measured = gpu and M > SWAP_AB_MAX_M and split_mode is None and strategy in (None, "split", "kloop")
+    if measured:
+        bm, bn, bk, warps, m_split, m_mode = measured_tile(M, N, K, sms)
     if strategy is None:
         # r > 64: S [BM, BLOCK_R] fp32 beside the [BM, BN] accumulator would spill registers
         strategy = "kloop" if (M <= 64 and r <= 64) else "split"
+        if measured and bn == 256 and M > 64 and N >= 8192 and cdiv(M, bm) * cdiv(N, bn) >= 0.9 * sms:
+            # the tuned winners from a wave of 128×256 tiles at N ≥ 8192 (28672, 8192², and 14336: M=1024 / 4096
+            # 1.10× / 1.01× vs split 1.14× / 1.06×); below N=8192 split wins there (N=6144, M=4096: 1.03 vs 1.05)
+            strategy = "persistent_static"
+    if measured:
+        split = 1 if strategy in _NO_SPLIT_K else m_split
+        mode = m_mode if strategy in FIXUP_STRATEGIES else "reduce"
+        br = block_r_for(r)
+        if strategy == "split":
+            br = min(br, SPLIT_BLOCK_R)
+        base = KernelConfig(block_m=bm, block_n=bn, block_k=bk, block_r=br, group_m=group_m_for(cdiv(M, bm)),
+                            num_warps=warps, num_stages=2, split_k=split, split_mode=mode if split > 1 else "reduce")
+        stages = stages_for(lambda s: lora_ledger(strategy, base.replace(num_stages=s), dtype_bits))
+        return strategy, base.replace(num_stages=stages)
     mode = split_mode or "fixup"
     if strategy not in FIXUP_STRATEGIES:
         mode = "reduce"
