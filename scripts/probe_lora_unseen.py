@@ -31,7 +31,9 @@ from probe_lora_persistent import updates  # noqa: E402
 from lowrank_gemm.bench.common import device_meta, markdown_table, time_graph  # noqa: E402
 from lowrank_gemm.bench.lora import SCALE, make_sets  # noqa: E402
 from lowrank_gemm.plan.config import KernelConfig  # noqa: E402
-from lowrank_gemm.plan.planner import block_r_for, can_implement, group_m_for, lora_ledger, stages_for  # noqa: E402
+from lowrank_gemm.kernels.schedule import num_sms  # noqa: E402
+from lowrank_gemm.plan.planner import (block_r_for, can_implement, group_m_for, lora_ledger, stages_for,  # noqa: E402
+                                       wave_split)
 from lowrank_gemm.reference import lora_linear_ref  # noqa: E402
 
 KNS = ((4096, 6144), (4096, 1024), (14336, 4096), (4096, 14336))
@@ -71,6 +73,12 @@ def candidates(M, N, K, r):
               ("sp_128x128", "split", _cfg("split", M, r, 128, 128, 64, 4))]
         if M >= 1024:
             c.append(("ps_256x128", "persistent_static", _cfg("persistent_static", M, r, 256, 128, 64, 8)))
+        # the partial last wave of 128×256 tiles split in the launch (planner.wave_split, fixup): session 17's
+        # held-out 3584→18944 M=256 ran 148 tiles = 1.12 waves at 1.55×
+        t256 = -(-M // 128) * -(-N // 256)
+        ws = wave_split(t256, -(-K // 64), num_sms(torch.device("cuda")) if torch.cuda.is_available() else 132)
+        if ws > 1 and t256 > 132:
+            c.append((f"sp_128x256_ws{ws}", "split", _cfg("split", M, r, 128, 256, 64, 8, ws, "fixup")))
         tiles = -(-M // 128) * -(-N // 128)
         if tiles < 100:
             c.append(("sp_128x128_sk2", "split", _cfg("split", M, r, 128, 128, 64, 4, 2, "reduce")))
@@ -121,7 +129,13 @@ def main(argv=None):
     ap.add_argument("--margin", type=float, default=0.03)
     ap.add_argument("--write-tuned", type=Path, default=None)
     ap.add_argument("--from-json", type=Path, default=None, help="no GPU: rebuild the report from a saved run's rows")
+    ap.add_argument("--kn", default=None, help="K×N shapes, e.g. 3584x18944,18944x3584 (default: KNS)")
+    ap.add_argument("--ms", default=None, help="M values in order, e.g. 256,16 (default: MS)")
+    ap.add_argument("--ranks", default=None, help="ranks, e.g. 16,64 (default: RANKS)")
     args = ap.parse_args(argv)
+    kns = [tuple(int(v) for v in x.split("x")) for x in args.kn.split(",")] if args.kn else KNS
+    ms = [int(v) for v in args.ms.split(",")] if args.ms else MS
+    ranks = [int(v) for v in args.ranks.split(",")] if args.ranks else RANKS
     args.out.mkdir(parents=True, exist_ok=True)
     if args.from_json is not None:
         saved = json.loads(args.from_json.read_text())
@@ -129,9 +143,9 @@ def main(argv=None):
         return
     t0, rows, skipped = time.time(), [], []
     meta = device_meta()
-    for M in MS:
-        for K, N in KNS:
-            for r in RANKS:
+    for M in ms:
+        for K, N in kns:
+            for r in ranks:
                 if time.time() - t0 > args.budget_s:
                     skipped.append((M, K, N, r))
                     continue
