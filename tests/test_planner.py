@@ -32,7 +32,8 @@ def test_buckets_and_key():
 
 
 @pytest.mark.parametrize("M", [1, 16, 64, 256, 1024, 4096])
-@pytest.mark.parametrize("KN", [(4096, 28672), (4096, 4096), (8192, 8192)])
+@pytest.mark.parametrize("KN", [(4096, 28672), (4096, 4096), (8192, 8192), (4096, 1024), (4096, 6144), (14336, 4096),
+                                (3584, 18944), (18944, 3584)])
 @pytest.mark.parametrize("r", [8, 16, 64, 128])
 def test_heuristic_gpu_configs_are_feasible(M, KN, r):
     K, N = KN
