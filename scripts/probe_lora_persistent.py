@@ -75,6 +75,13 @@ def candidates(M, N, K, r, sms):
 
 
 def probe_point(M, K, N, r, sms):
+    return probe_candidates(M, K, N, r, candidates(M, N, K, r, sms))
+
+
+def probe_candidates(M, K, N, r, cands, unfused=False):
+    """cuBLAS (and torch's unfused branch if ``unfused``), today's ``auto`` and each (label, strategy, config) of
+    ``cands`` on one point: every candidate checked against float64 into a NaN-poisoned output and for a
+    bit-identical second call before its CUDA-graph median (a failure costs that candidate only)."""
     from lowrank_gemm.kernels.lora_gemm import lora_linear
     from lowrank_gemm.plan.planner import plan_lora
     sets = make_sets(M, N, K, r, torch.bfloat16, "cuda")
@@ -83,13 +90,16 @@ def probe_point(M, K, N, r, sms):
     base = {"M": M, "N": N, "K": K, "r": r}
     rows = [dict(base, label="cublas", strategy="cublas",
                  graph_us=round(time_graph(lambda x, w, a, b, bs: x @ w.T, sets).median_us, 3))]
+    if unfused:
+        rows.append(dict(base, label="unfused", strategy="torch_unfused", graph_us=round(time_graph(
+            lambda x, w, a, b, bs: torch.addmm(x @ w.T, x @ a.T, bs.T), sets).median_us, 3)))
     strat, cfg = plan_lora(M, N, K, r, torch.bfloat16, x.device)
     auto = lambda x, w, a, b, bs: lora_linear(x, w, a, b, SCALE)
     row = dict(base, label="auto", strategy=strat, config=cfg.to_dict(),
                rel_err=round(_rel_err(auto(*sets[0]), ref), 6))
     row["graph_us"] = round(time_graph(auto, sets).median_us, 3)
     rows.append(row)
-    for label, s, c in candidates(M, N, K, r, sms):
+    for label, s, c in cands:
         row = dict(base, label=label, strategy=s, config=c.to_dict())
         try:
             y1 = _checked(s, c, x, w, a, b)
@@ -127,31 +137,28 @@ def updates(rows, margin):
     return out
 
 
-def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def probe_arguments(doc, budget_s, margin):
+    """The options every table-writing LoRA probe takes: --out, --budget-s, --margin, --write-tuned."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--budget-s", type=float, default=200.0)
-    ap.add_argument("--margin", type=float, default=0.02)
+    ap.add_argument("--budget-s", type=float, default=budget_s)
+    ap.add_argument("--margin", type=float, default=margin)
     ap.add_argument("--write-tuned", type=Path, default=None)
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv=None):
+    args = probe_arguments(__doc__, 200.0, 0.02).parse_args(argv)
     from lowrank_gemm.kernels.schedule import num_sms
     args.out.mkdir(parents=True, exist_ok=True)
-    sms, t0, rows, skipped = num_sms(torch.device("cuda")), time.time(), [], []
+    sms = num_sms(torch.device("cuda"))
     meta = device_meta()
-    for M in MS:
-        for K, N in KNS:
-            for r in RANKS:
-                if time.time() - t0 > args.budget_s:
-                    skipped.append((M, K, N, r))
-                    continue
-                pr = probe_point(M, K, N, r, sms)
-                rows += pr
-                print(f"[{time.time() - t0:6.1f}s] M={M} K={K} N={N} r={r}: " +
-                      " ".join(f"{x['label']}={x.get('x_cublas', x.get('error', '?'))}" for x in pr), flush=True)
-                upd = updates(rows, args.margin)
-                (args.out / "probe_lora_persistent.json").write_text(json.dumps(
-                    {"meta": meta, "rows": rows, "skipped": skipped}, indent=1))
-                (args.out / "lora_h200_updates.json").write_text(json.dumps(upd, indent=1))
+
+    def saved(rows, skipped):
+        (args.out / "lora_h200_updates.json").write_text(json.dumps(updates(rows, args.margin), indent=1))
+    rows, skipped = run_points([(M, K, N, r) for M in MS for K, N in KNS for r in RANKS],
+                               lambda M, K, N, r: probe_point(M, K, N, r, sms), args.budget_s,
+                               args.out / "probe_lora_persistent.json", meta, saved)
     labels = ["auto", "ps", "ps_e1", "ps_g4", "ps_g16", "ps_s3", "ps_256x128", "ps_256x128_e1", "ps_128x128", "pd"]
     table = []
     for (M, N, K, r) in dict.fromkeys((x["M"], x["N"], x["K"], x["r"]) for x in rows):
@@ -163,14 +170,36 @@ def main(argv=None):
     (args.out / "probe_lora_persistent.md").write_text(md + "\n")
     print(md)
     if args.write_tuned is not None:
-        table = json.loads(args.write_tuned.read_text())
-        upd = updates(rows, args.margin)
-        for key, entry in upd.items():
-            print(f"tuned: {key}: {table['lora'].get(key, {}).get('strategy')} -> {entry['strategy']} "
-                  f"{entry['x_cublas']}x (auto {entry['auto_us']} us)")
-            table["lora"][key] = entry
-        table["meta"].setdefault("persistent_probe_runs", []).append({**meta, "entries": sorted(upd)})
-        args.write_tuned.write_text(json.dumps(table, indent=1) + "\n")
+        merge_updates(args.write_tuned, updates(rows, args.margin), meta, "persistent_probe_runs")
+
+
+def run_points(points, probe, budget_s, out_json, meta, after=None):
+    """``probe(M, K, N, r)`` per point until ``budget_s`` is spent (later points are listed as skipped), the rows
+    saved to ``out_json`` after every point (a time limit keeps what was measured). → (rows, skipped)."""
+    t0, rows, skipped = time.time(), [], []
+    for M, K, N, r in points:
+        if time.time() - t0 > budget_s:
+            skipped.append((M, K, N, r))
+            continue
+        pr = probe(M, K, N, r)
+        rows += pr
+        print(f"[{time.time() - t0:6.1f}s] M={M} K={K} N={N} r={r}: " +
+              " ".join(f"{x['label']}={x.get('x_cublas', x.get('error', '?'))}" for x in pr), flush=True)
+        out_json.write_text(json.dumps({"meta": meta, "rows": rows, "skipped": skipped}, indent=1))
+        if after is not None:
+            after(rows, skipped)
+    return rows, skipped
+
+
+def merge_updates(path, upd, meta, runs_key):
+    """Write the probe's winners into the tuned table at ``path``, noting the run under ``meta[runs_key]``."""
+    table = json.loads(path.read_text())
+    for key, entry in upd.items():
+        print(f"tuned: {key}: {table['lora'].get(key, {}).get('strategy')} -> {entry['strategy']} "
+              f"{entry['x_cublas']}x (auto {entry['auto_us']} us)")
+        table["lora"][key] = entry
+    table["meta"].setdefault(runs_key, []).append({**meta, "entries": sorted(upd)})
+    path.write_text(json.dumps(table, indent=1) + "\n")
 
 
 if __name__ == "__main__":

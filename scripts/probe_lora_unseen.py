@@ -16,30 +16,25 @@ The table says which family wins where; the heuristic is rewritten from it.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
-import time
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from probe_lora import _call, _checked, _rel_err, finish_point  # noqa: E402
-from probe_lora_persistent import updates  # noqa: E402
+from probe_lora_persistent import (merge_updates, probe_arguments, probe_candidates, run_points,  # noqa: E402
+                                   updates)
 
-from lowrank_gemm.bench.common import device_meta, markdown_table, time_graph  # noqa: E402
-from lowrank_gemm.bench.lora import SCALE, make_sets  # noqa: E402
+from lowrank_gemm.bench.common import device_meta, markdown_table  # noqa: E402
 from lowrank_gemm.plan.config import KernelConfig  # noqa: E402
 from lowrank_gemm.kernels.schedule import num_sms  # noqa: E402
 from lowrank_gemm.plan.planner import (block_r_for, can_implement, group_m_for, lora_ledger, stages_for,  # noqa: E402
                                        wave_split)
-from lowrank_gemm.reference import lora_linear_ref  # noqa: E402
 
 KNS = ((4096, 6144), (4096, 1024), (14336, 4096), (4096, 14336))
 MS = (256, 64, 1024, 4096, 16)       # most broken first: the budget may stop the last
 RANKS = (16, 64)
-TOL = 1e-2
 
 
 def _cfg(strategy, M, r, bm, bn, bk, warps, split_k=1, split_mode="reduce", swap_ab=False, group_m=None):
@@ -87,47 +82,11 @@ def candidates(M, N, K, r):
 
 
 def probe_point(M, K, N, r):
-    from lowrank_gemm.kernels.lora_gemm import lora_linear
-    from lowrank_gemm.plan.planner import plan_lora
-    sets = make_sets(M, N, K, r, torch.bfloat16, "cuda")
-    x, w, a, b, _ = sets[0]
-    ref = lora_linear_ref(x, w, a, b, SCALE)
-    base = {"M": M, "N": N, "K": K, "r": r}
-    rows = [dict(base, label="cublas", strategy="cublas",
-                 graph_us=round(time_graph(lambda x, w, a, b, bs: x @ w.T, sets).median_us, 3)),
-            dict(base, label="unfused", strategy="torch_unfused",
-                 graph_us=round(time_graph(lambda x, w, a, b, bs: torch.addmm(x @ w.T, x @ a.T, bs.T), sets).median_us,
-                                3))]
-    strat, cfg = plan_lora(M, N, K, r, torch.bfloat16, x.device)
-    auto = lambda x, w, a, b, bs: lora_linear(x, w, a, b, SCALE)
-    row = dict(base, label="auto", strategy=strat, config=cfg.to_dict(), rel_err=round(_rel_err(auto(*sets[0]), ref), 6))
-    row["graph_us"] = round(time_graph(auto, sets).median_us, 3)
-    rows.append(row)
-    for label, s, c in candidates(M, N, K, r):
-        row = dict(base, label=label, strategy=s, config=c.to_dict())
-        try:
-            y1 = _checked(s, c, x, w, a, b)
-            y2 = _checked(s, c, x, w, a, b)
-            torch.cuda.synchronize()
-            row["rel_err"] = round(_rel_err(y1, ref), 6)
-            row["bitwise_repeat"] = bool(torch.equal(y1, y2))
-            if not (row["rel_err"] <= TOL and row["bitwise_repeat"]):
-                row["error"] = f"wrong or not repeatable: rel err {row['rel_err']}, repeat {row['bitwise_repeat']}"
-            else:
-                row["graph_us"] = round(time_graph(_call(s, c), sets).median_us, 3)
-        except Exception as exc:       # a compile/launch failure costs this candidate only
-            row["error"] = f"{type(exc).__name__}: {exc}"[:300]
-        rows.append(row)
-    del sets, ref
-    return finish_point(rows)
+    return probe_candidates(M, K, N, r, candidates(M, N, K, r), unfused=True)
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--budget-s", type=float, default=300.0)
-    ap.add_argument("--margin", type=float, default=0.03)
-    ap.add_argument("--write-tuned", type=Path, default=None)
+    ap = probe_arguments(__doc__, 300.0, 0.03)
     ap.add_argument("--from-json", type=Path, default=None, help="no GPU: rebuild the report from a saved run's rows")
     ap.add_argument("--kn", default=None, help="K×N shapes, e.g. 3584x18944,18944x3584 (default: KNS)")
     ap.add_argument("--ms", default=None, help="M values in order, e.g. 256,16 (default: MS)")
@@ -141,20 +100,9 @@ def main(argv=None):
         saved = json.loads(args.from_json.read_text())
         report(saved["rows"], saved["meta"], saved["skipped"], args)
         return
-    t0, rows, skipped = time.time(), [], []
     meta = device_meta()
-    for M in ms:
-        for K, N in kns:
-            for r in ranks:
-                if time.time() - t0 > args.budget_s:
-                    skipped.append((M, K, N, r))
-                    continue
-                pr = probe_point(M, K, N, r)
-                rows += pr
-                print(f"[{time.time() - t0:6.1f}s] M={M} K={K} N={N} r={r}: " +
-                      " ".join(f"{x['label']}={x.get('x_cublas', x.get('error', '?'))}" for x in pr), flush=True)
-                (args.out / "probe_lora_unseen.json").write_text(json.dumps(
-                    {"meta": meta, "rows": rows, "skipped": skipped}, indent=1))
+    rows, skipped = run_points([(M, K, N, r) for M in ms for K, N in kns for r in ranks], probe_point, args.budget_s,
+                               args.out / "probe_lora_unseen.json", meta)
     report(rows, meta, skipped, args)
 
 
@@ -181,13 +129,7 @@ def report(rows, meta, skipped, args):
     (args.out / "probe_lora_unseen.md").write_text(md + "\n")
     print(md)
     if args.write_tuned is not None:
-        tab = json.loads(args.write_tuned.read_text())
-        for key, entry in upd.items():
-            print(f"tuned: {key}: {tab['lora'].get(key, {}).get('strategy')} -> {entry['strategy']} "
-                  f"{entry['x_cublas']}x (auto {entry['auto_us']} us)")
-            tab["lora"][key] = entry
-        tab["meta"].setdefault("unseen_probe_runs", []).append({**meta, "entries": sorted(upd)})
-        args.write_tuned.write_text(json.dumps(tab, indent=1) + "\n")
+        merge_updates(args.write_tuned, upd, meta, "unseen_probe_runs")
 
 
 if __name__ == "__main__":

@@ -379,3 +379,26 @@ def test_every_committed_lora_entry_passes_the_ledger():
         m, n, k, r = (int(p[1:]) for p in key.split("_")[:4])
         ok = can_implement(entry["strategy"], (m, n, k, r), KernelConfig.from_dict(entry["config"]))
         assert ok, f"{key}: {ok.reason}"
+
+
+def test_unseen_shape_probe_candidates_and_committed_winners(tmp_path):
+    """scripts/probe_lora_unseen.py: every candidate passes can_implement (the probe filters, so check none is lost
+    where the families must exist), and its committed run (probes/s17/families) rebuilt from the saved rows gives
+    exactly the 23 entries the tuned table holds for those shapes — the table says what was measured."""
+    import argparse
+    import sys
+    root = P.TUNED_DIR.parents[3]
+    sys.path.insert(0, str(root / "scripts"))
+    import probe_lora_unseen as pu
+    for M, K, N, r in ((256, 4096, 6144, 16), (64, 4096, 1024, 64), (1024, 14336, 4096, 16), (16, 4096, 14336, 64)):
+        labels = [lb for lb, _, _ in pu.candidates(M, N, K, r)]
+        assert len(labels) >= 3 and len(set(labels)) == len(labels), (M, K, N, r, labels)
+    saved = json.loads((root / "benchmarks/results/h200/probes/s17/families/probe_lora_unseen.json").read_text())
+    table = tmp_path / "t.json"
+    shipped = json.loads((P.TUNED_DIR / "lora_h200.json").read_text())
+    table.write_text(json.dumps({"meta": {}, "lora": {}}))
+    pu.report(saved["rows"], saved["meta"], saved["skipped"],
+              argparse.Namespace(out=tmp_path, margin=0.03, write_tuned=table))
+    got = json.loads(table.read_text())["lora"]
+    assert len(got) == 23 and all(shipped["lora"][k] == v for k, v in got.items())
+    assert all(v["strategy"] != "torch_unfused" for v in got.values())
