@@ -390,9 +390,15 @@ def test_bench_report_from_synthetic_rows(tmp_path):
     md = bm.summarize(data)
     assert "| 28672 | 16 | 64 | 16 |" in md and "Targets" in md
     assert bm.floor_bytes(64, 28672, 16, 1) == 2 * (28672 * 4096 + 64 * 4096 + 64 * 28672 + 16 * 4096 + 28672 * 16)
+    assert "| K |" not in md                      # the grid: one K, no column for it
+    more = [dict(rw, K=14336, N=4096) for rw in rows]
+    md2 = bm.summarize({"meta": data["meta"], "rows": rows + more})
+    assert md2.count("| 4096 | 28672 | 16 | 64 | 16 |") == 1 and "| 14336 | 4096 | 16 | 64 | 16 |" in md2
+    assert bm.floor_bytes(64, 4096, 16, 1, 14336) == 2 * (4096 * 14336 + 64 * 14336 + 64 * 4096 + 16 * 14336 + 4096 * 16)
     pytest.importorskip("matplotlib")
     bm.plot(data, tmp_path / "m.png")
     assert (tmp_path / "m.png").stat().st_size > 0
+    bm.plot({"meta": data["meta"], "rows": rows + more}, tmp_path / "m2.png")
 
 
 # ---- plan variants the probe times on the GPU: fused shrink, stacked epilogue, in-kernel split-K, x TMA

@@ -1,6 +1,6 @@
-"""Multi-LoRA GEMM benchmark: ``python -m lowrank_gemm.bench.multilora [--quick] [--out DIR]``.
+"""Multi-LoRA GEMM benchmark: ``python -m lowrank_gemm.bench.multilora [--quick] [--out DIR] [--kn KxN,...]``.
 
-Impls (bf16, K=4096, one bank of 64 slots, ``adapters`` distinct slots in the batch, ids random):
+Impls (bf16, K=4096 unless ``--kn`` names other shapes, one bank of 64 slots, ``adapters`` distinct slots in the batch, ids random):
 ``cublas_base`` (x·Wᵀ, no LoRA), ``torch_loop`` (base + masked addmm per adapter; adapters ≤ 16),
 ``shrink_expand`` (base + our BGMV shrink/expand, Punica/vLLM style), ``fused`` (gather mode),
 ``fused_segment`` (segment mode, **device sort of the ids included**), ``segment_sort`` (the sort
@@ -30,10 +30,10 @@ QUICK = dict(M=(64,), N=(28672, 4096), r=(16, 64), adapters=(1, 16))
 TORCH_LOOP_MAX_ADAPTERS = 16
 
 
-def _bank(N, r, dev, gen):
+def _bank(N, r, dev, gen, k=K):
     from lowrank_gemm.nn.multilora import AdapterBank
-    bank = AdapterBank(SLOTS, r, K, N, dtype=torch.bfloat16, device=dev)
-    bank.bank_a.normal_(generator=gen).mul_(1 / math.sqrt(K))
+    bank = AdapterBank(SLOTS, r, k, N, dtype=torch.bfloat16, device=dev)
+    bank.bank_a.normal_(generator=gen).mul_(1 / math.sqrt(k))
     bank.bank_b.normal_(generator=gen).mul_(1 / math.sqrt(r))
     bank.ranks.fill_(r)
     bank.scales.fill_(0.5)
@@ -46,11 +46,11 @@ def _ids(M, adapters, dev, gen):
     return ids.to(torch.int32).to(dev), sorted(set(ids.tolist()))
 
 
-def floor_bytes(M, N, r, distinct):
-    return 2 * (N * K + M * K + M * N + distinct * (r * K + N * r))
+def floor_bytes(M, N, r, distinct, k=K):
+    return 2 * (N * k + M * k + M * N + distinct * (r * k + N * r))
 
 
-def bench_case(M, N, r, adapters, copy_tbps, graph=True, only=None):
+def bench_case(M, N, r, adapters, copy_tbps, graph=True, only=None, k=K):
     from lowrank_gemm.kernels import multilora_gemm as mg
     from lowrank_gemm.kernels._multilora_baselines import shrink_expand, torch_loop
     dev = torch.device("cuda")
@@ -58,13 +58,13 @@ def bench_case(M, N, r, adapters, copy_tbps, graph=True, only=None):
     gen = torch.Generator(device=dev).manual_seed(M * 131 + N + r * 7 + adapters)
     ids, distinct = _ids(M, adapters, dev, gen_cpu)
     nd = len(distinct)
-    touched = floor_bytes(M, N, r, nd)
+    touched = floor_bytes(M, N, r, nd, k)
     n_sets = rotation_count(touched)
     sets = []
     for _ in range(n_sets):
-        x = torch.randn(M, K, device=dev, generator=gen).to(torch.bfloat16)
-        w = (torch.randn(N, K, device=dev, generator=gen) / math.sqrt(K)).to(torch.bfloat16)
-        sets.append((x, w, _bank(N, r, dev, gen), ids))
+        x = torch.randn(M, k, device=dev, generator=gen).to(torch.bfloat16)
+        w = (torch.randn(N, k, device=dev, generator=gen) / math.sqrt(k)).to(torch.bfloat16)
+        sets.append((x, w, _bank(N, r, dev, gen, k), ids))
     ranks_host = [r] * SLOTS
 
     impls = {
@@ -89,7 +89,7 @@ def bench_case(M, N, r, adapters, copy_tbps, graph=True, only=None):
         y = impls[name](x, w, bk, i).double()
         errs[name] = ((y - y_ref).norm() / y_ref.norm()).item()
 
-    plan = mg.choose_plan(M, N, K, r, SLOTS, "gather", dev, adapters=nd)
+    plan = mg.choose_plan(M, N, k, r, SLOTS, "gather", dev, adapters=nd)
     floor_us = touched / (copy_tbps * 1e12) * 1e6 if copy_tbps else None
     rows = []
     for name, fn in impls.items():
@@ -97,7 +97,7 @@ def bench_case(M, N, r, adapters, copy_tbps, graph=True, only=None):
             continue
         t = time_impl(fn, sets, graph=graph)
         best = t.get("graph_us") or t["median_us"]
-        row = {"suite": SUITE, "impl": name, "M": M, "N": N, "K": K, "r": r, "dtype": "bf16",
+        row = {"suite": SUITE, "impl": name, "M": M, "N": N, "K": k, "r": r, "dtype": "bf16",
                "adapters": nd, "assign": "random", "slots": SLOTS, "rotation_sets": n_sets,
                "floor_us": round(floor_us, 3) if floor_us else None,
                "pct_floor": round(100 * floor_us / best, 1) if floor_us and name != "segment_sort" else None,
@@ -122,13 +122,15 @@ def summarize(data) -> str:
           "`%floor` = bytes-floor time / time. fused_segment includes the on-device id sort; "
           "segment_sort is the sort alone.\n\n"]
     impls = ["cublas_base", "torch_loop", "shrink_expand", "fused", "fused_segment", "segment_sort"]
-    cases = sorted({(rw["N"], rw["r"], rw["M"], rw["adapters"]) for rw in rows})
-    header = ["N", "r", "M", "adapters", "floor µs"] + [f"{i} µs" for i in impls] + \
-             ["fused vs base", "seg vs base", "fused %floor", "seg %floor", "fused/SE"]
+    ks = sorted({rw.get("K", K) for rw in rows})
+    cases = sorted({(rw.get("K", K), rw["N"], rw["r"], rw["M"], rw["adapters"]) for rw in rows})
+    header = (["K"] if ks != [K] else []) + ["N", "r", "M", "adapters", "floor µs"] + [f"{i} µs" for i in impls] + \
+        ["fused vs base", "seg vs base", "fused %floor", "seg %floor", "fused/SE"]
     table = []
     misses = []
-    for case in cases:
-        by = {rw["impl"]: rw for rw in rows if (rw["N"], rw["r"], rw["M"], rw["adapters"]) == case}
+    for kcase in cases:
+        by = {rw["impl"]: rw for rw in rows if (rw.get("K", K), rw["N"], rw["r"], rw["M"], rw["adapters"]) == kcase}
+        case = kcase[1:] if ks == [K] else kcase
         g = {i: (by[i].get("graph_us") or by[i].get("median_us")) if i in by else None for i in impls}
         fused, seg, se = g["fused"], g["fused_segment"], g["shrink_expand"]
         best = min(v for v in (fused, seg) if v)
@@ -136,7 +138,7 @@ def summarize(data) -> str:
                       by["fused"].get("vs_base_graph"), by["fused_segment"].get("vs_base_graph"),
                       by["fused"].get("pct_floor"), by["fused_segment"].get("pct_floor"),
                       round(fused / se, 3) if fused and se else None])
-        N, r, M, nd = case
+        N, r, M, nd = kcase[1:]
         if nd <= 16 and M <= 64 and g["cublas_base"] and best > 1.10 * g["cublas_base"]:
             misses.append(f"N={N} r={r} M={M} adapters={nd}: best fused {best / g['cublas_base']:.2f}× base (> 1.10)")
         if by["fused"]["floor_us"] and by["fused"]["floor_us"] / best < 0.85:
@@ -153,10 +155,10 @@ def plot(data, path: Path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     rows = data["rows"]
-    panels = sorted({(rw["N"], rw["r"]) for rw in rows})
+    panels = sorted({(rw.get("K", K), rw["N"], rw["r"]) for rw in rows})
     fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4), squeeze=False)
-    for ax, (N, r) in zip(axes[0], panels):
-        sub = [rw for rw in rows if rw["N"] == N and rw["r"] == r]
+    for ax, (k, N, r) in zip(axes[0], panels):
+        sub = [rw for rw in rows if (rw.get("K", K), rw["N"], rw["r"]) == (k, N, r)]
         cases = sorted({(rw["M"], rw["adapters"]) for rw in sub})
         for impl in ("torch_loop", "shrink_expand", "fused", "fused_segment"):
             ys = []
@@ -166,7 +168,7 @@ def plot(data, path: Path):
             ax.plot(range(len(cases)), [y if y is not None else float("nan") for y in ys], marker="o", label=impl)
         ax.axhline(1.10, color="k", lw=0.8, ls="--")
         ax.set_xticks(range(len(cases)), [f"M{m}/a{a}" for m, a in cases], rotation=60, fontsize=7)
-        ax.set_title(f"N={N}, K={K}, r={r}")
+        ax.set_title(f"N={N}, K={k}, r={r}")
         ax.set_ylabel("time / cuBLAS base (graph)")
         ax.set_yscale("log")
     axes[0][0].legend(fontsize=7)
@@ -181,23 +183,26 @@ def main(argv=None):
     ap.add_argument("--out", default=str(RESULTS_DIR), help="output directory")
     ap.add_argument("--no-graph", action="store_true", help="eager timings only")
     ap.add_argument("--only", default="", help="comma list of impls to time (default: all)")
+    ap.add_argument("--kn", default=None, help="K×N shapes instead of the issue's K=4096 grid, e.g. 4096x6144,14336x4096")
     args = ap.parse_args(argv)
     only = {x for x in args.only.split(",") if x} or None
     if not torch.cuda.is_available():
         raise SystemExit("the multilora benchmark needs a CUDA GPU")
     grid = QUICK if args.quick else FULL
+    kns = ([tuple(int(v) for v in p.split("x")) for p in args.kn.split(",")] if args.kn
+           else [(K, n) for n in grid["N"]])
     copy = measure_copy_tbps()
-    meta = device_meta(copy) | {"quick": args.quick, "K": K, "slots": SLOTS,
+    meta = device_meta(copy) | {"quick": args.quick, "K": sorted({k for k, _ in kns}), "slots": SLOTS,
                                 "segment_sort": "included in fused_segment; timed alone as segment_sort"}
     rows, t0 = [], time.time()
-    for N in grid["N"]:
+    for k, N in kns:
         for r in grid["r"]:
             for M in grid["M"]:
                 for a in grid["adapters"]:
-                    rows += bench_case(M, N, r, a, copy, graph=not args.no_graph, only=only)
+                    rows += bench_case(M, N, r, a, copy, graph=not args.no_graph, only=only, k=k)
                     write_results(SUITE, meta, rows, args.out)   # partial results survive a time limit
                     last = {rw["impl"]: rw.get("graph_us") for rw in rows[-6:]}
-                    print(f"[{time.time() - t0:6.1f}s] N={N} r={r} M={M} adapters={a}: {last}", flush=True)
+                    print(f"[{time.time() - t0:6.1f}s] K={k} N={N} r={r} M={M} adapters={a}: {last}", flush=True)
     data = {"meta": meta, "rows": rows}
     try:
         md = summarize(data)
