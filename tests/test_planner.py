@@ -207,6 +207,10 @@ def test_heuristic_mid_m_measured_tiles():
         28672: (256, 1), 14336: (128, 1), 6144: (64, 1), 4096: (32, 1), 1024: (32, 2)}
     c = heuristic_lora(64, 4096, 14336, 16, 16, gpu=True, sms=H200_SMS)[1]
     assert (c.block_n, c.split_k, c.split_mode) == (64, 2, "fixup")
+    # never more pieces than K has (≥ 4 K tiles each), and rank 128 never persistent (measured at ≤ 64 only)
+    s, c = heuristic_lora(64, 200, 128, 16, 16, gpu=True, sms=H200_SMS)
+    assert c.split_k == 1 and can_implement(s, (64, 200, 128, 16), c)
+    assert heuristic_lora(1024, 8192, 8192, 128, 16, gpu=True, sms=H200_SMS)[0] == "split"
     # an env split mode, or a pinned persistent strategy, keeps the older rules
     s, c = heuristic_lora(256, 4096, 4096, 16, 16, gpu=True, sms=H200_SMS, split_mode="reduce")
     assert (c.block_n, c.split_k, c.split_mode) == (256, 4, "reduce")

@@ -24,7 +24,7 @@ from ..kernels.env import getenv
 from ..kernels.epilogue import rank_block
 from ..kernels.schedule import cdiv
 from .config import SPLIT_MODES, KernelConfig
-from .smem import SmemLedger, solve_stages
+from .smem import SmemError, SmemLedger, solve_stages
 from .tuned import TUNED_DIR, tuned_file
 
 __all__ = ["LoraStrategy", "LORA_STRATEGIES", "plan_lora", "can_implement", "pinned", "Pinned",
@@ -374,23 +374,34 @@ def heuristic_lora(M: int, N: int, K: int, r: int, dtype_bits: int, *, gpu: bool
     measured = gpu and M > SWAP_AB_MAX_M and split_mode is None and strategy in (None, "split", "kloop")
     if measured:
         bm, bn, bk, warps, m_split, m_mode = measured_tile(M, N, K, sms)
+    free = strategy is None
     if strategy is None:
         # r > 64: S [BM, BLOCK_R] fp32 beside the [BM, BN] accumulator would spill registers
         strategy = "kloop" if (M <= 64 and r <= 64) else "split"
-        if measured and bn == 256 and M > 64 and N >= 8192 and cdiv(M, bm) * cdiv(N, bn) >= 0.9 * sms:
-            # the tuned winners from a wave of 128×256 tiles at N ≥ 8192 (28672, 8192², and 14336: M=1024 / 4096
-            # 1.10× / 1.01× vs split 1.14× / 1.06×); below N=8192 split wins there (N=6144, M=4096: 1.03 vs 1.05)
-            strategy = "persistent_static"
     if measured:
-        split = 1 if strategy in _NO_SPLIT_K else m_split
-        mode = m_mode if strategy in FIXUP_STRATEGIES else "reduce"
-        br = block_r_for(r)
-        if strategy == "split":
-            br = min(br, SPLIT_BLOCK_R)
-        base = KernelConfig(block_m=bm, block_n=bn, block_k=bk, block_r=br, group_m=group_m_for(cdiv(M, bm)),
-                            num_warps=warps, num_stages=2, split_k=split, split_mode=mode if split > 1 else "reduce")
-        stages = stages_for(lambda s: lora_ledger(strategy, base.replace(num_stages=s), dtype_bits))
-        return strategy, base.replace(num_stages=stages)
+        split = max(1, min(m_split, cdiv(K, bk) // 4))        # ≥ 4 K tiles per piece (split_k_for's rule)
+
+        def plan(strat):
+            br = block_r_for(r) if strat != "split" else min(block_r_for(r), SPLIT_BLOCK_R)
+            sk = 1 if strat in _NO_SPLIT_K else split
+            base = KernelConfig(block_m=bm, block_n=bn, block_k=bk, block_r=br, group_m=group_m_for(cdiv(M, bm)),
+                                num_warps=warps, num_stages=2, split_k=sk,
+                                split_mode=(m_mode if strat in FIXUP_STRATEGIES else "reduce") if sk > 1 else "reduce")
+            return base.replace(num_stages=stages_for(lambda s: lora_ledger(strat, base.replace(num_stages=s),
+                                                                             dtype_bits)))
+        if free and r <= 64 and bn == 256 and M > 64 and N >= 8192 and cdiv(M, bm) * cdiv(N, bn) >= 0.9 * sms:
+            # the tuned winners from a wave of 128×256 tiles at N ≥ 8192 (28672, 8192², and 14336: M=1024 / 4096
+            # 1.10× / 1.01× vs split 1.14× / 1.06×); below N=8192 split wins there (N=6144, M=4096: 1.03 vs 1.05).
+            # Measured at ranks ≤ 64 only (at 128 its epilogue buffers leave the main ring 2 stages); where they
+            # do not fit at all, split.
+            try:
+                return "persistent_static", plan("persistent_static")
+            except SmemError:
+                pass
+        try:
+            return strategy, plan(strategy)
+        except SmemError:
+            pass                # e.g. 32-bit operands on 128×256: the older rules below shrink what does not fit
     mode = split_mode or "fixup"
     if strategy not in FIXUP_STRATEGIES:
         mode = "reduce"
