@@ -347,6 +347,35 @@ def measured_tile(M: int, N: int, K: int, sms: int) -> tuple[int, int, int, int,
     return 128, 128, 64, 4, (2 if pm * cdiv(N, 128) < sms // 2 else 1), "reduce"
 
 
+def _measured_plan(M: int, N: int, K: int, r: int, dtype_bits: int, sms: int, strategy: str, free: bool
+                   ) -> tuple[str, KernelConfig] | None:
+    """``strategy`` (or, when the caller left it ``free``, ``persistent_static`` where it won) on the tiles of
+    :func:`measured_tile`; None when the ledger rejects them (wider operands): the caller's older rules then shrink."""
+    bm, bn, bk, warps, split, mode = measured_tile(M, N, K, sms)
+    split = max(1, min(split, cdiv(K, bk) // 4))        # ≥ 4 K tiles per piece (split_k_for's rule)
+
+    def plan(strat):
+        br = block_r_for(r) if strat != "split" else min(block_r_for(r), SPLIT_BLOCK_R)
+        sk = 1 if strat in _NO_SPLIT_K else split
+        base = KernelConfig(block_m=bm, block_n=bn, block_k=bk, block_r=br, group_m=group_m_for(cdiv(M, bm)),
+                            num_warps=warps, num_stages=2, split_k=sk,
+                            split_mode=(mode if strat in FIXUP_STRATEGIES else "reduce") if sk > 1 else "reduce")
+        return base.replace(num_stages=stages_for(lambda s: lora_ledger(strat, base.replace(num_stages=s), dtype_bits)))
+
+    if free and r <= 64 and bn == 256 and M > 64 and N >= 8192 and cdiv(M, bm) * cdiv(N, bn) >= 0.9 * sms:
+        # the tuned winners from a wave of 128×256 tiles at N ≥ 8192 (28672, 8192², and 14336: M=1024 / 4096
+        # 1.10× / 1.01× vs split 1.14× / 1.06×); below N=8192 split wins there (N=6144, M=4096: 1.03 vs 1.05).
+        # Measured at ranks ≤ 64 only (at 128 its epilogue buffers leave the main ring 2 stages).
+        try:
+            return "persistent_static", plan("persistent_static")
+        except SmemError:
+            pass
+    try:
+        return strategy, plan(strategy)
+    except SmemError:
+        return None
+
+
 def heuristic_lora(M: int, N: int, K: int, r: int, dtype_bits: int, *, gpu: bool, sms: int,
                    strategy: str | None = None, split_mode: str | None = None
                    ) -> tuple[str, KernelConfig]:
@@ -370,38 +399,15 @@ def heuristic_lora(M: int, N: int, K: int, r: int, dtype_bits: int, *, gpu: bool
     if (gpu and M <= SWAP_AB_MAX_M and dtype_bits == 16 and r <= 64 and strategy in (None, "split")
             and split_mode in (None, "fixup")):
         return "split", _swap_split_plan(M, N, r, dtype_bits, sms)
-    bm, bn, bk, warps = tile_for(M, N, K, gpu=gpu, sms=sms)
-    measured = gpu and M > SWAP_AB_MAX_M and split_mode is None and strategy in (None, "split", "kloop")
-    if measured:
-        bm, bn, bk, warps, m_split, m_mode = measured_tile(M, N, K, sms)
     free = strategy is None
     if strategy is None:
         # r > 64: S [BM, BLOCK_R] fp32 beside the [BM, BN] accumulator would spill registers
         strategy = "kloop" if (M <= 64 and r <= 64) else "split"
-    if measured:
-        split = max(1, min(m_split, cdiv(K, bk) // 4))        # ≥ 4 K tiles per piece (split_k_for's rule)
-
-        def plan(strat):
-            br = block_r_for(r) if strat != "split" else min(block_r_for(r), SPLIT_BLOCK_R)
-            sk = 1 if strat in _NO_SPLIT_K else split
-            base = KernelConfig(block_m=bm, block_n=bn, block_k=bk, block_r=br, group_m=group_m_for(cdiv(M, bm)),
-                                num_warps=warps, num_stages=2, split_k=sk,
-                                split_mode=(m_mode if strat in FIXUP_STRATEGIES else "reduce") if sk > 1 else "reduce")
-            return base.replace(num_stages=stages_for(lambda s: lora_ledger(strat, base.replace(num_stages=s),
-                                                                             dtype_bits)))
-        if free and r <= 64 and bn == 256 and M > 64 and N >= 8192 and cdiv(M, bm) * cdiv(N, bn) >= 0.9 * sms:
-            # the tuned winners from a wave of 128×256 tiles at N ≥ 8192 (28672, 8192², and 14336: M=1024 / 4096
-            # 1.10× / 1.01× vs split 1.14× / 1.06×); below N=8192 split wins there (N=6144, M=4096: 1.03 vs 1.05).
-            # Measured at ranks ≤ 64 only (at 128 its epilogue buffers leave the main ring 2 stages); where they
-            # do not fit at all, split.
-            try:
-                return "persistent_static", plan("persistent_static")
-            except SmemError:
-                pass
-        try:
-            return strategy, plan(strategy)
-        except SmemError:
-            pass                # e.g. 32-bit operands on 128×256: the older rules below shrink what does not fit
+    if gpu and M > SWAP_AB_MAX_M and split_mode is None and strategy in ("split", "kloop"):
+        planned = _measured_plan(M, N, K, r, dtype_bits, sms, strategy, free)
+        if planned is not None:
+            return planned
+    bm, bn, bk, warps = tile_for(M, N, K, gpu=gpu, sms=sms)
     mode = split_mode or "fixup"
     if strategy not in FIXUP_STRATEGIES:
         mode = "reduce"
