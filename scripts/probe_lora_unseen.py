@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from probe_lora_persistent import (merge_updates, probe_arguments, probe_candidates, run_points,  # noqa: E402
                                    updates)
 
-from lowrank_gemm.bench.common import device_meta, markdown_table  # noqa: E402
+from lowrank_gemm.bench.common import device_meta, markdown_table, parse_shapes  # noqa: E402
 from lowrank_gemm.plan.config import KernelConfig  # noqa: E402
 from lowrank_gemm.kernels.schedule import num_sms  # noqa: E402
 from lowrank_gemm.plan.planner import (block_r_for, can_implement, group_m_for, lora_ledger, stages_for,  # noqa: E402
@@ -92,7 +92,7 @@ def main(argv=None):
     ap.add_argument("--ms", default=None, help="M values in order, e.g. 256,16 (default: MS)")
     ap.add_argument("--ranks", default=None, help="ranks, e.g. 16,64 (default: RANKS)")
     args = ap.parse_args(argv)
-    kns = [tuple(int(v) for v in x.split("x")) for x in args.kn.split(",")] if args.kn else KNS
+    kns = parse_shapes(args.kn) if args.kn else KNS
     ms = [int(v) for v in args.ms.split(",")] if args.ms else MS
     ranks = [int(v) for v in args.ranks.split(",")] if args.ranks else RANKS
     args.out.mkdir(parents=True, exist_ok=True)

@@ -1,6 +1,8 @@
 """bench/common.py's graph timing: every implementation's graph holds the same number of calls, so the replay's fixed
 cost is divided equally (before session 9 a one-set implementation carried all of it and a four-set one a quarter)."""
 
+import pytest
+
 from lowrank_gemm.bench import common
 
 
@@ -59,3 +61,11 @@ def test_paired_ratio_alternates_and_takes_the_median_round(monkeypatch):
     assert order == ["base", "impl"] * 3
     assert abs(out["ratio_paired"] - 1.02) < 1e-9
     assert len(out["paired_us"]) == 3
+
+
+def test_parse_shapes_names_the_bad_item():
+    from lowrank_gemm.bench.common import parse_shapes
+    assert parse_shapes("4096x6144, 14336x4096") == [(4096, 6144), (14336, 4096)]
+    for bad in ("4096x", "4096", "4096x6144x2", "0x64", "ax4"):
+        with pytest.raises(ValueError, match="joined by 'x'"):
+            parse_shapes(bad)

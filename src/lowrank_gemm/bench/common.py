@@ -90,16 +90,22 @@ def capture_graph(fn, captured=None):
 GRAPH_CALLS = 8
 
 
-def time_graph(fn, input_sets: Sequence[tuple], calls: int | None = None) -> Timing:
-    """Time one call as a CUDA-graph replay: the graph holds ``calls`` (default :data:`GRAPH_CALLS`, at least one per
-    input set) calls cycling through the rotated input sets; the replay time is divided by the number of calls."""
+def _rotation_graph(fn, input_sets: Sequence[tuple], calls: int | None = None):
+    """(a CUDA graph of ``calls`` calls of ``fn`` cycling through the input sets — default :data:`GRAPH_CALLS`, at
+    least one per set —, that number of calls)."""
     n = len(input_sets)
     calls = max(calls or GRAPH_CALLS, n)
 
     def run():
         for i in range(calls):
             fn(*input_sets[i % n])
-    _, graph, _ = capture_graph(run)
+    return capture_graph(run)[1], calls
+
+
+def time_graph(fn, input_sets: Sequence[tuple], calls: int | None = None) -> Timing:
+    """Time one call as a CUDA-graph replay (:func:`_rotation_graph`); the replay time is divided by the number of
+    calls in the graph."""
+    graph, calls = _rotation_graph(fn, input_sets, calls)
     t = _bench(graph.replay)
     return Timing(t.median_us / calls, t.p20_us / calls, t.p80_us / calls)
 
@@ -111,15 +117,7 @@ def paired_ratio(fn, input_sets: Sequence[tuple], base_fn, base_sets: Sequence[t
     carries that drift; adjacent pairs share more of the GPU's state. The median survives one spoiled round, not
     two: slow spells on the H200 last whole rounds (NOTES.md, session 16).
     → ``{"ratio_paired", "paired_us": [[base, fn], …]}``."""
-    def graph_of(f, sets):
-        n = len(sets)
-        calls = max(GRAPH_CALLS, n)
-
-        def run():
-            for i in range(calls):
-                f(*sets[i % n])
-        return capture_graph(run)[1], calls
-    (g_fn, c_fn), (g_base, c_base) = graph_of(fn, input_sets), graph_of(base_fn, base_sets)
+    (g_fn, c_fn), (g_base, c_base) = _rotation_graph(fn, input_sets), _rotation_graph(base_fn, base_sets)
     pairs = []
     for _ in range(rounds):
         b = _bench(g_base.replay).median_us / c_base
@@ -127,6 +125,17 @@ def paired_ratio(fn, input_sets: Sequence[tuple], base_fn, base_sets: Sequence[t
         pairs.append([round(b, 3), round(f, 3)])
     ratios = sorted(f / b for b, f in pairs)
     return {"ratio_paired": round(ratios[len(ratios) // 2], 4), "paired_us": pairs}
+
+
+def parse_shapes(text: str, dims: int = 2) -> list[tuple[int, ...]]:
+    """``"4096x6144,14336x4096"`` → ``[(4096, 6144), (14336, 4096)]`` (the benches' and probes' ``--kn``)."""
+    out = []
+    for item in text.split(","):
+        parts = item.strip().split("x")
+        if len(parts) != dims or not all(p.isdigit() and int(p) > 0 for p in parts):
+            raise ValueError(f"expected {dims} positive integers joined by 'x' (e.g. 4096x6144), got {item!r}")
+        out.append(tuple(int(p) for p in parts))
+    return out
 
 
 def time_impl(fn, input_sets: Sequence[tuple], graph: bool = True) -> dict:

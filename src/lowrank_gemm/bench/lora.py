@@ -33,7 +33,7 @@ from ..plan.config import KernelConfig
 from ..plan.planner import (LORA_STRATEGIES, block_r_for, can_implement, group_m_for, lora_ledger,
                             pinned, plan_lora, split_k_for, stages_for, tuned_key)
 from .common import (RESULTS_DIR, device_meta, markdown_table, measure_copy_tbps, meta_header,
-                     paired_ratio, rotation_count, time_graph, time_impl, write_results)
+                     paired_ratio, parse_shapes, rotation_count, time_graph, time_impl, write_results)
 
 SHAPES_KN = [(4096, 28672), (4096, 4096), (8192, 8192)]
 RANKS = [8, 16, 64]
@@ -271,7 +271,7 @@ def main(argv=None):
     if not torch.cuda.is_available():
         print("needs a CUDA GPU", file=sys.stderr)
         return 2
-    kn = [tuple(int(v) for v in p.split("x")) for p in args.kn.split(",")] if args.kn else None
+    kn = parse_shapes(args.kn) if args.kn else None
     if args.tune:
         tune(args.quick, args.out, kn)
         return 0

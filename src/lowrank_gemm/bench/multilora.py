@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from lowrank_gemm.bench.common import (RESULTS_DIR, device_meta, markdown_table, measure_copy_tbps, meta_header,
-                                       rotation_count, time_impl, write_results)
+                                       parse_shapes, rotation_count, time_impl, write_results)
 
 SUITE = "multilora"
 K = 4096
@@ -189,8 +189,7 @@ def main(argv=None):
     if not torch.cuda.is_available():
         raise SystemExit("the multilora benchmark needs a CUDA GPU")
     grid = QUICK if args.quick else FULL
-    kns = ([tuple(int(v) for v in p.split("x")) for p in args.kn.split(",")] if args.kn
-           else [(K, n) for n in grid["N"]])
+    kns = parse_shapes(args.kn) if args.kn else [(K, n) for n in grid["N"]]
     copy = measure_copy_tbps()
     meta = device_meta(copy) | {"quick": args.quick, "K": sorted({k for k, _ in kns}), "slots": SLOTS,
                                 "segment_sort": "included in fused_segment; timed alone as segment_sort"}
