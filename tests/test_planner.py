@@ -196,9 +196,15 @@ def test_heuristic_mid_m_measured_tiles():
     for M, K, N in ((256, 4096, 1024), (256, 14336, 4096), (1024, 4096, 1024), (256, 4096, 4096)):
         s, c = heuristic_lora(M, N, K, 16, 16, gpu=True, sms=H200_SMS)
         assert (s, c.block_n, c.split_k, c.split_mode) == ("split", 128, 2, "reduce"), (M, K, N)
-    for M, K, N in ((256, 4096, 14336), (1024, 4096, 6144), (4096, 4096, 6144), (4096, 4096, 1024)):
+    for M, K, N in ((256, 4096, 14336), (4096, 4096, 6144), (4096, 4096, 1024), (1024, 3584, 3584)):
         s, c = heuristic_lora(M, N, K, 16, 16, gpu=True, sms=H200_SMS)
         assert (s, c.block_n, c.num_warps, c.split_k) == ("split", 256, 8, 1), (M, K, N)
+    # 1–1.5 waves of 128×256 tiles: 128×128 finish in fewer waves (M=256, N=18944: 148 tiles, 1.59× vs 1.37×;
+    # M=1024, N=6144: 192 tiles, 1.17× vs 1.07×); from 1.5 waves on the wide tile again (M=1024, N=18944: 592)
+    for M, K, N in ((256, 3584, 18944), (1024, 4096, 6144)):
+        s, c = heuristic_lora(M, N, K, 16, 16, gpu=True, sms=H200_SMS)
+        assert (s, c.block_n, c.num_warps, c.split_k) == ("split", 128, 4, 1), (M, K, N)
+    assert heuristic_lora(1024, 18944, 3584, 16, 16, gpu=True, sms=H200_SMS)[1].block_n == 256
     for M, K, N in ((1024, 4096, 14336), (4096, 4096, 14336), (1024, 4096, 28672), (1024, 8192, 8192)):
         assert heuristic_lora(M, N, K, 16, 16, gpu=True, sms=H200_SMS)[0] == "persistent_static", (M, K, N)
     # 16 < M ≤ 64: the widest N tile with about a wave of tiles, split only for tiny N (or 64×64 at long K)

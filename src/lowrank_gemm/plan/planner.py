@@ -31,7 +31,8 @@ __all__ = ["LoraStrategy", "LORA_STRATEGIES", "plan_lora", "can_implement", "pin
            "block_r_for", "tile_for", "split_k_for", "stages_for", "group_m_for", "m_bucket",
            "r_bucket", "tuned_key", "load_tuned", "clear_plan_cache", "heuristic_lora", "MAX_FUSED_RANK", "TUNED_DIR",
            "SPLIT_BLOCK_R", "split_mode_override", "SPLIT_MODE_ENV", "FIXUP_STRATEGIES",
-           "fixup_dp_tiles", "wave_split", "PIECE_OVERHEAD", "measured_tile"]
+           "fixup_dp_tiles", "wave_split", "PIECE_OVERHEAD", "measured_tile", "wide_tiles_pay",
+           "WIDE_TILE_SPEEDUP"]
 
 MAX_FUSED_RANK = 128      # S lives in registers ([BM, BLOCK_R] fp32) in kloop / persistent
 # split's epilogue walks the rank in BLOCK_R chunks (unrolled). ptxas -v, 128×256×64 8 warps
@@ -327,7 +328,8 @@ def measured_tile(M: int, N: int, K: int, sms: int) -> tuple[int, int, int, int,
       fixup split 64×64 sk4 1.87×; 8192²'s tuned tile), else 64×32×256 (4096²'s tuned tile), split 2 in the
       launch when even those are under half a wave (N=1024: 1.23× vs 1.41× unsplit); at K ≥ 8192 64×64
       split 2 instead (K=14336, N=4096: 1.05× vs 64×32 1.09×).
-    - M > 64: 128×256 tiles (8 warps) from half a wave of them; below that 128×128 (4 warps), K split in two
+    - M > 64: 128×256 tiles (8 warps) from half a wave of them, unless their last wave is so empty that 128×128
+      tiles finish in fewer waves (:func:`wide_tiles_pay`); otherwise 128×128 (4 warps), K split in two
       through the reduce kernel when even those are under half a wave (M=256, N=1024 / K=14336 N=4096: 1.91× /
       1.18× vs unsplit 2.49× / 1.35×; one-launch fixup 2.22× / 1.21×). No split-K on 128×256 tiles: the old
       one-launch split of M=256, N=6144 into 8 pieces read 3.6× (128×128 unsplit: 1.25×)."""
@@ -342,9 +344,23 @@ def measured_tile(M: int, N: int, K: int, sms: int) -> tuple[int, int, int, int,
             return 64, 64, 128, 4, 2, "fixup"
         return 64, 32, 256, 4, (2 if cdiv(N, 32) < sms // 2 else 1), "fixup"
     pm = cdiv(M, 128)
-    if pm * cdiv(N, 256) >= sms // 2:
+    if pm * cdiv(N, 256) >= sms // 2 and wide_tiles_pay(pm * cdiv(N, 256), pm * cdiv(N, 128), sms):
         return 128, 256, 64, 8, 1, "reduce"
     return 128, 128, 64, 4, (2 if pm * cdiv(N, 128) < sms // 2 else 1), "reduce"
+
+
+# Work per SM-second of a 128×256 tile (8 warps) over a 128×128 one (4 warps), bracketed by the wave counts where
+# either won (probes/s17/families, s18/first, × cuBLAS, r16 / r64): 448 and 592 wide tiles (4 / 5 waves against
+# 7 / 9 waves of narrow ones, so the wide tile wins iff it is ≥ 8/7, 10/9 faster) read 128×256 0.96 / 0.99 of
+# 128×128; 148 and 192 (2 waves against 3: ≥ 4/3 needed) read 1.09–1.16. Any value in [8/7, 4/3) splits them.
+WIDE_TILE_SPEEDUP = 1.25
+
+
+def wide_tiles_pay(wide_tiles: int, narrow_tiles: int, sms: int) -> bool:
+    """Whether ``wide_tiles`` 128×256 tiles beat ``narrow_tiles`` 128×128 ones once both are rounded up to whole
+    waves: a wave of wide tiles does twice the work at :data:`WIDE_TILE_SPEEDUP` the rate. The band where they lose
+    is 1–1.5 waves of wide tiles (M=256 at N=18944: 148 tiles, 1.59× cuBLAS against 128×128's 1.37×)."""
+    return 2 * cdiv(wide_tiles, sms) <= WIDE_TILE_SPEEDUP * cdiv(narrow_tiles, sms)
 
 
 def _measured_plan(M: int, N: int, K: int, r: int, dtype_bits: int, sms: int, strategy: str, free: bool
