@@ -69,3 +69,8 @@ def test_parse_shapes_names_the_bad_item():
     for bad in ("4096x", "4096", "4096x6144x2", "0x64", "ax4"):
         with pytest.raises(ValueError, match="joined by 'x'"):
             parse_shapes(bad)
+    # --ms / --ranks
+    assert parse_shapes("256, 1024", dims=1) == [(256,), (1024,)]
+    for bad in ("256x2", "0", "-1", "a", ""):
+        with pytest.raises(ValueError, match="a positive integer"):
+            parse_shapes(bad, dims=1)

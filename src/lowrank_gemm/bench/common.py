@@ -128,12 +128,15 @@ def paired_ratio(fn, input_sets: Sequence[tuple], base_fn, base_sets: Sequence[t
 
 
 def parse_shapes(text: str, dims: int = 2) -> list[tuple[int, ...]]:
-    """``"4096x6144,14336x4096"`` → ``[(4096, 6144), (14336, 4096)]`` (the benches' and probes' ``--kn``)."""
+    """``"4096x6144,14336x4096"`` → ``[(4096, 6144), (14336, 4096)]`` (the benches' and probes' ``--kn``);
+    ``dims=1``: ``"256,1024"`` → ``[(256,), (1024,)]`` (``--ms``, ``--ranks``)."""
     out = []
     for item in text.split(","):
         parts = item.strip().split("x")
         if len(parts) != dims or not all(p.isdigit() and int(p) > 0 for p in parts):
-            raise ValueError(f"expected {dims} positive integers joined by 'x' (e.g. 4096x6144), got {item!r}")
+            what = ("a positive integer" if dims == 1 else
+                    f"{dims} positive integers joined by 'x' (e.g. {'x'.join(['4096', '6144', '4096'][:dims])})")
+            raise ValueError(f"expected {what}, got {item!r}")
         out.append(tuple(int(p) for p in parts))
     return out
 

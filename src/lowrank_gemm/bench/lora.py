@@ -267,6 +267,8 @@ def main(argv=None):
     ap.add_argument("--kn", default=None, help="only these K×N shapes, e.g. 4096x28672,4096x4096")
     ap.add_argument("--only", default="", help="time only these impls, e.g. cublas_base,torch_unfused,auto")
     ap.add_argument("--skip", default="", help="strategies not to time, e.g. persistent_static,persistent_dynamic")
+    ap.add_argument("--ms", default=None, help=f"only these M, e.g. 256,1024 (default {','.join(map(str, MS))})")
+    ap.add_argument("--ranks", default=None, help=f"only these ranks, e.g. 64 (default {','.join(map(str, RANKS))})")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("needs a CUDA GPU", file=sys.stderr)
@@ -277,7 +279,9 @@ def main(argv=None):
         return 0
     copy = measure_copy_tbps()
     meta = device_meta(copy)
-    points = QUICK if args.quick else [(m, k, n, r) for (k, n) in (kn or SHAPES_KN) for r in RANKS for m in MS]
+    ms = [m for (m,) in parse_shapes(args.ms, dims=1)] if args.ms else MS
+    ranks = [r for (r,) in parse_shapes(args.ranks, dims=1)] if args.ranks else RANKS
+    points = QUICK if args.quick else [(m, k, n, r) for (k, n) in (kn or SHAPES_KN) for r in ranks for m in ms]
     skip = {x for x in args.skip.split(",") if x}
     only = {x for x in args.only.split(",") if x}
     fns = {k: v for k, v in impls().items() if k not in skip and (not only or k in only)}
