@@ -133,16 +133,19 @@ def summarize(data) -> str:
         case = kcase[1:] if ks == [K] else kcase
         g = {i: (by[i].get("graph_us") or by[i].get("median_us")) if i in by else None for i in impls}
         fused, seg, se = g["fused"], g["fused_segment"], g["shrink_expand"]
-        best = min(v for v in (fused, seg) if v)
-        table.append([*case, by["fused"]["floor_us"], *[g[i] for i in impls],
-                      by["fused"].get("vs_base_graph"), by["fused_segment"].get("vs_base_graph"),
-                      by["fused"].get("pct_floor"), by["fused_segment"].get("pct_floor"),
+        fr, sr = by.get("fused", {}), by.get("fused_segment", {})      # either may be left out by --only
+        floor = fr.get("floor_us") or sr.get("floor_us")
+        best = min((v for v in (fused, seg) if v), default=None)
+        table.append([*case, floor, *[g[i] for i in impls],
+                      fr.get("vs_base_graph"), sr.get("vs_base_graph"), fr.get("pct_floor"), sr.get("pct_floor"),
                       round(fused / se, 3) if fused and se else None])
         N, r, M, nd = kcase[1:]
+        if best is None:
+            continue
         if nd <= 16 and M <= 64 and g["cublas_base"] and best > 1.10 * g["cublas_base"]:
             misses.append(f"N={N} r={r} M={M} adapters={nd}: best fused {best / g['cublas_base']:.2f}× base (> 1.10)")
-        if by["fused"]["floor_us"] and by["fused"]["floor_us"] / best < 0.85:
-            misses.append(f"N={N} r={r} M={M} adapters={nd}: {100 * by['fused']['floor_us'] / best:.0f}% of floor (< 85)")
+        if floor and floor / best < 0.85:
+            misses.append(f"N={N} r={r} M={M} adapters={nd}: {100 * floor / best:.0f}% of floor (< 85)")
         if se and best >= se:
             misses.append(f"N={N} r={r} M={M} adapters={nd}: not faster than shrink_expand")
     md.append(markdown_table(header, table))
