@@ -191,20 +191,30 @@ def test_wave_split_fills_the_partial_wave_only():
 def test_heuristic_mid_m_measured_tiles():
     """probes/s17/families (untuned Llama-3-8B projections): no split-K on 128×256 tiles (M=256, N=6144 split 8 in
     one launch read 3.6× cuBLAS, 128×128 unsplit 1.25×); 128×128 split 2 by the reduce kernel only under half a wave."""
-    s, c = heuristic_lora(256, 6144, 4096, 16, 16, gpu=True, sms=H200_SMS)
+    s, c = heuristic_lora(256, 6144, 4096, 16, 16, gpu=True, sms=H200_SMS, strategy="split")
     assert (s, c.block_m, c.block_n, c.split_k) == ("split", 128, 128, 1)
     for M, K, N in ((256, 4096, 1024), (256, 14336, 4096), (1024, 4096, 1024), (256, 4096, 4096)):
         s, c = heuristic_lora(M, N, K, 16, 16, gpu=True, sms=H200_SMS)
         assert (s, c.block_n, c.split_k, c.split_mode) == ("split", 128, 2, "reduce"), (M, K, N)
     for M, K, N in ((256, 4096, 14336), (4096, 4096, 6144), (4096, 4096, 1024), (1024, 3584, 3584)):
-        s, c = heuristic_lora(M, N, K, 16, 16, gpu=True, sms=H200_SMS)
+        s, c = heuristic_lora(M, N, K, 16, 16, gpu=True, sms=H200_SMS, strategy="split")
         assert (s, c.block_n, c.num_warps, c.split_k) == ("split", 256, 8, 1), (M, K, N)
     # 1–1.5 waves of 128×256 tiles: 128×128 finish in fewer waves (M=256, N=18944: 148 tiles, 1.59× vs 1.37×;
     # M=1024, N=6144: 192 tiles, 1.17× vs 1.07×); from 1.5 waves on the wide tile again (M=1024, N=18944: 592)
     for M, K, N in ((256, 3584, 18944), (1024, 4096, 6144)):
-        s, c = heuristic_lora(M, N, K, 16, 16, gpu=True, sms=H200_SMS)
+        s, c = heuristic_lora(M, N, K, 16, 16, gpu=True, sms=H200_SMS, strategy="split")
         assert (s, c.block_n, c.num_warps, c.split_k) == ("split", 128, 4, 1), (M, K, N)
     assert heuristic_lora(1024, 18944, 3584, 16, 16, gpu=True, sms=H200_SMS)[1].block_n == 256
+    # a free strategy at 64 < M ≤ 1024, unsplit: persistent_static where its S tasks (one per row block) add no round
+    # of tiles (probes/s18/down); split where they would (M=1024, 14336→4096: 128 tiles + 8 tasks > 132 SMs), where
+    # K is split, at M = 4096, and at rank 128
+    for M, K, N in ((256, 4096, 6144), (256, 4096, 14336), (1024, 18944, 3584), (1024, 4096, 6144),
+                    (256, 28672, 8192)):
+        for r in (16, 64):
+            s, c = heuristic_lora(M, N, K, r, 16, gpu=True, sms=H200_SMS)
+            assert (s, c.split_k, c.block_r) == ("persistent_static", 1, r), (M, K, N, r)
+    for M, K, N, r in ((1024, 14336, 4096, 64), (256, 4096, 1024, 64), (4096, 4096, 6144, 64), (256, 4096, 6144, 128)):
+        assert heuristic_lora(M, N, K, r, 16, gpu=True, sms=H200_SMS)[0] == "split", (M, K, N, r)
     for M, K, N in ((1024, 4096, 14336), (4096, 4096, 14336), (1024, 4096, 28672), (1024, 8192, 8192)):
         assert heuristic_lora(M, N, K, 16, 16, gpu=True, sms=H200_SMS)[0] == "persistent_static", (M, K, N)
     # 16 < M ≤ 64: the widest N tile with about a wave of tiles, split only for tiny N (or 64×64 at long K)

@@ -378,9 +378,16 @@ def _measured_plan(M: int, N: int, K: int, r: int, dtype_bits: int, sms: int, st
                             split_mode=(mode if strat in FIXUP_STRATEGIES else "reduce") if sk > 1 else "reduce")
         return base.replace(num_stages=stages_for(lambda s: lora_ledger(strat, base.replace(num_stages=s), dtype_bits)))
 
-    if free and r <= 64 and bn == 256 and M > 64 and N >= 8192 and cdiv(M, bm) * cdiv(N, bn) >= 0.9 * sms:
-        # the tuned winners from a wave of 128×256 tiles at N ≥ 8192 (28672, 8192², and 14336: M=1024 / 4096
-        # 1.10× / 1.01× vs split 1.14× / 1.06×); below N=8192 split wins there (N=6144, M=4096: 1.03 vs 1.05).
+    tiles, s_tasks = cdiv(M, bm) * cdiv(N, bn), cdiv(M, bm)
+    if free and r <= 64 and M > 64 and (
+            # the tuned winners from a wave of 128×256 tiles at N ≥ 8192 (28672, 8192², and 14336: M=1024 / 4096
+            # 1.10× / 1.01× vs split 1.14× / 1.06×); below N=8192 split wins there (N=6144, M=4096: 1.03 vs 1.05)
+            (bn == 256 and N >= 8192 and tiles >= 0.9 * sms)
+            # M ≤ 1024 unsplit, where the S tasks (one per row block) add no round of tiles: computing S inside
+            # the kernel beat split's down kernel at r=64 by 5–10 % (probes/s18/down, same tiles: M=1024 18944→3584
+            # 1.05 vs 1.16, N=6144 1.20 vs 1.29; M=256 N=14336 1.11 vs 1.20) and tied at r=16 (−1…+3 %); where the
+            # S tasks spill into a new round split won (M=1024 14336→4096: 128 + 8 tasks, 1.37 vs 1.15)
+            or (M <= 1024 and split == 1 and cdiv(tiles + s_tasks, sms) == cdiv(tiles, sms))):
         # Measured at ranks ≤ 64 only (at 128 its epilogue buffers leave the main ring 2 stages).
         try:
             return "persistent_static", plan("persistent_static")
