@@ -438,7 +438,9 @@ def test_tuned_table_round_trip(tmp_path, monkeypatch):
     import json
     monkeypatch.setattr(mg, "num_sms", lambda device: 132)
     p = mg.heuristic_plan(64, 4096, 4096, 16, 64, "gather", 132, adapters=4)
-    assert p.fuse_d == 4 and p.main.split_k == 4 and p.main.block_n == 128
+    assert p.expand == "appended" and p.fuse_d == 0 and p.main.split_k == 4 and p.main.block_n == 128
+    one = mg.heuristic_plan(64, 4096, 4096, 16, 64, "gather", 132, adapters=1)     # one adapter: fused shrink
+    assert one.expand == "epilogue" and one.fuse_d == 1
     pinned = mg.MultiLoRAPlan.from_dict(dict(p.to_dict(), epi_d=2, fuse_d=0, x_tma=True))
     path = tmp_path / "t.json"
     path.write_text(json.dumps({"version": 1, "plans": {mg.tuned_key(64, 4096, 4096, 16, 4): pinned.to_dict()}}))
@@ -610,8 +612,12 @@ def test_appended_plan_fields():
         small_plan(expand="appended", fuse_d=2)
     with pytest.raises(ValueError, match="append_stages"):
         small_plan(expand="appended", append_stages=0)
-    h = mg.heuristic_plan(64, 28672, 4096, 16, 64, "gather", 132, adapters=64)
-    assert h.expand == "epilogue", "candidate stays off until measured"
+    # every tuned winner with ≥ 4 adapters at M = 64 / 256 is appended (session 18 made it the heuristic)
+    for M, a in ((64, 64), (256, 4), (17, 2)):
+        h = mg.heuristic_plan(M, 28672, 4096, 16, 64, "gather", 132, adapters=a)
+        assert (h.expand, h.fuse_d, h.s_unroll, h.append_stages) == ("appended", 0, True, 3), (M, a)
+        assert mg.can_implement(h.main, append_stages=h.append_stages)
+    assert mg.heuristic_plan(256, 28672, 4096, 16, 64, "gather", 132, adapters=1).expand == "epilogue"
 
 
 def _appended_loop(ptx):

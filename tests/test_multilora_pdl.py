@@ -65,9 +65,9 @@ def test_s_unroll_plan_field():
     assert mg.MultiLoRAPlan.from_dict(p.to_dict()) == p
     old = {k: v for k, v in p.to_dict().items() if k != "s_unroll"}      # tables written before the field
     assert not mg.MultiLoRAPlan.from_dict(old).s_unroll
+    # on with the appended expand (the tuned winners' plan, the heuristic's from 2 adapters on), off with one adapter
     for a in (1, 4, 16, 64):
-        assert not mg.heuristic_plan(64, 4096, 4096, 16, 64, "gather", 132, adapters=a).s_unroll, \
-            "stays off until measured"
+        assert mg.heuristic_plan(64, 4096, 4096, 16, 64, "gather", 132, adapters=a).s_unroll == (a > 1)
 
 
 # ---- what is launched: flags and order (kernels replaced by recorders; nothing runs)
@@ -320,7 +320,8 @@ def test_probe_pdl_dry_run(monkeypatch, tmp_path):
     monkeypatch.setattr(common, "time_graph", lambda fn, sets: common.Timing(10.0, 9.0, 11.0))
     monkeypatch.setattr(common, "measure_copy_tbps", lambda nbytes=0: 4.0)
     # r 24 → BLOCK_R 32: 4 adapters do not fit the fused shrink (shrink launch, PDL rows); M=80 → segment
-    # rows and, with the heuristic's epilogue expand, the appended candidate; 1 adapter → fused only
+    # rows (the heuristic's expand is appended there since session 18: no extra appended candidate);
+    # 1 adapter → fused only
     cases = "16x40x24x4,80x24x24x4,16x40x16x1"
     args = Namespace(out=str(tmp_path), cases=cases, jobs=0, warm_s=1.0, budget_s=1e9, write_tuned=False)
     probe.pdl_main(args, dev=torch.device("cpu"))
@@ -329,8 +330,7 @@ def test_probe_pdl_dry_run(monkeypatch, tmp_path):
     assert all(r["ok"] for r in data["meta"]["small_gate"]), data["meta"]["small_gate"]
     rows = {(r["M"], r["impl"]): r for r in data["rows"]}
     for key in [(16, "fused"), (16, "fused_pdl"), (16, "fused_pdl_sum"), (16, "fused_pdl_sum_ss4"),
-                (16, "bn64s2_pdl_sum"), (80, "app_pdl_sum"), (80, "seg"), (80, "seg_pdl_sum"),
-                (80, "app_seg_pdl_sum"), (16, "shrink_expand"), (16, "swap_bn64k128s1_pdl_sum"),
+                (16, "bn64s2_pdl_sum"), (80, "seg"), (80, "seg_pdl_sum"), (16, "shrink_expand"), (16, "swap_bn64k128s1_pdl_sum"),
                 (16, "swap_bn64k128s2_pdl_sum")]:
         assert rows[key]["status"] == "ok" and rows[key]["graph_us"] == 10.0, (key, rows[key])
     assert rows[(16, "bn32s1_pdl_sum")]["status"].startswith("ERROR (plan) SmemError")
@@ -338,6 +338,7 @@ def test_probe_pdl_dry_run(monkeypatch, tmp_path):
     assert {r["impl"] for r in data["rows"] if r["adapters"] == 1} == {"cublas_base", "shrink_expand", "fused"} | swaps
     assert all(rows[(16, s)]["plan"]["main"]["swap_ab"] and rows[(16, s)]["plan"]["fuse_d"] == 0 for s in swaps)
     assert not any(r["impl"].startswith("swap") for r in data["rows"] if r["M"] > 64)
+    assert rows[(80, "fused")]["plan"]["expand"] == "appended" and (80, "app_pdl_sum") not in rows
     winners = json.loads((tmp_path / "multilora_h200_pdl.json").read_text())["plans"]
     assert set(winners) == {mg.tuned_key(16, 40, 64, 24, 4), mg.tuned_key(80, 24, 64, 24, 4),
                             mg.tuned_key(16, 40, 64, 16, 1)}     # the last: a swap row (fused plans cannot pin)

@@ -715,8 +715,11 @@ def _load_tuned(path: str) -> dict:
 def heuristic_plan(M: int, N: int, K: int, r_max: int, L: int, mode: str, sms: int,
                    adapters: int | None = None, decode_swap: bool = True) -> MultiLoRAPlan:
     """Memory-bound decode shapes (M ≤ 256): wide W tiles (BN 128), in-kernel split-K to cover
-    the SMs when N is small; shrink fused into the k-loop when few adapters can meet in a row
-    block, else a separate shrink and EPI_D adapters per stacked epilogue MMA. M ≤ 16: swap-AB
+    the SMs when N is small. One adapter per row block: its shrink fused into the k-loop, the expand in the
+    epilogue. More: the shrink launch and the appended expand (one pipelined K step per distinct adapter,
+    the adapters shared out over the split-K programs), the plan of every tuned winner with ≥ 4 adapters at
+    M = 64 / 256; the epilogue's serial loop over adapters read up to 25× cuBLAS on untuned shapes (session 18,
+    ``probes/s18/down``: M=64, 4096→6144, r64, 64 adapters 433 µs vs shrink + expand 54). M ≤ 16: swap-AB
     tiles (16 tokens on the wgmma's N) with the shrink launch and the appended expand (``decode_swap=False``:
     the BM-64 plan the swap replaced, for probes that compare the two)."""
     block_r = rank_block(r_max)
@@ -729,10 +732,14 @@ def heuristic_plan(M: int, N: int, K: int, r_max: int, L: int, mode: str, sms: i
     d_bound = max(1, min(M, block_m, L, adapters if adapters is not None else L))
     fuse_d = _pow2_at_least(d_bound, 1) if _pow2_at_least(d_bound, 1) * block_r <= 64 else 0
     epi_d = max(1, 64 // block_r)
+    appended = d_bound > 1 and M > 16
+    if appended:
+        fuse_d = 0
     base = KernelConfig(block_m=block_m, block_n=block_n, block_k=block_k, block_r=block_r,
                         group_m=8, num_warps=4 if block_m == 64 else 8, split_k=split)
-    stages, _, _ = solve_stages(lambda s, _l: main_ledger(base.replace(num_stages=s), fuse_d=fuse_d,
-                                                          epi_d=epi_d), min_main=2, max_main=5)
+    stages, _, _ = solve_stages(lambda s, _l: main_ledger(base.replace(num_stages=s), fuse_d=fuse_d, epi_d=epi_d,
+                                                          append_stages=3 if appended else 0),
+                                min_main=2, max_main=5)
     main = base.replace(num_stages=stages)
 
     # shrink: sorted rows share adapters, so bigger blocks; random ids → small blocks
@@ -754,6 +761,9 @@ def heuristic_plan(M: int, N: int, K: int, r_max: int, L: int, mode: str, sms: i
                                     min_main=2, max_main=6)
         return MultiLoRAPlan(main=swap.replace(num_stages=stages), shrink=shrink, fuse_d=0, epi_d=epi_d,
                              expand="appended", append_stages=3, s_unroll=True)
+    if appended:
+        return MultiLoRAPlan(main=main, shrink=shrink, fuse_d=0, epi_d=epi_d, expand="appended", append_stages=3,
+                             s_unroll=True)
     return MultiLoRAPlan(main=main, shrink=shrink, fuse_d=fuse_d, epi_d=epi_d)
 
 
