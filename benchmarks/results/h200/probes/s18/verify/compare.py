@@ -21,7 +21,7 @@ for k in keys:
     ro.append(o)
     slow_new += a > u
     print(f"K={k[2]:5} N={k[1]:5} M={k[0]:4} r={k[3]:2}  s17={o:.3f}  s18={a:.3f} "
-          f"(paired {new[k + ('auto',)].get('ratio_paired')}, {new[k + ('auto',)]['impl'][5:].strip('()')})  "
+          f"(paired {new[k + ('auto',)].get('ratio_paired')}, {new[k + ('auto',)]['plan']})  "
           f"unfused={u:.2f}{'  SLOWER-THAN-UNFUSED' if a > u else ''}")
 print(f"{len(keys)} cells: median s17 {statistics.median(ro):.3f} → s18 {statistics.median(rn):.3f}; "
       f"worst {max(ro):.2f} → {max(rn):.2f}; slower than unfused (s18) {slow_new}")
