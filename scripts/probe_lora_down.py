@@ -26,13 +26,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 from probe_lora import _rel_err, finish_point  # noqa: E402
-from probe_lora_persistent import TOL, run_points  # noqa: E402
+from probe_lora_persistent import TOL, point_setup, run_points  # noqa: E402
 
 import lowrank_gemm.kernels.lora_gemm as LG  # noqa: E402
 import lowrank_gemm.plan.planner as P  # noqa: E402
 from lowrank_gemm.bench.common import device_meta, markdown_table, parse_shapes, time_graph  # noqa: E402
-from lowrank_gemm.bench.lora import SCALE, make_sets  # noqa: E402
-from lowrank_gemm.reference import lora_linear_ref  # noqa: E402
+from lowrank_gemm.bench.lora import SCALE  # noqa: E402
 
 # (K×N, M values): the Llama-3-8B and held-out shapes where the heuristic runs ``split`` above M=64
 POINTS = (("4096x1024", (256, 1024, 4096)), ("14336x4096", (256, 1024, 4096)), ("4096x6144", (256, 1024, 4096)),
@@ -66,12 +65,9 @@ def probe_point(M, K, N, r):
                                                                         16)))
         if P.can_implement("persistent_static", (M, N, K, r), ps, 16):
             cands.append(("ps_same_tile", "persistent_static", ps, {}))
-    sets = make_sets(M, N, K, r, torch.bfloat16, "cuda")
+    sets, ref, base, cublas = point_setup(M, K, N, r)
     x, w, a, b, _ = sets[0]
-    ref = lora_linear_ref(x, w, a, b, SCALE)
-    base = {"M": M, "N": N, "K": K, "r": r}
-    rows = [dict(base, label="cublas", strategy="cublas",
-                 graph_us=round(time_graph(lambda x, w, a, b, bs: x @ w.T, sets).median_us, 3))]
+    rows = [cublas]
     for label, s, c, opts in cands:
         fn = _variant(s, c, **opts)
         row = dict(base, label=label, strategy=s, config=c.to_dict(), options=opts)

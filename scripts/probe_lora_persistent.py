@@ -78,18 +78,27 @@ def probe_point(M, K, N, r, sms):
     return probe_candidates(M, K, N, r, candidates(M, N, K, r, sms))
 
 
+def point_setup(M, K, N, r):
+    """One point's rotated bf16 input sets, the float64 reference of the first, the rows' common fields and
+    cuBLAS's row (the ratio every candidate is read against)."""
+    sets = make_sets(M, N, K, r, torch.bfloat16, "cuda")
+    x, w, a, b, _ = sets[0]
+    ref = lora_linear_ref(x, w, a, b, SCALE)
+    base = {"M": M, "N": N, "K": K, "r": r}
+    cublas = dict(base, label="cublas", strategy="cublas",
+                  graph_us=round(time_graph(lambda x, w, a, b, bs: x @ w.T, sets).median_us, 3))
+    return sets, ref, base, cublas
+
+
 def probe_candidates(M, K, N, r, cands, unfused=False):
     """cuBLAS (and torch's unfused branch if ``unfused``), today's ``auto`` and each (label, strategy, config) of
     ``cands`` on one point: every candidate checked against float64 into a NaN-poisoned output and for a
     bit-identical second call before its CUDA-graph median (a failure costs that candidate only)."""
     from lowrank_gemm.kernels.lora_gemm import lora_linear
     from lowrank_gemm.plan.planner import plan_lora
-    sets = make_sets(M, N, K, r, torch.bfloat16, "cuda")
+    sets, ref, base, cublas = point_setup(M, K, N, r)
     x, w, a, b, _ = sets[0]
-    ref = lora_linear_ref(x, w, a, b, SCALE)
-    base = {"M": M, "N": N, "K": K, "r": r}
-    rows = [dict(base, label="cublas", strategy="cublas",
-                 graph_us=round(time_graph(lambda x, w, a, b, bs: x @ w.T, sets).median_us, 3))]
+    rows = [cublas]
     if unfused:
         rows.append(dict(base, label="unfused", strategy="torch_unfused", graph_us=round(time_graph(
             lambda x, w, a, b, bs: torch.addmm(x @ w.T, x @ a.T, bs.T), sets).median_us, 3)))
