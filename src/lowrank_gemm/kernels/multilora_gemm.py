@@ -730,11 +730,9 @@ def heuristic_plan(M: int, N: int, K: int, r_max: int, L: int, mode: str, sms: i
     tiles = num_pid_m * cdiv(N, block_n)
     split = max(1, min(sms // tiles, cdiv(K, block_k) // 4, 8))
     d_bound = max(1, min(M, block_m, L, adapters if adapters is not None else L))
-    fuse_d = _pow2_at_least(d_bound, 1) if _pow2_at_least(d_bound, 1) * block_r <= 64 else 0
+    appended = d_bound > 1 and M > 16          # M ≤ 16 (swap-AB) builds its own appended plan below
+    fuse_d = 0 if appended or _pow2_at_least(d_bound, 1) * block_r > 64 else _pow2_at_least(d_bound, 1)
     epi_d = max(1, 64 // block_r)
-    appended = d_bound > 1 and M > 16
-    if appended:
-        fuse_d = 0
     base = KernelConfig(block_m=block_m, block_n=block_n, block_k=block_k, block_r=block_r,
                         group_m=8, num_warps=4 if block_m == 64 else 8, split_k=split)
     stages, _, _ = solve_stages(lambda s, _l: main_ledger(base.replace(num_stages=s), fuse_d=fuse_d, epi_d=epi_d,
