@@ -78,6 +78,15 @@ def candidates(M, N, K, r):
         if tiles < 100:
             c.append(("sp_128x128_sk2", "split", _cfg("split", M, r, 128, 128, 64, 4, 2, "reduce")))
             c.append(("sp_128x128_fx2", "split", _cfg("split", M, r, 128, 128, 64, 4, 2, "fixup")))
+        if tiles < 66:
+            # narrow N (k/v projections, N=1024): cuBLAS runs them in 5–15 µs, where split's three launches cost
+            # ~2× (session 18). One launch: kloop (S recomputed per N tile) or split-K in the launch on narrower
+            # tiles; or the branch in cuBLAS's K (kcat, the derived-weight cache standing in for the packed layout)
+            c.append(("kl_128x64_fx4", "kloop", _cfg("kloop", M, r, 128, 64, 64, 4, 4, "fixup")))
+            c.append(("kl_64x64_fx2", "kloop", _cfg("kloop", M, r, 64, 64, 128, 4, 2, "fixup")))
+            c.append(("sp_128x64_fx4", "split", _cfg("split", M, r, 128, 64, 64, 4, 4, "fixup")))
+        if tiles < 66 or N < K:
+            c.append(("kcat", "kcat", _cfg("kcat", M, r, 128, 128, 64, 4)))
     return [(lb, s, cf) for lb, s, cf in c if can_implement(s, (M, N, K, r), cf, 16)]
 
 
@@ -109,7 +118,9 @@ def main(argv=None):
 def report(rows, meta, skipped, args):
     """``probe_lora_unseen.md``, ``lora_h200_updates.json`` (winners over ``auto`` by > margin; the torch
     baseline is never a winner) and, with ``--write-tuned``, the merged table."""
-    fused = [x for x in rows if x["label"] != "unfused"]
+    # never a table winner: torch's branch, and kcat (on unpacked weights it would keep a [W | B] copy per layer;
+    # ``auto`` takes it only on the packed layout, kernels/lora_gemm.kcat_preferred)
+    fused = [x for x in rows if x["label"] not in ("unfused", "kcat")]
     upd = {k: dict(v, source="scripts/probe_lora_unseen.py") for k, v in updates(fused, args.margin).items()}
     (args.out / "lora_h200_updates.json").write_text(json.dumps(upd, indent=1))
     table = []

@@ -422,3 +422,18 @@ def test_unseen_shape_probe_candidates_and_committed_winners(tmp_path):
     got = json.loads(table.read_text())["lora"]
     assert len(got) == 23 and all(shipped["lora"][k] == v for k, v in got.items())
     assert all(v["strategy"] != "torch_unfused" for v in got.values())
+    # session 18's run on the held-out shapes (probes/s18/first): its 11 winners, as shipped
+    saved = json.loads((root / "benchmarks/results/h200/probes/s18/first/probe_lora_unseen.json").read_text())
+    table.write_text(json.dumps({"meta": {}, "lora": {}}))
+    pu.report(saved["rows"], saved["meta"], saved["skipped"],
+              argparse.Namespace(out=tmp_path, margin=0.03, write_tuned=table))
+    got = json.loads(table.read_text())["lora"]
+    assert len(got) == 11 and all(shipped["lora"][k] == v for k, v in got.items())
+    # narrow N: one-launch candidates and kcat, which never enters the table (unpacked weights would keep a copy)
+    labels = [lb for lb, _, _ in pu.candidates(256, 1024, 4096, 64)]
+    assert {"kl_128x64_fx4", "kl_64x64_fx2", "sp_128x64_fx4", "kcat"} <= set(labels)
+    point = [x for x in saved["rows"] if (x["M"], x["N"], x["K"], x["r"]) == (256, 18944, 3584, 16)]
+    fastest = dict(point[-1], label="kcat", strategy="kcat", graph_us=1.0)
+    table.write_text(json.dumps({"meta": {}, "lora": {}}))
+    pu.report(point + [fastest], saved["meta"], [], argparse.Namespace(out=tmp_path, margin=0.03, write_tuned=table))
+    assert all(v["strategy"] != "kcat" for v in json.loads(table.read_text())["lora"].values())
