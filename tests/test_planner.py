@@ -194,7 +194,7 @@ def test_heuristic_mid_m_measured_tiles():
     s, c = heuristic_lora(256, 6144, 4096, 16, 16, gpu=True, sms=H200_SMS, strategy="split")
     assert (s, c.block_m, c.block_n, c.split_k) == ("split", 128, 128, 1)
     for M, K, N in ((256, 4096, 1024), (256, 14336, 4096), (1024, 4096, 1024), (256, 4096, 4096)):
-        s, c = heuristic_lora(M, N, K, 16, 16, gpu=True, sms=H200_SMS)
+        s, c = heuristic_lora(M, N, K, 16, 16, gpu=True, sms=H200_SMS, strategy="split")
         assert (s, c.block_n, c.split_k, c.split_mode) == ("split", 128, 2, "reduce"), (M, K, N)
     for M, K, N in ((256, 4096, 14336), (4096, 4096, 6144), (4096, 4096, 1024), (1024, 3584, 3584)):
         s, c = heuristic_lora(M, N, K, 16, 16, gpu=True, sms=H200_SMS, strategy="split")
@@ -213,8 +213,15 @@ def test_heuristic_mid_m_measured_tiles():
         for r in (16, 64):
             s, c = heuristic_lora(M, N, K, r, 16, gpu=True, sms=H200_SMS)
             assert (s, c.split_k, c.block_r) == ("persistent_static", 1, r), (M, K, N, r)
-    for M, K, N, r in ((1024, 14336, 4096, 64), (256, 4096, 1024, 64), (4096, 4096, 6144, 64), (256, 4096, 6144, 128)):
+    for M, K, N, r in ((1024, 14336, 4096, 64), (1024, 4096, 1024, 64), (4096, 4096, 6144, 64), (256, 4096, 6144, 128),
+                       (256, 4096, 1024, 128)):
         assert heuristic_lora(M, N, K, r, 16, gpu=True, sms=H200_SMS)[0] == "split", (M, K, N, r)
+    # narrow N at 64 < M ≤ 256 (probes/s18/narrow): one kloop launch on 64×64 tiles, K split 2 in the launch
+    for M, K, N, r in ((256, 4096, 1024, 16), (256, 8192, 1024, 64), (128, 4096, 2048, 16)):
+        s, c = heuristic_lora(M, N, K, r, 16, gpu=True, sms=H200_SMS)
+        assert (s, c.block_m, c.block_n, c.split_k, c.split_mode) == ("kloop", 64, 64, 2, "fixup"), (M, K, N, r)
+        assert can_implement(s, (M, N, K, r), c)
+    assert heuristic_lora(256, 1024, 4096, 16, 16, gpu=True, sms=H200_SMS, strategy="split")[0] == "split"
     for M, K, N in ((1024, 4096, 14336), (4096, 4096, 14336), (1024, 4096, 28672), (1024, 8192, 8192)):
         assert heuristic_lora(M, N, K, 16, 16, gpu=True, sms=H200_SMS)[0] == "persistent_static", (M, K, N)
     # 16 < M ≤ 64: the widest N tile with about a wave of tiles, split only for tiny N (or 64×64 at long K)
@@ -403,8 +410,8 @@ def test_every_committed_lora_entry_passes_the_ledger():
 
 def test_unseen_shape_probe_candidates_and_committed_winners(tmp_path):
     """scripts/probe_lora_unseen.py: every candidate passes can_implement (the probe filters, so check none is lost
-    where the families must exist), and its committed run (probes/s17/families) rebuilt from the saved rows gives
-    exactly the 23 entries the tuned table holds for those shapes — the table says what was measured."""
+    where the families must exist), and its committed runs rebuilt from the saved rows give exactly the entries the
+    tuned table holds for those shapes — the table says what was measured."""
     import argparse
     import sys
     root = P.TUNED_DIR.parents[3]
@@ -413,25 +420,25 @@ def test_unseen_shape_probe_candidates_and_committed_winners(tmp_path):
     for M, K, N, r in ((256, 4096, 6144, 16), (64, 4096, 1024, 64), (1024, 14336, 4096, 16), (16, 4096, 14336, 64)):
         labels = [lb for lb, _, _ in pu.candidates(M, N, K, r)]
         assert len(labels) >= 3 and len(set(labels)) == len(labels), (M, K, N, r, labels)
-    saved = json.loads((root / "benchmarks/results/h200/probes/s17/families/probe_lora_unseen.json").read_text())
-    table = tmp_path / "t.json"
+    # the committed runs (s17/families, s18/first held-out, s18/narrow), replayed in order into an empty table, give
+    # exactly the entries the shipped table holds for them (a later run's winner replaces an earlier one's)
     shipped = json.loads((P.TUNED_DIR / "lora_h200.json").read_text())
+    table = tmp_path / "t.json"
     table.write_text(json.dumps({"meta": {}, "lora": {}}))
-    pu.report(saved["rows"], saved["meta"], saved["skipped"],
-              argparse.Namespace(out=tmp_path, margin=0.03, write_tuned=table))
+    sizes = []
+    for run in ("s17/families", "s18/first", "s18/narrow"):
+        saved = json.loads((root / f"benchmarks/results/h200/probes/{run}/probe_lora_unseen.json").read_text())
+        pu.report(saved["rows"], saved["meta"], saved["skipped"],
+                  argparse.Namespace(out=tmp_path, margin=0.03, write_tuned=table))
+        sizes.append(len(json.loads((tmp_path / "lora_h200_updates.json").read_text())))
     got = json.loads(table.read_text())["lora"]
-    assert len(got) == 23 and all(shipped["lora"][k] == v for k, v in got.items())
-    assert all(v["strategy"] != "torch_unfused" for v in got.values())
-    # session 18's run on the held-out shapes (probes/s18/first): its 11 winners, as shipped
-    saved = json.loads((root / "benchmarks/results/h200/probes/s18/first/probe_lora_unseen.json").read_text())
-    table.write_text(json.dumps({"meta": {}, "lora": {}}))
-    pu.report(saved["rows"], saved["meta"], saved["skipped"],
-              argparse.Namespace(out=tmp_path, margin=0.03, write_tuned=table))
-    got = json.loads(table.read_text())["lora"]
-    assert len(got) == 11 and all(shipped["lora"][k] == v for k, v in got.items())
+    assert sizes == [23, 11, 7] and len(got) == 39           # s18/narrow re-pinned two s17 cells (M=256, 4096→1024)
+    assert all(shipped["lora"][k] == v for k, v in got.items())
+    assert all(v["strategy"] not in ("torch_unfused", "kcat") for v in got.values())
     # narrow N: one-launch candidates and kcat, which never enters the table (unpacked weights would keep a copy)
     labels = [lb for lb, _, _ in pu.candidates(256, 1024, 4096, 64)]
     assert {"kl_128x64_fx4", "kl_64x64_fx2", "sp_128x64_fx4", "kcat"} <= set(labels)
+    saved = json.loads((root / "benchmarks/results/h200/probes/s18/first/probe_lora_unseen.json").read_text())
     point = [x for x in saved["rows"] if (x["M"], x["N"], x["K"], x["r"]) == (256, 18944, 3584, 16)]
     fastest = dict(point[-1], label="kcat", strategy="kcat", graph_us=1.0)
     table.write_text(json.dumps({"meta": {}, "lora": {}}))
