@@ -372,7 +372,7 @@ def _measured_plan(M: int, N: int, K: int, r: int, dtype_bits: int, sms: int, st
         # narrow N (k/v projections): cuBLAS takes 10–15 µs and split's three launches ~2× that; one kloop launch
         # on 64×64 tiles, K split 2 in the launch, read 1.28–1.48× against split's 1.92–2.34× (probes/s18/narrow,
         # M=256, N=1024, K 4096 / 8192, r 16 / 64; torch unfused 1.79–2.18×). At M=1024 it lost (S recomputed
-        # for each of 16 N tiles: 2.4–2.8×).
+        # for each of 16 N tiles: kl_64x64 2.4–2.8×).
         strategy, free = "kloop", False
         bm, bn, bk, warps, split, mode = 64, 64, 128, 4, 2, "fixup"
     split = max(1, min(split, cdiv(K, bk) // 4))        # ≥ 4 K tiles per piece (split_k_for's rule)
