@@ -711,6 +711,9 @@ def _load_tuned(path: str) -> dict:
     return data.get("plans", {})
 
 
+_APPEND_STAGES = 3        # the heuristic's appended-expand B ring (every tuned appended winner's depth)
+
+
 @functools.lru_cache(maxsize=512)      # a pure function of its arguments, ~0.2 ms of host time per eager call
 def heuristic_plan(M: int, N: int, K: int, r_max: int, L: int, mode: str, sms: int,
                    adapters: int | None = None, decode_swap: bool = True) -> MultiLoRAPlan:
@@ -730,13 +733,14 @@ def heuristic_plan(M: int, N: int, K: int, r_max: int, L: int, mode: str, sms: i
     tiles = num_pid_m * cdiv(N, block_n)
     split = max(1, min(sms // tiles, cdiv(K, block_k) // 4, 8))
     d_bound = max(1, min(M, block_m, L, adapters if adapters is not None else L))
-    appended = d_bound > 1 and M > 16          # M ≤ 16 (swap-AB) builds its own appended plan below
+    swap = M <= 16 and decode_swap             # swap-AB decode plan, built below
+    appended = swap or (d_bound > 1 and M > 16)
     fuse_d = 0 if appended or _pow2_at_least(d_bound, 1) * block_r > 64 else _pow2_at_least(d_bound, 1)
     epi_d = max(1, 64 // block_r)
     base = KernelConfig(block_m=block_m, block_n=block_n, block_k=block_k, block_r=block_r,
                         group_m=8, num_warps=4 if block_m == 64 else 8, split_k=split)
     stages, _, _ = solve_stages(lambda s, _l: main_ledger(base.replace(num_stages=s), fuse_d=fuse_d, epi_d=epi_d,
-                                                          append_stages=3 if appended else 0),
+                                                          append_stages=_APPEND_STAGES if appended else 0),
                                 min_main=2, max_main=5)
     main = base.replace(num_stages=stages)
 
@@ -749,20 +753,17 @@ def heuristic_plan(M: int, N: int, K: int, r_max: int, L: int, mode: str, sms: i
     s_split = max(1, min(cdiv(2 * sms, pairs), cdiv(K, sbk), s_budget, 32))
     shrink = KernelConfig(block_m=sbm, block_n=SHRINK_RANK_BLOCK, block_k=sbk, block_r=block_r,
                           split_k=s_split, num_warps=4, num_stages=3)
-    if M <= 16 and decode_swap:
+    if swap:
         # Decode: a 64-row tile wastes ¾ of every wgmma on ≤ 16 tokens; swap-AB puts the weight rows on the
         # wgmma's M and the tokens on its N (16). Session 15 (H200, untuned N 6144/8192/14336, r 16/64,
         # 1–16 adapters): 10–48 % less time than the BM-64 fused-shrink plan in all six cases, and every tuned
         # M = 16 winner is this shape. Swap-AB needs the shrink launch; the appended expand beat the epilogue one.
-        swap = main.replace(block_m=16, block_k=64, num_warps=4, swap_ab=True)
-        stages, _, _ = solve_stages(lambda s, _l: main_ledger(swap.replace(num_stages=s), append_stages=3),
+        tile = main.replace(block_m=16, block_k=64, num_warps=4, swap_ab=True)
+        stages, _, _ = solve_stages(lambda s, _l: main_ledger(tile.replace(num_stages=s), append_stages=_APPEND_STAGES),
                                     min_main=2, max_main=6)
-        return MultiLoRAPlan(main=swap.replace(num_stages=stages), shrink=shrink, fuse_d=0, epi_d=epi_d,
-                             expand="appended", append_stages=3, s_unroll=True)
-    if appended:
-        return MultiLoRAPlan(main=main, shrink=shrink, fuse_d=0, epi_d=epi_d, expand="appended", append_stages=3,
-                             s_unroll=True)
-    return MultiLoRAPlan(main=main, shrink=shrink, fuse_d=fuse_d, epi_d=epi_d)
+        main = tile.replace(num_stages=stages)
+    expand = dict(expand="appended", append_stages=_APPEND_STAGES, s_unroll=True) if appended else {}
+    return MultiLoRAPlan(main=main, shrink=shrink, fuse_d=fuse_d, epi_d=epi_d, **expand)
 
 
 def choose_plan(M: int, N: int, K: int, r_max: int, L: int, mode: str, device,
