@@ -25,8 +25,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 from probe_multilora import restage  # noqa: E402
 
-from lowrank_gemm.bench.common import device_meta, markdown_table, rotation_count, time_graph  # noqa: E402
-from lowrank_gemm.bench.multilora import SLOTS, _bank, _ids, floor_bytes  # noqa: E402
+from lowrank_gemm.bench.common import device_meta, markdown_table, time_graph  # noqa: E402
+from lowrank_gemm.bench.multilora import SLOTS, make_case  # noqa: E402
 from lowrank_gemm.kernels import multilora_gemm as mg  # noqa: E402
 from lowrank_gemm.kernels._multilora_baselines import shrink_expand  # noqa: E402
 from lowrank_gemm.kernels.schedule import num_sms  # noqa: E402
@@ -51,15 +51,8 @@ def variants(h: mg.MultiLoRAPlan, M: int, r: int) -> dict:
 
 def probe_case(K, N, r, M, adapters):
     dev = torch.device("cuda")
-    gen_cpu = torch.Generator().manual_seed(M * 131 + N + r * 7 + adapters)
-    gen = torch.Generator(device=dev).manual_seed(M * 131 + N + r * 7 + adapters)
-    ids, distinct = _ids(M, adapters, dev, gen_cpu)
+    sets, distinct, _ = make_case(M, N, r, adapters, K, dev)       # the bench's inputs for the same case
     nd = len(distinct)
-    sets = []
-    for _ in range(rotation_count(floor_bytes(M, N, r, nd, K))):
-        x = torch.randn(M, K, device=dev, generator=gen).to(torch.bfloat16)
-        w = (torch.randn(N, K, device=dev, generator=gen) / K ** 0.5).to(torch.bfloat16)
-        sets.append((x, w, _bank(N, r, dev, gen, K), ids))
     x, w, bk, i = sets[0]
     ref = shrink_expand(x, w, bk.bank_a, bk.bank_b, bk.ranks, bk.scales, i).double()
     base = {"K": K, "N": N, "r": r, "M": M, "adapters": nd}

@@ -50,21 +50,28 @@ def floor_bytes(M, N, r, distinct, k=K):
     return 2 * (N * k + M * k + M * N + distinct * (r * k + N * r))
 
 
+def make_case(M, N, r, adapters, k=K, dev=None):
+    """One case's inputs on the GPU, seeded by the case: (rotated sets of (x, W, bank, ids) — ≥ 3× the L2 —,
+    the distinct adapter slots, the bytes of the floor)."""
+    dev = dev or torch.device("cuda")
+    gen_cpu = torch.Generator().manual_seed(M * 131 + N + r * 7 + adapters)
+    gen = torch.Generator(device=dev).manual_seed(M * 131 + N + r * 7 + adapters)
+    ids, distinct = _ids(M, adapters, dev, gen_cpu)
+    touched = floor_bytes(M, N, r, len(distinct), k)
+    sets = []
+    for _ in range(rotation_count(touched)):
+        x = torch.randn(M, k, device=dev, generator=gen).to(torch.bfloat16)
+        w = (torch.randn(N, k, device=dev, generator=gen) / math.sqrt(k)).to(torch.bfloat16)
+        sets.append((x, w, _bank(N, r, dev, gen, k), ids))
+    return sets, distinct, touched
+
+
 def bench_case(M, N, r, adapters, copy_tbps, graph=True, only=None, k=K):
     from lowrank_gemm.kernels import multilora_gemm as mg
     from lowrank_gemm.kernels._multilora_baselines import shrink_expand, torch_loop
     dev = torch.device("cuda")
-    gen_cpu = torch.Generator().manual_seed(M * 131 + N + r * 7 + adapters)
-    gen = torch.Generator(device=dev).manual_seed(M * 131 + N + r * 7 + adapters)
-    ids, distinct = _ids(M, adapters, dev, gen_cpu)
-    nd = len(distinct)
-    touched = floor_bytes(M, N, r, nd, k)
-    n_sets = rotation_count(touched)
-    sets = []
-    for _ in range(n_sets):
-        x = torch.randn(M, k, device=dev, generator=gen).to(torch.bfloat16)
-        w = (torch.randn(N, k, device=dev, generator=gen) / math.sqrt(k)).to(torch.bfloat16)
-        sets.append((x, w, _bank(N, r, dev, gen, k), ids))
+    sets, distinct, touched = make_case(M, N, r, adapters, k, dev)
+    nd, n_sets = len(distinct), len(sets)
     ranks_host = [r] * SLOTS
 
     impls = {
