@@ -1,6 +1,6 @@
 """GPU probe (session 18): the multi-LoRA heuristic's plan on untuned shapes where it still loses to shrink + expand.
 
-    PYTHONPATH=src python scripts/probe_multilora_unseen.py --out DIR [--budget-s 150]
+    PYTHONPATH=src python scripts/probe_multilora_unseen.py --out DIR [--budget-s 150] [--cases "K,N,r,M,a;…"]
 
 Why: after session 18 made the appended expand the heuristic from 2 adapters on (``probes/s18/verify``: worst cell
 25× → 4.7× cuBLAS), 6 of 66 cells on the Llama-3-8B projections still lose to shrink + expand, all at r=16 with
@@ -8,7 +8,9 @@ Why: after session 18 made the appended expand the heuristic from 2 adapters on 
 ``append_d`` = 4 (four adapters stacked per appended step: M=256, N=4096, 16 / 64 adapters) and 128×256 tiles at
 M=256 (N=28672). Per case, in one process: cuBLAS, shrink + expand, the heuristic (``heur``) and one-knob variants
 (``st4``: append_d 4; ``bn256``: 128×256 tiles; ``sk2``: in-kernel split-K doubled), each checked against
-shrink + expand (relative error ≤ 1e-2) before its CUDA-graph median. Outputs (DIR): ``probe_multilora_unseen.{json,md}``.
+shrink + expand (relative error ≤ 1e-2) before its CUDA-graph median. Session 19 adds ``--cases`` and, at M > 64, the
+other tile width (``bn128`` / ``bn256``) and for one adapter the plan the heuristic gave it before (``fused128``:
+shrink fused into the k-loop, 128×128 tiles). Outputs (DIR): ``probe_multilora_unseen.{json,md}``.
 """
 
 from __future__ import annotations
@@ -38,13 +40,18 @@ CASES = ((4096, 6144, 16, 256, 64), (14336, 4096, 16, 256, 64), (4096, 14336, 16
 TOL = 1e-2
 
 
-def variants(h: mg.MultiLoRAPlan, M: int, r: int) -> dict:
+def variants(h: mg.MultiLoRAPlan, M: int, r: int, nd: int) -> dict:
     out = {"heur": h}
     var = lambda **kw: restage(mg, dataclasses.replace(h, **kw))  # noqa: E731
     if r <= 16 and h.expand == "appended":
         out["st4"] = var(append_d=4)
     if M > 64:
-        out["bn256"] = var(main=h.main.replace(block_n=256))
+        other = 128 if h.main.block_n == 256 else 256
+        out[f"bn{other}"] = var(main=h.main.replace(block_n=other))
+        if nd == 1 and h.expand == "appended":
+            # session 19: the plan the heuristic gave one adapter at M > 64 before — shrink fused in the k-loop,
+            # expand in the epilogue, 128×128 tiles
+            out["fused128"] = var(main=h.main.replace(block_n=128), fuse_d=1, expand="epilogue", s_unroll=False)
     out["sk2"] = var(main=h.main.replace(split_k=max(2, 2 * h.main.split_k)))
     return out
 
@@ -63,7 +70,7 @@ def probe_case(K, N, r, M, adapters):
             ).median_us, 3))]
     h = mg.heuristic_plan(M, N, K, r, SLOTS, "gather", num_sms(dev), nd)
     try:
-        cands = variants(h, M, r)
+        cands = variants(h, M, r, nd)
     except Exception as exc:        # a variant the ledger cannot stage: report, keep the heuristic
         cands = {"heur": h}
         rows.append(dict(base, impl="variants", error=f"{type(exc).__name__}: {exc}"[:300]))
@@ -97,10 +104,12 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--budget-s", type=float, default=150.0)
+    ap.add_argument("--cases", default=None, help="K,N,r,M,adapters;… (default: CASES, session 18's six cells)")
     args = ap.parse_args(argv)
+    cases = CASES if args.cases is None else [tuple(int(v) for v in c.split(",")) for c in args.cases.split(";")]
     args.out.mkdir(parents=True, exist_ok=True)
     meta, rows, skipped, t0 = device_meta(), [], [], time.time()
-    for case in CASES:
+    for case in cases:
         if time.time() - t0 > args.budget_s:
             skipped.append(case)
             continue
@@ -110,7 +119,7 @@ def main(argv=None):
               " ".join(f"{x['impl']}={x.get('x_cublas', x.get('error', '?'))}" for x in got), flush=True)
         (args.out / "probe_multilora_unseen.json").write_text(json.dumps({"meta": meta, "rows": rows,
                                                                           "skipped": skipped}, indent=1))
-    labels = ["shrink_expand", "heur", "st4", "bn256", "sk2"]
+    labels = ["shrink_expand", "heur", "st4", "bn256", "bn128", "fused128", "sk2"]
     table = []
     for case in dict.fromkeys((x["K"], x["N"], x["r"], x["M"], x["adapters"]) for x in rows):
         rs = {x["impl"]: x for x in rows if (x["K"], x["N"], x["r"], x["M"], x["adapters"]) == case}

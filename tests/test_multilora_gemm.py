@@ -617,7 +617,20 @@ def test_appended_plan_fields():
         h = mg.heuristic_plan(M, 28672, 4096, 16, 64, "gather", 132, adapters=a)
         assert (h.expand, h.fuse_d, h.s_unroll, h.append_stages) == ("appended", 0, True, 3), (M, a)
         assert mg.can_implement(h.main, append_stages=h.append_stages)
-    assert mg.heuristic_plan(256, 28672, 4096, 16, 64, "gather", 132, adapters=1).expand == "epilogue"
+    # one adapter: the fused shrink at 16 < M ≤ 64; above, where it would redo its MMA for every N tile, the
+    # shrink launch and the appended expand (session 19)
+    assert mg.heuristic_plan(64, 28672, 4096, 16, 64, "gather", 132, adapters=1).expand == "epilogue"
+    assert mg.heuristic_plan(256, 28672, 4096, 16, 64, "gather", 132, adapters=1).expand == "appended"
+
+
+@pytest.mark.parametrize("M,N,block_n", [(256, 28672, 256), (256, 14336, 256), (128, 28672, 256),
+                                         (256, 6144, 128), (256, 4096, 128), (64, 28672, 128)])
+def test_heuristic_tile_width_follows_the_wave_rule(M, N, block_n):
+    """M > 64: 128×256 where the single-adapter planner's wave rule takes it (every tuned M=256 N=28672 winner;
+    probes/s18/ml_variants: won at N=14336, lost at 6144 / 4096), else 128 wide."""
+    h = mg.heuristic_plan(M, N, 4096, 16, 64, "gather", 132, adapters=4)
+    assert h.main.block_n == block_n
+    assert mg.can_implement(h.main, append_stages=h.append_stages)
 
 
 def _appended_loop(ptx):

@@ -49,6 +49,7 @@ from lowrank_gemm.kernels.lora_gemm import _direct_ok
 from lowrank_gemm.kernels.pdl import gdc_launch_dependents, gdc_wait, pdl_enabled, pdl_supported
 from lowrank_gemm.kernels.schedule import cdiv, grouped_tile, next_pow2, num_sms
 from lowrank_gemm.plan.config import KernelConfig
+from lowrank_gemm.plan.planner import wide_tiles_pay
 from lowrank_gemm.plan.smem import SmemLedger, SmemTerm, barrier_bytes, solve_stages, tile_bytes
 from lowrank_gemm.plan.tuned import TUNED_DIR, tuned_file
 
@@ -717,24 +718,31 @@ _APPEND_STAGES = 3        # the heuristic's appended-expand B ring (every tuned 
 @functools.lru_cache(maxsize=512)      # a pure function of its arguments, ~0.2 ms of host time per eager call
 def heuristic_plan(M: int, N: int, K: int, r_max: int, L: int, mode: str, sms: int,
                    adapters: int | None = None, decode_swap: bool = True) -> MultiLoRAPlan:
-    """Memory-bound decode shapes (M ≤ 256): wide W tiles (BN 128), in-kernel split-K to cover
-    the SMs when N is small. One adapter per row block: its shrink fused into the k-loop, the expand in the
-    epilogue. More: the shrink launch and the appended expand (one pipelined K step per distinct adapter,
-    the adapters shared out over the split-K programs), the plan of every tuned winner with ≥ 4 adapters at
-    M = 64 / 256; the epilogue's serial loop over adapters read up to 25× cuBLAS on untuned shapes (session 18,
-    ``probes/s18/down``: M=64, 4096→6144, r64, 64 adapters 433 µs vs shrink + expand 54). M ≤ 16: swap-AB
-    tiles (16 tokens on the wgmma's N) with the shrink launch and the appended expand (``decode_swap=False``:
-    the BM-64 plan the swap replaced, for probes that compare the two)."""
+    """Memory-bound decode shapes (M ≤ 256): W tiles 128 wide (M > 64: 256 wide where the planner's wave rule
+    takes them, :func:`~lowrank_gemm.plan.planner.wide_tiles_pay`), in-kernel split-K to cover the SMs when N
+    is small. At 16 < M ≤ 64 one adapter per row block: its shrink fused into the k-loop, the expand in the
+    epilogue. More adapters, or M > 64 (where the fused shrink's MMA is redone for every N tile): the shrink
+    launch and the appended expand (one pipelined K step per distinct adapter, the adapters shared out over the
+    split-K programs), the plan of every tuned winner with ≥ 4 adapters at M = 64 / 256; the epilogue's serial
+    loop over adapters read up to 25× cuBLAS on untuned shapes (session 18, ``probes/s18/down``: M=64,
+    4096→6144, r64, 64 adapters 433 µs vs shrink + expand 54). M ≤ 16: swap-AB tiles (16 tokens on the wgmma's
+    N) with the shrink launch and the appended expand (``decode_swap=False``: the BM-64 plan the swap replaced,
+    for probes that compare the two)."""
     block_r = rank_block(r_max)
     block_m = 64 if M <= 64 else 128
     num_pid_m = cdiv(M, block_m)
     block_n = 128
+    if block_m == 128 and (num_pid_m * cdiv(N, 256) >= sms // 2
+                           and wide_tiles_pay(num_pid_m * cdiv(N, 256), num_pid_m * cdiv(N, 128), sms)):
+        # the single-adapter rule (planner.measured_tile); on the multi-LoRA kernel 128×256 won at M=256 N=14336
+        # and lost at N=6144 / 4096 (probes/s18/ml_variants), and every tuned M=256 N=28672 winner is 128×256
+        block_n = 256
     block_k = 128 if block_m == 64 else 64
     tiles = num_pid_m * cdiv(N, block_n)
     split = max(1, min(sms // tiles, cdiv(K, block_k) // 4, 8))
     d_bound = max(1, min(M, block_m, L, adapters if adapters is not None else L))
     swap = M <= 16 and decode_swap             # swap-AB decode plan, built below
-    appended = swap or (d_bound > 1 and M > 16)
+    appended = swap or (M > 16 and (d_bound > 1 or block_m == 128))
     fuse_d = 0 if appended or _pow2_at_least(d_bound, 1) * block_r > 64 else _pow2_at_least(d_bound, 1)
     epi_d = max(1, 64 // block_r)
     base = KernelConfig(block_m=block_m, block_n=block_n, block_k=block_k, block_r=block_r,
