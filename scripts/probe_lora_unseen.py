@@ -85,6 +85,11 @@ def candidates(M, N, K, r):
             c.append(("kl_128x64_fx4", "kloop", _cfg("kloop", M, r, 128, 64, 64, 4, 4, "fixup")))
             c.append(("kl_64x64_fx2", "kloop", _cfg("kloop", M, r, 64, 64, 128, 4, 2, "fixup")))
             c.append(("sp_128x64_fx4", "split", _cfg("split", M, r, 128, 64, 64, 4, 4, "fixup")))
+        if M <= 256 and -(-M // 64) * -(-N // 128) <= 132:
+            # session 19: 4096² at M=256 (1.37–1.59×, split 2 on 64 tiles of 128×128): one kloop launch on a wave
+            # of 64×128 tiles (S recomputed per N tile: +r/128 of the MMA), unsplit and K split 2 in the launch
+            c.append(("kl_64x128", "kloop", _cfg("kloop", M, r, 64, 128, 128, 4)))
+            c.append(("kl_64x128_fx2", "kloop", _cfg("kloop", M, r, 64, 128, 128, 4, 2, "fixup")))
         if tiles < 66 or N < K:
             c.append(("kcat", "kcat", _cfg("kcat", M, r, 128, 128, 64, 4)))
     return [(lb, s, cf) for lb, s, cf in c if can_implement(s, (M, N, K, r), cf, 16)]
