@@ -30,8 +30,8 @@ from probe_lora import _call, _checked, _rel_err, finish_point  # noqa: E402
 
 from lowrank_gemm.bench.common import device_meta, markdown_table, time_graph  # noqa: E402
 from lowrank_gemm.bench.lora import SCALE, make_sets  # noqa: E402
-from lowrank_gemm.plan.planner import (can_implement, heuristic_lora, lora_ledger, stages_for,  # noqa: E402
-                                       tuned_key)
+from lowrank_gemm.plan.planner import (can_implement, heuristic_lora, lora_ledger, m_bucket,  # noqa: E402
+                                       stages_for, tuned_key)
 from lowrank_gemm.reference import lora_linear_ref  # noqa: E402
 
 MS = (1024, 4096, 256)
@@ -128,10 +128,15 @@ def probe_candidates(M, K, N, r, cands, unfused=False):
 
 
 def updates(rows, margin):
+    """Per tuned key, the fastest candidate where it beats ``auto`` by more than ``margin``. Only a point at its
+    bucket's own M (1, 16, 64, 256, …) pins: the table serves the whole bucket, and M=128's winner is not M=256's
+    (session 19: 4096², 64×128 split 2 1.28× at M=128 but 1.63× at M=256, where unsplit read 1.14×)."""
     by_point, out = {}, {}
     for row in rows:
         by_point.setdefault((row["M"], row["N"], row["K"], row["r"]), []).append(row)
     for (M, N, K, r), rs in by_point.items():
+        if M != m_bucket(M):
+            continue
         cub = next(x["graph_us"] for x in rs if x["label"] == "cublas")
         auto = next((x for x in rs if x["label"] == "auto"), None)
         cands = [x for x in rs if x.get("graph_us") and x["label"] not in ("cublas", "auto")]

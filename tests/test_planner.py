@@ -216,11 +216,18 @@ def test_heuristic_mid_m_measured_tiles():
     for M, K, N, r in ((1024, 14336, 4096, 64), (1024, 4096, 1024, 64), (4096, 4096, 6144, 64), (256, 4096, 6144, 128),
                        (256, 4096, 1024, 128)):
         assert heuristic_lora(M, N, K, r, 16, gpu=True, sms=H200_SMS)[0] == "split", (M, K, N, r)
-    # narrow N at 64 < M ≤ 256 (probes/s18/narrow): one kloop launch on 64×64 tiles, K split 2 in the launch
-    for M, K, N, r in ((256, 4096, 1024, 16), (256, 8192, 1024, 64), (128, 4096, 2048, 16)):
+    # at most a wave of 64-row tiles at 64 < M ≤ 256 (probes/s18/narrow, s19/call1): one kloop launch, the tile and
+    # in-launch split that put the most CTAs in one wave — the measured winner at all 12 points of s19/call1
+    for M, K, N, r, bn, split in ((256, 4096, 1024, 16, 64, 2), (256, 8192, 1024, 64, 64, 2),
+                                  (128, 4096, 2048, 16, 64, 2), (256, 4096, 2048, 64, 128, 2),
+                                  (128, 4096, 4096, 16, 128, 2), (256, 4096, 4096, 64, 128, 1)):
         s, c = heuristic_lora(M, N, K, r, 16, gpu=True, sms=H200_SMS)
-        assert (s, c.block_m, c.block_n, c.split_k, c.split_mode) == ("kloop", 64, 64, 2, "fixup"), (M, K, N, r)
+        assert (s, c.block_m, c.block_n, c.split_k) == ("kloop", 64, bn, split), (M, K, N, r)
+        assert c.split_k == 1 or c.split_mode == "fixup"
         assert can_implement(s, (M, N, K, r), c)
+    # 64×128 was measured at K ≤ 4096 only; past a wave (N=6144) or at M=1024 the other rules
+    assert P.one_wave_kloop_tile(256, 2048, 8192, H200_SMS) is None
+    assert P.one_wave_kloop_tile(256, 6144, 4096, H200_SMS) is None and P.one_wave_kloop_tile(1024, 1024, 4096, 132) is None
     assert heuristic_lora(256, 1024, 4096, 16, 16, gpu=True, sms=H200_SMS, strategy="split")[0] == "split"
     for M, K, N in ((1024, 4096, 14336), (4096, 4096, 14336), (1024, 4096, 28672), (1024, 8192, 8192)):
         assert heuristic_lora(M, N, K, 16, 16, gpu=True, sms=H200_SMS)[0] == "persistent_static", (M, K, N)
@@ -420,19 +427,22 @@ def test_unseen_shape_probe_candidates_and_committed_winners(tmp_path):
     for M, K, N, r in ((256, 4096, 6144, 16), (64, 4096, 1024, 64), (1024, 14336, 4096, 16), (16, 4096, 14336, 64)):
         labels = [lb for lb, _, _ in pu.candidates(M, N, K, r)]
         assert len(labels) >= 3 and len(set(labels)) == len(labels), (M, K, N, r, labels)
-    # the committed runs (s17/families, s18/first held-out, s18/narrow), replayed in order into an empty table, give
-    # exactly the entries the shipped table holds for them (a later run's winner replaces an earlier one's)
+    # the committed runs (s17/families, s18/first held-out, s18/narrow, s19/call1's M = 128 / 256 points), replayed in
+    # order into an empty table, give exactly the entries the shipped table holds for them (a later run's winner
+    # replaces an earlier one's; only points at their bucket's own M pin: s19's M = 128 rows are left out)
     shipped = json.loads((P.TUNED_DIR / "lora_h200.json").read_text())
     table = tmp_path / "t.json"
     table.write_text(json.dumps({"meta": {}, "lora": {}}))
     sizes = []
-    for run in ("s17/families", "s18/first", "s18/narrow"):
+    for run in ("s17/families", "s18/first", "s18/narrow", "s19/call1/lora_narrow"):
         saved = json.loads((root / f"benchmarks/results/h200/probes/{run}/probe_lora_unseen.json").read_text())
         pu.report(saved["rows"], saved["meta"], saved["skipped"],
                   argparse.Namespace(out=tmp_path, margin=0.03, write_tuned=table))
         sizes.append(len(json.loads((tmp_path / "lora_h200_updates.json").read_text())))
     got = json.loads(table.read_text())["lora"]
-    assert sizes == [23, 11, 7] and len(got) == 39           # s18/narrow re-pinned two s17 cells (M=256, 4096→1024)
+    assert sizes == [23, 11, 7, 3] and len(got) == 42        # s18/narrow re-pinned two s17 cells (M=256, 4096→1024)
+    assert got["m256_n4096_k4096_r16_bfloat16"]["config"]["block_n"] == 128      # M=256's winner, not M=128's
+    assert got["m256_n4096_k4096_r16_bfloat16"]["config"]["split_k"] == 1
     assert all(shipped["lora"][k] == v for k, v in got.items())
     assert all(v["strategy"] not in ("torch_unfused", "kcat") for v in got.values())
     # narrow N: one-launch candidates and kcat, which never enters the table (unpacked weights would keep a copy)

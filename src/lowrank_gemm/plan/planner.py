@@ -31,7 +31,7 @@ __all__ = ["LoraStrategy", "LORA_STRATEGIES", "plan_lora", "can_implement", "pin
            "block_r_for", "tile_for", "split_k_for", "stages_for", "group_m_for", "m_bucket",
            "r_bucket", "tuned_key", "load_tuned", "clear_plan_cache", "heuristic_lora", "MAX_FUSED_RANK", "TUNED_DIR",
            "SPLIT_BLOCK_R", "split_mode_override", "SPLIT_MODE_ENV", "FIXUP_STRATEGIES",
-           "fixup_dp_tiles", "wave_split", "PIECE_OVERHEAD", "measured_tile", "wide_tiles_pay",
+           "fixup_dp_tiles", "wave_split", "PIECE_OVERHEAD", "measured_tile", "wide_tiles_pay", "one_wave_kloop_tile",
            "WIDE_TILE_SPEEDUP"]
 
 MAX_FUSED_RANK = 128      # S lives in registers ([BM, BLOCK_R] fp32) in kloop / persistent
@@ -363,18 +363,39 @@ def wide_tiles_pay(wide_tiles: int, narrow_tiles: int, sms: int) -> bool:
     return 2 * cdiv(wide_tiles, sms) <= WIDE_TILE_SPEEDUP * cdiv(narrow_tiles, sms)
 
 
+def one_wave_kloop_tile(M: int, N: int, K: int, sms: int) -> tuple[int, int, int, int, int, str] | None:
+    """64 < M ≤ 256 with at most a wave of 64-row tiles: one kloop launch (S recomputed per N tile) on 64×128
+    (unsplit or K split 2 in the launch) or 64×64 (split 2) tiles, whichever puts the most CTAs in one wave
+    (ties: the wider tile, the smaller split); None where none fits a wave.
+
+    cuBLAS takes 10–20 µs on these shapes, and ``split``'s three launches (down, main split 2, reduce) cost ~1.5–2×
+    that. Measured in one process each (× cuBLAS, r16 / r64): M=256 N=1024 64×64 split 2 1.36 / 1.46 against
+    split's 1.93 / 2.32 (``probes/s18/narrow``; K = 8192 too); and ``probes/s19/call1`` at K=4096 — 4096² M=256
+    64×128 1.14 / 1.56 (split 2 on 128×128: 1.35 / persistent 1.58), M=128 64×128 split 2 1.28 / 1.53 (1.42 /
+    1.86), 4096→2048 M=256 64×128 split 2 1.43 / 1.73 (split 1.67 / 2.03), M=128 64×64 split 2 1.33 / 1.45 (the
+    same plan). The 64×128 tiles were measured at K ≤ 4096 only. At M=1024 one launch lost (S recomputed for each
+    of 16 N tiles: 2.4–2.8×)."""
+    if not 64 < M <= 256:
+        return None
+    rows, best = cdiv(M, 64), None
+    for bn, split in ((128, 1), (128, 2), (64, 2)):
+        ctas = rows * cdiv(N, bn) * split
+        if (bn == 64 or K <= 4096) and ctas <= sms and (best is None or ctas > best[0]):
+            best = (ctas, bn, split)
+    if best is None:
+        return None
+    return 64, best[1], 128, 4, best[2], "fixup"
+
+
 def _measured_plan(M: int, N: int, K: int, r: int, dtype_bits: int, sms: int, strategy: str, free: bool
                    ) -> tuple[str, KernelConfig] | None:
     """``strategy`` (or, when the caller left it ``free``, ``persistent_static`` where it won) on the tiles of
     :func:`measured_tile`; None when the ledger rejects them (wider operands): the caller's older rules then shrink."""
     bm, bn, bk, warps, split, mode = measured_tile(M, N, K, sms)
-    if r <= 64 and 64 < M <= 256 and cdiv(M, 64) * cdiv(N, 64) <= sms // 2 and (free or strategy == "kloop"):
-        # narrow N (k/v projections): cuBLAS takes 10–15 µs and split's three launches ~2× that; one kloop launch
-        # on 64×64 tiles, K split 2 in the launch, read 1.28–1.48× against split's 1.92–2.34× (probes/s18/narrow,
-        # M=256, N=1024, K 4096 / 8192, r 16 / 64; torch unfused 1.79–2.18×). At M=1024 it lost (S recomputed
-        # for each of 16 N tiles: kl_64x64 2.4–2.8×).
+    one_launch = one_wave_kloop_tile(M, N, K, sms) if r <= 64 and (free or strategy == "kloop") else None
+    if one_launch is not None:
         strategy, free = "kloop", False
-        bm, bn, bk, warps, split, mode = 64, 64, 128, 4, 2, "fixup"
+        bm, bn, bk, warps, split, mode = one_launch
     split = max(1, min(split, cdiv(K, bk) // 4))        # ≥ 4 K tiles per piece (split_k_for's rule)
 
     def plan(strat):
