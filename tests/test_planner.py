@@ -427,20 +427,20 @@ def test_unseen_shape_probe_candidates_and_committed_winners(tmp_path):
     for M, K, N, r in ((256, 4096, 6144, 16), (64, 4096, 1024, 64), (1024, 14336, 4096, 16), (16, 4096, 14336, 64)):
         labels = [lb for lb, _, _ in pu.candidates(M, N, K, r)]
         assert len(labels) >= 3 and len(set(labels)) == len(labels), (M, K, N, r, labels)
-    # the committed runs (s17/families, s18/first held-out, s18/narrow, s19/call1's M = 128 / 256 points), replayed in
+    # the committed runs (s17/families, s18/first held-out, s18/narrow, s19's M = 128 / 256 points), replayed in
     # order into an empty table, give exactly the entries the shipped table holds for them (a later run's winner
     # replaces an earlier one's; only points at their bucket's own M pin: s19's M = 128 rows are left out)
     shipped = json.loads((P.TUNED_DIR / "lora_h200.json").read_text())
     table = tmp_path / "t.json"
     table.write_text(json.dumps({"meta": {}, "lora": {}}))
     sizes = []
-    for run in ("s17/families", "s18/first", "s18/narrow", "s19/call1/lora_narrow"):
+    for run in ("s17/families", "s18/first", "s18/narrow", "s19/call1/lora_narrow", "s19/call2/heldout"):
         saved = json.loads((root / f"benchmarks/results/h200/probes/{run}/probe_lora_unseen.json").read_text())
         pu.report(saved["rows"], saved["meta"], saved["skipped"],
                   argparse.Namespace(out=tmp_path, margin=0.03, write_tuned=table))
         sizes.append(len(json.loads((tmp_path / "lora_h200_updates.json").read_text())))
     got = json.loads(table.read_text())["lora"]
-    assert sizes == [23, 11, 7, 3] and len(got) == 42        # s18/narrow re-pinned two s17 cells (M=256, 4096→1024)
+    assert sizes == [23, 11, 7, 3, 1] and len(got) == 43     # s18/narrow re-pinned two s17 cells (M=256, 4096→1024)
     assert got["m256_n4096_k4096_r16_bfloat16"]["config"]["block_n"] == 128      # M=256's winner, not M=128's
     assert got["m256_n4096_k4096_r16_bfloat16"]["config"]["split_k"] == 1
     assert all(shipped["lora"][k] == v for k, v in got.items())
