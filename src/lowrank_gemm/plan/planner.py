@@ -390,7 +390,8 @@ def one_wave_kloop_tile(M: int, N: int, K: int, sms: int) -> tuple[int, int, int
 def _measured_plan(M: int, N: int, K: int, r: int, dtype_bits: int, sms: int, strategy: str, free: bool
                    ) -> tuple[str, KernelConfig] | None:
     """``strategy`` (or, when the caller left it ``free``, ``persistent_static`` where it won) on the tiles of
-    :func:`measured_tile`; None when the ledger rejects them (wider operands): the caller's older rules then shrink."""
+    :func:`measured_tile` — kloop on :func:`one_wave_kloop_tile`'s tiles instead where those fit a wave (strategy
+    free or kloop, r ≤ 64); None when the ledger rejects them (wider operands): the caller's older rules then shrink."""
     bm, bn, bk, warps, split, mode = measured_tile(M, N, K, sms)
     one_launch = one_wave_kloop_tile(M, N, K, sms) if r <= 64 and (free or strategy == "kloop") else None
     if one_launch is not None:
