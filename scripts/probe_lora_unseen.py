@@ -70,9 +70,10 @@ def candidates(M, N, K, r):
             c.append(("ps_256x128", "persistent_static", _cfg("persistent_static", M, r, 256, 128, 64, 8)))
         # the partial last wave of 128×256 tiles split in the launch (planner.wave_split, fixup): session 17's
         # held-out 3584→18944 M=256 ran 148 tiles = 1.12 waves at 1.55×
+        sms = num_sms(torch.device("cuda")) if torch.cuda.is_available() else 132
         t256 = -(-M // 128) * -(-N // 256)
-        ws = wave_split(t256, -(-K // 64), num_sms(torch.device("cuda")) if torch.cuda.is_available() else 132)
-        if ws > 1 and t256 > 132:
+        ws = wave_split(t256, -(-K // 64), sms)
+        if ws > 1 and t256 > sms:
             c.append((f"sp_128x256_ws{ws}", "split", _cfg("split", M, r, 128, 256, 64, 8, ws, "fixup")))
         tiles = -(-M // 128) * -(-N // 128)
         if tiles < 100:
@@ -85,7 +86,7 @@ def candidates(M, N, K, r):
             c.append(("kl_128x64_fx4", "kloop", _cfg("kloop", M, r, 128, 64, 64, 4, 4, "fixup")))
             c.append(("kl_64x64_fx2", "kloop", _cfg("kloop", M, r, 64, 64, 128, 4, 2, "fixup")))
             c.append(("sp_128x64_fx4", "split", _cfg("split", M, r, 128, 64, 64, 4, 4, "fixup")))
-        if M <= 256 and -(-M // 64) * -(-N // 128) <= 132:
+        if M <= 256 and -(-M // 64) * -(-N // 128) <= sms:
             # session 19: 4096² at M=256 (1.37–1.59×, split 2 on 64 tiles of 128×128): one kloop launch on a wave
             # of 64×128 tiles (S recomputed per N tile: +r/128 of the MMA), unsplit and K split 2 in the launch
             c.append(("kl_64x128", "kloop", _cfg("kloop", M, r, 64, 128, 128, 4)))

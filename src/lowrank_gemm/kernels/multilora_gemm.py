@@ -49,7 +49,7 @@ from lowrank_gemm.kernels.lora_gemm import _direct_ok
 from lowrank_gemm.kernels.pdl import gdc_launch_dependents, gdc_wait, pdl_enabled, pdl_supported
 from lowrank_gemm.kernels.schedule import cdiv, grouped_tile, next_pow2, num_sms
 from lowrank_gemm.plan.config import KernelConfig
-from lowrank_gemm.plan.planner import wide_tiles_pay
+from lowrank_gemm.plan.planner import takes_wide_tiles
 from lowrank_gemm.plan.smem import SmemLedger, SmemTerm, barrier_bytes, solve_stages, tile_bytes
 from lowrank_gemm.plan.tuned import TUNED_DIR, tuned_file
 
@@ -719,7 +719,7 @@ _APPEND_STAGES = 3        # the heuristic's appended-expand B ring (every tuned 
 def heuristic_plan(M: int, N: int, K: int, r_max: int, L: int, mode: str, sms: int,
                    adapters: int | None = None, decode_swap: bool = True) -> MultiLoRAPlan:
     """Memory-bound decode shapes (M ≤ 256): W tiles 128 wide (M > 64: 256 wide where the planner's wave rule
-    takes them, :func:`~lowrank_gemm.plan.planner.wide_tiles_pay`), in-kernel split-K to cover the SMs when N
+    takes them, :func:`~lowrank_gemm.plan.planner.takes_wide_tiles`), in-kernel split-K to cover the SMs when N
     is small. At 16 < M ≤ 64 one adapter per row block: its shrink fused into the k-loop, the expand in the
     epilogue. More adapters, or M > 64 (where the fused shrink's MMA is redone for every N tile): the shrink
     launch and the appended expand (one pipelined K step per distinct adapter, the adapters shared out over the
@@ -732,10 +732,9 @@ def heuristic_plan(M: int, N: int, K: int, r_max: int, L: int, mode: str, sms: i
     block_m = 64 if M <= 64 else 128
     num_pid_m = cdiv(M, block_m)
     block_n = 128
-    if block_m == 128 and (num_pid_m * cdiv(N, 256) >= sms // 2
-                           and wide_tiles_pay(num_pid_m * cdiv(N, 256), num_pid_m * cdiv(N, 128), sms)):
-        # the single-adapter rule (planner.measured_tile); on the multi-LoRA kernel 128×256 won at M=256 N=14336
-        # and lost at N=6144 / 4096 (probes/s18/ml_variants), and every tuned M=256 N=28672 winner is 128×256
+    if block_m == 128 and takes_wide_tiles(M, N, sms):
+        # the single-adapter rule; on the multi-LoRA kernel 128×256 won at M=256 N=14336 and lost at N=6144 / 4096
+        # (probes/s18/ml_variants), and every tuned M=256 N=28672 winner is 128×256
         block_n = 256
     block_k = 128 if block_m == 64 else 64
     tiles = num_pid_m * cdiv(N, block_n)

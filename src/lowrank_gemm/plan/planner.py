@@ -31,7 +31,8 @@ __all__ = ["LoraStrategy", "LORA_STRATEGIES", "plan_lora", "can_implement", "pin
            "block_r_for", "tile_for", "split_k_for", "stages_for", "group_m_for", "m_bucket",
            "r_bucket", "tuned_key", "load_tuned", "clear_plan_cache", "heuristic_lora", "MAX_FUSED_RANK", "TUNED_DIR",
            "SPLIT_BLOCK_R", "split_mode_override", "SPLIT_MODE_ENV", "FIXUP_STRATEGIES",
-           "fixup_dp_tiles", "wave_split", "PIECE_OVERHEAD", "measured_tile", "wide_tiles_pay", "one_wave_kloop_tile",
+           "fixup_dp_tiles", "wave_split", "PIECE_OVERHEAD", "measured_tile", "wide_tiles_pay", "takes_wide_tiles",
+           "one_wave_kloop_tile",
            "WIDE_TILE_SPEEDUP"]
 
 MAX_FUSED_RANK = 128      # S lives in registers ([BM, BLOCK_R] fp32) in kloop / persistent
@@ -343,10 +344,9 @@ def measured_tile(M: int, N: int, K: int, sms: int) -> tuple[int, int, int, int,
         if K >= 8192:
             return 64, 64, 128, 4, 2, "fixup"
         return 64, 32, 256, 4, (2 if cdiv(N, 32) < sms // 2 else 1), "fixup"
-    pm = cdiv(M, 128)
-    if pm * cdiv(N, 256) >= sms // 2 and wide_tiles_pay(pm * cdiv(N, 256), pm * cdiv(N, 128), sms):
+    if takes_wide_tiles(M, N, sms):
         return 128, 256, 64, 8, 1, "reduce"
-    return 128, 128, 64, 4, (2 if pm * cdiv(N, 128) < sms // 2 else 1), "reduce"
+    return 128, 128, 64, 4, (2 if cdiv(M, 128) * cdiv(N, 128) < sms // 2 else 1), "reduce"
 
 
 # Work per SM-second of a 128×256 tile (8 warps) over a 128×128 one (4 warps), bracketed by the wave counts where
@@ -361,6 +361,13 @@ def wide_tiles_pay(wide_tiles: int, narrow_tiles: int, sms: int) -> bool:
     waves: a wave of wide tiles does twice the work at :data:`WIDE_TILE_SPEEDUP` the rate. The band where they lose
     is 1–1.5 waves of wide tiles (M=256 at N=18944: 148 tiles, 1.59× cuBLAS against 128×128's 1.37×)."""
     return 2 * cdiv(wide_tiles, sms) <= WIDE_TILE_SPEEDUP * cdiv(narrow_tiles, sms)
+
+
+def takes_wide_tiles(M: int, N: int, sms: int) -> bool:
+    """128-row tiles 256 wide rather than 128: from half a wave of them, where :func:`wide_tiles_pay` (the rule of
+    :func:`measured_tile` at M > 64, and of the multi-LoRA heuristic's tile width)."""
+    pm = cdiv(M, 128)
+    return pm * cdiv(N, 256) >= sms // 2 and wide_tiles_pay(pm * cdiv(N, 256), pm * cdiv(N, 128), sms)
 
 
 def one_wave_kloop_tile(M: int, N: int, K: int, sms: int) -> tuple[int, int, int, int, int, str] | None:
