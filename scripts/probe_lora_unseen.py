@@ -96,8 +96,25 @@ def candidates(M, N, K, r):
     return [(lb, s, cf) for lb, s, cf in c if can_implement(s, (M, N, K, r), cf, 16)]
 
 
-def probe_point(M, K, N, r):
-    return probe_candidates(M, K, N, r, candidates(M, N, K, r), unfused=True)
+def rule_plan(M, N, K, r):
+    """The plan ``auto`` would take with the tuned table hidden: the rules alone (session 20: at an M between
+    buckets, e.g. 128, the table's entry for the bucket's own M (256) serves it — which of the two is faster?)."""
+    from lowrank_gemm.plan import planner as P
+    saved = P.load_tuned
+    P.load_tuned = lambda path: {}
+    P.clear_plan_cache()
+    try:
+        return P.plan_lora(M, N, K, r, torch.bfloat16, torch.device("cuda"))
+    finally:
+        P.load_tuned = saved
+        P.clear_plan_cache()
+
+
+def probe_point(M, K, N, r, rule=False):
+    cands = candidates(M, N, K, r)
+    if rule:
+        cands = [("rule", *rule_plan(M, N, K, r))] + cands
+    return probe_candidates(M, K, N, r, cands, unfused=True)
 
 
 def main(argv=None):
@@ -106,6 +123,7 @@ def main(argv=None):
     ap.add_argument("--kn", default=None, help="K×N shapes, e.g. 3584x18944,18944x3584 (default: KNS)")
     ap.add_argument("--ms", default=None, help="M values in order, e.g. 256,16 (default: MS)")
     ap.add_argument("--ranks", default=None, help="ranks, e.g. 16,64 (default: RANKS)")
+    ap.add_argument("--rule", action="store_true", help="also time the plan the rules give with the table hidden")
     args = ap.parse_args(argv)
     kns = parse_shapes(args.kn) if args.kn else KNS
     ms = [int(v) for v in args.ms.split(",")] if args.ms else MS
@@ -116,7 +134,8 @@ def main(argv=None):
         report(saved["rows"], saved["meta"], saved["skipped"], args)
         return
     meta = device_meta()
-    rows, skipped = run_points([(M, K, N, r) for M in ms for K, N in kns for r in ranks], probe_point, args.budget_s,
+    rows, skipped = run_points([(M, K, N, r) for M in ms for K, N in kns for r in ranks],
+                               lambda *pt: probe_point(*pt, rule=args.rule), args.budget_s,
                                args.out / "probe_lora_unseen.json", meta)
     report(rows, meta, skipped, args)
 
