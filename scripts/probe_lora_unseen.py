@@ -110,10 +110,19 @@ def rule_plan(M, N, K, r):
         P.clear_plan_cache()
 
 
+def bucket_entry(M, N, K, r):
+    """The tuned table's entry for M's bucket as (label, strategy, config), or None: what ``auto`` ran at every M
+    of the bucket before session 20's :func:`~lowrank_gemm.plan.planner.entry_serves`."""
+    from lowrank_gemm.plan import planner as P
+    hit = P.load_tuned(P.tuned_file("lora", torch.device("cuda"))).get(P.tuned_key(M, N, K, r, torch.bfloat16))
+    return ("entry", hit["strategy"], KernelConfig.from_dict(hit["config"])) if hit else None
+
+
 def probe_point(M, K, N, r, rule=False):
     cands = candidates(M, N, K, r)
     if rule:
-        cands = [("rule", *rule_plan(M, N, K, r))] + cands
+        entry = bucket_entry(M, N, K, r)
+        cands = [("rule", *rule_plan(M, N, K, r))] + ([entry] if entry else []) + cands
     return probe_candidates(M, K, N, r, cands, unfused=True)
 
 
@@ -123,7 +132,7 @@ def main(argv=None):
     ap.add_argument("--kn", default=None, help="K×N shapes, e.g. 3584x18944,18944x3584 (default: KNS)")
     ap.add_argument("--ms", default=None, help="M values in order, e.g. 256,16 (default: MS)")
     ap.add_argument("--ranks", default=None, help="ranks, e.g. 16,64 (default: RANKS)")
-    ap.add_argument("--rule", action="store_true", help="also time the plan the rules give with the table hidden")
+    ap.add_argument("--rule", action="store_true", help="also time the rules' plan (table hidden) and the bucket's tuned entry")
     args = ap.parse_args(argv)
     kns = parse_shapes(args.kn) if args.kn else KNS
     ms = [int(v) for v in args.ms.split(",")] if args.ms else MS

@@ -138,6 +138,35 @@ def test_tuned_table_hit_and_infeasible_entry_ignored(monkeypatch):
     P.clear_plan_cache()
 
 
+def test_entry_serves_its_bucket_and_grids_like_it(monkeypatch):
+    """A tuned entry plans the M between buckets only where its grid there matches the bucket's M or runs ≥ 2 waves
+    (probes/s20/call1): elsewhere the rules plan, e.g. M=512 on the M=1024 entry's half wave of 4096² tiles."""
+    wide = KernelConfig(block_m=128, block_n=256, block_k=64, num_stages=3, num_warps=8)
+    assert P.entry_serves(1024, 4096, "persistent_static", wide, H200_SMS)           # the bucket's own M
+    assert not P.entry_serves(512, 4096, "persistent_static", wide, H200_SMS)        # 64 CTAs, not 128
+    assert not P.entry_serves(768, 8192, "persistent_static", wide, H200_SMS)        # 1.45 waves, not 1.94
+    assert P.entry_serves(512, 28672, "persistent_static", wide, H200_SMS)           # 448 CTAs: ≥ 2 waves
+    assert P.entry_serves(8192, 4096, "split", wide, H200_SMS)                       # past the last bucket
+    kl = KernelConfig(block_m=64, block_n=128, block_k=128, split_k=2, split_mode="fixup")
+    assert P.entry_serves(200, 4096, "kloop", kl, H200_SMS)                          # 4 row tiles, as at 256
+    assert not P.entry_serves(128, 4096, "kloop", kl, H200_SMS)
+    assert P.entry_serves(130, 4096, "persistent_static", kl.replace(block_m=128), H200_SMS)   # split ignored
+    # through plan_lora: the M=256 entry plans M=256 and M=200, the rules plan M=128 (on the GPU's SM count)
+    entry = KernelConfig(block_m=64, block_n=128, block_k=128, block_r=16, num_stages=3)
+    table = {tuned_key(256, 4096, 4096, 16, torch.bfloat16): {"strategy": "kloop", "config": entry.to_dict()}}
+    monkeypatch.setattr(P, "tuned_file", lambda family, dev: P.TUNED_DIR / f"{family}_h200.json")
+    monkeypatch.setattr(P, "load_tuned", lambda path: table)
+    import lowrank_gemm.kernels.schedule as S
+    monkeypatch.setattr(S, "num_sms", lambda dev: H200_SMS)
+    P.clear_plan_cache()
+    try:
+        assert plan_lora(256, 4096, 4096, 16, torch.bfloat16, "cpu") == ("kloop", entry)
+        assert plan_lora(200, 4096, 4096, 16, torch.bfloat16, "cpu") == ("kloop", entry)
+        assert plan_lora(128, 4096, 4096, 16, torch.bfloat16, "cpu")[1] != entry
+    finally:
+        P.clear_plan_cache()
+
+
 def test_committed_table_is_valid():
     data = json.loads((P.TUNED_DIR / "lora_h200.json").read_text())
     assert data["version"] >= 1
@@ -225,8 +254,10 @@ def test_heuristic_mid_m_measured_tiles():
         assert (s, c.block_m, c.block_n, c.split_k) == ("kloop", 64, bn, split), (M, K, N, r)
         assert c.split_k == 1 or c.split_mode == "fixup"
         assert can_implement(s, (M, N, K, r), c)
-    # 64×128 was measured at K ≤ 4096 only; past a wave (N=6144) or at M=1024 the other rules
-    assert P.one_wave_kloop_tile(256, 2048, 8192, H200_SMS) is None
+    # 64×128 was measured at K ≤ 4096, and unsplit on a full wave at K=8192 (probes/s20/call1: 8192² M=128 0.98×);
+    # past a wave (N=6144) or at M=1024 the other rules
+    assert P.one_wave_kloop_tile(256, 2048, 8192, H200_SMS) is None       # 64 CTAs: half a wave
+    assert P.one_wave_kloop_tile(128, 8192, 8192, H200_SMS) == (64, 128, 128, 4, 1, "fixup")
     assert P.one_wave_kloop_tile(256, 6144, 4096, H200_SMS) is None and P.one_wave_kloop_tile(1024, 1024, 4096, 132) is None
     assert heuristic_lora(256, 1024, 4096, 16, 16, gpu=True, sms=H200_SMS, strategy="split")[0] == "split"
     for M, K, N in ((1024, 4096, 14336), (4096, 4096, 14336), (1024, 4096, 28672), (1024, 8192, 8192)):

@@ -32,7 +32,7 @@ __all__ = ["LoraStrategy", "LORA_STRATEGIES", "plan_lora", "can_implement", "pin
            "r_bucket", "tuned_key", "load_tuned", "clear_plan_cache", "heuristic_lora", "MAX_FUSED_RANK", "TUNED_DIR",
            "SPLIT_BLOCK_R", "split_mode_override", "SPLIT_MODE_ENV", "FIXUP_STRATEGIES",
            "fixup_dp_tiles", "wave_split", "PIECE_OVERHEAD", "measured_tile", "wide_tiles_pay", "takes_wide_tiles",
-           "one_wave_kloop_tile",
+           "one_wave_kloop_tile", "entry_serves",
            "WIDE_TILE_SPEEDUP"]
 
 MAX_FUSED_RANK = 128      # S lives in registers ([BM, BLOCK_R] fp32) in kloop / persistent
@@ -261,6 +261,26 @@ def tuned_key(M: int, N: int, K: int, r: int, dtype: torch.dtype | str) -> str:
     return f"m{m_bucket(M)}_n{N}_k{K}_r{r_bucket(r)}_{d}"
 
 
+def entry_serves(M: int, N: int, strategy: str, cfg: KernelConfig, sms: int) -> bool:
+    """Whether a tuned entry, measured at its bucket's own M (:func:`m_bucket`), also serves ``M``: where its grid
+    at ``M`` has as many CTAs (tiles × K pieces) as at the bucket's M, or at least two waves of them. Elsewhere the
+    entry's tile was chosen for another grid, and the rules (which count waves) plan ``M``.
+
+    Measured (``probes/s20/call1``, grid shapes, the rules' plan against the bucket's entry, × cuBLAS): where the
+    grid shrinks to under two waves the entry lost by up to 35 % — M=512, 4096² 1.67 / 1.75 (r16 / r64) against
+    1.08 / 1.17 (the M=1024 entry's 256×128 / 128×256 tiles: half a wave), M=128, 4096² r64 1.85 vs 1.53,
+    M=768, 8192² 1.19 / 1.17 vs 1.08 / 1.00 (1.45 waves of 128×256) — and won by ≤ 7 % (M=128, 8192²: 1.07 / 1.43
+    vs 0.98 / 1.48 after :func:`one_wave_kloop_tile`'s K = 8192 case; M=512, 8192²: 1.00 / 0.95 vs 1.01 / 1.01);
+    from two waves on (N=28672 at M ≥ 512, 8192² at M=2048) the two were within 3 %."""
+    Mb = m_bucket(M)
+    if M == Mb:
+        return True
+    pieces = 1 if strategy in _NO_SPLIT_K else cfg.split_k
+    per_row = cdiv(N, cfg.block_n) * pieces
+    at_m = cdiv(M, cfg.block_m) * per_row
+    return at_m == cdiv(Mb, cfg.block_m) * per_row or at_m >= 2 * sms
+
+
 @functools.lru_cache(maxsize=8)
 def load_tuned(path: Path | None) -> dict:
     """``{key: {"strategy": str, "config": {...}}}`` from a LoRA table (``plan/tuned/lora_<gpu>.json``)."""
@@ -380,14 +400,16 @@ def one_wave_kloop_tile(M: int, N: int, K: int, sms: int) -> tuple[int, int, int
     split's 1.93 / 2.32 (``probes/s18/narrow``; K = 8192 too); and ``probes/s19/call1`` at K=4096 — 4096² M=256
     64×128 1.14 / 1.56 (split 2 on 128×128: 1.35 / persistent 1.58), M=128 64×128 split 2 1.28 / 1.53 (1.42 /
     1.86), 4096→2048 M=256 64×128 split 2 1.43 / 1.73 (split 1.67 / 2.03), M=128 64×64 split 2 1.33 / 1.45 (the
-    same plan). The 64×128 tiles were measured at K ≤ 4096 only. At M=1024 one launch lost (S recomputed for each
+    same plan). The 64×128 tiles were measured at K ≤ 4096, and unsplit on a full wave at K = 8192 (``probes/s20/call1``:
+    8192² M=128 0.98 / 1.48 against 128×128 split 2's 1.12 / 1.52). At M=1024 one launch lost (S recomputed for each
     of 16 N tiles: 2.4–2.8×)."""
     if not 64 < M <= 256:
         return None
     rows, best = cdiv(M, 64), None
     for bn, split in ((128, 1), (128, 2), (64, 2)):
         ctas = rows * cdiv(N, bn) * split
-        if (bn == 64 or K <= 4096) and ctas <= sms and (best is None or ctas > best[0]):
+        measured_k = bn == 64 or K <= 4096 or (split == 1 and ctas >= 0.9 * sms)
+        if measured_k and ctas <= sms and (best is None or ctas > best[0]):
             best = (ctas, bn, split)
     if best is None:
         return None
@@ -550,7 +572,7 @@ def _plan_lora_inner(M, N, K, r, dtype, device, pin, env_mode):
         hit = table.get(tuned_key(M, N, K, r, dtype))
         if hit is not None:
             cfg = KernelConfig.from_dict(hit["config"])
-            if can_implement(hit["strategy"], shape, cfg, bits):
+            if can_implement(hit["strategy"], shape, cfg, bits) and entry_serves(M, N, hit["strategy"], cfg, sms):
                 return hit["strategy"], cfg
     strategy, cfg = heuristic_lora(M, N, K, r, bits, gpu=gpu, sms=sms, strategy=pin_strategy,
                                    split_mode=env_mode)

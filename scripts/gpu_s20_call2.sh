@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Session 20, device call 2: planner.entry_serves and one_wave_kloop_tile's K = 8192 case on shapes they were not
+# derived from (call 1 measured the grid shapes):
+#   1. probe_lora_unseen.py --rule: `auto` (the new planner) beside `rule` (table hidden), `entry` (the bucket's tuned
+#      entry: what auto ran before) and every family — tuned non-grid shapes at M between buckets, and the
+#      shapes where the kloop rule changed (K > 4096, a full wave of 64×128 tiles);
+#   2. LoRA GPU tests.
+#   LOWRANK_GEMM_COMMIT=<hash> bash scripts/gpu_s20_call2.sh → $OUT/{session.log,gpu_tests.log,heldout.tar.gz}
+cd "$(dirname "$0")/.."
+export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+log() { echo "[$(date +%T)] $*" | tee -a "$OUT/session.log"; }
+log "$(nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader)"
+probe() {  # name, kn, ms, budget
+  timeout $(( $4 + 30 )) python3 scripts/probe_lora_unseen.py --out "$OUT/heldout/$1" --budget-s "$4" --rule \
+      --kn "$2" --ms "$3" --ranks 16,64 > "$OUT/heldout/$1.log" 2>&1
+  log "probe $1 rc=$?"
+}
+mkdir -p "$OUT/heldout"
+probe m512 4096x6144,4096x14336,14336x4096 512 60
+probe m128 4096x1024,4096x2048 128 40
+probe kloop8k 5120x5120,14336x4096 192 40
+probe m96 8192x8192 96 20
+probe m256 14336x4096 256 20
+tar czf "$OUT/heldout.tar.gz" -C "$OUT" heldout && rm -rf "$OUT/heldout"
+TEST_TIMEOUT=170 bash scripts/gpu_session.sh --tests "tests/test_lora_gemm_gpu.py"
+rm -f "$OUT/results.tar.gz"
+log done
