@@ -91,6 +91,12 @@ def candidates(M, N, K, r):
             # of 64×128 tiles (S recomputed per N tile: +r/128 of the MMA), unsplit and K split 2 in the launch
             c.append(("kl_64x128", "kloop", _cfg("kloop", M, r, 64, 128, 128, 4)))
             c.append(("kl_64x128_fx2", "kloop", _cfg("kloop", M, r, 64, 128, 128, 4, 2, "fixup")))
+        rows = -(-M // 64)
+        for bn in (128, 64):
+            # session 20: the same wave of 64-row tiles with S computed once per row block (persistent_static's
+            # S tasks, one more CTA per row block) instead of once per N tile (kloop: +r/BN of the MMA, +50 % at r64)
+            if M <= 256 and rows * -(-N // bn) + rows <= sms:
+                c.append((f"ps_64x{bn}", "persistent_static", _cfg("persistent_static", M, r, 64, bn, 128, 4)))
         if tiles < 66 or N < K:
             c.append(("kcat", "kcat", _cfg("kcat", M, r, 128, 128, 64, 4)))
     return [(lb, s, cf) for lb, s, cf in c if can_implement(s, (M, N, K, r), cf, 16)]
