@@ -61,6 +61,11 @@ def candidates(M, N, K, r):
         if tiles32 < 100:                       # too few output tiles even at 32 columns: split K in the launch
             c.append(("k_32_sk2", "kloop", _cfg("kloop", M, r, 64, 32, 256, 4, 2, "fixup")))
             c.append(("k_64_sk4", "kloop", _cfg("kloop", M, r, 64, 64, 128, 4, 4, "fixup")))
+        sms = num_sms(torch.device("cuda")) if torch.cuda.is_available() else 132
+        for bn in (128, 64, 32):
+            # session 20: S once (one S task) instead of once per N tile, on the widest tile with a wave of tiles
+            if -(-N // bn) + 1 <= sms and -(-N // bn) >= sms // 2:
+                c.append((f"ps_64x{bn}", "persistent_static", _cfg("persistent_static", M, r, 64, bn, 128, 4)))
     else:
         c += [("ps_128x256", "persistent_static", _cfg("persistent_static", M, r, 128, 256, 64, 8)),
               ("ps_128x128", "persistent_static", _cfg("persistent_static", M, r, 128, 128, 64, 8)),

@@ -245,12 +245,24 @@ def test_heuristic_mid_m_measured_tiles():
     for M, K, N, r in ((1024, 14336, 4096, 64), (1024, 4096, 1024, 64), (4096, 4096, 6144, 64), (256, 4096, 6144, 128),
                        (256, 4096, 1024, 128)):
         assert heuristic_lora(M, N, K, r, 16, gpu=True, sms=H200_SMS)[0] == "split", (M, K, N, r)
-    # at most a wave of 64-row tiles at 64 < M ≤ 256 (probes/s18/narrow, s19/call1): one kloop launch, the tile and
-    # in-launch split that put the most CTAs in one wave — the measured winner at all 12 points of s19/call1
+    # at most a wave of 64-row tiles at 64 < M ≤ 256, strategy free (probes/s20/call2): persistent_static on the
+    # width that puts the most tiles + S tasks in one wave — best or within 1.3 % at all 20 probed points
+    for M, K, N, r, bn in ((256, 4096, 4096, 64, 128), (128, 4096, 4096, 16, 64), (256, 4096, 2048, 16, 64),
+                           (256, 14336, 4096, 64, 128), (128, 8192, 8192, 64, 128), (192, 5120, 5120, 16, 128),
+                           (128, 4096, 1024, 64, 64)):
+        s, c = heuristic_lora(M, N, K, r, 16, gpu=True, sms=H200_SMS)
+        assert (s, c.block_m, c.block_n, c.split_k, c.block_r) == ("persistent_static", 64, bn, 1, r), (M, K, N, r)
+        assert P.one_wave_persistent_tile(M, N, H200_SMS) == bn
+        assert can_implement(s, (M, N, K, r), c)
+    assert P.one_wave_persistent_tile(256, 6144, H200_SMS) is None            # 4·48 + 4 > 132
+    assert P.one_wave_persistent_tile(64, 4096, H200_SMS) is None             # M ≤ 64: the decode rules
+    assert heuristic_lora(256, 4096, 4096, 128, 16, gpu=True, sms=H200_SMS)[0] == "split"   # rank 128: not fused
+    # pinned kloop keeps its one-launch rule (probes/s18/narrow, s19/call1): the tile and in-launch split that put
+    # the most CTAs in one wave
     for M, K, N, r, bn, split in ((256, 4096, 1024, 16, 64, 2), (256, 8192, 1024, 64, 64, 2),
                                   (128, 4096, 2048, 16, 64, 2), (256, 4096, 2048, 64, 128, 2),
                                   (128, 4096, 4096, 16, 128, 2), (256, 4096, 4096, 64, 128, 1)):
-        s, c = heuristic_lora(M, N, K, r, 16, gpu=True, sms=H200_SMS)
+        s, c = heuristic_lora(M, N, K, r, 16, gpu=True, sms=H200_SMS, strategy="kloop")
         assert (s, c.block_m, c.block_n, c.split_k) == ("kloop", 64, bn, split), (M, K, N, r)
         assert c.split_k == 1 or c.split_mode == "fixup"
         assert can_implement(s, (M, N, K, r), c)
@@ -465,15 +477,18 @@ def test_unseen_shape_probe_candidates_and_committed_winners(tmp_path):
     table = tmp_path / "t.json"
     table.write_text(json.dumps({"meta": {}, "lora": {}}))
     sizes = []
-    for run in ("s17/families", "s18/first", "s18/narrow", "s19/call1/lora_narrow", "s19/call2/heldout"):
+    for run in ("s17/families", "s18/first", "s18/narrow", "s19/call1/lora_narrow", "s19/call2/heldout",
+                "s20/call2/heldout/ps64", "s20/call2/heldout/m256"):
         saved = json.loads((root / f"benchmarks/results/h200/probes/{run}/probe_lora_unseen.json").read_text())
         pu.report(saved["rows"], saved["meta"], saved["skipped"],
                   argparse.Namespace(out=tmp_path, margin=0.03, write_tuned=table))
         sizes.append(len(json.loads((tmp_path / "lora_h200_updates.json").read_text())))
     got = json.loads(table.read_text())["lora"]
-    assert sizes == [23, 11, 7, 3, 1] and len(got) == 43     # s18/narrow re-pinned two s17 cells (M=256, 4096→1024)
+    # s18/narrow re-pinned two s17 cells (M=256, 4096→1024); s20 replaced five (persistent on 64-row tiles)
+    assert sizes == [23, 11, 7, 3, 1, 4, 2] and len(got) == 44
     assert got["m256_n4096_k4096_r16_bfloat16"]["config"]["block_n"] == 128      # M=256's winner, not M=128's
     assert got["m256_n4096_k4096_r16_bfloat16"]["config"]["split_k"] == 1
+    assert got["m256_n4096_k4096_r64_bfloat16"]["strategy"] == "persistent_static"
     assert all(shipped["lora"][k] == v for k, v in got.items())
     assert all(v["strategy"] not in ("torch_unfused", "kcat") for v in got.values())
     # narrow N: one-launch candidates and kcat, which never enters the table (unpacked weights would keep a copy)

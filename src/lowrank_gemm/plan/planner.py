@@ -32,7 +32,7 @@ __all__ = ["LoraStrategy", "LORA_STRATEGIES", "plan_lora", "can_implement", "pin
            "r_bucket", "tuned_key", "load_tuned", "clear_plan_cache", "heuristic_lora", "MAX_FUSED_RANK", "TUNED_DIR",
            "SPLIT_BLOCK_R", "split_mode_override", "SPLIT_MODE_ENV", "FIXUP_STRATEGIES",
            "fixup_dp_tiles", "wave_split", "PIECE_OVERHEAD", "measured_tile", "wide_tiles_pay", "takes_wide_tiles",
-           "one_wave_kloop_tile", "entry_serves",
+           "one_wave_kloop_tile", "one_wave_persistent_tile", "entry_serves",
            "WIDE_TILE_SPEEDUP"]
 
 MAX_FUSED_RANK = 128      # S lives in registers ([BM, BLOCK_R] fp32) in kloop / persistent
@@ -416,12 +416,42 @@ def one_wave_kloop_tile(M: int, N: int, K: int, sms: int) -> tuple[int, int, int
     return 64, best[1], 128, 4, best[2], "fixup"
 
 
+def one_wave_persistent_tile(M: int, N: int, sms: int) -> int | None:
+    """64 < M ≤ 256: the N width (128 or 64) of 64-row tiles whose tiles plus one S task per row block fill the most
+    of one wave without passing it — ``persistent_static`` on them computes S once per row block where kloop on the
+    same wave recomputes it per N tile (+r/BN of the MMA: +50 % at r64 on 64×128); None where neither fits a wave.
+
+    Measured in one process (``probes/s20/call2/heldout``, × cuBLAS, r16 / r64; against the best kloop plan): 4096²
+    M=256 64×128 1.12 / 1.18 (1.17 / 1.56); M=128 64×64 1.11 / 1.20 (1.27 / 1.53); 4096→2048 M=256 64×64 1.18 / 1.29
+    (1.42 / 1.73); 14336→4096 M=256 64×128 1.11 / 1.08 (split 1.19 / 1.25, kloop 1.42 / 1.69); 5120² M=192 1.07 /
+    1.10 (1.12 / 1.46); 8192² M=128 1.10 / 1.03 (1.09 / 1.34), M=96 1.17 / 1.16 (1.15 / 1.45); 4096→1024 M=128
+    64×64 1.51 / 1.54 (1.60 / 1.55). Best or within 1.3 % of the best table-eligible plan at all 20 points."""
+    if not 64 < M <= 256:
+        return None
+    rows, best = cdiv(M, 64), None
+    for bn in (128, 64):
+        tasks = rows * cdiv(N, bn) + rows
+        if tasks <= sms and (best is None or tasks > best[0]):
+            best = (tasks, bn)
+    return None if best is None else best[1]
+
+
 def _measured_plan(M: int, N: int, K: int, r: int, dtype_bits: int, sms: int, strategy: str, free: bool
                    ) -> tuple[str, KernelConfig] | None:
     """``strategy`` (or, when the caller left it ``free``, ``persistent_static`` where it won) on the tiles of
-    :func:`measured_tile` — kloop on :func:`one_wave_kloop_tile`'s tiles instead where those fit a wave (strategy
-    free or kloop, r ≤ 64); None when the ledger rejects them (wider operands): the caller's older rules then shrink."""
+    :func:`measured_tile` — where a wave of 64-row tiles fits at 64 < M ≤ 256 (r ≤ 64), ``persistent_static`` on
+    :func:`one_wave_persistent_tile`'s tiles (strategy free) or kloop on :func:`one_wave_kloop_tile`'s (strategy
+    kloop) instead; None when the ledger rejects them (wider operands): the caller's older rules then shrink."""
     bm, bn, bk, warps, split, mode = measured_tile(M, N, K, sms)
+    one_wave_ps = one_wave_persistent_tile(M, N, sms) if free and r <= 64 else None
+    if one_wave_ps is not None:
+        base = KernelConfig(block_m=64, block_n=one_wave_ps, block_k=128, block_r=block_r_for(r),
+                            group_m=group_m_for(cdiv(M, 64)), num_warps=4, num_stages=2)
+        try:
+            return "persistent_static", base.replace(num_stages=stages_for(
+                lambda s: lora_ledger("persistent_static", base.replace(num_stages=s), dtype_bits)))
+        except SmemError:
+            pass
     one_launch = one_wave_kloop_tile(M, N, K, sms) if r <= 64 and (free or strategy == "kloop") else None
     if one_launch is not None:
         strategy, free = "kloop", False
