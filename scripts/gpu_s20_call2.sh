@@ -7,17 +7,7 @@
 #      plus persistent_static on one wave of 64-row tiles (ps_64x128 / ps_64x64, new candidates) at M 256 / 128;
 #   2. LoRA GPU tests.
 #   LOWRANK_GEMM_COMMIT=<hash> bash scripts/gpu_s20_call2.sh → $OUT/{session.log,gpu_tests.log,heldout.tar.gz}
-cd "$(dirname "$0")/.."
-export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-log() { echo "[$(date +%T)] $*" | tee -a "$OUT/session.log"; }
-log "$(nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader)"
-probe() {  # name, kn, ms, budget
-  timeout $(( $4 + 30 )) python3 scripts/probe_lora_unseen.py --out "$OUT/heldout/$1" --budget-s "$4" --rule \
-      --kn "$2" --ms "$3" --ranks 16,64 > "$OUT/heldout/$1.log" 2>&1
-  log "probe $1 rc=$?"
-}
-mkdir -p "$OUT/heldout"
+PROBE_DIR=heldout source "$(dirname "$0")/_probe_unseen.sh"
 probe ps64 4096x4096,4096x2048 256,128 55
 probe ps64_8k 8192x8192 128 15
 probe m512 4096x6144,4096x14336,14336x4096 512 55

@@ -7,17 +7,8 @@
 #   3. `bench lora --only cublas_base,torch_unfused,auto` on the grid (→ grid.tar.gz);
 #   4. LoRA GPU tests (every tuned plan at its bucket, the new entries included).
 #   LOWRANK_GEMM_COMMIT=<hash> bash scripts/gpu_s20_call3.sh → $OUT/{session.log,gpu_tests.log,probes.tar.gz,grid.tar.gz}
-cd "$(dirname "$0")/.."
-export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-log() { echo "[$(date +%T)] $*" | tee -a "$OUT/session.log"; }
-log "$(nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader)"
-probe() {  # name, kn, ms, budget
-  timeout $(( $4 + 30 )) python3 scripts/probe_lora_unseen.py --out "$OUT/probes/$1" --budget-s "$4" --rule \
-      --kn "$2" --ms "$3" --ranks 16,64 > "$OUT/probes/$1.log" 2>&1
-  log "probe $1 rc=$?"
-}
-mkdir -p "$OUT/probes" "$OUT/grid"
+PROBE_DIR=probes source "$(dirname "$0")/_probe_unseen.sh"
+mkdir -p "$OUT/grid"
 probe ps_heldout 4096x3072,3072x4096,2048x2048,4096x1024,8192x1024 256 60
 probe ps_m160 3584x3584 160 10
 probe ps_m64 4096x4096,8192x8192,4096x6144 64 40
