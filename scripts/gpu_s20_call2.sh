@@ -7,7 +7,8 @@
 #      plus persistent_static on one wave of 64-row tiles (ps_64x128 / ps_64x64, new candidates) at M 256 / 128;
 #   2. LoRA GPU tests.
 #   LOWRANK_GEMM_COMMIT=<hash> bash scripts/gpu_s20_call2.sh → $OUT/{session.log,gpu_tests.log,heldout.tar.gz}
-PROBE_DIR=heldout source "$(dirname "$0")/_probe_unseen.sh"
+PROBE_DIR=heldout
+source "$(dirname "$0")/_probe_unseen.sh"
 probe ps64 4096x4096,4096x2048 256,128 55
 probe ps64_8k 8192x8192 128 15
 probe m512 4096x6144,4096x14336,14336x4096 512 55

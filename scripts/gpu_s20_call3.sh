@@ -7,7 +7,8 @@
 #   3. `bench lora --only cublas_base,torch_unfused,auto` on the grid (→ grid.tar.gz);
 #   4. LoRA GPU tests (every tuned plan at its bucket, the new entries included).
 #   LOWRANK_GEMM_COMMIT=<hash> bash scripts/gpu_s20_call3.sh → $OUT/{session.log,gpu_tests.log,probes.tar.gz,grid.tar.gz}
-PROBE_DIR=probes source "$(dirname "$0")/_probe_unseen.sh"
+PROBE_DIR=probes
+source "$(dirname "$0")/_probe_unseen.sh"
 mkdir -p "$OUT/grid"
 probe ps_heldout 4096x3072,3072x4096,2048x2048,4096x1024,8192x1024 256 60
 probe ps_m160 3584x3584 160 10

@@ -456,6 +456,10 @@ def _measured_plan(M: int, N: int, K: int, r: int, dtype_bits: int, sms: int, st
     if one_launch is not None:
         strategy, free = "kloop", False
         bm, bn, bk, warps, split, mode = one_launch
+    if bk == 256 and block_r_for(r) >= 64:
+        # the A tile [64, 256] leaves the ring 2 stages: 4096² M=64 r64 on 64×32×256 read 1.98× cuBLAS where the
+        # tuned 64×32×128 (5 stages) reads 1.20–1.22× (probes/s20/call3/ps_m64; s17/s18: 64×32×256 at r64 2.2–4.0×)
+        bk = 128
     split = max(1, min(split, cdiv(K, bk) // 4))        # ≥ 4 K tiles per piece (split_k_for's rule)
 
     def plan(strat):
