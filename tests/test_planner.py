@@ -278,6 +278,13 @@ def test_heuristic_mid_m_measured_tiles():
     got = {N: heuristic_lora(64, N, 4096, 16, 16, gpu=True, sms=H200_SMS)[1] for N in (28672, 14336, 6144, 4096, 1024)}
     assert {N: (c.block_n, c.split_k) for N, c in got.items()} == {
         28672: (256, 1), 14336: (128, 1), 6144: (64, 1), 4096: (32, 1), 1024: (32, 2)}
+    # rank 64 on the 64×32 tile: block_k 128 (×256's [64, 256] A tile left 2 stages: 1.86–2.14× against 1.25–1.32×
+    # on three untuned shapes, probes/s20/call4/probes/m64_r64)
+    for N, K in ((4096, 4096), (3072, 3072), (4096, 2048), (1024, 4096)):
+        c16 = heuristic_lora(64, N, K, 16, 16, gpu=True, sms=H200_SMS)[1]
+        c64 = heuristic_lora(64, N, K, 64, 16, gpu=True, sms=H200_SMS)[1]
+        assert (c16.block_n, c16.block_k, c64.block_n, c64.block_k) == (32, 256, 32, 128), (N, K)
+        assert c64.num_stages >= 4 and c64.split_k == c16.split_k
     c = heuristic_lora(64, 4096, 14336, 16, 16, gpu=True, sms=H200_SMS)[1]
     assert (c.block_n, c.split_k, c.split_mode) == (64, 2, "fixup")
     # never more pieces than K has (≥ 4 K tiles each), and rank 128 never persistent (measured at ≤ 64 only)
@@ -478,14 +485,14 @@ def test_unseen_shape_probe_candidates_and_committed_winners(tmp_path):
     table.write_text(json.dumps({"meta": {}, "lora": {}}))
     sizes = []
     for run in ("s17/families", "s18/first", "s18/narrow", "s19/call1/lora_narrow", "s19/call2/heldout",
-                "s20/call2/heldout/ps64", "s20/call2/heldout/m256"):
+                "s20/call2/heldout/ps64", "s20/call2/heldout/m256", "s20/call4/probes/m256_repin"):
         saved = json.loads((root / f"benchmarks/results/h200/probes/{run}/probe_lora_unseen.json").read_text())
         pu.report(saved["rows"], saved["meta"], saved["skipped"],
                   argparse.Namespace(out=tmp_path, margin=0.03, write_tuned=table))
         sizes.append(len(json.loads((tmp_path / "lora_h200_updates.json").read_text())))
     got = json.loads(table.read_text())["lora"]
-    # s18/narrow re-pinned two s17 cells (M=256, 4096→1024); s20 replaced five (persistent on 64-row tiles)
-    assert sizes == [23, 11, 7, 3, 1, 4, 2] and len(got) == 44
+    # s18/narrow re-pinned two s17 cells (M=256, 4096→1024); s20 replaced seven (persistent on 64-row tiles)
+    assert sizes == [23, 11, 7, 3, 1, 4, 2, 2] and len(got) == 44
     assert got["m256_n4096_k4096_r16_bfloat16"]["config"]["block_n"] == 128      # M=256's winner, not M=128's
     assert got["m256_n4096_k4096_r16_bfloat16"]["config"]["split_k"] == 1
     assert got["m256_n4096_k4096_r64_bfloat16"]["strategy"] == "persistent_static"
