@@ -212,7 +212,8 @@ def merge_updates(path, upd, meta, runs_key):
         print(f"tuned: {key}: {table['lora'].get(key, {}).get('strategy')} -> {entry['strategy']} "
               f"{entry['x_cublas']}x (auto {entry['auto_us']} us)")
         table["lora"][key] = entry
-    table["meta"].setdefault(runs_key, []).append({**meta, "entries": sorted(upd)})
+    if upd:                             # a run that pinned nothing leaves no record
+        table["meta"].setdefault(runs_key, []).append({**meta, "entries": sorted(upd)})
     path.write_text(json.dumps(table, indent=1) + "\n")
 
 

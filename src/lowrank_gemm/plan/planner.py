@@ -444,16 +444,11 @@ def _measured_plan(M: int, N: int, K: int, r: int, dtype_bits: int, sms: int, st
     kloop) instead; None when the ledger rejects them (wider operands): the caller's older rules then shrink."""
     bm, bn, bk, warps, split, mode = measured_tile(M, N, K, sms)
     one_wave_ps = one_wave_persistent_tile(M, N, sms) if free and r <= 64 else None
-    if one_wave_ps is not None:
-        base = KernelConfig(block_m=64, block_n=one_wave_ps, block_k=128, block_r=block_r_for(r),
-                            group_m=group_m_for(cdiv(M, 64)), num_warps=4, num_stages=2)
-        try:
-            return "persistent_static", base.replace(num_stages=stages_for(
-                lambda s: lora_ledger("persistent_static", base.replace(num_stages=s), dtype_bits)))
-        except SmemError:
-            pass
     one_launch = one_wave_kloop_tile(M, N, K, sms) if r <= 64 and (free or strategy == "kloop") else None
-    if one_launch is not None:
+    if one_wave_ps is not None:
+        strategy, free = "persistent_static", False
+        bm, bn, bk, warps, split = 64, one_wave_ps, 128, 4, 1
+    elif one_launch is not None:
         strategy, free = "kloop", False
         bm, bn, bk, warps, split, mode = one_launch
     if bk == 256 and block_r_for(r) >= 64:
