@@ -50,6 +50,7 @@ def _cfg(strategy, M, r, bm, bn, bk, warps, split_k=1, split_mode="reduce", swap
 def candidates(M, N, K, r):
     """(label, strategy, config) per M bucket: the families that won the tuned shapes, tiles at ~1 wave."""
     c = []
+    sms = num_sms(torch.device("cuda")) if torch.cuda.is_available() else 132
     if M <= 16:
         c += [("sw_64x256", "split", _cfg("split", M, r, 16, 64, 256, 4, swap_ab=True)),
               ("sw_128x64", "split", _cfg("split", M, r, 16, 128, 64, 4, swap_ab=True)),
@@ -61,7 +62,6 @@ def candidates(M, N, K, r):
         if tiles32 < 100:                       # too few output tiles even at 32 columns: split K in the launch
             c.append(("k_32_sk2", "kloop", _cfg("kloop", M, r, 64, 32, 256, 4, 2, "fixup")))
             c.append(("k_64_sk4", "kloop", _cfg("kloop", M, r, 64, 64, 128, 4, 4, "fixup")))
-        sms = num_sms(torch.device("cuda")) if torch.cuda.is_available() else 132
         for bn in (128, 64, 32):
             # session 20: S once (one S task) instead of once per N tile, on the widest tile with a wave of tiles
             if -(-N // bn) + 1 <= sms and -(-N // bn) >= sms // 2:
@@ -75,7 +75,6 @@ def candidates(M, N, K, r):
             c.append(("ps_256x128", "persistent_static", _cfg("persistent_static", M, r, 256, 128, 64, 8)))
         # the partial last wave of 128×256 tiles split in the launch (planner.wave_split, fixup): session 17's
         # held-out 3584→18944 M=256 ran 148 tiles = 1.12 waves at 1.55×
-        sms = num_sms(torch.device("cuda")) if torch.cuda.is_available() else 132
         t256 = -(-M // 128) * -(-N // 256)
         ws = wave_split(t256, -(-K // 64), sms)
         if ws > 1 and t256 > sms:
