@@ -232,3 +232,53 @@ def test_swap_ab_matches_reference(mode, M, N, K, L, r, bn, split, expand):
     g.replay()
     torch.cuda.synchronize()
     assert torch.equal(y_g, y)
+
+
+# ---- one adapter in the batch (the caller's max_adapters=1): the single-adapter kernels in bank mode
+
+@pytest.mark.parametrize("M,N,r", [(16, 4096, 16), (16, 4096, 64), (64, 4096, 16), (64, 4096, 64),
+                                   (16, 28672, 64), (64, 28672, 16), (64, 28672, 64), (37, 6144, 24)])
+def test_one_adapter_hint_bank_mode(M, N, r):
+    """The LoRA table's plan on a bank: bf16 vs the float64 reference, −1 rows equal the same plan's base product
+    bit for bit, repeats bit-identical, and the route was taken."""
+    from lowrank_gemm.kernels import lora_gemm as LG
+    x, w, bank, ids, bias = make(M, N, 4096, 8, r)
+    ids = torch.where(ids >= 0, 5, -1).to(torch.int32)
+    assert mg.one_adapter_plan(M, N, 4096, x, w, bank.bank_a, ids) is not None
+    ref, e_t = ref_and_torch_err(x, w, bank, ids, bias)
+    y = mg.multi_lora_linear(x, w, bank, ids, bias=bias, max_adapters=1)
+    assert nerr(y, ref) <= 2 * e_t + 1e-3, (nerr(y, ref), e_t)
+    assert torch.equal(y, mg.multi_lora_linear(x, w, bank, ids, bias=bias, max_adapters=1))
+    base = mg.multi_lora_gemm(x, w, bank.bank_a, bank.bank_b, bank.ranks, bank.scales, ids, bias, has_lora=False,
+                              adapters=1)
+    rows = ids == -1
+    assert torch.equal(y[rows], base[rows])
+    assert LG.bank_plan(M, N, 4096, r, DT, x.device) is not None
+
+
+@pytest.mark.parametrize("M,N,r", [(16, 4096, 16), (64, 28672, 64)])
+def test_one_adapter_hint_wrong_stays_exact(M, N, r):
+    x, w, bank, ids, bias = make(M, N, 4096, 8, r)          # up to 8 distinct adapters, hint says 1
+    ref, e_t = ref_and_torch_err(x, w, bank, ids, bias)
+    y = mg.multi_lora_linear(x, w, bank, ids, bias=bias, max_adapters=1)
+    assert nerr(y, ref) <= 2 * e_t + 1e-3, (nerr(y, ref), e_t)
+
+
+def test_one_adapter_hint_cuda_graph_swap():
+    """Captured once with the hint; the ids then move to another adapter, whose slot is replaced too: the replay
+    gives the new adapter's result (the kernels pick the adapter on the device)."""
+    x, w, bank, ids, bias = make(64, 4096, 4096, 4, 32)
+    static_ids = torch.where(ids >= 0, 1, -1).to(torch.int32)
+    f = lambda: mg.multi_lora_linear(x, w, bank, static_ids, bias=bias, max_adapters=1)
+    _, g, y_g = capture_graph(f)
+    g.replay()
+    ref, e_t = ref_and_torch_err(x, w, bank, static_ids, bias)
+    assert nerr(y_g, ref) <= 2 * e_t + 1e-3
+    gen = torch.Generator(device="cuda").manual_seed(9)
+    bank.set_adapter(3, (torch.randn(8, 4096, generator=gen, device="cuda") / 64).to(DT),
+                     torch.randn(4096, 8, generator=gen, device="cuda").to(DT), 2.0)
+    static_ids.copy_(torch.where(torch.rand(64, generator=gen, device="cuda") < 0.25, -1, 3).to(torch.int32))
+    g.replay()
+    torch.cuda.synchronize()
+    ref2, e_t2 = ref_and_torch_err(x, w, bank, static_ids, bias)
+    assert nerr(y_g, ref2) <= 2 * e_t2 + 1e-3

@@ -4,7 +4,9 @@ Impls (bf16, K=4096 unless ``--kn`` names other shapes, one bank of 64 slots, ``
 ``cublas_base`` (x·Wᵀ, no LoRA), ``torch_loop`` (base + masked addmm per adapter; adapters ≤ 16),
 ``shrink_expand`` (base + our BGMV shrink/expand, Punica/vLLM style), ``fused`` (gather mode),
 ``fused_segment`` (segment mode, **device sort of the ids included**), ``segment_sort`` (the sort
-alone, to subtract when the order is shared by all layers of a model).
+alone, to subtract when the order is shared by all layers of a model). With one distinct adapter at M ≤ 64
+``fused`` / ``fused_segment`` take the bank route (the single-adapter LoRA kernels, no sort; the row's ``plan``
+says ``bank``) and ``fused_multi`` times the multi-LoRA kernel's own one-adapter plan beside them.
 
 Each row also carries ``floor_us``: W, X, Y and every distinct adapter's A [r, K] and B [N, r] moved
 once at the measured copy bandwidth, and ``pct_floor`` = floor / time (graph replay).
@@ -85,18 +87,27 @@ def bench_case(M, N, r, adapters, copy_tbps, graph=True, only=None, k=K):
                                                                 b_clean=bk.B_ZERO_PADDED),
         "segment_sort": lambda x, w, bk, i: mg.sort_rows(i),
     }
+    plan = mg.choose_plan(M, N, k, r, SLOTS, "gather", dev, adapters=nd)
+    x, w, bk, i = sets[0]
+    bank_route = mg.one_adapter_plan(M, N, k, x, w, bk.bank_a, i) if nd == 1 else None
+    if bank_route is not None:
+        # the multi-LoRA kernel's own one-adapter plan beside the bank route `fused` now takes (an explicit plan
+        # skips the route): the A/B of session 21
+        impls["fused_multi"] = lambda x, w, bk, i: mg.multi_lora_gemm(x, w, bk.bank_a, bk.bank_b, bk.ranks,
+                                                                      bk.scales, i, mode="gather", validate=False,
+                                                                      adapters=nd, b_clean=bk.B_ZERO_PADDED,
+                                                                      plan=plan)
     if adapters <= TORCH_LOOP_MAX_ADAPTERS:
         impls["torch_loop"] = lambda x, w, bk, i: torch_loop(x, w, bk.bank_a, bk.bank_b, ranks_host, bk.scales, i,
                                                              distinct)
     # correctness spot check against the BGMV baseline (same rounding of S)
-    x, w, bk, i = sets[0]
     y_ref = shrink_expand(x, w, bk.bank_a, bk.bank_b, bk.ranks, bk.scales, i).double()
     errs = {}
-    for name in ("fused", "fused_segment"):
-        y = impls[name](x, w, bk, i).double()
-        errs[name] = ((y - y_ref).norm() / y_ref.norm()).item()
+    for name in ("fused", "fused_segment", "fused_multi"):
+        if name in impls:
+            y = impls[name](x, w, bk, i).double()
+            errs[name] = ((y - y_ref).norm() / y_ref.norm()).item()
 
-    plan = mg.choose_plan(M, N, k, r, SLOTS, "gather", dev, adapters=nd)
     floor_us = touched / (copy_tbps * 1e12) * 1e6 if copy_tbps else None
     rows = []
     for name, fn in impls.items():
@@ -109,7 +120,9 @@ def bench_case(M, N, r, adapters, copy_tbps, graph=True, only=None, k=K):
                "floor_us": round(floor_us, 3) if floor_us else None,
                "pct_floor": round(100 * floor_us / best, 1) if floor_us and name != "segment_sort" else None,
                "rel_err_vs_shrink_expand": errs.get(name), **t}
-        if name in ("fused", "fused_segment"):
+        if name in ("fused", "fused_segment") and bank_route is not None:
+            row["plan"] = {"bank": bank_route[0], **bank_route[1].to_dict()}
+        elif name in ("fused", "fused_segment", "fused_multi"):
             row["plan"] = plan.to_dict()
         rows.append(row)
     base = next(rw for rw in rows if rw["impl"] == "cublas_base")
@@ -127,8 +140,11 @@ def summarize(data) -> str:
     md = [f"# multilora ({'quick' if meta.get('quick') else 'full'})\n\n", meta_header(meta),
           "Times are CUDA-graph replay medians (µs); `vs base` = time / cuBLAS base GEMM without LoRA; "
           "`%floor` = bytes-floor time / time. fused_segment includes the on-device id sort; "
-          "segment_sort is the sort alone.\n\n"]
+          "segment_sort is the sort alone; with one adapter at M ≤ 64 both fused columns run the single-adapter "
+          "kernels on the bank (no sort), fused_multi the multi-LoRA kernel's plan.\n\n"]
     impls = ["cublas_base", "torch_loop", "shrink_expand", "fused", "fused_segment", "segment_sort"]
+    if any(rw["impl"] == "fused_multi" for rw in rows):
+        impls.append("fused_multi")
     ks = sorted({rw.get("K", K) for rw in rows})
     cases = sorted({(rw.get("K", K), rw["N"], rw["r"], rw["M"], rw["adapters"]) for rw in rows})
     header = (["K"] if ks != [K] else []) + ["N", "r", "M", "adapters", "floor µs"] + [f"{i} µs" for i in impls] + \

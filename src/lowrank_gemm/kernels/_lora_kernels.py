@@ -38,6 +38,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from .adapter_rows import bank_pick, bank_rows, bank_stragglers
 from .epilogue import add_bias, lowrank_up, store_tile
 from .schedule import grouped_tile
 from .pdl import gdc_launch_dependents, gdc_wait
@@ -52,9 +53,10 @@ LOWRANK_GLOBAL = 2
 @triton.jit
 def _main_loop(x_desc, w_desc, a_desc, off_m, off_n, k_lo, k_hi,
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-               BLOCK_R: tl.constexpr, KLOOP: tl.constexpr, SWAP_AB: tl.constexpr = False):
+               BLOCK_R: tl.constexpr, KLOOP: tl.constexpr, SWAP_AB: tl.constexpr = False, a_row0=0):
     """acc [BM, BN] = X[off_m:, k]·W[off_n:, k]ᵀ over K tiles [k_lo, k_hi); with KLOOP also
-    s [BM, BLOCK_R] = X·A[:BLOCK_R, k]ᵀ from the same X tile (unscaled).
+    s [BM, BLOCK_R] = X·A[a_row0 : a_row0 + BLOCK_R, k]ᵀ from the same X tile (unscaled; a_row0 > 0: an
+    adapter's rows in a bank viewed [L·R_MAX, K]).
 
     SWAP_AB (decode-sized M): the MMA computes accᵀ [BN, BM] = W·Xᵀ, so the weight rows fill the
     wgmma's M (≥ 64) and the few tokens its N (≥ 8): BM = 16 instead of a 64-row X tile that is
@@ -74,7 +76,7 @@ def _main_loop(x_desc, w_desc, a_desc, off_m, off_n, k_lo, k_hi,
         else:
             acc = tl.dot(x, w.T, acc)
         if KLOOP:
-            a = a_desc.load([0, k])                      # [BR, BK]
+            a = a_desc.load([a_row0, k])                 # [BR, BK]
             if SWAP_AB:
                 s = tl.dot(a, x.T, s)
             else:
@@ -99,16 +101,20 @@ def _down_loop(x_desc, a_desc, off_m, off_r, k_lo, k_hi,
 
 @triton.jit
 def _down_slice(x_desc, a_desc, s_ptr, off_m, off_r, slice_id, slices, M, K, R, scale, stride_sk, stride_sm,
-                stride_sr, BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr):
+                stride_sr, BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr,
+                BANK: tl.constexpr = False, ids_ptr=None, cur=-1, L=0, a_row0=0):
     """S[slice_id, off_m:, off_r:] = scale · X·Aᵀ over the slice-th of ``slices`` near-equal K-tile ranges,
-    rows ≥ M and ranks ≥ R not stored: the down kernel's program, and an in-grid S producer's."""
+    rows ≥ M and ranks ≥ R not stored: the down kernel's program, and an in-grid S producer's. BANK: A's rows
+    start at ``a_row0`` and rows whose id is not ``cur`` store zeros (:mod:`.adapter_rows`)."""
     k_tiles = tl.cdiv(K, BLOCK_K)
     per_split = tl.cdiv(k_tiles, slices)
     k_lo = slice_id * per_split
-    s = _down_loop(x_desc, a_desc, off_m, off_r, k_lo, tl.minimum(k_lo + per_split, k_tiles),
+    s = _down_loop(x_desc, a_desc, off_m, a_row0 + off_r, k_lo, tl.minimum(k_lo + per_split, k_tiles),
                    BLOCK_M, BLOCK_R, BLOCK_K)
     offs_m = off_m + tl.arange(0, BLOCK_M)
     offs_r = off_r + tl.arange(0, BLOCK_R)
+    if BANK:
+        s = tl.where(bank_rows(ids_ptr, offs_m, M, L, cur)[:, None], s, 0.0)
     tl.store(s_ptr + slice_id * stride_sk + offs_m[:, None] * stride_sm + offs_r[None, :] * stride_sr,
              s * scale, mask=(offs_m[:, None] < M) & (offs_r[None, :] < R))
 
@@ -200,6 +206,9 @@ def lora_main_kernel(
     FIXUP: tl.constexpr = False, EPI_M: tl.constexpr = 64, IN_FLIGHT: tl.constexpr = 1,
     EPI_CHUNKS: tl.constexpr = 1, HYBRID: tl.constexpr = False, PDL: tl.constexpr = False,
     EPI_PREFETCH: tl.constexpr = False, SWAP_AB: tl.constexpr = False, S_PRODUCERS: tl.constexpr = 0,
+    ids_ptr=None, ranks_ptr=None, scales_ptr=None, x_ptr=None, bank_a_ptr=None, L=0, R_MAX=0,    # BANK
+    stride_xm=0, stride_al=0, stride_ar=0, stride_bl=0,
+    BANK: tl.constexpr = False, ID_BLOCK: tl.constexpr = 16,
 ):
     # R_CHUNKS (GLOBAL): cdiv(R, BLOCK_R), rank chunks of the epilogue, unrolled
     # SPLIT_K / S_SPLITS are runtime values: one compile serves every split of a tile config
@@ -216,6 +225,12 @@ def lora_main_kernel(
     # S_PRODUCERS (GLOBAL, one launch): programs 0 .. S_PRODUCERS−1 compute S's K slices (the down
     # kernel's work, :func:`_produce_s_slice`), the others are the main tiles and wait for all of them
     # after their K loop (cnt_ptr[0]); the last main program to finish resets the counters (cnt_ptr[1]).
+    # BANK (a batch of ≤ ID_BLOCK rows of one adapter bank, the caller's hint: one distinct adapter): a_desc is
+    # the bank's A viewed [L·R_MAX, K], b_ptr its slot 0 ([N, R_MAX] strides), R the bank's R_MAX; every program
+    # serves the batch's largest valid id (adapter_rows.bank_pick) — its A rows, B slot, rank and scale — rows of
+    # other ids get a zero S, and rows holding yet another adapter (a wrong hint) are added exactly by the first
+    # K split (adapter_rows.bank_stragglers, from x_ptr / bank_a_ptr by pointer loads).
+    tl.static_assert(not (BANK and (PARTIAL or LOWRANK == 0)), "BANK: a low-rank branch, whole or FIXUP tiles")
     tl.static_assert(not (S_PRODUCERS > 0 and (LOWRANK != 2 or PARTIAL or FIXUP or PDL)),
                      "S_PRODUCERS: GLOBAL S in one unsplit launch, no PDL")
     tl.static_assert(not (EPI_PREFETCH and PARTIAL), "PARTIAL has no epilogue to prefetch for")
@@ -223,10 +238,16 @@ def lora_main_kernel(
                      "EPI_PREFETCH holds one rank chunk of S and B")
     tl.static_assert(not (HYBRID and not FIXUP), "HYBRID is a FIXUP grid")
     pid = tl.program_id(0)
+    cur = -1
+    a_row0 = 0
+    if BANK:
+        cur, slot, R, scale = bank_pick(ids_ptr, ranks_ptr, scales_ptr, M, L, R_MAX, ID_BLOCK)
+        a_row0 = slot * R_MAX
+        b_ptr += slot.to(tl.int64) * stride_bl
     if S_PRODUCERS > 0:
         if pid < S_PRODUCERS:
             _produce_s_slice(x_desc, a_desc, s_ptr, cnt_ptr, pid, S_PRODUCERS, M, K, R, scale, stride_sk,
-                             stride_sm, stride_sr, BLOCK_M, BLOCK_R, BLOCK_K)
+                             stride_sm, stride_sr, BLOCK_M, BLOCK_R, BLOCK_K, BANK, ids_ptr, cur, L, a_row0)
             return
         pid -= S_PRODUCERS
     pid_k = tl.program_id(1)
@@ -264,9 +285,16 @@ def lora_main_kernel(
             s_pre = _s_rows(s_ptr, stride_sk, stride_sm, stride_sr, S_SPLITS,
                             off_m + tl.arange(0, BLOCK_M), M, 0, R, BLOCK_M, BLOCK_R)
     acc, s = _main_loop(x_desc, w_desc, a_desc, off_m, off_n, k_lo, k_hi,
-                        BLOCK_M, BLOCK_N, BLOCK_K, BLOCK_R, LOWRANK == 1, SWAP_AB)
+                        BLOCK_M, BLOCK_N, BLOCK_K, BLOCK_R, LOWRANK == 1, SWAP_AB, a_row0)
     offs_m = off_m + tl.arange(0, BLOCK_M)
     offs_n = off_n + tl.arange(0, BLOCK_N)
+    if BANK:
+        if LOWRANK == 1:
+            s = tl.where(bank_rows(ids_ptr, offs_m, M, L, cur)[:, None], s, 0.0)
+        if pid_k == 0:      # one K piece of each tile adds the rows of any other adapter (none when the hint holds)
+            acc = bank_stragglers(acc, offs_m, cur, ids_ptr, M, L, x_ptr, stride_xm, 1, bank_a_ptr, stride_al,
+                                  stride_ar, 1, b_ptr - slot.to(tl.int64) * stride_bl, stride_bl, stride_bn,
+                                  stride_br, scales_ptr, ranks_ptr, R_MAX, offs_n, N, K, BLOCK_M, 64, BLOCK_R)
     if S_PRODUCERS > 0:
         # every producer's S slice is stored and released (they are the lowest program ids: dispatched
         # first, and they wait for nothing, so they are resident or done while anyone spins here)
@@ -306,12 +334,13 @@ def lora_main_kernel(
 
 @triton.jit
 def _produce_s_slice(x_desc, a_desc, s_ptr, cnt_ptr, slice_id, SLICES, M, K, R, scale, stride_sk, stride_sm,
-                     stride_sr, BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr):
+                     stride_sr, BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr,
+                     BANK: tl.constexpr = False, ids_ptr=None, cur=-1, L=0, a_row0=0):
     """An S producer of an S_PRODUCERS launch: S[slice_id] for every row block (R ≤ BLOCK_R; at decode M one
     block), then released."""
     for m0 in range(0, M, BLOCK_M):
         _down_slice(x_desc, a_desc, s_ptr, m0, 0, slice_id, SLICES, M, K, R, scale, stride_sk, stride_sm, stride_sr,
-                    BLOCK_M, BLOCK_R, BLOCK_K)
+                    BLOCK_M, BLOCK_R, BLOCK_K, BANK, ids_ptr, cur, L, a_row0)
     tl.debug_barrier()      # all threads' S stores precede the (one-thread) release
     tl.atomic_add(cnt_ptr, 1, sem="release", scope="gpu")
 
@@ -398,6 +427,8 @@ def lora_down_kernel(
     s_ptr,              # S [S_SPLITS, M, R] fp32 (out): scaled partial sums over K slices
     M, K, R, scale, stride_sk, stride_sm, stride_sr,
     BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr = False,
+    ids_ptr=None, ranks_ptr=None, scales_ptr=None, L=0, R_MAX=0,      # BANK (see lora_main_kernel)
+    BANK: tl.constexpr = False, ID_BLOCK: tl.constexpr = 16,
 ):
     # grid (M blocks, R blocks, K slices): a decode-sized M alone gives 1–2 CTAs, which would
     # walk all of K serially (latency-bound); slices are summed in order by the consumer
@@ -405,8 +436,14 @@ def lora_down_kernel(
     # only after its griddepcontrol.wait, i.e. after this whole grid has finished
     if PDL:
         gdc_launch_dependents()
+    cur = -1
+    a_row0 = 0
+    if BANK:
+        cur, slot, R, scale = bank_pick(ids_ptr, ranks_ptr, scales_ptr, M, L, R_MAX, ID_BLOCK)
+        a_row0 = slot * R_MAX
     _down_slice(x_desc, a_desc, s_ptr, tl.program_id(0) * BLOCK_M, tl.program_id(1) * BLOCK_R, tl.program_id(2),
-                tl.num_programs(2), M, K, R, scale, stride_sk, stride_sm, stride_sr, BLOCK_M, BLOCK_R, BLOCK_K)
+                tl.num_programs(2), M, K, R, scale, stride_sk, stride_sm, stride_sr, BLOCK_M, BLOCK_R, BLOCK_K,
+                BANK, ids_ptr, cur, L, a_row0)
 
 
 @triton.jit

@@ -56,7 +56,7 @@ from .pdl import pdl_supported
 from .tma import TMA_ALIGN, tma_operand
 from . import _lora_kernels as K_
 from ._lora_kernels import smem_ledger
-from .schedule import cdiv, device_index, grouped_tile_host, num_sms, persistent_grid
+from .schedule import cdiv, device_index, grouped_tile_host, next_pow2, num_sms, persistent_grid
 
 __all__ = ["lora_linear", "lora_linear_impl", "smem_ledger", "clear_weight_cache", "check_inputs",
            "run_strategy", "LoraOptions", "lora_options", "current_options", "LORA_OPTIONS_ENV"]
@@ -266,7 +266,7 @@ def _reduce_tile(cfg: KernelConfig) -> tuple[int, int]:
 
 
 def _launch_main(x, w, a, b, s, bias, y, sws, M, N, Kp, R, scale, cfg, *, lowrank, partial,
-                 fixup=None, pdl=False, producers=None):
+                 fixup=None, pdl=False, producers=None, bank=None):
     """lora_main_kernel over an [M, N] grid of tiles × split_k. Shapes as in the kernel; s is
     [S_SPLITS, M, ≥R] fp32 (read only by GLOBAL); sws is [SPLIT_K, M, BR] (PARTIAL) or
     [SPLIT_K, n tiles, M, BR] (FIXUP). ``fixup = (ws [SPLIT_K, M, N] fp32, tickets int32 [tiles])``
@@ -274,7 +274,7 @@ def _launch_main(x, w, a, b, s, bias, y, sws, M, N, Kp, R, scale, cfg, *, lowran
     tiles past the last whole wave are split (:func:`fixup_dp_tiles`, a 1-D grid). ``pdl``: launched
     as the programmatic dependent of the down kernel just before it (GLOBAL). ``producers`` (GLOBAL,
     ``cfg.s_producers`` > 0): int32 [2] zeroed counters; ``cfg.s_producers`` programs at the head of the grid
-    write S's K slices into s (no down kernel)."""
+    write S's K slices into s (no down kernel). ``bank``: the kernel's BANK arguments (:func:`run_bank`)."""
     c = cfg
     x_d = _desc(x, c.block_m, c.block_k)
     w_d = _desc(w, c.block_n, c.block_k)
@@ -302,6 +302,8 @@ def _launch_main(x, w, a, b, s, bias, y, sws, M, N, Kp, R, scale, cfg, *, lowran
     if _prefetch_ok(c, x.element_size() * 8, lowrank, partial=partial, has_bias=has_bias,
                     r_chunks=r_chunks):
         meta["EPI_PREFETCH"] = True
+    if bank is not None:
+        meta.update(bank)
     launch(K_.lora_main_kernel, grid,
         x_d, w_d, a_d, s, b, bias if has_bias else y, y, sws, ws, cnt, M, N, Kp, R, scale,
         split, s.shape[0], dp,
@@ -476,17 +478,17 @@ def _gemm(x, w, bias, y, cfg, *, N, Kp):
     return y
 
 
-def _run_kloop(x, w, a, b, bias, y, scale, cfg, *, N, Kp, R):
+def _run_kloop(x, w, a, b, bias, y, scale, cfg, *, N, Kp, R, bank=None):
     M, dev = x.shape[0], x.device
     dummy = _dummy(dev)
     if cfg.split_k == 1:
         _launch_main(x, w, a, b, dummy, bias, y, dummy, M, N, Kp, R, scale, cfg,
-                     lowrank=K_.LOWRANK_KLOOP, partial=False)
+                     lowrank=K_.LOWRANK_KLOOP, partial=False, bank=bank)
         return y
     if cfg.split_mode == "fixup":
         sws = _empty_f32(dev, cfg.split_k, cdiv(N, cfg.block_n), M, cfg.block_r)
         _launch_main(x, w, a, b, dummy, bias, y, sws, M, N, Kp, R, scale, cfg,
-                     lowrank=K_.LOWRANK_KLOOP, partial=False, fixup=_fixup_buffers(M, N, cfg, dev))
+                     lowrank=K_.LOWRANK_KLOOP, partial=False, fixup=_fixup_buffers(M, N, cfg, dev), bank=bank)
         return y
     ws = _empty_f32(dev, cfg.split_k, M, N)
     sws = _empty_f32(dev, cfg.split_k, M, cfg.block_r)
@@ -519,15 +521,20 @@ def down_block_r(R: int, cfg: KernelConfig, opts: LoraOptions) -> int:
     return block_r_for(R) if opts.down_full_rank else cfg.block_r
 
 
-def _launch_down(x, a, s, scale, block_r, *, Kp, R, pdl=False):
-    """s [S_SPLITS, M, R] fp32: K-slice partials of scale · x·aᵀ (S_SPLITS = s.shape[0])."""
+def _launch_down(x, a, s, scale, block_r, *, Kp, R, pdl=False, bank=None):
+    """s [S_SPLITS, M, R] fp32: K-slice partials of scale · x·aᵀ (S_SPLITS = s.shape[0]). ``bank``: the
+    BANK arguments the down kernel shares with the main kernel's (:func:`run_bank`)."""
     M = x.shape[0]
     bm, bk = (_DOWN_BM, _DOWN_BK) if not _interpreting() else (32, 32)
     grid = (cdiv(M, bm), cdiv(R, block_r), s.shape[0])
     launch(K_.lora_down_kernel, grid, _desc(x, bm, bk), _desc(a, block_r, bk), s,
            M, Kp, R, scale, s.stride(0), s.stride(1), s.stride(2),
            BLOCK_M=bm, BLOCK_R=block_r, BLOCK_K=bk, PDL=pdl,
+           **({k: bank[k] for k in _DOWN_BANK_ARGS} if bank is not None else {}),
            num_warps=4, num_stages=_DOWN_STAGES)
+
+
+_DOWN_BANK_ARGS = ("ids_ptr", "ranks_ptr", "scales_ptr", "L", "R_MAX", "BANK", "ID_BLOCK")
 
 
 # PDL between split's down and main kernels only up to this M. H200 (NOTES.md session 5): M=256 4096² 28.5 → 25.8 µs,
@@ -536,24 +543,24 @@ def _launch_down(x, a, s, scale, block_r, *, Kp, R, pdl=False):
 SPLIT_PDL_MAX_M = 1024
 
 
-def _run_split(x, w, a, b, bias, y, scale, cfg, *, N, Kp, R):
+def _run_split(x, w, a, b, bias, y, scale, cfg, *, N, Kp, R, bank=None):
     M, dev = x.shape[0], x.device
     if cfg.s_producers:       # one launch: S's K slices come from the head of the main grid
         s = _empty_f32(dev, cfg.s_producers, M, R)
         _launch_main(x, w, a, b, s, bias, y, _dummy(dev), M, N, Kp, R, scale, cfg, lowrank=K_.LOWRANK_GLOBAL,
-                     partial=False, producers=_TICKETS.get(dev, 2))
+                     partial=False, producers=_TICKETS.get(dev, 2), bank=bank)
         return y
     opts = current_options()
     pdl = opts.pdl and pdl_supported(dev) and M <= SPLIT_PDL_MAX_M
     dbr = down_block_r(R, cfg, opts)
     splits = down_splits(M, R, Kp, dbr, num_sms(dev)) if not _interpreting() else 2
     s = _empty_f32(dev, splits, M, R)
-    _launch_down(x, a, s, scale, dbr, Kp=Kp, R=R, pdl=pdl)
+    _launch_down(x, a, s, scale, dbr, Kp=Kp, R=R, pdl=pdl, bank=bank)
     dummy = _dummy(dev)
     if cfg.split_k == 1 or cfg.split_mode == "fixup":
         fixup = _fixup_buffers(M, N, cfg, dev) if cfg.split_k > 1 else None
         _launch_main(x, w, None, b, s, bias, y, dummy, M, N, Kp, R, 1.0, cfg,
-                     lowrank=K_.LOWRANK_GLOBAL, partial=False, fixup=fixup, pdl=pdl)
+                     lowrank=K_.LOWRANK_GLOBAL, partial=False, fixup=fixup, pdl=pdl, bank=bank)
         return y
     ws = _empty_f32(dev, cfg.split_k, M, N)
     _launch_main(x, w, None, b, s, bias, ws, dummy, M, N, Kp, R, 1.0, cfg,
@@ -713,6 +720,46 @@ def run_strategy(strategy: str, x2, weight, lora_a, lora_b, scale, bias, cfg: Ke
         return _gemm(x2, w, bias_arg, y, cfg, N=N, Kp=Kp)
     a = tma_operand(lora_a, Kp)
     return _RUNNERS[strategy](x2, w, a, lora_b, bias_arg, y, float(scale), cfg, N=N, Kp=Kp, R=R)
+
+
+# bank mode (one adapter of a bank, device-side pick): every program reads all M ids, so M is kept to one block
+BANK_MAX_M = 64
+
+
+def bank_plan(M: int, N: int, K: int, r_max: int, dtype, device) -> tuple[str, KernelConfig] | None:
+    """The single-adapter plan a one-adapter multi-LoRA batch runs in bank mode (:func:`run_bank`), or None where
+    bank mode does not apply: M > BANK_MAX_M, K rows not 16-B aligned (no padded copy of a bank), or a plan other
+    than ``split`` / ``kloop`` whole or FIXUP tiles (the two-launch reduce and the persistent kernels have no bank
+    mode)."""
+    if not 0 < M <= BANK_MAX_M or (K * dtype.itemsize) % TMA_ALIGN:
+        return None
+    strategy, cfg = plan_lora(M, N, K, r_max, dtype, device)
+    if strategy not in ("split", "kloop") or (cfg.split_k > 1 and cfg.split_mode != "fixup"):
+        return None
+    return strategy, cfg
+
+
+def run_bank(strategy: str, cfg: KernelConfig, x2, weight, bank_a, bank_b, ranks, scales, adapter_ids, bias=None,
+             out: torch.Tensor | None = None, has_lora: bool = True) -> torch.Tensor:
+    """y [M, N] of a multi-LoRA batch through a single-adapter strategy (``split`` or ``kloop``) in bank mode:
+    bank_a [L, R_MAX, K] (K contiguous), bank_b [L, N, R_MAX], ranks [L] int32, scales [L] fp32, adapter_ids [M]
+    int32 (−1 = base only). The kernels serve the batch's largest valid id with the single-adapter data path;
+    rows of any other adapter are still exact, through a slow path (``adapter_rows``). No validation, no
+    planning: :func:`bank_plan` chose ``strategy`` / ``cfg``. ``has_lora=False``: the same plan's base product
+    (rows with id −1 of a full call equal it: the same K loop, plus exact zeros)."""
+    M, K = x2.shape
+    N = weight.shape[0]
+    L, r_max = bank_a.shape[0], bank_a.shape[1]
+    y = torch.empty(M, N, dtype=x2.dtype, device=x2.device) if out is None else out
+    x2, w = tma_operand(x2, K), tma_operand(weight, K)
+    bias_arg = bias.contiguous() if bias is not None else None
+    if not has_lora:
+        return _gemm(x2, w, bias_arg, y, cfg, N=N, Kp=K)
+    a2 = bank_a.view(L * r_max, K)
+    bank = dict(ids_ptr=adapter_ids, ranks_ptr=ranks, scales_ptr=scales, x_ptr=x2, bank_a_ptr=bank_a, L=L,
+                R_MAX=r_max, stride_xm=x2.stride(0), stride_al=bank_a.stride(0), stride_ar=bank_a.stride(1),
+                stride_bl=bank_b.stride(0), BANK=True, ID_BLOCK=max(16, next_pow2(M)))
+    return _RUNNERS[strategy](x2, w, a2, bank_b[0], bias_arg, y, 1.0, cfg, N=N, Kp=K, R=r_max, bank=bank)
 
 
 def lora_linear_impl(x, weight, lora_a, lora_b, scale: float = 1.0, bias=None,

@@ -43,9 +43,12 @@ import torch
 import triton
 import triton.language as tl
 
-from lowrank_gemm.kernels.epilogue import add_bias, lowrank_up, rank_block, store_tile
+from lowrank_gemm.kernels.adapter_rows import distinct as _distinct, late_adapter as _late_adapter, safe_ids as _safe_ids
+from lowrank_gemm.kernels.epilogue import add_bias, rank_block, store_tile
 from lowrank_gemm.kernels.launch import launch
-from lowrank_gemm.kernels.lora_gemm import _direct_ok
+from lowrank_gemm.kernels.env import env_on
+from lowrank_gemm.kernels.lora_gemm import _direct_ok, _interpreting, bank_plan, run_bank
+from lowrank_gemm.kernels.tma import tma_ready
 from lowrank_gemm.kernels.pdl import gdc_launch_dependents, gdc_wait, pdl_enabled, pdl_supported
 from lowrank_gemm.kernels.schedule import cdiv, grouped_tile, next_pow2, num_sms
 from lowrank_gemm.plan.config import KernelConfig
@@ -65,28 +68,6 @@ SHRINK_RANK_BLOCK = 16      # rank slice one shrink program owns (MMA N granular
 # ----------------------------------------------------------------------------------------------
 # device helpers
 # ----------------------------------------------------------------------------------------------
-
-@triton.jit
-def _safe_ids(ids_ptr, rows, valid, L):
-    """Adapter id per row; anything outside [0, L) (−1, stale, corrupt) reads as −1 = base only."""
-    ids = tl.load(ids_ptr + rows, mask=valid, other=-1).to(tl.int32)
-    return tl.where((ids >= 0) & (ids < L), ids, -1)
-
-
-@triton.jit
-def _distinct(ids, BM: tl.constexpr):
-    """First-occurrence marks of the valid ids of a row block and their order among distinct ids.
-
-    Returns (first [BM] bool, order [BM] int32, count): the j-th distinct adapter of the block is
-    ``max(where(first & (order == j), ids, -1))``; no sort, one [BM, BM] comparison.
-    """
-    ar = tl.arange(0, BM)
-    seen_before = (ids[:, None] == ids[None, :]) & (ar[None, :] < ar[:, None])
-    dup = tl.max(seen_before.to(tl.int32), axis=1)
-    first = (ids >= 0) & (dup == 0)
-    order = tl.cumsum(first.to(tl.int32), axis=0) - 1
-    return first, order, tl.sum(first.to(tl.int32), axis=0)
-
 
 @triton.jit
 def _block_rows(row_order_ptr, offs, M, HAS_ORDER: tl.constexpr):
@@ -546,27 +527,6 @@ def _mlora_main_kernel(
         store_tile(y_ptr, acc, rows, offs_n, M, N, stride_ym, stride_yn)
 
 
-@triton.jit
-def _late_adapter(acc, j, first, order, ids, x_ptrs, stride_xk, a_ptr, stride_al, stride_ar, stride_ak,
-                  b_ptr, stride_bl, stride_bn, stride_br, scales_ptr, ranks_ptr, R_MAX, offs_n, N, K,
-                  BM: tl.constexpr, BK: tl.constexpr, BLOCK_R: tl.constexpr):
-    """acc += scale·(X·A_jᵀ)·B_jᵀ for the j-th distinct adapter, S recomputed over all of K."""
-    cur = tl.max(tl.where(first & (order == j), ids, -1), axis=0)
-    rank = tl.minimum(tl.maximum(tl.load(ranks_ptr + cur), 0), R_MAX)
-    sel = ids == cur
-    offs_r = tl.arange(0, BLOCK_R)
-    a_rows = a_ptr + cur.to(tl.int64) * stride_al + offs_r * stride_ar
-    s = tl.zeros((BM, BLOCK_R), tl.float32)
-    for k in range(0, K, BK):
-        offs_k = k + tl.arange(0, BK)
-        xt = tl.load(x_ptrs + offs_k[None, :] * stride_xk, mask=sel[:, None] & (offs_k[None, :] < K), other=0.0)
-        at = tl.load(a_rows[:, None] + offs_k[None, :] * stride_ak,
-                     mask=(offs_r[:, None] < rank) & (offs_k[None, :] < K), other=0.0)
-        s = tl.dot(xt, at.T, s)
-    s = tl.where(sel[:, None], s * tl.load(scales_ptr + cur), 0.0)
-    return lowrank_up(acc, s, b_ptr + cur.to(tl.int64) * stride_bl, stride_bn, stride_br, offs_n, N, rank, BLOCK_R)
-
-
 # ----------------------------------------------------------------------------------------------
 # plan: configs + SMEM ledger
 # ----------------------------------------------------------------------------------------------
@@ -791,6 +751,21 @@ def choose_plan(M: int, N: int, K: int, r_max: int, L: int, mode: str, device,
 # host: validation, launch, op
 # ----------------------------------------------------------------------------------------------
 
+def one_adapter_plan(M: int, N: int, K: int, x: torch.Tensor, weight: torch.Tensor, bank_a: torch.Tensor,
+                     adapter_ids: torch.Tensor):
+    """(strategy, config) of the single-adapter kernels in bank mode (:func:`~lowrank_gemm.kernels.lora_gemm.run_bank`)
+    for a batch the caller says holds one distinct adapter, or None (multi-LoRA kernels). The single-adapter plans
+    are the tuned LoRA table's: at M ≤ 64 its split / kloop plans stream W with the branch at ~1.00–1.10× cuBLAS,
+    where the multi-LoRA kernel's one-adapter plans read 1.07–1.99× (``multilora.md``, session 19).
+    ``LOWRANK_GEMM_ML_BANK=0`` turns the route off (A/B probes)."""
+    if not env_on("LOWRANK_GEMM_ML_BANK") or not (x.is_cuda or _interpreting()):
+        return None
+    if not (bank_a.is_contiguous() and tma_ready(bank_a.view(-1, K)) and x.stride(1) == 1 and weight.stride(1) == 1
+            and adapter_ids.is_contiguous()):
+        return None
+    return bank_plan(M, N, K, bank_a.shape[1], x.dtype, x.device)
+
+
 def sort_rows(adapter_ids: torch.Tensor) -> torch.Tensor:
     """Row permutation sorting rows by adapter (stable), int32, on the ids' device — no host sync."""
     return torch.sort(adapter_ids, stable=True).indices.to(torch.int32)
@@ -917,6 +892,13 @@ def multi_lora_gemm(x, weight, bank_a, bank_b, ranks, scales, adapter_ids, bias=
         y = torch.empty((M, N), dtype=x.dtype, device=x.device)
     if M == 0 or N == 0:
         return y
+    if plan is None and adapters == 1 and L > 0 and r_max > 0:
+        one = one_adapter_plan(M, N, K, x, weight, bank_a, adapter_ids)
+        if one is not None:
+            ids = adapter_ids.reshape(-1)
+            return run_bank(*one, x, weight, bank_a, bank_b, ranks, scales,
+                            ids if ids.dtype == torch.int32 else ids.to(torch.int32), bias, out=y,
+                            has_lora=has_lora)
     plan = plan or choose_plan(M, N, K, r_max, L, mode, x.device, adapters)
     cfg, scfg = plan.main, plan.shrink
     use_tma = plan.use_tma and (K * x.element_size()) % 16 == 0 and weight.stride(1) == 1

@@ -1,0 +1,103 @@
+"""Per-row adapter ids inside a kernel: the pieces the multi-LoRA kernel and the single-adapter kernels' bank
+mode share.
+
+A batch row picks its adapter by id (``−1`` = base only). Ids outside ``[0, L)`` read as ``−1`` and ranks are
+clamped to ``[0, R_MAX]``, so a bad id or rank never reads out of bounds.
+
+Bank mode (:func:`bank_pick`, :func:`bank_stragglers`) runs a single-adapter kernel (``lora_main_kernel``,
+``lora_down_kernel``) on an adapter bank when the caller knows a batch holds at most one distinct adapter: every
+program reads all M ≤ ``ID_BLOCK`` ids and serves the largest valid one, ``cur``, through the kernel's own data
+path (A rows ``cur·R_MAX …`` by TMA, B at ``cur``'s slot, ``scale[cur]``, ``rank[cur]``; rows of other ids get a
+zero S). A hint that was wrong costs speed, not exactness: rows holding another adapter are finished by
+:func:`bank_stragglers`, which recomputes their S over K by pointer loads.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from .epilogue import lowrank_up
+
+
+@triton.jit
+def safe_ids(ids_ptr, rows, valid, L):
+    """Adapter id per row; anything outside [0, L) (−1, stale, corrupt) reads as −1 = base only."""
+    ids = tl.load(ids_ptr + rows, mask=valid, other=-1).to(tl.int32)
+    return tl.where((ids >= 0) & (ids < L), ids, -1)
+
+
+@triton.jit
+def distinct(ids, BM: tl.constexpr):
+    """First-occurrence marks of the valid ids of a row block and their order among distinct ids.
+
+    Returns (first [BM] bool, order [BM] int32, count): the j-th distinct adapter of the block is
+    ``max(where(first & (order == j), ids, -1))``; no sort, one [BM, BM] comparison.
+    """
+    ar = tl.arange(0, BM)
+    seen_before = (ids[:, None] == ids[None, :]) & (ar[None, :] < ar[:, None])
+    dup = tl.max(seen_before.to(tl.int32), axis=1)
+    first = (ids >= 0) & (dup == 0)
+    order = tl.cumsum(first.to(tl.int32), axis=0) - 1
+    return first, order, tl.sum(first.to(tl.int32), axis=0)
+
+
+@triton.jit
+def late_adapter(acc, j, first, order, ids, x_ptrs, stride_xk, a_ptr, stride_al, stride_ar, stride_ak,
+                 b_ptr, stride_bl, stride_bn, stride_br, scales_ptr, ranks_ptr, R_MAX, offs_n, N, K,
+                 BM: tl.constexpr, BK: tl.constexpr, BLOCK_R: tl.constexpr):
+    """acc += scale·(X·A_jᵀ)·B_jᵀ for the rows of the j-th distinct adapter of ``ids``, S recomputed over all
+    of K (the exact, slow path for adapters a plan did not provide for)."""
+    cur = tl.max(tl.where(first & (order == j), ids, -1), axis=0)
+    rank = tl.minimum(tl.maximum(tl.load(ranks_ptr + cur), 0), R_MAX)
+    sel = ids == cur
+    offs_r = tl.arange(0, BLOCK_R)
+    a_rows = a_ptr + cur.to(tl.int64) * stride_al + offs_r * stride_ar
+    s = tl.zeros((BM, BLOCK_R), tl.float32)
+    for k in range(0, K, BK):
+        offs_k = k + tl.arange(0, BK)
+        xt = tl.load(x_ptrs + offs_k[None, :] * stride_xk, mask=sel[:, None] & (offs_k[None, :] < K), other=0.0)
+        at = tl.load(a_rows[:, None] + offs_k[None, :] * stride_ak,
+                     mask=(offs_r[:, None] < rank) & (offs_k[None, :] < K), other=0.0)
+        s = tl.dot(xt, at.T, s)
+    s = tl.where(sel[:, None], s * tl.load(scales_ptr + cur), 0.0)
+    return lowrank_up(acc, s, b_ptr + cur.to(tl.int64) * stride_bl, stride_bn, stride_br, offs_n, N, rank, BLOCK_R)
+
+
+@triton.jit
+def bank_pick(ids_ptr, ranks_ptr, scales_ptr, M, L, R_MAX, ID_BLOCK: tl.constexpr):
+    """(cur, slot, rank, scale) of a bank-mode launch: cur = the largest valid id of the whole batch
+    (M ≤ ID_BLOCK; −1 when every row is base only), slot = max(cur, 0) for addressing, and cur's rank and
+    scale (0 and 0.0 when cur is −1, so nothing of slot 0 is added). Every program computes the same values."""
+    offs = tl.arange(0, ID_BLOCK)
+    cur = tl.max(safe_ids(ids_ptr, offs, offs < M, L), axis=0)
+    slot = tl.maximum(cur, 0)
+    live = cur >= 0
+    rank = tl.where(live, tl.minimum(tl.maximum(tl.load(ranks_ptr + slot), 0), R_MAX), 0)
+    scale = tl.where(live, tl.load(scales_ptr + slot).to(tl.float32), 0.0)
+    return cur, slot, rank, scale
+
+
+@triton.jit
+def bank_rows(ids_ptr, offs_m, M, L, cur):
+    """[BM] bool: the rows of ``offs_m`` that hold ``cur`` (their S comes from the kernel's own path)."""
+    return safe_ids(ids_ptr, offs_m, offs_m < M, L) == cur
+
+
+@triton.jit
+def bank_stragglers(acc, offs_m, cur, ids_ptr, M, L, x_ptr, stride_xm, stride_xk, a_ptr, stride_al, stride_ar,
+                    stride_ak, b_ptr, stride_bl, stride_bn, stride_br, scales_ptr, ranks_ptr, R_MAX, offs_n, N, K,
+                    BM: tl.constexpr, BK: tl.constexpr, BLOCK_R: tl.constexpr):
+    """acc += the branch of every row of ``offs_m`` whose valid id is not ``cur`` (a wrong one-adapter hint).
+    One scalar test when there are none; otherwise :func:`late_adapter` per distinct other adapter, in
+    first-occurrence order (deterministic)."""
+    ids = safe_ids(ids_ptr, offs_m, offs_m < M, L)
+    other = tl.where(ids != cur, ids, -1)
+    if tl.max(other, axis=0) >= 0:
+        first, order, count = distinct(other, BM)
+        x_ptrs = x_ptr + offs_m[:, None].to(tl.int64) * stride_xm
+        for j in range(0, count):
+            acc = late_adapter(acc, j, first, order, other, x_ptrs, stride_xk, a_ptr, stride_al, stride_ar,
+                               stride_ak, b_ptr, stride_bl, stride_bn, stride_br, scales_ptr, ranks_ptr, R_MAX,
+                               offs_n, N, K, BM, BK, BLOCK_R)
+    return acc
