@@ -38,7 +38,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .adapter_rows import bank_pick, bank_rows, bank_stragglers
+from .adapter_rows import bank_has_stragglers, bank_pick, bank_rows, bank_stragglers, safe_ids
 from .epilogue import add_bias, lowrank_up, store_tile
 from .schedule import grouped_tile
 from .pdl import gdc_launch_dependents, gdc_wait
@@ -228,8 +228,8 @@ def lora_main_kernel(
     # BANK (a batch of ≤ ID_BLOCK rows of one adapter bank, the caller's hint: one distinct adapter): a_desc is
     # the bank's A viewed [L·R_MAX, K], b_ptr its slot 0 ([N, R_MAX] strides), R the bank's R_MAX; every program
     # serves the batch's largest valid id (adapter_rows.bank_pick) — its A rows, B slot, rank and scale — rows of
-    # other ids get a zero S, and rows holding yet another adapter (a wrong hint) are added exactly by the first
-    # K split (adapter_rows.bank_stragglers, from x_ptr / bank_a_ptr by pointer loads).
+    # other ids get a zero S, and rows holding yet another adapter (a wrong hint) are added by whoever stored the
+    # tile, out of line (adapter_rows.bank_stragglers, from x_ptr / bank_a_ptr by pointer loads).
     tl.static_assert(not (BANK and (PARTIAL or LOWRANK == 0)), "BANK: a low-rank branch, whole or FIXUP tiles")
     tl.static_assert(not (S_PRODUCERS > 0 and (LOWRANK != 2 or PARTIAL or FIXUP or PDL)),
                      "S_PRODUCERS: GLOBAL S in one unsplit launch, no PDL")
@@ -269,6 +269,9 @@ def lora_main_kernel(
     per_split = tl.cdiv(k_tiles, n_split)
     k_lo = pid_k * per_split
     k_hi = tl.minimum(k_lo + per_split, k_tiles)
+    ids_rows = cur
+    if BANK:    # the tile's ids, consumed after the K loop: their load overlaps it
+        ids_rows = safe_ids(ids_ptr, off_m + tl.arange(0, BLOCK_M), off_m + tl.arange(0, BLOCK_M) < M, L)
 
     # epilogue operands that do not depend on the K loop: with EPI_PREFETCH their loads are in
     # flight during the pipeline fill instead of on the critical path after the last MMA
@@ -288,13 +291,8 @@ def lora_main_kernel(
                         BLOCK_M, BLOCK_N, BLOCK_K, BLOCK_R, LOWRANK == 1, SWAP_AB, a_row0)
     offs_m = off_m + tl.arange(0, BLOCK_M)
     offs_n = off_n + tl.arange(0, BLOCK_N)
-    if BANK:
-        if LOWRANK == 1:
-            s = tl.where(bank_rows(ids_ptr, offs_m, M, L, cur)[:, None], s, 0.0)
-        if pid_k == 0:      # one K piece of each tile adds the rows of any other adapter (none when the hint holds)
-            acc = bank_stragglers(acc, offs_m, cur, ids_ptr, M, L, x_ptr, stride_xm, 1, bank_a_ptr, stride_al,
-                                  stride_ar, 1, b_ptr - slot.to(tl.int64) * stride_bl, stride_bl, stride_bn,
-                                  stride_br, scales_ptr, ranks_ptr, R_MAX, offs_n, N, K, BLOCK_M, 64, BLOCK_R)
+    if BANK and LOWRANK == 1:
+        s = tl.where((ids_rows == cur)[:, None], s, 0.0)
     if S_PRODUCERS > 0:
         # every producer's S slice is stored and released (they are the lowest program ids: dispatched
         # first, and they wait for nothing, so they are resident or done while anyone spins here)
@@ -306,6 +304,7 @@ def lora_main_kernel(
         s_pre = _s_rows(s_ptr, stride_sk, stride_sm, stride_sr, S_SPLITS, offs_m, M, 0, R, BLOCK_M, BLOCK_R)
     if LOWRANK == 2 and EPI_PREFETCH:
         s = s_pre           # the whole-tile epilogue's S rows (GLOBAL)
+    stored = pid >= 0      # this program stores its tile (a FIXUP piece: only when it arrives last)
     if PARTIAL:
         store_tile(y_ptr + pid_k * stride_yk, acc, offs_m, offs_n, M, N, stride_ym, stride_yn)
         if LOWRANK == 1:
@@ -314,7 +313,7 @@ def lora_main_kernel(
                 tl.store(sws_ptr + pid_k * stride_swk + offs_m[:, None] * stride_swm
                          + offs_r[None, :] * stride_swr, s, mask=offs_m[:, None] < M)
     elif FIXUP and not whole:
-        _fixup_tile(acc, s, tile, pid_k, n_split, off_m, offs_m, offs_n, M, N, R, scale,
+        stored = _fixup_tile(acc, s, tile, pid_k, n_split, off_m, offs_m, offs_n, M, N, R, scale,
                     s_ptr, stride_sk, stride_sm, stride_sr, S_SPLITS, b_ptr, stride_bn,
                     stride_br, bias_ptr, y_ptr, stride_ym, stride_yn, sws_ptr, stride_swk,
                     stride_swn, stride_swm, stride_swr, ws_ptr, cnt_ptr, stride_wk,
@@ -324,6 +323,13 @@ def lora_main_kernel(
         _epilogue(acc, s, offs_m, offs_n, M, N, R, scale, s_ptr, stride_sk, stride_sm, stride_sr,
                   S_SPLITS, b_ptr, stride_bn, stride_br, bias_ptr, y_ptr, stride_ym, stride_yn,
                   b_pre, bias_pre, BLOCK_M, BLOCK_R, LOWRANK, HAS_BIAS, R_CHUNKS, EPI_PREFETCH)
+    if BANK:
+        if stored & bank_has_stragglers(ids_rows, cur):    # a wrong hint: never taken when it holds
+            tl.debug_barrier()      # this CTA's stores of the tile before its loads of it
+            bank_stragglers(y_ptr, stride_ym, stride_yn, x_ptr, stride_xm, bank_a_ptr, stride_al, stride_ar,
+                            b_ptr - slot.to(tl.int64) * stride_bl, stride_bl, stride_bn, stride_br, ids_ptr,
+                            ranks_ptr, scales_ptr, M, N, K, L, R_MAX, cur, off_m, off_n, BLOCK_M, BLOCK_N, 32,
+                            BLOCK_R)
     if S_PRODUCERS > 0:
         # S is read (the epilogue's loads precede the ticket); the last main program leaves both
         # counters at zero for the next launch on this stream / the next graph replay
@@ -355,7 +361,8 @@ def _fixup_tile(acc, s, tile, pid_k, n_split, off_m, offs_m, offs_n, M, N, R, sc
                 IN_FLIGHT: tl.constexpr, EPI_CHUNKS: tl.constexpr, PREFETCHED: tl.constexpr):
     """One split piece of a FIXUP tile: park this piece's partials (rows ≥ M are neither parked nor
     read: decode M=1 moves one row per split, not BLOCK_M), take the tile's ticket; the last of
-    ``n_split`` arrivals sums the partials in split order and runs the epilogue."""
+    ``n_split`` arrivals sums the partials in split order and runs the epilogue. Returns whether this piece stored
+    the tile (it was the last)."""
     splitk_store(ws_ptr, offs_m[:, None] * stride_wm + offs_n[None, :] * stride_wn, stride_wk,
                  pid_k, acc, (offs_m[:, None] < M) & (offs_n[None, :] < N))
     if LOWRANK == 1:
@@ -364,7 +371,8 @@ def _fixup_tile(acc, s, tile, pid_k, n_split, off_m, offs_m, offs_n, M, N, R, sc
         splitk_store(sws_ptr + pid_n * stride_swn,
                      offs_m[:, None] * stride_swm + tl.arange(0, BLOCK_R)[None, :] * stride_swr,
                      stride_swk, pid_k, s, offs_m[:, None] < M)
-    if splitk_arrive(cnt_ptr + tile, n_split):
+    last = splitk_arrive(cnt_ptr + tile, n_split)
+    if last:
         # the reduction + epilogue run on EPI_CHUNKS chunks of EPI_M rows: one summed tile and
         # one loaded partial of EPI_M rows live at a time, not two whole 128-row tiles, and at
         # decode M only the EPI_M ≥ M rows that exist (16 instead of 64)
@@ -387,6 +395,7 @@ def _fixup_tile(acc, s, tile, pid_k, n_split, off_m, offs_m, offs_n, M, N, R, sc
             _epilogue(acc2, s2, e_m, offs_n, M, N, R, scale, s_ptr, stride_sk, stride_sm, stride_sr,
                       S_SPLITS, b_ptr, stride_bn, stride_br, bias_ptr, y_ptr, stride_ym, stride_yn,
                       b_pre, bias_pre, EPI_M, BLOCK_R, LOWRANK, HAS_BIAS, R_CHUNKS, PREFETCHED)
+    return last
 
 
 @triton.jit

@@ -8,8 +8,9 @@ Bank mode (:func:`bank_pick`, :func:`bank_stragglers`) runs a single-adapter ker
 ``lora_down_kernel``) on an adapter bank when the caller knows a batch holds at most one distinct adapter: every
 program reads all M ≤ ``ID_BLOCK`` ids and serves the largest valid one, ``cur``, through the kernel's own data
 path (A rows ``cur·R_MAX …`` by TMA, B at ``cur``'s slot, ``scale[cur]``, ``rank[cur]``; rows of other ids get a
-zero S). A hint that was wrong costs speed, not exactness: rows holding another adapter are finished by
-:func:`bank_stragglers`, which recomputes their S over K by pointer loads.
+zero S). A hint that was wrong costs speed, not exactness: rows holding another adapter are finished after the
+tile's store by :func:`bank_stragglers`, which recomputes their S over K by pointer loads and adds their branch to
+the stored rows.
 """
 
 from __future__ import annotations
@@ -49,8 +50,17 @@ def late_adapter(acc, j, first, order, ids, x_ptrs, stride_xk, a_ptr, stride_al,
     """acc += scale·(X·A_jᵀ)·B_jᵀ for the rows of the j-th distinct adapter of ``ids``, S recomputed over all
     of K (the exact, slow path for adapters a plan did not provide for)."""
     cur = tl.max(tl.where(first & (order == j), ids, -1), axis=0)
+    return adapter_rows_up(acc, cur, ids == cur, x_ptrs, stride_xk, a_ptr, stride_al, stride_ar, stride_ak, b_ptr,
+                           stride_bl, stride_bn, stride_br, scales_ptr, ranks_ptr, R_MAX, offs_n, N, K, BM, BK,
+                           BLOCK_R)
+
+
+@triton.jit
+def adapter_rows_up(acc, cur, sel, x_ptrs, stride_xk, a_ptr, stride_al, stride_ar, stride_ak, b_ptr, stride_bl,
+                    stride_bn, stride_br, scales_ptr, ranks_ptr, R_MAX, offs_n, N, K,
+                    BM: tl.constexpr, BK: tl.constexpr, BLOCK_R: tl.constexpr):
+    """acc += scale[cur]·(X·A_curᵀ)·B_curᵀ on the rows ``sel`` (x_ptrs: their row pointers), by pointer loads."""
     rank = tl.minimum(tl.maximum(tl.load(ranks_ptr + cur), 0), R_MAX)
-    sel = ids == cur
     offs_r = tl.arange(0, BLOCK_R)
     a_rows = a_ptr + cur.to(tl.int64) * stride_al + offs_r * stride_ar
     s = tl.zeros((BM, BLOCK_R), tl.float32)
@@ -85,19 +95,48 @@ def bank_rows(ids_ptr, offs_m, M, L, cur):
 
 
 @triton.jit
-def bank_stragglers(acc, offs_m, cur, ids_ptr, M, L, x_ptr, stride_xm, stride_xk, a_ptr, stride_al, stride_ar,
-                    stride_ak, b_ptr, stride_bl, stride_bn, stride_br, scales_ptr, ranks_ptr, R_MAX, offs_n, N, K,
-                    BM: tl.constexpr, BK: tl.constexpr, BLOCK_R: tl.constexpr):
-    """acc += the branch of every row of ``offs_m`` whose valid id is not ``cur`` (a wrong one-adapter hint).
-    One scalar test when there are none; otherwise :func:`late_adapter` per distinct other adapter, in
-    first-occurrence order (deterministic)."""
+def bank_has_stragglers(ids_rows, cur):
+    """Scalar: does a row of ``ids_rows`` (safe ids of a tile's rows) hold a valid adapter other than ``cur``?"""
+    return tl.max(tl.where(ids_rows != cur, ids_rows, -1), axis=0) >= 0
+
+
+@triton.jit
+def bank_stragglers(y_ptr, stride_ym, stride_yn, x_ptr, stride_xm, a_ptr, stride_al, stride_ar, b_ptr, stride_bl,
+                    stride_bn, stride_br, ids_ptr, ranks_ptr, scales_ptr, M, N, K, L, R_MAX, cur, off_m, off_n,
+                    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, BLOCK_R: tl.constexpr):
+    """Y[tile] += the branch of every row whose valid id is not ``cur`` (a wrong one-adapter hint), after the tile
+    was stored: per such adapter (decreasing id: deterministic) its rows' S over K, then Y read back, the branch
+    added in fp32 and stored, in column chunks of ≤ 64 (one more rounding to Y's dtype per adapter, for those rows
+    only). Called after the tile's store, when the kernel's accumulators are dead, so the path (never taken when
+    the hint holds) costs the hot loop no registers; the caller puts a CTA barrier between its stores of the tile
+    and these loads."""
+    CN: tl.constexpr = min(BN, 64)
+    offs_m = off_m + tl.arange(0, BM)
     ids = safe_ids(ids_ptr, offs_m, offs_m < M, L)
     other = tl.where(ids != cur, ids, -1)
-    if tl.max(other, axis=0) >= 0:
-        first, order, count = distinct(other, BM)
-        x_ptrs = x_ptr + offs_m[:, None].to(tl.int64) * stride_xm
-        for j in range(0, count):
-            acc = late_adapter(acc, j, first, order, other, x_ptrs, stride_xk, a_ptr, stride_al, stride_ar,
-                               stride_ak, b_ptr, stride_bl, stride_bn, stride_br, scales_ptr, ranks_ptr, R_MAX,
-                               offs_n, N, K, BM, BK, BLOCK_R)
-    return acc
+    x_ptrs = x_ptr + offs_m[:, None].to(tl.int64) * stride_xm
+    offs_r = tl.arange(0, BLOCK_R)
+    nxt = tl.max(other, axis=0)
+    while nxt >= 0:
+        sel = other == nxt
+        rank = tl.minimum(tl.maximum(tl.load(ranks_ptr + nxt), 0), R_MAX)
+        a_rows = a_ptr + nxt.to(tl.int64) * stride_al + offs_r * stride_ar
+        s = tl.zeros((BM, BLOCK_R), tl.float32)
+        for k in range(0, K, BK):
+            offs_k = k + tl.arange(0, BK)
+            xt = tl.load(x_ptrs + offs_k[None, :], mask=sel[:, None] & (offs_k[None, :] < K), other=0.0)
+            at = tl.load(a_rows[:, None] + offs_k[None, :], mask=(offs_r[:, None] < rank) & (offs_k[None, :] < K),
+                         other=0.0)
+            s = tl.dot(xt, at.T, s)
+        s = tl.where(sel[:, None], s * tl.load(scales_ptr + nxt), 0.0)
+        b_slot = b_ptr + nxt.to(tl.int64) * stride_bl
+        for n0 in range(0, BN, CN):
+            offs_n = off_n + n0 + tl.arange(0, CN)
+            y_ptrs = y_ptr + offs_m[:, None].to(tl.int64) * stride_ym + offs_n[None, :] * stride_yn
+            mask = sel[:, None] & (offs_n[None, :] < N)
+            y = tl.load(y_ptrs, mask=mask, other=0.0).to(tl.float32)
+            y = lowrank_up(y, s, b_slot, stride_bn, stride_br, offs_n, N, rank, BLOCK_R)
+            tl.store(y_ptrs, y.to(y_ptr.dtype.element_ty), mask=mask)
+        tl.debug_barrier()      # the next adapter's rows are others, but keep the read-back ordered anyway
+        other = tl.where(sel, -1, other)
+        nxt = tl.max(other, axis=0)

@@ -1,0 +1,107 @@
+"""One-adapter multi-LoRA batches: bank mode against the multi-LoRA kernel's plan and the single-adapter LoRA op on the
+same bytes, cuBLAS beside them, one process (session 21).
+
+    python scripts/probe_ml_bank.py --out DIR [--kn 4096x4096,4096x28672] [--ms 16,64] [--ranks 16,64]
+
+Impls per (K, N, r, M), ids random over one bank slot and −1 (a quarter of the rows): ``cublas_base``; ``bank``
+(``multi_lora_gemm`` with ``adapters=1``: the route); ``multi`` (the same call with the multi-LoRA plan passed in);
+``lora`` (``lora_linear`` on that slot's A / B: what bank mode should cost, minus −1 rows); ``bank_wrong`` (bank mode
+with a second adapter in the batch: the exact slow path's cost when the hint is wrong). Writes ``probe_ml_bank.json``
+(shared schema) and a markdown table; prints ratios to cuBLAS.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+from lowrank_gemm.bench.common import device_meta, markdown_table, measure_copy_tbps, time_impl  # noqa: E402
+from lowrank_gemm.bench.multilora import make_case  # noqa: E402
+from lowrank_gemm.kernels import multilora_gemm as mg  # noqa: E402
+from lowrank_gemm.kernels.lora_gemm import lora_linear  # noqa: E402
+
+
+def case_rows(k, N, r, M, dev=None, timer=time_impl):
+    sets, distinct, _ = make_case(M, N, r, 1, k, dev)
+    dev = sets[0][0].device
+    slot = distinct[0]
+    x, w, bk, _ = sets[0]
+    sc = float(bk.scales[slot])      # every slot's scale is the bank's fill value: read once, outside any capture
+    quarter = torch.arange(M, device=dev) % 4 == 3
+    sets = [(x, w, bk, torch.where(quarter, -1, ids)) for x, w, bk, ids in sets]
+    other = (slot + 1) % bk.bank_a.shape[0]
+    wrong = [(x, w, bk, torch.where(torch.arange(M, device=dev) == 0, other, ids)) for x, w, bk, ids in sets]
+    plan = mg.choose_plan(M, N, k, r, bk.bank_a.shape[0], "gather", x.device, adapters=1)
+    route = mg.one_adapter_plan(M, N, k, x, w, bk.bank_a, sets[0][3])
+
+    def fused(**kw):
+        return lambda x, w, bk, i: mg.multi_lora_gemm(x, w, bk.bank_a, bk.bank_b, bk.ranks, bk.scales, i,
+                                                      mode="gather", validate=False, adapters=1,
+                                                      b_clean=bk.B_ZERO_PADDED, **kw)
+    impls = {
+        "cublas_base": (lambda x, w, bk, i: torch.nn.functional.linear(x, w), sets),
+        "bank": (fused(), sets),
+        "multi": (fused(plan=plan), sets),
+        "lora": (lambda x, w, bk, i: lora_linear(x, w, bk.bank_a[slot], bk.bank_b[slot], sc), sets),
+        "bank_wrong": (fused(), wrong),
+    }
+    x, w, bk, i = sets[0]
+    ref = mg.multi_lora_gemm(x, w, bk.bank_a, bk.bank_b, bk.ranks, bk.scales, i, plan=plan).double()
+    rows = []
+    for name, (fn, s) in impls.items():
+        t = timer(fn, s)
+        err = None
+        if name in ("bank", "multi"):
+            y = fn(*s[0]).double()
+            err = ((y - ref).norm() / ref.norm()).item()
+        rows.append({"suite": "probe_ml_bank", "impl": name, "M": M, "N": N, "K": k, "r": r, "dtype": "bf16",
+                     "adapters": 1, "route": route[0] if route else None, "rel_err_vs_multi": err, **t})
+    base = rows[0]["graph_us"]
+    for rw in rows:
+        rw["vs_base"] = round(rw["graph_us"] / base, 3) if rw.get("graph_us") and base else None
+    return rows
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--kn", default="4096x4096,4096x28672")
+    ap.add_argument("--ms", default="16,64")
+    ap.add_argument("--ranks", default="16,64")
+    ap.add_argument("--dry", action="store_true", help="CPU interpreter, one call per impl, no timing (a smoke test)")
+    args = ap.parse_args()
+    dev, timer = None, time_impl
+    if args.dry:
+        dev = torch.device("cpu")
+        timer = lambda fn, s: {"graph_us": float(fn(*s[0]).float().abs().mean()) + 1.0}    # noqa: E731
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    meta = device_meta(None if args.dry else measure_copy_tbps())
+    rows = []
+    for kn in args.kn.split(","):
+        k, N = (int(v) for v in kn.split("x"))
+        for r in (int(v) for v in args.ranks.split(",")):
+            for M in (int(v) for v in args.ms.split(",")):
+                rows += case_rows(k, N, r, M, dev, timer)
+                print({rw["impl"]: rw["vs_base"] for rw in rows[-5:]}, k, N, r, M, flush=True)
+                (out / "probe_ml_bank.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+    impls = ["cublas_base", "bank", "multi", "lora", "bank_wrong"]
+    table = []
+    for key in sorted({(rw["K"], rw["N"], rw["r"], rw["M"]) for rw in rows}):
+        by = {rw["impl"]: rw for rw in rows if (rw["K"], rw["N"], rw["r"], rw["M"]) == key}
+        table.append([*key, by["bank"]["route"], *[by[i]["graph_us"] for i in impls],
+                      *[by[i]["vs_base"] for i in impls[1:]]])
+    md = markdown_table(["K", "N", "r", "M", "route", *[f"{i} µs" for i in impls], *[f"{i} ×" for i in impls[1:]]],
+                        table)
+    (out / "probe_ml_bank.md").write_text(md)
+    print(md)
+
+
+if __name__ == "__main__":
+    main()
