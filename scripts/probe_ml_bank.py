@@ -6,7 +6,9 @@ same bytes, cuBLAS beside them, one process (session 21).
 Impls per (K, N, r, M), ids random over one bank slot and −1 (a quarter of the rows): ``cublas_base``; ``bank``
 (``multi_lora_gemm`` with ``adapters=1``: the route); ``multi`` (the same call with the multi-LoRA plan passed in);
 ``lora`` (``lora_linear`` on that slot's A / B: what bank mode should cost, minus −1 rows); ``bank_wrong`` (bank mode
-with a second adapter in the batch: the exact slow path's cost when the hint is wrong). Writes ``probe_ml_bank.json``
+with a second adapter in the batch: the exact slow path's cost when the hint is wrong); ``--pins`` adds bank mode
+under other LoRA plans (``strategy`` or ``strategy:BMxBNxBK[:stages]``, comma separated), each a ``bank[pin]`` row.
+Writes ``probe_ml_bank.json``
 (shared schema) and a markdown table; prints ratios to cuBLAS.
 """
 
@@ -24,10 +26,24 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 from lowrank_gemm.bench.common import device_meta, markdown_table, measure_copy_tbps, time_impl  # noqa: E402
 from lowrank_gemm.bench.multilora import make_case  # noqa: E402
 from lowrank_gemm.kernels import multilora_gemm as mg  # noqa: E402
+from lowrank_gemm.kernels.epilogue import rank_block  # noqa: E402
 from lowrank_gemm.kernels.lora_gemm import lora_linear  # noqa: E402
 
 
-def case_rows(k, N, r, M, dev=None, timer=time_impl):
+def parse_pin(spec: str):
+    """"kloop:64x128x128:4" → (strategy, KernelConfig or None): the planner's config for that strategy unless tiles
+    are named (block_r follows the rank)."""
+    from lowrank_gemm.plan.config import KernelConfig
+    parts = spec.split(":")
+    if len(parts) == 1:
+        return parts[0], None
+    bm, bn, bk = (int(v) for v in parts[1].split("x"))
+    cfg = KernelConfig(block_m=bm, block_n=bn, block_k=bk, num_warps=8 if bm * bn >= 128 * 256 else 4,
+                       num_stages=int(parts[2]) if len(parts) > 2 else 3)
+    return parts[0], cfg
+
+
+def case_rows(k, N, r, M, dev=None, timer=time_impl, pins=()):
     sets, distinct, _ = make_case(M, N, r, 1, k, dev)
     dev = sets[0][0].device
     slot = distinct[0]
@@ -51,10 +67,17 @@ def case_rows(k, N, r, M, dev=None, timer=time_impl):
         "lora": (lambda x, w, bk, i: lora_linear(x, w, bk.bank_a[slot], bk.bank_b[slot], sc), sets),
         "bank_wrong": (fused(), wrong),
     }
+    for spec in pins:
+        strategy, cfg = parse_pin(spec)
+        if cfg is not None:
+            cfg = cfg.replace(block_r=rank_block(r))
+        impls[f"bank[{spec}]"] = (pinned_call(fused(), strategy, cfg), sets)
     x, w, bk, i = sets[0]
     ref = mg.multi_lora_gemm(x, w, bk.bank_a, bk.bank_b, bk.ranks, bk.scales, i, plan=plan).double()
     rows = []
     for name, (fn, s) in impls.items():
+        if name.startswith("bank[") and mg.one_adapter_plan(M, N, k, x, w, bk.bank_a, sets[0][3]) is None:
+            continue
         t = timer(fn, s)
         err = None
         if name in ("bank", "multi"):
@@ -68,12 +91,22 @@ def case_rows(k, N, r, M, dev=None, timer=time_impl):
     return rows
 
 
+def pinned_call(fn, strategy, cfg):
+    from lowrank_gemm.plan.planner import pinned
+
+    def call(*a):
+        with pinned(strategy=strategy, config=cfg):
+            return fn(*a)
+    return call
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--kn", default="4096x4096,4096x28672")
     ap.add_argument("--ms", default="16,64")
     ap.add_argument("--ranks", default="16,64")
+    ap.add_argument("--pins", default="", help="extra bank-mode plans, e.g. kloop:64x128x128:4,persistent_static")
     ap.add_argument("--dry", action="store_true", help="CPU interpreter, one call per impl, no timing (a smoke test)")
     args = ap.parse_args()
     dev, timer = None, time_impl
@@ -88,17 +121,19 @@ def main():
         k, N = (int(v) for v in kn.split("x"))
         for r in (int(v) for v in args.ranks.split(",")):
             for M in (int(v) for v in args.ms.split(",")):
-                rows += case_rows(k, N, r, M, dev, timer)
-                print({rw["impl"]: rw["vs_base"] for rw in rows[-5:]}, k, N, r, M, flush=True)
+                rows += case_rows(k, N, r, M, dev, timer, [p for p in args.pins.split(",") if p])
+                print({rw["impl"]: rw["vs_base"] for rw in rows if (rw["K"], rw["N"], rw["r"], rw["M"]) == (k, N, r, M)},
+                      k, N, r, M, flush=True)
                 (out / "probe_ml_bank.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
     impls = ["cublas_base", "bank", "multi", "lora", "bank_wrong"]
     table = []
     for key in sorted({(rw["K"], rw["N"], rw["r"], rw["M"]) for rw in rows}):
         by = {rw["impl"]: rw for rw in rows if (rw["K"], rw["N"], rw["r"], rw["M"]) == key}
         table.append([*key, by["bank"]["route"], *[by[i]["graph_us"] for i in impls],
-                      *[by[i]["vs_base"] for i in impls[1:]]])
-    md = markdown_table(["K", "N", "r", "M", "route", *[f"{i} µs" for i in impls], *[f"{i} ×" for i in impls[1:]]],
-                        table)
+                      *[by[i]["vs_base"] for i in impls[1:]],
+                      " ".join(f"{i[5:-1]} {rw['vs_base']}" for i, rw in by.items() if i.startswith("bank["))])
+    md = markdown_table(["K", "N", "r", "M", "route", *[f"{i} µs" for i in impls], *[f"{i} ×" for i in impls[1:]],
+                         "bank under pins ×"], table)
     (out / "probe_ml_bank.md").write_text(md)
     print(md)
 

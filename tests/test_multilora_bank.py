@@ -1,9 +1,10 @@
 """One-adapter multi-LoRA batches on the single-adapter kernels (bank mode, ``lora_gemm.run_bank``), CPU interpreter.
 
-The caller's hint (``max_adapters=1``) routes a batch of M ≤ 64 rows to the LoRA table's split / kloop plans, which
-pick the adapter on the device. The hint is trusted for speed only: rows of other adapters must still come out
-exact, as must base-only rows, ranks below r_max with garbage past them, and every launch variant the plans use
-(whole tiles, FIXUP split-K, swap-AB, in-grid S producers, the prefetched epilogue).
+The caller's hint (``max_adapters=1``) routes a batch of M ≤ 256 rows to the LoRA table's split / kloop / persistent
+plans, which pick the adapter on the device. The hint is trusted for speed only: rows of other adapters must still
+come out exact, as must base-only rows, ranks below r_max with garbage past them, and every launch variant the plans
+use (whole tiles, FIXUP split-K, swap-AB with its prefetched epilogue, in-grid S producers, static and dynamic
+persistent schedules).
 """
 
 import pytest
@@ -27,6 +28,8 @@ VARIANTS = {
     "split swap-AB": ("split", CFG.replace(block_n=64, swap_ab=True)),
     "split S producers": ("split", CFG.replace(s_producers=3)),
     "split swap-AB S producers": ("split", CFG.replace(block_n=64, swap_ab=True, s_producers=2)),
+    "persistent_static": ("persistent_static", CFG),
+    "persistent_dynamic": ("persistent_dynamic", CFG),
 }
 
 
@@ -53,7 +56,8 @@ def ids_of(M, hold, seed, others=()):
 
 
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
-@pytest.mark.parametrize("M,N,K,r_max,rank", [(37, 70, 88, 16, 11), (5, 150, 72, 40, 40), (64, 33, 48, 8, 3)])
+@pytest.mark.parametrize("M,N,K,r_max,rank", [(37, 70, 88, 16, 11), (5, 150, 72, 40, 40), (64, 33, 48, 8, 3),
+                                              (200, 40, 32, 16, 16)])
 def test_one_adapter_matches_reference(variant, M, N, K, r_max, rank, poisoned_workspaces):
     strategy, cfg = VARIANTS[variant]
     cfg = cfg.replace(block_r=max(cfg.block_r, mg.rank_block(r_max)))
@@ -66,7 +70,8 @@ def test_one_adapter_matches_reference(variant, M, N, K, r_max, rank, poisoned_w
     assert torch.equal(y, run_bank(case, strategy, cfg)), "repeat not bit-identical"
 
 
-@pytest.mark.parametrize("variant", ["kloop", "kloop fixup", "split", "split S producers", "split swap-AB"])
+@pytest.mark.parametrize("variant", ["kloop", "kloop fixup", "split", "split S producers", "split swap-AB",
+                                     "persistent_static", "persistent_dynamic"])
 def test_wrong_hint_stays_exact(variant, poisoned_workspaces):
     """Three adapters where the caller promised one: rows of the two the kernel does not serve (one of them in
     several row blocks, one block holding three adapters) go through the slow exact path."""
@@ -77,7 +82,7 @@ def test_wrong_hint_stays_exact(variant, poisoned_workspaces):
     assert_close(run_bank(case, strategy, cfg), ref_of(case))
 
 
-@pytest.mark.parametrize("strategy", ["kloop", "split"])
+@pytest.mark.parametrize("strategy", ["kloop", "split", "persistent_static"])
 def test_all_rows_base_only(strategy, poisoned_workspaces):
     case = one_adapter_case(20, 70, 48, 3, 16, torch.full((20,), -1), seed=2)
     y = run_bank(case, strategy, CFG)
@@ -94,7 +99,7 @@ def test_out_of_range_ids_read_as_base_only(poisoned_workspaces):
 
 
 def test_multi_lora_gemm_routes_one_adapter_batches(monkeypatch):
-    """max_adapters=1 at M ≤ 64 runs bank mode (through the LoRA planner's plan), otherwise the multi-LoRA
+    """max_adapters=1 at M ≤ BANK_MAX_M runs bank mode (through the LoRA planner's plan), otherwise the multi-LoRA
     kernels; the switch, a larger M, a bank that is not contiguous and an explicit plan all keep them."""
     seen = []
     real = LG.run_bank
@@ -107,7 +112,7 @@ def test_multi_lora_gemm_routes_one_adapter_batches(monkeypatch):
         return y, len(seen) > n
 
     y, routed = call()
-    assert routed and seen[-1][0] in ("split", "kloop")
+    assert routed and seen[-1][0] in LG.BANK_STRATEGIES
     assert_close(y, ref_of(case))
     y_multi, routed = call(adapters=2)
     assert not routed
@@ -117,19 +122,20 @@ def test_multi_lora_gemm_routes_one_adapter_batches(monkeypatch):
     monkeypatch.setenv("LOWRANK_GEMM_ML_BANK", "0")
     assert call()[1] is False
     monkeypatch.delenv("LOWRANK_GEMM_ML_BANK")
-    big = one_adapter_case(80, 48, 64, 4, 16, ids_of(80, 1, 5), seed=6)
+    big = one_adapter_case(LG.BANK_MAX_M + 1, 48, 64, 4, 16, ids_of(LG.BANK_MAX_M + 1, 1, 5), seed=6)
     n = len(seen)
     mg.multi_lora_gemm(**big, adapters=1)
     assert len(seen) == n
 
 
 def test_bank_plan_scope():
-    """Bank mode takes split / kloop plans on whole or FIXUP tiles, M ≤ BANK_MAX_M, 16-B aligned K rows."""
+    """Bank mode takes split / kloop / persistent plans (no two-launch reduce), M ≤ BANK_MAX_M, 16-B aligned K
+    rows."""
     dev = torch.device("cpu")
     assert LG.bank_plan(LG.BANK_MAX_M + 1, 4096, 4096, 16, torch.bfloat16, dev) is None
     assert LG.bank_plan(16, 4096, 4100, 16, torch.bfloat16, dev) is None       # 8200-B rows: not 16-B aligned
     got = LG.bank_plan(16, 4096, 4096, 16, torch.bfloat16, dev)
-    assert got is not None and got[0] in ("split", "kloop")
+    assert got is not None and got[0] in LG.BANK_STRATEGIES
     assert got[1].split_k == 1 or got[1].split_mode == "fixup"
 
 

@@ -237,7 +237,8 @@ def test_swap_ab_matches_reference(mode, M, N, K, L, r, bn, split, expand):
 # ---- one adapter in the batch (the caller's max_adapters=1): the single-adapter kernels in bank mode
 
 @pytest.mark.parametrize("M,N,r", [(16, 4096, 16), (16, 4096, 64), (64, 4096, 16), (64, 4096, 64),
-                                   (16, 28672, 64), (64, 28672, 16), (64, 28672, 64), (37, 6144, 24)])
+                                   (16, 28672, 64), (64, 28672, 16), (64, 28672, 64), (37, 6144, 24),
+                                   (256, 4096, 16), (256, 4096, 64), (256, 28672, 64), (200, 6144, 24)])
 def test_one_adapter_hint_bank_mode(M, N, r):
     """The LoRA table's plan on a bank: bf16 vs the float64 reference, −1 rows equal the same plan's base product
     bit for bit, repeats bit-identical, and the route was taken."""
@@ -256,7 +257,7 @@ def test_one_adapter_hint_bank_mode(M, N, r):
     assert LG.bank_plan(M, N, 4096, r, DT, x.device) is not None
 
 
-@pytest.mark.parametrize("M,N,r", [(16, 4096, 16), (64, 28672, 64)])
+@pytest.mark.parametrize("M,N,r", [(16, 4096, 16), (64, 28672, 64), (256, 4096, 64)])
 def test_one_adapter_hint_wrong_stays_exact(M, N, r):
     x, w, bank, ids, bias = make(M, N, 4096, 8, r)          # up to 8 distinct adapters, hint says 1
     ref, e_t = ref_and_torch_err(x, w, bank, ids, bias)

@@ -507,7 +507,18 @@ def lora_persistent_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr,
     GROUP_M: tl.constexpr, DYNAMIC: tl.constexpr, HAS_BIAS: tl.constexpr,
     EPI_STAGES: tl.constexpr = None,    # KernelConfig.epi_stages (0 → None: the compiler's choice)
+    ids_ptr=None, ranks_ptr=None, scales_ptr=None, x_ptr=None, bank_a_ptr=None, L=0, R_MAX=0,    # BANK
+    stride_xm=0, stride_al=0, stride_ar=0, stride_bl=0,
+    BANK: tl.constexpr = False, ID_BLOCK: tl.constexpr = 16,
 ):
+    # BANK: as lora_main_kernel's (one adapter of a bank, picked on the device; rows of other adapters finished
+    # after their tile's store)
+    cur = -1
+    a_row0 = 0
+    if BANK:
+        cur, slot, R, scale = bank_pick(ids_ptr, ranks_ptr, scales_ptr, M, L, R_MAX, ID_BLOCK)
+        a_row0 = slot * R_MAX
+        b_ptr += slot.to(tl.int64) * stride_bl
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
     num_tasks = num_pid_m + num_pid_m * num_pid_n
@@ -520,9 +531,11 @@ def lora_persistent_kernel(
     while task < num_tasks:
         if task < num_pid_m:
             # phase 1: S block of M-block `task`, then publish it (stores → CTA barrier → release)
-            s = _down_loop(x_desc, a_desc, task * BLOCK_M, 0, 0, k_tiles, BLOCK_M, BLOCK_R, BLOCK_K)
+            s = _down_loop(x_desc, a_desc, task * BLOCK_M, a_row0, 0, k_tiles, BLOCK_M, BLOCK_R, BLOCK_K)
             offs_m = task * BLOCK_M + tl.arange(0, BLOCK_M)
             offs_r = tl.arange(0, BLOCK_R)
+            if BANK:
+                s = tl.where(bank_rows(ids_ptr, offs_m, M, L, cur)[:, None], s, 0.0)
             tl.store(s_ptr + offs_m[:, None] * stride_sm + offs_r[None, :] * stride_sr, s * scale,
                      mask=(offs_m[:, None] < M) & (offs_r[None, :] < R))
             tl.debug_barrier()
@@ -541,6 +554,13 @@ def lora_persistent_kernel(
                                        BLOCK_M, BLOCK_R, EPI_STAGES)
             acc = add_bias(acc, offs_n, N, bias_ptr, HAS_BIAS)
             store_tile(y_ptr, acc, offs_m, offs_n, M, N, stride_ym, stride_yn)
+            if BANK:
+                if bank_has_stragglers(safe_ids(ids_ptr, offs_m, offs_m < M, L), cur):    # a wrong hint only
+                    tl.debug_barrier()      # this CTA's stores of the tile before its loads of it
+                    bank_stragglers(y_ptr, stride_ym, stride_yn, x_ptr, stride_xm, bank_a_ptr, stride_al,
+                                    stride_ar, b_ptr - slot.to(tl.int64) * stride_bl, stride_bl, stride_bn,
+                                    stride_br, ids_ptr, ranks_ptr, scales_ptr, M, N, K, L, R_MAX, cur,
+                                    pid_m * BLOCK_M, pid_n * BLOCK_N, BLOCK_M, BLOCK_N, 16, BLOCK_R)
         task = _next_task(task, counter_ptr, DYNAMIC)
 
 

@@ -110,7 +110,7 @@ def bank_stragglers(y_ptr, stride_ym, stride_yn, x_ptr, stride_xm, a_ptr, stride
     only). Called after the tile's store, when the kernel's accumulators are dead, so the path (never taken when
     the hint holds) costs the hot loop no registers; the caller puts a CTA barrier between its stores of the tile
     and these loads."""
-    CN: tl.constexpr = min(BN, 64)
+    CN: tl.constexpr = min(BN, 32)
     offs_m = off_m + tl.arange(0, BM)
     ids = safe_ids(ids_ptr, offs_m, offs_m < M, L)
     other = tl.where(ids != cur, ids, -1)

@@ -596,7 +596,7 @@ def _static_grid(num_pid_m: int, num_pid_n: int, group_m: int, device) -> int:
     return grid
 
 
-def _run_persistent(x, w, a, b, bias, y, scale, cfg, *, N, Kp, R, dynamic):
+def _run_persistent(x, w, a, b, bias, y, scale, cfg, *, N, Kp, R, dynamic, bank=None):
     M, dev, c = x.shape[0], x.device, cfg
     num_pid_m, num_pid_n = cdiv(M, c.block_m), cdiv(N, c.block_n)
     s = _empty_f32(dev, M, R)
@@ -609,7 +609,7 @@ def _run_persistent(x, w, a, b, bias, y, scale, cfg, *, N, Kp, R, dynamic):
         s.stride(0), s.stride(1), b.stride(0), b.stride(1), y.stride(0), y.stride(1),
         BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, BLOCK_R=c.block_r,
         GROUP_M=c.group_m, DYNAMIC=dynamic, HAS_BIAS=bias is not None, EPI_STAGES=c.epi_stages or None,
-        num_warps=c.num_warps, num_stages=c.num_stages)
+        **(bank or {}), num_warps=c.num_warps, num_stages=c.num_stages)
     return y
 
 
@@ -722,41 +722,41 @@ def run_strategy(strategy: str, x2, weight, lora_a, lora_b, scale, bias, cfg: Ke
     return _RUNNERS[strategy](x2, w, a, lora_b, bias_arg, y, float(scale), cfg, N=N, Kp=Kp, R=R)
 
 
-# bank mode (one adapter of a bank, device-side pick): every program reads all M ids, so M is kept to one block
-BANK_MAX_M = 64
+# bank mode (one adapter of a bank, device-side pick): every program reads all M ids, so M is kept to one block of
+# them; up to the M the persistent plans serve (64 < M ≤ 256)
+BANK_MAX_M = 256
+BANK_STRATEGIES = ("split", "kloop", "persistent_static", "persistent_dynamic")
 
 
 def bank_plan(M: int, N: int, K: int, r_max: int, dtype, device) -> tuple[str, KernelConfig] | None:
     """The single-adapter plan a one-adapter multi-LoRA batch runs in bank mode (:func:`run_bank`), or None where
-    bank mode does not apply: M > BANK_MAX_M, K rows not 16-B aligned (no padded copy of a bank), or a plan other
-    than ``split`` / ``kloop`` whole or FIXUP tiles (the two-launch reduce and the persistent kernels have no bank
-    mode)."""
+    bank mode does not apply: M > BANK_MAX_M, K rows not 16-B aligned (no padded copy of a bank), or a plan outside
+    :data:`BANK_STRATEGIES` or on the two-launch reduce split-K (its reduce kernel has no bank mode)."""
     if not 0 < M <= BANK_MAX_M or (K * dtype.itemsize) % TMA_ALIGN:
         return None
     strategy, cfg = plan_lora(M, N, K, r_max, dtype, device)
-    if strategy not in ("split", "kloop") or (cfg.split_k > 1 and cfg.split_mode != "fixup"):
+    if strategy not in BANK_STRATEGIES or (cfg.split_k > 1 and cfg.split_mode != "fixup"):
         return None
     return strategy, cfg
 
 
 def run_bank(strategy: str, cfg: KernelConfig, x2, weight, bank_a, bank_b, ranks, scales, adapter_ids, bias=None,
              out: torch.Tensor | None = None, has_lora: bool = True) -> torch.Tensor:
-    """y [M, N] of a multi-LoRA batch through a single-adapter strategy (``split`` or ``kloop``) in bank mode:
+    """y [M, N] of a multi-LoRA batch through a single-adapter strategy (:data:`BANK_STRATEGIES`) in bank mode:
     bank_a [L, R_MAX, K] (K contiguous), bank_b [L, N, R_MAX], ranks [L] int32, scales [L] fp32, adapter_ids [M]
     int32 (−1 = base only). The kernels serve the batch's largest valid id with the single-adapter data path;
     rows of any other adapter are still exact, through a slow path (``adapter_rows``). No validation, no
-    planning: :func:`bank_plan` chose ``strategy`` / ``cfg``. ``has_lora=False``: the same plan's base product
-    (rows with id −1 of a full call equal it: the same K loop, plus exact zeros)."""
+    planning: :func:`bank_plan` chose ``strategy`` / ``cfg``. ``has_lora=False``: the same launches with no id
+    valid (``L`` = 0), i.e. the same kernels' base product, which rows with id −1 of a full call equal bit for bit."""
     M, K = x2.shape
     N = weight.shape[0]
     L, r_max = bank_a.shape[0], bank_a.shape[1]
     y = torch.empty(M, N, dtype=x2.dtype, device=x2.device) if out is None else out
     x2, w = tma_operand(x2, K), tma_operand(weight, K)
     bias_arg = bias.contiguous() if bias is not None else None
-    if not has_lora:
-        return _gemm(x2, w, bias_arg, y, cfg, N=N, Kp=K)
     a2 = bank_a.view(L * r_max, K)
-    bank = dict(ids_ptr=adapter_ids, ranks_ptr=ranks, scales_ptr=scales, x_ptr=x2, bank_a_ptr=bank_a, L=L,
+    bank = dict(ids_ptr=adapter_ids, ranks_ptr=ranks, scales_ptr=scales, x_ptr=x2, bank_a_ptr=bank_a,
+                L=L if has_lora else 0,
                 R_MAX=r_max, stride_xm=x2.stride(0), stride_al=bank_a.stride(0), stride_ar=bank_a.stride(1),
                 stride_bl=bank_b.stride(0), BANK=True, ID_BLOCK=max(16, next_pow2(M)))
     return _RUNNERS[strategy](x2, w, a2, bank_b[0], bias_arg, y, 1.0, cfg, N=N, Kp=K, R=r_max, bank=bank)
