@@ -15,7 +15,7 @@ from lowrank_gemm.kernels import multilora_gemm as mg
 from lowrank_gemm.plan.config import KernelConfig
 
 from test_lora_gemm import poisoned_workspaces  # noqa: F401  (fixture)
-from test_multilora_gemm import DT, assert_base_rows_equal, assert_close, make_case, ref_of
+from test_multilora_gemm import DT, assert_base_rows_equal, assert_close, clean, make_case, ref_of
 
 CFG = KernelConfig(block_m=16, block_n=32, block_k=16, block_r=16, group_m=2, num_warps=4, num_stages=2)
 
@@ -40,6 +40,8 @@ def one_adapter_case(M, N, K, L, r_max, ids, seed=0, ranks=None, bias=True):
 
 
 def run_bank(case, strategy, cfg, **kw):
+    """Dirty banks (NaN past each rank) run with b_clean=False; :func:`test_clean_bank_keeps_the_rank_exact` runs
+    the b_clean=True masks."""
     M, N = case["x"].shape[0], case["weight"].shape[0]
     out = torch.full((M, N), float("nan"), dtype=DT)
     return LG.run_bank(strategy, cfg, case["x"], case["weight"], case["bank_a"], case["bank_b"], case["ranks"],
@@ -158,3 +160,18 @@ def test_aot_bank_main_kernel_keeps_wgmma_tma_and_smem():
                         num_warps=c.num_warps, num_stages=c.num_stages)
     assert bank.has("wgmma.mma_async", "cp.async.bulk.tensor")
     assert bank.shared == compile_main(c, 1).shared
+
+
+@pytest.mark.parametrize("variant", ["kloop", "split", "split swap-AB S producers", "persistent_static",
+                                     "kloop fixup"])
+def test_clean_bank_keeps_the_rank_exact(variant, poisoned_workspaces):
+    """b_clean (AdapterBank: A and B zero past each rank): loads keep the launch's R_MAX masks and the rank only
+    zeroes S; ranks below R_MAX come out exact and bit-equal to the rank-masked loads."""
+    strategy, cfg = VARIANTS[variant]
+    M, N, K = 37, 70, 88
+    case = one_adapter_case(M, N, K, 4, 32, ids_of(M, 1, 9), seed=12, ranks=[32, 13, 5, 32])
+    a, b = clean(case)
+    case["bank_a"], case["bank_b"] = a, b
+    y = run_bank(case, strategy, cfg.replace(block_r=32), b_clean=True)
+    assert_close(y, ref_of(case))
+    assert torch.equal(y, run_bank(case, strategy, cfg.replace(block_r=32), b_clean=False))

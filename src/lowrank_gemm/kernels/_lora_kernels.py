@@ -102,10 +102,10 @@ def _down_loop(x_desc, a_desc, off_m, off_r, k_lo, k_hi,
 @triton.jit
 def _down_slice(x_desc, a_desc, s_ptr, off_m, off_r, slice_id, slices, M, K, R, scale, stride_sk, stride_sm,
                 stride_sr, BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr,
-                BANK: tl.constexpr = False, ids_ptr=None, cur=-1, L=0, a_row0=0):
+                BANK: tl.constexpr = False, ids_ptr=None, cur=-1, L=0, a_row0=0, rank=0):
     """S[slice_id, off_m:, off_r:] = scale · X·Aᵀ over the slice-th of ``slices`` near-equal K-tile ranges,
     rows ≥ M and ranks ≥ R not stored: the down kernel's program, and an in-grid S producer's. BANK: A's rows
-    start at ``a_row0`` and rows whose id is not ``cur`` store zeros (:mod:`.adapter_rows`)."""
+    start at ``a_row0``; rows whose id is not ``cur`` and ranks ≥ ``rank`` store zeros (:mod:`.adapter_rows`)."""
     k_tiles = tl.cdiv(K, BLOCK_K)
     per_split = tl.cdiv(k_tiles, slices)
     k_lo = slice_id * per_split
@@ -114,7 +114,7 @@ def _down_slice(x_desc, a_desc, s_ptr, off_m, off_r, slice_id, slices, M, K, R, 
     offs_m = off_m + tl.arange(0, BLOCK_M)
     offs_r = off_r + tl.arange(0, BLOCK_R)
     if BANK:
-        s = tl.where(bank_rows(ids_ptr, offs_m, M, L, cur)[:, None], s, 0.0)
+        s = tl.where(bank_rows(ids_ptr, offs_m, M, L, cur)[:, None] & (offs_r < rank)[None, :], s, 0.0)
     tl.store(s_ptr + slice_id * stride_sk + offs_m[:, None] * stride_sm + offs_r[None, :] * stride_sr,
              s * scale, mask=(offs_m[:, None] < M) & (offs_r[None, :] < R))
 
@@ -208,7 +208,7 @@ def lora_main_kernel(
     EPI_PREFETCH: tl.constexpr = False, SWAP_AB: tl.constexpr = False, S_PRODUCERS: tl.constexpr = 0,
     ids_ptr=None, ranks_ptr=None, scales_ptr=None, x_ptr=None, bank_a_ptr=None, L=0, R_MAX=0,    # BANK
     stride_xm=0, stride_al=0, stride_ar=0, stride_bl=0,
-    BANK: tl.constexpr = False, ID_BLOCK: tl.constexpr = 16,
+    BANK: tl.constexpr = False, ID_BLOCK: tl.constexpr = 16, B_CLEAN: tl.constexpr = False,
 ):
     # R_CHUNKS (GLOBAL): cdiv(R, BLOCK_R), rank chunks of the epilogue, unrolled
     # SPLIT_K / S_SPLITS are runtime values: one compile serves every split of a tile config
@@ -229,7 +229,10 @@ def lora_main_kernel(
     # the bank's A viewed [L·R_MAX, K], b_ptr its slot 0 ([N, R_MAX] strides), R the bank's R_MAX; every program
     # serves the batch's largest valid id (adapter_rows.bank_pick) — its A rows, B slot, rank and scale — rows of
     # other ids get a zero S, and rows holding yet another adapter (a wrong hint) are added by whoever stored the
-    # tile, out of line (adapter_rows.bank_stragglers, from x_ptr / bank_a_ptr by pointer loads).
+    # tile, out of line (adapter_rows.bank_stragglers, from x_ptr / bank_a_ptr by pointer loads). B_CLEAN (the bank
+    # keeps B zero past each rank, as AdapterBank does): loads stay masked by the launch's R (R_MAX, which the
+    # compiler may know to be a multiple of 16: vector loads of B) and the picked rank only zeroes S; otherwise the
+    # rank masks the loads (past it a bank may hold anything, NaN included).
     tl.static_assert(not (BANK and (PARTIAL or LOWRANK == 0)), "BANK: a low-rank branch, whole or FIXUP tiles")
     tl.static_assert(not (S_PRODUCERS > 0 and (LOWRANK != 2 or PARTIAL or FIXUP or PDL)),
                      "S_PRODUCERS: GLOBAL S in one unsplit launch, no PDL")
@@ -240,14 +243,18 @@ def lora_main_kernel(
     pid = tl.program_id(0)
     cur = -1
     a_row0 = 0
+    rank = 0
     if BANK:
-        cur, slot, R, scale = bank_pick(ids_ptr, ranks_ptr, scales_ptr, M, L, R_MAX, ID_BLOCK)
+        cur, slot, rank, scale, mixed = bank_pick(ids_ptr, ranks_ptr, scales_ptr, M, L, R_MAX, ID_BLOCK)
+        if not B_CLEAN:
+            R = rank
         a_row0 = slot * R_MAX
         b_ptr += slot.to(tl.int64) * stride_bl
     if S_PRODUCERS > 0:
         if pid < S_PRODUCERS:
             _produce_s_slice(x_desc, a_desc, s_ptr, cnt_ptr, pid, S_PRODUCERS, M, K, R, scale, stride_sk,
-                             stride_sm, stride_sr, BLOCK_M, BLOCK_R, BLOCK_K, BANK, ids_ptr, cur, L, a_row0)
+                             stride_sm, stride_sr, BLOCK_M, BLOCK_R, BLOCK_K, BANK, ids_ptr, cur, L, a_row0,
+                             rank)
             return
         pid -= S_PRODUCERS
     pid_k = tl.program_id(1)
@@ -292,7 +299,7 @@ def lora_main_kernel(
     offs_m = off_m + tl.arange(0, BLOCK_M)
     offs_n = off_n + tl.arange(0, BLOCK_N)
     if BANK and LOWRANK == 1:
-        s = tl.where((ids_rows == cur)[:, None], s, 0.0)
+        s = tl.where((ids_rows == cur)[:, None] & (tl.arange(0, BLOCK_R) < rank)[None, :], s, 0.0)
     if S_PRODUCERS > 0:
         # every producer's S slice is stored and released (they are the lowest program ids: dispatched
         # first, and they wait for nothing, so they are resident or done while anyone spins here)
@@ -324,12 +331,13 @@ def lora_main_kernel(
                   S_SPLITS, b_ptr, stride_bn, stride_br, bias_ptr, y_ptr, stride_ym, stride_yn,
                   b_pre, bias_pre, BLOCK_M, BLOCK_R, LOWRANK, HAS_BIAS, R_CHUNKS, EPI_PREFETCH)
     if BANK:
-        if stored & bank_has_stragglers(ids_rows, cur):    # a wrong hint: never taken when it holds
-            tl.debug_barrier()      # this CTA's stores of the tile before its loads of it
-            bank_stragglers(y_ptr, stride_ym, stride_yn, x_ptr, stride_xm, bank_a_ptr, stride_al, stride_ar,
-                            b_ptr - slot.to(tl.int64) * stride_bl, stride_bl, stride_bn, stride_br, ids_ptr,
-                            ranks_ptr, scales_ptr, M, N, K, L, R_MAX, cur, off_m, off_n, BLOCK_M, BLOCK_N, 32,
-                            BLOCK_R)
+        if mixed:   # the hint was wrong somewhere in the batch (a scalar every program holds): look at this tile
+            if stored & bank_has_stragglers(ids_rows, cur):
+                tl.debug_barrier()      # this CTA's stores of the tile before its loads of it
+                bank_stragglers(y_ptr, stride_ym, stride_yn, x_ptr, stride_xm, bank_a_ptr, stride_al, stride_ar,
+                                b_ptr - slot.to(tl.int64) * stride_bl, stride_bl, stride_bn, stride_br, ids_ptr,
+                                ranks_ptr, scales_ptr, M, N, K, L, R_MAX, cur, off_m, off_n, BLOCK_M, BLOCK_N, 32,
+                                BLOCK_R)
     if S_PRODUCERS > 0:
         # S is read (the epilogue's loads precede the ticket); the last main program leaves both
         # counters at zero for the next launch on this stream / the next graph replay
@@ -341,12 +349,12 @@ def lora_main_kernel(
 @triton.jit
 def _produce_s_slice(x_desc, a_desc, s_ptr, cnt_ptr, slice_id, SLICES, M, K, R, scale, stride_sk, stride_sm,
                      stride_sr, BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr,
-                     BANK: tl.constexpr = False, ids_ptr=None, cur=-1, L=0, a_row0=0):
+                     BANK: tl.constexpr = False, ids_ptr=None, cur=-1, L=0, a_row0=0, rank=0):
     """An S producer of an S_PRODUCERS launch: S[slice_id] for every row block (R ≤ BLOCK_R; at decode M one
     block), then released."""
     for m0 in range(0, M, BLOCK_M):
         _down_slice(x_desc, a_desc, s_ptr, m0, 0, slice_id, SLICES, M, K, R, scale, stride_sk, stride_sm, stride_sr,
-                    BLOCK_M, BLOCK_R, BLOCK_K, BANK, ids_ptr, cur, L, a_row0)
+                    BLOCK_M, BLOCK_R, BLOCK_K, BANK, ids_ptr, cur, L, a_row0, rank)
     tl.debug_barrier()      # all threads' S stores precede the (one-thread) release
     tl.atomic_add(cnt_ptr, 1, sem="release", scope="gpu")
 
@@ -437,7 +445,7 @@ def lora_down_kernel(
     M, K, R, scale, stride_sk, stride_sm, stride_sr,
     BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr = False,
     ids_ptr=None, ranks_ptr=None, scales_ptr=None, L=0, R_MAX=0,      # BANK (see lora_main_kernel)
-    BANK: tl.constexpr = False, ID_BLOCK: tl.constexpr = 16,
+    BANK: tl.constexpr = False, ID_BLOCK: tl.constexpr = 16, B_CLEAN: tl.constexpr = False,
 ):
     # grid (M blocks, R blocks, K slices): a decode-sized M alone gives 1–2 CTAs, which would
     # walk all of K serially (latency-bound); slices are summed in order by the consumer
@@ -447,12 +455,15 @@ def lora_down_kernel(
         gdc_launch_dependents()
     cur = -1
     a_row0 = 0
+    rank = 0
     if BANK:
-        cur, slot, R, scale = bank_pick(ids_ptr, ranks_ptr, scales_ptr, M, L, R_MAX, ID_BLOCK)
+        cur, slot, rank, scale, mixed = bank_pick(ids_ptr, ranks_ptr, scales_ptr, M, L, R_MAX, ID_BLOCK)
+        if not B_CLEAN:
+            R = rank
         a_row0 = slot * R_MAX
     _down_slice(x_desc, a_desc, s_ptr, tl.program_id(0) * BLOCK_M, tl.program_id(1) * BLOCK_R, tl.program_id(2),
                 tl.num_programs(2), M, K, R, scale, stride_sk, stride_sm, stride_sr, BLOCK_M, BLOCK_R, BLOCK_K,
-                BANK, ids_ptr, cur, L, a_row0)
+                BANK, ids_ptr, cur, L, a_row0, rank)
 
 
 @triton.jit
@@ -509,14 +520,17 @@ def lora_persistent_kernel(
     EPI_STAGES: tl.constexpr = None,    # KernelConfig.epi_stages (0 → None: the compiler's choice)
     ids_ptr=None, ranks_ptr=None, scales_ptr=None, x_ptr=None, bank_a_ptr=None, L=0, R_MAX=0,    # BANK
     stride_xm=0, stride_al=0, stride_ar=0, stride_bl=0,
-    BANK: tl.constexpr = False, ID_BLOCK: tl.constexpr = 16,
+    BANK: tl.constexpr = False, ID_BLOCK: tl.constexpr = 16, B_CLEAN: tl.constexpr = False,
 ):
-    # BANK: as lora_main_kernel's (one adapter of a bank, picked on the device; rows of other adapters finished
+    # BANK, B_CLEAN: as lora_main_kernel's (one adapter of a bank, picked on the device; rows of other adapters finished
     # after their tile's store)
     cur = -1
     a_row0 = 0
+    rank = 0
     if BANK:
-        cur, slot, R, scale = bank_pick(ids_ptr, ranks_ptr, scales_ptr, M, L, R_MAX, ID_BLOCK)
+        cur, slot, rank, scale, mixed = bank_pick(ids_ptr, ranks_ptr, scales_ptr, M, L, R_MAX, ID_BLOCK)
+        if not B_CLEAN:
+            R = rank
         a_row0 = slot * R_MAX
         b_ptr += slot.to(tl.int64) * stride_bl
     num_pid_m = tl.cdiv(M, BLOCK_M)
@@ -535,7 +549,7 @@ def lora_persistent_kernel(
             offs_m = task * BLOCK_M + tl.arange(0, BLOCK_M)
             offs_r = tl.arange(0, BLOCK_R)
             if BANK:
-                s = tl.where(bank_rows(ids_ptr, offs_m, M, L, cur)[:, None], s, 0.0)
+                s = tl.where(bank_rows(ids_ptr, offs_m, M, L, cur)[:, None] & (offs_r < rank)[None, :], s, 0.0)
             tl.store(s_ptr + offs_m[:, None] * stride_sm + offs_r[None, :] * stride_sr, s * scale,
                      mask=(offs_m[:, None] < M) & (offs_r[None, :] < R))
             tl.debug_barrier()
@@ -555,12 +569,13 @@ def lora_persistent_kernel(
             acc = add_bias(acc, offs_n, N, bias_ptr, HAS_BIAS)
             store_tile(y_ptr, acc, offs_m, offs_n, M, N, stride_ym, stride_yn)
             if BANK:
-                if bank_has_stragglers(safe_ids(ids_ptr, offs_m, offs_m < M, L), cur):    # a wrong hint only
-                    tl.debug_barrier()      # this CTA's stores of the tile before its loads of it
-                    bank_stragglers(y_ptr, stride_ym, stride_yn, x_ptr, stride_xm, bank_a_ptr, stride_al,
-                                    stride_ar, b_ptr - slot.to(tl.int64) * stride_bl, stride_bl, stride_bn,
-                                    stride_br, ids_ptr, ranks_ptr, scales_ptr, M, N, K, L, R_MAX, cur,
-                                    pid_m * BLOCK_M, pid_n * BLOCK_N, BLOCK_M, BLOCK_N, 16, BLOCK_R)
+                if mixed:   # a wrong hint somewhere in the batch: look at this tile
+                    if bank_has_stragglers(safe_ids(ids_ptr, offs_m, offs_m < M, L), cur):
+                        tl.debug_barrier()      # this CTA's stores of the tile before its loads of it
+                        bank_stragglers(y_ptr, stride_ym, stride_yn, x_ptr, stride_xm, bank_a_ptr, stride_al,
+                                        stride_ar, b_ptr - slot.to(tl.int64) * stride_bl, stride_bl, stride_bn,
+                                        stride_br, ids_ptr, ranks_ptr, scales_ptr, M, N, K, L, R_MAX, cur,
+                                        pid_m * BLOCK_M, pid_n * BLOCK_N, BLOCK_M, BLOCK_N, 16, BLOCK_R)
         task = _next_task(task, counter_ptr, DYNAMIC)
 
 

@@ -76,16 +76,20 @@ def adapter_rows_up(acc, cur, sel, x_ptrs, stride_xk, a_ptr, stride_al, stride_a
 
 @triton.jit
 def bank_pick(ids_ptr, ranks_ptr, scales_ptr, M, L, R_MAX, ID_BLOCK: tl.constexpr):
-    """(cur, slot, rank, scale) of a bank-mode launch: cur = the largest valid id of the whole batch
-    (M ≤ ID_BLOCK; −1 when every row is base only), slot = max(cur, 0) for addressing, and cur's rank and
-    scale (0 and 0.0 when cur is −1, so nothing of slot 0 is added). Every program computes the same values."""
+    """(cur, slot, rank, scale, mixed) of a bank-mode launch: cur = the largest valid id of the whole batch
+    (M ≤ ID_BLOCK; −1 when every row is base only), slot = max(cur, 0) for addressing, cur's rank and scale (0 and
+    0.0 when cur is −1, so nothing of slot 0 is added), and mixed = some valid id is not cur (the one-adapter hint
+    was wrong: only then do the tiles look for rows to finish, :func:`bank_stragglers`). Every program computes the
+    same values from one load of the ids."""
     offs = tl.arange(0, ID_BLOCK)
-    cur = tl.max(safe_ids(ids_ptr, offs, offs < M, L), axis=0)
+    ids = safe_ids(ids_ptr, offs, offs < M, L)
+    cur = tl.max(ids, axis=0)
+    lowest = tl.min(tl.where(ids >= 0, ids, cur), axis=0)
     slot = tl.maximum(cur, 0)
     live = cur >= 0
     rank = tl.where(live, tl.minimum(tl.maximum(tl.load(ranks_ptr + slot), 0), R_MAX), 0)
     scale = tl.where(live, tl.load(scales_ptr + slot).to(tl.float32), 0.0)
-    return cur, slot, rank, scale
+    return cur, slot, rank, scale, lowest != cur
 
 
 @triton.jit

@@ -534,7 +534,7 @@ def _launch_down(x, a, s, scale, block_r, *, Kp, R, pdl=False, bank=None):
            num_warps=4, num_stages=_DOWN_STAGES)
 
 
-_DOWN_BANK_ARGS = ("ids_ptr", "ranks_ptr", "scales_ptr", "L", "R_MAX", "BANK", "ID_BLOCK")
+_DOWN_BANK_ARGS = ("ids_ptr", "ranks_ptr", "scales_ptr", "L", "R_MAX", "BANK", "ID_BLOCK", "B_CLEAN")
 
 
 # PDL between split's down and main kernels only up to this M. H200 (NOTES.md session 5): M=256 4096² 28.5 → 25.8 µs,
@@ -741,13 +741,15 @@ def bank_plan(M: int, N: int, K: int, r_max: int, dtype, device) -> tuple[str, K
 
 
 def run_bank(strategy: str, cfg: KernelConfig, x2, weight, bank_a, bank_b, ranks, scales, adapter_ids, bias=None,
-             out: torch.Tensor | None = None, has_lora: bool = True) -> torch.Tensor:
+             out: torch.Tensor | None = None, has_lora: bool = True, b_clean: bool = False) -> torch.Tensor:
     """y [M, N] of a multi-LoRA batch through a single-adapter strategy (:data:`BANK_STRATEGIES`) in bank mode:
     bank_a [L, R_MAX, K] (K contiguous), bank_b [L, N, R_MAX], ranks [L] int32, scales [L] fp32, adapter_ids [M]
     int32 (−1 = base only). The kernels serve the batch's largest valid id with the single-adapter data path;
     rows of any other adapter are still exact, through a slow path (``adapter_rows``). No validation, no
     planning: :func:`bank_plan` chose ``strategy`` / ``cfg``. ``has_lora=False``: the same launches with no id
-    valid (``L`` = 0), i.e. the same kernels' base product, which rows with id −1 of a full call equal bit for bit."""
+    valid (``L`` = 0), i.e. the same kernels' base product, which rows with id −1 of a full call equal bit for bit.
+    ``b_clean``: bank_b is zero past each slot's rank (``AdapterBank``), so loads keep the launch's R_MAX masks
+    (vector loads); without it the picked rank masks them (a bank may hold anything past a rank, NaN included)."""
     M, K = x2.shape
     N = weight.shape[0]
     L, r_max = bank_a.shape[0], bank_a.shape[1]
@@ -758,7 +760,7 @@ def run_bank(strategy: str, cfg: KernelConfig, x2, weight, bank_a, bank_b, ranks
     bank = dict(ids_ptr=adapter_ids, ranks_ptr=ranks, scales_ptr=scales, x_ptr=x2, bank_a_ptr=bank_a,
                 L=L if has_lora else 0,
                 R_MAX=r_max, stride_xm=x2.stride(0), stride_al=bank_a.stride(0), stride_ar=bank_a.stride(1),
-                stride_bl=bank_b.stride(0), BANK=True, ID_BLOCK=max(16, next_pow2(M)))
+                stride_bl=bank_b.stride(0), BANK=True, ID_BLOCK=max(16, next_pow2(M)), B_CLEAN=b_clean)
     return _RUNNERS[strategy](x2, w, a2, bank_b[0], bias_arg, y, 1.0, cfg, N=N, Kp=K, R=r_max, bank=bank)
 
 

@@ -898,7 +898,7 @@ def multi_lora_gemm(x, weight, bank_a, bank_b, ranks, scales, adapter_ids, bias=
             ids = adapter_ids.reshape(-1)
             return run_bank(*one, x, weight, bank_a, bank_b, ranks, scales,
                             ids if ids.dtype == torch.int32 else ids.to(torch.int32), bias, out=y,
-                            has_lora=has_lora)
+                            has_lora=has_lora, b_clean=b_clean)
     plan = plan or choose_plan(M, N, K, r_max, L, mode, x.device, adapters)
     cfg, scfg = plan.main, plan.shrink
     use_tma = plan.use_tma and (K * x.element_size()) % 16 == 0 and weight.stride(1) == 1
