@@ -47,7 +47,7 @@ from lowrank_gemm.kernels.adapter_rows import distinct as _distinct, late_adapte
 from lowrank_gemm.kernels.epilogue import add_bias, rank_block, store_tile
 from lowrank_gemm.kernels.launch import launch
 from lowrank_gemm.kernels.env import env_on
-from lowrank_gemm.kernels.lora_gemm import _direct_ok, _interpreting, bank_plan, run_bank
+from lowrank_gemm.kernels.lora_gemm import _direct_ok, _interpreting, _v2_choice, bank_plan, run_bank
 from lowrank_gemm.kernels.tma import tma_ready
 from lowrank_gemm.kernels.pdl import gdc_launch_dependents, gdc_wait, pdl_enabled, pdl_supported
 from lowrank_gemm.kernels.schedule import cdiv, grouped_tile, next_pow2, num_sms
@@ -755,10 +755,15 @@ def one_adapter_plan(M: int, N: int, K: int, x: torch.Tensor, weight: torch.Tens
                      adapter_ids: torch.Tensor):
     """(strategy, config) of the single-adapter kernels in bank mode (:func:`~lowrank_gemm.kernels.lora_gemm.run_bank`)
     for a batch the caller says holds one distinct adapter, or None (multi-LoRA kernels). The single-adapter plans
-    are the tuned LoRA table's: at M ≤ 64 its split / kloop plans stream W with the branch at ~1.00–1.10× cuBLAS,
-    where the multi-LoRA kernel's one-adapter plans read 1.07–1.99× (``multilora.md``, session 19).
+    are the tuned LoRA table's. H200, session 21 (``probes/s21/call5``, same process): bank mode beat the multi-LoRA
+    kernel's one-adapter plans at 11 of the 12 issue-5 cells (N = 4096, M = 64, r64: 17.1 against 26.2 µs; M = 256
+    21.6 against 41.4), within 0.1–2.1 µs of ``lora_linear`` on the same bytes. Where the single-adapter op itself
+    runs the Gluon v2 kernel (its table's M 33–64, N ≥ 16384 bucket), bank mode's Triton plan lost to the tuned
+    multi plan (N = 28672, M = 64, r16: 65.7 against 63.9 µs), so that bucket keeps the multi kernels.
     ``LOWRANK_GEMM_ML_BANK=0`` turns the route off (A/B probes)."""
     if not env_on("LOWRANK_GEMM_ML_BANK") or not (x.is_cuda or _interpreting()):
+        return None
+    if x.is_cuda and _v2_choice(M, N, K, bank_a.shape[1], x.device) is not None:
         return None
     if not (bank_a.is_contiguous() and tma_ready(bank_a.view(-1, K)) and x.stride(1) == 1 and weight.stride(1) == 1
             and adapter_ids.is_contiguous()):
