@@ -184,6 +184,26 @@ def _b_tile(b_ptr, stride_bn, stride_br, offs_n, N, R, BLOCK_R: tl.constexpr):
 
 
 @triton.jit
+def _bank_setup(ids_ptr, ranks_ptr, scales_ptr, M, L, R_MAX, R, scale, b_ptr, stride_bl,
+                BANK: tl.constexpr, ID_BLOCK: tl.constexpr, B_CLEAN: tl.constexpr):
+    """(cur, slot, rank, mixed, R, scale, a_row0, b_ptr) a kernel runs with: under BANK the picked adapter
+    (:func:`~.adapter_rows.bank_pick`), its first A row in the bank viewed [L·R_MAX, K] and its B slot, with R the
+    mask bound (the rank, or the launch's R_MAX when B_CLEAN); otherwise the launch's own R, scale and B."""
+    cur = -1
+    slot = 0
+    rank = 0
+    mixed = False
+    a_row0 = 0
+    if BANK:
+        cur, slot, rank, scale, mixed = bank_pick(ids_ptr, ranks_ptr, scales_ptr, M, L, R_MAX, ID_BLOCK)
+        if not B_CLEAN:
+            R = rank
+        a_row0 = slot * R_MAX
+        b_ptr += slot.to(tl.int64) * stride_bl
+    return cur, slot, rank, mixed, R, scale, a_row0, b_ptr
+
+
+@triton.jit
 def lora_main_kernel(
     x_desc,             # X [M, K], box [BM, BK]
     w_desc,             # W [N, K], box [BN, BK]
@@ -241,15 +261,8 @@ def lora_main_kernel(
                      "EPI_PREFETCH holds one rank chunk of S and B")
     tl.static_assert(not (HYBRID and not FIXUP), "HYBRID is a FIXUP grid")
     pid = tl.program_id(0)
-    cur = -1
-    a_row0 = 0
-    rank = 0
-    if BANK:
-        cur, slot, rank, scale, mixed = bank_pick(ids_ptr, ranks_ptr, scales_ptr, M, L, R_MAX, ID_BLOCK)
-        if not B_CLEAN:
-            R = rank
-        a_row0 = slot * R_MAX
-        b_ptr += slot.to(tl.int64) * stride_bl
+    cur, slot, rank, mixed, R, scale, a_row0, b_ptr = _bank_setup(ids_ptr, ranks_ptr, scales_ptr, M, L, R_MAX, R,
+                                                                  scale, b_ptr, stride_bl, BANK, ID_BLOCK, B_CLEAN)
     if S_PRODUCERS > 0:
         if pid < S_PRODUCERS:
             _produce_s_slice(x_desc, a_desc, s_ptr, cnt_ptr, pid, S_PRODUCERS, M, K, R, scale, stride_sk,
@@ -453,14 +466,8 @@ def lora_down_kernel(
     # only after its griddepcontrol.wait, i.e. after this whole grid has finished
     if PDL:
         gdc_launch_dependents()
-    cur = -1
-    a_row0 = 0
-    rank = 0
-    if BANK:
-        cur, slot, rank, scale, mixed = bank_pick(ids_ptr, ranks_ptr, scales_ptr, M, L, R_MAX, ID_BLOCK)
-        if not B_CLEAN:
-            R = rank
-        a_row0 = slot * R_MAX
+    cur, slot, rank, mixed, R, scale, a_row0, _b = _bank_setup(ids_ptr, ranks_ptr, scales_ptr, M, L, R_MAX, R, scale,
+                                                               s_ptr, 0, BANK, ID_BLOCK, B_CLEAN)
     _down_slice(x_desc, a_desc, s_ptr, tl.program_id(0) * BLOCK_M, tl.program_id(1) * BLOCK_R, tl.program_id(2),
                 tl.num_programs(2), M, K, R, scale, stride_sk, stride_sm, stride_sr, BLOCK_M, BLOCK_R, BLOCK_K,
                 BANK, ids_ptr, cur, L, a_row0, rank)
@@ -524,15 +531,8 @@ def lora_persistent_kernel(
 ):
     # BANK, B_CLEAN: as lora_main_kernel's (one adapter of a bank, picked on the device; rows of other adapters finished
     # after their tile's store)
-    cur = -1
-    a_row0 = 0
-    rank = 0
-    if BANK:
-        cur, slot, rank, scale, mixed = bank_pick(ids_ptr, ranks_ptr, scales_ptr, M, L, R_MAX, ID_BLOCK)
-        if not B_CLEAN:
-            R = rank
-        a_row0 = slot * R_MAX
-        b_ptr += slot.to(tl.int64) * stride_bl
+    cur, slot, rank, mixed, R, scale, a_row0, b_ptr = _bank_setup(ids_ptr, ranks_ptr, scales_ptr, M, L, R_MAX, R,
+                                                                  scale, b_ptr, stride_bl, BANK, ID_BLOCK, B_CLEAN)
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
     num_tasks = num_pid_m + num_pid_m * num_pid_n
