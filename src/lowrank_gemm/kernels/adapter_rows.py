@@ -61,6 +61,16 @@ def adapter_rows_up(acc, cur, sel, x_ptrs, stride_xk, a_ptr, stride_al, stride_a
                     BM: tl.constexpr, BK: tl.constexpr, BLOCK_R: tl.constexpr):
     """acc += scale[cur]·(X·A_curᵀ)·B_curᵀ on the rows ``sel`` (x_ptrs: their row pointers), by pointer loads."""
     rank = tl.minimum(tl.maximum(tl.load(ranks_ptr + cur), 0), R_MAX)
+    s = adapter_rows_s(cur, sel, x_ptrs, stride_xk, a_ptr, stride_al, stride_ar, stride_ak, scales_ptr, rank, K,
+                       BM, BK, BLOCK_R)
+    return lowrank_up(acc, s, b_ptr + cur.to(tl.int64) * stride_bl, stride_bn, stride_br, offs_n, N, rank, BLOCK_R)
+
+
+@triton.jit
+def adapter_rows_s(cur, sel, x_ptrs, stride_xk, a_ptr, stride_al, stride_ar, stride_ak, scales_ptr, rank, K,
+                   BM: tl.constexpr, BK: tl.constexpr, BLOCK_R: tl.constexpr):
+    """scale[cur]·X·A_curᵀ [BM, BLOCK_R] on the rows ``sel`` (0 elsewhere and at ranks ≥ ``rank``), over all of K by
+    pointer loads."""
     offs_r = tl.arange(0, BLOCK_R)
     a_rows = a_ptr + cur.to(tl.int64) * stride_al + offs_r * stride_ar
     s = tl.zeros((BM, BLOCK_R), tl.float32)
@@ -70,8 +80,7 @@ def adapter_rows_up(acc, cur, sel, x_ptrs, stride_xk, a_ptr, stride_al, stride_a
         at = tl.load(a_rows[:, None] + offs_k[None, :] * stride_ak,
                      mask=(offs_r[:, None] < rank) & (offs_k[None, :] < K), other=0.0)
         s = tl.dot(xt, at.T, s)
-    s = tl.where(sel[:, None], s * tl.load(scales_ptr + cur), 0.0)
-    return lowrank_up(acc, s, b_ptr + cur.to(tl.int64) * stride_bl, stride_bn, stride_br, offs_n, N, rank, BLOCK_R)
+    return tl.where(sel[:, None], s * tl.load(scales_ptr + cur), 0.0)
 
 
 @triton.jit
@@ -119,20 +128,11 @@ def bank_stragglers(y_ptr, stride_ym, stride_yn, x_ptr, stride_xm, a_ptr, stride
     ids = safe_ids(ids_ptr, offs_m, offs_m < M, L)
     other = tl.where(ids != cur, ids, -1)
     x_ptrs = x_ptr + offs_m[:, None].to(tl.int64) * stride_xm
-    offs_r = tl.arange(0, BLOCK_R)
     nxt = tl.max(other, axis=0)
     while nxt >= 0:
         sel = other == nxt
         rank = tl.minimum(tl.maximum(tl.load(ranks_ptr + nxt), 0), R_MAX)
-        a_rows = a_ptr + nxt.to(tl.int64) * stride_al + offs_r * stride_ar
-        s = tl.zeros((BM, BLOCK_R), tl.float32)
-        for k in range(0, K, BK):
-            offs_k = k + tl.arange(0, BK)
-            xt = tl.load(x_ptrs + offs_k[None, :], mask=sel[:, None] & (offs_k[None, :] < K), other=0.0)
-            at = tl.load(a_rows[:, None] + offs_k[None, :], mask=(offs_r[:, None] < rank) & (offs_k[None, :] < K),
-                         other=0.0)
-            s = tl.dot(xt, at.T, s)
-        s = tl.where(sel[:, None], s * tl.load(scales_ptr + nxt), 0.0)
+        s = adapter_rows_s(nxt, sel, x_ptrs, 1, a_ptr, stride_al, stride_ar, 1, scales_ptr, rank, K, BM, BK, BLOCK_R)
         b_slot = b_ptr + nxt.to(tl.int64) * stride_bl
         for n0 in range(0, BN, CN):
             offs_n = off_n + n0 + tl.arange(0, CN)
