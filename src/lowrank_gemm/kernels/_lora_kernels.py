@@ -105,7 +105,8 @@ def _down_slice(x_desc, a_desc, s_ptr, off_m, off_r, slice_id, slices, M, K, R, 
                 BANK: tl.constexpr = False, ids_ptr=None, cur=-1, L=0, a_row0=0, rank=0):
     """S[slice_id, off_m:, off_r:] = scale · X·Aᵀ over the slice-th of ``slices`` near-equal K-tile ranges,
     rows ≥ M and ranks ≥ R not stored: the down kernel's program, and an in-grid S producer's. BANK: A's rows
-    start at ``a_row0``; rows whose id is not ``cur`` and ranks ≥ ``rank`` store zeros (:mod:`.adapter_rows`)."""
+    start at ``a_row0``, and zeros are stored for rows whose id is not ``cur`` and for ranks ≥ ``rank``
+    (:mod:`.adapter_rows`)."""
     k_tiles = tl.cdiv(K, BLOCK_K)
     per_split = tl.cdiv(k_tiles, slices)
     k_lo = slice_id * per_split
