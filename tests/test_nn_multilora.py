@@ -63,6 +63,26 @@ def test_module_matches_reference_and_swaps():
     assert rel_err(y_seq.reshape(14, 28), ref3) < 5e-3
 
 
+def test_module_one_adapter_hint_runs_bank_mode_on_the_clean_bank(monkeypatch):
+    """set_adapter_ids(ids, max_adapters=1) routes the module's call to the single-adapter kernels in bank mode, and
+    the module hands the op its AdapterBank, so the kernels may rely on B being zero past each rank (b_clean)."""
+    from lowrank_gemm.kernels import multilora_gemm as mg
+    seen = []
+    real = mg.run_bank
+    monkeypatch.setattr(mg, "run_bank", lambda *a, **k: seen.append(k) or real(*a, **k))
+    lin = nn.Linear(48, 40).to(DT)
+    mod = MultiLoRALinear.from_linear(lin, num_slots=4, r_max=16)
+    mod.bank.set_adapter(2, torch.randn(7, 48, dtype=DT) * 0.2, torch.randn(40, 7, dtype=DT) * 0.2, 1.5)
+    x = torch.randn(20, 48, dtype=DT)
+    ids = torch.where(torch.arange(20) % 3 == 0, -1, 2).to(torch.int32)
+    mod.set_adapter_ids(ids, max_adapters=1)
+    y = mod(x)
+    assert seen and seen[-1]["b_clean"] is True
+    ref = multi_lora_linear_ref(x, lin.weight, mod.bank.bank_a, mod.bank.bank_b, ids, mod.bank.scales,
+                                mod.bank.ranks, lin.bias)
+    assert rel_err(y, ref) < 5e-3
+
+
 def test_adapter_ids_in_place_and_segment_order():
     ids = AdapterIds(mode="segment")
     ids.set(torch.tensor([2, 0, -1, 0], dtype=torch.int32))

@@ -175,9 +175,10 @@ class MultiLoRALinear(nn.Module):
             ids = ids[:, None].expand(x.shape[0], x.shape[1]).reshape(-1)   # one id per sequence
             order = None
         mode = "segment" if order is not None else self.adapter_ids.mode
-        return multi_lora_linear(x, self.base.weight, self.bank.bank_a, self.bank.bank_b, self.bank.ranks,
-                                 self.bank.scales, ids, self.base.bias, mode=mode, row_order=order,
-                                 max_adapters=self.adapter_ids.max_adapters)
+        # the bank itself, not its tensors: the op then knows B is zero past each rank (AdapterBank.B_ZERO_PADDED)
+        # and skips the rank masks on B's loads
+        return multi_lora_linear(x, self.base.weight, self.bank, adapter_ids=ids, bias=self.base.bias, mode=mode,
+                                 row_order=order, max_adapters=self.adapter_ids.max_adapters)
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
