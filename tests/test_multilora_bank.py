@@ -121,6 +121,9 @@ def test_multi_lora_gemm_routes_one_adapter_batches(monkeypatch):
     torch.testing.assert_close(y, y_multi, atol=2e-2, rtol=1e-2)
     assert call(plan=mg.heuristic_plan(24, 48, 64, 16, 4, "gather", 4))[1] is False
     assert call(case=dict(bank_a=case["bank_a"].transpose(1, 2).contiguous().transpose(1, 2)))[1] is False
+    shifted = torch.empty(case["bank_a"].numel() + 1, dtype=DT)[1:].view(case["bank_a"].shape)
+    shifted.copy_(case["bank_a"])                   # contiguous, but its base is 2 B off a 16-B boundary: no TMA
+    assert call(case=dict(bank_a=shifted))[1] is False
     monkeypatch.setenv("LOWRANK_GEMM_ML_BANK", "0")
     assert call()[1] is False
     monkeypatch.delenv("LOWRANK_GEMM_ML_BANK")

@@ -48,7 +48,7 @@ from lowrank_gemm.kernels.epilogue import add_bias, rank_block, store_tile
 from lowrank_gemm.kernels.launch import launch
 from lowrank_gemm.kernels.env import env_on
 from lowrank_gemm.kernels.lora_gemm import _direct_ok, _interpreting, _v2_choice, bank_plan, run_bank
-from lowrank_gemm.kernels.tma import tma_ready
+from lowrank_gemm.kernels.tma import TMA_ALIGN
 from lowrank_gemm.kernels.pdl import gdc_launch_dependents, gdc_wait, pdl_enabled, pdl_supported
 from lowrank_gemm.kernels.schedule import cdiv, grouped_tile, next_pow2, num_sms
 from lowrank_gemm.plan.config import KernelConfig
@@ -765,8 +765,9 @@ def one_adapter_plan(M: int, N: int, K: int, x: torch.Tensor, weight: torch.Tens
         return None
     if x.is_cuda and _v2_choice(M, N, K, bank_a.shape[1], x.device) is not None:
         return None
-    if not (bank_a.is_contiguous() and tma_ready(bank_a.view(-1, K)) and x.stride(1) == 1 and weight.stride(1) == 1
-            and adapter_ids.is_contiguous()):
+    # A by TMA from the bank viewed [L·R_MAX, K]: contiguous, 16-B aligned base (the rows' pitch: bank_plan checks K)
+    if not (bank_a.is_contiguous() and bank_a.data_ptr() % TMA_ALIGN == 0 and x.stride(1) == 1
+            and weight.stride(1) == 1 and adapter_ids.is_contiguous()):
         return None
     return bank_plan(M, N, K, bank_a.shape[1], x.dtype, x.device)
 
