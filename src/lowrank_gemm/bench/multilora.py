@@ -4,7 +4,7 @@ Impls (bf16, K=4096 unless ``--kn`` names other shapes, one bank of 64 slots, ``
 ``cublas_base`` (x·Wᵀ, no LoRA), ``torch_loop`` (base + masked addmm per adapter; adapters ≤ 16),
 ``shrink_expand`` (base + our BGMV shrink/expand, Punica/vLLM style), ``fused`` (gather mode),
 ``fused_segment`` (segment mode, **device sort of the ids included**), ``segment_sort`` (the sort
-alone, to subtract when the order is shared by all layers of a model). With one distinct adapter at M ≤ 64
+alone, to subtract when the order is shared by all layers of a model). With one distinct adapter at M ≤ 256
 ``fused`` / ``fused_segment`` take the bank route (the single-adapter LoRA kernels, no sort; the row's ``plan``
 says ``bank``) and ``fused_multi`` times the multi-LoRA kernel's own one-adapter plan beside them.
 
@@ -140,7 +140,7 @@ def summarize(data) -> str:
     md = [f"# multilora ({'quick' if meta.get('quick') else 'full'})\n\n", meta_header(meta),
           "Times are CUDA-graph replay medians (µs); `vs base` = time / cuBLAS base GEMM without LoRA; "
           "`%floor` = bytes-floor time / time. fused_segment includes the on-device id sort; "
-          "segment_sort is the sort alone; with one adapter at M ≤ 64 both fused columns run the single-adapter "
+          "segment_sort is the sort alone; with one adapter at M ≤ 256 both fused columns run the single-adapter "
           "kernels on the bank (no sort), fused_multi the multi-LoRA kernel's plan.\n\n"]
     impls = ["cublas_base", "torch_loop", "shrink_expand", "fused", "fused_segment", "segment_sort"]
     if any(rw["impl"] == "fused_multi" for rw in rows):

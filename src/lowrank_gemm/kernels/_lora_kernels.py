@@ -262,6 +262,7 @@ def lora_main_kernel(
                      "EPI_PREFETCH holds one rank chunk of S and B")
     tl.static_assert(not (HYBRID and not FIXUP), "HYBRID is a FIXUP grid")
     pid = tl.program_id(0)
+    b_bank = b_ptr      # slot 0 of the bank (BANK): the wrong-hint path reads other slots from it
     cur, slot, rank, mixed, R, scale, a_row0, b_ptr = _bank_setup(ids_ptr, ranks_ptr, scales_ptr, M, L, R_MAX, R,
                                                                   scale, b_ptr, stride_bl, BANK, ID_BLOCK, B_CLEAN)
     if S_PRODUCERS > 0:
@@ -349,7 +350,7 @@ def lora_main_kernel(
             if stored & bank_has_stragglers(ids_rows, cur):
                 tl.debug_barrier()      # this CTA's stores of the tile before its loads of it
                 bank_stragglers(y_ptr, stride_ym, stride_yn, x_ptr, stride_xm, bank_a_ptr, stride_al, stride_ar,
-                                b_ptr - slot.to(tl.int64) * stride_bl, stride_bl, stride_bn, stride_br, ids_ptr,
+                                b_bank, stride_bl, stride_bn, stride_br, ids_ptr,
                                 ranks_ptr, scales_ptr, M, N, K, L, R_MAX, cur, off_m, off_n, BLOCK_M, BLOCK_N, 32,
                                 BLOCK_R)
     if S_PRODUCERS > 0:
@@ -532,6 +533,7 @@ def lora_persistent_kernel(
 ):
     # BANK, B_CLEAN: as lora_main_kernel's (one adapter of a bank, picked on the device; rows of other adapters finished
     # after their tile's store)
+    b_bank = b_ptr
     cur, slot, rank, mixed, R, scale, a_row0, b_ptr = _bank_setup(ids_ptr, ranks_ptr, scales_ptr, M, L, R_MAX, R,
                                                                   scale, b_ptr, stride_bl, BANK, ID_BLOCK, B_CLEAN)
     num_pid_m = tl.cdiv(M, BLOCK_M)
@@ -574,7 +576,7 @@ def lora_persistent_kernel(
                     if bank_has_stragglers(safe_ids(ids_ptr, offs_m, offs_m < M, L), cur):
                         tl.debug_barrier()      # this CTA's stores of the tile before its loads of it
                         bank_stragglers(y_ptr, stride_ym, stride_yn, x_ptr, stride_xm, bank_a_ptr, stride_al,
-                                        stride_ar, b_ptr - slot.to(tl.int64) * stride_bl, stride_bl, stride_bn,
+                                        stride_ar, b_bank, stride_bl, stride_bn,
                                         stride_br, ids_ptr, ranks_ptr, scales_ptr, M, N, K, L, R_MAX, cur,
                                         pid_m * BLOCK_M, pid_n * BLOCK_N, BLOCK_M, BLOCK_N, 16, BLOCK_R)
         task = _next_task(task, counter_ptr, DYNAMIC)

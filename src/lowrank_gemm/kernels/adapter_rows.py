@@ -4,8 +4,8 @@ mode share.
 A batch row picks its adapter by id (``−1`` = base only). Ids outside ``[0, L)`` read as ``−1`` and ranks are
 clamped to ``[0, R_MAX]``, so a bad id or rank never reads out of bounds.
 
-Bank mode (:func:`bank_pick`, :func:`bank_stragglers`) runs a single-adapter kernel (``lora_main_kernel``,
-``lora_down_kernel``) on an adapter bank when the caller knows a batch holds at most one distinct adapter: every
+Bank mode (:func:`bank_pick`, :func:`bank_stragglers`) runs the single-adapter kernels (``lora_main_kernel``,
+``lora_down_kernel``, ``lora_persistent_kernel``) on an adapter bank when the caller knows a batch holds at most one distinct adapter: every
 program reads all M ≤ ``ID_BLOCK`` ids and serves the largest valid one, ``cur``, through the kernel's own data
 path (A rows ``cur·R_MAX …`` by TMA, B at ``cur``'s slot, ``scale[cur]``, ``rank[cur]``; rows of other ids get a
 zero S). A hint that was wrong costs speed, not exactness: rows holding another adapter are finished after the
