@@ -285,3 +285,65 @@ def test_one_adapter_hint_cuda_graph_swap():
     torch.cuda.synchronize()
     ref2, e_t2 = ref_and_torch_err(x, w, bank, static_ids, bias)
     assert nerr(y_g, ref2) <= 2 * e_t2 + 1e-3
+
+
+# ---- a few adapters in the batch (max_adapters 2–4, rank 16/32): stacked bank mode
+
+def _few(M, N, r, adapters, seed):
+    """A batch of ``adapters`` distinct slots of an 8-slot bank (mixed ranks), some rows −1."""
+    x, w, bank, ids, bias = make(M, N, 4096, 8, r, seed=seed)
+    g = torch.Generator(device="cuda").manual_seed(seed + 1)
+    slots = torch.tensor([7, 2, 5, 0][:adapters], device="cuda", dtype=torch.int32)
+    ids = slots[torch.randint(0, adapters, (M,), generator=g, device="cuda")]
+    ids[:adapters] = slots
+    ids[adapters:] = torch.where(torch.rand(M - adapters, generator=g, device="cuda") < 0.2, -1, ids[adapters:])
+    return x, w, bank, ids.to(torch.int32), bias
+
+
+@pytest.mark.parametrize("M,N,r,adapters", [(16, 4096, 16, 4), (64, 4096, 16, 4), (16, 28672, 16, 4),
+                                            (64, 28672, 16, 4), (16, 4096, 16, 2), (64, 4096, 32, 2),
+                                            (64, 28672, 32, 2), (37, 6144, 16, 3)])
+def test_few_adapters_stacked_bank_mode(M, N, r, adapters):
+    """The LoRA table's rank-D·r plan on the bank: the route taken, bf16 vs the float64 reference, −1 rows equal
+    the same launches' base product bit for bit, repeats bit-identical."""
+    from lowrank_gemm.kernels import lora_gemm as LG
+    x, w, bank, ids, bias = _few(M, N, r, adapters, seed=M + adapters)
+    route = mg.bank_route(M, N, 4096, x, w, bank.bank_a, ids, adapters)
+    assert route is not None and route[2] == LG.next_pow2(adapters), route
+    ref, e_t = ref_and_torch_err(x, w, bank, ids, bias)
+    y = mg.multi_lora_linear(x, w, bank, ids, bias=bias, max_adapters=adapters)
+    assert nerr(y, ref) <= 2 * e_t + 1e-3, (nerr(y, ref), e_t)
+    assert torch.equal(y, mg.multi_lora_linear(x, w, bank, ids, bias=bias, max_adapters=adapters))
+    base = mg.multi_lora_gemm(x, w, bank.bank_a, bank.bank_b, bank.ranks, bank.scales, ids, bias, has_lora=False,
+                              adapters=adapters)
+    rows = ids == -1
+    assert torch.equal(y[rows], base[rows])
+
+
+@pytest.mark.parametrize("M,N", [(16, 4096), (64, 28672)])
+def test_few_adapters_hint_wrong_stays_exact(M, N):
+    x, w, bank, ids, bias = make(M, N, 4096, 8, 16, seed=4)     # up to 8 distinct adapters, hint says 2
+    ref, e_t = ref_and_torch_err(x, w, bank, ids, bias)
+    y = mg.multi_lora_linear(x, w, bank, ids, bias=bias, max_adapters=2)
+    assert nerr(y, ref) <= 2 * e_t + 1e-3, (nerr(y, ref), e_t)
+
+
+def test_few_adapters_cuda_graph_swap():
+    """Captured once with max_adapters=4; the ids then move to other slots (one of them replaced with a new
+    adapter of another rank): the replay serves the new set."""
+    x, w, bank, ids, bias = _few(64, 4096, 16, 4, seed=21)
+    static_ids = ids.clone()
+    f = lambda: mg.multi_lora_linear(x, w, bank, static_ids, bias=bias, max_adapters=4)
+    _, g, y_g = capture_graph(f)
+    g.replay()
+    ref, e_t = ref_and_torch_err(x, w, bank, static_ids, bias)
+    assert nerr(y_g, ref) <= 2 * e_t + 1e-3
+    gen = torch.Generator(device="cuda").manual_seed(9)
+    bank.set_adapter(3, (torch.randn(8, 4096, generator=gen, device="cuda") / 64).to(DT),
+                     torch.randn(4096, 8, generator=gen, device="cuda").to(DT), 2.0)
+    new = torch.tensor([3, 1, 6], device="cuda", dtype=torch.int32)
+    static_ids.copy_(new[torch.randint(0, 3, (64,), generator=gen, device="cuda")])
+    g.replay()
+    torch.cuda.synchronize()
+    ref2, e_t2 = ref_and_torch_err(x, w, bank, static_ids, bias)
+    assert nerr(y_g, ref2) <= 2 * e_t2 + 1e-3

@@ -4,9 +4,10 @@ Impls (bf16, K=4096 unless ``--kn`` names other shapes, one bank of 64 slots, ``
 ``cublas_base`` (x·Wᵀ, no LoRA), ``torch_loop`` (base + masked addmm per adapter; adapters ≤ 16),
 ``shrink_expand`` (base + our BGMV shrink/expand, Punica/vLLM style), ``fused`` (gather mode),
 ``fused_segment`` (segment mode, **device sort of the ids included**), ``segment_sort`` (the sort
-alone, to subtract when the order is shared by all layers of a model). With one distinct adapter at M ≤ 256
-``fused`` / ``fused_segment`` take the bank route (the single-adapter LoRA kernels, no sort; the row's ``plan``
-says ``bank``) and ``fused_multi`` times the multi-LoRA kernel's own one-adapter plan beside them.
+alone, to subtract when the order is shared by all layers of a model). With one distinct adapter at M ≤ 256, or
+2–4 of rank 16 at M ≤ 64 (stacked, rank D·r ≤ 64), ``fused`` / ``fused_segment`` take the bank route (the
+single-adapter LoRA kernels, no sort; the row's ``plan`` says ``bank`` and ``stack_d``) and ``fused_multi`` times
+the multi-LoRA kernel's own plan beside them.
 
 Each row also carries ``floor_us``: W, X, Y and every distinct adapter's A [r, K] and B [N, r] moved
 once at the measured copy bandwidth, and ``pct_floor`` = floor / time (graph replay).
@@ -89,10 +90,10 @@ def bench_case(M, N, r, adapters, copy_tbps, graph=True, only=None, k=K):
     }
     plan = mg.choose_plan(M, N, k, r, SLOTS, "gather", dev, adapters=nd)
     x, w, bk, i = sets[0]
-    bank_route = mg.one_adapter_plan(M, N, k, x, w, bk.bank_a, i) if nd == 1 else None
+    bank_route = mg.bank_route(M, N, k, x, w, bk.bank_a, i, nd)
     if bank_route is not None:
-        # the multi-LoRA kernel's own one-adapter plan beside the bank route `fused` now takes (an explicit plan
-        # skips the route): the A/B of session 21
+        # the multi-LoRA kernel's own plan beside the bank route `fused` now takes (an explicit plan skips the
+        # route): the A/B of sessions 21 (one adapter) and 22 (stacked, a few)
         impls["fused_multi"] = lambda x, w, bk, i: mg.multi_lora_gemm(x, w, bk.bank_a, bk.bank_b, bk.ranks,
                                                                       bk.scales, i, mode="gather", validate=False,
                                                                       adapters=nd, b_clean=bk.B_ZERO_PADDED,
@@ -121,7 +122,7 @@ def bench_case(M, N, r, adapters, copy_tbps, graph=True, only=None, k=K):
                "pct_floor": round(100 * floor_us / best, 1) if floor_us and name != "segment_sort" else None,
                "rel_err_vs_shrink_expand": errs.get(name), **t}
         if name in ("fused", "fused_segment") and bank_route is not None:
-            row["plan"] = {"bank": bank_route[0], **bank_route[1].to_dict()}
+            row["plan"] = {"bank": bank_route[0], "stack_d": bank_route[2], **bank_route[1].to_dict()}
         elif name in ("fused", "fused_segment", "fused_multi"):
             row["plan"] = plan.to_dict()
         rows.append(row)
@@ -140,8 +141,9 @@ def summarize(data) -> str:
     md = [f"# multilora ({'quick' if meta.get('quick') else 'full'})\n\n", meta_header(meta),
           "Times are CUDA-graph replay medians (µs); `vs base` = time / cuBLAS base GEMM without LoRA; "
           "`%floor` = bytes-floor time / time. fused_segment includes the on-device id sort; "
-          "segment_sort is the sort alone; with one adapter at M ≤ 256 both fused columns run the single-adapter "
-          "kernels on the bank (no sort), fused_multi the multi-LoRA kernel's plan.\n\n"]
+          "segment_sort is the sort alone; with one adapter at M ≤ 256 (or 2–4 of rank 16 at M ≤ 64: stacked bank "
+          "mode) both fused columns run the single-adapter kernels on the bank (no sort), fused_multi the "
+          "multi-LoRA kernel's plan.\n\n"]
     impls = ["cublas_base", "torch_loop", "shrink_expand", "fused", "fused_segment", "segment_sort"]
     if any(rw["impl"] == "fused_multi" for rw in rows):
         impls.append("fused_multi")

@@ -38,7 +38,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .adapter_rows import bank_has_stragglers, bank_pick, bank_rows, bank_stragglers, safe_ids
+from .adapter_rows import bank_has_stragglers, bank_pick, bank_rows, bank_stragglers, safe_ids, stack_pick, stacked_b
 from .epilogue import add_bias, lowrank_up, store_tile
 from .schedule import grouped_tile
 from .pdl import gdc_launch_dependents, gdc_wait
@@ -53,7 +53,8 @@ LOWRANK_GLOBAL = 2
 @triton.jit
 def _main_loop(x_desc, w_desc, a_desc, off_m, off_n, k_lo, k_hi,
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-               BLOCK_R: tl.constexpr, KLOOP: tl.constexpr, SWAP_AB: tl.constexpr = False, a_row0=0):
+               BLOCK_R: tl.constexpr, KLOOP: tl.constexpr, SWAP_AB: tl.constexpr = False, a_row0=0,
+               a_rows=0, K=0, A_GATHER: tl.constexpr = False):
     """acc [BM, BN] = X[off_m:, k]·W[off_n:, k]ᵀ over K tiles [k_lo, k_hi); with KLOOP also
     s [BM, BLOCK_R] = X·A[a_row0 : a_row0 + BLOCK_R, k]ᵀ from the same X tile (unscaled; a_row0 > 0: an
     adapter's rows in a bank viewed [L·R_MAX, K]).
@@ -64,7 +65,10 @@ def _main_loop(x_desc, w_desc, a_desc, off_m, off_n, k_lo, k_hi,
     wgmma too: an mma.sync of BM rows in this loop makes ptxas serialize every wgmma (C7515). (Ranks
     ≥ R are TMA zero fill, which is slow: r16 18.7 vs r64 11.95 µs at 4096²,
     probes/s6/probe_lora_branch.md.) The transposes back are layout conversions after the loop;
-    everything after it (split-K fixup, epilogue) sees the usual [BM, BN] / [BM, BR] tiles."""
+    everything after it (split-K fixup, epilogue) sees the usual [BM, BN] / [BM, BR] tiles.
+
+    A_GATHER (stacked bank mode): A's BR rows are not adjacent in the bank (D adapters' slots), so the A tile is
+    a pointer gather from ``a_rows`` [BR] (each row's first element; K contiguous), K ≥ ``K`` reading 0."""
     acc = tl.zeros((BLOCK_N, BLOCK_M) if SWAP_AB else (BLOCK_M, BLOCK_N), dtype=tl.float32)
     s = tl.zeros((BLOCK_R, BLOCK_M) if SWAP_AB else (BLOCK_M, BLOCK_R), dtype=tl.float32)
     for kt in tl.range(k_lo, k_hi):
@@ -76,7 +80,11 @@ def _main_loop(x_desc, w_desc, a_desc, off_m, off_n, k_lo, k_hi,
         else:
             acc = tl.dot(x, w.T, acc)
         if KLOOP:
-            a = a_desc.load([a_row0, k])                 # [BR, BK]
+            if A_GATHER:
+                offs_k = k + tl.arange(0, BLOCK_K)
+                a = tl.load(a_rows[:, None] + offs_k[None, :], mask=offs_k[None, :] < K, other=0.0)
+            else:
+                a = a_desc.load([a_row0, k])             # [BR, BK]
             if SWAP_AB:
                 s = tl.dot(a, x.T, s)
             else:
@@ -89,12 +97,18 @@ def _main_loop(x_desc, w_desc, a_desc, off_m, off_n, k_lo, k_hi,
 
 @triton.jit
 def _down_loop(x_desc, a_desc, off_m, off_r, k_lo, k_hi,
-               BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr):
-    """s [BM, BR] = X[off_m:, k]·A[off_r:, k]ᵀ over K tiles [k_lo, k_hi) (unscaled, fp32)."""
+               BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr,
+               a_rows=0, K=0, A_GATHER: tl.constexpr = False):
+    """s [BM, BR] = X[off_m:, k]·A[off_r:, k]ᵀ over K tiles [k_lo, k_hi) (unscaled, fp32); A_GATHER: A's rows from
+    ``a_rows`` (:func:`_main_loop`)."""
     s = tl.zeros((BLOCK_M, BLOCK_R), dtype=tl.float32)
     for kt in tl.range(k_lo, k_hi):
         x = x_desc.load([off_m, kt * BLOCK_K])
-        a = a_desc.load([off_r, kt * BLOCK_K])
+        if A_GATHER:
+            offs_k = kt * BLOCK_K + tl.arange(0, BLOCK_K)
+            a = tl.load(a_rows[:, None] + offs_k[None, :], mask=offs_k[None, :] < K, other=0.0)
+        else:
+            a = a_desc.load([off_r, kt * BLOCK_K])
         s = tl.dot(x, a.T, s)
     return s
 
@@ -102,22 +116,36 @@ def _down_loop(x_desc, a_desc, off_m, off_r, k_lo, k_hi,
 @triton.jit
 def _down_slice(x_desc, a_desc, s_ptr, off_m, off_r, slice_id, slices, M, K, R, scale, stride_sk, stride_sm,
                 stride_sr, BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr,
-                BANK: tl.constexpr = False, ids_ptr=None, cur=-1, L=0, a_row0=0, rank=0):
+                BANK: tl.constexpr = False, ids_ptr=None, cur=-1, L=0, a_row0=0, rank=0,
+                ranks_ptr=None, scales_ptr=None, bank_a_ptr=None, stride_al=0, stride_ar=0, ID_BLOCK: tl.constexpr = 16,
+                STACK_D: tl.constexpr = 0, STACK_R: tl.constexpr = 16):
     """S[slice_id, off_m:, off_r:] = scale · X·Aᵀ over the slice-th of ``slices`` near-equal K-tile ranges,
     rows ≥ M and ranks ≥ R not stored: the down kernel's program, and an in-grid S producer's. BANK: A's rows
     start at ``a_row0``, and zeros are stored for rows whose id is not ``cur`` and for ranks ≥ ``rank``
-    (:mod:`.adapter_rows`)."""
+    (:mod:`.adapter_rows`). STACK_D > 0 (stacked bank mode, :func:`~.adapter_rows.stack_pick`): columns off_r …
+    of the stacked rank, A's rows gathered from the bank, each column scaled by its adapter's scale and zero for
+    rows of other ids (``scale`` unused)."""
     k_tiles = tl.cdiv(K, BLOCK_K)
     per_split = tl.cdiv(k_tiles, slices)
     k_lo = slice_id * per_split
-    s = _down_loop(x_desc, a_desc, off_m, a_row0 + off_r, k_lo, tl.minimum(k_lo + per_split, k_tiles),
-                   BLOCK_M, BLOCK_R, BLOCK_K)
     offs_m = off_m + tl.arange(0, BLOCK_M)
     offs_r = off_r + tl.arange(0, BLOCK_R)
-    if BANK:
-        s = tl.where(bank_rows(ids_ptr, offs_m, M, L, cur)[:, None] & (offs_r < rank)[None, :], s, 0.0)
+    if STACK_D > 0:
+        slot_q, rr_q, live_q, scale_q, _floor, _mixed = stack_pick(ids_ptr, ranks_ptr, scales_ptr, M, L, offs_r,
+                                                                  ID_BLOCK, STACK_D, STACK_R)
+        a_rows = bank_a_ptr + tl.maximum(slot_q, 0).to(tl.int64) * stride_al + rr_q * stride_ar
+        s = _down_loop(x_desc, a_desc, off_m, 0, k_lo, tl.minimum(k_lo + per_split, k_tiles),
+                       BLOCK_M, BLOCK_R, BLOCK_K, a_rows, K, True)
+        ids_rows = safe_ids(ids_ptr, offs_m, offs_m < M, L)
+        s = tl.where((ids_rows[:, None] == slot_q[None, :]) & live_q[None, :], s * scale_q[None, :], 0.0)
+    else:
+        s = _down_loop(x_desc, a_desc, off_m, a_row0 + off_r, k_lo, tl.minimum(k_lo + per_split, k_tiles),
+                       BLOCK_M, BLOCK_R, BLOCK_K)
+        if BANK:
+            s = tl.where(bank_rows(ids_ptr, offs_m, M, L, cur)[:, None] & (offs_r < rank)[None, :], s, 0.0)
+        s = s * scale
     tl.store(s_ptr + slice_id * stride_sk + offs_m[:, None] * stride_sm + offs_r[None, :] * stride_sr,
-             s * scale, mask=(offs_m[:, None] < M) & (offs_r[None, :] < R))
+             s, mask=(offs_m[:, None] < M) & (offs_r[None, :] < R))
 
 
 @triton.jit
@@ -230,6 +258,7 @@ def lora_main_kernel(
     ids_ptr=None, ranks_ptr=None, scales_ptr=None, x_ptr=None, bank_a_ptr=None, L=0, R_MAX=0,    # BANK
     stride_xm=0, stride_al=0, stride_ar=0, stride_bl=0,
     BANK: tl.constexpr = False, ID_BLOCK: tl.constexpr = 16, B_CLEAN: tl.constexpr = False,
+    STACK_D: tl.constexpr = 0, STACK_R: tl.constexpr = 16, B_VEC: tl.constexpr = False,    # stacked BANK
 ):
     # R_CHUNKS (GLOBAL): cdiv(R, BLOCK_R), rank chunks of the epilogue, unrolled
     # SPLIT_K / S_SPLITS are runtime values: one compile serves every split of a tile config
@@ -254,7 +283,15 @@ def lora_main_kernel(
     # keeps B zero past each rank, as AdapterBank does): loads stay masked by the launch's R (R_MAX, which the
     # compiler may know to be a multiple of 16: vector loads of B) and the picked rank only zeroes S; otherwise the
     # rank masks the loads (past it a bank may hold anything, NaN included).
+    # STACK_D > 0 (stacked BANK, a hint of ≤ STACK_D adapters; adapter_rows.stack_pick): R = STACK_D·R_MAX ≤ BLOCK_R
+    # columns, column q of the batch's (q // R_MAX)-th largest valid id (STACK_R = R_MAX); A's rows gathered from
+    # bank_a_ptr in the K loop (KLOOP) or by the down kernel / S producers (GLOBAL, S arrives masked and scaled);
+    # one stacked B tile (adapter_rows.stacked_b, B_VEC: its vector form) and one MMA; scale must be 1.0; rows of
+    # smaller ids are stragglers as above. Whole tiles only (no split-K).
     tl.static_assert(not (BANK and (PARTIAL or LOWRANK == 0)), "BANK: a low-rank branch, whole or FIXUP tiles")
+    tl.static_assert(not (STACK_D > 0 and (not BANK or FIXUP or R_CHUNKS > 1)),
+                     "STACK_D: a BANK launch of whole tiles, one rank chunk")
+    PRE: tl.constexpr = EPI_PREFETCH or STACK_D > 0     # the epilogue's B tile (and bias, S rows) held in registers
     tl.static_assert(not (S_PRODUCERS > 0 and (LOWRANK != 2 or PARTIAL or FIXUP or PDL)),
                      "S_PRODUCERS: GLOBAL S in one unsplit launch, no PDL")
     tl.static_assert(not (EPI_PREFETCH and PARTIAL), "PARTIAL has no epilogue to prefetch for")
@@ -263,13 +300,23 @@ def lora_main_kernel(
     tl.static_assert(not (HYBRID and not FIXUP), "HYBRID is a FIXUP grid")
     pid = tl.program_id(0)
     b_bank = b_ptr      # slot 0 of the bank (BANK): the wrong-hint path reads other slots from it
-    cur, slot, rank, mixed, R, scale, a_row0, b_ptr = _bank_setup(ids_ptr, ranks_ptr, scales_ptr, M, L, R_MAX, R,
-                                                                  scale, b_ptr, stride_bl, BANK, ID_BLOCK, B_CLEAN)
+    a_rows = 0
+    if STACK_D > 0:
+        slot_q, rr_q, live_q, scale_q, cur, mixed = stack_pick(ids_ptr, ranks_ptr, scales_ptr, M, L,
+                                                               tl.arange(0, BLOCK_R), ID_BLOCK, STACK_D, STACK_R)
+        a_rows = bank_a_ptr + tl.maximum(slot_q, 0).to(tl.int64) * stride_al + rr_q * stride_ar
+        a_row0 = 0
+        rank = 0
+    else:
+        cur, slot, rank, mixed, R, scale, a_row0, b_ptr = _bank_setup(ids_ptr, ranks_ptr, scales_ptr, M, L, R_MAX,
+                                                                      R, scale, b_ptr, stride_bl, BANK, ID_BLOCK,
+                                                                      B_CLEAN)
     if S_PRODUCERS > 0:
         if pid < S_PRODUCERS:
             _produce_s_slice(x_desc, a_desc, s_ptr, cnt_ptr, pid, S_PRODUCERS, M, K, R, scale, stride_sk,
                              stride_sm, stride_sr, BLOCK_M, BLOCK_R, BLOCK_K, BANK, ids_ptr, cur, L, a_row0,
-                             rank)
+                             rank, ranks_ptr, scales_ptr, bank_a_ptr, stride_al, stride_ar, ID_BLOCK, STACK_D,
+                             STACK_R)
             return
         pid -= S_PRODUCERS
     pid_k = tl.program_id(1)
@@ -303,18 +350,29 @@ def lora_main_kernel(
     if EPI_PREFETCH:
         pre_n = off_n + tl.arange(0, BLOCK_N)
         if LOWRANK != 0:
-            b_pre = _b_tile(b_ptr, stride_bn, stride_br, pre_n, N, R, BLOCK_R)
+            if STACK_D > 0:
+                b_pre = stacked_b(slot_q, rr_q, live_q, b_ptr, stride_bl, stride_bn, stride_br, pre_n, N, STACK_R,
+                                  B_VEC)
+            else:
+                b_pre = _b_tile(b_ptr, stride_bn, stride_br, pre_n, N, R, BLOCK_R)
         if HAS_BIAS:
             bias_pre = tl.load(bias_ptr + pre_n, mask=pre_n < N, other=0.0).to(tl.float32)
         if LOWRANK == 2 and not PDL and S_PRODUCERS == 0:
             s_pre = _s_rows(s_ptr, stride_sk, stride_sm, stride_sr, S_SPLITS,
                             off_m + tl.arange(0, BLOCK_M), M, 0, R, BLOCK_M, BLOCK_R)
     acc, s = _main_loop(x_desc, w_desc, a_desc, off_m, off_n, k_lo, k_hi,
-                        BLOCK_M, BLOCK_N, BLOCK_K, BLOCK_R, LOWRANK == 1, SWAP_AB, a_row0)
+                        BLOCK_M, BLOCK_N, BLOCK_K, BLOCK_R, LOWRANK == 1, SWAP_AB, a_row0, a_rows, K, STACK_D > 0)
     offs_m = off_m + tl.arange(0, BLOCK_M)
     offs_n = off_n + tl.arange(0, BLOCK_N)
     if BANK and LOWRANK == 1:
-        s = tl.where((ids_rows == cur)[:, None] & (tl.arange(0, BLOCK_R) < rank)[None, :], s, 0.0)
+        if STACK_D > 0:
+            s = tl.where((ids_rows[:, None] == slot_q[None, :]) & live_q[None, :], s * scale_q[None, :], 0.0)
+        else:
+            s = tl.where((ids_rows == cur)[:, None] & (tl.arange(0, BLOCK_R) < rank)[None, :], s, 0.0)
+    if STACK_D > 0 and not EPI_PREFETCH:   # the stacked B tile (and bias) after the loop, as a prefetch would hold them
+        b_pre = stacked_b(slot_q, rr_q, live_q, b_ptr, stride_bl, stride_bn, stride_br, offs_n, N, STACK_R, B_VEC)
+        if HAS_BIAS:
+            bias_pre = tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)
     if S_PRODUCERS > 0:
         # every producer's S slice is stored and released (they are the lowest program ids: dispatched
         # first, and they wait for nothing, so they are resident or done while anyone spins here)
@@ -322,9 +380,10 @@ def lora_main_kernel(
             pass
     if PDL:
         gdc_wait()      # S (lora_down_kernel's output) is complete and visible from here on
-    if EPI_PREFETCH and LOWRANK == 2 and (PDL or S_PRODUCERS > 0):     # S rows as soon as S is complete
+    if LOWRANK == 2 and ((EPI_PREFETCH and (PDL or S_PRODUCERS > 0)) or (STACK_D > 0 and not EPI_PREFETCH)):
+        # S rows as soon as S is complete
         s_pre = _s_rows(s_ptr, stride_sk, stride_sm, stride_sr, S_SPLITS, offs_m, M, 0, R, BLOCK_M, BLOCK_R)
-    if LOWRANK == 2 and EPI_PREFETCH:
+    if LOWRANK == 2 and PRE:
         s = s_pre           # the whole-tile epilogue's S rows (GLOBAL)
     stored = pid >= 0      # this program stores its tile (a FIXUP piece: only when it arrives last)
     if PARTIAL:
@@ -344,7 +403,7 @@ def lora_main_kernel(
     else:
         _epilogue(acc, s, offs_m, offs_n, M, N, R, scale, s_ptr, stride_sk, stride_sm, stride_sr,
                   S_SPLITS, b_ptr, stride_bn, stride_br, bias_ptr, y_ptr, stride_ym, stride_yn,
-                  b_pre, bias_pre, BLOCK_M, BLOCK_R, LOWRANK, HAS_BIAS, R_CHUNKS, EPI_PREFETCH)
+                  b_pre, bias_pre, BLOCK_M, BLOCK_R, LOWRANK, HAS_BIAS, R_CHUNKS, PRE)
     if BANK:
         if mixed:   # the hint was wrong somewhere in the batch (a scalar every program holds): look at this tile
             if stored & bank_has_stragglers(ids_rows, cur):
@@ -364,12 +423,15 @@ def lora_main_kernel(
 @triton.jit
 def _produce_s_slice(x_desc, a_desc, s_ptr, cnt_ptr, slice_id, SLICES, M, K, R, scale, stride_sk, stride_sm,
                      stride_sr, BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr,
-                     BANK: tl.constexpr = False, ids_ptr=None, cur=-1, L=0, a_row0=0, rank=0):
+                     BANK: tl.constexpr = False, ids_ptr=None, cur=-1, L=0, a_row0=0, rank=0,
+                     ranks_ptr=None, scales_ptr=None, bank_a_ptr=None, stride_al=0, stride_ar=0,
+                     ID_BLOCK: tl.constexpr = 16, STACK_D: tl.constexpr = 0, STACK_R: tl.constexpr = 16):
     """An S producer of an S_PRODUCERS launch: S[slice_id] for every row block (R ≤ BLOCK_R; at decode M one
     block), then released."""
     for m0 in range(0, M, BLOCK_M):
         _down_slice(x_desc, a_desc, s_ptr, m0, 0, slice_id, SLICES, M, K, R, scale, stride_sk, stride_sm, stride_sr,
-                    BLOCK_M, BLOCK_R, BLOCK_K, BANK, ids_ptr, cur, L, a_row0, rank)
+                    BLOCK_M, BLOCK_R, BLOCK_K, BANK, ids_ptr, cur, L, a_row0, rank, ranks_ptr, scales_ptr,
+                    bank_a_ptr, stride_al, stride_ar, ID_BLOCK, STACK_D, STACK_R)
     tl.debug_barrier()      # all threads' S stores precede the (one-thread) release
     tl.atomic_add(cnt_ptr, 1, sem="release", scope="gpu")
 
@@ -461,6 +523,7 @@ def lora_down_kernel(
     BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr = False,
     ids_ptr=None, ranks_ptr=None, scales_ptr=None, L=0, R_MAX=0,      # BANK (see lora_main_kernel)
     BANK: tl.constexpr = False, ID_BLOCK: tl.constexpr = 16, B_CLEAN: tl.constexpr = False,
+    bank_a_ptr=None, stride_al=0, stride_ar=0, STACK_D: tl.constexpr = 0, STACK_R: tl.constexpr = 16,   # stacked
 ):
     # grid (M blocks, R blocks, K slices): a decode-sized M alone gives 1–2 CTAs, which would
     # walk all of K serially (latency-bound); slices are summed in order by the consumer
@@ -468,11 +531,17 @@ def lora_down_kernel(
     # only after its griddepcontrol.wait, i.e. after this whole grid has finished
     if PDL:
         gdc_launch_dependents()
-    cur, slot, rank, mixed, R, scale, a_row0, _b = _bank_setup(ids_ptr, ranks_ptr, scales_ptr, M, L, R_MAX, R, scale,
-                                                               s_ptr, 0, BANK, ID_BLOCK, B_CLEAN)
+    if STACK_D > 0:
+        cur = -1
+        rank = 0
+        a_row0 = 0
+    else:
+        cur, slot, rank, mixed, R, scale, a_row0, _b = _bank_setup(ids_ptr, ranks_ptr, scales_ptr, M, L, R_MAX, R,
+                                                                   scale, s_ptr, 0, BANK, ID_BLOCK, B_CLEAN)
     _down_slice(x_desc, a_desc, s_ptr, tl.program_id(0) * BLOCK_M, tl.program_id(1) * BLOCK_R, tl.program_id(2),
                 tl.num_programs(2), M, K, R, scale, stride_sk, stride_sm, stride_sr, BLOCK_M, BLOCK_R, BLOCK_K,
-                BANK, ids_ptr, cur, L, a_row0, rank)
+                BANK, ids_ptr, cur, L, a_row0, rank, ranks_ptr, scales_ptr, bank_a_ptr, stride_al, stride_ar,
+                ID_BLOCK, STACK_D, STACK_R)
 
 
 @triton.jit

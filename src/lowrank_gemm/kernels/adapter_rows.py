@@ -11,6 +11,12 @@ path (A rows ``cur·R_MAX …`` by TMA, B at ``cur``'s slot, ``scale[cur]``, ``r
 zero S). A hint that was wrong costs speed, not exactness: rows holding another adapter are finished after the
 tile's store by :func:`bank_stragglers`, which recomputes their S over K by pointer loads and adds their branch to
 the stored rows.
+
+Stacked bank mode (:func:`stack_pick`, :func:`stacked_b`) carries the same data path to a few adapters: the caller
+says a batch holds at most D distinct adapters, and every program serves the batch's D largest valid ids as one
+stacked rank of D·R_MAX (column q of S belongs to the (q // R_MAX)-th of them): their A rows gathered into one
+[D·R_MAX, BK] tile per K step, S masked per (row, column) to the row's own adapter, one stacked B tile and one MMA
+in the epilogue. Rows of any smaller valid id (more adapters than the hint said) are stragglers, finished as above.
 """
 
 from __future__ import annotations
@@ -108,16 +114,18 @@ def bank_rows(ids_ptr, offs_m, M, L, cur):
 
 
 @triton.jit
-def bank_has_stragglers(ids_rows, cur):
-    """Scalar: does a row of ``ids_rows`` (safe ids of a tile's rows) hold a valid adapter other than ``cur``?"""
-    return tl.max(tl.where(ids_rows != cur, ids_rows, -1), axis=0) >= 0
+def bank_has_stragglers(ids_rows, floor):
+    """Scalar: does a row of ``ids_rows`` (safe ids of a tile's rows) hold a valid adapter below ``floor`` (the
+    smallest served id: ``cur`` of one-adapter bank mode, which is the batch's largest)?"""
+    return tl.max(tl.where(ids_rows < floor, ids_rows, -1), axis=0) >= 0
 
 
 @triton.jit
 def bank_stragglers(y_ptr, stride_ym, stride_yn, x_ptr, stride_xm, a_ptr, stride_al, stride_ar, b_ptr, stride_bl,
-                    stride_bn, stride_br, ids_ptr, ranks_ptr, scales_ptr, M, N, K, L, R_MAX, cur, off_m, off_n,
+                    stride_bn, stride_br, ids_ptr, ranks_ptr, scales_ptr, M, N, K, L, R_MAX, floor, off_m, off_n,
                     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, BLOCK_R: tl.constexpr):
-    """Y[tile] += the branch of every row whose valid id is not ``cur`` (a wrong one-adapter hint), after the tile
+    """Y[tile] += the branch of every row whose valid id is below ``floor``, the smallest id the kernel served (a
+    wrong hint: more adapters than served; in one-adapter bank mode every valid id but ``cur``), after the tile
     was stored: per such adapter (decreasing id: deterministic) its rows' S over K, then Y read back, the branch
     added in fp32 and stored, in column chunks of ≤ 64 (one more rounding to Y's dtype per adapter, for those rows
     only). Called after the tile's store, when the kernel's accumulators are dead, so the path (never taken when
@@ -126,7 +134,7 @@ def bank_stragglers(y_ptr, stride_ym, stride_yn, x_ptr, stride_xm, a_ptr, stride
     CN: tl.constexpr = min(BN, 32)
     offs_m = off_m + tl.arange(0, BM)
     ids = safe_ids(ids_ptr, offs_m, offs_m < M, L)
-    other = tl.where(ids != cur, ids, -1)
+    other = tl.where(ids < floor, ids, -1)
     x_ptrs = x_ptr + offs_m[:, None].to(tl.int64) * stride_xm
     nxt = tl.max(other, axis=0)
     while nxt >= 0:
@@ -144,3 +152,52 @@ def bank_stragglers(y_ptr, stride_ym, stride_yn, x_ptr, stride_xm, a_ptr, stride
         tl.debug_barrier()      # the next adapter's rows are others, but keep the read-back ordered anyway
         other = tl.where(sel, -1, other)
         nxt = tl.max(other, axis=0)
+
+
+@triton.jit
+def stack_pick(ids_ptr, ranks_ptr, scales_ptr, M, L, offs_q, ID_BLOCK: tl.constexpr, D: tl.constexpr,
+               RB: tl.constexpr):
+    """Stacked bank mode's columns: the batch's D largest valid ids c_0 > c_1 > … (M ≤ ID_BLOCK), column q of the
+    stacked rank (``offs_q``) belonging to c_(q // RB) at rank index q % RB (RB = the bank's R_MAX). Returns
+    (slot_q, rr_q, live_q, scale_q, floor, mixed): slot_q = −1 past the batch's distinct ids (and for q ≥ D·RB);
+    live_q = slot valid and rank index below its rank; scale_q = its scale (0.0 where the slot is −1); floor = the
+    smallest served id (−1 when fewer than D are present); mixed = a valid id below floor exists (the hint was
+    wrong: only then do tiles look for stragglers). Every program computes the same values from one load of the
+    ids; D reductions, no sort."""
+    offs = tl.arange(0, ID_BLOCK)
+    ids = safe_ids(ids_ptr, offs, offs < M, L)
+    jq = offs_q // RB
+    slot_q = tl.zeros_like(offs_q) - 1
+    c = tl.max(ids, axis=0)
+    floor = c
+    for j in tl.static_range(D):
+        slot_q = tl.where(jq == j, c, slot_q)
+        floor = c
+        c = tl.max(tl.where(ids < c, ids, -1), axis=0)
+    has = slot_q >= 0
+    safe = tl.maximum(slot_q, 0)
+    rank_q = tl.where(has, tl.minimum(tl.maximum(tl.load(ranks_ptr + safe), 0), RB), 0)
+    scale_q = tl.where(has, tl.load(scales_ptr + safe).to(tl.float32), 0.0)
+    rr_q = offs_q % RB
+    return slot_q, rr_q, has & (rr_q < rank_q), scale_q, floor, c >= 0
+
+
+@triton.jit
+def stacked_b(slot_q, rr, live_q, b_ptr, stride_bl, stride_bn, stride_br, offs_n, N,
+              BLOCK_R: tl.constexpr, B_VEC: tl.constexpr):
+    """Stacked B tile [DQ, BN]: row q is B[slot_q, offs_n, rr_q] (0 where not ``live_q``), DQ = D·BLOCK_R rows of D
+    adapters. B_VEC (host-checked: stride_br == 1, stride_bl % 8 == 0 and R_MAX == BLOCK_R) tells the compiler each
+    BLOCK_R run of rows is one adapter's contiguous, 16-B aligned rank vector, so the gather becomes 16-B vector
+    loads instead of one 2-B load per element. A vector needs one mask bit for all its lanes: the load is masked
+    per adapter (whole run) and the rank mask is applied after it (slots past a rank lie inside the R_MAX row, in
+    bounds, and may hold garbage, hence the where)."""
+    nmask = offs_n[None, :] < N
+    if B_VEC:
+        q_off = tl.max_contiguous(tl.multiple_of(slot_q.to(tl.int64) * stride_bl + rr, 8), BLOCK_R)
+        has_q = tl.max_constancy(slot_q >= 0, BLOCK_R)
+        b_t = tl.load(b_ptr + q_off[:, None] + offs_n[None, :] * stride_bn, mask=has_q[:, None] & nmask,
+                      other=0.0)
+        return tl.where(live_q[:, None], b_t, 0.0)
+    q_off = slot_q.to(tl.int64) * stride_bl + rr * stride_br
+    return tl.load(b_ptr + q_off[:, None] + offs_n[None, :] * stride_bn, mask=live_q[:, None] & nmask,
+                   other=0.0)

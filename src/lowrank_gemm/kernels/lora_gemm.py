@@ -530,11 +530,13 @@ def _launch_down(x, a, s, scale, block_r, *, Kp, R, pdl=False, bank=None):
     launch(K_.lora_down_kernel, grid, _desc(x, bm, bk), _desc(a, block_r, bk), s,
            M, Kp, R, scale, s.stride(0), s.stride(1), s.stride(2),
            BLOCK_M=bm, BLOCK_R=block_r, BLOCK_K=bk, PDL=pdl,
-           **({k: bank[k] for k in _DOWN_BANK_ARGS} if bank is not None else {}),
+           **({k: bank[k] for k in _DOWN_BANK_ARGS + (_DOWN_STACK_ARGS if bank.get("STACK_D") else ())}
+              if bank is not None else {}),
            num_warps=4, num_stages=_DOWN_STAGES)
 
 
 _DOWN_BANK_ARGS = ("ids_ptr", "ranks_ptr", "scales_ptr", "L", "R_MAX", "BANK", "ID_BLOCK", "B_CLEAN")
+_DOWN_STACK_ARGS = ("bank_a_ptr", "stride_al", "stride_ar", "STACK_D", "STACK_R")
 
 
 # PDL between split's down and main kernels only up to this M. H200 (NOTES.md session 5): M=256 4096² 28.5 → 25.8 µs,
@@ -741,7 +743,8 @@ def bank_plan(M: int, N: int, K: int, r_max: int, dtype, device) -> tuple[str, K
 
 
 def run_bank(strategy: str, cfg: KernelConfig, x2, weight, bank_a, bank_b, ranks, scales, adapter_ids, bias=None,
-             out: torch.Tensor | None = None, has_lora: bool = True, b_clean: bool = False) -> torch.Tensor:
+             out: torch.Tensor | None = None, has_lora: bool = True, b_clean: bool = False,
+             stack_d: int = 0) -> torch.Tensor:
     """y [M, N] of a multi-LoRA batch through a single-adapter strategy (:data:`BANK_STRATEGIES`) in bank mode:
     bank_a [L, R_MAX, K] (K contiguous), bank_b [L, N, R_MAX], ranks [L] int32, scales [L] fp32, adapter_ids [M]
     int32 (−1 = base only). The kernels serve the batch's largest valid id with the single-adapter data path;
@@ -749,7 +752,9 @@ def run_bank(strategy: str, cfg: KernelConfig, x2, weight, bank_a, bank_b, ranks
     planning: :func:`bank_plan` chose ``strategy`` / ``cfg``. ``has_lora=False``: the same launches with no id
     valid (``L`` = 0), i.e. the same kernels' base product, which rows with id −1 of a full call equal bit for bit.
     ``b_clean``: bank_b is zero past each slot's rank (``AdapterBank``), so loads keep the launch's R_MAX masks
-    (vector loads); without it the picked rank masks them (a bank may hold anything past a rank, NaN included)."""
+    (vector loads); without it the picked rank masks them (a bank may hold anything past a rank, NaN included).
+    ``stack_d`` > 0 (:func:`stack_plan`): stacked bank mode, the batch's ``stack_d`` largest valid ids served as one
+    rank of stack_d·R_MAX (``kloop`` / ``split`` plans of whole tiles); rows of smaller ids take the slow path."""
     M, K = x2.shape
     N = weight.shape[0]
     L, r_max = bank_a.shape[0], bank_a.shape[1]
@@ -761,7 +766,49 @@ def run_bank(strategy: str, cfg: KernelConfig, x2, weight, bank_a, bank_b, ranks
                 L=L if has_lora else 0,
                 R_MAX=r_max, stride_xm=x2.stride(0), stride_al=bank_a.stride(0), stride_ar=bank_a.stride(1),
                 stride_bl=bank_b.stride(0), BANK=True, ID_BLOCK=max(16, next_pow2(M)), B_CLEAN=b_clean)
+    if stack_d:
+        if strategy not in STACK_STRATEGIES or cfg.split_k != 1 or stack_d * r_max > cfg.block_r:
+            raise ValueError(f"stacked bank mode runs {STACK_STRATEGIES} plans of whole tiles with block_r ≥ "
+                             f"stack_d·r_max = {stack_d * r_max}; got {strategy} {cfg}")
+        bank.update(STACK_D=stack_d, STACK_R=r_max, B_VEC=_stack_b_vec(bank_b))
+        return _RUNNERS[strategy](x2, w, a2, bank_b[0], bias_arg, y, 1.0, cfg, N=N, Kp=K, R=stack_d * r_max, bank=bank)
     return _RUNNERS[strategy](x2, w, a2, bank_b[0], bias_arg, y, 1.0, cfg, N=N, Kp=K, R=r_max, bank=bank)
+
+
+# stacked bank mode (a few adapters, device-side pick of the batch's D largest ids): D·R_MAX ≤ STACK_MAX_RANK, the
+# rank the single-adapter plans were measured at; M ≤ STACK_MAX_M (every program reads all ids; the bank plans of
+# larger M are persistent or split-K)
+STACK_STRATEGIES = ("split", "kloop")
+STACK_MAX_RANK = 64
+STACK_MAX_M = 64
+
+
+def _stack_b_vec(bank_b: torch.Tensor) -> bool:
+    """The stacked B gather may use 16-B vectors (:func:`~.adapter_rows.stacked_b`): unit rank stride, slots and rows
+    a multiple of 8 elements apart, R_MAX a power of two ≥ 8."""
+    r_max = bank_b.shape[2]
+    return (bank_b.stride(2) == 1 and bank_b.stride(0) % 8 == 0 and bank_b.stride(1) % 8 == 0
+            and r_max >= 8 and r_max & (r_max - 1) == 0 and bank_b.data_ptr() % 16 == 0)
+
+
+def stack_plan(M: int, N: int, K: int, r_max: int, adapters: int, dtype, device
+               ) -> tuple[str, KernelConfig, int] | None:
+    """(strategy, config, D) of stacked bank mode for a batch the caller bounds to ``adapters`` ≥ 2 distinct ids, or
+    None: D = adapters rounded up to a power of two, D·r_max ≤ STACK_MAX_RANK with r_max a power of two ≥ 16 (each
+    adapter a whole run of the stacked rank), M ≤ STACK_MAX_M, and the single-adapter plan of rank D·r_max a
+    :data:`STACK_STRATEGIES` plan of whole tiles whose block_r holds the stacked rank."""
+    if adapters < 2 or not 0 < M <= STACK_MAX_M or r_max < 16 or r_max & (r_max - 1):
+        return None
+    d = next_pow2(adapters)
+    if d * r_max > STACK_MAX_RANK:
+        return None
+    one = bank_plan(M, N, K, d * r_max, dtype, device)
+    if one is None:
+        return None
+    strategy, cfg = one
+    if strategy not in STACK_STRATEGIES or cfg.split_k != 1 or cfg.block_r < d * r_max:
+        return None
+    return strategy, cfg, d
 
 
 def lora_linear_impl(x, weight, lora_a, lora_b, scale: float = 1.0, bias=None,

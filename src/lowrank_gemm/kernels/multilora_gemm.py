@@ -43,11 +43,12 @@ import torch
 import triton
 import triton.language as tl
 
-from lowrank_gemm.kernels.adapter_rows import distinct as _distinct, late_adapter as _late_adapter, safe_ids as _safe_ids
+from lowrank_gemm.kernels.adapter_rows import (distinct as _distinct, late_adapter as _late_adapter, safe_ids as _safe_ids,
+                                              stacked_b as _stacked_b)
 from lowrank_gemm.kernels.epilogue import add_bias, rank_block, store_tile
 from lowrank_gemm.kernels.launch import launch
 from lowrank_gemm.kernels.env import env_on
-from lowrank_gemm.kernels.lora_gemm import _direct_ok, _interpreting, _v2_choice, bank_plan, run_bank
+from lowrank_gemm.kernels.lora_gemm import _direct_ok, _interpreting, _v2_choice, bank_plan, run_bank, stack_plan
 from lowrank_gemm.kernels.tma import TMA_ALIGN
 from lowrank_gemm.kernels.pdl import gdc_launch_dependents, gdc_wait, pdl_enabled, pdl_supported
 from lowrank_gemm.kernels.schedule import cdiv, grouped_tile, next_pow2, num_sms
@@ -167,27 +168,6 @@ def _group_rows(first, order, ids, rank_row, j0, DQ: tl.constexpr, BLOCK_R: tl.c
 
 
 @triton.jit
-def _group_b(slot_q, rr, live_q, b_ptr, stride_bl, stride_bn, stride_br, offs_n, N,
-             BLOCK_R: tl.constexpr, B_VEC: tl.constexpr):
-    """Stacked B tile [DQ, BN] of one adapter group. B_VEC (host-checked: stride_br == 1,
-    stride_bl % 8 == 0 and R_MAX == BLOCK_R) tells the compiler each BLOCK_R run of rows is one
-    adapter's contiguous, 16-B aligned rank vector, so the gather becomes 16-B vector loads instead
-    of one 2-B load per element. A vector needs one mask bit for all its lanes: the load is masked
-    per adapter (whole run) and the rank mask is applied after it (slots past a rank lie inside
-    the R_MAX row, in bounds, and may hold garbage, hence the where)."""
-    nmask = offs_n[None, :] < N
-    if B_VEC:
-        q_off = tl.max_contiguous(tl.multiple_of(slot_q.to(tl.int64) * stride_bl + rr, 8), BLOCK_R)
-        has_q = tl.max_constancy(slot_q >= 0, BLOCK_R)
-        b_t = tl.load(b_ptr + q_off[:, None] + offs_n[None, :] * stride_bn, mask=has_q[:, None] & nmask,
-                      other=0.0)
-        return tl.where(live_q[:, None], b_t, 0.0)
-    q_off = slot_q.to(tl.int64) * stride_bl + rr * stride_br
-    return tl.load(b_ptr + q_off[:, None] + offs_n[None, :] * stride_bn, mask=live_q[:, None] & nmask,
-                   other=0.0)
-
-
-@triton.jit
 def multi_lowrank_up_pipe(acc, rows, valid, ids, s_ptr, stride_ss, stride_sm, SPLIT_S, scales_ptr,
                           b_ptr, stride_bl, stride_bn, stride_br, ranks_ptr, R_MAX, offs_n, N,
                           BM: tl.constexpr, BLOCK_R: tl.constexpr, EPI_D: tl.constexpr,
@@ -210,11 +190,11 @@ def multi_lowrank_up_pipe(acc, rows, valid, ids, s_ptr, stride_ss, stride_sm, SP
     first, order, count = _distinct(ids, BM)
     if EPI_PIPE == 1:
         slot_q, rr, live_q = _group_rows(first, order, ids, rank_row, 0, DQ, BLOCK_R)
-        b_t = _group_b(slot_q, rr, live_q, b_ptr, stride_bl, stride_bn, stride_br, offs_n, N, BLOCK_R, B_VEC)
+        b_t = _stacked_b(slot_q, rr, live_q, b_ptr, stride_bl, stride_bn, stride_br, offs_n, N, BLOCK_R, B_VEC)
         for j0 in range(0, count, EPI_D):
             # next group first (past the last group every row is dead: a fully masked load, no traffic)
             slot_n, rr_n, live_n = _group_rows(first, order, ids, rank_row, j0 + EPI_D, DQ, BLOCK_R)
-            b_n = _group_b(slot_n, rr_n, live_n, b_ptr, stride_bl, stride_bn, stride_br, offs_n, N,
+            b_n = _stacked_b(slot_n, rr_n, live_n, b_ptr, stride_bl, stride_bn, stride_br, offs_n, N,
                            BLOCK_R, B_VEC)
             s_x = tl.where((ids[:, None] == slot_q[None, :]) & live_q[None, :], s, 0.0)
             acc = tl.dot(s_x.to(b_t.dtype), b_t, acc)
@@ -225,7 +205,7 @@ def multi_lowrank_up_pipe(acc, rows, valid, ids, s_ptr, stride_ss, stride_sm, SP
         # EPI_PIPE 0 (B_VEC alone): stages=1 keeps the pipeliner off this loop, as in multi_lowrank_up
         for j0 in tl.range(0, count, EPI_D, num_stages=max(EPI_PIPE, 1)):
             slot_q, rr, live_q = _group_rows(first, order, ids, rank_row, j0, DQ, BLOCK_R)
-            b_t = _group_b(slot_q, rr, live_q, b_ptr, stride_bl, stride_bn, stride_br, offs_n, N,
+            b_t = _stacked_b(slot_q, rr, live_q, b_ptr, stride_bl, stride_bn, stride_br, offs_n, N,
                            BLOCK_R, B_VEC)
             s_x = tl.where((ids[:, None] == slot_q[None, :]) & live_q[None, :], s, 0.0)
             acc = tl.dot(s_x.to(b_t.dtype), b_t, acc)
@@ -751,6 +731,29 @@ def choose_plan(M: int, N: int, K: int, r_max: int, L: int, mode: str, device,
 # host: validation, launch, op
 # ----------------------------------------------------------------------------------------------
 
+def bank_route(M: int, N: int, K: int, x: torch.Tensor, weight: torch.Tensor, bank_a: torch.Tensor,
+               adapter_ids: torch.Tensor, adapters: int):
+    """(strategy, config, stack_d) of the single-adapter kernels on the bank for a batch the caller bounds to
+    ``adapters`` distinct ids, or None (multi-LoRA kernels): one adapter → :func:`one_adapter_plan` (stack_d 0); a
+    few → stacked bank mode (:func:`~lowrank_gemm.kernels.lora_gemm.stack_plan`, ``LOWRANK_GEMM_ML_STACK=0`` turns
+    it off), on the same operand conditions."""
+    if adapters == 1:
+        one = one_adapter_plan(M, N, K, x, weight, bank_a, adapter_ids)
+        return None if one is None else (*one, 0)
+    if not env_on("LOWRANK_GEMM_ML_STACK") or not _bank_operands_ok(x, weight, bank_a, adapter_ids):
+        return None
+    return stack_plan(M, N, K, bank_a.shape[1], adapters, x.dtype, x.device)
+
+
+def _bank_operands_ok(x, weight, bank_a, adapter_ids) -> bool:
+    """Bank mode's operands: on CUDA (or the interpreter), A readable from the bank viewed [L·R_MAX, K] — contiguous,
+    16-B aligned base (the rows' pitch: bank_plan checks K) — and K-contiguous x, W; contiguous ids."""
+    if not env_on("LOWRANK_GEMM_ML_BANK") or not (x.is_cuda or _interpreting()):
+        return False
+    return (bank_a.is_contiguous() and bank_a.data_ptr() % TMA_ALIGN == 0 and x.stride(1) == 1
+            and weight.stride(1) == 1 and adapter_ids.is_contiguous())
+
+
 def one_adapter_plan(M: int, N: int, K: int, x: torch.Tensor, weight: torch.Tensor, bank_a: torch.Tensor,
                      adapter_ids: torch.Tensor):
     """(strategy, config) of the single-adapter kernels in bank mode (:func:`~lowrank_gemm.kernels.lora_gemm.run_bank`)
@@ -761,13 +764,9 @@ def one_adapter_plan(M: int, N: int, K: int, x: torch.Tensor, weight: torch.Tens
     runs the Gluon v2 kernel (its table's M 33–64, N ≥ 16384 bucket), bank mode's Triton plan lost to the tuned
     multi plan (N = 28672, M = 64, r16: 65.7 against 63.9 µs), so that bucket keeps the multi kernels.
     ``LOWRANK_GEMM_ML_BANK=0`` turns the route off (A/B probes)."""
-    if not env_on("LOWRANK_GEMM_ML_BANK") or not (x.is_cuda or _interpreting()):
+    if not _bank_operands_ok(x, weight, bank_a, adapter_ids):
         return None
     if x.is_cuda and _v2_choice(M, N, K, bank_a.shape[1], x.device) is not None:
-        return None
-    # A by TMA from the bank viewed [L·R_MAX, K]: contiguous, 16-B aligned base (the rows' pitch: bank_plan checks K)
-    if not (bank_a.is_contiguous() and bank_a.data_ptr() % TMA_ALIGN == 0 and x.stride(1) == 1
-            and weight.stride(1) == 1 and adapter_ids.is_contiguous()):
         return None
     return bank_plan(M, N, K, bank_a.shape[1], x.dtype, x.device)
 
@@ -898,13 +897,14 @@ def multi_lora_gemm(x, weight, bank_a, bank_b, ranks, scales, adapter_ids, bias=
         y = torch.empty((M, N), dtype=x.dtype, device=x.device)
     if M == 0 or N == 0:
         return y
-    if plan is None and adapters == 1 and L > 0 and r_max > 0:
-        one = one_adapter_plan(M, N, K, x, weight, bank_a, adapter_ids)
-        if one is not None:
+    if plan is None and adapters is not None and adapters >= 1 and L > 0 and r_max > 0:
+        route = bank_route(M, N, K, x, weight, bank_a, adapter_ids, adapters)
+        if route is not None:
+            strategy, bcfg, stack_d = route
             ids = adapter_ids.reshape(-1)
-            return run_bank(*one, x, weight, bank_a, bank_b, ranks, scales,
+            return run_bank(strategy, bcfg, x, weight, bank_a, bank_b, ranks, scales,
                             ids if ids.dtype == torch.int32 else ids.to(torch.int32), bias, out=y,
-                            has_lora=has_lora, b_clean=b_clean)
+                            has_lora=has_lora, b_clean=b_clean, stack_d=stack_d)
     plan = plan or choose_plan(M, N, K, r_max, L, mode, x.device, adapters)
     cfg, scfg = plan.main, plan.shrink
     use_tma = plan.use_tma and (K * x.element_size()) % 16 == 0 and weight.stride(1) == 1

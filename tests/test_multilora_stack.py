@@ -1,0 +1,171 @@
+"""Stacked bank mode: a batch of a few adapters on the single-adapter kernels (``lora_gemm.run_bank(stack_d=D)``),
+CPU interpreter.
+
+The caller's hint (``max_adapters`` = 2 … 4) routes a batch of M ≤ 64 rows to the LoRA table's kloop / split plan of
+rank D·r_max: every program serves the batch's D largest valid ids as one stacked rank (A rows gathered from the
+bank, S masked per row to its own adapter, one stacked B tile). The hint is trusted for speed only: rows of more
+adapters than D must come out exact, as must base-only rows, ranks below r_max with NaN past them, fewer adapters
+than D, and each launch variant the plans use (whole tiles, swap-AB with its prefetched epilogue, in-grid S
+producers).
+"""
+
+import pytest
+import torch
+
+from lowrank_gemm.kernels import lora_gemm as LG
+from lowrank_gemm.kernels import multilora_gemm as mg
+from lowrank_gemm.plan.config import KernelConfig
+
+from test_lora_gemm import poisoned_workspaces  # noqa: F401  (fixture)
+from test_multilora_gemm import DT, assert_base_rows_equal, assert_close, clean, make_case, ref_of
+
+CFG = KernelConfig(block_m=16, block_n=32, block_k=16, block_r=64, group_m=2, num_warps=4, num_stages=2)
+
+VARIANTS = {
+    "kloop": ("kloop", CFG),
+    "kloop swap-AB": ("kloop", CFG.replace(block_n=64, swap_ab=True)),
+    "split": ("split", CFG),
+    "split swap-AB": ("split", CFG.replace(block_n=64, swap_ab=True)),
+    "split S producers": ("split", CFG.replace(s_producers=3)),
+    "split swap-AB S producers": ("split", CFG.replace(block_n=64, swap_ab=True, s_producers=2)),
+}
+
+
+def stack_case(M, N, K, L, r_max, ids, seed=0, ranks=None, bias=True):
+    case = make_case(M, N, K, L, r_max, ranks=ranks, seed=seed, bias=bias)
+    case["adapter_ids"] = torch.as_tensor(ids, dtype=torch.int32)
+    return case
+
+
+def run_stack(case, strategy, cfg, d, **kw):
+    M, N = case["x"].shape[0], case["weight"].shape[0]
+    out = torch.full((M, N), float("nan"), dtype=DT)
+    return LG.run_bank(strategy, cfg, case["x"], case["weight"], case["bank_a"], case["bank_b"], case["ranks"],
+                       case["scales"], case["adapter_ids"], case["bias"], out=out, stack_d=d, **kw)
+
+
+def mixed_ids(M, adapters, seed, base_frac=0.25):
+    """M ids drawn from ``adapters`` (each present at least once when M allows), some rows −1 (at least one when M
+    allows)."""
+    g = torch.Generator().manual_seed(seed)
+    adapters = torch.as_tensor(adapters, dtype=torch.int32)
+    ids = adapters[torch.randint(0, len(adapters), (M,), generator=g)]
+    ids[: min(M, len(adapters))] = adapters[: min(M, len(adapters))]
+    ids = torch.where(torch.rand(M, generator=g) < base_frac, -1, ids)
+    ids[: min(M, len(adapters))] = adapters[: min(M, len(adapters))]
+    if M > len(adapters):
+        ids[len(adapters)] = -1
+    return ids[torch.randperm(M, generator=g)].to(torch.int32)
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+@pytest.mark.parametrize("M,N,K,r_max,d,adapters", [(37, 70, 88, 16, 4, [0, 2, 3, 5]), (5, 150, 72, 16, 2, [4, 1]),
+                                                    (64, 33, 48, 32, 2, [1, 3]), (16, 40, 40, 16, 4, [2, 5])])
+def test_stacked_matches_reference(variant, M, N, K, r_max, d, adapters, poisoned_workspaces):
+    """D adapters (or fewer: the last case holds two of four) of mixed ranks, NaN past each rank (b_clean=False),
+    base-only rows: the reference, −1 rows equal the base product, bit-identical on repeat."""
+    strategy, cfg = VARIANTS[variant]
+    case = stack_case(M, N, K, 6, r_max, mixed_ids(M, adapters, M + d), seed=M,
+                      ranks=[r_max, 1, 7, r_max, 0, 5][:6])
+    y = run_stack(case, strategy, cfg, d)
+    assert_close(y, ref_of(case))
+    base = run_stack(case, strategy, cfg, d, has_lora=False)
+    rows = case["adapter_ids"] == -1
+    assert_base_rows_equal(y[rows], base[rows], variant)
+    assert torch.equal(y, run_stack(case, strategy, cfg, d)), "repeat not bit-identical"
+
+
+@pytest.mark.parametrize("variant", ["kloop", "split", "split swap-AB S producers", "kloop swap-AB"])
+def test_more_adapters_than_the_hint_stay_exact(variant, poisoned_workspaces):
+    """Five adapters where the caller promised at most two: the two largest ids are served stacked, rows of the other
+    three (the smallest ids, spread over several row blocks) go through the slow exact path."""
+    strategy, cfg = VARIANTS[variant]
+    M, N, K = 37, 70, 88
+    case = stack_case(M, N, K, 6, 16, mixed_ids(M, [0, 1, 2, 4, 5], 3), seed=11, ranks=[16, 9, 4, 13, 16, 2])
+    assert_close(run_stack(case, strategy, cfg, 2), ref_of(case))
+
+
+@pytest.mark.parametrize("strategy", ["kloop", "split"])
+def test_stacked_all_rows_base_only_and_out_of_range(strategy, poisoned_workspaces):
+    case = stack_case(20, 70, 48, 3, 16, torch.full((20,), -1), seed=2)
+    y = run_stack(case, strategy, CFG, 4)
+    assert_close(y, ref_of(case))
+    assert_base_rows_equal(y, run_stack(case, strategy, CFG, 4, has_lora=False), strategy)
+    ids = mixed_ids(16, [0, 2], 3)
+    ids[2], ids[9] = 7, -5                     # L = 3: 7 and −5 are not adapters
+    case = stack_case(16, 40, 32, 3, 16, ids, seed=4)
+    y = run_stack(case, strategy, CFG, 2)
+    case["adapter_ids"] = torch.where((ids >= 0) & (ids < 3), ids, -1)
+    assert_close(y, ref_of(case))
+
+
+@pytest.mark.parametrize("variant", ["kloop", "split swap-AB S producers"])
+def test_clean_bank_stacked_equals_masked(variant, poisoned_workspaces):
+    """b_clean (AdapterBank: zero past each rank) gives the same bits as the rank-masked dirty path on the same
+    values, and the reference."""
+    strategy, cfg = VARIANTS[variant]
+    case = stack_case(37, 70, 88, 5, 16, mixed_ids(37, [0, 1, 3, 4], 9), seed=12, ranks=[16, 13, 5, 16, 3])
+    case["bank_a"], case["bank_b"] = clean(case)
+    y = run_stack(case, strategy, cfg, 4, b_clean=True)
+    assert_close(y, ref_of(case))
+    assert torch.equal(y, run_stack(case, strategy, cfg, 4))
+
+
+def test_scattered_b_takes_the_scalar_gather(poisoned_workspaces):
+    """A bank_b whose rank stride is not 1 cannot use the 16-B vector gather (B_VEC): still exact."""
+    case = stack_case(24, 40, 32, 4, 16, mixed_ids(24, [0, 1, 3], 5), seed=8, ranks=[16, 8, 3, 12])
+    b = case["bank_b"]
+    case["bank_b"] = b.transpose(1, 2).contiguous().transpose(1, 2)
+    assert not LG._stack_b_vec(case["bank_b"]) and LG._stack_b_vec(b)
+    assert_close(run_stack(case, "kloop", CFG, 4), ref_of(case))
+
+
+def test_run_bank_rejects_plans_stacking_cannot_run():
+    case = stack_case(16, 40, 32, 3, 16, mixed_ids(16, [0, 1], 1), seed=1)
+    for strategy, cfg in (("persistent_static", CFG), ("kloop", CFG.replace(split_k=2, split_mode="fixup")),
+                          ("kloop", CFG.replace(block_r=16))):
+        with pytest.raises(ValueError, match="stacked bank mode"):
+            run_stack(case, strategy, cfg, 2)
+
+
+def test_stack_plan_scope():
+    """2–4 adapters of r_max 16/32 (D·r_max ≤ 64) at M ≤ 64, on kloop / split plans of whole tiles that hold the
+    stacked rank; nothing else."""
+    dev, bf = torch.device("cpu"), torch.bfloat16
+    got = LG.stack_plan(16, 4096, 4096, 16, 3, bf, dev)
+    assert got is not None and got[2] == 4 and got[0] in LG.STACK_STRATEGIES
+    assert got[1].split_k == 1 and got[1].block_r >= 64
+    assert LG.stack_plan(64, 4096, 4096, 32, 2, bf, dev)[2] == 2
+    for args in ((16, 4096, 4096, 16, 1), (16, 4096, 4096, 16, 5), (16, 4096, 4096, 32, 3),
+                 (16, 4096, 4096, 8, 2), (16, 4096, 4096, 24, 2), (65, 4096, 4096, 16, 2),
+                 (16, 4096, 4100, 16, 2)):
+        assert LG.stack_plan(*args, bf, dev) is None, args
+
+
+def test_multi_lora_gemm_routes_few_adapter_batches(monkeypatch):
+    """max_adapters 2–4 runs stacked bank mode; more adapters, the switch and an explicit plan keep the multi-LoRA
+    kernels, with the same result."""
+    seen = []
+    real = LG.run_bank
+    monkeypatch.setattr(mg, "run_bank", lambda *a, **k: seen.append(k.get("stack_d")) or real(*a, **k))
+    case = stack_case(24, 48, 64, 5, 16, mixed_ids(24, [0, 1, 4], 5), seed=6)
+
+    def call(adapters, **kw):
+        n = len(seen)
+        y = mg.multi_lora_gemm(**case, adapters=adapters, **kw)
+        return y, seen[-1] if len(seen) > n else None
+
+    y, d = call(3)
+    assert d == 4
+    assert_close(y, ref_of(case))
+    y2, d = call(2)                 # a wrong hint: still exact
+    assert d == 2
+    assert_close(y2, ref_of(case))
+    y_multi, d = call(16)
+    assert d is None
+    torch.testing.assert_close(y, y_multi, atol=2e-2, rtol=1e-2)
+    assert call(3, plan=mg.heuristic_plan(24, 48, 64, 16, 5, "gather", 4))[1] is None
+    monkeypatch.setenv("LOWRANK_GEMM_ML_STACK", "0")
+    assert call(3)[1] is None
+    monkeypatch.setenv("LOWRANK_GEMM_ML_BANK", "0")
+    assert call(3)[1] is None
