@@ -386,9 +386,13 @@ def test_bench_report_from_synthetic_rows(tmp_path):
                          "dtype": "bf16", "adapters": a, "assign": "random", "median_us": t + 5,
                          "graph_us": t * (1 + a / 100), "floor_us": 60.0, "pct_floor": 80.0,
                          "vs_base_graph": t / 70.0})
+    for rw in rows:     # the paired ratio, where timed, is what the 1.10× target is read from
+        if rw["impl"] == "fused":
+            rw["ratio_paired"] = 1.12 if rw["adapters"] == 1 else 1.05
     data = {"meta": {"device": "test", "quick": True}, "rows": rows}
     md = bm.summarize(data)
     assert "| 28672 | 16 | 64 | 16 |" in md and "Targets" in md
+    assert "adapters=1: fused 1.12× base, paired (> 1.10)" in md and "adapters=16: fused" not in md
     assert bm.floor_bytes(64, 28672, 16, 1) == 2 * (28672 * 4096 + 64 * 4096 + 64 * 28672 + 16 * 4096 + 28672 * 16)
     assert "| K |" not in md                      # the grid: one K, no column for it
     more = [dict(rw, K=14336, N=4096) for rw in rows]
