@@ -83,6 +83,27 @@ def test_module_one_adapter_hint_runs_bank_mode_on_the_clean_bank(monkeypatch):
     assert rel_err(y, ref) < 5e-3
 
 
+def test_module_few_adapters_hint_runs_stacked_bank_mode(monkeypatch):
+    """max_adapters=3 (of a rank-16 bank, M ≤ 64) routes the module's call to stacked bank mode (stack_d 4) on its
+    clean bank; the result is the reference's."""
+    from lowrank_gemm.kernels import multilora_gemm as mg
+    seen = []
+    real = mg.run_bank
+    monkeypatch.setattr(mg, "run_bank", lambda *a, **k: seen.append(k) or real(*a, **k))
+    lin = nn.Linear(48, 40).to(DT)
+    mod = MultiLoRALinear.from_linear(lin, num_slots=5, r_max=16)
+    for slot, r in ((0, 16), (2, 7), (4, 3)):
+        mod.bank.set_adapter(slot, torch.randn(r, 48, dtype=DT) * 0.2, torch.randn(40, r, dtype=DT) * 0.2, 0.5 + slot)
+    x = torch.randn(20, 48, dtype=DT)
+    ids = torch.tensor([0, 2, 4, -1] * 5, dtype=torch.int32)
+    mod.set_adapter_ids(ids, max_adapters=3)
+    y = mod(x)
+    assert seen and seen[-1]["stack_d"] == 4 and seen[-1]["b_clean"] is True
+    ref = multi_lora_linear_ref(x, lin.weight, mod.bank.bank_a, mod.bank.bank_b, ids, mod.bank.scales,
+                                mod.bank.ranks, lin.bias)
+    assert rel_err(y, ref) < 5e-3
+
+
 def test_adapter_ids_in_place_and_segment_order():
     ids = AdapterIds(mode="segment")
     ids.set(torch.tensor([2, 0, -1, 0], dtype=torch.int32))

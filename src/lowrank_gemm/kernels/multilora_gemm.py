@@ -30,6 +30,10 @@ clamped to ``[0, r_max]``, so a bad id or rank can never read out of bounds. Hos
 default means "not inside CUDA-graph capture and not compiling".
 
 Rows with id −1 get exactly the base product: the masked low-rank terms add exact zeros.
+
+A caller that knows the batch holds one adapter (M ≤ 256), or two to four of a rank-16/32 bank (M ≤ 64), gets the
+single-adapter LoRA kernels on the bank instead (:func:`bank_route`, ``lora_gemm.run_bank``): bank mode picks the
+adapter(s) on the device, so the same CUDA graph serves any ids.
 """
 
 from __future__ import annotations
@@ -1033,8 +1037,9 @@ def multi_lora_linear(x: torch.Tensor, weight: torch.Tensor, bank_a, bank_b: tor
     next positional argument is ``adapter_ids``). ``validate`` runs the host-syncing value checks
     unless inside CUDA-graph capture or torch.compile; bad ids are otherwise treated as −1.
     ``max_adapters``: what the caller knows (without a sync) about how many distinct adapters a batch
-    holds; it only picks the kernel plan (the measured H200 plans are keyed by it). Results stay exact
-    when it is wrong, only slower. Default: the bank's slot count.
+    holds; it only picks the kernel plan (the measured H200 plans are keyed by it): 1 at M ≤ 256, or 2–4 of a
+    rank-16/32 bank at M ≤ 64, run the single-adapter LoRA kernels on the bank (bank mode, stacked for 2–4;
+    :func:`bank_route`). Results stay exact when it is wrong, only slower. Default: the bank's slot count.
     """
     b_clean = False
     if hasattr(bank_a, "bank_a"):       # an AdapterBank
