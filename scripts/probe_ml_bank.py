@@ -1,7 +1,8 @@
 """One-adapter multi-LoRA batches: bank mode against the multi-LoRA kernel's plan and the single-adapter LoRA op on the
-same bytes, cuBLAS beside them, one process (session 21).
+same bytes, cuBLAS beside them, one process (session 21); ``--adapters D`` (session 22): batches of D adapters in
+stacked bank mode, ``lora`` then being the op at rank next_pow2(D)·r on the D adapters' concatenated A / B.
 
-    python scripts/probe_ml_bank.py --out DIR [--kn 4096x4096,4096x28672] [--ms 16,64] [--ranks 16,64]
+    python scripts/probe_ml_bank.py --out DIR [--kn 4096x4096,4096x28672] [--ms 16,64] [--ranks 16,64] [--adapters 1]
 
 Impls per (K, N, r, M), ids random over one bank slot and −1 (a quarter of the rows): ``cublas_base``; ``bank``
 (``multi_lora_gemm`` with ``adapters=1``: the route); ``multi`` (the same call with the multi-LoRA plan passed in);
@@ -43,40 +44,47 @@ def parse_pin(spec: str):
     return parts[0], cfg
 
 
-def case_rows(k, N, r, M, dev=None, timer=time_impl, pins=()):
-    sets, distinct, _ = make_case(M, N, r, 1, k, dev)
+def case_rows(k, N, r, M, dev=None, timer=time_impl, pins=(), adapters=1):
+    sets, distinct, _ = make_case(M, N, r, adapters, k, dev)
     dev = sets[0][0].device
-    slot = distinct[0]
+    slots = torch.as_tensor(sorted(distinct), device=dev)
     x, w, bk, _ = sets[0]
-    sc = float(bk.scales[slot])      # every slot's scale is the bank's fill value: read once, outside any capture
+    sc = float(bk.scales[slots[0]])  # every slot's scale is the bank's fill value: read once, outside any capture
     quarter = torch.arange(M, device=dev) % 4 == 3
     sets = [(x, w, bk, torch.where(quarter, -1, ids)) for x, w, bk, ids in sets]
-    other = (slot + 1) % bk.bank_a.shape[0]
+    other = min(set(range(bk.bank_a.shape[0])) - set(int(v) for v in distinct))
     wrong = [(x, w, bk, torch.where(torch.arange(M, device=dev) == 0, other, ids)) for x, w, bk, ids in sets]
-    plan = mg.choose_plan(M, N, k, r, bk.bank_a.shape[0], "gather", x.device, adapters=1)
-    route = mg.one_adapter_plan(M, N, k, x, w, bk.bank_a, sets[0][3])
+    plan = mg.choose_plan(M, N, k, r, bk.bank_a.shape[0], "gather", x.device, adapters=adapters)
+    route = mg.bank_route(M, N, k, x, w, bk.bank_a, sets[0][3], adapters)
+    d = len(distinct)
 
     def fused(**kw):
         return lambda x, w, bk, i: mg.multi_lora_gemm(x, w, bk.bank_a, bk.bank_b, bk.ranks, bk.scales, i,
-                                                      mode="gather", validate=False, adapters=1,
+                                                      mode="gather", validate=False, adapters=adapters,
                                                       b_clean=bk.B_ZERO_PADDED, **kw)
+
+    def lora(x, w, bk, i):      # the D adapters as one of rank D·r (what stacked mode should cost)
+        a = bk.bank_a[slots].reshape(d * r, k)
+        b = bk.bank_b[slots].permute(1, 0, 2).reshape(N, d * r)
+        return lora_linear(x, w, a, b, sc)
     impls = {
         "cublas_base": (lambda x, w, bk, i: torch.nn.functional.linear(x, w), sets),
         "bank": (fused(), sets),
         "multi": (fused(plan=plan), sets),
-        "lora": (lambda x, w, bk, i: lora_linear(x, w, bk.bank_a[slot], bk.bank_b[slot], sc), sets),
+        "lora": (lora if d > 1 else lambda x, w, bk, i: lora_linear(x, w, bk.bank_a[slots[0]], bk.bank_b[slots[0]], sc),
+                 sets),
         "bank_wrong": (fused(), wrong),
     }
     for spec in pins:
         strategy, cfg = parse_pin(spec)
         if cfg is not None:
-            cfg = cfg.replace(block_r=rank_block(r))
+            cfg = cfg.replace(block_r=rank_block((1 << (adapters - 1).bit_length()) * r))
         impls[f"bank[{spec}]"] = (pinned_call(fused(), strategy, cfg), sets)
     x, w, bk, i = sets[0]
     ref = mg.multi_lora_gemm(x, w, bk.bank_a, bk.bank_b, bk.ranks, bk.scales, i, plan=plan).double()
     rows = []
     for name, (fn, s) in impls.items():
-        if name.startswith("bank[") and mg.one_adapter_plan(M, N, k, x, w, bk.bank_a, sets[0][3]) is None:
+        if name.startswith("bank[") and route is None:
             continue
         t = timer(fn, s)
         err = None
@@ -84,7 +92,7 @@ def case_rows(k, N, r, M, dev=None, timer=time_impl, pins=()):
             y = fn(*s[0]).double()
             err = ((y - ref).norm() / ref.norm()).item()
         rows.append({"suite": "probe_ml_bank", "impl": name, "M": M, "N": N, "K": k, "r": r, "dtype": "bf16",
-                     "adapters": 1, "route": route[0] if route else None, "rel_err_vs_multi": err, **t})
+                     "adapters": d, "route": route[0] if route else None, "rel_err_vs_multi": err, **t})
     base = rows[0]["graph_us"]
     for rw in rows:
         rw["vs_base"] = round(rw["graph_us"] / base, 3) if rw.get("graph_us") and base else None
@@ -107,6 +115,7 @@ def main():
     ap.add_argument("--ms", default="16,64")
     ap.add_argument("--ranks", default="16,64")
     ap.add_argument("--pins", default="", help="extra bank-mode plans, e.g. kloop:64x128x128:4,persistent_static")
+    ap.add_argument("--adapters", type=int, default=1, help="distinct adapters per batch (and the hint)")
     ap.add_argument("--dry", action="store_true", help="CPU interpreter, one call per impl, no timing (a smoke test)")
     args = ap.parse_args()
     dev, timer = None, time_impl
@@ -121,7 +130,7 @@ def main():
         k, N = (int(v) for v in kn.split("x"))
         for r in (int(v) for v in args.ranks.split(",")):
             for M in (int(v) for v in args.ms.split(",")):
-                rows += case_rows(k, N, r, M, dev, timer, [p for p in args.pins.split(",") if p])
+                rows += case_rows(k, N, r, M, dev, timer, [p for p in args.pins.split(",") if p], args.adapters)
                 print({rw["impl"]: rw["vs_base"] for rw in rows if (rw["K"], rw["N"], rw["r"], rw["M"]) == (k, N, r, M)},
                       k, N, r, M, flush=True)
                 (out / "probe_ml_bank.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
