@@ -16,4 +16,4 @@ if [ -z "${M64_ONLY:-}" ]; then
       --adapters 4 --pins split,kloop > "$OUT/probe_m16.log" 2>&1
   echo "probe m16 rc=$?" >> "$OUT/session.log"
 fi
-tar czf "$OUT/probe.tar.gz" -C "$OUT" probe probe_*.log && rm -rf "$OUT/probe" "$OUT"/probe_*.log
+(cd "$OUT" && tar czf probe.tar.gz probe probe_*.log && rm -rf probe probe_*.log)

@@ -142,6 +142,21 @@ def test_stack_plan_scope():
         assert LG.stack_plan(*args, bf, dev) is None, args
 
 
+def test_stack_plan_moves_narrow_kloop_tiles_to_split(monkeypatch):
+    """Where the LoRA table's kloop plan has an N tile narrower than the stacked rank (every program would gather
+    more A rows than W rows each K step), stacked mode runs split on the same output tile, K steps of 256, the
+    deepest pipeline the ledger fits (H200: N = K = 4096, M = 64, four r16 adapters, 19.3 → 17.8 µs)."""
+    kloop = KernelConfig(block_m=64, block_n=32, block_k=128, block_r=64, group_m=1, num_warps=4, num_stages=5)
+    monkeypatch.setattr(LG, "bank_plan", lambda *a: ("kloop", kloop))
+    strategy, cfg, d = LG.stack_plan(64, 4096, 4096, 16, 4, torch.bfloat16, torch.device("cpu"))
+    assert (strategy, d) == ("split", 4)
+    assert (cfg.block_m, cfg.block_n, cfg.block_k, cfg.num_stages) == (64, 32, 256, 4)
+    assert LG.stack_plan(64, 4096, 4096, 16, 2, torch.bfloat16, torch.device("cpu"))[0] == "kloop"   # 32 rows
+    wide = kloop.replace(block_n=128)
+    monkeypatch.setattr(LG, "bank_plan", lambda *a: ("kloop", wide))
+    assert LG.stack_plan(64, 4096, 4096, 16, 4, torch.bfloat16, torch.device("cpu"))[:2] == ("kloop", wide)
+
+
 def test_multi_lora_gemm_routes_few_adapter_batches(monkeypatch):
     """max_adapters 2–4 runs stacked bank mode; more adapters, the switch and an explicit plan keep the multi-LoRA
     kernels, with the same result."""

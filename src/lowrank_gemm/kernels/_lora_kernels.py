@@ -54,7 +54,7 @@ LOWRANK_GLOBAL = 2
 def _main_loop(x_desc, w_desc, a_desc, off_m, off_n, k_lo, k_hi,
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                BLOCK_R: tl.constexpr, KLOOP: tl.constexpr, SWAP_AB: tl.constexpr = False, a_row0=0,
-               a_rows=0, K=0, A_GATHER: tl.constexpr = False):
+               a_rows=0, K=0, A_GATHER: tl.constexpr = False, a_ok=0):
     """acc [BM, BN] = X[off_m:, k]·W[off_n:, k]ᵀ over K tiles [k_lo, k_hi); with KLOOP also
     s [BM, BLOCK_R] = X·A[a_row0 : a_row0 + BLOCK_R, k]ᵀ from the same X tile (unscaled; a_row0 > 0: an
     adapter's rows in a bank viewed [L·R_MAX, K]).
@@ -68,7 +68,8 @@ def _main_loop(x_desc, w_desc, a_desc, off_m, off_n, k_lo, k_hi,
     everything after it (split-K fixup, epilogue) sees the usual [BM, BN] / [BM, BR] tiles.
 
     A_GATHER (stacked bank mode): A's BR rows are not adjacent in the bank (D adapters' slots), so the A tile is
-    a pointer gather from ``a_rows`` [BR] (each row's first element; K contiguous), K ≥ ``K`` reading 0."""
+    a pointer gather from ``a_rows`` [BR] (each row's first element; K contiguous), K ≥ ``K`` and rows not
+    ``a_ok`` (past the batch's adapters) reading 0 without a memory access."""
     acc = tl.zeros((BLOCK_N, BLOCK_M) if SWAP_AB else (BLOCK_M, BLOCK_N), dtype=tl.float32)
     s = tl.zeros((BLOCK_R, BLOCK_M) if SWAP_AB else (BLOCK_M, BLOCK_R), dtype=tl.float32)
     for kt in tl.range(k_lo, k_hi):
@@ -82,7 +83,8 @@ def _main_loop(x_desc, w_desc, a_desc, off_m, off_n, k_lo, k_hi,
         if KLOOP:
             if A_GATHER:
                 offs_k = k + tl.arange(0, BLOCK_K)
-                a = tl.load(a_rows[:, None] + offs_k[None, :], mask=offs_k[None, :] < K, other=0.0)
+                a = tl.load(a_rows[:, None] + offs_k[None, :], mask=a_ok[:, None] & (offs_k[None, :] < K),
+                            other=0.0)
             else:
                 a = a_desc.load([a_row0, k])             # [BR, BK]
             if SWAP_AB:
@@ -98,15 +100,15 @@ def _main_loop(x_desc, w_desc, a_desc, off_m, off_n, k_lo, k_hi,
 @triton.jit
 def _down_loop(x_desc, a_desc, off_m, off_r, k_lo, k_hi,
                BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr,
-               a_rows=0, K=0, A_GATHER: tl.constexpr = False):
+               a_rows=0, K=0, A_GATHER: tl.constexpr = False, a_ok=0):
     """s [BM, BR] = X[off_m:, k]·A[off_r:, k]ᵀ over K tiles [k_lo, k_hi) (unscaled, fp32); A_GATHER: A's rows from
-    ``a_rows`` (:func:`_main_loop`)."""
+    ``a_rows`` where ``a_ok`` (:func:`_main_loop`)."""
     s = tl.zeros((BLOCK_M, BLOCK_R), dtype=tl.float32)
     for kt in tl.range(k_lo, k_hi):
         x = x_desc.load([off_m, kt * BLOCK_K])
         if A_GATHER:
             offs_k = kt * BLOCK_K + tl.arange(0, BLOCK_K)
-            a = tl.load(a_rows[:, None] + offs_k[None, :], mask=offs_k[None, :] < K, other=0.0)
+            a = tl.load(a_rows[:, None] + offs_k[None, :], mask=a_ok[:, None] & (offs_k[None, :] < K), other=0.0)
         else:
             a = a_desc.load([off_r, kt * BLOCK_K])
         s = tl.dot(x, a.T, s)
@@ -135,7 +137,7 @@ def _down_slice(x_desc, a_desc, s_ptr, off_m, off_r, slice_id, slices, M, K, R, 
                                                                   ID_BLOCK, STACK_D, STACK_R)
         a_rows = bank_a_ptr + tl.maximum(slot_q, 0).to(tl.int64) * stride_al + rr_q * stride_ar
         s = _down_loop(x_desc, a_desc, off_m, 0, k_lo, tl.minimum(k_lo + per_split, k_tiles),
-                       BLOCK_M, BLOCK_R, BLOCK_K, a_rows, K, True)
+                       BLOCK_M, BLOCK_R, BLOCK_K, a_rows, K, True, live_q)
         ids_rows = safe_ids(ids_ptr, offs_m, offs_m < M, L)
         s = tl.where((ids_rows[:, None] == slot_q[None, :]) & live_q[None, :], s * scale_q[None, :], 0.0)
     else:
@@ -301,10 +303,12 @@ def lora_main_kernel(
     pid = tl.program_id(0)
     b_bank = b_ptr      # slot 0 of the bank (BANK): the wrong-hint path reads other slots from it
     a_rows = 0
+    a_ok = 0
     if STACK_D > 0:
         slot_q, rr_q, live_q, scale_q, cur, mixed = stack_pick(ids_ptr, ranks_ptr, scales_ptr, M, L,
                                                                tl.arange(0, BLOCK_R), ID_BLOCK, STACK_D, STACK_R)
         a_rows = bank_a_ptr + tl.maximum(slot_q, 0).to(tl.int64) * stride_al + rr_q * stride_ar
+        a_ok = live_q       # rows past a rank or past the batch's adapters: no traffic (their S is zeroed anyway)
         a_row0 = 0
         rank = 0
     else:
@@ -361,7 +365,8 @@ def lora_main_kernel(
             s_pre = _s_rows(s_ptr, stride_sk, stride_sm, stride_sr, S_SPLITS,
                             off_m + tl.arange(0, BLOCK_M), M, 0, R, BLOCK_M, BLOCK_R)
     acc, s = _main_loop(x_desc, w_desc, a_desc, off_m, off_n, k_lo, k_hi,
-                        BLOCK_M, BLOCK_N, BLOCK_K, BLOCK_R, LOWRANK == 1, SWAP_AB, a_row0, a_rows, K, STACK_D > 0)
+                        BLOCK_M, BLOCK_N, BLOCK_K, BLOCK_R, LOWRANK == 1, SWAP_AB, a_row0, a_rows, K, STACK_D > 0,
+                        a_ok)
     offs_m = off_m + tl.arange(0, BLOCK_M)
     offs_n = off_n + tl.arange(0, BLOCK_N)
     if BANK and LOWRANK == 1:

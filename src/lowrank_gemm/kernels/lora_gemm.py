@@ -808,7 +808,25 @@ def stack_plan(M: int, N: int, K: int, r_max: int, adapters: int, dtype, device
     strategy, cfg = one
     if strategy not in STACK_STRATEGIES or cfg.split_k != 1 or cfg.block_r < d * r_max:
         return None
+    if strategy == "kloop" and not cfg.swap_ab and cfg.block_n < d * r_max:
+        strategy, cfg = "split", _stack_split_config(cfg, K, dtype)
     return strategy, cfg, d
+
+
+# H200, session 22 (probes/s22/call5): N = K = 4096, M = 64, four r16 adapters — the table's rank-64 kloop plan
+# (64×32×128, 5 stages) 19.3 µs, split 64×32×256 with 4 stages 17.8 (cuBLAS 13.2). Every kloop program gathers the
+# whole stacked A tile (64 rows, twice its 32-row W tile) by cp.async each K step; split's down kernel gathers it
+# once per row block.
+STACK_SPLIT_BLOCK_K = 256
+
+
+def _stack_split_config(cfg: KernelConfig, K: int, dtype) -> KernelConfig:
+    """The split plan stacked bank mode runs where the kloop plan's N tile is narrower than the stacked rank: the same
+    output tile, STACK_SPLIT_BLOCK_K-wide K steps (narrower when K is), the deepest pipeline the SMEM ledger fits."""
+    from ..plan.planner import lora_ledger, stages_for
+    base = cfg.replace(block_k=min(STACK_SPLIT_BLOCK_K, max(cfg.block_k, next_pow2(K))), num_stages=2)
+    bits = dtype.itemsize * 8
+    return base.replace(num_stages=stages_for(lambda st: lora_ledger("split", base.replace(num_stages=st), bits)))
 
 
 def lora_linear_impl(x, weight, lora_a, lora_b, scale: float = 1.0, bias=None,
