@@ -267,12 +267,10 @@ def test_one_adapter_hint_wrong_stays_exact(M, N, r):
     assert nerr(y, ref) <= 2 * e_t + 1e-3, (nerr(y, ref), e_t)
 
 
-def test_one_adapter_hint_cuda_graph_swap():
-    """Captured once with the hint; the ids then move to another adapter, whose slot is replaced too: the replay
-    gives the new adapter's result (the kernels pick the adapter on the device)."""
-    x, w, bank, ids, bias = make(64, 4096, 4096, 4, 32)
-    static_ids = torch.where(ids >= 0, 1, -1).to(torch.int32)
-    f = lambda: mg.multi_lora_linear(x, w, bank, static_ids, bias=bias, max_adapters=1)
+def _graph_swap(x, w, bank, static_ids, bias, max_adapters, new_ids):
+    """Capture one call with the hint, replay, then replace slot 3 with a new rank-8 adapter, move the ids to
+    ``new_ids(gen)`` in place and replay again: both replays match the reference of the ids and bank they saw."""
+    f = lambda: mg.multi_lora_linear(x, w, bank, static_ids, bias=bias, max_adapters=max_adapters)
     _, g, y_g = capture_graph(f)
     g.replay()
     ref, e_t = ref_and_torch_err(x, w, bank, static_ids, bias)
@@ -280,11 +278,20 @@ def test_one_adapter_hint_cuda_graph_swap():
     gen = torch.Generator(device="cuda").manual_seed(9)
     bank.set_adapter(3, (torch.randn(8, 4096, generator=gen, device="cuda") / 64).to(DT),
                      torch.randn(4096, 8, generator=gen, device="cuda").to(DT), 2.0)
-    static_ids.copy_(torch.where(torch.rand(64, generator=gen, device="cuda") < 0.25, -1, 3).to(torch.int32))
+    static_ids.copy_(new_ids(gen))
     g.replay()
     torch.cuda.synchronize()
     ref2, e_t2 = ref_and_torch_err(x, w, bank, static_ids, bias)
     assert nerr(y_g, ref2) <= 2 * e_t2 + 1e-3
+
+
+def test_one_adapter_hint_cuda_graph_swap():
+    """Captured once with the hint; the ids then move to another adapter, whose slot is replaced too: the replay
+    gives the new adapter's result (the kernels pick the adapter on the device)."""
+    x, w, bank, ids, bias = make(64, 4096, 4096, 4, 32)
+    static_ids = torch.where(ids >= 0, 1, -1).to(torch.int32)
+    _graph_swap(x, w, bank, static_ids, bias, 1, lambda gen: torch.where(
+        torch.rand(64, generator=gen, device="cuda") < 0.25, -1, 3).to(torch.int32))
 
 
 # ---- a few adapters in the batch (max_adapters 2–4, rank 16/32): stacked bank mode
@@ -332,18 +339,6 @@ def test_few_adapters_cuda_graph_swap():
     """Captured once with max_adapters=4; the ids then move to other slots (one of them replaced with a new
     adapter of another rank): the replay serves the new set."""
     x, w, bank, ids, bias = _few(64, 4096, 16, 4, seed=21)
-    static_ids = ids.clone()
-    f = lambda: mg.multi_lora_linear(x, w, bank, static_ids, bias=bias, max_adapters=4)
-    _, g, y_g = capture_graph(f)
-    g.replay()
-    ref, e_t = ref_and_torch_err(x, w, bank, static_ids, bias)
-    assert nerr(y_g, ref) <= 2 * e_t + 1e-3
-    gen = torch.Generator(device="cuda").manual_seed(9)
-    bank.set_adapter(3, (torch.randn(8, 4096, generator=gen, device="cuda") / 64).to(DT),
-                     torch.randn(4096, 8, generator=gen, device="cuda").to(DT), 2.0)
     new = torch.tensor([3, 1, 6], device="cuda", dtype=torch.int32)
-    static_ids.copy_(new[torch.randint(0, 3, (64,), generator=gen, device="cuda")])
-    g.replay()
-    torch.cuda.synchronize()
-    ref2, e_t2 = ref_and_torch_err(x, w, bank, static_ids, bias)
-    assert nerr(y_g, ref2) <= 2 * e_t2 + 1e-3
+    _graph_swap(x, w, bank, ids.clone(), bias, 4,
+                lambda gen: new[torch.randint(0, 3, (64,), generator=gen, device="cuda")])
