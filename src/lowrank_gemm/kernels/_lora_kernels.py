@@ -69,7 +69,7 @@ def _main_loop(x_desc, w_desc, a_desc, off_m, off_n, k_lo, k_hi,
 
     A_GATHER (stacked bank mode): A's BR rows are not adjacent in the bank (D adapters' slots), so the A tile is
     a pointer gather from ``a_rows`` [BR] (each row's first element; K contiguous), K ≥ ``K`` and rows not
-    ``a_ok`` (past the batch's adapters) reading 0 without a memory access."""
+    ``a_ok`` (past an adapter's rank or past the batch's adapters) reading 0 without a memory access."""
     acc = tl.zeros((BLOCK_N, BLOCK_M) if SWAP_AB else (BLOCK_M, BLOCK_N), dtype=tl.float32)
     s = tl.zeros((BLOCK_R, BLOCK_M) if SWAP_AB else (BLOCK_M, BLOCK_R), dtype=tl.float32)
     for kt in tl.range(k_lo, k_hi):

@@ -796,7 +796,8 @@ def stack_plan(M: int, N: int, K: int, r_max: int, adapters: int, dtype, device
     """(strategy, config, D) of stacked bank mode for a batch the caller bounds to ``adapters`` ≥ 2 distinct ids, or
     None: D = adapters rounded up to a power of two, D·r_max ≤ STACK_MAX_RANK with r_max a power of two ≥ 16 (each
     adapter a whole run of the stacked rank), M ≤ STACK_MAX_M, and the single-adapter plan of rank D·r_max a
-    :data:`STACK_STRATEGIES` plan of whole tiles whose block_r holds the stacked rank."""
+    :data:`STACK_STRATEGIES` plan of whole tiles whose block_r holds the stacked rank. A kloop plan whose N tile is
+    narrower than the stacked rank runs as split (:func:`_stack_split_config`)."""
     if adapters < 2 or not 0 < M <= STACK_MAX_M or r_max < 16 or r_max & (r_max - 1):
         return None
     d = next_pow2(adapters)
