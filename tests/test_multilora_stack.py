@@ -120,10 +120,44 @@ def test_scattered_b_takes_the_scalar_gather(poisoned_workspaces):
     assert_close(run_stack(case, "kloop", CFG, 4), ref_of(case))
 
 
+@pytest.mark.parametrize("swap", [False, True])
+@pytest.mark.parametrize("d,adapters,r_max,block_r", [(4, [0, 2, 3, 5], 16, 16), (8, [0, 1, 2, 3, 5, 6, 7], 16, 32),
+                                                      (16, [1, 3, 5, 7, 9, 11, 12, 13, 14], 16, 64),
+                                                      (8, [2, 4, 6, 8, 9], 32, 64)])
+def test_stacked_rank_in_chunks(d, adapters, r_max, block_r, swap, poisoned_workspaces):
+    """A stacked rank above the plan's block_r (split, no S producers): the epilogue walks it in block_r chunks, D > 4
+    picks its ids in one pass (adapter_rows.stack_order); mixed ranks with NaN past them, −1 rows equal the base
+    product, a wrong hint (more adapters than D) stays exact."""
+    cfg = CFG.replace(block_r=block_r, **({"block_n": 64, "swap_ab": True} if swap else {}))
+    M, N, K = 37, 70, 88
+    ranks = [r_max, 1, 7, r_max, 0, 5, 3, r_max, 2, 9, 4, 6, 8, r_max, 11, 1][:16]
+    case = stack_case(M, N, K, 16, r_max, mixed_ids(M, adapters, d), seed=d, ranks=[min(v, r_max) for v in ranks])
+    y = run_stack(case, "split", cfg, d)
+    assert_close(y, ref_of(case))
+    base = run_stack(case, "split", cfg, d, has_lora=False)
+    rows = case["adapter_ids"] == -1
+    assert_base_rows_equal(y[rows], base[rows], "chunks")
+    assert torch.equal(y, run_stack(case, "split", cfg, d)), "repeat not bit-identical"
+    assert_close(run_stack(case, "split", cfg, max(2, d // 4)), ref_of(case))      # hint too small: stragglers
+
+
+def test_stack_wide_plan_is_opt_in(monkeypatch):
+    """D·r_max above 64 is routed only with LOWRANK_GEMM_ML_STACK_WIDE=1 (not measured yet): then the rank-64 plan
+    as split, S producers dropped, up to 16 adapters and a stacked rank of 256."""
+    dev, bf = torch.device("cpu"), torch.bfloat16
+    assert LG.stack_plan(16, 4096, 4096, 16, 16, bf, dev) is None
+    monkeypatch.setenv("LOWRANK_GEMM_ML_STACK_WIDE", "1")
+    strategy, cfg, d = LG.stack_plan(16, 4096, 4096, 16, 16, bf, dev)
+    assert (strategy, d, cfg.s_producers, cfg.split_k) == ("split", 16, 0, 1)
+    assert LG.stack_plan(16, 4096, 4096, 64, 4, bf, dev)[2] == 4
+    assert LG.stack_plan(16, 4096, 4096, 64, 5, bf, dev) is None          # 8 × 64 > 256
+    assert LG.stack_plan(16, 4096, 4096, 16, 17, bf, dev) is None         # 32 adapters > 16
+
+
 def test_run_bank_rejects_plans_stacking_cannot_run():
     case = stack_case(16, 40, 32, 3, 16, mixed_ids(16, [0, 1], 1), seed=1)
     for strategy, cfg in (("persistent_static", CFG), ("kloop", CFG.replace(split_k=2, split_mode="fixup")),
-                          ("kloop", CFG.replace(block_r=16))):
+                          ("kloop", CFG.replace(block_r=16)), ("split", CFG.replace(block_r=16, s_producers=2))):
         with pytest.raises(ValueError, match="stacked bank mode"):
             run_stack(case, strategy, cfg, 2)
 

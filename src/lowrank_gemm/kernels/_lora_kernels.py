@@ -38,7 +38,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .adapter_rows import bank_has_stragglers, bank_pick, bank_rows, bank_stragglers, safe_ids, stack_pick, stacked_b
+from .adapter_rows import (bank_has_stragglers, bank_pick, bank_rows, bank_stragglers, safe_ids, stack_cols, stack_order,
+                           stack_pick, stacked_b)
 from .epilogue import add_bias, lowrank_up, store_tile
 from .schedule import grouped_tile
 from .pdl import gdc_launch_dependents, gdc_wait
@@ -289,11 +290,15 @@ def lora_main_kernel(
     # columns, column q of the batch's (q // R_MAX)-th largest valid id (STACK_R = R_MAX); A's rows gathered from
     # bank_a_ptr in the K loop (KLOOP) or by the down kernel / S producers (GLOBAL, S arrives masked and scaled);
     # one stacked B tile (adapter_rows.stacked_b, B_VEC: its vector form) and one MMA; scale must be 1.0; rows of
-    # smaller ids are stragglers as above. Whole tiles only (no split-K).
+    # smaller ids are stragglers as above. Whole tiles only (no split-K). A stacked rank above BLOCK_R (R_CHUNKS > 1:
+    # GLOBAL, no prefetch, no S producers) takes the epilogue in rank chunks, each its own columns' B tile
+    # (_stacked_chunks).
     tl.static_assert(not (BANK and (PARTIAL or LOWRANK == 0)), "BANK: a low-rank branch, whole or FIXUP tiles")
-    tl.static_assert(not (STACK_D > 0 and (not BANK or FIXUP or R_CHUNKS > 1)),
-                     "STACK_D: a BANK launch of whole tiles, one rank chunk")
-    PRE: tl.constexpr = EPI_PREFETCH or STACK_D > 0     # the epilogue's B tile (and bias, S rows) held in registers
+    tl.static_assert(not (STACK_D > 0 and (not BANK or FIXUP)), "STACK_D: a BANK launch of whole tiles")
+    tl.static_assert(not (STACK_D > 0 and R_CHUNKS > 1 and (LOWRANK != 2 or EPI_PREFETCH or S_PRODUCERS > 0)),
+                     "STACK_D in rank chunks: GLOBAL S from the down kernel, no prefetch")
+    STACK_ONE: tl.constexpr = STACK_D > 0 and R_CHUNKS == 1    # the stacked rank in one chunk
+    PRE: tl.constexpr = EPI_PREFETCH or STACK_ONE       # the epilogue's B tile (and bias, S rows) held in registers
     tl.static_assert(not (S_PRODUCERS > 0 and (LOWRANK != 2 or PARTIAL or FIXUP or PDL)),
                      "S_PRODUCERS: GLOBAL S in one unsplit launch, no PDL")
     tl.static_assert(not (EPI_PREFETCH and PARTIAL), "PARTIAL has no epilogue to prefetch for")
@@ -304,7 +309,11 @@ def lora_main_kernel(
     b_bank = b_ptr      # slot 0 of the bank (BANK): the wrong-hint path reads other slots from it
     a_rows = 0
     a_ok = 0
-    if STACK_D > 0:
+    if STACK_D > 0 and R_CHUNKS > 1:
+        ids_all, first, desc, cur, mixed = stack_order(ids_ptr, M, L, ID_BLOCK, STACK_D)
+        a_row0 = 0
+        rank = 0
+    elif STACK_D > 0:
         slot_q, rr_q, live_q, scale_q, cur, mixed = stack_pick(ids_ptr, ranks_ptr, scales_ptr, M, L,
                                                                tl.arange(0, BLOCK_R), ID_BLOCK, STACK_D, STACK_R)
         a_rows = bank_a_ptr + tl.maximum(slot_q, 0).to(tl.int64) * stride_al + rr_q * stride_ar
@@ -374,7 +383,7 @@ def lora_main_kernel(
             s = tl.where((ids_rows[:, None] == slot_q[None, :]) & live_q[None, :], s * scale_q[None, :], 0.0)
         else:
             s = tl.where((ids_rows == cur)[:, None] & (tl.arange(0, BLOCK_R) < rank)[None, :], s, 0.0)
-    if STACK_D > 0 and not EPI_PREFETCH:   # the stacked B tile (and bias) after the loop, as a prefetch would hold them
+    if STACK_ONE and not EPI_PREFETCH:    # the stacked B tile (and bias) after the loop, as a prefetch would hold them
         b_pre = stacked_b(slot_q, rr_q, live_q, b_ptr, stride_bl, stride_bn, stride_br, offs_n, N, STACK_R, B_VEC)
         if HAS_BIAS:
             bias_pre = tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)
@@ -385,7 +394,7 @@ def lora_main_kernel(
             pass
     if PDL:
         gdc_wait()      # S (lora_down_kernel's output) is complete and visible from here on
-    if LOWRANK == 2 and ((EPI_PREFETCH and (PDL or S_PRODUCERS > 0)) or (STACK_D > 0 and not EPI_PREFETCH)):
+    if LOWRANK == 2 and ((EPI_PREFETCH and (PDL or S_PRODUCERS > 0)) or (STACK_ONE and not EPI_PREFETCH)):
         # S rows as soon as S is complete
         s_pre = _s_rows(s_ptr, stride_sk, stride_sm, stride_sr, S_SPLITS, offs_m, M, 0, R, BLOCK_M, BLOCK_R)
     if LOWRANK == 2 and PRE:
@@ -405,6 +414,13 @@ def lora_main_kernel(
                     stride_swn, stride_swm, stride_swr, ws_ptr, cnt_ptr, stride_wk,
                     stride_wm, stride_wn, pid_n, b_pre, bias_pre, BLOCK_N, BLOCK_R, LOWRANK,
                     HAS_BIAS, R_CHUNKS, EPI_M, IN_FLIGHT, EPI_CHUNKS, EPI_PREFETCH)
+    elif STACK_D > 0 and R_CHUNKS > 1:
+        acc = _stacked_chunks(acc, ids_all, first, desc, ranks_ptr, scales_ptr, s_ptr, stride_sk, stride_sm,
+                              stride_sr, S_SPLITS, b_ptr, stride_bl, stride_bn, stride_br, offs_m, offs_n, M, N, R,
+                              BLOCK_M, BLOCK_R, R_CHUNKS, STACK_D, STACK_R, B_VEC)
+        _epilogue(acc, s, offs_m, offs_n, M, N, R, scale, s_ptr, stride_sk, stride_sm, stride_sr,
+                  S_SPLITS, b_ptr, stride_bn, stride_br, bias_ptr, y_ptr, stride_ym, stride_yn,
+                  b_pre, bias_pre, BLOCK_M, BLOCK_R, 0, HAS_BIAS, R_CHUNKS, False)
     else:
         _epilogue(acc, s, offs_m, offs_n, M, N, R, scale, s_ptr, stride_sk, stride_sm, stride_sr,
                   S_SPLITS, b_ptr, stride_bn, stride_br, bias_ptr, y_ptr, stride_ym, stride_yn,
@@ -423,6 +439,23 @@ def lora_main_kernel(
         if splitk_arrive(cnt_ptr + 1, num_pid_m * num_pid_n):
             splitk_reset(cnt_ptr)
             splitk_reset(cnt_ptr + 1)
+
+
+@triton.jit
+def _stacked_chunks(acc, ids_all, first, desc, ranks_ptr, scales_ptr, s_ptr, stride_sk, stride_sm, stride_sr, S_SPLITS,
+                    b_ptr, stride_bl, stride_bn, stride_br, offs_m, offs_n, M, N, R, BLOCK_M: tl.constexpr,
+                    BLOCK_R: tl.constexpr, R_CHUNKS: tl.constexpr, D: tl.constexpr, RB: tl.constexpr,
+                    B_VEC: tl.constexpr):
+    """acc += S·B_stackᵀ over a stacked rank of R_CHUNKS chunks of BLOCK_R columns (S from the down kernel, already
+    masked per row and scaled), each chunk's B rows gathered for the adapters its columns belong to
+    (:func:`~.adapter_rows.stack_cols` on :func:`~.adapter_rows.stack_order`'s values)."""
+    for c in tl.static_range(R_CHUNKS):
+        offs_q = c * BLOCK_R + tl.arange(0, BLOCK_R)
+        slot_q, rr_q, live_q, _scale_q = stack_cols(ids_all, first, desc, ranks_ptr, scales_ptr, offs_q, D, RB)
+        s = _s_rows(s_ptr, stride_sk, stride_sm, stride_sr, S_SPLITS, offs_m, M, c * BLOCK_R, R, BLOCK_M, BLOCK_R)
+        b = stacked_b(slot_q, rr_q, live_q, b_ptr, stride_bl, stride_bn, stride_br, offs_n, N, RB, B_VEC)
+        acc = tl.dot(s.to(b.dtype), b, acc)
+    return acc
 
 
 @triton.jit

@@ -163,23 +163,59 @@ def stack_pick(ids_ptr, ranks_ptr, scales_ptr, M, L, offs_q, ID_BLOCK: tl.conste
     live_q = slot valid and rank index below its rank; scale_q = its scale (0.0 where the slot is −1); floor = the
     smallest served id (−1 when fewer than D are present); mixed = a valid id below floor exists (the hint was
     wrong: only then do tiles look for stragglers). Every program computes the same values from one load of the
-    ids; D reductions, no sort."""
+    ids: D ≤ 4 by D max-reductions (the measured path), more by :func:`stack_order` (three, whatever D)."""
+    if D <= 4:
+        offs = tl.arange(0, ID_BLOCK)
+        ids = safe_ids(ids_ptr, offs, offs < M, L)
+        jq = offs_q // RB
+        slot_q = tl.zeros_like(offs_q) - 1
+        c = tl.max(ids, axis=0)
+        floor = c
+        for j in tl.static_range(D):
+            slot_q = tl.where(jq == j, c, slot_q)
+            floor = c
+            c = tl.max(tl.where(ids < c, ids, -1), axis=0)
+        slot_q, rr_q, live_q, scale_q = _stack_slots(slot_q, ranks_ptr, scales_ptr, offs_q, RB)
+        return slot_q, rr_q, live_q, scale_q, floor, c >= 0
+    ids, first, desc, floor, mixed = stack_order(ids_ptr, M, L, ID_BLOCK, D)
+    slot_q, rr_q, live_q, scale_q = stack_cols(ids, first, desc, ranks_ptr, scales_ptr, offs_q, D, RB)
+    return slot_q, rr_q, live_q, scale_q, floor, mixed
+
+
+@triton.jit
+def stack_order(ids_ptr, M, L, ID_BLOCK: tl.constexpr, D: tl.constexpr):
+    """The batch's distinct valid ids in descending order without a loop over them: (ids [ID_BLOCK] safe ids, first
+    [ID_BLOCK] first-occurrence marks, desc [ID_BLOCK] each row's id's place among the distinct ids — 0 for the
+    largest —, floor = the D-th largest (−1 when fewer), mixed = more than D present). Two [ID_BLOCK, ID_BLOCK]
+    comparisons, then :func:`stack_cols` maps any stacked columns to their slots."""
     offs = tl.arange(0, ID_BLOCK)
     ids = safe_ids(ids_ptr, offs, offs < M, L)
+    first, _order, _count = distinct(ids, ID_BLOCK)
+    above = first[None, :] & (ids[None, :] > ids[:, None])          # [i, j]: j holds a larger distinct id than i
+    desc = tl.sum(above.to(tl.int32), axis=1)
+    floor = tl.max(tl.where(first & (desc == D - 1), ids, -1), axis=0)
+    mixed = tl.max((first & (desc >= D)).to(tl.int32), axis=0) > 0
+    return ids, first, desc, floor, mixed
+
+
+@triton.jit
+def stack_cols(ids, first, desc, ranks_ptr, scales_ptr, offs_q, D: tl.constexpr, RB: tl.constexpr):
+    """(slot_q, rr_q, live_q, scale_q) of stacked columns ``offs_q`` from :func:`stack_order`'s values: column q
+    belongs to the (q // RB)-th largest distinct id (−1 for q ≥ D·RB or past the ids present)."""
     jq = offs_q // RB
-    slot_q = tl.zeros_like(offs_q) - 1
-    c = tl.max(ids, axis=0)
-    floor = c
-    for j in tl.static_range(D):
-        slot_q = tl.where(jq == j, c, slot_q)
-        floor = c
-        c = tl.max(tl.where(ids < c, ids, -1), axis=0)
+    hit = first[:, None] & (desc[:, None] == jq[None, :]) & (jq < D)[None, :]
+    slot_q = tl.max(tl.where(hit, ids[:, None], -1), axis=0)
+    return _stack_slots(slot_q, ranks_ptr, scales_ptr, offs_q, RB)
+
+
+@triton.jit
+def _stack_slots(slot_q, ranks_ptr, scales_ptr, offs_q, RB: tl.constexpr):
     has = slot_q >= 0
     safe = tl.maximum(slot_q, 0)
     rank_q = tl.where(has, tl.minimum(tl.maximum(tl.load(ranks_ptr + safe), 0), RB), 0)
     scale_q = tl.where(has, tl.load(scales_ptr + safe).to(tl.float32), 0.0)
     rr_q = offs_q % RB
-    return slot_q, rr_q, has & (rr_q < rank_q), scale_q, floor, c >= 0
+    return slot_q, rr_q, has & (rr_q < rank_q), scale_q
 
 
 @triton.jit

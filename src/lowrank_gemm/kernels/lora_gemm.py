@@ -50,7 +50,7 @@ from ..plan.config import KernelConfig
 from ..plan.planner import (LORA_STRATEGIES, block_r_for, current_pin, fixup_dp_tiles, pinned,
                             plan_lora)
 from ..plan.tuned import tuned_file
-from .env import getenv
+from .env import env_on, getenv
 from .launch import launch
 from .pdl import pdl_supported
 from .tma import TMA_ALIGN, tma_operand
@@ -767,9 +767,11 @@ def run_bank(strategy: str, cfg: KernelConfig, x2, weight, bank_a, bank_b, ranks
                 R_MAX=r_max, stride_xm=x2.stride(0), stride_al=bank_a.stride(0), stride_ar=bank_a.stride(1),
                 stride_bl=bank_b.stride(0), BANK=True, ID_BLOCK=max(16, next_pow2(M)), B_CLEAN=b_clean)
     if stack_d:
-        if strategy not in STACK_STRATEGIES or cfg.split_k != 1 or stack_d * r_max > cfg.block_r:
+        wide = strategy == "split" and not cfg.s_producers     # the rank in chunks of block_r (_stacked_chunks)
+        if strategy not in STACK_STRATEGIES or cfg.split_k != 1 or (stack_d * r_max > cfg.block_r and not wide):
             raise ValueError(f"stacked bank mode runs {STACK_STRATEGIES} plans of whole tiles with block_r ≥ "
-                             f"stack_d·r_max = {stack_d * r_max}; got {strategy} {cfg}")
+                             f"stack_d·r_max = {stack_d * r_max} (split without S producers: any block_r); "
+                             f"got {strategy} {cfg}")
         bank.update(STACK_D=stack_d, STACK_R=r_max, B_VEC=_stack_b_vec(bank_b))
         return _RUNNERS[strategy](x2, w, a2, bank_b[0], bias_arg, y, 1.0, cfg, N=N, Kp=K, R=stack_d * r_max, bank=bank)
     return _RUNNERS[strategy](x2, w, a2, bank_b[0], bias_arg, y, 1.0, cfg, N=N, Kp=K, R=r_max, bank=bank)
@@ -781,6 +783,10 @@ def run_bank(strategy: str, cfg: KernelConfig, x2, weight, bank_a, bank_b, ranks
 STACK_STRATEGIES = ("split", "kloop")
 STACK_MAX_RANK = 64
 STACK_MAX_M = 64
+# above STACK_MAX_RANK (opt-in, LOWRANK_GEMM_ML_STACK_WIDE=1, until measured): up to 16 adapters, a stacked rank of
+# ≤ STACK_WIDE_MAX_RANK on the rank-64 plan turned split, its epilogue in rank chunks
+STACK_WIDE_MAX_RANK = 256
+STACK_WIDE_MAX_D = 16
 
 
 def _stack_b_vec(bank_b: torch.Tensor) -> bool:
@@ -802,7 +808,7 @@ def stack_plan(M: int, N: int, K: int, r_max: int, adapters: int, dtype, device
         return None
     d = next_pow2(adapters)
     if d * r_max > STACK_MAX_RANK:
-        return None
+        return _stack_wide_plan(M, N, K, r_max, d, dtype, device)
     one = bank_plan(M, N, K, d * r_max, dtype, device)
     if one is None:
         return None
@@ -812,6 +818,23 @@ def stack_plan(M: int, N: int, K: int, r_max: int, adapters: int, dtype, device
     if strategy == "kloop" and not cfg.swap_ab and cfg.block_n < d * r_max:
         strategy, cfg = "split", _stack_split_config(cfg, K, dtype)
     return strategy, cfg, d
+
+
+def _stack_wide_plan(M, N, K, r_max, d, dtype, device):
+    """A stacked rank above STACK_MAX_RANK (opt-in: ``LOWRANK_GEMM_ML_STACK_WIDE=1``; not measured yet, so off by
+    default): the table's rank-STACK_MAX_RANK plan as split (kloop turned split on its output tile, S producers
+    dropped: they hold one rank chunk), whose down kernel writes the whole stacked S and whose epilogue walks it in
+    block_r chunks."""
+    if not env_on("LOWRANK_GEMM_ML_STACK_WIDE", default=False) or d > STACK_WIDE_MAX_D \
+            or d * r_max > STACK_WIDE_MAX_RANK:
+        return None
+    one = bank_plan(M, N, K, STACK_MAX_RANK, dtype, device)
+    if one is None or one[1].split_k != 1 or one[0] not in STACK_STRATEGIES:
+        return None
+    strategy, cfg = one
+    if strategy == "kloop":
+        cfg = _stack_split_config(cfg, K, dtype)
+    return "split", cfg.replace(s_producers=0), d
 
 
 # H200, session 22 (probes/s22/call5): N = K = 4096, M = 64, four r16 adapters — the table's rank-64 kloop plan
