@@ -342,3 +342,31 @@ def test_few_adapters_cuda_graph_swap():
     new = torch.tensor([3, 1, 6], device="cuda", dtype=torch.int32)
     _graph_swap(x, w, bank, ids.clone(), bias, 4,
                 lambda gen: new[torch.randint(0, 3, (64,), generator=gen, device="cuda")])
+
+
+@pytest.mark.parametrize("M,N,r,adapters", [(16, 4096, 16, 16), (16, 4096, 64, 4), (16, 28672, 16, 16),
+                                            (64, 4096, 16, 8), (37, 6144, 32, 6)])
+def test_wide_stacked_bank_mode_opt_in(M, N, r, adapters, monkeypatch):
+    """LOWRANK_GEMM_ML_STACK_WIDE=1 (not routed by default until measured): a stacked rank above 64 on the rank-64
+    plan as split, the epilogue in rank chunks — the route taken, the reference, −1 rows equal the base product,
+    repeats bit-identical."""
+    from lowrank_gemm.kernels import lora_gemm as LG
+    monkeypatch.setenv("LOWRANK_GEMM_ML_STACK_WIDE", "1")
+    x, w, bank, _, bias = make(M, N, 4096, 16, r, seed=M + adapters)
+    g = torch.Generator(device="cuda").manual_seed(adapters)
+    slots = torch.randperm(16, generator=g, device="cuda")[:adapters].to(torch.int32)
+    ids = slots[torch.arange(M, device="cuda") % adapters]
+    ids = torch.where(torch.rand(M, generator=g, device="cuda") < 0.2, -1, ids)[torch.randperm(M, generator=g,
+                                                                                               device="cuda")]
+    route = mg.bank_route(M, N, 4096, x, w, bank.bank_a, ids, adapters)
+    assert route is not None and route[0] == "split" and route[2] == LG.next_pow2(adapters), route
+    ref, e_t = ref_and_torch_err(x, w, bank, ids, bias)
+    y = mg.multi_lora_linear(x, w, bank, ids, bias=bias, max_adapters=adapters)
+    assert nerr(y, ref) <= 2 * e_t + 1e-3, (nerr(y, ref), e_t)
+    assert torch.equal(y, mg.multi_lora_linear(x, w, bank, ids, bias=bias, max_adapters=adapters))
+    base = mg.multi_lora_gemm(x, w, bank.bank_a, bank.bank_b, bank.ranks, bank.scales, ids, bias, has_lora=False,
+                              adapters=adapters)
+    rows = ids == -1
+    assert torch.equal(y[rows], base[rows])
+    y_hint = mg.multi_lora_linear(x, w, bank, ids, bias=bias, max_adapters=max(2, adapters // 4))   # stragglers
+    assert nerr(y_hint, ref) <= 2 * e_t + 1e-3
