@@ -218,3 +218,49 @@ def test_multi_lora_gemm_routes_few_adapter_batches(monkeypatch):
     assert call(3)[1] is None
     monkeypatch.setenv("LOWRANK_GEMM_ML_BANK", "0")
     assert call(3)[1] is None
+
+
+BANK_SIG = {"ids_ptr": "*i32", "ranks_ptr": "*i32", "scales_ptr": "*fp32", "x_ptr": "*bf16", "bank_a_ptr": "*bf16",
+            "L": "i32", "R_MAX": "i32", "stride_xm": "i32", "stride_al": "i32", "stride_ar": "i32", "stride_bl": "i32"}
+# what a launch specializes (16-B aligned pointers, sizes and strides a multiple of 16): without it ptxas sees
+# other address arithmetic and reports spills the launched kernel does not have (session 21)
+BANK_ALIGNED = ("b_ptr", "bias_ptr", "y_ptr", "s_ptr", "N", "K", "R", "stride_bn", "stride_ym", "stride_sm",
+                "stride_sk", "bank_a_ptr", "stride_al", "stride_ar", "stride_bl", "x_ptr", "stride_xm")
+
+
+@pytest.mark.parametrize("plan", ["28672 M16 kloop swap", "4096 M64 split", "4096 M16 split swap, rank chunks"])
+def test_aot_stacked_main_kernel(plan):
+    """sm_90, three stacked plans as routed on the H200 (N = 28672 M = 16: the table's rank-64 kloop swap plan; N = 4096
+    M = 64: split 64×32×256; N = 4096 M = 16, 16 adapters: the opt-in rank chunks): the K loop stays wgmma on TMA
+    tiles of X and W, a kloop plan gathers A by cp.async, ptxas reports no spill, and the shared memory is no more
+    than the one-adapter bank kernel's at the same plan (which the SMEM ledger admitted)."""
+    from test_lora_gemm import MAIN_FLAGS, MOD, main_signature
+    from lowrank_gemm.kernels.aot import compile_sm90
+    from _sm90 import ptxas_stats
+    cfg, lowrank, flags, stack, chunks = {
+        "28672 M16 kloop swap": (KernelConfig(block_m=16, block_n=128, block_k=128, block_r=64, num_stages=4), 1,
+                                 dict(SWAP_AB=True, EPI_PREFETCH=True), dict(STACK_D=4, STACK_R=16), 1),
+        "4096 M64 split": (KernelConfig(block_m=64, block_n=32, block_k=256, block_r=64, num_stages=4), 2,
+                           dict(PDL=True), dict(STACK_D=4, STACK_R=16), 1),
+        "4096 M16 split swap, rank chunks": (KernelConfig(block_m=16, block_n=64, block_k=256, block_r=64,
+                                                          num_stages=5), 2, dict(SWAP_AB=True, PDL=True),
+                                             dict(STACK_D=16, STACK_R=16), 4),
+    }[plan]
+    sig = dict(main_signature(cfg.block_m, cfg.block_n, cfg.block_k, cfg.block_r), **BANK_SIG)
+    consts = dict(MAIN_FLAGS, HAS_BIAS=True, **flags)
+
+    def compile_(**extra):
+        return compile_sm90(MOD, "lora_main_kernel", sig,
+                            dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, BLOCK_R=cfg.block_r,
+                                 GROUP_M=1, LOWRANK=lowrank, PARTIAL=False, BANK=True, ID_BLOCK=64,
+                                 **{**consts, "R_CHUNKS": chunks, **extra}),
+                            aligned=[a for a in BANK_ALIGNED if a in sig], num_warps=4, num_stages=cfg.num_stages)
+    stacked = compile_(**stack, B_VEC=True)
+    assert stacked.has("wgmma.mma_async", "cp.async.bulk.tensor")
+    if lowrank == 1:
+        assert "cp.async.cg.shared.global" in stacked.ptx          # the gathered A rows
+    stats = ptxas_stats(stacked.ptx)
+    if stats is not None:
+        assert stats[1] == 0, f"{plan}: {stats[1]} B of spill stores"
+    one = compile_(**({"EPI_PREFETCH": False} if chunks > 1 else {}), **{"R_CHUNKS": 1})
+    assert stacked.shared <= one.shared, (stacked.shared, one.shared)
