@@ -47,6 +47,26 @@ def ref_and_torch_err(x, w, bank, ids, bias):
     return ref, nerr(y_t, ref)
 
 
+def _new_adapter(bank, slot, gen, scale):
+    """A new rank-8 adapter into ``slot``, in place (no recompile, no recapture)."""
+    bank.set_adapter(slot, (torch.randn(8, 4096, generator=gen, device="cuda") / 64).to(DT),
+                     torch.randn(4096, 8, generator=gen, device="cuda").to(DT), scale)
+
+
+def _graph_swap(call, x, w, bank, static_ids, bias, swap, seed):
+    """Capture ``call`` once and replay it; ``swap(gen)`` then edits the bank in place and returns new ids, copied into
+    ``static_ids``; the same graph replayed again: both replays match the reference of the ids and bank they saw."""
+    _, g, y_g = capture_graph(call)
+    g.replay()
+    ref, e_t = ref_and_torch_err(x, w, bank, static_ids, bias)
+    assert nerr(y_g, ref) <= 2 * e_t + 1e-3
+    static_ids.copy_(swap(torch.Generator(device="cuda").manual_seed(seed)))
+    g.replay()
+    torch.cuda.synchronize()
+    ref2, e_t2 = ref_and_torch_err(x, w, bank, static_ids, bias)
+    assert nerr(y_g, ref2) <= 2 * e_t2 + 1e-3
+
+
 @pytest.mark.parametrize("mode", ["gather", "segment"])
 @pytest.mark.parametrize("M,N,K,L,r", [(16, 4096, 4096, 4, 16), (64, 28672, 4096, 16, 64),
                                        (256, 4096, 4096, 64, 64), (77, 3000, 1000, 5, 24),
@@ -79,20 +99,13 @@ def test_cuda_graph_adapter_swap_no_recapture():
     x, w, bank, ids, bias = make(64, 4096, 4096, 4, 32)
     static_ids = ids.clone()
     mg.multi_lora_linear(x, w, bank, static_ids, bias=bias, mode="gather")      # compile outside capture
-    _, g, y_g = capture_graph(lambda: mg.multi_lora_linear(x, w, bank, static_ids, bias=bias, mode="segment"))
-    g.replay()
-    ref, e_t = ref_and_torch_err(x, w, bank, static_ids, bias)
-    assert nerr(y_g, ref) <= 2 * e_t + 1e-3
-    # replace slot 1 (new rank and scale), remove slot 2, reassign ids: replay the same graph
-    gen = torch.Generator(device="cuda").manual_seed(7)
-    bank.set_adapter(1, (torch.randn(8, 4096, generator=gen, device="cuda") / 64).to(DT),
-                     torch.randn(4096, 8, generator=gen, device="cuda").to(DT), 3.0)
-    bank.remove(2)
-    static_ids.copy_(torch.randint(-1, 4, (64,), generator=gen, device="cuda", dtype=torch.int32))
-    g.replay()
-    torch.cuda.synchronize()
-    ref2, e_t2 = ref_and_torch_err(x, w, bank, static_ids, bias)
-    assert nerr(y_g, ref2) <= 2 * e_t2 + 1e-3
+
+    def swap(gen):      # replace slot 1 (new rank and scale), remove slot 2, reassign ids
+        _new_adapter(bank, 1, gen, 3.0)
+        bank.remove(2)
+        return torch.randint(-1, 4, (64,), generator=gen, device="cuda", dtype=torch.int32)
+    _graph_swap(lambda: mg.multi_lora_linear(x, w, bank, static_ids, bias=bias, mode="segment"),
+                x, w, bank, static_ids, bias, swap, seed=7)
 
 
 def test_torch_compile_fullgraph():
@@ -267,22 +280,14 @@ def test_one_adapter_hint_wrong_stays_exact(M, N, r):
     assert nerr(y, ref) <= 2 * e_t + 1e-3, (nerr(y, ref), e_t)
 
 
-def _graph_swap(x, w, bank, static_ids, bias, max_adapters, new_ids):
-    """Capture one call with the hint, replay, then replace slot 3 with a new rank-8 adapter, move the ids to
-    ``new_ids(gen)`` in place and replay again: both replays match the reference of the ids and bank they saw."""
-    f = lambda: mg.multi_lora_linear(x, w, bank, static_ids, bias=bias, max_adapters=max_adapters)
-    _, g, y_g = capture_graph(f)
-    g.replay()
-    ref, e_t = ref_and_torch_err(x, w, bank, static_ids, bias)
-    assert nerr(y_g, ref) <= 2 * e_t + 1e-3
-    gen = torch.Generator(device="cuda").manual_seed(9)
-    bank.set_adapter(3, (torch.randn(8, 4096, generator=gen, device="cuda") / 64).to(DT),
-                     torch.randn(4096, 8, generator=gen, device="cuda").to(DT), 2.0)
-    static_ids.copy_(new_ids(gen))
-    g.replay()
-    torch.cuda.synchronize()
-    ref2, e_t2 = ref_and_torch_err(x, w, bank, static_ids, bias)
-    assert nerr(y_g, ref2) <= 2 * e_t2 + 1e-3
+def _hinted_swap(x, w, bank, static_ids, bias, max_adapters, new_ids):
+    """:func:`_graph_swap` of a call with the hint: slot 3 replaced by a new rank-8 adapter (scale 2), the ids moved
+    to ``new_ids(gen)``."""
+    def swap(gen):
+        _new_adapter(bank, 3, gen, 2.0)
+        return new_ids(gen)
+    _graph_swap(lambda: mg.multi_lora_linear(x, w, bank, static_ids, bias=bias, max_adapters=max_adapters),
+                x, w, bank, static_ids, bias, swap, seed=9)
 
 
 def test_one_adapter_hint_cuda_graph_swap():
@@ -290,7 +295,7 @@ def test_one_adapter_hint_cuda_graph_swap():
     gives the new adapter's result (the kernels pick the adapter on the device)."""
     x, w, bank, ids, bias = make(64, 4096, 4096, 4, 32)
     static_ids = torch.where(ids >= 0, 1, -1).to(torch.int32)
-    _graph_swap(x, w, bank, static_ids, bias, 1, lambda gen: torch.where(
+    _hinted_swap(x, w, bank, static_ids, bias, 1, lambda gen: torch.where(
         torch.rand(64, generator=gen, device="cuda") < 0.25, -1, 3).to(torch.int32))
 
 
@@ -347,7 +352,7 @@ def test_few_adapters_cuda_graph_swap():
     adapter of another rank): the replay serves the new set."""
     x, w, bank, ids, bias = _few(64, 4096, 16, 4, seed=21)
     new = torch.tensor([3, 1, 6], device="cuda", dtype=torch.int32)
-    _graph_swap(x, w, bank, ids.clone(), bias, 4,
+    _hinted_swap(x, w, bank, ids.clone(), bias, 4,
                 lambda gen: new[torch.randint(0, 3, (64,), generator=gen, device="cuda")])
 
 
