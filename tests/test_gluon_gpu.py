@@ -23,15 +23,24 @@ WATCHDOG = dict(timeout=60, method="thread")
 # LOWRANK_GEMM_GLUON_2L=0 switches it off (then its cases skip).
 FMTS = [pytest.param("int4_2l", marks=pytest.mark.skipif(
             not w4.two_level_enabled(), reason="int4_2l v2 switched off (LOWRANK_GEMM_GLUON_2L=0)")),
-        "int4_g64", "int4_g64_f8", "int4_g64_f8p"]
+        "int4_g64", "int4_g64_f8", "int4_g64_f8p", "int4_g64_f8w", "int4_g64_f8wi", "int4_g64_f8wu"]
 # _f8: the e4m3-MMA path of int4_g64, one expander, unpaired; _f8p: two expanders and paired consumer K loops
-# (the defaults where the scale rows come by TMA)
+# (the defaults where the scale rows come by TMA); _f8w: no expander (weights pre-expanded per call, by TMA),
+# paired; _f8wi: the same with two partials in flight per consumer; _f8wu: in flight, unpaired. The _f8w*
+# variants need the scale rows by TMA (M, N % 8 == 0): elsewhere the launcher refuses them (tested) and the
+# case is skipped.
 # bf16 output: one rounding of the result (2^-8 relative) plus s rounded to bf16 before s·Bᵀ.
 TOL = {torch.bfloat16: 1e-2, torch.float32: 4e-3}
 
 
 def _variant(fmt):
     """"int4_g64_f8" → ("int4_g64", f8 on, unpaired); "int4_g64_f8p" → f8 and paired; plain g names → both off."""
+    if fmt.endswith("_f8w"):
+        return fmt[:-4], dict(f8=True, paired=True, expanders=0, inflight=False)
+    if fmt.endswith("_f8wi"):
+        return fmt[:-5], dict(f8=True, paired=True, expanders=0, inflight=True)
+    if fmt.endswith("_f8wu"):
+        return fmt[:-5], dict(f8=True, paired=False, expanders=0, inflight=True)
     if fmt.endswith("_f8p"):
         return fmt[:-4], dict(f8=True, paired=True, expanders=2)
     if fmt.endswith("_f8"):
@@ -43,6 +52,10 @@ def _check(fmt, M, N, K, rank=16, group=64, grid=None, out_dtype=torch.bfloat16,
     print(f"\n[v2] {fmt} M={M} N={N} K={K} r={rank} G={group} grid={grid} out={out_dtype} {kw}", flush=True)
     fmt, vkw = _variant(fmt)
     ops = w4.make_operands_v2(fmt, M, N, K, rank, group, device="cuda", out_dtype=out_dtype, **kw)
+    if vkw.get("expanders") == 0 and not w4.scale_tma_ok(ops["x_scale"], ops["w_scale"], None, fmt):
+        with pytest.raises(ValueError, match="expanders=0 the f8 path with TMA'd scale rows"):
+            w4.launch_w4a4_v2(**ops, config=config, grid=grid, **vkw)
+        pytest.skip("no expander needs the scale rows by TMA (M, N % 8 == 0)")
     out = w4.launch_w4a4_v2(**ops, config=config, grid=grid, **vkw)   # ops carries fmt/group_size
     torch.cuda.synchronize()
     ref = w4.reference_v2(ops)
@@ -161,10 +174,14 @@ def test_debug_trace_of_every_role(fmt):
         n_local = len(host_tiles)
         assert [tuple(t) for t in tiles[pid, :n_local].tolist()] == host_tiles, f"pid {pid}: tile order"
         uses = list(range(n_local * k_tiles))
-        want = {
-            "loader": sk.expected_states_host(uses, cx["RAW_STAGES_N"], producer=True),
-            "expander": sk.expected_states_host(uses, cx["STAGES"], producer=True),
-        }
+        if cx["EXPANDERS"] == 0:    # the loader fills MAIN itself; the expander row stays unwritten
+            want = {"loader": sk.expected_states_host(uses, cx["STAGES"], producer=True)}
+            assert (dbg[pid, sk.ROLE_IDS["expander"]] == -1).all(), f"pid {pid}: an expander ran"
+        else:
+            want = {
+                "loader": sk.expected_states_host(uses, cx["RAW_STAGES_N"], producer=True),
+                "expander": sk.expected_states_host(uses, cx["STAGES"], producer=True),
+            }
         for c, name in enumerate(["consumer0", "consumer1"]):
             mine = sk.consumer_uses_host(c, n_local, k_tiles, cx["PAIRED"])
             want[name] = sk.expected_states_host(mine, cx["STAGES"], producer=False)
@@ -190,6 +207,14 @@ def test_f8_and_paired_variants_agree_and_repeat_bit_identically(M, N, K):
     assert torch.equal(a, b) and torch.equal(d, d2), "f8 path not bit-identical over repeated runs"
     # pairing / a second expander change which warps do a tile's work, not the arithmetic
     assert torch.equal(a, d), "paired two-expander f8 differs from unpaired single-expander f8"
+    if w4.scale_tma_ok(ops["x_scale"], ops["w_scale"], None, "int4_g64"):
+        # nor do weights expanded before the kernel, or a second partial in flight (same FMA order per element)
+        for kw in (dict(paired=True, inflight=False), dict(paired=True, inflight=True),
+                   dict(paired=False, inflight=True)):
+            w = w4.launch_w4a4_v2(**ops, f8=True, expanders=0, **kw).clone()
+            w2 = w4.launch_w4a4_v2(**ops, f8=True, expanders=0, **kw).clone()
+            assert torch.equal(w, w2), f"expanders=0 {kw} not bit-identical over repeated runs"
+            assert torch.equal(w, a), f"expanders=0 {kw} differs from the expander path"
     assert torch.equal(c, e), "paired int8 differs from unpaired int8"
     ref = w4.reference_v2(ops)
     assert normalized_error(a, ref) < TOL[torch.bfloat16]

@@ -24,6 +24,20 @@ def test_expand_exact(n, k, g, fmt, dtype):
     assert torch.equal(y.float().to(torch.int16), expand_w4_ref(q, u, g, fmt))
 
 
+@pytest.mark.parametrize("n,k", [(45, 320), (1, 64), (130, 192)])
+def test_expand_offset_nibbles(n, k):
+    """offset=True: byte (n, k) is q + 8 — read as e4m3 it is (q + 8)·2⁻⁹, the value the v2 fp8 kernel's MMA
+    expects of its weight operand; every element written (poisoned output)."""
+    q = pack_int4(quantize_weight_int4(torch.randn(n, k), 64)[0])
+    out = torch.full((n, k), 99, dtype=torch.int8).view(torch.float8_e4m3fn)
+    y = expand_w4(q, None, 64, "int4_g64", torch.float8_e4m3fn, out=out, offset=True)
+    ref = expand_w4_ref(q, None, 64, "int4_g64", offset=True)
+    assert torch.equal(y.view(torch.uint8).to(torch.int16), ref)
+    assert torch.equal(y.float().double(), ref.double() * 2.0 ** -9)
+    with pytest.raises(ValueError, match="offset nibbles are an int4_g64 e4m3 output"):
+        expand_w4(q, None, 64, "int4_g64", torch.int8, offset=True)
+
+
 def test_expand_bad_inputs():
     q, u, _ = pack_weight_2l(torch.randn(8, 128), 64)
     with pytest.raises(ValueError, match="w_mul uint8"):

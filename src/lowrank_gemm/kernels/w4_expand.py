@@ -51,6 +51,7 @@ def _w4_expand_kernel(
     N, KH,                  # KH = K/2 (bytes per packed row)
     G: tl.constexpr, TWO_LEVEL: tl.constexpr, OUT_FP8: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr,   # rows, packing blocks (64 elements) per program
+    OFFSET: tl.constexpr = False,                   # e4m3 bit patterns of n' = q + 8 (the v2 fp8 weight operand)
 ):
     HALF: tl.constexpr = 32
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -60,15 +61,19 @@ def _w4_expand_kernel(
     cols = offs_b[None, :, None] * HALF + offs_j[None, None, :]                       # packed byte
     mask = (offs_n < N)[:, None, None] & (offs_b < KH // HALF)[None, :, None]
     p = tl.load(wq_ptr + rows * KH + cols, mask=mask, other=0).to(tl.int8, bitcast=True)  # [BN, BB, 32]
-    lo = unpack_lo(p, SWAR_DEFAULT)
-    hi = unpack_hi(p, SWAR_DEFAULT)
+    if OFFSET:
+        lo = ((p & 0x0F) ^ 0x08).to(tl.float8e4nv, bitcast=True)
+        hi = (((p >> 4) & 0x0F) ^ 0x08).to(tl.float8e4nv, bitcast=True)
+    else:
+        lo = unpack_lo(p, SWAR_DEFAULT)
+        hi = unpack_hi(p, SWAR_DEFAULT)
     if TWO_LEVEL:
         g = (offs_b * 64) // G
         u = tl.load(wu_ptr + g[None, :] * stride_wug + offs_n[:, None],
                     mask=(offs_n < N)[:, None] & (offs_b < KH // HALF)[None, :], other=0).to(tl.int8)
         lo = lo * u[:, :, None]
         hi = hi * u[:, :, None]
-    if OUT_FP8:
+    if OUT_FP8 and not OFFSET:
         lo = lo.to(tl.float16).to(tl.float8e4nv)
         hi = hi.to(tl.float16).to(tl.float8e4nv)
     dst = out_ptr + rows * (2 * KH) + offs_b[None, :, None] * (2 * HALF) + offs_j[None, None, :]
@@ -78,9 +83,11 @@ def _w4_expand_kernel(
 
 def expand_w4(w_q: torch.Tensor, w_mul: torch.Tensor | None, group_size: int, fmt: str,
               out_dtype: torch.dtype = torch.int8, out: torch.Tensor | None = None,
-              block_n: int = 32, block_b: int = 8) -> torch.Tensor:
+              block_n: int = 32, block_b: int = 8, offset: bool = False) -> torch.Tensor:
     """Packed int4 weights → 8-bit [N, K] (module docstring). ``out`` (optional, [N, K] of ``out_dtype``)
-    is written completely; without it a fresh buffer comes from torch's caching allocator (graph safe)."""
+    is written completely; without it a fresh buffer comes from torch's caching allocator (graph safe).
+    ``offset`` (int4_g64, e4m3 only): the bytes are the offset nibbles n' = q + 8, whose e4m3 bit patterns mean
+    n'·2⁻⁹ — the weight operand the v2 fp8 kernel otherwise expands in shared memory (gluon/w4a4_ws.py)."""
     if w_q.dtype != torch.uint8 or w_q.dim() != 2:
         raise ValueError(f"expand_w4: w_q must be uint8 [N, K/2], got {w_q.dtype} {list(w_q.shape)}")
     n, k = w_q.shape[0], 2 * w_q.shape[1]
@@ -97,6 +104,9 @@ def expand_w4(w_q: torch.Tensor, w_mul: torch.Tensor | None, group_size: int, fm
             raise ValueError("expand_w4: int4_2l expands to int8 (q·u up to ±120 is not exact in e4m3)")
     elif fmt != "int4_g64":
         raise ValueError(f"expand_w4: fmt must be 'int4_g64' or 'int4_2l', got {fmt!r}")
+    if offset and (two_level or out_dtype != torch.float8_e4m3fn):
+        raise ValueError(f"expand_w4: offset nibbles are an int4_g64 e4m3 output, got fmt={fmt!r}, "
+                         f"out_dtype={out_dtype}")
     if not w_q.is_contiguous() or (w_mul is not None and not w_mul.is_contiguous()):
         raise ValueError("expand_w4: w_q and w_mul must be contiguous")
     if out is None:
@@ -106,18 +116,26 @@ def expand_w4(w_q: torch.Tensor, w_mul: torch.Tensor | None, group_size: int, fm
                          f"{out.dtype} {list(out.shape)} on {out.device}")
     if n == 0:
         return out
+    if not w_q.is_cuda and getenv("TRITON_INTERPRET", "0") != "1":
+        # CPU without the interpreter (ahead-of-time compiles build their launch arguments this way)
+        ref = expand_w4_ref(w_q, w_mul, group_size, fmt, offset=offset)
+        out.copy_(ref.to(torch.uint8).view(out.dtype) if offset else ref.to(out_dtype))
+        return out
     wu = w_mul if two_level else w_q
     grid = (cdiv(n, block_n), cdiv(k // PACK_BLOCK, block_b))
     launch(_w4_expand_kernel, grid, w_q, wu, wu.stride(0), out, n, k // 2, G=group_size, TWO_LEVEL=two_level,
-           OUT_FP8=out_dtype == torch.float8_e4m3fn, BLOCK_N=block_n, BLOCK_B=block_b,
+           OUT_FP8=out_dtype == torch.float8_e4m3fn, BLOCK_N=block_n, BLOCK_B=block_b, OFFSET=offset,
            num_warps=4)
     return out
 
 
-def expand_w4_ref(w_q: torch.Tensor, w_mul: torch.Tensor | None, group_size: int, fmt: str) -> torch.Tensor:
-    """Torch spec of :func:`expand_w4` as int16 [N, K] (exact values q or q·u)."""
+def expand_w4_ref(w_q: torch.Tensor, w_mul: torch.Tensor | None, group_size: int, fmt: str,
+                  offset: bool = False) -> torch.Tensor:
+    """Torch spec of :func:`expand_w4` as int16 [N, K] (exact values q or q·u; ``offset``: the bytes q + 8)."""
     from ..formats.int4 import unpack_int4
     q = unpack_int4(w_q).to(torch.int16)
+    if offset:
+        return q + F8_W_OFFSET
     if fmt == "int4_2l":
         q = q * w_mul.to(torch.int16).t().repeat_interleave(group_size, dim=1)
     return q

@@ -44,7 +44,8 @@ __all__ = ["bias_and_store", "consumer_step", "consumer_uses_host", "expected_ro
            "PRODUCER_START_PHASE", "CONSUMER_START_PHASE", "producer_state", "consumer_state",
            "alloc_barriers", "REGISTER_BUDGET", "DEFAULT_REGS", "CONSUMER_REGS", "DEFAULT_WARPS", "make_pipeline", "program_tiles_host", "expected_states_host",
            "debug_record", "NUM_CONSUMERS", "Ring", "ConsumerOrder", "make_consumer_order",
-           "ROLES_TWO_EXPANDERS", "WORKER_WARPS_2X", "WORKER_REGS_2X", "DEFAULT_REGS_2X"]
+           "ROLES_TWO_EXPANDERS", "WORKER_WARPS_2X", "WORKER_REGS_2X", "DEFAULT_REGS_2X",
+           "ROLES_NO_EXPANDER", "WORKER_WARPS_0X", "WORKER_REGS_0X", "DEFAULT_REGS_0X"]
 
 # ---------------------------------------------------------------------------------------------
 # Phase rule (see module docstring). Everything else derives its start phase from these two.
@@ -114,6 +115,18 @@ WORKER_WARPS_2X = gl.constexpr([r.warps for r in ROLES_TWO_EXPANDERS[1:]])
 WORKER_REGS_2X = gl.constexpr([r.regs for r in ROLES_TWO_EXPANDERS[1:]])
 _INITIAL_REGS_2X = (65536 // (128 * len(ROLES_TWO_EXPANDERS))) // 8 * 8          # 96
 DEFAULT_REGS_2X = len(ROLES_TWO_EXPANDERS) * _INITIAL_REGS_2X - sum(r.regs for r in ROLES_TWO_EXPANDERS[1:])
+# No expander (W4A4 f8 path, EXPANDERS=0): the 8-bit weights come pre-expanded by TMA, so the loader fills MAIN
+# alone and the freed warpgroup's registers go to the consumers (three warpgroups: 65536 / 384 → 168 per thread
+# at launch; consumer0 gets 3 × 168 − 24 − 232 = 248) — room for a second in-flight fp32 partial.
+ROLES_NO_EXPANDER: tuple[RoleSpec, ...] = (
+    RoleSpec("consumer0", 4, None, ROLES[0].does),
+    RoleSpec("loader", 1, 24, "TMA loads of every ring, the pre-expanded 8-bit weights included"),
+    RoleSpec("consumer1", 4, 232, ROLES[3].does),
+)
+WORKER_WARPS_0X = gl.constexpr([r.warps for r in ROLES_NO_EXPANDER[1:]])
+WORKER_REGS_0X = gl.constexpr([r.regs for r in ROLES_NO_EXPANDER[1:]])
+_INITIAL_REGS_0X = (65536 // (128 * len(ROLES_NO_EXPANDER))) // 8 * 8            # 168
+DEFAULT_REGS_0X = len(ROLES_NO_EXPANDER) * _INITIAL_REGS_0X - sum(r.regs for r in ROLES_NO_EXPANDER[1:])
 
 
 # ---------------------------------------------------------------------------------------------

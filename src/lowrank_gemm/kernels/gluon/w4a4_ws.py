@@ -52,13 +52,14 @@ from ..int4_unpack import HI_ASM, HI_MUL_ASM, HI_OFFSET_ASM, LO_ASM, LO_MUL_ASM,
 from ..launch import launch
 from ..schedule import cdiv, persistent_grid
 from .host import desc, dummy
-from .skeleton import (bias_and_store, consumer_step, CONSUMER_REGS, DEFAULT_WARPS, NUM_CONSUMERS, NUM_ROLES, ROLE_CONSUMER0, ROLE_CONSUMER1, ROLE_EXPANDER,
-                       ROLE_LOADER, WORKER_REGS, WORKER_REGS_2X, WORKER_WARPS, WORKER_WARPS_2X, ConsumerOrder, GroupedTileScheduler, Pipeline,
+from .skeleton import (bias_and_store, consumer_step, DEFAULT_WARPS, NUM_CONSUMERS, NUM_ROLES, ROLE_CONSUMER0, ROLE_CONSUMER1, ROLE_EXPANDER,
+                       ROLE_LOADER, WORKER_REGS, WORKER_REGS_0X, WORKER_REGS_2X, WORKER_WARPS, WORKER_WARPS_0X, WORKER_WARPS_2X, ConsumerOrder, GroupedTileScheduler, Pipeline,
                        Ring, consumer_state, debug_record, make_consumer_order, make_pipeline, producer_state)
 
 __all__ = ["FMT_INT4_G", "FMT_INT4_2L", "RAW_STAGES", "RAW_STAGES_F8", "w4a4_ledger", "plan_w4a4_v2", "can_implement_v2",
            "launch_w4a4_v2", "w4a4_ws_kernel", "reference_v2", "make_operands_v2",
-           "kernel_args_v2", "aot_signature_v2", "default_config_v2", "f8_default", "paired_default", "f8_expanders_default"]
+           "kernel_args_v2", "aot_signature_v2", "default_config_v2", "f8_default", "paired_default", "f8_expanders_default",
+           "inflight_default"]
 
 FMT_INT4_G = 0
 FMT_INT4_2L = 1
@@ -136,9 +137,10 @@ class W4A4Args:
     F8: gl.constexpr
     PAIRED: gl.constexpr
     EXPANDERS: gl.constexpr
+    INFLIGHT: gl.constexpr
 
     @gluon.constexpr_function
-    def __init__(self, x_desc, w_desc, s_desc, b_desc, out_desc, x_bufs, w_bufs, xp_bufs, wp_bufs, s_bufs, b_bufs, epi_bufs, sc_desc, sw_desc, sx_bufs, sw_bufs, main, raw, lowrank, order, out_ptr, stride_om, xscale_ptr, wscale_ptr, wmult_ptr, col_scale_ptr, bias_ptr, dbg_ptr, dbg_tiles_ptr, M, N, K, FMT, G2, BLOCK_M, BLOCK_N, BLOCK_K, BLOCK_R, GROUP_M, HAS_LOWRANK, HAS_COL_SCALE, HAS_BIAS, EPI_TMA, DEBUG, DEBUG_ITERS, DEBUG_TILES, SCALE_TMA, SWAR, F8, PAIRED, EXPANDERS):
+    def __init__(self, x_desc, w_desc, s_desc, b_desc, out_desc, x_bufs, w_bufs, xp_bufs, wp_bufs, s_bufs, b_bufs, epi_bufs, sc_desc, sw_desc, sx_bufs, sw_bufs, main, raw, lowrank, order, out_ptr, stride_om, xscale_ptr, wscale_ptr, wmult_ptr, col_scale_ptr, bias_ptr, dbg_ptr, dbg_tiles_ptr, M, N, K, FMT, G2, BLOCK_M, BLOCK_N, BLOCK_K, BLOCK_R, GROUP_M, HAS_LOWRANK, HAS_COL_SCALE, HAS_BIAS, EPI_TMA, DEBUG, DEBUG_ITERS, DEBUG_TILES, SCALE_TMA, SWAR, F8, PAIRED, EXPANDERS, INFLIGHT):
         self.x_desc = x_desc
         self.w_desc = w_desc
         self.s_desc = s_desc
@@ -190,6 +192,7 @@ class W4A4Args:
         self.F8 = gl.constexpr(F8)
         self.PAIRED = gl.constexpr(PAIRED)
         self.EXPANDERS = gl.constexpr(EXPANDERS)
+        self.INFLIGHT = gl.constexpr(INFLIGHT)
 
 
 @gluon.jit
@@ -197,8 +200,11 @@ def _load_step(p, main, raw, off_m, off_n, kk, it):
     """One K step of one tile: the MAIN fill the loader owns (x for 2l / F8, scale rows with SCALE_TMA)
     and the RAW packed tiles. Returns the advanced (main, raw, it)."""
     BK: gl.constexpr = p.BLOCK_K
-    if p.DEBUG:
-        debug_record(p.dbg_ptr, ROLE_LOADER, it, raw, p.DEBUG_ITERS)
+    if p.DEBUG:   # the ring whose slots this role fills last: RAW, or MAIN when nothing goes through RAW
+        if p.EXPANDERS == 0:
+            debug_record(p.dbg_ptr, ROLE_LOADER, it, main, p.DEBUG_ITERS)
+        else:
+            debug_record(p.dbg_ptr, ROLE_LOADER, it, raw, p.DEBUG_ITERS)
     it += 1
     # The loader's share of a MAIN fill: 8-bit activations (2l, F8) and, for g with SCALE_TMA, the group's scale
     # rows — they ride in the slot the consumer reads them from (a DRAM round trip per K step on the consumer's
@@ -206,13 +212,14 @@ def _load_step(p, main, raw, off_m, off_n, kk, it):
     # rows/columns that are never stored (their operands are TMA zero fill); past the end: zeros.
     X_IN_MAIN: gl.constexpr = p.FMT == _FMT_INT4_2L or p.F8
     ROWS_IN_MAIN: gl.constexpr = p.SCALE_TMA and p.FMT != _FMT_INT4_2L
+    W_IN_MAIN: gl.constexpr = p.EXPANDERS == 0   # the weights come pre-expanded (e4m3 offset nibbles)
     NX: gl.constexpr = 2 if p.F8 else 1          # x rows per group: F8 a and b; int8 g the x_scale row
     if X_IN_MAIN or ROWS_IN_MAIN:
         p.main.producer_acquire(main)
         bar = p.main.ready_bar(main)
         if ROWS_IN_MAIN:
             mbarrier.expect(bar, X_IN_MAIN * p.x_desc.block_type.nbytes + NX * p.sc_desc.block_type.nbytes
-                            + p.sw_desc.block_type.nbytes)
+                            + p.sw_desc.block_type.nbytes + W_IN_MAIN * p.w_desc.block_type.nbytes)
             for j in gl.static_range(NX):
                 tma.async_copy_global_to_shared(p.sc_desc, [(NX * kk + j) * p.M + off_m], bar,
                                                 p.sx_bufs.index(NX * main.index + j))
@@ -221,7 +228,11 @@ def _load_step(p, main, raw, off_m, off_n, kk, it):
             mbarrier.expect(bar, p.x_desc.block_type.nbytes)
         if X_IN_MAIN:
             tma.async_copy_global_to_shared(p.x_desc, [off_m, kk * BK], bar, p.x_bufs.index(main.index))
+        if W_IN_MAIN:
+            tma.async_copy_global_to_shared(p.w_desc, [off_n, kk * BK], bar, p.w_bufs.index(main.index))
         main = main.next()
+    if W_IN_MAIN:
+        return main, raw, it
     p.raw.producer_acquire(raw)
     bar = p.raw.ready_bar(raw)
     if p.FMT == _FMT_INT4_2L and p.SCALE_TMA:
@@ -524,6 +535,43 @@ def _mainloop_g_f8(p, main, mma: gl.constexpr, k_tiles, off_m, off_n, it, ROLE: 
 
 
 @gluon.jit
+def _f8_rescale(p, acc, part, slot, mma: gl.constexpr):
+    """acc += fma(P', a, b) · ws with the slot's xab rows and w_scale row (TMA'd with it)."""
+    xa = p.sx_bufs.index(2 * slot).load(gl.SliceLayout(1, mma))
+    xb = p.sx_bufs.index(2 * slot + 1).load(gl.SliceLayout(1, mma))
+    ws = p.sw_bufs.index(slot).load(gl.SliceLayout(0, mma)).to(gl.float32)
+    return gl.fma(gl.fma(part, xa[:, None], xb[:, None]), ws[None, :], acc)
+
+
+@gluon.jit
+def _mainloop_g_f8_inflight(p, main, mma: gl.constexpr, k_tiles, it, ROLE: gl.constexpr, stride):
+    """:func:`_mainloop_g_f8` with the next group's wgmma issued before this group's rescale, so one consumer's
+    MMA and its own rescale overlap (two fp32 partials in flight: the register room EXPANDERS=0 frees). Scale
+    rows come with the slot (SCALE_TMA). A slot is released once its MMA retired and its rows were read."""
+    free = gl.zeros([p.BLOCK_M, p.BLOCK_N], gl.float32, mma)    # registers the next MMA may overwrite
+    acc = gl.zeros([p.BLOCK_M, p.BLOCK_N], gl.float32, mma)
+    it = consumer_step(p, main, ROLE, it)
+    tok = warpgroup_mma(p.x_bufs.index(main.index), p.w_bufs.index(main.index).permute((1, 0)), free,
+                        use_acc=False, is_async=True)
+    for kk in range(1, k_tiles):
+        nxt = _next_use(p, main, stride)
+        it = consumer_step(p, nxt, ROLE, it)
+        tok_next = warpgroup_mma(p.x_bufs.index(nxt.index), p.w_bufs.index(nxt.index).permute((1, 0)), free,
+                                 use_acc=False, is_async=True)
+        part = warpgroup_mma_wait(1, deps=(tok, ))                 # group kk-1 retired; kk still in flight
+        acc = _f8_rescale(p, acc, part, main.index, mma)
+        p.main.consumer_release(main)
+        free = part
+        tok = tok_next
+        main = nxt
+    part = warpgroup_mma_wait(0, deps=(tok, ))
+    acc = _f8_rescale(p, acc, part, main.index, mma)
+    p.main.consumer_release(main)
+    main = _next_use(p, main, stride)
+    return acc, main, it
+
+
+@gluon.jit
 def _epilogue(p, acc, lr, off_m, off_n, CONSUMER: gl.constexpr, mma: gl.constexpr):
     """row/col scales → + s·lora_upᵀ (bf16/fp16 wgmma, K = BLOCK_R) → + bias → store."""
     offs_m = off_m + gl.arange(0, p.BLOCK_M, gl.SliceLayout(1, mma))
@@ -577,6 +625,8 @@ def _consumer_partition(p, CONSUMER: gl.constexpr):
             p.order.acquire(CONSUMER, t)     # the other consumer is done with tile t-1's MAIN slots
         if p.FMT == _FMT_INT4_2L:
             acc, main, it = _mainloop_2l(p, main, mma, k_tiles, it, ROLE)
+        elif p.INFLIGHT:
+            acc, main, it = _mainloop_g_f8_inflight(p, main, mma, k_tiles, it, ROLE, stride)
         elif p.F8:
             acc, main, it = _mainloop_g_f8(p, main, mma, k_tiles, off_m, off_n, it, ROLE, stride)
         else:
@@ -616,7 +666,7 @@ def w4a4_ws_kernel(x_desc, w_desc, s_desc, b_desc, out_desc, sc_desc, sw_desc,
                    EPI_TMA: gl.constexpr, DEBUG: gl.constexpr, DEBUG_ITERS: gl.constexpr,
                    DEBUG_TILES: gl.constexpr, SCALE_TMA: gl.constexpr = False, SWAR: gl.constexpr = False,
                    RAW_STAGES_N: gl.constexpr = 2, CONSUMER_ORDER: gl.constexpr = True, F8: gl.constexpr = False,
-                   PAIRED: gl.constexpr = False, EXPANDERS: gl.constexpr = 1):
+                   PAIRED: gl.constexpr = False, EXPANDERS: gl.constexpr = 1, INFLIGHT: gl.constexpr = False):
     gl.static_assert(BLOCK_K % _PACK == 0, "BLOCK_K must be a multiple of the 64-wide pack block")
     gl.static_assert(LOWRANK_STAGES >= 1, "the LOWRANK ring needs a slot even when unused")
     # Every SMEM buffer and barrier of the kernel is declared here (plan.smem ledger mirrors it).
@@ -624,7 +674,9 @@ def w4a4_ws_kernel(x_desc, w_desc, s_desc, b_desc, out_desc, sc_desc, sw_desc,
     # PAIRED: the expander walks RAW → MAIN in fill order without knowing tiles, which only holds for g
     # (2l expansion multiplies by the tile's u rows)
     gl.static_assert(not PAIRED or FMT == _FMT_INT4_G, "PAIRED main loops are an int4_g option")
-    gl.static_assert(EXPANDERS == 1 or (F8 and EXPANDERS == 2), "two expanders: the F8 path only")
+    gl.static_assert(EXPANDERS == 1 or (F8 and EXPANDERS == 2) or (F8 and SCALE_TMA and EXPANDERS == 0),
+                     "two expanders: the F8 path only; none (pre-expanded weights): F8 with SCALE_TMA")
+    gl.static_assert(not INFLIGHT or (F8 and SCALE_TMA), "in-flight partials: the F8 path with SCALE_TMA")
     op_dtype: gl.constexpr = gl.float8e4nv if F8 else gl.int8
     x_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_K], op_dtype)
     w_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_K], op_dtype)
@@ -634,7 +686,10 @@ def w4a4_ws_kernel(x_desc, w_desc, s_desc, b_desc, out_desc, sc_desc, sw_desc,
         xp_bufs = gl.allocate_shared_memory(gl.uint8, [RAW_STAGES_N] + x_desc.block_type.shape, x_desc.layout)
     else:
         xp_bufs = x_bufs   # unused: 2l / F8 activations land in MAIN directly
-    wp_bufs = gl.allocate_shared_memory(gl.uint8, [RAW_STAGES_N] + w_desc.block_type.shape, w_desc.layout)
+    if EXPANDERS == 0:
+        wp_bufs = w_bufs   # unused: the e4m3 weights land in MAIN directly
+    else:
+        wp_bufs = gl.allocate_shared_memory(gl.uint8, [RAW_STAGES_N] + w_desc.block_type.shape, w_desc.layout)
     if HAS_LOWRANK:
         s_bufs = gl.allocate_shared_memory(s_desc.dtype, [LOWRANK_STAGES] + s_desc.block_type.shape, s_desc.layout)
         b_bufs = gl.allocate_shared_memory(b_desc.dtype, [LOWRANK_STAGES] + b_desc.block_type.shape, b_desc.layout)
@@ -661,8 +716,8 @@ def w4a4_ws_kernel(x_desc, w_desc, s_desc, b_desc, out_desc, sc_desc, sw_desc,
         sw_bufs = x_bufs
 
     # MAIN fills: 2l / F8 = loader's expect (x by TMA) + expander's arrive (w); g = expander only, plus the
-    # loader's expect of the scale rows with SCALE_TMA.
-    main = make_pipeline(STAGES, 2 if (FMT == _FMT_INT4_2L or SCALE_TMA or F8) else 1, 1)
+    # loader's expect of the scale rows with SCALE_TMA; no expander = the loader's expect alone.
+    main = make_pipeline(STAGES, 2 if (FMT == _FMT_INT4_2L or SCALE_TMA or F8) and EXPANDERS != 0 else 1, 1)
     raw = make_pipeline(RAW_STAGES_N, 1, 1)
     lowrank = make_pipeline(LOWRANK_STAGES, 1, 1)
     order = make_consumer_order(CONSUMER_ORDER)   # False only to reproduce the parity hang (bisect)
@@ -671,8 +726,14 @@ def w4a4_ws_kernel(x_desc, w_desc, s_desc, b_desc, out_desc, sc_desc, sw_desc,
                  epi_bufs, sc_desc, sw_desc, sx_bufs, sw_bufs, main, raw, lowrank, order, out_ptr, stride_om, xscale_ptr, wscale_ptr, wmult_ptr,
                  col_scale_ptr, bias_ptr, dbg_ptr, dbg_tiles_ptr, M, N, K, FMT, G2, BLOCK_M, BLOCK_N, BLOCK_K,
                  BLOCK_R, GROUP_M, HAS_LOWRANK, HAS_COL_SCALE, HAS_BIAS, EPI_TMA, DEBUG, DEBUG_ITERS, DEBUG_TILES,
-                 SCALE_TMA, SWAR, F8, PAIRED, EXPANDERS)
-    if EXPANDERS == 2:
+                 SCALE_TMA, SWAR, F8, PAIRED, EXPANDERS, INFLIGHT)
+    if EXPANDERS == 0:
+        gl.warp_specialize([
+            (_consumer0, (p, )),
+            (_loader_partition, (p, )),
+            (_consumer1, (p, )),
+        ], WORKER_WARPS_0X, WORKER_REGS_0X)
+    elif EXPANDERS == 2:
         gl.warp_specialize([
             (_consumer0, (p, )),
             (_loader_partition, (p, )),
@@ -704,8 +765,10 @@ def _fmt_id(fmt) -> int:
 
 def w4a4_ledger(config: KernelConfig, *, fmt, out_dtype=torch.bfloat16, has_lowrank: bool = True,
                 lowrank_dtype=torch.bfloat16, n_out: int = 8, scale_tma: bool = False,
-                group_size: int = 64, raw_stages: int = RAW_STAGES, f8: bool = False) -> SmemLedger:
-    """Every byte ``w4a4_ws_kernel`` allocates, itemized (mirrors the allocations in the kernel)."""
+                group_size: int = 64, raw_stages: int = RAW_STAGES, f8: bool = False,
+                expanders: int = 1) -> SmemLedger:
+    """Every byte ``w4a4_ws_kernel`` allocates, itemized (mirrors the allocations in the kernel).
+    ``expanders=0``: the e4m3 weights arrive in MAIN by TMA, no RAW tiles (its barriers remain)."""
     f = _fmt_id(fmt)
     bm, bn, bk, br = config.block_m, config.block_n, config.block_k, config.block_r
     s, lr = config.num_stages, max(1, config.lowrank_stages)
@@ -714,7 +777,8 @@ def w4a4_ledger(config: KernelConfig, *, fmt, out_dtype=torch.bfloat16, has_lowr
              SmemTerm(f"{Ring.MAIN}.w_{op}", tile_bytes(bn, bk, 8), s)]
     if f == FMT_INT4_G and not f8:
         terms.append(SmemTerm(f"{Ring.RAW}.x_packed", tile_bytes(bm, bk // 2, 8), raw_stages))
-    terms.append(SmemTerm(f"{Ring.RAW}.w_packed", tile_bytes(bn, bk // 2, 8), raw_stages))
+    if expanders:
+        terms.append(SmemTerm(f"{Ring.RAW}.w_packed", tile_bytes(bn, bk // 2, 8), raw_stages))
     if scale_tma:
         if f8:
             terms += [SmemTerm(f"{Ring.MAIN}.x_ab_rows", tile_bytes(2, bm, 32), s),
@@ -732,7 +796,8 @@ def w4a4_ledger(config: KernelConfig, *, fmt, out_dtype=torch.bfloat16, has_lowr
                               Scope.PER_CONSUMER))
     # ready + empty per slot of MAIN, RAW, LOWRANK, and the consumers' two ORDER barriers
     terms.append(SmemTerm("barriers", barrier_bytes(2 * (s + raw_stages + lr) + NUM_CONSUMERS)))
-    return SmemLedger(tuple(terms), consumers=NUM_CONSUMERS, label=f"w4a4 v2 {fmt}{' f8' if f8 else ''} {bm}x{bn}x{bk}")
+    return SmemLedger(tuple(terms), consumers=NUM_CONSUMERS, label=f"w4a4 v2 {fmt}{' f8' if f8 else ''}{'' if expanders else ' w8'} "
+                                                                     f"{bm}x{bn}x{bk}")
 
 
 def u_rows(block_k: int, group_size: int) -> int:
@@ -775,7 +840,7 @@ def default_config_v2(fmt, group_size: int = 64) -> KernelConfig:
 def plan_w4a4_v2(fmt, *, rank: int, group_size: int = 64, out_dtype=torch.bfloat16,
                  lowrank_dtype=torch.bfloat16, config: KernelConfig | None = None,
                  verbose: bool = False, n_out: int = 8, scale_tma: bool = False,
-                 raw_stages: int = RAW_STAGES, f8: bool = False) -> KernelConfig:
+                 raw_stages: int = RAW_STAGES, f8: bool = False, expanders: int = 1) -> KernelConfig:
     """Tile sizes from ``config`` (or the default); stage counts from the ledger: the deepest MAIN
     ring first, then the deepest LOWRANK ring. Raises SmemError with the table if nothing fits."""
     base = config or default_config_v2(fmt, group_size)
@@ -786,7 +851,8 @@ def plan_w4a4_v2(fmt, *, rank: int, group_size: int = 64, out_dtype=torch.bfloat
     def build(main_stages, lr_stages):
         return w4a4_ledger(base.replace(num_stages=main_stages, lowrank_stages=lr_stages), fmt=fmt,
                            out_dtype=out_dtype, has_lowrank=has_lr, lowrank_dtype=lowrank_dtype, n_out=n_out,
-                           scale_tma=scale_tma, group_size=group_size, raw_stages=raw_stages, f8=f8)
+                           scale_tma=scale_tma, group_size=group_size, raw_stages=raw_stages, f8=f8,
+                           expanders=expanders)
 
     main, lr, ledger = solve_stages(build, min_main=2, max_main=8, min_lowrank=1 if not has_lr else 2,
                                     max_lowrank=1 if not has_lr else 4)
@@ -796,7 +862,8 @@ def plan_w4a4_v2(fmt, *, rank: int, group_size: int = 64, out_dtype=torch.bfloat
 
 
 def _check_config(config: KernelConfig, M, N, K, rank, fmt, group_size, out_dtype, lowrank_dtype, wmult_rows=None,
-                  scale_tma: bool = False, raw_stages: int = RAW_STAGES, f8: bool = False):
+                  scale_tma: bool = False, raw_stages: int = RAW_STAGES, f8: bool = False, expanders: int = 1,
+                  inflight: bool = False):
     """Raise ValueError/SmemError naming the violated constraint (expected vs got)."""
     f = _fmt_id(fmt)
     if f8 and f != FMT_INT4_G:
@@ -810,10 +877,11 @@ def _check_config(config: KernelConfig, M, N, K, rank, fmt, group_size, out_dtyp
         raise ValueError(f"w4a4 v2: block_k must be a multiple of {PACK}, got {bk}")
     if K % PACK:
         raise ValueError(f"w4a4 v2: K must be a multiple of {PACK} (int4 pack block), got K={K}")
-    acc_regs = bm * bn // 128 * (2 if f == FMT_INT4_G else 1)
-    if acc_regs > 160:
+    acc_regs = bm * bn // 128 * ((3 if inflight else 2) if f == FMT_INT4_G else 1)
+    limit = 200 if expanders == 0 else 160      # of the 232 / 208 registers a consumer gets (skeleton roles)
+    if acc_regs > limit:
         raise ValueError(f"w4a4 v2: {bm}×{bn} accumulators need {acc_regs} registers/thread per consumer "
-                         f"(limit 160 of the {CONSUMER_REGS} a consumer gets)")
+                         f"(limit {limit} with {expanders} expander warpgroup(s){', in-flight partials' if inflight else ''})")
     if f == FMT_INT4_G:
         if bk != group_size:
             raise ValueError(f"w4a4 v2 int4_g: block_k must equal the group size {group_size}, got {bk}")
@@ -824,7 +892,8 @@ def _check_config(config: KernelConfig, M, N, K, rank, fmt, group_size, out_dtyp
     if rank > config.block_r:
         raise ValueError(f"w4a4 v2: rank {rank} exceeds block_r {config.block_r}")
     w4a4_ledger(config, fmt=fmt, out_dtype=out_dtype, has_lowrank=rank > 0, lowrank_dtype=lowrank_dtype,
-                n_out=N, scale_tma=scale_tma, group_size=group_size, raw_stages=raw_stages, f8=f8).check()
+                n_out=N, scale_tma=scale_tma, group_size=group_size, raw_stages=raw_stages, f8=f8,
+                expanders=expanders).check()
 
 
 def can_implement_v2(config: KernelConfig, shape) -> bool:
@@ -875,10 +944,15 @@ def kernel_args_v2(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias
                    config=None, *, col_scale=None, debug: bool = False, debug_iters: int = DEBUG_ITERS_DEFAULT,
                    debug_tiles: int = DEBUG_TILES_DEFAULT, grid: int | None = None, consumer_order: bool = True,
                    scale_tma: bool | None = None, swar: bool = True, raw_stages: int | None = None,
-                   f8: bool | None = None, paired: bool | None = None, expanders: int | None = None):
+                   f8: bool | None = None, paired: bool | None = None, expanders: int | None = None,
+                   inflight: bool | None = None, w_f8=None):
     """Validate (the v1 contract's own checks), plan and build one launch.
     ``expanders`` (f8 only; None = :func:`f8_expanders_default`): 2 runs a second expander warpgroup on the odd
-    K steps (skeleton.ROLES_TWO_EXPANDERS).
+    K steps (skeleton.ROLES_TWO_EXPANDERS); 0 runs none: the weights are expanded once per call into a transient
+    e4m3 [N, K] buffer of offset nibbles (``w4_expand.expand_w4(offset=True)``, or ``w_f8`` when the caller
+    holds one) that the loader TMAs into MAIN next to the activations (skeleton.ROLES_NO_EXPANDER).
+    ``inflight`` (needs f8 and TMA'd scale rows; None = :func:`inflight_default`): each consumer issues the next
+    group's wgmma before it rescales the current one (two fp32 partials in flight).
     ``paired`` (int4_g only; None = :func:`paired_default`): the two consumers run the K loops of a tile pair at
     the same time, the pair's K steps interleaved on MAIN, so one consumer's rescale overlaps the other's MMA
     (otherwise they hand the ring over per tile and only the epilogues overlap).
@@ -909,20 +983,38 @@ def kernel_args_v2(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias
     if raw_stages is None:
         raw_stages = RAW_STAGES_F8 if f8 else RAW_STAGES
     expanders = (f8_expanders_default() if f8 and scale_tma else 1) if expanders is None else expanders
-    _expect(expanders == 1 or (f8 and expanders == 2), lambda: f"expanders=2 needs the f8 path, got expanders={expanders}, "
-                                                       f"f8={f8}")
+    _expect(expanders == 1 or (f8 and expanders == 2) or (f8 and scale_tma and expanders == 0),
+            lambda: f"expanders=2 needs the f8 path and expanders=0 the f8 path with TMA'd scale rows, got "
+                    f"expanders={expanders}, f8={f8}, scale_tma={scale_tma}")
+    inflight = inflight_default(expanders) if inflight is None else inflight
+    _expect(not inflight or (f8 and scale_tma), lambda: f"in-flight partials need the f8 path with TMA'd scale rows, "
+                                                        f"got f8={f8}, scale_tma={scale_tma}")
     # (defaults only with TMA'd scale rows: the global-load variant spills when paired)
     paired = (f == FMT_INT4_G and f8 and scale_tma and paired_default()) if paired is None else paired
     _expect(not paired or f == FMT_INT4_G, lambda: f"paired main loops are an int4_g option, got fmt={fmt!r}")
+    if expanders == 0:
+        raw_stages = 1     # barriers only: nothing lands in RAW
     config = plan_w4a4_v2(f, rank=r, group_size=group_size, out_dtype=out.dtype, lowrank_dtype=lr_dtype,
-                          config=config, n_out=N, scale_tma=scale_tma, raw_stages=raw_stages, f8=f8)
+                          config=config, n_out=N, scale_tma=scale_tma, raw_stages=raw_stages, f8=f8,
+                          expanders=expanders)
     _check_config(config, M, N, K, r, f, group_size, out.dtype, lr_dtype, scale_tma=scale_tma, raw_stages=raw_stages,
-                  f8=f8)
+                  f8=f8, expanders=expanders, inflight=inflight)
 
     bm, bn, bk, br = config.block_m, config.block_n, config.block_k, config.block_r
     x_q, x_scale = _f8_operands(x_q, x_scale, group_size, f8, "w4a4 v2")
     x_desc = desc(x_q, (bm, bk) if (f == FMT_INT4_2L or f8) else (bm, bk // 2))
-    w_desc = desc(w_q, (bn, bk // 2))
+    if expanders == 0:
+        if w_f8 is None:
+            from ..w4_expand import expand_w4
+            w_f8 = expand_w4(w_q, None, group_size, "int4_g64", torch.float8_e4m3fn, offset=True)
+        _expect(w_f8.dtype == torch.float8_e4m3fn and tuple(w_f8.shape) == (N, K) and w_f8.is_contiguous()
+                and w_f8.device == w_q.device and w_f8.data_ptr() % 16 == 0,
+                lambda: f"w_f8 must be the contiguous, 16-byte aligned e4m3 [N, K] = {[N, K]} offset-nibble expansion "
+                        f"of w_q on {w_q.device}, got {w_f8.dtype} {list(w_f8.shape)} on {w_f8.device}")
+        w_desc = desc(w_f8, (bn, bk))
+    else:
+        _expect(w_f8 is None, "w_f8 (pre-expanded weights) is read only with expanders=0")
+        w_desc = desc(w_q, (bn, bk // 2))
     r8 = -(-r // 8) * 8
     s_desc = desc(_pad_rank(lowrank_act, r8) if r else dummy(dev, torch.float32, (bm, br)), (bm, br))
     b_desc = desc(_pad_rank(lora_up, r8) if r else dummy(dev, lr_dtype, (bn, br)), (bn, br))
@@ -949,7 +1041,7 @@ def kernel_args_v2(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias
                       HAS_COL_SCALE=col_scale is not None, HAS_BIAS=bias is not None, EPI_TMA=epi_tma,
                       DEBUG=debug, DEBUG_ITERS=debug_iters, DEBUG_TILES=debug_tiles, SCALE_TMA=scale_tma,
                       SWAR=swar, RAW_STAGES_N=raw_stages, CONSUMER_ORDER=consumer_order, F8=f8, PAIRED=paired,
-                      EXPANDERS=expanders)
+                      EXPANDERS=expanders, INFLIGHT=inflight)
     return grid, args, constexprs, config, (dbg, dbg_tiles)
 
 
@@ -964,6 +1056,13 @@ def f8_expanders_default() -> int:
     with paired consumer K loops fc1 885 → 754 µs, fc2 941 → 793, M=64 58.5 → 55.0; alone (unpaired) 935 / 1003 /
     60.7 — once the expanders keep up, the consumers' serialized K loops are the limit, which pairing removes."""
     return int(getenv("LOWRANK_GEMM_V2_F8_EXPANDERS", "2"))
+
+
+def inflight_default(expanders: int) -> bool:
+    """Whether the f8 consumers keep two partials in flight (``LOWRANK_GEMM_V2_INFLIGHT``: 1 / 0, default: only
+    without expanders, where the consumers have the registers for it)."""
+    v = getenv("LOWRANK_GEMM_V2_INFLIGHT", "")
+    return expanders == 0 if v == "" else v != "0"
 
 
 def paired_default() -> bool:
@@ -984,14 +1083,16 @@ def launch_w4a4_v2(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias
                    group_size: int, config: KernelConfig | None = None, *, col_scale=None, debug: bool = False,
                    grid: int | None = None, consumer_order: bool = True, scale_tma: bool | None = None,
                    swar: bool = True, raw_stages: int | None = None, f8: bool | None = None,
-                   paired: bool | None = None, expanders: int | None = None):
+                   paired: bool | None = None, expanders: int | None = None, inflight: bool | None = None,
+                   w_f8=None):
     """out [M, N] ← W4A4 v2; the argument contract of ``kernels.w4a4_gemm`` (its module docstring),
     plus ``col_scale`` [N] (optional per-column factor on the main product). Returns ``out``, or
     ``(out, (dbg [grid, roles, iters, 2] int32, tiles [grid, DEBUG_TILES, 2] int32))`` with ``debug``."""
     g, args, cx, _, dbgs = kernel_args_v2(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, out,
                                            fmt, group_size, config, col_scale=col_scale, debug=debug, grid=grid,
                                            consumer_order=consumer_order, scale_tma=scale_tma, swar=swar,
-                                           raw_stages=raw_stages, f8=f8, paired=paired, expanders=expanders)
+                                           raw_stages=raw_stages, f8=f8, paired=paired, expanders=expanders,
+                                           inflight=inflight, w_f8=w_f8)
     if _fmt_id(fmt) == FMT_INT4_2L and not two_level_enabled():
         raise NotImplementedError("int4_2l v2 is switched off by LOWRANK_GEMM_GLUON_2L=0; use impl='v1'")
     launch(w4a4_ws_kernel, (g, ), *args, **cx, num_warps=DEFAULT_WARPS)
@@ -1047,14 +1148,15 @@ def make_operands_v2(fmt, M, N, K, rank, group_size=64, *, device="cuda", bias=T
 # Ahead-of-time compile (CI, CPU): signature from CPU stand-in tensors of a small problem.
 def aot_signature_v2(fmt, config: KernelConfig | None = None, *, M=96, N=160, K=384, rank=16, group_size=64,
                      out_dtype=torch.bfloat16, bias=True, col_scale=True, debug=False, scale_tma=None, swar=True,
-                     raw_stages=None, f8=None, paired=None, expanders=None):
+                     raw_stages=None, f8=None, paired=None, expanders=None, inflight=None):
     """(signature, constexprs, config) for ``kernels.aot.compile_sm90`` of :func:`w4a4_ws_kernel`."""
     import inspect
     from triton.runtime.jit import mangle_type
     ops = make_operands_v2(fmt, M, N, K, rank, group_size, device="cpu", bias=bias, col_scale=col_scale,
                            out_dtype=out_dtype)
     _, args, cx, cfg, _ = kernel_args_v2(**ops, config=config, debug=debug, scale_tma=scale_tma, swar=swar,
-                                         raw_stages=raw_stages, f8=f8, paired=paired, expanders=expanders)
+                                         raw_stages=raw_stages, f8=f8, paired=paired, expanders=expanders,
+                                         inflight=inflight)
     names = [n for n in inspect.signature(w4a4_ws_kernel.fn).parameters if n not in cx]
     sig = {n: (mangle_type(a) if not isinstance(a, int) else "i32") for n, a in zip(names, args)}
     return sig, cx, cfg

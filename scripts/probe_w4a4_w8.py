@@ -1,0 +1,118 @@
+"""GPU probe (≤ ~3 min): the int4_g64 v2 GEMM without expander warps — weights expanded once per call into e4m3
+offset nibbles that the loader TMAs into MAIN (``expanders=0``), with and without a second fp32 partial in flight
+per consumer (``inflight``) — next to today's default (two expanders, paired), fp8 ``_scaled_mm`` and bf16 cuBLAS,
+in one process at the FLUX shapes.
+
+    PYTHONPATH=src python scripts/probe_w4a4_w8.py --out $OUT [--shapes fc1,fc2,sq,fc1b] [--quick]
+
+Every row is the GEMM alone (activations pre-expanded once by ``expand_act_f8``; for the ``w8`` rows the weights
+too, with the per-call expansion timed on its own row and in ``w8+expand``), CUDA-graph replay medians
+(``bench.common.time_graph``). Before timing, each variant's output is compared with the default's: the same
+exact partials and the same FMA order per element, so they must be bit-identical (``same`` column); the default's
+normalized error against float64 is checked on the fc1 rows' first 256 tokens. Writes probe_w4a4_w8.{json,md}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+RANK = 32
+SHAPES = {"fc1": (4608, 12288, 3072), "fc2": (4608, 3072, 12288), "sq": (4608, 3072, 3072),
+          "fc1b": (4608, 9216, 3072)}       # name: M, N, K (issue 4's FLUX shapes)
+VARIANTS = {   # name: launch_w4a4_v2 options (f8 on for all)
+    "v2_default": dict(),
+    "w8_paired": dict(expanders=0, paired=True, inflight=False),
+    "w8_paired_inflight": dict(expanders=0, paired=True, inflight=True),
+    "w8_inflight": dict(expanders=0, paired=False, inflight=True),
+}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--shapes", default="fc1,fc2,sq,fc1b")
+    ap.add_argument("--quick", action="store_true", help="fewer graph calls")
+    args = ap.parse_args()
+    import torch
+
+    from lowrank_gemm.bench.common import device_meta, time_graph
+    from lowrank_gemm.kernels.gluon import w4a4_ws as w4
+    from lowrank_gemm.kernels.gluon.smoke import normalized_error
+    from lowrank_gemm.kernels.w4_expand import expand_act_f8, expand_w4
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    rows = []
+    calls = 2 if args.quick else None
+    for name in args.shapes.split(","):
+        M, N, K = SHAPES[name]
+        ops = w4.make_operands_v2("int4_g64", M, N, K, RANK, 64, device="cuda", bias=True)
+        x8, xab = expand_act_f8(ops["x_q"], ops["x_scale"], 64)
+        w8 = expand_w4(ops["w_q"], None, 64, "int4_g64", torch.float8_e4m3fn, offset=True)
+        base = dict(ops, x_q=x8, x_scale=xab)
+        outs = {}
+        for v, kw in VARIANTS.items():
+            o = torch.empty_like(ops["out"])
+            extra = dict(w_f8=w8) if kw.get("expanders") == 0 else {}
+            outs[v] = (o, extra)
+            w4.launch_w4a4_v2(**dict(base, out=o), f8=True, **kw, **extra)
+        torch.cuda.synchronize()
+        ref_o = outs["v2_default"][0]
+        err = None
+        if name == "fc1":
+            sub = {k: (v[:256] if k in ("lowrank_act", "out") else v) for k, v in ops.items()}
+            sub["x_q"] = ops["x_q"][:256]
+            sub["x_scale"] = ops["x_scale"][:, :256].contiguous()
+            err = normalized_error(ref_o[:256], w4.reference_v2(sub))
+        fp8_x = torch.randn(M, K, device="cuda").to(torch.float8_e4m3fn)
+        fp8_w = torch.randn(N, K, device="cuda").to(torch.float8_e4m3fn)
+        one = torch.ones((), device="cuda")
+        bx = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+        bw = torch.randn(N, K, device="cuda", dtype=torch.bfloat16)
+        timed = {
+            "fp8_scaled_mm": lambda: torch._scaled_mm(fp8_x, fp8_w.t(), one, one, out_dtype=torch.bfloat16),
+            "cublas_bf16": lambda: bx @ bw.t(),
+            "expand_w4_offset": lambda: expand_w4(ops["w_q"], None, 64, "int4_g64", torch.float8_e4m3fn,
+                                                  out=w8, offset=True),
+        }
+        for v, kw in VARIANTS.items():
+            o, extra = outs[v]
+            timed[v] = (lambda kw=kw, o=o, extra=extra:
+                        w4.launch_w4a4_v2(**dict(base, out=o), f8=True, **kw, **extra))
+        timed["w8_paired_inflight+expand"] = (lambda o=outs["w8_paired_inflight"][0]:
+                                              w4.launch_w4a4_v2(**dict(base, out=o), f8=True, expanders=0,
+                                                                paired=True, inflight=True))
+        res = {}
+        for impl, fn in timed.items():
+            t = time_graph(lambda fn=fn: fn(), [()], calls=calls)
+            res[impl] = t.median_us
+            same = None
+            if impl in outs:
+                same = bool(torch.equal(outs[impl][0], ref_o))
+            row = dict(shape=name, M=M, N=N, K=K, impl=impl, graph_us=round(t.median_us, 2),
+                       tops=round(2 * M * N * K / t.median_us / 1e6, 1), same_as_default=same,
+                       err_default=None if err is None else round(err, 5))
+            rows.append(row)
+            print(row, flush=True)
+    meta = device_meta()
+    (out_dir / "probe_w4a4_w8.json").write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))
+    lines = [f"# probe_w4a4_w8 — {meta.get('device')} · torch {meta.get('torch')} · triton {meta.get('triton')} · "
+             f"{meta.get('date')} · commit {meta.get('commit')}", "",
+             "| shape | impl | graph µs | TOPS | × fp8 | same as default |", "|---|---|---|---|---|---|"]
+    fp8 = {r["shape"]: r["graph_us"] for r in rows if r["impl"] == "fp8_scaled_mm"}
+    for r in rows:
+        lines.append(f"| {r['shape']} | {r['impl']} | {r['graph_us']} | {r['tops']} | "
+                     f"{round(r['graph_us'] / fp8[r['shape']], 3)} | {'' if r['same_as_default'] is None else r['same_as_default']} |")
+    errs = [r for r in rows if r["err_default"] is not None]
+    if errs:
+        lines += ["", f"default's normalized error vs float64 (fc1, first 256 tokens): {errs[0]['err_default']}"]
+    (out_dir / "probe_w4a4_w8.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
