@@ -539,3 +539,73 @@ def test_two_expanders_need_f8():
     ops = w4.make_operands_v2("int4_g64", 40, 48, 192, 16, 64, device="cpu")
     with pytest.raises(ValueError, match="expanders=2"):
         w4.kernel_args_v2(**ops, f8=False, expanders=2)
+
+
+# ---------------------------------------------------------------------------------------------
+# No expander (expanders=0): pre-expanded e4m3 weights by TMA, optionally two partials in flight.
+def test_no_expander_role_table_and_ledger():
+    """Three warpgroups inside the 512-register budget (the default partition's share as the compiled PTX hands it
+    out); the ledger drops the RAW weight tiles, nothing else."""
+    t = sk.ROLES_NO_EXPANDER
+    assert [r.name for r in t] == ["consumer0", "loader", "consumer1"]
+    assert sk.DEFAULT_REGS_0X + sum(r.regs for r in t[1:]) <= sk.REGISTER_BUDGET
+    assert sk.DEFAULT_REGS_0X <= 256 and all(r.regs is None or r.regs % 8 == 0 for r in t)
+    c = CFG_G.replace(num_stages=4, lowrank_stages=2)
+    with_exp = {x.name for x in w4.w4a4_ledger(c, fmt="int4_g64", f8=True, scale_tma=True, expanders=2).terms}
+    none = {x.name for x in w4.w4a4_ledger(c, fmt="int4_g64", f8=True, scale_tma=True, expanders=0).terms}
+    assert with_exp - none == {"raw.w_packed"} and none <= with_exp
+
+
+def test_no_expander_ptx_k_loops():
+    """expanders=0, inflight: no SMEM expansion loop anywhere (no st.shared + proxy fence loop), each consumer's K
+    loop issues its wgmma before waiting for the previous one (wait_group 1), rescales with two FMAs per element,
+    and every MAIN fill is one TMA expect of the 8-bit weights with the rest."""
+    from lowrank_gemm.kernels.aot import compile_sm90
+    sig, cx, cfg = w4.aot_signature_v2("int4_g64", M=96, N=128, K=1024, rank=0, bias=False, col_scale=False,
+                                       f8=True, paired=True, expanders=0, inflight=True)
+    ptx = compile_sm90("lowrank_gemm.kernels.gluon.w4a4_ws", "w4a4_ws_kernel", sig, cx, num_warps=sk.DEFAULT_WARPS).ptx
+    assert f"setmaxnreg.dec.sync.aligned.u32 \t{sk.DEFAULT_REGS_0X};" in ptx
+    loops = _ptx_loops(ptx)
+    assert not any(any("fence.proxy.async.shared::cta" in x for x in body)
+                   and any(x.strip().startswith("st.shared") for x in body) for _, body in loops), "an expander loop"
+    mma_loops = [body for _, body in loops if any("wgmma.mma_async" in x and "e4m3" in x for x in body)]
+    # the K loops: the next group's MMA stays in flight while the previous one is waited for
+    kloops = [body for body in mma_loops if any("wgmma.wait_group.sync.aligned 1" in x for x in body)]
+    assert len(kloops) == 2, "one K loop per consumer"
+    per_thread = cfg.block_m * cfg.block_n // 128
+    for body in kloops:
+        assert sum("wgmma.mma_async" in x for x in body) == 2, "one 64-wide group (two k32 wgmma) per step"
+        assert sum(x.strip().startswith("fma.rn.f32") for x in body) == 2 * per_thread
+    w_box = cfg.block_n * cfg.block_k                    # e4m3 weight tile bytes in the loader's expect
+    x_box = cfg.block_m * cfg.block_k
+    rows = 2 * cfg.block_m * 4 + cfg.block_n * 2         # xab rows (fp32) + the w_scale row (16-bit)
+    assert f"{w_box + x_box + rows}" in ptx, "one expect covers x, the 8-bit weights and the scale rows"
+
+
+def test_no_expander_and_inflight_validation():
+    ops = w4.make_operands_v2("int4_g64", 64, 128, 256, 16, 64, device="cpu")
+    w4.kernel_args_v2(**ops, f8=True, expanders=0)                       # valid: expands w itself
+    with pytest.raises(ValueError, match="expanders=0 the f8 path with TMA'd scale rows"):
+        w4.kernel_args_v2(**ops, f8=True, expanders=0, scale_tma=False)
+    with pytest.raises(ValueError, match="expanders=0 the f8 path"):
+        w4.kernel_args_v2(**ops, f8=False, expanders=0)
+    w8 = torch.zeros(128, 256, dtype=torch.float8_e4m3fn)
+    w4.kernel_args_v2(**ops, f8=True, expanders=0, w_f8=w8)
+    with pytest.raises(ValueError, match=r"w_f8 must be .* e4m3 \[N, K\] = \[128, 256\]"):
+        w4.kernel_args_v2(**ops, f8=True, expanders=0, w_f8=w8[:, :192])
+    with pytest.raises(ValueError, match="w_f8 must be"):
+        w4.kernel_args_v2(**ops, f8=True, expanders=0, w_f8=w8.view(torch.int8))
+    with pytest.raises(ValueError, match="only with expanders=0"):
+        w4.kernel_args_v2(**ops, f8=True, expanders=2, w_f8=w8)
+    # two partials in flight do not fit next to the expanders' register share
+    with pytest.raises(ValueError, match="192 registers/thread per consumer"):
+        w4.kernel_args_v2(**ops, f8=True, expanders=2, inflight=True)
+    with pytest.raises(ValueError, match="in-flight partials need the f8 path"):
+        w4.kernel_args_v2(**ops, f8=False, inflight=True)
+
+
+def test_inflight_default(monkeypatch):
+    monkeypatch.delenv("LOWRANK_GEMM_V2_INFLIGHT", raising=False)
+    assert w4.inflight_default(0) and not w4.inflight_default(2)
+    monkeypatch.setenv("LOWRANK_GEMM_V2_INFLIGHT", "0")
+    assert not w4.inflight_default(0)
