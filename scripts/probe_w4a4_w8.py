@@ -1,6 +1,6 @@
 """GPU probe (≤ ~3 min): the int4_g64 v2 GEMM without expander warps — weights expanded once per call into e4m3
 offset nibbles that the loader TMAs into MAIN (``expanders=0``), with and without a second fp32 partial in flight
-per consumer (``inflight``) — next to today's default (two expanders, paired), fp8 ``_scaled_mm`` and bf16 cuBLAS,
+per consumer (``inflight``), with the consumers sharing each slot's weight tile (``coop``) — next to today's default (two expanders, paired), fp8 ``_scaled_mm`` and bf16 cuBLAS,
 in one process at the FLUX shapes.
 
     PYTHONPATH=src python scripts/probe_w4a4_w8.py --out $OUT [--shapes fc1,fc2,sq,fc1b] [--quick]
@@ -29,6 +29,8 @@ VARIANTS = {   # name: launch_w4a4_v2 options (f8 on for all)
     "w8_paired": dict(expanders=0, paired=True, inflight=False),
     "w8_paired_inflight": dict(expanders=0, paired=True, inflight=True),
     "w8_inflight": dict(expanders=0, paired=False, inflight=True),
+    "w8_coop": dict(expanders=0, paired=False, inflight=False, coop=True),
+    "w8_coop_inflight": dict(expanders=0, paired=False, inflight=True, coop=True),
 }
 
 
@@ -83,9 +85,9 @@ def main() -> None:
             o, extra = outs[v]
             timed[v] = (lambda kw=kw, o=o, extra=extra:
                         w4.launch_w4a4_v2(**dict(base, out=o), f8=True, **kw, **extra))
-        timed["w8_paired_inflight+expand"] = (lambda o=outs["w8_paired_inflight"][0]:
-                                              w4.launch_w4a4_v2(**dict(base, out=o), f8=True, expanders=0,
-                                                                paired=True, inflight=True))
+        timed["w8_coop+expand"] = (lambda o=outs["w8_coop"][0]:
+                                   w4.launch_w4a4_v2(**dict(base, out=o), f8=True, expanders=0, paired=False,
+                                                     inflight=False, coop=True))
         res = {}
         for impl, fn in timed.items():
             t = time_graph(lambda fn=fn: fn(), [()], calls=calls)

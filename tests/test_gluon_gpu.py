@@ -23,10 +23,12 @@ WATCHDOG = dict(timeout=60, method="thread")
 # LOWRANK_GEMM_GLUON_2L=0 switches it off (then its cases skip).
 FMTS = [pytest.param("int4_2l", marks=pytest.mark.skipif(
             not w4.two_level_enabled(), reason="int4_2l v2 switched off (LOWRANK_GEMM_GLUON_2L=0)")),
-        "int4_g64", "int4_g64_f8", "int4_g64_f8p", "int4_g64_f8w", "int4_g64_f8wi", "int4_g64_f8wu"]
+        "int4_g64", "int4_g64_f8", "int4_g64_f8p", "int4_g64_f8w", "int4_g64_f8wi", "int4_g64_f8wu",
+        "int4_g64_f8wc", "int4_g64_f8wci"]
 # _f8: the e4m3-MMA path of int4_g64, one expander, unpaired; _f8p: two expanders and paired consumer K loops
 # (the defaults where the scale rows come by TMA); _f8w: no expander (weights pre-expanded per call, by TMA),
-# paired; _f8wi: the same with two partials in flight per consumer; _f8wu: in flight, unpaired. The _f8w*
+# paired; _f8wi: the same with two partials in flight per consumer; _f8wu: in flight, unpaired; _f8wc / _f8wci:
+# the consumers share each slot's weight tile (COOP, 128-row CTA tiles), without / with partials in flight. The _f8w*
 # variants need the scale rows by TMA (M, N % 8 == 0): elsewhere the launcher refuses them (tested) and the
 # case is skipped.
 # bf16 output: one rounding of the result (2^-8 relative) plus s rounded to bf16 before s·Bᵀ.
@@ -35,6 +37,10 @@ TOL = {torch.bfloat16: 1e-2, torch.float32: 4e-3}
 
 def _variant(fmt):
     """"int4_g64_f8" → ("int4_g64", f8 on, unpaired); "int4_g64_f8p" → f8 and paired; plain g names → both off."""
+    if fmt.endswith("_f8wc"):
+        return fmt[:-5], dict(f8=True, paired=False, expanders=0, inflight=False, coop=True)
+    if fmt.endswith("_f8wci"):
+        return fmt[:-6], dict(f8=True, paired=False, expanders=0, inflight=True, coop=True)
     if fmt.endswith("_f8w"):
         return fmt[:-4], dict(f8=True, paired=True, expanders=0, inflight=False)
     if fmt.endswith("_f8wi"):
@@ -71,8 +77,10 @@ def _check(fmt, M, N, K, rank=16, group=64, grid=None, out_dtype=torch.bfloat16,
 
 
 def _block(fmt):
-    c = w4.default_config_v2(_variant(fmt)[0])
-    return c.block_m, c.block_n
+    """The CTA tile (COOP: two consumers' row blocks)."""
+    base, vkw = _variant(fmt)
+    c = w4.default_config_v2(base)
+    return c.block_m * (2 if vkw.get("coop") else 1), c.block_n
 
 
 # --- smallest first: one tile, K shorter than the ring ----------------------------------------
@@ -159,14 +167,14 @@ def test_decode_shapes(fmt, M):
 @pytest.mark.timeout(**WATCHDOG)
 @pytest.mark.parametrize("fmt", FMTS)
 def test_debug_trace_of_every_role(fmt):
-    M, N, K, grid = 300, 400, 384, 3
-    print(f"\n[v2 debug] {fmt} M={M} N={N} K={K} grid={grid}", flush=True)
     fmt, vkw = _variant(fmt)
+    M, N, K, grid = (296 if vkw.get("expanders") == 0 else 300), 400, 384, 3   # no expander: M % 8 == 0 (TMA rows)
+    print(f"\n[v2 debug] {fmt} {vkw} M={M} N={N} K={K} grid={grid}", flush=True)
     ops = w4.make_operands_v2(fmt, M, N, K, 16, 64, device="cuda")
     out, (dbg, tiles) = w4.launch_w4a4_v2(**ops, grid=grid, debug=True, **vkw)
     torch.cuda.synchronize()
     g, _, cx, cfg, _ = w4.kernel_args_v2(**ops, grid=grid, **vkw)
-    bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
+    bm, bn, bk = cfg.block_m * (2 if cx["COOP"] else 1), cfg.block_n, cfg.block_k
     k_tiles = cdiv(K, bk)
     dbg, tiles = dbg.cpu(), tiles.cpu()
     for pid in range(grid):
@@ -183,7 +191,8 @@ def test_debug_trace_of_every_role(fmt):
                 "expander": sk.expected_states_host(uses, cx["STAGES"], producer=True),
             }
         for c, name in enumerate(["consumer0", "consumer1"]):
-            mine = sk.consumer_uses_host(c, n_local, k_tiles, cx["PAIRED"])
+            # COOP: both consumers take every slot (their halves of one tile)
+            mine = uses if cx["COOP"] else sk.consumer_uses_host(c, n_local, k_tiles, cx["PAIRED"])
             want[name] = sk.expected_states_host(mine, cx["STAGES"], producer=False)
         for name, seq in want.items():
             got = [tuple(v) for v in dbg[pid, sk.ROLE_IDS[name], :len(seq)].tolist()]
@@ -210,7 +219,8 @@ def test_f8_and_paired_variants_agree_and_repeat_bit_identically(M, N, K):
     if w4.scale_tma_ok(ops["x_scale"], ops["w_scale"], None, "int4_g64"):
         # nor do weights expanded before the kernel, or a second partial in flight (same FMA order per element)
         for kw in (dict(paired=True, inflight=False), dict(paired=True, inflight=True),
-                   dict(paired=False, inflight=True)):
+                   dict(paired=False, inflight=True), dict(paired=False, inflight=False, coop=True),
+                   dict(paired=False, inflight=True, coop=True)):
             w = w4.launch_w4a4_v2(**ops, f8=True, expanders=0, **kw).clone()
             w2 = w4.launch_w4a4_v2(**ops, f8=True, expanders=0, **kw).clone()
             assert torch.equal(w, w2), f"expanders=0 {kw} not bit-identical over repeated runs"

@@ -433,6 +433,8 @@ AOT_CASES = [
     dict(fmt="int4_g64", f8=True, paired=True, expanders=0, inflight=False, M=96, N=128),   # weights by TMA
     dict(fmt="int4_g64", f8=True, paired=True, expanders=0, inflight=True, M=96, N=128),
     dict(fmt="int4_g64", f8=True, paired=False, expanders=0, inflight=True, M=96, N=128),
+    dict(fmt="int4_g64", f8=True, paired=False, expanders=0, inflight=False, coop=True, M=200, N=128),
+    dict(fmt="int4_g64", f8=True, paired=False, expanders=0, inflight=True, coop=True, M=200, N=128),
 ]
 
 
@@ -456,7 +458,7 @@ def test_aot_compile_ptx_and_ledger(case):
     led = w4.w4a4_ledger(cfg, fmt=fmt, out_dtype=case.get("out_dtype", torch.bfloat16),
                          has_lowrank=cx["HAS_LOWRANK"], n_out=case.get("N", 160), scale_tma=cx["SCALE_TMA"],
                          group_size=case.get("group_size", 64), f8=cx.get("F8", False), raw_stages=cx["RAW_STAGES_N"],
-                         expanders=cx["EXPANDERS"])
+                         expanders=cx["EXPANDERS"], coop=cx["COOP"])
     print(led.table(), "\ncompiled shared:", info.shared)
     assert led.total() <= info.shared <= led.total() + WS_CAPTURE_SLACK, (led.table(), info.shared)
     assert info.shared <= SM90_SMEM_LIMIT

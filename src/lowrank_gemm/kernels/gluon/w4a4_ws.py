@@ -59,7 +59,7 @@ from .skeleton import (bias_and_store, consumer_step, DEFAULT_WARPS, NUM_CONSUME
 __all__ = ["FMT_INT4_G", "FMT_INT4_2L", "RAW_STAGES", "RAW_STAGES_F8", "w4a4_ledger", "plan_w4a4_v2", "can_implement_v2",
            "launch_w4a4_v2", "w4a4_ws_kernel", "reference_v2", "make_operands_v2",
            "kernel_args_v2", "aot_signature_v2", "default_config_v2", "f8_default", "paired_default", "f8_expanders_default",
-           "inflight_default"]
+           "inflight_default", "coop_default"]
 
 FMT_INT4_G = 0
 FMT_INT4_2L = 1
@@ -138,9 +138,10 @@ class W4A4Args:
     PAIRED: gl.constexpr
     EXPANDERS: gl.constexpr
     INFLIGHT: gl.constexpr
+    COOP: gl.constexpr
 
     @gluon.constexpr_function
-    def __init__(self, x_desc, w_desc, s_desc, b_desc, out_desc, x_bufs, w_bufs, xp_bufs, wp_bufs, s_bufs, b_bufs, epi_bufs, sc_desc, sw_desc, sx_bufs, sw_bufs, main, raw, lowrank, order, out_ptr, stride_om, xscale_ptr, wscale_ptr, wmult_ptr, col_scale_ptr, bias_ptr, dbg_ptr, dbg_tiles_ptr, M, N, K, FMT, G2, BLOCK_M, BLOCK_N, BLOCK_K, BLOCK_R, GROUP_M, HAS_LOWRANK, HAS_COL_SCALE, HAS_BIAS, EPI_TMA, DEBUG, DEBUG_ITERS, DEBUG_TILES, SCALE_TMA, SWAR, F8, PAIRED, EXPANDERS, INFLIGHT):
+    def __init__(self, x_desc, w_desc, s_desc, b_desc, out_desc, x_bufs, w_bufs, xp_bufs, wp_bufs, s_bufs, b_bufs, epi_bufs, sc_desc, sw_desc, sx_bufs, sw_bufs, main, raw, lowrank, order, out_ptr, stride_om, xscale_ptr, wscale_ptr, wmult_ptr, col_scale_ptr, bias_ptr, dbg_ptr, dbg_tiles_ptr, M, N, K, FMT, G2, BLOCK_M, BLOCK_N, BLOCK_K, BLOCK_R, GROUP_M, HAS_LOWRANK, HAS_COL_SCALE, HAS_BIAS, EPI_TMA, DEBUG, DEBUG_ITERS, DEBUG_TILES, SCALE_TMA, SWAR, F8, PAIRED, EXPANDERS, INFLIGHT, COOP):
         self.x_desc = x_desc
         self.w_desc = w_desc
         self.s_desc = s_desc
@@ -193,6 +194,27 @@ class W4A4Args:
         self.PAIRED = gl.constexpr(PAIRED)
         self.EXPANDERS = gl.constexpr(EXPANDERS)
         self.INFLIGHT = gl.constexpr(INFLIGHT)
+        self.COOP = gl.constexpr(COOP)
+
+
+@gluon.constexpr_function
+def _tile_m(block_m, coop):
+    # COOP: the CTA's tile is two consumers' row blocks over one shared weight tile
+    return 2 * block_m if coop else block_m
+
+
+@gluon.jit
+def _scheduler(p):
+    return GroupedTileScheduler.initialize(p.M, p.N, _tile_m(p.BLOCK_M, p.COOP), p.BLOCK_N, p.GROUP_M)
+
+
+@gluon.jit
+def _rows(p, bufs, C: gl.constexpr):
+    """This consumer's BLOCK_M rows of a MAIN/LOWRANK slot: all of it, or (COOP) consumer C's half."""
+    if p.COOP:
+        return bufs.slice(C * p.BLOCK_M, p.BLOCK_M, dim=0)
+    else:
+        return bufs
 
 
 @gluon.jit
@@ -257,7 +279,7 @@ def _load_tile_head(p, sched, t, lr):
     """Per tile, before its K steps: (DEBUG) record the tile, then fill its LOWRANK slot (consumed last,
     so it has time to land). Returns (off_m, off_n, lr)."""
     pid_m, pid_n = sched.get_tile(t)
-    off_m = pid_m * p.BLOCK_M
+    off_m = pid_m * _tile_m(p.BLOCK_M, p.COOP)
     off_n = pid_n * p.BLOCK_N
     if p.DEBUG:
         if t < p.DEBUG_TILES:
@@ -279,7 +301,7 @@ def _loader_partition(p):
     """TMA only: per tile the LOWRANK slot, then per K step the MAIN x tile (2l / F8) and the RAW packed
     tiles. PAIRED: tiles go in pairs (t, t+1) whose K steps interleave on MAIN — the order the two
     consumers, one tile each, consume them concurrently."""
-    sched = GroupedTileScheduler.initialize(p.M, p.N, p.BLOCK_M, p.BLOCK_N, p.GROUP_M)
+    sched = _scheduler(p)
     k_tiles = gl.cdiv(p.K, p.BLOCK_K)
     main = producer_state(p.main.num_stages)
     raw = producer_state(p.raw.num_stages)
@@ -515,13 +537,14 @@ def _mainloop_g_f8(p, main, mma: gl.constexpr, k_tiles, off_m, off_n, it, ROLE: 
     offs_n = off_n + gl.arange(0, p.BLOCK_N, gl.SliceLayout(0, mma))
     acc = gl.zeros([p.BLOCK_M, p.BLOCK_N], gl.float32, mma)
     part = gl.zeros([p.BLOCK_M, p.BLOCK_N], gl.float32, mma)
+    C: gl.constexpr = 1 if ROLE == ROLE_CONSUMER1 else 0
     for kk in range(k_tiles):
         it = consumer_step(p, main, ROLE, it)
-        tok = warpgroup_mma(p.x_bufs.index(main.index), p.w_bufs.index(main.index).permute((1, 0)), part,
-                            use_acc=False, is_async=True)
+        tok = warpgroup_mma(_rows(p, p.x_bufs.index(main.index), C), p.w_bufs.index(main.index).permute((1, 0)),
+                            part, use_acc=False, is_async=True)
         if p.SCALE_TMA:
-            xa = p.sx_bufs.index(2 * main.index).load(gl.SliceLayout(1, mma))
-            xb = p.sx_bufs.index(2 * main.index + 1).load(gl.SliceLayout(1, mma))
+            xa = _rows(p, p.sx_bufs.index(2 * main.index), C).load(gl.SliceLayout(1, mma))
+            xb = _rows(p, p.sx_bufs.index(2 * main.index + 1), C).load(gl.SliceLayout(1, mma))
             ws = p.sw_bufs.index(main.index).load(gl.SliceLayout(0, mma)).to(gl.float32)
         else:
             xa = gl.load(p.xscale_ptr + (2 * kk) * p.M + offs_m, mask=offs_m < p.M, other=0.0)
@@ -535,10 +558,10 @@ def _mainloop_g_f8(p, main, mma: gl.constexpr, k_tiles, off_m, off_n, it, ROLE: 
 
 
 @gluon.jit
-def _f8_rescale(p, acc, part, slot, mma: gl.constexpr):
+def _f8_rescale(p, acc, part, slot, mma: gl.constexpr, C: gl.constexpr):
     """acc += fma(P', a, b) · ws with the slot's xab rows and w_scale row (TMA'd with it)."""
-    xa = p.sx_bufs.index(2 * slot).load(gl.SliceLayout(1, mma))
-    xb = p.sx_bufs.index(2 * slot + 1).load(gl.SliceLayout(1, mma))
+    xa = _rows(p, p.sx_bufs.index(2 * slot), C).load(gl.SliceLayout(1, mma))
+    xb = _rows(p, p.sx_bufs.index(2 * slot + 1), C).load(gl.SliceLayout(1, mma))
     ws = p.sw_bufs.index(slot).load(gl.SliceLayout(0, mma)).to(gl.float32)
     return gl.fma(gl.fma(part, xa[:, None], xb[:, None]), ws[None, :], acc)
 
@@ -548,24 +571,25 @@ def _mainloop_g_f8_inflight(p, main, mma: gl.constexpr, k_tiles, it, ROLE: gl.co
     """:func:`_mainloop_g_f8` with the next group's wgmma issued before this group's rescale, so one consumer's
     MMA and its own rescale overlap (two fp32 partials in flight: the register room EXPANDERS=0 frees). Scale
     rows come with the slot (SCALE_TMA). A slot is released once its MMA retired and its rows were read."""
+    C: gl.constexpr = 1 if ROLE == ROLE_CONSUMER1 else 0
     free = gl.zeros([p.BLOCK_M, p.BLOCK_N], gl.float32, mma)    # registers the next MMA may overwrite
     acc = gl.zeros([p.BLOCK_M, p.BLOCK_N], gl.float32, mma)
     it = consumer_step(p, main, ROLE, it)
-    tok = warpgroup_mma(p.x_bufs.index(main.index), p.w_bufs.index(main.index).permute((1, 0)), free,
+    tok = warpgroup_mma(_rows(p, p.x_bufs.index(main.index), C), p.w_bufs.index(main.index).permute((1, 0)), free,
                         use_acc=False, is_async=True)
     for kk in range(1, k_tiles):
         nxt = _next_use(p, main, stride)
         it = consumer_step(p, nxt, ROLE, it)
-        tok_next = warpgroup_mma(p.x_bufs.index(nxt.index), p.w_bufs.index(nxt.index).permute((1, 0)), free,
-                                 use_acc=False, is_async=True)
+        tok_next = warpgroup_mma(_rows(p, p.x_bufs.index(nxt.index), C), p.w_bufs.index(nxt.index).permute((1, 0)),
+                                 free, use_acc=False, is_async=True)
         part = warpgroup_mma_wait(1, deps=(tok, ))                 # group kk-1 retired; kk still in flight
-        acc = _f8_rescale(p, acc, part, main.index, mma)
+        acc = _f8_rescale(p, acc, part, main.index, mma, C)
         p.main.consumer_release(main)
         free = part
         tok = tok_next
         main = nxt
     part = warpgroup_mma_wait(0, deps=(tok, ))
-    acc = _f8_rescale(p, acc, part, main.index, mma)
+    acc = _f8_rescale(p, acc, part, main.index, mma, C)
     p.main.consumer_release(main)
     main = _next_use(p, main, stride)
     return acc, main, it
@@ -590,7 +614,7 @@ def _epilogue(p, acc, lr, off_m, off_n, CONSUMER: gl.constexpr, mma: gl.constexp
         s_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma16, k_width=2)
         acc16 = gl.convert_layout(acc, mma16, assert_trivial=True)
         p.lowrank.consumer_wait(lr)
-        s = p.s_bufs.index(lr.index).load(s_layout).to(lr_dtype)  # rounded like an unfused s @ B.T
+        s = _rows(p, p.s_bufs.index(lr.index), CONSUMER).load(s_layout).to(lr_dtype)  # rounded like an unfused s @ B.T
         acc16 = warpgroup_mma(s, p.b_bufs.index(lr.index).permute((1, 0)), acc16)
         p.lowrank.consumer_release(lr)
         acc = gl.convert_layout(acc16, mma, assert_trivial=True)
@@ -604,9 +628,12 @@ def _consumer_partition(p, CONSUMER: gl.constexpr):
     ROLE: gl.constexpr = ROLE_CONSUMER0 if CONSUMER == 0 else ROLE_CONSUMER1
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[gl.num_warps(), 1],
                                                   instr_shape=[16, p.BLOCK_N, 32])
-    sched = GroupedTileScheduler.initialize(p.M, p.N, p.BLOCK_M, p.BLOCK_N, p.GROUP_M)
+    sched = _scheduler(p)
     k_tiles = gl.cdiv(p.K, p.BLOCK_K)
     n_tiles = sched.get_num_tiles()
+    if p.COOP:
+        _consumer_coop(p, sched, k_tiles, n_tiles, CONSUMER, ROLE, mma)
+        return
     main = consumer_state(p.main.num_stages).advance(CONSUMER * k_tiles)
     lr = consumer_state(p.lowrank.num_stages).advance(CONSUMER)
     it = 0
@@ -641,6 +668,26 @@ def _consumer_partition(p, CONSUMER: gl.constexpr):
 
 
 @gluon.jit
+def _consumer_coop(p, sched, k_tiles, n_tiles, CONSUMER: gl.constexpr, ROLE: gl.constexpr, mma: gl.constexpr):
+    """COOP: both consumers walk every tile and every MAIN / LOWRANK slot together, each on its half of the rows
+    (the slot's weight tile, w_scale row and lora_up tile are shared; both release, so the rings' empty barriers
+    count two arrivals). Lock-step on shared slots needs no ConsumerOrder hand-off."""
+    main = consumer_state(p.main.num_stages)
+    lr = consumer_state(p.lowrank.num_stages)
+    it = 0
+    for t in range(n_tiles):
+        pid_m, pid_n = sched.get_tile(t)
+        off_m = pid_m * (2 * p.BLOCK_M) + CONSUMER * p.BLOCK_M
+        off_n = pid_n * p.BLOCK_N
+        if p.INFLIGHT:
+            acc, main, it = _mainloop_g_f8_inflight(p, main, mma, k_tiles, it, ROLE, 1)
+        else:
+            acc, main, it = _mainloop_g_f8(p, main, mma, k_tiles, off_m, off_n, it, ROLE, 1)
+        _epilogue(p, acc, lr, off_m, off_n, CONSUMER, mma)
+        lr = lr.next()
+
+
+@gluon.jit
 def _consumer0(p):
     _consumer_partition(p, 0)
 
@@ -666,7 +713,8 @@ def w4a4_ws_kernel(x_desc, w_desc, s_desc, b_desc, out_desc, sc_desc, sw_desc,
                    EPI_TMA: gl.constexpr, DEBUG: gl.constexpr, DEBUG_ITERS: gl.constexpr,
                    DEBUG_TILES: gl.constexpr, SCALE_TMA: gl.constexpr = False, SWAR: gl.constexpr = False,
                    RAW_STAGES_N: gl.constexpr = 2, CONSUMER_ORDER: gl.constexpr = True, F8: gl.constexpr = False,
-                   PAIRED: gl.constexpr = False, EXPANDERS: gl.constexpr = 1, INFLIGHT: gl.constexpr = False):
+                   PAIRED: gl.constexpr = False, EXPANDERS: gl.constexpr = 1, INFLIGHT: gl.constexpr = False,
+                   COOP: gl.constexpr = False):
     gl.static_assert(BLOCK_K % _PACK == 0, "BLOCK_K must be a multiple of the 64-wide pack block")
     gl.static_assert(LOWRANK_STAGES >= 1, "the LOWRANK ring needs a slot even when unused")
     # Every SMEM buffer and barrier of the kernel is declared here (plan.smem ledger mirrors it).
@@ -677,10 +725,12 @@ def w4a4_ws_kernel(x_desc, w_desc, s_desc, b_desc, out_desc, sc_desc, sw_desc,
     gl.static_assert(EXPANDERS == 1 or (F8 and EXPANDERS == 2) or (F8 and SCALE_TMA and EXPANDERS == 0),
                      "two expanders: the F8 path only; none (pre-expanded weights): F8 with SCALE_TMA")
     gl.static_assert(not INFLIGHT or (F8 and SCALE_TMA), "in-flight partials: the F8 path with SCALE_TMA")
+    gl.static_assert(not COOP or (EXPANDERS == 0 and not PAIRED), "COOP: no expander, not PAIRED")
+    TILE_M: gl.constexpr = _tile_m(BLOCK_M, COOP)
     op_dtype: gl.constexpr = gl.float8e4nv if F8 else gl.int8
-    x_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_K], op_dtype)
+    x_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([TILE_M, BLOCK_K], op_dtype)
     w_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_K], op_dtype)
-    x_bufs = gl.allocate_shared_memory(op_dtype, [STAGES, BLOCK_M, BLOCK_K], x_layout)
+    x_bufs = gl.allocate_shared_memory(op_dtype, [STAGES, TILE_M, BLOCK_K], x_layout)
     w_bufs = gl.allocate_shared_memory(op_dtype, [STAGES, BLOCK_N, BLOCK_K], w_layout)
     if FMT == _FMT_INT4_G and not F8:
         xp_bufs = gl.allocate_shared_memory(gl.uint8, [RAW_STAGES_N] + x_desc.block_type.shape, x_desc.layout)
@@ -717,16 +767,17 @@ def w4a4_ws_kernel(x_desc, w_desc, s_desc, b_desc, out_desc, sc_desc, sw_desc,
 
     # MAIN fills: 2l / F8 = loader's expect (x by TMA) + expander's arrive (w); g = expander only, plus the
     # loader's expect of the scale rows with SCALE_TMA; no expander = the loader's expect alone.
-    main = make_pipeline(STAGES, 2 if (FMT == _FMT_INT4_2L or SCALE_TMA or F8) and EXPANDERS != 0 else 1, 1)
+    main = make_pipeline(STAGES, 2 if (FMT == _FMT_INT4_2L or SCALE_TMA or F8) and EXPANDERS != 0 else 1,
+                         2 if COOP else 1)
     raw = make_pipeline(RAW_STAGES_N, 1, 1)
-    lowrank = make_pipeline(LOWRANK_STAGES, 1, 1)
+    lowrank = make_pipeline(LOWRANK_STAGES, 1, 2 if COOP else 1)
     order = make_consumer_order(CONSUMER_ORDER)   # False only to reproduce the parity hang (bisect)
 
     p = W4A4Args(x_desc, w_desc, s_desc, b_desc, out_desc, x_bufs, w_bufs, xp_bufs, wp_bufs, s_bufs, b_bufs,
                  epi_bufs, sc_desc, sw_desc, sx_bufs, sw_bufs, main, raw, lowrank, order, out_ptr, stride_om, xscale_ptr, wscale_ptr, wmult_ptr,
                  col_scale_ptr, bias_ptr, dbg_ptr, dbg_tiles_ptr, M, N, K, FMT, G2, BLOCK_M, BLOCK_N, BLOCK_K,
                  BLOCK_R, GROUP_M, HAS_LOWRANK, HAS_COL_SCALE, HAS_BIAS, EPI_TMA, DEBUG, DEBUG_ITERS, DEBUG_TILES,
-                 SCALE_TMA, SWAR, F8, PAIRED, EXPANDERS, INFLIGHT)
+                 SCALE_TMA, SWAR, F8, PAIRED, EXPANDERS, INFLIGHT, COOP)
     if EXPANDERS == 0:
         gl.warp_specialize([
             (_consumer0, (p, )),
@@ -766,11 +817,13 @@ def _fmt_id(fmt) -> int:
 def w4a4_ledger(config: KernelConfig, *, fmt, out_dtype=torch.bfloat16, has_lowrank: bool = True,
                 lowrank_dtype=torch.bfloat16, n_out: int = 8, scale_tma: bool = False,
                 group_size: int = 64, raw_stages: int = RAW_STAGES, f8: bool = False,
-                expanders: int = 1) -> SmemLedger:
+                expanders: int = 1, coop: bool = False) -> SmemLedger:
     """Every byte ``w4a4_ws_kernel`` allocates, itemized (mirrors the allocations in the kernel).
-    ``expanders=0``: the e4m3 weights arrive in MAIN by TMA, no RAW tiles (its barriers remain)."""
+    ``expanders=0``: the e4m3 weights arrive in MAIN by TMA, no RAW tiles (its barriers remain). ``coop``: a slot's
+    activation rows, xab rows and s tile cover both consumers (2·block_m rows); the weight side is shared."""
     f = _fmt_id(fmt)
-    bm, bn, bk, br = config.block_m, config.block_n, config.block_k, config.block_r
+    bn, bk, br = config.block_n, config.block_k, config.block_r
+    bm = 2 * config.block_m if coop else config.block_m
     s, lr = config.num_stages, max(1, config.lowrank_stages)
     op = "e4m3" if f8 else "int8"
     terms = [SmemTerm(f"{Ring.MAIN}.x_{op}", tile_bytes(bm, bk, 8), s),
@@ -792,12 +845,12 @@ def w4a4_ledger(config: KernelConfig, *, fmt, out_dtype=torch.bfloat16, has_lowr
         terms += [SmemTerm(f"{Ring.LOWRANK}.s_fp32", tile_bytes(bm, br, 32), lr),
                   SmemTerm(f"{Ring.LOWRANK}.lora_up", tile_bytes(bn, br, _BITS[lowrank_dtype]), lr)]
     if _epi_tma(out_dtype, n_out):
-        terms.append(SmemTerm(f"{Ring.EPILOGUE}.out", tile_bytes(bm, bn, _BITS[out_dtype]), 1,
+        terms.append(SmemTerm(f"{Ring.EPILOGUE}.out", tile_bytes(config.block_m, bn, _BITS[out_dtype]), 1,
                               Scope.PER_CONSUMER))
     # ready + empty per slot of MAIN, RAW, LOWRANK, and the consumers' two ORDER barriers
     terms.append(SmemTerm("barriers", barrier_bytes(2 * (s + raw_stages + lr) + NUM_CONSUMERS)))
-    return SmemLedger(tuple(terms), consumers=NUM_CONSUMERS, label=f"w4a4 v2 {fmt}{' f8' if f8 else ''}{'' if expanders else ' w8'} "
-                                                                     f"{bm}x{bn}x{bk}")
+    return SmemLedger(tuple(terms), consumers=NUM_CONSUMERS, label=f"w4a4 v2 {fmt}{' f8' if f8 else ''}{'' if expanders else ' w8'}"
+                                                                     f"{' coop' if coop else ''} {bm}x{bn}x{bk}")
 
 
 def u_rows(block_k: int, group_size: int) -> int:
@@ -840,7 +893,8 @@ def default_config_v2(fmt, group_size: int = 64) -> KernelConfig:
 def plan_w4a4_v2(fmt, *, rank: int, group_size: int = 64, out_dtype=torch.bfloat16,
                  lowrank_dtype=torch.bfloat16, config: KernelConfig | None = None,
                  verbose: bool = False, n_out: int = 8, scale_tma: bool = False,
-                 raw_stages: int = RAW_STAGES, f8: bool = False, expanders: int = 1) -> KernelConfig:
+                 raw_stages: int = RAW_STAGES, f8: bool = False, expanders: int = 1,
+                 coop: bool = False) -> KernelConfig:
     """Tile sizes from ``config`` (or the default); stage counts from the ledger: the deepest MAIN
     ring first, then the deepest LOWRANK ring. Raises SmemError with the table if nothing fits."""
     base = config or default_config_v2(fmt, group_size)
@@ -852,7 +906,7 @@ def plan_w4a4_v2(fmt, *, rank: int, group_size: int = 64, out_dtype=torch.bfloat
         return w4a4_ledger(base.replace(num_stages=main_stages, lowrank_stages=lr_stages), fmt=fmt,
                            out_dtype=out_dtype, has_lowrank=has_lr, lowrank_dtype=lowrank_dtype, n_out=n_out,
                            scale_tma=scale_tma, group_size=group_size, raw_stages=raw_stages, f8=f8,
-                           expanders=expanders)
+                           expanders=expanders, coop=coop)
 
     main, lr, ledger = solve_stages(build, min_main=2, max_main=8, min_lowrank=1 if not has_lr else 2,
                                     max_lowrank=1 if not has_lr else 4)
@@ -863,7 +917,7 @@ def plan_w4a4_v2(fmt, *, rank: int, group_size: int = 64, out_dtype=torch.bfloat
 
 def _check_config(config: KernelConfig, M, N, K, rank, fmt, group_size, out_dtype, lowrank_dtype, wmult_rows=None,
                   scale_tma: bool = False, raw_stages: int = RAW_STAGES, f8: bool = False, expanders: int = 1,
-                  inflight: bool = False):
+                  inflight: bool = False, coop: bool = False):
     """Raise ValueError/SmemError naming the violated constraint (expected vs got)."""
     f = _fmt_id(fmt)
     if f8 and f != FMT_INT4_G:
@@ -893,7 +947,7 @@ def _check_config(config: KernelConfig, M, N, K, rank, fmt, group_size, out_dtyp
         raise ValueError(f"w4a4 v2: rank {rank} exceeds block_r {config.block_r}")
     w4a4_ledger(config, fmt=fmt, out_dtype=out_dtype, has_lowrank=rank > 0, lowrank_dtype=lowrank_dtype,
                 n_out=N, scale_tma=scale_tma, group_size=group_size, raw_stages=raw_stages, f8=f8,
-                expanders=expanders).check()
+                expanders=expanders, coop=coop).check()
 
 
 def can_implement_v2(config: KernelConfig, shape) -> bool:
@@ -945,7 +999,7 @@ def kernel_args_v2(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias
                    debug_tiles: int = DEBUG_TILES_DEFAULT, grid: int | None = None, consumer_order: bool = True,
                    scale_tma: bool | None = None, swar: bool = True, raw_stages: int | None = None,
                    f8: bool | None = None, paired: bool | None = None, expanders: int | None = None,
-                   inflight: bool | None = None, w_f8=None):
+                   inflight: bool | None = None, w_f8=None, coop: bool | None = None):
     """Validate (the v1 contract's own checks), plan and build one launch.
     ``expanders`` (f8 only; None = :func:`f8_expanders_default`): 2 runs a second expander warpgroup on the odd
     K steps (skeleton.ROLES_TWO_EXPANDERS); 0 runs none: the weights are expanded once per call into a transient
@@ -953,6 +1007,8 @@ def kernel_args_v2(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias
     holds one) that the loader TMAs into MAIN next to the activations (skeleton.ROLES_NO_EXPANDER).
     ``inflight`` (needs f8 and TMA'd scale rows; None = :func:`inflight_default`): each consumer issues the next
     group's wgmma before it rescales the current one (two fp32 partials in flight).
+    ``coop`` (needs expanders=0, not paired; None = :func:`coop_default`): the two consumers share each slot's
+    weight tile, each on its half of a 2·block_m-row CTA tile — a third less L2 → SMEM traffic per MMA.
     ``paired`` (int4_g only; None = :func:`paired_default`): the two consumers run the K loops of a tile pair at
     the same time, the pair's K steps interleaved on MAIN, so one consumer's rescale overlaps the other's MMA
     (otherwise they hand the ring over per tile and only the epilogues overlap).
@@ -987,22 +1043,27 @@ def kernel_args_v2(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias
             lambda: f"expanders=2 needs the f8 path and expanders=0 the f8 path with TMA'd scale rows, got "
                     f"expanders={expanders}, f8={f8}, scale_tma={scale_tma}")
     inflight = inflight_default(expanders) if inflight is None else inflight
+    coop = coop_default(expanders) if coop is None else coop
     _expect(not inflight or (f8 and scale_tma), lambda: f"in-flight partials need the f8 path with TMA'd scale rows, "
                                                         f"got f8={f8}, scale_tma={scale_tma}")
     # (defaults only with TMA'd scale rows: the global-load variant spills when paired)
-    paired = (f == FMT_INT4_G and f8 and scale_tma and paired_default()) if paired is None else paired
+    paired = (f == FMT_INT4_G and f8 and scale_tma and not coop and paired_default()) if paired is None else paired
+    _expect(not coop or (expanders == 0 and not paired),
+            lambda: f"coop (shared weight tiles) needs expanders=0 and paired=False, got expanders={expanders}, "
+                    f"paired={paired}")
     _expect(not paired or f == FMT_INT4_G, lambda: f"paired main loops are an int4_g option, got fmt={fmt!r}")
     if expanders == 0:
         raw_stages = 1     # barriers only: nothing lands in RAW
     config = plan_w4a4_v2(f, rank=r, group_size=group_size, out_dtype=out.dtype, lowrank_dtype=lr_dtype,
                           config=config, n_out=N, scale_tma=scale_tma, raw_stages=raw_stages, f8=f8,
-                          expanders=expanders)
+                          expanders=expanders, coop=coop)
     _check_config(config, M, N, K, r, f, group_size, out.dtype, lr_dtype, scale_tma=scale_tma, raw_stages=raw_stages,
-                  f8=f8, expanders=expanders, inflight=inflight)
+                  f8=f8, expanders=expanders, inflight=inflight, coop=coop)
 
     bm, bn, bk, br = config.block_m, config.block_n, config.block_k, config.block_r
+    tm = 2 * bm if coop else bm          # rows of a CTA tile (the loader's boxes)
     x_q, x_scale = _f8_operands(x_q, x_scale, group_size, f8, "w4a4 v2")
-    x_desc = desc(x_q, (bm, bk) if (f == FMT_INT4_2L or f8) else (bm, bk // 2))
+    x_desc = desc(x_q, (tm, bk) if (f == FMT_INT4_2L or f8) else (tm, bk // 2))
     if expanders == 0:
         if w_f8 is None:
             from ..w4_expand import expand_w4
@@ -1016,17 +1077,17 @@ def kernel_args_v2(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias
         _expect(w_f8 is None, "w_f8 (pre-expanded weights) is read only with expanders=0")
         w_desc = desc(w_q, (bn, bk // 2))
     r8 = -(-r // 8) * 8
-    s_desc = desc(_pad_rank(lowrank_act, r8) if r else dummy(dev, torch.float32, (bm, br)), (bm, br))
+    s_desc = desc(_pad_rank(lowrank_act, r8) if r else dummy(dev, torch.float32, (tm, br)), (tm, br))
     b_desc = desc(_pad_rank(lora_up, r8) if r else dummy(dev, lr_dtype, (bn, br)), (bn, br))
     epi_tma = _epi_tma(out.dtype, N)
     out_desc = desc(out if epi_tma else dummy(dev, torch.bfloat16, (bm, bn)), (bm, bn))
     if scale_tma and f == FMT_INT4_2L:
         sc_desc = sw_desc = _row_desc(w_mul, bn)
     elif scale_tma:
-        sc_desc, sw_desc = _row_desc(x_scale, bm), _row_desc(w_scale, bn)
+        sc_desc, sw_desc = _row_desc(x_scale, tm), _row_desc(w_scale, bn)
     else:
         sc_desc = sw_desc = _row_desc(dummy(dev, torch.uint8, (16, )), 16)
-    tiles = cdiv(M, bm) * cdiv(N, bn)
+    tiles = cdiv(M, tm) * cdiv(N, bn)
     grid = min(grid, tiles) if grid else persistent_grid(tiles, dev)
     dbg = dbg_tiles = None
     i32 = dummy(dev, torch.int32, (1, ))
@@ -1041,7 +1102,7 @@ def kernel_args_v2(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias
                       HAS_COL_SCALE=col_scale is not None, HAS_BIAS=bias is not None, EPI_TMA=epi_tma,
                       DEBUG=debug, DEBUG_ITERS=debug_iters, DEBUG_TILES=debug_tiles, SCALE_TMA=scale_tma,
                       SWAR=swar, RAW_STAGES_N=raw_stages, CONSUMER_ORDER=consumer_order, F8=f8, PAIRED=paired,
-                      EXPANDERS=expanders, INFLIGHT=inflight)
+                      EXPANDERS=expanders, INFLIGHT=inflight, COOP=coop)
     return grid, args, constexprs, config, (dbg, dbg_tiles)
 
 
@@ -1065,6 +1126,13 @@ def inflight_default(expanders: int) -> bool:
     return expanders == 0 if v == "" else v != "0"
 
 
+def coop_default(expanders: int) -> bool:
+    """Whether the no-expander kernel shares weight tiles between its consumers (``LOWRANK_GEMM_V2_COOP``: 1 / 0;
+    default off until measured)."""
+    v = getenv("LOWRANK_GEMM_V2_COOP", "")
+    return False if v == "" else (v != "0" and expanders == 0)
+
+
 def paired_default() -> bool:
     """Whether the int4_g f8 path pairs its consumers' K loops by default (``LOWRANK_GEMM_V2_PAIRED``, default on).
     With one expander it measured within noise (fc1 910 vs 923 µs: the expander bounded the kernel); with two
@@ -1084,7 +1152,7 @@ def launch_w4a4_v2(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias
                    grid: int | None = None, consumer_order: bool = True, scale_tma: bool | None = None,
                    swar: bool = True, raw_stages: int | None = None, f8: bool | None = None,
                    paired: bool | None = None, expanders: int | None = None, inflight: bool | None = None,
-                   w_f8=None):
+                   w_f8=None, coop: bool | None = None):
     """out [M, N] ← W4A4 v2; the argument contract of ``kernels.w4a4_gemm`` (its module docstring),
     plus ``col_scale`` [N] (optional per-column factor on the main product). Returns ``out``, or
     ``(out, (dbg [grid, roles, iters, 2] int32, tiles [grid, DEBUG_TILES, 2] int32))`` with ``debug``."""
@@ -1092,7 +1160,7 @@ def launch_w4a4_v2(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias
                                            fmt, group_size, config, col_scale=col_scale, debug=debug, grid=grid,
                                            consumer_order=consumer_order, scale_tma=scale_tma, swar=swar,
                                            raw_stages=raw_stages, f8=f8, paired=paired, expanders=expanders,
-                                           inflight=inflight, w_f8=w_f8)
+                                           inflight=inflight, w_f8=w_f8, coop=coop)
     if _fmt_id(fmt) == FMT_INT4_2L and not two_level_enabled():
         raise NotImplementedError("int4_2l v2 is switched off by LOWRANK_GEMM_GLUON_2L=0; use impl='v1'")
     launch(w4a4_ws_kernel, (g, ), *args, **cx, num_warps=DEFAULT_WARPS)
@@ -1148,7 +1216,7 @@ def make_operands_v2(fmt, M, N, K, rank, group_size=64, *, device="cuda", bias=T
 # Ahead-of-time compile (CI, CPU): signature from CPU stand-in tensors of a small problem.
 def aot_signature_v2(fmt, config: KernelConfig | None = None, *, M=96, N=160, K=384, rank=16, group_size=64,
                      out_dtype=torch.bfloat16, bias=True, col_scale=True, debug=False, scale_tma=None, swar=True,
-                     raw_stages=None, f8=None, paired=None, expanders=None, inflight=None):
+                     raw_stages=None, f8=None, paired=None, expanders=None, inflight=None, coop=None):
     """(signature, constexprs, config) for ``kernels.aot.compile_sm90`` of :func:`w4a4_ws_kernel`."""
     import inspect
     from triton.runtime.jit import mangle_type
@@ -1156,7 +1224,7 @@ def aot_signature_v2(fmt, config: KernelConfig | None = None, *, M=96, N=160, K=
                            out_dtype=out_dtype)
     _, args, cx, cfg, _ = kernel_args_v2(**ops, config=config, debug=debug, scale_tma=scale_tma, swar=swar,
                                          raw_stages=raw_stages, f8=f8, paired=paired, expanders=expanders,
-                                         inflight=inflight)
+                                         inflight=inflight, coop=coop)
     names = [n for n in inspect.signature(w4a4_ws_kernel.fn).parameters if n not in cx]
     sig = {n: (mangle_type(a) if not isinstance(a, int) else "i32") for n, a in zip(names, args)}
     return sig, cx, cfg
