@@ -39,6 +39,8 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     ap.add_argument("--shapes", default="fc1,fc2,sq,fc1b")
     ap.add_argument("--quick", action="store_true", help="fewer graph calls")
+    ap.add_argument("--msweep", default="", help="M values at fc1's N, K: the default against the no-expander "
+                                                 "variants with their per-call weight expansion (the routing rule)")
     args = ap.parse_args()
     import torch
 
@@ -100,6 +102,26 @@ def main() -> None:
                        err_default=None if err is None else round(err, 5))
             rows.append(row)
             print(row, flush=True)
+    for m in [int(v) for v in args.msweep.split(",") if v]:
+        _, N, K = SHAPES["fc1"]
+        ops = w4.make_operands_v2("int4_g64", m, N, K, RANK, 64, device="cuda", bias=True)
+        x8, xab = expand_act_f8(ops["x_q"], ops["x_scale"], 64)
+        base = dict(ops, x_q=x8, x_scale=xab)
+        for v, kw in VARIANTS.items():
+            if v in ("w8_inflight", "w8_paired"):
+                continue
+            t = time_graph(lambda kw=kw: w4.launch_w4a4_v2(**base, f8=True, **kw), [()], calls=calls)
+            row = dict(shape=f"fc1_m{m}", M=m, N=N, K=K, impl=v + ("+expand" if kw.get("expanders") == 0 else ""),
+                       graph_us=round(t.median_us, 2), tops=round(2 * m * N * K / t.median_us / 1e6, 1),
+                       same_as_default=None, err_default=None)
+            rows.append(row)
+            print(row, flush=True)
+        fx = torch.randn(m, K, device="cuda").to(torch.float8_e4m3fn)
+        fw = torch.randn(N, K, device="cuda").to(torch.float8_e4m3fn)
+        one = torch.ones((), device="cuda")
+        t = time_graph(lambda: torch._scaled_mm(fx, fw.t(), one, one, out_dtype=torch.bfloat16), [()], calls=calls)
+        rows.append(dict(shape=f"fc1_m{m}", M=m, N=N, K=K, impl="fp8_scaled_mm", graph_us=round(t.median_us, 2),
+                         tops=round(2 * m * N * K / t.median_us / 1e6, 1), same_as_default=None, err_default=None))
     meta = device_meta()
     (out_dir / "probe_w4a4_w8.json").write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))
     lines = [f"# probe_w4a4_w8 — {meta.get('device')} · torch {meta.get('torch')} · triton {meta.get('triton')} · "

@@ -568,30 +568,39 @@ def _f8_rescale(p, acc, part, slot, mma: gl.constexpr, C: gl.constexpr):
 
 @gluon.jit
 def _mainloop_g_f8_inflight(p, main, mma: gl.constexpr, k_tiles, it, ROLE: gl.constexpr, stride):
-    """:func:`_mainloop_g_f8` with the next group's wgmma issued before this group's rescale, so one consumer's
-    MMA and its own rescale overlap (two fp32 partials in flight: the register room EXPANDERS=0 frees). Scale
-    rows come with the slot (SCALE_TMA). A slot is released once its MMA retired and its rows were read."""
+    """:func:`_mainloop_g_f8` two groups at a time: both groups' wgmmas are issued back to back, then the first
+    group is rescaled while the second's MMA runs (two fp32 partials, ``pa`` and ``pb``: the register room
+    EXPANDERS=0 frees). Nothing is in flight across the loop's back edge: carrying an MMA over it (or handing one
+    register set from step to step) made the compiler copy an accumulator in flight, and ptxas then serialized
+    every wgmma (C7514) — measured 17 % slower than no overlap at all (NOTES.md, session 23). Scale rows come with
+    the slot (SCALE_TMA); a slot is released once its MMA retired and its rows were read."""
     C: gl.constexpr = 1 if ROLE == ROLE_CONSUMER1 else 0
-    free = gl.zeros([p.BLOCK_M, p.BLOCK_N], gl.float32, mma)    # registers the next MMA may overwrite
     acc = gl.zeros([p.BLOCK_M, p.BLOCK_N], gl.float32, mma)
-    it = consumer_step(p, main, ROLE, it)
-    tok = warpgroup_mma(_rows(p, p.x_bufs.index(main.index), C), p.w_bufs.index(main.index).permute((1, 0)), free,
-                        use_acc=False, is_async=True)
-    for kk in range(1, k_tiles):
-        nxt = _next_use(p, main, stride)
-        it = consumer_step(p, nxt, ROLE, it)
-        tok_next = warpgroup_mma(_rows(p, p.x_bufs.index(nxt.index), C), p.w_bufs.index(nxt.index).permute((1, 0)),
-                                 free, use_acc=False, is_async=True)
-        part = warpgroup_mma_wait(1, deps=(tok, ))                 # group kk-1 retired; kk still in flight
-        acc = _f8_rescale(p, acc, part, main.index, mma, C)
+    pa = gl.zeros([p.BLOCK_M, p.BLOCK_N], gl.float32, mma)
+    pb = gl.zeros([p.BLOCK_M, p.BLOCK_N], gl.float32, mma)
+    for i in range(k_tiles // 2):
+        it = consumer_step(p, main, ROLE, it)
+        ta = warpgroup_mma(_rows(p, p.x_bufs.index(main.index), C), p.w_bufs.index(main.index).permute((1, 0)), pa,
+                           use_acc=False, is_async=True)
+        nb = _next_use(p, main, stride)
+        it = consumer_step(p, nb, ROLE, it)
+        tb = warpgroup_mma(_rows(p, p.x_bufs.index(nb.index), C), p.w_bufs.index(nb.index).permute((1, 0)), pb,
+                           use_acc=False, is_async=True)
+        pa = warpgroup_mma_wait(1, deps=(ta, ))
+        acc = _f8_rescale(p, acc, pa, main.index, mma, C)
         p.main.consumer_release(main)
-        free = part
-        tok = tok_next
-        main = nxt
-    part = warpgroup_mma_wait(0, deps=(tok, ))
-    acc = _f8_rescale(p, acc, part, main.index, mma, C)
-    p.main.consumer_release(main)
-    main = _next_use(p, main, stride)
+        pb = warpgroup_mma_wait(0, deps=(tb, ))
+        acc = _f8_rescale(p, acc, pb, nb.index, mma, C)
+        p.main.consumer_release(nb)
+        main = _next_use(p, nb, stride)
+    for i in range(k_tiles % 2):             # an odd step count leaves one group, run alone
+        it = consumer_step(p, main, ROLE, it)
+        ta = warpgroup_mma(_rows(p, p.x_bufs.index(main.index), C), p.w_bufs.index(main.index).permute((1, 0)), pa,
+                           use_acc=False, is_async=True)
+        pa = warpgroup_mma_wait(0, deps=(ta, ))
+        acc = _f8_rescale(p, acc, pa, main.index, mma, C)
+        p.main.consumer_release(main)
+        main = _next_use(p, main, stride)
     return acc, main, it
 
 
