@@ -627,8 +627,23 @@ def test_no_expander_and_inflight_validation():
         w4.kernel_args_v2(**ops, f8=False, inflight=True)
 
 
-def test_inflight_default(monkeypatch):
-    monkeypatch.delenv("LOWRANK_GEMM_V2_INFLIGHT", raising=False)
+def test_no_expander_defaults(monkeypatch):
+    """From W8_MIN_M tokens (where the per-call weight expansion pays, probes/s23/call4) the f8 path runs without
+    expanders, coop, in flight; below it the two-expander paired kernel. Each knob's variable pins it."""
+    for v in ("LOWRANK_GEMM_V2_INFLIGHT", "LOWRANK_GEMM_V2_COOP", "LOWRANK_GEMM_V2_F8_EXPANDERS"):
+        monkeypatch.delenv(v, raising=False)
     assert w4.inflight_default(0) and not w4.inflight_default(2)
+    assert w4.coop_default(0) and not w4.coop_default(2)
+    assert w4.f8_expanders_default(w4.W8_MIN_M) == 0 and w4.f8_expanders_default(w4.W8_MIN_M - 8) == 2
+    big = w4.make_operands_v2("int4_g64", w4.W8_MIN_M, 128, 256, 16, 64, device="cpu")
+    cx = w4.kernel_args_v2(**big)[2]
+    assert (cx["EXPANDERS"], cx["COOP"], cx["INFLIGHT"], cx["PAIRED"]) == (0, True, True, False)
+    small = w4.make_operands_v2("int4_g64", 256, 128, 256, 16, 64, device="cpu")
+    cx = w4.kernel_args_v2(**small)[2]
+    assert (cx["EXPANDERS"], cx["COOP"], cx["INFLIGHT"], cx["PAIRED"]) == (2, False, False, True)
+    assert w4.kernel_args_v2(**big, paired=True)[2]["COOP"] is False     # an explicit paired kernel
     monkeypatch.setenv("LOWRANK_GEMM_V2_INFLIGHT", "0")
-    assert not w4.inflight_default(0)
+    monkeypatch.setenv("LOWRANK_GEMM_V2_COOP", "0")
+    assert not w4.inflight_default(0) and not w4.coop_default(0)
+    monkeypatch.setenv("LOWRANK_GEMM_V2_F8_EXPANDERS", "2")
+    assert w4.kernel_args_v2(**big)[2]["EXPANDERS"] == 2

@@ -1047,12 +1047,13 @@ def kernel_args_v2(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias
     f8 = (f == FMT_INT4_G and f8_default()) if f8 is None else f8
     if raw_stages is None:
         raw_stages = RAW_STAGES_F8 if f8 else RAW_STAGES
-    expanders = (f8_expanders_default() if f8 and scale_tma else 1) if expanders is None else expanders
+    expanders = (f8_expanders_default(M) if f8 and scale_tma else 1) if expanders is None else expanders
     _expect(expanders == 1 or (f8 and expanders == 2) or (f8 and scale_tma and expanders == 0),
             lambda: f"expanders=2 needs the f8 path and expanders=0 the f8 path with TMA'd scale rows, got "
                     f"expanders={expanders}, f8={f8}, scale_tma={scale_tma}")
     inflight = inflight_default(expanders) if inflight is None else inflight
-    coop = coop_default(expanders) if coop is None else coop
+    if coop is None:           # an explicit paired=True asks for the paired kernel
+        coop = coop_default(expanders) and not paired
     _expect(not inflight or (f8 and scale_tma), lambda: f"in-flight partials need the f8 path with TMA'd scale rows, "
                                                         f"got f8={f8}, scale_tma={scale_tma}")
     # (defaults only with TMA'd scale rows: the global-load variant spills when paired)
@@ -1121,25 +1122,37 @@ def f8_default() -> bool:
     return getenv("LOWRANK_GEMM_V2_F8", "1") != "0"
 
 
-def f8_expanders_default() -> int:
-    """Expander warpgroups of the f8 path (``LOWRANK_GEMM_V2_F8_EXPANDERS``, default 2). H200, same process:
-    with paired consumer K loops fc1 885 → 754 µs, fc2 941 → 793, M=64 58.5 → 55.0; alone (unpaired) 935 / 1003 /
-    60.7 — once the expanders keep up, the consumers' serialized K loops are the limit, which pairing removes."""
-    return int(getenv("LOWRANK_GEMM_V2_F8_EXPANDERS", "2"))
+# From this many tokens the f8 path runs without expanders (weights expanded per call, consumers sharing the weight
+# tile, two partials in flight). The expansion costs one pass over the weights (fc1: 20.6 µs), the GEMM saves a
+# fixed fraction of its M-proportional time, so the crossover is an M: H200, N = 12288, K = 3072, GEMM + expansion
+# vs the two-expander kernel, same process (probes/s23/call4): M = 256 68.0 vs 50.2 µs, 512 89.5 vs 89.0,
+# 1024 152.4 vs 171.9, 2048 280.5 vs 337.7, 4608 574.5 + 20.6 vs 746.4.
+W8_MIN_M = 768
+
+
+def f8_expanders_default(m: int | None = None) -> int:
+    """Expander warpgroups of the f8 path (``LOWRANK_GEMM_V2_F8_EXPANDERS`` pins it): 0 from :data:`W8_MIN_M` tokens,
+    else 2. H200, same process: two expanders with paired consumer K loops fc1 885 → 754 µs, fc2 941 → 793, M=64
+    58.5 → 55.0 against one; none (coop, in flight) fc1 746 → 574 + 20.6 (the per-call weight expansion)."""
+    env = getenv("LOWRANK_GEMM_V2_F8_EXPANDERS", "")
+    if env:
+        return int(env)
+    return 0 if m is not None and m >= W8_MIN_M else 2
 
 
 def inflight_default(expanders: int) -> bool:
     """Whether the f8 consumers keep two partials in flight (``LOWRANK_GEMM_V2_INFLIGHT``: 1 / 0, default: only
-    without expanders, where the consumers have the registers for it)."""
+    without expanders, where the consumers have the registers for it). H200, coop, fc1 604 → 574 µs, fc2 604 → 570,
+    3072² 163 → 153, 9216 450 → 428 (probes/s23/call4)."""
     v = getenv("LOWRANK_GEMM_V2_INFLIGHT", "")
     return expanders == 0 if v == "" else v != "0"
 
 
 def coop_default(expanders: int) -> bool:
     """Whether the no-expander kernel shares weight tiles between its consumers (``LOWRANK_GEMM_V2_COOP``: 1 / 0;
-    default off until measured)."""
+    default: whenever there is no expander). H200, fc1 641 → 608 µs paired → coop, fc2 646 → 610 (probes/s23/call3)."""
     v = getenv("LOWRANK_GEMM_V2_COOP", "")
-    return False if v == "" else (v != "0" and expanders == 0)
+    return expanders == 0 and v != "0"
 
 
 def paired_default() -> bool:
