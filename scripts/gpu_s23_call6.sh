@@ -5,7 +5,7 @@
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT/san"
 export PYTHONPATH=$PWD/src
-SANITIZE_FMTS=int4_g64_w8 SANITIZE_TIMEOUT=150 bash scripts/sanitize_gluon.sh "$OUT/san"
+SANITIZE_FMTS=int4_g64_w8 SANITIZE_TIMEOUT=${SANITIZE_TIMEOUT:-150} bash scripts/sanitize_gluon.sh "$OUT/san"
 echo "sanitize rc=$?" >> "$OUT/san/sanitize_summary.txt"
 cp "$OUT/san/sanitize_summary.txt" "$OUT/"
 (cd "$OUT" && tar czf sanitize.tar.gz san && rm -rf san)
