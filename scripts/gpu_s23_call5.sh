@@ -6,4 +6,4 @@
 cd "$(dirname "$0")/.."
 TEST_TIMEOUT=170 BENCH_TIMEOUT=140 bash scripts/gpu_session.sh --tests "tests/test_gluon_gpu.py tests/test_w4a4_gpu.py" \
     --suites "w4a4 ab"
-SANITIZE_TOOLS="racecheck synccheck" SANITIZE_TIMEOUT=70 bash scripts/gpu_s23_call6.sh
+SANITIZE_TOOLS="racecheck synccheck" SANITIZE_TIMEOUT=70 bash scripts/gpu_s23_sanitize.sh

@@ -31,6 +31,7 @@ VARIANTS = {   # name: launch_w4a4_v2 options (f8 on for all)
     "w8_inflight": dict(expanders=0, paired=False, inflight=True),
     "w8_coop": dict(expanders=0, paired=False, inflight=False, coop=True),
     "w8_coop_inflight": dict(expanders=0, paired=False, inflight=True, coop=True),
+    "w8_coop_inflight_ws32": dict(expanders=0, paired=False, inflight=True, coop=True, ws_f32=True),
 }
 
 

@@ -220,7 +220,8 @@ def test_f8_and_paired_variants_agree_and_repeat_bit_identically(M, N, K):
         # nor do weights expanded before the kernel, or a second partial in flight (same FMA order per element)
         for kw in (dict(paired=True, inflight=False), dict(paired=True, inflight=True),
                    dict(paired=False, inflight=True), dict(paired=False, inflight=False, coop=True),
-                   dict(paired=False, inflight=True, coop=True)):
+                   dict(paired=False, inflight=True, coop=True), dict(paired=False, inflight=True, coop=True,
+                                                                      ws_f32=True)):
             w = w4.launch_w4a4_v2(**ops, f8=True, expanders=0, **kw).clone()
             w2 = w4.launch_w4a4_v2(**ops, f8=True, expanders=0, **kw).clone()
             assert torch.equal(w, w2), f"expanders=0 {kw} not bit-identical over repeated runs"

@@ -436,6 +436,7 @@ AOT_CASES = [
     dict(fmt="int4_g64", f8=True, paired=False, expanders=0, inflight=False, coop=True, M=200, N=128),
     dict(fmt="int4_g64", f8=True, paired=False, expanders=0, inflight=True, coop=True, M=200, N=128),
     dict(fmt="int4_g64", f8=True, paired=False, expanders=0, inflight=True, coop=True, M=200, N=128, K=448),  # odd
+    dict(fmt="int4_g64", f8=True, paired=False, expanders=0, inflight=True, coop=True, ws_f32=True, M=200, N=128),
 ]
 
 
@@ -459,7 +460,7 @@ def test_aot_compile_ptx_and_ledger(case):
     led = w4.w4a4_ledger(cfg, fmt=fmt, out_dtype=case.get("out_dtype", torch.bfloat16),
                          has_lowrank=cx["HAS_LOWRANK"], n_out=case.get("N", 160), scale_tma=cx["SCALE_TMA"],
                          group_size=case.get("group_size", 64), f8=cx.get("F8", False), raw_stages=cx["RAW_STAGES_N"],
-                         expanders=cx["EXPANDERS"], coop=cx["COOP"])
+                         expanders=cx["EXPANDERS"], coop=cx["COOP"], ws_bits=32 if case.get("ws_f32") else 16)
     print(led.table(), "\ncompiled shared:", info.shared)
     assert led.total() <= info.shared <= led.total() + WS_CAPTURE_SLACK, (led.table(), info.shared)
     assert info.shared <= SM90_SMEM_LIMIT
@@ -625,6 +626,10 @@ def test_no_expander_and_inflight_validation():
         w4.kernel_args_v2(**ops, f8=True, expanders=2, inflight=True)
     with pytest.raises(ValueError, match="in-flight partials need the f8 path"):
         w4.kernel_args_v2(**ops, f8=False, inflight=True)
+    with pytest.raises(ValueError, match="ws_f32 is an expanders=0 option"):
+        w4.kernel_args_v2(**ops, f8=True, expanders=2, ws_f32=True)
+    args = w4.kernel_args_v2(**ops, f8=True, expanders=0, ws_f32=True)[1]
+    assert args[10].dtype == torch.float32 and torch.equal(args[10], ops["w_scale"].float())   # exact
 
 
 def test_no_expander_defaults(monkeypatch):

@@ -59,7 +59,7 @@ from .skeleton import (bias_and_store, consumer_step, DEFAULT_WARPS, NUM_CONSUME
 __all__ = ["FMT_INT4_G", "FMT_INT4_2L", "RAW_STAGES", "RAW_STAGES_F8", "w4a4_ledger", "plan_w4a4_v2", "can_implement_v2",
            "launch_w4a4_v2", "w4a4_ws_kernel", "reference_v2", "make_operands_v2",
            "kernel_args_v2", "aot_signature_v2", "default_config_v2", "f8_default", "paired_default", "f8_expanders_default",
-           "inflight_default", "coop_default"]
+           "inflight_default", "coop_default", "ws_f32_default"]
 
 FMT_INT4_G = 0
 FMT_INT4_2L = 1
@@ -826,7 +826,7 @@ def _fmt_id(fmt) -> int:
 def w4a4_ledger(config: KernelConfig, *, fmt, out_dtype=torch.bfloat16, has_lowrank: bool = True,
                 lowrank_dtype=torch.bfloat16, n_out: int = 8, scale_tma: bool = False,
                 group_size: int = 64, raw_stages: int = RAW_STAGES, f8: bool = False,
-                expanders: int = 1, coop: bool = False) -> SmemLedger:
+                expanders: int = 1, coop: bool = False, ws_bits: int = 16) -> SmemLedger:
     """Every byte ``w4a4_ws_kernel`` allocates, itemized (mirrors the allocations in the kernel).
     ``expanders=0``: the e4m3 weights arrive in MAIN by TMA, no RAW tiles (its barriers remain). ``coop``: a slot's
     activation rows, xab rows and s tile cover both consumers (2·block_m rows); the weight side is shared."""
@@ -844,7 +844,7 @@ def w4a4_ledger(config: KernelConfig, *, fmt, out_dtype=torch.bfloat16, has_lowr
     if scale_tma:
         if f8:
             terms += [SmemTerm(f"{Ring.MAIN}.x_ab_rows", tile_bytes(2, bm, 32), s),
-                      SmemTerm(f"{Ring.MAIN}.w_scale_row", tile_bytes(1, bn, 16), s)]
+                      SmemTerm(f"{Ring.MAIN}.w_scale_row", tile_bytes(1, bn, ws_bits), s)]
         elif f == FMT_INT4_G:
             terms += [SmemTerm(f"{Ring.MAIN}.x_scale_row", tile_bytes(1, bm, 16), s),
                       SmemTerm(f"{Ring.MAIN}.w_scale_row", tile_bytes(1, bn, 16), s)]
@@ -903,7 +903,7 @@ def plan_w4a4_v2(fmt, *, rank: int, group_size: int = 64, out_dtype=torch.bfloat
                  lowrank_dtype=torch.bfloat16, config: KernelConfig | None = None,
                  verbose: bool = False, n_out: int = 8, scale_tma: bool = False,
                  raw_stages: int = RAW_STAGES, f8: bool = False, expanders: int = 1,
-                 coop: bool = False) -> KernelConfig:
+                 coop: bool = False, ws_bits: int = 16) -> KernelConfig:
     """Tile sizes from ``config`` (or the default); stage counts from the ledger: the deepest MAIN
     ring first, then the deepest LOWRANK ring. Raises SmemError with the table if nothing fits."""
     base = config or default_config_v2(fmt, group_size)
@@ -915,7 +915,7 @@ def plan_w4a4_v2(fmt, *, rank: int, group_size: int = 64, out_dtype=torch.bfloat
         return w4a4_ledger(base.replace(num_stages=main_stages, lowrank_stages=lr_stages), fmt=fmt,
                            out_dtype=out_dtype, has_lowrank=has_lr, lowrank_dtype=lowrank_dtype, n_out=n_out,
                            scale_tma=scale_tma, group_size=group_size, raw_stages=raw_stages, f8=f8,
-                           expanders=expanders, coop=coop)
+                           expanders=expanders, coop=coop, ws_bits=ws_bits)
 
     main, lr, ledger = solve_stages(build, min_main=2, max_main=8, min_lowrank=1 if not has_lr else 2,
                                     max_lowrank=1 if not has_lr else 4)
@@ -926,7 +926,7 @@ def plan_w4a4_v2(fmt, *, rank: int, group_size: int = 64, out_dtype=torch.bfloat
 
 def _check_config(config: KernelConfig, M, N, K, rank, fmt, group_size, out_dtype, lowrank_dtype, wmult_rows=None,
                   scale_tma: bool = False, raw_stages: int = RAW_STAGES, f8: bool = False, expanders: int = 1,
-                  inflight: bool = False, coop: bool = False):
+                  inflight: bool = False, coop: bool = False, ws_bits: int = 16):
     """Raise ValueError/SmemError naming the violated constraint (expected vs got)."""
     f = _fmt_id(fmt)
     if f8 and f != FMT_INT4_G:
@@ -956,7 +956,7 @@ def _check_config(config: KernelConfig, M, N, K, rank, fmt, group_size, out_dtyp
         raise ValueError(f"w4a4 v2: rank {rank} exceeds block_r {config.block_r}")
     w4a4_ledger(config, fmt=fmt, out_dtype=out_dtype, has_lowrank=rank > 0, lowrank_dtype=lowrank_dtype,
                 n_out=N, scale_tma=scale_tma, group_size=group_size, raw_stages=raw_stages, f8=f8,
-                expanders=expanders, coop=coop).check()
+                expanders=expanders, coop=coop, ws_bits=ws_bits).check()
 
 
 def can_implement_v2(config: KernelConfig, shape) -> bool:
@@ -1008,7 +1008,7 @@ def kernel_args_v2(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias
                    debug_tiles: int = DEBUG_TILES_DEFAULT, grid: int | None = None, consumer_order: bool = True,
                    scale_tma: bool | None = None, swar: bool = True, raw_stages: int | None = None,
                    f8: bool | None = None, paired: bool | None = None, expanders: int | None = None,
-                   inflight: bool | None = None, w_f8=None, coop: bool | None = None):
+                   inflight: bool | None = None, w_f8=None, coop: bool | None = None, ws_f32: bool | None = None):
     """Validate (the v1 contract's own checks), plan and build one launch.
     ``expanders`` (f8 only; None = :func:`f8_expanders_default`): 2 runs a second expander warpgroup on the odd
     K steps (skeleton.ROLES_TWO_EXPANDERS); 0 runs none: the weights are expanded once per call into a transient
@@ -1018,6 +1018,8 @@ def kernel_args_v2(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias
     group's wgmma before it rescales the current one (two fp32 partials in flight).
     ``coop`` (needs expanders=0, not paired; None = :func:`coop_default`): the two consumers share each slot's
     weight tile, each on its half of a 2·block_m-row CTA tile — a third less L2 → SMEM traffic per MMA.
+    ``ws_f32`` (expanders=0 only; None = :func:`ws_f32_default`): the w_scale rows go through the ring as fp32 (one
+    conversion per call, exact), so the consumers' rescale loads them without a bf16 → fp32 step per element.
     ``paired`` (int4_g only; None = :func:`paired_default`): the two consumers run the K loops of a tile pair at
     the same time, the pair's K steps interleaved on MAIN, so one consumer's rescale overlaps the other's MMA
     (otherwise they hand the ring over per tile and only the epilogues overlap).
@@ -1064,11 +1066,16 @@ def kernel_args_v2(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias
     _expect(not paired or f == FMT_INT4_G, lambda: f"paired main loops are an int4_g option, got fmt={fmt!r}")
     if expanders == 0:
         raw_stages = 1     # barriers only: nothing lands in RAW
+    ws_f32 = (expanders == 0 and ws_f32_default()) if ws_f32 is None else ws_f32
+    _expect(not ws_f32 or expanders == 0, lambda: f"ws_f32 is an expanders=0 option, got expanders={expanders}")
+    ws_bits = 32 if ws_f32 else _BITS.get(w_scale.dtype, 16)
     config = plan_w4a4_v2(f, rank=r, group_size=group_size, out_dtype=out.dtype, lowrank_dtype=lr_dtype,
                           config=config, n_out=N, scale_tma=scale_tma, raw_stages=raw_stages, f8=f8,
-                          expanders=expanders, coop=coop)
+                          expanders=expanders, coop=coop, ws_bits=ws_bits)
     _check_config(config, M, N, K, r, f, group_size, out.dtype, lr_dtype, scale_tma=scale_tma, raw_stages=raw_stages,
-                  f8=f8, expanders=expanders, inflight=inflight, coop=coop)
+                  f8=f8, expanders=expanders, inflight=inflight, coop=coop, ws_bits=ws_bits)
+    if ws_f32:
+        w_scale = w_scale.float()      # exact; the kernel's .to(fp32) of the row is then a no-op
 
     bm, bn, bk, br = config.block_m, config.block_n, config.block_k, config.block_r
     tm = 2 * bm if coop else bm          # rows of a CTA tile (the loader's boxes)
@@ -1148,6 +1155,11 @@ def inflight_default(expanders: int) -> bool:
     return expanders == 0 if v == "" else v != "0"
 
 
+def ws_f32_default() -> bool:
+    """fp32 w_scale rows on the no-expander path (``LOWRANK_GEMM_V2_WS_F32=1``; default off: unmeasured)."""
+    return getenv("LOWRANK_GEMM_V2_WS_F32", "0") == "1"
+
+
 def coop_default(expanders: int) -> bool:
     """Whether the no-expander kernel shares weight tiles between its consumers (``LOWRANK_GEMM_V2_COOP``: 1 / 0;
     default: whenever there is no expander). H200, fc1 641 → 608 µs paired → coop, fc2 646 → 610 (probes/s23/call3)."""
@@ -1174,7 +1186,7 @@ def launch_w4a4_v2(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias
                    grid: int | None = None, consumer_order: bool = True, scale_tma: bool | None = None,
                    swar: bool = True, raw_stages: int | None = None, f8: bool | None = None,
                    paired: bool | None = None, expanders: int | None = None, inflight: bool | None = None,
-                   w_f8=None, coop: bool | None = None):
+                   w_f8=None, coop: bool | None = None, ws_f32: bool | None = None):
     """out [M, N] ← W4A4 v2; the argument contract of ``kernels.w4a4_gemm`` (its module docstring),
     plus ``col_scale`` [N] (optional per-column factor on the main product). Returns ``out``, or
     ``(out, (dbg [grid, roles, iters, 2] int32, tiles [grid, DEBUG_TILES, 2] int32))`` with ``debug``."""
@@ -1182,7 +1194,7 @@ def launch_w4a4_v2(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias
                                            fmt, group_size, config, col_scale=col_scale, debug=debug, grid=grid,
                                            consumer_order=consumer_order, scale_tma=scale_tma, swar=swar,
                                            raw_stages=raw_stages, f8=f8, paired=paired, expanders=expanders,
-                                           inflight=inflight, w_f8=w_f8, coop=coop)
+                                           inflight=inflight, w_f8=w_f8, coop=coop, ws_f32=ws_f32)
     if _fmt_id(fmt) == FMT_INT4_2L and not two_level_enabled():
         raise NotImplementedError("int4_2l v2 is switched off by LOWRANK_GEMM_GLUON_2L=0; use impl='v1'")
     launch(w4a4_ws_kernel, (g, ), *args, **cx, num_warps=DEFAULT_WARPS)
@@ -1238,7 +1250,7 @@ def make_operands_v2(fmt, M, N, K, rank, group_size=64, *, device="cuda", bias=T
 # Ahead-of-time compile (CI, CPU): signature from CPU stand-in tensors of a small problem.
 def aot_signature_v2(fmt, config: KernelConfig | None = None, *, M=96, N=160, K=384, rank=16, group_size=64,
                      out_dtype=torch.bfloat16, bias=True, col_scale=True, debug=False, scale_tma=None, swar=True,
-                     raw_stages=None, f8=None, paired=None, expanders=None, inflight=None, coop=None):
+                     raw_stages=None, f8=None, paired=None, expanders=None, inflight=None, coop=None, ws_f32=None):
     """(signature, constexprs, config) for ``kernels.aot.compile_sm90`` of :func:`w4a4_ws_kernel`."""
     import inspect
     from triton.runtime.jit import mangle_type
@@ -1246,7 +1258,7 @@ def aot_signature_v2(fmt, config: KernelConfig | None = None, *, M=96, N=160, K=
                            out_dtype=out_dtype)
     _, args, cx, cfg, _ = kernel_args_v2(**ops, config=config, debug=debug, scale_tma=scale_tma, swar=swar,
                                          raw_stages=raw_stages, f8=f8, paired=paired, expanders=expanders,
-                                         inflight=inflight, coop=coop)
+                                         inflight=inflight, coop=coop, ws_f32=ws_f32)
     names = [n for n in inspect.signature(w4a4_ws_kernel.fn).parameters if n not in cx]
     sig = {n: (mangle_type(a) if not isinstance(a, int) else "i32") for n, a in zip(names, args)}
     return sig, cx, cfg
