@@ -567,6 +567,21 @@ def _f8_rescale(p, acc, part, slot, mma: gl.constexpr, C: gl.constexpr):
 
 
 @gluon.jit
+def _f8_issue(p, st, part, C: gl.constexpr):
+    """The e4m3 wgmma of the group in slot ``st`` into ``part``'s registers (use_acc=False), left in flight."""
+    return warpgroup_mma(_rows(p, p.x_bufs.index(st.index), C), p.w_bufs.index(st.index).permute((1, 0)), part,
+                         use_acc=False, is_async=True)
+
+
+@gluon.jit
+def _f8_retire(p, acc, part, st, mma: gl.constexpr, C: gl.constexpr):
+    """Fold the retired partial of slot ``st`` into ``acc`` (its rows are read first), then release the slot."""
+    acc = _f8_rescale(p, acc, part, st.index, mma, C)
+    p.main.consumer_release(st)
+    return acc
+
+
+@gluon.jit
 def _mainloop_g_f8_inflight(p, main, mma: gl.constexpr, k_tiles, it, ROLE: gl.constexpr, stride):
     """:func:`_mainloop_g_f8` two groups at a time: both groups' wgmmas are issued back to back, then the first
     group is rescaled while the second's MMA runs (two fp32 partials, ``pa`` and ``pb``: the register room
@@ -580,26 +595,20 @@ def _mainloop_g_f8_inflight(p, main, mma: gl.constexpr, k_tiles, it, ROLE: gl.co
     pb = gl.zeros([p.BLOCK_M, p.BLOCK_N], gl.float32, mma)
     for i in range(k_tiles // 2):
         it = consumer_step(p, main, ROLE, it)
-        ta = warpgroup_mma(_rows(p, p.x_bufs.index(main.index), C), p.w_bufs.index(main.index).permute((1, 0)), pa,
-                           use_acc=False, is_async=True)
+        ta = _f8_issue(p, main, pa, C)
         nb = _next_use(p, main, stride)
         it = consumer_step(p, nb, ROLE, it)
-        tb = warpgroup_mma(_rows(p, p.x_bufs.index(nb.index), C), p.w_bufs.index(nb.index).permute((1, 0)), pb,
-                           use_acc=False, is_async=True)
+        tb = _f8_issue(p, nb, pb, C)
         pa = warpgroup_mma_wait(1, deps=(ta, ))
-        acc = _f8_rescale(p, acc, pa, main.index, mma, C)
-        p.main.consumer_release(main)
+        acc = _f8_retire(p, acc, pa, main, mma, C)
         pb = warpgroup_mma_wait(0, deps=(tb, ))
-        acc = _f8_rescale(p, acc, pb, nb.index, mma, C)
-        p.main.consumer_release(nb)
+        acc = _f8_retire(p, acc, pb, nb, mma, C)
         main = _next_use(p, nb, stride)
     for i in range(k_tiles % 2):             # an odd step count leaves one group, run alone
         it = consumer_step(p, main, ROLE, it)
-        ta = warpgroup_mma(_rows(p, p.x_bufs.index(main.index), C), p.w_bufs.index(main.index).permute((1, 0)), pa,
-                           use_acc=False, is_async=True)
+        ta = _f8_issue(p, main, pa, C)
         pa = warpgroup_mma_wait(0, deps=(ta, ))
-        acc = _f8_rescale(p, acc, pa, main.index, mma, C)
-        p.main.consumer_release(main)
+        acc = _f8_retire(p, acc, pa, main, mma, C)
         main = _next_use(p, main, stride)
     return acc, main, it
 
