@@ -695,7 +695,7 @@ def _consumer_coop(p, sched, k_tiles, n_tiles, CONSUMER: gl.constexpr, ROLE: gl.
     it = 0
     for t in range(n_tiles):
         pid_m, pid_n = sched.get_tile(t)
-        off_m = pid_m * (2 * p.BLOCK_M) + CONSUMER * p.BLOCK_M
+        off_m = pid_m * _tile_m(p.BLOCK_M, p.COOP) + CONSUMER * p.BLOCK_M
         off_n = pid_n * p.BLOCK_N
         if p.INFLIGHT:
             acc, main, it = _mainloop_g_f8_inflight(p, main, mma, k_tiles, it, ROLE, 1)
