@@ -100,51 +100,12 @@ def run(m, n, k, out_dtype, rank):
     return res
 
 
-def modes(m, n, k, out_dtype, rank, reps=3):
-    """The in-flight loop's variants (INFLIGHT = mode: 1 as shipped, 2 late release, 3 rows before the waits,
-    4 no overlap), plain and coop, ``reps`` runs each against the expander route."""
-    x, p = layer(m, n, k, r=max(rank, 1))
-    lora_down, lora_up = p["lora_down"][:rank], p["lora_up"][:, :rank]
-    x8, xab, s8 = act_quant(x, p["smooth"], lora_down, 64, "int4_g64", p["wscales"].dtype, out="f8")
-    lr = (s8 if rank else None, lora_up if rank else None)
-
-    def launch(**kw):
-        o = torch.full((m, n), float("nan"), device="cuda", dtype=out_dtype)
-        return w4.launch_w4a4_v2(x8, xab, p["qweight"], p["wscales"], None, *lr, p["bias"], o, "int4_g64", 64,
-                                 **kw).clone()
-    base = launch(expanders=2)
-    res = dict(M=m, N=n, K=k, out=str(out_dtype), rank=rank)
-    for coop in (False, True):
-        for mode in (1, 2, 3, 4):
-            kw = dict(expanders=0, coop=coop, paired=False, inflight=mode)
-            bad = []
-            for _ in range(reps):
-                y = launch(**kw)
-                bad.append(int((y != base).sum()))
-            res[f"{'coop' if coop else 'plain'}_mode{mode}"] = bad
-        y = [int((launch(expanders=0, coop=coop, paired=False, inflight=False) != base).sum()) for _ in range(reps)]
-        res[f"{'coop' if coop else 'plain'}_no_inflight"] = y
-    return res
-
-
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp"))
-    ap.add_argument("--modes", action="store_true", help="the in-flight loop's diagnostic modes only")
     a = ap.parse_args()
     print(torch.cuda.get_device_name(), torch.__version__)
     results = []
-    if a.modes:
-        for m, n, k, od, rank, reps in [(4608, 3072, 3072, torch.float32, 0, 3), (4608, 3072, 3072, torch.float32, 32, 3),
-                                        (1024, 3072, 3072, torch.float32, 32, 3),
-                                        (4608, 12288, 3072, torch.bfloat16, 32, 6),
-                                        (4608, 3072, 12288, torch.bfloat16, 32, 6)]:
-            r = modes(m, n, k, od, rank, reps)
-            print(json.dumps(r), flush=True)
-            results.append(r)
-        with open(os.path.join(a.out, "diag_modes.json"), "w") as f:
-            json.dump(results, f, indent=1)
-        return
     for m, n, k, od, rank in [(4608, 3072, 3072, torch.float32, 32), (4608, 3072, 3072, torch.bfloat16, 32),
                               (4608, 3072, 3072, torch.float32, 0), (1024, 3072, 3072, torch.float32, 32),
                               (4608, 12288, 3072, torch.float32, 32)]:
