@@ -460,7 +460,7 @@ def test_aot_compile_ptx_and_ledger(case):
     led = w4.w4a4_ledger(cfg, fmt=fmt, out_dtype=case.get("out_dtype", torch.bfloat16),
                          has_lowrank=cx["HAS_LOWRANK"], n_out=case.get("N", 160), scale_tma=cx["SCALE_TMA"],
                          group_size=case.get("group_size", 64), f8=cx.get("F8", False), raw_stages=cx["RAW_STAGES_N"],
-                         expanders=cx["EXPANDERS"], coop=cx["COOP"], ws_bits=32 if case.get("ws_f32") else 16)
+                         expanders=cx["EXPANDERS"], coop=cx["COOP"], ws_bits=32 if sig["wscale_ptr"] == "*fp32" else 16)
     print(led.table(), "\ncompiled shared:", info.shared)
     assert led.total() <= info.shared <= led.total() + WS_CAPTURE_SLACK, (led.table(), info.shared)
     assert info.shared <= SM90_SMEM_LIMIT
@@ -584,7 +584,7 @@ def test_no_expander_ptx_k_loops():
         assert sum(x.strip().startswith("fma.rn.f32") for x in body) == 4 * per_thread
     w_box = cfg.block_n * cfg.block_k                    # e4m3 weight tile bytes in the loader's expect
     x_box = cfg.block_m * cfg.block_k
-    rows = 2 * cfg.block_m * 4 + cfg.block_n * 2         # xab rows (fp32) + the w_scale row (16-bit)
+    rows = 2 * cfg.block_m * 4 + cfg.block_n * 4         # xab rows (fp32) + the w_scale row (fp32: ws_f32)
     assert f"{w_box + x_box + rows}" in ptx, "one expect covers x, the 8-bit weights and the scale rows"
 
 
@@ -635,20 +635,25 @@ def test_no_expander_and_inflight_validation():
 def test_no_expander_defaults(monkeypatch):
     """From W8_MIN_M tokens (where the per-call weight expansion pays, probes/s23/call4) the f8 path runs without
     expanders, coop, in flight; below it the two-expander paired kernel. Each knob's variable pins it."""
-    for v in ("LOWRANK_GEMM_V2_INFLIGHT", "LOWRANK_GEMM_V2_COOP", "LOWRANK_GEMM_V2_F8_EXPANDERS"):
+    for v in ("LOWRANK_GEMM_V2_INFLIGHT", "LOWRANK_GEMM_V2_COOP", "LOWRANK_GEMM_V2_F8_EXPANDERS",
+              "LOWRANK_GEMM_V2_WS_F32"):
         monkeypatch.delenv(v, raising=False)
     assert w4.inflight_default(0) and not w4.inflight_default(2)
     assert w4.coop_default(0) and not w4.coop_default(2)
     assert w4.f8_expanders_default(w4.W8_MIN_M) == 0 and w4.f8_expanders_default(w4.W8_MIN_M - 8) == 2
     big = w4.make_operands_v2("int4_g64", w4.W8_MIN_M, 128, 256, 16, 64, device="cpu")
-    cx = w4.kernel_args_v2(**big)[2]
+    args, cx = w4.kernel_args_v2(**big)[1:3]
     assert (cx["EXPANDERS"], cx["COOP"], cx["INFLIGHT"], cx["PAIRED"]) == (0, True, True, False)
+    assert args[10].dtype == torch.float32, "no expander: fp32 w_scale rows (ws_f32)"
     small = w4.make_operands_v2("int4_g64", 256, 128, 256, 16, 64, device="cpu")
-    cx = w4.kernel_args_v2(**small)[2]
+    args, cx = w4.kernel_args_v2(**small)[1:3]
     assert (cx["EXPANDERS"], cx["COOP"], cx["INFLIGHT"], cx["PAIRED"]) == (2, False, False, True)
+    assert args[10].dtype == small["w_scale"].dtype, "expanders read the 16-bit rows"
     assert w4.kernel_args_v2(**big, paired=True)[2]["COOP"] is False     # an explicit paired kernel
     monkeypatch.setenv("LOWRANK_GEMM_V2_INFLIGHT", "0")
     monkeypatch.setenv("LOWRANK_GEMM_V2_COOP", "0")
     assert not w4.inflight_default(0) and not w4.coop_default(0)
+    monkeypatch.setenv("LOWRANK_GEMM_V2_WS_F32", "0")
+    assert w4.kernel_args_v2(**big)[1][10].dtype == big["w_scale"].dtype
     monkeypatch.setenv("LOWRANK_GEMM_V2_F8_EXPANDERS", "2")
     assert w4.kernel_args_v2(**big)[2]["EXPANDERS"] == 2
