@@ -24,13 +24,15 @@ sys.path.insert(0, str(ROOT / "src"))
 RANK = 32
 SHAPES = {"fc1": (4608, 12288, 3072), "fc2": (4608, 3072, 12288), "sq": (4608, 3072, 3072),
           "fc1b": (4608, 9216, 3072)}       # name: M, N, K (issue 4's FLUX shapes)
-VARIANTS = {   # name: launch_w4a4_v2 options (f8 on for all)
+VARIANTS = {   # name: launch_w4a4_v2 options (f8 on for all; ws32 = fp32 w_scale rows, the no-expander default)
     "v2_default": dict(),
-    "w8_paired": dict(expanders=0, paired=True, inflight=False),
-    "w8_paired_inflight": dict(expanders=0, paired=True, inflight=True),
-    "w8_inflight": dict(expanders=0, paired=False, inflight=True),
-    "w8_coop": dict(expanders=0, paired=False, inflight=False, coop=True),
-    "w8_coop_inflight": dict(expanders=0, paired=False, inflight=True, coop=True),
+    "v2_expanders2": dict(expanders=2),
+    "w8_paired": dict(expanders=0, paired=True, inflight=False, ws_f32=False),
+    "w8_paired_inflight": dict(expanders=0, paired=True, inflight=True, ws_f32=False),
+    "w8_inflight": dict(expanders=0, paired=False, inflight=True, ws_f32=False),
+    "w8_coop": dict(expanders=0, paired=False, inflight=False, coop=True, ws_f32=False),
+    "w8_coop_inflight": dict(expanders=0, paired=False, inflight=True, coop=True, ws_f32=False),
+    "w8_coop_ws32": dict(expanders=0, paired=False, inflight=False, coop=True, ws_f32=True),
     "w8_coop_inflight_ws32": dict(expanders=0, paired=False, inflight=True, coop=True, ws_f32=True),
 }
 

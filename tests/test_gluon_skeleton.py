@@ -582,6 +582,13 @@ def test_no_expander_ptx_k_loops():
     per_thread = cfg.block_m * cfg.block_n // 128
     for body in kloops:   # two FMAs per element and group
         assert sum(x.strip().startswith("fma.rn.f32") for x in body) == 4 * per_thread
+        # a slot's next fill is a TMA write: no release while plain loads of its rows are unfenced (session 24: the
+        # H200 refilled slots whose rows were still being read)
+        unfenced = False
+        for x in body:
+            unfenced = (unfenced or x.strip().startswith("ld.shared")) and "fence.proxy.async" not in x
+            assert not ("mbarrier.arrive" in x and unfenced), "a MAIN slot released after unfenced row loads"
+        assert sum("mbarrier.arrive" in x for x in body) == 2, "two groups, two releases"
     w_box = cfg.block_n * cfg.block_k                    # e4m3 weight tile bytes in the loader's expect
     x_box = cfg.block_m * cfg.block_k
     rows = 2 * cfg.block_m * 4 + cfg.block_n * 4         # xab rows (fp32) + the w_scale row (fp32: ws_f32)

@@ -543,14 +543,14 @@ def _mainloop_g_f8(p, main, mma: gl.constexpr, k_tiles, off_m, off_n, it, ROLE: 
         tok = warpgroup_mma(_rows(p, p.x_bufs.index(main.index), C), p.w_bufs.index(main.index).permute((1, 0)),
                             part, use_acc=False, is_async=True)
         if p.SCALE_TMA:
-            xa = _rows(p, p.sx_bufs.index(2 * main.index), C).load(gl.SliceLayout(1, mma))
-            xb = _rows(p, p.sx_bufs.index(2 * main.index + 1), C).load(gl.SliceLayout(1, mma))
-            ws = p.sw_bufs.index(main.index).load(gl.SliceLayout(0, mma)).to(gl.float32)
+            xa, xb, ws = _f8_rows(p, main.index, mma, C)
         else:
             xa = gl.load(p.xscale_ptr + (2 * kk) * p.M + offs_m, mask=offs_m < p.M, other=0.0)
             xb = gl.load(p.xscale_ptr + (2 * kk + 1) * p.M + offs_m, mask=offs_m < p.M, other=0.0)
             ws = gl.load(p.wscale_ptr + kk * p.N + offs_n, mask=offs_n < p.N, other=0.0).to(gl.float32)
         part = warpgroup_mma_wait(0, deps=(tok, ))
+        if p.SCALE_TMA:
+            fence_async_shared()    # the rows were plain loads and the slot's next fill is a TMA (_f8_retire)
         p.main.consumer_release(main)
         main = _next_use(p, main, stride)
         acc = gl.fma(gl.fma(part, xa[:, None], xb[:, None]), ws[None, :], acc)
@@ -558,12 +558,12 @@ def _mainloop_g_f8(p, main, mma: gl.constexpr, k_tiles, off_m, off_n, it, ROLE: 
 
 
 @gluon.jit
-def _f8_rescale(p, acc, part, slot, mma: gl.constexpr, C: gl.constexpr):
-    """acc += fma(P', a, b) · ws with the slot's xab rows and w_scale row (TMA'd with it)."""
+def _f8_rows(p, slot, mma: gl.constexpr, C: gl.constexpr):
+    """The slot's xab rows (this consumer's) and w_scale row (TMA'd with it), in registers."""
     xa = _rows(p, p.sx_bufs.index(2 * slot), C).load(gl.SliceLayout(1, mma))
     xb = _rows(p, p.sx_bufs.index(2 * slot + 1), C).load(gl.SliceLayout(1, mma))
     ws = p.sw_bufs.index(slot).load(gl.SliceLayout(0, mma)).to(gl.float32)
-    return gl.fma(gl.fma(part, xa[:, None], xb[:, None]), ws[None, :], acc)
+    return xa, xb, ws
 
 
 @gluon.jit
@@ -575,10 +575,14 @@ def _f8_issue(p, st, part, C: gl.constexpr):
 
 @gluon.jit
 def _f8_retire(p, acc, part, st, mma: gl.constexpr, C: gl.constexpr):
-    """Fold the retired partial of slot ``st`` into ``acc`` (its rows are read first), then release the slot."""
-    acc = _f8_rescale(p, acc, part, st.index, mma, C)
+    """Fold the retired partial of slot ``st`` into ``acc``: acc += fma(P', a, b) · ws. The slot is released once its
+    rows are in registers, behind a proxy fence: the loader's next fill of the slot is a TMA (async proxy) write, and
+    an arrive after plain loads does not order them before it — without the fence the H200 refilled slots whose rows
+    were still being read (nondeterministic outputs, up to 12 % of elements wrong; NOTES.md, session 24)."""
+    xa, xb, ws = _f8_rows(p, st.index, mma, C)
+    fence_async_shared()
     p.main.consumer_release(st)
-    return acc
+    return gl.fma(gl.fma(part, xa[:, None], xb[:, None]), ws[None, :], acc)
 
 
 @gluon.jit
