@@ -359,9 +359,9 @@ def test_few_adapters_cuda_graph_swap():
 @pytest.mark.parametrize("M,N,r,adapters", [(16, 4096, 16, 16), (16, 4096, 64, 4), (16, 28672, 16, 16),
                                             (64, 4096, 16, 8), (37, 6144, 32, 6)])
 def test_wide_stacked_bank_mode_opt_in(M, N, r, adapters, monkeypatch):
-    """LOWRANK_GEMM_ML_STACK_WIDE=1 (not routed by default until measured): a stacked rank above 64 on the rank-64
-    plan as split, the epilogue in rank chunks — the route taken, the reference, −1 rows equal the base product,
-    repeats bit-identical."""
+    """LOWRANK_GEMM_ML_STACK_WIDE=1 (not routed: measured slower than the multi plan, session 23): a stacked rank
+    above 64 on the rank-64 plan as split, the epilogue in rank chunks — the route taken, the reference, −1 rows
+    equal the base product, repeats bit-identical."""
     from lowrank_gemm.kernels import lora_gemm as LG
     monkeypatch.setenv("LOWRANK_GEMM_ML_STACK_WIDE", "1")
     x, w, bank, _, bias = make(M, N, 4096, 16, r, seed=M + adapters)

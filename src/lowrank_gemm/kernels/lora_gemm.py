@@ -783,8 +783,8 @@ def run_bank(strategy: str, cfg: KernelConfig, x2, weight, bank_a, bank_b, ranks
 STACK_STRATEGIES = ("split", "kloop")
 STACK_MAX_RANK = 64
 STACK_MAX_M = 64
-# above STACK_MAX_RANK (opt-in, LOWRANK_GEMM_ML_STACK_WIDE=1, until measured): up to 16 adapters, a stacked rank of
-# ≤ STACK_WIDE_MAX_RANK on the rank-64 plan turned split, its epilogue in rank chunks
+# above STACK_MAX_RANK (opt-in, LOWRANK_GEMM_ML_STACK_WIDE=1; measured slower, see _stack_wide_plan): up to 16
+# adapters, a stacked rank of ≤ STACK_WIDE_MAX_RANK on the rank-64 plan turned split, its epilogue in rank chunks
 STACK_WIDE_MAX_RANK = 256
 STACK_WIDE_MAX_D = 16
 
@@ -821,10 +821,11 @@ def stack_plan(M: int, N: int, K: int, r_max: int, adapters: int, dtype, device
 
 
 def _stack_wide_plan(M, N, K, r_max, d, dtype, device):
-    """A stacked rank above STACK_MAX_RANK (opt-in: ``LOWRANK_GEMM_ML_STACK_WIDE=1``; not measured yet, so off by
-    default): the table's rank-STACK_MAX_RANK plan as split (kloop turned split on its output tile, S producers
-    dropped: they hold one rank chunk), whose down kernel writes the whole stacked S and whose epilogue walks it in
-    block_r chunks."""
+    """A stacked rank above STACK_MAX_RANK (opt-in: ``LOWRANK_GEMM_ML_STACK_WIDE=1``; off: measured slower than the
+    multi plan in every cell, H200 M = 16, graph µs: N = 4096 16 × r16 21.6 vs 18.6, N = 28672 16 × r16 75.4 vs 67.1,
+    N = 4096 4 × r64 22.3 vs 17.3 — NOTES.md session 23): the table's rank-STACK_MAX_RANK plan as split (kloop turned
+    split on its output tile, S producers dropped: they hold one rank chunk), whose down kernel writes the whole
+    stacked S and whose epilogue walks it in block_r chunks."""
     if not env_on("LOWRANK_GEMM_ML_STACK_WIDE", default=False) or d > STACK_WIDE_MAX_D \
             or d * r_max > STACK_WIDE_MAX_RANK:
         return None
