@@ -560,6 +560,35 @@ def test_no_expander_role_table_and_ledger():
     assert with_exp - none == {"raw.w_packed"} and none <= with_exp
 
 
+def _unfenced_releases(body) -> list[str]:
+    """The mbarrier arrives of a loop body that follow a plain ``ld.shared`` with no proxy fence in between: a ring slot
+    whose next fill is a TMA must not be released so (session 24's race)."""
+    bad, unfenced = [], False
+    for x in body:
+        unfenced = (unfenced or x.strip().startswith("ld.shared")) and "fence.proxy.async" not in x
+        if "mbarrier.arrive" in x and "expect_tx" not in x and unfenced:
+            bad.append(x.strip())
+    return bad
+
+
+@pytest.mark.parametrize("kw", [dict(expanders=2, paired=True), dict(expanders=1, paired=False),
+                                dict(expanders=0, coop=True, inflight=False), dict(expanders=0, coop=True, inflight=True),
+                                dict(expanders=0, paired=False, coop=False, inflight=True)])
+def test_f8_consumer_loops_fence_row_loads_before_release(kw):
+    """Every e4m3 consumer K loop that reads its slot's scale rows with plain loads fences them before it releases the
+    slot (the loader refills it by TMA)."""
+    from lowrank_gemm.kernels.aot import compile_sm90
+    sig, cx, _ = w4.aot_signature_v2("int4_g64", M=256, N=128, K=1024, rank=32, f8=True, **kw)
+    assert cx["SCALE_TMA"]
+    ptx = compile_sm90("lowrank_gemm.kernels.gluon.w4a4_ws", "w4a4_ws_kernel", sig, cx, num_warps=sk.DEFAULT_WARPS).ptx
+    # the K loops, not the tile loops around them (whose epilogue's s·lora_upᵀ wgmma consumes its loads itself)
+    kloops = [body for _, body in _ptx_loops(ptx) if any("wgmma.mma_async" in x and "e4m3" in x for x in body)
+              and not any("wgmma.mma_async" in x and "bf16" in x for x in body)]
+    assert kloops
+    for body in kloops:
+        assert not _unfenced_releases(body), _unfenced_releases(body)
+
+
 def test_no_expander_ptx_k_loops():
     """expanders=0, inflight: no SMEM expansion loop anywhere (no st.shared + proxy fence loop), each consumer's K
     loop issues two groups' wgmma before waiting for the first (wait_group 1), rescales with two FMAs per element,
@@ -584,10 +613,7 @@ def test_no_expander_ptx_k_loops():
         assert sum(x.strip().startswith("fma.rn.f32") for x in body) == 4 * per_thread
         # a slot's next fill is a TMA write: no release while plain loads of its rows are unfenced (session 24: the
         # H200 refilled slots whose rows were still being read)
-        unfenced = False
-        for x in body:
-            unfenced = (unfenced or x.strip().startswith("ld.shared")) and "fence.proxy.async" not in x
-            assert not ("mbarrier.arrive" in x and unfenced), "a MAIN slot released after unfenced row loads"
+        assert not _unfenced_releases(body), "a MAIN slot released after unfenced row loads"
         assert sum("mbarrier.arrive" in x for x in body) == 2, "two groups, two releases"
     w_box = cfg.block_n * cfg.block_k                    # e4m3 weight tile bytes in the loader's expect
     x_box = cfg.block_m * cfg.block_k

@@ -544,13 +544,12 @@ def _mainloop_g_f8(p, main, mma: gl.constexpr, k_tiles, off_m, off_n, it, ROLE: 
                             part, use_acc=False, is_async=True)
         if p.SCALE_TMA:
             xa, xb, ws = _f8_rows(p, main.index, mma, C)
+            fence_async_shared()    # the slot's next fill is a TMA: see _f8_fold; here it waits while the MMA runs
         else:
             xa = gl.load(p.xscale_ptr + (2 * kk) * p.M + offs_m, mask=offs_m < p.M, other=0.0)
             xb = gl.load(p.xscale_ptr + (2 * kk + 1) * p.M + offs_m, mask=offs_m < p.M, other=0.0)
             ws = gl.load(p.wscale_ptr + kk * p.N + offs_n, mask=offs_n < p.N, other=0.0).to(gl.float32)
         part = warpgroup_mma_wait(0, deps=(tok, ))
-        if p.SCALE_TMA:
-            fence_async_shared()    # the rows were plain loads and the slot's next fill is a TMA (_f8_retire)
         p.main.consumer_release(main)
         main = _next_use(p, main, stride)
         acc = gl.fma(gl.fma(part, xa[:, None], xb[:, None]), ws[None, :], acc)
@@ -574,14 +573,12 @@ def _f8_issue(p, st, part, C: gl.constexpr):
 
 
 @gluon.jit
-def _f8_retire(p, acc, part, st, mma: gl.constexpr, C: gl.constexpr):
-    """Fold the retired partial of slot ``st`` into ``acc``: acc += fma(P', a, b) · ws. The slot is released once its
-    rows are in registers, behind a proxy fence: the loader's next fill of the slot is a TMA (async proxy) write, and
-    an arrive after plain loads does not order them before it — without the fence the H200 refilled slots whose rows
-    were still being read (nondeterministic outputs, up to 12 % of elements wrong; NOTES.md, session 24)."""
-    xa, xb, ws = _f8_rows(p, st.index, mma, C)
-    fence_async_shared()
-    p.main.consumer_release(st)
+def _f8_fold(p, acc, part, slot, mma: gl.constexpr, C: gl.constexpr):
+    """acc += fma(P', a, b) · ws with the rows of ``slot``. They are plain loads and the slot's next fill is a TMA
+    (async proxy) write: the slot may be released only behind ``fence_async_shared()`` — an arrive after the loads
+    does not order them before the refill, and without the fence the H200 refilled slots whose rows were still being
+    read (nondeterministic outputs, up to 12 % of elements wrong; NOTES.md, session 24)."""
+    xa, xb, ws = _f8_rows(p, slot, mma, C)
     return gl.fma(gl.fma(part, xa[:, None], xb[:, None]), ws[None, :], acc)
 
 
@@ -592,7 +589,8 @@ def _mainloop_g_f8_inflight(p, main, mma: gl.constexpr, k_tiles, it, ROLE: gl.co
     EXPANDERS=0 frees). Nothing is in flight across the loop's back edge: carrying an MMA over it (or handing one
     register set from step to step) made the compiler copy an accumulator in flight, and ptxas then serialized
     every wgmma (C7514) — measured 17 % slower than no overlap at all (NOTES.md, session 23). Scale rows come with
-    the slot (SCALE_TMA); a slot is released once its MMA retired and its rows were read."""
+    the slot (SCALE_TMA); both slots are released after both folds, behind one proxy fence (_f8_fold): a fence per
+    slot, each waiting for its rows' loads, cost 3–6 % at fc1 / fc2 (NOTES.md, session 24)."""
     C: gl.constexpr = 1 if ROLE == ROLE_CONSUMER1 else 0
     acc = gl.zeros([p.BLOCK_M, p.BLOCK_N], gl.float32, mma)
     pa = gl.zeros([p.BLOCK_M, p.BLOCK_N], gl.float32, mma)
@@ -604,15 +602,20 @@ def _mainloop_g_f8_inflight(p, main, mma: gl.constexpr, k_tiles, it, ROLE: gl.co
         it = consumer_step(p, nb, ROLE, it)
         tb = _f8_issue(p, nb, pb, C)
         pa = warpgroup_mma_wait(1, deps=(ta, ))
-        acc = _f8_retire(p, acc, pa, main, mma, C)
+        acc = _f8_fold(p, acc, pa, main.index, mma, C)
         pb = warpgroup_mma_wait(0, deps=(tb, ))
-        acc = _f8_retire(p, acc, pb, nb, mma, C)
+        acc = _f8_fold(p, acc, pb, nb.index, mma, C)
+        fence_async_shared()                 # one fence for both slots, after both folds (_f8_fold)
+        p.main.consumer_release(main)
+        p.main.consumer_release(nb)
         main = _next_use(p, nb, stride)
     for i in range(k_tiles % 2):             # an odd step count leaves one group, run alone
         it = consumer_step(p, main, ROLE, it)
         ta = _f8_issue(p, main, pa, C)
         pa = warpgroup_mma_wait(0, deps=(ta, ))
-        acc = _f8_retire(p, acc, pa, main, mma, C)
+        acc = _f8_fold(p, acc, pa, main.index, mma, C)
+        fence_async_shared()
+        p.main.consumer_release(main)
         main = _next_use(p, main, stride)
     return acc, main, it
 
