@@ -1148,9 +1148,9 @@ def f8_default() -> bool:
 # From this many tokens the f8 path runs without expanders (weights expanded per call, consumers sharing the weight
 # tile, two partials in flight). The expansion costs one pass over the weights (fc1: 20.6 µs), the GEMM saves a
 # fixed fraction of its M-proportional time, so the crossover is an M: H200, N = 12288, K = 3072, GEMM + expansion
-# vs the two-expander kernel, same process (probes/s23/call4): M = 256 68.0 vs 50.2 µs, 512 89.5 vs 89.0,
-# 1024 152.4 vs 171.9, 2048 280.5 vs 337.7, 4608 574.5 + 20.6 vs 746.4.
-W8_MIN_M = 768
+# vs the two-expander kernel, same process (probes/s24/call4, both with their slot fences): M = 256 70.2 vs 56.1 µs,
+# 512 90.3 vs 99.3, 1024 150.9 vs 191.4 (session 23, before the fences and fp32 rows: 512 89.5 vs 89.0 → 768).
+W8_MIN_M = 512
 
 
 def f8_expanders_default(m: int | None = None) -> int:
