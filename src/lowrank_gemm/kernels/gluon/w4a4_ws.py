@@ -1148,8 +1148,9 @@ def f8_default() -> bool:
 # From this many tokens the f8 path runs without expanders (weights expanded per call, consumers sharing the weight
 # tile, two partials in flight). The expansion costs one pass over the weights (fc1: 20.6 µs), the GEMM saves a
 # fixed fraction of its M-proportional time, so the crossover is an M: H200, N = 12288, K = 3072, GEMM + expansion
-# vs the two-expander kernel, same process (probes/s24/call4, both with their slot fences): M = 256 70.2 vs 56.1 µs,
-# 512 90.3 vs 99.3, 1024 150.9 vs 191.4 (session 23, before the fences and fp32 rows: 512 89.5 vs 89.0 → 768).
+# vs the two-expander kernel, same process (probes/s24/call5, both with their slot fences): M = 256 70.9 vs 56.3 µs,
+# 384 90.8 vs 86.9, 512 91.0 vs 99.6, 640 111.6 vs 130.3, 768 131.3 vs 149.5 (session 23, before the fences and the
+# fp32 rows: 512 89.5 vs 89.0 → 768).
 W8_MIN_M = 512
 
 
@@ -1165,8 +1166,8 @@ def f8_expanders_default(m: int | None = None) -> int:
 
 def inflight_default(expanders: int) -> bool:
     """Whether the f8 consumers keep two partials in flight (``LOWRANK_GEMM_V2_INFLIGHT``: 1 / 0, default: only
-    without expanders, where the consumers have the registers for it). H200, coop, fc1 604 → 574 µs, fc2 604 → 570,
-    3072² 163 → 153, 9216 450 → 428 (probes/s23/call4)."""
+    without expanders, where the consumers have the registers for it). H200, coop, 16-bit rows, same process, with
+    the slot fences: fc1 632 → 607 µs, fc2 634 → 607 (probes/s24/call4; session 23, unfenced: 604 → 574)."""
     v = getenv("LOWRANK_GEMM_V2_INFLIGHT", "")
     return expanders == 0 if v == "" else v != "0"
 
@@ -1174,13 +1175,15 @@ def inflight_default(expanders: int) -> bool:
 def ws_f32_default() -> bool:
     """fp32 w_scale rows on the no-expander path (``LOWRANK_GEMM_V2_WS_F32``: default on, ``=0`` off): the consumers
     read each column's scale without a bf16 → fp32 conversion per group (the row is converted once per call, exactly).
-    H200, coop in flight, same process: fc1 577 → 538.5 µs, fc2 571 → 529, bit-identical (probes/s23/final)."""
+    H200, coop in flight, same process, with the slot fences: fc1 607 → 562 µs, fc2 607 → 553, bit-identical
+    (probes/s24/call4)."""
     return getenv("LOWRANK_GEMM_V2_WS_F32", "1") != "0"
 
 
 def coop_default(expanders: int) -> bool:
     """Whether the no-expander kernel shares weight tiles between its consumers (``LOWRANK_GEMM_V2_COOP``: 1 / 0;
-    default: whenever there is no expander). H200, fc1 641 → 608 µs paired → coop, fc2 646 → 610 (probes/s23/call3)."""
+    default: whenever there is no expander). H200, paired → coop, with the slot fences: fc1 654 → 632 µs, fc2 657 →
+    634 (probes/s24/call4)."""
     v = getenv("LOWRANK_GEMM_V2_COOP", "")
     return expanders == 0 and v != "0"
 
