@@ -34,6 +34,25 @@ def test_sm90_ptx_register_a_wgmma_tma_and_ledger(fmt, cfg):
 _ptxas = ptxas_stats
 
 
+@pytest.mark.parametrize("fmt,f8", [("int4_2l", False), ("int4_g64", False), ("int4_g64", True)])
+def test_sm90_slot_refill_after_fenced_reads(fmt, f8):
+    """One thread refills a ring slot by TMA right after every warp read it with plain loads: each K loop's TMA
+    issues follow a proxy fence since the last ld.shared / ldmatrix (a barrier alone does not order them: session
+    24's race in the warp-specialized kernel, NOTES.md)."""
+    from lowrank_gemm.kernels.aot import compile_sm90
+    from test_gluon_skeleton import _ptx_loops
+    sig, cx, _ = d.aot_signature_decode(None, fmt=fmt, f8=f8, M=16, K=1024)
+    ptx = compile_sm90(MOD, "w4a4_decode_kernel", sig, cx, num_warps=d.WARPS).ptx
+    loops = [body for _, body in _ptx_loops(ptx) if any("wgmma.mma_async" in x for x in body)]
+    assert loops
+    for body in loops:
+        unfenced = False
+        for x in body:
+            t = x.strip()
+            unfenced = (unfenced or t.startswith(("ld.shared", "ldmatrix"))) and "fence.proxy.async" not in t
+            assert not ("cp.async.bulk.tensor" in t and unfenced), f"a TMA refill after unfenced slot reads: {t}"
+
+
 # (M, config overrides, group size): M ≤ 16 → 16-token tiles (the default 128×256×4 and other rings),
 # M > 16 → 64-token tiles (64 weight rows: two fp32 partials beside acc), G = 128 (two 64-blocks chain per
 # partial)

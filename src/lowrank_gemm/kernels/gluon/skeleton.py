@@ -365,6 +365,16 @@ def consumer_step(p, st, ROLE: gl.constexpr, it):
 
 
 @gluon.jit
+def reads_done_before_refill():
+    """Before one thread refills, by TMA, a ring slot that every warp has just read with plain loads (the kernels
+    without warp roles): each thread's proxy fence orders its loads before async-proxy writes, then the barrier
+    orders every thread before the issuing one. A barrier or an mbarrier arrive alone does not: the TMA write is not
+    in the loads' proxy (session 24: the warp-specialized kernel read refilled rows, NOTES.md)."""
+    fence_async_shared()
+    gl.thread_barrier()
+
+
+@gluon.jit
 def bias_and_store(p, acc, off_m, off_n, CONSUMER: gl.constexpr, mma: gl.constexpr):
     """The epilogue tail every consumer shares: + bias[N] → store the tile, by TMA from this consumer's
     staging buffer (``p.EPI_TMA``) or masked from registers. ``p``: a kernel's argument aggregate with

@@ -69,7 +69,7 @@ from ..pdl import gl_gdc_launch_dependents, gl_gdc_wait, pdl_enabled
 from ..schedule import cdiv, num_sms
 from ..splitk import splitk_arrive, splitk_reset, splitk_store, splitk_sum
 from .host import desc, dummy
-from .skeleton import alloc_barriers
+from .skeleton import alloc_barriers, reads_done_before_refill
 from .w4a4_ws import _f8_operands, _nibbles, _offset_nibbles_f8
 
 __all__ = ["decode_ledger", "plan_decode", "DecodeWork", "plan_decode_work", "simulate_decode_work",
@@ -258,21 +258,21 @@ def _mainloop_2l(x_desc, w_desc, u_desc, x_bufs, w_bufs, u_bufs, ready, off_t, o
         if MMA_ASYNC:
             # step kk-1's wgmmas have retired (this step's 2·NB groups may still run): refill its slot
             acc = warpgroup_mma_wait(2 * NB, deps=(acc, ))
-            gl.thread_barrier()      # every warp is past step kk-1's SMEM reads too
+            reads_done_before_refill()   # every warp is past step kk-1's SMEM reads too
             _refill(kk - 1 + STAGES, k0 + (kk - 1 - c0) + STAGES, kk > c0, n_local, tiles_t, off_t, off_n, x_desc,
                     w_desc, u_desc, x_bufs, w_bufs, u_bufs, ready, N, k_tiles, STAGES, BLOCK_T, BLOCK_N, BLOCK_K, G2,
                     _FMT_2L, False, STREAM)
         else:
             # this step's wgmmas retired and every warp is past its SMEM reads: refill the slot with step
             # kk + STAGES (the other STAGES - 1 slots are in flight meanwhile)
-            gl.thread_barrier()
+            reads_done_before_refill()
             _refill(kk + STAGES, k0 + (kk - c0) + STAGES, True, n_local, tiles_t, off_t, off_n, x_desc, w_desc,
                     u_desc, x_bufs, w_bufs, u_bufs, ready, N, k_tiles, STAGES, BLOCK_T, BLOCK_N, BLOCK_K, G2, _FMT_2L,
                     False, STREAM)
     if MMA_ASYNC:
         acc = warpgroup_mma_wait(0, deps=(acc, ))
         if STREAM:   # the last step's slot now, not in the next tile's first step (the finish runs between)
-            gl.thread_barrier()
+            reads_done_before_refill()
             _refill(c0 + n_steps - 1 + STAGES, k0 + n_steps - 1 + STAGES, n_steps > 0, n_local, tiles_t, off_t, off_n,
                     x_desc, w_desc, u_desc, x_bufs, w_bufs, u_bufs, ready, N, k_tiles, STAGES, BLOCK_T, BLOCK_N,
                     BLOCK_K, G2, _FMT_2L, False, STREAM)
@@ -324,7 +324,7 @@ def _mainloop_g(x_desc, w_desc, u_desc, x_bufs, w_bufs, u_bufs, xe, ready, xscal
             part = warpgroup_mma_wait(0, deps=(part, ))
             acc = acc + part.to(gl.float32) * ws.to(gl.float32)[:, None] * xs[None, :]
         # every wgmma of this step retired (waited above); all warps past their SMEM reads → refill
-        gl.thread_barrier()
+        reads_done_before_refill()
         _refill(kk + STAGES, k0 + (kk - c0) + STAGES, True, n_local, tiles_t, off_t, off_n, x_desc, w_desc, u_desc,
                 x_bufs, w_bufs, u_bufs, ready, N, k_tiles, STAGES, BLOCK_T, BLOCK_N, BLOCK_K, G2, _FMT_G, False, STREAM)
     return acc
@@ -391,7 +391,7 @@ def _mainloop_g_f8(x_desc, w_desc, u_desc, x_bufs, w_bufs, u_bufs, ready, xab_pt
         acc = gl.fma(gl.fma(done, pa[None, :], pb[None, :]), pw[:, None], acc)
         # every wgmma of this step retired and every warp is past its SMEM reads: refill the slot with step
         # kk + STAGES (the other STAGES − 1 slots are in flight meanwhile)
-        gl.thread_barrier()
+        reads_done_before_refill()
         _refill(kk + STAGES, k0 + (kk - c0) + STAGES, True, n_local, tiles_t, off_t, off_n, x_desc, w_desc, u_desc,
                 x_bufs, w_bufs, u_bufs, ready, N, k_tiles, STAGES, BLOCK_T, BLOCK_N, BLOCK_K, G2, _FMT_G, True, STREAM)
     return acc

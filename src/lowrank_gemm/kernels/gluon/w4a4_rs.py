@@ -57,7 +57,7 @@ from ...plan.smem import SmemLedger, SmemTerm, barrier_bytes, tile_bytes
 from ..epilogue import rank_block
 from ..schedule import cdiv, num_sms
 from .host import desc, dummy
-from .skeleton import GroupedTileScheduler, alloc_barriers, program_tiles_host
+from .skeleton import GroupedTileScheduler, alloc_barriers, program_tiles_host, reads_done_before_refill
 from .w4a4_ws import _f8_operands, _offset_nibbles_f8, _pad_rank
 
 __all__ = ["rs_ledger", "default_rs_config", "plan_rs", "check_rs_config", "launch_w4a4_rs", "w4a4_rs_kernel",
@@ -324,7 +324,7 @@ def w4a4_rs_kernel(x_desc, w_desc, ab_desc, ws_desc, s_desc, up_desc,
                 acc0, acc1 = _step(acc0, acc1, x_bufs.index(slot), w_bufs.index(slot), ab_rows, ws_rows, slot, zero,
                                    BLOCK_K, G2, NSPLIT, SWAR, mma)
             # every warp is past this slot's SMEM reads and its wgmmas retired: refill it STAGES steps ahead
-            gl.thread_barrier()
+            reads_done_before_refill()
             _issue_step(i_t < n_local, slot, i_kk, i_off_t, i_off_n, x_desc, w_desc, ab_desc, ws_desc, x_bufs,
                         w_bufs, ab_bufs, ws_bufs, ready, BLOCK_K, UR)
             i_kk += 1
@@ -354,7 +354,7 @@ def w4a4_rs_kernel(x_desc, w_desc, ab_desc, ws_desc, s_desc, up_desc,
             _store_chunk(acc1, 1, off_t, off_n, up_regs, s16, out_ptr, stride_om, col_scale_ptr, bias_ptr, M, N,
                          HAS_LOWRANK, HAS_COL_SCALE, HAS_BIAS, mma, mma16, RATIO, a_last_ptr, w_last_ptr)
         if HAS_LOWRANK:
-            gl.thread_barrier()          # every warp is past s_smem / up_smem / s16: the next tile's copies may land
+            reads_done_before_refill()   # every warp is past s_smem / up_smem / s16: the next tile's copies may land
             _issue_lowrank(t + 1, n_local, sched, s_desc, up_desc, s_smem, up_smem, lr_bar, BLOCK_T, BLOCK_N)
 
 
