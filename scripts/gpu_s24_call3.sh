@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Session 24, calls 3 and 4 (4: one fence per slot pair, the expander loop fenced before its MMA wait): the fenced slot release (the no-expander in-flight race fix) and fp32 w_scale rows by default —
+# Session 24, calls 3 and 4 (4: one fence per slot pair, the expander loop fenced before its MMA wait): the fenced
+# slot release (the no-expander in-flight race fix) and fp32 w_scale rows by default —
 # every W4A4 v2 GPU test (the new fp32-output repeat test included), the canonical `bench w4a4` and `bench ab`, and
 # the no-expander probe (fc1, fc2; M sweep 256-1024 for the fenced expander route against session 23's numbers).
 #   bash scripts/gpu_s24_call3.sh → $OUT/{session.log,gpu_tests.log,results.tar.gz,probe.tar.gz}
