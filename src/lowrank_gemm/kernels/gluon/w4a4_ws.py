@@ -552,7 +552,7 @@ def _mainloop_g_f8(p, main, mma: gl.constexpr, k_tiles, off_m, off_n, it, ROLE: 
         part = warpgroup_mma_wait(0, deps=(tok, ))
         p.main.consumer_release(main)
         main = _next_use(p, main, stride)
-        acc = gl.fma(gl.fma(part, xa[:, None], xb[:, None]), ws[None, :], acc)
+        acc = _f8_fold_rows(acc, part, xa, xb, ws)
     return acc, main, it
 
 
@@ -579,6 +579,12 @@ def _f8_fold(p, acc, part, slot, mma: gl.constexpr, C: gl.constexpr):
     does not order them before the refill, and without the fence the H200 refilled slots whose rows were still being
     read (nondeterministic outputs, up to 12 % of elements wrong; NOTES.md, session 24)."""
     xa, xb, ws = _f8_rows(p, slot, mma, C)
+    return _f8_fold_rows(acc, part, xa, xb, ws)
+
+
+@gluon.jit
+def _f8_fold_rows(acc, part, xa, xb, ws):
+    # two FFMAs per element: P' scaled and the weights' offset undone per row (a, b), then the column scale
     return gl.fma(gl.fma(part, xa[:, None], xb[:, None]), ws[None, :], acc)
 
 
