@@ -560,14 +560,17 @@ def test_no_expander_role_table_and_ledger():
     assert with_exp - none == {"raw.w_packed"} and none <= with_exp
 
 
-def _unfenced_releases(body) -> list[str]:
-    """The mbarrier arrives of a loop body that follow a plain ``ld.shared`` with no proxy fence in between: a ring slot
-    whose next fill is a TMA must not be released so (session 24's race)."""
+def _unfenced_releases(body, tma_issues: bool = False) -> list[str]:
+    """The mbarrier arrives (``tma_issues``: the TMA loads) of a loop body that follow a plain ``ld.shared`` /
+    ``ldmatrix`` with no proxy fence in between: a ring slot whose next fill is a TMA must not be released or refilled
+    so (session 24's race)."""
     bad, unfenced = [], False
     for x in body:
-        unfenced = (unfenced or x.strip().startswith("ld.shared")) and "fence.proxy.async" not in x
-        if "mbarrier.arrive" in x and "expect_tx" not in x and unfenced:
-            bad.append(x.strip())
+        t = x.strip()
+        unfenced = (unfenced or t.startswith(("ld.shared", "ldmatrix"))) and "fence.proxy.async" not in t
+        hit = "cp.async.bulk.tensor" in t if tma_issues else ("mbarrier.arrive" in t and "expect_tx" not in t)
+        if hit and unfenced:
+            bad.append(t)
     return bad
 
 

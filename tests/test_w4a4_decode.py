@@ -40,17 +40,13 @@ def test_sm90_slot_refill_after_fenced_reads(fmt, f8):
     issues follow a proxy fence since the last ld.shared / ldmatrix (a barrier alone does not order them: session
     24's race in the warp-specialized kernel, NOTES.md)."""
     from lowrank_gemm.kernels.aot import compile_sm90
-    from test_gluon_skeleton import _ptx_loops
+    from test_gluon_skeleton import _ptx_loops, _unfenced_releases
     sig, cx, _ = d.aot_signature_decode(None, fmt=fmt, f8=f8, M=16, K=1024)
     ptx = compile_sm90(MOD, "w4a4_decode_kernel", sig, cx, num_warps=d.WARPS).ptx
     loops = [body for _, body in _ptx_loops(ptx) if any("wgmma.mma_async" in x for x in body)]
     assert loops
     for body in loops:
-        unfenced = False
-        for x in body:
-            t = x.strip()
-            unfenced = (unfenced or t.startswith(("ld.shared", "ldmatrix"))) and "fence.proxy.async" not in t
-            assert not ("cp.async.bulk.tensor" in t and unfenced), f"a TMA refill after unfenced slot reads: {t}"
+        assert not _unfenced_releases(body, tma_issues=True), "a TMA refill after unfenced slot reads"
 
 
 # (M, config overrides, group size): M ≤ 16 → 16-token tiles (the default 128×256×4 and other rings),
