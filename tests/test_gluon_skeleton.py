@@ -574,21 +574,26 @@ def _unfenced_releases(body, tma_issues: bool = False) -> list[str]:
     return bad
 
 
-@pytest.mark.parametrize("kw", [dict(expanders=2, paired=True), dict(expanders=1, paired=False),
-                                dict(expanders=0, coop=True, inflight=False), dict(expanders=0, coop=True, inflight=True),
-                                dict(expanders=0, paired=False, coop=False, inflight=True)])
-def test_f8_consumer_loops_fence_row_loads_before_release(kw):
-    """Every e4m3 consumer K loop that reads its slot's scale rows with plain loads fences them before it releases the
-    slot (the loader refills it by TMA)."""
+@pytest.mark.parametrize("fmt,kw", [("int4_g64", dict(f8=True, expanders=2, paired=True)),
+                                    ("int4_g64", dict(f8=True, expanders=1, paired=False)),
+                                    ("int4_g64", dict(f8=True, expanders=0, coop=True, inflight=False)),
+                                    ("int4_g64", dict(f8=True, expanders=0, coop=True, inflight=True)),
+                                    ("int4_g64", dict(f8=True, expanders=0, paired=False, coop=False, inflight=True)),
+                                    ("int4_g64", dict(f8=False)), ("int4_2l", dict())])
+def test_consumer_and_expander_loops_fence_slot_reads_before_release(fmt, kw):
+    """Every K loop that reads its slot with plain loads (consumers: the scale rows; expanders: the packed weights)
+    fences them before it releases the slot (the loader refills it by TMA)."""
     from lowrank_gemm.kernels.aot import compile_sm90
-    sig, cx, _ = w4.aot_signature_v2("int4_g64", M=256, N=128, K=1024, rank=32, f8=True, **kw)
+    sig, cx, _ = w4.aot_signature_v2(fmt, M=256, N=128, K=1024, rank=32, **kw)
     assert cx["SCALE_TMA"]
     ptx = compile_sm90("lowrank_gemm.kernels.gluon.w4a4_ws", "w4a4_ws_kernel", sig, cx, num_warps=sk.DEFAULT_WARPS).ptx
-    # the K loops, not the tile loops around them (whose epilogue's s·lora_upᵀ wgmma consumes its loads itself)
-    kloops = [body for _, body in _ptx_loops(ptx) if any("wgmma.mma_async" in x and "e4m3" in x for x in body)
-              and not any("wgmma.mma_async" in x and "bf16" in x for x in body)]
-    assert kloops
-    for body in kloops:
+    # the K loops (with a main-product wgmma) and the expander loops (with st.shared), not the tile loops around them,
+    # whose epilogue's s·lora_upᵀ wgmma consumes its loads itself
+    loops = [body for _, body in _ptx_loops(ptx)
+             if (any("wgmma.mma_async" in x for x in body) or any(x.strip().startswith("st.shared") for x in body))
+             and not any("wgmma.mma_async" in x and "bf16" in x for x in body)]
+    assert loops
+    for body in loops:
         assert not _unfenced_releases(body), _unfenced_releases(body)
 
 

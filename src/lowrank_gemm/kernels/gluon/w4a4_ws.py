@@ -519,6 +519,7 @@ def _mainloop_g(p, main, mma: gl.constexpr, k_tiles, off_m, off_n, it, ROLE: gl.
         if p.SCALE_TMA:   # landed with the slot (rows past M / N read as 0 from TMA's zero fill)
             xs = p.sx_bufs.index(main.index).load(gl.SliceLayout(1, mma)).to(gl.float32)
             ws = p.sw_bufs.index(main.index).load(gl.SliceLayout(0, mma)).to(gl.float32)
+            fence_async_shared()    # before the slot's release: its next fill is a TMA (_f8_fold)
         else:
             xs = gl.load(p.xscale_ptr + kk * p.M + offs_m, mask=offs_m < p.M, other=0.0).to(gl.float32)
             ws = gl.load(p.wscale_ptr + kk * p.N + offs_n, mask=offs_n < p.N, other=0.0).to(gl.float32)
