@@ -674,7 +674,7 @@ def test_no_expander_and_inflight_validation():
 
 
 def test_no_expander_defaults(monkeypatch):
-    """From W8_MIN_M tokens (where the per-call weight expansion pays, probes/s24/call4) the f8 path runs without
+    """From W8_MIN_M tokens (where the per-call weight expansion pays, probes/s24/call5) the f8 path runs without
     expanders, coop, in flight; below it the two-expander paired kernel. Each knob's variable pins it."""
     for v in ("LOWRANK_GEMM_V2_INFLIGHT", "LOWRANK_GEMM_V2_COOP", "LOWRANK_GEMM_V2_F8_EXPANDERS",
               "LOWRANK_GEMM_V2_WS_F32"):

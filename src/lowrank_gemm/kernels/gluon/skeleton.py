@@ -369,7 +369,10 @@ def reads_done_before_refill():
     """Before one thread refills, by TMA, a ring slot that every warp has just read with plain loads (the kernels
     without warp roles): each thread's proxy fence orders its loads before async-proxy writes, then the barrier
     orders every thread before the issuing one. A barrier or an mbarrier arrive alone does not: the TMA write is not
-    in the loads' proxy (session 24: the warp-specialized kernel read refilled rows, NOTES.md)."""
+    in the loads' proxy. The rule everywhere: a slot read with plain loads goes back to a TMA producer (arrive) or
+    is refilled only behind ``fence_async_shared()`` — warp-specialized consumers fence before their arrive. Without
+    it the H200 refilled W4A4 v2 slots whose scale rows were still being read: nondeterministic outputs, up to 12 %
+    of elements wrong (NOTES.md, session 24)."""
     fence_async_shared()
     gl.thread_barrier()
 

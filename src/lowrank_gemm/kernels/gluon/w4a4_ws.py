@@ -519,7 +519,7 @@ def _mainloop_g(p, main, mma: gl.constexpr, k_tiles, off_m, off_n, it, ROLE: gl.
         if p.SCALE_TMA:   # landed with the slot (rows past M / N read as 0 from TMA's zero fill)
             xs = p.sx_bufs.index(main.index).load(gl.SliceLayout(1, mma)).to(gl.float32)
             ws = p.sw_bufs.index(main.index).load(gl.SliceLayout(0, mma)).to(gl.float32)
-            fence_async_shared()    # before the slot's release: its next fill is a TMA (_f8_fold)
+            fence_async_shared()    # plain reads before a TMA refill (skeleton.reads_done_before_refill)
         else:
             xs = gl.load(p.xscale_ptr + kk * p.M + offs_m, mask=offs_m < p.M, other=0.0).to(gl.float32)
             ws = gl.load(p.wscale_ptr + kk * p.N + offs_n, mask=offs_n < p.N, other=0.0).to(gl.float32)
@@ -545,7 +545,7 @@ def _mainloop_g_f8(p, main, mma: gl.constexpr, k_tiles, off_m, off_n, it, ROLE: 
                             part, use_acc=False, is_async=True)
         if p.SCALE_TMA:
             xa, xb, ws = _f8_rows(p, main.index, mma, C)
-            fence_async_shared()    # the slot's next fill is a TMA: see _f8_fold; here it waits while the MMA runs
+            fence_async_shared()    # skeleton.reads_done_before_refill's rule; here it waits while the MMA runs
         else:
             xa = gl.load(p.xscale_ptr + (2 * kk) * p.M + offs_m, mask=offs_m < p.M, other=0.0)
             xb = gl.load(p.xscale_ptr + (2 * kk + 1) * p.M + offs_m, mask=offs_m < p.M, other=0.0)
@@ -575,10 +575,8 @@ def _f8_issue(p, st, part, C: gl.constexpr):
 
 @gluon.jit
 def _f8_fold(p, acc, part, slot, mma: gl.constexpr, C: gl.constexpr):
-    """acc += fma(P', a, b) · ws with the rows of ``slot``. They are plain loads and the slot's next fill is a TMA
-    (async proxy) write: the slot may be released only behind ``fence_async_shared()`` — an arrive after the loads
-    does not order them before the refill, and without the fence the H200 refilled slots whose rows were still being
-    read (nondeterministic outputs, up to 12 % of elements wrong; NOTES.md, session 24)."""
+    """acc += fma(P', a, b) · ws with the rows of ``slot`` — plain loads: the slot goes back to the loader only
+    behind ``fence_async_shared()`` (the rule: skeleton.reads_done_before_refill)."""
     xa, xb, ws = _f8_rows(p, slot, mma, C)
     return _f8_fold_rows(acc, part, xa, xb, ws)
 
@@ -612,7 +610,7 @@ def _mainloop_g_f8_inflight(p, main, mma: gl.constexpr, k_tiles, it, ROLE: gl.co
         acc = _f8_fold(p, acc, pa, main.index, mma, C)
         pb = warpgroup_mma_wait(0, deps=(tb, ))
         acc = _f8_fold(p, acc, pb, nb.index, mma, C)
-        fence_async_shared()                 # one fence for both slots, after both folds (_f8_fold)
+        fence_async_shared()                 # one fence for both slots' row reads, after both folds
         p.main.consumer_release(main)
         p.main.consumer_release(nb)
         main = _next_use(p, nb, stride)
