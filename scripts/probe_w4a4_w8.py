@@ -3,7 +3,7 @@ offset nibbles that the loader TMAs into MAIN (``expanders=0``), with and withou
 per consumer (``inflight``), with the consumers sharing each slot's weight tile (``coop``) — next to today's default (two expanders, paired), fp8 ``_scaled_mm`` and bf16 cuBLAS,
 in one process at the FLUX shapes.
 
-    PYTHONPATH=src python scripts/probe_w4a4_w8.py --out $OUT [--shapes fc1,fc2,sq,fc1b] [--quick]
+    PYTHONPATH=src python scripts/probe_w4a4_w8.py --out $OUT [--shapes fc1,fc2,sq,fc1b] [--quick] [--variants a,b]
 
 Every row is the GEMM alone (activations pre-expanded once by ``expand_act_f8``; for the ``w8`` rows the weights
 too, with the per-call expansion timed on its own row and in ``w8+expand``), CUDA-graph replay medians
@@ -34,6 +34,8 @@ VARIANTS = {   # name: launch_w4a4_v2 options (f8 on for all; ws32 = fp32 w_scal
     "w8_coop_inflight": dict(expanders=0, paired=False, inflight=True, coop=True, ws_f32=False),
     "w8_coop_ws32": dict(expanders=0, paired=False, inflight=False, coop=True, ws_f32=True),
     "w8_coop_inflight_ws32": dict(expanders=0, paired=False, inflight=True, coop=True, ws_f32=True),
+    "w8_coop_inflight4_ws32": dict(expanders=0, paired=False, inflight=4, coop=True, ws_f32=True),
+    "w8_coop_inflight8_ws32": dict(expanders=0, paired=False, inflight=8, coop=True, ws_f32=True),
 }
 
 
@@ -44,7 +46,16 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="fewer graph calls")
     ap.add_argument("--msweep", default="", help="M values at fc1's N, K: the default against the no-expander "
                                                  "variants with their per-call weight expansion (the routing rule)")
+    ap.add_argument("--variants", default="", help="comma list of VARIANTS names to run (v2_default always runs)")
     args = ap.parse_args()
+    if args.variants:
+        keep = {"v2_default", *args.variants.split(",")}
+        unknown = keep - set(VARIANTS)
+        if unknown:
+            ap.error(f"unknown variants {sorted(unknown)}; known: {sorted(VARIANTS)}")
+        for v in list(VARIANTS):
+            if v not in keep:
+                del VARIANTS[v]
     import torch
 
     from lowrank_gemm.bench.common import device_meta, time_graph
@@ -90,9 +101,10 @@ def main() -> None:
             o, extra = outs[v]
             timed[v] = (lambda kw=kw, o=o, extra=extra:
                         w4.launch_w4a4_v2(**dict(base, out=o), f8=True, **kw, **extra))
-        timed["w8_coop+expand"] = (lambda o=outs["w8_coop"][0]:
-                                   w4.launch_w4a4_v2(**dict(base, out=o), f8=True, expanders=0, paired=False,
-                                                     inflight=False, coop=True))
+        if "w8_coop" in outs:
+            timed["w8_coop+expand"] = (lambda o=outs["w8_coop"][0]:
+                                       w4.launch_w4a4_v2(**dict(base, out=o), f8=True, expanders=0, paired=False,
+                                                         inflight=False, coop=True))
         res = {}
         for impl, fn in timed.items():
             t = time_graph(lambda fn=fn: fn(), [()], calls=calls)

@@ -24,11 +24,12 @@ WATCHDOG = dict(timeout=60, method="thread")
 FMTS = [pytest.param("int4_2l", marks=pytest.mark.skipif(
             not w4.two_level_enabled(), reason="int4_2l v2 switched off (LOWRANK_GEMM_GLUON_2L=0)")),
         "int4_g64", "int4_g64_f8", "int4_g64_f8p", "int4_g64_f8w", "int4_g64_f8wi", "int4_g64_f8wu",
-        "int4_g64_f8wc", "int4_g64_f8wci"]
+        "int4_g64_f8wc", "int4_g64_f8wci", "int4_g64_f8wci4", "int4_g64_f8wci8"]
 # _f8: the e4m3-MMA path of int4_g64, one expander, unpaired; _f8p: two expanders and paired consumer K loops
 # (the defaults where the scale rows come by TMA); _f8w: no expander (weights pre-expanded per call, by TMA),
 # paired; _f8wi: the same with two partials in flight per consumer; _f8wu: in flight, unpaired; _f8wc / _f8wci:
-# the consumers share each slot's weight tile (COOP, 128-row CTA tiles), without / with partials in flight. The _f8w*
+# the consumers share each slot's weight tile (COOP, 128-row CTA tiles), without / with partials in flight (_f8wci4 /
+# _f8wci8: four / eight groups per in-flight loop body, so the ragged K tails run the pair and single bodies). The _f8w*
 # variants need the scale rows by TMA (M, N % 8 == 0): elsewhere the launcher refuses them (tested) and the
 # case is skipped.
 # bf16 output: one rounding of the result (2^-8 relative) plus s rounded to bf16 before s·Bᵀ.
@@ -37,6 +38,9 @@ TOL = {torch.bfloat16: 1e-2, torch.float32: 4e-3}
 
 def _variant(fmt):
     """"int4_g64_f8" → ("int4_g64", f8 on, unpaired); "int4_g64_f8p" → f8 and paired; plain g names → both off."""
+    for depth in (4, 8):
+        if fmt.endswith(f"_f8wci{depth}"):
+            return fmt[:-7], dict(f8=True, paired=False, expanders=0, inflight=depth, coop=True)
     if fmt.endswith("_f8wc"):
         return fmt[:-5], dict(f8=True, paired=False, expanders=0, inflight=False, coop=True)
     if fmt.endswith("_f8wci"):
@@ -204,7 +208,8 @@ def test_debug_trace_of_every_role(fmt):
 @pytest.mark.timeout(**WATCHDOG)
 @pytest.mark.parametrize("rank", [0, 32])
 @pytest.mark.parametrize("kw", [dict(coop=True, inflight=True), dict(coop=False, paired=False, inflight=True),
-                                dict(coop=True, inflight=False)])
+                                dict(coop=True, inflight=False), dict(coop=True, inflight=4),
+                                dict(coop=True, inflight=8)])
 def test_no_expander_repeats_bit_identically_fp32_out(kw, rank):
     """Session 24: the in-flight kernel released a slot before the plain loads of its rows had been performed and
     the loader's TMA refilled it underneath them — 12 % of elements wrong, different on every run, seen with fp32
@@ -238,7 +243,9 @@ def test_f8_and_paired_variants_agree_and_repeat_bit_identically(M, N, K):
         for kw in (dict(paired=True, inflight=False), dict(paired=True, inflight=True),
                    dict(paired=False, inflight=True), dict(paired=False, inflight=False, coop=True),
                    dict(paired=False, inflight=True, coop=True), dict(paired=False, inflight=True, coop=True,
-                                                                      ws_f32=True)):
+                                                                      ws_f32=True),
+                   dict(paired=False, inflight=4, coop=True), dict(paired=False, inflight=8),
+                   dict(paired=True, inflight=4)):
             w = w4.launch_w4a4_v2(**ops, f8=True, expanders=0, **kw).clone()
             w2 = w4.launch_w4a4_v2(**ops, f8=True, expanders=0, **kw).clone()
             assert torch.equal(w, w2), f"expanders=0 {kw} not bit-identical over repeated runs"

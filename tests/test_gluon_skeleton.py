@@ -437,6 +437,8 @@ AOT_CASES = [
     dict(fmt="int4_g64", f8=True, paired=False, expanders=0, inflight=True, coop=True, M=200, N=128),
     dict(fmt="int4_g64", f8=True, paired=False, expanders=0, inflight=True, coop=True, M=200, N=128, K=448),  # odd
     dict(fmt="int4_g64", f8=True, paired=False, expanders=0, inflight=True, coop=True, ws_f32=True, M=200, N=128),
+    # four groups per in-flight body: K = 448 runs a body of four, a pair and a single group
+    dict(fmt="int4_g64", f8=True, paired=False, expanders=0, inflight=4, coop=True, M=200, N=128, K=448),
 ]
 
 
@@ -579,6 +581,8 @@ def _unfenced_releases(body, tma_issues: bool = False) -> list[str]:
                                     ("int4_g64", dict(f8=True, expanders=0, coop=True, inflight=False)),
                                     ("int4_g64", dict(f8=True, expanders=0, coop=True, inflight=True)),
                                     ("int4_g64", dict(f8=True, expanders=0, paired=False, coop=False, inflight=True)),
+                                    ("int4_g64", dict(f8=True, expanders=0, coop=True, inflight=4)),
+                                    ("int4_g64", dict(f8=True, expanders=0, coop=True, inflight=8)),
                                     ("int4_g64", dict(f8=False)), ("int4_2l", dict())])
 def test_consumer_and_expander_loops_fence_slot_reads_before_release(fmt, kw):
     """Every K loop that reads its slot with plain loads (consumers: the scale rows; expanders: the packed weights)
@@ -629,8 +633,33 @@ def test_no_expander_ptx_k_loops():
     assert f"{w_box + x_box + rows}" in ptx, "one expect covers x, the 8-bit weights and the scale rows"
 
 
+@pytest.mark.parametrize("depth", [4, 8])
+def test_inflight_depth_k_loop(depth):
+    """inflight=n: each consumer's K loop body holds n groups (2n e4m3 wgmma, 2n·64 FMAs per thread for a 64×128
+    tile), waits with one group still in flight before every fold but the last, and gives its slots back in pairs
+    behind one proxy fence each (n releases, n/2 fences)."""
+    from lowrank_gemm.kernels.aot import compile_sm90
+    sig, cx, cfg = w4.aot_signature_v2("int4_g64", M=256, N=128, K=1024, rank=32, f8=True, expanders=0, coop=True,
+                                       inflight=depth)
+    assert cx["INFLIGHT"] == depth
+    ptx = compile_sm90("lowrank_gemm.kernels.gluon.w4a4_ws", "w4a4_ws_kernel", sig, cx, num_warps=sk.DEFAULT_WARPS).ptx
+    per_thread = cfg.block_m * cfg.block_n // 128
+    kloops = [body for _, body in _ptx_loops(ptx)
+              if sum("wgmma.mma_async" in x and "e4m3" in x for x in body) == 2 * depth
+              and not any("wgmma.mma_async" in x and "bf16" in x for x in body)]
+    assert len(kloops) >= 2, "one K loop per consumer"
+    for body in sorted(kloops, key=len)[:2]:
+        assert sum("wgmma.wait_group.sync.aligned 1" in x for x in body) == depth - 1
+        assert sum("wgmma.wait_group.sync.aligned 0" in x for x in body) == 1
+        assert sum(x.strip().startswith("fma.rn.f32") for x in body) == 2 * depth * per_thread
+        assert sum("mbarrier.arrive" in x for x in body) == depth
+        assert sum("fence.proxy.async.shared::cta" in x for x in body) == depth // 2
+        assert not _unfenced_releases(body)
+
+
 @pytest.mark.parametrize("kw", [dict(paired=True, inflight=True), dict(paired=False, inflight=True, coop=True),
-                                dict(paired=False, inflight=False, coop=True), dict(paired=True, inflight=False)])
+                                dict(paired=False, inflight=False, coop=True), dict(paired=True, inflight=False),
+                                dict(paired=False, inflight=4, coop=True)])
 def test_no_expander_wgmma_not_serialized(kw):
     """ptxas serializes every wgmma of a kernel when a non-wgmma instruction reads an in-flight accumulator (warning
     C7514): the first in-flight version did (a partial's registers handed from step to step) and ran 17 % slower
@@ -684,13 +713,21 @@ def test_no_expander_defaults(monkeypatch):
     assert w4.f8_expanders_default(w4.W8_MIN_M) == 0 and w4.f8_expanders_default(w4.W8_MIN_M - 8) == 2
     big = w4.make_operands_v2("int4_g64", w4.W8_MIN_M, 128, 256, 16, 64, device="cpu")
     args, cx = w4.kernel_args_v2(**big)[1:3]
-    assert (cx["EXPANDERS"], cx["COOP"], cx["INFLIGHT"], cx["PAIRED"]) == (0, True, True, False)
+    assert (cx["EXPANDERS"], cx["COOP"], cx["INFLIGHT"], cx["PAIRED"]) == (0, True, w4.INFLIGHT_DEPTH, False)
     assert args[10].dtype == torch.float32, "no expander: fp32 w_scale rows (ws_f32)"
     small = w4.make_operands_v2("int4_g64", 256, 128, 256, 16, 64, device="cpu")
     args, cx = w4.kernel_args_v2(**small)[1:3]
     assert (cx["EXPANDERS"], cx["COOP"], cx["INFLIGHT"], cx["PAIRED"]) == (2, False, False, True)
     assert args[10].dtype == small["w_scale"].dtype, "expanders read the 16-bit rows"
     assert w4.kernel_args_v2(**big, paired=True)[2]["COOP"] is False     # an explicit paired kernel
+    assert w4.kernel_args_v2(**big, inflight=True)[2]["INFLIGHT"] == w4.INFLIGHT_DEPTH
+    assert w4.kernel_args_v2(**big, inflight=4)[2]["INFLIGHT"] == 4
+    with pytest.raises(ValueError, match="group count"):
+        w4.kernel_args_v2(**big, inflight=-1)
+    monkeypatch.setenv("LOWRANK_GEMM_V2_INFLIGHT", "8")
+    assert w4.inflight_default(0) == 8 and w4.inflight_default(2) == 8
+    monkeypatch.setenv("LOWRANK_GEMM_V2_INFLIGHT", "1")
+    assert w4.inflight_default(0) == w4.INFLIGHT_DEPTH
     monkeypatch.setenv("LOWRANK_GEMM_V2_INFLIGHT", "0")
     monkeypatch.setenv("LOWRANK_GEMM_V2_COOP", "0")
     assert not w4.inflight_default(0) and not w4.coop_default(0)

@@ -59,7 +59,7 @@ from .skeleton import (bias_and_store, consumer_step, DEFAULT_WARPS, NUM_CONSUME
 __all__ = ["FMT_INT4_G", "FMT_INT4_2L", "RAW_STAGES", "RAW_STAGES_F8", "w4a4_ledger", "plan_w4a4_v2", "can_implement_v2",
            "launch_w4a4_v2", "w4a4_ws_kernel", "reference_v2", "make_operands_v2",
            "kernel_args_v2", "aot_signature_v2", "default_config_v2", "f8_default", "paired_default", "f8_expanders_default",
-           "inflight_default", "coop_default", "ws_f32_default"]
+           "inflight_default", "inflight_depth", "INFLIGHT_DEPTH", "coop_default", "ws_f32_default"]
 
 FMT_INT4_G = 0
 FMT_INT4_2L = 1
@@ -71,6 +71,7 @@ RAW_STAGES_F8 = 4       # the f8 expander turns a slot around faster than one TM
 PACK = 64               # formats.int4.PACK_BLOCK: one 64-wide K block = 32 bytes (lo | hi nibbles)
 DEBUG_ITERS_DEFAULT = 64
 DEBUG_TILES_DEFAULT = 16
+INFLIGHT_DEPTH = 2      # groups per in-flight loop body (w4a4_ws._f8_chain) when inflight=True
 # Device-side copies (Gluon reads only constexpr globals).
 _PACK = gl.constexpr(PACK)
 _FMT_INT4_G = gl.constexpr(FMT_INT4_G)
@@ -588,40 +589,74 @@ def _f8_fold_rows(acc, part, xa, xb, ws):
 
 
 @gluon.jit
+def _f8_chain(p, main, acc, pa, pb, it, G: gl.constexpr, ROLE: gl.constexpr, stride, mma: gl.constexpr,
+              C: gl.constexpr):
+    """G consecutive groups with one MMA always in flight: groups 0 and 1 are issued into ``pa`` / ``pb``; group j is
+    rescaled once its MMA retired (``wait(1)``: group j+1's still runs), and group j+2 is issued into the partial j
+    just freed. So only the last fold of the G runs with no MMA of this consumer behind it (half of them in pairs,
+    G = 2). Nothing is in flight when it returns: carrying an MMA over a loop's back edge (or handing one register
+    set from step to step) made the compiler copy an accumulator in flight, and ptxas then serialized every wgmma
+    (C7514) — measured 17 % slower than no overlap at all (NOTES.md, session 23). Slots go back in pairs, after the
+    pair's second fold, behind one proxy fence for both slots' row reads (skeleton.reads_done_before_refill's rule):
+    a fence per slot cost 3–6 % at fc1 / fc2 (NOTES.md, session 24). Groups fold in order, so any G gives the same
+    bits. Returns (acc, pa, pb, the next slot use, it)."""
+    sa = main
+    it = consumer_step(p, sa, ROLE, it)
+    ta = _f8_issue(p, sa, pa, C)
+    last = sa
+    sb = sa
+    tb = ta
+    if G > 1:
+        sb = _next_use(p, sa, stride)
+        it = consumer_step(p, sb, ROLE, it)
+        tb = _f8_issue(p, sb, pb, C)
+        last = sb
+    rel = sa
+    for j in gl.static_range(G):
+        if j % 2 == 0:
+            pa = warpgroup_mma_wait(0 if j == G - 1 else 1, deps=(ta, ))
+            acc = _f8_fold(p, acc, pa, sa.index, mma, C)
+            rel = sa
+            if j + 2 < G:
+                sa = _next_use(p, last, stride)
+                it = consumer_step(p, sa, ROLE, it)
+                ta = _f8_issue(p, sa, pa, C)
+                last = sa
+            if j == G - 1:               # odd G: the last group goes back alone
+                fence_async_shared()
+                p.main.consumer_release(rel)
+        else:
+            pb = warpgroup_mma_wait(0 if j == G - 1 else 1, deps=(tb, ))
+            acc = _f8_fold(p, acc, pb, sb.index, mma, C)
+            done = sb
+            if j + 2 < G:
+                sb = _next_use(p, last, stride)
+                it = consumer_step(p, sb, ROLE, it)
+                tb = _f8_issue(p, sb, pb, C)
+                last = sb
+            fence_async_shared()         # one fence for the pair's row reads, after both folds
+            p.main.consumer_release(rel)
+            p.main.consumer_release(done)
+    return acc, pa, pb, _next_use(p, last, stride), it
+
+
+@gluon.jit
 def _mainloop_g_f8_inflight(p, main, mma: gl.constexpr, k_tiles, it, ROLE: gl.constexpr, stride):
-    """:func:`_mainloop_g_f8` two groups at a time: both groups' wgmmas are issued back to back, then the first
-    group is rescaled while the second's MMA runs (two fp32 partials, ``pa`` and ``pb``: the register room
-    EXPANDERS=0 frees). Nothing is in flight across the loop's back edge: carrying an MMA over it (or handing one
-    register set from step to step) made the compiler copy an accumulator in flight, and ptxas then serialized
-    every wgmma (C7514) — measured 17 % slower than no overlap at all (NOTES.md, session 23). Scale rows come with
-    the slot (SCALE_TMA); both slots are released after both folds, behind one proxy fence (_f8_fold): a fence per
-    slot, each waiting for its rows' loads, cost 3–6 % at fc1 / fc2 (NOTES.md, session 24)."""
+    """:func:`_mainloop_g_f8` with two fp32 partials (``pa``, ``pb``: the register room EXPANDERS=0 frees) and
+    ``p.INFLIGHT`` groups per loop body (:func:`_f8_chain`): each group's rescale runs while the next group's MMA
+    does. The K steps left over run in pairs, then alone."""
     C: gl.constexpr = 1 if ROLE == ROLE_CONSUMER1 else 0
     acc = gl.zeros([p.BLOCK_M, p.BLOCK_N], gl.float32, mma)
     pa = gl.zeros([p.BLOCK_M, p.BLOCK_N], gl.float32, mma)
     pb = gl.zeros([p.BLOCK_M, p.BLOCK_N], gl.float32, mma)
-    for i in range(k_tiles // 2):
-        it = consumer_step(p, main, ROLE, it)
-        ta = _f8_issue(p, main, pa, C)
-        nb = _next_use(p, main, stride)
-        it = consumer_step(p, nb, ROLE, it)
-        tb = _f8_issue(p, nb, pb, C)
-        pa = warpgroup_mma_wait(1, deps=(ta, ))
-        acc = _f8_fold(p, acc, pa, main.index, mma, C)
-        pb = warpgroup_mma_wait(0, deps=(tb, ))
-        acc = _f8_fold(p, acc, pb, nb.index, mma, C)
-        fence_async_shared()                 # one fence for both slots' row reads, after both folds
-        p.main.consumer_release(main)
-        p.main.consumer_release(nb)
-        main = _next_use(p, nb, stride)
+    G: gl.constexpr = p.INFLIGHT
+    for i in range(k_tiles // G):
+        acc, pa, pb, main, it = _f8_chain(p, main, acc, pa, pb, it, G, ROLE, stride, mma, C)
+    if G > 2:
+        for i in range((k_tiles % G) // 2):
+            acc, pa, pb, main, it = _f8_chain(p, main, acc, pa, pb, it, 2, ROLE, stride, mma, C)
     for i in range(k_tiles % 2):             # an odd step count leaves one group, run alone
-        it = consumer_step(p, main, ROLE, it)
-        ta = _f8_issue(p, main, pa, C)
-        pa = warpgroup_mma_wait(0, deps=(ta, ))
-        acc = _f8_fold(p, acc, pa, main.index, mma, C)
-        fence_async_shared()
-        p.main.consumer_release(main)
-        main = _next_use(p, main, stride)
+        acc, pa, pb, main, it = _f8_chain(p, main, acc, pa, pb, it, 1, ROLE, stride, mma, C)
     return acc, main, it
 
 
@@ -1036,7 +1071,8 @@ def kernel_args_v2(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias
     e4m3 [N, K] buffer of offset nibbles (``w4_expand.expand_w4(offset=True)``, or ``w_f8`` when the caller
     holds one) that the loader TMAs into MAIN next to the activations (skeleton.ROLES_NO_EXPANDER).
     ``inflight`` (needs f8 and TMA'd scale rows; None = :func:`inflight_default`): each consumer issues the next
-    group's wgmma before it rescales the current one (two fp32 partials in flight).
+    group's wgmma before it rescales the current one (two fp32 partials in flight); True runs :data:`INFLIGHT_DEPTH`
+    groups per loop body, an int n ≥ 2 runs n (only the body's last rescale has no MMA behind it).
     ``coop`` (needs expanders=0, not paired; None = :func:`coop_default`): the two consumers share each slot's
     weight tile, each on its half of a 2·block_m-row CTA tile — a third less L2 → SMEM traffic per MMA.
     ``ws_f32`` (expanders=0 only; None = :func:`ws_f32_default`): the w_scale rows go through the ring as fp32 (one
@@ -1074,7 +1110,7 @@ def kernel_args_v2(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias
     _expect(expanders == 1 or (f8 and expanders == 2) or (f8 and scale_tma and expanders == 0),
             lambda: f"expanders=2 needs the f8 path and expanders=0 the f8 path with TMA'd scale rows, got "
                     f"expanders={expanders}, f8={f8}, scale_tma={scale_tma}")
-    inflight = inflight_default(expanders) if inflight is None else inflight
+    inflight = inflight_default(expanders) if inflight is None else inflight_depth(inflight)
     if coop is None:           # an explicit paired=True asks for the paired kernel
         coop = coop_default(expanders) and not paired
     _expect(not inflight or (f8 and scale_tma), lambda: f"in-flight partials need the f8 path with TMA'd scale rows, "
@@ -1169,12 +1205,23 @@ def f8_expanders_default(m: int | None = None) -> int:
     return 0 if m is not None and m >= W8_MIN_M else 2
 
 
-def inflight_default(expanders: int) -> bool:
-    """Whether the f8 consumers keep two partials in flight (``LOWRANK_GEMM_V2_INFLIGHT``: 1 / 0, default: only
-    without expanders, where the consumers have the registers for it). H200, coop, 16-bit rows, same process, with
-    the slot fences: fc1 632 → 607 µs, fc2 634 → 607 (probes/s24/call4; session 23, unfenced: 604 → 574)."""
+def inflight_default(expanders: int) -> int:
+    """Groups per in-flight loop body of the f8 consumers (0: no second partial; ``LOWRANK_GEMM_V2_INFLIGHT``: 0 off,
+    1 :data:`INFLIGHT_DEPTH`, n ≥ 2 that many; default: :data:`INFLIGHT_DEPTH` only without expanders, where the
+    consumers have the registers for it). H200, coop, 16-bit rows, same process, with the slot fences: pairs take
+    fc1 632 → 607 µs, fc2 634 → 607 (probes/s24/call4; session 23, unfenced: 604 → 574)."""
     v = getenv("LOWRANK_GEMM_V2_INFLIGHT", "")
-    return expanders == 0 if v == "" else v != "0"
+    if v == "":
+        return INFLIGHT_DEPTH if expanders == 0 else 0
+    return inflight_depth(int(v))
+
+
+def inflight_depth(v) -> int:
+    """``inflight`` as the kernel takes it: False / 0 → 0, True / 1 → :data:`INFLIGHT_DEPTH`, n ≥ 2 → n."""
+    n = int(v)
+    if n < 0:
+        raise ValueError(f"w4a4 v2: inflight is a bool or a group count ≥ 2, got {v!r}")
+    return INFLIGHT_DEPTH if n == 1 else n
 
 
 def ws_f32_default() -> bool:
