@@ -633,6 +633,47 @@ def test_no_expander_ptx_k_loops():
     assert f"{w_box + x_box + rows}" in ptx, "one expect covers x, the 8-bit weights and the scale rows"
 
 
+@pytest.mark.parametrize("bn", [64, 128, 256])
+def test_ws_row_order_matches_the_kernels_view(bn):
+    """ws_row_order puts column c of each block at the offset the kernel's shared layout (_ws_perm_layout) reads
+    for it: the layout's linear map (XOR of the bases of c's set bits) applied to every c recovers the fp32 row."""
+    g, n = 3, 2 * bn
+    ws = torch.randn(g, n).to(torch.bfloat16)
+    out = w4.ws_row_order(ws, bn)
+    assert out.dtype == torch.float32 and out.shape == (g, n)
+    bases = [b[0] for b in w4._ws_perm_layout(bn).offset_bases]
+    assert len(bases) == bn.bit_length() - 1
+    for c in range(bn):
+        off = 0
+        for i, b in enumerate(bases):
+            if c >> i & 1:
+                off ^= b
+        for blk in range(n // bn):
+            assert torch.equal(out[:, blk * bn + off], ws[:, blk * bn + c].float()), (c, off)
+
+
+def test_ws_perm_defaults_and_ptx():
+    """fp32 w_scale rows come permuted where N is a multiple of block_n (128-bit row loads in the consumers' K
+    loops, no 64-bit ones), unpermuted elsewhere; asking for it where it cannot apply is an error."""
+    from lowrank_gemm.kernels.aot import compile_sm90
+    sig, cx, cfg = w4.aot_signature_v2("int4_g64", M=256, N=256, K=512, rank=32, f8=True, expanders=0, coop=True,
+                                       inflight=True)
+    assert cx["WS_PERM"] is True and sig["wscale_ptr"] == "*fp32"
+    ptx = compile_sm90("lowrank_gemm.kernels.gluon.w4a4_ws", "w4a4_ws_kernel", sig, cx, num_warps=sk.DEFAULT_WARPS).ptx
+    kloops = [body for _, body in _ptx_loops(ptx) if sum("wgmma.mma_async" in x and "e4m3" in x for x in body) == 4
+              and not any("bf16" in x and "wgmma.mma_async" in x for x in body)]
+    assert kloops
+    for body in sorted(kloops, key=len)[:2]:
+        v4 = sum(x.strip().startswith("ld.shared.v4.f32") or x.strip().startswith("ld.shared.v4.b32") for x in body)
+        v2 = sum(x.strip().startswith("ld.shared.v2") for x in body)
+        assert v4 >= 2 * cfg.block_n // 16 and v2 == 0, (v4, v2)
+    assert w4.aot_signature_v2("int4_g64", M=256, N=264, K=512, rank=32, f8=True, expanders=0, coop=True)[1][
+        "WS_PERM"] is False, "N % block_n != 0: unpermuted fp32 rows"
+    ops = w4.make_operands_v2("int4_g64", 256, 264, 512, 16, 64, device="cpu")
+    with pytest.raises(ValueError, match="N % block_n"):
+        w4.kernel_args_v2(**ops, f8=True, expanders=0, coop=True, ws_perm=True)
+
+
 @pytest.mark.parametrize("depth", [4, 8])
 def test_inflight_depth_k_loop(depth):
     """inflight=n: each consumer's K loop body holds n groups (2n e4m3 wgmma, 2n·64 FMAs per thread for a 64×128
@@ -659,7 +700,7 @@ def test_inflight_depth_k_loop(depth):
 
 @pytest.mark.parametrize("kw", [dict(paired=True, inflight=True), dict(paired=False, inflight=True, coop=True),
                                 dict(paired=False, inflight=False, coop=True), dict(paired=True, inflight=False),
-                                dict(paired=False, inflight=4, coop=True)])
+                                dict(paired=False, inflight=4, coop=True, ws_perm=False)])
 def test_no_expander_wgmma_not_serialized(kw):
     """ptxas serializes every wgmma of a kernel when a non-wgmma instruction reads an in-flight accumulator (warning
     C7514): the first in-flight version did (a partial's registers handed from step to step) and ran 17 % slower
@@ -698,8 +739,10 @@ def test_no_expander_and_inflight_validation():
         w4.kernel_args_v2(**ops, f8=False, inflight=True)
     with pytest.raises(ValueError, match="ws_f32 is an expanders=0 option"):
         w4.kernel_args_v2(**ops, f8=True, expanders=2, ws_f32=True)
-    args = w4.kernel_args_v2(**ops, f8=True, expanders=0, ws_f32=True)[1]
+    args = w4.kernel_args_v2(**ops, f8=True, expanders=0, ws_f32=True, ws_perm=False)[1]
     assert args[10].dtype == torch.float32 and torch.equal(args[10], ops["w_scale"].float())   # exact
+    args = w4.kernel_args_v2(**ops, f8=True, expanders=0, ws_f32=True)[1]     # N % block_n == 0: permuted too
+    assert torch.equal(args[10], w4.ws_row_order(ops["w_scale"], 128))
 
 
 def test_no_expander_defaults(monkeypatch):

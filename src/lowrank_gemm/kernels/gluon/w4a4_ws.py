@@ -59,7 +59,8 @@ from .skeleton import (bias_and_store, consumer_step, DEFAULT_WARPS, NUM_CONSUME
 __all__ = ["FMT_INT4_G", "FMT_INT4_2L", "RAW_STAGES", "RAW_STAGES_F8", "w4a4_ledger", "plan_w4a4_v2", "can_implement_v2",
            "launch_w4a4_v2", "w4a4_ws_kernel", "reference_v2", "make_operands_v2",
            "kernel_args_v2", "aot_signature_v2", "default_config_v2", "f8_default", "paired_default", "f8_expanders_default",
-           "inflight_default", "inflight_depth", "INFLIGHT_DEPTH", "coop_default", "ws_f32_default"]
+           "inflight_default", "inflight_depth", "INFLIGHT_DEPTH", "coop_default", "ws_f32_default",
+           "ws_perm_default", "ws_row_order"]
 
 FMT_INT4_G = 0
 FMT_INT4_2L = 1
@@ -140,9 +141,10 @@ class W4A4Args:
     EXPANDERS: gl.constexpr
     INFLIGHT: gl.constexpr
     COOP: gl.constexpr
+    WS_PERM: gl.constexpr
 
     @gluon.constexpr_function
-    def __init__(self, x_desc, w_desc, s_desc, b_desc, out_desc, x_bufs, w_bufs, xp_bufs, wp_bufs, s_bufs, b_bufs, epi_bufs, sc_desc, sw_desc, sx_bufs, sw_bufs, main, raw, lowrank, order, out_ptr, stride_om, xscale_ptr, wscale_ptr, wmult_ptr, col_scale_ptr, bias_ptr, dbg_ptr, dbg_tiles_ptr, M, N, K, FMT, G2, BLOCK_M, BLOCK_N, BLOCK_K, BLOCK_R, GROUP_M, HAS_LOWRANK, HAS_COL_SCALE, HAS_BIAS, EPI_TMA, DEBUG, DEBUG_ITERS, DEBUG_TILES, SCALE_TMA, SWAR, F8, PAIRED, EXPANDERS, INFLIGHT, COOP):
+    def __init__(self, x_desc, w_desc, s_desc, b_desc, out_desc, x_bufs, w_bufs, xp_bufs, wp_bufs, s_bufs, b_bufs, epi_bufs, sc_desc, sw_desc, sx_bufs, sw_bufs, main, raw, lowrank, order, out_ptr, stride_om, xscale_ptr, wscale_ptr, wmult_ptr, col_scale_ptr, bias_ptr, dbg_ptr, dbg_tiles_ptr, M, N, K, FMT, G2, BLOCK_M, BLOCK_N, BLOCK_K, BLOCK_R, GROUP_M, HAS_LOWRANK, HAS_COL_SCALE, HAS_BIAS, EPI_TMA, DEBUG, DEBUG_ITERS, DEBUG_TILES, SCALE_TMA, SWAR, F8, PAIRED, EXPANDERS, INFLIGHT, COOP, WS_PERM):
         self.x_desc = x_desc
         self.w_desc = w_desc
         self.s_desc = s_desc
@@ -196,6 +198,7 @@ class W4A4Args:
         self.EXPANDERS = gl.constexpr(EXPANDERS)
         self.INFLIGHT = gl.constexpr(INFLIGHT)
         self.COOP = gl.constexpr(COOP)
+        self.WS_PERM = gl.constexpr(WS_PERM)
 
 
 @gluon.constexpr_function
@@ -563,8 +566,20 @@ def _f8_rows(p, slot, mma: gl.constexpr, C: gl.constexpr):
     """The slot's xab rows (this consumer's) and w_scale row (TMA'd with it), in registers."""
     xa = _rows(p, p.sx_bufs.index(2 * slot), C).load(gl.SliceLayout(1, mma))
     xb = _rows(p, p.sx_bufs.index(2 * slot + 1), C).load(gl.SliceLayout(1, mma))
-    ws = p.sw_bufs.index(slot).load(gl.SliceLayout(0, mma)).to(gl.float32)
+    if p.WS_PERM:     # the row holds each thread's columns contiguously (ws_row_order): 128-bit loads
+        ws = p.sw_bufs.index(slot)._reinterpret(gl.float32, [p.BLOCK_N], _ws_perm_layout(p.BLOCK_N)).load(
+            gl.SliceLayout(0, mma))
+    else:
+        ws = p.sw_bufs.index(slot).load(gl.SliceLayout(0, mma)).to(gl.float32)
     return xa, xb, ws
+
+
+@gluon.constexpr_function
+def _ws_perm_layout(block_n):
+    """Column c = 8j + 2q + e of a wgmma accumulator row (j < BN/8, q: the lane's quad position, e < 2) sits at
+    position 2j + e + q·BN/4 of a permuted w_scale row (:func:`ws_row_order`): a thread's BN/4 columns are contiguous."""
+    bases = [[1], [block_n // 4], [block_n // 2]] + [[2 << i] for i in range((block_n // 8).bit_length() - 1)]
+    return gl.SharedLinearLayout(offset_bases=bases)
 
 
 @gluon.jit
@@ -779,7 +794,7 @@ def w4a4_ws_kernel(x_desc, w_desc, s_desc, b_desc, out_desc, sc_desc, sw_desc,
                    DEBUG_TILES: gl.constexpr, SCALE_TMA: gl.constexpr = False, SWAR: gl.constexpr = False,
                    RAW_STAGES_N: gl.constexpr = 2, CONSUMER_ORDER: gl.constexpr = True, F8: gl.constexpr = False,
                    PAIRED: gl.constexpr = False, EXPANDERS: gl.constexpr = 1, INFLIGHT: gl.constexpr = False,
-                   COOP: gl.constexpr = False):
+                   COOP: gl.constexpr = False, WS_PERM: gl.constexpr = False):
     gl.static_assert(BLOCK_K % _PACK == 0, "BLOCK_K must be a multiple of the 64-wide pack block")
     gl.static_assert(LOWRANK_STAGES >= 1, "the LOWRANK ring needs a slot even when unused")
     # Every SMEM buffer and barrier of the kernel is declared here (plan.smem ledger mirrors it).
@@ -791,6 +806,8 @@ def w4a4_ws_kernel(x_desc, w_desc, s_desc, b_desc, out_desc, sc_desc, sw_desc,
                      "two expanders: the F8 path only; none (pre-expanded weights): F8 with SCALE_TMA")
     gl.static_assert(not INFLIGHT or (F8 and SCALE_TMA), "in-flight partials: the F8 path with SCALE_TMA")
     gl.static_assert(not COOP or (EXPANDERS == 0 and not PAIRED), "COOP: no expander, not PAIRED")
+    gl.static_assert(not WS_PERM or (SCALE_TMA and F8 and sw_desc.dtype == gl.float32),
+                     "WS_PERM: fp32 w_scale rows through the ring (ws_f32)")
     TILE_M: gl.constexpr = _tile_m(BLOCK_M, COOP)
     op_dtype: gl.constexpr = gl.float8e4nv if F8 else gl.int8
     x_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([TILE_M, BLOCK_K], op_dtype)
@@ -842,7 +859,7 @@ def w4a4_ws_kernel(x_desc, w_desc, s_desc, b_desc, out_desc, sc_desc, sw_desc,
                  epi_bufs, sc_desc, sw_desc, sx_bufs, sw_bufs, main, raw, lowrank, order, out_ptr, stride_om, xscale_ptr, wscale_ptr, wmult_ptr,
                  col_scale_ptr, bias_ptr, dbg_ptr, dbg_tiles_ptr, M, N, K, FMT, G2, BLOCK_M, BLOCK_N, BLOCK_K,
                  BLOCK_R, GROUP_M, HAS_LOWRANK, HAS_COL_SCALE, HAS_BIAS, EPI_TMA, DEBUG, DEBUG_ITERS, DEBUG_TILES,
-                 SCALE_TMA, SWAR, F8, PAIRED, EXPANDERS, INFLIGHT, COOP)
+                 SCALE_TMA, SWAR, F8, PAIRED, EXPANDERS, INFLIGHT, COOP, WS_PERM)
     if EXPANDERS == 0:
         gl.warp_specialize([
             (_consumer0, (p, )),
@@ -1064,7 +1081,8 @@ def kernel_args_v2(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias
                    debug_tiles: int = DEBUG_TILES_DEFAULT, grid: int | None = None, consumer_order: bool = True,
                    scale_tma: bool | None = None, swar: bool = True, raw_stages: int | None = None,
                    f8: bool | None = None, paired: bool | None = None, expanders: int | None = None,
-                   inflight: bool | None = None, w_f8=None, coop: bool | None = None, ws_f32: bool | None = None):
+                   inflight: bool | None = None, w_f8=None, coop: bool | None = None, ws_f32: bool | None = None,
+                   ws_perm: bool | None = None):
     """Validate (the v1 contract's own checks), plan and build one launch.
     ``expanders`` (f8 only; None = :func:`f8_expanders_default`): 2 runs a second expander warpgroup on the odd
     K steps (skeleton.ROLES_TWO_EXPANDERS); 0 runs none: the weights are expanded once per call into a transient
@@ -1077,6 +1095,8 @@ def kernel_args_v2(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias
     weight tile, each on its half of a 2·block_m-row CTA tile — a third less L2 → SMEM traffic per MMA.
     ``ws_f32`` (expanders=0 only; None = :func:`ws_f32_default`): the w_scale rows go through the ring as fp32 (one
     conversion per call, exact), so the consumers' rescale loads them without a bf16 → fp32 step per element.
+    ``ws_perm`` (ws_f32 with N % block_n == 0 only; None = :func:`ws_perm_default` where it applies): the fp32 rows
+    come permuted (:func:`ws_row_order`, in the same conversion) so each thread loads its columns 128 bits at a time.
     ``paired`` (int4_g only; None = :func:`paired_default`): the two consumers run the K loops of a tile pair at
     the same time, the pair's K steps interleaved on MAIN, so one consumer's rescale overlaps the other's MMA
     (otherwise they hand the ring over per tile and only the epilogues overlap).
@@ -1131,7 +1151,14 @@ def kernel_args_v2(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias
                           expanders=expanders, coop=coop, ws_bits=ws_bits)
     _check_config(config, M, N, K, r, f, group_size, out.dtype, lr_dtype, scale_tma=scale_tma, raw_stages=raw_stages,
                   f8=f8, expanders=expanders, inflight=inflight, coop=coop, ws_bits=ws_bits)
-    if ws_f32:
+    if ws_perm is None:
+        ws_perm = ws_f32 and ws_perm_default() and N % config.block_n == 0
+    _expect(not ws_perm or (ws_f32 and N % config.block_n == 0),
+            lambda: f"ws_perm (permuted fp32 w_scale rows) needs ws_f32 and N % block_n == 0, got ws_f32={ws_f32}, "
+                    f"N={N}, block_n={config.block_n}")
+    if ws_perm:
+        w_scale = ws_row_order(w_scale, config.block_n)
+    elif ws_f32:
         w_scale = w_scale.float()      # exact; the kernel's .to(fp32) of the row is then a no-op
 
     bm, bn, bk, br = config.block_m, config.block_n, config.block_k, config.block_r
@@ -1176,8 +1203,18 @@ def kernel_args_v2(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias
                       HAS_COL_SCALE=col_scale is not None, HAS_BIAS=bias is not None, EPI_TMA=epi_tma,
                       DEBUG=debug, DEBUG_ITERS=debug_iters, DEBUG_TILES=debug_tiles, SCALE_TMA=scale_tma,
                       SWAR=swar, RAW_STAGES_N=raw_stages, CONSUMER_ORDER=consumer_order, F8=f8, PAIRED=paired,
-                      EXPANDERS=expanders, INFLIGHT=inflight, COOP=coop)
+                      EXPANDERS=expanders, INFLIGHT=inflight, COOP=coop, WS_PERM=ws_perm)
     return grid, args, constexprs, config, (dbg, dbg_tiles)
+
+
+def ws_row_order(w_scale: torch.Tensor, block_n: int) -> torch.Tensor:
+    """w_scale [K/G, N] (N % block_n == 0) as fp32 (exact) with each block_n-column block permuted so that the
+    columns one thread of a wgmma accumulator holds (c = 8j + 2q + e: j < block_n/8, q < 4, e < 2) are contiguous,
+    at 2j + e + q·block_n/4 — the kernel reads them with 128-bit instead of 64-bit loads. One copy kernel."""
+    g, n = w_scale.shape
+    out = torch.empty((g, n), dtype=torch.float32, device=w_scale.device)
+    out.view(g, n // block_n, 4, block_n // 8, 2).copy_(w_scale.view(g, n // block_n, block_n // 8, 4, 2).transpose(2, 3))
+    return out
 
 
 def f8_default() -> bool:
@@ -1232,6 +1269,12 @@ def ws_f32_default() -> bool:
     return getenv("LOWRANK_GEMM_V2_WS_F32", "1") != "0"
 
 
+def ws_perm_default() -> bool:
+    """Whether fp32 w_scale rows come permuted for 128-bit loads (:func:`ws_row_order`; ``LOWRANK_GEMM_V2_WS_PERM``:
+    default on, ``=0`` off), where N is a multiple of block_n (elsewhere unpermuted)."""
+    return getenv("LOWRANK_GEMM_V2_WS_PERM", "1") != "0"
+
+
 def coop_default(expanders: int) -> bool:
     """Whether the no-expander kernel shares weight tiles between its consumers (``LOWRANK_GEMM_V2_COOP``: 1 / 0;
     default: whenever there is no expander). H200, paired → coop, with the slot fences: fc1 654 → 632 µs, fc2 657 →
@@ -1259,7 +1302,7 @@ def launch_w4a4_v2(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias
                    grid: int | None = None, consumer_order: bool = True, scale_tma: bool | None = None,
                    swar: bool = True, raw_stages: int | None = None, f8: bool | None = None,
                    paired: bool | None = None, expanders: int | None = None, inflight: bool | None = None,
-                   w_f8=None, coop: bool | None = None, ws_f32: bool | None = None):
+                   w_f8=None, coop: bool | None = None, ws_f32: bool | None = None, ws_perm: bool | None = None):
     """out [M, N] ← W4A4 v2; the argument contract of ``kernels.w4a4_gemm`` (its module docstring),
     plus ``col_scale`` [N] (optional per-column factor on the main product). Returns ``out``, or
     ``(out, (dbg [grid, roles, iters, 2] int32, tiles [grid, DEBUG_TILES, 2] int32))`` with ``debug``."""
@@ -1267,7 +1310,7 @@ def launch_w4a4_v2(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias
                                            fmt, group_size, config, col_scale=col_scale, debug=debug, grid=grid,
                                            consumer_order=consumer_order, scale_tma=scale_tma, swar=swar,
                                            raw_stages=raw_stages, f8=f8, paired=paired, expanders=expanders,
-                                           inflight=inflight, w_f8=w_f8, coop=coop, ws_f32=ws_f32)
+                                           inflight=inflight, w_f8=w_f8, coop=coop, ws_f32=ws_f32, ws_perm=ws_perm)
     if _fmt_id(fmt) == FMT_INT4_2L and not two_level_enabled():
         raise NotImplementedError("int4_2l v2 is switched off by LOWRANK_GEMM_GLUON_2L=0; use impl='v1'")
     launch(w4a4_ws_kernel, (g, ), *args, **cx, num_warps=DEFAULT_WARPS)
@@ -1323,7 +1366,8 @@ def make_operands_v2(fmt, M, N, K, rank, group_size=64, *, device="cuda", bias=T
 # Ahead-of-time compile (CI, CPU): signature from CPU stand-in tensors of a small problem.
 def aot_signature_v2(fmt, config: KernelConfig | None = None, *, M=96, N=160, K=384, rank=16, group_size=64,
                      out_dtype=torch.bfloat16, bias=True, col_scale=True, debug=False, scale_tma=None, swar=True,
-                     raw_stages=None, f8=None, paired=None, expanders=None, inflight=None, coop=None, ws_f32=None):
+                     raw_stages=None, f8=None, paired=None, expanders=None, inflight=None, coop=None, ws_f32=None,
+                     ws_perm=None):
     """(signature, constexprs, config) for ``kernels.aot.compile_sm90`` of :func:`w4a4_ws_kernel`."""
     import inspect
     from triton.runtime.jit import mangle_type
@@ -1331,7 +1375,7 @@ def aot_signature_v2(fmt, config: KernelConfig | None = None, *, M=96, N=160, K=
                            out_dtype=out_dtype)
     _, args, cx, cfg, _ = kernel_args_v2(**ops, config=config, debug=debug, scale_tma=scale_tma, swar=swar,
                                          raw_stages=raw_stages, f8=f8, paired=paired, expanders=expanders,
-                                         inflight=inflight, coop=coop, ws_f32=ws_f32)
+                                         inflight=inflight, coop=coop, ws_f32=ws_f32, ws_perm=ws_perm)
     names = [n for n in inspect.signature(w4a4_ws_kernel.fn).parameters if n not in cx]
     sig = {n: (mangle_type(a) if not isinstance(a, int) else "i32") for n, a in zip(names, args)}
     return sig, cx, cfg
