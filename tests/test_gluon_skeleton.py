@@ -4,6 +4,8 @@ Gluon does not run in the interpreter, so the device behaviour (hangs, races, nu
 tests/test_gluon_gpu.py; here we pin everything that can be decided on the host.
 """
 
+import functools
+
 import pytest
 import torch
 import triton
@@ -607,7 +609,7 @@ def test_no_expander_ptx_k_loops():
     and every MAIN fill is one TMA expect of the 8-bit weights with the rest."""
     from lowrank_gemm.kernels.aot import compile_sm90
     sig, cx, cfg = w4.aot_signature_v2("int4_g64", M=96, N=128, K=1024, rank=0, bias=False, col_scale=False,
-                                       f8=True, paired=True, expanders=0, inflight=True)
+                                       f8=True, paired=True, expanders=0, inflight=2)   # pairs (depth 4: test_inflight_depth_k_loop)
     ptx = compile_sm90("lowrank_gemm.kernels.gluon.w4a4_ws", "w4a4_ws_kernel", sig, cx, num_warps=sk.DEFAULT_WARPS).ptx
     assert f"setmaxnreg.dec.sync.aligned.u32 \t{sk.DEFAULT_REGS_0X};" in ptx
     loops = _ptx_loops(ptx)
@@ -635,29 +637,43 @@ def test_no_expander_ptx_k_loops():
 
 @pytest.mark.parametrize("bn", [64, 128, 256])
 def test_ws_row_order_matches_the_kernels_view(bn):
-    """ws_row_order puts column c of each block at the offset the kernel's shared layout (_ws_perm_layout) reads
-    for it: the layout's linear map (XOR of the bases of c's set bits) applied to every c recovers the fp32 row."""
+    """ws_row_order puts at each position of a block the column the kernel's shared layout (_ws_perm_layout) reads
+    there. Triton layouts map hardware locations to logical indices (here: memory offset → column), so position o
+    holds column XOR{bases[i] : bit i of o}; evaluated with Triton's own LinearLayout, and by hand."""
+    from triton._C.libtriton.linear_layout import LinearLayout
     g, n = 3, 2 * bn
     ws = torch.randn(g, n).to(torch.bfloat16)
     out = w4.ws_row_order(ws, bn)
     assert out.dtype == torch.float32 and out.shape == (g, n)
     bases = [b[0] for b in w4._ws_perm_layout(bn).offset_bases]
-    assert len(bases) == bn.bit_length() - 1
-    for c in range(bn):
-        off = 0
+    ll = LinearLayout.from_bases([("offset", [[b] for b in bases])], ["dim0"])
+    assert ll.is_invertible()
+    for o in range(bn):
+        col = 0
         for i, b in enumerate(bases):
-            if c >> i & 1:
-                off ^= b
+            if o >> i & 1:
+                col ^= b
+        assert dict(ll.apply({"offset": o}))["dim0"] == col
         for blk in range(n // bn):
-            assert torch.equal(out[:, blk * bn + off], ws[:, blk * bn + c].float()), (c, off)
+            assert torch.equal(out[:, blk * bn + o], ws[:, blk * bn + col].float()), (o, col)
+    # a thread's columns (fixed q = lane % 4: c = 8j + 2q + e) are one contiguous run of bn / 4 positions
+    q = 1
+    cols = {8 * j + 2 * q + e for j in range(bn // 8) for e in range(2)}
+    pos = sorted(o for o in range(bn) if functools.reduce(lambda a, i: a ^ (bases[i] if o >> i & 1 else 0),
+                                                           range(len(bases)), 0) in cols)
+    assert pos == list(range(q * bn // 4, (q + 1) * bn // 4))
 
 
-def test_ws_perm_defaults_and_ptx():
-    """fp32 w_scale rows come permuted where N is a multiple of block_n (128-bit row loads in the consumers' K
-    loops, no 64-bit ones), unpermuted elsewhere; asking for it where it cannot apply is an error."""
+def test_ws_perm_defaults_and_ptx(monkeypatch):
+    """LOWRANK_GEMM_V2_WS_PERM=1: fp32 w_scale rows come permuted where N is a multiple of block_n (128-bit row loads
+    in the consumers' K loops, no 64-bit ones), unpermuted elsewhere; asking for it where it cannot apply is an
+    error. Off by default."""
     from lowrank_gemm.kernels.aot import compile_sm90
+    monkeypatch.delenv("LOWRANK_GEMM_V2_WS_PERM", raising=False)
+    assert w4.aot_signature_v2("int4_g64", M=256, N=256, K=512, rank=32, f8=True, expanders=0)[1]["WS_PERM"] is False
+    monkeypatch.setenv("LOWRANK_GEMM_V2_WS_PERM", "1")
     sig, cx, cfg = w4.aot_signature_v2("int4_g64", M=256, N=256, K=512, rank=32, f8=True, expanders=0, coop=True,
-                                       inflight=True)
+                                       inflight=2)
     assert cx["WS_PERM"] is True and sig["wscale_ptr"] == "*fp32"
     ptx = compile_sm90("lowrank_gemm.kernels.gluon.w4a4_ws", "w4a4_ws_kernel", sig, cx, num_warps=sk.DEFAULT_WARPS).ptx
     kloops = [body for _, body in _ptx_loops(ptx) if sum("wgmma.mma_async" in x and "e4m3" in x for x in body) == 4
@@ -741,7 +757,7 @@ def test_no_expander_and_inflight_validation():
         w4.kernel_args_v2(**ops, f8=True, expanders=2, ws_f32=True)
     args = w4.kernel_args_v2(**ops, f8=True, expanders=0, ws_f32=True, ws_perm=False)[1]
     assert args[10].dtype == torch.float32 and torch.equal(args[10], ops["w_scale"].float())   # exact
-    args = w4.kernel_args_v2(**ops, f8=True, expanders=0, ws_f32=True)[1]     # N % block_n == 0: permuted too
+    args = w4.kernel_args_v2(**ops, f8=True, expanders=0, ws_f32=True, ws_perm=True)[1]
     assert torch.equal(args[10], w4.ws_row_order(ops["w_scale"], 128))
 
 

@@ -72,7 +72,10 @@ RAW_STAGES_F8 = 4       # the f8 expander turns a slot around faster than one TM
 PACK = 64               # formats.int4.PACK_BLOCK: one 64-wide K block = 32 bytes (lo | hi nibbles)
 DEBUG_ITERS_DEFAULT = 64
 DEBUG_TILES_DEFAULT = 16
-INFLIGHT_DEPTH = 2      # groups per in-flight loop body (w4a4_ws._f8_chain) when inflight=True
+INFLIGHT_DEPTH = 4      # groups per in-flight loop body (_f8_chain) when inflight=True: H200, coop, same process
+                        # (probes/s25/depth), GEMM alone vs pairs: fc1 553 → 539 µs, fc2 545 → 529, 3072² 150 → 146,
+                        # 9216 414 → 405; eight groups 663 / 664 / 180 / 512 (code size: two consumers' unrolled
+                        # bodies); a rolled loop with both MMAs in flight over its back edge trips C7514
 # Device-side copies (Gluon reads only constexpr globals).
 _PACK = gl.constexpr(PACK)
 _FMT_INT4_G = gl.constexpr(FMT_INT4_G)
@@ -577,8 +580,11 @@ def _f8_rows(p, slot, mma: gl.constexpr, C: gl.constexpr):
 @gluon.constexpr_function
 def _ws_perm_layout(block_n):
     """Column c = 8j + 2q + e of a wgmma accumulator row (j < BN/8, q: the lane's quad position, e < 2) sits at
-    position 2j + e + q·BN/4 of a permuted w_scale row (:func:`ws_row_order`): a thread's BN/4 columns are contiguous."""
-    bases = [[1], [block_n // 4], [block_n // 2]] + [[2 << i] for i in range((block_n // 8).bit_length() - 1)]
+    position o = e + 2j + q·BN/4 of a permuted w_scale row (:func:`ws_row_order`): a thread's BN/4 columns are
+    contiguous. Like every Triton layout this one maps the hardware location to the logical index: ``offset_bases[i]``
+    is the column at position 2^i — bit 0 → e, the next bits → j, the top two → q. (Written the other way round,
+    column → position, it loaded the wrong scales and every output was off: the GPU bit-identity tests caught it.)"""
+    bases = [[1]] + [[8 << i] for i in range((block_n // 8).bit_length() - 1)] + [[2], [4]]
     return gl.SharedLinearLayout(offset_bases=bases)
 
 
@@ -1270,9 +1276,10 @@ def ws_f32_default() -> bool:
 
 
 def ws_perm_default() -> bool:
-    """Whether fp32 w_scale rows come permuted for 128-bit loads (:func:`ws_row_order`; ``LOWRANK_GEMM_V2_WS_PERM``:
-    default on, ``=0`` off), where N is a multiple of block_n (elsewhere unpermuted)."""
-    return getenv("LOWRANK_GEMM_V2_WS_PERM", "1") != "0"
+    """Whether fp32 w_scale rows come permuted for 128-bit loads (:func:`ws_row_order`; ``LOWRANK_GEMM_V2_WS_PERM=1``
+    on where N is a multiple of block_n; default off: not measured faster yet, and with four groups per in-flight
+    body ptxas spills 108 bytes of the consumers' registers at fc1)."""
+    return getenv("LOWRANK_GEMM_V2_WS_PERM", "0") == "1"
 
 
 def coop_default(expanders: int) -> bool:
