@@ -34,14 +34,11 @@ VARIANTS = {   # name: launch_w4a4_v2 options (f8 on for all; ws32 = fp32 w_scal
     "w8_coop_inflight": dict(expanders=0, paired=False, inflight=True, coop=True, ws_f32=False),
     "w8_coop_ws32": dict(expanders=0, paired=False, inflight=False, coop=True, ws_f32=True),
     "w8_coop_inflight_ws32": dict(expanders=0, paired=False, inflight=True, coop=True, ws_f32=True),
-    "w8_coop_inflight_ws32_noperm": dict(expanders=0, paired=False, inflight=True, coop=True, ws_f32=True,
-                                         ws_perm=False),
-    "w8_coop_inflight4_ws32": dict(expanders=0, paired=False, inflight=4, coop=True, ws_f32=True),
-    "w8_coop_inflight8_ws32": dict(expanders=0, paired=False, inflight=8, coop=True, ws_f32=True),
-    "w8_coop_inflight4_ws32_noperm": dict(expanders=0, paired=False, inflight=4, coop=True, ws_f32=True,
-                                          ws_perm=False),
-    "w8_coop_inflight8_ws32_noperm": dict(expanders=0, paired=False, inflight=8, coop=True, ws_f32=True,
-                                          ws_perm=False),
+    "w8_coop_inflight2_ws32": dict(expanders=0, paired=False, inflight=2, coop=True, ws_f32=True, ws_perm=False),
+    "w8_coop_inflight2_ws32_perm": dict(expanders=0, paired=False, inflight=2, coop=True, ws_f32=True, ws_perm=True),
+    "w8_coop_inflight4_ws32_perm": dict(expanders=0, paired=False, inflight=4, coop=True, ws_f32=True, ws_perm=True),
+    "w8_coop_inflight4_ws32": dict(expanders=0, paired=False, inflight=4, coop=True, ws_f32=True, ws_perm=False),
+    "w8_coop_inflight8_ws32": dict(expanders=0, paired=False, inflight=8, coop=True, ws_f32=True, ws_perm=False),
 }
 
 
