@@ -656,12 +656,17 @@ def test_ws_row_order_matches_the_kernels_view(bn):
         assert dict(ll.apply({"offset": o}))["dim0"] == col
         for blk in range(n // bn):
             assert torch.equal(out[:, blk * bn + o], ws[:, blk * bn + col].float()), (o, col)
-    # a thread's columns (fixed q = lane % 4: c = 8j + 2q + e) are one contiguous run of bn / 4 positions
-    q = 1
-    cols = {8 * j + 2 * q + e for j in range(bn // 8) for e in range(2)}
-    pos = sorted(o for o in range(bn) if functools.reduce(lambda a, i: a ^ (bases[i] if o >> i & 1 else 0),
-                                                           range(len(bases)), 0) in cols)
-    assert pos == list(range(q * bn // 4, (q + 1) * bn // 4))
+    # a thread's columns (fixed q = lane % 4: c = 8j + 2q + e) come in 16-byte runs, and for each run index the four
+    # quads' runs are adjacent: one 128-bit load instruction reads 64 contiguous bytes (no bank conflict)
+    where = {functools.reduce(lambda a, i: a ^ (bases[i] if o >> i & 1 else 0), range(len(bases)), 0): o
+             for o in range(bn)}
+    for k in range(bn // 16):
+        starts = []
+        for q in range(4):
+            run = sorted(where[8 * j + 2 * q + e] for j in (2 * k, 2 * k + 1) for e in range(2))
+            assert run == list(range(run[0], run[0] + 4)) and run[0] % 4 == 0, (k, q, run)
+            starts.append(run[0])
+        assert sorted(starts) == list(range(min(starts), min(starts) + 16, 4)), (k, starts)
 
 
 def test_ws_perm_defaults_and_ptx(monkeypatch):

@@ -580,11 +580,14 @@ def _f8_rows(p, slot, mma: gl.constexpr, C: gl.constexpr):
 @gluon.constexpr_function
 def _ws_perm_layout(block_n):
     """Column c = 8j + 2q + e of a wgmma accumulator row (j < BN/8, q: the lane's quad position, e < 2) sits at
-    position o = e + 2j + q·BN/4 of a permuted w_scale row (:func:`ws_row_order`): a thread's BN/4 columns are
-    contiguous. Like every Triton layout this one maps the hardware location to the logical index: ``offset_bases[i]``
-    is the column at position 2^i — bit 0 → e, the next bits → j, the top two → q. (Written the other way round,
-    column → position, it loaded the wrong scales and every output was off: the GPU bit-identity tests caught it.)"""
-    bases = [[1]] + [[8 << i] for i in range((block_n // 8).bit_length() - 1)] + [[2], [4]]
+    position o = e + 2·(j mod 2) + 4q + 16·(j div 2) of a permuted w_scale row (:func:`ws_row_order`): a thread's
+    columns come in runs of four (one 128-bit load each), and the four quad positions' runs are adjacent, so one
+    load instruction reads 64 contiguous bytes (no bank conflict; a thread's BN/4 columns in ONE run put the quads
+    128 bytes apart — the same banks — and ran 2× slower). Like every Triton layout this maps the hardware location to
+    the logical index: ``offset_bases[i]`` is the column at position 2^i — bit 0 → e, bit 1 → j's low bit, bits 2–3
+    → q, the rest → j's high bits. (Written the other way round, column → position, it read the wrong scales: the GPU
+    bit-identity tests caught it.)"""
+    bases = [[1], [8], [2], [4]] + [[16 << i] for i in range((block_n // 16).bit_length() - 1)]
     return gl.SharedLinearLayout(offset_bases=bases)
 
 
@@ -1214,12 +1217,12 @@ def kernel_args_v2(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias
 
 
 def ws_row_order(w_scale: torch.Tensor, block_n: int) -> torch.Tensor:
-    """w_scale [K/G, N] (N % block_n == 0) as fp32 (exact) with each block_n-column block permuted so that the
-    columns one thread of a wgmma accumulator holds (c = 8j + 2q + e: j < block_n/8, q < 4, e < 2) are contiguous,
-    at 2j + e + q·block_n/4 — the kernel reads them with 128-bit instead of 64-bit loads. One copy kernel."""
+    """w_scale [K/G, N] (N % block_n == 0) as fp32 (exact) with each block_n-column block permuted for the kernel's
+    128-bit row loads (:func:`_ws_perm_layout`): column c = 16h + 8l + 2q + e goes to 16h + 4q + 2l + e. One copy."""
     g, n = w_scale.shape
     out = torch.empty((g, n), dtype=torch.float32, device=w_scale.device)
-    out.view(g, n // block_n, 4, block_n // 8, 2).copy_(w_scale.view(g, n // block_n, block_n // 8, 4, 2).transpose(2, 3))
+    nb, nh = n // block_n, block_n // 16
+    out.view(g, nb, nh, 4, 2, 2).copy_(w_scale.view(g, nb, nh, 2, 4, 2).transpose(3, 4))
     return out
 
 
