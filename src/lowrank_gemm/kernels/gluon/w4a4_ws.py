@@ -613,6 +613,22 @@ def _f8_fold_rows(acc, part, xa, xb, ws):
 
 
 @gluon.jit
+def _f8_retire(p, acc, part, tok, st, last, it, WAIT: gl.constexpr, REFILL: gl.constexpr, ROLE: gl.constexpr, stride,
+               mma: gl.constexpr, C: gl.constexpr):
+    """One step of :func:`_f8_chain`: fold the group in slot ``st`` into ``acc`` once its MMA retired (``WAIT`` groups
+    may stay in flight), then (``REFILL``) issue the slot use after ``last`` into the partial just freed. Returns
+    (acc, part, its token, the partial's slot, the last slot issued, it)."""
+    part = warpgroup_mma_wait(WAIT, deps=(tok, ))
+    acc = _f8_fold(p, acc, part, st.index, mma, C)
+    if REFILL:
+        st = _next_use(p, last, stride)
+        it = consumer_step(p, st, ROLE, it)
+        tok = _f8_issue(p, st, part, C)
+        last = st
+    return acc, part, tok, st, last, it
+
+
+@gluon.jit
 def _f8_chain(p, main, acc, pa, pb, it, G: gl.constexpr, ROLE: gl.constexpr, stride, mma: gl.constexpr,
               C: gl.constexpr):
     """G consecutive groups with one MMA always in flight: groups 0 and 1 are issued into ``pa`` / ``pb``; group j is
@@ -638,26 +654,16 @@ def _f8_chain(p, main, acc, pa, pb, it, G: gl.constexpr, ROLE: gl.constexpr, str
     rel = sa
     for j in gl.static_range(G):
         if j % 2 == 0:
-            pa = warpgroup_mma_wait(0 if j == G - 1 else 1, deps=(ta, ))
-            acc = _f8_fold(p, acc, pa, sa.index, mma, C)
             rel = sa
-            if j + 2 < G:
-                sa = _next_use(p, last, stride)
-                it = consumer_step(p, sa, ROLE, it)
-                ta = _f8_issue(p, sa, pa, C)
-                last = sa
+            acc, pa, ta, sa, last, it = _f8_retire(p, acc, pa, ta, sa, last, it, 0 if j == G - 1 else 1, j + 2 < G,
+                                                   ROLE, stride, mma, C)
             if j == G - 1:               # odd G: the last group goes back alone
                 fence_async_shared()
                 p.main.consumer_release(rel)
         else:
-            pb = warpgroup_mma_wait(0 if j == G - 1 else 1, deps=(tb, ))
-            acc = _f8_fold(p, acc, pb, sb.index, mma, C)
             done = sb
-            if j + 2 < G:
-                sb = _next_use(p, last, stride)
-                it = consumer_step(p, sb, ROLE, it)
-                tb = _f8_issue(p, sb, pb, C)
-                last = sb
+            acc, pb, tb, sb, last, it = _f8_retire(p, acc, pb, tb, sb, last, it, 0 if j == G - 1 else 1, j + 2 < G,
+                                                   ROLE, stride, mma, C)
             fence_async_shared()         # one fence for the pair's row reads, after both folds
             p.main.consumer_release(rel)
             p.main.consumer_release(done)
