@@ -1286,8 +1286,9 @@ def ws_f32_default() -> bool:
 
 def ws_perm_default() -> bool:
     """Whether fp32 w_scale rows come permuted for 128-bit loads (:func:`ws_row_order`; ``LOWRANK_GEMM_V2_WS_PERM=1``
-    on where N is a multiple of block_n; default off: not measured faster yet, and with four groups per in-flight
-    body ptxas spills 108 bytes of the consumers' registers at fc1)."""
+    on where N is a multiple of block_n; default off: H200, same process, GEMM alone 0 to −1.3 % with pairs and
+    +0.2…+1.5 % with four groups per in-flight body, where ptxas spills 32 bytes of the consumers' registers at fc1;
+    probes/s25/call4)."""
     return getenv("LOWRANK_GEMM_V2_WS_PERM", "0") == "1"
 
 
