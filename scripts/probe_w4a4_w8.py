@@ -26,6 +26,7 @@ SHAPES = {"fc1": (4608, 12288, 3072), "fc2": (4608, 3072, 12288), "sq": (4608, 3
           "fc1b": (4608, 9216, 3072)}       # name: M, N, K (issue 4's FLUX shapes)
 VARIANTS = {   # name: launch_w4a4_v2 options (f8 on for all; ws32 = fp32 w_scale rows, the no-expander default)
     "v2_default": dict(),
+    "v2_ws_apart": dict(fuse_ws=False),      # the fp32 w_scale rows by a conversion launch of their own
     "v2_expanders2": dict(expanders=2),
     "w8_paired": dict(expanders=0, paired=True, inflight=False, ws_f32=False),
     "w8_paired_inflight": dict(expanders=0, paired=True, inflight=True, ws_f32=False),

@@ -764,6 +764,10 @@ def test_no_expander_and_inflight_validation():
     assert args[10].dtype == torch.float32 and torch.equal(args[10], ops["w_scale"].float())   # exact
     args = w4.kernel_args_v2(**ops, f8=True, expanders=0, ws_f32=True, ws_perm=True)[1]
     assert torch.equal(args[10], w4.ws_row_order(ops["w_scale"], 128))
+    # the fp32 rows from the weight expansion's launch (fuse_ws) or a conversion of their own: the same values
+    fused = w4.kernel_args_v2(**ops, f8=True, expanders=0, ws_f32=True, fuse_ws=True)[1]
+    apart = w4.kernel_args_v2(**ops, f8=True, expanders=0, ws_f32=True, fuse_ws=False)[1]
+    assert fused[10].dtype == apart[10].dtype == torch.float32 and torch.equal(fused[10], apart[10])
 
 
 def test_no_expander_defaults(monkeypatch):

@@ -38,6 +38,23 @@ def test_expand_offset_nibbles(n, k):
         expand_w4(q, None, 64, "int4_g64", torch.int8, offset=True)
 
 
+@pytest.mark.parametrize("n,k,g", [(45, 320, 64), (33, 256, 128), (130, 640, 64)])
+@pytest.mark.parametrize("sdtype", [torch.bfloat16, torch.float16])
+def test_expand_with_scales(n, k, g, sdtype):
+    """scales=: the launch also writes the group scales as fp32, exactly and completely (the no-expander v2 path's
+    ring rows); the weights are the same bytes as without it."""
+    q = pack_int4(quantize_weight_int4(torch.randn(n, k), g)[0])
+    ws = (torch.rand(k // g, n) + 0.05).to(sdtype)
+    y, ws32 = expand_w4(q, None, g, "int4_g64", torch.float8_e4m3fn, offset=True, scales=ws)
+    assert ws32.dtype == torch.float32 and torch.equal(ws32, ws.float())
+    assert torch.equal(y.view(torch.uint8), expand_w4(q, None, g, "int4_g64", torch.float8_e4m3fn,
+                                                      offset=True).view(torch.uint8))
+    with pytest.raises(ValueError, match=r"scales must be contiguous 16-bit \[K/G, N\]"):
+        expand_w4(q, None, g, "int4_g64", torch.float8_e4m3fn, offset=True, scales=ws.float())
+    with pytest.raises(ValueError, match=r"scales must be contiguous 16-bit \[K/G, N\]"):
+        expand_w4(q, None, g, "int4_g64", torch.float8_e4m3fn, offset=True, scales=ws[:, :-1])
+
+
 def test_expand_bad_inputs():
     q, u, _ = pack_weight_2l(torch.randn(8, 128), 64)
     with pytest.raises(ValueError, match="w_mul uint8"):

@@ -52,6 +52,8 @@ def _w4_expand_kernel(
     G: tl.constexpr, TWO_LEVEL: tl.constexpr, OUT_FP8: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr,   # rows, packing blocks (64 elements) per program
     OFFSET: tl.constexpr = False,                   # e4m3 bit patterns of n' = q + 8 (the v2 fp8 weight operand)
+    ws_ptr=None, ws_out_ptr=None,                   # (K/G, N) 16-bit group scales → fp32 copy (WS_F32)
+    WS_F32: tl.constexpr = False,
 ):
     HALF: tl.constexpr = 32
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -79,15 +81,25 @@ def _w4_expand_kernel(
     dst = out_ptr + rows * (2 * KH) + offs_b[None, :, None] * (2 * HALF) + offs_j[None, None, :]
     tl.store(dst, lo, mask=mask)
     tl.store(dst + HALF, hi, mask=mask)
+    if WS_F32:
+        # the group scales of this tile, exactly, as fp32 (what the v2 no-expander kernel's ring carries): the
+        # program holding a group's first 64-block writes it, so every value is written once
+        first = ((offs_b * 64) % G == 0) & (offs_b < KH // HALF)
+        gs = (offs_b * 64) // G
+        smask = (offs_n < N)[:, None] & first[None, :]
+        sp = gs[None, :].to(tl.int64) * N + offs_n[:, None]
+        tl.store(ws_out_ptr + sp, tl.load(ws_ptr + sp, mask=smask, other=0.0).to(tl.float32), mask=smask)
 
 
 def expand_w4(w_q: torch.Tensor, w_mul: torch.Tensor | None, group_size: int, fmt: str,
               out_dtype: torch.dtype = torch.int8, out: torch.Tensor | None = None,
-              block_n: int = 32, block_b: int = 8, offset: bool = False) -> torch.Tensor:
+              block_n: int = 32, block_b: int = 8, offset: bool = False, scales: torch.Tensor | None = None):
     """Packed int4 weights → 8-bit [N, K] (module docstring). ``out`` (optional, [N, K] of ``out_dtype``)
     is written completely; without it a fresh buffer comes from torch's caching allocator (graph safe).
     ``offset`` (int4_g64, e4m3 only): the bytes are the offset nibbles n' = q + 8, whose e4m3 bit patterns mean
-    n'·2⁻⁹ — the weight operand the v2 fp8 kernel otherwise expands in shared memory (gluon/w4a4_ws.py)."""
+    n'·2⁻⁹ — the weight operand the v2 fp8 kernel otherwise expands in shared memory (gluon/w4a4_ws.py).
+    ``scales`` (int4_g64, [K/G, N] 16-bit, contiguous): also converted to fp32 in the same launch (exact; the rows
+    the no-expander kernel reads), and ``(out, scales_fp32)`` is returned instead of ``out``."""
     if w_q.dtype != torch.uint8 or w_q.dim() != 2:
         raise ValueError(f"expand_w4: w_q must be uint8 [N, K/2], got {w_q.dtype} {list(w_q.shape)}")
     n, k = w_q.shape[0], 2 * w_q.shape[1]
@@ -109,24 +121,30 @@ def expand_w4(w_q: torch.Tensor, w_mul: torch.Tensor | None, group_size: int, fm
                          f"out_dtype={out_dtype}")
     if not w_q.is_contiguous() or (w_mul is not None and not w_mul.is_contiguous()):
         raise ValueError("expand_w4: w_q and w_mul must be contiguous")
+    if scales is not None and (two_level or scales.dtype not in (torch.bfloat16, torch.float16)
+                               or tuple(scales.shape) != (k // group_size, n) or not scales.is_contiguous()
+                               or scales.device != w_q.device):
+        raise ValueError(f"expand_w4: scales must be contiguous 16-bit [K/G, N] = {[k // group_size, n]} on "
+                         f"{w_q.device} (int4_g64), got {scales.dtype} {list(scales.shape)} on {scales.device}")
+    ws32 = None if scales is None else torch.empty(scales.shape, device=scales.device, dtype=torch.float32)
     if out is None:
         out = torch.empty((n, k), device=w_q.device, dtype=out_dtype)
     elif out.shape != (n, k) or out.dtype != out_dtype or not out.is_contiguous() or out.device != w_q.device:
         raise ValueError(f"expand_w4: out must be contiguous {out_dtype} [{n}, {k}] on {w_q.device}, got "
                          f"{out.dtype} {list(out.shape)} on {out.device}")
     if n == 0:
-        return out
+        return out if scales is None else (out, ws32)
     if not w_q.is_cuda and getenv("TRITON_INTERPRET", "0") != "1":
         # CPU without the interpreter (ahead-of-time compiles build their launch arguments this way)
         ref = expand_w4_ref(w_q, w_mul, group_size, fmt, offset=offset)
         out.copy_(ref.to(torch.uint8).view(out.dtype) if offset else ref.to(out_dtype))
-        return out
+        return out if scales is None else (out, ws32.copy_(scales))
     wu = w_mul if two_level else w_q
     grid = (cdiv(n, block_n), cdiv(k // PACK_BLOCK, block_b))
     launch(_w4_expand_kernel, grid, w_q, wu, wu.stride(0), out, n, k // 2, G=group_size, TWO_LEVEL=two_level,
            OUT_FP8=out_dtype == torch.float8_e4m3fn, BLOCK_N=block_n, BLOCK_B=block_b, OFFSET=offset,
-           num_warps=4)
-    return out
+           ws_ptr=scales, ws_out_ptr=ws32, WS_F32=scales is not None, num_warps=4)
+    return out if scales is None else (out, ws32)
 
 
 def expand_w4_ref(w_q: torch.Tensor, w_mul: torch.Tensor | None, group_size: int, fmt: str,

@@ -60,7 +60,7 @@ __all__ = ["FMT_INT4_G", "FMT_INT4_2L", "RAW_STAGES", "RAW_STAGES_F8", "w4a4_led
            "launch_w4a4_v2", "w4a4_ws_kernel", "reference_v2", "make_operands_v2",
            "kernel_args_v2", "aot_signature_v2", "default_config_v2", "f8_default", "paired_default", "f8_expanders_default",
            "inflight_default", "inflight_depth", "INFLIGHT_DEPTH", "coop_default", "ws_f32_default",
-           "ws_perm_default", "ws_row_order"]
+           "ws_perm_default", "ws_row_order", "fuse_ws_default"]
 
 FMT_INT4_G = 0
 FMT_INT4_2L = 1
@@ -1097,7 +1097,7 @@ def kernel_args_v2(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias
                    scale_tma: bool | None = None, swar: bool = True, raw_stages: int | None = None,
                    f8: bool | None = None, paired: bool | None = None, expanders: int | None = None,
                    inflight: bool | None = None, w_f8=None, coop: bool | None = None, ws_f32: bool | None = None,
-                   ws_perm: bool | None = None):
+                   ws_perm: bool | None = None, fuse_ws: bool | None = None):
     """Validate (the v1 contract's own checks), plan and build one launch.
     ``expanders`` (f8 only; None = :func:`f8_expanders_default`): 2 runs a second expander warpgroup on the odd
     K steps (skeleton.ROLES_TWO_EXPANDERS); 0 runs none: the weights are expanded once per call into a transient
@@ -1112,6 +1112,8 @@ def kernel_args_v2(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias
     conversion per call, exact), so the consumers' rescale loads them without a bf16 → fp32 step per element.
     ``ws_perm`` (ws_f32 with N % block_n == 0 only; None = :func:`ws_perm_default` where it applies): the fp32 rows
     come permuted (:func:`ws_row_order`, in the same conversion) so each thread loads its columns 128 bits at a time.
+    ``fuse_ws`` (None = :func:`fuse_ws_default`): the unpermuted fp32 rows are written by the per-call weight
+    expansion's launch (``expand_w4(scales=...)``) instead of a conversion of their own (only where this call expands).
     ``paired`` (int4_g only; None = :func:`paired_default`): the two consumers run the K loops of a tile pair at
     the same time, the pair's K steps interleaved on MAIN, so one consumer's rescale overlaps the other's MMA
     (otherwise they hand the ring over per tile and only the epilogues overlap).
@@ -1171,9 +1173,14 @@ def kernel_args_v2(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias
     _expect(not ws_perm or (ws_f32 and N % config.block_n == 0),
             lambda: f"ws_perm (permuted fp32 w_scale rows) needs ws_f32 and N % block_n == 0, got ws_f32={ws_f32}, "
                     f"N={N}, block_n={config.block_n}")
+    if fuse_ws is None:
+        fuse_ws = fuse_ws_default()
+    # the fp32 rows come out of the per-call weight expansion's own launch where there is one (one launch fewer)
+    fuse_ws = (fuse_ws and ws_f32 and not ws_perm and w_f8 is None and w_scale.dtype in (torch.bfloat16, torch.float16)
+               and w_scale.is_contiguous())
     if ws_perm:
         w_scale = ws_row_order(w_scale, config.block_n)
-    elif ws_f32:
+    elif ws_f32 and not fuse_ws:
         w_scale = w_scale.float()      # exact; the kernel's .to(fp32) of the row is then a no-op
 
     bm, bn, bk, br = config.block_m, config.block_n, config.block_k, config.block_r
@@ -1183,7 +1190,11 @@ def kernel_args_v2(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias
     if expanders == 0:
         if w_f8 is None:
             from ..w4_expand import expand_w4
-            w_f8 = expand_w4(w_q, None, group_size, "int4_g64", torch.float8_e4m3fn, offset=True)
+            if fuse_ws:
+                w_f8, w_scale = expand_w4(w_q, None, group_size, "int4_g64", torch.float8_e4m3fn, offset=True,
+                                          scales=w_scale)
+            else:
+                w_f8 = expand_w4(w_q, None, group_size, "int4_g64", torch.float8_e4m3fn, offset=True)
         _expect(w_f8.dtype == torch.float8_e4m3fn and tuple(w_f8.shape) == (N, K) and w_f8.is_contiguous()
                 and w_f8.device == w_q.device and w_f8.data_ptr() % 16 == 0,
                 lambda: f"w_f8 must be the contiguous, 16-byte aligned e4m3 [N, K] = {[N, K]} offset-nibble expansion "
@@ -1292,6 +1303,12 @@ def ws_perm_default() -> bool:
     return getenv("LOWRANK_GEMM_V2_WS_PERM", "0") == "1"
 
 
+def fuse_ws_default() -> bool:
+    """Whether the fp32 w_scale rows come out of the weight expansion's launch (``LOWRANK_GEMM_V2_FUSE_WS``: default
+    on, ``=0`` a conversion launch of their own)."""
+    return getenv("LOWRANK_GEMM_V2_FUSE_WS", "1") != "0"
+
+
 def coop_default(expanders: int) -> bool:
     """Whether the no-expander kernel shares weight tiles between its consumers (``LOWRANK_GEMM_V2_COOP``: 1 / 0;
     default: whenever there is no expander). H200, paired → coop, with the slot fences: fc1 654 → 632 µs, fc2 657 →
@@ -1319,7 +1336,8 @@ def launch_w4a4_v2(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias
                    grid: int | None = None, consumer_order: bool = True, scale_tma: bool | None = None,
                    swar: bool = True, raw_stages: int | None = None, f8: bool | None = None,
                    paired: bool | None = None, expanders: int | None = None, inflight: bool | None = None,
-                   w_f8=None, coop: bool | None = None, ws_f32: bool | None = None, ws_perm: bool | None = None):
+                   w_f8=None, coop: bool | None = None, ws_f32: bool | None = None, ws_perm: bool | None = None,
+                   fuse_ws: bool | None = None):
     """out [M, N] ← W4A4 v2; the argument contract of ``kernels.w4a4_gemm`` (its module docstring),
     plus ``col_scale`` [N] (optional per-column factor on the main product). Returns ``out``, or
     ``(out, (dbg [grid, roles, iters, 2] int32, tiles [grid, DEBUG_TILES, 2] int32))`` with ``debug``."""
@@ -1327,7 +1345,8 @@ def launch_w4a4_v2(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias
                                            fmt, group_size, config, col_scale=col_scale, debug=debug, grid=grid,
                                            consumer_order=consumer_order, scale_tma=scale_tma, swar=swar,
                                            raw_stages=raw_stages, f8=f8, paired=paired, expanders=expanders,
-                                           inflight=inflight, w_f8=w_f8, coop=coop, ws_f32=ws_f32, ws_perm=ws_perm)
+                                           inflight=inflight, w_f8=w_f8, coop=coop, ws_f32=ws_f32, ws_perm=ws_perm,
+                                           fuse_ws=fuse_ws)
     if _fmt_id(fmt) == FMT_INT4_2L and not two_level_enabled():
         raise NotImplementedError("int4_2l v2 is switched off by LOWRANK_GEMM_GLUON_2L=0; use impl='v1'")
     launch(w4a4_ws_kernel, (g, ), *args, **cx, num_warps=DEFAULT_WARPS)
