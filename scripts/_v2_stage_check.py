@@ -21,6 +21,8 @@ if force_main:
     def plan(*a, **k):
         return _plan(*a, **k).replace(num_stages=force_main)
     w4.plan_w4a4_v2 = plan
+if "bn" in kw:             # a block_n other than the default's (the decode variants of probe_w4a4_w8.py)
+    kw["config"] = w4.default_config_v2("int4_g64", group).replace(block_n=kw.pop("bn"))
 if "raw" in kw:
     kw["raw_stages"] = kw.pop("raw")
 ops = w4.make_operands_v2("int4_g64", M, N, K, rank, group, device="cuda")

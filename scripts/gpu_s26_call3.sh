@@ -7,7 +7,7 @@ source "$(dirname "$0")/_device_prelude.sh" s26c3
 say "commit=${LOWRANK_GEMM_COMMIT:-?} $(nvidia-smi --query-gpu=name --format=csv,noheader)"
 first_bad=""
 for c in default_r4=64,28672,4096,32,64 raw16=64,28672,4096,32,64,raw:16 raw12=64,28672,4096,32,64,raw:12 \
-         bn64=64,28672,4096,32,64 odd7_raw4=64,28672,4096,32,64,raw:4,main:7; do
+         bn64=64,28672,4096,32,64,bn:64 odd7_raw4=64,28672,4096,32,64,raw:4,main:7; do
   REPS=300 timeout 120 python3 scripts/_v2_stage_check.py "$c" > "$L/case.log" 2>&1; rc=$?
   say "rc=$rc $(grep -E "repeat|Error" "$L/case.log" | head -2 | cut -c1-200)  [$c]"
   [ $rc = 0 ] || [ -n "$first_bad" ] || first_bad=$c
