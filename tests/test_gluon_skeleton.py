@@ -330,6 +330,18 @@ def test_ledger_raw_stages_scale_the_raw_ring_only():
     assert six["barriers"].total(2) - two["barriers"].total(2) == 8 * 2 * 4   # ready + empty per extra slot
 
 
+def test_raw_ring_deeper_than_measured_sound_is_refused():
+    """16 RAW slots faulted / hung the paired two-expander kernel intermittently on the H200 (session 26): the
+    launcher refuses rings past RAW_STAGES_MAX before launch, with the limit in the message; the deepest allowed
+    ring still plans."""
+    ops = w4.make_operands_v2("int4_g64", 64, 256, 512, 16, 64, device="cpu")
+    for bad in (0, w4.RAW_STAGES_MAX + 1, 16):
+        with pytest.raises(ValueError, match=f"raw_stages must be 1..{w4.RAW_STAGES_MAX}"):
+            w4.kernel_args_v2(**ops, f8=True, raw_stages=bad)
+    _, _, cx, _, _ = w4.kernel_args_v2(**ops, f8=True, raw_stages=w4.RAW_STAGES_MAX)
+    assert cx["RAW_STAGES_N"] == w4.RAW_STAGES_MAX
+
+
 def test_plan_solves_main_then_lowrank_and_prints(capsys):
     cfg = w4.plan_w4a4_v2("int4_2l", rank=32, group_size=128, verbose=True)
     assert "SMEM ledger" in capsys.readouterr().out
