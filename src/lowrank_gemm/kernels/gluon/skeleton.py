@@ -22,6 +22,12 @@ Pieces (after Triton's Gluon tutorials 07-persistence and 08-warp-specialization
   a ring in order are safe by construction; the two consumers that take alternate tiles of ONE
   ring are not (consumer1's first wait is k_tiles slot uses ahead), so they hand the ring to each
   other: consumer c starts the K loop of local tile t only after the other finished tile t-1.
+- Strided roles need an even ring (:func:`strided_ring_stages`): when two roles take alternate uses of
+  one ring (the two f8 expanders on MAIN and RAW, paired consumers on MAIN, consumers on alternate
+  tiles of LOWRANK), a role's wait on use u is sound only if use u − S (same slot, one lap back) is
+  done. With S even that use is the role's own; with S odd it is the OTHER role's, which may still be
+  pending, and the wait passes one lap early. Session 26: a 7-slot MAIN ring (the ledger's pick beside
+  16 RAW slots) faulted or hung the paired two-expander kernel intermittently at M = 64, N = 28672.
 - Loop-carry pitfall (Triton 3.6 frontend, ``CodeGenerator._find_carries``): a name is loop-carried
   only if its IR handles after a dry run of the body differ from those before the loop. So
   ``prev = st`` before a loop plus ``prev = st; st = st.next()`` inside it leaves ``prev`` with the
@@ -40,7 +46,15 @@ from triton.language.core import _aggregate as aggregate
 
 from ..schedule import cdiv, grouped_tile, grouped_tile_host
 
-__all__ = ["bias_and_store", "consumer_step", "consumer_uses_host", "expected_role_states", "PipelineState", "Pipeline", "GroupedTileScheduler", "RoleSpec", "ROLES", "ROLE_IDS",
+
+def strided_ring_stages(stages: int) -> int:
+    """The deepest ring of at most ``stages`` slots that two roles taking alternate uses may share: an even count
+    (module docstring, "Strided roles"); 2 at least."""
+    if stages < 2:
+        raise ValueError(f"a ring shared by two strided roles needs ≥ 2 slots, got {stages}")
+    return stages - stages % 2
+
+__all__ = ["strided_ring_stages", "bias_and_store", "consumer_step", "consumer_uses_host", "expected_role_states", "PipelineState", "Pipeline", "GroupedTileScheduler", "RoleSpec", "ROLES", "ROLE_IDS",
            "PRODUCER_START_PHASE", "CONSUMER_START_PHASE", "producer_state", "consumer_state",
            "alloc_barriers", "REGISTER_BUDGET", "DEFAULT_REGS", "CONSUMER_REGS", "DEFAULT_WARPS", "make_pipeline", "program_tiles_host", "expected_states_host",
            "debug_record", "NUM_CONSUMERS", "Ring", "ConsumerOrder", "make_consumer_order",

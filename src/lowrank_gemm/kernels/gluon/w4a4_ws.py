@@ -52,7 +52,7 @@ from ..int4_unpack import HI_ASM, HI_MUL_ASM, HI_OFFSET_ASM, LO_ASM, LO_MUL_ASM,
 from ..launch import launch
 from ..schedule import cdiv, persistent_grid
 from .host import desc, dummy
-from .skeleton import (bias_and_store, consumer_step, DEFAULT_WARPS, NUM_CONSUMERS, NUM_ROLES, ROLE_CONSUMER0, ROLE_CONSUMER1, ROLE_EXPANDER,
+from .skeleton import (bias_and_store, consumer_step, strided_ring_stages, DEFAULT_WARPS, NUM_CONSUMERS, NUM_ROLES, ROLE_CONSUMER0, ROLE_CONSUMER1, ROLE_EXPANDER,
                        ROLE_LOADER, WORKER_REGS, WORKER_REGS_0X, WORKER_REGS_2X, WORKER_WARPS, WORKER_WARPS_0X, WORKER_WARPS_2X, ConsumerOrder, GroupedTileScheduler, Pipeline,
                        Ring, consumer_state, debug_record, make_consumer_order, make_pipeline, producer_state)
 
@@ -813,7 +813,7 @@ def w4a4_ws_kernel(x_desc, w_desc, s_desc, b_desc, out_desc, sc_desc, sw_desc,
                    DEBUG_TILES: gl.constexpr, SCALE_TMA: gl.constexpr = False, SWAR: gl.constexpr = False,
                    RAW_STAGES_N: gl.constexpr = 2, CONSUMER_ORDER: gl.constexpr = True, F8: gl.constexpr = False,
                    PAIRED: gl.constexpr = False, EXPANDERS: gl.constexpr = 1, INFLIGHT: gl.constexpr = False,
-                   COOP: gl.constexpr = False, WS_PERM: gl.constexpr = False):
+                   COOP: gl.constexpr = False, WS_PERM: gl.constexpr = False, ODD_RINGS_OK: gl.constexpr = False):
     gl.static_assert(BLOCK_K % _PACK == 0, "BLOCK_K must be a multiple of the 64-wide pack block")
     gl.static_assert(LOWRANK_STAGES >= 1, "the LOWRANK ring needs a slot even when unused")
     # Every SMEM buffer and barrier of the kernel is declared here (plan.smem ledger mirrors it).
@@ -827,6 +827,14 @@ def w4a4_ws_kernel(x_desc, w_desc, s_desc, b_desc, out_desc, sc_desc, sw_desc,
     gl.static_assert(not COOP or (EXPANDERS == 0 and not PAIRED), "COOP: no expander, not PAIRED")
     gl.static_assert(not WS_PERM or (SCALE_TMA and F8 and sw_desc.dtype == gl.float32),
                      "WS_PERM: fp32 w_scale rows through the ring (ws_f32)")
+    # rings two roles walk with stride 2 need an even slot count (skeleton docstring, "Strided roles");
+    # ODD_RINGS_OK only reproduces the hazard (scripts/_v2_stage_check.py), never set it otherwise
+    gl.static_assert(ODD_RINGS_OK or not (PAIRED or EXPANDERS == 2) or STAGES % 2 == 0,
+                     "MAIN under two expanders / paired consumers: an even stage count")
+    gl.static_assert(ODD_RINGS_OK or EXPANDERS != 2 or RAW_STAGES_N % 2 == 0,
+                     "RAW under two expanders: an even stage count")
+    gl.static_assert(ODD_RINGS_OK or not HAS_LOWRANK or COOP or LOWRANK_STAGES % 2 == 0,
+                     "LOWRANK with consumers on alternate tiles: an even stage count")
     TILE_M: gl.constexpr = _tile_m(BLOCK_M, COOP)
     op_dtype: gl.constexpr = gl.float8e4nv if F8 else gl.int8
     x_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([TILE_M, BLOCK_K], op_dtype)
@@ -995,9 +1003,12 @@ def plan_w4a4_v2(fmt, *, rank: int, group_size: int = 64, out_dtype=torch.bfloat
                  lowrank_dtype=torch.bfloat16, config: KernelConfig | None = None,
                  verbose: bool = False, n_out: int = 8, scale_tma: bool = False,
                  raw_stages: int = RAW_STAGES, f8: bool = False, expanders: int = 1,
-                 coop: bool = False, ws_bits: int = 16) -> KernelConfig:
+                 coop: bool = False, ws_bits: int = 16, paired: bool = False) -> KernelConfig:
     """Tile sizes from ``config`` (or the default); stage counts from the ledger: the deepest MAIN
-    ring first, then the deepest LOWRANK ring. Raises SmemError with the table if nothing fits."""
+    ring first, then the deepest LOWRANK ring. Rings that two roles walk with stride 2 get an even
+    slot count (``skeleton.strided_ring_stages``): MAIN with two expanders or ``paired`` consumers,
+    LOWRANK whenever the consumers take alternate tiles (not ``coop``). Raises SmemError with the table
+    if nothing fits."""
     base = config or default_config_v2(fmt, group_size)
     br = rank_block(rank)
     base = base.replace(block_r=max(base.block_r, br))
@@ -1011,6 +1022,11 @@ def plan_w4a4_v2(fmt, *, rank: int, group_size: int = 64, out_dtype=torch.bfloat
 
     main, lr, ledger = solve_stages(build, min_main=2, max_main=8, min_lowrank=1 if not has_lr else 2,
                                     max_lowrank=1 if not has_lr else 4)
+    if paired or expanders == 2:
+        main = strided_ring_stages(main)
+    if has_lr and not coop:
+        lr = strided_ring_stages(lr)
+    ledger = build(main, lr)
     if verbose:
         print(ledger.table())
     return base.replace(num_stages=main, lowrank_stages=lr)
@@ -1165,6 +1181,9 @@ def kernel_args_v2(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias
     _expect(1 <= raw_stages <= RAW_STAGES_MAX,
             lambda: f"raw_stages must be 1..{RAW_STAGES_MAX} (16 faulted intermittently on the H200, NOTES.md "
                     f"session 26), got {raw_stages}")
+    _expect(expanders != 2 or raw_stages % 2 == 0,
+            lambda: f"two expanders take alternate RAW slot uses, so raw_stages must be even "
+                    f"(skeleton.strided_ring_stages), got {raw_stages}")
     if expanders == 0:
         raw_stages = 1     # barriers only: nothing lands in RAW
     ws_f32 = (expanders == 0 and ws_f32_default()) if ws_f32 is None else ws_f32
@@ -1172,7 +1191,7 @@ def kernel_args_v2(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias
     ws_bits = 32 if ws_f32 else _BITS.get(w_scale.dtype, 16)
     config = plan_w4a4_v2(f, rank=r, group_size=group_size, out_dtype=out.dtype, lowrank_dtype=lr_dtype,
                           config=config, n_out=N, scale_tma=scale_tma, raw_stages=raw_stages, f8=f8,
-                          expanders=expanders, coop=coop, ws_bits=ws_bits)
+                          expanders=expanders, coop=coop, ws_bits=ws_bits, paired=paired)
     _check_config(config, M, N, K, r, f, group_size, out.dtype, lr_dtype, scale_tma=scale_tma, raw_stages=raw_stages,
                   f8=f8, expanders=expanders, inflight=inflight, coop=coop, ws_bits=ws_bits)
     if ws_perm is None:
