@@ -31,8 +31,6 @@ if "bn" in kw:             # a block_n other than the default's (the decode vari
     kw["config"] = w4.default_config_v2("int4_g64", group).replace(block_n=kw.pop("bn"))
 if "raw" in kw:
     kw["raw_stages"] = kw.pop("raw")
-if __import__("os").environ.get("RAW_GUARD_OFF") == "1":    # reproduce a ring the launcher now refuses
-    w4.RAW_STAGES_MAX = 64
 ops = w4.make_operands_v2("int4_g64", M, N, K, rank, group, device="cuda")
 _, _, cx, cfg, _ = w4.kernel_args_v2(**ops, **kw)
 out = w4.launch_w4a4_v2(**ops, **kw).clone()

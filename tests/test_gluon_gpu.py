@@ -167,6 +167,25 @@ def test_decode_shapes(fmt, M):
     _check(fmt, M, 2048, 4096, rank=32)
 
 
+# --- strided rings (session 26) ---------------------------------------------------------------
+@pytest.mark.timeout(**WATCHDOG)
+@pytest.mark.parametrize("rank,group", [(16, 128), (128, 64), (96, 64)])
+def test_paired_kernel_on_multi_tile_ctas_repeats_bit_identically(rank, group):
+    """Group 128 and ranks ≥ 96 made the ledger pick odd MAIN rings (5 / 3 slots) for the paired two-expander
+    kernel; once a CTA holds a tile pair and its K loop wraps the ring, that hung or faulted the H200
+    (probes/s26/call5: M = 64, N = 28672). Four tiles per CTA here (grid 4) so the pairs and the wrap happen, the
+    planner's even rings, 40 launches bit for bit and against float64."""
+    ops = w4.make_operands_v2("int4_g64", 64, 2048, 4096, rank, group, device="cuda")
+    kw = dict(f8=True, paired=True, expanders=2, grid=4)
+    _, _, cx, cfg, _ = w4.kernel_args_v2(**ops, **kw)
+    assert cfg.num_stages % 2 == 0 and cfg.lowrank_stages % 2 == 0 and cx["PAIRED"]
+    first = w4.launch_w4a4_v2(**ops, **kw).clone()
+    for _ in range(40):
+        assert torch.equal(w4.launch_w4a4_v2(**ops, **kw), first)
+    torch.cuda.synchronize()
+    assert normalized_error(first, w4.reference_v2(ops)) < TOL[torch.bfloat16]
+
+
 # --- pipeline-state trace ----------------------------------------------------------------------
 @pytest.mark.timeout(**WATCHDOG)
 @pytest.mark.parametrize("fmt", FMTS)

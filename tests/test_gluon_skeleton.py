@@ -330,16 +330,30 @@ def test_ledger_raw_stages_scale_the_raw_ring_only():
     assert six["barriers"].total(2) - two["barriers"].total(2) == 8 * 2 * 4   # ready + empty per extra slot
 
 
-def test_raw_ring_deeper_than_measured_sound_is_refused():
-    """16 RAW slots faulted / hung the paired two-expander kernel intermittently on the H200 (session 26): the
-    launcher refuses rings past RAW_STAGES_MAX before launch, with the limit in the message; the deepest allowed
-    ring still plans."""
+def test_strided_rings_get_even_slot_counts():
+    """Two roles taking alternate uses of one ring need an even slot count (skeleton docstring, "Strided roles"):
+    odd MAIN rings hung (group 128: 5 slots) or faulted (rank 128: 3) the paired two-expander kernel on the H200
+    at M = 64, N = 28672 (session 26). The planner rounds MAIN (two expanders / paired) and LOWRANK (consumers on
+    alternate tiles) down to even, the launcher refuses an odd RAW ring under two expanders, and coop / one-role
+    rings keep the ledger's deepest count."""
+    from lowrank_gemm.kernels.gluon.skeleton import strided_ring_stages
+    assert [strided_ring_stages(n) for n in (2, 3, 4, 5, 7, 8)] == [2, 2, 4, 4, 6, 8]
+    with pytest.raises(ValueError, match="≥ 2 slots"):
+        strided_ring_stages(1)
+    kw = dict(f8=True, scale_tma=True, n_out=28672)
+    for rank, group, raw in ((16, 128, 4), (128, 64, 4), (32, 64, 16), (96, 64, 4)):
+        free = w4.plan_w4a4_v2("int4_g64", rank=rank, group_size=group, raw_stages=raw, expanders=1, **kw)
+        c = w4.plan_w4a4_v2("int4_g64", rank=rank, group_size=group, raw_stages=raw, expanders=2, paired=True, **kw)
+        assert c.num_stages % 2 == 0 and c.lowrank_stages % 2 == 0, (rank, group, raw, c)
+        assert free.num_stages - 1 <= c.num_stages <= free.num_stages     # at most the one slot the rule drops
+    coop = w4.plan_w4a4_v2("int4_g64", rank=48, group_size=64, expanders=0, coop=True, out_dtype=torch.float32,
+                           ws_bits=32, **kw)
+    assert coop.num_stages == 7      # coop consumers both take every use in order: no rounding
     ops = w4.make_operands_v2("int4_g64", 64, 256, 512, 16, 64, device="cpu")
-    for bad in (0, w4.RAW_STAGES_MAX + 1, 16):
-        with pytest.raises(ValueError, match=f"raw_stages must be 1..{w4.RAW_STAGES_MAX}"):
-            w4.kernel_args_v2(**ops, f8=True, raw_stages=bad)
-    _, _, cx, _, _ = w4.kernel_args_v2(**ops, f8=True, raw_stages=w4.RAW_STAGES_MAX)
-    assert cx["RAW_STAGES_N"] == w4.RAW_STAGES_MAX
+    with pytest.raises(ValueError, match="raw_stages must be even"):
+        w4.kernel_args_v2(**ops, f8=True, expanders=2, raw_stages=5)
+    _, _, cx, cfg, _ = w4.kernel_args_v2(**ops, f8=True, expanders=2, raw_stages=16)
+    assert cx["RAW_STAGES_N"] == 16 and cfg.num_stages % 2 == 0 and not cx.get("ODD_RINGS_OK", False)
 
 
 def test_plan_solves_main_then_lowrank_and_prints(capsys):
