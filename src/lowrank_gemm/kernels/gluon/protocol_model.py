@@ -9,6 +9,10 @@ every waiter for phase n of a barrier starts waiting after phase n-1 completed.
 :func:`simulate` runs the roles of ``w4a4_ws_kernel`` (loader, expander, two consumers, and a TMA
 engine that lands copies in random order) under a random interleaving and reports a deadlock
 (nobody can move) or a spurious pass (a consumer saw a slot holding another use's data).
+:func:`simulate_paired` runs its f8 decode-M variant: two expanders taking alternate K-step uses of MAIN and RAW,
+and paired consumers whose K loops interleave on MAIN — the strided roles that need even rings (skeleton docstring,
+"Strided roles"; an odd MAIN ring hung / faulted the H200 in session 26). ``slow`` weights let one role fall behind,
+which is what exposes the hazard.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
-__all__ = ["MBarrier", "simulate", "SimResult"]
+__all__ = ["MBarrier", "simulate", "simulate_paired", "SimResult"]
 
 
 @dataclass
@@ -170,6 +174,13 @@ def simulate(n_tiles: int, k_tiles: int, stages: int, lr_stages: int = 2, fmt: s
             yield "ran", None, None
 
     roles = {"loader": loader(), "expander": expander(), "consumer0": consumer(0), "consumer1": consumer(1)}
+    return _run(roles, tma_q, spurious, rng, max_steps, lambda bar: _bar_name(bar, (main, raw, lrr), orderb))
+
+
+def _run(roles, tma_q, spurious, rng, max_steps, name_of, weights=None) -> SimResult:
+    """Step the role generators (each yields ("ran", …) or ("blocked", barrier, parity)) and the TMA engine under a
+    random interleaving — ``weights`` [role name or "tma"] biases the pick — until all finish, nobody can move, or a
+    spurious pass stops it."""
     status = {name: ("ran", None, None) for name in roles}
     trace = []
     for step in range(max_steps):
@@ -182,10 +193,10 @@ def simulate(n_tiles: int, k_tiles: int, stages: int, lr_stages: int = 2, fmt: s
                 return SimResult(False, f"spurious passes ({len(spurious)}), first: {spurious[0]}", step, trace)
             return SimResult(True, "", step, trace)
         if not runnable:
-            stuck = {n: f"{_bar_name(status[n][1], main, raw, lrr, orderb)} parity {status[n][2]}" for n in live}
+            stuck = {n: f"{name_of(status[n][1])} parity {status[n][2]}" for n in live}
             extra = f" after {len(spurious)} spurious passes, first: {spurious[0]}" if spurious else ""
             return SimResult(False, f"deadlock: {stuck}{extra}", step, trace)
-        who = rng.choice(runnable)
+        who = rng.choices(runnable, [weights.get(n, 1.0) for n in runnable])[0] if weights else rng.choice(runnable)
         if who == "tma":
             bar, nbytes, on_land = tma_q.pop(rng.randrange(len(tma_q)))
             on_land()
@@ -199,6 +210,95 @@ def simulate(n_tiles: int, k_tiles: int, stages: int, lr_stages: int = 2, fmt: s
         except _Spurious as e:
             return SimResult(False, f"spurious pass: {e}", step, trace)
     return SimResult(False, "step limit", max_steps, trace)
+
+
+def simulate_paired(n_tiles: int, k_tiles: int, stages: int, raw_stages: int, lr_stages: int = 2, seed: int = 0,
+                    slow: dict | None = None, max_steps: int = 400000, stop_on_spurious: bool = True) -> SimResult:
+    """One program of the paired two-expander f8 kernel (``PAIRED``, ``EXPANDERS=2``): the loader walks tile pairs,
+    per pair the two LOWRANK heads, then per K step both tiles' MAIN x fills (TMA, 2 arrivals with the expander's)
+    and RAW fills; expander E takes flat uses E, E+2, … (RAW → MAIN); consumer c takes local tiles c, c+2, …, its
+    MAIN uses interleaved with its partner's (stride 2; 1 for a lone last tile), then its LOWRANK slot
+    (``advance(c)``, then ``advance(2)``). ``slow``: pick weights < 1 for roles that should lag (e.g. {"expander1":
+    0.1}). Reports a deadlock, or a spurious pass — a role saw a slot that holds another use's data."""
+    rng = random.Random(seed)
+    main = _Ring(stages, 2, "main")
+    raw = _Ring(raw_stages, 1, "raw")
+    lrr = _Ring(lr_stages, 1, "lowrank")
+    main_x = [None] * stages
+    tma_q = []
+    spurious = []
+
+    def wait(bar, parity):
+        while not bar.try_wait(parity):
+            yield "blocked", bar, parity
+
+    def tma(bar, on_land):
+        tma_q.append((bar, 1, on_land))
+
+    def loader():
+        u = lu = 0
+        for t0 in range(0, n_tiles, 2):
+            pair = [t0] + ([t0 + 1] if t0 + 1 < n_tiles else [])
+            for t in pair:
+                i, ph = _state(lu, lr_stages, True)
+                yield from wait(lrr.empty[i], ph)
+                lrr.ready[i].arrive(expect_tx=1)
+                tma(lrr.ready[i], lambda i=i, t=t: lrr.content.__setitem__(i, t))
+                lu += 1
+            for _ in range(k_tiles):
+                for _t in pair:
+                    i, ph = _state(u, stages, True)
+                    yield from wait(main.empty[i], ph)
+                    main.ready[i].arrive(expect_tx=1)
+                    tma(main.ready[i], lambda i=i, u=u: main_x.__setitem__(i, u))
+                    j, ph = _state(u, raw_stages, True)
+                    yield from wait(raw.empty[j], ph)
+                    raw.ready[j].arrive(expect_tx=1)
+                    tma(raw.ready[j], lambda j=j, u=u: raw.content.__setitem__(j, u))
+                    u += 1
+                    yield "ran", None, None
+
+    def expander(e):
+        for u in range(e, n_tiles * k_tiles, 2):
+            j, ph = _state(u, raw_stages, False)
+            yield from wait(raw.ready[j], ph)
+            if raw.content[j] != u:
+                _spurious(spurious, stop_on_spurious, f"expander{e}: RAW slot {j} holds use {raw.content[j]}, wanted {u}")
+            i, ph = _state(u, stages, True)
+            yield from wait(main.empty[i], ph)
+            yield "ran", None, None
+            main.content[i] = u
+            raw.empty[j].arrive()
+            yield "ran", None, None
+            main.ready[i].arrive()
+            yield "ran", None, None
+
+    def consumer(c):
+        for t in range(c, n_tiles, 2):
+            pair = t // 2
+            stride = 2 if pair * 2 + 1 < n_tiles else 1
+            u = pair * 2 * k_tiles + c
+            for kk in range(k_tiles):
+                i, ph = _state(u, stages, False)
+                yield from wait(main.ready[i], ph)
+                if main.content[i] != u or main_x[i] != u:
+                    _spurious(spurious, stop_on_spurious, f"consumer{c} tile {t} k {kk}: MAIN slot {i} holds use "
+                                                          f"{main.content[i]}/{main_x[i]}, wanted {u}")
+                yield "ran", None, None
+                main.empty[i].arrive()
+                u += stride
+            i, ph = _state(t, lr_stages, False)
+            yield from wait(lrr.ready[i], ph)
+            if lrr.content[i] != t:
+                _spurious(spurious, stop_on_spurious, f"consumer{c} epilogue of tile {t}: LOWRANK slot {i} holds "
+                                                      f"{lrr.content[i]}")
+            lrr.empty[i].arrive()
+            yield "ran", None, None
+
+    roles = {"loader": loader(), "expander0": expander(0), "expander1": expander(1),
+             "consumer0": consumer(0), "consumer1": consumer(1)}
+    return _run(roles, tma_q, spurious, rng, max_steps, lambda bar: _bar_name(bar, (main, raw, lrr), []),
+                weights=slow)
 
 
 def _release_read(main, main_x, two_l, v, stages, c, spurious, stop):
@@ -220,8 +320,8 @@ def _spurious(sink, stop, msg):
     sink.append(msg)
 
 
-def _bar_name(bar, main, raw, lrr, orderb):
-    for ring in (main, raw, lrr):
+def _bar_name(bar, rings, orderb):
+    for ring in rings:
         for kind in ("ready", "empty"):
             for i, b in enumerate(getattr(ring, kind)):
                 if b is bar:

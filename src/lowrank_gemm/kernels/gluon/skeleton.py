@@ -23,11 +23,14 @@ Pieces (after Triton's Gluon tutorials 07-persistence and 08-warp-specialization
   ring are not (consumer1's first wait is k_tiles slot uses ahead), so they hand the ring to each
   other: consumer c starts the K loop of local tile t only after the other finished tile t-1.
 - Strided roles need an even ring (:func:`strided_ring_stages`): when two roles take alternate uses of
-  one ring (the two f8 expanders on MAIN and RAW, paired consumers on MAIN, consumers on alternate
-  tiles of LOWRANK), a role's wait on use u is sound only if use u − S (same slot, one lap back) is
-  done. With S even that use is the role's own; with S odd it is the OTHER role's, which may still be
-  pending, and the wait passes one lap early. Session 26: a 7-slot MAIN ring (the ledger's pick beside
-  16 RAW slots) faulted or hung the paired two-expander kernel intermittently at M = 64, N = 28672.
+  one ring (the two f8 expanders on MAIN and RAW, paired consumers on MAIN), a role's wait on use u is
+  sound only if use u − S (same slot, one lap back) is done. With S even that use is the role's own;
+  with S odd it is the OTHER role's, which may still be pending, and the wait passes one lap early.
+  Session 26: odd MAIN rings (the ledger's 5 slots at group 128, 3 at rank 128, 7 beside 16 RAW slots)
+  hung or faulted the paired two-expander kernel at M = 64, N = 28672. Consumers on alternate tiles of
+  LOWRANK are safe with any count: a consumer waits for tile t's slot only after its K loop, which the
+  loader fed after issuing tile t's LOWRANK fill, which needed use t − S released (program order).
+  ``protocol_model.simulate_paired`` finds the odd MAIN / RAW passes and none on odd LOWRANK rings.
 - Loop-carry pitfall (Triton 3.6 frontend, ``CodeGenerator._find_carries``): a name is loop-carried
   only if its IR handles after a dry run of the body differ from those before the loop. So
   ``prev = st`` before a loop plus ``prev = st; st = st.next()`` inside it leaves ``prev`` with the

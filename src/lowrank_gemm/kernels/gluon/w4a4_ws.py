@@ -829,8 +829,6 @@ def w4a4_ws_kernel(x_desc, w_desc, s_desc, b_desc, out_desc, sc_desc, sw_desc,
                      "MAIN under two expanders / paired consumers: an even stage count")
     gl.static_assert(ODD_RINGS_OK or EXPANDERS != 2 or RAW_STAGES_N % 2 == 0,
                      "RAW under two expanders: an even stage count")
-    gl.static_assert(ODD_RINGS_OK or not HAS_LOWRANK or COOP or LOWRANK_STAGES % 2 == 0,
-                     "LOWRANK with consumers on alternate tiles: an even stage count")
     TILE_M: gl.constexpr = _tile_m(BLOCK_M, COOP)
     op_dtype: gl.constexpr = gl.float8e4nv if F8 else gl.int8
     x_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([TILE_M, BLOCK_K], op_dtype)
@@ -1001,10 +999,9 @@ def plan_w4a4_v2(fmt, *, rank: int, group_size: int = 64, out_dtype=torch.bfloat
                  raw_stages: int = RAW_STAGES, f8: bool = False, expanders: int = 1,
                  coop: bool = False, ws_bits: int = 16, paired: bool = False) -> KernelConfig:
     """Tile sizes from ``config`` (or the default); stage counts from the ledger: the deepest MAIN
-    ring first, then the deepest LOWRANK ring. Rings that two roles walk with stride 2 get an even
-    slot count (``skeleton.strided_ring_stages``): MAIN with two expanders or ``paired`` consumers,
-    LOWRANK whenever the consumers take alternate tiles (not ``coop``). Raises SmemError with the table
-    if nothing fits."""
+    ring first, then the deepest LOWRANK ring. MAIN gets an even slot count when two roles walk it with
+    stride 2 — two expanders or ``paired`` consumers (``skeleton.strided_ring_stages``). Raises SmemError
+    with the table if nothing fits."""
     base = config or default_config_v2(fmt, group_size)
     br = rank_block(rank)
     base = base.replace(block_r=max(base.block_r, br))
@@ -1020,9 +1017,7 @@ def plan_w4a4_v2(fmt, *, rank: int, group_size: int = 64, out_dtype=torch.bfloat
                                     max_lowrank=1 if not has_lr else 4)
     if paired or expanders == 2:
         main = strided_ring_stages(main)
-    if has_lr and not coop:
-        lr = strided_ring_stages(lr)
-    ledger = build(main, lr)
+        ledger = build(main, lr)
     if verbose:
         print(ledger.table())
     return base.replace(num_stages=main, lowrank_stages=lr)
