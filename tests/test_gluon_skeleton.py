@@ -355,6 +355,26 @@ def test_strided_rings_get_even_slot_counts():
     assert cx["RAW_STAGES_N"] == 16 and cfg.num_stages % 2 == 0 and not cx.get("ODD_RINGS_OK", False)
 
 
+def test_every_routed_plan_keeps_strided_rings_even():
+    """Whatever the rank, group, output dtype and decode-size M, the launcher's plan gives the paired / two-expander
+    kernel even MAIN and RAW rings (the ledger alone gave 3, 5 or 7 MAIN slots for some of these)."""
+    seen = 0
+    for m in (16, 64):
+        for rank in (0, 8, 32, 48, 64, 96, 128):
+            for group in (64, 128):
+                for out in (torch.bfloat16, torch.float32):
+                    ops = w4.make_operands_v2("int4_g64", m, 128, 256, rank, group, device="cpu", out_dtype=out)
+                    try:
+                        _, _, cx, cfg, _ = w4.kernel_args_v2(**ops, f8=True)
+                    except (ValueError, w4.SmemError):
+                        continue                      # no plan fits: refused before launch, nothing to check
+                    if cx["PAIRED"] or cx["EXPANDERS"] == 2:
+                        seen += 1
+                        assert cfg.num_stages % 2 == 0 and (cx["EXPANDERS"] != 2 or cx["RAW_STAGES_N"] % 2 == 0), \
+                            (m, rank, group, out, cfg, cx["RAW_STAGES_N"])
+    assert seen >= 28
+
+
 @pytest.mark.parametrize("stages,raw,lr,sound", [(8, 4, 4, True), (6, 16, 2, True), (4, 4, 3, True), (2, 2, 3, True),
                                                  (7, 16, 2, False), (5, 4, 4, False), (3, 4, 2, False),
                                                  (8, 5, 2, False), (8, 3, 2, False)])
