@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Session 26, final call: the decode-M variants once more without the refused 16-slot ring (64-wide tiles, one expander,
-# 8 RAW slots), racecheck of the 16-slot ring at a small shape (the launcher refuses it now: the check bypasses the
-# guard), then the GPU tests of the Gluon / W4A4 kernels and the canonical `bench w4a4` + `bench ab` (gpu_session.sh).
+# 8 RAW slots), racecheck of the 16-slot ring at a small shape (refused by the launcher at babe6c3, whose guard this
+# call's RAW_GUARD_OFF bypassed; the guard is gone since the odd-MAIN fix), then the GPU tests of the Gluon / W4A4 kernels and the canonical `bench w4a4` + `bench ab` (gpu_session.sh).
 #   LOWRANK_GEMM_COMMIT=<hash> bash scripts/gpu_s26_final.sh → $OUT/{s26f/summary.txt,session.log,gpu_tests.log,results.tar.gz}
 source "$(dirname "$0")/_device_prelude.sh" s26f
 say "commit=${LOWRANK_GEMM_COMMIT:-?} $(nvidia-smi --query-gpu=name --format=csv,noheader)"
