@@ -3,6 +3,7 @@ odd once its K loop wraps the ring? One case per process (a fault poisons the co
     python3 scripts/_v2_stage_check.py CASE   → prints "CASE ok err=…" / "CASE MISMATCH …" (a fault exits nonzero)
 REPS=n: n more launches compared bit for bit with the routed plan's output instead of the float64 reference.
 CASE: name=M,N,K,rank,group[,raw=..][,main=..][,expanders=..] (main= forces the MAIN stage count the ledger chose)."""
+import os
 import sys
 
 import torch
@@ -37,7 +38,7 @@ out = w4.launch_w4a4_v2(**ops, **kw).clone()
 torch.cuda.synchronize()
 again = w4.launch_w4a4_v2(**ops, **kw).clone()
 torch.cuda.synchronize()
-reps = int(__import__("os").environ.get("REPS", "0"))
+reps = int(os.environ.get("REPS", "0"))
 if reps:   # repeat mode: many back-to-back launches of this case against the routed plan's output (same bits)
     base = w4.launch_w4a4_v2(**ops).clone()
     bad = 0

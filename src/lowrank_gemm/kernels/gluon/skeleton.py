@@ -57,6 +57,7 @@ def strided_ring_stages(stages: int) -> int:
         raise ValueError(f"a ring shared by two strided roles needs ≥ 2 slots, got {stages}")
     return stages - stages % 2
 
+
 __all__ = ["strided_ring_stages", "bias_and_store", "consumer_step", "consumer_uses_host", "expected_role_states", "PipelineState", "Pipeline", "GroupedTileScheduler", "RoleSpec", "ROLES", "ROLE_IDS",
            "PRODUCER_START_PHASE", "CONSUMER_START_PHASE", "producer_state", "consumer_state",
            "alloc_barriers", "REGISTER_BUDGET", "DEFAULT_REGS", "CONSUMER_REGS", "DEFAULT_WARPS", "make_pipeline", "program_tiles_host", "expected_states_host",
