@@ -25,8 +25,6 @@ RANK = 32
 SHAPES = {"fc1": (4608, 12288, 3072), "fc2": (4608, 3072, 12288), "sq": (4608, 3072, 3072),
           "fc1b": (4608, 9216, 3072),       # name: M, N, K (issue 4's FLUX shapes)
           "dec16": (16, 28672, 4096), "dec64": (64, 28672, 4096), "dec256": (256, 28672, 4096)}   # decode (two expanders)
-_BN64 = dict(block_m=64, block_n=64, block_k=64, block_r=32, group_m=8, num_warps=4, num_stages=4, lowrank_stages=2,
-             persistent=True)
 VARIANTS = {   # name: launch_w4a4_v2 options (f8 on for all; ws32 = fp32 w_scale rows, the no-expander default)
     "v2_default": dict(),
     "v2_ws_apart": dict(fuse_ws=False),      # the fp32 w_scale rows by a conversion launch of their own
@@ -48,7 +46,7 @@ VARIANTS = {   # name: launch_w4a4_v2 options (f8 on for all; ws32 = fp32 w_scal
     "v2_raw8": dict(raw_stages=8),
     "v2_raw12": dict(raw_stages=12),
     "v2_raw16": dict(raw_stages=16),
-    "v2_bn64": dict(config="bn64"),
+    "v2_bn64": dict(config="bn64"),                  # "bn64": the default config with block_n = 64 (resolved in main)
     "v2_bn64_raw12": dict(config="bn64", raw_stages=12),
     "v2_ex1": dict(expanders=1),
 }
@@ -76,8 +74,10 @@ def main() -> None:
     from lowrank_gemm.bench.common import device_meta, time_graph
     from lowrank_gemm.kernels.gluon import w4a4_ws as w4
     from lowrank_gemm.kernels.gluon.smoke import normalized_error
-    from lowrank_gemm.plan.config import KernelConfig
     from lowrank_gemm.kernels.w4_expand import expand_act_f8, expand_w4
+    for kw in VARIANTS.values():
+        if kw.get("config") == "bn64":
+            kw["config"] = w4.default_config_v2("int4_g64").replace(block_n=64)
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     rows = []
@@ -89,9 +89,7 @@ def main() -> None:
         w8 = expand_w4(ops["w_q"], None, 64, "int4_g64", torch.float8_e4m3fn, offset=True)
         base = dict(ops, x_q=x8, x_scale=xab)
         outs = {}
-        for v, kw in list(VARIANTS.items()):
-            if kw.get("config") == "bn64":
-                kw["config"] = KernelConfig(**_BN64)
+        for v, kw in VARIANTS.items():
             o = torch.empty_like(ops["out"])
             extra = dict(w_f8=w8) if kw.get("expanders") == 0 else {}
             try:

@@ -68,6 +68,12 @@ class _Ring:
         self.name = name
 
 
+def _wait(bar, parity):
+    """A role's ``mbarrier.try_wait`` loop: yields "blocked" until ``bar``'s current phase parity differs from ``parity``."""
+    while not bar.try_wait(parity):
+        yield "blocked", bar, parity
+
+
 def _state(use, n, producer):
     return use % n, ((use // n) & 1) ^ (1 if producer else 0)
 
@@ -100,11 +106,6 @@ def simulate(n_tiles: int, k_tiles: int, stages: int, lr_stages: int = 2, fmt: s
     main_x = [None] * stages    # 2l: the x tile lands in MAIN by TMA, w by the expander
     tma_q = []                  # (barrier, nbytes, on_land)
 
-    def wait(bar, parity):
-        while not bar.try_wait(parity):
-            yield "blocked", bar, parity
-        return
-
     def tma(bar, nbytes, on_land):
         tma_q.append((bar, nbytes, on_land))
 
@@ -113,17 +114,17 @@ def simulate(n_tiles: int, k_tiles: int, stages: int, lr_stages: int = 2, fmt: s
         for t in range(n_tiles):
             if has_lowrank:
                 i, ph = _state(t, lr_stages, True)
-                yield from wait(lrr.empty[i], ph)
+                yield from _wait(lrr.empty[i], ph)
                 lrr.ready[i].arrive(expect_tx=1)
                 tma(lrr.ready[i], 1, lambda i=i, t=t: lrr.content.__setitem__(i, t))
             for _ in range(k_tiles):
                 if two_l:
                     i, ph = _state(u, stages, True)
-                    yield from wait(main.empty[i], ph)
+                    yield from _wait(main.empty[i], ph)
                     main.ready[i].arrive(expect_tx=1)
                     tma(main.ready[i], 1, lambda i=i, u=u: main_x.__setitem__(i, u))
                 j, ph = _state(u, 2, True)
-                yield from wait(raw.empty[j], ph)
+                yield from _wait(raw.empty[j], ph)
                 raw.ready[j].arrive(expect_tx=1)
                 tma(raw.ready[j], 1, lambda j=j, u=u: raw.content.__setitem__(j, u))
                 u += 1
@@ -132,11 +133,11 @@ def simulate(n_tiles: int, k_tiles: int, stages: int, lr_stages: int = 2, fmt: s
     def expander():
         for u in range(n_tiles * k_tiles):
             j, ph = _state(u, 2, False)
-            yield from wait(raw.ready[j], ph)
+            yield from _wait(raw.ready[j], ph)
             if raw.content[j] != u:
                 _spurious(spurious, stop_on_spurious, f"expander read raw slot {j} holding use {raw.content[j]}, wanted {u}")
             i, ph = _state(u, stages, True)
-            yield from wait(main.empty[i], ph)
+            yield from _wait(main.empty[i], ph)
             main.content[i] = u
             raw.empty[j].arrive()
             main.ready[i].arrive()
@@ -145,12 +146,12 @@ def simulate(n_tiles: int, k_tiles: int, stages: int, lr_stages: int = 2, fmt: s
     def consumer(c):
         for t in range(c, n_tiles, 2):
             if order and t > 0:
-                yield from wait(orderb[c], ((t - 1) // 2) & 1)
+                yield from _wait(orderb[c], ((t - 1) // 2) & 1)
             first = t * k_tiles
             for kk in range(k_tiles):
                 u = first + kk
                 i, ph = _state(u, stages, False)
-                yield from wait(main.ready[i], ph)
+                yield from _wait(main.ready[i], ph)
                 if main.content[i] != u or (two_l and main_x[i] != u):
                     _spurious(spurious, stop_on_spurious, f"consumer{c} tile {t} k {kk}: MAIN slot {i} holds use "
                                     f"{main.content[i]}/{main_x[i]}, wanted {u}")
@@ -167,7 +168,7 @@ def simulate(n_tiles: int, k_tiles: int, stages: int, lr_stages: int = 2, fmt: s
                 orderb[1 - c].arrive()
             if has_lowrank:
                 i, ph = _state(t, lr_stages, False)
-                yield from wait(lrr.ready[i], ph)
+                yield from _wait(lrr.ready[i], ph)
                 if lrr.content[i] != t:
                     _spurious(spurious, stop_on_spurious, f"consumer{c} epilogue of tile {t}: LOWRANK slot {i} holds {lrr.content[i]}")
                 lrr.empty[i].arrive()
@@ -228,10 +229,6 @@ def simulate_paired(n_tiles: int, k_tiles: int, stages: int, raw_stages: int, lr
     tma_q = []
     spurious = []
 
-    def wait(bar, parity):
-        while not bar.try_wait(parity):
-            yield "blocked", bar, parity
-
     def tma(bar, on_land):
         tma_q.append((bar, 1, on_land))
 
@@ -241,18 +238,18 @@ def simulate_paired(n_tiles: int, k_tiles: int, stages: int, raw_stages: int, lr
             pair = [t0] + ([t0 + 1] if t0 + 1 < n_tiles else [])
             for t in pair:
                 i, ph = _state(lu, lr_stages, True)
-                yield from wait(lrr.empty[i], ph)
+                yield from _wait(lrr.empty[i], ph)
                 lrr.ready[i].arrive(expect_tx=1)
                 tma(lrr.ready[i], lambda i=i, t=t: lrr.content.__setitem__(i, t))
                 lu += 1
             for _ in range(k_tiles):
                 for _t in pair:
                     i, ph = _state(u, stages, True)
-                    yield from wait(main.empty[i], ph)
+                    yield from _wait(main.empty[i], ph)
                     main.ready[i].arrive(expect_tx=1)
                     tma(main.ready[i], lambda i=i, u=u: main_x.__setitem__(i, u))
                     j, ph = _state(u, raw_stages, True)
-                    yield from wait(raw.empty[j], ph)
+                    yield from _wait(raw.empty[j], ph)
                     raw.ready[j].arrive(expect_tx=1)
                     tma(raw.ready[j], lambda j=j, u=u: raw.content.__setitem__(j, u))
                     u += 1
@@ -261,11 +258,11 @@ def simulate_paired(n_tiles: int, k_tiles: int, stages: int, raw_stages: int, lr
     def expander(e):
         for u in range(e, n_tiles * k_tiles, 2):
             j, ph = _state(u, raw_stages, False)
-            yield from wait(raw.ready[j], ph)
+            yield from _wait(raw.ready[j], ph)
             if raw.content[j] != u:
                 _spurious(spurious, stop_on_spurious, f"expander{e}: RAW slot {j} holds use {raw.content[j]}, wanted {u}")
             i, ph = _state(u, stages, True)
-            yield from wait(main.empty[i], ph)
+            yield from _wait(main.empty[i], ph)
             yield "ran", None, None
             main.content[i] = u
             raw.empty[j].arrive()
@@ -280,7 +277,7 @@ def simulate_paired(n_tiles: int, k_tiles: int, stages: int, raw_stages: int, lr
             u = pair * 2 * k_tiles + c
             for kk in range(k_tiles):
                 i, ph = _state(u, stages, False)
-                yield from wait(main.ready[i], ph)
+                yield from _wait(main.ready[i], ph)
                 if main.content[i] != u or main_x[i] != u:
                     _spurious(spurious, stop_on_spurious, f"consumer{c} tile {t} k {kk}: MAIN slot {i} holds use "
                                                           f"{main.content[i]}/{main_x[i]}, wanted {u}")
@@ -288,7 +285,7 @@ def simulate_paired(n_tiles: int, k_tiles: int, stages: int, raw_stages: int, lr
                 main.empty[i].arrive()
                 u += stride
             i, ph = _state(t, lr_stages, False)
-            yield from wait(lrr.ready[i], ph)
+            yield from _wait(lrr.ready[i], ph)
             if lrr.content[i] != t:
                 _spurious(spurious, stop_on_spurious, f"consumer{c} epilogue of tile {t}: LOWRANK slot {i} holds "
                                                       f"{lrr.content[i]}")
