@@ -15,6 +15,10 @@ and 6 (M ≤ 16) or 4 stages, with BK = 64 and 3 stages, with BN = 64 (BK kept, 
 when today's plan is not swap-AB) the single-adapter kernel's swap-AB config with either expand. Every fused row is
 checked against the float64 reference before it is timed.
 
+``--rows`` (session 27) adds the tuned plan with ``expand="rows"`` (each row's branch on the CUDA cores,
+:func:`multilora_gemm.rows_expand`) at 8 / 16 / 32 rows per chunk (≤ block_m), and with split-K doubled, and times
+``shrink_expand`` (the bench's Punica-style baseline) beside them: the issue's "faster than shrink + expand" cells.
+
 ``--pin-from JSON`` (CPU, no GPU needed): merge a --configs run's winners into the shipped tuned table
 (``plan/tuned/multilora_h200.json``) — a candidate replaces the case's plan only if it was at least ``--min-gain``
 (3 %) faster than ``fused`` (today's plan) in that run.
@@ -57,7 +61,26 @@ def config_candidates(plan, M):
     return out
 
 
-def pin_winners(path, min_gain, table_path=None):
+def rows_candidates(plan, M):
+    """The case's plan with the rows expand (shrink launch, S summed unrolled), chunk sizes and one deeper split."""
+    import dataclasses
+    from lowrank_gemm.kernels import multilora_gemm as mg
+    rows = dataclasses.replace(plan, fuse_d=0, expand="rows", s_unroll=True, x_tma=False)
+    out = {}
+    for rc in (8, 16, 32):
+        if rc <= plan.main.block_m:
+            out[f"rows_c{rc}"] = dataclasses.replace(rows, rows_chunk=rc)
+    split = plan.main.split_k
+    if split < 8:
+        out[f"rows_c16_s{2 * split}"] = dataclasses.replace(rows, rows_chunk=16,
+                                                              main=plan.main.replace(split_k=2 * split))
+    return {n: p for n, p in out.items() if mg.can_implement(p.main)}
+
+
+BASELINES = ("cublas_base", "fused", "fused_base", "lora_single", "shrink_expand")
+
+
+def pin_winners(path, min_gain, table_path=None, label="session 14: scripts/probe_multilora_parts.py --configs"):
     """Winners of a --configs run into the tuned table (default: the shipped one; keys: multilora_gemm.tuned_key, as
     choose_plan reads them). Returns the pinned cases."""
     from lowrank_gemm.bench.multilora import K
@@ -71,7 +94,7 @@ def pin_winners(path, min_gain, table_path=None):
     pinned = []
     for (M, N, r, nd), impls in sorted(by_case.items()):
         today = impls.get("fused")
-        cands = [rw for name, rw in impls.items() if name not in ("cublas_base", "fused", "fused_base", "lora_single")]
+        cands = [rw for name, rw in impls.items() if name not in BASELINES]
         if not today or not cands:
             continue
         best = min(cands, key=lambda rw: rw["graph_us"])
@@ -79,8 +102,8 @@ def pin_winners(path, min_gain, table_path=None):
             table["plans"][mg.tuned_key(M, N, K, r, nd)] = best["plan"]
             pinned.append(f"{M}x{N}x{r}x{nd}: {best['impl']} {best['graph_us']} µs (today {today['graph_us']})")
     if pinned:
-        src = (f"session 14: scripts/probe_multilora_parts.py --configs ({run['meta'].get('date', '?')}): "
-               f"{len(pinned)} two-CTA main-loop winners ≥ {min_gain:.0%} faster than the plan they replace")
+        src = (f"{label} ({run['meta'].get('date', '?')}): "
+               f"{len(pinned)} winners ≥ {min_gain:.0%} faster than the plan they replace")
         table["sources"] = [*table.get("sources", []), src]
         table_path.write_text(json.dumps(table, indent=1))
     print("\n".join(pinned) or "nothing pinned")
@@ -92,14 +115,17 @@ def main(argv=None):
     ap.add_argument("--out", required=True)
     ap.add_argument("--cases", default=DEFAULT_CASES)
     ap.add_argument("--configs", action="store_true")
+    ap.add_argument("--rows", action="store_true")
+    ap.add_argument("--label", default="session 14: scripts/probe_multilora_parts.py --configs")
     ap.add_argument("--pin-from", default="")
     ap.add_argument("--min-gain", type=float, default=0.03)
     args = ap.parse_args(argv)
     if args.pin_from:
-        return pin_winners(args.pin_from, args.min_gain)
+        return pin_winners(args.pin_from, args.min_gain, label=args.label)
     from lowrank_gemm.bench.common import device_meta, markdown_table, rotation_count, time_impl
     from lowrank_gemm.bench.multilora import K, SLOTS, _bank, _ids, floor_bytes
     from lowrank_gemm.kernels import multilora_gemm as mg
+    from lowrank_gemm.kernels._multilora_baselines import shrink_expand
     from lowrank_gemm.kernels.lora_gemm import lora_linear
     dev = torch.device("cuda")
     rows = []
@@ -125,9 +151,13 @@ def main(argv=None):
                  "fused_base": lambda x, w, bk, i: fused(x, w, bk, i, has_lora=False)}
         plans = {}
         if args.configs:
-            plans = config_candidates(plan, M)
-            for name, p in plans.items():
-                impls[name] = lambda x, w, bk, i, p=p: fused(x, w, bk, i, p=p)
+            plans.update(config_candidates(plan, M))
+        if args.rows:
+            impls["shrink_expand"] = lambda x, w, bk, i: shrink_expand(x, w, bk.bank_a, bk.bank_b, bk.ranks, bk.scales,
+                                                                       i)
+            plans.update(rows_candidates(plan, M))
+        for name, p in plans.items():
+            impls[name] = lambda x, w, bk, i, p=p: fused(x, w, bk, i, p=p)
         if nd == 1:
             a0 = distinct[0]
             impls["lora_single"] = lambda x, w, bk, i: lora_linear(x, w, bk.bank_a[a0], bk.bank_b[a0], 0.5)

@@ -23,14 +23,15 @@ ATOL, RTOL = 2e-2, 1e-2
 
 def small_plan(split=2, sbm=16, bm=16, bn=32, bk=32, r_max=16, split_k=1, fuse_d=0, epi_d=1, x_tma=False,
                epi_pipe=0, b_vec=False, expand="epilogue", append_stages=3, append_rowsel=False, append_d=1,
-               s_unroll=False, swap_ab=False):
+               s_unroll=False, swap_ab=False, rows_chunk=16):
     br = max(16, 1 << (r_max - 1).bit_length())
     return mg.MultiLoRAPlan(
         main=KernelConfig(block_m=bm, block_n=bn, block_k=bk, block_r=br, group_m=2, num_stages=2,
                           split_k=split_k, swap_ab=swap_ab),
         shrink=KernelConfig(block_m=sbm, block_n=16, block_k=32, block_r=br, split_k=split),
         fuse_d=fuse_d, epi_d=epi_d, x_tma=x_tma, epi_pipe=epi_pipe, b_vec=b_vec, expand=expand,
-        append_stages=append_stages, append_rowsel=append_rowsel, append_d=append_d, s_unroll=s_unroll)
+        append_stages=append_stages, append_rowsel=append_rowsel, append_d=append_d, s_unroll=s_unroll,
+        rows_chunk=rows_chunk)
 
 
 def make_case(M, N, K, L, r_max, ranks=None, seed=0, dirty=True, bias=True):
@@ -625,6 +626,75 @@ def test_appended_plan_fields():
     # shrink launch and the appended expand (session 19)
     assert mg.heuristic_plan(64, 28672, 4096, 16, 64, "gather", 132, adapters=1).expand == "epilogue"
     assert mg.heuristic_plan(256, 28672, 4096, 16, 64, "gather", 132, adapters=1).expand == "appended"
+
+
+# ---- rows expand (session 27): each row's branch on the CUDA cores, chunks of rows over the split-K programs
+
+ROWS_VARIANTS = {
+    "chunk4": dict(rows_chunk=4),                               # 4 chunks per 16-row tile, one program
+    "chunk16_split2": dict(split_k=2),                          # one chunk: the second split adds no branch
+    "chunk4_split3_unrolled_s": dict(rows_chunk=4, split_k=3, s_unroll=True),   # 4 chunks over 3 splits
+    "chunk8_bm32_swap": dict(bm=16, bn=64, rows_chunk=8, swap_ab=True),
+    "chunk1_bm32": dict(bm=32, rows_chunk=1),
+}
+
+
+@pytest.mark.parametrize("mode", ["gather", "segment"])
+@pytest.mark.parametrize("variant", sorted(ROWS_VARIANTS))
+def test_rows_expand_matches_reference(variant, mode):
+    case = make_case(37, 45, 72, 7, 16, seed=17)       # NaN past each rank, ragged tiles, mixed ranks, −1 rows
+    assert_close(run(case, mode, small_plan(expand="rows", **ROWS_VARIANTS[variant])), ref_of(case))
+
+
+@pytest.mark.parametrize("r_max,ranks", [(20, [20, 3, 0, 17, 9]),      # BLOCK_R 32 > r_max: the R_MAX mask
+                                         (40, [40, 17, 33, 1, 0]),     # BLOCK_R 64
+                                         (8, [8, 5, 1, 8, 2])])        # BLOCK_R 16 > r_max = 8
+def test_rows_expand_rank_blocks(r_max, ranks):
+    case = make_case(30, 40, 48, 5, r_max, ranks=ranks, seed=6)
+    ref = ref_of(case)
+    for kw in (dict(), dict(rows_chunk=2, split_k=2)):
+        assert_close(run(case, "gather", small_plan(r_max=r_max, expand="rows", **kw)), ref)
+    clean_case = dict(case)
+    clean_case["bank_a"], clean_case["bank_b"] = clean(case)
+    assert_close(run(clean_case, "gather", small_plan(r_max=r_max, expand="rows"), b_clean=True), ref)
+
+
+def test_rows_expand_one_adapter_per_row_and_clean_bank():
+    # every row its own adapter (the case the expand exists for), zero-padded bank: no rank mask on B
+    case = make_case(24, 33, 40, 24, 16, ranks=[16, 4, 16, 9, 1, 16, 12, 16] * 3, seed=22, dirty=False)
+    case["adapter_ids"] = torch.randperm(24, generator=torch.Generator().manual_seed(3)).to(torch.int32)
+    ref = ref_of(case)
+    for kw in (dict(), dict(split_k=2, rows_chunk=8), dict(bm=32, rows_chunk=32)):
+        plan = small_plan(expand="rows", **kw)
+        assert_close(run(case, "gather", plan), ref)
+        assert_close(run(case, "gather", plan, b_clean=True), ref)
+        assert_close(run(case, "segment", plan), ref)
+
+
+def test_rows_expand_base_rows_bit_identical_and_repeatable():
+    case = make_case(40, 36, 64, 6, 16, ranks=[16, 8, 3, 16, 0, 11], dirty=False)
+    case["adapter_ids"][::3] = -1
+    rows = case["adapter_ids"] == -1
+    for kw in (dict(), dict(split_k=2, rows_chunk=4)):
+        plan = small_plan(expand="rows", **kw)
+        base = run(case, "gather", plan, has_lora=False)
+        y1, y2 = run(case, "gather", plan), run(case, "gather", plan)
+        assert torch.equal(y1, y2), kw
+        assert torch.equal(y1[rows], base[rows]), kw
+        assert_base_rows_equal(run(case, "segment", plan)[rows], base[rows], kw)
+        none = dict(case, adapter_ids=torch.full_like(case["adapter_ids"], -1))
+        assert torch.equal(run(none, "gather", plan), base), kw
+
+
+def test_rows_plan_fields():
+    p = small_plan(expand="rows", rows_chunk=8)
+    assert mg.MultiLoRAPlan.from_dict(p.to_dict()) == p
+    old = {k: v for k, v in p.to_dict().items() if k != "rows_chunk"}
+    assert mg.MultiLoRAPlan.from_dict(old).rows_chunk == 16
+    with pytest.raises(ValueError, match="needs fuse_d=0"):
+        small_plan(expand="rows", fuse_d=2)
+    with pytest.raises(ValueError, match="rows_chunk"):
+        small_plan(expand="rows", rows_chunk=3)
 
 
 @pytest.mark.parametrize("M,N,block_n", [(256, 28672, 256), (256, 14336, 256), (128, 28672, 256),

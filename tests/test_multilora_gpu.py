@@ -153,6 +153,39 @@ def test_appended_expand_matches_reference(mode, M, N, K, L, r, split):
         assert torch.equal(y, y2), "deterministic"
 
 
+@pytest.mark.parametrize("mode", ["gather", "segment"])
+@pytest.mark.parametrize("M,N,K,L,r,bm,bn,split,rc", [(64, 4096, 4096, 64, 16, 64, 64, 4, 16),
+                                                    (256, 4096, 4096, 64, 16, 128, 128, 2, 16),
+                                                    (64, 28672, 4096, 64, 64, 64, 128, 1, 8),
+                                                    (16, 4096, 4096, 16, 16, 16, 128, 4, 8),
+                                                    (77, 3000, 1000, 9, 24, 64, 64, 3, 4)])
+def test_rows_expand_matches_reference(mode, M, N, K, L, r, bm, bn, split, rc):
+    """expand="rows" (session 27: each row's branch on the CUDA cores, chunks over the split-K programs) at real
+    sizes, bf16, PDL on: the float64 reference on NaN-poisoned outputs and workspaces, bit-identical repeats and
+    PDL-off, −1 rows equal to the plan's base, the zero-padded bank's unmasked loads equal to the masked ones."""
+    import dataclasses
+    x, w, bank, ids, bias = make(M, N, K, L, r, seed=27)
+    ids[::5] = -1
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    base = mg.heuristic_plan(M, N, K, r, L, mode, sms)
+    main = base.main.replace(block_m=bm, block_n=bn, split_k=split, swap_ab=bm == 16,
+                             num_warps=8 if bm == 128 else 4, num_stages=3)
+    plan = dataclasses.replace(base, main=main, fuse_d=0, expand="rows", rows_chunk=rc, s_unroll=True)
+    args = (x, w, bank.bank_a, bank.bank_b, bank.ranks, bank.scales, ids, bias)
+
+    def gemm(pdl, **kw):
+        out = torch.full((M, N), float("nan"), dtype=DT, device="cuda")
+        return mg.multi_lora_gemm(*args, mode=mode, plan=plan, pdl=pdl, out=out, poison_workspace=True, **kw)
+
+    y = gemm(True)
+    ref, e_torch = ref_and_torch_err(x, w, bank, ids, bias)
+    assert nerr(y, ref) <= 2 * e_torch + 1e-3, (nerr(y, ref), e_torch)
+    assert torch.equal(gemm(True), y) and torch.equal(gemm(False), y)
+    assert torch.equal(gemm(True, b_clean=True), y)
+    rows = ids == -1
+    assert torch.equal(y[rows], gemm(True, has_lora=False)[rows])
+
+
 # ---- session 5: PDL between the shrink and the main kernel, the unrolled S sum (plan s_unroll)
 
 def _appended_plan(M, N, K, L, r, mode, split):

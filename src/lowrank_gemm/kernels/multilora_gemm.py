@@ -66,7 +66,7 @@ __all__ = ["MultiLoRAPlan", "choose_plan", "heuristic_plan", "tuned_key", "TUNED
            "EXPANDS"]
 
 MODES = ("gather", "segment", "auto")
-EXPANDS = ("epilogue", "appended")
+EXPANDS = ("epilogue", "appended", "rows")
 SHRINK_RANK_BLOCK = 16      # rank slice one shrink program owns (MMA N granularity)
 
 
@@ -316,6 +316,63 @@ def appended_expand(acc, rows, valid, ids, slot, pid_k, lst_ptr, s_ptr, stride_s
     return acc
 
 
+@triton.jit
+def rows_expand(part_ptr, pid_m, pid_k, row_order_ptr, ids_ptr, M, L, s_ptr, stride_ss, stride_sm, SPLIT_S,
+                scales_ptr, b_ptr, stride_bl, stride_bn, stride_br, ranks_ptr, R_MAX, n0, N,
+                BM: tl.constexpr, BN: tl.constexpr, BLOCK_R: tl.constexpr, SPLIT_K: tl.constexpr,
+                RC: tl.constexpr, HAS_ORDER: tl.constexpr, B_MASK: tl.constexpr, B_VEC: tl.constexpr,
+                S_SLICES: tl.constexpr = 0):
+    """part [BM, BN] (fp32, this program's parked tile) += scale·S[row]·B[id(row), n-tile, :rank]ᵀ, row by row on
+    the CUDA cores: the ``expand="rows"`` plan (session 27).
+
+    Why: the appended expand runs one MMA step per *distinct adapter* of the tile, and each step is a chain
+    (B tile wait → A relayout → wgmma → wait); with as many adapters as rows (64 adapters at M = 64) that chain
+    is the program's tail. Here every row gathers its own adapter's B slice [BN, BLOCK_R] (contiguous in the bank:
+    16-B vector loads) and reduces it against its S row in registers: no MMA, no barrier, and every load of a
+    chunk of RC rows is independent of the others, so one memory latency per chunk instead of one per adapter.
+    It reads B once per *row* (an adapter's rows in one tile reread it from L1/L2), the price where adapters
+    repeat. Chunk c of the tile's BM / RC chunks belongs to split program c mod SPLIT_K: every row's branch is
+    added to exactly one split's partial, so the split-K sum adds it once, in a fixed order (no atomics).
+    S is rounded to B's dtype before the product, as in the MMA expands. Rows with id −1, or past M, add exact
+    zeros. B_MASK masks B's columns past each row's rank (they may hold garbage, even NaN); without it
+    (zero-padded bank) B_VEC (host-checked: r_max == BLOCK_R, unit rank stride) drops the column mask entirely.
+    """
+    rr = tl.arange(0, BLOCK_R)
+    cn = tl.arange(0, BN)
+    offs_n = n0 + cn
+    nmask = offs_n < N
+    for c in range(pid_k, BM // RC, SPLIT_K):
+        q = c * RC + tl.arange(0, RC)
+        rows, valid = _block_rows(row_order_ptr, pid_m * BM + q, M, HAS_ORDER)
+        ids = _safe_ids(ids_ptr, rows, valid, L)
+        has = valid & (ids >= 0)
+        rank = tl.load(ranks_ptr + ids, mask=has, other=0)
+        rank = tl.minimum(tl.maximum(rank, 0), R_MAX)
+        live = has[:, None] & (rr[None, :] < rank[:, None])                      # [RC, BLOCK_R]
+        s_ptrs = s_ptr + rows[:, None].to(tl.int64) * stride_sm + rr[None, :]
+        s = tl.zeros((RC, BLOCK_R), tl.float32)
+        if S_SLICES > 0:
+            for sp in tl.static_range(S_SLICES):
+                s += tl.load(s_ptrs + sp * stride_ss, mask=live, other=0.0)
+        else:
+            for sp in range(0, SPLIT_S):
+                s += tl.load(s_ptrs + sp * stride_ss, mask=live, other=0.0)
+        scale = tl.load(scales_ptr + ids, mask=has, other=0.0).to(tl.float32)
+        s = (s * scale[:, None]).to(b_ptr.dtype.element_ty).to(tl.float32)
+        b_ptrs = (b_ptr + ids.to(tl.int64)[:, None, None] * stride_bl + offs_n[None, :, None] * stride_bn
+                  + rr[None, None, :] * stride_br)
+        if B_MASK:
+            bmask = live[:, None, :] & nmask[None, :, None]
+        elif B_VEC:
+            bmask = has[:, None, None] & nmask[None, :, None]
+        else:
+            bmask = has[:, None, None] & nmask[None, :, None] & (rr < R_MAX)[None, None, :]
+        b = tl.load(b_ptrs, mask=bmask, other=0.0)                                 # [RC, BN, BLOCK_R]
+        delta = tl.sum(b.to(tl.float32) * s[:, None, :], axis=2)                   # [RC, BN]
+        pp = part_ptr + q[:, None] * BN + cn[None, :]
+        tl.store(pp, tl.load(pp) + delta)
+
+
 # ----------------------------------------------------------------------------------------------
 # kernels
 # ----------------------------------------------------------------------------------------------
@@ -400,10 +457,12 @@ def _mlora_main_kernel(
         EPI_PIPE: tl.constexpr = 0, B_VEC: tl.constexpr = False, APPEND: tl.constexpr = False,
         APPEND_STAGES: tl.constexpr = 3, B_TMA: tl.constexpr = False, B_MASK: tl.constexpr = True,
         ROW_SELECT: tl.constexpr = False, APPEND_D: tl.constexpr = 1, S_SLICES: tl.constexpr = 0,
-        PDL: tl.constexpr = False, SWAP_AB: tl.constexpr = False):
+        PDL: tl.constexpr = False, SWAP_AB: tl.constexpr = False, ROWS: tl.constexpr = False,
+        ROWS_RC: tl.constexpr = 16):
     FUSED: tl.constexpr = HAS_LORA and FUSE_D > 0
     tl.static_assert(not (SWAP_AB and FUSED), "swap_ab: the fused shrink's MMA has BM rows (plan fuse_d = 0)")
     APPENDED: tl.constexpr = HAS_LORA and APPEND and FUSE_D == 0
+    ROWS_EXP: tl.constexpr = HAS_LORA and ROWS and FUSE_D == 0 and not APPENDED
     DQ: tl.constexpr = max(FUSE_D, 1) * BLOCK_R
     tile = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -462,6 +521,19 @@ def _mlora_main_kernel(
                               stride_sm, SPLIT_S, scales_ptr, b_ptr, b_desc, stride_bl, stride_bn, stride_br,
                               ranks_ptr, R_MAX, offs_n, pid_n * BN, N, BM, BN, BLOCK_R, SPLIT_K, APPEND_STAGES,
                               B_TMA, B_MASK, ROW_SELECT, APPEND_D, B_VEC, S_SLICES)
+    if ROWS_EXP:
+        # park the tile in this program's partial slot (allocated for SPLIT_K = 1 too), then add the branch of
+        # the rows this split owns to it (rows_expand); the split-K sum, or the reload below, picks it up
+        rp = tl.arange(0, BM)[:, None] * BN + tl.arange(0, BN)[None, :]
+        part = ws_ptr + (tile * SPLIT_K + pid_k).to(tl.int64) * (BM * BN)
+        tl.store(part + rp, acc)
+        tl.debug_barrier()      # the rows' read-modify-write crosses threads
+        rows_expand(part, pid_m, pid_k, row_order_ptr, ids_ptr, M, L, s_ptr, stride_ss, stride_sm, SPLIT_S,
+                    scales_ptr, b_ptr, stride_bl, stride_bn, stride_br, ranks_ptr, R_MAX, pid_n * BN, N,
+                    BM, BN, BLOCK_R, SPLIT_K, min(ROWS_RC, BM), HAS_ORDER, B_MASK, B_VEC, S_SLICES)
+        if SPLIT_K == 1:
+            tl.debug_barrier()
+            acc = tl.load(part + rp)
 
     if SPLIT_K > 1:
         # deterministic split-K without a second launch: every split parks its fp32 partial, the
@@ -469,7 +541,8 @@ def _mlora_main_kernel(
         ob = tl.arange(0, BM)
         slot = (tile * SPLIT_K + pid_k).to(tl.int64)
         p_ptrs = ws_ptr + ob[:, None] * BN + tl.arange(0, BN)[None, :]
-        tl.store(p_ptrs + slot * (BM * BN), acc)
+        if not ROWS_EXP:        # rows: parked (and its rows' branch added) above
+            tl.store(p_ptrs + slot * (BM * BN), acc)
         if FUSED:
             q_ptrs = sws_ptr + ob[:, None] * DQ + tl.arange(0, DQ)[None, :]
             tl.store(q_ptrs + slot * (BM * DQ), s_f)
@@ -488,7 +561,7 @@ def _mlora_main_kernel(
         is_last = True
 
     if is_last:
-        if HAS_LORA and not APPENDED:
+        if HAS_LORA and not APPENDED and not ROWS_EXP:
             if FUSED:
                 has = valid & (ids >= 0)
                 scale = tl.load(scales_ptr + ids, mask=has, other=0.0).to(tl.float32)
@@ -537,6 +610,8 @@ class MultiLoRAPlan:
     shared out over the split-K programs; see :func:`appended_expand`); ``append_rowsel``: whole-S
     MMA per step with the adapter's rows selected on the fp32 result (no per-step A relayout);
     ``append_d`` (round-2 candidate, 1/2/4): adapters per pipelined appended iteration.
+    ``expand="rows"`` (session-27 candidate): each row's branch on the CUDA cores, its adapter's B slice gathered
+    per row, ``rows_chunk`` rows at a time, chunks dealt out over the split-K programs (:func:`rows_expand`).
     ``s_unroll`` (session-5 candidate, off until measured): the main kernel sums the shrink's K
     slices of S unrolled — all slice loads in flight at once instead of one L2 round trip per
     slice on every program's tail (:func:`_scaled_s`); bit-identical. ``main.swap_ab`` (session 6): the K
@@ -555,6 +630,7 @@ class MultiLoRAPlan:
     append_rowsel: bool = False
     append_d: int = 1
     s_unroll: bool = False
+    rows_chunk: int = 16
 
     def __post_init__(self):
         if self.expand not in EXPANDS:
@@ -562,6 +638,11 @@ class MultiLoRAPlan:
         if self.expand == "appended" and self.fuse_d:
             raise ValueError(f"MultiLoRAPlan: expand='appended' reads the shrink workspace, needs fuse_d=0, "
                              f"got fuse_d={self.fuse_d}")
+        if self.expand == "rows" and self.fuse_d:
+            raise ValueError(f"MultiLoRAPlan: expand='rows' reads the shrink workspace, needs fuse_d=0, "
+                             f"got fuse_d={self.fuse_d}")
+        if self.rows_chunk not in (1, 2, 4, 8, 16, 32, 64, 128):
+            raise ValueError(f"MultiLoRAPlan.rows_chunk must be a power of two in [1, 128], got {self.rows_chunk}")
         if self.append_d not in (1, 2, 4):
             raise ValueError(f"MultiLoRAPlan.append_d must be 1, 2 or 4, got {self.append_d}")
         if not 1 <= self.append_stages <= 6:
@@ -582,13 +663,14 @@ class MultiLoRAPlan:
         return {"main": self.main.to_dict(), "shrink": self.shrink.to_dict(), "use_tma": self.use_tma,
                 "fuse_d": self.fuse_d, "epi_d": self.epi_d, "x_tma": self.x_tma, "epi_pipe": self.epi_pipe,
                 "b_vec": self.b_vec, "expand": self.expand, "append_stages": self.append_stages,
-                "append_rowsel": self.append_rowsel, "append_d": self.append_d, "s_unroll": self.s_unroll}
+                "append_rowsel": self.append_rowsel, "append_d": self.append_d, "s_unroll": self.s_unroll,
+                "rows_chunk": self.rows_chunk}
 
     @classmethod
     def from_dict(cls, d: dict) -> "MultiLoRAPlan":
         return cls(main=KernelConfig.from_dict(d["main"]), shrink=KernelConfig.from_dict(d["shrink"]),
                    **{k: d[k] for k in ("use_tma", "fuse_d", "epi_d", "x_tma", "epi_pipe", "b_vec", "expand",
-                                          "append_stages", "append_rowsel", "append_d", "s_unroll")
+                                          "append_stages", "append_rowsel", "append_d", "s_unroll", "rows_chunk")
                       if k in d})
 
 
@@ -839,6 +921,17 @@ def _check_values(adapter_ids, ranks, L, r_max):
             raise ValueError(f"multi_lora_linear: ranks must lie in [0, r_max={r_max}], got [{rlo}, {rhi}]")
 
 
+ROWS_ELEMS_PER_THREAD = 256     # B elements one thread holds per rows_expand chunk (bf16: 128 registers)
+
+
+def rows_chunk(cfg: KernelConfig, block_r: int, want: int) -> int:
+    """Rows per :func:`rows_expand` chunk as launched: the plan's ``rows_chunk``, at most block_m, and small enough
+    that a chunk's gathered B tile [rows, BN, BLOCK_R] stays within ROWS_ELEMS_PER_THREAD elements per thread (ptxas,
+    sm_90, 4 warps: 64×128 r16 tiles at 16 rows per chunk hold 256, 172 registers, no spill; at 32 rows 512 spill)."""
+    cap = max(1, ROWS_ELEMS_PER_THREAD * 32 * cfg.num_warps // (cfg.block_n * block_r))
+    return max(1, min(want, cfg.block_m, 1 << (cap.bit_length() - 1)))
+
+
 def _w_operand(weight: torch.Tensor, cfg: KernelConfig, use_tma: bool):
     if not use_tma:
         return weight
@@ -942,11 +1035,12 @@ def multi_lora_gemm(x, weight, bank_a, bank_b, ranks, scales, adapter_ids, bias=
     # immediate predecessor in the stream (the PDL pair)
     tiles = cdiv(M, cfg.block_m) * cdiv(N, cfg.block_n)
     split_k = max(1, min(cfg.split_k, cdiv(K, cfg.block_k)))
-    if split_k > 1:
+    rows = plan.expand == "rows" and shrink
+    if split_k > 1 or rows:
         ws = torch.empty((tiles, split_k, cfg.block_m, cfg.block_n), dtype=torch.float32, device=x.device)
         sws = torch.empty((tiles, split_k, cfg.block_m, max(fuse_d, 1) * block_r) if fuse_d else (1,),
                           dtype=torch.float32, device=x.device)
-        cnt = torch.zeros((tiles,), dtype=torch.int32, device=x.device)
+        cnt = torch.zeros((tiles,), dtype=torch.int32, device=x.device) if split_k > 1 else ids
         if poison_workspace:
             ws.fill_(float("nan"))
             sws.fill_(float("nan"))
@@ -989,12 +1083,12 @@ def multi_lora_gemm(x, weight, bank_a, bank_b, ranks, scales, adapter_ids, bias=
         BM=cfg.block_m, BN=cfg.block_n, BK=cfg.block_k, BLOCK_R=block_r, GROUP_M=cfg.group_m,
         HAS_ORDER=order is not None, HAS_LORA=has_lora, HAS_BIAS=bias is not None, USE_TMA=use_tma,
         X_TMA=x_tma, FUSE_D=fuse_d, EPI_D=plan.epi_d, SPLIT_K=split_k, EPI_PIPE=plan.epi_pipe,
-        B_VEC=((plan.b_vec or (append and plan.append_d > 1)) and bank_b.stride(2) == 1
+        B_VEC=((plan.b_vec or (append and plan.append_d > 1) or rows) and bank_b.stride(2) == 1
                and bank_b.stride(0) % 8 == 0 and bank_b.stride(1) % 8 == 0 and r_max == block_r),
         APPEND=append, APPEND_STAGES=plan.append_stages, B_TMA=b_tma, B_MASK=not b_clean,
         ROW_SELECT=plan.append_rowsel, APPEND_D=plan.append_d,
         S_SLICES=split_s if plan.s_unroll and shrink else 0, PDL=use_pdl, SWAP_AB=cfg.swap_ab,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages, launch_pdl=use_pdl)
+        ROWS=rows, ROWS_RC=rows_chunk(cfg, block_r, plan.rows_chunk), num_warps=cfg.num_warps, num_stages=cfg.num_stages, launch_pdl=use_pdl)
     return y
 
 
