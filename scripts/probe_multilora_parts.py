@@ -19,6 +19,10 @@ checked against the float64 reference before it is timed.
 :func:`multilora_gemm.rows_expand`) at 8 / 16 / 32 rows per chunk (≤ block_m), and with split-K doubled, and times
 ``shrink_expand`` (the bench's Punica-style baseline) beside them: the issue's "faster than shrink + expand" cells.
 
+``--mains BMxBNxBKxSTAGESxSPLIT,...`` (session 27) adds, per main-loop config, the case's plan on it with the
+appended expand (the tuned appended flags, or the heuristic's) and with the rows expand at 16 and 64 rows per chunk
+(capped by ``multilora_gemm.rows_chunk``); configs the ledger rejects or whose BM exceeds 2·M are skipped.
+
 ``--pin-from JSON`` (CPU, no GPU needed): merge a --configs run's winners into the shipped tuned table
 (``plan/tuned/multilora_h200.json``) — a candidate replaces the case's plan only if it was at least ``--min-gain``
 (3 %) faster than ``fused`` (today's plan) in that run.
@@ -77,6 +81,28 @@ def rows_candidates(plan, M):
     return {n: p for n, p in out.items() if mg.can_implement(p.main)}
 
 
+def main_candidates(plan, M, specs):
+    """The case's plan on each main-loop config of ``specs`` with the appended and the rows expand."""
+    import dataclasses
+    from lowrank_gemm.kernels import multilora_gemm as mg
+    out = {}
+    for spec in specs:
+        bm, bn, bk, st, sp = (int(v) for v in spec.split("x"))
+        if bm > 2 * max(M, 16):
+            continue
+        main = plan.main.replace(block_m=bm, block_n=bn, block_k=bk, num_stages=st, split_k=sp, swap_ab=False,
+                                 num_warps=8 if bm >= 128 else 4)
+        app = dataclasses.replace(plan, main=main, fuse_d=0, expand="appended", s_unroll=True, x_tma=False,
+                                  append_stages=plan.append_stages or 3)
+        rows = dataclasses.replace(app, expand="rows")
+        for name, p in ((f"{spec}_app", app), (f"{spec}_rows16", dataclasses.replace(rows, rows_chunk=16)),
+                        (f"{spec}_rows64", dataclasses.replace(rows, rows_chunk=64))):
+            stages = p.append_stages if p.expand == "appended" else 0
+            if mg.can_implement(p.main, append_stages=stages):
+                out[name] = p
+    return out
+
+
 BASELINES = ("cublas_base", "fused", "fused_base", "lora_single", "shrink_expand")
 
 
@@ -116,6 +142,7 @@ def main(argv=None):
     ap.add_argument("--cases", default=DEFAULT_CASES)
     ap.add_argument("--configs", action="store_true")
     ap.add_argument("--rows", action="store_true")
+    ap.add_argument("--mains", default="")
     ap.add_argument("--label", default="session 14: scripts/probe_multilora_parts.py --configs")
     ap.add_argument("--pin-from", default="")
     ap.add_argument("--min-gain", type=float, default=0.03)
@@ -152,10 +179,12 @@ def main(argv=None):
         plans = {}
         if args.configs:
             plans.update(config_candidates(plan, M))
-        if args.rows:
+        if args.rows or args.mains:
             impls["shrink_expand"] = lambda x, w, bk, i: shrink_expand(x, w, bk.bank_a, bk.bank_b, bk.ranks, bk.scales,
                                                                        i)
             plans.update(rows_candidates(plan, M))
+        if args.mains:
+            plans.update(main_candidates(plan, M, args.mains.split(",")))
         for name, p in plans.items():
             impls[name] = lambda x, w, bk, i, p=p: fused(x, w, bk, i, p=p)
         if nd == 1:
