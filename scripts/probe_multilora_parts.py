@@ -182,6 +182,7 @@ def main(argv=None):
         if args.rows or args.mains:
             impls["shrink_expand"] = lambda x, w, bk, i: shrink_expand(x, w, bk.bank_a, bk.bank_b, bk.ranks, bk.scales,
                                                                        i)
+        if args.rows:
             plans.update(rows_candidates(plan, M))
         if args.mains:
             plans.update(main_candidates(plan, M, args.mains.split(",")))
