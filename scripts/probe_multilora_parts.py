@@ -22,6 +22,8 @@ checked against the float64 reference before it is timed.
 ``--mains BMxBNxBKxSTAGESxSPLIT,...`` (session 27) adds, per main-loop config, the case's plan on it with the
 appended expand (the tuned appended flags, or the heuristic's) and with the rows expand at 16 and 64 rows per chunk
 (capped by ``multilora_gemm.rows_chunk``); configs the ledger rejects or whose BM exceeds 2·M are skipped.
+``--shrink-splits 4,8`` adds each --mains candidate again with the shrink launch's K slices set to each value (ncu,
+session 27: at M = 256, 64 adapters, the shrink alone took 13.9 µs over its 2 slices, the main kernel 31.9).
 
 ``--pin-from JSON`` (CPU, no GPU needed): merge a --configs run's winners into the shipped tuned table
 (``plan/tuned/multilora_h200.json``) — a candidate replaces the case's plan only if it was at least ``--min-gain``
@@ -81,8 +83,9 @@ def rows_candidates(plan, M):
     return {n: p for n, p in out.items() if mg.can_implement(p.main)}
 
 
-def main_candidates(plan, M, specs):
-    """The case's plan on each main-loop config of ``specs`` with the appended and the rows expand."""
+def main_candidates(plan, M, specs, shrink_splits=()):
+    """The case's plan on each main-loop config of ``specs`` with the appended and the rows expand (and each of
+    those with the shrink split into each of ``shrink_splits`` K slices)."""
     import dataclasses
     from lowrank_gemm.kernels import multilora_gemm as mg
     out = {}
@@ -100,6 +103,8 @@ def main_candidates(plan, M, specs):
             stages = p.append_stages if p.expand == "appended" else 0
             if mg.can_implement(p.main, append_stages=stages):
                 out[name] = p
+                for ss in shrink_splits:
+                    out[f"{name}_ss{ss}"] = dataclasses.replace(p, shrink=p.shrink.replace(split_k=ss))
     return out
 
 
@@ -143,6 +148,7 @@ def main(argv=None):
     ap.add_argument("--configs", action="store_true")
     ap.add_argument("--rows", action="store_true")
     ap.add_argument("--mains", default="")
+    ap.add_argument("--shrink-splits", default="")
     ap.add_argument("--label", default="session 14: scripts/probe_multilora_parts.py --configs")
     ap.add_argument("--pin-from", default="")
     ap.add_argument("--min-gain", type=float, default=0.03)
@@ -185,7 +191,8 @@ def main(argv=None):
         if args.rows:
             plans.update(rows_candidates(plan, M))
         if args.mains:
-            plans.update(main_candidates(plan, M, args.mains.split(",")))
+            splits = [int(v) for v in args.shrink_splits.split(",") if v]
+            plans.update(main_candidates(plan, M, args.mains.split(","), splits))
         for name, p in plans.items():
             impls[name] = lambda x, w, bk, i, p=p: fused(x, w, bk, i, p=p)
         if nd == 1:
