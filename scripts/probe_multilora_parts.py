@@ -143,7 +143,7 @@ def pin_winners(path, min_gain, table_path=None, label="session 14: scripts/prob
 
 def main(argv=None):
     ap = argparse.ArgumentParser()
-    ap.add_argument("--out", required=True)
+    ap.add_argument("--out", default="")
     ap.add_argument("--cases", default=DEFAULT_CASES)
     ap.add_argument("--configs", action="store_true")
     ap.add_argument("--rows", action="store_true")
