@@ -25,6 +25,9 @@ appended expand (the tuned appended flags, or the heuristic's) and with the rows
 ``--shrink-splits 4,8`` adds each --mains candidate again with the shrink launch's K slices set to each value (ncu,
 session 27: at M = 256, 64 adapters, the shrink alone took 13.9 µs over its 2 slices, the main kernel 31.9).
 
+``--shrink-rows 4,8`` (session 27) adds the case's tuned plan with the shrink launch by row
+(``MultiLoRAPlan.shrink_rows``) at each number of K slices.
+
 ``--pin-from JSON`` (CPU, no GPU needed): merge a --configs run's winners into the shipped tuned table
 (``plan/tuned/multilora_h200.json``) — a candidate replaces the case's plan only if it was at least ``--min-gain``
 (3 %) faster than ``fused`` (today's plan) in that run.
@@ -108,6 +111,15 @@ def main_candidates(plan, M, specs, shrink_splits=()):
     return out
 
 
+def shrink_rows_candidates(plan, splits):
+    """The case's plan with the shrink by row (shrink launch needed: fused-shrink plans move to the appended expand)."""
+    import dataclasses
+    base = plan if plan.fuse_d == 0 else dataclasses.replace(plan, fuse_d=0, expand="appended", s_unroll=True,
+                                                                 x_tma=False)
+    return {f"tuned_sr{ss}": dataclasses.replace(base, shrink_rows=True, shrink=base.shrink.replace(split_k=ss))
+            for ss in splits}
+
+
 BASELINES = ("cublas_base", "fused", "fused_base", "lora_single", "shrink_expand")
 
 
@@ -149,6 +161,7 @@ def main(argv=None):
     ap.add_argument("--rows", action="store_true")
     ap.add_argument("--mains", default="")
     ap.add_argument("--shrink-splits", default="")
+    ap.add_argument("--shrink-rows", default="")
     ap.add_argument("--label", default="session 14: scripts/probe_multilora_parts.py --configs")
     ap.add_argument("--pin-from", default="")
     ap.add_argument("--min-gain", type=float, default=0.03)
@@ -185,7 +198,9 @@ def main(argv=None):
         plans = {}
         if args.configs:
             plans.update(config_candidates(plan, M))
-        if args.rows or args.mains:
+        if args.shrink_rows:
+            plans.update(shrink_rows_candidates(plan, [int(v) for v in args.shrink_rows.split(",")]))
+        if args.rows or args.mains or args.shrink_rows:
             impls["shrink_expand"] = lambda x, w, bk, i: shrink_expand(x, w, bk.bank_a, bk.bank_b, bk.ranks, bk.scales,
                                                                        i)
         if args.rows:

@@ -23,7 +23,7 @@ ATOL, RTOL = 2e-2, 1e-2
 
 def small_plan(split=2, sbm=16, bm=16, bn=32, bk=32, r_max=16, split_k=1, fuse_d=0, epi_d=1, x_tma=False,
                epi_pipe=0, b_vec=False, expand="epilogue", append_stages=3, append_rowsel=False, append_d=1,
-               s_unroll=False, swap_ab=False, rows_chunk=16):
+               s_unroll=False, swap_ab=False, rows_chunk=16, shrink_rows=False):
     br = max(16, 1 << (r_max - 1).bit_length())
     return mg.MultiLoRAPlan(
         main=KernelConfig(block_m=bm, block_n=bn, block_k=bk, block_r=br, group_m=2, num_stages=2,
@@ -31,7 +31,7 @@ def small_plan(split=2, sbm=16, bm=16, bn=32, bk=32, r_max=16, split_k=1, fuse_d
         shrink=KernelConfig(block_m=sbm, block_n=16, block_k=32, block_r=br, split_k=split),
         fuse_d=fuse_d, epi_d=epi_d, x_tma=x_tma, epi_pipe=epi_pipe, b_vec=b_vec, expand=expand,
         append_stages=append_stages, append_rowsel=append_rowsel, append_d=append_d, s_unroll=s_unroll,
-        rows_chunk=rows_chunk)
+        rows_chunk=rows_chunk, shrink_rows=shrink_rows)
 
 
 def make_case(M, N, K, L, r_max, ranks=None, seed=0, dirty=True, bias=True):
@@ -686,11 +686,41 @@ def test_rows_expand_base_rows_bit_identical_and_repeatable():
         assert torch.equal(run(none, "gather", plan), base), kw
 
 
+SHRINK_ROWS_VARIANTS = {
+    "epilogue": dict(),
+    "epilogue_split3": dict(split=3),
+    "appended_split_k2": dict(expand="appended", split_k=2, s_unroll=True),
+    "rows_chunk4_split_k3": dict(expand="rows", rows_chunk=4, split_k=3, split=1),
+    "appended_swap": dict(expand="appended", bn=64, swap_ab=True, s_unroll=True),
+}
+
+
+@pytest.mark.parametrize("mode", ["gather", "segment"])
+@pytest.mark.parametrize("variant", sorted(SHRINK_ROWS_VARIANTS))
+def test_shrink_by_row_matches_reference(variant, mode):
+    """plan.shrink_rows: the shrink launch by (row, K slice) — NaN past each rank, −1 rows (S left unwritten,
+    workspace poisoned), ragged K slices (K = 72 over 32-wide steps)."""
+    case = make_case(37, 45, 72, 7, 16, seed=19)
+    assert_close(run(case, mode, small_plan(shrink_rows=True, **SHRINK_ROWS_VARIANTS[variant])), ref_of(case))
+
+
+def test_shrink_by_row_rank_blocks_and_base_rows():
+    case = make_case(30, 40, 48, 5, 40, ranks=[40, 17, 33, 1, 0], seed=8, dirty=True)      # BLOCK_R 64 > r_max
+    case["adapter_ids"][::4] = -1
+    plan = small_plan(r_max=40, shrink_rows=True, expand="appended")
+    y = run(case, "gather", plan)
+    assert_close(y, ref_of(case))
+    assert torch.equal(y, run(case, "gather", plan))
+    rows = case["adapter_ids"] == -1
+    assert torch.equal(y[rows], run(case, "gather", plan, has_lora=False)[rows])
+
+
 def test_rows_plan_fields():
-    p = small_plan(expand="rows", rows_chunk=8)
+    p = small_plan(expand="rows", rows_chunk=8, shrink_rows=True)
     assert mg.MultiLoRAPlan.from_dict(p.to_dict()) == p
-    old = {k: v for k, v in p.to_dict().items() if k != "rows_chunk"}
+    old = {k: v for k, v in p.to_dict().items() if k not in ("rows_chunk", "shrink_rows")}
     assert mg.MultiLoRAPlan.from_dict(old).rows_chunk == 16
+    assert not mg.MultiLoRAPlan.from_dict(old).shrink_rows
     with pytest.raises(ValueError, match="needs fuse_d=0"):
         small_plan(expand="rows", fuse_d=2)
     with pytest.raises(ValueError, match="rows_chunk"):

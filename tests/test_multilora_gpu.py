@@ -186,6 +186,34 @@ def test_rows_expand_matches_reference(mode, M, N, K, L, r, bm, bn, split, rc):
     assert torch.equal(y[rows], gemm(True, has_lora=False)[rows])
 
 
+@pytest.mark.parametrize("mode", ["gather", "segment"])
+@pytest.mark.parametrize("M,N,K,L,r,split,expand", [(256, 4096, 4096, 64, 16, 4, "appended"),
+                                                   (64, 4096, 4096, 64, 16, 8, "rows"),
+                                                   (77, 3000, 1000, 9, 24, 3, "appended")])
+def test_shrink_by_row_matches_reference(mode, M, N, K, L, r, split, expand):
+    """plan.shrink_rows (session 27: one shrink program per row × K slice) at real sizes, bf16, PDL on: the float64
+    reference on NaN-poisoned outputs and workspaces, bit-identical repeats and PDL-off, −1 rows equal the base."""
+    import dataclasses
+    x, w, bank, ids, bias = make(M, N, K, L, r, seed=29)
+    ids[::6] = -1
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    base = mg.heuristic_plan(M, N, K, r, L, mode, sms)
+    plan = dataclasses.replace(base, fuse_d=0, expand=expand, s_unroll=True, shrink_rows=True,
+                               shrink=base.shrink.replace(split_k=split))
+    args = (x, w, bank.bank_a, bank.bank_b, bank.ranks, bank.scales, ids, bias)
+
+    def gemm(pdl, **kw):
+        out = torch.full((M, N), float("nan"), dtype=DT, device="cuda")
+        return mg.multi_lora_gemm(*args, mode=mode, plan=plan, pdl=pdl, out=out, poison_workspace=True, **kw)
+
+    y = gemm(True)
+    ref, e_torch = ref_and_torch_err(x, w, bank, ids, bias)
+    assert nerr(y, ref) <= 2 * e_torch + 1e-3, (nerr(y, ref), e_torch)
+    assert torch.equal(gemm(True), y) and torch.equal(gemm(False), y)
+    rows = ids == -1
+    assert torch.equal(y[rows], gemm(True, has_lora=False)[rows])
+
+
 # ---- session 5: PDL between the shrink and the main kernel, the unrolled S sum (plan s_unroll)
 
 def _appended_plan(M, N, K, L, r, mode, split):
