@@ -86,7 +86,7 @@ def rows_candidates(plan, M):
     return {n: p for n, p in out.items() if mg.can_implement(p.main)}
 
 
-def main_candidates(plan, M, specs, shrink_splits=()):
+def main_candidates(plan, M, specs, shrink_splits=(), shrink_rows=()):
     """The case's plan on each main-loop config of ``specs`` with the appended and the rows expand (and each of
     those with the shrink split into each of ``shrink_splits`` K slices)."""
     import dataclasses
@@ -108,6 +108,9 @@ def main_candidates(plan, M, specs, shrink_splits=()):
                 out[name] = p
                 for ss in shrink_splits:
                     out[f"{name}_ss{ss}"] = dataclasses.replace(p, shrink=p.shrink.replace(split_k=ss))
+                for ss in shrink_rows:        # with --shrink-rows: the shrink by row as well
+                    out[f"{name}_sr{ss}"] = dataclasses.replace(p, shrink_rows=True,
+                                                                shrink=p.shrink.replace(split_k=ss))
     return out
 
 
@@ -207,7 +210,8 @@ def main(argv=None):
             plans.update(rows_candidates(plan, M))
         if args.mains:
             splits = [int(v) for v in args.shrink_splits.split(",") if v]
-            plans.update(main_candidates(plan, M, args.mains.split(","), splits))
+            srows = [int(v) for v in args.shrink_rows.split(",") if v]
+            plans.update(main_candidates(plan, M, args.mains.split(","), splits, srows))
         for name, p in plans.items():
             impls[name] = lambda x, w, bk, i, p=p: fused(x, w, bk, i, p=p)
         if nd == 1:
