@@ -592,11 +592,16 @@ def test_appended_many_adapters_per_block_and_clean_bank():
 
 
 def test_appended_base_rows_bit_identical_and_repeatable():
+    check_base_rows_and_repeats("appended", (dict(), dict(append_rowsel=True), dict(split_k=2)))
+
+
+def check_base_rows_and_repeats(expand, variants):
+    """Every third row −1: repeats bit-identical, −1 rows equal the plan's base product, an all −1 batch equals it."""
     case = make_case(40, 36, 64, 6, 16, ranks=[16, 8, 3, 16, 0, 11], dirty=False)
     case["adapter_ids"][::3] = -1
     rows = case["adapter_ids"] == -1
-    for kw in (dict(), dict(append_rowsel=True), dict(split_k=2)):
-        plan = small_plan(expand="appended", **kw)
+    for kw in variants:
+        plan = small_plan(expand=expand, **kw)
         base = run(case, "gather", plan, has_lora=False)
         y1, y2 = run(case, "gather", plan), run(case, "gather", plan)
         assert torch.equal(y1, y2), kw
@@ -672,18 +677,7 @@ def test_rows_expand_one_adapter_per_row_and_clean_bank():
 
 
 def test_rows_expand_base_rows_bit_identical_and_repeatable():
-    case = make_case(40, 36, 64, 6, 16, ranks=[16, 8, 3, 16, 0, 11], dirty=False)
-    case["adapter_ids"][::3] = -1
-    rows = case["adapter_ids"] == -1
-    for kw in (dict(), dict(split_k=2, rows_chunk=4)):
-        plan = small_plan(expand="rows", **kw)
-        base = run(case, "gather", plan, has_lora=False)
-        y1, y2 = run(case, "gather", plan), run(case, "gather", plan)
-        assert torch.equal(y1, y2), kw
-        assert torch.equal(y1[rows], base[rows]), kw
-        assert_base_rows_equal(run(case, "segment", plan)[rows], base[rows], kw)
-        none = dict(case, adapter_ids=torch.full_like(case["adapter_ids"], -1))
-        assert torch.equal(run(none, "gather", plan), base), kw
+    check_base_rows_and_repeats("rows", (dict(), dict(split_k=2, rows_chunk=4)))
 
 
 SHRINK_ROWS_VARIANTS = {

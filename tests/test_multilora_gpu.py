@@ -153,6 +153,26 @@ def test_appended_expand_matches_reference(mode, M, N, K, L, r, split):
         assert torch.equal(y, y2), "deterministic"
 
 
+def _check_plan(x, w, bank, ids, bias, mode, plan, clean_too=False):
+    """One plan with PDL on: the float64 reference on NaN-poisoned outputs and workspaces, bit-identical repeats and
+    PDL off, −1 rows equal to the plan's base (``clean_too``: the zero-padded bank's unmasked loads equal too)."""
+    M, N = x.shape[0], w.shape[0]
+    args = (x, w, bank.bank_a, bank.bank_b, bank.ranks, bank.scales, ids, bias)
+
+    def gemm(pdl, **kw):
+        out = torch.full((M, N), float("nan"), dtype=DT, device="cuda")
+        return mg.multi_lora_gemm(*args, mode=mode, plan=plan, pdl=pdl, out=out, poison_workspace=True, **kw)
+
+    y = gemm(True)
+    ref, e_torch = ref_and_torch_err(x, w, bank, ids, bias)
+    assert nerr(y, ref) <= 2 * e_torch + 1e-3, (nerr(y, ref), e_torch)
+    assert torch.equal(gemm(True), y) and torch.equal(gemm(False), y)
+    if clean_too:
+        assert torch.equal(gemm(True, b_clean=True), y)
+    rows = ids == -1
+    assert torch.equal(y[rows], gemm(True, has_lora=False)[rows])
+
+
 @pytest.mark.parametrize("mode", ["gather", "segment"])
 @pytest.mark.parametrize("M,N,K,L,r,bm,bn,split,rc", [(64, 4096, 4096, 64, 16, 64, 64, 4, 16),
                                                     (256, 4096, 4096, 64, 16, 128, 128, 2, 16),
@@ -171,19 +191,7 @@ def test_rows_expand_matches_reference(mode, M, N, K, L, r, bm, bn, split, rc):
     main = base.main.replace(block_m=bm, block_n=bn, split_k=split, swap_ab=bm == 16,
                              num_warps=8 if bm == 128 else 4, num_stages=3)
     plan = dataclasses.replace(base, main=main, fuse_d=0, expand="rows", rows_chunk=rc, s_unroll=True)
-    args = (x, w, bank.bank_a, bank.bank_b, bank.ranks, bank.scales, ids, bias)
-
-    def gemm(pdl, **kw):
-        out = torch.full((M, N), float("nan"), dtype=DT, device="cuda")
-        return mg.multi_lora_gemm(*args, mode=mode, plan=plan, pdl=pdl, out=out, poison_workspace=True, **kw)
-
-    y = gemm(True)
-    ref, e_torch = ref_and_torch_err(x, w, bank, ids, bias)
-    assert nerr(y, ref) <= 2 * e_torch + 1e-3, (nerr(y, ref), e_torch)
-    assert torch.equal(gemm(True), y) and torch.equal(gemm(False), y)
-    assert torch.equal(gemm(True, b_clean=True), y)
-    rows = ids == -1
-    assert torch.equal(y[rows], gemm(True, has_lora=False)[rows])
+    _check_plan(x, w, bank, ids, bias, mode, plan, clean_too=True)
 
 
 @pytest.mark.parametrize("mode", ["gather", "segment"])
@@ -200,18 +208,7 @@ def test_shrink_by_row_matches_reference(mode, M, N, K, L, r, split, expand):
     base = mg.heuristic_plan(M, N, K, r, L, mode, sms)
     plan = dataclasses.replace(base, fuse_d=0, expand=expand, s_unroll=True, shrink_rows=True,
                                shrink=base.shrink.replace(split_k=split))
-    args = (x, w, bank.bank_a, bank.bank_b, bank.ranks, bank.scales, ids, bias)
-
-    def gemm(pdl, **kw):
-        out = torch.full((M, N), float("nan"), dtype=DT, device="cuda")
-        return mg.multi_lora_gemm(*args, mode=mode, plan=plan, pdl=pdl, out=out, poison_workspace=True, **kw)
-
-    y = gemm(True)
-    ref, e_torch = ref_and_torch_err(x, w, bank, ids, bias)
-    assert nerr(y, ref) <= 2 * e_torch + 1e-3, (nerr(y, ref), e_torch)
-    assert torch.equal(gemm(True), y) and torch.equal(gemm(False), y)
-    rows = ids == -1
-    assert torch.equal(y[rows], gemm(True, has_lora=False)[rows])
+    _check_plan(x, w, bank, ids, bias, mode, plan)
 
 
 # ---- session 5: PDL between the shrink and the main kernel, the unrolled S sum (plan s_unroll)
