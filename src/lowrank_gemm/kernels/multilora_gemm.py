@@ -349,16 +349,8 @@ def rows_expand(part_ptr, pid_m, pid_k, row_order_ptr, ids_ptr, M, L, s_ptr, str
         rank = tl.load(ranks_ptr + ids, mask=has, other=0)
         rank = tl.minimum(tl.maximum(rank, 0), R_MAX)
         live = has[:, None] & (rr[None, :] < rank[:, None])                      # [RC, BLOCK_R]
-        s_ptrs = s_ptr + rows[:, None].to(tl.int64) * stride_sm + rr[None, :]
-        s = tl.zeros((RC, BLOCK_R), tl.float32)
-        if S_SLICES > 0:
-            for sp in tl.static_range(S_SLICES):
-                s += tl.load(s_ptrs + sp * stride_ss, mask=live, other=0.0)
-        else:
-            for sp in range(0, SPLIT_S):
-                s += tl.load(s_ptrs + sp * stride_ss, mask=live, other=0.0)
-        scale = tl.load(scales_ptr + ids, mask=has, other=0.0).to(tl.float32)
-        s = (s * scale[:, None]).to(b_ptr.dtype.element_ty).to(tl.float32)
+        s = _scaled_s(rows, has, ids, s_ptr, stride_ss, stride_sm, SPLIT_S, scales_ptr, RC, BLOCK_R, BLOCK_R, S_SLICES)
+        s = tl.where(live, s, 0.0).to(b_ptr.dtype.element_ty).to(tl.float32)
         b_ptrs = (b_ptr + ids.to(tl.int64)[:, None, None] * stride_bl + offs_n[None, :, None] * stride_bn
                   + rr[None, None, :] * stride_br)
         if B_MASK:
@@ -497,7 +489,7 @@ def _mlora_main_kernel(
         APPEND_STAGES: tl.constexpr = 3, B_TMA: tl.constexpr = False, B_MASK: tl.constexpr = True,
         ROW_SELECT: tl.constexpr = False, APPEND_D: tl.constexpr = 1, S_SLICES: tl.constexpr = 0,
         PDL: tl.constexpr = False, SWAP_AB: tl.constexpr = False, ROWS: tl.constexpr = False,
-        ROWS_RC: tl.constexpr = 16):
+        ROWS_RC: tl.constexpr = 16):      # ROWS_RC: host-capped (rows_chunk), ≤ BM
     FUSED: tl.constexpr = HAS_LORA and FUSE_D > 0
     tl.static_assert(not (SWAP_AB and FUSED), "swap_ab: the fused shrink's MMA has BM rows (plan fuse_d = 0)")
     APPENDED: tl.constexpr = HAS_LORA and APPEND and FUSE_D == 0
@@ -560,26 +552,26 @@ def _mlora_main_kernel(
                               stride_sm, SPLIT_S, scales_ptr, b_ptr, b_desc, stride_bl, stride_bn, stride_br,
                               ranks_ptr, R_MAX, offs_n, pid_n * BN, N, BM, BN, BLOCK_R, SPLIT_K, APPEND_STAGES,
                               B_TMA, B_MASK, ROW_SELECT, APPEND_D, B_VEC, S_SLICES)
+    # this program's fp32 partial slot in the split-K workspace (the rows expand has one at SPLIT_K = 1 too)
+    ob = tl.arange(0, BM)
+    slot = (tile * SPLIT_K + pid_k).to(tl.int64)
+    p_ptrs = ws_ptr + ob[:, None] * BN + tl.arange(0, BN)[None, :]
     if ROWS_EXP:
-        # park the tile in this program's partial slot (allocated for SPLIT_K = 1 too), then add the branch of
-        # the rows this split owns to it (rows_expand); the split-K sum, or the reload below, picks it up
-        rp = tl.arange(0, BM)[:, None] * BN + tl.arange(0, BN)[None, :]
-        part = ws_ptr + (tile * SPLIT_K + pid_k).to(tl.int64) * (BM * BN)
-        tl.store(part + rp, acc)
+        # park the tile in the slot, then add the branch of the rows this split owns to it (rows_expand); the
+        # split-K sum, or the reload below, picks it up
+        part = ws_ptr + slot * (BM * BN)
+        tl.store(p_ptrs + slot * (BM * BN), acc)
         tl.debug_barrier()      # the rows' read-modify-write crosses threads
         rows_expand(part, pid_m, pid_k, row_order_ptr, ids_ptr, M, L, s_ptr, stride_ss, stride_sm, SPLIT_S,
                     scales_ptr, b_ptr, stride_bl, stride_bn, stride_br, ranks_ptr, R_MAX, pid_n * BN, N,
-                    BM, BN, BLOCK_R, SPLIT_K, min(ROWS_RC, BM), HAS_ORDER, B_MASK, B_VEC, S_SLICES)
+                    BM, BN, BLOCK_R, SPLIT_K, ROWS_RC, HAS_ORDER, B_MASK, B_VEC, S_SLICES)
         if SPLIT_K == 1:
             tl.debug_barrier()
-            acc = tl.load(part + rp)
+            acc = tl.load(p_ptrs + slot * (BM * BN))
 
     if SPLIT_K > 1:
         # deterministic split-K without a second launch: every split parks its fp32 partial, the
         # last to arrive (ticket) sums all partials in split order and runs the epilogue
-        ob = tl.arange(0, BM)
-        slot = (tile * SPLIT_K + pid_k).to(tl.int64)
-        p_ptrs = ws_ptr + ob[:, None] * BN + tl.arange(0, BN)[None, :]
         if not ROWS_EXP:        # rows: parked (and its rows' branch added) above
             tl.store(p_ptrs + slot * (BM * BN), acc)
         if FUSED:
@@ -1104,8 +1096,8 @@ def multi_lora_gemm(x, weight, bank_a, bank_b, ranks, scales, adapter_ids, bias=
     else:
         x_desc = x
 
+    k_per_split = cdiv(cdiv(K, split_s), scfg.block_k) * scfg.block_k
     if shrink and plan.shrink_rows:
-        k_per_split = cdiv(cdiv(K, split_s), scfg.block_k) * scfg.block_k
         launch(_mlora_shrink_rows_kernel, (M * split_s,),
             x, bank_a, ids, ranks, s_ws, M, K, L, r_max, k_per_split,
             x.stride(0), x.stride(1), bank_a.stride(0), bank_a.stride(1), bank_a.stride(2),
@@ -1115,7 +1107,6 @@ def multi_lora_gemm(x, weight, bank_a, bank_b, ranks, scales, adapter_ids, bias=
         sbm = scfg.block_m
         max_distinct = min(sbm, L)
         num_rb = block_r // scfg.block_n
-        k_per_split = cdiv(cdiv(K, split_s), scfg.block_k) * scfg.block_k
         grid_s = (cdiv(M, sbm) * max_distinct * num_rb * split_s,)
         launch(_mlora_shrink_kernel, grid_s,
             x, bank_a, ids, order_arg, ranks, s_ws, M, K, L, r_max, k_per_split,
@@ -1138,7 +1129,8 @@ def multi_lora_gemm(x, weight, bank_a, bank_b, ranks, scales, adapter_ids, bias=
         APPEND=append, APPEND_STAGES=plan.append_stages, B_TMA=b_tma, B_MASK=not b_clean,
         ROW_SELECT=plan.append_rowsel, APPEND_D=plan.append_d,
         S_SLICES=split_s if plan.s_unroll and shrink else 0, PDL=use_pdl, SWAP_AB=cfg.swap_ab,
-        ROWS=rows, ROWS_RC=rows_chunk(cfg, block_r, plan.rows_chunk), num_warps=cfg.num_warps, num_stages=cfg.num_stages, launch_pdl=use_pdl)
+        ROWS=rows, ROWS_RC=rows_chunk(cfg, block_r, plan.rows_chunk), num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages, launch_pdl=use_pdl)
     return y
 
 
