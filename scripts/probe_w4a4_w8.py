@@ -49,6 +49,8 @@ VARIANTS = {   # name: launch_w4a4_v2 options (f8 on for all; ws32 = fp32 w_scal
     "v2_bn64": dict(config="bn64"),                  # "bn64": the default config with block_n = 64 (resolved in main)
     "v2_bn64_raw12": dict(config="bn64", raw_stages=12),
     "v2_ex1": dict(expanders=1),
+    # session 28: four 64×64 consumer warpgroups sharing each slot (gluon/w4a4_quad.py)
+    "w8_quad": dict(expanders=0, quad=True),
 }
 
 
@@ -123,6 +125,9 @@ def main() -> None:
             o, extra = outs[v]
             timed[v] = (lambda kw=kw, o=o, extra=extra:
                         w4.launch_w4a4_v2(**dict(base, out=o), f8=True, **kw, **extra))
+        if "w8_quad" in outs:       # with its per-call weight expansion (fp32 w_scale rows from the same launch)
+            timed["w8_quad+expand"] = (lambda o=outs["w8_quad"][0]:
+                                       w4.launch_w4a4_v2(**dict(base, out=o), f8=True, expanders=0, quad=True))
         if "w8_coop" in outs:
             timed["w8_coop+expand"] = (lambda o=outs["w8_coop"][0]:
                                        w4.launch_w4a4_v2(**dict(base, out=o), f8=True, expanders=0, paired=False,

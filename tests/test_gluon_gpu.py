@@ -24,20 +24,23 @@ WATCHDOG = dict(timeout=60, method="thread")
 FMTS = [pytest.param("int4_2l", marks=pytest.mark.skipif(
             not w4.two_level_enabled(), reason="int4_2l v2 switched off (LOWRANK_GEMM_GLUON_2L=0)")),
         "int4_g64", "int4_g64_f8", "int4_g64_f8p", "int4_g64_f8w", "int4_g64_f8wi", "int4_g64_f8wu",
-        "int4_g64_f8wc", "int4_g64_f8wci", "int4_g64_f8wci4", "int4_g64_f8wci8"]
+        "int4_g64_f8wc", "int4_g64_f8wci", "int4_g64_f8wci4", "int4_g64_f8wci8", "int4_g64_quad"]
 # _f8: the e4m3-MMA path of int4_g64, one expander, unpaired; _f8p: two expanders and paired consumer K loops
 # (the defaults where the scale rows come by TMA); _f8w: no expander (weights pre-expanded per call, by TMA),
 # paired; _f8wi: the same with two partials in flight per consumer; _f8wu: in flight, unpaired; _f8wc / _f8wci:
 # the consumers share each slot's weight tile (COOP, 128-row CTA tiles), without / with partials in flight (_f8wci4 /
 # _f8wci8: four / eight groups per in-flight loop body, so the ragged K tails run the pair and single bodies). The _f8w*
 # variants need the scale rows by TMA (M, N % 8 == 0): elsewhere the launcher refuses them (tested) and the
-# case is skipped.
+# case is skipped. _quad: the four-consumer kernel (gluon/w4a4_quad.py; group 64 and M, N % 8 == 0 only, refused
+# elsewhere: tested, then skipped).
 # bf16 output: one rounding of the result (2^-8 relative) plus s rounded to bf16 before s·Bᵀ.
 TOL = {torch.bfloat16: 1e-2, torch.float32: 4e-3}
 
 
 def _variant(fmt):
     """"int4_g64_f8" → ("int4_g64", f8 on, unpaired); "int4_g64_f8p" → f8 and paired; plain g names → both off."""
+    if fmt.endswith("_quad"):
+        return fmt[:-5], dict(quad=True)
     for depth in (4, 8):
         if fmt.endswith(f"_f8wci{depth}"):
             return fmt[:-7], dict(f8=True, paired=False, expanders=0, inflight=depth, coop=True)
@@ -66,6 +69,13 @@ def _check(fmt, M, N, K, rank=16, group=64, grid=None, out_dtype=torch.bfloat16,
         with pytest.raises(ValueError, match="expanders=0 the f8 path with TMA'd scale rows"):
             w4.launch_w4a4_v2(**ops, config=config, grid=grid, **vkw)
         pytest.skip("no expander needs the scale rows by TMA (M, N % 8 == 0)")
+    if vkw.get("quad"):
+        from lowrank_gemm.kernels.gluon.w4a4_quad import quad_supported
+        why = quad_supported(M, N, K, rank, group, fmt)
+        if why is not None:
+            with pytest.raises(ValueError, match="quad"):
+                w4.launch_w4a4_v2(**ops, config=config, grid=grid, **vkw)
+            pytest.skip(why)
     out = w4.launch_w4a4_v2(**ops, config=config, grid=grid, **vkw)   # ops carries fmt/group_size
     torch.cuda.synchronize()
     ref = w4.reference_v2(ops)
@@ -83,6 +93,8 @@ def _check(fmt, M, N, K, rank=16, group=64, grid=None, out_dtype=torch.bfloat16,
 def _block(fmt):
     """The CTA tile (COOP: two consumers' row blocks)."""
     base, vkw = _variant(fmt)
+    if vkw.get("quad"):
+        return 128, 128
     c = w4.default_config_v2(base)
     return c.block_m * (2 if vkw.get("coop") else 1), c.block_n
 
@@ -191,6 +203,8 @@ def test_paired_kernel_on_multi_tile_ctas_repeats_bit_identically(rank, group):
 @pytest.mark.parametrize("fmt", FMTS)
 def test_debug_trace_of_every_role(fmt):
     fmt, vkw = _variant(fmt)
+    if vkw.get("quad"):
+        pytest.skip("the four-consumer kernel has no debug trace")
     M, N, K, grid = (296 if vkw.get("expanders") == 0 else 300), 400, 384, 3   # no expander: M % 8 == 0 (TMA rows)
     print(f"\n[v2 debug] {fmt} {vkw} M={M} N={N} K={K} grid={grid}", flush=True)
     ops = w4.make_operands_v2(fmt, M, N, K, 16, 64, device="cuda")
@@ -228,7 +242,7 @@ def test_debug_trace_of_every_role(fmt):
 @pytest.mark.parametrize("rank", [0, 32])
 @pytest.mark.parametrize("kw", [dict(coop=True, inflight=True), dict(coop=False, paired=False, inflight=True),
                                 dict(coop=True, inflight=False), dict(coop=True, inflight=4),
-                                dict(coop=True, inflight=8), dict(coop=True, inflight=2, ws_perm=True)])
+                                dict(coop=True, inflight=8), dict(coop=True, inflight=2, ws_perm=True), dict(quad=True)])
 def test_no_expander_repeats_bit_identically_fp32_out(kw, rank):
     """Session 24: the in-flight kernel released a slot before the plain loads of its rows had been performed and
     the loader's TMA refilled it underneath them — 12 % of elements wrong, different on every run, seen with fp32

@@ -1353,10 +1353,21 @@ def launch_w4a4_v2(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias
                    swar: bool = True, raw_stages: int | None = None, f8: bool | None = None,
                    paired: bool | None = None, expanders: int | None = None, inflight: bool | None = None,
                    w_f8=None, coop: bool | None = None, ws_f32: bool | None = None, ws_perm: bool | None = None,
-                   fuse_ws: bool | None = None):
+                   fuse_ws: bool | None = None, quad: bool | None = None):
     """out [M, N] ← W4A4 v2; the argument contract of ``kernels.w4a4_gemm`` (its module docstring),
     plus ``col_scale`` [N] (optional per-column factor on the main product). Returns ``out``, or
-    ``(out, (dbg [grid, roles, iters, 2] int32, tiles [grid, DEBUG_TILES, 2] int32))`` with ``debug``."""
+    ``(out, (dbg [grid, roles, iters, 2] int32, tiles [grid, DEBUG_TILES, 2] int32))`` with ``debug``.
+    ``quad`` (None = :func:`w4a4_quad.quad_default` where the call resolves to the no-expander int4_g64 route with
+    no option of the other kernels pinned): the four-consumer kernel (gluon/w4a4_quad.py) runs it instead."""
+    from .w4a4_quad import launch_w4a4_quad, quad_default, quad_route
+    if quad is None:
+        quad = quad_default() and quad_route(x_q, w_q, lowrank_act, fmt, group_size, dict(
+            config=config, debug=debug, grid=grid, scale_tma=scale_tma, f8=f8, paired=paired, expanders=expanders,
+            inflight=inflight, coop=coop, ws_f32=ws_f32, ws_perm=ws_perm, raw_stages=raw_stages))
+    if quad:
+        _expect(not debug, "quad has no debug trace (debug=True runs the other kernels)")
+        return launch_w4a4_quad(x_q, x_scale, w_q, w_scale, lowrank_act, lora_up, bias, out, group_size,
+                                col_scale=col_scale, w_f8=w_f8, grid=grid)
     g, args, cx, _, dbgs = kernel_args_v2(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, out,
                                            fmt, group_size, config, col_scale=col_scale, debug=debug, grid=grid,
                                            consumer_order=consumer_order, scale_tma=scale_tma, swar=swar,
