@@ -1,7 +1,7 @@
 """Launches for `ncu -k <kernel>` / compute-sanitizer on the device: the decode GEMM (both formats) and act_quant
 at M=1 (`decode`, `actquant`), one small checked decode launch per format (`smoke`, for the sanitizers), the
 v2 int4_g64 kernel at FLUX fc1, fp8 path then int8 path, two launches each (`v2g`), or the routed no-expander
-coop kernel there (`v2coop`, two launches), the routed decode-M v2 kernel (`v2dec` [M], two launches), or the W4A4 GEMV at M=1,
+coop kernel there (`v2coop`, two launches) or the four-consumer kernel (`quad`), the routed decode-M v2 kernel (`v2dec` [M], two launches), or the W4A4 GEMV at M=1,
 K=4096, N=28672, three launches (`gemv`), or the skinny GEMM at M=16 (argv[2], default 16), K=4096, N=28672, three
 launches (`skinny`; config from LOWRANK_GEMM_SKINNY_CONFIG), or the plain read kernel of `probe_stream.py` over the
 GEMV's 62.4 MB (weights + scales), 16 programs per SM, three launches (`stream`: the GEMV's floor, side by side)."""
@@ -31,6 +31,10 @@ elif what == "v2coop":   # the routed M = 4608 kernel (no expander, coop, in fli
     ops = w4.make_operands_v2("int4_g64", 4608, 12288, 3072, 32, 64, device="cuda")
     for _ in range(2):
         w4.launch_w4a4_v2(**ops)
+elif what == "quad":   # the four-consumer kernel (gluon/w4a4_quad.py) at fc1, two launches
+    ops = w4.make_operands_v2("int4_g64", 4608, 12288, 3072, 32, 64, device="cuda")
+    for _ in range(2):
+        w4.launch_w4a4_v2(**ops, quad=True)
 elif what == "v2dec":   # the routed decode-M kernel (two expanders, paired) at M = argv[2] (64), K=4096, N=28672
     m = int(sys.argv[2]) if len(sys.argv) > 2 else 64
     ops = w4.make_operands_v2("int4_g64", m, 28672, 4096, 32, 64, device="cuda")
