@@ -123,6 +123,32 @@ def shrink_rows_candidates(plan, splits):
             for ss in splits}
 
 
+def edit_candidates(plan, spec):
+    """``--edits``: named copies of the case's plan with fields set (session 28); ledger-rejected ones are skipped."""
+    import dataclasses
+    from lowrank_gemm.kernels import multilora_gemm as mg
+
+    def value(v):
+        return {"true": True, "false": False}.get(v.lower(), int(v) if v.lstrip("-").isdigit() else v)
+    out = {}
+    for item in filter(None, spec.split(";")):
+        name, _, fields = item.partition(":")
+        p = plan
+        for f in filter(None, fields.split(",")):
+            key, _, v = f.partition("=")
+            if key.startswith(("main.", "shrink.")):
+                part, _, field = key.partition(".")
+                p = dataclasses.replace(p, **{part: getattr(p, part).replace(**{field: value(v)})})
+            else:
+                p = dataclasses.replace(p, **{key: value(v)})
+        if mg.can_implement(p.main, fuse_d=p.fuse_d, epi_d=p.epi_d, epi_pipe=p.epi_pipe, b_vec=p.b_vec,
+                            append_stages=p.append_stages if p.expand == "appended" else 0, append_d=p.append_d):
+            out[name] = p
+        else:
+            print(f"edit {name}: the ledger rejects {p.main}", flush=True)
+    return out
+
+
 BASELINES = ("cublas_base", "fused", "fused_base", "lora_single", "shrink_expand")
 
 
@@ -165,6 +191,8 @@ def main(argv=None):
     ap.add_argument("--mains", default="")
     ap.add_argument("--shrink-splits", default="")
     ap.add_argument("--shrink-rows", default="")
+    ap.add_argument("--edits", default="", help="NAME:field=v,field=v;… — the case's tuned plan with those fields set "
+                                                "(main.<f> / shrink.<f> for the two configs, else the plan's own)")
     ap.add_argument("--label", default="session 14: scripts/probe_multilora_parts.py --configs")
     ap.add_argument("--pin-from", default="")
     ap.add_argument("--min-gain", type=float, default=0.03)
@@ -203,11 +231,13 @@ def main(argv=None):
             plans.update(config_candidates(plan, M))
         if args.shrink_rows:
             plans.update(shrink_rows_candidates(plan, [int(v) for v in args.shrink_rows.split(",")]))
-        if args.rows or args.mains or args.shrink_rows:
+        if args.rows or args.mains or args.shrink_rows or args.edits:
             impls["shrink_expand"] = lambda x, w, bk, i: shrink_expand(x, w, bk.bank_a, bk.bank_b, bk.ranks, bk.scales,
                                                                        i)
         if args.rows:
             plans.update(rows_candidates(plan, M))
+        if args.edits:
+            plans.update(edit_candidates(plan, args.edits))
         if args.mains:
             splits = [int(v) for v in args.shrink_splits.split(",") if v]
             srows = [int(v) for v in args.shrink_rows.split(",") if v]
