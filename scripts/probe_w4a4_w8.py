@@ -51,9 +51,6 @@ VARIANTS = {   # name: launch_w4a4_v2 options (f8 on for all; ws32 = fp32 w_scal
     "v2_ex1": dict(expanders=1),
     # session 28: four 64×64 consumer warpgroups sharing each slot (gluon/w4a4_quad.py)
     "w8_quad": dict(expanders=0, quad=True),
-    "w8_quad_late": dict(expanders=0, quad=True, _env=dict(LOWRANK_GEMM_V2_QUAD_OPTS="late")),
-    "w8_quad_stagger": dict(expanders=0, quad=True, _env=dict(LOWRANK_GEMM_V2_QUAD_OPTS="stagger=2000")),
-    "w8_quad_late_stagger": dict(expanders=0, quad=True, _env=dict(LOWRANK_GEMM_V2_QUAD_OPTS="late,stagger=2000")),
 }
 
 

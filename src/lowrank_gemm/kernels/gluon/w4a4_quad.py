@@ -12,10 +12,15 @@ waits; each consumer has no in-flight partial of its own, the other three are it
 Per K step (one group of 64) the loader TMAs one MAIN slot: x e4m3 [128, 64] (``expand_act_f8`` / act_quant's
 exact q), the weights' e4m3 offset nibbles [128, 64] (``expand_w4(offset=True)``, per call), the fp32 rows a, b of
 the 128 tokens (xab) and the fp32 w_scale row of the 128 columns — one ``expect``. Consumer (cm, cn) multiplies rows
-cm·64… of x by rows cn·64… of w (slices of the slot), loads its rows a, b and its 64 w_scale values, fences (plain
-loads before a TMA refill: skeleton.reads_done_before_refill), waits for its MMA, releases the slot (four arrivals
-empty it) and folds ``acc = fma(fma(P', a, b), ws, acc)`` — the same FMA per element and group order as the other
-e4m3 routes, so the outputs are bit-identical to them. Epilogue per consumer: × col_scale, + s·lora_upᵀ (16-bit
+cm·64… of x by rows cn·64… of w (slices of the slot), loads its rows a, b and its 64 w_scale values, waits for its
+MMA, folds ``acc = fma(fma(P', a, b), ws, acc)`` — the same FMA per element and group order as the other e4m3
+routes, so the outputs are bit-identical to them — then fences (plain loads before a TMA refill:
+skeleton.reads_done_before_refill) and releases the slot (four arrivals empty it).
+
+Measured (H200, GEMM alone, same process, probes/s28/call1–2): **slower than the routed coop kernel** — fc1 665 µs
+against 559, 3072² 180 against 149 — so it is not routed (``LOWRANK_GEMM_V2_QUAD=1`` or ``quad=True`` runs it). ncu:
+1.2 eligible warps per scheduler, issue slots 50 % busy; four warps per scheduler did not issue more often than two,
+they waited on the per-warp proxy fence (MEMBAR), the LDS queue (MIO) and the slot barriers instead. Epilogue per consumer: × col_scale, + s·lora_upᵀ (16-bit
 wgmma from the LOWRANK slot, also shared by the four), + bias, TMA store from its own staging buffer.
 
 Roles (:data:`QUAD_ROLES`): the four consumers (the default partition is consumer (0, 0)) and a one-warp loader.
@@ -94,14 +99,11 @@ class QuadArgs:
     HAS_COL_SCALE: gl.constexpr
     HAS_BIAS: gl.constexpr
     EPI_TMA: gl.constexpr
-    LATE_RELEASE: gl.constexpr
-    STAGGER: gl.constexpr
 
     @gluon.constexpr_function
     def __init__(self, x_desc, w_desc, s_desc, b_desc, out_desc, sc_desc, sw_desc, x_bufs, w_bufs, sx_bufs, sw_bufs,
                  s_bufs, b_bufs, epi_bufs, main, lowrank, out_ptr, stride_om, col_scale_ptr, bias_ptr, M, N, K,
-                 BLOCK_M, BLOCK_N, BLOCK_K, BLOCK_R, GROUP_M, HAS_LOWRANK, HAS_COL_SCALE, HAS_BIAS, EPI_TMA,
-                 LATE_RELEASE, STAGGER):
+                 BLOCK_M, BLOCK_N, BLOCK_K, BLOCK_R, GROUP_M, HAS_LOWRANK, HAS_COL_SCALE, HAS_BIAS, EPI_TMA):
         self.x_desc = x_desc
         self.w_desc = w_desc
         self.s_desc = s_desc
@@ -134,8 +136,6 @@ class QuadArgs:
         self.HAS_COL_SCALE = gl.constexpr(HAS_COL_SCALE)
         self.HAS_BIAS = gl.constexpr(HAS_BIAS)
         self.EPI_TMA = gl.constexpr(EPI_TMA)
-        self.LATE_RELEASE = gl.constexpr(LATE_RELEASE)
-        self.STAGGER = gl.constexpr(STAGGER)
 
 
 @gluon.jit
@@ -211,10 +211,6 @@ def _consumer(p, CM: gl.constexpr, CN: gl.constexpr):
     main = consumer_state(p.main.num_stages)
     lr = consumer_state(p.lowrank.num_stages)
     part = gl.zeros([p.BLOCK_M, p.BLOCK_N], gl.float32, mma)
-    if p.STAGGER > 0:
-        if CM == 1:                   # probe: start the second row half late, so MMA and rescale phases interleave
-            gl.inline_asm_elementwise("nanosleep.u32 $1; mov.u32 $0, 0;", "=r,r", [gl.to_tensor(p.STAGGER)],
-                                      dtype=gl.int32, is_pure=False, pack=1)
     for t in range(sched.get_num_tiles()):
         pid_m, pid_n = sched.get_tile(t)
         off_m = pid_m * (2 * p.BLOCK_M) + CM * p.BLOCK_M
@@ -229,16 +225,12 @@ def _consumer(p, CM: gl.constexpr, CN: gl.constexpr):
             xa = p.sx_bufs.index(2 * i).slice(CM * p.BLOCK_M, p.BLOCK_M, dim=0).load(gl.SliceLayout(1, mma))
             xb = p.sx_bufs.index(2 * i + 1).slice(CM * p.BLOCK_M, p.BLOCK_M, dim=0).load(gl.SliceLayout(1, mma))
             ws = p.sw_bufs.index(i).slice(CN * p.BLOCK_N, p.BLOCK_N, dim=0).load(gl.SliceLayout(0, mma))
-            if p.LATE_RELEASE:        # fold first: the fence then finds the row loads long performed
-                part = warpgroup_mma_wait(0, deps=(tok, ))
-                acc = gl.fma(gl.fma(part, xa[:, None], xb[:, None]), ws[None, :], acc)
-                fence_async_shared()
-                p.main.consumer_release(main)
-            else:
-                fence_async_shared()  # the row loads are done before the slot can be refilled (waits under the MMA)
-                part = warpgroup_mma_wait(0, deps=(tok, ))
-                p.main.consumer_release(main)
-                acc = gl.fma(gl.fma(part, xa[:, None], xb[:, None]), ws[None, :], acc)
+            # fold first, then fence and release: the fence then finds the row loads long performed (fencing
+            # before the MMA wait and releasing before the fold measured 5–6 % slower, probes/s28/call2)
+            part = warpgroup_mma_wait(0, deps=(tok, ))
+            acc = gl.fma(gl.fma(part, xa[:, None], xb[:, None]), ws[None, :], acc)
+            fence_async_shared()
+            p.main.consumer_release(main)
             main = main.next()
         _epilogue(p, acc, lr, off_m, off_n, CM, CN, mma)
         lr = lr.next()
@@ -272,7 +264,7 @@ def w4a4_quad_kernel(x_desc, w_desc, s_desc, b_desc, out_desc, sc_desc, sw_desc,
                      BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, BLOCK_R: gl.constexpr,
                      GROUP_M: gl.constexpr, STAGES: gl.constexpr, LOWRANK_STAGES: gl.constexpr,
                      HAS_LOWRANK: gl.constexpr, HAS_COL_SCALE: gl.constexpr, HAS_BIAS: gl.constexpr,
-                     EPI_TMA: gl.constexpr, LATE_RELEASE: gl.constexpr = False, STAGGER: gl.constexpr = 0):
+                     EPI_TMA: gl.constexpr):
     # Every SMEM buffer and barrier of the kernel is declared here (quad_ledger mirrors it).
     TM: gl.constexpr = 2 * BLOCK_M
     TN: gl.constexpr = 2 * BLOCK_N
@@ -296,8 +288,7 @@ def w4a4_quad_kernel(x_desc, w_desc, s_desc, b_desc, out_desc, sc_desc, sw_desc,
     lowrank = make_pipeline(LOWRANK_STAGES, 1, _NC)
     p = QuadArgs(x_desc, w_desc, s_desc, b_desc, out_desc, sc_desc, sw_desc, x_bufs, w_bufs, sx_bufs, sw_bufs,
                  s_bufs, b_bufs, epi_bufs, main, lowrank, out_ptr, stride_om, col_scale_ptr, bias_ptr, M, N, K,
-                 BLOCK_M, BLOCK_N, BLOCK_K, BLOCK_R, GROUP_M, HAS_LOWRANK, HAS_COL_SCALE, HAS_BIAS, EPI_TMA,
-                 LATE_RELEASE, STAGGER)
+                 BLOCK_M, BLOCK_N, BLOCK_K, BLOCK_R, GROUP_M, HAS_LOWRANK, HAS_COL_SCALE, HAS_BIAS, EPI_TMA)
     gl.warp_specialize([
         (_consumer00, (p, )),
         (_loader, (p, )),
@@ -417,23 +408,8 @@ def _kernel_args(x8, xab, w_f8, ws32, lowrank_act, lora_up, bias, out, col_scale
     grid = min(grid, tiles) if grid else persistent_grid(tiles, dev)
     cx = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, BLOCK_R=br, GROUP_M=cfg.group_m, STAGES=cfg.num_stages,
               LOWRANK_STAGES=max(1, cfg.lowrank_stages), HAS_LOWRANK=r > 0, HAS_COL_SCALE=col_scale is not None,
-              HAS_BIAS=bias is not None, EPI_TMA=epi_tma, **_probe_options())
+              HAS_BIAS=bias is not None, EPI_TMA=epi_tma)
     return grid, args, cx, cfg
-
-
-def _probe_options() -> dict:
-    """``LOWRANK_GEMM_V2_QUAD_OPTS`` (probes only): "late" folds before the slot's fence and release, "stagger=<ns>"
-    starts the second row half's consumers that many ns late."""
-    out = {}
-    for opt in filter(None, getenv("LOWRANK_GEMM_V2_QUAD_OPTS", "").split(",")):
-        key, _, val = opt.partition("=")
-        if key == "late":
-            out["LATE_RELEASE"] = True
-        elif key == "stagger":
-            out["STAGGER"] = int(val)
-        else:
-            raise ValueError(f"LOWRANK_GEMM_V2_QUAD_OPTS: unknown option {opt!r} (late, stagger=<ns>)")
-    return out
 
 
 def _operands(x_q, x_scale, w_q, w_scale, lowrank_act, lora_up, bias, out, group_size, col_scale, w_f8):
