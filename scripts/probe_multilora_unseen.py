@@ -53,6 +53,19 @@ def variants(h: mg.MultiLoRAPlan, M: int, r: int, nd: int) -> dict:
             # expand in the epilogue, 128×128 tiles
             out["fused128"] = var(main=h.main.replace(block_n=128), fuse_d=1, expand="epilogue", s_unroll=False)
     out["sk2"] = var(main=h.main.replace(split_k=max(2, 2 * h.main.split_k)))
+    if nd >= 16 and h.expand == "appended" and not h.main.swap_ab:
+        # session 28: what won the tuned 64-adapter cells since session 27 — the shrink by row (a program per row ×
+        # K slice) on 8 warps, with the appended expand stacking four adapters a step; at M ≤ 64 the rows expand
+        # (each row's branch on the CUDA cores, 32-row chunks)
+        for ks in (4, 8):
+            sr = dict(shrink_rows=True, shrink=h.shrink.replace(split_k=ks, num_warps=8))
+            out[f"sr{ks}w8"] = var(**sr)
+            if r <= 16:
+                out[f"sr{ks}w8_st4"] = var(append_d=4, **sr)
+        if M <= 64:
+            out["rows32"] = var(expand="rows", rows_chunk=mg.rows_chunk(h.main, h.main.block_r, 32))
+            out["rows32_sr4w8"] = var(expand="rows", rows_chunk=mg.rows_chunk(h.main, h.main.block_r, 32),
+                                      shrink_rows=True, shrink=h.shrink.replace(split_k=4, num_warps=8))
     return out
 
 
@@ -119,7 +132,8 @@ def main(argv=None):
               " ".join(f"{x['impl']}={x.get('x_cublas', x.get('error', '?'))}" for x in got), flush=True)
         (args.out / "probe_multilora_unseen.json").write_text(json.dumps({"meta": meta, "rows": rows,
                                                                           "skipped": skipped}, indent=1))
-    labels = ["shrink_expand", "heur", "st4", "bn256", "bn128", "fused128", "sk2"]
+    labels = ["shrink_expand", "heur", "st4", "bn256", "bn128", "fused128", "sk2", "sr4w8", "sr8w8", "sr4w8_st4",
+              "sr8w8_st4", "rows32", "rows32_sr4w8"]
     table = []
     for case in dict.fromkeys((x["K"], x["N"], x["r"], x["M"], x["adapters"]) for x in rows):
         rs = {x["impl"]: x for x in rows if (x["K"], x["N"], x["r"], x["M"], x["adapters"]) == case}
