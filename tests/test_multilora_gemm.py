@@ -622,11 +622,13 @@ def test_appended_plan_fields():
         small_plan(expand="appended", fuse_d=2)
     with pytest.raises(ValueError, match="append_stages"):
         small_plan(expand="appended", append_stages=0)
-    # every tuned winner with ≥ 4 adapters at M = 64 / 256 is appended (session 18 made it the heuristic)
-    for M, a in ((64, 64), (256, 4), (17, 2)):
+    # every tuned winner with ≥ 4 adapters at M = 64 / 256 is appended (session 18 made it the heuristic); with at
+    # least as many adapters as rows at M ≤ 64 the rows expand (session 28)
+    for M, a in ((64, 16), (256, 4), (17, 2)):
         h = mg.heuristic_plan(M, 28672, 4096, 16, 64, "gather", 132, adapters=a)
         assert (h.expand, h.fuse_d, h.s_unroll, h.append_stages) == ("appended", 0, True, 3), (M, a)
         assert mg.can_implement(h.main, append_stages=h.append_stages)
+    assert mg.heuristic_plan(64, 28672, 4096, 16, 64, "gather", 132, adapters=64).expand == "rows"
     # one adapter: the fused shrink at 16 < M ≤ 64; above, where it would redo its MMA for every N tile, the
     # shrink launch and the appended expand (session 19)
     assert mg.heuristic_plan(64, 28672, 4096, 16, 64, "gather", 132, adapters=1).expand == "epilogue"
@@ -879,3 +881,25 @@ def test_parts_probe_pins_only_clear_winners(tmp_path):
     assert mg.choose_plan(64, 28672, 4096, 16, 64, "gather", torch.device("cpu"), adapters=4,
                           tuned_path=table) == faster
     mg._load_tuned.cache_clear()
+
+
+def test_heuristic_takes_the_measured_many_adapter_plans():
+    """Session 28 (probes/s28/call10): on the untuned Llama-3-8B cells with many adapters of r16 the heuristic gives
+    exactly the plans that were measured faster than its old ones — the shrink by row on 8 warps with four adapters
+    per appended step at M = 256 (16–64 adapters), the rows expand at M = 64 with 64 adapters — read back from the
+    committed probe results; rank 64, few adapters and M above 256 keep the old rules."""
+    import json
+    from pathlib import Path
+    run = json.loads((Path(__file__).resolve().parents[1] / "benchmarks/results/h200/probes/s28/call10/"
+                      "probe_multilora_unseen.json").read_text())
+    plans = {(r["K"], r["N"], r["r"], r["M"], r["adapters"], r["impl"]): r["plan"] for r in run["rows"] if "plan" in r}
+    picks = {(4096, 6144, 16, 256, 64): "sr4w8_st4", (14336, 4096, 16, 256, 64): "sr4w8_st4",
+             (4096, 14336, 16, 256, 64): "sr4w8_st4", (14336, 4096, 16, 256, 16): "sr4w8_st4",
+             (4096, 6144, 16, 64, 64): "rows32", (4096, 14336, 16, 64, 64): "rows32"}
+    for (K, N, r, M, a), pick in picks.items():
+        assert mg.heuristic_plan(M, N, K, r, 64, "gather", 132, a) == mg.MultiLoRAPlan.from_dict(
+            plans[(K, N, r, M, a, pick)]), (K, N, r, M, a)
+    for args in ((256, 6144, 4096, 64, 64, "gather", 132, 64), (256, 6144, 4096, 16, 64, "gather", 132, 8),
+                 (1024, 6144, 4096, 16, 64, "gather", 132, 64), (64, 6144, 4096, 16, 64, "gather", 132, 32)):
+        h = mg.heuristic_plan(*args)
+        assert not h.shrink_rows and h.expand == "appended" and h.append_d == 1, args

@@ -800,15 +800,26 @@ def heuristic_plan(M: int, N: int, K: int, r_max: int, L: int, mode: str, sms: i
     block_k = 128 if block_m == 64 else 64
     tiles = num_pid_m * cdiv(N, block_n)
     split = max(1, min(sms // tiles, cdiv(K, block_k) // 4, 8))
-    d_bound = max(1, min(M, block_m, L, adapters if adapters is not None else L))
+    d_all = adapters if adapters is not None else L
+    d_bound = max(1, min(M, block_m, L, d_all))
     swap = M <= 16 and decode_swap             # swap-AB decode plan, built below
     appended = swap or (M > 16 and (d_bound > 1 or block_m == 128))
     fuse_d = 0 if appended or _pow2_at_least(d_bound, 1) * block_r > 64 else _pow2_at_least(d_bound, 1)
     epi_d = max(1, 64 // block_r)
+    # Many adapters of rank ≤ 16 (session 28, probes/s28/call10: untuned Llama-3-8B projections, × cuBLAS, heuristic
+    # before → after, shrink + expand beside): M = 256 with 16–64 adapters takes the shrink by row on 8 warps and four
+    # adapters per appended step (4096→6144 64 adapters 2.84 → 2.36 vs 2.40; 14336→4096 2.00 → 1.73 vs 1.80,
+    # 16 adapters 1.86 → 1.63 vs 1.74; 4096→14336 1.85 → 1.78 vs 2.11); 16 < M ≤ 64 with at least as many adapters
+    # as rows takes the rows expand (4096→6144 2.17 → 1.93, 4096→14336 1.77 → 1.64; shrink + expand 1.81 / 1.59).
+    many = appended and not swap and block_r <= 16
+    rows_first = many and M <= 64 and d_all >= M
+    shrink_by_row = many and block_m == 128 and M <= 256 and d_all >= 16     # (measured at M = 256 only)
+    append_d = 4 if shrink_by_row else 1
     base = KernelConfig(block_m=block_m, block_n=block_n, block_k=block_k, block_r=block_r,
                         group_m=8, num_warps=4 if block_m == 64 else 8, split_k=split)
+    ring = _APPEND_STAGES if appended and not rows_first else 0
     stages, _, _ = solve_stages(lambda s, _l: main_ledger(base.replace(num_stages=s), fuse_d=fuse_d, epi_d=epi_d,
-                                                          append_stages=_APPEND_STAGES if appended else 0),
+                                                          append_stages=ring, append_d=append_d),
                                 min_main=2, max_main=5)
     main = base.replace(num_stages=stages)
 
@@ -831,6 +842,11 @@ def heuristic_plan(M: int, N: int, K: int, r_max: int, L: int, mode: str, sms: i
                                     min_main=2, max_main=6)
         main = tile.replace(num_stages=stages)
     expand = dict(expand="appended", append_stages=_APPEND_STAGES, s_unroll=True) if appended else {}
+    if rows_first:
+        expand.update(expand="rows", rows_chunk=rows_chunk(main, block_r, 32))
+    if shrink_by_row:
+        shrink = shrink.replace(split_k=4, num_warps=8)
+        expand.update(shrink_rows=True, append_d=append_d)
     return MultiLoRAPlan(main=main, shrink=shrink, fuse_d=fuse_d, epi_d=epi_d, **expand)
 
 
