@@ -815,6 +815,12 @@ def heuristic_plan(M: int, N: int, K: int, r_max: int, L: int, mode: str, sms: i
     rows_first = many and M <= 64 and d_all >= M
     shrink_by_row = many and block_m == 128 and M <= 256 and d_all >= 16     # (measured at M = 256 only)
     append_d = 4 if shrink_by_row else 1
+    if rows_first and num_pid_m * cdiv(N, 64) <= sms:
+        # the rows expand on 64-wide tiles where they fit one wave (its register budget then allows 32-row chunks):
+        # 4096→6144 unsplit 31.2 µs vs 33.5 on 128-wide split 2 (shrink + expand 32.0, probes/s28/call12), the tuned
+        # N = 4096 winner is 64×64 split 2; at N = 14336 (224 such tiles) they lost, 59.0 vs 55.2
+        block_n = 64
+        split = max(1, min(sms // (num_pid_m * cdiv(N, block_n)), cdiv(K, block_k) // 4, 8))
     base = KernelConfig(block_m=block_m, block_n=block_n, block_k=block_k, block_r=block_r,
                         group_m=8, num_warps=4 if block_m == 64 else 8, split_k=split)
     ring = _APPEND_STAGES if appended and not rows_first else 0
