@@ -886,16 +886,21 @@ def test_parts_probe_pins_only_clear_winners(tmp_path):
 def test_heuristic_takes_the_measured_many_adapter_plans():
     """Session 28 (probes/s28/call10): on the untuned Llama-3-8B cells with many adapters of r16 the heuristic gives
     exactly the plans that were measured faster than its old ones — the shrink by row on 8 warps with four adapters
-    per appended step at M = 256 (16–64 adapters), the rows expand at M = 64 with 64 adapters — read back from the
-    committed probe results; rank 64, few adapters and M above 256 keep the old rules."""
+    per appended step at M = 256 (16–64 adapters), the rows expand at M = 64 with 64 adapters (on 64-wide tiles where
+    they fit one wave) — read back from the committed probe results; rank 64, few adapters and M above 256 keep the
+    old rules."""
     import json
     from pathlib import Path
-    run = json.loads((Path(__file__).resolve().parents[1] / "benchmarks/results/h200/probes/s28/call10/"
-                      "probe_multilora_unseen.json").read_text())
+    probes = Path(__file__).resolve().parents[1] / "benchmarks/results/h200/probes/s28"
+    run = json.loads((probes / "call10/probe_multilora_unseen.json").read_text())
     plans = {(r["K"], r["N"], r["r"], r["M"], r["adapters"], r["impl"]): r["plan"] for r in run["rows"] if "plan" in r}
+    # call 13 timed the heuristic's own plan (`fused`: no tuned entry there) after the 64-wide rows-expand rule
+    run = json.loads((probes / "call13/probe/probe_multilora_parts.json").read_text())
+    plans.update({(4096, r["N"], r["r"], r["M"], r["adapters"], "call13"): r["plan"] for r in run["rows"]
+                  if r["impl"] == "fused"})
     picks = {(4096, 6144, 16, 256, 64): "sr4w8_st4", (14336, 4096, 16, 256, 64): "sr4w8_st4",
              (4096, 14336, 16, 256, 64): "sr4w8_st4", (14336, 4096, 16, 256, 16): "sr4w8_st4",
-             (4096, 6144, 16, 64, 64): "rows32", (4096, 14336, 16, 64, 64): "rows32"}
+             (4096, 6144, 16, 64, 64): "call13", (4096, 14336, 16, 64, 64): "rows32"}
     for (K, N, r, M, a), pick in picks.items():
         assert mg.heuristic_plan(M, N, K, r, 64, "gather", 132, a) == mg.MultiLoRAPlan.from_dict(
             plans[(K, N, r, M, a, pick)]), (K, N, r, M, a)
