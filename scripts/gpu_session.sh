@@ -1,16 +1,19 @@
 #!/usr/bin/env bash
 # One device-machine call: GPU tests, then benchmark suites, results under $OUT.
-#   scripts/gpu_session.sh [--tests "pytest args"] [--suites "lora multilora w4a4 ab"] [--quick] [--sanitize]
+#   scripts/gpu_session.sh [--tests "pytest args"] [-k "pytest -k expression"] [--suites "lora multilora w4a4 ab"]
+#                          [--quick] [--sanitize]
+# (--tests is word-split, so a -k expression with spaces goes through -k: session 28's call 5 ran no tests)
 # Everything comes back as $OUT/session.log, $OUT/gpu_tests.log and $OUT/results.tar.gz
 # (benchmarks/results/h200/* written by the suites), since the device tool returns ≤ 8 files.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-TESTS="tests"; SUITES=""; QUICK=""; SANITIZE=0; TEST_TIMEOUT=${TEST_TIMEOUT:-240}
+TESTS="tests"; KEXPR=""; SUITES=""; QUICK=""; SANITIZE=0; TEST_TIMEOUT=${TEST_TIMEOUT:-240}
 while [ $# -gt 0 ]; do
   case "$1" in
     --tests) TESTS="$2"; shift 2;;
     --no-tests) TESTS=""; shift;;
+    -k) KEXPR="$2"; shift 2;;
     --suites) SUITES="$2"; shift 2;;
     --quick) QUICK="--quick"; shift;;
     --sanitize) SANITIZE=1; shift;;
@@ -24,10 +27,11 @@ log "$(nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$OUT/session.log"
 if [ -n "${PRE:-}" ]; then log "pre: $PRE"; timeout 90 bash -c "$PRE" >>"$OUT/session.log" 2>&1; log "pre rc=$?"; fi
 if [ -n "$TESTS" ]; then
-  log "pytest -m gpu $TESTS"
+  log "pytest -m gpu $TESTS${KEXPR:+ -k \"$KEXPR\"}"
   # -n: one worker per few cores — a fresh machine compiles every kernel variant, and serially that took ~1 s per
   # test (session 10 lost two runs to it)
-  timeout "$TEST_TIMEOUT" python3 -m pytest -m gpu $TESTS -q -n "${PYTEST_WORKERS:-8}" --maxfail=25 --timeout=150 \
+  KARGS=(); [ -n "$KEXPR" ] && KARGS=(-k "$KEXPR")
+  timeout "$TEST_TIMEOUT" python3 -m pytest -m gpu $TESTS ${KARGS[@]+"${KARGS[@]}"} -q -n "${PYTEST_WORKERS:-8}" --maxfail=25 --timeout=150 \
       -p no:cacheprovider -rf \
       >"$OUT/gpu_tests.log" 2>&1; log "pytest rc=$?"
   tail -25 "$OUT/gpu_tests.log" | tee -a "$OUT/session.log"
