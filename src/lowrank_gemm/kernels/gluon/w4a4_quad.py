@@ -6,8 +6,8 @@ issue-bound *and* latency-bound at once: 372 SASS instructions per consumer warp
 standard format's two FFMAs per element per group), but only two consumer warps per scheduler — all that 64×128
 accumulators plus two in-flight partials leave room for — issuing once every 1.9 cycles (short scoreboard on the
 scale-row loads, barrier and fence waits, the MMA). Four consumers of 64×64 hold a quarter of the registers each
-(accumulator 32 + one partial 32 + 16 w_scale values per thread), so four warps per scheduler hide each other's
-waits; each consumer has no in-flight partial of its own, the other three are its overlap.
+(accumulator 32 + one partial 32 + 16 w_scale values per thread), so four warps per scheduler were to hide each
+other's waits; each consumer has no in-flight partial of its own, the other three were to be its overlap.
 
 Per K step (one group of 64) the loader TMAs one MAIN slot: x e4m3 [128, 64] (``expand_act_f8`` / act_quant's
 exact q), the weights' e4m3 offset nibbles [128, 64] (``expand_w4(offset=True)``, per call), the fp32 rows a, b of
@@ -15,13 +15,14 @@ the 128 tokens (xab) and the fp32 w_scale row of the 128 columns — one ``expec
 cm·64… of x by rows cn·64… of w (slices of the slot), loads its rows a, b and its 64 w_scale values, waits for its
 MMA, folds ``acc = fma(fma(P', a, b), ws, acc)`` — the same FMA per element and group order as the other e4m3
 routes, so the outputs are bit-identical to them — then fences (plain loads before a TMA refill:
-skeleton.reads_done_before_refill) and releases the slot (four arrivals empty it).
+skeleton.reads_done_before_refill) and releases the slot (four arrivals empty it). Epilogue per consumer:
+× col_scale, + s·lora_upᵀ (16-bit wgmma from the LOWRANK slot, also shared by the four), + bias, TMA store from its
+own staging buffer.
 
 Measured (H200, GEMM alone, same process, probes/s28/call1–2): **slower than the routed coop kernel** — fc1 665 µs
 against 559, 3072² 180 against 149 — so it is not routed (``LOWRANK_GEMM_V2_QUAD=1`` or ``quad=True`` runs it). ncu:
 1.2 eligible warps per scheduler, issue slots 50 % busy; four warps per scheduler did not issue more often than two,
-they waited on the per-warp proxy fence (MEMBAR), the LDS queue (MIO) and the slot barriers instead. Epilogue per consumer: × col_scale, + s·lora_upᵀ (16-bit
-wgmma from the LOWRANK slot, also shared by the four), + bias, TMA store from its own staging buffer.
+they waited on the per-warp proxy fence (MEMBAR), the LDS queue (MIO) and the slot barriers instead.
 
 Roles (:data:`QUAD_ROLES`): the four consumers (the default partition is consumer (0, 0)) and a one-warp loader.
 Five warpgroups start at 96 registers a thread (65536 / 640, multiples of 8); the loader gives back to 24 and the
