@@ -3,15 +3,8 @@
 # 4096→6144 and 4096→14336; the rows expand since c9a77ad) — single-field edits of that plan (narrower tiles, whose
 # register budget allows 32-row chunks, split-K, the shrink by row, K slices).
 #   LOWRANK_GEMM_COMMIT=<hash> bash scripts/gpu_s28_call12.sh → $OUT/s28c12/{summary.txt,probe/…}
-source "$(dirname "$0")/_device_prelude.sh" s28c12
-say "commit=${LOWRANK_GEMM_COMMIT:-?} $(nvidia-smi --query-gpu=name --format=csv,noheader)"
 E="bn64:main.block_n=64,rows_chunk=32;bn64s1:main.block_n=64,main.split_k=1,rows_chunk=32"
 E="$E;bn64s4:main.block_n=64,main.split_k=4,rows_chunk=32;s4:main.split_k=4;s1:main.split_k=1"
 E="$E;sr:shrink_rows=true,shrink.split_k=4,shrink.num_warps=8;bn64sr:main.block_n=64,rows_chunk=32,shrink_rows=true,shrink.split_k=4,shrink.num_warps=8"
 E="$E;w8:shrink.num_warps=8;ss2:shrink.split_k=2;ss8:shrink.split_k=8;rc8:rows_chunk=8"
-timeout ${PROBE_TIMEOUT:-200} python3 scripts/probe_multilora_parts.py --out "$L/probe" \
-    --cases "${CASES:-64x6144x16x64,64x14336x16x64}" --edits "${EDITS:-$E}" > "$L/probe.log" 2>&1
-say "probe rc=$?"
-grep -E "WRONG|Error|error|rejects" "$L/probe.log" | head -8 | tee -a "$L/summary.txt"
-cat "$L/probe/probe_multilora_parts.md" >> "$L/summary.txt" 2>/dev/null
-cat "$L/summary.txt"
+CASES=${CASES:-64x6144x16x64,64x14336x16x64} EDITS=${EDITS:-$E} exec bash "$(dirname "$0")/gpu_plan_edits.sh" s28c12

@@ -2,17 +2,10 @@
 # Session 28, call 4: the shrink by row's launch shape (warps, K step, K slices) on the two issue-5 cells that route it
 # (M = 256, N = 4096, 64 adapters of r16 / r64), after call 3 found 8 warps 1 µs faster on the r16 cell.
 #   LOWRANK_GEMM_COMMIT=<hash> bash scripts/gpu_s28_call4.sh → $OUT/s28c4/{summary.txt,probe/…}
-source "$(dirname "$0")/_device_prelude.sh" s28c4
-say "commit=${LOWRANK_GEMM_COMMIT:-?} $(nvidia-smi --query-gpu=name --format=csv,noheader)"
 E="w8:shrink.num_warps=8;w8k256:shrink.num_warps=8,shrink.block_k=256;w8k512:shrink.num_warps=8,shrink.block_k=512"
 E="$E;w8k1024:shrink.num_warps=8,shrink.block_k=1024;w16k512:shrink.num_warps=16,shrink.block_k=512"
 E="$E;w8s2:shrink.num_warps=8,shrink.split_k=2;w8k256s2:shrink.num_warps=8,shrink.block_k=256,shrink.split_k=2"
 E="$E;w8s8:shrink.num_warps=8,shrink.split_k=8;w8k256s8:shrink.num_warps=8,shrink.block_k=256,shrink.split_k=8"
 E="$E;w4k256:shrink.block_k=256;w4k512:shrink.block_k=512;w16:shrink.num_warps=16"
 E="$E;w8rowsel:shrink.num_warps=8,append_rowsel=true;w8gm4:shrink.num_warps=8,main.group_m=4"
-timeout ${PROBE_TIMEOUT:-400} python3 scripts/probe_multilora_parts.py --out "$L/probe" \
-    --cases "${CASES:-256x4096x16x64,256x4096x64x64}" --edits "${EDITS:-$E}" > "$L/probe.log" 2>&1
-say "probe rc=$?"
-grep -E "WRONG|Error|error|rejects" "$L/probe.log" | head -8 | tee -a "$L/summary.txt"
-cat "$L/probe/probe_multilora_parts.md" >> "$L/summary.txt" 2>/dev/null
-cat "$L/summary.txt"
+CASES=${CASES:-256x4096x16x64,256x4096x64x64} EDITS=${EDITS:-$E} exec bash "$(dirname "$0")/gpu_plan_edits.sh" s28c4

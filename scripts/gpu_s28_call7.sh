@@ -2,15 +2,7 @@
 # Session 28, call 7: single-field edits of the tuned plans on the issue-5 cells closest to 1.10× cuBLAS (N = 28672,
 # M ≤ 64, 4–16 adapters), after the shrink's warp count paid on the M = 256 cell (calls 3–4).
 #   LOWRANK_GEMM_COMMIT=<hash> bash scripts/gpu_s28_call7.sh → $OUT/s28c7/{summary.txt,probe/…}
-source "$(dirname "$0")/_device_prelude.sh" s28c7
-say "commit=${LOWRANK_GEMM_COMMIT:-?} $(nvidia-smi --query-gpu=name --format=csv,noheader)"
 E="w8:shrink.num_warps=8;w2:shrink.num_warps=2;k64:shrink.block_k=64;k256:shrink.block_k=256"
 E="$E;sr:shrink_rows=true;srw8:shrink_rows=true,shrink.num_warps=8;st4:main.num_stages=4;st6:main.num_stages=6"
 E="$E;gm4:main.group_m=4;as2:append_stages=2;as4:append_stages=4"
-timeout ${PROBE_TIMEOUT:-400} python3 scripts/probe_multilora_parts.py --out "$L/probe" \
-    --cases "${CASES:-16x28672x16x4,16x28672x64x4,64x28672x64x4,64x28672x16x16,16x28672x16x16}" --edits "${EDITS:-$E}" \
-    > "$L/probe.log" 2>&1
-say "probe rc=$?"
-grep -E "WRONG|Error|error|rejects" "$L/probe.log" | head -8 | tee -a "$L/summary.txt"
-cat "$L/probe/probe_multilora_parts.md" >> "$L/summary.txt" 2>/dev/null
-cat "$L/summary.txt"
+CASES=${CASES:-16x28672x16x4,16x28672x64x4,64x28672x64x4,64x28672x16x16,16x28672x16x16} EDITS=${EDITS:-$E} exec bash "$(dirname "$0")/gpu_plan_edits.sh" s28c7
