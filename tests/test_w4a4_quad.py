@@ -132,3 +132,26 @@ def test_supported_and_route(monkeypatch):
     assert not Q.quad_default()
     monkeypatch.setenv("LOWRANK_GEMM_V2_QUAD", "1")
     assert Q.quad_default()
+
+
+@pytest.mark.parametrize("case,match", [
+    (dict(group_size=128), "group 64 only"),
+    (dict(M=100), r"M, N % 8 == 0"),
+    (dict(rank=96), "ranks ≤ 64"),
+])
+def test_launcher_refuses_with_the_reason(case, match):
+    """Problems the kernel does not run are refused before anything launches, naming what was expected (the v2
+    launcher with ``quad=True`` goes through the same checks)."""
+    from lowrank_gemm.kernels.gluon import w4a4_ws as w4
+    kw = dict(dict(M=256, N=384, K=512, rank=32, group_size=64), **case)
+    ops = w4.make_operands_v2("int4_g64", kw["M"], kw["N"], kw["K"], kw["rank"], kw["group_size"], device="cpu")
+    with pytest.raises(ValueError, match=match):
+        w4.launch_w4a4_v2(**ops, quad=True)
+
+
+def test_launcher_checks_the_output_buffer():
+    from lowrank_gemm.kernels.gluon import w4a4_ws as w4
+    ops = w4.make_operands_v2("int4_g64", 256, 384, 512, 32, 64, device="cpu")
+    ops["out"] = ops["out"][:, :200]
+    with pytest.raises(ValueError, match="out must be contiguous"):
+        w4.launch_w4a4_v2(**ops, quad=True)
