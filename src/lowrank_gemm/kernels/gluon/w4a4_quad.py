@@ -418,17 +418,12 @@ def _operands(x_q, x_scale, w_q, w_scale, lowrank_act, lora_up, bias, out, group
     xab rows (act_quant's or expanded here), e4m3 offset-nibble weights + fp32 w_scale rows (expanded per call
     unless ``w_f8`` is given)."""
     from ..w4a4_gemm import check_gemm_args
-    from .w4a4_ws import _expect, _f8_operands
+    from .w4a4_ws import _expect, _f8_operands, check_out
     M, N, K, r = check_gemm_args(x_q, x_scale, w_q, w_scale, None, lowrank_act, lora_up, bias, group_size,
                                  "int4_g64")
     why = quad_supported(M, N, K, r, group_size, "int4_g64")
     _expect(why is None, lambda: why)
-    _expect(out.dtype in _BITS and tuple(out.shape) == (M, N) and out.is_contiguous() and out.device == x_q.device,
-            lambda: f"out must be contiguous bf16/fp16/fp32 [M, N] = {[M, N]} on {x_q.device}, got {out.dtype} "
-                    f"{list(out.shape)} on {out.device}")
-    _expect(col_scale is None or (tuple(col_scale.shape) == (N, ) and col_scale.device == out.device),
-            lambda: f"col_scale must be [N={N}] on {out.device}, got "
-                    f"{None if col_scale is None else list(col_scale.shape)}")
+    check_out(out, col_scale, M, N, x_q.device)
     x8, xab = _f8_operands(x_q, x_scale, group_size, True, "w4a4 quad")
     if w_f8 is None:
         from ..w4_expand import expand_w4

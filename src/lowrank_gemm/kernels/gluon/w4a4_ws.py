@@ -1084,6 +1084,16 @@ def _expect(cond, msg):
         raise ValueError(f"w4a4 v2: {msg() if callable(msg) else msg}")
 
 
+def check_out(out, col_scale, M: int, N: int, device):
+    """The launchers' output and col_scale contract (this kernel's and gluon/w4a4_quad.py's)."""
+    _expect(out.dtype in _BITS and tuple(out.shape) == (M, N) and out.is_contiguous() and out.device == device,
+            lambda: f"out must be contiguous bf16/fp16/fp32 [M, N] = {[M, N]} on {device}, got {out.dtype} "
+            f"{list(out.shape)} on {out.device}")
+    _expect(col_scale is None or (tuple(col_scale.shape) == (N, ) and col_scale.device == out.device),
+            lambda: f"col_scale must be [N={N}] on {out.device}, got "
+                    f"{None if col_scale is None else list(col_scale.shape)}")
+
+
 def _f8_operands(x_q, x_scale, group_size: int, f8: bool, who: str):
     """The activation operands the kernel reads. The e4m3 path (``f8``) takes x8 e4m3 [M, K] + xab fp32
     [K/G, 2, M] (``w4_expand.expand_act_f8``'s outputs); a caller that already holds them (act_quant can emit
@@ -1139,11 +1149,7 @@ def kernel_args_v2(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias
     M, N, K, r = check_gemm_args(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, group_size, fmt)
     f = _fmt_id(fmt)
     dev = out.device
-    _expect(out.dtype in _BITS and tuple(out.shape) == (M, N) and out.is_contiguous() and out.device == x_q.device,
-            lambda: f"out must be contiguous bf16/fp16/fp32 [M, N] = {[M, N]} on {x_q.device}, got {out.dtype} "
-            f"{list(out.shape)} on {out.device}")
-    _expect(col_scale is None or (tuple(col_scale.shape) == (N, ) and col_scale.device == dev),
-            lambda: f"col_scale must be [N={N}] on {dev}, got {None if col_scale is None else list(col_scale.shape)}")
+    check_out(out, col_scale, M, N, x_q.device)
     for name, t in (("x_q", x_q), ("w_q", w_q), ("out", out)):
         _expect(t.data_ptr() % 16 == 0, lambda: f"{name} must be 16-byte aligned for TMA, got address {t.data_ptr():#x}")
     lr_dtype = lora_up.dtype if r else torch.bfloat16
