@@ -63,9 +63,9 @@ def variants(h: mg.MultiLoRAPlan, M: int, r: int, nd: int) -> dict:
             if r <= 16:
                 out[f"sr{ks}w8_st4"] = var(append_d=4, **sr)
         if M <= 64:
-            out["rows32"] = var(expand="rows", rows_chunk=mg.rows_chunk(h.main, h.main.block_r, 32))
-            out["rows32_sr4w8"] = var(expand="rows", rows_chunk=mg.rows_chunk(h.main, h.main.block_r, 32),
-                                      shrink_rows=True, shrink=h.shrink.replace(split_k=4, num_warps=8))
+            rows = dict(expand="rows", rows_chunk=mg.rows_chunk(h.main, h.main.block_r, 32))
+            out["rows32"] = var(**rows)
+            out["rows32_sr4w8"] = var(**rows, shrink_rows=True, shrink=h.shrink.replace(split_k=4, num_warps=8))
     return out
 
 

@@ -77,13 +77,6 @@ def main() -> None:
     from lowrank_gemm.kernels.gluon import w4a4_ws as w4
     from lowrank_gemm.kernels.gluon.smoke import normalized_error
     from lowrank_gemm.kernels.w4_expand import expand_act_f8, expand_w4
-    sys.path.insert(0, str(ROOT / "scripts"))
-    from _scoped_env import scoped_env
-
-    def launch(kw, **more):      # a variant's "_env": package knobs set while it launches (and is captured)
-        kw = dict(kw)
-        with scoped_env(**kw.pop("_env", {})):
-            return w4.launch_w4a4_v2(**more, **kw)
     for kw in VARIANTS.values():
         if kw.get("config") == "bn64":
             kw["config"] = w4.default_config_v2("int4_g64").replace(block_n=64)
@@ -102,7 +95,7 @@ def main() -> None:
             o = torch.empty_like(ops["out"])
             extra = dict(w_f8=w8) if kw.get("expanders") == 0 else {}
             try:
-                launch(kw, **dict(base, out=o), f8=True, **extra)
+                w4.launch_w4a4_v2(**dict(base, out=o), f8=True, **kw, **extra)
             except Exception as e:           # a variant the ledger / checks reject: say so, run the rest
                 print(f"{name} {v}: {type(e).__name__}: {str(e)[:300]}", flush=True)
                 continue
@@ -130,7 +123,8 @@ def main() -> None:
             if v not in outs:
                 continue
             o, extra = outs[v]
-            timed[v] = (lambda kw=kw, o=o, extra=extra: launch(kw, **dict(base, out=o), f8=True, **extra))
+            timed[v] = (lambda kw=kw, o=o, extra=extra:
+                        w4.launch_w4a4_v2(**dict(base, out=o), f8=True, **kw, **extra))
         if "w8_quad" in outs:       # with its per-call weight expansion (fp32 w_scale rows from the same launch)
             timed["w8_quad+expand"] = (lambda o=outs["w8_quad"][0]:
                                        w4.launch_w4a4_v2(**dict(base, out=o), f8=True, expanders=0, quad=True))
@@ -158,7 +152,7 @@ def main() -> None:
         for v, kw in VARIANTS.items():
             if v in ("w8_inflight", "w8_paired"):
                 continue
-            t = time_graph(lambda kw=kw: launch(kw, **base, f8=True), [()], calls=calls)
+            t = time_graph(lambda kw=kw: w4.launch_w4a4_v2(**base, f8=True, **kw), [()], calls=calls)
             row = dict(shape=f"fc1_m{m}", M=m, N=N, K=K, impl=v + ("+expand" if kw.get("expanders") == 0 else ""),
                        graph_us=round(t.median_us, 2), tops=round(2 * m * N * K / t.median_us / 1e6, 1),
                        same_as_default=None, err_default=None)

@@ -43,6 +43,8 @@ from ..epilogue import rank_block
 from ..launch import launch
 from ..schedule import cdiv, persistent_grid
 from .host import desc, dummy
+from .w4a4_ws import (FMT_INT4_G, _BITS, _epi_tma, _expect, _f8_operands, _fmt_id, _pad_rank, _row_desc,
+                      check_out, f8_default, f8_expanders_default)
 from .skeleton import (GroupedTileScheduler, Pipeline, RoleSpec, Ring, bias_and_store, consumer_state,
                        make_pipeline, producer_state)
 
@@ -300,8 +302,7 @@ def w4a4_quad_kernel(x_desc, w_desc, s_desc, b_desc, out_desc, sc_desc, sw_desc,
 
 
 # =============================================================================================
-# Host side.
-_BITS = {torch.bfloat16: 16, torch.float16: 16, torch.float32: 32}
+# Host side (the 16-bit staging rule, _epi_tma, and the checks are the v2 launcher's: gluon/w4a4_ws.py).
 
 
 def quad_default() -> bool:
@@ -312,9 +313,9 @@ def quad_default() -> bool:
 
 def quad_route(x_q, w_q, lowrank_act, fmt, group_size: int, pinned: dict) -> bool:
     """Whether a ``launch_w4a4_v2`` call that left ``quad`` open would run the no-expander route this kernel
-    replaces: int4_g64 with the e4m3 path, no expanders (``f8_expanders_default``: from ``W8_MIN_M`` tokens), a shape :func:`quad_supported` takes, and
-    none of the other kernels' options pinned (``pinned``: those arguments; None = left to their defaults)."""
-    from .w4a4_ws import _fmt_id, FMT_INT4_G, f8_default, f8_expanders_default
+    replaces: int4_g64 with the e4m3 path, no expanders (``f8_expanders_default``: from ``W8_MIN_M`` tokens), a
+    shape :func:`quad_supported` takes, and none of the other kernels' options pinned (``pinned``: those arguments;
+    None = left to their defaults)."""
     if _fmt_id(fmt) != FMT_INT4_G or any(v is not None and v is not False for k, v in pinned.items()
                                          if k not in ("f8", "expanders", "coop", "ws_f32", "scale_tma")):
         return False
@@ -327,11 +328,6 @@ def quad_route(x_q, w_q, lowrank_act, fmt, group_size: int, pinned: dict) -> boo
     K = x_q.shape[1] if x_q.dtype == torch.float8_e4m3fn else 2 * x_q.shape[1]
     r = 0 if lowrank_act is None else lowrank_act.shape[1]
     return quad_supported(M, w_q.shape[0], K, r, group_size, "int4_g64") is None
-
-
-def _epi_tma(out_dtype, n: int) -> bool:
-    # four 16-bit 64×64 staging tiles fit next to the rings; fp32 output or N % 8 ≠ 0 stores from registers
-    return _BITS[out_dtype] == 16 and n % 8 == 0
 
 
 def quad_ledger(config: KernelConfig, *, rank: int, out_dtype=torch.bfloat16, lowrank_dtype=torch.bfloat16,
@@ -388,7 +384,6 @@ def quad_supported(M: int, N: int, K: int, rank: int, group_size: int, fmt: str)
 
 
 def _kernel_args(x8, xab, w_f8, ws32, lowrank_act, lora_up, bias, out, col_scale, group_size, grid):
-    from .w4a4_ws import _pad_rank, _row_desc
     M, K = x8.shape
     N = w_f8.shape[0]
     r = 0 if lowrank_act is None else lowrank_act.shape[1]
@@ -418,7 +413,6 @@ def _operands(x_q, x_scale, w_q, w_scale, lowrank_act, lora_up, bias, out, group
     xab rows (act_quant's or expanded here), e4m3 offset-nibble weights + fp32 w_scale rows (expanded per call
     unless ``w_f8`` is given)."""
     from ..w4a4_gemm import check_gemm_args
-    from .w4a4_ws import _expect, _f8_operands, check_out
     M, N, K, r = check_gemm_args(x_q, x_scale, w_q, w_scale, None, lowrank_act, lora_up, bias, group_size,
                                  "int4_g64")
     why = quad_supported(M, N, K, r, group_size, "int4_g64")
