@@ -1,0 +1,141 @@
+"""Session 29: how fast can one launch stream a bf16 weight at decode sizes (M ≤ 16), against cuBLAS?
+
+Issue 2's small-M cells at K = N = 4096 and 8192² sit at ~14.5 / ~36 µs for every implementation, cuBLAS included
+(2.3 / 3.6 TB/s), while N = 28672 streams at 4.1 TB/s. Today's plans there are swap-AB tiles 64 weight rows wide:
+64 / 128 programs for 132 SMs. This probe times, in one process and as CUDA-graph replays of 8 calls over rotated
+weights (bench.common.time_graph), without any low-rank branch:
+- ``cublas``: ``x @ W.T``;
+- ``read``: a pure read of W (per-program row sums) — what streaming alone costs at this grid;
+- ``fma``: a CUDA-core GEMV (M = 1), ``rows`` weight rows per program, the full K;
+- ``mma``: a tensor-core skinny GEMM (``tl.dot`` of a [rows, BK] weight tile by xᵀ [BK, 16]; rows < 64 → mma.sync);
+- ``auto``: today's ``lora_linear`` with r = 16 (the branch included), for reference.
+Usage: python scripts/probe_lora_gemv.py --out DIR [--shapes 4096x4096,8192x8192] [--ms 1,16]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+import triton
+import triton.language as tl
+
+from lowrank_gemm.bench.common import device_meta, rotation_count, time_graph
+from lowrank_gemm.ops import lora_linear
+
+
+@triton.jit
+def _read_rows(w_ptr, y_ptr, N, K, ROWS: tl.constexpr, BK: tl.constexpr):
+    rn = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    acc = tl.zeros([ROWS, BK], tl.float32)
+    for k in range(0, K, BK):
+        rk = k + tl.arange(0, BK)
+        acc += tl.load(w_ptr + rn[:, None] * K + rk[None, :], mask=rn[:, None] < N, other=0.0).to(tl.float32)
+    tl.store(y_ptr + rn, tl.sum(acc, 1).to(y_ptr.dtype.element_ty), mask=rn < N)
+
+
+@triton.jit
+def _gemv_fma(x_ptr, w_ptr, y_ptr, N, K, ROWS: tl.constexpr, BK: tl.constexpr):
+    rn = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    acc = tl.zeros([ROWS, BK], tl.float32)
+    for k in range(0, K, BK):
+        rk = k + tl.arange(0, BK)
+        w = tl.load(w_ptr + rn[:, None] * K + rk[None, :], mask=rn[:, None] < N, other=0.0)
+        xv = tl.load(x_ptr + rk)
+        acc += w.to(tl.float32) * xv.to(tl.float32)[None, :]
+    tl.store(y_ptr + rn, tl.sum(acc, 1).to(y_ptr.dtype.element_ty), mask=rn < N)
+
+
+@triton.jit
+def _skinny_mma(x_ptr, w_ptr, y_ptr, M, N, K, ROWS: tl.constexpr, BK: tl.constexpr, BM: tl.constexpr):
+    rn = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    rm = tl.arange(0, BM)
+    acc = tl.zeros([ROWS, BM], tl.float32)
+    for k in range(0, K, BK):
+        rk = k + tl.arange(0, BK)
+        w = tl.load(w_ptr + rn[:, None] * K + rk[None, :])
+        xt = tl.load(x_ptr + rm[None, :] * K + rk[:, None], mask=rm[None, :] < M, other=0.0)
+        acc = tl.dot(w, xt, acc)
+    tl.store(y_ptr + rm[None, :] * N + rn[:, None], acc.to(y_ptr.dtype.element_ty), mask=rm[None, :] < M)
+
+
+def _variants(M):
+    out = [("cublas", None)]
+    for rows, bk, warps in ((64, 256, 4), (32, 256, 4), (16, 512, 4), (8, 512, 4), (16, 256, 2), (8, 1024, 4)):
+        out.append((f"read r{rows} bk{bk} w{warps}", ("read", rows, bk, warps, 1)))
+    if M == 1:
+        for rows, bk, warps in ((32, 256, 4), (16, 512, 4), (8, 512, 4), (8, 1024, 4), (4, 1024, 4), (16, 256, 2)):
+            out.append((f"fma r{rows} bk{bk} w{warps}", ("fma", rows, bk, warps, 1)))
+    for rows, bk, warps, stages in ((64, 256, 4, 4), (32, 256, 4, 4), (32, 128, 4, 6), (16, 256, 4, 4),
+                                    (16, 256, 1, 4), (32, 256, 2, 4), (16, 512, 2, 3)):
+        out.append((f"mma r{rows} bk{bk} w{warps} s{stages}", ("mma", rows, bk, warps, stages)))
+    out.append(("auto lora r16", "auto"))
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--shapes", default="4096x4096,8192x8192,4096x28672")
+    ap.add_argument("--ms", default="1,16")
+    args = ap.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(0)
+    dev = "cuda"
+    rows_out = []
+    for shape in args.shapes.split(","):
+        K, N = (int(v) for v in shape.split("x"))
+        nsets = rotation_count(N * K * 2)
+        ws = [torch.randn(N, K, device=dev, dtype=torch.bfloat16) for _ in range(nsets)]
+        A = torch.randn(16, K, device=dev, dtype=torch.bfloat16) / 64
+        B = torch.randn(N, 16, device=dev, dtype=torch.bfloat16) / 64
+        for M in (int(v) for v in args.ms.split(",")):
+            x = torch.randn(M, K, device=dev, dtype=torch.bfloat16)
+            ref = (x.float() @ ws[0].float().T)
+            y = torch.empty(M, N, device=dev, dtype=torch.bfloat16)
+            ysum = torch.empty(N, device=dev, dtype=torch.float32)
+            for name, spec in _variants(M):
+                row = dict(K=K, N=N, M=M, impl=name)
+                try:
+                    if spec is None:
+                        fn = lambda w: x @ w.T  # noqa: E731
+                    elif spec == "auto":
+                        fn = lambda w: lora_linear(x, w, A, B)  # noqa: E731
+                    else:
+                        kind, rows, bk, warps, stages = spec
+                        grid = (triton.cdiv(N, rows),)
+                        if kind == "read":
+                            def fn(w, rows=rows, bk=bk, warps=warps):
+                                _read_rows[grid](w, ysum, N, K, ROWS=rows, BK=bk, num_warps=warps)
+                        elif kind == "fma":
+                            def fn(w, rows=rows, bk=bk, warps=warps):
+                                _gemv_fma[grid](x, w, y, N, K, ROWS=rows, BK=bk, num_warps=warps)
+                                return y
+                        else:
+                            def fn(w, rows=rows, bk=bk, warps=warps, stages=stages):
+                                _skinny_mma[grid](x, w, y, M, N, K, ROWS=rows, BK=bk, BM=16, num_warps=warps,
+                                                  num_stages=stages)
+                                return y
+                    got = fn(ws[0])
+                    torch.cuda.synchronize()
+                    if got is not None:
+                        err = ((got.float() - ref).abs().max() / ref.abs().max()).item()
+                        row["rel_err"] = round(err, 5)
+                        if spec != "auto" and err > 2e-2:
+                            raise AssertionError(f"rel err {err}")
+                    t = time_graph(fn, [(w,) for w in ws])
+                    row.update(graph_us=round(t.median_us, 3), tbps=round(N * K * 2 / t.median_us / 1e6, 3))
+                except Exception as exc:  # noqa: BLE001 — a failed variant is a row, not the end of the probe
+                    row["error"] = f"{type(exc).__name__}: {exc}"[:300]
+                print(json.dumps(row), flush=True)
+                rows_out.append(row)
+        del ws
+        torch.cuda.empty_cache()
+    (out / "gemv.json").write_text(json.dumps({"meta": device_meta(), "rows": rows_out}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
