@@ -8,6 +8,7 @@ weights (bench.common.time_graph), without any low-rank branch:
 - ``read``: a pure read of W (per-program row sums) — what streaming alone costs at this grid;
 - ``fma``: a CUDA-core GEMV (M = 1), ``rows`` weight rows per program, the full K;
 - ``mma``: a tensor-core skinny GEMM (``tl.dot`` of a [rows, BK] weight tile by xᵀ [BK, 16]; rows < 64 → mma.sync);
+- ``lora``: ``mma`` plus split's branch (lora_down_kernel, PDL or not, then S·Bᵀ after the K loop), r = 16;
 - ``auto``: today's ``lora_linear`` with r = 16 (the branch included), for reference.
 Usage: python scripts/probe_lora_gemv.py --out DIR [--shapes 4096x4096,8192x8192] [--ms 1,16]
 """
@@ -23,6 +24,8 @@ import triton
 import triton.language as tl
 
 from lowrank_gemm.bench.common import device_meta, rotation_count, time_graph
+from lowrank_gemm.kernels.lora_gemm import _launch_down, down_splits
+from lowrank_gemm.kernels.pdl import gdc_wait
 from lowrank_gemm.ops import lora_linear
 
 
@@ -61,6 +64,31 @@ def _skinny_mma(x_ptr, w_ptr, y_ptr, M, N, K, ROWS: tl.constexpr, BK: tl.constex
     tl.store(y_ptr + rm[None, :] * N + rn[:, None], acc.to(y_ptr.dtype.element_ty), mask=rm[None, :] < M)
 
 
+@triton.jit
+def _skinny_lora(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, M, N, K, R, S_SPLITS, stride_sk, stride_sm,
+                 ROWS: tl.constexpr, BK: tl.constexpr, BM: tl.constexpr, BR: tl.constexpr, PDL: tl.constexpr):
+    """The skinny GEMM plus split's branch: S [S_SPLITS, M, R] fp32 (scaled, from lora_down_kernel, PDL) summed,
+    B's [ROWS, R] tile loaded before the K loop, one more dot after it."""
+    rn = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    rm = tl.arange(0, BM)
+    rr = tl.arange(0, BR)
+    b = tl.load(b_ptr + rn[:, None] * R + rr[None, :], mask=(rn[:, None] < N) & (rr[None, :] < R), other=0.0)
+    acc = tl.zeros([ROWS, BM], tl.float32)
+    for k in range(0, K, BK):
+        rk = k + tl.arange(0, BK)
+        w = tl.load(w_ptr + rn[:, None] * K + rk[None, :])
+        xt = tl.load(x_ptr + rm[None, :] * K + rk[:, None], mask=rm[None, :] < M, other=0.0)
+        acc = tl.dot(w, xt, acc)
+    if PDL:
+        gdc_wait()
+    st = tl.zeros([BR, BM], tl.float32)
+    for i in range(S_SPLITS):
+        st += tl.load(s_ptr + i * stride_sk + rm[None, :] * stride_sm + rr[:, None],
+                      mask=(rm[None, :] < M) & (rr[:, None] < R), other=0.0)
+    acc = tl.dot(b, st.to(b.dtype), acc)
+    tl.store(y_ptr + rm[None, :] * N + rn[:, None], acc.to(y_ptr.dtype.element_ty), mask=rm[None, :] < M)
+
+
 def _variants(M):
     out = [("cublas", None)]
     for rows, bk, warps in ((64, 256, 4), (32, 256, 4), (16, 512, 4), (8, 512, 4), (16, 256, 2), (8, 1024, 4)):
@@ -71,6 +99,10 @@ def _variants(M):
     for rows, bk, warps, stages in ((64, 256, 4, 4), (32, 256, 4, 4), (32, 128, 4, 6), (16, 256, 4, 4),
                                     (16, 256, 1, 4), (32, 256, 2, 4), (16, 512, 2, 3)):
         out.append((f"mma r{rows} bk{bk} w{warps} s{stages}", ("mma", rows, bk, warps, stages)))
+    for rows, bk, warps, stages, pdl in ((32, 256, 4, 4, True), (64, 256, 4, 4, True), (32, 256, 2, 4, True),
+                                         (32, 256, 4, 4, False), (16, 512, 2, 3, True)):
+        out.append((f"lora r{rows} bk{bk} w{warps} s{stages}" + (" pdl" if pdl else ""),
+                    ("lora", rows, bk, warps, stages, pdl)))
     out.append(("auto lora r16", "auto"))
     return out
 
@@ -80,6 +112,7 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--shapes", default="4096x4096,8192x8192,4096x28672")
     ap.add_argument("--ms", default="1,16")
+    ap.add_argument("--only", default="", help="comma-separated impl prefixes to run (cublas and auto always run)")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -95,15 +128,32 @@ def main():
         for M in (int(v) for v in args.ms.split(",")):
             x = torch.randn(M, K, device=dev, dtype=torch.bfloat16)
             ref = (x.float() @ ws[0].float().T)
+            ref_lora = ref + (x.float() @ A.float().T) @ B.float().T
             y = torch.empty(M, N, device=dev, dtype=torch.bfloat16)
             ysum = torch.empty(N, device=dev, dtype=torch.float32)
             for name, spec in _variants(M):
+                if args.only and spec not in (None, "auto") and not any(name.startswith(p)
+                                                                          for p in args.only.split(",")):
+                    continue
                 row = dict(K=K, N=N, M=M, impl=name)
                 try:
                     if spec is None:
                         fn = lambda w: x @ w.T  # noqa: E731
                     elif spec == "auto":
                         fn = lambda w: lora_linear(x, w, A, B)  # noqa: E731
+                    elif spec[0] == "lora":
+                        _, rows, bk, warps, stages, pdl = spec
+                        grid = (triton.cdiv(N, rows),)
+                        splits = down_splits(M, 16, K, 16, torch.cuda.get_device_properties(0).multi_processor_count)
+                        sbuf = torch.empty(splits, M, 16, device=dev, dtype=torch.float32)
+
+                        def fn(w, rows=rows, bk=bk, warps=warps, stages=stages, pdl=pdl):
+                            _launch_down(x, A, sbuf, 1.0, 16, Kp=K, R=16, pdl=pdl)
+                            kw = dict(launch_pdl=True) if pdl else {}
+                            _skinny_lora[grid](x, w, sbuf, B, y, M, N, K, 16, splits, sbuf.stride(0),
+                                               sbuf.stride(1), ROWS=rows, BK=bk, BM=16, BR=16, PDL=pdl,
+                                               num_warps=warps, num_stages=stages, **kw)
+                            return y
                     else:
                         kind, rows, bk, warps, stages = spec
                         grid = (triton.cdiv(N, rows),)
@@ -122,9 +172,10 @@ def main():
                     got = fn(ws[0])
                     torch.cuda.synchronize()
                     if got is not None:
-                        err = ((got.float() - ref).abs().max() / ref.abs().max()).item()
+                        want = ref if spec is None or spec[0] != "lora" and spec != "auto" else ref_lora
+                        err = ((got.float() - want).abs().max() / want.abs().max()).item()
                         row["rel_err"] = round(err, 5)
-                        if spec != "auto" and err > 2e-2:
+                        if err > 2e-2:
                             raise AssertionError(f"rel err {err}")
                     t = time_graph(fn, [(w,) for w in ws])
                     row.update(graph_us=round(t.median_us, 3), tbps=round(N * K * 2 / t.median_us / 1e6, 3))
