@@ -9,6 +9,7 @@ weights (bench.common.time_graph), without any low-rank branch:
 - ``fma``: a CUDA-core GEMV (M = 1), ``rows`` weight rows per program, the full K;
 - ``mma``: a tensor-core skinny GEMM (``tl.dot`` of a [rows, BK] weight tile by xᵀ [BK, 16]; rows < 64 → mma.sync);
 - ``lora``: ``mma`` plus split's branch (lora_down_kernel, PDL or not, then S·Bᵀ after the K loop), r = 16;
+- ``kloop``: ``mma`` with S = x·Aᵀ accumulated in the same K loop (A from L2; no second launch, no sync);
 - ``auto``: today's ``lora_linear`` with r = 16 (the branch included), for reference.
 Usage: python scripts/probe_lora_gemv.py --out DIR [--shapes 4096x4096,8192x8192] [--ms 1,16]
 """
@@ -66,7 +67,8 @@ def _skinny_mma(x_ptr, w_ptr, y_ptr, M, N, K, ROWS: tl.constexpr, BK: tl.constex
 
 @triton.jit
 def _skinny_lora(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, M, N, K, R, S_SPLITS, stride_sk, stride_sm,
-                 ROWS: tl.constexpr, BK: tl.constexpr, BM: tl.constexpr, BR: tl.constexpr, PDL: tl.constexpr):
+                 ROWS: tl.constexpr, BK: tl.constexpr, BM: tl.constexpr, BR: tl.constexpr, PDL: tl.constexpr,
+                 TAIL: tl.constexpr = 0):
     """The skinny GEMM plus split's branch: S [S_SPLITS, M, R] fp32 (scaled, from lora_down_kernel, PDL) summed,
     B's [ROWS, R] tile loaded before the K loop, one more dot after it."""
     rn = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
@@ -74,7 +76,8 @@ def _skinny_lora(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, M, N, K, R, S_SPLITS, stride
     rr = tl.arange(0, BR)
     b = tl.load(b_ptr + rn[:, None] * R + rr[None, :], mask=(rn[:, None] < N) & (rr[None, :] < R), other=0.0)
     acc = tl.zeros([ROWS, BM], tl.float32)
-    for k in range(0, K, BK):
+    k_split = K - TAIL * BK            # EARLY: S is waited for and loaded before the last TAIL K steps
+    for k in range(0, k_split, BK):
         rk = k + tl.arange(0, BK)
         w = tl.load(w_ptr + rn[:, None] * K + rk[None, :])
         xt = tl.load(x_ptr + rm[None, :] * K + rk[:, None], mask=rm[None, :] < M, other=0.0)
@@ -85,7 +88,33 @@ def _skinny_lora(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, M, N, K, R, S_SPLITS, stride
     for i in range(S_SPLITS):
         st += tl.load(s_ptr + i * stride_sk + rm[None, :] * stride_sm + rr[:, None],
                       mask=(rm[None, :] < M) & (rr[:, None] < R), other=0.0)
+    for k in range(k_split, K, BK):
+        rk = k + tl.arange(0, BK)
+        w = tl.load(w_ptr + rn[:, None] * K + rk[None, :])
+        xt = tl.load(x_ptr + rm[None, :] * K + rk[:, None], mask=rm[None, :] < M, other=0.0)
+        acc = tl.dot(w, xt, acc)
     acc = tl.dot(b, st.to(b.dtype), acc)
+    tl.store(y_ptr + rm[None, :] * N + rn[:, None], acc.to(y_ptr.dtype.element_ty), mask=rm[None, :] < M)
+
+
+@triton.jit
+def _skinny_kloop(x_ptr, w_ptr, a_ptr, b_ptr, y_ptr, M, N, K, R, scale,
+                  ROWS: tl.constexpr, BK: tl.constexpr, BM: tl.constexpr, BR: tl.constexpr):
+    """One launch, no cross-program traffic: every program also accumulates Sᵀ = A·Xᵀ (A from L2) in its K loop."""
+    rn = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    rm = tl.arange(0, BM)
+    rr = tl.arange(0, BR)
+    b = tl.load(b_ptr + rn[:, None] * R + rr[None, :], mask=(rn[:, None] < N) & (rr[None, :] < R), other=0.0)
+    acc = tl.zeros([ROWS, BM], tl.float32)
+    st = tl.zeros([BR, BM], tl.float32)
+    for k in range(0, K, BK):
+        rk = k + tl.arange(0, BK)
+        w = tl.load(w_ptr + rn[:, None] * K + rk[None, :])
+        xt = tl.load(x_ptr + rm[None, :] * K + rk[:, None], mask=rm[None, :] < M, other=0.0)
+        a = tl.load(a_ptr + rr[:, None] * K + rk[None, :], mask=rr[:, None] < R, other=0.0)
+        acc = tl.dot(w, xt, acc)
+        st = tl.dot(a, xt, st)
+    acc = tl.dot(b, (st * scale).to(b.dtype), acc)
     tl.store(y_ptr + rm[None, :] * N + rn[:, None], acc.to(y_ptr.dtype.element_ty), mask=rm[None, :] < M)
 
 
@@ -99,10 +128,16 @@ def _variants(M):
     for rows, bk, warps, stages in ((64, 256, 4, 4), (32, 256, 4, 4), (32, 128, 4, 6), (16, 256, 4, 4),
                                     (16, 256, 1, 4), (32, 256, 2, 4), (16, 512, 2, 3)):
         out.append((f"mma r{rows} bk{bk} w{warps} s{stages}", ("mma", rows, bk, warps, stages)))
-    for rows, bk, warps, stages, pdl in ((32, 256, 4, 4, True), (64, 256, 4, 4, True), (32, 256, 2, 4, True),
-                                         (32, 256, 4, 4, False), (16, 512, 2, 3, True)):
-        out.append((f"lora r{rows} bk{bk} w{warps} s{stages}" + (" pdl" if pdl else ""),
-                    ("lora", rows, bk, warps, stages, pdl)))
+    for rows, bk, warps, stages, pdl, tail in ((32, 256, 4, 4, True, 0), (64, 256, 4, 4, True, 0),
+                                               (32, 256, 2, 4, True, 0), (32, 256, 4, 4, False, 0),
+                                               (16, 512, 2, 3, True, 0), (32, 256, 4, 4, True, 2),
+                                               (64, 256, 4, 4, True, 2), (64, 256, 4, 4, True, 4),
+                                               (64, 256, 4, 4, False, 2)):
+        out.append((f"lora r{rows} bk{bk} w{warps} s{stages}" + (" pdl" if pdl else "") + (f" tail{tail}" if tail
+                                                                                            else ""),
+                    ("lora", rows, bk, warps, stages, pdl, tail)))
+    for rows, bk, warps, stages in ((64, 256, 4, 4), (32, 256, 4, 4), (64, 128, 4, 6), (128, 128, 4, 4)):
+        out.append((f"kloop r{rows} bk{bk} w{warps} s{stages}", ("kloop", rows, bk, warps, stages)))
     out.append(("auto lora r16", "auto"))
     return out
 
@@ -142,17 +177,25 @@ def main():
                     elif spec == "auto":
                         fn = lambda w: lora_linear(x, w, A, B)  # noqa: E731
                     elif spec[0] == "lora":
-                        _, rows, bk, warps, stages, pdl = spec
+                        _, rows, bk, warps, stages, pdl, tail = spec
                         grid = (triton.cdiv(N, rows),)
                         splits = down_splits(M, 16, K, 16, torch.cuda.get_device_properties(0).multi_processor_count)
                         sbuf = torch.empty(splits, M, 16, device=dev, dtype=torch.float32)
 
-                        def fn(w, rows=rows, bk=bk, warps=warps, stages=stages, pdl=pdl):
+                        def fn(w, rows=rows, bk=bk, warps=warps, stages=stages, pdl=pdl, tail=tail):
                             _launch_down(x, A, sbuf, 1.0, 16, Kp=K, R=16, pdl=pdl)
                             kw = dict(launch_pdl=True) if pdl else {}
                             _skinny_lora[grid](x, w, sbuf, B, y, M, N, K, 16, splits, sbuf.stride(0),
-                                               sbuf.stride(1), ROWS=rows, BK=bk, BM=16, BR=16, PDL=pdl,
+                                               sbuf.stride(1), ROWS=rows, BK=bk, BM=16, BR=16, PDL=pdl, TAIL=tail,
                                                num_warps=warps, num_stages=stages, **kw)
+                            return y
+                    elif spec[0] == "kloop":
+                        _, rows, bk, warps, stages = spec
+                        grid = (triton.cdiv(N, rows),)
+
+                        def fn(w, rows=rows, bk=bk, warps=warps, stages=stages):
+                            _skinny_kloop[grid](x, w, A, B, y, M, N, K, 16, 1.0, ROWS=rows, BK=bk, BM=16, BR=16,
+                                                num_warps=warps, num_stages=stages)
                             return y
                     else:
                         kind, rows, bk, warps, stages = spec
@@ -172,7 +215,7 @@ def main():
                     got = fn(ws[0])
                     torch.cuda.synchronize()
                     if got is not None:
-                        want = ref if spec is None or spec[0] != "lora" and spec != "auto" else ref_lora
+                        want = ref_lora if spec == "auto" or (spec is not None and spec[0] in ("lora", "kloop")) else ref
                         err = ((got.float() - want).abs().max() / want.abs().max()).item()
                         row["rel_err"] = round(err, 5)
                         if err > 2e-2:
