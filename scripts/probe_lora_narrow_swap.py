@@ -33,12 +33,16 @@ DEFAULT_POINTS = [(M, K, N, r) for (K, N) in ((4096, 4096), (8192, 8192)) for M 
 # (block_n, block_k, num_warps, num_stages, s_producers)
 NARROW = [(32, 256, 4, 4, 0), (32, 256, 4, 4, 4), (32, 256, 2, 4, 0), (32, 128, 4, 6, 0), (16, 512, 2, 3, 0),
           (16, 256, 1, 4, 0), (16, 256, 2, 5, 0), (32, 512, 4, 3, 0)]
+# --wide (call 6): today's 64-row wgmma tiles with and without in-grid S producers (the r16 table entry at 4096² is
+# 64x256 s5 prod4; r8 falls to the heuristic and r64 to split + PDL)
+WIDE = [(64, 256, 4, 5, 0), (64, 256, 4, 5, 4), (64, 256, 4, 5, 2), (64, 256, 4, 5, 8), (64, 128, 4, 6, 4),
+        (16, 256, 2, 5, 0)]
 
 
-def candidates(M, N, K, r):
+def candidates(M, N, K, r, tiles=NARROW):
     br = block_r_for(r)
     out = []
-    for bn, bk, warps, stages, prod in NARROW:
+    for bn, bk, warps, stages, prod in tiles:
         c = KernelConfig(block_m=16, block_n=bn, block_k=bk, block_r=br, group_m=1, num_warps=warps,
                          num_stages=stages, swap_ab=True, s_producers=prod)
         feas = can_implement("split", (M, N, K, r), c)
@@ -51,7 +55,7 @@ def _rel_err(y, ref):
     return float((y.double() - ref).norm() / ref.norm())
 
 
-def probe_point(M, K, N, r):
+def probe_point(M, K, N, r, tiles=NARROW):
     sets = make_sets(M, N, K, r, torch.bfloat16, "cuda")
     x, w, a, b, _ = sets[0]
     ref = lora_linear_ref(x, w, a, b, SCALE)
@@ -62,7 +66,7 @@ def probe_point(M, K, N, r):
     rows.append(dict(base, impl="auto", rel_err=round(_rel_err(auto(*sets[0]), ref), 6),
                      graph_us=round(time_graph(auto, sets).median_us, 3)))
     best = None
-    for label, c, why in candidates(M, N, K, r):
+    for label, c, why in candidates(M, N, K, r, tiles):
         row = dict(base, impl=label, config=c.to_dict())
         if why is not None:
             row["infeasible"] = why
@@ -108,6 +112,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
     ap.add_argument("--points", default=None, help="M:K:N:r,... (default: 4096² and 8192², M 1 / 16, r 8 / 16 / 64)")
+    ap.add_argument("--wide", action="store_true", help="the 64-row tiles ± S producers (WIDE) instead of NARROW")
     args = ap.parse_args()
     points = DEFAULT_POINTS if not args.points else [tuple(int(v) for v in p.split(":"))
                                                       for p in args.points.split(",")]
@@ -115,7 +120,7 @@ def main():
     out.mkdir(parents=True, exist_ok=True)
     rows = []
     for p in points:
-        rows += probe_point(*p)
+        rows += probe_point(*p, tiles=WIDE if args.wide else NARROW)
         (out / "narrow_swap.json").write_text(json.dumps({"meta": device_meta(), "rows": rows}, indent=1))
 
 
