@@ -102,7 +102,8 @@ def _skinny_lora(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, M, N, K, R, S_SPLITS, stride
 
 @triton.jit
 def _skinny_kloop(x_ptr, w_ptr, a_ptr, b_ptr, y_ptr, M, N, K, R, scale,
-                  ROWS: tl.constexpr, BK: tl.constexpr, BM: tl.constexpr, BR: tl.constexpr):
+                  ROWS: tl.constexpr, BK: tl.constexpr, BM: tl.constexpr, BR: tl.constexpr,
+                  S_FMA: tl.constexpr = False):
     """One launch, no cross-program traffic: every program also accumulates Sᵀ = A·Xᵀ (A from L2) in its K loop."""
     rn = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     rm = tl.arange(0, BM)
@@ -116,7 +117,11 @@ def _skinny_kloop(x_ptr, w_ptr, a_ptr, b_ptr, y_ptr, M, N, K, R, scale,
         xt = tl.load(x_ptr + rm[None, :] * K + rk[:, None], mask=rm[None, :] < M, other=0.0)
         a = tl.load(a_ptr + rr[:, None] * K + rk[None, :], mask=rr[:, None] < R, other=0.0)
         acc = tl.dot(w, xt, acc)
-        st = tl.dot(a, xt, st)
+        if S_FMA:     # M = 1: Sᵀ's one column on the CUDA cores (no mma.sync beside the W wgmma: C7515)
+            x1 = tl.load(x_ptr + rk).to(tl.float32)
+            st += tl.where(rm[None, :] == 0, tl.sum(a.to(tl.float32) * x1[None, :], 1)[:, None], 0.0)
+        else:
+            st = tl.dot(a, xt, st)
     acc = tl.dot(b, (st * scale).to(b.dtype), acc)
     tl.store(y_ptr + rm[None, :] * N + rn[:, None], acc.to(y_ptr.dtype.element_ty), mask=rm[None, :] < M)
 
@@ -145,8 +150,13 @@ def _variants(M):
                                  (32, True, True, False), (64, False, True, False)):
         out.append((f"attr r{rows}" + (" pdl" if pdl else "") + (" down" if down else "") + (" epi" if epi else ""),
                     ("lora", rows, 256, 4, 4, pdl, 0, down, epi)))
-    for rows, bk, warps, stages in ((64, 256, 4, 4), (32, 256, 4, 4), (64, 128, 4, 6), (128, 128, 4, 4)):
-        out.append((f"kloop r{rows} bk{bk} w{warps} s{stages}", ("kloop", rows, bk, warps, stages)))
+    for rows, bk, warps, stages in ((64, 256, 4, 4), (32, 256, 4, 4), (64, 128, 4, 6), (128, 128, 4, 4),
+                                    (64, 256, 2, 4), (64, 128, 2, 6)):
+        out.append((f"kloop r{rows} bk{bk} w{warps} s{stages}", ("kloop", rows, bk, warps, stages, False)))
+    if M == 1:
+        for rows, bk, warps, stages in ((64, 256, 4, 4), (64, 128, 4, 6), (128, 128, 4, 4), (128, 128, 8, 4),
+                                        (64, 256, 2, 4)):
+            out.append((f"kfma r{rows} bk{bk} w{warps} s{stages}", ("kloop", rows, bk, warps, stages, True)))
     out.append(("auto lora r16", "auto"))
     return out
 
@@ -156,6 +166,7 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--shapes", default="4096x4096,8192x8192,4096x28672")
     ap.add_argument("--ms", default="1,16")
+    ap.add_argument("--rank", type=int, default=16, help="the kloop/kfma rows' rank (≤ 16)")
     ap.add_argument("--only", default="", help="comma-separated impl prefixes to run (cublas and auto always run)")
     args = ap.parse_args()
     out = Path(args.out)
@@ -173,6 +184,9 @@ def main():
             x = torch.randn(M, K, device=dev, dtype=torch.bfloat16)
             ref = (x.float() @ ws[0].float().T)
             ref_lora = ref + (x.float() @ A.float().T) @ B.float().T
+            R = args.rank
+            Ar, Br = A[:R].contiguous(), B[:, :R].contiguous()
+            ref_kloop = ref + (x.float() @ Ar.float().T) @ Br.float().T
             y = torch.empty(M, N, device=dev, dtype=torch.bfloat16)
             ysum = torch.empty(N, device=dev, dtype=torch.float32)
             for name, spec in _variants(M):
@@ -203,12 +217,12 @@ def main():
                                                num_warps=warps, num_stages=stages, **kw)
                             return y
                     elif spec[0] == "kloop":
-                        _, rows, bk, warps, stages = spec
+                        _, rows, bk, warps, stages, s_fma = spec
                         grid = (triton.cdiv(N, rows),)
 
-                        def fn(w, rows=rows, bk=bk, warps=warps, stages=stages):
-                            _skinny_kloop[grid](x, w, A, B, y, M, N, K, 16, 1.0, ROWS=rows, BK=bk, BM=16, BR=16,
-                                                num_warps=warps, num_stages=stages)
+                        def fn(w, rows=rows, bk=bk, warps=warps, stages=stages, s_fma=s_fma):
+                            _skinny_kloop[grid](x, w, Ar, Br, y, M, N, K, R, 1.0, ROWS=rows, BK=bk, BM=16, BR=16,
+                                                S_FMA=s_fma, num_warps=warps, num_stages=stages)
                             return y
                     else:
                         kind, rows, bk, warps, stages = spec
@@ -228,8 +242,9 @@ def main():
                     got = fn(ws[0])
                     torch.cuda.synchronize()
                     if got is not None:
-                        want = ref_lora if spec == "auto" or (spec is not None and spec[0] in ("lora", "kloop")
-                                                              and (spec[0] == "kloop" or spec[-1])) else ref
+                        want = (ref_kloop if spec is not None and spec != "auto" and spec[0] == "kloop" else
+                                ref_lora if spec == "auto" or (spec is not None and spec[0] == "lora" and spec[-1])
+                                else ref)
                         err = ((got.float() - want).abs().max() / want.abs().max()).item()
                         row["rel_err"] = round(err, 5)
                         if err > 2e-2:
