@@ -8,7 +8,12 @@ epilogue) runs on those tiles. Every candidate: NaN-poisoned output, float64 ref
 bit-identical second call, then a CUDA-graph median (bench.common.time_graph, rotated inputs); the best
 candidate per point is then timed in alternation with cuBLAS (bench.common.paired_ratio).
 
-Usage: python scripts/probe_lora_narrow_swap.py --out DIR [--points M:K:N:r,...]
+Outcome (call 2, NOTES.md session 29): the narrow tiles lost at every point (4096²: 15.0–16.0 µs against auto's
+14.3–14.9; 8192² M = 1: 41 against 36.5), so ``KernelConfig.swap_ab_mismatch`` was put back to block_n ≥ 64 and the
+NARROW rows now report "infeasible"; to rerun them, let it accept block_n 16 / 32 (mma.sync) again. ``--wide``
+(calls 6 and 8) times the 64-row tiles with 0/2/4/8 in-grid S producers.
+
+Usage: python scripts/probe_lora_narrow_swap.py --out DIR [--points M:K:N:r,...] [--wide]
 """
 
 from __future__ import annotations

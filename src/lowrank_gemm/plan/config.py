@@ -58,7 +58,7 @@ class KernelConfig:
     def swap_ab_mismatch(self) -> str | None:
         """Why these tiles cannot run swap_ab (None if they can, or swap_ab is off): block_n is then the
         wgmma's M, 64 rows per warpgroup."""
-        if self.swap_ab and (self.block_n < 16 or (self.block_n >= 64 and self.block_n < 16 * self.num_warps)):
+        if self.swap_ab and (self.block_n < 64 or self.block_n < 16 * self.num_warps):
             return (f"swap_ab puts block_n on the wgmma's M: block_n ≥ 64 and ≥ 16·num_warps (the warps' rows), "
                     f"got block_n={self.block_n} with {self.num_warps} warps")
         return None
