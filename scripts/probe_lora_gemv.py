@@ -9,6 +9,8 @@ weights (bench.common.time_graph), without any low-rank branch:
 - ``fma``: a CUDA-core GEMV (M = 1), ``rows`` weight rows per program, the full K;
 - ``mma``: a tensor-core skinny GEMM (``tl.dot`` of a [rows, BK] weight tile by xᵀ [BK, 16]; rows < 64 → mma.sync);
 - ``lora``: ``mma`` plus split's branch (lora_down_kernel, PDL or not, then S·Bᵀ after the K loop), r = 16;
+- ``prod``: one launch, 4 S-producer programs + the main tiles, which acquire S ``lead`` K steps before the end of
+  their loop (session 29 call 9);
 - ``kloop``: ``mma`` with S = x·Aᵀ accumulated in the same K loop (A from L2; no second launch, no sync);
 - ``auto``: today's ``lora_linear`` with r = 16 (the branch included), for reference.
 Usage: python scripts/probe_lora_gemv.py --out DIR [--shapes 4096x4096,8192x8192] [--ms 1,16]
@@ -126,6 +128,62 @@ def _skinny_kloop(x_ptr, w_ptr, a_ptr, b_ptr, y_ptr, M, N, K, R, scale,
     tl.store(y_ptr + rm[None, :] * N + rn[:, None], acc.to(y_ptr.dtype.element_ty), mask=rm[None, :] < M)
 
 
+@triton.jit
+def _skinny_prod(x_ptr, w_ptr, a_ptr, s_ptr, cnt_ptr, b_ptr, y_ptr, M, N, K, R, n_main,
+                 P: tl.constexpr, ROWS: tl.constexpr, BK: tl.constexpr, BM: tl.constexpr, BR: tl.constexpr,
+                 LEAD: tl.constexpr):
+    """One launch: programs 0..P-1 compute S's K slices ([P, BR, BM] fp32, released on cnt[0]); the main tiles
+    acquire them LEAD K steps before the end of their loop (inside it: a second loop would drain the pipeline) and
+    take their reset ticket (cnt[1]) right there, so after the loop only the S·Bᵀ dot and the store remain.
+    LEAD = 0: all of it after the loop (today's protocol)."""
+    pid = tl.program_id(0)
+    rm = tl.arange(0, BM)
+    rr = tl.arange(0, BR)
+    if pid < P:
+        ks = K // P
+        st = tl.zeros([BR, BM], tl.float32)
+        for k in range(pid * ks, pid * ks + ks, BK):
+            rk = k + tl.arange(0, BK)
+            a = tl.load(a_ptr + rr[:, None] * K + rk[None, :], mask=rr[:, None] < R, other=0.0)
+            xt = tl.load(x_ptr + rm[None, :] * K + rk[:, None], mask=rm[None, :] < M, other=0.0)
+            st = tl.dot(a, xt, st)
+        tl.store(s_ptr + pid * BR * BM + rr[:, None] * BM + rm[None, :], st)
+        tl.debug_barrier()
+        tl.atomic_add(cnt_ptr, 1, sem="release", scope="gpu")
+        return
+    pid -= P
+    rn = pid * ROWS + tl.arange(0, ROWS)
+    b = tl.load(b_ptr + rn[:, None] * R + rr[None, :], mask=(rn[:, None] < N) & (rr[None, :] < R), other=0.0)
+    acc = tl.zeros([ROWS, BM], tl.float32)
+    st = tl.zeros([BR, BM], tl.float32)
+    ticket = 0
+    n_k = K // BK
+    for kt in range(0, n_k):
+        rk = kt * BK + tl.arange(0, BK)
+        w = tl.load(w_ptr + rn[:, None] * K + rk[None, :])
+        xt = tl.load(x_ptr + rm[None, :] * K + rk[:, None], mask=rm[None, :] < M, other=0.0)
+        acc = tl.dot(w, xt, acc)
+        if LEAD > 0:
+            if kt == n_k - LEAD:
+                while tl.atomic_add(cnt_ptr, 0, sem="acquire", scope="gpu") < P:
+                    pass
+                for i in tl.static_range(P):
+                    st += tl.load(s_ptr + i * BR * BM + rr[:, None] * BM + rm[None, :])
+                ticket = tl.atomic_add(cnt_ptr + 1, 1, sem="relaxed", scope="gpu")
+    if LEAD == 0:
+        while tl.atomic_add(cnt_ptr, 0, sem="acquire", scope="gpu") < P:
+            pass
+        for i in tl.static_range(P):
+            st += tl.load(s_ptr + i * BR * BM + rr[:, None] * BM + rm[None, :])
+    acc = tl.dot(b, st.to(b.dtype), acc)
+    tl.store(y_ptr + rm[None, :] * N + rn[:, None], acc.to(y_ptr.dtype.element_ty), mask=rm[None, :] < M)
+    if LEAD == 0:
+        ticket = tl.atomic_add(cnt_ptr + 1, 1, sem="acq_rel", scope="gpu")
+    if ticket == n_main - 1:
+        tl.atomic_xchg(cnt_ptr, 0, sem="relaxed", scope="gpu")
+        tl.atomic_xchg(cnt_ptr + 1, 0, sem="relaxed", scope="gpu")
+
+
 def _variants(M):
     out = [("cublas", None)]
     for rows, bk, warps in ((64, 256, 4), (32, 256, 4), (16, 512, 4), (8, 512, 4), (16, 256, 2), (8, 1024, 4)):
@@ -150,6 +208,9 @@ def _variants(M):
                                  (32, True, True, False), (64, False, True, False)):
         out.append((f"attr r{rows}" + (" pdl" if pdl else "") + (" down" if down else "") + (" epi" if epi else ""),
                     ("lora", rows, 256, 4, 4, pdl, 0, down, epi)))
+    for rows, bk, warps, stages, lead in ((64, 256, 4, 4, 0), (64, 256, 4, 4, 2), (64, 256, 4, 4, 4),
+                                          (32, 256, 4, 4, 2), (64, 128, 4, 6, 4), (64, 256, 2, 4, 2)):
+        out.append((f"prod r{rows} bk{bk} w{warps} s{stages} lead{lead}", ("prod", rows, bk, warps, stages, lead)))
     for rows, bk, warps, stages in ((64, 256, 4, 4), (32, 256, 4, 4), (64, 128, 4, 6), (128, 128, 4, 4),
                                     (64, 256, 2, 4), (64, 128, 2, 6)):
         out.append((f"kloop r{rows} bk{bk} w{warps} s{stages}", ("kloop", rows, bk, warps, stages, False)))
@@ -216,6 +277,17 @@ def main():
                                                sbuf.stride(1), ROWS=rows, BK=bk, BM=16, BR=16, PDL=pdl, TAIL=tail, EPI=epi,
                                                num_warps=warps, num_stages=stages, **kw)
                             return y
+                    elif spec[0] == "prod":
+                        _, rows, bk, warps, stages, lead = spec
+                        grid = (4 + triton.cdiv(N, rows),)
+                        sprod = torch.empty(4, 16, 16, device=dev, dtype=torch.float32)
+                        cnt = torch.zeros(2, device=dev, dtype=torch.int32)
+
+                        def fn(w, rows=rows, bk=bk, warps=warps, stages=stages, lead=lead, grid=grid, sprod=sprod,
+                               cnt=cnt):
+                            _skinny_prod[grid](x, w, Ar, sprod, cnt, Br, y, M, N, K, R, grid[0] - 4, P=4, ROWS=rows,
+                                               BK=bk, BM=16, BR=16, LEAD=lead, num_warps=warps, num_stages=stages)
+                            return y
                     elif spec[0] == "kloop":
                         _, rows, bk, warps, stages, s_fma = spec
                         grid = (triton.cdiv(N, rows),)
@@ -242,7 +314,7 @@ def main():
                     got = fn(ws[0])
                     torch.cuda.synchronize()
                     if got is not None:
-                        want = (ref_kloop if spec is not None and spec != "auto" and spec[0] == "kloop" else
+                        want = (ref_kloop if spec is not None and spec != "auto" and spec[0] in ("kloop", "prod") else
                                 ref_lora if spec == "auto" or (spec is not None and spec[0] == "lora" and spec[-1])
                                 else ref)
                         err = ((got.float() - want).abs().max() / want.abs().max()).item()
