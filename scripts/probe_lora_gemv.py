@@ -192,7 +192,10 @@ def _variants(M):
         for rows, bk, warps in ((32, 256, 4), (16, 512, 4), (8, 512, 4), (8, 1024, 4), (4, 1024, 4), (16, 256, 2)):
             out.append((f"fma r{rows} bk{bk} w{warps}", ("fma", rows, bk, warps, 1)))
     for rows, bk, warps, stages in ((64, 256, 4, 4), (32, 256, 4, 4), (32, 128, 4, 6), (16, 256, 4, 4),
-                                    (16, 256, 1, 4), (32, 256, 2, 4), (16, 512, 2, 3)):
+                                    (16, 256, 1, 4), (32, 256, 2, 4), (16, 512, 2, 3),
+                                    # call 10: wider / deeper tiles for N = 28672
+                                    (128, 128, 4, 4), (128, 128, 8, 5), (128, 64, 4, 8), (64, 128, 4, 8),
+                                    (64, 256, 4, 6), (64, 512, 4, 3), (256, 64, 8, 6)):
         out.append((f"mma r{rows} bk{bk} w{warps} s{stages}", ("mma", rows, bk, warps, stages)))
     for rows, bk, warps, stages, pdl, tail in ((32, 256, 4, 4, True, 0), (64, 256, 4, 4, True, 0),
                                                (32, 256, 2, 4, True, 0), (32, 256, 4, 4, False, 0),
