@@ -3,7 +3,8 @@
 - ``demo``: the main job. Runs the fused LoRA layer on a default problem and checks it against the
   float64 reference (under Triton's interpreter on a CPU, at full size with timings on a GPU), then
   quantizes the embedded MiniLM model with SVDQuant W4A4 and prints accuracy and memory.
-- ``bench SUITE``: GPU benchmark suites (lora, multilora, w4a4, ab); results under benchmarks/results/h200.
+- ``bench SUITE``: GPU benchmark suites (lora, multilora, w4a4, ab; tp on several GPUs); results under
+  benchmarks/results/h200 (tp: h200x<world>).
 - ``quantize``: the MiniLM accuracy table for every scheme (benchmarks/results/accuracy/minilm.json).
 """
 
@@ -94,7 +95,7 @@ def cmd_demo(args) -> None:
 
 
 def cmd_bench(args) -> None:
-    suites = {"lora": "lora", "multilora": "multilora", "w4a4": "w4a4", "ab": "ab"}
+    suites = {"lora": "lora", "multilora": "multilora", "w4a4": "w4a4", "ab": "ab", "tp": "tp"}
     if args.suite not in suites:
         raise SystemExit(f"unknown suite {args.suite!r}; choose one of {sorted(suites)}")
     mod = importlib.import_module(f"lowrank_gemm.bench.{suites[args.suite]}")
