@@ -109,7 +109,8 @@ def _worker(rank, world, init_file, args, results):
     dev = torch.device(args.device, rank) if args.device == "cuda" else torch.device("cpu")
     if dev.type == "cuda":
         torch.cuda.set_device(dev)
-    dist.init_process_group(args.backend, init_method=f"file://{init_file}", rank=rank, world_size=world)
+    dist.init_process_group(args.backend, init_method=f"file://{init_file}", rank=rank, world_size=world,
+                            **({"device_id": dev} if dev.type == "cuda" else {}))
     # fp16 on the CPU: the tests run the fused op under Triton's interpreter there, whose bf16 dot is wrong
     dtype = torch.bfloat16 if dev.type == "cuda" else torch.float16
     hidden, ffn = args.hidden, args.ffn
