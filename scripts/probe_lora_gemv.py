@@ -62,7 +62,7 @@ def _skinny_mma(x_ptr, w_ptr, y_ptr, M, N, K, ROWS: tl.constexpr, BK: tl.constex
     for k in range(0, K, BK):
         rk = k + tl.arange(0, BK)
         w = tl.load(w_ptr + rn[:, None] * K + rk[None, :])
-        xt = tl.load(x_ptr + rm[None, :] * K + rk[:, None], mask=rm[None, :] < M, other=0.0)
+        xt = tl.trans(tl.load(x_ptr + rm[:, None] * K + rk[None, :], mask=rm[:, None] < M, other=0.0))
         acc = tl.dot(w, xt, acc)
     tl.store(y_ptr + rm[None, :] * N + rn[:, None], acc.to(y_ptr.dtype.element_ty), mask=rm[None, :] < M)
 
@@ -83,7 +83,7 @@ def _skinny_lora(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, M, N, K, R, S_SPLITS, stride
     for k in range(0, k_split, BK):
         rk = k + tl.arange(0, BK)
         w = tl.load(w_ptr + rn[:, None] * K + rk[None, :])
-        xt = tl.load(x_ptr + rm[None, :] * K + rk[:, None], mask=rm[None, :] < M, other=0.0)
+        xt = tl.trans(tl.load(x_ptr + rm[:, None] * K + rk[None, :], mask=rm[:, None] < M, other=0.0))
         acc = tl.dot(w, xt, acc)
     if PDL:
         gdc_wait()
@@ -95,7 +95,7 @@ def _skinny_lora(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, M, N, K, R, S_SPLITS, stride
     for k in range(k_split, K, BK):
         rk = k + tl.arange(0, BK)
         w = tl.load(w_ptr + rn[:, None] * K + rk[None, :])
-        xt = tl.load(x_ptr + rm[None, :] * K + rk[:, None], mask=rm[None, :] < M, other=0.0)
+        xt = tl.trans(tl.load(x_ptr + rm[:, None] * K + rk[None, :], mask=rm[:, None] < M, other=0.0))
         acc = tl.dot(w, xt, acc)
     if EPI:
         acc = tl.dot(b, st.to(b.dtype), acc)
@@ -116,7 +116,7 @@ def _skinny_kloop(x_ptr, w_ptr, a_ptr, b_ptr, y_ptr, M, N, K, R, scale,
     for k in range(0, K, BK):
         rk = k + tl.arange(0, BK)
         w = tl.load(w_ptr + rn[:, None] * K + rk[None, :])
-        xt = tl.load(x_ptr + rm[None, :] * K + rk[:, None], mask=rm[None, :] < M, other=0.0)
+        xt = tl.trans(tl.load(x_ptr + rm[:, None] * K + rk[None, :], mask=rm[:, None] < M, other=0.0))
         a = tl.load(a_ptr + rr[:, None] * K + rk[None, :], mask=rr[:, None] < R, other=0.0)
         acc = tl.dot(w, xt, acc)
         if S_FMA:     # M = 1: Sᵀ's one column on the CUDA cores (no mma.sync beside the W wgmma: C7515)
@@ -145,7 +145,7 @@ def _skinny_prod(x_ptr, w_ptr, a_ptr, s_ptr, cnt_ptr, b_ptr, y_ptr, M, N, K, R, 
         for k in range(pid * ks, pid * ks + ks, BK):
             rk = k + tl.arange(0, BK)
             a = tl.load(a_ptr + rr[:, None] * K + rk[None, :], mask=rr[:, None] < R, other=0.0)
-            xt = tl.load(x_ptr + rm[None, :] * K + rk[:, None], mask=rm[None, :] < M, other=0.0)
+            xt = tl.trans(tl.load(x_ptr + rm[:, None] * K + rk[None, :], mask=rm[:, None] < M, other=0.0))
             st = tl.dot(a, xt, st)
         tl.store(s_ptr + pid * BR * BM + rr[:, None] * BM + rm[None, :], st)
         tl.debug_barrier()
@@ -161,7 +161,7 @@ def _skinny_prod(x_ptr, w_ptr, a_ptr, s_ptr, cnt_ptr, b_ptr, y_ptr, M, N, K, R, 
     for kt in range(0, n_k):
         rk = kt * BK + tl.arange(0, BK)
         w = tl.load(w_ptr + rn[:, None] * K + rk[None, :])
-        xt = tl.load(x_ptr + rm[None, :] * K + rk[:, None], mask=rm[None, :] < M, other=0.0)
+        xt = tl.trans(tl.load(x_ptr + rm[:, None] * K + rk[None, :], mask=rm[:, None] < M, other=0.0))
         acc = tl.dot(w, xt, acc)
         if LEAD > 0:
             if kt == n_k - LEAD:
@@ -246,6 +246,7 @@ def main():
         B = torch.randn(N, 16, device=dev, dtype=torch.bfloat16) / 64
         for M in (int(v) for v in args.ms.split(",")):
             x = torch.randn(M, K, device=dev, dtype=torch.bfloat16)
+            BMV = max(16, triton.next_power_of_2(M))     # the token tile (call 12: M = 64)
             ref = (x.float() @ ws[0].float().T)
             ref_lora = ref + (x.float() @ A.float().T) @ B.float().T
             R = args.rank
@@ -277,26 +278,26 @@ def main():
                                 _launch_down(x, A, sbuf, 1.0, 16, Kp=K, R=16, pdl=pdl)
                             kw = dict(launch_pdl=True) if pdl else {}
                             _skinny_lora[grid](x, w, sbuf, B, y, M, N, K, 16, splits, sbuf.stride(0),
-                                               sbuf.stride(1), ROWS=rows, BK=bk, BM=16, BR=16, PDL=pdl, TAIL=tail, EPI=epi,
+                                               sbuf.stride(1), ROWS=rows, BK=bk, BM=BMV, BR=16, PDL=pdl, TAIL=tail, EPI=epi,
                                                num_warps=warps, num_stages=stages, **kw)
                             return y
                     elif spec[0] == "prod":
                         _, rows, bk, warps, stages, lead = spec
                         grid = (4 + triton.cdiv(N, rows),)
-                        sprod = torch.empty(4, 16, 16, device=dev, dtype=torch.float32)
+                        sprod = torch.empty(4, 16, BMV, device=dev, dtype=torch.float32)
                         cnt = torch.zeros(2, device=dev, dtype=torch.int32)
 
                         def fn(w, rows=rows, bk=bk, warps=warps, stages=stages, lead=lead, grid=grid, sprod=sprod,
                                cnt=cnt):
                             _skinny_prod[grid](x, w, Ar, sprod, cnt, Br, y, M, N, K, R, grid[0] - 4, P=4, ROWS=rows,
-                                               BK=bk, BM=16, BR=16, LEAD=lead, num_warps=warps, num_stages=stages)
+                                               BK=bk, BM=BMV, BR=16, LEAD=lead, num_warps=warps, num_stages=stages)
                             return y
                     elif spec[0] == "kloop":
                         _, rows, bk, warps, stages, s_fma = spec
                         grid = (triton.cdiv(N, rows),)
 
                         def fn(w, rows=rows, bk=bk, warps=warps, stages=stages, s_fma=s_fma):
-                            _skinny_kloop[grid](x, w, Ar, Br, y, M, N, K, R, 1.0, ROWS=rows, BK=bk, BM=16, BR=16,
+                            _skinny_kloop[grid](x, w, Ar, Br, y, M, N, K, R, 1.0, ROWS=rows, BK=bk, BM=BMV, BR=16,
                                                 S_FMA=s_fma, num_warps=warps, num_stages=stages)
                             return y
                     else:
@@ -311,7 +312,7 @@ def main():
                                 return y
                         else:
                             def fn(w, rows=rows, bk=bk, warps=warps, stages=stages):
-                                _skinny_mma[grid](x, w, y, M, N, K, ROWS=rows, BK=bk, BM=16, num_warps=warps,
+                                _skinny_mma[grid](x, w, y, M, N, K, ROWS=rows, BK=bk, BM=BMV, num_warps=warps,
                                                   num_stages=stages)
                                 return y
                     got = fn(ws[0])
