@@ -157,6 +157,12 @@ def _worker(rank, world, init_file, results, backend="gloo"):
         got_head, got_multi = model.head(y_tp), model.multi(y_tp)
         compiled = torch.compile(lambda v: model.head(model.trunk(v)), fullgraph=True, backend="aot_eager")
         assert torch.equal(compiled(x), got_head), "the parallel model traces whole under torch.compile"
+        bare = _linear(12, bias=False).to(dev)
+        want_bare = bare(y)
+        got_bare = RowParallel(bare, input_is_parallel=False)(y)
+        # the all-reduce is waited inside the layer (a CUDA graph ending here joins the collective's stream)
+        assert type(got_bare) is torch.Tensor, type(got_bare)
+        assert float((got_bare - want_bare).abs().max()) < 5e-3
         results[rank] = (float((y_tp - y).abs().max()), float((got_head - want_head).abs().max()),
                          float((got_multi - want_multi).abs().max()), tuple(got_head.shape), tuple(got_multi.shape))
     finally:

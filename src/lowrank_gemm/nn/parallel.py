@@ -223,7 +223,9 @@ class RowParallel(nn.Module):
         if self.reduce_dtype is not None:
             y = y.to(self.reduce_dtype)
         if self.world > 1:
-            y = fc.all_reduce(y, "sum", _group(self.group))
+            # waited here, not at the first use: a CUDA graph captured around a model that ends in this layer (no
+            # bias, no cast after it) must join the collective's stream inside the capture
+            y = fc.wait_tensor(fc.all_reduce(y, "sum", _group(self.group)))
         if self.bias is not None:
             y = y + self.bias.to(y.dtype)
         return y.to(out_dtype)
