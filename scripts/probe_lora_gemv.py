@@ -11,6 +11,8 @@ weights (bench.common.time_graph), without any low-rank branch:
 - ``lora``: ``mma`` plus split's branch (lora_down_kernel, PDL or not, then S·Bᵀ after the K loop), r = 16;
 - ``prod``: one launch, 4 S-producer programs + the main tiles, which acquire S ``lead`` K steps before the end of
   their loop (session 29 call 9);
+- ``ll``: ``prod`` with S as (value, epoch) 8-byte words — the S loads are the synchronization, no counter wait
+  and no reset (session 29 call 13);
 - ``kloop``: ``mma`` with S = x·Aᵀ accumulated in the same K loop (A from L2; no second launch, no sync);
 - ``auto``: today's ``lora_linear`` with r = 16 (the branch included), for reference.
 Usage: python scripts/probe_lora_gemv.py --out DIR [--shapes 4096x4096,8192x8192] [--ms 1,16]
@@ -184,6 +186,51 @@ def _skinny_prod(x_ptr, w_ptr, a_ptr, s_ptr, cnt_ptr, b_ptr, y_ptr, M, N, K, R, 
         tl.atomic_xchg(cnt_ptr + 1, 0, sem="relaxed", scope="gpu")
 
 
+@triton.jit
+def _skinny_ll(x_ptr, w_ptr, a_ptr, words_ptr, cnt_ptr, b_ptr, y_ptr, M, N, K, R, n_main,
+               P: tl.constexpr, ROWS: tl.constexpr, BK: tl.constexpr, BM: tl.constexpr, BR: tl.constexpr):
+    """As ``_skinny_prod`` (lead 0) with no counter wait and no reset: S travels as 8-byte words, the fp32 value in the
+    low half and the launch's epoch in the high half (NCCL's LL protocol: an aligned 8-byte store is seen whole or
+    not at all), so the main tiles' S loads are their synchronization. The epoch comes from two monotonic int64
+    counters — main tiles count themselves on cnt[0], producers on cnt[1] — read by one relaxed atomic at each
+    program's start (its latency hides behind the K loop); the words buffer is persistent (stale stamps are from
+    earlier epochs)."""
+    pid = tl.program_id(0)
+    rm = tl.arange(0, BM)
+    rr = tl.arange(0, BR)
+    if pid < P:
+        epoch = tl.atomic_add(cnt_ptr + 1, 1, sem="relaxed", scope="gpu") // P + 1
+        ks = K // P
+        st = tl.zeros([BR, BM], tl.float32)
+        for k in range(pid * ks, pid * ks + ks, BK):
+            rk = k + tl.arange(0, BK)
+            a = tl.load(a_ptr + rr[:, None] * K + rk[None, :], mask=rr[:, None] < R, other=0.0)
+            xt = tl.trans(tl.load(x_ptr + rm[:, None] * K + rk[None, :], mask=rm[:, None] < M, other=0.0))
+            st = tl.dot(a, xt, st)
+        word = (epoch << 32) | (st.to(tl.int32, bitcast=True).to(tl.int64) & 0xFFFFFFFF)
+        tl.store(words_ptr + pid * BR * BM + rr[:, None] * BM + rm[None, :], word)
+        return
+    epoch = tl.atomic_add(cnt_ptr, 1, sem="relaxed", scope="gpu") // n_main + 1
+    pid -= P
+    rn = pid * ROWS + tl.arange(0, ROWS)
+    b = tl.load(b_ptr + rn[:, None] * R + rr[None, :], mask=(rn[:, None] < N) & (rr[None, :] < R), other=0.0)
+    acc = tl.zeros([ROWS, BM], tl.float32)
+    for k in range(0, K, BK):
+        rk = k + tl.arange(0, BK)
+        w = tl.load(w_ptr + rn[:, None] * K + rk[None, :])
+        xt = tl.trans(tl.load(x_ptr + rm[:, None] * K + rk[None, :], mask=rm[:, None] < M, other=0.0))
+        acc = tl.dot(w, xt, acc)
+    st = tl.zeros([BR, BM], tl.float32)
+    for i in tl.static_range(P):
+        ptrs = words_ptr + i * BR * BM + rr[:, None] * BM + rm[None, :]
+        word = tl.load(ptrs, volatile=True)
+        while tl.min(tl.where((word >> 32) == epoch, 1, 0)) == 0:
+            word = tl.load(ptrs, volatile=True)
+        st += (word & 0xFFFFFFFF).to(tl.int32).to(tl.float32, bitcast=True)
+    acc = tl.dot(b, st.to(b.dtype), acc)
+    tl.store(y_ptr + rm[None, :] * N + rn[:, None], acc.to(y_ptr.dtype.element_ty), mask=rm[None, :] < M)
+
+
 def _variants(M):
     out = [("cublas", None)]
     for rows, bk, warps in ((64, 256, 4), (32, 256, 4), (16, 512, 4), (8, 512, 4), (16, 256, 2), (8, 1024, 4)):
@@ -214,6 +261,8 @@ def _variants(M):
     for rows, bk, warps, stages, lead in ((64, 256, 4, 4, 0), (64, 256, 4, 4, 2), (64, 256, 4, 4, 4),
                                           (32, 256, 4, 4, 2), (64, 128, 4, 6, 4), (64, 256, 2, 4, 2)):
         out.append((f"prod r{rows} bk{bk} w{warps} s{stages} lead{lead}", ("prod", rows, bk, warps, stages, lead)))
+    for rows, bk, warps, stages in ((64, 256, 4, 4), (32, 256, 4, 4), (64, 128, 4, 8), (64, 256, 2, 4)):
+        out.append((f"ll r{rows} bk{bk} w{warps} s{stages}", ("ll", rows, bk, warps, stages)))
     for rows, bk, warps, stages in ((64, 256, 4, 4), (32, 256, 4, 4), (64, 128, 4, 6), (128, 128, 4, 4),
                                     (64, 256, 2, 4), (64, 128, 2, 6)):
         out.append((f"kloop r{rows} bk{bk} w{warps} s{stages}", ("kloop", rows, bk, warps, stages, False)))
@@ -292,6 +341,17 @@ def main():
                             _skinny_prod[grid](x, w, Ar, sprod, cnt, Br, y, M, N, K, R, grid[0] - 4, P=4, ROWS=rows,
                                                BK=bk, BM=BMV, BR=16, LEAD=lead, num_warps=warps, num_stages=stages)
                             return y
+                    elif spec[0] == "ll":
+                        _, rows, bk, warps, stages = spec
+                        grid = (4 + triton.cdiv(N, rows),)
+                        words = torch.zeros(4, 16, BMV, device=dev, dtype=torch.int64)
+                        cnt64 = torch.zeros(2, device=dev, dtype=torch.int64)
+
+                        def fn(w, rows=rows, bk=bk, warps=warps, stages=stages, grid=grid, words=words,
+                               cnt64=cnt64):
+                            _skinny_ll[grid](x, w, Ar, words, cnt64, Br, y, M, N, K, R, grid[0] - 4, P=4,
+                                             ROWS=rows, BK=bk, BM=BMV, BR=16, num_warps=warps, num_stages=stages)
+                            return y
                     elif spec[0] == "kloop":
                         _, rows, bk, warps, stages, s_fma = spec
                         grid = (triton.cdiv(N, rows),)
@@ -318,7 +378,7 @@ def main():
                     got = fn(ws[0])
                     torch.cuda.synchronize()
                     if got is not None:
-                        want = (ref_kloop if spec is not None and spec != "auto" and spec[0] in ("kloop", "prod") else
+                        want = (ref_kloop if spec is not None and spec != "auto" and spec[0] in ("kloop", "prod", "ll") else
                                 ref_lora if spec == "auto" or (spec is not None and spec[0] == "lora" and spec[-1])
                                 else ref)
                         err = ((got.float() - want).abs().max() / want.abs().max()).item()
