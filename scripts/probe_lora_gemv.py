@@ -13,6 +13,8 @@ weights (bench.common.time_graph), without any low-rank branch:
   their loop (session 29 call 9);
 - ``ll``: ``prod`` with S as (value, epoch) 8-byte words — the S loads are the synchronization, no counter wait
   and no reset (session 29 call 13);
+- ``pmode``: where the producers' cost goes — idle head programs, producers that nobody waits for, producers at the
+  grid's tail (call 14);
 - ``kloop``: ``mma`` with S = x·Aᵀ accumulated in the same K loop (A from L2; no second launch, no sync);
 - ``auto``: today's ``lora_linear`` with r = 16 (the branch included), for reference.
 Usage: python scripts/probe_lora_gemv.py --out DIR [--shapes 4096x4096,8192x8192] [--ms 1,16]
@@ -231,6 +233,64 @@ def _skinny_ll(x_ptr, w_ptr, a_ptr, words_ptr, cnt_ptr, b_ptr, y_ptr, M, N, K, R
     tl.store(y_ptr + rm[None, :] * N + rn[:, None], acc.to(y_ptr.dtype.element_ty), mask=rm[None, :] < M)
 
 
+@triton.jit
+def _skinny_pmode(x_ptr, w_ptr, a_ptr, s_ptr, s_static_ptr, cnt_ptr, b_ptr, y_ptr, M, N, K, R, n_main,
+                  P: tl.constexpr, ROWS: tl.constexpr, BK: tl.constexpr, BM: tl.constexpr, BR: tl.constexpr,
+                  MODE: tl.constexpr):
+    """Where do the in-grid producers' ~1.1 µs go (call 14)? MODE 0: P idle programs at the grid's head, the main tiles
+    read a static S (no wait); 1: the producers compute and release S at the head, the main tiles read the static S
+    (no wait); 2: the producers at the grid's tail (program ids n_main …), the main tiles wait as today (spin +
+    ticket; needs every program resident: n_main + P ≤ the SMs); 3: as 2 at the head (today's order)."""
+    pid = tl.program_id(0)
+    rm = tl.arange(0, BM)
+    rr = tl.arange(0, BR)
+    TAIL: tl.constexpr = MODE == 2
+    is_prod = (pid >= n_main) if TAIL else (pid < P)
+    if is_prod:
+        if MODE != 0:
+            q = pid - n_main if TAIL else pid
+            ks = K // P
+            st = tl.zeros([BR, BM], tl.float32)
+            for k in range(q * ks, q * ks + ks, BK):
+                rk = k + tl.arange(0, BK)
+                a = tl.load(a_ptr + rr[:, None] * K + rk[None, :], mask=rr[:, None] < R, other=0.0)
+                xt = tl.trans(tl.load(x_ptr + rm[:, None] * K + rk[None, :], mask=rm[:, None] < M, other=0.0))
+                st = tl.dot(a, xt, st)
+            tl.store(s_ptr + q * BR * BM + rr[:, None] * BM + rm[None, :], st)
+            tl.debug_barrier()
+            tl.atomic_add(cnt_ptr, 1, sem="release", scope="gpu")
+        return
+    if not TAIL:
+        pid -= P
+    rn = pid * ROWS + tl.arange(0, ROWS)
+    b = tl.load(b_ptr + rn[:, None] * R + rr[None, :], mask=(rn[:, None] < N) & (rr[None, :] < R), other=0.0)
+    acc = tl.zeros([ROWS, BM], tl.float32)
+    for k in range(0, K, BK):
+        rk = k + tl.arange(0, BK)
+        w = tl.load(w_ptr + rn[:, None] * K + rk[None, :])
+        xt = tl.trans(tl.load(x_ptr + rm[:, None] * K + rk[None, :], mask=rm[:, None] < M, other=0.0))
+        acc = tl.dot(w, xt, acc)
+    st = tl.zeros([BR, BM], tl.float32)
+    if MODE >= 2:
+        while tl.atomic_add(cnt_ptr, 0, sem="acquire", scope="gpu") < P:
+            pass
+        for i in tl.static_range(P):
+            st += tl.load(s_ptr + i * BR * BM + rr[:, None] * BM + rm[None, :])
+    else:
+        for i in tl.static_range(P):
+            st += tl.load(s_static_ptr + i * BR * BM + rr[:, None] * BM + rm[None, :])
+    acc = tl.dot(b, st.to(b.dtype), acc)
+    tl.store(y_ptr + rm[None, :] * N + rn[:, None], acc.to(y_ptr.dtype.element_ty), mask=rm[None, :] < M)
+    if MODE >= 2:
+        ticket = tl.atomic_add(cnt_ptr + 1, 1, sem="acq_rel", scope="gpu")
+        if ticket == n_main - 1:
+            tl.atomic_xchg(cnt_ptr, 0, sem="relaxed", scope="gpu")
+            tl.atomic_xchg(cnt_ptr + 1, 0, sem="relaxed", scope="gpu")
+    elif MODE == 1:
+        if pid == 0:      # keep the released count from growing without bound (nobody waits on it in this mode)
+            tl.atomic_xchg(cnt_ptr, 0, sem="relaxed", scope="gpu")
+
+
 def _variants(M):
     out = [("cublas", None)]
     for rows, bk, warps in ((64, 256, 4), (32, 256, 4), (16, 512, 4), (8, 512, 4), (16, 256, 2), (8, 1024, 4)):
@@ -263,6 +323,8 @@ def _variants(M):
         out.append((f"prod r{rows} bk{bk} w{warps} s{stages} lead{lead}", ("prod", rows, bk, warps, stages, lead)))
     for rows, bk, warps, stages in ((64, 256, 4, 4), (32, 256, 4, 4), (64, 128, 4, 8), (64, 256, 2, 4)):
         out.append((f"ll r{rows} bk{bk} w{warps} s{stages}", ("ll", rows, bk, warps, stages)))
+    for mode in range(4):
+        out.append((f"pmode{mode} r64 bk256 w4 s4", ("pmode", 64, 256, 4, 4, mode)))
     for rows, bk, warps, stages in ((64, 256, 4, 4), (32, 256, 4, 4), (64, 128, 4, 6), (128, 128, 4, 4),
                                     (64, 256, 2, 4), (64, 128, 2, 6)):
         out.append((f"kloop r{rows} bk{bk} w{warps} s{stages}", ("kloop", rows, bk, warps, stages, False)))
@@ -352,6 +414,21 @@ def main():
                             _skinny_ll[grid](x, w, Ar, words, cnt64, Br, y, M, N, K, R, grid[0] - 4, P=4,
                                              ROWS=rows, BK=bk, BM=BMV, BR=16, num_warps=warps, num_stages=stages)
                             return y
+                    elif spec[0] == "pmode":
+                        _, rows, bk, warps, stages, mode = spec
+                        n_main = triton.cdiv(N, rows)
+                        grid = (4 + n_main,)
+                        s_mode = torch.empty(4, 16, BMV, device=dev, dtype=torch.float32)
+                        s_static = torch.zeros(4, 16, BMV, device=dev, dtype=torch.float32)
+                        s_static[0, :R, :M] = (x.float() @ Ar.float().T).T
+                        cnt_m = torch.zeros(2, device=dev, dtype=torch.int32)
+
+                        def fn(w, rows=rows, bk=bk, warps=warps, stages=stages, mode=mode, grid=grid, n_main=n_main,
+                               s_mode=s_mode, s_static=s_static, cnt_m=cnt_m):
+                            _skinny_pmode[grid](x, w, Ar, s_mode, s_static, cnt_m, Br, y, M, N, K, R, n_main, P=4,
+                                                ROWS=rows, BK=bk, BM=BMV, BR=16, MODE=mode, num_warps=warps,
+                                                num_stages=stages)
+                            return y
                     elif spec[0] == "kloop":
                         _, rows, bk, warps, stages, s_fma = spec
                         grid = (triton.cdiv(N, rows),)
@@ -378,7 +455,7 @@ def main():
                     got = fn(ws[0])
                     torch.cuda.synchronize()
                     if got is not None:
-                        want = (ref_kloop if spec is not None and spec != "auto" and spec[0] in ("kloop", "prod", "ll") else
+                        want = (ref_kloop if spec is not None and spec != "auto" and spec[0] in ("kloop", "prod", "ll", "pmode") else
                                 ref_lora if spec == "auto" or (spec is not None and spec[0] == "lora" and spec[-1])
                                 else ref)
                         err = ((got.float() - want).abs().max() / want.abs().max()).item()
