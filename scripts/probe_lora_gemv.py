@@ -190,7 +190,8 @@ def _skinny_prod(x_ptr, w_ptr, a_ptr, s_ptr, cnt_ptr, b_ptr, y_ptr, M, N, K, R, 
 
 @triton.jit
 def _skinny_ll(x_ptr, w_ptr, a_ptr, words_ptr, cnt_ptr, b_ptr, y_ptr, M, N, K, R, n_main,
-               P: tl.constexpr, ROWS: tl.constexpr, BK: tl.constexpr, BM: tl.constexpr, BR: tl.constexpr):
+               P: tl.constexpr, ROWS: tl.constexpr, BK: tl.constexpr, BM: tl.constexpr, BR: tl.constexpr,
+               LANE_EPOCH: tl.constexpr = False):
     """As ``_skinny_prod`` (lead 0) with no counter wait and no reset: S travels as 8-byte words, the fp32 value in the
     low half and the launch's epoch in the high half (NCCL's LL protocol: an aligned 8-byte store is seen whole or
     not at all), so the main tiles' S loads are their synchronization. The epoch comes from two monotonic int64
@@ -212,7 +213,15 @@ def _skinny_ll(x_ptr, w_ptr, a_ptr, words_ptr, cnt_ptr, b_ptr, y_ptr, M, N, K, R
         word = (epoch << 32) | (st.to(tl.int32, bitcast=True).to(tl.int64) & 0xFFFFFFFF)
         tl.store(words_ptr + pid * BR * BM + rr[:, None] * BM + rm[None, :], word)
         return
-    epoch = tl.atomic_add(cnt_ptr, 1, sem="relaxed", scope="gpu") // n_main + 1
+    if LANE_EPOCH:
+        # one lane's atomic, its result kept in that lane (a scalar atomic is broadcast through shared memory
+        # behind a barrier, i.e. the whole CTA waits for its round trip before the K loop — call 15's question)
+        lane = tl.arange(0, 32)
+        got = tl.atomic_add(cnt_ptr + lane * 0, tl.where(lane == 0, 1, 0).to(tl.int64), mask=lane == 0,
+                            sem="relaxed", scope="gpu")
+        lane_epoch = tl.where(lane == 0, got // n_main + 1, 0)
+    else:
+        epoch = tl.atomic_add(cnt_ptr, 1, sem="relaxed", scope="gpu") // n_main + 1
     pid -= P
     rn = pid * ROWS + tl.arange(0, ROWS)
     b = tl.load(b_ptr + rn[:, None] * R + rr[None, :], mask=(rn[:, None] < N) & (rr[None, :] < R), other=0.0)
@@ -222,6 +231,8 @@ def _skinny_ll(x_ptr, w_ptr, a_ptr, words_ptr, cnt_ptr, b_ptr, y_ptr, M, N, K, R
         w = tl.load(w_ptr + rn[:, None] * K + rk[None, :])
         xt = tl.trans(tl.load(x_ptr + rm[:, None] * K + rk[None, :], mask=rm[:, None] < M, other=0.0))
         acc = tl.dot(w, xt, acc)
+    if LANE_EPOCH:
+        epoch = tl.max(lane_epoch, 0)
     st = tl.zeros([BR, BM], tl.float32)
     for i in tl.static_range(P):
         ptrs = words_ptr + i * BR * BM + rr[:, None] * BM + rm[None, :]
@@ -322,7 +333,9 @@ def _variants(M):
                                           (32, 256, 4, 4, 2), (64, 128, 4, 6, 4), (64, 256, 2, 4, 2)):
         out.append((f"prod r{rows} bk{bk} w{warps} s{stages} lead{lead}", ("prod", rows, bk, warps, stages, lead)))
     for rows, bk, warps, stages in ((64, 256, 4, 4), (32, 256, 4, 4), (64, 128, 4, 8), (64, 256, 2, 4)):
-        out.append((f"ll r{rows} bk{bk} w{warps} s{stages}", ("ll", rows, bk, warps, stages)))
+        out.append((f"ll r{rows} bk{bk} w{warps} s{stages}", ("ll", rows, bk, warps, stages, False)))
+    for rows, bk, warps, stages in ((64, 256, 4, 4), (64, 128, 4, 8)):
+        out.append((f"ll_lane r{rows} bk{bk} w{warps} s{stages}", ("ll", rows, bk, warps, stages, True)))
     for mode in range(4):
         out.append((f"pmode{mode} r64 bk256 w4 s4", ("pmode", 64, 256, 4, 4, mode)))
     for rows, bk, warps, stages in ((64, 256, 4, 4), (32, 256, 4, 4), (64, 128, 4, 6), (128, 128, 4, 4),
@@ -404,15 +417,16 @@ def main():
                                                BK=bk, BM=BMV, BR=16, LEAD=lead, num_warps=warps, num_stages=stages)
                             return y
                     elif spec[0] == "ll":
-                        _, rows, bk, warps, stages = spec
+                        _, rows, bk, warps, stages, lane_epoch = spec
                         grid = (4 + triton.cdiv(N, rows),)
                         words = torch.zeros(4, 16, BMV, device=dev, dtype=torch.int64)
                         cnt64 = torch.zeros(2, device=dev, dtype=torch.int64)
 
                         def fn(w, rows=rows, bk=bk, warps=warps, stages=stages, grid=grid, words=words,
-                               cnt64=cnt64):
+                               cnt64=cnt64, lane_epoch=lane_epoch):
                             _skinny_ll[grid](x, w, Ar, words, cnt64, Br, y, M, N, K, R, grid[0] - 4, P=4,
-                                             ROWS=rows, BK=bk, BM=BMV, BR=16, num_warps=warps, num_stages=stages)
+                                             ROWS=rows, BK=bk, BM=BMV, BR=16, LANE_EPOCH=lane_epoch,
+                                             num_warps=warps, num_stages=stages)
                             return y
                     elif spec[0] == "pmode":
                         _, rows, bk, warps, stages, mode = spec
