@@ -191,7 +191,7 @@ def _skinny_prod(x_ptr, w_ptr, a_ptr, s_ptr, cnt_ptr, b_ptr, y_ptr, M, N, K, R, 
 @triton.jit
 def _skinny_ll(x_ptr, w_ptr, a_ptr, words_ptr, cnt_ptr, b_ptr, y_ptr, M, N, K, R, n_main,
                P: tl.constexpr, ROWS: tl.constexpr, BK: tl.constexpr, BM: tl.constexpr, BR: tl.constexpr,
-               LANE_EPOCH: tl.constexpr = False):
+               LANE_EPOCH: tl.constexpr = False, ONE_TRIP: tl.constexpr = False):
     """As ``_skinny_prod`` (lead 0) with no counter wait and no reset: S travels as 8-byte words, the fp32 value in the
     low half and the launch's epoch in the high half (NCCL's LL protocol: an aligned 8-byte store is seen whole or
     not at all), so the main tiles' S loads are their synchronization. The epoch comes from two monotonic int64
@@ -234,12 +234,21 @@ def _skinny_ll(x_ptr, w_ptr, a_ptr, words_ptr, cnt_ptr, b_ptr, y_ptr, M, N, K, R
     if LANE_EPOCH:
         epoch = tl.max(lane_epoch, 0)
     st = tl.zeros([BR, BM], tl.float32)
-    for i in tl.static_range(P):
-        ptrs = words_ptr + i * BR * BM + rr[:, None] * BM + rm[None, :]
-        word = tl.load(ptrs, volatile=True)
-        while tl.min(tl.where((word >> 32) == epoch, 1, 0)) == 0:
+    if ONE_TRIP:
+        # every slice's words in one load (one round trip), re-read only while some stamp is stale
+        sl = tl.arange(0, P)
+        ptrs3 = words_ptr + sl[:, None, None] * BR * BM + rr[None, :, None] * BM + rm[None, None, :]
+        word3 = tl.load(ptrs3, volatile=True)
+        while tl.min(tl.min(tl.min(tl.where((word3 >> 32) == epoch, 1, 0), 2), 1), 0) == 0:
+            word3 = tl.load(ptrs3, volatile=True)
+        st = tl.sum((word3 & 0xFFFFFFFF).to(tl.int32).to(tl.float32, bitcast=True), 0)
+    else:
+        for i in tl.static_range(P):
+            ptrs = words_ptr + i * BR * BM + rr[:, None] * BM + rm[None, :]
             word = tl.load(ptrs, volatile=True)
-        st += (word & 0xFFFFFFFF).to(tl.int32).to(tl.float32, bitcast=True)
+            while tl.min(tl.where((word >> 32) == epoch, 1, 0)) == 0:
+                word = tl.load(ptrs, volatile=True)
+            st += (word & 0xFFFFFFFF).to(tl.int32).to(tl.float32, bitcast=True)
     acc = tl.dot(b, st.to(b.dtype), acc)
     tl.store(y_ptr + rm[None, :] * N + rn[:, None], acc.to(y_ptr.dtype.element_ty), mask=rm[None, :] < M)
 
@@ -336,6 +345,7 @@ def _variants(M):
         out.append((f"ll r{rows} bk{bk} w{warps} s{stages}", ("ll", rows, bk, warps, stages, False)))
     for rows, bk, warps, stages in ((64, 256, 4, 4), (64, 128, 4, 8)):
         out.append((f"ll_lane r{rows} bk{bk} w{warps} s{stages}", ("ll", rows, bk, warps, stages, True)))
+        out.append((f"ll_1trip r{rows} bk{bk} w{warps} s{stages}", ("ll", rows, bk, warps, stages, "1trip")))
     for mode in range(4):
         out.append((f"pmode{mode} r64 bk256 w4 s4", ("pmode", 64, 256, 4, 4, mode)))
     for rows, bk, warps, stages in ((64, 256, 4, 4), (32, 256, 4, 4), (64, 128, 4, 6), (128, 128, 4, 4),
@@ -425,7 +435,8 @@ def main():
                         def fn(w, rows=rows, bk=bk, warps=warps, stages=stages, grid=grid, words=words,
                                cnt64=cnt64, lane_epoch=lane_epoch):
                             _skinny_ll[grid](x, w, Ar, words, cnt64, Br, y, M, N, K, R, grid[0] - 4, P=4,
-                                             ROWS=rows, BK=bk, BM=BMV, BR=16, LANE_EPOCH=lane_epoch,
+                                             ROWS=rows, BK=bk, BM=BMV, BR=16, LANE_EPOCH=bool(lane_epoch),
+                                             ONE_TRIP=lane_epoch == "1trip",
                                              num_warps=warps, num_stages=stages)
                             return y
                     elif spec[0] == "pmode":
