@@ -121,13 +121,13 @@ def _down_slice(x_desc, a_desc, s_ptr, off_m, off_r, slice_id, slices, M, K, R, 
                 stride_sr, BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr,
                 BANK: tl.constexpr = False, ids_ptr=None, cur=-1, L=0, a_row0=0, rank=0,
                 ranks_ptr=None, scales_ptr=None, bank_a_ptr=None, stride_al=0, stride_ar=0, ID_BLOCK: tl.constexpr = 16,
-                STACK_D: tl.constexpr = 0, STACK_R: tl.constexpr = 16):
+                STACK_D: tl.constexpr = 0, STACK_R: tl.constexpr = 16, WORDS: tl.constexpr = False, epoch=0):
     """S[slice_id, off_m:, off_r:] = scale · X·Aᵀ over the slice-th of ``slices`` near-equal K-tile ranges,
     rows ≥ M and ranks ≥ R not stored: the down kernel's program, and an in-grid S producer's. BANK: A's rows
     start at ``a_row0``, and zeros are stored for rows whose id is not ``cur`` and for ranks ≥ ``rank``
     (:mod:`.adapter_rows`). STACK_D > 0 (stacked bank mode, :func:`~.adapter_rows.stack_pick`): columns off_r …
     of the stacked rank, A's rows gathered from the bank, each column scaled by its adapter's scale and zero for
-    rows of other ids (``scale`` unused)."""
+    rows of other ids (``scale`` unused). WORDS: S is stored as int64 words (:func:`_s_word`) stamped ``epoch``."""
     k_tiles = tl.cdiv(K, BLOCK_K)
     per_split = tl.cdiv(k_tiles, slices)
     k_lo = slice_id * per_split
@@ -147,8 +147,66 @@ def _down_slice(x_desc, a_desc, s_ptr, off_m, off_r, slice_id, slices, M, K, R, 
         if BANK:
             s = tl.where(bank_rows(ids_ptr, offs_m, M, L, cur)[:, None] & (offs_r < rank)[None, :], s, 0.0)
         s = s * scale
+    if WORDS:
+        s = _s_word(s, epoch)
     tl.store(s_ptr + slice_id * stride_sk + offs_m[:, None] * stride_sm + offs_r[None, :] * stride_sr,
              s, mask=(offs_m[:, None] < M) & (offs_r[None, :] < R))
+
+
+# S as words (``S_WORDS``, LoraOptions.s_words): an in-grid producer stores each fp32 value of S together with the
+# launch's epoch in one aligned 8-byte word (the value's bits low, the epoch high). An 8-byte store is seen whole or not
+# at all, so a main tile that finds its epoch in every word of its S rows has them — its S loads are its
+# synchronization (NCCL's LL protocol): one round trip after the K loop instead of an acquire and then the loads
+# behind it (session 29, probes/s29/call16: 4096² M = 1 / 16, 14.7 → 13.8 / 13.9 µs in the probe kernel). The
+# epochs come from two monotonic int64 counters (main tiles', producers'), each program reading its own once; word
+# buffers persist per plan (lora_gemm._SWords), so a stale word carries an older epoch; nothing is ever reset.
+@triton.jit
+def _s_word(v, epoch):
+    """fp32 ``v`` stamped with ``epoch`` (int64): epoch << 32 | v's bits."""
+    return (epoch << 32) | (v.to(tl.int32, bitcast=True).to(tl.int64) & 0xFFFFFFFF)
+
+
+@triton.jit
+def _s_value(word):
+    return (word & 0xFFFFFFFF).to(tl.int32).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _s_missing(w0, w1, w2, w3, mask, epoch, SLICES: tl.constexpr):
+    """How many words of the S rows (inside ``mask``, of the first SLICES slices) lack ``epoch``."""
+    miss = (mask & ((w0 >> 32) != epoch)).to(tl.int32)
+    if SLICES > 1:
+        miss += (mask & ((w1 >> 32) != epoch)).to(tl.int32)
+    if SLICES > 2:
+        miss += (mask & ((w2 >> 32) != epoch)).to(tl.int32)
+    if SLICES > 3:
+        miss += (mask & ((w3 >> 32) != epoch)).to(tl.int32)
+    return tl.sum(tl.sum(miss, 1), 0)
+
+
+@triton.jit
+def _s_rows_words(s_ptr, stride_sk, stride_sm, stride_sr, offs_m, M, R, epoch,
+                  SLICES: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr):
+    """:func:`_s_rows` over S words (SLICES ≤ 4 producers): every slice's words in one round trip, read again only
+    while a word of this launch's ``epoch`` is missing; the values summed in slice order as _s_rows does (the same
+    fp32 result). Rows ≥ M and ranks ≥ R read as a stamped 0."""
+    tl.static_assert(SLICES >= 1 and SLICES <= 4, "S words: one to four S producers")
+    offs_r = tl.arange(0, BLOCK_R)
+    mask = (offs_m[:, None] < M) & (offs_r[None, :] < R)
+    ptrs = s_ptr + offs_m[:, None] * stride_sm + offs_r[None, :] * stride_sr
+    w0 = tl.load(ptrs, mask=mask, other=0, volatile=True)
+    w1 = tl.load(ptrs + stride_sk, mask=mask & (SLICES > 1), other=0, volatile=True)
+    w2 = tl.load(ptrs + 2 * stride_sk, mask=mask & (SLICES > 2), other=0, volatile=True)
+    w3 = tl.load(ptrs + 3 * stride_sk, mask=mask & (SLICES > 3), other=0, volatile=True)
+    missing = _s_missing(w0, w1, w2, w3, mask, epoch, SLICES)
+    while missing > 0:       # a producer still running: rare at decode sizes
+        w0 = tl.load(ptrs, mask=mask, other=0, volatile=True)
+        w1 = tl.load(ptrs + stride_sk, mask=mask & (SLICES > 1), other=0, volatile=True)
+        w2 = tl.load(ptrs + 2 * stride_sk, mask=mask & (SLICES > 2), other=0, volatile=True)
+        w3 = tl.load(ptrs + 3 * stride_sk, mask=mask & (SLICES > 3), other=0, volatile=True)
+        missing = _s_missing(w0, w1, w2, w3, mask, epoch, SLICES)
+    s = tl.zeros((BLOCK_M, BLOCK_R), dtype=tl.float32)
+    return (((s + _s_value(w0)) + _s_value(w1)) + _s_value(w2)) + _s_value(w3)
 
 
 @triton.jit
@@ -262,6 +320,7 @@ def lora_main_kernel(
     stride_xm=0, stride_al=0, stride_ar=0, stride_bl=0,
     BANK: tl.constexpr = False, ID_BLOCK: tl.constexpr = 16, B_CLEAN: tl.constexpr = False,
     STACK_D: tl.constexpr = 0, STACK_R: tl.constexpr = 16, B_VEC: tl.constexpr = False,    # stacked BANK
+    S_WORDS: tl.constexpr = False,
 ):
     # R_CHUNKS (GLOBAL): cdiv(R, BLOCK_R), rank chunks of the epilogue, unrolled
     # SPLIT_K / S_SPLITS are runtime values: one compile serves every split of a tile config
@@ -278,6 +337,8 @@ def lora_main_kernel(
     # S_PRODUCERS (GLOBAL, one launch): programs 0 .. S_PRODUCERS−1 compute S's K slices (the down
     # kernel's work, :func:`_produce_s_slice`), the others are the main tiles and wait for all of them
     # after their K loop (cnt_ptr[0]); the last main program to finish resets the counters (cnt_ptr[1]).
+    # S_WORDS (S_PRODUCERS ≤ 4, the S rows held for the epilogue): S travels as stamped words (_s_rows_words), s_ptr is
+    # int64, cnt_ptr two monotonic int64 counters (main tiles', producers'); no wait on a counter, no ticket.
     # BANK (a batch of ≤ ID_BLOCK rows of one adapter bank, the caller's hint: one distinct adapter): a_desc is
     # the bank's A viewed [L·R_MAX, K], b_ptr its slot 0 ([N, R_MAX] strides), R the bank's R_MAX; every program
     # serves the batch's largest valid id (adapter_rows.bank_pick) — its A rows, B slot, rank and scale — rows of
@@ -301,6 +362,8 @@ def lora_main_kernel(
     PRE: tl.constexpr = EPI_PREFETCH or STACK_ONE       # the epilogue's B tile (and bias, S rows) held in registers
     tl.static_assert(not (S_PRODUCERS > 0 and (LOWRANK != 2 or PARTIAL or FIXUP or PDL)),
                      "S_PRODUCERS: GLOBAL S in one unsplit launch, no PDL")
+    tl.static_assert(not S_WORDS or (S_PRODUCERS > 0 and S_PRODUCERS <= 4 and PRE),
+                     "S_WORDS: one to four S producers, the S rows held for the epilogue (prefetch or stacked)")
     tl.static_assert(not (EPI_PREFETCH and PARTIAL), "PARTIAL has no epilogue to prefetch for")
     tl.static_assert(not (EPI_PREFETCH and LOWRANK == 2 and R_CHUNKS > 1),
                      "EPI_PREFETCH holds one rank chunk of S and B")
@@ -329,9 +392,16 @@ def lora_main_kernel(
             _produce_s_slice(x_desc, a_desc, s_ptr, cnt_ptr, pid, S_PRODUCERS, M, K, R, scale, stride_sk,
                              stride_sm, stride_sr, BLOCK_M, BLOCK_R, BLOCK_K, BANK, ids_ptr, cur, L, a_row0,
                              rank, ranks_ptr, scales_ptr, bank_a_ptr, stride_al, stride_ar, ID_BLOCK, STACK_D,
-                             STACK_R)
+                             STACK_R, S_WORDS)
             return
         pid -= S_PRODUCERS
+        if S_WORDS:
+            # this tile's epoch from one lane's atomic, kept in that lane until after the K loop (a scalar atomic's
+            # result is broadcast behind a CTA barrier, which would hold the K loop for its round trip)
+            lane = tl.arange(0, 32)
+            counted = tl.atomic_add(cnt_ptr + lane * 0, tl.where(lane == 0, 1, 0).to(tl.int64), mask=lane == 0,
+                                    sem="relaxed", scope="gpu")
+            lane_epoch = tl.where(lane == 0, counted // (tl.num_programs(0) - S_PRODUCERS) + 1, 0)
     pid_k = tl.program_id(1)
     n_split = SPLIT_K
     whole = False           # a tile computed unsplit in a FIXUP launch (HYBRID: a runtime value)
@@ -387,14 +457,17 @@ def lora_main_kernel(
         b_pre = stacked_b(slot_q, rr_q, live_q, b_ptr, stride_bl, stride_bn, stride_br, offs_n, N, STACK_R, B_VEC)
         if HAS_BIAS:
             bias_pre = tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)
-    if S_PRODUCERS > 0:
+    if S_PRODUCERS > 0 and not S_WORDS:
         # every producer's S slice is stored and released (they are the lowest program ids: dispatched
         # first, and they wait for nothing, so they are resident or done while anyone spins here)
         while tl.atomic_add(cnt_ptr, 0, sem="acquire", scope="gpu") < S_PRODUCERS:
             pass
     if PDL:
         gdc_wait()      # S (lora_down_kernel's output) is complete and visible from here on
-    if LOWRANK == 2 and ((EPI_PREFETCH and (PDL or S_PRODUCERS > 0)) or (STACK_ONE and not EPI_PREFETCH)):
+    if S_WORDS:
+        s_pre = _s_rows_words(s_ptr, stride_sk, stride_sm, stride_sr, offs_m, M, R, tl.max(lane_epoch, 0),
+                              S_PRODUCERS, BLOCK_M, BLOCK_R)
+    elif LOWRANK == 2 and ((EPI_PREFETCH and (PDL or S_PRODUCERS > 0)) or (STACK_ONE and not EPI_PREFETCH)):
         # S rows as soon as S is complete
         s_pre = _s_rows(s_ptr, stride_sk, stride_sm, stride_sr, S_SPLITS, offs_m, M, 0, R, BLOCK_M, BLOCK_R)
     if LOWRANK == 2 and PRE:
@@ -433,7 +506,7 @@ def lora_main_kernel(
                                 b_bank, stride_bl, stride_bn, stride_br, ids_ptr,
                                 ranks_ptr, scales_ptr, M, N, K, L, R_MAX, cur, off_m, off_n, BLOCK_M, BLOCK_N, 32,
                                 BLOCK_R)
-    if S_PRODUCERS > 0:
+    if S_PRODUCERS > 0 and not S_WORDS:
         # S is read (the epilogue's loads precede the ticket); the last main program leaves both
         # counters at zero for the next launch on this stream / the next graph replay
         if splitk_arrive(cnt_ptr + 1, num_pid_m * num_pid_n):
@@ -463,15 +536,21 @@ def _produce_s_slice(x_desc, a_desc, s_ptr, cnt_ptr, slice_id, SLICES, M, K, R, 
                      stride_sr, BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr,
                      BANK: tl.constexpr = False, ids_ptr=None, cur=-1, L=0, a_row0=0, rank=0,
                      ranks_ptr=None, scales_ptr=None, bank_a_ptr=None, stride_al=0, stride_ar=0,
-                     ID_BLOCK: tl.constexpr = 16, STACK_D: tl.constexpr = 0, STACK_R: tl.constexpr = 16):
+                     ID_BLOCK: tl.constexpr = 16, STACK_D: tl.constexpr = 0, STACK_R: tl.constexpr = 16,
+                     WORDS: tl.constexpr = False):
     """An S producer of an S_PRODUCERS launch: S[slice_id] for every row block (R ≤ BLOCK_R; at decode M one
-    block), then released."""
+    block), then released. WORDS: stamped words (:func:`_s_word`) of the epoch this producer counts itself into
+    (cnt_ptr[1], int64), no release."""
+    epoch = 0
+    if WORDS:
+        epoch = tl.atomic_add(cnt_ptr + 1, 1, sem="relaxed", scope="gpu") // SLICES + 1
     for m0 in range(0, M, BLOCK_M):
         _down_slice(x_desc, a_desc, s_ptr, m0, 0, slice_id, SLICES, M, K, R, scale, stride_sk, stride_sm, stride_sr,
                     BLOCK_M, BLOCK_R, BLOCK_K, BANK, ids_ptr, cur, L, a_row0, rank, ranks_ptr, scales_ptr,
-                    bank_a_ptr, stride_al, stride_ar, ID_BLOCK, STACK_D, STACK_R)
-    tl.debug_barrier()      # all threads' S stores precede the (one-thread) release
-    tl.atomic_add(cnt_ptr, 1, sem="release", scope="gpu")
+                    bank_a_ptr, stride_al, stride_ar, ID_BLOCK, STACK_D, STACK_R, WORDS, epoch)
+    if not WORDS:
+        tl.debug_barrier()      # all threads' S stores precede the (one-thread) release
+        tl.atomic_add(cnt_ptr, 1, sem="release", scope="gpu")
 
 
 @triton.jit

@@ -138,11 +138,18 @@ class LoraOptions:
     - ``down_full_rank``: the down kernel covers all r ≤ 128 ranks per program (X read once) instead
       of 16-rank blocks (``SPLIT_BLOCK_R``: X read ⌈r/16⌉ times — at M=4096, K=4096, r=64 three
       extra 32 MB passes). S differs from the 16-rank blocks at most in the MMA's summation order.
+    - ``s_words``: plans with in-grid S producers (``KernelConfig.s_producers`` ≤ 4, the S rows held for the
+      epilogue) hand S over as stamped 8-byte words, so the main tiles' S loads are their synchronization — one
+      round trip after the K loop instead of an acquire and the loads behind it, and no reset ticket
+      (``_lora_kernels._s_rows_words``; outputs bit-identical). **Off until measured on the GPU:** session 29's
+      probe kernel went from 14.7 to 13.8 / 13.9 µs at 4096², M = 1 / 16 (``probes/s29/call16``); this op's
+      kernel with it has only run under the interpreter and the sm_90 compiler.
     """
 
     prefetch: bool = False
     pdl: bool = False
     down_full_rank: bool = False
+    s_words: bool = False
 
 
 LORA_OPTIONS_ENV = "LOWRANK_GEMM_LORA_OPTIONS"
@@ -266,7 +273,7 @@ def _reduce_tile(cfg: KernelConfig) -> tuple[int, int]:
 
 
 def _launch_main(x, w, a, b, s, bias, y, sws, M, N, Kp, R, scale, cfg, *, lowrank, partial,
-                 fixup=None, pdl=False, producers=None, bank=None):
+                 fixup=None, pdl=False, producers=None, bank=None, s_words=False):
     """lora_main_kernel over an [M, N] grid of tiles × split_k. Shapes as in the kernel; s is
     [S_SPLITS, M, ≥R] fp32 (read only by GLOBAL); sws is [SPLIT_K, M, BR] (PARTIAL) or
     [SPLIT_K, n tiles, M, BR] (FIXUP). ``fixup = (ws [SPLIT_K, M, N] fp32, tickets int32 [tiles])``
@@ -274,7 +281,8 @@ def _launch_main(x, w, a, b, s, bias, y, sws, M, N, Kp, R, scale, cfg, *, lowran
     tiles past the last whole wave are split (:func:`fixup_dp_tiles`, a 1-D grid). ``pdl``: launched
     as the programmatic dependent of the down kernel just before it (GLOBAL). ``producers`` (GLOBAL,
     ``cfg.s_producers`` > 0): int32 [2] zeroed counters; ``cfg.s_producers`` programs at the head of the grid
-    write S's K slices into s (no down kernel). ``bank``: the kernel's BANK arguments (:func:`run_bank`)."""
+    write S's K slices into s (no down kernel); with ``s_words`` s is int64 words and ``producers`` the two int64
+    epoch counters (:class:`_SWords`). ``bank``: the kernel's BANK arguments (:func:`run_bank`)."""
     c = cfg
     x_d = _desc(x, c.block_m, c.block_k)
     w_d = _desc(w, c.block_n, c.block_k)
@@ -299,6 +307,8 @@ def _launch_main(x, w, a, b, s, bias, y, sws, M, N, Kp, R, scale, cfg, *, lowran
         meta["SWAP_AB"] = True
     if producers is not None:
         grid, meta["S_PRODUCERS"] = (c.s_producers + tiles, 1), c.s_producers
+        if s_words:
+            meta["S_WORDS"] = True
     if _prefetch_ok(c, x.element_size() * 8, lowrank, partial=partial, has_bias=has_bias,
                     r_chunks=r_chunks):
         meta["EPI_PREFETCH"] = True
@@ -420,6 +430,47 @@ class _Tickets:
 
 
 _TICKETS = _Tickets()
+
+
+class _SWords:
+    """The word buffers and epoch counters of ``s_words`` launches (:data:`LoraOptions.s_words`), one pair per (device,
+    stream, producers, M, rank, main tiles): words int64 [producers, M, rank] and counters int64 [2] (main tiles',
+    producers'), both zero when made and never reset — each launch moves the counters on by (tiles, producers), and
+    a word left by an earlier launch carries an older epoch. The tile count is part of the key because a main tile
+    derives its epoch by dividing its counter value by it. Inside a CUDA-graph capture a pair not made before is
+    made afresh for the call and not kept (a memset node in the graph: each replay counts from zero again).
+    Graphs and eager calls on one stream share its pairs, so they must not run concurrently (as with
+    :class:`_Tickets`)."""
+
+    def __init__(self):
+        self.pairs: dict = {}
+
+    def get(self, device: torch.device, producers: int, M: int, R: int, tiles: int):
+        is_cuda = device.type == "cuda"
+        stream = torch._C._cuda_getCurrentRawStream(device_index(device)) if is_cuda else 0
+        key = (device, stream, producers, M, R, tiles)
+        pair = self.pairs.get(key)
+        if pair is None:
+            pair = (torch.zeros(producers, M, R, dtype=torch.int64, device=device),
+                    torch.zeros(2, dtype=torch.int64, device=device))
+            if not (is_cuda and torch.cuda.is_current_stream_capturing()):
+                self.pairs[key] = pair
+        return pair
+
+
+_S_WORDS = _SWords()
+
+
+def _s_words_ok(cfg: KernelConfig, x: torch.Tensor, R: int, has_bias: bool, bank) -> bool:
+    """Whether this S-producer launch hands S over as words: asked for (LoraOptions.s_words), ≤ 4 producers, and
+    the epilogue holding the S rows — the prefetched epilogue (:func:`_prefetch_ok`, the same test the launch makes)
+    or the stacked bank mode's one rank chunk."""
+    if not current_options().s_words or not 1 <= cfg.s_producers <= 4:
+        return False
+    if bank is not None and bank.get("STACK_D", 0) > 0 and cdiv(R, cfg.block_r) == 1:
+        return True
+    return _prefetch_ok(cfg, x.element_size() * 8, K_.LOWRANK_GLOBAL, partial=False, has_bias=has_bias,
+                        r_chunks=cdiv(R, cfg.block_r))
 
 
 def _launch_reduce(ws, s, b, bias, y, M, N, R, s_scale, splits, s_splits, cfg, *, has_lora):
@@ -547,6 +598,12 @@ SPLIT_PDL_MAX_M = 1024
 
 def _run_split(x, w, a, b, bias, y, scale, cfg, *, N, Kp, R, bank=None):
     M, dev = x.shape[0], x.device
+    if cfg.s_producers and _s_words_ok(cfg, x, R, bias is not None, bank):
+        tiles = cdiv(M, cfg.block_m) * cdiv(N, cfg.block_n)
+        words, counters = _S_WORDS.get(dev, cfg.s_producers, M, R, tiles)
+        _launch_main(x, w, a, b, words, bias, y, _dummy(dev), M, N, Kp, R, scale, cfg, lowrank=K_.LOWRANK_GLOBAL,
+                     partial=False, producers=counters, bank=bank, s_words=True)
+        return y
     if cfg.s_producers:       # one launch: S's K slices come from the head of the main grid
         s = _empty_f32(dev, cfg.s_producers, M, R)
         _launch_main(x, w, a, b, s, bias, y, _dummy(dev), M, N, Kp, R, scale, cfg, lowrank=K_.LOWRANK_GLOBAL,

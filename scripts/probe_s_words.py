@@ -1,0 +1,67 @@
+"""A/B of ``LoraOptions.s_words`` (S handed over as stamped words in the in-grid S-producer launches) on the op's
+tuned decode plans, in one process: cuBLAS, ``auto`` with the option off and on, each checked against the float64
+reference and for bit-identity between the two, then timed as CUDA-graph replays and paired against cuBLAS.
+
+    PYTHONPATH=src python scripts/probe_s_words.py --out DIR [--points M:K:N:r,...]
+
+Default points: the tuned S-producer plans (4096² and 8192², M = 1 / 16, r16) plus r8 / r64 at 4096² (whatever
+their plans are: where a plan has no producers both rows run the same launches). Session 29 measured the handover
+in the probe kernel only (probes/s29/call16): 14.7 → 13.8 / 13.9 µs at 4096², M = 1 / 16.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+
+from lowrank_gemm.bench.common import device_meta, paired_ratio, time_graph
+from lowrank_gemm.bench.lora import SCALE, make_sets
+from lowrank_gemm.kernels.lora_gemm import lora_linear, lora_options
+from lowrank_gemm.reference import lora_linear_ref
+
+DEFAULT_POINTS = [(M, K, K, r) for K in (4096, 8192) for M in (1, 16) for r in (16,)] + \
+                 [(M, 4096, 4096, r) for M in (1, 16) for r in (8, 64)]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--points", default="")
+    args = ap.parse_args()
+    points = DEFAULT_POINTS if not args.points else [tuple(int(v) for v in p.split(":"))
+                                                      for p in args.points.split(",")]
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for M, K, N, r in points:
+        sets = make_sets(M, N, K, r, torch.bfloat16, "cuda")
+        x, w, a, b, _ = sets[0]
+        ref = lora_linear_ref(x, w, a, b, SCALE)
+        cublas = lambda x, w, a, b, bs: x @ w.T  # noqa: E731
+        base = dict(M=M, K=K, N=N, r=r)
+        ys = {}
+        fns = {}
+        for words in (False, True):
+            def fn(x, w, a, b, bs, words=words):
+                with lora_options(s_words=words):
+                    return lora_linear(x, w, a, b, SCALE)
+            fns[words] = fn
+            ys[words] = [fn(*sets[0]) for _ in range(2)]
+        torch.cuda.synchronize()
+        err = float((ys[True][0].double() - ref).norm() / ref.norm())
+        same = all(torch.equal(ys[False][0], y) for y in ys[True] + ys[False])
+        rows.append(dict(base, impl="cublas", graph_us=round(time_graph(cublas, sets).median_us, 3)))
+        for words in (False, True):
+            p = paired_ratio(fns[words], sets, cublas, sets)
+            rows.append(dict(base, impl="auto s_words" if words else "auto", rel_err=round(err, 6),
+                             bit_identical=same, graph_us=round(time_graph(fns[words], sets).median_us, 3), **p))
+        for row in rows[-3:]:
+            print(json.dumps(row), flush=True)
+        (out / "s_words.json").write_text(json.dumps({"meta": device_meta(), "rows": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
