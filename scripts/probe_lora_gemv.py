@@ -37,6 +37,34 @@ from lowrank_gemm.ops import lora_linear
 
 
 @triton.jit
+def _xt_tile(x_ptr, rm, rk, M, K):
+    """xᵀ [BK, BM] for the K step at ``rk`` (x row-major, transposed in registers; rows ≥ M read 0)."""
+    return tl.trans(tl.load(x_ptr + rm[:, None] * K + rk[None, :], mask=rm[:, None] < M, other=0.0))
+
+
+@triton.jit
+def _w_loop(x_ptr, w_ptr, rn, rm, M, K, ROWS: tl.constexpr, BK: tl.constexpr, BM: tl.constexpr):
+    """accᵀ [ROWS, BM] = W[rn]·xᵀ over all of K (the skinny kernels' K loop)."""
+    acc = tl.zeros([ROWS, BM], tl.float32)
+    for k in range(0, K, BK):
+        rk = k + tl.arange(0, BK)
+        acc = tl.dot(tl.load(w_ptr + rn[:, None] * K + rk[None, :]), _xt_tile(x_ptr, rm, rk, M, K), acc)
+    return acc
+
+
+@triton.jit
+def _s_slice(x_ptr, a_ptr, q, P, rm, rr, M, K, R, BK: tl.constexpr, BM: tl.constexpr, BR: tl.constexpr):
+    """An S producer's slice: Sᵀ [BR, BM] = A·xᵀ over the q-th of P equal K ranges."""
+    ks = K // P
+    st = tl.zeros([BR, BM], tl.float32)
+    for k in range(q * ks, q * ks + ks, BK):
+        rk = k + tl.arange(0, BK)
+        a = tl.load(a_ptr + rr[:, None] * K + rk[None, :], mask=rr[:, None] < R, other=0.0)
+        st = tl.dot(a, _xt_tile(x_ptr, rm, rk, M, K), st)
+    return st
+
+
+@triton.jit
 def _read_rows(w_ptr, y_ptr, N, K, ROWS: tl.constexpr, BK: tl.constexpr):
     rn = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     acc = tl.zeros([ROWS, BK], tl.float32)
@@ -62,12 +90,7 @@ def _gemv_fma(x_ptr, w_ptr, y_ptr, N, K, ROWS: tl.constexpr, BK: tl.constexpr):
 def _skinny_mma(x_ptr, w_ptr, y_ptr, M, N, K, ROWS: tl.constexpr, BK: tl.constexpr, BM: tl.constexpr):
     rn = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     rm = tl.arange(0, BM)
-    acc = tl.zeros([ROWS, BM], tl.float32)
-    for k in range(0, K, BK):
-        rk = k + tl.arange(0, BK)
-        w = tl.load(w_ptr + rn[:, None] * K + rk[None, :])
-        xt = tl.trans(tl.load(x_ptr + rm[:, None] * K + rk[None, :], mask=rm[:, None] < M, other=0.0))
-        acc = tl.dot(w, xt, acc)
+    acc = _w_loop(x_ptr, w_ptr, rn, rm, M, K, ROWS, BK, BM)
     tl.store(y_ptr + rm[None, :] * N + rn[:, None], acc.to(y_ptr.dtype.element_ty), mask=rm[None, :] < M)
 
 
@@ -144,13 +167,7 @@ def _skinny_prod(x_ptr, w_ptr, a_ptr, s_ptr, cnt_ptr, b_ptr, y_ptr, M, N, K, R, 
     rm = tl.arange(0, BM)
     rr = tl.arange(0, BR)
     if pid < P:
-        ks = K // P
-        st = tl.zeros([BR, BM], tl.float32)
-        for k in range(pid * ks, pid * ks + ks, BK):
-            rk = k + tl.arange(0, BK)
-            a = tl.load(a_ptr + rr[:, None] * K + rk[None, :], mask=rr[:, None] < R, other=0.0)
-            xt = tl.trans(tl.load(x_ptr + rm[:, None] * K + rk[None, :], mask=rm[:, None] < M, other=0.0))
-            st = tl.dot(a, xt, st)
+        st = _s_slice(x_ptr, a_ptr, pid, P, rm, rr, M, K, R, BK, BM, BR)
         tl.store(s_ptr + pid * BR * BM + rr[:, None] * BM + rm[None, :], st)
         tl.debug_barrier()
         tl.atomic_add(cnt_ptr, 1, sem="release", scope="gpu")
@@ -203,13 +220,7 @@ def _skinny_ll(x_ptr, w_ptr, a_ptr, words_ptr, cnt_ptr, b_ptr, y_ptr, M, N, K, R
     rr = tl.arange(0, BR)
     if pid < P:
         epoch = tl.atomic_add(cnt_ptr + 1, 1, sem="relaxed", scope="gpu") // P + 1
-        ks = K // P
-        st = tl.zeros([BR, BM], tl.float32)
-        for k in range(pid * ks, pid * ks + ks, BK):
-            rk = k + tl.arange(0, BK)
-            a = tl.load(a_ptr + rr[:, None] * K + rk[None, :], mask=rr[:, None] < R, other=0.0)
-            xt = tl.trans(tl.load(x_ptr + rm[:, None] * K + rk[None, :], mask=rm[:, None] < M, other=0.0))
-            st = tl.dot(a, xt, st)
+        st = _s_slice(x_ptr, a_ptr, pid, P, rm, rr, M, K, R, BK, BM, BR)
         word = (epoch << 32) | (st.to(tl.int32, bitcast=True).to(tl.int64) & 0xFFFFFFFF)
         tl.store(words_ptr + pid * BR * BM + rr[:, None] * BM + rm[None, :], word)
         return
@@ -225,12 +236,7 @@ def _skinny_ll(x_ptr, w_ptr, a_ptr, words_ptr, cnt_ptr, b_ptr, y_ptr, M, N, K, R
     pid -= P
     rn = pid * ROWS + tl.arange(0, ROWS)
     b = tl.load(b_ptr + rn[:, None] * R + rr[None, :], mask=(rn[:, None] < N) & (rr[None, :] < R), other=0.0)
-    acc = tl.zeros([ROWS, BM], tl.float32)
-    for k in range(0, K, BK):
-        rk = k + tl.arange(0, BK)
-        w = tl.load(w_ptr + rn[:, None] * K + rk[None, :])
-        xt = tl.trans(tl.load(x_ptr + rm[:, None] * K + rk[None, :], mask=rm[:, None] < M, other=0.0))
-        acc = tl.dot(w, xt, acc)
+    acc = _w_loop(x_ptr, w_ptr, rn, rm, M, K, ROWS, BK, BM)
     if LANE_EPOCH:
         epoch = tl.max(lane_epoch, 0)
     st = tl.zeros([BR, BM], tl.float32)
@@ -269,13 +275,7 @@ def _skinny_pmode(x_ptr, w_ptr, a_ptr, s_ptr, s_static_ptr, cnt_ptr, b_ptr, y_pt
     if is_prod:
         if MODE != 0:
             q = pid - n_main if TAIL else pid
-            ks = K // P
-            st = tl.zeros([BR, BM], tl.float32)
-            for k in range(q * ks, q * ks + ks, BK):
-                rk = k + tl.arange(0, BK)
-                a = tl.load(a_ptr + rr[:, None] * K + rk[None, :], mask=rr[:, None] < R, other=0.0)
-                xt = tl.trans(tl.load(x_ptr + rm[:, None] * K + rk[None, :], mask=rm[:, None] < M, other=0.0))
-                st = tl.dot(a, xt, st)
+            st = _s_slice(x_ptr, a_ptr, q, P, rm, rr, M, K, R, BK, BM, BR)
             tl.store(s_ptr + q * BR * BM + rr[:, None] * BM + rm[None, :], st)
             tl.debug_barrier()
             tl.atomic_add(cnt_ptr, 1, sem="release", scope="gpu")
@@ -284,12 +284,7 @@ def _skinny_pmode(x_ptr, w_ptr, a_ptr, s_ptr, s_static_ptr, cnt_ptr, b_ptr, y_pt
         pid -= P
     rn = pid * ROWS + tl.arange(0, ROWS)
     b = tl.load(b_ptr + rn[:, None] * R + rr[None, :], mask=(rn[:, None] < N) & (rr[None, :] < R), other=0.0)
-    acc = tl.zeros([ROWS, BM], tl.float32)
-    for k in range(0, K, BK):
-        rk = k + tl.arange(0, BK)
-        w = tl.load(w_ptr + rn[:, None] * K + rk[None, :])
-        xt = tl.trans(tl.load(x_ptr + rm[:, None] * K + rk[None, :], mask=rm[:, None] < M, other=0.0))
-        acc = tl.dot(w, xt, acc)
+    acc = _w_loop(x_ptr, w_ptr, rn, rm, M, K, ROWS, BK, BM)
     st = tl.zeros([BR, BM], tl.float32)
     if MODE >= 2:
         while tl.atomic_add(cnt_ptr, 0, sem="acquire", scope="gpu") < P:
