@@ -133,3 +133,19 @@ def test_words_compile_in_bank_modes(stack):
                         num_warps=4, num_stages=3)
     atoms = [ln for ln in info.ptx.splitlines() if "atom." in ln]
     assert atoms and all("64" in ln and "exch" not in ln for ln in atoms), atoms
+
+
+def test_epochs_wrap_at_2_to_the_32(poisoned_workspaces):
+    """Stamps hold the epoch modulo 2^32 (the counters are int64 and never reset): launches whose epochs cross 2^32
+    still find their words (a full 64-bit compare would spin forever there)."""
+    M, N, K, r, P = 3, 150, 88, 16, 2
+    x, w, a, b, bias = make(M, N, K, r, seed=9)
+    cfg = KernelConfig(block_m=16, block_n=64, block_k=16, block_r=16, group_m=1, num_warps=4, num_stages=2,
+                       swap_ab=True, s_producers=P)
+    old = _run(cfg, x, w, a, b, bias)
+    tiles = -(-N // 64)
+    words, counters = LG._S_WORDS.get(torch.device("cpu"), P, M, r, tiles)
+    counters.copy_(torch.tensor([tiles * (2**32 - 2), P * (2**32 - 2)]))
+    for epoch in (2**32 - 1, 2**32, 2**32 + 1):
+        assert torch.equal(_run(cfg, x, w, a, b, bias, s_words=True), old)
+        assert bool((((words >> 32) & 0xFFFFFFFF) == epoch % 2**32).all())

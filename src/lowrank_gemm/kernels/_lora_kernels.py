@@ -162,8 +162,15 @@ def _down_slice(x_desc, a_desc, s_ptr, off_m, off_r, slice_id, slices, M, K, R, 
 # buffers persist per plan (lora_gemm._SWords), so a stale word carries an older epoch; nothing is ever reset.
 @triton.jit
 def _s_word(v, epoch):
-    """fp32 ``v`` stamped with ``epoch`` (int64): epoch << 32 | v's bits."""
-    return (epoch << 32) | (v.to(tl.int32, bitcast=True).to(tl.int64) & 0xFFFFFFFF)
+    """fp32 ``v`` stamped with ``epoch`` (int64) modulo 2^32: its low 32 bits << 32 | v's bits. Every launch rewrites
+    every word its main tiles read, so a stale word is one epoch old (or never written: 0) — modulo 2^32 it can never
+    match, however long the counters run."""
+    return ((epoch & 0xFFFFFFFF) << 32) | (v.to(tl.int32, bitcast=True).to(tl.int64) & 0xFFFFFFFF)
+
+
+@triton.jit
+def _s_stale(word, epoch):
+    return ((word >> 32) & 0xFFFFFFFF) != (epoch & 0xFFFFFFFF)
 
 
 @triton.jit
@@ -174,13 +181,13 @@ def _s_value(word):
 @triton.jit
 def _s_missing(w0, w1, w2, w3, mask, epoch, SLICES: tl.constexpr):
     """How many words of the S rows (inside ``mask``, of the first SLICES slices) lack ``epoch``."""
-    miss = (mask & ((w0 >> 32) != epoch)).to(tl.int32)
+    miss = (mask & _s_stale(w0, epoch)).to(tl.int32)
     if SLICES > 1:
-        miss += (mask & ((w1 >> 32) != epoch)).to(tl.int32)
+        miss += (mask & _s_stale(w1, epoch)).to(tl.int32)
     if SLICES > 2:
-        miss += (mask & ((w2 >> 32) != epoch)).to(tl.int32)
+        miss += (mask & _s_stale(w2, epoch)).to(tl.int32)
     if SLICES > 3:
-        miss += (mask & ((w3 >> 32) != epoch)).to(tl.int32)
+        miss += (mask & _s_stale(w3, epoch)).to(tl.int32)
     return tl.sum(tl.sum(miss, 1), 0)
 
 
