@@ -165,9 +165,9 @@ def test_options_default_env_and_scope(monkeypatch):
     monkeypatch.setenv(LG.LORA_OPTIONS_ENV, "prefetch, pdl")
     assert LG.current_options() == LG.LoraOptions(prefetch=True, pdl=True)
     monkeypatch.setenv(LG.LORA_OPTIONS_ENV, "all")
-    assert LG.current_options() == LG.LoraOptions(True, True, True)
+    assert LG.current_options() == LG.LoraOptions(True, True, True, True)
     with lora_options(pdl=False):
-        assert LG.current_options() == LG.LoraOptions(prefetch=True, pdl=False, down_full_rank=True)
+        assert LG.current_options() == LG.LoraOptions(prefetch=True, pdl=False, down_full_rank=True, s_words=True)
     assert LG.current_options().pdl
     monkeypatch.setenv(LG.LORA_OPTIONS_ENV, "prefetch,warp_specialize")
     with pytest.raises(ValueError, match="LOWRANK_GEMM_LORA_OPTIONS takes a comma-separated subset"):
