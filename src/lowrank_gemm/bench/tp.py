@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from .common import GRAPH_CALLS, device_meta, markdown_table, meta_header, write_results
+from .common import GRAPH_CALLS, capture_graph, device_meta, markdown_table, meta_header, write_results
 
 HIDDEN, FFN = 4096, 14336
 MS = (1, 16, 64, 256)
@@ -76,16 +76,11 @@ def _timed(fn, x, dev, group, replays=REPLAYS, rounds=ROUNDS) -> float | None:
     if dev.type != "cuda":
         fn(x)
         return None
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            fn(x)
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+
+    def calls():
         for _ in range(GRAPH_CALLS):
             fn(x)
+    graph = capture_graph(calls)[1]      # the harness's capture: the calls run once on a side stream first
     for _ in range(3):
         graph.replay()
     torch.cuda.synchronize()
