@@ -316,6 +316,35 @@ def test_s_producers_bf16(shape, bn, bk):
     assert _tickets_zero()
 
 
+def test_s_words_graph_replays_use_the_spare():
+    """``s_words`` inside a CUDA-graph capture on a fresh stream: the pairs come from the spare made by the eager call
+    (no allocation, so no memset node per call), are kept, and every replay — with X changed between replays —
+    gives the eager bits; the counters move on across replays."""
+    from lowrank_gemm.kernels.lora_gemm import lora_options
+    M, N, K, r = 16, 4096, 4096, 16
+    c = KernelConfig(block_m=16, block_n=64, block_k=256, block_r=16, group_m=1, num_warps=4, num_stages=2,
+                     swap_ab=True, s_producers=4)
+    x, w, a, b, bias = make(M, N, K, r, seed=11)
+    fn = lambda: lora_linear(x, w, a, b, 0.5, bias)
+    with pinned(strategy="split", config=c), lora_options(s_words=True):
+        assert LG._s_words_ok(c, x, r, True, None)
+        eager, g, outs = capture_graph(fn, lambda: [fn() for _ in range(2)])
+        stream = torch.cuda.graph.default_capture_stream.cuda_stream
+        key = (x.device, stream, 4, M, r, -(-M // c.block_m) * -(-N // c.block_n))
+        assert key in LG._S_WORDS.pairs, "the capture's pair is kept (carved from the spare, not a memset per call)"
+        counters = [LG._S_WORDS.pairs[key][1]]
+        for seed in (1, 2):
+            x.copy_(make(M, N, K, r, seed=seed)[0])
+            want = fn().clone()
+            start = [int(t[1]) for t in counters]
+            g.replay()
+            torch.cuda.synchronize()
+            assert all(torch.equal(o, want) for o in outs)
+            assert int(counters[0][1]) == start[0] + 2 * 4, "replays count on from the last one"
+        assert rel_err(want, lora_linear_ref(x, w, a, b, 0.5, bias)) < TOL
+    assert eager is not None
+
+
 @pytest.mark.parametrize("shape", [(2048, 28672, 4096, 16), (4096, 28672, 4096, 64), (2500, 9000, 3000, 24)],
                          ids=lambda s: "x".join(map(str, s)))
 def test_auto_on_the_packed_layout_runs_kcat(shape, monkeypatch):

@@ -149,3 +149,26 @@ def test_epochs_wrap_at_2_to_the_32(poisoned_workspaces):
     for epoch in (2**32 - 1, 2**32, 2**32 + 1):
         assert torch.equal(_run(cfg, x, w, a, b, bias, s_words=True), old)
         assert bool((((words >> 32) & 0xFFFFFFFF) == epoch % 2**32).all())
+
+
+def test_pairs_first_needed_in_a_capture_come_from_the_spare(monkeypatch):
+    """A pair first asked for inside a CUDA-graph capture is carved, zeroed and 16-word aligned, from the spare set
+    aside by an earlier call outside any capture, and kept (replays count on); once the spare is used up a capture
+    gets a fresh pair per call that is not kept, and the next call outside a capture sets a new spare aside."""
+    sw, dev = LG._SWords(), torch.device("cpu")
+    monkeypatch.setattr(LG, "S_WORDS_SPARE", 64)
+    eager = sw.get(dev, 2, 3, 5, 7)
+    assert sw.get(dev, 2, 3, 5, 7) is eager and sw.spare[dev][1] == 0
+    spare = sw.spare[dev][0]
+    monkeypatch.setattr(LG, "_capturing", lambda d: True)
+    words, counters = sw.get(dev, 1, 2, 9, 4)       # 18 words → 32 handed out, the counters 16 more
+    assert words.shape == (1, 2, 9) and words.data_ptr() == spare.data_ptr()
+    assert counters.data_ptr() == spare.data_ptr() + 32 * 8 and sw.spare[dev][1] == 48
+    assert not words.any() and not counters.any()
+    assert sw.get(dev, 1, 2, 9, 4)[0] is words
+    fresh = sw.get(dev, 1, 4, 4, 4)                  # 16 + 2 words do not fit in the 16 left
+    assert dev not in sw.spare and fresh[0].shape == (1, 4, 4)
+    assert sw.get(dev, 1, 4, 4, 4)[0] is not fresh[0], "a pair made inside a capture is not kept"
+    monkeypatch.setattr(LG, "_capturing", lambda d: False)
+    sw.get(dev, 1, 4, 4, 4)
+    assert sw.spare[dev][1] == 0 and sw.spare[dev][0].data_ptr() != spare.data_ptr()
