@@ -285,12 +285,19 @@ def test_swap_ab_bf16(strategy, shape, bn, bk, split):
     assert _tickets_zero()
 
 
+@pytest.mark.parametrize("s_words", [True, False], ids=["words", "counters"])
 @pytest.mark.parametrize("shape, bn, bk", [((1, 4096, 4096, 16), 64, 256), ((16, 28672, 4096, 64), 64, 256),
                                            ((5, 8192, 8192, 16), 128, 64), ((37, 5000, 3000, 40), 64, 128)])
-def test_s_producers_bf16(shape, bn, bk):
-    """split + swap_ab with in-grid S producers (one launch, main tiles wait on a counter): float64 reference,
-    NaN-poisoned output, bit-identical repeats, graph replays, counters back at zero — including grids of
-    more main CTAs than fit at once (N=28672: 448 tiles behind 4 producers)."""
+def test_s_producers_bf16(shape, bn, bk, s_words):
+    """split + swap_ab with in-grid S producers (one launch; S handed over as stamped words, or the main tiles wait
+    on a counter): float64 reference, NaN-poisoned output, bit-identical repeats, graph replays, counters back at
+    zero — including grids of more main CTAs than fit at once (N=28672: 448 tiles behind 4 producers)."""
+    from lowrank_gemm.kernels.lora_gemm import lora_options
+    with lora_options(s_words=s_words):
+        _check_s_producers(shape, bn, bk)
+
+
+def _check_s_producers(shape, bn, bk):
     from lowrank_gemm.plan.config import KernelConfig
     from lowrank_gemm.plan.planner import block_r_for, lora_ledger, stages_for
     M, N, K, r = shape

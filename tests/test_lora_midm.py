@@ -156,9 +156,9 @@ def test_chunked_fixup_matches_reference(strategy, M, r, poisoned_workspaces):
 def test_options_default_env_and_scope(monkeypatch):
     monkeypatch.delenv(LG.LORA_OPTIONS_ENV, raising=False)
     monkeypatch.delenv("LOWRANK_GEMM_PDL", raising=False)
-    assert LG.current_options() == LG.LoraOptions(pdl=True)              # PDL on by default, the rest off
+    assert LG.current_options() == LG.LoraOptions(pdl=True, s_words=True)  # PDL and s_words on by default
     monkeypatch.setenv("LOWRANK_GEMM_PDL", "0")
-    assert LG.current_options() == LG.LoraOptions()                       # the project-wide PDL switch
+    assert LG.current_options() == LG.LoraOptions(s_words=True)           # the project-wide PDL switch
     monkeypatch.setenv(LG.LORA_OPTIONS_ENV, "none")
     monkeypatch.delenv("LOWRANK_GEMM_PDL", raising=False)
     assert LG.current_options() == LG.LoraOptions()

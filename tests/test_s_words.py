@@ -37,7 +37,7 @@ def test_words_match_the_counter_protocol(M, r, producers, swap, poisoned_worksp
     x, w, a, b, bias = make(M, N, K, r, seed=M + r)
     cfg = KernelConfig(block_m=16, block_n=64 if swap else 32, block_k=16, block_r=64 if r > 16 else 16, group_m=1,
                        num_warps=4, num_stages=2, swap_ab=swap, s_producers=producers)
-    old = _run(cfg, x, w, a, b, bias, prefetch=True)
+    old = _run(cfg, x, w, a, b, bias, prefetch=True, s_words=False)
     tiles = -(-M // 16) * -(-N // cfg.block_n)
     before = _pair(producers, M, r, tiles)
     start = before[1].clone() if before is not None else torch.zeros(2, dtype=torch.int64)
@@ -62,7 +62,7 @@ def test_words_fall_back_where_the_epilogue_reads_s_itself(poisoned_workspaces):
     pairs = len(LG._S_WORDS.pairs)
     y = _run(cfg, x, w, a, b, bias, s_words=True)
     assert len(LG._S_WORDS.pairs) == pairs
-    assert torch.equal(y, _run(cfg, x, w, a, b, bias))
+    assert torch.equal(y, _run(cfg, x, w, a, b, bias, s_words=False))
     assert not LG._s_words_ok(cfg.replace(s_producers=5, swap_ab=True, block_n=64), x, r, True, None)
 
 
@@ -74,7 +74,8 @@ BANK_CFG = KernelConfig(block_m=16, block_n=64, block_k=16, block_r=16, group_m=
 def test_bank_mode_words(M, N, K, r_max, rank, poisoned_workspaces):
     """One-adapter bank mode on swap-AB tiles with two producers: the reference and the counter protocol's bits."""
     case = one_adapter_case(M, N, K, 4, r_max, ids_of(M, 2, M), seed=M, ranks=[r_max, 1, rank, 0])
-    old = run_bank(case, "split", BANK_CFG)
+    with LG.lora_options(s_words=False):
+        old = run_bank(case, "split", BANK_CFG)
     with LG.lora_options(s_words=True):
         y = run_bank(case, "split", BANK_CFG)
         assert torch.equal(y, run_bank(case, "split", BANK_CFG))
@@ -90,7 +91,8 @@ def test_stacked_bank_mode_words(swap, poisoned_workspaces):
                        num_stages=2, swap_ab=swap, s_producers=3)
     M, N, K, r_max, d = 37, 70, 88, 16, 2
     case = stack_case(M, N, K, 6, r_max, mixed_ids(M, [1, 3], M + d), seed=M, ranks=[r_max, 1, 7, r_max, 0, 5])
-    old = run_stack(case, "split", cfg, d)
+    with LG.lora_options(s_words=False):
+        old = run_stack(case, "split", cfg, d)
     with LG.lora_options(s_words=True):
         y = run_stack(case, "split", cfg, d)
     assert_close(y, ref_of(case))
@@ -142,7 +144,7 @@ def test_epochs_wrap_at_2_to_the_32(poisoned_workspaces):
     x, w, a, b, bias = make(M, N, K, r, seed=9)
     cfg = KernelConfig(block_m=16, block_n=64, block_k=16, block_r=16, group_m=1, num_warps=4, num_stages=2,
                        swap_ab=True, s_producers=P)
-    old = _run(cfg, x, w, a, b, bias)
+    old = _run(cfg, x, w, a, b, bias, s_words=False)
     tiles = -(-N // 64)
     words, counters = LG._S_WORDS.get(torch.device("cpu"), P, M, r, tiles)
     counters.copy_(torch.tensor([tiles * (2**32 - 2), P * (2**32 - 2)]))

@@ -125,7 +125,7 @@ class LoraOptions:
     --issue2``, NOTES.md session 5): ``pdl`` pays wherever ``split`` runs its down kernel (M=256, 4096²:
     28.5 → 25.8 µs) and is on by default with the project-wide switch (``LOWRANK_GEMM_PDL``, kernels/pdl.py);
     ``prefetch`` is mixed (−0.3 µs at M=256 4096², +2.6 at M=256 N=28672) and ``down_full_rank`` neutral, so
-    both stay off. Set per process with ``LOWRANK_GEMM_LORA_OPTIONS`` (comma-separated field names, ``all``
+    both stay off; ``s_words`` is on by default (session 30). Set per process with ``LOWRANK_GEMM_LORA_OPTIONS`` (comma-separated field names, ``all``
     or ``none``; replaces the defaults), per scope with :func:`lora_options` (which wins).
 
     - ``prefetch``: the epilogue's B tile and bias (and, for ``split`` without PDL, the S rows) are
@@ -141,9 +141,10 @@ class LoraOptions:
     - ``s_words``: plans with in-grid S producers (``KernelConfig.s_producers`` ≤ 4, the S rows held for the
       epilogue) hand S over as stamped 8-byte words, so the main tiles' S loads are their synchronization — one
       round trip after the K loop instead of an acquire and the loads behind it, and no reset ticket
-      (``_lora_kernels._s_rows_words``; outputs bit-identical). **Off until measured on the GPU:** session 29's
-      probe kernel went from 14.7 to 13.8 / 13.9 µs at 4096², M = 1 / 16 (``probes/s29/call16``); this op's
-      kernel with it has only run under the interpreter and the sm_90 compiler.
+      (``_lora_kernels._s_rows_words``; outputs bit-identical). On by default (with ``pdl``, the fields the
+      defaults turn on; ``LoraOptions()`` itself is all off, as ``none`` is). H200, CUDA-graph replays paired
+      against cuBLAS in one process (``probes/s30/s30_words2``): `auto` 4096² r16 M = 1 / 16 14.42 / 14.02 →
+      13.85 / 13.36 µs, r8 14.21 / 14.23 → 13.50 / 13.47, 8192² r16 36.5 / 36.7 → 35.9 / 36.0.
     """
 
     prefetch: bool = False
@@ -163,7 +164,7 @@ def _options_from_env(value: str, _pdl_env: str = "") -> LoraOptions:   # _pdl_e
     if not names:
         from .pdl import PDL_DEFAULT
         env = getenv("LOWRANK_GEMM_PDL", "")
-        return LoraOptions(pdl=env == "1" if env in ("0", "1") else PDL_DEFAULT)
+        return LoraOptions(pdl=env == "1" if env in ("0", "1") else PDL_DEFAULT, s_words=True)
     if names == ["none"]:
         return LoraOptions()
     if names == ["all"]:
