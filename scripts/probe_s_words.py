@@ -2,7 +2,11 @@
 tuned decode plans, in one process: cuBLAS, ``auto`` with the option off and on, each checked against the float64
 reference and for bit-identity between the two, then timed as CUDA-graph replays and paired against cuBLAS.
 
-    PYTHONPATH=src python scripts/probe_s_words.py --out DIR [--points M:K:N:r,...]
+    PYTHONPATH=src python scripts/probe_s_words.py --out DIR [--points M:K:N:r,...] [--producers 2,4]
+
+``--producers``: also time, with the option on, the point's plan with that many in-grid S producers (as ``split``
+where the plan is another strategy; skipped where the planner's feasibility check rejects it) — whether cells
+tuned without producers under the counter protocol want them now.
 
 Default points: the tuned S-producer plans (4096² and 8192², M = 1 / 16, r16) plus r8 / r64 at 4096² (whatever
 their plans are: where a plan has no producers both rows run the same launches). Session 29 measured the handover
@@ -20,6 +24,7 @@ import torch
 from lowrank_gemm.bench.common import device_meta, paired_ratio, time_graph
 from lowrank_gemm.bench.lora import SCALE, make_sets
 from lowrank_gemm.kernels.lora_gemm import lora_linear, lora_options
+from lowrank_gemm.plan.planner import can_implement, pinned, plan_lora
 from lowrank_gemm.reference import lora_linear_ref
 
 DEFAULT_POINTS = [(M, K, K, r) for K in (4096, 8192) for M in (1, 16) for r in (16,)] + \
@@ -30,6 +35,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
     ap.add_argument("--points", default="")
+    ap.add_argument("--producers", default="")
     args = ap.parse_args()
     points = DEFAULT_POINTS if not args.points else [tuple(int(v) for v in p.split(":"))
                                                       for p in args.points.split(",")]
@@ -58,7 +64,29 @@ def main():
             p = paired_ratio(fns[words], sets, cublas, sets)
             rows.append(dict(base, impl="auto s_words" if words else "auto", rel_err=round(err, 6),
                              bit_identical=same, graph_us=round(time_graph(fns[words], sets).median_us, 3), **p))
-        for row in rows[-3:]:
+        start = len(rows) - 3
+        for n in [int(v) for v in args.producers.split(",") if v]:
+            strategy, cfg = plan_lora(M, N, K, r, torch.bfloat16, "cuda")
+            cfg = cfg.replace(s_producers=n, split_k=1)
+            ok = can_implement("split", (M, N, K, r), cfg)
+            if not ok:
+                rows.append(dict(base, impl=f"producers {n}", skipped=str(ok.reason)))
+                continue
+
+            def fn(x, w, a, b, bs, cfg=cfg):
+                with lora_options(s_words=True), pinned(strategy="split", config=cfg):
+                    return lora_linear(x, w, a, b, SCALE)
+            try:
+                y = fn(*sets[0])
+                torch.cuda.synchronize()
+                rows.append(dict(base, impl=f"producers {n}", plan_was=strategy,
+                                 rel_err=round(float((y.double() - ref).norm() / ref.norm()), 6),
+                                 bit_identical=torch.equal(y, fn(*sets[0])),
+                                 graph_us=round(time_graph(fn, sets).median_us, 3),
+                                 **paired_ratio(fn, sets, cublas, sets)))
+            except Exception as e:  # noqa: BLE001 — a variant that fails to compile or launch is a row, not the end
+                rows.append(dict(base, impl=f"producers {n}", error=f"{type(e).__name__}: {e}"[:300]))
+        for row in rows[start:]:
             print(json.dumps(row), flush=True)
         (out / "s_words.json").write_text(json.dumps({"meta": device_meta(), "rows": rows}, indent=1))
 
