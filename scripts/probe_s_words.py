@@ -4,6 +4,7 @@ reference and for bit-identity between the two, then timed as CUDA-graph replays
 
     PYTHONPATH=src python scripts/probe_s_words.py --out DIR [--points M:K:N:r,...] [--producers 2,4]
 
+``--edits NAME:field=v,…;…``: the same for any KernelConfig fields (tile depth, stages).
 ``--producers``: also time, with the option on, the point's plan with that many in-grid S producers (as ``split``
 where the plan is another strategy; skipped where the planner's feasibility check rejects it) — whether cells
 tuned without producers under the counter protocol want them now.
@@ -31,11 +32,28 @@ DEFAULT_POINTS = [(M, K, K, r) for K in (4096, 8192) for M in (1, 16) for r in (
                  [(M, 4096, 4096, r) for M in (1, 16) for r in (8, 64)]
 
 
+def parse_edits(spec: str) -> list[tuple[str, dict]]:
+    """``NAME:field=v,field=v;…`` → [(NAME, {field: int or bool})]."""
+    out = []
+    for item in filter(None, spec.split(";")):
+        name, _, fields = item.partition(":")
+        vals = {}
+        for f in filter(None, fields.split(",")):
+            key, _, v = f.partition("=")
+            vals[key.strip()] = {"true": True, "false": False}.get(v.strip().lower(), None)
+            if vals[key.strip()] is None:
+                vals[key.strip()] = int(v)
+        out.append((name.strip(), vals))
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
     ap.add_argument("--points", default="")
     ap.add_argument("--producers", default="")
+    ap.add_argument("--edits", default="", help="NAME:field=v,field=v;… — the point's plan with those KernelConfig "
+                                                "fields set, run as split with s_words")
     args = ap.parse_args()
     points = DEFAULT_POINTS if not args.points else [tuple(int(v) for v in p.split(":"))
                                                       for p in args.points.split(",")]
@@ -65,12 +83,14 @@ def main():
             rows.append(dict(base, impl="auto s_words" if words else "auto", rel_err=round(err, 6),
                              bit_identical=same, graph_us=round(time_graph(fns[words], sets).median_us, 3), **p))
         start = len(rows) - 3
-        for n in [int(v) for v in args.producers.split(",") if v]:
+        variants = [(f"producers {n}", {"s_producers": n}) for n in [int(v) for v in args.producers.split(",") if v]]
+        variants += parse_edits(args.edits)
+        for name, fields in variants:
             strategy, cfg = plan_lora(M, N, K, r, torch.bfloat16, "cuda")
-            cfg = cfg.replace(s_producers=n, split_k=1)
+            cfg = cfg.replace(split_k=1, **fields)
             ok = can_implement("split", (M, N, K, r), cfg)
             if not ok:
-                rows.append(dict(base, impl=f"producers {n}", skipped=str(ok.reason)))
+                rows.append(dict(base, impl=name, skipped=str(ok.reason)))
                 continue
 
             def fn(x, w, a, b, bs, cfg=cfg):
@@ -79,13 +99,13 @@ def main():
             try:
                 y = fn(*sets[0])
                 torch.cuda.synchronize()
-                rows.append(dict(base, impl=f"producers {n}", plan_was=strategy,
+                rows.append(dict(base, impl=name, plan_was=strategy,
                                  rel_err=round(float((y.double() - ref).norm() / ref.norm()), 6),
                                  bit_identical=torch.equal(y, fn(*sets[0])),
                                  graph_us=round(time_graph(fn, sets).median_us, 3),
                                  **paired_ratio(fn, sets, cublas, sets)))
             except Exception as e:  # noqa: BLE001 — a variant that fails to compile or launch is a row, not the end
-                rows.append(dict(base, impl=f"producers {n}", error=f"{type(e).__name__}: {e}"[:300]))
+                rows.append(dict(base, impl=name, error=f"{type(e).__name__}: {e}"[:300]))
         for row in rows[start:]:
             print(json.dumps(row), flush=True)
         (out / "s_words.json").write_text(json.dumps({"meta": device_meta(), "rows": rows}, indent=1))
