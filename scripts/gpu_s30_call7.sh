@@ -7,9 +7,4 @@ say "commit=${LOWRANK_GEMM_COMMIT:-?} $(nvidia-smi --query-gpu=name --format=csv
 timeout 200 python3 scripts/probe_s_words.py --out "$L/probe" --producers 1,2 \
     --points 1:8192:8192:16,16:8192:8192:16,1:4096:4096:16,16:4096:4096:16 > "$L/probe.log" 2>&1
 say "probe rc=$?"
-python3 - "$L/probe/s_words.json" <<'PY' | tee -a "$L/summary.txt"
-import json, sys
-for r in json.load(open(sys.argv[1]))["rows"]:
-    print(r["M"], r["K"], r["r"], r["impl"], r.get("graph_us"), r.get("ratio_paired"), r.get("bit_identical"),
-          r.get("skipped", r.get("error", "")))
-PY
+python3 scripts/_s_words_summary.py "$L/probe/s_words.json" | tee -a "$L/summary.txt"
