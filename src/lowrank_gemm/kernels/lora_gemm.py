@@ -125,8 +125,9 @@ class LoraOptions:
     --issue2``, NOTES.md session 5): ``pdl`` pays wherever ``split`` runs its down kernel (M=256, 4096²:
     28.5 → 25.8 µs) and is on by default with the project-wide switch (``LOWRANK_GEMM_PDL``, kernels/pdl.py);
     ``prefetch`` is mixed (−0.3 µs at M=256 4096², +2.6 at M=256 N=28672) and ``down_full_rank`` neutral, so
-    both stay off; ``s_words`` is on by default (session 30). Set per process with ``LOWRANK_GEMM_LORA_OPTIONS`` (comma-separated field names, ``all``
-    or ``none``; replaces the defaults), per scope with :func:`lora_options` (which wins).
+    both stay off; ``s_words`` is on by default (session 30). Set per process with ``LOWRANK_GEMM_LORA_OPTIONS``
+    (comma-separated field names, ``all`` or ``none``; replaces the defaults), per scope with :func:`lora_options`
+    (which wins).
 
     - ``prefetch``: the epilogue's B tile and bias (and, for ``split`` without PDL, the S rows) are
       loaded before the K loop, so their round trip overlaps the pipeline fill instead of following
