@@ -1,7 +1,7 @@
 """compute-sanitizer target (session 30): the LoRA op's in-grid S producers with S handed over as stamped
 words (``LoraOptions.s_words``, on by default since session 30) — the tuned decode plans (4 producers at 4096² /
-8192², two on the N = 28672 r64 cell), a ragged M on a pinned three-producer plan, the counter protocol beside it, and a
-CUDA-graph replay whose pairs are carved from the spare.
+8192², two on the N = 28672 r64 cell), a ragged M on a pinned three-producer plan, the counter protocol beside
+it, and a CUDA-graph replay whose pairs are carved from the spare.
 
     compute-sanitizer --tool memcheck python3 scripts/_sanitize_s_words.py
 """
