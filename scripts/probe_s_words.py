@@ -4,7 +4,8 @@ reference and for bit-identity between the two, then timed as CUDA-graph replays
 
     PYTHONPATH=src python scripts/probe_s_words.py --out DIR [--points M:K:N:r,...] [--producers 2,4]
 
-``--edits NAME:field=v,…;…``: the same for any KernelConfig fields (tile depth, stages).
+``--edits NAME:field=v,…;…``: the same for any KernelConfig fields (tile depth, stages) and LoraOptions fields
+(``prefetch=true``).
 ``--producers``: also time, with the option on, the point's plan with that many in-grid S producers (as ``split``
 where the plan is another strategy; skipped where the planner's feasibility check rejects it) — whether cells
 tuned without producers under the counter protocol want them now.
@@ -24,7 +25,7 @@ import torch
 
 from lowrank_gemm.bench.common import device_meta, paired_ratio, time_graph
 from lowrank_gemm.bench.lora import SCALE, make_sets
-from lowrank_gemm.kernels.lora_gemm import lora_linear, lora_options
+from lowrank_gemm.kernels.lora_gemm import _OPTION_NAMES as LORA_OPTION_NAMES, _s_words_ok, lora_linear, lora_options
 from lowrank_gemm.plan.planner import can_implement, pinned, plan_lora
 from lowrank_gemm.reference import lora_linear_ref
 
@@ -53,7 +54,7 @@ def main():
     ap.add_argument("--points", default="")
     ap.add_argument("--producers", default="")
     ap.add_argument("--edits", default="", help="NAME:field=v,field=v;… — the point's plan with those KernelConfig "
-                                                "fields set, run as split with s_words")
+                                                "(or LoraOptions) fields set, run as split with s_words")
     args = ap.parse_args()
     points = DEFAULT_POINTS if not args.points else [tuple(int(v) for v in p.split(":"))
                                                       for p in args.points.split(",")]
@@ -87,19 +88,22 @@ def main():
         variants += parse_edits(args.edits)
         for name, fields in variants:
             strategy, cfg = plan_lora(M, N, K, r, torch.bfloat16, "cuda")
-            cfg = cfg.replace(split_k=1, **fields)
+            opts = {k: v for k, v in fields.items() if k in LORA_OPTION_NAMES}
+            cfg = cfg.replace(split_k=1, **{k: v for k, v in fields.items() if k not in opts})
             ok = can_implement("split", (M, N, K, r), cfg)
             if not ok:
                 rows.append(dict(base, impl=name, skipped=str(ok.reason)))
                 continue
 
-            def fn(x, w, a, b, bs, cfg=cfg):
-                with lora_options(s_words=True), pinned(strategy="split", config=cfg):
+            def fn(x, w, a, b, bs, cfg=cfg, opts=opts):
+                with lora_options(**{"s_words": True, **opts}), pinned(strategy="split", config=cfg):
                     return lora_linear(x, w, a, b, SCALE)
             try:
                 y = fn(*sets[0])
                 torch.cuda.synchronize()
-                rows.append(dict(base, impl=name, plan_was=strategy,
+                with lora_options(**{"s_words": True, **opts}):
+                    words = cfg.s_producers > 0 and _s_words_ok(cfg, x, r, False, None)
+                rows.append(dict(base, impl=name, plan_was=strategy, words=words,
                                  rel_err=round(float((y.double() - ref).norm() / ref.norm()), 6),
                                  bit_identical=torch.equal(y, fn(*sets[0])),
                                  graph_us=round(time_graph(fn, sets).median_us, 3),
