@@ -18,12 +18,11 @@ Usage: python scripts/probe_lora_narrow_swap.py --out DIR [--points M:K:N:r,...]
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
-from pathlib import Path
 
 import torch
+from _points import points_and_out, probe_parser   # scripts/_points.py (this script's folder is on sys.path)
 
 from lowrank_gemm.bench.common import device_meta, paired_ratio, time_graph
 from lowrank_gemm.bench.lora import SCALE, make_sets
@@ -114,15 +113,10 @@ def probe_point(M, K, N, r, tiles=NARROW):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--points", default=None, help="M:K:N:r,... (default: 4096² and 8192², M 1 / 16, r 8 / 16 / 64)")
+    ap = probe_parser("M:K:N:r,... (default: 4096² and 8192², M 1 / 16, r 8 / 16 / 64)")
     ap.add_argument("--wide", action="store_true", help="the 64-row tiles ± S producers (WIDE) instead of NARROW")
     args = ap.parse_args()
-    points = DEFAULT_POINTS if not args.points else [tuple(int(v) for v in p.split(":"))
-                                                      for p in args.points.split(",")]
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    points, out = points_and_out(args, DEFAULT_POINTS)
     rows = []
     for p in points:
         rows += probe_point(*p, tiles=WIDE if args.wide else NARROW)

@@ -17,11 +17,10 @@ in the probe kernel only (probes/s29/call16): 14.7 → 13.8 / 13.9 µs at 4096²
 
 from __future__ import annotations
 
-import argparse
 import json
-from pathlib import Path
 
 import torch
+from _points import points_and_out, probe_parser   # scripts/_points.py (this script's folder is on sys.path)
 
 from lowrank_gemm.bench.common import device_meta, paired_ratio, time_graph
 from lowrank_gemm.bench.lora import SCALE, make_sets
@@ -49,17 +48,12 @@ def parse_edits(spec: str) -> list[tuple[str, dict]]:
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--points", default="")
+    ap = probe_parser()
     ap.add_argument("--producers", default="")
     ap.add_argument("--edits", default="", help="NAME:field=v,field=v;… — the point's plan with those KernelConfig "
                                                 "(or LoraOptions) fields set, run as split with s_words")
     args = ap.parse_args()
-    points = DEFAULT_POINTS if not args.points else [tuple(int(v) for v in p.split(":"))
-                                                      for p in args.points.split(",")]
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    points, out = points_and_out(args, DEFAULT_POINTS)
     rows = []
     for M, K, N, r in points:
         sets = make_sets(M, N, K, r, torch.bfloat16, "cuda")

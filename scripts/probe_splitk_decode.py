@@ -21,11 +21,10 @@ branch's ~1.5 µs and the 8192² cells stay out of reach with this design.
 
 from __future__ import annotations
 
-import argparse
 import json
-from pathlib import Path
 
 import torch
+from _points import points_and_out, probe_parser   # scripts/_points.py (this script's folder is on sys.path)
 
 from lowrank_gemm.bench.common import device_meta, paired_ratio, time_graph
 from lowrank_gemm.bench.lora import SCALE, make_sets
@@ -66,20 +65,15 @@ def variants(M, N, K, r):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--points", default="")
+    ap = probe_parser()
     ap.add_argument("--list", action="store_true", help="print the variants the planner accepts and stop")
     args = ap.parse_args()
-    points = DEFAULT_POINTS if not args.points else [tuple(int(v) for v in p.split(":"))
-                                                      for p in args.points.split(",")]
+    points, out = points_and_out(args, DEFAULT_POINTS)
     if args.list:
         for p in points:
             for name, strategy, rank, cfg in variants(*p):
                 print(p, name, strategy, rank, cfg)
         return
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     rows = []
     for M, K, N, r in points:
         sets = make_sets(M, N, K, r, torch.bfloat16, "cuda")
