@@ -192,6 +192,17 @@ def _s_missing(w0, w1, w2, w3, mask, epoch, SLICES: tl.constexpr):
 
 
 @triton.jit
+def _s_words_load(ptrs, stride_sk, mask, SLICES: tl.constexpr):
+    """The words of the first SLICES slices at ``ptrs`` (volatile: a retry must see the producers' stores); the
+    slices past SLICES read as 0."""
+    w0 = tl.load(ptrs, mask=mask, other=0, volatile=True)
+    w1 = tl.load(ptrs + stride_sk, mask=mask & (SLICES > 1), other=0, volatile=True)
+    w2 = tl.load(ptrs + 2 * stride_sk, mask=mask & (SLICES > 2), other=0, volatile=True)
+    w3 = tl.load(ptrs + 3 * stride_sk, mask=mask & (SLICES > 3), other=0, volatile=True)
+    return w0, w1, w2, w3
+
+
+@triton.jit
 def _s_rows_words(s_ptr, stride_sk, stride_sm, stride_sr, offs_m, M, R, epoch,
                   SLICES: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr):
     """:func:`_s_rows` over S words (SLICES ≤ 4 producers): every slice's words in one round trip, read again only
@@ -201,16 +212,10 @@ def _s_rows_words(s_ptr, stride_sk, stride_sm, stride_sr, offs_m, M, R, epoch,
     offs_r = tl.arange(0, BLOCK_R)
     mask = (offs_m[:, None] < M) & (offs_r[None, :] < R)
     ptrs = s_ptr + offs_m[:, None] * stride_sm + offs_r[None, :] * stride_sr
-    w0 = tl.load(ptrs, mask=mask, other=0, volatile=True)
-    w1 = tl.load(ptrs + stride_sk, mask=mask & (SLICES > 1), other=0, volatile=True)
-    w2 = tl.load(ptrs + 2 * stride_sk, mask=mask & (SLICES > 2), other=0, volatile=True)
-    w3 = tl.load(ptrs + 3 * stride_sk, mask=mask & (SLICES > 3), other=0, volatile=True)
+    w0, w1, w2, w3 = _s_words_load(ptrs, stride_sk, mask, SLICES)
     missing = _s_missing(w0, w1, w2, w3, mask, epoch, SLICES)
     while missing > 0:       # a producer still running: rare at decode sizes
-        w0 = tl.load(ptrs, mask=mask, other=0, volatile=True)
-        w1 = tl.load(ptrs + stride_sk, mask=mask & (SLICES > 1), other=0, volatile=True)
-        w2 = tl.load(ptrs + 2 * stride_sk, mask=mask & (SLICES > 2), other=0, volatile=True)
-        w3 = tl.load(ptrs + 3 * stride_sk, mask=mask & (SLICES > 3), other=0, volatile=True)
+        w0, w1, w2, w3 = _s_words_load(ptrs, stride_sk, mask, SLICES)
         missing = _s_missing(w0, w1, w2, w3, mask, epoch, SLICES)
     s = tl.zeros((BLOCK_M, BLOCK_R), dtype=tl.float32)
     return (((s + _s_value(w0)) + _s_value(w1)) + _s_value(w2)) + _s_value(w3)

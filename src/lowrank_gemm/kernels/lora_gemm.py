@@ -386,6 +386,10 @@ TICKET_SLOTS = 4096          # tiles per ticket region (small-M plans have ≤ a
 _TICKET_REGIONS = 16         # streams per device with their own region (round-robin beyond)
 
 
+def _capturing(device: torch.device) -> bool:
+    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+
+
 class _Tickets:
     """Zeroed int32 ticket regions for FIXUP launches, one per (device, stream), allocated once.
 
@@ -410,7 +414,7 @@ class _Tickets:
         view = self.views.get((device, stream, tiles))
         if view is not None:
             return view
-        capturing = is_cuda and torch.cuda.is_current_stream_capturing()
+        capturing = _capturing(device)
         buf = self.buffers.get(device)
         if buf is None:
             if capturing:          # nothing allocated before the capture: a memset node per call
@@ -432,10 +436,6 @@ class _Tickets:
 
 
 _TICKETS = _Tickets()
-
-
-def _capturing(device: torch.device) -> bool:
-    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
 
 
 S_WORDS_SPARE = 1 << 18      # int64 words per device set aside outside any capture for pairs first needed inside one
@@ -535,7 +535,7 @@ def _dummy(device) -> torch.Tensor:
     t = _DUMMIES.get(device)
     if t is None:
         t = _empty_f32(device, 1, 1, 1)
-        if not (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
+        if not _capturing(device):
             _DUMMIES[device] = t
     return t
 
