@@ -29,3 +29,19 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
+
+
+@pytest.fixture
+def fresh_kernel_buffers(monkeypatch):
+    """Empty caches of the buffers our launches keep from one call to the next (split-K tickets, the S words and
+    their spare, placeholders, derived weights), as in a fresh process: the first call in the test makes them.
+    torch.compile's CUDA-graph trees catch such a buffer made inside their warm-up (session 31), which an earlier
+    test in the same worker would otherwise hide."""
+    from lowrank_gemm.kernels import act_quant, lora_gemm
+    from lowrank_gemm.kernels.gluon import host
+    monkeypatch.setattr(lora_gemm, "_TICKETS", lora_gemm._Tickets())
+    monkeypatch.setattr(lora_gemm, "_S_WORDS", lora_gemm._SWords())
+    monkeypatch.setattr(lora_gemm, "_DUMMIES", {})
+    monkeypatch.setattr(lora_gemm, "_WEIGHT_CACHE", lora_gemm._WeightCache())
+    monkeypatch.setattr(act_quant, "_TICKETS", {})
+    monkeypatch.setattr(host, "_DUMMIES", {})

@@ -108,6 +108,20 @@ def test_cuda_graph_capture_and_compile(fmt, m, impl):
     assert torch.equal(compiled(x), eager)
 
 
+@pytest.mark.parametrize("m", [1, 16, 64])
+def test_torch_compile_reduce_overhead(m, fresh_kernel_buffers):
+    """CUDA-graph trees over the W4A4 layer (decode kernels, activation quantizer with its tickets, Gluon
+    placeholders) from a fresh process's state, new X every call: each output equals the eager op's bits."""
+    _, p = _layer(m, 3072, 4096, "int4_g64")
+    g = torch.compile(lambda x: w4a4_linear(x, fmt="int4_g64", **p), mode="reduce-overhead", fullgraph=True)
+    for seed in range(5):
+        torch.manual_seed(100 + seed)
+        x = torch.randn(m, 4096, device="cuda").bfloat16()
+        y = g(x).clone()
+        torch.cuda.synchronize()
+        assert torch.equal(y, w4a4_linear(x, fmt="int4_g64", **p)), f"call {seed}"
+
+
 def test_nan_rows_on_gpu():
     x, p = _layer(128, 4096, 4096, "int4_g64")
     x[7, 100] = float("nan")

@@ -38,6 +38,7 @@ from .env import getenv
 from .epilogue import rank_block
 from .launch import launch
 from .pdl import gdc_launch_dependents, gdc_wait, pdl_enabled
+from .persistent import capturing, persistent_zeros
 from .schedule import cdiv, next_pow2, num_sms
 from .tma import tma_ready
 from .w4_expand import act_f8_rows, e4m3_codes, expand_act_f8
@@ -1498,10 +1499,10 @@ def _tickets(dev: torch.device, n: int) -> torch.Tensor:
     buf = _TICKETS.get(dev)
     if buf is not None and buf.numel() >= n:
         return buf
-    fresh = torch.zeros((max(n, 256),), device=dev, dtype=torch.int32)
-    if not (dev.type == "cuda" and torch.cuda.is_current_stream_capturing()):
-        _TICKETS[dev] = fresh
-    return fresh
+    if capturing(dev):
+        return torch.zeros((max(n, 256),), device=dev, dtype=torch.int32)
+    buf = _TICKETS[dev] = persistent_zeros((max(n, 256),), torch.int32, dev)
+    return buf
 
 
 def _act_quant_fused(x, smooth, lora_down, group_size, fmt, scale_dtype, plan: ActQuantPlan, rot: int = 0,

@@ -53,6 +53,7 @@ from ..plan.tuned import tuned_file
 from .env import env_on, getenv
 from .launch import launch
 from .pdl import pdl_supported
+from .persistent import capturing as _capturing, outside_graph_pools, persistent_zeros
 from .tma import TMA_ALIGN, tma_operand
 from . import _lora_kernels as K_
 from ._lora_kernels import smem_ledger
@@ -232,7 +233,7 @@ class _WeightCache:
         if hit is not None:
             self.entries.move_to_end(key)
             return hit
-        value = build()
+        value = outside_graph_pools(build, tensors[0].device)
         self.entries[key] = value
         # A data pointer outlives nothing: once a source tensor is freed, a new tensor can get the
         # same address and version and would hit a stale entry. Evict when any source dies.
@@ -386,10 +387,6 @@ TICKET_SLOTS = 4096          # tiles per ticket region (small-M plans have ≤ a
 _TICKET_REGIONS = 16         # streams per device with their own region (round-robin beyond)
 
 
-def _capturing(device: torch.device) -> bool:
-    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
-
-
 class _Tickets:
     """Zeroed int32 ticket regions for FIXUP launches, one per (device, stream), allocated once.
 
@@ -419,7 +416,7 @@ class _Tickets:
         if buf is None:
             if capturing:          # nothing allocated before the capture: a memset node per call
                 return torch.zeros(tiles, dtype=torch.int32, device=device)
-            buf = torch.zeros(_TICKET_REGIONS, TICKET_SLOTS, dtype=torch.int32, device=device)
+            buf = persistent_zeros((_TICKET_REGIONS, TICKET_SLOTS), torch.int32, device)
             self.buffers[device] = buf
         key = (device, stream)
         idx = self.regions.get(key)
@@ -482,9 +479,9 @@ class _SWords:
             return pair
         if not _capturing(device):
             if device not in self.spare:
-                self.spare[device] = [torch.zeros(S_WORDS_SPARE, dtype=torch.int64, device=device), 0]
-            pair = (torch.zeros(producers, M, R, dtype=torch.int64, device=device),
-                    torch.zeros(2, dtype=torch.int64, device=device))
+                self.spare[device] = [persistent_zeros((S_WORDS_SPARE,), torch.int64, device), 0]
+            pair = (persistent_zeros((producers, M, R), torch.int64, device),
+                    persistent_zeros((2,), torch.int64, device))
         else:
             words, counters = self._carve(device, producers * M * R), self._carve(device, 2)
             if words is None or counters is None:
@@ -534,9 +531,9 @@ def _dummy(device) -> torch.Tensor:
     allocation less per call), except while a CUDA graph is being captured (its pool is private)."""
     t = _DUMMIES.get(device)
     if t is None:
-        t = _empty_f32(device, 1, 1, 1)
-        if not _capturing(device):
-            _DUMMIES[device] = t
+        if _capturing(device):
+            return _empty_f32(device, 1, 1, 1)
+        t = _DUMMIES[device] = persistent_zeros((1, 1, 1), torch.float32, device)
     return t
 
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 import torch
 from triton.experimental.gluon import language as gl
 
+from ..persistent import capturing, persistent_zeros
+
 __all__ = ["TORCH_TO_GL", "nvmma_layout", "desc", "dummy"]
 
 TORCH_TO_GL = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16, torch.float32: gl.float32,
@@ -28,6 +30,10 @@ _DUMMIES: dict = {}
 def dummy(device, dtype, shape):
     """A cached zero tensor standing in for an argument the compiled variant never reads."""
     key = (str(device), dtype, tuple(shape))
-    if key not in _DUMMIES:
-        _DUMMIES[key] = torch.zeros(shape, dtype=dtype, device=device)
-    return _DUMMIES[key]
+    t = _DUMMIES.get(key)
+    if t is None:
+        device = torch.device(device)
+        if capturing(device):          # the graph owns it; made again by the next capture if none exists by then
+            return torch.zeros(shape, dtype=dtype, device=device)
+        t = _DUMMIES[key] = persistent_zeros(shape, dtype, device)
+    return t
