@@ -40,7 +40,8 @@ def outside_graph_pools(make, device):
     inference = torch.is_inference_mode_enabled()
 
     def make_there():
-        with torch.cuda.device(device), torch.cuda.stream(stream), torch.no_grad(), torch.inference_mode(inference):
+        # inference_mode(False) turns grad mode on, so no_grad goes inside it
+        with torch.cuda.device(device), torch.cuda.stream(stream), torch.inference_mode(inference), torch.no_grad():
             return make()
     return on_helper_thread(make_there)
 
