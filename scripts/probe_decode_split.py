@@ -98,8 +98,7 @@ def _tickets_zero() -> bool:
     import torch
     from lowrank_gemm.kernels import lora_gemm as LG
     torch.cuda.synchronize()
-    buf = LG._TICKETS.buffers.get(torch.device("cuda", torch.cuda.current_device()))
-    return buf is None or not bool(buf.any().item())
+    return LG._TICKETS.all_zero(torch.device("cuda", torch.cuda.current_device()))
 
 
 # ------------------------------------------------------------------------------------------- producers (PDL rows)

@@ -35,8 +35,7 @@ CASES = [  # (strategy, (M, N, K, r), config)
 
 def _tickets_zero():
     torch.cuda.synchronize()
-    buf = LG._TICKETS.buffers.get(torch.device("cuda", torch.cuda.current_device()))
-    return buf is None or not buf.any().item()
+    return LG._TICKETS.all_zero(torch.device("cuda", torch.cuda.current_device()))
 
 
 @pytest.mark.parametrize("strategy, shape, cfg", CASES, ids=lambda v: "x".join(map(str, v)) if isinstance(v, tuple) else None)

@@ -616,8 +616,7 @@ def _mode_config(M, fmt, f8, mode, **over):
 def _tickets_zero():
     from lowrank_gemm.kernels import lora_gemm as LG
     torch.cuda.synchronize()
-    buf = LG._TICKETS.buffers.get(torch.device("cuda", torch.cuda.current_device()))
-    return buf is None or not buf.any().item()
+    return LG._TICKETS.all_zero(torch.device("cuda", torch.cuda.current_device()))
 
 
 @pytest.mark.gpu

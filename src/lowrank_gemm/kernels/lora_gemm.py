@@ -384,52 +384,61 @@ def fixup_meta(M: int, cfg: KernelConfig) -> dict:
 # ---------------------------------------------------------------------------- split-K tickets
 
 TICKET_SLOTS = 4096          # tiles per ticket region (small-M plans have ≤ a few hundred)
-_TICKET_REGIONS = 16         # streams per device with their own region (round-robin beyond)
+_REGIONS_PER_BLOCK = 16      # regions allocated at a time (one 256 KB buffer)
 
 
 class _Tickets:
-    """Zeroed int32 ticket regions for FIXUP launches, one per (device, stream), allocated once.
+    """Zeroed int32 ticket regions for FIXUP launches, one per (device, stream), never shared.
 
     Every FIXUP launch leaves its tickets at zero, so a region is reused by every later launch on
     the same stream (and by every CUDA-graph replay: the graph holds the region's address) with
-    no memset. Regions are carved from one buffer per device allocated outside any capture; a
-    stream first seen while capturing gets a free region without allocating. Launches on
-    different streams (up to ``_TICKET_REGIONS`` of them) get different regions, so they may
-    overlap in time; graphs captured on one stream share its region and must not be replayed
-    concurrently with each other."""
+    no memset. Regions are carved from buffers of ``_REGIONS_PER_BLOCK`` allocated outside any
+    capture; a stream first seen while capturing takes a free region without allocating, or, when
+    none is left, a fresh zeroed buffer of its own per call (a memset node in the graph).
+
+    Launches on different streams may overlap in time, so no two streams share a region. (Until
+    session 31 a 17th stream shared the first one's: torch's stream pool hands out 32 streams, and
+    two overlapping launches on one region can leave its tickets off zero, after which that
+    region's launches never see their last arrival.) Graphs captured on one stream share its region
+    and must not be replayed concurrently with each other."""
 
     def __init__(self):
-        self.buffers: dict = {}
-        self.regions: dict = {}
+        self.blocks: dict = {}     # device → [int32 [_REGIONS_PER_BLOCK, TICKET_SLOTS] buffers]
+        self.free: dict = {}       # device → regions not handed out yet
+        self.regions: dict = {}    # (device, stream) → its region
         self.views: dict = {}      # (device, stream, tiles) → the region's first ``tiles`` slots (one view per plan)
 
     def get(self, device: torch.device, tiles: int) -> torch.Tensor:
         if tiles > TICKET_SLOTS:   # a pinned big-M plan: private zeroed tickets (a memset)
             return torch.zeros(tiles, dtype=torch.int32, device=device)
-        is_cuda = device.type == "cuda"
-        stream = torch._C._cuda_getCurrentRawStream(device_index(device)) if is_cuda else 0
+        stream = self._stream(device)
         view = self.views.get((device, stream, tiles))
         if view is not None:
             return view
-        capturing = _capturing(device)
-        buf = self.buffers.get(device)
-        if buf is None:
-            if capturing:          # nothing allocated before the capture: a memset node per call
-                return torch.zeros(tiles, dtype=torch.int32, device=device)
-            buf = persistent_zeros((_TICKET_REGIONS, TICKET_SLOTS), torch.int32, device)
-            self.buffers[device] = buf
-        key = (device, stream)
-        idx = self.regions.get(key)
-        if idx is None:
-            idx = len([k for k in self.regions if k[0] == device]) % _TICKET_REGIONS
-            self.regions[key] = idx
-        view = self.views[(device, stream, tiles)] = buf[idx, :tiles]
+        region = self.regions.get((device, stream))
+        if region is None:
+            free = self.free.setdefault(device, [])
+            if not free:
+                if _capturing(device):
+                    return torch.zeros(tiles, dtype=torch.int32, device=device)
+                block = persistent_zeros((_REGIONS_PER_BLOCK, TICKET_SLOTS), torch.int32, device)
+                self.blocks.setdefault(device, []).append(block)
+                free.extend(block.unbind(0))
+            region = self.regions[(device, stream)] = free.pop(0)
+        view = self.views[(device, stream, tiles)] = region[:tiles]
         return view
+
+    @staticmethod
+    def _stream(device: torch.device) -> int:
+        return torch._C._cuda_getCurrentRawStream(device_index(device)) if device.type == "cuda" else 0
 
     def region(self, device: torch.device, stream: int = 0) -> torch.Tensor | None:
         """The whole region of (device, stream) (tests: it must be back at zero after launches)."""
-        idx = self.regions.get((device, stream))
-        return None if idx is None else self.buffers[device][idx]
+        return self.regions.get((device, stream))
+
+    def all_zero(self, device: torch.device) -> bool:
+        """Whether every ticket of every region of ``device`` is zero (tests, probes)."""
+        return not any(bool(block.any()) for block in self.blocks.get(device, []))
 
 
 _TICKETS = _Tickets()
