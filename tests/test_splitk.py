@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from lowrank_gemm.kernels import lora_gemm as LG
-from lowrank_gemm.kernels.lora_gemm import lora_linear, run_strategy
+from lowrank_gemm.kernels.lora_gemm import lora_linear
 from lowrank_gemm.plan import planner as P
 from lowrank_gemm.plan.config import KernelConfig
 from lowrank_gemm.plan.planner import block_r_for, can_implement, pinned, plan_lora
