@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Session 31, call 4: two concurrent streams first seen 16 apart (the ticket-region test) at this tree and at the
 # session's start (s31_old/src, d809f1b: round-robin regions), then the whole GPU suite on this tree.
+# s31_old: mkdir s31_old && git archive d809f1b src | tar -x -C s31_old (untracked, not committed)
 source "$(dirname "$0")/_device_prelude.sh" s31_regions
 say "commit=${LOWRANK_GEMM_COMMIT:-?} $(nvidia-smi --query-gpu=name --format=csv,noheader)"
 K="fixup_concurrent or outside_graph_pools"

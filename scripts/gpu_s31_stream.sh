@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Session 31, call 3: the helper-thread test again (grad-mode fix), then the decode split / stream-K tests three times
 # at this tree and twice at the session's start (s31_old/src, d809f1b) — call 2's full suite failed one of them once
-# (stream-g64int8-M5N336K640: every output unwritten).
+# (stream-g64int8-M5N336K640: every output unwritten). s31_old: mkdir s31_old && git archive d809f1b src | tar -x -C s31_old
 source "$(dirname "$0")/_device_prelude.sh" s31_stream
 say "commit=${LOWRANK_GEMM_COMMIT:-?} $(nvidia-smi --query-gpu=name --format=csv,noheader)"
 timeout 60 python3 -m pytest -q -m gpu tests/test_persistent.py -p no:cacheprovider > "$L/persistent.log" 2>&1

@@ -113,27 +113,37 @@ def test_ticket_regions_reused_and_private_when_large():
 
 def test_ticket_regions_one_per_stream_beyond_a_block(monkeypatch):
     """Every stream its own region, however many streams (launches on two streams may overlap; until session 31 the
-    17th stream shared the first one's region). A stream first seen while capturing takes a free region, or, with
-    none left, private zeroed tickets per call; the next stream outside a capture gets a new block."""
-    tickets, stream = LG._Tickets(), [0]
+    17th stream shared the first one's region). Handing out a block's last region outside a capture adds the next
+    block; a stream first seen while capturing takes a free region, or, with none left, private zeroed tickets per
+    call."""
+    tickets, stream, capturing = LG._Tickets(), [0], [False]
+    monkeypatch.setattr(LG, "_capturing", lambda device: capturing[0])
     monkeypatch.setattr(tickets, "_stream", lambda device: stream[0])
     seen = set()
-    for s in range(LG._REGIONS_PER_BLOCK + 3):
-        stream[0] = 1000 + s
+
+    def new_stream(s):
+        stream[0] = s
         t = tickets.get(CPU, 5)
         assert t.data_ptr() not in seen and not t.any()
-        seen.add(t.data_ptr())
         assert tickets.get(CPU, 5).data_ptr() == t.data_ptr()       # the same stream: the same region
-    assert len(tickets.blocks[CPU]) == 2
-    monkeypatch.setattr(LG, "_capturing", lambda device: True)
+        seen.add(t.data_ptr())
+
+    for s in range(LG._REGIONS_PER_BLOCK):
+        new_stream(1000 + s)
+    assert len(tickets.blocks[CPU]) == 2                            # the 16th region out: the next block
+    for s in range(3):
+        new_stream(1100 + s)
+    capturing[0] = True
     for s in range(LG._REGIONS_PER_BLOCK - 3):                      # the second block's free regions
-        stream[0] = 2000 + s
-        assert tickets.get(CPU, 5).data_ptr() not in seen
-        seen.add(tickets.get(CPU, 5).data_ptr())
-    stream[0] = 3000
+        new_stream(2000 + s)
+    stream[0] = 3000                                                # none left in a capture: private tickets
     private = tickets.get(CPU, 5)
-    assert private.data_ptr() not in seen and not private.any() and len(tickets.blocks[CPU]) == 2
-    assert (CPU, 3000) not in tickets.regions
+    assert private.data_ptr() not in seen and not private.any()
+    assert (CPU, 3000) not in tickets.regions and len(tickets.blocks[CPU]) == 2
+    capturing[0] = False
+    new_stream(4000)
+    assert len(tickets.blocks[CPU]) == 3
+    assert tickets.all_zero(CPU)
     tickets.blocks[CPU][0][4, 1] = 1
     assert not tickets.all_zero(CPU)
 

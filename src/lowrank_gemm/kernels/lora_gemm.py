@@ -393,8 +393,9 @@ class _Tickets:
     Every FIXUP launch leaves its tickets at zero, so a region is reused by every later launch on
     the same stream (and by every CUDA-graph replay: the graph holds the region's address) with
     no memset. Regions are carved from buffers of ``_REGIONS_PER_BLOCK`` allocated outside any
-    capture; a stream first seen while capturing takes a free region without allocating, or, when
-    none is left, a fresh zeroed buffer of its own per call (a memset node in the graph).
+    capture, the next one as soon as the last free region is handed out; a stream first seen while
+    capturing takes a free region without allocating, or, when none is left (more than one new
+    stream in a capture), a fresh zeroed buffer of its own per call (a memset node in the graph).
 
     Launches on different streams may overlap in time, so no two streams share a region. (Until
     session 31 a 17th stream shared the first one's: torch's stream pool hands out 32 streams, and
@@ -421,12 +422,17 @@ class _Tickets:
             if not free:
                 if _capturing(device):
                     return torch.zeros(tiles, dtype=torch.int32, device=device)
-                block = persistent_zeros((_REGIONS_PER_BLOCK, TICKET_SLOTS), torch.int32, device)
-                self.blocks.setdefault(device, []).append(block)
-                free.extend(block.unbind(0))
+                self._add_block(device)
             region = self.regions[(device, stream)] = free.pop(0)
+            if not free and not _capturing(device):    # keep a region free for a stream first seen in a capture
+                self._add_block(device)
         view = self.views[(device, stream, tiles)] = region[:tiles]
         return view
+
+    def _add_block(self, device: torch.device) -> None:
+        block = persistent_zeros((_REGIONS_PER_BLOCK, TICKET_SLOTS), torch.int32, device)
+        self.blocks.setdefault(device, []).append(block)
+        self.free[device].extend(block.unbind(0))
 
     @staticmethod
     def _stream(device: torch.device) -> int:
