@@ -53,7 +53,7 @@ from ..plan.tuned import tuned_file
 from .env import env_on, getenv
 from .launch import launch
 from .pdl import pdl_supported
-from .persistent import capturing as _capturing, outside_graph_pools, persistent_zeros
+from .persistent import capturing as _capturing, outside_graph_pools, persistent_zeros, stream_key
 from .tma import TMA_ALIGN, tma_operand
 from . import _lora_kernels as K_
 from ._lora_kernels import smem_ledger
@@ -434,9 +434,7 @@ class _Tickets:
         self.blocks.setdefault(device, []).append(block)
         self.free[device].extend(block.unbind(0))
 
-    @staticmethod
-    def _stream(device: torch.device) -> int:
-        return torch._C._cuda_getCurrentRawStream(device_index(device)) if device.type == "cuda" else 0
+    _stream = staticmethod(stream_key)     # an attribute, so a test can give an instance streams of its own
 
     def region(self, device: torch.device, stream: int = 0) -> torch.Tensor | None:
         """The whole region of (device, stream) (tests: it must be back at zero after launches)."""
@@ -486,9 +484,7 @@ class _SWords:
         return buf[used:used + n]
 
     def get(self, device: torch.device, producers: int, M: int, R: int, tiles: int):
-        is_cuda = device.type == "cuda"
-        stream = torch._C._cuda_getCurrentRawStream(device_index(device)) if is_cuda else 0
-        key = (device, stream, producers, M, R, tiles)
+        key = (device, stream_key(device), producers, M, R, tiles)
         pair = self.pairs.get(key)
         if pair is not None:
             return pair

@@ -18,12 +18,19 @@ import threading
 
 import torch
 
-__all__ = ["persistent_zeros", "outside_graph_pools", "on_helper_thread", "capturing"]
+from .schedule import device_index
+
+__all__ = ["persistent_zeros", "outside_graph_pools", "on_helper_thread", "capturing", "stream_key"]
 
 
 def capturing(device: torch.device) -> bool:
     """Whether the current stream of ``device`` is being captured into a CUDA graph."""
     return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+
+
+def stream_key(device: torch.device) -> int:
+    """The raw handle of ``device``'s current stream (0 off CUDA): the key of buffers kept per stream."""
+    return torch._C._cuda_getCurrentRawStream(device_index(device)) if device.type == "cuda" else 0
 
 
 def outside_graph_pools(make, device):
