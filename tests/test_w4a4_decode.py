@@ -28,7 +28,7 @@ def test_sm90_ptx_register_a_wgmma_tma_and_ledger(fmt, cfg):
     assert re.search(r"wgmma\.mma_async\.sync\.aligned\.m64n16k32\.s32\.s8\.s8 \{[^}]+\}, \{[^}]+\}", info.ptx)
     assert "cp.async.bulk.tensor.2d" in info.ptx and "cp.async.bulk.tensor.1d" in info.ptx
     assert "ld.local" not in info.ptx
-    assert d.decode_ledger(c, 64, fmt).total() == info.shared
+    assert d.decode_ledger(c, 64, fmt, lowrank_block=cx["BLOCK_R"]).total() == info.shared
 
 
 _ptxas = ptxas_stats
@@ -70,9 +70,12 @@ def test_sm90_f8_e4m3_register_a_wgmma_no_i2f_no_spills(M, cfg, gs):
     assert ".s32.s8.s8" not in info.ptx and "cvt.rn.f32.s32" not in info.ptx     # no int8 MMA, no I2F
     assert "lop3.b32" in info.ptx and "0x08080808" in info.ptx                    # the offset-nibble LOP3
     assert "cp.async.bulk.tensor.2d" in info.ptx and "cp.async.bulk.tensor.1d" in info.ptx
-    assert "st.shared" not in info.ptx               # no per-step token expansion into SMEM (int8 path: 8)
+    from test_gluon_skeleton import _ptx_loops
+    loops = [body for _, body in _ptx_loops(info.ptx) if any("wgmma.mma_async" in x for x in body)]
+    assert loops and not any("st.shared" in x for body in loops for x in body)   # no per-step token expansion
+    assert info.ptx.count("st.shared") <= 4          # (the epilogue's S tile, the low-rank wgmma's B operand)
     assert "ld.local" not in info.ptx
-    assert d.decode_ledger(c, gs, "int4_g64", f8=True).total() == info.shared
+    assert d.decode_ledger(c, gs, "int4_g64", f8=True, lowrank_block=cx["BLOCK_R"]).total() == info.shared
     rs = _ptxas(info.ptx)
     if rs is not None:
         regs, spills, log = rs
@@ -369,7 +372,7 @@ def test_sm90_split_stream_pdl_variants(M, fmt, f8, mode, pdl):
     kind = "f32.e4m3.e4m3" if f8 else "s32.s8.s8"
     assert re.search(rf"wgmma\.mma_async\.sync\.aligned\.m64n{c.block_m}k32\.{kind} \{{[^}}]+\}}, \{{[^}}]+\}}", ptx)
     assert "cp.async.bulk.tensor.2d" in ptx and "cp.async.bulk.tensor.1d" in ptx and "ld.local" not in ptx
-    assert d.decode_ledger(c, 64, fmt, f8).total() == info.shared
+    assert d.decode_ledger(c, 64, fmt, f8, lowrank_block=cx["BLOCK_R"]).total() == info.shared
     stream = mode != "tile"
     assert cx["STREAM"] == stream
     # the ticket protocol of kernels/splitk.py: acq_rel ticket, L2 (.cg) reads of the partials, relaxed reset
@@ -402,7 +405,7 @@ def test_sm90_nonempty_k_pipelines_the_2l_wgmmas(M, cfg):
     """The 2l K loop with a provable trip count ≥ 1: ptxas keeps the wgmmas in flight (no C7515) where the one-tile
     kernel serializes them (M > 16: the default configs of M = 17..64)."""
     info, cx, c = _compile(M, "int4_2l", False, "tile", nonempty_k=True, **cfg)
-    assert cx["NONEMPTY_K"] and d.decode_ledger(c).total() == info.shared
+    assert cx["NONEMPTY_K"] and d.decode_ledger(c, lowrank_block=cx["BLOCK_R"]).total() == info.shared
     rs = _ptxas(info.ptx)
     if rs is not None:
         regs, spills, log = rs
@@ -439,11 +442,11 @@ def test_sm90_row_box_one_copy_per_step(M, fmt, f8, mode, pdl, cfg):
     1-D rows (Triton's barrier pass puts one before each copy), ledger == compiled shared, no spills / C7514 /
     C7515; with PDL the STAGES weight + row boxes precede griddepcontrol.wait."""
     info, cx, c = _compile(M, fmt, f8, mode, pdl, nonempty_k=True, row_box=True, **cfg)
-    base, _, _ = _compile(M, fmt, f8, mode, pdl, nonempty_k=True, **cfg)
+    base, bcx, _ = _compile(M, fmt, f8, mode, pdl, nonempty_k=True, **cfg)
     ptx = info.ptx
     assert "cp.async.bulk.tensor.1d" not in ptx and "cp.async.bulk.tensor.2d" in ptx and "ld.local" not in ptx
-    assert d.decode_ledger(c, 64, fmt, f8, row_box=True).total() == info.shared
-    assert d.decode_ledger(c, 64, fmt, f8).total() == base.shared
+    assert d.decode_ledger(c, 64, fmt, f8, row_box=True, lowrank_block=cx["BLOCK_R"]).total() == info.shared
+    assert d.decode_ledger(c, 64, fmt, f8, lowrank_block=bcx["BLOCK_R"]).total() == base.shared
     ur = c.block_k // 64
     assert ptx.count("cp.async.bulk.tensor") * (2 + ur) == base.ptx.count("cp.async.bulk.tensor") * 3
     if ur > 1:
@@ -480,6 +483,51 @@ def test_row_box_ledger_and_switch(monkeypatch):
     assert list(args[2].block_shape) == [cfg.block_k // 64, cfg.block_n]
     _, args, _, _ = d._args(**_ops(), config=None, row_box=False)
     assert len(args[2].block_shape) == 1
+
+
+EPI_CASES = [("int4_g64", True, 16, 32), ("int4_2l", False, 5, 16), ("int4_2l", False, 40, 64),
+             ("int4_g64", False, 5, 24), ("int4_2l", False, 64, 128)]
+
+
+@pytest.mark.parametrize("fmt,f8,M,rank", EPI_CASES, ids=lambda v: str(v))
+def test_sm90_epilogue_lowrank_is_one_wgmma(fmt, f8, M, rank):
+    """epi_mma: the low-rank term is bf16 wgmmas (K = 16 each, rank rounded up to a power of two) on the
+    accumulator, with no loop over the rank left; S's 16-bit tile is a ledger term; no spills. epi_mma=False keeps
+    the per-rank loop (no bf16 wgmma)."""
+    from lowrank_gemm.kernels.aot import compile_sm90
+    sig, cx, c = d.aot_signature_decode(None, fmt=fmt, f8=f8, M=M, K=1024, rank=rank, epi_mma=True)
+    info = compile_sm90(MOD, "w4a4_decode_kernel", sig, cx, num_warps=d.WARPS)
+    br = cx["BLOCK_R"]
+    assert br == max(16, 1 << (rank - 1).bit_length())
+    bf16 = re.findall(rf"wgmma\.mma_async\.sync\.aligned\.m64n{c.block_m}k16\.f32\.bf16\.bf16", info.ptx)
+    assert len(bf16) == (c.block_n // 64) * (br // 16)
+    led = d.decode_ledger(c, 64, fmt, f8, lowrank_block=br)
+    assert led.term("lowrank.s16").bytes_each == c.block_m * br * 2 and led.total() == info.shared
+    assert "ld.local" not in info.ptx
+    rs = _ptxas(info.ptx)
+    if rs is not None:
+        assert rs[1] == 0, f"ptxas spills {rs[1]} B ({rs[0]} registers)"
+    sig, cx, c = d.aot_signature_decode(None, fmt=fmt, f8=f8, M=M, K=1024, rank=rank, epi_mma=False)
+    loop = compile_sm90(MOD, "w4a4_decode_kernel", sig, cx, num_warps=d.WARPS)
+    assert cx["BLOCK_R"] == 0 and ".bf16.bf16" not in loop.ptx
+    assert d.decode_ledger(c, 64, fmt, f8).total() == loop.shared
+
+
+def test_epilogue_mma_switch_and_fallbacks(monkeypatch):
+    """Default on (EPI_MMA_DEFAULT), env LOWRANK_GEMM_DECODE_EPI_MMA=0 turns it off; ranks above EPI_MMA_MAX_RANK,
+    rank 0 and f8 on 32/64-token tiles (already at the register limit) keep the loop."""
+    def block_r(**kw):
+        kw = {"fmt": "int4_2l", "M": 5, "K": 1024, "rank": 16, **kw}
+        return d.aot_signature_decode(None, **kw)[1]["BLOCK_R"]
+    assert d.EPI_MMA_DEFAULT and d.decode_epi_mma_default()
+    assert block_r() == 16 and block_r(rank=33) == 64 and block_r(rank=128) == 128
+    assert block_r(rank=129) == 0 and block_r(rank=0) == 0
+    assert block_r(fmt="int4_g64", f8=True, M=16, rank=32) == 32
+    assert block_r(fmt="int4_g64", f8=True, M=40, rank=32) == 0
+    assert block_r(fmt="int4_g64", f8=False, M=40, rank=32) == 32
+    monkeypatch.setenv("LOWRANK_GEMM_DECODE_EPI_MMA", "0")
+    assert not d.decode_epi_mma_default() and block_r() == 0
+    assert block_r(epi_mma=True) == 16
 
 
 # ---------------------------------------------------------------------------------------------- GPU
@@ -766,3 +814,37 @@ def test_decode_row_box_graph_replay_gpu(fmt, f8):
         g.replay()
         torch.cuda.synchronize()
         assert all(torch.equal(o["out"], w) for o, w in zip(ops, want))
+
+
+EPI_GPU = [dict(M=16, N=28672, K=4096, rank=32, fmt="int4_g64", mode="tile"),
+           dict(M=5, N=4112, K=1024, rank=24, fmt="int4_g64", mode="tile"),
+           dict(M=3, N=336, K=640, rank=64, fmt="int4_g64", mode="stream"),
+           dict(M=40, N=4112, K=4096, rank=128, fmt="int4_2l", mode="tile"),
+           dict(M=7, N=336, K=640, rank=40, fmt="int4_2l", mode="stream"),
+           dict(M=64, N=28672, K=4096, rank=32, fmt="int4_2l", mode="tile")]
+
+
+@pytest.mark.gpu
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("case", EPI_GPU, ids=lambda c: f"{c['fmt']}-{c['mode']}-M{c['M']}N{c['N']}K{c['K']}r{c['rank']}")
+def test_decode_epilogue_mma_matches_reference_and_loop_gpu(case):
+    """The low-rank term as one wgmma and as the per-rank loop: both against the float64 reference (ragged ranks,
+    stream-K programs that finish several tiles, NaN-poisoned outputs), each repeat bit-identical, and the two
+    within bf16 rounding of each other."""
+    c = dict(case)
+    ops = w4.make_operands_v2(c["fmt"], c["M"], c["N"], c["K"], c["rank"], 64, device="cuda", bias=True,
+                              col_scale=True)
+    ref = w4.reference_v2(ops)
+    config = d.default_decode_config(c["M"], 64, c["fmt"], c["fmt"] == "int4_g64")
+    if c["mode"] == "stream":
+        config = config.replace(persistent=True)
+    outs = []
+    for epi in (True, False):
+        ops["out"].fill_(float("nan"))
+        out = d.launch_w4a4_decode(**ops, config=config, epi_mma=epi).clone()
+        assert torch.isfinite(out).all(), "unwritten (NaN-poisoned) outputs"
+        err = float((out.double().cpu() - ref).norm() / ref.norm())
+        assert err < 1e-2, (epi, err)
+        assert torch.equal(d.launch_w4a4_decode(**ops, config=config, epi_mma=epi), out)
+        outs.append(out.float())
+    assert float((outs[0] - outs[1]).norm() / outs[1].norm()) < 1e-2

@@ -66,6 +66,7 @@ from ...plan.smem import SmemLedger, SmemTerm, barrier_bytes, tile_bytes
 from ..env import getenv
 from ..launch import launch
 from ..pdl import gl_gdc_launch_dependents, gl_gdc_wait, pdl_enabled
+from ..epilogue import rank_block
 from ..schedule import cdiv, num_sms
 from ..splitk import splitk_arrive, splitk_reset, splitk_store, splitk_sum
 from .host import desc, dummy
@@ -74,7 +75,8 @@ from .w4a4_ws import _f8_operands, _nibbles, _offset_nibbles_f8
 
 __all__ = ["decode_ledger", "plan_decode", "DecodeWork", "plan_decode_work", "simulate_decode_work",
            "decode_ctas_per_sm", "default_decode_config", "launch_w4a4_decode", "w4a4_decode_kernel",
-           "decode_enabled", "aot_signature_decode", "check_decode_config", "decode_f8_default", "F8_DEFAULT",
+           "decode_enabled", "aot_signature_decode", "decode_epi_mma_default", "EPI_MMA_DEFAULT",
+           "EPI_MMA_MAX_RANK", "check_decode_config", "decode_f8_default", "F8_DEFAULT",
            "decode_nonempty_k_default", "NONEMPTY_K_DEFAULT", "decode_row_box_default", "ROW_BOX_DEFAULT",
            "SPLIT_ENV"]
 
@@ -99,6 +101,9 @@ NONEMPTY_K_DEFAULT = True    # int4_2l K loop with a provable trip count ≥ 1 (
                              # (probe_decode_split, session 5): GEMM 47.0 → 45.2 µs at M=64, neutral at M ≤ 16
 ROW_BOX_DEFAULT = False      # the row table (u / w_scale) as one 2-D TMA box per step instead of BK/G 1-D copies
                              # (_issue_step); env LOWRANK_GEMM_DECODE_ROW_BOX=0/1 overrides. Off until measured
+EPI_MMA_DEFAULT = True    # the low-rank term as one register-A wgmma in the epilogue (_epilogue); env
+                          # LOWRANK_GEMM_DECODE_EPI_MMA=0/1 overrides. Session 32: the per-rank loop it replaces held
+                          # 21 % of the warps' stall samples at M = 16, K = 4096, N = 28672 (ncu)
 SPLIT_ENV = "LOWRANK_GEMM_DECODE_SPLIT"   # default configs only: "2".."8" split-K, "stream[:stages]" stream-K
 F8_DEFAULT = True         # int4_g64 takes the e4m3 path when f8=None: H200, same process, GEMM 43.7 → 33.7 µs
                           # (M=1), 44.9 → 35.2 (M=16), outputs equal to the int8 path's in fp32 (probe_decode
@@ -422,10 +427,18 @@ def _mainloop(x_desc, w_desc, u_desc, x_bufs, w_bufs, u_bufs, xe, ready, xscale_
 
 @gluon.jit
 def _epilogue(acc, off_n, off_t, M, N, R, out_ptr, stride_om, xscale_ptr, wscale_ptr, col_scale_ptr, bias_ptr,
-              s_ptr, stride_sm, up_ptr, stride_un, BLOCK_N: gl.constexpr, BLOCK_T: gl.constexpr, FMT: gl.constexpr,
-              HAS_LOWRANK: gl.constexpr, HAS_COL_SCALE: gl.constexpr, HAS_BIAS: gl.constexpr, mma: gl.constexpr):
+              s_ptr, stride_sm, up_ptr, stride_un, s16, BLOCK_N: gl.constexpr, BLOCK_T: gl.constexpr,
+              FMT: gl.constexpr, HAS_LOWRANK: gl.constexpr, HAS_COL_SCALE: gl.constexpr, HAS_BIAS: gl.constexpr,
+              mma: gl.constexpr, BLOCK_R: gl.constexpr = 0):
     """Registers → out: the tile is [BLOCK_N weight rows, BLOCK_T tokens] of the fp32 main product (2l: still
-    without t ⊗ s); masked store of the transposed tile."""
+    without t ⊗ s); masked store of the transposed tile.
+
+    The low-rank term (BLOCK_R > 0, the rank padded to a power of two ≥ 16) is ONE register-A wgmma onto the
+    accumulator, as in every other kernel (kernels/epilogue.py): acc[BN, BT] += lora_up[BN, R] · S[BT, R]ᵀ, the
+    lora_up tile loaded straight into the A-operand registers, S rounded to lora_up's dtype (like an unfused
+    ``s @ B.T``) and staged in ``s16`` [BT, BLOCK_R] as the B operand. Both loads go out together, one L2 round trip.
+    BLOCK_R = 0 keeps the session-3 loop over the rank (one dependent pair of loads per rank column: 21 % of
+    the warps' stall samples at M = 16, K = 4096, N = 28672, ncu, session 32), for A/B."""
     offs_n = off_n + gl.arange(0, BLOCK_N, gl.SliceLayout(1, mma))
     offs_t = off_t + gl.arange(0, BLOCK_T, gl.SliceLayout(0, mma))
     n_ok = offs_n < N
@@ -438,11 +451,39 @@ def _epilogue(acc, off_n, off_t, M, N, R, out_ptr, stride_om, xscale_ptr, wscale
         acc = acc * gl.load(col_scale_ptr + offs_n, mask=n_ok, other=0.0).to(gl.float32)[:, None]
     out = acc
     if HAS_LOWRANK:
-        for r in range(R):
-            up = gl.load(up_ptr + offs_n * stride_un + r, mask=n_ok, other=0.0).to(gl.float32)
-            sv = gl.load(s_ptr + offs_t * stride_sm + r, mask=t_ok, other=0.0)
-            sv = sv.to(up_ptr.dtype.element_ty).to(gl.float32)     # rounded like an unfused s @ B.T
-            out = out + up[:, None] * sv[None, :]
+        if BLOCK_R > 0:
+            nw: gl.constexpr = gl.num_warps()
+            lr_dtype: gl.constexpr = up_ptr.dtype.element_ty
+            mma16: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[nw, 1],
+                                                            instr_shape=[16, BLOCK_T, 16])
+            up_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma16, k_width=2)
+            RC: gl.constexpr = 32 if BLOCK_R > 32 else BLOCK_R    # rank columns per wgmma: ≤ 16 A registers
+            un = off_n + gl.arange(0, BLOCK_N, gl.SliceLayout(1, up_layout))
+            ur = gl.arange(0, RC, gl.SliceLayout(0, up_layout))
+            up = gl.load(up_ptr + un[:, None] * stride_un + ur[None, :], mask=(un < N)[:, None] & (ur < R)[None, :],
+                         other=0.0)
+            s_layout: gl.constexpr = gl.BlockedLayout([1, 4], [8, 4], [nw, 1], [1, 0])
+            st = off_t + gl.arange(0, BLOCK_T, gl.SliceLayout(1, s_layout))
+            sr = gl.arange(0, BLOCK_R, gl.SliceLayout(0, s_layout))
+            sv = gl.load(s_ptr + st[:, None] * stride_sm + sr[None, :], mask=(st < M)[:, None] & (sr < R)[None, :],
+                         other=0.0)
+            gl.thread_barrier()          # (stream-K: a program's previous tile) every warp is past its read of s16
+            s16.store(sv.to(lr_dtype))
+            fence_async_shared()
+            gl.thread_barrier()          # every warp's rows of s16 are in before the wgmma reads them
+            out16 = gl.convert_layout(out, mma16, assert_trivial=True)
+            out16 = warpgroup_mma(up, s16.slice(0, RC, dim=1).permute((1, 0)), out16)
+            for c in gl.static_range(1, BLOCK_R // RC):    # rank 64 / 128 at BT = 64 would spill as one A tile
+                up = gl.load(up_ptr + un[:, None] * stride_un + (c * RC + ur)[None, :],
+                             mask=(un < N)[:, None] & (c * RC + ur < R)[None, :], other=0.0)
+                out16 = warpgroup_mma(up, s16.slice(c * RC, RC, dim=1).permute((1, 0)), out16)
+            out = gl.convert_layout(out16, mma, assert_trivial=True)
+        else:
+            for r in range(R):
+                up = gl.load(up_ptr + offs_n * stride_un + r, mask=n_ok, other=0.0).to(gl.float32)
+                sv = gl.load(s_ptr + offs_t * stride_sm + r, mask=t_ok, other=0.0)
+                sv = sv.to(up_ptr.dtype.element_ty).to(gl.float32)     # rounded like an unfused s @ B.T
+                out = out + up[:, None] * sv[None, :]
     if HAS_BIAS:
         out = out + gl.load(bias_ptr + offs_n, mask=n_ok, other=0.0).to(gl.float32)[:, None]
     mask = n_ok[:, None] & t_ok[None, :]
@@ -489,14 +530,15 @@ def w4a4_decode_kernel(x_desc, w_desc, u_desc,
                        STAGES: gl.constexpr, HAS_LOWRANK: gl.constexpr,
                        HAS_COL_SCALE: gl.constexpr, HAS_BIAS: gl.constexpr, SWAR: gl.constexpr,
                        MMA_ASYNC: gl.constexpr = True, FMT: gl.constexpr = 1, F8: gl.constexpr = False,
-                       STREAM: gl.constexpr = False, PDL: gl.constexpr = False, NONEMPTY_K: gl.constexpr = False):
+                       STREAM: gl.constexpr = False, PDL: gl.constexpr = False, NONEMPTY_K: gl.constexpr = False,
+                       BLOCK_R: gl.constexpr = 0):
     """STREAM = False: one program per output tile, grid (cdiv(N, BN), cdiv(M, BT)). STREAM: grid (n_programs,),
     program p owns iterations [p·T // P, (p + 1)·T // P) of the T = tiles · k_tiles (tile, K step) iterations
     (split-K: P = tiles · split; stream-K: P = the programs that fit on the device at once); tiles split over
     programs meet in ws_ptr ([tiles, max_contrib, BN·BT], int32 for 2l, fp32 for g) with one int32 ticket per
     tile (cnt_ptr: zero on entry, left zero). PDL: the weight and row-table copies of the first STAGES steps go
     out before griddepcontrol.wait; everything the previous kernel writes (tokens, scales, lowrank_act) is read,
-    and anything global written, only after it."""
+    and anything global written, only after it. BLOCK_R > 0: the low-rank term is one wgmma (:func:`_epilogue`)."""
     gl.static_assert(BLOCK_K % _PACK == 0, "BLOCK_K must be a multiple of the 64-wide pack block")
     gl.static_assert(BLOCK_K % G2 == 0, "a K step covers whole groups")
     gl.static_assert(not F8 or FMT == _FMT_G, "F8 (e4m3 MMA) is the int4_g64 path's variant")
@@ -526,6 +568,12 @@ def w4a4_decode_kernel(x_desc, w_desc, u_desc,
         xe = gl.allocate_shared_memory(gl.int8, [BLOCK_T, BLOCK_K], xe_layout)
     else:
         xe = u_bufs   # unused
+    if HAS_LOWRANK and BLOCK_R > 0:    # S rounded to lora_up's dtype: the epilogue wgmma's B operand
+        lr_dtype: gl.constexpr = up_ptr.dtype.element_ty
+        s16 = gl.allocate_shared_memory(lr_dtype, [BLOCK_T, BLOCK_R],
+                                        gl.NVMMASharedLayout.get_default_for([BLOCK_T, BLOCK_R], lr_dtype))
+    else:
+        s16 = u_bufs  # unused
 
     k_tiles = gl.cdiv(K, BLOCK_K)
     tiles_t = gl.cdiv(M, BLOCK_T)
@@ -568,15 +616,15 @@ def w4a4_decode_kernel(x_desc, w_desc, u_desc,
                                      k_tiles, ws_ptr, cnt_ptr, max_contrib, BLOCK_N, BLOCK_T, mma)
             if done:
                 _epilogue(acc.to(gl.float32), tile_n, tile_t, M, N, R, out_ptr, stride_om, xscale_ptr, wscale_ptr,
-                          col_scale_ptr, bias_ptr, s_ptr, stride_sm, up_ptr, stride_un, BLOCK_N, BLOCK_T, FMT,
-                          HAS_LOWRANK, HAS_COL_SCALE, HAS_BIAS, mma)
+                          col_scale_ptr, bias_ptr, s_ptr, stride_sm, up_ptr, stride_un, s16, BLOCK_N, BLOCK_T, FMT,
+                          HAS_LOWRANK, HAS_COL_SCALE, HAS_BIAS, mma, BLOCK_R)
     else:
         acc = _mainloop(x_desc, w_desc, u_desc, x_bufs, w_bufs, u_bufs, xe, ready, xscale_ptr, off_t, off_n, M, N, K,
                         k_tiles, 0, k_tiles, 0, k_tiles, tiles_t, STAGES, BLOCK_N, BLOCK_T, BLOCK_K, G2, SWAR,
                         MMA_ASYNC, FMT, F8, mma, STREAM, NONEMPTY_K)
         _epilogue(acc.to(gl.float32), off_n, off_t, M, N, R, out_ptr, stride_om, xscale_ptr, wscale_ptr,
-                  col_scale_ptr, bias_ptr, s_ptr, stride_sm, up_ptr, stride_un, BLOCK_N, BLOCK_T, FMT, HAS_LOWRANK,
-                  HAS_COL_SCALE, HAS_BIAS, mma)
+                  col_scale_ptr, bias_ptr, s_ptr, stride_sm, up_ptr, stride_un, s16, BLOCK_N, BLOCK_T, FMT, HAS_LOWRANK,
+                  HAS_COL_SCALE, HAS_BIAS, mma, BLOCK_R)
 
 
 # =============================================================================================
@@ -584,7 +632,8 @@ def w4a4_decode_kernel(x_desc, w_desc, u_desc,
 _BITS = {torch.bfloat16: 16, torch.float16: 16, torch.float32: 32}
 
 
-def default_decode_config(M: int, group_size: int = 64, fmt: str = "int4_2l", f8: bool = False) -> KernelConfig:
+def default_decode_config(M: int, group_size: int = 64, fmt: str = "int4_2l", f8: bool = False,
+                          lowrank_block: int = 0) -> KernelConfig:
     """Token tile = M rounded up to 16, 32 or 64 (a wgmma N; KernelConfig tiles are ≥ 16). Measured on the H200
     (probes/probe_decode_s3b, K=4096, N=28672, async wgmmas): M ≤ 16 best at 128 weight rows × 256 K × 4 stages
     (29.9 µs at M=1; 64×256×4 30.8, 128×512×2 35.5); M = 64 at 128×128×6 (47.1; 128×256×4 65.7: two CTAs
@@ -598,18 +647,19 @@ def default_decode_config(M: int, group_size: int = 64, fmt: str = "int4_2l", f8
     bn = 64 if (f8 and bt > 16) else 128
     base = KernelConfig(block_m=bt, block_n=bn, block_k=bk, block_r=16, group_m=1, num_warps=WARPS,
                         num_stages=stages, lowrank_stages=0, persistent=False)
-    while stages > 2 and CTAS_PER_SM * decode_ledger(base.replace(num_stages=stages), group_size, fmt, f8).total() \
-            > SM90_SMEM_PER_SM:
+    while stages > 2 and CTAS_PER_SM * decode_ledger(base.replace(num_stages=stages), group_size, fmt, f8,
+                                                     lowrank_block=lowrank_block).total() > SM90_SMEM_PER_SM:
         stages -= 1
     return base.replace(num_stages=stages)
 
 
 def decode_ledger(config: KernelConfig, group_size: int = 64, fmt: str = "int4_2l", f8: bool = False,
-                  row_box: bool = False) -> SmemLedger:
+                  row_box: bool = False, lowrank_block: int = 0) -> SmemLedger:
     """Every byte ``w4a4_decode_kernel`` allocates (one CTA; several share an SM). ``f8`` (int4_g64): the ring
     holds e4m3 token tiles [BT, BK] (the wgmma B operand, by TMA) and there is no expanded token tile; the
     a/b rows come from global memory (L2) into registers, no SMEM. ``row_box``: the row table lands as one dense
-    [BK/G, BN] box per slot (padded to 128 bytes) instead of one 128-byte-aligned row per group."""
+    [BK/G, BN] box per slot (padded to 128 bytes) instead of one 128-byte-aligned row per group.
+    ``lowrank_block`` > 0 (the epilogue's low-rank wgmma, :func:`_epilogue`): S as its 16-bit B operand [BT, block]."""
     bt, bn, bk, s = config.block_m, config.block_n, config.block_k, config.num_stages
     g = fmt != "int4_2l"
     f8 = bool(f8) and g
@@ -625,6 +675,8 @@ def decode_ledger(config: KernelConfig, group_size: int = 64, fmt: str = "int4_2
              SmemTerm("ring.w_scale_rows" if g else "ring.u_rows", tile_bytes(slot_rows, row, row_bits), s)]
     if g and not f8:
         terms.append(SmemTerm("x_int8", tile_bytes(bt, bk, 8), 1))   # the step's expanded token tile
+    if lowrank_block:
+        terms.append(SmemTerm("lowrank.s16", tile_bytes(bt, lowrank_block, 16), 1))
     terms.append(SmemTerm("barriers", barrier_bytes(s)))
     if config.split_k > 1 or config.persistent:
         # the ticket (a scalar atomic: one thread's result, broadcast) gets a 4-byte scratch word that the
@@ -637,7 +689,7 @@ def decode_ledger(config: KernelConfig, group_size: int = 64, fmt: str = "int4_2
 
 
 def check_decode_config(config: KernelConfig, M: int, N: int, K: int, group_size: int, fmt: str = "int4_2l",
-                        f8: bool = False, row_box: bool = False):
+                        f8: bool = False, row_box: bool = False, lowrank_block: int = 0):
     """Raise ValueError / SmemError naming the violated constraint (expected vs got)."""
     bt, bn, bk = config.block_m, config.block_n, config.block_k
     if config.num_warps not in (4, 8) or bn < 16 * config.num_warps:
@@ -659,17 +711,17 @@ def check_decode_config(config: KernelConfig, M: int, N: int, K: int, group_size
     if config.split_k > 1 and config.persistent:
         raise ValueError(f"w4a4 decode: split_k={config.split_k} and persistent (stream-K) are two ways to deal the "
                          f"K steps to programs; pick one")
-    decode_ledger(config, group_size, fmt, f8, row_box).check()
+    decode_ledger(config, group_size, fmt, f8, row_box, lowrank_block).check()
 
 
 def plan_decode(M: int, config: KernelConfig | None = None, group_size: int = 64,
-                fmt: str = "int4_2l", f8: bool = False) -> KernelConfig:
+                fmt: str = "int4_2l", f8: bool = False, lowrank_block: int = 0) -> KernelConfig:
     """``config``, else the default one — dealt as ``LOWRANK_GEMM_DECODE_SPLIT`` says (unset: one program per
     tile; "2", "3", …: split-K; "stream": stream-K; "stream:3": stream-K on a 3-slot ring, i.e. three 2l CTAs per
     SM at M ≤ 16), so the layer op can be A/B'd without a config."""
     if config is not None:
         return config
-    config = default_decode_config(M, group_size, fmt, f8)
+    config = default_decode_config(M, group_size, fmt, f8, lowrank_block)
     mode = getenv(SPLIT_ENV, "")
     if mode in ("", "1"):
         return config
@@ -790,18 +842,19 @@ def simulate_decode_work(work: DecodeWork, partial, schedule) -> tuple[dict, lis
 
 
 def decode_ctas_per_sm(config: KernelConfig, group_size: int = 64, fmt: str = "int4_2l", f8: bool = False,
-                       row_box: bool = False) -> int:
+                       row_box: bool = False, lowrank_block: int = 0) -> int:
     """CTAs of this config that share an SM — what stream-K sizes its grid by, so an overestimate would leave
     programs for a second wave: SMEM (ledger + the 1 KB the driver reserves per CTA) and registers (2l with
     16-token tiles ≤ :data:`REGS_2L_16` per thread; everything else is budgeted at 255, i.e. two CTAs)."""
-    per_cta = decode_ledger(config, group_size, fmt, f8, row_box).total() + 1024
+    per_cta = decode_ledger(config, group_size, fmt, f8, row_box, lowrank_block).total() + 1024
     regs = REGS_2L_16 if fmt == "int4_2l" and config.block_m == 16 else 255
     by_regs = SM90_REGS_PER_SM // (-(-regs // 8) * 8 * 32 * config.num_warps)
     return max(1, min(by_regs, SM90_SMEM_PER_SM // per_cta))
 
 
 def plan_decode_work(M: int, N: int, K: int, config: KernelConfig, group_size: int = 64, fmt: str = "int4_2l",
-                     f8: bool = False, num_sms: int = SM90_SMS, row_box: bool = False) -> DecodeWork:
+                     f8: bool = False, num_sms: int = SM90_SMS, row_box: bool = False,
+                     lowrank_block: int = 0) -> DecodeWork:
     """One program per tile (default); ``config.split_k`` = s > 1: split-K, each tile's K steps in min(s, k_tiles)
     near-equal contiguous shares; ``config.persistent``: stream-K over num_sms × :func:`decode_ctas_per_sm`
     programs (at most one per iteration). Both are one launch (the last contributor of a tile finishes it;
@@ -811,7 +864,8 @@ def plan_decode_work(M: int, N: int, K: int, config: KernelConfig, group_size: i
     if config.split_k > 1:
         programs = tiles * min(config.split_k, k_tiles)
     elif config.persistent:
-        programs = min(tiles * k_tiles, num_sms * decode_ctas_per_sm(config, group_size, fmt, f8, row_box))
+        programs = min(tiles * k_tiles, num_sms * decode_ctas_per_sm(config, group_size, fmt, f8, row_box,
+                                                                     lowrank_block))
     else:
         programs = 0
     return _work(tiles_n, tiles_t, k_tiles, programs)
@@ -841,6 +895,12 @@ def decode_row_box_default() -> bool:
     return env == "1" if env in ("0", "1") else bool(ROW_BOX_DEFAULT)
 
 
+def decode_epi_mma_default() -> bool:
+    """``epi_mma=None``: ``LOWRANK_GEMM_DECODE_EPI_MMA`` = 0/1, else :data:`EPI_MMA_DEFAULT`."""
+    env = getenv("LOWRANK_GEMM_DECODE_EPI_MMA", "")
+    return env == "1" if env in ("0", "1") else bool(EPI_MMA_DEFAULT)
+
+
 def decode_f8_default() -> bool:
     """Whether int4_g64 decode takes the e4m3 path when ``f8=None``: ``LOWRANK_GEMM_DECODE_F8`` = 0/1, else the
     module-level :data:`F8_DEFAULT`."""
@@ -848,8 +908,11 @@ def decode_f8_default() -> bool:
     return env == "1" if env in ("0", "1") else bool(F8_DEFAULT)
 
 
+EPI_MMA_MAX_RANK = 128      # ranks above this keep the per-rank epilogue loop (the wgmma's A tile: 64 registers there)
+
+
 def _args(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, out, fmt, group_size, config,
-          col_scale=None, swar=True, mma_async=True, f8=None, pdl=None, nonempty_k=None, row_box=None):
+          col_scale=None, swar=True, mma_async=True, f8=None, pdl=None, nonempty_k=None, row_box=None, epi_mma=None):
     from ..w4a4_gemm import FORMATS, check_gemm_args
     if fmt not in FORMATS:
         raise ValueError(f"w4a4 decode: fmt must be one of {FORMATS}, got {fmt!r}")
@@ -871,11 +934,14 @@ def _args(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, out, fm
     pdl = pdl_enabled(dev) if pdl is None else bool(pdl)
     nonempty_k = decode_nonempty_k_default() if nonempty_k is None else bool(nonempty_k)
     row_box = decode_row_box_default() if row_box is None else bool(row_box)
-    config = plan_decode(M, config, group_size, fmt, f8)
-    check_decode_config(config, M, N, K, group_size, fmt, f8, row_box)
+    epi_mma = decode_epi_mma_default() if epi_mma is None else bool(epi_mma)
+    # (f8 on 32/64-token tiles sits at 254 registers already; the wgmma's operands tip it into a spill: loop there)
+    br = rank_block(r) if (r and epi_mma and r <= EPI_MMA_MAX_RANK and not (f8 and M > 16)) else 0
+    config = plan_decode(M, config, group_size, fmt, f8, br)
+    check_decode_config(config, M, N, K, group_size, fmt, f8, row_box, br)
     bt, bn, bk = config.block_m, config.block_n, config.block_k
     work = plan_decode_work(M, N, K, config, group_size, fmt, f8, num_sms(dev) if dev.type == "cuda" else SM90_SMS,
-                            row_box)
+                            row_box, br)
     x_q, x_scale = _f8_operands(x_q, x_scale, group_size, f8, "w4a4 decode")
     x_desc = desc(x_q, (bt, bk // 2) if (g and not f8) else (bt, bk))
     w_desc = desc(w_q, (bn, bk // 2))
@@ -901,14 +967,14 @@ def _args(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, out, fm
     cx = dict(G2=group_size, BLOCK_T=bt, BLOCK_N=bn, BLOCK_K=bk, STAGES=config.num_stages,
               HAS_LOWRANK=r > 0, HAS_COL_SCALE=col_scale is not None, HAS_BIAS=bias is not None, SWAR=swar,
               MMA_ASYNC=mma_async, FMT=FMT_INT4_G if g else FMT_INT4_2L, F8=f8, STREAM=work.stream, PDL=pdl,
-              NONEMPTY_K=nonempty_k and not g)
+              NONEMPTY_K=nonempty_k and not g, BLOCK_R=br)
     return work.grid, args, cx, config
 
 
 def launch_w4a4_decode(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, out, fmt: str,
                        group_size: int, config: KernelConfig | None = None, *, col_scale=None, swar: bool = True,
                        mma_async: bool = True, f8: bool | None = None, pdl: bool | None = None,
-                       nonempty_k: bool | None = None, row_box: bool | None = None):
+                       nonempty_k: bool | None = None, row_box: bool | None = None, epi_mma: bool | None = None):
     """out [M, N] ← the W4A4 layer's GEMM + epilogue (launcher contract of kernels/w4a4_gemm.py, both formats).
     ``mma_async=False`` (int4_2l): each wgmma waits for itself — the first H200 version, kept for A/B.
     ``f8`` (int4_g64; None = :func:`decode_f8_default`): e4m3 wgmmas on offset-encoded weights, the tokens
@@ -919,23 +985,25 @@ def launch_w4a4_decode(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, 
     ``pdl`` (None = :func:`kernels.pdl.pdl_enabled`): programmatic dependent launch — the kernel's weight loads
     start while the previous kernel (act_quant / expand_act_f8) finishes. ``nonempty_k`` (int4_2l; None =
     :func:`decode_nonempty_k_default`): the K loop that ptxas does not serialize at M > 16 (``_mainloop_2l``).
-    ``row_box`` (None = :func:`decode_row_box_default`): the step's row table in one 2-D TMA box (``_issue_step``)."""
+    ``row_box`` (None = :func:`decode_row_box_default`): the step's row table in one 2-D TMA box (``_issue_step``).
+    ``epi_mma`` (None = :func:`decode_epi_mma_default`): the low-rank term as one wgmma (ranks ≤
+    :data:`EPI_MMA_MAX_RANK`), else a loop over the rank."""
     grid, args, cx, cfg = _args(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, out, fmt, group_size,
-                                config, col_scale, swar, mma_async, f8, pdl, nonempty_k, row_box)
+                                config, col_scale, swar, mma_async, f8, pdl, nonempty_k, row_box, epi_mma)
     launch(w4a4_decode_kernel, grid, *args, **cx, num_warps=cfg.num_warps, launch_pdl=cx["PDL"])
     return out
 
 
 def aot_signature_decode(config: KernelConfig | None = None, *, M=5, N=160, K=512, rank=16, group_size=64,
                          bias=True, col_scale=True, swar=True, mma_async=True, fmt="int4_2l", f8=None, pdl=False,
-                         nonempty_k=False, row_box=False):
+                         nonempty_k=False, row_box=False, epi_mma=None):
     """(signature, constexprs, config) for ``kernels.aot.compile_sm90`` of :func:`w4a4_decode_kernel`."""
     import inspect
     from triton.runtime.jit import mangle_type
     from .w4a4_ws import make_operands_v2
     ops = make_operands_v2(fmt, M, N, K, rank, group_size, device="cpu", bias=bias, col_scale=col_scale)
     _, args, cx, cfg = _args(**ops, config=config, swar=swar, mma_async=mma_async, f8=f8, pdl=pdl,
-                             nonempty_k=nonempty_k, row_box=row_box)
+                             nonempty_k=nonempty_k, row_box=row_box, epi_mma=epi_mma)
     names = [n for n in inspect.signature(w4a4_decode_kernel.fn).parameters if n not in cx]
     sig = {n: (mangle_type(a) if not isinstance(a, int) else "i32") for n, a in zip(names, args)}
     return sig, cx, cfg

@@ -1,0 +1,92 @@
+"""Session 32: the W4A4 decode kernel's low-rank term as one wgmma (``epi_mma``) against the per-rank loop, same
+process, CUDA-graph replays over rotated operand sets, cuBLAS bf16 beside. Every timed variant is first checked
+against the float64 reference (NaN-poisoned output, repeat bit-identical).
+
+    PYTHONPATH=src python3 scripts/probe_decode_epi.py [--out DIR]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
+from lowrank_gemm.bench.common import device_meta, time_graph  # noqa: E402
+from lowrank_gemm.kernels.gluon import w4a4_decode as d  # noqa: E402
+from lowrank_gemm.kernels.gluon import w4a4_ws as w4  # noqa: E402
+from lowrank_gemm.kernels.w4_expand import expand_act_f8  # noqa: E402
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default="/tmp/out/decode_epi")
+    ap.add_argument("--shapes", default="16x28672x4096,4x28672x4096,16x4096x4096,64x28672x4096")
+    ap.add_argument("--layer", default="16x28672x4096,4x28672x4096,64x28672x4096")
+    args = ap.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    rows = []
+
+    def emit(**row):
+        rows.append(row)
+        print("ROW " + json.dumps(row), flush=True)
+
+    for shape in args.shapes.split(","):
+        m, n, k = (int(v) for v in shape.split("x"))
+        x = [torch.randn(m, k, device="cuda", dtype=torch.bfloat16) for _ in range(2)]
+        wb = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) for _ in range(2)]
+        emit(M=m, N=n, K=k, impl="cublas_bf16", us=time_graph(lambda a, b: a @ b.T, list(zip(x, wb))).median_us)
+        del x, wb
+        for fmt in ("int4_g64", "int4_2l"):
+            if fmt == "int4_g64" and m > 16:
+                continue        # auto takes v2 there; the decode kernel's f8 path keeps the loop at M > 16
+            from lowrank_gemm.bench.common import rotation_count
+            n_sets = min(8, max(2, rotation_count(n * k // 2)))     # one pass over the sets ≥ 3× the L2
+            sets = [w4.make_operands_v2(fmt, m, n, k, 32, 64, device="cuda", bias=True, seed=s) for s in range(n_sets)]
+            ref = w4.reference_v2(sets[0]).cuda()
+            if fmt == "int4_g64":     # as the layer feeds it: act_quant's e4m3 tokens and xab rows
+                pre = []
+                for s in sets:
+                    xe, xab = expand_act_f8(s["x_q"], s["x_scale"], 64)
+                    pre.append({**s, "x_q": xe, "x_scale": xab})
+                sets = pre
+            outs = {}
+            for epi in (False, True):
+                def run(s, epi=epi):
+                    return d.launch_w4a4_decode(**s, epi_mma=epi)
+                s0 = sets[0]
+                s0["out"].fill_(float("nan"))
+                y1 = run(s0).clone()
+                y2 = run(s0).clone()
+                err = ((y1.double() - ref).norm() / ref.norm()).item()
+                ok = bool(torch.isfinite(y1).all()) and torch.equal(y1, y2) and err < 1e-2
+                outs[epi] = y1
+                us = time_graph(lambda s: run(s), [(s, ) for s in sets]).median_us if ok else None
+                emit(M=m, N=n, K=k, fmt=fmt, impl=f"decode_gemm:epi_{'mma' if epi else 'loop'}", us=us, rel_err=err,
+                     ok=ok)
+            emit(M=m, N=n, K=k, fmt=fmt, impl="mma_vs_loop_max_abs",
+                 value=(outs[True].float() - outs[False].float()).abs().max().item())
+    # the layer (act_quant + GEMM, impl="auto") as bench w4a4 times it, with the epilogue switched by env
+    import os
+    from lowrank_gemm.bench.common import rotation_count
+    from lowrank_gemm.bench.w4a4 import _providers
+    for shape in args.layer.split(","):
+        m, n, k = (int(v) for v in shape.split("x"))
+        prov = _providers(m, n, k, "cuda", impls=("auto", ))
+        for name in ("cublas_bf16", "w4a4_layer:int4_g64:auto", "w4a4_layer:int4_2l:auto"):
+            fn, make, nbytes = prov[name]
+            sets = [make() for _ in range(min(rotation_count(nbytes), 4))]
+            for epi in (("0", "1") if name.startswith("w4a4") else ("1", )):
+                os.environ["LOWRANK_GEMM_DECODE_EPI_MMA"] = epi
+                emit(M=m, N=n, K=k, impl=name + ("" if name.startswith("cublas") else f":epi{epi}"),
+                     us=time_graph(fn, sets).median_us)
+            del sets
+    os.environ.pop("LOWRANK_GEMM_DECODE_EPI_MMA", None)
+    (out / "probe_decode_epi.json").write_text(json.dumps({"meta": device_meta(), "rows": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
