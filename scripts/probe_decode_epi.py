@@ -1,5 +1,5 @@
-"""Session 32: the W4A4 decode kernel's low-rank term as one wgmma (``epi_mma``) against the per-rank loop, same
-process, CUDA-graph replays over rotated operand sets, cuBLAS bf16 beside. Every timed variant is first checked
+"""Session 32: the W4A4 decode kernel's low-rank term as one wgmma (``epi_mma``) against the per-rank loop, and the
+f8 path's a/b rows from a shared-memory table (``xab_smem``) against L2 loads in the K loop; same process, CUDA-graph replays over rotated operand sets, cuBLAS bf16 beside. Every timed variant is first checked
 against the float64 reference (NaN-poisoned output, repeat bit-identical).
 
     PYTHONPATH=src python3 scripts/probe_decode_epi.py [--out DIR]
@@ -23,7 +23,7 @@ from lowrank_gemm.kernels.w4_expand import expand_act_f8  # noqa: E402
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="/tmp/out/decode_epi")
-    ap.add_argument("--shapes", default="16x28672x4096,4x28672x4096,16x4096x4096,64x28672x4096")
+    ap.add_argument("--shapes", default="16x28672x4096,4x28672x4096,16x4096x4096,64x28672x4096,16x4096x14336")
     ap.add_argument("--layer", default="16x28672x4096,4x28672x4096,64x28672x4096")
     args = ap.parse_args()
     out = Path(args.out)
@@ -53,22 +53,26 @@ def main() -> None:
                     xe, xab = expand_act_f8(s["x_q"], s["x_scale"], 64)
                     pre.append({**s, "x_q": xe, "x_scale": xab})
                 sets = pre
+            variants = ([(False, False), (True, False), (True, True)] if fmt == "int4_g64"
+                        else [(False, None), (True, None)])
             outs = {}
-            for epi in (False, True):
-                def run(s, epi=epi):
-                    return d.launch_w4a4_decode(**s, epi_mma=epi)
+            for epi, xs in variants:
+                def run(s, epi=epi, xs=xs):
+                    return d.launch_w4a4_decode(**s, epi_mma=epi, xab_smem=xs)
                 s0 = sets[0]
                 s0["out"].fill_(float("nan"))
                 y1 = run(s0).clone()
                 y2 = run(s0).clone()
                 err = ((y1.double() - ref).norm() / ref.norm()).item()
                 ok = bool(torch.isfinite(y1).all()) and torch.equal(y1, y2) and err < 1e-2
-                outs[epi] = y1
+                outs[(epi, xs)] = y1
                 us = time_graph(lambda s: run(s), [(s, ) for s in sets]).median_us if ok else None
-                emit(M=m, N=n, K=k, fmt=fmt, impl=f"decode_gemm:epi_{'mma' if epi else 'loop'}", us=us, rel_err=err,
-                     ok=ok)
-            emit(M=m, N=n, K=k, fmt=fmt, impl="mma_vs_loop_max_abs",
-                 value=(outs[True].float() - outs[False].float()).abs().max().item())
+                tag = f"epi_{'mma' if epi else 'loop'}" + ("" if xs is None else f":xab_{'smem' if xs else 'l2'}")
+                emit(M=m, N=n, K=k, fmt=fmt, impl=f"decode_gemm:{tag}", us=us, rel_err=err, ok=ok)
+            if fmt == "int4_g64":
+                emit(M=m, N=n, K=k, fmt=fmt, impl="xab_smem_vs_l2_equal", value=bool(torch.equal(outs[(True, True)],
+                                                                                           outs[(True, False)])))
+
     # the layer (act_quant + GEMM, impl="auto") as bench w4a4 times it, with the epilogue switched by env
     import os
     from lowrank_gemm.bench.common import rotation_count
@@ -76,15 +80,19 @@ def main() -> None:
     for shape in args.layer.split(","):
         m, n, k = (int(v) for v in shape.split("x"))
         prov = _providers(m, n, k, "cuda", impls=("auto", ))
-        for name in ("cublas_bf16", "w4a4_layer:int4_g64:auto", "w4a4_layer:int4_2l:auto"):
+        envs = {"cublas_bf16": [("1", "1")], "w4a4_layer:int4_g64:auto": [("0", "0"), ("1", "0"), ("1", "1")],
+                "w4a4_layer:int4_2l:auto": [("0", "0"), ("1", "0")]}
+        for name, combos in envs.items():
             fn, make, nbytes = prov[name]
             sets = [make() for _ in range(min(rotation_count(nbytes), 4))]
-            for epi in (("0", "1") if name.startswith("w4a4") else ("1", )):
+            for epi, xs in combos:
                 os.environ["LOWRANK_GEMM_DECODE_EPI_MMA"] = epi
-                emit(M=m, N=n, K=k, impl=name + ("" if name.startswith("cublas") else f":epi{epi}"),
+                os.environ["LOWRANK_GEMM_DECODE_XAB_SMEM"] = xs
+                emit(M=m, N=n, K=k, impl=name + ("" if name.startswith("cublas") else f":epi{epi}:xab{xs}"),
                      us=time_graph(fn, sets).median_us)
             del sets
     os.environ.pop("LOWRANK_GEMM_DECODE_EPI_MMA", None)
+    os.environ.pop("LOWRANK_GEMM_DECODE_XAB_SMEM", None)
     (out / "probe_decode_epi.json").write_text(json.dumps({"meta": device_meta(), "rows": rows}, indent=1))
 
 

@@ -28,7 +28,7 @@ def test_sm90_ptx_register_a_wgmma_tma_and_ledger(fmt, cfg):
     assert re.search(r"wgmma\.mma_async\.sync\.aligned\.m64n16k32\.s32\.s8\.s8 \{[^}]+\}, \{[^}]+\}", info.ptx)
     assert "cp.async.bulk.tensor.2d" in info.ptx and "cp.async.bulk.tensor.1d" in info.ptx
     assert "ld.local" not in info.ptx
-    assert d.decode_ledger(c, 64, fmt, lowrank_block=cx["BLOCK_R"]).total() == info.shared
+    assert d.decode_ledger(c, 64, fmt, lowrank_block=cx["BLOCK_R"], xab_rows=cx["XAB_ROWS"]).total() == info.shared
 
 
 _ptxas = ptxas_stats
@@ -75,7 +75,7 @@ def test_sm90_f8_e4m3_register_a_wgmma_no_i2f_no_spills(M, cfg, gs):
     assert loops and not any("st.shared" in x for body in loops for x in body)   # no per-step token expansion
     assert info.ptx.count("st.shared") <= 4          # (the epilogue's S tile, the low-rank wgmma's B operand)
     assert "ld.local" not in info.ptx
-    assert d.decode_ledger(c, gs, "int4_g64", f8=True, lowrank_block=cx["BLOCK_R"]).total() == info.shared
+    assert d.decode_ledger(c, gs, "int4_g64", f8=True, lowrank_block=cx["BLOCK_R"], xab_rows=cx["XAB_ROWS"]).total() == info.shared
     rs = _ptxas(info.ptx)
     if rs is not None:
         regs, spills, log = rs
@@ -372,7 +372,7 @@ def test_sm90_split_stream_pdl_variants(M, fmt, f8, mode, pdl):
     kind = "f32.e4m3.e4m3" if f8 else "s32.s8.s8"
     assert re.search(rf"wgmma\.mma_async\.sync\.aligned\.m64n{c.block_m}k32\.{kind} \{{[^}}]+\}}, \{{[^}}]+\}}", ptx)
     assert "cp.async.bulk.tensor.2d" in ptx and "cp.async.bulk.tensor.1d" in ptx and "ld.local" not in ptx
-    assert d.decode_ledger(c, 64, fmt, f8, lowrank_block=cx["BLOCK_R"]).total() == info.shared
+    assert d.decode_ledger(c, 64, fmt, f8, lowrank_block=cx["BLOCK_R"], xab_rows=cx["XAB_ROWS"]).total() == info.shared
     stream = mode != "tile"
     assert cx["STREAM"] == stream
     # the ticket protocol of kernels/splitk.py: acq_rel ticket, L2 (.cg) reads of the partials, relaxed reset
@@ -405,7 +405,7 @@ def test_sm90_nonempty_k_pipelines_the_2l_wgmmas(M, cfg):
     """The 2l K loop with a provable trip count ≥ 1: ptxas keeps the wgmmas in flight (no C7515) where the one-tile
     kernel serializes them (M > 16: the default configs of M = 17..64)."""
     info, cx, c = _compile(M, "int4_2l", False, "tile", nonempty_k=True, **cfg)
-    assert cx["NONEMPTY_K"] and d.decode_ledger(c, lowrank_block=cx["BLOCK_R"]).total() == info.shared
+    assert cx["NONEMPTY_K"] and d.decode_ledger(c, lowrank_block=cx["BLOCK_R"], xab_rows=cx["XAB_ROWS"]).total() == info.shared
     rs = _ptxas(info.ptx)
     if rs is not None:
         regs, spills, log = rs
@@ -445,8 +445,8 @@ def test_sm90_row_box_one_copy_per_step(M, fmt, f8, mode, pdl, cfg):
     base, bcx, _ = _compile(M, fmt, f8, mode, pdl, nonempty_k=True, **cfg)
     ptx = info.ptx
     assert "cp.async.bulk.tensor.1d" not in ptx and "cp.async.bulk.tensor.2d" in ptx and "ld.local" not in ptx
-    assert d.decode_ledger(c, 64, fmt, f8, row_box=True, lowrank_block=cx["BLOCK_R"]).total() == info.shared
-    assert d.decode_ledger(c, 64, fmt, f8, lowrank_block=bcx["BLOCK_R"]).total() == base.shared
+    assert d.decode_ledger(c, 64, fmt, f8, row_box=True, lowrank_block=cx["BLOCK_R"], xab_rows=cx["XAB_ROWS"]).total() == info.shared
+    assert d.decode_ledger(c, 64, fmt, f8, lowrank_block=bcx["BLOCK_R"], xab_rows=bcx["XAB_ROWS"]).total() == base.shared
     ur = c.block_k // 64
     assert ptx.count("cp.async.bulk.tensor") * (2 + ur) == base.ptx.count("cp.async.bulk.tensor") * 3
     if ur > 1:
@@ -501,7 +501,7 @@ def test_sm90_epilogue_lowrank_is_one_wgmma(fmt, f8, M, rank):
     assert br == max(16, 1 << (rank - 1).bit_length())
     bf16 = re.findall(rf"wgmma\.mma_async\.sync\.aligned\.m64n{c.block_m}k16\.f32\.bf16\.bf16", info.ptx)
     assert len(bf16) == (c.block_n // 64) * (br // 16)
-    led = d.decode_ledger(c, 64, fmt, f8, lowrank_block=br)
+    led = d.decode_ledger(c, 64, fmt, f8, lowrank_block=br, xab_rows=cx["XAB_ROWS"])
     assert led.term("lowrank.s16").bytes_each == c.block_m * br * 2 and led.total() == info.shared
     assert "ld.local" not in info.ptx
     rs = _ptxas(info.ptx)
@@ -510,7 +510,7 @@ def test_sm90_epilogue_lowrank_is_one_wgmma(fmt, f8, M, rank):
     sig, cx, c = d.aot_signature_decode(None, fmt=fmt, f8=f8, M=M, K=1024, rank=rank, epi_mma=False)
     loop = compile_sm90(MOD, "w4a4_decode_kernel", sig, cx, num_warps=d.WARPS)
     assert cx["BLOCK_R"] == 0 and ".bf16.bf16" not in loop.ptx
-    assert d.decode_ledger(c, 64, fmt, f8).total() == loop.shared
+    assert d.decode_ledger(c, 64, fmt, f8, xab_rows=cx["XAB_ROWS"]).total() == loop.shared
 
 
 def test_epilogue_mma_switch_and_fallbacks(monkeypatch):
@@ -528,6 +528,57 @@ def test_epilogue_mma_switch_and_fallbacks(monkeypatch):
     monkeypatch.setenv("LOWRANK_GEMM_DECODE_EPI_MMA", "0")
     assert not d.decode_epi_mma_default() and block_r() == 0
     assert block_r(epi_mma=True) == 16
+
+
+@pytest.mark.parametrize("M,K,mode", [(16, 4096, "tile"), (5, 640, "tile"), (16, 1024, "stream")])
+def test_sm90_f8_xab_rows_from_shared_memory(M, K, mode):
+    """xab_smem: the a/b rows of every group are copied into shared memory once (rows for every group of every K
+    step, whole fills of 32), the wgmma K loop has no global load left, the table is a ledger term, fewer registers
+    than the L2 path, no spills."""
+    from lowrank_gemm.kernels.aot import compile_sm90
+    from test_gluon_skeleton import _ptx_loops
+    cfg = d.default_decode_config(M, 64, "int4_g64", True)
+    if mode == "stream":
+        cfg = cfg.replace(persistent=True)
+    info, in_loops = {}, {}
+    for xs in (True, False):
+        sig, cx, c = d.aot_signature_decode(cfg, fmt="int4_g64", f8=True, M=M, K=K, rank=32, xab_smem=xs)
+        info[xs] = compile_sm90(MOD, "w4a4_decode_kernel", sig, cx, num_warps=d.WARPS)
+        rows = cx["XAB_ROWS"]
+        assert rows == ((-(-2 * (-(-K // c.block_k)) * (c.block_k // 64) // 32) * 32) if xs else 0)
+        led = d.decode_ledger(c, 64, "int4_g64", True, lowrank_block=cx["BLOCK_R"], xab_rows=rows)
+        assert led.total() == info[xs].shared
+        if xs:
+            assert led.term("xab_table").bytes_each == rows * c.block_m * 4
+        loops = [body for _, body in _ptx_loops(info[xs].ptx) if any("wgmma.mma_async" in x for x in body)]
+        assert loops
+        in_loops[xs] = sum("ld.global" in x for b in loops for x in b)
+    # one tile per program: no global load left in the K loop; stream-K: the tile loop around it keeps the
+    # epilogue's and the split-K partials' loads
+    assert in_loops[True] < in_loops[False] and (mode == "stream" or in_loops[True] == 0), in_loops
+    rs, rs_l2 = _ptxas(info[True].ptx), _ptxas(info[False].ptx)
+    if rs is not None:
+        assert rs[1] == 0 and rs[0] < rs_l2[0], (rs[:2], rs_l2[:2])
+
+
+def test_xab_table_rules(monkeypatch):
+    """On by default where it fits: f8, one token tile, CTAS_PER_SM CTAs per SM with the table (K = 14336 at 16
+    tokens is 28 KB more: off with a rank-32 branch); env LOWRANK_GEMM_DECODE_XAB_SMEM=0 turns it off; a table that a launch cannot use
+    is refused by check_decode_config."""
+    c16 = d.default_decode_config(16, 64, "int4_g64", True)
+    assert d.XAB_SMEM_DEFAULT and d.decode_xab_smem_default()
+    assert d.xab_table_rows(16, 4096, c16, 64, True) == 128
+    assert d.xab_table_rows(16, 14336, c16, 64, True, lowrank_block=32) == 0    # 2 × 114 KB + S: over 228 KB
+    assert d.xab_table_rows(16, 14336, c16, 64, True) == 448                    # (rank 0: just fits)
+    assert d.xab_table_rows(16, 4096, c16, 64, False) == 0
+    assert d.xab_table_rows(17, 4096, c16, 64, True) == 0            # two token tiles
+    assert d.aot_signature_decode(None, fmt="int4_g64", f8=True, M=16, K=4096, rank=32)[1]["XAB_ROWS"] == 128
+    monkeypatch.setenv("LOWRANK_GEMM_DECODE_XAB_SMEM", "0")
+    assert d.aot_signature_decode(None, fmt="int4_g64", f8=True, M=16, K=4096, rank=32)[1]["XAB_ROWS"] == 0
+    with pytest.raises(ValueError, match="xab table"):
+        d.check_decode_config(c16, 17, 4096, 4096, 64, "int4_g64", True, xab_rows=128)
+    with pytest.raises(ValueError, match="xab table"):
+        d.check_decode_config(c16, 16, 4096, 4096, 64, "int4_g64", True, xab_rows=64)
 
 
 # ---------------------------------------------------------------------------------------------- GPU
@@ -848,3 +899,30 @@ def test_decode_epilogue_mma_matches_reference_and_loop_gpu(case):
         assert torch.equal(d.launch_w4a4_decode(**ops, config=config, epi_mma=epi), out)
         outs.append(out.float())
     assert float((outs[0] - outs[1]).norm() / outs[1].norm()) < 1e-2
+
+
+XAB_GPU = [dict(M=16, N=28672, K=4096, mode="tile"), dict(M=3, N=4112, K=640, mode="tile"),
+           dict(M=9, N=336, K=1152, mode="stream"), dict(M=16, N=4096, K=14336, mode="tile")]
+
+
+@pytest.mark.gpu
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("case", XAB_GPU, ids=lambda c: f"{c['mode']}-M{c['M']}N{c['N']}K{c['K']}")
+def test_decode_f8_xab_table_bit_identical_gpu(case):
+    """The a/b rows from the shared-memory table and from L2: the same fp32 values in the same FMA order, so the
+    outputs are bit-identical (K = 14336 falls back to L2 by the SMEM rule; ragged K; stream-K programs that span
+    tiles), and both match the float64 reference into a NaN-poisoned output."""
+    c = dict(case)
+    ops = w4.make_operands_v2("int4_g64", c["M"], c["N"], c["K"], 32, 64, device="cuda", bias=True)
+    ref = w4.reference_v2(ops)
+    config = d.default_decode_config(c["M"], 64, "int4_g64", True)
+    if c["mode"] == "stream":
+        config = config.replace(persistent=True)
+    outs = []
+    for xs in (True, False):
+        ops["out"].fill_(float("nan"))
+        out = d.launch_w4a4_decode(**ops, config=config, xab_smem=xs).clone()
+        assert torch.isfinite(out).all(), "unwritten (NaN-poisoned) outputs"
+        assert float((out.double().cpu() - ref).norm() / ref.norm()) < 1e-2
+        outs.append(out)
+    assert torch.equal(outs[0], outs[1])

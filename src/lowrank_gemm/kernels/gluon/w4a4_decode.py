@@ -76,7 +76,8 @@ from .w4a4_ws import _f8_operands, _nibbles, _offset_nibbles_f8
 __all__ = ["decode_ledger", "plan_decode", "DecodeWork", "plan_decode_work", "simulate_decode_work",
            "decode_ctas_per_sm", "default_decode_config", "launch_w4a4_decode", "w4a4_decode_kernel",
            "decode_enabled", "aot_signature_decode", "decode_epi_mma_default", "EPI_MMA_DEFAULT",
-           "EPI_MMA_MAX_RANK", "check_decode_config", "decode_f8_default", "F8_DEFAULT",
+           "EPI_MMA_MAX_RANK", "decode_xab_smem_default", "XAB_SMEM_DEFAULT", "xab_table_rows",
+           "check_decode_config", "decode_f8_default", "F8_DEFAULT",
            "decode_nonempty_k_default", "NONEMPTY_K_DEFAULT", "decode_row_box_default", "ROW_BOX_DEFAULT",
            "SPLIT_ENV"]
 
@@ -104,6 +105,9 @@ ROW_BOX_DEFAULT = False      # the row table (u / w_scale) as one 2-D TMA box pe
 EPI_MMA_DEFAULT = True    # the low-rank term as one register-A wgmma in the epilogue (_epilogue); env
                           # LOWRANK_GEMM_DECODE_EPI_MMA=0/1 overrides. Session 32: the per-rank loop it replaces held
                           # 21 % of the warps' stall samples at M = 16, K = 4096, N = 28672 (ncu)
+XAB_SMEM_DEFAULT = True   # f8 with one token tile: the a/b rows of every group in shared memory (_fill_xab) rather
+                          # than loaded from L2 in the K loop; env LOWRANK_GEMM_DECODE_XAB_SMEM=0/1 overrides. Kept
+                          # only where CTAS_PER_SM CTAs still share an SM (xab_table_rows)
 SPLIT_ENV = "LOWRANK_GEMM_DECODE_SPLIT"   # default configs only: "2".."8" split-K, "stream[:stages]" stream-K
 F8_DEFAULT = True         # int4_g64 takes the e4m3 path when f8=None: H200, same process, GEMM 43.7 → 33.7 µs
                           # (M=1), 44.9 → 35.2 (M=16), outputs equal to the int8 path's in fp32 (probe_decode
@@ -339,7 +343,7 @@ def _mainloop_g(x_desc, w_desc, u_desc, x_bufs, w_bufs, u_bufs, xe, ready, xscal
 def _mainloop_g_f8(x_desc, w_desc, u_desc, x_bufs, w_bufs, u_bufs, ready, xab_ptr, off_t, off_n, M, N, K,
                    k_tiles, c0, n_steps, k0, n_local, tiles_t, STAGES: gl.constexpr, BLOCK_N: gl.constexpr,
                    BLOCK_T: gl.constexpr, BLOCK_K: gl.constexpr, G2: gl.constexpr, SWAR: gl.constexpr,
-                   mma: gl.constexpr, STREAM: gl.constexpr):
+                   mma: gl.constexpr, STREAM: gl.constexpr, xab_s, XAB_ROWS: gl.constexpr = 0):
     """int4_g64 on e4m3 wgmmas (module doc). Per group j of a step: 2·G/64 register-A wgmmas (m64nBTk32,
     .e4m3.e4m3) chain into a fresh fp32 partial; then group j−1's partial is waited for (everything but group
     j's wgmmas retires) and folded in: acc = fma(fma(P', a, b), ws, acc) — so the tensor cores run under the
@@ -349,7 +353,10 @@ def _mainloop_g_f8(x_desc, w_desc, u_desc, x_bufs, w_bufs, u_bufs, ready, xab_pt
     The rows a, b: two [BT] loads per group straight into the accumulator's column layout, two groups ahead
     (an L2 hit hides behind two groups' work); rows of groups past K/G and tokens ≥ M load as 0, so their
     partials (0 by TMA's zero fill) add exactly 0. (One [16, BT] tile per step with rows picked by a masked sum
-    cost ~250 more SASS instructions per loop at BT = 16: 969 vs 826.)"""
+    cost ~250 more SASS instructions per loop at BT = 16: 969 vs 826.)
+    XAB_ROWS > 0: the rows come from ``xab_s``, the token tile's whole table copied into shared memory once per
+    program (:func:`_fill_xab`), one ld.shared each — no 64-bit address arithmetic, masks or L2 round trips in
+    the loop (those were ~130 of its 615 SASS instructions per step at M = 16, ncu, session 32)."""
     UR: gl.constexpr = BLOCK_K // G2
     BPG: gl.constexpr = G2 // _PACK       # 64-wide blocks per group
     a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=4)
@@ -359,10 +366,17 @@ def _mainloop_g_f8(x_desc, w_desc, u_desc, x_bufs, w_bufs, u_bufs, ready, xab_pt
     zero = gl.zeros([BLOCK_N, BLOCK_T], gl.float32, mma)
     offs_t = off_t + gl.arange(0, BLOCK_T, gl.SliceLayout(0, mma))
     t_ok = offs_t < M
-    a1 = gl.load(xab_ptr + (2 * g0) * M + offs_t, mask=t_ok & (NG > g0), other=0.0)              # group g0
-    b1 = gl.load(xab_ptr + (2 * g0 + 1) * M + offs_t, mask=t_ok & (NG > g0), other=0.0)
-    a2 = gl.load(xab_ptr + (2 * g0 + 2) * M + offs_t, mask=t_ok & (NG > g0 + 1), other=0.0)      # group g0 + 1
-    b2 = gl.load(xab_ptr + (2 * g0 + 3) * M + offs_t, mask=t_ok & (NG > g0 + 1), other=0.0)
+    row_l: gl.constexpr = gl.SliceLayout(0, mma)
+    if XAB_ROWS > 0:
+        a1 = gl.zeros([BLOCK_T], gl.float32, row_l)   # (unused: the rows are read from xab_s in the loop)
+        b1 = a1
+        a2 = a1
+        b2 = a1
+    else:
+        a1 = gl.load(xab_ptr + (2 * g0) * M + offs_t, mask=t_ok & (NG > g0), other=0.0)              # group g0
+        b1 = gl.load(xab_ptr + (2 * g0 + 1) * M + offs_t, mask=t_ok & (NG > g0), other=0.0)
+        a2 = gl.load(xab_ptr + (2 * g0 + 2) * M + offs_t, mask=t_ok & (NG > g0 + 1), other=0.0)      # group g0 + 1
+        b2 = gl.load(xab_ptr + (2 * g0 + 3) * M + offs_t, mask=t_ok & (NG > g0 + 1), other=0.0)
     for kk in range(c0, c0 + n_steps):
         slot = kk % STAGES
         mbarrier.wait(ready.index(slot), (kk // STAGES) & 1)
@@ -378,13 +392,18 @@ def _mainloop_g_f8(x_desc, w_desc, u_desc, x_bufs, w_bufs, u_bufs, ready, xab_pt
                 part = warpgroup_mma(hi_b, xb.slice(b * _PACK + _PACK // 2, _PACK // 2, dim=1).permute((1, 0)),
                                      part, is_async=True)
             ws = _row(u_bufs, slot, j, STAGES, BLOCK_N).load(gl.SliceLayout(1, mma)).to(gl.float32)
-            a = a1
-            bv = b1
-            a1 = a2
-            b1 = b2
-            g2 = (k0 + (kk - c0)) * UR + j + 2   # two groups ahead (the flat rows of xab [K/G, 2, M]: 2g, 2g + 1)
-            a2 = gl.load(xab_ptr + (2 * g2) * M + offs_t, mask=t_ok & (g2 < NG), other=0.0)
-            b2 = gl.load(xab_ptr + (2 * g2 + 1) * M + offs_t, mask=t_ok & (g2 < NG), other=0.0)
+            if XAB_ROWS > 0:
+                g = (k0 + (kk - c0)) * UR + j    # this group's rows 2g, 2g + 1 of the table
+                a = xab_s.index(2 * g).load(row_l)
+                bv = xab_s.index(2 * g + 1).load(row_l)
+            else:
+                a = a1
+                bv = b1
+                a1 = a2
+                b1 = b2
+                g2 = (k0 + (kk - c0)) * UR + j + 2   # two groups ahead (the flat rows of xab [K/G, 2, M]: 2g, 2g + 1)
+                a2 = gl.load(xab_ptr + (2 * g2) * M + offs_t, mask=t_ok & (g2 < NG), other=0.0)
+                b2 = gl.load(xab_ptr + (2 * g2 + 1) * M + offs_t, mask=t_ok & (g2 < NG), other=0.0)
             if j > 0:
                 done = warpgroup_mma_wait(2 * BPG, deps=(prev, ))   # all but group j's wgmmas retired
                 acc = gl.fma(gl.fma(done, pa[None, :], pb[None, :]), pw[:, None], acc)
@@ -407,13 +426,13 @@ def _mainloop(x_desc, w_desc, u_desc, x_bufs, w_bufs, u_bufs, xe, ready, xscale_
               k_tiles, c0, n_steps, k0, n_local, tiles_t, STAGES: gl.constexpr, BLOCK_N: gl.constexpr,
               BLOCK_T: gl.constexpr, BLOCK_K: gl.constexpr, G2: gl.constexpr, SWAR: gl.constexpr,
               MMA_ASYNC: gl.constexpr, FMT: gl.constexpr, F8: gl.constexpr, mma: gl.constexpr,
-              STREAM: gl.constexpr, NONEMPTY_K: gl.constexpr):
+              STREAM: gl.constexpr, NONEMPTY_K: gl.constexpr, xab_s=None, XAB_ROWS: gl.constexpr = 0):
     """The format's main loop over ring steps c0 .. c0 + n_steps − 1 (K steps k0 .. of the tile): the [BN, BT]
     accumulator, int32 for 2l (t ⊗ s come in the epilogue), fp32 (already rescaled) for g."""
     if F8:   # xscale_ptr = xab [K/G, 2, M] fp32
         acc = _mainloop_g_f8(x_desc, w_desc, u_desc, x_bufs, w_bufs, u_bufs, ready, xscale_ptr, off_t, off_n, M, N,
                              K, k_tiles, c0, n_steps, k0, n_local, tiles_t, STAGES, BLOCK_N, BLOCK_T, BLOCK_K,
-                             G2, SWAR, mma, STREAM)
+                             G2, SWAR, mma, STREAM, xab_s, XAB_ROWS)
     elif FMT == _FMT_2L:
         acc = _mainloop_2l(x_desc, w_desc, u_desc, x_bufs, w_bufs, u_bufs, ready, off_t, off_n, N, k_tiles, c0,
                            n_steps, k0, n_local, tiles_t, STAGES, BLOCK_N, BLOCK_T, BLOCK_K, G2, SWAR, MMA_ASYNC, mma,
@@ -490,6 +509,30 @@ def _epilogue(acc, off_n, off_t, M, N, R, out_ptr, stride_om, xscale_ptr, wscale
     gl.store(out_ptr + offs_t[None, :] * stride_om + offs_n[:, None], out.to(out_ptr.dtype.element_ty), mask=mask)
 
 
+XAB_FILL_ROWS = 32       # rows of the xab table per load in _fill_xab (a [32, BT] fp32 tile: ≤ 16 per thread)
+_XAB_FILL_ROWS = gl.constexpr(XAB_FILL_ROWS)
+
+
+@gluon.jit
+def _fill_xab(xab_s, xab_ptr, M, K, G2: gl.constexpr, BLOCK_T: gl.constexpr, XAB_ROWS: gl.constexpr):
+    """xab [K/G, 2, M] (fp32, row 2g = a, 2g + 1 = b of group g) → xab_s [XAB_ROWS, BT]: tokens 0 .. BT−1 (the
+    launch has one token tile), rows past 2·K/G and tokens ≥ M zero — so groups past K (the last step's TMA zero
+    fill) fold in exactly 0, as with the masked loads of the other path."""
+    FR: gl.constexpr = _XAB_FILL_ROWS
+    nw: gl.constexpr = gl.num_warps()
+    fill_l: gl.constexpr = gl.BlockedLayout([1, 4], [32 // (BLOCK_T // 4), BLOCK_T // 4], [nw, 1], [1, 0])
+    rows = gl.arange(0, FR, gl.SliceLayout(1, fill_l))
+    cols = gl.arange(0, BLOCK_T, gl.SliceLayout(0, fill_l))
+    n_rows = 2 * (K // G2)
+    tiles = xab_s._reinterpret(gl.float32, [XAB_ROWS, BLOCK_T], gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0]))
+    for c in gl.static_range(XAB_ROWS // FR):
+        r = c * FR + rows
+        v = gl.load(xab_ptr + r[:, None] * M + cols[None, :], mask=(r < n_rows)[:, None] & (cols < M)[None, :],
+                    other=0.0)
+        tiles.slice(c * FR, FR, dim=0).store(v)
+    gl.thread_barrier()     # every warp's rows are in before any warp reads them
+
+
 @gluon.jit
 def _finish_tile(acc, tile, whole, pid, n_programs, total, k_tiles, ws_ptr, cnt_ptr, max_contrib,
                  BLOCK_N: gl.constexpr, BLOCK_T: gl.constexpr, mma: gl.constexpr):
@@ -531,14 +574,15 @@ def w4a4_decode_kernel(x_desc, w_desc, u_desc,
                        HAS_COL_SCALE: gl.constexpr, HAS_BIAS: gl.constexpr, SWAR: gl.constexpr,
                        MMA_ASYNC: gl.constexpr = True, FMT: gl.constexpr = 1, F8: gl.constexpr = False,
                        STREAM: gl.constexpr = False, PDL: gl.constexpr = False, NONEMPTY_K: gl.constexpr = False,
-                       BLOCK_R: gl.constexpr = 0):
+                       BLOCK_R: gl.constexpr = 0, XAB_ROWS: gl.constexpr = 0):
     """STREAM = False: one program per output tile, grid (cdiv(N, BN), cdiv(M, BT)). STREAM: grid (n_programs,),
     program p owns iterations [p·T // P, (p + 1)·T // P) of the T = tiles · k_tiles (tile, K step) iterations
     (split-K: P = tiles · split; stream-K: P = the programs that fit on the device at once); tiles split over
     programs meet in ws_ptr ([tiles, max_contrib, BN·BT], int32 for 2l, fp32 for g) with one int32 ticket per
     tile (cnt_ptr: zero on entry, left zero). PDL: the weight and row-table copies of the first STAGES steps go
     out before griddepcontrol.wait; everything the previous kernel writes (tokens, scales, lowrank_act) is read,
-    and anything global written, only after it. BLOCK_R > 0: the low-rank term is one wgmma (:func:`_epilogue`)."""
+    and anything global written, only after it. BLOCK_R > 0: the low-rank term is one wgmma (:func:`_epilogue`).
+    XAB_ROWS > 0 (F8, one token tile): the xab rows of every group in shared memory (:func:`_fill_xab`)."""
     gl.static_assert(BLOCK_K % _PACK == 0, "BLOCK_K must be a multiple of the 64-wide pack block")
     gl.static_assert(BLOCK_K % G2 == 0, "a K step covers whole groups")
     gl.static_assert(not F8 or FMT == _FMT_G, "F8 (e4m3 MMA) is the int4_g64 path's variant")
@@ -574,6 +618,12 @@ def w4a4_decode_kernel(x_desc, w_desc, u_desc,
                                         gl.NVMMASharedLayout.get_default_for([BLOCK_T, BLOCK_R], lr_dtype))
     else:
         s16 = u_bufs  # unused
+    if F8 and XAB_ROWS > 0:
+        # rows read one at a time (a rank-1 layout of plain rows, as the row tables), filled as 2-D tiles
+        xab_s = gl.allocate_shared_memory(gl.float32, [XAB_ROWS, BLOCK_T],
+                                          gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=1))
+    else:
+        xab_s = u_bufs  # unused
 
     k_tiles = gl.cdiv(K, BLOCK_K)
     tiles_t = gl.cdiv(M, BLOCK_T)
@@ -600,6 +650,8 @@ def w4a4_decode_kernel(x_desc, w_desc, u_desc,
         for i in gl.static_range(STAGES):
             _refill(i, k_first + i, True, hi - lo, tiles_t, off_t, off_n, x_desc, w_desc, u_desc, x_bufs, w_bufs,
                     u_bufs, ready, N, k_tiles, STAGES, BLOCK_T, BLOCK_N, BLOCK_K, G2, FMT, F8, STREAM, _PART_TOKENS)
+    if F8 and XAB_ROWS > 0:    # (after the PDL wait: act_quant / the e4m3 expansion writes xab)
+        _fill_xab(xab_s, xscale_ptr, M, K, G2, BLOCK_T, XAB_ROWS)
 
     if STREAM:
         for tile in range(lo // k_tiles, (hi - 1) // k_tiles + 1):
@@ -611,7 +663,8 @@ def w4a4_decode_kernel(x_desc, w_desc, u_desc,
             tile_t = (tile - pid_n * tiles_t) * BLOCK_T
             acc = _mainloop(x_desc, w_desc, u_desc, x_bufs, w_bufs, u_bufs, xe, ready, xscale_ptr, tile_t, tile_n,
                             M, N, K, k_tiles, seg_lo - lo, seg_hi - seg_lo, seg_lo - t_lo, hi - lo, tiles_t,
-                            STAGES, BLOCK_N, BLOCK_T, BLOCK_K, G2, SWAR, MMA_ASYNC, FMT, F8, mma, STREAM, NONEMPTY_K)
+                            STAGES, BLOCK_N, BLOCK_T, BLOCK_K, G2, SWAR, MMA_ASYNC, FMT, F8, mma, STREAM, NONEMPTY_K,
+                            xab_s, XAB_ROWS)
             done, acc = _finish_tile(acc, tile, (seg_lo == t_lo) & (seg_hi == t_lo + k_tiles), pid, n_programs, total,
                                      k_tiles, ws_ptr, cnt_ptr, max_contrib, BLOCK_N, BLOCK_T, mma)
             if done:
@@ -621,7 +674,7 @@ def w4a4_decode_kernel(x_desc, w_desc, u_desc,
     else:
         acc = _mainloop(x_desc, w_desc, u_desc, x_bufs, w_bufs, u_bufs, xe, ready, xscale_ptr, off_t, off_n, M, N, K,
                         k_tiles, 0, k_tiles, 0, k_tiles, tiles_t, STAGES, BLOCK_N, BLOCK_T, BLOCK_K, G2, SWAR,
-                        MMA_ASYNC, FMT, F8, mma, STREAM, NONEMPTY_K)
+                        MMA_ASYNC, FMT, F8, mma, STREAM, NONEMPTY_K, xab_s, XAB_ROWS)
         _epilogue(acc.to(gl.float32), off_n, off_t, M, N, R, out_ptr, stride_om, xscale_ptr, wscale_ptr,
                   col_scale_ptr, bias_ptr, s_ptr, stride_sm, up_ptr, stride_un, s16, BLOCK_N, BLOCK_T, FMT, HAS_LOWRANK,
                   HAS_COL_SCALE, HAS_BIAS, mma, BLOCK_R)
@@ -654,12 +707,13 @@ def default_decode_config(M: int, group_size: int = 64, fmt: str = "int4_2l", f8
 
 
 def decode_ledger(config: KernelConfig, group_size: int = 64, fmt: str = "int4_2l", f8: bool = False,
-                  row_box: bool = False, lowrank_block: int = 0) -> SmemLedger:
+                  row_box: bool = False, lowrank_block: int = 0, xab_rows: int = 0) -> SmemLedger:
     """Every byte ``w4a4_decode_kernel`` allocates (one CTA; several share an SM). ``f8`` (int4_g64): the ring
     holds e4m3 token tiles [BT, BK] (the wgmma B operand, by TMA) and there is no expanded token tile; the
     a/b rows come from global memory (L2) into registers, no SMEM. ``row_box``: the row table lands as one dense
     [BK/G, BN] box per slot (padded to 128 bytes) instead of one 128-byte-aligned row per group.
-    ``lowrank_block`` > 0 (the epilogue's low-rank wgmma, :func:`_epilogue`): S as its 16-bit B operand [BT, block]."""
+    ``lowrank_block`` > 0 (the epilogue's low-rank wgmma, :func:`_epilogue`): S as its 16-bit B operand [BT, block].
+    ``xab_rows`` > 0 (f8): the token tile's a/b rows of every group, fp32 [xab_rows, BT] (:func:`_fill_xab`)."""
     bt, bn, bk, s = config.block_m, config.block_n, config.block_k, config.num_stages
     g = fmt != "int4_2l"
     f8 = bool(f8) and g
@@ -677,6 +731,8 @@ def decode_ledger(config: KernelConfig, group_size: int = 64, fmt: str = "int4_2
         terms.append(SmemTerm("x_int8", tile_bytes(bt, bk, 8), 1))   # the step's expanded token tile
     if lowrank_block:
         terms.append(SmemTerm("lowrank.s16", tile_bytes(bt, lowrank_block, 16), 1))
+    if xab_rows and f8:
+        terms.append(SmemTerm("xab_table", tile_bytes(xab_rows, bt, 32), 1))
     terms.append(SmemTerm("barriers", barrier_bytes(s)))
     if config.split_k > 1 or config.persistent:
         # the ticket (a scalar atomic: one thread's result, broadcast) gets a 4-byte scratch word that the
@@ -689,7 +745,7 @@ def decode_ledger(config: KernelConfig, group_size: int = 64, fmt: str = "int4_2
 
 
 def check_decode_config(config: KernelConfig, M: int, N: int, K: int, group_size: int, fmt: str = "int4_2l",
-                        f8: bool = False, row_box: bool = False, lowrank_block: int = 0):
+                        f8: bool = False, row_box: bool = False, lowrank_block: int = 0, xab_rows: int = 0):
     """Raise ValueError / SmemError naming the violated constraint (expected vs got)."""
     bt, bn, bk = config.block_m, config.block_n, config.block_k
     if config.num_warps not in (4, 8) or bn < 16 * config.num_warps:
@@ -711,7 +767,10 @@ def check_decode_config(config: KernelConfig, M: int, N: int, K: int, group_size
     if config.split_k > 1 and config.persistent:
         raise ValueError(f"w4a4 decode: split_k={config.split_k} and persistent (stream-K) are two ways to deal the "
                          f"K steps to programs; pick one")
-    decode_ledger(config, group_size, fmt, f8, row_box, lowrank_block).check()
+    if xab_rows and (not f8 or cdiv(M, bt) > 1 or xab_rows < 2 * cdiv(K, bk) * (bk // group_size)):
+        raise ValueError(f"w4a4 decode: the xab table needs the f8 path, one token tile (M ≤ block_m) and ≥ 2 rows per "
+                         f"group of every K step; got f8={f8}, M={M}, block_m={bt}, xab_rows={xab_rows}")
+    decode_ledger(config, group_size, fmt, f8, row_box, lowrank_block, xab_rows).check()
 
 
 def plan_decode(M: int, config: KernelConfig | None = None, group_size: int = 64,
@@ -842,11 +901,11 @@ def simulate_decode_work(work: DecodeWork, partial, schedule) -> tuple[dict, lis
 
 
 def decode_ctas_per_sm(config: KernelConfig, group_size: int = 64, fmt: str = "int4_2l", f8: bool = False,
-                       row_box: bool = False, lowrank_block: int = 0) -> int:
+                       row_box: bool = False, lowrank_block: int = 0, xab_rows: int = 0) -> int:
     """CTAs of this config that share an SM — what stream-K sizes its grid by, so an overestimate would leave
     programs for a second wave: SMEM (ledger + the 1 KB the driver reserves per CTA) and registers (2l with
     16-token tiles ≤ :data:`REGS_2L_16` per thread; everything else is budgeted at 255, i.e. two CTAs)."""
-    per_cta = decode_ledger(config, group_size, fmt, f8, row_box, lowrank_block).total() + 1024
+    per_cta = decode_ledger(config, group_size, fmt, f8, row_box, lowrank_block, xab_rows).total() + 1024
     regs = REGS_2L_16 if fmt == "int4_2l" and config.block_m == 16 else 255
     by_regs = SM90_REGS_PER_SM // (-(-regs // 8) * 8 * 32 * config.num_warps)
     return max(1, min(by_regs, SM90_SMEM_PER_SM // per_cta))
@@ -854,7 +913,7 @@ def decode_ctas_per_sm(config: KernelConfig, group_size: int = 64, fmt: str = "i
 
 def plan_decode_work(M: int, N: int, K: int, config: KernelConfig, group_size: int = 64, fmt: str = "int4_2l",
                      f8: bool = False, num_sms: int = SM90_SMS, row_box: bool = False,
-                     lowrank_block: int = 0) -> DecodeWork:
+                     lowrank_block: int = 0, xab_rows: int = 0) -> DecodeWork:
     """One program per tile (default); ``config.split_k`` = s > 1: split-K, each tile's K steps in min(s, k_tiles)
     near-equal contiguous shares; ``config.persistent``: stream-K over num_sms × :func:`decode_ctas_per_sm`
     programs (at most one per iteration). Both are one launch (the last contributor of a tile finishes it;
@@ -865,7 +924,7 @@ def plan_decode_work(M: int, N: int, K: int, config: KernelConfig, group_size: i
         programs = tiles * min(config.split_k, k_tiles)
     elif config.persistent:
         programs = min(tiles * k_tiles, num_sms * decode_ctas_per_sm(config, group_size, fmt, f8, row_box,
-                                                                     lowrank_block))
+                                                                     lowrank_block, xab_rows))
     else:
         programs = 0
     return _work(tiles_n, tiles_t, k_tiles, programs)
@@ -901,6 +960,25 @@ def decode_epi_mma_default() -> bool:
     return env == "1" if env in ("0", "1") else bool(EPI_MMA_DEFAULT)
 
 
+def decode_xab_smem_default() -> bool:
+    """``xab_smem=None``: ``LOWRANK_GEMM_DECODE_XAB_SMEM`` = 0/1, else :data:`XAB_SMEM_DEFAULT`."""
+    env = getenv("LOWRANK_GEMM_DECODE_XAB_SMEM", "")
+    return env == "1" if env in ("0", "1") else bool(XAB_SMEM_DEFAULT)
+
+
+def xab_table_rows(M: int, K: int, config: KernelConfig, group_size: int, f8: bool, row_box: bool = False,
+                   lowrank_block: int = 0) -> int:
+    """Rows of the xab table (:func:`_fill_xab`): 2 per group of every K step, in whole fills of
+    :data:`XAB_FILL_ROWS`; 0 (the rows stay L2 loads in the K loop) without f8, with several token tiles, or where
+    the table would leave room for fewer than :data:`CTAS_PER_SM` CTAs per SM (e.g. K = 14336: 28 KB more)."""
+    bt, bk = config.block_m, config.block_k
+    if not f8 or cdiv(M, bt) > 1:
+        return 0
+    rows = cdiv(2 * cdiv(K, bk) * (bk // group_size), XAB_FILL_ROWS) * XAB_FILL_ROWS
+    per_cta = decode_ledger(config, group_size, "int4_g64", True, row_box, lowrank_block, rows).total() + 1024
+    return rows if CTAS_PER_SM * per_cta <= SM90_SMEM_PER_SM else 0
+
+
 def decode_f8_default() -> bool:
     """Whether int4_g64 decode takes the e4m3 path when ``f8=None``: ``LOWRANK_GEMM_DECODE_F8`` = 0/1, else the
     module-level :data:`F8_DEFAULT`."""
@@ -912,7 +990,8 @@ EPI_MMA_MAX_RANK = 128      # ranks above this keep the per-rank epilogue loop (
 
 
 def _args(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, out, fmt, group_size, config,
-          col_scale=None, swar=True, mma_async=True, f8=None, pdl=None, nonempty_k=None, row_box=None, epi_mma=None):
+          col_scale=None, swar=True, mma_async=True, f8=None, pdl=None, nonempty_k=None, row_box=None, epi_mma=None,
+          xab_smem=None):
     from ..w4a4_gemm import FORMATS, check_gemm_args
     if fmt not in FORMATS:
         raise ValueError(f"w4a4 decode: fmt must be one of {FORMATS}, got {fmt!r}")
@@ -938,10 +1017,12 @@ def _args(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, out, fm
     # (f8 on 32/64-token tiles sits at 254 registers already; the wgmma's operands tip it into a spill: loop there)
     br = rank_block(r) if (r and epi_mma and r <= EPI_MMA_MAX_RANK and not (f8 and M > 16)) else 0
     config = plan_decode(M, config, group_size, fmt, f8, br)
-    check_decode_config(config, M, N, K, group_size, fmt, f8, row_box, br)
+    xab_smem = decode_xab_smem_default() if xab_smem is None else bool(xab_smem)
+    xr = xab_table_rows(M, K, config, group_size, f8, row_box, br) if xab_smem else 0
+    check_decode_config(config, M, N, K, group_size, fmt, f8, row_box, br, xr)
     bt, bn, bk = config.block_m, config.block_n, config.block_k
     work = plan_decode_work(M, N, K, config, group_size, fmt, f8, num_sms(dev) if dev.type == "cuda" else SM90_SMS,
-                            row_box, br)
+                            row_box, br, xr)
     x_q, x_scale = _f8_operands(x_q, x_scale, group_size, f8, "w4a4 decode")
     x_desc = desc(x_q, (bt, bk // 2) if (g and not f8) else (bt, bk))
     w_desc = desc(w_q, (bn, bk // 2))
@@ -967,14 +1048,15 @@ def _args(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, out, fm
     cx = dict(G2=group_size, BLOCK_T=bt, BLOCK_N=bn, BLOCK_K=bk, STAGES=config.num_stages,
               HAS_LOWRANK=r > 0, HAS_COL_SCALE=col_scale is not None, HAS_BIAS=bias is not None, SWAR=swar,
               MMA_ASYNC=mma_async, FMT=FMT_INT4_G if g else FMT_INT4_2L, F8=f8, STREAM=work.stream, PDL=pdl,
-              NONEMPTY_K=nonempty_k and not g, BLOCK_R=br)
+              NONEMPTY_K=nonempty_k and not g, BLOCK_R=br, XAB_ROWS=xr)
     return work.grid, args, cx, config
 
 
 def launch_w4a4_decode(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, out, fmt: str,
                        group_size: int, config: KernelConfig | None = None, *, col_scale=None, swar: bool = True,
                        mma_async: bool = True, f8: bool | None = None, pdl: bool | None = None,
-                       nonempty_k: bool | None = None, row_box: bool | None = None, epi_mma: bool | None = None):
+                       nonempty_k: bool | None = None, row_box: bool | None = None, epi_mma: bool | None = None,
+                       xab_smem: bool | None = None):
     """out [M, N] ← the W4A4 layer's GEMM + epilogue (launcher contract of kernels/w4a4_gemm.py, both formats).
     ``mma_async=False`` (int4_2l): each wgmma waits for itself — the first H200 version, kept for A/B.
     ``f8`` (int4_g64; None = :func:`decode_f8_default`): e4m3 wgmmas on offset-encoded weights, the tokens
@@ -987,23 +1069,24 @@ def launch_w4a4_decode(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, 
     :func:`decode_nonempty_k_default`): the K loop that ptxas does not serialize at M > 16 (``_mainloop_2l``).
     ``row_box`` (None = :func:`decode_row_box_default`): the step's row table in one 2-D TMA box (``_issue_step``).
     ``epi_mma`` (None = :func:`decode_epi_mma_default`): the low-rank term as one wgmma (ranks ≤
-    :data:`EPI_MMA_MAX_RANK`), else a loop over the rank."""
+    :data:`EPI_MMA_MAX_RANK`), else a loop over the rank. ``xab_smem`` (None = :func:`decode_xab_smem_default`; f8
+    with one token tile where it fits, :func:`xab_table_rows`): the a/b rows from a shared-memory table."""
     grid, args, cx, cfg = _args(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, out, fmt, group_size,
-                                config, col_scale, swar, mma_async, f8, pdl, nonempty_k, row_box, epi_mma)
+                                config, col_scale, swar, mma_async, f8, pdl, nonempty_k, row_box, epi_mma, xab_smem)
     launch(w4a4_decode_kernel, grid, *args, **cx, num_warps=cfg.num_warps, launch_pdl=cx["PDL"])
     return out
 
 
 def aot_signature_decode(config: KernelConfig | None = None, *, M=5, N=160, K=512, rank=16, group_size=64,
                          bias=True, col_scale=True, swar=True, mma_async=True, fmt="int4_2l", f8=None, pdl=False,
-                         nonempty_k=False, row_box=False, epi_mma=None):
+                         nonempty_k=False, row_box=False, epi_mma=None, xab_smem=None):
     """(signature, constexprs, config) for ``kernels.aot.compile_sm90`` of :func:`w4a4_decode_kernel`."""
     import inspect
     from triton.runtime.jit import mangle_type
     from .w4a4_ws import make_operands_v2
     ops = make_operands_v2(fmt, M, N, K, rank, group_size, device="cpu", bias=bias, col_scale=col_scale)
     _, args, cx, cfg = _args(**ops, config=config, swar=swar, mma_async=mma_async, f8=f8, pdl=pdl,
-                             nonempty_k=nonempty_k, row_box=row_box, epi_mma=epi_mma)
+                             nonempty_k=nonempty_k, row_box=row_box, epi_mma=epi_mma, xab_smem=xab_smem)
     names = [n for n in inspect.signature(w4a4_decode_kernel.fn).parameters if n not in cx]
     sig = {n: (mangle_type(a) if not isinstance(a, int) else "i32") for n, a in zip(names, args)}
     return sig, cx, cfg
