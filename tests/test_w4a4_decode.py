@@ -562,11 +562,12 @@ def test_sm90_f8_xab_rows_from_shared_memory(M, K, mode):
 
 
 def test_xab_table_rules(monkeypatch):
-    """On by default where it fits: f8, one token tile, CTAS_PER_SM CTAs per SM with the table (K = 14336 at 16
-    tokens is 28 KB more: off with a rank-32 branch); env LOWRANK_GEMM_DECODE_XAB_SMEM=0 turns it off; a table that a launch cannot use
-    is refused by check_decode_config."""
+    """Only where it fits: f8, one token tile, CTAS_PER_SM CTAs per SM with the table (K = 14336 at 16 tokens is
+    28 KB more: off with a rank-32 branch); off by default until measured on the GPU, env
+    LOWRANK_GEMM_DECODE_XAB_SMEM=1 turns it on; a table that a launch cannot use is refused by check_decode_config."""
     c16 = d.default_decode_config(16, 64, "int4_g64", True)
-    assert d.XAB_SMEM_DEFAULT and d.decode_xab_smem_default()
+    assert d.decode_xab_smem_default() == d.XAB_SMEM_DEFAULT
+    monkeypatch.setenv("LOWRANK_GEMM_DECODE_XAB_SMEM", "1")
     assert d.xab_table_rows(16, 4096, c16, 64, True) == 128
     assert d.xab_table_rows(16, 14336, c16, 64, True, lowrank_block=32) == 0    # 2 × 114 KB + S: over 228 KB
     assert d.xab_table_rows(16, 14336, c16, 64, True) == 448                    # (rank 0: just fits)

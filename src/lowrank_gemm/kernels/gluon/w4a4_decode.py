@@ -105,9 +105,10 @@ ROW_BOX_DEFAULT = False      # the row table (u / w_scale) as one 2-D TMA box pe
 EPI_MMA_DEFAULT = True    # the low-rank term as one register-A wgmma in the epilogue (_epilogue); env
                           # LOWRANK_GEMM_DECODE_EPI_MMA=0/1 overrides. Session 32: the per-rank loop it replaces held
                           # 21 % of the warps' stall samples at M = 16, K = 4096, N = 28672 (ncu)
-XAB_SMEM_DEFAULT = True   # f8 with one token tile: the a/b rows of every group in shared memory (_fill_xab) rather
-                          # than loaded from L2 in the K loop; env LOWRANK_GEMM_DECODE_XAB_SMEM=0/1 overrides. Kept
-                          # only where CTAS_PER_SM CTAs still share an SM (xab_table_rows)
+XAB_SMEM_DEFAULT = False  # f8 with one token tile: the a/b rows of every group in shared memory (_fill_xab) rather
+                          # than loaded from L2 in the K loop; env LOWRANK_GEMM_DECODE_XAB_SMEM=0/1 overrides; only
+                          # where CTAS_PER_SM CTAs still share an SM (xab_table_rows). Off: built in session 32 after
+                          # its last GPU run (CPU-checked: sm_90 compile, ledger, 193 → 154 registers), unmeasured
 SPLIT_ENV = "LOWRANK_GEMM_DECODE_SPLIT"   # default configs only: "2".."8" split-K, "stream[:stages]" stream-K
 F8_DEFAULT = True         # int4_g64 takes the e4m3 path when f8=None: H200, same process, GEMM 43.7 → 33.7 µs
                           # (M=1), 44.9 → 35.2 (M=16), outputs equal to the int8 path's in fp32 (probe_decode
