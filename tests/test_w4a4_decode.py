@@ -868,6 +868,21 @@ def test_decode_row_box_graph_replay_gpu(fmt, f8):
         assert all(torch.equal(o["out"], w) for o, w in zip(ops, want))
 
 
+
+def _checked_outputs(ops, config, ref, option, values):
+    """One launch per value of the launcher option ``option``, each into a NaN-poisoned output: every element
+    written, within 1e-2 of the float64 reference, a repeat bit-identical. The outputs, in ``values`` order."""
+    outs = []
+    for v in values:
+        ops["out"].fill_(float("nan"))
+        out = d.launch_w4a4_decode(**ops, config=config, **{option: v}).clone()
+        assert torch.isfinite(out).all(), "unwritten (NaN-poisoned) outputs"
+        err = float((out.double().cpu() - ref).norm() / ref.norm())
+        assert err < 1e-2, (option, v, err)
+        assert torch.equal(d.launch_w4a4_decode(**ops, config=config, **{option: v}), out)
+        outs.append(out)
+    return outs
+
 EPI_GPU = [dict(M=16, N=28672, K=4096, rank=32, fmt="int4_g64", mode="tile"),
            dict(M=5, N=4112, K=1024, rank=24, fmt="int4_g64", mode="tile"),
            dict(M=3, N=336, K=640, rank=64, fmt="int4_g64", mode="stream"),
@@ -886,20 +901,9 @@ def test_decode_epilogue_mma_matches_reference_and_loop_gpu(case):
     c = dict(case)
     ops = w4.make_operands_v2(c["fmt"], c["M"], c["N"], c["K"], c["rank"], 64, device="cuda", bias=True,
                               col_scale=True)
-    ref = w4.reference_v2(ops)
-    config = d.default_decode_config(c["M"], 64, c["fmt"], c["fmt"] == "int4_g64")
-    if c["mode"] == "stream":
-        config = config.replace(persistent=True)
-    outs = []
-    for epi in (True, False):
-        ops["out"].fill_(float("nan"))
-        out = d.launch_w4a4_decode(**ops, config=config, epi_mma=epi).clone()
-        assert torch.isfinite(out).all(), "unwritten (NaN-poisoned) outputs"
-        err = float((out.double().cpu() - ref).norm() / ref.norm())
-        assert err < 1e-2, (epi, err)
-        assert torch.equal(d.launch_w4a4_decode(**ops, config=config, epi_mma=epi), out)
-        outs.append(out.float())
-    assert float((outs[0] - outs[1]).norm() / outs[1].norm()) < 1e-2
+    config = _mode_config(c["M"], c["fmt"], c["fmt"] == "int4_g64", c["mode"])
+    mma, loop = (o.float() for o in _checked_outputs(ops, config, w4.reference_v2(ops), "epi_mma", (True, False)))
+    assert float((mma - loop).norm() / loop.norm()) < 1e-2
 
 
 XAB_GPU = [dict(M=16, N=28672, K=4096, mode="tile"), dict(M=3, N=4112, K=640, mode="tile"),
@@ -915,15 +919,6 @@ def test_decode_f8_xab_table_bit_identical_gpu(case):
     tiles), and both match the float64 reference into a NaN-poisoned output."""
     c = dict(case)
     ops = w4.make_operands_v2("int4_g64", c["M"], c["N"], c["K"], 32, 64, device="cuda", bias=True)
-    ref = w4.reference_v2(ops)
-    config = d.default_decode_config(c["M"], 64, "int4_g64", True)
-    if c["mode"] == "stream":
-        config = config.replace(persistent=True)
-    outs = []
-    for xs in (True, False):
-        ops["out"].fill_(float("nan"))
-        out = d.launch_w4a4_decode(**ops, config=config, xab_smem=xs).clone()
-        assert torch.isfinite(out).all(), "unwritten (NaN-poisoned) outputs"
-        assert float((out.double().cpu() - ref).norm() / ref.norm()) < 1e-2
-        outs.append(out)
-    assert torch.equal(outs[0], outs[1])
+    config = _mode_config(c["M"], "int4_g64", True, c["mode"])
+    table, l2 = _checked_outputs(ops, config, w4.reference_v2(ops), "xab_smem", (True, False))
+    assert torch.equal(table, l2)

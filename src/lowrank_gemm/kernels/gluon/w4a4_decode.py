@@ -943,28 +943,30 @@ def decode_enabled() -> bool:
     return getenv("LOWRANK_GEMM_DECODE", "1") != "0"
 
 
+def _switch(var: str, default) -> bool:
+    """An on/off knob: ``var`` = 0 / 1, any other value (or none) leaves ``default``."""
+    env = getenv(var, "")
+    return env == "1" if env in ("0", "1") else bool(default)
+
+
 def decode_nonempty_k_default() -> bool:
     """``nonempty_k=None``: ``LOWRANK_GEMM_DECODE_NONEMPTY_K`` = 0/1, else :data:`NONEMPTY_K_DEFAULT`."""
-    env = getenv("LOWRANK_GEMM_DECODE_NONEMPTY_K", "")
-    return env == "1" if env in ("0", "1") else bool(NONEMPTY_K_DEFAULT)
+    return _switch("LOWRANK_GEMM_DECODE_NONEMPTY_K", NONEMPTY_K_DEFAULT)
 
 
 def decode_row_box_default() -> bool:
     """``row_box=None``: ``LOWRANK_GEMM_DECODE_ROW_BOX`` = 0/1, else :data:`ROW_BOX_DEFAULT`."""
-    env = getenv("LOWRANK_GEMM_DECODE_ROW_BOX", "")
-    return env == "1" if env in ("0", "1") else bool(ROW_BOX_DEFAULT)
+    return _switch("LOWRANK_GEMM_DECODE_ROW_BOX", ROW_BOX_DEFAULT)
 
 
 def decode_epi_mma_default() -> bool:
     """``epi_mma=None``: ``LOWRANK_GEMM_DECODE_EPI_MMA`` = 0/1, else :data:`EPI_MMA_DEFAULT`."""
-    env = getenv("LOWRANK_GEMM_DECODE_EPI_MMA", "")
-    return env == "1" if env in ("0", "1") else bool(EPI_MMA_DEFAULT)
+    return _switch("LOWRANK_GEMM_DECODE_EPI_MMA", EPI_MMA_DEFAULT)
 
 
 def decode_xab_smem_default() -> bool:
     """``xab_smem=None``: ``LOWRANK_GEMM_DECODE_XAB_SMEM`` = 0/1, else :data:`XAB_SMEM_DEFAULT`."""
-    env = getenv("LOWRANK_GEMM_DECODE_XAB_SMEM", "")
-    return env == "1" if env in ("0", "1") else bool(XAB_SMEM_DEFAULT)
+    return _switch("LOWRANK_GEMM_DECODE_XAB_SMEM", XAB_SMEM_DEFAULT)
 
 
 def xab_table_rows(M: int, K: int, config: KernelConfig, group_size: int, f8: bool, row_box: bool = False,
@@ -983,8 +985,7 @@ def xab_table_rows(M: int, K: int, config: KernelConfig, group_size: int, f8: bo
 def decode_f8_default() -> bool:
     """Whether int4_g64 decode takes the e4m3 path when ``f8=None``: ``LOWRANK_GEMM_DECODE_F8`` = 0/1, else the
     module-level :data:`F8_DEFAULT`."""
-    env = getenv("LOWRANK_GEMM_DECODE_F8", "")
-    return env == "1" if env in ("0", "1") else bool(F8_DEFAULT)
+    return _switch("LOWRANK_GEMM_DECODE_F8", F8_DEFAULT)
 
 
 EPI_MMA_MAX_RANK = 128      # ranks above this keep the per-rank epilogue loop (the wgmma's A tile: 64 registers there)
