@@ -485,21 +485,23 @@ def test_row_box_ledger_and_switch(monkeypatch):
     assert len(args[2].block_shape) == 1
 
 
-EPI_CASES = [("int4_g64", True, 16, 32), ("int4_2l", False, 5, 16), ("int4_2l", False, 40, 64),
-             ("int4_g64", False, 5, 24), ("int4_2l", False, 64, 128)]
+EPI_CASES = [("int4_g64", True, 16, 32, "bf16"), ("int4_2l", False, 5, 16, "f16"), ("int4_2l", False, 40, 64, "bf16"),
+             ("int4_g64", False, 5, 24, "bf16"), ("int4_2l", False, 64, 128, "bf16")]
 
 
-@pytest.mark.parametrize("fmt,f8,M,rank", EPI_CASES, ids=lambda v: str(v))
-def test_sm90_epilogue_lowrank_is_one_wgmma(fmt, f8, M, rank):
-    """epi_mma: the low-rank term is bf16 wgmmas (K = 16 each, rank rounded up to a power of two) on the
-    accumulator, with no loop over the rank left; S's 16-bit tile is a ledger term; no spills. epi_mma=False keeps
-    the per-rank loop (no bf16 wgmma)."""
+@pytest.mark.parametrize("fmt,f8,M,rank,up", EPI_CASES, ids=lambda v: str(v))
+def test_sm90_epilogue_lowrank_is_one_wgmma(fmt, f8, M, rank, up):
+    """epi_mma: the low-rank term is 16-bit wgmmas in lora_up's dtype (K = 16 each, rank rounded up to a power of
+    two) on the accumulator, with no loop over the rank left; S's 16-bit tile is a ledger term; no spills.
+    epi_mma=False keeps the per-rank loop (no 16-bit wgmma)."""
     from lowrank_gemm.kernels.aot import compile_sm90
-    sig, cx, c = d.aot_signature_decode(None, fmt=fmt, f8=f8, M=M, K=1024, rank=rank, epi_mma=True)
+    dtype = {"bf16": torch.bfloat16, "f16": torch.float16}[up]
+    sig, cx, c = d.aot_signature_decode(None, fmt=fmt, f8=f8, M=M, K=1024, rank=rank, epi_mma=True,
+                                        lowrank_dtype=dtype)
     info = compile_sm90(MOD, "w4a4_decode_kernel", sig, cx, num_warps=d.WARPS)
     br = cx["BLOCK_R"]
     assert br == max(16, 1 << (rank - 1).bit_length())
-    bf16 = re.findall(rf"wgmma\.mma_async\.sync\.aligned\.m64n{c.block_m}k16\.f32\.bf16\.bf16", info.ptx)
+    bf16 = re.findall(rf"wgmma\.mma_async\.sync\.aligned\.m64n{c.block_m}k16\.f32\.{up}\.{up}", info.ptx)
     assert len(bf16) == (c.block_n // 64) * (br // 16)
     led = d.decode_ledger(c, 64, fmt, f8, lowrank_block=br, xab_rows=cx["XAB_ROWS"])
     assert led.term("lowrank.s16").bytes_each == c.block_m * br * 2 and led.total() == info.shared
@@ -507,9 +509,10 @@ def test_sm90_epilogue_lowrank_is_one_wgmma(fmt, f8, M, rank):
     rs = _ptxas(info.ptx)
     if rs is not None:
         assert rs[1] == 0, f"ptxas spills {rs[1]} B ({rs[0]} registers)"
-    sig, cx, c = d.aot_signature_decode(None, fmt=fmt, f8=f8, M=M, K=1024, rank=rank, epi_mma=False)
+    sig, cx, c = d.aot_signature_decode(None, fmt=fmt, f8=f8, M=M, K=1024, rank=rank, epi_mma=False,
+                                        lowrank_dtype=dtype)
     loop = compile_sm90(MOD, "w4a4_decode_kernel", sig, cx, num_warps=d.WARPS)
-    assert cx["BLOCK_R"] == 0 and ".bf16.bf16" not in loop.ptx
+    assert cx["BLOCK_R"] == 0 and f".{up}.{up}" not in loop.ptx
     assert d.decode_ledger(c, 64, fmt, f8, xab_rows=cx["XAB_ROWS"]).total() == loop.shared
 
 
@@ -887,7 +890,7 @@ EPI_GPU = [dict(M=16, N=28672, K=4096, rank=32, fmt="int4_g64", mode="tile"),
            dict(M=5, N=4112, K=1024, rank=24, fmt="int4_g64", mode="tile"),
            dict(M=3, N=336, K=640, rank=64, fmt="int4_g64", mode="stream"),
            dict(M=40, N=4112, K=4096, rank=128, fmt="int4_2l", mode="tile"),
-           dict(M=7, N=336, K=640, rank=40, fmt="int4_2l", mode="stream"),
+           dict(M=7, N=336, K=640, rank=40, fmt="int4_2l", mode="stream", up=torch.float16),
            dict(M=64, N=28672, K=4096, rank=32, fmt="int4_2l", mode="tile")]
 
 
@@ -896,11 +899,12 @@ EPI_GPU = [dict(M=16, N=28672, K=4096, rank=32, fmt="int4_g64", mode="tile"),
 @pytest.mark.parametrize("case", EPI_GPU, ids=lambda c: f"{c['fmt']}-{c['mode']}-M{c['M']}N{c['N']}K{c['K']}r{c['rank']}")
 def test_decode_epilogue_mma_matches_reference_and_loop_gpu(case):
     """The low-rank term as one wgmma and as the per-rank loop: both against the float64 reference (ragged ranks,
-    stream-K programs that finish several tiles, NaN-poisoned outputs), each repeat bit-identical, and the two
-    within bf16 rounding of each other."""
+    stream-K programs that finish several tiles, an fp16 lora_up, NaN-poisoned outputs), each repeat bit-identical,
+    and the two within 16-bit rounding of each other. (The fp16 case has not run on a GPU yet: added in session 32
+    after the device went away.)"""
     c = dict(case)
     ops = w4.make_operands_v2(c["fmt"], c["M"], c["N"], c["K"], c["rank"], 64, device="cuda", bias=True,
-                              col_scale=True)
+                              col_scale=True, lowrank_dtype=c.get("up", torch.bfloat16))
     config = _mode_config(c["M"], c["fmt"], c["fmt"] == "int4_g64", c["mode"])
     mma, loop = (o.float() for o in _checked_outputs(ops, config, w4.reference_v2(ops), "epi_mma", (True, False)))
     assert float((mma - loop).norm() / loop.norm()) < 1e-2

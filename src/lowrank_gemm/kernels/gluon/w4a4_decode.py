@@ -1081,12 +1081,13 @@ def launch_w4a4_decode(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, 
 
 def aot_signature_decode(config: KernelConfig | None = None, *, M=5, N=160, K=512, rank=16, group_size=64,
                          bias=True, col_scale=True, swar=True, mma_async=True, fmt="int4_2l", f8=None, pdl=False,
-                         nonempty_k=False, row_box=False, epi_mma=None, xab_smem=None):
+                         nonempty_k=False, row_box=False, epi_mma=None, xab_smem=None, lowrank_dtype=torch.bfloat16):
     """(signature, constexprs, config) for ``kernels.aot.compile_sm90`` of :func:`w4a4_decode_kernel`."""
     import inspect
     from triton.runtime.jit import mangle_type
     from .w4a4_ws import make_operands_v2
-    ops = make_operands_v2(fmt, M, N, K, rank, group_size, device="cpu", bias=bias, col_scale=col_scale)
+    ops = make_operands_v2(fmt, M, N, K, rank, group_size, device="cpu", bias=bias, col_scale=col_scale,
+                           lowrank_dtype=lowrank_dtype)
     _, args, cx, cfg = _args(**ops, config=config, swar=swar, mma_async=mma_async, f8=f8, pdl=pdl,
                              nonempty_k=nonempty_k, row_box=row_box, epi_mma=epi_mma, xab_smem=xab_smem)
     names = [n for n in inspect.signature(w4a4_decode_kernel.fn).parameters if n not in cx]
