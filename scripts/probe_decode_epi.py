@@ -53,25 +53,32 @@ def main() -> None:
                     xe, xab = expand_act_f8(s["x_q"], s["x_scale"], 64)
                     pre.append({**s, "x_q": xe, "x_scale": xab})
                 sets = pre
-            variants = ([(False, False), (True, False), (True, True)] if fmt == "int4_g64"
-                        else [(False, None), (True, None)])
+            # (epilogue wgmma, xab table, row box): session 32's two changes and session 5's row box, which sm_90
+            # AOT puts at 608 → 476 → 417 SASS per K step for int4_g64 at M = 16 (2l: 500 → 444 with the box)
+            variants = ([(False, False, False), (True, False, False), (True, True, False), (True, True, True),
+                         (True, False, True)] if fmt == "int4_g64"
+                        else [(False, None, False), (True, None, False), (True, None, True)])
             outs = {}
-            for epi, xs in variants:
-                def run(s, epi=epi, xs=xs):
-                    return d.launch_w4a4_decode(**s, epi_mma=epi, xab_smem=xs)
+            for epi, xs, rb in variants:
+                def run(s, epi=epi, xs=xs, rb=rb):
+                    return d.launch_w4a4_decode(**s, epi_mma=epi, xab_smem=xs, row_box=rb)
                 s0 = sets[0]
                 s0["out"].fill_(float("nan"))
                 y1 = run(s0).clone()
                 y2 = run(s0).clone()
                 err = ((y1.double() - ref).norm() / ref.norm()).item()
                 ok = bool(torch.isfinite(y1).all()) and torch.equal(y1, y2) and err < 1e-2
-                outs[(epi, xs)] = y1
+                outs[(epi, xs, rb)] = y1
                 us = time_graph(lambda s: run(s), [(s, ) for s in sets]).median_us if ok else None
-                tag = f"epi_{'mma' if epi else 'loop'}" + ("" if xs is None else f":xab_{'smem' if xs else 'l2'}")
+                tag = f"epi_{'mma' if epi else 'loop'}" + ("" if xs is None else f":xab_{'smem' if xs else 'l2'}") \
+                    + (":row_box" if rb else "")
                 emit(M=m, N=n, K=k, fmt=fmt, impl=f"decode_gemm:{tag}", us=us, rel_err=err, ok=ok)
             if fmt == "int4_g64":
-                emit(M=m, N=n, K=k, fmt=fmt, impl="xab_smem_vs_l2_equal", value=bool(torch.equal(outs[(True, True)],
-                                                                                           outs[(True, False)])))
+                emit(M=m, N=n, K=k, fmt=fmt, impl="xab_smem_vs_l2_equal",
+                     value=bool(torch.equal(outs[(True, True, False)], outs[(True, False, False)])))
+            xs_on = True if fmt == "int4_g64" else None
+            emit(M=m, N=n, K=k, fmt=fmt, impl="row_box_equal",
+                 value=bool(torch.equal(outs[(True, xs_on, True)], outs[(True, xs_on, False)])))
 
     # the layer (act_quant + GEMM, impl="auto") as bench w4a4 times it, with the epilogue switched by env
     import os
@@ -80,19 +87,20 @@ def main() -> None:
     for shape in args.layer.split(","):
         m, n, k = (int(v) for v in shape.split("x"))
         prov = _providers(m, n, k, "cuda", impls=("auto", ))
-        envs = {"cublas_bf16": [("1", "1")], "w4a4_layer:int4_g64:auto": [("0", "0"), ("1", "0"), ("1", "1")],
-                "w4a4_layer:int4_2l:auto": [("0", "0"), ("1", "0")]}
+        envs = {"cublas_bf16": [("1", "0", "0")],
+                "w4a4_layer:int4_g64:auto": [("0", "0", "0"), ("1", "0", "0"), ("1", "1", "0"), ("1", "1", "1")],
+                "w4a4_layer:int4_2l:auto": [("0", "0", "0"), ("1", "0", "0"), ("1", "0", "1")]}
         for name, combos in envs.items():
             fn, make, nbytes = prov[name]
             sets = [make() for _ in range(min(rotation_count(nbytes), 4))]
-            for epi, xs in combos:
-                os.environ["LOWRANK_GEMM_DECODE_EPI_MMA"] = epi
-                os.environ["LOWRANK_GEMM_DECODE_XAB_SMEM"] = xs
-                emit(M=m, N=n, K=k, impl=name + ("" if name.startswith("cublas") else f":epi{epi}:xab{xs}"),
+            for epi, xs, rb in combos:
+                os.environ.update(LOWRANK_GEMM_DECODE_EPI_MMA=epi, LOWRANK_GEMM_DECODE_XAB_SMEM=xs,
+                                  LOWRANK_GEMM_DECODE_ROW_BOX=rb)
+                emit(M=m, N=n, K=k, impl=name + ("" if name.startswith("cublas") else f":epi{epi}:xab{xs}:box{rb}"),
                      us=time_graph(fn, sets).median_us)
             del sets
-    os.environ.pop("LOWRANK_GEMM_DECODE_EPI_MMA", None)
-    os.environ.pop("LOWRANK_GEMM_DECODE_XAB_SMEM", None)
+    for var in ("EPI_MMA", "XAB_SMEM", "ROW_BOX"):
+        os.environ.pop(f"LOWRANK_GEMM_DECODE_{var}", None)
     (out / "probe_decode_epi.json").write_text(json.dumps({"meta": device_meta(), "rows": rows}, indent=1))
 
 

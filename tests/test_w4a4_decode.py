@@ -562,6 +562,12 @@ def test_sm90_f8_xab_rows_from_shared_memory(M, K, mode):
     rs, rs_l2 = _ptxas(info[True].ptx), _ptxas(info[False].ptx)
     if rs is not None:
         assert rs[1] == 0 and rs[0] < rs_l2[0], (rs[:2], rs_l2[:2])
+    # with the rows' 2-D box (session 5's option; sm_90 SASS per K step at M = 16: 608 → 476 with the table → 417)
+    sig, cx, c = d.aot_signature_decode(cfg, fmt="int4_g64", f8=True, M=M, K=K, rank=32, xab_smem=True, row_box=True)
+    boxed = compile_sm90(MOD, "w4a4_decode_kernel", sig, cx, num_warps=d.WARPS)
+    assert d.decode_ledger(c, 64, "int4_g64", True, row_box=True, lowrank_block=cx["BLOCK_R"],
+                           xab_rows=cx["XAB_ROWS"]).total() == boxed.shared
+    assert "cp.async.bulk.tensor.1d" not in boxed.ptx
 
 
 def test_xab_table_rules(monkeypatch):
@@ -872,17 +878,18 @@ def test_decode_row_box_graph_replay_gpu(fmt, f8):
 
 
 
-def _checked_outputs(ops, config, ref, option, values):
-    """One launch per value of the launcher option ``option``, each into a NaN-poisoned output: every element
-    written, within 1e-2 of the float64 reference, a repeat bit-identical. The outputs, in ``values`` order."""
+def _checked_outputs(ops, config, ref, option, values, **fixed):
+    """One launch per value of the launcher option ``option`` (plus the options ``fixed``), each into a NaN-poisoned
+    output: every element written, within 1e-2 of the float64 reference, a repeat bit-identical. The outputs, in
+    ``values`` order."""
     outs = []
     for v in values:
         ops["out"].fill_(float("nan"))
-        out = d.launch_w4a4_decode(**ops, config=config, **{option: v}).clone()
+        out = d.launch_w4a4_decode(**ops, config=config, **fixed, **{option: v}).clone()
         assert torch.isfinite(out).all(), "unwritten (NaN-poisoned) outputs"
         err = float((out.double().cpu() - ref).norm() / ref.norm())
         assert err < 1e-2, (option, v, err)
-        assert torch.equal(d.launch_w4a4_decode(**ops, config=config, **{option: v}), out)
+        assert torch.equal(d.launch_w4a4_decode(**ops, config=config, **fixed, **{option: v}), out)
         outs.append(out)
     return outs
 
@@ -920,9 +927,13 @@ XAB_GPU = [dict(M=16, N=28672, K=4096, mode="tile"), dict(M=3, N=4112, K=640, mo
 def test_decode_f8_xab_table_bit_identical_gpu(case):
     """The a/b rows from the shared-memory table and from L2: the same fp32 values in the same FMA order, so the
     outputs are bit-identical (K = 14336 falls back to L2 by the SMEM rule; ragged K; stream-K programs that span
-    tiles), and both match the float64 reference into a NaN-poisoned output."""
+    tiles; with the rows' 2-D box too), and both match the float64 reference into a NaN-poisoned output. (Not yet run
+    on a GPU: added in session 32 after the device went away.)"""
     c = dict(case)
     ops = w4.make_operands_v2("int4_g64", c["M"], c["N"], c["K"], 32, 64, device="cuda", bias=True)
     config = _mode_config(c["M"], "int4_g64", True, c["mode"])
-    table, l2 = _checked_outputs(ops, config, w4.reference_v2(ops), "xab_smem", (True, False))
+    ref = w4.reference_v2(ops)
+    table, l2 = _checked_outputs(ops, config, ref, "xab_smem", (True, False))
     assert torch.equal(table, l2)
+    boxed, = _checked_outputs(ops, config, ref, "xab_smem", (True, ), row_box=True)   # the rows' 2-D box beside it
+    assert torch.equal(boxed, l2)
