@@ -28,9 +28,12 @@ Why a separate kernel: at decode sizes the whole cost is streaming 4-bit weights
   CTA's expansion overlaps the other's loads. A slot is refilled once every warp has passed its SMEM reads
   (thread barrier) and the wgmmas that read it retired. H200 profile (NOTES.md, session 3): latency-bound,
   ≈ 2.2 TB/s of weights at M ≤ 16;
-- epilogue in registers: (2l: × t[m] × s[n]) × col_scale[n], + Σ_r up[n, r]·S[m, r] (S rounded to lora_up's
-  dtype like the unfused reference; r ≤ 64 FMAs per element), + bias[n], then a masked store of the
-  transposed tile (M ≤ 64 rows: the output is < 4 MB).
+- epilogue in registers: (2l: × t[m] × s[n]) × col_scale[n], + lora_up·Sᵀ as one register-A 16-bit wgmma on the
+  accumulator (S rounded to lora_up's dtype like the unfused reference; session 32 — until then a loop over the
+  rank, kept for ranks > 128 and f8 on 32/64-token tiles), + bias[n], then a masked store of the transposed tile
+  (M ≤ 64 rows: the output is < 4 MB);
+- f8 option ``xab_smem`` (off until measured): the a/b rows of every group copied into shared memory once per
+  program instead of loaded from L2 in the K loop.
 Deterministic: one program per output tile, fixed K order, no atomics.
 
 Options (off by default until measured on the H200; ``scripts/probe_decode_split.py`` A/Bs them in one process):
@@ -64,9 +67,9 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 from ...plan.config import KernelConfig
 from ...plan.smem import SmemLedger, SmemTerm, barrier_bytes, tile_bytes
 from ..env import getenv
+from ..epilogue import rank_block
 from ..launch import launch
 from ..pdl import gl_gdc_launch_dependents, gl_gdc_wait, pdl_enabled
-from ..epilogue import rank_block
 from ..schedule import cdiv, num_sms
 from ..splitk import splitk_arrive, splitk_reset, splitk_store, splitk_sum
 from .host import desc, dummy
