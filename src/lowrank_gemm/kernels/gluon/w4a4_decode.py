@@ -714,7 +714,7 @@ def decode_ledger(config: KernelConfig, group_size: int = 64, fmt: str = "int4_2
                   row_box: bool = False, lowrank_block: int = 0, xab_rows: int = 0) -> SmemLedger:
     """Every byte ``w4a4_decode_kernel`` allocates (one CTA; several share an SM). ``f8`` (int4_g64): the ring
     holds e4m3 token tiles [BT, BK] (the wgmma B operand, by TMA) and there is no expanded token tile; the
-    a/b rows come from global memory (L2) into registers, no SMEM. ``row_box``: the row table lands as one dense
+    a/b rows come from global memory (L2) into registers unless ``xab_rows`` (below). ``row_box``: the row table lands as one dense
     [BK/G, BN] box per slot (padded to 128 bytes) instead of one 128-byte-aligned row per group.
     ``lowrank_block`` > 0 (the epilogue's low-rank wgmma, :func:`_epilogue`): S as its 16-bit B operand [BT, block].
     ``xab_rows`` > 0 (f8): the token tile's a/b rows of every group, fp32 [xab_rows, BT] (:func:`_fill_xab`)."""
@@ -771,7 +771,7 @@ def check_decode_config(config: KernelConfig, M: int, N: int, K: int, group_size
     if config.split_k > 1 and config.persistent:
         raise ValueError(f"w4a4 decode: split_k={config.split_k} and persistent (stream-K) are two ways to deal the "
                          f"K steps to programs; pick one")
-    if xab_rows and (not f8 or cdiv(M, bt) > 1 or xab_rows < 2 * cdiv(K, bk) * (bk // group_size)):
+    if xab_rows and (not f8 or cdiv(M, bt) > 1 or xab_rows < _xab_rows_needed(K, bk, group_size)):
         raise ValueError(f"w4a4 decode: the xab table needs the f8 path, one token tile (M ≤ block_m) and ≥ 2 rows per "
                          f"group of every K step; got f8={f8}, M={M}, block_m={bt}, xab_rows={xab_rows}")
     decode_ledger(config, group_size, fmt, f8, row_box, lowrank_block, xab_rows).check()
@@ -972,15 +972,23 @@ def decode_xab_smem_default() -> bool:
     return _switch("LOWRANK_GEMM_DECODE_XAB_SMEM", XAB_SMEM_DEFAULT)
 
 
+def _xab_rows_needed(K: int, block_k: int, group_size: int) -> int:
+    """Rows the K loop reads from the xab table: a and b of every group of every K step (the last step's groups
+    past K included: their rows are zero)."""
+    return 2 * cdiv(K, block_k) * (block_k // group_size)
+
+
+@functools.lru_cache(maxsize=256)
 def xab_table_rows(M: int, K: int, config: KernelConfig, group_size: int, f8: bool, row_box: bool = False,
                    lowrank_block: int = 0) -> int:
     """Rows of the xab table (:func:`_fill_xab`): 2 per group of every K step, in whole fills of
     :data:`XAB_FILL_ROWS`; 0 (the rows stay L2 loads in the K loop) without f8, with several token tiles, or where
-    the table would leave room for fewer than :data:`CTAS_PER_SM` CTAs per SM (e.g. K = 14336: 28 KB more)."""
+    the table would leave room for fewer than :data:`CTAS_PER_SM` CTAs per SM (e.g. K = 14336: 28 KB more).
+    Cached: it builds a ledger, and the launch asks on every call."""
     bt, bk = config.block_m, config.block_k
     if not f8 or cdiv(M, bt) > 1:
         return 0
-    rows = cdiv(2 * cdiv(K, bk) * (bk // group_size), XAB_FILL_ROWS) * XAB_FILL_ROWS
+    rows = cdiv(_xab_rows_needed(K, bk, group_size), XAB_FILL_ROWS) * XAB_FILL_ROWS
     per_cta = decode_ledger(config, group_size, "int4_g64", True, row_box, lowrank_block, rows).total() + 1024
     return rows if CTAS_PER_SM * per_cta <= SM90_SMEM_PER_SM else 0
 
