@@ -1,6 +1,7 @@
-"""Session 32: the W4A4 decode kernel's low-rank term as one wgmma (``epi_mma``) against the per-rank loop, and the
-f8 path's a/b rows from a shared-memory table (``xab_smem``) against L2 loads in the K loop; same process, CUDA-graph replays over rotated operand sets, cuBLAS bf16 beside. Every timed variant is first checked
-against the float64 reference (NaN-poisoned output, repeat bit-identical).
+"""Session 32: the W4A4 decode kernel's low-rank term as one wgmma (``epi_mma``) against the per-rank loop, the f8
+path's a/b rows from a shared-memory table (``xab_smem``) against L2 loads in the K loop, and the rows' 2-D box
+(``row_box``); same process, CUDA-graph replays over rotated operand sets, cuBLAS bf16 beside. Every timed variant is
+first checked against the float64 reference (NaN-poisoned output, repeat bit-identical).
 
     PYTHONPATH=src python3 scripts/probe_decode_epi.py [--out DIR]
 """

@@ -28,10 +28,15 @@ def test_sm90_ptx_register_a_wgmma_tma_and_ledger(fmt, cfg):
     assert re.search(r"wgmma\.mma_async\.sync\.aligned\.m64n16k32\.s32\.s8\.s8 \{[^}]+\}, \{[^}]+\}", info.ptx)
     assert "cp.async.bulk.tensor.2d" in info.ptx and "cp.async.bulk.tensor.1d" in info.ptx
     assert "ld.local" not in info.ptx
-    assert d.decode_ledger(c, 64, fmt, lowrank_block=cx["BLOCK_R"], xab_rows=cx["XAB_ROWS"]).total() == info.shared
+    assert _ledger_total(cx, c, 64, fmt) == info.shared
 
 
 _ptxas = ptxas_stats
+
+
+def _ledger_total(cx, config, *args, **kw):
+    """The decode ledger's total for a compile's constexprs ``cx`` (its epilogue S tile and xab table)."""
+    return d.decode_ledger(config, *args, lowrank_block=cx["BLOCK_R"], xab_rows=cx["XAB_ROWS"], **kw).total()
 
 
 @pytest.mark.parametrize("fmt,f8", [("int4_2l", False), ("int4_g64", False), ("int4_g64", True)])
@@ -75,7 +80,7 @@ def test_sm90_f8_e4m3_register_a_wgmma_no_i2f_no_spills(M, cfg, gs):
     assert loops and not any("st.shared" in x for body in loops for x in body)   # no per-step token expansion
     assert info.ptx.count("st.shared") <= 4          # (the epilogue's S tile, the low-rank wgmma's B operand)
     assert "ld.local" not in info.ptx
-    assert d.decode_ledger(c, gs, "int4_g64", f8=True, lowrank_block=cx["BLOCK_R"], xab_rows=cx["XAB_ROWS"]).total() == info.shared
+    assert _ledger_total(cx, c, gs, "int4_g64", f8=True) == info.shared
     rs = _ptxas(info.ptx)
     if rs is not None:
         regs, spills, log = rs
@@ -372,7 +377,7 @@ def test_sm90_split_stream_pdl_variants(M, fmt, f8, mode, pdl):
     kind = "f32.e4m3.e4m3" if f8 else "s32.s8.s8"
     assert re.search(rf"wgmma\.mma_async\.sync\.aligned\.m64n{c.block_m}k32\.{kind} \{{[^}}]+\}}, \{{[^}}]+\}}", ptx)
     assert "cp.async.bulk.tensor.2d" in ptx and "cp.async.bulk.tensor.1d" in ptx and "ld.local" not in ptx
-    assert d.decode_ledger(c, 64, fmt, f8, lowrank_block=cx["BLOCK_R"], xab_rows=cx["XAB_ROWS"]).total() == info.shared
+    assert _ledger_total(cx, c, 64, fmt, f8) == info.shared
     stream = mode != "tile"
     assert cx["STREAM"] == stream
     # the ticket protocol of kernels/splitk.py: acq_rel ticket, L2 (.cg) reads of the partials, relaxed reset
@@ -405,7 +410,7 @@ def test_sm90_nonempty_k_pipelines_the_2l_wgmmas(M, cfg):
     """The 2l K loop with a provable trip count ≥ 1: ptxas keeps the wgmmas in flight (no C7515) where the one-tile
     kernel serializes them (M > 16: the default configs of M = 17..64)."""
     info, cx, c = _compile(M, "int4_2l", False, "tile", nonempty_k=True, **cfg)
-    assert cx["NONEMPTY_K"] and d.decode_ledger(c, lowrank_block=cx["BLOCK_R"], xab_rows=cx["XAB_ROWS"]).total() == info.shared
+    assert cx["NONEMPTY_K"] and _ledger_total(cx, c) == info.shared
     rs = _ptxas(info.ptx)
     if rs is not None:
         regs, spills, log = rs
@@ -445,8 +450,8 @@ def test_sm90_row_box_one_copy_per_step(M, fmt, f8, mode, pdl, cfg):
     base, bcx, _ = _compile(M, fmt, f8, mode, pdl, nonempty_k=True, **cfg)
     ptx = info.ptx
     assert "cp.async.bulk.tensor.1d" not in ptx and "cp.async.bulk.tensor.2d" in ptx and "ld.local" not in ptx
-    assert d.decode_ledger(c, 64, fmt, f8, row_box=True, lowrank_block=cx["BLOCK_R"], xab_rows=cx["XAB_ROWS"]).total() == info.shared
-    assert d.decode_ledger(c, 64, fmt, f8, lowrank_block=bcx["BLOCK_R"], xab_rows=bcx["XAB_ROWS"]).total() == base.shared
+    assert _ledger_total(cx, c, 64, fmt, f8, row_box=True) == info.shared
+    assert _ledger_total(bcx, c, 64, fmt, f8) == base.shared
     ur = c.block_k // 64
     assert ptx.count("cp.async.bulk.tensor") * (2 + ur) == base.ptx.count("cp.async.bulk.tensor") * 3
     if ur > 1:
@@ -903,7 +908,8 @@ EPI_GPU = [dict(M=16, N=28672, K=4096, rank=32, fmt="int4_g64", mode="tile"),
 
 @pytest.mark.gpu
 @pytest.mark.timeout(180)
-@pytest.mark.parametrize("case", EPI_GPU, ids=lambda c: f"{c['fmt']}-{c['mode']}-M{c['M']}N{c['N']}K{c['K']}r{c['rank']}")
+@pytest.mark.parametrize("case", EPI_GPU,
+                         ids=lambda c: f"{c['fmt']}-{c['mode']}-M{c['M']}N{c['N']}K{c['K']}r{c['rank']}")
 def test_decode_epilogue_mma_matches_reference_and_loop_gpu(case):
     """The low-rank term as one wgmma and as the per-rank loop: both against the float64 reference (ragged ranks,
     stream-K programs that finish several tiles, an fp16 lora_up, NaN-poisoned outputs), each repeat bit-identical,

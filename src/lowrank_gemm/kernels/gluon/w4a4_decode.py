@@ -714,8 +714,8 @@ def decode_ledger(config: KernelConfig, group_size: int = 64, fmt: str = "int4_2
                   row_box: bool = False, lowrank_block: int = 0, xab_rows: int = 0) -> SmemLedger:
     """Every byte ``w4a4_decode_kernel`` allocates (one CTA; several share an SM). ``f8`` (int4_g64): the ring
     holds e4m3 token tiles [BT, BK] (the wgmma B operand, by TMA) and there is no expanded token tile; the
-    a/b rows come from global memory (L2) into registers unless ``xab_rows`` (below). ``row_box``: the row table lands as one dense
-    [BK/G, BN] box per slot (padded to 128 bytes) instead of one 128-byte-aligned row per group.
+    a/b rows come from global memory (L2) into registers unless ``xab_rows`` (below). ``row_box``: the row table
+    lands as one dense [BK/G, BN] box per slot (padded to 128 bytes) instead of one 128-byte-aligned row per group.
     ``lowrank_block`` > 0 (the epilogue's low-rank wgmma, :func:`_epilogue`): S as its 16-bit B operand [BT, block].
     ``xab_rows`` > 0 (f8): the token tile's a/b rows of every group, fp32 [xab_rows, BT] (:func:`_fill_xab`)."""
     bt, bn, bk, s = config.block_m, config.block_n, config.block_k, config.num_stages
