@@ -1,6 +1,6 @@
 """Session 32: the W4A4 decode kernel's low-rank term as one wgmma (``epi_mma``) against the per-rank loop, the f8
 path's a/b rows from a shared-memory table (``xab_smem``) against L2 loads in the K loop, and the rows' 2-D box
-(``row_box``); same process, CUDA-graph replays over rotated operand sets, cuBLAS bf16 beside. Every timed variant is
+(``row_box``), and the skinny GEMM's rank term as mma.sync; same process, CUDA-graph replays over rotated operand sets, cuBLAS bf16 beside. Every timed variant is
 first checked against the float64 reference (NaN-poisoned output, repeat bit-identical).
 
     PYTHONPATH=src python3 scripts/probe_decode_epi.py [--out DIR]
@@ -26,6 +26,7 @@ def main() -> None:
     ap.add_argument("--out", default="/tmp/out/decode_epi")
     ap.add_argument("--shapes", default="16x28672x4096,4x28672x4096,16x4096x4096,64x28672x4096,16x4096x14336")
     ap.add_argument("--layer", default="16x28672x4096,4x28672x4096,64x28672x4096")
+    ap.add_argument("--skinny", default="16x4096x4096,4x4096x4096,16x4096x14336,64x4096x4096")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -81,6 +82,34 @@ def main() -> None:
             emit(M=m, N=n, K=k, fmt=fmt, impl="row_box_equal",
                  value=bool(torch.equal(outs[(True, xs_on, True)], outs[(True, xs_on, False)])))
 
+    # the skinny GEMM (int4_g64, 3 ≤ M ≤ 64 at N < 12288): its rank term as mma.sync (EPI_MMA) against the loop
+    from lowrank_gemm.kernels.w4a4_skinny import launch_w4a4_skinny
+    from lowrank_gemm.bench.common import rotation_count as _rc
+    for shape in args.skinny.split(","):
+        m, n, k = (int(v) for v in shape.split("x"))
+        x = [torch.randn(m, k, device="cuda", dtype=torch.bfloat16) for _ in range(2)]
+        wb = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) for _ in range(max(2, min(8, _rc(2 * n * k))))]
+        emit(M=m, N=n, K=k, impl="cublas_bf16", us=time_graph(lambda a, b: a @ b.T, list(zip(x * 4, wb))).median_us)
+        del x, wb
+        sets = [w4.make_operands_v2("int4_g64", m, n, k, 32, 64, device="cuda", bias=True, seed=s)
+                for s in range(min(8, max(2, _rc(n * k // 2))))]
+        ref = w4.reference_v2(sets[0]).cuda()
+        outs = {}
+        for epi in (False, True):
+            def run(s, epi=epi):
+                return launch_w4a4_skinny(**s, epi_mma=epi)
+            sets[0]["out"].fill_(float("nan"))
+            y1 = run(sets[0]).clone()
+            y2 = run(sets[0]).clone()
+            err = ((y1.double() - ref).norm() / ref.norm()).item()
+            ok = bool(torch.isfinite(y1).all()) and torch.equal(y1, y2) and err < 1e-2
+            outs[epi] = y1.float()
+            emit(M=m, N=n, K=k, fmt="int4_g64", impl=f"skinny_gemm:epi_{'mma' if epi else 'loop'}",
+                 us=time_graph(lambda s: run(s), [(s, ) for s in sets]).median_us if ok else None, rel_err=err, ok=ok)
+        emit(M=m, N=n, K=k, impl="skinny_mma_vs_loop_rel",
+             value=float((outs[True] - outs[False]).norm() / outs[False].norm()))
+        del sets
+
     # the layer (act_quant + GEMM, impl="auto") as bench w4a4 times it, with the epilogue switched by env
     import os
     from lowrank_gemm.bench.common import rotation_count
@@ -102,6 +131,15 @@ def main() -> None:
             del sets
     for var in ("EPI_MMA", "XAB_SMEM", "ROW_BOX"):
         os.environ.pop(f"LOWRANK_GEMM_DECODE_{var}", None)
+    for shape in args.skinny.split(","):       # the int4_g64 layer where auto routes the skinny GEMM
+        m, n, k = (int(v) for v in shape.split("x"))
+        fn, make, nbytes = _providers(m, n, k, "cuda", impls=("auto", ))["w4a4_layer:int4_g64:auto"]
+        sets = [make() for _ in range(min(rotation_count(nbytes), 4))]
+        for epi in ("0", "1"):
+            os.environ["LOWRANK_GEMM_SKINNY_EPI_MMA"] = epi
+            emit(M=m, N=n, K=k, impl=f"w4a4_layer:int4_g64:auto:skinny_epi{epi}", us=time_graph(fn, sets).median_us)
+        del sets
+    os.environ.pop("LOWRANK_GEMM_SKINNY_EPI_MMA", None)
     (out / "probe_decode_epi.json").write_text(json.dumps({"meta": device_meta(), "rows": rows}, indent=1))
 
 

@@ -119,6 +119,36 @@ def test_sm90_compile_load16(cfg, block_t, mmas):
         assert res[1] == 0, f"ptxas spills {res[1]} B ({res[0]} registers)"
 
 
+@pytest.mark.parametrize("M,rank", [(16, 32), (64, 32), (5, 5), (16, 64)])
+def test_sm90_epilogue_rank_term_as_mma(M, rank):
+    """EPI_MMA (opt-in): the rank term is bf16 m16n8k16 mma.sync on each 8-token tile (rank rounded up to 16 per
+    MMA), the per-rank scalar loads are gone (fewer global loads outside the K loop than the loop's), no spills; the
+    K loop is untouched. Default off (not yet run on a GPU), env LOWRANK_GEMM_SKINNY_EPI_MMA=1 turns it on."""
+    infos = {em: _compile(None, None, M=M, N=4096, K=4096, rank=rank, epi_mma=em) for em in (True, False)}
+    mma16 = re.findall(r"mma\.sync\.aligned\.m16n8k16\.row\.col\.f32\.bf16\.bf16\.f32", infos[True].ptx)
+    assert mma16 and not re.search(r"m16n8k16", infos[False].ptx)
+
+    def loads_outside_loops(ptx):
+        inside = sum(sum("ld.global" in x for x in b) for b in _ptx_loops(ptx))
+        return ptx.count("ld.global") - inside
+    assert loads_outside_loops(infos[True].ptx) < loads_outside_loops(infos[False].ptx)
+    k_loops = {em: [b for b in _ptx_loops(i.ptx) if any("m16n8k32" in x for x in b)] for em, i in infos.items()}
+    for what in ("m16n8k32", "ld.global"):     # the same K loop
+        assert sum(what in x for x in k_loops[True][0]) == sum(what in x for x in k_loops[False][0]), what
+    res = ptxas_stats(infos[True].ptx)
+    if res is not None:
+        assert res[1] == 0, f"ptxas spills {res[1]} B ({res[0]} registers)"
+
+
+def test_epi_mma_switch(monkeypatch):
+    def epi(**kw):
+        return sk.aot_signature_skinny(None, M=16, N=4096, K=4096, rank=32, **kw)[1]["EPI_MMA"]
+    assert not epi() and epi(epi_mma=True)
+    assert not sk.aot_signature_skinny(None, M=16, N=4096, K=4096, rank=0, epi_mma=True)[1]["EPI_MMA"]
+    monkeypatch.setenv(sk.EPI_MMA_ENV, "1")
+    assert epi() and not epi(epi_mma=False)
+
+
 def test_load16_rules(monkeypatch):
     """Off unless asked. Asked by argument where it cannot run (K split across warps, group 128, ragged N or K,
     8-byte-aligned words): a clear error. Asked by LOWRANK_GEMM_SKINNY_LOAD16=1: only where it fits."""
@@ -272,22 +302,23 @@ def test_gpu_real_sizes_repeats_and_graph(M, N, K, rank, G, cfg):
     _check_real_size(M, N, K, rank, G, cfg, None)
 
 
-def _check_real_size(M, N, K, rank, G, cfg, block_t, load16=None):
+def _check_real_size(M, N, K, rank, G, cfg, block_t, load16=None, epi_mma=None):
     ops = _ops(M, N, K, rank, G, device="cuda", out=torch.bfloat16, bias=True, col_scale=rank == 5, seed=M)
     ops["out"].fill_(float("nan"))
-    y = sk.launch_w4a4_skinny(**ops, config=cfg, block_t=block_t, load16=load16).clone()
+    kw = dict(config=cfg, block_t=block_t, load16=load16, epi_mma=epi_mma)
+    y = sk.launch_w4a4_skinny(**ops, **kw).clone()
     torch.cuda.synchronize()
     ref = w4.reference_v2(ops)
     assert torch.isfinite(y).all(), "every output element written"
     assert float((y.double().cpu() - ref).abs().max() / ref.abs().max()) < 1e-2
     ops["out"].fill_(float("nan"))
-    assert torch.equal(sk.launch_w4a4_skinny(**ops, config=cfg, block_t=block_t, load16=load16), y), \
-        "bit-identical repeats"
-    _, g, out = capture_graph(lambda: sk.launch_w4a4_skinny(**ops, config=cfg, block_t=block_t, load16=load16))
+    assert torch.equal(sk.launch_w4a4_skinny(**ops, **kw), y), "bit-identical repeats"
+    _, g, out = capture_graph(lambda: sk.launch_w4a4_skinny(**ops, **kw))
     out.fill_(float("nan"))
     g.replay()
     torch.cuda.synchronize()
     assert torch.equal(out, y), "graph replay"
+    return y
 
 
 _LOAD16_CASES = [(28672, 4096, 32, 64, 16, sk.SkinnyConfig(4, 1, 2, 2), None),
@@ -305,6 +336,21 @@ def test_gpu_load16(N, K, rank, G, M, cfg, block_t):
     """The 16-byte-load K loop (load16=True: an error rather than the 8-byte loop if it did not fit): NaN-poisoned
     bf16 out vs the float64 reference, bit-identical repeats, graph replay."""
     _check_real_size(M, N, K, rank, G, cfg, block_t, load16=True)
+
+
+_EPI_MMA_CASES = [(4096, 4096, 32, 64, 16, None), (4096, 14336, 32, 64, 4, None), (200, 448, 5, 64, 3, None),
+                  (4112, 4096, 64, 64, 64, None), (3000, 1536, 24, 128, 17, None)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("N,K,rank,G,M,cfg", _EPI_MMA_CASES, ids=[f"{n}-{k}-{r}-{g}-{m}" for n, k, r, g, m, _ in
+                                                                  _EPI_MMA_CASES])
+def test_gpu_epi_mma(N, K, rank, G, M, cfg):
+    """The rank term as mma.sync (opt-in; added in session 32 after its last device call, not yet run): NaN-poisoned
+    bf16 out vs the float64 reference, bit-identical repeats, graph replay, and within bf16 rounding of the loop."""
+    mma = _check_real_size(M, N, K, rank, G, cfg, None, epi_mma=True).float()
+    loop = _check_real_size(M, N, K, rank, G, cfg, None, epi_mma=False).float()
+    assert float((mma - loop).norm() / loop.norm()) < 1e-2
 
 
 _TOKEN_GROUP_CASES = [(4096, 4096, 16, 64, 33, 32), (4096, 4096, 16, 64, 64, 64), (28672, 4096, 32, 64, 64, 64),

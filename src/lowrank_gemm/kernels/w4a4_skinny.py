@@ -60,6 +60,7 @@ from __future__ import annotations
 import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
 from .env import env_on, getenv, pinned_config
 from .epilogue import rank_block
@@ -358,9 +359,11 @@ def _reduce_parts(acc, red, ROWS: gl.constexpr, KS: gl.constexpr, LE: gl.constex
 @gluon.jit
 def _finish(acc, tok0, n0, N, M, R, s_ptr, stride_sm, up_ptr, stride_un, bias_ptr, cs_ptr, y_ptr, stride_ym,
             LE: gl.constexpr, BLOCK_R: gl.constexpr, HAS_LOWRANK: gl.constexpr, HAS_COL_SCALE: gl.constexpr,
-            HAS_BIAS: gl.constexpr):
+            HAS_BIAS: gl.constexpr, EPI_MMA: gl.constexpr = False):
     """y[tok0 + j, rows] = acc[:, j] · col_scale + Σ_r up[rows, r]·s[tok0 + j, r] + bias for an 8-token tile (s
-    rounded to lora_up's dtype like an unfused s @ B.T)."""
+    rounded to lora_up's dtype like an unfused s @ B.T). EPI_MMA: the rank term as 16-bit mma.sync (m16n8k16) on
+    the tile, both operands loaded as 2-D tiles straight into their fragment layouts, instead of a loop over the
+    rank with one scalar load pair per column (session 32, static sm_90 SASS: a quarter of a warp's instructions)."""
     rows = n0 + gl.arange(0, acc.shape[0], gl.SliceLayout(1, LE))
     row_ok = rows < N
     toks = tok0 + gl.arange(0, 8, gl.SliceLayout(0, LE))
@@ -368,7 +371,23 @@ def _finish(acc, tok0, n0, N, M, R, s_ptr, stride_sm, up_ptr, stride_un, bias_pt
     acc = acc * (1.0 / 256.0)          # the ·16 of both MMA operands (_unpack16)
     if HAS_COL_SCALE:
         acc = acc * gl.load(cs_ptr + rows, mask=row_ok, other=0.0).to(gl.float32)[:, None]
-    if HAS_LOWRANK:
+    if HAS_LOWRANK and EPI_MMA:
+        NWE: gl.constexpr = gl.num_warps()
+        ROWS: gl.constexpr = acc.shape[0]
+        mma16: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[NWE, 1], instr_shape=[16, 8])
+        a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma16, k_width=2)
+        b_l: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=mma16, k_width=2)
+        ar = n0 + gl.arange(0, ROWS, gl.SliceLayout(1, a_l))
+        ak = gl.arange(0, BLOCK_R, gl.SliceLayout(0, a_l))
+        up = gl.load(up_ptr + ar[:, None] * stride_un + ak[None, :], mask=(ar < N)[:, None] & (ak < R)[None, :],
+                     other=0.0)
+        bk = gl.arange(0, BLOCK_R, gl.SliceLayout(1, b_l))
+        bt = tok0 + gl.arange(0, 8, gl.SliceLayout(0, b_l))
+        sv = gl.load(s_ptr + bt[None, :] * stride_sm + bk[:, None], mask=(bk < R)[:, None] & (bt < M)[None, :],
+                     other=0.0)
+        lr = mma_v2(up, sv.to(up_ptr.dtype.element_ty), gl.convert_layout(acc, mma16))
+        acc = gl.convert_layout(lr, LE)
+    elif HAS_LOWRANK:
         for r in gl.static_range(BLOCK_R):
             live = r < R
             up = gl.load(up_ptr + rows * stride_un + r, mask=row_ok & live, other=0.0).to(gl.float32)
@@ -386,7 +405,7 @@ def w4a4_skinny_kernel(xq_ptr, xs_ptr, wq_ptr, ws_ptr, s_ptr, up_ptr, bias_ptr, 
                        G: gl.constexpr, BLOCK_T: gl.constexpr, RW: gl.constexpr, KB: gl.constexpr, RT: gl.constexpr,
                        EVEN: gl.constexpr, BLOCK_R: gl.constexpr, HAS_LOWRANK: gl.constexpr,
                        HAS_COL_SCALE: gl.constexpr, HAS_BIAS: gl.constexpr, PDL: gl.constexpr,
-                       L16: gl.constexpr = False):
+                       L16: gl.constexpr = False, EPI_MMA: gl.constexpr = False):
     """xq int32 words [M, K/8], xs [K/G, M] (16-bit); wq int32 words [N, K/8], ws [K/G, N]; s fp32 [M, R],
     up [N, R]; y [M, N]. num_warps = RW · KS: RW m16 row slots per program, each read by KS warps that split K
     (chunk c goes to part c % KS, so a program's warps read adjacent chunks of the same rows at once); each warp
@@ -518,7 +537,7 @@ def w4a4_skinny_kernel(xq_ptr, xs_ptr, wq_ptr, ws_ptr, s_ptr, up_ptr, bias_ptr, 
         for it in gl.static_range(NT):
             _finish(_reduce_parts(acc[t * NT + it], red, ROWS, KS, LE), tok0 + 8 * it, n0 + t * ROWS, N, M, R, s_ptr,
                     stride_sm, up_ptr, stride_un, bias_ptr, cs_ptr, y_ptr, stride_ym, LE, BLOCK_R, HAS_LOWRANK,
-                    HAS_COL_SCALE, HAS_BIAS)
+                    HAS_COL_SCALE, HAS_BIAS, EPI_MMA)
 
 
 class SkinnyConfig(tuple):
@@ -551,6 +570,7 @@ CONFIG_ENV = "LOWRANK_GEMM_SKINNY_CONFIG"      # "rw,ks,kb[,rt]" (probes)
 BLOCK_TS = (8, 16, 32, 64)
 BLOCK_T_ENV = "LOWRANK_GEMM_SKINNY_BLOCK_T"
 LOAD16_ENV = "LOWRANK_GEMM_SKINNY_LOAD16"       # 1: the 16-byte-load K loop (opt-in, measured, not routed)
+EPI_MMA_ENV = "LOWRANK_GEMM_SKINNY_EPI_MMA"   # 1: the rank term as mma.sync in _finish (opt-in: not yet run on a GPU)
 
 
 def _even(cfg: SkinnyConfig, n: int, k: int) -> bool:
@@ -586,11 +606,13 @@ def _expect(cond, msg):
 
 def skinny_args(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, out, fmt: str = "int4_g64",
                 group_size: int = 64, *, col_scale=None, config: SkinnyConfig | None = None, pdl=None,
-                block_t: int | None = None, load16: bool | None = None, _dims: tuple | None = None):
+                block_t: int | None = None, load16: bool | None = None, _dims: tuple | None = None,
+                epi_mma: bool | None = None):
     """Validate (the launcher contract, ``w4a4_gemm.check_gemm_args``), plan, and build one launch:
     (grid, args, constexprs, config). ``load16``: the 16-byte-load K loop (G = 64, K not split across warps, whole
     row tiles and chunks of pairs) — True: required (an error where it cannot run); None: env
-    ``LOWRANK_GEMM_SKINNY_LOAD16`` (default off), and only where it fits."""
+    ``LOWRANK_GEMM_SKINNY_LOAD16`` (default off), and only where it fits. ``epi_mma`` (None: env
+    ``LOWRANK_GEMM_SKINNY_EPI_MMA``, default off: built in session 32 without a GPU run): the rank term as mma.sync."""
     from .w4a4_gemm import check_packed_launch
     asked = load16
     M, N, K, r = check_packed_launch("skinny", x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, out,
@@ -623,7 +645,8 @@ def skinny_args(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, o
             M, N, K, r, lowrank_act.stride(0) if r else 0, lora_up.stride(0) if r else 0, out.stride(0))
     even = _even(cfg, N, K)
     cx = dict(G=group_size, BLOCK_T=block_t, RW=cfg.rw, KB=cfg.kb, RT=cfg.rt, EVEN=even, BLOCK_R=br,
-              HAS_LOWRANK=bool(r), HAS_COL_SCALE=col_scale is not None, HAS_BIAS=bias is not None, PDL=pdl)
+              HAS_LOWRANK=bool(r), HAS_COL_SCALE=col_scale is not None, HAS_BIAS=bias is not None, PDL=pdl,
+              EPI_MMA=bool(r) and (env_on(EPI_MMA_ENV, default=False) if epi_mma is None else bool(epi_mma)))
     if load16:
         cx.update(L16=True, EVEN=True)
     grid = (cdiv(N, cfg.rows) * cdiv(M, block_t), )
@@ -632,26 +655,27 @@ def skinny_args(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, o
 
 def launch_w4a4_skinny(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, out, fmt: str = "int4_g64",
                        group_size: int = 64, *, col_scale=None, config: SkinnyConfig | None = None, pdl=None,
-                       block_t: int | None = None, load16: bool | None = None, _dims: tuple | None = None):
+                       block_t: int | None = None, load16: bool | None = None, _dims: tuple | None = None,
+                       epi_mma: bool | None = None):
     """out [M, N] ← the int4_g64 W4A4 GEMM + epilogue for a few tokens (launcher contract of kernels/w4a4_gemm.py).
     ``config``: :class:`SkinnyConfig` (None: env ``LOWRANK_GEMM_SKINNY_CONFIG``, else the default); ``pdl``
     (None = :func:`kernels.pdl.pdl_enabled`)."""
     _expect(x_q.device.type == "cuda", lambda: f"runs on CUDA only (inline mma.sync), got {x_q.device}")
     grid, args, cx, cfg = skinny_args(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, out, fmt,
                                       group_size, col_scale=col_scale, config=config, pdl=pdl, block_t=block_t,
-                                      load16=load16, _dims=_dims)
+                                      load16=load16, _dims=_dims, epi_mma=epi_mma)
     launch(w4a4_skinny_kernel, grid, *args, **cx, num_warps=cfg.num_warps, launch_pdl=cx["PDL"])
     return out
 
 
 def aot_signature_skinny(config: SkinnyConfig | None = None, *, M=12, N=160, K=512, rank=16, group_size=64,
-                         bias=True, col_scale=True, pdl=True, block_t=None, load16=False):
+                         bias=True, col_scale=True, pdl=True, block_t=None, load16=False, epi_mma=None):
     """(signature, constexprs, config) for ``kernels.aot.compile_sm90`` of :func:`w4a4_skinny_kernel`."""
     import inspect
     from triton.runtime.jit import mangle_type
     from .gluon.w4a4_ws import make_operands_v2
     ops = make_operands_v2("int4_g64", M, N, K, rank, group_size, device="cpu", bias=bias, col_scale=col_scale)
-    _, args, cx, cfg = skinny_args(**ops, config=config, pdl=False, block_t=block_t, load16=load16)
+    _, args, cx, cfg = skinny_args(**ops, config=config, pdl=False, block_t=block_t, load16=load16, epi_mma=epi_mma)
     cx["PDL"] = bool(pdl)
     names = [n for n in inspect.signature(w4a4_skinny_kernel.fn).parameters if n not in cx]
     sig = {n: (mangle_type(a) if not isinstance(a, int) else "i32") for n, a in zip(names, args)}
