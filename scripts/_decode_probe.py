@@ -63,7 +63,8 @@ class Probe:
 
     def checked(self, base: dict, name: str, launch, sets, ref):
         """NaN-poisoned output vs the float64 reference (< 1e-2) and a bit-identical repeat, then (if both hold) the
-        graph timing of ``launch(**operands)`` over the rotated sets."""
+        graph timing of ``launch(**operands)`` over the rotated sets. Returns the first set's output (None if the
+        launch raised), for comparisons between variants."""
         import torch
         from lowrank_gemm.bench.common import time_impl
         o = sets[0]
@@ -76,9 +77,11 @@ class Probe:
             ok = bool(torch.isfinite(y).all()) and err < 1e-2 and same
             self.emit(**base, impl=name, err=err, same=same, ok=ok,
                       **(time_impl(lambda p: launch(**p), [(s, ) for s in sets]) if ok else {}))
+            return y
         except Exception as exc:
             traceback.print_exc()
             self.emit(**base, impl=name, error=f"{type(exc).__name__}: {exc}"[:300])
+            return None
 
     def write(self):
         """<name>.json (device meta + rows) and <name>.md (graph µs, eager µs, speed-up over cuBLAS bf16)."""
