@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
+import re
+from collections.abc import Mapping
+from pathlib import Path
+
 import torch
 from torch import nn
 
-__all__ = ["is_peft_lora_linear", "peft_branch", "fuse_lora_"]
+__all__ = ["is_peft_lora_linear", "peft_branch", "fuse_lora_", "append_lora_weights_", "LORA_PREFIXES"]
+
+# key prefixes that LoRA files put before the module path: PEFT's adapter files, diffusers' pipelines
+LORA_PREFIXES = ("", "base_model.model.", "transformer.", "unet.", "model.")
+_LORA_KEY = re.compile(r"^(?P<path>.+)\.lora_A(?:\.(?P<adapter>[^.]+))?\.weight$")
 
 
 def is_peft_lora_linear(module: nn.Module) -> bool:
@@ -72,3 +80,73 @@ def fuse_lora_(model: nn.Module, *, strategy: str = "auto", pack: bool = False) 
             new.pack_()
         model.set_submodule(name, new)
     return model
+
+
+def _lora_pairs(lora: Mapping[str, torch.Tensor]) -> dict[str, tuple]:
+    """path → (A [r, K], B [N, r], alpha or None) of every ``<path>.lora_A[.<adapter>].weight`` key."""
+    pairs = {}
+    for key in lora:
+        hit = _LORA_KEY.match(key)
+        if hit is None:
+            continue
+        path, adapter = hit["path"], hit["adapter"]
+        b_key = f"{path}.lora_B.{adapter}.weight" if adapter else f"{path}.lora_B.weight"
+        if b_key not in lora:
+            raise ValueError(f"LoRA file: '{key}' has no matching '{b_key}'")
+        if path in pairs:
+            raise ValueError(f"LoRA file: more than one adapter for '{path}' (name one: keep only its keys)")
+        alpha = lora.get(f"{path}.alpha")
+        pairs[path] = (lora[key], lora[b_key], None if alpha is None else float(alpha))
+    if not pairs:
+        raise ValueError("LoRA file: no '<module>.lora_A.weight' keys (PEFT / diffusers names expected)")
+    return pairs
+
+
+def append_lora_weights_(model: nn.Module, lora: Mapping[str, torch.Tensor] | str | Path, *,
+                         lora_alpha: float | None = None, use_rslora: bool = False, scale: float = 1.0,
+                         prefix: str | None = None) -> list[str]:
+    """Append a LoRA adapter file to the quantized layers of ``model`` (``SVDQLinear``: the adapter joins the fused
+    low-rank branch, :meth:`~lowrank_gemm.nn.SVDQLinear.append_lora`; ``reset_lora()`` on a layer takes it off).
+
+    ``lora``: tensors or a ``.safetensors`` path with PEFT / diffusers names, ``<path>.lora_A.weight`` [r, K] and
+    ``<path>.lora_B.weight`` [N, r] (an adapter name between ``lora_A`` and ``weight`` is accepted). Scaling per
+    layer: ``scale · alpha / r`` (``alpha / sqrt(r)`` with ``use_rslora``), alpha from a ``<path>.alpha`` tensor
+    in the file, else ``lora_alpha`` (PEFT keeps it in adapter_config.json) — one of them is required, so a file
+    is never applied with a guessed strength. ``prefix``: stripped from every path (default: the first of
+    :data:`LORA_PREFIXES` under which every path names a module). Every layer is checked before any changes —
+    the module exists, is an SVDQLinear (unquantized layers take PEFT itself, or :func:`fuse_lora_`), the shapes
+    fit. Returns the module names, in the file's order."""
+    from ..nn.multilora import peft_scaling
+    from ..nn.svdq import SVDQLinear
+    if not isinstance(lora, Mapping):
+        import safetensors.torch
+        lora = safetensors.torch.load_file(str(lora))
+    pairs = _lora_pairs(lora)
+    modules = dict(model.named_modules())
+    candidates = (prefix,) if prefix is not None else LORA_PREFIXES
+    chosen = next((p for p in candidates
+                   if all(path.startswith(p) and path[len(p):] in modules for path in pairs)), None)
+    if chosen is None:
+        missing = sorted(path for path in pairs if not any(path.startswith(p) and path[len(p):] in modules
+                                                              for p in candidates))[:5]
+        raise ValueError(f"LoRA file: no module for {missing or sorted(pairs)[:5]} under the prefixes "
+                         f"{list(candidates)}; pass prefix=")
+    plan = []
+    for path, (a, b, alpha) in pairs.items():
+        name = path[len(chosen):]
+        layer = modules[name]
+        if not isinstance(layer, SVDQLinear):
+            raise ValueError(f"LoRA file: '{name}' is a {type(layer).__name__}, not a quantized SVDQLinear (use PEFT, "
+                             "or fuse_lora_ for unquantized layers)")
+        r = a.shape[0] if a.dim() == 2 else -1
+        if a.dim() != 2 or b.dim() != 2 or a.shape[1] != layer.in_features or b.shape != (layer.out_features, r):
+            raise ValueError(f"LoRA file: '{name}' is [{layer.out_features}, {layer.in_features}]; got lora_A "
+                             f"{list(a.shape)}, lora_B {list(b.shape)}")
+        alpha = alpha if alpha is not None else lora_alpha
+        if alpha is None:
+            raise ValueError(f"LoRA file: no '{path}.alpha' in the file and no lora_alpha= given (PEFT's "
+                             "adapter_config.json has it): the scaling alpha/r is unknown")
+        plan.append((name, layer, a, b, scale * peft_scaling(alpha, r, use_rslora)))
+    for _, layer, a, b, s in plan:
+        layer.append_lora(a.to(layer.lora_down.device), b.to(layer.lora_up.device), s)
+    return [name for name, *_ in plan]

@@ -67,6 +67,7 @@ class SVDQLinear(nn.Module):
             raise ValueError(f"in_features={in_features} must be a multiple of group_size={group_size} and of 64")
         self.in_features, self.out_features = in_features, out_features
         self.rank, self.group_size, self.act_bits = rank, group_size, act_bits
+        self.base_rank = rank        # the quantizer's own branch; append_lora grows ``rank`` past it
         self.config = config
         n, k = out_features, in_features
         self.register_buffer("qweight", torch.zeros(n, k // 2, dtype=torch.uint8))
@@ -138,7 +139,9 @@ class SVDQLinear(nn.Module):
         """Concatenate a user LoRA onto the low-rank branch: ``y += scale · (x A₂ᵀ) B₂ᵀ``.
 
         lora_A [r2, K] applies to the raw input; the branch sees x / λ, so lora_A·diag(λ) is stored.
-        lora_B [N, r2] is stored times ``scale``. The rank grows by r2; nothing is re-quantized.
+        lora_B [N, r2] is stored times ``scale``. The rank grows by r2; nothing is re-quantized. The factor
+        tensors are replaced (not written in place): recapture CUDA graphs that hold the old ones.
+        :meth:`reset_lora` drops every appended adapter.
         """
         r2 = lora_A.shape[0]
         if lora_A.shape != (r2, self.in_features) or lora_B.shape != (self.out_features, r2):
@@ -149,6 +152,15 @@ class SVDQLinear(nn.Module):
         self.lora_down = torch.cat([self.lora_down, down.to(self.lora_down.device)])
         self.lora_up = torch.cat([self.lora_up, up.to(self.lora_up.device)], dim=1)
         self.rank += r2
+
+    @torch.no_grad()
+    def reset_lora(self) -> None:
+        """Drop every adapter :meth:`append_lora` added: the branch goes back to the quantizer's ``base_rank``
+        columns, bit for bit. (A checkpoint saved with appended adapters records them as part of the base.)"""
+        r = self.base_rank
+        self.lora_down = self.lora_down[:r].clone()
+        self.lora_up = self.lora_up[:, :r].clone()
+        self.rank = r
 
     def stored_bytes(self) -> int:
         """Bytes of the weight representation: qweight + wscales + smooth + lora_down + lora_up (no bias)."""
