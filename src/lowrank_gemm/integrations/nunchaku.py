@@ -10,13 +10,14 @@ key                                stored shape          meaning
 ``qweight``                        int8 [N, K/2]         signed int4 codes q of the residual, in MMA fragment order
 ``wscales``                        16-bit [K/64, N]      group scales s (W_q = q·s), in scale-load order
 ``smooth_factor`` (old: ``smooth``)  [K]                 λ: the 4-bit path quantizes x / λ; scale-load order
-``proj_down`` (old: ``lora_down``)   [K, r]              D, fragment order; the branch is (x·D)·Uᵀ on the *raw* x
+``proj_down`` (old: ``lora_down``)   [K, r]              D, fragment order; the branch is (x·Dᵀ)·Uᵀ on the *raw* x
 ``proj_up`` (old: ``lora_up``)       [N, r]              U, fragment order
 ``bias``                           [N]                   scale-load order (mlp_fc2 layers: shifted, see below)
 =================================  ====================  ================================================================
 
-so the layer is ``y = Q(x/λ)·W_qᵀ + (x·D)·Uᵀ + b``. Ours keeps the branch on the smoothed input (``lora_down``
-A = Dᵀ·diag(λ), the same re-basing :meth:`SVDQLinear.append_lora` does; A is rounded to the factors' dtype once).
+so the layer is ``y = Q(x/λ)·W_qᵀ + (x·Dᵀ)·Uᵀ + b`` with D unpacked as [r, K]. Ours keeps the branch on the
+smoothed input: ``lora_down`` A = D·diag(λ), the re-basing :meth:`SVDQLinear.append_lora` does too (A is rounded
+to the factors' dtype once).
 
 **Layouts.** Nunchaku's kernels load every operand straight into ``mma.sync`` registers, so each file layout is a
 PTX fragment layout tiled over the matrix (Nunchaku writes them in ``nunchaku/lora/flux/packer.py``; here they are
