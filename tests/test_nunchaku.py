@@ -346,6 +346,13 @@ def test_flux_to_diffusers_and_replace():
     assert torch.allclose(whole, split, rtol=0, atol=2 ** -8 * float(bias.abs().max()))
 
 
+def test_load_nunchaku_flux_in_one_call():
+    model = _flux_skeleton()
+    got = nk.load_nunchaku_flux_(model, _flux_checkpoint(), progress=False)
+    assert sorted(got.layers) == sorted(n for n, m in model.named_modules() if isinstance(m, SVDQLinear))
+    assert len(got.layers) == 17
+
+
 def test_flux_mapping_and_replacement_refuse_mismatches():
     got = nk.load_nunchaku(_flux_checkpoint(), progress=False)
     with pytest.raises(ValueError, match="no diffusers module for .*foo"):

@@ -60,7 +60,7 @@ from ..quant.config import SVDQuantConfig
 
 __all__ = ["GELU_SHIFT", "SHIFTED_INPUTS", "GROUP_SIZE", "NunchakuImport", "load_nunchaku",
            "svdq_linear_from_nunchaku", "svdq_linear_to_nunchaku", "split_rows", "concat_inputs",
-           "flux_to_diffusers", "replace_linears_", "unpack_qweight", "pack_qweight", "unpack_scales",
+           "flux_to_diffusers", "replace_linears_", "load_nunchaku_flux_", "unpack_qweight", "pack_qweight", "unpack_scales",
            "pack_scales", "unpack_vector", "pack_vector", "unpack_lowrank", "pack_lowrank"]
 
 GELU_SHIFT = 0.171875
@@ -490,3 +490,13 @@ def replace_linears_(model: nn.Module, layers: Mapping[str, nn.Module]) -> list[
             layer.bias = layer.bias.to(target_bias.dtype)
         model.set_submodule(name, layer.to(device))
     return list(plan)
+
+
+def load_nunchaku_flux_(model: nn.Module, source: str | Path | Mapping[str, torch.Tensor], **load_kw) -> NunchakuImport:
+    """:func:`load_nunchaku` + :func:`flux_to_diffusers` + :func:`replace_linears_` on a diffusers
+    ``FluxTransformer2DModel`` (its unquantized parts loaded as usual, e.g. from the original FLUX.1 weights). Returns
+    the import record with ``layers`` keyed by the model's module names, as replaced."""
+    got = load_nunchaku(source, **load_kw)
+    mapped = flux_to_diffusers(got.layers)
+    replace_linears_(model, mapped)
+    return NunchakuImport(mapped, got.skipped, got.other)
