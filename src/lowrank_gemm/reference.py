@@ -39,14 +39,19 @@ def lowrank_epilogue_ref(main: torch.Tensor, s: torch.Tensor | None, lora_b: tor
 
 
 def lora_linear_ref(x: torch.Tensor, weight: torch.Tensor, lora_a: torch.Tensor, lora_b: torch.Tensor,
-                    scale: float = 1.0, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``y = x·Wᵀ + scale·(x·Aᵀ)·Bᵀ + bias`` in float64.
+                    scale: float = 1.0, bias: torch.Tensor | None = None,
+                    weight_scale: torch.Tensor | None = None) -> torch.Tensor:
+    """``y = x·(W·diag(weight_scale))ᵀ + scale·(x·Aᵀ)·Bᵀ + bias`` in float64.
 
-    x [..., K], weight [N, K], lora_a [r, K], lora_b [N, r], bias [N] → y [..., N] (float64).
+    x [..., K], weight [N, K] (16-bit, or fp8 with ``weight_scale`` [N] or one value), lora_a [r, K],
+    lora_b [N, r], bias [N] → y [..., N] (float64). The scale multiplies the main product only.
     """
     x64 = _f64(x).reshape(-1, x.shape[-1])
     s = (x64 @ _f64(lora_a).T) * float(scale)
-    y = lowrank_epilogue_ref(x64 @ _f64(weight).T, s, lora_b, bias=bias)
+    w = _f64(weight)
+    if weight_scale is not None:
+        w = w * _f64(weight_scale).reshape(-1, 1)
+    y = lowrank_epilogue_ref(x64 @ w.T, s, lora_b, bias=bias)
     return y.reshape(*x.shape[:-1], weight.shape[0])
 
 

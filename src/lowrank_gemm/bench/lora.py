@@ -15,6 +15,11 @@ the ratio the targets are best read from where the clock drifts over the run.
 come from an LRU cache (16 entries, ≤ 2 GiB: ``LOWRANK_GEMM_WEIGHT_CACHE_MB``) that holds the
 whole rotation, so the one-off merge is not in the time (with the earlier one-entry cache every
 call re-merged: 210 µs at K=N=4096).
+
+``--fp8`` adds two rows on fp8 copies of the same weights (e4m3, a float32 scale per output channel): ``auto_fp8w``,
+our op with the fp8 base weight (W read as 1 byte and widened on chip; the branch and x stay bf16; its error column
+is against the fp8 weight's own float64 result), and ``fp8_scaled_mm``, cuBLAS's fp8 GEMM (``torch._scaled_mm``,
+x also fp8 per token, quantized outside the timing, no branch) as the fp8 reference point.
 """
 
 from __future__ import annotations
@@ -46,6 +51,7 @@ STRATS = [s for s in LORA_STRATEGIES if s != "torch"]
 PACKED_IMPLS = ("auto_packed", "kcat")
 # the rows the issue's targets are read from: also timed in alternation with cuBLAS (``ratio_paired``)
 PAIRED_IMPLS = ("auto", "auto_packed")
+FP8_IMPLS = ("auto_fp8w", "fp8_scaled_mm")      # --fp8: run on fp8 copies of each set's weight (fp8_sets)
 SCALE = 0.5
 
 
@@ -86,6 +92,18 @@ def make_sets(M, N, K, r, dtype, device):
     return sets
 
 
+def fp8_sets(sets):
+    """Per set (x, W8, A, B, W's per-channel scale, x8, x's per-token scale): W as e4m3 scaled per output channel,
+    x as e4m3 per token (only ``fp8_scaled_mm`` reads x8)."""
+    out = []
+    for x, w, a, b, _bs in sets:
+        ws = (w.float().abs().amax(dim=1) / 448.0).clamp_min(1e-12)
+        xs = (x.float().abs().amax(dim=1) / 448.0).clamp_min(1e-12)
+        out.append((x, (w.float() / ws[:, None]).to(torch.float8_e4m3fn), a, b, ws,
+                    (x.float() / xs[:, None]).to(torch.float8_e4m3fn), xs[:, None].contiguous()))
+    return out
+
+
 def impls():
     from ..kernels.lora_gemm import lora_linear
     out = {"cublas_base": lambda x, w, a, b, bs: x @ w.T,
@@ -95,6 +113,9 @@ def impls():
            "auto_packed": lambda x, w, a, b, bs: lora_linear(x, w, a, b, SCALE)}
     for s in STRATS:
         out[s] = (lambda s_: lambda x, w, a, b, bs: lora_linear(x, w, a, b, SCALE, strategy=s_))(s)
+    out["auto_fp8w"] = lambda x, w8, a, b, ws, x8, xs: lora_linear(x, w8, a, b, SCALE, weight_scale=ws)
+    out["fp8_scaled_mm"] = lambda x, w8, a, b, ws, x8, xs: torch._scaled_mm(
+        x8, w8.t(), scale_a=xs, scale_b=ws[None, :], out_dtype=x.dtype)
     return out
 
 
@@ -110,13 +131,14 @@ def bench_point(M, N, K, r, dtype, copy_tbps, quick, fns):
         for x, w, a, b, bs in sets:
             wv, bv = pack_lora_weights(w, b)
             packed.append((x, wv, a, bv, bs))
+    fp8 = fp8_sets(sets) if any(name in FP8_IMPLS for name in fns) else []
     rows = []
     for name, fn in fns.items():
         if name in STRATS and not plausible(name, M, r, quick):
             continue
         if name in PACKED_IMPLS and not (quick or M >= 256):
             continue
-        use = packed if name in PACKED_IMPLS else sets
+        use = packed if name in PACKED_IMPLS else fp8 if name in FP8_IMPLS else sets
         row = {"suite": "lora", "impl": name, "M": M, "N": N, "K": K, "r": r,
                "dtype": str(dtype).replace("torch.", "")}
         try:
@@ -125,7 +147,10 @@ def bench_point(M, N, K, r, dtype, copy_tbps, quick, fns):
                 if name == "auto_packed" and kcat_preferred(M, N, K, r, row["plan"]):
                     row["plan"] = "kcat"
             y = fn(*use[0])
-            if name != "cublas_base":
+            if name == "auto_fp8w":      # against the fp8 weight's own result (the fp8 rounding is not the kernel's)
+                x, w8, a, b, ws = use[0][:5]
+                row["rel_err"] = round(rel_err(y, x, (w8.float() * ws[:, None]), a, b), 6)
+            elif name not in ("cublas_base", "fp8_scaled_mm"):
                 row["rel_err"] = round(rel_err(y, *sets[0][:4]), 6)
             row.update(time_impl(fn, use))
             if name in PAIRED_IMPLS and row.get("graph_us"):
@@ -146,7 +171,7 @@ def bench_point(M, N, K, r, dtype, copy_tbps, quick, fns):
     for x in rows:
         if base and base.get("graph_us") and x.get("graph_us"):
             x["ratio_cublas"] = round(x["graph_us"] / base["graph_us"], 3)
-    del sets, packed
+    del sets, packed, fp8
     torch.cuda.empty_cache()
     return rows
 
@@ -269,6 +294,7 @@ def main(argv=None):
     ap.add_argument("--skip", default="", help="strategies not to time, e.g. persistent_static,persistent_dynamic")
     ap.add_argument("--ms", default=None, help=f"only these M, e.g. 256,1024 (default {','.join(map(str, MS))})")
     ap.add_argument("--ranks", default=None, help=f"only these ranks, e.g. 64 (default {','.join(map(str, RANKS))})")
+    ap.add_argument("--fp8", action="store_true", help="also time auto_fp8w (fp8 base weight) and fp8_scaled_mm")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("needs a CUDA GPU", file=sys.stderr)
@@ -284,7 +310,8 @@ def main(argv=None):
     points = QUICK if args.quick else [(m, k, n, r) for (k, n) in (kn or SHAPES_KN) for r in ranks for m in ms]
     skip = {x for x in args.skip.split(",") if x}
     only = {x for x in args.only.split(",") if x}
-    fns = {k: v for k, v in impls().items() if k not in skip and (not only or k in only)}
+    fns = {k: v for k, v in impls().items() if k not in skip and (not only or k in only)
+           and (args.fp8 or k not in FP8_IMPLS)}
     rows, t0 = [], time.time()
     for M, K, N, r in points:
         rows += bench_point(M, N, K, r, torch.bfloat16, copy, args.quick, fns)

@@ -65,19 +65,25 @@ def peft_branch(layer: nn.Module):
     return base, lora_a, lora_b, 1.0, extra_bias
 
 
-def fuse_lora_(model: nn.Module, *, strategy: str = "auto", pack: bool = False) -> nn.Module:
+def fuse_lora_(model: nn.Module, *, strategy: str = "auto", pack: bool = False,
+               fp8: torch.dtype | None = None) -> nn.Module:
     """Replace, in place, every PEFT LoRA Linear in ``model`` by :class:`~lowrank_gemm.nn.LoRALinear`.
 
     Layers whose adapters are disabled become their plain base ``nn.Linear``. ``pack``: lay each layer's W and B
     out as one buffer (:meth:`LoRALinear.pack_`), where ``auto`` runs the ``kcat`` strategy at prefill sizes.
-    Returns ``model``.
+    ``fp8`` (``torch.float8_e4m3fn`` / ``float8_e5m2``): store each fused layer's base weight in fp8 with a scale
+    per output channel (:meth:`LoRALinear.quantize_weight_fp8_`; not with ``pack``). Returns ``model``.
     """
+    if fp8 is not None and pack:
+        raise ValueError("fuse_lora_: fp8 base weights and pack=True exclude each other (pack shares W's buffer with B)")
     from ..nn.lora import LoRALinear
     targets = [(name, mod) for name, mod in model.named_modules() if is_peft_lora_linear(mod)]
     for name, mod in targets:
         new = LoRALinear.from_peft(mod, strategy=strategy)
         if pack and isinstance(new, LoRALinear):
             new.pack_()
+        if fp8 is not None and isinstance(new, LoRALinear):
+            new.quantize_weight_fp8_(fp8)
         model.set_submodule(name, new)
     return model
 

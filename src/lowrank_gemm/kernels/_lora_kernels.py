@@ -55,7 +55,7 @@ LOWRANK_GLOBAL = 2
 def _main_loop(x_desc, w_desc, a_desc, off_m, off_n, k_lo, k_hi,
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                BLOCK_R: tl.constexpr, KLOOP: tl.constexpr, SWAP_AB: tl.constexpr = False, a_row0=0,
-               a_rows=0, K=0, A_GATHER: tl.constexpr = False, a_ok=0):
+               a_rows=0, K=0, A_GATHER: tl.constexpr = False, a_ok=0, ws_ptr=None, N=0):
     """acc [BM, BN] = X[off_m:, k]·W[off_n:, k]ᵀ over K tiles [k_lo, k_hi); with KLOOP also
     s [BM, BLOCK_R] = X·A[a_row0 : a_row0 + BLOCK_R, k]ᵀ from the same X tile (unscaled; a_row0 > 0: an
     adapter's rows in a bank viewed [L·R_MAX, K]).
@@ -70,13 +70,19 @@ def _main_loop(x_desc, w_desc, a_desc, off_m, off_n, k_lo, k_hi,
 
     A_GATHER (stacked bank mode): A's BR rows are not adjacent in the bank (D adapters' slots), so the A tile is
     a pointer gather from ``a_rows`` [BR] (each row's first element; K contiguous), K ≥ ``K`` and rows not
-    ``a_ok`` (past an adapter's rank or past the batch's adapters) reading 0 without a memory access."""
+    ``a_ok`` (past an adapter's rank or past the batch's adapters) reading 0 without a memory access.
+
+    A W of another dtype than X (fp8 e4m3 weights) is widened to X's dtype tile by tile, in registers, and ``ws_ptr``
+    (fp32 [N], its per-output-channel scale) scales the main product's columns at the end: a column scale commutes
+    with the K sum, so split-K partials carry it and the branch, the bias and the fixups stay as they are."""
     acc = tl.zeros((BLOCK_N, BLOCK_M) if SWAP_AB else (BLOCK_M, BLOCK_N), dtype=tl.float32)
     s = tl.zeros((BLOCK_R, BLOCK_M) if SWAP_AB else (BLOCK_M, BLOCK_R), dtype=tl.float32)
     for kt in tl.range(k_lo, k_hi):
         k = kt * BLOCK_K
         x = x_desc.load([off_m, k])                      # [BM, BK]
         w = w_desc.load([off_n, k])                      # [BN, BK]
+        if w.dtype != x.dtype:
+            w = w.to(x.dtype)
         if SWAP_AB:
             acc = tl.dot(w, x.T, acc)
         else:
@@ -95,6 +101,9 @@ def _main_loop(x_desc, w_desc, a_desc, off_m, off_n, k_lo, k_hi,
     if SWAP_AB:
         acc = tl.trans(acc)
         s = tl.trans(s)
+    if ws_ptr is not None:
+        offs_n = off_n + tl.arange(0, BLOCK_N)
+        acc = acc * tl.load(ws_ptr + offs_n, mask=offs_n < N, other=0.0)[None, :]
     return acc, s
 
 
@@ -333,6 +342,7 @@ def lora_main_kernel(
     BANK: tl.constexpr = False, ID_BLOCK: tl.constexpr = 16, B_CLEAN: tl.constexpr = False,
     STACK_D: tl.constexpr = 0, STACK_R: tl.constexpr = 16, B_VEC: tl.constexpr = False,    # stacked BANK
     S_WORDS: tl.constexpr = False,
+    wscale_ptr=None,    # fp32 [N]: the per-output-channel scale of fp8 weights (None: 16-bit W)
 ):
     # R_CHUNKS (GLOBAL): cdiv(R, BLOCK_R), rank chunks of the epilogue, unrolled
     # SPLIT_K / S_SPLITS are runtime values: one compile serves every split of a tile config
@@ -457,7 +467,7 @@ def lora_main_kernel(
                             off_m + tl.arange(0, BLOCK_M), M, 0, R, BLOCK_M, BLOCK_R)
     acc, s = _main_loop(x_desc, w_desc, a_desc, off_m, off_n, k_lo, k_hi,
                         BLOCK_M, BLOCK_N, BLOCK_K, BLOCK_R, LOWRANK == 1, SWAP_AB, a_row0, a_rows, K, STACK_D > 0,
-                        a_ok)
+                        a_ok, wscale_ptr, N)
     offs_m = off_m + tl.arange(0, BLOCK_M)
     offs_n = off_n + tl.arange(0, BLOCK_N)
     if BANK and LOWRANK == 1:
@@ -728,6 +738,7 @@ def lora_persistent_kernel(
     ids_ptr=None, ranks_ptr=None, scales_ptr=None, x_ptr=None, bank_a_ptr=None, L=0, R_MAX=0,    # BANK
     stride_xm=0, stride_al=0, stride_ar=0, stride_bl=0,
     BANK: tl.constexpr = False, ID_BLOCK: tl.constexpr = 16, B_CLEAN: tl.constexpr = False,
+    wscale_ptr=None,    # fp8 weights' per-output-channel scale (lora_main_kernel)
 ):
     # BANK, B_CLEAN: as lora_main_kernel's (one adapter of a bank, picked on the device; rows of other adapters finished
     # after their tile's store)
@@ -758,7 +769,7 @@ def lora_persistent_kernel(
         else:
             pid_m, pid_n = grouped_tile(task - num_pid_m, num_pid_m, num_pid_n, GROUP_M)
             acc, _s = _main_loop(x_desc, w_desc, a_desc, pid_m * BLOCK_M, pid_n * BLOCK_N, 0,
-                                 k_tiles, BLOCK_M, BLOCK_N, BLOCK_K, BLOCK_R, False)
+                                 k_tiles, BLOCK_M, BLOCK_N, BLOCK_K, BLOCK_R, False, ws_ptr=wscale_ptr, N=N)
             # phase 2: the S block was produced by a task with a smaller id, already handed out
             while tl.atomic_add(sync_ptr + pid_m, 0, sem="acquire", scope="gpu") == 0:
                 pass
@@ -801,6 +812,7 @@ def lora_streamk_kernel(
     stride_bn, stride_br, stride_ym, stride_yn,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr,
     GROUP_M: tl.constexpr, HAS_BIAS: tl.constexpr,
+    wscale_ptr=None,    # fp8 weights' per-output-channel scale (lora_main_kernel)
 ):
     # Only a program's first and last piece can be partial tiles, so 2 slots per program bound
     # the workspace by the grid (≤ 2·#SMs tiles), not by tiles × segments.
@@ -823,7 +835,7 @@ def lora_streamk_kernel(
         k_hi = tl.minimum(k_tiles, (k_lo + (hi - u)).to(tl.int32))
         pid_m, pid_n = grouped_tile(tile, num_pid_m, num_pid_n, GROUP_M)
         acc, s = _main_loop(x_desc, w_desc, a_desc, pid_m * BLOCK_M, pid_n * BLOCK_N, k_lo, k_hi,
-                            BLOCK_M, BLOCK_N, BLOCK_K, BLOCK_R, True)
+                            BLOCK_M, BLOCK_N, BLOCK_K, BLOCK_R, True, ws_ptr=wscale_ptr, N=N)
         offs_m = pid_m * BLOCK_M + ob
         offs_n = pid_n * BLOCK_N + on
         is_last = (k_lo == 0) & (k_hi == k_tiles)

@@ -63,12 +63,18 @@ __all__ = ["lora_linear", "lora_linear_impl", "smem_ledger", "clear_weight_cache
            "run_strategy", "LoraOptions", "lora_options", "current_options", "LORA_OPTIONS_ENV"]
 
 _DTYPES = (torch.float16, torch.bfloat16)
+# fp8 base weights (with ``weight_scale``, fp32 per output channel): widened to x's dtype tile by tile in the kernels
+FP8_WEIGHTS = (torch.float8_e4m3fn, torch.float8_e5m2)
+# the strategies whose kernels take the weight scale: merged (W + BA), concat ([W; A]) and kcat ([W | B]) put W in
+# one buffer with a 16-bit factor, which an fp8 W cannot share
+WEIGHT_SCALE_STRATEGIES = ("kloop", "split", "streams", "streamk", "persistent_static", "persistent_dynamic")
 
 
 # ---------------------------------------------------------------------------- input hygiene
 
-def check_inputs(x, weight, lora_a, lora_b, bias=None, strategy: str = "auto") -> None:
-    """Raise ValueError/TypeError saying expected vs got for any malformed input."""
+def check_inputs(x, weight, lora_a, lora_b, bias=None, strategy: str = "auto", weight_scale=None) -> None:
+    """Raise ValueError/TypeError saying expected vs got for any malformed input. ``weight`` may be fp8
+    (:data:`FP8_WEIGHTS`) with ``weight_scale`` (its per-output-channel or per-tensor scale: [N] or one value)."""
     for name, t in (("x", x), ("weight", weight), ("lora_a", lora_a), ("lora_b", lora_b)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
@@ -93,12 +99,28 @@ def check_inputs(x, weight, lora_a, lora_b, bias=None, strategy: str = "auto") -
     if bias is not None:
         named.append(("bias", bias))
     for name, t in named:
-        if t.dtype != x.dtype:
-            raise TypeError(f"{name} must have x's dtype {x.dtype}, got {t.dtype}")
+        if t.dtype != x.dtype and not (name == "weight" and t.dtype in FP8_WEIGHTS):
+            raise TypeError(f"{name} must have x's dtype {x.dtype}"
+                            + (" (or an fp8 dtype, with weight_scale)" if name == "weight" else "") + f", got {t.dtype}")
         if t.device != x.device:
             raise ValueError(f"{name} must be on x's device {x.device}, got {t.device}")
     if strategy != "auto" and strategy not in LORA_STRATEGIES:
         raise ValueError(f"strategy must be 'auto' or one of {LORA_STRATEGIES}, got {strategy!r}")
+    if weight.dtype in FP8_WEIGHTS and weight_scale is None:
+        raise ValueError(f"an fp8 weight ({weight.dtype}) needs weight_scale: its scale per output channel [N] or "
+                         "one per-tensor value")
+    if weight_scale is not None:
+        if not isinstance(weight_scale, torch.Tensor) or not weight_scale.is_floating_point():
+            raise TypeError(f"weight_scale must be a floating-point tensor, got {type(weight_scale).__name__}"
+                            f"{'' if not isinstance(weight_scale, torch.Tensor) else ' ' + str(weight_scale.dtype)}")
+        if weight_scale.numel() not in (1, n) or (weight_scale.numel() == n and weight_scale.dim() != 1
+                                                  and n != 1):
+            raise ValueError(f"weight_scale must be [N] = [{n}] or hold one value, got shape {tuple(weight_scale.shape)}")
+        if weight_scale.device != x.device:
+            raise ValueError(f"weight_scale must be on x's device {x.device}, got {weight_scale.device}")
+        if strategy not in ("auto", "torch") and strategy not in WEIGHT_SCALE_STRATEGIES:
+            raise ValueError(f"strategy {strategy!r} keeps W in one buffer with a 16-bit factor and takes no "
+                             f"weight_scale; with one use 'auto' or one of {WEIGHT_SCALE_STRATEGIES}")
 
 
 def _k_padded(k: int, elem_bytes: int) -> int:
@@ -259,10 +281,11 @@ def clear_weight_cache() -> None:
 
 # ---------------------------------------------------------------------------- launchers
 
-def _lora_linear_torch(x, weight, lora_a, lora_b, scale, bias):
+def _lora_linear_torch(x, weight, lora_a, lora_b, scale, bias, weight_scale=None):
     """Unfused fallback in fp32 (CPU without the interpreter, or ``strategy="torch"``)."""
     xf = x.float()
-    y = xf @ weight.float().t()
+    w = weight.float() if weight_scale is None else weight.float() * weight_scale.float().reshape(-1, 1)
+    y = xf @ w.t()
     if lora_a.shape[0] > 0:
         y = y + scale * ((xf @ lora_a.float().t()) @ lora_b.float().t())
     if bias is not None:
@@ -276,7 +299,7 @@ def _reduce_tile(cfg: KernelConfig) -> tuple[int, int]:
 
 
 def _launch_main(x, w, a, b, s, bias, y, sws, M, N, Kp, R, scale, cfg, *, lowrank, partial,
-                 fixup=None, pdl=False, producers=None, bank=None, s_words=False):
+                 fixup=None, pdl=False, producers=None, bank=None, s_words=False, w_scale=None):
     """lora_main_kernel over an [M, N] grid of tiles × split_k. Shapes as in the kernel; s is
     [S_SPLITS, M, ≥R] fp32 (read only by GLOBAL); sws is [SPLIT_K, M, BR] (PARTIAL) or
     [SPLIT_K, n tiles, M, BR] (FIXUP). ``fixup = (ws [SPLIT_K, M, N] fp32, tickets int32 [tiles])``
@@ -285,7 +308,8 @@ def _launch_main(x, w, a, b, s, bias, y, sws, M, N, Kp, R, scale, cfg, *, lowran
     as the programmatic dependent of the down kernel just before it (GLOBAL). ``producers`` (GLOBAL,
     ``cfg.s_producers`` > 0): int32 [2] zeroed counters; ``cfg.s_producers`` programs at the head of the grid
     write S's K slices into s (no down kernel); with ``s_words`` s is int64 words and ``producers`` the two int64
-    epoch counters (:class:`_SWords`). ``bank``: the kernel's BANK arguments (:func:`run_bank`)."""
+    epoch counters (:class:`_SWords`). ``bank``: the kernel's BANK arguments (:func:`run_bank`). ``w_scale``: fp32 [N],
+    the per-output-channel scale of fp8 weights (:func:`run_strategy`)."""
     c = cfg
     x_d = _desc(x, c.block_m, c.block_k)
     w_d = _desc(w, c.block_n, c.block_k)
@@ -317,6 +341,8 @@ def _launch_main(x, w, a, b, s, bias, y, sws, M, N, Kp, R, scale, cfg, *, lowran
         meta["EPI_PREFETCH"] = True
     if bank is not None:
         meta.update(bank)
+    if w_scale is not None:
+        meta["wscale_ptr"] = w_scale
     launch(K_.lora_main_kernel, grid,
         x_d, w_d, a_d, s, b, bias if has_bias else y, y, sws, ws, cnt, M, N, Kp, R, scale,
         split, s.shape[0], dp,
@@ -555,41 +581,42 @@ def _fixup_buffers(M, N, cfg, device):
     return _empty_f32(device, cfg.split_k, M, N), _TICKETS.get(device, tiles)
 
 
-def _gemm(x, w, bias, y, cfg, *, N, Kp):
+def _gemm(x, w, bias, y, cfg, *, N, Kp, w_scale=None):
     """Plain y = x·wᵀ (+ bias) with our kernel (rank 0), split-K through the reduce kernel."""
     M, dev = x.shape[0], x.device
     dummy = _dummy(dev)
     if cfg.split_k == 1:
         _launch_main(x, w, None, y, dummy, bias, y, dummy, M, N, Kp, 0, 1.0, cfg,
-                     lowrank=K_.LOWRANK_NONE, partial=False)
+                     lowrank=K_.LOWRANK_NONE, partial=False, w_scale=w_scale)
         return y
     if cfg.split_mode == "fixup":
         _launch_main(x, w, None, y, dummy, bias, y, dummy, M, N, Kp, 0, 1.0, cfg,
-                     lowrank=K_.LOWRANK_NONE, partial=False, fixup=_fixup_buffers(M, N, cfg, dev))
+                     lowrank=K_.LOWRANK_NONE, partial=False, fixup=_fixup_buffers(M, N, cfg, dev), w_scale=w_scale)
         return y
     ws = _empty_f32(dev, cfg.split_k, M, N)
     _launch_main(x, w, None, y, dummy, bias, ws, dummy, M, N, Kp, 0, 1.0, cfg,
-                 lowrank=K_.LOWRANK_NONE, partial=True)
+                 lowrank=K_.LOWRANK_NONE, partial=True, w_scale=w_scale)
     _launch_reduce(ws, dummy, y, bias, y, M, N, 0, 1.0, cfg.split_k, 1, cfg, has_lora=False)
     return y
 
 
-def _run_kloop(x, w, a, b, bias, y, scale, cfg, *, N, Kp, R, bank=None):
+def _run_kloop(x, w, a, b, bias, y, scale, cfg, *, N, Kp, R, bank=None, w_scale=None):
     M, dev = x.shape[0], x.device
     dummy = _dummy(dev)
     if cfg.split_k == 1:
         _launch_main(x, w, a, b, dummy, bias, y, dummy, M, N, Kp, R, scale, cfg,
-                     lowrank=K_.LOWRANK_KLOOP, partial=False, bank=bank)
+                     lowrank=K_.LOWRANK_KLOOP, partial=False, bank=bank, w_scale=w_scale)
         return y
     if cfg.split_mode == "fixup":
         sws = _empty_f32(dev, cfg.split_k, cdiv(N, cfg.block_n), M, cfg.block_r)
         _launch_main(x, w, a, b, dummy, bias, y, sws, M, N, Kp, R, scale, cfg,
-                     lowrank=K_.LOWRANK_KLOOP, partial=False, fixup=_fixup_buffers(M, N, cfg, dev), bank=bank)
+                     lowrank=K_.LOWRANK_KLOOP, partial=False, fixup=_fixup_buffers(M, N, cfg, dev), bank=bank,
+                     w_scale=w_scale)
         return y
     ws = _empty_f32(dev, cfg.split_k, M, N)
     sws = _empty_f32(dev, cfg.split_k, M, cfg.block_r)
     _launch_main(x, w, a, b, dummy, bias, ws, sws, M, N, Kp, R, scale, cfg,
-                 lowrank=K_.LOWRANK_KLOOP, partial=True)
+                 lowrank=K_.LOWRANK_KLOOP, partial=True, w_scale=w_scale)
     _launch_reduce(ws, sws, b, bias, y, M, N, R, scale, cfg.split_k, cfg.split_k, cfg, has_lora=True)
     return y
 
@@ -641,18 +668,18 @@ _DOWN_STACK_ARGS = ("bank_a_ptr", "stride_al", "stride_ar", "STACK_D", "STACK_R"
 SPLIT_PDL_MAX_M = 1024
 
 
-def _run_split(x, w, a, b, bias, y, scale, cfg, *, N, Kp, R, bank=None):
+def _run_split(x, w, a, b, bias, y, scale, cfg, *, N, Kp, R, bank=None, w_scale=None):
     M, dev = x.shape[0], x.device
     if cfg.s_producers and _s_words_ok(cfg, x, R, bias is not None, bank):
         tiles = cdiv(M, cfg.block_m) * cdiv(N, cfg.block_n)
         words, counters = _S_WORDS.get(dev, cfg.s_producers, M, R, tiles)
         _launch_main(x, w, a, b, words, bias, y, _dummy(dev), M, N, Kp, R, scale, cfg, lowrank=K_.LOWRANK_GLOBAL,
-                     partial=False, producers=counters, bank=bank, s_words=True)
+                     partial=False, producers=counters, bank=bank, s_words=True, w_scale=w_scale)
         return y
     if cfg.s_producers:       # one launch: S's K slices come from the head of the main grid
         s = _empty_f32(dev, cfg.s_producers, M, R)
         _launch_main(x, w, a, b, s, bias, y, _dummy(dev), M, N, Kp, R, scale, cfg, lowrank=K_.LOWRANK_GLOBAL,
-                     partial=False, producers=_TICKETS.get(dev, 2), bank=bank)
+                     partial=False, producers=_TICKETS.get(dev, 2), bank=bank, w_scale=w_scale)
         return y
     opts = current_options()
     pdl = opts.pdl and pdl_supported(dev) and M <= SPLIT_PDL_MAX_M
@@ -664,11 +691,11 @@ def _run_split(x, w, a, b, bias, y, scale, cfg, *, N, Kp, R, bank=None):
     if cfg.split_k == 1 or cfg.split_mode == "fixup":
         fixup = _fixup_buffers(M, N, cfg, dev) if cfg.split_k > 1 else None
         _launch_main(x, w, None, b, s, bias, y, dummy, M, N, Kp, R, 1.0, cfg,
-                     lowrank=K_.LOWRANK_GLOBAL, partial=False, fixup=fixup, pdl=pdl, bank=bank)
+                     lowrank=K_.LOWRANK_GLOBAL, partial=False, fixup=fixup, pdl=pdl, bank=bank, w_scale=w_scale)
         return y
     ws = _empty_f32(dev, cfg.split_k, M, N)
     _launch_main(x, w, None, b, s, bias, ws, dummy, M, N, Kp, R, 1.0, cfg,
-                 lowrank=K_.LOWRANK_NONE, partial=True, pdl=pdl)
+                 lowrank=K_.LOWRANK_NONE, partial=True, pdl=pdl, w_scale=w_scale)
     _launch_reduce(ws, s, b, bias, y, M, N, R, 1.0, cfg.split_k, s.shape[0], cfg, has_lora=True)
     return y
 
@@ -700,7 +727,7 @@ def _static_grid(num_pid_m: int, num_pid_n: int, group_m: int, device) -> int:
     return grid
 
 
-def _run_persistent(x, w, a, b, bias, y, scale, cfg, *, N, Kp, R, dynamic, bank=None):
+def _run_persistent(x, w, a, b, bias, y, scale, cfg, *, N, Kp, R, dynamic, bank=None, w_scale=None):
     M, dev, c = x.shape[0], x.device, cfg
     num_pid_m, num_pid_n = cdiv(M, c.block_m), cdiv(N, c.block_n)
     s = _empty_f32(dev, M, R)
@@ -713,7 +740,8 @@ def _run_persistent(x, w, a, b, bias, y, scale, cfg, *, N, Kp, R, dynamic, bank=
         s.stride(0), s.stride(1), b.stride(0), b.stride(1), y.stride(0), y.stride(1),
         BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, BLOCK_R=c.block_r,
         GROUP_M=c.group_m, DYNAMIC=dynamic, HAS_BIAS=bias is not None, EPI_STAGES=c.epi_stages or None,
-        **(bank or {}), num_warps=c.num_warps, num_stages=c.num_stages)
+        **(bank or {}), **({"wscale_ptr": w_scale} if w_scale is not None else {}),
+        num_warps=c.num_warps, num_stages=c.num_stages)
     return y
 
 
@@ -737,7 +765,7 @@ def streamk_segments(num_tiles: int, k_tiles: int, grid: int) -> list[list[tuple
     return out
 
 
-def _run_streamk(x, w, a, b, bias, y, scale, cfg, *, N, Kp, R):
+def _run_streamk(x, w, a, b, bias, y, scale, cfg, *, N, Kp, R, w_scale=None):
     M, dev, c = x.shape[0], x.device, cfg
     tiles = cdiv(M, c.block_m) * cdiv(N, c.block_n)
     grid = streamk_grid(tiles, cdiv(Kp, c.block_k), dev)
@@ -749,7 +777,7 @@ def _run_streamk(x, w, a, b, bias, y, scale, cfg, *, N, Kp, R):
         b, y if bias is None else bias, y, ws, sws, cnt, M, N, Kp, R, scale,
         b.stride(0), b.stride(1), y.stride(0), y.stride(1),
         BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, BLOCK_R=c.block_r,
-        GROUP_M=c.group_m, HAS_BIAS=bias is not None,
+        GROUP_M=c.group_m, HAS_BIAS=bias is not None, **({"wscale_ptr": w_scale} if w_scale is not None else {}),
         num_warps=c.num_warps, num_stages=c.num_stages)
     return y
 
@@ -764,7 +792,7 @@ def _side_stream(device: torch.device) -> torch.cuda.Stream:
     return _SIDE_STREAMS[idx]
 
 
-def _run_streams(x, w, a, b, bias, y, scale, cfg, *, N, Kp, R):
+def _run_streams(x, w, a, b, bias, y, scale, cfg, *, N, Kp, R, w_scale=None):
     """Base GEMM on the current stream ‖ S = x·Aᵀ on a side stream; join; y += scale·S·Bᵀ.
 
     S is allocated on the current stream before the fork, and the current stream waits on the
@@ -776,11 +804,11 @@ def _run_streams(x, w, a, b, bias, y, scale, cfg, *, N, Kp, R):
         side.wait_stream(cur)
         with torch.cuda.stream(side):
             torch.mm(x, a.t(), out=s)
-        _gemm(x, w, bias, y, cfg, N=N, Kp=Kp)
+        _gemm(x, w, bias, y, cfg, N=N, Kp=Kp, w_scale=w_scale)
         cur.wait_stream(side)
     else:
         torch.mm(x, a.t(), out=s)
-        _gemm(x, w, bias, y, cfg, N=N, Kp=Kp)
+        _gemm(x, w, bias, y, cfg, N=N, Kp=Kp, w_scale=w_scale)
     return y.addmm_(s, b.t(), alpha=scale)
 
 
@@ -811,19 +839,25 @@ _RUNNERS = {
 
 
 def run_strategy(strategy: str, x2, weight, lora_a, lora_b, scale, bias, cfg: KernelConfig,
-                 out: torch.Tensor | None = None):
+                 out: torch.Tensor | None = None, weight_scale: torch.Tensor | None = None):
     """Launch one strategy on 2-D x2 [M, K] (M > 0) → y [M, N] (written into ``out`` if given,
-    e.g. a NaN-poisoned buffer in tests). No validation, no planning."""
+    e.g. a NaN-poisoned buffer in tests). No validation, no planning. ``weight_scale`` (an fp8 weight's scale,
+    [N] or one value): only the :data:`WEIGHT_SCALE_STRATEGIES`."""
     M, K = x2.shape
     N, R = weight.shape[0], lora_a.shape[0]
     y = torch.empty(M, N, dtype=x2.dtype, device=x2.device) if out is None else out
-    Kp = _k_padded(K, x2.element_size())
+    Kp = _k_padded(K, min(x2.element_size(), weight.element_size()))    # fp8 W: 16 of its 1-byte elements
     x2, w = tma_operand(x2, Kp), tma_operand(weight, Kp)
     bias_arg = bias.contiguous() if bias is not None else None
+    extra = {}
+    if weight_scale is not None:
+        if R and strategy not in WEIGHT_SCALE_STRATEGIES:
+            raise ValueError(f"strategy {strategy!r} takes no weight_scale (one of {WEIGHT_SCALE_STRATEGIES} does)")
+        extra["w_scale"] = weight_scale.to(torch.float32).reshape(-1).expand(N).contiguous()
     if R == 0:  # documented: rank 0 is the plain GEMM
-        return _gemm(x2, w, bias_arg, y, cfg, N=N, Kp=Kp)
+        return _gemm(x2, w, bias_arg, y, cfg, N=N, Kp=Kp, **extra)
     a = tma_operand(lora_a, Kp)
-    return _RUNNERS[strategy](x2, w, a, lora_b, bias_arg, y, float(scale), cfg, N=N, Kp=Kp, R=R)
+    return _RUNNERS[strategy](x2, w, a, lora_b, bias_arg, y, float(scale), cfg, N=N, Kp=Kp, R=R, **extra)
 
 
 # bank mode (one adapter of a bank, device-side pick): every program reads all M ids, so M is kept to one block of
@@ -957,25 +991,26 @@ def _stack_split_config(cfg: KernelConfig, K: int, dtype) -> KernelConfig:
 
 
 def lora_linear_impl(x, weight, lora_a, lora_b, scale: float = 1.0, bias=None,
-                     strategy: str = "auto") -> torch.Tensor:
+                     strategy: str = "auto", weight_scale=None) -> torch.Tensor:
     """The op body (no custom-op dispatch): validate, plan, launch. Shapes as :func:`lora_linear`."""
-    check_inputs(x, weight, lora_a, lora_b, bias, strategy)
+    check_inputs(x, weight, lora_a, lora_b, bias, strategy, weight_scale)
     N, K = weight.shape
     x2 = x.reshape(-1, K)
     M = x2.shape[0]
     if M == 0:
         return x.new_empty(*x.shape[:-1], N)
     if strategy == "torch" or not _use_triton(x):
-        return _lora_linear_torch(x, weight, lora_a, lora_b, scale, bias)
+        return _lora_linear_torch(x, weight, lora_a, lora_b, scale, bias, weight_scale)
     pin = current_pin()
-    if strategy == "auto" and pin is None and x.is_cuda:
+    scaled = weight_scale is not None
+    if strategy == "auto" and pin is None and x.is_cuda and not scaled:
         shrink = _v2_choice(M, N, K, lora_a.shape[0], x.device)
         if shrink is not None:
             from .gluon.lora_ws import launch_lora_v2
             return launch_lora_v2(x, weight, lora_a, lora_b, scale, bias, shrink=shrink)
     # kcat needs [W | B] as a free view, a property of the tensors and not of the shape: decided here, not in plan_lora
     planned = None
-    if strategy == "auto" and pin is None and x.is_cuda and kcat_shape(M, N, K, lora_a.shape[0]):
+    if strategy == "auto" and pin is None and x.is_cuda and not scaled and kcat_shape(M, N, K, lora_a.shape[0]):
         from .lora_kcat import packed_wcat
         if packed_wcat(weight, lora_b) is not None:      # the packed layout: [W | B] is a free view
             planned = plan_lora(M, N, K, lora_a.shape[0], x.dtype, x.device)
@@ -983,12 +1018,17 @@ def lora_linear_impl(x, weight, lora_a, lora_b, scale: float = 1.0, bias=None,
                 strategy, planned = "kcat", None
     if strategy == "auto":
         strategy, cfg = planned or plan_lora(M, N, K, lora_a.shape[0], x.dtype, x.device)
+        if scaled and strategy not in WEIGHT_SCALE_STRATEGIES and strategy != "torch":
+            # the planner's tables are 16-bit measurements; an fp8 W runs the same shape's split plan (its tiles
+            # need less shared memory with 1-byte W, never more: the widened tile replaces a 2-byte stage)
+            with pinned(strategy="split"):
+                strategy, cfg = plan_lora(M, N, K, lora_a.shape[0], x.dtype, x.device)
     else:
         with pinned(strategy=strategy, config=pin.config if pin else None):
             strategy, cfg = plan_lora(M, N, K, lora_a.shape[0], x.dtype, x.device)
     if strategy == "torch":
-        return _lora_linear_torch(x, weight, lora_a, lora_b, scale, bias)
-    y = run_strategy(strategy, x2, weight, lora_a, lora_b, scale, bias, cfg)
+        return _lora_linear_torch(x, weight, lora_a, lora_b, scale, bias, weight_scale)
+    y = run_strategy(strategy, x2, weight, lora_a, lora_b, scale, bias, cfg, weight_scale=weight_scale)
     return y.reshape(*x.shape[:-1], N)
 
 
@@ -1032,29 +1072,31 @@ def _load_v2_table(path: str) -> tuple:
 @torch.library.custom_op("lowrank_gemm::lora_linear", mutates_args=())
 def _lora_linear_op(x: torch.Tensor, weight: torch.Tensor, lora_a: torch.Tensor,
                     lora_b: torch.Tensor, scale: float, bias: Optional[torch.Tensor],
-                    strategy: str) -> torch.Tensor:
-    return lora_linear_impl(x, weight, lora_a, lora_b, scale, bias, strategy)
+                    strategy: str, weight_scale: Optional[torch.Tensor] = None) -> torch.Tensor:
+    return lora_linear_impl(x, weight, lora_a, lora_b, scale, bias, strategy, weight_scale)
 
 
 @_lora_linear_op.register_fake
-def _(x, weight, lora_a, lora_b, scale, bias, strategy):
-    check_inputs(x, weight, lora_a, lora_b, bias, strategy)
+def _(x, weight, lora_a, lora_b, scale, bias, strategy, weight_scale=None):
+    check_inputs(x, weight, lora_a, lora_b, bias, strategy, weight_scale)
     return x.new_empty(*x.shape[:-1], weight.shape[0])
 
 
 def lora_linear(x: torch.Tensor, weight: torch.Tensor, lora_a: torch.Tensor, lora_b: torch.Tensor,
-                scale: float = 1.0, bias: torch.Tensor | None = None, strategy: str = "auto"
-                ) -> torch.Tensor:
+                scale: float = 1.0, bias: torch.Tensor | None = None, strategy: str = "auto",
+                weight_scale: torch.Tensor | None = None) -> torch.Tensor:
     """``y = x·Wᵀ + scale·(x·Aᵀ)·Bᵀ + bias``, fused.
 
     x [..., K], weight [N, K], lora_a [r, K], lora_b [N, r], bias [N] or None → y [..., N] in x's
     dtype. ``strategy``: "auto" (planner) or one of ``LORA_STRATEGIES``; ``plan.planner.pinned``
     can also force a strategy/config for a scope. See the module docstring for the input contract.
+    ``weight_scale``: with an fp8 ``weight`` (e4m3 / e5m2), its scale per output channel ([N], or one value), so
+    the base is ``x·(W·diag(weight_scale))ᵀ``; the kernels read W as fp8 (half the bytes) and widen it on chip.
     """
-    if _direct_ok(x, weight, lora_a, lora_b, bias):
-        return lora_linear_impl(x, weight, lora_a, lora_b, float(scale), bias, strategy)
-    check_inputs(x, weight, lora_a, lora_b, bias, strategy)
-    return torch.ops.lowrank_gemm.lora_linear(x, weight, lora_a, lora_b, float(scale), bias, strategy)
+    if _direct_ok(x, weight, lora_a, lora_b, bias, weight_scale):
+        return lora_linear_impl(x, weight, lora_a, lora_b, float(scale), bias, strategy, weight_scale)
+    check_inputs(x, weight, lora_a, lora_b, bias, strategy, weight_scale)
+    return torch.ops.lowrank_gemm.lora_linear(x, weight, lora_a, lora_b, float(scale), bias, strategy, weight_scale)
 
 
 _PLAIN = (torch.Tensor, torch.nn.Parameter)

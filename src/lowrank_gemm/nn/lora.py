@@ -19,6 +19,8 @@ class LoRALinear(nn.Module):
     Parameters are frozen (``requires_grad=False``): ``weight [N, K]``, ``bias [N]`` or None,
     ``lora_a [r, K]``, ``lora_b [N, r]``; ``scale`` multiplies the branch (PEFT's ``alpha / r``,
     or ``alpha / sqrt(r)`` with rslora). ``strategy`` is passed to the op (``"auto"`` lets the planner pick).
+    :meth:`quantize_weight_fp8_` stores W as fp8 with a per-output-channel scale (``weight_scale``): the kernels
+    read half the bytes and widen W on chip; the branch and the bias stay 16-bit.
     """
 
     def __init__(self, in_features: int, out_features: int, rank: int, *, bias: bool = True,
@@ -34,6 +36,7 @@ class LoRALinear(nn.Module):
         self.lora_b = nn.Parameter(torch.empty(out_features, rank, **kw), requires_grad=False)
         self.scale = float(scale)
         self.strategy = strategy
+        self.register_buffer("weight_scale", None)     # fp32 [N] once quantize_weight_fp8_ ran
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, lora_a: torch.Tensor, lora_b: torch.Tensor, scale: float = 1.0,
@@ -63,6 +66,7 @@ class LoRALinear(nn.Module):
         mod.lora_a = nn.Parameter(lora_a.detach().to(w.device, w.dtype).contiguous(), requires_grad=False)
         mod.lora_b = nn.Parameter(lora_b.detach().to(w.device, w.dtype).contiguous(), requires_grad=False)
         mod.scale, mod.strategy = float(scale), strategy
+        mod.register_buffer("weight_scale", None)
         return mod
 
     @classmethod
@@ -87,6 +91,28 @@ class LoRALinear(nn.Module):
         self.lora_b = nn.Parameter(bv, requires_grad=False)
         return self
 
+    @torch.no_grad()
+    def quantize_weight_fp8_(self, dtype: torch.dtype = torch.float8_e4m3fn) -> "LoRALinear":
+        """Store W as ``dtype`` (e4m3 or e5m2) with a float32 scale per output channel, ``amax(|W[n]|) / fp8 max``
+        (an all-zero row gets scale 1), so every row uses the format's whole range; x, the branch and the bias keep
+        their dtype. The op then computes ``x·(W8·diag(scale))ᵀ + scale·(x·Aᵀ)·Bᵀ + bias``. Refused on a packed layer
+        (``pack_`` shares W's buffer with B) and on an fp8 layer already. Returns self."""
+        from ..kernels.lora_gemm import FP8_WEIGHTS
+        if dtype not in FP8_WEIGHTS:
+            raise ValueError(f"fp8 dtype must be one of {FP8_WEIGHTS}, got {dtype}")
+        if self.weight.dtype in FP8_WEIGHTS:
+            raise ValueError(f"the weight is already {self.weight.dtype}")
+        if self.packed:
+            raise ValueError("a packed LoRALinear (pack_) shares W's buffer with B; quantize before packing, or not")
+        w = self.weight.float()
+        if not bool(torch.isfinite(w).all()):
+            raise ValueError("the weight holds NaN or Inf: no finite fp8 scale exists for those rows")
+        amax = w.abs().amax(dim=1)
+        scale = torch.where(amax > 0, amax / torch.finfo(dtype).max, torch.ones_like(amax))
+        self.weight = nn.Parameter((w / scale[:, None]).to(dtype), requires_grad=False)
+        self.weight_scale = scale.contiguous()
+        return self
+
     @property
     def packed(self) -> bool:
         from ..kernels.lora_kcat import packed_wcat
@@ -94,9 +120,11 @@ class LoRALinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         from ..ops import lora_linear
-        return lora_linear(x, self.weight, self.lora_a, self.lora_b, self.scale, self.bias, self.strategy)
+        return lora_linear(x, self.weight, self.lora_a, self.lora_b, self.scale, self.bias, self.strategy,
+                           weight_scale=self.weight_scale)
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, rank={self.rank}, "
                 f"scale={self.scale:g}, bias={self.bias is not None}, strategy={self.strategy!r}"
-                + (", packed" if self.packed else ""))
+                + (", packed" if self.packed else "")
+                + (f", weight={self.weight.dtype} per-channel scaled" if self.weight_scale is not None else ""))
