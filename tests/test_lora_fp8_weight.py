@@ -51,6 +51,21 @@ def test_fp8_weight_strategies_match_reference(strategy, split_k, poisoned_works
     assert rel_err(y, lora_linear_ref(x, w8, a, b, 0.7, bias, weight_scale=ws)) < REL_TOL
 
 
+@pytest.mark.parametrize("split_k", [1, 2])
+def test_fp8_weight_swap_ab(split_k, poisoned_workspaces):  # noqa: F811
+    """The swap-AB K loop auto gives fp8 weights (W widened as the register A operand of W·Xᵀ)."""
+    from lowrank_gemm.plan.config import KernelConfig
+    M, N, K, r = 21, 150, 88, 8
+    x, w8, ws, a, b, bias = make_fp8(M, N, K, r)
+    cfg = KernelConfig(block_m=16, block_n=64, block_k=16, block_r=16, num_warps=4, num_stages=2, swap_ab=True,
+                       split_k=split_k)
+    assert can_implement("split", (M, N, K, r), cfg)
+    out = torch.full((M, N), float("nan"), dtype=x.dtype)
+    y = run_strategy("split", x, w8, a, b, 0.7, bias, cfg, out=out, weight_scale=ws)
+    assert not y.isnan().any()
+    assert rel_err(y, lora_linear_ref(x, w8, a, b, 0.7, bias, weight_scale=ws)) < REL_TOL
+
+
 @pytest.mark.parametrize("fp8", [torch.float8_e4m3fn, torch.float8_e5m2])
 @pytest.mark.parametrize("per_tensor", [False, True])
 def test_fp8_weight_op_auto(fp8, per_tensor):
@@ -104,6 +119,21 @@ def test_fp8_weight_bad_input():
         lora_linear(x, w8.to(torch.float32), a, b, weight_scale=ws)
     with pytest.raises(ValueError, match="takes no weight_scale"):
         run_strategy("merged", x, w8, a, b, 1.0, None, cfg_for(4), weight_scale=ws)
+
+
+def test_fp8_auto_plan_rules():
+    """auto on an fp8 weight: a lora_main_kernel strategy (else the shape's split plan), swap-AB where it fits."""
+    from lowrank_gemm.kernels.lora_gemm import FP8_AUTO_STRATEGIES, _fp8_weight_plan
+    from lowrank_gemm.plan.config import KernelConfig
+    cpu = torch.device("cpu")
+    prefill = KernelConfig(block_m=128, block_n=256, block_k=64, block_r=16, num_warps=8, num_stages=4)
+    s, c = _fp8_weight_plan("split", prefill, 1024, 4096, 4096, 16, torch.bfloat16, cpu)
+    assert s == "split" and c.swap_ab and c.block_n == 256
+    s, c = _fp8_weight_plan("kloop", prefill, 1024, 4096, 4096, 16, torch.bfloat16, cpu)
+    assert s == "kloop" and not c.swap_ab           # kloop's swap needs block_r ≥ 64: kept as planned
+    s, c = _fp8_weight_plan("persistent_static", prefill, 1024, 4096, 4096, 16, torch.bfloat16, cpu)
+    assert s in FP8_AUTO_STRATEGIES
+    assert _fp8_weight_plan("torch", prefill, 1, 64, 64, 4, torch.bfloat16, cpu)[0] == "torch"
 
 
 def test_fp8_auto_never_plans_a_one_buffer_strategy(monkeypatch):

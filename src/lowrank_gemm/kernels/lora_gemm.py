@@ -47,7 +47,7 @@ from torch.utils import _python_dispatch
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ..plan.config import KernelConfig
-from ..plan.planner import (LORA_STRATEGIES, block_r_for, current_pin, fixup_dp_tiles, pinned,
+from ..plan.planner import (LORA_STRATEGIES, block_r_for, can_implement, current_pin, fixup_dp_tiles, pinned,
                             plan_lora)
 from ..plan.tuned import tuned_file
 from .env import env_on, getenv
@@ -1018,11 +1018,8 @@ def lora_linear_impl(x, weight, lora_a, lora_b, scale: float = 1.0, bias=None,
                 strategy, planned = "kcat", None
     if strategy == "auto":
         strategy, cfg = planned or plan_lora(M, N, K, lora_a.shape[0], x.dtype, x.device)
-        if scaled and strategy not in WEIGHT_SCALE_STRATEGIES and strategy != "torch":
-            # the planner's tables are 16-bit measurements; an fp8 W runs the same shape's split plan (its tiles
-            # need less shared memory with 1-byte W, never more: the widened tile replaces a 2-byte stage)
-            with pinned(strategy="split"):
-                strategy, cfg = plan_lora(M, N, K, lora_a.shape[0], x.dtype, x.device)
+        if scaled:
+            strategy, cfg = _fp8_weight_plan(strategy, cfg, M, N, K, lora_a.shape[0], x.dtype, x.device)
     else:
         with pinned(strategy=strategy, config=pin.config if pin else None):
             strategy, cfg = plan_lora(M, N, K, lora_a.shape[0], x.dtype, x.device)
@@ -1030,6 +1027,28 @@ def lora_linear_impl(x, weight, lora_a, lora_b, scale: float = 1.0, bias=None,
         return _lora_linear_torch(x, weight, lora_a, lora_b, scale, bias, weight_scale)
     y = run_strategy(strategy, x2, weight, lora_a, lora_b, scale, bias, cfg, weight_scale=weight_scale)
     return y.reshape(*x.shape[:-1], N)
+
+
+# fp8 weights run these lora_main_kernel strategies (the planner's 16-bit plan where it is one of them, else the
+# same shape's split plan), swap-AB where the tiles allow
+FP8_AUTO_STRATEGIES = ("kloop", "split", "streams")
+
+
+def _fp8_weight_plan(strategy: str, cfg: KernelConfig, M: int, N: int, K: int, r: int, dtype, device):
+    """``auto``'s plan for an fp8 weight, from the 16-bit plan of the shape (the tables are 16-bit measurements; not
+    measured with fp8 yet). A widened W tile kept as the wgmma's B operand goes registers → shared memory, and on the
+    prefill tiles that spills (sm_90 ptxas: split 128×256×64 on 8 warps 24 bytes, 128×128×64 on 4 warps 84); with
+    swap-AB it is the register A operand and none of the planner's tiles spills (NOTES.md, session 33). So: one of
+    :data:`FP8_AUTO_STRATEGIES` (else ``split``), with ``swap_ab`` wherever the tiles can take it."""
+    if strategy == "torch":
+        return strategy, cfg
+    if strategy not in FP8_AUTO_STRATEGIES:
+        with pinned(strategy="split"):
+            strategy, cfg = plan_lora(M, N, K, r, dtype, device)
+    swapped = cfg.replace(swap_ab=True)
+    if not cfg.swap_ab and can_implement(strategy, (M, N, K, r), swapped):
+        cfg = swapped
+    return strategy, cfg
 
 
 def kcat_preferred(M: int, N: int, K: int, r: int, planned: str | None = None) -> bool:
