@@ -113,8 +113,7 @@ def check_inputs(x, weight, lora_a, lora_b, bias=None, strategy: str = "auto", w
         if not isinstance(weight_scale, torch.Tensor) or not weight_scale.is_floating_point():
             raise TypeError(f"weight_scale must be a floating-point tensor, got {type(weight_scale).__name__}"
                             f"{'' if not isinstance(weight_scale, torch.Tensor) else ' ' + str(weight_scale.dtype)}")
-        if weight_scale.numel() not in (1, n) or (weight_scale.numel() == n and weight_scale.dim() != 1
-                                                  and n != 1):
+        if not (weight_scale.numel() == 1 or tuple(weight_scale.shape) == (n,)):
             raise ValueError(f"weight_scale must be [N] = [{n}] or hold one value, got shape {tuple(weight_scale.shape)}")
         if weight_scale.device != x.device:
             raise ValueError(f"weight_scale must be on x's device {x.device}, got {weight_scale.device}")
