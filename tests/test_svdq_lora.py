@@ -82,6 +82,10 @@ def test_bad_adapter_files_change_nothing():
         append_lora_weights_(q, {"up.lora_A.weight": a}, lora_alpha=4)
     with pytest.raises(ValueError, match="no '<module>.lora_A.weight'"):
         append_lora_weights_(q, {"up.weight": a}, lora_alpha=4)
+    with pytest.raises(NotImplementedError, match="DoRA"):
+        append_lora_weights_(q, {**good, "up.lora_magnitude_vector": torch.ones(192)}, lora_alpha=4)
+    with pytest.raises(NotImplementedError, match="lora_bias"):
+        append_lora_weights_(q, {**good, "up.lora_B.bias": torch.ones(192)}, lora_alpha=4)
     plain = Tiny(128, 192, 64)
     with pytest.raises(ValueError, match="not a quantized SVDQLinear"):
         append_lora_weights_(plain, good, lora_alpha=4)

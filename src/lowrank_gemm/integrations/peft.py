@@ -92,6 +92,11 @@ def _lora_pairs(lora: Mapping[str, torch.Tensor]) -> dict[str, tuple]:
     """path → (A [r, K], B [N, r], alpha or None) of every ``<path>.lora_A[.<adapter>].weight`` key."""
     pairs = {}
     for key in lora:
+        # what the appended branch cannot express is refused, never dropped: DoRA's magnitudes, PEFT's lora_bias
+        if "lora_magnitude_vector" in key:
+            raise NotImplementedError(f"LoRA file: '{key}' is a DoRA magnitude; DoRA adapters are not supported")
+        if ".lora_B" in key and key.endswith(".bias"):
+            raise NotImplementedError(f"LoRA file: '{key}' is a lora_bias; adapters with lora_bias are not supported")
         hit = _LORA_KEY.match(key)
         if hit is None:
             continue
