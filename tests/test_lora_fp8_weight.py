@@ -145,10 +145,12 @@ def test_fp8_auto_never_plans_a_one_buffer_strategy(monkeypatch):
         seen.append(strategy)
         return real(strategy, *args, **kw)
     monkeypatch.setattr(LG, "run_strategy", spy)
+    LG._fp8_weight_plan.cache_clear()           # memoized over plan_lora, which this test replaces
     monkeypatch.setattr(LG, "plan_lora", lambda *a, **k: (("merged", cfg_for(4)) if LG.current_pin() is None
                                                            else ("split", cfg_for(4))))
     x, w8, ws, a, b, bias = make_fp8(5, 64, 64, 4)
     y = LG.lora_linear_impl(x, w8, a, b, 0.5, bias, "auto", ws)
+    LG._fp8_weight_plan.cache_clear()
     assert seen == ["split"]
     assert rel_err(y, lora_linear_ref(x, w8, a, b, 0.5, bias, weight_scale=ws)) < REL_TOL
 
@@ -284,3 +286,20 @@ def test_fp8_weight_cuda_graph(M):
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(out, eager)
+
+
+def test_fp8_pinned_plan_is_taken_as_given(monkeypatch):
+    """A pinned strategy/config is not rewritten for fp8 (no split fallback, no swap); one that cannot take a weight
+    scale is refused, not replaced."""
+    from lowrank_gemm.plan.planner import pinned
+    seen = []
+    real = LG.run_strategy
+    monkeypatch.setattr(LG, "run_strategy", lambda s, *a, **k: seen.append((s, a[6].swap_ab)) or real(s, *a, **k))
+    x, w8, ws, a, b, bias = make_fp8(5, 64, 64, 4)
+    with pinned(strategy="streamk", config=cfg_for(4)):
+        y = LG.lora_linear_impl(x, w8, a, b, 0.5, bias, "auto", ws)
+    assert seen == [("streamk", False)]
+    assert rel_err(y, lora_linear_ref(x, w8, a, b, 0.5, bias, weight_scale=ws)) < REL_TOL
+    with pinned(strategy="merged", config=cfg_for(4)):
+        with pytest.raises(ValueError, match="takes no weight_scale"):
+            LG.lora_linear_impl(x, w8, a, b, 0.5, bias, "auto", ws)

@@ -354,10 +354,12 @@ def load_nunchaku(source: str | Path | Mapping[str, torch.Tensor], *,
 
 # --- reshaping layers for a model's module tree ------------------------------------------------------------
 
-def _like(layer: SVDQLinear, in_features: int, out_features: int, rank: int, bias: bool) -> SVDQLinear:
-    dt = layer.bias.dtype if layer.bias is not None else torch.float32
-    mod = SVDQLinear(in_features, out_features, rank, layer.group_size, bias, layer.act_bits, layer.wscales.dtype,
-                     layer.lora_up.dtype, dt, layer.config)
+def _like(layer: SVDQLinear, in_features: int, out_features: int, rank: int,
+          bias_dtype: torch.dtype | None) -> SVDQLinear:
+    """An empty SVDQLinear of ``layer``'s format (group, activation bits, dtypes) in the given shape; a bias of
+    ``bias_dtype`` (None: no bias)."""
+    mod = SVDQLinear(in_features, out_features, rank, layer.group_size, bias_dtype is not None, layer.act_bits,
+                     layer.wscales.dtype, layer.lora_up.dtype, bias_dtype or torch.float32, layer.config)
     if getattr(layer, "source", None):
         mod.source = layer.source
     return mod.to(layer.qweight.device)
@@ -372,7 +374,7 @@ def split_rows(layer: SVDQLinear, sizes: Sequence[int]) -> list[SVDQLinear]:
     parts, start = [], 0
     for size in sizes:
         rows = slice(start, start + size)
-        part = _like(layer, layer.in_features, size, layer.rank, layer.bias is not None)
+        part = _like(layer, layer.in_features, size, layer.rank, None if layer.bias is None else layer.bias.dtype)
         part.qweight = layer.qweight[rows].clone()
         part.wscales = layer.wscales[:, rows].clone()
         part.smooth = layer.smooth.clone()
@@ -402,8 +404,7 @@ def concat_inputs(layers: Sequence[SVDQLinear]) -> SVDQLinear:
     k = sum(lay.in_features for lay in layers)
     r = sum(lay.rank for lay in layers)
     biases = [lay.bias for lay in layers if lay.bias is not None]
-    out = _like(first if first.bias is not None or not biases else next(x for x in layers if x.bias is not None),
-                k, first.out_features, r, bool(biases))
+    out = _like(first, k, first.out_features, r, biases[0].dtype if biases else None)
     out.qweight = torch.cat([lay.qweight for lay in layers], dim=1)
     out.wscales = torch.cat([lay.wscales for lay in layers], dim=0)
     out.smooth = torch.cat([lay.smooth for lay in layers])

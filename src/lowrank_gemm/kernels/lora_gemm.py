@@ -1017,7 +1017,7 @@ def lora_linear_impl(x, weight, lora_a, lora_b, scale: float = 1.0, bias=None,
                 strategy, planned = "kcat", None
     if strategy == "auto":
         strategy, cfg = planned or plan_lora(M, N, K, lora_a.shape[0], x.dtype, x.device)
-        if scaled:
+        if scaled and pin is None:          # a pinned plan is taken as given (run_strategy refuses what cannot run)
             strategy, cfg = _fp8_weight_plan(strategy, cfg, M, N, K, lora_a.shape[0], x.dtype, x.device)
     else:
         with pinned(strategy=strategy, config=pin.config if pin else None):
@@ -1033,6 +1033,7 @@ def lora_linear_impl(x, weight, lora_a, lora_b, scale: float = 1.0, bias=None,
 FP8_AUTO_STRATEGIES = ("kloop", "split", "streams")
 
 
+@functools.lru_cache(maxsize=1024)  # the op plans on every call: keep this off the host critical path too
 def _fp8_weight_plan(strategy: str, cfg: KernelConfig, M: int, N: int, K: int, r: int, dtype, device):
     """``auto``'s plan for an fp8 weight, from the 16-bit plan of the shape (the tables are 16-bit measurements; not
     measured with fp8 yet). A widened W tile kept as the wgmma's B operand goes registers → shared memory, and on the
