@@ -338,7 +338,7 @@ def load_nunchaku(source: str | Path | Mapping[str, torch.Tensor], *,
         import safetensors.torch
         tensors = safetensors.torch.load_file(str(source))
     from tqdm.auto import tqdm
-    prefixes = sorted(k[:-len("qweight")] for k in tensors if k.endswith("qweight") and (k == "qweight" or k.endswith(".qweight")))
+    prefixes = sorted(k[:-len("qweight")] for k in tensors if k == "qweight" or k.endswith(".qweight"))
     layers, skipped, used = {}, {}, set()
     for prefix in tqdm(prefixes, desc="nunchaku layers", unit="layer", disable=not progress):
         name = prefix.rstrip(".")
