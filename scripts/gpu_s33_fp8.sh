@@ -11,7 +11,7 @@ timeout 240 python3 -m pytest -m gpu tests/test_lora_fp8_weight.py tests/test_nu
 say "tests rc=$? $(tail -1 "$L/tests.log")"
 grep -E "^FAILED|^ERROR" "$L/tests.log" | head -20 | tee -a "$L/summary.txt"
 timeout 300 python3 -m lowrank_gemm bench lora --fp8 --kn 4096x28672,4096x4096 --ranks 16 --ms 1,16,64,256,1024 \
-    --only cublas_base,torch_unfused,auto,auto_fp8w,fp8_scaled_mm --out "$L/results" > "$L/bench.log" 2>&1
+    --only cublas_base,torch_unfused,auto,auto_fp8w,auto_w8a8,fp8_scaled_mm --out "$L/results" > "$L/bench.log" 2>&1
 say "bench rc=$?"
-grep -E "auto_fp8w|fp8_scaled_mm|cublas_base" "$L/bench.log" | head -40 >> "$L/summary.txt"
+grep -E "auto_fp8w|auto_w8a8|fp8_scaled_mm|cublas_base" "$L/bench.log" | head -40 >> "$L/summary.txt"
 tar czf "$L/logs.tar.gz" -C "$L" tests.log bench.log && rm -f "$L/tests.log" "$L/bench.log"

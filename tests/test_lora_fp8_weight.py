@@ -134,6 +134,10 @@ def test_fp8_auto_plan_rules():
     s, c = _fp8_weight_plan("persistent_static", prefill, 1024, 4096, 4096, 16, torch.bfloat16, cpu)
     assert s in FP8_AUTO_STRATEGIES
     assert _fp8_weight_plan("torch", prefill, 1, 64, 64, 4, torch.bfloat16, cpu)[0] == "torch"
+    s, c = _fp8_weight_plan("split", prefill.replace(s_producers=2), 1024, 4096, 4096, 16, torch.bfloat16, cpu, True)
+    assert s == "split" and not c.swap_ab and c.s_producers == 0 and (c.block_n, c.block_k) == (128, 128)
+    s, c = _fp8_weight_plan("kloop", prefill, 1024, 4096, 4096, 16, torch.bfloat16, cpu, True)
+    assert s in LG.FP8_ACT_STRATEGIES
 
 
 def test_fp8_auto_never_plans_a_one_buffer_strategy(monkeypatch):
@@ -153,6 +157,66 @@ def test_fp8_auto_never_plans_a_one_buffer_strategy(monkeypatch):
     LG._fp8_weight_plan.cache_clear()
     assert seen == ["split"]
     assert rel_err(y, lora_linear_ref(x, w8, a, b, 0.5, bias, weight_scale=ws)) < REL_TOL
+
+
+# ---------------------------------------------------------------------------- fp8 activations (W8A8 base product)
+
+def _w8a8_ref(x, w8, ws, a, b, scale, bias):
+    """float64: the base product of the per-token e4m3 x (LG.fp8_rows) and the scaled fp8 W, the branch on the 16-bit x."""
+    x8, xs = LG.fp8_rows(x.reshape(-1, x.shape[-1]))
+    xq = (x8.double() * xs.double()[:, None]).reshape(x.shape)
+    y = lora_linear_ref(xq, w8, a[:0], b[:, :0], 1.0, bias, weight_scale=ws)
+    return y + scale * (x.double() @ a.double().t()) @ b.double().t()
+
+
+def test_fp8_rows():
+    x = torch.randn(4, 64).half()
+    x[1] = 0
+    x[2, 3] = float("nan")
+    x8, xs = LG.fp8_rows(x)
+    assert x8.dtype == torch.float8_e4m3fn and xs.dtype == torch.float32 and xs[1] == 1
+    assert torch.isnan(x8[2].float()).any() and not torch.isnan(x8[[0, 1, 3]].float()).any()
+    rel = ((x8[0].float() * xs[0] - x[0].float()).abs() / x[0].float().abs().max()).max()
+    assert float(rel) <= 2 ** -4 and float(x8[0].float().abs().max()) == 448.0
+
+
+@pytest.mark.parametrize("strategy", ("split", "streams"))
+@pytest.mark.parametrize("split_k", [1, 3])
+def test_fp8_activations_match_reference(strategy, split_k, poisoned_workspaces):  # noqa: F811
+    M, N, K, r = 37, 70, 88, 8
+    x, w8, ws, a, b, bias = make_fp8(M, N, K, r)
+    cfg = cfg_for(r, split_k)
+    out = torch.full((M, N), float("nan"), dtype=x.dtype)
+    y = run_strategy(strategy, x, w8, a, b, 0.7, bias, cfg, out=out, weight_scale=ws, x_fp8=LG.fp8_rows(x))
+    assert not y.isnan().any()
+    ref = _w8a8_ref(x, w8, ws, a, b, 0.7, bias)
+    assert rel_err(y, ref) < REL_TOL
+    # the fp8 x costs accuracy against the 16-bit x (e4m3: 3 mantissa bits), which the reference above accounts for
+    assert rel_err(y, lora_linear_ref(x, w8, a, b, 0.7, bias, weight_scale=ws)) < 0.1
+
+
+def test_fp8_activations_op(monkeypatch):
+    x, w8, ws, a, b, bias = make_fp8(2 * 19, 96, 64, 16)
+    x3 = x.reshape(2, 19, 64)
+    seen = []
+    real = LG.run_strategy
+    monkeypatch.setattr(LG, "run_strategy", lambda st, *ar, **kw: seen.append((st, ar[6].s_producers)) or real(st, *ar, **kw))
+    LG._fp8_weight_plan.cache_clear()
+    y = lora_linear(x3, w8, a, b, 0.5, bias, weight_scale=ws, fp8_activations=True)
+    assert seen and seen[0][0] in LG.FP8_ACT_STRATEGIES and seen[0][1] == 0
+    assert rel_err(y.reshape(-1, 96), _w8a8_ref(x, w8, ws, a, b, 0.5, bias)) < REL_TOL
+    y_t = lora_linear(x3, w8, a, b, 0.5, bias, strategy="torch", weight_scale=ws, fp8_activations=True)
+    assert rel_err(y_t.reshape(-1, 96), _w8a8_ref(x, w8, ws, a, b, 0.5, bias)) < REL_TOL
+    y0 = lora_linear(x, w8, a[:0], b[:, :0], bias=bias, weight_scale=ws, fp8_activations=True)
+    assert rel_err(y0, _w8a8_ref(x, w8, ws, a[:0], b[:, :0], 1.0, bias)) < REL_TOL
+    y_op = torch.ops.lowrank_gemm.lora_linear(x, w8, a, b, 0.5, bias, "split", ws, True)
+    assert rel_err(y_op, _w8a8_ref(x, w8, ws, a, b, 0.5, bias)) < REL_TOL
+    with pytest.raises(ValueError, match="float8_e4m3fn"):
+        lora_linear(x, w8.to(torch.float8_e5m2), a, b, weight_scale=ws, fp8_activations=True)
+    with pytest.raises(ValueError, match="computes S from the main loop"):
+        lora_linear(x, w8, a, b, strategy="kloop", weight_scale=ws, fp8_activations=True)
+    with pytest.raises(ValueError, match="fp8 activations need"):
+        run_strategy("kloop", x, w8, a, b, 0.5, bias, cfg_for(16), weight_scale=ws, x_fp8=LG.fp8_rows(x))
 
 
 # ---------------------------------------------------------------------------- sm_90 compile
@@ -202,6 +266,11 @@ def test_lora_linear_module_fp8_weight():
     assert rel_err(y8, y16.double()) < 0.05           # e4m3 keeps ~3 mantissa bits of each weight
     with pytest.raises(ValueError, match="already"):
         mod.quantize_weight_fp8_()
+    w8a8 = LoRALinear.from_linear(lin, a, b, scale=0.5).quantize_weight_fp8_(activations=True)
+    assert w8a8.fp8_activations and "fp8 activations" in repr(w8a8)
+    assert rel_err(w8a8(x), _w8a8_ref(x, w8a8.weight, w8a8.weight_scale, a, b, 0.5, lin.bias)) < REL_TOL
+    with pytest.raises(ValueError, match="e4m3"):
+        LoRALinear.from_linear(lin, a, b).quantize_weight_fp8_(torch.float8_e5m2, activations=True)
     packed = LoRALinear.from_linear(lin, a, b).pack_()
     with pytest.raises(ValueError, match="packed"):
         packed.quantize_weight_fp8_()
@@ -220,6 +289,8 @@ def test_fuse_lora_fp8():
     assert len(mods) == 2 and all(m.weight.dtype == torch.float8_e4m3fn for m in mods)
     with pytest.raises(ValueError, match="exclude"):
         fuse_lora_(model, fp8=torch.float8_e4m3fn, pack=True)
+    with pytest.raises(ValueError, match="needs fp8"):
+        fuse_lora_(model, fp8_activations=True)
 
 
 def test_bench_fp8_rows_cpu():
@@ -232,6 +303,8 @@ def test_bench_fp8_rows_cpu():
     assert float((w8.float() * ws[:, None] - w.float()).abs().max()) <= float(w.float().abs().max()) * 2 ** -3
     y = B.impls()["auto_fp8w"](xx, w8, aa, bb, ws, x8, xs)
     assert B.rel_err(y, x, w8.float() * ws[:, None], a, b) < REL_TOL
+    y = B.impls()["auto_w8a8"](xx, w8, aa, bb, ws, x8, xs)
+    assert B.rel_err(y, x, w8.float() * ws[:, None], a, b) < 0.05
 
 
 # ---------------------------------------------------------------------------- GPU (pytest -m gpu)
@@ -303,3 +376,38 @@ def test_fp8_pinned_plan_is_taken_as_given(monkeypatch):
     with pinned(strategy="merged", config=cfg_for(4)):
         with pytest.raises(ValueError, match="takes no weight_scale"):
             LG.lora_linear_impl(x, w8, a, b, 0.5, bias, "auto", ws)
+
+
+@pytest.mark.parametrize("bm, bn, bk, warps, stages", [(128, 128, 128, 8, 4), (64, 128, 128, 4, 4)])
+def test_fp8_activations_compile_to_fp8_wgmma(bm, bn, bk, warps, stages):
+    """With x and W both e4m3 the K loop is the fp8 wgmma straight from the TMA tiles (nothing widened), no spill on
+    the tiles auto gives it (a 256-wide one spills: _fp8_weight_plan makes it 128×128×128)."""
+    from lowrank_gemm.kernels.aot import compile_sm90
+    from test_lora_gemm import MAIN_FLAGS, MOD
+    from _sm90 import ptxas_stats
+    sig = _fp8_signature(bm, bn, bk, 16)
+    sig["x_desc"] = f"tensordesc<fp8e4nv[{bm}, {bk}]>"
+    sig["xscale_ptr"] = "*fp32"
+    consts = dict(MAIN_FLAGS, HAS_BIAS=True, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, BLOCK_R=16, GROUP_M=8,
+                  LOWRANK=LG.K_.LOWRANK_GLOBAL, PARTIAL=False, R_CHUNKS=1)
+    info = compile_sm90(MOD, "lora_main_kernel", sig, consts, num_warps=warps, num_stages=stages)
+    assert "e4m3.e4m3" in info.ptx and "wgmma.mma_async" in info.ptx and "cp.async.bulk.tensor" in info.ptx
+    stats = ptxas_stats(info.ptx)
+    if stats is not None:
+        assert stats[1] == 0, f"spills {stats[1]} bytes"
+
+
+@pytest.mark.gpu
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("shape", [(256, 28672, 4096, 16), (1024, 4096, 4096, 16), (4096, 8192, 8192, 64),
+                                   (300, 5000, 3000, 64)], ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("strategy", ("auto",) + LG.FP8_ACT_STRATEGIES)
+def test_fp8_activations_real_sizes(strategy, shape):
+    M, N, K, r = shape
+    x, w8, ws, a, b, bias = _gpu_fp8(M, N, K, r)
+    y = lora_linear(x, w8, a, b, 0.5, bias, strategy=strategy, weight_scale=ws, fp8_activations=True)
+    ref = _w8a8_ref(x, w8, ws, a, b, 0.5, bias)
+    assert not y.isnan().any()
+    assert ((y.double() - ref).norm() / ref.norm()).item() < 1e-2
+    assert torch.equal(y, lora_linear(x, w8, a, b, 0.5, bias, strategy=strategy, weight_scale=ws,
+                                      fp8_activations=True))

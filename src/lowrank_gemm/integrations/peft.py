@@ -66,14 +66,17 @@ def peft_branch(layer: nn.Module):
 
 
 def fuse_lora_(model: nn.Module, *, strategy: str = "auto", pack: bool = False,
-               fp8: torch.dtype | None = None) -> nn.Module:
+               fp8: torch.dtype | None = None, fp8_activations: bool = False) -> nn.Module:
     """Replace, in place, every PEFT LoRA Linear in ``model`` by :class:`~lowrank_gemm.nn.LoRALinear`.
 
     Layers whose adapters are disabled become their plain base ``nn.Linear``. ``pack``: lay each layer's W and B
     out as one buffer (:meth:`LoRALinear.pack_`), where ``auto`` runs the ``kcat`` strategy at prefill sizes.
     ``fp8`` (``torch.float8_e4m3fn`` / ``float8_e5m2``): store each fused layer's base weight in fp8 with a scale
-    per output channel (:meth:`LoRALinear.quantize_weight_fp8_`; not with ``pack``). Returns ``model``.
+    per output channel (:meth:`LoRALinear.quantize_weight_fp8_`; not with ``pack``), and with ``fp8_activations``
+    (e4m3) quantize x per token for the base product too. Returns ``model``.
     """
+    if fp8_activations and fp8 is None:
+        raise ValueError("fuse_lora_: fp8_activations needs fp8=torch.float8_e4m3fn (the fp8 × fp8 base product)")
     if fp8 is not None and pack:
         raise ValueError("fuse_lora_: fp8 base weights and pack=True exclude each other (pack shares W's buffer with B)")
     from ..nn.lora import LoRALinear
@@ -83,7 +86,7 @@ def fuse_lora_(model: nn.Module, *, strategy: str = "auto", pack: bool = False,
         if pack and isinstance(new, LoRALinear):
             new.pack_()
         if fp8 is not None and isinstance(new, LoRALinear):
-            new.quantize_weight_fp8_(fp8)
+            new.quantize_weight_fp8_(fp8, activations=fp8_activations)
         model.set_submodule(name, new)
     return model
 

@@ -68,11 +68,15 @@ FP8_WEIGHTS = (torch.float8_e4m3fn, torch.float8_e5m2)
 # the strategies whose kernels take the weight scale: merged (W + BA), concat ([W; A]) and kcat ([W | B]) put W in
 # one buffer with a 16-bit factor, which an fp8 W cannot share
 WEIGHT_SCALE_STRATEGIES = ("kloop", "split", "streams", "streamk", "persistent_static", "persistent_dynamic")
+# fp8 activations too (W8A8, ``fp8_activations=True``): the strategies whose S comes from the 16-bit x outside the main
+# K loop (the down kernel or a side-stream GEMM), so only the main product sees the fp8 x
+FP8_ACT_STRATEGIES = ("split", "streams")
 
 
 # ---------------------------------------------------------------------------- input hygiene
 
-def check_inputs(x, weight, lora_a, lora_b, bias=None, strategy: str = "auto", weight_scale=None) -> None:
+def check_inputs(x, weight, lora_a, lora_b, bias=None, strategy: str = "auto", weight_scale=None,
+                 fp8_activations: bool = False) -> None:
     """Raise ValueError/TypeError saying expected vs got for any malformed input. ``weight`` may be fp8
     (:data:`FP8_WEIGHTS`) with ``weight_scale`` (its per-output-channel or per-tensor scale: [N] or one value)."""
     for name, t in (("x", x), ("weight", weight), ("lora_a", lora_a), ("lora_b", lora_b)):
@@ -120,6 +124,13 @@ def check_inputs(x, weight, lora_a, lora_b, bias=None, strategy: str = "auto", w
         if strategy not in ("auto", "torch") and strategy not in WEIGHT_SCALE_STRATEGIES:
             raise ValueError(f"strategy {strategy!r} keeps W in one buffer with a 16-bit factor and takes no "
                              f"weight_scale; with one use 'auto' or one of {WEIGHT_SCALE_STRATEGIES}")
+    if fp8_activations:
+        if weight.dtype != torch.float8_e4m3fn:
+            raise ValueError(f"fp8_activations quantizes x to e4m3 per token for an fp8 × fp8 main product: the weight "
+                             f"must be float8_e4m3fn (with weight_scale), got {weight.dtype}")
+        if strategy not in ("auto", "torch") and strategy not in FP8_ACT_STRATEGIES:
+            raise ValueError(f"fp8_activations: strategy {strategy!r} computes S from the main loop's x tiles, which "
+                             f"would be fp8; use 'auto' or one of {FP8_ACT_STRATEGIES}")
 
 
 def _k_padded(k: int, elem_bytes: int) -> int:
@@ -280,16 +291,28 @@ def clear_weight_cache() -> None:
 
 # ---------------------------------------------------------------------------- launchers
 
-def _lora_linear_torch(x, weight, lora_a, lora_b, scale, bias, weight_scale=None):
+def _lora_linear_torch(x, weight, lora_a, lora_b, scale, bias, weight_scale=None, fp8_activations=False):
     """Unfused fallback in fp32 (CPU without the interpreter, or ``strategy="torch"``)."""
     xf = x.float()
     w = weight.float() if weight_scale is None else weight.float() * weight_scale.float().reshape(-1, 1)
-    y = xf @ w.t()
+    if fp8_activations:
+        x8, xs = fp8_rows(xf.reshape(-1, xf.shape[-1]))
+        y = ((x8.float() * xs[:, None]) @ w.t()).reshape(*x.shape[:-1], w.shape[0])
+    else:
+        y = xf @ w.t()
     if lora_a.shape[0] > 0:
         y = y + scale * ((xf @ lora_a.float().t()) @ lora_b.float().t())
     if bias is not None:
         y = y + bias.float()
     return y.to(x.dtype)
+
+
+def fp8_rows(x2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(e4m3 [M, K], fp32 [M]) per-token quantization: scale = amax / 448 (an all-zero row: 1); a row holding NaN or
+    ±Inf comes out NaN, as the product would in 16 bits."""
+    amax = x2.abs().amax(dim=1).float()
+    xs = torch.where(amax > 0, amax / 448.0, torch.ones_like(amax))
+    return (x2.float() / xs[:, None]).to(torch.float8_e4m3fn), xs.contiguous()
 
 
 def _reduce_tile(cfg: KernelConfig) -> tuple[int, int]:
@@ -298,7 +321,7 @@ def _reduce_tile(cfg: KernelConfig) -> tuple[int, int]:
 
 
 def _launch_main(x, w, a, b, s, bias, y, sws, M, N, Kp, R, scale, cfg, *, lowrank, partial,
-                 fixup=None, pdl=False, producers=None, bank=None, s_words=False, w_scale=None):
+                 fixup=None, pdl=False, producers=None, bank=None, s_words=False, w_scale=None, x_scale=None):
     """lora_main_kernel over an [M, N] grid of tiles × split_k. Shapes as in the kernel; s is
     [S_SPLITS, M, ≥R] fp32 (read only by GLOBAL); sws is [SPLIT_K, M, BR] (PARTIAL) or
     [SPLIT_K, n tiles, M, BR] (FIXUP). ``fixup = (ws [SPLIT_K, M, N] fp32, tickets int32 [tiles])``
@@ -308,7 +331,8 @@ def _launch_main(x, w, a, b, s, bias, y, sws, M, N, Kp, R, scale, cfg, *, lowran
     ``cfg.s_producers`` > 0): int32 [2] zeroed counters; ``cfg.s_producers`` programs at the head of the grid
     write S's K slices into s (no down kernel); with ``s_words`` s is int64 words and ``producers`` the two int64
     epoch counters (:class:`_SWords`). ``bank``: the kernel's BANK arguments (:func:`run_bank`). ``w_scale``: fp32 [N],
-    the per-output-channel scale of fp8 weights (:func:`run_strategy`)."""
+    the per-output-channel scale of fp8 weights; ``x_scale``: fp32 [M], x's per-token scale when x is fp8
+    (:func:`run_strategy`)."""
     c = cfg
     x_d = _desc(x, c.block_m, c.block_k)
     w_d = _desc(w, c.block_n, c.block_k)
@@ -335,13 +359,15 @@ def _launch_main(x, w, a, b, s, bias, y, sws, M, N, Kp, R, scale, cfg, *, lowran
         grid, meta["S_PRODUCERS"] = (c.s_producers + tiles, 1), c.s_producers
         if s_words:
             meta["S_WORDS"] = True
-    if _prefetch_ok(c, x.element_size() * 8, lowrank, partial=partial, has_bias=has_bias,
+    if _prefetch_ok(c, b.element_size() * 8, lowrank, partial=partial, has_bias=has_bias,
                     r_chunks=r_chunks):
         meta["EPI_PREFETCH"] = True
     if bank is not None:
         meta.update(bank)
     if w_scale is not None:
         meta["wscale_ptr"] = w_scale
+    if x_scale is not None:
+        meta["xscale_ptr"] = x_scale
     launch(K_.lora_main_kernel, grid,
         x_d, w_d, a_d, s, b, bias if has_bias else y, y, sws, ws, cnt, M, N, Kp, R, scale,
         split, s.shape[0], dp,
@@ -580,21 +606,22 @@ def _fixup_buffers(M, N, cfg, device):
     return _empty_f32(device, cfg.split_k, M, N), _TICKETS.get(device, tiles)
 
 
-def _gemm(x, w, bias, y, cfg, *, N, Kp, w_scale=None):
+def _gemm(x, w, bias, y, cfg, *, N, Kp, w_scale=None, x_scale=None):
     """Plain y = x·wᵀ (+ bias) with our kernel (rank 0), split-K through the reduce kernel."""
     M, dev = x.shape[0], x.device
     dummy = _dummy(dev)
     if cfg.split_k == 1:
         _launch_main(x, w, None, y, dummy, bias, y, dummy, M, N, Kp, 0, 1.0, cfg,
-                     lowrank=K_.LOWRANK_NONE, partial=False, w_scale=w_scale)
+                     lowrank=K_.LOWRANK_NONE, partial=False, w_scale=w_scale, x_scale=x_scale)
         return y
     if cfg.split_mode == "fixup":
         _launch_main(x, w, None, y, dummy, bias, y, dummy, M, N, Kp, 0, 1.0, cfg,
-                     lowrank=K_.LOWRANK_NONE, partial=False, fixup=_fixup_buffers(M, N, cfg, dev), w_scale=w_scale)
+                     lowrank=K_.LOWRANK_NONE, partial=False, fixup=_fixup_buffers(M, N, cfg, dev), w_scale=w_scale,
+                     x_scale=x_scale)
         return y
     ws = _empty_f32(dev, cfg.split_k, M, N)
     _launch_main(x, w, None, y, dummy, bias, ws, dummy, M, N, Kp, 0, 1.0, cfg,
-                 lowrank=K_.LOWRANK_NONE, partial=True, w_scale=w_scale)
+                 lowrank=K_.LOWRANK_NONE, partial=True, w_scale=w_scale, x_scale=x_scale)
     _launch_reduce(ws, dummy, y, bias, y, M, N, 0, 1.0, cfg.split_k, 1, cfg, has_lora=False)
     return y
 
@@ -667,8 +694,13 @@ _DOWN_STACK_ARGS = ("bank_a_ptr", "stride_al", "stride_ar", "STACK_D", "STACK_R"
 SPLIT_PDL_MAX_M = 1024
 
 
-def _run_split(x, w, a, b, bias, y, scale, cfg, *, N, Kp, R, bank=None, w_scale=None):
+def _run_split(x, w, a, b, bias, y, scale, cfg, *, N, Kp, R, bank=None, w_scale=None, x_fp8=None):
+    """``x_fp8`` = (x in e4m3, its per-token scale): the main product's X; S still comes from the 16-bit ``x``, by the
+    down kernel (not by in-grid producers, which read the main kernel's X)."""
     M, dev = x.shape[0], x.device
+    xm, xs = x_fp8 if x_fp8 is not None else (x, None)
+    if x_fp8 is not None and cfg.s_producers:
+        cfg = cfg.replace(s_producers=0)
     if cfg.s_producers and _s_words_ok(cfg, x, R, bias is not None, bank):
         tiles = cdiv(M, cfg.block_m) * cdiv(N, cfg.block_n)
         words, counters = _S_WORDS.get(dev, cfg.s_producers, M, R, tiles)
@@ -689,12 +721,13 @@ def _run_split(x, w, a, b, bias, y, scale, cfg, *, N, Kp, R, bank=None, w_scale=
     dummy = _dummy(dev)
     if cfg.split_k == 1 or cfg.split_mode == "fixup":
         fixup = _fixup_buffers(M, N, cfg, dev) if cfg.split_k > 1 else None
-        _launch_main(x, w, None, b, s, bias, y, dummy, M, N, Kp, R, 1.0, cfg,
-                     lowrank=K_.LOWRANK_GLOBAL, partial=False, fixup=fixup, pdl=pdl, bank=bank, w_scale=w_scale)
+        _launch_main(xm, w, None, b, s, bias, y, dummy, M, N, Kp, R, 1.0, cfg,
+                     lowrank=K_.LOWRANK_GLOBAL, partial=False, fixup=fixup, pdl=pdl, bank=bank, w_scale=w_scale,
+                     x_scale=xs)
         return y
     ws = _empty_f32(dev, cfg.split_k, M, N)
-    _launch_main(x, w, None, b, s, bias, ws, dummy, M, N, Kp, R, 1.0, cfg,
-                 lowrank=K_.LOWRANK_NONE, partial=True, pdl=pdl, w_scale=w_scale)
+    _launch_main(xm, w, None, b, s, bias, ws, dummy, M, N, Kp, R, 1.0, cfg,
+                 lowrank=K_.LOWRANK_NONE, partial=True, pdl=pdl, w_scale=w_scale, x_scale=xs)
     _launch_reduce(ws, s, b, bias, y, M, N, R, 1.0, cfg.split_k, s.shape[0], cfg, has_lora=True)
     return y
 
@@ -791,23 +824,24 @@ def _side_stream(device: torch.device) -> torch.cuda.Stream:
     return _SIDE_STREAMS[idx]
 
 
-def _run_streams(x, w, a, b, bias, y, scale, cfg, *, N, Kp, R, w_scale=None):
+def _run_streams(x, w, a, b, bias, y, scale, cfg, *, N, Kp, R, w_scale=None, x_fp8=None):
     """Base GEMM on the current stream ‖ S = x·Aᵀ on a side stream; join; y += scale·S·Bᵀ.
 
     S is allocated on the current stream before the fork, and the current stream waits on the
     side stream before touching it, so the caching allocator and CUDA-graph capture both see a
     proper fork/join (no record_stream needed)."""
     s = torch.empty(x.shape[0], R, dtype=x.dtype, device=x.device)
+    xm, xs = x_fp8 if x_fp8 is not None else (x, None)       # fp8 activations: the main product's X; S from x
     if x.is_cuda:
         cur, side = torch.cuda.current_stream(x.device), _side_stream(x.device)
         side.wait_stream(cur)
         with torch.cuda.stream(side):
             torch.mm(x, a.t(), out=s)
-        _gemm(x, w, bias, y, cfg, N=N, Kp=Kp, w_scale=w_scale)
+        _gemm(xm, w, bias, y, cfg, N=N, Kp=Kp, w_scale=w_scale, x_scale=xs)
         cur.wait_stream(side)
     else:
         torch.mm(x, a.t(), out=s)
-        _gemm(x, w, bias, y, cfg, N=N, Kp=Kp, w_scale=w_scale)
+        _gemm(xm, w, bias, y, cfg, N=N, Kp=Kp, w_scale=w_scale, x_scale=xs)
     return y.addmm_(s, b.t(), alpha=scale)
 
 
@@ -838,10 +872,12 @@ _RUNNERS = {
 
 
 def run_strategy(strategy: str, x2, weight, lora_a, lora_b, scale, bias, cfg: KernelConfig,
-                 out: torch.Tensor | None = None, weight_scale: torch.Tensor | None = None):
+                 out: torch.Tensor | None = None, weight_scale: torch.Tensor | None = None,
+                 x_fp8: tuple[torch.Tensor, torch.Tensor] | None = None):
     """Launch one strategy on 2-D x2 [M, K] (M > 0) → y [M, N] (written into ``out`` if given,
     e.g. a NaN-poisoned buffer in tests). No validation, no planning. ``weight_scale`` (an fp8 weight's scale,
-    [N] or one value): only the :data:`WEIGHT_SCALE_STRATEGIES`."""
+    [N] or one value): only the :data:`WEIGHT_SCALE_STRATEGIES`. ``x_fp8`` = (x2 in e4m3, its per-token fp32
+    scale [M], :func:`fp8_rows`): the main product runs fp8 × fp8 (the :data:`FP8_ACT_STRATEGIES`); S uses x2."""
     M, K = x2.shape
     N, R = weight.shape[0], lora_a.shape[0]
     y = torch.empty(M, N, dtype=x2.dtype, device=x2.device) if out is None else out
@@ -853,8 +889,18 @@ def run_strategy(strategy: str, x2, weight, lora_a, lora_b, scale, bias, cfg: Ke
         if R and strategy not in WEIGHT_SCALE_STRATEGIES:
             raise ValueError(f"strategy {strategy!r} takes no weight_scale (one of {WEIGHT_SCALE_STRATEGIES} does)")
         extra["w_scale"] = weight_scale.to(torch.float32).reshape(-1).expand(N).contiguous()
+    if x_fp8 is not None:
+        if weight_scale is None or (R and strategy not in FP8_ACT_STRATEGIES):
+            raise ValueError(f"fp8 activations need an fp8 weight with weight_scale and one of {FP8_ACT_STRATEGIES}, "
+                             f"got strategy {strategy!r}")
+        x8, xs = x_fp8
+        x_fp8 = (tma_operand(x8, Kp), xs.to(torch.float32).contiguous())
     if R == 0:  # documented: rank 0 is the plain GEMM
+        if x_fp8 is not None:
+            return _gemm(x_fp8[0], w, bias_arg, y, cfg, N=N, Kp=Kp, x_scale=x_fp8[1], **extra)
         return _gemm(x2, w, bias_arg, y, cfg, N=N, Kp=Kp, **extra)
+    if x_fp8 is not None:
+        extra["x_fp8"] = x_fp8
     a = tma_operand(lora_a, Kp)
     return _RUNNERS[strategy](x2, w, a, lora_b, bias_arg, y, float(scale), cfg, N=N, Kp=Kp, R=R, **extra)
 
@@ -990,16 +1036,16 @@ def _stack_split_config(cfg: KernelConfig, K: int, dtype) -> KernelConfig:
 
 
 def lora_linear_impl(x, weight, lora_a, lora_b, scale: float = 1.0, bias=None,
-                     strategy: str = "auto", weight_scale=None) -> torch.Tensor:
+                     strategy: str = "auto", weight_scale=None, fp8_activations: bool = False) -> torch.Tensor:
     """The op body (no custom-op dispatch): validate, plan, launch. Shapes as :func:`lora_linear`."""
-    check_inputs(x, weight, lora_a, lora_b, bias, strategy, weight_scale)
+    check_inputs(x, weight, lora_a, lora_b, bias, strategy, weight_scale, fp8_activations)
     N, K = weight.shape
     x2 = x.reshape(-1, K)
     M = x2.shape[0]
     if M == 0:
         return x.new_empty(*x.shape[:-1], N)
     if strategy == "torch" or not _use_triton(x):
-        return _lora_linear_torch(x, weight, lora_a, lora_b, scale, bias, weight_scale)
+        return _lora_linear_torch(x, weight, lora_a, lora_b, scale, bias, weight_scale, fp8_activations)
     pin = current_pin()
     scaled = weight_scale is not None
     if strategy == "auto" and pin is None and x.is_cuda and not scaled:
@@ -1018,13 +1064,15 @@ def lora_linear_impl(x, weight, lora_a, lora_b, scale: float = 1.0, bias=None,
     if strategy == "auto":
         strategy, cfg = planned or plan_lora(M, N, K, lora_a.shape[0], x.dtype, x.device)
         if scaled and pin is None:          # a pinned plan is taken as given (run_strategy refuses what cannot run)
-            strategy, cfg = _fp8_weight_plan(strategy, cfg, M, N, K, lora_a.shape[0], x.dtype, x.device)
+            strategy, cfg = _fp8_weight_plan(strategy, cfg, M, N, K, lora_a.shape[0], x.dtype, x.device,
+                                             fp8_activations)
     else:
         with pinned(strategy=strategy, config=pin.config if pin else None):
             strategy, cfg = plan_lora(M, N, K, lora_a.shape[0], x.dtype, x.device)
     if strategy == "torch":
-        return _lora_linear_torch(x, weight, lora_a, lora_b, scale, bias, weight_scale)
-    y = run_strategy(strategy, x2, weight, lora_a, lora_b, scale, bias, cfg, weight_scale=weight_scale)
+        return _lora_linear_torch(x, weight, lora_a, lora_b, scale, bias, weight_scale, fp8_activations)
+    y = run_strategy(strategy, x2, weight, lora_a, lora_b, scale, bias, cfg, weight_scale=weight_scale,
+                     x_fp8=fp8_rows(x2) if fp8_activations else None)
     return y.reshape(*x.shape[:-1], N)
 
 
@@ -1034,17 +1082,28 @@ FP8_AUTO_STRATEGIES = ("kloop", "split", "streams")
 
 
 @functools.lru_cache(maxsize=1024)  # the op plans on every call: keep this off the host critical path too
-def _fp8_weight_plan(strategy: str, cfg: KernelConfig, M: int, N: int, K: int, r: int, dtype, device):
+def _fp8_weight_plan(strategy: str, cfg: KernelConfig, M: int, N: int, K: int, r: int, dtype, device,
+                     activations: bool = False):
     """``auto``'s plan for an fp8 weight, from the 16-bit plan of the shape (the tables are 16-bit measurements; not
     measured with fp8 yet). A widened W tile kept as the wgmma's B operand goes registers → shared memory, and on the
     prefill tiles that spills (sm_90 ptxas: split 128×256×64 on 8 warps 24 bytes, 128×128×64 on 4 warps 84); with
     swap-AB it is the register A operand and none of the planner's tiles spills (NOTES.md, session 33). So: one of
-    :data:`FP8_AUTO_STRATEGIES` (else ``split``), with ``swap_ab`` wherever the tiles can take it."""
+    :data:`FP8_AUTO_STRATEGIES` (else ``split``), with ``swap_ab`` wherever the tiles can take it.
+    ``activations`` (fp8 x too): one of :data:`FP8_ACT_STRATEGIES` (else ``split``) with S from the down kernel (no
+    in-grid S producers, which would read the fp8 x). Nothing is widened; but a 256-wide tile spills with two fp8
+    operands (sm_90 ptxas, 128×256×64 on 8 warps: 28 bytes; ×128: 40), so those become 128×128×128 (CUTLASS's fp8
+    tile: 207 registers, no spill) where the ledger, at 8 bits, fits them."""
     if strategy == "torch":
         return strategy, cfg
-    if strategy not in FP8_AUTO_STRATEGIES:
+    if strategy not in (FP8_ACT_STRATEGIES if activations else FP8_AUTO_STRATEGIES):
         with pinned(strategy="split"):
             strategy, cfg = plan_lora(M, N, K, r, dtype, device)
+    if activations:
+        cfg = cfg.replace(s_producers=0)
+        square = cfg.replace(block_n=128, block_k=max(cfg.block_k, 128))
+        if not cfg.swap_ab and cfg.block_n > 128 and can_implement(strategy, (M, N, K, r), square, 8):
+            cfg = square
+        return strategy, cfg
     swapped = cfg.replace(swap_ab=True)
     if not cfg.swap_ab and can_implement(strategy, (M, N, K, r), swapped):
         cfg = swapped
@@ -1091,19 +1150,20 @@ def _load_v2_table(path: str) -> tuple:
 @torch.library.custom_op("lowrank_gemm::lora_linear", mutates_args=())
 def _lora_linear_op(x: torch.Tensor, weight: torch.Tensor, lora_a: torch.Tensor,
                     lora_b: torch.Tensor, scale: float, bias: Optional[torch.Tensor],
-                    strategy: str, weight_scale: Optional[torch.Tensor] = None) -> torch.Tensor:
-    return lora_linear_impl(x, weight, lora_a, lora_b, scale, bias, strategy, weight_scale)
+                    strategy: str, weight_scale: Optional[torch.Tensor] = None,
+                    fp8_activations: bool = False) -> torch.Tensor:
+    return lora_linear_impl(x, weight, lora_a, lora_b, scale, bias, strategy, weight_scale, fp8_activations)
 
 
 @_lora_linear_op.register_fake
-def _(x, weight, lora_a, lora_b, scale, bias, strategy, weight_scale=None):
-    check_inputs(x, weight, lora_a, lora_b, bias, strategy, weight_scale)
+def _(x, weight, lora_a, lora_b, scale, bias, strategy, weight_scale=None, fp8_activations=False):
+    check_inputs(x, weight, lora_a, lora_b, bias, strategy, weight_scale, fp8_activations)
     return x.new_empty(*x.shape[:-1], weight.shape[0])
 
 
 def lora_linear(x: torch.Tensor, weight: torch.Tensor, lora_a: torch.Tensor, lora_b: torch.Tensor,
                 scale: float = 1.0, bias: torch.Tensor | None = None, strategy: str = "auto",
-                weight_scale: torch.Tensor | None = None) -> torch.Tensor:
+                weight_scale: torch.Tensor | None = None, fp8_activations: bool = False) -> torch.Tensor:
     """``y = x·Wᵀ + scale·(x·Aᵀ)·Bᵀ + bias``, fused.
 
     x [..., K], weight [N, K], lora_a [r, K], lora_b [N, r], bias [N] or None → y [..., N] in x's
@@ -1111,11 +1171,15 @@ def lora_linear(x: torch.Tensor, weight: torch.Tensor, lora_a: torch.Tensor, lor
     can also force a strategy/config for a scope. See the module docstring for the input contract.
     ``weight_scale``: with an fp8 ``weight`` (e4m3 / e5m2), its scale per output channel ([N], or one value), so
     the base is ``x·(W·diag(weight_scale))ᵀ``; the kernels read W as fp8 (half the bytes) and widen it on chip.
+    ``fp8_activations`` (an e4m3 weight): x is quantized to e4m3 per token for the base product, which then runs on
+    the fp8 tensor cores (prefill); the branch still reads the 16-bit x.
     """
     if _direct_ok(x, weight, lora_a, lora_b, bias, weight_scale):
-        return lora_linear_impl(x, weight, lora_a, lora_b, float(scale), bias, strategy, weight_scale)
-    check_inputs(x, weight, lora_a, lora_b, bias, strategy, weight_scale)
-    return torch.ops.lowrank_gemm.lora_linear(x, weight, lora_a, lora_b, float(scale), bias, strategy, weight_scale)
+        return lora_linear_impl(x, weight, lora_a, lora_b, float(scale), bias, strategy, weight_scale,
+                                bool(fp8_activations))
+    check_inputs(x, weight, lora_a, lora_b, bias, strategy, weight_scale, fp8_activations)
+    return torch.ops.lowrank_gemm.lora_linear(x, weight, lora_a, lora_b, float(scale), bias, strategy, weight_scale,
+                                              bool(fp8_activations))
 
 
 _PLAIN = (torch.Tensor, torch.nn.Parameter)

@@ -37,6 +37,7 @@ class LoRALinear(nn.Module):
         self.scale = float(scale)
         self.strategy = strategy
         self.register_buffer("weight_scale", None)     # fp32 [N] once quantize_weight_fp8_ ran
+        self.fp8_activations = False
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, lora_a: torch.Tensor, lora_b: torch.Tensor, scale: float = 1.0,
@@ -67,6 +68,7 @@ class LoRALinear(nn.Module):
         mod.lora_b = nn.Parameter(lora_b.detach().to(w.device, w.dtype).contiguous(), requires_grad=False)
         mod.scale, mod.strategy = float(scale), strategy
         mod.register_buffer("weight_scale", None)
+        mod.fp8_activations = False
         return mod
 
     @classmethod
@@ -92,16 +94,21 @@ class LoRALinear(nn.Module):
         return self
 
     @torch.no_grad()
-    def quantize_weight_fp8_(self, dtype: torch.dtype = torch.float8_e4m3fn) -> "LoRALinear":
+    def quantize_weight_fp8_(self, dtype: torch.dtype = torch.float8_e4m3fn, *,
+                             activations: bool = False) -> "LoRALinear":
         """Store W as ``dtype`` (e4m3 or e5m2) with a float32 scale per output channel, ``amax(|W[n]|) / fp8 max``
         (an all-zero row gets scale 1), so every row uses the format's whole range; x, the branch and the bias keep
-        their dtype. The op then computes ``x·(W8·diag(scale))ᵀ + scale·(x·Aᵀ)·Bᵀ + bias``. Refused on a packed layer
-        (``pack_`` shares W's buffer with B) and on an fp8 layer already. Returns self."""
+        their dtype. The op then computes ``x·(W8·diag(scale))ᵀ + scale·(x·Aᵀ)·Bᵀ + bias``. ``activations`` (e4m3
+        only): each call also quantizes x per token for the base product (fp8 × fp8: the prefill case; the branch
+        keeps the 16-bit x). Refused on a packed layer (``pack_`` shares W's buffer with B) and on an fp8 layer
+        already. Returns self."""
         from ..kernels.lora_gemm import FP8_WEIGHTS
         if dtype not in FP8_WEIGHTS:
             raise ValueError(f"fp8 dtype must be one of {FP8_WEIGHTS}, got {dtype}")
         if self.weight.dtype in FP8_WEIGHTS:
             raise ValueError(f"the weight is already {self.weight.dtype}")
+        if activations and dtype != torch.float8_e4m3fn:
+            raise ValueError(f"fp8 activations run the e4m3 × e4m3 product: dtype must be float8_e4m3fn, got {dtype}")
         if self.packed:
             raise ValueError("a packed LoRALinear (pack_) shares W's buffer with B; quantize before packing, or not")
         w = self.weight.float()
@@ -111,6 +118,7 @@ class LoRALinear(nn.Module):
         scale = torch.where(amax > 0, amax / torch.finfo(dtype).max, torch.ones_like(amax))
         self.weight = nn.Parameter((w / scale[:, None]).to(dtype), requires_grad=False)
         self.weight_scale = scale.contiguous()
+        self.fp8_activations = bool(activations)
         return self
 
     @property
@@ -121,10 +129,11 @@ class LoRALinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         from ..ops import lora_linear
         return lora_linear(x, self.weight, self.lora_a, self.lora_b, self.scale, self.bias, self.strategy,
-                           weight_scale=self.weight_scale)
+                           weight_scale=self.weight_scale, fp8_activations=self.fp8_activations)
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, rank={self.rank}, "
                 f"scale={self.scale:g}, bias={self.bias is not None}, strategy={self.strategy!r}"
                 + (", packed" if self.packed else "")
-                + (f", weight={self.weight.dtype} per-channel scaled" if self.weight_scale is not None else ""))
+                + (f", weight={self.weight.dtype} per-channel scaled" if self.weight_scale is not None else "")
+                + (", fp8 activations" if self.fp8_activations else ""))
