@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Session 33's unrun GPU work, one device call (~5 min): the fp8-base-weight LoRA path's GPU tests (every
 # weight-scale strategy at real sizes, bit-identical repeats, CUDA graphs) and the Nunchaku import's GPU case, then
-# `bench lora --fp8` on the issue's two decode-relevant shapes (cuBLAS bf16, torch unfused, auto, auto_fp8w and
+# `bench lora --fp8` on two issue shapes (cuBLAS bf16, torch unfused, auto, auto_fp8w, auto_w8a8 and
 # cuBLAS's fp8 GEMM in one process).
 #   LOWRANK_GEMM_COMMIT=<hash> bash scripts/gpu_s33_fp8.sh → $OUT/s33_fp8/…
 source "$(dirname "$0")/_device_prelude.sh" s33_fp8
