@@ -329,8 +329,9 @@ def load_nunchaku(source: str | Path | Mapping[str, torch.Tensor], *,
     """Every int4 W4A4 layer of a Nunchaku checkpoint (a ``.safetensors`` path or its tensors) as an SVDQLinear.
 
     ``shifted_inputs``: globs on the layer name (or a predicate) of the layers whose stored bias carries Nunchaku's
-    input shift (default: its MLP fc2 layers, :data:`SHIFTED_INPUTS`); ``input_shift`` is folded back into their
-    bias (:func:`svdq_linear_from_nunchaku`). Pass ``()`` for a checkpoint written without the shift. Raises
+    input shift (default: the FLUX checkpoints' MLP fc2 layers, :data:`SHIFTED_INPUTS`); ``input_shift`` is folded
+    back into their bias (:func:`svdq_linear_from_nunchaku`). Pass ``()`` for a checkpoint written without the shift,
+    and the right names for another model's (a missed shift is a constant error in those biases). Raises
     ValueError, naming the layer, for anything that does not convert exactly (NVFP4, mismatched shapes)."""
     if isinstance(source, Mapping):
         tensors = source
