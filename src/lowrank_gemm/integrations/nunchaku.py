@@ -246,12 +246,9 @@ def svdq_linear_from_nunchaku(tensors: Mapping[str, torch.Tensor], prefix: str =
             f"{name}: wscales / smooth_factor hold NaN, Inf or zero λ")
     rank = d.shape[0]
     if input_shift:
-        # b = b_file + W_eff·(shift·1): the main path's q·s/λ and the branch's U·D, in float64
-        w_main = q.double().reshape(nn_, kk // GROUP_SIZE, GROUP_SIZE) / lam.double().reshape(1, -1, GROUP_SIZE)
-        main = (w_main.sum(-1) * ws.double().t()).sum(-1)
-        branch = u.double() @ d.double().sum(1) if rank else main.new_zeros(nn_)
-        base = bias.double() if bias is not None else main.new_zeros(nn_)
-        bias = (base + float(input_shift) * (main + branch)).to(bias.dtype if bias is not None else dtype)
+        base = bias.double() if bias is not None else torch.zeros(nn_, dtype=torch.float64, device=q.device)
+        bias = (base + float(input_shift) * _raw_row_sums(q, ws, lam, u, d)).to(
+            bias.dtype if bias is not None else dtype)
     config = SVDQuantConfig(rank=rank, group_size=GROUP_SIZE, smooth=smooth is not None,
                             scale_dtype=_dtype_name(dtype), lowrank_dtype=_dtype_name(u.dtype if rank else dtype))
     mod = SVDQLinear(kk, nn_, rank, GROUP_SIZE, bias is not None, 4, dtype, u.dtype if rank else dtype,
@@ -266,6 +263,15 @@ def svdq_linear_from_nunchaku(tensors: Mapping[str, torch.Tensor], prefix: str =
         mod.bias = bias.contiguous()
     mod.source = "nunchaku"
     return mod
+
+
+def _raw_row_sums(q, ws, lam, u, d) -> torch.Tensor:
+    """Σ_k W_eff[n, k] in float64 for the layer on the raw input: the main path's q·s/λ plus the branch's U·D
+    (D [r, K] in raw-input form) — what a constant input shift of 1 adds to each output."""
+    n, k = q.shape
+    main = ((q.double().reshape(n, k // GROUP_SIZE, GROUP_SIZE) / lam.double().reshape(1, -1, GROUP_SIZE)).sum(-1)
+            * ws.double().t()).sum(-1)
+    return main + (u.double() @ d.double().sum(1) if d.shape[0] else 0.0)
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
@@ -295,9 +301,9 @@ def svdq_linear_to_nunchaku(layer: SVDQLinear, *, input_shift: float = 0.0) -> d
     out = {"qweight": pack_qweight(q), "wscales": pack_scales(layer.wscales.cpu()), "smooth_factor": pack_vector(lam),
            "proj_down": pack_lowrank(d, True), "proj_up": pack_lowrank(u, False)}
     if input_shift:
-        w = (layer.dequantized_weight().double() / lam.double()) + layer.lora_up.cpu().double() @ (
-            layer.lora_down.cpu().double() / lam.double())
-        bias = (bias.double() - float(input_shift) * w.sum(1)).to(dtype)
+        raw_down = layer.lora_down.cpu().double() / lam.double()
+        sums = _raw_row_sums(q, layer.wscales.cpu(), lam, layer.lora_up.cpu(), raw_down)
+        bias = (bias.double() - float(input_shift) * sums).to(dtype)
     out["bias"] = pack_vector(bias)
     return out
 

@@ -307,12 +307,13 @@ def _lora_linear_torch(x, weight, lora_a, lora_b, scale, bias, weight_scale=None
     return y.to(x.dtype)
 
 
-def fp8_rows(x2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(e4m3 [M, K], fp32 [M]) per-token quantization: scale = amax / 448 (an all-zero row: 1); a row holding NaN or
-    ±Inf comes out NaN, as the product would in 16 bits."""
+def fp8_rows(x2: torch.Tensor, dtype: torch.dtype = torch.float8_e4m3fn) -> tuple[torch.Tensor, torch.Tensor]:
+    """(``dtype`` [M, K], fp32 [M]) per-row quantization at the format's whole range: scale = amax / fp8 max (an
+    all-zero row: 1); a row holding NaN or ±Inf comes out NaN, as the product would in 16 bits. x per token for the
+    fp8 activations, W per output channel for an fp8 weight (``LoRALinear.quantize_weight_fp8_``)."""
     amax = x2.abs().amax(dim=1).float()
-    xs = torch.where(amax > 0, amax / 448.0, torch.ones_like(amax))
-    return (x2.float() / xs[:, None]).to(torch.float8_e4m3fn), xs.contiguous()
+    xs = torch.where(amax > 0, amax / torch.finfo(dtype).max, torch.ones_like(amax))
+    return (x2.float() / xs[:, None]).to(dtype), xs.contiguous()
 
 
 def _reduce_tile(cfg: KernelConfig) -> tuple[int, int]:

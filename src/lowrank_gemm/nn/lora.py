@@ -102,7 +102,7 @@ class LoRALinear(nn.Module):
         only): each call also quantizes x per token for the base product (fp8 × fp8: the prefill case; the branch
         keeps the 16-bit x). Refused on a packed layer (``pack_`` shares W's buffer with B) and on an fp8 layer
         already. Returns self."""
-        from ..kernels.lora_gemm import FP8_WEIGHTS
+        from ..kernels.lora_gemm import FP8_WEIGHTS, fp8_rows
         if dtype not in FP8_WEIGHTS:
             raise ValueError(f"fp8 dtype must be one of {FP8_WEIGHTS}, got {dtype}")
         if self.weight.dtype in FP8_WEIGHTS:
@@ -114,10 +114,9 @@ class LoRALinear(nn.Module):
         w = self.weight.float()
         if not bool(torch.isfinite(w).all()):
             raise ValueError("the weight holds NaN or Inf: no finite fp8 scale exists for those rows")
-        amax = w.abs().amax(dim=1)
-        scale = torch.where(amax > 0, amax / torch.finfo(dtype).max, torch.ones_like(amax))
-        self.weight = nn.Parameter((w / scale[:, None]).to(dtype), requires_grad=False)
-        self.weight_scale = scale.contiguous()
+        w8, scale = fp8_rows(w, dtype)
+        self.weight = nn.Parameter(w8, requires_grad=False)
+        self.weight_scale = scale
         self.fp8_activations = bool(activations)
         return self
 
