@@ -55,6 +55,7 @@ from .launch import launch
 from .pdl import pdl_supported
 from .persistent import capturing as _capturing, outside_graph_pools, persistent_zeros, stream_key
 from .tma import TMA_ALIGN, tma_operand
+from .row_quant import fp8_rows
 from . import _lora_kernels as K_
 from ._lora_kernels import smem_ledger
 from .schedule import cdiv, device_index, grouped_tile_host, next_pow2, num_sms, persistent_grid
@@ -305,15 +306,6 @@ def _lora_linear_torch(x, weight, lora_a, lora_b, scale, bias, weight_scale=None
     if bias is not None:
         y = y + bias.float()
     return y.to(x.dtype)
-
-
-def fp8_rows(x2: torch.Tensor, dtype: torch.dtype = torch.float8_e4m3fn) -> tuple[torch.Tensor, torch.Tensor]:
-    """(``dtype`` [M, K], fp32 [M]) per-row quantization at the format's whole range: scale = amax / fp8 max (an
-    all-zero row: 1); a row holding NaN or ±Inf comes out NaN, as the product would in 16 bits. x per token for the
-    fp8 activations, W per output channel for an fp8 weight (``LoRALinear.quantize_weight_fp8_``)."""
-    amax = x2.abs().amax(dim=1).float()
-    xs = torch.where(amax > 0, amax / torch.finfo(dtype).max, torch.ones_like(amax))
-    return (x2.float() / xs[:, None]).to(dtype), xs.contiguous()
 
 
 def _reduce_tile(cfg: KernelConfig) -> tuple[int, int]:

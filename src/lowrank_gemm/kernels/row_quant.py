@@ -1,0 +1,111 @@
+"""Per-row fp8 quantization in one launch: ``(q, scale) = fp8_rows(x)`` with scale = amax(|row|) / fp8 max.
+
+The W8A8 LoRA path quantizes x per token on every call. In PyTorch that is five passes over x (abs, amax, a float32
+copy, the division, the cast: ~2 + 4 + 4 + 4 + 1 bytes read or written per element beside the 2 read); here one
+program reads a row (once when it fits in registers, twice from L1/L2 otherwise) and writes 1 byte per element and
+one float32 scale. Both paths give the same bits (``fp8_rows_torch`` is the spec, tested against this kernel):
+- scale = RN(amax / fp8 max) (correctly rounded division on both sides); an all-zero row gets scale 1;
+- q = RN(x / scale) in fp8, never past the format's max because |x| ≤ amax;
+- a row holding NaN has amax NaN and scale 1 (NaN > 0 is false, as in ``torch.where``), a row holding ±Inf scale
+  Inf: the product comes out NaN either way, as it would in 16 bits. (Only q's elements past 448 in a NaN row
+  differ: the cast saturates here and gives NaN in PyTorch; the row's product is NaN on both sides.)
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .env import getenv
+
+__all__ = ["fp8_rows", "fp8_rows_torch"]
+
+# a row of up to this many elements stays in registers (one read of x); longer rows take a second, cached read
+_ONE_PASS_K = 8192
+# (mantissa bits, smallest normal exponent) of the formats
+_FP8_GRID = {torch.float8_e4m3fn: (3, -6), torch.float8_e5m2: (2, -14)}
+
+
+def fp8_rows_torch(x2: torch.Tensor, dtype: torch.dtype = torch.float8_e4m3fn) -> tuple[torch.Tensor, torch.Tensor]:
+    """The spec, in PyTorch (CPU tensors, and the reference the kernel is tested against)."""
+    if x2.shape[1] == 0:
+        return torch.empty(x2.shape, dtype=dtype, device=x2.device), torch.ones(x2.shape[0], device=x2.device)
+    amax = x2.abs().amax(dim=1).float()
+    xs = torch.where(amax > 0, amax / torch.finfo(dtype).max, torch.ones_like(amax))
+    return (x2.float() / xs[:, None]).to(dtype), xs.contiguous()
+
+
+@triton.jit
+def _max_nan(a, b):
+    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
+
+
+@triton.jit
+def _to_fp8(v, dt: tl.constexpr, MANT: tl.constexpr, EMIN: tl.constexpr, EMU_CVT: tl.constexpr):
+    """RN-even fp32 → fp8. Triton 3.6's interpreter truncates instead (and drops the carry into the exponent), so
+    there v is first rounded onto the format's grid in fp32 (MANT mantissa bits, smallest normal exponent EMIN), which
+    its conversion then keeps exactly."""
+    if EMU_CVT:
+        e = tl.maximum(((v.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127, EMIN)
+        ulp = ((e - MANT + 127) << 23).to(tl.float32, bitcast=True)
+        v = ((v / ulp + 12582912.0) - 12582912.0) * ulp     # 1.5·2²³: RN-even to an integer count of ulps
+        nan8 = tl.full(v.shape, 0x7F, tl.uint8).to(dt, bitcast=True)   # its NaN comes out as a finite code
+        return tl.where(v != v, nan8, v.to(dt))
+    return v.to(dt)
+
+
+@triton.jit
+def _fp8_rows_kernel(x_ptr, stride_xm, q_ptr, stride_qm, s_ptr, K,
+                     FP8_MAX: tl.constexpr, MANT: tl.constexpr, EMIN: tl.constexpr,
+                     BLOCK_K: tl.constexpr, ONE_PASS: tl.constexpr, EMU_CVT: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    x_row = x_ptr + row * stride_xm
+    q_row = q_ptr + row * stride_qm
+    offs = tl.arange(0, BLOCK_K)
+    if ONE_PASS:
+        v = tl.load(x_row + offs, mask=offs < K, other=0.0).to(tl.float32)
+        amax = tl.reduce(tl.abs(v), 0, _max_nan)
+    else:
+        acc = tl.zeros([BLOCK_K], tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            acc = _max_nan(acc, tl.abs(tl.load(x_row + k0 + offs, mask=k0 + offs < K, other=0.0).to(tl.float32)))
+        amax = tl.reduce(acc, 0, _max_nan)
+    scale = tl.where(amax > 0, tl.math.div_rn(amax, FP8_MAX), 1.0)
+    tl.store(s_ptr + row, scale)
+    dt = q_ptr.dtype.element_ty
+    if ONE_PASS:
+        tl.store(q_row + offs, _to_fp8(tl.math.div_rn(v, scale), dt, MANT, EMIN, EMU_CVT), mask=offs < K)
+    else:
+        for k0 in range(0, K, BLOCK_K):
+            v = tl.load(x_row + k0 + offs, mask=k0 + offs < K, other=0.0).to(tl.float32)
+            tl.store(q_row + k0 + offs, _to_fp8(tl.math.div_rn(v, scale), dt, MANT, EMIN, EMU_CVT),
+                     mask=k0 + offs < K)
+
+
+def fp8_rows(x2: torch.Tensor, dtype: torch.dtype = torch.float8_e4m3fn) -> tuple[torch.Tensor, torch.Tensor]:
+    """(``dtype`` [M, K], fp32 [M]) per-row quantization at the format's whole range: scale = amax / fp8 max (an
+    all-zero row: 1); a row holding NaN or ±Inf comes out NaN, as the product would in 16 bits. x per token for the
+    fp8 activations, W per output channel for an fp8 weight (``LoRALinear.quantize_weight_fp8_``). One Triton launch
+    on CUDA (and under ``TRITON_INTERPRET=1``), :func:`fp8_rows_torch` on the CPU; the same bits either way."""
+    if x2.dim() != 2:
+        raise ValueError(f"fp8_rows expects a 2-D [rows, K] tensor, got shape {tuple(x2.shape)}")
+    if dtype not in _FP8_GRID:
+        raise ValueError(f"fp8_rows quantizes to float8_e4m3fn or float8_e5m2, got {dtype}")
+    if x2.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        raise ValueError(f"fp8_rows reads float16, bfloat16 or float32, got {x2.dtype}")
+    M, K = x2.shape
+    interp = x2.device.type == "cpu" and getenv("TRITON_INTERPRET", "0") not in ("", "0")
+    if not (x2.is_cuda or interp) or M == 0 or K == 0:
+        return fp8_rows_torch(x2, dtype)
+    if x2.stride(1) != 1:
+        x2 = x2.contiguous()
+    q = torch.empty(M, K, device=x2.device, dtype=dtype)
+    s = torch.empty(M, device=x2.device, dtype=torch.float32)
+    one_pass = K <= _ONE_PASS_K
+    block_k = triton.next_power_of_2(K) if one_pass else 2048
+    mant, emin = _FP8_GRID[dtype]
+    _fp8_rows_kernel[(M,)](x2, x2.stride(0), q, q.stride(0), s, K, FP8_MAX=torch.finfo(dtype).max, MANT=mant,
+                           EMIN=emin, BLOCK_K=block_k, ONE_PASS=one_pass, EMU_CVT=interp,
+                           num_warps=8 if block_k >= 2048 else 4)
+    return q, s
