@@ -480,14 +480,14 @@ def test_row_box_ledger_and_switch(monkeypatch):
     assert d.decode_ledger(c.replace(block_n=64), row_box=True).term("ring.u_rows").bytes_each == 4 * 64
     assert d.decode_ledger(c.replace(block_n=64)).term("ring.u_rows").bytes_each == 4 * 128
     monkeypatch.delenv("LOWRANK_GEMM_DECODE_ROW_BOX", raising=False)
-    assert d.ROW_BOX_DEFAULT is False and not d.decode_row_box_default()
-    _, args, _, _ = d._args(**_ops(), config=None)
-    assert len(args[2].block_shape) == 1
-    monkeypatch.setenv("LOWRANK_GEMM_DECODE_ROW_BOX", "1")
+    assert d.ROW_BOX_DEFAULT is True and d.decode_row_box_default()      # session 34's H200 A/B
     _, args, _, cfg = d._args(**_ops(), config=None)
     assert list(args[2].block_shape) == [cfg.block_k // 64, cfg.block_n]
-    _, args, _, _ = d._args(**_ops(), config=None, row_box=False)
+    monkeypatch.setenv("LOWRANK_GEMM_DECODE_ROW_BOX", "0")
+    _, args, _, _ = d._args(**_ops(), config=None)
     assert len(args[2].block_shape) == 1
+    _, args, _, cfg = d._args(**_ops(), config=None, row_box=True)
+    assert list(args[2].block_shape) == [cfg.block_k // 64, cfg.block_n]
 
 
 EPI_CASES = [("int4_g64", True, 16, 32, "bf16"), ("int4_2l", False, 5, 16, "f16"), ("int4_2l", False, 40, 64, "bf16"),
@@ -577,8 +577,8 @@ def test_sm90_f8_xab_rows_from_shared_memory(M, K, mode):
 
 def test_xab_table_rules(monkeypatch):
     """Only where it fits: f8, one token tile, CTAS_PER_SM CTAs per SM with the table (K = 14336 at 16 tokens is
-    28 KB more: off with a rank-32 branch); off by default until measured on the GPU, env
-    LOWRANK_GEMM_DECODE_XAB_SMEM=1 turns it on; a table that a launch cannot use is refused by check_decode_config."""
+    28 KB more: off with a rank-32 branch); on by default since session 34's H200 A/B (env
+    LOWRANK_GEMM_DECODE_XAB_SMEM=0 turns it off); a table that a launch cannot use is refused by check_decode_config."""
     c16 = d.default_decode_config(16, 64, "int4_g64", True)
     assert d.decode_xab_smem_default() == d.XAB_SMEM_DEFAULT
     monkeypatch.setenv("LOWRANK_GEMM_DECODE_XAB_SMEM", "1")

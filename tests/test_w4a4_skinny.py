@@ -121,9 +121,9 @@ def test_sm90_compile_load16(cfg, block_t, mmas):
 
 @pytest.mark.parametrize("M,rank", [(16, 32), (64, 32), (5, 5), (16, 64)])
 def test_sm90_epilogue_rank_term_as_mma(M, rank):
-    """EPI_MMA (opt-in): the rank term is bf16 m16n8k16 mma.sync on each 8-token tile (rank rounded up to 16 per
-    MMA), the per-rank scalar loads are gone (fewer global loads outside the K loop than the loop's), no spills; the
-    K loop is untouched. Default off (not yet run on a GPU), env LOWRANK_GEMM_SKINNY_EPI_MMA=1 turns it on."""
+    """EPI_MMA (the default since session 34's H200 A/B): the rank term is bf16 m16n8k16 mma.sync on each 8-token tile
+    (rank rounded up to 16 per MMA), the per-rank scalar loads are gone (fewer global loads outside the K loop than
+    the loop's), no spills; the K loop is untouched. env LOWRANK_GEMM_SKINNY_EPI_MMA=0 keeps the loop."""
     infos = {em: _compile(None, None, M=M, N=4096, K=4096, rank=rank, epi_mma=em) for em in (True, False)}
     mma16 = re.findall(r"mma\.sync\.aligned\.m16n8k16\.row\.col\.f32\.bf16\.bf16\.f32", infos[True].ptx)
     assert mma16 and not re.search(r"m16n8k16", infos[False].ptx)
@@ -143,10 +143,10 @@ def test_sm90_epilogue_rank_term_as_mma(M, rank):
 def test_epi_mma_switch(monkeypatch):
     def epi(**kw):
         return sk.aot_signature_skinny(None, M=16, N=4096, K=4096, rank=32, **kw)[1]["EPI_MMA"]
-    assert not epi() and epi(epi_mma=True)
+    assert epi() is sk.EPI_MMA_DEFAULT is True and not epi(epi_mma=False)
     assert not sk.aot_signature_skinny(None, M=16, N=4096, K=4096, rank=0, epi_mma=True)[1]["EPI_MMA"]
-    monkeypatch.setenv(sk.EPI_MMA_ENV, "1")
-    assert epi() and not epi(epi_mma=False)
+    monkeypatch.setenv(sk.EPI_MMA_ENV, "0")
+    assert not epi() and epi(epi_mma=True)
 
 
 def test_load16_rules(monkeypatch):

@@ -4,7 +4,9 @@ The W8A8 LoRA path quantizes x per token on every call. In PyTorch that is five 
 copy, the division, the cast: ~2 + 4 + 4 + 4 + 1 bytes read or written per element beside the 2 read); here one
 program reads a row (once when it fits in registers, twice from L1/L2 otherwise) and writes 1 byte per element and
 one float32 scale. Both paths give the same bits (``fp8_rows_torch`` is the spec, tested against this kernel):
-- scale = RN(amax / fp8 max) (correctly rounded division on both sides); an all-zero row gets scale 1;
+- scale = RN(amax / fp8 max) (correctly rounded division on both sides: the spec divides by a tensor, since PyTorch's
+  CUDA division by a Python scalar multiplies by the scalar's rounded reciprocal, which on the H200 differs in the
+  last bit for many rows); an all-zero row gets scale 1;
 - q = RN(x / scale) in fp8, never past the format's max because |x| ≤ amax;
 - a row holding NaN has amax NaN and scale 1 (NaN > 0 is false, as in ``torch.where``), a row holding ±Inf scale
   Inf: the product comes out NaN either way, as it would in 16 bits. (Only q's elements past 448 in a NaN row
@@ -32,7 +34,8 @@ def fp8_rows_torch(x2: torch.Tensor, dtype: torch.dtype = torch.float8_e4m3fn) -
     if x2.shape[1] == 0:
         return torch.empty(x2.shape, dtype=dtype, device=x2.device), torch.ones(x2.shape[0], device=x2.device)
     amax = x2.abs().amax(dim=1).float()
-    xs = torch.where(amax > 0, amax / torch.finfo(dtype).max, torch.ones_like(amax))
+    # a tensor divisor: PyTorch's CUDA division by a Python scalar multiplies by its rounded reciprocal instead
+    xs = torch.where(amax > 0, amax / torch.full_like(amax, torch.finfo(dtype).max), torch.ones_like(amax))
     return (x2.float() / xs[:, None]).to(dtype), xs.contiguous()
 
 

@@ -570,7 +570,10 @@ CONFIG_ENV = "LOWRANK_GEMM_SKINNY_CONFIG"      # "rw,ks,kb[,rt]" (probes)
 BLOCK_TS = (8, 16, 32, 64)
 BLOCK_T_ENV = "LOWRANK_GEMM_SKINNY_BLOCK_T"
 LOAD16_ENV = "LOWRANK_GEMM_SKINNY_LOAD16"       # 1: the 16-byte-load K loop (opt-in, measured, not routed)
-EPI_MMA_ENV = "LOWRANK_GEMM_SKINNY_EPI_MMA"   # 1: the rank term as mma.sync in _finish (opt-in: not yet run on a GPU)
+# the rank term as mma.sync in _finish (0: the per-rank loop). H200, session 34 (probe_decode_epi, same error against
+# the reference): GEMM 12.6 → 11.3 µs (M=16, 4096²), 24.3 → 20.2 (M=64), 25.0 → 23.6 (M=16, K=14336), 9.4 → 9.2 (M=4)
+EPI_MMA_ENV = "LOWRANK_GEMM_SKINNY_EPI_MMA"
+EPI_MMA_DEFAULT = True
 
 
 def _even(cfg: SkinnyConfig, n: int, k: int) -> bool:
@@ -612,7 +615,7 @@ def skinny_args(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, o
     (grid, args, constexprs, config). ``load16``: the 16-byte-load K loop (G = 64, K not split across warps, whole
     row tiles and chunks of pairs) — True: required (an error where it cannot run); None: env
     ``LOWRANK_GEMM_SKINNY_LOAD16`` (default off), and only where it fits. ``epi_mma`` (None: env
-    ``LOWRANK_GEMM_SKINNY_EPI_MMA``, default off: built in session 32 without a GPU run): the rank term as mma.sync."""
+    ``LOWRANK_GEMM_SKINNY_EPI_MMA``, else :data:`EPI_MMA_DEFAULT`): the rank term as mma.sync."""
     from .w4a4_gemm import check_packed_launch
     asked = load16
     M, N, K, r = check_packed_launch("skinny", x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, out,
@@ -646,7 +649,7 @@ def skinny_args(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, o
     even = _even(cfg, N, K)
     cx = dict(G=group_size, BLOCK_T=block_t, RW=cfg.rw, KB=cfg.kb, RT=cfg.rt, EVEN=even, BLOCK_R=br,
               HAS_LOWRANK=bool(r), HAS_COL_SCALE=col_scale is not None, HAS_BIAS=bias is not None, PDL=pdl,
-              EPI_MMA=bool(r) and (env_on(EPI_MMA_ENV, default=False) if epi_mma is None else bool(epi_mma)))
+              EPI_MMA=bool(r) and (env_on(EPI_MMA_ENV, default=EPI_MMA_DEFAULT) if epi_mma is None else bool(epi_mma)))
     if load16:
         cx.update(L16=True, EVEN=True)
     grid = (cdiv(N, cfg.rows) * cdiv(M, block_t), )

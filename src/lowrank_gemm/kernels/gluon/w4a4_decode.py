@@ -103,15 +103,18 @@ _U_ROW = gl.constexpr(U_ROW)
 NONEMPTY_K_DEFAULT = True    # int4_2l K loop with a provable trip count ≥ 1 (_mainloop_2l: no C7515 wgmma
                              # serialization at M > 16); env LOWRANK_GEMM_DECODE_NONEMPTY_K=0/1 overrides. H200
                              # (probe_decode_split, session 5): GEMM 47.0 → 45.2 µs at M=64, neutral at M ≤ 16
-ROW_BOX_DEFAULT = False      # the row table (u / w_scale) as one 2-D TMA box per step instead of BK/G 1-D copies
-                             # (_issue_step); env LOWRANK_GEMM_DECODE_ROW_BOX=0/1 overrides. Off until measured
+ROW_BOX_DEFAULT = True       # the row table (u / w_scale) as one 2-D TMA box per step instead of BK/G 1-D copies
+                             # (_issue_step); env LOWRANK_GEMM_DECODE_ROW_BOX=0/1 overrides. H200, session 34
+                             # (probe_decode_epi, bit-identical): GEMM 14.1 → 13.1 µs (2l, 4096², M=16), 40.2 → 35.9
+                             # (2l, K=14336), 13.8 → 12.4 (g64, 4096²), ≤ 1 % at N=28672; 49.2 → 50.1 (g64, K=14336)
 EPI_MMA_DEFAULT = True    # the low-rank term as one register-A wgmma in the epilogue (_epilogue); env
                           # LOWRANK_GEMM_DECODE_EPI_MMA=0/1 overrides. Session 32: the per-rank loop it replaces held
                           # 21 % of the warps' stall samples at M = 16, K = 4096, N = 28672 (ncu)
-XAB_SMEM_DEFAULT = False  # f8 with one token tile: the a/b rows of every group in shared memory (_fill_xab) rather
+XAB_SMEM_DEFAULT = True   # f8 with one token tile: the a/b rows of every group in shared memory (_fill_xab) rather
                           # than loaded from L2 in the K loop; env LOWRANK_GEMM_DECODE_XAB_SMEM=0/1 overrides; only
-                          # where CTAS_PER_SM CTAs still share an SM (xab_table_rows). Off: built in session 32 after
-                          # its last GPU run (CPU-checked: sm_90 compile, ledger, 193 → 154 registers), unmeasured
+                          # where CTAS_PER_SM CTAs still share an SM (xab_table_rows). H200, session 34
+                          # (probe_decode_epi, bit-identical): GEMM 24.7 → 21.2 µs (M=16, N=28672), 23.9 → 20.4
+                          # (M=4), 17.1 → 13.8 (4096², M=16), equal at K=14336
 SPLIT_ENV = "LOWRANK_GEMM_DECODE_SPLIT"   # default configs only: "2".."8" split-K, "stream[:stages]" stream-K
 F8_DEFAULT = True         # int4_g64 takes the e4m3 path when f8=None: H200, same process, GEMM 43.7 → 33.7 µs
                           # (M=1), 44.9 → 35.2 (M=16), outputs equal to the int8 path's in fp32 (probe_decode

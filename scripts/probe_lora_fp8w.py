@@ -1,0 +1,100 @@
+"""Probe: LoRA on an fp8 base weight with 16-bit activations (``lora_linear(..., weight_scale=)``), the plan ``auto``
+picks against tile / pipeline / swap-AB candidates of the same strategies, beside cuBLAS bf16, cuBLAS fp8 and W8A8.
+
+    PYTHONPATH=src python scripts/probe_lora_fp8w.py --out DIR [--cases 1x28672x4096,...] [--budget-s 200]
+
+Session 33's bench put auto_fp8w at 1.06× cuBLAS bf16 at M=1 and 2.0× at M=64 (N=28672, K=4096), where reading
+half the bytes predicted ~0.55×: this asks whether any config of the widening kernels gets there. Every candidate
+is checked against the float64 reference first (rel. err < 1e-2) and timed as a CUDA-graph replay over rotated
+input sets. Writes DIR/probe_lora_fp8w.{json,md}; prints ``ROW {...}`` per row.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import time
+from pathlib import Path
+
+import torch
+
+DEFAULT_CASES = "1x28672x4096,16x28672x4096,64x28672x4096,64x4096x4096,1024x28672x4096"
+
+
+def candidates(M, base_strategy, base_cfg):
+    out = [(base_strategy, base_cfg, "auto_plan"), (base_strategy, base_cfg.replace(swap_ab=not base_cfg.swap_ab),
+                                                    "auto_plan_swap_toggled")]
+    strategies = ("split", "kloop")
+    if M <= 64:
+        bm = max(16, 1 << (M - 1).bit_length())
+        for s, bn, bk, st in itertools.product(strategies, (64, 128), (128, 256), (4, 6)):
+            out.append((s, base_cfg.replace(block_m=bm, block_n=bn, block_k=bk, num_stages=st, swap_ab=True,
+                                            num_warps=4, split_k=1, s_producers=0), f"{s}:swap:{bm}x{bn}x{bk}:st{st}"))
+    else:
+        for s, (bn, bk, w), st in itertools.product(strategies, ((128, 64, 4), (128, 128, 8), (256, 64, 8)), (3, 4)):
+            out.append((s, base_cfg.replace(block_m=128, block_n=bn, block_k=bk, num_stages=st, swap_ab=False,
+                                            num_warps=w, split_k=1, s_producers=0), f"{s}:{128}x{bn}x{bk}:w{w}:st{st}"))
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--cases", default=DEFAULT_CASES)
+    ap.add_argument("--budget-s", type=float, default=200.0)
+    args = ap.parse_args()
+    from lowrank_gemm.bench import lora as bl
+    from lowrank_gemm.bench.common import device_meta, markdown_table, meta_header, parse_shapes, time_graph
+    from lowrank_gemm.kernels import lora_gemm as LG
+    from lowrank_gemm.plan.planner import can_implement, plan_lora
+    from lowrank_gemm.reference import lora_linear_ref
+
+    t0 = time.time()
+    meta = device_meta()
+    rows = []
+    r = 16
+    fns = bl.impls()
+    for M, N, K in parse_shapes(args.cases, 3):
+        sets = bl.make_sets(M, N, K, r, torch.bfloat16, "cuda")
+        f8 = bl.fp8_sets(sets)
+        x, w8, a, b, ws = f8[0][:5]
+        ref = lora_linear_ref(x, w8, a, b, bl.SCALE, None, weight_scale=ws)
+
+        def add(impl, us, err=None):
+            rows.append(dict(M=M, N=N, K=K, impl=impl, graph_us=None if us is None else round(us, 3),
+                             err=None if err is None else float(f"{err:.3g}")))
+            print("ROW", rows[-1], flush=True)
+
+        add("cublas_bf16", time_graph(fns["cublas_base"], sets).median_us)
+        for name in ("fp8_scaled_mm", "auto_w8a8", "auto_fp8w"):
+            add(name, time_graph(fns[name], f8).median_us)
+        planned = plan_lora(M, N, K, r, torch.bfloat16, x.device)
+        strategy, cfg = LG._fp8_weight_plan(*planned, M, N, K, r, torch.bfloat16, x.device)
+        print("PLAN", M, N, K, strategy, cfg, flush=True)
+        for s, c, label in candidates(M, strategy, cfg):
+            if time.time() - t0 > args.budget_s:
+                add(label + ":skipped_budget", None)
+                continue
+            if not can_implement(s, (M, N, K, r), c):
+                continue
+            try:
+                y = LG.run_strategy(s, x, w8, a, b, bl.SCALE, None, c, weight_scale=ws)
+                err = float(((y.double() - ref).norm() / ref.norm()).item())
+                if not err < 1e-2:
+                    add(label + ":WRONG", None, err)
+                    continue
+                us = time_graph(lambda x_, w_, a_, b_, ws_, *_: LG.run_strategy(
+                    s, x_, w_, a_, b_, bl.SCALE, None, c, weight_scale=ws_), f8).median_us
+                add(label, us, err)
+            except Exception as exc:  # a candidate that cannot compile or launch is reported, not fatal
+                add(f"{label}:{type(exc).__name__}", None)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "probe_lora_fp8w.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+    (out / "probe_lora_fp8w.md").write_text(meta_header(meta) + "\n" + markdown_table(
+        list(rows[0]), [list(r_.values()) for r_ in rows]) + "\n")
+
+
+if __name__ == "__main__":
+    main()
