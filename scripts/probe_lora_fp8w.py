@@ -6,7 +6,9 @@ picks against tile / pipeline / swap-AB candidates of the same strategies, besid
 Session 33's bench put auto_fp8w at 1.06× cuBLAS bf16 at M=1 and 2.0× at M=64 (N=28672, K=4096), where reading
 half the bytes predicted ~0.55×: this asks whether any config of the widening kernels gets there. Every candidate
 is checked against the float64 reference first (rel. err < 1e-2) and timed as a CUDA-graph replay over rotated
-input sets. Writes DIR/probe_lora_fp8w.{json,md}; prints ``ROW {...}`` per row.
+input sets. ``hilo_w8a8_unfused`` (M ≤ 64) asks whether x split into two e4m3 terms (hi + residual, each scaled per
+token: about bf16's 8 significant bits) as 2M rows of the W8A8 kernel beats widening W: no conversion in the K loop,
+twice the (idle at decode) MMA work. Writes DIR/probe_lora_fp8w.{json,md}; prints ``ROW {...}`` per row.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ def main():
     from lowrank_gemm.bench import lora as bl
     from lowrank_gemm.bench.common import device_meta, markdown_table, meta_header, parse_shapes, time_graph
     from lowrank_gemm.kernels import lora_gemm as LG
+    from lowrank_gemm.kernels.row_quant import fp8_rows
     from lowrank_gemm.plan.planner import can_implement, plan_lora
     from lowrank_gemm.reference import lora_linear_ref
 
@@ -69,6 +72,22 @@ def main():
         add("cublas_bf16", time_graph(fns["cublas_base"], sets).median_us)
         for name in ("fp8_scaled_mm", "auto_w8a8", "auto_fp8w"):
             add(name, time_graph(fns[name], f8).median_us)
+        if M <= 64:
+            hilo_plan = LG._fp8_weight_plan(*plan_lora(2 * M, N, K, r, torch.bfloat16, x.device), 2 * M, N, K, r,
+                                            torch.bfloat16, x.device, True)
+
+            def hilo(x_, w_, a_, b_, ws_, *_):
+                """x as two e4m3 terms (x ≈ hi·s_hi + lo·s_lo: ~8 significant bits, bf16's own) stacked as 2M
+                rows of one fp8 × fp8 GEMM; S from [x; 0], the halves summed after (unfused: a feasibility row)."""
+                hi, s_hi = fp8_rows(x_)
+                lo, s_lo = fp8_rows(x_.float() - hi.float() * s_hi[:, None])
+                y2 = LG.run_strategy(hilo_plan[0], torch.cat([x_, torch.zeros_like(x_)]), w_, a_, b_, bl.SCALE,
+                                     None, hilo_plan[1], weight_scale=ws_,
+                                     x_fp8=(torch.cat([hi, lo]), torch.cat([s_hi, s_lo])))
+                return y2[:M] + y2[M:]
+            y = hilo(*f8[0])
+            add("hilo_w8a8_unfused", time_graph(hilo, f8).median_us,
+                float(((y.double() - ref).norm() / ref.norm()).item()))
         planned = plan_lora(M, N, K, r, torch.bfloat16, x.device)
         strategy, cfg = LG._fp8_weight_plan(*planned, M, N, K, r, torch.bfloat16, x.device)
         print("PLAN", M, N, K, strategy, cfg, flush=True)
