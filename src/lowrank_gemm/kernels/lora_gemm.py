@@ -1097,10 +1097,22 @@ def _fp8_weight_plan(strategy: str, cfg: KernelConfig, M: int, N: int, K: int, r
         if not cfg.swap_ab and cfg.block_n > 128 and can_implement(strategy, (M, N, K, r), square, 8):
             cfg = square
         return strategy, cfg
+    if M <= FP8_WEIGHT_NARROW_MAX_M:
+        narrow = cfg.replace(block_m=max(16, next_pow2(M)), block_n=64, block_k=128, num_stages=4, num_warps=4,
+                             swap_ab=True, split_k=1, s_producers=0)
+        if can_implement("split", (M, N, K, r), narrow):
+            return "split", narrow
     swapped = cfg.replace(swap_ab=True)
     if not cfg.swap_ab and can_implement(strategy, (M, N, K, r), swapped):
         cfg = swapped
     return strategy, cfg
+
+
+# fp8 weights with 16-bit x up to this M: split, swap-AB, 64 weight rows × 128 K per step, 4 stages. H200, session 34
+# (probe_lora_fp8w, graph µs, same process): 4096 → 28672 M = 1 / 16 / 64: 60.5 / 60.5 / 124.0 (the 16-bit plans,
+# swapped) → 52.3 / 52.5 / 62.9; 4096² M = 64: 34.1 → 25.5. (cuBLAS bf16 58.4 / 59.2 / 63.8 / 13.3: W8A16 saves
+# memory, not time; fp8_activations=True is the fast path.)
+FP8_WEIGHT_NARROW_MAX_M = 64
 
 
 def kcat_preferred(M: int, N: int, K: int, r: int, planned: str | None = None) -> bool:
