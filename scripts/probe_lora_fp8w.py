@@ -15,9 +15,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import time
-from pathlib import Path
 
 import torch
 
@@ -47,7 +45,8 @@ def main():
     ap.add_argument("--budget-s", type=float, default=200.0)
     args = ap.parse_args()
     from lowrank_gemm.bench import lora as bl
-    from lowrank_gemm.bench.common import device_meta, markdown_table, meta_header, parse_shapes, time_graph
+    from lowrank_gemm.bench.common import (device_meta, markdown_table, meta_header, parse_shapes, time_graph,
+                                           write_results)
     from lowrank_gemm.kernels import lora_gemm as LG
     from lowrank_gemm.kernels.row_quant import fp8_rows
     from lowrank_gemm.plan.planner import can_implement, plan_lora
@@ -108,12 +107,8 @@ def main():
                 add(label, us, err)
             except Exception as exc:  # a candidate that cannot compile or launch is reported, not fatal
                 add(f"{label}:{type(exc).__name__}", None)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "probe_lora_fp8w.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
-    (out / "probe_lora_fp8w.md").write_text(meta_header(meta) + "\n" + markdown_table(
-        list(rows[0]), [list(r_.values()) for r_ in rows]) + "\n")
-
+    write_results("probe_lora_fp8w", meta, rows, args.out, md=meta_header(meta) + "\n" + markdown_table(
+        list(rows[0]), [list(r_.values()) for r_ in rows]))
 
 if __name__ == "__main__":
     main()

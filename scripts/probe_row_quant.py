@@ -10,8 +10,6 @@ and a bit-identity check first. Writes DIR/probe_row_quant.{json,md}.
 from __future__ import annotations
 
 import argparse
-import json
-from pathlib import Path
 
 import torch
 
@@ -24,7 +22,7 @@ def main():
     ap.add_argument("--shapes", default=DEFAULT_SHAPES)
     args = ap.parse_args()
     from lowrank_gemm.bench.common import (device_meta, markdown_table, measure_copy_tbps, meta_header,
-                                           parse_shapes, rotation_count, time_graph)
+                                           parse_shapes, rotation_count, time_graph, write_results)
     from lowrank_gemm.kernels.row_quant import fp8_rows, fp8_rows_torch
 
     copy = measure_copy_tbps()
@@ -42,12 +40,8 @@ def main():
         rows.append(dict(M=M, K=K, bit_identical=same, kernel_us=round(t_kernel, 3), torch_us=round(t_torch, 3),
                          speedup=round(t_torch / t_kernel, 2), pct_copy_bw=round(100 * floor_us / t_kernel, 1)))
         print("ROW", rows[-1], flush=True)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "probe_row_quant.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
-    (out / "probe_row_quant.md").write_text(meta_header(meta) + "\n" + markdown_table(
-        list(rows[0]), [list(r.values()) for r in rows]) + "\n")
-
+    write_results("probe_row_quant", meta, rows, args.out, md=meta_header(meta) + "\n" + markdown_table(
+        list(rows[0]), [list(r_.values()) for r_ in rows]))
 
 if __name__ == "__main__":
     main()
