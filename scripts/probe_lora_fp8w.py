@@ -8,7 +8,8 @@ half the bytes predicted ~0.55×: this asks whether any config of the widening k
 is checked against the float64 reference first (rel. err < 1e-2) and timed as a CUDA-graph replay over rotated
 input sets. ``hilo_w8a8_unfused`` (M ≤ 64) asks whether x split into two e4m3 terms (hi + residual, each scaled per
 token: about bf16's 8 significant bits) as 2M rows of the W8A8 kernel beats widening W: no conversion in the K loop,
-twice the (idle at decode) MMA work. Writes DIR/probe_lora_fp8w.{json,md}; prints ``ROW {...}`` per row.
+twice the (idle at decode) MMA work; ``hilo_fused`` is the same from one quantizer launch into one kernel launch
+with two accumulators (X_TERMS = 2). Writes DIR/probe_lora_fp8w.{json,md}; prints ``ROW {...}`` per row.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--cases", default=DEFAULT_CASES)
     ap.add_argument("--budget-s", type=float, default=200.0)
+    ap.add_argument("--no-sweep", action="store_true", help="baselines, auto and the hi/lo rows only")
     args = ap.parse_args()
     from lowrank_gemm.bench import lora as bl
     from lowrank_gemm.bench.common import (device_meta, markdown_table, meta_header, parse_shapes, time_graph,
@@ -87,6 +89,18 @@ def main():
             y = hilo(*f8[0])
             add("hilo_w8a8_unfused", time_graph(hilo, f8).median_us,
                 float(((y.double() - ref).norm() / ref.norm()).item()))
+        w8a8_plan = LG._fp8_weight_plan(*plan_lora(M, N, K, r, torch.bfloat16, x.device), M, N, K, r,
+                                        torch.bfloat16, x.device, True)
+
+        def hilo_fused(x_, w_, a_, b_, ws_, *_):
+            """The same two terms from one quantizer launch (fp8_rows terms=2) into one W8A8 launch whose K loop
+            keeps two accumulators (X_TERMS = 2)."""
+            return LG.run_strategy(w8a8_plan[0], x_, w_, a_, b_, bl.SCALE, None, w8a8_plan[1], weight_scale=ws_,
+                                   x_fp8=fp8_rows(x_, terms=2))
+        y = hilo_fused(*f8[0])
+        add("hilo_fused", time_graph(hilo_fused, f8).median_us, float(((y.double() - ref).norm() / ref.norm()).item()))
+        if args.no_sweep:
+            continue
         planned = plan_lora(M, N, K, r, torch.bfloat16, x.device)
         strategy, cfg = LG._fp8_weight_plan(*planned, M, N, K, r, torch.bfloat16, x.device)
         print("PLAN", M, N, K, strategy, cfg, flush=True)

@@ -9,6 +9,7 @@ import torch
 
 from lowrank_gemm.kernels import lora_gemm as LG
 from lowrank_gemm.kernels.lora_gemm import WEIGHT_SCALE_STRATEGIES, lora_linear, run_strategy
+from lowrank_gemm.plan.config import KernelConfig
 from lowrank_gemm.plan.planner import can_implement
 from lowrank_gemm.reference import lora_linear_ref
 
@@ -200,6 +201,31 @@ def test_fp8_activations_match_reference(strategy, split_k, poisoned_workspaces)
     assert rel_err(y, ref) < REL_TOL
     # the fp8 x costs accuracy against the 16-bit x (e4m3: 3 mantissa bits), which the reference above accounts for
     assert rel_err(y, lora_linear_ref(x, w8, a, b, 0.7, bias, weight_scale=ws)) < 0.1
+
+
+@pytest.mark.parametrize("strategy", ("split", "streams"))
+@pytest.mark.parametrize("split_k, swap", [(1, False), (3, False), (1, True)])
+def test_fp8_two_term_activations_match_reference(strategy, split_k, swap, poisoned_workspaces):  # noqa: F811
+    """x as two e4m3 terms (fp8_rows terms=2: rows M … 2M − 1 the residual's codes): two accumulators in the K loop,
+    summed with their row scales; against float64 on the same two terms, and within ~2⁻⁸ of the 16-bit x's result
+    (one term: ~2⁻⁴)."""
+    M, N, K, r = 37, 70, 88, 8
+    x, w8, ws, a, b, bias = make_fp8(M, N, K, r)
+    cfg = cfg_for(r, split_k)
+    if swap:
+        cfg = KernelConfig(block_m=16, block_n=64, block_k=16, block_r=16, num_warps=4, num_stages=2, swap_ab=True)
+    out = torch.full((M, N), float("nan"), dtype=x.dtype)
+    q, qs = LG.fp8_rows(x, terms=2)
+    y = run_strategy(strategy, x, w8, a, b, 0.7, bias, cfg, out=out, weight_scale=ws, x_fp8=(q, qs))
+    assert not y.isnan().any()
+    xq = q[:M].double() * qs[:M, None].double() + q[M:].double() * qs[M:, None].double()
+    ref = lora_linear_ref(xq, w8, a[:0], b[:, :0], 1.0, bias, weight_scale=ws) + \
+        0.7 * (x.double() @ a.double().t()) @ b.double().t()
+    assert rel_err(y, ref) < REL_TOL
+    exact = lora_linear_ref(x, w8, a, b, 0.7, bias, weight_scale=ws)
+    assert rel_err(y, exact) < 4 * REL_TOL < rel_err(_w8a8_ref(x, w8, ws, a, b, 0.7, bias), exact)
+    with pytest.raises(ValueError, match="2M rows"):
+        run_strategy(strategy, x, w8, a, b, 0.7, bias, cfg, weight_scale=ws, x_fp8=(q[:M + 1], qs[:M + 1]))
 
 
 def test_fp8_activations_op(monkeypatch):

@@ -81,3 +81,31 @@ def test_gpu_matches_spec(shape, fmt):
     q, s = fp8_rows(x, fmt)
     q2, s2 = fp8_rows(x, fmt)
     assert torch.equal(q.view(torch.uint8), q2.view(torch.uint8)) and torch.equal(s, s2)
+
+
+@pytest.mark.parametrize("one_pass", [True, False])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_two_terms_match_spec(one_pass, dtype, monkeypatch):
+    """terms=2: the residual's codes and scales as rows M … 2M − 1, bit for bit; hi + lo hold x to ~2⁻⁸ of its row
+    max (one term: 2⁻⁴)."""
+    if not one_pass:
+        monkeypatch.setattr(RQ, "_ONE_PASS_K", 256)
+    x = (torch.randn(4, 700) * torch.logspace(-2, 2, 4)[:, None]).to(dtype)
+    x[2, 5] = 0
+    q, s = fp8_rows(x, terms=2)
+    assert q.shape == (8, 700) and s.shape == (8,)
+    _same((q, s), fp8_rows_torch(x, terms=2))
+    approx = q[:4].double() * s[:4, None].double() + q[4:].double() * s[4:, None].double()
+    one = q[:4].double() * s[:4, None].double()
+    rowmax = x.double().abs().amax(dim=1, keepdim=True)
+    assert float(((approx - x.double()).abs() / rowmax).max()) < 2 ** -8
+    assert float(((one - x.double()).abs() / rowmax).max()) > 2 ** -7      # the second term is what does it
+    with pytest.raises(ValueError, match="terms must be 1 or 2"):
+        fp8_rows(x, terms=3)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(1, 4096), (64, 4096), (333, 14336), (7, 20000)])
+def test_gpu_two_terms_match_spec(shape):
+    x = torch.randn(*shape, device="cuda").bfloat16() * 3
+    _same(fp8_rows(x, terms=2), fp8_rows_torch(x, terms=2))

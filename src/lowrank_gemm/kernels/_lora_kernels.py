@@ -55,7 +55,8 @@ LOWRANK_GLOBAL = 2
 def _main_loop(x_desc, w_desc, a_desc, off_m, off_n, k_lo, k_hi,
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                BLOCK_R: tl.constexpr, KLOOP: tl.constexpr, SWAP_AB: tl.constexpr = False, a_row0=0,
-               a_rows=0, K=0, A_GATHER: tl.constexpr = False, a_ok=0, ws_ptr=None, N=0, xs_ptr=None, M=0):
+               a_rows=0, K=0, A_GATHER: tl.constexpr = False, a_ok=0, ws_ptr=None, N=0, xs_ptr=None, M=0,
+               X_TERMS: tl.constexpr = 1):
     """acc [BM, BN] = X[off_m:, k]·W[off_n:, k]ᵀ over K tiles [k_lo, k_hi); with KLOOP also
     s [BM, BLOCK_R] = X·A[a_row0 : a_row0 + BLOCK_R, k]ᵀ from the same X tile (unscaled; a_row0 > 0: an
     adapter's rows in a bank viewed [L·R_MAX, K]).
@@ -76,8 +77,13 @@ def _main_loop(x_desc, w_desc, a_desc, off_m, off_n, k_lo, k_hi,
     (fp32 [N], its per-output-channel scale) scales the main product's columns at the end: a column scale commutes
     with the K sum, so split-K partials carry it and the branch, the bias and the fixups stay as they are. With X in
     fp8 too (``xs_ptr``: fp32 [M], its per-token scale; the branch's S then comes from the 16-bit X elsewhere) both
-    operands feed the fp8 wgmma as they are and the row scale joins the column scale."""
+    operands feed the fp8 wgmma as they are and the row scale joins the column scale. X_TERMS = 2: fp8 X holds two
+    terms per token (rows [0, M): x's e4m3 codes, rows [M, 2M): its residual's, each with its row scale in
+    ``xs_ptr`` [2M]; :func:`row_quant.fp8_rows` with ``terms=2``), multiplied into two accumulators and summed at
+    the end — about 16-bit x's precision on the fp8 tensor cores, twice their work and no widening."""
     acc = tl.zeros((BLOCK_N, BLOCK_M) if SWAP_AB else (BLOCK_M, BLOCK_N), dtype=tl.float32)
+    if X_TERMS == 2:
+        acc_lo = tl.zeros((BLOCK_N, BLOCK_M) if SWAP_AB else (BLOCK_M, BLOCK_N), dtype=tl.float32)
     s = tl.zeros((BLOCK_R, BLOCK_M) if SWAP_AB else (BLOCK_M, BLOCK_R), dtype=tl.float32)
     for kt in tl.range(k_lo, k_hi):
         k = kt * BLOCK_K
@@ -89,6 +95,12 @@ def _main_loop(x_desc, w_desc, a_desc, off_m, off_n, k_lo, k_hi,
             acc = tl.dot(w, x.T, acc)
         else:
             acc = tl.dot(x, w.T, acc)
+        if X_TERMS == 2:
+            x_lo = x_desc.load([off_m + M, k])           # the residual's rows (past 2M: TMA zero fill)
+            if SWAP_AB:
+                acc_lo = tl.dot(w, x_lo.T, acc_lo)
+            else:
+                acc_lo = tl.dot(x_lo, w.T, acc_lo)
         if KLOOP:
             if A_GATHER:
                 offs_k = k + tl.arange(0, BLOCK_K)
@@ -103,12 +115,19 @@ def _main_loop(x_desc, w_desc, a_desc, off_m, off_n, k_lo, k_hi,
     if SWAP_AB:
         acc = tl.trans(acc)
         s = tl.trans(s)
+        if X_TERMS == 2:
+            acc_lo = tl.trans(acc_lo)
     if ws_ptr is not None:
         offs_n = off_n + tl.arange(0, BLOCK_N)
-        acc = acc * tl.load(ws_ptr + offs_n, mask=offs_n < N, other=0.0)[None, :]
+        w_scale = tl.load(ws_ptr + offs_n, mask=offs_n < N, other=0.0)[None, :]
+        acc = acc * w_scale
+        if X_TERMS == 2:
+            acc_lo = acc_lo * w_scale
     if xs_ptr is not None:
         offs_m = off_m + tl.arange(0, BLOCK_M)
         acc = acc * tl.load(xs_ptr + offs_m, mask=offs_m < M, other=0.0)[:, None]
+        if X_TERMS == 2:
+            acc += acc_lo * tl.load(xs_ptr + M + offs_m, mask=offs_m < M, other=0.0)[:, None]
     return acc, s
 
 
@@ -349,6 +368,7 @@ def lora_main_kernel(
     S_WORDS: tl.constexpr = False,
     wscale_ptr=None,    # fp32 [N]: the per-output-channel scale of fp8 weights (None: 16-bit W)
     xscale_ptr=None,    # fp32 [M]: the per-token scale of fp8 X (None: 16-bit X); GLOBAL S only
+    X_TERMS: tl.constexpr = 1,   # 2: fp8 X as two e4m3 terms per token, xscale_ptr [2M] (_main_loop)
 ):
     # R_CHUNKS (GLOBAL): cdiv(R, BLOCK_R), rank chunks of the epilogue, unrolled
     # SPLIT_K / S_SPLITS are runtime values: one compile serves every split of a tile config
@@ -473,7 +493,7 @@ def lora_main_kernel(
                             off_m + tl.arange(0, BLOCK_M), M, 0, R, BLOCK_M, BLOCK_R)
     acc, s = _main_loop(x_desc, w_desc, a_desc, off_m, off_n, k_lo, k_hi,
                         BLOCK_M, BLOCK_N, BLOCK_K, BLOCK_R, LOWRANK == 1, SWAP_AB, a_row0, a_rows, K, STACK_D > 0,
-                        a_ok, wscale_ptr, N, xscale_ptr, M)
+                        a_ok, wscale_ptr, N, xscale_ptr, M, X_TERMS)
     offs_m = off_m + tl.arange(0, BLOCK_M)
     offs_n = off_n + tl.arange(0, BLOCK_N)
     if BANK and LOWRANK == 1:

@@ -361,6 +361,8 @@ def _launch_main(x, w, a, b, s, bias, y, sws, M, N, Kp, R, scale, cfg, *, lowran
         meta["wscale_ptr"] = w_scale
     if x_scale is not None:
         meta["xscale_ptr"] = x_scale
+        if x.shape[0] == 2 * M:                # two e4m3 terms per token (row_quant.fp8_rows, terms=2)
+            meta["X_TERMS"] = 2
     launch(K_.lora_main_kernel, grid,
         x_d, w_d, a_d, s, b, bias if has_bias else y, y, sws, ws, cnt, M, N, Kp, R, scale,
         split, s.shape[0], dp,
@@ -600,8 +602,9 @@ def _fixup_buffers(M, N, cfg, device):
 
 
 def _gemm(x, w, bias, y, cfg, *, N, Kp, w_scale=None, x_scale=None):
-    """Plain y = x·wᵀ (+ bias) with our kernel (rank 0), split-K through the reduce kernel."""
-    M, dev = x.shape[0], x.device
+    """Plain y = x·wᵀ (+ bias) with our kernel (rank 0), split-K through the reduce kernel. (M from y: fp8 x in two
+    terms has 2M rows.)"""
+    M, dev = y.shape[0], x.device
     dummy = _dummy(dev)
     if cfg.split_k == 1:
         _launch_main(x, w, None, y, dummy, bias, y, dummy, M, N, Kp, 0, 1.0, cfg,
@@ -887,6 +890,9 @@ def run_strategy(strategy: str, x2, weight, lora_a, lora_b, scale, bias, cfg: Ke
             raise ValueError(f"fp8 activations need an fp8 weight with weight_scale and one of {FP8_ACT_STRATEGIES}, "
                              f"got strategy {strategy!r}")
         x8, xs = x_fp8
+        if x8.shape[0] not in (M, 2 * M) or xs.numel() != x8.shape[0]:
+            raise ValueError(f"x_fp8: codes of M = {M} or 2M rows (two terms) with one scale per row, got "
+                             f"{tuple(x8.shape)} and {xs.numel()} scales")
         x_fp8 = (tma_operand(x8, Kp), xs.to(torch.float32).contiguous())
     if R == 0:  # documented: rank 0 is the plain GEMM
         if x_fp8 is not None:

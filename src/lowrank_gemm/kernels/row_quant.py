@@ -29,14 +29,22 @@ _ONE_PASS_K = 8192
 _FP8_GRID = {torch.float8_e4m3fn: (3, -6), torch.float8_e5m2: (2, -14)}
 
 
-def fp8_rows_torch(x2: torch.Tensor, dtype: torch.dtype = torch.float8_e4m3fn) -> tuple[torch.Tensor, torch.Tensor]:
+def fp8_rows_torch(x2: torch.Tensor, dtype: torch.dtype = torch.float8_e4m3fn,
+                   terms: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
     """The spec, in PyTorch (CPU tensors, and the reference the kernel is tested against)."""
     if x2.shape[1] == 0:
-        return torch.empty(x2.shape, dtype=dtype, device=x2.device), torch.ones(x2.shape[0], device=x2.device)
+        return (torch.empty((terms * x2.shape[0], 0), dtype=dtype, device=x2.device),
+                torch.ones(terms * x2.shape[0], device=x2.device))
     amax = x2.abs().amax(dim=1).float()
     # a tensor divisor: PyTorch's CUDA division by a Python scalar multiplies by its rounded reciprocal instead
     xs = torch.where(amax > 0, amax / torch.full_like(amax, torch.finfo(dtype).max), torch.ones_like(amax))
-    return (x2.float() / xs[:, None]).to(dtype), xs.contiguous()
+    q = (x2.float() / xs[:, None]).to(dtype)
+    if terms == 1:
+        return q, xs.contiguous()
+    # the residual with one rounding (exact in float64: q has ≤ 4 significant bits, the scale 24)
+    r = (x2.double() - q.double() * xs.double()[:, None]).float()
+    q_lo, xs_lo = fp8_rows_torch(r, dtype)
+    return torch.cat([q, q_lo]), torch.cat([xs, xs_lo])
 
 
 @triton.jit
@@ -45,70 +53,109 @@ def _max_nan(a, b):
 
 
 @triton.jit
-def _to_fp8(v, dt: tl.constexpr, MANT: tl.constexpr, EMIN: tl.constexpr, EMU_CVT: tl.constexpr):
-    """RN-even fp32 → fp8. Triton 3.6's interpreter truncates instead (and drops the carry into the exponent), so
-    there v is first rounded onto the format's grid in fp32 (MANT mantissa bits, smallest normal exponent EMIN), which
-    its conversion then keeps exactly."""
+def _round_fp8(v, dt: tl.constexpr, MANT: tl.constexpr, EMIN: tl.constexpr, EMU_CVT: tl.constexpr):
+    """(RN-even fp32 → fp8, that value back in fp32). Triton 3.6's interpreter truncates instead (and drops the carry
+    into the exponent), and cannot widen fp8 back; there v is first rounded onto the format's grid in fp32 (MANT
+    mantissa bits, smallest normal exponent EMIN), which its conversion then keeps exactly."""
     if EMU_CVT:
-        e = tl.maximum(((v.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127, EMIN)
+        bits = v.to(tl.int32, bitcast=True)
+        e = tl.maximum(((bits >> 23) & 0xFF) - 127, EMIN)
         ulp = ((e - MANT + 127) << 23).to(tl.float32, bitcast=True)
-        v = ((v / ulp + 12582912.0) - 12582912.0) * ulp     # 1.5·2²³: RN-even to an integer count of ulps
+        g = ((tl.abs(v) / ulp + 12582912.0) - 12582912.0) * ulp    # 1.5·2²³: RN-even to an integer count of ulps
+        g = (g.to(tl.int32, bitcast=True) | (bits & -2147483648)).to(tl.float32, bitcast=True)   # v's sign, −0 too
         nan8 = tl.full(v.shape, 0x7F, tl.uint8).to(dt, bitcast=True)   # its NaN comes out as a finite code
-        return tl.where(v != v, nan8, v.to(dt))
-    return v.to(dt)
+        return tl.where(g != g, nan8, g.to(dt)), g
+    q = v.to(dt)
+    return q, q.to(tl.float32)
 
 
 @triton.jit
-def _fp8_rows_kernel(x_ptr, stride_xm, q_ptr, stride_qm, s_ptr, K,
+def _scale_of(amax, FP8_MAX: tl.constexpr):
+    return tl.where(amax > 0, tl.math.div_rn(amax, FP8_MAX), 1.0)
+
+
+@triton.jit
+def _residual(v, qf, scale, EMU_CVT: tl.constexpr):
+    """RN(v − q·scale) from q's fp32 value: one rounding (an fma; the interpreter's fma rounds twice, so there in
+    float64, exact here)."""
+    if EMU_CVT:
+        return (v.to(tl.float64) - qf.to(tl.float64) * scale.to(tl.float64)).to(tl.float32)
+    return tl.fma(-qf, scale, v)
+
+
+@triton.jit
+def _fp8_rows_kernel(x_ptr, stride_xm, q_ptr, stride_qm, s_ptr, M, K,
                      FP8_MAX: tl.constexpr, MANT: tl.constexpr, EMIN: tl.constexpr,
-                     BLOCK_K: tl.constexpr, ONE_PASS: tl.constexpr, EMU_CVT: tl.constexpr):
+                     BLOCK_K: tl.constexpr, ONE_PASS: tl.constexpr, EMU_CVT: tl.constexpr, TERMS: tl.constexpr):
+    # TERMS = 2: row M + row of q / s gets the residual x − q·scale quantized the same way
     row = tl.program_id(0).to(tl.int64)
     x_row = x_ptr + row * stride_xm
     q_row = q_ptr + row * stride_qm
+    r_row = q_ptr + (row + M) * stride_qm
     offs = tl.arange(0, BLOCK_K)
+    dt = q_ptr.dtype.element_ty
     if ONE_PASS:
         v = tl.load(x_row + offs, mask=offs < K, other=0.0).to(tl.float32)
-        amax = tl.reduce(tl.abs(v), 0, _max_nan)
+        scale = _scale_of(tl.reduce(tl.abs(v), 0, _max_nan), FP8_MAX)
+        q, qf = _round_fp8(tl.math.div_rn(v, scale), dt, MANT, EMIN, EMU_CVT)
+        tl.store(q_row + offs, q, mask=offs < K)
+        if TERMS == 2:
+            r = _residual(v, qf, scale, EMU_CVT)
+            r_scale = _scale_of(tl.reduce(tl.abs(r), 0, _max_nan), FP8_MAX)
+            tl.store(r_row + offs, _round_fp8(tl.math.div_rn(r, r_scale), dt, MANT, EMIN, EMU_CVT)[0],
+                     mask=offs < K)
     else:
         acc = tl.zeros([BLOCK_K], tl.float32)
         for k0 in range(0, K, BLOCK_K):
             acc = _max_nan(acc, tl.abs(tl.load(x_row + k0 + offs, mask=k0 + offs < K, other=0.0).to(tl.float32)))
-        amax = tl.reduce(acc, 0, _max_nan)
-    scale = tl.where(amax > 0, tl.math.div_rn(amax, FP8_MAX), 1.0)
-    tl.store(s_ptr + row, scale)
-    dt = q_ptr.dtype.element_ty
-    if ONE_PASS:
-        tl.store(q_row + offs, _to_fp8(tl.math.div_rn(v, scale), dt, MANT, EMIN, EMU_CVT), mask=offs < K)
-    else:
+        scale = _scale_of(tl.reduce(acc, 0, _max_nan), FP8_MAX)
+        acc = tl.zeros([BLOCK_K], tl.float32)
         for k0 in range(0, K, BLOCK_K):
             v = tl.load(x_row + k0 + offs, mask=k0 + offs < K, other=0.0).to(tl.float32)
-            tl.store(q_row + k0 + offs, _to_fp8(tl.math.div_rn(v, scale), dt, MANT, EMIN, EMU_CVT),
-                     mask=k0 + offs < K)
+            q, qf = _round_fp8(tl.math.div_rn(v, scale), dt, MANT, EMIN, EMU_CVT)
+            tl.store(q_row + k0 + offs, q, mask=k0 + offs < K)
+            if TERMS == 2:
+                acc = _max_nan(acc, tl.abs(_residual(v, qf, scale, EMU_CVT)))
+        if TERMS == 2:
+            r_scale = _scale_of(tl.reduce(acc, 0, _max_nan), FP8_MAX)
+            for k0 in range(0, K, BLOCK_K):
+                v = tl.load(x_row + k0 + offs, mask=k0 + offs < K, other=0.0).to(tl.float32)
+                r = _residual(v, _round_fp8(tl.math.div_rn(v, scale), dt, MANT, EMIN, EMU_CVT)[1], scale, EMU_CVT)
+                tl.store(r_row + k0 + offs, _round_fp8(tl.math.div_rn(r, r_scale), dt, MANT, EMIN, EMU_CVT)[0],
+                         mask=k0 + offs < K)
+    tl.store(s_ptr + row, scale)
+    if TERMS == 2:
+        tl.store(s_ptr + M + row, r_scale)
 
 
-def fp8_rows(x2: torch.Tensor, dtype: torch.dtype = torch.float8_e4m3fn) -> tuple[torch.Tensor, torch.Tensor]:
+def fp8_rows(x2: torch.Tensor, dtype: torch.dtype = torch.float8_e4m3fn,
+             terms: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
     """(``dtype`` [M, K], fp32 [M]) per-row quantization at the format's whole range: scale = amax / fp8 max (an
     all-zero row: 1); a row holding NaN or ±Inf comes out NaN, as the product would in 16 bits. x per token for the
     fp8 activations, W per output channel for an fp8 weight (``LoRALinear.quantize_weight_fp8_``). One Triton launch
-    on CUDA (and under ``TRITON_INTERPRET=1``), :func:`fp8_rows_torch` on the CPU; the same bits either way."""
+    on CUDA (and under ``TRITON_INTERPRET=1``), :func:`fp8_rows_torch` on the CPU; the same bits either way.
+    ``terms=2``: also the residual x − q·scale (one rounding) quantized the same way, as rows M … 2M − 1 of the
+    result ([2M, K] codes, [2M] scales): x ≈ q·s + q'·s' holds about 8 significant bits, 16-bit x's precision."""
     if x2.dim() != 2:
         raise ValueError(f"fp8_rows expects a 2-D [rows, K] tensor, got shape {tuple(x2.shape)}")
     if dtype not in _FP8_GRID:
         raise ValueError(f"fp8_rows quantizes to float8_e4m3fn or float8_e5m2, got {dtype}")
     if x2.dtype not in (torch.float16, torch.bfloat16, torch.float32):
         raise ValueError(f"fp8_rows reads float16, bfloat16 or float32, got {x2.dtype}")
+    if terms not in (1, 2):
+        raise ValueError(f"fp8_rows: terms must be 1 or 2, got {terms!r}")
     M, K = x2.shape
     interp = x2.device.type == "cpu" and getenv("TRITON_INTERPRET", "0") not in ("", "0")
     if not (x2.is_cuda or interp) or M == 0 or K == 0:
-        return fp8_rows_torch(x2, dtype)
+        return fp8_rows_torch(x2, dtype, terms)
     if x2.stride(1) != 1:
         x2 = x2.contiguous()
-    q = torch.empty(M, K, device=x2.device, dtype=dtype)
-    s = torch.empty(M, device=x2.device, dtype=torch.float32)
+    q = torch.empty(terms * M, K, device=x2.device, dtype=dtype)
+    s = torch.empty(terms * M, device=x2.device, dtype=torch.float32)
     one_pass = K <= _ONE_PASS_K
     block_k = triton.next_power_of_2(K) if one_pass else 2048
     mant, emin = _FP8_GRID[dtype]
-    _fp8_rows_kernel[(M,)](x2, x2.stride(0), q, q.stride(0), s, K, FP8_MAX=torch.finfo(dtype).max, MANT=mant,
-                           EMIN=emin, BLOCK_K=block_k, ONE_PASS=one_pass, EMU_CVT=interp,
+    _fp8_rows_kernel[(M,)](x2, x2.stride(0), q, q.stride(0), s, M, K, FP8_MAX=torch.finfo(dtype).max, MANT=mant,
+                           EMIN=emin, BLOCK_K=block_k, ONE_PASS=one_pass, EMU_CVT=interp, TERMS=terms,
                            num_warps=8 if block_k >= 2048 else 4)
     return q, s
