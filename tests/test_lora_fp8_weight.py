@@ -169,10 +169,11 @@ def test_fp8_auto_never_plans_a_one_buffer_strategy(monkeypatch):
 
 # ---------------------------------------------------------------------------- fp8 activations (W8A8 base product)
 
-def _w8a8_ref(x, w8, ws, a, b, scale, bias):
-    """float64: the base product of the per-token e4m3 x (LG.fp8_rows) and the scaled fp8 W, the branch on the 16-bit x."""
-    x8, xs = LG.fp8_rows(x.reshape(-1, x.shape[-1]))
-    xq = (x8.double() * xs.double()[:, None]).reshape(x.shape)
+def _w8a8_ref(x, w8, ws, a, b, scale, bias, terms=1):
+    """float64: the base product of the per-token e4m3 x (LG.fp8_rows, in ``terms`` terms) and the scaled fp8 W, the
+    branch on the 16-bit x."""
+    x8, xs = LG.fp8_rows(x.reshape(-1, x.shape[-1]), terms=terms)
+    xq = (x8.double() * xs.double()[:, None]).reshape(terms, -1, x.shape[-1]).sum(0).reshape(x.shape)
     y = lora_linear_ref(xq, w8, a[:0], b[:, :0], 1.0, bias, weight_scale=ws)
     return y + scale * (x.double() @ a.double().t()) @ b.double().t()
 
@@ -226,6 +227,31 @@ def test_fp8_two_term_activations_match_reference(strategy, split_k, swap, poiso
     assert rel_err(y, exact) < 4 * REL_TOL < rel_err(_w8a8_ref(x, w8, ws, a, b, 0.7, bias), exact)
     with pytest.raises(ValueError, match="2M rows"):
         run_strategy(strategy, x, w8, a, b, 0.7, bias, cfg, weight_scale=ws, x_fp8=(q[:M + 1], qs[:M + 1]))
+
+
+def test_fp8_two_term_activations_op():
+    """fp8_activations=2 through the op (direct, custom op, the torch fallback) and the module; what it refuses."""
+    from lowrank_gemm.nn import LoRALinear
+    x, w8, ws, a, b, bias = make_fp8(2 * 19, 96, 64, 16)
+    x3 = x.reshape(2, 19, 64)
+    ref = _w8a8_ref(x, w8, ws, a, b, 0.5, bias, terms=2)
+    y = lora_linear(x3, w8, a, b, 0.5, bias, weight_scale=ws, fp8_activations=2)
+    assert rel_err(y.reshape(-1, 96), ref) < REL_TOL
+    exact = lora_linear_ref(x, w8, a, b, 0.5, bias, weight_scale=ws)
+    assert rel_err(y.reshape(-1, 96), exact) < 4 * REL_TOL
+    y_t = lora_linear(x3, w8, a, b, 0.5, bias, strategy="torch", weight_scale=ws, fp8_activations=2)
+    assert rel_err(y_t.reshape(-1, 96), ref) < REL_TOL
+    y_op = torch.ops.lowrank_gemm.lora_linear(x, w8, a, b, 0.5, bias, "streams", ws, 2)
+    assert rel_err(y_op, ref) < REL_TOL
+    for bad in (3, -1, 1.5, "2"):
+        with pytest.raises(ValueError, match="fp8_activations must be False, True"):
+            lora_linear(x, w8, a, b, weight_scale=ws, fp8_activations=bad)
+    lin = torch.nn.Linear(64, 96).half()
+    mod = LoRALinear.from_linear(lin, a, b, scale=0.5).quantize_weight_fp8_(activations=2)
+    assert mod.fp8_activations == 2 and "two terms" in repr(mod)
+    assert rel_err(mod(x), _w8a8_ref(x, mod.weight, mod.weight_scale, a, b, 0.5, mod.bias, terms=2)) < REL_TOL
+    with pytest.raises(ValueError, match="activations must be False, True or 2"):
+        LoRALinear.from_linear(lin, a, b).quantize_weight_fp8_(activations=3)
 
 
 def test_fp8_activations_op(monkeypatch):
@@ -428,6 +454,24 @@ def test_fp8_activations_compile_to_fp8_wgmma(bm, bn, bk, warps, stages):
     stats = ptxas_stats(info.ptx)
     if stats is not None:
         assert stats[1] == 0, f"spills {stats[1]} bytes"
+
+
+@pytest.mark.gpu
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("shape", [(1, 28672, 4096, 16), (16, 4096, 4096, 16), (64, 28672, 4096, 16),
+                                   (300, 5000, 3000, 64), (1024, 8192, 8192, 16)], ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("strategy", ("auto",) + LG.FP8_ACT_STRATEGIES)
+def test_fp8_two_term_activations_real_sizes(strategy, shape):
+    M, N, K, r = shape
+    x, w8, ws, a, b, bias = _gpu_fp8(M, N, K, r)
+    y = lora_linear(x, w8, a, b, 0.5, bias, strategy=strategy, weight_scale=ws, fp8_activations=2)
+    assert not y.isnan().any()
+    assert ((y.double() - _w8a8_ref(x, w8, ws, a, b, 0.5, bias, terms=2)).norm()
+            / _w8a8_ref(x, w8, ws, a, b, 0.5, bias, terms=2).norm()).item() < 1e-2
+    exact = lora_linear_ref(x, w8, a, b, 0.5, bias, weight_scale=ws)
+    assert ((y.double() - exact).norm() / exact.norm()).item() < 5e-3     # one term: ~2.4e-2
+    assert torch.equal(y, lora_linear(x, w8, a, b, 0.5, bias, strategy=strategy, weight_scale=ws,
+                                      fp8_activations=2))
 
 
 @pytest.mark.gpu

@@ -16,10 +16,11 @@ come from an LRU cache (16 entries, ≤ 2 GiB: ``LOWRANK_GEMM_WEIGHT_CACHE_MB``)
 whole rotation, so the one-off merge is not in the time (with the earlier one-entry cache every
 call re-merged: 210 µs at K=N=4096).
 
-``--fp8`` adds three rows on fp8 copies of the same weights (e4m3, a float32 scale per output channel): ``auto_fp8w``,
+``--fp8`` adds four rows on fp8 copies of the same weights (e4m3, a float32 scale per output channel): ``auto_fp8w``,
 our op with the fp8 base weight (W read as 1 byte and widened on chip; the branch and x stay bf16; its error column
 is against the fp8 weight's own float64 result), ``auto_w8a8`` (the same with ``fp8_activations``: x quantized per
-token inside the call, fp8 × fp8 base product, the branch on the bf16 x), and ``fp8_scaled_mm``, cuBLAS's fp8 GEMM
+token inside the call, fp8 × fp8 base product, the branch on the bf16 x), ``auto_w8a8x2`` (x in two e4m3 terms,
+``fp8_activations=2``) and ``fp8_scaled_mm``, cuBLAS's fp8 GEMM
 (``torch._scaled_mm``, x quantized outside the timing, no branch) as the fp8 reference point.
 """
 
@@ -52,7 +53,7 @@ STRATS = [s for s in LORA_STRATEGIES if s != "torch"]
 PACKED_IMPLS = ("auto_packed", "kcat")
 # the rows the issue's targets are read from: also timed in alternation with cuBLAS (``ratio_paired``)
 PAIRED_IMPLS = ("auto", "auto_packed")
-FP8_IMPLS = ("auto_fp8w", "auto_w8a8", "fp8_scaled_mm")      # --fp8: on fp8 copies of each set's weight (fp8_sets)
+FP8_IMPLS = ("auto_fp8w", "auto_w8a8", "auto_w8a8x2", "fp8_scaled_mm")      # --fp8: on fp8 copies of each set's weight (fp8_sets)
 SCALE = 0.5
 
 
@@ -117,6 +118,8 @@ def impls():
     out["auto_fp8w"] = lambda x, w8, a, b, ws, x8, xs: lora_linear(x, w8, a, b, SCALE, weight_scale=ws)
     out["auto_w8a8"] = lambda x, w8, a, b, ws, x8, xs: lora_linear(x, w8, a, b, SCALE, weight_scale=ws,
                                                                  fp8_activations=True)
+    out["auto_w8a8x2"] = lambda x, w8, a, b, ws, x8, xs: lora_linear(x, w8, a, b, SCALE, weight_scale=ws,
+                                                                   fp8_activations=2)
     out["fp8_scaled_mm"] = lambda x, w8, a, b, ws, x8, xs: torch._scaled_mm(
         x8, w8.t(), scale_a=xs, scale_b=ws[None, :], out_dtype=x.dtype)
     return out
@@ -150,8 +153,8 @@ def bench_point(M, N, K, r, dtype, copy_tbps, quick, fns):
                 if name == "auto_packed" and kcat_preferred(M, N, K, r, row["plan"]):
                     row["plan"] = "kcat"
             y = fn(*use[0])
-            if name in ("auto_fp8w", "auto_w8a8"):   # against the fp8 weight's own result (auto_w8a8's also holds
-                # the e4m3 rounding of x: ~2e-2)
+            if name in ("auto_fp8w", "auto_w8a8", "auto_w8a8x2"):   # against the fp8 weight's own result
+                # (auto_w8a8's also holds the e4m3 rounding of x: ~2e-2; two terms: ~2e-3)
                 x, w8, a, b, ws = use[0][:5]
                 row["rel_err"] = round(rel_err(y, x, (w8.float() * ws[:, None]), a, b), 6)
             elif name not in ("cublas_base", "fp8_scaled_mm"):

@@ -66,14 +66,14 @@ def peft_branch(layer: nn.Module):
 
 
 def fuse_lora_(model: nn.Module, *, strategy: str = "auto", pack: bool = False,
-               fp8: torch.dtype | None = None, fp8_activations: bool = False) -> nn.Module:
+               fp8: torch.dtype | None = None, fp8_activations: bool | int = False) -> nn.Module:
     """Replace, in place, every PEFT LoRA Linear in ``model`` by :class:`~lowrank_gemm.nn.LoRALinear`.
 
     Layers whose adapters are disabled become their plain base ``nn.Linear``. ``pack``: lay each layer's W and B
     out as one buffer (:meth:`LoRALinear.pack_`), where ``auto`` runs the ``kcat`` strategy at prefill sizes.
     ``fp8`` (``torch.float8_e4m3fn`` / ``float8_e5m2``): store each fused layer's base weight in fp8 with a scale
     per output channel (:meth:`LoRALinear.quantize_weight_fp8_`; not with ``pack``), and with ``fp8_activations``
-    (e4m3) quantize x per token for the base product too. Returns ``model``.
+    (e4m3) quantize x per token for the base product too (``True``: one e4m3 term, ``2``: two). Returns ``model``.
     """
     if fp8_activations and fp8 is None:
         raise ValueError("fuse_lora_: fp8_activations needs fp8=torch.float8_e4m3fn (the fp8 × fp8 base product)")

@@ -77,9 +77,10 @@ FP8_ACT_STRATEGIES = ("split", "streams")
 # ---------------------------------------------------------------------------- input hygiene
 
 def check_inputs(x, weight, lora_a, lora_b, bias=None, strategy: str = "auto", weight_scale=None,
-                 fp8_activations: bool = False) -> None:
+                 fp8_activations: bool | int = False) -> None:
     """Raise ValueError/TypeError saying expected vs got for any malformed input. ``weight`` may be fp8
-    (:data:`FP8_WEIGHTS`) with ``weight_scale`` (its per-output-channel or per-tensor scale: [N] or one value)."""
+    (:data:`FP8_WEIGHTS`) with ``weight_scale`` (its per-output-channel or per-tensor scale: [N] or one value);
+    ``fp8_activations`` False / True / 2 (:func:`lora_linear`)."""
     for name, t in (("x", x), ("weight", weight), ("lora_a", lora_a), ("lora_b", lora_b)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
@@ -125,6 +126,7 @@ def check_inputs(x, weight, lora_a, lora_b, bias=None, strategy: str = "auto", w
         if strategy not in ("auto", "torch") and strategy not in WEIGHT_SCALE_STRATEGIES:
             raise ValueError(f"strategy {strategy!r} keeps W in one buffer with a 16-bit factor and takes no "
                              f"weight_scale; with one use 'auto' or one of {WEIGHT_SCALE_STRATEGIES}")
+    _act_terms(fp8_activations)
     if fp8_activations:
         if weight.dtype != torch.float8_e4m3fn:
             raise ValueError(f"fp8_activations quantizes x to e4m3 per token for an fp8 × fp8 main product: the weight "
@@ -132,6 +134,14 @@ def check_inputs(x, weight, lora_a, lora_b, bias=None, strategy: str = "auto", w
         if strategy not in ("auto", "torch") and strategy not in FP8_ACT_STRATEGIES:
             raise ValueError(f"fp8_activations: strategy {strategy!r} computes S from the main loop's x tiles, which "
                              f"would be fp8; use 'auto' or one of {FP8_ACT_STRATEGIES}")
+
+
+def _act_terms(fp8_activations) -> int:
+    """``fp8_activations`` as the number of e4m3 terms of x (0: x stays 16-bit), or a ValueError."""
+    if not isinstance(fp8_activations, int) or fp8_activations not in (0, 1, 2):
+        raise ValueError(f"fp8_activations must be False, True (x in one e4m3 term) or 2 (two terms), "
+                         f"got {fp8_activations!r}")
+    return int(fp8_activations)
 
 
 def _k_padded(k: int, elem_bytes: int) -> int:
@@ -297,8 +307,9 @@ def _lora_linear_torch(x, weight, lora_a, lora_b, scale, bias, weight_scale=None
     xf = x.float()
     w = weight.float() if weight_scale is None else weight.float() * weight_scale.float().reshape(-1, 1)
     if fp8_activations:
-        x8, xs = fp8_rows(xf.reshape(-1, xf.shape[-1]))
-        y = ((x8.float() * xs[:, None]) @ w.t()).reshape(*x.shape[:-1], w.shape[0])
+        x8, xs = fp8_rows(xf.reshape(-1, xf.shape[-1]), terms=int(fp8_activations))
+        xq = (x8.float() * xs[:, None]).reshape(int(fp8_activations), -1, xf.shape[-1]).sum(0)
+        y = (xq @ w.t()).reshape(*x.shape[:-1], w.shape[0])
     else:
         y = xf @ w.t()
     if lora_a.shape[0] > 0:
@@ -1035,7 +1046,7 @@ def _stack_split_config(cfg: KernelConfig, K: int, dtype) -> KernelConfig:
 
 
 def lora_linear_impl(x, weight, lora_a, lora_b, scale: float = 1.0, bias=None,
-                     strategy: str = "auto", weight_scale=None, fp8_activations: bool = False) -> torch.Tensor:
+                     strategy: str = "auto", weight_scale=None, fp8_activations: bool | int = False) -> torch.Tensor:
     """The op body (no custom-op dispatch): validate, plan, launch. Shapes as :func:`lora_linear`."""
     check_inputs(x, weight, lora_a, lora_b, bias, strategy, weight_scale, fp8_activations)
     N, K = weight.shape
@@ -1064,14 +1075,14 @@ def lora_linear_impl(x, weight, lora_a, lora_b, scale: float = 1.0, bias=None,
         strategy, cfg = planned or plan_lora(M, N, K, lora_a.shape[0], x.dtype, x.device)
         if scaled and pin is None:          # a pinned plan is taken as given (run_strategy refuses what cannot run)
             strategy, cfg = _fp8_weight_plan(strategy, cfg, M, N, K, lora_a.shape[0], x.dtype, x.device,
-                                             fp8_activations)
+                                             int(fp8_activations))
     else:
         with pinned(strategy=strategy, config=pin.config if pin else None):
             strategy, cfg = plan_lora(M, N, K, lora_a.shape[0], x.dtype, x.device)
     if strategy == "torch":
         return _lora_linear_torch(x, weight, lora_a, lora_b, scale, bias, weight_scale, fp8_activations)
     y = run_strategy(strategy, x2, weight, lora_a, lora_b, scale, bias, cfg, weight_scale=weight_scale,
-                     x_fp8=fp8_rows(x2) if fp8_activations else None)
+                     x_fp8=fp8_rows(x2, terms=int(fp8_activations)) if fp8_activations else None)
     return y.reshape(*x.shape[:-1], N)
 
 
@@ -1082,16 +1093,16 @@ FP8_AUTO_STRATEGIES = ("kloop", "split", "streams")
 
 @functools.lru_cache(maxsize=1024)  # the op plans on every call: keep this off the host critical path too
 def _fp8_weight_plan(strategy: str, cfg: KernelConfig, M: int, N: int, K: int, r: int, dtype, device,
-                     activations: bool = False):
+                     activations: int = 0):
     """``auto``'s plan for an fp8 weight, from the 16-bit plan of the shape (the tables are 16-bit measurements; not
     measured with fp8 yet). A widened W tile kept as the wgmma's B operand goes registers → shared memory, and on the
     prefill tiles that spills (sm_90 ptxas: split 128×256×64 on 8 warps 24 bytes, 128×128×64 on 4 warps 84); with
     swap-AB it is the register A operand and none of the planner's tiles spills (NOTES.md, session 33). So: one of
     :data:`FP8_AUTO_STRATEGIES` (else ``split``), with ``swap_ab`` wherever the tiles can take it.
-    ``activations`` (fp8 x too): one of :data:`FP8_ACT_STRATEGIES` (else ``split``) with S from the down kernel (no
+    ``activations`` (fp8 x too, in 1 or 2 e4m3 terms): one of :data:`FP8_ACT_STRATEGIES` (else ``split``) with S from the down kernel (no
     in-grid S producers, which would read the fp8 x). Nothing is widened; but a 256-wide tile spills with two fp8
     operands (sm_90 ptxas, 128×256×64 on 8 warps: 28 bytes; ×128: 40), so those become 128×128×128 (CUTLASS's fp8
-    tile: 207 registers, no spill) where the ledger, at 8 bits, fits them."""
+    tile: 207 registers, no spill) where the ledger, at 8 bits (two x terms: 16), fits them."""
     if strategy == "torch":
         return strategy, cfg
     if strategy not in (FP8_ACT_STRATEGIES if activations else FP8_AUTO_STRATEGIES):
@@ -1100,7 +1111,9 @@ def _fp8_weight_plan(strategy: str, cfg: KernelConfig, M: int, N: int, K: int, r
     if activations:
         cfg = cfg.replace(s_producers=0)
         square = cfg.replace(block_n=128, block_k=max(cfg.block_k, 128))
-        if not cfg.swap_ab and cfg.block_n > 128 and can_implement(strategy, (M, N, K, r), square, 8):
+        # two x terms: two fp8 x tiles per stage, which the 16-bit ledger (x and W at 16 bits) bounds
+        if not cfg.swap_ab and cfg.block_n > 128 and can_implement(strategy, (M, N, K, r), square,
+                                                                   8 if activations == 1 else 16):
             cfg = square
         return strategy, cfg
     if M <= FP8_WEIGHT_NARROW_MAX_M:
@@ -1162,19 +1175,19 @@ def _load_v2_table(path: str) -> tuple:
 def _lora_linear_op(x: torch.Tensor, weight: torch.Tensor, lora_a: torch.Tensor,
                     lora_b: torch.Tensor, scale: float, bias: Optional[torch.Tensor],
                     strategy: str, weight_scale: Optional[torch.Tensor] = None,
-                    fp8_activations: bool = False) -> torch.Tensor:
+                    fp8_activations: int = 0) -> torch.Tensor:
     return lora_linear_impl(x, weight, lora_a, lora_b, scale, bias, strategy, weight_scale, fp8_activations)
 
 
 @_lora_linear_op.register_fake
-def _(x, weight, lora_a, lora_b, scale, bias, strategy, weight_scale=None, fp8_activations=False):
+def _(x, weight, lora_a, lora_b, scale, bias, strategy, weight_scale=None, fp8_activations=0):
     check_inputs(x, weight, lora_a, lora_b, bias, strategy, weight_scale, fp8_activations)
     return x.new_empty(*x.shape[:-1], weight.shape[0])
 
 
 def lora_linear(x: torch.Tensor, weight: torch.Tensor, lora_a: torch.Tensor, lora_b: torch.Tensor,
                 scale: float = 1.0, bias: torch.Tensor | None = None, strategy: str = "auto",
-                weight_scale: torch.Tensor | None = None, fp8_activations: bool = False) -> torch.Tensor:
+                weight_scale: torch.Tensor | None = None, fp8_activations: bool | int = False) -> torch.Tensor:
     """``y = x·Wᵀ + scale·(x·Aᵀ)·Bᵀ + bias``, fused.
 
     x [..., K], weight [N, K], lora_a [r, K], lora_b [N, r], bias [N] or None → y [..., N] in x's
@@ -1182,15 +1195,19 @@ def lora_linear(x: torch.Tensor, weight: torch.Tensor, lora_a: torch.Tensor, lor
     can also force a strategy/config for a scope. See the module docstring for the input contract.
     ``weight_scale``: with an fp8 ``weight`` (e4m3 / e5m2), its scale per output channel ([N], or one value), so
     the base is ``x·(W·diag(weight_scale))ᵀ``; the kernels read W as fp8 (half the bytes) and widen it on chip.
-    ``fp8_activations`` (an e4m3 weight): x is quantized to e4m3 per token for the base product, which then runs on
-    the fp8 tensor cores (prefill); the branch still reads the 16-bit x.
+    ``fp8_activations`` (an e4m3 weight): x is quantized per token for the base product, which then runs on the fp8
+    tensor cores; the branch still reads the 16-bit x. ``True``: one e4m3 term (W8A8, rel. error ~0.024 on random
+    data); ``2``: two terms, x ≈ q·s + q'·s' (the residual quantized again, ~8 significant bits: rel. error ~0.0023
+    against the widened W's 0.0018), twice the fp8 MMA work. H200 (session 34, N = 28672, K = 4096, M = 1 / 16 / 64):
+    cuBLAS bf16 58.6 / 59.3 / 63.7 µs; widened W (False) 52.7 / 52.4 / 62.7; two terms 47.2 / 42.3 / 46.2; one term
+    37.7 / 38.2 / 43.8.
     """
+    terms = _act_terms(fp8_activations)
     if _direct_ok(x, weight, lora_a, lora_b, bias, weight_scale):
-        return lora_linear_impl(x, weight, lora_a, lora_b, float(scale), bias, strategy, weight_scale,
-                                bool(fp8_activations))
-    check_inputs(x, weight, lora_a, lora_b, bias, strategy, weight_scale, fp8_activations)
+        return lora_linear_impl(x, weight, lora_a, lora_b, float(scale), bias, strategy, weight_scale, terms)
+    check_inputs(x, weight, lora_a, lora_b, bias, strategy, weight_scale, terms)
     return torch.ops.lowrank_gemm.lora_linear(x, weight, lora_a, lora_b, float(scale), bias, strategy, weight_scale,
-                                              bool(fp8_activations))
+                                              terms)
 
 
 _PLAIN = (torch.Tensor, torch.nn.Parameter)

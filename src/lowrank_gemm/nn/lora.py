@@ -37,7 +37,7 @@ class LoRALinear(nn.Module):
         self.scale = float(scale)
         self.strategy = strategy
         self.register_buffer("weight_scale", None)     # fp32 [N] once quantize_weight_fp8_ ran
-        self.fp8_activations = False
+        self.fp8_activations = 0
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, lora_a: torch.Tensor, lora_b: torch.Tensor, scale: float = 1.0,
@@ -68,7 +68,7 @@ class LoRALinear(nn.Module):
         mod.lora_b = nn.Parameter(lora_b.detach().to(w.device, w.dtype).contiguous(), requires_grad=False)
         mod.scale, mod.strategy = float(scale), strategy
         mod.register_buffer("weight_scale", None)
-        mod.fp8_activations = False
+        mod.fp8_activations = 0
         return mod
 
     @classmethod
@@ -95,18 +95,20 @@ class LoRALinear(nn.Module):
 
     @torch.no_grad()
     def quantize_weight_fp8_(self, dtype: torch.dtype = torch.float8_e4m3fn, *,
-                             activations: bool = False) -> "LoRALinear":
+                             activations: bool | int = False) -> "LoRALinear":
         """Store W as ``dtype`` (e4m3 or e5m2) with a float32 scale per output channel, ``amax(|W[n]|) / fp8 max``
         (an all-zero row gets scale 1), so every row uses the format's whole range; x, the branch and the bias keep
         their dtype. The op then computes ``x·(W8·diag(scale))ᵀ + scale·(x·Aᵀ)·Bᵀ + bias``. ``activations`` (e4m3
-        only): each call also quantizes x per token for the base product (fp8 × fp8: the prefill case; the branch
-        keeps the 16-bit x). Refused on a packed layer (``pack_`` shares W's buffer with B) and on an fp8 layer
+        only): each call also quantizes x per token for the base product, an fp8 × fp8 product (the branch keeps the
+        16-bit x): ``True`` one e4m3 term, ``2`` two (about 16-bit x's precision; ``lora_linear`` has the numbers). Refused on a packed layer (``pack_`` shares W's buffer with B) and on an fp8 layer
         already. Returns self."""
         from ..kernels.lora_gemm import FP8_WEIGHTS, fp8_rows
         if dtype not in FP8_WEIGHTS:
             raise ValueError(f"fp8 dtype must be one of {FP8_WEIGHTS}, got {dtype}")
         if self.weight.dtype in FP8_WEIGHTS:
             raise ValueError(f"the weight is already {self.weight.dtype}")
+        if not isinstance(activations, int) or activations not in (0, 1, 2):
+            raise ValueError(f"activations must be False, True or 2 (e4m3 terms of x), got {activations!r}")
         if activations and dtype != torch.float8_e4m3fn:
             raise ValueError(f"fp8 activations run the e4m3 × e4m3 product: dtype must be float8_e4m3fn, got {dtype}")
         if self.packed:
@@ -117,7 +119,7 @@ class LoRALinear(nn.Module):
         w8, scale = fp8_rows(w, dtype)
         self.weight = nn.Parameter(w8, requires_grad=False)
         self.weight_scale = scale
-        self.fp8_activations = bool(activations)
+        self.fp8_activations = int(activations)
         return self
 
     @property
@@ -135,4 +137,4 @@ class LoRALinear(nn.Module):
                 f"scale={self.scale:g}, bias={self.bias is not None}, strategy={self.strategy!r}"
                 + (", packed" if self.packed else "")
                 + (f", weight={self.weight.dtype} per-channel scaled" if self.weight_scale is not None else "")
-                + (", fp8 activations" if self.fp8_activations else ""))
+                + ({0: "", 1: ", fp8 activations", 2: ", fp8 activations in two terms"}[self.fp8_activations]))
