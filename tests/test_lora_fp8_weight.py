@@ -139,13 +139,18 @@ def test_fp8_auto_plan_rules():
     assert s == "split" and not c.swap_ab and c.s_producers == 0 and (c.block_n, c.block_k) == (128, 128)
     s, c = _fp8_weight_plan("kloop", prefill, 1024, 4096, 4096, 16, torch.bfloat16, cpu, True)
     assert s in LG.FP8_ACT_STRATEGIES
-    # decode-sized M (≤ FP8_WEIGHT_NARROW_MAX_M): split, swap-AB, 64 weight rows × 128 K, 4 stages (probe_lora_fp8w)
+    # decode-sized M (≤ FP8_WEIGHT_NARROW_MAX_M; at M ≤ 16 only with N ≥ 8192): split, swap-AB, 64 weight rows ×
+    # 128 K, 4 stages (probe_lora_fp8w)
     for M, bm in ((1, 16), (16, 16), (17, 32), (64, 64)):
         s, c = _fp8_weight_plan("kloop", prefill.replace(s_producers=2), M, 28672, 4096, 16, torch.bfloat16, cpu)
         assert s == "split" and c.swap_ab and (c.block_m, c.block_n, c.block_k, c.num_stages) == (bm, 64, 128, 4)
         assert c.split_k == 1 and c.s_producers == 0
     s, c = _fp8_weight_plan("split", prefill, 65, 28672, 4096, 16, torch.bfloat16, cpu)
     assert c.block_n == 256                         # past it: the 16-bit plan, swapped
+    s, c = _fp8_weight_plan("split", prefill, 16, 4096, 4096, 16, torch.bfloat16, cpu)
+    assert c.block_n == 256                         # N < 8192 at M ≤ 16: the 16-bit plan, swapped
+    s, c = _fp8_weight_plan("split", prefill, 64, 4096, 4096, 16, torch.bfloat16, cpu)
+    assert (c.block_m, c.block_n) == (64, 64)
 
 
 def test_fp8_auto_never_plans_a_one_buffer_strategy(monkeypatch):

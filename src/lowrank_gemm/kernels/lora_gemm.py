@@ -1116,7 +1116,7 @@ def _fp8_weight_plan(strategy: str, cfg: KernelConfig, M: int, N: int, K: int, r
                                                                    8 if activations == 1 else 16):
             cfg = square
         return strategy, cfg
-    if M <= FP8_WEIGHT_NARROW_MAX_M:
+    if M <= FP8_WEIGHT_NARROW_MAX_M and (M > 16 or N >= 8192):
         narrow = cfg.replace(block_m=max(16, next_pow2(M)), block_n=64, block_k=128, num_stages=4, num_warps=4,
                              swap_ab=True, split_k=1, s_producers=0)
         if can_implement("split", (M, N, K, r), narrow):
@@ -1130,7 +1130,8 @@ def _fp8_weight_plan(strategy: str, cfg: KernelConfig, M: int, N: int, K: int, r
 # fp8 weights with 16-bit x up to this M: split, swap-AB, 64 weight rows × 128 K per step, 4 stages. H200, session 34
 # (probe_lora_fp8w, graph µs, same process): 4096 → 28672 M = 1 / 16 / 64: 60.5 / 60.5 / 124.0 (the 16-bit plans,
 # swapped) → 52.3 / 52.5 / 62.9; 4096² M = 64: 34.1 → 25.5. (cuBLAS bf16 58.4 / 59.2 / 63.8 / 13.3: W8A16 saves
-# memory, not time; fp8_activations=True is the fast path.)
+# memory, not time; fp8_activations is the fast path.) Not at N < 8192 with M ≤ 16, where its 64-row tiles leave
+# most SMs idle: 4096² M = 1 / 16 went 23.3 → 24.8 (bench lora --fp8, s34_fp8plan), so the 16-bit plan stays there.
 FP8_WEIGHT_NARROW_MAX_M = 64
 
 
