@@ -53,7 +53,8 @@ STRATS = [s for s in LORA_STRATEGIES if s != "torch"]
 PACKED_IMPLS = ("auto_packed", "kcat")
 # the rows the targets are read from: also timed in alternation with cuBLAS (``ratio_paired``)
 PAIRED_IMPLS = ("auto", "auto_packed")
-FP8_IMPLS = ("auto_fp8w", "auto_w8a8", "auto_w8a8x2", "fp8_scaled_mm")      # --fp8: on fp8 copies of each set's weight (fp8_sets)
+# --fp8: on fp8 copies of each set's weight (fp8_sets)
+FP8_IMPLS = ("auto_fp8w", "auto_w8a8", "auto_w8a8x2", "fp8_scaled_mm")
 SCALE = 0.5
 
 

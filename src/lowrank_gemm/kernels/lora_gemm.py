@@ -1099,8 +1099,8 @@ def _fp8_weight_plan(strategy: str, cfg: KernelConfig, M: int, N: int, K: int, r
     prefill tiles that spills (sm_90 ptxas: split 128×256×64 on 8 warps 24 bytes, 128×128×64 on 4 warps 84); with
     swap-AB it is the register A operand and none of the planner's tiles spills (NOTES.md, session 33). So: one of
     :data:`FP8_AUTO_STRATEGIES` (else ``split``), with ``swap_ab`` wherever the tiles can take it.
-    ``activations`` (fp8 x too, in 1 or 2 e4m3 terms): one of :data:`FP8_ACT_STRATEGIES` (else ``split``) with S from the down kernel (no
-    in-grid S producers, which would read the fp8 x). Nothing is widened; but a 256-wide tile spills with two fp8
+    ``activations`` (fp8 x too, in 1 or 2 e4m3 terms): one of :data:`FP8_ACT_STRATEGIES` (else ``split``) with S
+    from the down kernel (no in-grid S producers, which would read the fp8 x). Nothing is widened; but a 256-wide tile spills with two fp8
     operands (sm_90 ptxas, 128×256×64 on 8 warps: 28 bytes; ×128: 40), so those become 128×128×128 (CUTLASS's fp8
     tile: 207 registers, no spill) where the ledger, at 8 bits (two x terms: 16), fits them."""
     if strategy == "torch":

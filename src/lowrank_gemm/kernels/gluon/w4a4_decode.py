@@ -105,8 +105,9 @@ NONEMPTY_K_DEFAULT = True    # int4_2l K loop with a provable trip count ≥ 1 (
                              # (probe_decode_split, session 5): GEMM 47.0 → 45.2 µs at M=64, neutral at M ≤ 16
 ROW_BOX_DEFAULT = True       # the row table (u / w_scale) as one 2-D TMA box per step instead of BK/G 1-D copies
                              # (_issue_step); env LOWRANK_GEMM_DECODE_ROW_BOX=0/1 overrides. H200, session 34
-                             # (probe_decode_epi, bit-identical): GEMM 14.1 → 13.1 µs (2l, 4096², M=16), 40.2 → 35.9
-                             # (2l, K=14336), 13.8 → 12.4 (g64, 4096²), ≤ 1 % at N=28672; 49.2 → 50.1 (g64, K=14336)
+                             # (probe_decode_epi, bit-identical): GEMM 14.1 → 13.1 µs (2l, 4096², M=16),
+                             # 40.2 → 35.9 (2l, K=14336), 13.8 → 12.4 (g64, 4096²), ≤ 1 % at N=28672;
+                             # 49.2 → 50.1 (g64, K=14336)
 EPI_MMA_DEFAULT = True    # the low-rank term as one register-A wgmma in the epilogue (_epilogue); env
                           # LOWRANK_GEMM_DECODE_EPI_MMA=0/1 overrides. Session 32: the per-rank loop it replaces held
                           # 21 % of the warps' stall samples at M = 16, K = 4096, N = 28672 (ncu)
