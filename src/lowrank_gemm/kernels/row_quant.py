@@ -11,6 +11,10 @@ one float32 scale. Both paths give the same bits (``fp8_rows_torch`` is the spec
 - a row holding NaN has amax NaN and scale 1 (NaN > 0 is false, as in ``torch.where``), a row holding ±Inf scale
   Inf: the product comes out NaN either way, as it would in 16 bits. (Only q's elements past 448 in a NaN row
   differ: the cast saturates here and gives NaN in PyTorch; the row's product is NaN on both sides.)
+
+``terms=2`` adds the residual's codes: RN(x − q·scale) (one fma), quantized the same way, as rows M … 2M − 1 — x in
+two e4m3 terms, about 8 significant bits, for the LoRA kernels' two-accumulator K loop (``lora_linear``'s
+``fp8_activations=2``). Rows longer than the one-pass limit then read x a third time.
 """
 
 from __future__ import annotations
