@@ -6,3 +6,12 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; L=$OUT/$1; mkdir -p "$L"
 say() { echo "$*" | tee -a "$L/summary.txt"; }
+# gpu_tests <timeout s> <workers> <test files…>: `pytest -m gpu` on them into $L/tests.log; the tally and the failures
+# go to the summary
+gpu_tests() {
+    local t=$1 n=$2; shift 2
+    timeout "$t" python3 -m pytest -m gpu "$@" -q -n "$n" --timeout=$((t - 20)) -p no:cacheprovider -rf \
+        > "$L/tests.log" 2>&1
+    say "tests rc=$? $(tail -1 "$L/tests.log")"
+    grep -E "^FAILED|^ERROR" "$L/tests.log" | head -20 | tee -a "$L/summary.txt"
+}

@@ -5,10 +5,7 @@
 #   LOWRANK_GEMM_COMMIT=<hash> bash scripts/gpu_s34_fp8plan.sh → $OUT/s34_fp8plan/…
 source "$(dirname "$0")/_device_prelude.sh" s34_fp8plan
 say "commit=${LOWRANK_GEMM_COMMIT:-?} $(nvidia-smi --query-gpu=name,clocks.sm --format=csv,noheader)"
-timeout 120 python3 -m pytest -m gpu tests/test_lora_fp8_weight.py tests/test_row_quant.py -q -n 8 --timeout=100 \
-    -p no:cacheprovider -rf > "$L/tests.log" 2>&1
-say "tests rc=$? $(tail -1 "$L/tests.log")"
-grep -E "^FAILED|^ERROR" "$L/tests.log" | head -20 | tee -a "$L/summary.txt"
+gpu_tests 120 8 tests/test_lora_fp8_weight.py tests/test_row_quant.py
 timeout 100 python3 scripts/probe_lora_fp8w.py --out "$L" --no-sweep \
     --cases 1x28672x4096,16x28672x4096,64x28672x4096,1x4096x4096,64x4096x4096,1024x28672x4096 > "$L/probe.log" 2>&1
 say "fp8w probe rc=$?"

@@ -5,11 +5,8 @@
 #   LOWRANK_GEMM_COMMIT=<hash> bash scripts/gpu_s34_verify.sh → $OUT/s34_verify/…
 source "$(dirname "$0")/_device_prelude.sh" s34_verify
 say "commit=${LOWRANK_GEMM_COMMIT:-?} $(nvidia-smi --query-gpu=name,clocks.sm --format=csv,noheader)"
-timeout 200 python3 -m pytest -m gpu tests/test_w4a4_decode.py tests/test_w4a4_gpu.py tests/test_w4a4_gemm.py \
-    tests/test_w4a4_gemv.py tests/test_w4a4_skinny.py tests/test_row_quant.py tests/test_lora_fp8_weight.py \
-    -q -n 14 --timeout=150 -p no:cacheprovider -rf > "$L/tests.log" 2>&1
-say "tests rc=$? $(tail -1 "$L/tests.log")"
-grep -E "^FAILED|^ERROR" "$L/tests.log" | head -20 | tee -a "$L/summary.txt"
+gpu_tests 200 14 tests/test_w4a4_decode.py tests/test_w4a4_gpu.py tests/test_w4a4_gemm.py \
+    tests/test_w4a4_gemv.py tests/test_w4a4_skinny.py tests/test_row_quant.py tests/test_lora_fp8_weight.py
 timeout 260 python3 scripts/probe_lora_fp8w.py --out "$L" --budget-s 220 > "$L/probe.log" 2>&1
 say "fp8w probe rc=$?"
 grep -E "^ROW|^PLAN" "$L/probe.log" | cut -c1-200 >> "$L/summary.txt"

@@ -4,10 +4,7 @@
 #   LOWRANK_GEMM_COMMIT=<hash> bash scripts/gpu_s34_x2.sh → $OUT/s34_x2/…
 source "$(dirname "$0")/_device_prelude.sh" s34_x2
 say "commit=${LOWRANK_GEMM_COMMIT:-?} $(nvidia-smi --query-gpu=name,clocks.sm --format=csv,noheader)"
-timeout 100 python3 -m pytest -m gpu tests/test_lora_fp8_weight.py tests/test_row_quant.py -q -n 8 --timeout=90 \
-    -p no:cacheprovider -rf > "$L/tests.log" 2>&1
-say "tests rc=$? $(tail -1 "$L/tests.log")"
-grep -E "^FAILED|^ERROR" "$L/tests.log" | head -20 | tee -a "$L/summary.txt"
+gpu_tests 100 8 tests/test_lora_fp8_weight.py tests/test_row_quant.py
 timeout 120 python3 -m lowrank_gemm bench lora --fp8 --kn 4096x28672,4096x4096 --ranks 16 --ms 1,16,64,256,1024 \
     --only cublas_base,auto,auto_fp8w,auto_w8a8,auto_w8a8x2,fp8_scaled_mm --out "$L/results" > "$L/bench.log" 2>&1
 say "bench rc=$?"
