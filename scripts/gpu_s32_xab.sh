@@ -6,10 +6,8 @@
 #   LOWRANK_GEMM_COMMIT=<hash> bash scripts/gpu_s32_xab.sh → $OUT/s32_xab/…
 source "$(dirname "$0")/_device_prelude.sh" s32_xab
 say "commit=${LOWRANK_GEMM_COMMIT:-?} $(nvidia-smi --query-gpu=name,clocks.sm --format=csv,noheader)"
-timeout 200 python3 -m pytest -m gpu tests/test_w4a4_decode.py tests/test_w4a4_gpu.py tests/test_w4a4_gemm.py \
-    tests/test_w4a4_gemv.py tests/test_w4a4_skinny.py tests/test_nunchaku.py -q -n 14 --timeout=150 -p no:cacheprovider -rf > "$L/tests.log" 2>&1
-say "tests rc=$? $(tail -1 "$L/tests.log")"
-grep -E "^FAILED|^ERROR" "$L/tests.log" | head -20 | tee -a "$L/summary.txt"
+gpu_tests 200 14 tests/test_w4a4_decode.py tests/test_w4a4_gpu.py tests/test_w4a4_gemm.py \
+    tests/test_w4a4_gemv.py tests/test_w4a4_skinny.py tests/test_nunchaku.py
 timeout 240 python3 scripts/probe_decode_epi.py --out "$L" > "$L/probe.log" 2>&1
 say "probe rc=$?"
 grep "^ROW" "$L/probe.log" | cut -c5- >> "$L/summary.txt"

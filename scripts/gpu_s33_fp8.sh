@@ -6,10 +6,7 @@
 #   LOWRANK_GEMM_COMMIT=<hash> bash scripts/gpu_s33_fp8.sh → $OUT/s33_fp8/…
 source "$(dirname "$0")/_device_prelude.sh" s33_fp8
 say "commit=${LOWRANK_GEMM_COMMIT:-?} $(nvidia-smi --query-gpu=name,clocks.sm --format=csv,noheader)"
-timeout 240 python3 -m pytest -m gpu tests/test_lora_fp8_weight.py tests/test_row_quant.py tests/test_nunchaku.py -q -n 8 --timeout=150 \
-    -p no:cacheprovider -rf > "$L/tests.log" 2>&1
-say "tests rc=$? $(tail -1 "$L/tests.log")"
-grep -E "^FAILED|^ERROR" "$L/tests.log" | head -20 | tee -a "$L/summary.txt"
+gpu_tests 240 8 tests/test_lora_fp8_weight.py tests/test_row_quant.py tests/test_nunchaku.py
 timeout 90 python3 scripts/probe_row_quant.py --out "$L" > "$L/probe.log" 2>&1
 say "row_quant probe rc=$?"
 grep "^ROW" "$L/probe.log" | cut -c5- >> "$L/summary.txt"

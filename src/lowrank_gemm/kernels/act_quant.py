@@ -34,7 +34,7 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from .env import getenv
+from .env import getenv, interpreting
 from .epilogue import rank_block
 from .launch import launch
 from .pdl import gdc_launch_dependents, gdc_wait, pdl_enabled
@@ -1276,8 +1276,7 @@ def plan_act_quant(m: int, k: int, group_size: int, device=None, split: int | No
 _PIECE_SHIFT = {torch.bfloat16: 8, torch.float16: 11, torch.float32: 24}
 
 
-def _interpreting() -> bool:
-    return getenv("TRITON_INTERPRET", "0") not in ("", "0")
+_interpreting = interpreting
 
 
 def _prep(x, smooth, lora_down, r: int, br: int, unscaled: bool = False):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["getenv", "env_on", "env_ints", "pinned_config"]
+__all__ = ["getenv", "env_on", "env_ints", "pinned_config", "interpreting"]
 
 # os.environ.get of an unset variable raises and catches a KeyError inside the mapping (~2 µs), and our switches are
 # unset almost always and read on every call (a dozen per W4A4 layer call). On POSIX os.environ keeps its values in
@@ -18,6 +18,11 @@ def getenv(var: str, default=None):
         return os.environ.get(var, default)
     raw = _RAW.get(var.encode())
     return default if raw is None else os.fsdecode(raw)
+
+
+def interpreting() -> bool:
+    """Whether Triton's interpreter runs the kernels (``TRITON_INTERPRET`` set and not 0: the CPU tests)."""
+    return getenv("TRITON_INTERPRET", "0") not in ("", "0")
 
 
 def env_on(var: str, default: bool = True) -> bool:

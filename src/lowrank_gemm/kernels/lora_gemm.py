@@ -50,7 +50,7 @@ from ..plan.config import KernelConfig
 from ..plan.planner import (LORA_STRATEGIES, block_r_for, can_implement, current_pin, fixup_dp_tiles, pinned,
                             plan_lora)
 from ..plan.tuned import tuned_file
-from .env import env_on, getenv
+from .env import env_on, getenv, interpreting
 from .launch import launch
 from .pdl import pdl_supported
 from .persistent import capturing as _capturing, outside_graph_pools, persistent_zeros, stream_key
@@ -153,8 +153,7 @@ def _desc(t: torch.Tensor, rows: int, cols: int) -> TensorDescriptor:
     return TensorDescriptor.from_tensor(t, [rows, cols])
 
 
-def _interpreting() -> bool:
-    return getenv("TRITON_INTERPRET", "0") not in ("", "0")
+_interpreting = interpreting
 
 
 def _use_triton(x: torch.Tensor) -> bool:

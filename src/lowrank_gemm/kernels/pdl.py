@@ -28,7 +28,7 @@ import triton.language as tl
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
-from .env import getenv
+from .env import getenv, interpreting
 from .schedule import device_index
 
 __all__ = ["PDL_DEFAULT", "pdl_supported", "pdl_enabled", "gdc_wait", "gdc_launch_dependents", "gl_gdc_wait", "gl_gdc_launch_dependents"]
@@ -42,7 +42,7 @@ PDL_DEFAULT = True
 def pdl_supported(device: torch.device | None) -> bool:
     """Whether a launch on ``device`` can use PDL at all: CUDA sm_90+, not the interpreter (which cannot run the
     griddepcontrol inline PTX). Callers with their own on/off switch combine it with this."""
-    if getenv("TRITON_INTERPRET", "0") not in ("", "0"):
+    if interpreting():
         return False
     if device is None or device.type != "cuda":
         return False

@@ -23,7 +23,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .env import getenv
+from .act_quant import _fma, _max_nan    # RN(a·b + c) (emulated under the interpreter), NaN-propagating max
+from .env import interpreting
 
 __all__ = ["fp8_rows", "fp8_rows_torch"]
 
@@ -52,11 +53,6 @@ def fp8_rows_torch(x2: torch.Tensor, dtype: torch.dtype = torch.float8_e4m3fn,
 
 
 @triton.jit
-def _max_nan(a, b):
-    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
-
-
-@triton.jit
 def _round_fp8(v, dt: tl.constexpr, MANT: tl.constexpr, EMIN: tl.constexpr, EMU_CVT: tl.constexpr):
     """(RN-even fp32 → fp8, that value back in fp32). Triton 3.6's interpreter truncates instead (and drops the carry
     into the exponent), and cannot widen fp8 back; there v is first rounded onto the format's grid in fp32 (MANT
@@ -79,15 +75,6 @@ def _scale_of(amax, FP8_MAX: tl.constexpr):
 
 
 @triton.jit
-def _residual(v, qf, scale, EMU_CVT: tl.constexpr):
-    """RN(v − q·scale) from q's fp32 value: one rounding (an fma; the interpreter's fma rounds twice, so there in
-    float64, exact here)."""
-    if EMU_CVT:
-        return (v.to(tl.float64) - qf.to(tl.float64) * scale.to(tl.float64)).to(tl.float32)
-    return tl.fma(-qf, scale, v)
-
-
-@triton.jit
 def _fp8_rows_kernel(x_ptr, stride_xm, q_ptr, stride_qm, s_ptr, M, K,
                      FP8_MAX: tl.constexpr, MANT: tl.constexpr, EMIN: tl.constexpr,
                      BLOCK_K: tl.constexpr, ONE_PASS: tl.constexpr, EMU_CVT: tl.constexpr, TERMS: tl.constexpr):
@@ -104,7 +91,7 @@ def _fp8_rows_kernel(x_ptr, stride_xm, q_ptr, stride_qm, s_ptr, M, K,
         q, qf = _round_fp8(tl.math.div_rn(v, scale), dt, MANT, EMIN, EMU_CVT)
         tl.store(q_row + offs, q, mask=offs < K)
         if TERMS == 2:
-            r = _residual(v, qf, scale, EMU_CVT)
+            r = _fma(-qf, scale, v, EMU_CVT)
             r_scale = _scale_of(tl.reduce(tl.abs(r), 0, _max_nan), FP8_MAX)
             tl.store(r_row + offs, _round_fp8(tl.math.div_rn(r, r_scale), dt, MANT, EMIN, EMU_CVT)[0],
                      mask=offs < K)
@@ -119,12 +106,12 @@ def _fp8_rows_kernel(x_ptr, stride_xm, q_ptr, stride_qm, s_ptr, M, K,
             q, qf = _round_fp8(tl.math.div_rn(v, scale), dt, MANT, EMIN, EMU_CVT)
             tl.store(q_row + k0 + offs, q, mask=k0 + offs < K)
             if TERMS == 2:
-                acc = _max_nan(acc, tl.abs(_residual(v, qf, scale, EMU_CVT)))
+                acc = _max_nan(acc, tl.abs(_fma(-qf, scale, v, EMU_CVT)))
         if TERMS == 2:
             r_scale = _scale_of(tl.reduce(acc, 0, _max_nan), FP8_MAX)
             for k0 in range(0, K, BLOCK_K):
                 v = tl.load(x_row + k0 + offs, mask=k0 + offs < K, other=0.0).to(tl.float32)
-                r = _residual(v, _round_fp8(tl.math.div_rn(v, scale), dt, MANT, EMIN, EMU_CVT)[1], scale, EMU_CVT)
+                r = _fma(-_round_fp8(tl.math.div_rn(v, scale), dt, MANT, EMIN, EMU_CVT)[1], scale, v, EMU_CVT)
                 tl.store(r_row + k0 + offs, _round_fp8(tl.math.div_rn(r, r_scale), dt, MANT, EMIN, EMU_CVT)[0],
                          mask=k0 + offs < K)
     tl.store(s_ptr + row, scale)
@@ -149,7 +136,7 @@ def fp8_rows(x2: torch.Tensor, dtype: torch.dtype = torch.float8_e4m3fn,
     if terms not in (1, 2):
         raise ValueError(f"fp8_rows: terms must be 1 or 2, got {terms!r}")
     M, K = x2.shape
-    interp = x2.device.type == "cpu" and getenv("TRITON_INTERPRET", "0") not in ("", "0")
+    interp = x2.device.type == "cpu" and interpreting()
     if not (x2.is_cuda or interp) or M == 0 or K == 0:
         return fp8_rows_torch(x2, dtype, terms)
     if x2.stride(1) != 1:
