@@ -94,7 +94,7 @@ def main():
 
         def hilo_fused(x_, w_, a_, b_, ws_, *_):
             """The same two terms from one quantizer launch (fp8_rows terms=2) into one W8A8 launch whose K loop
-            keeps two accumulators (X_TERMS = 2)."""
+            feeds both into one accumulator (X_TERMS = 2; the terms share the row scale)."""
             return LG.run_strategy(w8a8_plan[0], x_, w_, a_, b_, bl.SCALE, None, w8a8_plan[1], weight_scale=ws_,
                                    x_fp8=fp8_rows(x_, terms=2))
         y = hilo_fused(*f8[0])

@@ -139,6 +139,10 @@ def test_fp8_auto_plan_rules():
     assert s == "split" and not c.swap_ab and c.s_producers == 0 and (c.block_n, c.block_k) == (128, 128)
     s, c = _fp8_weight_plan("kloop", prefill, 1024, 4096, 4096, 16, torch.bfloat16, cpu, True)
     assert s in LG.FP8_ACT_STRATEGIES
+    # two x terms: the same square tile, with fewer stages where the 16-bit ledger wants them
+    for M in (64, 256, 1024):
+        s, c = _fp8_weight_plan("split", prefill, M, 28672, 4096, 16, torch.bfloat16, cpu, 2)
+        assert (c.block_n, c.block_k) == (128, 128) and 2 <= c.num_stages <= prefill.num_stages
     # decode-sized M (≤ FP8_WEIGHT_NARROW_MAX_M; at M ≤ 16 only with N ≥ 8192): split, swap-AB, 64 weight rows ×
     # 128 K, 4 stages (probe_lora_fp8w)
     for M, bm in ((1, 16), (16, 16), (17, 32), (64, 64)):
@@ -178,7 +182,7 @@ def _w8a8_ref(x, w8, ws, a, b, scale, bias, terms=1):
     """float64: the base product of the per-token e4m3 x (LG.fp8_rows, in ``terms`` terms) and the scaled fp8 W, the
     branch on the 16-bit x."""
     x8, xs = LG.fp8_rows(x.reshape(-1, x.shape[-1]), terms=terms)
-    xq = (x8.double() * xs.double()[:, None]).reshape(terms, -1, x.shape[-1]).sum(0).reshape(x.shape)
+    xq = (x8.double().reshape(terms, -1, x.shape[-1]).sum(0) * xs.double()[:, None]).reshape(x.shape)
     y = lora_linear_ref(xq, w8, a[:0], b[:, :0], 1.0, bias, weight_scale=ws)
     return y + scale * (x.double() @ a.double().t()) @ b.double().t()
 
@@ -212,9 +216,9 @@ def test_fp8_activations_match_reference(strategy, split_k, poisoned_workspaces)
 @pytest.mark.parametrize("strategy", ("split", "streams"))
 @pytest.mark.parametrize("split_k, swap", [(1, False), (3, False), (1, True)])
 def test_fp8_two_term_activations_match_reference(strategy, split_k, swap, poisoned_workspaces):  # noqa: F811
-    """x as two e4m3 terms (fp8_rows terms=2: rows M … 2M − 1 the residual's codes): two accumulators in the K loop,
-    summed with their row scales; against float64 on the same two terms, and within ~2⁻⁸ of the 16-bit x's result
-    (one term: ~2⁻⁴)."""
+    """x as two e4m3 terms on one row scale (fp8_rows terms=2: rows M … 2M − 1 the residual's codes), both into the K
+    loop's one accumulator; against float64 on the same two terms, and within ~2⁻⁸ of the 16-bit x's result (one
+    term: ~2⁻⁴)."""
     M, N, K, r = 37, 70, 88, 8
     x, w8, ws, a, b, bias = make_fp8(M, N, K, r)
     cfg = cfg_for(r, split_k)
@@ -224,14 +228,16 @@ def test_fp8_two_term_activations_match_reference(strategy, split_k, swap, poiso
     q, qs = LG.fp8_rows(x, terms=2)
     y = run_strategy(strategy, x, w8, a, b, 0.7, bias, cfg, out=out, weight_scale=ws, x_fp8=(q, qs))
     assert not y.isnan().any()
-    xq = q[:M].double() * qs[:M, None].double() + q[M:].double() * qs[M:, None].double()
+    xq = (q[:M].double() + q[M:].double()) * qs[:, None].double()
     ref = lora_linear_ref(xq, w8, a[:0], b[:, :0], 1.0, bias, weight_scale=ws) + \
         0.7 * (x.double() @ a.double().t()) @ b.double().t()
     assert rel_err(y, ref) < REL_TOL
     exact = lora_linear_ref(x, w8, a, b, 0.7, bias, weight_scale=ws)
     assert rel_err(y, exact) < 4 * REL_TOL < rel_err(_w8a8_ref(x, w8, ws, a, b, 0.7, bias), exact)
-    with pytest.raises(ValueError, match="2M rows"):
-        run_strategy(strategy, x, w8, a, b, 0.7, bias, cfg, weight_scale=ws, x_fp8=(q[:M + 1], qs[:M + 1]))
+    with pytest.raises(ValueError, match="or 2M"):
+        run_strategy(strategy, x, w8, a, b, 0.7, bias, cfg, weight_scale=ws, x_fp8=(q[:M + 1], qs))
+    with pytest.raises(ValueError, match="and M scales"):     # the two terms share their token's scale
+        run_strategy(strategy, x, w8, a, b, 0.7, bias, cfg, weight_scale=ws, x_fp8=(q, torch.cat([qs, qs])))
 
 
 def test_fp8_two_term_activations_op():
@@ -442,10 +448,13 @@ def test_fp8_pinned_plan_is_taken_as_given(monkeypatch):
             LG.lora_linear_impl(x, w8, a, b, 0.5, bias, "auto", ws)
 
 
+@pytest.mark.parametrize("terms", [1, 2])
 @pytest.mark.parametrize("bm, bn, bk, warps, stages", [(128, 128, 128, 8, 4), (64, 128, 128, 4, 4)])
-def test_fp8_activations_compile_to_fp8_wgmma(bm, bn, bk, warps, stages):
+def test_fp8_activations_compile_to_fp8_wgmma(bm, bn, bk, warps, stages, terms):
     """With x and W both e4m3 the K loop is the fp8 wgmma straight from the TMA tiles (nothing widened), no spill on
-    the tiles auto gives it (a 256-wide one spills: _fp8_weight_plan makes it 128×128×128)."""
+    the tiles auto gives it (a 256-wide one spills: _fp8_weight_plan makes it 128×128×128). Two x terms: twice the
+    wgmma into the same accumulator, in the same registers as one term (a second accumulator took 245–253 and, on a
+    128×256 tile, spilled 2.3 KB with every wgmma serialized: 18× slower on the H200, session 35)."""
     from lowrank_gemm.kernels.aot import compile_sm90
     from test_lora_gemm import MAIN_FLAGS, MOD
     from _sm90 import ptxas_stats
@@ -453,12 +462,15 @@ def test_fp8_activations_compile_to_fp8_wgmma(bm, bn, bk, warps, stages):
     sig["x_desc"] = f"tensordesc<fp8e4nv[{bm}, {bk}]>"
     sig["xscale_ptr"] = "*fp32"
     consts = dict(MAIN_FLAGS, HAS_BIAS=True, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, BLOCK_R=16, GROUP_M=8,
-                  LOWRANK=LG.K_.LOWRANK_GLOBAL, PARTIAL=False, R_CHUNKS=1)
+                  LOWRANK=LG.K_.LOWRANK_GLOBAL, PARTIAL=False, R_CHUNKS=1, X_TERMS=terms)
     info = compile_sm90(MOD, "lora_main_kernel", sig, consts, num_warps=warps, num_stages=stages)
     assert "e4m3.e4m3" in info.ptx and "wgmma.mma_async" in info.ptx and "cp.async.bulk.tensor" in info.ptx
+    # the main loop's two wgmma per K step (BK 128: four k32 each) per x term, beside the branch's and the epilogue's
+    assert info.ptx.count("e4m3.e4m3") == 4 * terms
     stats = ptxas_stats(info.ptx)
     if stats is not None:
         assert stats[1] == 0, f"spills {stats[1]} bytes"
+        assert stats[0] <= 207 and "C751" not in stats[2], stats[2]    # C7510–C7515: wgmma serialized
 
 
 @pytest.mark.gpu

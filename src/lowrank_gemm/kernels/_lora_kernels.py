@@ -78,12 +78,11 @@ def _main_loop(x_desc, w_desc, a_desc, off_m, off_n, k_lo, k_hi,
     with the K sum, so split-K partials carry it and the branch, the bias and the fixups stay as they are. With X in
     fp8 too (``xs_ptr``: fp32 [M], its per-token scale; the branch's S then comes from the 16-bit X elsewhere) both
     operands feed the fp8 wgmma as they are and the row scale joins the column scale. X_TERMS = 2: fp8 X holds two
-    terms per token (rows [0, M): x's e4m3 codes, rows [M, 2M): its residual's, each with its row scale in
-    ``xs_ptr`` [2M]; :func:`row_quant.fp8_rows` with ``terms=2``), multiplied into two accumulators and summed at
-    the end — about 16-bit x's precision on the fp8 tensor cores, twice their work and no widening."""
+    terms per token on one row scale (rows [0, M): x's e4m3 codes, rows [M, 2M): its residual's; ``xs_ptr`` [M];
+    :func:`row_quant.fp8_rows` with ``terms=2``), both multiplied into the one accumulator — about 16-bit x's
+    precision on the fp8 tensor cores, twice their work, no widening and no second accumulator (two spilled the
+    prefill tiles: 4.4 ms against one term's 0.25 at M = 1024, N = 28672, session 35)."""
     acc = tl.zeros((BLOCK_N, BLOCK_M) if SWAP_AB else (BLOCK_M, BLOCK_N), dtype=tl.float32)
-    if X_TERMS == 2:
-        acc_lo = tl.zeros((BLOCK_N, BLOCK_M) if SWAP_AB else (BLOCK_M, BLOCK_N), dtype=tl.float32)
     s = tl.zeros((BLOCK_R, BLOCK_M) if SWAP_AB else (BLOCK_M, BLOCK_R), dtype=tl.float32)
     for kt in tl.range(k_lo, k_hi):
         k = kt * BLOCK_K
@@ -96,11 +95,13 @@ def _main_loop(x_desc, w_desc, a_desc, off_m, off_n, k_lo, k_hi,
         else:
             acc = tl.dot(x, w.T, acc)
         if X_TERMS == 2:
-            x_lo = x_desc.load([off_m + M, k])           # the residual's rows (past 2M: TMA zero fill)
+            # the residual's rows (past 2M: TMA zero fill). Rows ≥ M of either load belong to no token of this
+            # tile's output, and those rows are never stored.
+            x_lo = x_desc.load([off_m + M, k])
             if SWAP_AB:
-                acc_lo = tl.dot(w, x_lo.T, acc_lo)
+                acc = tl.dot(w, x_lo.T, acc)
             else:
-                acc_lo = tl.dot(x_lo, w.T, acc_lo)
+                acc = tl.dot(x_lo, w.T, acc)
         if KLOOP:
             if A_GATHER:
                 offs_k = k + tl.arange(0, BLOCK_K)
@@ -115,19 +116,13 @@ def _main_loop(x_desc, w_desc, a_desc, off_m, off_n, k_lo, k_hi,
     if SWAP_AB:
         acc = tl.trans(acc)
         s = tl.trans(s)
-        if X_TERMS == 2:
-            acc_lo = tl.trans(acc_lo)
     if ws_ptr is not None:
         offs_n = off_n + tl.arange(0, BLOCK_N)
         w_scale = tl.load(ws_ptr + offs_n, mask=offs_n < N, other=0.0)[None, :]
         acc = acc * w_scale
-        if X_TERMS == 2:
-            acc_lo = acc_lo * w_scale
     if xs_ptr is not None:
         offs_m = off_m + tl.arange(0, BLOCK_M)
         acc = acc * tl.load(xs_ptr + offs_m, mask=offs_m < M, other=0.0)[:, None]
-        if X_TERMS == 2:
-            acc += acc_lo * tl.load(xs_ptr + M + offs_m, mask=offs_m < M, other=0.0)[:, None]
     return acc, s
 
 

@@ -307,7 +307,7 @@ def _lora_linear_torch(x, weight, lora_a, lora_b, scale, bias, weight_scale=None
     w = weight.float() if weight_scale is None else weight.float() * weight_scale.float().reshape(-1, 1)
     if fp8_activations:
         x8, xs = fp8_rows(xf.reshape(-1, xf.shape[-1]), terms=int(fp8_activations))
-        xq = (x8.float() * xs[:, None]).reshape(int(fp8_activations), -1, xf.shape[-1]).sum(0)
+        xq = x8.float().reshape(int(fp8_activations), -1, xf.shape[-1]).sum(0) * xs[:, None]
         y = (xq @ w.t()).reshape(*x.shape[:-1], w.shape[0])
     else:
         y = xf @ w.t()
@@ -900,9 +900,9 @@ def run_strategy(strategy: str, x2, weight, lora_a, lora_b, scale, bias, cfg: Ke
             raise ValueError(f"fp8 activations need an fp8 weight with weight_scale and one of {FP8_ACT_STRATEGIES}, "
                              f"got strategy {strategy!r}")
         x8, xs = x_fp8
-        if x8.shape[0] not in (M, 2 * M) or xs.numel() != x8.shape[0]:
-            raise ValueError(f"x_fp8: codes of M = {M} or 2M rows (two terms) with one scale per row, got "
-                             f"{tuple(x8.shape)} and {xs.numel()} scales")
+        if x8.shape[0] not in (M, 2 * M) or xs.numel() != M:
+            raise ValueError(f"x_fp8: codes of M = {M} rows, or 2M (two terms on one scale per token), and M scales, "
+                             f"got {tuple(x8.shape)} and {xs.numel()} scales")
         x_fp8 = (tma_operand(x8, Kp), xs.to(torch.float32).contiguous())
     if R == 0:  # documented: rank 0 is the plain GEMM
         if x_fp8 is not None:
@@ -1109,11 +1109,13 @@ def _fp8_weight_plan(strategy: str, cfg: KernelConfig, M: int, N: int, K: int, r
             strategy, cfg = plan_lora(M, N, K, r, dtype, device)
     if activations:
         cfg = cfg.replace(s_producers=0)
-        square = cfg.replace(block_n=128, block_k=max(cfg.block_k, 128))
-        # two x terms: two fp8 x tiles per stage, which the 16-bit ledger (x and W at 16 bits) bounds
-        if not cfg.swap_ab and cfg.block_n > 128 and can_implement(strategy, (M, N, K, r), square,
-                                                                   8 if activations == 1 else 16):
-            cfg = square
+        if not cfg.swap_ab and cfg.block_n > 128:
+            # two x terms: two fp8 x tiles per stage, which the 16-bit ledger (x and W at 16 bits) bounds; fewer
+            # stages where the 16-bit count does not fit (the 256-wide tile would spill)
+            for stages in range(max(cfg.num_stages, 2), 1, -1):
+                square = cfg.replace(block_n=128, block_k=max(cfg.block_k, 128), num_stages=stages)
+                if can_implement(strategy, (M, N, K, r), square, 8 * activations):
+                    return strategy, square
         return strategy, cfg
     if M <= FP8_WEIGHT_NARROW_MAX_M and (M > 16 or N >= 8192):
         narrow = cfg.replace(block_m=max(16, next_pow2(M)), block_n=64, block_k=128, num_stages=4, num_warps=4,
@@ -1197,7 +1199,7 @@ def lora_linear(x: torch.Tensor, weight: torch.Tensor, lora_a: torch.Tensor, lor
     the base is ``x·(W·diag(weight_scale))ᵀ``; the kernels read W as fp8 (half the bytes) and widen it on chip.
     ``fp8_activations`` (an e4m3 weight): x is quantized per token for the base product, which then runs on the fp8
     tensor cores; the branch still reads the 16-bit x. ``True``: one e4m3 term (W8A8, rel. error ~0.024 on random
-    data); ``2``: two terms, x ≈ q·s + q'·s' (the residual quantized again, ~8 significant bits: rel. error ~0.0023
+    data); ``2``: two terms, x ≈ (q + q')·s (the residual quantized on the same scale, ~8 significant bits: rel. error ~0.0023
     against the widened W's 0.0018), twice the fp8 MMA work. H200 (session 34, N = 28672, K = 4096, M = 1 / 16 / 64):
     cuBLAS bf16 58.6 / 59.3 / 63.7 µs; widened W (False) 52.7 / 52.4 / 62.7; two terms 47.2 / 42.3 / 46.2; one term
     37.7 / 38.2 / 43.8.
