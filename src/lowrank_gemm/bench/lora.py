@@ -303,6 +303,8 @@ def main(argv=None):
     ap.add_argument("--ms", default=None, help=f"only these M, e.g. 256,1024 (default {','.join(map(str, MS))})")
     ap.add_argument("--ranks", default=None, help=f"only these ranks, e.g. 64 (default {','.join(map(str, RANKS))})")
     ap.add_argument("--fp8", action="store_true", help="also time auto_fp8w (fp8 base weight) and fp8_scaled_mm")
+    ap.add_argument("--name", default="lora", help="results file stem under OUT (default lora: the canonical table; "
+                                                   "e.g. lora_fp8 for a run of the fp8 rows)")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("needs a CUDA GPU", file=sys.stderr)
@@ -323,9 +325,9 @@ def main(argv=None):
     rows, t0 = [], time.time()
     for M, K, N, r in points:
         rows += bench_point(M, N, K, r, torch.bfloat16, copy, args.quick, fns)
-        write_results("lora", meta, rows, args.out)   # partial results survive a time limit
+        write_results(args.name, meta, rows, args.out)   # partial results survive a time limit
         print(f"[{time.time() - t0:.0f}s]", flush=True)
-    path = write_results("lora", meta, rows, args.out, md=to_markdown(meta, rows), plot=plot)
+    path = write_results(args.name, meta, rows, args.out, md=to_markdown(meta, rows), plot=plot)
     print(to_markdown(meta, rows))
     print(f"wrote {path}")
     return 0
