@@ -112,6 +112,19 @@ def check_inputs(x, weight, lora_a, lora_b, bias=None, strategy: str = "auto", w
             raise ValueError(f"{name} must be on x's device {x.device}, got {t.device}")
     if strategy != "auto" and strategy not in LORA_STRATEGIES:
         raise ValueError(f"strategy must be 'auto' or one of {LORA_STRATEGIES}, got {strategy!r}")
+    check_fp8_base(x, weight, weight_scale, fp8_activations)
+    if weight_scale is not None and strategy not in ("auto", "torch") and strategy not in WEIGHT_SCALE_STRATEGIES:
+        raise ValueError(f"strategy {strategy!r} keeps W in one buffer with a 16-bit factor and takes no "
+                         f"weight_scale; with one use 'auto' or one of {WEIGHT_SCALE_STRATEGIES}")
+    if fp8_activations and strategy not in ("auto", "torch") and strategy not in FP8_ACT_STRATEGIES:
+        raise ValueError(f"fp8_activations: strategy {strategy!r} computes S from the main loop's x tiles, which "
+                         f"would be fp8; use 'auto' or one of {FP8_ACT_STRATEGIES}")
+
+
+def check_fp8_base(x, weight, weight_scale, fp8_activations) -> None:
+    """An fp8 base's operands (the single- and the multi-adapter ops): an fp8 ``weight`` needs ``weight_scale`` ([N]
+    or one value, floating point, on x's device); ``fp8_activations`` (False / True / 2) needs an e4m3 weight."""
+    n = weight.shape[0]
     if weight.dtype in FP8_WEIGHTS and weight_scale is None:
         raise ValueError(f"an fp8 weight ({weight.dtype}) needs weight_scale: its scale per output channel [N] or "
                          "one per-tensor value")
@@ -123,17 +136,9 @@ def check_inputs(x, weight, lora_a, lora_b, bias=None, strategy: str = "auto", w
             raise ValueError(f"weight_scale must be [N] = [{n}] or hold one value, got shape {tuple(weight_scale.shape)}")
         if weight_scale.device != x.device:
             raise ValueError(f"weight_scale must be on x's device {x.device}, got {weight_scale.device}")
-        if strategy not in ("auto", "torch") and strategy not in WEIGHT_SCALE_STRATEGIES:
-            raise ValueError(f"strategy {strategy!r} keeps W in one buffer with a 16-bit factor and takes no "
-                             f"weight_scale; with one use 'auto' or one of {WEIGHT_SCALE_STRATEGIES}")
-    _act_terms(fp8_activations)
-    if fp8_activations:
-        if weight.dtype != torch.float8_e4m3fn:
-            raise ValueError(f"fp8_activations quantizes x to e4m3 per token for an fp8 × fp8 main product: the weight "
-                             f"must be float8_e4m3fn (with weight_scale), got {weight.dtype}")
-        if strategy not in ("auto", "torch") and strategy not in FP8_ACT_STRATEGIES:
-            raise ValueError(f"fp8_activations: strategy {strategy!r} computes S from the main loop's x tiles, which "
-                             f"would be fp8; use 'auto' or one of {FP8_ACT_STRATEGIES}")
+    if _act_terms(fp8_activations) and weight.dtype != torch.float8_e4m3fn:
+        raise ValueError(f"fp8_activations quantizes x to e4m3 per token for an fp8 × fp8 main product: the weight "
+                         f"must be float8_e4m3fn (with weight_scale), got {weight.dtype}")
 
 
 def _act_terms(fp8_activations) -> int:
