@@ -9,7 +9,7 @@ is checked against the float64 reference first (rel. err < 1e-2) and timed as a 
 input sets. ``hilo_w8a8_unfused`` (M ≤ 64) asks whether x split into two e4m3 terms (hi + residual, each scaled per
 token: about bf16's 8 significant bits) as 2M rows of the W8A8 kernel beats widening W: no conversion in the K loop,
 twice the (idle at decode) MMA work; ``hilo_fused`` is the same from one quantizer launch into one kernel launch
-with two accumulators (X_TERMS = 2). Writes DIR/probe_lora_fp8w.{json,md}; prints ``ROW {...}`` per row.
+(X_TERMS = 2: session 34 with two accumulators, session 35 one, the terms on one row scale). Writes DIR/probe_lora_fp8w.{json,md}; prints ``ROW {...}`` per row.
 """
 
 from __future__ import annotations

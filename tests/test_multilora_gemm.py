@@ -250,21 +250,22 @@ MAIN_ALIGNED = ("x_ptr", "y_ptr", "a_ptr", "b_ptr", "s_ptr", "ws_ptr", "sws_ptr"
 
 def _compile_main(cfg: KernelConfig, order: bool, fuse_d=0, epi_d=1, x_tma=False, epi_pipe=0, b_vec=False,
                   append=False, append_stages=3, b_tma=True, b_mask=True, row_select=False, pdl=False, s_slices=0,
-                  swap_ab=False):
+                  swap_ab=False, w_fp8=False, x_terms=0):
     from lowrank_gemm.kernels.aot import compile_sm90
-    sig = {"x_ptr": "*bf16",
-           "x_desc": f"tensordesc<bf16[{cfg.block_m}, {cfg.block_k}]>" if x_tma else "*bf16",
-           "w_desc": f"tensordesc<bf16[{cfg.block_n}, {cfg.block_k}]>", "y_ptr": "*bf16",
+    xt = "fp8e4nv" if x_terms else "bf16"
+    sig = {"x_ptr": f"*{xt}",
+           "x_desc": f"tensordesc<{xt}[{cfg.block_m}, {cfg.block_k}]>" if x_tma else f"*{xt}",
+           "w_desc": f"tensordesc<{'fp8e4nv' if w_fp8 else 'bf16'}[{cfg.block_n}, {cfg.block_k}]>", "y_ptr": "*bf16",
            "bias_ptr": "*bf16", "ids_ptr": "*i32", "row_order_ptr": "*i32", "s_ptr": "*fp32",
            "scales_ptr": "*fp32", "a_ptr": "*bf16", "b_ptr": "*bf16", "ranks_ptr": "*i32", "ws_ptr": "*fp32",
            "sws_ptr": "*fp32", "cnt_ptr": "*i32",
            "b_desc": f"tensordesc<bf16[1, {cfg.block_n}, {cfg.block_r}]>" if append and b_tma else "*bf16",
-           "lst_ptr": "*i32", **{k: "i32" for k in MAIN_SIG_INTS}}
+           "lst_ptr": "*i32", "wscale_ptr": "*fp32", "xscale_ptr": "*fp32", **{k: "i32" for k in MAIN_SIG_INTS}}
     const = dict(BM=cfg.block_m, BN=cfg.block_n, BK=cfg.block_k, BLOCK_R=cfg.block_r, GROUP_M=cfg.group_m,
                  HAS_ORDER=order, HAS_LORA=True, HAS_BIAS=True, USE_TMA=True, X_TMA=x_tma, FUSE_D=fuse_d,
                  EPI_D=epi_d, SPLIT_K=cfg.split_k, EPI_PIPE=epi_pipe, B_VEC=b_vec, APPEND=append,
                  APPEND_STAGES=append_stages, B_TMA=append and b_tma, B_MASK=b_mask, ROW_SELECT=row_select,
-                 APPEND_D=1, PDL=pdl, S_SLICES=s_slices, SWAP_AB=swap_ab,
+                 APPEND_D=1, PDL=pdl, S_SLICES=s_slices, SWAP_AB=swap_ab, W_SCALE=w_fp8, X_TERMS=x_terms,
                  stride_xk=1, stride_wk=1, stride_yn=1, stride_ak=1,
                  stride_br=1)
     return compile_sm90("lowrank_gemm.kernels.multilora_gemm", "_mlora_main_kernel", sig, const,

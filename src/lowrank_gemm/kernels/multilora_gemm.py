@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import functools
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -52,7 +52,9 @@ from lowrank_gemm.kernels.adapter_rows import (distinct as _distinct, late_adapt
 from lowrank_gemm.kernels.epilogue import add_bias, rank_block, store_tile
 from lowrank_gemm.kernels.launch import launch
 from lowrank_gemm.kernels.env import env_on
-from lowrank_gemm.kernels.lora_gemm import _direct_ok, _interpreting, _v2_choice, bank_plan, run_bank, stack_plan
+from lowrank_gemm.kernels.lora_gemm import (FP8_WEIGHTS, _act_terms, _direct_ok, _interpreting, _v2_choice, bank_plan,
+                                            check_fp8_base, run_bank, stack_plan)
+from lowrank_gemm.kernels.row_quant import fp8_rows
 from lowrank_gemm.kernels.tma import TMA_ALIGN
 from lowrank_gemm.kernels.pdl import gdc_launch_dependents, gdc_wait, pdl_enabled, pdl_supported
 from lowrank_gemm.kernels.schedule import cdiv, grouped_tile, next_pow2, num_sms
@@ -478,6 +480,8 @@ def _mlora_main_kernel(
         cnt_ptr,        # (tiles,) int32 arrival tickets, zero on entry, left zero on exit (SPLIT_K > 1)
         b_desc,         # (L, N, R_MAX) TensorDescriptor, block [1, BN, BLOCK_R] (APPEND and B_TMA; else dummy)
         lst_ptr,        # (tiles·SPLIT_K, 2, BM) int32 scratch: distinct adapters + ranks (APPEND)
+        wscale_ptr,     # (N,) fp32: an fp8 W's per-output-channel scale              (W_SCALE)
+        xscale_ptr,     # (M,) fp32: the fp8 x's per-token scale                      (X_TERMS > 0)
         M, N, K, L, R_MAX, SPLIT_S,
         stride_xm, stride_xk, stride_wn, stride_wk, stride_ym, stride_yn,
         stride_ss, stride_sm, stride_al, stride_ar, stride_ak, stride_bl, stride_bn, stride_br,
@@ -489,8 +493,14 @@ def _mlora_main_kernel(
         APPEND_STAGES: tl.constexpr = 3, B_TMA: tl.constexpr = False, B_MASK: tl.constexpr = True,
         ROW_SELECT: tl.constexpr = False, APPEND_D: tl.constexpr = 1, S_SLICES: tl.constexpr = 0,
         PDL: tl.constexpr = False, SWAP_AB: tl.constexpr = False, ROWS: tl.constexpr = False,
-        ROWS_RC: tl.constexpr = 16):      # ROWS_RC: host-capped (rows_chunk), ≤ BM
+        ROWS_RC: tl.constexpr = 16,       # ROWS_RC: host-capped (rows_chunk), ≤ BM
+        W_SCALE: tl.constexpr = False, X_TERMS: tl.constexpr = 0):
+    # W_SCALE: W is fp8 (its tiles widened to x's dtype in registers unless x is fp8 too), scaled per column after
+    # the K loop, before any low-rank term joins the accumulator. X_TERMS 1 / 2: x_ptr / x_desc hold x's e4m3 codes
+    # (2: the residual's as rows M … 2M − 1, on the same row scale; row_quant.fp8_rows) and the shrink reads the
+    # 16-bit x; the row scale joins after the K loop.
     FUSED: tl.constexpr = HAS_LORA and FUSE_D > 0
+    tl.static_assert(not (FUSED and X_TERMS > 0), "fp8 x: the fused shrink would read the codes (plan fuse_d = 0)")
     tl.static_assert(not (SWAP_AB and FUSED), "swap_ab: the fused shrink's MMA has BM rows (plan fuse_d = 0)")
     APPENDED: tl.constexpr = HAS_LORA and APPEND and FUSE_D == 0
     ROWS_EXP: tl.constexpr = HAS_LORA and ROWS and FUSE_D == 0 and not APPENDED
@@ -532,16 +542,33 @@ def _mlora_main_kernel(
         else:
             wt = tl.load(w_desc + offs_n[:, None] * stride_wn + offs_k[None, :] * stride_wk,
                          mask=(offs_n[:, None] < N) & (offs_k[None, :] < k_hi), other=0.0)
+        if wt.dtype != xt.dtype:
+            wt = wt.to(xt.dtype)
         if SWAP_AB:
             acc = tl.dot(wt, xt.T, acc)
         else:
             acc = tl.dot(xt, wt.T, acc)
+        if X_TERMS == 2:
+            # the residual's codes, rows M apart, into the same accumulator (rows ≥ M of a TMA box are never stored)
+            if X_TMA:
+                xt = x_desc.load([pid_m * BM + M, k])
+            else:
+                xt = tl.load(x_ptrs + M * stride_xm + offs_k[None, :] * stride_xk,
+                             mask=valid[:, None] & (offs_k[None, :] < k_hi), other=0.0)
+            if SWAP_AB:
+                acc = tl.dot(wt, xt.T, acc)
+            else:
+                acc = tl.dot(xt, wt.T, acc)
         if FUSED:
             at = tl.load(a_rows[:, None] + offs_k[None, :] * stride_ak,
                          mask=live_q[:, None] & (offs_k[None, :] < k_hi), other=0.0)
             s_f = tl.dot(xt, at.T, s_f)
     if SWAP_AB:
         acc = tl.trans(acc)
+    if W_SCALE:
+        acc = acc * tl.load(wscale_ptr + offs_n, mask=offs_n < N, other=0.0)[None, :]
+    if X_TERMS > 0:
+        acc = acc * tl.load(xscale_ptr + rows, mask=valid, other=0.0)[:, None]
     if PDL:
         # launched as the shrink's programmatic dependent: everything above read only x, W, ids and
         # the row order, none of which the shrink writes. S, and every global write (y, split-K
@@ -925,7 +952,8 @@ def _default_validate() -> bool:
     return not (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
 
 
-def _check_inputs(x, weight, bank_a, bank_b, ranks, scales, adapter_ids, bias, row_order, mode):
+def _check_inputs(x, weight, bank_a, bank_b, ranks, scales, adapter_ids, bias, row_order, mode, weight_scale=None,
+                  fp8_activations=0):
     def need(cond, msg):      # msg: a string or a callable building it (built only on failure)
         if not cond:
             raise ValueError(f"multi_lora_linear: {msg() if callable(msg) else msg}")
@@ -949,7 +977,13 @@ def _check_inputs(x, weight, bank_a, bank_b, ranks, scales, adapter_ids, bias, r
          lambda: f"adapter_ids must be int32/int64 [M={M}], got {adapter_ids.dtype} {tuple(adapter_ids.shape)}")
     need(x.dtype in (torch.float16, torch.bfloat16), lambda: f"x must be fp16 or bf16, got {x.dtype}")
     for name, t in (("weight", weight), ("bank_a", bank_a), ("bank_b", bank_b)):
-        need(t.dtype == x.dtype, lambda: f"{name} dtype must match x ({x.dtype}), got {t.dtype}")
+        need(t.dtype == x.dtype or (name == "weight" and t.dtype in FP8_WEIGHTS),
+             lambda: f"{name} dtype must match x ({x.dtype}"
+                     + (", or be fp8 with weight_scale" if name == "weight" else "") + f"), got {t.dtype}")
+    try:
+        check_fp8_base(x, weight, weight_scale, fp8_activations)
+    except (TypeError, ValueError) as e:
+        raise type(e)(f"multi_lora_linear: {e}") from None
     if bias is not None:
         need(tuple(bias.shape) == (N,), lambda: f"bias must be [N={N}], got {tuple(bias.shape)}")
     if row_order is not None:
@@ -1016,7 +1050,8 @@ def multi_lora_gemm(x, weight, bank_a, bank_b, ranks, scales, adapter_ids, bias=
                     mode: str = "auto", plan: MultiLoRAPlan | None = None, has_lora: bool = True,
                     validate: bool | None = None, out: torch.Tensor | None = None,
                     poison_workspace: bool = False, adapters: int | None = None,
-                    b_clean: bool = False, pdl: bool | None = None) -> torch.Tensor:
+                    b_clean: bool = False, pdl: bool | None = None, weight_scale: torch.Tensor | None = None,
+                    fp8_activations: bool | int = False) -> torch.Tensor:
     """Launch (shrink +) main. x [M, K], weight [N, K], bank_a [L, r_max, K], bank_b [L, N, r_max],
     ranks [L] int32, scales [L] fp32, adapter_ids [M] (−1 = base only), bias [N] → y [M, N].
 
@@ -1033,9 +1068,14 @@ def multi_lora_gemm(x, weight, bank_a, bank_b, ranks, scales, adapter_ids, bias=
     (``LOWRANK_GEMM_PDL``, off by default until measured); True is ignored where PDL cannot run
     (CPU, interpreter, before sm_90) and when there is no shrink launch (fused shrink,
     ``has_lora=False``). Same results bit for bit.
+    ``weight_scale`` / ``fp8_activations``: an fp8 base weight, as in ``lora_linear`` (its scale per output channel;
+    x per token in one or two e4m3 terms for an fp8 × fp8 base product, the branch on the 16-bit x). Runs the
+    multi-LoRA kernels (:func:`fp8_plan`), never bank mode.
     """
     M, N, K, L, r_max = _check_inputs(x, weight, bank_a, bank_b, ranks, scales, adapter_ids, bias,
-                                      row_order, mode)
+                                      row_order, mode, weight_scale, fp8_activations)
+    terms = _act_terms(fp8_activations)
+    fp8_base = weight_scale is not None or terms > 0
     if validate is None:
         validate = _default_validate()
     if validate and M:
@@ -1051,7 +1091,7 @@ def multi_lora_gemm(x, weight, bank_a, bank_b, ranks, scales, adapter_ids, bias=
         y = torch.empty((M, N), dtype=x.dtype, device=x.device)
     if M == 0 or N == 0:
         return y
-    if plan is None and adapters is not None and adapters >= 1 and L > 0 and r_max > 0:
+    if plan is None and adapters is not None and adapters >= 1 and L > 0 and r_max > 0 and not fp8_base:
         route = bank_route(M, N, K, x, weight, bank_a, adapter_ids, adapters)
         if route is not None:
             strategy, bcfg, stack_d = route
@@ -1060,8 +1100,12 @@ def multi_lora_gemm(x, weight, bank_a, bank_b, ranks, scales, adapter_ids, bias=
                             ids if ids.dtype == torch.int32 else ids.to(torch.int32), bias, out=y,
                             has_lora=has_lora, b_clean=b_clean, stack_d=stack_d)
     plan = plan or choose_plan(M, N, K, r_max, L, mode, x.device, adapters)
+    if fp8_base:
+        plan = fp8_plan(plan, terms)
+    # the main kernel's x: the 16-bit x, or its e4m3 codes (the shrink reads the 16-bit x either way)
+    xm, x_scale = fp8_rows(x, terms=terms) if terms else (x, None)
     cfg, scfg = plan.main, plan.shrink
-    use_tma = plan.use_tma and (K * x.element_size()) % 16 == 0 and weight.stride(1) == 1
+    use_tma = plan.use_tma and (K * weight.element_size()) % 16 == 0 and weight.stride(1) == 1
     has_lora = has_lora and L > 0 and r_max > 0
     ids = adapter_ids if adapter_ids.dtype == torch.int32 else adapter_ids.to(torch.int32)
     if mode == "segment":
@@ -1073,8 +1117,8 @@ def multi_lora_gemm(x, weight, bank_a, bank_b, ranks, scales, adapter_ids, bias=
     if cfg.block_r != block_r:
         cfg = cfg.replace(block_r=block_r)
     fuse_d = plan.fuse_d if has_lora else 0
-    x_tma = (plan.x_tma and use_tma and order is None and x.stride(1) == 1
-             and (x.stride(0) * x.element_size()) % 16 == 0)
+    x_tma = (plan.x_tma and use_tma and order is None and xm.stride(1) == 1
+             and (xm.stride(0) * xm.element_size()) % 16 == 0 and (K * xm.element_size()) % 16 == 0)
 
     shrink = has_lora and not fuse_d
     # PDL only between the shrink and the main kernel: main's K loop reads x, W, ids and the row
@@ -1113,10 +1157,12 @@ def multi_lora_gemm(x, weight, bank_a, bank_b, ranks, scales, adapter_ids, bias=
         lst, b_desc = ids, bank_b
     if x_tma:
         from triton.tools.tensor_descriptor import TensorDescriptor
-        x_desc = TensorDescriptor(x, shape=list(x.shape), strides=list(x.stride()),
+        x_desc = TensorDescriptor(xm, shape=list(xm.shape), strides=list(xm.stride()),
                                   block_shape=[cfg.block_m, cfg.block_k])
     else:
-        x_desc = x
+        x_desc = xm
+    w_scale = (weight_scale.to(torch.float32).reshape(-1).expand(N).contiguous() if weight_scale is not None
+               else scales)                                        # a dummy pointer when W_SCALE is False
 
     k_per_split = cdiv(cdiv(K, split_s), scfg.block_k) * scfg.block_k
     if shrink and plan.shrink_rows:
@@ -1138,9 +1184,10 @@ def multi_lora_gemm(x, weight, bank_a, bank_b, ranks, scales, adapter_ids, bias=
             BK=scfg.block_k, HAS_ORDER=order is not None, PDL=use_pdl, num_warps=scfg.num_warps,
             num_stages=scfg.num_stages)
     launch(_mlora_main_kernel, (tiles, split_k),
-        x, x_desc, _w_operand(weight, cfg, use_tma), y, bias if bias is not None else x, ids, order_arg, s_ws,
-        scales, bank_a, bank_b, ranks, ws, sws, cnt, b_desc, lst, M, N, K, L, r_max, split_s,
-        x.stride(0), x.stride(1), weight.stride(0), weight.stride(1), y.stride(0), y.stride(1),
+        xm, x_desc, _w_operand(weight, cfg, use_tma), y, bias if bias is not None else x, ids, order_arg, s_ws,
+        scales, bank_a, bank_b, ranks, ws, sws, cnt, b_desc, lst, w_scale, x_scale if terms else scales,
+        M, N, K, L, r_max, split_s,
+        xm.stride(0), xm.stride(1), weight.stride(0), weight.stride(1), y.stride(0), y.stride(1),
         s_ws.stride(0), s_ws.stride(1), bank_a.stride(0), bank_a.stride(1), bank_a.stride(2),
         bank_b.stride(0), bank_b.stride(1), bank_b.stride(2),
         BM=cfg.block_m, BN=cfg.block_n, BK=cfg.block_k, BLOCK_R=block_r, GROUP_M=cfg.group_m,
@@ -1151,34 +1198,50 @@ def multi_lora_gemm(x, weight, bank_a, bank_b, ranks, scales, adapter_ids, bias=
         APPEND=append, APPEND_STAGES=plan.append_stages, B_TMA=b_tma, B_MASK=not b_clean,
         ROW_SELECT=plan.append_rowsel, APPEND_D=plan.append_d,
         S_SLICES=split_s if plan.s_unroll and shrink else 0, PDL=use_pdl, SWAP_AB=cfg.swap_ab,
-        ROWS=rows, ROWS_RC=rows_chunk(cfg, block_r, plan.rows_chunk), num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages, launch_pdl=use_pdl)
+        ROWS=rows, ROWS_RC=rows_chunk(cfg, block_r, plan.rows_chunk), W_SCALE=weight_scale is not None,
+        X_TERMS=terms, num_warps=cfg.num_warps, num_stages=cfg.num_stages, launch_pdl=use_pdl)
     return y
+
+
+def fp8_plan(plan: MultiLoRAPlan, terms: int) -> MultiLoRAPlan:
+    """The 16-bit plan of the shape, for an fp8 base weight (the tables are 16-bit measurements; not measured with
+    fp8 yet). With fp8 x (``terms`` 1 / 2) the K loop's x tiles are e4m3 codes, so S cannot ride along: a fused
+    shrink (``fuse_d``) becomes the shrink launch. With 16-bit x each W tile is widened in registers; as the wgmma's
+    B operand it then goes back through shared memory, so the tile is swapped (W on the wgmma's M, its register A
+    operand, as ``lora_gemm._fp8_weight_plan`` does) where the plan has no fused shrink and the tiles allow it."""
+    if terms:
+        return replace(plan, fuse_d=0) if plan.fuse_d else plan
+    swapped = plan.main.replace(swap_ab=True)
+    if not plan.main.swap_ab and not plan.fuse_d and swapped.swap_ab_mismatch() is None:
+        return replace(plan, main=swapped)
+    return plan
 
 
 @torch.library.custom_op("lowrank_gemm::multi_lora_linear", mutates_args=())
 def _multi_lora_linear_op(x: torch.Tensor, weight: torch.Tensor, bank_a: torch.Tensor, bank_b: torch.Tensor,
                           ranks: torch.Tensor, scales: torch.Tensor, adapter_ids: torch.Tensor,
                           bias: torch.Tensor | None, row_order: torch.Tensor | None, mode: str,
-                          validate: bool, max_adapters: int | None = None, b_clean: bool = False) -> torch.Tensor:
+                          validate: bool, max_adapters: int | None = None, b_clean: bool = False,
+                          weight_scale: torch.Tensor | None = None, fp8_activations: int = 0) -> torch.Tensor:
     return _multi_lora_linear_impl(x, weight, bank_a, bank_b, ranks, scales, adapter_ids, bias, row_order, mode,
-                                   validate, max_adapters, b_clean)
+                                   validate, max_adapters, b_clean, weight_scale, fp8_activations)
 
 
 def _multi_lora_linear_impl(x, weight, bank_a, bank_b, ranks, scales, adapter_ids, bias, row_order, mode: str,
-                            validate: bool, max_adapters: int | None = None, b_clean: bool = False) -> torch.Tensor:
+                            validate: bool, max_adapters: int | None = None, b_clean: bool = False,
+                            weight_scale=None, fp8_activations: int = 0) -> torch.Tensor:
     """The op's body; eager calls on plain tensors run it without the custom-op dispatch
     (:func:`lora_gemm._direct_ok`)."""
     x2 = x.reshape(-1, x.shape[-1])
     y = multi_lora_gemm(x2, weight, bank_a, bank_b, ranks, scales, adapter_ids.reshape(-1), bias,
                         row_order, mode, validate=validate and _default_validate(), adapters=max_adapters,
-                        b_clean=b_clean)
+                        b_clean=b_clean, weight_scale=weight_scale, fp8_activations=fp8_activations)
     return y.reshape(*x.shape[:-1], weight.shape[0])
 
 
 @_multi_lora_linear_op.register_fake
 def _(x, weight, bank_a, bank_b, ranks, scales, adapter_ids, bias, row_order, mode, validate, max_adapters=None,
-      b_clean=False):
+      b_clean=False, weight_scale=None, fp8_activations=0):
     return x.new_empty((*x.shape[:-1], weight.shape[0]))
 
 
@@ -1186,7 +1249,8 @@ def multi_lora_linear(x: torch.Tensor, weight: torch.Tensor, bank_a, bank_b: tor
                       ranks: torch.Tensor | None = None, scales: torch.Tensor | None = None,
                       adapter_ids: torch.Tensor | None = None, bias: torch.Tensor | None = None,
                       mode: str = "auto", row_order: torch.Tensor | None = None,
-                      validate: bool = True, max_adapters: int | None = None) -> torch.Tensor:
+                      validate: bool = True, max_adapters: int | None = None,
+                      weight_scale: torch.Tensor | None = None, fp8_activations: bool | int = False) -> torch.Tensor:
     """Per-row multi-adapter LoRA linear (custom op ``lowrank_gemm::multi_lora_linear``).
 
     x [..., K], weight [N, K], bank_a [L, r_max, K], bank_b [L, N, r_max], ranks [L] int32,
@@ -1198,6 +1262,10 @@ def multi_lora_linear(x: torch.Tensor, weight: torch.Tensor, bank_a, bank_b: tor
     holds; it only picks the kernel plan (the measured H200 plans are keyed by it): 1 at M ≤ 256, or 2–4 of a
     rank-16/32 bank at M ≤ 64, run the single-adapter LoRA kernels on the bank (bank mode, stacked for 2–4;
     :func:`bank_route`). Results stay exact when it is wrong, only slower. Default: the bank's slot count.
+    ``weight_scale`` / ``fp8_activations``: an fp8 (e4m3 / e5m2) ``weight`` with its float32 scale per output channel
+    ([N] or one value); ``fp8_activations`` (e4m3 weight) quantizes x per token for an fp8 × fp8 base product —
+    ``True`` one e4m3 term, ``2`` two on one scale (about 16-bit x's precision) — while the adapters' shrink reads
+    the 16-bit x (``lora_linear`` has the accuracy numbers). Always the multi-LoRA kernels (no bank mode).
     """
     b_clean = False
     if hasattr(bank_a, "bank_a"):       # an AdapterBank
@@ -1215,7 +1283,9 @@ def multi_lora_linear(x: torch.Tensor, weight: torch.Tensor, bank_a, bank_b: tor
                          f"({x.numel() // max(1, x.shape[-1])}), got shape {tuple(adapter_ids.shape)}")
     if max_adapters is not None and max_adapters < 1:
         raise ValueError(f"multi_lora_linear: max_adapters must be ≥ 1 or None, got {max_adapters}")
-    op = (_multi_lora_linear_impl if _direct_ok(x, weight, bank_a, bank_b, ranks, scales, adapter_ids, bias, row_order)
+    terms = _act_terms(fp8_activations)
+    op = (_multi_lora_linear_impl
+          if _direct_ok(x, weight, bank_a, bank_b, ranks, scales, adapter_ids, bias, row_order, weight_scale)
           else _multi_lora_linear_op)
     return op(x, weight, bank_a, bank_b, ranks, scales, adapter_ids, bias, row_order, mode, validate, max_adapters,
-              b_clean)
+              b_clean, weight_scale, terms)

@@ -102,21 +102,10 @@ class LoRALinear(nn.Module):
         only): each call also quantizes x per token for the base product, an fp8 × fp8 product (the branch keeps the
         16-bit x): ``True`` one e4m3 term, ``2`` two (about 16-bit x's precision; ``lora_linear`` has the numbers). Refused on a packed layer (``pack_`` shares W's buffer with B) and on an fp8 layer
         already. Returns self."""
-        from ..kernels.lora_gemm import FP8_WEIGHTS, fp8_rows
-        if dtype not in FP8_WEIGHTS:
-            raise ValueError(f"fp8 dtype must be one of {FP8_WEIGHTS}, got {dtype}")
-        if self.weight.dtype in FP8_WEIGHTS:
-            raise ValueError(f"the weight is already {self.weight.dtype}")
-        if not isinstance(activations, int) or activations not in (0, 1, 2):
-            raise ValueError(f"activations must be False, True or 2 (e4m3 terms of x), got {activations!r}")
-        if activations and dtype != torch.float8_e4m3fn:
-            raise ValueError(f"fp8 activations run the e4m3 × e4m3 product: dtype must be float8_e4m3fn, got {dtype}")
+        check_fp8_request(self.weight, dtype, activations)
         if self.packed:
             raise ValueError("a packed LoRALinear (pack_) shares W's buffer with B; quantize before packing, or not")
-        w = self.weight.float()
-        if not bool(torch.isfinite(w).all()):
-            raise ValueError("the weight holds NaN or Inf: no finite fp8 scale exists for those rows")
-        w8, scale = fp8_rows(w, dtype)
+        w8, scale = fp8_weight(self.weight, dtype)
         self.weight = nn.Parameter(w8, requires_grad=False)
         self.weight_scale = scale
         self.fp8_activations = int(activations)
@@ -138,3 +127,26 @@ class LoRALinear(nn.Module):
                 + (", packed" if self.packed else "")
                 + (f", weight={self.weight.dtype} per-channel scaled" if self.weight_scale is not None else "")
                 + ({0: "", 1: ", fp8 activations", 2: ", fp8 activations in two terms"}[self.fp8_activations]))
+
+
+def check_fp8_request(weight: torch.Tensor, dtype: torch.dtype, activations) -> None:
+    """What ``quantize_weight_fp8_`` (single- and multi-adapter layers) refuses: another dtype than e4m3 / e5m2, a
+    weight already fp8, ``activations`` not False / True / 2, fp8 activations with an e5m2 weight."""
+    from ..kernels.lora_gemm import FP8_WEIGHTS
+    if dtype not in FP8_WEIGHTS:
+        raise ValueError(f"fp8 dtype must be one of {FP8_WEIGHTS}, got {dtype}")
+    if weight.dtype in FP8_WEIGHTS:
+        raise ValueError(f"the weight is already {weight.dtype}")
+    if not isinstance(activations, int) or activations not in (0, 1, 2):
+        raise ValueError(f"activations must be False, True or 2 (e4m3 terms of x), got {activations!r}")
+    if activations and dtype != torch.float8_e4m3fn:
+        raise ValueError(f"fp8 activations run the e4m3 × e4m3 product: dtype must be float8_e4m3fn, got {dtype}")
+
+
+def fp8_weight(weight: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """(codes, float32 scale [N]) of W per output channel (``row_quant.fp8_rows``); refuses NaN / Inf weights."""
+    from ..kernels.row_quant import fp8_rows
+    w = weight.detach().float()
+    if not bool(torch.isfinite(w).all()):
+        raise ValueError("the weight holds NaN or Inf: no finite fp8 scale exists for those rows")
+    return fp8_rows(w, dtype)

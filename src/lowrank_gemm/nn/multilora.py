@@ -136,6 +136,8 @@ class MultiLoRALinear(nn.Module):
         self.base = base
         self.bank = bank
         self.adapter_ids = ids if ids is not None else AdapterIds()
+        self.register_buffer("weight_scale", None)
+        self.fp8_activations = 0
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, num_slots: int, r_max: int, ids: AdapterIds | None = None):
@@ -165,6 +167,19 @@ class MultiLoRALinear(nn.Module):
         dev, dt = self.bank.bank_a.device, self.bank.bank_a.dtype
         self.bank.set_adapter(slot, a.to(dev, dt), b.to(dev, dt), scale, name=name)
 
+    def quantize_weight_fp8_(self, dtype: torch.dtype = torch.float8_e4m3fn, *,
+                             activations: bool | int = False) -> "MultiLoRALinear":
+        """The base weight as ``dtype`` (e4m3 / e5m2) with a float32 scale per output channel, as
+        ``LoRALinear.quantize_weight_fp8_`` does; ``activations`` (e4m3): x per token in one (``True``) or two (``2``)
+        e4m3 terms for an fp8 × fp8 base product. The adapters, the bias and x keep their dtype. Returns self."""
+        from .lora import check_fp8_request, fp8_weight
+        check_fp8_request(self.base.weight, dtype, activations)
+        w8, scale = fp8_weight(self.base.weight, dtype)
+        self.base.weight = nn.Parameter(w8, requires_grad=False)
+        self.weight_scale = scale
+        self.fp8_activations = int(activations)
+        return self
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         ids = self.adapter_ids.ids
         if ids is None:
@@ -178,11 +193,15 @@ class MultiLoRALinear(nn.Module):
         # the bank itself, not its tensors: the op then knows B is zero past each rank (AdapterBank.B_ZERO_PADDED)
         # and skips the rank masks on B's loads
         return multi_lora_linear(x, self.base.weight, self.bank, adapter_ids=ids, bias=self.base.bias, mode=mode,
-                                 row_order=order, max_adapters=self.adapter_ids.max_adapters)
+                                 row_order=order, max_adapters=self.adapter_ids.max_adapters,
+                                 weight_scale=self.weight_scale, fp8_activations=self.fp8_activations)
 
     def extra_repr(self) -> str:
+        fp8 = "" if self.weight_scale is None else (f", weight={self.base.weight.dtype} per-channel scale"
+                                                    + {0: "", 1: ", fp8 activations",
+                                                       2: ", fp8 activations in two terms"}[self.fp8_activations])
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
-                f"slots={self.bank.num_slots}, r_max={self.bank.r_max}")
+                f"slots={self.bank.num_slots}, r_max={self.bank.r_max}{fp8}")
 
 
 def _peft_adapter(name: str, src) -> tuple[torch.Tensor, torch.Tensor, float]:
