@@ -225,3 +225,18 @@ def test_gpu_fp8_base_cuda_graph():
     g.replay()
     torch.cuda.synchronize()
     assert torch.equal(y, want)
+
+
+def test_fp8_opcheck_and_compile():
+    """The op's schema takes the fp8 arguments (fake tensor), and torch.compile traces the fp8 call."""
+    case = fp8_case(6, 32, 64, 2, 16, seed=7)
+    args = (case["x"], case["weight"], case["bank_a"], case["bank_b"], case["ranks"], case["scales"],
+            case["adapter_ids"], case["bias"], None, "gather", False, None, False, case["weight_scale"], 2)
+    torch.library.opcheck(torch.ops.lowrank_gemm.multi_lora_linear.default, args, test_utils=("test_faketensor",))
+
+    def f(x):
+        return mg.multi_lora_linear(x, case["weight"], case["bank_a"], case["bank_b"], case["ranks"], case["scales"],
+                                    case["adapter_ids"], bias=case["bias"], weight_scale=case["weight_scale"],
+                                    fp8_activations=1, validate=False).relu()
+    y = torch.compile(f, fullgraph=True, backend="aot_eager")(case["x"])
+    assert rel(y, fp8_ref(case, 1).relu()) < 4e-3
