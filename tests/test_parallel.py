@@ -48,11 +48,22 @@ def _layers(seed=0):
     ids.set(torch.tensor([0, -1, 2, 2, 0]))
     calib = torch.randn(64, K, generator=g).to(DT)
     svdq = SVDQLinear.from_linear(_linear(seed + 2), SVDQuantConfig(rank=R, group_size=64), calib)
-    return {"linear": _linear(seed + 3), "lora": lora, "multilora": multi, "svdq": svdq}
+    lora8 = LoRALinear.from_linear(_linear(seed + 4), torch.randn(R, K, generator=g) * 0.1,
+                                   torch.randn(N, R, generator=g) * 0.1, 0.5, strategy="torch")
+    ids8 = AdapterIds(mode="gather")
+    multi8 = MultiLoRALinear(_linear(seed + 5), AdapterBank(4, R, K, N, dtype=DT), ids8)
+    multi8.bank.set_adapter(1, torch.randn(R, K, generator=g) * 0.1, torch.randn(N, R, generator=g) * 0.1, 0.5)
+    ids8.set(torch.tensor([1, -1, 1, 1, -1]))
+    return {"linear": _linear(seed + 3), "lora": lora, "multilora": multi, "svdq": svdq,
+            "lora_fp8": lora8.quantize_weight_fp8_(activations=True), "multilora_fp8": multi8.quantize_weight_fp8_(
+                activations=2)}
+
+
+KINDS = ["linear", "lora", "multilora", "svdq", "lora_fp8", "multilora_fp8"]
 
 
 @pytest.mark.parametrize("world", [2, 4])
-@pytest.mark.parametrize("kind", ["linear", "lora", "multilora", "svdq"])
+@pytest.mark.parametrize("kind", KINDS)
 def test_column_shards_concatenate_to_the_layer(kind, world):
     layer = _layers()[kind]
     x = torch.randn(5, K).to(DT)
@@ -61,10 +72,13 @@ def test_column_shards_concatenate_to_the_layer(kind, world):
     assert all(type(s) is type(layer) and s.out_features == N // world for s in shards)
     got = torch.cat([s(x) for s in shards], dim=-1)
     torch.testing.assert_close(got, want, rtol=1e-3, atol=1e-3)
+    if kind.endswith("fp8"):      # the fp8 base travels: each shard's own columns of the per-channel scale
+        assert all(s.fp8_activations == layer.fp8_activations for s in shards)
+        assert torch.equal(torch.cat([s.weight_scale for s in shards]), layer.weight_scale)
 
 
 @pytest.mark.parametrize("world", [2, 4])
-@pytest.mark.parametrize("kind", ["linear", "lora", "multilora", "svdq"])
+@pytest.mark.parametrize("kind", KINDS)
 def test_row_shards_sum_to_the_layer(kind, world):
     """Σ over ranks of the whole fused op on each K slice, plus the bias once, is the layer: the low-rank branch
     splits by linearity, and the W4A4 activation groups never straddle a shard."""
@@ -78,10 +92,24 @@ def test_row_shards_sum_to_the_layer(kind, world):
         assert type(shard) is type(layer) and shard.in_features == width
         assert getattr(shard, "bias", None) is None and getattr(getattr(shard, "base", None), "bias", None) is None
         total = total + shard(x[:, i * width:(i + 1) * width]).float()
+        if kind.endswith("fp8"):
+            assert torch.equal(shard.weight_scale, layer.weight_scale) and shard.fp8_activations
+    if kind == "lora_fp8":
+        # fp8 x: each rank scales its tokens over its own K slice, so the sum is the layer on x quantized per
+        # (token, slice): the layer on the 16-bit x plus each slice's quantization error times its W columns
+        from lowrank_gemm.kernels.row_quant import fp8_rows
+        w = layer.weight.double() * layer.weight_scale.double()[:, None]
+        layer.fp8_activations = 0
+        want = layer(x).double()
+        for i in range(world):
+            xi = x[:, i * width:(i + 1) * width]
+            q, sc = fp8_rows(xi)
+            want += (q.double() * sc.double()[:, None] - xi.double()) @ w[:, i * width:(i + 1) * width].T
+        want = want.float()
     torch.testing.assert_close(total + bias.float(), want, **TOL)
 
 
-@pytest.mark.parametrize("kind", ["linear", "lora", "multilora", "svdq"])
+@pytest.mark.parametrize("kind", KINDS)
 def test_shards_are_copies_and_the_layer_is_untouched(kind):
     """No shard tensor shares storage with the full layer (a view of a dim-0 slice would keep the whole weight
     alive after the model is parallelized), and sharding leaves the layer as it was."""

@@ -55,17 +55,21 @@ class LoRALinear(nn.Module):
             raise ValueError(f"for a Linear({k} → {n}) expected lora_a [r, {k}] and lora_b [{n}, r]; "
                              f"got {tuple(lora_a.shape)} and {tuple(lora_b.shape)}")
         w = linear.weight
+        from ..kernels.lora_gemm import FP8_WEIGHTS
+        # an fp8 base (a tensor-parallel shard of a quantized layer; its scale is set after): the adapters and the
+        # bias keep their 16-bit dtype
+        dt = lora_a.dtype if w.dtype in FP8_WEIGHTS else w.dtype
         mod = cls.__new__(cls)
         nn.Module.__init__(mod)
         mod.in_features, mod.out_features, mod.rank = k, n, r
         mod.weight = nn.Parameter(w.detach(), requires_grad=False)
         bias = linear.bias.detach() if linear.bias is not None else None
         if extra_bias is not None:
-            extra = extra_bias.detach().to(w.dtype)
+            extra = extra_bias.detach().to(dt)
             bias = extra.clone() if bias is None else bias + extra
         mod.bias = nn.Parameter(bias, requires_grad=False) if bias is not None else None
-        mod.lora_a = nn.Parameter(lora_a.detach().to(w.device, w.dtype).contiguous(), requires_grad=False)
-        mod.lora_b = nn.Parameter(lora_b.detach().to(w.device, w.dtype).contiguous(), requires_grad=False)
+        mod.lora_a = nn.Parameter(lora_a.detach().to(w.device, dt).contiguous(), requires_grad=False)
+        mod.lora_b = nn.Parameter(lora_b.detach().to(w.device, dt).contiguous(), requires_grad=False)
         mod.scale, mod.strategy = float(scale), strategy
         mod.register_buffer("weight_scale", None)
         mod.fp8_activations = 0

@@ -97,13 +97,13 @@ def shard_columns(layer: nn.Module, rank: int, world: int) -> nn.Module:
     if isinstance(layer, MultiLoRALinear):
         n = _span(layer.out_features, rank, world, 1, "out_features")
         base = _linear(_piece(layer.base.weight, 0, n), _piece(layer.base.bias, 0, n))
-        return MultiLoRALinear(base, _bank(layer.bank, layer.bank.bank_a.clone(), _piece(layer.bank.bank_b, 1, n)),
-                               layer.adapter_ids)
+        return _fp8_like(layer, MultiLoRALinear(base, _bank(layer.bank, layer.bank.bank_a.clone(),
+                                                            _piece(layer.bank.bank_b, 1, n)), layer.adapter_ids), n)
     if isinstance(layer, LoRALinear):
         n = _span(layer.out_features, rank, world, 1, "out_features")
         base = _linear(_piece(layer.weight, 0, n), _piece(layer.bias, 0, n))
-        return LoRALinear.from_linear(base, _copy(layer.lora_a), _piece(layer.lora_b, 0, n),
-                                      layer.scale, strategy=layer.strategy)
+        return _fp8_like(layer, LoRALinear.from_linear(base, _copy(layer.lora_a), _piece(layer.lora_b, 0, n),
+                                                       layer.scale, strategy=layer.strategy), n)
     if isinstance(layer, nn.Linear):
         n = _span(layer.out_features, rank, world, 1, "out_features")
         return _linear(_piece(layer.weight, 0, n), _piece(layer.bias, 0, n))
@@ -128,12 +128,12 @@ def shard_rows(layer: nn.Module, rank: int, world: int) -> tuple[nn.Module, torc
         k = _span(layer.in_features, rank, world, 1, "in_features")
         base = _linear(_piece(layer.base.weight, 1, k), None)
         bank = _bank(layer.bank, _piece(layer.bank.bank_a, 2, k), layer.bank.bank_b.clone())
-        return MultiLoRALinear(base, bank, layer.adapter_ids), _copy(layer.base.bias)
+        return _fp8_like(layer, MultiLoRALinear(base, bank, layer.adapter_ids)), _copy(layer.base.bias)
     if isinstance(layer, LoRALinear):
         k = _span(layer.in_features, rank, world, 1, "in_features")
         base = _linear(_piece(layer.weight, 1, k), None)
-        return (LoRALinear.from_linear(base, _piece(layer.lora_a, 1, k), _copy(layer.lora_b),
-                                       layer.scale, strategy=layer.strategy), _copy(layer.bias))
+        return (_fp8_like(layer, LoRALinear.from_linear(base, _piece(layer.lora_a, 1, k), _copy(layer.lora_b),
+                                                        layer.scale, strategy=layer.strategy)), _copy(layer.bias))
     if isinstance(layer, nn.Linear):
         k = _span(layer.in_features, rank, world, 1, "in_features")
         return _linear(_piece(layer.weight, 1, k), None), _copy(layer.bias)
@@ -143,6 +143,18 @@ def shard_rows(layer: nn.Module, rank: int, world: int) -> tuple[nn.Module, torc
 
 def _copy(t):
     return None if t is None else t.detach().clone()
+
+
+def _fp8_like(layer: nn.Module, out: nn.Module, n: slice | None = None) -> nn.Module:
+    """An fp8 base (``quantize_weight_fp8_``) carried into a shard: the per-output-channel scale sliced with the
+    columns (``n``) or whole (a row shard keeps every output channel), and the fp8-activation mode. Row shards with
+    fp8 x then scale each token per K slice, i.e. each rank quantizes its own slice of x (a finer scale than the
+    unsharded layer's, not the same bits)."""
+    ws = getattr(layer, "weight_scale", None)
+    if ws is not None:
+        out.weight_scale = _copy(ws) if n is None or ws.numel() == 1 else _piece(ws.reshape(-1), 0, n)
+        out.fp8_activations = layer.fp8_activations
+    return out
 
 
 def _svdq_like(layer: SVDQLinear, k: int, n: int, bias: bool) -> SVDQLinear:
