@@ -4,7 +4,8 @@ cuBLAS bf16 / fp8 without adapters and the bf16 multi-LoRA op, one process, CUDA
     PYTHONPATH=src python scripts/probe_multilora_fp8.py --out DIR [--cases M x N x K x adapters, …]
 
 Rows: ``cublas_bf16`` (x·Wᵀ), ``fp8_scaled_mm`` (e4m3 × e4m3, per-token / per-channel scales, x pre-quantized: no
-branch), ``ml_bf16`` (the op on the bf16 W), ``ml_w8a16`` (fp8 W widened on chip), ``ml_w8a8`` / ``ml_w8a8x2`` (x per
+branch), ``ml_bf16`` (the op on the bf16 W), ``ml_w8a16`` (fp8 W widened on chip; ``ml_w8a16_tuned_bk``: on the
+tuned table's K step instead of ``fp8_plan``'s 128), ``ml_w8a8`` / ``ml_w8a8x2`` (x per
 token in one / two e4m3 terms, quantized inside the call). Every fp8 row is first checked against float64 on its own
 quantized operands (rel. err < 1e-2; ``err`` is against the bf16 W's exact result). Rank 16, ids drawn over the
 adapters (−1 = base only included), ``max_adapters`` = the adapter count. Writes DIR/probe_multilora_fp8.{json,md}.
@@ -25,6 +26,7 @@ def main():
     ap.add_argument("--cases", default=DEFAULT_CASES)
     args = ap.parse_args()
     from lowrank_gemm.bench.common import device_meta, markdown_table, meta_header, parse_shapes, time_graph, write_results
+    from lowrank_gemm.kernels import multilora_gemm as mg
     from lowrank_gemm.kernels.multilora_gemm import multi_lora_linear
     from lowrank_gemm.kernels.row_quant import fp8_rows
     from lowrank_gemm.reference import multi_lora_linear_ref
@@ -50,10 +52,21 @@ def main():
                                          else None, fp8_activations=terms, validate=False, max_adapters=L)
             return fn
 
+        def tuned_bk(fn):
+            """The W8A16 row on the tuned table's K step (``fp8_plan`` without its 128-wide K rule), for the A/B."""
+            def wrapped(*a_):
+                keep, mg.FP8_W_BLOCK_K = mg.FP8_W_BLOCK_K, 0
+                try:
+                    return fn(*a_)
+                finally:
+                    mg.FP8_W_BLOCK_K = keep
+            return wrapped
+
         fns = {"cublas_bf16": lambda x, w, *_: x @ w.T,
                "fp8_scaled_mm": lambda x, w, w8, ws, *rest: torch._scaled_mm(
                    rest[-2], w8.T, scale_a=rest[-1][:, None], scale_b=ws[None, :], out_dtype=torch.bfloat16),
-               "ml_bf16": ml(False, 0), "ml_w8a16": ml(True, 0), "ml_w8a8": ml(True, 1), "ml_w8a8x2": ml(True, 2)}
+               "ml_bf16": ml(False, 0), "ml_w8a16": ml(True, 0), "ml_w8a16_tuned_bk": tuned_bk(ml(True, 0)),
+               "ml_w8a8": ml(True, 1), "ml_w8a8x2": ml(True, 2)}
         s0 = sets[0]
         exact = multi_lora_linear_ref(s0[0], s0[1], s0[4], s0[5], s0[8], s0[7], s0[6])
         base = None
@@ -63,7 +76,7 @@ def main():
                 y = fn(*s0)
                 err = float((y.double() - exact).norm() / exact.norm())
                 if name != "ml_bf16":
-                    terms = {"ml_w8a16": 0, "ml_w8a8": 1, "ml_w8a8x2": 2}[name]
+                    terms = {"ml_w8a16": 0, "ml_w8a16_tuned_bk": 0, "ml_w8a8": 1, "ml_w8a8x2": 2}[name]
                     xq = s0[0] if not terms else (lambda q, s: (q.double().reshape(terms, M, K).sum(0)
                                                                * s.double()[:, None]))(*fp8_rows(s0[0], terms=terms))
                     own = multi_lora_linear_ref(s0[0], s0[2].double() * s0[3].double()[:, None], s0[4], s0[5], s0[8],

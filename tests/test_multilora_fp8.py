@@ -96,6 +96,8 @@ def test_two_terms_close_the_gap_to_the_16_bit_x():
 def test_fp8_plan_rules():
     base = small_plan(r_max=16, bn=64)
     assert mg.fp8_plan(base, 0).main.swap_ab                     # widened W: W on the wgmma's M where it fits
+    assert mg.fp8_plan(base, 0).main.block_k == 128              # … reading 128 bytes of fp8 W per row and step
+    assert mg.fp8_plan(small_plan(r_max=16, bn=64, bk=256), 0).main.block_k == 256
     assert not mg.fp8_plan(small_plan(r_max=16, bn=32), 0).main.swap_ab      # block_n 32 cannot be the wgmma's M
     fused = small_plan(r_max=16, bn=64, fuse_d=2, epi_d=2)
     assert mg.fp8_plan(fused, 0) == fused                        # a fused shrink stays (its MMA has block_m rows)

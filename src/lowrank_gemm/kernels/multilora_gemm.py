@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -1211,10 +1212,26 @@ def fp8_plan(plan: MultiLoRAPlan, terms: int) -> MultiLoRAPlan:
     operand, as ``lora_gemm._fp8_weight_plan`` does) where the plan has no fused shrink and the tiles allow it."""
     if terms:
         return replace(plan, fuse_d=0) if plan.fuse_d else plan
-    swapped = plan.main.replace(swap_ab=True)
-    if not plan.main.swap_ab and not plan.fuse_d and swapped.swap_ab_mismatch() is None:
-        return replace(plan, main=swapped)
-    return plan
+    main = plan.main
+    if not main.swap_ab and not plan.fuse_d and main.replace(swap_ab=True).swap_ab_mismatch() is None:
+        main = main.replace(swap_ab=True)
+    if main.swap_ab and main.block_m <= 64 and main.block_k < FP8_W_BLOCK_K:
+        # a 64-wide K step is a 64-byte fp8 W box; the fastest W8A16 tiles read 128 bytes per row (session 35).
+        # Decode tiles only: the widened 128×256 prefill tile spills either way (sm_90 ptxas: 128 bytes at K step 64,
+        # 256 at 128)
+        for stages in range(main.num_stages, 1, -1):
+            wide = main.replace(block_k=FP8_W_BLOCK_K, num_stages=stages)
+            if can_implement(wide, 16, plan.fuse_d, plan.epi_d, plan.epi_pipe, plan.b_vec,
+                             plan.append_stages if plan.expand == "appended" else 0, plan.append_d):
+                main = wide
+                break
+    return replace(plan, main=main) if main != plan.main else plan
+
+
+# the widened-W (W8A16) swap tile's K step at least this: 128 bytes of fp8 W per row and TMA box. H200, session 35
+# (probe_multilora_fp8): 16 tokens, N = 28672, 4 adapters on the tuned 16×128×128 tile 0.87× the bf16 op, 16
+# adapters on its 16×128×64 tile 1.16×; 0 restores the tuned K step
+FP8_W_BLOCK_K = int(os.environ.get("LOWRANK_GEMM_ML_FP8W_BK", "128"))
 
 
 @torch.library.custom_op("lowrank_gemm::multi_lora_linear", mutates_args=())
