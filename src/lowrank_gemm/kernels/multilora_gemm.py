@@ -1229,8 +1229,9 @@ def fp8_plan(plan: MultiLoRAPlan, terms: int) -> MultiLoRAPlan:
 
 
 # the widened-W (W8A16) swap tile's K step at least this: 128 bytes of fp8 W per row and TMA box. H200, session 35
-# (probe_multilora_fp8): 16 tokens, N = 28672, 4 adapters on the tuned 16×128×128 tile 0.87× the bf16 op, 16
-# adapters on its 16×128×64 tile 1.16×; 0 restores the tuned K step
+# (probe_multilora_fp8, same process, 128 / the table's K step): 16 tokens × 16 adapters at N = 28672 60.3 / 75.7 µs
+# (the bf16 op 66.6), 64 × 16 there 73.8 / 77.8, 1 × 4 57.1 / 59.0; tiles already at 128 unchanged. 0 restores
+# the table's K step
 FP8_W_BLOCK_K = int(os.environ.get("LOWRANK_GEMM_ML_FP8W_BK", "128"))
 
 
