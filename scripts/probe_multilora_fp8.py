@@ -17,7 +17,8 @@ import argparse
 
 import torch
 
-DEFAULT_CASES = "1x28672x4096x4,16x28672x4096x4,16x28672x4096x16,64x28672x4096x16,256x28672x4096x16,16x4096x4096x4,64x4096x4096x16,1024x4096x4096x64"
+DEFAULT_CASES = ("1x28672x4096x4,16x28672x4096x4,16x28672x4096x16,64x28672x4096x16,256x28672x4096x16,"
+                 "16x4096x4096x4,64x4096x4096x16,1024x4096x4096x64")
 
 
 def main():
@@ -25,7 +26,8 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--cases", default=DEFAULT_CASES)
     args = ap.parse_args()
-    from lowrank_gemm.bench.common import device_meta, markdown_table, meta_header, parse_shapes, time_graph, write_results
+    from lowrank_gemm.bench.common import (device_meta, markdown_table, meta_header, parse_shapes, time_graph,
+                                           write_results)
     from lowrank_gemm.kernels import multilora_gemm as mg
     from lowrank_gemm.kernels.multilora_gemm import multi_lora_linear
     from lowrank_gemm.kernels.row_quant import fp8_rows

@@ -12,7 +12,7 @@ one float32 scale. Both paths give the same bits (``fp8_rows_torch`` is the spec
   Inf: the product comes out NaN either way, as it would in 16 bits. (Only q's elements past 448 in a NaN row
   differ: the cast saturates here and gives NaN in PyTorch; the row's product is NaN on both sides.)
 
-``terms=2`` adds the residual's codes, RN(RN(x − q·scale) / scale) (one fma, one division), as rows M … 2M − 1 —
+``terms=2`` adds the residual's codes, RN(RN(x − q·scale) / scale) (one fma, one division), as rows M … 2M − 1:
 x in two e4m3 terms on ONE row scale, x ≈ (q + q')·scale, about 8 significant bits, for the LoRA kernels' K loop
 that feeds both terms into one accumulator (``lora_linear``'s ``fp8_activations=2``). The shared scale fits: the
 residual is at most half a step of q, |r / scale| ≤ 16 < 448; and it costs nothing in accuracy (normalized error of
@@ -118,8 +118,8 @@ def fp8_rows(x2: torch.Tensor, dtype: torch.dtype = torch.float8_e4m3fn,
     all-zero row: 1); a row holding NaN or ±Inf comes out NaN, as the product would in 16 bits. x per token for the
     fp8 activations, W per output channel for an fp8 weight (``LoRALinear.quantize_weight_fp8_``). One Triton launch
     on CUDA (and under ``TRITON_INTERPRET=1``), :func:`fp8_rows_torch` on the CPU; the same bits either way.
-    ``terms=2``: also the residual x − q·scale (one rounding) on the same row scale, as rows M … 2M − 1 of the codes
-    ([2M, K] codes, [M] scales): x ≈ (q + q')·s holds about 8 significant bits, 16-bit x's precision."""
+    ``terms=2``: also the residual x − q·scale (one rounding) on the same row scale, as rows M … 2M − 1 of the
+    codes ([2M, K] codes, [M] scales): x ≈ (q + q')·s holds about 8 significant bits, 16-bit x's precision."""
     if x2.dim() != 2:
         raise ValueError(f"fp8_rows expects a 2-D [rows, K] tensor, got shape {tuple(x2.shape)}")
     if dtype not in _FP8_GRID:
