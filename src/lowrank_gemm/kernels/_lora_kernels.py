@@ -81,7 +81,9 @@ def _main_loop(x_desc, w_desc, a_desc, off_m, off_n, k_lo, k_hi,
     terms per token on one row scale (rows [0, M): x's e4m3 codes, rows [M, 2M): its residual's; ``xs_ptr`` [M];
     :func:`row_quant.fp8_rows` with ``terms=2``), both multiplied into the one accumulator — about 16-bit x's
     precision on the fp8 tensor cores, twice their work, no widening and no second accumulator (two spilled the
-    prefill tiles: 4.4 ms against one term's 0.25 at M = 1024, N = 28672, session 35)."""
+    prefill tiles: 4.4 ms against one term's 0.25 at M = 1024, N = 28672, session 35). The price: the product's error
+    against the exact fp8-weight product went 2.3e-3 → 2.8e-3 on the H200 (twice as many fp8 wgmma accumulations
+    into one accumulator, which keeps fewer bits than fp32; NOTES.md, session 35)."""
     acc = tl.zeros((BLOCK_N, BLOCK_M) if SWAP_AB else (BLOCK_M, BLOCK_N), dtype=tl.float32)
     s = tl.zeros((BLOCK_R, BLOCK_M) if SWAP_AB else (BLOCK_M, BLOCK_R), dtype=tl.float32)
     for kt in tl.range(k_lo, k_hi):
