@@ -143,6 +143,8 @@ def test_fp8_through_the_op_and_the_module():
 
 def test_fp8_bad_input():
     case = fp8_case(8, 32, 64, 2, 16)
+    with pytest.raises(ValueError, match="without the fused shrink"):     # a given plan runs as given, or not
+        mg.multi_lora_gemm(**case, plan=small_plan(r_max=16, fuse_d=2, epi_d=2), fp8_activations=1)
     ws = case.pop("weight_scale")
     with pytest.raises(ValueError, match="needs weight_scale"):
         mg.multi_lora_gemm(**case)

@@ -1071,7 +1071,7 @@ def multi_lora_gemm(x, weight, bank_a, bank_b, ranks, scales, adapter_ids, bias=
     ``has_lora=False``). Same results bit for bit.
     ``weight_scale`` / ``fp8_activations``: an fp8 base weight, as in ``lora_linear`` (its scale per output channel;
     x per token in one or two e4m3 terms for an fp8 × fp8 base product, the branch on the 16-bit x). Runs the
-    multi-LoRA kernels (:func:`fp8_plan`), never bank mode.
+    multi-LoRA kernels (:func:`fp8_plan` adapts the chosen plan; a ``plan`` passed in runs as given), never bank mode.
     """
     M, N, K, L, r_max = _check_inputs(x, weight, bank_a, bank_b, ranks, scales, adapter_ids, bias,
                                       row_order, mode, weight_scale, fp8_activations)
@@ -1100,9 +1100,13 @@ def multi_lora_gemm(x, weight, bank_a, bank_b, ranks, scales, adapter_ids, bias=
             return run_bank(strategy, bcfg, x, weight, bank_a, bank_b, ranks, scales,
                             ids if ids.dtype == torch.int32 else ids.to(torch.int32), bias, out=y,
                             has_lora=has_lora, b_clean=b_clean, stack_d=stack_d)
-    plan = plan or choose_plan(M, N, K, r_max, L, mode, x.device, adapters)
-    if fp8_base:
-        plan = fp8_plan(plan, terms)
+    if plan is None:
+        plan = choose_plan(M, N, K, r_max, L, mode, x.device, adapters)
+        if fp8_base:
+            plan = fp8_plan(plan, terms)
+    elif terms and plan.fuse_d:         # a given plan is taken as given, or refused
+        raise ValueError(f"multi_lora_linear: fp8 activations need a plan without the fused shrink (fuse_d = 0: S "
+                         f"comes from the 16-bit x), got fuse_d={plan.fuse_d} (fp8_plan makes one)")
     # the main kernel's x: the 16-bit x, or its e4m3 codes (the shrink reads the 16-bit x either way)
     xm, x_scale = fp8_rows(x, terms=terms) if terms else (x, None)
     cfg, scfg = plan.main, plan.shrink
@@ -1205,8 +1209,8 @@ def multi_lora_gemm(x, weight, bank_a, bank_b, ranks, scales, adapter_ids, bias=
 
 
 def fp8_plan(plan: MultiLoRAPlan, terms: int) -> MultiLoRAPlan:
-    """The 16-bit plan of the shape, for an fp8 base weight (the tables are 16-bit measurements; not measured with
-    fp8 yet). With fp8 x (``terms`` 1 / 2) the K loop's x tiles are e4m3 codes, so S cannot ride along: a fused
+    """The 16-bit plan of the shape, for an fp8 base weight (the tables are 16-bit measurements; for fp8 only the
+    widened-W decode tiles' K step was measured, session 35). With fp8 x (``terms`` 1 / 2) the K loop's x tiles are e4m3 codes, so S cannot ride along: a fused
     shrink (``fuse_d``) becomes the shrink launch. With 16-bit x each W tile is widened in registers; as the wgmma's
     B operand it then goes back through shared memory, so the tile is swapped (W on the wgmma's M, its register A
     operand, as ``lora_gemm._fp8_weight_plan`` does) where the plan has no fused shrink and the tiles allow it."""
