@@ -1204,10 +1204,11 @@ def lora_linear(x: torch.Tensor, weight: torch.Tensor, lora_a: torch.Tensor, lor
     the base is ``x·(W·diag(weight_scale))ᵀ``; the kernels read W as fp8 (half the bytes) and widen it on chip.
     ``fp8_activations`` (an e4m3 weight): x is quantized per token for the base product, which then runs on the fp8
     tensor cores; the branch still reads the 16-bit x. ``True``: one e4m3 term (W8A8, rel. error ~0.024 on random
-    data); ``2``: two terms, x ≈ (q + q')·s (the residual quantized on the same scale, ~8 significant bits: rel. error ~0.0023
-    against the widened W's 0.0018), twice the fp8 MMA work. H200 (session 34, N = 28672, K = 4096, M = 1 / 16 / 64):
-    cuBLAS bf16 58.6 / 59.3 / 63.7 µs; widened W (False) 52.7 / 52.4 / 62.7; two terms 47.2 / 42.3 / 46.2; one term
-    37.7 / 38.2 / 43.8.
+    data); ``2``: two terms, x ≈ (q + q')·s (the residual quantized on the same scale, ~8 significant bits: rel.
+    error ~0.0028 against the widened W's 0.0018), twice the fp8 MMA work, so it pays at decode only. H200 (session
+    35, ``lora_fp8.md``, N = 28672, K = 4096, M = 1 / 16 / 64 / 1024): cuBLAS bf16 56.7 / 57.4 / 61.8 / 356 µs;
+    widened W (False) 52.4 / 52.5 / 62.9 / 481; two terms 46.9 / 41.4 / 51.8 / 441; one term 37.2 / 37.3 / 43.4 /
+    248.
     """
     terms = _act_terms(fp8_activations)
     if _direct_ok(x, weight, lora_a, lora_b, bias, weight_scale):
