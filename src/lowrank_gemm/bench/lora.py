@@ -302,7 +302,7 @@ def main(argv=None):
     ap.add_argument("--skip", default="", help="strategies not to time, e.g. persistent_static,persistent_dynamic")
     ap.add_argument("--ms", default=None, help=f"only these M, e.g. 256,1024 (default {','.join(map(str, MS))})")
     ap.add_argument("--ranks", default=None, help=f"only these ranks, e.g. 64 (default {','.join(map(str, RANKS))})")
-    ap.add_argument("--fp8", action="store_true", help="also time auto_fp8w (fp8 base weight) and fp8_scaled_mm")
+    ap.add_argument("--fp8", action="store_true", help="also time the fp8 rows: " + ", ".join(FP8_IMPLS))
     ap.add_argument("--name", default="lora", help="results file stem under OUT (default lora: the canonical table; "
                                                    "e.g. lora_fp8 for a run of the fp8 rows)")
     args = ap.parse_args(argv)

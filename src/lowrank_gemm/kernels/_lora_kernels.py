@@ -120,8 +120,7 @@ def _main_loop(x_desc, w_desc, a_desc, off_m, off_n, k_lo, k_hi,
         s = tl.trans(s)
     if ws_ptr is not None:
         offs_n = off_n + tl.arange(0, BLOCK_N)
-        w_scale = tl.load(ws_ptr + offs_n, mask=offs_n < N, other=0.0)[None, :]
-        acc = acc * w_scale
+        acc = acc * tl.load(ws_ptr + offs_n, mask=offs_n < N, other=0.0)[None, :]
     if xs_ptr is not None:
         offs_m = off_m + tl.arange(0, BLOCK_M)
         acc = acc * tl.load(xs_ptr + offs_m, mask=offs_m < M, other=0.0)[:, None]
@@ -365,7 +364,7 @@ def lora_main_kernel(
     S_WORDS: tl.constexpr = False,
     wscale_ptr=None,    # fp32 [N]: the per-output-channel scale of fp8 weights (None: 16-bit W)
     xscale_ptr=None,    # fp32 [M]: the per-token scale of fp8 X (None: 16-bit X); GLOBAL S only
-    X_TERMS: tl.constexpr = 1,   # 2: fp8 X as two e4m3 terms per token, xscale_ptr [2M] (_main_loop)
+    X_TERMS: tl.constexpr = 1,   # 2: fp8 X as two e4m3 terms per token on xscale_ptr's [M] scales (_main_loop)
 ):
     # R_CHUNKS (GLOBAL): cdiv(R, BLOCK_R), rank chunks of the epilogue, unrolled
     # SPLIT_K / S_SPLITS are runtime values: one compile serves every split of a tile config
