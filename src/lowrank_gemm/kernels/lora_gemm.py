@@ -141,6 +141,11 @@ def check_fp8_base(x, weight, weight_scale, fp8_activations) -> None:
                          f"must be float8_e4m3fn (with weight_scale), got {weight.dtype}")
 
 
+def column_scale(weight_scale: torch.Tensor, n: int) -> torch.Tensor:
+    """An fp8 weight's scale ([N] or one value) as the kernels read it: float32 [N], contiguous."""
+    return weight_scale.to(torch.float32).reshape(-1).expand(n).contiguous()
+
+
 def _act_terms(fp8_activations) -> int:
     """``fp8_activations`` as the number of e4m3 terms of x (0: x stays 16-bit), or a ValueError."""
     if not isinstance(fp8_activations, int) or fp8_activations not in (0, 1, 2):
@@ -899,7 +904,7 @@ def run_strategy(strategy: str, x2, weight, lora_a, lora_b, scale, bias, cfg: Ke
     if weight_scale is not None:
         if R and strategy not in WEIGHT_SCALE_STRATEGIES:
             raise ValueError(f"strategy {strategy!r} takes no weight_scale (one of {WEIGHT_SCALE_STRATEGIES} does)")
-        extra["w_scale"] = weight_scale.to(torch.float32).reshape(-1).expand(N).contiguous()
+        extra["w_scale"] = column_scale(weight_scale, N)
     if x_fp8 is not None:
         if weight_scale is None or (R and strategy not in FP8_ACT_STRATEGIES):
             raise ValueError(f"fp8 activations need an fp8 weight with weight_scale and one of {FP8_ACT_STRATEGIES}, "
@@ -1104,9 +1109,10 @@ def _fp8_weight_plan(strategy: str, cfg: KernelConfig, M: int, N: int, K: int, r
     swap-AB it is the register A operand and none of the planner's tiles spills (NOTES.md, session 33). So: one of
     :data:`FP8_AUTO_STRATEGIES` (else ``split``), with ``swap_ab`` wherever the tiles can take it.
     ``activations`` (fp8 x too, in 1 or 2 e4m3 terms): one of :data:`FP8_ACT_STRATEGIES` (else ``split``) with S
-    from the down kernel (no in-grid S producers, which would read the fp8 x). Nothing is widened; but a 256-wide tile spills with two fp8
-    operands (sm_90 ptxas, 128×256×64 on 8 warps: 28 bytes; ×128: 40), so those become 128×128×128 (CUTLASS's fp8
-    tile: 207 registers, no spill) where the ledger, at 8 bits (two x terms: 16), fits them."""
+    from the down kernel (no in-grid S producers, which would read the fp8 x). Nothing is widened; but a 256-wide
+    tile spills with two fp8 operands (sm_90 ptxas, 128×256×64 on 8 warps: 28 bytes; ×128: 40), so those become
+    128×128×128 (CUTLASS's fp8 tile: 207 registers, no spill) where the ledger, at 8 bits (two x terms: 16), fits
+    them."""
     if strategy == "torch":
         return strategy, cfg
     if strategy not in (FP8_ACT_STRATEGIES if activations else FP8_AUTO_STRATEGIES):

@@ -54,7 +54,7 @@ from lowrank_gemm.kernels.epilogue import add_bias, rank_block, store_tile
 from lowrank_gemm.kernels.launch import launch
 from lowrank_gemm.kernels.env import env_on
 from lowrank_gemm.kernels.lora_gemm import (FP8_WEIGHTS, _act_terms, _direct_ok, _interpreting, _v2_choice, bank_plan,
-                                            check_fp8_base, run_bank, stack_plan)
+                                            check_fp8_base, column_scale, run_bank, stack_plan)
 from lowrank_gemm.kernels.row_quant import fp8_rows
 from lowrank_gemm.kernels.tma import TMA_ALIGN
 from lowrank_gemm.kernels.pdl import gdc_launch_dependents, gdc_wait, pdl_enabled, pdl_supported
@@ -1166,8 +1166,7 @@ def multi_lora_gemm(x, weight, bank_a, bank_b, ranks, scales, adapter_ids, bias=
                                   block_shape=[cfg.block_m, cfg.block_k])
     else:
         x_desc = xm
-    w_scale = (weight_scale.to(torch.float32).reshape(-1).expand(N).contiguous() if weight_scale is not None
-               else scales)                                        # a dummy pointer when W_SCALE is False
+    w_scale = column_scale(weight_scale, N) if weight_scale is not None else scales   # scales: a dummy pointer
 
     k_per_split = cdiv(cdiv(K, split_s), scfg.block_k) * scfg.block_k
     if shrink and plan.shrink_rows:
@@ -1210,10 +1209,11 @@ def multi_lora_gemm(x, weight, bank_a, bank_b, ranks, scales, adapter_ids, bias=
 
 def fp8_plan(plan: MultiLoRAPlan, terms: int) -> MultiLoRAPlan:
     """The 16-bit plan of the shape, for an fp8 base weight (the tables are 16-bit measurements; for fp8 only the
-    widened-W decode tiles' K step was measured, session 35). With fp8 x (``terms`` 1 / 2) the K loop's x tiles are e4m3 codes, so S cannot ride along: a fused
-    shrink (``fuse_d``) becomes the shrink launch. With 16-bit x each W tile is widened in registers; as the wgmma's
-    B operand it then goes back through shared memory, so the tile is swapped (W on the wgmma's M, its register A
-    operand, as ``lora_gemm._fp8_weight_plan`` does) where the plan has no fused shrink and the tiles allow it."""
+    widened-W decode tiles' K step was measured, session 35). With fp8 x (``terms`` 1 / 2) the K loop's x tiles are
+    e4m3 codes, so S cannot ride along: a fused shrink (``fuse_d``) becomes the shrink launch. With 16-bit x each W
+    tile is widened in registers; as the wgmma's B operand it then goes back through shared memory, so the tile is
+    swapped (W on the wgmma's M, its register A operand, as ``lora_gemm._fp8_weight_plan`` does) where the plan has
+    no fused shrink and the tiles allow it, and the decode tiles read 128-byte K steps (:data:`FP8_W_BLOCK_K`)."""
     if terms:
         return replace(plan, fuse_d=0) if plan.fuse_d else plan
     main = plan.main

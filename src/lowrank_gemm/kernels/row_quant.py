@@ -18,7 +18,8 @@ that feeds both terms into one accumulator (``lora_linear``'s ``fp8_activations=
 residual is at most half a step of q, |r / scale| ≤ 16 < 448; and x loses nothing by it (normalized error of x
 ≈ 6e-4 on normal and heavy-tailed rows, a little below a residual with its own amax scale, whose larger grid step
 coarsens the biggest residuals; the LoRA product's error on the H200 did rise, 2.3e-3 → 2.8e-3, from summing both
-terms in one fp8 wgmma accumulator: ``_lora_kernels._main_loop``). Rows longer than the one-pass limit write both terms in the second read.
+terms in one fp8 wgmma accumulator: ``_lora_kernels._main_loop``). Rows longer than the one-pass limit write both
+terms in the second read.
 """
 
 from __future__ import annotations
