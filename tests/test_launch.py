@@ -186,3 +186,38 @@ def test_gpu_ops_bit_identical_with_the_cache_off(m, monkeypatch):
     for got in fast:
         for g, p in zip(got, plain):
             assert torch.equal(g, p)
+
+
+def _jit_kernels_and_direct_launches():
+    """(names of the package's @triton.jit / @gluon.jit functions, [(file, line, name)] of ``name[grid](...)`` calls
+    outside kernels/launch.py)."""
+    import ast
+    from pathlib import Path
+    import lowrank_gemm
+    root = Path(lowrank_gemm.__file__).parent
+    trees = {p: ast.parse(p.read_text()) for p in root.rglob("*.py")}
+    jitted = set()
+    for tree in trees.values():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.FunctionDef):
+                for d in node.decorator_list:
+                    d = d.func if isinstance(d, ast.Call) else d
+                    if isinstance(d, ast.Attribute) and d.attr == "jit":
+                        jitted.add(node.name)
+    direct = []
+    for path, tree in trees.items():
+        if path.name == "launch.py":
+            continue
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Subscript)
+                    and isinstance(node.func.value, ast.Name) and node.func.value.id in jitted):
+                direct.append((str(path.relative_to(root)), node.lineno, node.func.value.id))
+    return jitted, direct
+
+
+def test_every_package_launch_goes_through_launch():
+    """``kernel[grid](...)`` costs ~12 µs more host time per call than ``launch`` on the H200 host (session 13), and an
+    eager decode call is bound by the host: no kernel of the package is launched around it."""
+    jitted, direct = _jit_kernels_and_direct_launches()
+    assert len(jitted) > 50            # the scan sees the package's kernels
+    assert direct == [], f"kernels launched as kernel[grid](...) instead of kernels.launch.launch: {direct}"

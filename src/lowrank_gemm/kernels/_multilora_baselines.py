@@ -14,6 +14,7 @@ import triton
 import triton.language as tl
 
 from lowrank_gemm.kernels.epilogue import rank_block
+from lowrank_gemm.kernels.launch import launch
 from lowrank_gemm.kernels.schedule import cdiv
 
 __all__ = ["torch_loop", "shrink_expand"]
@@ -88,12 +89,11 @@ def shrink_expand(x, weight, bank_a, bank_b, ranks, scales, adapter_ids, bias=No
     split = max(1, min(split, cdiv(K, block_k)))
     k_per_split = cdiv(cdiv(K, split), block_k) * block_k
     s = torch.empty((split, M, block_r), dtype=torch.float32, device=x.device)
-    _bgmv_shrink_kernel[(M, split)](x, bank_a, ids, ranks, s, K, L, r_max, k_per_split, x.stride(0),
-                                    bank_a.stride(0), bank_a.stride(1), s.stride(0), s.stride(1),
-                                    BLOCK_R=block_r, BK=block_k, num_warps=4)
-    _bgmv_expand_kernel[(M, cdiv(N, block_n))](y, s, bank_b, ids, ranks, scales, N, L, r_max, split,
-                                               y.stride(0), s.stride(0), s.stride(1), bank_b.stride(0),
-                                               bank_b.stride(1), BLOCK_R=block_r, BN=block_n, num_warps=4)
+    launch(_bgmv_shrink_kernel, (M, split), x, bank_a, ids, ranks, s, K, L, r_max, k_per_split, x.stride(0),
+           bank_a.stride(0), bank_a.stride(1), s.stride(0), s.stride(1), BLOCK_R=block_r, BK=block_k, num_warps=4)
+    launch(_bgmv_expand_kernel, (M, cdiv(N, block_n)), y, s, bank_b, ids, ranks, scales, N, L, r_max, split,
+           y.stride(0), s.stride(0), s.stride(1), bank_b.stride(0), bank_b.stride(1), BLOCK_R=block_r, BN=block_n,
+           num_warps=4)
     return y
 
 

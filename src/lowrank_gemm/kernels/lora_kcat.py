@@ -18,6 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .launch import launch
 from .schedule import cdiv, next_pow2, num_sms
 from .splitk import splitk_arrive, splitk_reset, splitk_store, splitk_sum
 
@@ -112,9 +113,9 @@ def build_xcat(x: torch.Tensor, a: torch.Tensor, scale: float, rp: int, *, block
         cnt = _TICKETS.get(x.device, row_blocks)
     else:
         ws = cnt = out
-    xcat_kernel[(row_blocks, sp)](x, a, out, ws, cnt, M, K, R, rp, float(scale), k_per_split,
-                                  x.stride(0), a.stride(0), out.stride(0), BLOCK_M=bm, BLOCK_K=block_k,
-                                  BLOCK_R=block_r, SPLIT=sp, NUM_STAGES=stages, num_warps=num_warps)
+    launch(xcat_kernel, (row_blocks, sp), x, a, out, ws, cnt, M, K, R, rp, float(scale), k_per_split,
+           x.stride(0), a.stride(0), out.stride(0), BLOCK_M=bm, BLOCK_K=block_k,
+           BLOCK_R=block_r, SPLIT=sp, NUM_STAGES=stages, num_warps=num_warps)
     return out
 
 

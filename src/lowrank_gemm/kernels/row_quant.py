@@ -30,6 +30,8 @@ import triton.language as tl
 
 from .act_quant import _fma, _max_nan    # RN(a·b + c) (emulated under the interpreter), NaN-propagating max
 from .env import interpreting
+from .launch import launch
+from .schedule import next_pow2
 
 __all__ = ["fp8_rows", "fp8_rows_torch"]
 
@@ -37,6 +39,7 @@ __all__ = ["fp8_rows", "fp8_rows_torch"]
 _ONE_PASS_K = 8192
 # (mantissa bits, smallest normal exponent) of the formats
 _FP8_GRID = {torch.float8_e4m3fn: (3, -6), torch.float8_e5m2: (2, -14)}
+_FP8_MAX = {dt: torch.finfo(dt).max for dt in _FP8_GRID}
 
 
 def fp8_rows_torch(x2: torch.Tensor, dtype: torch.dtype = torch.float8_e4m3fn,
@@ -139,9 +142,9 @@ def fp8_rows(x2: torch.Tensor, dtype: torch.dtype = torch.float8_e4m3fn,
     q = torch.empty(terms * M, K, device=x2.device, dtype=dtype)
     s = torch.empty(M, device=x2.device, dtype=torch.float32)
     one_pass = K <= _ONE_PASS_K
-    block_k = triton.next_power_of_2(K) if one_pass else 2048
+    block_k = next_pow2(K) if one_pass else 2048
     mant, emin = _FP8_GRID[dtype]
-    _fp8_rows_kernel[(M,)](x2, x2.stride(0), q, q.stride(0), s, M, K, FP8_MAX=torch.finfo(dtype).max, MANT=mant,
-                           EMIN=emin, BLOCK_K=block_k, ONE_PASS=one_pass, EMU_CVT=interp, TERMS=terms,
-                           num_warps=8 if block_k >= 2048 else 4)
+    launch(_fp8_rows_kernel, (M, ), x2, x2.stride(0), q, q.stride(0), s, M, K, FP8_MAX=_FP8_MAX[dtype], MANT=mant,
+           EMIN=emin, BLOCK_K=block_k, ONE_PASS=one_pass, EMU_CVT=interp, TERMS=terms,
+           num_warps=8 if block_k >= 2048 else 4)
     return q, s

@@ -72,7 +72,7 @@ from ..launch import launch
 from ..pdl import gl_gdc_launch_dependents, gl_gdc_wait, pdl_enabled
 from ..schedule import cdiv, num_sms
 from ..splitk import splitk_arrive, splitk_reset, splitk_store, splitk_sum
-from .host import desc, dummy
+from .host import desc, dummy, flat_layout
 from .skeleton import alloc_barriers, reads_done_before_refill
 from .w4a4_ws import _f8_operands, _nibbles, _offset_nibbles_f8
 
@@ -693,6 +693,7 @@ def w4a4_decode_kernel(x_desc, w_desc, u_desc,
 _BITS = {torch.bfloat16: 16, torch.float16: 16, torch.float32: 32}
 
 
+@functools.lru_cache(maxsize=256)    # builds ledgers; the launch asks on every call
 def default_decode_config(M: int, group_size: int = 64, fmt: str = "int4_2l", f8: bool = False,
                           lowrank_block: int = 0) -> KernelConfig:
     """Token tile = M rounded up to 16, 32 or 64 (a wgmma N; KernelConfig tiles are ≥ 16). Measured on the H200
@@ -752,6 +753,7 @@ def decode_ledger(config: KernelConfig, group_size: int = 64, fmt: str = "int4_2
                       + (f" split{config.split_k}" if config.split_k > 1 else " stream-K" if config.persistent else ""))
 
 
+@functools.lru_cache(maxsize=1024)   # a pure check of hashable values (a failure raises again on every call)
 def check_decode_config(config: KernelConfig, M: int, N: int, K: int, group_size: int, fmt: str = "int4_2l",
                         f8: bool = False, row_box: bool = False, lowrank_block: int = 0, xab_rows: int = 0):
     """Raise ValueError / SmemError naming the violated constraint (expected vs got)."""
@@ -1045,11 +1047,9 @@ def _args(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, out, fm
     w_desc = desc(w_q, (bn, bk // 2))
     bits = rows.element_size() * 8
     if row_box:   # [K/G, N]: the step's BK/G rows × BN columns in one box (row pitch N·bytes: 16-aligned, N % 16 == 0)
-        u_desc = desc(rows, (bk // group_size, bn),
-                      gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=bits, rank=2))
+        u_desc = desc(rows, (bk // group_size, bn), flat_layout(bits, 2))
     else:
-        u_desc = desc(rows.reshape(-1), (bn, ),
-                      gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=bits, rank=1))
+        u_desc = desc(rows.reshape(-1), (bn, ), flat_layout(bits))
     f32 = dummy(dev, torch.float32, (1, ))
     part_dtype = torch.float32 if g else torch.int32     # 2l partials are exact int32 sums
     ws, tickets = dummy(dev, part_dtype, (1, )), dummy(dev, torch.int32, (1, ))

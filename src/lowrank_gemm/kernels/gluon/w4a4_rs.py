@@ -55,6 +55,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 from ...plan.config import KernelConfig
 from ...plan.smem import SmemLedger, SmemTerm, barrier_bytes, tile_bytes
 from ..epilogue import rank_block
+from ..launch import launch
 from ..schedule import cdiv, num_sms
 from .host import desc, dummy
 from .skeleton import GroupedTileScheduler, alloc_barriers, program_tiles_host, reads_done_before_refill
@@ -633,7 +634,7 @@ def launch_w4a4_rs(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias
     g, args, cx, cfg = rs_args(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, out, fmt, group_size,
                                config, col_scale=col_scale, grid=grid, nsplit=nsplit, stages=stages, swar=swar,
                                ratio=ratio, ctas=ctas, ratio_tables=ratio_tables)
-    w4a4_rs_kernel[(g, )](*args, **cx, num_warps=cfg.num_warps)
+    launch(w4a4_rs_kernel, (g, ), *args, **cx, num_warps=cfg.num_warps)
     return out
 
 
