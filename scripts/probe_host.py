@@ -7,6 +7,9 @@ between them, the GPU queue kept short by a sync every 20 calls), next to ``x @ 
 top functions by own time and by cumulative time.
 
     PYTHONPATH=src python scripts/probe_host.py --out $OUT [--ops lora,w4a4_g64,w4a4_2l,multilora] [--calls 300]
+
+Further ops (session 36): ``w4a4_g64_m16`` (16 tokens: the Gluon decode kernel's route), ``w4a4_g64_flux`` (4608 ×
+3072 × 3072: the v2 kernel's route, GPU time ~180 µs per call), ``lora_w8a8`` (fp8 W and x, 4096², one token).
 """
 
 from __future__ import annotations
@@ -49,6 +52,25 @@ def _ops(names):
         q, sc = quantize_weight_int4(wf, 64)
         g64 = dict(qweight=pack_int4(q), wscales=sc)
         out["w4a4_g64"] = lambda: w4a4_linear(x1, **g64, **common)
+    if "w4a4_g64_m16" in names:
+        q, sc = quantize_weight_int4(wf, 64)
+        x16 = torch.randn(16, k, device=dev, dtype=bf)
+        g64_16 = dict(qweight=pack_int4(q), wscales=sc)
+        out["w4a4_g64_m16"] = lambda: w4a4_linear(x16, **g64_16, **common)
+    if "w4a4_g64_flux" in names:
+        kf = nf = 3072
+        qf, scf = quantize_weight_int4(torch.randn(nf, kf, device=dev) * 0.02, 64)
+        xf = torch.randn(4608, kf, device=dev, dtype=bf)
+        flux = dict(qweight=pack_int4(qf), wscales=scf, smooth=(torch.rand(kf, device=dev) + 0.5).to(bf),
+                    lora_down=(torch.randn(32, kf, device=dev) * 0.02).to(bf),
+                    lora_up=(torch.randn(nf, 32, device=dev) * 0.02).to(bf))
+        out["w4a4_g64_flux"] = lambda: w4a4_linear(xf, **flux)
+    if "lora_w8a8" in names:
+        from lowrank_gemm.kernels.row_quant import fp8_rows
+        w8, ws8 = fp8_rows(w)
+        a8 = torch.randn(16, k, device=dev, dtype=bf) * 0.02
+        b8 = torch.randn(4096, 16, device=dev, dtype=bf) * 0.02
+        out["lora_w8a8"] = lambda: lora_linear(x1, w8, a8, b8, 2.0, weight_scale=ws8, fp8_activations=1)
     if "w4a4_2l" in names:
         wq, wmul, wsc = pack_weight_2l(wf, 64)
         tl2 = dict(qweight=wq, wscales=wsc, wmul=wmul)
