@@ -124,7 +124,37 @@ def stages(M_flux=4608, M_dec=16):
     xd = torch.randn(M_dec, Kd, generator=g).to(torch.bfloat16)
     lamd, downd = torch.rand(Kd, generator=g) + 0.5, torch.randn(r, Kd, generator=g).to(torch.bfloat16)
     out.append((f"act_quant g64 M={M_dec} (f8 out)", lambda: act_quant(xd, lamd, downd, 64, "int4_g64", out="f8")))
+
+    # the whole layer op body (check, route, act_quant, GEMM launcher), its routes decided for CUDA (_cuda_routes)
+    from lowrank_gemm.formats.int4 import quantize_weight_int4
+    for name, M, Kl, Nl in (("FLUX v2 route", M_flux, K, N), (f"M={M_dec} decode route", M_dec, Kd, Nd),
+                            ("M=1 GEMV route", 1, Kd, Nd)):
+        q, sc = quantize_weight_int4(torch.randn(Nl, Kl, generator=g) * 0.02, 64)
+        xl = torch.randn(M, Kl, generator=g).to(torch.bfloat16)
+        lay = (xl, pack_int4(q), sc.to(torch.bfloat16), (torch.rand(Kl, generator=g) + 0.5).to(torch.bfloat16),
+               (torch.randn(r, Kl, generator=g) * 0.02).to(torch.bfloat16),
+               (torch.randn(Nl, r, generator=g) * 0.02).to(torch.bfloat16), None, None, 64, "int4_g64",
+               torch.bfloat16, "auto")
+        out.append((f"layer g64 {name}", lambda lay=lay: wg._w4a4_linear_impl(*lay)))
     return out
+
+
+def _cuda_routes():
+    """The W4A4 routes decide for CUDA on the CPU tensors: each route function gets torch.device("cuda") for its
+    device argument. Returns {function name: 0} counters of how often each was asked (the probe checks the layer
+    stages went through them)."""
+    import torch
+    from lowrank_gemm.kernels import w4a4_gemm as wg
+    cuda, calls = torch.device("cuda"), {}
+    for fname, pos in (("_route", 7), ("_layer_wants_f8", 7), ("_early_launch", 5)):
+        real = getattr(wg, fname)
+        calls[fname] = 0
+
+        def wrapped(*a, _real=real, _pos=pos, _name=fname, **k):
+            calls[_name] += 1
+            return _real(*a[:_pos], cuda, *a[_pos + 1:], **k)
+        setattr(wg, fname, wrapped)
+    return calls
 
 
 def main() -> int:
@@ -138,6 +168,7 @@ def main() -> int:
     stubbed = _stub_launches()
     import lowrank_gemm.kernels.gluon.w4a4_decode as wd
     wd.num_sms = schedule.num_sms
+    routed = _cuda_routes()
     rows = []
     for name, fn in stages():
         us = _time(fn, a.calls)
@@ -148,6 +179,7 @@ def main() -> int:
     meta = {"torch": torch.__version__, "launches_stubbed": stubbed, "cpus": os.cpu_count(), "cpu_model": model,
             "src": os.environ.get("PROBE_SRC") or "this tree",
             "date": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    print(f"route calls: {routed}")
     if a.out:
         Path(a.out).write_text(json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")
     return 0
