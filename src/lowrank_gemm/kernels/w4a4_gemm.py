@@ -1065,16 +1065,17 @@ def _w4a4_gemm_impl(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bia
         return out
     if kernel == "decode":
         from .gluon.w4a4_decode import launch_w4a4_decode
-        launch_w4a4_decode(*args)
+        launch_w4a4_decode(*args, _dims=(m, n, k, r))
         return out
     if kernel == "v2":
-        from .gluon.w4a4_ws import launch_w4a4_v2 as launcher
+        from .gluon.w4a4_ws import launch_w4a4_v2
+        launcher = functools.partial(launch_w4a4_v2, _dims=(m, n, k, r))
     else:
         launcher = launch_w4a4_v1
     try:
         launcher(*args)
     except NotImplementedError:
-        if impl != "auto" or launcher is launch_w4a4_v1 or pre_expanded:
+        if impl != "auto" or kernel != "v2" or pre_expanded:
             raise
         launch_w4a4_v1(*args)
     return out

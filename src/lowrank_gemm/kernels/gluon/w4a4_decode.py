@@ -1010,12 +1010,14 @@ EPI_MMA_MAX_RANK = 128      # ranks above this keep the per-rank epilogue loop (
 
 def _args(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, out, fmt, group_size, config,
           col_scale=None, swar=True, mma_async=True, f8=None, pdl=None, nonempty_k=None, row_box=None, epi_mma=None,
-          xab_smem=None):
+          xab_smem=None, _dims=None):
     from ..w4a4_gemm import FORMATS, check_gemm_args
     if fmt not in FORMATS:
         raise ValueError(f"w4a4 decode: fmt must be one of {FORMATS}, got {fmt!r}")
     g = fmt != "int4_2l"
-    M, N, K, r = check_gemm_args(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, group_size, fmt)
+    # _dims: (M, N, K, r) from the GEMM op's own check_gemm_args of these tensors — not twice
+    M, N, K, r = _dims or check_gemm_args(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, group_size,
+                                          fmt)
     dev = x_q.device
     if not (out.dtype in _BITS and tuple(out.shape) == (M, N) and out.is_contiguous() and out.device == dev):
         raise ValueError(f"w4a4 decode: out must be contiguous bf16/fp16/fp32 [M, N] = {[M, N]} on {dev}, got "
@@ -1073,7 +1075,7 @@ def launch_w4a4_decode(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, 
                        group_size: int, config: KernelConfig | None = None, *, col_scale=None, swar: bool = True,
                        mma_async: bool = True, f8: bool | None = None, pdl: bool | None = None,
                        nonempty_k: bool | None = None, row_box: bool | None = None, epi_mma: bool | None = None,
-                       xab_smem: bool | None = None):
+                       xab_smem: bool | None = None, _dims: tuple | None = None):
     """out [M, N] ← the W4A4 layer's GEMM + epilogue (launcher contract of kernels/w4a4_gemm.py, both formats).
     ``mma_async=False`` (int4_2l): each wgmma waits for itself — the first H200 version, kept for A/B.
     ``f8`` (int4_g64; None = :func:`decode_f8_default`): e4m3 wgmmas on offset-encoded weights, the tokens
@@ -1087,9 +1089,11 @@ def launch_w4a4_decode(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, 
     ``row_box`` (None = :func:`decode_row_box_default`): the step's row table in one 2-D TMA box (``_issue_step``).
     ``epi_mma`` (None = :func:`decode_epi_mma_default`): the low-rank term as one wgmma (ranks ≤
     :data:`EPI_MMA_MAX_RANK`), else a loop over the rank. ``xab_smem`` (None = :func:`decode_xab_smem_default`; f8
-    with one token tile where it fits, :func:`xab_table_rows`): the a/b rows from a shared-memory table."""
+    with one token tile where it fits, :func:`xab_table_rows`): the a/b rows from a shared-memory table.
+    ``_dims``: (M, N, K, r) already checked by the GEMM op (``w4a4_gemm.check_gemm_args``)."""
     grid, args, cx, cfg = _args(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, out, fmt, group_size,
-                                config, col_scale, swar, mma_async, f8, pdl, nonempty_k, row_box, epi_mma, xab_smem)
+                                config, col_scale, swar, mma_async, f8, pdl, nonempty_k, row_box, epi_mma, xab_smem,
+                                _dims)
     launch(w4a4_decode_kernel, grid, *args, **cx, num_warps=cfg.num_warps, launch_pdl=cx["PDL"])
     return out
 

@@ -1131,8 +1131,9 @@ def kernel_args_v2(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias
                    scale_tma: bool | None = None, swar: bool = True, raw_stages: int | None = None,
                    f8: bool | None = None, paired: bool | None = None, expanders: int | None = None,
                    inflight: bool | None = None, w_f8=None, coop: bool | None = None, ws_f32: bool | None = None,
-                   ws_perm: bool | None = None, fuse_ws: bool | None = None):
-    """Validate (the v1 contract's own checks), plan and build one launch.
+                   ws_perm: bool | None = None, fuse_ws: bool | None = None, _dims: tuple | None = None):
+    """Validate (the v1 contract's own checks; ``_dims``: (M, N, K, r) already checked by the GEMM op), plan and
+    build one launch.
     ``expanders`` (f8 only; None = :func:`f8_expanders_default`): 2 runs a second expander warpgroup on the odd
     K steps (skeleton.ROLES_TWO_EXPANDERS); 0 runs none: the weights are expanded once per call into a transient
     e4m3 [N, K] buffer of offset nibbles (``w4_expand.expand_w4(offset=True)``, or ``w_f8`` when the caller
@@ -1159,7 +1160,8 @@ def kernel_args_v2(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias
     ``consumer_order=False`` drops the consumers' ring hand-off: it reproduces the parity hang
     (scripts/bisect_gluon.py), never use it otherwise. Returns (grid, args, constexprs, config, (dbg, dbg_tiles))."""
     from ..w4a4_gemm import check_gemm_args
-    M, N, K, r = check_gemm_args(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, group_size, fmt)
+    M, N, K, r = _dims or check_gemm_args(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, group_size,
+                                          fmt)
     f = _fmt_id(fmt)
     dev = out.device
     check_out(out, col_scale, M, N, x_q.device)
@@ -1372,12 +1374,13 @@ def launch_w4a4_v2(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias
                    swar: bool = True, raw_stages: int | None = None, f8: bool | None = None,
                    paired: bool | None = None, expanders: int | None = None, inflight: bool | None = None,
                    w_f8=None, coop: bool | None = None, ws_f32: bool | None = None, ws_perm: bool | None = None,
-                   fuse_ws: bool | None = None, quad: bool | None = None):
+                   fuse_ws: bool | None = None, quad: bool | None = None, _dims: tuple | None = None):
     """out [M, N] ← W4A4 v2; the argument contract of ``kernels.w4a4_gemm`` (its module docstring),
     plus ``col_scale`` [N] (optional per-column factor on the main product). Returns ``out``, or
     ``(out, (dbg [grid, roles, iters, 2] int32, tiles [grid, DEBUG_TILES, 2] int32))`` with ``debug``.
     ``quad`` (None = :func:`w4a4_quad.quad_default` where the call resolves to the no-expander int4_g64 route with
-    no option of the other kernels pinned): the four-consumer kernel (gluon/w4a4_quad.py) runs it instead."""
+    no option of the other kernels pinned): the four-consumer kernel (gluon/w4a4_quad.py) runs it instead.
+    ``_dims``: (M, N, K, r) already checked by the GEMM op (``w4a4_gemm.check_gemm_args``)."""
     from .w4a4_quad import launch_w4a4_quad, quad_default, quad_route
     if quad is None:
         quad = quad_default() and quad_route(x_q, w_q, lowrank_act, fmt, group_size, dict(
@@ -1392,7 +1395,7 @@ def launch_w4a4_v2(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias
                                            consumer_order=consumer_order, scale_tma=scale_tma, swar=swar,
                                            raw_stages=raw_stages, f8=f8, paired=paired, expanders=expanders,
                                            inflight=inflight, w_f8=w_f8, coop=coop, ws_f32=ws_f32, ws_perm=ws_perm,
-                                           fuse_ws=fuse_ws)
+                                           fuse_ws=fuse_ws, _dims=_dims)
     if _fmt_id(fmt) == FMT_INT4_2L and not two_level_enabled():
         raise NotImplementedError("int4_2l v2 is switched off by LOWRANK_GEMM_GLUON_2L=0; use impl='v1'")
     launch(w4a4_ws_kernel, (g, ), *args, **cx, num_warps=DEFAULT_WARPS)
