@@ -5,12 +5,13 @@ cuBLAS bf16 / fp8 without adapters and the bf16 multi-LoRA op, one process, CUDA
 
 Rows: ``cublas_bf16`` (x·Wᵀ), ``fp8_scaled_mm`` (e4m3 × e4m3, per-token / per-channel scales, x pre-quantized: no
 branch), ``ml_bf16`` (the op on the bf16 W), ``ml_w8a16`` (fp8 W widened on chip; ``ml_w8a16_tuned_bk``: on the
-tuned table's K step instead of ``fp8_plan``'s 128), ``ml_w8a8`` / ``ml_w8a8x2`` (x per
-token in one / two e4m3 terms, quantized inside the call); ``--w8a16-tiles`` adds ``ml_w8a16:BMxBNxBKwW`` rows: the W8A16
-plan's main tile replaced by that swapped tile (deepest ring the ledger fits), where fp8_plan gave a 128×256 tile
-(it spills 128 bytes per thread at sm_90; NOTES.md session 36 lists the tiles that do not). Every fp8 row is first checked against float64 on its own
-quantized operands (rel. err < 1e-2; ``err`` is against the bf16 W's exact result). Rank 16, ids drawn over the
-adapters (−1 = base only included), ``max_adapters`` = the adapter count. Writes DIR/probe_multilora_fp8.{json,md}.
+tuned table's K step instead of ``fp8_plan``'s 128), ``ml_w8a8`` / ``ml_w8a8x2`` (x per token in one / two e4m3
+terms, quantized inside the call). ``--w8a16-tiles`` adds ``ml_w8a16:BMxBNxBKwW`` rows: the W8A16 plan's main tile
+replaced by that swapped tile (the deepest ring the ledger fits) where fp8_plan gave a 128×256 tile, which spills
+128 bytes per thread at sm_90 (NOTES.md, session 36, lists the tiles that do not). Every fp8 row is first checked
+against float64 on its own quantized operands (rel. err < 1e-2; ``err`` is against the bf16 W's exact result).
+Rank 16, ids drawn over the adapters (−1 = base only included), ``max_adapters`` = the adapter count. Writes
+DIR/probe_multilora_fp8.{json,md}.
 """
 
 from __future__ import annotations

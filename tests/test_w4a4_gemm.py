@@ -424,7 +424,8 @@ def test_layer_dispatch_pre_expanded(monkeypatch):
     from lowrank_gemm.kernels.gluon import w4a4_decode
     seen = []
 
-    def decode_on_cpu(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, out, fmt, group_size, config, _dims=None):
+    def decode_on_cpu(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, out, fmt, group_size, config,
+                      _dims=None):
         seen.append(x_q.dtype)
         if x_q.dtype == torch.float8_e4m3fn:
             q = x_q.float()
