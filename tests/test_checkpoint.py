@@ -106,8 +106,30 @@ def _rewrite_metadata(path, out, edit):
 
 
 def test_wrong_version(saved, tmp_path):
-    bad = _rewrite_metadata(saved[2], tmp_path / "v2.safetensors", lambda m: m.update(format_version="2"))
-    _rejected(bad, "version '2' is not supported")
+    bad = _rewrite_metadata(saved[2], tmp_path / "v3.safetensors", lambda m: m.update(format_version="3"))
+    _rejected(bad, "version '3' is not supported")
+
+
+def test_version_1_files_still_load(saved, tmp_path):
+    """Version 1 (before act_shift) had the same tensors and module entries; such files load as signed layers."""
+    model, x, path = saved
+    old = _rewrite_metadata(path, tmp_path / "v1.safetensors", lambda m: m.update(format_version="1"))
+    loaded = load_quantized(old, _fresh)
+    assert loaded.fc1.act_shift == 0 and torch.equal(loaded(x), model(x))
+
+
+def test_act_shift_round_trip(tmp_path):
+    """Unsigned-activation layers (act_shift) come back with their shift, bit for bit."""
+    model = _fresh()
+    x = torch.nn.functional.gelu(torch.randn(64, 128))
+    quantize_(model, SVDQuantConfig(rank=8, refit_iters=2, include=("fc2",), act_shift=0.171875), [x],
+              progress=False)
+    assert model.fc2.act_shift == 0.171875 and type(model.fc1) is nn.Linear
+    path = tmp_path / "shift.safetensors"
+    save_quantized(model, path)
+    loaded = load_quantized(path, _fresh)
+    assert loaded.fc2.act_shift == 0.171875 and "act_shift=0.171875" in repr(loaded.fc2)
+    assert _same(_state(loaded), _state(model)) and torch.equal(loaded(x), model(x))
 
 
 def test_not_our_format(saved, tmp_path):

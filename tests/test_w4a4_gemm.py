@@ -425,8 +425,9 @@ def test_layer_dispatch_pre_expanded(monkeypatch):
     seen = []
 
     def decode_on_cpu(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, out, fmt, group_size, config,
-                      _dims=None):
+                      _dims=None, f8=None):
         seen.append(x_q.dtype)
+        assert f8 is (True if x_q.dtype == torch.float8_e4m3fn else None)     # e4m3 operands pin the e4m3 path
         if x_q.dtype == torch.float8_e4m3fn:
             q = x_q.float()
             xs = x_scale[:, 0, :] / 512

@@ -110,18 +110,23 @@ def w4a4_gemm_ref(x_q: torch.Tensor, x_scale: torch.Tensor, w_q: torch.Tensor, w
 
 def svdq_linear_ref(x: torch.Tensor, qweight: torch.Tensor, wscales: torch.Tensor, smooth: torch.Tensor,
                     lora_down: torch.Tensor, lora_up: torch.Tensor, bias: torch.Tensor | None = None,
-                    group_size: int = 64) -> torch.Tensor:
+                    group_size: int = 64, act_shift: torch.Tensor | None = None) -> torch.Tensor:
     """The SVDQuant W4A4 layer (standard format), in float64.
 
     x [..., K], qweight uint8 [N, K/2], wscales [K/G, N], smooth [K], lora_down [r, K] (applies to x/λ),
     lora_up [N, r], bias [N] → y [..., N]:
     ``xs = x/λ; (qa, sa) = quantize_act_int4(xs, G); y = (qa·sa)·(qw·sw)ᵀ + (xs·Aᵀ)·Bᵀ + bias``.
+    ``act_shift`` (float32 [K], ``formats.int4.act_shift_vector``): unsigned activations,
+    ``(qa, sa) = quantize_act_uint4(xs, act_shift, G)`` and the main product reads ``qa·sa − act_shift``.
     """
-    from .formats.int4 import dequantize_int4, quantize_act_int4, unpack_int4
+    from .formats.int4 import dequantize_int4, quantize_act_int4, quantize_act_uint4, unpack_int4
     k = x.shape[-1]
     xs = _f64(x).reshape(-1, k) / _f64(smooth)
-    qa, sa = quantize_act_int4(xs, group_size, wscales.dtype)
-    xa = _f64(dequantize_int4(qa, sa, group_size))
+    if act_shift is None:
+        xa = _f64(dequantize_int4(*quantize_act_int4(xs, group_size, wscales.dtype), group_size))
+    else:
+        qa, sa = quantize_act_uint4(xs, act_shift, group_size, wscales.dtype)
+        xa = _f64(dequantize_int4(qa, sa, group_size)) - _f64(act_shift)
     wd = _f64(dequantize_int4(unpack_int4(qweight), wscales, group_size))
     y = xa @ wd.T
     if lora_down.shape[0]:

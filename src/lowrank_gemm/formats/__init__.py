@@ -2,9 +2,11 @@
 
 from .int4 import (
     PACK_BLOCK,
+    act_shift_vector,
     dequantize_int4,
     pack_int4,
     quantize_act_int4,
+    quantize_act_uint4,
     quantize_weight_int4,
     unpack_int4,
 )
@@ -16,6 +18,8 @@ __all__ = [
     "unpack_int4",
     "quantize_weight_int4",
     "quantize_act_int4",
+    "quantize_act_uint4",
+    "act_shift_vector",
     "dequantize_int4",
     "quantize_rows_int8",
     "dequantize_rows_int8",

@@ -10,6 +10,10 @@ The numerics contract, stated once for every integer format in this package:
 - Non-finite inputs: a group holding any NaN gets scale NaN, a group holding ±Inf (and no NaN) gets scale
   +Inf. Every q of such a group is 0, so the whole group dequantizes to NaN (0·NaN, 0·Inf) and the NaN
   reaches the matmul output the way torch itself would propagate it.
+
+Unsigned groups (:func:`quantize_groups_unsigned`, activations that sit above a known floor after a constant
+shift, e.g. GELU outputs + 0.171875): the scale is ``max(max(u), 0) / qmax`` in float32, rounded the same way, and
+``q = clamp(round(u / scale16), 0, qmax)``; zero and non-finite groups as above (±Inf found by absolute value).
 """
 
 from __future__ import annotations
@@ -54,6 +58,29 @@ def quantize_groups(
     # NaN/Inf groups: q = 0 everywhere in the group (the scale carries the NaN/Inf, see module doc).
     ratio = torch.where(torch.isfinite(scale16.float()) & torch.isfinite(ratio), ratio, torch.zeros_like(ratio))
     q = ratio.round().clamp(-qmax - 1, qmax).to(torch.int8).reshape(rows, k)
+    return q, scale16.reshape(rows, k // group_size).t().contiguous()
+
+
+def quantize_groups_unsigned(
+    u: torch.Tensor, group_size: int, qmax: int, scale_dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Unsigned counterpart of :func:`quantize_groups` (module doc): ``u`` [R, K] → ``q`` int8 [R, K] in
+    [0, qmax] and ``scales`` [K // G, R] (group-major, scale_dtype)."""
+    rows, k = u.shape
+    check_group(k, group_size)
+    ug = u.float().reshape(rows, k // group_size, group_size)
+    if k:
+        top = ug.amax(dim=-1, keepdim=True).clamp_min(0)
+        # amax propagates NaN; an Inf anywhere in the group (either sign) makes the scale +Inf, as in the signed rule
+        top = torch.where(torch.isinf(ug).any(-1, keepdim=True) & ~torch.isnan(top), torch.full_like(top, float("inf")),
+                          top)
+    else:
+        top = ug.new_zeros(rows, 0, 1)
+    scale16 = (top / torch.full_like(top, qmax)).to(scale_dtype)
+    scale16 = torch.where(scale16 == 0, torch.ones_like(scale16), scale16)
+    ratio = ug / scale16.float()
+    ratio = torch.where(torch.isfinite(scale16.float()) & torch.isfinite(ratio), ratio, torch.zeros_like(ratio))
+    q = ratio.round().clamp(0, qmax).to(torch.int8).reshape(rows, k)
     return q, scale16.reshape(rows, k // group_size).t().contiguous()
 
 

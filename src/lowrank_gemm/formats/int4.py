@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import torch
 
-from ._groups import check_float, check_group, check_scale_dtype, dequantize_groups, quantize_groups
+from ._groups import (check_float, check_group, check_scale_dtype, dequantize_groups, quantize_groups,
+                      quantize_groups_unsigned)
 
 PACK_BLOCK = 64
 INT4_MIN, INT4_MAX = -8, 7
+UINT4_MAX = 15
 
 
 def pack_int4(q: torch.Tensor) -> torch.Tensor:
@@ -68,6 +70,32 @@ def quantize_act_int4(
     ±Inf gets scale +Inf; its q values are 0, so the group dequantizes to NaN.
     """
     return _quantize_2d(x, group_size, scale_dtype, "x")
+
+
+def act_shift_vector(shift: float, smooth: torch.Tensor) -> torch.Tensor:
+    """float32 [K] = RN(shift / λ): the shift of an unsigned-activation layer (``SVDQLinear(act_shift=...)``) in
+    the smoothed domain, computed once in float64 and rounded, so every path adds the same bits."""
+    return (float(shift) / smooth.double()).float()
+
+
+def quantize_act_uint4(
+    xs: torch.Tensor, shift: torch.Tensor, group_size: int, scale_dtype: torch.dtype = torch.bfloat16
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Unsigned per-token, per-group int4 of smoothed activations after a constant shift: u = RN(xs + shift) in
+    float32 (``xs`` [M, K] rounded to float32 first, ``shift`` float32 [K], :func:`act_shift_vector`) → (q int8
+    [M, K] in [0, 15], scales [K // G, M]). Dequantized, ``q·scale − shift`` stands for ``xs``.
+
+    For inputs with a floor: GELU outputs are ≥ −0.17, so with shift 0.171875 (Nunchaku's fc2 layers) every u ≥ 0
+    and the 16 codes cover [0, max] where the signed codes would spend half their range on values that never come.
+    Numerics as :func:`quantize_act_int4` (module doc of ``formats._groups``); values below the floor clamp to 0."""
+    check_float(xs, "xs")
+    check_scale_dtype(scale_dtype)
+    if xs.dim() != 2:
+        raise ValueError(f"xs must be 2-D [rows, K], got shape {list(xs.shape)}")
+    if shift.shape != (xs.shape[1],) or shift.dtype != torch.float32:
+        raise ValueError(f"shift must be float32 [K={xs.shape[1]}], got {shift.dtype} {list(shift.shape)}")
+    check_group(xs.shape[1], group_size)
+    return quantize_groups_unsigned(xs.float() + shift.to(xs.device), group_size, UINT4_MAX, scale_dtype)
 
 
 def dequantize_int4(q: torch.Tensor, scales: torch.Tensor, group_size: int) -> torch.Tensor:

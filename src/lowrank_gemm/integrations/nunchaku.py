@@ -38,7 +38,8 @@ fold the shift into the bias of the layer behind it (``mlp_fc2``, ``mlp_context_
 On a plain input that layer needs the shift back, ``b = b_file + W·shift`` with W the layer's effective weight
 (main path and branch), which :func:`svdq_linear_from_nunchaku` adds when ``input_shift`` is set —
 :func:`load_nunchaku` does it for those layer names by default. Activations are then quantized signed, as every
-SVDQLinear does.
+SVDQLinear does, unless ``unsigned=True``: then those layers quantize x + shift unsigned
+(``SVDQLinear.act_shift``), Nunchaku's own scheme.
 
 Only the int4 format converts: NVFP4 checkpoints (fp8 group scales of 16, Blackwell-only in Nunchaku) are refused,
 and Nunchaku's AWQ W4A16 layers (``wzeros`` beside ``qweight``) are left out and reported.
@@ -192,11 +193,14 @@ def _pick(tensors: Mapping[str, torch.Tensor], prefix: str, *names: str):
 
 
 def svdq_linear_from_nunchaku(tensors: Mapping[str, torch.Tensor], prefix: str = "", *, input_shift: float = 0.0,
-                              in_features: int | None = None, out_features: int | None = None) -> SVDQLinear:
+                              in_features: int | None = None, out_features: int | None = None,
+                              unsigned: bool = False) -> SVDQLinear:
     """The SVDQLinear computing Nunchaku's int4 layer ``prefix`` of ``tensors`` (keys ``prefix + "qweight"`` …).
 
     ``input_shift``: the constant Nunchaku added to this layer's input and folded out of its bias (the GELU shift
     of ``mlp_fc2`` layers, :data:`GELU_SHIFT`); it is folded back, so the module takes the plain input.
+    ``unsigned`` (with ``input_shift``): the module quantizes x + input_shift unsigned (``act_shift``), as Nunchaku
+    does, instead of x signed — one more bit of activation resolution for those layers.
     ``in_features`` / ``out_features``: crop Nunchaku's padding (its files pad N and K to multiples of 128).
     """
     name = prefix.rstrip(".") or "layer"
@@ -252,7 +256,8 @@ def svdq_linear_from_nunchaku(tensors: Mapping[str, torch.Tensor], prefix: str =
     config = SVDQuantConfig(rank=rank, group_size=GROUP_SIZE, smooth=smooth is not None,
                             scale_dtype=_dtype_name(dtype), lowrank_dtype=_dtype_name(u.dtype if rank else dtype))
     mod = SVDQLinear(kk, nn_, rank, GROUP_SIZE, bias is not None, 4, dtype, u.dtype if rank else dtype,
-                     bias.dtype if bias is not None else torch.float32, config)
+                     bias.dtype if bias is not None else torch.float32, config,
+                     act_shift=float(input_shift) if unsigned else 0.0)
     mod.qweight = pack_int4(q.contiguous())
     mod.wscales = ws.contiguous()
     mod.smooth = lam.to(dtype).contiguous()
@@ -262,6 +267,7 @@ def svdq_linear_from_nunchaku(tensors: Mapping[str, torch.Tensor], prefix: str =
     if bias is not None:
         mod.bias = bias.contiguous()
     mod.source = "nunchaku"
+    mod.refresh_act_shift()
     return mod
 
 
@@ -331,13 +337,15 @@ def _matches(name: str, patterns: Sequence[str] | Callable[[str], bool]) -> bool
 
 def load_nunchaku(source: str | Path | Mapping[str, torch.Tensor], *,
                   shifted_inputs: Sequence[str] | Callable[[str], bool] = SHIFTED_INPUTS,
-                  input_shift: float = GELU_SHIFT, progress: bool = True) -> NunchakuImport:
+                  input_shift: float = GELU_SHIFT, unsigned: bool = False, progress: bool = True) -> NunchakuImport:
     """Every int4 W4A4 layer of a Nunchaku checkpoint (a ``.safetensors`` path or its tensors) as an SVDQLinear.
 
     ``shifted_inputs``: globs on the layer name (or a predicate) of the layers whose stored bias carries Nunchaku's
     input shift (default: the FLUX checkpoints' MLP fc2 layers, :data:`SHIFTED_INPUTS`); ``input_shift`` is folded
     back into their bias (:func:`svdq_linear_from_nunchaku`). Pass ``()`` for a checkpoint written without the shift,
-    and the right names for another model's (a missed shift is a constant error in those biases). Raises
+    and the right names for another model's (a missed shift is a constant error in those biases). ``unsigned``:
+    those layers quantize their shifted input unsigned, as Nunchaku does (``SVDQLinear.act_shift``; on CUDA the
+    e4m3 GEMM paths with a torch quantizer, not yet measured on the GPU). Raises
     ValueError, naming the layer, for anything that does not convert exactly (NVFP4, mismatched shapes)."""
     if isinstance(source, Mapping):
         tensors = source
@@ -353,7 +361,7 @@ def load_nunchaku(source: str | Path | Mapping[str, torch.Tensor], *,
             skipped[name or "qweight"] = "AWQ W4A16 layer (wzeros): not an SVDQuant W4A4 layer"
             continue
         shift = float(input_shift) if _matches(name, shifted_inputs) else 0.0
-        layers[name] = svdq_linear_from_nunchaku(tensors, prefix, input_shift=shift)
+        layers[name] = svdq_linear_from_nunchaku(tensors, prefix, input_shift=shift, unsigned=unsigned)
         used.update(prefix + key for key in _LAYER_KEYS if prefix + key in tensors)
     other = {k: v for k, v in tensors.items() if k not in used}
     return NunchakuImport(layers, skipped, other)
@@ -366,7 +374,8 @@ def _like(layer: SVDQLinear, in_features: int, out_features: int, rank: int,
     """An empty SVDQLinear of ``layer``'s format (group, activation bits, dtypes) in the given shape; a bias of
     ``bias_dtype`` (None: no bias)."""
     mod = SVDQLinear(in_features, out_features, rank, layer.group_size, bias_dtype is not None, layer.act_bits,
-                     layer.wscales.dtype, layer.lora_up.dtype, bias_dtype or torch.float32, layer.config)
+                     layer.wscales.dtype, layer.lora_up.dtype, bias_dtype or torch.float32, layer.config,
+                     act_shift=layer.act_shift)
     if getattr(layer, "source", None):
         mod.source = layer.source
     return mod.to(layer.qweight.device)
@@ -389,6 +398,7 @@ def split_rows(layer: SVDQLinear, sizes: Sequence[int]) -> list[SVDQLinear]:
         part.lora_up = layer.lora_up[rows].clone()
         if layer.bias is not None:
             part.bias = layer.bias[rows].clone()
+        part.refresh_act_shift()
         parts.append(part)
         start += size
     return parts
@@ -405,8 +415,9 @@ def concat_inputs(layers: Sequence[SVDQLinear]) -> SVDQLinear:
         _expect(isinstance(lay, SVDQLinear) and lay.out_features == first.out_features
                 and lay.group_size == first.group_size and lay.act_bits == first.act_bits
                 and lay.wscales.dtype == first.wscales.dtype and lay.lora_up.dtype == first.lora_up.dtype
-                and lay.in_features % lay.group_size == 0,
-                lambda: "concat_inputs: layers must share out_features, group size, activation bits and dtypes; got "
+                and lay.in_features % lay.group_size == 0 and lay.act_shift == first.act_shift,
+                lambda: "concat_inputs: layers must share out_features, group size, activation bits and shift, and "
+                "dtypes; got "
                 f"{[repr(x) for x in layers]}")
     k = sum(lay.in_features for lay in layers)
     r = sum(lay.rank for lay in layers)
@@ -424,6 +435,7 @@ def concat_inputs(layers: Sequence[SVDQLinear]) -> SVDQLinear:
     out.lora_up = torch.cat([lay.lora_up for lay in layers], dim=1)
     if biases:
         out.bias = torch.stack([b.double() for b in biases]).sum(0).to(biases[0].dtype)
+    out.refresh_act_shift()
     return out
 
 

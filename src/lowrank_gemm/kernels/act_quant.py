@@ -41,9 +41,9 @@ from .pdl import gdc_launch_dependents, gdc_wait, pdl_enabled
 from .persistent import capturing, persistent_zeros
 from .schedule import cdiv, next_pow2, num_sms
 from .tma import tma_ready
-from .w4_expand import act_f8_rows, e4m3_codes, expand_act_f8
+from .w4_expand import act_f8_rows, e4m3_codes, e4m3_operands, expand_act_f8
 
-__all__ = ["act_quant", "plan_act_quant", "ActQuantPlan", "FORMATS", "OUTPUTS", "VARIANTS", "MAX_SPLIT", "SMALL_M",
+__all__ = ["act_quant", "act_quant_shifted", "plan_act_quant", "ActQuantPlan", "FORMATS", "OUTPUTS", "VARIANTS", "MAX_SPLIT", "SMALL_M",
            "S_FEEDS"]
 
 FORMATS = ("int4_g64", "int4_2l")
@@ -1440,6 +1440,24 @@ def act_quant(x: torch.Tensor, smooth: torch.Tensor, lora_down: torch.Tensor, gr
         raise ValueError(f"fmt must be one of {FORMATS}, got {fmt!r}")
     _sum_partials(sp, lowrank_act, nsplit, br)
     return x_q, x_scale, lowrank_act
+
+
+def act_quant_shifted(x: torch.Tensor, smooth: torch.Tensor, lora_down: torch.Tensor, shift: torch.Tensor,
+                      group_size: int = 64, scale_dtype: torch.dtype = torch.bfloat16):
+    """The unsigned-activation layers' act_quant (``SVDQLinear(act_shift=...)``): (x8 float8_e4m3fn [M, K], xab fp32
+    [K/G, 2, M], lowrank_act fp32 [M, r]) — the e4m3 operands of codes ``formats.int4.quantize_act_uint4(x/λ,
+    shift)`` (0…15, which packed int4 cannot carry) and S = (x/λ)·lora_downᵀ on the unshifted x.
+
+    Torch ops on x's device (division by a tensor: IEEE on CUDA too), the same bits as the float32 spec; a few
+    elementwise passes over x where the fused kernels make one (not yet measured on the GPU).
+    Inputs are assumed validated by the op (``w4a4_gemm.check_linear_args``)."""
+    from ..formats.int4 import quantize_act_uint4
+    xs = x.float() / smooth.float()
+    q, scales = quantize_act_uint4(xs, shift, group_size, scale_dtype)
+    x8, xab = e4m3_operands(q, scales, group_size)
+    r = lora_down.shape[0]
+    s = xs @ lora_down.float().t() if r else xs.new_zeros(xs.shape[0], 0)
+    return x8, xab, s
 
 
 def _sum_partials(sp, lowrank_act, nsplit: int, br: int) -> None:

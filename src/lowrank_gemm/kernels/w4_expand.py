@@ -36,7 +36,8 @@ from .launch import launch
 from .pdl import gdc_launch_dependents, gdc_wait, pdl_enabled
 from .schedule import cdiv
 
-__all__ = ["expand_w4", "expand_w4_ref", "EXPAND_DTYPES", "expand_act_f8", "expand_act_f8_ref", "F8_W_SHIFT",
+__all__ = ["expand_w4", "expand_w4_ref", "EXPAND_DTYPES", "expand_act_f8", "expand_act_f8_ref", "e4m3_operands",
+           "F8_W_SHIFT",
            "e4m3_codes", "act_f8_rows"]
 
 EXPAND_DTYPES = (torch.int8, torch.float8_e4m3fn)
@@ -235,6 +236,19 @@ def expand_act_f8(x_q: torch.Tensor, x_scale: torch.Tensor, group_size: int, blo
         launch(_act_f8_kernel, grid, x_q, x_scale, x8, xab, m, k // 2, G=group_size, BLOCK_M=block_m, PDL=pdl,
                num_warps=4, launch_pdl=pdl)
     return x8, xab
+
+
+def e4m3_operands(q: torch.Tensor, scales: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Integer activation codes q int8 [M, K] (any values exact in e4m3: |q| ≤ 16) and their 16-bit group scales
+    [K/G, M] → the e4m3 GEMM operands (x8 float8_e4m3fn [M, K], xab fp32 [K/G, 2, M]) in torch ops on q's device:
+    the layout and bits of :func:`expand_act_f8` (xab = (2⁹·s, −8·R·s), both products exact for |R| ≤ 1024). The
+    unsigned-activation layers use it (codes 0…15, which packed int4 cannot hold)."""
+    m, k = q.shape
+    r = q.reshape(m, k // group_size, group_size).sum(-1, dtype=torch.int32).t().float()      # [K/G, M]
+    s = scales.float()
+    a = s * torch.full_like(s, 2.0 ** F8_W_SHIFT)
+    b = (r * torch.full_like(r, -float(F8_W_OFFSET))) * s
+    return q.to(torch.float8_e4m3fn), torch.stack([a, b], dim=1).contiguous()
 
 
 def expand_act_f8_ref(x_q: torch.Tensor, x_scale: torch.Tensor, group_size: int):

@@ -1014,7 +1014,8 @@ def check_packed_launch(who: str, x_q, x_scale, w_q, w_scale, w_mul, lowrank_act
     return m, n, k, r
 
 
-def check_linear_args(x, qweight, wscales, smooth, lora_down, lora_up, bias, wmul, group_size: int, fmt: str):
+def check_linear_args(x, qweight, wscales, smooth, lora_down, lora_up, bias, wmul, group_size: int, fmt: str,
+                      act_shift=None):
     """Validate the layer op's inputs; returns (K, N, r)."""
     _expect(x.dtype in (torch.bfloat16, torch.float16), lambda: f"x must be bf16/fp16, got {x.dtype}")
     k = x.shape[-1]
@@ -1033,6 +1034,13 @@ def check_linear_args(x, qweight, wscales, smooth, lora_down, lora_up, bias, wmu
     _expect(len(devs) == 1, lambda: f"all tensors must be on one device, got {sorted(map(str, devs))}")
     _expect(x.is_contiguous() and smooth.is_contiguous() and lora_down.is_contiguous(),
             "x, smooth and lora_down must be contiguous")
+    if act_shift is not None:
+        _expect(fmt == "int4_g64" and group_size % 64 == 0 and wmul is None,
+                lambda: f"act_shift (unsigned activations) runs the int4_g64 format with a group size that is a "
+                        f"multiple of 64 (its e4m3 GEMM paths), got fmt={fmt!r}, group_size={group_size}")
+        _expect(act_shift.dtype == torch.float32 and act_shift.shape == (k,) and act_shift.device == x.device,
+                lambda: f"act_shift must be float32 [K={k}] on {x.device} (formats.int4.act_shift_vector), got "
+                        f"{act_shift.dtype} {_shape(act_shift)} on {act_shift.device}")
     return k, qweight.shape[0], r
 
 
@@ -1063,13 +1071,15 @@ def _w4a4_gemm_impl(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bia
         from .w4a4_skinny import launch_w4a4_skinny
         (launch_w4a4_gemv if kernel == "gemv" else launch_w4a4_skinny)(*args[:11], _dims=(m, n, k, r))
         return out
+    # e4m3 activations run the e4m3 path whatever its env default says (the int8 path cannot read them)
+    f8 = dict(f8=True) if pre_expanded else {}
     if kernel == "decode":
         from .gluon.w4a4_decode import launch_w4a4_decode
-        launch_w4a4_decode(*args, _dims=(m, n, k, r))
+        launch_w4a4_decode(*args, _dims=(m, n, k, r), **f8)
         return out
     if kernel == "v2":
         from .gluon.w4a4_ws import launch_w4a4_v2
-        launcher = functools.partial(launch_w4a4_v2, _dims=(m, n, k, r))
+        launcher = functools.partial(launch_w4a4_v2, _dims=(m, n, k, r), **f8)
     else:
         launcher = launch_w4a4_v1
     try:
@@ -1106,17 +1116,24 @@ def w4a4_gemm(x_q: torch.Tensor, x_scale: torch.Tensor, w_q: torch.Tensor, w_sca
 def _w4a4_linear_op(x: torch.Tensor, qweight: torch.Tensor, wscales: torch.Tensor, smooth: torch.Tensor,
                     lora_down: torch.Tensor, lora_up: torch.Tensor, bias: Optional[torch.Tensor],
                     wmul: Optional[torch.Tensor], group_size: int, fmt: str, out_dtype: torch.dtype,
-                    impl: str) -> torch.Tensor:
+                    impl: str, act_shift: Optional[torch.Tensor] = None) -> torch.Tensor:
     return _w4a4_linear_impl(x, qweight, wscales, smooth, lora_down, lora_up, bias, wmul, group_size, fmt, out_dtype,
-                             impl)
+                             impl, act_shift)
 
 
 def _w4a4_linear_impl(x, qweight, wscales, smooth, lora_down, lora_up, bias, wmul, group_size: int, fmt: str,
-                      out_dtype: torch.dtype, impl: str) -> torch.Tensor:
+                      out_dtype: torch.dtype, impl: str, act_shift=None) -> torch.Tensor:
     """The layer op's body: act_quant, then the GEMM's body (no nested op dispatch)."""
-    k, n, r = check_linear_args(x, qweight, wscales, smooth, lora_down, lora_up, bias, wmul, group_size, fmt)
+    k, n, r = check_linear_args(x, qweight, wscales, smooth, lora_down, lora_up, bias, wmul, group_size, fmt,
+                                act_shift)
     x2 = x.reshape(-1, k)
     scale_dtype = wscales.dtype if fmt == "int4_g64" else torch.bfloat16
+    if act_shift is not None:
+        from .act_quant import act_quant_shifted
+        x8, xab, lowrank_act = act_quant_shifted(x2, smooth, lora_down, act_shift, group_size, scale_dtype)
+        y = _w4a4_gemm_impl(x8, xab, qweight, wscales, None, lowrank_act if r else None, lora_up if r else None, bias,
+                            group_size, fmt, out_dtype, impl)
+        return y.reshape(*x.shape[:-1], n)
     f8 = _layer_wants_f8(impl, fmt, x2.shape[0], n, k, r, group_size, x.device, scale_dtype, wscales)
     x_q, x_scale, lowrank_act = act_quant(x2, smooth, lora_down, group_size, fmt, scale_dtype,
                                           out="f8" if f8 else "packed",
@@ -1129,27 +1146,32 @@ def _w4a4_linear_impl(x, qweight, wscales, smooth, lora_down, lora_up, bias, wmu
 
 
 @_w4a4_linear_op.register_fake
-def _(x, qweight, wscales, smooth, lora_down, lora_up, bias, wmul, group_size, fmt, out_dtype, impl):
+def _(x, qweight, wscales, smooth, lora_down, lora_up, bias, wmul, group_size, fmt, out_dtype, impl, act_shift=None):
     return x.new_empty((*x.shape[:-1], qweight.shape[0]), dtype=out_dtype)
 
 
 def w4a4_linear(x: torch.Tensor, qweight: torch.Tensor, wscales: torch.Tensor, smooth: torch.Tensor,
                 lora_down: torch.Tensor, lora_up: torch.Tensor, bias: torch.Tensor | None = None,
                 group_size: int = 64, fmt: str = "int4_g64", impl: str = "auto", *,
-                wmul: torch.Tensor | None = None, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+                wmul: torch.Tensor | None = None, out_dtype: torch.dtype | None = None,
+                act_shift: torch.Tensor | None = None) -> torch.Tensor:
     """SVDQuant W4A4 layer: ``y = W4A4(x/λ) + ((x/λ)·lora_downᵀ)·lora_upᵀ + bias``, x [..., K] → [..., N].
 
     int4_g64: qweight uint8 [N, K/2], wscales 16-bit [K/G, N]. int4_2l: qweight uint8 [N, K/2],
     wscales fp32 [N] (s), wmul uint8 [K/G, N] (u), from ``formats.int4_twolevel.pack_weight_2l``.
     smooth [K]; lora_down [r, K] applies to x/λ; lora_up [N, r] (r may be 0). Output dtype: x's unless
     ``out_dtype``. NaN/Inf in a group of x make that group's scale NaN/Inf: the row's outputs are NaN.
+    ``act_shift`` (float32 [K], ``formats.int4.act_shift_vector(c, smooth)``; int4_g64): unsigned activations,
+    codes of x/λ + act_shift (``reference.svdq_linear_ref``), on the e4m3 GEMM paths (decode / v2; impl "auto",
+    "decode" or "v2"). ``bias`` must then already hold −Q(W)·act_shift: the kernels add it as given
+    (``SVDQLinear.kernel_bias`` keeps that fold).
     """
     out_dtype = out_dtype or x.dtype
     _expect(out_dtype in (torch.bfloat16, torch.float16, torch.float32),
             lambda: f"out_dtype must be bf16, fp16 or fp32, got {out_dtype}")
-    op = (_w4a4_linear_impl if _direct_ok(x, qweight, wscales, smooth, lora_down, lora_up, bias, wmul)
+    op = (_w4a4_linear_impl if _direct_ok(x, qweight, wscales, smooth, lora_down, lora_up, bias, wmul, act_shift)
           else _w4a4_linear_op)
-    return op(x, qweight, wscales, smooth, lora_down, lora_up, bias, wmul, group_size, fmt, out_dtype, impl)
+    return op(x, qweight, wscales, smooth, lora_down, lora_up, bias, wmul, group_size, fmt, out_dtype, impl, act_shift)
 
 
 def svdq_forward_cuda(layer, x: torch.Tensor) -> torch.Tensor:
@@ -1159,6 +1181,10 @@ def svdq_forward_cuda(layer, x: torch.Tensor) -> torch.Tensor:
     """
     if layer.act_bits != 4 or x.dtype not in (torch.bfloat16, torch.float16):
         return layer.forward_reference(x)
+    if layer.act_shift:
+        return w4a4_linear(x.contiguous(), layer.qweight, layer.wscales, layer.smooth, layer.lora_down,
+                           layer.lora_up, layer.kernel_bias(), layer.group_size, act_shift=layer.act_shift_vec(),
+                           out_dtype=x.dtype)
     return w4a4_linear(x.contiguous(), layer.qweight, layer.wscales, layer.smooth, layer.lora_down,
                        layer.lora_up, layer.bias, layer.group_size)
 

@@ -93,6 +93,7 @@ def shard_columns(layer: nn.Module, rank: int, world: int) -> nn.Module:
         out.qweight, out.wscales = _piece(layer.qweight, 0, n), _piece(layer.wscales, 1, n)
         out.smooth, out.lora_down = layer.smooth.clone(), layer.lora_down.clone()
         out.lora_up, out.bias = _piece(layer.lora_up, 0, n), _piece(layer.bias, 0, n)
+        out.refresh_act_shift()
         return out
     if isinstance(layer, MultiLoRALinear):
         n = _span(layer.out_features, rank, world, 1, "out_features")
@@ -123,6 +124,7 @@ def shard_rows(layer: nn.Module, rank: int, world: int) -> tuple[nn.Module, torc
         out.wscales = _piece(layer.wscales, 0, slice(k.start // layer.group_size, k.stop // layer.group_size))
         out.smooth, out.lora_down = _piece(layer.smooth, 0, k), _piece(layer.lora_down, 1, k)
         out.lora_up = layer.lora_up.clone()
+        out.refresh_act_shift()
         return out, _copy(layer.bias)
     if isinstance(layer, MultiLoRALinear):
         k = _span(layer.in_features, rank, world, 1, "in_features")
@@ -160,7 +162,7 @@ def _fp8_like(layer: nn.Module, out: nn.Module, n: slice | None = None) -> nn.Mo
 def _svdq_like(layer: SVDQLinear, k: int, n: int, bias: bool) -> SVDQLinear:
     out = SVDQLinear(k, n, layer.rank, layer.group_size, bias, layer.act_bits, layer.wscales.dtype,
                      layer.lora_down.dtype, layer.bias.dtype if layer.bias is not None else torch.float32,
-                     layer.config)
+                     layer.config, act_shift=layer.act_shift)   # a shard's shift vector follows its λ slice
     out._forward_kernel, out.use_kernels = layer._forward_kernel, getattr(layer, "use_kernels", True)
     return out.to(layer.qweight.device)
 

@@ -11,10 +11,12 @@ A CUDA kernel path is installed by setting ``self._forward_kernel`` (see :meth:`
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import nn
 
-from ..formats.int4 import dequantize_int4, unpack_int4
+from ..formats.int4 import act_shift_vector, dequantize_int4, unpack_int4
 from ..formats.int8 import dequantize_rows_int8, quantize_rows_int8
 from ..quant.calibrate import ActivationStats
 from ..quant.config import SVDQuantConfig, W8A8Config
@@ -52,7 +54,9 @@ class SVDQLinear(nn.Module):
         lora_down [r, K]          16-bit, applies to the SMOOTHED input x / λ
         lora_up   [N, r]          16-bit
         bias      [N] or None     the original bias, original dtype
-    Attributes: in_features (K), out_features (N), group_size (G), rank (r), act_bits (4 or 16), config.
+    Attributes: in_features (K), out_features (N), group_size (G), rank (r), act_bits (4 or 16), config,
+    act_shift (0: signed int4 activations; c > 0: unsigned int4 of x + c, for inputs ≥ −c such as GELU outputs —
+    ``formats.int4.quantize_act_uint4``; the branch and the bias see the plain x).
 
     Layers whose K is not a multiple of G are not converted by ``quantize_`` (skipped with a warning);
     :meth:`from_linear` raises ValueError for them, and for rank > min(N, K) or NaN/Inf calibration data.
@@ -61,10 +65,16 @@ class SVDQLinear(nn.Module):
     def __init__(self, in_features: int, out_features: int, rank: int, group_size: int, bias: bool = True,
                  act_bits: int = 4, scale_dtype: torch.dtype = torch.bfloat16,
                  lowrank_dtype: torch.dtype = torch.bfloat16, bias_dtype: torch.dtype = torch.float32,
-                 config: SVDQuantConfig | None = None):
+                 config: SVDQuantConfig | None = None, act_shift: float = 0.0):
         super().__init__()
         if in_features % group_size or in_features % 64:
             raise ValueError(f"in_features={in_features} must be a multiple of group_size={group_size} and of 64")
+        act_shift = float(act_shift)
+        if not (math.isfinite(act_shift) and act_shift >= 0) or (act_shift and act_bits != 4):
+            raise ValueError(f"act_shift must be a finite value ≥ 0 (and 0 unless act_bits=4), got {act_shift} with "
+                             f"act_bits={act_bits}")
+        self.act_shift = act_shift
+        self._shift_cache = None
         self.in_features, self.out_features = in_features, out_features
         self.rank, self.group_size, self.act_bits = rank, group_size, act_bits
         self.base_rank = rank        # the quantizer's own branch; append_lora grows ``rank`` past it
@@ -99,13 +109,15 @@ class SVDQLinear(nn.Module):
         has_bias = linear.bias is not None
         mod = cls(k, linear.out_features, config.rank, group, has_bias, config.act_bits,
                   config.torch_scale_dtype, config.torch_lowrank_dtype,
-                  linear.bias.dtype if has_bias else torch.float32, config)
+                  linear.bias.dtype if has_bias else torch.float32, config, act_shift=config.act_shift)
         for buf in ("qweight", "wscales", "smooth", "lora_down", "lora_up"):
             setattr(mod, buf, getattr(res, buf))
         if has_bias:
             mod.bias = linear.bias.detach().clone()
         mod.calib_error, mod.alpha = res.calib_error, res.alpha
-        return mod.to(linear.weight.device)
+        mod = mod.to(linear.weight.device)
+        mod.refresh_act_shift()
+        return mod
 
     def _use_kernels(self, x: torch.Tensor) -> bool:
         """The fused W4A4 kernels run on CUDA inputs; everything else takes the reference path."""
@@ -124,11 +136,64 @@ class SVDQLinear(nn.Module):
         dt = _compute_dtype(x)
         x2 = x.reshape(-1, self.in_features).to(dt)
         xs = x2 / self.smooth.to(dt)
-        xa = fake_quant_act(xs, self.act_bits, self.group_size, self.wscales.dtype)
+        xa = fake_quant_act(xs, self.act_bits, self.group_size, self.wscales.dtype, self.act_shift_vec())
         y = lowrank_output(xa, xs, self.dequantized_weight().to(dt), self.lora_down.to(dt), self.lora_up.to(dt))
         if self.bias is not None:
             y = y + self.bias.to(dt)
         return y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
+
+    def act_shift_vec(self) -> torch.Tensor | None:
+        """float32 [K] = RN(act_shift / λ) (``formats.int4.act_shift_vector``), or None for signed activations."""
+        if not self.act_shift:
+            return None
+        return self._shift_state()[1]
+
+    def kernel_bias(self) -> torch.Tensor | None:
+        """The bias the W4A4 kernels add: ``bias`` itself, or with ``act_shift`` float32 ``bias − Q(W)·shift`` (the
+        main product reads x/λ + shift; the fold takes the shift's share back out, computed once in float64)."""
+        if not self.act_shift:
+            return self.bias
+        return self._shift_state()[2]
+
+    def _shift_state(self):
+        """(key, shift vector, kernel bias), recomputed in eager mode whenever qweight / wscales / smooth / bias
+        changed (storage or version). Under torch.compile the stored pair is used as it is: the module refreshes it
+        itself after from_linear, load_state_dict and .to(); after assigning buffers by hand, call
+        :meth:`refresh_act_shift` before compiling."""
+        if torch.compiler.is_compiling() and self._shift_cache is not None:
+            return self._shift_cache
+        if self._shift_cache is None or self._shift_cache[0] != self._shift_key():
+            self.refresh_act_shift()
+        return self._shift_cache
+
+    def _shift_key(self):
+        bufs = (self.qweight, self.wscales, self.smooth) + ((self.bias, ) if self.bias is not None else ())
+        return tuple((t.data_ptr(), t._version, t.device) for t in bufs) + (self.act_shift, )
+
+    @torch.no_grad()
+    def refresh_act_shift(self) -> None:
+        """Recompute the shift vector and the kernel bias from the current buffers (no-op without act_shift)."""
+        if not self.act_shift:
+            self._shift_cache = None
+            return
+        shift = act_shift_vector(self.act_shift, self.smooth)
+        fold = torch.empty(self.out_features, dtype=torch.float64, device=self.qweight.device)
+        for n0 in range(0, self.out_features, 4096):     # the dequantized weight in slices of rows
+            sl = slice(n0, min(n0 + 4096, self.out_features))
+            w = dequantize_int4(unpack_int4(self.qweight[sl]), self.wscales[:, sl], self.group_size)
+            fold[sl] = w.double() @ shift.double()
+        base = self.bias.double() if self.bias is not None else torch.zeros_like(fold)
+        self._shift_cache = (self._shift_key(), shift, (base - fold).float())
+
+    def _load_from_state_dict(self, *args, **kwargs):
+        super()._load_from_state_dict(*args, **kwargs)
+        self.refresh_act_shift()
+
+    def _apply(self, fn, *args, **kwargs):
+        out = super()._apply(fn, *args, **kwargs)
+        if self.act_shift:
+            self.refresh_act_shift()
+        return out
 
     def dequantized_weight(self) -> torch.Tensor:
         """Q(R) as float32 [N, K] (smoothing folded in, low-rank branch not included)."""
@@ -169,7 +234,8 @@ class SVDQLinear(nn.Module):
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, rank={self.rank}, "
-                f"group_size={self.group_size}, act_bits={self.act_bits}, bias={self.bias is not None}")
+                f"group_size={self.group_size}, act_bits={self.act_bits}, bias={self.bias is not None}"
+                + (f", act_shift={self.act_shift}" if self.act_shift else ""))
 
 
 class W8A8Linear(nn.Module):

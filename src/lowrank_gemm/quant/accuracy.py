@@ -17,6 +17,9 @@ One more row, ``format = int4_2l``, scores the Hopper two-level format (``format
 it takes the SVDQuant r=32 g64 refit model (same smoothing, same low-rank branch) and re-quantizes
 its residual weight ``W·diag(λ) − B·A`` and its activations in ``int4_2l`` — exactly what the kernels of
 that format compute, with the branch fitted for the standard format.
+Rows with ``format = int4_g64 +u4 fc2`` quantize the six FFN down projections (their input is a GELU output)
+with unsigned activations after the 0.171875 shift (``SVDQuantConfig(act_shift=...)``, Nunchaku's fc2 scheme)
+and every other layer as the plain row; the search itself scores the unsigned quantizer on those layers.
 
 ``python -m lowrank_gemm.quant.accuracy --out benchmarks/results/accuracy/minilm.json`` writes the JSON and a
 Markdown table beside it.
@@ -44,6 +47,9 @@ from .config import SVDQuantConfig, scheme_config
 
 MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2"
 ENCODER_LINEARS = ("encoder.layer.*",)
+# the layers whose input is a GELU output (BERT's FFN down projection; not attention.output.dense)
+GELU_INPUTS = r"re:encoder\.layer\.\d+\.output\.dense$"
+GELU_SHIFT = 0.171875
 
 
 @dataclass(frozen=True)
@@ -52,13 +58,22 @@ class SchemeSpec:
 
     scheme: str
     overrides: tuple[tuple[str, object], ...] = ()
+    unsigned: str | None = None     # a layer pattern quantized with unsigned activations after the GELU shift
 
     def config(self):
         return scheme_config(self.scheme, include=ENCODER_LINEARS, **dict(self.overrides))
 
+    def configs(self):
+        """The quantize_ configs this row runs: one, or (the unsigned layers, the rest)."""
+        if self.unsigned is None:
+            return (self.config(), )
+        over = dict(self.overrides)
+        return (scheme_config(self.scheme, include=(self.unsigned, ), act_shift=GELU_SHIFT, **over),
+                scheme_config(self.scheme, include=ENCODER_LINEARS, exclude=(self.unsigned, ), **over))
 
-def _svdq(rank: int, refit: bool, group: int = 64) -> SchemeSpec:
-    return SchemeSpec("svdquant", (("rank", rank), ("refit", refit), ("group_size", group)))
+
+def _svdq(rank: int, refit: bool, group: int = 64, unsigned: str | None = None) -> SchemeSpec:
+    return SchemeSpec("svdquant", (("rank", rank), ("refit", refit), ("group_size", group)), unsigned)
 
 
 DEFAULT_SCHEMES = (
@@ -68,6 +83,8 @@ DEFAULT_SCHEMES = (
     SchemeSpec("w4a4_smooth"),
     *(_svdq(r, refit) for r in (16, 32, 64) for refit in (False, True)),
     _svdq(32, True, 128),
+    _svdq(16, True, unsigned=GELU_INPUTS),
+    _svdq(32, True, unsigned=GELU_INPUTS),
 )
 
 
@@ -175,16 +192,20 @@ def evaluate_scheme(base: nn.Module, spec: SchemeSpec, calib: list[dict], evalb:
     Besides the issue's columns a row carries ``quantize_s`` (wall time of ``quantize_``, incl. calibration)
     and ``skipped`` (layers left unconverted)."""
     model = copy.deepcopy(base)
-    config = spec.config()
-    summary = quantize_(model, config, calib, progress=progress)
-    reference = {n: base.get_submodule(n) for n in summary.converted}
+    converted, seconds, skipped = [], 0.0, 0
+    for config in spec.configs():
+        summary = quantize_(model, config, calib, progress=progress)
+        converted += summary.converted
+        seconds += summary.seconds
+        skipped += len(summary.skipped)
+    reference = {n: base.get_submodule(n) for n in converted}
     emb = embed(model, evalb)
     cos = (emb * fp_emb).sum(-1)
     errs = layer_errors(model, reference, evalb)
     is_svdq = isinstance(config, SVDQuantConfig)
     return {
         "scheme": spec.scheme,
-        "format": "int8" if spec.scheme == "w8a8" else "int4_g64",
+        "format": "int8" if spec.scheme == "w8a8" else "int4_g64" + (" +u4 fc2" if spec.unsigned else ""),
         "group_size": (config.group_size or "K") if is_svdq else "K",
         "rank": config.rank if is_svdq else 0,
         "refit": bool(is_svdq and config.refit and config.rank > 0),
@@ -192,9 +213,9 @@ def evaluate_scheme(base: nn.Module, spec: SchemeSpec, calib: list[dict], evalb:
         "min_cos": float(cos.min()),
         "spearman": spearman(pairwise_similarities(emb), pairwise_similarities(fp_emb)),
         "layer_err": sum(errs.values()) / len(errs),
-        "bits_per_weight": bits_per_weight(model, summary.converted),
-        "quantize_s": summary.seconds,
-        "skipped": len(summary.skipped),
+        "bits_per_weight": bits_per_weight(model, converted),
+        "quantize_s": seconds,
+        "skipped": skipped,
     }, model
 
 

@@ -2,10 +2,11 @@
 
 File = the quantized model's full ``state_dict`` plus string metadata:
 
-- ``format`` = ``"lowrank_gemm.quantized"``, ``format_version`` = ``"1"``;
+- ``format`` = ``"lowrank_gemm.quantized"``, ``format_version`` = ``"2"`` (version 2 added the unsigned
+  activations, ``act_shift``, which a version-1 reader would drop; version-1 files still load, as signed layers);
 - ``config``: JSON of the quantization config (the first converted layer's; ``modules`` has each one's);
 - ``modules``: JSON ``{name: {"class", "in_features", "out_features", "rank", "group_size", "act_bits",
-  "bias", "config"}}`` describing every quantized layer;
+  "bias", "config"}}`` describing every quantized layer (version 2: SVDQLinear entries add ``"act_shift"``);
 - ``checksums``: JSON ``{tensor name: sha256 of its raw bytes}``.
 
 Loading validates everything (header, version, checksums, every module against the skeleton, every tensor
@@ -29,7 +30,8 @@ from ..nn.svdq import SVDQLinear, W8A8Linear
 from .config import _BaseConfig, config_from_dict
 
 FORMAT = "lowrank_gemm.quantized"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+READ_VERSIONS = ("1", "2")
 
 
 class CheckpointError(ValueError):
@@ -80,6 +82,8 @@ def _describe(m: nn.Module) -> dict:
             "bias": m.bias is not None, "config": m.config.to_dict() if m.config is not None else None}
     if isinstance(m, SVDQLinear):
         desc.update(rank=m.rank, group_size=m.group_size, act_bits=m.act_bits)
+        if m.act_shift:
+            desc["act_shift"] = m.act_shift
     return desc
 
 
@@ -89,7 +93,8 @@ def _empty_module(desc: dict, linear: nn.Linear) -> nn.Module:
     bias_dtype = linear.bias.dtype if linear.bias is not None else torch.float32
     if desc["class"] == "SVDQLinear":
         return SVDQLinear(desc["in_features"], desc["out_features"], desc["rank"], desc["group_size"], desc["bias"],
-                          desc["act_bits"], config.torch_scale_dtype, config.torch_lowrank_dtype, bias_dtype, config)
+                          desc["act_bits"], config.torch_scale_dtype, config.torch_lowrank_dtype, bias_dtype, config,
+                          act_shift=float(desc.get("act_shift", 0.0)))
     if desc["class"] == "W8A8Linear":
         return W8A8Linear(desc["in_features"], desc["out_features"], desc["bias"], config.torch_scale_dtype,
                           bias_dtype, config)
@@ -145,9 +150,9 @@ def _read_metadata(data: bytes) -> dict:
                               f"{8 + header_len + data_end}, file has {len(data)} bytes")
     if meta.get("format") != FORMAT:
         raise CheckpointError(f"not a {FORMAT} checkpoint (format={meta.get('format')!r})")
-    if meta.get("format_version") != str(FORMAT_VERSION):
+    if meta.get("format_version") not in READ_VERSIONS:
         raise CheckpointError(f"checkpoint format version {meta.get('format_version')!r} is not supported "
-                              f"(this build reads version {FORMAT_VERSION})")
+                              f"(this build reads versions {', '.join(READ_VERSIONS)})")
     try:
         return {k: json.loads(meta[k]) for k in ("config", "modules", "checksums")}
     except (ValueError, KeyError) as err:

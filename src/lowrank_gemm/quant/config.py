@@ -13,6 +13,7 @@ Two config types, each with its own module handler (see :mod:`lowrank_gemm.quant
 from __future__ import annotations
 
 import dataclasses
+import math
 import json
 from dataclasses import dataclass
 from enum import Enum
@@ -89,6 +90,10 @@ class SVDQuantConfig(_BaseConfig):
         calib_rows: cap on calibration rows kept per layer for the output-error objective.
         scale_dtype / lowrank_dtype: "bfloat16" or "float16" for scales+smooth and for the factors.
         svd_lowrank_threshold: use ``torch.svd_lowrank`` when min(N, K) exceeds this.
+        act_shift: 0 (signed int4 activations), or c > 0: unsigned int4 activations of x + c (``SVDQLinear``'s
+            ``act_shift``), for layers whose inputs have a floor at −c — after GELU c = 0.171875 (Nunchaku's fc2
+            scheme). Select those layers with ``include`` (e.g. ``("*.output.dense",)``, ``("*mlp.fc2",)``) in a
+            ``quantize_`` call of their own. The search (smoothing, refit) scores the unsigned quantizer.
     """
 
     weight_bits: int = 4
@@ -104,6 +109,7 @@ class SVDQuantConfig(_BaseConfig):
     scale_dtype: str = "bfloat16"
     lowrank_dtype: str = "bfloat16"
     svd_lowrank_threshold: int = 256
+    act_shift: float = 0.0
 
     needs_calibration: ClassVar[bool] = True
 
@@ -117,6 +123,11 @@ class SVDQuantConfig(_BaseConfig):
         _require(all(0.0 <= a <= 1.0 for a in self.alpha_grid), f"alpha_grid values must lie in [0, 1]: {self.alpha_grid}")
         _require(self.refit_iters >= 0 and self.refit_patience >= 1, "refit_iters >= 0 and refit_patience >= 1 required")
         _require(self.calib_rows > 0, f"calib_rows must be positive, got {self.calib_rows}")
+        object.__setattr__(self, "act_shift", float(self.act_shift))
+        _require(math.isfinite(self.act_shift) and self.act_shift >= 0,
+                 f"act_shift must be a finite value ≥ 0, got {self.act_shift}")
+        _require(self.act_shift == 0 or self.act_bits == 4,
+                 f"act_shift (unsigned activations) needs act_bits=4, got act_bits={self.act_bits}")
         for field in ("scale_dtype", "lowrank_dtype"):
             _require(getattr(self, field) in _SCALE_DTYPES, f"{field} must be one of {sorted(_SCALE_DTYPES)}")
 

@@ -21,20 +21,26 @@ from dataclasses import dataclass
 
 import torch
 
-from ..formats.int4 import dequantize_int4, pack_int4, quantize_act_int4, quantize_weight_int4
+from ..formats.int4 import (act_shift_vector, dequantize_int4, pack_int4, quantize_act_int4, quantize_act_uint4,
+                            quantize_weight_int4)
 from .calibrate import ActivationStats
 from .config import SVDQuantConfig
 
 _EPS = 1e-5  # floor for absmax statistics: dead channels must not give λ = 0 or ∞
 
 
-def fake_quant_act(xs: torch.Tensor, act_bits: int, group_size: int, scale_dtype: torch.dtype) -> torch.Tensor:
+def fake_quant_act(xs: torch.Tensor, act_bits: int, group_size: int, scale_dtype: torch.dtype,
+                   shift: torch.Tensor | None = None) -> torch.Tensor:
     """Activations as the W4A4 GEMM sees them: ``xs`` [M, K] → dequant(quant_int4(xs)) (float32).
 
-    ``act_bits == 16`` returns ``xs`` unchanged (W4A16).
+    ``act_bits == 16`` returns ``xs`` unchanged (W4A16). ``shift`` (float32 [K], ``formats.int4.act_shift_vector``):
+    unsigned activations, dequant(quant_uint4(xs + shift)) − shift.
     """
     if act_bits == 16:
         return xs
+    if shift is not None:
+        q, scales = quantize_act_uint4(xs, shift, group_size, scale_dtype)
+        return (dequantize_int4(q, scales, group_size) - shift.to(xs.device)).to(xs.dtype)
     q, scales = quantize_act_int4(xs, group_size, scale_dtype)
     return dequantize_int4(q, scales, group_size).to(xs.dtype)
 
@@ -99,7 +105,8 @@ class _Objective:
         """(xa, xs) for this λ, cached because refits reuse the same λ."""
         if self._cache is None or self._cache[0] is not smooth:
             xs = self.x / smooth.float()
-            xa = fake_quant_act(xs, self.config.act_bits, self.group, self.config.torch_scale_dtype)
+            shift = act_shift_vector(self.config.act_shift, smooth).to(xs.device) if self.config.act_shift else None
+            xa = fake_quant_act(xs, self.config.act_bits, self.group, self.config.torch_scale_dtype, shift)
             self._cache = (smooth, xa, xs)
         return self._cache[1], self._cache[2]
 
