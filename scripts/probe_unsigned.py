@@ -1,0 +1,76 @@
+"""GPU probe (≈ 40 s): the unsigned-activation W4A4 layer (``act_shift``) beside the signed one, one process,
+CUDA-graph replays over rotated inputs, GELU-shaped inputs.
+
+Rows per shape: ``signed`` (``w4a4_linear``, act_quant + the auto GEMM), ``unsigned`` (the same weights with
+``act_shift``: the torch quantizer + the e4m3 GEMM route), ``unsigned_quant`` (the torch quantizer alone,
+``act_quant_shifted``) and ``act_quant`` (the fused signed quantizer alone, e4m3 output). Each layer row is first
+checked against the float64 spec (rel. err ≤ 1e-3, fp32 output). Default shapes: FLUX fc2 (4608 × 12288 → 3072,
+the GELU-input layer) and decode 4096 → 28672 at M = 1 / 16 / 64. Writes DIR/probe_unsigned.{json,md}.
+
+    PYTHONPATH=src python scripts/probe_unsigned.py --out DIR [--cases MxKxN,…]
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+SHIFT = 0.171875
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--cases", default="4608x12288x3072,1x4096x28672,16x4096x28672,64x4096x28672")
+    a = ap.parse_args()
+    from lowrank_gemm.bench.common import (device_meta, markdown_table, meta_header, parse_shapes, time_graph,
+                                           write_results)
+    from lowrank_gemm.formats.int4 import act_shift_vector, dequantize_int4, pack_int4, quantize_weight_int4
+    from lowrank_gemm.kernels.act_quant import act_quant, act_quant_shifted
+    from lowrank_gemm.kernels.w4a4_gemm import w4a4_linear
+    from lowrank_gemm.reference import svdq_linear_ref
+
+    meta, rows, r = device_meta(), [], 32
+    for M, K, N in parse_shapes(a.cases, dims=3):
+        g = torch.Generator(device="cuda").manual_seed(M + K + N)
+        lam = (torch.rand(K, device="cuda", generator=g) + 0.5).bfloat16()
+        qw, sw = quantize_weight_int4(torch.randn(N, K, device="cuda", generator=g) * 0.02, 64)
+        p = dict(qweight=pack_int4(qw), wscales=sw, smooth=lam,
+                 lora_down=(torch.randn(r, K, device="cuda", generator=g) * 0.02).bfloat16(),
+                 lora_up=(torch.randn(N, r, device="cuda", generator=g) * 0.02).bfloat16())
+        bias = torch.randn(N, device="cuda", generator=g)
+        sh = act_shift_vector(SHIFT, lam)
+        fold = (bias.double() - dequantize_int4(qw, sw, 64).double() @ sh.double()).float()
+        sets = [(torch.nn.functional.gelu(torch.randn(M, K, device="cuda", generator=g) * 2).bfloat16(), )
+                for _ in range(3)]
+        fns = {"signed": lambda x: w4a4_linear(x, **p, bias=bias),
+               "unsigned": lambda x: w4a4_linear(x, **p, bias=fold, act_shift=sh),
+               "act_quant": lambda x: act_quant(x, lam, p["lora_down"], 64, out="f8"),
+               "unsigned_quant": lambda x: act_quant_shifted(x, lam, p["lora_down"], sh, 64)}
+        x0 = sets[0][0]
+        errs = {"signed": (w4a4_linear(x0, **p, bias=bias, out_dtype=torch.float32),
+                           svdq_linear_ref(x0, **p, bias=bias)),
+                "unsigned": (w4a4_linear(x0, **p, bias=fold, act_shift=sh, out_dtype=torch.float32),
+                             svdq_linear_ref(x0, **p, bias=bias, act_shift=sh))}
+        for name, fn in fns.items():
+            err = None
+            if name in errs:
+                y, ref = errs[name]
+                err = float((y.double() - ref).norm() / ref.norm())
+                if err > 1e-3:
+                    print(f"FAIL {name} M={M} K={K} N={N}: rel. err {err:.3g} against the spec", flush=True)
+            t = time_graph(fn, sets).median_us
+            row = dict(M=M, K=K, N=N, impl=name, graph_us=round(t, 2), err=None if err is None else round(err, 6))
+            rows.append(row)
+            print("ROW", row, flush=True)
+    md = meta_header(meta) + markdown_table(["M", "K", "N", "impl", "graph µs", "rel. err vs spec"],
+                                            [[x["M"], x["K"], x["N"], x["impl"], x["graph_us"], x["err"]]
+                                             for x in rows])
+    write_results("probe_unsigned", meta, rows, a.out, md=md)
+    print(md)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
