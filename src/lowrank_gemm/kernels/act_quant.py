@@ -43,8 +43,8 @@ from .schedule import cdiv, next_pow2, num_sms
 from .tma import tma_ready
 from .w4_expand import act_f8_rows, e4m3_codes, e4m3_operands, expand_act_f8
 
-__all__ = ["act_quant", "act_quant_shifted", "plan_act_quant", "ActQuantPlan", "FORMATS", "OUTPUTS", "VARIANTS", "MAX_SPLIT", "SMALL_M",
-           "S_FEEDS"]
+__all__ = ["act_quant", "act_quant_shifted", "plan_act_quant", "ActQuantPlan", "FORMATS", "OUTPUTS", "VARIANTS",
+           "MAX_SPLIT", "SMALL_M", "S_FEEDS"]
 
 FORMATS = ("int4_g64", "int4_2l")
 _RNE_MAGIC = tl.constexpr(12582912.0)  # 1.5·2²³: adding and subtracting it rounds |v| < 2²² to the nearest even integer

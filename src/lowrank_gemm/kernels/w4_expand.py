@@ -37,8 +37,7 @@ from .pdl import gdc_launch_dependents, gdc_wait, pdl_enabled
 from .schedule import cdiv
 
 __all__ = ["expand_w4", "expand_w4_ref", "EXPAND_DTYPES", "expand_act_f8", "expand_act_f8_ref", "e4m3_operands",
-           "F8_W_SHIFT",
-           "e4m3_codes", "act_f8_rows"]
+           "F8_W_SHIFT", "e4m3_codes", "act_f8_rows"]
 
 EXPAND_DTYPES = (torch.int8, torch.float8_e4m3fn)
 _HALF = PACK_BLOCK // 2
