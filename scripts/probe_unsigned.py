@@ -26,24 +26,16 @@ def main() -> int:
     a = ap.parse_args()
     from lowrank_gemm.bench.common import (device_meta, markdown_table, meta_header, parse_shapes, time_graph,
                                            write_results)
-    from lowrank_gemm.formats.int4 import act_shift_vector, dequantize_int4, pack_int4, quantize_weight_int4
+    from lowrank_gemm.bench.w4a4 import unsigned_layer_case
     from lowrank_gemm.kernels.act_quant import act_quant, act_quant_shifted
     from lowrank_gemm.kernels.w4a4_gemm import w4a4_linear
     from lowrank_gemm.reference import svdq_linear_ref
 
     meta, rows, r = device_meta(), [], 32
     for M, K, N in parse_shapes(a.cases, dims=3):
-        g = torch.Generator(device="cuda").manual_seed(M + K + N)
-        lam = (torch.rand(K, device="cuda", generator=g) + 0.5).bfloat16()
-        qw, sw = quantize_weight_int4(torch.randn(N, K, device="cuda", generator=g) * 0.02, 64)
-        p = dict(qweight=pack_int4(qw), wscales=sw, smooth=lam,
-                 lora_down=(torch.randn(r, K, device="cuda", generator=g) * 0.02).bfloat16(),
-                 lora_up=(torch.randn(N, r, device="cuda", generator=g) * 0.02).bfloat16())
-        bias = torch.randn(N, device="cuda", generator=g)
-        sh = act_shift_vector(SHIFT, lam)
-        fold = (bias.double() - dequantize_int4(qw, sw, 64).double() @ sh.double()).float()
-        sets = [(torch.nn.functional.gelu(torch.randn(M, K, device="cuda", generator=g) * 2).bfloat16(), )
-                for _ in range(3)]
+        p, bias, sh, fold, draw = unsigned_layer_case(N, K, r, device="cuda", seed=M + K + N, shift=SHIFT)
+        lam = p["smooth"]
+        sets = [(draw(M), ) for _ in range(3)]
         fns = {"signed": lambda x: w4a4_linear(x, **p, bias=bias),
                "unsigned": lambda x: w4a4_linear(x, **p, bias=fold, act_shift=sh),
                "act_quant": lambda x: act_quant(x, lam, p["lora_down"], 64, out="f8"),

@@ -257,18 +257,10 @@ def test_nunchaku_import_unsigned_option():
 
 # ------------------------------------------------------------------------------------------------------ GPU
 
-def _gpu_layer(m, n, k, r=32, seed=0):
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    x = nn.functional.gelu(torch.randn(m, k, device="cuda", generator=g) * 2).bfloat16()
-    lam = (torch.rand(k, device="cuda", generator=g) + 0.5).bfloat16()
-    qw, sw = quantize_weight_int4(torch.randn(n, k, device="cuda", generator=g) * 0.02, 64)
-    p = dict(qweight=pack_int4(qw), wscales=sw, smooth=lam,
-             lora_down=(torch.randn(r, k, device="cuda", generator=g) * 0.02).bfloat16(),
-             lora_up=(torch.randn(n, r, device="cuda", generator=g) * 0.02).bfloat16())
-    bias = torch.randn(n, device="cuda", generator=g)
-    sh = act_shift_vector(SHIFT, lam)
-    fold = (bias.double() - dequantize_int4(qw, sw, 64).double() @ sh.double()).float()
-    return x, p, bias, sh, fold
+def _gpu_layer(m, n, k):
+    from lowrank_gemm.bench.w4a4 import unsigned_layer_case
+    p, bias, sh, fold, draw = unsigned_layer_case(n, k, device="cuda", shift=SHIFT)
+    return draw(m), p, bias, sh, fold
 
 
 @pytest.mark.gpu
@@ -319,3 +311,13 @@ def test_module_compiles_on_the_cpu(layers):
     y = unsigned(x)
     compiled = torch.compile(lambda t: unsigned(t), fullgraph=True, backend="eager")
     assert torch.equal(compiled(x), y)
+
+
+def test_bench_case_helper_on_the_cpu():
+    """``bench.w4a4.unsigned_layer_case`` (the GPU tests' and probe_unsigned's operands): its fold is the spec's."""
+    from lowrank_gemm.bench.w4a4 import unsigned_layer_case
+    p, bias, sh, fold, draw = unsigned_layer_case(48, 128, 8, device="cpu", shift=SHIFT)
+    x = draw(5)
+    assert x.shape == (5, 128) and x.dtype == torch.bfloat16 and float(x.min()) >= -0.17
+    w = dequantize_int4(unpack_int4(p["qweight"]), p["wscales"], 64).double()
+    assert torch.allclose(fold.double(), bias.double() - w @ sh.double(), atol=1e-6)

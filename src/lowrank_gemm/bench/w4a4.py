@@ -61,6 +61,27 @@ def _layer_weights(n: int, k: int, dev) -> dict:
             "smooth": (torch.rand(k, device=dev) + 0.5).to(torch.bfloat16)}
 
 
+def unsigned_layer_case(n: int, k: int, rank: int = 32, *, device="cuda", seed: int = 0, shift: float = 0.171875):
+    """A random int4_g64 layer with unsigned activations (``act_shift``), as ``w4a4_linear`` takes it:
+    (kwargs qweight / wscales / smooth / lora_down / lora_up, the true bias [N], the shift vector RN(c/λ) [K], the
+    bias the kernels add: bias − Q(W)·shift, and ``draw(m)``: GELU-shaped bf16 inputs [m, K] from the same seed).
+    For ``probe_unsigned.py`` and the GPU tests of ``tests/test_w4a4_unsigned.py``."""
+    from ..formats.int4 import act_shift_vector, dequantize_int4, pack_int4, quantize_weight_int4
+    g = torch.Generator(device=device).manual_seed(seed)
+    lam = (torch.rand(k, device=device, generator=g) + 0.5).bfloat16()
+    qw, sw = quantize_weight_int4(torch.randn(n, k, device=device, generator=g) * 0.02, 64)
+    p = dict(qweight=pack_int4(qw), wscales=sw, smooth=lam,
+             lora_down=(torch.randn(rank, k, device=device, generator=g) * 0.02).bfloat16(),
+             lora_up=(torch.randn(n, rank, device=device, generator=g) * 0.02).bfloat16())
+    bias = torch.randn(n, device=device, generator=g)
+    sh = act_shift_vector(shift, lam)
+    fold = (bias.double() - dequantize_int4(qw, sw, 64).double() @ sh.double()).float()
+
+    def draw(m: int) -> torch.Tensor:
+        return torch.nn.functional.gelu(torch.randn(m, k, device=device, generator=g) * 2).bfloat16()
+    return p, bias, sh, fold, draw
+
+
 def _providers(m: int, n: int, k: int, dev, impls=IMPLS):
     """name → (fn, make_input_set() → args, bytes_per_set)."""
     from ..formats.int4 import pack_int4, quantize_weight_int4
