@@ -20,10 +20,9 @@ from __future__ import annotations
 import argparse
 import json
 
-
 import torch
 
-GELU_SHIFT = 0.171875
+from lowrank_gemm.formats.int4 import GELU_SHIFT
 
 
 def fake_quant_unsigned(xs: torch.Tensor, shift: torch.Tensor, group_size: int, scale_dtype) -> torch.Tensor:

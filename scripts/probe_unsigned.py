@@ -16,7 +16,6 @@ import argparse
 
 import torch
 
-SHIFT = 0.171875
 
 
 def main() -> int:
@@ -27,6 +26,7 @@ def main() -> int:
     from lowrank_gemm.bench.common import (device_meta, markdown_table, meta_header, parse_shapes, time_graph,
                                            write_results)
     from lowrank_gemm.bench.w4a4 import unsigned_layer_case
+    from lowrank_gemm.formats.int4 import GELU_SHIFT as SHIFT
     from lowrank_gemm.kernels.act_quant import act_quant, act_quant_shifted
     from lowrank_gemm.kernels.w4a4_gemm import w4a4_linear
     from lowrank_gemm.reference import svdq_linear_ref

@@ -61,12 +61,13 @@ def _layer_weights(n: int, k: int, dev) -> dict:
             "smooth": (torch.rand(k, device=dev) + 0.5).to(torch.bfloat16)}
 
 
-def unsigned_layer_case(n: int, k: int, rank: int = 32, *, device="cuda", seed: int = 0, shift: float = 0.171875):
+def unsigned_layer_case(n: int, k: int, rank: int = 32, *, device="cuda", seed: int = 0, shift: float | None = None):
     """A random int4_g64 layer with unsigned activations (``act_shift``), as ``w4a4_linear`` takes it:
     (kwargs qweight / wscales / smooth / lora_down / lora_up, the true bias [N], the shift vector RN(c/λ) [K], the
     bias the kernels add: bias − Q(W)·shift, and ``draw(m)``: GELU-shaped bf16 inputs [m, K] from the same seed).
-    For ``probe_unsigned.py`` and the GPU tests of ``tests/test_w4a4_unsigned.py``."""
-    from ..formats.int4 import act_shift_vector, dequantize_int4, pack_int4, quantize_weight_int4
+    ``shift`` (None: ``formats.int4.GELU_SHIFT``). For ``probe_unsigned.py`` and the GPU tests of
+    ``tests/test_w4a4_unsigned.py``."""
+    from ..formats.int4 import GELU_SHIFT, act_shift_vector, dequantize_int4, pack_int4, quantize_weight_int4
     g = torch.Generator(device=device).manual_seed(seed)
     lam = (torch.rand(k, device=device, generator=g) + 0.5).bfloat16()
     qw, sw = quantize_weight_int4(torch.randn(n, k, device=device, generator=g) * 0.02, 64)
@@ -74,7 +75,7 @@ def unsigned_layer_case(n: int, k: int, rank: int = 32, *, device="cuda", seed: 
              lora_down=(torch.randn(rank, k, device=device, generator=g) * 0.02).bfloat16(),
              lora_up=(torch.randn(n, rank, device=device, generator=g) * 0.02).bfloat16())
     bias = torch.randn(n, device=device, generator=g)
-    sh = act_shift_vector(shift, lam)
+    sh = act_shift_vector(GELU_SHIFT if shift is None else shift, lam)
     fold = (bias.double() - dequantize_int4(qw, sw, 64).double() @ sh.double()).float()
 
     def draw(m: int) -> torch.Tensor:

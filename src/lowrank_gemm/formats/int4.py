@@ -20,6 +20,8 @@ from ._groups import (check_float, check_group, check_scale_dtype, dequantize_gr
 PACK_BLOCK = 64
 INT4_MIN, INT4_MAX = -8, 7
 UINT4_MAX = 15
+# the constant shift that puts GELU outputs (≥ −0.16997) above 0 for unsigned activations (Nunchaku's fc2 layers)
+GELU_SHIFT = 0.171875
 
 
 def pack_int4(q: torch.Tensor) -> torch.Tensor:

@@ -55,7 +55,7 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
-from ..formats.int4 import pack_int4, unpack_int4
+from ..formats.int4 import GELU_SHIFT, pack_int4, unpack_int4
 from ..nn.svdq import SVDQLinear
 from ..quant.config import SVDQuantConfig
 
@@ -64,7 +64,6 @@ __all__ = ["GELU_SHIFT", "SHIFTED_INPUTS", "GROUP_SIZE", "NunchakuImport", "load
            "flux_to_diffusers", "replace_linears_", "load_nunchaku_flux_", "unpack_qweight", "pack_qweight", "unpack_scales",
            "pack_scales", "unpack_vector", "pack_vector", "unpack_lowrank", "pack_lowrank"]
 
-GELU_SHIFT = 0.171875
 SHIFTED_INPUTS = ("*mlp_fc2", "*mlp_context_fc2")   # names whose stored bias carries the GELU shift
 GROUP_SIZE = 64                                      # Nunchaku's int4 group
 ROW_BLOCK = 128                                      # rows (and K) per packed block (the kernels' warp_n)

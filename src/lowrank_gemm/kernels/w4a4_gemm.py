@@ -1181,12 +1181,9 @@ def svdq_forward_cuda(layer, x: torch.Tensor) -> torch.Tensor:
     """
     if layer.act_bits != 4 or x.dtype not in (torch.bfloat16, torch.float16):
         return layer.forward_reference(x)
-    if layer.act_shift:
-        return w4a4_linear(x.contiguous(), layer.qweight, layer.wscales, layer.smooth, layer.lora_down,
-                           layer.lora_up, layer.kernel_bias(), layer.group_size, act_shift=layer.act_shift_vec(),
-                           out_dtype=x.dtype)
+    # (signed layers: kernel_bias() is the bias itself and act_shift_vec() None)
     return w4a4_linear(x.contiguous(), layer.qweight, layer.wscales, layer.smooth, layer.lora_down,
-                       layer.lora_up, layer.bias, layer.group_size)
+                       layer.lora_up, layer.kernel_bias(), layer.group_size, act_shift=layer.act_shift_vec())
 
 
 # ---- ahead-of-time compile (CI: PTX and shared-memory checks without a GPU) --------------------------

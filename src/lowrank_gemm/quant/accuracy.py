@@ -41,6 +41,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from ..formats.int4 import GELU_SHIFT
 from .api import quantize_
 from .calibrate import run_batches
 from .config import SVDQuantConfig, scheme_config
@@ -49,7 +50,6 @@ MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2"
 ENCODER_LINEARS = ("encoder.layer.*",)
 # the layers whose input is a GELU output (BERT's FFN down projection; not attention.output.dense)
 GELU_INPUTS = r"re:encoder\.layer\.\d+\.output\.dense$"
-GELU_SHIFT = 0.171875
 
 
 @dataclass(frozen=True)
