@@ -98,7 +98,31 @@ def test_act_quant_shifted_is_the_spec():
     x8, xab, s = act_quant_shifted(x, lam, down, sh, 64)
     q, sc = quantize_act_uint4(x.float() / lam.float(), sh, 64)
     assert torch.equal(x8.float(), q.float()) and torch.equal(xab[:, 0, :], sc.float() * 512)
-    assert torch.allclose(s, (x.float() / lam.float()) @ down.float().t())
+    assert _rel(s, (x.double() / lam.double()) @ down.double().t()) < 1e-6
+
+
+@pytest.mark.parametrize("scale_dtype", [torch.bfloat16, torch.float16])
+def test_act_quant_shifted_kernel_matches_the_torch_path(scale_dtype, monkeypatch):
+    """The one-pass kernel (interpreter) against the torch path, bit for bit, on ragged rows and special groups:
+    a zero group, NaN, ±Inf, values under the floor."""
+    import lowrank_gemm.kernels.act_quant as aq
+    m, k = 19, 256
+    x = _gelu_input(m, k, seed=3).to(torch.float16)
+    x[0, :64] = 0
+    x[1, 70] = float("nan")
+    x[2, 130] = float("inf")
+    x[3, 200] = float("-inf")
+    x[4, 64:128] = -3.0
+    lam = (torch.rand(k) + 0.5).to(torch.float16)
+    down = (torch.randn(8, k) * 0.1).to(torch.float16)
+    sh = act_shift_vector(SHIFT, lam)
+    got = act_quant_shifted(x, lam, down, sh, 64, scale_dtype)
+    monkeypatch.setattr(aq, "_interpreting", lambda: False)
+    want = act_quant_shifted(x, lam, down, sh, 64, scale_dtype)
+    assert torch.equal(got[0].float(), want[0].float())
+    assert torch.equal(got[1].nan_to_num(7.0), want[1].nan_to_num(7.0))
+    assert torch.equal(got[2].nan_to_num(7.0), want[2].nan_to_num(7.0))
+    assert torch.isnan(got[1][1, 0, 1]) and torch.isinf(got[1][2, 0, 2])
 
 
 # ----------------------------------------------------------------------------------------------- the module
@@ -321,3 +345,19 @@ def test_bench_case_helper_on_the_cpu():
     assert x.shape == (5, 128) and x.dtype == torch.bfloat16 and float(x.min()) >= -0.17
     w = dequantize_int4(unpack_int4(p["qweight"]), p["wscales"], 64).double()
     assert torch.allclose(fold.double(), bias.double() - w @ sh.double(), atol=1e-6)
+
+
+def test_unsigned_quantizer_compiles_for_sm90():
+    """sm_90 (ahead of time): the one-pass quantizer compiles, divides with div.rn, stores e4m3 codes, and ptxas
+    keeps it in registers."""
+    from _sm90 import ptxas_stats
+    from lowrank_gemm.kernels.aot import compile_sm90
+    sig = dict(x_ptr="*bf16", stride_xm="i32", smooth_ptr="*bf16", shift_ptr="*fp32", x8_ptr="*fp8e4nv",
+               xab_ptr="*fp32", M="i32", K="i32")
+    info = compile_sm90("lowrank_gemm.kernels.act_quant", "_act_u4_kernel", sig,
+                        dict(G=64, BLOCK_M=16, SCALE_BF16=True), aligned=("x_ptr", "stride_xm", "x8_ptr", "K"),
+                        num_warps=4)
+    assert info.has("div.rn.f32") and "e4m3" in info.ptx
+    stats = ptxas_stats(info.ptx)
+    if stats is not None:
+        assert stats[1] == 0, f"spills {stats[1]} bytes"

@@ -344,7 +344,7 @@ def load_nunchaku(source: str | Path | Mapping[str, torch.Tensor], *,
     back into their bias (:func:`svdq_linear_from_nunchaku`). Pass ``()`` for a checkpoint written without the shift,
     and the right names for another model's (a missed shift is a constant error in those biases). ``unsigned``:
     those layers quantize their shifted input unsigned, as Nunchaku does (``SVDQLinear.act_shift``; on CUDA the
-    e4m3 GEMM paths with a torch quantizer, not yet measured on the GPU). Raises
+    e4m3 GEMM paths, not yet measured on the GPU). Raises
     ValueError, naming the layer, for anything that does not convert exactly (NVFP4, mismatched shapes)."""
     if isinstance(source, Mapping):
         tensors = source

@@ -1442,21 +1442,59 @@ def act_quant(x: torch.Tensor, smooth: torch.Tensor, lora_down: torch.Tensor, gr
     return x_q, x_scale, lowrank_act
 
 
+@triton.jit
+def _act_u4_kernel(x_ptr, stride_xm, smooth_ptr, shift_ptr, x8_ptr, xab_ptr, M, K,
+                   G: tl.constexpr, BLOCK_M: tl.constexpr, SCALE_BF16: tl.constexpr):
+    """One program: BLOCK_M rows × one group. u = RN(x/λ) + shift (fp32); scale = 16-bit RN(max(max u, 0) / 15)
+    (NaN in the group: NaN; ±Inf: +Inf; 0: 1); q = clamp(RNE(u / scale), 0, 15), 0 where either is not finite.
+    Writes q as e4m3 (exact) into x8 [M, K] and the group's xab rows (2⁹·s, −8·R·s) into xab [K/G, 2, M]: the
+    bits of ``formats.int4.quantize_act_uint4`` + ``w4_expand.e4m3_operands``."""
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    g = tl.program_id(1)
+    offs_k = g * G + tl.arange(0, G)
+    rows = offs_m.to(tl.int64)[:, None]
+    row_ok = offs_m < M
+    x = tl.load(x_ptr + rows * stride_xm + offs_k[None, :], mask=row_ok[:, None], other=0.0).to(tl.float32)
+    lam = tl.load(smooth_ptr + offs_k).to(tl.float32)
+    u = tl.math.div_rn(x, lam[None, :]) + tl.load(shift_ptr + offs_k)[None, :]
+    n_nan = tl.sum((u != u).to(tl.int32), axis=1)
+    n_inf = tl.sum((tl.abs(u) == float("inf")).to(tl.int32), axis=1)
+    top = tl.maximum(tl.max(tl.where(u != u, 0.0, u), axis=1), 0.0)
+    top = tl.where(n_inf > 0, float("inf"), top)
+    top = tl.where(n_nan > 0, float("nan"), top)
+    scale = _round_scale16(tl.math.div_rn(top, 15.0), SCALE_BF16)
+    scale = tl.where(scale == 0.0, 1.0, scale)
+    ratio = tl.math.div_rn(u, scale[:, None])
+    ok = _is_finite(scale)[:, None] & _is_finite(ratio)
+    q = tl.where(ok, _rne(tl.minimum(tl.maximum(ratio, 0.0), 15.0)), 0.0).to(tl.int32)
+    tl.store(x8_ptr + rows * K + offs_k[None, :], e4m3_codes(q), mask=row_ok[:, None])
+    row_a, row_b = act_f8_rows(tl.sum(q, axis=1), scale)
+    tl.store(xab_ptr + (2 * g) * M + offs_m, row_a, mask=row_ok)
+    tl.store(xab_ptr + (2 * g + 1) * M + offs_m, row_b, mask=row_ok)
+
+
 def act_quant_shifted(x: torch.Tensor, smooth: torch.Tensor, lora_down: torch.Tensor, shift: torch.Tensor,
-                      group_size: int = 64, scale_dtype: torch.dtype = torch.bfloat16):
+                      group_size: int = 64, scale_dtype: torch.dtype = torch.bfloat16, *, block_m: int = 16):
     """The unsigned-activation layers' act_quant (``SVDQLinear(act_shift=...)``): (x8 float8_e4m3fn [M, K], xab fp32
     [K/G, 2, M], lowrank_act fp32 [M, r]) — the e4m3 operands of codes ``formats.int4.quantize_act_uint4(x/λ,
     shift)`` (0…15, which packed int4 cannot carry) and S = (x/λ)·lora_downᵀ on the unshifted x.
 
-    Torch ops on x's device (division by a tensor: IEEE on CUDA too), the same bits as the float32 spec; a few
-    elementwise passes over x where the fused kernels make one (not yet measured on the GPU).
-    Inputs are assumed validated by the op (``w4a4_gemm.check_linear_args``)."""
-    from ..formats.int4 import quantize_act_uint4
-    xs = x.float() / smooth.float()
-    q, scales = quantize_act_uint4(xs, shift, group_size, scale_dtype)
-    x8, xab = e4m3_operands(q, scales, group_size)
+    One Triton pass over x for the codes (:func:`_act_u4_kernel`, on CUDA and under the interpreter; torch ops on
+    the plain CPU, the same bits) and one fp32 GEMM for S, x·(lora_down/λ)ᵀ (fp32 rounding, not the fused kernels'
+    pieces). Inputs are assumed validated by the op (``w4a4_gemm.check_linear_args``)."""
+    m, k = x.shape
     r = lora_down.shape[0]
-    s = xs @ lora_down.float().t() if r else xs.new_zeros(xs.shape[0], 0)
+    down = lora_down.float() / smooth.float()
+    s = x.float() @ down.t() if r else x.new_zeros((m, 0), dtype=torch.float32)
+    if not (x.is_cuda or _interpreting()):
+        from ..formats.int4 import quantize_act_uint4
+        q, scales = quantize_act_uint4(x.float() / smooth.float(), shift, group_size, scale_dtype)
+        return (*e4m3_operands(q, scales, group_size), s)
+    x8 = torch.empty((m, k), device=x.device, dtype=torch.float8_e4m3fn)
+    xab = torch.empty((k // group_size, 2, m), device=x.device, dtype=torch.float32)
+    if m:
+        launch(_act_u4_kernel, (cdiv(m, block_m), k // group_size), x, x.stride(0), smooth, shift, x8, xab, m, k,
+               G=group_size, BLOCK_M=block_m, SCALE_BF16=scale_dtype == torch.bfloat16, num_warps=4)
     return x8, xab, s
 
 
