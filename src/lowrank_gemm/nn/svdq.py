@@ -115,9 +115,7 @@ class SVDQLinear(nn.Module):
         if has_bias:
             mod.bias = linear.bias.detach().clone()
         mod.calib_error, mod.alpha = res.calib_error, res.alpha
-        mod = mod.to(linear.weight.device)
-        mod.refresh_act_shift()
-        return mod
+        return mod.to(linear.weight.device)        # (.to refreshes the act_shift state: _apply)
 
     def _use_kernels(self, x: torch.Tensor) -> bool:
         """The fused W4A4 kernels run on CUDA inputs; everything else takes the reference path."""
