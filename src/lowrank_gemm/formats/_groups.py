@@ -51,14 +51,22 @@ def quantize_groups(
     check_group(k, group_size)
     xg = x.float().reshape(rows, k // group_size, group_size)  # (R, K/G, G)
     absmax = xg.abs().amax(dim=-1, keepdim=True) if k else xg.new_zeros(rows, 0, 1)
+    return _codes(xg, absmax, -qmax - 1, qmax, scale_dtype)
+
+
+def _codes(xg: torch.Tensor, top: torch.Tensor, qmin: int, qmax: int,
+           scale_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """The shared tail of both rules: groups ``xg`` (R, K/G, G) and their magnitudes ``top`` (R, K/G, 1) → q int8
+    [R, K] and group-major 16-bit scales (module doc)."""
+    rows, ng, group_size = xg.shape
     # divide by a tensor: on CUDA torch turns ``t / python_scalar`` into ``t · (1/scalar)`` (not IEEE)
-    scale16 = (absmax / torch.full_like(absmax, qmax)).to(scale_dtype)
+    scale16 = (top / torch.full_like(top, qmax)).to(scale_dtype)
     scale16 = torch.where(scale16 == 0, torch.ones_like(scale16), scale16)
     ratio = xg / scale16.float()
     # NaN/Inf groups: q = 0 everywhere in the group (the scale carries the NaN/Inf, see module doc).
     ratio = torch.where(torch.isfinite(scale16.float()) & torch.isfinite(ratio), ratio, torch.zeros_like(ratio))
-    q = ratio.round().clamp(-qmax - 1, qmax).to(torch.int8).reshape(rows, k)
-    return q, scale16.reshape(rows, k // group_size).t().contiguous()
+    q = ratio.round().clamp(qmin, qmax).to(torch.int8).reshape(rows, ng * group_size)
+    return q, scale16.reshape(rows, ng).t().contiguous()
 
 
 def quantize_groups_unsigned(
@@ -76,12 +84,7 @@ def quantize_groups_unsigned(
                           top)
     else:
         top = ug.new_zeros(rows, 0, 1)
-    scale16 = (top / torch.full_like(top, qmax)).to(scale_dtype)
-    scale16 = torch.where(scale16 == 0, torch.ones_like(scale16), scale16)
-    ratio = ug / scale16.float()
-    ratio = torch.where(torch.isfinite(scale16.float()) & torch.isfinite(ratio), ratio, torch.zeros_like(ratio))
-    q = ratio.round().clamp(0, qmax).to(torch.int8).reshape(rows, k)
-    return q, scale16.reshape(rows, k // group_size).t().contiguous()
+    return _codes(ug, top, 0, qmax, scale_dtype)
 
 
 def dequantize_groups(q: torch.Tensor, scales: torch.Tensor, group_size: int) -> torch.Tensor:

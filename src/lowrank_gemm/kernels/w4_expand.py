@@ -253,8 +253,5 @@ def e4m3_operands(q: torch.Tensor, scales: torch.Tensor, group_size: int) -> tup
 def expand_act_f8_ref(x_q: torch.Tensor, x_scale: torch.Tensor, group_size: int):
     """Torch spec of :func:`expand_act_f8`: (q as float32 [M, K], xab float32 [K/G, 2, M])."""
     from ..formats.int4 import unpack_int4
-    q = unpack_int4(x_q.cpu()).to(torch.float32)
-    m, k = q.shape
-    r = q.reshape(m, k // group_size, group_size).sum(-1).t()                 # [K/G, M]
-    xs = x_scale.cpu().float()
-    return q, torch.stack([xs * 2.0 ** F8_W_SHIFT, -F8_W_OFFSET * r * xs], dim=1)
+    q = unpack_int4(x_q.cpu())
+    return q.to(torch.float32), e4m3_operands(q, x_scale.cpu(), group_size)[1]
