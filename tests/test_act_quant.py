@@ -897,7 +897,7 @@ def test_s_feed_one_sizes_the_split_for_one_wave(monkeypatch):
     assert aq.plan_act_quant(4608, 3072, 64, dev, fmt="int4_g64").split == 8        # the default feed-free plan
     seen = []
     real = aq._act_quant_v2
-    monkeypatch.setattr(aq, "_act_quant_v2", lambda *a: seen.append((a[10], a[11], a[-1])) or real(*a))
+    monkeypatch.setattr(aq, "_act_quant_v2", lambda *a: seen.append((a[10], a[11], a[17])) or real(*a))
     x, smooth, down = _inputs(80, 384, 16, torch.bfloat16)       # 2 row blocks of 64: a small interpreter run
     monkeypatch.setattr(aq, "_one_wave_split", lambda m, bm, fmt, device: 3)
     act_quant(x, smooth, down, 64, "int4_g64", variant="v3")

@@ -103,8 +103,8 @@ def test_act_quant_shifted_is_the_spec():
 
 @pytest.mark.parametrize("scale_dtype", [torch.bfloat16, torch.float16])
 def test_act_quant_shifted_kernel_matches_the_torch_path(scale_dtype, monkeypatch):
-    """The one-pass kernel (interpreter) against the torch path, bit for bit, on ragged rows and special groups:
-    a zero group, NaN, ±Inf, values under the floor."""
+    """act_quant's v3 kernel with the shift (interpreter) against the torch path on ragged rows and special groups
+    (a zero group, NaN, ±Inf, values under the floor, one far below it): codes and xab bit for bit, S to fp32."""
     import lowrank_gemm.kernels.act_quant as aq
     m, k = 19, 256
     x = _gelu_input(m, k, seed=3).to(torch.float16)
@@ -113,6 +113,7 @@ def test_act_quant_shifted_kernel_matches_the_torch_path(scale_dtype, monkeypatc
     x[2, 130] = float("inf")
     x[3, 200] = float("-inf")
     x[4, 64:128] = -3.0
+    x[5, 10] = -6.0e4
     lam = (torch.rand(k) + 0.5).to(torch.float16)
     down = (torch.randn(8, k) * 0.1).to(torch.float16)
     sh = act_shift_vector(SHIFT, lam)
@@ -121,8 +122,36 @@ def test_act_quant_shifted_kernel_matches_the_torch_path(scale_dtype, monkeypatc
     want = act_quant_shifted(x, lam, down, sh, 64, scale_dtype)
     assert torch.equal(got[0].float(), want[0].float())
     assert torch.equal(got[1].nan_to_num(7.0), want[1].nan_to_num(7.0))
-    assert torch.equal(got[2].nan_to_num(7.0), want[2].nan_to_num(7.0))
+    fin = torch.isfinite(want[2])
+    assert torch.equal(fin, torch.isfinite(got[2])) and fin[6:].all()
+    assert torch.allclose(got[2][fin], want[2][fin], rtol=1e-5, atol=1e-5)
     assert torch.isnan(got[1][1, 0, 1]) and torch.isinf(got[1][2, 0, 2])
+
+
+@pytest.mark.parametrize("scale_dtype", [torch.bfloat16, torch.float16])
+def test_act_quant_shifted_fast_path_rounds_like_the_spec(scale_dtype, monkeypatch):
+    """No special values, so v3 never redoes a slice: its fast path alone (one FMA-corrected division, magic-number
+    rounding, the two clamps) against the torch path, including exact ties u/scale = j + ½ (rounded to even) and
+    values far under the floor (codes 0)."""
+    import lowrank_gemm.kernels.act_quant as aq
+    m, k = 40, 192
+    x = _gelu_input(m, k, seed=5).to(torch.float16)
+    lam = (torch.rand(k) + 0.5).to(torch.float16)
+    lam[:64] = 1.0
+    # row 0, group 0 with λ = 1: u = x + 0.171875; top 1.875 → scale 0.125 exactly, u = (j + ½)·0.125 → ties
+    ties = (torch.arange(64) % 15 + 0.5) * 0.125
+    ties[0] = 1.875
+    x[0, :64] = (ties - SHIFT).to(torch.float16)
+    x[7, 64:] = torch.where(torch.arange(k - 64) % 3 == 0, -900.0, 1.0)
+    down = (torch.randn(8, k) * 0.1).to(torch.float16)
+    sh = act_shift_vector(SHIFT, lam)
+    got = act_quant_shifted(x, lam, down, sh, 64, scale_dtype)
+    monkeypatch.setattr(aq, "_interpreting", lambda: False)
+    want = act_quant_shifted(x, lam, down, sh, 64, scale_dtype)
+    assert torch.equal(got[0].float(), want[0].float()) and torch.equal(got[1], want[1])
+    q0 = want[0][0, :64].float()
+    assert torch.equal(q0, torch.round(ties / 0.125)) and (q0[1:] % 2 == 0).all()   # half to even
+    assert torch.allclose(got[2], want[2], rtol=1e-5, atol=1e-5)
 
 
 # ----------------------------------------------------------------------------------------------- the module
@@ -348,16 +377,22 @@ def test_bench_case_helper_on_the_cpu():
 
 
 def test_unsigned_quantizer_compiles_for_sm90():
-    """sm_90 (ahead of time): the one-pass quantizer compiles, divides with div.rn, stores e4m3 codes, and ptxas
-    keeps it in registers."""
+    """sm_90 (ahead of time): act_quant's v3 kernel with UNSIGNED (the production tile, S feed "one") keeps its
+    one S accumulator on wgmma, stores e4m3 codes, divides with div.rn only in the redo, and ptxas keeps it in
+    registers."""
     from _sm90 import ptxas_stats
     from lowrank_gemm.kernels.aot import compile_sm90
-    sig = dict(x_ptr="*bf16", stride_xm="i32", smooth_ptr="*bf16", shift_ptr="*fp32", x8_ptr="*fp8e4nv",
-               xab_ptr="*fp32", M="i32", K="i32")
-    info = compile_sm90("lowrank_gemm.kernels.act_quant", "_act_u4_kernel", sig,
-                        dict(G=64, BLOCK_M=16, SCALE_BF16=True), aligned=("x_ptr", "stride_xm", "x8_ptr", "K"),
-                        num_warps=4)
-    assert info.has("div.rn.f32") and "e4m3" in info.ptx
+    sig = dict(x_ptr="*bf16", stride_xm="i32", smooth_ptr="*bf16", rl_ptr="*fp32", q_ptr="*fp8e4nv", stride_qm="i32",
+               sc_ptr="*fp32", stride_sg="i32", p_ptr="*bf16", stride_pp="i32", sp_ptr="*fp32", stride_sps="i32",
+               stride_spm="i32", M="i32", K="i32", R="i32", STEPS_PER_SLICE="i32", shift_ptr="*fp32")
+    info = compile_sm90("lowrank_gemm.kernels.act_quant", "_act_quant_g_v3_kernel", sig,
+                        dict(G=64, BLOCK_M=64, BLOCK_R=32, HAS_LOWRANK=True, SCALE_BF16=True, SHIFT=0, EMU_FMA=False,
+                             F8=True, ONE_ACC=True, UNSIGNED=True),
+                        aligned=("x_ptr", "stride_xm", "smooth_ptr", "rl_ptr", "p_ptr", "stride_pp", "sp_ptr",
+                                 "stride_spm", "q_ptr", "stride_qm", "sc_ptr", "shift_ptr"),
+                        num_warps=4, num_stages=2)
+    assert info.has("wgmma") and info.has("div.rn.f32") and "e4m3" in info.ptx
     stats = ptxas_stats(info.ptx)
     if stats is not None:
         assert stats[1] == 0, f"spills {stats[1]} bytes"
+        assert stats[0] <= 168, f"{stats[0]} registers (the signed v3 kernel: ≤ 168)"

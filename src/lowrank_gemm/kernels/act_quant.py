@@ -128,6 +128,31 @@ def _g64_codes(xs_lo, xs_hi, BLOCK_M: tl.constexpr, NGS: tl.constexpr, HG: tl.co
 
 
 @triton.jit
+def _g64_codes_unsigned(u_lo, u_hi, BLOCK_M: tl.constexpr, NGS: tl.constexpr, HG: tl.constexpr,
+                        SCALE_BF16: tl.constexpr):
+    """Exact unsigned codes of shifted lo/hi columns u = RN(x/λ) + shift [BM, NGS·HG] → (q_lo, q_hi int32 in
+    [0, 15], scales fp32 [BM, NGS]): ``formats.int4.quantize_act_uint4``, IEEE corner cases included (any NaN:
+    NaN scale; an Inf of either sign: +Inf scale; top ≤ 0: scale 1; q = 0 where scale or ratio is not finite)."""
+    n_nan = (_group_max((u_lo != u_lo).to(tl.int32), BLOCK_M, NGS, HG)
+             + _group_max((u_hi != u_hi).to(tl.int32), BLOCK_M, NGS, HG))
+    n_inf = (_group_max((tl.abs(u_lo) == float("inf")).to(tl.int32), BLOCK_M, NGS, HG)
+             + _group_max((tl.abs(u_hi) == float("inf")).to(tl.int32), BLOCK_M, NGS, HG))
+    top = tl.maximum(_group_max(tl.where(u_lo != u_lo, 0.0, u_lo), BLOCK_M, NGS, HG),
+                     _group_max(tl.where(u_hi != u_hi, 0.0, u_hi), BLOCK_M, NGS, HG))
+    top = tl.where(n_inf > 0, float("inf"), tl.maximum(top, 0.0))
+    scale = _round_scale16(tl.math.div_rn(top, 15.0), SCALE_BF16)  # [BM, NGS]
+    scale = tl.where(scale == 0.0, 1.0, scale)
+    scale = tl.where(n_nan > 0, float("nan"), scale)
+    scale_b = _bcast_groups(scale, BLOCK_M, NGS, HG)
+    ok = _is_finite(scale_b)
+    r_lo = tl.math.div_rn(u_lo, scale_b)
+    r_hi = tl.math.div_rn(u_hi, scale_b)
+    q_lo = tl.where(ok & _is_finite(r_lo), _rne(tl.minimum(tl.maximum(r_lo, 0.0), 15.0)), 0.0).to(tl.int32)
+    q_hi = tl.where(ok & _is_finite(r_hi), _rne(tl.minimum(tl.maximum(r_hi, 0.0), 15.0)), 0.0).to(tl.int32)
+    return q_lo, q_hi, scale
+
+
+@triton.jit
 def _pack_nibbles(q_lo, q_hi):
     """Two's-complement nibbles of q_lo (low) and q_hi (high) → one byte (formats.int4 packing)."""
     return ((q_lo & 0xF) | ((q_hi & 0xF) << 4)).to(tl.uint8)
@@ -171,11 +196,12 @@ def _store_g64(q_ptr, stride_qm, sc_ptr, stride_sg, q_lo, q_hi, scale, offs_m, k
 def _quant_g64_step(x_ptr, stride_xm, smooth_ptr, q_ptr, stride_qm, sc_ptr, stride_sg, a_ptr, stride_ar,
                     s_acc, k0, offs_m, offs_r, M, R,
                     G: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
-                    HAS_LOWRANK: tl.constexpr, SCALE_BF16: tl.constexpr, F8: tl.constexpr = False):
+                    HAS_LOWRANK: tl.constexpr, SCALE_BF16: tl.constexpr, F8: tl.constexpr = False,
+                    UNSIGNED: tl.constexpr = False, shift_ptr=None):
     """Quantize columns [k0, k0 + BLOCK_K) (BLOCK_K/G whole groups) of rows ``offs_m``: packed int4 +
     16-bit scales (F8: e4m3 codes + xab rows, :func:`_store_g64`); returns the updated S partial. One wide
     step instead of one group per step: the per-step latency chain (load → dot → reduce → store) is paid
-    K/BLOCK_K times, not K/G times."""
+    K/BLOCK_K times, not K/G times. UNSIGNED (F8 only): the codes of x/λ + shift (:func:`_g64_codes_unsigned`)."""
     HALF_K: tl.constexpr = BLOCK_K // 2
     HG: tl.constexpr = G // 2        # lo (or hi) columns per group
     NGS: tl.constexpr = BLOCK_K // G
@@ -188,7 +214,12 @@ def _quant_g64_step(x_ptr, stride_xm, smooth_ptr, q_ptr, stride_qm, sc_ptr, stri
     if HAS_LOWRANK:
         s_acc = _down(s_acc, xs_lo, a_ptr, stride_ar, k_lo, offs_r, R)
         s_acc = _down(s_acc, xs_hi, a_ptr, stride_ar, k_lo + 32, offs_r, R)
-    q_lo, q_hi, scale = _g64_codes(xs_lo, xs_hi, BLOCK_M, NGS, HG, SCALE_BF16)
+    if UNSIGNED:
+        q_lo, q_hi, scale = _g64_codes_unsigned(xs_lo + tl.load(shift_ptr + k_lo)[None, :],
+                                                xs_hi + tl.load(shift_ptr + k_lo + 32)[None, :],
+                                                BLOCK_M, NGS, HG, SCALE_BF16)
+    else:
+        q_lo, q_hi, scale = _g64_codes(xs_lo, xs_hi, BLOCK_M, NGS, HG, SCALE_BF16)
     row_ok = (offs_m < M)[:, None]
     _store_g64(q_ptr, stride_qm, sc_ptr, stride_sg, q_lo, q_hi, scale, offs_m, k_lo, k0 // 2 + col,
                k0 // G + tl.arange(0, NGS), row_ok, row_ok, M, BLOCK_M, NGS, HG, SCALE_BF16, F8)
@@ -626,6 +657,32 @@ def _act_2l_quant_v2_kernel(
 # overwriting; the barrier of that reduction orders the two stores). S and the fast path are v2's, so
 # q / scales / t are bit-identical to v2 and S is v2's S.
 _RCP7 = tl.constexpr(0.1428571492433548)  # RN(1/7) in fp32: amax/7 by Markstein (amax normal on the fast path)
+_RCP15 = tl.constexpr(0.06666667014360428)  # RN(1/15) in fp32: top/15 the same way (unsigned codes)
+
+
+@triton.jit
+def _u4_fast_codes(u_lo, u_hi, BLOCK_M: tl.constexpr, LO: tl.constexpr, HI: tl.constexpr, EMU_FMA: tl.constexpr,
+                   SCALE_BF16: tl.constexpr):
+    """v3's fast path for one group of shifted columns u (lo / hi nibble halves [BM, G/2]) → (q_lo, q_hi int32 in
+    [0, 15], scale [BM, 1], ok [BM, 1]). Rows with ok false (any NaN or ±Inf in u, or a scale outside [LO, HI]:
+    top ≤ 0 included) hold garbage the exact redo overwrites. On ok rows top = max u is normal, so top/15 is the
+    division's RN, and RN(u/scale) by one FMA correction is exact wherever it can round to 1…15; below that it
+    may not be, but it is < 0.5 or negative (or −Inf/NaN when u ≪ 0 overflows) and the two selects make it 0."""
+    amax = _row_absmax_nan(u_lo, u_hi)[:, None]                    # NaN / Inf detection (either sign)
+    top = tl.reduce(_max_nan(u_lo, u_hi), 1, _max_nan)[:, None]    # max u, NaN-propagating
+    scale = _round_scale16(_div_fast(top, tl.full((BLOCK_M, 1), 15.0, tl.float32),
+                                     tl.full((BLOCK_M, 1), _RCP15, tl.float32), EMU_FMA), SCALE_BF16)
+    ok = (scale >= LO) & (scale <= HI) & (amax < float("inf"))     # NaN fails both
+    rs = tl.math.div_rn(1.0, tl.where(ok, scale, 1.0))
+    r_lo = _div_fast(u_lo, scale, rs, EMU_FMA)
+    r_hi = _div_fast(u_hi, scale, rs, EMU_FMA)
+    r_lo = tl.where(r_lo > 0.0, r_lo, 0.0)  # NaN → 0 first, then the top clamp
+    r_hi = tl.where(r_hi > 0.0, r_hi, 0.0)
+    r_lo = tl.where(r_lo < 15.0, r_lo, 15.0)
+    r_hi = tl.where(r_hi < 15.0, r_hi, 15.0)
+    q_lo = (r_lo + _RNE_MAGIC).to(tl.int32, bitcast=True) - _MAGIC_BITS
+    q_hi = (r_hi + _RNE_MAGIC).to(tl.int32, bitcast=True) - _MAGIC_BITS
+    return q_lo, q_hi, scale, ok
 
 
 @triton.jit
@@ -634,12 +691,14 @@ def _act_quant_g_v3_kernel(
     sp_ptr, stride_sps, stride_spm, M, K, R, STEPS_PER_SLICE,
     G: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr, HAS_LOWRANK: tl.constexpr,
     SCALE_BF16: tl.constexpr, SHIFT: tl.constexpr, EMU_FMA: tl.constexpr, F8: tl.constexpr = False,
-    ONE_ACC: tl.constexpr = False,
+    ONE_ACC: tl.constexpr = False, UNSIGNED: tl.constexpr = False, shift_ptr=None,
 ):
     """v3 of :func:`_act_quant_g_v2_kernel` (same arguments, same bits): fast path only in the loop, the
     exact redo of the slice after it when any of its (row, group) scales left the fast range.
     F8: q / sc are the e4m3 operands x8 [M, K] / xab [K/G, 2, M] instead (:func:`_store_g64`).
-    ONE_ACC: S from unscaled pieces into one accumulator (:func:`_down_one`; same q / scales)."""
+    ONE_ACC: S from unscaled pieces into one accumulator (:func:`_down_one`; same q / scales).
+    UNSIGNED (with F8; ``shift_ptr`` fp32 [K]): the codes 0…15 of u = RN(x/λ) + shift, the bits of
+    ``formats.int4.quantize_act_uint4`` (:func:`_u4_fast_codes`; S stays (x/λ)·Aᵀ of the unshifted x)."""
     HALF: tl.constexpr = G // 2
     LO: tl.constexpr = _FAST_LO if SCALE_BF16 else _FAST_LO_F16
     HI: tl.constexpr = _FAST_HI if SCALE_BF16 else _FAST_HI_F16
@@ -668,12 +727,19 @@ def _act_quant_g_v3_kernel(
             acc1, acc2, acc3 = _down_pieces(acc1, acc2, acc3, x_hi, p_ptr, stride_pp, k_lo + 32, offs_r, BLOCK_R)
         _, xs_lo = _smooth_fast(x_lo, smooth_ptr + k_lo, rl_ptr + k_lo, EMU_FMA)
         _, xs_hi = _smooth_fast(x_hi, smooth_ptr + k_lo + 32, rl_ptr + k_lo + 32, EMU_FMA)
-        amax = _row_absmax_nan(xs_lo, xs_hi)[:, None]  # [BM, 1]; NaN if x or 1/λ is
-        scale = _round_scale16(_div_fast(amax, tl.full((BLOCK_M, 1), 7.0, tl.float32),
-                                         tl.full((BLOCK_M, 1), _RCP7, tl.float32), EMU_FMA), SCALE_BF16)
-        ok = (scale >= LO) & (scale <= HI)  # NaN → not ok; in range: amax normal, so amax/7 was exact
-        n_bad += (row_ok[:, None] & ~ok).to(tl.int32)
-        q_lo, q_hi = _g64_fast_codes(xs_lo, xs_hi, scale, tl.math.div_rn(1.0, tl.where(ok, scale, 1.0)), EMU_FMA)
+        if UNSIGNED:
+            q_lo, q_hi, scale, ok = _u4_fast_codes(xs_lo + tl.load(shift_ptr + k_lo)[None, :],
+                                                   xs_hi + tl.load(shift_ptr + k_lo + 32)[None, :],
+                                                   BLOCK_M, LO, HI, EMU_FMA, SCALE_BF16)
+            n_bad += (row_ok[:, None] & ~ok).to(tl.int32)
+        else:
+            amax = _row_absmax_nan(xs_lo, xs_hi)[:, None]  # [BM, 1]; NaN if x or 1/λ is
+            scale = _round_scale16(_div_fast(amax, tl.full((BLOCK_M, 1), 7.0, tl.float32),
+                                             tl.full((BLOCK_M, 1), _RCP7, tl.float32), EMU_FMA), SCALE_BF16)
+            ok = (scale >= LO) & (scale <= HI)  # NaN → not ok; in range: amax normal, so amax/7 was exact
+            n_bad += (row_ok[:, None] & ~ok).to(tl.int32)
+            q_lo, q_hi = _g64_fast_codes(xs_lo, xs_hi, scale, tl.math.div_rn(1.0, tl.where(ok, scale, 1.0)),
+                                         EMU_FMA)
         _store_g64(q_ptr, stride_qm, sc_ptr, stride_sg, q_lo, q_hi, scale, offs_m, k_lo, k0 // 2 + col,
                    k0 // G + tl.arange(0, 1), row_ok[:, None], row_ok[:, None], M, BLOCK_M, 1, HALF, SCALE_BF16, F8)
     if HAS_LOWRANK and ONE_ACC:
@@ -685,7 +751,8 @@ def _act_quant_g_v3_kernel(
         for k0 in range(k_begin, k_end, G):
             s_dummy = tl.zeros((BLOCK_M, BLOCK_R), tl.float32)
             _quant_g64_step(x_ptr, stride_xm, smooth_ptr, q_ptr, stride_qm, sc_ptr, stride_sg, x_ptr, 0,
-                            s_dummy, k0, offs_m, offs_r, M, R, G, BLOCK_M, G, False, SCALE_BF16, F8)
+                            s_dummy, k0, offs_m, offs_r, M, R, G, BLOCK_M, G, False, SCALE_BF16, F8,
+                            UNSIGNED, shift_ptr)
 
 
 @triton.jit
@@ -1351,7 +1418,7 @@ def act_quant(x: torch.Tensor, smooth: torch.Tensor, lora_down: torch.Tensor, gr
               num_warps: int | None = None, variant: str | None = None, quant_rows: int | None = None,
               quant_cols: int | None = None, s_rows: int | None = None, s_ranks: int | None = None,
               loads_first: bool | None = None, early_launch: bool | None = None, s_feed: str | None = None,
-              _slice_rot: int = 0):
+              act_shift: torch.Tensor | None = None, _slice_rot: int = 0):
     """Quantize ``x`` [M, K] (bf16/fp16, contiguous rows) after dividing by ``smooth`` [K].
 
     Returns ``(x_q, x_scale, lowrank_act)``:
@@ -1375,6 +1442,8 @@ def act_quant(x: torch.Tensor, smooth: torch.Tensor, lora_down: torch.Tensor, gr
     ``"split"`` above): how the first passes compute S — ``"one"`` / ``"one_tma"`` sum the three A' pieces in one
     accumulator, with the K split sized for one wave unless ``split`` is given (:data:`S_FEEDS`; same x_q / x_scale
     bits, S to fp32 rounding but not bit-identical to ``"split"``).
+    ``act_shift`` (float32 [K], ``formats.int4.act_shift_vector``; int4_g64 with ``out="f8"``, v3 only): unsigned
+    codes 0…15 of x/λ + act_shift (``formats.int4.quantize_act_uint4``), S still of the unshifted x/λ.
     ``_slice_rot`` (tests only) rotates which fused program owns which slice (ticket mode).
     Launches: fused one; v1/v2 g64 one kernel, 2l two passes (+ v2's prep, + the S reduce when split > 1).
     The fused kernel is launched with programmatic dependent launch when ``pdl.pdl_enabled`` (off by default).
@@ -1393,6 +1462,11 @@ def act_quant(x: torch.Tensor, smooth: torch.Tensor, lora_down: torch.Tensor, gr
     if f8 and (fmt != "int4_g64" or group_size % 64):
         raise ValueError(f"act_quant: out='f8' (the e4m3 GEMM operands) needs fmt='int4_g64' and a group size that "
                          f"is a multiple of 64, got fmt={fmt!r}, group_size={group_size}")
+    if act_shift is not None:
+        if not f8 or variant not in (None, "v3"):
+            raise ValueError(f"act_quant: act_shift (unsigned codes) runs the v3 kernel with out='f8', got "
+                             f"out={out!r}, variant={variant!r}")
+        variant = "v3"
     plan = plan_act_quant(m, k, group_size, dev, split, block_m, block_k, num_warps, variant, fmt=fmt, rank=r,
                           quant_rows=quant_rows, quant_cols=quant_cols, s_rows=s_rows, s_ranks=s_ranks)
     if f8 and plan.variant not in _F8_NATIVE:
@@ -1418,7 +1492,7 @@ def act_quant(x: torch.Tensor, smooth: torch.Tensor, lora_down: torch.Tensor, gr
     spst = sp.stride(0) if sp.dim() == 3 else 0
     if variant in ("v2", "v3"):
         return _act_quant_v2(x, smooth, lora_down, group_size, fmt, scale_dtype, lowrank_act, sp, spst,
-                             grid, bm, nsplit, sps, warps, br, variant == "v3", f8, feed)
+                             grid, bm, nsplit, sps, warps, br, variant == "v3", f8, feed, act_shift)
     if fmt == "int4_g64":
         x_q, x_scale = _g64_outputs(m, k, group_size, dev, scale_dtype, f8)
         launch(_act_quant_g_kernel, grid, x, x.stride(0), smooth, x_q, x_q.stride(0), x_scale, x_scale.stride(0),
@@ -1442,60 +1516,24 @@ def act_quant(x: torch.Tensor, smooth: torch.Tensor, lora_down: torch.Tensor, gr
     return x_q, x_scale, lowrank_act
 
 
-@triton.jit
-def _act_u4_kernel(x_ptr, stride_xm, smooth_ptr, shift_ptr, x8_ptr, xab_ptr, M, K,
-                   G: tl.constexpr, BLOCK_M: tl.constexpr, SCALE_BF16: tl.constexpr):
-    """One program: BLOCK_M rows × one group. u = RN(x/λ) + shift (fp32); scale = 16-bit RN(max(max u, 0) / 15)
-    (NaN in the group: NaN; ±Inf: +Inf; 0: 1); q = clamp(RNE(u / scale), 0, 15), 0 where either is not finite.
-    Writes q as e4m3 (exact) into x8 [M, K] and the group's xab rows (2⁹·s, −8·R·s) into xab [K/G, 2, M]: the
-    bits of ``formats.int4.quantize_act_uint4`` + ``w4_expand.e4m3_operands``."""
-    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    g = tl.program_id(1)
-    offs_k = g * G + tl.arange(0, G)
-    rows = offs_m.to(tl.int64)[:, None]
-    row_ok = offs_m < M
-    x = tl.load(x_ptr + rows * stride_xm + offs_k[None, :], mask=row_ok[:, None], other=0.0).to(tl.float32)
-    lam = tl.load(smooth_ptr + offs_k).to(tl.float32)
-    u = tl.math.div_rn(x, lam[None, :]) + tl.load(shift_ptr + offs_k)[None, :]
-    n_nan = tl.sum((u != u).to(tl.int32), axis=1)
-    n_inf = tl.sum((tl.abs(u) == float("inf")).to(tl.int32), axis=1)
-    top = tl.maximum(tl.max(tl.where(u != u, 0.0, u), axis=1), 0.0)
-    top = tl.where(n_inf > 0, float("inf"), top)
-    top = tl.where(n_nan > 0, float("nan"), top)
-    scale = _round_scale16(tl.math.div_rn(top, 15.0), SCALE_BF16)
-    scale = tl.where(scale == 0.0, 1.0, scale)
-    ratio = tl.math.div_rn(u, scale[:, None])
-    ok = _is_finite(scale)[:, None] & _is_finite(ratio)
-    q = tl.where(ok, _rne(tl.minimum(tl.maximum(ratio, 0.0), 15.0)), 0.0).to(tl.int32)
-    tl.store(x8_ptr + rows * K + offs_k[None, :], e4m3_codes(q), mask=row_ok[:, None])
-    row_a, row_b = act_f8_rows(tl.sum(q, axis=1), scale)
-    tl.store(xab_ptr + (2 * g) * M + offs_m, row_a, mask=row_ok)
-    tl.store(xab_ptr + (2 * g + 1) * M + offs_m, row_b, mask=row_ok)
-
-
 def act_quant_shifted(x: torch.Tensor, smooth: torch.Tensor, lora_down: torch.Tensor, shift: torch.Tensor,
-                      group_size: int = 64, scale_dtype: torch.dtype = torch.bfloat16, *, block_m: int = 16):
+                      group_size: int = 64, scale_dtype: torch.dtype = torch.bfloat16):
     """The unsigned-activation layers' act_quant (``SVDQLinear(act_shift=...)``): (x8 float8_e4m3fn [M, K], xab fp32
     [K/G, 2, M], lowrank_act fp32 [M, r]) — the e4m3 operands of codes ``formats.int4.quantize_act_uint4(x/λ,
     shift)`` (0…15, which packed int4 cannot carry) and S = (x/λ)·lora_downᵀ on the unshifted x.
 
-    One Triton pass over x for the codes (:func:`_act_u4_kernel`, on CUDA and under the interpreter; torch ops on
-    the plain CPU, the same bits) and one fp32 GEMM for S, x·(lora_down/λ)ᵀ (fp32 rounding, not the fused kernels'
-    pieces). Inputs are assumed validated by the op (``w4a4_gemm.check_linear_args``)."""
-    m, k = x.shape
+    On CUDA and under the interpreter: :func:`act_quant`'s v3 kernel with the shift (one read of x for the codes
+    and S). On the plain CPU: torch ops, the same code bits and S to fp32 rounding. Inputs are assumed validated
+    by the op (``w4a4_gemm.check_linear_args``)."""
+    if x.is_cuda or _interpreting():
+        return act_quant(x, smooth, lora_down, group_size, "int4_g64", scale_dtype, out="f8", act_shift=shift)
+    from ..formats.int4 import quantize_act_uint4
+    m = x.shape[0]
     r = lora_down.shape[0]
-    down = lora_down.float() / smooth.float()
-    s = x.float() @ down.t() if r else x.new_zeros((m, 0), dtype=torch.float32)
-    if not (x.is_cuda or _interpreting()):
-        from ..formats.int4 import quantize_act_uint4
-        q, scales = quantize_act_uint4(x.float() / smooth.float(), shift, group_size, scale_dtype)
-        return (*e4m3_operands(q, scales, group_size), s)
-    x8 = torch.empty((m, k), device=x.device, dtype=torch.float8_e4m3fn)
-    xab = torch.empty((k // group_size, 2, m), device=x.device, dtype=torch.float32)
-    if m:
-        launch(_act_u4_kernel, (cdiv(m, block_m), k // group_size), x, x.stride(0), smooth, shift, x8, xab, m, k,
-               G=group_size, BLOCK_M=block_m, SCALE_BF16=scale_dtype == torch.bfloat16, num_warps=4)
-    return x8, xab, s
+    xs = x.float() / smooth.float()
+    q, scales = quantize_act_uint4(xs, shift, group_size, scale_dtype)
+    s = xs @ lora_down.float().t() if r else x.new_zeros((m, 0), dtype=torch.float32)
+    return (*e4m3_operands(q, scales, group_size), s)
 
 
 def _sum_partials(sp, lowrank_act, nsplit: int, br: int) -> None:
@@ -1506,9 +1544,10 @@ def _sum_partials(sp, lowrank_act, nsplit: int, br: int) -> None:
 
 
 def _act_quant_v2(x, smooth, lora_down, group_size, fmt, scale_dtype, lowrank_act, sp, spst, grid, bm,
-                  nsplit, sps, warps, br, v3=False, f8=False, feed="split"):
+                  nsplit, sps, warps, br, v3=False, f8=False, feed="split", act_shift=None):
     """v2 / v3 launches (same arguments): prep (1/λ, A'ᵀ pieces), then g64 one kernel / 2l two passes,
-    then the S reduce. ``f8``: v3 only (the e4m3 outputs); ``feed``: v3 only (:func:`_s_feed`)."""
+    then the S reduce. ``f8``: v3 only (the e4m3 outputs); ``feed``: v3 only (:func:`_s_feed`);
+    ``act_shift``: v3 g64 with f8 only (the unsigned codes)."""
     g_kernel = _act_quant_g_v3_kernel if v3 else _act_quant_g_v2_kernel
     stats_kernel = _act_2l_stats_v3_kernel if v3 else _act_2l_stats_v2_kernel
     quant_kernel = _act_2l_quant_v3_kernel if v3 else _act_2l_quant_v2_kernel
@@ -1524,7 +1563,8 @@ def _act_quant_v2(x, smooth, lora_down, group_size, fmt, scale_dtype, lowrank_ac
                pieces, pieces.stride(0), sp, spst, max(r, 1), m, k, r, sps,
                G=group_size, BLOCK_M=bm, BLOCK_R=br, HAS_LOWRANK=r > 0,
                SCALE_BF16=scale_dtype == torch.bfloat16, SHIFT=shift, EMU_FMA=emu,
-               **({"F8": True} if f8 else {}), **one, num_warps=warps)  # f8: v3 only (act_quant)
+               **({"F8": True} if f8 else {}), **one, num_warps=warps,  # f8: v3 only (act_quant)
+               **({"UNSIGNED": True, "shift_ptr": act_shift} if act_shift is not None else {}))
     else:
         x_q = torch.empty((m, k), device=dev, dtype=torch.int8)
         x_scale = torch.empty((m,), device=dev, dtype=torch.float32)
