@@ -336,6 +336,36 @@ def test_gpu_unsigned_layer_vs_spec(m, n, k):
     assert torch.equal(out, y)
 
 
+@pytest.mark.gpu
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("m,k", [(1, 4096), (16, 4096), (300, 3072), (4608, 12288)])
+def test_gpu_unsigned_quantizer_is_the_spec(m, k):
+    """act_quant's v3 kernel with the shift on the GPU (the fast path with hardware FMAs, the exact redo on the
+    special rows): codes and xab bit for bit against ``quantize_act_uint4`` + ``e4m3_operands`` run by torch on the
+    same device; S to 1e-5 of float64; bit-identical repeats."""
+    g = torch.Generator(device="cuda").manual_seed(m + k)
+    x = nn.functional.gelu(torch.randn(m, k, device="cuda", generator=g) * 2).to(torch.bfloat16)
+    if m > 8:
+        x[1, 70] = float("nan")
+        x[2, 130] = float("-inf")
+        x[3, 64:128] = -3.0
+        x[4, :64] = 0
+        x[5, 10] = -6.0e4
+    lam = (torch.rand(k, device="cuda", generator=g) + 0.5).to(torch.bfloat16)
+    down = (torch.randn(32, k, device="cuda", generator=g) * 0.05).to(torch.bfloat16)
+    sh = act_shift_vector(SHIFT, lam)
+    x8, xab, s = act_quant_shifted(x, lam, down, sh, 64)
+    want_q, want_xab = e4m3_operands(*quantize_act_uint4(x.float() / lam.float(), sh, 64), 64)
+    assert torch.equal(x8.view(torch.uint8), want_q.view(torch.uint8))
+    assert torch.equal(xab.nan_to_num(7.0), want_xab.nan_to_num(7.0))
+    rows = torch.isfinite(x.float()).all(1)
+    s64 = (x.double() / lam.double()) @ down.double().t()
+    assert _rel(s[rows], s64[rows]) < 1e-5
+    again = act_quant_shifted(x, lam, down, sh, 64)
+    assert torch.equal(again[0].view(torch.uint8), x8.view(torch.uint8)) and torch.equal(again[2].nan_to_num(7.0),
+                                                                                          s.nan_to_num(7.0))
+
+
 def g_linear(x, p, fold, sh):
     from lowrank_gemm.kernels.w4a4_gemm import w4a4_linear
     return w4a4_linear(x, **p, bias=fold, act_shift=sh, out_dtype=torch.float32)
