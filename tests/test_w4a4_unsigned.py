@@ -101,10 +101,17 @@ def test_act_quant_shifted_is_the_spec():
     assert _rel(s, (x.double() / lam.double()) @ down.double().t()) < 1e-6
 
 
+def _shifted(variant, x, lam, down, sh, scale_dtype):
+    from lowrank_gemm.kernels.act_quant import act_quant
+    return act_quant(x, lam, down, 64, "int4_g64", scale_dtype, out="f8", variant=variant, act_shift=sh)
+
+
+@pytest.mark.parametrize("variant", ["fused", "v3"])
 @pytest.mark.parametrize("scale_dtype", [torch.bfloat16, torch.float16])
-def test_act_quant_shifted_kernel_matches_the_torch_path(scale_dtype, monkeypatch):
-    """act_quant's v3 kernel with the shift (interpreter) against the torch path on ragged rows and special groups
-    (a zero group, NaN, ±Inf, values under the floor, one far below it): codes and xab bit for bit, S to fp32."""
+def test_act_quant_shifted_kernel_matches_the_torch_path(scale_dtype, variant, monkeypatch):
+    """act_quant's fused and v3 kernels with the shift (interpreter) against the torch path on ragged rows and
+    special groups (a zero group, NaN, ±Inf, values under the floor, one far below it): codes and xab bit for bit,
+    S to fp32."""
     import lowrank_gemm.kernels.act_quant as aq
     m, k = 19, 256
     x = _gelu_input(m, k, seed=3).to(torch.float16)
@@ -117,7 +124,7 @@ def test_act_quant_shifted_kernel_matches_the_torch_path(scale_dtype, monkeypatc
     lam = (torch.rand(k) + 0.5).to(torch.float16)
     down = (torch.randn(8, k) * 0.1).to(torch.float16)
     sh = act_shift_vector(SHIFT, lam)
-    got = act_quant_shifted(x, lam, down, sh, 64, scale_dtype)
+    got = _shifted(variant, x, lam, down, sh, scale_dtype)
     monkeypatch.setattr(aq, "_interpreting", lambda: False)
     want = act_quant_shifted(x, lam, down, sh, 64, scale_dtype)
     assert torch.equal(got[0].float(), want[0].float())
@@ -145,7 +152,7 @@ def test_act_quant_shifted_fast_path_rounds_like_the_spec(scale_dtype, monkeypat
     x[7, 64:] = torch.where(torch.arange(k - 64) % 3 == 0, -900.0, 1.0)
     down = (torch.randn(8, k) * 0.1).to(torch.float16)
     sh = act_shift_vector(SHIFT, lam)
-    got = act_quant_shifted(x, lam, down, sh, 64, scale_dtype)
+    got = _shifted("v3", x, lam, down, sh, scale_dtype)
     monkeypatch.setattr(aq, "_interpreting", lambda: False)
     want = act_quant_shifted(x, lam, down, sh, 64, scale_dtype)
     assert torch.equal(got[0].float(), want[0].float()) and torch.equal(got[1], want[1])
@@ -426,3 +433,41 @@ def test_unsigned_quantizer_compiles_for_sm90():
     if stats is not None:
         assert stats[1] == 0, f"spills {stats[1]} bytes"
         assert stats[0] <= 168, f"{stats[0]} registers (the signed v3 kernel: ≤ 168)"
+
+
+def test_unsigned_fused_quantizer_compiles_for_sm90():
+    """sm_90: the fused (small-M) kernel with UNSIGNED, rank-split S and PDL as the decode layers launch it: e4m3
+    codes, div.rn, no spills."""
+    from _sm90 import ptxas_stats
+    from test_act_quant import _fused_signature
+    from lowrank_gemm.kernels.aot import compile_sm90
+    sig = dict(_fused_signature(q="*fp8e4nv", sc="*fp32", cnt="*i32"), shift_ptr="*fp32")
+    ce = dict(TWO_LEVEL=False, G=64, BLOCK_M=16, BLOCK_K=64, BLOCK_R=32, SPLIT_P2=1, SUM_ROWS=1, QM=16, QK=256,
+              CH=4096, SCALE_BF16=True, S_RANK=True, SR=1, RB=1, CK=4096, NCH=1, F8=True, PDL=True, UNSIGNED=True)
+    info = compile_sm90("lowrank_gemm.kernels.act_quant", "_act_quant_fused_kernel", sig, ce,
+                        aligned=("x_ptr", "stride_xm", "smooth_ptr", "q_ptr", "stride_qm", "a_ptr", "stride_ar"),
+                        num_warps=4)
+    assert info.has("div.rn.f32", "griddepcontrol") and "e4m3" in info.ptx
+    stats = ptxas_stats(info.ptx)
+    if stats is not None:
+        assert stats[1] == 0, f"spills {stats[1]} bytes"
+
+
+def test_act_quant_shift_needs_the_e4m3_output_and_a_kernel_that_has_it(monkeypatch):
+    """act_shift with packed output or the v1 / v2 kernels is refused by name; a plan that picks v2 (env) runs v3."""
+    import lowrank_gemm.kernels.act_quant as aq
+    x = _gelu_input(70, 128).to(torch.float16)
+    lam = (torch.rand(128) + 0.5).to(torch.float16)
+    down = torch.zeros(0, 128, dtype=torch.float16)
+    sh = act_shift_vector(SHIFT, lam)
+    with pytest.raises(ValueError, match="act_shift.*out='f8'.*out='packed'"):
+        aq.act_quant(x, lam, down, 64, act_shift=sh)
+    with pytest.raises(ValueError, match="variant='v1'"):
+        aq.act_quant(x, lam, down, 64, out="f8", variant="v1", act_shift=sh)
+    monkeypatch.setattr(aq, "_ENV_LARGE", "v2")
+    assert aq.plan_act_quant(70, 128, 64).variant == "v2"
+    seen = []
+    real = aq._act_quant_v2
+    monkeypatch.setattr(aq, "_act_quant_v2", lambda *a: seen.append(a[15]) or real(*a))
+    aq.act_quant(x, lam, down, 64, out="f8", act_shift=sh)
+    assert seen == [True]                                          # _act_quant_v2(..., v3=True, ...)

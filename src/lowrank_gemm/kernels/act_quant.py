@@ -1044,9 +1044,9 @@ def _fused_2l_unit(x_ptr, stride_xm, smooth_ptr, e_ptr, stride_em, t_ptr, u, QS,
 @triton.jit
 def _fused_g64_unit(x_ptr, stride_xm, smooth_ptr, q_ptr, stride_qm, sc_ptr, stride_sg, u, QS, M, K,
                     G: tl.constexpr, QM: tl.constexpr, QK: tl.constexpr, SCALE_BF16: tl.constexpr,
-                    F8: tl.constexpr, LOADS_FIRST: tl.constexpr):
+                    F8: tl.constexpr, LOADS_FIRST: tl.constexpr, UNSIGNED: tl.constexpr = False, shift_ptr=None):
     """Rows [r0, r0 + QM), columns chunk c of QK (whole groups): packed int4 + 16-bit group scales, or (F8)
-    the e4m3 codes + xab rows (:func:`_store_g64`)."""
+    the e4m3 codes + xab rows (:func:`_store_g64`); UNSIGNED (F8 only): the codes of x/λ + shift."""
     HALF: tl.constexpr = QK // 2
     NGS: tl.constexpr = QK // G
     c = u % QS
@@ -1063,7 +1063,12 @@ def _fused_g64_unit(x_ptr, stride_xm, smooth_ptr, q_ptr, stride_qm, sc_ptr, stri
     if not LOADS_FIRST:
         x_hi, lam_hi = _load_x_lam(x_ptr, stride_xm, smooth_ptr, offs_m, k_lo + 32, row_ok, k_ok)
     xs_hi = _div_lam(x_hi, lam_hi)
-    q_lo, q_hi, scale = _g64_codes(xs_lo, xs_hi, QM, NGS, G // 2, SCALE_BF16)
+    if UNSIGNED:
+        q_lo, q_hi, scale = _g64_codes_unsigned(xs_lo + tl.load(shift_ptr + k_lo, mask=k_ok, other=0.0)[None, :],
+                                                xs_hi + tl.load(shift_ptr + k_lo + 32, mask=k_ok, other=0.0)[None, :],
+                                                QM, NGS, G // 2, SCALE_BF16)
+    else:
+        q_lo, q_hi, scale = _g64_codes(xs_lo, xs_hi, QM, NGS, G // 2, SCALE_BF16)
     gi = c * NGS + tl.arange(0, NGS)
     _store_g64(q_ptr, stride_qm, sc_ptr, stride_sg, q_lo, q_hi, scale, offs_m, k_lo, c * HALF + col, gi,
                row_ok[:, None] & k_ok[None, :], row_ok[:, None] & (gi < K // G)[None, :], M, QM, NGS, G // 2,
@@ -1086,11 +1091,12 @@ def _act_quant_fused_kernel(
     QK: tl.constexpr, CH: tl.constexpr, SCALE_BF16: tl.constexpr,
     S_RANK: tl.constexpr = False, SR: tl.constexpr = 1, RB: tl.constexpr = 1, CK: tl.constexpr = 64,
     NCH: tl.constexpr = 1, F8: tl.constexpr = False, PDL: tl.constexpr = False, LOADS_FIRST: tl.constexpr = False,
-    LATE_DEPS: tl.constexpr = False,
+    LATE_DEPS: tl.constexpr = False, UNSIGNED: tl.constexpr = False, shift_ptr=None,
 ):
     """Programs [0, N_SPROG): S — (row block, K slice) + ticket, or with S_RANK (SR rows, RB ranks) over all
     of K; the rest: quant unit u = pid − N_SPROG (rows (u // QS)·QM …, column chunk u % QS).
-    F8 (g64): q / sc are the e4m3 operands x8 [M, K] / xab [K/G, 2, M] (:func:`_store_g64`).
+    F8 (g64): q / sc are the e4m3 operands x8 [M, K] / xab [K/G, 2, M] (:func:`_store_g64`); with UNSIGNED
+    (``shift_ptr`` fp32 [K]) their codes are 0…15 of x/λ + shift (:func:`_g64_codes_unsigned`), S unshifted.
     PDL (kernels/pdl.py): every program first lets the next kernel (the GEMM) be scheduled, so it can start
     its weight loads during this one, then waits for the previous kernel (x's producer) before its first
     global access — x, λ, A and also the tickets and outputs (a predecessor may still read them).
@@ -1118,7 +1124,7 @@ def _act_quant_fused_kernel(
                        G, QM, QK, CH)
     else:
         _fused_g64_unit(x_ptr, stride_xm, smooth_ptr, q_ptr, stride_qm, sc_ptr, stride_sg, pid - N_SPROG, QS,
-                        M, K, G, QM, QK, SCALE_BF16, F8, LOADS_FIRST)
+                        M, K, G, QM, QK, SCALE_BF16, F8, LOADS_FIRST, UNSIGNED, shift_ptr)
 
 
 MAX_SPLIT = 64  # K slices per row block: bounds the partials' size and the reduce tile
@@ -1442,8 +1448,9 @@ def act_quant(x: torch.Tensor, smooth: torch.Tensor, lora_down: torch.Tensor, gr
     ``"split"`` above): how the first passes compute S — ``"one"`` / ``"one_tma"`` sum the three A' pieces in one
     accumulator, with the K split sized for one wave unless ``split`` is given (:data:`S_FEEDS`; same x_q / x_scale
     bits, S to fp32 rounding but not bit-identical to ``"split"``).
-    ``act_shift`` (float32 [K], ``formats.int4.act_shift_vector``; int4_g64 with ``out="f8"``, v3 only): unsigned
-    codes 0…15 of x/λ + act_shift (``formats.int4.quantize_act_uint4``), S still of the unshifted x/λ.
+    ``act_shift`` (float32 [K], ``formats.int4.act_shift_vector``; int4_g64 with ``out="f8"``; the fused or v3
+    kernel, v3 where the plan picks another): unsigned codes 0…15 of x/λ + act_shift
+    (``formats.int4.quantize_act_uint4``), S still of the unshifted x/λ.
     ``_slice_rot`` (tests only) rotates which fused program owns which slice (ticket mode).
     Launches: fused one; v1/v2 g64 one kernel, 2l two passes (+ v2's prep, + the S reduce when split > 1).
     The fused kernel is launched with programmatic dependent launch when ``pdl.pdl_enabled`` (off by default).
@@ -1462,13 +1469,13 @@ def act_quant(x: torch.Tensor, smooth: torch.Tensor, lora_down: torch.Tensor, gr
     if f8 and (fmt != "int4_g64" or group_size % 64):
         raise ValueError(f"act_quant: out='f8' (the e4m3 GEMM operands) needs fmt='int4_g64' and a group size that "
                          f"is a multiple of 64, got fmt={fmt!r}, group_size={group_size}")
-    if act_shift is not None:
-        if not f8 or variant not in (None, "v3"):
-            raise ValueError(f"act_quant: act_shift (unsigned codes) runs the v3 kernel with out='f8', got "
-                             f"out={out!r}, variant={variant!r}")
-        variant = "v3"
+    if act_shift is not None and (not f8 or variant not in (None, "v3", "fused")):
+        raise ValueError(f"act_quant: act_shift (unsigned codes) runs the v3 or fused kernel with out='f8', got "
+                         f"out={out!r}, variant={variant!r}")
     plan = plan_act_quant(m, k, group_size, dev, split, block_m, block_k, num_warps, variant, fmt=fmt, rank=r,
                           quant_rows=quant_rows, quant_cols=quant_cols, s_rows=s_rows, s_ranks=s_ranks)
+    if act_shift is not None and plan.variant not in ("v3", "fused"):      # the two kernels with the shift
+        plan = plan_act_quant(m, k, group_size, dev, split, block_m, block_k, num_warps, "v3", fmt=fmt, rank=r)
     if f8 and plan.variant not in _F8_NATIVE:
         x_q, x_scale, lowrank_act = act_quant(x, smooth, lora_down, group_size, fmt, scale_dtype, split=split,
                                               block_m=block_m, block_k=block_k, num_warps=num_warps,
@@ -1477,7 +1484,7 @@ def act_quant(x: torch.Tensor, smooth: torch.Tensor, lora_down: torch.Tensor, gr
     if plan.variant == "fused":
         return _act_quant_fused(x, smooth, lora_down, group_size, fmt, scale_dtype, plan, _slice_rot, f8,
                                 _loads_first_default(m) if loads_first is None else loads_first,
-                                _early_deps(early_launch))
+                                _early_deps(early_launch), act_shift)
     feed = _s_feed(s_feed, x, r, plan.variant) if plan.variant in ("v2", "v3") else "split"
     if feed != "split" and split is None:          # the feed's occupancy sizes the K split (one wave)
         plan = plan_act_quant(m, k, group_size, dev, _one_wave_split(m, plan.block_m, fmt, dev), block_m, block_k,
@@ -1522,8 +1529,8 @@ def act_quant_shifted(x: torch.Tensor, smooth: torch.Tensor, lora_down: torch.Te
     [K/G, 2, M], lowrank_act fp32 [M, r]) — the e4m3 operands of codes ``formats.int4.quantize_act_uint4(x/λ,
     shift)`` (0…15, which packed int4 cannot carry) and S = (x/λ)·lora_downᵀ on the unshifted x.
 
-    On CUDA and under the interpreter: :func:`act_quant`'s v3 kernel with the shift (one read of x for the codes
-    and S). On the plain CPU: torch ops, the same code bits and S to fp32 rounding. Inputs are assumed validated
+    On CUDA and under the interpreter: :func:`act_quant`'s fused (small M) or v3 kernel with the shift (one read of
+    x for the codes and S). On the plain CPU: torch ops, the same code bits and S to fp32 rounding. Inputs are assumed validated
     by the op (``w4a4_gemm.check_linear_args``)."""
     if x.is_cuda or _interpreting():
         return act_quant(x, smooth, lora_down, group_size, "int4_g64", scale_dtype, out="f8", act_shift=shift)
@@ -1601,8 +1608,9 @@ def _tickets(dev: torch.device, n: int) -> torch.Tensor:
 
 
 def _act_quant_fused(x, smooth, lora_down, group_size, fmt, scale_dtype, plan: ActQuantPlan, rot: int = 0,
-                     f8: bool = False, loads_first: bool = False, early_deps: bool = True):
-    """One launch: S programs (row block × slice, ticketed fixed-order sum) + quant units."""
+                     f8: bool = False, loads_first: bool = False, early_deps: bool = True, act_shift=None):
+    """One launch: S programs (row block × slice, ticketed fixed-order sum) + quant units (``act_shift``: the
+    unsigned codes, g64 with f8)."""
     m, k = x.shape
     r = lora_down.shape[0]
     dev = x.device
@@ -1624,6 +1632,8 @@ def _act_quant_fused(x, smooth, lora_down, group_size, fmt, scale_dtype, plan: A
     modes = dict(F8=f8, PDL=pdl, LOADS_FIRST=loads_first, launch_pdl=pdl)
     if pdl and not early_deps:
         modes["LATE_DEPS"] = True
+    if act_shift is not None:
+        modes.update(UNSIGNED=True, shift_ptr=act_shift)
     if rb:  # rank-split S: no slabs, no tickets
         ck, nch = _rank_chunks(k, sr, rb)
         n_s = cdiv(m, sr) * cdiv(r, rb) if r else 0
