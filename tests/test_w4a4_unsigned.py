@@ -464,6 +464,10 @@ def test_act_quant_shift_needs_the_e4m3_output_and_a_kernel_that_has_it(monkeypa
         aq.act_quant(x, lam, down, 64, act_shift=sh)
     with pytest.raises(ValueError, match="variant='v1'"):
         aq.act_quant(x, lam, down, 64, out="f8", variant="v1", act_shift=sh)
+    with pytest.raises(ValueError, match=r"act_shift must be float32 \[K=128\].*torch.bfloat16 \[128\]"):
+        aq.act_quant(x, lam, down, 64, out="f8", act_shift=sh.to(torch.bfloat16))
+    with pytest.raises(ValueError, match=r"float32 \[K=128\].*\[64\]"):
+        aq.act_quant(x, lam, down, 64, out="f8", act_shift=sh[:64])
     monkeypatch.setattr(aq, "_ENV_LARGE", "v2")
     assert aq.plan_act_quant(70, 128, 64).variant == "v2"
     seen = []

@@ -1469,9 +1469,13 @@ def act_quant(x: torch.Tensor, smooth: torch.Tensor, lora_down: torch.Tensor, gr
     if f8 and (fmt != "int4_g64" or group_size % 64):
         raise ValueError(f"act_quant: out='f8' (the e4m3 GEMM operands) needs fmt='int4_g64' and a group size that "
                          f"is a multiple of 64, got fmt={fmt!r}, group_size={group_size}")
-    if act_shift is not None and (not f8 or variant not in (None, "v3", "fused")):
-        raise ValueError(f"act_quant: act_shift (unsigned codes) runs the v3 or fused kernel with out='f8', got "
-                         f"out={out!r}, variant={variant!r}")
+    if act_shift is not None:
+        if not f8 or variant not in (None, "v3", "fused"):
+            raise ValueError(f"act_quant: act_shift (unsigned codes) runs the v3 or fused kernel with out='f8', got "
+                             f"out={out!r}, variant={variant!r}")
+        if act_shift.dtype != torch.float32 or act_shift.shape != (k,) or act_shift.device != dev:
+            raise ValueError(f"act_quant: act_shift must be float32 [K={k}] on {dev}, got {act_shift.dtype} "
+                             f"{list(act_shift.shape)} on {act_shift.device}")
     plan = plan_act_quant(m, k, group_size, dev, split, block_m, block_k, num_warps, variant, fmt=fmt, rank=r,
                           quant_rows=quant_rows, quant_cols=quant_cols, s_rows=s_rows, s_ranks=s_ranks)
     if act_shift is not None and plan.variant not in ("v3", "fused"):      # the two kernels with the shift
@@ -1530,8 +1534,8 @@ def act_quant_shifted(x: torch.Tensor, smooth: torch.Tensor, lora_down: torch.Te
     shift)`` (0…15, which packed int4 cannot carry) and S = (x/λ)·lora_downᵀ on the unshifted x.
 
     On CUDA and under the interpreter: :func:`act_quant`'s fused (small M) or v3 kernel with the shift (one read of
-    x for the codes and S). On the plain CPU: torch ops, the same code bits and S to fp32 rounding. Inputs are assumed validated
-    by the op (``w4a4_gemm.check_linear_args``)."""
+    x for the codes and S). On the plain CPU: torch ops, the same code bits and S to fp32 rounding. Inputs are
+    assumed validated by the op (``w4a4_gemm.check_linear_args``)."""
     if x.is_cuda or _interpreting():
         return act_quant(x, smooth, lora_down, group_size, "int4_g64", scale_dtype, out="f8", act_shift=shift)
     from ..formats.int4 import quantize_act_uint4
