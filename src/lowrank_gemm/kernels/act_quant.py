@@ -674,14 +674,10 @@ def _u4_fast_codes(u_lo, u_hi, BLOCK_M: tl.constexpr, LO: tl.constexpr, HI: tl.c
                                      tl.full((BLOCK_M, 1), _RCP15, tl.float32), EMU_FMA), SCALE_BF16)
     ok = (scale >= LO) & (scale <= HI) & (amax < float("inf"))     # NaN fails both
     rs = tl.math.div_rn(1.0, tl.where(ok, scale, 1.0))
-    r_lo = _div_fast(u_lo, scale, rs, EMU_FMA)
-    r_hi = _div_fast(u_hi, scale, rs, EMU_FMA)
-    r_lo = tl.where(r_lo > 0.0, r_lo, 0.0)  # NaN → 0 first, then the top clamp
-    r_hi = tl.where(r_hi > 0.0, r_hi, 0.0)
-    r_lo = tl.where(r_lo < 15.0, r_lo, 15.0)
-    r_hi = tl.where(r_hi < 15.0, r_hi, 15.0)
-    q_lo = (r_lo + _RNE_MAGIC).to(tl.int32, bitcast=True) - _MAGIC_BITS
-    q_hi = (r_hi + _RNE_MAGIC).to(tl.int32, bitcast=True) - _MAGIC_BITS
+    # u < 0 gives code 0 either way, so clamp u, not the ratio: 0 ≤ u/scale ≤ top/scale ≤ 15·(1 + 2⁻⁸) rounds into
+    # 0…15 with no clamp after (clamping the ratios instead cost 36 registers, 166 vs 130)
+    q_lo = (_div_fast(tl.maximum(u_lo, 0.0), scale, rs, EMU_FMA) + _RNE_MAGIC).to(tl.int32, bitcast=True) - _MAGIC_BITS
+    q_hi = (_div_fast(tl.maximum(u_hi, 0.0), scale, rs, EMU_FMA) + _RNE_MAGIC).to(tl.int32, bitcast=True) - _MAGIC_BITS
     return q_lo, q_hi, scale, ok
 
 
@@ -1383,6 +1379,9 @@ S_FEED_STAGES = 2
 S_FEED_ONE_MAX_RANK = 32
 # CTAs per SM of the "one" first passes at r ≤ 32 (sm_90 ledger: g64 124–128 registers → 4, 2l stats 91–96 → 5)
 _ONE_FEED_CTAS = {"int4_g64": 4, "int4_2l": 5}
+# ...which the unsigned g64 kernel (act_shift) keeps only under a register cap: ptxas gives it 130 (3 CTAs per SM, a
+# 1.33-wave split; H200 FLUX fc2 185 µs against the signed 105, probes/s37); at 128 it does not spill (sm_90 ptxas)
+_ONE_FEED_MAXNREG = 65536 // (_ONE_FEED_CTAS["int4_g64"] * 128)
 
 
 def _s_feed(s_feed: str | None, x: torch.Tensor, r: int, variant: str) -> str:
@@ -1568,14 +1567,17 @@ def _act_quant_v2(x, smooth, lora_down, group_size, fmt, scale_dtype, lowrank_ac
     rl, pieces, shift = _prep(x, smooth, lora_down, r, br, unscaled=feed != "split")
     emu = _interpreting()
     one = dict(ONE_ACC=True, num_stages=S_FEED_STAGES) if feed != "split" else {}
+    if act_shift is not None:
+        one["UNSIGNED"], one["shift_ptr"] = True, act_shift
+        if feed != "split":
+            one["maxnreg"] = _ONE_FEED_MAXNREG
     if fmt == "int4_g64":
         x_q, x_scale = _g64_outputs(m, k, group_size, dev, scale_dtype, f8)
         launch(g_kernel, grid, x, x.stride(0), smooth, rl, x_q, x_q.stride(0), x_scale, x_scale.stride(0),
                pieces, pieces.stride(0), sp, spst, max(r, 1), m, k, r, sps,
                G=group_size, BLOCK_M=bm, BLOCK_R=br, HAS_LOWRANK=r > 0,
                SCALE_BF16=scale_dtype == torch.bfloat16, SHIFT=shift, EMU_FMA=emu,
-               **({"F8": True} if f8 else {}), **one, num_warps=warps,  # f8: v3 only (act_quant)
-               **({"UNSIGNED": True, "shift_ptr": act_shift} if act_shift is not None else {}))
+               **({"F8": True} if f8 else {}), **one, num_warps=warps)  # f8: v3 only (act_quant)
     else:
         x_q = torch.empty((m, k), device=dev, dtype=torch.int8)
         x_scale = torch.empty((m,), device=dev, dtype=torch.float32)
