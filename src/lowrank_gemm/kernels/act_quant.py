@@ -108,6 +108,24 @@ def _group_max(v, BLOCK_M: tl.constexpr, NGS: tl.constexpr, W: tl.constexpr):
 
 
 @triton.jit
+def _group_codes(v_lo, v_hi, top, n_nan, BLOCK_M: tl.constexpr, NGS: tl.constexpr, HG: tl.constexpr,
+                 SCALE_BF16: tl.constexpr, QMIN: tl.constexpr, QMAX: tl.constexpr):
+    """The shared tail of the signed and unsigned exact rules (``formats._groups._codes``): group magnitudes ``top``
+    and NaN counts [BM, NGS] → 16-bit scales RN16(top / QMAX) (0 → 1, NaN groups NaN) and codes
+    clamp(RNE(v / scale), QMIN, QMAX), 0 where the scale or the ratio is not finite."""
+    scale = _round_scale16(tl.math.div_rn(top, QMAX), SCALE_BF16)  # [BM, NGS]
+    scale = tl.where(scale == 0.0, 1.0, scale)
+    scale = tl.where(n_nan > 0, float("nan"), scale)
+    scale_b = _bcast_groups(scale, BLOCK_M, NGS, HG)
+    ok = _is_finite(scale_b)
+    r_lo = tl.math.div_rn(v_lo, scale_b)
+    r_hi = tl.math.div_rn(v_hi, scale_b)
+    q_lo = tl.where(ok & _is_finite(r_lo), _rne(tl.minimum(tl.maximum(r_lo, QMIN), QMAX)), 0.0).to(tl.int32)
+    q_hi = tl.where(ok & _is_finite(r_hi), _rne(tl.minimum(tl.maximum(r_hi, QMIN), QMAX)), 0.0).to(tl.int32)
+    return q_lo, q_hi, scale
+
+
+@triton.jit
 def _g64_codes(xs_lo, xs_hi, BLOCK_M: tl.constexpr, NGS: tl.constexpr, HG: tl.constexpr,
                SCALE_BF16: tl.constexpr):
     """Exact int4_g64 quantization of smoothed lo/hi nibble columns [BM, NGS·HG] → (q_lo, q_hi int32 in
@@ -115,16 +133,7 @@ def _g64_codes(xs_lo, xs_hi, BLOCK_M: tl.constexpr, NGS: tl.constexpr, HG: tl.co
     amax = tl.maximum(_group_max(tl.abs(xs_lo), BLOCK_M, NGS, HG), _group_max(tl.abs(xs_hi), BLOCK_M, NGS, HG))
     n_nan = (_group_max((xs_lo != xs_lo).to(tl.int32), BLOCK_M, NGS, HG)
              + _group_max((xs_hi != xs_hi).to(tl.int32), BLOCK_M, NGS, HG))
-    scale = _round_scale16(tl.math.div_rn(amax, 7.0), SCALE_BF16)  # [BM, NGS]
-    scale = tl.where(scale == 0.0, 1.0, scale)
-    scale = tl.where(n_nan > 0, float("nan"), scale)
-    scale_b = _bcast_groups(scale, BLOCK_M, NGS, HG)
-    ok = _is_finite(scale_b)
-    r_lo = tl.math.div_rn(xs_lo, scale_b)
-    r_hi = tl.math.div_rn(xs_hi, scale_b)
-    q_lo = tl.where(ok & _is_finite(r_lo), _rne(tl.minimum(tl.maximum(r_lo, -8.0), 7.0)), 0.0).to(tl.int32)
-    q_hi = tl.where(ok & _is_finite(r_hi), _rne(tl.minimum(tl.maximum(r_hi, -8.0), 7.0)), 0.0).to(tl.int32)
-    return q_lo, q_hi, scale
+    return _group_codes(xs_lo, xs_hi, amax, n_nan, BLOCK_M, NGS, HG, SCALE_BF16, -8.0, 7.0)
 
 
 @triton.jit
@@ -140,16 +149,7 @@ def _g64_codes_unsigned(u_lo, u_hi, BLOCK_M: tl.constexpr, NGS: tl.constexpr, HG
     top = tl.maximum(_group_max(tl.where(u_lo != u_lo, 0.0, u_lo), BLOCK_M, NGS, HG),
                      _group_max(tl.where(u_hi != u_hi, 0.0, u_hi), BLOCK_M, NGS, HG))
     top = tl.where(n_inf > 0, float("inf"), tl.maximum(top, 0.0))
-    scale = _round_scale16(tl.math.div_rn(top, 15.0), SCALE_BF16)  # [BM, NGS]
-    scale = tl.where(scale == 0.0, 1.0, scale)
-    scale = tl.where(n_nan > 0, float("nan"), scale)
-    scale_b = _bcast_groups(scale, BLOCK_M, NGS, HG)
-    ok = _is_finite(scale_b)
-    r_lo = tl.math.div_rn(u_lo, scale_b)
-    r_hi = tl.math.div_rn(u_hi, scale_b)
-    q_lo = tl.where(ok & _is_finite(r_lo), _rne(tl.minimum(tl.maximum(r_lo, 0.0), 15.0)), 0.0).to(tl.int32)
-    q_hi = tl.where(ok & _is_finite(r_hi), _rne(tl.minimum(tl.maximum(r_hi, 0.0), 15.0)), 0.0).to(tl.int32)
-    return q_lo, q_hi, scale
+    return _group_codes(u_lo, u_hi, top, n_nan, BLOCK_M, NGS, HG, SCALE_BF16, 0.0, 15.0)
 
 
 @triton.jit
