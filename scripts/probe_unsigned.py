@@ -2,7 +2,7 @@
 CUDA-graph replays over rotated inputs, GELU-shaped inputs.
 
 Rows per shape: ``signed`` (``w4a4_linear``, act_quant + the auto GEMM), ``unsigned`` (the same weights with
-``act_shift``: the one-pass quantizer + S GEMM, then the e4m3 GEMM route), ``unsigned_quant`` (those alone,
+``act_shift``: act_quant's fused / v3 kernel with the shift, then the e4m3 GEMM route), ``unsigned_quant`` (that alone,
 ``act_quant_shifted``) and ``act_quant`` (the fused signed quantizer alone, e4m3 output). Each layer row is first
 checked against the float64 spec (rel. err ≤ 1e-3, fp32 output). Default shapes: FLUX fc2 (4608 × 12288 → 3072,
 the GELU-input layer) and decode 4096 → 28672 at M = 1 / 16 / 64. Writes DIR/probe_unsigned.{json,md}.
