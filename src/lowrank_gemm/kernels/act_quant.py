@@ -1567,17 +1567,16 @@ def _act_quant_v2(x, smooth, lora_down, group_size, fmt, scale_dtype, lowrank_ac
     rl, pieces, shift = _prep(x, smooth, lora_down, r, br, unscaled=feed != "split")
     emu = _interpreting()
     one = dict(ONE_ACC=True, num_stages=S_FEED_STAGES) if feed != "split" else {}
-    if act_shift is not None:
-        one["UNSIGNED"], one["shift_ptr"] = True, act_shift
-        if feed != "split":
-            one["maxnreg"] = _ONE_FEED_MAXNREG
     if fmt == "int4_g64":
+        unsigned = {}
+        if act_shift is not None:
+            unsigned = dict(UNSIGNED=True, shift_ptr=act_shift, **({"maxnreg": _ONE_FEED_MAXNREG} if one else {}))
         x_q, x_scale = _g64_outputs(m, k, group_size, dev, scale_dtype, f8)
         launch(g_kernel, grid, x, x.stride(0), smooth, rl, x_q, x_q.stride(0), x_scale, x_scale.stride(0),
                pieces, pieces.stride(0), sp, spst, max(r, 1), m, k, r, sps,
                G=group_size, BLOCK_M=bm, BLOCK_R=br, HAS_LOWRANK=r > 0,
                SCALE_BF16=scale_dtype == torch.bfloat16, SHIFT=shift, EMU_FMA=emu,
-               **({"F8": True} if f8 else {}), **one, num_warps=warps)  # f8: v3 only (act_quant)
+               **({"F8": True} if f8 else {}), **one, **unsigned, num_warps=warps)  # f8: v3 only (act_quant)
     else:
         x_q = torch.empty((m, k), device=dev, dtype=torch.int8)
         x_scale = torch.empty((m,), device=dev, dtype=torch.float32)
