@@ -37,7 +37,8 @@ from .pdl import gdc_launch_dependents, gdc_wait, pdl_enabled
 from .schedule import cdiv
 
 __all__ = ["expand_w4", "expand_w4_ref", "EXPAND_DTYPES", "expand_act_f8", "expand_act_f8_ref", "e4m3_operands",
-           "F8_W_SHIFT", "e4m3_codes", "act_f8_rows"]
+           "F8_W_SHIFT", "e4m3_codes", "act_f8_rows", "F16_K_PERM", "f16_weight_operands", "f16_weight_operands_ref",
+           "f16_act_operands"]
 
 EXPAND_DTYPES = (torch.int8, torch.float8_e4m3fn)
 _HALF = PACK_BLOCK // 2
@@ -255,3 +256,72 @@ def expand_act_f8_ref(x_q: torch.Tensor, x_scale: torch.Tensor, group_size: int)
     from ..formats.int4 import unpack_int4
     q = unpack_int4(x_q.cpu())
     return q.to(torch.float32), e4m3_operands(q, x_scale.cpu(), group_size)[1]
+
+# ---------------------------------------------------------------------------------------------------------------
+# The exact fp16 operands of the int4_g64 decode kernel's F16 path (gluon/w4a4_decode.py, ``f16=True``).
+#
+# A group-64 product Σ_g (a_s[m,g]·w_s[n,g])·Σ_{k∈g} q_x·q_w needs its per-group rescale because the codes carry
+# no scale. Folded into 16-bit operands it needs none: x = q_x·a_s and w = q_w·w_s are exact in fp16 when the
+# 16-bit scale has ≤ 8 significant bits (bf16: 8 + 3 bits for |q| ≤ 8 → 11 = fp16's precision) and the value is a
+# normal fp16 — so one fp16 MMA accumulates the whole K in fp32 with no per-group step. The range is made safe by
+# a power of two per token row (t[m]) and per weight column (c[n]): every value of a row / column is scaled so its
+# largest |scale|·8 lands in [2¹⁴, 2¹⁵), and t ⊗ c is applied once in the epilogue (exact: powers of two). Only
+# groups 2²⁶× below their row's / column's largest fall into fp16's subnormals (a relative error there that is
+# invisible next to the row's / column's other groups). fp16 scales (11 bits) round q·s to fp16 (≤ 2⁻¹¹
+# relative per element).
+#
+# The token operand is stored with K permuted inside every 16 columns (F16_K_PERM): the kernel's weight fragments
+# are expanded from the packed bytes in the 8-bit wgmma register layout (four consecutive K bytes per register,
+# so one 32-bit shared-memory load per four bytes), which holds, per thread, the K positions that the 16-bit
+# register layout assigns to a different K order; permuting the tokens the same way makes the contraction
+# identical without moving a single weight value between threads.
+
+F16_RANGE_EXP = 11      # largest |scale| of a row / column scaled into [2¹¹, 2¹²): |q·s| < 2¹⁵ < 65504
+
+
+def _f16_k_perm() -> torch.Tensor:
+    """F16_K_PERM[ℓ] = the natural K position stored at column ℓ of every 16-column chunk: ℓ = 8j + 2q + i holds
+    K 4q + 2j + i (q: the thread's lane in its quad, i, j: the two halves of an fp16 pair / fragment)."""
+    ell = torch.arange(16)
+    return 4 * ((ell >> 1) & 3) + 2 * (ell >> 3) + (ell & 1)
+
+
+F16_K_PERM = _f16_k_perm()
+
+
+def _pow2_exponent(amax: torch.Tensor) -> torch.Tensor:
+    """e with amax·2⁻ᵉ ∈ [2^F16_RANGE_EXP, 2^(F16_RANGE_EXP+1)) (0 where amax is 0 or not finite), int32."""
+    _, e = torch.frexp(amax)                  # amax = f·2^e, f ∈ [0.5, 1)
+    e = e - (F16_RANGE_EXP + 1)
+    return torch.where((amax > 0) & torch.isfinite(amax), e, torch.zeros_like(e)).to(torch.int32)
+
+
+def f16_weight_operands_ref(w_scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """w_scale [K/G, N] 16-bit → (w16 float16 [K/G, N] = w_scale·2⁻ᶜ, c_mul float32 [N] = 2ᶜ), torch ops on its
+    device (no sync: graph-capturable)."""
+    s = w_scale.float()
+    e = _pow2_exponent(s.abs().amax(dim=0))
+    return torch.ldexp(s, -e[None, :].float()).to(torch.float16), torch.ldexp(torch.ones_like(s[0]), e.float())
+
+
+def f16_weight_operands(w_scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`f16_weight_operands_ref`, built once per scale tensor (address + version, lora_gemm's weight cache):
+    the layer's weights do not change between calls."""
+    from .lora_gemm import _WEIGHT_CACHE
+    return _WEIGHT_CACHE.get("w4a4_f16_w", (w_scale, ), (), lambda: f16_weight_operands_ref(w_scale))
+
+
+def f16_act_operands(x_q: torch.Tensor, x_scale: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Packed int4 activations uint8 [M, K/2] + their group scales [K/G, M] → (x16 float16 [M, K], K permuted by
+    :data:`F16_K_PERM` in every 16 columns, = q·x_scale·2⁻ᵖ; t float32 [M] = 2ᵖ). Torch ops on x_q's device (the
+    layer op's act_quant writes the same bits in one kernel where it can)."""
+    from ..formats.int4 import unpack_int4
+    m, k = x_q.shape[0], 2 * x_q.shape[1]
+    q = unpack_int4(x_q).float()
+    s = x_scale.float()                                        # [K/G, M]
+    p = _pow2_exponent(s.abs().amax(dim=0))                   # [M]
+    s = torch.ldexp(s, -p[None, :].float())
+    x = (q.reshape(m, k // group_size, group_size) * s.t()[:, :, None]).reshape(m, k)
+    perm = F16_K_PERM.to(x.device)
+    x = x.reshape(m, k // 16, 16)[:, :, perm].reshape(m, k)
+    return x.to(torch.float16).contiguous(), torch.ldexp(torch.ones_like(s[0]), p.float())

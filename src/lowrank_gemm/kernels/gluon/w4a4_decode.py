@@ -82,7 +82,7 @@ __all__ = ["decode_ledger", "plan_decode", "DecodeWork", "plan_decode_work", "si
            "EPI_MMA_MAX_RANK", "decode_xab_smem_default", "XAB_SMEM_DEFAULT", "xab_table_rows",
            "check_decode_config", "decode_f8_default", "F8_DEFAULT",
            "decode_nonempty_k_default", "NONEMPTY_K_DEFAULT", "decode_row_box_default", "ROW_BOX_DEFAULT",
-           "SPLIT_ENV"]
+           "SPLIT_ENV", "decode_f16_default", "F16_DEFAULT", "F16_MAX_M"]
 
 PACK = 64                 # formats.int4.PACK_BLOCK
 WARPS = 4                 # one warpgroup
@@ -117,6 +117,9 @@ XAB_SMEM_DEFAULT = True   # f8 with one token tile: the a/b rows of every group 
                           # (probe_decode_epi, bit-identical): GEMM 24.7 → 21.2 µs (M=16, N=28672), 23.9 → 20.4
                           # (M=4), 17.1 → 13.8 (4096², M=16), equal at K=14336
 SPLIT_ENV = "LOWRANK_GEMM_DECODE_SPLIT"   # default configs only: "2".."8" split-K, "stream[:stages]" stream-K
+F16_DEFAULT = False       # int4_g64 takes the fp16 path (no per-group rescale, _mainloop_g_f16) when f16=None; env
+                          # LOWRANK_GEMM_DECODE_F16=0/1 overrides. Off until measured on the H200 (session 38)
+F16_MAX_M = 64            # the fp16 path's token tiles (16 / 32 / 64)
 F8_DEFAULT = True         # int4_g64 takes the e4m3 path when f8=None: H200, same process, GEMM 43.7 → 33.7 µs
                           # (M=1), 44.9 → 35.2 (M=16), outputs equal to the int8 path's in fp32 (probe_decode
                           # session 4); env LOWRANK_GEMM_DECODE_F8=0/1 overrides
@@ -429,15 +432,121 @@ def _mainloop_g_f8(x_desc, w_desc, u_desc, x_bufs, w_bufs, u_bufs, ready, xab_pt
     return acc
 
 
+# Packed bytes b0..b3 of one weight row (K positions p..p+3 of a 64-block's low / high nibble plane) × their fp16
+# scales → the fp16 values q·s of the four low nibbles ($0, $1) and the four high ones ($2, $3). Each nibble goes
+# into the mantissa of 1024 with its sign bit flipped (lop3 (n & 0xF) ^ 0x6408 = fp16 1024 + (q + 8)), the
+# subtraction of 1032 leaves q exactly, and q·s is exact in fp16 (w4_expand.f16_weight_operands).
+F16_ASM = gl.constexpr("""{
+.reg .b32 u, v, c, z;
+mov.b32 z, 0;
+mov.b32 c, 0x64086408;
+prmt.b32 u, $4, z, 0x4140;
+prmt.b32 v, $4, z, 0x4342;
+lop3.b32 $0, u, 0x000F000F, 0x64086408, 0x6a;
+lop3.b32 $1, v, 0x000F000F, 0x64086408, 0x6a;
+shr.u32 u, u, 4;
+shr.u32 v, v, 4;
+lop3.b32 $2, u, 0x000F000F, 0x64086408, 0x6a;
+lop3.b32 $3, v, 0x000F000F, 0x64086408, 0x6a;
+sub.f16x2 $0, $0, c;
+sub.f16x2 $1, $1, c;
+sub.f16x2 $2, $2, c;
+sub.f16x2 $3, $3, c;
+mul.f16x2 $0, $0, $5;
+mul.f16x2 $1, $1, $6;
+mul.f16x2 $2, $2, $5;
+mul.f16x2 $3, $3, $6;
+}""")
+
+
+@gluon.jit
+def _f16_planes(packed, scale, SWAR: gl.constexpr):
+    """(low, high) nibble planes of ``packed`` int8 [R, C] as fp16 q·scale[R], exact (F16_ASM, four bytes per
+    instance; the plain element-wise path otherwise)."""
+    sb = scale[:, None]
+    if SWAR:
+        lo, hi = gl.inline_asm_elementwise(F16_ASM, "=r,=r,=r,=r,r,r,r", [packed, sb],
+                                           dtype=(gl.float16, gl.float16), is_pure=True, pack=4)
+    else:
+        lo = ((packed << 4) >> 4).to(gl.float16) * sb
+        hi = (packed >> 4).to(gl.float16) * sb
+    return lo, hi
+
+
+@gluon.jit
+def _as_k16_fragment(v, layout: gl.constexpr):
+    """[R, 32] values in the 8-bit A-fragment layout (thread q of a quad holds K 4q..4q+3 and 16 + 4q..) → the same
+    registers as a [R, 32] tensor in the 16-bit A-fragment ``layout`` (thread q: K 2q, 2q+1, 8 + 2q, 9 + 2q, …), K
+    relabelled ℓ = 8j + 2q + i for p = 4q + 2j + i inside each 16 (w4_expand.F16_K_PERM, the order the token
+    operand is stored in). A reshape and a permute: no value moves between threads."""
+    R: gl.constexpr = v.shape[0]
+    v = v.reshape([R, 2, 4, 2, 2])          # p = 16h + 4q + 2j + i
+    v = v.permute((0, 1, 3, 2, 4))          # ℓ = 16h + 8j + 2q + i
+    return gl.convert_layout(v.reshape([R, 32]), layout)
+
+
+@gluon.jit
+def _mainloop_g_f16(x_desc, w_desc, u_desc, x_bufs, w_bufs, u_bufs, ready, off_t, off_n, N, k_tiles, c0, n_steps,
+                    k0, n_local, tiles_t, STAGES: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_T: gl.constexpr,
+                    BLOCK_K: gl.constexpr, G2: gl.constexpr, SWAR: gl.constexpr, mma: gl.constexpr,
+                    STREAM: gl.constexpr, NONEMPTY_K: gl.constexpr):
+    """int4_g64 on fp16 wgmmas with no per-group rescale (w4_expand's F16 operands): per 64-wide block the packed
+    weights are loaded in the 8-bit register layout, expanded to q·w16 in registers (F16_ASM) and relabelled as
+    16-bit A fragments (:func:`_as_k16_fragment`); two register-A wgmmas (m64nBTk16 ×2 each) against the token tile
+    x16 [BT, BK] (the ring's B operand, K permuted to match) accumulate fp32 straight through K, async as in the
+    2l loop: step kk−1's wgmmas are waited for once step kk's are issued, then its slot is refilled. t ⊗ c (the
+    powers of two) come in the epilogue. Returns the fp32 tile in ``mma``'s layout."""
+    NB: gl.constexpr = BLOCK_K // _PACK
+    nw: gl.constexpr = gl.num_warps()
+    a8: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=4)
+    mma16: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[nw, 1],
+                                                    instr_shape=[16, BLOCK_T, 16])
+    a16: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma16, k_width=2)
+    acc = gl.zeros([BLOCK_N, BLOCK_T], gl.float32, mma16)
+    if NONEMPTY_K:
+        n_steps = gl.maximum(n_steps, 1)
+    for kk in range(c0, c0 + n_steps):
+        slot = kk % STAGES
+        mbarrier.wait(ready.index(slot), (kk // STAGES) & 1)
+        wp = w_bufs.index(slot)
+        xb = x_bufs.index(slot)
+        for b in gl.static_range(NB):
+            packed = wp.slice(b * (_PACK // 2), _PACK // 2, dim=1).load(a8).to(gl.int8, bitcast=True)
+            ws = _row(u_bufs, slot, (b * _PACK) // G2, STAGES, BLOCK_N).load(gl.SliceLayout(1, a8))
+            lo, hi = _f16_planes(packed, ws, SWAR)
+            acc = warpgroup_mma(_as_k16_fragment(lo, a16), xb.slice(b * _PACK, _PACK // 2, dim=1).permute((1, 0)),
+                                acc, is_async=True)
+            acc = warpgroup_mma(_as_k16_fragment(hi, a16),
+                                xb.slice(b * _PACK + _PACK // 2, _PACK // 2, dim=1).permute((1, 0)), acc,
+                                is_async=True)
+        acc = warpgroup_mma_wait(2 * NB, deps=(acc, ))      # step kk−1's wgmmas retired
+        reads_done_before_refill()
+        _refill(kk - 1 + STAGES, k0 + (kk - 1 - c0) + STAGES, kk > c0, n_local, tiles_t, off_t, off_n, x_desc,
+                w_desc, u_desc, x_bufs, w_bufs, u_bufs, ready, N, k_tiles, STAGES, BLOCK_T, BLOCK_N, BLOCK_K, G2,
+                _FMT_G, True, STREAM)
+    acc = warpgroup_mma_wait(0, deps=(acc, ))
+    if STREAM:   # the last step's slot now, not in the next tile's first step (the finish runs between)
+        reads_done_before_refill()
+        _refill(c0 + n_steps - 1 + STAGES, k0 + n_steps - 1 + STAGES, n_steps > 0, n_local, tiles_t, off_t, off_n,
+                x_desc, w_desc, u_desc, x_bufs, w_bufs, u_bufs, ready, N, k_tiles, STAGES, BLOCK_T, BLOCK_N,
+                BLOCK_K, G2, _FMT_G, True, STREAM)
+    return gl.convert_layout(acc, mma, assert_trivial=True)
+
+
 @gluon.jit
 def _mainloop(x_desc, w_desc, u_desc, x_bufs, w_bufs, u_bufs, xe, ready, xscale_ptr, off_t, off_n, M, N, K,
               k_tiles, c0, n_steps, k0, n_local, tiles_t, STAGES: gl.constexpr, BLOCK_N: gl.constexpr,
               BLOCK_T: gl.constexpr, BLOCK_K: gl.constexpr, G2: gl.constexpr, SWAR: gl.constexpr,
               MMA_ASYNC: gl.constexpr, FMT: gl.constexpr, F8: gl.constexpr, mma: gl.constexpr,
-              STREAM: gl.constexpr, NONEMPTY_K: gl.constexpr, xab_s=None, XAB_ROWS: gl.constexpr = 0):
+              STREAM: gl.constexpr, NONEMPTY_K: gl.constexpr, xab_s=None, XAB_ROWS: gl.constexpr = 0,
+              F16: gl.constexpr = False):
     """The format's main loop over ring steps c0 .. c0 + n_steps − 1 (K steps k0 .. of the tile): the [BN, BT]
-    accumulator, int32 for 2l (t ⊗ s come in the epilogue), fp32 (already rescaled) for g."""
-    if F8:   # xscale_ptr = xab [K/G, 2, M] fp32
+    accumulator, int32 for 2l (t ⊗ s come in the epilogue), fp32 for g (already rescaled; F16: t ⊗ c to come)."""
+    if F16:
+        acc = _mainloop_g_f16(x_desc, w_desc, u_desc, x_bufs, w_bufs, u_bufs, ready, off_t, off_n, N, k_tiles, c0,
+                              n_steps, k0, n_local, tiles_t, STAGES, BLOCK_N, BLOCK_T, BLOCK_K, G2, SWAR, mma, STREAM,
+                              NONEMPTY_K)
+    elif F8:   # xscale_ptr = xab [K/G, 2, M] fp32
         acc = _mainloop_g_f8(x_desc, w_desc, u_desc, x_bufs, w_bufs, u_bufs, ready, xscale_ptr, off_t, off_n, M, N,
                              K, k_tiles, c0, n_steps, k0, n_local, tiles_t, STAGES, BLOCK_N, BLOCK_T, BLOCK_K,
                              G2, SWAR, mma, STREAM, xab_s, XAB_ROWS)
@@ -456,9 +565,10 @@ def _mainloop(x_desc, w_desc, u_desc, x_bufs, w_bufs, u_bufs, xe, ready, xscale_
 def _epilogue(acc, off_n, off_t, M, N, R, out_ptr, stride_om, xscale_ptr, wscale_ptr, col_scale_ptr, bias_ptr,
               s_ptr, stride_sm, up_ptr, stride_un, s16, BLOCK_N: gl.constexpr, BLOCK_T: gl.constexpr,
               FMT: gl.constexpr, HAS_LOWRANK: gl.constexpr, HAS_COL_SCALE: gl.constexpr, HAS_BIAS: gl.constexpr,
-              mma: gl.constexpr, BLOCK_R: gl.constexpr = 0):
+              mma: gl.constexpr, BLOCK_R: gl.constexpr = 0, F16: gl.constexpr = False):
     """Registers → out: the tile is [BLOCK_N weight rows, BLOCK_T tokens] of the fp32 main product (2l: still
-    without t ⊗ s); masked store of the transposed tile.
+    without t ⊗ s; F16: without the powers of two t ⊗ c, xscale_ptr / wscale_ptr [M] / [N] fp32); masked store of
+    the transposed tile.
 
     The low-rank term (BLOCK_R > 0, the rank padded to a power of two ≥ 16) is ONE register-A wgmma onto the
     accumulator, as in every other kernel (kernels/epilogue.py): acc[BN, BT] += lora_up[BN, R] · S[BT, R]ᵀ, the
@@ -470,7 +580,7 @@ def _epilogue(acc, off_n, off_t, M, N, R, out_ptr, stride_om, xscale_ptr, wscale
     offs_t = off_t + gl.arange(0, BLOCK_T, gl.SliceLayout(0, mma))
     n_ok = offs_n < N
     t_ok = offs_t < M
-    if FMT == _FMT_2L:
+    if FMT == _FMT_2L or F16:
         ts = gl.load(xscale_ptr + offs_t, mask=t_ok, other=0.0)
         ws = gl.load(wscale_ptr + offs_n, mask=n_ok, other=0.0)
         acc = acc * ws[:, None] * ts[None, :]
@@ -582,7 +692,7 @@ def w4a4_decode_kernel(x_desc, w_desc, u_desc,
                        HAS_COL_SCALE: gl.constexpr, HAS_BIAS: gl.constexpr, SWAR: gl.constexpr,
                        MMA_ASYNC: gl.constexpr = True, FMT: gl.constexpr = 1, F8: gl.constexpr = False,
                        STREAM: gl.constexpr = False, PDL: gl.constexpr = False, NONEMPTY_K: gl.constexpr = False,
-                       BLOCK_R: gl.constexpr = 0, XAB_ROWS: gl.constexpr = 0):
+                       BLOCK_R: gl.constexpr = 0, XAB_ROWS: gl.constexpr = 0, F16: gl.constexpr = False):
     """STREAM = False: one program per output tile, grid (cdiv(N, BN), cdiv(M, BT)). STREAM: grid (n_programs,),
     program p owns iterations [p·T // P, (p + 1)·T // P) of the T = tiles · k_tiles (tile, K step) iterations
     (split-K: P = tiles · split; stream-K: P = the programs that fit on the device at once); tiles split over
@@ -594,6 +704,8 @@ def w4a4_decode_kernel(x_desc, w_desc, u_desc,
     gl.static_assert(BLOCK_K % _PACK == 0, "BLOCK_K must be a multiple of the 64-wide pack block")
     gl.static_assert(BLOCK_K % G2 == 0, "a K step covers whole groups")
     gl.static_assert(not F8 or FMT == _FMT_G, "F8 (e4m3 MMA) is the int4_g64 path's variant")
+    gl.static_assert(not F16 or (FMT == _FMT_G and not F8), "F16 (fp16 MMA) is the int4_g64 path's other variant")
+    XFULL: gl.constexpr = F8 or F16      # the ring holds whole [BT, BK] token tiles (not packed ones)
     if PDL:
         gl_gdc_launch_dependents()   # only lets the next grid be scheduled; its own wait still waits for us
     if STREAM:
@@ -615,7 +727,7 @@ def w4a4_decode_kernel(x_desc, w_desc, u_desc,
     rows_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=EB * 8, rank=1)
     u_bufs = gl.allocate_shared_memory(u_desc.dtype, [STAGES * SR, ROW], rows_layout)
     ready = alloc_barriers(STAGES, 1)
-    if FMT == _FMT_G and not F8:     # the step's expanded token tile (the int8 path's wgmma B operand)
+    if FMT == _FMT_G and not XFULL:     # the step's expanded token tile (the int8 path's wgmma B operand)
         xe_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_T, BLOCK_K], gl.int8)
         xe = gl.allocate_shared_memory(gl.int8, [BLOCK_T, BLOCK_K], xe_layout)
     else:
@@ -651,13 +763,13 @@ def w4a4_decode_kernel(x_desc, w_desc, u_desc,
     # the ring's first STAGES steps; with PDL the tokens only after the previous kernel is done
     for i in gl.static_range(STAGES):
         _refill(i, k_first + i, True, hi - lo, tiles_t, off_t, off_n, x_desc, w_desc, u_desc, x_bufs, w_bufs, u_bufs,
-                ready, N, k_tiles, STAGES, BLOCK_T, BLOCK_N, BLOCK_K, G2, FMT, F8, STREAM,
+                ready, N, k_tiles, STAGES, BLOCK_T, BLOCK_N, BLOCK_K, G2, FMT, XFULL, STREAM,
                 _PART_WEIGHTS if PDL else _PART_ALL)
     if PDL:
         gl_gdc_wait()
         for i in gl.static_range(STAGES):
             _refill(i, k_first + i, True, hi - lo, tiles_t, off_t, off_n, x_desc, w_desc, u_desc, x_bufs, w_bufs,
-                    u_bufs, ready, N, k_tiles, STAGES, BLOCK_T, BLOCK_N, BLOCK_K, G2, FMT, F8, STREAM, _PART_TOKENS)
+                    u_bufs, ready, N, k_tiles, STAGES, BLOCK_T, BLOCK_N, BLOCK_K, G2, FMT, XFULL, STREAM, _PART_TOKENS)
     if F8 and XAB_ROWS > 0:    # (after the PDL wait: act_quant / the e4m3 expansion writes xab)
         _fill_xab(xab_s, xscale_ptr, M, K, G2, BLOCK_T, XAB_ROWS)
 
@@ -672,20 +784,20 @@ def w4a4_decode_kernel(x_desc, w_desc, u_desc,
             acc = _mainloop(x_desc, w_desc, u_desc, x_bufs, w_bufs, u_bufs, xe, ready, xscale_ptr, tile_t, tile_n,
                             M, N, K, k_tiles, seg_lo - lo, seg_hi - seg_lo, seg_lo - t_lo, hi - lo, tiles_t,
                             STAGES, BLOCK_N, BLOCK_T, BLOCK_K, G2, SWAR, MMA_ASYNC, FMT, F8, mma, STREAM, NONEMPTY_K,
-                            xab_s, XAB_ROWS)
+                            xab_s, XAB_ROWS, F16)
             done, acc = _finish_tile(acc, tile, (seg_lo == t_lo) & (seg_hi == t_lo + k_tiles), pid, n_programs, total,
                                      k_tiles, ws_ptr, cnt_ptr, max_contrib, BLOCK_N, BLOCK_T, mma)
             if done:
                 _epilogue(acc.to(gl.float32), tile_n, tile_t, M, N, R, out_ptr, stride_om, xscale_ptr, wscale_ptr,
                           col_scale_ptr, bias_ptr, s_ptr, stride_sm, up_ptr, stride_un, s16, BLOCK_N, BLOCK_T, FMT,
-                          HAS_LOWRANK, HAS_COL_SCALE, HAS_BIAS, mma, BLOCK_R)
+                          HAS_LOWRANK, HAS_COL_SCALE, HAS_BIAS, mma, BLOCK_R, F16)
     else:
         acc = _mainloop(x_desc, w_desc, u_desc, x_bufs, w_bufs, u_bufs, xe, ready, xscale_ptr, off_t, off_n, M, N, K,
                         k_tiles, 0, k_tiles, 0, k_tiles, tiles_t, STAGES, BLOCK_N, BLOCK_T, BLOCK_K, G2, SWAR,
-                        MMA_ASYNC, FMT, F8, mma, STREAM, NONEMPTY_K, xab_s, XAB_ROWS)
+                        MMA_ASYNC, FMT, F8, mma, STREAM, NONEMPTY_K, xab_s, XAB_ROWS, F16)
         _epilogue(acc.to(gl.float32), off_n, off_t, M, N, R, out_ptr, stride_om, xscale_ptr, wscale_ptr,
                   col_scale_ptr, bias_ptr, s_ptr, stride_sm, up_ptr, stride_un, s16, BLOCK_N, BLOCK_T, FMT, HAS_LOWRANK,
-                  HAS_COL_SCALE, HAS_BIAS, mma, BLOCK_R)
+                  HAS_COL_SCALE, HAS_BIAS, mma, BLOCK_R, F16)
 
 
 # =============================================================================================
@@ -695,13 +807,14 @@ _BITS = {torch.bfloat16: 16, torch.float16: 16, torch.float32: 32}
 
 @functools.lru_cache(maxsize=256)    # builds ledgers; the launch asks on every call
 def default_decode_config(M: int, group_size: int = 64, fmt: str = "int4_2l", f8: bool = False,
-                          lowrank_block: int = 0) -> KernelConfig:
+                          lowrank_block: int = 0, f16: bool = False) -> KernelConfig:
     """Token tile = M rounded up to 16, 32 or 64 (a wgmma N; KernelConfig tiles are ≥ 16). Measured on the H200
     (probes/probe_decode_s3b, K=4096, N=28672, async wgmmas): M ≤ 16 best at 128 weight rows × 256 K × 4 stages
     (29.9 µs at M=1; 64×256×4 30.8, 128×512×2 35.5); M = 64 at 128×128×6 (47.1; 128×256×4 65.7: two CTAs
     of 133 KB no longer share an SM). The ring is then cut to what lets CTAS_PER_SM CTAs share an SM. ``f8``
     (int4_g64 on e4m3) starts from the same tiles (its ring holds 8-bit instead of packed tokens, and no
-    expanded token tile)."""
+    expanded token tile). ``f16`` (int4_g64 on fp16, no per-group rescale): the same tiles, its ring holding
+    16-bit token tiles (so fewer stages fit)."""
     bt = 16 if M <= 16 else 32 if M <= 32 else 64
     bk, stages = (256, 4) if bt == 16 else (128, 6)
     # f8 keeps two fp32 partials beside acc (one in flight while the other is folded): at 128 × 64 that is 192
@@ -710,33 +823,38 @@ def default_decode_config(M: int, group_size: int = 64, fmt: str = "int4_2l", f8
     base = KernelConfig(block_m=bt, block_n=bn, block_k=bk, block_r=16, group_m=1, num_warps=WARPS,
                         num_stages=stages, lowrank_stages=0, persistent=False)
     while stages > 2 and CTAS_PER_SM * decode_ledger(base.replace(num_stages=stages), group_size, fmt, f8,
-                                                     lowrank_block=lowrank_block).total() > SM90_SMEM_PER_SM:
+                                                     lowrank_block=lowrank_block, f16=f16).total() > SM90_SMEM_PER_SM:
         stages -= 1
     return base.replace(num_stages=stages)
 
 
 def decode_ledger(config: KernelConfig, group_size: int = 64, fmt: str = "int4_2l", f8: bool = False,
-                  row_box: bool = False, lowrank_block: int = 0, xab_rows: int = 0) -> SmemLedger:
+                  row_box: bool = False, lowrank_block: int = 0, xab_rows: int = 0, f16: bool = False) -> SmemLedger:
     """Every byte ``w4a4_decode_kernel`` allocates (one CTA; several share an SM). ``f8`` (int4_g64): the ring
     holds e4m3 token tiles [BT, BK] (the wgmma B operand, by TMA) and there is no expanded token tile; the
     a/b rows come from global memory (L2) into registers unless ``xab_rows`` (below). ``row_box``: the row table
     lands as one dense [BK/G, BN] box per slot (padded to 128 bytes) instead of one 128-byte-aligned row per group.
     ``lowrank_block`` > 0 (the epilogue's low-rank wgmma, :func:`_epilogue`): S as its 16-bit B operand [BT, block].
-    ``xab_rows`` > 0 (f8): the token tile's a/b rows of every group, fp32 [xab_rows, BT] (:func:`_fill_xab`)."""
+    ``xab_rows`` > 0 (f8): the token tile's a/b rows of every group, fp32 [xab_rows, BT] (:func:`_fill_xab`).
+    ``f16`` (int4_g64): the ring holds fp16 token tiles [BT, BK] (the wgmma B operand, by TMA) and the fp16 scale
+    rows; no expanded token tile."""
     bt, bn, bk, s = config.block_m, config.block_n, config.block_k, config.num_stages
     g = fmt != "int4_2l"
     f8 = bool(f8) and g
+    f16 = bool(f16) and g and not f8
     row_bits = 16 if g else 8          # g: w_scale rows (16-bit); 2l: u rows (uint8)
     row = bn if row_box else max(bn, U_ROW * 8 // row_bits)
     slot_rows = _row_slot_rows(bk // group_size, bn * row_bits // 8, row_box)
     if f8:
         x_term = SmemTerm("ring.x_e4m3", tile_bytes(bt, bk, 8), s)
+    elif f16:
+        x_term = SmemTerm("ring.x_f16", tile_bytes(bt, bk, 16), s)
     else:
         x_term = SmemTerm("ring.x_packed" if g else "ring.x_int8", tile_bytes(bt, bk // 2 if g else bk, 8), s)
     terms = [x_term,
              SmemTerm("ring.w_packed", tile_bytes(bn, bk // 2, 8), s),
              SmemTerm("ring.w_scale_rows" if g else "ring.u_rows", tile_bytes(slot_rows, row, row_bits), s)]
-    if g and not f8:
+    if g and not f8 and not f16:
         terms.append(SmemTerm("x_int8", tile_bytes(bt, bk, 8), 1))   # the step's expanded token tile
     if lowrank_block:
         terms.append(SmemTerm("lowrank.s16", tile_bytes(bt, lowrank_block, 16), 1))
@@ -748,14 +866,16 @@ def decode_ledger(config: KernelConfig, group_size: int = 64, fmt: str = "int4_2
         # compiler places 128-byte aligned after every buffer above
         below = sum(t.total(1) for t in terms)
         terms.append(SmemTerm("ticket_scratch", -below % TICKET_SCRATCH_ALIGN + 4))
-    return SmemLedger(tuple(terms), consumers=1, label=f"w4a4 decode {fmt}{' f8' if f8 else ''} {bt}x{bn}x{bk}"
+    return SmemLedger(tuple(terms), consumers=1, label=f"w4a4 decode {fmt}{' f8' if f8 else ' f16' if f16 else ''} "
+                      f"{bt}x{bn}x{bk}"
                       + (" row-box" if row_box else "")
                       + (f" split{config.split_k}" if config.split_k > 1 else " stream-K" if config.persistent else ""))
 
 
 @functools.lru_cache(maxsize=1024)   # a pure check of hashable values (a failure raises again on every call)
 def check_decode_config(config: KernelConfig, M: int, N: int, K: int, group_size: int, fmt: str = "int4_2l",
-                        f8: bool = False, row_box: bool = False, lowrank_block: int = 0, xab_rows: int = 0):
+                        f8: bool = False, row_box: bool = False, lowrank_block: int = 0, xab_rows: int = 0,
+                        f16: bool = False):
     """Raise ValueError / SmemError naming the violated constraint (expected vs got)."""
     bt, bn, bk = config.block_m, config.block_n, config.block_k
     if config.num_warps not in (4, 8) or bn < 16 * config.num_warps:
@@ -774,23 +894,26 @@ def check_decode_config(config: KernelConfig, M: int, N: int, K: int, group_size
         raise ValueError(f"w4a4 decode: K must be ≥ {PACK}, got K={K}")
     if f8 and fmt != "int4_g64":
         raise ValueError(f"w4a4 decode: the e4m3 path (f8=True) is for int4_g64, got fmt={fmt!r}")
+    if f16 and (fmt != "int4_g64" or f8):
+        raise ValueError(f"w4a4 decode: the fp16 path (f16=True) is for int4_g64 and excludes f8, got fmt={fmt!r}, "
+                         f"f8={f8}")
     if config.split_k > 1 and config.persistent:
         raise ValueError(f"w4a4 decode: split_k={config.split_k} and persistent (stream-K) are two ways to deal the "
                          f"K steps to programs; pick one")
     if xab_rows and (not f8 or cdiv(M, bt) > 1 or xab_rows < _xab_rows_needed(K, bk, group_size)):
         raise ValueError(f"w4a4 decode: the xab table needs the f8 path, one token tile (M ≤ block_m) and ≥ 2 rows per "
                          f"group of every K step; got f8={f8}, M={M}, block_m={bt}, xab_rows={xab_rows}")
-    decode_ledger(config, group_size, fmt, f8, row_box, lowrank_block, xab_rows).check()
+    decode_ledger(config, group_size, fmt, f8, row_box, lowrank_block, xab_rows, f16).check()
 
 
 def plan_decode(M: int, config: KernelConfig | None = None, group_size: int = 64,
-                fmt: str = "int4_2l", f8: bool = False, lowrank_block: int = 0) -> KernelConfig:
+                fmt: str = "int4_2l", f8: bool = False, lowrank_block: int = 0, f16: bool = False) -> KernelConfig:
     """``config``, else the default one — dealt as ``LOWRANK_GEMM_DECODE_SPLIT`` says (unset: one program per
     tile; "2", "3", …: split-K; "stream": stream-K; "stream:3": stream-K on a 3-slot ring, i.e. three 2l CTAs per
     SM at M ≤ 16), so the layer op can be A/B'd without a config."""
     if config is not None:
         return config
-    config = default_decode_config(M, group_size, fmt, f8, lowrank_block)
+    config = default_decode_config(M, group_size, fmt, f8, lowrank_block, f16)
     mode = getenv(SPLIT_ENV, "")
     if mode in ("", "1"):
         return config
@@ -911,11 +1034,11 @@ def simulate_decode_work(work: DecodeWork, partial, schedule) -> tuple[dict, lis
 
 
 def decode_ctas_per_sm(config: KernelConfig, group_size: int = 64, fmt: str = "int4_2l", f8: bool = False,
-                       row_box: bool = False, lowrank_block: int = 0, xab_rows: int = 0) -> int:
+                       row_box: bool = False, lowrank_block: int = 0, xab_rows: int = 0, f16: bool = False) -> int:
     """CTAs of this config that share an SM — what stream-K sizes its grid by, so an overestimate would leave
     programs for a second wave: SMEM (ledger + the 1 KB the driver reserves per CTA) and registers (2l with
     16-token tiles ≤ :data:`REGS_2L_16` per thread; everything else is budgeted at 255, i.e. two CTAs)."""
-    per_cta = decode_ledger(config, group_size, fmt, f8, row_box, lowrank_block, xab_rows).total() + 1024
+    per_cta = decode_ledger(config, group_size, fmt, f8, row_box, lowrank_block, xab_rows, f16).total() + 1024
     regs = REGS_2L_16 if fmt == "int4_2l" and config.block_m == 16 else 255
     by_regs = SM90_REGS_PER_SM // (-(-regs // 8) * 8 * 32 * config.num_warps)
     return max(1, min(by_regs, SM90_SMEM_PER_SM // per_cta))
@@ -923,7 +1046,7 @@ def decode_ctas_per_sm(config: KernelConfig, group_size: int = 64, fmt: str = "i
 
 def plan_decode_work(M: int, N: int, K: int, config: KernelConfig, group_size: int = 64, fmt: str = "int4_2l",
                      f8: bool = False, num_sms: int = SM90_SMS, row_box: bool = False,
-                     lowrank_block: int = 0, xab_rows: int = 0) -> DecodeWork:
+                     lowrank_block: int = 0, xab_rows: int = 0, f16: bool = False) -> DecodeWork:
     """One program per tile (default); ``config.split_k`` = s > 1: split-K, each tile's K steps in min(s, k_tiles)
     near-equal contiguous shares; ``config.persistent``: stream-K over num_sms × :func:`decode_ctas_per_sm`
     programs (at most one per iteration). Both are one launch (the last contributor of a tile finishes it;
@@ -934,7 +1057,7 @@ def plan_decode_work(M: int, N: int, K: int, config: KernelConfig, group_size: i
         programs = tiles * min(config.split_k, k_tiles)
     elif config.persistent:
         programs = min(tiles * k_tiles, num_sms * decode_ctas_per_sm(config, group_size, fmt, f8, row_box,
-                                                                     lowrank_block, xab_rows))
+                                                                     lowrank_block, xab_rows, f16))
     else:
         programs = 0
     return _work(tiles_n, tiles_t, k_tiles, programs)
@@ -999,6 +1122,12 @@ def xab_table_rows(M: int, K: int, config: KernelConfig, group_size: int, f8: bo
     return rows if CTAS_PER_SM * per_cta <= SM90_SMEM_PER_SM else 0
 
 
+def decode_f16_default() -> bool:
+    """Whether int4_g64 decode takes the fp16 path when ``f16=None``: ``LOWRANK_GEMM_DECODE_F16`` = 0/1, else
+    :data:`F16_DEFAULT`. It wins over the e4m3 path."""
+    return _switch("LOWRANK_GEMM_DECODE_F16", F16_DEFAULT)
+
+
 def decode_f8_default() -> bool:
     """Whether int4_g64 decode takes the e4m3 path when ``f8=None``: ``LOWRANK_GEMM_DECODE_F8`` = 0/1, else the
     module-level :data:`F8_DEFAULT`."""
@@ -1010,7 +1139,7 @@ EPI_MMA_MAX_RANK = 128      # ranks above this keep the per-rank epilogue loop (
 
 def _args(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, out, fmt, group_size, config,
           col_scale=None, swar=True, mma_async=True, f8=None, pdl=None, nonempty_k=None, row_box=None, epi_mma=None,
-          xab_smem=None, _dims=None):
+          xab_smem=None, _dims=None, f16=None):
     from ..w4a4_gemm import FORMATS, check_gemm_args
     if fmt not in FORMATS:
         raise ValueError(f"w4a4 decode: fmt must be one of {FORMATS}, got {fmt!r}")
@@ -1030,6 +1159,11 @@ def _args(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, out, fm
     for name, t in (("x_q", x_q), ("w_q", w_q), ("w_mul" if not g else "w_scale", rows)):
         if t.data_ptr() % 16:
             raise ValueError(f"w4a4 decode: {name} must be 16-byte aligned for TMA, got address {t.data_ptr():#x}")
+    if f16 is None:     # an explicit f8 (True: e4m3, False: the int8 path) keeps its path
+        f16 = g and f8 is None and x_q.dtype == torch.uint8 and decode_f16_default()
+    f16 = bool(f16)
+    if f16 and f8 is None:
+        f8 = False
     f8 = (g and decode_f8_default()) if f8 is None else bool(f8)   # f8 with int4_2l: check_decode_config raises
     pdl = pdl_enabled(dev) if pdl is None else bool(pdl)
     nonempty_k = decode_nonempty_k_default() if nonempty_k is None else bool(nonempty_k)
@@ -1037,15 +1171,20 @@ def _args(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, out, fm
     epi_mma = decode_epi_mma_default() if epi_mma is None else bool(epi_mma)
     # (f8 on 32/64-token tiles sits at 254 registers already; the wgmma's operands tip it into a spill: loop there)
     br = rank_block(r) if (r and epi_mma and r <= EPI_MMA_MAX_RANK and not (f8 and M > 16)) else 0
-    config = plan_decode(M, config, group_size, fmt, f8, br)
+    config = plan_decode(M, config, group_size, fmt, f8, br, f16)
     xab_smem = decode_xab_smem_default() if xab_smem is None else bool(xab_smem)
     xr = xab_table_rows(M, K, config, group_size, f8, row_box, br) if xab_smem else 0
-    check_decode_config(config, M, N, K, group_size, fmt, f8, row_box, br, xr)
+    check_decode_config(config, M, N, K, group_size, fmt, f8, row_box, br, xr, f16)
     bt, bn, bk = config.block_m, config.block_n, config.block_k
     work = plan_decode_work(M, N, K, config, group_size, fmt, f8, num_sms(dev) if dev.type == "cuda" else SM90_SMS,
-                            row_box, br, xr)
-    x_q, x_scale = _f8_operands(x_q, x_scale, group_size, f8, "w4a4 decode")
-    x_desc = desc(x_q, (bt, bk // 2) if (g and not f8) else (bt, bk))
+                            row_box, br, xr, f16)
+    if f16:     # x16 [M, K] + t [M]; the fp16 scale rows w16 [K/G, N] ride in the ring, c [N] waits for the epilogue
+        from ..w4_expand import f16_act_operands, f16_weight_operands
+        x_q, x_scale = f16_act_operands(x_q, x_scale, group_size)
+        rows, w_scale = f16_weight_operands(w_scale)
+    else:
+        x_q, x_scale = _f8_operands(x_q, x_scale, group_size, f8, "w4a4 decode")
+    x_desc = desc(x_q, (bt, bk // 2) if (g and not f8 and not f16) else (bt, bk))
     w_desc = desc(w_q, (bn, bk // 2))
     bits = rows.element_size() * 8
     if row_box:   # [K/G, N]: the step's BK/G rows × BN columns in one box (row pitch N·bytes: 16-aligned, N % 16 == 0)
@@ -1067,7 +1206,7 @@ def _args(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, out, fm
     cx = dict(G2=group_size, BLOCK_T=bt, BLOCK_N=bn, BLOCK_K=bk, STAGES=config.num_stages,
               HAS_LOWRANK=r > 0, HAS_COL_SCALE=col_scale is not None, HAS_BIAS=bias is not None, SWAR=swar,
               MMA_ASYNC=mma_async, FMT=FMT_INT4_G if g else FMT_INT4_2L, F8=f8, STREAM=work.stream, PDL=pdl,
-              NONEMPTY_K=nonempty_k and not g, BLOCK_R=br, XAB_ROWS=xr)
+              NONEMPTY_K=nonempty_k and (not g or f16), BLOCK_R=br, XAB_ROWS=xr, F16=f16)
     return work.grid, args, cx, config
 
 
@@ -1075,8 +1214,11 @@ def launch_w4a4_decode(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, 
                        group_size: int, config: KernelConfig | None = None, *, col_scale=None, swar: bool = True,
                        mma_async: bool = True, f8: bool | None = None, pdl: bool | None = None,
                        nonempty_k: bool | None = None, row_box: bool | None = None, epi_mma: bool | None = None,
-                       xab_smem: bool | None = None, _dims: tuple | None = None):
+                       xab_smem: bool | None = None, _dims: tuple | None = None, f16: bool | None = None):
     """out [M, N] ← the W4A4 layer's GEMM + epilogue (launcher contract of kernels/w4a4_gemm.py, both formats).
+    ``f16`` (int4_g64; None = :func:`decode_f16_default` unless ``f8`` is given): fp16 wgmmas on exact fp16 operands
+    with no per-group rescale (:func:`_mainloop_g_f16`; the operands from ``w4_expand.f16_act_operands`` /
+    ``f16_weight_operands``, the latter cached per scale tensor).
     ``mma_async=False`` (int4_2l): each wgmma waits for itself — the first H200 version, kept for A/B.
     ``f8`` (int4_g64; None = :func:`decode_f8_default`): e4m3 wgmmas on offset-encoded weights, the tokens
     pre-expanded by ``w4_expand.expand_act_f8`` (one extra launch); False = the int8 path.
@@ -1093,14 +1235,15 @@ def launch_w4a4_decode(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, 
     ``_dims``: (M, N, K, r) already checked by the GEMM op (``w4a4_gemm.check_gemm_args``)."""
     grid, args, cx, cfg = _args(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, out, fmt, group_size,
                                 config, col_scale, swar, mma_async, f8, pdl, nonempty_k, row_box, epi_mma, xab_smem,
-                                _dims)
+                                _dims, f16)
     launch(w4a4_decode_kernel, grid, *args, **cx, num_warps=cfg.num_warps, launch_pdl=cx["PDL"])
     return out
 
 
 def aot_signature_decode(config: KernelConfig | None = None, *, M=5, N=160, K=512, rank=16, group_size=64,
                          bias=True, col_scale=True, swar=True, mma_async=True, fmt="int4_2l", f8=None, pdl=False,
-                         nonempty_k=False, row_box=False, epi_mma=None, xab_smem=None, lowrank_dtype=torch.bfloat16):
+                         nonempty_k=False, row_box=False, epi_mma=None, xab_smem=None, lowrank_dtype=torch.bfloat16,
+                         f16=None):
     """(signature, constexprs, config) for ``kernels.aot.compile_sm90`` of :func:`w4a4_decode_kernel`."""
     import inspect
     from triton.runtime.jit import mangle_type
@@ -1108,7 +1251,7 @@ def aot_signature_decode(config: KernelConfig | None = None, *, M=5, N=160, K=51
     ops = make_operands_v2(fmt, M, N, K, rank, group_size, device="cpu", bias=bias, col_scale=col_scale,
                            lowrank_dtype=lowrank_dtype)
     _, args, cx, cfg = _args(**ops, config=config, swar=swar, mma_async=mma_async, f8=f8, pdl=pdl,
-                             nonempty_k=nonempty_k, row_box=row_box, epi_mma=epi_mma, xab_smem=xab_smem)
+                             nonempty_k=nonempty_k, row_box=row_box, epi_mma=epi_mma, xab_smem=xab_smem, f16=f16)
     names = [n for n in inspect.signature(w4a4_decode_kernel.fn).parameters if n not in cx]
     sig = {n: (mangle_type(a) if not isinstance(a, int) else "i32") for n, a in zip(names, args)}
     return sig, cx, cfg
