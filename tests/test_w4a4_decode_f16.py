@@ -79,7 +79,7 @@ def test_f16_operands_are_exact(dtype):
     M, K, N, gs = 5, 256, 48, 64
     q = torch.randint(-8, 8, (M, K), generator=g, dtype=torch.int8)
     xs = _scales((K // gs, M), g, dtype=dtype)
-    x16, t = we.f16_act_operands(pack_int4(q), xs, gs)
+    x16, t = we.f16_act_operands_ref(pack_int4(q), xs, gs)
     assert x16.dtype == torch.float16 and t.dtype == torch.float32 and t.shape == (M, )
     inv = torch.argsort(we.F16_K_PERM)
     xn = x16.double().reshape(M, K // 16, 16)[:, :, inv].reshape(M, K) * t.double()[:, None]
@@ -94,6 +94,29 @@ def test_f16_operands_are_exact(dtype):
     assert w16.dtype == torch.float16 and c.shape == (N, )
     assert torch.equal(w16.double() * c.double(), ws.double())
     assert torch.all(w16.abs().amax(0) >= 2.0 ** 11) and torch.all(w16.abs() < 2.0 ** 12)
+
+
+@pytest.mark.parametrize("M,K,gs", [(5, 256, 64), (17, 512, 128), (3, 192, 64)])
+def test_f16_act_kernel_matches_its_spec(M, K, gs):
+    """The one-launch token operand (``_act_f16_kernel``, interpreter on the CPU) against the torch spec, bit for
+    bit: permuted columns, row powers of two over scales 2⁻⁴⁰…2¹², a zero row, K of 3 groups. (Not bf16 subnormal
+    scales: the interpreter widens those wrongly, 1.01e-39 → 4.41e-39.)"""
+    g = torch.Generator().manual_seed(M)
+    q = torch.randint(-8, 8, (M, K), generator=g, dtype=torch.int8)
+    xs = _scales((K // gs, M), g, -40, 12)
+    xs[:, 0] = 0
+    got = we.f16_act_operands(pack_int4(q), xs, gs)
+    want = we.f16_act_operands_ref(pack_int4(q), xs, gs)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+def test_f16_act_operands_bad_input():
+    with pytest.raises(ValueError, match="uint8"):
+        we.f16_act_operands(torch.zeros(2, 32, dtype=torch.int8), torch.zeros(1, 2), 64)
+    with pytest.raises(ValueError, match="x_scale"):
+        we.f16_act_operands(torch.zeros(2, 32, dtype=torch.uint8), torch.zeros(2, 2), 64)
+    with pytest.raises(ValueError, match="group_size"):
+        we.f16_act_operands(torch.zeros(2, 48, dtype=torch.uint8), torch.zeros(1, 2), 64)
 
 
 def test_f16_operands_zero_rows_and_columns():

@@ -38,7 +38,7 @@ from .schedule import cdiv
 
 __all__ = ["expand_w4", "expand_w4_ref", "EXPAND_DTYPES", "expand_act_f8", "expand_act_f8_ref", "e4m3_operands",
            "F8_W_SHIFT", "e4m3_codes", "act_f8_rows", "F16_K_PERM", "f16_weight_operands", "f16_weight_operands_ref",
-           "f16_act_operands"]
+           "f16_act_operands", "f16_act_operands_ref"]
 
 EXPAND_DTYPES = (torch.int8, torch.float8_e4m3fn)
 _HALF = PACK_BLOCK // 2
@@ -311,10 +311,88 @@ def f16_weight_operands(w_scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tens
     return _WEIGHT_CACHE.get("w4a4_f16_w", (w_scale, ), (), lambda: f16_weight_operands_ref(w_scale))
 
 
+@triton.jit
+def _pow2(e):
+    """2^e as fp32 for integer e ∈ [−126, 127], from its bits."""
+    return ((e + 127) << 23).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _act_f16_kernel(xq_ptr, xs_ptr, x16_ptr, t_ptr, M, KH, NG,
+                    G: tl.constexpr, BLOCK_M: tl.constexpr, NG_P2: tl.constexpr, PDL: tl.constexpr = False):
+    """One program: BLOCK_M rows × one scale group of :func:`f16_act_operands`. Each program reads its rows' whole
+    scale row (NG 16-bit values) for the row's power of two p (= frexp exponent of the largest |scale| − 12, as
+    ``_pow2_exponent``); q·s·2⁻ᵖ is formed exactly in fp32 (2⁻ᵖ applied as two normal powers of two) and stored as
+    fp16 at the permuted column of every 16. Group 0's programs write t = 2ᵖ. PDL as :func:`_act_f8_kernel`."""
+    if PDL:
+        gdc_launch_dependents()
+        gdc_wait()
+    HALF: tl.constexpr = 32
+    NB: tl.constexpr = G // 64
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    mm = offs_m < M
+    g = tl.program_id(1)
+    gall = tl.arange(0, NG_P2)
+    sc = tl.load(xs_ptr + gall[None, :] * M + offs_m[:, None], mask=mm[:, None] & (gall[None, :] < NG), other=0.0)
+    amax = tl.max(tl.abs(sc.to(tl.float32)), axis=1)
+    e_n = (amax.to(tl.int32, bitcast=True) >> 23) & 0xFF                              # biased exponent
+    e_s = ((amax * 18446744073709551616.0).to(tl.int32, bitcast=True) >> 23) & 0xFF   # (subnormal amax: × 2⁶⁴)
+    p = tl.where(e_n == 0, e_s - 64, e_n) - (127 + 11)       # frexp's e − 12 = (biased − 126) − 12
+    p = tl.where((amax > 0) & (e_n < 255), p, 0)
+    a = -p // 2
+    b = -p - a
+    xs = tl.load(xs_ptr + g * M + offs_m, mask=mm, other=0.0).to(tl.float32)
+    xs = xs * _pow2(a) * _pow2(b)                                                      # exact: powers of two
+    rows = offs_m.to(tl.int64)[:, None, None]
+    offs_b = g * NB + tl.arange(0, NB)
+    offs_j = tl.arange(0, HALF)
+    cols = offs_b[None, :, None] * HALF + offs_j[None, None, :]
+    mask = mm[:, None, None] & (cols < KH)
+    pk = tl.load(xq_ptr + rows * KH + cols, mask=mask, other=0).to(tl.int8, bitcast=True)   # [BM, NB, 32]
+    lo = ((pk << 4) >> 4).to(tl.float32) * xs[:, None, None]
+    hi = (pk >> 4).to(tl.float32) * xs[:, None, None]
+    # natural K of the low plane: 64·blk + j; stored at column (k & ~15) | ℓ(k & 15), ℓ(4q + 2j + i) = 8j + 2q + i
+    k_lo = offs_b[None, :, None] * (2 * HALF) + offs_j[None, None, :]
+    k_hi = k_lo + HALF
+    c_lo = (k_lo & ~15) | (((k_lo >> 1) & 1) << 3) | (((k_lo >> 2) & 3) << 1) | (k_lo & 1)
+    c_hi = (k_hi & ~15) | (((k_hi >> 1) & 1) << 3) | (((k_hi >> 2) & 3) << 1) | (k_hi & 1)
+    tl.store(x16_ptr + rows * (2 * KH) + c_lo, lo.to(tl.float16), mask=mask)
+    tl.store(x16_ptr + rows * (2 * KH) + c_hi, hi.to(tl.float16), mask=mask)
+    if g == 0:
+        p1 = p // 2
+        tl.store(t_ptr + offs_m, _pow2(p1) * _pow2(p - p1), mask=mm)
+
+
 def f16_act_operands(x_q: torch.Tensor, x_scale: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Packed int4 activations uint8 [M, K/2] + their group scales [K/G, M] → (x16 float16 [M, K], K permuted by
-    :data:`F16_K_PERM` in every 16 columns, = q·x_scale·2⁻ᵖ; t float32 [M] = 2ᵖ). Torch ops on x_q's device (the
-    layer op's act_quant writes the same bits in one kernel where it can)."""
+    :data:`F16_K_PERM` in every 16 columns, = q·x_scale·2⁻ᵖ; t float32 [M] = 2ᵖ). One kernel on CUDA and under
+    the interpreter (:func:`_act_f16_kernel`, PDL as :func:`expand_act_f8`); :func:`f16_act_operands_ref` on the
+    plain CPU."""
+    if x_q.dtype != torch.uint8 or x_q.dim() != 2 or not x_q.is_contiguous():
+        raise ValueError(f"f16_act_operands: x_q must be contiguous uint8 [M, K/2], got {x_q.dtype} "
+                         f"{list(x_q.shape)}")
+    m, k = x_q.shape[0], 2 * x_q.shape[1]
+    if group_size % PACK_BLOCK or k % group_size:
+        raise ValueError(f"f16_act_operands: group_size={group_size} must be a multiple of {PACK_BLOCK} dividing "
+                         f"K={k}")
+    if tuple(x_scale.shape) != (k // group_size, m) or not x_scale.is_contiguous():
+        raise ValueError(f"f16_act_operands: x_scale must be contiguous [K/G, M] = {[k // group_size, m]}, got "
+                         f"{list(x_scale.shape)}")
+    if not x_q.is_cuda and getenv("TRITON_INTERPRET", "0") != "1":
+        return f16_act_operands_ref(x_q, x_scale, group_size)
+    x16 = torch.empty((m, k), device=x_q.device, dtype=torch.float16)
+    t = torch.empty((m, ), device=x_q.device, dtype=torch.float32)
+    if m:
+        ng = k // group_size
+        block_m = 16
+        pdl = pdl_enabled(x_q.device)
+        launch(_act_f16_kernel, (cdiv(m, block_m), ng), x_q, x_scale, x16, t, m, k // 2, ng, G=group_size,
+               BLOCK_M=block_m, NG_P2=triton.next_power_of_2(ng), PDL=pdl, num_warps=4, launch_pdl=pdl)
+    return x16, t
+
+
+def f16_act_operands_ref(x_q: torch.Tensor, x_scale: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Torch spec of :func:`f16_act_operands` (the same bits), on x_q's device."""
     from ..formats.int4 import unpack_int4
     m, k = x_q.shape[0], 2 * x_q.shape[1]
     q = unpack_int4(x_q).float()
