@@ -62,8 +62,6 @@ def main() -> int:
         w4_expand.f16_act_operands = lambda xq, xs, gs: prepped[id(xq)]
         try:
             row(M, K, N, "decode_f16_kernel", lambda o: d.launch_w4a4_decode(**o, f16=True), [(o, ) for o in sets])
-        finally:
-            w4_expand.f16_act_operands = real
             if M > 16:      # 64 weight rows per tile: twice the CTAs, the deepest ring two of them fit
                 base = d.default_decode_config(M, 64, "int4_g64", f16=True).replace(block_n=64)
                 cfg = max((base.replace(num_stages=st) for st in range(2, 9)
@@ -72,6 +70,8 @@ def main() -> int:
                            <= d.SM90_SMEM_PER_SM), key=lambda c: c.num_stages)
                 row(M, K, N, f"decode_f16_kernel_bn64_s{cfg.num_stages}",
                     lambda o: d.launch_w4a4_decode(**o, f16=True, config=cfg), [(o, ) for o in sets])
+        finally:
+            w4_expand.f16_act_operands = real
         row(M, K, N, "f16_act_operands", lambda o: real(o["x_q"], o["x_scale"], 64), [(o, ) for o in sets])
 
         def gemm(o):
