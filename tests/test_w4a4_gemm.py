@@ -437,7 +437,7 @@ def test_layer_dispatch_pre_expanded(monkeypatch):
         return launch_w4a4_v1(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, out, fmt, group_size,
                               config)
 
-    monkeypatch.setattr(g, "_decode_route", lambda impl, m, n, fmt, device: True)
+    monkeypatch.setattr(g, "_decode_route", lambda impl, m, n, fmt, device, pre_expanded=False: True)
     monkeypatch.setattr(w4a4_decode, "launch_w4a4_decode", decode_on_cpu)
     monkeypatch.setenv("LOWRANK_GEMM_DECODE_F8", "1")
     x, p = _layer(5, 40, 256, 16, 64, "int4_g64")
