@@ -90,7 +90,7 @@ def test_f16_operands_are_exact(dtype):
         assert float(((xn - want).abs() / want.abs().clamp_min(1e-30)).max()) <= 2.0 ** -11
     assert torch.all(x16.abs() < 2.0 ** 15)
     ws = _scales((K // gs, N), g)
-    w16, c = we.f16_weight_operands_ref(ws)
+    w16, c = we.f16_weight_operands_ref(pack_int4(torch.randint(-8, 8, (N, K), generator=g, dtype=torch.int8)), ws, gs)
     assert w16.dtype == torch.float16 and c.shape == (N, )
     assert torch.equal(w16.double() * c.double(), ws.double())
     assert torch.all(w16.abs().amax(0) >= 2.0 ** 11) and torch.all(w16.abs() < 2.0 ** 12)
@@ -124,8 +124,25 @@ def test_f16_operands_zero_rows_and_columns():
     xs = torch.zeros(2, 3, dtype=torch.bfloat16)
     x16, t = we.f16_act_operands(torch.zeros(3, 64, dtype=torch.uint8), xs, 64)
     assert torch.equal(t, torch.ones(3)) and not x16.any()
-    w16, c = we.f16_weight_operands_ref(torch.zeros(2, 4, dtype=torch.bfloat16))
+    w16, c = we.f16_weight_operands_ref(torch.zeros(4, 64, dtype=torch.uint8), torch.zeros(2, 4, dtype=torch.bfloat16),
+                                        64)
     assert torch.equal(c, torch.ones(4)) and not w16.any()
+
+
+def test_f16_powers_of_two_ignore_all_zero_groups():
+    """A row of tiny values with one all-zero group (whose scale is 1 by the quantizer's rule): the power of two
+    comes from the live groups, so the tiny values stay normal fp16 (exact) instead of sinking into subnormals."""
+    q = torch.randint(1, 8, (2, 128), dtype=torch.int8)
+    q[:, 64:] = 0
+    xs = torch.tensor([[1e-9, 3e-9], [1.0, 1.0]], dtype=torch.bfloat16)          # [K/G, M]: group 1 all zero
+    for fn in (we.f16_act_operands, we.f16_act_operands_ref):
+        x16, t = fn(pack_int4(q), xs, 64)
+        inv = torch.argsort(we.F16_K_PERM)
+        xn = x16.double().reshape(2, 8, 16)[:, :, inv].reshape(2, 128) * t.double()[:, None]
+        assert torch.equal(xn, q.double() * xs.double().t().repeat_interleave(64, dim=1))
+        assert x16[:, :64].abs().min() >= 2.0 ** -14
+    w16, c = we.f16_weight_operands_ref(pack_int4(q), xs, 64)
+    assert torch.equal(w16[0].double() * c.double(), xs[0].double())
 
 
 def test_f16_product_equals_the_spec():
@@ -134,7 +151,7 @@ def test_f16_product_equals_the_spec():
     from lowrank_gemm.reference import w4a4_gemm_ref
     ops = w4.make_operands_v2("int4_g64", 7, 96, 512, 0, 64, device="cpu", bias=False)
     x16, t = we.f16_act_operands(ops["x_q"], ops["x_scale"], 64)
-    w16, c = we.f16_weight_operands_ref(ops["w_scale"])
+    w16, c = we.f16_weight_operands_ref(ops["w_q"], ops["w_scale"], 64)
     wq = unpack_int4(ops["w_q"]).double() * w16.double().t().repeat_interleave(64, dim=1)    # q·w16, natural K
     K = wq.shape[1]
     wperm = wq.reshape(-1, K // 16, 16)[:, :, we.F16_K_PERM].reshape(-1, K)                  # the A fragments' K

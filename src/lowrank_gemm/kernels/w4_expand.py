@@ -296,19 +296,32 @@ def _pow2_exponent(amax: torch.Tensor) -> torch.Tensor:
     return torch.where((amax > 0) & torch.isfinite(amax), e, torch.zeros_like(e)).to(torch.int32)
 
 
-def f16_weight_operands_ref(w_scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """w_scale [K/G, N] 16-bit → (w16 float16 [K/G, N] = w_scale·2⁻ᶜ, c_mul float32 [N] = 2ᶜ), torch ops on its
-    device (no sync: graph-capturable)."""
+def _live_scale_max(q: torch.Tensor, scales: torch.Tensor, group_size: int) -> torch.Tensor:
+    """Per row of q int8 [R, K]: the largest |scale| [K/G, R] over its groups with a nonzero code (0 if none). A
+    group of zero codes adds nothing whatever its scale (an all-zero group's scale is 1 by the quantizer's rule), so
+    it must not set the row's power of two: a row of tiny values would otherwise be scaled into fp16's subnormals."""
+    r, k = q.shape
+    live = (q.reshape(r, k // group_size, group_size) != 0).any(-1).t()          # [K/G, R]
+    return torch.where(live, scales.float().abs(), torch.zeros((), device=scales.device)).amax(dim=0)
+
+
+def f16_weight_operands_ref(w_q: torch.Tensor, w_scale: torch.Tensor,
+                            group_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Packed weights uint8 [N, K/2] and their scales [K/G, N] 16-bit → (w16 float16 [K/G, N] = w_scale·2⁻ᶜ, c_mul
+    float32 [N] = 2ᶜ), c from the column's live groups (:func:`_live_scale_max`); torch ops on w_scale's device (no
+    sync: graph-capturable)."""
+    from ..formats.int4 import unpack_int4
     s = w_scale.float()
-    e = _pow2_exponent(s.abs().amax(dim=0))
+    e = _pow2_exponent(_live_scale_max(unpack_int4(w_q), w_scale, group_size))
     return torch.ldexp(s, -e[None, :].float()).to(torch.float16), torch.ldexp(torch.ones_like(s[0]), e.float())
 
 
-def f16_weight_operands(w_scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`f16_weight_operands_ref`, built once per scale tensor (address + version, lora_gemm's weight cache):
-    the layer's weights do not change between calls."""
+def f16_weight_operands(w_q: torch.Tensor, w_scale: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`f16_weight_operands_ref`, built once per weight (address + version of both tensors, lora_gemm's weight
+    cache): the layer's weights do not change between calls."""
     from .lora_gemm import _WEIGHT_CACHE
-    return _WEIGHT_CACHE.get("w4a4_f16_w", (w_scale, ), (), lambda: f16_weight_operands_ref(w_scale))
+    return _WEIGHT_CACHE.get("w4a4_f16_w", (w_q, w_scale), (group_size, ),
+                             lambda: f16_weight_operands_ref(w_q, w_scale, group_size))
 
 
 @triton.jit
@@ -319,48 +332,43 @@ def _pow2(e):
 
 @triton.jit
 def _act_f16_kernel(xq_ptr, xs_ptr, x16_ptr, t_ptr, M, KH, NG,
-                    G: tl.constexpr, BLOCK_M: tl.constexpr, NG_P2: tl.constexpr, PDL: tl.constexpr = False):
-    """One program: BLOCK_M rows × one scale group of :func:`f16_act_operands`. Each program reads its rows' whole
-    scale row (NG 16-bit values) for the row's power of two p (= frexp exponent of the largest |scale| − 12, as
-    ``_pow2_exponent``); q·s·2⁻ᵖ is formed exactly in fp32 (2⁻ᵖ applied as two normal powers of two) and stored as
-    fp16 at the permuted column of every 16. Group 0's programs write t = 2ᵖ. PDL as :func:`_act_f8_kernel`."""
+                    G: tl.constexpr, NG_P2: tl.constexpr, PDL: tl.constexpr = False):
+    """One program per token row of :func:`f16_act_operands`: the row's packed codes [NG, G/2] and scales [NG] in
+    registers; p = the frexp exponent of the largest |scale| over the live groups (a nonzero code) − 12, as
+    ``_pow2_exponent``; q·s·2⁻ᵖ formed exactly in fp32 (2⁻ᵖ as two normal powers of two) and stored as fp16 at the
+    permuted column of every 16; t = 2ᵖ. PDL as :func:`_act_f8_kernel`."""
     if PDL:
         gdc_launch_dependents()
         gdc_wait()
-    HALF: tl.constexpr = 32
-    NB: tl.constexpr = G // 64
-    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    mm = offs_m < M
-    g = tl.program_id(1)
-    gall = tl.arange(0, NG_P2)
-    sc = tl.load(xs_ptr + gall[None, :] * M + offs_m[:, None], mask=mm[:, None] & (gall[None, :] < NG), other=0.0)
-    amax = tl.max(tl.abs(sc.to(tl.float32)), axis=1)
+    HB: tl.constexpr = G // 2                     # bytes per group: the group's 64-blocks' 32 bytes each
+    m = tl.program_id(0)
+    gi = tl.arange(0, NG_P2)
+    bi = tl.arange(0, HB)
+    g_ok = gi < NG
+    pk = tl.load(xq_ptr + m.to(tl.int64) * KH + gi[:, None] * HB + bi[None, :], mask=g_ok[:, None],
+                 other=0).to(tl.int8, bitcast=True)                                    # [NG, G/2]
+    sc = tl.load(xs_ptr + gi * M + m, mask=g_ok, other=0.0).to(tl.float32)
+    live = tl.max((pk != 0).to(tl.int32), axis=1) > 0
+    amax = tl.max(tl.where(live, tl.abs(sc), 0.0), axis=0)
     e_n = (amax.to(tl.int32, bitcast=True) >> 23) & 0xFF                              # biased exponent
     e_s = ((amax * 18446744073709551616.0).to(tl.int32, bitcast=True) >> 23) & 0xFF   # (subnormal amax: × 2⁶⁴)
     p = tl.where(e_n == 0, e_s - 64, e_n) - (127 + 11)       # frexp's e − 12 = (biased − 126) − 12
     p = tl.where((amax > 0) & (e_n < 255), p, 0)
     a = -p // 2
-    b = -p - a
-    xs = tl.load(xs_ptr + g * M + offs_m, mask=mm, other=0.0).to(tl.float32)
-    xs = xs * _pow2(a) * _pow2(b)                                                      # exact: powers of two
-    rows = offs_m.to(tl.int64)[:, None, None]
-    offs_b = g * NB + tl.arange(0, NB)
-    offs_j = tl.arange(0, HALF)
-    cols = offs_b[None, :, None] * HALF + offs_j[None, None, :]
-    mask = mm[:, None, None] & (cols < KH)
-    pk = tl.load(xq_ptr + rows * KH + cols, mask=mask, other=0).to(tl.int8, bitcast=True)   # [BM, NB, 32]
-    lo = ((pk << 4) >> 4).to(tl.float32) * xs[:, None, None]
-    hi = (pk >> 4).to(tl.float32) * xs[:, None, None]
-    # natural K of the low plane: 64·blk + j; stored at column (k & ~15) | ℓ(k & 15), ℓ(4q + 2j + i) = 8j + 2q + i
-    k_lo = offs_b[None, :, None] * (2 * HALF) + offs_j[None, None, :]
-    k_hi = k_lo + HALF
+    xs = sc * _pow2(a) * _pow2(-p - a)                                                 # exact: powers of two
+    lo = ((pk << 4) >> 4).to(tl.float32) * xs[:, None]
+    hi = (pk >> 4).to(tl.float32) * xs[:, None]
+    # natural K of the low plane: G·g + 64·(j // 32) + j % 32 for byte j of the group; stored at column
+    # (k & ~15) | ℓ(k & 15) with ℓ(4q + 2j + i) = 8j + 2q + i
+    k_lo = gi[:, None] * G + (bi[None, :] // 32) * 64 + bi[None, :] % 32
+    k_hi = k_lo + 32
     c_lo = (k_lo & ~15) | (((k_lo >> 1) & 1) << 3) | (((k_lo >> 2) & 3) << 1) | (k_lo & 1)
     c_hi = (k_hi & ~15) | (((k_hi >> 1) & 1) << 3) | (((k_hi >> 2) & 3) << 1) | (k_hi & 1)
-    tl.store(x16_ptr + rows * (2 * KH) + c_lo, lo.to(tl.float16), mask=mask)
-    tl.store(x16_ptr + rows * (2 * KH) + c_hi, hi.to(tl.float16), mask=mask)
-    if g == 0:
-        p1 = p // 2
-        tl.store(t_ptr + offs_m, _pow2(p1) * _pow2(p - p1), mask=mm)
+    row = x16_ptr + m.to(tl.int64) * (2 * KH)
+    tl.store(row + c_lo, lo.to(tl.float16), mask=g_ok[:, None])
+    tl.store(row + c_hi, hi.to(tl.float16), mask=g_ok[:, None])
+    p1 = p // 2
+    tl.store(t_ptr + m, _pow2(p1) * _pow2(p - p1))
 
 
 def f16_act_operands(x_q: torch.Tensor, x_scale: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -384,10 +392,9 @@ def f16_act_operands(x_q: torch.Tensor, x_scale: torch.Tensor, group_size: int) 
     t = torch.empty((m, ), device=x_q.device, dtype=torch.float32)
     if m:
         ng = k // group_size
-        block_m = 16
         pdl = pdl_enabled(x_q.device)
-        launch(_act_f16_kernel, (cdiv(m, block_m), ng), x_q, x_scale, x16, t, m, k // 2, ng, G=group_size,
-               BLOCK_M=block_m, NG_P2=triton.next_power_of_2(ng), PDL=pdl, num_warps=4, launch_pdl=pdl)
+        launch(_act_f16_kernel, (m, ), x_q, x_scale, x16, t, m, k // 2, ng, G=group_size,
+               NG_P2=triton.next_power_of_2(ng), PDL=pdl, num_warps=4, launch_pdl=pdl)
     return x16, t
 
 
@@ -397,7 +404,7 @@ def f16_act_operands_ref(x_q: torch.Tensor, x_scale: torch.Tensor, group_size: i
     m, k = x_q.shape[0], 2 * x_q.shape[1]
     q = unpack_int4(x_q).float()
     s = x_scale.float()                                        # [K/G, M]
-    p = _pow2_exponent(s.abs().amax(dim=0))                   # [M]
+    p = _pow2_exponent(_live_scale_max(q, x_scale, group_size))                      # [M]
     s = torch.ldexp(s, -p[None, :].float())
     x = (q.reshape(m, k // group_size, group_size) * s.t()[:, :, None]).reshape(m, k)
     perm = F16_K_PERM.to(x.device)

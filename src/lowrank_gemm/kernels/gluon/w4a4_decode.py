@@ -1181,7 +1181,7 @@ def _args(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, out, fm
     if f16:     # x16 [M, K] + t [M]; the fp16 scale rows w16 [K/G, N] ride in the ring, c [N] waits for the epilogue
         from ..w4_expand import f16_act_operands, f16_weight_operands
         x_q, x_scale = f16_act_operands(x_q, x_scale, group_size)
-        rows, w_scale = f16_weight_operands(w_scale)
+        rows, w_scale = f16_weight_operands(w_q, w_scale, group_size)
     else:
         x_q, x_scale = _f8_operands(x_q, x_scale, group_size, f8, "w4a4 decode")
     x_desc = desc(x_q, (bt, bk // 2) if (g and not f8 and not f16) else (bt, bk))
@@ -1218,7 +1218,7 @@ def launch_w4a4_decode(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, 
     """out [M, N] ← the W4A4 layer's GEMM + epilogue (launcher contract of kernels/w4a4_gemm.py, both formats).
     ``f16`` (int4_g64; None = :func:`decode_f16_default` unless ``f8`` is given): fp16 wgmmas on exact fp16 operands
     with no per-group rescale (:func:`_mainloop_g_f16`; the operands from ``w4_expand.f16_act_operands`` /
-    ``f16_weight_operands``, the latter cached per scale tensor).
+    ``f16_weight_operands``, the latter cached per weight).
     ``mma_async=False`` (int4_2l): each wgmma waits for itself — the first H200 version, kept for A/B.
     ``f8`` (int4_g64; None = :func:`decode_f8_default`): e4m3 wgmmas on offset-encoded weights, the tokens
     pre-expanded by ``w4_expand.expand_act_f8`` (one extra launch); False = the int8 path.
