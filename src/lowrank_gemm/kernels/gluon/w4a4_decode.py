@@ -50,7 +50,7 @@ Options (off by default until measured on the H200; ``scripts/probe_decode_split
   are issued before ``griddepcontrol.wait`` (their mbarrier expects the whole step, the token tile follows after
   the wait); nothing the previous kernel writes is read, and nothing global written, before it;
 - ``nonempty_k`` (int4_2l): a K loop whose trip count is provably ≥ 1 — without it ptxas serializes every wgmma
-  of the 2l kernel at M > 16 (C7515, ``_mainloop_2l``).
+  of the 2l kernel at M > 16 (C7515, ``_mainloop_one_acc``).
 """
 
 from __future__ import annotations
@@ -100,7 +100,7 @@ _FMT_2L = gl.constexpr(FMT_INT4_2L)
 TICKET_SCRATCH_ALIGN = 128  # the compiler puts the ticket's scalar-atomic scratch word this aligned after the buffers
 U_ROW = 128               # bytes per SMEM row of u (≥ block_n; TMA destinations are 128-byte aligned)
 _U_ROW = gl.constexpr(U_ROW)
-NONEMPTY_K_DEFAULT = True    # int4_2l K loop with a provable trip count ≥ 1 (_mainloop_2l: no C7515 wgmma
+NONEMPTY_K_DEFAULT = True    # int4_2l K loop with a provable trip count ≥ 1 (_mainloop_one_acc: no C7515 wgmma
                              # serialization at M > 16); env LOWRANK_GEMM_DECODE_NONEMPTY_K=0/1 overrides. H200
                              # (probe_decode_split, session 5): GEMM 47.0 → 45.2 µs at M=64, neutral at M ≤ 16
 ROW_BOX_DEFAULT = True       # the row table (u / w_scale) as one 2-D TMA box per step instead of BK/G 1-D copies
@@ -117,7 +117,7 @@ XAB_SMEM_DEFAULT = True   # f8 with one token tile: the a/b rows of every group 
                           # (probe_decode_epi, bit-identical): GEMM 24.7 → 21.2 µs (M=16, N=28672), 23.9 → 20.4
                           # (M=4), 17.1 → 13.8 (4096², M=16), equal at K=14336
 SPLIT_ENV = "LOWRANK_GEMM_DECODE_SPLIT"   # default configs only: "2".."8" split-K, "stream[:stages]" stream-K
-F16_DEFAULT = False       # int4_g64 takes the fp16 path (no per-group rescale, _mainloop_g_f16) when f16=None; env
+F16_DEFAULT = False       # int4_g64 takes the fp16 path (no per-group rescale, _mainloop_one_acc) when f16=None; env
                           # LOWRANK_GEMM_DECODE_F16=0/1 overrides. Off until measured on the H200 (session 38)
 F16_MAX_M = 64            # the fp16 path's token tiles (16 / 32 / 64)
 F8_DEFAULT = True         # int4_g64 takes the e4m3 path when f8=None: H200, same process, GEMM 43.7 → 33.7 µs
@@ -240,20 +240,31 @@ def _token_scales(xscale_ptr, step, k_tiles, off_t, M, BLOCK_T: gl.constexpr, BL
 # split-K existed).
 
 @gluon.jit
-def _mainloop_2l(x_desc, w_desc, u_desc, x_bufs, w_bufs, u_bufs, ready, off_t, off_n, N, k_tiles, c0, n_steps,
-                 k0, n_local, tiles_t, STAGES: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_T: gl.constexpr,
-                 BLOCK_K: gl.constexpr, G2: gl.constexpr, SWAR: gl.constexpr, MMA_ASYNC: gl.constexpr,
-                 mma: gl.constexpr, STREAM: gl.constexpr, NONEMPTY_K: gl.constexpr):
-    """int32 accumulation of (q⊙u)·xᵀ straight through K (t ⊗ s applied in the epilogue); returns the int32 tile
-    (split-K partials stay exact integers). NONEMPTY_K: the trip count is max(n_steps, 1), which the caller
+def _mainloop_one_acc(x_desc, w_desc, u_desc, x_bufs, w_bufs, u_bufs, ready, off_t, off_n, N, k_tiles, c0, n_steps,
+                      k0, n_local, tiles_t, STAGES: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_T: gl.constexpr,
+                      BLOCK_K: gl.constexpr, G2: gl.constexpr, SWAR: gl.constexpr, MMA_ASYNC: gl.constexpr,
+                      mma: gl.constexpr, STREAM: gl.constexpr, NONEMPTY_K: gl.constexpr, F16: gl.constexpr = False):
+    """One accumulator straight through K, the scales applied once in the epilogue. int4_2l: int32 accumulation of
+    (q⊙u)·xᵀ (t ⊗ s to come; split-K partials stay exact integers). F16 (int4_g64 on exact fp16 operands,
+    w4_expand's F16 section): fp32 accumulation of (q·w16)·x16ᵀ — the packed weights loaded in the 8-bit register
+    layout, expanded to fp16 in registers (:func:`_f16_planes`) and relabelled as 16-bit A fragments
+    (:func:`_as_k16_fragment`), two register-A wgmmas (m64nBTk16 ×2) per plane against the ring's x16 tile (t ⊗ c
+    to come); always async. Returns the tile in ``mma``'s layout. NONEMPTY_K: the trip count is max(n_steps, 1), which the caller
     guarantees anyway — so LLVM emits no zero-trip path. That path's zero-fill of the accumulator is laid out
     between the loop's in-flight wgmmas and their final wait, and ptxas then serializes EVERY wgmma (C7515,
     "non wgmma instructions defining accumulator registers"): today's one-tile-per-program kernel at
     BLOCK_T ≥ 32 (M > 16) and at BLOCK_K = 512 (sm_90 AOT; 16-token tiles with BLOCK_K ≤ 256 escape it)."""
     NB: gl.constexpr = BLOCK_K // _PACK
-    UR: gl.constexpr = BLOCK_K // G2
     a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=4)
-    acc = gl.zeros([BLOCK_N, BLOCK_T], gl.int32, mma)
+    nw: gl.constexpr = gl.num_warps()
+    mma16: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[nw, 1],
+                                                    instr_shape=[16, BLOCK_T, 16])
+    a16: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma16, k_width=2)
+    RFMT: gl.constexpr = _FMT_G if F16 else _FMT_2L       # the ring's token tiles: x16 [BT, BK] / int8 [BT, BK]
+    if F16:
+        acc = gl.zeros([BLOCK_N, BLOCK_T], gl.float32, mma16)
+    else:
+        acc = gl.zeros([BLOCK_N, BLOCK_T], gl.int32, mma)
     if NONEMPTY_K:
         n_steps = gl.maximum(n_steps, 1)
     for kk in range(c0, c0 + n_steps):
@@ -264,10 +275,15 @@ def _mainloop_2l(x_desc, w_desc, u_desc, x_bufs, w_bufs, u_bufs, ready, off_t, o
         for b in gl.static_range(NB):
             packed = wp.slice(b * (_PACK // 2), _PACK // 2, dim=1).load(a_layout).to(gl.int8, bitcast=True)
             u = _row(u_bufs, slot, (b * _PACK) // G2, STAGES, BLOCK_N).load(gl.SliceLayout(1, a_layout))
-            lo_b, hi_b = _nibbles(packed, u.to(gl.int8), True, SWAR)   # q·u: one IMUL per four bytes
+            if F16:     # u: the fp16 scale row w16
+                lo_h, hi_h = _f16_planes(packed, u, SWAR)
+                lo_b = _as_k16_fragment(lo_h, a16)
+                hi_b = _as_k16_fragment(hi_h, a16)
+            else:
+                lo_b, hi_b = _nibbles(packed, u.to(gl.int8), True, SWAR)   # q·u: one IMUL per four bytes
             xl = xb.slice(b * _PACK, _PACK // 2, dim=1).permute((1, 0))
             xh = xb.slice(b * _PACK + _PACK // 2, _PACK // 2, dim=1).permute((1, 0))
-            if MMA_ASYNC:
+            if MMA_ASYNC or F16:
                 # ptxas keeps the register operands of an in-flight wgmma intact (PTX registers are virtual;
                 # it serializes only if it runs out), so the next block's expansion overlaps these MMAs
                 acc = warpgroup_mma(lo_b, xl, acc, is_async=True)
@@ -275,13 +291,13 @@ def _mainloop_2l(x_desc, w_desc, u_desc, x_bufs, w_bufs, u_bufs, ready, off_t, o
             else:
                 acc = warpgroup_mma(lo_b, xl, acc)
                 acc = warpgroup_mma(hi_b, xh, acc)
-        if MMA_ASYNC:
+        if MMA_ASYNC or F16:
             # step kk-1's wgmmas have retired (this step's 2·NB groups may still run): refill its slot
             acc = warpgroup_mma_wait(2 * NB, deps=(acc, ))
             reads_done_before_refill()   # every warp is past step kk-1's SMEM reads too
             _refill(kk - 1 + STAGES, k0 + (kk - 1 - c0) + STAGES, kk > c0, n_local, tiles_t, off_t, off_n, x_desc,
                     w_desc, u_desc, x_bufs, w_bufs, u_bufs, ready, N, k_tiles, STAGES, BLOCK_T, BLOCK_N, BLOCK_K, G2,
-                    _FMT_2L, False, STREAM)
+                    RFMT, F16, STREAM)
         else:
             # this step's wgmmas retired and every warp is past its SMEM reads: refill the slot with step
             # kk + STAGES (the other STAGES - 1 slots are in flight meanwhile)
@@ -289,13 +305,15 @@ def _mainloop_2l(x_desc, w_desc, u_desc, x_bufs, w_bufs, u_bufs, ready, off_t, o
             _refill(kk + STAGES, k0 + (kk - c0) + STAGES, True, n_local, tiles_t, off_t, off_n, x_desc, w_desc,
                     u_desc, x_bufs, w_bufs, u_bufs, ready, N, k_tiles, STAGES, BLOCK_T, BLOCK_N, BLOCK_K, G2, _FMT_2L,
                     False, STREAM)
-    if MMA_ASYNC:
+    if MMA_ASYNC or F16:
         acc = warpgroup_mma_wait(0, deps=(acc, ))
         if STREAM:   # the last step's slot now, not in the next tile's first step (the finish runs between)
             reads_done_before_refill()
             _refill(c0 + n_steps - 1 + STAGES, k0 + n_steps - 1 + STAGES, n_steps > 0, n_local, tiles_t, off_t, off_n,
                     x_desc, w_desc, u_desc, x_bufs, w_bufs, u_bufs, ready, N, k_tiles, STAGES, BLOCK_T, BLOCK_N,
-                    BLOCK_K, G2, _FMT_2L, False, STREAM)
+                    BLOCK_K, G2, RFMT, F16, STREAM)
+    if F16:
+        acc = gl.convert_layout(acc, mma, assert_trivial=True)
     return acc
 
 
@@ -486,54 +504,6 @@ def _as_k16_fragment(v, layout: gl.constexpr):
 
 
 @gluon.jit
-def _mainloop_g_f16(x_desc, w_desc, u_desc, x_bufs, w_bufs, u_bufs, ready, off_t, off_n, N, k_tiles, c0, n_steps,
-                    k0, n_local, tiles_t, STAGES: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_T: gl.constexpr,
-                    BLOCK_K: gl.constexpr, G2: gl.constexpr, SWAR: gl.constexpr, mma: gl.constexpr,
-                    STREAM: gl.constexpr, NONEMPTY_K: gl.constexpr):
-    """int4_g64 on fp16 wgmmas with no per-group rescale (w4_expand's F16 operands): per 64-wide block the packed
-    weights are loaded in the 8-bit register layout, expanded to q·w16 in registers (F16_ASM) and relabelled as
-    16-bit A fragments (:func:`_as_k16_fragment`); two register-A wgmmas (m64nBTk16 ×2 each) against the token tile
-    x16 [BT, BK] (the ring's B operand, K permuted to match) accumulate fp32 straight through K, async as in the
-    2l loop: step kk−1's wgmmas are waited for once step kk's are issued, then its slot is refilled. t ⊗ c (the
-    powers of two) come in the epilogue. Returns the fp32 tile in ``mma``'s layout."""
-    NB: gl.constexpr = BLOCK_K // _PACK
-    nw: gl.constexpr = gl.num_warps()
-    a8: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=4)
-    mma16: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[nw, 1],
-                                                    instr_shape=[16, BLOCK_T, 16])
-    a16: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma16, k_width=2)
-    acc = gl.zeros([BLOCK_N, BLOCK_T], gl.float32, mma16)
-    if NONEMPTY_K:
-        n_steps = gl.maximum(n_steps, 1)
-    for kk in range(c0, c0 + n_steps):
-        slot = kk % STAGES
-        mbarrier.wait(ready.index(slot), (kk // STAGES) & 1)
-        wp = w_bufs.index(slot)
-        xb = x_bufs.index(slot)
-        for b in gl.static_range(NB):
-            packed = wp.slice(b * (_PACK // 2), _PACK // 2, dim=1).load(a8).to(gl.int8, bitcast=True)
-            ws = _row(u_bufs, slot, (b * _PACK) // G2, STAGES, BLOCK_N).load(gl.SliceLayout(1, a8))
-            lo, hi = _f16_planes(packed, ws, SWAR)
-            acc = warpgroup_mma(_as_k16_fragment(lo, a16), xb.slice(b * _PACK, _PACK // 2, dim=1).permute((1, 0)),
-                                acc, is_async=True)
-            acc = warpgroup_mma(_as_k16_fragment(hi, a16),
-                                xb.slice(b * _PACK + _PACK // 2, _PACK // 2, dim=1).permute((1, 0)), acc,
-                                is_async=True)
-        acc = warpgroup_mma_wait(2 * NB, deps=(acc, ))      # step kk−1's wgmmas retired
-        reads_done_before_refill()
-        _refill(kk - 1 + STAGES, k0 + (kk - 1 - c0) + STAGES, kk > c0, n_local, tiles_t, off_t, off_n, x_desc,
-                w_desc, u_desc, x_bufs, w_bufs, u_bufs, ready, N, k_tiles, STAGES, BLOCK_T, BLOCK_N, BLOCK_K, G2,
-                _FMT_G, True, STREAM)
-    acc = warpgroup_mma_wait(0, deps=(acc, ))
-    if STREAM:   # the last step's slot now, not in the next tile's first step (the finish runs between)
-        reads_done_before_refill()
-        _refill(c0 + n_steps - 1 + STAGES, k0 + n_steps - 1 + STAGES, n_steps > 0, n_local, tiles_t, off_t, off_n,
-                x_desc, w_desc, u_desc, x_bufs, w_bufs, u_bufs, ready, N, k_tiles, STAGES, BLOCK_T, BLOCK_N,
-                BLOCK_K, G2, _FMT_G, True, STREAM)
-    return gl.convert_layout(acc, mma, assert_trivial=True)
-
-
-@gluon.jit
 def _mainloop(x_desc, w_desc, u_desc, x_bufs, w_bufs, u_bufs, xe, ready, xscale_ptr, off_t, off_n, M, N, K,
               k_tiles, c0, n_steps, k0, n_local, tiles_t, STAGES: gl.constexpr, BLOCK_N: gl.constexpr,
               BLOCK_T: gl.constexpr, BLOCK_K: gl.constexpr, G2: gl.constexpr, SWAR: gl.constexpr,
@@ -542,18 +512,14 @@ def _mainloop(x_desc, w_desc, u_desc, x_bufs, w_bufs, u_bufs, xe, ready, xscale_
               F16: gl.constexpr = False):
     """The format's main loop over ring steps c0 .. c0 + n_steps − 1 (K steps k0 .. of the tile): the [BN, BT]
     accumulator, int32 for 2l (t ⊗ s come in the epilogue), fp32 for g (already rescaled; F16: t ⊗ c to come)."""
-    if F16:
-        acc = _mainloop_g_f16(x_desc, w_desc, u_desc, x_bufs, w_bufs, u_bufs, ready, off_t, off_n, N, k_tiles, c0,
-                              n_steps, k0, n_local, tiles_t, STAGES, BLOCK_N, BLOCK_T, BLOCK_K, G2, SWAR, mma, STREAM,
-                              NONEMPTY_K)
-    elif F8:   # xscale_ptr = xab [K/G, 2, M] fp32
+    if F8:   # xscale_ptr = xab [K/G, 2, M] fp32
         acc = _mainloop_g_f8(x_desc, w_desc, u_desc, x_bufs, w_bufs, u_bufs, ready, xscale_ptr, off_t, off_n, M, N,
                              K, k_tiles, c0, n_steps, k0, n_local, tiles_t, STAGES, BLOCK_N, BLOCK_T, BLOCK_K,
                              G2, SWAR, mma, STREAM, xab_s, XAB_ROWS)
-    elif FMT == _FMT_2L:
-        acc = _mainloop_2l(x_desc, w_desc, u_desc, x_bufs, w_bufs, u_bufs, ready, off_t, off_n, N, k_tiles, c0,
-                           n_steps, k0, n_local, tiles_t, STAGES, BLOCK_N, BLOCK_T, BLOCK_K, G2, SWAR, MMA_ASYNC, mma,
-                           STREAM, NONEMPTY_K)
+    elif FMT == _FMT_2L or F16:
+        acc = _mainloop_one_acc(x_desc, w_desc, u_desc, x_bufs, w_bufs, u_bufs, ready, off_t, off_n, N, k_tiles, c0,
+                                n_steps, k0, n_local, tiles_t, STAGES, BLOCK_N, BLOCK_T, BLOCK_K, G2, SWAR, MMA_ASYNC,
+                                mma, STREAM, NONEMPTY_K, F16)
     else:
         acc = _mainloop_g(x_desc, w_desc, u_desc, x_bufs, w_bufs, u_bufs, xe, ready, xscale_ptr, off_t, off_n, M, N,
                           k_tiles, c0, n_steps, k0, n_local, tiles_t, STAGES, BLOCK_N, BLOCK_T, BLOCK_K, G2, SWAR,
@@ -1217,7 +1183,7 @@ def launch_w4a4_decode(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, 
                        xab_smem: bool | None = None, _dims: tuple | None = None, f16: bool | None = None):
     """out [M, N] ← the W4A4 layer's GEMM + epilogue (launcher contract of kernels/w4a4_gemm.py, both formats).
     ``f16`` (int4_g64; None = :func:`decode_f16_default` unless ``f8`` is given): fp16 wgmmas on exact fp16 operands
-    with no per-group rescale (:func:`_mainloop_g_f16`; the operands from ``w4_expand.f16_act_operands`` /
+    with no per-group rescale (:func:`_mainloop_one_acc`; the operands from ``w4_expand.f16_act_operands`` /
     ``f16_weight_operands``, the latter cached per weight).
     ``mma_async=False`` (int4_2l): each wgmma waits for itself — the first H200 version, kept for A/B.
     ``f8`` (int4_g64; None = :func:`decode_f8_default`): e4m3 wgmmas on offset-encoded weights, the tokens
@@ -1227,7 +1193,7 @@ def launch_w4a4_decode(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, 
     on one stream must not overlap — PDL keeps them apart, every ticket access follows griddepcontrol.wait).
     ``pdl`` (None = :func:`kernels.pdl.pdl_enabled`): programmatic dependent launch — the kernel's weight loads
     start while the previous kernel (act_quant / expand_act_f8) finishes. ``nonempty_k`` (int4_2l; None =
-    :func:`decode_nonempty_k_default`): the K loop that ptxas does not serialize at M > 16 (``_mainloop_2l``).
+    :func:`decode_nonempty_k_default`): the K loop that ptxas does not serialize at M > 16 (``_mainloop_one_acc``).
     ``row_box`` (None = :func:`decode_row_box_default`): the step's row table in one 2-D TMA box (``_issue_step``).
     ``epi_mma`` (None = :func:`decode_epi_mma_default`): the low-rank term as one wgmma (ranks ≤
     :data:`EPI_MMA_MAX_RANK`), else a loop over the rank. ``xab_smem`` (None = :func:`decode_xab_smem_default`; f8
