@@ -449,12 +449,14 @@ def test_fp8_pinned_plan_is_taken_as_given(monkeypatch):
 
 
 @pytest.mark.parametrize("terms", [1, 2])
-@pytest.mark.parametrize("bm, bn, bk, warps, stages", [(128, 128, 128, 8, 4), (64, 128, 128, 4, 4)])
-def test_fp8_activations_compile_to_fp8_wgmma(bm, bn, bk, warps, stages, terms):
+@pytest.mark.parametrize("bm, bn, bk, warps, stages, swap", [(128, 128, 128, 8, 4, False), (64, 128, 128, 4, 4, False),
+                                                             (16, 128, 128, 4, 4, True)])
+def test_fp8_activations_compile_to_fp8_wgmma(bm, bn, bk, warps, stages, swap, terms):
     """With x and W both e4m3 the K loop is the fp8 wgmma straight from the TMA tiles (nothing widened), no spill on
     the tiles auto gives it (a 256-wide one spills: _fp8_weight_plan makes it 128×128×128). Two x terms: twice the
     wgmma into the same accumulator, in the same registers as one term (a second accumulator took 245–253 and, on a
-    128×256 tile, spilled 2.3 KB with every wgmma serialized: 18× slower on the H200, session 35)."""
+    128×256 tile, spilled 2.3 KB with every wgmma serialized: 18× slower on the H200, session 35). The swapped decode
+    tile keeps the residual's own accumulator (16 registers there)."""
     from lowrank_gemm.kernels.aot import compile_sm90
     from test_lora_gemm import MAIN_FLAGS, MOD
     from _sm90 import ptxas_stats
@@ -462,15 +464,15 @@ def test_fp8_activations_compile_to_fp8_wgmma(bm, bn, bk, warps, stages, terms):
     sig["x_desc"] = f"tensordesc<fp8e4nv[{bm}, {bk}]>"
     sig["xscale_ptr"] = "*fp32"
     consts = dict(MAIN_FLAGS, HAS_BIAS=True, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, BLOCK_R=16, GROUP_M=8,
-                  LOWRANK=LG.K_.LOWRANK_GLOBAL, PARTIAL=False, R_CHUNKS=1, X_TERMS=terms)
+                  LOWRANK=LG.K_.LOWRANK_GLOBAL, PARTIAL=False, R_CHUNKS=1, X_TERMS=terms, SWAP_AB=swap)
     info = compile_sm90(MOD, "lora_main_kernel", sig, consts, num_warps=warps, num_stages=stages)
     assert "e4m3.e4m3" in info.ptx and "wgmma.mma_async" in info.ptx and "cp.async.bulk.tensor" in info.ptx
-    # the main loop's two wgmma per K step (BK 128: four k32 each) per x term, beside the branch's and the epilogue's
-    assert info.ptx.count("e4m3.e4m3") == 4 * terms
+    # per x term the main loop's k32 wgmma per K step (BK 128: four; swapped, BN = 128 rows of W: two m64 each)
+    assert info.ptx.count("e4m3.e4m3") == terms * (bk // 32) * (bn // 64 if swap else 1)
     stats = ptxas_stats(info.ptx)
     if stats is not None:
         assert stats[1] == 0, f"spills {stats[1]} bytes"
-        assert stats[0] <= 207 and "C751" not in stats[2], stats[2]    # C7510–C7515: wgmma serialized
+        assert stats[0] <= (120 if swap else 207) and "C751" not in stats[2], stats[2]   # C751x: wgmma serialized
 
 
 @pytest.mark.gpu

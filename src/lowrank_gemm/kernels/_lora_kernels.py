@@ -85,6 +85,11 @@ def _main_loop(x_desc, w_desc, a_desc, off_m, off_n, k_lo, k_hi,
     against the exact fp8-weight product went 2.3e-3 → 2.8e-3 on the H200 (twice as many fp8 wgmma accumulations
     into one accumulator, which keeps fewer bits than fp32; NOTES.md, session 35)."""
     acc = tl.zeros((BLOCK_N, BLOCK_M) if SWAP_AB else (BLOCK_M, BLOCK_N), dtype=tl.float32)
+    # the swapped decode tiles (BM ≤ 64 tokens) have registers for the residual's own accumulator: it keeps the small
+    # products' bits that the shared fp8 accumulator drops (session 35)
+    LO_ACC: tl.constexpr = X_TERMS == 2 and SWAP_AB
+    if LO_ACC:
+        acc_lo = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     s = tl.zeros((BLOCK_R, BLOCK_M) if SWAP_AB else (BLOCK_M, BLOCK_R), dtype=tl.float32)
     for kt in tl.range(k_lo, k_hi):
         k = kt * BLOCK_K
@@ -100,8 +105,8 @@ def _main_loop(x_desc, w_desc, a_desc, off_m, off_n, k_lo, k_hi,
             # the residual's rows (past 2M: TMA zero fill). Rows ≥ M of either load belong to no token of this
             # tile's output, and those rows are never stored.
             x_lo = x_desc.load([off_m + M, k])
-            if SWAP_AB:
-                acc = tl.dot(w, x_lo.T, acc)
+            if LO_ACC:
+                acc_lo = tl.dot(w, x_lo.T, acc_lo)
             else:
                 acc = tl.dot(x_lo, w.T, acc)
         if KLOOP:
@@ -115,6 +120,8 @@ def _main_loop(x_desc, w_desc, a_desc, off_m, off_n, k_lo, k_hi,
                 s = tl.dot(a, x.T, s)
             else:
                 s = tl.dot(x, a.T, s)
+    if LO_ACC:
+        acc += acc_lo
     if SWAP_AB:
         acc = tl.trans(acc)
         s = tl.trans(s)

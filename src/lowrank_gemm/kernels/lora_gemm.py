@@ -1211,10 +1211,11 @@ def lora_linear(x: torch.Tensor, weight: torch.Tensor, lora_a: torch.Tensor, lor
     ``fp8_activations`` (an e4m3 weight): x is quantized per token for the base product, which then runs on the fp8
     tensor cores; the branch still reads the 16-bit x. ``True``: one e4m3 term (W8A8, rel. error ~0.024 on random
     data); ``2``: two terms, x ≈ (q + q')·s (the residual quantized on the same scale, ~8 significant bits: rel.
-    error ~0.0028 against the widened W's 0.0018), twice the fp8 MMA work, so it pays at decode only. H200 (session
-    35, ``lora_fp8.md``, N = 28672, K = 4096, M = 1 / 16 / 64 / 1024): cuBLAS bf16 56.7 / 57.4 / 61.8 / 356 µs;
-    widened W (False) 52.4 / 52.5 / 62.9 / 481; two terms 46.9 / 41.4 / 51.8 / 441; one term 37.2 / 37.3 / 43.4 /
-    248.
+    error ~0.0023 on the swapped decode tiles (M ≤ 16), where the residual has its own accumulator, ~0.0028 above,
+    against the widened W's 0.0018), twice the fp8 MMA work, so it pays at decode only. H200 (session 35,
+    ``lora_fp8.md``, N = 28672, K = 4096, M = 1 / 16 / 64 / 1024): cuBLAS bf16 56.7 / 57.4 / 61.8 / 356 µs; widened
+    W (False) 52.4 / 52.5 / 62.9 / 481; two terms 46.9 / 41.4 / 51.8 / 441 (session 38, own residual accumulator:
+    46.5 / 41.3 / 51.9); one term 37.2 / 37.3 / 43.4 / 248.
     """
     terms = _act_terms(fp8_activations)
     if _direct_ok(x, weight, lora_a, lora_b, bias, weight_scale):

@@ -523,6 +523,9 @@ def _mlora_main_kernel(
     # SWAP_AB (decode-sized M, the LoRA kernel's KernelConfig.swap_ab): accᵀ [BN, BM] = W·Xᵀ, weight rows on
     # the wgmma's M and the BM tokens on its N; transposed back once after the loop
     acc = tl.zeros((BN, BM) if SWAP_AB else (BM, BN), tl.float32)
+    LO_ACC: tl.constexpr = X_TERMS == 2 and SWAP_AB     # the residual's own accumulator (_lora_kernels._main_loop)
+    if LO_ACC:
+        acc_lo = tl.zeros((BN, BM), tl.float32)
     s_f = tl.zeros((BM, DQ), tl.float32)
     if FUSED:
         # shrink in the k-loop: the first FUSE_D distinct adapters' A rows stacked into one
@@ -556,14 +559,16 @@ def _mlora_main_kernel(
             else:
                 xt = tl.load(x_ptrs + M * stride_xm + offs_k[None, :] * stride_xk,
                              mask=valid[:, None] & (offs_k[None, :] < k_hi), other=0.0)
-            if SWAP_AB:
-                acc = tl.dot(wt, xt.T, acc)
+            if LO_ACC:
+                acc_lo = tl.dot(wt, xt.T, acc_lo)
             else:
                 acc = tl.dot(xt, wt.T, acc)
         if FUSED:
             at = tl.load(a_rows[:, None] + offs_k[None, :] * stride_ak,
                          mask=live_q[:, None] & (offs_k[None, :] < k_hi), other=0.0)
             s_f = tl.dot(xt, at.T, s_f)
+    if LO_ACC:
+        acc += acc_lo
     if SWAP_AB:
         acc = tl.trans(acc)
     if W_SCALE:
