@@ -161,12 +161,17 @@ def test_fp8_bad_input():
         mg.multi_lora_gemm(**dict(case, weight=case["weight"].to(torch.int8)), weight_scale=ws)
 
 
-@pytest.mark.parametrize("terms", [0, 2])
+@pytest.mark.parametrize("terms", [0, 2, "2swap"])
 def test_fp8_main_compiles_for_sm90(terms):
-    """sm_90: the fp8 × fp8 wgmma (terms) or the widened W on the swapped tile's register operand; no spill."""
+    """sm_90: the fp8 × fp8 wgmma (terms) or the widened W on the swapped tile's register operand; no spill. Two
+    terms on the swapped decode tile keep the residual's own accumulator (session 38) without spilling."""
     from _sm90 import ptxas_stats
     from test_multilora_gemm import _compile_main
-    if terms:
+    if terms == "2swap":
+        cfg = KernelConfig(block_m=16, block_n=128, block_k=128, block_r=16, num_stages=4, num_warps=4, swap_ab=True)
+        info = _compile_main(cfg, False, swap_ab=True, w_fp8=True, x_terms=2)
+        assert info.has("wgmma.mma_async", "e4m3.e4m3")
+    elif terms:
         cfg = KernelConfig(block_m=64, block_n=128, block_k=128, block_r=16, num_stages=4, num_warps=4)
         info = _compile_main(cfg, False, w_fp8=True, x_terms=terms)
         assert info.has("wgmma.mma_async", "e4m3.e4m3")
