@@ -203,25 +203,36 @@ def test_f16_ledger_and_configs():
 
 
 def test_f16_switch_and_routes(monkeypatch):
-    """Off by default; LOWRANK_GEMM_DECODE_F16=1 sends int4_g64 at 17–64 tokens to the decode kernel's fp16 path and
-    the layer asks act_quant for the packed pair; an explicit f8 and pre-expanded e4m3 tokens keep their path."""
+    """By default int4_g64 takes the fp16 path at 33–64 tokens (the route sends those to the decode kernel, and the
+    layer asks act_quant for the packed pair); LOWRANK_GEMM_DECODE_F16=1 extends it to every M ≤ 64, =0 turns it
+    off (v2 again above 16 tokens); an explicit f8 and pre-expanded e4m3 tokens keep their path."""
     from lowrank_gemm.kernels import w4a4_gemm as wg
     cuda = torch.device("cuda")
-    monkeypatch.setattr(d, "F16_DEFAULT", False)
     monkeypatch.delenv(ENV, raising=False)
     xs = torch.empty((64, 64), dtype=torch.bfloat16, device="meta")
     ws = torch.empty((64, 28672), dtype=torch.bfloat16, device="meta")
-    assert wg._route("auto", "int4_g64", 64, 28672, 4096, 32, 64, cuda, xs, ws, None) != "decode"
-    assert d.aot_signature_decode(None, fmt="int4_g64", M=16)[1]["F16"] is False
-    monkeypatch.setenv(ENV, "1")
-    assert wg._route("auto", "int4_g64", 64, 28672, 4096, 32, 64, cuda, xs, ws, None) == "decode"
-    assert wg._route("auto", "int4_g64", 65, 28672, 4096, 32, 64, cuda, xs, ws, None) != "decode"
+
+    def route(m, pre=False):
+        return wg._route("auto", "int4_g64", m, 28672, 4096, 32, 64, cuda, xs, ws, None, pre)
+    assert [d.decode_f16_default(m) for m in (16, 32, 33, 64, 65)] == [False, False, True, True, False]
+    assert route(64) == "decode" and route(33) == "decode" and route(32) != "decode" and route(65) != "decode"
+    assert route(48, pre=True) != "decode"          # e4m3 tokens (unsigned layers) stay on v2
     assert wg._layer_wants_f8("auto", "int4_g64", 64, 28672, 4096, 32, 64, cuda, torch.bfloat16, ws) is False
-    cx = d.aot_signature_decode(None, fmt="int4_g64", M=16)[1]
+    assert wg._layer_wants_f8("auto", "int4_g64", 16, 28672, 4096, 32, 64, cuda, torch.bfloat16, ws) is True
+    assert d.aot_signature_decode(None, fmt="int4_g64", M=16)[1]["F16"] is False
+    cx = d.aot_signature_decode(None, fmt="int4_g64", M=40)[1]
     assert cx["F16"] is True and cx["F8"] is False
-    assert d.aot_signature_decode(None, fmt="int4_g64", M=16, f8=False)[1]["F16"] is False
-    assert d.aot_signature_decode(None, fmt="int4_g64", M=16, f8=True)[1]["F16"] is False
-    assert d.aot_signature_decode(None, fmt="int4_2l", M=16)[1]["F16"] is False
+    assert d.aot_signature_decode(None, fmt="int4_g64", M=40, f8=False)[1]["F16"] is False
+    assert d.aot_signature_decode(None, fmt="int4_g64", M=40, f8=True)[1]["F16"] is False
+    assert d.aot_signature_decode(None, fmt="int4_2l", M=40)[1]["F16"] is False
+    monkeypatch.setenv(ENV, "1")
+    assert route(16) == "decode" and d.aot_signature_decode(None, fmt="int4_g64", M=16)[1]["F16"] is True
+    assert wg._layer_wants_f8("auto", "int4_g64", 16, 28672, 4096, 32, 64, cuda, torch.bfloat16, ws) is False
+    monkeypatch.setenv(ENV, "0")
+    assert route(64) != "decode" and d.aot_signature_decode(None, fmt="int4_g64", M=40)[1]["F16"] is False
+    monkeypatch.setattr(d, "F16_DEFAULT", False)
+    monkeypatch.delenv(ENV)
+    assert route(64) != "decode"
 
 
 # ---- GPU

@@ -781,11 +781,10 @@ def _decode_route(impl: str, m: int, n: int, fmt: str, device: torch.device, pre
         return True
     if impl != "auto" or not AUTO_DECODE or device.type != "cuda" or n % 16:
         return False
-    from .gluon.w4a4_decode import F16_MAX_M, decode_enabled, decode_f16_default
-    max_m = AUTO_DECODE_MAX_M.get(fmt, 0)
-    if fmt == "int4_g64" and not pre_expanded and decode_f16_default():
-        max_m = max(max_m, F16_MAX_M)       # the fp16 path has no per-group chain to lose to v2 at 17–64 tokens
-    return m <= max_m and decode_enabled()
+    from .gluon.w4a4_decode import decode_enabled, decode_f16_default
+    if fmt == "int4_g64" and not pre_expanded and decode_f16_default(m):
+        return decode_enabled()             # the fp16 path: no per-group chain to lose to v2 (its 64-token tiles)
+    return m <= AUTO_DECODE_MAX_M.get(fmt, 0) and decode_enabled()
 
 
 _PRE_EXPANDED_V1 = ("pre-expanded e4m3 activations (act_quant(out='f8') / expand_act_f8) run only on the e4m3 paths "
@@ -871,7 +870,7 @@ def _layer_wants_f8(impl: str, fmt: str, m: int, n: int, k: int, r: int, group_s
     kernel = _route(impl, fmt, m, n, k, r, group_size, device, packed, w_scale, None)
     if kernel == "decode":
         from .gluon.w4a4_decode import decode_f16_default, decode_f8_default
-        return decode_f8_default() and not decode_f16_default()     # the fp16 path takes the packed pair
+        return decode_f8_default() and not decode_f16_default(m)    # the fp16 path takes the packed pair
     if kernel == "v2":
         from .gluon.w4a4_ws import f8_default, scale_tma_ok
         xab = torch.empty((ng, 2, m), dtype=torch.float32, device="meta")

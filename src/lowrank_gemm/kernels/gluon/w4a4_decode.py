@@ -82,7 +82,7 @@ __all__ = ["decode_ledger", "plan_decode", "DecodeWork", "plan_decode_work", "si
            "EPI_MMA_MAX_RANK", "decode_xab_smem_default", "XAB_SMEM_DEFAULT", "xab_table_rows",
            "check_decode_config", "decode_f8_default", "F8_DEFAULT",
            "decode_nonempty_k_default", "NONEMPTY_K_DEFAULT", "decode_row_box_default", "ROW_BOX_DEFAULT",
-           "SPLIT_ENV", "decode_f16_default", "F16_DEFAULT", "F16_MAX_M"]
+           "SPLIT_ENV", "decode_f16_default", "F16_DEFAULT", "F16_MIN_M", "F16_MAX_M"]
 
 PACK = 64                 # formats.int4.PACK_BLOCK
 WARPS = 4                 # one warpgroup
@@ -117,9 +117,13 @@ XAB_SMEM_DEFAULT = True   # f8 with one token tile: the a/b rows of every group 
                           # (probe_decode_epi, bit-identical): GEMM 24.7 → 21.2 µs (M=16, N=28672), 23.9 → 20.4
                           # (M=4), 17.1 → 13.8 (4096², M=16), equal at K=14336
 SPLIT_ENV = "LOWRANK_GEMM_DECODE_SPLIT"   # default configs only: "2".."8" split-K, "stream[:stages]" stream-K
-F16_DEFAULT = False       # int4_g64 takes the fp16 path (no per-group rescale, _mainloop_one_acc) when f16=None; env
-                          # LOWRANK_GEMM_DECODE_F16=0/1 overrides. Off until measured on the H200 (session 38)
-F16_MAX_M = 64            # the fp16 path's token tiles (16 / 32 / 64)
+F16_DEFAULT = True        # int4_g64 takes the fp16 path (no per-group rescale, _mainloop_one_acc) when f16=None at
+                          # F16_MIN_M ≤ M ≤ F16_MAX_M; env LOWRANK_GEMM_DECODE_F16=1 at every M ≤ F16_MAX_M, =0 never.
+                          # H200 (session 38, probes/s38 + s38b, N = 28672, K = 4096), layer graph µs against the v2
+                          # route: M = 48 56.1 → 50.8, M = 64 55.7 → 50.2 / 55.8 → 49.5; it loses at M = 32 (54.1 →
+                          # 66.6, unexplained) and 16 (25.4 → 39.8: the e4m3 path's expansion is cheaper there)
+F16_MIN_M = 33            # the 64-token tiles (measured at 48 and 64)
+F16_MAX_M = 64            # the fp16 path's largest token tile
 F8_DEFAULT = True         # int4_g64 takes the e4m3 path when f8=None: H200, same process, GEMM 43.7 → 33.7 µs
                           # (M=1), 44.9 → 35.2 (M=16), outputs equal to the int8 path's in fp32 (probe_decode
                           # session 4); env LOWRANK_GEMM_DECODE_F8=0/1 overrides
@@ -1088,10 +1092,14 @@ def xab_table_rows(M: int, K: int, config: KernelConfig, group_size: int, f8: bo
     return rows if CTAS_PER_SM * per_cta <= SM90_SMEM_PER_SM else 0
 
 
-def decode_f16_default() -> bool:
-    """Whether int4_g64 decode takes the fp16 path when ``f16=None``: ``LOWRANK_GEMM_DECODE_F16`` = 0/1, else
-    :data:`F16_DEFAULT`. It wins over the e4m3 path."""
-    return _switch("LOWRANK_GEMM_DECODE_F16", F16_DEFAULT)
+def decode_f16_default(m: int) -> bool:
+    """Whether int4_g64 decode of ``m`` tokens takes the fp16 path when ``f16=None`` (it wins over the e4m3 path):
+    ``LOWRANK_GEMM_DECODE_F16=1`` at every m ≤ :data:`F16_MAX_M`, ``=0`` never, else :data:`F16_DEFAULT` for
+    :data:`F16_MIN_M` ≤ m ≤ :data:`F16_MAX_M`."""
+    env = getenv("LOWRANK_GEMM_DECODE_F16", "")
+    if m > F16_MAX_M or env == "0":
+        return False
+    return env == "1" or (bool(F16_DEFAULT) and m >= F16_MIN_M)
 
 
 def decode_f8_default() -> bool:
@@ -1126,7 +1134,7 @@ def _args(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, out, fm
         if t.data_ptr() % 16:
             raise ValueError(f"w4a4 decode: {name} must be 16-byte aligned for TMA, got address {t.data_ptr():#x}")
     if f16 is None:     # an explicit f8 (True: e4m3, False: the int8 path) keeps its path
-        f16 = g and f8 is None and x_q.dtype == torch.uint8 and decode_f16_default()
+        f16 = g and f8 is None and x_q.dtype == torch.uint8 and decode_f16_default(M)
     f16 = bool(f16)
     if f16 and f8 is None:
         f8 = False
