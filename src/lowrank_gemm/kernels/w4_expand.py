@@ -398,7 +398,8 @@ def f16_act_operands(x_q: torch.Tensor, x_scale: torch.Tensor, group_size: int) 
     return x16, t
 
 
-def f16_act_operands_ref(x_q: torch.Tensor, x_scale: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+def f16_act_operands_ref(x_q: torch.Tensor, x_scale: torch.Tensor,
+                         group_size: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Torch spec of :func:`f16_act_operands` (the same bits), on x_q's device."""
     from ..formats.int4 import unpack_int4
     m, k = x_q.shape[0], 2 * x_q.shape[1]

@@ -253,8 +253,9 @@ def _mainloop_one_acc(x_desc, w_desc, u_desc, x_bufs, w_bufs, u_bufs, ready, off
     w4_expand's F16 section): fp32 accumulation of (q·w16)·x16ᵀ — the packed weights loaded in the 8-bit register
     layout, expanded to fp16 in registers (:func:`_f16_planes`) and relabelled as 16-bit A fragments
     (:func:`_as_k16_fragment`), two register-A wgmmas (m64nBTk16 ×2) per plane against the ring's x16 tile (t ⊗ c
-    to come); always async. Returns the tile in ``mma``'s layout. NONEMPTY_K: the trip count is max(n_steps, 1), which the caller
-    guarantees anyway — so LLVM emits no zero-trip path. That path's zero-fill of the accumulator is laid out
+    to come); always async. Returns the tile in ``mma``'s layout.
+    NONEMPTY_K: the trip count is max(n_steps, 1), which the caller guarantees anyway — so LLVM emits no zero-trip
+    path. That path's zero-fill of the accumulator is laid out
     between the loop's in-flight wgmmas and their final wait, and ptxas then serializes EVERY wgmma (C7515,
     "non wgmma instructions defining accumulator registers"): today's one-tile-per-program kernel at
     BLOCK_T ≥ 32 (M > 16) and at BLOCK_K = 512 (sm_90 AOT; 16-token tiles with BLOCK_K ≤ 256 escape it)."""
