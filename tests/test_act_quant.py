@@ -905,3 +905,92 @@ def test_s_feed_one_sizes_the_split_for_one_wave(monkeypatch):
     act_quant(x, smooth, down, 64, "int4_g64", variant="v3", s_feed="split")
     want_default = aq.plan_act_quant(80, 384, 64, x.device, variant="v3").split
     assert [(nsplit, feed) for _, nsplit, feed in seen] == [(3, "one"), (2, "one"), (want_default, "split")]
+
+
+# --- out="f16": the int4_g64 decode kernel's fp16 token operand straight from x -------------------------------
+
+def _f16_inputs(m, k, r, case):
+    """Random rows plus the corners of the row power of two: a NaN group, an Inf group, a row of tiny values with an
+    all-zero group (whose scale of 1 must not set the row's power), an all-zero row, a row spanning 2⁻⁶⁰…2⁶⁰."""
+    x, smooth, down = _inputs(m, k, r, torch.bfloat16)
+    if case == "corners":
+        x[0, 3] = float("nan")
+        x[min(1, m - 1), k - 5] = float("inf")
+        if m > 3:
+            x[2] = x[2] * 1e-30
+            x[2, :64] = 0
+            x[3] = 0
+        if m > 4:
+            x[4, ::2] *= 2.0 ** 60
+            x[4, 1::2] *= 2.0 ** -60
+    return x, smooth, down
+
+
+@pytest.mark.parametrize("m,k,g,r,scale_dtype,s_ranks,qk,case", [
+    (5, 320, 64, 16, torch.bfloat16, None, None, "corners"),     # ragged K: the last 256-column unit half past K
+    (6, 256, 128, 0, torch.float16, None, None, "corners"),      # fp16 scales: the 2⁶⁰ row overflows them (Inf)
+    (3, 192, 64, 16, torch.bfloat16, 0, 128, "random"),          # ticketed S, three 128-column units per row
+    (37, 256, 64, 32, torch.bfloat16, None, None, "corners"),    # above 33 rows: the decode route's sizes
+    (2, 128, 64, 23, torch.float16, 1, 64, "random")])
+def test_f16_out_bit_identical_to_the_operand_kernel(poisoned, m, k, g, r, scale_dtype, s_ranks, qk, case):
+    """act_quant(out="f16") == w4_expand.f16_act_operands_ref of the fused packed call, bit for bit (x16 incl. NaN
+    payloads, t), every element written (poisoned buffers), S identical to the packed call's on the same S plan."""
+    from lowrank_gemm.kernels.w4_expand import f16_act_operands_ref
+    x, smooth, down = _f16_inputs(m, k, r, case)
+    kw = dict(variant="fused", s_ranks=s_ranks, quant_cols=qk)
+    if s_ranks is None:
+        from lowrank_gemm.kernels.act_quant import f16_s_ranks
+        kw["s_ranks"] = f16_s_ranks(m, k)
+    q, sc, s = act_quant(x, smooth, down, g, "int4_g64", scale_dtype, **kw)
+    x16_ref, t_ref = f16_act_operands_ref(q, sc, g)
+    x16, t, s16 = act_quant(x, smooth, down, g, "int4_g64", scale_dtype, out="f16", s_ranks=s_ranks, quant_cols=qk)
+    assert x16.dtype == torch.float16 and x16.shape == (m, k) and t.dtype == torch.float32 and t.shape == (m,)
+    assert _same_bits(x16, x16_ref) and _same_bits(t, t_ref) and _same_bits(s16, s)
+    if case == "corners":
+        assert torch.isnan(x16[0, :g]).all() and torch.isfinite(x16[0, g:]).all()     # only row 0's NaN group
+        if m > 3:
+            assert t[3] == 1 and not x16[3].any()
+        if m > 3 and scale_dtype == torch.bfloat16:        # (fp16 scales cannot hold the tiny row: its codes are 0)
+            assert x16[2, 64:].abs().max() >= 2.0 ** 14 and t[2] < 2.0 ** -80
+    again = act_quant(x, smooth, down, g, "int4_g64", scale_dtype, out="f16", s_ranks=s_ranks, quant_cols=qk)
+    assert all(_same_bits(a, b) for a, b in zip((x16, t, s16), again))
+
+
+def test_f16_out_plan_and_bad_arguments(monkeypatch):
+    """The S programs: rank-split where the packed output's default is the rank-split fused kernel (M·K ≤ 48·4096,
+    K ≤ 8192), the ticketed sum elsewhere (the packed output runs v1 / v3 there), the env pin; errors name the
+    expected."""
+    import lowrank_gemm.kernels.act_quant as aq
+    assert [aq.f16_s_ranks(m, 4096) for m in (33, 48, 49, 64)] == [1, 1, 0, 0]
+    assert aq.f16_s_ranks(40, 12288) == 0
+    monkeypatch.setattr(aq, "_ENV_FUSED_S", "rank")
+    assert aq.f16_s_ranks(64, 4096) == 1
+    x, smooth, down = _inputs(3, 128, 16, torch.bfloat16)
+    with pytest.raises(ValueError, match="fmt='int4_g64'"):
+        act_quant(x, smooth, down, 64, "int4_2l", out="f16")
+    with pytest.raises(ValueError, match="fused kernel"):
+        act_quant(x, smooth, down, 64, out="f16", variant="v1")
+    with pytest.raises(ValueError, match="act_shift"):
+        act_quant(x, smooth, down, 64, out="f16", act_shift=torch.zeros(128))
+
+
+def test_f16_out_sm90_no_spills():
+    """sm_90, the decode route's shapes (K = 4096, 2048-column units, both S modes): the F16 unit compiles without
+    spills, and with the rank-split S programs (4 rows) no more registers than the packed kernel (164)."""
+    import lowrank_gemm.kernels.act_quant as aq
+    from lowrank_gemm.kernels.aot import compile_sm90
+    from _sm90 import ptxas_stats
+    sig = _fused_signature(q="*fp16", sc="*fp32", cnt="*i32")
+    for rank_s in (True, False):
+        ce = dict(TWO_LEVEL=False, G=64, BLOCK_M=16, BLOCK_K=128, BLOCK_R=32, SPLIT_P2=32, SUM_ROWS=16, QM=1, QK=2048,
+                  CH=aq.F16_ROW_CHUNK, SCALE_BF16=True, F16=True)
+        if rank_s:
+            ce.update(BLOCK_K=64, SPLIT_P2=1, SUM_ROWS=1, S_RANK=True, SR=4, RB=1, CK=1024, NCH=4)
+        info = compile_sm90("lowrank_gemm.kernels.act_quant", "_act_quant_fused_kernel", sig, ce,
+                            aligned=("x_ptr", "stride_xm", "smooth_ptr", "q_ptr", "stride_qm", "a_ptr", "stride_ar",
+                                     "K"), num_warps=4)
+        stats = ptxas_stats(info.ptx)
+        if stats is not None:
+            regs, spills, log = stats
+            assert spills == 0 and (regs <= 168 or not rank_s), log
+        assert info.has("div.rn.f32", "cvt.rn.f16.f32")

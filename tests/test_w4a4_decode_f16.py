@@ -235,6 +235,108 @@ def test_f16_switch_and_routes(monkeypatch):
     assert route(64) != "decode"
 
 
+def _f16_ops(m=6, n=32, k=256, r=16, gs=64):
+    """make_operands_v2's int4_g64 operands with the tokens as act_quant(out="f16") hands them over."""
+    ops = w4.make_operands_v2("int4_g64", m, n, k, r, gs, device="cpu")
+    x16, t = we.f16_act_operands_ref(ops["x_q"], ops["x_scale"], gs)
+    return ops, dict(ops, x_q=x16, x_scale=t)
+
+
+def test_f16_operands_contract_and_routes(monkeypatch):
+    """check_gemm_args takes (float16 [M, K], t float32 [M]) for int4_g64 and names what is wrong otherwise; they
+    route to the decode kernel at any M (auto on CUDA, or impl='decode'), nowhere else; the decode launcher takes
+    them as they come (F16, no operand kernel) and refuses to run them on another path."""
+    from lowrank_gemm.kernels import w4a4_gemm as wg
+    packed, ops = _f16_ops()
+    names = ("x_q", "x_scale", "w_q", "w_scale", "w_mul", "lowrank_act", "lora_up", "bias")
+    args = lambda **o: [{**ops, **o}[a] for a in names]  # noqa: E731
+    assert wg.check_gemm_args(*args(), 64, "int4_g64") == (6, 32, 256, 16)
+    with pytest.raises(ValueError, match=r"fp16 activations must be float16 \[M, 256\]"):
+        wg.check_gemm_args(*args(x_q=ops["x_q"][:, :128].contiguous()), 64, "int4_g64")
+    with pytest.raises(ValueError, match=r"come with t float32 \[M\] = \[6\]"):
+        wg.check_gemm_args(*args(x_scale=packed["x_scale"]), 64, "int4_g64")
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    xs = ops["x_scale"]
+    route = lambda impl, m, dev, n=28672: wg._route(impl, "int4_g64", m, n, 4096, 32, 64, dev, xs, None, None, "f16")  # noqa: E731
+    monkeypatch.setenv(ENV, "0")                    # the packed default's switch does not matter to given operands
+    assert route("auto", 1, cuda) == route("auto", 64, cuda) == route("decode", 16, cpu) == "decode"
+    for impl, dev, n in (("v2", cuda, 28672), ("v1", cuda, 28672), ("gemv", cuda, 28672), ("auto", cpu, 28672),
+                         ("auto", cuda, 28680)):
+        with pytest.raises(ValueError, match="run only on the decode kernel's fp16 path"):
+            route(impl, 16, dev, n)
+    with pytest.raises(ValueError, match="run only on the decode kernel's fp16 path"):
+        wg.w4a4_gemm(ops["x_q"], ops["x_scale"], ops["w_q"], ops["w_scale"], ops["lowrank_act"], ops["lora_up"])
+    seen = []
+    monkeypatch.setattr(we, "f16_act_operands", lambda *a: seen.append(a))
+    cx = d._args(**ops, config=None)[2]
+    assert cx["F16"] is True and cx["F8"] is False and seen == []
+    for kw in (dict(f16=False), dict(f8=True)):
+        with pytest.raises(ValueError, match="run only on the fp16 path"):
+            d._args(**ops, config=None, **kw)
+
+
+def test_layer_act_out(monkeypatch):
+    """The layer op has act_quant write the fp16 token operand wherever the GEMM is the decode kernel's fp16 path
+    (33–64 tokens by default; every M ≤ 64 with LOWRANK_GEMM_DECODE_F16=1); LOWRANK_GEMM_ACT_QUANT_F16=0 goes back
+    to the packed pair; elsewhere the e4m3 / packed choice stands."""
+    from lowrank_gemm.kernels import w4a4_gemm as wg
+    cuda = torch.device("cuda")
+    ws = torch.empty((64, 28672), dtype=torch.bfloat16, device="meta")
+    out = lambda m, impl="auto", dev=cuda, fmt="int4_g64": wg._layer_act_out(  # noqa: E731
+        impl, fmt, m, 28672, 4096, 32, 64, dev, torch.bfloat16, ws)
+    for v in (ENV, "LOWRANK_GEMM_ACT_QUANT_F16", "LOWRANK_GEMM_ACT_QUANT_F8", "LOWRANK_GEMM_DECODE_F8"):
+        monkeypatch.delenv(v, raising=False)
+    assert wg.ACT_QUANT_F16_DEFAULT and [out(m) for m in (16, 33, 64, 65)] == ["f8", "f16", "f16", "packed"]
+    assert out(40, "decode") == "f16" and out(40, "v2") != "f16" and out(40, dev=torch.device("cpu")) == "packed"
+    assert out(40, fmt="int4_2l") == "packed"
+    monkeypatch.setenv(ENV, "1")
+    assert out(2) == "f16" or wg._gemv_route("auto", 2, 28672, "int4_g64", cuda, False)
+    assert out(16) == "f16"
+    monkeypatch.setenv("LOWRANK_GEMM_ACT_QUANT_F16", "0")
+    assert out(64) == "packed" and out(16) == "packed"
+
+
+def test_layer_dispatch_f16_operands(monkeypatch):
+    """Interpreter path of the layer op at 40 tokens: act_quant(out="f16") hands the decode launcher (a CPU stand-in
+    that checks them against the operand spec of the packed pair, then runs v1 on that pair) the fp16 operands; the
+    output is bit-identical to the switch-off call, which hands it the packed pair."""
+    from lowrank_gemm.kernels import w4a4_gemm as wg
+    from lowrank_gemm.kernels.act_quant import act_quant
+    from lowrank_gemm.kernels.w4a4_gemm import launch_w4a4_v1, w4a4_linear
+    gen = torch.Generator().manual_seed(5)
+    m, n, k, r, gs = 40, 48, 256, 16, 64
+    x = (torch.randn(m, k, generator=gen) * 3).bfloat16()
+    x[2, 7] = float("nan")
+    qw = torch.randint(-8, 8, (n, k), generator=gen, dtype=torch.int8)
+    p = dict(qweight=pack_int4(qw), wscales=(torch.rand(k // gs, n, generator=gen) + 0.1).bfloat16(),
+             smooth=(torch.rand(k, generator=gen) + 0.5).bfloat16(),
+             lora_down=(torch.randn(r, k, generator=gen) * 0.1).bfloat16(),
+             lora_up=(torch.randn(n, r, generator=gen) * 0.1).bfloat16(), bias=torch.randn(n, generator=gen))
+    xq, xs, _ = act_quant(x, p["smooth"], p["lora_down"], gs, "int4_g64", torch.bfloat16)
+    want16 = we.f16_act_operands_ref(xq, xs, gs)
+    seen = []
+
+    def decode_on_cpu(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, out, fmt, group_size, config,
+                      _dims=None, f16=None, f8=None):
+        seen.append(x_q.dtype)
+        if x_q.dtype == torch.float16:
+            assert f16 is True and torch.equal(x_q.view(torch.int16), want16[0].view(torch.int16))
+            assert torch.equal(x_scale, want16[1])
+            x_q, x_scale = xq, xs
+        return launch_w4a4_v1(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, out, fmt, group_size,
+                              config)
+
+    monkeypatch.setattr(wg, "_decode_route", lambda impl, m, n, fmt, device, pre_expanded=False: True)
+    monkeypatch.setattr(d, "launch_w4a4_decode", decode_on_cpu)
+    monkeypatch.delenv(ENV, raising=False)
+    monkeypatch.setenv("LOWRANK_GEMM_ACT_QUANT_F16", "0")
+    ref = w4a4_linear(x, group_size=gs, out_dtype=torch.float32, **p)
+    monkeypatch.setenv("LOWRANK_GEMM_ACT_QUANT_F16", "1")
+    got = w4a4_linear(x, group_size=gs, out_dtype=torch.float32, **p)
+    assert seen == [torch.uint8, torch.float16]
+    assert torch.equal(got.nan_to_num(7.0), ref.nan_to_num(7.0)) and torch.isnan(got[2]).all()
+
+
 # ---- GPU
 F16_GPU_CASES = [dict(M=1, N=160, K=512, rank=16, bias=True, col_scale=True, gs=64, cfg=None),
                  dict(M=16, N=28672, K=4096, rank=32, bias=True, col_scale=False, gs=64, cfg=None),
@@ -314,3 +416,60 @@ def test_decode_f16_graph_replay_and_layer_gpu(monkeypatch):
         ref = svdq_linear_ref(x, **p)
         err = float((y.double().cpu() - ref.cpu()).norm() / ref.cpu().norm())
         assert err < 1e-3, f"M={M}: layer rel err {err:.3e}"
+
+
+@pytest.mark.gpu
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("M,K,scale_dtype", [(33, 4096, torch.bfloat16), (48, 3072, torch.float16),
+                                             (64, 4096, torch.bfloat16), (64, 14336, torch.bfloat16),
+                                             (40, 12288, torch.bfloat16)])
+def test_act_quant_f16_out_gpu(monkeypatch, M, K, scale_dtype):
+    """act_quant(out="f16") at the decode route's sizes == f16_act_operands of the packed pair (both kernels), bit
+    for bit (a NaN and a zero row included); 10 calls and a graph replay give the same bits; the layer op through it
+    gives the packed route's bits where both run the same S programs (≤ 48 tokens at K ≤ 4096) and meets 1e-3
+    against the float64 spec everywhere."""
+    from lowrank_gemm.kernels.act_quant import act_quant, f16_s_ranks
+    from lowrank_gemm.kernels.w4a4_gemm import w4a4_linear
+    from lowrank_gemm.reference import svdq_linear_ref
+    gen = torch.Generator(device="cuda").manual_seed(M + K)
+    x = (torch.randn(M, K, device="cuda", generator=gen) * torch.exp(torch.randn(K, device="cuda", generator=gen))
+         ).bfloat16()
+    x[1, 100] = float("nan")
+    x[3] = 0
+    smooth = (torch.rand(K, device="cuda", generator=gen) + 0.5).bfloat16()
+    down = (torch.randn(32, K, device="cuda", generator=gen) * 0.02).bfloat16()
+    sr = f16_s_ranks(M, K)
+    q, sc, s = act_quant(x, smooth, down, 64, "int4_g64", scale_dtype, variant="fused", s_ranks=sr)
+    want = we.f16_act_operands(q, sc, 64)
+    got = act_quant(x, smooth, down, 64, "int4_g64", scale_dtype, out="f16")
+    assert torch.equal(got[0].view(torch.int16), want[0].view(torch.int16)) and torch.equal(got[1], want[1])
+    assert torch.equal(got[2].nan_to_num(7.0), s.nan_to_num(7.0))
+    for _ in range(10):
+        again = act_quant(x, smooth, down, 64, "int4_g64", scale_dtype, out="f16")
+        assert all(torch.equal(a.view(torch.int16) if a.dtype == torch.float16 else a.nan_to_num(7.0),
+                               b.view(torch.int16) if b.dtype == torch.float16 else b.nan_to_num(7.0))
+                   for a, b in zip(got, again))
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        cap = act_quant(x, smooth, down, 64, "int4_g64", scale_dtype, out="f16")
+    for t in cap:
+        t.fill_(float("nan"))
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(cap[0].view(torch.int16), got[0].view(torch.int16)) and torch.equal(cap[1], got[1])
+    if scale_dtype != torch.bfloat16 or K > 4096:
+        return
+    N, r = 4112, 32
+    qw = torch.randint(-8, 8, (N, K), device="cuda", generator=gen, dtype=torch.int8)
+    p = dict(qweight=pack_int4(qw), wscales=(torch.rand(K // 64, N, device="cuda", generator=gen) * 0.01).bfloat16(),
+             smooth=smooth, lora_down=down, lora_up=(torch.randn(N, r, device="cuda", generator=gen) * 0.02).bfloat16())
+    xc = x.clone()
+    xc[1, 100] = 1.0
+    y = w4a4_linear(xc, **p, out_dtype=torch.float32)
+    ref = svdq_linear_ref(xc, **p)
+    err = float((y.double().cpu() - ref.cpu()).norm() / ref.cpu().norm())
+    assert err < 1e-3, f"M={M}: layer rel err {err:.3e}"
+    monkeypatch.setenv("LOWRANK_GEMM_ACT_QUANT_F16", "0")
+    y_packed = w4a4_linear(xc, **p, out_dtype=torch.float32)
+    if M <= 48:
+        assert torch.equal(y, y_packed)

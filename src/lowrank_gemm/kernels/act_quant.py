@@ -41,7 +41,8 @@ from .pdl import gdc_launch_dependents, gdc_wait, pdl_enabled
 from .persistent import capturing, persistent_zeros
 from .schedule import cdiv, next_pow2, num_sms
 from .tma import tma_ready
-from .w4_expand import act_f8_rows, e4m3_codes, e4m3_operands, expand_act_f8
+from .w4_expand import (act_f8_rows, e4m3_codes, e4m3_operands, expand_act_f8, f16_column, f16_row_exponent,
+                        f16_row_power, f16_scaled_down)
 
 __all__ = ["act_quant", "act_quant_shifted", "plan_act_quant", "ActQuantPlan", "FORMATS", "OUTPUTS", "VARIANTS",
            "MAX_SPLIT", "SMALL_M", "S_FEEDS"]
@@ -1072,6 +1073,56 @@ def _fused_g64_unit(x_ptr, stride_xm, smooth_ptr, q_ptr, stride_qm, sc_ptr, stri
 
 
 @triton.jit
+def _g64_live_scales(xs, BM: tl.constexpr, NG: tl.constexpr, G: tl.constexpr, SCALE_BF16: tl.constexpr):
+    """Smoothed columns [BM, NG·G] (whole groups) → the 16-bit scale of every group that gets a nonzero code, 0 for
+    the others [BM, NG]. :func:`_group_codes` gives a group with no NaN and a finite nonzero scale RN16(top / 7) a
+    code of magnitude ≥ 4 at its largest element (the scale is within a factor 2 of top / 7, subnormal or not); a
+    NaN group (NaN scale), an Inf group (Inf scale) and a group whose scale rounds to 0 (made 1: every |x| < ½) get
+    only zeros."""
+    v = tl.reshape(xs, (BM, NG, G))
+    top = tl.max(tl.abs(v), axis=2)
+    n_nan = tl.sum((v != v).to(tl.int32), axis=2)
+    s = _round_scale16(tl.math.div_rn(top, 7.0), SCALE_BF16)
+    return tl.where((n_nan == 0) & (s > 0.0) & (s < float("inf")), s, 0.0)
+
+
+@triton.jit
+def _fused_g64_f16_unit(x_ptr, stride_xm, smooth_ptr, x16_ptr, stride_x16, t_ptr, u, QS, M, K,
+                        G: tl.constexpr, QM: tl.constexpr, QK: tl.constexpr, CH: tl.constexpr,
+                        SCALE_BF16: tl.constexpr):
+    """Rows [r0, r0 + QM), columns chunk c of QK: the int4_g64 decode kernel's fp16 token operand straight from x —
+    ``w4_expand.f16_act_operands`` of this kernel's packed output, bit for bit. The row's power of two p needs the
+    largest scale of its live groups, so the unit first walks the whole row (CH columns at a time, as the 2l unit
+    does for its absmax: L2-resident re-reads), then codes its own chunk exactly as the packed unit does and stores
+    q·scale·2⁻ᵖ as fp16 at the permuted columns (``w4_expand.F16_K_PERM``); chunk 0 stores t = 2ᵖ."""
+    HALF: tl.constexpr = QK // 2
+    NGS: tl.constexpr = QK // G
+    c = u % QS
+    offs_m = (u // QS) * QM + tl.arange(0, QM)
+    row_ok = offs_m < M
+    col = tl.arange(0, HALF)
+    k_lo = c * QK + (col // 32) * 64 + (col % 32)  # lo nibble columns (see _quant_g64_step)
+    k_ok = k_lo < K
+    # the unit's own columns first, as raw 16-bit values: in flight during the row walk, which does not need them
+    x_lo, lam_lo = _load_x_lam(x_ptr, stride_xm, smooth_ptr, offs_m, k_lo, row_ok, k_ok)
+    x_hi, lam_hi = _load_x_lam(x_ptr, stride_xm, smooth_ptr, offs_m, k_lo + 32, row_ok, k_ok)
+    top = tl.zeros((QM,), tl.float32)
+    for k0 in range(0, K, CH):
+        offs_k = k0 + tl.arange(0, CH)
+        xs = _load_smoothed(x_ptr, stride_xm, smooth_ptr, offs_m, offs_k, row_ok, offs_k < K)
+        top = tl.maximum(top, tl.max(_g64_live_scales(xs, QM, CH // G, G, SCALE_BF16), axis=1))
+    p = f16_row_exponent(top)
+    q_lo, q_hi, scale = _g64_codes(_div_lam(x_lo, lam_lo), _div_lam(x_hi, lam_hi), QM, NGS, G // 2, SCALE_BF16)
+    sd = _bcast_groups(f16_scaled_down(scale, p[:, None]), QM, NGS, G // 2)
+    row = x16_ptr + offs_m.to(tl.int64)[:, None] * stride_x16
+    mask = row_ok[:, None] & k_ok[None, :]
+    tl.store(row + f16_column(k_lo)[None, :], (q_lo.to(tl.float32) * sd).to(tl.float16), mask=mask)
+    tl.store(row + f16_column(k_lo + 32)[None, :], (q_hi.to(tl.float32) * sd).to(tl.float16), mask=mask)
+    if c == 0:
+        tl.store(t_ptr + offs_m, f16_row_power(p), mask=row_ok)
+
+
+@triton.jit
 def _act_quant_fused_kernel(
     x_ptr, stride_xm,          # (M, K) bf16/fp16
     smooth_ptr,                # (K,)
@@ -1087,10 +1138,11 @@ def _act_quant_fused_kernel(
     QK: tl.constexpr, CH: tl.constexpr, SCALE_BF16: tl.constexpr,
     S_RANK: tl.constexpr = False, SR: tl.constexpr = 1, RB: tl.constexpr = 1, CK: tl.constexpr = 64,
     NCH: tl.constexpr = 1, F8: tl.constexpr = False, PDL: tl.constexpr = False, LOADS_FIRST: tl.constexpr = False,
-    LATE_DEPS: tl.constexpr = False, UNSIGNED: tl.constexpr = False, shift_ptr=None,
+    LATE_DEPS: tl.constexpr = False, UNSIGNED: tl.constexpr = False, shift_ptr=None, F16: tl.constexpr = False,
 ):
     """Programs [0, N_SPROG): S — (row block, K slice) + ticket, or with S_RANK (SR rows, RB ranks) over all
     of K; the rest: quant unit u = pid − N_SPROG (rows (u // QS)·QM …, column chunk u % QS).
+    F16 (g64): q / sc are the decode kernel's fp16 token operand x16 [M, K] / t [M] (:func:`_fused_g64_f16_unit`).
     F8 (g64): q / sc are the e4m3 operands x8 [M, K] / xab [K/G, 2, M] (:func:`_store_g64`); with UNSIGNED
     (``shift_ptr`` fp32 [K]) their codes are 0…15 of x/λ + shift (:func:`_g64_codes_unsigned`), S unshifted.
     PDL (kernels/pdl.py): every program first lets the next kernel (the GEMM) be scheduled, so it can start
@@ -1115,6 +1167,9 @@ def _act_quant_fused_kernel(
             _fused_s_program(x_ptr, stride_xm, smooth_ptr, a_ptr, stride_ar, sp_ptr, stride_sps, stride_spm,
                              s_ptr, stride_sm, cnt_ptr, pid, M, K, R, SPLIT, STEPS_PER_SLICE, ROT,
                              BLOCK_M, BLOCK_K, BLOCK_R, SPLIT_P2, SUM_ROWS)
+    elif F16:
+        _fused_g64_f16_unit(x_ptr, stride_xm, smooth_ptr, q_ptr, stride_qm, sc_ptr, pid - N_SPROG, QS, M, K,
+                            G, QM, QK, CH, SCALE_BF16)
     elif TWO_LEVEL:
         _fused_2l_unit(x_ptr, stride_xm, smooth_ptr, q_ptr, stride_qm, sc_ptr, pid - N_SPROG, QS, M, K,
                        G, QM, QK, CH)
@@ -1289,6 +1344,18 @@ def _g64_tens_of_rows(m: int, k: int) -> tuple[str, int | None]:
     return "v1", None
 
 
+F16_ROW_CHUNK = 2048
+
+
+def f16_s_ranks(m: int, k: int) -> int:
+    """The S programs of ``act_quant(out="f16")`` (always fused): rank-split (1) where :func:`_g64_tens_of_rows`
+    takes it for the packed output, else the ticketed K-split sum (0) — the packed output's v1 / v3 there are not
+    fused kernels. ``LOWRANK_GEMM_ACT_QUANT_FUSED_S`` (rank / ticket) overrides."""
+    if _ENV_FUSED_S:
+        return 1 if _ENV_FUSED_S == "rank" else 0
+    return 1 if (m * k <= RANK_S_MAX_MK and k <= RANK_S_MAX_K) else 0
+
+
 # LOWRANK_GEMM_ACT_QUANT_G64_FUSED_MAX_M pins the int4_g64 fused/v1 boundary (0 = v1 always).
 FUSED_G64_MAX_M = int(getenv("LOWRANK_GEMM_ACT_QUANT_G64_FUSED_MAX_M", "").strip() or 16)
 
@@ -1402,7 +1469,7 @@ def _one_wave_split(m: int, block_m: int, fmt: str, device) -> int:
     return max(1, _ONE_FEED_CTAS[fmt] * sms // cdiv(m, block_m))
 
 
-OUTPUTS = ("packed", "f8")
+OUTPUTS = ("packed", "f8", "f16")
 # variants that write the e4m3 operands themselves (out="f8"); the others quantize packed, then expand_act_f8
 _F8_NATIVE = ("v1", "v3", "fused")
 
@@ -1432,6 +1499,9 @@ def act_quant(x: torch.Tensor, smooth: torch.Tensor, lora_down: torch.Tensor, gr
                 xab float32 [K/G, 2, M], bit-identical to ``w4_expand.expand_act_f8`` of the packed pair
                 (``scale_dtype`` still sets the 16-bit scale xab is built from). The fused / v1 / v3 kernels
                 write them directly (no packed intermediate, no expansion launch); v2 expands after;
+      int4_g64, ``out="f16"``: the decode kernel's fp16 operands, x_q float16 [M, K] = q·scale·2⁻ᵖ with K permuted
+                in every 16 columns and x_scale = t float32 [M] = 2ᵖ, bit-identical to ``w4_expand.f16_act_operands``
+                of the packed pair; always the fused kernel (S programs as :func:`f16_s_ranks` picks);
       int4_2l:  x_q int8 [M, K],    x_scale float32 [M];
     and lowrank_act float32 [M, r] = (x / smooth) · lora_downᵀ (lora_down [r, K]; r may be 0).
     ``split`` (K slices per row block), ``block_m``, ``block_k`` (columns per step, a multiple of G that
@@ -1465,9 +1535,19 @@ def act_quant(x: torch.Tensor, smooth: torch.Tensor, lora_down: torch.Tensor, gr
     if out not in OUTPUTS:
         raise ValueError(f"act_quant: out must be one of {OUTPUTS}, got {out!r}")
     f8 = out == "f8"
-    if f8 and (fmt != "int4_g64" or group_size % 64):
-        raise ValueError(f"act_quant: out='f8' (the e4m3 GEMM operands) needs fmt='int4_g64' and a group size that "
-                         f"is a multiple of 64, got fmt={fmt!r}, group_size={group_size}")
+    if out != "packed" and (fmt != "int4_g64" or group_size % 64):
+        raise ValueError(f"act_quant: out={out!r} (the {'e4m3' if f8 else 'fp16'} GEMM operands) needs fmt='int4_g64' "
+                         f"and a group size that is a multiple of 64, got fmt={fmt!r}, group_size={group_size}")
+    if out == "f16":
+        if act_shift is not None or variant not in (None, "fused"):
+            raise ValueError(f"act_quant: out='f16' runs the fused kernel on signed codes, got variant={variant!r}"
+                             f"{', act_shift' if act_shift is not None else ''}")
+        plan = plan_act_quant(m, k, group_size, dev, split, block_m, block_k, num_warps, "fused", fmt=fmt, rank=r,
+                              quant_rows=quant_rows, quant_cols=quant_cols, s_rows=s_rows,
+                              s_ranks=f16_s_ranks(m, k) if s_ranks is None else s_ranks)
+        return _act_quant_fused(x, smooth, lora_down, group_size, fmt, scale_dtype, plan, _slice_rot,
+                                loads_first=_loads_first_default(m) if loads_first is None else loads_first,
+                                early_deps=_early_deps(early_launch), f16=True)
     if act_shift is not None:
         if not f8 or variant not in (None, "v3", "fused"):
             raise ValueError(f"act_quant: act_shift (unsigned codes) runs the v3 or fused kernel with out='f8', got "
@@ -1613,16 +1693,17 @@ def _tickets(dev: torch.device, n: int) -> torch.Tensor:
 
 
 def _act_quant_fused(x, smooth, lora_down, group_size, fmt, scale_dtype, plan: ActQuantPlan, rot: int = 0,
-                     f8: bool = False, loads_first: bool = False, early_deps: bool = True, act_shift=None):
+                     f8: bool = False, loads_first: bool = False, early_deps: bool = True, act_shift=None,
+                     f16: bool = False):
     """One launch: S programs (row block × slice, ticketed fixed-order sum) + quant units (``act_shift``: the
-    unsigned codes, g64 with f8)."""
+    unsigned codes, g64 with f8; ``f16``: the decode kernel's fp16 token operand, g64)."""
     m, k = x.shape
     r = lora_down.shape[0]
     dev = x.device
     bm, bk, nsplit, sps, warps, _, qm, qk, sr, rb = plan
     two_level = fmt == "int4_2l"
-    if two_level:
-        x_q = torch.empty((m, k), device=dev, dtype=torch.int8)
+    if two_level or f16:
+        x_q = torch.empty((m, k), device=dev, dtype=torch.float16 if f16 else torch.int8)
         x_scale = torch.empty((m,), device=dev, dtype=torch.float32)
     else:
         x_q, x_scale = _g64_outputs(m, k, group_size, dev, scale_dtype, f8)
@@ -1639,6 +1720,10 @@ def _act_quant_fused(x, smooth, lora_down, group_size, fmt, scale_dtype, plan: A
         modes["LATE_DEPS"] = True
     if act_shift is not None:
         modes.update(UNSIGNED=True, shift_ptr=act_shift)
+    ch = min(next_pow2(k), max(64, 4096 // qm))
+    if f16:     # the row walk: whole groups, ≤ 2048 columns a chunk (sm_90: 4096 took the kernel 164 → 232 registers)
+        modes["F16"] = True
+        ch = max(group_size, min(next_pow2(k), F16_ROW_CHUNK))
     if rb:  # rank-split S: no slabs, no tickets
         ck, nch = _rank_chunks(k, sr, rb)
         n_s = cdiv(m, sr) * cdiv(r, rb) if r else 0
@@ -1647,7 +1732,7 @@ def _act_quant_fused(x, smooth, lora_down, group_size, fmt, scale_dtype, plan: A
             lowrank_act, 0, 0, lowrank_act, lowrank_act.stride(0), lowrank_act,  # no slabs / tickets
             m, k, r, 1, 1, n_s, qs, 0,
             TWO_LEVEL=two_level, G=group_size, BLOCK_M=16, BLOCK_K=group_size, BLOCK_R=br, SPLIT_P2=1, SUM_ROWS=1,
-            QM=qm, QK=qk, CH=min(next_pow2(k), max(64, 4096 // qm)),
+            QM=qm, QK=qk, CH=ch,
             SCALE_BF16=scale_dtype == torch.bfloat16, S_RANK=True, SR=sr, RB=rb, CK=ck, NCH=nch, num_warps=warps,
             **modes)
         return x_q, x_scale, lowrank_act
@@ -1661,6 +1746,6 @@ def _act_quant_fused(x, smooth, lora_down, group_size, fmt, scale_dtype, plan: A
         m, k, r, nsplit, sps, n_s, qs, rot % nsplit,
         TWO_LEVEL=two_level, G=group_size, BLOCK_M=bm, BLOCK_K=bk, BLOCK_R=br,
         SPLIT_P2=next_pow2(nsplit), SUM_ROWS=min(bm, next_pow2(m)), QM=qm, QK=qk,
-        CH=min(next_pow2(k), max(64, 4096 // qm)), SCALE_BF16=scale_dtype == torch.bfloat16,
+        CH=ch, SCALE_BF16=scale_dtype == torch.bfloat16,
         num_warps=warps, **modes)
     return x_q, x_scale, lowrank_act

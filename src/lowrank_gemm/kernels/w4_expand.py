@@ -38,7 +38,8 @@ from .schedule import cdiv
 
 __all__ = ["expand_w4", "expand_w4_ref", "EXPAND_DTYPES", "expand_act_f8", "expand_act_f8_ref", "e4m3_operands",
            "F8_W_SHIFT", "e4m3_codes", "act_f8_rows", "F16_K_PERM", "f16_weight_operands", "f16_weight_operands_ref",
-           "f16_act_operands", "f16_act_operands_ref"]
+           "f16_act_operands", "f16_act_operands_ref", "f16_row_exponent", "f16_scaled_down", "f16_row_power",
+           "f16_column"]
 
 EXPAND_DTYPES = (torch.int8, torch.float8_e4m3fn)
 _HALF = PACK_BLOCK // 2
@@ -324,6 +325,9 @@ def f16_weight_operands(w_q: torch.Tensor, w_scale: torch.Tensor, group_size: in
                              lambda: f16_weight_operands_ref(w_q, w_scale, group_size))
 
 
+_F16_EXP = tl.constexpr(F16_RANGE_EXP)
+
+
 @triton.jit
 def _pow2(e):
     """2^e as fp32 for integer e ∈ [−126, 127], from its bits."""
@@ -331,12 +335,43 @@ def _pow2(e):
 
 
 @triton.jit
+def f16_row_exponent(amax):
+    """:func:`_pow2_exponent` on fp32 bits (int32, elementwise): p = frexp's e − (F16_RANGE_EXP + 1) of amax, 0 where
+    amax is 0 or not finite; a subnormal amax is read ×2⁶⁴."""
+    e_n = (amax.to(tl.int32, bitcast=True) >> 23) & 0xFF                              # biased exponent
+    e_s = ((amax * 18446744073709551616.0).to(tl.int32, bitcast=True) >> 23) & 0xFF   # (subnormal amax: × 2⁶⁴)
+    p = tl.where(e_n == 0, e_s - 64, e_n) - (127 + _F16_EXP)    # frexp's e − (F16_RANGE_EXP + 1) = biased − 126 − …
+    return tl.where((amax > 0) & (e_n < 255), p, 0)
+
+
+@triton.jit
+def f16_scaled_down(v, p):
+    """v·2⁻ᵖ, exact for normal results: 2⁻ᵖ as two normal powers of two (p alone may leave fp32's range)."""
+    a = -p // 2
+    return v * _pow2(a) * _pow2(-p - a)
+
+
+@triton.jit
+def f16_row_power(p):
+    """2ᵖ as fp32 (two normal powers of two): the row's t."""
+    p1 = p // 2
+    return _pow2(p1) * _pow2(p - p1)
+
+
+@triton.jit
+def f16_column(k):
+    """The stored column of natural K position k: (k & ~15) | ℓ(k & 15) with ℓ(4q + 2j + i) = 8j + 2q + i
+    (the inverse of :data:`F16_K_PERM`)."""
+    return (k & ~15) | (((k >> 1) & 1) << 3) | (((k >> 2) & 3) << 1) | (k & 1)
+
+
+@triton.jit
 def _act_f16_kernel(xq_ptr, xs_ptr, x16_ptr, t_ptr, M, KH, NG,
                     G: tl.constexpr, NG_P2: tl.constexpr, PDL: tl.constexpr = False):
     """One program per token row of :func:`f16_act_operands`: the row's packed codes [NG, G/2] and scales [NG] in
-    registers; p = the frexp exponent of the largest |scale| over the live groups (a nonzero code) − 12, as
-    ``_pow2_exponent``; q·s·2⁻ᵖ formed exactly in fp32 (2⁻ᵖ as two normal powers of two) and stored as fp16 at the
-    permuted column of every 16; t = 2ᵖ. PDL as :func:`_act_f8_kernel`."""
+    registers; p from the largest |scale| over the live groups (a nonzero code, :func:`f16_row_exponent`); q·s·2⁻ᵖ
+    formed exactly in fp32 and stored as fp16 at the permuted column of every 16; t = 2ᵖ. PDL as
+    :func:`_act_f8_kernel`."""
     if PDL:
         gdc_launch_dependents()
         gdc_wait()
@@ -349,26 +384,16 @@ def _act_f16_kernel(xq_ptr, xs_ptr, x16_ptr, t_ptr, M, KH, NG,
                  other=0).to(tl.int8, bitcast=True)                                    # [NG, G/2]
     sc = tl.load(xs_ptr + gi * M + m, mask=g_ok, other=0.0).to(tl.float32)
     live = tl.max((pk != 0).to(tl.int32), axis=1) > 0
-    amax = tl.max(tl.where(live, tl.abs(sc), 0.0), axis=0)
-    e_n = (amax.to(tl.int32, bitcast=True) >> 23) & 0xFF                              # biased exponent
-    e_s = ((amax * 18446744073709551616.0).to(tl.int32, bitcast=True) >> 23) & 0xFF   # (subnormal amax: × 2⁶⁴)
-    p = tl.where(e_n == 0, e_s - 64, e_n) - (127 + 11)       # frexp's e − 12 = (biased − 126) − 12
-    p = tl.where((amax > 0) & (e_n < 255), p, 0)
-    a = -p // 2
-    xs = sc * _pow2(a) * _pow2(-p - a)                                                 # exact: powers of two
+    p = f16_row_exponent(tl.max(tl.where(live, tl.abs(sc), 0.0), axis=0))
+    xs = f16_scaled_down(sc, p)
     lo = ((pk << 4) >> 4).to(tl.float32) * xs[:, None]
     hi = (pk >> 4).to(tl.float32) * xs[:, None]
-    # natural K of the low plane: G·g + 64·(j // 32) + j % 32 for byte j of the group; stored at column
-    # (k & ~15) | ℓ(k & 15) with ℓ(4q + 2j + i) = 8j + 2q + i
+    # natural K of the low plane: G·g + 64·(j // 32) + j % 32 for byte j of the group
     k_lo = gi[:, None] * G + (bi[None, :] // 32) * 64 + bi[None, :] % 32
-    k_hi = k_lo + 32
-    c_lo = (k_lo & ~15) | (((k_lo >> 1) & 1) << 3) | (((k_lo >> 2) & 3) << 1) | (k_lo & 1)
-    c_hi = (k_hi & ~15) | (((k_hi >> 1) & 1) << 3) | (((k_hi >> 2) & 3) << 1) | (k_hi & 1)
     row = x16_ptr + m.to(tl.int64) * (2 * KH)
-    tl.store(row + c_lo, lo.to(tl.float16), mask=g_ok[:, None])
-    tl.store(row + c_hi, hi.to(tl.float16), mask=g_ok[:, None])
-    p1 = p // 2
-    tl.store(t_ptr + m, _pow2(p1) * _pow2(p - p1))
+    tl.store(row + f16_column(k_lo), lo.to(tl.float16), mask=g_ok[:, None])
+    tl.store(row + f16_column(k_lo + 32), hi.to(tl.float16), mask=g_ok[:, None])
+    tl.store(t_ptr + m, f16_row_power(p))
 
 
 def f16_act_operands(x_q: torch.Tensor, x_scale: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch.Tensor]:

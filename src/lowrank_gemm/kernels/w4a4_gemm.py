@@ -16,6 +16,10 @@ these arguments; every tensor on one CUDA device, row-major and contiguous unles
         ``w4_expand.expand_act_f8``; v1 and the int8 paths reject them):
       x_q         float8_e4m3fn [M, K]   the codes q in natural K order
       x_scale     fp32 [K/G, 2, M]       xab: rows (2⁹·xs, −8·R·xs) per group
+        or, for the decode kernel's fp16 path (``act_quant(..., out="f16")`` or ``w4_expand.f16_act_operands``; the
+        decode kernel only):
+      x_q         float16 [M, K]         q·x_scale·2⁻ᵖ, K permuted in every 16 columns (w4_expand.F16_K_PERM)
+      x_scale     fp32 [M]               t = 2ᵖ per token
       w_q         uint8 [N, K/2]   weights, same packing
       w_scale     bf16|fp16 [K/G, N]  group-major weight scales (same dtype as the 16-bit x_scale)
       w_mul       None
@@ -782,7 +786,7 @@ def _decode_route(impl: str, m: int, n: int, fmt: str, device: torch.device, pre
     if impl != "auto" or not AUTO_DECODE or device.type != "cuda" or n % 16:
         return False
     from .gluon.w4a4_decode import decode_enabled, decode_f16_default
-    if fmt == "int4_g64" and not pre_expanded and decode_f16_default(m):
+    if fmt == "int4_g64" and (pre_expanded == "f16" or (not pre_expanded and decode_f16_default(m))):
         return decode_enabled()             # the fp16 path: no per-group chain to lose to v2 (its 64-token tiles)
     return m <= AUTO_DECODE_MAX_M.get(fmt, 0) and decode_enabled()
 
@@ -827,7 +831,14 @@ def _route(impl: str, fmt: str, m: int, n: int, k: int, r: int, group_size: int,
     """The kernel the GEMM op runs: "gemv" | "skinny" | "decode" | "v2" | "v1" — the one place that decides, for the GEMM op
     and for the layer op's choice of act_quant output (:func:`_layer_wants_f8`). ``x_scale``: the packed
     activation scales (or a stand-in of their shape, dtype and contiguity: only their TMA-ability is judged);
-    ``pre_expanded``: the activations are the e4m3 operands, which only the decode and v2 kernels take."""
+    ``pre_expanded``: the activations are the e4m3 operands, which only the decode and v2 kernels take, or (``"f16"``)
+    the fp16 ones, which only the decode kernel takes."""
+    if pre_expanded == "f16":
+        _expect(fmt == "int4_g64" and _decode_route(impl, m, n, fmt, device, pre_expanded),
+                lambda: f"fp16 activations (act_quant(out='f16')) run only on the decode kernel's fp16 path "
+                f"(int4_g64, impl 'auto' on CUDA with N % 16 == 0, or 'decode'), got impl={impl!r}, fmt={fmt!r}, "
+                f"N={n} on {device}")
+        return "decode"
     if _gemv_route(impl, m, n, fmt, device, pre_expanded):
         return "gemv"
     if _skinny_route(impl, m, n, fmt, device, pre_expanded):
@@ -876,6 +887,30 @@ def _layer_wants_f8(impl: str, fmt: str, m: int, n: int, k: int, r: int, group_s
         xab = torch.empty((ng, 2, m), dtype=torch.float32, device="meta")
         return f8_default() and (scale_tma_ok(xab, w_scale, None, fmt) or not scale_tma_ok(packed, w_scale, None, fmt))
     return False
+
+
+# The layer op has act_quant write the decode kernel's fp16 token operand itself (act_quant(out="f16"): one launch
+# less than act_quant's packed pair + w4_expand.f16_act_operands) unless LOWRANK_GEMM_ACT_QUANT_F16=0 (read per call;
+# else ACT_QUANT_F16_DEFAULT).
+ACT_QUANT_F16_DEFAULT = True
+
+
+def act_quant_f16_enabled() -> bool:
+    env = getenv("LOWRANK_GEMM_ACT_QUANT_F16", "")
+    return env == "1" if env in ("0", "1") else ACT_QUANT_F16_DEFAULT
+
+
+def _layer_act_out(impl: str, fmt: str, m: int, n: int, k: int, r: int, group_size: int, device: torch.device,
+                   scale_dtype: torch.dtype, w_scale: torch.Tensor) -> str:
+    """act_quant's ``out`` for the layer op: "f16" where the GEMM is the decode kernel on its fp16 path
+    (:func:`_decode_route` and ``decode_f16_default``; :func:`act_quant_f16_enabled`), else "f8" where
+    :func:`_layer_wants_f8`, else "packed"."""
+    if fmt == "int4_g64" and group_size % 64 == 0 and act_quant_f16_enabled() and impl in ("auto", "decode"):
+        from .gluon.w4a4_decode import decode_f16_default
+        if decode_f16_default(m) and not _gemv_route(impl, m, n, fmt, device, False) \
+                and not _skinny_route(impl, m, n, fmt, device, False) and _decode_route(impl, m, n, fmt, device):
+            return "f16"
+    return "f8" if _layer_wants_f8(impl, fmt, m, n, k, r, group_size, device, scale_dtype, w_scale) else "packed"
 
 
 def _early_launch(impl: str, fmt: str, m: int, n: int, k: int, device: torch.device) -> bool | None:
@@ -944,9 +979,20 @@ def check_gemm_args(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bia
         _expect(w_scale.shape == (ng, n) and w_scale.dtype in (torch.bfloat16, torch.float16),
                 lambda: f"wscales must be bf16/fp16 [K/G, N] = {[ng, n]}, got {w_scale.dtype} {_shape(w_scale)}")
         _expect(w_mul is None, "w_mul is only used by fmt='int4_2l'")
+    elif fmt == "int4_g64" and x_q.dtype == torch.float16:        # the decode kernel's fp16 operands
+        _expect(x_q.dim() == 2 and x_q.shape[1] == k,
+                lambda: f"fp16 activations must be float16 [M, {k}] (act_quant(out='f16')), got {_shape(x_q)}")
+        m = x_q.shape[0]
+        _expect(x_scale.shape == (m, ) and x_scale.dtype == torch.float32,
+                lambda: f"fp16 activations come with t float32 [M] = [{m}] (act_quant(out='f16') / "
+                f"f16_act_operands), got {x_scale.dtype} {_shape(x_scale)}")
+        _expect(w_scale.shape == (ng, n) and w_scale.dtype in (torch.bfloat16, torch.float16),
+                lambda: f"wscales must be bf16/fp16 [K/G, N] = {[ng, n]}, got {w_scale.dtype} {_shape(w_scale)}")
+        _expect(w_mul is None, "w_mul is only used by fmt='int4_2l'")
     elif fmt == "int4_g64":
         _expect(x_q.dtype == torch.uint8 and x_q.dim() == 2 and x_q.shape[1] == k // 2,
-                lambda: f"activations must be uint8 [M, {k // 2}] (packed int4; or float8_e4m3fn [M, {k}] pre-expanded), "
+                lambda: f"activations must be uint8 [M, {k // 2}] (packed int4; or float8_e4m3fn [M, {k}] / float16 "
+                f"[M, {k}] pre-expanded), "
                 f"got {x_q.dtype} {_shape(x_q)}")
         m = x_q.shape[0]
         _expect(x_scale.shape == (ng, m) and x_scale.dtype in (torch.bfloat16, torch.float16),
@@ -1066,7 +1112,7 @@ def _w4a4_gemm_impl(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bia
     if m == 0:
         return out
     args = (x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, out, fmt, group_size, None)
-    pre_expanded = x_q.dtype == torch.float8_e4m3fn
+    pre_expanded = "f16" if x_q.dtype == torch.float16 else x_q.dtype == torch.float8_e4m3fn
     kernel = _route(impl, fmt, m, n, k, r, group_size, x_q.device, x_scale, w_scale, w_mul, pre_expanded)
     if kernel in ("gemv", "skinny"):      # packed-activation kernels: no config argument
         from .w4a4_gemv import launch_w4a4_gemv
@@ -1074,7 +1120,7 @@ def _w4a4_gemm_impl(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bia
         (launch_w4a4_gemv if kernel == "gemv" else launch_w4a4_skinny)(*args[:11], _dims=(m, n, k, r))
         return out
     # e4m3 activations run the e4m3 path whatever its env default says (the int8 path cannot read them)
-    f8 = dict(f8=True) if pre_expanded else {}
+    f8 = dict(f16=True) if pre_expanded == "f16" else dict(f8=True) if pre_expanded else {}
     if kernel == "decode":
         from .gluon.w4a4_decode import launch_w4a4_decode
         launch_w4a4_decode(*args, _dims=(m, n, k, r), **f8)
@@ -1106,7 +1152,7 @@ def w4a4_gemm(x_q: torch.Tensor, x_scale: torch.Tensor, w_q: torch.Tensor, w_sca
 
     ``lowrank_act`` [M, r] fp32 and ``lora_up`` [N, r] add ``lowrank_act · lora_upᵀ`` in the epilogue.
     int4_g64 also takes act_quant's pre-expanded e4m3 operands (``out="f8"``): they run on the decode or v2
-    kernel (impl "auto", "decode", "v2"), never on v1.
+    kernel (impl "auto", "decode", "v2"), never on v1; and its fp16 ones (``out="f16"``): the decode kernel only.
     """
     _expect(out_dtype in (torch.bfloat16, torch.float16, torch.float32),
             lambda: f"out_dtype must be bf16, fp16 or fp32, got {out_dtype}")
@@ -1136,9 +1182,9 @@ def _w4a4_linear_impl(x, qweight, wscales, smooth, lora_down, lora_up, bias, wmu
         y = _w4a4_gemm_impl(x8, xab, qweight, wscales, None, lowrank_act if r else None, lora_up if r else None, bias,
                             group_size, fmt, out_dtype, impl)
         return y.reshape(*x.shape[:-1], n)
-    f8 = _layer_wants_f8(impl, fmt, x2.shape[0], n, k, r, group_size, x.device, scale_dtype, wscales)
     x_q, x_scale, lowrank_act = act_quant(x2, smooth, lora_down, group_size, fmt, scale_dtype,
-                                          out="f8" if f8 else "packed",
+                                          out=_layer_act_out(impl, fmt, x2.shape[0], n, k, r, group_size, x.device,
+                                                             scale_dtype, wscales),
                                           early_launch=_early_launch(impl, fmt, x2.shape[0], n, k, x.device))
     y = _w4a4_gemm_impl(x_q, x_scale, qweight, wscales, wmul, lowrank_act if r else None,
                         lora_up if r else None, bias, group_size, fmt, out_dtype, impl)

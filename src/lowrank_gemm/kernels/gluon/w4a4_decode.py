@@ -1129,13 +1129,17 @@ def _args(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, out, fm
     if col_scale is not None and (tuple(col_scale.shape) != (N, ) or col_scale.device != dev):
         raise ValueError(f"w4a4 decode: col_scale must be [N={N}] on {dev}, got {list(col_scale.shape)}")
     rows = w_scale if g else w_mul       # the [K/G, N] table that rides in the ring
-    if g and x_q.dtype != torch.float8_e4m3fn and x_scale.dtype != w_scale.dtype:   # (e4m3: x_scale = xab fp32)
+    if g and x_q.dtype == torch.uint8 and x_scale.dtype != w_scale.dtype:   # (e4m3 / fp16: x_scale is fp32)
         raise ValueError(f"w4a4 decode: x_scale and w_scale must share a dtype, got {x_scale.dtype}, {w_scale.dtype}")
     for name, t in (("x_q", x_q), ("w_q", w_q), ("w_mul" if not g else "w_scale", rows)):
         if t.data_ptr() % 16:
             raise ValueError(f"w4a4 decode: {name} must be 16-byte aligned for TMA, got address {t.data_ptr():#x}")
+    x16_given = x_q.dtype == torch.float16          # act_quant(out="f16"): the token operand is made already
+    if x16_given and (f16 is False or f8):
+        raise ValueError(f"w4a4 decode: fp16 activations (act_quant(out='f16')) run only on the fp16 path, got "
+                         f"f16={f16}, f8={f8}")
     if f16 is None:     # an explicit f8 (True: e4m3, False: the int8 path) keeps its path
-        f16 = g and f8 is None and x_q.dtype == torch.uint8 and decode_f16_default(M)
+        f16 = x16_given or (g and f8 is None and x_q.dtype == torch.uint8 and decode_f16_default(M))
     f16 = bool(f16)
     if f16 and f8 is None:
         f8 = False
@@ -1155,7 +1159,8 @@ def _args(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, out, fm
                             row_box, br, xr, f16)
     if f16:     # x16 [M, K] + t [M]; the fp16 scale rows w16 [K/G, N] ride in the ring, c [N] waits for the epilogue
         from ..w4_expand import f16_act_operands, f16_weight_operands
-        x_q, x_scale = f16_act_operands(x_q, x_scale, group_size)
+        if not x16_given:
+            x_q, x_scale = f16_act_operands(x_q, x_scale, group_size)
         rows, w_scale = f16_weight_operands(w_q, w_scale, group_size)
     else:
         x_q, x_scale = _f8_operands(x_q, x_scale, group_size, f8, "w4a4 decode")

@@ -1,0 +1,85 @@
+"""GPU probe (≈ 90 s): act_quant writing the int4_g64 decode kernel's fp16 token operand itself
+(``act_quant(out="f16")``, one launch) against the packed pair + ``w4_expand.f16_act_operands`` (two launches), one
+process, CUDA-graph replays over three rotated inputs.
+
+Per M (K = 4096, N = 28672 by default, rank 32): act_quant alone — ``aq_packed`` (the default plan), ``f16_operands``
+(the operand kernel on its output), ``aq_f16`` (the default S programs), ``aq_f16_rank`` / ``aq_f16_ticket`` (both
+S modes); then the layer (``w4a4_linear``, checked against ``svdq_linear_ref``) — ``layer_aq16=0`` / ``=1`` at the
+default route (``LOWRANK_GEMM_ACT_QUANT_F16``), and at M ≤ 32 ``layer_dec16_aq16=1`` (``LOWRANK_GEMM_DECODE_F16=1``:
+the fp16 decode path below its default range) — and ``cublas_bf16`` (x @ Wᵀ). Writes DIR/probe_act_quant_f16.{json,md}.
+
+    PYTHONPATH=src python scripts/probe_act_quant_f16.py --out DIR [--cases MxKxN,…]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+import torch
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--cases", default="16x4096x28672,32x4096x28672,33x4096x28672,48x4096x28672,64x4096x28672")
+    a = ap.parse_args()
+    from lowrank_gemm.bench.common import (device_meta, markdown_table, meta_header, parse_shapes, time_graph,
+                                           write_results)
+    from lowrank_gemm.formats.int4 import pack_int4, quantize_weight_int4
+    from lowrank_gemm.kernels.act_quant import act_quant
+    from lowrank_gemm.kernels.w4_expand import f16_act_operands
+    from lowrank_gemm.kernels.w4a4_gemm import w4a4_linear
+    from lowrank_gemm.reference import svdq_linear_ref
+
+    meta, rows, r = device_meta(), [], 32
+    switches = ("LOWRANK_GEMM_ACT_QUANT_F16", "LOWRANK_GEMM_DECODE_F16")
+
+    def row(M, K, N, impl, fn, sets, err=None):
+        t = time_graph(fn, sets).median_us
+        x = dict(M=M, K=K, N=N, impl=impl, graph_us=round(t, 2), err=None if err is None else float(f"{err:.3g}"))
+        rows.append(x)
+        print("ROW", x, flush=True)
+
+    for M, K, N in parse_shapes(a.cases, dims=3):
+        g = torch.Generator(device="cuda").manual_seed(M + N)
+        qw, sw = quantize_weight_int4(torch.randn(N, K, device="cuda", generator=g) * 0.02, 64)
+        p = dict(qweight=pack_int4(qw), wscales=sw, smooth=(torch.rand(K, device="cuda", generator=g) + 0.5).bfloat16(),
+                 lora_down=(torch.randn(r, K, device="cuda", generator=g) * 0.02).bfloat16(),
+                 lora_up=(torch.randn(N, r, device="cuda", generator=g) * 0.02).bfloat16())
+        bias = torch.randn(N, device="cuda", generator=g).bfloat16()
+        xs = [(torch.randn(M, K, device="cuda", generator=g).bfloat16(), ) for _ in range(3)]
+        sm, down = p["smooth"], p["lora_down"]
+        row(M, K, N, "aq_packed", lambda x: act_quant(x, sm, down, 64), xs)
+        packed = [act_quant(x, sm, down, 64)[:2] for (x, ) in xs]
+        row(M, K, N, "f16_operands", lambda q, s: f16_act_operands(q, s, 64), packed)
+        for name, kw in (("aq_f16", {}), ("aq_f16_rank", dict(s_ranks=1)), ("aq_f16_ticket", dict(s_ranks=0))):
+            row(M, K, N, name, lambda x, kw=kw: act_quant(x, sm, down, 64, out="f16", **kw), xs)
+        lref = svdq_linear_ref(xs[0][0], **p, bias=bias)
+        settings = [("layer_aq16=0", {"LOWRANK_GEMM_ACT_QUANT_F16": "0"}), ("layer_aq16=1", {})]
+        if M <= 32:
+            settings += [("layer_dec16_aq16=0", {"LOWRANK_GEMM_DECODE_F16": "1", "LOWRANK_GEMM_ACT_QUANT_F16": "0"}),
+                         ("layer_dec16_aq16=1", {"LOWRANK_GEMM_DECODE_F16": "1"})]
+        for name, env in settings:
+            for v in switches:
+                os.environ.pop(v, None)
+            os.environ.update(env)
+            y = w4a4_linear(xs[0][0], **p, bias=bias, out_dtype=torch.float32)
+            err = float((y.double().cpu() - lref.cpu()).norm() / lref.cpu().norm())
+            if err > 1e-3:
+                print(f"FAIL {name} M={M}: rel. err {err:.3g} against the spec", flush=True)
+            row(M, K, N, name, lambda x: w4a4_linear(x, **p, bias=bias), xs, err)
+        for v in switches:
+            os.environ.pop(v, None)
+        w = torch.randn(N, K, device="cuda", dtype=torch.bfloat16)
+        row(M, K, N, "cublas_bf16", lambda x: x @ w.t(), xs)
+    md = meta_header(meta) + markdown_table(["M", "K", "N", "impl", "graph µs", "rel. err vs spec"],
+                                            [[x["M"], x["K"], x["N"], x["impl"], x["graph_us"], x["err"]]
+                                             for x in rows])
+    write_results("probe_act_quant_f16", meta, rows, a.out, md=md)
+    print(md)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
