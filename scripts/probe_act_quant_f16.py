@@ -5,8 +5,9 @@ process, CUDA-graph replays over three rotated inputs.
 Per M (K = 4096, N = 28672 by default, rank 32): act_quant alone — ``aq_packed`` (the default plan), ``f16_operands``
 (the operand kernel on its output), ``aq_f16`` (the default S programs), ``aq_f16_rank`` / ``aq_f16_ticket`` (both
 S modes); then the layer (``w4a4_linear``, checked against ``svdq_linear_ref``) — ``layer_aq16=0`` / ``=1`` at the
-default route (``LOWRANK_GEMM_ACT_QUANT_F16``), and at M ≤ 32 ``layer_dec16_aq16=1`` (``LOWRANK_GEMM_DECODE_F16=1``:
-the fp16 decode path below its default range) — and ``cublas_bf16`` (x @ Wᵀ). Writes DIR/probe_act_quant_f16.{json,md}.
+default route (``LOWRANK_GEMM_ACT_QUANT_F16``), ``layer_dec16=0`` (``LOWRANK_GEMM_DECODE_F16=0``: the route without
+the fp16 path), and at M ≤ 32 ``layer_dec16_aq16=0`` / ``=1`` (``LOWRANK_GEMM_DECODE_F16=1``: the fp16 decode path at
+every M) — and ``cublas_bf16`` (x @ Wᵀ). Writes DIR/probe_act_quant_f16.{json,md}.
 
     PYTHONPATH=src python scripts/probe_act_quant_f16.py --out DIR [--cases MxKxN,…]
 """
@@ -56,7 +57,8 @@ def main() -> int:
         for name, kw in (("aq_f16", {}), ("aq_f16_rank", dict(s_ranks=1)), ("aq_f16_ticket", dict(s_ranks=0))):
             row(M, K, N, name, lambda x, kw=kw: act_quant(x, sm, down, 64, out="f16", **kw), xs)
         lref = svdq_linear_ref(xs[0][0], **p, bias=bias)
-        settings = [("layer_aq16=0", {"LOWRANK_GEMM_ACT_QUANT_F16": "0"}), ("layer_aq16=1", {})]
+        settings = [("layer_aq16=0", {"LOWRANK_GEMM_ACT_QUANT_F16": "0"}), ("layer_aq16=1", {}),
+                    ("layer_dec16=0", {"LOWRANK_GEMM_DECODE_F16": "0"})]
         if M <= 32:
             settings += [("layer_dec16_aq16=0", {"LOWRANK_GEMM_DECODE_F16": "1", "LOWRANK_GEMM_ACT_QUANT_F16": "0"}),
                          ("layer_dec16_aq16=1", {"LOWRANK_GEMM_DECODE_F16": "1"})]

@@ -203,8 +203,8 @@ def test_f16_ledger_and_configs():
 
 
 def test_f16_switch_and_routes(monkeypatch):
-    """By default int4_g64 takes the fp16 path at 33–64 tokens (the route sends those to the decode kernel, and the
-    layer asks act_quant for the packed pair); LOWRANK_GEMM_DECODE_F16=1 extends it to every M ≤ 64, =0 turns it
+    """By default int4_g64 takes the fp16 path at 17–64 tokens (the route sends those to the decode kernel, and the
+    layer does not ask act_quant for the e4m3 operands); LOWRANK_GEMM_DECODE_F16=1 extends it to every M ≤ 64, =0 turns it
     off (v2 again above 16 tokens); an explicit f8 and pre-expanded e4m3 tokens keep their path."""
     from lowrank_gemm.kernels import w4a4_gemm as wg
     cuda = torch.device("cuda")
@@ -214,8 +214,8 @@ def test_f16_switch_and_routes(monkeypatch):
 
     def route(m, pre=False):
         return wg._route("auto", "int4_g64", m, 28672, 4096, 32, 64, cuda, xs, ws, None, pre)
-    assert [d.decode_f16_default(m) for m in (16, 32, 33, 64, 65)] == [False, False, True, True, False]
-    assert route(64) == "decode" and route(33) == "decode" and route(32) != "decode" and route(65) != "decode"
+    assert [d.decode_f16_default(m) for m in (16, 17, 32, 64, 65)] == [False, True, True, True, False]
+    assert route(64) == "decode" and route(17) == "decode" and route(65) != "decode"
     assert route(48, pre=True) != "decode"          # e4m3 tokens (unsigned layers) stay on v2
     assert wg._layer_wants_f8("auto", "int4_g64", 64, 28672, 4096, 32, 64, cuda, torch.bfloat16, ws) is False
     assert wg._layer_wants_f8("auto", "int4_g64", 16, 28672, 4096, 32, 64, cuda, torch.bfloat16, ws) is True
@@ -277,7 +277,7 @@ def test_f16_operands_contract_and_routes(monkeypatch):
 
 def test_layer_act_out(monkeypatch):
     """The layer op has act_quant write the fp16 token operand wherever the GEMM is the decode kernel's fp16 path
-    (33–64 tokens by default; every M ≤ 64 with LOWRANK_GEMM_DECODE_F16=1); LOWRANK_GEMM_ACT_QUANT_F16=0 goes back
+    (17–64 tokens by default; every M ≤ 64 with LOWRANK_GEMM_DECODE_F16=1); LOWRANK_GEMM_ACT_QUANT_F16=0 goes back
     to the packed pair; elsewhere the e4m3 / packed choice stands."""
     from lowrank_gemm.kernels import w4a4_gemm as wg
     cuda = torch.device("cuda")
@@ -286,7 +286,7 @@ def test_layer_act_out(monkeypatch):
         impl, fmt, m, 28672, 4096, 32, 64, dev, torch.bfloat16, ws)
     for v in (ENV, "LOWRANK_GEMM_ACT_QUANT_F16", "LOWRANK_GEMM_ACT_QUANT_F8", "LOWRANK_GEMM_DECODE_F8"):
         monkeypatch.delenv(v, raising=False)
-    assert wg.ACT_QUANT_F16_DEFAULT and [out(m) for m in (16, 33, 64, 65)] == ["f8", "f16", "f16", "packed"]
+    assert wg.ACT_QUANT_F16_DEFAULT and [out(m) for m in (16, 17, 64, 65)] == ["f8", "f16", "f16", "packed"]
     assert out(40, "decode") == "f16" and out(40, "v2") != "f16" and out(40, dev=torch.device("cpu")) == "packed"
     assert out(40, fmt="int4_2l") == "packed"
     monkeypatch.setenv(ENV, "1")

@@ -120,9 +120,11 @@ SPLIT_ENV = "LOWRANK_GEMM_DECODE_SPLIT"   # default configs only: "2".."8" split
 F16_DEFAULT = True        # int4_g64 takes the fp16 path (no per-group rescale, _mainloop_one_acc) when f16=None at
                           # F16_MIN_M ≤ M ≤ F16_MAX_M; env LOWRANK_GEMM_DECODE_F16=1 at every M ≤ F16_MAX_M, =0 never.
                           # H200 (session 38, probes/s38 + s38b, N = 28672, K = 4096), layer graph µs against the v2
-                          # route: M = 48 56.1 → 50.8, M = 64 55.7 → 50.2 / 55.8 → 49.5; it loses at M = 32 (54.1 →
-                          # 66.6, unexplained) and 16 (25.4 → 39.8: the e4m3 path's expansion is cheaper there)
-F16_MIN_M = 33            # the 64-token tiles (measured at 48 and 64)
+                          # route: M = 48 56.1 → 50.8, M = 64 55.7 → 50.2 / 55.8 → 49.5. With act_quant writing the
+                          # token operand (session 39, H100, probes/s39b): layer 54.0 → 38.1 (M = 32), 51.9 → 44.2
+                          # (48), 50.7 → 46.8 (64); at M = 16 the e4m3 path stays ahead (31.4 vs 34.7: its expansion
+                          # is one LOP3 per four bytes)
+F16_MIN_M = 17            # above the e4m3 path's 16-token tiles
 F16_MAX_M = 64            # the fp16 path's largest token tile
 F8_DEFAULT = True         # int4_g64 takes the e4m3 path when f8=None: H200, same process, GEMM 43.7 → 33.7 µs
                           # (M=1), 44.9 → 35.2 (M=16), outputs equal to the int8 path's in fp32 (probe_decode
