@@ -24,17 +24,19 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--cases", default="16x4096x28672,32x4096x28672,33x4096x28672,48x4096x28672,64x4096x28672")
+    ap.add_argument("--ab", action="store_true", help="also the unit shapes (quant_cols 1024 / 2048 / 4096), r = 0, "
+                    "the layer with LOWRANK_GEMM_PDL=0, and the GEMM op on packed operands (fp16 route vs v2)")
     a = ap.parse_args()
     from lowrank_gemm.bench.common import (device_meta, markdown_table, meta_header, parse_shapes, time_graph,
                                            write_results)
     from lowrank_gemm.formats.int4 import pack_int4, quantize_weight_int4
     from lowrank_gemm.kernels.act_quant import act_quant
     from lowrank_gemm.kernels.w4_expand import f16_act_operands
-    from lowrank_gemm.kernels.w4a4_gemm import w4a4_linear
+    from lowrank_gemm.kernels.w4a4_gemm import w4a4_gemm, w4a4_linear
     from lowrank_gemm.reference import svdq_linear_ref
 
     meta, rows, r = device_meta(), [], 32
-    switches = ("LOWRANK_GEMM_ACT_QUANT_F16", "LOWRANK_GEMM_DECODE_F16")
+    switches = ("LOWRANK_GEMM_ACT_QUANT_F16", "LOWRANK_GEMM_DECODE_F16", "LOWRANK_GEMM_PDL")
 
     def row(M, K, N, impl, fn, sets, err=None):
         t = time_graph(fn, sets).median_us
@@ -56,9 +58,24 @@ def main() -> int:
         row(M, K, N, "f16_operands", lambda q, s: f16_act_operands(q, s, 64), packed)
         for name, kw in (("aq_f16", {}), ("aq_f16_rank", dict(s_ranks=1)), ("aq_f16_ticket", dict(s_ranks=0))):
             row(M, K, N, name, lambda x, kw=kw: act_quant(x, sm, down, 64, out="f16", **kw), xs)
+        if a.ab:
+            for qk in (1024, 2048, 4096):
+                row(M, K, N, f"aq_f16_qk{qk}", lambda x, qk=qk: act_quant(x, sm, down, 64, out="f16", quant_cols=qk), xs)
+            row(M, K, N, "aq_f16_r0", lambda x: act_quant(x, sm, down[:0], 64, out="f16"), xs)
+            row(M, K, N, "aq_packed_r0", lambda x: act_quant(x, sm, down[:0], 64), xs)
+            s_sets = [(q, sc, act_quant(x, sm, down, 64)[2]) for (x, ), (q, sc) in zip(xs, packed)]
+            for name, env in (("gemm_packed", {}), ("gemm_packed_dec16=0", {"LOWRANK_GEMM_DECODE_F16": "0"})):
+                for v in switches:
+                    os.environ.pop(v, None)
+                os.environ.update(env)
+                row(M, K, N, name, lambda q, sc, s: w4a4_gemm(q, sc, p["qweight"], p["wscales"], s, p["lora_up"], bias),
+                    s_sets)
         lref = svdq_linear_ref(xs[0][0], **p, bias=bias)
         settings = [("layer_aq16=0", {"LOWRANK_GEMM_ACT_QUANT_F16": "0"}), ("layer_aq16=1", {}),
                     ("layer_dec16=0", {"LOWRANK_GEMM_DECODE_F16": "0"})]
+        if a.ab:
+            settings += [("layer_aq16=0_pdl0", {"LOWRANK_GEMM_ACT_QUANT_F16": "0", "LOWRANK_GEMM_PDL": "0"}),
+                         ("layer_aq16=1_pdl0", {"LOWRANK_GEMM_PDL": "0"})]
         if M <= 32:
             settings += [("layer_dec16_aq16=0", {"LOWRANK_GEMM_DECODE_F16": "1", "LOWRANK_GEMM_ACT_QUANT_F16": "0"}),
                          ("layer_dec16_aq16=1", {"LOWRANK_GEMM_DECODE_F16": "1"})]
