@@ -203,9 +203,10 @@ def test_f16_ledger_and_configs():
 
 
 def test_f16_switch_and_routes(monkeypatch):
-    """By default int4_g64 takes the fp16 path at 17–64 tokens (the route sends those to the decode kernel, and the
-    layer does not ask act_quant for the e4m3 operands); LOWRANK_GEMM_DECODE_F16=1 extends it to every M ≤ 64, =0 turns it
-    off (v2 again above 16 tokens); an explicit f8 and pre-expanded e4m3 tokens keep their path."""
+    """By default int4_g64 takes the fp16 path at 17–64 tokens (the GEMM op's route sends packed operands there up to
+    48 tokens — it builds the token operand itself —, the layer hands act_quant's fp16 operands over at 17–64);
+    LOWRANK_GEMM_DECODE_F16=1 extends it to every M ≤ 64, =0 turns it off (v2 again above 16 tokens); an explicit f8
+    and pre-expanded e4m3 tokens keep their path."""
     from lowrank_gemm.kernels import w4a4_gemm as wg
     cuda = torch.device("cuda")
     monkeypatch.delenv(ENV, raising=False)
@@ -215,9 +216,10 @@ def test_f16_switch_and_routes(monkeypatch):
     def route(m, pre=False):
         return wg._route("auto", "int4_g64", m, 28672, 4096, 32, 64, cuda, xs, ws, None, pre)
     assert [d.decode_f16_default(m) for m in (16, 17, 32, 64, 65)] == [False, True, True, True, False]
-    assert route(64) == "decode" and route(17) == "decode" and route(65) != "decode"
+    assert route(48) == "decode" and route(17) == "decode" and route(65) != "decode"
+    assert route(64) != "decode" and wg.F16_PACKED_MAX_M == 48    # packed operands: the operand kernel loses there
     assert route(48, pre=True) != "decode"          # e4m3 tokens (unsigned layers) stay on v2
-    assert wg._layer_wants_f8("auto", "int4_g64", 64, 28672, 4096, 32, 64, cuda, torch.bfloat16, ws) is False
+    assert wg._layer_wants_f8("auto", "int4_g64", 40, 28672, 4096, 32, 64, cuda, torch.bfloat16, ws) is False
     assert wg._layer_wants_f8("auto", "int4_g64", 16, 28672, 4096, 32, 64, cuda, torch.bfloat16, ws) is True
     assert d.aot_signature_decode(None, fmt="int4_g64", M=16)[1]["F16"] is False
     cx = d.aot_signature_decode(None, fmt="int4_g64", M=40)[1]
@@ -229,10 +231,10 @@ def test_f16_switch_and_routes(monkeypatch):
     assert route(16) == "decode" and d.aot_signature_decode(None, fmt="int4_g64", M=16)[1]["F16"] is True
     assert wg._layer_wants_f8("auto", "int4_g64", 16, 28672, 4096, 32, 64, cuda, torch.bfloat16, ws) is False
     monkeypatch.setenv(ENV, "0")
-    assert route(64) != "decode" and d.aot_signature_decode(None, fmt="int4_g64", M=40)[1]["F16"] is False
+    assert route(40) != "decode" and d.aot_signature_decode(None, fmt="int4_g64", M=40)[1]["F16"] is False
     monkeypatch.setattr(d, "F16_DEFAULT", False)
     monkeypatch.delenv(ENV)
-    assert route(64) != "decode"
+    assert route(40) != "decode"
 
 
 def _f16_ops(m=6, n=32, k=256, r=16, gs=64):
@@ -292,8 +294,8 @@ def test_layer_act_out(monkeypatch):
     monkeypatch.setenv(ENV, "1")
     assert out(2) == "f16" or wg._gemv_route("auto", 2, 28672, "int4_g64", cuda, False)
     assert out(16) == "f16"
-    monkeypatch.setenv("LOWRANK_GEMM_ACT_QUANT_F16", "0")
-    assert out(64) == "packed" and out(16) == "packed"
+    monkeypatch.setenv("LOWRANK_GEMM_ACT_QUANT_F16", "0")       # packed operands: decode to 48 tokens, v2 above
+    assert out(16) == "packed" and out(48) == "packed" and out(64) != "f16"
 
 
 def test_layer_dispatch_f16_operands(monkeypatch):

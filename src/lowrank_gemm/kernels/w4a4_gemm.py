@@ -773,6 +773,12 @@ AUTO_PREFERS_V2 = True
 # decode kernel's 102.8 vs v2 54.2 at M = 64 keep that split.
 AUTO_DECODE = True
 AUTO_DECODE_MAX_M = {"int4_2l": 64, "int4_g64": 16}
+# The GEMM op on packed int4_g64 operands builds the fp16 path's token operand with a kernel of its own
+# (w4_expand.f16_act_operands) before the decode kernel: that pays up to 48 tokens, not at 64, where v2 stays (same
+# process, graph µs, N = 28672, K = 4096, fp16 route vs v2: H100 (probes/s39d) M = 24 42.3 vs 51.5, 48 50.3 vs 51.7,
+# 64 55.0 vs 52.2; H200 (probes/s38) 48 49.4 vs 51.0, 64 54.5 vs 51.2). The layer op hands act_quant's fp16 operands
+# over (act_quant(out="f16")) and takes the fp16 route over decode_f16_default's whole range.
+F16_PACKED_MAX_M = 48
 IMPLS = ("auto", "v1", "v2", "decode", "gemv", "skinny")
 
 
@@ -786,7 +792,8 @@ def _decode_route(impl: str, m: int, n: int, fmt: str, device: torch.device, pre
     if impl != "auto" or not AUTO_DECODE or device.type != "cuda" or n % 16:
         return False
     from .gluon.w4a4_decode import decode_enabled, decode_f16_default
-    if fmt == "int4_g64" and (pre_expanded == "f16" or (not pre_expanded and decode_f16_default(m))):
+    if fmt == "int4_g64" and (pre_expanded == "f16" or (not pre_expanded and decode_f16_default(m)
+                                                        and m <= F16_PACKED_MAX_M)):
         return decode_enabled()             # the fp16 path: no per-group chain to lose to v2 (its 64-token tiles)
     return m <= AUTO_DECODE_MAX_M.get(fmt, 0) and decode_enabled()
 
@@ -908,7 +915,7 @@ def _layer_act_out(impl: str, fmt: str, m: int, n: int, k: int, r: int, group_si
     if fmt == "int4_g64" and group_size % 64 == 0 and act_quant_f16_enabled() and impl in ("auto", "decode"):
         from .gluon.w4a4_decode import decode_f16_default
         if decode_f16_default(m) and not _gemv_route(impl, m, n, fmt, device, False) \
-                and not _skinny_route(impl, m, n, fmt, device, False) and _decode_route(impl, m, n, fmt, device):
+                and not _skinny_route(impl, m, n, fmt, device, False) and _decode_route(impl, m, n, fmt, device, "f16"):
             return "f16"
     return "f8" if _layer_wants_f8(impl, fmt, m, n, k, r, group_size, device, scale_dtype, w_scale) else "packed"
 
