@@ -1039,6 +1039,19 @@ def _fused_2l_unit(x_ptr, stride_xm, smooth_ptr, e_ptr, stride_em, t_ptr, u, QS,
 
 
 @triton.jit
+def _g64_unit_columns(u, QS, M, K, QM: tl.constexpr, QK: tl.constexpr):
+    """Quant unit u of the g64 outputs: (column chunk c, rows offs_m [QM] and their mask, byte columns col [QK/2] of
+    the chunk, its lo nibble columns k_lo (the hi ones are k_lo + 32; see _quant_g64_step) and their mask —
+    K % 64 == 0: a packed block is all in or all out)."""
+    c = u % QS
+    offs_m = (u // QS) * QM + tl.arange(0, QM)
+    row_ok = offs_m < M
+    col = tl.arange(0, QK // 2)
+    k_lo = c * QK + (col // 32) * 64 + (col % 32)
+    return c, offs_m, row_ok, col, k_lo, k_lo < K
+
+
+@triton.jit
 def _fused_g64_unit(x_ptr, stride_xm, smooth_ptr, q_ptr, stride_qm, sc_ptr, stride_sg, u, QS, M, K,
                     G: tl.constexpr, QM: tl.constexpr, QK: tl.constexpr, SCALE_BF16: tl.constexpr,
                     F8: tl.constexpr, LOADS_FIRST: tl.constexpr, UNSIGNED: tl.constexpr = False, shift_ptr=None):
@@ -1046,12 +1059,7 @@ def _fused_g64_unit(x_ptr, stride_xm, smooth_ptr, q_ptr, stride_qm, sc_ptr, stri
     the e4m3 codes + xab rows (:func:`_store_g64`); UNSIGNED (F8 only): the codes of x/λ + shift."""
     HALF: tl.constexpr = QK // 2
     NGS: tl.constexpr = QK // G
-    c = u % QS
-    offs_m = (u // QS) * QM + tl.arange(0, QM)
-    row_ok = offs_m < M
-    col = tl.arange(0, HALF)
-    k_lo = c * QK + (col // 32) * 64 + (col % 32)  # lo nibble columns (see _quant_g64_step)
-    k_ok = k_lo < K                                # K % 64 == 0: a packed block is all in or all out
+    c, offs_m, row_ok, col, k_lo, k_ok = _g64_unit_columns(u, QS, M, K, QM, QK)
     x_lo, lam_lo = _load_x_lam(x_ptr, stride_xm, smooth_ptr, offs_m, k_lo, row_ok, k_ok)
     if LOADS_FIRST:
         x_hi, lam_hi = _load_x_lam(x_ptr, stride_xm, smooth_ptr, offs_m, k_lo + 32, row_ok, k_ok)
@@ -1095,14 +1103,8 @@ def _fused_g64_f16_unit(x_ptr, stride_xm, smooth_ptr, x16_ptr, stride_x16, t_ptr
     largest scale of its live groups, so the unit first walks the whole row (CH columns at a time, as the 2l unit
     does for its absmax: L2-resident re-reads), then codes its own chunk exactly as the packed unit does and stores
     q·scale·2⁻ᵖ as fp16 at the permuted columns (``w4_expand.F16_K_PERM``); chunk 0 stores t = 2ᵖ."""
-    HALF: tl.constexpr = QK // 2
     NGS: tl.constexpr = QK // G
-    c = u % QS
-    offs_m = (u // QS) * QM + tl.arange(0, QM)
-    row_ok = offs_m < M
-    col = tl.arange(0, HALF)
-    k_lo = c * QK + (col // 32) * 64 + (col % 32)  # lo nibble columns (see _quant_g64_step)
-    k_ok = k_lo < K
+    c, offs_m, row_ok, col, k_lo, k_ok = _g64_unit_columns(u, QS, M, K, QM, QK)
     # the unit's own columns first, as raw 16-bit values: in flight during the row walk, which does not need them
     x_lo, lam_lo = _load_x_lam(x_ptr, stride_xm, smooth_ptr, offs_m, k_lo, row_ok, k_ok)
     x_hi, lam_hi = _load_x_lam(x_ptr, stride_xm, smooth_ptr, offs_m, k_lo + 32, row_ok, k_ok)
