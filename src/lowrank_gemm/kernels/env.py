@@ -32,6 +32,12 @@ def env_on(var: str, default: bool = True) -> bool:
     return default if val is None or val == "" else val != "0"
 
 
+def env_switch(var: str, default) -> bool:
+    """An on/off knob read per call: ``var`` = 0 / 1, any other value (or none) leaves ``default``."""
+    env = getenv(var, "")
+    return env == "1" if env in ("0", "1") else bool(default)
+
+
 def env_ints(var: str, lengths: tuple[int, ...], usage: str) -> tuple[int, ...] | None:
     """``var`` as comma-separated non-negative ints of one of ``lengths`` (None when unset); anything else is an
     error naming the expected ``usage``."""

@@ -63,7 +63,7 @@ from ..plan.config import KernelConfig
 from ..plan.smem import SmemLedger, SmemTerm, barrier_bytes, solve_stages, tile_bytes
 from ..plan.tuned import TUNED_DIR, tuned_file
 from .act_quant import FORMATS, act_quant
-from .env import getenv
+from .env import env_switch
 from .int4_unpack import SWAR_DEFAULT, unpack_hi, unpack_lo
 from .launch import launch
 from .lora_gemm import _direct_ok
@@ -868,8 +868,7 @@ ACT_QUANT_F8_DEFAULT = True
 
 
 def act_quant_f8_enabled() -> bool:
-    env = getenv("LOWRANK_GEMM_ACT_QUANT_F8", "")
-    return env == "1" if env in ("0", "1") else ACT_QUANT_F8_DEFAULT
+    return env_switch("LOWRANK_GEMM_ACT_QUANT_F8", ACT_QUANT_F8_DEFAULT)
 
 
 def _layer_wants_f8(impl: str, fmt: str, m: int, n: int, k: int, r: int, group_size: int, device: torch.device,
@@ -903,8 +902,7 @@ ACT_QUANT_F16_DEFAULT = True
 
 
 def act_quant_f16_enabled() -> bool:
-    env = getenv("LOWRANK_GEMM_ACT_QUANT_F16", "")
-    return env == "1" if env in ("0", "1") else ACT_QUANT_F16_DEFAULT
+    return env_switch("LOWRANK_GEMM_ACT_QUANT_F16", ACT_QUANT_F16_DEFAULT)
 
 
 def _layer_act_out(impl: str, fmt: str, m: int, n: int, k: int, r: int, group_size: int, device: torch.device,

@@ -66,7 +66,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 
 from ...plan.config import KernelConfig
 from ...plan.smem import SmemLedger, SmemTerm, barrier_bytes, tile_bytes
-from ..env import getenv
+from ..env import env_switch, getenv
 from ..epilogue import rank_block
 from ..launch import launch
 from ..pdl import gl_gdc_launch_dependents, gl_gdc_wait, pdl_enabled
@@ -1048,30 +1048,24 @@ def decode_enabled() -> bool:
     return getenv("LOWRANK_GEMM_DECODE", "1") != "0"
 
 
-def _switch(var: str, default) -> bool:
-    """An on/off knob: ``var`` = 0 / 1, any other value (or none) leaves ``default``."""
-    env = getenv(var, "")
-    return env == "1" if env in ("0", "1") else bool(default)
-
-
 def decode_nonempty_k_default() -> bool:
     """``nonempty_k=None``: ``LOWRANK_GEMM_DECODE_NONEMPTY_K`` = 0/1, else :data:`NONEMPTY_K_DEFAULT`."""
-    return _switch("LOWRANK_GEMM_DECODE_NONEMPTY_K", NONEMPTY_K_DEFAULT)
+    return env_switch("LOWRANK_GEMM_DECODE_NONEMPTY_K", NONEMPTY_K_DEFAULT)
 
 
 def decode_row_box_default() -> bool:
     """``row_box=None``: ``LOWRANK_GEMM_DECODE_ROW_BOX`` = 0/1, else :data:`ROW_BOX_DEFAULT`."""
-    return _switch("LOWRANK_GEMM_DECODE_ROW_BOX", ROW_BOX_DEFAULT)
+    return env_switch("LOWRANK_GEMM_DECODE_ROW_BOX", ROW_BOX_DEFAULT)
 
 
 def decode_epi_mma_default() -> bool:
     """``epi_mma=None``: ``LOWRANK_GEMM_DECODE_EPI_MMA`` = 0/1, else :data:`EPI_MMA_DEFAULT`."""
-    return _switch("LOWRANK_GEMM_DECODE_EPI_MMA", EPI_MMA_DEFAULT)
+    return env_switch("LOWRANK_GEMM_DECODE_EPI_MMA", EPI_MMA_DEFAULT)
 
 
 def decode_xab_smem_default() -> bool:
     """``xab_smem=None``: ``LOWRANK_GEMM_DECODE_XAB_SMEM`` = 0/1, else :data:`XAB_SMEM_DEFAULT`."""
-    return _switch("LOWRANK_GEMM_DECODE_XAB_SMEM", XAB_SMEM_DEFAULT)
+    return env_switch("LOWRANK_GEMM_DECODE_XAB_SMEM", XAB_SMEM_DEFAULT)
 
 
 def _xab_rows_needed(K: int, block_k: int, group_size: int) -> int:
@@ -1108,7 +1102,7 @@ def decode_f16_default(m: int) -> bool:
 def decode_f8_default() -> bool:
     """Whether int4_g64 decode takes the e4m3 path when ``f8=None``: ``LOWRANK_GEMM_DECODE_F8`` = 0/1, else the
     module-level :data:`F8_DEFAULT`."""
-    return _switch("LOWRANK_GEMM_DECODE_F8", F8_DEFAULT)
+    return env_switch("LOWRANK_GEMM_DECODE_F8", F8_DEFAULT)
 
 
 EPI_MMA_MAX_RANK = 128      # ranks above this keep the per-rank epilogue loop (the wgmma's A tile: 64 registers there)
