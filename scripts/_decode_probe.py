@@ -1,6 +1,7 @@
-"""Shared parts of the W4A4 decode-size probes (probe_gemv.py, probe_skinny.py): the operand sets and their float64
-reference, the same-process baselines (cuBLAS bf16, fp8 ``_scaled_mm``, the decode GEMM on pre-expanded e4m3
-operands), a checked timing of one candidate, and the JSON / Markdown tables."""
+"""Shared parts of the W4A4 decode-size probes (probe_gemv.py, probe_skinny.py, probe_decode_f16.py, …): the operand
+sets and their float64 reference, the same-process baselines (cuBLAS bf16, fp8 ``_scaled_mm``, the decode GEMM on
+pre-expanded e4m3 operands), a checked timing of one candidate, a random SVDQuant layer, and the JSON / Markdown
+tables."""
 
 from __future__ import annotations
 
@@ -97,3 +98,28 @@ class Probe:
                          f"{round(c / g, 2) if g and c else '—'} | {r.get('err', r.get('error', ''))} |")
         (self.out / f"{self.name}.md").write_text("\n".join(lines) + "\n")
         print("\n".join(lines))
+
+
+def svdq_layer(m: int, n: int, k: int, r: int = 32, sets: int = 3):
+    """A random int4_g64 SVDQuant layer at decode size (weights ~N(0, 0.02²) quantized, λ ∈ [0.5, 1.5), rank-r
+    branch) → (``w4a4_linear`` keyword arguments, a bf16 bias, ``sets`` bf16 token batches [m, k] as 1-tuples for
+    ``time_graph``); seeded by m + n, so every probe builds the same layer for a shape."""
+    import torch
+    from lowrank_gemm.formats.int4 import pack_int4, quantize_weight_int4
+    g = torch.Generator(device="cuda").manual_seed(m + n)
+    qw, sw = quantize_weight_int4(torch.randn(n, k, device="cuda", generator=g) * 0.02, 64)
+    p = dict(qweight=pack_int4(qw), wscales=sw, smooth=(torch.rand(k, device="cuda", generator=g) + 0.5).bfloat16(),
+             lora_down=(torch.randn(r, k, device="cuda", generator=g) * 0.02).bfloat16(),
+             lora_up=(torch.randn(n, r, device="cuda", generator=g) * 0.02).bfloat16())
+    bias = torch.randn(n, device="cuda", generator=g).bfloat16()
+    return p, bias, [(torch.randn(m, k, device="cuda", generator=g).bfloat16(), ) for _ in range(sets)]
+
+
+def write_err_table(name: str, meta: dict, rows: list[dict], out: str) -> None:
+    """rows of (M, K, N, impl, graph_us, err) → OUT/<name>.{json,md} (bench.common's header and table), printed."""
+    from lowrank_gemm.bench.common import markdown_table, meta_header, write_results
+    md = meta_header(meta) + markdown_table(["M", "K", "N", "impl", "graph µs", "rel. err vs spec"],
+                                            [[x["M"], x["K"], x["N"], x["impl"], x["graph_us"], x["err"]]
+                                             for x in rows])
+    write_results(name, meta, rows, out, md=md)
+    print(md)

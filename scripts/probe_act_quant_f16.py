@@ -15,7 +15,6 @@ every M) — and ``cublas_bf16`` (x @ Wᵀ). Writes DIR/probe_act_quant_f16.{jso
 from __future__ import annotations
 
 import argparse
-import os
 
 import torch
 
@@ -27,15 +26,15 @@ def main() -> int:
     ap.add_argument("--ab", action="store_true", help="also the unit shapes (quant_cols 1024 / 2048 / 4096), r = 0, "
                     "the layer with LOWRANK_GEMM_PDL=0, and the GEMM op on packed operands (fp16 route vs v2)")
     a = ap.parse_args()
-    from lowrank_gemm.bench.common import (device_meta, markdown_table, meta_header, parse_shapes, time_graph,
-                                           write_results)
-    from lowrank_gemm.formats.int4 import pack_int4, quantize_weight_int4
+    from _decode_probe import svdq_layer, write_err_table
+    from _scoped_env import scoped_env
+    from lowrank_gemm.bench.common import device_meta, parse_shapes, time_graph
     from lowrank_gemm.kernels.act_quant import act_quant
     from lowrank_gemm.kernels.w4_expand import f16_act_operands
     from lowrank_gemm.kernels.w4a4_gemm import w4a4_gemm, w4a4_linear
     from lowrank_gemm.reference import svdq_linear_ref
 
-    meta, rows, r = device_meta(), [], 32
+    meta, rows = device_meta(), []
     switches = ("LOWRANK_GEMM_ACT_QUANT_F16", "LOWRANK_GEMM_DECODE_F16", "LOWRANK_GEMM_PDL")
 
     def row(M, K, N, impl, fn, sets, err=None):
@@ -45,13 +44,7 @@ def main() -> int:
         print("ROW", x, flush=True)
 
     for M, K, N in parse_shapes(a.cases, dims=3):
-        g = torch.Generator(device="cuda").manual_seed(M + N)
-        qw, sw = quantize_weight_int4(torch.randn(N, K, device="cuda", generator=g) * 0.02, 64)
-        p = dict(qweight=pack_int4(qw), wscales=sw, smooth=(torch.rand(K, device="cuda", generator=g) + 0.5).bfloat16(),
-                 lora_down=(torch.randn(r, K, device="cuda", generator=g) * 0.02).bfloat16(),
-                 lora_up=(torch.randn(N, r, device="cuda", generator=g) * 0.02).bfloat16())
-        bias = torch.randn(N, device="cuda", generator=g).bfloat16()
-        xs = [(torch.randn(M, K, device="cuda", generator=g).bfloat16(), ) for _ in range(3)]
+        p, bias, xs = svdq_layer(M, N, K)
         sm, down = p["smooth"], p["lora_down"]
         row(M, K, N, "aq_packed", lambda x: act_quant(x, sm, down, 64), xs)
         packed = [act_quant(x, sm, down, 64)[:2] for (x, ) in xs]
@@ -65,11 +58,9 @@ def main() -> int:
             row(M, K, N, "aq_packed_r0", lambda x: act_quant(x, sm, down[:0], 64), xs)
             s_sets = [(q, sc, act_quant(x, sm, down, 64)[2]) for (x, ), (q, sc) in zip(xs, packed)]
             for name, env in (("gemm_packed", {}), ("gemm_packed_dec16=0", {"LOWRANK_GEMM_DECODE_F16": "0"})):
-                for v in switches:
-                    os.environ.pop(v, None)
-                os.environ.update(env)
-                row(M, K, N, name, lambda q, sc, s: w4a4_gemm(q, sc, p["qweight"], p["wscales"], s, p["lora_up"], bias),
-                    s_sets)
+                with scoped_env(**{**dict.fromkeys(switches), **env}):
+                    row(M, K, N, name,
+                        lambda q, sc, s: w4a4_gemm(q, sc, p["qweight"], p["wscales"], s, p["lora_up"], bias), s_sets)
         lref = svdq_linear_ref(xs[0][0], **p, bias=bias)
         settings = [("layer_aq16=0", {"LOWRANK_GEMM_ACT_QUANT_F16": "0"}), ("layer_aq16=1", {}),
                     ("layer_dec16=0", {"LOWRANK_GEMM_DECODE_F16": "0"})]
@@ -80,23 +71,15 @@ def main() -> int:
             settings += [("layer_dec16_aq16=0", {"LOWRANK_GEMM_DECODE_F16": "1", "LOWRANK_GEMM_ACT_QUANT_F16": "0"}),
                          ("layer_dec16_aq16=1", {"LOWRANK_GEMM_DECODE_F16": "1"})]
         for name, env in settings:
-            for v in switches:
-                os.environ.pop(v, None)
-            os.environ.update(env)
-            y = w4a4_linear(xs[0][0], **p, bias=bias, out_dtype=torch.float32)
-            err = float((y.double().cpu() - lref.cpu()).norm() / lref.cpu().norm())
-            if err > 1e-3:
-                print(f"FAIL {name} M={M}: rel. err {err:.3g} against the spec", flush=True)
-            row(M, K, N, name, lambda x: w4a4_linear(x, **p, bias=bias), xs, err)
-        for v in switches:
-            os.environ.pop(v, None)
+            with scoped_env(**{**dict.fromkeys(switches), **env}):
+                y = w4a4_linear(xs[0][0], **p, bias=bias, out_dtype=torch.float32)
+                err = float((y.double().cpu() - lref.cpu()).norm() / lref.cpu().norm())
+                if err > 1e-3:
+                    print(f"FAIL {name} M={M}: rel. err {err:.3g} against the spec", flush=True)
+                row(M, K, N, name, lambda x: w4a4_linear(x, **p, bias=bias), xs, err)
         w = torch.randn(N, K, device="cuda", dtype=torch.bfloat16)
         row(M, K, N, "cublas_bf16", lambda x: x @ w.t(), xs)
-    md = meta_header(meta) + markdown_table(["M", "K", "N", "impl", "graph µs", "rel. err vs spec"],
-                                            [[x["M"], x["K"], x["N"], x["impl"], x["graph_us"], x["err"]]
-                                             for x in rows])
-    write_results("probe_act_quant_f16", meta, rows, a.out, md=md)
-    print(md)
+    write_err_table("probe_act_quant_f16", meta, rows, a.out)
     return 0
 
 

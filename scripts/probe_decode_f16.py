@@ -24,9 +24,8 @@ def main() -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--cases", default="1x4096x28672,16x4096x28672,32x4096x28672,64x4096x28672")
     a = ap.parse_args()
-    from lowrank_gemm.bench.common import (device_meta, markdown_table, meta_header, parse_shapes, time_graph,
-                                           write_results)
-    from lowrank_gemm.formats.int4 import pack_int4, quantize_weight_int4
+    from _decode_probe import svdq_layer, write_err_table
+    from lowrank_gemm.bench.common import device_meta, parse_shapes, time_graph
     from lowrank_gemm.kernels import w4_expand
     from lowrank_gemm.kernels.gluon import w4a4_decode as d
     from lowrank_gemm.kernels.gluon import w4a4_ws as w4
@@ -79,13 +78,7 @@ def main() -> int:
                              o["bias"], fmt="int4_g64")
         row(M, K, N, "gemm_auto", gemm, [(o, ) for o in sets], rel(gemm(sets[0]), ref))
         # the layer, both switch positions (read per call)
-        g = torch.Generator(device="cuda").manual_seed(M + N)
-        qw, sw = quantize_weight_int4(torch.randn(N, K, device="cuda", generator=g) * 0.02, 64)
-        p = dict(qweight=pack_int4(qw), wscales=sw, smooth=(torch.rand(K, device="cuda", generator=g) + 0.5).bfloat16(),
-                 lora_down=(torch.randn(r, K, device="cuda", generator=g) * 0.02).bfloat16(),
-                 lora_up=(torch.randn(N, r, device="cuda", generator=g) * 0.02).bfloat16())
-        bias = torch.randn(N, device="cuda", generator=g).bfloat16()
-        xs = [(torch.randn(M, K, device="cuda", generator=g).bfloat16(), ) for _ in range(3)]
+        p, bias, xs = svdq_layer(M, N, K, r)
         lref = svdq_linear_ref(xs[0][0], **p, bias=bias)
         for flag in ("0", "1"):
             os.environ[env] = flag
@@ -96,11 +89,7 @@ def main() -> int:
         os.environ.pop(env)
         w = torch.randn(N, K, device="cuda", dtype=torch.bfloat16)
         row(M, K, N, "cublas_bf16", lambda x: x @ w.t(), xs)
-    md = meta_header(meta) + markdown_table(["M", "K", "N", "impl", "graph µs", "rel. err vs spec"],
-                                            [[x["M"], x["K"], x["N"], x["impl"], x["graph_us"], x["err"]]
-                                             for x in rows])
-    write_results("probe_decode_f16", meta, rows, a.out, md=md)
-    print(md)
+    write_err_table("probe_decode_f16", meta, rows, a.out)
     return 0
 
 

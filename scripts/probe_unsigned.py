@@ -23,8 +23,8 @@ def main() -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--cases", default="4608x12288x3072,1x4096x28672,16x4096x28672,64x4096x28672")
     a = ap.parse_args()
-    from lowrank_gemm.bench.common import (device_meta, markdown_table, meta_header, parse_shapes, time_graph,
-                                           write_results)
+    from _decode_probe import write_err_table
+    from lowrank_gemm.bench.common import device_meta, parse_shapes, time_graph
     from lowrank_gemm.bench.w4a4 import unsigned_layer_case
     from lowrank_gemm.formats.int4 import GELU_SHIFT as SHIFT
     from lowrank_gemm.kernels.act_quant import act_quant, act_quant_shifted
@@ -56,11 +56,7 @@ def main() -> int:
             row = dict(M=M, K=K, N=N, impl=name, graph_us=round(t, 2), err=None if err is None else round(err, 6))
             rows.append(row)
             print("ROW", row, flush=True)
-    md = meta_header(meta) + markdown_table(["M", "K", "N", "impl", "graph µs", "rel. err vs spec"],
-                                            [[x["M"], x["K"], x["N"], x["impl"], x["graph_us"], x["err"]]
-                                             for x in rows])
-    write_results("probe_unsigned", meta, rows, a.out, md=md)
-    print(md)
+    write_err_table("probe_unsigned", meta, rows, a.out)
     return 0
 
 
