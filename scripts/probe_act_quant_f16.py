@@ -9,7 +9,9 @@ default route (``LOWRANK_GEMM_ACT_QUANT_F16``), ``layer_dec16=0`` (``LOWRANK_GEM
 the fp16 path), and at M ≤ 32 ``layer_dec16_aq16=0`` / ``=1`` (``LOWRANK_GEMM_DECODE_F16=1``: the fp16 decode path at
 every M) — and ``cublas_bf16`` (x @ Wᵀ). Writes DIR/probe_act_quant_f16.{json,md}.
 
-    PYTHONPATH=src python scripts/probe_act_quant_f16.py --out DIR [--cases MxKxN,…]
+``--chain``: only act_quant(packed) → the GEMM op per operand-kernel PDL trigger (:func:`chain_rows`).
+
+    PYTHONPATH=src python scripts/probe_act_quant_f16.py --out DIR [--cases MxKxN,…] [--ab | --chain]
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ def main() -> int:
     ap.add_argument("--cases", default="16x4096x28672,32x4096x28672,33x4096x28672,48x4096x28672,64x4096x28672")
     ap.add_argument("--ab", action="store_true", help="also the unit shapes (quant_cols 1024 / 2048 / 4096), r = 0, "
                     "the layer with LOWRANK_GEMM_PDL=0, and the GEMM op on packed operands (fp16 route vs v2)")
+    ap.add_argument("--chain", action="store_true", help="only the chain act_quant(packed) → w4a4_gemm (the operand "
+                    "kernel between them) per w4_expand.OPERAND_PDL_TRIGGER, and with LOWRANK_GEMM_PDL=0")
     a = ap.parse_args()
     from _decode_probe import svdq_layer, write_err_table
     from _scoped_env import scoped_env
@@ -46,6 +50,9 @@ def main() -> int:
     for M, K, N in parse_shapes(a.cases, dims=3):
         p, bias, xs = svdq_layer(M, N, K)
         sm, down = p["smooth"], p["lora_down"]
+        if a.chain:
+            chain_rows(M, K, N, p, bias, xs, row)
+            continue
         row(M, K, N, "aq_packed", lambda x: act_quant(x, sm, down, 64), xs)
         packed = [act_quant(x, sm, down, 64)[:2] for (x, ) in xs]
         row(M, K, N, "f16_operands", lambda q, s: f16_act_operands(q, s, 64), packed)
@@ -81,6 +88,39 @@ def main() -> int:
         row(M, K, N, "cublas_bf16", lambda x: x @ w.t(), xs)
     write_err_table("probe_act_quant_f16", meta, rows, a.out)
     return 0
+
+
+def chain_rows(M, K, N, p, bias, xs, row):
+    """act_quant(packed) then the GEMM op on its outputs in one graph: the op builds its token operand with
+    expand_act_f8 (M ≤ 16) or f16_act_operands (17–48), mid-chain. One row per operand-kernel PDL trigger (outputs
+    checked bit-identical to the first), one with PDL off everywhere, and the two launches apart."""
+    from _scoped_env import scoped_env
+    from lowrank_gemm.kernels import w4_expand
+    from lowrank_gemm.kernels.act_quant import act_quant
+    from lowrank_gemm.kernels.w4a4_gemm import w4a4_gemm
+    sm, down = p["smooth"], p["lora_down"]
+
+    def chain(x):
+        q, sc, s = act_quant(x, sm, down, 64)
+        return w4a4_gemm(q, sc, p["qweight"], p["wscales"], s, p["lora_up"], bias)
+
+    ref, saved = None, w4_expand.OPERAND_PDL_TRIGGER
+    try:
+        for trig in w4_expand._OPERAND_PDL_TRIGGERS:
+            w4_expand.OPERAND_PDL_TRIGGER = trig
+            y = chain(xs[0][0])
+            ref = y if ref is None else ref
+            if not torch.equal(y, ref):
+                print(f"FAIL chain M={M}: trigger {trig} changes the output", flush=True)
+            row(M, K, N, f"chain_{trig}", chain, xs)
+    finally:
+        w4_expand.OPERAND_PDL_TRIGGER = saved
+    with scoped_env(LOWRANK_GEMM_PDL="0"):
+        row(M, K, N, "chain_pdl0", chain, xs)
+    row(M, K, N, "aq_packed", lambda x: act_quant(x, sm, down, 64), xs)
+    s_sets = [act_quant(x, sm, down, 64) for (x, ) in xs]
+    row(M, K, N, "gemm_packed", lambda q, sc, s: w4a4_gemm(q, sc, p["qweight"], p["wscales"], s, p["lora_up"], bias),
+        s_sets)
 
 
 if __name__ == "__main__":

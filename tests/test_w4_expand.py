@@ -95,11 +95,37 @@ def test_expand_act_f8_bad_inputs():
         expand_act_f8(torch.zeros(4, 64, dtype=torch.uint8), torch.ones(2, 4, dtype=torch.bfloat16), 96)
 
 
-def test_act_f8_sm90_pdl():
-    """sm_90 with PDL: the kernel lets the next grid launch first, then waits before reading x_q / x_scale."""
+_OPERAND_KERNELS = {
+    "_act_f8_kernel": (dict(xq_ptr="*u8", xs_ptr="*bf16", x8_ptr="*fp8e4nv", xab_ptr="*fp32", M="i32", KH="i32"),
+                       dict(G=64, BLOCK_M=32), ("xq_ptr", "x8_ptr", "KH")),
+    "_act_f16_kernel": (dict(xq_ptr="*u8", xs_ptr="*bf16", x16_ptr="*fp16", t_ptr="*fp32", M="i32", KH="i32",
+                             NG="i32"), dict(G=64, NG_P2=64), ("xq_ptr", "x16_ptr", "KH")),
+}
+
+
+@pytest.mark.parametrize("kernel", sorted(_OPERAND_KERNELS))
+@pytest.mark.parametrize("late", [False, True])
+def test_operand_kernels_sm90_pdl(kernel, late):
+    """sm_90 with PDL, both token-operand kernels: the wait comes before the first read of x_q / x_scale; the next grid
+    may launch before it ("early") or right after it ("after_wait", PDL_LATE)."""
     from lowrank_gemm.kernels.aot import compile_sm90
-    sig = dict(xq_ptr="*u8", xs_ptr="*bf16", x8_ptr="*fp8e4nv", xab_ptr="*fp32", M="i32", KH="i32")
-    info = compile_sm90("lowrank_gemm.kernels.w4_expand", "_act_f8_kernel", sig, dict(G=64, BLOCK_M=32, PDL=True),
-                        aligned=("xq_ptr", "x8_ptr", "KH"), num_warps=4)
-    ptx = info.ptx
-    assert 0 < ptx.find("griddepcontrol.launch_dependents") < ptx.find("griddepcontrol.wait") < ptx.find("ld.global")
+    sig, cx, aligned = _OPERAND_KERNELS[kernel]
+    ptx = compile_sm90("lowrank_gemm.kernels.w4_expand", kernel, sig, dict(cx, PDL=True, PDL_LATE=late),
+                       aligned=aligned, num_warps=4).ptx
+    trigger, wait, load = (ptx.find(s) for s in ("griddepcontrol.launch_dependents", "griddepcontrol.wait",
+                                                  "ld.global"))
+    assert ptx.count("griddepcontrol.launch_dependents") == 1 and ptx.count("griddepcontrol.wait") == 1
+    assert 0 < wait < load
+    assert (wait < trigger < load) if late else (0 < trigger < wait)
+
+
+def test_operand_pdl_trigger(monkeypatch):
+    """The launch keywords per OPERAND_PDL_TRIGGER: PDL never on the CPU; an unknown trigger is an error."""
+    from lowrank_gemm.kernels import w4_expand
+    cpu = torch.device("cpu")
+    for trig in w4_expand._OPERAND_PDL_TRIGGERS:
+        monkeypatch.setattr(w4_expand, "OPERAND_PDL_TRIGGER", trig)
+        assert w4_expand._operand_pdl(cpu) == dict(PDL=False, PDL_LATE=trig == "after_wait", launch_pdl=False)
+    monkeypatch.setattr(w4_expand, "OPERAND_PDL_TRIGGER", "late")
+    with pytest.raises(ValueError, match="OPERAND_PDL_TRIGGER"):
+        w4_expand._operand_pdl(cpu)

@@ -181,14 +181,41 @@ def act_f8_rows(rsum, xs):
     return xs * _F8_A, _F8_B * rsum.to(tl.float32) * xs
 
 
+# When the token-operand kernels (expand_act_f8, f16_act_operands) let the GEMM after them launch: "early" (their
+# first instruction, the PDL rule of kernels/pdl.py), "after_wait" (once their own wait has seen act_quant finish) or
+# "off" (launched without PDL). They sit mid-chain — act_quant → operand kernel → decode GEMM — where "early" lets the
+# GEMM's grid launch while act_quant still runs (NOTES.md session 40).
+OPERAND_PDL_TRIGGER = "early"
+_OPERAND_PDL_TRIGGERS = ("early", "after_wait", "off")
+
+
+def _operand_pdl(device: torch.device) -> dict:
+    """The PDL launch keywords of an operand kernel under :data:`OPERAND_PDL_TRIGGER`."""
+    if OPERAND_PDL_TRIGGER not in _OPERAND_PDL_TRIGGERS:
+        raise ValueError(f"OPERAND_PDL_TRIGGER must be one of {_OPERAND_PDL_TRIGGERS}, got {OPERAND_PDL_TRIGGER!r}")
+    pdl = OPERAND_PDL_TRIGGER != "off" and pdl_enabled(device)
+    return dict(PDL=pdl, PDL_LATE=OPERAND_PDL_TRIGGER == "after_wait", launch_pdl=pdl)
+
+
+@triton.jit
+def _operand_pdl_entry(PDL: tl.constexpr, PDL_LATE: tl.constexpr):
+    """An operand kernel's PDL entry: wait for act_quant before reading its output; let the GEMM launch before or
+    after that wait (:data:`OPERAND_PDL_TRIGGER`)."""
+    if PDL:
+        if not PDL_LATE:
+            gdc_launch_dependents()
+        gdc_wait()
+        if PDL_LATE:
+            gdc_launch_dependents()
+
+
 @triton.jit
 def _act_f8_kernel(xq_ptr, xs_ptr, x8_ptr, xab_ptr, M, KH,
-                   G: tl.constexpr, BLOCK_M: tl.constexpr, PDL: tl.constexpr = False):
+                   G: tl.constexpr, BLOCK_M: tl.constexpr, PDL: tl.constexpr = False,
+                   PDL_LATE: tl.constexpr = False):
     """One program: BLOCK_M rows × one scale group. x8 = q as e4m3; xab[g, 0, m] = 2⁹·xs, xab[g, 1, m] = −8·R·xs.
-    PDL (kernels/pdl.py): the next kernel may be scheduled at once; x_q / x_scale are read after the wait."""
-    if PDL:
-        gdc_launch_dependents()
-        gdc_wait()
+    PDL: :func:`_operand_pdl_entry` (x_q / x_scale are read after its wait)."""
+    _operand_pdl_entry(PDL, PDL_LATE)
     HALF: tl.constexpr = 32
     NB: tl.constexpr = G // 64
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -216,7 +243,7 @@ def expand_act_f8(x_q: torch.Tensor, x_scale: torch.Tensor, group_size: int, blo
     """Packed int4 activations (+ their group scales) → the operands of the W4A4 fp8 paths (module doc).
     Fresh buffers from torch's caching allocator (graph safe); the xab rows of M are 16-byte aligned when
     M % 4 == 0 (the TMA path's condition, gluon.w4a4_ws.scale_tma_ok). Launched with PDL when
-    :func:`pdl.pdl_enabled` (``LOWRANK_GEMM_PDL=1``)."""
+    :func:`pdl.pdl_enabled` (``LOWRANK_GEMM_PDL=1``), its trigger as :data:`OPERAND_PDL_TRIGGER` says."""
     if x_q.dtype != torch.uint8 or x_q.dim() != 2 or not x_q.is_contiguous():
         raise ValueError(f"expand_act_f8: x_q must be contiguous uint8 [M, K/2], got {x_q.dtype} {list(x_q.shape)}")
     m, k = x_q.shape[0], 2 * x_q.shape[1]
@@ -233,9 +260,8 @@ def expand_act_f8(x_q: torch.Tensor, x_scale: torch.Tensor, group_size: int, blo
     xab = torch.empty((k // group_size, 2, m), device=x_q.device, dtype=torch.float32)
     if m:
         grid = (cdiv(m, block_m), k // group_size)
-        pdl = pdl_enabled(x_q.device)
-        launch(_act_f8_kernel, grid, x_q, x_scale, x8, xab, m, k // 2, G=group_size, BLOCK_M=block_m, PDL=pdl,
-               num_warps=4, launch_pdl=pdl)
+        launch(_act_f8_kernel, grid, x_q, x_scale, x8, xab, m, k // 2, G=group_size, BLOCK_M=block_m,
+               num_warps=4, **_operand_pdl(x_q.device))
     return x8, xab
 
 
@@ -367,14 +393,13 @@ def f16_column(k):
 
 @triton.jit
 def _act_f16_kernel(xq_ptr, xs_ptr, x16_ptr, t_ptr, M, KH, NG,
-                    G: tl.constexpr, NG_P2: tl.constexpr, PDL: tl.constexpr = False):
+                    G: tl.constexpr, NG_P2: tl.constexpr, PDL: tl.constexpr = False,
+                    PDL_LATE: tl.constexpr = False):
     """One program per token row of :func:`f16_act_operands`: the row's packed codes [NG, G/2] and scales [NG] in
     registers; p from the largest |scale| over the live groups (a nonzero code, :func:`f16_row_exponent`); q·s·2⁻ᵖ
     formed exactly in fp32 and stored as fp16 at the permuted column of every 16; t = 2ᵖ. PDL as
     :func:`_act_f8_kernel`."""
-    if PDL:
-        gdc_launch_dependents()
-        gdc_wait()
+    _operand_pdl_entry(PDL, PDL_LATE)
     HB: tl.constexpr = G // 2                     # bytes per group: the group's 64-blocks' 32 bytes each
     m = tl.program_id(0)
     gi = tl.arange(0, NG_P2)
@@ -417,9 +442,8 @@ def f16_act_operands(x_q: torch.Tensor, x_scale: torch.Tensor, group_size: int) 
     t = torch.empty((m, ), device=x_q.device, dtype=torch.float32)
     if m:
         ng = k // group_size
-        pdl = pdl_enabled(x_q.device)
         launch(_act_f16_kernel, (m, ), x_q, x_scale, x16, t, m, k // 2, ng, G=group_size,
-               NG_P2=triton.next_power_of_2(ng), PDL=pdl, num_warps=4, launch_pdl=pdl)
+               NG_P2=triton.next_power_of_2(ng), num_warps=4, **_operand_pdl(x_q.device))
     return x16, t
 
 
