@@ -93,7 +93,8 @@ def main() -> int:
 def chain_rows(M, K, N, p, bias, xs, row):
     """act_quant(packed) then the GEMM op on its outputs in one graph: the op builds its token operand with
     expand_act_f8 (M ≤ 16) or f16_act_operands (17–48), mid-chain. One row per operand-kernel PDL trigger (outputs
-    checked bit-identical to the first), one with PDL off everywhere, and the two launches apart."""
+    checked bit-identical to the first; "default" = the committed per-operand choice), one with PDL off everywhere,
+    and the two launches apart."""
     from _scoped_env import scoped_env
     from lowrank_gemm.kernels import w4_expand
     from lowrank_gemm.kernels.act_quant import act_quant
@@ -106,8 +107,8 @@ def chain_rows(M, K, N, p, bias, xs, row):
 
     ref, saved = None, w4_expand.OPERAND_PDL_TRIGGER
     try:
-        for trig in w4_expand._OPERAND_PDL_TRIGGERS:
-            w4_expand.OPERAND_PDL_TRIGGER = trig
+        for trig in ("default", *w4_expand._OPERAND_PDL_TRIGGERS):
+            w4_expand.OPERAND_PDL_TRIGGER = saved if trig == "default" else dict.fromkeys(saved, trig)
             y = chain(xs[0][0])
             ref = y if ref is None else ref
             if not torch.equal(y, ref):

@@ -120,12 +120,11 @@ def test_operand_kernels_sm90_pdl(kernel, late):
 
 
 def test_operand_pdl_trigger(monkeypatch):
-    """The launch keywords per OPERAND_PDL_TRIGGER: PDL never on the CPU; an unknown trigger is an error."""
+    """The launch keywords per OPERAND_PDL_TRIGGER entry: PDL never on the CPU; an unknown trigger is an error."""
     from lowrank_gemm.kernels import w4_expand
     cpu = torch.device("cpu")
     for trig in w4_expand._OPERAND_PDL_TRIGGERS:
-        monkeypatch.setattr(w4_expand, "OPERAND_PDL_TRIGGER", trig)
-        assert w4_expand._operand_pdl(cpu) == dict(PDL=False, PDL_LATE=trig == "after_wait", launch_pdl=False)
-    monkeypatch.setattr(w4_expand, "OPERAND_PDL_TRIGGER", "late")
-    with pytest.raises(ValueError, match="OPERAND_PDL_TRIGGER"):
-        w4_expand._operand_pdl(cpu)
+        monkeypatch.setattr(w4_expand, "OPERAND_PDL_TRIGGER", {"e4m3": trig, "f16": "late"})
+        assert w4_expand._operand_pdl(cpu, "e4m3") == dict(PDL=False, PDL_LATE=trig == "after_wait", launch_pdl=False)
+        with pytest.raises(ValueError, match=r"OPERAND_PDL_TRIGGER\['f16'\]"):
+            w4_expand._operand_pdl(cpu, "f16")

@@ -181,20 +181,22 @@ def act_f8_rows(rsum, xs):
     return xs * _F8_A, _F8_B * rsum.to(tl.float32) * xs
 
 
-# When the token-operand kernels (expand_act_f8, f16_act_operands) let the GEMM after them launch: "early" (their
-# first instruction, the PDL rule of kernels/pdl.py), "after_wait" (once their own wait has seen act_quant finish) or
-# "off" (launched without PDL). They sit mid-chain — act_quant → operand kernel → decode GEMM — where "early" lets the
-# GEMM's grid launch while act_quant still runs (NOTES.md session 40).
-OPERAND_PDL_TRIGGER = "early"
+# When each token-operand kernel lets the GEMM after it launch: "early" (its first instruction, the PDL rule of
+# kernels/pdl.py), "after_wait" (once its own wait has seen act_quant finish) or "off" (launched without PDL). They
+# sit mid-chain: act_quant → operand kernel → decode GEMM. H200, act_quant(packed) → the GEMM op (NOTES.md session 40):
+# e4m3 at M = 8 / 16: early 26.0 / 26.7 µs, off 28.4 / 28.8; fp16 at M = 24 / 32: early 64.7 / 66.6 (after_wait the
+# same), off 43.8 / 43.6, and off no slower at 17 and 48.
+OPERAND_PDL_TRIGGER = {"e4m3": "early", "f16": "off"}
 _OPERAND_PDL_TRIGGERS = ("early", "after_wait", "off")
 
 
-def _operand_pdl(device: torch.device) -> dict:
-    """The PDL launch keywords of an operand kernel under :data:`OPERAND_PDL_TRIGGER`."""
-    if OPERAND_PDL_TRIGGER not in _OPERAND_PDL_TRIGGERS:
-        raise ValueError(f"OPERAND_PDL_TRIGGER must be one of {_OPERAND_PDL_TRIGGERS}, got {OPERAND_PDL_TRIGGER!r}")
-    pdl = OPERAND_PDL_TRIGGER != "off" and pdl_enabled(device)
-    return dict(PDL=pdl, PDL_LATE=OPERAND_PDL_TRIGGER == "after_wait", launch_pdl=pdl)
+def _operand_pdl(device: torch.device, operand: str) -> dict:
+    """The PDL launch keywords of the ``operand`` kernel ("e4m3" or "f16") under :data:`OPERAND_PDL_TRIGGER`."""
+    trigger = OPERAND_PDL_TRIGGER[operand]
+    if trigger not in _OPERAND_PDL_TRIGGERS:
+        raise ValueError(f"OPERAND_PDL_TRIGGER[{operand!r}] must be one of {_OPERAND_PDL_TRIGGERS}, got {trigger!r}")
+    pdl = trigger != "off" and pdl_enabled(device)
+    return dict(PDL=pdl, PDL_LATE=trigger == "after_wait", launch_pdl=pdl)
 
 
 @triton.jit
@@ -261,7 +263,7 @@ def expand_act_f8(x_q: torch.Tensor, x_scale: torch.Tensor, group_size: int, blo
     if m:
         grid = (cdiv(m, block_m), k // group_size)
         launch(_act_f8_kernel, grid, x_q, x_scale, x8, xab, m, k // 2, G=group_size, BLOCK_M=block_m,
-               num_warps=4, **_operand_pdl(x_q.device))
+               num_warps=4, **_operand_pdl(x_q.device, "e4m3"))
     return x8, xab
 
 
@@ -424,7 +426,7 @@ def _act_f16_kernel(xq_ptr, xs_ptr, x16_ptr, t_ptr, M, KH, NG,
 def f16_act_operands(x_q: torch.Tensor, x_scale: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Packed int4 activations uint8 [M, K/2] + their group scales [K/G, M] → (x16 float16 [M, K], K permuted by
     :data:`F16_K_PERM` in every 16 columns, = q·x_scale·2⁻ᵖ; t float32 [M] = 2ᵖ). One kernel on CUDA and under
-    the interpreter (:func:`_act_f16_kernel`, PDL as :func:`expand_act_f8`); :func:`f16_act_operands_ref` on the
+    the interpreter (:func:`_act_f16_kernel`, PDL per :data:`OPERAND_PDL_TRIGGER`); :func:`f16_act_operands_ref` on the
     plain CPU."""
     if x_q.dtype != torch.uint8 or x_q.dim() != 2 or not x_q.is_contiguous():
         raise ValueError(f"f16_act_operands: x_q must be contiguous uint8 [M, K/2], got {x_q.dtype} "
@@ -443,7 +445,7 @@ def f16_act_operands(x_q: torch.Tensor, x_scale: torch.Tensor, group_size: int) 
     if m:
         ng = k // group_size
         launch(_act_f16_kernel, (m, ), x_q, x_scale, x16, t, m, k // 2, ng, G=group_size,
-               NG_P2=triton.next_power_of_2(ng), num_warps=4, **_operand_pdl(x_q.device))
+               NG_P2=triton.next_power_of_2(ng), num_warps=4, **_operand_pdl(x_q.device, "f16"))
     return x16, t
 
 
