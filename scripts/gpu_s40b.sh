@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Session 40's PDL-chain call (≤ 200 s): act_quant(packed) → the GEMM op, whose token-operand kernel sits mid-chain,
+# Session 40's PDL-chain call (≤ 200 s; run again at the per-operand default: the "default" rows): act_quant(packed) → the GEMM op, whose token-operand kernel sits mid-chain,
 # per w4_expand.OPERAND_PDL_TRIGGER (early / after_wait / off) and with PDL off, at 8–48 tokens; then the W4A4 decode
 # and expansion suites.
 #   LOWRANK_GEMM_COMMIT=<hash> bash scripts/gpu_s40b.sh → $OUT/s40b/…
@@ -10,5 +10,5 @@ timeout 150 python3 scripts/probe_act_quant_f16.py --chain --out "$L" \
     > "$L/probe.log" 2>&1
 say "probe_act_quant_f16 --chain rc=$?"
 grep -E "^ROW|FAIL" "$L/probe.log" | sed 's/^ROW //' >> "$L/summary.txt"
-gpu_tests 100 14 tests/test_w4a4_decode_f16.py tests/test_w4a4_decode.py tests/test_w4_expand.py
+gpu_tests 150 14 tests/test_w4a4_decode_f16.py tests/test_w4a4_decode.py tests/test_w4_expand.py tests/test_w4a4_gemm.py tests/test_w4a4_gpu.py tests/test_act_quant.py
 tar czf "$L/logs.tar.gz" -C "$L" tests.log probe.log && rm -f "$L/tests.log" "$L/probe.log"
