@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Session 40's PDL-chain call (≤ 200 s; run again at the per-operand default: the "default" rows): act_quant(packed) → the GEMM op, whose token-operand kernel sits mid-chain,
-# per w4_expand.OPERAND_PDL_TRIGGER (early / after_wait / off) and with PDL off, at 8–48 tokens; then the W4A4 decode
-# and expansion suites.
+# Session 40's PDL-chain call (≤ 250 s): act_quant(packed) → the GEMM op, whose token-operand kernel sits mid-chain,
+# per w4_expand.OPERAND_PDL_TRIGGER ("default" = the committed per-operand choice, then early / after_wait / off for
+# both) and with PDL off, at 8–48 tokens; then the W4A4 decode, expansion, GEMM, layer and act_quant GPU suites.
 #   LOWRANK_GEMM_COMMIT=<hash> bash scripts/gpu_s40b.sh → $OUT/s40b/…
 source "$(dirname "$0")/_device_prelude.sh" s40b
 say "commit=${LOWRANK_GEMM_COMMIT:-?} $(nvidia-smi --query-gpu=name,clocks.sm --format=csv,noheader)"
