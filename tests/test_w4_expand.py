@@ -128,3 +128,13 @@ def test_operand_pdl_trigger(monkeypatch):
         assert w4_expand._operand_pdl(cpu, "e4m3") == dict(PDL=False, PDL_LATE=trig == "after_wait", launch_pdl=False)
         with pytest.raises(ValueError, match=r"OPERAND_PDL_TRIGGER\['f16'\]"):
             w4_expand._operand_pdl(cpu, "f16")
+
+
+def test_operand_pdl_shipped_choice(monkeypatch):
+    """Where PDL is on, the e4m3 operand kernel lets the GEMM launch at its start and the fp16 one launches without
+    PDL (NOTES.md session 40: its early trigger cost ~21 µs at 24–32 tokens behind act_quant on the H200)."""
+    from lowrank_gemm.kernels import w4_expand
+    monkeypatch.setattr(w4_expand, "pdl_enabled", lambda device: True)
+    cuda = torch.device("cuda")
+    assert w4_expand._operand_pdl(cuda, "e4m3") == dict(PDL=True, PDL_LATE=False, launch_pdl=True)
+    assert w4_expand._operand_pdl(cuda, "f16") == dict(PDL=False, PDL_LATE=False, launch_pdl=False)

@@ -10,7 +10,8 @@ CUDA-graph capture keeps the dependency as a programmatic edge.
 
 The rule each kernel of the chain follows:
 - ``launch_dependents`` as early as it likes (it only allows the next grid to be scheduled: the next grid's
-  ``wait`` still waits for this whole grid to finish and flush its writes);
+  ``wait`` still waits for this whole grid to finish and flush its writes). Early is not always faster: measure
+  (``w4_expand.OPERAND_PDL_TRIGGER`` launches one kernel of a chain without PDL);
 - ``wait`` before its first read of a predecessor's output — and before its first global write, since the
   predecessor may still read a buffer that this kernel overwrites (the caching allocator reuses memory).
 
