@@ -1,12 +1,14 @@
-"""GPU probe (≈ 60 s): where the M = 1 decode layer's time over its GEMM goes, per weight format — act_quant alone
-(as the layer asks it; with quant units of other widths; without the branch), the GEMM alone on its outputs, the
-layer (``w4a4_linear``, impl auto, checked against the float64 GEMM on act_quant's packed operands) with act_quant's unit width overridden, and
-cuBLAS bf16, in one process, CUDA-graph replays over rotated weight sets (past the L2).
+"""GPU probe (≈ 60 s): where the decode layer's time over its GEMM goes, per weight format — act_quant alone (as the
+layer asks it; with quant units of other widths; without the branch), the GEMM alone on its outputs, the layer
+(``w4a4_linear``, impl auto, checked against the float64 GEMM on act_quant's packed operands) with act_quant's unit
+width overridden, and cuBLAS bf16, in one process, CUDA-graph replays over rotated weight sets (past the L2).
+``--knob VAR``: act_quant and the layer again with the env knob VAR = 0 and = 1 (outputs checked bit-identical).
 
 The layer's 3× target at M = 1 (issue 4) needs it within 0.7 µs (int4_g64) / 1.8 µs (int4_2l) of its GEMM alone on
 the H200 (NOTES.md, session 40).
 
     PYTHONPATH=src python scripts/probe_aq_m1.py --out DIR [--ms 1,2] [--fmts int4_2l,int4_g64] [--shapes N:K,…]
+        [--widths 512,…] [--knob VAR]
 
 Writes DIR/probe_aq_m1.{json,md}.
 """
@@ -30,9 +32,12 @@ def main() -> int:
     ap.add_argument("--ms", default="1,2")
     ap.add_argument("--fmts", default="int4_2l,int4_g64")
     ap.add_argument("--shapes", default="28672:4096")
-    ap.add_argument("--widths", default="512,1024,2048,4096", help="act_quant quant_cols to try")
+    ap.add_argument("--widths", default="512,1024,2048,4096", help="act_quant quant_cols to try ('' for none)")
+    ap.add_argument("--knob", default="", help="an on/off env knob: act_quant and the layer again with it =0 and =1 "
+                    "(outputs checked bit-identical)")
     a = ap.parse_args()
     from _decode_probe import write_err_table
+    from _scoped_env import scoped_env
     from lowrank_gemm.bench.common import device_meta, rotation_count, time_graph
     from lowrank_gemm.formats.int4 import pack_int4, quantize_weight_int4
     from lowrank_gemm.formats.int4_twolevel import pack_weight_2l
@@ -79,7 +84,7 @@ def main() -> int:
                                      early_launch=early, **{k: v for k, v in kw.items() if k != "r0"})
                 row(M, K, N, tag + "aq", lambda x: aq(x), [(x, ) for x in xs])
                 row(M, K, N, tag + "aq_r0", lambda x: aq(x, r0=True), [(x, ) for x in xs])
-                for qk in (int(v) for v in a.widths.split(",")):
+                for qk in (int(v) for v in a.widths.split(",") if v):
                     try:
                         row(M, K, N, tag + f"aq_qk{qk}", lambda x, qk=qk: aq(x, quant_cols=qk), [(x, ) for x in xs])
                     except Exception as exc:       # a width the plan rejects
@@ -96,7 +101,7 @@ def main() -> int:
 
                 def layer(x, w):
                     return wg.w4a4_linear(x, **w, **common, fmt=fmt)
-                for qk in (0, *(int(v) for v in a.widths.split(","))):
+                for qk in (0, *(int(v) for v in a.widths.split(",") if v)):
                     name = "layer" if qk == 0 else f"layer_qk{qk}"
                     if qk:
                         wg.act_quant = lambda *p, qk=qk, **kw: real_aq(*p, quant_cols=qk, **kw)
@@ -108,6 +113,16 @@ def main() -> int:
                         print(f"SKIP {name}: {exc}", flush=True)
                     finally:
                         wg.act_quant = real_aq
+                if a.knob:
+                    got = {}
+                    for v in ("0", "1"):
+                        with scoped_env(**{a.knob: v}):
+                            row(M, K, N, tag + f"aq:{a.knob[-12:]}={v}", lambda x: aq(x), [(x, ) for x in xs])
+                            got[v] = layer(xs[0], ws[0])
+                            err = float((got[v].double().cpu() - ref).norm() / ref.norm())
+                            row(M, K, N, tag + f"layer:{a.knob[-12:]}={v}", layer, list(zip(xs, ws)), err)
+                    if not torch.equal(got["0"], got["1"]):
+                        print(f"FAIL {tag} M={M}: {a.knob} changes the layer's output", flush=True)
                 wb = [torch.randn(N, K, device="cuda", dtype=torch.bfloat16) for _ in range(3)]
                 row(M, K, N, "cublas_bf16", lambda x, b: x @ b.t(), list(zip(xs, wb)))
                 del wb

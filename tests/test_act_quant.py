@@ -994,3 +994,67 @@ def test_f16_out_sm90_no_spills():
             regs, spills, log = stats
             assert spills == 0 and (regs <= 168 or not rank_s), log
         assert info.has("div.rn.f32", "cvt.rn.f16.f32")
+
+
+def _rowmax_cases(m, k, dtype, dev="cpu"):
+    """Rows for the 2l fast row maximum: random, all-zero, NaN, ±Inf, an exact tie of the row maximum (same x and λ
+    twice), two maxima one fp16 ulp apart, a huge and a tiny row."""
+    x, smooth, down = _inputs(m, k, 16, dtype)
+    x, smooth, down = x.to(dev), smooth.to(dev), down.to(dev)
+    j, i = 3, k - 5
+    smooth[i] = smooth[j]
+    x[1] = 0
+    x[2, 7] = float("nan")
+    x[3, k // 2] = float("inf")
+    x[4, j] = x[4, i] = x[4].abs().max() * 2
+    x[5, j] = 1000.0
+    x[5, i] = torch.nextafter(torch.tensor(1000.0, dtype=dtype), torch.tensor(2000.0, dtype=dtype)).item()
+    x[6] *= 2.0 ** 10
+    x[7] *= 2.0 ** -20
+    return x, smooth, down
+
+
+@pytest.mark.parametrize("m,k,qk", [(9, 320, 0), (8, 4096, 512), (8, 8256, 0), (12, 128, 64)])
+def test_2l_fast_row_max_same_bits(poisoned, monkeypatch, m, k, qk):
+    """int4_2l fused units with FAST_MAX (the row maximum from approximate quotients): the torch quantizer's bits
+    on random and special rows (zero / NaN / Inf / tied / one-ulp-apart maxima, huge and tiny rows), one chunk
+    (K ≤ 4096) and several (K = 8256)."""
+    monkeypatch.setenv("LOWRANK_GEMM_ACT_QUANT_2L_FAST_MAX", "1")
+    x, smooth, down = _rowmax_cases(m, k, torch.float16)
+    e, t, _ = act_quant(x, smooth, down, 64, "int4_2l", variant="fused", quant_cols=qk or None)
+    _check_formats("int4_2l", e, t, x.float() / smooth.float(), 64)
+
+
+def test_2l_fast_row_max_knob(monkeypatch):
+    """LOWRANK_GEMM_ACT_QUANT_2L_FAST_MAX (0 / 1, read per call) over FAST_MAX_DEFAULT; the sm_90 kernel keeps no
+    spill beyond 8 bytes with it and runs the approximate divide (div.full) in the row walk."""
+    import lowrank_gemm.kernels.act_quant as aq
+    for env, want in (("1", True), ("0", False), ("", aq.FAST_MAX_DEFAULT)):
+        monkeypatch.setenv("LOWRANK_GEMM_ACT_QUANT_2L_FAST_MAX", env)
+        assert aq._fast_max_default() is want
+    from lowrank_gemm.kernels.aot import compile_sm90
+    sig = _fused_signature(q="*i8", sc="*fp32", cnt="*fp32")
+    ce = dict(TWO_LEVEL=True, G=64, BLOCK_M=16, BLOCK_K=64, BLOCK_R=32, SPLIT_P2=1, SUM_ROWS=1, QM=1, QK=512,
+              CH=4096, SCALE_BF16=True, S_RANK=True, SR=1, RB=1, CK=4096, NCH=1)
+    al = ("x_ptr", "stride_xm", "smooth_ptr", "q_ptr", "stride_qm", "a_ptr", "stride_ar", "K")
+    off = compile_sm90("lowrank_gemm.kernels.act_quant", "_act_quant_fused_kernel", sig, ce, aligned=al, num_warps=4)
+    on = compile_sm90("lowrank_gemm.kernels.act_quant", "_act_quant_fused_kernel", sig, dict(ce, FAST_MAX=True),
+                      aligned=al, num_warps=4)
+    assert on.ptx.count("div.full.f32") > off.ptx.count("div.full.f32")
+    assert on.ptx.count("div.rn.f32") == off.ptx.count("div.rn.f32") + 1      # the exact walk stays, + one per row
+
+
+@pytest.mark.gpu
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("m,k", [(9, 4096), (16, 4096), (64, 3072), (9, 14336)])
+def test_2l_fast_row_max_gpu(monkeypatch, dtype, m, k):
+    """On the GPU, where x / λ is the approximate divide: FAST_MAX gives the torch quantizer's bits and the exact
+    walk's, on random and special rows (ties, one-ulp-apart maxima, zero / NaN / Inf rows)."""
+    x, smooth, down = _rowmax_cases(m, k, dtype, "cuda")
+    out = {}
+    for env in ("0", "1"):
+        monkeypatch.setenv("LOWRANK_GEMM_ACT_QUANT_2L_FAST_MAX", env)
+        out[env] = act_quant(x, smooth, down, 64, "int4_2l", variant="fused")
+    _check_formats("int4_2l", out["1"][0], out["1"][1], x.float() / smooth.float(), 64)
+    assert all(torch.equal(a, b) for a, b in zip(out["0"], out["1"]))
