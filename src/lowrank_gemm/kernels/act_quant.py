@@ -34,7 +34,7 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from .env import env_switch, getenv, interpreting
+from .env import getenv, interpreting
 from .epilogue import rank_block
 from .launch import launch
 from .pdl import gdc_launch_dependents, gdc_wait, pdl_enabled
@@ -1007,10 +1007,8 @@ def _load_smoothed(x_ptr, stride_xm, smooth_ptr, offs_m, offs_k, row_ok, k_ok):
 
 @triton.jit
 def _fused_2l_unit(x_ptr, stride_xm, smooth_ptr, e_ptr, stride_em, t_ptr, u, QS, M, K,
-                   G: tl.constexpr, QM: tl.constexpr, QK: tl.constexpr, CH: tl.constexpr,
-                   FAST_MAX: tl.constexpr = False):
-    """Rows [r0, r0 + QM), columns chunk c of QK: row scale t from the full rows, then e = q·v. FAST_MAX: the row
-    maximum by :func:`_2l_row_absmax_fast` (one exact division per row instead of one per element; same bits)."""
+                   G: tl.constexpr, QM: tl.constexpr, QK: tl.constexpr, CH: tl.constexpr):
+    """Rows [r0, r0 + QM), columns chunk c of QK: row scale t from the full rows, then e = q·v."""
     c = u % QS
     offs_m = (u // QS) * QM + tl.arange(0, QM)
     row_ok = offs_m < M
@@ -1022,10 +1020,13 @@ def _fused_2l_unit(x_ptr, stride_xm, smooth_ptr, e_ptr, stride_em, t_ptr, u, QS,
     x_q = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_q[None, :], mask=row_ok[:, None] & q_ok[None, :],
                   other=0.0)
     lam_q = tl.load(smooth_ptr + offs_q, mask=q_ok, other=1.0)
-    if FAST_MAX:
-        amax, n_nan = _2l_row_absmax_fast(x_ptr, stride_xm, smooth_ptr, offs_m, row_ok, K, QM, CH)
-    else:
-        amax, n_nan = _2l_row_absmax(x_ptr, stride_xm, smooth_ptr, offs_m, row_ok, K, QM, CH)
+    amax = tl.zeros((QM,), tl.float32)
+    n_nan = tl.zeros((QM,), tl.int32)
+    for k0 in range(0, K, CH):
+        offs_k = k0 + tl.arange(0, CH)
+        xs = _load_smoothed(x_ptr, stride_xm, smooth_ptr, offs_m, offs_k, row_ok, offs_k < K)
+        amax = tl.maximum(amax, tl.max(tl.abs(xs), axis=1))
+        n_nan += tl.sum((xs != xs).to(tl.int32), axis=1)
     t = tl.math.div_rn(amax, 105.0)  # same expression as _2l_row_scale: same bits
     t = tl.where(t == 0.0, 1.0, t)
     t = tl.where(n_nan > 0, float("nan"), t)
@@ -1035,65 +1036,6 @@ def _fused_2l_unit(x_ptr, stride_xm, smooth_ptr, e_ptr, stride_em, t_ptr, u, QS,
     tl.store(e_ptr + offs_m[:, None] * stride_em + offs_q[None, :], e, mask=row_ok[:, None] & q_ok[None, :])
     if c == 0:
         tl.store(t_ptr + offs_m, t, mask=row_ok)
-
-
-@triton.jit
-def _2l_row_absmax(x_ptr, stride_xm, smooth_ptr, offs_m, row_ok, K, QM: tl.constexpr, CH: tl.constexpr):
-    """(max |RN(x/λ)| over each row [QM], the row's NaN count): one exact division per element."""
-    amax = tl.zeros((QM,), tl.float32)
-    n_nan = tl.zeros((QM,), tl.int32)
-    for k0 in range(0, K, CH):
-        offs_k = k0 + tl.arange(0, CH)
-        xs = _load_smoothed(x_ptr, stride_xm, smooth_ptr, offs_m, offs_k, row_ok, offs_k < K)
-        amax = tl.maximum(amax, tl.max(tl.abs(xs), axis=1))
-        n_nan += tl.sum((xs != xs).to(tl.int32), axis=1)
-    return amax, n_nan
-
-
-# The fast row maximum's margin: x / λ by the approximate divide (div.full.f32: ≤ 2 ulp over the full range; exact
-# under the interpreter) is within a factor 1 ± 2⁻²² of the quotient, so an element whose approximate quotient lies
-# under (1 − 2⁻¹⁹)·max has a smaller exact quotient than the element that reached the max.
-_FAST_MAX_MARGIN = tl.constexpr(1.0 - 2.0 ** -19)
-_FAST_MAX_LO = tl.constexpr(2.0 ** -100)      # smallest approximate maximum on the fast path (normal with margin)
-
-
-@triton.jit
-def _2l_row_absmax_fast(x_ptr, stride_xm, smooth_ptr, offs_m, row_ok, K, QM: tl.constexpr, CH: tl.constexpr):
-    """:func:`_2l_row_absmax`'s result from approximate quotients: their row maximum A and its column j; where no
-    other element comes within the margin (:data:`_FAST_MAX_MARGIN`) of A, the row's exact maximum is RN(|x_j/λ_j|)
-    (RN is monotone), one division. A row with a NaN quotient, A outside [2⁻¹⁰⁰, ∞) (zero rows included) or a second
-    element within the margin (ties) takes :func:`_2l_row_absmax` for the whole unit. The first chunk's quotients
-    stay in registers for the count (K ≤ CH: one pass over x)."""
-    a0 = _approx_quotients(x_ptr, stride_xm, smooth_ptr, offs_m, row_ok, 0, K, CH)
-    n_nan = tl.sum((a0 != a0).to(tl.int32), axis=1)
-    big, arg = tl.max(a0, axis=1, return_indices=True)
-    for k0 in range(CH, K, CH):
-        a = _approx_quotients(x_ptr, stride_xm, smooth_ptr, offs_m, row_ok, k0, K, CH)
-        n_nan += tl.sum((a != a).to(tl.int32), axis=1)
-        a_max, a_arg = tl.max(a, axis=1, return_indices=True)
-        arg = tl.where(a_max > big, k0 + a_arg, arg)
-        big = tl.maximum(big, a_max)
-    floor = (big * _FAST_MAX_MARGIN)[:, None]
-    near = tl.sum((a0 >= floor).to(tl.int32), axis=1)
-    for k0 in range(CH, K, CH):
-        a = _approx_quotients(x_ptr, stride_xm, smooth_ptr, offs_m, row_ok, k0, K, CH)
-        near += tl.sum((a >= floor).to(tl.int32), axis=1)
-    fast = (n_nan == 0) & (big >= _FAST_MAX_LO) & (big < float("inf")) & (near == 1)
-    if tl.min((fast | ~row_ok).to(tl.int32), axis=0) == 0:
-        amax, n_nan = _2l_row_absmax(x_ptr, stride_xm, smooth_ptr, offs_m, row_ok, K, QM, CH)
-    else:
-        xj = tl.load(x_ptr + offs_m * stride_xm + arg, mask=row_ok, other=0.0).to(tl.float32)
-        lj = tl.load(smooth_ptr + arg, mask=row_ok, other=1.0).to(tl.float32)
-        amax = tl.abs(tl.math.div_rn(xj, lj))
-    return amax, n_nan
-
-
-@triton.jit
-def _approx_quotients(x_ptr, stride_xm, smooth_ptr, offs_m, row_ok, k0, K, CH: tl.constexpr):
-    """|x/λ| of the chunk at k0 [QM, CH] by the approximate divide (0 outside the rows and K)."""
-    offs_k = k0 + tl.arange(0, CH)
-    x, lam = _load_x_lam(x_ptr, stride_xm, smooth_ptr, offs_m, offs_k, row_ok, offs_k < K)
-    return tl.abs(x.to(tl.float32) / lam.to(tl.float32)[None, :])
 
 
 @triton.jit
@@ -1199,7 +1141,6 @@ def _act_quant_fused_kernel(
     S_RANK: tl.constexpr = False, SR: tl.constexpr = 1, RB: tl.constexpr = 1, CK: tl.constexpr = 64,
     NCH: tl.constexpr = 1, F8: tl.constexpr = False, PDL: tl.constexpr = False, LOADS_FIRST: tl.constexpr = False,
     LATE_DEPS: tl.constexpr = False, UNSIGNED: tl.constexpr = False, shift_ptr=None, F16: tl.constexpr = False,
-    FAST_MAX: tl.constexpr = False,
 ):
     """Programs [0, N_SPROG): S — (row block, K slice) + ticket, or with S_RANK (SR rows, RB ranks) over all
     of K; the rest: quant unit u = pid − N_SPROG (rows (u // QS)·QM …, column chunk u % QS).
@@ -1210,8 +1151,7 @@ def _act_quant_fused_kernel(
     its weight loads during this one, then waits for the previous kernel (x's producer) before its first
     global access — x, λ, A and also the tickets and outputs (a predecessor may still read them).
     LOADS_FIRST: the rank-split S program and the g64 quant unit issue all their loads before the first use
-    (:func:`_loads_in_flight`). FAST_MAX (2l): the units' row maxima from approximate quotients
-    (:func:`_2l_row_absmax_fast`, same bits).
+    (:func:`_loads_in_flight`).
     LATE_DEPS (``act_quant(early_launch=False)``, chosen per GEMV route by ``w4a4_gemv.act_quant_early_launch``;
     env ``LOWRANK_GEMM_ACT_QUANT_EARLY_DEPS`` overrides): no ``launch_dependents`` — each program lets the next
     kernel be scheduled only by exiting, so that kernel's early weight loads (the GEMV's first chunk, ~7 MB at
@@ -1234,7 +1174,7 @@ def _act_quant_fused_kernel(
                             G, QM, QK, CH, SCALE_BF16)
     elif TWO_LEVEL:
         _fused_2l_unit(x_ptr, stride_xm, smooth_ptr, q_ptr, stride_qm, sc_ptr, pid - N_SPROG, QS, M, K,
-                       G, QM, QK, CH, FAST_MAX)
+                       G, QM, QK, CH)
     else:
         _fused_g64_unit(x_ptr, stride_xm, smooth_ptr, q_ptr, stride_qm, sc_ptr, stride_sg, pid - N_SPROG, QS,
                         M, K, G, QM, QK, SCALE_BF16, F8, LOADS_FIRST, UNSIGNED, shift_ptr)
@@ -1313,16 +1253,6 @@ def _early_deps(early_launch: bool | None = None) -> bool:
     if env in ("0", "1"):
         return env == "1"
     return True if early_launch is None else bool(early_launch)
-
-
-# int4_2l fused units: the row maximum from approximate quotients and one exact division per row (FAST_MAX,
-# _2l_row_absmax_fast) instead of one per element; LOWRANK_GEMM_ACT_QUANT_2L_FAST_MAX=0/1, read per call, else
-# FAST_MAX_DEFAULT. Same bits either way.
-FAST_MAX_DEFAULT = False
-
-
-def _fast_max_default() -> bool:
-    return env_switch("LOWRANK_GEMM_ACT_QUANT_2L_FAST_MAX", FAST_MAX_DEFAULT)
 
 
 def _loads_first_default(m: int) -> bool:
@@ -1792,8 +1722,6 @@ def _act_quant_fused(x, smooth, lora_down, group_size, fmt, scale_dtype, plan: A
         modes["LATE_DEPS"] = True
     if act_shift is not None:
         modes.update(UNSIGNED=True, shift_ptr=act_shift)
-    if two_level and _fast_max_default():
-        modes["FAST_MAX"] = True
     ch = min(next_pow2(k), max(64, 4096 // qm))
     if f16:     # the row walk: whole groups, ≤ 2048 columns a chunk (sm_90: 4096 took the kernel 164 → 232 registers)
         modes["F16"] = True
