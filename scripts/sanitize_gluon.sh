@@ -4,7 +4,8 @@
 # Each tool runs one small checked launch per kernel (lowrank_gemm.kernels.gluon.smoke); the logs
 # go to OUTDIR (default: $OUT or ./sanitize_logs). Record the summary lines in benchmarks/NOTES.md.
 # SANITIZE_FMTS=gemv runs the W4A4 GEMV's smoke instead (python -m lowrank_gemm.kernels.w4a4_gemv: both
-# kernels, split-K and not); SANITIZE_FMTS=skinny the skinny GEMM's (python -m lowrank_gemm.kernels.w4a4_skinny).
+# kernels, split-K and not); SANITIZE_FMTS=skinny the skinny GEMM's (python -m lowrank_gemm.kernels.w4a4_skinny);
+# SANITIZE_FMTS=decode the decode kernel's three default paths (python -m lowrank_gemm.kernels.gluon.smoke --fmt decode).
 set -u
 OUTDIR="${1:-${OUT:-./sanitize_logs}}"
 mkdir -p "$OUTDIR"
@@ -20,6 +21,7 @@ for fmt in ${SANITIZE_FMTS:-int4_g64 int4_2l}; do
     extra=""
     [ "$tool" = racecheck ] && extra="--racecheck-report all"
     if [ "$fmt" = gemv ]; then smoke=(-m lowrank_gemm.kernels.w4a4_gemv);
+    elif [ "$fmt" = decode ]; then smoke=(-m lowrank_gemm.kernels.gluon.smoke --fmt decode);
     elif [ "$fmt" = skinny ]; then smoke=(-m lowrank_gemm.kernels.w4a4_skinny); else
       smoke=(-m lowrank_gemm.kernels.gluon.smoke --fmt "$fmt"); fi
     timeout "${SANITIZE_TIMEOUT:-120}" "$SAN" --tool "$tool" $extra --target-processes all \

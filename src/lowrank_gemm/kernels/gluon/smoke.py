@@ -1,9 +1,13 @@
 """One small, checked launch of each v2 kernel: the target of scripts/sanitize_gluon.sh.
 
-    python -m lowrank_gemm.kernels.gluon.smoke [--fmt int4_2l|int4_g64|int4_g64_w8|all]
+    python -m lowrank_gemm.kernels.gluon.smoke [--fmt int4_2l|int4_g64|int4_g64_w8|decode|all]
 
 ``int4_g64_w8``: the no-expander kernel (pre-expanded weights, coop, two partials in flight) that ``auto`` runs from
 ``W8_MIN_M`` tokens, pinned at a small shape (M, N % 8 == 0 for its TMA'd scale rows).
+
+``decode``: the W4A4 decode kernel (gluon/w4a4_decode.py) on each of its default paths, at ragged small shapes, its
+operands from act_quant as the layer makes them — int4_g64 on e4m3 tokens (M ≤ 16: the shared-memory a/b table and
+the row box), int4_g64 on fp16 tokens (17–64), int4_2l.
 
 Exits non-zero (with shapes and the error) if the output differs from the float64 reference.
 """
@@ -33,8 +37,10 @@ def run_one(fmt, M, N, K, rank, group=64, grid=None, out_dtype=torch.bfloat16, l
 
 def main(argv=None):
     ap = argparse.ArgumentParser()
-    ap.add_argument("--fmt", default="all", choices=["all", "int4_2l", "int4_g64", "int4_g64_w8"])
+    ap.add_argument("--fmt", default="all", choices=["all", "int4_2l", "int4_g64", "int4_g64_w8", "decode"])
     args = ap.parse_args(argv)
+    if args.fmt == "decode":
+        return decode_paths()
     fmts = ([f for f in ("int4_2l", "int4_g64", "int4_g64_w8") if f != "int4_2l" or two_level_enabled()]
             if args.fmt == "all" else [args.fmt])
     bad = 0
@@ -49,6 +55,40 @@ def main(argv=None):
         bad += not ok
         print(f"{fmt}: M={M} N={N} K=1024 r=16 grid=3 normalized max error {err:.3e} {'OK' if ok else 'FAIL'}",
               flush=True)
+    return 1 if bad else 0
+
+
+def decode_paths() -> int:
+    """The decode kernel's three default paths, each checked against the float64 GEMM on act_quant's packed codes."""
+    from ...formats.int4 import pack_int4, quantize_weight_int4
+    from ...formats.int4_twolevel import pack_weight_2l
+    from ...reference import w4a4_gemm_ref
+    from ..act_quant import act_quant
+    from ..w4a4_gemm import w4a4_gemm
+    g = torch.Generator(device="cuda").manual_seed(0)
+    N, K, r = 392, 1024, 16
+    bad = 0
+    for fmt, M, out in (("int4_g64", 5, "f8"), ("int4_g64", 24, "f16"), ("int4_2l", 40, "packed")):
+        w = torch.randn(N, K, device="cuda", generator=g) * 0.02
+        if fmt == "int4_2l":
+            wq, wmul, ws = pack_weight_2l(w, 64)
+        else:
+            q, ws = quantize_weight_int4(w, 64)
+            wq, wmul, ws = pack_int4(q), None, ws.bfloat16()
+        x = torch.randn(M, K, device="cuda", generator=g).bfloat16()
+        smooth = (torch.rand(K, device="cuda", generator=g) + 0.5).bfloat16()
+        down = (torch.randn(r, K, device="cuda", generator=g) * 0.05).bfloat16()
+        up = (torch.randn(N, r, device="cuda", generator=g) * 0.05).bfloat16()
+        bias = torch.randn(N, device="cuda", generator=g).bfloat16()
+        xq, xs, s = act_quant(x, smooth, down, 64, fmt, torch.bfloat16, out=out)
+        y = w4a4_gemm(xq, xs, wq, ws, s, up, bias, w_mul=wmul, fmt=fmt, impl="decode")
+        torch.cuda.synchronize()
+        pq, psc, _ = act_quant(x, smooth, down, 64, fmt, torch.bfloat16)
+        err = normalized_error(y, w4a4_gemm_ref(pq, psc, wq, ws, s, up, bias, w_mul=wmul, fmt=fmt))
+        ok = err < 2e-2
+        bad += not ok
+        print(f"decode {fmt} ({out} tokens): M={M} N={N} K={K} r={r} normalized max error {err:.3e} "
+              f"{'OK' if ok else 'FAIL'}", flush=True)
     return 1 if bad else 0
 
 
