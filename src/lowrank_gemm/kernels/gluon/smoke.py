@@ -66,7 +66,7 @@ def decode_paths() -> int:
     from ..act_quant import act_quant
     from ..w4a4_gemm import w4a4_gemm
     g = torch.Generator(device="cuda").manual_seed(0)
-    N, K, r = 392, 1024, 16
+    N, K, r = 400, 1024, 16     # N: a multiple of 16 (the scale rows by TMA), not of the 128-row tile
     bad = 0
     for fmt, M, out in (("int4_g64", 5, "f8"), ("int4_g64", 24, "f16"), ("int4_2l", 40, "packed")):
         w = torch.randn(N, K, device="cuda", generator=g) * 0.02
