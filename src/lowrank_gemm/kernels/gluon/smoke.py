@@ -84,7 +84,7 @@ def decode_paths() -> int:
         y = w4a4_gemm(xq, xs, wq, ws, s, up, bias, w_mul=wmul, fmt=fmt, impl="decode")
         torch.cuda.synchronize()
         pq, psc, _ = act_quant(x, smooth, down, 64, fmt, torch.bfloat16)
-        err = normalized_error(y, w4a4_gemm_ref(pq, psc, wq, ws, s, up, bias, w_mul=wmul, fmt=fmt))
+        err = normalized_error(y, w4a4_gemm_ref(pq, psc, wq, ws, s, up, bias, w_mul=wmul, fmt=fmt).cpu())
         ok = err < 2e-2
         bad += not ok
         print(f"decode {fmt} ({out} tokens): M={M} N={N} K={K} r={r} normalized max error {err:.3e} "
