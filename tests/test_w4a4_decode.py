@@ -955,3 +955,11 @@ def test_decode_f8_xab_table_bit_identical_gpu(case):
     assert torch.equal(table, l2)
     boxed, = _checked_outputs(ops, config, ref, "xab_smem", (True, ), row_box=True)   # the rows' 2-D box beside it
     assert torch.equal(boxed, l2)
+
+
+@pytest.mark.gpu
+@pytest.mark.timeout(120)
+def test_decode_smoke_paths():
+    """The sanitizer target (``smoke --fmt decode``): the decode kernel's three default paths pass their check."""
+    from lowrank_gemm.kernels.gluon.smoke import main
+    assert main(["--fmt", "decode"]) == 0
