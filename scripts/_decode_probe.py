@@ -115,6 +115,16 @@ def svdq_layer(m: int, n: int, k: int, r: int = 32, sets: int = 3):
     return p, bias, [(torch.randn(m, k, device="cuda", generator=g).bfloat16(), ) for _ in range(sets)]
 
 
+def graph_row(rows: list[dict], M: int, K: int, N: int, impl: str, fn, sets, err: float | None = None) -> None:
+    """Append (and print as ``ROW {...}``) one row of :func:`write_err_table`'s table: ``fn``'s CUDA-graph median over
+    the rotated input ``sets`` (``bench.common.time_graph``), and its error against the spec if given."""
+    from lowrank_gemm.bench.common import time_graph
+    t = time_graph(fn, sets).median_us
+    x = dict(M=M, K=K, N=N, impl=impl, graph_us=round(t, 2), err=None if err is None else float(f"{err:.3g}"))
+    rows.append(x)
+    print("ROW", x, flush=True)
+
+
 def write_err_table(name: str, meta: dict, rows: list[dict], out: str) -> None:
     """rows of (M, K, N, impl, graph_us, err) → OUT/<name>.{json,md} (bench.common's header and table), printed."""
     from lowrank_gemm.bench.common import markdown_table, meta_header, write_results

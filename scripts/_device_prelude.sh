@@ -15,3 +15,12 @@ gpu_tests() {
     say "tests rc=$? $(tail -1 "$L/tests.log")"
     grep -E "^FAILED|^ERROR" "$L/tests.log" | head -20 | tee -a "$L/summary.txt"
 }
+# probe_run <name> <timeout s> <script> [args…]: `python3 <script> --out $L args…` into $L/<name>.log; its rc, ROW /
+# FAIL / SKIP / error lines go to the summary, the log is gzipped
+probe_run() {
+    local name=$1 t=$2; shift 2
+    timeout "$t" python3 "$@" --out "$L" > "$L/$name.log" 2>&1
+    say "$name rc=$?"
+    grep -E "^ROW|FAIL|SKIP|Error" "$L/$name.log" | sed 's/^ROW //' >> "$L/summary.txt"
+    gzip -f "$L/$name.log"
+}

@@ -3,7 +3,4 @@
 #   LOWRANK_GEMM_COMMIT=<hash> bash scripts/gpu_s40d.sh → $OUT/s40d/probe_aq_m1.{json,md}
 source "$(dirname "$0")/_device_prelude.sh" s40d
 say "commit=${LOWRANK_GEMM_COMMIT:-?} $(nvidia-smi --query-gpu=name,clocks.sm --format=csv,noheader)"
-timeout 240 python3 scripts/probe_aq_m1.py --out "$L" > "$L/probe.log" 2>&1
-say "probe_aq_m1 rc=$?"
-grep -E "^ROW|SKIP|Error" "$L/probe.log" | sed 's/^ROW //' >> "$L/summary.txt"
-gzip "$L/probe.log"
+probe_run probe_aq_m1 240 scripts/probe_aq_m1.py

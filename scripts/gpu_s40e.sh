@@ -4,7 +4,4 @@
 #   LOWRANK_GEMM_COMMIT=<hash> bash scripts/gpu_s40e.sh → $OUT/s40e/probe_w8a8_parts.{json,md}
 source "$(dirname "$0")/_device_prelude.sh" s40e
 say "commit=${LOWRANK_GEMM_COMMIT:-?} $(nvidia-smi --query-gpu=name,clocks.sm --format=csv,noheader)"
-timeout 200 python3 scripts/probe_w8a8_parts.py --out "$L" > "$L/probe.log" 2>&1
-say "probe_w8a8_parts rc=$?"
-grep -E "^ROW|Error" "$L/probe.log" | sed 's/^ROW //' >> "$L/summary.txt"
-gzip "$L/probe.log"
+probe_run probe_w8a8_parts 200 scripts/probe_w8a8_parts.py

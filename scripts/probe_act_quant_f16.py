@@ -30,9 +30,9 @@ def main() -> int:
     ap.add_argument("--chain", action="store_true", help="only the chain act_quant(packed) → w4a4_gemm (the operand "
                     "kernel between them) per w4_expand.OPERAND_PDL_TRIGGER, and with LOWRANK_GEMM_PDL=0")
     a = ap.parse_args()
-    from _decode_probe import svdq_layer, write_err_table
+    from _decode_probe import graph_row, svdq_layer, write_err_table
     from _scoped_env import scoped_env
-    from lowrank_gemm.bench.common import device_meta, parse_shapes, time_graph
+    from lowrank_gemm.bench.common import device_meta, parse_shapes
     from lowrank_gemm.kernels.act_quant import act_quant
     from lowrank_gemm.kernels.w4_expand import f16_act_operands
     from lowrank_gemm.kernels.w4a4_gemm import w4a4_gemm, w4a4_linear
@@ -41,11 +41,8 @@ def main() -> int:
     meta, rows = device_meta(), []
     switches = ("LOWRANK_GEMM_ACT_QUANT_F16", "LOWRANK_GEMM_DECODE_F16", "LOWRANK_GEMM_PDL")
 
-    def row(M, K, N, impl, fn, sets, err=None):
-        t = time_graph(fn, sets).median_us
-        x = dict(M=M, K=K, N=N, impl=impl, graph_us=round(t, 2), err=None if err is None else float(f"{err:.3g}"))
-        rows.append(x)
-        print("ROW", x, flush=True)
+    def row(*args, **kw):
+        graph_row(rows, *args, **kw)
 
     for M, K, N in parse_shapes(a.cases, dims=3):
         p, bias, xs = svdq_layer(M, N, K)

@@ -16,14 +16,8 @@ Writes DIR/probe_aq_m1.{json,md}.
 from __future__ import annotations
 
 import argparse
-import sys
-from pathlib import Path
 
 import torch
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "src"))
-sys.path.insert(0, str(ROOT / "scripts"))
 
 
 def main() -> int:
@@ -36,9 +30,9 @@ def main() -> int:
     ap.add_argument("--knob", default="", help="an on/off env knob: act_quant and the layer again with it =0 and =1 "
                     "(outputs checked bit-identical)")
     a = ap.parse_args()
-    from _decode_probe import write_err_table
+    from _decode_probe import graph_row, write_err_table
     from _scoped_env import scoped_env
-    from lowrank_gemm.bench.common import device_meta, rotation_count, time_graph
+    from lowrank_gemm.bench.common import device_meta, rotation_count
     from lowrank_gemm.formats.int4 import pack_int4, quantize_weight_int4
     from lowrank_gemm.formats.int4_twolevel import pack_weight_2l
     from lowrank_gemm.kernels import w4a4_gemm as wg
@@ -48,11 +42,8 @@ def main() -> int:
     meta, rows = device_meta(), []
     real_aq = wg.act_quant
 
-    def row(M, K, N, impl, fn, sets, err=None):
-        t = time_graph(fn, sets).median_us
-        x = dict(M=M, K=K, N=N, impl=impl, graph_us=round(t, 2), err=None if err is None else float(f"{err:.3g}"))
-        rows.append(x)
-        print("ROW", x, flush=True)
+    def row(*args, **kw):
+        graph_row(rows, *args, **kw)
 
     for fmt in a.fmts.split(","):
         for shape in a.shapes.split(","):

@@ -12,14 +12,8 @@ Writes DIR/probe_w8a8_parts.{json,md}.
 from __future__ import annotations
 
 import argparse
-import sys
-from pathlib import Path
 
 import torch
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "src"))
-sys.path.insert(0, str(ROOT / "scripts"))
 
 
 def main() -> int:
@@ -29,8 +23,8 @@ def main() -> int:
     ap.add_argument("--shapes", default="28672:4096")
     ap.add_argument("--rank", type=int, default=16)
     a = ap.parse_args()
-    from _decode_probe import write_err_table
-    from lowrank_gemm.bench.common import device_meta, rotation_count, time_graph
+    from _decode_probe import graph_row, write_err_table
+    from lowrank_gemm.bench.common import device_meta, rotation_count
     from lowrank_gemm.kernels import lora_gemm as lg
     from lowrank_gemm.kernels.row_quant import fp8_rows
     from lowrank_gemm.plan.planner import plan_lora
@@ -38,11 +32,8 @@ def main() -> int:
 
     meta, rows = device_meta(), []
 
-    def row(M, K, N, impl, fn, sets, err=None):
-        t = time_graph(fn, sets).median_us
-        x = dict(M=M, K=K, N=N, impl=impl, graph_us=round(t, 2), err=None if err is None else float(f"{err:.3g}"))
-        rows.append(x)
-        print("ROW", x, flush=True)
+    def row(*args, **kw):
+        graph_row(rows, *args, **kw)
 
     r = a.rank
     for shape in a.shapes.split(","):
