@@ -70,9 +70,8 @@ def main() -> int:
                 out = wg._layer_act_out("auto", fmt, M, N, K, 32, 64, xs[0].device, sdt, ws[0]["wscales"])
                 early = wg._early_launch("auto", fmt, M, N, K, xs[0].device)
 
-                def aq(x, **kw):
-                    return act_quant(x, sm, down if "r0" not in kw else down[:0], 64, fmt, sdt, out=out,
-                                     early_launch=early, **{k: v for k, v in kw.items() if k != "r0"})
+                def aq(x, r0=False, **kw):
+                    return act_quant(x, sm, down[:0] if r0 else down, 64, fmt, sdt, out=out, early_launch=early, **kw)
                 row(M, K, N, tag + "aq", lambda x: aq(x), [(x, ) for x in xs])
                 row(M, K, N, tag + "aq_r0", lambda x: aq(x, r0=True), [(x, ) for x in xs])
                 for qk in (int(v) for v in a.widths.split(",") if v):
