@@ -1355,7 +1355,7 @@ def f16_s_ranks(m: int, k: int) -> int:
     fused kernels. ``LOWRANK_GEMM_ACT_QUANT_FUSED_S`` (rank / ticket) overrides."""
     if _ENV_FUSED_S:
         return 1 if _ENV_FUSED_S == "rank" else 0
-    return 1 if (m * k <= RANK_S_MAX_MK and k <= RANK_S_MAX_K) else 0
+    return 1 if _g64_tens_of_rows(m, k) == ("fused", 1) else 0
 
 
 # LOWRANK_GEMM_ACT_QUANT_G64_FUSED_MAX_M pins the int4_g64 fused/v1 boundary (0 = v1 always).
