@@ -89,12 +89,18 @@ def w4a4_gemm_ref(x_q: torch.Tensor, x_scale: torch.Tensor, w_q: torch.Tensor, w
     fmt ``int4_g64``: x_q uint8 [M, K/2] packed, x_scale [K/G, M], w_q uint8 [N, K/2], w_scale [K/G, N].
     fmt ``int4_2l``:  x_q int8 [M, K] (expanded q·v), x_scale [M], w_q uint8 [N, K/2], w_scale [N],
                       w_mul uint8 [K/G, N].
+    fmt ``int4_g64`` with per-token e4m3 activations (W4A8, ``formats.fp8``): x_q float8_e4m3fn [M, K], x_scale
+                      float32 [M].
     ``y = deq(x)·deq(w)ᵀ + s·lora_upᵀ + bias`` with ``s = lowrank_act`` [M, r] rounded to lora_up's
     dtype first, as the shared epilogue does (``kernels.epilogue.lowrank_up``).
     """
     from .formats.int4 import dequantize_int4, unpack_int4
     from .formats.int4_twolevel import dequantize_act_2l, dequantize_weight_2l
-    if fmt == "int4_g64":
+    if fmt == "int4_g64" and x_q.dtype == torch.float8_e4m3fn and x_scale.dim() == 1:
+        from .formats.fp8 import dequantize_act_e4m3
+        xa = dequantize_act_e4m3(x_q, x_scale, torch.float64)
+        wd = dequantize_int4(unpack_int4(w_q), w_scale, group_size)
+    elif fmt == "int4_g64":
         xa = dequantize_int4(unpack_int4(x_q), x_scale, group_size)
         wd = dequantize_int4(unpack_int4(w_q), w_scale, group_size)
     elif fmt == "int4_2l":
@@ -110,7 +116,7 @@ def w4a4_gemm_ref(x_q: torch.Tensor, x_scale: torch.Tensor, w_q: torch.Tensor, w
 
 def svdq_linear_ref(x: torch.Tensor, qweight: torch.Tensor, wscales: torch.Tensor, smooth: torch.Tensor,
                     lora_down: torch.Tensor, lora_up: torch.Tensor, bias: torch.Tensor | None = None,
-                    group_size: int = 64, act_shift: torch.Tensor | None = None) -> torch.Tensor:
+                    group_size: int = 64, act_shift: torch.Tensor | None = None, act_bits: int = 4) -> torch.Tensor:
     """The SVDQuant W4A4 layer (standard format), in float64.
 
     x [..., K], qweight uint8 [N, K/2], wscales [K/G, N], smooth [K], lora_down [r, K] (applies to x/λ),
@@ -118,11 +124,20 @@ def svdq_linear_ref(x: torch.Tensor, qweight: torch.Tensor, wscales: torch.Tenso
     ``xs = x/λ; (qa, sa) = quantize_act_int4(xs, G); y = (qa·sa)·(qw·sw)ᵀ + (xs·Aᵀ)·Bᵀ + bias``.
     ``act_shift`` (float32 [K], ``formats.int4.act_shift_vector``): unsigned activations,
     ``(qa, sa) = quantize_act_uint4(xs, act_shift, G)`` and the main product reads ``qa·sa − act_shift``.
+    ``act_bits=8``: per-token e4m3 activations (W4A8), ``(q, t) = formats.fp8.quantize_act_e4m3(xs)``, the main
+    product reads ``q·t``.
     """
     from .formats.int4 import dequantize_int4, quantize_act_int4, quantize_act_uint4, unpack_int4
     k = x.shape[-1]
     xs = _f64(x).reshape(-1, k) / _f64(smooth)
-    if act_shift is None:
+    if act_bits == 8:
+        from .formats.fp8 import dequantize_act_e4m3, quantize_act_e4m3
+        if act_shift is not None:
+            raise ValueError("act_shift (unsigned int4 activations) has no meaning with act_bits=8")
+        xa = dequantize_act_e4m3(*quantize_act_e4m3(xs), torch.float64)
+    elif act_bits != 4:
+        raise ValueError(f"act_bits must be 4 or 8, got {act_bits}")
+    elif act_shift is None:
         xa = _f64(dequantize_int4(*quantize_act_int4(xs, group_size, wscales.dtype), group_size))
     else:
         qa, sa = quantize_act_uint4(xs, act_shift, group_size, wscales.dtype)

@@ -9,7 +9,8 @@ Implementations (r = 32 where a branch exists):
   int8_int_mm            torch._int_mm, operands pre-quantized, no branch, int32 out (M > 16 only)
   w4a4_layer:<fmt>       our full layer: act_quant (x/λ, quantize, S) + W4A4 GEMM with the branch
   w4a4_gemm:<fmt>        our GEMM alone on pre-quantized operands (+ S·Bᵀ in the epilogue)
-for fmt ∈ {int4_g64, int4_2l} (v1; plus ``...:<fmt>:v2`` rows when the Gluon v2 exists). Rows carry µs (eager and CUDA-graph replay), TOPS = 2·M·N·K / t of the main
+for fmt ∈ {int4_g64, int4_2l} (v1; plus ``...:<fmt>:v2`` rows when the Gluon v2 exists), and ``...:int4_g64:a8``:
+the same int4_g64 weights with per-token e4m3 activations (``act_bits=8``, W4A8; the v2 kernel's A8 route). Rows carry µs (eager and CUDA-graph replay), TOPS = 2·M·N·K / t of the main
 product, and ratios to cublas_bf16 and fp8_scaled_mm (graph times). Writes w4a4.{json,md,png}.
 """
 
@@ -37,7 +38,7 @@ def _impls() -> tuple[str, ...]:
     the suite's default had been v1 / v2 only, so a plain ``bench w4a4`` left out the routed layer."""
     try:
         from ..kernels.gluon.w4a4_ws import launch_w4a4_v2  # noqa: F401
-        return ("v1", "v2", "decode", "gemv", "skinny", "auto")
+        return ("v1", "v2", "decode", "gemv", "skinny", "auto", "a8")
     except ImportError:
         return ("v1", "auto")
 
@@ -126,13 +127,22 @@ def _providers(m: int, n: int, k: int, dev, impls=IMPLS):
             return (xq, xsc, wq, wsc, s, b, wmul)
         return make
 
+    def a8_gemm_set():
+        from ..kernels.act_e4m3 import act_quant_e4m3
+        x, wq, wsc, smooth, a, b, wmul = layer_set("int4_g64")()
+        x8, t, s = act_quant_e4m3(x, smooth, a)
+        return (x8, t, wq, wsc, s, b, None)
+
     def run_layer(fmt, impl):
+        if impl == "a8":      # per-token e4m3 activations on the routed (auto) kernel
+            return lambda x, wq, wsc, smooth, a, b, wmul: w4a4_linear(x, wq, wsc, smooth, a, b, None, 64, fmt,
+                                                                      "auto", act_bits=8)
         return lambda x, wq, wsc, smooth, a, b, wmul: w4a4_linear(x, wq, wsc, smooth, a, b, None, 64, fmt, impl,
                                                                   wmul=wmul)
 
     def run_gemm(fmt, impl):
         return lambda xq, xsc, wq, wsc, s, b, wmul: w4a4_gemm(xq, xsc, wq, wsc, s, b, w_mul=wmul, fmt=fmt,
-                                                              impl=impl)
+                                                              impl="auto" if impl == "a8" else impl)
 
     bf16_bytes = 2 * (m * k + n * k + m * n)
     out = {
@@ -152,9 +162,12 @@ def _providers(m: int, n: int, k: int, dev, impls=IMPLS):
                 continue   # the GEMV: int4_g64, a few tokens
             if impl == "skinny" and (m > 64 or fmt != "int4_g64"):
                 continue   # the skinny GEMM: int4_g64, decode sizes
+            if impl == "a8" and fmt != "int4_g64":
+                continue   # W4A8: the standard weights, e4m3 activations
             wbytes = n * k // 2 + (k // 64) * n * (2 if fmt == "int4_g64" else 1)
             out[f"w4a4_layer:{fmt}{tag}"] = (run_layer(fmt, impl), layer_set(fmt), 2 * m * k + wbytes + 2 * m * n)
-            out[f"w4a4_gemm:{fmt}{tag}"] = (run_gemm(fmt, impl), gemm_set(fmt), m * k + wbytes + 2 * m * n)
+            out[f"w4a4_gemm:{fmt}{tag}"] = (run_gemm(fmt, impl), a8_gemm_set if impl == "a8" else gemm_set(fmt),
+                                            (2 if impl == "a8" else 1) * m * k + wbytes + 2 * m * n)
     return out
 
 
@@ -240,7 +253,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="3 shapes (≤ 2 min)")
     ap.add_argument("--out", type=Path, default=RESULTS_DIR)
-    ap.add_argument("--impls", default=",".join(IMPLS), help="kernel generations to time: v1, v2, decode (M ≤ 64), gemv (M ≤ 4), skinny (M ≤ 64), auto; comma-separated")
+    ap.add_argument("--impls", default=",".join(IMPLS), help="kernel generations to time: v1, v2, decode (M ≤ 64), gemv (M ≤ 4), skinny (M ≤ 64), auto, a8 (W4A8: e4m3 activations); comma-separated")
     ap.add_argument("--only", choices=("flux", "decode"), default=None,
                     help="one suite's shapes, written to w4a4_<suite>.{json,md,png}")
     args = ap.parse_args(argv)

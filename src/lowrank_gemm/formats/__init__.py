@@ -10,6 +10,7 @@ from .int4 import (
     quantize_weight_int4,
     unpack_int4,
 )
+from .fp8 import dequantize_act_e4m3, quantize_act_e4m3
 from .int8 import dequantize_rows_int8, quantize_rows_int8
 
 __all__ = [
@@ -23,4 +24,6 @@ __all__ = [
     "dequantize_int4",
     "quantize_rows_int8",
     "dequantize_rows_int8",
+    "quantize_act_e4m3",
+    "dequantize_act_e4m3",
 ]

@@ -16,6 +16,9 @@ these arguments; every tensor on one CUDA device, row-major and contiguous unles
         ``w4_expand.expand_act_f8``; v1 and the int8 paths reject them):
       x_q         float8_e4m3fn [M, K]   the codes q in natural K order
       x_scale     fp32 [K/G, 2, M]       xab: rows (2⁹·xs, −8·R·xs) per group
+        or, per-token e4m3 activations (W4A8, ``kernels.act_e4m3`` / ``formats.act_e4m3``; the v2 kernel only):
+      x_q         float8_e4m3fn [M, K]   RN((x/λ)/t) in e4m3
+      x_scale     fp32 [M]               t = RN(amax(|x/λ| of the row) / 448)
         or, for the decode kernel's fp16 path (``act_quant(..., out="f16")`` or ``w4_expand.f16_act_operands``; the
         decode kernel only):
       x_q         float16 [M, K]         q·x_scale·2⁻ᵖ, K permuted in every 16 columns (w4_expand.F16_K_PERM)
@@ -838,14 +841,19 @@ def _route(impl: str, fmt: str, m: int, n: int, k: int, r: int, group_size: int,
     """The kernel the GEMM op runs: "gemv" | "skinny" | "decode" | "v2" | "v1" — the one place that decides, for the GEMM op
     and for the layer op's choice of act_quant output (:func:`_layer_wants_f8`). ``x_scale``: the packed
     activation scales (or a stand-in of their shape, dtype and contiguity: only their TMA-ability is judged);
-    ``pre_expanded``: the activations are the e4m3 operands, which only the decode and v2 kernels take, or (``"f16"``)
-    the fp16 ones, which only the decode kernel takes."""
+    ``pre_expanded``: the activations are the e4m3 operands, which only the decode and v2 kernels take, (``"f16"``)
+    the fp16 ones, which only the decode kernel takes, or (``"a8"``) per-token e4m3 ones, which only v2 takes."""
     if pre_expanded == "f16":
         _expect(fmt == "int4_g64" and _decode_route(impl, m, n, fmt, device, pre_expanded),
                 lambda: f"fp16 activations (act_quant(out='f16')) run only on the decode kernel's fp16 path "
                 f"(int4_g64, impl 'auto' on CUDA with N % 16 == 0, or 'decode'), got impl={impl!r}, fmt={fmt!r}, "
                 f"N={n} on {device}")
         return "decode"
+    if pre_expanded == "a8":
+        _expect(fmt == "int4_g64" and impl in ("auto", "v2") and device.type == "cuda",
+                lambda: f"per-token e4m3 activations (W4A8) run only on the v2 kernel (int4_g64, impl 'auto' or 'v2' on "
+                f"CUDA), got impl={impl!r}, fmt={fmt!r} on {device}")
+        return "v2"
     if _gemv_route(impl, m, n, fmt, device, pre_expanded):
         return "gemv"
     if _skinny_route(impl, m, n, fmt, device, pre_expanded):
@@ -978,9 +986,10 @@ def check_gemm_args(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bia
         _expect(x_q.dim() == 2 and x_q.shape[1] == k,
                 lambda: f"pre-expanded activations must be float8_e4m3fn [M, {k}], got {x_q.dtype} {_shape(x_q)}")
         m = x_q.shape[0]
-        _expect(x_scale.shape == (ng, 2, m) and x_scale.dtype == torch.float32,
-                lambda: f"pre-expanded e4m3 activations come with xab float32 [K/G, 2, M] = {[ng, 2, m]} "
-                f"(act_quant(out='f8') / expand_act_f8), got {x_scale.dtype} {_shape(x_scale)}")
+        _expect((x_scale.shape == (ng, 2, m) or x_scale.shape == (m, )) and x_scale.dtype == torch.float32,
+                lambda: f"e4m3 activations come with xab float32 [K/G, 2, M] = {[ng, 2, m]} (int4 codes: "
+                f"act_quant(out='f8') / expand_act_f8) or a per-token scale float32 [M] = [{m}] (W4A8: "
+                f"quant.act_e4m3.quantize_act_e4m3), got {x_scale.dtype} {_shape(x_scale)}")
         _expect(w_scale.shape == (ng, n) and w_scale.dtype in (torch.bfloat16, torch.float16),
                 lambda: f"wscales must be bf16/fp16 [K/G, N] = {[ng, n]}, got {w_scale.dtype} {_shape(w_scale)}")
         _expect(w_mul is None, "w_mul is only used by fmt='int4_2l'")
@@ -1117,7 +1126,8 @@ def _w4a4_gemm_impl(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bia
     if m == 0:
         return out
     args = (x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias, out, fmt, group_size, None)
-    pre_expanded = "f16" if x_q.dtype == torch.float16 else x_q.dtype == torch.float8_e4m3fn
+    pre_expanded = ("f16" if x_q.dtype == torch.float16 else "a8" if x_q.dtype == torch.float8_e4m3fn and x_scale.dim() == 1
+                    else x_q.dtype == torch.float8_e4m3fn)
     kernel = _route(impl, fmt, m, n, k, r, group_size, x_q.device, x_scale, w_scale, w_mul, pre_expanded)
     if kernel in ("gemv", "skinny"):      # packed-activation kernels: no config argument
         from .w4a4_gemv import launch_w4a4_gemv
@@ -1169,18 +1179,29 @@ def w4a4_gemm(x_q: torch.Tensor, x_scale: torch.Tensor, w_q: torch.Tensor, w_sca
 def _w4a4_linear_op(x: torch.Tensor, qweight: torch.Tensor, wscales: torch.Tensor, smooth: torch.Tensor,
                     lora_down: torch.Tensor, lora_up: torch.Tensor, bias: Optional[torch.Tensor],
                     wmul: Optional[torch.Tensor], group_size: int, fmt: str, out_dtype: torch.dtype,
-                    impl: str, act_shift: Optional[torch.Tensor] = None) -> torch.Tensor:
+                    impl: str, act_shift: Optional[torch.Tensor] = None, act_bits: int = 4) -> torch.Tensor:
     return _w4a4_linear_impl(x, qweight, wscales, smooth, lora_down, lora_up, bias, wmul, group_size, fmt, out_dtype,
-                             impl, act_shift)
+                             impl, act_shift, act_bits)
 
 
 def _w4a4_linear_impl(x, qweight, wscales, smooth, lora_down, lora_up, bias, wmul, group_size: int, fmt: str,
-                      out_dtype: torch.dtype, impl: str, act_shift=None) -> torch.Tensor:
+                      out_dtype: torch.dtype, impl: str, act_shift=None, act_bits: int = 4) -> torch.Tensor:
     """The layer op's body: act_quant, then the GEMM's body (no nested op dispatch)."""
     k, n, r = check_linear_args(x, qweight, wscales, smooth, lora_down, lora_up, bias, wmul, group_size, fmt,
                                 act_shift)
     x2 = x.reshape(-1, k)
     scale_dtype = wscales.dtype if fmt == "int4_g64" else torch.bfloat16
+    if act_bits == 8:
+        _expect(fmt == "int4_g64" and act_shift is None and impl in ("auto", "v2") and x.device.type == "cuda",
+                lambda: f"act_bits=8 (per-token e4m3 activations) runs int4_g64 weights, signed, on the v2 kernel "
+                        f"(impl 'auto' or 'v2', CUDA), got fmt={fmt!r}, act_shift={act_shift is not None}, "
+                        f"impl={impl!r} on {x.device}")
+        from .act_e4m3 import act_quant_e4m3
+        x8, t, lowrank_act = act_quant_e4m3(x2, smooth, lora_down, group_size, scale_dtype)
+        y = _w4a4_gemm_impl(x8, t, qweight, wscales, None, lowrank_act, lora_up if r else None, bias, group_size,
+                            fmt, out_dtype, impl)
+        return y.reshape(*x.shape[:-1], n)
+    _expect(act_bits == 4, lambda: f"act_bits must be 4 or 8, got {act_bits}")
     if act_shift is not None:
         from .act_quant import act_quant_shifted
         x8, xab, lowrank_act = act_quant_shifted(x2, smooth, lora_down, act_shift, group_size, scale_dtype)
@@ -1199,7 +1220,8 @@ def _w4a4_linear_impl(x, qweight, wscales, smooth, lora_down, lora_up, bias, wmu
 
 
 @_w4a4_linear_op.register_fake
-def _(x, qweight, wscales, smooth, lora_down, lora_up, bias, wmul, group_size, fmt, out_dtype, impl, act_shift=None):
+def _(x, qweight, wscales, smooth, lora_down, lora_up, bias, wmul, group_size, fmt, out_dtype, impl, act_shift=None,
+      act_bits=4):
     return x.new_empty((*x.shape[:-1], qweight.shape[0]), dtype=out_dtype)
 
 
@@ -1207,7 +1229,7 @@ def w4a4_linear(x: torch.Tensor, qweight: torch.Tensor, wscales: torch.Tensor, s
                 lora_down: torch.Tensor, lora_up: torch.Tensor, bias: torch.Tensor | None = None,
                 group_size: int = 64, fmt: str = "int4_g64", impl: str = "auto", *,
                 wmul: torch.Tensor | None = None, out_dtype: torch.dtype | None = None,
-                act_shift: torch.Tensor | None = None) -> torch.Tensor:
+                act_shift: torch.Tensor | None = None, act_bits: int = 4) -> torch.Tensor:
     """SVDQuant W4A4 layer: ``y = W4A4(x/λ) + ((x/λ)·lora_downᵀ)·lora_upᵀ + bias``, x [..., K] → [..., N].
 
     int4_g64: qweight uint8 [N, K/2], wscales 16-bit [K/G, N]. int4_2l: qweight uint8 [N, K/2],
@@ -1218,22 +1240,29 @@ def w4a4_linear(x: torch.Tensor, qweight: torch.Tensor, wscales: torch.Tensor, s
     codes of x/λ + act_shift (``reference.svdq_linear_ref``), on the e4m3 GEMM paths (decode / v2; impl "auto",
     "decode" or "v2"). ``bias`` must then already hold −Q(W)·act_shift: the kernels add it as given
     (``SVDQLinear.kernel_bias`` keeps that fold).
+    ``act_bits=8`` (int4_g64): per-token e4m3 activations instead (W4A8, ``reference.svdq_linear_ref(act_bits=8)``),
+    on the v2 kernel (``kernels.act_e4m3`` quantizes; impl "auto" or "v2" on CUDA).
     """
     out_dtype = out_dtype or x.dtype
     _expect(out_dtype in (torch.bfloat16, torch.float16, torch.float32),
             lambda: f"out_dtype must be bf16, fp16 or fp32, got {out_dtype}")
     op = (_w4a4_linear_impl if _direct_ok(x, qweight, wscales, smooth, lora_down, lora_up, bias, wmul, act_shift)
           else _w4a4_linear_op)
-    return op(x, qweight, wscales, smooth, lora_down, lora_up, bias, wmul, group_size, fmt, out_dtype, impl, act_shift)
+    return op(x, qweight, wscales, smooth, lora_down, lora_up, bias, wmul, group_size, fmt, out_dtype, impl, act_shift,
+              act_bits)
 
 
 def svdq_forward_cuda(layer, x: torch.Tensor) -> torch.Tensor:
     """``SVDQLinear`` forward through the kernels (install: ``layer._forward_kernel = svdq_forward_cuda``).
 
-    W4A16 layers (act_bits 16) and float32/float64 inputs fall back to the layer's reference path.
+    W4A16 layers (act_bits 16) and float32/float64 inputs fall back to the layer's reference path; act_bits 8 runs
+    the W4A8 path (per-token e4m3 activations).
     """
-    if layer.act_bits != 4 or x.dtype not in (torch.bfloat16, torch.float16):
+    if layer.act_bits not in (4, 8) or x.dtype not in (torch.bfloat16, torch.float16):
         return layer.forward_reference(x)
+    if layer.act_bits == 8:
+        return w4a4_linear(x.contiguous(), layer.qweight, layer.wscales, layer.smooth, layer.lora_down,
+                           layer.lora_up, layer.bias, layer.group_size, act_bits=8)
     # (signed layers: kernel_bias() is the bias itself and act_shift_vec() None)
     return w4a4_linear(x.contiguous(), layer.qweight, layer.wscales, layer.smooth, layer.lora_down,
                        layer.lora_up, layer.kernel_bias(), layer.group_size, act_shift=layer.act_shift_vec())

@@ -54,7 +54,9 @@ class SVDQLinear(nn.Module):
         lora_down [r, K]          16-bit, applies to the SMOOTHED input x / λ
         lora_up   [N, r]          16-bit
         bias      [N] or None     the original bias, original dtype
-    Attributes: in_features (K), out_features (N), group_size (G), rank (r), act_bits (4 or 16), config,
+    Attributes: in_features (K), out_features (N), group_size (G), rank (r), act_bits (4, 8 or 16: int4 per-group,
+    per-token e4m3 — ``formats.fp8``, W4A8, the same weights — or unquantized activations; may be set on a built
+    layer), config,
     act_shift (0: signed int4 activations; c > 0: unsigned int4 of x + c, for inputs ≥ −c such as GELU outputs —
     ``formats.int4.quantize_act_uint4``; the branch and the bias see the plain x).
 
@@ -70,6 +72,8 @@ class SVDQLinear(nn.Module):
         if in_features % group_size or in_features % 64:
             raise ValueError(f"in_features={in_features} must be a multiple of group_size={group_size} and of 64")
         act_shift = float(act_shift)
+        if act_bits not in (4, 8, 16):
+            raise ValueError(f"act_bits must be 4, 8 or 16, got {act_bits}")
         if not (math.isfinite(act_shift) and act_shift >= 0) or (act_shift and act_bits != 4):
             raise ValueError(f"act_shift must be a finite value ≥ 0 (and 0 unless act_bits=4), got {act_shift} with "
                              f"act_bits={act_bits}")

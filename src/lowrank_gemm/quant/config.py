@@ -79,7 +79,8 @@ class SVDQuantConfig(_BaseConfig):
 
     Fields:
         weight_bits: 4 (the only packed weight width).
-        act_bits: 4 (W4A4, per-token-group activations) or 16 (W4A16, activations not quantized).
+        act_bits: 4 (W4A4, per-token-group activations), 8 (W4A8: per-token e4m3 activations, ``formats.fp8``; the
+            weights stay int4_g64) or 16 (W4A16, activations not quantized).
         group_size: 64 (SVDQuant standard), 128, or 0 meaning per-channel (group = K).
         rank: rank of the 16-bit low-rank branch; 0 disables it.
         smooth: run the per-layer smoothing search (needs calibration data).
@@ -117,7 +118,7 @@ class SVDQuantConfig(_BaseConfig):
         super().__post_init__()
         object.__setattr__(self, "alpha_grid", tuple(float(a) for a in self.alpha_grid))
         _require(self.weight_bits == 4, f"weight_bits must be 4, got {self.weight_bits}")
-        _require(self.act_bits in (4, 16), f"act_bits must be 4 or 16, got {self.act_bits}")
+        _require(self.act_bits in (4, 8, 16), f"act_bits must be 4, 8 or 16, got {self.act_bits}")
         _require(self.group_size in (0, 64, 128), f"group_size must be 64, 128 or 0 (per-channel), got {self.group_size}")
         _require(self.rank >= 0, f"rank must be >= 0, got {self.rank}")
         _require(all(0.0 <= a <= 1.0 for a in self.alpha_grid), f"alpha_grid values must lie in [0, 1]: {self.alpha_grid}")

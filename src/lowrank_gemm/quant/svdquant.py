@@ -33,11 +33,15 @@ def fake_quant_act(xs: torch.Tensor, act_bits: int, group_size: int, scale_dtype
                    shift: torch.Tensor | None = None) -> torch.Tensor:
     """Activations as the W4A4 GEMM sees them: ``xs`` [M, K] → dequant(quant_int4(xs)) (float32).
 
-    ``act_bits == 16`` returns ``xs`` unchanged (W4A16). ``shift`` (float32 [K], ``formats.int4.act_shift_vector``):
+    ``act_bits == 16`` returns ``xs`` unchanged (W4A16); ``act_bits == 8``: per-token e4m3 (W4A8,
+    ``formats.fp8.quantize_act_e4m3``). ``shift`` (float32 [K], ``formats.int4.act_shift_vector``):
     unsigned activations, dequant(quant_uint4(xs + shift)) − shift.
     """
     if act_bits == 16:
         return xs
+    if act_bits == 8:
+        from ..formats.fp8 import dequantize_act_e4m3, quantize_act_e4m3
+        return dequantize_act_e4m3(*quantize_act_e4m3(xs)).to(xs.dtype)
     if shift is not None:
         q, scales = quantize_act_uint4(xs, shift, group_size, scale_dtype)
         return (dequantize_int4(q, scales, group_size) - shift.to(xs.device)).to(xs.dtype)

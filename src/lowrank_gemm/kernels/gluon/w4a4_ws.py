@@ -146,9 +146,10 @@ class W4A4Args:
     INFLIGHT: gl.constexpr
     COOP: gl.constexpr
     WS_PERM: gl.constexpr
+    A8: gl.constexpr
 
     @gluon.constexpr_function
-    def __init__(self, x_desc, w_desc, s_desc, b_desc, out_desc, x_bufs, w_bufs, xp_bufs, wp_bufs, s_bufs, b_bufs, epi_bufs, sc_desc, sw_desc, sx_bufs, sw_bufs, main, raw, lowrank, order, out_ptr, stride_om, xscale_ptr, wscale_ptr, wmult_ptr, col_scale_ptr, bias_ptr, dbg_ptr, dbg_tiles_ptr, M, N, K, FMT, G2, BLOCK_M, BLOCK_N, BLOCK_K, BLOCK_R, GROUP_M, HAS_LOWRANK, HAS_COL_SCALE, HAS_BIAS, EPI_TMA, DEBUG, DEBUG_ITERS, DEBUG_TILES, SCALE_TMA, SWAR, F8, PAIRED, EXPANDERS, INFLIGHT, COOP, WS_PERM):
+    def __init__(self, x_desc, w_desc, s_desc, b_desc, out_desc, x_bufs, w_bufs, xp_bufs, wp_bufs, s_bufs, b_bufs, epi_bufs, sc_desc, sw_desc, sx_bufs, sw_bufs, main, raw, lowrank, order, out_ptr, stride_om, xscale_ptr, wscale_ptr, wmult_ptr, col_scale_ptr, bias_ptr, dbg_ptr, dbg_tiles_ptr, M, N, K, FMT, G2, BLOCK_M, BLOCK_N, BLOCK_K, BLOCK_R, GROUP_M, HAS_LOWRANK, HAS_COL_SCALE, HAS_BIAS, EPI_TMA, DEBUG, DEBUG_ITERS, DEBUG_TILES, SCALE_TMA, SWAR, F8, PAIRED, EXPANDERS, INFLIGHT, COOP, WS_PERM, A8):
         self.x_desc = x_desc
         self.w_desc = w_desc
         self.s_desc = s_desc
@@ -203,6 +204,7 @@ class W4A4Args:
         self.INFLIGHT = gl.constexpr(INFLIGHT)
         self.COOP = gl.constexpr(COOP)
         self.WS_PERM = gl.constexpr(WS_PERM)
+        self.A8 = gl.constexpr(A8)
 
 
 @gluon.constexpr_function
@@ -243,7 +245,8 @@ def _load_step(p, main, raw, off_m, off_n, kk, it):
     X_IN_MAIN: gl.constexpr = p.FMT == _FMT_INT4_2L or p.F8
     ROWS_IN_MAIN: gl.constexpr = p.SCALE_TMA and p.FMT != _FMT_INT4_2L
     W_IN_MAIN: gl.constexpr = p.EXPANDERS == 0   # the weights come pre-expanded (e4m3 offset nibbles)
-    NX: gl.constexpr = 2 if p.F8 else 1          # x rows per group: F8 a and b; int8 g the x_scale row
+    NX: gl.constexpr = 0 if p.A8 else (2 if p.F8 else 1)   # x rows per group: F8 a and b; int8 g the x_scale row;
+                                                           # A8 none (its per-token scale waits for the epilogue)
     if X_IN_MAIN or ROWS_IN_MAIN:
         p.main.producer_acquire(main)
         bar = p.main.ready_bar(main)
@@ -602,9 +605,14 @@ def _f8_issue(p, st, part, C: gl.constexpr):
 @gluon.jit
 def _f8_fold(p, acc, part, slot, mma: gl.constexpr, C: gl.constexpr):
     """acc += fma(P', a, b) · ws with the rows of ``slot`` — plain loads: the slot goes back to the loader only
-    behind ``fence_async_shared()`` (the rule: skeleton.reads_done_before_refill)."""
-    xa, xb, ws = _f8_rows(p, slot, mma, C)
-    return _f8_fold_rows(acc, part, xa, xb, ws)
+    behind ``fence_async_shared()`` (the rule: skeleton.reads_done_before_refill). A8: acc += P · ws, one FFMA."""
+    if p.A8:
+        ws = p.sw_bufs.index(slot).load(gl.SliceLayout(0, mma)).to(gl.float32)
+        acc = gl.fma(part, ws[None, :], acc)
+    else:
+        xa, xb, ws = _f8_rows(p, slot, mma, C)
+        acc = _f8_fold_rows(acc, part, xa, xb, ws)
+    return acc
 
 
 @gluon.jit
@@ -700,6 +708,9 @@ def _epilogue(p, acc, lr, off_m, off_n, CONSUMER: gl.constexpr, mma: gl.constexp
         xs = gl.load(p.xscale_ptr + offs_m, mask=offs_m < p.M, other=0.0).to(gl.float32)
         ws = gl.load(p.wscale_ptr + offs_n, mask=offs_n < p.N, other=0.0).to(gl.float32)
         acc = acc * xs[:, None] * ws[None, :]
+    if p.A8:     # the per-token scale t of the e4m3 activations
+        xs = gl.load(p.xscale_ptr + offs_m, mask=offs_m < p.M, other=0.0)
+        acc = acc * xs[:, None]
     if p.HAS_COL_SCALE:
         cs = gl.load(p.col_scale_ptr + offs_n, mask=offs_n < p.N, other=0.0).to(gl.float32)
         acc = acc * cs[None, :]
@@ -810,7 +821,8 @@ def w4a4_ws_kernel(x_desc, w_desc, s_desc, b_desc, out_desc, sc_desc, sw_desc,
                    DEBUG_TILES: gl.constexpr, SCALE_TMA: gl.constexpr = False, SWAR: gl.constexpr = False,
                    RAW_STAGES_N: gl.constexpr = 2, CONSUMER_ORDER: gl.constexpr = True, F8: gl.constexpr = False,
                    PAIRED: gl.constexpr = False, EXPANDERS: gl.constexpr = 1, INFLIGHT: gl.constexpr = False,
-                   COOP: gl.constexpr = False, WS_PERM: gl.constexpr = False, ODD_RINGS_OK: gl.constexpr = False):
+                   COOP: gl.constexpr = False, WS_PERM: gl.constexpr = False, ODD_RINGS_OK: gl.constexpr = False,
+                   A8: gl.constexpr = False):
     gl.static_assert(BLOCK_K % _PACK == 0, "BLOCK_K must be a multiple of the 64-wide pack block")
     gl.static_assert(LOWRANK_STAGES >= 1, "the LOWRANK ring needs a slot even when unused")
     # Every SMEM buffer and barrier of the kernel is declared here (plan.smem ledger mirrors it).
@@ -822,6 +834,8 @@ def w4a4_ws_kernel(x_desc, w_desc, s_desc, b_desc, out_desc, sc_desc, sw_desc,
                      "two expanders: the F8 path only; none (pre-expanded weights): F8 with SCALE_TMA")
     gl.static_assert(not INFLIGHT or (F8 and SCALE_TMA), "in-flight partials: the F8 path with SCALE_TMA")
     gl.static_assert(not COOP or (EXPANDERS == 0 and not PAIRED), "COOP: no expander, not PAIRED")
+    gl.static_assert(not A8 or (F8 and EXPANDERS == 0 and INFLIGHT and not WS_PERM),
+                     "A8 (per-token e4m3 activations): the no-expander in-flight e4m3 route")
     gl.static_assert(not WS_PERM or (SCALE_TMA and F8 and sw_desc.dtype == gl.float32),
                      "WS_PERM: fp32 w_scale rows through the ring (ws_f32)")
     # rings two roles walk with stride 2 need an even slot count (skeleton docstring, "Strided roles");
@@ -862,8 +876,11 @@ def w4a4_ws_kernel(x_desc, w_desc, s_desc, b_desc, out_desc, sc_desc, sw_desc,
             sw_bufs = sx_bufs
         else:
             # F8: two fp32 rows (a, b) per slot; int8 g: one 16-bit x_scale row
-            sx_bufs = gl.allocate_shared_memory(sc_desc.dtype, [STAGES * (2 if F8 else 1)] + sc_desc.block_type.shape,
-                                                sc_desc.layout)
+            if A8:
+                sx_bufs = x_bufs      # no activation rows
+            else:
+                sx_bufs = gl.allocate_shared_memory(sc_desc.dtype, [STAGES * (2 if F8 else 1)]
+                                                    + sc_desc.block_type.shape, sc_desc.layout)
             sw_bufs = gl.allocate_shared_memory(sw_desc.dtype, [STAGES] + sw_desc.block_type.shape, sw_desc.layout)
     else:
         sx_bufs = x_bufs
@@ -881,7 +898,7 @@ def w4a4_ws_kernel(x_desc, w_desc, s_desc, b_desc, out_desc, sc_desc, sw_desc,
                  epi_bufs, sc_desc, sw_desc, sx_bufs, sw_bufs, main, raw, lowrank, order, out_ptr, stride_om, xscale_ptr, wscale_ptr, wmult_ptr,
                  col_scale_ptr, bias_ptr, dbg_ptr, dbg_tiles_ptr, M, N, K, FMT, G2, BLOCK_M, BLOCK_N, BLOCK_K,
                  BLOCK_R, GROUP_M, HAS_LOWRANK, HAS_COL_SCALE, HAS_BIAS, EPI_TMA, DEBUG, DEBUG_ITERS, DEBUG_TILES,
-                 SCALE_TMA, SWAR, F8, PAIRED, EXPANDERS, INFLIGHT, COOP, WS_PERM)
+                 SCALE_TMA, SWAR, F8, PAIRED, EXPANDERS, INFLIGHT, COOP, WS_PERM, A8)
     if EXPANDERS == 0:
         gl.warp_specialize([
             (_consumer0, (p, )),
@@ -921,8 +938,9 @@ def _fmt_id(fmt) -> int:
 def w4a4_ledger(config: KernelConfig, *, fmt, out_dtype=torch.bfloat16, has_lowrank: bool = True,
                 lowrank_dtype=torch.bfloat16, n_out: int = 8, scale_tma: bool = False,
                 group_size: int = 64, raw_stages: int = RAW_STAGES, f8: bool = False,
-                expanders: int = 1, coop: bool = False, ws_bits: int = 16) -> SmemLedger:
-    """Every byte ``w4a4_ws_kernel`` allocates, itemized (mirrors the allocations in the kernel).
+                expanders: int = 1, coop: bool = False, ws_bits: int = 16, a8: bool = False) -> SmemLedger:
+    """Every byte ``w4a4_ws_kernel`` allocates, itemized (mirrors the allocations in the kernel). ``a8``: per-token
+    e4m3 activations, whose slots carry no activation rows (the token scale is read in the epilogue).
     ``expanders=0``: the e4m3 weights arrive in MAIN by TMA, no RAW tiles (its barriers remain). ``coop``: a slot's
     activation rows, xab rows and s tile cover both consumers (2·block_m rows); the weight side is shared."""
     f = _fmt_id(fmt)
@@ -938,8 +956,9 @@ def w4a4_ledger(config: KernelConfig, *, fmt, out_dtype=torch.bfloat16, has_lowr
         terms.append(SmemTerm(f"{Ring.RAW}.w_packed", tile_bytes(bn, bk // 2, 8), raw_stages))
     if scale_tma:
         if f8:
-            terms += [SmemTerm(f"{Ring.MAIN}.x_ab_rows", tile_bytes(2, bm, 32), s),
-                      SmemTerm(f"{Ring.MAIN}.w_scale_row", tile_bytes(1, bn, ws_bits), s)]
+            if not a8:
+                terms.append(SmemTerm(f"{Ring.MAIN}.x_ab_rows", tile_bytes(2, bm, 32), s))
+            terms.append(SmemTerm(f"{Ring.MAIN}.w_scale_row", tile_bytes(1, bn, ws_bits), s))
         elif f == FMT_INT4_G:
             terms += [SmemTerm(f"{Ring.MAIN}.x_scale_row", tile_bytes(1, bm, 16), s),
                       SmemTerm(f"{Ring.MAIN}.w_scale_row", tile_bytes(1, bn, 16), s)]
@@ -953,7 +972,7 @@ def w4a4_ledger(config: KernelConfig, *, fmt, out_dtype=torch.bfloat16, has_lowr
                               Scope.PER_CONSUMER))
     # ready + empty per slot of MAIN, RAW, LOWRANK, and the consumers' two ORDER barriers
     terms.append(SmemTerm("barriers", barrier_bytes(2 * (s + raw_stages + lr) + NUM_CONSUMERS)))
-    return SmemLedger(tuple(terms), consumers=NUM_CONSUMERS, label=f"w4a4 v2 {fmt}{' f8' if f8 else ''}{'' if expanders else ' w8'}"
+    return SmemLedger(tuple(terms), consumers=NUM_CONSUMERS, label=f"w4a4 v2 {fmt}{' a8' if a8 else ' f8' if f8 else ''}{'' if expanders else ' w8'}"
                                                                      f"{' coop' if coop else ''} {bm}x{bn}x{bk}")
 
 
@@ -971,6 +990,8 @@ def scale_tma_ok(x_scale, w_scale, w_mul, fmt) -> bool:
     TMA'd rows the g64 f8 GEMM is ~6× slower, 4.9 ms vs 0.76 at fc1)."""
     if _fmt_id(fmt) == FMT_INT4_2L:
         ts, ok = (w_mul, ), w_mul is not None and w_mul.dim() == 2 and w_mul.shape[1] % 16 == 0
+    elif x_scale.dim() == 1:     # per-token e4m3 activations (A8): only the w_scale rows ride in the ring
+        ts, ok = (w_scale, ), w_scale.dim() == 2 and w_scale.shape[1] % 8 == 0
     else:
         ts = (x_scale, w_scale)
         xab = x_scale.dim() == 3 and x_scale.shape[1] == 2
@@ -998,14 +1019,14 @@ def plan_w4a4_v2(fmt, *, rank: int, group_size: int = 64, out_dtype=torch.bfloat
                  lowrank_dtype=torch.bfloat16, config: KernelConfig | None = None,
                  verbose: bool = False, n_out: int = 8, scale_tma: bool = False,
                  raw_stages: int = RAW_STAGES, f8: bool = False, expanders: int = 1,
-                 coop: bool = False, ws_bits: int = 16, paired: bool = False) -> KernelConfig:
+                 coop: bool = False, ws_bits: int = 16, paired: bool = False, a8: bool = False) -> KernelConfig:
     """Tile sizes from ``config`` (or the default); stage counts from the ledger: the deepest MAIN
     ring first, then the deepest LOWRANK ring. MAIN gets an even slot count when two roles walk it with
     stride 2 — two expanders or ``paired`` consumers (``skeleton.strided_ring_stages``). Raises SmemError
     with the table if nothing fits. A pure function of its arguments: cached (the stage search builds ~13 ledgers,
     ~0.2 ms of host time per eager call before it was)."""
     args = (fmt, rank, group_size, out_dtype, lowrank_dtype, config, n_out, scale_tma, raw_stages, f8, expanders,
-            coop, ws_bits, paired)
+            coop, ws_bits, paired, a8)
     if verbose:
         cfg, ledger = _plan_v2(*args)
         print(ledger.table())
@@ -1015,7 +1036,7 @@ def plan_w4a4_v2(fmt, *, rank: int, group_size: int = 64, out_dtype=torch.bfloat
 
 @functools.lru_cache(maxsize=1024)
 def _plan_v2(fmt, rank, group_size, out_dtype, lowrank_dtype, config, n_out, scale_tma, raw_stages, f8, expanders,
-             coop, ws_bits, paired) -> tuple[KernelConfig, SmemLedger]:
+             coop, ws_bits, paired, a8=False) -> tuple[KernelConfig, SmemLedger]:
     base = config or default_config_v2(fmt, group_size)
     br = rank_block(rank)
     base = base.replace(block_r=max(base.block_r, br))
@@ -1025,7 +1046,7 @@ def _plan_v2(fmt, rank, group_size, out_dtype, lowrank_dtype, config, n_out, sca
         return w4a4_ledger(base.replace(num_stages=main_stages, lowrank_stages=lr_stages), fmt=fmt,
                            out_dtype=out_dtype, has_lowrank=has_lr, lowrank_dtype=lowrank_dtype, n_out=n_out,
                            scale_tma=scale_tma, group_size=group_size, raw_stages=raw_stages, f8=f8,
-                           expanders=expanders, coop=coop, ws_bits=ws_bits)
+                           expanders=expanders, coop=coop, ws_bits=ws_bits, a8=a8)
 
     main, lr, ledger = solve_stages(build, min_main=2, max_main=8, min_lowrank=1 if not has_lr else 2,
                                     max_lowrank=1 if not has_lr else 4)
@@ -1038,7 +1059,7 @@ def _plan_v2(fmt, rank, group_size, out_dtype, lowrank_dtype, config, n_out, sca
 @functools.lru_cache(maxsize=1024)   # a pure check of hashable values (a failure raises again on every call)
 def _check_config(config: KernelConfig, M, N, K, rank, fmt, group_size, out_dtype, lowrank_dtype, wmult_rows=None,
                   scale_tma: bool = False, raw_stages: int = RAW_STAGES, f8: bool = False, expanders: int = 1,
-                  inflight: bool = False, coop: bool = False, ws_bits: int = 16):
+                  inflight: bool = False, coop: bool = False, ws_bits: int = 16, a8: bool = False):
     """Raise ValueError/SmemError naming the violated constraint (expected vs got)."""
     f = _fmt_id(fmt)
     if f8 and f != FMT_INT4_G:
@@ -1068,7 +1089,7 @@ def _check_config(config: KernelConfig, M, N, K, rank, fmt, group_size, out_dtyp
         raise ValueError(f"w4a4 v2: rank {rank} exceeds block_r {config.block_r}")
     w4a4_ledger(config, fmt=fmt, out_dtype=out_dtype, has_lowrank=rank > 0, lowrank_dtype=lowrank_dtype,
                 n_out=N, scale_tma=scale_tma, group_size=group_size, raw_stages=raw_stages, f8=f8,
-                expanders=expanders, coop=coop, ws_bits=ws_bits).check()
+                expanders=expanders, coop=coop, ws_bits=ws_bits, a8=a8).check()
 
 
 def can_implement_v2(config: KernelConfig, shape) -> bool:
@@ -1165,6 +1186,15 @@ def kernel_args_v2(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias
     f = _fmt_id(fmt)
     dev = out.device
     check_out(out, col_scale, M, N, x_q.device)
+    # per-token e4m3 activations (W4A8: x_q e4m3 [M, K], x_scale fp32 [M]) run one route: no expander, in flight
+    a8 = x_q.dtype == torch.float8_e4m3fn and x_scale.dim() == 1
+    if a8:
+        _expect(f8 in (None, True) and expanders in (None, 0) and inflight is not False and paired in (None, False)
+                and ws_perm in (None, False),
+                lambda: f"per-token e4m3 activations run the no-expander in-flight e4m3 route, got f8={f8}, "
+                        f"expanders={expanders}, inflight={inflight}, paired={paired}, ws_perm={ws_perm}")
+        f8, expanders, paired, ws_perm = True, 0, False, False
+        inflight = True if inflight is None else inflight
     for name, t in (("x_q", x_q), ("w_q", w_q), ("out", out)):
         _expect(t.data_ptr() % 16 == 0, lambda: f"{name} must be 16-byte aligned for TMA, got address {t.data_ptr():#x}")
     lr_dtype = lora_up.dtype if r else torch.bfloat16
@@ -1172,6 +1202,8 @@ def kernel_args_v2(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias
     _expect(not scale_tma or ok, "scale_tma needs contiguous, 16-byte aligned scale tables and 16-byte aligned "
                                  f"row starts (g: M, N % 8 == 0; 2l: N % 16 == 0), got M={M}, N={N}")
     scale_tma = ok if scale_tma is None else scale_tma
+    _expect(not a8 or scale_tma, lambda: f"per-token e4m3 activations need TMA'd w_scale rows (N % 8 == 0, "
+                                         f"contiguous, 16-byte aligned), got N={N}")
     f8 = (f == FMT_INT4_G and f8_default()) if f8 is None else f8
     if raw_stages is None:
         raw_stages = RAW_STAGES_F8 if f8 else RAW_STAGES
@@ -1201,9 +1233,9 @@ def kernel_args_v2(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias
     ws_bits = 32 if ws_f32 else _BITS.get(w_scale.dtype, 16)
     config = plan_w4a4_v2(f, rank=r, group_size=group_size, out_dtype=out.dtype, lowrank_dtype=lr_dtype,
                           config=config, n_out=N, scale_tma=scale_tma, raw_stages=raw_stages, f8=f8,
-                          expanders=expanders, coop=coop, ws_bits=ws_bits, paired=paired)
+                          expanders=expanders, coop=coop, ws_bits=ws_bits, paired=paired, a8=a8)
     _check_config(config, M, N, K, r, f, group_size, out.dtype, lr_dtype, scale_tma=scale_tma, raw_stages=raw_stages,
-                  f8=f8, expanders=expanders, inflight=inflight, coop=coop, ws_bits=ws_bits)
+                  f8=f8, expanders=expanders, inflight=inflight, coop=coop, ws_bits=ws_bits, a8=a8)
     if ws_perm is None:
         ws_perm = ws_f32 and ws_perm_default() and N % config.block_n == 0
     _expect(not ws_perm or (ws_f32 and N % config.block_n == 0),
@@ -1227,14 +1259,14 @@ def kernel_args_v2(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias
         if w_f8 is None:
             from ..w4_expand import expand_w4
             if fuse_ws:
-                w_f8, w_scale = expand_w4(w_q, None, group_size, "int4_g64", torch.float8_e4m3fn, offset=True,
+                w_f8, w_scale = expand_w4(w_q, None, group_size, "int4_g64", torch.float8_e4m3fn, offset=not a8,
                                           scales=w_scale)
-            else:
-                w_f8 = expand_w4(w_q, None, group_size, "int4_g64", torch.float8_e4m3fn, offset=True)
+            else:     # A8 folds P · ws with signed weights; the int4 route undoes the offset with its xab rows
+                w_f8 = expand_w4(w_q, None, group_size, "int4_g64", torch.float8_e4m3fn, offset=not a8)
         _expect(w_f8.dtype == torch.float8_e4m3fn and tuple(w_f8.shape) == (N, K) and w_f8.is_contiguous()
                 and w_f8.device == w_q.device and w_f8.data_ptr() % 16 == 0,
-                lambda: f"w_f8 must be the contiguous, 16-byte aligned e4m3 [N, K] = {[N, K]} offset-nibble expansion "
-                        f"of w_q on {w_q.device}, got {w_f8.dtype} {list(w_f8.shape)} on {w_f8.device}")
+                lambda: f"w_f8 must be the contiguous, 16-byte aligned e4m3 [N, K] = {[N, K]} "
+                        f"{'signed' if a8 else 'offset-nibble'} expansion of w_q on {w_q.device}, got {w_f8.dtype} {list(w_f8.shape)} on {w_f8.device}")
         w_desc = desc(w_f8, (bn, bk))
     else:
         _expect(w_f8 is None, "w_f8 (pre-expanded weights) is read only with expanders=0")
@@ -1247,7 +1279,8 @@ def kernel_args_v2(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias
     if scale_tma and f == FMT_INT4_2L:
         sc_desc = sw_desc = _row_desc(w_mul, bn)
     elif scale_tma:
-        sc_desc, sw_desc = _row_desc(x_scale, tm), _row_desc(w_scale, bn)
+        sc_desc = _row_desc(dummy(dev, torch.float32, (16, )), 16) if a8 else _row_desc(x_scale, tm)
+        sw_desc = _row_desc(w_scale, bn)
     else:
         sc_desc = sw_desc = _row_desc(dummy(dev, torch.uint8, (16, )), 16)
     tiles = cdiv(M, tm) * cdiv(N, bn)
@@ -1265,7 +1298,7 @@ def kernel_args_v2(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias
                       HAS_COL_SCALE=col_scale is not None, HAS_BIAS=bias is not None, EPI_TMA=epi_tma,
                       DEBUG=debug, DEBUG_ITERS=debug_iters, DEBUG_TILES=debug_tiles, SCALE_TMA=scale_tma,
                       SWAR=swar, RAW_STAGES_N=raw_stages, CONSUMER_ORDER=consumer_order, F8=f8, PAIRED=paired,
-                      EXPANDERS=expanders, INFLIGHT=inflight, COOP=coop, WS_PERM=ws_perm)
+                      EXPANDERS=expanders, INFLIGHT=inflight, COOP=coop, WS_PERM=ws_perm, A8=a8)
     return grid, args, constexprs, config, (dbg, dbg_tiles)
 
 
@@ -1419,9 +1452,10 @@ def reference_v2(ops: dict) -> torch.Tensor:
 
 
 def make_operands_v2(fmt, M, N, K, rank, group_size=64, *, device="cuda", bias=True, col_scale=False,
-                     out_dtype=torch.bfloat16, lowrank_dtype=torch.bfloat16, seed=0):
+                     out_dtype=torch.bfloat16, lowrank_dtype=torch.bfloat16, seed=0, a8=False):
     """Random, non-degenerate operands in the launcher contract (kwargs of :func:`launch_w4a4_v2`);
-    ``out`` is poisoned with NaN so unwritten elements fail the comparison."""
+    ``out`` is poisoned with NaN so unwritten elements fail the comparison. ``a8`` (int4_g64): per-token e4m3
+    activations (x_q e4m3 [M, K] over its whole range, x_scale float32 [M])."""
     from ...formats.int4 import pack_int4
     if fmt == "int4_g":
         fmt = "int4_g64"
@@ -1437,6 +1471,9 @@ def make_operands_v2(fmt, M, N, K, rank, group_size=64, *, device="cuda", bias=T
         xs = (torch.rand(K // group_size, M, generator=g) * 0.1 + 0.02).to(torch.bfloat16)
         ws = (torch.rand(K // group_size, N, generator=g) * 0.1 + 0.02).to(torch.bfloat16)
         wmul = None
+    if a8:
+        xq = (torch.randn(M, K, generator=g) * 120).clamp(-448, 448).to(torch.float8_e4m3fn)
+        xs = torch.rand(M, generator=g) * 0.002 + 0.0005
     s = torch.randn(M, rank, generator=g) if rank else None
     up = (torch.randn(N, rank, generator=g) * 0.1).to(lowrank_dtype) if rank else None
     b = torch.randn(N, generator=g).to(torch.bfloat16) if bias else None
@@ -1452,12 +1489,13 @@ def make_operands_v2(fmt, M, N, K, rank, group_size=64, *, device="cuda", bias=T
 def aot_signature_v2(fmt, config: KernelConfig | None = None, *, M=96, N=160, K=384, rank=16, group_size=64,
                      out_dtype=torch.bfloat16, bias=True, col_scale=True, debug=False, scale_tma=None, swar=True,
                      raw_stages=None, f8=None, paired=None, expanders=None, inflight=None, coop=None, ws_f32=None,
-                     ws_perm=None):
-    """(signature, constexprs, config) for ``kernels.aot.compile_sm90`` of :func:`w4a4_ws_kernel`."""
+                     ws_perm=None, a8=False):
+    """(signature, constexprs, config) for ``kernels.aot.compile_sm90`` of :func:`w4a4_ws_kernel` (``a8``: per-token
+    e4m3 activations)."""
     import inspect
     from triton.runtime.jit import mangle_type
     ops = make_operands_v2(fmt, M, N, K, rank, group_size, device="cpu", bias=bias, col_scale=col_scale,
-                           out_dtype=out_dtype)
+                           out_dtype=out_dtype, a8=a8)
     _, args, cx, cfg, _ = kernel_args_v2(**ops, config=config, debug=debug, scale_tma=scale_tma, swar=swar,
                                          raw_stages=raw_stages, f8=f8, paired=paired, expanders=expanders,
                                          inflight=inflight, coop=coop, ws_f32=ws_f32, ws_perm=ws_perm)

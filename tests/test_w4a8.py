@@ -1,0 +1,233 @@
+"""W4A8: int4_g64 weights with per-token e4m3 activations (``act_bits=8``, formats/fp8.py, the v2 kernel's A8 route).
+
+CPU: the spec, the quantizer kernel under the interpreter, the reference, the module, the checks, the sm_90 compile
+(one FFMA per element per group, no activation rows in the ring, the ledger against the compiled shared memory).
+GPU (``-m gpu``): the v2 kernel against float64 on ragged and real shapes, bit-identical reruns, the layer op and
+the module against the spec, CUDA-graph capture, bad input.
+"""
+
+import pytest
+import torch
+
+from lowrank_gemm.formats.fp8 import E4M3_MAX, dequantize_act_e4m3, quantize_act_e4m3
+from lowrank_gemm.formats.int4 import pack_int4, quantize_weight_int4
+from lowrank_gemm.kernels.w4a4_gemm import check_gemm_args, w4a4_gemm, w4a4_linear
+from lowrank_gemm.reference import svdq_linear_ref, w4a4_gemm_ref
+
+gpu = pytest.mark.gpu
+
+
+def _rel(a, b):
+    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+
+
+def _layer(m, n, k, r=32, g=64, dev="cpu", dtype=torch.bfloat16, seed=0):
+    torch.manual_seed(seed)
+    x = (torch.randn(m, k, device=dev) * torch.exp(torch.randn(k, device=dev) * 0.5)).to(dtype)
+    w = torch.randn(n, k, device=dev) * 0.02
+    qw, sw = quantize_weight_int4(w, g)
+    return x, dict(qweight=pack_int4(qw), wscales=sw, smooth=(torch.rand(k, device=dev) + 0.5).to(dtype),
+                   lora_down=(torch.randn(r, k, device=dev) * 0.02).to(dtype),
+                   lora_up=(torch.randn(n, r, device=dev) * 0.02).to(dtype), bias=torch.randn(n, device=dev).to(dtype))
+
+
+# ---- CPU ------------------------------------------------------------------------------------------------------------
+
+def test_spec_rows_and_special_values():
+    x = torch.randn(5, 200) * torch.tensor([1.0, 1e-3, 100.0, 0.0, 1.0])[:, None]
+    x[4, 7] = float("nan")
+    q, t = quantize_act_e4m3(x)
+    assert q.dtype == torch.float8_e4m3fn and t.dtype == torch.float32 and t.shape == (5, )
+    amax = x[:3].abs().amax(1)
+    assert torch.equal(t[:3], amax / torch.full_like(amax, E4M3_MAX))
+    assert q[:3].float().abs().amax(1).tolist() == [448.0] * 3       # the row maximum lands on the format's max
+    assert t[3] == 1 and (q[3].float() == 0).all()                   # an all-zero row
+    assert t[4] == 1 and torch.isnan(q[4].float()).all() == torch.isnan(x[4]).all()
+    rel = (dequantize_act_e4m3(q[:3], t[:3]) - x[:3]).norm() / x[:3].norm()
+    assert 0 < rel < 0.04                                              # 3 mantissa bits
+
+
+def test_spec_inf_row_is_nan_downstream():
+    x = torch.randn(2, 64)
+    x[1, 3] = float("inf")
+    q, t = quantize_act_e4m3(x)
+    assert torch.isinf(t[1]) and torch.isnan(dequantize_act_e4m3(q, t)[1]).any()
+
+
+@pytest.mark.parametrize("k", [384, 9000])          # one pass in registers; two reads of a long row
+def test_fp8_rows_divisor_matches_spec_interpreter(k, monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    from lowrank_gemm.kernels.row_quant import fp8_rows
+    torch.manual_seed(1)
+    x = (torch.randn(3, k) * 3).to(torch.float16)
+    lam = (torch.rand(k) + 0.5).to(torch.bfloat16)
+    q, t = fp8_rows(x, divisor=lam)
+    q2, t2 = quantize_act_e4m3(x.float() / lam.float())
+    assert torch.equal(q.view(torch.uint8), q2.view(torch.uint8)) and torch.equal(t, t2)
+
+
+def test_fp8_rows_divisor_checks():
+    from lowrank_gemm.kernels.row_quant import fp8_rows
+    with pytest.raises(ValueError, match=r"divisor must be a float \[K=8\]"):
+        fp8_rows(torch.randn(2, 8), divisor=torch.ones(7))
+    with pytest.raises(ValueError, match="terms=1"):
+        fp8_rows(torch.randn(2, 8), divisor=torch.ones(8), terms=2)
+
+
+def test_reference_layer_matches_module_reference_path():
+    from lowrank_gemm.nn.svdq import SVDQLinear
+    from lowrank_gemm.quant.config import SVDQuantConfig
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(256, 96)
+    calib = torch.randn(64, 256)
+    mod = SVDQLinear.from_linear(lin, SVDQuantConfig(rank=16, act_bits=8), calib)
+    assert mod.act_bits == 8
+    x = torch.randn(7, 256)
+    ref = svdq_linear_ref(x, mod.qweight, mod.wscales, mod.smooth, mod.lora_down, mod.lora_up, mod.bias,
+                          act_bits=8)
+    assert _rel(mod(x), ref) < 1e-5
+    # W4A8 is closer to the float layer than W4A4 on the same weights
+    mod4 = SVDQLinear.from_linear(lin, SVDQuantConfig(rank=16), calib)
+    exact = lin(x).double()
+    assert _rel(mod(x), exact) < _rel(mod4(x), exact)
+
+
+def test_act_bits_values():
+    from lowrank_gemm.nn.svdq import SVDQLinear
+    from lowrank_gemm.quant.config import SVDQuantConfig
+    with pytest.raises(ValueError, match="act_bits must be 4, 8 or 16"):
+        SVDQuantConfig(act_bits=6)
+    with pytest.raises(ValueError, match="act_bits must be 4, 8 or 16"):
+        SVDQLinear(64, 8, 4, 64, act_bits=2)
+    with pytest.raises(ValueError, match="act_shift"):
+        svdq_linear_ref(torch.randn(2, 64), *_ref_args(), act_shift=torch.zeros(64), act_bits=8)
+
+
+def _ref_args():
+    x, p = _layer(2, 8, 64, r=4)
+    return p["qweight"], p["wscales"], p["smooth"], p["lora_down"], p["lora_up"]
+
+
+def test_gemm_contract_accepts_token_scales_and_names_both_forms():
+    k, n, m = 128, 16, 5
+    qw = pack_int4(torch.randint(-8, 8, (n, k), dtype=torch.int8))
+    ws = torch.rand(k // 64, n).bfloat16()
+    x8 = torch.randn(m, k).to(torch.float8_e4m3fn)
+    assert check_gemm_args(x8, torch.rand(m), qw, ws, None, None, None, None, 64, "int4_g64") == (m, n, k, 0)
+    with pytest.raises(ValueError, match=r"per-token scale float32 \[M\] = \[5\]"):
+        check_gemm_args(x8, torch.rand(m + 1), qw, ws, None, None, None, None, 64, "int4_g64")
+
+
+def test_layer_and_gemm_refuse_other_paths_clearly():
+    x, p = _layer(4, 16, 128, r=4)
+    with pytest.raises(ValueError, match="act_bits=8 .* on the v2 kernel"):
+        w4a4_linear(x, act_bits=8, **p)                       # CPU tensors: no kernel to run
+    with pytest.raises(ValueError, match="act_bits must be 4 or 8"):
+        w4a4_linear(x, act_bits=16, **p)
+    x8 = torch.randn(4, 128).to(torch.float8_e4m3fn)
+    with pytest.raises(ValueError, match=r"per-token e4m3 activations \(W4A8\) run only on the v2 kernel"):
+        w4a4_gemm(x8, torch.rand(4), p["qweight"], p["wscales"], impl="v1")
+
+
+def test_gemm_reference_form():
+    m, n, k = 3, 8, 128
+    qw = torch.randint(-8, 8, (n, k), dtype=torch.int8)
+    ws = torch.rand(k // 64, n).bfloat16()
+    x8 = torch.randn(m, k).to(torch.float8_e4m3fn)
+    t = torch.rand(m)
+    want = (x8.double() * t.double()[:, None]) @ (qw.double() * ws.double().repeat_interleave(64, 0).T).T
+    assert torch.allclose(w4a4_gemm_ref(x8, t, pack_int4(qw), ws), want, rtol=1e-12, atol=0)
+
+
+def _aot(**kw):
+    from lowrank_gemm.kernels.aot import compile_sm90
+    from lowrank_gemm.kernels.gluon import skeleton as sk
+    from lowrank_gemm.kernels.gluon import w4a4_ws as w4
+    sig, cx, cfg = w4.aot_signature_v2("int4_g64", **kw)
+    return compile_sm90(w4.__name__, "w4a4_ws_kernel", sig, cx, num_warps=sk.DEFAULT_WARPS), cx, cfg
+
+
+@pytest.mark.parametrize("kw", [dict(M=200, N=128, K=448), dict(M=77, N=256, K=512, rank=0, bias=False,
+                                                                 col_scale=False)])
+def test_aot_a8_kernel_ledger_and_one_ffma(kw):
+    """sm_90: e4m3 wgmma, no activation rows in MAIN (the ledger without them equals the compiled size up to the
+    warp-specialize capture area), and per group one FMA per accumulator element where the int4 route has two."""
+    pytest.importorskip("triton.experimental.gluon")
+    from lowrank_gemm.kernels.gluon import w4a4_ws as w4
+    info, cx, cfg = _aot(a8=True, **kw)
+    assert cx["A8"] and cx["EXPANDERS"] == 0 and cx["INFLIGHT"] and cx["COOP"]
+    assert info.has("wgmma.mma_async.sync.aligned", ".f32.e4m3.e4m3", "cp.async.bulk.tensor", "mbarrier.try_wait")
+    led = w4.w4a4_ledger(cfg, fmt="int4_g64", has_lowrank=cx["HAS_LOWRANK"], n_out=kw["N"], scale_tma=True, f8=True,
+                         raw_stages=cx["RAW_STAGES_N"], expanders=0, coop=True, ws_bits=32, a8=True)
+    assert "MAIN.x_ab_rows" not in {t.name for t in led.terms}
+    assert led.total() <= info.shared <= led.total() + 512, (led.table(), info.shared)
+    base, cx4, _ = _aot(expanders=0, **dict(kw, M=-(-kw["M"] // 8) * 8))   # the int4 rows need M % 8 == 0; A8 none
+    assert not cx4["A8"] and cx4["INFLIGHT"] == cx["INFLIGHT"]
+    assert 2 * info.ptx.count("fma.rn.f32") == base.ptx.count("fma.rn.f32")
+
+
+def test_a8_launcher_refuses_other_routes():
+    pytest.importorskip("triton.experimental.gluon")
+    from lowrank_gemm.kernels.gluon import w4a4_ws as w4
+    with pytest.raises(ValueError, match="no-expander in-flight e4m3 route"):
+        w4.aot_signature_v2("int4_g64", M=200, N=128, K=448, a8=True, expanders=2)
+    with pytest.raises(ValueError, match="no-expander in-flight e4m3 route"):
+        w4.aot_signature_v2("int4_g64", M=200, N=128, K=448, a8=True, inflight=False)
+    with pytest.raises(ValueError, match="TMA'd w_scale rows"):
+        w4.aot_signature_v2("int4_g64", M=200, N=124, K=448, a8=True, col_scale=False)
+
+
+# ---- GPU ------------------------------------------------------------------------------------------------------------
+
+@gpu
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("m,n,k,r", [(4608, 12288, 3072, 32), (4608, 3072, 12288, 32), (333, 1000, 1024, 32),
+                                     (1, 4096, 4096, 32), (77, 256, 448, 0), (130, 384, 640, 5)])
+def test_gpu_gemm_vs_float64_and_repeat(m, n, k, r):
+    """v2 A8 on the quantizer's outputs, fp32 out: rel err ≤ 1e-3 vs float64, NaN-poisoned output fully written
+    (ragged M, N, K not a multiple of the in-flight depth), bit-identical reruns."""
+    from lowrank_gemm.kernels.act_e4m3 import act_quant_e4m3
+    x, p = _layer(m, n, k, r=r, dev="cuda")
+    x8, t, s = act_quant_e4m3(x, p["smooth"], p["lora_down"])
+    q_ref, t_ref = quantize_act_e4m3(x.float() / p["smooth"].float())
+    assert torch.equal(x8.view(torch.uint8), q_ref.view(torch.uint8)) and torch.equal(t, t_ref)
+    up = p["lora_up"] if r else None
+    y = w4a4_gemm(x8, t, p["qweight"], p["wscales"], s, up, p["bias"], out_dtype=torch.float32)
+    ref = w4a4_gemm_ref(x8, t, p["qweight"], p["wscales"], s, up, p["bias"])
+    assert torch.isfinite(y).all() and _rel(y, ref) <= 1e-3
+    for _ in range(2):
+        assert torch.equal(y, w4a4_gemm(x8, t, p["qweight"], p["wscales"], s, up, p["bias"], out_dtype=torch.float32))
+
+
+@gpu
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("m,n,k", [(4608, 3072, 3072), (64, 28672, 4096), (5, 1000, 1024)])
+def test_gpu_layer_and_module_vs_spec(m, n, k):
+    from lowrank_gemm.nn.svdq import SVDQLinear
+    x, p = _layer(m, n, k, dev="cuda")
+    ref = svdq_linear_ref(x, **p, act_bits=8)
+    y = w4a4_linear(x, out_dtype=torch.float32, act_bits=8, **p)
+    assert _rel(y, ref) <= 3e-3
+    yb = w4a4_linear(x, act_bits=8, **p)
+    assert yb.dtype == torch.bfloat16 and _rel(yb, ref) <= 5e-3
+    mod = SVDQLinear(k, n, 32, 64, act_bits=8).cuda()
+    for name in ("qweight", "wscales", "smooth", "lora_down", "lora_up"):
+        setattr(mod, name, p[name])
+    mod.bias = p["bias"]
+    assert torch.equal(mod(x), yb)
+    assert _rel(mod.forward_reference(x), ref) < 1e-2
+
+
+@gpu
+@pytest.mark.timeout(180)
+def test_gpu_graph_capture_and_nan_rows():
+    from lowrank_gemm.bench.common import capture_graph
+    x, p = _layer(512, 3072, 3072, dev="cuda")
+    eager = w4a4_linear(x, act_bits=8, **p)
+    _, g, out = capture_graph(lambda: w4a4_linear(x, act_bits=8, **p))
+    x.copy_(x * 2)
+    g.replay()
+    assert torch.equal(out, w4a4_linear(x, act_bits=8, **p)) and not torch.equal(out, eager)
+    x[3, 5] = float("nan")
+    y = w4a4_linear(x, act_bits=8, **p)
+    assert torch.isnan(y[3]).all() and torch.isfinite(y[torch.arange(512) != 3]).all()
