@@ -1,0 +1,47 @@
+"""Where the W4A8 layer's time goes beside its GEMM (session 41): its two quantizer launches against act_quant, on the
+FLUX shapes, CUDA-graph µs in one process. Prints ROW lines; ``--out DIR`` also writes a8_parts.json.
+
+    PYTHONPATH=src python3 scripts/probe_a8_parts.py [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+
+from lowrank_gemm.bench.common import device_meta, time_impl
+from lowrank_gemm.kernels.act_e4m3 import act_quant_e4m3
+from lowrank_gemm.kernels.act_quant import act_quant
+from lowrank_gemm.kernels.row_quant import fp8_rows
+
+SHAPES = [(4608, 3072), (4608, 12288), (64, 4096), (1, 4096)]      # (M, K); r = 32
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args(argv)
+    dev = "cuda"
+    rows = []
+    for m, k in SHAPES:
+        def make():
+            return (torch.randn(m, k, device=dev, dtype=torch.bfloat16), (torch.rand(k, device=dev) + 0.5).bfloat16(),
+                    (torch.randn(32, k, device=dev) * 0.02).bfloat16())
+        sets = [make() for _ in range(4)]
+        for name, fn in (("act_quant packed", lambda x, lam, a: act_quant(x, lam, a)),
+                         ("act_quant f8", lambda x, lam, a: act_quant(x, lam, a, out="f8")),
+                         ("fp8_rows /λ", lambda x, lam, a: fp8_rows(x, divisor=lam)),
+                         ("act_quant_e4m3", lambda x, lam, a: act_quant_e4m3(x, lam, a))):
+            r = {"M": m, "K": k, "part": name, **time_impl(fn, sets)}
+            rows.append(r)
+            print(f"ROW M={m} K={k} {name:18s} graph {r.get('graph_us')} µs eager {r['median_us']} µs", flush=True)
+    if args.out:
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        (Path(args.out) / "a8_parts.json").write_text(json.dumps({"meta": device_meta(None), "rows": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
