@@ -1,4 +1,4 @@
-"""Where the W4A8 layer's time goes beside its GEMM (session 41): its two quantizer launches against act_quant, on the
+"""Where the W4A8 layer's time goes beside its GEMM (session 41): its quantizer (act_quant_e4m3) against act_quant, on the
 FLUX shapes, CUDA-graph µs in one process. Prints ROW lines; ``--out DIR`` also writes a8_parts.json.
 
     PYTHONPATH=src python3 scripts/probe_a8_parts.py [--out DIR]
@@ -15,7 +15,6 @@ import torch
 from lowrank_gemm.bench.common import device_meta, time_impl
 from lowrank_gemm.kernels.act_e4m3 import act_quant_e4m3
 from lowrank_gemm.kernels.act_quant import act_quant
-from lowrank_gemm.kernels.row_quant import fp8_rows
 
 SHAPES = [(4608, 3072), (4608, 12288), (64, 4096), (1, 4096)]      # (M, K); r = 32
 
@@ -33,7 +32,6 @@ def main(argv=None):
         sets = [make() for _ in range(4)]
         for name, fn in (("act_quant packed", lambda x, lam, a: act_quant(x, lam, a)),
                          ("act_quant f8", lambda x, lam, a: act_quant(x, lam, a, out="f8")),
-                         ("fp8_rows /λ", lambda x, lam, a: fp8_rows(x, divisor=lam)),
                          ("act_quant_e4m3", lambda x, lam, a: act_quant_e4m3(x, lam, a))):
             r = {"M": m, "K": k, "part": name, **time_impl(fn, sets)}
             rows.append(r)

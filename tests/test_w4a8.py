@@ -54,24 +54,55 @@ def test_spec_inf_row_is_nan_downstream():
     assert torch.isinf(t[1]) and torch.isnan(dequantize_act_e4m3(q, t)[1]).any()
 
 
-@pytest.mark.parametrize("k", [384, 9000])          # one pass in registers; two reads of a long row
-def test_fp8_rows_divisor_matches_spec_interpreter(k, monkeypatch):
+def _codes_equal_off_nan_rows(q, q_ref, x):
+    """Codes equal bit for bit on rows without NaN, a NaN code matching any NaN code (a NaN row's t is 1 and its
+    codes past 448 are the cast's own: formats/fp8.py; the row's outputs are NaN either way)."""
+    rows = ~torch.isnan(x.float()).any(1)
+    a, b = q[rows], q_ref[rows]
+    same = (a.view(torch.uint8) == b.view(torch.uint8)) | (torch.isnan(a.float()) & torch.isnan(b.float()))
+    return bool(same.all())
+
+
+def test_act_quant_e4m3_interpreter_bits(monkeypatch):
+    """The two-pass quantizer (act_quant's 2l stats pass + the e4m3 pass) under the interpreter: ragged M, an
+    all-zero row, a NaN row, an Inf row, a row of tiny values; codes and t are the spec's, S ≈ float64."""
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    from lowrank_gemm.kernels.row_quant import fp8_rows
-    torch.manual_seed(1)
-    x = (torch.randn(3, k) * 3).to(torch.float16)
+    from lowrank_gemm.kernels.act_e4m3 import act_quant_e4m3
+    torch.manual_seed(0)
+    m, k, r = 70, 320, 5
+    x = (torch.randn(m, k) * torch.exp(torch.randn(k))).to(torch.float16)
+    x[3] = 0
+    x[4, 7] = float("nan")
+    x[5, 9] = float("inf")
+    x[6] *= 1e-3
+    lam = (torch.rand(k) + 0.5).to(torch.float16)
+    lam[11] = 2e-3
+    a = (torch.randn(r, k) * 0.02).to(torch.float16)
+    q, t, s = act_quant_e4m3(x, lam, a)
+    xs = x.float() / lam.float()
+    q_ref, t_ref = quantize_act_e4m3(xs)
+    assert torch.equal(t, t_ref) and _codes_equal_off_nan_rows(q, q_ref, x)
+    assert torch.isinf(t[5]) and t[3] == 1 and t[4] == 1
+    fin = torch.isfinite(xs).all(1)
+    ref = xs[fin].double() @ a.double().T
+    assert ((s[fin].double() - ref).norm() / ref.norm()).item() < 1e-5
+    assert torch.isnan(s[4]).all() and not torch.isnan(s[fin]).any()
+
+
+def test_act_quant_e4m3_exact_redo_interpreter(monkeypatch):
+    """Slices off the fast path — λ outside [2⁻³⁰, 2³⁰] (the prep's NaN 1/λ) and row scales above 2⁶⁰ — are redone
+    with IEEE divisions: the same codes as the spec."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    from lowrank_gemm.kernels.act_e4m3 import act_quant_e4m3
+    torch.manual_seed(2)
+    m, k = 9, 256
+    x = torch.randn(m, k).to(torch.bfloat16)
+    x[2] *= 1e25                                    # t ≈ 1e22 > 2⁶⁰
     lam = (torch.rand(k) + 0.5).to(torch.bfloat16)
-    q, t = fp8_rows(x, divisor=lam)
-    q2, t2 = quantize_act_e4m3(x.float() / lam.float())
-    assert torch.equal(q.view(torch.uint8), q2.view(torch.uint8)) and torch.equal(t, t2)
-
-
-def test_fp8_rows_divisor_checks():
-    from lowrank_gemm.kernels.row_quant import fp8_rows
-    with pytest.raises(ValueError, match=r"divisor must be a float \[K=8\]"):
-        fp8_rows(torch.randn(2, 8), divisor=torch.ones(7))
-    with pytest.raises(ValueError, match="terms=1"):
-        fp8_rows(torch.randn(2, 8), divisor=torch.ones(8), terms=2)
+    lam[100] = 1e-12                                # 1/λ outside the prep's range
+    q, t, s = act_quant_e4m3(x, lam, torch.zeros(0, k, dtype=torch.bfloat16))
+    q_ref, t_ref = quantize_act_e4m3(x.float() / lam.float())
+    assert s is None and torch.equal(t, t_ref) and torch.equal(q.view(torch.uint8), q_ref.view(torch.uint8))
 
 
 def test_reference_layer_matches_module_reference_path():

@@ -1,29 +1,127 @@
-"""The W4A8 layer's activation side (``act_bits=8``): per-token e4m3 codes of x/λ and the low-rank S.
+"""The W4A8 layer's activation side (``act_bits=8``): per-token e4m3 codes of x/λ, their scales and the low-rank S.
 
-    (q, t) = formats.fp8.quantize_act_e4m3(x / λ)      one launch (row_quant.fp8_rows with the λ divisor)
-    S = (x / λ) · lora_downᵀ                          act_quant's S (split-TF32, ≈ fp32), when r > 0
+    (q, t) = formats.fp8.quantize_act_e4m3(x / λ)       bit for bit
+    S = (x / λ) · lora_downᵀ                           ≈ fp32 (split-TF32 pieces, as act_quant)
 
-S comes from act_quant, which also writes int4 codes nobody reads here: two reads of x where one would do. A fused
-quantizer (row maximum and S in one pass, the codes in a second, as act_quant's int4_2l passes do) is the known next
-step; benchmarks/NOTES.md (session 41) has what the two launches cost.
+Two passes over x, the ones act_quant's int4_2l format already has (a row scale needs the whole row first):
+- pass 1 is act_quant's int4_2l v3 stats kernel unchanged: per (row block, K slice) the exact row maxima of x/λ and
+  the S partials (then summed in slice order: deterministic, no atomics);
+- pass 2 (:func:`_act_e4m3_quant_kernel`) re-reads its slice: t = RN(amax / 448) per row, x/λ and xs/t through
+  act_quant's Markstein fast division (exact where it matters for an e4m3 code, see the kernel), the codes stored;
+  a slice whose rows left the fast range (an Inf row, t outside [2⁻⁶⁰, 2⁶⁰], λ outside [2⁻³⁰, 2³⁰]) is redone with
+  IEEE divisions: slower, same bits.
+
+CPU without the interpreter: the torch spec (formats/fp8.py) and S in float32.
 """
 
 from __future__ import annotations
 
 import torch
+import triton
+import triton.language as tl
 
-from .act_quant import act_quant
-from .row_quant import fp8_rows
+from ..formats.fp8 import E4M3, quantize_act_e4m3
+from .act_quant import (_FAST_HI, _FAST_LO, _act_2l_stats_v3_kernel, _div_fast, _interpreting, _max_nan, _one_wave_split,
+                        _prep, _s_feed, _smooth_fast, _smoothed, _sum_partials, S_FEED_STAGES, plan_act_quant)
+from .epilogue import rank_block
+from .launch import launch
+from .row_quant import _FP8_GRID, _round_fp8
+from .schedule import cdiv, next_pow2
 
 __all__ = ["act_quant_e4m3"]
 
+_E4M3_MAX = tl.constexpr(448.0)
 
-def act_quant_e4m3(x2: torch.Tensor, smooth: torch.Tensor, lora_down: torch.Tensor, group_size: int = 64,
-                   scale_dtype: torch.dtype = torch.bfloat16) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """x2 [M, K] (bf16/fp16), smooth [K], lora_down [r, K] → (q float8_e4m3fn [M, K], t float32 [M], S float32
-    [M, r] or None when r = 0), bit-identical to ``formats.fp8.quantize_act_e4m3(x2.float() / smooth.float())``."""
-    q, t = fp8_rows(x2, divisor=smooth)
-    s = None
-    if lora_down.shape[0]:
-        s = act_quant(x2, smooth, lora_down, group_size, "int4_g64", scale_dtype)[2]
-    return q, t, s
+
+@triton.jit
+def _e4m3_row_scale(ap_ptr, stride_aps, offs_m, row_ok, SPLIT, SPLIT_P2: tl.constexpr):
+    """t [BM] = RN(amax / 448) from the pass-1 partials (NaN-propagating max; a NaN or all-zero row gets 1, an Inf
+    row Inf — formats/fp8.py)."""
+    offs_s = tl.arange(0, SPLIT_P2)
+    part = tl.load(ap_ptr + offs_s[:, None] * stride_aps + offs_m[None, :],
+                   mask=(offs_s[:, None] < SPLIT) & row_ok[None, :], other=0.0)
+    amax = tl.reduce(part, 0, _max_nan)
+    return tl.where(amax > 0, tl.math.div_rn(amax, _E4M3_MAX), 1.0)
+
+
+@triton.jit
+def _act_e4m3_quant_kernel(
+    x_ptr, stride_xm, smooth_ptr, rl_ptr, q_ptr, stride_qm, t_ptr, ap_ptr, stride_aps, M, K, SPLIT, STEPS_PER_SLICE,
+    G: tl.constexpr, BLOCK_M: tl.constexpr, SPLIT_P2: tl.constexpr, MANT: tl.constexpr, EMIN: tl.constexpr,
+    EMU_FMA: tl.constexpr, EMU_CVT: tl.constexpr,
+):
+    """Pass 2 per (row block, K slice). The fast path divides by Markstein's correction (act_quant._div_fast), exact
+    when operands, quotient and remainder are normal. With t in [2⁻⁶⁰, 2⁶⁰] every quotient that can round to a
+    non-zero e4m3 code (|xs/t| ≥ 2⁻¹⁰) has a normal xs and remainder, and smaller ones round to ±0 either way, so
+    the codes are the IEEE ones; rows outside that range and λ outside [2⁻³⁰, 2³⁰] (the prep's NaN 1/λ, seen as a NaN
+    xs of a non-NaN x) send the slice to the exact redo."""
+    pid_k = tl.program_id(1)
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_k = tl.max_contiguous(tl.multiple_of(tl.arange(0, G), G), G)
+    row_ok = offs_m < M
+    t = _e4m3_row_scale(ap_ptr, stride_aps, offs_m, row_ok, SPLIT, SPLIT_P2)
+    rt = tl.math.div_rn(1.0, t)
+    n_bad = (row_ok & ~((t >= _FAST_LO) & (t <= _FAST_HI))).to(tl.int32)
+    k_begin = pid_k * STEPS_PER_SLICE * G
+    k_end = tl.minimum(k_begin + STEPS_PER_SLICE * G, K)
+    dt = q_ptr.dtype.element_ty
+    for k0 in range(k_begin, k_end, G):
+        x = tl.load(x_ptr + offs_m[:, None] * stride_xm + (k0 + offs_k)[None, :], mask=row_ok[:, None],
+                    other=0.0).to(tl.float32)
+        _, xs = _smooth_fast(x, smooth_ptr + k0 + offs_k, rl_ptr + k0 + offs_k, EMU_FMA)
+        n_bad += tl.sum(((xs != xs) & (x == x)).to(tl.int32), axis=1)
+        q, _ = _round_fp8(_div_fast(xs, t[:, None], rt[:, None], EMU_FMA), dt, MANT, EMIN, EMU_CVT)
+        tl.store(q_ptr + offs_m[:, None] * stride_qm + (k0 + offs_k)[None, :], q, mask=row_ok[:, None])
+    if pid_k == 0:
+        tl.store(t_ptr + offs_m, t, mask=row_ok)
+    if tl.max(n_bad, axis=0) > 0:
+        tl.debug_barrier()
+        for k0 in range(k_begin, k_end, G):
+            xs = _smoothed(x_ptr, stride_xm, smooth_ptr, offs_m, k0 + offs_k, M)
+            q, _ = _round_fp8(tl.math.div_rn(xs, t[:, None]), dt, MANT, EMIN, EMU_CVT)
+            tl.store(q_ptr + offs_m[:, None] * stride_qm + (k0 + offs_k)[None, :], q, mask=row_ok[:, None])
+
+
+def act_quant_e4m3(x2: torch.Tensor, smooth: torch.Tensor, lora_down: torch.Tensor,
+                   group_size: int = 64) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """x2 [M, K] (bf16/fp16, contiguous rows), smooth [K], lora_down [r, K] → (q float8_e4m3fn [M, K], t float32
+    [M], S float32 [M, r] or None when r = 0). ``group_size`` only sets the kernels' K step (a multiple of 64 that
+    divides K). Inputs are assumed validated by the op (``w4a4_gemm.check_linear_args``)."""
+    m, k = x2.shape
+    r = lora_down.shape[0]
+    dev = x2.device
+    if not (x2.is_cuda or _interpreting()) or m == 0:
+        xs = x2.float() / smooth.float()
+        q, t = quantize_act_e4m3(xs)
+        return q, t, (xs @ lora_down.float().t() if r else None)
+    plan = plan_act_quant(m, k, group_size, dev, None, None, None, None, "v3", fmt="int4_2l", rank=r)
+    feed = _s_feed(None, x2, r, "v3")
+    if feed != "split":              # the feed's occupancy sizes the K split (one wave), as act_quant does
+        plan = plan_act_quant(m, k, group_size, dev, _one_wave_split(m, plan.block_m, "int4_2l", dev), None, None,
+                              None, "v3", fmt="int4_2l", rank=r)
+    bm, _, nsplit, sps, warps, _ = plan[:6]
+    br = rank_block(r)
+    grid = (cdiv(m, bm), nsplit)
+    lowrank_act = torch.empty((m, r), device=dev, dtype=torch.float32)
+    sp = lowrank_act if (nsplit == 1 or r == 0) else torch.empty((nsplit, m, r), device=dev, dtype=torch.float32)
+    spst = sp.stride(0) if sp.dim() == 3 else 0
+    rl, pieces, shift = _prep(x2, smooth, lora_down, r, br, unscaled=feed != "split")
+    emu = _interpreting()
+    one = dict(ONE_ACC=True, num_stages=S_FEED_STAGES) if feed != "split" else {}
+    amax_part = torch.empty((nsplit, m), device=dev, dtype=torch.float32)
+    tma = feed == "one_tma"
+    if tma:
+        from triton.tools.tensor_descriptor import TensorDescriptor
+    x_arg = TensorDescriptor.from_tensor(x2, [bm, group_size]) if tma else x2
+    launch(_act_2l_stats_v3_kernel, grid, x_arg, x2.stride(0), smooth, rl, pieces, pieces.stride(0), sp, spst,
+           max(r, 1), amax_part, amax_part.stride(0), m, k, r, sps,
+           BLOCK_M=bm, BLOCK_K=group_size, BLOCK_R=br, HAS_LOWRANK=r > 0, SHIFT=shift, EMU_FMA=emu, **one,
+           **({"X_TMA": True} if tma else {}), num_warps=warps)
+    q = torch.empty((m, k), device=dev, dtype=E4M3)
+    t = torch.empty((m,), device=dev, dtype=torch.float32)
+    mant, emin = _FP8_GRID[E4M3]
+    launch(_act_e4m3_quant_kernel, grid, x2, x2.stride(0), smooth, rl, q, q.stride(0), t, amax_part,
+           amax_part.stride(0), m, k, nsplit, sps, G=group_size, BLOCK_M=bm, SPLIT_P2=next_pow2(nsplit), MANT=mant,
+           EMIN=emin, EMU_FMA=emu, EMU_CVT=emu, num_warps=warps)
+    _sum_partials(sp, lowrank_act, nsplit, br)
+    return q, t, (lowrank_act if r else None)

@@ -84,8 +84,7 @@ def _scale_of(amax, FP8_MAX: tl.constexpr):
 @triton.jit
 def _fp8_rows_kernel(x_ptr, stride_xm, q_ptr, stride_qm, s_ptr, M, K,
                      FP8_MAX: tl.constexpr, MANT: tl.constexpr, EMIN: tl.constexpr,
-                     BLOCK_K: tl.constexpr, ONE_PASS: tl.constexpr, EMU_CVT: tl.constexpr, TERMS: tl.constexpr,
-                     d_ptr=None, DIV: tl.constexpr = False):
+                     BLOCK_K: tl.constexpr, ONE_PASS: tl.constexpr, EMU_CVT: tl.constexpr, TERMS: tl.constexpr):
     # TERMS = 2: row M + row of q gets the residual x − q·scale on the same scale
     row = tl.program_id(0).to(tl.int64)
     x_row = x_ptr + row * stride_xm
@@ -94,27 +93,18 @@ def _fp8_rows_kernel(x_ptr, stride_xm, q_ptr, stride_qm, s_ptr, M, K,
     offs = tl.arange(0, BLOCK_K)
     dt = q_ptr.dtype.element_ty
     if ONE_PASS:
-        v = _row_values(x_row, d_ptr, offs, offs < K, DIV)
+        v = tl.load(x_row + offs, mask=offs < K, other=0.0).to(tl.float32)
         scale = _scale_of(tl.reduce(tl.abs(v), 0, _max_nan), FP8_MAX)
         _store_terms(q_row, r_row, offs, offs < K, v, scale, dt, MANT, EMIN, EMU_CVT, TERMS)
     else:
         acc = tl.zeros([BLOCK_K], tl.float32)
         for k0 in range(0, K, BLOCK_K):
-            acc = _max_nan(acc, tl.abs(_row_values(x_row, d_ptr, k0 + offs, k0 + offs < K, DIV)))
+            acc = _max_nan(acc, tl.abs(tl.load(x_row + k0 + offs, mask=k0 + offs < K, other=0.0).to(tl.float32)))
         scale = _scale_of(tl.reduce(acc, 0, _max_nan), FP8_MAX)
         for k0 in range(0, K, BLOCK_K):
-            v = _row_values(x_row, d_ptr, k0 + offs, k0 + offs < K, DIV)
+            v = tl.load(x_row + k0 + offs, mask=k0 + offs < K, other=0.0).to(tl.float32)
             _store_terms(q_row + k0, r_row + k0, offs, k0 + offs < K, v, scale, dt, MANT, EMIN, EMU_CVT, TERMS)
     tl.store(s_ptr + row, scale)
-
-
-@triton.jit
-def _row_values(x_row, d_ptr, offs, mask, DIV: tl.constexpr):
-    """x[row, offs] in fp32, divided by d[offs] (IEEE round-to-nearest) when DIV."""
-    v = tl.load(x_row + offs, mask=mask, other=0.0).to(tl.float32)
-    if DIV:
-        v = tl.math.div_rn(v, tl.load(d_ptr + offs, mask=mask, other=1.0).to(tl.float32))
-    return v
 
 
 @triton.jit
@@ -128,15 +118,13 @@ def _store_terms(q_row, r_row, offs, mask, v, scale, dt: tl.constexpr, MANT: tl.
 
 
 def fp8_rows(x2: torch.Tensor, dtype: torch.dtype = torch.float8_e4m3fn,
-             terms: int = 1, divisor: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+             terms: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
     """(``dtype`` [M, K], fp32 [M]) per-row quantization at the format's whole range: scale = amax / fp8 max (an
     all-zero row: 1); a row holding NaN or ±Inf comes out NaN, as the product would in 16 bits. x per token for the
     fp8 activations, W per output channel for an fp8 weight (``LoRALinear.quantize_weight_fp8_``). One Triton launch
     on CUDA (and under ``TRITON_INTERPRET=1``), :func:`fp8_rows_torch` on the CPU; the same bits either way.
     ``terms=2``: also the residual x − q·scale (one rounding) on the same row scale, as rows M … 2M − 1 of the
-    codes ([2M, K] codes, [M] scales): x ≈ (q + q')·s holds about 8 significant bits, 16-bit x's precision.
-    ``divisor`` ([K], any float dtype; terms=1): rows of RN32(x / divisor) instead of x — the smoothed activations
-    of a W4A8 layer (``formats.fp8.quantize_act_e4m3`` of x/λ), in the same launch."""
+    codes ([2M, K] codes, [M] scales): x ≈ (q + q')·s holds about 8 significant bits, 16-bit x's precision."""
     if x2.dim() != 2:
         raise ValueError(f"fp8_rows expects a 2-D [rows, K] tensor, got shape {tuple(x2.shape)}")
     if dtype not in _FP8_GRID:
@@ -146,14 +134,9 @@ def fp8_rows(x2: torch.Tensor, dtype: torch.dtype = torch.float8_e4m3fn,
     if terms not in (1, 2):
         raise ValueError(f"fp8_rows: terms must be 1 or 2, got {terms!r}")
     M, K = x2.shape
-    if divisor is not None:
-        if divisor.shape != (K, ) or not divisor.is_floating_point() or divisor.device != x2.device or terms != 1:
-            raise ValueError(f"fp8_rows: divisor must be a float [K={K}] tensor on {x2.device} (terms=1), got "
-                             f"{divisor.dtype} {list(divisor.shape)} on {divisor.device}, terms={terms}")
-        divisor = divisor.contiguous()
     interp = x2.device.type == "cpu" and interpreting()
     if not (x2.is_cuda or interp) or M == 0 or K == 0:
-        return fp8_rows_torch(x2 if divisor is None else x2.float() / divisor.float(), dtype, terms)
+        return fp8_rows_torch(x2, dtype, terms)
     if x2.stride(1) != 1:
         x2 = x2.contiguous()
     q = torch.empty(terms * M, K, device=x2.device, dtype=dtype)
@@ -162,6 +145,6 @@ def fp8_rows(x2: torch.Tensor, dtype: torch.dtype = torch.float8_e4m3fn,
     block_k = next_pow2(K) if one_pass else 2048
     mant, emin = _FP8_GRID[dtype]
     launch(_fp8_rows_kernel, (M, ), x2, x2.stride(0), q, q.stride(0), s, M, K, FP8_MAX=_FP8_MAX[dtype], MANT=mant,
-           EMIN=emin, BLOCK_K=block_k, ONE_PASS=one_pass, EMU_CVT=interp, TERMS=terms, d_ptr=divisor,
-           DIV=divisor is not None, num_warps=8 if block_k >= 2048 else 4)
+           EMIN=emin, BLOCK_K=block_k, ONE_PASS=one_pass, EMU_CVT=interp, TERMS=terms,
+           num_warps=8 if block_k >= 2048 else 4)
     return q, s

@@ -1197,7 +1197,7 @@ def _w4a4_linear_impl(x, qweight, wscales, smooth, lora_down, lora_up, bias, wmu
                         f"(impl 'auto' or 'v2', CUDA), got fmt={fmt!r}, act_shift={act_shift is not None}, "
                         f"impl={impl!r} on {x.device}")
         from .act_e4m3 import act_quant_e4m3
-        x8, t, lowrank_act = act_quant_e4m3(x2, smooth, lora_down, group_size, scale_dtype)
+        x8, t, lowrank_act = act_quant_e4m3(x2, smooth, lora_down, group_size)
         y = _w4a4_gemm_impl(x8, t, qweight, wscales, None, lowrank_act, lora_up if r else None, bias, group_size,
                             fmt, out_dtype, impl)
         return y.reshape(*x.shape[:-1], n)
