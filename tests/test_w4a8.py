@@ -105,6 +105,24 @@ def test_act_quant_e4m3_exact_redo_interpreter(monkeypatch):
     assert s is None and torch.equal(t, t_ref) and torch.equal(q.view(torch.uint8), q_ref.view(torch.uint8))
 
 
+@pytest.mark.parametrize("m,k", [(1, 4096), (5, 1088)])
+def test_act_quant_e4m3_f16_operand_interpreter(m, k, monkeypatch):
+    """out="f16": the decode kernel's fp16 token operand holds the spec's e4m3 values at the permuted columns."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    from lowrank_gemm.kernels.act_e4m3 import act_quant_e4m3, e4m3_f16_operand_ref
+    torch.manual_seed(3)
+    x = (torch.randn(m, k) * 4).half()
+    lam = (torch.rand(k) + 0.5).half()
+    x16, t, s = act_quant_e4m3(x, lam, (torch.randn(8, k) * 0.02).half(), out="f16")
+    q_ref, t_ref = quantize_act_e4m3(x.float() / lam.float())
+    assert x16.dtype == torch.float16 and torch.equal(x16, e4m3_f16_operand_ref(q_ref)) and torch.equal(t, t_ref)
+    assert s.shape == (m, 8)
+    # the permutation is the decode kernel's: column 8j + 2q + i of a 16-chunk holds K 4q + 2j + i
+    assert torch.equal(x16[:, 2], q_ref[:, 4].half()) and torch.equal(x16[:, 8], q_ref[:, 2].half())
+    with pytest.raises(ValueError, match="out must be one of"):
+        act_quant_e4m3(x, lam, torch.zeros(0, k).half(), out="f8")
+
+
 def test_reference_layer_matches_module_reference_path():
     from lowrank_gemm.nn.svdq import SVDQLinear
     from lowrank_gemm.quant.config import SVDQuantConfig
@@ -232,8 +250,11 @@ def test_gpu_gemm_vs_float64_and_repeat(m, n, k, r):
 
 @gpu
 @pytest.mark.timeout(180)
-@pytest.mark.parametrize("m,n,k", [(4608, 3072, 3072), (64, 28672, 4096), (5, 1000, 1024)])
+@pytest.mark.parametrize("m,n,k", [(4608, 3072, 3072), (64, 28672, 4096), (16, 28672, 4096), (1, 4096, 4096),
+                                   (5, 1000, 1024), (130, 384, 640)])
 def test_gpu_layer_and_module_vs_spec(m, n, k):
+    """Both W4A8 routes (M ≤ 64 with N % 16 == 0: the decode kernel's fp16 path; else v2 A8) against the spec, and
+    against each other (impl="v2" pins the A8 route)."""
     from lowrank_gemm.nn.svdq import SVDQLinear
     x, p = _layer(m, n, k, dev="cuda")
     ref = svdq_linear_ref(x, **p, act_bits=8)
@@ -247,13 +268,15 @@ def test_gpu_layer_and_module_vs_spec(m, n, k):
     mod.bias = p["bias"]
     assert torch.equal(mod(x), yb)
     assert _rel(mod.forward_reference(x), ref) < 1e-2
+    assert _rel(w4a4_linear(x, out_dtype=torch.float32, act_bits=8, impl="v2", **p), ref) <= 3e-3
 
 
 @gpu
 @pytest.mark.timeout(180)
-def test_gpu_graph_capture_and_nan_rows():
+@pytest.mark.parametrize("m,n", [(512, 3072), (16, 28672)])     # the v2 A8 route; the decode kernel's fp16 path
+def test_gpu_graph_capture_and_nan_rows(m, n):
     from lowrank_gemm.bench.common import capture_graph
-    x, p = _layer(512, 3072, 3072, dev="cuda")
+    x, p = _layer(m, n, 3072, dev="cuda")
     eager = w4a4_linear(x, act_bits=8, **p)
     _, g, out = capture_graph(lambda: w4a4_linear(x, act_bits=8, **p))
     x.copy_(x * 2)
@@ -261,4 +284,4 @@ def test_gpu_graph_capture_and_nan_rows():
     assert torch.equal(out, w4a4_linear(x, act_bits=8, **p)) and not torch.equal(out, eager)
     x[3, 5] = float("nan")
     y = w4a4_linear(x, act_bits=8, **p)
-    assert torch.isnan(y[3]).all() and torch.isfinite(y[torch.arange(512) != 3]).all()
+    assert torch.isnan(y[3]).all() and torch.isfinite(y[torch.arange(m, device=y.device) != 3]).all()

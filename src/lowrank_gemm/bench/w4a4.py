@@ -129,8 +129,10 @@ def _providers(m: int, n: int, k: int, dev, impls=IMPLS):
 
     def a8_gemm_set():
         from ..kernels.act_e4m3 import act_quant_e4m3
+        from ..kernels.w4a4_gemm import _a8_decode_route
         x, wq, wsc, smooth, a, b, wmul = layer_set("int4_g64")()
-        x8, t, s = act_quant_e4m3(x, smooth, a)
+        # the operands the layer hands its GEMM: the decode kernel's fp16 ones at decode sizes
+        x8, t, s = act_quant_e4m3(x, smooth, a, out="f16" if _a8_decode_route("auto", m, n, x.device) else "e4m3")
         return (x8, t, wq, wsc, s, b, None)
 
     def run_layer(fmt, impl):

@@ -11,6 +11,11 @@ Two passes over x, the ones act_quant's int4_2l format already has (a row scale 
   a slice whose rows left the fast range (an Inf row, t outside [2⁻⁶⁰, 2⁶⁰], λ outside [2⁻³⁰, 2³⁰]) is redone with
   IEEE divisions: slower, same bits.
 
+``out="f16"`` (decode sizes, M ≤ 64): the same codes as the fp16 token operand of the decode kernel's fp16 path
+(gluon/w4a4_decode.py; each e4m3 value is exact in fp16, stored at the permuted column of every 16 —
+w4_expand.F16_K_PERM) with t as its per-token scale, so that kernel runs the W4A8 product unchanged: one program per
+row (:func:`_e4m3_rows_f16_kernel`, IEEE divisions), S from act_quant's fused kernel (its int4 codes unused).
+
 CPU without the interpreter: the torch spec (formats/fp8.py) and S in float32.
 """
 
@@ -21,14 +26,18 @@ import triton
 import triton.language as tl
 
 from ..formats.fp8 import E4M3, quantize_act_e4m3
-from .act_quant import (_FAST_HI, _FAST_LO, _act_2l_stats_v3_kernel, _div_fast, _interpreting, _max_nan, _one_wave_split,
+from .act_quant import (act_quant, _FAST_HI, _FAST_LO, _act_2l_stats_v3_kernel, _div_fast, _interpreting, _max_nan, _one_wave_split,
                         _prep, _s_feed, _smooth_fast, _smoothed, _sum_partials, S_FEED_STAGES, plan_act_quant)
 from .epilogue import rank_block
 from .launch import launch
 from .row_quant import _FP8_GRID, _round_fp8
 from .schedule import cdiv, next_pow2
+from .w4_expand import F16_K_PERM, f16_column
 
-__all__ = ["act_quant_e4m3"]
+__all__ = ["act_quant_e4m3", "OUTS", "F16_ROW_BLOCK"]
+
+OUTS = ("e4m3", "f16")
+F16_ROW_BLOCK = 1024      # columns per step of the per-row fp16 kernel
 
 _E4M3_MAX = tl.constexpr(448.0)
 
@@ -82,18 +91,59 @@ def _act_e4m3_quant_kernel(
             tl.store(q_ptr + offs_m[:, None] * stride_qm + (k0 + offs_k)[None, :], q, mask=row_ok[:, None])
 
 
-def act_quant_e4m3(x2: torch.Tensor, smooth: torch.Tensor, lora_down: torch.Tensor,
-                   group_size: int = 64) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+@triton.jit
+def _e4m3_rows_f16_kernel(x_ptr, stride_xm, smooth_ptr, x16_ptr, t_ptr, K, BLOCK_K: tl.constexpr,
+                          MANT: tl.constexpr, EMIN: tl.constexpr, EMU_CVT: tl.constexpr):
+    """One token row: t = RN(amax |x/λ| / 448) (first walk), then the e4m3 values of RN(x/λ / t) as fp16 at the
+    permuted column of every 16 (second walk). IEEE divisions: a handful of rows."""
+    m = tl.program_id(0).to(tl.int64)
+    offs = tl.arange(0, BLOCK_K)
+    amax = tl.zeros([BLOCK_K], tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        ok = k0 + offs < K
+        xs = tl.math.div_rn(tl.load(x_ptr + m * stride_xm + k0 + offs, mask=ok, other=0.0).to(tl.float32),
+                            tl.load(smooth_ptr + k0 + offs, mask=ok, other=1.0).to(tl.float32))
+        amax = _max_nan(amax, tl.abs(xs))
+    amax_row = tl.reduce(amax, 0, _max_nan)
+    t = tl.where(amax_row > 0, tl.math.div_rn(amax_row, _E4M3_MAX), 1.0)
+    for k0 in range(0, K, BLOCK_K):
+        ok = k0 + offs < K
+        xs = tl.math.div_rn(tl.load(x_ptr + m * stride_xm + k0 + offs, mask=ok, other=0.0).to(tl.float32),
+                            tl.load(smooth_ptr + k0 + offs, mask=ok, other=1.0).to(tl.float32))
+        _, v = _round_fp8(tl.math.div_rn(xs, t), tl.float8e4nv, MANT, EMIN, EMU_CVT)
+        tl.store(x16_ptr + m * K + f16_column(k0 + offs), v.to(tl.float16), mask=ok)
+    tl.store(t_ptr + m, t)
+
+
+def e4m3_f16_operand_ref(q: torch.Tensor) -> torch.Tensor:
+    """The spec of ``out="f16"``'s codes: e4m3 [M, K] → their fp16 values, K permuted by F16_K_PERM in every 16."""
+    m, k = q.shape
+    return q.to(torch.float16).reshape(m, k // 16, 16)[:, :, F16_K_PERM.to(q.device)].reshape(m, k).contiguous()
+
+
+def act_quant_e4m3(x2: torch.Tensor, smooth: torch.Tensor, lora_down: torch.Tensor, group_size: int = 64,
+                   out: str = "e4m3") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """x2 [M, K] (bf16/fp16, contiguous rows), smooth [K], lora_down [r, K] → (q float8_e4m3fn [M, K], t float32
-    [M], S float32 [M, r] or None when r = 0). ``group_size`` only sets the kernels' K step (a multiple of 64 that
-    divides K). Inputs are assumed validated by the op (``w4a4_gemm.check_linear_args``)."""
+    [M], S float32 [M, r] or None when r = 0); ``out="f16"``: q as the fp16 token operand (module doc) instead.
+    ``group_size`` only sets the kernels' K step (a multiple of 64 that divides K). Inputs are assumed validated by
+    the op (``w4a4_gemm.check_linear_args``)."""
+    if out not in OUTS:
+        raise ValueError(f"act_quant_e4m3: out must be one of {OUTS}, got {out!r}")
     m, k = x2.shape
     r = lora_down.shape[0]
     dev = x2.device
     if not (x2.is_cuda or _interpreting()) or m == 0:
         xs = x2.float() / smooth.float()
         q, t = quantize_act_e4m3(xs)
-        return q, t, (xs @ lora_down.float().t() if r else None)
+        return (e4m3_f16_operand_ref(q) if out == "f16" else q), t, (xs @ lora_down.float().t() if r else None)
+    if out == "f16":
+        s = act_quant(x2, smooth, lora_down, group_size)[2] if r else None
+        x16 = torch.empty((m, k), device=dev, dtype=torch.float16)
+        t = torch.empty((m,), device=dev, dtype=torch.float32)
+        mant, emin = _FP8_GRID[E4M3]
+        launch(_e4m3_rows_f16_kernel, (m,), x2, x2.stride(0), smooth, x16, t, k, BLOCK_K=min(F16_ROW_BLOCK,
+               next_pow2(k)), MANT=mant, EMIN=emin, EMU_CVT=_interpreting(), num_warps=4)
+        return x16, t, s
     plan = plan_act_quant(m, k, group_size, dev, None, None, None, None, "v3", fmt="int4_2l", rank=r)
     feed = _s_feed(None, x2, r, "v3")
     if feed != "split":              # the feed's occupancy sizes the K split (one wave), as act_quant does

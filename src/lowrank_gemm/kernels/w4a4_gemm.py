@@ -926,6 +926,14 @@ def _layer_act_out(impl: str, fmt: str, m: int, n: int, k: int, r: int, group_si
     return "f8" if _layer_wants_f8(impl, fmt, m, n, k, r, group_size, device, scale_dtype, w_scale) else "packed"
 
 
+def _a8_decode_route(impl: str, m: int, n: int, device: torch.device) -> bool:
+    """Whether a W4A8 layer (act_bits=8) of ``m`` tokens runs the decode kernel's fp16 path (its e4m3 codes as the
+    fp16 token operand, ``act_quant_e4m3(out="f16")``) rather than v2's A8 route, whose per-call weight expansion
+    and 128-token tiles cost ~140 µs at M ≤ 64, N = 28672 (H100, NOTES.md session 41): M ≤ the fp16 path's tile."""
+    from .gluon.w4a4_decode import F16_MAX_M
+    return m <= F16_MAX_M and _decode_route(impl, m, n, "int4_g64", device, "f16")
+
+
 def _early_launch(impl: str, fmt: str, m: int, n: int, k: int, device: torch.device) -> bool | None:
     """act_quant's ``early_launch`` for the GEMM the layer op runs next: the GEMV's own choice
     (:func:`w4a4_gemv.act_quant_early_launch`), else act_quant's default (None)."""
@@ -1192,12 +1200,14 @@ def _w4a4_linear_impl(x, qweight, wscales, smooth, lora_down, lora_up, bias, wmu
     x2 = x.reshape(-1, k)
     scale_dtype = wscales.dtype if fmt == "int4_g64" else torch.bfloat16
     if act_bits == 8:
-        _expect(fmt == "int4_g64" and act_shift is None and impl in ("auto", "v2") and x.device.type == "cuda",
-                lambda: f"act_bits=8 (per-token e4m3 activations) runs int4_g64 weights, signed, on the v2 kernel "
-                        f"(impl 'auto' or 'v2', CUDA), got fmt={fmt!r}, act_shift={act_shift is not None}, "
-                        f"impl={impl!r} on {x.device}")
+        _expect(fmt == "int4_g64" and act_shift is None and impl in ("auto", "v2", "decode")
+                and x.device.type == "cuda",
+                lambda: f"act_bits=8 (per-token e4m3 activations) runs int4_g64 weights, signed, on the v2 kernel or "
+                        f"(M ≤ 64) the decode kernel's fp16 path (impl 'auto', 'v2' or 'decode', CUDA), got fmt={fmt!r}, "
+                        f"act_shift={act_shift is not None}, impl={impl!r} on {x.device}")
         from .act_e4m3 import act_quant_e4m3
-        x8, t, lowrank_act = act_quant_e4m3(x2, smooth, lora_down, group_size)
+        out = "f16" if impl != "v2" and _a8_decode_route(impl, x2.shape[0], n, x.device) else "e4m3"
+        x8, t, lowrank_act = act_quant_e4m3(x2, smooth, lora_down, group_size, out=out)
         y = _w4a4_gemm_impl(x8, t, qweight, wscales, None, lowrank_act, lora_up if r else None, bias, group_size,
                             fmt, out_dtype, impl)
         return y.reshape(*x.shape[:-1], n)
