@@ -105,7 +105,7 @@ def test_act_quant_e4m3_exact_redo_interpreter(monkeypatch):
     assert s is None and torch.equal(t, t_ref) and torch.equal(q.view(torch.uint8), q_ref.view(torch.uint8))
 
 
-@pytest.mark.parametrize("m,k", [(1, 4096), (5, 1088)])
+@pytest.mark.parametrize("m,k", [(1, 4096), (5, 1088), (2, 9024)])     # the row in registers; walked twice
 def test_act_quant_e4m3_f16_operand_interpreter(m, k, monkeypatch):
     """out="f16": the decode kernel's fp16 token operand holds the spec's e4m3 values at the permuted columns."""
     monkeypatch.setenv("TRITON_INTERPRET", "1")

@@ -37,7 +37,7 @@ from .w4_expand import F16_K_PERM, f16_column
 __all__ = ["act_quant_e4m3", "OUTS", "F16_ROW_BLOCK"]
 
 OUTS = ("e4m3", "f16")
-F16_ROW_BLOCK = 1024      # columns per step of the per-row fp16 kernel
+F16_ROW_BLOCK = 8192      # a row up to this long stays in registers (one read of x); longer rows walk it twice
 
 _E4M3_MAX = tl.constexpr(448.0)
 
@@ -93,11 +93,21 @@ def _act_e4m3_quant_kernel(
 
 @triton.jit
 def _e4m3_rows_f16_kernel(x_ptr, stride_xm, smooth_ptr, x16_ptr, t_ptr, K, BLOCK_K: tl.constexpr,
-                          MANT: tl.constexpr, EMIN: tl.constexpr, EMU_CVT: tl.constexpr):
-    """One token row: t = RN(amax |x/λ| / 448) (first walk), then the e4m3 values of RN(x/λ / t) as fp16 at the
-    permuted column of every 16 (second walk). IEEE divisions: a handful of rows."""
+                          MANT: tl.constexpr, EMIN: tl.constexpr, EMU_CVT: tl.constexpr, ONE_PASS: tl.constexpr):
+    """One token row: t = RN(amax |x/λ| / 448), then the e4m3 values of RN(x/λ / t) as fp16 at the permuted column
+    of every 16. ONE_PASS: the row in registers; else two walks over it. IEEE divisions: a handful of rows."""
     m = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK_K)
+    if ONE_PASS:
+        ok = offs < K
+        xs = tl.math.div_rn(tl.load(x_ptr + m * stride_xm + offs, mask=ok, other=0.0).to(tl.float32),
+                            tl.load(smooth_ptr + offs, mask=ok, other=1.0).to(tl.float32))
+        amax_row = tl.reduce(tl.abs(xs), 0, _max_nan)
+        t = tl.where(amax_row > 0, tl.math.div_rn(amax_row, _E4M3_MAX), 1.0)
+        _, v = _round_fp8(tl.math.div_rn(xs, t), tl.float8e4nv, MANT, EMIN, EMU_CVT)
+        tl.store(x16_ptr + m * K + f16_column(offs), v.to(tl.float16), mask=ok)
+        tl.store(t_ptr + m, t)
+        return
     amax = tl.zeros([BLOCK_K], tl.float32)
     for k0 in range(0, K, BLOCK_K):
         ok = k0 + offs < K
@@ -141,8 +151,9 @@ def act_quant_e4m3(x2: torch.Tensor, smooth: torch.Tensor, lora_down: torch.Tens
         x16 = torch.empty((m, k), device=dev, dtype=torch.float16)
         t = torch.empty((m,), device=dev, dtype=torch.float32)
         mant, emin = _FP8_GRID[E4M3]
-        launch(_e4m3_rows_f16_kernel, (m,), x2, x2.stride(0), smooth, x16, t, k, BLOCK_K=min(F16_ROW_BLOCK,
-               next_pow2(k)), MANT=mant, EMIN=emin, EMU_CVT=_interpreting(), num_warps=4)
+        one = k <= F16_ROW_BLOCK
+        launch(_e4m3_rows_f16_kernel, (m,), x2, x2.stride(0), smooth, x16, t, k, BLOCK_K=next_pow2(k) if one else 2048,
+               MANT=mant, EMIN=emin, EMU_CVT=_interpreting(), ONE_PASS=one, num_warps=8)
         return x16, t, s
     plan = plan_act_quant(m, k, group_size, dev, None, None, None, None, "v3", fmt="int4_2l", rank=r)
     feed = _s_feed(None, x2, r, "v3")

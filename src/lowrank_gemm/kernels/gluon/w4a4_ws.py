@@ -1194,7 +1194,7 @@ def kernel_args_v2(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias
                 lambda: f"per-token e4m3 activations run the no-expander in-flight e4m3 route, got f8={f8}, "
                         f"expanders={expanders}, inflight={inflight}, paired={paired}, ws_perm={ws_perm}")
         f8, expanders, paired, ws_perm = True, 0, False, False
-        inflight = True if inflight is None else inflight
+        inflight = (inflight_default(0) or INFLIGHT_DEPTH) if inflight is None else inflight
     for name, t in (("x_q", x_q), ("w_q", w_q), ("out", out)):
         _expect(t.data_ptr() % 16 == 0, lambda: f"{name} must be 16-byte aligned for TMA, got address {t.data_ptr():#x}")
     lr_dtype = lora_up.dtype if r else torch.bfloat16
