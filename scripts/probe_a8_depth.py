@@ -1,4 +1,4 @@
-"""The W4A8 GEMM (v2 A8 route) at the FLUX shapes per in-flight depth and with / without coop (session 41), graph µs in
+"""The W4A8 GEMM (v2 A8 route) at the FLUX shapes per in-flight depth and orientation (trans) (session 41), graph µs in
 one process beside fp8 ``_scaled_mm`` and the routed W4A4 GEMM. Prints ROW lines; ``--out DIR`` writes a8_depth.json.
 
     PYTHONPATH=src python3 scripts/probe_a8_depth.py [--out DIR]
@@ -53,8 +53,9 @@ def main(argv=None):
         cases = [("fp8_scaled_mm", lambda a_, b_, sa, sb: torch._scaled_mm(a_, b_, sa, sb, out_dtype=torch.bfloat16),
                   fp8),
                  ("w4a4 g64 routed", lambda x8, t, wq, sw, s, b, xq, xs, s4: w4a4_gemm(xq, xs, wq, sw, s4, b), sets)]
-        cases += [(f"a8 depth {d}", a8(inflight=d), sets) for d in (2, 4, 6, 8)]
-        cases += [("a8 depth 4 no coop", a8(inflight=4, coop=False), sets)]
+        cases += [(f"a8 depth {d}", a8(inflight=d, trans=False), sets) for d in (2, 4)]
+        cases += [("a8 trans pairs", a8(inflight=2, trans=True), sets),
+                  ("a8 trans depth 4", a8(inflight=4, trans=True), sets)]     # (ptxas spills ~2.7 KB there)
         for name, fn, ss in cases:
             try:
                 r = {"M": m, "N": n, "K": k, "case": name, **time_impl(fn, ss)}

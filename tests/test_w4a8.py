@@ -215,6 +215,40 @@ def test_aot_a8_kernel_ledger_and_one_ffma(kw):
     assert 2 * info.ptx.count("fma.rn.f32") == base.ptx.count("fma.rn.f32")
 
 
+@pytest.mark.parametrize("kw", [dict(M=200, N=256, K=448), dict(M=77, N=128, K=512, rank=0, bias=False)])
+def test_aot_a8_trans_kernel(kw):
+    """trans (the kernel computes Yᵀ): no scale row in the ring (ledger = compiled size up to the capture area), no
+    proxy fence and no shared-memory load in the K loops (the weight scales come from global memory), one FMA per
+    element per group, the transposed TMA store, and no spill nor serialized wgmma (sm_90 ptxas)."""
+    pytest.importorskip("triton.experimental.gluon")
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).parent))
+    from _sm90 import ptxas_stats
+    from test_gluon_skeleton import _ptx_loops
+    from lowrank_gemm.kernels.gluon import w4a4_ws as w4
+    info, cx, cfg = _aot(a8=True, trans=True, col_scale=False, **kw)
+    assert cx["TRANS"] and cx["HAS_COL_SCALE"] and cx["INFLIGHT"] == 2 and cx["EPI_TMA"]
+    led = w4.w4a4_ledger(cfg, fmt="int4_g64", has_lowrank=cx["HAS_LOWRANK"], n_out=kw["N"], scale_tma=True, f8=True,
+                         raw_stages=cx["RAW_STAGES_N"], expanders=0, coop=True, ws_bits=16, a8=True, trans=True)
+    names = {t.name for t in led.terms}
+    assert "MAIN.x_ab_rows" not in names and "MAIN.w_scale_row" not in names
+    assert led.total() <= info.shared <= led.total() + 512, (led.table(), info.shared)
+    kloops = [body for _, body in _ptx_loops(info.ptx)
+              if any("wgmma.mma_async" in x and "e4m3" in x for x in body)
+              and not any("wgmma.mma_async" in x and "bf16" in x for x in body)
+              and not any("cp.async.bulk.tensor.2d.global.shared" in x for x in body)]    # not the tile loops
+    assert kloops
+    for body in kloops:
+        assert not any("fence.proxy.async" in x or x.strip().startswith("ld.shared") for x in body)
+        n_mma = sum("wgmma.mma_async" in x for x in body)
+        assert sum(x.strip().startswith("fma.rn.f32") for x in body) == n_mma // 2 * cfg.block_m * cfg.block_n // 128
+    assert "cp.async.bulk.tensor.2d.global.shared" in info.ptx
+    stats = ptxas_stats(info.ptx)
+    if stats is not None:
+        assert stats[1] == 0 and "C7514" not in stats[2], stats
+
+
 def test_a8_launcher_refuses_other_routes():
     pytest.importorskip("triton.experimental.gluon")
     from lowrank_gemm.kernels.gluon import w4a4_ws as w4
@@ -224,6 +258,10 @@ def test_a8_launcher_refuses_other_routes():
         w4.aot_signature_v2("int4_g64", M=200, N=128, K=448, a8=True, inflight=False)
     with pytest.raises(ValueError, match="TMA'd w_scale rows"):
         w4.aot_signature_v2("int4_g64", M=200, N=124, K=448, a8=True, col_scale=False)
+    with pytest.raises(ValueError, match="trans .* without col_scale"):
+        w4.aot_signature_v2("int4_g64", M=200, N=128, K=448, a8=True, trans=True, col_scale=True)
+    with pytest.raises(ValueError, match="trans .* per-token e4m3"):
+        w4.aot_signature_v2("int4_g64", M=200, N=128, K=448, f8=True, expanders=0, trans=True, col_scale=False)
 
 
 # ---- GPU ------------------------------------------------------------------------------------------------------------
@@ -232,9 +270,12 @@ def test_a8_launcher_refuses_other_routes():
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("m,n,k,r", [(4608, 12288, 3072, 32), (4608, 3072, 12288, 32), (333, 1000, 1024, 32),
                                      (1, 4096, 4096, 32), (77, 256, 448, 0), (130, 384, 640, 5)])
-def test_gpu_gemm_vs_float64_and_repeat(m, n, k, r):
-    """v2 A8 on the quantizer's outputs, fp32 out: rel err ≤ 1e-3 vs float64, NaN-poisoned output fully written
-    (ragged M, N, K not a multiple of the in-flight depth), bit-identical reruns."""
+@pytest.mark.parametrize("trans", ["0", "1"])
+def test_gpu_gemm_vs_float64_and_repeat(m, n, k, r, trans, monkeypatch):
+    """v2 A8 on the quantizer's outputs (both orientations: LOWRANK_GEMM_V2_A8_TRANS), fp32 out: rel err ≤ 1e-3 vs
+    float64, NaN-poisoned output fully written (ragged M, N, K not a multiple of the in-flight depth), bit-identical
+    reruns."""
+    monkeypatch.setenv("LOWRANK_GEMM_V2_A8_TRANS", trans)
     from lowrank_gemm.kernels.act_e4m3 import act_quant_e4m3
     x, p = _layer(m, n, k, r=r, dev="cuda")
     x8, t, s = act_quant_e4m3(x, p["smooth"], p["lora_down"])
@@ -242,6 +283,8 @@ def test_gpu_gemm_vs_float64_and_repeat(m, n, k, r):
     assert torch.equal(x8.view(torch.uint8), q_ref.view(torch.uint8)) and torch.equal(t, t_ref)
     up = p["lora_up"] if r else None
     y = w4a4_gemm(x8, t, p["qweight"], p["wscales"], s, up, p["bias"], out_dtype=torch.float32)
+    if trans == "1":
+        assert _rel(w4a4_gemm(x8, t, p["qweight"], p["wscales"], s, up, p["bias"]), ref) <= 5e-3   # bf16 out
     ref = w4a4_gemm_ref(x8, t, p["qweight"], p["wscales"], s, up, p["bias"])
     assert torch.isfinite(y).all() and _rel(y, ref) <= 1e-3
     for _ in range(2):

@@ -147,9 +147,10 @@ class W4A4Args:
     COOP: gl.constexpr
     WS_PERM: gl.constexpr
     A8: gl.constexpr
+    TRANS: gl.constexpr
 
     @gluon.constexpr_function
-    def __init__(self, x_desc, w_desc, s_desc, b_desc, out_desc, x_bufs, w_bufs, xp_bufs, wp_bufs, s_bufs, b_bufs, epi_bufs, sc_desc, sw_desc, sx_bufs, sw_bufs, main, raw, lowrank, order, out_ptr, stride_om, xscale_ptr, wscale_ptr, wmult_ptr, col_scale_ptr, bias_ptr, dbg_ptr, dbg_tiles_ptr, M, N, K, FMT, G2, BLOCK_M, BLOCK_N, BLOCK_K, BLOCK_R, GROUP_M, HAS_LOWRANK, HAS_COL_SCALE, HAS_BIAS, EPI_TMA, DEBUG, DEBUG_ITERS, DEBUG_TILES, SCALE_TMA, SWAR, F8, PAIRED, EXPANDERS, INFLIGHT, COOP, WS_PERM, A8):
+    def __init__(self, x_desc, w_desc, s_desc, b_desc, out_desc, x_bufs, w_bufs, xp_bufs, wp_bufs, s_bufs, b_bufs, epi_bufs, sc_desc, sw_desc, sx_bufs, sw_bufs, main, raw, lowrank, order, out_ptr, stride_om, xscale_ptr, wscale_ptr, wmult_ptr, col_scale_ptr, bias_ptr, dbg_ptr, dbg_tiles_ptr, M, N, K, FMT, G2, BLOCK_M, BLOCK_N, BLOCK_K, BLOCK_R, GROUP_M, HAS_LOWRANK, HAS_COL_SCALE, HAS_BIAS, EPI_TMA, DEBUG, DEBUG_ITERS, DEBUG_TILES, SCALE_TMA, SWAR, F8, PAIRED, EXPANDERS, INFLIGHT, COOP, WS_PERM, A8, TRANS):
         self.x_desc = x_desc
         self.w_desc = w_desc
         self.s_desc = s_desc
@@ -205,6 +206,7 @@ class W4A4Args:
         self.COOP = gl.constexpr(COOP)
         self.WS_PERM = gl.constexpr(WS_PERM)
         self.A8 = gl.constexpr(A8)
+        self.TRANS = gl.constexpr(TRANS)
 
 
 @gluon.constexpr_function
@@ -243,7 +245,7 @@ def _load_step(p, main, raw, off_m, off_n, kk, it):
     # critical path otherwise). 1-D boxes: a box running past its row reads the next row's values into
     # rows/columns that are never stored (their operands are TMA zero fill); past the end: zeros.
     X_IN_MAIN: gl.constexpr = p.FMT == _FMT_INT4_2L or p.F8
-    ROWS_IN_MAIN: gl.constexpr = p.SCALE_TMA and p.FMT != _FMT_INT4_2L
+    ROWS_IN_MAIN: gl.constexpr = p.SCALE_TMA and p.FMT != _FMT_INT4_2L and not p.TRANS
     W_IN_MAIN: gl.constexpr = p.EXPANDERS == 0   # the weights come pre-expanded (e4m3 offset nibbles)
     NX: gl.constexpr = 0 if p.A8 else (2 if p.F8 else 1)   # x rows per group: F8 a and b; int8 g the x_scale row;
                                                            # A8 none (its per-token scale waits for the epilogue)
@@ -258,7 +260,7 @@ def _load_step(p, main, raw, off_m, off_n, kk, it):
                                                 p.sx_bufs.index(NX * main.index + j))
             tma.async_copy_global_to_shared(p.sw_desc, [kk * p.N + off_n], bar, p.sw_bufs.index(main.index))
         else:
-            mbarrier.expect(bar, p.x_desc.block_type.nbytes)
+            mbarrier.expect(bar, p.x_desc.block_type.nbytes + W_IN_MAIN * p.w_desc.block_type.nbytes)
         if X_IN_MAIN:
             tma.async_copy_global_to_shared(p.x_desc, [off_m, kk * BK], bar, p.x_bufs.index(main.index))
         if W_IN_MAIN:
@@ -700,6 +702,101 @@ def _mainloop_g_f8_inflight(p, main, mma: gl.constexpr, k_tiles, it, ROLE: gl.co
 
 
 @gluon.jit
+def _a8t_issue(p, st, part, kk, offs_m, C: gl.constexpr):
+    """TRANS: group ``kk``'s wgmma into ``part`` (left in flight) and its weight scales for this consumer's rows,
+    loaded from global memory into registers (two per thread: the rows are the weights) while the MMA runs."""
+    tok = warpgroup_mma(_rows(p, p.x_bufs.index(st.index), C), p.w_bufs.index(st.index).permute((1, 0)), part,
+                        use_acc=False, is_async=True)
+    ws = gl.load(p.wscale_ptr + kk * p.M + offs_m, mask=offs_m < p.M, other=0.0).to(gl.float32)
+    return tok, ws
+
+
+@gluon.jit
+def _a8t_chain(p, main, acc, pa, pb, it, kk, offs_m, G: gl.constexpr, ROLE: gl.constexpr, stride,
+               C: gl.constexpr):
+    """TRANS (per-token e4m3 activations, the kernel computing Yᵀ): :func:`_f8_chain`'s order — G groups, the
+    next group's MMA in flight while the previous one folds — with one FFMA per element (acc += P · ws[row]) and
+    each slot released as soon as its MMA retired: nothing reads a slot with plain loads (the scales come from
+    global memory), so no proxy fence. Nothing is in flight when it returns."""
+    sa = main
+    it = consumer_step(p, sa, ROLE, it)
+    ta, wa = _a8t_issue(p, sa, pa, kk, offs_m, C)
+    last = sa
+    sb = sa
+    tb = ta
+    wb = wa
+    if G > 1:
+        sb = _next_use(p, sa, stride)
+        it = consumer_step(p, sb, ROLE, it)
+        tb, wb = _a8t_issue(p, sb, pb, kk + 1, offs_m, C)
+        last = sb
+    for j in gl.static_range(G):
+        if j % 2 == 0:
+            pa = warpgroup_mma_wait(0 if j == G - 1 else 1, deps=(ta, ))
+            acc = gl.fma(pa, wa[:, None], acc)
+            p.main.consumer_release(sa)
+            if j + 2 < G:
+                sa = _next_use(p, last, stride)
+                it = consumer_step(p, sa, ROLE, it)
+                ta, wa = _a8t_issue(p, sa, pa, kk + j + 2, offs_m, C)
+                last = sa
+        else:
+            pb = warpgroup_mma_wait(0 if j == G - 1 else 1, deps=(tb, ))
+            acc = gl.fma(pb, wb[:, None], acc)
+            p.main.consumer_release(sb)
+            if j + 2 < G:
+                sb = _next_use(p, last, stride)
+                it = consumer_step(p, sb, ROLE, it)
+                tb, wb = _a8t_issue(p, sb, pb, kk + j + 2, offs_m, C)
+                last = sb
+    return acc, pa, pb, _next_use(p, last, stride), it
+
+
+@gluon.jit
+def _mainloop_a8t(p, main, mma: gl.constexpr, k_tiles, off_m, it, ROLE: gl.constexpr, stride):
+    """:func:`_mainloop_g_f8_inflight` for TRANS (:func:`_a8t_chain`): bodies of ``p.INFLIGHT`` groups, the K steps
+    left over in pairs, then alone."""
+    C: gl.constexpr = 1 if ROLE == ROLE_CONSUMER1 else 0
+    offs_m = off_m + gl.arange(0, p.BLOCK_M, gl.SliceLayout(1, mma))
+    acc = gl.zeros([p.BLOCK_M, p.BLOCK_N], gl.float32, mma)
+    pa = gl.zeros([p.BLOCK_M, p.BLOCK_N], gl.float32, mma)
+    pb = gl.zeros([p.BLOCK_M, p.BLOCK_N], gl.float32, mma)
+    G: gl.constexpr = p.INFLIGHT
+    n_body = k_tiles // G
+    for i in range(n_body):
+        acc, pa, pb, main, it = _a8t_chain(p, main, acc, pa, pb, it, i * G, offs_m, G, ROLE, stride, C)
+    kk = n_body * G
+    if G > 2:
+        for i in range((k_tiles % G) // 2):
+            acc, pa, pb, main, it = _a8t_chain(p, main, acc, pa, pb, it, kk + 2 * i, offs_m, 2, ROLE, stride, C)
+        kk += (k_tiles % G) // 2 * 2
+    for i in range(k_tiles % 2):
+        acc, pa, pb, main, it = _a8t_chain(p, main, acc, pa, pb, it, kk, offs_m, 1, ROLE, stride, C)
+    return acc, main, it
+
+
+@gluon.jit
+def _store_trans(p, acc, off_m, off_n, CONSUMER: gl.constexpr, mma: gl.constexpr):
+    """TRANS: the tile is Yᵀ (rows: output channels, columns: tokens) — + bias per row, then stored transposed into
+    out [tokens, channels]: through this consumer's staging buffer [BLOCK_N, BLOCK_M] by TMA, or from registers."""
+    offs_m = off_m + gl.arange(0, p.BLOCK_M, gl.SliceLayout(1, mma))
+    if p.HAS_BIAS:
+        bias = gl.load(p.bias_ptr + offs_m, mask=offs_m < p.M, other=0.0).to(gl.float32)
+        acc = acc + bias[:, None]
+    if p.EPI_TMA:
+        epi = p.epi_bufs.index(CONSUMER)
+        tma.store_wait(0)
+        epi.store(gl.permute(acc.to(p.out_desc.dtype), (1, 0)))
+        fence_async_shared()
+        tma.async_copy_shared_to_global(p.out_desc, [off_n, off_m], epi)
+    else:
+        offs_n = off_n + gl.arange(0, p.BLOCK_N, gl.SliceLayout(0, mma))
+        mask = (offs_m[:, None] < p.M) & (offs_n[None, :] < p.N)
+        gl.store(p.out_ptr + offs_n[None, :] * p.stride_om + offs_m[:, None], acc.to(p.out_ptr.dtype.element_ty),
+                 mask=mask)
+
+
+@gluon.jit
 def _epilogue(p, acc, lr, off_m, off_n, CONSUMER: gl.constexpr, mma: gl.constexpr):
     """row/col scales → + s·lora_upᵀ (bf16/fp16 wgmma, K = BLOCK_R) → + bias → store."""
     offs_m = off_m + gl.arange(0, p.BLOCK_M, gl.SliceLayout(1, mma))
@@ -708,7 +805,7 @@ def _epilogue(p, acc, lr, off_m, off_n, CONSUMER: gl.constexpr, mma: gl.constexp
         xs = gl.load(p.xscale_ptr + offs_m, mask=offs_m < p.M, other=0.0).to(gl.float32)
         ws = gl.load(p.wscale_ptr + offs_n, mask=offs_n < p.N, other=0.0).to(gl.float32)
         acc = acc * xs[:, None] * ws[None, :]
-    if p.A8:     # the per-token scale t of the e4m3 activations
+    if p.A8 and not p.TRANS:     # the per-token scale t of the e4m3 activations (TRANS: the column scale)
         xs = gl.load(p.xscale_ptr + offs_m, mask=offs_m < p.M, other=0.0)
         acc = acc * xs[:, None]
     if p.HAS_COL_SCALE:
@@ -725,7 +822,10 @@ def _epilogue(p, acc, lr, off_m, off_n, CONSUMER: gl.constexpr, mma: gl.constexp
         acc16 = warpgroup_mma(s, p.b_bufs.index(lr.index).permute((1, 0)), acc16)
         p.lowrank.consumer_release(lr)
         acc = gl.convert_layout(acc16, mma, assert_trivial=True)
-    bias_and_store(p, acc, off_m, off_n, CONSUMER, mma)
+    if p.TRANS:
+        _store_trans(p, acc, off_m, off_n, CONSUMER, mma)
+    else:
+        bias_and_store(p, acc, off_m, off_n, CONSUMER, mma)
 
 
 @gluon.jit
@@ -759,6 +859,8 @@ def _consumer_partition(p, CONSUMER: gl.constexpr):
             p.order.acquire(CONSUMER, t)     # the other consumer is done with tile t-1's MAIN slots
         if p.FMT == _FMT_INT4_2L:
             acc, main, it = _mainloop_2l(p, main, mma, k_tiles, it, ROLE)
+        elif p.TRANS:
+            acc, main, it = _mainloop_a8t(p, main, mma, k_tiles, off_m, it, ROLE, stride)
         elif p.INFLIGHT:
             acc, main, it = _mainloop_g_f8_inflight(p, main, mma, k_tiles, it, ROLE, stride)
         elif p.F8:
@@ -786,7 +888,9 @@ def _consumer_coop(p, sched, k_tiles, n_tiles, CONSUMER: gl.constexpr, ROLE: gl.
         pid_m, pid_n = sched.get_tile(t)
         off_m = pid_m * _tile_m(p.BLOCK_M, p.COOP) + CONSUMER * p.BLOCK_M
         off_n = pid_n * p.BLOCK_N
-        if p.INFLIGHT:
+        if p.TRANS:
+            acc, main, it = _mainloop_a8t(p, main, mma, k_tiles, off_m, it, ROLE, 1)
+        elif p.INFLIGHT:
             acc, main, it = _mainloop_g_f8_inflight(p, main, mma, k_tiles, it, ROLE, 1)
         else:
             acc, main, it = _mainloop_g_f8(p, main, mma, k_tiles, off_m, off_n, it, ROLE, 1)
@@ -822,7 +926,7 @@ def w4a4_ws_kernel(x_desc, w_desc, s_desc, b_desc, out_desc, sc_desc, sw_desc,
                    RAW_STAGES_N: gl.constexpr = 2, CONSUMER_ORDER: gl.constexpr = True, F8: gl.constexpr = False,
                    PAIRED: gl.constexpr = False, EXPANDERS: gl.constexpr = 1, INFLIGHT: gl.constexpr = False,
                    COOP: gl.constexpr = False, WS_PERM: gl.constexpr = False, ODD_RINGS_OK: gl.constexpr = False,
-                   A8: gl.constexpr = False):
+                   A8: gl.constexpr = False, TRANS: gl.constexpr = False):
     gl.static_assert(BLOCK_K % _PACK == 0, "BLOCK_K must be a multiple of the 64-wide pack block")
     gl.static_assert(LOWRANK_STAGES >= 1, "the LOWRANK ring needs a slot even when unused")
     # Every SMEM buffer and barrier of the kernel is declared here (plan.smem ledger mirrors it).
@@ -836,6 +940,7 @@ def w4a4_ws_kernel(x_desc, w_desc, s_desc, b_desc, out_desc, sc_desc, sw_desc,
     gl.static_assert(not COOP or (EXPANDERS == 0 and not PAIRED), "COOP: no expander, not PAIRED")
     gl.static_assert(not A8 or (F8 and EXPANDERS == 0 and INFLIGHT and not WS_PERM),
                      "A8 (per-token e4m3 activations): the no-expander in-flight e4m3 route")
+    gl.static_assert(not TRANS or A8, "TRANS (the kernel computes Yᵀ): the A8 route's option")
     gl.static_assert(not WS_PERM or (SCALE_TMA and F8 and sw_desc.dtype == gl.float32),
                      "WS_PERM: fp32 w_scale rows through the ring (ws_f32)")
     # rings two roles walk with stride 2 need an even slot count (skeleton docstring, "Strided roles");
@@ -881,7 +986,11 @@ def w4a4_ws_kernel(x_desc, w_desc, s_desc, b_desc, out_desc, sc_desc, sw_desc,
             else:
                 sx_bufs = gl.allocate_shared_memory(sc_desc.dtype, [STAGES * (2 if F8 else 1)]
                                                     + sc_desc.block_type.shape, sc_desc.layout)
-            sw_bufs = gl.allocate_shared_memory(sw_desc.dtype, [STAGES] + sw_desc.block_type.shape, sw_desc.layout)
+            if TRANS:
+                sw_bufs = x_bufs      # the weight scales come from global memory
+            else:
+                sw_bufs = gl.allocate_shared_memory(sw_desc.dtype, [STAGES] + sw_desc.block_type.shape,
+                                                    sw_desc.layout)
     else:
         sx_bufs = x_bufs
         sw_bufs = x_bufs
@@ -898,7 +1007,7 @@ def w4a4_ws_kernel(x_desc, w_desc, s_desc, b_desc, out_desc, sc_desc, sw_desc,
                  epi_bufs, sc_desc, sw_desc, sx_bufs, sw_bufs, main, raw, lowrank, order, out_ptr, stride_om, xscale_ptr, wscale_ptr, wmult_ptr,
                  col_scale_ptr, bias_ptr, dbg_ptr, dbg_tiles_ptr, M, N, K, FMT, G2, BLOCK_M, BLOCK_N, BLOCK_K,
                  BLOCK_R, GROUP_M, HAS_LOWRANK, HAS_COL_SCALE, HAS_BIAS, EPI_TMA, DEBUG, DEBUG_ITERS, DEBUG_TILES,
-                 SCALE_TMA, SWAR, F8, PAIRED, EXPANDERS, INFLIGHT, COOP, WS_PERM, A8)
+                 SCALE_TMA, SWAR, F8, PAIRED, EXPANDERS, INFLIGHT, COOP, WS_PERM, A8, TRANS)
     if EXPANDERS == 0:
         gl.warp_specialize([
             (_consumer0, (p, )),
@@ -938,9 +1047,11 @@ def _fmt_id(fmt) -> int:
 def w4a4_ledger(config: KernelConfig, *, fmt, out_dtype=torch.bfloat16, has_lowrank: bool = True,
                 lowrank_dtype=torch.bfloat16, n_out: int = 8, scale_tma: bool = False,
                 group_size: int = 64, raw_stages: int = RAW_STAGES, f8: bool = False,
-                expanders: int = 1, coop: bool = False, ws_bits: int = 16, a8: bool = False) -> SmemLedger:
+                expanders: int = 1, coop: bool = False, ws_bits: int = 16, a8: bool = False,
+                trans: bool = False) -> SmemLedger:
     """Every byte ``w4a4_ws_kernel`` allocates, itemized (mirrors the allocations in the kernel). ``a8``: per-token
-    e4m3 activations, whose slots carry no activation rows (the token scale is read in the epilogue).
+    e4m3 activations, whose slots carry no activation rows (the token scale is read in the epilogue); ``trans``
+    (with a8): no w_scale row either (the consumers load their rows' scales from global memory).
     ``expanders=0``: the e4m3 weights arrive in MAIN by TMA, no RAW tiles (its barriers remain). ``coop``: a slot's
     activation rows, xab rows and s tile cover both consumers (2·block_m rows); the weight side is shared."""
     f = _fmt_id(fmt)
@@ -958,7 +1069,8 @@ def w4a4_ledger(config: KernelConfig, *, fmt, out_dtype=torch.bfloat16, has_lowr
         if f8:
             if not a8:
                 terms.append(SmemTerm(f"{Ring.MAIN}.x_ab_rows", tile_bytes(2, bm, 32), s))
-            terms.append(SmemTerm(f"{Ring.MAIN}.w_scale_row", tile_bytes(1, bn, ws_bits), s))
+            if not trans:
+                terms.append(SmemTerm(f"{Ring.MAIN}.w_scale_row", tile_bytes(1, bn, ws_bits), s))
         elif f == FMT_INT4_G:
             terms += [SmemTerm(f"{Ring.MAIN}.x_scale_row", tile_bytes(1, bm, 16), s),
                       SmemTerm(f"{Ring.MAIN}.w_scale_row", tile_bytes(1, bn, 16), s)]
@@ -972,7 +1084,7 @@ def w4a4_ledger(config: KernelConfig, *, fmt, out_dtype=torch.bfloat16, has_lowr
                               Scope.PER_CONSUMER))
     # ready + empty per slot of MAIN, RAW, LOWRANK, and the consumers' two ORDER barriers
     terms.append(SmemTerm("barriers", barrier_bytes(2 * (s + raw_stages + lr) + NUM_CONSUMERS)))
-    return SmemLedger(tuple(terms), consumers=NUM_CONSUMERS, label=f"w4a4 v2 {fmt}{' a8' if a8 else ' f8' if f8 else ''}{'' if expanders else ' w8'}"
+    return SmemLedger(tuple(terms), consumers=NUM_CONSUMERS, label=f"w4a4 v2 {fmt}{' a8t' if trans else ' a8' if a8 else ' f8' if f8 else ''}{'' if expanders else ' w8'}"
                                                                      f"{' coop' if coop else ''} {bm}x{bn}x{bk}")
 
 
@@ -1019,14 +1131,15 @@ def plan_w4a4_v2(fmt, *, rank: int, group_size: int = 64, out_dtype=torch.bfloat
                  lowrank_dtype=torch.bfloat16, config: KernelConfig | None = None,
                  verbose: bool = False, n_out: int = 8, scale_tma: bool = False,
                  raw_stages: int = RAW_STAGES, f8: bool = False, expanders: int = 1,
-                 coop: bool = False, ws_bits: int = 16, paired: bool = False, a8: bool = False) -> KernelConfig:
+                 coop: bool = False, ws_bits: int = 16, paired: bool = False, a8: bool = False,
+                 trans: bool = False) -> KernelConfig:
     """Tile sizes from ``config`` (or the default); stage counts from the ledger: the deepest MAIN
     ring first, then the deepest LOWRANK ring. MAIN gets an even slot count when two roles walk it with
     stride 2 — two expanders or ``paired`` consumers (``skeleton.strided_ring_stages``). Raises SmemError
     with the table if nothing fits. A pure function of its arguments: cached (the stage search builds ~13 ledgers,
     ~0.2 ms of host time per eager call before it was)."""
     args = (fmt, rank, group_size, out_dtype, lowrank_dtype, config, n_out, scale_tma, raw_stages, f8, expanders,
-            coop, ws_bits, paired, a8)
+            coop, ws_bits, paired, a8, trans)
     if verbose:
         cfg, ledger = _plan_v2(*args)
         print(ledger.table())
@@ -1036,7 +1149,7 @@ def plan_w4a4_v2(fmt, *, rank: int, group_size: int = 64, out_dtype=torch.bfloat
 
 @functools.lru_cache(maxsize=1024)
 def _plan_v2(fmt, rank, group_size, out_dtype, lowrank_dtype, config, n_out, scale_tma, raw_stages, f8, expanders,
-             coop, ws_bits, paired, a8=False) -> tuple[KernelConfig, SmemLedger]:
+             coop, ws_bits, paired, a8=False, trans=False) -> tuple[KernelConfig, SmemLedger]:
     base = config or default_config_v2(fmt, group_size)
     br = rank_block(rank)
     base = base.replace(block_r=max(base.block_r, br))
@@ -1046,7 +1159,7 @@ def _plan_v2(fmt, rank, group_size, out_dtype, lowrank_dtype, config, n_out, sca
         return w4a4_ledger(base.replace(num_stages=main_stages, lowrank_stages=lr_stages), fmt=fmt,
                            out_dtype=out_dtype, has_lowrank=has_lr, lowrank_dtype=lowrank_dtype, n_out=n_out,
                            scale_tma=scale_tma, group_size=group_size, raw_stages=raw_stages, f8=f8,
-                           expanders=expanders, coop=coop, ws_bits=ws_bits, a8=a8)
+                           expanders=expanders, coop=coop, ws_bits=ws_bits, a8=a8, trans=trans)
 
     main, lr, ledger = solve_stages(build, min_main=2, max_main=8, min_lowrank=1 if not has_lr else 2,
                                     max_lowrank=1 if not has_lr else 4)
@@ -1059,7 +1172,8 @@ def _plan_v2(fmt, rank, group_size, out_dtype, lowrank_dtype, config, n_out, sca
 @functools.lru_cache(maxsize=1024)   # a pure check of hashable values (a failure raises again on every call)
 def _check_config(config: KernelConfig, M, N, K, rank, fmt, group_size, out_dtype, lowrank_dtype, wmult_rows=None,
                   scale_tma: bool = False, raw_stages: int = RAW_STAGES, f8: bool = False, expanders: int = 1,
-                  inflight: bool = False, coop: bool = False, ws_bits: int = 16, a8: bool = False):
+                  inflight: bool = False, coop: bool = False, ws_bits: int = 16, a8: bool = False,
+                  trans: bool = False):
     """Raise ValueError/SmemError naming the violated constraint (expected vs got)."""
     f = _fmt_id(fmt)
     if f8 and f != FMT_INT4_G:
@@ -1089,7 +1203,7 @@ def _check_config(config: KernelConfig, M, N, K, rank, fmt, group_size, out_dtyp
         raise ValueError(f"w4a4 v2: rank {rank} exceeds block_r {config.block_r}")
     w4a4_ledger(config, fmt=fmt, out_dtype=out_dtype, has_lowrank=rank > 0, lowrank_dtype=lowrank_dtype,
                 n_out=N, scale_tma=scale_tma, group_size=group_size, raw_stages=raw_stages, f8=f8,
-                expanders=expanders, coop=coop, ws_bits=ws_bits, a8=a8).check()
+                expanders=expanders, coop=coop, ws_bits=ws_bits, a8=a8, trans=trans).check()
 
 
 def can_implement_v2(config: KernelConfig, shape) -> bool:
@@ -1152,7 +1266,8 @@ def kernel_args_v2(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias
                    scale_tma: bool | None = None, swar: bool = True, raw_stages: int | None = None,
                    f8: bool | None = None, paired: bool | None = None, expanders: int | None = None,
                    inflight: bool | None = None, w_f8=None, coop: bool | None = None, ws_f32: bool | None = None,
-                   ws_perm: bool | None = None, fuse_ws: bool | None = None, _dims: tuple | None = None):
+                   ws_perm: bool | None = None, fuse_ws: bool | None = None, trans: bool | None = None,
+                   _dims: tuple | None = None):
     """Validate (the v1 contract's own checks; ``_dims``: (M, N, K, r) already checked by the GEMM op), plan and
     build one launch.
     ``expanders`` (f8 only; None = :func:`f8_expanders_default`): 2 runs a second expander warpgroup on the odd
@@ -1194,7 +1309,12 @@ def kernel_args_v2(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias
                 lambda: f"per-token e4m3 activations run the no-expander in-flight e4m3 route, got f8={f8}, "
                         f"expanders={expanders}, inflight={inflight}, paired={paired}, ws_perm={ws_perm}")
         f8, expanders, paired, ws_perm = True, 0, False, False
-        inflight = (inflight_default(0) or INFLIGHT_DEPTH) if inflight is None else inflight
+    trans = (a8 and a8_trans_default()) if trans is None else trans
+    if a8 and inflight is None:   # trans: pairs (four groups per body spill ~2.7 KB per thread, sm_90 ptxas)
+        inflight = 2 if trans else (inflight_default(0) or INFLIGHT_DEPTH)
+    _expect(not trans or (a8 and col_scale is None),
+            lambda: f"trans (the kernel computing Yᵀ) is an option of per-token e4m3 activations without col_scale, got "
+                    f"a8={a8}, col_scale={'set' if col_scale is not None else None}")
     for name, t in (("x_q", x_q), ("w_q", w_q), ("out", out)):
         _expect(t.data_ptr() % 16 == 0, lambda: f"{name} must be 16-byte aligned for TMA, got address {t.data_ptr():#x}")
     lr_dtype = lora_up.dtype if r else torch.bfloat16
@@ -1228,14 +1348,15 @@ def kernel_args_v2(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias
                     f"(skeleton.strided_ring_stages), got {raw_stages}")
     if expanders == 0:
         raw_stages = 1     # barriers only: nothing lands in RAW
-    ws_f32 = (expanders == 0 and ws_f32_default()) if ws_f32 is None else ws_f32
+    ws_f32 = (expanders == 0 and not trans and ws_f32_default()) if ws_f32 is None else ws_f32
+    _expect(not (trans and ws_f32), "trans loads its 16-bit weight scales itself (ws_f32 must be off)")
     _expect(not ws_f32 or expanders == 0, lambda: f"ws_f32 is an expanders=0 option, got expanders={expanders}")
     ws_bits = 32 if ws_f32 else _BITS.get(w_scale.dtype, 16)
     config = plan_w4a4_v2(f, rank=r, group_size=group_size, out_dtype=out.dtype, lowrank_dtype=lr_dtype,
                           config=config, n_out=N, scale_tma=scale_tma, raw_stages=raw_stages, f8=f8,
-                          expanders=expanders, coop=coop, ws_bits=ws_bits, paired=paired, a8=a8)
+                          expanders=expanders, coop=coop, ws_bits=ws_bits, paired=paired, a8=a8, trans=trans)
     _check_config(config, M, N, K, r, f, group_size, out.dtype, lr_dtype, scale_tma=scale_tma, raw_stages=raw_stages,
-                  f8=f8, expanders=expanders, inflight=inflight, coop=coop, ws_bits=ws_bits, a8=a8)
+                  f8=f8, expanders=expanders, inflight=inflight, coop=coop, ws_bits=ws_bits, a8=a8, trans=trans)
     if ws_perm is None:
         ws_perm = ws_f32 and ws_perm_default() and N % config.block_n == 0
     _expect(not ws_perm or (ws_f32 and N % config.block_n == 0),
@@ -1268,22 +1389,33 @@ def kernel_args_v2(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias
                 lambda: f"w_f8 must be the contiguous, 16-byte aligned e4m3 [N, K] = {[N, K]} "
                         f"{'signed' if a8 else 'offset-nibble'} expansion of w_q on {w_q.device}, got {w_f8.dtype} {list(w_f8.shape)} on {w_f8.device}")
         w_desc = desc(w_f8, (bn, bk))
+        if trans:     # the weights are the kernel's rows (the consumers' halves), the tokens its columns
+            x_desc, w_desc = desc(w_f8, (tm, bk)), desc(x_q, (bn, bk))
     else:
         _expect(w_f8 is None, "w_f8 (pre-expanded weights) is read only with expanders=0")
         w_desc = desc(w_q, (bn, bk // 2))
     r8 = -(-r // 8) * 8
-    s_desc = desc(_pad_rank(lowrank_act, r8) if r else dummy(dev, torch.float32, (tm, br)), (tm, br))
-    b_desc = desc(_pad_rank(lora_up, r8) if r else dummy(dev, lr_dtype, (bn, br)), (bn, br))
+    row_lr, col_lr = lowrank_act, lora_up
+    if trans and r:   # Yᵀ += lora_up · Sᵀ: lora_up is the rows' operand (fp32, exact), S rounded to its dtype first
+        row_lr, col_lr = lora_up.float(), lowrank_act.to(lr_dtype)
+    s_desc = desc(_pad_rank(row_lr, r8) if r else dummy(dev, torch.float32, (tm, br)), (tm, br))
+    b_desc = desc(_pad_rank(col_lr, r8) if r else dummy(dev, lr_dtype, (bn, br)), (bn, br))
     epi_tma = _epi_tma(out.dtype, N)
-    out_desc = desc(out if epi_tma else dummy(dev, torch.bfloat16, (bm, bn)), (bm, bn))
+    out_box = (bn, bm) if trans else (bm, bn)      # trans: the tile goes out transposed
+    out_desc = desc(out if epi_tma else dummy(dev, torch.bfloat16, out_box), out_box)
     if scale_tma and f == FMT_INT4_2L:
         sc_desc = sw_desc = _row_desc(w_mul, bn)
+    elif scale_tma and trans:
+        sc_desc = sw_desc = _row_desc(dummy(dev, torch.float32, (16, )), 16)
     elif scale_tma:
         sc_desc = _row_desc(dummy(dev, torch.float32, (16, )), 16) if a8 else _row_desc(x_scale, tm)
         sw_desc = _row_desc(w_scale, bn)
     else:
         sc_desc = sw_desc = _row_desc(dummy(dev, torch.uint8, (16, )), 16)
-    tiles = cdiv(M, tm) * cdiv(N, bn)
+    km, kn = (N, M) if trans else (M, N)           # the kernel's rows and columns
+    if trans:
+        col_scale = x_scale                        # the token scale t multiplies the kernel's columns
+    tiles = cdiv(km, tm) * cdiv(kn, bn)
     grid = min(grid, tiles) if grid else persistent_grid(tiles, dev)
     dbg = dbg_tiles = None
     i32 = dummy(dev, torch.int32, (1, ))
@@ -1292,13 +1424,13 @@ def kernel_args_v2(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias
         dbg_tiles = torch.full((grid, debug_tiles, 2), -1, dtype=torch.int32, device=dev)
     args = (x_desc, w_desc, s_desc, b_desc, out_desc, sc_desc, sw_desc, out, out.stride(0), x_scale, w_scale,
             w_mul if w_mul is not None else i32, col_scale if col_scale is not None else i32,
-            bias if bias is not None else i32, dbg if debug else i32, dbg_tiles if debug else i32, M, N, K)
+            bias if bias is not None else i32, dbg if debug else i32, dbg_tiles if debug else i32, km, kn, K)
     constexprs = dict(FMT=f, G2=group_size, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, BLOCK_R=br, GROUP_M=config.group_m,
                       STAGES=config.num_stages, LOWRANK_STAGES=max(1, config.lowrank_stages), HAS_LOWRANK=r > 0,
                       HAS_COL_SCALE=col_scale is not None, HAS_BIAS=bias is not None, EPI_TMA=epi_tma,
                       DEBUG=debug, DEBUG_ITERS=debug_iters, DEBUG_TILES=debug_tiles, SCALE_TMA=scale_tma,
                       SWAR=swar, RAW_STAGES_N=raw_stages, CONSUMER_ORDER=consumer_order, F8=f8, PAIRED=paired,
-                      EXPANDERS=expanders, INFLIGHT=inflight, COOP=coop, WS_PERM=ws_perm, A8=a8)
+                      EXPANDERS=expanders, INFLIGHT=inflight, COOP=coop, WS_PERM=ws_perm, A8=a8, TRANS=trans)
     return grid, args, constexprs, config, (dbg, dbg_tiles)
 
 
@@ -1356,6 +1488,17 @@ def inflight_depth(v) -> int:
     return INFLIGHT_DEPTH if n == 1 else n
 
 
+A8_TRANS_DEFAULT = False
+
+
+def a8_trans_default() -> bool:
+    """Whether the A8 route computes Yᵀ (``trans``: the weights as the kernel's rows, so each consumer thread rescales
+    with two weight scales per group, loaded from global memory, and releases slots without a proxy fence):
+    ``LOWRANK_GEMM_V2_A8_TRANS`` = 0 / 1, else :data:`A8_TRANS_DEFAULT`."""
+    v = getenv("LOWRANK_GEMM_V2_A8_TRANS", "")
+    return A8_TRANS_DEFAULT if v == "" else v == "1"
+
+
 def ws_f32_default() -> bool:
     """fp32 w_scale rows on the no-expander path (``LOWRANK_GEMM_V2_WS_F32``: default on, ``=0`` off): the consumers
     read each column's scale without a bf16 → fp32 conversion per group (the row is converted once per call, exactly).
@@ -1407,7 +1550,8 @@ def launch_w4a4_v2(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias
                    swar: bool = True, raw_stages: int | None = None, f8: bool | None = None,
                    paired: bool | None = None, expanders: int | None = None, inflight: bool | None = None,
                    w_f8=None, coop: bool | None = None, ws_f32: bool | None = None, ws_perm: bool | None = None,
-                   fuse_ws: bool | None = None, quad: bool | None = None, _dims: tuple | None = None):
+                   fuse_ws: bool | None = None, quad: bool | None = None, trans: bool | None = None,
+                   _dims: tuple | None = None):
     """out [M, N] ← W4A4 v2; the argument contract of ``kernels.w4a4_gemm`` (its module docstring),
     plus ``col_scale`` [N] (optional per-column factor on the main product). Returns ``out``, or
     ``(out, (dbg [grid, roles, iters, 2] int32, tiles [grid, DEBUG_TILES, 2] int32))`` with ``debug``.
@@ -1428,7 +1572,7 @@ def launch_w4a4_v2(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias
                                            consumer_order=consumer_order, scale_tma=scale_tma, swar=swar,
                                            raw_stages=raw_stages, f8=f8, paired=paired, expanders=expanders,
                                            inflight=inflight, w_f8=w_f8, coop=coop, ws_f32=ws_f32, ws_perm=ws_perm,
-                                           fuse_ws=fuse_ws, _dims=_dims)
+                                           fuse_ws=fuse_ws, trans=trans, _dims=_dims)
     if _fmt_id(fmt) == FMT_INT4_2L and not two_level_enabled():
         raise NotImplementedError("int4_2l v2 is switched off by LOWRANK_GEMM_GLUON_2L=0; use impl='v1'")
     launch(w4a4_ws_kernel, (g, ), *args, **cx, num_warps=DEFAULT_WARPS)
@@ -1489,7 +1633,7 @@ def make_operands_v2(fmt, M, N, K, rank, group_size=64, *, device="cuda", bias=T
 def aot_signature_v2(fmt, config: KernelConfig | None = None, *, M=96, N=160, K=384, rank=16, group_size=64,
                      out_dtype=torch.bfloat16, bias=True, col_scale=True, debug=False, scale_tma=None, swar=True,
                      raw_stages=None, f8=None, paired=None, expanders=None, inflight=None, coop=None, ws_f32=None,
-                     ws_perm=None, a8=False):
+                     ws_perm=None, a8=False, trans=None):
     """(signature, constexprs, config) for ``kernels.aot.compile_sm90`` of :func:`w4a4_ws_kernel` (``a8``: per-token
     e4m3 activations)."""
     import inspect
@@ -1498,7 +1642,7 @@ def aot_signature_v2(fmt, config: KernelConfig | None = None, *, M=96, N=160, K=
                            out_dtype=out_dtype, a8=a8)
     _, args, cx, cfg, _ = kernel_args_v2(**ops, config=config, debug=debug, scale_tma=scale_tma, swar=swar,
                                          raw_stages=raw_stages, f8=f8, paired=paired, expanders=expanders,
-                                         inflight=inflight, coop=coop, ws_f32=ws_f32, ws_perm=ws_perm)
+                                         inflight=inflight, coop=coop, ws_f32=ws_f32, ws_perm=ws_perm, trans=trans)
     names = [n for n in inspect.signature(w4a4_ws_kernel.fn).parameters if n not in cx]
     sig = {n: (mangle_type(a) if not isinstance(a, int) else "i32") for n, a in zip(names, args)}
     return sig, cx, cfg
