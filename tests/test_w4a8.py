@@ -283,9 +283,9 @@ def test_gpu_gemm_vs_float64_and_repeat(m, n, k, r, trans, monkeypatch):
     assert torch.equal(x8.view(torch.uint8), q_ref.view(torch.uint8)) and torch.equal(t, t_ref)
     up = p["lora_up"] if r else None
     y = w4a4_gemm(x8, t, p["qweight"], p["wscales"], s, up, p["bias"], out_dtype=torch.float32)
+    ref = w4a4_gemm_ref(x8, t, p["qweight"], p["wscales"], s, up, p["bias"])
     if trans == "1":
         assert _rel(w4a4_gemm(x8, t, p["qweight"], p["wscales"], s, up, p["bias"]), ref) <= 5e-3   # bf16 out
-    ref = w4a4_gemm_ref(x8, t, p["qweight"], p["wscales"], s, up, p["bias"])
     assert torch.isfinite(y).all() and _rel(y, ref) <= 1e-3
     for _ in range(2):
         assert torch.equal(y, w4a4_gemm(x8, t, p["qweight"], p["wscales"], s, up, p["bias"], out_dtype=torch.float32))
