@@ -113,10 +113,14 @@ def test_act_quant_e4m3_f16_operand_interpreter(m, k, monkeypatch):
     torch.manual_seed(3)
     x = (torch.randn(m, k) * 4).half()
     lam = (torch.rand(k) + 0.5).half()
-    x16, t, s = act_quant_e4m3(x, lam, (torch.randn(8, k) * 0.02).half(), out="f16")
-    q_ref, t_ref = quantize_act_e4m3(x.float() / lam.float())
+    a = (torch.randn(7, k) * 0.02).half()          # a rank that is not a multiple of the chunk
+    x16, t, s = act_quant_e4m3(x, lam, a, out="f16")
+    xs = x.float() / lam.float()
+    q_ref, t_ref = quantize_act_e4m3(xs)
     assert x16.dtype == torch.float16 and torch.equal(x16, e4m3_f16_operand_ref(q_ref)) and torch.equal(t, t_ref)
-    assert s.shape == (m, 8)
+    s_ref = xs.double() @ a.double().T
+    assert s.shape == (m, 7) and ((s.double() - s_ref).norm() / s_ref.norm()).item() < 1e-6
+    assert act_quant_e4m3(x, lam, a[:0], out="f16")[2] is None
     # the permutation is the decode kernel's: column 8j + 2q + i of a 16-chunk holds K 4q + 2j + i
     assert torch.equal(x16[:, 2], q_ref[:, 4].half()) and torch.equal(x16[:, 8], q_ref[:, 2].half())
     with pytest.raises(ValueError, match="out must be one of"):

@@ -14,7 +14,8 @@ Two passes over x, the ones act_quant's int4_2l format already has (a row scale 
 ``out="f16"`` (decode sizes, M ≤ 64): the same codes as the fp16 token operand of the decode kernel's fp16 path
 (gluon/w4a4_decode.py; each e4m3 value is exact in fp16, stored at the permuted column of every 16 —
 w4_expand.F16_K_PERM) with t as its per-token scale, so that kernel runs the W4A8 product unchanged: one program per
-row (:func:`_e4m3_rows_f16_kernel`, IEEE divisions), S from act_quant's fused kernel (its int4 codes unused).
+(row, rank chunk) (:func:`_e4m3_rows_f16_kernel`, IEEE divisions) — the codes, t and S in one launch, S
+in fp32 from the row's xs.
 
 CPU without the interpreter: the torch spec (formats/fp8.py) and S in float32.
 """
@@ -26,7 +27,7 @@ import triton
 import triton.language as tl
 
 from ..formats.fp8 import E4M3, quantize_act_e4m3
-from .act_quant import (act_quant, _FAST_HI, _FAST_LO, _act_2l_stats_v3_kernel, _div_fast, _interpreting, _max_nan, _one_wave_split,
+from .act_quant import (_FAST_HI, _FAST_LO, _act_2l_stats_v3_kernel, _div_fast, _interpreting, _max_nan, _one_wave_split,
                         _prep, _s_feed, _smooth_fast, _smoothed, _sum_partials, S_FEED_STAGES, plan_act_quant)
 from .epilogue import rank_block
 from .launch import launch
@@ -38,6 +39,7 @@ __all__ = ["act_quant_e4m3", "OUTS", "F16_ROW_BLOCK"]
 
 OUTS = ("e4m3", "f16")
 F16_ROW_BLOCK = 8192      # a row up to this long stays in registers (one read of x); longer rows walk it twice
+F16_RANK_CHUNK = 4        # ranks of S per program (a row's S spread over r/4 programs)
 
 _E4M3_MAX = tl.constexpr(448.0)
 
@@ -92,37 +94,42 @@ def _act_e4m3_quant_kernel(
 
 
 @triton.jit
-def _e4m3_rows_f16_kernel(x_ptr, stride_xm, smooth_ptr, x16_ptr, t_ptr, K, BLOCK_K: tl.constexpr,
-                          MANT: tl.constexpr, EMIN: tl.constexpr, EMU_CVT: tl.constexpr, ONE_PASS: tl.constexpr):
-    """One token row: t = RN(amax |x/λ| / 448), then the e4m3 values of RN(x/λ / t) as fp16 at the permuted column
-    of every 16. ONE_PASS: the row in registers; else two walks over it. IEEE divisions: a handful of rows."""
+def _e4m3_rows_f16_kernel(x_ptr, stride_xm, smooth_ptr, x16_ptr, t_ptr, a_ptr, stride_ar, s_ptr, stride_sm, K, R,
+                          BLOCK_K: tl.constexpr, RC: tl.constexpr, MANT: tl.constexpr, EMIN: tl.constexpr,
+                          EMU_CVT: tl.constexpr, ONE_PASS: tl.constexpr, HAS_LOWRANK: tl.constexpr):
+    """Program (token row m, rank chunk c): xs = RN(x/λ) of the row (IEEE divisions), S[m, c·RC …] = xs · A[c·RC …]ᵀ
+    in fp32 (HAS_LOWRANK); chunk 0 also writes t = RN(amax |xs| / 448) and the e4m3 values of RN(xs / t) as fp16 at
+    the permuted column of every 16. ONE_PASS: the row in registers; else two walks over it (chunk 0's second walk
+    writes the codes)."""
     m = tl.program_id(0).to(tl.int64)
+    c = tl.program_id(1)
     offs = tl.arange(0, BLOCK_K)
-    if ONE_PASS:
-        ok = offs < K
-        xs = tl.math.div_rn(tl.load(x_ptr + m * stride_xm + offs, mask=ok, other=0.0).to(tl.float32),
-                            tl.load(smooth_ptr + offs, mask=ok, other=1.0).to(tl.float32))
-        amax_row = tl.reduce(tl.abs(xs), 0, _max_nan)
-        t = tl.where(amax_row > 0, tl.math.div_rn(amax_row, _E4M3_MAX), 1.0)
-        _, v = _round_fp8(tl.math.div_rn(xs, t), tl.float8e4nv, MANT, EMIN, EMU_CVT)
-        tl.store(x16_ptr + m * K + f16_column(offs), v.to(tl.float16), mask=ok)
-        tl.store(t_ptr + m, t)
-        return
+    offs_r = c * RC + tl.arange(0, RC)
+    r_ok = offs_r < R
+    s = tl.zeros([RC], tl.float32)
     amax = tl.zeros([BLOCK_K], tl.float32)
     for k0 in range(0, K, BLOCK_K):
         ok = k0 + offs < K
         xs = tl.math.div_rn(tl.load(x_ptr + m * stride_xm + k0 + offs, mask=ok, other=0.0).to(tl.float32),
                             tl.load(smooth_ptr + k0 + offs, mask=ok, other=1.0).to(tl.float32))
         amax = _max_nan(amax, tl.abs(xs))
-    amax_row = tl.reduce(amax, 0, _max_nan)
-    t = tl.where(amax_row > 0, tl.math.div_rn(amax_row, _E4M3_MAX), 1.0)
-    for k0 in range(0, K, BLOCK_K):
-        ok = k0 + offs < K
-        xs = tl.math.div_rn(tl.load(x_ptr + m * stride_xm + k0 + offs, mask=ok, other=0.0).to(tl.float32),
-                            tl.load(smooth_ptr + k0 + offs, mask=ok, other=1.0).to(tl.float32))
-        _, v = _round_fp8(tl.math.div_rn(xs, t), tl.float8e4nv, MANT, EMIN, EMU_CVT)
-        tl.store(x16_ptr + m * K + f16_column(k0 + offs), v.to(tl.float16), mask=ok)
-    tl.store(t_ptr + m, t)
+        if HAS_LOWRANK:
+            a = tl.load(a_ptr + offs_r[:, None] * stride_ar + (k0 + offs)[None, :], mask=r_ok[:, None] & ok[None, :],
+                        other=0.0).to(tl.float32)
+            s += tl.sum(a * xs[None, :], axis=1)
+    if HAS_LOWRANK:
+        tl.store(s_ptr + m * stride_sm + offs_r, s, mask=r_ok)
+    if c == 0:
+        amax_row = tl.reduce(amax, 0, _max_nan)
+        t = tl.where(amax_row > 0, tl.math.div_rn(amax_row, _E4M3_MAX), 1.0)
+        for k0 in range(0, K, BLOCK_K):
+            ok = k0 + offs < K
+            if not ONE_PASS:      # (one pass: xs of the last — only — step is still in registers)
+                xs = tl.math.div_rn(tl.load(x_ptr + m * stride_xm + k0 + offs, mask=ok, other=0.0).to(tl.float32),
+                                    tl.load(smooth_ptr + k0 + offs, mask=ok, other=1.0).to(tl.float32))
+            _, v = _round_fp8(tl.math.div_rn(xs, t), tl.float8e4nv, MANT, EMIN, EMU_CVT)
+            tl.store(x16_ptr + m * K + f16_column(k0 + offs), v.to(tl.float16), mask=ok)
+        tl.store(t_ptr + m, t)
 
 
 def e4m3_f16_operand_ref(q: torch.Tensor) -> torch.Tensor:
@@ -147,14 +154,16 @@ def act_quant_e4m3(x2: torch.Tensor, smooth: torch.Tensor, lora_down: torch.Tens
         q, t = quantize_act_e4m3(xs)
         return (e4m3_f16_operand_ref(q) if out == "f16" else q), t, (xs @ lora_down.float().t() if r else None)
     if out == "f16":
-        s = act_quant(x2, smooth, lora_down, group_size)[2] if r else None
         x16 = torch.empty((m, k), device=dev, dtype=torch.float16)
         t = torch.empty((m,), device=dev, dtype=torch.float32)
+        s = torch.empty((m, r), device=dev, dtype=torch.float32)
         mant, emin = _FP8_GRID[E4M3]
         one = k <= F16_ROW_BLOCK
-        launch(_e4m3_rows_f16_kernel, (m,), x2, x2.stride(0), smooth, x16, t, k, BLOCK_K=next_pow2(k) if one else 2048,
-               MANT=mant, EMIN=emin, EMU_CVT=_interpreting(), ONE_PASS=one, num_warps=8)
-        return x16, t, s
+        a = lora_down if r else x2
+        launch(_e4m3_rows_f16_kernel, (m, cdiv(r, F16_RANK_CHUNK) if r else 1), x2, x2.stride(0), smooth, x16, t,
+               a, a.stride(0), s, s.stride(0), k, r, BLOCK_K=next_pow2(k) if one else 2048, RC=F16_RANK_CHUNK,
+               MANT=mant, EMIN=emin, EMU_CVT=_interpreting(), ONE_PASS=one, HAS_LOWRANK=r > 0, num_warps=8)
+        return x16, t, (s if r else None)
     plan = plan_act_quant(m, k, group_size, dev, None, None, None, None, "v3", fmt="int4_2l", rank=r)
     feed = _s_feed(None, x2, r, "v3")
     if feed != "split":              # the feed's occupancy sizes the K split (one wave), as act_quant does

@@ -72,8 +72,9 @@ class SchemeSpec:
                 scheme_config(self.scheme, include=ENCODER_LINEARS, exclude=(self.unsigned, ), **over))
 
 
-def _svdq(rank: int, refit: bool, group: int = 64, unsigned: str | None = None) -> SchemeSpec:
-    return SchemeSpec("svdquant", (("rank", rank), ("refit", refit), ("group_size", group)), unsigned)
+def _svdq(rank: int, refit: bool, group: int = 64, unsigned: str | None = None, act_bits: int = 4) -> SchemeSpec:
+    over = (("rank", rank), ("refit", refit), ("group_size", group))
+    return SchemeSpec("svdquant", over + ((("act_bits", act_bits), ) if act_bits != 4 else ()), unsigned)
 
 
 DEFAULT_SCHEMES = (
@@ -85,6 +86,7 @@ DEFAULT_SCHEMES = (
     _svdq(32, True, 128),
     _svdq(16, True, unsigned=GELU_INPUTS),
     _svdq(32, True, unsigned=GELU_INPUTS),
+    _svdq(32, True, act_bits=8),        # W4A8: the same int4_g64 weights, per-token e4m3 activations
 )
 
 
@@ -205,7 +207,8 @@ def evaluate_scheme(base: nn.Module, spec: SchemeSpec, calib: list[dict], evalb:
     is_svdq = isinstance(config, SVDQuantConfig)
     return {
         "scheme": spec.scheme,
-        "format": "int8" if spec.scheme == "w8a8" else "int4_g64" + (" +u4 fc2" if spec.unsigned else ""),
+        "format": "int8" if spec.scheme == "w8a8" else "int4_g64" + (" +u4 fc2" if spec.unsigned else "")
+        + (", e4m3 act" if is_svdq and config.act_bits == 8 else ""),
         "group_size": (config.group_size or "K") if is_svdq else "K",
         "rank": config.rank if is_svdq else 0,
         "refit": bool(is_svdq and config.refit and config.rank > 0),
