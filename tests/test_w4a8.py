@@ -127,6 +127,25 @@ def test_act_quant_e4m3_f16_operand_interpreter(m, k, monkeypatch):
         act_quant_e4m3(x, lam, torch.zeros(0, k).half(), out="f8")
 
 
+@pytest.mark.parametrize("one_pass,lowrank", [(True, True), (False, True), (True, False)])
+def test_aot_quantizer_kernels_compile_sm90(one_pass, lowrank):
+    """The interpreter runs Python scoping; the compiler does not: both quantizer kernels compile for sm_90 (a
+    variable defined only inside a loop failed there, session 41), with IEEE divisions and the e4m3 conversion."""
+    from lowrank_gemm.kernels.aot import compile_sm90
+    sig = {"x_ptr": "*bf16", "stride_xm": "i32", "smooth_ptr": "*bf16", "x16_ptr": "*fp16", "t_ptr": "*fp32",
+           "a_ptr": "*bf16", "stride_ar": "i32", "s_ptr": "*fp32", "stride_sm": "i32", "K": "i32", "R": "i32"}
+    info = compile_sm90("lowrank_gemm.kernels.act_e4m3", "_e4m3_rows_f16_kernel", sig,
+                        dict(BLOCK_K=4096 if one_pass else 2048, RC=4, MANT=3, EMIN=-6, EMU_CVT=False,
+                             ONE_PASS=one_pass, HAS_LOWRANK=lowrank), num_warps=8)
+    assert "div.rn.f32" in info.ptx and "cvt.rn.satfinite.e4m3x2.f32" in info.ptx
+    sig2 = {"x_ptr": "*bf16", "stride_xm": "i32", "smooth_ptr": "*bf16", "rl_ptr": "*fp32", "q_ptr": "*fp8e4nv",
+            "stride_qm": "i32", "t_ptr": "*fp32", "ap_ptr": "*fp32", "stride_aps": "i32", "M": "i32", "K": "i32",
+            "SPLIT": "i32", "STEPS_PER_SLICE": "i32"}
+    info2 = compile_sm90("lowrank_gemm.kernels.act_e4m3", "_act_e4m3_quant_kernel", sig2,
+                         dict(G=64, BLOCK_M=64, SPLIT_P2=4, MANT=3, EMIN=-6, EMU_FMA=False, EMU_CVT=False), num_warps=4)
+    assert "cvt.rn.satfinite.e4m3x2.f32" in info2.ptx
+
+
 def test_reference_layer_matches_module_reference_path():
     from lowrank_gemm.nn.svdq import SVDQLinear
     from lowrank_gemm.quant.config import SVDQuantConfig
@@ -207,8 +226,8 @@ def test_aot_a8_kernel_ledger_and_one_ffma(kw):
     warp-specialize capture area), and per group one FMA per accumulator element where the int4 route has two."""
     pytest.importorskip("triton.experimental.gluon")
     from lowrank_gemm.kernels.gluon import w4a4_ws as w4
-    info, cx, cfg = _aot(a8=True, **kw)
-    assert cx["A8"] and cx["EXPANDERS"] == 0 and cx["INFLIGHT"] and cx["COOP"]
+    info, cx, cfg = _aot(a8=True, trans=False, **kw)
+    assert cx["A8"] and not cx["TRANS"] and cx["EXPANDERS"] == 0 and cx["INFLIGHT"] and cx["COOP"]
     assert info.has("wgmma.mma_async.sync.aligned", ".f32.e4m3.e4m3", "cp.async.bulk.tensor", "mbarrier.try_wait")
     led = w4.w4a4_ledger(cfg, fmt="int4_g64", has_lowrank=cx["HAS_LOWRANK"], n_out=kw["N"], scale_tma=True, f8=True,
                          raw_stages=cx["RAW_STAGES_N"], expanders=0, coop=True, ws_bits=32, a8=True)
@@ -251,6 +270,17 @@ def test_aot_a8_trans_kernel(kw):
     stats = ptxas_stats(info.ptx)
     if stats is not None:
         assert stats[1] == 0 and "C7514" not in stats[2], stats
+
+
+def test_a8_trans_default_by_k(monkeypatch):
+    pytest.importorskip("triton.experimental.gluon")
+    from lowrank_gemm.kernels.gluon import w4a4_ws as w4
+    monkeypatch.delenv("LOWRANK_GEMM_V2_A8_TRANS", raising=False)
+    assert w4.aot_signature_v2("int4_g64", M=200, N=128, K=4096, a8=True, col_scale=False)[1]["TRANS"]
+    assert not w4.aot_signature_v2("int4_g64", M=200, N=128, K=4160, a8=True, col_scale=False)[1]["TRANS"]
+    assert not w4.aot_signature_v2("int4_g64", M=200, N=128, K=448, a8=True, col_scale=True)[1]["TRANS"]
+    monkeypatch.setenv("LOWRANK_GEMM_V2_A8_TRANS", "1")
+    assert w4.aot_signature_v2("int4_g64", M=200, N=128, K=4160, a8=True, col_scale=False)[1]["TRANS"]
 
 
 def test_a8_launcher_refuses_other_routes():

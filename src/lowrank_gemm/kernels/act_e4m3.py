@@ -51,8 +51,7 @@ def _e4m3_row_scale(ap_ptr, stride_aps, offs_m, row_ok, SPLIT, SPLIT_P2: tl.cons
     offs_s = tl.arange(0, SPLIT_P2)
     part = tl.load(ap_ptr + offs_s[:, None] * stride_aps + offs_m[None, :],
                    mask=(offs_s[:, None] < SPLIT) & row_ok[None, :], other=0.0)
-    amax = tl.reduce(part, 0, _max_nan)
-    return tl.where(amax > 0, tl.math.div_rn(amax, _E4M3_MAX), 1.0)
+    return _e4m3_scale(tl.reduce(part, 0, _max_nan))
 
 
 @triton.jit
@@ -106,30 +105,57 @@ def _e4m3_rows_f16_kernel(x_ptr, stride_xm, smooth_ptr, x16_ptr, t_ptr, a_ptr, s
     offs = tl.arange(0, BLOCK_K)
     offs_r = c * RC + tl.arange(0, RC)
     r_ok = offs_r < R
-    s = tl.zeros([RC], tl.float32)
-    amax = tl.zeros([BLOCK_K], tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        ok = k0 + offs < K
-        xs = tl.math.div_rn(tl.load(x_ptr + m * stride_xm + k0 + offs, mask=ok, other=0.0).to(tl.float32),
-                            tl.load(smooth_ptr + k0 + offs, mask=ok, other=1.0).to(tl.float32))
-        amax = _max_nan(amax, tl.abs(xs))
+    if ONE_PASS:
+        ok = offs < K
+        xs = _xs_chunk(x_ptr, stride_xm, smooth_ptr, m, offs, ok)
         if HAS_LOWRANK:
-            a = tl.load(a_ptr + offs_r[:, None] * stride_ar + (k0 + offs)[None, :], mask=r_ok[:, None] & ok[None, :],
-                        other=0.0).to(tl.float32)
-            s += tl.sum(a * xs[None, :], axis=1)
-    if HAS_LOWRANK:
-        tl.store(s_ptr + m * stride_sm + offs_r, s, mask=r_ok)
-    if c == 0:
-        amax_row = tl.reduce(amax, 0, _max_nan)
-        t = tl.where(amax_row > 0, tl.math.div_rn(amax_row, _E4M3_MAX), 1.0)
+            tl.store(s_ptr + m * stride_sm + offs_r, _s_chunk(a_ptr, stride_ar, offs_r, r_ok, offs, ok, xs), mask=r_ok)
+        if c == 0:
+            t = _e4m3_scale(tl.reduce(tl.abs(xs), 0, _max_nan))
+            _store_f16_codes(x16_ptr, m, K, offs, ok, xs, t, MANT, EMIN, EMU_CVT)
+            tl.store(t_ptr + m, t)
+    else:
+        s = tl.zeros([RC], tl.float32)
+        amax = tl.zeros([BLOCK_K], tl.float32)
         for k0 in range(0, K, BLOCK_K):
             ok = k0 + offs < K
-            if not ONE_PASS:      # (one pass: xs of the last — only — step is still in registers)
-                xs = tl.math.div_rn(tl.load(x_ptr + m * stride_xm + k0 + offs, mask=ok, other=0.0).to(tl.float32),
-                                    tl.load(smooth_ptr + k0 + offs, mask=ok, other=1.0).to(tl.float32))
-            _, v = _round_fp8(tl.math.div_rn(xs, t), tl.float8e4nv, MANT, EMIN, EMU_CVT)
-            tl.store(x16_ptr + m * K + f16_column(k0 + offs), v.to(tl.float16), mask=ok)
-        tl.store(t_ptr + m, t)
+            xs = _xs_chunk(x_ptr, stride_xm, smooth_ptr, m, k0 + offs, ok)
+            amax = _max_nan(amax, tl.abs(xs))
+            if HAS_LOWRANK:
+                s += _s_chunk(a_ptr, stride_ar, offs_r, r_ok, k0 + offs, ok, xs)
+        if HAS_LOWRANK:
+            tl.store(s_ptr + m * stride_sm + offs_r, s, mask=r_ok)
+        if c == 0:
+            t = _e4m3_scale(tl.reduce(amax, 0, _max_nan))
+            for k0 in range(0, K, BLOCK_K):
+                ok = k0 + offs < K
+                xs = _xs_chunk(x_ptr, stride_xm, smooth_ptr, m, k0 + offs, ok)
+                _store_f16_codes(x16_ptr, m, K, k0 + offs, ok, xs, t, MANT, EMIN, EMU_CVT)
+            tl.store(t_ptr + m, t)
+
+
+@triton.jit
+def _xs_chunk(x_ptr, stride_xm, smooth_ptr, m, offs, ok):
+    return tl.math.div_rn(tl.load(x_ptr + m * stride_xm + offs, mask=ok, other=0.0).to(tl.float32),
+                          tl.load(smooth_ptr + offs, mask=ok, other=1.0).to(tl.float32))
+
+
+@triton.jit
+def _s_chunk(a_ptr, stride_ar, offs_r, r_ok, offs, ok, xs):
+    a = tl.load(a_ptr + offs_r[:, None] * stride_ar + offs[None, :], mask=r_ok[:, None] & ok[None, :],
+                other=0.0).to(tl.float32)
+    return tl.sum(a * xs[None, :], axis=1)
+
+
+@triton.jit
+def _e4m3_scale(amax):
+    return tl.where(amax > 0, tl.math.div_rn(amax, _E4M3_MAX), 1.0)
+
+
+@triton.jit
+def _store_f16_codes(x16_ptr, m, K, offs, ok, xs, t, MANT: tl.constexpr, EMIN: tl.constexpr, EMU_CVT: tl.constexpr):
+    _, v = _round_fp8(tl.math.div_rn(xs, t), tl.float8e4nv, MANT, EMIN, EMU_CVT)
+    tl.store(x16_ptr + m * K + f16_column(offs), v.to(tl.float16), mask=ok)
 
 
 def e4m3_f16_operand_ref(q: torch.Tensor) -> torch.Tensor:

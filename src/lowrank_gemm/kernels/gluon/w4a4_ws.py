@@ -1309,7 +1309,7 @@ def kernel_args_v2(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias
                 lambda: f"per-token e4m3 activations run the no-expander in-flight e4m3 route, got f8={f8}, "
                         f"expanders={expanders}, inflight={inflight}, paired={paired}, ws_perm={ws_perm}")
         f8, expanders, paired, ws_perm = True, 0, False, False
-    trans = (a8 and a8_trans_default()) if trans is None else trans
+    trans = (a8 and col_scale is None and a8_trans_default(K)) if trans is None else trans
     if a8 and inflight is None:   # trans: pairs (four groups per body spill ~2.7 KB per thread, sm_90 ptxas)
         inflight = 2 if trans else (inflight_default(0) or INFLIGHT_DEPTH)
     _expect(not trans or (a8 and col_scale is None),
@@ -1488,15 +1488,20 @@ def inflight_depth(v) -> int:
     return INFLIGHT_DEPTH if n == 1 else n
 
 
-A8_TRANS_DEFAULT = False
+# H100, GEMM alone, same process, two runs (probes/s41f, s41g; trans pairs vs the default four groups per body):
+# K = 3072: fc1 461 / 457 vs 512 / 504 µs, 3072→9216 368 / 356 vs 404 / 390, 3072² 129 / 129 vs 130 / 130;
+# K = 12288 (fc2): 529 / 532 vs 514 / 506 — so trans up to this K.
+A8_TRANS_MAX_K = 4096
 
 
-def a8_trans_default() -> bool:
+def a8_trans_default(k: int | None = None) -> bool:
     """Whether the A8 route computes Yᵀ (``trans``: the weights as the kernel's rows, so each consumer thread rescales
     with two weight scales per group, loaded from global memory, and releases slots without a proxy fence):
-    ``LOWRANK_GEMM_V2_A8_TRANS`` = 0 / 1, else :data:`A8_TRANS_DEFAULT`."""
+    ``LOWRANK_GEMM_V2_A8_TRANS`` = 0 / 1, else K ≤ :data:`A8_TRANS_MAX_K`."""
     v = getenv("LOWRANK_GEMM_V2_A8_TRANS", "")
-    return A8_TRANS_DEFAULT if v == "" else v == "1"
+    if v != "":
+        return v == "1"
+    return k is not None and k <= A8_TRANS_MAX_K
 
 
 def ws_f32_default() -> bool:
