@@ -26,6 +26,14 @@ fp32 partial directly, and the int4 values stay exact:
   interleaved on MAIN, so one's rescale overlaps the other's MMA). ncu showed the single expander busy ~80 % of
   the kernel; the second expander alone did not pay (the consumers' K loops then serialized), both together did.
 
+``int4_g`` with ``A8`` (per-token e4m3 activations, ``act_bits=8``, formats/fp8.py): x e4m3 [M, K] with its token scale
+t [M], the weights expanded per call to *signed* e4m3 q, the no-expander in-flight route only. No activation rows
+ride in MAIN; per group acc += P · ws (one FFMA per element), t in the epilogue. ``TRANS`` (with A8; by default where
+K ≤ ``A8_TRANS_MAX_K``): the host hands the kernel Yᵀ's operands — the weights as rows, the tokens as columns — so a
+consumer thread rescales with its two rows' weight scales, loaded from global memory while the MMA runs, and gives
+slots back with no proxy fence (no plain loads of a slot); t is the column scale, the bias a row bias, lora_up · Sᵀ
+the low-rank term, and the tile is stored transposed.
+
 Roles (table in ``skeleton.ROLES``): loader (TMA of every ring), expander (int4 → int8 into SMEM),
 two consumer warpgroups taking alternate local tiles (ping-pong: one's epilogue overlaps the
 other's MMA), each running the epilogue of its own tile (on Hopper the accumulator lives in the
