@@ -133,3 +133,27 @@ def write_err_table(name: str, meta: dict, rows: list[dict], out: str) -> None:
                                              for x in rows])
     write_results(name, meta, rows, out, md=md)
     print(md)
+
+
+def timed_row(rows: list[dict], fields: dict, fn, sets) -> dict:
+    """Append one row: ``fields`` plus ``bench.common.time_impl``'s eager and graph medians of ``fn`` over the rotated
+    ``sets`` (or the error, which does not stop a sweep); printed as ``ROW``."""
+    from lowrank_gemm.bench.common import time_impl
+    try:
+        r = {**fields, **time_impl(fn, sets)}
+    except Exception as exc:
+        r = {**fields, "error": f"{type(exc).__name__}: {exc}"[:200]}
+    rows.append(r)
+    print("ROW", " ".join(f"{k}={v}" for k, v in fields.items()), f"graph {r.get('graph_us')} µs",
+          r.get("error", ""), flush=True)
+    return r
+
+
+def dump_rows(out: str | None, name: str, rows: list[dict]) -> None:
+    """OUT/<name>.json with the device meta (no-op without ``out``)."""
+    if out:
+        import json
+        from pathlib import Path
+        from lowrank_gemm.bench.common import device_meta
+        Path(out).mkdir(parents=True, exist_ok=True)
+        (Path(out) / f"{name}.json").write_text(json.dumps({"meta": device_meta(None), "rows": rows}, indent=1))

@@ -7,12 +7,10 @@ one process beside fp8 ``_scaled_mm`` and the routed W4A4 GEMM. Prints ROW lines
 from __future__ import annotations
 
 import argparse
-import json
-from pathlib import Path
 
 import torch
 
-from lowrank_gemm.bench.common import device_meta, time_impl
+from _decode_probe import dump_rows, timed_row
 from lowrank_gemm.formats.int4 import pack_int4, quantize_weight_int4
 from lowrank_gemm.kernels.act_e4m3 import act_quant_e4m3
 from lowrank_gemm.kernels.act_quant import act_quant
@@ -57,15 +55,8 @@ def main(argv=None):
         cases += [("a8 trans pairs", a8(inflight=2, trans=True), sets),
                   ("a8 trans depth 4", a8(inflight=4, trans=True), sets)]     # (ptxas spills ~2.7 KB there)
         for name, fn, ss in cases:
-            try:
-                r = {"M": m, "N": n, "K": k, "case": name, **time_impl(fn, ss)}
-            except Exception as exc:
-                r = {"M": m, "N": n, "K": k, "case": name, "error": f"{type(exc).__name__}: {exc}"[:200]}
-            rows.append(r)
-            print(f"ROW N={n} K={k} {name:20s} graph {r.get('graph_us')} µs {r.get('error', '')}", flush=True)
-    if args.out:
-        Path(args.out).mkdir(parents=True, exist_ok=True)
-        (Path(args.out) / "a8_depth.json").write_text(json.dumps({"meta": device_meta(None), "rows": rows}, indent=1))
+            timed_row(rows, {"M": m, "N": n, "K": k, "case": name}, fn, ss)
+    dump_rows(args.out, "a8_depth", rows)
 
 
 if __name__ == "__main__":

@@ -7,12 +7,10 @@ FLUX shapes, CUDA-graph µs in one process. Prints ROW lines; ``--out DIR`` also
 from __future__ import annotations
 
 import argparse
-import json
-from pathlib import Path
 
 import torch
 
-from lowrank_gemm.bench.common import device_meta, time_impl
+from _decode_probe import dump_rows, timed_row
 from lowrank_gemm.kernels.act_e4m3 import act_quant_e4m3
 from lowrank_gemm.kernels.act_quant import act_quant
 
@@ -33,12 +31,8 @@ def main(argv=None):
         for name, fn in (("act_quant packed", lambda x, lam, a: act_quant(x, lam, a)),
                          ("act_quant f8", lambda x, lam, a: act_quant(x, lam, a, out="f8")),
                          ("act_quant_e4m3", lambda x, lam, a: act_quant_e4m3(x, lam, a))):
-            r = {"M": m, "K": k, "part": name, **time_impl(fn, sets)}
-            rows.append(r)
-            print(f"ROW M={m} K={k} {name:18s} graph {r.get('graph_us')} µs eager {r['median_us']} µs", flush=True)
-    if args.out:
-        Path(args.out).mkdir(parents=True, exist_ok=True)
-        (Path(args.out) / "a8_parts.json").write_text(json.dumps({"meta": device_meta(None), "rows": rows}, indent=1))
+            timed_row(rows, {"M": m, "K": k, "part": name}, fn, sets)
+    dump_rows(args.out, "a8_parts", rows)
 
 
 if __name__ == "__main__":

@@ -720,12 +720,30 @@ def _a8t_issue(p, st, part, kk, offs_m, C: gl.constexpr):
 
 
 @gluon.jit
+def _a8t_retire(p, acc, part, tok, ws, st, last, it, kk, offs_m, WAIT: gl.constexpr, REFILL: gl.constexpr,
+                ROLE: gl.constexpr, stride, C: gl.constexpr):
+    """One step of :func:`_a8t_chain`: fold the group in ``part`` once its MMA retired (``WAIT`` groups may stay in
+    flight), give its slot back, then (``REFILL``) issue group ``kk`` into the partial just freed. Returns (acc,
+    part, its token, its scales, its slot, the last slot issued, it)."""
+    part = warpgroup_mma_wait(WAIT, deps=(tok, ))
+    acc = gl.fma(part, ws[:, None], acc)
+    p.main.consumer_release(st)
+    if REFILL:
+        st = _next_use(p, last, stride)
+        it = consumer_step(p, st, ROLE, it)
+        tok, ws = _a8t_issue(p, st, part, kk, offs_m, C)
+        last = st
+    return acc, part, tok, ws, st, last, it
+
+
+@gluon.jit
 def _a8t_chain(p, main, acc, pa, pb, it, kk, offs_m, G: gl.constexpr, ROLE: gl.constexpr, stride,
                C: gl.constexpr):
     """TRANS (per-token e4m3 activations, the kernel computing Yᵀ): :func:`_f8_chain`'s order — G groups, the
     next group's MMA in flight while the previous one folds — with one FFMA per element (acc += P · ws[row]) and
     each slot released as soon as its MMA retired: nothing reads a slot with plain loads (the scales come from
-    global memory), so no proxy fence. Nothing is in flight when it returns."""
+    global memory), so no proxy fence. Nothing is in flight when it returns. (Four groups per body spill ~2.7 KB
+    per thread at sm_90, whatever the scales' source: pairs — NOTES.md, session 41.)"""
     sa = main
     it = consumer_step(p, sa, ROLE, it)
     ta, wa = _a8t_issue(p, sa, pa, kk, offs_m, C)
@@ -740,23 +758,11 @@ def _a8t_chain(p, main, acc, pa, pb, it, kk, offs_m, G: gl.constexpr, ROLE: gl.c
         last = sb
     for j in gl.static_range(G):
         if j % 2 == 0:
-            pa = warpgroup_mma_wait(0 if j == G - 1 else 1, deps=(ta, ))
-            acc = gl.fma(pa, wa[:, None], acc)
-            p.main.consumer_release(sa)
-            if j + 2 < G:
-                sa = _next_use(p, last, stride)
-                it = consumer_step(p, sa, ROLE, it)
-                ta, wa = _a8t_issue(p, sa, pa, kk + j + 2, offs_m, C)
-                last = sa
+            acc, pa, ta, wa, sa, last, it = _a8t_retire(p, acc, pa, ta, wa, sa, last, it, kk + j + 2, offs_m,
+                                                        0 if j == G - 1 else 1, j + 2 < G, ROLE, stride, C)
         else:
-            pb = warpgroup_mma_wait(0 if j == G - 1 else 1, deps=(tb, ))
-            acc = gl.fma(pb, wb[:, None], acc)
-            p.main.consumer_release(sb)
-            if j + 2 < G:
-                sb = _next_use(p, last, stride)
-                it = consumer_step(p, sb, ROLE, it)
-                tb, wb = _a8t_issue(p, sb, pb, kk + j + 2, offs_m, C)
-                last = sb
+            acc, pb, tb, wb, sb, last, it = _a8t_retire(p, acc, pb, tb, wb, sb, last, it, kk + j + 2, offs_m,
+                                                        0 if j == G - 1 else 1, j + 2 < G, ROLE, stride, C)
     return acc, pa, pb, _next_use(p, last, stride), it
 
 
