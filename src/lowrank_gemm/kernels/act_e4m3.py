@@ -33,7 +33,7 @@ from .epilogue import rank_block
 from .launch import launch
 from .row_quant import _FP8_GRID, _round_fp8
 from .schedule import cdiv, next_pow2
-from .w4_expand import F16_K_PERM, f16_column
+from .w4_expand import F16_K_PERM, _operand_pdl, _operand_pdl_entry, f16_column
 
 __all__ = ["act_quant_e4m3", "OUTS", "F16_ROW_BLOCK"]
 
@@ -95,11 +95,13 @@ def _act_e4m3_quant_kernel(
 @triton.jit
 def _e4m3_rows_f16_kernel(x_ptr, stride_xm, smooth_ptr, x16_ptr, t_ptr, a_ptr, stride_ar, s_ptr, stride_sm, K, R,
                           BLOCK_K: tl.constexpr, RC: tl.constexpr, MANT: tl.constexpr, EMIN: tl.constexpr,
-                          EMU_CVT: tl.constexpr, ONE_PASS: tl.constexpr, HAS_LOWRANK: tl.constexpr):
+                          EMU_CVT: tl.constexpr, ONE_PASS: tl.constexpr, HAS_LOWRANK: tl.constexpr,
+                          PDL: tl.constexpr = False, PDL_LATE: tl.constexpr = False):
     """Program (token row m, rank chunk c): xs = RN(x/λ) of the row (IEEE divisions), S[m, c·RC …] = xs · A[c·RC …]ᵀ
     in fp32 (HAS_LOWRANK); chunk 0 also writes t = RN(amax |xs| / 448) and the e4m3 values of RN(xs / t) as fp16 at
     the permuted column of every 16. ONE_PASS: the row in registers; else two walks over it (chunk 0's second walk
-    writes the codes)."""
+    writes the codes). PDL as the token-operand kernels (w4_expand.OPERAND_PDL_TRIGGER["e4m3_rows"])."""
+    _operand_pdl_entry(PDL, PDL_LATE)
     m = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1)
     offs = tl.arange(0, BLOCK_K)
@@ -188,7 +190,8 @@ def act_quant_e4m3(x2: torch.Tensor, smooth: torch.Tensor, lora_down: torch.Tens
         a = lora_down if r else x2
         launch(_e4m3_rows_f16_kernel, (m, cdiv(r, F16_RANK_CHUNK) if r else 1), x2, x2.stride(0), smooth, x16, t,
                a, a.stride(0), s, s.stride(0), k, r, BLOCK_K=next_pow2(k) if one else 2048, RC=F16_RANK_CHUNK,
-               MANT=mant, EMIN=emin, EMU_CVT=_interpreting(), ONE_PASS=one, HAS_LOWRANK=r > 0, num_warps=8)
+               MANT=mant, EMIN=emin, EMU_CVT=_interpreting(), ONE_PASS=one, HAS_LOWRANK=r > 0, num_warps=8,
+               **_operand_pdl(dev, "e4m3_rows"))
         return x16, t, (s if r else None)
     plan = plan_act_quant(m, k, group_size, dev, None, None, None, None, "v3", fmt="int4_2l", rank=r)
     feed = _s_feed(None, x2, r, "v3")

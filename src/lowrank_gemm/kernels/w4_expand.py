@@ -186,12 +186,15 @@ def act_f8_rows(rsum, xs):
 # sit mid-chain: act_quant → operand kernel → decode GEMM. H200, act_quant(packed) → the GEMM op (NOTES.md session 40):
 # e4m3 at M = 8 / 16: early 26.0 / 26.7 µs, off 28.4 / 28.8; fp16 at M = 24 / 32: early 64.7 / 66.6 (after_wait the
 # same), off 43.8 / 43.6, and off no slower at 17 and 48.
-OPERAND_PDL_TRIGGER = {"e4m3": "early", "f16": "off"}
+# "e4m3_rows": the W4A8 decode quantizer (act_e4m3, the layer's first kernel, before the decode GEMM's fp16 path):
+# off until measured (scripts/probe_a8_pdl.py).
+OPERAND_PDL_TRIGGER = {"e4m3": "early", "f16": "off", "e4m3_rows": "off"}
 _OPERAND_PDL_TRIGGERS = ("early", "after_wait", "off")
 
 
 def _operand_pdl(device: torch.device, operand: str) -> dict:
-    """The PDL launch keywords of the ``operand`` kernel ("e4m3" or "f16") under :data:`OPERAND_PDL_TRIGGER`."""
+    """The PDL launch keywords of the ``operand`` kernel ("e4m3", "f16" or "e4m3_rows") under
+    :data:`OPERAND_PDL_TRIGGER`."""
     trigger = OPERAND_PDL_TRIGGER[operand]
     if trigger not in _OPERAND_PDL_TRIGGERS:
         raise ValueError(f"OPERAND_PDL_TRIGGER[{operand!r}] must be one of {_OPERAND_PDL_TRIGGERS}, got {trigger!r}")
