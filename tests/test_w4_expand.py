@@ -138,3 +138,5 @@ def test_operand_pdl_shipped_choice(monkeypatch):
     cuda = torch.device("cuda")
     assert w4_expand._operand_pdl(cuda, "e4m3") == dict(PDL=True, PDL_LATE=False, launch_pdl=True)
     assert w4_expand._operand_pdl(cuda, "f16") == dict(PDL=False, PDL_LATE=False, launch_pdl=False)
+    # the W4A8 decode quantizer lets the decode GEMM launch at its start (NOTES.md session 41: −2…−3.7 µs, H100)
+    assert w4_expand._operand_pdl(cuda, "e4m3_rows") == dict(PDL=True, PDL_LATE=False, launch_pdl=True)

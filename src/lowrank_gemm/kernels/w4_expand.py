@@ -186,9 +186,10 @@ def act_f8_rows(rsum, xs):
 # sit mid-chain: act_quant → operand kernel → decode GEMM. H200, act_quant(packed) → the GEMM op (NOTES.md session 40):
 # e4m3 at M = 8 / 16: early 26.0 / 26.7 µs, off 28.4 / 28.8; fp16 at M = 24 / 32: early 64.7 / 66.6 (after_wait the
 # same), off 43.8 / 43.6, and off no slower at 17 and 48.
-# "e4m3_rows": the W4A8 decode quantizer (act_e4m3, the layer's first kernel, before the decode GEMM's fp16 path):
-# off until measured (scripts/probe_a8_pdl.py).
-OPERAND_PDL_TRIGGER = {"e4m3": "early", "f16": "off", "e4m3_rows": "off"}
+# "e4m3_rows": the W4A8 decode quantizer (act_e4m3, the layer's first kernel, before the decode GEMM's fp16 path).
+# H100, W4A8 layer at N = 28672, K = 4096, off / early / after_wait µs (probes/s41j, bit-identical): M = 1 35.8 / 32.2
+# / 32.8, M = 16 36.8 / 33.8 / 35.1, M = 64 43.7 / 41.8 / 41.8.
+OPERAND_PDL_TRIGGER = {"e4m3": "early", "f16": "off", "e4m3_rows": "early"}
 _OPERAND_PDL_TRIGGERS = ("early", "after_wait", "off")
 
 
