@@ -181,7 +181,7 @@ def test_config_round_trip_and_validation():
     assert config_from_dict(W8A8Config().to_dict()) == W8A8Config()
     with pytest.raises(Exception):
         cfg.rank = 3  # frozen
-    for bad in (dict(group_size=32), dict(rank=-1), dict(act_bits=8), dict(alpha_grid=(1.5,)),
+    for bad in (dict(group_size=32), dict(rank=-1), dict(act_bits=6), dict(alpha_grid=(1.5,)),
                 dict(scale_dtype="float32"), dict(version=99), dict(include="a.*")):
         with pytest.raises(ValueError):
             SVDQuantConfig(**bad)
