@@ -27,8 +27,8 @@ import triton
 import triton.language as tl
 
 from ..formats.fp8 import E4M3, quantize_act_e4m3
-from .act_quant import (_FAST_HI, _FAST_LO, _act_2l_stats_v3_kernel, _div_fast, _interpreting, _max_nan, _one_wave_split,
-                        _prep, _s_feed, _smooth_fast, _smoothed, _sum_partials, S_FEED_STAGES, plan_act_quant)
+from .act_quant import (_FAST_HI, _FAST_LO, _act_2l_stats_v3_kernel, _div_fast, _fed_plan, _interpreting,
+                        _launch_row_stats, _max_nan, _prep, _smooth_fast, _smoothed, _sum_partials, plan_act_quant)
 from .epilogue import rank_block
 from .launch import launch
 from .row_quant import _FP8_GRID, _round_fp8
@@ -193,11 +193,8 @@ def act_quant_e4m3(x2: torch.Tensor, smooth: torch.Tensor, lora_down: torch.Tens
                MANT=mant, EMIN=emin, EMU_CVT=_interpreting(), ONE_PASS=one, HAS_LOWRANK=r > 0, num_warps=8,
                **_operand_pdl(dev, "e4m3_rows"))
         return x16, t, (s if r else None)
-    plan = plan_act_quant(m, k, group_size, dev, None, None, None, None, "v3", fmt="int4_2l", rank=r)
-    feed = _s_feed(None, x2, r, "v3")
-    if feed != "split":              # the feed's occupancy sizes the K split (one wave), as act_quant does
-        plan = plan_act_quant(m, k, group_size, dev, _one_wave_split(m, plan.block_m, "int4_2l", dev), None, None,
-                              None, "v3", fmt="int4_2l", rank=r)
+    plan, feed = _fed_plan(plan_act_quant(m, k, group_size, dev, variant="v3", fmt="int4_2l", rank=r), x2, r,
+                           "int4_2l", group_size)
     bm, _, nsplit, sps, warps, _ = plan[:6]
     br = rank_block(r)
     grid = (cdiv(m, bm), nsplit)
@@ -206,16 +203,9 @@ def act_quant_e4m3(x2: torch.Tensor, smooth: torch.Tensor, lora_down: torch.Tens
     spst = sp.stride(0) if sp.dim() == 3 else 0
     rl, pieces, shift = _prep(x2, smooth, lora_down, r, br, unscaled=feed != "split")
     emu = _interpreting()
-    one = dict(ONE_ACC=True, num_stages=S_FEED_STAGES) if feed != "split" else {}
     amax_part = torch.empty((nsplit, m), device=dev, dtype=torch.float32)
-    tma = feed == "one_tma"
-    if tma:
-        from triton.tools.tensor_descriptor import TensorDescriptor
-    x_arg = TensorDescriptor.from_tensor(x2, [bm, group_size]) if tma else x2
-    launch(_act_2l_stats_v3_kernel, grid, x_arg, x2.stride(0), smooth, rl, pieces, pieces.stride(0), sp, spst,
-           max(r, 1), amax_part, amax_part.stride(0), m, k, r, sps,
-           BLOCK_M=bm, BLOCK_K=group_size, BLOCK_R=br, HAS_LOWRANK=r > 0, SHIFT=shift, EMU_FMA=emu, **one,
-           **({"X_TMA": True} if tma else {}), num_warps=warps)
+    _launch_row_stats(_act_2l_stats_v3_kernel, grid, x2, smooth, rl, pieces, sp, spst, r, amax_part, sps, bm,
+                      group_size, br, shift, emu, feed, warps)
     q = torch.empty((m, k), device=dev, dtype=E4M3)
     t = torch.empty((m,), device=dev, dtype=torch.float32)
     mant, emin = _FP8_GRID[E4M3]

@@ -1463,6 +1463,19 @@ def _s_feed(s_feed: str | None, x: torch.Tensor, r: int, variant: str) -> str:
     return "one" if feed == "one_tma" and not tma_ready(x) else feed
 
 
+def _fed_plan(plan: "ActQuantPlan", x: torch.Tensor, r: int, fmt: str, group_size: int, s_feed: str | None = None,
+              split: int | None = None, block_m: int | None = None, block_k: int | None = None,
+              num_warps: int | None = None) -> tuple["ActQuantPlan", str]:
+    """(plan, S feed) of a v2 / v3 plan (other variants: "split"): the "one" feeds size the K split for one wave
+    unless ``split`` is given (:func:`_one_wave_split`)."""
+    feed = _s_feed(s_feed, x, r, plan.variant) if plan.variant in ("v2", "v3") else "split"
+    if feed != "split" and split is None:
+        m, k = x.shape
+        plan = plan_act_quant(m, k, group_size, x.device, _one_wave_split(m, plan.block_m, fmt, x.device), block_m,
+                              block_k, num_warps, plan.variant, fmt=fmt, rank=r)
+    return plan, feed
+
+
 def _one_wave_split(m: int, block_m: int, fmt: str, device) -> int:
     """K slices per row block so that every program of the "one" feed is resident at once: ⌊slots / row blocks⌋
     (the measured optimum at M = 4608: g64 split 7 at 4 CTAs per SM, 2l split 8 / 9 at 5; more slices than slots
@@ -1570,10 +1583,7 @@ def act_quant(x: torch.Tensor, smooth: torch.Tensor, lora_down: torch.Tensor, gr
         return _act_quant_fused(x, smooth, lora_down, group_size, fmt, scale_dtype, plan, _slice_rot, f8,
                                 _loads_first_default(m) if loads_first is None else loads_first,
                                 _early_deps(early_launch), act_shift)
-    feed = _s_feed(s_feed, x, r, plan.variant) if plan.variant in ("v2", "v3") else "split"
-    if feed != "split" and split is None:          # the feed's occupancy sizes the K split (one wave)
-        plan = plan_act_quant(m, k, group_size, dev, _one_wave_split(m, plan.block_m, fmt, dev), block_m, block_k,
-                              num_warps, plan.variant, fmt=fmt, rank=r)
+    plan, feed = _fed_plan(plan, x, r, fmt, group_size, s_feed, split, block_m, block_k, num_warps)
     lowrank_act = torch.empty((m, r), device=dev, dtype=torch.float32)
     bm, bk, nsplit, sps, warps, variant = plan[:6]
     br = rank_block(r)
@@ -1663,19 +1673,29 @@ def _act_quant_v2(x, smooth, lora_down, group_size, fmt, scale_dtype, lowrank_ac
         x_q = torch.empty((m, k), device=dev, dtype=torch.int8)
         x_scale = torch.empty((m,), device=dev, dtype=torch.float32)
         amax_part = torch.empty((nsplit, m), device=dev, dtype=torch.float32)
-        tma = feed == "one_tma"
-        x_arg = TensorDescriptor.from_tensor(x, [bm, group_size]) if tma else x
-        launch(stats_kernel, grid, x_arg, x.stride(0), smooth, rl, pieces, pieces.stride(0), sp, spst, max(r, 1),
-               amax_part, amax_part.stride(0), m, k, r, sps,
-               BLOCK_M=bm, BLOCK_K=group_size, BLOCK_R=br, HAS_LOWRANK=r > 0,
-               SHIFT=shift, EMU_FMA=emu, **one, **({"X_TMA": True} if tma else {}),
-               num_warps=warps)
+        _launch_row_stats(stats_kernel, grid, x, smooth, rl, pieces, sp, spst, r, amax_part, sps, bm, group_size, br,
+                          shift, emu, feed, warps)
         launch(quant_kernel, grid, x, x.stride(0), smooth, rl, x_q, x_q.stride(0), x_scale,
                amax_part, amax_part.stride(0), m, k, nsplit, sps,
                G=group_size, BLOCK_M=bm, SPLIT_P2=next_pow2(nsplit),
                EMU_FMA=emu, num_warps=warps)
     _sum_partials(sp, lowrank_act, nsplit, br)
     return x_q, x_scale, lowrank_act
+
+
+def _launch_row_stats(stats_kernel, grid, x, smooth, rl, pieces, sp, spst, r: int, amax_part, sps: int, bm: int,
+                      group_size: int, br: int, shift: int, emu: bool, feed: str, warps: int) -> None:
+    """The int4_2l pass 1 (per (row block, K slice): row-maximum partials of x/λ into ``amax_part`` [split, M] and
+    the S partials), shared by the e4m3 activations' quantizer (kernels/act_e4m3.py)."""
+    m, k = x.shape
+    one = dict(ONE_ACC=True, num_stages=S_FEED_STAGES) if feed != "split" else {}
+    tma = feed == "one_tma"
+    x_arg = TensorDescriptor.from_tensor(x, [bm, group_size]) if tma else x
+    launch(stats_kernel, grid, x_arg, x.stride(0), smooth, rl, pieces, pieces.stride(0), sp, spst, max(r, 1),
+           amax_part, amax_part.stride(0), m, k, r, sps,
+           BLOCK_M=bm, BLOCK_K=group_size, BLOCK_R=br, HAS_LOWRANK=r > 0,
+           SHIFT=shift, EMU_FMA=emu, **one, **({"X_TMA": True} if tma else {}),
+           num_warps=warps)
 
 
 _TICKETS: dict[torch.device, torch.Tensor] = {}
