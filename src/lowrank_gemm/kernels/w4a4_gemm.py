@@ -16,7 +16,7 @@ these arguments; every tensor on one CUDA device, row-major and contiguous unles
         ``w4_expand.expand_act_f8``; v1 and the int8 paths reject them):
       x_q         float8_e4m3fn [M, K]   the codes q in natural K order
       x_scale     fp32 [K/G, 2, M]       xab: rows (2⁹·xs, −8·R·xs) per group
-        or, per-token e4m3 activations (W4A8, ``kernels.act_e4m3`` / ``formats.act_e4m3``; the v2 kernel only):
+        or, per-token e4m3 activations (W4A8, ``kernels.act_e4m3`` / ``formats.fp8``; the v2 kernel only):
       x_q         float8_e4m3fn [M, K]   RN((x/λ)/t) in e4m3
       x_scale     fp32 [M]               t = RN(amax(|x/λ| of the row) / 448)
         or, for the decode kernel's fp16 path (``act_quant(..., out="f16")`` or ``w4_expand.f16_act_operands``; the
@@ -997,7 +997,7 @@ def check_gemm_args(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bia
         _expect((x_scale.shape == (ng, 2, m) or x_scale.shape == (m, )) and x_scale.dtype == torch.float32,
                 lambda: f"e4m3 activations come with xab float32 [K/G, 2, M] = {[ng, 2, m]} (int4 codes: "
                 f"act_quant(out='f8') / expand_act_f8) or a per-token scale float32 [M] = [{m}] (W4A8: "
-                f"quant.act_e4m3.quantize_act_e4m3), got {x_scale.dtype} {_shape(x_scale)}")
+                f"kernels.act_e4m3.act_quant_e4m3), got {x_scale.dtype} {_shape(x_scale)}")
         _expect(w_scale.shape == (ng, n) and w_scale.dtype in (torch.bfloat16, torch.float16),
                 lambda: f"wscales must be bf16/fp16 [K/G, N] = {[ng, n]}, got {w_scale.dtype} {_shape(w_scale)}")
         _expect(w_mul is None, "w_mul is only used by fmt='int4_2l'")
@@ -1250,8 +1250,9 @@ def w4a4_linear(x: torch.Tensor, qweight: torch.Tensor, wscales: torch.Tensor, s
     codes of x/λ + act_shift (``reference.svdq_linear_ref``), on the e4m3 GEMM paths (decode / v2; impl "auto",
     "decode" or "v2"). ``bias`` must then already hold −Q(W)·act_shift: the kernels add it as given
     (``SVDQLinear.kernel_bias`` keeps that fold).
-    ``act_bits=8`` (int4_g64): per-token e4m3 activations instead (W4A8, ``reference.svdq_linear_ref(act_bits=8)``),
-    on the v2 kernel (``kernels.act_e4m3`` quantizes; impl "auto" or "v2" on CUDA).
+    ``act_bits=8`` (int4_g64): per-token e4m3 activations instead (W4A8, ``reference.svdq_linear_ref(act_bits=8)``;
+    ``kernels.act_e4m3`` quantizes), on CUDA: the decode kernel's fp16 path for M ≤ 64 (impl "auto" or "decode",
+    :func:`_a8_decode_route`), else the v2 kernel's A8 route (impl "auto" or "v2").
     """
     out_dtype = out_dtype or x.dtype
     _expect(out_dtype in (torch.bfloat16, torch.float16, torch.float32),
