@@ -1,4 +1,4 @@
-"""The W4A8 GEMM (v2 A8 route) at the FLUX shapes per in-flight depth and orientation (trans) (session 41), graph µs in
+"""The W4A8 GEMM (v2 A8 route) at the FLUX shapes per in-flight depth and orientation (trans) (sessions 41–42), graph µs in
 one process beside fp8 ``_scaled_mm`` and the routed W4A4 GEMM. Prints ROW lines; ``--out DIR`` writes a8_depth.json.
 
     PYTHONPATH=src python3 scripts/probe_a8_depth.py [--out DIR]
@@ -52,8 +52,8 @@ def main(argv=None):
                   fp8),
                  ("w4a4 g64 routed", lambda x8, t, wq, sw, s, b, xq, xs, s4: w4a4_gemm(xq, xs, wq, sw, s4, b), sets)]
         cases += [(f"a8 depth {d}", a8(inflight=d, trans=False), sets) for d in (2, 4)]
-        cases += [("a8 trans pairs", a8(inflight=2, trans=True), sets),
-                  ("a8 trans depth 4", a8(inflight=4, trans=True), sets)]     # (ptxas spills ~2.7 KB there)
+        cases += [("a8 trans pairs", a8(inflight=2, trans=True), sets)]
+        cases += [(f"a8 trans depth {d}", a8(inflight=d, trans=True), sets) for d in (4, 6)]   # spill-free since s42
         for name, fn, ss in cases:
             timed_row(rows, {"M": m, "N": n, "K": k, "case": name}, fn, ss)
     dump_rows(args.out, "a8_depth", rows)

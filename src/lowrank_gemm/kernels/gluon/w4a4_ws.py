@@ -68,7 +68,7 @@ from .skeleton import (bias_and_store, consumer_step, strided_ring_stages, DEFAU
 __all__ = ["FMT_INT4_G", "FMT_INT4_2L", "RAW_STAGES", "RAW_STAGES_F8", "w4a4_ledger", "plan_w4a4_v2", "can_implement_v2",
            "launch_w4a4_v2", "w4a4_ws_kernel", "reference_v2", "make_operands_v2",
            "kernel_args_v2", "aot_signature_v2", "default_config_v2", "f8_default", "paired_default", "f8_expanders_default",
-           "inflight_default", "inflight_depth", "INFLIGHT_DEPTH", "coop_default", "ws_f32_default",
+           "inflight_default", "inflight_depth", "INFLIGHT_DEPTH", "a8_inflight_default", "A8_TRANS_DEPTH", "coop_default", "ws_f32_default",
            "ws_perm_default", "ws_row_order", "fuse_ws_default"]
 
 FMT_INT4_G = 0
@@ -720,6 +720,15 @@ def _a8t_issue(p, st, part, kk, offs_m, C: gl.constexpr):
 
 
 @gluon.jit
+def _settled(x):
+    """``x`` through an empty volatile asm: its producers (a fold's FFMAs) stay before the next wgmma issue, which is
+    volatile too. Nothing else orders them on the trans route (no shared-memory read, no fence in its fold): LLVM sank
+    all four folds of a four-group body below the refills, so four partials were live at once — ptxas serialized
+    every wgmma (C7512) and spilled ~2.7 KB per thread (NOTES.md, session 42). No instruction in the SASS."""
+    return gl.inline_asm_elementwise("", "=r,0", [x], dtype=gl.float32, is_pure=False, pack=1)
+
+
+@gluon.jit
 def _a8t_retire(p, acc, part, tok, ws, st, last, it, kk, offs_m, WAIT: gl.constexpr, REFILL: gl.constexpr,
                 ROLE: gl.constexpr, stride, C: gl.constexpr):
     """One step of :func:`_a8t_chain`: fold the group in ``part`` once its MMA retired (``WAIT`` groups may stay in
@@ -727,6 +736,8 @@ def _a8t_retire(p, acc, part, tok, ws, st, last, it, kk, offs_m, WAIT: gl.conste
     part, its token, its scales, its slot, the last slot issued, it)."""
     part = warpgroup_mma_wait(WAIT, deps=(tok, ))
     acc = gl.fma(part, ws[:, None], acc)
+    if REFILL:                 # the partial's registers are reused next: the fold must be done first
+        acc = _settled(acc)
     p.main.consumer_release(st)
     if REFILL:
         st = _next_use(p, last, stride)
@@ -742,8 +753,8 @@ def _a8t_chain(p, main, acc, pa, pb, it, kk, offs_m, G: gl.constexpr, ROLE: gl.c
     """TRANS (per-token e4m3 activations, the kernel computing Yᵀ): :func:`_f8_chain`'s order — G groups, the
     next group's MMA in flight while the previous one folds — with one FFMA per element (acc += P · ws[row]) and
     each slot released as soon as its MMA retired: nothing reads a slot with plain loads (the scales come from
-    global memory), so no proxy fence. Nothing is in flight when it returns. (Four groups per body spill ~2.7 KB
-    per thread at sm_90, whatever the scales' source: pairs — NOTES.md, session 41.)"""
+    global memory), so no proxy fence — and nothing but :func:`_settled` keeps a fold ahead of the next refill.
+    Nothing is in flight when it returns."""
     sa = main
     it = consumer_step(p, sa, ROLE, it)
     ta, wa = _a8t_issue(p, sa, pa, kk, offs_m, C)
@@ -1324,8 +1335,8 @@ def kernel_args_v2(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias
                         f"expanders={expanders}, inflight={inflight}, paired={paired}, ws_perm={ws_perm}")
         f8, expanders, paired, ws_perm = True, 0, False, False
     trans = (a8 and col_scale is None and a8_trans_default(K)) if trans is None else trans
-    if a8 and inflight is None:   # trans: pairs (four groups per body spill ~2.7 KB per thread, sm_90 ptxas)
-        inflight = 2 if trans else (inflight_default(0) or INFLIGHT_DEPTH)
+    if a8 and inflight is None:
+        inflight = a8_inflight_default(trans)
     _expect(not trans or (a8 and col_scale is None),
             lambda: f"trans (the kernel computing Yᵀ) is an option of per-token e4m3 activations without col_scale, got "
                     f"a8={a8}, col_scale={'set' if col_scale is not None else None}")
@@ -1506,6 +1517,21 @@ def inflight_depth(v) -> int:
 # K = 3072: fc1 461 / 457 vs 512 / 504 µs, 3072→9216 368 / 356 vs 404 / 390, 3072² 129 / 129 vs 130 / 130;
 # K = 12288 (fc2): 529 / 532 vs 514 / 506 — so trans up to this K.
 A8_TRANS_MAX_K = 4096
+
+
+# Groups per in-flight body on the trans route. Pairs were measured (above); four spilled until session 42
+# (:func:`_settled`) and are not measured yet: ``LOWRANK_GEMM_V2_INFLIGHT`` picks them for a probe.
+A8_TRANS_DEPTH = 2
+
+
+def a8_inflight_default(trans: bool) -> int:
+    """Groups per in-flight body of the A8 route, which always runs in flight: ``LOWRANK_GEMM_V2_INFLIGHT`` = n ≥ 1
+    (as :func:`inflight_default`), else — unset or 0, the int4 routes' "off" — :data:`A8_TRANS_DEPTH` for trans and
+    :data:`INFLIGHT_DEPTH` without."""
+    v = getenv("LOWRANK_GEMM_V2_INFLIGHT", "")
+    if v not in ("", "0"):
+        return inflight_depth(int(v))
+    return A8_TRANS_DEPTH if trans else INFLIGHT_DEPTH
 
 
 def a8_trans_default(k: int | None = None) -> bool:
