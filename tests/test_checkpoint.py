@@ -106,16 +106,35 @@ def _rewrite_metadata(path, out, edit):
 
 
 def test_wrong_version(saved, tmp_path):
-    bad = _rewrite_metadata(saved[2], tmp_path / "v3.safetensors", lambda m: m.update(format_version="3"))
-    _rejected(bad, "version '3' is not supported")
+    bad = _rewrite_metadata(saved[2], tmp_path / "v4.safetensors", lambda m: m.update(format_version="4"))
+    _rejected(bad, "version '4' is not supported")
 
 
-def test_version_1_files_still_load(saved, tmp_path):
-    """Version 1 (before act_shift) had the same tensors and module entries; such files load as signed layers."""
+@pytest.mark.parametrize("version", ["1", "2"])
+def test_older_versions_still_load(saved, tmp_path, version):
+    """Version 1 (before act_shift) and 2 (before weight_format) had the same tensors and module entries for these
+    layers; such files load as signed int4_g64 layers."""
     model, x, path = saved
-    old = _rewrite_metadata(path, tmp_path / "v1.safetensors", lambda m: m.update(format_version="1"))
+    old = _rewrite_metadata(path, tmp_path / f"v{version}.safetensors", lambda m: m.update(format_version=version))
     loaded = load_quantized(old, _fresh)
-    assert loaded.fc1.act_shift == 0 and torch.equal(loaded(x), model(x))
+    assert loaded.fc1.act_shift == 0 and loaded.fc1.weight_format == "int4_g64"
+    assert torch.equal(loaded(x), model(x))
+
+
+def test_two_level_round_trip(tmp_path):
+    """int4_2l layers (row scales fp32 [N], group multipliers uint8 [K/G, N]) come back bit for bit; the module
+    entry records the format."""
+    model = _fresh()
+    x = torch.randn(64, 128)
+    quantize_(model, SVDQuantConfig(rank=8, refit_iters=2, weight_format="int4_2l"), [x], progress=False)
+    assert model.fc1.weight_format == "int4_2l" and model.fc1.wmul.dtype == torch.uint8
+    path = tmp_path / "two_level.safetensors"
+    save_quantized(model, path)
+    meta = json.loads(json.loads(path.read_bytes()[8:8 + _header_len(path.read_bytes())])["__metadata__"]["modules"])
+    assert meta["fc1"]["weight_format"] == "int4_2l"
+    loaded = load_quantized(path, _fresh)
+    assert loaded.fc1.weight_format == "int4_2l" and torch.equal(loaded.fc1.wmul, model.fc1.wmul)
+    assert torch.equal(loaded(x), model(x))
 
 
 def test_act_shift_round_trip(tmp_path):

@@ -48,18 +48,19 @@ def _layers(seed=0):
     ids.set(torch.tensor([0, -1, 2, 2, 0]))
     calib = torch.randn(64, K, generator=g).to(DT)
     svdq = SVDQLinear.from_linear(_linear(seed + 2), SVDQuantConfig(rank=R, group_size=64), calib)
+    svdq_2l = SVDQLinear.from_linear(_linear(seed + 6), SVDQuantConfig(rank=R, weight_format="int4_2l"), calib)
     lora8 = LoRALinear.from_linear(_linear(seed + 4), torch.randn(R, K, generator=g) * 0.1,
                                    torch.randn(N, R, generator=g) * 0.1, 0.5, strategy="torch")
     ids8 = AdapterIds(mode="gather")
     multi8 = MultiLoRALinear(_linear(seed + 5), AdapterBank(4, R, K, N, dtype=DT), ids8)
     multi8.bank.set_adapter(1, torch.randn(R, K, generator=g) * 0.1, torch.randn(N, R, generator=g) * 0.1, 0.5)
     ids8.set(torch.tensor([1, -1, 1, 1, -1]))
-    return {"linear": _linear(seed + 3), "lora": lora, "multilora": multi, "svdq": svdq,
+    return {"linear": _linear(seed + 3), "lora": lora, "multilora": multi, "svdq": svdq, "svdq_2l": svdq_2l,
             "lora_fp8": lora8.quantize_weight_fp8_(activations=True), "multilora_fp8": multi8.quantize_weight_fp8_(
                 activations=2)}
 
 
-KINDS = ["linear", "lora", "multilora", "svdq", "lora_fp8", "multilora_fp8"]
+KINDS = ["linear", "lora", "multilora", "svdq", "svdq_2l", "lora_fp8", "multilora_fp8"]
 
 
 @pytest.mark.parametrize("world", [2, 4])
@@ -106,6 +107,18 @@ def test_row_shards_sum_to_the_layer(kind, world):
             q, sc = fp8_rows(xi)
             want += (q.double() * sc.double()[:, None] - xi.double()) @ w[:, i * width:(i + 1) * width].T
         want = want.float()
+    if kind == "svdq_2l":
+        # two-level activations: one scale per token over the row, so each rank scales its tokens over its own
+        # K slice — the sum is the float64 spec on each slice with the layer's own (sliced) weights
+        from lowrank_gemm.reference import svdq_linear_ref
+        g = layer.group_size
+        want = sum(svdq_linear_ref(x[:, i * width:(i + 1) * width], layer.qweight[:, i * width // 2:(i + 1) * width // 2],
+                                   layer.wscales, layer.smooth[i * width:(i + 1) * width],
+                                   layer.lora_down[:, i * width:(i + 1) * width], layer.lora_up, None, g,
+                                   fmt="int4_2l", wmul=layer.wmul[i * width // g:(i + 1) * width // g])
+                   for i in range(world))
+        want = (want + layer.bias.double()).float()
+        assert torch.equal(shard.wscales, layer.wscales)
     torch.testing.assert_close(total + bias.float(), want, **TOL)
 
 

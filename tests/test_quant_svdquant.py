@@ -197,3 +197,62 @@ def test_forward_matches_lead_reference(layer):
     ref = reference.svdq_linear_ref(x, mod.qweight, mod.wscales, mod.smooth, mod.lora_down, mod.lora_up,
                                     mod.bias, mod.group_size)
     assert torch.allclose(mod(x), ref, rtol=1e-10, atol=1e-10)
+
+
+# ---- the two-level weight format (weight_format="int4_2l") ----------------------------------------------------------
+
+def test_two_level_layer_matches_the_spec_in_float64(layer):
+    """An int4_2l layer stores fp32 row scales [N] and uint8 multipliers [K/G, N]; its reference forward equals
+    ``reference.svdq_linear_ref(fmt="int4_2l")``, and that is the two-level spec computed here independently."""
+    from lowrank_gemm import reference
+    from lowrank_gemm.formats.int4_twolevel import dequantize_act_2l, dequantize_weight_2l, quantize_act_2l
+    mod = _quantized(layer, rank=16, refit_iters=2, weight_format="int4_2l")
+    assert mod.weight_format == "int4_2l" and "weight_format=int4_2l" in repr(mod)
+    assert mod.wscales.dtype == torch.float32 and mod.wscales.shape == (N, )
+    assert mod.wmul.dtype == torch.uint8 and mod.wmul.shape == (K // 64, N) and 1 <= mod.wmul.min() <= mod.wmul.max() <= 15
+    x = layer[1][:37].double()
+    xs = x / mod.smooth.double()
+    w = dequantize_weight_2l(mod.qweight, mod.wmul, mod.wscales, 64).double()
+    spec = (dequantize_act_2l(*quantize_act_2l(xs, 64)).double() @ w.t()
+            + (xs @ mod.lora_down.double().t()) @ mod.lora_up.double().t() + mod.bias.double())
+    ref = reference.svdq_linear_ref(x, mod.qweight, mod.wscales, mod.smooth, mod.lora_down, mod.lora_up, mod.bias,
+                                    64, fmt="int4_2l", wmul=mod.wmul)
+    assert torch.allclose(ref, spec, rtol=1e-12, atol=1e-12)
+    assert torch.allclose(mod(x), ref, rtol=1e-10, atol=1e-10)
+    assert mod.calib_error == pytest.approx(_rel_err(mod, *layer), rel=1e-4)   # the search scored this format
+    assert mod.stored_bytes() == N * K // 2 + N * 4 + (K // 64) * N + K * 2 + 16 * (N + K) * 2
+
+
+def test_two_level_search_and_refit_score_their_own_format(layer):
+    """The search runs the two-level quantizers: refit and smoothing never lose on calibration, as for int4_g64,
+    and the layer is within reach of the standard format (the two-level scales cost some accuracy)."""
+    plain = _rel_err(_quantized(layer, rank=16, smooth=False, refit=False, weight_format="int4_2l"), *layer)
+    refit = _rel_err(_quantized(layer, rank=16, refit_iters=6, weight_format="int4_2l"), *layer)
+    g64 = _rel_err(_quantized(layer, rank=16, refit_iters=6), *layer)
+    assert refit <= plain * (1 + 1e-5)
+    assert refit < 2 * g64, (refit, g64)
+
+
+def test_two_level_bad_combinations_are_refused(layer):
+    linear, x = layer
+    for bad in (dict(group_size=128), dict(act_bits=8), dict(act_shift=0.171875), dict(group_size=0)):
+        with pytest.raises(ValueError, match="int4_2l"):
+            SVDQuantConfig(weight_format="int4_2l", **bad)
+    with pytest.raises(ValueError, match="weight_format must be one of"):
+        SVDQuantConfig(weight_format="int4_g128")
+    with pytest.raises(ValueError, match="int4_2l layer takes"):
+        SVDQLinear(K, N, 8, 64, act_bits=8, weight_format="int4_2l")
+    mod = _quantized(layer, rank=8, refit=False, weight_format="int4_2l")
+    mod.act_bits = 8                       # settable on a built layer, but not for this format
+    with pytest.raises(ValueError, match="two-level format"):
+        mod(x[:4])
+    mod.act_bits = 16                      # W4A16 on two-level weights: the reference path
+    assert mod(x[:4]).shape == (4, N)
+    from lowrank_gemm import reference
+    with pytest.raises(ValueError, match="wmul"):
+        reference.svdq_linear_ref(x[:4], mod.qweight, mod.wscales, mod.smooth, mod.lora_down, mod.lora_up,
+                                  fmt="int4_2l")
+    assert config_from_dict(SVDQuantConfig(weight_format="int4_2l").to_dict()).weight_format == "int4_2l"
+    from lowrank_gemm.integrations.nunchaku import split_rows
+    with pytest.raises(ValueError, match="int4_g64 layers"):
+        split_rows(mod, [N // 2, N // 2])

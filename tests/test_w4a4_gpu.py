@@ -150,6 +150,26 @@ def test_svdq_module_hookup():
     assert _rel(y, layer.forward_reference(x)) <= 1e-2
 
 
+@pytest.mark.parametrize("m", [1, 64, 4608])
+def test_two_level_module_on_the_kernels(m):
+    """quantize_ with weight_format="int4_2l" gives layers whose CUDA forward runs the two-level kernels and matches
+    their float64 spec (``svdq_linear_ref(fmt="int4_2l")``) and the layer's own reference path."""
+    from lowrank_gemm.quant import SVDQuantConfig, quantize_
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(3072, 3072)).cuda()
+    calib = torch.randn(256, 3072, device="cuda")
+    quantize_(model, SVDQuantConfig(rank=32, refit_iters=2, weight_format="int4_2l"), [calib], progress=False)
+    layer = model[0]
+    assert layer.weight_format == "int4_2l" and layer.wmul.is_cuda
+    x = (torch.randn(m, 3072, device="cuda") * 2).bfloat16()
+    y = layer(x)
+    ref = svdq_linear_ref(x, layer.qweight, layer.wscales, layer.smooth, layer.lora_down, layer.lora_up, layer.bias,
+                          64, fmt="int4_2l", wmul=layer.wmul)
+    assert y.dtype == torch.bfloat16 and _rel(y, ref) <= 1e-2
+    assert _rel(y, layer.forward_reference(x)) <= 1e-2
+    assert torch.equal(y, layer(x))
+
+
 @pytest.mark.parametrize("fmt", FMTS)
 def test_v2_matches_v1_if_present(fmt):
     pytest.importorskip("lowrank_gemm.kernels.gluon.w4a4_ws")

@@ -116,8 +116,9 @@ def w4a4_gemm_ref(x_q: torch.Tensor, x_scale: torch.Tensor, w_q: torch.Tensor, w
 
 def svdq_linear_ref(x: torch.Tensor, qweight: torch.Tensor, wscales: torch.Tensor, smooth: torch.Tensor,
                     lora_down: torch.Tensor, lora_up: torch.Tensor, bias: torch.Tensor | None = None,
-                    group_size: int = 64, act_shift: torch.Tensor | None = None, act_bits: int = 4) -> torch.Tensor:
-    """The SVDQuant W4A4 layer (standard format), in float64.
+                    group_size: int = 64, act_shift: torch.Tensor | None = None, act_bits: int = 4, *,
+                    fmt: str = "int4_g64", wmul: torch.Tensor | None = None) -> torch.Tensor:
+    """The SVDQuant W4A4 layer, in float64 (arguments as the op ``w4a4_linear``).
 
     x [..., K], qweight uint8 [N, K/2], wscales [K/G, N], smooth [K], lora_down [r, K] (applies to x/λ),
     lora_up [N, r], bias [N] → y [..., N]:
@@ -126,11 +127,24 @@ def svdq_linear_ref(x: torch.Tensor, qweight: torch.Tensor, wscales: torch.Tenso
     ``(qa, sa) = quantize_act_uint4(xs, act_shift, G)`` and the main product reads ``qa·sa − act_shift``.
     ``act_bits=8``: per-token e4m3 activations (W4A8), ``(q, t) = formats.fp8.quantize_act_e4m3(xs)``, the main
     product reads ``q·t``.
+    ``fmt="int4_2l"`` (``formats.int4_twolevel``): wscales fp32 [N] (s), ``wmul`` uint8 [K/G, N] (u), activations
+    ``(e, t) = quantize_act_2l(xs, G)`` (act_bits 4, no act_shift), the main product reads ``e·t``.
     """
     from .formats.int4 import dequantize_int4, quantize_act_int4, quantize_act_uint4, unpack_int4
+    from .formats.int4_twolevel import dequantize_act_2l, dequantize_weight_2l, quantize_act_2l
     k = x.shape[-1]
     xs = _f64(x).reshape(-1, k) / _f64(smooth)
-    if act_bits == 8:
+    if fmt not in ("int4_g64", "int4_2l"):
+        raise ValueError(f"fmt must be 'int4_g64' or 'int4_2l', got {fmt!r}")
+    if (fmt == "int4_2l") != (wmul is not None):
+        raise ValueError(f"wmul (the group multipliers) comes with fmt='int4_2l' and only with it, got fmt={fmt!r}, "
+                         f"wmul={'set' if wmul is not None else None}")
+    if fmt == "int4_2l":
+        if act_bits != 4 or act_shift is not None:
+            raise ValueError(f"int4_2l runs two-level int4 activations (act_bits=4, no act_shift), got act_bits="
+                             f"{act_bits}, act_shift={'set' if act_shift is not None else None}")
+        xa = _f64(dequantize_act_2l(*quantize_act_2l(xs, group_size)))
+    elif act_bits == 8:
         from .formats.fp8 import dequantize_act_e4m3, quantize_act_e4m3
         if act_shift is not None:
             raise ValueError("act_shift (unsigned int4 activations) has no meaning with act_bits=8")
@@ -142,7 +156,10 @@ def svdq_linear_ref(x: torch.Tensor, qweight: torch.Tensor, wscales: torch.Tenso
     else:
         qa, sa = quantize_act_uint4(xs, act_shift, group_size, wscales.dtype)
         xa = _f64(dequantize_int4(qa, sa, group_size)) - _f64(act_shift)
-    wd = _f64(dequantize_int4(unpack_int4(qweight), wscales, group_size))
+    if fmt == "int4_2l":
+        wd = _f64(dequantize_weight_2l(qweight, wmul, wscales, group_size))
+    else:
+        wd = _f64(dequantize_int4(unpack_int4(qweight), wscales, group_size))
     y = xa @ wd.T
     if lora_down.shape[0]:
         y = y + (xs @ _f64(lora_down).T) @ _f64(lora_up).T

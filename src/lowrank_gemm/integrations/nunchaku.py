@@ -372,6 +372,9 @@ def _like(layer: SVDQLinear, in_features: int, out_features: int, rank: int,
           bias_dtype: torch.dtype | None) -> SVDQLinear:
     """An empty SVDQLinear of ``layer``'s format (group, activation bits, dtypes) in the given shape; a bias of
     ``bias_dtype`` (None: no bias)."""
+    if getattr(layer, "weight_format", "int4_g64") != "int4_g64":
+        raise ValueError(f"reshaping Nunchaku-style layers takes int4_g64 layers (Nunchaku's format), got "
+                         f"weight_format={layer.weight_format!r}")
     mod = SVDQLinear(in_features, out_features, rank, layer.group_size, bias_dtype is not None, layer.act_bits,
                      layer.wscales.dtype, layer.lora_up.dtype, bias_dtype or torch.float32, layer.config,
                      act_shift=layer.act_shift)

@@ -1267,10 +1267,15 @@ def svdq_forward_cuda(layer, x: torch.Tensor) -> torch.Tensor:
     """``SVDQLinear`` forward through the kernels (install: ``layer._forward_kernel = svdq_forward_cuda``).
 
     W4A16 layers (act_bits 16) and float32/float64 inputs fall back to the layer's reference path; act_bits 8 runs
-    the W4A8 path (per-token e4m3 activations).
+    the W4A8 path (per-token e4m3 activations); int4_2l layers (``weight_format``) the two-level kernels.
     """
     if layer.act_bits not in (4, 8) or x.dtype not in (torch.bfloat16, torch.float16):
         return layer.forward_reference(x)
+    if getattr(layer, "weight_format", "int4_g64") == "int4_2l":
+        _expect(layer.act_bits == 4, lambda: f"an int4_2l layer runs two-level int4 activations (act_bits 4, or 16 "
+                f"on the reference path), got act_bits={layer.act_bits}")
+        return w4a4_linear(x.contiguous(), layer.qweight, layer.wscales, layer.smooth, layer.lora_down,
+                           layer.lora_up, layer.bias, layer.group_size, fmt="int4_2l", wmul=layer.wmul)
     if layer.act_bits == 8:
         return w4a4_linear(x.contiguous(), layer.qweight, layer.wscales, layer.smooth, layer.lora_down,
                            layer.lora_up, layer.bias, layer.group_size, act_bits=8)

@@ -18,7 +18,9 @@ slice and ONE all-reduce sums base and branch together — the low-rank branch c
 is added once, after the reduction. For SVDQLinear the shard width is a multiple of the group size, so no activation
 group straddles two ranks and every rank quantizes its slice exactly as the unsharded layer would (the outputs
 differ from the unsharded layer only by the order of the final sum, and by the cast if ``reduce_dtype`` is the
-output dtype).
+output dtype) — except in the two-level format (``weight_format="int4_2l"``), whose activations carry one scale per
+token over the whole row: a row shard scales each token over its own K slice (a finer scale, not the same bits; its
+weights are exact, the row scales kept whole and the group multipliers sliced).
 
     import torch.distributed as dist
     from lowrank_gemm.nn.parallel import parallelize_
@@ -90,7 +92,11 @@ def shard_columns(layer: nn.Module, rank: int, world: int) -> nn.Module:
     if isinstance(layer, SVDQLinear):
         n = _span(layer.out_features, rank, world, 1, "out_features")
         out = _svdq_like(layer, layer.in_features, n.stop - n.start, layer.bias is not None)
-        out.qweight, out.wscales = _piece(layer.qweight, 0, n), _piece(layer.wscales, 1, n)
+        out.qweight = _piece(layer.qweight, 0, n)
+        if layer.weight_format == "int4_2l":      # row scales s [N], group multipliers u [K/G, N]
+            out.wscales, out.wmul = _piece(layer.wscales, 0, n), _piece(layer.wmul, 1, n)
+        else:
+            out.wscales = _piece(layer.wscales, 1, n)
         out.smooth, out.lora_down = layer.smooth.clone(), layer.lora_down.clone()
         out.lora_up, out.bias = _piece(layer.lora_up, 0, n), _piece(layer.bias, 0, n)
         out.refresh_act_shift()
@@ -121,7 +127,11 @@ def shard_rows(layer: nn.Module, rank: int, world: int) -> tuple[nn.Module, torc
         k = _span(layer.in_features, rank, world, unit, "in_features")
         out = _svdq_like(layer, k.stop - k.start, layer.out_features, False)
         out.qweight = _piece(layer.qweight, 1, slice(k.start // 2, k.stop // 2))
-        out.wscales = _piece(layer.wscales, 0, slice(k.start // layer.group_size, k.stop // layer.group_size))
+        groups = slice(k.start // layer.group_size, k.stop // layer.group_size)
+        if layer.weight_format == "int4_2l":      # each output channel keeps its row scale, the slice its groups' u
+            out.wscales, out.wmul = _copy(layer.wscales), _piece(layer.wmul, 0, groups)
+        else:
+            out.wscales = _piece(layer.wscales, 0, groups)
         out.smooth, out.lora_down = _piece(layer.smooth, 0, k), _piece(layer.lora_down, 1, k)
         out.lora_up = layer.lora_up.clone()
         out.refresh_act_shift()
@@ -162,7 +172,8 @@ def _fp8_like(layer: nn.Module, out: nn.Module, n: slice | None = None) -> nn.Mo
 def _svdq_like(layer: SVDQLinear, k: int, n: int, bias: bool) -> SVDQLinear:
     out = SVDQLinear(k, n, layer.rank, layer.group_size, bias, layer.act_bits, layer.wscales.dtype,
                      layer.lora_down.dtype, layer.bias.dtype if layer.bias is not None else torch.float32,
-                     layer.config, act_shift=layer.act_shift)   # a shard's shift vector follows its λ slice
+                     layer.config, act_shift=layer.act_shift,   # a shard's shift vector follows its λ slice
+                     weight_format=layer.weight_format)
     out._forward_kernel, out.use_kernels = layer._forward_kernel, getattr(layer, "use_kernels", True)
     return out.to(layer.qweight.device)
 

@@ -6,6 +6,9 @@ The forward here is the reference path: pure torch, dequantize and matmul, the s
     xs = x / smooth
     y  = dequant(quant_act_int4(xs)) @ dequant(qweight)ᵀ + (xs @ lora_downᵀ) @ lora_upᵀ + bias
 
+in the layer's weight format: the SVDQuant-standard int4_g64, or the Hopper two-level int4_2l (weights and
+activations both two-level, ``formats.int4_twolevel``).
+
 A CUDA kernel path is installed by setting ``self._forward_kernel`` (see :meth:`SVDQLinear._use_kernels`).
 """
 
@@ -17,9 +20,10 @@ import torch
 from torch import nn
 
 from ..formats.int4 import act_shift_vector, dequantize_int4, unpack_int4
+from ..formats.int4_twolevel import dequantize_weight_2l
 from ..formats.int8 import dequantize_rows_int8, quantize_rows_int8
 from ..quant.calibrate import ActivationStats
-from ..quant.config import SVDQuantConfig, W8A8Config
+from ..quant.config import WEIGHT_FORMATS, SVDQuantConfig, W8A8Config
 from ..quant.svdquant import fake_quant_act, lowrank_output, svdquant_weight
 
 _LINEAR_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -49,12 +53,14 @@ class SVDQLinear(nn.Module):
 
     Buffers:
         qweight   uint8 [N, K/2]  packed Q(R), R = W·diag(smooth) − lora_up·lora_down (``formats.int4`` layout)
-        wscales   [K/G, N]        16-bit group scales (group-major)
+        wscales   [K/G, N]        16-bit group scales (group-major); int4_2l: float32 [N], the row scales s
+        wmul      None            int4_2l: uint8 [K/G, N], the group multipliers u (``formats.int4_twolevel``)
         smooth    [K]             16-bit smoothing λ; the input is divided by it (1 = no smoothing)
         lora_down [r, K]          16-bit, applies to the SMOOTHED input x / λ
         lora_up   [N, r]          16-bit
         bias      [N] or None     the original bias, original dtype
-    Attributes: in_features (K), out_features (N), group_size (G), rank (r), act_bits (4, 8 or 16: int4 per-group,
+    Attributes: in_features (K), out_features (N), group_size (G), rank (r), weight_format ("int4_g64" or "int4_2l",
+    whose activations are two-level too: act_bits 4 or 16, no act_shift), act_bits (4, 8 or 16: int4 per-group,
     per-token e4m3 — ``formats.fp8``, W4A8, the same weights — or unquantized activations; may be set on a built
     layer), config,
     act_shift (0: signed int4 activations; c > 0: unsigned int4 of x + c, for inputs ≥ −c such as GELU outputs —
@@ -67,7 +73,7 @@ class SVDQLinear(nn.Module):
     def __init__(self, in_features: int, out_features: int, rank: int, group_size: int, bias: bool = True,
                  act_bits: int = 4, scale_dtype: torch.dtype = torch.bfloat16,
                  lowrank_dtype: torch.dtype = torch.bfloat16, bias_dtype: torch.dtype = torch.float32,
-                 config: SVDQuantConfig | None = None, act_shift: float = 0.0):
+                 config: SVDQuantConfig | None = None, act_shift: float = 0.0, weight_format: str = "int4_g64"):
         super().__init__()
         if in_features % group_size or in_features % 64:
             raise ValueError(f"in_features={in_features} must be a multiple of group_size={group_size} and of 64")
@@ -77,6 +83,12 @@ class SVDQLinear(nn.Module):
         if not (math.isfinite(act_shift) and act_shift >= 0) or (act_shift and act_bits != 4):
             raise ValueError(f"act_shift must be a finite value ≥ 0 (and 0 unless act_bits=4), got {act_shift} with "
                              f"act_bits={act_bits}")
+        if weight_format not in WEIGHT_FORMATS:
+            raise ValueError(f"weight_format must be one of {WEIGHT_FORMATS}, got {weight_format!r}")
+        if weight_format == "int4_2l" and (group_size != 64 or act_bits == 8 or act_shift):
+            raise ValueError(f"an int4_2l layer takes group_size=64, act_bits 4 or 16 and no act_shift, got "
+                             f"group_size={group_size}, act_bits={act_bits}, act_shift={act_shift}")
+        self.weight_format = weight_format
         self.act_shift = act_shift
         self._shift_cache = None
         self.in_features, self.out_features = in_features, out_features
@@ -85,7 +97,12 @@ class SVDQLinear(nn.Module):
         self.config = config
         n, k = out_features, in_features
         self.register_buffer("qweight", torch.zeros(n, k // 2, dtype=torch.uint8))
-        self.register_buffer("wscales", torch.ones(k // group_size, n, dtype=scale_dtype))
+        if weight_format == "int4_2l":
+            self.register_buffer("wscales", torch.ones(n, dtype=torch.float32))
+            self.register_buffer("wmul", torch.ones(k // group_size, n, dtype=torch.uint8))
+        else:
+            self.register_buffer("wscales", torch.ones(k // group_size, n, dtype=scale_dtype))
+            self.register_buffer("wmul", None)
         self.register_buffer("smooth", torch.ones(k, dtype=scale_dtype))
         self.register_buffer("lora_down", torch.zeros(rank, k, dtype=lowrank_dtype))
         self.register_buffer("lora_up", torch.zeros(n, rank, dtype=lowrank_dtype))
@@ -113,8 +130,9 @@ class SVDQLinear(nn.Module):
         has_bias = linear.bias is not None
         mod = cls(k, linear.out_features, config.rank, group, has_bias, config.act_bits,
                   config.torch_scale_dtype, config.torch_lowrank_dtype,
-                  linear.bias.dtype if has_bias else torch.float32, config, act_shift=config.act_shift)
-        for buf in ("qweight", "wscales", "smooth", "lora_down", "lora_up"):
+                  linear.bias.dtype if has_bias else torch.float32, config, act_shift=config.act_shift,
+                  weight_format=config.weight_format)
+        for buf in ("qweight", "wscales", "wmul", "smooth", "lora_down", "lora_up"):
             setattr(mod, buf, getattr(res, buf))
         if has_bias:
             mod.bias = linear.bias.detach().clone()
@@ -138,7 +156,8 @@ class SVDQLinear(nn.Module):
         dt = _compute_dtype(x)
         x2 = x.reshape(-1, self.in_features).to(dt)
         xs = x2 / self.smooth.to(dt)
-        xa = fake_quant_act(xs, self.act_bits, self.group_size, self.wscales.dtype, self.act_shift_vec())
+        xa = fake_quant_act(xs, self.act_bits, self.group_size, self.wscales.dtype, self.act_shift_vec(),
+                            self.weight_format)
         y = lowrank_output(xa, xs, self.dequantized_weight().to(dt), self.lora_down.to(dt), self.lora_up.to(dt))
         if self.bias is not None:
             y = y + self.bias.to(dt)
@@ -199,6 +218,8 @@ class SVDQLinear(nn.Module):
 
     def dequantized_weight(self) -> torch.Tensor:
         """Q(R) as float32 [N, K] (smoothing folded in, low-rank branch not included)."""
+        if self.weight_format == "int4_2l":
+            return dequantize_weight_2l(self.qweight, self.wmul, self.wscales, self.group_size)
         return dequantize_int4(unpack_int4(self.qweight), self.wscales, self.group_size)
 
     @torch.no_grad()
@@ -230,13 +251,15 @@ class SVDQLinear(nn.Module):
         self.rank = r
 
     def stored_bytes(self) -> int:
-        """Bytes of the weight representation: qweight + wscales + smooth + lora_down + lora_up (no bias)."""
+        """Bytes of the weight representation: qweight + wscales (+ wmul) + smooth + lora_down + lora_up (no bias)."""
         return sum(t.numel() * t.element_size()
-                   for t in (self.qweight, self.wscales, self.smooth, self.lora_down, self.lora_up))
+                   for t in (self.qweight, self.wscales, self.wmul, self.smooth, self.lora_down, self.lora_up)
+                   if t is not None)
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, rank={self.rank}, "
                 f"group_size={self.group_size}, act_bits={self.act_bits}, bias={self.bias is not None}"
+                + (f", weight_format={self.weight_format}" if self.weight_format != "int4_g64" else "")
                 + (f", act_shift={self.act_shift}" if self.act_shift else ""))
 
 

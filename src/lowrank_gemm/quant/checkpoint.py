@@ -2,11 +2,14 @@
 
 File = the quantized model's full ``state_dict`` plus string metadata:
 
-- ``format`` = ``"lowrank_gemm.quantized"``, ``format_version`` = ``"2"`` (version 2 added the unsigned
-  activations, ``act_shift``, which a version-1 reader would drop; version-1 files still load, as signed layers);
+- ``format`` = ``"lowrank_gemm.quantized"``, ``format_version`` = ``"3"`` (version 2 added the unsigned
+  activations, ``act_shift``, which a version-1 reader would drop; version 3 the two-level weight format,
+  ``weight_format`` = ``"int4_2l"``, whose layers a version-2 reader would rebuild as int4_g64 ones; older files
+  still load: version-1 layers as signed, version-1 and -2 layers as int4_g64);
 - ``config``: JSON of the quantization config (the first converted layer's; ``modules`` has each one's);
 - ``modules``: JSON ``{name: {"class", "in_features", "out_features", "rank", "group_size", "act_bits",
-  "bias", "config"}}`` describing every quantized layer (version 2: SVDQLinear entries add ``"act_shift"``);
+  "bias", "config"}}`` describing every quantized layer (version 2: SVDQLinear entries add ``"act_shift"``;
+  version 3: ``"weight_format"`` where it is not int4_g64);
 - ``checksums``: JSON ``{tensor name: sha256 of its raw bytes}``.
 
 Loading validates everything (header, version, checksums, every module against the skeleton, every tensor
@@ -30,8 +33,8 @@ from ..nn.svdq import SVDQLinear, W8A8Linear
 from .config import _BaseConfig, config_from_dict
 
 FORMAT = "lowrank_gemm.quantized"
-FORMAT_VERSION = 2
-READ_VERSIONS = ("1", "2")
+FORMAT_VERSION = 3
+READ_VERSIONS = ("1", "2", "3")
 
 
 class CheckpointError(ValueError):
@@ -84,6 +87,8 @@ def _describe(m: nn.Module) -> dict:
         desc.update(rank=m.rank, group_size=m.group_size, act_bits=m.act_bits)
         if m.act_shift:
             desc["act_shift"] = m.act_shift
+        if m.weight_format != "int4_g64":
+            desc["weight_format"] = m.weight_format
     return desc
 
 
@@ -94,7 +99,8 @@ def _empty_module(desc: dict, linear: nn.Linear) -> nn.Module:
     if desc["class"] == "SVDQLinear":
         return SVDQLinear(desc["in_features"], desc["out_features"], desc["rank"], desc["group_size"], desc["bias"],
                           desc["act_bits"], config.torch_scale_dtype, config.torch_lowrank_dtype, bias_dtype, config,
-                          act_shift=float(desc.get("act_shift", 0.0)))
+                          act_shift=float(desc.get("act_shift", 0.0)),
+                          weight_format=desc.get("weight_format", "int4_g64"))
     if desc["class"] == "W8A8Linear":
         return W8A8Linear(desc["in_features"], desc["out_features"], desc["bias"], config.torch_scale_dtype,
                           bias_dtype, config)

@@ -23,6 +23,7 @@ import torch
 
 CONFIG_VERSION = 1
 _SCALE_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
+WEIGHT_FORMATS = ("int4_g64", "int4_2l")
 
 
 class Scheme(str, Enum):
@@ -79,6 +80,10 @@ class SVDQuantConfig(_BaseConfig):
 
     Fields:
         weight_bits: 4 (the only packed weight width).
+        weight_format: "int4_g64" (SVDQuant standard: a 16-bit scale per group, ``formats.int4``) or "int4_2l"
+            (the Hopper two-level format, ``formats.int4_twolevel``: an fp32 scale per output channel times a 4-bit
+            multiplier per group, and activations in the same two-level form — group_size 64, act_bits 4 or 16, no
+            act_shift). The search (smoothing, refit) scores the chosen format's quantizers.
         act_bits: 4 (W4A4, per-token-group activations), 8 (W4A8: per-token e4m3 activations, ``formats.fp8``; the
             weights stay int4_g64) or 16 (W4A16, activations not quantized).
         group_size: 64 (SVDQuant standard), 128, or 0 meaning per-channel (group = K).
@@ -98,6 +103,7 @@ class SVDQuantConfig(_BaseConfig):
     """
 
     weight_bits: int = 4
+    weight_format: str = "int4_g64"
     act_bits: int = 4
     group_size: int = 64
     rank: int = 32
@@ -129,6 +135,12 @@ class SVDQuantConfig(_BaseConfig):
                  f"act_shift must be a finite value ≥ 0, got {self.act_shift}")
         _require(self.act_shift == 0 or self.act_bits == 4,
                  f"act_shift (unsigned activations) needs act_bits=4, got act_bits={self.act_bits}")
+        _require(self.weight_format in WEIGHT_FORMATS,
+                 f"weight_format must be one of {WEIGHT_FORMATS}, got {self.weight_format!r}")
+        _require(self.weight_format == "int4_g64" or (self.group_size == 64 and self.act_bits in (4, 16)
+                                                       and self.act_shift == 0),
+                 f"weight_format='int4_2l' takes group_size=64, act_bits 4 (its two-level activations) or 16, and no "
+                 f"act_shift; got group_size={self.group_size}, act_bits={self.act_bits}, act_shift={self.act_shift}")
         for field in ("scale_dtype", "lowrank_dtype"):
             _require(getattr(self, field) in _SCALE_DTYPES, f"{field} must be one of {sorted(_SCALE_DTYPES)}")
 

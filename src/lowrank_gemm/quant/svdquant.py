@@ -12,7 +12,8 @@ Given W [N, K] and calibration stats of its input x:
 
 Everything a candidate is scored with is the stored, rounded tensor (16-bit λ, scales and factors), and
 the score uses the same math as the module's forward (:func:`lowrank_output`), so the calibration error
-reported here is the error the converted layer reproduces.
+reported here is the error the converted layer reproduces. Q and Q_a are the config's weight format's
+(``weight_format``: int4_g64, or the two-level int4_2l with its two-level activations).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import torch
 
 from ..formats.int4 import (act_shift_vector, dequantize_int4, pack_int4, quantize_act_int4, quantize_act_uint4,
                             quantize_weight_int4)
+from ..formats.int4_twolevel import dequantize_act_2l, dequantize_weight_2l, quantize_act_2l, quantize_weight_2l
 from .calibrate import ActivationStats
 from .config import SVDQuantConfig
 
@@ -30,15 +32,22 @@ _EPS = 1e-5  # floor for absmax statistics: dead channels must not give λ = 0 o
 
 
 def fake_quant_act(xs: torch.Tensor, act_bits: int, group_size: int, scale_dtype: torch.dtype,
-                   shift: torch.Tensor | None = None) -> torch.Tensor:
+                   shift: torch.Tensor | None = None, weight_format: str = "int4_g64") -> torch.Tensor:
     """Activations as the W4A4 GEMM sees them: ``xs`` [M, K] → dequant(quant_int4(xs)) (float32).
 
     ``act_bits == 16`` returns ``xs`` unchanged (W4A16); ``act_bits == 8``: per-token e4m3 (W4A8,
     ``formats.fp8.quantize_act_e4m3``). ``shift`` (float32 [K], ``formats.int4.act_shift_vector``):
-    unsigned activations, dequant(quant_uint4(xs + shift)) − shift.
+    unsigned activations, dequant(quant_uint4(xs + shift)) − shift. ``weight_format="int4_2l"``: the two-level
+    activations (``formats.int4_twolevel.quantize_act_2l``), act_bits 4 or 16 only.
     """
     if act_bits == 16:
         return xs
+    if weight_format == "int4_2l":
+        if act_bits != 4 or shift is not None:
+            raise ValueError(f"int4_2l layers quantize their activations in the two-level format (act_bits 4, or 16 "
+                             f"for none) and take no act_shift; got act_bits={act_bits}, act_shift="
+                             f"{'set' if shift is not None else None}")
+        return dequantize_act_2l(*quantize_act_2l(xs, group_size)).to(xs.dtype)
     if act_bits == 8:
         from ..formats.fp8 import dequantize_act_e4m3, quantize_act_e4m3
         return dequantize_act_e4m3(*quantize_act_e4m3(xs)).to(xs.dtype)
@@ -67,9 +76,10 @@ def lowrank_output(
 class SVDQuantResult:
     """What the search produced for one layer (tensors on the layer's device).
 
-    qweight uint8 [N, K/2] (packed Q(R)); wscales [K/G, N]; smooth [K]; lora_down [r, K];
-    lora_up [N, r] (16-bit); alpha: chosen α (None = no smoothing); calib_error: relative output error
-    on the calibration sample (or relative weight error without calibration); refit_steps: refits run.
+    qweight uint8 [N, K/2] (packed Q(R)); wscales [K/G, N] (int4_2l: fp32 [N], the row scales s); wmul None
+    (int4_2l: uint8 [K/G, N], the group multipliers u); smooth [K]; lora_down [r, K]; lora_up [N, r] (16-bit);
+    alpha: chosen α (None = no smoothing); calib_error: relative output error on the calibration sample (or
+    relative weight error without calibration); refit_steps: refits run.
     """
 
     qweight: torch.Tensor
@@ -80,11 +90,12 @@ class SVDQuantResult:
     alpha: float | None
     calib_error: float
     refit_steps: int
+    wmul: torch.Tensor | None = None
 
 
 @dataclass
 class _State:
-    """One scored candidate: λ16, factors, quantized residual and its error."""
+    """One scored candidate: λ16, factors, quantized residual (q, scales, multipliers) and its error."""
 
     alpha: float | None
     smooth: torch.Tensor
@@ -92,6 +103,7 @@ class _State:
     up: torch.Tensor
     q: torch.Tensor
     scales: torch.Tensor
+    mul: torch.Tensor | None
     w_deq: torch.Tensor
     error: float
 
@@ -110,7 +122,8 @@ class _Objective:
         if self._cache is None or self._cache[0] is not smooth:
             xs = self.x / smooth.float()
             shift = act_shift_vector(self.config.act_shift, smooth).to(xs.device) if self.config.act_shift else None
-            xa = fake_quant_act(xs, self.config.act_bits, self.group, self.config.torch_scale_dtype, shift)
+            xa = fake_quant_act(xs, self.config.act_bits, self.group, self.config.torch_scale_dtype, shift,
+                                self.config.weight_format)
             self._cache = (smooth, xa, xs)
         return self._cache[1], self._cache[2]
 
@@ -145,6 +158,7 @@ def svdquant_weight(w: torch.Tensor, config: SVDQuantConfig, stats: ActivationSt
     return SVDQuantResult(
         qweight=pack_int4(best.q).to(out_device),
         wscales=best.scales.to(out_device),
+        wmul=None if best.mul is None else best.mul.to(out_device),
         smooth=best.smooth.to(out_device),
         lora_down=best.down.to(out_device),
         lora_up=best.up.to(out_device),
@@ -176,10 +190,18 @@ def _fit(w, alpha, smooth, residual_deq, config: SVDQuantConfig, objective: _Obj
     target = w_hat if residual_deq is None else w_hat - residual_deq
     down, up = _top_r_factors(target, config)
     residual = w_hat - up.float() @ down.float() if config.rank else w_hat
-    group = config.group_for(w.shape[1])
+    q, scales, mul, w_deq = quantize_residual(residual, config, config.group_for(w.shape[1]))
+    return _State(alpha, smooth, down, up, q, scales, mul, w_deq, objective(smooth, w_deq, down, up))
+
+
+def quantize_residual(residual: torch.Tensor, config: SVDQuantConfig, group: int):
+    """``residual`` [N, K] in the config's weight format → (q int8 [N, K], scales, multipliers or None, Q(R) float32):
+    int4_g64 16-bit group scales [K/G, N]; int4_2l row scales fp32 [N] and group multipliers uint8 [K/G, N]."""
+    if config.weight_format == "int4_2l":
+        q, mul, scales = quantize_weight_2l(residual, group)
+        return q, scales, mul, dequantize_weight_2l(q, mul, scales, group)
     q, scales = quantize_weight_int4(residual, group, config.torch_scale_dtype)
-    w_deq = dequantize_int4(q, scales, group)
-    return _State(alpha, smooth, down, up, q, scales, w_deq, objective(smooth, w_deq, down, up))
+    return q, scales, None, dequantize_int4(q, scales, group)
 
 
 def _refit(w, state: _State, config: SVDQuantConfig, objective: _Objective) -> tuple[_State, int]:
