@@ -221,6 +221,7 @@ def test_two_level_layer_matches_the_spec_in_float64(layer):
     assert torch.allclose(mod(x), ref, rtol=1e-10, atol=1e-10)
     assert mod.calib_error == pytest.approx(_rel_err(mod, *layer), rel=1e-4)   # the search scored this format
     assert mod.stored_bytes() == N * K // 2 + N * 4 + (K // 64) * N + K * 2 + 16 * (N + K) * 2
+    assert mod.stored_bytes() == svdq_stored_bytes(N, K, 16, 64, weight_format="int4_2l")
 
 
 def test_two_level_search_and_refit_score_their_own_format(layer):

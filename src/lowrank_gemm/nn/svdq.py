@@ -30,10 +30,12 @@ _LINEAR_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
 def svdq_stored_bytes(out_features: int, in_features: int, rank: int, group_size: int,
-                      scale_bytes: int = 2, lowrank_bytes: int = 2) -> int:
-    """Bytes an SVDQLinear stores for its weight: packed int4 + scales + smooth + low-rank factors (no bias)."""
+                      scale_bytes: int = 2, lowrank_bytes: int = 2, weight_format: str = "int4_g64") -> int:
+    """Bytes an SVDQLinear stores for its weight: packed int4 + scales + smooth + low-rank factors (no bias).
+    int4_2l: an fp32 row scale per output channel and a uint8 multiplier per group instead of the group scales."""
     n, k = out_features, in_features
-    return n * k // 2 + (k // group_size) * n * scale_bytes + k * scale_bytes + rank * (n + k) * lowrank_bytes
+    scales = n * 4 + (k // group_size) * n if weight_format == "int4_2l" else (k // group_size) * n * scale_bytes
+    return n * k // 2 + scales + k * scale_bytes + rank * (n + k) * lowrank_bytes
 
 
 def check_linear(linear: nn.Module) -> None:
