@@ -23,7 +23,7 @@ from ..formats.int4 import act_shift_vector, dequantize_int4, unpack_int4
 from ..formats.int4_twolevel import dequantize_weight_2l
 from ..formats.int8 import dequantize_rows_int8, quantize_rows_int8
 from ..quant.calibrate import ActivationStats
-from ..quant.config import WEIGHT_FORMATS, SVDQuantConfig, W8A8Config
+from ..quant.config import SVDQuantConfig, W8A8Config, check_weight_format
 from ..quant.svdquant import fake_quant_act, lowrank_output, svdquant_weight
 
 _LINEAR_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -85,11 +85,7 @@ class SVDQLinear(nn.Module):
         if not (math.isfinite(act_shift) and act_shift >= 0) or (act_shift and act_bits != 4):
             raise ValueError(f"act_shift must be a finite value ≥ 0 (and 0 unless act_bits=4), got {act_shift} with "
                              f"act_bits={act_bits}")
-        if weight_format not in WEIGHT_FORMATS:
-            raise ValueError(f"weight_format must be one of {WEIGHT_FORMATS}, got {weight_format!r}")
-        if weight_format == "int4_2l" and (group_size != 64 or act_bits == 8 or act_shift):
-            raise ValueError(f"an int4_2l layer takes group_size=64, act_bits 4 or 16 and no act_shift, got "
-                             f"group_size={group_size}, act_bits={act_bits}, act_shift={act_shift}")
+        check_weight_format(weight_format, group_size, act_bits, act_shift)
         self.weight_format = weight_format
         self.act_shift = act_shift
         self._shift_cache = None

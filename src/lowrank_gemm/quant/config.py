@@ -135,12 +135,7 @@ class SVDQuantConfig(_BaseConfig):
                  f"act_shift must be a finite value ≥ 0, got {self.act_shift}")
         _require(self.act_shift == 0 or self.act_bits == 4,
                  f"act_shift (unsigned activations) needs act_bits=4, got act_bits={self.act_bits}")
-        _require(self.weight_format in WEIGHT_FORMATS,
-                 f"weight_format must be one of {WEIGHT_FORMATS}, got {self.weight_format!r}")
-        _require(self.weight_format == "int4_g64" or (self.group_size == 64 and self.act_bits in (4, 16)
-                                                       and self.act_shift == 0),
-                 f"weight_format='int4_2l' takes group_size=64, act_bits 4 (its two-level activations) or 16, and no "
-                 f"act_shift; got group_size={self.group_size}, act_bits={self.act_bits}, act_shift={self.act_shift}")
+        check_weight_format(self.weight_format, self.group_size, self.act_bits, self.act_shift)
         for field in ("scale_dtype", "lowrank_dtype"):
             _require(getattr(self, field) in _SCALE_DTYPES, f"{field} must be one of {sorted(_SCALE_DTYPES)}")
 
@@ -204,6 +199,15 @@ def scheme_config(name: str | Scheme, **overrides: Any) -> _BaseConfig:
     """The preset config of a named scheme (see :class:`Scheme`), with field overrides."""
     cls, fields = _SCHEMES[Scheme(name)]
     return cls(**{**fields, **overrides})
+
+
+def check_weight_format(weight_format: str, group_size: int, act_bits: int, act_shift: float) -> None:
+    """The weight format and what it allows (the config and ``SVDQLinear`` both ask): int4_2l takes group 64,
+    act_bits 4 (its two-level activations) or 16, and no act_shift."""
+    _require(weight_format in WEIGHT_FORMATS, f"weight_format must be one of {WEIGHT_FORMATS}, got {weight_format!r}")
+    _require(weight_format == "int4_g64" or (group_size == 64 and act_bits in (4, 16) and not act_shift),
+             f"an int4_2l layer takes group_size=64, act_bits 4 (its two-level activations) or 16, and no act_shift; "
+             f"got group_size={group_size}, act_bits={act_bits}, act_shift={act_shift}")
 
 
 def _require(ok: bool, message: str) -> None:
