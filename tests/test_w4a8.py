@@ -127,16 +127,69 @@ def test_act_quant_e4m3_f16_operand_interpreter(m, k, monkeypatch):
         act_quant_e4m3(x, lam, torch.zeros(0, k).half(), out="f8")
 
 
-@pytest.mark.parametrize("one_pass,lowrank", [(True, True), (False, True), (True, False)])
-def test_aot_quantizer_kernels_compile_sm90(one_pass, lowrank):
+@pytest.mark.parametrize("m,k", [(1, 4096), (5, 1088), (3, 9024)])     # the row in registers; walked twice
+def test_act_quant_e4m3_xab_operand_interpreter(m, k, monkeypatch):
+    """out="xab": the spec's e4m3 codes at their columns and the decode kernel's e4m3 group rows (2⁹·t, −8·R·t) bit
+    for bit — on rows with a NaN, a zero row and rows whose codes span the format's range; the same S as out="e4m3"."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    from lowrank_gemm.kernels.act_e4m3 import act_quant_e4m3, e4m3_xab_ref
+    torch.manual_seed(4)
+    x = (torch.randn(m, k) * torch.exp(torch.randn(k) * 2)).half()
+    if m >= 3:
+        x[1] = 0
+        x[2, 5] = float("nan")
+    lam = (torch.rand(k) + 0.5).half()
+    a = (torch.randn(7, k) * 0.02).half()
+    q, xab, s = act_quant_e4m3(x, lam, a, out="xab")
+    xs = x.float() / lam.float()
+    q_ref, t_ref = quantize_act_e4m3(xs)
+    want = e4m3_xab_ref(q_ref, t_ref)
+    assert q.dtype == torch.float8_e4m3fn and xab.shape == (k // 64, 2, m)
+    assert _codes_equal_off_nan_rows(q, q_ref, x)
+    ok = ~torch.isnan(x.float()).any(1)
+    assert torch.equal(xab[:, :, ok], want[:, :, ok])
+    if m >= 3:      # a NaN row keeps t = 1 (formats/fp8.py) and its NaN code makes its group's b NaN
+        assert torch.isnan(xab[:, 1, 2]).sum() == 1 and torch.isnan(xab[5 // 64, 1, 2])
+    assert torch.equal(xab[:, 0, :], (t_ref * 512)[None, :].expand(k // 64, m))
+    s_ref = xs.double() @ a.double().T
+    assert ((s.double() - s_ref)[ok].norm() / s_ref[ok].norm()).item() < 1e-6
+    # the rows against the spec's products: t·Σ_g ws·Σ q·q_w = Σ_g ws·(2⁹t·P' − 8Rt), P' = 2⁻⁹·Σ q·(q_w + 8)
+    qw = torch.randint(-8, 8, (k,)).double()
+    p8 = (q_ref.double() * (qw + 8)).reshape(m, k // 64, 64).sum(-1) / 512                       # [M, K/64]
+    got = (p8 * xab[:, 0, :].t().double() + xab[:, 1, :].t().double()).sum(-1)
+    exact = t_ref.double() * (q_ref.double() * qw).sum(-1)
+    bound = xab[:, 1, :].t().double().abs().sum(-1) * 2.0 ** -23                 # b's one fp32 rounding per group
+    assert ((got - exact).abs()[ok] <= bound[ok]).all()
+    with pytest.raises(ValueError, match="group_size=64"):
+        act_quant_e4m3(x, lam, a, group_size=128, out="xab")
+
+
+def test_xab_reference_cpu_path_and_spec():
+    """The CPU (no interpreter) path of out="xab" is the spec; the spec's rows are exact group sums of the codes."""
+    from lowrank_gemm.kernels.act_e4m3 import act_quant_e4m3, e4m3_xab_ref
+    torch.manual_seed(5)
+    x = torch.randn(3, 256).bfloat16()
+    lam = (torch.rand(256) + 0.5).bfloat16()
+    q, xab, s = act_quant_e4m3(x, lam, torch.zeros(0, 256).bfloat16(), out="xab")
+    q_ref, t_ref = quantize_act_e4m3(x.float() / lam.float())
+    assert s is None and torch.equal(q.view(torch.uint8), q_ref.view(torch.uint8))
+    r = q_ref.double().reshape(3, 4, 64).sum(-1).t()                                       # exact group sums
+    assert torch.equal(xab, e4m3_xab_ref(q_ref, t_ref)) and torch.equal(xab[:, 1, :], (r.float() * -8) * t_ref)
+
+
+@pytest.mark.parametrize("one_pass,lowrank,xab", [(True, True, False), (False, True, False), (True, False, False),
+                                                  (True, True, True), (False, True, True)])
+def test_aot_quantizer_kernels_compile_sm90(one_pass, lowrank, xab):
     """The interpreter runs Python scoping; the compiler does not: both quantizer kernels compile for sm_90 (a
-    variable defined only inside a loop failed there, session 41), with IEEE divisions and the e4m3 conversion."""
+    variable defined only inside a loop failed there, session 41), with IEEE divisions and the e4m3 conversion —
+    the rows kernel in both its outputs (fp16 codes; e4m3 codes + xab rows)."""
     from lowrank_gemm.kernels.aot import compile_sm90
-    sig = {"x_ptr": "*bf16", "stride_xm": "i32", "smooth_ptr": "*bf16", "x16_ptr": "*fp16", "t_ptr": "*fp32",
-           "a_ptr": "*bf16", "stride_ar": "i32", "s_ptr": "*fp32", "stride_sm": "i32", "K": "i32", "R": "i32"}
-    info = compile_sm90("lowrank_gemm.kernels.act_e4m3", "_e4m3_rows_f16_kernel", sig,
+    sig = {"x_ptr": "*bf16", "stride_xm": "i32", "smooth_ptr": "*bf16", "q_ptr": "*fp8e4nv" if xab else "*fp16",
+           "t_ptr": "*fp32", "a_ptr": "*bf16", "stride_ar": "i32", "s_ptr": "*fp32", "stride_sm": "i32", "M": "i32",
+           "K": "i32", "R": "i32"}
+    info = compile_sm90("lowrank_gemm.kernels.act_e4m3", "_e4m3_rows_kernel", sig,
                         dict(BLOCK_K=4096 if one_pass else 2048, RC=4, MANT=3, EMIN=-6, EMU_CVT=False,
-                             ONE_PASS=one_pass, HAS_LOWRANK=lowrank), num_warps=8)
+                             ONE_PASS=one_pass, HAS_LOWRANK=lowrank, XAB=xab), num_warps=8)
     assert "div.rn.f32" in info.ptx and "cvt.rn.satfinite.e4m3x2.f32" in info.ptx
     sig2 = {"x_ptr": "*bf16", "stride_xm": "i32", "smooth_ptr": "*bf16", "rl_ptr": "*fp32", "q_ptr": "*fp8e4nv",
             "stride_qm": "i32", "t_ptr": "*fp32", "ap_ptr": "*fp32", "stride_aps": "i32", "M": "i32", "K": "i32",
@@ -188,6 +241,21 @@ def test_gemm_contract_accepts_token_scales_and_names_both_forms():
     assert check_gemm_args(x8, torch.rand(m), qw, ws, None, None, None, None, 64, "int4_g64") == (m, n, k, 0)
     with pytest.raises(ValueError, match=r"per-token scale float32 \[M\] = \[5\]"):
         check_gemm_args(x8, torch.rand(m + 1), qw, ws, None, None, None, None, 64, "int4_g64")
+
+
+def test_decode_xab_route_choice(monkeypatch):
+    """Which quantizer output the W4A8 layer asks for: "xab" (the decode kernel's e4m3 path) only with the switch on,
+    group 64, M ≤ the e4m3 tiles and a decode-routable N; otherwise the fp16 path to M = 64, then v2's A8 route."""
+    from lowrank_gemm.kernels.w4a4_gemm import _a8_act_out
+    dev = torch.device("cuda")          # a device object only: nothing is launched
+    monkeypatch.setenv("LOWRANK_GEMM_A8_DECODE_XAB", "1")
+    assert [_a8_act_out("auto", m, 28672, 64, dev) for m in (1, 16, 17, 64, 65)] == ["xab"] * 2 + ["f16"] * 2 + ["e4m3"]
+    assert _a8_act_out("auto", 1, 1000, 64, dev) == "e4m3"          # N % 16: no decode kernel
+    assert _a8_act_out("auto", 1, 28672, 128, dev) == "f16"         # group sums exact only for 64
+    assert _a8_act_out("v2", 1, 28672, 64, dev) == "e4m3" and _a8_act_out("decode", 4, 4096, 64, dev) == "xab"
+    assert _a8_act_out("auto", 4, 4096, 64, torch.device("cpu")) == "e4m3"
+    monkeypatch.setenv("LOWRANK_GEMM_A8_DECODE_XAB", "0")
+    assert _a8_act_out("auto", 1, 28672, 64, dev) == "f16"
 
 
 def test_layer_and_gemm_refuse_other_paths_clearly():
@@ -391,3 +459,39 @@ def test_gpu_graph_capture_and_nan_rows(m, n):
     x[3, 5] = float("nan")
     y = w4a4_linear(x, act_bits=8, **p)
     assert torch.isnan(y[3]).all() and torch.isfinite(y[torch.arange(m, device=y.device) != 3]).all()
+
+
+@gpu
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("m,n,k", [(1, 28672, 4096), (16, 28672, 4096), (5, 1008, 1024), (3, 4096, 12288)])
+def test_gpu_decode_xab_route(m, n, k, monkeypatch):
+    """W4A8 on the decode kernel's e4m3 path (act_quant_e4m3(out="xab"); K = 12288 walks the row twice): the
+    quantizer's codes and rows bit for bit against the spec, the GEMM ≤ 1e-3 from float64 on the same operands
+    (fp32 out; the e4m3 wgmma multiplies arbitrary e4m3 codes here, not int4 values), bit-identical reruns, the
+    layer against the spec and the fp16 path, CUDA-graph replay, a NaN row that stays in its row."""
+    from lowrank_gemm.bench.common import capture_graph
+    from lowrank_gemm.kernels.act_e4m3 import act_quant_e4m3, e4m3_xab_ref
+    x, p = _layer(m, n, k, dev="cuda")
+    x8, xab, s = act_quant_e4m3(x, p["smooth"], p["lora_down"], out="xab")
+    q_ref, t_ref = quantize_act_e4m3(x.float() / p["smooth"].float())
+    assert torch.equal(x8.view(torch.uint8), q_ref.view(torch.uint8)) and torch.equal(xab, e4m3_xab_ref(q_ref, t_ref))
+    y = w4a4_gemm(x8, xab, p["qweight"], p["wscales"], s, p["lora_up"], p["bias"], out_dtype=torch.float32,
+                  impl="decode")
+    ref_g = w4a4_gemm_ref(x8, t_ref, p["qweight"], p["wscales"], s, p["lora_up"], p["bias"])
+    assert torch.isfinite(y).all() and _rel(y, ref_g) <= 1e-3
+    assert torch.equal(y, w4a4_gemm(x8, xab, p["qweight"], p["wscales"], s, p["lora_up"], p["bias"],
+                                    out_dtype=torch.float32, impl="decode"))
+    ref = svdq_linear_ref(x, **p, act_bits=8)
+    monkeypatch.setenv("LOWRANK_GEMM_A8_DECODE_XAB", "0")
+    y16 = w4a4_linear(x, out_dtype=torch.float32, act_bits=8, **p)
+    monkeypatch.setenv("LOWRANK_GEMM_A8_DECODE_XAB", "1")
+    y8 = w4a4_linear(x, out_dtype=torch.float32, act_bits=8, **p)
+    assert _rel(y8, ref) <= 3e-3 and _rel(y8, y16) <= 2e-3 and torch.equal(y8, y)
+    eager = w4a4_linear(x, act_bits=8, **p)
+    _, g, out = capture_graph(lambda: w4a4_linear(x, act_bits=8, **p))
+    x.copy_(x * 2)
+    g.replay()
+    assert torch.equal(out, w4a4_linear(x, act_bits=8, **p)) and not torch.equal(out, eager)
+    x[m - 1, 5] = float("nan")
+    yn = w4a4_linear(x, act_bits=8, **p)
+    assert torch.isnan(yn[m - 1]).all() and torch.isfinite(yn[:m - 1]).all()

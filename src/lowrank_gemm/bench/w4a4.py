@@ -129,10 +129,10 @@ def _providers(m: int, n: int, k: int, dev, impls=IMPLS):
 
     def a8_gemm_set():
         from ..kernels.act_e4m3 import act_quant_e4m3
-        from ..kernels.w4a4_gemm import _a8_decode_route
+        from ..kernels.w4a4_gemm import _a8_act_out
         x, wq, wsc, smooth, a, b, wmul = layer_set("int4_g64")()
-        # the operands the layer hands its GEMM: the decode kernel's fp16 ones at decode sizes
-        x8, t, s = act_quant_e4m3(x, smooth, a, out="f16" if _a8_decode_route("auto", m, n, x.device) else "e4m3")
+        # the operands the layer hands its GEMM (at decode sizes the decode kernel's fp16 or e4m3 ones)
+        x8, t, s = act_quant_e4m3(x, smooth, a, out=_a8_act_out("auto", m, n, 64, x.device))
         return (x8, t, wq, wsc, s, b, None)
 
     def run_layer(fmt, impl):

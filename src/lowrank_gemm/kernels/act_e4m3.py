@@ -14,8 +14,15 @@ Two passes over x, the ones act_quant's int4_2l format already has (a row scale 
 ``out="f16"`` (decode sizes, M ≤ 64): the same codes as the fp16 token operand of the decode kernel's fp16 path
 (gluon/w4a4_decode.py; each e4m3 value is exact in fp16, stored at the permuted column of every 16 —
 w4_expand.F16_K_PERM) with t as its per-token scale, so that kernel runs the W4A8 product unchanged: one program per
-(row, rank chunk) (:func:`_e4m3_rows_f16_kernel`, IEEE divisions) — the codes, t and S in one launch, S
+(row, rank chunk) (:func:`_e4m3_rows_kernel`, IEEE divisions) — the codes, t and S in one launch, S
 in fp32 from the row's xs.
+
+``out="xab"`` (M ≤ 16): the same launch writes the codes as e4m3 at their natural columns and, instead of t, the
+per-group rows of the decode kernel's e4m3 path, xab [K/G, 2, M] = (2⁹·t, −8·R·t) with R the group's sum of code
+values — the W4A4 e4m3 operands (w4_expand.expand_act_f8) with the token scale as every group's scale, so that path
+runs the W4A8 product unchanged: Σ_g ws·(2⁹t·P' − 8Rt) = t·Σ_g ws·Σ q·q_w for P' = 2⁻⁹·Σ q·(q_w + 8). Group 64
+only: then R is exact in fp32 in any order (every partial sum is a multiple of 2⁻⁹ below 64·448 < 2¹⁵: 24 bits), so
+the rows are bit-identical to :func:`e4m3_xab_ref`.
 
 CPU without the interpreter: the torch spec (formats/fp8.py) and S in float32.
 """
@@ -33,15 +40,18 @@ from .epilogue import rank_block
 from .launch import launch
 from .row_quant import _FP8_GRID, _round_fp8
 from .schedule import cdiv, next_pow2
-from .w4_expand import F16_K_PERM, _operand_pdl, _operand_pdl_entry, f16_column
+from .w4_expand import (F8_W_OFFSET, F8_W_SHIFT, F16_K_PERM, _operand_pdl, _operand_pdl_entry, act_f8_rows,
+                        f16_column)
 
-__all__ = ["act_quant_e4m3", "OUTS", "F16_ROW_BLOCK"]
+__all__ = ["act_quant_e4m3", "OUTS", "F16_ROW_BLOCK", "XAB_GROUP", "e4m3_xab_ref", "e4m3_f16_operand_ref"]
 
-OUTS = ("e4m3", "f16")
+OUTS = ("e4m3", "f16", "xab")
+XAB_GROUP = 64            # out="xab": the only group size whose row sums are exact in fp32 (module doc)
 F16_ROW_BLOCK = 8192      # a row up to this long stays in registers (one read of x); longer rows walk it twice
 F16_RANK_CHUNK = 4        # ranks of S per program (a row's S spread over r/4 programs)
 
 _E4M3_MAX = tl.constexpr(448.0)
+_XAB_GROUP = tl.constexpr(XAB_GROUP)
 
 
 @triton.jit
@@ -93,14 +103,15 @@ def _act_e4m3_quant_kernel(
 
 
 @triton.jit
-def _e4m3_rows_f16_kernel(x_ptr, stride_xm, smooth_ptr, x16_ptr, t_ptr, a_ptr, stride_ar, s_ptr, stride_sm, K, R,
-                          BLOCK_K: tl.constexpr, RC: tl.constexpr, MANT: tl.constexpr, EMIN: tl.constexpr,
-                          EMU_CVT: tl.constexpr, ONE_PASS: tl.constexpr, HAS_LOWRANK: tl.constexpr,
-                          PDL: tl.constexpr = False, PDL_LATE: tl.constexpr = False):
+def _e4m3_rows_kernel(x_ptr, stride_xm, smooth_ptr, q_ptr, t_ptr, a_ptr, stride_ar, s_ptr, stride_sm, M, K, R,
+                      BLOCK_K: tl.constexpr, RC: tl.constexpr, MANT: tl.constexpr, EMIN: tl.constexpr,
+                      EMU_CVT: tl.constexpr, ONE_PASS: tl.constexpr, HAS_LOWRANK: tl.constexpr,
+                      XAB: tl.constexpr = False, PDL: tl.constexpr = False, PDL_LATE: tl.constexpr = False):
     """Program (token row m, rank chunk c): xs = RN(x/λ) of the row (IEEE divisions), S[m, c·RC …] = xs · A[c·RC …]ᵀ
-    in fp32 (HAS_LOWRANK); chunk 0 also writes t = RN(amax |xs| / 448) and the e4m3 values of RN(xs / t) as fp16 at
-    the permuted column of every 16. ONE_PASS: the row in registers; else two walks over it (chunk 0's second walk
-    writes the codes). PDL as the token-operand kernels (w4_expand.OPERAND_PDL_TRIGGER["e4m3_rows"])."""
+    in fp32 (HAS_LOWRANK); chunk 0 also writes the codes of RN(xs / t), t = RN(amax |xs| / 448): as fp16 at the
+    permuted column of every 16 and t itself, or (XAB) as e4m3 at their columns and the xab rows of their groups of
+    64 into t_ptr (:func:`_store_codes`). ONE_PASS: the row in registers; else two walks over it (chunk 0's second
+    walk writes the codes). PDL as the token-operand kernels (w4_expand.OPERAND_PDL_TRIGGER["e4m3_rows"])."""
     _operand_pdl_entry(PDL, PDL_LATE)
     m = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1)
@@ -114,8 +125,7 @@ def _e4m3_rows_f16_kernel(x_ptr, stride_xm, smooth_ptr, x16_ptr, t_ptr, a_ptr, s
             tl.store(s_ptr + m * stride_sm + offs_r, _s_chunk(a_ptr, stride_ar, offs_r, r_ok, offs, ok, xs), mask=r_ok)
         if c == 0:
             t = _e4m3_scale(tl.reduce(tl.abs(xs), 0, _max_nan))
-            _store_f16_codes(x16_ptr, m, K, offs, ok, xs, t, MANT, EMIN, EMU_CVT)
-            tl.store(t_ptr + m, t)
+            _store_codes(q_ptr, t_ptr, m, M, K, 0, offs, ok, xs, t, BLOCK_K, MANT, EMIN, EMU_CVT, XAB)
     else:
         s = tl.zeros([RC], tl.float32)
         amax = tl.zeros([BLOCK_K], tl.float32)
@@ -132,8 +142,7 @@ def _e4m3_rows_f16_kernel(x_ptr, stride_xm, smooth_ptr, x16_ptr, t_ptr, a_ptr, s
             for k0 in range(0, K, BLOCK_K):
                 ok = k0 + offs < K
                 xs = _xs_chunk(x_ptr, stride_xm, smooth_ptr, m, k0 + offs, ok)
-                _store_f16_codes(x16_ptr, m, K, k0 + offs, ok, xs, t, MANT, EMIN, EMU_CVT)
-            tl.store(t_ptr + m, t)
+                _store_codes(q_ptr, t_ptr, m, M, K, k0, offs, ok, xs, t, BLOCK_K, MANT, EMIN, EMU_CVT, XAB)
 
 
 @triton.jit
@@ -155,9 +164,36 @@ def _e4m3_scale(amax):
 
 
 @triton.jit
-def _store_f16_codes(x16_ptr, m, K, offs, ok, xs, t, MANT: tl.constexpr, EMIN: tl.constexpr, EMU_CVT: tl.constexpr):
-    _, v = _round_fp8(tl.math.div_rn(xs, t), tl.float8e4nv, MANT, EMIN, EMU_CVT)
-    tl.store(x16_ptr + m * K + f16_column(offs), v.to(tl.float16), mask=ok)
+def _store_codes(q_ptr, t_ptr, m, M, K, k0, offs, ok, xs, t, BLOCK_K: tl.constexpr, MANT: tl.constexpr,
+                 EMIN: tl.constexpr, EMU_CVT: tl.constexpr, XAB: tl.constexpr):
+    """The codes of xs[k0 + offs] on t: fp16 at the permuted columns (+ t at k0 = 0), or (XAB) e4m3 at their columns
+    + the xab rows (2⁹·t, −8·R·t) of their groups of 64 (k0 and BLOCK_K are multiples of 64; masked columns hold
+    code 0)."""
+    q, v = _round_fp8(tl.math.div_rn(xs, t), tl.float8e4nv, MANT, EMIN, EMU_CVT)
+    if XAB:
+        tl.store(q_ptr + m * K + k0 + offs, q, mask=ok)
+        NG: tl.constexpr = BLOCK_K // _XAB_GROUP
+        rsum = tl.sum(tl.reshape(v, [NG, _XAB_GROUP]), axis=1)           # exact (module doc)
+        row_a, row_b = act_f8_rows(rsum, t)
+        offs_g = k0 // _XAB_GROUP + tl.arange(0, NG)
+        g_ok = offs_g < K // _XAB_GROUP
+        tl.store(t_ptr + (2 * offs_g) * M + m, row_a, mask=g_ok)
+        tl.store(t_ptr + (2 * offs_g + 1) * M + m, row_b, mask=g_ok)
+    else:
+        tl.store(q_ptr + m * K + f16_column(k0 + offs), v.to(tl.float16), mask=ok)
+        if k0 == 0:
+            tl.store(t_ptr + m, t)
+
+
+def e4m3_xab_ref(q: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    """The spec of ``out="xab"``'s rows: e4m3 codes [M, K] and their token scales t [M] → xab float32 [K/64, 2, M] =
+    (2⁹·t, −8·R·t), R the sum of each group of 64 code values (exact: module doc)."""
+    m, k = q.shape
+    r = q.float().reshape(m, k // _XAB_GROUP, _XAB_GROUP).sum(-1).t()          # [K/64, M]
+    s = t.float()[None, :].expand_as(r)
+    a = s * torch.full_like(s, 2.0 ** F8_W_SHIFT)
+    b = (r * torch.full_like(r, -float(F8_W_OFFSET))) * s
+    return torch.stack([a, b], dim=1).contiguous()
 
 
 def e4m3_f16_operand_ref(q: torch.Tensor) -> torch.Tensor:
@@ -169,30 +205,37 @@ def e4m3_f16_operand_ref(q: torch.Tensor) -> torch.Tensor:
 def act_quant_e4m3(x2: torch.Tensor, smooth: torch.Tensor, lora_down: torch.Tensor, group_size: int = 64,
                    out: str = "e4m3") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """x2 [M, K] (bf16/fp16, contiguous rows), smooth [K], lora_down [r, K] → (q float8_e4m3fn [M, K], t float32
-    [M], S float32 [M, r] or None when r = 0); ``out="f16"``: q as the fp16 token operand (module doc) instead.
-    ``group_size`` only sets the kernels' K step (a multiple of 64 that divides K). Inputs are assumed validated by
-    the op (``w4a4_gemm.check_linear_args``)."""
+    [M], S float32 [M, r] or None when r = 0); ``out="f16"``: q as the fp16 token operand (module doc) instead;
+    ``out="xab"`` (group_size 64): (q, xab float32 [K/64, 2, M], S), the decode kernel's e4m3 operands.
+    ``group_size`` otherwise only sets the kernels' K step (a multiple of 64 that divides K). Inputs are assumed
+    validated by the op (``w4a4_gemm.check_linear_args``)."""
     if out not in OUTS:
         raise ValueError(f"act_quant_e4m3: out must be one of {OUTS}, got {out!r}")
+    if out == "xab" and group_size != XAB_GROUP:
+        raise ValueError(f"act_quant_e4m3: out='xab' needs group_size={XAB_GROUP} (exact group sums), got {group_size}")
     m, k = x2.shape
     r = lora_down.shape[0]
     dev = x2.device
     if not (x2.is_cuda or _interpreting()) or m == 0:
         xs = x2.float() / smooth.float()
         q, t = quantize_act_e4m3(xs)
-        return (e4m3_f16_operand_ref(q) if out == "f16" else q), t, (xs @ lora_down.float().t() if r else None)
-    if out == "f16":
-        x16 = torch.empty((m, k), device=dev, dtype=torch.float16)
-        t = torch.empty((m,), device=dev, dtype=torch.float32)
+        s = xs @ lora_down.float().t() if r else None
+        if out == "xab":
+            return q, e4m3_xab_ref(q, t), s
+        return (e4m3_f16_operand_ref(q) if out == "f16" else q), t, s
+    if out in ("f16", "xab"):
+        xab = out == "xab"
+        q = torch.empty((m, k), device=dev, dtype=E4M3 if xab else torch.float16)
+        t = torch.empty((k // XAB_GROUP, 2, m) if xab else (m,), device=dev, dtype=torch.float32)
         s = torch.empty((m, r), device=dev, dtype=torch.float32)
         mant, emin = _FP8_GRID[E4M3]
         one = k <= F16_ROW_BLOCK
         a = lora_down if r else x2
-        launch(_e4m3_rows_f16_kernel, (m, cdiv(r, F16_RANK_CHUNK) if r else 1), x2, x2.stride(0), smooth, x16, t,
-               a, a.stride(0), s, s.stride(0), k, r, BLOCK_K=next_pow2(k) if one else 2048, RC=F16_RANK_CHUNK,
-               MANT=mant, EMIN=emin, EMU_CVT=_interpreting(), ONE_PASS=one, HAS_LOWRANK=r > 0, num_warps=8,
+        launch(_e4m3_rows_kernel, (m, cdiv(r, F16_RANK_CHUNK) if r else 1), x2, x2.stride(0), smooth, q, t,
+               a, a.stride(0), s, s.stride(0), m, k, r, BLOCK_K=next_pow2(k) if one else 2048, RC=F16_RANK_CHUNK,
+               MANT=mant, EMIN=emin, EMU_CVT=_interpreting(), ONE_PASS=one, HAS_LOWRANK=r > 0, XAB=xab, num_warps=8,
                **_operand_pdl(dev, "e4m3_rows"))
-        return x16, t, (s if r else None)
+        return q, t, (s if r else None)
     plan, feed = _fed_plan(plan_act_quant(m, k, group_size, dev, variant="v3", fmt="int4_2l", rank=r), x2, r,
                            "int4_2l", group_size)
     bm, _, nsplit, sps, warps, _ = plan[:6]

@@ -934,6 +934,29 @@ def _a8_decode_route(impl: str, m: int, n: int, device: torch.device) -> bool:
     return m <= F16_MAX_M and _decode_route(impl, m, n, "int4_g64", device, "f16")
 
 
+# W4A8 at M ≤ 16 on the decode kernel's e4m3 path (act_quant_e4m3(out="xab"): the token scale as every group's a/b
+# row) instead of its fp16 path. Off until measured on the GPU (session 43 wrote it on a CPU; the W4A4 layer's e4m3
+# path ran 21.8 µs at M = 1, W4A8's fp16 path 28.0); LOWRANK_GEMM_A8_DECODE_XAB=1/0 overrides.
+A8_DECODE_XAB_DEFAULT = False
+
+
+def a8_decode_xab_enabled() -> bool:
+    return env_switch("LOWRANK_GEMM_A8_DECODE_XAB", A8_DECODE_XAB_DEFAULT)
+
+
+def _a8_act_out(impl: str, m: int, n: int, group_size: int, device: torch.device) -> str:
+    """The W4A8 quantizer's output for the GEMM the layer runs next: "xab" (the decode kernel's e4m3 path: group 64,
+    M ≤ its e4m3 tiles, :func:`a8_decode_xab_enabled`), "f16" (its fp16 path, :func:`_a8_decode_route`) or "e4m3"
+    (v2's A8 route)."""
+    if impl == "v2":
+        return "e4m3"
+    from .act_e4m3 import XAB_GROUP
+    if (group_size == XAB_GROUP and m <= AUTO_DECODE_MAX_M["int4_g64"] and a8_decode_xab_enabled()
+            and _decode_route(impl, m, n, "int4_g64", device, True)):
+        return "xab"
+    return "f16" if _a8_decode_route(impl, m, n, device) else "e4m3"
+
+
 def _early_launch(impl: str, fmt: str, m: int, n: int, k: int, device: torch.device) -> bool | None:
     """act_quant's ``early_launch`` for the GEMM the layer op runs next: the GEMV's own choice
     (:func:`w4a4_gemv.act_quant_early_launch`), else act_quant's default (None)."""
@@ -1203,11 +1226,11 @@ def _w4a4_linear_impl(x, qweight, wscales, smooth, lora_down, lora_up, bias, wmu
         _expect(fmt == "int4_g64" and act_shift is None and impl in ("auto", "v2", "decode")
                 and x.device.type == "cuda",
                 lambda: f"act_bits=8 (per-token e4m3 activations) runs int4_g64 weights, signed, on the v2 kernel or "
-                        f"(M ≤ 64) the decode kernel's fp16 path (impl 'auto', 'v2' or 'decode', CUDA), got fmt={fmt!r}, "
+                        f"(M ≤ 64) the decode kernel (impl 'auto', 'v2' or 'decode', CUDA), got fmt={fmt!r}, "
                         f"act_shift={act_shift is not None}, impl={impl!r} on {x.device}")
         from .act_e4m3 import act_quant_e4m3
-        out = "f16" if impl != "v2" and _a8_decode_route(impl, x2.shape[0], n, x.device) else "e4m3"
-        x8, t, lowrank_act = act_quant_e4m3(x2, smooth, lora_down, group_size, out=out)
+        out = _a8_act_out(impl, x2.shape[0], n, group_size, x.device)
+        x8, t, lowrank_act = act_quant_e4m3(x2, smooth, lora_down, group_size, out=out)     # xab: t is the rows
         y = _w4a4_gemm_impl(x8, t, qweight, wscales, None, lowrank_act, lora_up if r else None, bias, group_size,
                             fmt, out_dtype, impl)
         return y.reshape(*x.shape[:-1], n)
