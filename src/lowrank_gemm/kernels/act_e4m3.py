@@ -40,8 +40,7 @@ from .epilogue import rank_block
 from .launch import launch
 from .row_quant import _FP8_GRID, _round_fp8
 from .schedule import cdiv, next_pow2
-from .w4_expand import (F8_W_OFFSET, F8_W_SHIFT, F16_K_PERM, _operand_pdl, _operand_pdl_entry, act_f8_rows,
-                        f16_column)
+from .w4_expand import F16_K_PERM, _operand_pdl, _operand_pdl_entry, act_f8_rows, f16_column, xab_rows
 
 __all__ = ["act_quant_e4m3", "OUTS", "F16_ROW_BLOCK", "XAB_GROUP", "e4m3_xab_ref", "e4m3_f16_operand_ref"]
 
@@ -189,11 +188,8 @@ def e4m3_xab_ref(q: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
     """The spec of ``out="xab"``'s rows: e4m3 codes [M, K] and their token scales t [M] → xab float32 [K/64, 2, M] =
     (2⁹·t, −8·R·t), R the sum of each group of 64 code values (exact: module doc)."""
     m, k = q.shape
-    r = q.float().reshape(m, k // _XAB_GROUP, _XAB_GROUP).sum(-1).t()          # [K/64, M]
-    s = t.float()[None, :].expand_as(r)
-    a = s * torch.full_like(s, 2.0 ** F8_W_SHIFT)
-    b = (r * torch.full_like(r, -float(F8_W_OFFSET))) * s
-    return torch.stack([a, b], dim=1).contiguous()
+    r = q.float().reshape(m, k // XAB_GROUP, XAB_GROUP).sum(-1).t()            # [K/64, M]
+    return xab_rows(r, t.float()[None, :].expand_as(r))
 
 
 def e4m3_f16_operand_ref(q: torch.Tensor) -> torch.Tensor:

@@ -39,7 +39,7 @@ from .schedule import cdiv
 __all__ = ["expand_w4", "expand_w4_ref", "EXPAND_DTYPES", "expand_act_f8", "expand_act_f8_ref", "e4m3_operands",
            "F8_W_SHIFT", "e4m3_codes", "act_f8_rows", "F16_K_PERM", "f16_weight_operands", "f16_weight_operands_ref",
            "f16_act_operands", "f16_act_operands_ref", "f16_row_exponent", "f16_scaled_down", "f16_row_power",
-           "f16_column"]
+           "f16_column", "xab_rows"]
 
 EXPAND_DTYPES = (torch.int8, torch.float8_e4m3fn)
 _HALF = PACK_BLOCK // 2
@@ -278,10 +278,15 @@ def e4m3_operands(q: torch.Tensor, scales: torch.Tensor, group_size: int) -> tup
     unsigned-activation layers use it (codes 0…15, which packed int4 cannot hold)."""
     m, k = q.shape
     r = q.reshape(m, k // group_size, group_size).sum(-1, dtype=torch.int32).t().float()      # [K/G, M]
-    s = scales.float()
+    return q.to(torch.float8_e4m3fn), xab_rows(r, scales.float())
+
+
+def xab_rows(r: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+    """Group row sums R and group scales s (float32 [K/G, M]) → xab float32 [K/G, 2, M] = (2⁹·s, −8·R·s) in the
+    order :func:`act_f8_rows` rounds them (torch ops: the kernels' spec)."""
     a = s * torch.full_like(s, 2.0 ** F8_W_SHIFT)
     b = (r * torch.full_like(r, -float(F8_W_OFFSET))) * s
-    return q.to(torch.float8_e4m3fn), torch.stack([a, b], dim=1).contiguous()
+    return torch.stack([a, b], dim=1).contiguous()
 
 
 def expand_act_f8_ref(x_q: torch.Tensor, x_scale: torch.Tensor, group_size: int):
