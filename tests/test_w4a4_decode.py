@@ -5,6 +5,7 @@ import re
 
 import pytest
 import torch
+import triton
 
 from lowrank_gemm.bench.common import capture_graph
 from lowrank_gemm.kernels.gluon import w4a4_decode as d
@@ -550,11 +551,13 @@ def test_epilogue_mma_switch_and_fallbacks(monkeypatch):
     assert block_r(epi_mma=True) == 16
 
 
-@pytest.mark.parametrize("M,K,mode", [(16, 4096, "tile"), (5, 640, "tile"), (16, 1024, "stream")])
+@pytest.mark.parametrize("M,K,mode", [(16, 4096, "tile"), (5, 640, "tile"), (16, 1024, "stream"), (3, 3072, "tile"),
+                                     (16, 6144, "tile")])
 def test_sm90_f8_xab_rows_from_shared_memory(M, K, mode):
     """xab_smem: the a/b rows of every group are copied into shared memory once (rows for every group of every K
-    step, whole fills of 32), the wgmma K loop has no global load left, the table is a ledger term, fewer registers
-    than the L2 path, no spills."""
+    step, rounded up to a power of two ≥ 32: K = 3072 / 6144 need 96 / 192, which Triton 3.6 aborted the process
+    on), the wgmma K loop has no global load left, the table is a ledger term, fewer registers than the L2 path, no
+    spills."""
     from lowrank_gemm.kernels.aot import compile_sm90
     from test_gluon_skeleton import _ptx_loops
     cfg = d.default_decode_config(M, 64, "int4_g64", True)
@@ -565,7 +568,7 @@ def test_sm90_f8_xab_rows_from_shared_memory(M, K, mode):
         sig, cx, c = d.aot_signature_decode(cfg, fmt="int4_g64", f8=True, M=M, K=K, rank=32, xab_smem=xs)
         info[xs] = compile_sm90(MOD, "w4a4_decode_kernel", sig, cx, num_warps=d.WARPS)
         rows = cx["XAB_ROWS"]
-        assert rows == ((-(-2 * (-(-K // c.block_k)) * (c.block_k // 64) // 32) * 32) if xs else 0)
+        assert rows == (max(32, triton.next_power_of_2(2 * (-(-K // c.block_k)) * (c.block_k // 64))) if xs else 0)
         led = d.decode_ledger(c, 64, "int4_g64", True, lowrank_block=cx["BLOCK_R"], xab_rows=rows)
         assert led.total() == info[xs].shared
         if xs:
@@ -595,8 +598,10 @@ def test_xab_table_rules(monkeypatch):
     assert d.decode_xab_smem_default() == d.XAB_SMEM_DEFAULT
     monkeypatch.setenv("LOWRANK_GEMM_DECODE_XAB_SMEM", "1")
     assert d.xab_table_rows(16, 4096, c16, 64, True) == 128
-    assert d.xab_table_rows(16, 14336, c16, 64, True, lowrank_block=32) == 0    # 2 × 114 KB + S: over 228 KB
-    assert d.xab_table_rows(16, 14336, c16, 64, True) == 448                    # (rank 0: just fits)
+    assert d.xab_table_rows(16, 3072, c16, 64, True) == 128           # 96 rows needed: shapes are powers of two
+    assert d.xab_table_rows(16, 6144, c16, 64, True, lowrank_block=32) == 256
+    for k in (12288, 14336):       # 384 / 448 needed → 512 rows: two CTAs no longer fit, the rows stay L2 loads
+        assert d.xab_table_rows(16, k, c16, 64, True) == 0
     assert d.xab_table_rows(16, 4096, c16, 64, False) == 0
     assert d.xab_table_rows(17, 4096, c16, 64, True) == 0            # two token tiles
     assert d.aot_signature_decode(None, fmt="int4_g64", f8=True, M=16, K=4096, rank=32)[1]["XAB_ROWS"] == 128
@@ -606,6 +611,8 @@ def test_xab_table_rules(monkeypatch):
         d.check_decode_config(c16, 17, 4096, 4096, 64, "int4_g64", True, xab_rows=128)
     with pytest.raises(ValueError, match="xab table"):
         d.check_decode_config(c16, 16, 4096, 4096, 64, "int4_g64", True, xab_rows=64)
+    with pytest.raises(ValueError, match="power of two"):
+        d.check_decode_config(c16, 16, 4096, 3072, 64, "int4_g64", True, xab_rows=96)
 
 
 # ---------------------------------------------------------------------------------------------- GPU
@@ -936,7 +943,8 @@ def test_decode_epilogue_mma_matches_reference_and_loop_gpu(case):
 
 
 XAB_GPU = [dict(M=16, N=28672, K=4096, mode="tile"), dict(M=3, N=4112, K=640, mode="tile"),
-           dict(M=9, N=336, K=1152, mode="stream"), dict(M=16, N=4096, K=14336, mode="tile")]
+           dict(M=9, N=336, K=1152, mode="stream"), dict(M=16, N=4096, K=14336, mode="tile"),
+           dict(M=3, N=4096, K=3072, mode="tile"), dict(M=1, N=3072, K=12288, mode="tile")]
 
 
 @pytest.mark.gpu
@@ -944,9 +952,10 @@ XAB_GPU = [dict(M=16, N=28672, K=4096, mode="tile"), dict(M=3, N=4112, K=640, mo
 @pytest.mark.parametrize("case", XAB_GPU, ids=lambda c: f"{c['mode']}-M{c['M']}N{c['N']}K{c['K']}")
 def test_decode_f8_xab_table_bit_identical_gpu(case):
     """The a/b rows from the shared-memory table and from L2: the same fp32 values in the same FMA order, so the
-    outputs are bit-identical (K = 14336 falls back to L2 by the SMEM rule; ragged K; stream-K programs that span
-    tiles; with the rows' 2-D box too), and both match the float64 reference into a NaN-poisoned output. (Not yet run
-    on a GPU: added in session 32 after the device went away.)"""
+    outputs are bit-identical (K = 12288 / 14336 fall back to L2 by the SMEM rule; ragged K; stream-K programs that
+    span tiles; K = 3072, whose 96 needed rows aborted the process in Triton's compiler until session 44 rounded the
+    table up to a power of two; with the rows' 2-D box too), and both match the float64 reference into a
+    NaN-poisoned output."""
     c = dict(case)
     ops = w4.make_operands_v2("int4_g64", c["M"], c["N"], c["K"], 32, 64, device="cuda", bias=True)
     config = _mode_config(c["M"], "int4_g64", True, c["mode"])

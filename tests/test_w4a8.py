@@ -244,10 +244,13 @@ def test_gemm_contract_accepts_token_scales_and_names_both_forms():
 
 
 def test_decode_xab_route_choice(monkeypatch):
-    """Which quantizer output the W4A8 layer asks for: "xab" (the decode kernel's e4m3 path) only with the switch on,
-    group 64, M ≤ the e4m3 tiles and a decode-routable N; otherwise the fp16 path to M = 64, then v2's A8 route."""
-    from lowrank_gemm.kernels.w4a4_gemm import _a8_act_out
+    """Which quantizer output the W4A8 layer asks for: "xab" (the decode kernel's e4m3 path) with the switch on (the
+    default), group 64, M ≤ the e4m3 tiles and a decode-routable N; otherwise the fp16 path to M = 64, then v2's A8
+    route."""
+    from lowrank_gemm.kernels.w4a4_gemm import A8_DECODE_XAB_DEFAULT, _a8_act_out, a8_decode_xab_enabled
     dev = torch.device("cuda")          # a device object only: nothing is launched
+    monkeypatch.delenv("LOWRANK_GEMM_A8_DECODE_XAB", raising=False)
+    assert A8_DECODE_XAB_DEFAULT and a8_decode_xab_enabled() and _a8_act_out("auto", 1, 28672, 64, dev) == "xab"
     monkeypatch.setenv("LOWRANK_GEMM_A8_DECODE_XAB", "1")
     assert [_a8_act_out("auto", m, 28672, 64, dev) for m in (1, 16, 17, 64, 65)] == ["xab"] * 2 + ["f16"] * 2 + ["e4m3"]
     assert _a8_act_out("auto", 1, 1000, 64, dev) == "e4m3"          # N % 16: no decode kernel

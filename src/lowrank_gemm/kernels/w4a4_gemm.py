@@ -935,9 +935,10 @@ def _a8_decode_route(impl: str, m: int, n: int, device: torch.device) -> bool:
 
 
 # W4A8 at M ≤ 16 on the decode kernel's e4m3 path (act_quant_e4m3(out="xab"): the token scale as every group's a/b
-# row) instead of its fp16 path. Off until measured on the GPU (session 43 wrote it on a CPU; the W4A4 layer's e4m3
-# path ran 21.8 µs at M = 1, W4A8's fp16 path 28.0); LOWRANK_GEMM_A8_DECODE_XAB=1/0 overrides.
-A8_DECODE_XAB_DEFAULT = False
+# row) instead of its fp16 path: on since session 44's H200 probe (N = 28672, K = 4096, layer graph µs fp16 → xab:
+# M = 1 28.5 → 22.8, M = 4 28.9 → 23.7, M = 16 29.6 → 24.8; error against the spec 1.5e-4 → 1.8–2.3e-4, NOTES.md);
+# LOWRANK_GEMM_A8_DECODE_XAB=1/0 overrides.
+A8_DECODE_XAB_DEFAULT = True
 
 
 def a8_decode_xab_enabled() -> bool:

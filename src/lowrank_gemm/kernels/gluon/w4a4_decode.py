@@ -59,6 +59,7 @@ import functools
 from dataclasses import dataclass
 
 import torch
+from triton import next_power_of_2
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
@@ -873,9 +874,11 @@ def check_decode_config(config: KernelConfig, M: int, N: int, K: int, group_size
     if config.split_k > 1 and config.persistent:
         raise ValueError(f"w4a4 decode: split_k={config.split_k} and persistent (stream-K) are two ways to deal the "
                          f"K steps to programs; pick one")
-    if xab_rows and (not f8 or cdiv(M, bt) > 1 or xab_rows < _xab_rows_needed(K, bk, group_size)):
+    if xab_rows and (not f8 or cdiv(M, bt) > 1 or xab_rows < _xab_rows_needed(K, bk, group_size)
+                     or xab_rows & (xab_rows - 1) or xab_rows < XAB_FILL_ROWS):
         raise ValueError(f"w4a4 decode: the xab table needs the f8 path, one token tile (M ≤ block_m) and ≥ 2 rows per "
-                         f"group of every K step; got f8={f8}, M={M}, block_m={bt}, xab_rows={xab_rows}")
+                         f"group of every K step, a power of two ≥ {XAB_FILL_ROWS} rows; got f8={f8}, M={M}, "
+                         f"block_m={bt}, xab_rows={xab_rows}")
     decode_ledger(config, group_size, fmt, f8, row_box, lowrank_block, xab_rows, f16).check()
 
 
@@ -1077,14 +1080,15 @@ def _xab_rows_needed(K: int, block_k: int, group_size: int) -> int:
 @functools.lru_cache(maxsize=256)
 def xab_table_rows(M: int, K: int, config: KernelConfig, group_size: int, f8: bool, row_box: bool = False,
                    lowrank_block: int = 0) -> int:
-    """Rows of the xab table (:func:`_fill_xab`): 2 per group of every K step, in whole fills of
-    :data:`XAB_FILL_ROWS`; 0 (the rows stay L2 loads in the K loop) without f8, with several token tiles, or where
-    the table would leave room for fewer than :data:`CTAS_PER_SM` CTAs per SM (e.g. K = 14336: 28 KB more).
+    """Rows of the xab table (:func:`_fill_xab`): 2 per group of every K step, rounded up to a power of two (a
+    shared-memory tile's shape must be one: Triton 3.6 aborts the process compiling [96, BT] at K = 3072), at
+    least :data:`XAB_FILL_ROWS`; 0 (the rows stay L2 loads in the K loop) without f8, with several token tiles, or
+    where the table would leave room for fewer than :data:`CTAS_PER_SM` CTAs per SM (e.g. K = 12288: 512 rows).
     Cached: it builds a ledger, and the launch asks on every call."""
     bt, bk = config.block_m, config.block_k
     if not f8 or cdiv(M, bt) > 1:
         return 0
-    rows = cdiv(_xab_rows_needed(K, bk, group_size), XAB_FILL_ROWS) * XAB_FILL_ROWS
+    rows = max(XAB_FILL_ROWS, next_power_of_2(_xab_rows_needed(K, bk, group_size)))
     per_cta = decode_ledger(config, group_size, "int4_g64", True, row_box, lowrank_block, rows).total() + 1024
     return rows if CTAS_PER_SM * per_cta <= SM90_SMEM_PER_SM else 0
 
