@@ -59,7 +59,6 @@ import functools
 from dataclasses import dataclass
 
 import torch
-from triton import next_power_of_2
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
@@ -71,7 +70,7 @@ from ..env import env_switch, getenv
 from ..epilogue import rank_block
 from ..launch import launch
 from ..pdl import gl_gdc_launch_dependents, gl_gdc_wait, pdl_enabled
-from ..schedule import cdiv, num_sms
+from ..schedule import cdiv, next_pow2, num_sms
 from ..splitk import splitk_arrive, splitk_reset, splitk_store, splitk_sum
 from .host import desc, dummy, flat_layout
 from .skeleton import alloc_barriers, reads_done_before_refill
@@ -1088,7 +1087,7 @@ def xab_table_rows(M: int, K: int, config: KernelConfig, group_size: int, f8: bo
     bt, bk = config.block_m, config.block_k
     if not f8 or cdiv(M, bt) > 1:
         return 0
-    rows = max(XAB_FILL_ROWS, next_power_of_2(_xab_rows_needed(K, bk, group_size)))
+    rows = max(XAB_FILL_ROWS, next_pow2(_xab_rows_needed(K, bk, group_size)))
     per_cta = decode_ledger(config, group_size, "int4_g64", True, row_box, lowrank_block, rows).total() + 1024
     return rows if CTAS_PER_SM * per_cta <= SM90_SMEM_PER_SM else 0
 
