@@ -351,16 +351,17 @@ def test_a8_trans_default_by_k(monkeypatch):
     from lowrank_gemm.kernels.gluon import w4a4_ws as w4
     monkeypatch.delenv("LOWRANK_GEMM_V2_A8_TRANS", raising=False)
     assert w4.aot_signature_v2("int4_g64", M=200, N=128, K=4096, a8=True, col_scale=False)[1]["TRANS"]
-    assert not w4.aot_signature_v2("int4_g64", M=200, N=128, K=4160, a8=True, col_scale=False)[1]["TRANS"]
+    assert w4.aot_signature_v2("int4_g64", M=200, N=128, K=12288, a8=True, col_scale=False)[1]["TRANS"]
+    assert not w4.aot_signature_v2("int4_g64", M=200, N=128, K=12352, a8=True, col_scale=False)[1]["TRANS"]
     assert not w4.aot_signature_v2("int4_g64", M=200, N=128, K=448, a8=True, col_scale=True)[1]["TRANS"]
     monkeypatch.setenv("LOWRANK_GEMM_V2_A8_TRANS", "1")
-    assert w4.aot_signature_v2("int4_g64", M=200, N=128, K=4160, a8=True, col_scale=False)[1]["TRANS"]
+    assert w4.aot_signature_v2("int4_g64", M=200, N=128, K=12352, a8=True, col_scale=False)[1]["TRANS"]
 
 
 def test_a8_depth_default_and_env(monkeypatch):
-    """Groups per in-flight body on the A8 route: pairs with trans, four without; the env knob picks another depth
-    for both (1 = the int4 routes' four), and 0 — those routes' "off" — leaves the A8 route, always in flight, at
-    its default."""
+    """Groups per in-flight body on the A8 route: pairs with trans up to K = A8_TRANS_DEEP_K and four above, four
+    without; the env knob picks another depth for both (1 = the int4 routes' four), and 0 — those routes' "off" —
+    leaves the A8 route, always in flight, at its default."""
     pytest.importorskip("triton.experimental.gluon")
     from lowrank_gemm.kernels.gluon import w4a4_ws as w4
     sig = dict(M=200, N=128, K=448, a8=True, col_scale=False)
@@ -370,6 +371,11 @@ def test_a8_depth_default_and_env(monkeypatch):
         assert w4.aot_signature_v2("int4_g64", trans=True, **sig)[1]["INFLIGHT"] == trans_depth
         assert w4.aot_signature_v2("int4_g64", trans=False, **sig)[1]["INFLIGHT"] == plain_depth
     assert w4.aot_signature_v2("int4_g64", trans=True, inflight=4, **sig)[1]["INFLIGHT"] == 4
+    monkeypatch.delenv("LOWRANK_GEMM_V2_INFLIGHT")
+    deep = dict(sig, K=w4.A8_TRANS_DEEP_K + 64)
+    assert w4.aot_signature_v2("int4_g64", trans=True, **deep)[1]["INFLIGHT"] == w4.A8_TRANS_DEEP_DEPTH == 4
+    edge = dict(sig, K=w4.A8_TRANS_DEEP_K)
+    assert w4.aot_signature_v2("int4_g64", trans=True, **edge)[1]["INFLIGHT"] == w4.A8_TRANS_DEPTH == 2
 
 
 def test_a8_launcher_refuses_other_routes():

@@ -68,7 +68,8 @@ from .skeleton import (bias_and_store, consumer_step, strided_ring_stages, DEFAU
 __all__ = ["FMT_INT4_G", "FMT_INT4_2L", "RAW_STAGES", "RAW_STAGES_F8", "w4a4_ledger", "plan_w4a4_v2", "can_implement_v2",
            "launch_w4a4_v2", "w4a4_ws_kernel", "reference_v2", "make_operands_v2",
            "kernel_args_v2", "aot_signature_v2", "default_config_v2", "f8_default", "paired_default", "f8_expanders_default",
-           "inflight_default", "inflight_depth", "INFLIGHT_DEPTH", "a8_inflight_default", "A8_TRANS_DEPTH", "coop_default", "ws_f32_default",
+           "inflight_default", "inflight_depth", "INFLIGHT_DEPTH", "a8_inflight_default", "A8_TRANS_DEPTH",
+           "A8_TRANS_DEEP_DEPTH", "A8_TRANS_DEEP_K", "coop_default", "ws_f32_default",
            "ws_perm_default", "ws_row_order", "fuse_ws_default"]
 
 FMT_INT4_G = 0
@@ -1336,7 +1337,7 @@ def kernel_args_v2(x_q, x_scale, w_q, w_scale, w_mul, lowrank_act, lora_up, bias
         f8, expanders, paired, ws_perm = True, 0, False, False
     trans = (a8 and col_scale is None and a8_trans_default(K)) if trans is None else trans
     if a8 and inflight is None:
-        inflight = a8_inflight_default(trans)
+        inflight = a8_inflight_default(trans, K)
     _expect(not trans or (a8 and col_scale is None),
             lambda: f"trans (the kernel computing Yᵀ) is an option of per-token e4m3 activations without col_scale, got "
                     f"a8={a8}, col_scale={'set' if col_scale is not None else None}")
@@ -1515,23 +1516,30 @@ def inflight_depth(v) -> int:
 
 # H100, GEMM alone, same process, two runs (probes/s41f, s41g; trans pairs vs the default four groups per body):
 # K = 3072: fc1 461 / 457 vs 512 / 504 µs, 3072→9216 368 / 356 vs 404 / 390, 3072² 129 / 129 vs 130 / 130;
-# K = 12288 (fc2): 529 / 532 vs 514 / 506 — so trans up to this K.
-A8_TRANS_MAX_K = 4096
+# K = 12288 (fc2): trans pairs 529 / 532 vs 514 / 506 untransposed. H200 (probes/s44, one process): trans with four
+# groups per body takes fc2 to 495.6 against 505.8 untransposed, so trans runs up to this K, deep above
+# A8_TRANS_DEEP_K.
+A8_TRANS_MAX_K = 12288
 
 
-# Groups per in-flight body on the trans route. Pairs were measured (above); four spilled until session 42
-# (:func:`_settled`) and are not measured yet: ``LOWRANK_GEMM_V2_INFLIGHT`` picks them for a probe.
+# Groups per in-flight body on the trans route: pairs up to K = A8_TRANS_DEEP_K, four above. H200, probes/s44, GEMM
+# µs pairs / four: fc1 446.1 / 451.6, 3072² 125.2 / 126.3, 3072→9216 355.2 / 341.9 (K = 3072: pairs win two of
+# three, kept); fc2 four 495.6 (pairs lost to the untransposed route on H100, above).
 A8_TRANS_DEPTH = 2
+A8_TRANS_DEEP_DEPTH = 4
+A8_TRANS_DEEP_K = 4096
 
 
-def a8_inflight_default(trans: bool) -> int:
+def a8_inflight_default(trans: bool, k: int | None = None) -> int:
     """Groups per in-flight body of the A8 route, which always runs in flight: ``LOWRANK_GEMM_V2_INFLIGHT`` = n ≥ 1
-    (as :func:`inflight_default`), else — unset or 0, the int4 routes' "off" — :data:`A8_TRANS_DEPTH` for trans and
-    :data:`INFLIGHT_DEPTH` without."""
+    (as :func:`inflight_default`), else — unset or 0, the int4 routes' "off" — for trans :data:`A8_TRANS_DEPTH` up to
+    K = :data:`A8_TRANS_DEEP_K` and :data:`A8_TRANS_DEEP_DEPTH` above, and :data:`INFLIGHT_DEPTH` without trans."""
     v = getenv("LOWRANK_GEMM_V2_INFLIGHT", "")
     if v not in ("", "0"):
         return inflight_depth(int(v))
-    return A8_TRANS_DEPTH if trans else INFLIGHT_DEPTH
+    if not trans:
+        return INFLIGHT_DEPTH
+    return A8_TRANS_DEEP_DEPTH if k is not None and k > A8_TRANS_DEEP_K else A8_TRANS_DEPTH
 
 
 def a8_trans_default(k: int | None = None) -> bool:
