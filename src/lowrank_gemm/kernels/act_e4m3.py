@@ -35,8 +35,7 @@ import triton.language as tl
 
 from ..formats.fp8 import E4M3, quantize_act_e4m3
 from .act_quant import (_FAST_HI, _FAST_LO, _act_2l_stats_v3_kernel, _div_fast, _fed_plan, _interpreting,
-                        _launch_row_stats, _max_nan, _prep, _second_pass_pids, _smooth_fast, _smoothed, _sum_partials,
-                        plan_act_quant, second_pass_reverse_default)
+                        _launch_row_stats, _max_nan, _prep, _smooth_fast, _smoothed, _sum_partials, plan_act_quant)
 from .epilogue import rank_block
 from .launch import launch
 from .row_quant import _FP8_GRID, _round_fp8
@@ -68,15 +67,15 @@ def _e4m3_row_scale(ap_ptr, stride_aps, offs_m, row_ok, SPLIT, SPLIT_P2: tl.cons
 def _act_e4m3_quant_kernel(
     x_ptr, stride_xm, smooth_ptr, rl_ptr, q_ptr, stride_qm, t_ptr, ap_ptr, stride_aps, M, K, SPLIT, STEPS_PER_SLICE,
     G: tl.constexpr, BLOCK_M: tl.constexpr, SPLIT_P2: tl.constexpr, MANT: tl.constexpr, EMIN: tl.constexpr,
-    EMU_FMA: tl.constexpr, EMU_CVT: tl.constexpr, REVERSE: tl.constexpr = False,
+    EMU_FMA: tl.constexpr, EMU_CVT: tl.constexpr,
 ):
     """Pass 2 per (row block, K slice). The fast path divides by Markstein's correction (act_quant._div_fast), exact
     when operands, quotient and remainder are normal. With t in [2⁻⁶⁰, 2⁶⁰] every quotient that can round to a
     non-zero e4m3 code (|xs/t| ≥ 2⁻¹⁰) has a normal xs and remainder, and smaller ones round to ±0 either way, so
     the codes are the IEEE ones; rows outside that range and λ outside [2⁻³⁰, 2³⁰] (the prep's NaN 1/λ, seen as a NaN
     xs of a non-NaN x) send the slice to the exact redo."""
-    pid_m, pid_k = _second_pass_pids(REVERSE)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    pid_k = tl.program_id(1)
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_k = tl.max_contiguous(tl.multiple_of(tl.arange(0, G), G), G)
     row_ok = offs_m < M
     t = _e4m3_row_scale(ap_ptr, stride_aps, offs_m, row_ok, SPLIT, SPLIT_P2)
@@ -251,6 +250,6 @@ def act_quant_e4m3(x2: torch.Tensor, smooth: torch.Tensor, lora_down: torch.Tens
     mant, emin = _FP8_GRID[E4M3]
     launch(_act_e4m3_quant_kernel, grid, x2, x2.stride(0), smooth, rl, q, q.stride(0), t, amax_part,
            amax_part.stride(0), m, k, nsplit, sps, G=group_size, BLOCK_M=bm, SPLIT_P2=next_pow2(nsplit), MANT=mant,
-           EMIN=emin, EMU_FMA=emu, EMU_CVT=emu, REVERSE=second_pass_reverse_default(), num_warps=warps)
+           EMIN=emin, EMU_FMA=emu, EMU_CVT=emu, num_warps=warps)
     _sum_partials(sp, lowrank_act, nsplit, br)
     return q, t, (lowrank_act if r else None)

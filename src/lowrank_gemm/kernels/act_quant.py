@@ -44,8 +44,7 @@ from .tma import tma_ready
 from .w4_expand import (act_f8_rows, e4m3_codes, e4m3_operands, expand_act_f8, f16_column, f16_row_exponent,
                         f16_row_power, f16_scaled_down)
 
-__all__ = ["act_quant", "act_quant_shifted", "plan_act_quant", "second_pass_reverse_default", "ActQuantPlan", "FORMATS",
-           "OUTPUTS", "VARIANTS",
+__all__ = ["act_quant", "act_quant_shifted", "plan_act_quant", "ActQuantPlan", "FORMATS", "OUTPUTS", "VARIANTS",
            "MAX_SPLIT", "SMALL_M", "S_FEEDS"]
 
 FORMATS = ("int4_g64", "int4_2l")
@@ -811,26 +810,13 @@ def _act_2l_stats_v3_kernel(
 
 
 @triton.jit
-def _second_pass_pids(REVERSE: tl.constexpr):
-    """(row block, K slice) of a second pass over x on pass 1's grid. ``REVERSE``: the last program first, so the
-    slices pass 1 read last — the ones still in L2 — are re-read first (x larger than L2: FLUX fc2's 113 MB)."""
-    pid_m = tl.program_id(0)
-    pid_k = tl.program_id(1)
-    if REVERSE:
-        pid_m = tl.num_programs(0) - 1 - pid_m
-        pid_k = tl.num_programs(1) - 1 - pid_k
-    return pid_m, pid_k
-
-
-@triton.jit
 def _act_2l_quant_v3_kernel(
     x_ptr, stride_xm, smooth_ptr, rl_ptr, e_ptr, stride_em, t_ptr, ap_ptr, stride_aps, M, K, SPLIT, STEPS_PER_SLICE,
     G: tl.constexpr, BLOCK_M: tl.constexpr, SPLIT_P2: tl.constexpr, EMU_FMA: tl.constexpr,
-    REVERSE: tl.constexpr = False,
 ):
     """v3 of :func:`_act_2l_quant_v2_kernel`: fast path in the loop, exact redo of the slice after it."""
-    pid_m, pid_k = _second_pass_pids(REVERSE)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    pid_k = tl.program_id(1)
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_k = tl.max_contiguous(tl.multiple_of(tl.arange(0, G), G), G)
     row_ok = offs_m < M
     t, ok, safe_t = _2l_row_scale(ap_ptr, stride_aps, offs_m, row_ok, SPLIT, SPLIT_P2)
@@ -1269,18 +1255,6 @@ def _early_deps(early_launch: bool | None = None) -> bool:
     return True if early_launch is None else bool(early_launch)
 
 
-def second_pass_reverse_default() -> bool:
-    """Whether the two-pass row quantizers (int4_2l v3, e4m3) run their second pass last program first
-    (:func:`_second_pass_pids`): ``LOWRANK_GEMM_ACT_QUANT_REVERSE`` = 0 / 1, read per call, else
-    :data:`SECOND_PASS_REVERSE`."""
-    env = getenv("LOWRANK_GEMM_ACT_QUANT_REVERSE", "")
-    return env == "1" if env in ("0", "1") else SECOND_PASS_REVERSE
-
-
-# Unmeasured: off until a device call times it (scripts/probe_reverse.py).
-SECOND_PASS_REVERSE = False
-
-
 def _loads_first_default(m: int) -> bool:
     env = getenv("LOWRANK_GEMM_ACT_QUANT_LOADS_FIRST", "")
     return env == "1" if env in ("0", "1") else m <= LOADS_FIRST_MAX_M
@@ -1704,7 +1678,7 @@ def _act_quant_v2(x, smooth, lora_down, group_size, fmt, scale_dtype, lowrank_ac
         launch(quant_kernel, grid, x, x.stride(0), smooth, rl, x_q, x_q.stride(0), x_scale,
                amax_part, amax_part.stride(0), m, k, nsplit, sps,
                G=group_size, BLOCK_M=bm, SPLIT_P2=next_pow2(nsplit),
-               EMU_FMA=emu, **({"REVERSE": second_pass_reverse_default()} if v3 else {}), num_warps=warps)
+               EMU_FMA=emu, num_warps=warps)
     _sum_partials(sp, lowrank_act, nsplit, br)
     return x_q, x_scale, lowrank_act
 
