@@ -7,7 +7,8 @@
 
 ``decode``: the W4A4 decode kernel (gluon/w4a4_decode.py) on each of its default paths, at ragged small shapes, its
 operands from act_quant as the layer makes them — int4_g64 on e4m3 tokens (M ≤ 16: the shared-memory a/b table and
-the row box), int4_g64 on fp16 tokens (17–64), int4_2l.
+the row box; also at K = 3072, whose table is padded to a power of two), int4_g64 on fp16 tokens (17–64), int4_2l;
+and the W4A8 layer at M ≤ 16 (act_quant_e4m3's xab rows into the e4m3 path).
 
 Exits non-zero (with shapes and the error) if the output differs from the float64 reference.
 """
@@ -66,9 +67,11 @@ def decode_paths() -> int:
     from ..act_quant import act_quant
     from ..w4a4_gemm import w4a4_gemm
     g = torch.Generator(device="cuda").manual_seed(0)
-    N, K, r = 400, 1024, 16     # N: a multiple of 16 (the scale rows by TMA), not of the 128-row tile
+    N, r = 400, 16              # N: a multiple of 16 (the scale rows by TMA), not of the 128-row tile
     bad = 0
-    for fmt, M, out in (("int4_g64", 5, "f8"), ("int4_g64", 24, "f16"), ("int4_2l", 40, "packed")):
+    # K = 3072: the e4m3 path's xab table needs 96 rows and gets 128 (a power of two; xab_table_rows)
+    for fmt, M, K, out in (("int4_g64", 5, 1024, "f8"), ("int4_g64", 3, 3072, "f8"), ("int4_g64", 24, 1024, "f16"),
+                           ("int4_2l", 40, 1024, "packed")):
         w = torch.randn(N, K, device="cuda", generator=g) * 0.02
         if fmt == "int4_2l":
             wq, wmul, ws = pack_weight_2l(w, 64)
@@ -89,7 +92,31 @@ def decode_paths() -> int:
         bad += not ok
         print(f"decode {fmt} ({out} tokens): M={M} N={N} K={K} r={r} normalized max error {err:.3e} "
               f"{'OK' if ok else 'FAIL'}", flush=True)
+    bad += _decode_w4a8_layer(g)
     return 1 if bad else 0
+
+
+def _decode_w4a8_layer(g) -> int:
+    """The W4A8 layer at M ≤ 16 (act_quant_e4m3's xab rows into the decode kernel's e4m3 path) against the float64
+    spec, at K = 3072 (the padded xab table)."""
+    from ...formats.int4 import pack_int4, quantize_weight_int4
+    from ...reference import svdq_linear_ref
+    from ..w4a4_gemm import w4a4_linear
+    M, N, K, r = 4, 400, 3072, 16
+    q, ws = quantize_weight_int4(torch.randn(N, K, device="cuda", generator=g) * 0.02, 64)
+    p = dict(qweight=pack_int4(q), wscales=ws.bfloat16(),
+             smooth=(torch.rand(K, device="cuda", generator=g) + 0.5).bfloat16(),
+             lora_down=(torch.randn(r, K, device="cuda", generator=g) * 0.05).bfloat16(),
+             lora_up=(torch.randn(N, r, device="cuda", generator=g) * 0.05).bfloat16(),
+             bias=torch.randn(N, device="cuda", generator=g).bfloat16())
+    x = torch.randn(M, K, device="cuda", generator=g).bfloat16()
+    y = w4a4_linear(x, act_bits=8, out_dtype=torch.float32, **p)
+    torch.cuda.synchronize()
+    err = normalized_error(y, svdq_linear_ref(x, act_bits=8, **p).cpu())
+    ok = err < 2e-2
+    print(f"decode W4A8 layer (xab rows): M={M} N={N} K={K} r={r} normalized max error {err:.3e} "
+          f"{'OK' if ok else 'FAIL'}", flush=True)
+    return int(not ok)
 
 
 if __name__ == "__main__":
