@@ -4,7 +4,7 @@
   float64 reference (under Triton's interpreter on a CPU, at full size with timings on a GPU), then
   quantizes the embedded MiniLM model with SVDQuant W4A4 and prints accuracy and memory.
 - ``bench SUITE``: GPU benchmark suites (lora, multilora, w4a4, ab; tp on several GPUs); results under
-  benchmarks/results/h200 (tp: h200x<world>).
+  benchmarks/results/<gpu> — h200, h100, another GPU's name (tp: <gpu>x<world>).
 - ``quantize``: the MiniLM accuracy table for every scheme (benchmarks/results/accuracy/minilm.json).
 """
 

@@ -169,7 +169,7 @@ def _plot(data, path):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--out", default="benchmarks/results/h200")
+    ap.add_argument("--out", default=None, help="default benchmarks/results/<gpu> (bench.common.results_dir)")
     ap.add_argument("--suite", default="all", choices=["all", "w4a4", "lora"])
     args = ap.parse_args(argv)
     meta = device_meta(measure_copy_tbps())

@@ -23,9 +23,9 @@ from typing import Callable, Sequence
 import torch
 
 __all__ = ["Timing", "capture_graph", "time_eager", "time_graph", "time_impl", "measure_copy_tbps", "device_meta",
-           "rotation_count", "write_results", "load_results", "RESULTS_DIR", "GRAPH_CALLS"]
+           "rotation_count", "write_results", "load_results", "RESULTS_ROOT", "results_dir", "GRAPH_CALLS"]
 
-RESULTS_DIR = Path("benchmarks/results/h200")
+RESULTS_ROOT = Path("benchmarks/results")
 L2_BYTES_DEFAULT = 60 * 2**20
 
 
@@ -181,10 +181,22 @@ def device_meta(copy_tbps: float | None = None) -> dict:
             "copy_tbps": copy_tbps, "commit": _git_commit()}
 
 
-def write_results(name: str, meta: dict, rows: list[dict], outdir: Path | str = RESULTS_DIR,
+def results_dir(device=None, suffix: str = "") -> Path:
+    """Where a suite writes by default: ``benchmarks/results/<gpu>`` — ``h100`` / ``h200``, another GPU's name in
+    lower case with ``_`` for anything else (``nvidia_a100_sxm4_80gb``), ``cpu`` without CUDA — plus ``suffix``
+    (``bench tp``: ``x<world>``). Named by the device that ran, so an H100's numbers never land among the H200's."""
+    from ..plan.tuned import gpu_kind
+    if not torch.cuda.is_available():
+        return RESULTS_ROOT / f"cpu{suffix}"
+    dev = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
+    kind = gpu_kind(dev) or "".join(c if c.isalnum() else "_" for c in torch.cuda.get_device_name(dev).lower())
+    return RESULTS_ROOT / f"{kind}{suffix}"
+
+
+def write_results(name: str, meta: dict, rows: list[dict], outdir: Path | str | None = None,
                   md: str | None = None, plot: Callable[[dict, Path], None] | None = None) -> Path:
-    """Write ``<name>.json`` (and ``.md``, ``.png`` when given) under ``outdir``."""
-    outdir = Path(outdir)
+    """Write ``<name>.json`` (and ``.md``, ``.png`` when given) under ``outdir`` (default :func:`results_dir`)."""
+    outdir = Path(outdir) if outdir is not None else results_dir()
     outdir.mkdir(parents=True, exist_ok=True)
     data = {"meta": meta, "rows": rows}
     path = outdir / f"{name}.json"

@@ -1,7 +1,7 @@
 """Benchmark (and tuner) of the single-adapter LoRA GEMM on the GPU.
 
     python -m lowrank_gemm.bench.lora [--quick] [--out DIR]        # table + lora.json/.md/.png
-    python -m lowrank_gemm.bench.lora --tune [--quick] --out DIR   # sweep → DIR/lora_h200.json
+    python -m lowrank_gemm.bench.lora --tune [--quick] --out DIR   # sweep → DIR/lora_<gpu>.json
 
 One process times, on the same inputs: cuBLAS base GEMM without LoRA (``x @ W.T``), torch
 unfused LoRA (``addmm(x@W.T, x@A.T, (scale·B).T)``), every plausible strategy of
@@ -39,8 +39,9 @@ from ..kernels.lora_kcat import pack_lora_weights
 from ..plan.config import KernelConfig
 from ..plan.planner import (LORA_STRATEGIES, block_r_for, can_implement, group_m_for, lora_ledger,
                             pinned, plan_lora, split_k_for, stages_for, tuned_key)
-from .common import (RESULTS_DIR, device_meta, markdown_table, measure_copy_tbps, meta_header,
-                     paired_ratio, parse_shapes, rotation_count, time_graph, time_impl, write_results)
+from .common import (device_meta, markdown_table, measure_copy_tbps, meta_header,
+                     paired_ratio, parse_shapes, results_dir, rotation_count, time_graph, time_impl,
+                     write_results)
 
 SHAPES_KN = [(4096, 28672), (4096, 4096), (8192, 8192)]
 RANKS = [8, 16, 64]
@@ -248,14 +249,16 @@ def candidates(M, N, K, r):
     return out
 
 
-def tune(quick: bool, outdir: Path, kn: list[tuple[int, int]] | None = None, dtype=torch.bfloat16):
+def tune(quick: bool, outdir: Path | None, kn: list[tuple[int, int]] | None = None, dtype=torch.bfloat16):
     """Time every candidate as a CUDA-graph replay, keep the fastest per tuned-table key. Merges
-    into an existing OUT/lora_h200.json, so the grid can be tuned in several runs (``--kn``)."""
+    into an existing OUT/lora_<gpu>.json (``h200``, ``h100``: the device's name in the results folder,
+    :func:`~.common.results_dir`), so the grid can be tuned in several runs (``--kn``)."""
     from ..kernels.lora_gemm import lora_linear
     shapes = kn or SHAPES_KN
     points = ([(m, n, k, r) for (m, k, n, r) in QUICK] if quick else
               [(m, n, k, r) for (k, n) in shapes for r in (16, 64) for m in MS])
-    out_json = outdir / "lora_h200.json"
+    outdir = Path(outdir) if outdir is not None else results_dir()
+    out_json = outdir / f"lora_{results_dir().name}.json"
     table = json.loads(out_json.read_text()).get("lora", {}) if out_json.exists() else {}
     log = []
     t0 = time.time()
@@ -282,9 +285,10 @@ def tune(quick: bool, outdir: Path, kn: list[tuple[int, int]] | None = None, dty
         torch.cuda.empty_cache()
     outdir.mkdir(parents=True, exist_ok=True)
     meta = device_meta()
-    (outdir / "lora_h200.json").write_text(json.dumps({"version": 1, "meta": meta, "lora": table}, indent=1) + "\n")
+    out_json.write_text(json.dumps({"version": 1, "meta": meta, "lora": table}, indent=1) + "\n")
     (outdir / "lora_tune_log.json").write_text(json.dumps(log, indent=1) + "\n")
-    print(f"wrote {outdir / 'lora_h200.json'} ({len(table)} entries) — copy it to src/lowrank_gemm/plan/tuned/")
+    print(f"wrote {out_json} ({len(table)} entries) — copy it to src/lowrank_gemm/plan/tuned/ (an H100 reads "
+          f"lora_h100.json there before the H200's)")
 
 
 def _pinned_call(fn, strategy, cfg, x, w, a, b):
@@ -295,8 +299,8 @@ def _pinned_call(fn, strategy, cfg, x, w, a, b):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="representative subset (≤ 3 minutes)")
-    ap.add_argument("--out", type=Path, default=RESULTS_DIR)
-    ap.add_argument("--tune", action="store_true", help="sweep candidates, write OUT/lora_h200.json")
+    ap.add_argument("--out", type=Path, default=None, help="default benchmarks/results/<gpu> (bench.common.results_dir)")
+    ap.add_argument("--tune", action="store_true", help="sweep candidates, write OUT/lora_<gpu>.json")
     ap.add_argument("--kn", default=None, help="only these K×N shapes, e.g. 4096x28672,4096x4096")
     ap.add_argument("--only", default="", help="time only these impls, e.g. cublas_base,torch_unfused,auto")
     ap.add_argument("--skip", default="", help="strategies not to time, e.g. persistent_static,persistent_dynamic")

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from lowrank_gemm.bench.common import (RESULTS_DIR, device_meta, markdown_table, measure_copy_tbps, meta_header,
+from lowrank_gemm.bench.common import (device_meta, markdown_table, measure_copy_tbps, meta_header,
                                        paired_ratio, parse_shapes, rotation_count, time_impl, write_results)
 
 SUITE = "multilora"
@@ -223,7 +223,7 @@ def plot(data, path: Path):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="a small grid (≤ 2 minutes)")
-    ap.add_argument("--out", default=str(RESULTS_DIR), help="output directory")
+    ap.add_argument("--out", default=None, help="output directory (default benchmarks/results/<gpu>)")
     ap.add_argument("--no-graph", action="store_true", help="eager timings only")
     ap.add_argument("--only", default="", help="comma list of impls to time (default: all)")
     ap.add_argument("--kn", default=None, help="K×N shapes instead of the issue's K=4096 grid, e.g. 4096x6144,14336x4096")

@@ -13,7 +13,7 @@ included) and replayed a fixed number of times between CUDA events, ranks releas
 row's time is the slowest rank's median per call. ``impl``: ``tp1_lora`` / ``tp1_base`` (the unsharded block on rank
 0's GPU, the other ranks idle), ``tp<world>_lora`` / ``tp<world>_base`` (sharded), ``allreduce`` (the all-reduce of
 one [M, 4096] bf16 output alone). Writes ``tp.json`` (shared schema, plus ``world``), ``tp.md`` under
-``benchmarks/results/h200x<world>``.
+``benchmarks/results/<gpu>x<world>`` (``h200x2`` on two H200s).
 
 On a machine with fewer GPUs than ``--world`` the suite stops with a message. ``--backend gloo --device cpu`` runs the
 same plumbing on the CPU (tiny shapes, no timing: the tests use it).
@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from .common import GRAPH_CALLS, capture_graph, device_meta, markdown_table, meta_header, write_results
+from .common import GRAPH_CALLS, capture_graph, device_meta, markdown_table, meta_header, results_dir, write_results
 
 HIDDEN, FFN = 4096, 14336
 MS = (1, 16, 64, 256)
@@ -216,13 +216,13 @@ def main(argv=None):
     ap.add_argument("--hidden", type=int, default=HIDDEN)
     ap.add_argument("--ffn", type=int, default=FFN)
     ap.add_argument("--timeout-s", type=float, default=600)
-    ap.add_argument("--out", type=Path, default=None, help="default benchmarks/results/h200x<world>")
+    ap.add_argument("--out", type=Path, default=None, help="default benchmarks/results/<gpu>x<world>")
     args = ap.parse_args(argv)
     args.ms = [int(v) for v in args.ms.split(",")]
     rows = run(args)
     meta = device_meta() if args.device == "cuda" else {"device": "cpu", "torch": torch.__version__}
     meta.update(world=args.world, backend=args.backend)
-    out = args.out or Path("benchmarks/results") / f"h200x{args.world}"
+    out = args.out or results_dir(suffix=f"x{args.world}")
     md = markdown(meta, rows)
     write_results("tp", meta, rows, out, md=md)
     print(md)

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from .common import RESULTS_DIR, device_meta, markdown_table, measure_copy_tbps, meta_header, rotation_count, \
+from .common import device_meta, markdown_table, measure_copy_tbps, meta_header, rotation_count, \
     time_impl, write_results
 
 RANK = 32
@@ -173,7 +173,7 @@ def _providers(m: int, n: int, k: int, dev, impls=IMPLS):
     return out
 
 
-def run(quick: bool, outdir: Path, impls: tuple[str, ...] = IMPLS, only: str | None = None) -> Path:
+def run(quick: bool, outdir: Path | None, impls: tuple[str, ...] = IMPLS, only: str | None = None) -> Path:
     if not torch.cuda.is_available():
         raise SystemExit("the w4a4 bench needs a CUDA GPU")
     dev = torch.device("cuda")
@@ -254,7 +254,7 @@ def _plot(data, path):
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="3 shapes (≤ 2 min)")
-    ap.add_argument("--out", type=Path, default=RESULTS_DIR)
+    ap.add_argument("--out", type=Path, default=None, help="default benchmarks/results/<gpu> (bench.common.results_dir)")
     ap.add_argument("--impls", default=",".join(IMPLS), help="kernel generations to time: v1, v2, decode (M ≤ 64), gemv (M ≤ 4), skinny (M ≤ 64), auto, a8 (W4A8: e4m3 activations); comma-separated")
     ap.add_argument("--only", choices=("flux", "decode"), default=None,
                     help="one suite's shapes, written to w4a4_<suite>.{json,md,png}")

@@ -1,8 +1,9 @@
 """Where tuned tables live and which GPU gets which.
 
 Every kernel family keeps one measured table per GPU kind, ``plan/tuned/<family>_<gpu>.json``, written
-by its probe (``scripts/probe_<family>.py``). Tables are only consulted on the GPU they were measured
-on; every other device (and the CPU interpreter) takes the family's heuristic.
+by its probe (``scripts/probe_<family>.py``). The shipped tables are the H200's; an H100 reads its own
+``<family>_h100.json`` where one exists, else the H200's (same SMs and shared memory, less bandwidth: a good
+start, not a measurement). Every other device (and the CPU interpreter) takes the family's heuristic.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["TUNED_DIR", "gpu_table_name", "tuned_file"]
+__all__ = ["TUNED_DIR", "gpu_kind", "gpu_table_name", "tuned_file"]
 
 TUNED_DIR = Path(__file__).parent / "tuned"
 
@@ -22,18 +23,26 @@ def _device_name(device: torch.device) -> str:
     return torch.cuda.get_device_name(device).lower()
 
 
-def gpu_table_name(device) -> str | None:
-    """``"h200"`` on an H100/H200 (same SMs and shared memory; the H100 has less bandwidth, so its
-    tables are a good start, not a measurement), else None."""
+def gpu_kind(device) -> str | None:
+    """``"h100"`` / ``"h200"`` for those GPUs (by device name), else None (other GPUs, CPU)."""
     device = torch.device(device) if device is not None else None
     if device is None or device.type != "cuda" or not torch.cuda.is_available():
         return None
     name = _device_name(device)
-    return "h200" if ("h200" in name or "h100" in name) else None
+    return "h200" if "h200" in name else "h100" if "h100" in name else None
+
+
+def gpu_table_name(device) -> str | None:
+    """``"h200"`` on an H100/H200 — the kind whose tables ship (module doc) — else None."""
+    return "h200" if gpu_kind(device) else None
 
 
 @functools.lru_cache(maxsize=64)        # called on every eager launch; the answer is fixed per (family, device)
 def tuned_file(family: str, device) -> Path | None:
-    """``plan/tuned/<family>_<gpu>.json`` for ``device``, or None where no table applies."""
-    gpu = gpu_table_name(device)
-    return TUNED_DIR / f"{family}_{gpu}.json" if gpu else None
+    """``plan/tuned/<family>_<gpu>.json`` for ``device`` (an H100's own table first, where one exists), or None
+    where no table applies."""
+    kind = gpu_kind(device)
+    if kind is None:
+        return None
+    own = TUNED_DIR / f"{family}_{kind}.json"
+    return own if own.exists() else TUNED_DIR / f"{family}_{gpu_table_name(device)}.json"

@@ -1,0 +1,62 @@
+"""Which GPU's files a machine reads and writes: the tuned plan tables (an H100's own first, else the H200's that
+ship) and the benchmarks' default results folder (named by the device that ran, so an H100's numbers never land
+among the H200's). The device is faked: CPU only."""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from lowrank_gemm.bench import common
+from lowrank_gemm.plan import tuned
+
+
+@pytest.fixture
+def fake_gpu(monkeypatch):
+    """fake_gpu(name): CUDA looks available with one device of that name."""
+    def set_name(name):
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+        monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+        monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
+        tuned._device_name.cache_clear()
+        tuned.tuned_file.cache_clear()
+    yield set_name
+    tuned._device_name.cache_clear()
+    tuned.tuned_file.cache_clear()
+
+
+@pytest.mark.parametrize("name,kind,folder", [("NVIDIA H200", "h200", "h200"), ("NVIDIA H100 80GB HBM3", "h100", "h100"),
+                                              ("NVIDIA A100-SXM4-80GB", None, "nvidia_a100_sxm4_80gb")])
+def test_kind_and_results_folder_follow_the_device(fake_gpu, name, kind, folder):
+    fake_gpu(name)
+    assert tuned.gpu_kind("cuda:0") == kind
+    assert tuned.gpu_table_name("cuda:0") == ("h200" if kind else None)
+    assert common.results_dir() == Path("benchmarks/results") / folder
+    assert common.results_dir(suffix="x2") == Path("benchmarks/results") / f"{folder}x2"
+
+
+def test_results_folder_without_cuda(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert common.results_dir() == Path("benchmarks/results/cpu")
+    assert tuned.gpu_kind("cpu") is None and tuned.tuned_file("lora", "cpu") is None
+
+
+def test_h100_reads_its_own_table_first(fake_gpu, monkeypatch, tmp_path):
+    (tmp_path / "lora_h200.json").write_text("{}")
+    monkeypatch.setattr(tuned, "TUNED_DIR", tmp_path)
+    fake_gpu("NVIDIA H100 80GB HBM3")
+    assert tuned.tuned_file("lora", "cuda:0") == tmp_path / "lora_h200.json"     # none of its own: the H200's
+    (tmp_path / "lora_h100.json").write_text("{}")
+    tuned.tuned_file.cache_clear()
+    assert tuned.tuned_file("lora", "cuda:0") == tmp_path / "lora_h100.json"
+    fake_gpu("NVIDIA H200")
+    assert tuned.tuned_file("lora", "cuda:0") == tmp_path / "lora_h200.json"     # an H200 never reads the H100's
+    fake_gpu("NVIDIA A100-SXM4-80GB")
+    assert tuned.tuned_file("lora", "cuda:0") is None
+
+
+def test_write_results_defaults_to_the_device_folder(fake_gpu, monkeypatch, tmp_path):
+    fake_gpu("NVIDIA H100 80GB HBM3")
+    monkeypatch.setattr(common, "RESULTS_ROOT", tmp_path)
+    path = common.write_results("demo", {"device": "x"}, [{"impl": "a"}], md="# t\n")
+    assert path == tmp_path / "h100" / "demo.json" and (tmp_path / "h100" / "demo.md").exists()
