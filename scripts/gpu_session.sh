@@ -4,7 +4,8 @@
 #                          [--quick] [--sanitize]
 # (--tests is word-split, so a -k expression with spaces goes through -k: session 28's call 5 ran no tests)
 # Everything comes back as $OUT/session.log, $OUT/gpu_tests.log and $OUT/results.tar.gz
-# (benchmarks/results/h200/* written by the suites), since the device tool returns ≤ 8 files.
+# (benchmarks/results/<gpu>/* written by the suites: h200, h100, … — bench.common.results_dir), since the device tool
+# returns ≤ 8 files.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -21,7 +22,9 @@ while [ $# -gt 0 ]; do
   esac
 done
 export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1
-LOGS=benchmarks/results/h200/logs; mkdir -p "$LOGS"
+RES=$(python3 -c "from lowrank_gemm.bench.common import results_dir; print(results_dir())" 2>/dev/null \
+      || echo benchmarks/results/unknown_gpu)
+LOGS=$RES/logs; mkdir -p "$LOGS"
 log() { echo "[$(date +%T)] $*" | tee -a "$OUT/session.log"; }
 log "$(nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader)"
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$OUT/session.log"
@@ -38,11 +41,11 @@ if [ -n "$TESTS" ]; then
 fi
 for s in $SUITES; do
   log "bench $s $QUICK"
-  timeout "${BENCH_TIMEOUT:-420}" python3 -m lowrank_gemm bench "$s" $QUICK --out benchmarks/results/h200 >>"$LOGS/bench_$s.log" 2>&1
+  timeout "${BENCH_TIMEOUT:-420}" python3 -m lowrank_gemm bench "$s" $QUICK --out "$RES" >>"$LOGS/bench_$s.log" 2>&1
   log "bench $s rc=$?"; tail -40 "$LOGS/bench_$s.log" >> "$OUT/session.log"
 done
 if [ "$SANITIZE" = 1 ] && [ -x scripts/sanitize_gluon.sh ]; then
   log "compute-sanitizer"; timeout 240 scripts/sanitize_gluon.sh >"$OUT/sanitize.log" 2>&1; log "sanitize rc=$?"
 fi
-tar czf "$OUT/results.tar.gz" benchmarks/results/h200
+tar czf "$OUT/results.tar.gz" "$RES"
 log "done"
