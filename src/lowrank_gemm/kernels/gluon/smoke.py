@@ -60,9 +60,8 @@ def main(argv=None):
 
 
 def decode_paths() -> int:
-    """The decode kernel's three default paths, each checked against the float64 GEMM on act_quant's packed codes."""
-    from ...formats.int4 import pack_int4, quantize_weight_int4
-    from ...formats.int4_twolevel import pack_weight_2l
+    """The decode kernel's default paths, each checked against the float64 GEMM on act_quant's packed codes, then the
+    W4A8 layer at M ≤ 16 against its spec."""
     from ...reference import w4a4_gemm_ref
     from ..act_quant import act_quant
     from ..w4a4_gemm import w4a4_gemm
@@ -72,17 +71,8 @@ def decode_paths() -> int:
     # K = 3072: the e4m3 path's xab table needs 96 rows and gets 128 (a power of two; xab_table_rows)
     for fmt, M, K, out in (("int4_g64", 5, 1024, "f8"), ("int4_g64", 3, 3072, "f8"), ("int4_g64", 24, 1024, "f16"),
                            ("int4_2l", 40, 1024, "packed")):
-        w = torch.randn(N, K, device="cuda", generator=g) * 0.02
-        if fmt == "int4_2l":
-            wq, wmul, ws = pack_weight_2l(w, 64)
-        else:
-            q, ws = quantize_weight_int4(w, 64)
-            wq, wmul, ws = pack_int4(q), None, ws.bfloat16()
+        wq, wmul, ws, smooth, down, up, bias = _random_layer(g, fmt, N, K, r)
         x = torch.randn(M, K, device="cuda", generator=g).bfloat16()
-        smooth = (torch.rand(K, device="cuda", generator=g) + 0.5).bfloat16()
-        down = (torch.randn(r, K, device="cuda", generator=g) * 0.05).bfloat16()
-        up = (torch.randn(N, r, device="cuda", generator=g) * 0.05).bfloat16()
-        bias = torch.randn(N, device="cuda", generator=g).bfloat16()
         xq, xs, s = act_quant(x, smooth, down, 64, fmt, torch.bfloat16, out=out)
         y = w4a4_gemm(xq, xs, wq, ws, s, up, bias, w_mul=wmul, fmt=fmt, impl="decode")
         torch.cuda.synchronize()
@@ -96,19 +86,31 @@ def decode_paths() -> int:
     return 1 if bad else 0
 
 
+def _random_layer(g, fmt: str, N: int, K: int, r: int):
+    """A random SVDQuant layer on the GPU, group 64: (packed weights, their 2l multipliers or None, scales, λ, lora_down,
+    lora_up, bias)."""
+    from ...formats.int4 import pack_int4, quantize_weight_int4
+    from ...formats.int4_twolevel import pack_weight_2l
+    w = torch.randn(N, K, device="cuda", generator=g) * 0.02
+    if fmt == "int4_2l":
+        wq, wmul, ws = pack_weight_2l(w, 64)
+    else:
+        q, ws = quantize_weight_int4(w, 64)
+        wq, wmul, ws = pack_int4(q), None, ws.bfloat16()
+    smooth = (torch.rand(K, device="cuda", generator=g) + 0.5).bfloat16()
+    down = (torch.randn(r, K, device="cuda", generator=g) * 0.05).bfloat16()
+    up = (torch.randn(N, r, device="cuda", generator=g) * 0.05).bfloat16()
+    return wq, wmul, ws, smooth, down, up, torch.randn(N, device="cuda", generator=g).bfloat16()
+
+
 def _decode_w4a8_layer(g) -> int:
     """The W4A8 layer at M ≤ 16 (act_quant_e4m3's xab rows into the decode kernel's e4m3 path) against the float64
     spec, at K = 3072 (the padded xab table)."""
-    from ...formats.int4 import pack_int4, quantize_weight_int4
     from ...reference import svdq_linear_ref
     from ..w4a4_gemm import w4a4_linear
     M, N, K, r = 4, 400, 3072, 16
-    q, ws = quantize_weight_int4(torch.randn(N, K, device="cuda", generator=g) * 0.02, 64)
-    p = dict(qweight=pack_int4(q), wscales=ws.bfloat16(),
-             smooth=(torch.rand(K, device="cuda", generator=g) + 0.5).bfloat16(),
-             lora_down=(torch.randn(r, K, device="cuda", generator=g) * 0.05).bfloat16(),
-             lora_up=(torch.randn(N, r, device="cuda", generator=g) * 0.05).bfloat16(),
-             bias=torch.randn(N, device="cuda", generator=g).bfloat16())
+    wq, _, ws, smooth, down, up, bias = _random_layer(g, "int4_g64", N, K, r)
+    p = dict(qweight=wq, wscales=ws, smooth=smooth, lora_down=down, lora_up=up, bias=bias)
     x = torch.randn(M, K, device="cuda", generator=g).bfloat16()
     y = w4a4_linear(x, act_bits=8, out_dtype=torch.float32, **p)
     torch.cuda.synchronize()
