@@ -257,8 +257,9 @@ def tune(quick: bool, outdir: Path | None, kn: list[tuple[int, int]] | None = No
     shapes = kn or SHAPES_KN
     points = ([(m, n, k, r) for (m, k, n, r) in QUICK] if quick else
               [(m, n, k, r) for (k, n) in shapes for r in (16, 64) for m in MS])
-    outdir = Path(outdir) if outdir is not None else results_dir()
-    out_json = outdir / f"lora_{results_dir().name}.json"
+    here = results_dir()
+    outdir = Path(outdir) if outdir is not None else here
+    out_json = outdir / f"lora_{here.name}.json"
     table = json.loads(out_json.read_text()).get("lora", {}) if out_json.exists() else {}
     log = []
     t0 = time.time()
