@@ -30,7 +30,8 @@ session 27: at M = 256, 64 adapters, the shrink alone took 13.9 µs over its 2 s
 
 ``--pin-from JSON`` (CPU, no GPU needed): merge a --configs run's winners into the shipped tuned table
 (``plan/tuned/multilora_h200.json``) — a candidate replaces the case's plan only if it was at least ``--min-gain``
-(3 %) faster than ``fused`` (today's plan) in that run.
+(3 %) faster than ``fused`` (today's plan) in that run. ``--table PATH`` writes another GPU's table instead (e.g.
+``plan/tuned/multilora_h100.json``, started from the shipped one where it does not exist yet).
 """
 
 from __future__ import annotations
@@ -159,7 +160,7 @@ def pin_winners(path, min_gain, table_path=None, label="session 14: scripts/prob
     from lowrank_gemm.kernels import multilora_gemm as mg
     run = json.loads(Path(path).read_text())
     table_path = Path(table_path or mg.TUNED_PATH)
-    table = json.loads(table_path.read_text())
+    table = json.loads((table_path if table_path.exists() else Path(mg.TUNED_PATH)).read_text())
     by_case = {}
     for rw in run["rows"]:
         by_case.setdefault((rw["M"], rw["N"], rw["r"], rw["adapters"]), {})[rw["impl"]] = rw
@@ -196,9 +197,11 @@ def main(argv=None):
     ap.add_argument("--label", default="session 14: scripts/probe_multilora_parts.py --configs")
     ap.add_argument("--pin-from", default="")
     ap.add_argument("--min-gain", type=float, default=0.03)
+    ap.add_argument("--table", default="", help="--pin-from: the tuned table to write (default: the shipped H200 "
+                                                 "one; e.g. plan/tuned/multilora_h100.json, created from it)")
     args = ap.parse_args(argv)
     if args.pin_from:
-        return pin_winners(args.pin_from, args.min_gain, label=args.label)
+        return pin_winners(args.pin_from, args.min_gain, table_path=args.table or None, label=args.label)
     from lowrank_gemm.bench.common import device_meta, markdown_table, rotation_count, time_impl
     from lowrank_gemm.bench.multilora import K, SLOTS, _bank, _ids, floor_bytes
     from lowrank_gemm.kernels import multilora_gemm as mg
