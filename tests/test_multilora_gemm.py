@@ -154,6 +154,29 @@ def test_row_order_passed_in_and_int64_ids():
     assert_close(run(dict(case, adapter_ids=case["adapter_ids"].long()), "gather"), ref)
 
 
+@pytest.mark.parametrize("M", [1, 7, 16, 129, 300])
+def test_sort_rows_kernel_is_torchs_stable_sort(M, monkeypatch):
+    g = torch.Generator().manual_seed(M)
+    ids = torch.randint(-1, 5, (M,), generator=g, dtype=torch.int32)     # many repeats: stability matters
+    ids[:: 7] = 70                                                       # past the bank: sorts as its value
+    ids[3:: 11] = -5
+    want = torch.sort(ids, stable=True).indices.to(torch.int32)
+    real_sort = torch.sort
+
+    def no_sort(*a, **k):
+        raise AssertionError("sort_rows fell back to torch.sort below SORT_KERNEL_MAX_M")
+    monkeypatch.setattr(torch, "sort", no_sort)
+    got = mg.sort_rows(ids)
+    assert got.dtype == torch.int32 and torch.equal(got, want)
+    assert torch.equal(mg.sort_rows(ids.long()), want)
+    assert torch.equal(mg.sort_rows(ids), got)                           # same order every run
+    monkeypatch.setattr(torch, "sort", real_sort)
+    monkeypatch.setattr(mg, "SORT_KERNEL_MAX_M", 4)                      # the large-M route: torch.sort
+    assert torch.equal(mg.sort_rows(ids), want)
+    with pytest.raises(ValueError, match="must be integers"):
+        mg.sort_rows(ids.float())
+
+
 def test_bad_ids_rejected_or_clamped():
     case = make_case(12, 20, 32, 3, 16, dirty=False)
     bad = case["adapter_ids"].clone()

@@ -947,9 +947,44 @@ def one_adapter_plan(M: int, N: int, K: int, x: torch.Tensor, weight: torch.Tens
     return bank_plan(M, N, K, bank_a.shape[1], x.dtype, x.device)
 
 
+SORT_KERNEL_MAX_M = 8192     # above: torch.sort (the rank count is O(M²) work; measured in benchmarks/NOTES.md)
+
+
+@triton.jit
+def _sort_rows_kernel(ids_ptr, order_ptr, M, BLOCK: tl.constexpr, CHUNK: tl.constexpr):
+    """One launch, no workspace: row m's place in the stable sort by id is the number of rows j with
+    (id_j, j) < (id_m, m), counted over all M ids in CHUNK-wide steps; then ``order[place] = m``. The places are a
+    permutation of 0..M−1, so every store hits its own slot (no atomics, same order every run)."""
+    offs_m = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    live_m = offs_m < M
+    key_m = tl.load(ids_ptr + offs_m, mask=live_m, other=0)
+    place = tl.zeros((BLOCK,), tl.int32)
+    for j0 in range(0, M, CHUNK):
+        offs_j = j0 + tl.arange(0, CHUNK)
+        live_j = offs_j < M
+        key_j = tl.load(ids_ptr + offs_j, mask=live_j, other=0)
+        before = (key_j[None, :] < key_m[:, None]) | ((key_j[None, :] == key_m[:, None])
+                                                      & (offs_j[None, :] < offs_m[:, None]))
+        place += tl.sum((before & live_j[None, :]).to(tl.int32), axis=1)
+    tl.store(order_ptr + place, offs_m, mask=live_m)
+
+
 def sort_rows(adapter_ids: torch.Tensor) -> torch.Tensor:
-    """Row permutation sorting rows by adapter (stable), int32, on the ids' device — no host sync."""
-    return torch.sort(adapter_ids, stable=True).indices.to(torch.int32)
+    """Row permutation sorting rows by adapter id (stable: equal ids keep their order), int32, on the ids' device,
+    no host sync: the same permutation as ``torch.sort(ids, stable=True).indices``. Up to ``SORT_KERNEL_MAX_M``
+    rows it is one rank-counting launch (:func:`_sort_rows_kernel`); ``torch.sort`` takes ~10 launches' time
+    (11 / 22 µs at M = 64 / 256 on the H200, session 27), which made segment mode lose to gather mode."""
+    ids = adapter_ids.reshape(-1)
+    M = ids.numel()
+    if ids.dtype.is_floating_point or ids.dtype == torch.bool:
+        raise ValueError(f"sort_rows: adapter ids must be integers, got {ids.dtype}")
+    if M == 0 or M > SORT_KERNEL_MAX_M or not (ids.is_cuda or (ids.device.type == "cpu" and _interpreting())):
+        return torch.sort(ids, stable=True).indices.to(torch.int32)
+    ids = ids.to(torch.int32).contiguous()      # as the kernels read them (multi_lora_gemm narrows the same way)
+    order = torch.empty(M, dtype=torch.int32, device=ids.device)
+    block = min(128, max(16, next_pow2(M)))
+    launch(_sort_rows_kernel, (cdiv(M, block),), ids, order, M, BLOCK=block, CHUNK=block, num_warps=4)
+    return order
 
 
 def _default_validate() -> bool:
