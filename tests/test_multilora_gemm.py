@@ -177,6 +177,23 @@ def test_sort_rows_kernel_is_torchs_stable_sort(M, monkeypatch):
         mg.sort_rows(ids.float())
 
 
+def test_auto_mode_rule_and_the_op_follows_it(monkeypatch):
+    assert [mg.auto_mode(M, a) for M, a in [(16, None), (64, 64), (65, None), (256, 4), (256, 16), (1024, 4)]] == \
+        ["gather", "gather", "segment", "gather", "segment", "segment"]
+    case = make_case(70, 24, 32, 20, 16)
+    ref = ref_of(case)
+    sorts = []
+    real = mg.sort_rows
+    monkeypatch.setattr(mg, "sort_rows", lambda ids: sorts.append(1) or real(ids))
+    for adapters, want in ((4, 0), (None, 1), (16, 1)):        # None: the bank's 20 slots bound it
+        sorts.clear()
+        y = mg.multi_lora_gemm(case["x"], case["weight"], case["bank_a"], case["bank_b"], case["ranks"],
+                               case["scales"], case["adapter_ids"], case["bias"], mode="auto", plan=small_plan(),
+                               adapters=adapters)
+        assert len(sorts) == want
+        assert_close(y, ref)
+
+
 def test_bad_ids_rejected_or_clamped():
     case = make_case(12, 20, 32, 3, 16, dirty=False)
     bad = case["adapter_ids"].clone()

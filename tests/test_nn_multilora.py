@@ -113,6 +113,23 @@ def test_adapter_ids_in_place_and_segment_order():
     assert ids.ids.tolist() == [1, 1, 0, -1] and ids.row_order.tolist() == [3, 2, 0, 1]
 
 
+def test_adapter_ids_auto_sorts_once_where_segment_runs():
+    ids = AdapterIds()                                          # mode="auto"
+    small = torch.tensor([2, 0, -1, 0], dtype=torch.int32)
+    ids.set(small)
+    assert ids.row_order is None                                # 4 rows: gather mode, nothing sorted
+    big = torch.randint(-1, 20, (100,), generator=torch.Generator().manual_seed(0), dtype=torch.int32)
+    ids.set(big)                                                # 100 rows, adapters unknown: segment
+    order = ids.row_order
+    assert order is not None and torch.equal(order, torch.sort(big, stable=True).indices.to(torch.int32))
+    ids.set(big.flip(0), max_adapters=4)                        # few adapters at ≤ 256 rows: gather …
+    assert ids.row_order is None and ids._order is order        # … the order's memory stays (captured graphs)
+    ids.set(big, max_adapters=16)
+    assert ids.row_order is order and torch.equal(order, torch.sort(big, stable=True).indices.to(torch.int32))
+    with pytest.raises(ValueError, match="mode must be"):
+        AdapterIds(mode="sorted")
+
+
 def test_load_peft_state_dict_scaling():
     lin = nn.Linear(32, 24).to(DT)
     mod = MultiLoRALinear.from_linear(lin, 2, 8)

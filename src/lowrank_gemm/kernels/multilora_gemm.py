@@ -64,7 +64,7 @@ from lowrank_gemm.plan.planner import takes_wide_tiles
 from lowrank_gemm.plan.smem import SmemLedger, SmemTerm, barrier_bytes, solve_stages, tile_bytes
 from lowrank_gemm.plan.tuned import TUNED_DIR, tuned_file
 
-__all__ = ["MultiLoRAPlan", "choose_plan", "heuristic_plan", "tuned_key", "TUNED_PATH", "main_ledger", "can_implement", "sort_rows",
+__all__ = ["MultiLoRAPlan", "auto_mode", "choose_plan", "heuristic_plan", "tuned_key", "TUNED_PATH", "main_ledger", "can_implement", "sort_rows",
            "multi_lora_linear", "multi_lora_gemm", "MODES",
            "EXPANDS"]
 
@@ -954,19 +954,41 @@ SORT_KERNEL_MAX_M = 8192     # above: torch.sort (the rank count is O(M²) work;
 def _sort_rows_kernel(ids_ptr, order_ptr, M, BLOCK: tl.constexpr, CHUNK: tl.constexpr):
     """One launch, no workspace: row m's place in the stable sort by id is the number of rows j with
     (id_j, j) < (id_m, m), counted over all M ids in CHUNK-wide steps; then ``order[place] = m``. The places are a
-    permutation of 0..M−1, so every store hits its own slot (no atomics, same order every run)."""
+    permutation of 0..M−1, so every store hits its own slot (no atomics, same order every run). The counts stay
+    per (row, lane) until the loop ends — one cross-lane sum, not one per step — and a program owns few rows
+    (BLOCK = 16), so even small batches spread over many SMs: the first version (128 rows per program, a sum per
+    step) took 8 µs at M = 256, each step a chain of ~1300 dependent instructions on one warp per scheduler."""
     offs_m = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     live_m = offs_m < M
     key_m = tl.load(ids_ptr + offs_m, mask=live_m, other=0)
-    place = tl.zeros((BLOCK,), tl.int32)
+    count = tl.zeros((BLOCK, CHUNK), tl.int32)
     for j0 in range(0, M, CHUNK):
         offs_j = j0 + tl.arange(0, CHUNK)
-        live_j = offs_j < M
-        key_j = tl.load(ids_ptr + offs_j, mask=live_j, other=0)
+        key_j = tl.load(ids_ptr + offs_j, mask=offs_j < M, other=0)
         before = (key_j[None, :] < key_m[:, None]) | ((key_j[None, :] == key_m[:, None])
                                                       & (offs_j[None, :] < offs_m[:, None]))
-        place += tl.sum((before & live_j[None, :]).to(tl.int32), axis=1)
-    tl.store(order_ptr + place, offs_m, mask=live_m)
+        count += (before & (offs_j < M)[None, :]).to(tl.int32)
+    tl.store(order_ptr + tl.sum(count, axis=1), offs_m, mask=live_m)
+
+
+SORT_BLOCK = 16         # rows per program of the rank-counting sort
+
+
+SEGMENT_MIN_M = 65              # mode="auto": segment mode from this many rows …
+SEGMENT_MIN_ADAPTERS = 16       # … where up to 256 rows may hold this many distinct adapters (every size above 256)
+
+
+def auto_mode(M: int, adapters: int | None) -> str:
+    """The mode ``mode="auto"`` runs for M rows and a bound on the batch's distinct adapters (None: unknown).
+    Measured on an H100 with the one-launch sort (session 46, ``results/h100/multilora.md``): at M = 256 segment
+    mode wins with 16 or 64 adapters (N = 4096 r64, 16 adapters: 43.8 vs 64.6 µs gather) and loses or ties with
+    four (N = 28672 r64: 164.7 vs 150.0); at M ≤ 64 gather is as fast or faster. Above 256 rows, unmeasured, segment
+    as before."""
+    if M < SEGMENT_MIN_M:
+        return "gather"
+    if M <= 256 and adapters is not None and adapters < SEGMENT_MIN_ADAPTERS:
+        return "gather"
+    return "segment"
 
 
 def sort_rows(adapter_ids: torch.Tensor) -> torch.Tensor:
@@ -982,8 +1004,8 @@ def sort_rows(adapter_ids: torch.Tensor) -> torch.Tensor:
         return torch.sort(ids, stable=True).indices.to(torch.int32)
     ids = ids.to(torch.int32).contiguous()      # as the kernels read them (multi_lora_gemm narrows the same way)
     order = torch.empty(M, dtype=torch.int32, device=ids.device)
-    block = min(128, max(16, next_pow2(M)))
-    launch(_sort_rows_kernel, (cdiv(M, block),), ids, order, M, BLOCK=block, CHUNK=block, num_warps=4)
+    launch(_sort_rows_kernel, (cdiv(M, SORT_BLOCK),), ids, order, M, BLOCK=SORT_BLOCK,
+           CHUNK=min(256, max(16, next_pow2(M))), num_warps=4)
     return order
 
 
@@ -1097,7 +1119,8 @@ def multi_lora_gemm(x, weight, bank_a, bank_b, ranks, scales, adapter_ids, bias=
     ranks [L] int32, scales [L] fp32, adapter_ids [M] (−1 = base only), bias [N] → y [M, N].
 
     ``mode``: "gather" (rows in place), "segment" (rows walked sorted by adapter; ``row_order``
-    may be passed in, else it is computed on device), "auto" (segment when M > 64).
+    may be passed in, else it is computed on device), "auto" (:func:`auto_mode`: segment from 65 rows unless
+    ``adapters`` says fewer than 16 at M ≤ 256; segment whenever ``row_order`` is given).
     ``has_lora=False`` runs the same main kernel without the low-rank branch (the base product).
     ``adapters``: host-known bound on distinct adapters in the batch (plan choice only; a wrong
     bound stays exact). ``out`` [M, N] receives y (tests pass it NaN-filled); ``poison_workspace``
@@ -1122,7 +1145,7 @@ def multi_lora_gemm(x, weight, bank_a, bank_b, ranks, scales, adapter_ids, bias=
     if validate and M:
         _check_values(adapter_ids, ranks, L, r_max)
     if mode == "auto":
-        mode = "segment" if M > 64 or row_order is not None else "gather"
+        mode = "segment" if row_order is not None else auto_mode(M, adapters if adapters is not None else L)
     if out is not None:
         if tuple(out.shape) != (M, N) or out.dtype != x.dtype or out.device != x.device:
             raise ValueError(f"multi_lora_linear: out must be {x.dtype} [{M}, {N}] on {x.device}, got "

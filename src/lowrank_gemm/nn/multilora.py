@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from lowrank_gemm.integrations.peft import is_peft_lora_linear
-from lowrank_gemm.kernels.multilora_gemm import multi_lora_linear, sort_rows
+from lowrank_gemm.kernels.multilora_gemm import auto_mode, multi_lora_linear, sort_rows
 
 __all__ = ["AdapterBank", "AdapterIds", "MultiLoRALinear", "multilora_from_peft", "peft_scaling"]
 
@@ -92,31 +92,45 @@ class AdapterIds:
     """Per-token adapter ids shared by the layers of a model (−1 = base only).
 
     ``set(ids)`` copies into the existing tensor when the shape matches (a captured CUDA graph keeps
-    reading the same memory); in segment mode it also refreshes the sorted row order, on device.
+    reading the same memory); where the batch runs in segment mode (``mode="segment"``, or ``"auto"`` when
+    :func:`~lowrank_gemm.kernels.multilora_gemm.auto_mode` picks it) it also refreshes the sorted row order, on
+    device, once for every layer.
     """
 
     def __init__(self, mode: str = "auto"):
+        if mode not in ("gather", "segment", "auto"):
+            raise ValueError(f"AdapterIds: mode must be 'gather', 'segment' or 'auto', got {mode!r}")
         self.mode = mode
         self.ids: torch.Tensor | None = None
-        self.row_order: torch.Tensor | None = None
+        self._order: torch.Tensor | None = None
+        self._use_order = False
         self.max_adapters: int | None = None
+
+    @property
+    def row_order(self) -> torch.Tensor | None:
+        """The rows sorted by adapter where this batch runs in segment mode, else None."""
+        return self._order if self._use_order else None
 
     def set(self, ids: torch.Tensor, max_adapters: int | None = None) -> None:
         """``max_adapters``: the serving loop's own count of distinct adapters in the batch (it knows it
-        without a device sync); it only selects the kernel plan."""
+        without a device sync); it selects the kernel plan and, with ``mode="auto"``, the mode."""
         self.max_adapters = max_adapters
         ids = ids.reshape(-1).to(torch.int32)
         if self.ids is not None and self.ids.shape == ids.shape and self.ids.device == ids.device:
             self.ids.copy_(ids)
         else:
             self.ids = ids.clone()
-            self.row_order = None
-        if self.mode == "segment":
+            self._order = None
+        # an order once made is kept (and refreshed) even while a batch runs gather mode: a CUDA graph captured in
+        # segment mode keeps reading its memory
+        self._use_order = self.mode == "segment" or (
+            self.mode == "auto" and auto_mode(self.ids.numel(), max_adapters) == "segment")
+        if self._use_order or self._order is not None:
             order = sort_rows(self.ids)
-            if self.row_order is None:
-                self.row_order = order
+            if self._order is None:
+                self._order = order
             else:
-                self.row_order.copy_(order)
+                self._order.copy_(order)
 
 
 class MultiLoRALinear(nn.Module):
