@@ -30,7 +30,8 @@ session 27: at M = 256, 64 adapters, the shrink alone took 13.9 µs over its 2 s
 
 ``--pin-from JSON`` (CPU, no GPU needed): merge a --configs run's winners into the shipped tuned table
 (``plan/tuned/multilora_h200.json``) — a candidate replaces the case's plan only if it was at least ``--min-gain``
-(3 %) faster than ``fused`` (today's plan) in that run. ``--table PATH`` writes another GPU's table instead (e.g.
+(3 %) faster than ``fused`` (today's plan) in that run. ``--mode segment`` runs every fused row in segment mode (the
+sort included) and pins its winners as the case's segment entries (``tuned_key(..., "segment")``). ``--table PATH`` writes another GPU's table instead (e.g.
 ``plan/tuned/multilora_h100.json``, started from the shipped one where it does not exist yet).
 """
 
@@ -150,7 +151,7 @@ def edit_candidates(plan, spec):
     return out
 
 
-BASELINES = ("cublas_base", "fused", "fused_base", "lora_single", "shrink_expand")
+BASELINES = ("cublas_base", "fused", "fused_base", "fused_gather", "lora_single", "shrink_expand")
 
 
 def pin_winners(path, min_gain, table_path=None, label="session 14: scripts/probe_multilora_parts.py --configs"):
@@ -172,7 +173,7 @@ def pin_winners(path, min_gain, table_path=None, label="session 14: scripts/prob
             continue
         best = min(cands, key=lambda rw: rw["graph_us"])
         if best["graph_us"] <= (1 - min_gain) * today["graph_us"]:
-            table["plans"][mg.tuned_key(M, N, K, r, nd)] = best["plan"]
+            table["plans"][mg.tuned_key(M, N, K, r, nd, today.get("mode", "gather"))] = best["plan"]
             pinned.append(f"{M}x{N}x{r}x{nd}: {best['impl']} {best['graph_us']} µs (today {today['graph_us']})")
     if pinned:
         src = (f"{label} ({run['meta'].get('date', '?')}): "
@@ -197,6 +198,9 @@ def main(argv=None):
     ap.add_argument("--label", default="session 14: scripts/probe_multilora_parts.py --configs")
     ap.add_argument("--pin-from", default="")
     ap.add_argument("--min-gain", type=float, default=0.03)
+    ap.add_argument("--mode", default="gather", choices=("gather", "segment"),
+                    help="the mode every fused row runs (segment: the rows sorted by adapter, the sort included; "
+                         "pinned as the case's segment entry)")
     ap.add_argument("--table", default="", help="--pin-from: the tuned table to write (default: the shipped H200 "
                                                  "one; e.g. plan/tuned/multilora_h100.json, created from it)")
     args = ap.parse_args(argv)
@@ -220,15 +224,19 @@ def main(argv=None):
             x = torch.randn(M, K, device=dev, generator=gen).to(torch.bfloat16)
             w = (torch.randn(N, K, device=dev, generator=gen) / math.sqrt(K)).to(torch.bfloat16)
             sets.append((x, w, _bank(N, r, dev, gen), ids))
-        plan = mg.choose_plan(M, N, K, r, SLOTS, "gather", dev, adapters=nd)
+        plan = mg.choose_plan(M, N, K, r, SLOTS, args.mode, dev, adapters=nd)
 
         def fused(x, w, bk, i, has_lora=True, p=None):
-            return mg.multi_lora_gemm(x, w, bk.bank_a, bk.bank_b, bk.ranks, bk.scales, i, mode="gather",
+            return mg.multi_lora_gemm(x, w, bk.bank_a, bk.bank_b, bk.ranks, bk.scales, i, mode=args.mode,
                                       validate=False, adapters=nd, b_clean=bk.B_ZERO_PADDED, has_lora=has_lora,
                                       plan=p)
         impls = {"cublas_base": lambda x, w, bk, i: torch.nn.functional.linear(x, w),
                  "fused": fused,
                  "fused_base": lambda x, w, bk, i: fused(x, w, bk, i, has_lora=False)}
+        if args.mode == "segment":     # the gather plan in gather mode beside it: what mode="auto" chooses between
+            impls["fused_gather"] = lambda x, w, bk, i: mg.multi_lora_gemm(
+                x, w, bk.bank_a, bk.bank_b, bk.ranks, bk.scales, i, mode="gather", validate=False, adapters=nd,
+                b_clean=bk.B_ZERO_PADDED)
         plans = {}
         if args.configs:
             plans.update(config_candidates(plan, M))
@@ -253,7 +261,7 @@ def main(argv=None):
         x, w, bk, i = sets[0]
         ref = (torch.nn.functional.linear(x.double(), w.double()))
         errs = {}
-        for name in ("fused", "lora_single", *plans):
+        for name in ("fused", "fused_gather", "lora_single", *plans):
             if name in impls:
                 want = ref.clone()
                 for a in distinct:
@@ -269,7 +277,8 @@ def main(argv=None):
             if name in plans and not errs[name] < 3e-3:
                 print(f"{case} {name}: WRONG (rel err {errs[name]}), not timed", flush=True)
                 continue
-            rows.append({"M": M, "N": N, "r": r, "adapters": nd, "impl": name, "graph_us": round(us, 2),
+            rows.append({"M": M, "N": N, "r": r, "adapters": nd, "mode": args.mode, "impl": name,
+                         "graph_us": round(us, 2),
                          "x_cublas": round(us / base, 3), "rel_err": errs.get(name),
                          "plan": plans.get(name, plan).to_dict()})
             print(f"{case} {name}: {us:.2f} µs ({us / base:.3f}×) err={errs.get(name)}", flush=True)

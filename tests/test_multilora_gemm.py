@@ -178,8 +178,11 @@ def test_sort_rows_kernel_is_torchs_stable_sort(M, monkeypatch):
 
 
 def test_auto_mode_rule_and_the_op_follows_it(monkeypatch):
-    assert [mg.auto_mode(M, a) for M, a in [(16, None), (64, 64), (65, None), (256, 4), (256, 16), (1024, 4)]] == \
-        ["gather", "gather", "segment", "gather", "segment", "segment"]
+    cells = [(16, 4096, None), (64, 4096, 64), (65, 4096, None), (256, 28672, 4), (256, 4096, 4), (256, 28672, 16),
+             (256, 28672, None), (1024, 28672, 4)]
+    assert [mg.auto_mode(*c) for c in cells] == ["gather", "gather", "segment", "gather", "segment", "segment",
+                                                 "segment", "segment"]
+    monkeypatch.setattr(mg, "auto_mode", lambda M, N, a: "gather" if a is not None and a < 16 else "segment")
     case = make_case(70, 24, 32, 20, 16)
     ref = ref_of(case)
     sorts = []
@@ -494,6 +497,18 @@ def test_tuned_table_round_trip(tmp_path, monkeypatch):
     assert got == pinned
     miss = mg.choose_plan(64, 4096, 4096, 16, 64, "gather", torch.device("cpu"), adapters=16, tuned_path=path)
     assert miss == mg.heuristic_plan(64, 4096, 4096, 16, 64, "gather", 132, adapters=16)
+    # segment mode reads its own entry first, else the gather one; gather never reads a segment entry
+    seg = mg.MultiLoRAPlan.from_dict(dict(p.to_dict(), epi_d=4))
+    key = mg.tuned_key(64, 4096, 4096, 16, 4, "segment")
+    assert key == mg.tuned_key(64, 4096, 4096, 16, 4) + "_seg"
+    cpu = torch.device("cpu")
+    assert mg.choose_plan(64, 4096, 4096, 16, 64, "segment", cpu, adapters=3, tuned_path=path) == pinned
+    mg._load_tuned.cache_clear()
+    path.write_text(json.dumps({"version": 1, "plans": {key: seg.to_dict()}}))
+    assert mg.choose_plan(64, 4096, 4096, 16, 64, "segment", cpu, adapters=3, tuned_path=path) == seg
+    assert mg.choose_plan(64, 4096, 4096, 16, 64, "gather", cpu, adapters=3, tuned_path=path) == \
+        mg.heuristic_plan(64, 4096, 4096, 16, 64, "gather", 132, adapters=3)
+    mg._load_tuned.cache_clear()
 
 
 def test_max_adapters_hint_changes_only_the_plan():

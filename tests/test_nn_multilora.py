@@ -4,6 +4,7 @@ import pytest
 import torch
 from torch import nn
 
+from lowrank_gemm.nn import multilora as nn_multilora
 from lowrank_gemm.nn.multilora import AdapterBank, AdapterIds, MultiLoRALinear, multilora_from_peft, peft_scaling
 from lowrank_gemm.reference import multi_lora_linear_ref
 
@@ -113,19 +114,22 @@ def test_adapter_ids_in_place_and_segment_order():
     assert ids.ids.tolist() == [1, 1, 0, -1] and ids.row_order.tolist() == [3, 2, 0, 1]
 
 
-def test_adapter_ids_auto_sorts_once_where_segment_runs():
+def test_adapter_ids_auto_sorts_once_and_each_layer_picks_its_mode(monkeypatch):
     ids = AdapterIds()                                          # mode="auto"
-    small = torch.tensor([2, 0, -1, 0], dtype=torch.int32)
-    ids.set(small)
-    assert ids.row_order is None                                # 4 rows: gather mode, nothing sorted
-    big = torch.randint(-1, 20, (100,), generator=torch.Generator().manual_seed(0), dtype=torch.int32)
-    ids.set(big)                                                # 100 rows, adapters unknown: segment
+    ids.set(torch.tensor([2, 0, -1, 0], dtype=torch.int32))
+    assert ids.row_order is None                                # 4 rows: gather mode everywhere, nothing sorted
+    big = torch.randint(-1, 4, (100,), generator=torch.Generator().manual_seed(0), dtype=torch.int32)
+    ids.set(big, max_adapters=4)                                # 100 rows: sorted once, for every layer
     order = ids.row_order
     assert order is not None and torch.equal(order, torch.sort(big, stable=True).indices.to(torch.int32))
-    ids.set(big.flip(0), max_adapters=4)                        # few adapters at ≤ 256 rows: gather …
-    assert ids.row_order is None and ids._order is order        # … the order's memory stays (captured graphs)
-    ids.set(big, max_adapters=16)
-    assert ids.row_order is order and torch.equal(order, torch.sort(big, stable=True).indices.to(torch.int32))
+    ids.set(big.flip(0), max_adapters=4)
+    assert ids.row_order is order and torch.equal(order, torch.sort(big.flip(0), stable=True).indices.to(torch.int32))
+    seen = []
+    monkeypatch.setattr(nn_multilora, "multi_lora_linear", lambda *a, **k: seen.append((k["mode"], k["row_order"])))
+    for n, want in ((32, "segment"), (9000, "gather")):       # four adapters: a wide N runs gather at ≤ 256 rows
+        mod = MultiLoRALinear.from_linear(nn.Linear(16, n).to(DT), 8, 4, ids=ids)
+        mod(torch.randn(100, 16).to(DT))
+        assert seen[-1][0] == want and (seen[-1][1] is order) == (want == "segment")
     with pytest.raises(ValueError, match="mode must be"):
         AdapterIds(mode="sorted")
 

@@ -789,10 +789,12 @@ def can_implement(cfg: KernelConfig, elem_bits: int = 16, fuse_d: int = 0, epi_d
 TUNED_PATH = TUNED_DIR / "multilora_h200.json"
 
 
-def tuned_key(M: int, N: int, K: int, r_max: int, adapters: int) -> str:
+def tuned_key(M: int, N: int, K: int, r_max: int, adapters: int, mode: str = "gather") -> str:
     """Table key: M and the distinct-adapter bound in power-of-two buckets, exact N and K,
-    BLOCK_R for the rank."""
-    return f"m{_pow2_at_least(M, 1)}_n{N}_k{K}_r{_pow2_at_least(r_max)}_a{_pow2_at_least(adapters, 1)}"
+    BLOCK_R for the rank; ``_seg`` for a plan measured in segment mode (rows sorted by adapter: a tile holds fewer
+    adapters, so other tiles win)."""
+    key = f"m{_pow2_at_least(M, 1)}_n{N}_k{K}_r{_pow2_at_least(r_max)}_a{_pow2_at_least(adapters, 1)}"
+    return key + "_seg" if mode == "segment" else key
 
 
 @functools.lru_cache(maxsize=4)
@@ -891,15 +893,17 @@ def heuristic_plan(M: int, N: int, K: int, r_max: int, L: int, mode: str, sms: i
 
 def choose_plan(M: int, N: int, K: int, r_max: int, L: int, mode: str, device,
                 adapters: int | None = None, tuned_path: str | Path | None = None) -> MultiLoRAPlan:
-    """Tuned table (``plan/tuned/multilora_h200.json``, on an H200 or when ``tuned_path`` is
-    given) → :func:`heuristic_plan`. ``adapters``: host-known bound on distinct adapters in the
-    batch (e.g. the bank's loaded count; None → L)."""
+    """Tuned table (``plan/tuned/multilora_<gpu>.json``, :func:`~lowrank_gemm.plan.tuned.tuned_file`, or
+    ``tuned_path``; in segment mode its segment entry first, then the gather one) → :func:`heuristic_plan`.
+    ``adapters``: host-known bound on distinct adapters in the batch (e.g. the bank's loaded count; None → L)."""
     bound = max(1, min(M, L, adapters if adapters is not None else L))
     path = tuned_path if tuned_path is not None else tuned_file("multilora", device)
     if path is not None:
-        hit = _load_tuned(str(path)).get(tuned_key(M, N, K, r_max, bound))
-        if hit is not None:
-            return MultiLoRAPlan.from_dict(hit)
+        table = _load_tuned(str(path))
+        for m in dict.fromkeys((mode, "gather")):
+            hit = table.get(tuned_key(M, N, K, r_max, bound, m))
+            if hit is not None:
+                return MultiLoRAPlan.from_dict(hit)
     return heuristic_plan(M, N, K, r_max, L, mode, num_sms(device), adapters)
 
 
@@ -975,18 +979,19 @@ SORT_BLOCK = 16         # rows per program of the rank-counting sort
 
 
 SEGMENT_MIN_M = 65              # mode="auto": segment mode from this many rows …
-SEGMENT_MIN_ADAPTERS = 16       # … where up to 256 rows may hold this many distinct adapters (every size above 256)
+SEGMENT_MIN_ADAPTERS = 16       # … except at ≤ 256 rows of a wide N (> 8192) with fewer adapters than this
 
 
-def auto_mode(M: int, adapters: int | None) -> str:
-    """The mode ``mode="auto"`` runs for M rows and a bound on the batch's distinct adapters (None: unknown).
-    Measured on an H100 with the one-launch sort (session 46, ``results/h100/multilora.md``): at M = 256 segment
-    mode wins with 16 or 64 adapters (N = 4096 r64, 16 adapters: 43.8 vs 64.6 µs gather) and loses or ties with
-    four (N = 28672 r64: 164.7 vs 150.0); at M ≤ 64 gather is as fast or faster. Above 256 rows, unmeasured, segment
-    as before."""
+def auto_mode(M: int, N: int, adapters: int | None) -> str:
+    """The mode ``mode="auto"`` runs for M rows, N outputs and a bound on the batch's distinct adapters (None:
+    unknown). Measured on an H100 with the one-launch sort (session 46, ``results/h100/multilora.md``): at M = 256
+    segment mode wins with 16 or 64 adapters (N = 4096 r64, 16 adapters: 38.0 vs 65.0 µs gather; N = 28672 r64,
+    64 adapters: 228.3 vs 284.9), and with four at N = 4096 (r64: 36.1 vs 43.9), but loses with four at
+    N = 28672 (r64: 161.2 vs 151.2; r16: 136.9 vs 128.6); at M ≤ 64 gather is as fast or faster in every cell.
+    Above 256 rows (unmeasured) segment, as before."""
     if M < SEGMENT_MIN_M:
         return "gather"
-    if M <= 256 and adapters is not None and adapters < SEGMENT_MIN_ADAPTERS:
+    if M <= 256 and N > 8192 and adapters is not None and adapters < SEGMENT_MIN_ADAPTERS:
         return "gather"
     return "segment"
 
@@ -1119,8 +1124,8 @@ def multi_lora_gemm(x, weight, bank_a, bank_b, ranks, scales, adapter_ids, bias=
     ranks [L] int32, scales [L] fp32, adapter_ids [M] (−1 = base only), bias [N] → y [M, N].
 
     ``mode``: "gather" (rows in place), "segment" (rows walked sorted by adapter; ``row_order``
-    may be passed in, else it is computed on device), "auto" (:func:`auto_mode`: segment from 65 rows unless
-    ``adapters`` says fewer than 16 at M ≤ 256; segment whenever ``row_order`` is given).
+    may be passed in, else it is computed on device), "auto" (:func:`auto_mode`, by M, N and ``adapters``;
+    segment whenever ``row_order`` is given).
     ``has_lora=False`` runs the same main kernel without the low-rank branch (the base product).
     ``adapters``: host-known bound on distinct adapters in the batch (plan choice only; a wrong
     bound stays exact). ``out`` [M, N] receives y (tests pass it NaN-filled); ``poison_workspace``
@@ -1145,7 +1150,7 @@ def multi_lora_gemm(x, weight, bank_a, bank_b, ranks, scales, adapter_ids, bias=
     if validate and M:
         _check_values(adapter_ids, ranks, L, r_max)
     if mode == "auto":
-        mode = "segment" if row_order is not None else auto_mode(M, adapters if adapters is not None else L)
+        mode = "segment" if row_order is not None else auto_mode(M, N, adapters if adapters is not None else L)
     if out is not None:
         if tuple(out.shape) != (M, N) or out.dtype != x.dtype or out.device != x.device:
             raise ValueError(f"multi_lora_linear: out must be {x.dtype} [{M}, {N}] on {x.device}, got "
