@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Session 46, device call 5 (≤ 330 s): the multi-LoRA GPU tests and the full `bench multilora` with the H100 table (two segment entries, s46d) (`multilora_gemm.sort_rows`) — its timing
+# against torch.sort per M, the multi-LoRA GPU tests (segment mode runs through it), then the full `bench multilora`
+# (fused_segment includes the sort; session 45's H100 table is the before).
+#   LOWRANK_GEMM_COMMIT=<hash> bash scripts/gpu_s46e.sh → $OUT/s46e/
+source "$(dirname "$0")/_device_prelude.sh" s46e
+say "commit=${LOWRANK_GEMM_COMMIT:-?} $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)"
+gpu_tests 150 8 tests/test_multilora_gpu.py tests/test_nn_multilora.py tests/test_multilora_stack.py
+gzip -f "$L/tests.log"
+timeout 200 python3 -m lowrank_gemm bench multilora --out "$L/multilora" > "$L/multilora.log" 2>&1
+say "bench multilora rc=$?"
+sed -n '/## Targets/,$p' "$L/multilora/multilora.md" >> "$L/summary.txt"
+gzip -f "$L/multilora.log"
