@@ -179,9 +179,9 @@ def test_sort_rows_kernel_is_torchs_stable_sort(M, monkeypatch):
 
 def test_auto_mode_rule_and_the_op_follows_it(monkeypatch):
     cells = [(16, 4096, None), (64, 4096, 64), (65, 4096, None), (256, 28672, 4), (256, 4096, 4), (256, 28672, 16),
-             (256, 28672, None), (1024, 28672, 4)]
+             (256, 28672, None), (1024, 4096, 4), (1024, 4096, 64), (4096, 4096, None)]
     assert [mg.auto_mode(*c) for c in cells] == ["gather", "gather", "segment", "gather", "segment", "segment",
-                                                 "segment", "segment"]
+                                                 "segment", "gather", "segment", "segment"]
     monkeypatch.setattr(mg, "auto_mode", lambda M, N, a: "gather" if a is not None and a < 16 else "segment")
     case = make_case(70, 24, 32, 20, 16)
     ref = ref_of(case)

@@ -979,19 +979,21 @@ SORT_BLOCK = 16         # rows per program of the rank-counting sort
 
 
 SEGMENT_MIN_M = 65              # mode="auto": segment mode from this many rows …
-SEGMENT_MIN_ADAPTERS = 16       # … except at ≤ 256 rows of a wide N (> 8192) with fewer adapters than this
+SEGMENT_MIN_ADAPTERS = 16       # … where the batch may hold this many distinct adapters (fewer: see auto_mode)
 
 
 def auto_mode(M: int, N: int, adapters: int | None) -> str:
     """The mode ``mode="auto"`` runs for M rows, N outputs and a bound on the batch's distinct adapters (None:
-    unknown). Measured on an H100 with the one-launch sort (session 46, ``results/h100/multilora.md``): at M = 256
-    segment mode wins with 16 or 64 adapters (N = 4096 r64, 16 adapters: 38.0 vs 65.0 µs gather; N = 28672 r64,
-    64 adapters: 228.3 vs 284.9), and with four at N = 4096 (r64: 36.1 vs 43.9), but loses with four at
-    N = 28672 (r64: 161.2 vs 151.2; r16: 136.9 vs 128.6); at M ≤ 64 gather is as fast or faster in every cell.
-    Above 256 rows (unmeasured) segment, as before."""
+    unknown, read as many). Measured on an H100 with the one-launch sort (session 46, ``results/h100/multilora.md``
+    and ``probes/s46/s46f``), segment (sort included) against gather:
+    - M ≤ 64: gather as fast or faster in every cell;
+    - 16 or 64 adapters from M = 256: segment wins (N = 4096 r64, 16 adapters, M = 256: 38.0 vs 64.5 µs; N = 28672
+      r64, 64 adapters: 229.1 vs 285.5; M = 1024, 64 of r16: 89.4 vs 115.1 at N = 4096, 493.6 vs 576.8 at 28672);
+    - four adapters: segment wins only at M = 256 on N = 4096 (r64: 36.1 vs 43.8; r16 a tie), gather everywhere else
+      (N = 28672, M = 256 r64: 146.4 vs 161.5; M = 512 / 1024: 48.3 / 73.3 vs 56.6 / 84.7 at N = 4096)."""
     if M < SEGMENT_MIN_M:
         return "gather"
-    if M <= 256 and N > 8192 and adapters is not None and adapters < SEGMENT_MIN_ADAPTERS:
+    if adapters is not None and adapters < SEGMENT_MIN_ADAPTERS and (M > 256 or N > 8192):
         return "gather"
     return "segment"
 
