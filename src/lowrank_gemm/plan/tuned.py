@@ -2,8 +2,9 @@
 
 Every kernel family keeps one measured table per GPU kind, ``plan/tuned/<family>_<gpu>.json``, written
 by its probe (``scripts/probe_<family>.py``). The shipped tables are the H200's; an H100 reads its own
-``<family>_h100.json`` where one exists, else the H200's (same SMs and shared memory, less bandwidth: a good
-start, not a measurement). Every other device (and the CPU interpreter) takes the family's heuristic.
+``<family>_h100.json`` where one exists (``multilora_h100.json``: the H200's plus entries measured on an H100),
+else the H200's (same SMs and shared memory, less bandwidth: a good start, not a measurement). Every other device
+(and the CPU interpreter) takes the family's heuristic.
 """
 
 from __future__ import annotations
