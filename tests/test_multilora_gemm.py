@@ -397,6 +397,19 @@ def test_aot_shrink_pipelined():
     assert info.has("mma", "cp.async.cg")
 
 
+def test_aot_sort_rows_kernel():
+    """The row sort as it launches (16 rows per program, 256-wide steps) compiles for sm_90 without local memory
+    (spilled counts would cost it the few µs it exists to save) and keeps its counts per lane until one sum."""
+    from lowrank_gemm.kernels.aot import compile_sm90
+    info = compile_sm90("lowrank_gemm.kernels.multilora_gemm", "_sort_rows_kernel",
+                        {"ids_ptr": "*i32", "order_ptr": "*i32", "M": "i32"},
+                        {"BLOCK": mg.SORT_BLOCK, "CHUNK": 256}, aligned=("ids_ptr", "order_ptr"), num_warps=4)
+    assert ".local" not in info.ptx and info.has("st.global")
+    loop = info.ptx[info.ptx.index("Inner Loop Header"):]
+    loop = loop[:loop.index("bra")]
+    assert "shfl" not in loop                    # no cross-lane reduction inside the K-step loop
+
+
 def test_plan_fits_and_covers_sms(monkeypatch):
     monkeypatch.setattr(mg, "num_sms", lambda device: 132)
     for M in (16, 64, 256):
