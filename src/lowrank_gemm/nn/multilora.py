@@ -102,14 +102,8 @@ class AdapterIds:
             raise ValueError(f"AdapterIds: mode must be 'gather', 'segment' or 'auto', got {mode!r}")
         self.mode = mode
         self.ids: torch.Tensor | None = None
-        self._order: torch.Tensor | None = None
-        self._use_order = False
+        self.row_order: torch.Tensor | None = None
         self.max_adapters: int | None = None
-
-    @property
-    def row_order(self) -> torch.Tensor | None:
-        """The rows sorted by adapter where this batch runs in segment mode, else None."""
-        return self._order if self._use_order else None
 
     def set(self, ids: torch.Tensor, max_adapters: int | None = None) -> None:
         """``max_adapters``: the serving loop's own count of distinct adapters in the batch (it knows it
@@ -120,16 +114,13 @@ class AdapterIds:
             self.ids.copy_(ids)
         else:
             self.ids = ids.clone()
-            self._order = None
-        # an order once made is kept (and refreshed) even while a batch runs gather mode: a CUDA graph captured in
-        # segment mode keeps reading its memory
-        self._use_order = self.mode == "segment" or (self.mode == "auto" and self.ids.numel() >= SEGMENT_MIN_M)
-        if self._use_order or self._order is not None:
+            self.row_order = None
+        if self.mode == "segment" or (self.mode == "auto" and self.ids.numel() >= SEGMENT_MIN_M):
             order = sort_rows(self.ids)
-            if self._order is None:
-                self._order = order
+            if self.row_order is None:
+                self.row_order = order
             else:
-                self._order.copy_(order)
+                self.row_order.copy_(order)
 
 
 class MultiLoRALinear(nn.Module):
