@@ -24,3 +24,23 @@ probe_run() {
     grep -E "^ROW|FAIL|SKIP|Error" "$L/$name.log" | sed 's/^ROW //' >> "$L/summary.txt"
     gzip -f "$L/$name.log"
 }
+# multilora_grid: the multi-LoRA GPU tests, then the full `bench multilora` → $L/multilora/ (its targets to the summary)
+multilora_grid() {
+    gpu_tests 150 8 tests/test_multilora_gpu.py tests/test_nn_multilora.py tests/test_multilora_stack.py
+    gzip -f "$L/tests.log"
+    timeout 200 python3 -m lowrank_gemm bench multilora --out "$L/multilora" > "$L/multilora.log" 2>&1
+    say "bench multilora rc=$?"
+    sed -n '/## Targets/,$p' "$L/multilora/multilora.md" >> "$L/summary.txt"
+    gzip -f "$L/multilora.log"
+}
+# segment_plans <timeout s> <MxNxRxadapters,…>: `probe_multilora_parts.py --mode segment` with session 46's candidates
+# (main tiles, shrink blocks, shrink by row, stacking depth) → $L/ml/; winners are pinned on the CPU (--pin-from)
+segment_plans() {
+    timeout "$1" python3 scripts/probe_multilora_parts.py --out "$L/ml" --mode segment --cases "$2" --configs \
+        --shrink-rows 4 --mains 64x128x128x4x1,64x64x128x4x2 \
+        --edits "sbm64:shrink_rows=false,shrink.block_m=64;sbm32:shrink_rows=false,shrink.block_m=32;ad1:append_d=1;ad2:append_d=2" \
+        > "$L/ml.log" 2>&1
+    say "probe_multilora_parts --mode segment rc=$?"
+    grep -E "µs|WRONG|rejects" "$L/ml.log" | head -150 >> "$L/summary.txt"
+    gzip -f "$L/ml.log"
+}

@@ -6,9 +6,4 @@
 source "$(dirname "$0")/_device_prelude.sh" s46b
 say "commit=${LOWRANK_GEMM_COMMIT:-?} $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)"
 probe_run sort 60 scripts/probe_sort_rows.py
-gpu_tests 150 8 tests/test_multilora_gpu.py tests/test_nn_multilora.py tests/test_multilora_stack.py
-gzip -f "$L/tests.log"
-timeout 200 python3 -m lowrank_gemm bench multilora --out "$L/multilora" > "$L/multilora.log" 2>&1
-say "bench multilora rc=$?"
-sed -n '/## Targets/,$p' "$L/multilora/multilora.md" >> "$L/summary.txt"
-gzip -f "$L/multilora.log"
+multilora_grid

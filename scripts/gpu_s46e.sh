@@ -5,9 +5,4 @@
 #   LOWRANK_GEMM_COMMIT=<hash> bash scripts/gpu_s46e.sh → $OUT/s46e/
 source "$(dirname "$0")/_device_prelude.sh" s46e
 say "commit=${LOWRANK_GEMM_COMMIT:-?} $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)"
-gpu_tests 150 8 tests/test_multilora_gpu.py tests/test_nn_multilora.py tests/test_multilora_stack.py
-gzip -f "$L/tests.log"
-timeout 200 python3 -m lowrank_gemm bench multilora --out "$L/multilora" > "$L/multilora.log" 2>&1
-say "bench multilora rc=$?"
-sed -n '/## Targets/,$p' "$L/multilora/multilora.md" >> "$L/summary.txt"
-gzip -f "$L/multilora.log"
+multilora_grid

@@ -5,11 +5,4 @@
 #   LOWRANK_GEMM_COMMIT=<hash> bash scripts/gpu_s46i.sh → $OUT/s46i/
 source "$(dirname "$0")/_device_prelude.sh" s46i
 say "commit=${LOWRANK_GEMM_COMMIT:-?} $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)"
-timeout 200 python3 scripts/probe_multilora_parts.py --out "$L/ml" --mode segment \
-    --cases 256x28672x16x16,256x28672x64x16,256x4096x64x16,256x4096x16x4,256x4096x64x4 --configs --shrink-rows 4 \
-    --mains 64x128x128x4x1,64x64x128x4x2 \
-    --edits "sbm64:shrink_rows=false,shrink.block_m=64;sbm32:shrink_rows=false,shrink.block_m=32;ad1:append_d=1;ad2:append_d=2" \
-    > "$L/ml.log" 2>&1
-say "probe_multilora_parts --mode segment rc=$?"
-grep -E "µs|WRONG|rejects" "$L/ml.log" | head -150 >> "$L/summary.txt"
-gzip -f "$L/ml.log"
+segment_plans 200 256x28672x16x16,256x28672x64x16,256x4096x64x16,256x4096x16x4,256x4096x64x4
