@@ -31,8 +31,9 @@ session 27: at M = 256, 64 adapters, the shrink alone took 13.9 µs over its 2 s
 ``--pin-from JSON`` (CPU, no GPU needed): merge a --configs run's winners into the shipped tuned table
 (``plan/tuned/multilora_h200.json``) — a candidate replaces the case's plan only if it was at least ``--min-gain``
 (3 %) faster than ``fused`` (today's plan) in that run. ``--mode segment`` runs every fused row in segment mode (the
-sort included) and pins its winners as the case's segment entries (``tuned_key(..., "segment")``). ``--table PATH`` writes another GPU's table instead (e.g.
-``plan/tuned/multilora_h100.json``, started from the shipped one where it does not exist yet).
+sort included) and pins its winners as the case's segment entries (``tuned_key(..., "segment")``). ``--table PATH``
+writes another GPU's table instead (e.g. ``plan/tuned/multilora_h100.json``, started from the shipped one where it
+does not exist yet).
 """
 
 from __future__ import annotations
@@ -226,17 +227,15 @@ def main(argv=None):
             sets.append((x, w, _bank(N, r, dev, gen), ids))
         plan = mg.choose_plan(M, N, K, r, SLOTS, args.mode, dev, adapters=nd)
 
-        def fused(x, w, bk, i, has_lora=True, p=None):
-            return mg.multi_lora_gemm(x, w, bk.bank_a, bk.bank_b, bk.ranks, bk.scales, i, mode=args.mode,
+        def fused(x, w, bk, i, has_lora=True, p=None, mode=args.mode):
+            return mg.multi_lora_gemm(x, w, bk.bank_a, bk.bank_b, bk.ranks, bk.scales, i, mode=mode,
                                       validate=False, adapters=nd, b_clean=bk.B_ZERO_PADDED, has_lora=has_lora,
                                       plan=p)
         impls = {"cublas_base": lambda x, w, bk, i: torch.nn.functional.linear(x, w),
                  "fused": fused,
                  "fused_base": lambda x, w, bk, i: fused(x, w, bk, i, has_lora=False)}
         if args.mode == "segment":     # the gather plan in gather mode beside it: what mode="auto" chooses between
-            impls["fused_gather"] = lambda x, w, bk, i: mg.multi_lora_gemm(
-                x, w, bk.bank_a, bk.bank_b, bk.ranks, bk.scales, i, mode="gather", validate=False, adapters=nd,
-                b_clean=bk.B_ZERO_PADDED)
+            impls["fused_gather"] = lambda x, w, bk, i: fused(x, w, bk, i, mode="gather")
         plans = {}
         if args.configs:
             plans.update(config_candidates(plan, M))
