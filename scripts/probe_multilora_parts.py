@@ -32,8 +32,8 @@ session 27: at M = 256, 64 adapters, the shrink alone took 13.9 µs over its 2 s
 (``plan/tuned/multilora_h200.json``) — a candidate replaces the case's plan only if it was at least ``--min-gain``
 (3 %) faster than ``fused`` (today's plan) in that run. ``--mode segment`` runs every fused row in segment mode (the
 sort included) and pins its winners as the case's segment entries (``tuned_key(..., "segment")``). ``--table PATH``
-writes another GPU's table instead (e.g. ``plan/tuned/multilora_h100.json``, started from the shipped one where it
-does not exist yet).
+writes another GPU's table instead (e.g. ``plan/tuned/multilora_h100.json``; a new one holds only its own entries and
+``extends`` the shipped one).
 """
 
 from __future__ import annotations
@@ -162,7 +162,8 @@ def pin_winners(path, min_gain, table_path=None, label="session 14: scripts/prob
     from lowrank_gemm.kernels import multilora_gemm as mg
     run = json.loads(Path(path).read_text())
     table_path = Path(table_path or mg.TUNED_PATH)
-    table = json.loads((table_path if table_path.exists() else Path(mg.TUNED_PATH)).read_text())
+    table = (json.loads(table_path.read_text()) if table_path.exists() else    # a new GPU's table: its own entries
+             {"version": 1, "extends": Path(mg.TUNED_PATH).name, "plans": {}})   # over the shipped one
     by_case = {}
     for rw in run["rows"]:
         by_case.setdefault((rw["M"], rw["N"], rw["r"], rw["adapters"]), {})[rw["impl"]] = rw

@@ -524,6 +524,19 @@ def test_tuned_table_round_trip(tmp_path, monkeypatch):
     mg._load_tuned.cache_clear()
 
 
+def test_a_table_extends_another(tmp_path):
+    import json
+    mg._load_tuned.cache_clear()
+    (tmp_path / "base.json").write_text(json.dumps({"version": 1, "plans": {"a": {"x": 1}, "b": {"x": 2}}}))
+    (tmp_path / "own.json").write_text(json.dumps({"version": 1, "extends": "base.json", "plans": {"b": {"x": 3}}}))
+    assert mg._load_tuned(str(tmp_path / "own.json")) == {"a": {"x": 1}, "b": {"x": 3}}
+    # the shipped H100 table: its own entries only, every other key the H200's
+    h100, h200 = (mg._load_tuned(str(mg.TUNED_DIR / f"multilora_{g}.json")) for g in ("h100", "h200"))
+    own = json.loads((mg.TUNED_DIR / "multilora_h100.json").read_text())["plans"]
+    assert own and all(k.endswith("_seg") for k in own) and h100 == {**h200, **own}
+    mg._load_tuned.cache_clear()
+
+
 def test_max_adapters_hint_changes_only_the_plan():
     """The serving loop's distinct-adapter count picks the plan; any value gives the same result."""
     from lowrank_gemm.kernels.multilora_gemm import multi_lora_linear

@@ -799,13 +799,16 @@ def tuned_key(M: int, N: int, K: int, r_max: int, adapters: int, mode: str = "ga
 
 @functools.lru_cache(maxsize=4)
 def _load_tuned(path: str) -> dict:
+    """The plans of a tuned table; one that ``extends`` another (the H100's: its own entries only, the H200's
+    beneath) has that table's plans under its own."""
     p = Path(path)
     if not p.exists():
         return {}
     data = json.loads(p.read_text())
     if data.get("version") != 1:
         raise ValueError(f"{p}: unsupported multilora tuned-table version {data.get('version')!r}")
-    return data.get("plans", {})
+    base = _load_tuned(str(p.parent / data["extends"])) if data.get("extends") else {}
+    return {**base, **data.get("plans", {})}
 
 
 _APPEND_STAGES = 3        # the heuristic's appended-expand B ring (every tuned appended winner's depth)
