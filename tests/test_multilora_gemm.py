@@ -23,7 +23,7 @@ ATOL, RTOL = 2e-2, 1e-2
 
 def small_plan(split=2, sbm=16, bm=16, bn=32, bk=32, r_max=16, split_k=1, fuse_d=0, epi_d=1, x_tma=False,
                epi_pipe=0, b_vec=False, expand="epilogue", append_stages=3, append_rowsel=False, append_d=1,
-               s_unroll=False, swap_ab=False, rows_chunk=16, shrink_rows=False, pre_bm=64, pre_bn=128, pre_d=4):
+               s_unroll=False, swap_ab=False, rows_chunk=16, shrink_rows=False, pre_bm=64, pre_bn=128):
     br = max(16, 1 << (r_max - 1).bit_length())
     return mg.MultiLoRAPlan(
         main=KernelConfig(block_m=bm, block_n=bn, block_k=bk, block_r=br, group_m=2, num_stages=2,
@@ -31,7 +31,7 @@ def small_plan(split=2, sbm=16, bm=16, bn=32, bk=32, r_max=16, split_k=1, fuse_d
         shrink=KernelConfig(block_m=sbm, block_n=16, block_k=32, block_r=br, split_k=split),
         fuse_d=fuse_d, epi_d=epi_d, x_tma=x_tma, epi_pipe=epi_pipe, b_vec=b_vec, expand=expand,
         append_stages=append_stages, append_rowsel=append_rowsel, append_d=append_d, s_unroll=s_unroll,
-        rows_chunk=rows_chunk, shrink_rows=shrink_rows, pre_bm=pre_bm, pre_bn=pre_bn, pre_d=pre_d)
+        rows_chunk=rows_chunk, shrink_rows=shrink_rows, pre_bm=pre_bm, pre_bn=pre_bn)
 
 
 def make_case(M, N, K, L, r_max, ranks=None, seed=0, dirty=True, bias=True):
@@ -995,9 +995,9 @@ def test_heuristic_takes_the_measured_many_adapter_plans():
 # ---- pre expand (session 47): the branch by its own launch between the shrink and the main kernel
 
 PRE_VARIANTS = {
-    "default": dict(),                                          # one 64-row block, 4 adapters per program
-    "bm16_bn16_d1": dict(pre_bm=16, pre_bn=16, pre_d=1),        # 3 row blocks, 3 N blocks, one adapter each
-    "bn32_d2_split_k3": dict(pre_bn=32, pre_d=2, split_k=3),    # the last split adds the branch once
+    "default": dict(),                                          # one 64-row program per N block, 16-row chunks
+    "bm16_bn16_chunk4": dict(pre_bm=16, pre_bn=16, rows_chunk=4),   # 3 row blocks × 3 N blocks, 4 chunks each
+    "bn32_chunk1_split_k3": dict(pre_bn=32, rows_chunk=1, split_k=3),   # the last split adds the branch once
     "swap_bm32": dict(bm=16, bn=64, swap_ab=True, pre_bm=32),
     "shrink_rows_s_unroll": dict(shrink_rows=True, s_unroll=True, split=3),
 }
@@ -1021,11 +1021,11 @@ def test_pre_expand_rank_blocks_and_clean_bank(r_max, ranks):
 
 
 def test_pre_expand_one_adapter_per_row():
-    # as many adapters as rows: 24 distinct adapters in a 32-row block, 6 programs of 4 per N block
+    # as many adapters as rows
     case = make_case(24, 33, 40, 24, 16, ranks=[16, 4, 16, 9, 1, 16, 12, 16] * 3, seed=24, dirty=False)
     case["adapter_ids"] = torch.randperm(24, generator=torch.Generator().manual_seed(4)).to(torch.int32)
     ref = ref_of(case)
-    for kw in (dict(), dict(pre_d=32, pre_bn=64), dict(pre_bm=16, split_k=2)):
+    for kw in (dict(), dict(rows_chunk=2, pre_bn=64), dict(pre_bm=16, split_k=2)):
         plan = small_plan(expand="pre", **kw)
         assert_close(run(case, "gather", plan), ref)
         assert_close(run(case, "segment", plan), ref)
@@ -1036,31 +1036,34 @@ def test_pre_expand_base_rows_bit_identical_and_repeatable():
 
 
 def test_pre_plan_fields():
-    p = small_plan(expand="pre", pre_bm=32, pre_bn=64, pre_d=2)
+    p = small_plan(expand="pre", pre_bm=32, pre_bn=64)
     assert mg.MultiLoRAPlan.from_dict(p.to_dict()) == p
-    assert "pre_d" not in small_plan(expand="rows").to_dict()         # the tables keep their other entries as they are
+    assert "pre_bn" not in small_plan(expand="rows").to_dict()        # the tables keep their other entries as they are
     with pytest.raises(ValueError, match="needs fuse_d=0"):
         small_plan(expand="pre", fuse_d=2)
     with pytest.raises(ValueError, match="pre_bn"):
         small_plan(expand="pre", pre_bn=96)
-    with pytest.raises(ValueError, match="pre_d"):
-        small_plan(expand="pre", pre_d=0)
+    with pytest.raises(ValueError, match="pre_bm"):
+        small_plan(expand="pre", pre_bm=8)
 
 
 @pytest.mark.parametrize("bm,bn,r", [(64, 128, 16), (16, 128, 64)])
 def test_aot_pre_expand_kernel(bm, bn, r):
-    """The pre-expand as the plans launch it compiles for sm_90: an MMA per adapter, the PDL trigger and wait, no
-    local memory; the main kernel with PRE (its branch one tile load) keeps the ledger's shared memory."""
+    """The pre-expand as the plans launch it compiles for sm_90 with little shared memory (its programs wait for the
+    shrink while resident and must leave the SMs to the main kernel's CTAs), no local memory, 16-byte B loads and
+    the PDL trigger and wait; the main kernel with PRE (its branch one tile load) keeps the ledger's shared memory."""
     from lowrank_gemm.kernels.aot import compile_sm90
-    sig = {"ids_ptr": "*i32", "row_order_ptr": "*i32", "s_ptr": "*fp32", "scales_ptr": "*fp32", "b_ptr": "*bf16",
+    sig = {"ids_ptr": "*i32", "s_ptr": "*fp32", "scales_ptr": "*fp32", "b_ptr": "*bf16",
            "ranks_ptr": "*i32", "yb_ptr": "*fp32",
            **{k: "i32" for k in "M N L R_MAX SPLIT_S stride_ss stride_sm stride_bl stride_bn stride_br".split()}}
-    const = dict(BM=bm, BN=bn, BLOCK_R=r, PRE_D=4, HAS_ORDER=False, B_MASK=True, PDL=True, stride_br=1)
+    rc = mg.rows_chunk(KernelConfig(block_m=bm, block_n=bn, block_k=16, block_r=r, num_warps=4), r, 16)
+    const = dict(BM=bm, BN=bn, BLOCK_R=r, RC=rc, B_MASK=False, B_VEC=True, PDL=True, stride_br=1)
     info = compile_sm90("lowrank_gemm.kernels.multilora_gemm", "_mlora_pre_expand_kernel", sig, const,
                         aligned=("s_ptr", "b_ptr", "yb_ptr", "N", "stride_ss", "stride_sm", "stride_bl",
-                                 "stride_bn"), num_warps=4)
-    assert info.has("griddepcontrol.launch_dependents", "griddepcontrol.wait", "mma")
+                                 "stride_bn", "R_MAX"), num_warps=4)
+    assert info.has("griddepcontrol.launch_dependents", "griddepcontrol.wait", "ld.global.v4")
     assert ".local" not in info.ptx
+    assert info.shared <= 8 * 1024, info.shared         # the store's layout change only (8 KB at 64×128 r16)
     cfg = KernelConfig(block_m=64, block_n=bn, block_k=128, block_r=r, num_stages=4, num_warps=4)
     main = _compile_main(cfg, False, pdl=True, pre=True)
     assert main.has("wgmma.mma_async", "cp.async.bulk.tensor", "griddepcontrol.wait")

@@ -225,8 +225,8 @@ def test_pre_expand_matches_reference(mode, M, N, K, L, r, split, pre):
     ids[::5] = -1
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     base = mg.heuristic_plan(M, N, K, r, L, mode, sms)
-    pbm, pbn, pd = pre
-    plan = dataclasses.replace(base, fuse_d=0, expand="pre", s_unroll=True, pre_bm=pbm, pre_bn=pbn, pre_d=pd,
+    pbm, pbn, rc = pre
+    plan = dataclasses.replace(base, fuse_d=0, expand="pre", s_unroll=True, pre_bm=pbm, pre_bn=pbn, rows_chunk=rc,
                                main=base.main.replace(split_k=split))
     _check_plan(x, w, bank, ids, bias, mode, plan, clean_too=True)
 

@@ -372,4 +372,3 @@ def test_pre_expand_chain_flags_and_adjacency(monkeypatch, mode, pdl):
     assert not k["shrink"].get("launch_pdl", False) and k["shrink"]["PDL"] is pdl
     assert k["pre"]["PDL"] is pdl and k["pre"]["launch_pdl"] is pdl
     assert k["main"]["PDL"] is pdl and k["main"]["launch_pdl"] is pdl and k["main"]["PRE"] is True
-    assert k["pre"]["HAS_ORDER"] is (mode == "segment")

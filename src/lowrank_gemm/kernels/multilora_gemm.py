@@ -465,7 +465,6 @@ def _mlora_shrink_rows_kernel(
 @triton.jit
 def _mlora_pre_expand_kernel(
         ids_ptr,        # (M,) int32
-        row_order_ptr,  # (M,) int32 or dummy
         s_ptr,          # (SPLIT_S, M, BLOCK_R) fp32 from the shrink kernel
         scales_ptr,     # (L,) fp32
         b_ptr,          # (L, N, R_MAX)
@@ -473,43 +472,46 @@ def _mlora_pre_expand_kernel(
         yb_ptr,         # (M, N) fp32, out: the branch of every row with a valid id (others untouched)
         M, N, L, R_MAX, SPLIT_S,
         stride_ss, stride_sm, stride_bl, stride_bn, stride_br,
-        BM: tl.constexpr, BN: tl.constexpr, BLOCK_R: tl.constexpr, PRE_D: tl.constexpr,
-        HAS_ORDER: tl.constexpr, B_MASK: tl.constexpr = True, PDL: tl.constexpr = False):
-    """The branch ahead of the main kernel (plan ``expand="pre"``, session 47): one program per (row block, N block,
-    chunk of PRE_D distinct adapters of the block) writes yb[row, n-block] = scale·S[row]·B[id(row), n-block, :rank]ᵀ
-    for the rows of its adapters — one gathered B tile and one MMA per adapter, rows written by exactly one program
-    (each row has one adapter), no atomics. Launched between the shrink and the main kernel, it runs while the main
-    kernel's K loop does (PDL), so the main kernel's tail is one load of its yb tile instead of a dependent chain per
-    adapter (the appended expand's ~0.5 µs per adapter, NOTES.md session 47). S is rounded to B's dtype before the
-    product, as in the other expands."""
+        BM: tl.constexpr, BN: tl.constexpr, BLOCK_R: tl.constexpr, RC: tl.constexpr,
+        B_MASK: tl.constexpr = True, B_VEC: tl.constexpr = False, PDL: tl.constexpr = False):
+    """The branch ahead of the main kernel (plan ``expand="pre"``, session 47): one program per (BM rows, BN columns)
+    writes yb[row, n-block] = scale·S[row]·B[id(row), n-block, :rank]ᵀ on the CUDA cores, RC rows at a time (each
+    row gathers its adapter's B slice, 16-B runs along the rank, as :func:`rows_expand` does), rows in memory order
+    (yb is indexed by row, so the segment order does not matter here). No shared memory and few programs: they are
+    resident while they wait for the shrink (PDL), and must not keep the main kernel's CTAs off the SMs (a first
+    form with one MMA per adapter and a program per (row block, N block, adapter chunk) did: +4…+40 µs, NOTES.md
+    session 47). The main kernel adds its yb tile after its K loop: one load instead of a chain per adapter. S is
+    rounded to B's dtype before the product, as in the other expands. Each element is written once, no atomics."""
     if PDL:
-        # the main kernel may start now (its K loop reads x, W, ids, the order); every program waits for the shrink
-        # before it returns, so that this grid's end implies the shrink's
+        # the main kernel may start now (its K loop reads x, W, ids, the order); S comes from the shrink
         gdc_launch_dependents()
+        gdc_wait()
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
-    j0 = tl.program_id(2) * PRE_D
-    rows, valid = _block_rows(row_order_ptr, pid_m * BM + tl.arange(0, BM), M, HAS_ORDER)
-    ids = _safe_ids(ids_ptr, rows, valid, L)
-    first, order, count = _distinct(ids, BM)
-    if PDL:
-        gdc_wait()
-    if j0 < count:
+    rr = tl.arange(0, BLOCK_R)
+    offs_n = pid_n * BN + tl.arange(0, BN)
+    nmask = offs_n < N
+    for c in range(0, BM // RC):
+        rows = pid_m * BM + c * RC + tl.arange(0, RC)
+        valid = rows < M
+        ids = _safe_ids(ids_ptr, rows, valid, L)
         has = valid & (ids >= 0)
-        s = _scaled_s(rows, has, ids, s_ptr, stride_ss, stride_sm, SPLIT_S, scales_ptr, BM, BLOCK_R, BLOCK_R)
-        rr = tl.arange(0, BLOCK_R)
-        offs_n = pid_n * BN + tl.arange(0, BN)
-        nmask = offs_n < N
-        y_ptrs = yb_ptr + rows[:, None].to(tl.int64) * N + offs_n[None, :]
-        for j in range(j0, tl.minimum(j0 + PRE_D, count)):
-            cur = tl.max(tl.where(first & (order == j), ids, -1), axis=0)
-            rank = tl.minimum(tl.maximum(tl.load(ranks_ptr + cur), 0), R_MAX)
-            bmask = nmask[:, None] & (rr[None, :] < rank) if B_MASK else nmask[:, None] & (rr < R_MAX)[None, :]
-            b = tl.load(b_ptr + cur.to(tl.int64) * stride_bl + offs_n[:, None] * stride_bn + rr[None, :] * stride_br,
-                        mask=bmask, other=0.0)                                        # [BN, BLOCK_R]
-            sel = ids == cur
-            part = tl.dot(tl.where(sel[:, None], s, 0.0).to(b.dtype), tl.trans(b))     # [BM, BN] fp32
-            tl.store(y_ptrs, part, mask=sel[:, None] & nmask[None, :])
+        rank = tl.minimum(tl.maximum(tl.load(ranks_ptr + ids, mask=has, other=0), 0), R_MAX)
+        live = has[:, None] & (rr[None, :] < rank[:, None])                      # [RC, BLOCK_R]
+        s = _scaled_s(rows, has, ids, s_ptr, stride_ss, stride_sm, SPLIT_S, scales_ptr, RC, BLOCK_R, BLOCK_R)
+        s = tl.where(live, s, 0.0).to(b_ptr.dtype.element_ty).to(tl.float32)
+        b_ptrs = (b_ptr + ids.to(tl.int64)[:, None, None] * stride_bl + offs_n[None, :, None] * stride_bn
+                  + rr[None, None, :] * stride_br)
+        if B_MASK:
+            bmask = live[:, None, :] & nmask[None, :, None]
+        elif B_VEC:
+            bmask = has[:, None, None] & nmask[None, :, None]
+        else:
+            bmask = has[:, None, None] & nmask[None, :, None] & (rr < R_MAX)[None, None, :]
+        b = tl.load(b_ptrs, mask=bmask, other=0.0)                                 # [RC, BN, BLOCK_R]
+        delta = tl.sum(b.to(tl.float32) * s[:, None, :], axis=2)                   # [RC, BN]
+        tl.store(yb_ptr + rows[:, None].to(tl.int64) * N + offs_n[None, :], delta,
+                 mask=has[:, None] & nmask[None, :])
 
 
 @triton.jit
@@ -737,8 +739,8 @@ class MultiLoRAPlan:
     per row, ``rows_chunk`` rows at a time, chunks dealt out over the split-K programs (:func:`rows_expand`).
     ``expand="pre"`` (session-47 candidate): a third launch between the shrink and the main kernel computes every
     row's branch into an fp32 [M, N] workspace (:func:`_mlora_pre_expand_kernel`: ``pre_bm`` rows × ``pre_bn``
-    columns × ``pre_d`` distinct adapters per program) while the main kernel's K loop runs (PDL); the main kernel adds
-    its tile of it after the loop.
+    columns per program, ``rows_chunk`` rows at a time on the CUDA cores) while the main kernel's K loop runs (PDL);
+    the main kernel adds its tile of it after the loop.
     ``s_unroll`` (session-5 candidate, off until measured): the main kernel sums the shrink's K
     slices of S unrolled — all slice loads in flight at once instead of one L2 round trip per
     slice on every program's tail (:func:`_scaled_s`); bit-identical. ``main.swap_ab`` (session 6): the K
@@ -761,7 +763,6 @@ class MultiLoRAPlan:
     shrink_rows: bool = False
     pre_bm: int = 64
     pre_bn: int = 128
-    pre_d: int = 4
 
     def __post_init__(self):
         if self.expand not in EXPANDS:
@@ -776,8 +777,6 @@ class MultiLoRAPlan:
             v = getattr(self, name)
             if not lo <= v <= hi or v & (v - 1):
                 raise ValueError(f"MultiLoRAPlan.{name} must be a power of two in [{lo}, {hi}], got {v}")
-        if not 1 <= self.pre_d <= 128:
-            raise ValueError(f"MultiLoRAPlan.pre_d must lie in [1, 128], got {self.pre_d}")
         if self.expand == "rows" and self.fuse_d:
             raise ValueError(f"MultiLoRAPlan: expand='rows' reads the shrink workspace, needs fuse_d=0, "
                              f"got fuse_d={self.fuse_d}")
@@ -805,14 +804,14 @@ class MultiLoRAPlan:
                 "b_vec": self.b_vec, "expand": self.expand, "append_stages": self.append_stages,
                 "append_rowsel": self.append_rowsel, "append_d": self.append_d, "s_unroll": self.s_unroll,
                 "rows_chunk": self.rows_chunk, "shrink_rows": self.shrink_rows,
-                **({"pre_bm": self.pre_bm, "pre_bn": self.pre_bn, "pre_d": self.pre_d} if self.expand == "pre" else {})}
+                **({"pre_bm": self.pre_bm, "pre_bn": self.pre_bn} if self.expand == "pre" else {})}
 
     @classmethod
     def from_dict(cls, d: dict) -> "MultiLoRAPlan":
         return cls(main=KernelConfig.from_dict(d["main"]), shrink=KernelConfig.from_dict(d["shrink"]),
                    **{k: d[k] for k in ("use_tma", "fuse_d", "epi_d", "x_tma", "epi_pipe", "b_vec", "expand",
                                           "append_stages", "append_rowsel", "append_d", "s_unroll", "rows_chunk",
-                                          "shrink_rows", "pre_bm", "pre_bn", "pre_d")
+                                          "shrink_rows", "pre_bm", "pre_bn")
                       if k in d})
 
 
@@ -1322,6 +1321,8 @@ def multi_lora_gemm(x, weight, bank_a, bank_b, ranks, scales, adapter_ids, bias=
     w_scale = column_scale(weight_scale, N) if weight_scale is not None else scales   # scales: a dummy pointer
 
     k_per_split = cdiv(cdiv(K, split_s), scfg.block_k) * scfg.block_k
+    b_vec_ok = (bank_b.stride(2) == 1 and bank_b.stride(0) % 8 == 0 and bank_b.stride(1) % 8 == 0
+                and r_max == block_r)
     if shrink and plan.shrink_rows:
         launch(_mlora_shrink_rows_kernel, (M * split_s,),
             x, bank_a, ids, ranks, s_ws, M, K, L, r_max, k_per_split,
@@ -1341,12 +1342,13 @@ def multi_lora_gemm(x, weight, bank_a, bank_b, ranks, scales, adapter_ids, bias=
             BK=scfg.block_k, HAS_ORDER=order is not None, PDL=use_pdl, num_warps=scfg.num_warps,
             num_stages=scfg.num_stages)
     if pre:
-        pbm = min(plan.pre_bm, max(16, next_pow2(M)))
-        launch(_mlora_pre_expand_kernel, (cdiv(M, pbm), cdiv(N, plan.pre_bn), cdiv(min(pbm, L), plan.pre_d)),
-            ids, order_arg, s_ws, scales, bank_b, ranks, sws, M, N, L, r_max, split_s,
+        pbm = min(plan.pre_bm, next_pow2(M))
+        pcfg = KernelConfig(block_m=pbm, block_n=plan.pre_bn, block_k=16, block_r=block_r, num_warps=4)
+        launch(_mlora_pre_expand_kernel, (cdiv(M, pbm), cdiv(N, plan.pre_bn)),
+            ids, s_ws, scales, bank_b, ranks, sws, M, N, L, r_max, split_s,
             s_ws.stride(0), s_ws.stride(1), bank_b.stride(0), bank_b.stride(1), bank_b.stride(2),
-            BM=pbm, BN=plan.pre_bn, BLOCK_R=block_r, PRE_D=plan.pre_d, HAS_ORDER=order is not None,
-            B_MASK=not b_clean, PDL=use_pdl, num_warps=4, launch_pdl=use_pdl)
+            BM=pbm, BN=plan.pre_bn, BLOCK_R=block_r, RC=rows_chunk(pcfg, block_r, plan.rows_chunk),
+            B_MASK=not b_clean, B_VEC=b_vec_ok, PDL=use_pdl, num_warps=4, launch_pdl=use_pdl)
     launch(_mlora_main_kernel, (tiles, split_k),
         xm, x_desc, _w_operand(weight, cfg, use_tma), y, bias if bias is not None else x, ids, order_arg, s_ws,
         scales, bank_a, bank_b, ranks, ws, sws, cnt, b_desc, lst, w_scale, x_scale if terms else scales,
@@ -1357,8 +1359,7 @@ def multi_lora_gemm(x, weight, bank_a, bank_b, ranks, scales, adapter_ids, bias=
         BM=cfg.block_m, BN=cfg.block_n, BK=cfg.block_k, BLOCK_R=block_r, GROUP_M=cfg.group_m,
         HAS_ORDER=order is not None, HAS_LORA=has_lora, HAS_BIAS=bias is not None, USE_TMA=use_tma,
         X_TMA=x_tma, FUSE_D=fuse_d, EPI_D=plan.epi_d, SPLIT_K=split_k, EPI_PIPE=plan.epi_pipe,
-        B_VEC=((plan.b_vec or (append and plan.append_d > 1) or rows) and bank_b.stride(2) == 1
-               and bank_b.stride(0) % 8 == 0 and bank_b.stride(1) % 8 == 0 and r_max == block_r),
+        B_VEC=(plan.b_vec or (append and plan.append_d > 1) or rows) and b_vec_ok,
         APPEND=append, APPEND_STAGES=plan.append_stages, B_TMA=b_tma, B_MASK=not b_clean,
         ROW_SELECT=plan.append_rowsel, APPEND_D=plan.append_d,
         S_SLICES=split_s if plan.s_unroll and shrink else 0, PDL=use_pdl, SWAP_AB=cfg.swap_ab,
