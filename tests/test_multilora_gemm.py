@@ -23,7 +23,7 @@ ATOL, RTOL = 2e-2, 1e-2
 
 def small_plan(split=2, sbm=16, bm=16, bn=32, bk=32, r_max=16, split_k=1, fuse_d=0, epi_d=1, x_tma=False,
                epi_pipe=0, b_vec=False, expand="epilogue", append_stages=3, append_rowsel=False, append_d=1,
-               s_unroll=False, swap_ab=False, rows_chunk=16, shrink_rows=False, pre_bm=64, pre_bn=128):
+               s_unroll=False, swap_ab=False, rows_chunk=16, shrink_rows=False):
     br = max(16, 1 << (r_max - 1).bit_length())
     return mg.MultiLoRAPlan(
         main=KernelConfig(block_m=bm, block_n=bn, block_k=bk, block_r=br, group_m=2, num_stages=2,
@@ -31,7 +31,7 @@ def small_plan(split=2, sbm=16, bm=16, bn=32, bk=32, r_max=16, split_k=1, fuse_d
         shrink=KernelConfig(block_m=sbm, block_n=16, block_k=32, block_r=br, split_k=split),
         fuse_d=fuse_d, epi_d=epi_d, x_tma=x_tma, epi_pipe=epi_pipe, b_vec=b_vec, expand=expand,
         append_stages=append_stages, append_rowsel=append_rowsel, append_d=append_d, s_unroll=s_unroll,
-        rows_chunk=rows_chunk, shrink_rows=shrink_rows, pre_bm=pre_bm, pre_bn=pre_bn)
+        rows_chunk=rows_chunk, shrink_rows=shrink_rows)
 
 
 def make_case(M, N, K, L, r_max, ranks=None, seed=0, dirty=True, bias=True):
@@ -293,7 +293,7 @@ MAIN_ALIGNED = ("x_ptr", "y_ptr", "a_ptr", "b_ptr", "s_ptr", "ws_ptr", "sws_ptr"
 
 def _compile_main(cfg: KernelConfig, order: bool, fuse_d=0, epi_d=1, x_tma=False, epi_pipe=0, b_vec=False,
                   append=False, append_stages=3, b_tma=True, b_mask=True, row_select=False, pdl=False, s_slices=0,
-                  swap_ab=False, w_fp8=False, x_terms=0, pre=False):
+                  swap_ab=False, w_fp8=False, x_terms=0):
     from lowrank_gemm.kernels.aot import compile_sm90
     xt = "fp8e4nv" if x_terms else "bf16"
     sig = {"x_ptr": f"*{xt}",
@@ -308,7 +308,7 @@ def _compile_main(cfg: KernelConfig, order: bool, fuse_d=0, epi_d=1, x_tma=False
                  HAS_ORDER=order, HAS_LORA=True, HAS_BIAS=True, USE_TMA=True, X_TMA=x_tma, FUSE_D=fuse_d,
                  EPI_D=epi_d, SPLIT_K=cfg.split_k, EPI_PIPE=epi_pipe, B_VEC=b_vec, APPEND=append,
                  APPEND_STAGES=append_stages, B_TMA=append and b_tma, B_MASK=b_mask, ROW_SELECT=row_select,
-                 APPEND_D=1, PDL=pdl, S_SLICES=s_slices, SWAP_AB=swap_ab, W_SCALE=w_fp8, X_TERMS=x_terms, PRE=pre,
+                 APPEND_D=1, PDL=pdl, S_SLICES=s_slices, SWAP_AB=swap_ab, W_SCALE=w_fp8, X_TERMS=x_terms,
                  stride_xk=1, stride_wk=1, stride_yn=1, stride_ak=1,
                  stride_br=1)
     return compile_sm90("lowrank_gemm.kernels.multilora_gemm", "_mlora_main_kernel", sig, const,
@@ -990,81 +990,3 @@ def test_heuristic_takes_the_measured_many_adapter_plans():
                  (1024, 6144, 4096, 16, 64, "gather", 132, 64), (64, 6144, 4096, 16, 64, "gather", 132, 32)):
         h = mg.heuristic_plan(*args)
         assert not h.shrink_rows and h.expand == "appended" and h.append_d == 1, args
-
-
-# ---- pre expand (session 47): the branch by its own launch between the shrink and the main kernel
-
-PRE_VARIANTS = {
-    "default": dict(),                                          # one 64-row program per N block, 16-row chunks
-    "bm16_bn16_chunk4": dict(pre_bm=16, pre_bn=16, rows_chunk=4),   # 3 row blocks × 3 N blocks, 4 chunks each
-    "bn32_chunk1_split_k3": dict(pre_bn=32, rows_chunk=1, split_k=3),   # the last split adds the branch once
-    "swap_bm32": dict(bm=16, bn=64, swap_ab=True, pre_bm=32),
-    "shrink_rows_s_unroll": dict(shrink_rows=True, s_unroll=True, split=3),
-}
-
-
-@pytest.mark.parametrize("mode", ["gather", "segment"])
-@pytest.mark.parametrize("variant", sorted(PRE_VARIANTS))
-def test_pre_expand_matches_reference(variant, mode):
-    case = make_case(37, 45, 72, 7, 16, seed=23)       # NaN past each rank, ragged tiles, mixed ranks, −1 rows
-    assert_close(run(case, mode, small_plan(expand="pre", **PRE_VARIANTS[variant])), ref_of(case))
-
-
-@pytest.mark.parametrize("r_max,ranks", [(20, [20, 3, 0, 17, 9]), (40, [40, 17, 33, 1, 0]), (8, [8, 5, 1, 8, 2])])
-def test_pre_expand_rank_blocks_and_clean_bank(r_max, ranks):
-    case = make_case(30, 40, 48, 5, r_max, ranks=ranks, seed=7)
-    ref = ref_of(case)
-    assert_close(run(case, "gather", small_plan(r_max=r_max, expand="pre")), ref)
-    clean_case = dict(case)
-    clean_case["bank_a"], clean_case["bank_b"] = clean(case)
-    assert_close(run(clean_case, "gather", small_plan(r_max=r_max, expand="pre"), b_clean=True), ref)
-
-
-def test_pre_expand_one_adapter_per_row():
-    # as many adapters as rows
-    case = make_case(24, 33, 40, 24, 16, ranks=[16, 4, 16, 9, 1, 16, 12, 16] * 3, seed=24, dirty=False)
-    case["adapter_ids"] = torch.randperm(24, generator=torch.Generator().manual_seed(4)).to(torch.int32)
-    ref = ref_of(case)
-    for kw in (dict(), dict(rows_chunk=2, pre_bn=64), dict(pre_bm=16, split_k=2)):
-        plan = small_plan(expand="pre", **kw)
-        assert_close(run(case, "gather", plan), ref)
-        assert_close(run(case, "segment", plan), ref)
-
-
-def test_pre_expand_base_rows_bit_identical_and_repeatable():
-    check_base_rows_and_repeats("pre", (dict(), dict(split_k=2, pre_bm=16)))
-
-
-def test_pre_plan_fields():
-    p = small_plan(expand="pre", pre_bm=32, pre_bn=64)
-    assert mg.MultiLoRAPlan.from_dict(p.to_dict()) == p
-    assert "pre_bn" not in small_plan(expand="rows").to_dict()        # the tables keep their other entries as they are
-    with pytest.raises(ValueError, match="needs fuse_d=0"):
-        small_plan(expand="pre", fuse_d=2)
-    with pytest.raises(ValueError, match="pre_bn"):
-        small_plan(expand="pre", pre_bn=96)
-    with pytest.raises(ValueError, match="pre_bm"):
-        small_plan(expand="pre", pre_bm=8)
-
-
-@pytest.mark.parametrize("bm,bn,r", [(64, 128, 16), (16, 128, 64)])
-def test_aot_pre_expand_kernel(bm, bn, r):
-    """The pre-expand as the plans launch it compiles for sm_90 with little shared memory (its programs wait for the
-    shrink while resident and must leave the SMs to the main kernel's CTAs), no local memory, 16-byte B loads and
-    the PDL trigger and wait; the main kernel with PRE (its branch one tile load) keeps the ledger's shared memory."""
-    from lowrank_gemm.kernels.aot import compile_sm90
-    sig = {"ids_ptr": "*i32", "s_ptr": "*fp32", "scales_ptr": "*fp32", "b_ptr": "*bf16",
-           "ranks_ptr": "*i32", "yb_ptr": "*fp32",
-           **{k: "i32" for k in "M N L R_MAX SPLIT_S stride_ss stride_sm stride_bl stride_bn stride_br".split()}}
-    rc = mg.rows_chunk(KernelConfig(block_m=bm, block_n=bn, block_k=16, block_r=r, num_warps=4), r, 16)
-    const = dict(BM=bm, BN=bn, BLOCK_R=r, RC=rc, B_MASK=False, B_VEC=True, PDL=True, stride_br=1)
-    info = compile_sm90("lowrank_gemm.kernels.multilora_gemm", "_mlora_pre_expand_kernel", sig, const,
-                        aligned=("s_ptr", "b_ptr", "yb_ptr", "N", "stride_ss", "stride_sm", "stride_bl",
-                                 "stride_bn", "R_MAX"), num_warps=4)
-    assert info.has("griddepcontrol.launch_dependents", "griddepcontrol.wait", "ld.global.v4")
-    assert ".local" not in info.ptx
-    assert info.shared <= 8 * 1024, info.shared         # the store's layout change only (8 KB at 64×128 r16)
-    cfg = KernelConfig(block_m=64, block_n=bn, block_k=128, block_r=r, num_stages=4, num_warps=4)
-    main = _compile_main(cfg, False, pdl=True, pre=True)
-    assert main.has("wgmma.mma_async", "cp.async.bulk.tensor", "griddepcontrol.wait")
-    assert mg.main_ledger(cfg).total() == main.shared, mg.main_ledger(cfg).table()

@@ -102,7 +102,6 @@ def _launches(monkeypatch, case, mode, plan, launchable=True, env_pdl=False, **k
     monkeypatch.setattr(mg, "_mlora_shrink_kernel", _Recorder("shrink", events))
     monkeypatch.setattr(mg, "_mlora_main_kernel", _Recorder("main", events))
     monkeypatch.setattr(mg, "_sort_rows_kernel", _Recorder("sort", events))
-    monkeypatch.setattr(mg, "_mlora_pre_expand_kernel", _Recorder("pre", events))
     monkeypatch.setattr(mg, "pdl_supported", lambda device: launchable)
     monkeypatch.setattr(mg, "pdl_enabled", lambda device: env_pdl)
     with _Log(events):
@@ -355,20 +354,3 @@ def test_probe_pdl_dry_run(monkeypatch, tmp_path):
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
     probe.pdl_warm_worker(str(share), dev=torch.device("cpu"))
     assert json.loads((tmp_path / "share.json.done.json").read_text())[0].get("s") is not None
-
-
-@pytest.mark.parametrize("mode", ["gather", "segment"])
-@pytest.mark.parametrize("pdl", [True, False])
-def test_pre_expand_chain_flags_and_adjacency(monkeypatch, mode, pdl):
-    """expand="pre": shrink → pre-expand → main, nothing that launches a kernel in between. With PDL the pre-expand is
-    main's PDL predecessor (it triggers at once and waits for the shrink) and main the PDL launch behind it; the
-    shrink keeps an ordinary launch, so neither dependent overlaps whatever wrote x and the ids."""
-    case = make_case(37, 45, 72, 7, 16, seed=3)
-    events, names, k = _launches(monkeypatch, case, mode, small_plan(expand="pre"), pdl=pdl, poison_workspace=True)
-    assert names.index("shrink") < names.index("pre") < names.index("main")
-    i, j = names.index("shrink"), names.index("main")
-    between = [e[1] for e in events[i + 1:j] if e[0] == "op"]
-    assert all(op.startswith(_NO_KERNEL_OPS) for op in between), between
-    assert not k["shrink"].get("launch_pdl", False) and k["shrink"]["PDL"] is pdl
-    assert k["pre"]["PDL"] is pdl and k["pre"]["launch_pdl"] is pdl
-    assert k["main"]["PDL"] is pdl and k["main"]["launch_pdl"] is pdl and k["main"]["PRE"] is True

@@ -69,7 +69,7 @@ __all__ = ["MultiLoRAPlan", "auto_mode", "choose_plan", "heuristic_plan", "tuned
            "EXPANDS"]
 
 MODES = ("gather", "segment", "auto")
-EXPANDS = ("epilogue", "appended", "rows", "pre")
+EXPANDS = ("epilogue", "appended", "rows")
 SHRINK_RANK_BLOCK = 16      # rank slice one shrink program owns (MMA N granularity)
 
 
@@ -463,58 +463,6 @@ def _mlora_shrink_rows_kernel(
 
 
 @triton.jit
-def _mlora_pre_expand_kernel(
-        ids_ptr,        # (M,) int32
-        s_ptr,          # (SPLIT_S, M, BLOCK_R) fp32 from the shrink kernel
-        scales_ptr,     # (L,) fp32
-        b_ptr,          # (L, N, R_MAX)
-        ranks_ptr,      # (L,) int32
-        yb_ptr,         # (M, N) fp32, out: the branch of every row with a valid id (others untouched)
-        M, N, L, R_MAX, SPLIT_S,
-        stride_ss, stride_sm, stride_bl, stride_bn, stride_br,
-        BM: tl.constexpr, BN: tl.constexpr, BLOCK_R: tl.constexpr, RC: tl.constexpr,
-        B_MASK: tl.constexpr = True, B_VEC: tl.constexpr = False, PDL: tl.constexpr = False):
-    """The branch ahead of the main kernel (plan ``expand="pre"``, session 47): one program per (BM rows, BN columns)
-    writes yb[row, n-block] = scale·S[row]·B[id(row), n-block, :rank]ᵀ on the CUDA cores, RC rows at a time (each
-    row gathers its adapter's B slice, 16-B runs along the rank, as :func:`rows_expand` does), rows in memory order
-    (yb is indexed by row, so the segment order does not matter here). No shared memory and few programs: they are
-    resident while they wait for the shrink (PDL), and must not keep the main kernel's CTAs off the SMs (a first
-    form with one MMA per adapter and a program per (row block, N block, adapter chunk) did: +4…+40 µs, NOTES.md
-    session 47). The main kernel adds its yb tile after its K loop: one load instead of a chain per adapter. S is
-    rounded to B's dtype before the product, as in the other expands. Each element is written once, no atomics."""
-    if PDL:
-        # the main kernel may start now (its K loop reads x, W, ids, the order); S comes from the shrink
-        gdc_launch_dependents()
-        gdc_wait()
-    pid_m = tl.program_id(0)
-    pid_n = tl.program_id(1)
-    rr = tl.arange(0, BLOCK_R)
-    offs_n = pid_n * BN + tl.arange(0, BN)
-    nmask = offs_n < N
-    for c in range(0, BM // RC):
-        rows = pid_m * BM + c * RC + tl.arange(0, RC)
-        valid = rows < M
-        ids = _safe_ids(ids_ptr, rows, valid, L)
-        has = valid & (ids >= 0)
-        rank = tl.minimum(tl.maximum(tl.load(ranks_ptr + ids, mask=has, other=0), 0), R_MAX)
-        live = has[:, None] & (rr[None, :] < rank[:, None])                      # [RC, BLOCK_R]
-        s = _scaled_s(rows, has, ids, s_ptr, stride_ss, stride_sm, SPLIT_S, scales_ptr, RC, BLOCK_R, BLOCK_R)
-        s = tl.where(live, s, 0.0).to(b_ptr.dtype.element_ty).to(tl.float32)
-        b_ptrs = (b_ptr + ids.to(tl.int64)[:, None, None] * stride_bl + offs_n[None, :, None] * stride_bn
-                  + rr[None, None, :] * stride_br)
-        if B_MASK:
-            bmask = live[:, None, :] & nmask[None, :, None]
-        elif B_VEC:
-            bmask = has[:, None, None] & nmask[None, :, None]
-        else:
-            bmask = has[:, None, None] & nmask[None, :, None] & (rr < R_MAX)[None, None, :]
-        b = tl.load(b_ptrs, mask=bmask, other=0.0)                                 # [RC, BN, BLOCK_R]
-        delta = tl.sum(b.to(tl.float32) * s[:, None, :], axis=2)                   # [RC, BN]
-        tl.store(yb_ptr + rows[:, None].to(tl.int64) * N + offs_n[None, :], delta,
-                 mask=has[:, None] & nmask[None, :])
-
-
-@triton.jit
 def _mlora_main_kernel(
         x_ptr,          # (M, K)
         x_desc,         # (M, K) TensorDescriptor, block [BM, BK] when X_TMA (else a dummy pointer)
@@ -529,8 +477,7 @@ def _mlora_main_kernel(
         b_ptr,          # (L, N, R_MAX)
         ranks_ptr,      # (L,) int32
         ws_ptr,         # (tiles, SPLIT_K, BM, BN) fp32 split-K partials              (SPLIT_K > 1)
-        sws_ptr,        # (tiles, SPLIT_K, BM, FUSE_D·BLOCK_R) fp32 S partials (SPLIT_K > 1, FUSE_D > 0);
-                        # PRE: the branch yb (M, N) fp32 from _mlora_pre_expand_kernel
+        sws_ptr,        # (tiles, SPLIT_K, BM, FUSE_D·BLOCK_R) fp32 S partials (SPLIT_K > 1, FUSE_D > 0)
         cnt_ptr,        # (tiles,) int32 arrival tickets, zero on entry, left zero on exit (SPLIT_K > 1)
         b_desc,         # (L, N, R_MAX) TensorDescriptor, block [1, BN, BLOCK_R] (APPEND and B_TMA; else dummy)
         lst_ptr,        # (tiles·SPLIT_K, 2, BM) int32 scratch: distinct adapters + ranks (APPEND)
@@ -548,7 +495,7 @@ def _mlora_main_kernel(
         ROW_SELECT: tl.constexpr = False, APPEND_D: tl.constexpr = 1, S_SLICES: tl.constexpr = 0,
         PDL: tl.constexpr = False, SWAP_AB: tl.constexpr = False, ROWS: tl.constexpr = False,
         ROWS_RC: tl.constexpr = 16,       # ROWS_RC: host-capped (rows_chunk), ≤ BM
-        W_SCALE: tl.constexpr = False, X_TERMS: tl.constexpr = 0, PRE: tl.constexpr = False):
+        W_SCALE: tl.constexpr = False, X_TERMS: tl.constexpr = 0):
     # W_SCALE: W is fp8 (its tiles widened to x's dtype in registers unless x is fp8 too), scaled per column after
     # the K loop, before any low-rank term joins the accumulator. X_TERMS 1 / 2: x_ptr / x_desc hold x's e4m3 codes
     # (2: the residual's as rows M … 2M − 1, on the same row scale; row_quant.fp8_rows) and the shrink reads the
@@ -558,7 +505,6 @@ def _mlora_main_kernel(
     tl.static_assert(not (SWAP_AB and FUSED), "swap_ab: the fused shrink's MMA has BM rows (plan fuse_d = 0)")
     APPENDED: tl.constexpr = HAS_LORA and APPEND and FUSE_D == 0
     ROWS_EXP: tl.constexpr = HAS_LORA and ROWS and FUSE_D == 0 and not APPENDED
-    PRE_EXP: tl.constexpr = HAS_LORA and PRE and FUSE_D == 0 and not APPENDED and not ROWS_EXP
     DQ: tl.constexpr = max(FUSE_D, 1) * BLOCK_R
     tile = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -679,12 +625,7 @@ def _mlora_main_kernel(
         is_last = True
 
     if is_last:
-        if PRE_EXP:
-            # the branch, computed by the pre-expand launch while the K loop ran: one tile load
-            has = valid & (ids >= 0)
-            acc += tl.load(sws_ptr + rows[:, None].to(tl.int64) * N + offs_n[None, :],
-                           mask=has[:, None] & (offs_n[None, :] < N), other=0.0)
-        elif HAS_LORA and not APPENDED and not ROWS_EXP:
+        if HAS_LORA and not APPENDED and not ROWS_EXP:
             if FUSED:
                 has = valid & (ids >= 0)
                 scale = tl.load(scales_ptr + ids, mask=has, other=0.0).to(tl.float32)
@@ -737,10 +678,6 @@ class MultiLoRAPlan:
     split_k K slices, block_k steps, num_warps) instead of by (row block, distinct adapter).
     ``expand="rows"`` (session-27 candidate): each row's branch on the CUDA cores, its adapter's B slice gathered
     per row, ``rows_chunk`` rows at a time, chunks dealt out over the split-K programs (:func:`rows_expand`).
-    ``expand="pre"`` (session-47 candidate): a third launch between the shrink and the main kernel computes every
-    row's branch into an fp32 [M, N] workspace (:func:`_mlora_pre_expand_kernel`: ``pre_bm`` rows × ``pre_bn``
-    columns per program, ``rows_chunk`` rows at a time on the CUDA cores) while the main kernel's K loop runs (PDL);
-    the main kernel adds its tile of it after the loop.
     ``s_unroll`` (session-5 candidate, off until measured): the main kernel sums the shrink's K
     slices of S unrolled — all slice loads in flight at once instead of one L2 round trip per
     slice on every program's tail (:func:`_scaled_s`); bit-identical. ``main.swap_ab`` (session 6): the K
@@ -761,8 +698,6 @@ class MultiLoRAPlan:
     s_unroll: bool = False
     rows_chunk: int = 16
     shrink_rows: bool = False
-    pre_bm: int = 64
-    pre_bn: int = 128
 
     def __post_init__(self):
         if self.expand not in EXPANDS:
@@ -770,13 +705,6 @@ class MultiLoRAPlan:
         if self.expand == "appended" and self.fuse_d:
             raise ValueError(f"MultiLoRAPlan: expand='appended' reads the shrink workspace, needs fuse_d=0, "
                              f"got fuse_d={self.fuse_d}")
-        if self.expand == "pre" and self.fuse_d:
-            raise ValueError(f"MultiLoRAPlan: expand='pre' reads the shrink workspace, needs fuse_d=0, "
-                             f"got fuse_d={self.fuse_d}")
-        for name, lo, hi in (("pre_bm", 16, 128), ("pre_bn", 16, 256)):
-            v = getattr(self, name)
-            if not lo <= v <= hi or v & (v - 1):
-                raise ValueError(f"MultiLoRAPlan.{name} must be a power of two in [{lo}, {hi}], got {v}")
         if self.expand == "rows" and self.fuse_d:
             raise ValueError(f"MultiLoRAPlan: expand='rows' reads the shrink workspace, needs fuse_d=0, "
                              f"got fuse_d={self.fuse_d}")
@@ -803,15 +731,14 @@ class MultiLoRAPlan:
                 "fuse_d": self.fuse_d, "epi_d": self.epi_d, "x_tma": self.x_tma, "epi_pipe": self.epi_pipe,
                 "b_vec": self.b_vec, "expand": self.expand, "append_stages": self.append_stages,
                 "append_rowsel": self.append_rowsel, "append_d": self.append_d, "s_unroll": self.s_unroll,
-                "rows_chunk": self.rows_chunk, "shrink_rows": self.shrink_rows,
-                **({"pre_bm": self.pre_bm, "pre_bn": self.pre_bn} if self.expand == "pre" else {})}
+                "rows_chunk": self.rows_chunk, "shrink_rows": self.shrink_rows}
 
     @classmethod
     def from_dict(cls, d: dict) -> "MultiLoRAPlan":
         return cls(main=KernelConfig.from_dict(d["main"]), shrink=KernelConfig.from_dict(d["shrink"]),
                    **{k: d[k] for k in ("use_tma", "fuse_d", "epi_d", "x_tma", "epi_pipe", "b_vec", "expand",
                                           "append_stages", "append_rowsel", "append_d", "s_unroll", "rows_chunk",
-                                          "shrink_rows", "pre_bm", "pre_bn")
+                                          "shrink_rows")
                       if k in d})
 
 
@@ -1288,7 +1215,6 @@ def multi_lora_gemm(x, weight, bank_a, bank_b, ranks, scales, adapter_ids, bias=
     tiles = cdiv(M, cfg.block_m) * cdiv(N, cfg.block_n)
     split_k = max(1, min(cfg.split_k, cdiv(K, cfg.block_k)))
     rows = plan.expand == "rows" and shrink
-    pre = plan.expand == "pre" and shrink
     if split_k > 1 or rows:
         ws = torch.empty((tiles, split_k, cfg.block_m, cfg.block_n), dtype=torch.float32, device=x.device)
         sws = torch.empty((tiles, split_k, cfg.block_m, max(fuse_d, 1) * block_r) if fuse_d else (1,),
@@ -1300,11 +1226,6 @@ def multi_lora_gemm(x, weight, bank_a, bank_b, ranks, scales, adapter_ids, bias=
     else:
         ws = sws = s_ws
         cnt = ids
-    if pre:
-        # the branch of every row with a valid id, written by the pre-expand launch, read by the main kernel
-        sws = torch.empty((M, N), dtype=torch.float32, device=x.device)
-        if poison_workspace:
-            sws.fill_(float("nan"))
     append = plan.expand == "appended" and shrink
     b_tma = append and plan.append_d == 1 and _b_tma_ok(bank_b)     # stacked steps gather B by pointer
     if append:
@@ -1321,8 +1242,6 @@ def multi_lora_gemm(x, weight, bank_a, bank_b, ranks, scales, adapter_ids, bias=
     w_scale = column_scale(weight_scale, N) if weight_scale is not None else scales   # scales: a dummy pointer
 
     k_per_split = cdiv(cdiv(K, split_s), scfg.block_k) * scfg.block_k
-    b_vec_ok = (bank_b.stride(2) == 1 and bank_b.stride(0) % 8 == 0 and bank_b.stride(1) % 8 == 0
-                and r_max == block_r)
     if shrink and plan.shrink_rows:
         launch(_mlora_shrink_rows_kernel, (M * split_s,),
             x, bank_a, ids, ranks, s_ws, M, K, L, r_max, k_per_split,
@@ -1341,14 +1260,6 @@ def multi_lora_gemm(x, weight, bank_a, bank_b, ranks, scales, adapter_ids, bias=
             MAX_DISTINCT=max_distinct, NUM_RB=num_rb, SPLIT_S=split_s, BM=sbm, BR=scfg.block_n,
             BK=scfg.block_k, HAS_ORDER=order is not None, PDL=use_pdl, num_warps=scfg.num_warps,
             num_stages=scfg.num_stages)
-    if pre:
-        pbm = min(plan.pre_bm, next_pow2(M))
-        pcfg = KernelConfig(block_m=pbm, block_n=plan.pre_bn, block_k=16, block_r=block_r, num_warps=4)
-        launch(_mlora_pre_expand_kernel, (cdiv(M, pbm), cdiv(N, plan.pre_bn)),
-            ids, s_ws, scales, bank_b, ranks, sws, M, N, L, r_max, split_s,
-            s_ws.stride(0), s_ws.stride(1), bank_b.stride(0), bank_b.stride(1), bank_b.stride(2),
-            BM=pbm, BN=plan.pre_bn, BLOCK_R=block_r, RC=rows_chunk(pcfg, block_r, plan.rows_chunk),
-            B_MASK=not b_clean, B_VEC=b_vec_ok, PDL=use_pdl, num_warps=4, launch_pdl=use_pdl)
     launch(_mlora_main_kernel, (tiles, split_k),
         xm, x_desc, _w_operand(weight, cfg, use_tma), y, bias if bias is not None else x, ids, order_arg, s_ws,
         scales, bank_a, bank_b, ranks, ws, sws, cnt, b_desc, lst, w_scale, x_scale if terms else scales,
@@ -1359,12 +1270,13 @@ def multi_lora_gemm(x, weight, bank_a, bank_b, ranks, scales, adapter_ids, bias=
         BM=cfg.block_m, BN=cfg.block_n, BK=cfg.block_k, BLOCK_R=block_r, GROUP_M=cfg.group_m,
         HAS_ORDER=order is not None, HAS_LORA=has_lora, HAS_BIAS=bias is not None, USE_TMA=use_tma,
         X_TMA=x_tma, FUSE_D=fuse_d, EPI_D=plan.epi_d, SPLIT_K=split_k, EPI_PIPE=plan.epi_pipe,
-        B_VEC=(plan.b_vec or (append and plan.append_d > 1) or rows) and b_vec_ok,
+        B_VEC=((plan.b_vec or (append and plan.append_d > 1) or rows) and bank_b.stride(2) == 1
+               and bank_b.stride(0) % 8 == 0 and bank_b.stride(1) % 8 == 0 and r_max == block_r),
         APPEND=append, APPEND_STAGES=plan.append_stages, B_TMA=b_tma, B_MASK=not b_clean,
         ROW_SELECT=plan.append_rowsel, APPEND_D=plan.append_d,
         S_SLICES=split_s if plan.s_unroll and shrink else 0, PDL=use_pdl, SWAP_AB=cfg.swap_ab,
         ROWS=rows, ROWS_RC=rows_chunk(cfg, block_r, plan.rows_chunk), W_SCALE=weight_scale is not None,
-        X_TERMS=terms, PRE=pre, num_warps=cfg.num_warps, num_stages=cfg.num_stages, launch_pdl=use_pdl)
+        X_TERMS=terms, num_warps=cfg.num_warps, num_stages=cfg.num_stages, launch_pdl=use_pdl)
     return y
 
 
