@@ -494,6 +494,9 @@ def test_split_k_base_rows_bit_identical_and_repeatable():
     base = run(case, "gather", plan, has_lora=False)
     rows = case["adapter_ids"] == -1
     assert torch.equal(y1[rows], base[rows])
+    from lowrank_gemm.kernels import lora_gemm as LG        # the shared ticket region, back at zero after each launch
+    region = LG._TICKETS.region(torch.device("cpu"))
+    assert region is not None and not region.any()
 
 
 def test_tuned_table_round_trip(tmp_path, monkeypatch):

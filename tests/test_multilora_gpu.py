@@ -187,6 +187,9 @@ def _check_plan(x, w, bank, ids, bias, mode, plan, clean_too=False):
         assert torch.equal(gemm(True, b_clean=True), y)
     rows = ids == -1
     assert torch.equal(y[rows], gemm(True, has_lora=False)[rows])
+    if plan.main.split_k > 1:     # split-K tickets come from the LoRA launches' shared region: left zero by each launch
+        from lowrank_gemm.kernels import lora_gemm as LG
+        assert LG._TICKETS.all_zero(torch.device("cuda", torch.cuda.current_device()))
 
 
 @pytest.mark.parametrize("mode", ["gather", "segment"])

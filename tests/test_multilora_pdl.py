@@ -354,3 +354,15 @@ def test_probe_pdl_dry_run(monkeypatch, tmp_path):
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
     probe.pdl_warm_worker(str(share), dev=torch.device("cpu"))
     assert json.loads((tmp_path / "share.json.done.json").read_text())[0].get("s") is not None
+
+
+def test_split_k_tickets_come_from_the_shared_region(monkeypatch):
+    """Split-K plans take their arrival tickets from the per-stream region the LoRA launches keep (zeroed once, left
+    zero by every launch): no zeroed buffer per call, which a captured graph would replay as a memset node."""
+    from lowrank_gemm.kernels import lora_gemm as LG
+    case = make_case(37, 45, 72, 7, 16, seed=2)
+    events, names, k = _launches(monkeypatch, case, "gather", small_plan(expand="appended", split_k=3))
+    ops = [e[1] for e in events if e[0] == "op"]
+    assert not [op for op in ops if "zero" in op or "fill" in op], ops
+    assert k["main"]["SPLIT_K"] == 3
+    assert LG._TICKETS.region(torch.device("cpu")) is not None       # the launch took this stream's region

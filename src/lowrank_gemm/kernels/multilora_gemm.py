@@ -53,6 +53,7 @@ from lowrank_gemm.kernels.adapter_rows import (distinct as _distinct, late_adapt
 from lowrank_gemm.kernels.epilogue import add_bias, rank_block, store_tile
 from lowrank_gemm.kernels.launch import launch
 from lowrank_gemm.kernels.env import env_on
+from lowrank_gemm.kernels import lora_gemm as _lora_gemm
 from lowrank_gemm.kernels.lora_gemm import (FP8_WEIGHTS, _act_terms, _direct_ok, _interpreting, _v2_choice, bank_plan,
                                             check_fp8_base, column_scale, run_bank, stack_plan)
 from lowrank_gemm.kernels.row_quant import fp8_rows
@@ -1219,7 +1220,9 @@ def multi_lora_gemm(x, weight, bank_a, bank_b, ranks, scales, adapter_ids, bias=
         ws = torch.empty((tiles, split_k, cfg.block_m, cfg.block_n), dtype=torch.float32, device=x.device)
         sws = torch.empty((tiles, split_k, cfg.block_m, max(fuse_d, 1) * block_r) if fuse_d else (1,),
                           dtype=torch.float32, device=x.device)
-        cnt = torch.zeros((tiles,), dtype=torch.int32, device=x.device) if split_k > 1 else ids
+        # split-K tickets: the per-stream region the LoRA launches use (zeroed once, left zero by every launch), not a
+        # zeroed buffer per call (a memset node in every captured graph)
+        cnt = _lora_gemm._TICKETS.get(x.device, tiles) if split_k > 1 else ids
         if poison_workspace:
             ws.fill_(float("nan"))
             sws.fill_(float("nan"))
