@@ -196,6 +196,31 @@ def test_persistent_epi_stages_one_is_the_same_result(dynamic):
     assert rel_err(ys[1], lora_linear_ref(x, w, a, b, 0.6, bias)) < REL_TOL
 
 
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_persistent_sync_from_the_ticket_region_left_zero(dynamic):
+    """The persistent strategies' S-ready flags, per-block tile counts and work counter live in the shared per-stream
+    ticket region (no zeroed buffer per call, which a captured graph replays as a memset node): every launch leaves
+    it at zero, so the next launch, of any shape, starts from zero too."""
+    from _lora import tickets_zero
+    from torch.utils._python_dispatch import TorchDispatchMode
+    strategy = "persistent_dynamic" if dynamic else "persistent_static"
+
+    class Ops(TorchDispatchMode):
+        seen = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.seen.append(str(func))
+            return func(*args, **(kwargs or {}))
+    for M, N, K, bm, bn in ((37, 70, 48, 16, 32), (9, 90, 32, 16, 16), (50, 20, 40, 16, 16)):
+        x, w, a, b, bias = make(M, N, K, 6, seed=M)
+        run_poisoned(strategy, x, w, a, b, 0.6, bias, cfg_for(6, bm=bm, bn=bn))        # the region exists from here
+        with Ops():
+            y = run_poisoned(strategy, x, w, a, b, 0.6, bias, cfg_for(6, bm=bm, bn=bn))
+        assert tickets_zero(), (M, N, K)
+        assert rel_err(y, lora_linear_ref(x, w, a, b, 0.6, bias)) < REL_TOL
+    assert not [op for op in Ops.seen if "zero" in op], Ops.seen
+
+
 @settings(max_examples=8, deadline=None)
 @given(M=st.integers(1, 50), N=st.integers(1, 60), K=st.integers(1, 70), r=st.integers(1, 20),
        strategy=st.sampled_from(KERNEL_STRATEGIES), split_k=st.integers(1, 2),

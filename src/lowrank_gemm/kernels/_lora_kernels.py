@@ -755,7 +755,8 @@ def lora_persistent_kernel(
     w_desc,             # W [N, K], box [BN, BK]
     a_desc,             # A [R, K], box [BR, BK]
     s_ptr,              # S [M, R] fp32 scratch (written by S tasks)
-    sync_ptr,           # int32 [num_pid_m + 1], zeroed: S-ready flags, then the work counter
+    sync_ptr,           # int32 [2·num_pid_m + 1], zero on entry, left zero on exit: S-ready flags, the work
+                        # counter, then per M block the count of its tiles past their wait
     b_ptr,              # B [N, R]
     bias_ptr,           # bias [N]
     y_ptr,              # Y [M, N]
@@ -779,6 +780,7 @@ def lora_persistent_kernel(
     num_tasks = num_pid_m + num_pid_m * num_pid_n
     k_tiles = tl.cdiv(K, BLOCK_K)
     counter_ptr = sync_ptr + num_pid_m
+    readers_ptr = counter_ptr + 1
     if DYNAMIC:
         task = tl.atomic_add(counter_ptr, 1, sem="relaxed")
     else:
@@ -802,6 +804,11 @@ def lora_persistent_kernel(
             # phase 2: the S block was produced by a task with a smaller id, already handed out
             while tl.atomic_add(sync_ptr + pid_m, 0, sem="acquire", scope="gpu") == 0:
                 pass
+            # the block's last tile past this wait puts its flag and count back to zero, so the next launch finds the
+            # buffer as this one did (a persistent region shared by every launch on the stream: no memset per call)
+            if tl.atomic_add(readers_ptr + pid_m, 1, sem="relaxed", scope="gpu") == num_pid_n - 1:
+                tl.atomic_xchg(sync_ptr + pid_m, 0, sem="relaxed", scope="gpu")
+                tl.atomic_xchg(readers_ptr + pid_m, 0, sem="relaxed", scope="gpu")
             offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
             offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
             acc = _lowrank_from_buffer(acc, s_ptr, 0, stride_sm, stride_sr, 1, 1.0, b_ptr,
@@ -818,6 +825,11 @@ def lora_persistent_kernel(
                                         stride_br, ids_ptr, ranks_ptr, scales_ptr, M, N, K, L, R_MAX, cur,
                                         pid_m * BLOCK_M, pid_n * BLOCK_N, BLOCK_M, BLOCK_N, 16, BLOCK_R)
         task = _next_task(task, counter_ptr, DYNAMIC)
+    if DYNAMIC:
+        # every program's last draw is ≥ num_tasks, one per program: the draw num_tasks + grid − 1 is the counter's
+        # last use in this launch, so its program resets it
+        if task == num_tasks + tl.num_programs(0) - 1:
+            tl.atomic_xchg(counter_ptr, 0, sem="relaxed", scope="gpu")
 
 
 @triton.jit

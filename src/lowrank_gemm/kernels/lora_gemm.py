@@ -779,7 +779,7 @@ def _run_persistent(x, w, a, b, bias, y, scale, cfg, *, N, Kp, R, dynamic, bank=
     M, dev, c = x.shape[0], x.device, cfg
     num_pid_m, num_pid_n = cdiv(M, c.block_m), cdiv(N, c.block_n)
     s = _empty_f32(dev, M, R)
-    sync = torch.zeros(num_pid_m + 1, dtype=torch.int32, device=dev)
+    sync = _TICKETS.get(dev, 2 * num_pid_m + 1)     # zeroed once per stream, left zero by the kernel
     grid = (persistent_grid(num_pid_m * (num_pid_n + 1), dev) if dynamic
             else _static_grid(num_pid_m, num_pid_n, c.group_m, dev),)
     launch(K_.lora_persistent_kernel, grid,
