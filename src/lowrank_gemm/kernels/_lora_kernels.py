@@ -848,7 +848,7 @@ def lora_streamk_kernel(
     y_ptr,              # Y [M, N]
     ws_ptr,             # fp32 [2·P, BM, BN] partial accumulators, slot 2·program + (0 first | 1 last piece)
     sws_ptr,            # fp32 [2·P, BM, BR] partial S, same slots
-    cnt_ptr,            # int32 [tiles] arrival tickets, zero on entry
+    cnt_ptr,            # int32 [tiles] arrival tickets, zero on entry, left zero on exit (the tile's last arrival)
     M, N, K, R, scale,
     stride_bn, stride_br, stride_ym, stride_yn,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr,
@@ -905,6 +905,7 @@ def lora_streamk_kernel(
                                    other=0.0, cache_modifier=".cg")
                     s += tl.load(sws_ptr + slot * (BLOCK_M * BLOCK_R) + q_off, mask=row_ok,
                                  other=0.0, cache_modifier=".cg")
+                tl.atomic_xchg(cnt_ptr + tile, 0, sem="relaxed", scope="gpu")     # ready for the next launch
         if is_last:
             s = tl.where(orr[None, :] < R, s * scale, 0.0)   # padding rank slots (see main kernel)
             acc = lowrank_up(acc, s, b_ptr, stride_bn, stride_br, offs_n, N, R, BLOCK_R)

@@ -819,7 +819,7 @@ def _run_streamk(x, w, a, b, bias, y, scale, cfg, *, N, Kp, R, w_scale=None):
     grid = streamk_grid(tiles, cdiv(Kp, c.block_k), dev)
     ws = _empty_f32(dev, 2 * grid, c.block_m, c.block_n)
     sws = _empty_f32(dev, 2 * grid, c.block_m, c.block_r)
-    cnt = torch.zeros(tiles, dtype=torch.int32, device=dev)
+    cnt = _TICKETS.get(dev, tiles)      # zeroed once per stream, left zero by the kernel
     launch(K_.lora_streamk_kernel, (grid,),
         _desc(x, c.block_m, c.block_k), _desc(w, c.block_n, c.block_k), _desc(a, c.block_r, c.block_k),
         b, y if bias is None else bias, y, ws, sws, cnt, M, N, Kp, R, scale,
