@@ -418,3 +418,29 @@ def test_xcat_exact_copy_right_s_and_repeatable(M, K, r):
     assert rel_err(ys[0][:, K:K + r], s_ref) < 3e-3
     assert bool((ys[0][:, K + r:] == 0).all())
     assert all(torch.equal(ys[0], y) for y in ys[1:])
+
+
+@pytest.mark.parametrize("strategy", ["streamk", "persistent_static", "persistent_dynamic"])
+@pytest.mark.parametrize("shape", [(64, 4096, 4096, 16), (256, 4096, 4096, 64), (300, 5000, 3000, 24)],
+                         ids=lambda s: "x".join(map(str, s)))
+def test_ticket_region_strategies_repeat_and_leave_it_zero(strategy, shape):
+    """The strategies whose tickets, flags or counters come from the shared per-stream region (session 47: no memset
+    per call) at real sizes: float64 reference on a NaN-poisoned output, bit-identical over repeats and across
+    shapes sharing the region, the region back at zero after every call, a CUDA-graph replay equal to eager."""
+    M, N, K, r = shape
+    cfg = planned(strategy, M, N, K, r)
+    x, w, a, b, bias = make(M, N, K, r, seed=M)
+    ys = []
+    for _ in range(3):
+        out = torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16)
+        ys.append(run_strategy(strategy, x, w, a, b, 0.5, bias, cfg, out=out))
+        assert _tickets_zero(), strategy
+    assert not ys[0].isnan().any()
+    assert rel_err(ys[0], lora_linear_ref(x, w, a, b, 0.5, bias)) < TOL
+    assert all(torch.equal(ys[0], y) for y in ys[1:])
+    _, g, y_g = capture_graph(lambda: run_strategy(strategy, x, w, a, b, 0.5, bias, cfg))
+    for _ in range(2):
+        y_g.fill_(float("nan"))
+        g.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(y_g, ys[0]) and _tickets_zero()
