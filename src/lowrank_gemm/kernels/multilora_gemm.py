@@ -1352,7 +1352,8 @@ def multi_lora_linear(x: torch.Tensor, weight: torch.Tensor, bank_a, bank_b: tor
     """Per-row multi-adapter LoRA linear (custom op ``lowrank_gemm::multi_lora_linear``).
 
     x [..., K], weight [N, K], bank_a [L, r_max, K], bank_b [L, N, r_max], ranks [L] int32,
-    scales [L] fp32, adapter_ids [...] (one id per row of x, −1 = base only), bias [N] → y [..., N].
+    scales [L] fp32, adapter_ids [...] (one id per row of x, −1 = base only; int32, or int64 at the cost of a conversion
+    kernel per call — ``AdapterIds`` keeps int32 ids for a whole batch), bias [N] → y [..., N].
     ``bank_a`` may instead be an ``AdapterBank`` (then bank_b/ranks/scales come from it and the
     next positional argument is ``adapter_ids``). ``validate`` runs the host-syncing value checks
     unless inside CUDA-graph capture or torch.compile; bad ids are otherwise treated as −1.
