@@ -25,11 +25,6 @@ CELLS = ("256x4096x4096x8,256x4096x4096x16,256x4096x4096x64,1024x4096x4096x8,102
          "1024x8192x8192x16,4096x28672x4096x16")
 
 
-class _PerCallTickets:
-    def get(self, device, tiles):
-        return torch.zeros(tiles, dtype=torch.int32, device=device)
-
-
 def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="")
@@ -37,6 +32,7 @@ def main(argv=None):
     args = ap.parse_args(argv)
     from lowrank_gemm.bench.common import device_meta, markdown_table, paired_ratio, time_impl
     from lowrank_gemm.bench.lora import SCALE, make_sets
+    from _ticket_probe import with_per_call_tickets
     from lowrank_gemm.kernels import lora_gemm
     from lowrank_gemm.plan.planner import plan_lora
     dev = torch.device("cuda")
@@ -45,17 +41,10 @@ def main(argv=None):
         M, N, K, r = (int(v) for v in cell.split("x"))
         sets = make_sets(M, N, K, r, torch.bfloat16, dev)
         strategy = plan_lora(M, N, K, r, torch.bfloat16, dev)[0]
-        shared = lora_gemm._TICKETS
 
         def auto(x, w, a, b, bs):
             return lora_gemm.lora_linear(x, w, a, b, SCALE)
-
-        def auto_memset(x, w, a, b, bs):
-            lora_gemm._TICKETS = _PerCallTickets()
-            try:
-                return auto(x, w, a, b, bs)
-            finally:
-                lora_gemm._TICKETS = shared
+        auto_memset = with_per_call_tickets(auto)
 
         def cublas(x, w, a, b, bs):
             return x @ w.T

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 from pathlib import Path
 
 import torch
@@ -22,45 +21,28 @@ import torch
 CASES = "64x4096x16x16,16x4096x16x16,16x4096x64x16,64x4096x64x64,64x4096x16x64,256x4096x16x64"
 
 
-class _PerCallTickets:
-    def get(self, device, tiles):
-        return torch.zeros(tiles, dtype=torch.int32, device=device)
-
-
 def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="")
     ap.add_argument("--cases", default=CASES)
     args = ap.parse_args(argv)
-    from lowrank_gemm.bench.common import device_meta, markdown_table, rotation_count, time_impl
-    from lowrank_gemm.bench.multilora import K, SLOTS, _bank, _ids, floor_bytes
-    from lowrank_gemm.kernels import lora_gemm, multilora_gemm as mg
+    from _ticket_probe import with_per_call_tickets
+    from probe_multilora_parts import case_inputs
+    from lowrank_gemm.bench.common import device_meta, markdown_table, time_impl
+    from lowrank_gemm.bench.multilora import K, SLOTS
+    from lowrank_gemm.kernels import multilora_gemm as mg
     dev = torch.device("cuda")
     rows = []
     for case in args.cases.split(","):
         M, N, r, adapters = (int(v) for v in case.split("x"))
-        gen_cpu = torch.Generator().manual_seed(M * 131 + N + r * 7 + adapters)
-        gen = torch.Generator(device=dev).manual_seed(M * 131 + N + r * 7 + adapters)
-        ids, distinct = _ids(M, adapters, dev, gen_cpu)
+        distinct, sets = case_inputs(M, N, r, adapters, dev)
         nd = len(distinct)
-        sets = []
-        for _ in range(rotation_count(floor_bytes(M, N, r, nd))):
-            x = torch.randn(M, K, device=dev, generator=gen).to(torch.bfloat16)
-            w = (torch.randn(N, K, device=dev, generator=gen) / math.sqrt(K)).to(torch.bfloat16)
-            sets.append((x, w, _bank(N, r, dev, gen), ids))
         plan = mg.choose_plan(M, N, K, r, SLOTS, "gather", dev, adapters=nd)
 
         def fused(x, w, bk, i):
             return mg.multi_lora_gemm(x, w, bk.bank_a, bk.bank_b, bk.ranks, bk.scales, i, mode="gather",
                                       validate=False, adapters=nd, b_clean=bk.B_ZERO_PADDED, plan=plan)
-        shared = lora_gemm._TICKETS
-
-        def fused_memset(x, w, bk, i):
-            lora_gemm._TICKETS = _PerCallTickets()
-            try:
-                return fused(x, w, bk, i)
-            finally:
-                lora_gemm._TICKETS = shared
+        fused_memset = with_per_call_tickets(fused)
         x, w, bk, i = sets[0]
         same = torch.equal(fused(x, w, bk, i), fused_memset(x, w, bk, i))
         base = None

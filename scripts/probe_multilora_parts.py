@@ -152,6 +152,22 @@ def edit_candidates(plan, spec):
     return out
 
 
+def case_inputs(M, N, r, adapters, dev):
+    """(the batch's distinct adapter slots, rotated input sets (x, W, the bench's 64-slot bank, ids)) of one case,
+    seeded by the case: the bench's inputs (``bench.multilora``), the same in every probe that asks for the case."""
+    from lowrank_gemm.bench.multilora import K, _bank, _ids, floor_bytes
+    from lowrank_gemm.bench.common import rotation_count
+    gen_cpu = torch.Generator().manual_seed(M * 131 + N + r * 7 + adapters)
+    gen = torch.Generator(device=dev).manual_seed(M * 131 + N + r * 7 + adapters)
+    ids, distinct = _ids(M, adapters, dev, gen_cpu)
+    sets = []
+    for _ in range(rotation_count(floor_bytes(M, N, r, len(distinct)))):
+        x = torch.randn(M, K, device=dev, generator=gen).to(torch.bfloat16)
+        w = (torch.randn(N, K, device=dev, generator=gen) / math.sqrt(K)).to(torch.bfloat16)
+        sets.append((x, w, _bank(N, r, dev, gen), ids))
+    return distinct, sets
+
+
 BASELINES = ("cublas_base", "fused", "fused_base", "fused_gather", "lora_single", "shrink_expand")
 
 
@@ -208,8 +224,8 @@ def main(argv=None):
     args = ap.parse_args(argv)
     if args.pin_from:
         return pin_winners(args.pin_from, args.min_gain, table_path=args.table or None, label=args.label)
-    from lowrank_gemm.bench.common import device_meta, markdown_table, rotation_count, time_impl
-    from lowrank_gemm.bench.multilora import K, SLOTS, _bank, _ids, floor_bytes
+    from lowrank_gemm.bench.common import device_meta, markdown_table, time_impl
+    from lowrank_gemm.bench.multilora import K, SLOTS
     from lowrank_gemm.kernels import multilora_gemm as mg
     from lowrank_gemm.kernels._multilora_baselines import shrink_expand
     from lowrank_gemm.kernels.lora_gemm import lora_linear
@@ -217,15 +233,8 @@ def main(argv=None):
     rows = []
     for case in args.cases.split(","):
         M, N, r, adapters = (int(v) for v in case.split("x"))
-        gen_cpu = torch.Generator().manual_seed(M * 131 + N + r * 7 + adapters)
-        gen = torch.Generator(device=dev).manual_seed(M * 131 + N + r * 7 + adapters)
-        ids, distinct = _ids(M, adapters, dev, gen_cpu)
+        distinct, sets = case_inputs(M, N, r, adapters, dev)
         nd = len(distinct)
-        sets = []
-        for _ in range(rotation_count(floor_bytes(M, N, r, nd))):
-            x = torch.randn(M, K, device=dev, generator=gen).to(torch.bfloat16)
-            w = (torch.randn(N, K, device=dev, generator=gen) / math.sqrt(K)).to(torch.bfloat16)
-            sets.append((x, w, _bank(N, r, dev, gen), ids))
         plan = mg.choose_plan(M, N, K, r, SLOTS, args.mode, dev, adapters=nd)
 
         def fused(x, w, bk, i, has_lora=True, p=None, mode=args.mode):
