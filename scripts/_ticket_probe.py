@@ -26,3 +26,35 @@ def with_per_call_tickets(fn):
         finally:
             lora_gemm._TICKETS = shared
     return call
+
+
+def timed_rows(impls, sets, fields, paired_base=None):
+    """Rows of graph-replay medians for ``impls`` (name → fn; the first is the ratios' base) over the rotated
+    ``sets``, each row ``fields`` plus impl, graph_us and x_cublas (and, with ``paired_base``, the ratio to it timed
+    in alternation: ``bench.common.paired_ratio``); printed as they come."""
+    from lowrank_gemm.bench.common import paired_ratio, time_impl
+    rows, base = [], None
+    for name, fn in impls.items():
+        t = time_impl(fn, sets)
+        us = t.get("graph_us") or t["median_us"]
+        base = us if base is None else base
+        row = dict(fields, impl=name, graph_us=round(us, 2), x_cublas=round(us / base, 3))
+        if paired_base is not None:
+            row["x_cublas_paired"] = (paired_ratio(fn, sets, paired_base, sets)["ratio_paired"]
+                                      if fn is not paired_base else None)
+        rows.append(row)
+        print(" ".join(f"{k}={v}" for k, v in row.items()), flush=True)
+    return rows
+
+
+def write_tables(out, stem, rows, columns):
+    """``out/stem.json`` (device meta + rows) and ``out/stem.md`` (``columns``: header → row key)."""
+    import json
+    from pathlib import Path
+    from lowrank_gemm.bench.common import device_meta, markdown_table
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{stem}.json").write_text(json.dumps({"meta": device_meta(), "rows": rows}, indent=1))
+    table = markdown_table(list(columns), [[rw.get(k) for k in columns.values()] for rw in rows])
+    (out / f"{stem}.md").write_text(table + "\n")
+    print(table)

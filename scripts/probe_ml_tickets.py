@@ -4,16 +4,14 @@ ships) against a zeroed buffer per call (before: a memset node in every captured
     PYTHONPATH=src python scripts/probe_ml_tickets.py --out DIR [--cases MxNxRxadapters,...]
 
 Per case (bf16, K = 4096, the bench's 64-slot bank and random ids): graph-replay medians of ``cublas_base``,
-``fused`` (the tuned plan as ``bench multilora`` runs it) and ``fused_memset`` (the same call with
-``lora_gemm._TICKETS`` replaced by a stand-in that hands out a fresh ``torch.zeros`` per call), the two fused rows
-checked equal bit for bit. Writes DIR/probe_ml_tickets.{json,md}.
+``fused`` (the tuned plan as ``bench multilora`` runs it) and ``fused_memset`` (the same call with a fresh zeroed
+ticket buffer per call: ``_ticket_probe.with_per_call_tickets``), the two fused rows checked equal bit for bit.
+Writes DIR/probe_ml_tickets.{json,md}.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-from pathlib import Path
 
 import torch
 
@@ -26,9 +24,8 @@ def main(argv=None):
     ap.add_argument("--out", default="")
     ap.add_argument("--cases", default=CASES)
     args = ap.parse_args(argv)
-    from _ticket_probe import with_per_call_tickets
+    from _ticket_probe import timed_rows, with_per_call_tickets, write_tables
     from probe_multilora_parts import case_inputs
-    from lowrank_gemm.bench.common import device_meta, markdown_table, time_impl
     from lowrank_gemm.bench.multilora import K, SLOTS
     from lowrank_gemm.kernels import multilora_gemm as mg
     dev = torch.device("cuda")
@@ -36,35 +33,22 @@ def main(argv=None):
     for case in args.cases.split(","):
         M, N, r, adapters = (int(v) for v in case.split("x"))
         distinct, sets = case_inputs(M, N, r, adapters, dev)
-        nd = len(distinct)
-        plan = mg.choose_plan(M, N, K, r, SLOTS, "gather", dev, adapters=nd)
+        plan = mg.choose_plan(M, N, K, r, SLOTS, "gather", dev, adapters=len(distinct))
 
-        def fused(x, w, bk, i):
+        def fused(x, w, bk, i, plan=plan, nd=len(distinct)):
             return mg.multi_lora_gemm(x, w, bk.bank_a, bk.bank_b, bk.ranks, bk.scales, i, mode="gather",
                                       validate=False, adapters=nd, b_clean=bk.B_ZERO_PADDED, plan=plan)
         fused_memset = with_per_call_tickets(fused)
-        x, w, bk, i = sets[0]
-        same = torch.equal(fused(x, w, bk, i), fused_memset(x, w, bk, i))
-        base = None
-        for name, fn in (("cublas_base", lambda x, w, bk, i: torch.nn.functional.linear(x, w)),
-                         ("fused", fused), ("fused_memset", fused_memset)):
-            t = time_impl(fn, sets)
-            us = t.get("graph_us") or t["median_us"]
-            base = us if name == "cublas_base" else base
-            rows.append({"M": M, "N": N, "r": r, "adapters": nd, "impl": name, "graph_us": round(us, 2),
-                         "x_cublas": round(us / base, 3), "split_k": plan.main.split_k, "bit_identical": same})
-            print(f"{case} {name}: {us:.2f} µs ({us / base:.3f}×) split_k={plan.main.split_k} same={same}",
-                  flush=True)
+        same = torch.equal(fused(*sets[0]), fused_memset(*sets[0]))
+        impls = {"cublas_base": lambda x, w, bk, i: torch.nn.functional.linear(x, w), "fused": fused,
+                 "fused_memset": fused_memset}
+        rows += timed_rows(impls, sets, dict(M=M, N=N, r=r, adapters=len(distinct), split_k=plan.main.split_k,
+                                             bit_identical=same))
         del sets
         torch.cuda.empty_cache()
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "probe_ml_tickets.json").write_text(json.dumps({"meta": device_meta(), "rows": rows}, indent=1))
-    table = markdown_table(["M", "N", "r", "adapters", "impl", "graph µs", "× cuBLAS", "split_k", "bit-identical"],
-                           [[rw["M"], rw["N"], rw["r"], rw["adapters"], rw["impl"], rw["graph_us"], rw["x_cublas"],
-                             rw["split_k"], rw["bit_identical"]] for rw in rows])
-    (out / "probe_ml_tickets.md").write_text(table + "\n")
-    print(table)
+    write_tables(args.out, "probe_ml_tickets", rows,
+                 {"M": "M", "N": "N", "r": "r", "adapters": "adapters", "impl": "impl", "graph µs": "graph_us",
+                  "× cuBLAS": "x_cublas", "split_k": "split_k", "bit-identical": "bit_identical"})
 
 
 if __name__ == "__main__":
