@@ -10,6 +10,7 @@ relative, S is rounded to fp16 before S·Bᵀ as an unfused fp16 run would; 2e-3
 import pytest
 import torch
 from hypothesis import given, settings, strategies as st
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from lowrank_gemm.kernels import lora_gemm as LG
 from lowrank_gemm.kernels.lora_gemm import lora_linear, run_strategy
@@ -196,25 +197,16 @@ def test_persistent_epi_stages_one_is_the_same_result(dynamic):
     assert rel_err(ys[1], lora_linear_ref(x, w, a, b, 0.6, bias)) < REL_TOL
 
 
-class _AtenOps:
-    """The aten ops a call dispatches (a TorchDispatchMode; our Triton launches do not show)."""
+class _AtenOps(TorchDispatchMode):
+    """The aten ops a call dispatches (our Triton launches do not show)."""
 
     def __init__(self):
-        from torch.utils._python_dispatch import TorchDispatchMode
-        seen = self.seen = []
+        super().__init__()
+        self.seen = []
 
-        class Mode(TorchDispatchMode):
-            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-                seen.append(str(func))
-                return func(*args, **(kwargs or {}))
-        self.mode = Mode()
-
-    def __enter__(self):
-        self.mode.__enter__()
-        return self
-
-    def __exit__(self, *exc):
-        return self.mode.__exit__(*exc)
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.seen.append(str(func))
+        return func(*args, **(kwargs or {}))
 
 
 @pytest.mark.parametrize("strategy", KERNEL_STRATEGIES)
