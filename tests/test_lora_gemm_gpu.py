@@ -425,8 +425,8 @@ def test_xcat_exact_copy_right_s_and_repeatable(M, K, r):
                          ids=lambda s: "x".join(map(str, s)))
 def test_ticket_region_strategies_repeat_and_leave_it_zero(strategy, shape):
     """The strategies whose tickets, flags or counters come from the shared per-stream region (session 47: no memset
-    per call) at real sizes: float64 reference on a NaN-poisoned output, bit-identical over repeats and across
-    shapes sharing the region, the region back at zero after every call, a CUDA-graph replay equal to eager."""
+    per call) at real sizes: float64 reference on a NaN-poisoned output, bit-identical over repeats, the region back
+    at zero after every call, a CUDA-graph replay equal to eager."""
     M, N, K, r = shape
     cfg = planned(strategy, M, N, K, r)
     x, w, a, b, bias = make(M, N, K, r, seed=M)
