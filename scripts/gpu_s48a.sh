@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Session 48, device call 1 (≤ 420 s), any GPU: plan `b_l2` (each tile's adapters' B rows prefetched to L2 before the
-# K loop) — its GPU test and the multi-LoRA PDL tests, then `probe_multilora_parts.py --edits` on the issue-5 cells of
-# the 1.10× target that miss: the tuned plan with b_l2, the one-MMA stacked epilogue (epi_d 16) with and without it.
+# K loop; reverted after this call, 09a04ad holds it) — its GPU test and the multi-LoRA PDL tests, then
+# `probe_multilora_parts.py --edits` on the issue-5 cells of the 1.10× target that miss: the tuned plan with b_l2, the
+# one-MMA stacked epilogue (epi_d 16) with and without it.
 #   LOWRANK_GEMM_COMMIT=<hash> bash scripts/gpu_s48a.sh → $OUT/s48a/
 source "$(dirname "$0")/_device_prelude.sh" s48a
 say "commit=${LOWRANK_GEMM_COMMIT:-?} $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)"

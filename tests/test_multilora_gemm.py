@@ -293,7 +293,7 @@ MAIN_ALIGNED = ("x_ptr", "y_ptr", "a_ptr", "b_ptr", "s_ptr", "ws_ptr", "sws_ptr"
 
 def _compile_main(cfg: KernelConfig, order: bool, fuse_d=0, epi_d=1, x_tma=False, epi_pipe=0, b_vec=False,
                   append=False, append_stages=3, b_tma=True, b_mask=True, row_select=False, pdl=False, s_slices=0,
-                  swap_ab=False, w_fp8=False, x_terms=0, b_l2=False):
+                  swap_ab=False, w_fp8=False, x_terms=0):
     from lowrank_gemm.kernels.aot import compile_sm90
     xt = "fp8e4nv" if x_terms else "bf16"
     sig = {"x_ptr": f"*{xt}",
@@ -309,7 +309,7 @@ def _compile_main(cfg: KernelConfig, order: bool, fuse_d=0, epi_d=1, x_tma=False
                  EPI_D=epi_d, SPLIT_K=cfg.split_k, EPI_PIPE=epi_pipe, B_VEC=b_vec, APPEND=append,
                  APPEND_STAGES=append_stages, B_TMA=append and b_tma, B_MASK=b_mask, ROW_SELECT=row_select,
                  APPEND_D=1, PDL=pdl, S_SLICES=s_slices, SWAP_AB=swap_ab, W_SCALE=w_fp8, X_TERMS=x_terms,
-                 B_L2=b_l2, stride_xk=1, stride_wk=1, stride_yn=1, stride_ak=1,
+                 stride_xk=1, stride_wk=1, stride_yn=1, stride_ak=1,
                  stride_br=1)
     return compile_sm90("lowrank_gemm.kernels.multilora_gemm", "_mlora_main_kernel", sig, const,
                         aligned=MAIN_ALIGNED, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
@@ -359,24 +359,6 @@ def test_aot_main_swap_ab(cfg, x_tma, epi_d):
     _, spills, log = ptxas_stats(info.ptx)
     assert spills == 0 and "C7515" not in log, log
     assert mg.main_ledger(cfg, epi_d=epi_d).total() == info.shared, mg.main_ledger(cfg, epi_d=epi_d).table()
-
-
-@pytest.mark.parametrize("cfg,swap_ab", [
-    (KernelConfig(block_m=64, block_n=64, block_k=128, block_r=16, num_stages=5, num_warps=4, split_k=2), False),
-    (KernelConfig(block_m=16, block_n=128, block_k=128, block_r=16, num_stages=5, num_warps=4, split_k=4,
-                  swap_ab=True), True),
-])
-def test_aot_b_l2_prefetches_before_the_first_tma_and_costs_no_smem(cfg, swap_ab):
-    """Plan ``b_l2``: one bulk L2 prefetch per distinct adapter, issued before the K loop's first TMA copy (placed
-    after the loop it would hide nothing), with the same shared memory as the plan without it and no spill."""
-    from _sm90 import ptxas_stats
-    info = _compile_main(cfg, False, append=True, pdl=True, s_slices=2, swap_ab=swap_ab, b_l2=True)
-    base = _compile_main(cfg, False, append=True, pdl=True, s_slices=2, swap_ab=swap_ab)
-    assert info.has("cp.async.bulk.prefetch.L2.global") and not base.has("cp.async.bulk.prefetch.L2.global")
-    assert info.ptx.index("cp.async.bulk.prefetch.L2.global") < info.ptx.index("cp.async.bulk.tensor")
-    assert info.shared == base.shared
-    _, spills, log = ptxas_stats(info.ptx)
-    assert spills == 0, log
 
 
 def test_swap_ab_plan_needs_the_shrink_launch_and_wide_tiles():

@@ -266,27 +266,6 @@ def test_pdl_and_s_unroll_bit_identical(mode, M, N, K, L, r, split):
 
 
 @pytest.mark.parametrize("mode", ["gather", "segment"])
-@pytest.mark.parametrize("M,N,K,L,r,split,swap", [(64, 4096, 4096, 64, 16, 2, False), (16, 4096, 4096, 16, 64, 2, True),
-                                                  (77, 3000, 1000, 9, 24, 3, False), (256, 4096, 4096, 64, 16, 1, False)])
-def test_b_l2_prefetch_bit_identical(mode, M, N, K, L, r, split, swap):
-    """Plan ``b_l2`` (session 48) is a hint: with every expand, split-K and swap-AB, ragged N (the last tile's span
-    shortened) and −1 rows, the output equals the plan without it bit for bit, and the reference (_check_plan)."""
-    import dataclasses
-    x, w, bank, ids, bias = make(M, N, K, L, r, seed=48)
-    ids[::5] = -1
-    assert mg._b_l2_ok(bank.bank_b)
-    base = _appended_plan(M, N, K, L, r, mode, split)
-    main = base.main.replace(swap_ab=swap, block_n=64 if swap else base.main.block_n)
-    args = (x, w, bank.bank_a, bank.bank_b, bank.ranks, bank.scales, ids, bias)
-    for expand in ("appended", "epilogue", "rows"):
-        plan = dataclasses.replace(base, main=main, expand=expand, epi_d=4)
-        with_l2 = dataclasses.replace(plan, b_l2=True)
-        _check_plan(x, w, bank, ids, bias, mode, with_l2)
-        assert torch.equal(mg.multi_lora_gemm(*args, mode=mode, plan=with_l2),
-                           mg.multi_lora_gemm(*args, mode=mode, plan=plan)), expand
-
-
-@pytest.mark.parametrize("mode", ["gather", "segment"])
 def test_pdl_cuda_graph_replay_and_id_swap(mode):
     """Under CUDA-graph capture the main kernel overlaps the shrink through a programmatic edge: every
     replay (S workspace NaN-poisoned inside the graph) equals the eager PDL-off call, also after the

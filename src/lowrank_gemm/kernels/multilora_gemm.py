@@ -51,7 +51,6 @@ import triton.language as tl
 from lowrank_gemm.kernels.adapter_rows import (distinct as _distinct, late_adapter as _late_adapter, safe_ids as _safe_ids,
                                               stacked_b as _stacked_b)
 from lowrank_gemm.kernels.epilogue import add_bias, rank_block, store_tile
-from lowrank_gemm.kernels.l2 import prefetch_l2
 from lowrank_gemm.kernels.launch import launch
 from lowrank_gemm.kernels.env import env_on
 from lowrank_gemm.kernels import lora_gemm as _lora_gemm
@@ -88,18 +87,6 @@ def _block_rows(row_order_ptr, offs, M, HAS_ORDER: tl.constexpr):
     else:
         rows = offs
     return rows, valid
-
-
-@triton.jit
-def _prefetch_b_tiles(ids, b_ptr, stride_bl, stride_bn, n0, N, pid_k, BM: tl.constexpr, BN: tl.constexpr,
-                      SPLIT_K: tl.constexpr):
-    """Each distinct adapter's B slice (rows n0 … n0 + BN of its [N, R_MAX] block, contiguous: host-checked) to L2
-    before the K loop (plan ``b_l2``), so the tail's dependent chain of B loads hits L2, not DRAM. Split pid_k takes
-    the adapters the appended expand deals to it (every SPLIT_K-th); −1 rows prefetch nothing."""
-    first, order, _ = _distinct(ids, BM)
-    mine = first & (order % SPLIT_K == pid_k)
-    nbytes = tl.minimum(BN, N - n0) * stride_bn * (b_ptr.dtype.element_ty.primitive_bitwidth // 8)
-    prefetch_l2(b_ptr + ids.to(tl.int64) * stride_bl + n0.to(tl.int64) * stride_bn, tl.where(mine, nbytes, 0))
 
 
 @triton.jit
@@ -509,7 +496,7 @@ def _mlora_main_kernel(
         ROW_SELECT: tl.constexpr = False, APPEND_D: tl.constexpr = 1, S_SLICES: tl.constexpr = 0,
         PDL: tl.constexpr = False, SWAP_AB: tl.constexpr = False, ROWS: tl.constexpr = False,
         ROWS_RC: tl.constexpr = 16,       # ROWS_RC: host-capped (rows_chunk), ≤ BM
-        W_SCALE: tl.constexpr = False, X_TERMS: tl.constexpr = 0, B_L2: tl.constexpr = False):
+        W_SCALE: tl.constexpr = False, X_TERMS: tl.constexpr = 0):
     # W_SCALE: W is fp8 (its tiles widened to x's dtype in registers unless x is fp8 too), scaled per column after
     # the K loop, before any low-rank term joins the accumulator. X_TERMS 1 / 2: x_ptr / x_desc hold x's e4m3 codes
     # (2: the residual's as rows M … 2M − 1, on the same row scale; row_quant.fp8_rows) and the shrink reads the
@@ -548,8 +535,6 @@ def _mlora_main_kernel(
         slot_q = _stacked_slots(first, order, ids, 0, DQ, BLOCK_R)
         rr, live_q = _stacked_rows(slot_q, ranks_ptr, R_MAX, DQ, BLOCK_R)
         a_rows = a_ptr + slot_q.to(tl.int64) * stride_al + rr * stride_ar
-    if B_L2:
-        _prefetch_b_tiles(ids, b_ptr, stride_bl, stride_bn, pid_n * BN, N, pid_k, BM, BN, SPLIT_K)
     for k in range(k_lo, k_hi, BK):
         offs_k = k + tl.arange(0, BK)
         if X_TMA:
@@ -696,9 +681,7 @@ class MultiLoRAPlan:
     per row, ``rows_chunk`` rows at a time, chunks dealt out over the split-K programs (:func:`rows_expand`).
     ``s_unroll`` (session-5 candidate, off until measured): the main kernel sums the shrink's K
     slices of S unrolled — all slice loads in flight at once instead of one L2 round trip per
-    slice on every program's tail (:func:`_scaled_s`); bit-identical. ``b_l2`` (session-48 candidate): the tile's
-    adapters' B rows prefetched to L2 before the K loop (:func:`_prefetch_b_tiles`), so the tail's B loads hit L2;
-    bit-identical (a hint: nothing waits for it). ``main.swap_ab`` (session 6): the K
+    slice on every program's tail (:func:`_scaled_s`); bit-identical. ``main.swap_ab`` (session 6): the K
     loop's MMA is W·Xᵀ — weight rows on the wgmma's M, block_m = 16/64 tokens on its N (shrink launch only)."""
 
     main: KernelConfig
@@ -716,7 +699,6 @@ class MultiLoRAPlan:
     s_unroll: bool = False
     rows_chunk: int = 16
     shrink_rows: bool = False
-    b_l2: bool = False
 
     def __post_init__(self):
         if self.expand not in EXPANDS:
@@ -750,14 +732,14 @@ class MultiLoRAPlan:
                 "fuse_d": self.fuse_d, "epi_d": self.epi_d, "x_tma": self.x_tma, "epi_pipe": self.epi_pipe,
                 "b_vec": self.b_vec, "expand": self.expand, "append_stages": self.append_stages,
                 "append_rowsel": self.append_rowsel, "append_d": self.append_d, "s_unroll": self.s_unroll,
-                "rows_chunk": self.rows_chunk, "shrink_rows": self.shrink_rows, "b_l2": self.b_l2}
+                "rows_chunk": self.rows_chunk, "shrink_rows": self.shrink_rows}
 
     @classmethod
     def from_dict(cls, d: dict) -> "MultiLoRAPlan":
         return cls(main=KernelConfig.from_dict(d["main"]), shrink=KernelConfig.from_dict(d["shrink"]),
                    **{k: d[k] for k in ("use_tma", "fuse_d", "epi_d", "x_tma", "epi_pipe", "b_vec", "expand",
                                           "append_stages", "append_rowsel", "append_d", "s_unroll", "rows_chunk",
-                                          "shrink_rows", "b_l2")
+                                          "shrink_rows")
                       if k in d})
 
 
@@ -1130,12 +1112,6 @@ def _b_tma_ok(bank_b: torch.Tensor) -> bool:
             and bank_b.data_ptr() % 16 == 0)
 
 
-def _b_l2_ok(bank_b: torch.Tensor) -> bool:
-    """The ``b_l2`` prefetch takes an adapter's B rows as one byte span: rows packed (row stride = r_max), the span's
-    start and size 16-B multiples (TMA's rules), and a compiled kernel (the interpreter has no inline PTX)."""
-    return _b_tma_ok(bank_b) and bank_b.stride(1) == bank_b.shape[2] and not _interpreting()
-
-
 def _b_descriptor(bank_b: torch.Tensor, block_n: int, block_r: int):
     """bank_b [L, N, r_max] as a 3-D TMA descriptor, box [1, BN, BLOCK_R]: a box never crosses into
     the next adapter (rows ≥ N and columns ≥ r_max are zero-filled by the TMA unit)."""
@@ -1303,8 +1279,7 @@ def multi_lora_gemm(x, weight, bank_a, bank_b, ranks, scales, adapter_ids, bias=
         ROW_SELECT=plan.append_rowsel, APPEND_D=plan.append_d,
         S_SLICES=split_s if plan.s_unroll and shrink else 0, PDL=use_pdl, SWAP_AB=cfg.swap_ab,
         ROWS=rows, ROWS_RC=rows_chunk(cfg, block_r, plan.rows_chunk), W_SCALE=weight_scale is not None,
-        X_TERMS=terms, B_L2=plan.b_l2 and has_lora and _b_l2_ok(bank_b), num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages, launch_pdl=use_pdl)
+        X_TERMS=terms, num_warps=cfg.num_warps, num_stages=cfg.num_stages, launch_pdl=use_pdl)
     return y
 
 

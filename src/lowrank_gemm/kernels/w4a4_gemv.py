@@ -53,7 +53,6 @@ from .env import env_on, getenv, pinned_config
 from .epilogue import rank_block
 from .gluon.host import dummy
 from .int4_unpack import SWAR_DEFAULT
-from .l2 import L2_PREFETCH_ASM
 from .launch import launch
 from .pdl import gdc_launch_dependents, gdc_wait, gl_gdc_launch_dependents, gl_gdc_wait, pdl_enabled
 from .schedule import cdiv
@@ -112,6 +111,14 @@ def _word_dot(w, xlo, xhi, SWAR: tl.constexpr):
             acc += lo * xl + hi * xh
         return acc
 
+
+# ``cp.async.bulk.prefetch.L2`` of $2 bytes at $1 when $2 > 0 (the GEMV's L2_PREFETCH knob); $0 is a dummy.
+_L2_PREFETCH_ASM = tl.constexpr("""{
+.reg .pred p;
+setp.gt.s32 p, $2, 0;
+@p cp.async.bulk.prefetch.L2.global [$1], $2;
+mov.u32 $0, 0;
+}""")
 
 _SUM_ASM = tl.constexpr("""{
 .reg .b32 t;
@@ -300,7 +307,7 @@ def w4a4_gemv_gl_kernel(xq_ptr, xs_ptr, wq_ptr, ws_ptr, s_ptr, up_ptr, bias_ptr,
         ahead = gl.minimum(kw_hi - kw_lo - BLOCK_KW, L2_PREFETCH * BLOCK_KW) * 4
         pf_bytes = gl.where(row_ok[:, None] & (q == 0)[None, :], ahead, 0)               # [BN, Q]
         pf_ptrs = wq_ptr + (rows.to(gl.int64) * kw_total + kw_lo + BLOCK_KW)[:, None] + (q * 0)[None, :]
-        gl.inline_asm_elementwise(L2_PREFETCH_ASM, "=r,l,r", [pf_ptrs, pf_bytes], dtype=gl.int32, is_pure=False,
+        gl.inline_asm_elementwise(_L2_PREFETCH_ASM, "=r,l,r", [pf_ptrs, pf_bytes], dtype=gl.int32, is_pure=False,
                                   pack=1)
     if EPI_EARLY:
         # (probe knob) the epilogue operands that act_quant does not write (col scale, the up rows, bias), loaded
