@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Session 48, device call 3 (≤ 420 s), any GPU: plan `append_park` (S parked once per program, each appended step's
-# A operand a masked pipelined load of it: no per-step relayout, barrier or drained wgmma) — its GPU test and the
+# A operand a masked pipelined load of it; reverted after this call, ae402ab holds it) — its GPU test and the
 # appended / PDL tests, then `probe_multilora_parts.py --edits` on the issue-5 cells of the 1.10× target that miss and
 # four more appended cells: the tuned plan with append_park at 3 (its ring) and 4 stages.
 #   LOWRANK_GEMM_COMMIT=<hash> bash scripts/gpu_s48c.sh → $OUT/s48c/

@@ -23,7 +23,7 @@ ATOL, RTOL = 2e-2, 1e-2
 
 def small_plan(split=2, sbm=16, bm=16, bn=32, bk=32, r_max=16, split_k=1, fuse_d=0, epi_d=1, x_tma=False,
                epi_pipe=0, b_vec=False, expand="epilogue", append_stages=3, append_rowsel=False, append_d=1,
-               s_unroll=False, swap_ab=False, rows_chunk=16, shrink_rows=False, append_park=False):
+               s_unroll=False, swap_ab=False, rows_chunk=16, shrink_rows=False):
     br = max(16, 1 << (r_max - 1).bit_length())
     return mg.MultiLoRAPlan(
         main=KernelConfig(block_m=bm, block_n=bn, block_k=bk, block_r=br, group_m=2, num_stages=2,
@@ -31,7 +31,7 @@ def small_plan(split=2, sbm=16, bm=16, bn=32, bk=32, r_max=16, split_k=1, fuse_d
         shrink=KernelConfig(block_m=sbm, block_n=16, block_k=32, block_r=br, split_k=split),
         fuse_d=fuse_d, epi_d=epi_d, x_tma=x_tma, epi_pipe=epi_pipe, b_vec=b_vec, expand=expand,
         append_stages=append_stages, append_rowsel=append_rowsel, append_d=append_d, s_unroll=s_unroll,
-        rows_chunk=rows_chunk, shrink_rows=shrink_rows, append_park=append_park)
+        rows_chunk=rows_chunk, shrink_rows=shrink_rows)
 
 
 def make_case(M, N, K, L, r_max, ranks=None, seed=0, dirty=True, bias=True):
@@ -286,14 +286,14 @@ def test_opcheck_fake_and_schema():
 MAIN_SIG_INTS = ("M N K L R_MAX SPLIT_S stride_xm stride_xk stride_wn stride_wk stride_ym stride_yn "
                  "stride_ss stride_sm stride_al stride_ar stride_ak stride_bl stride_bn stride_br").split()
 # what the JIT specializes at launch for 16-B-aligned bf16 tensors with K, N multiples of 16
-MAIN_ALIGNED = ("x_ptr", "y_ptr", "a_ptr", "b_ptr", "s_ptr", "ws_ptr", "sws_ptr", "park_ptr", "K", "N", "stride_xm",
+MAIN_ALIGNED = ("x_ptr", "y_ptr", "a_ptr", "b_ptr", "s_ptr", "ws_ptr", "sws_ptr", "K", "N", "stride_xm",
                 "stride_ym", "stride_ss", "stride_sm", "stride_al", "stride_ar", "stride_bl", "stride_bn",
                 "R_MAX")
 
 
 def _compile_main(cfg: KernelConfig, order: bool, fuse_d=0, epi_d=1, x_tma=False, epi_pipe=0, b_vec=False,
                   append=False, append_stages=3, b_tma=True, b_mask=True, row_select=False, pdl=False, s_slices=0,
-                  swap_ab=False, w_fp8=False, x_terms=0, a_park=False):
+                  swap_ab=False, w_fp8=False, x_terms=0):
     from lowrank_gemm.kernels.aot import compile_sm90
     xt = "fp8e4nv" if x_terms else "bf16"
     sig = {"x_ptr": f"*{xt}",
@@ -303,13 +303,13 @@ def _compile_main(cfg: KernelConfig, order: bool, fuse_d=0, epi_d=1, x_tma=False
            "scales_ptr": "*fp32", "a_ptr": "*bf16", "b_ptr": "*bf16", "ranks_ptr": "*i32", "ws_ptr": "*fp32",
            "sws_ptr": "*fp32", "cnt_ptr": "*i32",
            "b_desc": f"tensordesc<bf16[1, {cfg.block_n}, {cfg.block_r}]>" if append and b_tma else "*bf16",
-           "lst_ptr": "*i32", "park_ptr": "*bf16", "wscale_ptr": "*fp32", "xscale_ptr": "*fp32", **{k: "i32" for k in MAIN_SIG_INTS}}
+           "lst_ptr": "*i32", "wscale_ptr": "*fp32", "xscale_ptr": "*fp32", **{k: "i32" for k in MAIN_SIG_INTS}}
     const = dict(BM=cfg.block_m, BN=cfg.block_n, BK=cfg.block_k, BLOCK_R=cfg.block_r, GROUP_M=cfg.group_m,
                  HAS_ORDER=order, HAS_LORA=True, HAS_BIAS=True, USE_TMA=True, X_TMA=x_tma, FUSE_D=fuse_d,
                  EPI_D=epi_d, SPLIT_K=cfg.split_k, EPI_PIPE=epi_pipe, B_VEC=b_vec, APPEND=append,
                  APPEND_STAGES=append_stages, B_TMA=append and b_tma, B_MASK=b_mask, ROW_SELECT=row_select,
                  APPEND_D=1, PDL=pdl, S_SLICES=s_slices, SWAP_AB=swap_ab, W_SCALE=w_fp8, X_TERMS=x_terms,
-                 A_PARK=a_park, stride_xk=1, stride_wk=1, stride_yn=1, stride_ak=1,
+                 stride_xk=1, stride_wk=1, stride_yn=1, stride_ak=1,
                  stride_br=1)
     return compile_sm90("lowrank_gemm.kernels.multilora_gemm", "_mlora_main_kernel", sig, const,
                         aligned=MAIN_ALIGNED, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
@@ -359,28 +359,6 @@ def test_aot_main_swap_ab(cfg, x_tma, epi_d):
     _, spills, log = ptxas_stats(info.ptx)
     assert spills == 0 and "C7515" not in log, log
     assert mg.main_ledger(cfg, epi_d=epi_d).total() == info.shared, mg.main_ledger(cfg, epi_d=epi_d).table()
-
-
-def _loop_holding(ptx: str, needle: str) -> str:
-    """The PTX of the innermost loop around the last ``needle``: from its header label to the next label."""
-    at = ptx.rfind(needle)
-    return ptx[ptx.rfind("Inner Loop Header", 0, at):ptx.find("\n$L__BB", at)]
-
-
-@pytest.mark.parametrize("cfg", [
-    KernelConfig(block_m=64, block_n=64, block_k=128, block_r=16, num_stages=5, num_warps=4, split_k=2),
-    KernelConfig(block_m=64, block_n=32, block_k=128, block_r=64, num_stages=5, num_warps=4),
-])
-def test_aot_appended_park_steps_are_a_pipelined_mma_loop(cfg):
-    """``append_park`` (session 48): each appended step's A operand is a cp.async of the parked S, not a register
-    relayout (st.shared → ldmatrix, what the plain steps do), and the step's wgmma is left in flight (wait_group 1)
-    instead of drained (wait_group 0); the ledger is the compiled shared memory."""
-    import re
-    info = _compile_main(cfg, False, append=True, b_mask=False, pdl=True, s_slices=2, a_park=True)
-    park = _loop_holding(info.ptx, "cp.async.bulk.tensor.3d")
-    assert "cp.async.cg.shared.global" in park and "ldmatrix" not in park and "st.shared" not in park
-    assert set(re.findall(r"wgmma.wait_group.sync.aligned (\d)", park)) == {"1"}, park
-    assert mg.main_ledger(cfg, append_stages=3).total() == info.shared
 
 
 def test_swap_ab_plan_needs_the_shrink_launch_and_wide_tiles():
@@ -696,26 +674,6 @@ def test_appended_many_adapters_per_block_and_clean_bank():
         assert_close(run(case, "gather", plan), ref)
         assert_close(run(case, "gather", plan, b_clean=True), ref)     # zero-padded bank: mask skipped
         assert_close(run(case, "segment", plan), ref)
-
-
-@pytest.mark.parametrize("mode", ["gather", "segment"])
-@pytest.mark.parametrize("r_max,ranks,kw", [(16, None, dict()), (16, None, dict(split_k=2, append_stages=2)),
-                                            (40, [40, 17, 33, 1, 0, 40, 9], dict(bm=32)),   # BLOCK_R 64: TMA zero-fill
-                                            (20, [20, 3, 0, 17, 9, 20, 1], dict())])       # not TMA-legal: 2-B B loads
-def test_appended_park_matches_reference_and_the_plain_steps(mode, r_max, ranks, kw):
-    """``append_park`` (S parked once per program, each step's A operand a masked load of it): on a zero-padded bank
-    the reference (ragged tiles, −1 rows, NaN-poisoned parking slots) and the plain appended steps bit for bit; on a
-    dirty bank the launcher runs the plain steps (B's rank mask would be a register op)."""
-    import dataclasses
-    case = make_case(37, 45, 72, 7, r_max, ranks=ranks, seed=48, dirty=False)
-    case["adapter_ids"][::4] = -1
-    plain = small_plan(expand="appended", r_max=r_max, **kw)
-    park = dataclasses.replace(plain, append_park=True)
-    y = run(case, mode, park, b_clean=True)
-    assert_close(y, ref_of(case))
-    assert torch.equal(y, run(case, mode, plain, b_clean=True))
-    dirty = make_case(37, 45, 72, 7, r_max, ranks=ranks, seed=48)
-    assert torch.equal(run(dirty, mode, park), run(dirty, mode, plain))
 
 
 def test_appended_base_rows_bit_identical_and_repeatable():

@@ -250,8 +250,7 @@ def appended_expand(acc, rows, valid, ids, slot, pid_k, lst_ptr, s_ptr, stride_s
                     scales_ptr, b_ptr, b_desc, stride_bl, stride_bn, stride_br, ranks_ptr, R_MAX, offs_n, n0, N,
                     BM: tl.constexpr, BN: tl.constexpr, BLOCK_R: tl.constexpr, SPLIT_K: tl.constexpr,
                     STAGES: tl.constexpr, B_TMA: tl.constexpr, B_MASK: tl.constexpr, ROW_SELECT: tl.constexpr,
-                    APPEND_D: tl.constexpr = 1, B_VEC: tl.constexpr = False, S_SLICES: tl.constexpr = 0,
-                    park_ptr=None, A_PARK: tl.constexpr = False):
+                    APPEND_D: tl.constexpr = 1, B_VEC: tl.constexpr = False, S_SLICES: tl.constexpr = 0):
     """acc [BM, BN] += Σ_a (scale·S ⊙ rowmask_a) [BM, BLOCK_R] · B[a, n-tile, :]ᵀ as extra K steps.
 
     One step per distinct adapter a of the row block (split pid_k takes every SPLIT_K-th one), run
@@ -271,10 +270,6 @@ def appended_expand(acc, rows, valid, ids, slot, pid_k, lst_ptr, s_ptr, stride_s
     (st.shared → bar.sync → ldmatrix) and a wgmma.wait_group 0 per adapter; D separate steps per
     iteration keep all of that per adapter, a stacked step pays it once per APPEND_D adapters.
     B comes by pointer gather (TMA boxes cannot be stacked: the adapters are not adjacent slots).
-    A_PARK (session-48 candidate, APPEND_D == 1): S, scaled and in B's dtype, is parked once in this program's slot
-    of ``park_ptr`` ([slots, BM, BLOCK_R]) and every step loads it back with only its adapter's rows (a masked load
-    zero-fills the others), so both MMA operands are pipelined loads, as in a K loop: no per-step register relayout
-    of S, barrier or wgmma wait. B's rank mask, where needed, is the load's mask too (no register op on B either).
     """
     has = valid & (ids >= 0)
     s = _scaled_s(rows, has, ids, s_ptr, stride_ss, stride_sm, SPLIT_S, scales_ptr, BM, BLOCK_R, BLOCK_R, S_SLICES)
@@ -286,23 +281,7 @@ def appended_expand(acc, rows, valid, ids, slot, pid_k, lst_ptr, s_ptr, stride_s
     tl.store(lst + BM + order, rank_row, mask=first)
     tl.debug_barrier()      # the list is read back by other threads of this program
     s_op = s.to(b_ptr.dtype.element_ty)
-    if APPEND_D == 1 and A_PARK:
-        rr = tl.arange(0, BLOCK_R)
-        park = (park_ptr + slot.to(tl.int64) * (BM * BLOCK_R) + tl.arange(0, BM)[:, None] * BLOCK_R
-                + rr[None, :])
-        tl.store(park, s_op)
-        tl.debug_barrier()      # read back by other threads of this program
-        for j in tl.range(pid_k, count, SPLIT_K, num_stages=STAGES):
-            cur = tl.load(lst + j)
-            rank = tl.load(lst + BM + j)
-            a = tl.load(park, mask=(ids == cur)[:, None], other=0.0)
-            if B_TMA and not B_MASK:
-                b = b_desc.load([cur, n0, 0]).reshape(BN, BLOCK_R)
-            else:
-                b = tl.load(b_ptr + cur.to(tl.int64) * stride_bl + offs_n[:, None] * stride_bn
-                            + rr[None, :] * stride_br, mask=(offs_n[:, None] < N) & (rr[None, :] < rank), other=0.0)
-            acc = tl.dot(a, tl.trans(b), acc)
-    elif APPEND_D == 1:
+    if APPEND_D == 1:
         for j in tl.range(pid_k, count, SPLIT_K, num_stages=STAGES):
             cur = tl.load(lst + j)
             rank = tl.load(lst + BM + j)
@@ -503,7 +482,6 @@ def _mlora_main_kernel(
         cnt_ptr,        # (tiles,) int32 arrival tickets, zero on entry, left zero on exit (SPLIT_K > 1)
         b_desc,         # (L, N, R_MAX) TensorDescriptor, block [1, BN, BLOCK_R] (APPEND and B_TMA; else dummy)
         lst_ptr,        # (tiles·SPLIT_K, 2, BM) int32 scratch: distinct adapters + ranks (APPEND)
-        park_ptr,       # (tiles·SPLIT_K, BM, BLOCK_R) scratch in B's dtype: the parked S (A_PARK)
         wscale_ptr,     # (N,) fp32: an fp8 W's per-output-channel scale              (W_SCALE)
         xscale_ptr,     # (M,) fp32: the fp8 x's per-token scale                      (X_TERMS > 0)
         M, N, K, L, R_MAX, SPLIT_S,
@@ -518,7 +496,7 @@ def _mlora_main_kernel(
         ROW_SELECT: tl.constexpr = False, APPEND_D: tl.constexpr = 1, S_SLICES: tl.constexpr = 0,
         PDL: tl.constexpr = False, SWAP_AB: tl.constexpr = False, ROWS: tl.constexpr = False,
         ROWS_RC: tl.constexpr = 16,       # ROWS_RC: host-capped (rows_chunk), ≤ BM
-        W_SCALE: tl.constexpr = False, X_TERMS: tl.constexpr = 0, A_PARK: tl.constexpr = False):
+        W_SCALE: tl.constexpr = False, X_TERMS: tl.constexpr = 0):
     # W_SCALE: W is fp8 (its tiles widened to x's dtype in registers unless x is fp8 too), scaled per column after
     # the K loop, before any low-rank term joins the accumulator. X_TERMS 1 / 2: x_ptr / x_desc hold x's e4m3 codes
     # (2: the residual's as rows M … 2M − 1, on the same row scale; row_quant.fp8_rows) and the shrink reads the
@@ -607,7 +585,7 @@ def _mlora_main_kernel(
         acc = appended_expand(acc, rows, valid, ids, tile * SPLIT_K + pid_k, pid_k, lst_ptr, s_ptr, stride_ss,
                               stride_sm, SPLIT_S, scales_ptr, b_ptr, b_desc, stride_bl, stride_bn, stride_br,
                               ranks_ptr, R_MAX, offs_n, pid_n * BN, N, BM, BN, BLOCK_R, SPLIT_K, APPEND_STAGES,
-                              B_TMA, B_MASK, ROW_SELECT, APPEND_D, B_VEC, S_SLICES, park_ptr, A_PARK)
+                              B_TMA, B_MASK, ROW_SELECT, APPEND_D, B_VEC, S_SLICES)
     # this program's fp32 partial slot in the split-K workspace (the rows expand has one at SPLIT_K = 1 too)
     ob = tl.arange(0, BM)
     slot = (tile * SPLIT_K + pid_k).to(tl.int64)
@@ -696,9 +674,7 @@ class MultiLoRAPlan:
     pipelined K step per distinct adapter, B tiles through a TMA ring ``append_stages`` deep, adapters
     shared out over the split-K programs; see :func:`appended_expand`); ``append_rowsel``: whole-S
     MMA per step with the adapter's rows selected on the fp32 result (no per-step A relayout);
-    ``append_d`` (round-2 candidate, 1/2/4): adapters per pipelined appended iteration; ``append_park``
-    (session-48 candidate, append_d 1): S parked once per program, each step's A operand a masked pipelined load
-    of it (:func:`appended_expand`'s A_PARK).
+    ``append_d`` (round-2 candidate, 1/2/4): adapters per pipelined appended iteration.
     ``shrink_rows`` (session-27 candidate): the shrink launch by row (:func:`_mlora_shrink_rows_kernel`; shrink's
     split_k K slices, block_k steps, num_warps) instead of by (row block, distinct adapter).
     ``expand="rows"`` (session-27 candidate): each row's branch on the CUDA cores, its adapter's B slice gathered
@@ -723,7 +699,6 @@ class MultiLoRAPlan:
     s_unroll: bool = False
     rows_chunk: int = 16
     shrink_rows: bool = False
-    append_park: bool = False
 
     def __post_init__(self):
         if self.expand not in EXPANDS:
@@ -757,15 +732,14 @@ class MultiLoRAPlan:
                 "fuse_d": self.fuse_d, "epi_d": self.epi_d, "x_tma": self.x_tma, "epi_pipe": self.epi_pipe,
                 "b_vec": self.b_vec, "expand": self.expand, "append_stages": self.append_stages,
                 "append_rowsel": self.append_rowsel, "append_d": self.append_d, "s_unroll": self.s_unroll,
-                "rows_chunk": self.rows_chunk, "shrink_rows": self.shrink_rows,
-                "append_park": self.append_park}
+                "rows_chunk": self.rows_chunk, "shrink_rows": self.shrink_rows}
 
     @classmethod
     def from_dict(cls, d: dict) -> "MultiLoRAPlan":
         return cls(main=KernelConfig.from_dict(d["main"]), shrink=KernelConfig.from_dict(d["shrink"]),
                    **{k: d[k] for k in ("use_tma", "fuse_d", "epi_d", "x_tma", "epi_pipe", "b_vec", "expand",
                                           "append_stages", "append_rowsel", "append_d", "s_unroll", "rows_chunk",
-                                          "shrink_rows", "append_park")
+                                          "shrink_rows")
                       if k in d})
 
 
@@ -1257,17 +1231,11 @@ def multi_lora_gemm(x, weight, bank_a, bank_b, ranks, scales, adapter_ids, bias=
         cnt = ids
     append = plan.expand == "appended" and shrink
     b_tma = append and plan.append_d == 1 and _b_tma_ok(bank_b)     # stacked steps gather B by pointer
-    # the parked S needs B's rank mask to stay a load mask: TMA boxes of a zero-padded bank (b_clean) need none
-    a_park = append and plan.append_park and plan.append_d == 1 and b_clean
     if append:
         lst = torch.empty((tiles * split_k, 2 * cfg.block_m), dtype=torch.int32, device=x.device)
         b_desc = _b_descriptor(bank_b, cfg.block_n, block_r) if b_tma else bank_b
     else:
         lst, b_desc = ids, bank_b
-    park = (torch.empty((tiles * split_k, cfg.block_m, block_r), dtype=bank_b.dtype, device=x.device) if a_park
-            else bank_b)
-    if a_park and poison_workspace:
-        park.fill_(float("nan"))
     if x_tma:
         from triton.tools.tensor_descriptor import TensorDescriptor
         x_desc = TensorDescriptor(xm, shape=list(xm.shape), strides=list(xm.stride()),
@@ -1297,7 +1265,7 @@ def multi_lora_gemm(x, weight, bank_a, bank_b, ranks, scales, adapter_ids, bias=
             num_stages=scfg.num_stages)
     launch(_mlora_main_kernel, (tiles, split_k),
         xm, x_desc, _w_operand(weight, cfg, use_tma), y, bias if bias is not None else x, ids, order_arg, s_ws,
-        scales, bank_a, bank_b, ranks, ws, sws, cnt, b_desc, lst, park, w_scale, x_scale if terms else scales,
+        scales, bank_a, bank_b, ranks, ws, sws, cnt, b_desc, lst, w_scale, x_scale if terms else scales,
         M, N, K, L, r_max, split_s,
         xm.stride(0), xm.stride(1), weight.stride(0), weight.stride(1), y.stride(0), y.stride(1),
         s_ws.stride(0), s_ws.stride(1), bank_a.stride(0), bank_a.stride(1), bank_a.stride(2),
@@ -1311,7 +1279,7 @@ def multi_lora_gemm(x, weight, bank_a, bank_b, ranks, scales, adapter_ids, bias=
         ROW_SELECT=plan.append_rowsel, APPEND_D=plan.append_d,
         S_SLICES=split_s if plan.s_unroll and shrink else 0, PDL=use_pdl, SWAP_AB=cfg.swap_ab,
         ROWS=rows, ROWS_RC=rows_chunk(cfg, block_r, plan.rows_chunk), W_SCALE=weight_scale is not None,
-        X_TERMS=terms, A_PARK=a_park, num_warps=cfg.num_warps, num_stages=cfg.num_stages, launch_pdl=use_pdl)
+        X_TERMS=terms, num_warps=cfg.num_warps, num_stages=cfg.num_stages, launch_pdl=use_pdl)
     return y
 
 
