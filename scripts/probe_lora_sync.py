@@ -2,7 +2,11 @@
 shared per-stream ticket region (what ships) against a zeroed buffer per call (before: a memset node in every captured
 graph), cuBLAS beside, one process.
 
-    PYTHONPATH=src python scripts/probe_lora_sync.py --out DIR [--cells MxNxKxR,...]
+    PYTHONPATH=src python scripts/probe_lora_sync.py --out DIR [--cells MxNxKxR,...] [--readers]
+
+``--readers`` (session 48) times ``auto_readers_early`` instead of ``auto_memset``: the persistent kernel with
+``READERS_LATE=False`` (session 47's scalar count of the tiles past their S wait, broadcast behind a CTA barrier)
+against what ships (one lane's atomic, its result first used after the tile's store).
 
 Per cell (bf16, the bench's rotated input sets): graph-replay medians of ``cublas_base``, ``auto`` (``lora_linear``
 as ``bench lora`` times it; the row names the planner's strategy), ``auto_memset`` (the same call with a fresh zeroed
@@ -23,10 +27,30 @@ CELLS = ("256x4096x4096x8,256x4096x4096x16,256x4096x4096x64,1024x4096x4096x8,102
          "1024x8192x8192x16,4096x28672x4096x16")
 
 
+def with_readers_early(fn):
+    """``fn`` with the persistent kernel launched as session 47 shipped it (``READERS_LATE=False``)."""
+    from lowrank_gemm.kernels import lora_gemm
+
+    def call(*args):
+        shipped = lora_gemm.launch
+
+        def early(kernel, grid, *a, **kw):
+            if kernel is lora_gemm.K_.lora_persistent_kernel:
+                kw["READERS_LATE"] = False
+            return shipped(kernel, grid, *a, **kw)
+        lora_gemm.launch = early
+        try:
+            return fn(*args)
+        finally:
+            lora_gemm.launch = shipped
+    return call
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="")
     ap.add_argument("--cells", default=CELLS)
+    ap.add_argument("--readers", action="store_true")
     args = ap.parse_args(argv)
     from _ticket_probe import timed_rows, with_per_call_tickets, write_tables
     from lowrank_gemm.bench.lora import SCALE, make_sets
@@ -43,9 +67,10 @@ def main(argv=None):
 
         def cublas(x, w, a, b, bs):
             return x @ w.T
-        auto_memset = with_per_call_tickets(auto)
-        same = torch.equal(auto(*sets[0]), auto_memset(*sets[0]))
-        rows += timed_rows({"cublas_base": cublas, "auto": auto, "auto_memset": auto_memset}, sets,
+        other, other_name = ((with_readers_early(auto), "auto_readers_early") if args.readers
+                             else (with_per_call_tickets(auto), "auto_memset"))
+        same = torch.equal(auto(*sets[0]), other(*sets[0]))
+        rows += timed_rows({"cublas_base": cublas, "auto": auto, other_name: other}, sets,
                            dict(M=M, N=N, K=K, r=r, strategy=plan_lora(M, N, K, r, torch.bfloat16, dev)[0],
                                 bit_identical=same), paired_base=cublas)
         del sets

@@ -514,15 +514,16 @@ PERSISTENT_ALIGNED = ("s_ptr", "sync_ptr", "b_ptr", "bias_ptr", "y_ptr", "M", "N
                       "stride_sm", "stride_bn", "stride_ym")
 
 
-def compile_persistent(cfg: KernelConfig, dynamic: bool):
+def compile_persistent(cfg: KernelConfig, dynamic: bool, readers_late: bool = True):
     from lowrank_gemm.kernels.aot import compile_sm90
     c = cfg
     return compile_sm90(MOD, "lora_persistent_kernel",
                         persistent_signature(c.block_m, c.block_n, c.block_k, c.block_r),
                         dict(BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, BLOCK_R=c.block_r,
                              GROUP_M=c.group_m, DYNAMIC=dynamic, HAS_BIAS=True, EPI_STAGES=c.epi_stages or None,
-                             **PERSISTENT_UNIT_STRIDES),
+                             READERS_LATE=readers_late, **PERSISTENT_UNIT_STRIDES),
                         aligned=PERSISTENT_ALIGNED, num_warps=c.num_warps, num_stages=c.num_stages)
+
 
 
 def streamk_signature(bm, bn, bk, br, dt="bf16"):
@@ -544,6 +545,23 @@ def compile_streamk(cfg: KernelConfig):
 
 
 H200_CFG = KernelConfig(block_m=64, block_n=128, block_k=128, block_r=16, num_warps=4, num_stages=4)
+
+
+@pytest.mark.parametrize("cfg", [H200_CFG.replace(block_m=128, block_k=64, num_stages=3),
+                                 H200_CFG.replace(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=3)])
+def test_aot_persistent_readers_count_waits_for_no_barrier(cfg):
+    """Session 48: each tile's count past its S wait (the atomic that lets the block's last tile reset the shared sync
+    words) is one lane's atomic whose result is first used after the tile's store. Session 47's scalar atomic
+    broadcast its result through shared memory behind a CTA barrier, so every tile waited out the atomic's round
+    trip before its epilogue (the large-M persistent cells ran ~2 % slower on the H200)."""
+    def after_count(ptx):
+        lines = [ln.strip() for ln in ptx.split("\n") if ln.strip() and not ln.strip().startswith(("//", ".loc"))]
+        at = next(i for i, ln in enumerate(lines) if "atom.global.gpu.relaxed.add" in ln)
+        return " ".join(lines[at + 1:at + 6])
+    late, early = compile_persistent(cfg, False), compile_persistent(cfg, False, readers_late=False)
+    assert "bar.sync" in after_count(early.ptx) and "st.shared" in after_count(early.ptx)
+    assert "bar.sync" not in after_count(late.ptx) and "st.shared" not in after_count(late.ptx), after_count(late.ptx)
+    assert late.shared == early.shared
 
 
 @pytest.mark.parametrize("name, compile_", [

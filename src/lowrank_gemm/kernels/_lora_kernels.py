@@ -769,9 +769,13 @@ def lora_persistent_kernel(
     stride_xm=0, stride_al=0, stride_ar=0, stride_bl=0,
     BANK: tl.constexpr = False, ID_BLOCK: tl.constexpr = 16, B_CLEAN: tl.constexpr = False,
     wscale_ptr=None,    # fp8 weights' per-output-channel scale (lora_main_kernel)
+    READERS_LATE: tl.constexpr = True,
 ):
     # BANK, B_CLEAN: as lora_main_kernel's (one adapter of a bank, picked on the device; rows of other adapters finished
     # after their tile's store)
+    # READERS_LATE (session 48): a tile counts itself past its wait with one lane's atomic and acts on the count only
+    # after its store, so the atomic's round trip hides behind the epilogue; False is session 47's form (a scalar
+    # atomic, whose result is broadcast behind a CTA barrier before the epilogue starts) for A/B probes
     b_bank = b_ptr
     cur, slot, rank, mixed, R, scale, a_row0, b_ptr = _bank_setup(ids_ptr, ranks_ptr, scales_ptr, M, L, R_MAX, R,
                                                                   scale, b_ptr, stride_bl, BANK, ID_BLOCK, B_CLEAN)
@@ -806,7 +810,11 @@ def lora_persistent_kernel(
                 pass
             # the block's last tile past this wait puts its flag and count back to zero, so the next launch finds the
             # buffer as this one did (a persistent region shared by every launch on the stream: no memset per call)
-            if tl.atomic_add(readers_ptr + pid_m, 1, sem="relaxed", scope="gpu") == num_pid_n - 1:
+            if READERS_LATE:
+                lane = tl.arange(0, 256)    # ≥ one element per thread (8 warps): no replica to broadcast the result to
+                readers = tl.atomic_add(readers_ptr + pid_m + lane * 0, tl.where(lane == 0, 1, 0), mask=lane == 0,
+                                        sem="relaxed", scope="gpu")
+            elif tl.atomic_add(readers_ptr + pid_m, 1, sem="relaxed", scope="gpu") == num_pid_n - 1:
                 tl.atomic_xchg(sync_ptr + pid_m, 0, sem="relaxed", scope="gpu")
                 tl.atomic_xchg(readers_ptr + pid_m, 0, sem="relaxed", scope="gpu")
             offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -816,6 +824,11 @@ def lora_persistent_kernel(
                                        BLOCK_M, BLOCK_R, EPI_STAGES)
             acc = add_bias(acc, offs_n, N, bias_ptr, HAS_BIAS)
             store_tile(y_ptr, acc, offs_m, offs_n, M, N, stride_ym, stride_yn)
+            if READERS_LATE:
+                last = (lane == 0) & (readers == num_pid_n - 1)
+                tl.atomic_xchg(sync_ptr + pid_m + lane * 0, tl.zeros_like(lane), mask=last, sem="relaxed", scope="gpu")
+                tl.atomic_xchg(readers_ptr + pid_m + lane * 0, tl.zeros_like(lane), mask=last, sem="relaxed",
+                               scope="gpu")
             if BANK:
                 if mixed:   # a wrong hint somewhere in the batch: look at this tile
                     if bank_has_stragglers(safe_ids(ids_ptr, offs_m, offs_m < M, L), cur):
