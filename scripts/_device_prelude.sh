@@ -44,3 +44,21 @@ segment_plans() {
     grep -E "µs|WRONG|rejects" "$L/ml.log" | head -150 >> "$L/summary.txt"
     gzip -f "$L/ml.log"
 }
+# ncu_multilora <timeout s> <metrics> <MxNxRxadapters> <plan edits> <tag>: each kernel of the fused multi-LoRA call on
+# its own (`scripts/_ncu_multilora.py` under ncu, clocks not locked) → $L/ncu_<tag>.csv.gz; the last round's requested
+# metrics per kernel to the summary
+ncu_multilora() {
+    local t=$1 metrics=$2 case=$3 edits=$4 tag=$5
+    timeout "$t" ncu --clock-control none --csv --page raw --metrics "$metrics" \
+        python3 scripts/_ncu_multilora.py "$case" "$edits" > "$L/ncu_$tag.csv" 2> "$L/ncu_$tag.err"
+    say "== $tag ($case $edits) rc=$?"
+    python3 - "$L/ncu_$tag.csv" "$metrics" <<'PY' | tee -a "$L/summary.txt"
+import csv, sys
+rows = [r for r in csv.reader(l for l in open(sys.argv[1]) if l.startswith('"'))]
+hdr, data = rows[0], rows[2:]
+ix = {h: i for i, h in enumerate(hdr)}
+for r in data[-(len(data) // 4):]:
+    print(r[ix["Kernel Name"]][:28], *(f"{m.split('__')[1][:18]}={r[ix[m]]}" for m in sys.argv[2].split(",") if m in ix))
+PY
+    gzip -f "$L/ncu_$tag.csv"
+}
