@@ -237,14 +237,12 @@ def test_persistent_s_poll_early_is_the_same_result(strategy, monkeypatch):
     learns that its S block is ready, not what it computes: equal to the default bit for bit, the ticket region
     back at zero."""
     from _lora import tickets_zero
-    for M, N, K in ((37, 70, 48), (50, 20, 40)):
-        x, w, a, b, bias = make(M, N, K, 6, seed=M)
-        cfg = cfg_for(6, 1, bm=16, bn=16)
-        want = run_poisoned(strategy, x, w, a, b, 0.6, bias, cfg)
-        monkeypatch.setenv(LG.S_POLL_EARLY_ENV, "1")
-        assert torch.equal(run_poisoned(strategy, x, w, a, b, 0.6, bias, cfg), want)
+    cases = [(make(M, N, K, 6, seed=M), cfg_for(6, 1, bm=16, bn=16)) for M, N, K in ((37, 70, 48), (50, 20, 40))]
+    want = [run_poisoned(strategy, *case, 0.6, bias, cfg) for (*case, bias), cfg in cases]
+    monkeypatch.setenv(LG.S_POLL_EARLY_ENV, "1")
+    for ((*case, bias), cfg), y in zip(cases, want):
+        assert torch.equal(run_poisoned(strategy, *case, 0.6, bias, cfg), y)
         assert tickets_zero()
-        monkeypatch.delenv(LG.S_POLL_EARLY_ENV)
 
 
 @settings(max_examples=8, deadline=None)

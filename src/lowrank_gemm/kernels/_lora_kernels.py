@@ -741,6 +741,16 @@ def lora_reduce_kernel(
 
 
 @triton.jit
+def _lane_atomic_add(ptr, val, sem: tl.constexpr):
+    """``atomic_add(ptr, val)`` by one lane of a 256-element tensor, ≥ one element per thread up to 8 warps, so the
+    result has no replica to be broadcast to: it stays in that lane and nothing waits for the round trip until it is
+    used (a scalar atomic's result is broadcast through shared memory behind a CTA barrier at once). Returns the lane
+    indices and the result (valid where ``lane == 0``)."""
+    lane = tl.arange(0, 256)
+    return lane, tl.atomic_add(ptr + lane * 0, tl.where(lane == 0, val, 0), mask=lane == 0, sem=sem, scope="gpu")
+
+
+@triton.jit
 def _next_task(task, counter_ptr, DYNAMIC: tl.constexpr):
     if DYNAMIC:
         task = tl.atomic_add(counter_ptr, 1, sem="relaxed")
@@ -807,9 +817,7 @@ def lora_persistent_kernel(
         else:
             pid_m, pid_n = grouped_tile(task - num_pid_m, num_pid_m, num_pid_n, GROUP_M)
             if S_POLL_EARLY:
-                poll = tl.arange(0, 256)    # ≥ one element per thread: the result stays in its lane, unbroadcast
-                early = tl.atomic_add(sync_ptr + pid_m + poll * 0, tl.zeros_like(poll), mask=poll == 0,
-                                      sem="acquire", scope="gpu")
+                poll, early = _lane_atomic_add(sync_ptr + pid_m, 0, "acquire")
             acc, _s = _main_loop(x_desc, w_desc, a_desc, pid_m * BLOCK_M, pid_n * BLOCK_N, 0,
                                  k_tiles, BLOCK_M, BLOCK_N, BLOCK_K, BLOCK_R, False, ws_ptr=wscale_ptr, N=N)
             # phase 2: the S block was produced by a task with a smaller id, already handed out
@@ -825,9 +833,7 @@ def lora_persistent_kernel(
             # the block's last tile past this wait puts its flag and count back to zero, so the next launch finds the
             # buffer as this one did (a persistent region shared by every launch on the stream: no memset per call)
             if READERS_LATE:
-                lane = tl.arange(0, 256)    # ≥ one element per thread (8 warps): no replica to broadcast the result to
-                readers = tl.atomic_add(readers_ptr + pid_m + lane * 0, tl.where(lane == 0, 1, 0), mask=lane == 0,
-                                        sem="relaxed", scope="gpu")
+                lane, readers = _lane_atomic_add(readers_ptr + pid_m, 1, "relaxed")
             elif tl.atomic_add(readers_ptr + pid_m, 1, sem="relaxed", scope="gpu") == num_pid_n - 1:
                 tl.atomic_xchg(sync_ptr + pid_m, 0, sem="relaxed", scope="gpu")
                 tl.atomic_xchg(readers_ptr + pid_m, 0, sem="relaxed", scope="gpu")
