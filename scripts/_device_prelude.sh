@@ -24,25 +24,41 @@ probe_run() {
     grep -E "^ROW|FAIL|SKIP|Error" "$L/$name.log" | sed 's/^ROW //' >> "$L/summary.txt"
     gzip -f "$L/$name.log"
 }
-# multilora_grid: the multi-LoRA GPU tests, then the full `bench multilora` → $L/multilora/ (its targets to the summary)
-multilora_grid() {
-    gpu_tests 150 8 tests/test_multilora_gpu.py tests/test_nn_multilora.py tests/test_multilora_stack.py
-    gzip -f "$L/tests.log"
-    timeout 200 python3 -m lowrank_gemm bench multilora --out "$L/multilora" > "$L/multilora.log" 2>&1
+# bench_lora <timeout s>: `bench lora` on the issue-2 grid (cuBLAS, unfused torch, auto) → $L/lora/
+bench_lora() {
+    timeout "$1" python3 -m lowrank_gemm bench lora --only cublas_base,torch_unfused,auto --out "$L/lora" \
+        > "$L/lora.log" 2>&1
+    say "bench lora rc=$?"
+    gzip -f "$L/lora.log"
+}
+# bench_multilora <timeout s>: the full `bench multilora` → $L/multilora/ (its targets to the summary)
+bench_multilora() {
+    timeout "$1" python3 -m lowrank_gemm bench multilora --out "$L/multilora" > "$L/multilora.log" 2>&1
     say "bench multilora rc=$?"
     sed -n '/## Targets/,$p' "$L/multilora/multilora.md" >> "$L/summary.txt"
     gzip -f "$L/multilora.log"
 }
+# multilora_grid: the multi-LoRA GPU tests, then the full `bench multilora`
+multilora_grid() {
+    gpu_tests 150 8 tests/test_multilora_gpu.py tests/test_nn_multilora.py tests/test_multilora_stack.py
+    gzip -f "$L/tests.log"
+    bench_multilora 200
+}
+# ml_probe <timeout s> <label> <probe_multilora_parts.py args…>: the probe → $L/ml/; its timed / wrong / rejected rows
+# to the summary
+ml_probe() {
+    local t=$1 label=$2; shift 2
+    timeout "$t" python3 scripts/probe_multilora_parts.py --out "$L/ml" "$@" > "$L/ml.log" 2>&1
+    say "probe_multilora_parts $label rc=$?"
+    grep -E "µs|WRONG|rejects|Error" "$L/ml.log" | head -150 >> "$L/summary.txt"
+    gzip -f "$L/ml.log"
+}
 # segment_plans <timeout s> <MxNxRxadapters,…>: `probe_multilora_parts.py --mode segment` with session 46's candidates
 # (main tiles, shrink blocks, shrink by row, stacking depth) → $L/ml/; winners are pinned on the CPU (--pin-from)
 segment_plans() {
-    timeout "$1" python3 scripts/probe_multilora_parts.py --out "$L/ml" --mode segment --cases "$2" --configs \
-        --shrink-rows 4 --mains 64x128x128x4x1,64x64x128x4x2 \
-        --edits "sbm64:shrink_rows=false,shrink.block_m=64;sbm32:shrink_rows=false,shrink.block_m=32;ad1:append_d=1;ad2:append_d=2" \
-        > "$L/ml.log" 2>&1
-    say "probe_multilora_parts --mode segment rc=$?"
-    grep -E "µs|WRONG|rejects" "$L/ml.log" | head -150 >> "$L/summary.txt"
-    gzip -f "$L/ml.log"
+    ml_probe "$1" "--mode segment" --mode segment --cases "$2" --configs --shrink-rows 4 \
+        --mains 64x128x128x4x1,64x64x128x4x2 \
+        --edits "sbm64:shrink_rows=false,shrink.block_m=64;sbm32:shrink_rows=false,shrink.block_m=32;ad1:append_d=1;ad2:append_d=2"
 }
 # ncu_multilora <timeout s> <metrics> <MxNxRxadapters> <plan edits> <tag>: each kernel of the fused multi-LoRA call on
 # its own (`scripts/_ncu_multilora.py` under ncu, clocks not locked) → $L/ncu_<tag>.csv.gz; the last round's requested

@@ -5,9 +5,5 @@
 #   LOWRANK_GEMM_COMMIT=<hash> bash scripts/gpu_s45d.sh → $OUT/s45d/
 source "$(dirname "$0")/_device_prelude.sh" s45d
 say "commit=${LOWRANK_GEMM_COMMIT:-?} $(nvidia-smi --query-gpu=name --format=csv,noheader)"
-timeout 110 python3 -m lowrank_gemm bench lora --only cublas_base,torch_unfused,auto --out "$L/lora" > "$L/lora.log" 2>&1
-say "bench lora rc=$?"
-gzip -f "$L/lora.log"
-timeout 200 python3 -m lowrank_gemm bench multilora --out "$L/multilora" > "$L/multilora.log" 2>&1
-say "bench multilora rc=$?"
-gzip -f "$L/multilora.log"
+bench_lora 110
+bench_multilora 200

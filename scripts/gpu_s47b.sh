@@ -5,10 +5,6 @@
 #   LOWRANK_GEMM_COMMIT=<hash> bash scripts/gpu_s47b.sh → $OUT/s47b/
 source "$(dirname "$0")/_device_prelude.sh" s47b
 say "commit=${LOWRANK_GEMM_COMMIT:-?} $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)"
-timeout 280 python3 scripts/probe_multilora_parts.py --out "$L/ml" \
+ml_probe 280 "--edits split" \
     --cases 64x4096x16x16,64x4096x64x16,64x4096x64x4,64x4096x16x4,16x4096x16x16,16x4096x64x16,16x4096x64x4,64x28672x16x16,16x28672x16x16,64x28672x64x4,16x28672x64x4,64x4096x64x1 \
-    --edits "sk2:main.split_k=2;sk4:main.split_k=4;sk2n64:main.split_k=2,main.block_n=64;sk4k64:main.split_k=4,main.block_k=64,main.num_stages=6" \
-    > "$L/ml.log" 2>&1
-say "probe_multilora_parts --edits split rc=$?"
-grep -E "µs|WRONG|rejects|Error" "$L/ml.log" | head -150 >> "$L/summary.txt"
-gzip -f "$L/ml.log"
+    --edits "sk2:main.split_k=2;sk4:main.split_k=4;sk2n64:main.split_k=2,main.block_n=64;sk4k64:main.split_k=4,main.block_k=64,main.num_stages=6"

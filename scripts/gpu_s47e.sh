@@ -4,7 +4,4 @@
 #   LOWRANK_GEMM_COMMIT=<hash> bash scripts/gpu_s47e.sh → $OUT/s47e/
 source "$(dirname "$0")/_device_prelude.sh" s47e
 say "commit=${LOWRANK_GEMM_COMMIT:-?} $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)"
-timeout 220 python3 -m lowrank_gemm bench multilora --out "$L/multilora" > "$L/multilora.log" 2>&1
-say "bench multilora rc=$?"
-sed -n '/## Targets/,$p' "$L/multilora/multilora.md" >> "$L/summary.txt"
-gzip -f "$L/multilora.log"
+bench_multilora 220

@@ -8,10 +8,6 @@ source "$(dirname "$0")/_device_prelude.sh" s48a
 say "commit=${LOWRANK_GEMM_COMMIT:-?} $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)"
 gpu_tests 150 8 tests/test_multilora_gpu.py -k "b_l2 or pdl_and_s_unroll or appended_expand"
 gzip -f "$L/tests.log"
-timeout 260 python3 scripts/probe_multilora_parts.py --out "$L/ml" \
+ml_probe 260 "--edits b_l2" \
     --cases 64x4096x16x16,64x4096x64x16,64x4096x64x4,64x4096x16x4,16x4096x16x16,16x4096x64x16,16x4096x64x4,64x28672x16x16,16x28672x16x16,64x28672x64x16,16x28672x64x16,64x4096x64x1 \
-    --edits "l2:b_l2=true;e16:expand=epilogue,epi_d=16,b_vec=true;l2e16:expand=epilogue,epi_d=16,b_vec=true,b_l2=true" \
-    > "$L/ml.log" 2>&1
-say "probe_multilora_parts --edits b_l2 rc=$?"
-grep -E "µs|WRONG|rejects|Error" "$L/ml.log" | head -150 >> "$L/summary.txt"
-gzip -f "$L/ml.log"
+    --edits "l2:b_l2=true;e16:expand=epilogue,epi_d=16,b_vec=true;l2e16:expand=epilogue,epi_d=16,b_vec=true,b_l2=true"

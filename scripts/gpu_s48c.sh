@@ -8,10 +8,6 @@ source "$(dirname "$0")/_device_prelude.sh" s48c
 say "commit=${LOWRANK_GEMM_COMMIT:-?} $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)"
 gpu_tests 150 8 tests/test_multilora_gpu.py -k "park or pdl_and_s_unroll or appended_expand"
 gzip -f "$L/tests.log"
-timeout 250 python3 scripts/probe_multilora_parts.py --out "$L/ml" \
+ml_probe 250 "--edits append_park" \
     --cases 64x4096x16x16,64x4096x64x16,64x4096x64x4,64x4096x16x4,16x4096x16x16,16x4096x64x16,16x4096x64x4,64x28672x16x16,16x28672x16x16,64x28672x64x16,16x28672x64x16,256x4096x16x16,256x4096x64x16,64x4096x64x64,64x28672x16x64 \
-    --edits "park:append_park=true;park4:append_park=true,append_stages=4" \
-    > "$L/ml.log" 2>&1
-say "probe_multilora_parts --edits append_park rc=$?"
-grep -E "µs|WRONG|rejects|Error" "$L/ml.log" | head -150 >> "$L/summary.txt"
-gzip -f "$L/ml.log"
+    --edits "park:append_park=true;park4:append_park=true,append_stages=4"

@@ -4,6 +4,4 @@
 #   LOWRANK_GEMM_COMMIT=<hash> bash scripts/gpu_s48d.sh → $OUT/s48d/
 source "$(dirname "$0")/_device_prelude.sh" s48d
 say "commit=${LOWRANK_GEMM_COMMIT:-?} $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)"
-timeout 180 python3 -m lowrank_gemm bench lora --only cublas_base,torch_unfused,auto --out "$L/lora" > "$L/lora.log" 2>&1
-say "bench lora rc=$?"
-gzip -f "$L/lora.log"
+bench_lora 180

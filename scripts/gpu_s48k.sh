@@ -6,9 +6,7 @@ source "$(dirname "$0")/_device_prelude.sh" s48k
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 say "commit=${LOWRANK_GEMM_COMMIT:-?} $gpu"
 if [[ $gpu == *H200* ]]; then
-    timeout 170 python3 -m lowrank_gemm bench lora --only cublas_base,torch_unfused,auto --out "$L/lora" > "$L/lora.log" 2>&1
-    say "bench lora rc=$?"
-    gzip -f "$L/lora.log"
+    bench_lora 170
 else
     gpu_tests 170 8 tests/test_lora_gemm_gpu.py
     gzip -f "$L/tests.log"
