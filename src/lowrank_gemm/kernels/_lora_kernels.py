@@ -866,6 +866,63 @@ def lora_persistent_kernel(
 
 
 @triton.jit
+def lora_flat_kernel(
+    x_desc,             # X [M, K], box [BM, BK]
+    w_desc,             # W [N, K], box [BN, BK]
+    s_ptr,              # S [M, R] fp32, already scaled (the down kernel's single K slice); LOWRANK only
+    b_ptr,              # B [N, R]
+    bias_ptr,           # bias [N]
+    y_ptr,              # Y [M, N]
+    y_desc,             # Y [M, N], box [BM, BN // EPI_SPLIT] (Y_TMA)
+    M, N, K, R,
+    stride_sm, stride_sr, stride_bn, stride_br, stride_ym, stride_yn,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr,
+    GROUP_M: tl.constexpr, LOWRANK: tl.constexpr, HAS_BIAS: tl.constexpr, FLATTEN: tl.constexpr = True,
+    WARP_SPEC: tl.constexpr = False, Y_TMA: tl.constexpr = False, EPI_SPLIT: tl.constexpr = 1,
+):
+    # Candidate (session 49): a persistent grid of plain tiles whose tile loop and K loop are one software-pipelined
+    # loop (tl.range flatten): the next tile's first X / W loads are issued while this tile's epilogue runs, where
+    # lora_persistent_kernel starts every tile's pipeline from empty. S comes whole from the down kernel launched
+    # before (no in-grid S tasks, no flag to wait on: the loop nest must hold nothing but the K loop to flatten), the
+    # rank in one chunk (R ≤ BLOCK_R). The epilogue recomputes its tile from a second counter so that it does not
+    # depend on values the pipeliner moved ahead.
+    start = tl.program_id(0)
+    step = tl.num_programs(0)
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    num_tiles = num_pid_m * num_pid_n
+    tile_c = start - step
+    for tile in tl.range(start, num_tiles, step, flatten=FLATTEN, warp_specialize=WARP_SPEC):
+        pid_m, pid_n = grouped_tile(tile, num_pid_m, num_pid_n, GROUP_M)
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for kt in range(k_tiles):
+            x = x_desc.load([pid_m * BLOCK_M, kt * BLOCK_K])
+            w = w_desc.load([pid_n * BLOCK_N, kt * BLOCK_K])
+            acc = tl.dot(x, w.T, acc)
+        tile_c += step
+        pid_m, pid_n = grouped_tile(tile_c, num_pid_m, num_pid_n, GROUP_M)
+        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        if LOWRANK:
+            offs_r = tl.arange(0, BLOCK_R)
+            s = tl.load(s_ptr + offs_m[:, None] * stride_sm + offs_r[None, :] * stride_sr,
+                        mask=(offs_m[:, None] < M) & (offs_r[None, :] < R), other=0.0)
+            acc = lowrank_up(acc, s, b_ptr, stride_bn, stride_br, offs_n, N, R, BLOCK_R)
+        acc = add_bias(acc, offs_n, N, bias_ptr, HAS_BIAS)
+        if Y_TMA:
+            # EPI_SPLIT 2: two [BM, BN/2] stores through half the staging buffer (shared memory for a stage)
+            if EPI_SPLIT == 2:
+                a0, a1 = acc.reshape(BLOCK_M, 2, BLOCK_N // 2).permute(0, 2, 1).split()
+                y_desc.store([pid_m * BLOCK_M, pid_n * BLOCK_N], a0.to(y_desc.dtype))
+                y_desc.store([pid_m * BLOCK_M, pid_n * BLOCK_N + BLOCK_N // 2], a1.to(y_desc.dtype))
+            else:
+                y_desc.store([pid_m * BLOCK_M, pid_n * BLOCK_N], acc.to(y_desc.dtype))
+        else:
+            store_tile(y_ptr, acc, offs_m, offs_n, M, N, stride_ym, stride_yn)
+
+
+@triton.jit
 def _streamk_owner(unit, P, total):
     """Program whose range [p·total//P, (p+1)·total//P) holds work unit ``unit`` (int64)."""
     return ((unit + 1) * P - 1) // total
