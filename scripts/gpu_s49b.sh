@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Session 49, device call 2 (≤ 400 s), any GPU: the flattened persistent LoRA kernel (candidate `lora_flat_kernel`)
+# Session 49, device calls 2–3 (≤ 400 s), any GPU: the flattened persistent LoRA kernel (candidate `lora_flat_kernel`)
 # against cuBLAS and `auto` at issue 2's M = 1024 / 4096 cells; on an H200 also `bench lora` (the canonical table after
 # session 48's barrier-free reset).
 #   LOWRANK_GEMM_COMMIT=<hash> bash scripts/gpu_s49b.sh → $OUT/s49b/

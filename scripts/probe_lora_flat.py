@@ -4,10 +4,11 @@ cuBLAS and ``auto`` (what ships: ``persistent_static`` or ``split`` at these M),
 
     PYTHONPATH=src python scripts/probe_lora_flat.py --out DIR [--cells MxNxKxR,...] [--variants a,b,...]
 
-Variants (128×256×64 tiles, 8 warps, grouped order 8, grid min(#SMs, tiles)):
-``flat4`` flattened, 4 stages, pointer stores; ``flat3t`` flattened, 3 stages, Y by two TMA stores of [128, 128];
-``nof4`` the same kernel not flattened (4 stages: the per-tile pipeline restart, as lora_persistent_kernel has it);
-``flat4_bare`` ``flat4`` without the branch (no down launch): the bare GEMM against cuBLAS.
+Variants (128×256×64 tiles, 8 warps, grouped order 8, grid min(#SMs, tiles), Y by pointer stores; ``flat``: the
+loops flattened, ``nof``: not (the per-tile pipeline restart, as lora_persistent_kernel has it); the digit: stages):
+``flat4`` the branch's MMA after the K loop, S and B by pointer loads (call s49b: 1.15–1.4× cuBLAS where the bare
+flattened GEMM read 0.98–1.07×); ``_tepi`` the same by TMA; ``_first`` the branch as the accumulator's first term
+(pointer loads), ``_tfirst`` (TMA); ``_bare`` no branch, no down launch: the bare GEMM against cuBLAS.
 Each row carries its relative error against a float64 product on the first input set; rows of a failed compile or
 launch say so. Writes DIR/probe_lora_flat.{json,md}.
 """
@@ -21,11 +22,18 @@ import torch
 CELLS = ("4096x28672x4096x16,4096x28672x4096x64,4096x8192x8192x16,4096x4096x4096x16,1024x28672x4096x16,"
          "1024x8192x8192x16,1024x8192x8192x64,1024x4096x4096x16")
 VARIANTS = {
-    "flat4": dict(FLATTEN=True, num_stages=4, Y_TMA=False, EPI_SPLIT=1, LOWRANK=True),
-    "flat3t": dict(FLATTEN=True, num_stages=3, Y_TMA=True, EPI_SPLIT=2, LOWRANK=True),
-    "nof4": dict(FLATTEN=False, num_stages=4, Y_TMA=False, EPI_SPLIT=1, LOWRANK=True),
-    "flat4_bare": dict(FLATTEN=True, num_stages=4, Y_TMA=False, EPI_SPLIT=1, LOWRANK=False),
+    "flat4": dict(FLATTEN=True, num_stages=4),
+    "flat4_tepi": dict(FLATTEN=True, num_stages=4, LORA_TMA=True),
+    "flat3_tepi": dict(FLATTEN=True, num_stages=3, LORA_TMA=True),
+    "flat4_first": dict(FLATTEN=True, num_stages=4, LORA_FIRST=True),
+    "flat4_tfirst": dict(FLATTEN=True, num_stages=4, LORA_FIRST=True, LORA_TMA=True),
+    "flat3_tfirst": dict(FLATTEN=True, num_stages=3, LORA_FIRST=True, LORA_TMA=True),
+    "nof4": dict(FLATTEN=False, num_stages=4),
+    "nof4_bare": dict(FLATTEN=False, num_stages=4, LOWRANK=False),
+    "flat4_bare": dict(FLATTEN=True, num_stages=4, LOWRANK=False),
 }
+DEFAULT_VARIANTS = "flat4,flat4_tepi,flat3_tepi,flat4_tfirst,nof4,nof4_bare,flat4_bare"
+_FLAGS = dict(FLATTEN=True, Y_TMA=False, EPI_SPLIT=1, LOWRANK=True, LORA_FIRST=False, LORA_TMA=False)
 BM, BN, BK, GROUP_M, WARPS = 128, 256, 64, 8, 8
 
 
@@ -38,6 +46,7 @@ def flat_fn(v: dict, M: int, N: int, K: int, r: int, scale: float):
     from lowrank_gemm.kernels.epilogue import rank_block
     from lowrank_gemm.kernels.schedule import num_sms
     br = rank_block(r)
+    v = dict(_FLAGS, **v)
     split = v["EPI_SPLIT"]
 
     def call(x, w, a, b, bs):
@@ -50,10 +59,12 @@ def flat_fn(v: dict, M: int, N: int, K: int, r: int, scale: float):
         grid = (min(num_sms(dev), tiles),)
         K_.lora_flat_kernel[grid](
             TensorDescriptor.from_tensor(x, [BM, BK]), TensorDescriptor.from_tensor(w, [BN, BK]),
-            s, b, y, y, TensorDescriptor.from_tensor(y, [BM, BN // split]), M, N, K, r,
+            s, b, y, y, TensorDescriptor.from_tensor(y, [BM, BN // split]),
+            TensorDescriptor.from_tensor(s[0], [BM, br]), TensorDescriptor.from_tensor(b, [BN, br]), M, N, K, r,
             s.stride(1), s.stride(2), b.stride(0), b.stride(1), y.stride(0), y.stride(1),
             BLOCK_M=BM, BLOCK_N=BN, BLOCK_K=BK, BLOCK_R=br, GROUP_M=GROUP_M, LOWRANK=v["LOWRANK"], HAS_BIAS=False,
-            FLATTEN=v["FLATTEN"], Y_TMA=v["Y_TMA"], EPI_SPLIT=split, num_warps=WARPS, num_stages=v["num_stages"])
+            FLATTEN=v["FLATTEN"], Y_TMA=v["Y_TMA"], EPI_SPLIT=split, LORA_FIRST=v["LORA_FIRST"],
+            LORA_TMA=v["LORA_TMA"], num_warps=WARPS, num_stages=v["num_stages"])
         return y
     return call
 
@@ -69,7 +80,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="")
     ap.add_argument("--cells", default=CELLS)
-    ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--variants", default=DEFAULT_VARIANTS)
     args = ap.parse_args(argv)
     from _ticket_probe import timed_rows, write_tables
     from lowrank_gemm.bench.lora import SCALE, make_sets
@@ -94,7 +105,7 @@ def main(argv=None):
             try:
                 y = fn(*sets[0])
                 torch.cuda.synchronize()
-                errs[name] = rel_err(y, x0, w0, a0, b0, SCALE, v["LOWRANK"])
+                errs[name] = rel_err(y, x0, w0, a0, b0, SCALE, v.get("LOWRANK", True))
                 impls[name] = fn
             except Exception as e:      # a variant that does not compile or launch here: its row says why
                 print(f"{cell} {name}: {type(e).__name__}: {str(e)[:300]}", flush=True)

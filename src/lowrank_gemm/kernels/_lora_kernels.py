@@ -866,6 +866,23 @@ def lora_persistent_kernel(
 
 
 @triton.jit
+def _flat_lowrank(acc, pid_m, pid_n, s_ptr, b_ptr, s_desc, b_desc, M, N, R, stride_sm, stride_sr, stride_bn, stride_br,
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr, LORA_TMA: tl.constexpr):
+    """acc += S[tile rows, :R]·B[tile columns, :R]ᵀ (S fp32, rounded to B's dtype first), one chunk (R ≤ BLOCK_R);
+    LORA_TMA: both tiles by TMA (columns past R zero-filled), else by masked pointer loads."""
+    if LORA_TMA:
+        s = s_desc.load([pid_m * BLOCK_M, 0])
+        b = b_desc.load([pid_n * BLOCK_N, 0])
+        return tl.dot(s.to(b.dtype), b.T, acc)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_r = tl.arange(0, BLOCK_R)
+    s = tl.load(s_ptr + offs_m[:, None] * stride_sm + offs_r[None, :] * stride_sr,
+                mask=(offs_m[:, None] < M) & (offs_r[None, :] < R), other=0.0)
+    return lowrank_up(acc, s, b_ptr, stride_bn, stride_br, offs_n, N, R, BLOCK_R)
+
+
+@triton.jit
 def lora_flat_kernel(
     x_desc,             # X [M, K], box [BM, BK]
     w_desc,             # W [N, K], box [BN, BK]
@@ -874,11 +891,14 @@ def lora_flat_kernel(
     bias_ptr,           # bias [N]
     y_ptr,              # Y [M, N]
     y_desc,             # Y [M, N], box [BM, BN // EPI_SPLIT] (Y_TMA)
+    s_desc,             # S [M, R] fp32, box [BM, BLOCK_R] (LORA_TMA)
+    b_desc,             # B [N, R], box [BN, BLOCK_R] (LORA_TMA)
     M, N, K, R,
     stride_sm, stride_sr, stride_bn, stride_br, stride_ym, stride_yn,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr,
     GROUP_M: tl.constexpr, LOWRANK: tl.constexpr, HAS_BIAS: tl.constexpr, FLATTEN: tl.constexpr = True,
     WARP_SPEC: tl.constexpr = False, Y_TMA: tl.constexpr = False, EPI_SPLIT: tl.constexpr = 1,
+    LORA_FIRST: tl.constexpr = False, LORA_TMA: tl.constexpr = False,
 ):
     # Candidate (session 49): a persistent grid of plain tiles whose tile loop and K loop are one software-pipelined
     # loop (tl.range flatten): the next tile's first X / W loads are issued while this tile's epilogue runs, where
@@ -895,7 +915,13 @@ def lora_flat_kernel(
     tile_c = start - step
     for tile in tl.range(start, num_tiles, step, flatten=FLATTEN, warp_specialize=WARP_SPEC):
         pid_m, pid_n = grouped_tile(tile, num_pid_m, num_pid_n, GROUP_M)
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        if LOWRANK and LORA_FIRST:
+            # the branch as the accumulator's first term: no MMA after the K loop
+            acc = _flat_lowrank(tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32), pid_m, pid_n, s_ptr, b_ptr, s_desc,
+                                b_desc, M, N, R, stride_sm, stride_sr, stride_bn, stride_br, BLOCK_M, BLOCK_N,
+                                BLOCK_R, LORA_TMA)
+        else:
+            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for kt in range(k_tiles):
             x = x_desc.load([pid_m * BLOCK_M, kt * BLOCK_K])
             w = w_desc.load([pid_n * BLOCK_N, kt * BLOCK_K])
@@ -904,11 +930,9 @@ def lora_flat_kernel(
         pid_m, pid_n = grouped_tile(tile_c, num_pid_m, num_pid_n, GROUP_M)
         offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        if LOWRANK:
-            offs_r = tl.arange(0, BLOCK_R)
-            s = tl.load(s_ptr + offs_m[:, None] * stride_sm + offs_r[None, :] * stride_sr,
-                        mask=(offs_m[:, None] < M) & (offs_r[None, :] < R), other=0.0)
-            acc = lowrank_up(acc, s, b_ptr, stride_bn, stride_br, offs_n, N, R, BLOCK_R)
+        if LOWRANK and not LORA_FIRST:
+            acc = _flat_lowrank(acc, pid_m, pid_n, s_ptr, b_ptr, s_desc, b_desc, M, N, R, stride_sm, stride_sr,
+                                stride_bn, stride_br, BLOCK_M, BLOCK_N, BLOCK_R, LORA_TMA)
         acc = add_bias(acc, offs_n, N, bias_ptr, HAS_BIAS)
         if Y_TMA:
             # EPI_SPLIT 2: two [BM, BN/2] stores through half the staging buffer (shared memory for a stage)
