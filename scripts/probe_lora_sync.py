@@ -2,13 +2,12 @@
 shared per-stream ticket region (what ships) against a zeroed buffer per call (before: a memset node in every captured
 graph), cuBLAS beside, one process.
 
-    PYTHONPATH=src python scripts/probe_lora_sync.py --out DIR [--cells MxNxKxR,...] [--readers | --s-poll]
+    PYTHONPATH=src python scripts/probe_lora_sync.py --out DIR [--cells MxNxKxR,...] [--readers]
 
 ``--readers`` (session 48) times ``auto_readers_early`` instead of ``auto_memset``: the persistent kernel with
 ``READERS_LATE=False`` (session 47's scalar count of the tiles past their S wait, broadcast behind a CTA barrier)
-against what ships (one lane's atomic, its result first used after the tile's store). ``--s-poll`` (session 48)
-times ``auto_s_poll_early``: the candidate ``LOWRANK_GEMM_S_POLL_EARLY=1`` (each tile reads its S flag before its K
-loop) against what ships.
+against what ships (one lane's atomic, its result first used after the tile's store). (Session 49 ran ``--s-poll``,
+an early S-flag read before the K loop, at c07c0e8: no gain, the candidate and its option were removed.)
 
 Per cell (bf16, the bench's rotated input sets): graph-replay medians of ``cublas_base``, ``auto`` (``lora_linear``
 as ``bench lora`` times it; the row names the planner's strategy), ``auto_memset`` (the same call with a fresh zeroed
@@ -48,26 +47,11 @@ def with_readers_early(fn):
     return call
 
 
-def with_s_poll_early(fn):
-    """``fn`` with the persistent kernel's early S-flag read on (``lora_gemm.S_POLL_EARLY_ENV``)."""
-    import os
-    from lowrank_gemm.kernels import lora_gemm
-
-    def call(*args):
-        os.environ[lora_gemm.S_POLL_EARLY_ENV] = "1"
-        try:
-            return fn(*args)
-        finally:
-            del os.environ[lora_gemm.S_POLL_EARLY_ENV]
-    return call
-
-
 def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="")
     ap.add_argument("--cells", default=CELLS)
     ap.add_argument("--readers", action="store_true")
-    ap.add_argument("--s-poll", action="store_true")
     args = ap.parse_args(argv)
     from _ticket_probe import timed_rows, with_per_call_tickets, write_tables
     from lowrank_gemm.bench.lora import SCALE, make_sets
@@ -85,7 +69,6 @@ def main(argv=None):
         def cublas(x, w, a, b, bs):
             return x @ w.T
         other, other_name = ((with_readers_early(auto), "auto_readers_early") if args.readers
-                             else (with_s_poll_early(auto), "auto_s_poll_early") if args.s_poll
                              else (with_per_call_tickets(auto), "auto_memset"))
         same = torch.equal(auto(*sets[0]), other(*sets[0]))
         rows += timed_rows({"cublas_base": cublas, "auto": auto, other_name: other}, sets,

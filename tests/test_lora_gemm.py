@@ -231,20 +231,6 @@ def test_no_memset_per_call_and_tickets_left_zero(strategy, split_k):
         assert rel_err(y, lora_linear_ref(x, w, a, b, 0.6, bias)) < REL_TOL
 
 
-@pytest.mark.parametrize("strategy", ["persistent_static", "persistent_dynamic"])
-def test_persistent_s_poll_early_is_the_same_result(strategy, monkeypatch):
-    """``LOWRANK_GEMM_S_POLL_EARLY=1`` (session-48 candidate: the S flag read before the K loop) changes when a tile
-    learns that its S block is ready, not what it computes: equal to the default bit for bit, the ticket region
-    back at zero."""
-    from _lora import tickets_zero
-    cases = [(make(M, N, K, 6, seed=M), cfg_for(6, 1, bm=16, bn=16)) for M, N, K in ((37, 70, 48), (50, 20, 40))]
-    want = [run_poisoned(strategy, *case, 0.6, bias, cfg) for (*case, bias), cfg in cases]
-    monkeypatch.setenv(LG.S_POLL_EARLY_ENV, "1")
-    for ((*case, bias), cfg), y in zip(cases, want):
-        assert torch.equal(run_poisoned(strategy, *case, 0.6, bias, cfg), y)
-        assert tickets_zero()
-
-
 @settings(max_examples=8, deadline=None)
 @given(M=st.integers(1, 50), N=st.integers(1, 60), K=st.integers(1, 70), r=st.integers(1, 20),
        strategy=st.sampled_from(KERNEL_STRATEGIES), split_k=st.integers(1, 2),
@@ -528,14 +514,14 @@ PERSISTENT_ALIGNED = ("s_ptr", "sync_ptr", "b_ptr", "bias_ptr", "y_ptr", "M", "N
                       "stride_sm", "stride_bn", "stride_ym")
 
 
-def compile_persistent(cfg: KernelConfig, dynamic: bool, readers_late: bool = True, s_poll_early: bool = False):
+def compile_persistent(cfg: KernelConfig, dynamic: bool, readers_late: bool = True):
     from lowrank_gemm.kernels.aot import compile_sm90
     c = cfg
     return compile_sm90(MOD, "lora_persistent_kernel",
                         persistent_signature(c.block_m, c.block_n, c.block_k, c.block_r),
                         dict(BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, BLOCK_R=c.block_r,
                              GROUP_M=c.group_m, DYNAMIC=dynamic, HAS_BIAS=True, EPI_STAGES=c.epi_stages or None,
-                             READERS_LATE=readers_late, S_POLL_EARLY=s_poll_early, **PERSISTENT_UNIT_STRIDES),
+                             READERS_LATE=readers_late, **PERSISTENT_UNIT_STRIDES),
                         aligned=PERSISTENT_ALIGNED, num_warps=c.num_warps, num_stages=c.num_stages)
 
 
@@ -576,19 +562,6 @@ def test_aot_persistent_readers_count_waits_for_no_barrier(cfg):
     assert "bar.sync" in after_count(early.ptx) and "st.shared" in after_count(early.ptx)
     assert "bar.sync" not in after_count(late.ptx) and "st.shared" not in after_count(late.ptx), after_count(late.ptx)
     assert late.shared == early.shared
-
-
-@pytest.mark.parametrize("dynamic", [False, True])
-def test_aot_persistent_s_poll_early_before_the_k_loop(dynamic):
-    """S_POLL_EARLY: the tile's acquire read of its S flag comes before the K loop's first TMA copy and its result
-    is not broadcast there (no shared-memory store right after it): the round trip overlaps the loop."""
-    cfg = H200_CFG.replace(block_m=128, block_k=64, num_stages=3)
-    ptx = compile_persistent(cfg, dynamic, s_poll_early=True).ptx
-    lines = [ln.strip() for ln in ptx.split("\n") if ln.strip() and not ln.strip().startswith(("//", ".loc"))]
-    poll = next(i for i, ln in enumerate(lines) if "atom.global.gpu.acquire.add" in ln)
-    tma = next(i for i, ln in enumerate(lines) if "cp.async.bulk.tensor" in ln and i > poll)
-    between = " ".join(lines[poll + 1:tma])
-    assert tma - poll < 25 and "st.shared" not in between and "ld.shared" not in between, lines[poll:tma + 1]
 
 
 @pytest.mark.parametrize("name, compile_", [

@@ -779,16 +779,13 @@ def lora_persistent_kernel(
     stride_xm=0, stride_al=0, stride_ar=0, stride_bl=0,
     BANK: tl.constexpr = False, ID_BLOCK: tl.constexpr = 16, B_CLEAN: tl.constexpr = False,
     wscale_ptr=None,    # fp8 weights' per-output-channel scale (lora_main_kernel)
-    READERS_LATE: tl.constexpr = True, S_POLL_EARLY: tl.constexpr = False,
+    READERS_LATE: tl.constexpr = True,
 ):
     # BANK, B_CLEAN: as lora_main_kernel's (one adapter of a bank, picked on the device; rows of other adapters finished
     # after their tile's store)
     # READERS_LATE (session 48): a tile counts itself past its wait with one lane's atomic and acts on the count only
     # after its store, so the atomic's round trip hides behind the epilogue; False is session 47's form (a scalar
     # atomic, whose result is broadcast behind a CTA barrier before the epilogue starts) for A/B probes.
-    # S_POLL_EARLY (session-48 candidate, off until measured): the tile reads its S block's flag once before its K loop,
-    # by one lane (acquire), and looks at the answer after the loop: when S was ready then, as it nearly always is, the
-    # tile skips the polling loop whose first scalar atomic puts an L2 round trip before every epilogue
     b_bank = b_ptr
     cur, slot, rank, mixed, R, scale, a_row0, b_ptr = _bank_setup(ids_ptr, ranks_ptr, scales_ptr, M, L, R_MAX, R,
                                                                   scale, b_ptr, stride_bl, BANK, ID_BLOCK, B_CLEAN)
@@ -816,20 +813,11 @@ def lora_persistent_kernel(
             tl.atomic_xchg(sync_ptr + task, 1, sem="release", scope="gpu")
         else:
             pid_m, pid_n = grouped_tile(task - num_pid_m, num_pid_m, num_pid_n, GROUP_M)
-            if S_POLL_EARLY:
-                poll, early = _lane_atomic_add(sync_ptr + pid_m, 0, "acquire")
             acc, _s = _main_loop(x_desc, w_desc, a_desc, pid_m * BLOCK_M, pid_n * BLOCK_N, 0,
                                  k_tiles, BLOCK_M, BLOCK_N, BLOCK_K, BLOCK_R, False, ws_ptr=wscale_ptr, N=N)
             # phase 2: the S block was produced by a task with a smaller id, already handed out
-            if S_POLL_EARLY:
-                # the lane's answer to every thread through a CTA reduction (its barrier also orders the other
-                # threads' S loads after the lane's acquire); poll as before only when S was not ready then
-                if tl.max(tl.where(poll == 0, early, 0), axis=0) == 0:
-                    while tl.atomic_add(sync_ptr + pid_m, 0, sem="acquire", scope="gpu") == 0:
-                        pass
-            else:
-                while tl.atomic_add(sync_ptr + pid_m, 0, sem="acquire", scope="gpu") == 0:
-                    pass
+            while tl.atomic_add(sync_ptr + pid_m, 0, sem="acquire", scope="gpu") == 0:
+                pass
             # the block's last tile past this wait puts its flag and count back to zero, so the next launch finds the
             # buffer as this one did (a persistent region shared by every launch on the stream: no memset per call)
             if READERS_LATE:

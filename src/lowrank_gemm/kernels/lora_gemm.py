@@ -775,11 +775,6 @@ def _static_grid(num_pid_m: int, num_pid_n: int, group_m: int, device) -> int:
     return grid
 
 
-# session-48 candidate, off until measured: the persistent tiles read their S flag before the K loop
-# (``lora_persistent_kernel``'s S_POLL_EARLY); ``=1`` turns it on for A/B probes
-S_POLL_EARLY_ENV = "LOWRANK_GEMM_S_POLL_EARLY"
-
-
 def _run_persistent(x, w, a, b, bias, y, scale, cfg, *, N, Kp, R, dynamic, bank=None, w_scale=None):
     M, dev, c = x.shape[0], x.device, cfg
     num_pid_m, num_pid_n = cdiv(M, c.block_m), cdiv(N, c.block_n)
@@ -794,7 +789,7 @@ def _run_persistent(x, w, a, b, bias, y, scale, cfg, *, N, Kp, R, dynamic, bank=
         BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, BLOCK_R=c.block_r,
         GROUP_M=c.group_m, DYNAMIC=dynamic, HAS_BIAS=bias is not None, EPI_STAGES=c.epi_stages or None,
         **(bank or {}), **({"wscale_ptr": w_scale} if w_scale is not None else {}),
-        S_POLL_EARLY=env_on(S_POLL_EARLY_ENV, default=False), num_warps=c.num_warps, num_stages=c.num_stages)
+        num_warps=c.num_warps, num_stages=c.num_stages)
     return y
 
 
