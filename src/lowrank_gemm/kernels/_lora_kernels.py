@@ -855,18 +855,23 @@ def lora_persistent_kernel(
 
 @triton.jit
 def _flat_lowrank(acc, pid_m, pid_n, s_ptr, b_ptr, s_desc, b_desc, M, N, R, stride_sm, stride_sr, stride_bn, stride_br,
-                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr, LORA_TMA: tl.constexpr):
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr, LORA_TMA: tl.constexpr,
+                  LORA_SEP: tl.constexpr = False):
     """acc += S[tile rows, :R]·B[tile columns, :R]ᵀ (S fp32, rounded to B's dtype first), one chunk (R ≤ BLOCK_R);
     LORA_TMA: both tiles by TMA (columns past R zero-filled), else by masked pointer loads."""
     if LORA_TMA:
         s = s_desc.load([pid_m * BLOCK_M, 0])
         b = b_desc.load([pid_n * BLOCK_N, 0])
+        if LORA_SEP:
+            return acc + tl.dot(s.to(b.dtype), b.T)
         return tl.dot(s.to(b.dtype), b.T, acc)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_r = tl.arange(0, BLOCK_R)
     s = tl.load(s_ptr + offs_m[:, None] * stride_sm + offs_r[None, :] * stride_sr,
                 mask=(offs_m[:, None] < M) & (offs_r[None, :] < R), other=0.0)
+    if LORA_SEP:
+        return acc + lowrank_up(tl.zeros_like(acc), s, b_ptr, stride_bn, stride_br, offs_n, N, R, BLOCK_R)
     return lowrank_up(acc, s, b_ptr, stride_bn, stride_br, offs_n, N, R, BLOCK_R)
 
 
@@ -886,7 +891,7 @@ def lora_flat_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr,
     GROUP_M: tl.constexpr, LOWRANK: tl.constexpr, HAS_BIAS: tl.constexpr, FLATTEN: tl.constexpr = True,
     WARP_SPEC: tl.constexpr = False, Y_TMA: tl.constexpr = False, EPI_SPLIT: tl.constexpr = 1,
-    LORA_FIRST: tl.constexpr = False, LORA_TMA: tl.constexpr = False,
+    LORA_FIRST: tl.constexpr = False, LORA_TMA: tl.constexpr = False, LORA_SEP: tl.constexpr = False,
 ):
     # Candidate (session 49): a persistent grid of plain tiles whose tile loop and K loop are one software-pipelined
     # loop (tl.range flatten): the next tile's first X / W loads are issued while this tile's epilogue runs, where
@@ -920,7 +925,7 @@ def lora_flat_kernel(
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         if LOWRANK and not LORA_FIRST:
             acc = _flat_lowrank(acc, pid_m, pid_n, s_ptr, b_ptr, s_desc, b_desc, M, N, R, stride_sm, stride_sr,
-                                stride_bn, stride_br, BLOCK_M, BLOCK_N, BLOCK_R, LORA_TMA)
+                                stride_bn, stride_br, BLOCK_M, BLOCK_N, BLOCK_R, LORA_TMA, LORA_SEP)
         acc = add_bias(acc, offs_n, N, bias_ptr, HAS_BIAS)
         if Y_TMA:
             # EPI_SPLIT 2: two [BM, BN/2] stores through half the staging buffer (shared memory for a stage)
