@@ -6,7 +6,8 @@ cuBLAS and ``auto`` (what ships: ``persistent_static`` or ``split`` at these M),
 
 Variants (128×256×64 tiles, 8 warps, grouped order 8, grid min(#SMs, tiles), Y by pointer stores; ``flat``: the
 loops flattened, ``nof``: not (the per-tile pipeline restart, as lora_persistent_kernel has it); the digit: stages):
-``flat4`` the branch's MMA after the K loop, S and B by pointer loads (call s49b: 1.15–1.4× cuBLAS where the bare
+S from the down kernel in the op's K slices (``down_splits``) for the TMA forms, summed in the epilogue, in one slice
+for the pointer forms. ``flat4`` the branch's MMA after the K loop, S and B by pointer loads (call s49b: 1.15–1.4× cuBLAS where the bare
 flattened GEMM read 0.98–1.07×); ``_tepi`` the same by TMA; ``_first`` the branch as the accumulator's first term
 (pointer loads), ``_tfirst`` (TMA); ``_bare`` no branch, no down launch: the bare GEMM against cuBLAS. On the CPU
 (ptxas sm_90a): the flattened kernels with pointer-loaded S and B report C7515 (every wgmma serialized), the TMA ones
@@ -55,7 +56,8 @@ def flat_fn(v: dict, M: int, N: int, K: int, r: int, scale: float):
     def call(x, w, a, b, bs):
         dev = x.device
         y = torch.empty(M, N, device=dev, dtype=x.dtype)
-        s = torch.empty(1, M, r, device=dev, dtype=torch.float32)
+        splits = lora_gemm.down_splits(M, r, K, br, num_sms(dev)) if v["LORA_TMA"] else 1
+        s = torch.empty(splits, M, r, device=dev, dtype=torch.float32)
         if v["LOWRANK"]:
             lora_gemm._launch_down(x, a, s, scale, br, Kp=K, R=r)
         tiles = -(-M // BM) * -(-N // BN)
@@ -63,11 +65,11 @@ def flat_fn(v: dict, M: int, N: int, K: int, r: int, scale: float):
         K_.lora_flat_kernel[grid](
             TensorDescriptor.from_tensor(x, [BM, BK]), TensorDescriptor.from_tensor(w, [BN, BK]),
             s, b, y, y, TensorDescriptor.from_tensor(y, [BM, BN // split]),
-            TensorDescriptor.from_tensor(s[0], [BM, br]), TensorDescriptor.from_tensor(b, [BN, br]), M, N, K, r,
+            TensorDescriptor.from_tensor(s, [1, BM, br]), TensorDescriptor.from_tensor(b, [BN, br]), M, N, K, r,
             s.stride(1), s.stride(2), b.stride(0), b.stride(1), y.stride(0), y.stride(1),
             BLOCK_M=BM, BLOCK_N=BN, BLOCK_K=BK, BLOCK_R=br, GROUP_M=GROUP_M, LOWRANK=v["LOWRANK"], HAS_BIAS=False,
             FLATTEN=v["FLATTEN"], Y_TMA=v["Y_TMA"], EPI_SPLIT=split, LORA_FIRST=v["LORA_FIRST"],
-            LORA_TMA=v["LORA_TMA"], num_warps=WARPS, num_stages=v["num_stages"])
+            LORA_TMA=v["LORA_TMA"], S_SPLITS=splits, num_warps=WARPS, num_stages=v["num_stages"])
         return y
     return call
 

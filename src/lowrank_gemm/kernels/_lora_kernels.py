@@ -856,11 +856,15 @@ def lora_persistent_kernel(
 @triton.jit
 def _flat_lowrank(acc, pid_m, pid_n, s_ptr, b_ptr, s_desc, b_desc, M, N, R, stride_sm, stride_sr, stride_bn, stride_br,
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr, LORA_TMA: tl.constexpr,
-                  LORA_SEP: tl.constexpr = False):
+                  LORA_SEP: tl.constexpr = False, S_SPLITS: tl.constexpr = 1):
     """acc += S[tile rows, :R]·B[tile columns, :R]ᵀ (S fp32, rounded to B's dtype first), one chunk (R ≤ BLOCK_R);
-    LORA_TMA: both tiles by TMA (columns past R zero-filled), else by masked pointer loads."""
+    LORA_TMA: both tiles by TMA (columns past R zero-filled), else by masked pointer loads (one S slice)."""
+    tl.static_assert(LORA_TMA or S_SPLITS == 1, "S in K slices: by TMA only")
     if LORA_TMA:
-        s = s_desc.load([pid_m * BLOCK_M, 0])
+        # S's K slices summed in index order (s_desc views S [S_SPLITS, M, R]: rows past M and ranks past R read 0)
+        s = s_desc.load([0, pid_m * BLOCK_M, 0]).reshape(BLOCK_M, BLOCK_R)
+        for k in tl.static_range(1, S_SPLITS):
+            s += s_desc.load([k, pid_m * BLOCK_M, 0]).reshape(BLOCK_M, BLOCK_R)
         b = b_desc.load([pid_n * BLOCK_N, 0])
         if LORA_SEP:
             return acc + tl.dot(s.to(b.dtype), b.T)
@@ -884,7 +888,7 @@ def lora_flat_kernel(
     bias_ptr,           # bias [N]
     y_ptr,              # Y [M, N]
     y_desc,             # Y [M, N], box [BM, BN // EPI_SPLIT] (Y_TMA)
-    s_desc,             # S [M, R] fp32, box [BM, BLOCK_R] (LORA_TMA)
+    s_desc,             # S [S_SPLITS, M, R] fp32, box [1, BM, BLOCK_R] (LORA_TMA)
     b_desc,             # B [N, R], box [BN, BLOCK_R] (LORA_TMA)
     M, N, K, R,
     stride_sm, stride_sr, stride_bn, stride_br, stride_ym, stride_yn,
@@ -892,6 +896,7 @@ def lora_flat_kernel(
     GROUP_M: tl.constexpr, LOWRANK: tl.constexpr, HAS_BIAS: tl.constexpr, FLATTEN: tl.constexpr = True,
     WARP_SPEC: tl.constexpr = False, Y_TMA: tl.constexpr = False, EPI_SPLIT: tl.constexpr = 1,
     LORA_FIRST: tl.constexpr = False, LORA_TMA: tl.constexpr = False, LORA_SEP: tl.constexpr = False,
+    S_SPLITS: tl.constexpr = 1,
 ):
     # Candidate (session 49): a persistent grid of plain tiles whose tile loop and K loop are one software-pipelined
     # loop (tl.range flatten): the next tile's first X / W loads are issued while this tile's epilogue runs, where
@@ -912,7 +917,7 @@ def lora_flat_kernel(
             # the branch as the accumulator's first term: no MMA after the K loop
             acc = _flat_lowrank(tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32), pid_m, pid_n, s_ptr, b_ptr, s_desc,
                                 b_desc, M, N, R, stride_sm, stride_sr, stride_bn, stride_br, BLOCK_M, BLOCK_N,
-                                BLOCK_R, LORA_TMA)
+                                BLOCK_R, LORA_TMA, LORA_SEP, S_SPLITS)
         else:
             acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for kt in range(k_tiles):
@@ -925,7 +930,7 @@ def lora_flat_kernel(
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         if LOWRANK and not LORA_FIRST:
             acc = _flat_lowrank(acc, pid_m, pid_n, s_ptr, b_ptr, s_desc, b_desc, M, N, R, stride_sm, stride_sr,
-                                stride_bn, stride_br, BLOCK_M, BLOCK_N, BLOCK_R, LORA_TMA, LORA_SEP)
+                                stride_bn, stride_br, BLOCK_M, BLOCK_N, BLOCK_R, LORA_TMA, LORA_SEP, S_SPLITS)
         acc = add_bias(acc, offs_n, N, bias_ptr, HAS_BIAS)
         if Y_TMA:
             # EPI_SPLIT 2: two [BM, BN/2] stores through half the staging buffer (shared memory for a stage)
