@@ -1,0 +1,99 @@
+"""``lora_flat_kernel`` (session 49 candidate): persistent tiles whose tile and K loops are one pipelined loop.
+
+Interpreter (fp16): every variant against the float64 product on ragged shapes, fewer programs than tiles, NaN-poisoned
+outputs. Ahead of time for sm_90: the flattened kernel with its branch by TMA keeps an MMA in flight and ptxas does
+not serialize its wgmmas; with S and B by pointer loads ptxas reports C7515 (why the TMA form is the one measured)."""
+
+import pytest
+import torch
+from triton.tools.tensor_descriptor import TensorDescriptor
+
+from _lora import make, rel_err
+from _sm90 import ptxas_stats
+from lowrank_gemm.kernels import _lora_kernels as K_
+
+MOD = "lowrank_gemm.kernels._lora_kernels"
+
+
+def run_flat(x, w, s, b, bias, *, bm, bn, bk, br, grid, **flags):
+    """y [M, N] (NaN-poisoned first) from lora_flat_kernel; ``s`` fp32 [S_SPLITS, M, r]."""
+    M, K = x.shape
+    N, r = b.shape
+    y = torch.full((M, N), float("nan"), dtype=x.dtype)
+    ytma = flags.get("Y_TMA", False)
+    split = flags.get("EPI_SPLIT", 1)
+    K_.lora_flat_kernel[(grid,)](
+        TensorDescriptor.from_tensor(x, [bm, bk]), TensorDescriptor.from_tensor(w, [bn, bk]), s[0], b,
+        bias if bias is not None else y, y, TensorDescriptor.from_tensor(y, [bm, bn // split]) if ytma else None,
+        TensorDescriptor.from_tensor(s, [1, bm, br]), TensorDescriptor.from_tensor(b, [bn, br]), M, N, K, r,
+        s.stride(1), s.stride(2), b.stride(0), b.stride(1), y.stride(0), y.stride(1),
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, BLOCK_R=br, GROUP_M=2, LOWRANK=True, HAS_BIAS=bias is not None,
+        S_SPLITS=s.shape[0], **flags)
+    return y
+
+
+CASES = [   # M, N, K, r, tiles (bm, bn, bk, br), programs, flags, S slices
+    (77, 136, 96, 8, (32, 64, 32, 16), 3, dict(FLATTEN=True, LORA_TMA=True), 3),
+    (64, 200, 64, 16, (32, 64, 32, 16), 4, dict(FLATTEN=True, LORA_TMA=True, LORA_SEP=True), 2),
+    (45, 72, 160, 8, (32, 32, 32, 16), 5, dict(FLATTEN=False, LORA_TMA=True), 1),
+    (50, 96, 64, 16, (32, 64, 32, 16), 2, dict(FLATTEN=True), 1),
+    (33, 64, 96, 8, (32, 32, 32, 16), 7, dict(FLATTEN=True, LORA_FIRST=True), 1),
+    (40, 128, 64, 8, (32, 64, 32, 16), 3, dict(FLATTEN=True, LORA_TMA=True, Y_TMA=True, EPI_SPLIT=2), 2),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}x{c[1]}x{c[2]}r{c[3]}-{'-'.join(c[6])}-s{c[7]}")
+@pytest.mark.parametrize("bias", [True, False])
+def test_flat_matches_reference(case, bias):
+    M, N, K, r, (bm, bn, bk, br), grid, flags, splits = case
+    x, w, a, b, bb = make(M, N, K, r, bias=bias, seed=M + N)
+    bb = bb if bias else None
+    g = torch.Generator().manual_seed(K)
+    s = torch.randn(splits, M, r, generator=g) * 0.3         # S's K slices, as the down kernel leaves them
+    y = run_flat(x, w, s, b, bb, bm=bm, bn=bn, bk=bk, br=br, grid=grid, **flags)
+    ref = x.double() @ w.double().T + s.sum(0).half().double() @ b.double().T
+    if bias:
+        ref += bb.double()
+    assert not torch.isnan(y).any()
+    assert rel_err(y, ref) < 2e-3
+
+
+def test_flat_same_result_flattened_or_not():
+    """Flattening changes when loads are issued, not the arithmetic: bit-identical outputs."""
+    x, w, a, b, bb = make(70, 136, 128, 8, seed=3)
+    s = torch.randn(2, 70, 8, generator=torch.Generator().manual_seed(1))
+    kw = dict(bm=32, bn=64, bk=32, br=16, grid=3, LORA_TMA=True)
+    assert torch.equal(run_flat(x, w, s, b, bb, FLATTEN=True, **kw), run_flat(x, w, s, b, bb, FLATTEN=False, **kw))
+
+
+def compile_flat(br=16, stages=4, **flags):
+    from lowrank_gemm.kernels.aot import compile_sm90
+    bm, bn, bk, dt = 128, 256, 64, "bf16"
+    sig = {"x_desc": f"tensordesc<{dt}[{bm}, {bk}]>", "w_desc": f"tensordesc<{dt}[{bn}, {bk}]>", "s_ptr": "*fp32",
+           "b_ptr": f"*{dt}", "bias_ptr": f"*{dt}", "y_ptr": f"*{dt}", "y_desc": f"tensordesc<{dt}[{bm}, {bn}]>",
+           "s_desc": f"tensordesc<fp32[1, {bm}, {br}]>", "b_desc": f"tensordesc<{dt}[{bn}, {br}]>",
+           "M": "i32", "N": "i32", "K": "i32", "R": "i32", "stride_sm": "i32", "stride_bn": "i32", "stride_ym": "i32"}
+    consts = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, BLOCK_R=br, GROUP_M=8, LOWRANK=True, HAS_BIAS=False,
+                  stride_sr=1, stride_br=1, stride_yn=1, **flags)
+    return compile_sm90(MOD, "lora_flat_kernel", sig, consts, num_warps=8, num_stages=stages,
+                        aligned=("s_ptr", "b_ptr", "bias_ptr", "y_ptr", "M", "N", "K", "R", "stride_sm",
+                                 "stride_bn", "stride_ym"))
+
+
+@pytest.mark.parametrize("splits", [1, 4])
+def test_aot_flat_tma_branch_keeps_the_mma_in_flight(splits):
+    c = compile_flat(FLATTEN=True, LORA_TMA=True, S_SPLITS=splits)
+    assert c.has("wgmma.mma_async", "cp.async.bulk.tensor", "wgmma.wait_group.sync.aligned 1")
+    assert c.shared <= 232448      # 227 KiB: H100 / H200 per-block opt-in maximum
+    stats = ptxas_stats(c.ptx)
+    if stats is None:
+        pytest.skip("no ptxas in this triton")
+    assert "C7515" not in stats[2] and "C7514" not in stats[2], stats[2]
+
+
+def test_aot_flat_pointer_branch_serializes_the_wgmmas():
+    """The finding behind the TMA form: the same kernel with S and B by pointer loads gets every wgmma serialized."""
+    stats = ptxas_stats(compile_flat(FLATTEN=True, LORA_TMA=False).ptx)
+    if stats is None:
+        pytest.skip("no ptxas in this triton")
+    assert "C7515" in stats[2]
