@@ -13,6 +13,7 @@ flattened GEMM read 0.98–1.07×); ``_tepi`` the same by TMA; ``_first`` the br
 (ptxas sm_90a): the flattened kernels with pointer-loaded S and B report C7515 (every wgmma serialized), the TMA ones
 do not; the ``_first`` forms lose the main loop's wgmma.wait_group 1 (no MMA kept in flight). The default list is
 the rest.
+``op_flat``: ``lora_linear(strategy="flat")``, the op's runner on the planner's tile (r ≤ 16).
 Each row carries its relative error against a float64 product on the first input set; rows of a failed compile or
 launch say so. Writes DIR/probe_lora_flat.{json,md}.
 """
@@ -23,8 +24,8 @@ import argparse
 
 import torch
 
-CELLS = ("4096x28672x4096x16,4096x28672x4096x64,4096x8192x8192x16,4096x4096x4096x16,1024x28672x4096x16,"
-         "1024x8192x8192x16,1024x8192x8192x64,1024x4096x4096x16")
+CELLS = ("4096x28672x4096x16,4096x28672x4096x8,4096x8192x8192x16,4096x4096x4096x16,4096x4096x4096x8,"
+         "1024x28672x4096x16,1024x8192x8192x16,1024x8192x8192x8,1024x4096x4096x16")
 VARIANTS = {
     "flat4": dict(FLATTEN=True, num_stages=4),
     "flat4_tepi": dict(FLATTEN=True, num_stages=4, LORA_TMA=True),
@@ -36,7 +37,7 @@ VARIANTS = {
     "nof4_bare": dict(FLATTEN=False, num_stages=4, LOWRANK=False),
     "flat4_bare": dict(FLATTEN=True, num_stages=4, LOWRANK=False),
 }
-DEFAULT_VARIANTS = "flat4_tepi,flat3_tepi,nof4,nof4_bare,flat4_bare"
+DEFAULT_VARIANTS = "flat4_tepi,nof4,flat4_bare"
 _FLAGS = dict(FLATTEN=True, Y_TMA=False, EPI_SPLIT=1, LOWRANK=True, LORA_FIRST=False, LORA_TMA=False)
 BM, BN, BK, GROUP_M, WARPS = 128, 256, 64, 8, 8
 
@@ -103,7 +104,11 @@ def main(argv=None):
 
         def cublas(x, w, a, b, bs):
             return x @ w.T
+        def op_flat(x, w, a, b, bs):
+            return lora_gemm.lora_linear(x, w, a, b, SCALE, strategy="flat")
         impls, errs = {"cublas_base": cublas, "auto": auto}, {"auto": rel_err(auto(*sets[0]), x0, w0, a0, b0, SCALE)}
+        if r <= 16:     # the op's strategy (planner's tile, S in the down kernel's K slices)
+            impls["op_flat"], errs["op_flat"] = op_flat, rel_err(op_flat(*sets[0]), x0, w0, a0, b0, SCALE)
         for name in args.variants.split(","):
             v = VARIANTS[name]
             fn = flat_fn(v, M, N, K, r, SCALE)

@@ -97,3 +97,80 @@ def test_aot_flat_pointer_branch_serializes_the_wgmmas():
     if stats is None:
         pytest.skip("no ptxas in this triton")
     assert "C7515" in stats[2]
+
+
+# ---------------------------------------------------------------------------- the op's "flat" strategy
+
+def flat_cfg(r, bm=32, bn=64, bk=32, stages=3):
+    from lowrank_gemm.plan.config import KernelConfig
+    return KernelConfig(block_m=bm, block_n=bn, block_k=bk, block_r=max(16, r), group_m=2, num_warps=4,
+                        num_stages=stages)
+
+
+@pytest.mark.parametrize("M, N, K, r, bias", [(77, 136, 96, 8, True), (130, 70, 200, 16, False), (33, 200, 64, 16, True),
+                                              (5, 40, 52, 8, True)])
+def test_flat_strategy_matches_reference(M, N, K, r, bias):
+    """run_strategy("flat"): poisoned output, ragged M / N / K (K = 52 takes the padded TMA copy), S in the down
+    kernel's K slices, bias or none, against the float64 reference."""
+    from _lora import run
+    from lowrank_gemm.reference import lora_linear_ref
+    x, w, a, b, bb = make(M, N, K, r, bias=bias, seed=M * 3 + r)
+    y = run("flat", x, w, a, b, 0.7, bb, flat_cfg(r))
+    assert not torch.isnan(y).any()
+    assert rel_err(y, lora_linear_ref(x, w, a, b, 0.7, bb)) < 2e-3
+
+
+def test_flat_strategy_is_deterministic():
+    from _lora import run
+    x, w, a, b, bb = make(90, 130, 128, 16, seed=5)
+    assert torch.equal(run("flat", x, w, a, b, 0.5, bb, flat_cfg(16)), run("flat", x, w, a, b, 0.5, bb, flat_cfg(16)))
+
+
+@pytest.mark.parametrize("r, block_r, why", [(6, 16, "rank a multiple of 8"), (24, 16, "rank 24 > block_r 16"),
+                                              (64, 64, "flat takes block_r 16")])
+def test_flat_strategy_refuses_what_it_cannot_run(r, block_r, why):
+    from lowrank_gemm.plan.planner import can_implement
+    ok = can_implement("flat", (64, 128, 256, r), flat_cfg(block_r))
+    assert not ok and why in ok.reason
+
+
+def test_flat_split_k_refused():
+    from lowrank_gemm.plan.planner import can_implement
+    ok = can_implement("flat", (64, 128, 256, 16), flat_cfg(16).replace(split_k=2))
+    assert not ok and "does not split K" in ok.reason
+
+
+LEDGER_CONFIGS = [   # (block_m, block_n, block_k, warps, stages, block_r, S slices): flat's tiles and neighbours
+    (128, 256, 64, 8, 4, 16, 4), (128, 256, 64, 8, 3, 16, 2), (128, 128, 64, 4, 4, 16, 4), (128, 128, 64, 4, 5, 16, 1),
+    (64, 128, 128, 4, 4, 16, 3), (256, 128, 64, 8, 3, 16, 4),
+]
+
+
+@pytest.mark.parametrize("bm, bn, bk, warps, stages, br, splits", LEDGER_CONFIGS)
+def test_flat_ledger_bounds_the_compiled_kernel(bm, bn, bk, warps, stages, br, splits):
+    """The ledger never under-counts what the compiled kernel asks for (±1 KiB), and over-counts by at most the S/B
+    term's documented slack (16 KiB)."""
+    from lowrank_gemm.kernels.aot import compile_sm90
+    from lowrank_gemm.plan.config import KernelConfig
+    cfg = KernelConfig(block_m=bm, block_n=bn, block_k=bk, block_r=br, num_warps=warps, num_stages=stages)
+    ledger = K_.smem_ledger(cfg, 16, "flat").total()
+    dt = "bf16"
+    sig = {"x_desc": f"tensordesc<{dt}[{bm}, {bk}]>", "w_desc": f"tensordesc<{dt}[{bn}, {bk}]>", "s_ptr": "*fp32",
+           "b_ptr": f"*{dt}", "bias_ptr": f"*{dt}", "y_ptr": f"*{dt}", "y_desc": "constexpr",
+           "s_desc": f"tensordesc<fp32[1, {bm}, {br}]>", "b_desc": f"tensordesc<{dt}[{bn}, {br}]>",
+           "M": "i32", "N": "i32", "K": "i32", "R": "i32", "stride_sm": "i32", "stride_bn": "i32", "stride_ym": "i32"}
+    consts = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, BLOCK_R=br, GROUP_M=8, LOWRANK=True, HAS_BIAS=True,
+                  FLATTEN=True, LORA_TMA=True, S_SPLITS=splits, y_desc=None, stride_sr=1, stride_br=1, stride_yn=1)
+    shared = compile_sm90(MOD, "lora_flat_kernel", sig, consts, num_warps=warps, num_stages=stages,
+                          aligned=("s_ptr", "b_ptr", "bias_ptr", "y_ptr", "M", "N", "K", "R", "stride_sm",
+                                   "stride_bn", "stride_ym")).shared
+    assert shared - 1024 <= ledger <= shared + 16384 + 1024, (shared, ledger)
+
+
+def test_flat_through_the_op():
+    """``lora_linear(strategy="flat")``: the planner's plan for a pinned flat (rank 8 in a 16 block, no split-K)."""
+    from lowrank_gemm.kernels.lora_gemm import lora_linear
+    from lowrank_gemm.reference import lora_linear_ref
+    x, w, a, b, bb = make(40, 72, 64, 8, seed=11)
+    y = lora_linear(x, w, a, b, 0.9, bb, strategy="flat")
+    assert rel_err(y, lora_linear_ref(x, w, a, b, 0.9, bb)) < 2e-3

@@ -69,6 +69,8 @@ def plausible(strategy: str, M: int, r: int, quick: bool) -> bool:
         return M >= 256
     if strategy.startswith("persistent"):
         return M >= 64
+    if strategy == "flat":
+        return M >= 256 and r <= 16 and r % 8 == 0     # its rank limit (planner.can_implement)
     if strategy == "kloop":
         return r <= 64
     return True

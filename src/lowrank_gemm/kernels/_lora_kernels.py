@@ -1054,6 +1054,17 @@ def smem_ledger(config, dtype_bits: int, strategy: str, prefetch: bool = False):
     a = tile_bytes(c.block_r, c.block_k, dtype_bits)
     pipeline = st * (x + w + (a if kloop else 0))
     terms = [SmemTerm("main X tile", x, st), SmemTerm("main W tile", w, st)]
+    if strategy == "flat":
+        # lora_flat_kernel (sm_90, Triton 3.6, compiled over 128×256 / 128×128 / 256×128 / 64×128 tiles, 3–4
+        # stages, r 16 / 64; tests/test_lora_flat.py): flattening keeps a region of 512·warps² B live beside the
+        # ring (32 KiB at 8 warps, 8 KiB at 4, branch or not); the branch's S (fp32) and B tiles by TMA take what
+        # they need beyond that region (0 at r16 on 8 warps; an upper bound elsewhere, by up to 16 KiB)
+        region = 512 * c.num_warps ** 2
+        sb = tile_bytes(c.block_m, c.block_r, 32) + tile_bytes(c.block_n, c.block_r, dtype_bits)
+        terms += [SmemTerm("flattened loop's region", region), SmemTerm("epilogue S/B TMA tiles extra",
+                                                                         max(0, sb - region)),
+                  SmemTerm("TMA barriers", barrier_bytes(1), st + 2)]
+        return SmemLedger(tuple(terms), label=f"lora flat {c.block_m}x{c.block_n}x{c.block_k} r{c.block_r}")
     if kloop:
         terms.append(SmemTerm("lowrank A tile", a, st))
     if persistent:
