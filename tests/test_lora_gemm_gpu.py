@@ -444,3 +444,28 @@ def test_ticket_region_strategies_repeat_and_leave_it_zero(strategy, shape):
         g.replay()
         torch.cuda.synchronize()
         assert torch.equal(y_g, ys[0]) and _tickets_zero()
+
+
+FLAT_SHAPES = [  # (M, N, K, r): many tiles per program, ragged M / N / K, rank 8 / 16, one program per tile
+    (4096, 8192, 4096, 16),
+    (1500, 5000, 3000, 8),
+    (1024, 4096, 4096, 16),
+    (2000, 28672, 4096, 8),
+]
+
+
+@pytest.mark.parametrize("M, N, K, r", FLAT_SHAPES)
+def test_flat_strategy_gpu(M, N, K, r):
+    """``flat`` (session 49): the flattened persistent kernel at real sizes, bf16, poisoned output, bit-identical
+    repeats, against float64."""
+    x, w, a, b, bb = make(M, N, K, r, seed=M + r)
+    ys = []
+    for _ in range(2):
+        out = torch.full((M, N), float("nan"), dtype=x.dtype, device="cuda")
+        with pinned(strategy="flat"):
+            strategy, cfg = plan_lora(M, N, K, r, x.dtype, x.device)
+        assert strategy == "flat"
+        ys.append(run_strategy("flat", x, w, a, b, 0.5, bb, cfg, out=out))
+    assert torch.equal(ys[0], ys[1])
+    ref = lora_linear_ref(x, w, a, b, 0.5, bb)
+    assert ((ys[0].double() - ref).norm() / ref.norm()).item() < TOL
