@@ -4,16 +4,12 @@ cuBLAS and ``auto`` (what ships: ``persistent_static`` or ``split`` at these M),
 
     PYTHONPATH=src python scripts/probe_lora_flat.py --out DIR [--cells MxNxKxR,...] [--variants a,b,...]
 
-Variants (128×256×64 tiles, 8 warps, grouped order 8, grid min(#SMs, tiles), Y by pointer stores; ``flat``: the
-loops flattened, ``nof``: not (the per-tile pipeline restart, as lora_persistent_kernel has it); the digit: stages):
-S from the down kernel in the op's K slices (``down_splits``) for the TMA forms, summed in the epilogue, in one slice
-for the pointer forms. ``flat4`` the branch's MMA after the K loop, S and B by pointer loads (call s49b: 1.15–1.4× cuBLAS where the bare
-flattened GEMM read 0.98–1.07×); ``_tepi`` the same by TMA; ``_first`` the branch as the accumulator's first term
-(pointer loads), ``_tfirst`` (TMA); ``_bare`` no branch, no down launch: the bare GEMM against cuBLAS. On the CPU
-(ptxas sm_90a): the flattened kernels with pointer-loaded S and B report C7515 (every wgmma serialized), the TMA ones
-do not; the ``_first`` forms lose the main loop's wgmma.wait_group 1 (no MMA kept in flight). The default list is
-the rest.
-``op_flat``: ``lora_linear(strategy="flat")``, the op's runner on the planner's tile (r ≤ 16).
+Rows: ``cublas_base``, ``auto`` (what ships), ``op_flat`` = ``lora_linear(strategy="flat")`` (the planner's tile; S
+tasks in the grid, one wait after each program's first tile: the op's form since call 4), and the kernel with S from
+the down kernel in the op's K slices (128×256×64 tiles, 8 warps, grouped order 8, grid min(#SMs, tiles); the digit:
+stages): ``flat4_tepi`` flattened (call 3's form), ``nof4`` not flattened, ``flat4_bare`` flattened without the
+branch (no down launch): the bare GEMM against cuBLAS. (Calls 2–3 also timed the branch by pointer loads —
+C7515 in ptxas, 15–40 % slower — and as the accumulator's first term; those forms are gone.)
 Each row carries its relative error against a float64 product on the first input set; rows of a failed compile or
 launch say so. Writes DIR/probe_lora_flat.{json,md}.
 """
@@ -24,26 +20,21 @@ import argparse
 
 import torch
 
-CELLS = ("4096x28672x4096x16,4096x28672x4096x8,4096x8192x8192x16,4096x4096x4096x16,4096x4096x4096x8,"
-         "1024x28672x4096x16,1024x8192x8192x16,1024x8192x8192x8,1024x4096x4096x16")
+# issue 2's cells from M = 1024
+CELLS = ",".join(f"{M}x{nk}x{r}" for M in (4096, 1024) for nk in ("28672x4096", "8192x8192", "4096x4096")
+                 for r in (8, 16, 64))
 VARIANTS = {
-    "flat4": dict(FLATTEN=True, num_stages=4),
-    "flat4_tepi": dict(FLATTEN=True, num_stages=4, LORA_TMA=True),
-    "flat3_tepi": dict(FLATTEN=True, num_stages=3, LORA_TMA=True),
-    "flat4_first": dict(FLATTEN=True, num_stages=4, LORA_FIRST=True),
-    "flat4_tfirst": dict(FLATTEN=True, num_stages=4, LORA_FIRST=True, LORA_TMA=True),
-    "flat3_tfirst": dict(FLATTEN=True, num_stages=3, LORA_FIRST=True, LORA_TMA=True),
+    "flat4_tepi": dict(FLATTEN=True, num_stages=4),
     "nof4": dict(FLATTEN=False, num_stages=4),
-    "nof4_bare": dict(FLATTEN=False, num_stages=4, LOWRANK=False),
     "flat4_bare": dict(FLATTEN=True, num_stages=4, LOWRANK=False),
 }
-DEFAULT_VARIANTS = "flat4_tepi,nof4,flat4_bare"
-_FLAGS = dict(FLATTEN=True, Y_TMA=False, EPI_SPLIT=1, LOWRANK=True, LORA_FIRST=False, LORA_TMA=False)
+DEFAULT_VARIANTS = "flat4_bare"
+_FLAGS = dict(FLATTEN=True, LOWRANK=True)
 BM, BN, BK, GROUP_M, WARPS = 128, 256, 64, 8, 8
 
 
 def flat_fn(v: dict, M: int, N: int, K: int, r: int, scale: float):
-    """x, w, a, b, bs → y by the down kernel (one K slice) and lora_flat_kernel under variant ``v``."""
+    """x, w, a, b, bs → y by the down kernel (the op's K slices) and lora_flat_kernel under variant ``v``."""
     from triton.tools.tensor_descriptor import TensorDescriptor
 
     from lowrank_gemm.kernels import _lora_kernels as K_
@@ -52,25 +43,22 @@ def flat_fn(v: dict, M: int, N: int, K: int, r: int, scale: float):
     from lowrank_gemm.kernels.schedule import num_sms
     br = rank_block(r)
     v = dict(_FLAGS, **v)
-    split = v["EPI_SPLIT"]
 
     def call(x, w, a, b, bs):
         dev = x.device
         y = torch.empty(M, N, device=dev, dtype=x.dtype)
-        splits = lora_gemm.down_splits(M, r, K, br, num_sms(dev)) if v["LORA_TMA"] else 1
+        splits = lora_gemm.down_splits(M, r, K, br, num_sms(dev))
         s = torch.empty(splits, M, r, device=dev, dtype=torch.float32)
         if v["LOWRANK"]:
             lora_gemm._launch_down(x, a, s, scale, br, Kp=K, R=r)
         tiles = -(-M // BM) * -(-N // BN)
-        grid = (min(num_sms(dev), tiles),)
-        K_.lora_flat_kernel[grid](
+        K_.lora_flat_kernel[(min(num_sms(dev), tiles),)](
             TensorDescriptor.from_tensor(x, [BM, BK]), TensorDescriptor.from_tensor(w, [BN, BK]),
-            s, b, y, y, TensorDescriptor.from_tensor(y, [BM, BN // split]),
-            TensorDescriptor.from_tensor(s, [1, BM, br]), TensorDescriptor.from_tensor(b, [BN, br]), M, N, K, r,
+            TensorDescriptor.from_tensor(a, [br, BK]), s, s, b, y, y, TensorDescriptor.from_tensor(s, [1, BM, br]),
+            TensorDescriptor.from_tensor(b, [BN, br]), M, N, K, r, scale,
             s.stride(1), s.stride(2), b.stride(0), b.stride(1), y.stride(0), y.stride(1),
             BLOCK_M=BM, BLOCK_N=BN, BLOCK_K=BK, BLOCK_R=br, GROUP_M=GROUP_M, LOWRANK=v["LOWRANK"], HAS_BIAS=False,
-            FLATTEN=v["FLATTEN"], Y_TMA=v["Y_TMA"], EPI_SPLIT=split, LORA_FIRST=v["LORA_FIRST"],
-            LORA_TMA=v["LORA_TMA"], S_SPLITS=splits, num_warps=WARPS, num_stages=v["num_stages"])
+            FLATTEN=v["FLATTEN"], LORA_TMA=True, S_SPLITS=splits, num_warps=WARPS, num_stages=v["num_stages"])
         return y
     return call
 
@@ -107,8 +95,7 @@ def main(argv=None):
         def op_flat(x, w, a, b, bs):
             return lora_gemm.lora_linear(x, w, a, b, SCALE, strategy="flat")
         impls, errs = {"cublas_base": cublas, "auto": auto}, {"auto": rel_err(auto(*sets[0]), x0, w0, a0, b0, SCALE)}
-        if r <= 16:     # the op's strategy (planner's tile, S in the down kernel's K slices)
-            impls["op_flat"], errs["op_flat"] = op_flat, rel_err(op_flat(*sets[0]), x0, w0, a0, b0, SCALE)
+        impls["op_flat"], errs["op_flat"] = op_flat, rel_err(op_flat(*sets[0]), x0, w0, a0, b0, SCALE)
         for name in args.variants.split(","):
             v = VARIANTS[name]
             fn = flat_fn(v, M, N, K, r, SCALE)

@@ -15,36 +15,34 @@ from lowrank_gemm.kernels import _lora_kernels as K_
 MOD = "lowrank_gemm.kernels._lora_kernels"
 
 
-def run_flat(x, w, s, b, bias, *, bm, bn, bk, br, grid, **flags):
-    """y [M, N] (NaN-poisoned first) from lora_flat_kernel; ``s`` fp32 [S_SPLITS, M, r]."""
+def run_flat(x, w, s, b, bias, *, bm, bn, bk, br, grid, a=None, scale=1.0, sync=None, **flags):
+    """y [M, N] (NaN-poisoned first) from lora_flat_kernel; ``s`` fp32 [S_SPLITS, M, r] (IN_GRID: written here)."""
     M, K = x.shape
     N, r = b.shape
     y = torch.full((M, N), float("nan"), dtype=x.dtype)
-    ytma = flags.get("Y_TMA", False)
-    split = flags.get("EPI_SPLIT", 1)
+    a = a if a is not None else torch.zeros(r, K, dtype=x.dtype)
+    sync = sync if sync is not None else torch.zeros(2, dtype=torch.int32)
     K_.lora_flat_kernel[(grid,)](
-        TensorDescriptor.from_tensor(x, [bm, bk]), TensorDescriptor.from_tensor(w, [bn, bk]), s[0], b,
-        bias if bias is not None else y, y, TensorDescriptor.from_tensor(y, [bm, bn // split]) if ytma else None,
-        TensorDescriptor.from_tensor(s, [1, bm, br]), TensorDescriptor.from_tensor(b, [bn, br]), M, N, K, r,
+        TensorDescriptor.from_tensor(x, [bm, bk]), TensorDescriptor.from_tensor(w, [bn, bk]),
+        TensorDescriptor.from_tensor(a, [br, bk]), s[0], sync, b, bias if bias is not None else y, y,
+        TensorDescriptor.from_tensor(s, [1, bm, br]), TensorDescriptor.from_tensor(b, [bn, br]), M, N, K, r, scale,
         s.stride(1), s.stride(2), b.stride(0), b.stride(1), y.stride(0), y.stride(1),
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, BLOCK_R=br, GROUP_M=2, LOWRANK=True, HAS_BIAS=bias is not None,
-        S_SPLITS=s.shape[0], **flags)
+        S_SPLITS=s.shape[0], PROXY_FENCE=False, **flags)
     return y
 
 
 CASES = [   # M, N, K, r, tiles (bm, bn, bk, br), programs, flags, S slices
     (77, 136, 96, 8, (32, 64, 32, 16), 3, dict(FLATTEN=True, LORA_TMA=True), 3),
-    (64, 200, 64, 16, (32, 64, 32, 16), 4, dict(FLATTEN=True, LORA_TMA=True, LORA_SEP=True), 2),
     (45, 72, 160, 8, (32, 32, 32, 16), 5, dict(FLATTEN=False, LORA_TMA=True), 1),
-    (50, 96, 64, 16, (32, 64, 32, 16), 2, dict(FLATTEN=True), 1),
-    (33, 64, 96, 8, (32, 32, 32, 16), 7, dict(FLATTEN=True, LORA_FIRST=True), 1),
-    (40, 128, 64, 8, (32, 64, 32, 16), 3, dict(FLATTEN=True, LORA_TMA=True, Y_TMA=True, EPI_SPLIT=2), 2),
+    (50, 96, 64, 16, (32, 64, 32, 16), 2, dict(FLATTEN=True, LORA_TMA=False), 1),
 ]
 
 
-@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}x{c[1]}x{c[2]}r{c[3]}-{'-'.join(c[6])}-s{c[7]}")
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}x{c[1]}x{c[2]}r{c[3]}-{'-'.join(f'{k}{v:d}' for k, v in c[6].items())}-s{c[7]}")
 @pytest.mark.parametrize("bias", [True, False])
 def test_flat_matches_reference(case, bias):
+    """S from outside (the down kernel's K slices), several programs striding over the tiles."""
     M, N, K, r, (bm, bn, bk, br), grid, flags, splits = case
     x, w, a, b, bb = make(M, N, K, r, bias=bias, seed=M + N)
     bb = bb if bias else None
@@ -58,6 +56,19 @@ def test_flat_matches_reference(case, bias):
     assert rel_err(y, ref) < 2e-3
 
 
+@pytest.mark.parametrize("M, N, K, r", [(77, 136, 96, 8), (130, 70, 200, 16), (20, 64, 64, 16)])
+def test_flat_in_grid_s(M, N, K, r):
+    """IN_GRID: the S blocks computed by the kernel (scaled), the first tile peeled, one wait; one program (the
+    interpreter runs programs in order, and a program may not wait on a later one); the two sync words end at zero."""
+    from lowrank_gemm.reference import lora_linear_ref
+    x, w, a, b, bb = make(M, N, K, r, seed=M)
+    s = torch.full((1, M, r), float("nan"))
+    sync = torch.zeros(2, dtype=torch.int32)
+    y = run_flat(x, w, s, b, bb, bm=32, bn=64, bk=32, br=16, grid=1, a=a, scale=0.7, sync=sync, IN_GRID=True)
+    assert rel_err(y, lora_linear_ref(x, w, a, b, 0.7, bb)) < 2e-3
+    assert not sync.any()
+
+
 def test_flat_same_result_flattened_or_not():
     """Flattening changes when loads are issued, not the arithmetic: bit-identical outputs."""
     x, w, a, b, bb = make(70, 136, 128, 8, seed=3)
@@ -66,24 +77,32 @@ def test_flat_same_result_flattened_or_not():
     assert torch.equal(run_flat(x, w, s, b, bb, FLATTEN=True, **kw), run_flat(x, w, s, b, bb, FLATTEN=False, **kw))
 
 
+def flat_signature(bm, bn, bk, br, dt="bf16"):
+    return {"x_desc": f"tensordesc<{dt}[{bm}, {bk}]>", "w_desc": f"tensordesc<{dt}[{bn}, {bk}]>",
+            "a_desc": f"tensordesc<{dt}[{br}, {bk}]>", "s_ptr": "*fp32", "sync_ptr": "*i32", "b_ptr": f"*{dt}",
+            "bias_ptr": f"*{dt}", "y_ptr": f"*{dt}", "s_desc": f"tensordesc<fp32[1, {bm}, {br}]>",
+            "b_desc": f"tensordesc<{dt}[{bn}, {br}]>", "M": "i32", "N": "i32", "K": "i32", "R": "i32", "scale": "fp32",
+            "stride_sm": "i32", "stride_bn": "i32", "stride_ym": "i32"}
+
+
+UNIT = dict(stride_sr=1, stride_br=1, stride_yn=1)
+ALIGNED = ("s_ptr", "sync_ptr", "b_ptr", "bias_ptr", "y_ptr", "M", "N", "K", "R", "stride_sm", "stride_bn", "stride_ym")
+
+
 def compile_flat(br=16, stages=4, **flags):
     from lowrank_gemm.kernels.aot import compile_sm90
-    bm, bn, bk, dt = 128, 256, 64, "bf16"
-    sig = {"x_desc": f"tensordesc<{dt}[{bm}, {bk}]>", "w_desc": f"tensordesc<{dt}[{bn}, {bk}]>", "s_ptr": "*fp32",
-           "b_ptr": f"*{dt}", "bias_ptr": f"*{dt}", "y_ptr": f"*{dt}", "y_desc": f"tensordesc<{dt}[{bm}, {bn}]>",
-           "s_desc": f"tensordesc<fp32[1, {bm}, {br}]>", "b_desc": f"tensordesc<{dt}[{bn}, {br}]>",
-           "M": "i32", "N": "i32", "K": "i32", "R": "i32", "stride_sm": "i32", "stride_bn": "i32", "stride_ym": "i32"}
-    consts = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, BLOCK_R=br, GROUP_M=8, LOWRANK=True, HAS_BIAS=False,
-                  stride_sr=1, stride_br=1, stride_yn=1, **flags)
-    return compile_sm90(MOD, "lora_flat_kernel", sig, consts, num_warps=8, num_stages=stages,
-                        aligned=("s_ptr", "b_ptr", "bias_ptr", "y_ptr", "M", "N", "K", "R", "stride_sm",
-                                 "stride_bn", "stride_ym"))
+    bm, bn, bk = 128, 256, 64
+    return compile_sm90(MOD, "lora_flat_kernel", flat_signature(bm, bn, bk, br), dict(
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, BLOCK_R=br, GROUP_M=8, LOWRANK=True, HAS_BIAS=False, **UNIT, **flags),
+        num_warps=8, num_stages=stages, aligned=ALIGNED)
 
 
-@pytest.mark.parametrize("splits", [1, 4])
-def test_aot_flat_tma_branch_keeps_the_mma_in_flight(splits):
-    c = compile_flat(FLATTEN=True, LORA_TMA=True, S_SPLITS=splits)
+@pytest.mark.parametrize("flags", [dict(S_SPLITS=1), dict(S_SPLITS=4), dict(IN_GRID=True)], ids=str)
+def test_aot_flat_tma_branch_keeps_the_mma_in_flight(flags):
+    c = compile_flat(FLATTEN=True, LORA_TMA=True, **flags)
     assert c.has("wgmma.mma_async", "cp.async.bulk.tensor", "wgmma.wait_group.sync.aligned 1")
+    if flags.get("IN_GRID"):     # S by plain stores, read by TMA: the proxy fence after the acquire
+        assert c.has("fence.proxy.async.global", "ld.global.gpu.acquire")
     assert c.shared <= 232448      # 227 KiB: H100 / H200 per-block opt-in maximum
     stats = ptxas_stats(c.ptx)
     if stats is None:
@@ -127,7 +146,7 @@ def test_flat_strategy_is_deterministic():
 
 
 @pytest.mark.parametrize("r, block_r, why", [(6, 16, "rank a multiple of 8"), (24, 16, "rank 24 > block_r 16"),
-                                              (64, 64, "flat takes block_r 16")])
+                                              (72, 128, "flat adds the rank in one chunk")])
 def test_flat_strategy_refuses_what_it_cannot_run(r, block_r, why):
     from lowrank_gemm.plan.planner import can_implement
     ok = can_implement("flat", (64, 128, 256, r), flat_cfg(block_r))
@@ -140,9 +159,9 @@ def test_flat_split_k_refused():
     assert not ok and "does not split K" in ok.reason
 
 
-LEDGER_CONFIGS = [   # (block_m, block_n, block_k, warps, stages, block_r, S slices): flat's tiles and neighbours
-    (128, 256, 64, 8, 4, 16, 4), (128, 256, 64, 8, 3, 16, 2), (128, 128, 64, 4, 4, 16, 4), (128, 128, 64, 4, 5, 16, 1),
-    (64, 128, 128, 4, 4, 16, 3), (256, 128, 64, 8, 3, 16, 4),
+LEDGER_CONFIGS = [   # (block_m, block_n, block_k, warps, stages, block_r, S slices — 0: IN_GRID, the op's form)
+    (128, 256, 64, 8, 4, 16, 0), (128, 256, 64, 8, 3, 64, 0), (128, 128, 64, 4, 4, 16, 0), (128, 128, 64, 4, 4, 64, 0),
+    (64, 128, 128, 4, 4, 16, 0), (256, 128, 64, 8, 3, 16, 0), (128, 256, 64, 8, 4, 16, 4), (128, 128, 64, 4, 5, 16, 1),
 ]
 
 
@@ -154,16 +173,11 @@ def test_flat_ledger_bounds_the_compiled_kernel(bm, bn, bk, warps, stages, br, s
     from lowrank_gemm.plan.config import KernelConfig
     cfg = KernelConfig(block_m=bm, block_n=bn, block_k=bk, block_r=br, num_warps=warps, num_stages=stages)
     ledger = K_.smem_ledger(cfg, 16, "flat").total()
-    dt = "bf16"
-    sig = {"x_desc": f"tensordesc<{dt}[{bm}, {bk}]>", "w_desc": f"tensordesc<{dt}[{bn}, {bk}]>", "s_ptr": "*fp32",
-           "b_ptr": f"*{dt}", "bias_ptr": f"*{dt}", "y_ptr": f"*{dt}", "y_desc": "constexpr",
-           "s_desc": f"tensordesc<fp32[1, {bm}, {br}]>", "b_desc": f"tensordesc<{dt}[{bn}, {br}]>",
-           "M": "i32", "N": "i32", "K": "i32", "R": "i32", "stride_sm": "i32", "stride_bn": "i32", "stride_ym": "i32"}
     consts = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, BLOCK_R=br, GROUP_M=8, LOWRANK=True, HAS_BIAS=True,
-                  FLATTEN=True, LORA_TMA=True, S_SPLITS=splits, y_desc=None, stride_sr=1, stride_br=1, stride_yn=1)
-    shared = compile_sm90(MOD, "lora_flat_kernel", sig, consts, num_warps=warps, num_stages=stages,
-                          aligned=("s_ptr", "b_ptr", "bias_ptr", "y_ptr", "M", "N", "K", "R", "stride_sm",
-                                   "stride_bn", "stride_ym")).shared
+                  FLATTEN=True, LORA_TMA=True, S_SPLITS=splits, IN_GRID=splits == 0, **UNIT)
+    consts["S_SPLITS"] = max(splits, 1)
+    shared = compile_sm90(MOD, "lora_flat_kernel", flat_signature(bm, bn, bk, br), consts, num_warps=warps,
+                          num_stages=stages, aligned=ALIGNED).shared
     assert shared - 1024 <= ledger <= shared + 16384 + 1024, (shared, ledger)
 
 

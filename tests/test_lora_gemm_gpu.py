@@ -451,13 +451,14 @@ FLAT_SHAPES = [  # (M, N, K, r): many tiles per program, ragged M / N / K, rank 
     (1500, 5000, 3000, 8),
     (1024, 4096, 4096, 16),
     (2000, 28672, 4096, 8),
+    (1300, 6000, 2048, 64),
 ]
 
 
 @pytest.mark.parametrize("M, N, K, r", FLAT_SHAPES)
 def test_flat_strategy_gpu(M, N, K, r):
-    """``flat`` (session 49): the flattened persistent kernel at real sizes, bf16, poisoned output, bit-identical
-    repeats, against float64."""
+    """``flat`` (session 49): the flattened persistent kernel with its in-grid S tasks at real sizes, bf16, poisoned
+    output, bit-identical repeats, against float64; the ticket region back at zero after each call."""
     x, w, a, b, bb = make(M, N, K, r, seed=M + r)
     ys = []
     for _ in range(2):
@@ -466,6 +467,8 @@ def test_flat_strategy_gpu(M, N, K, r):
             strategy, cfg = plan_lora(M, N, K, r, x.dtype, x.device)
         assert strategy == "flat"
         ys.append(run_strategy("flat", x, w, a, b, 0.5, bb, cfg, out=out))
+        torch.cuda.synchronize()
+        assert LG._TICKETS.all_zero(x.device)
     assert torch.equal(ys[0], ys[1])
     ref = lora_linear_ref(x, w, a, b, 0.5, bb)
     assert ((ys[0].double() - ref).norm() / ref.norm()).item() < TOL

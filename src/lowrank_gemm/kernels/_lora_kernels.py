@@ -854,94 +854,128 @@ def lora_persistent_kernel(
 
 
 @triton.jit
-def _flat_lowrank(acc, pid_m, pid_n, s_ptr, b_ptr, s_desc, b_desc, M, N, R, stride_sm, stride_sr, stride_bn, stride_br,
-                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr, LORA_TMA: tl.constexpr,
-                  LORA_SEP: tl.constexpr = False, S_SPLITS: tl.constexpr = 1):
-    """acc += S[tile rows, :R]·B[tile columns, :R]ᵀ (S fp32, rounded to B's dtype first), one chunk (R ≤ BLOCK_R);
-    LORA_TMA: both tiles by TMA (columns past R zero-filled), else by masked pointer loads (one S slice)."""
-    tl.static_assert(LORA_TMA or S_SPLITS == 1, "S in K slices: by TMA only")
-    if LORA_TMA:
-        # S's K slices summed in index order (s_desc views S [S_SPLITS, M, R]: rows past M and ranks past R read 0)
-        s = s_desc.load([0, pid_m * BLOCK_M, 0]).reshape(BLOCK_M, BLOCK_R)
-        for k in tl.static_range(1, S_SPLITS):
-            s += s_desc.load([k, pid_m * BLOCK_M, 0]).reshape(BLOCK_M, BLOCK_R)
-        b = b_desc.load([pid_n * BLOCK_N, 0])
-        if LORA_SEP:
-            return acc + tl.dot(s.to(b.dtype), b.T)
-        return tl.dot(s.to(b.dtype), b.T, acc)
+def _flat_k_loop(x_desc, w_desc, pid_m, pid_n, k_tiles, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                 BLOCK_K: tl.constexpr):
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for kt in range(k_tiles):
+        x = x_desc.load([pid_m * BLOCK_M, kt * BLOCK_K])
+        w = w_desc.load([pid_n * BLOCK_N, kt * BLOCK_K])
+        acc = tl.dot(x, w.T, acc)
+    return acc
+
+
+@triton.jit
+def _flat_epilogue(acc, pid_m, pid_n, s_ptr, b_ptr, bias_ptr, y_ptr, s_desc, b_desc, M, N, R, stride_sm, stride_sr,
+                   stride_bn, stride_br, stride_ym, stride_yn, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                   BLOCK_R: tl.constexpr, LOWRANK: tl.constexpr, HAS_BIAS: tl.constexpr, LORA_TMA: tl.constexpr,
+                   S_SPLITS: tl.constexpr):
+    """acc + S[tile rows, :R]·B[tile columns, :R]ᵀ (S fp32, rounded to B's dtype first; the rank in one chunk) + bias
+    → Y. LORA_TMA: S (its K slices summed in index order; s_desc views S [S_SPLITS, M, R], rows past M and ranks past
+    R read 0) and B by TMA; else by masked pointer loads (one slice) — which in a flattened loop puts register writes
+    inside the main MMA's pipeline stage: ptxas then serializes every wgmma (C7515, session 49)."""
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_r = tl.arange(0, BLOCK_R)
-    s = tl.load(s_ptr + offs_m[:, None] * stride_sm + offs_r[None, :] * stride_sr,
-                mask=(offs_m[:, None] < M) & (offs_r[None, :] < R), other=0.0)
-    if LORA_SEP:
-        return acc + lowrank_up(tl.zeros_like(acc), s, b_ptr, stride_bn, stride_br, offs_n, N, R, BLOCK_R)
-    return lowrank_up(acc, s, b_ptr, stride_bn, stride_br, offs_n, N, R, BLOCK_R)
+    if LOWRANK:
+        if LORA_TMA:
+            s = s_desc.load([0, pid_m * BLOCK_M, 0]).reshape(BLOCK_M, BLOCK_R)
+            for k in tl.static_range(1, S_SPLITS):
+                s += s_desc.load([k, pid_m * BLOCK_M, 0]).reshape(BLOCK_M, BLOCK_R)
+            b = b_desc.load([pid_n * BLOCK_N, 0])
+            acc = tl.dot(s.to(b.dtype), b.T, acc)
+        else:
+            tl.static_assert(S_SPLITS == 1, "S in K slices: by TMA only")
+            offs_r = tl.arange(0, BLOCK_R)
+            s = tl.load(s_ptr + offs_m[:, None] * stride_sm + offs_r[None, :] * stride_sr,
+                        mask=(offs_m[:, None] < M) & (offs_r[None, :] < R), other=0.0)
+            acc = lowrank_up(acc, s, b_ptr, stride_bn, stride_br, offs_n, N, R, BLOCK_R)
+    acc = add_bias(acc, offs_n, N, bias_ptr, HAS_BIAS)
+    store_tile(y_ptr, acc, offs_m, offs_n, M, N, stride_ym, stride_yn)
+
+
+@triton.jit
+def _fence_proxy_async():
+    tl.inline_asm_elementwise("fence.proxy.async.global; // $0", "=r", [], dtype=tl.int32, is_pure=False, pack=1)
 
 
 @triton.jit
 def lora_flat_kernel(
     x_desc,             # X [M, K], box [BM, BK]
     w_desc,             # W [N, K], box [BN, BK]
-    s_ptr,              # S [M, R] fp32, already scaled (the down kernel's single K slice); LOWRANK only
+    a_desc,             # A [R, K], box [BR, BK] (IN_GRID)
+    s_ptr,              # S [S_SPLITS, M, R] fp32, scaled: the down kernel's K slices, or (IN_GRID) written here
+    sync_ptr,           # int32 [2] (IN_GRID): S blocks done, programs past the wait; zero on entry, left zero
     b_ptr,              # B [N, R]
     bias_ptr,           # bias [N]
     y_ptr,              # Y [M, N]
-    y_desc,             # Y [M, N], box [BM, BN // EPI_SPLIT] (Y_TMA)
-    s_desc,             # S [S_SPLITS, M, R] fp32, box [1, BM, BLOCK_R] (LORA_TMA)
+    s_desc,             # S viewed [S_SPLITS, M, R], box [1, BM, BLOCK_R] (LORA_TMA)
     b_desc,             # B [N, R], box [BN, BLOCK_R] (LORA_TMA)
-    M, N, K, R,
+    M, N, K, R, scale,
     stride_sm, stride_sr, stride_bn, stride_br, stride_ym, stride_yn,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr,
     GROUP_M: tl.constexpr, LOWRANK: tl.constexpr, HAS_BIAS: tl.constexpr, FLATTEN: tl.constexpr = True,
-    WARP_SPEC: tl.constexpr = False, Y_TMA: tl.constexpr = False, EPI_SPLIT: tl.constexpr = 1,
-    LORA_FIRST: tl.constexpr = False, LORA_TMA: tl.constexpr = False, LORA_SEP: tl.constexpr = False,
-    S_SPLITS: tl.constexpr = 1,
+    LORA_TMA: tl.constexpr = True, S_SPLITS: tl.constexpr = 1, IN_GRID: tl.constexpr = False,
+    PROXY_FENCE: tl.constexpr = True,
 ):
-    # Candidate (session 49): a persistent grid of plain tiles whose tile loop and K loop are one software-pipelined
-    # loop (tl.range flatten): the next tile's first X / W loads are issued while this tile's epilogue runs, where
-    # lora_persistent_kernel starts every tile's pipeline from empty. S comes whole from the down kernel launched
-    # before (no in-grid S tasks, no flag to wait on: the loop nest must hold nothing but the K loop to flatten), the
-    # rank in one chunk (R ≤ BLOCK_R). The epilogue recomputes its tile from a second counter so that it does not
-    # depend on values the pipeliner moved ahead.
+    # Session 49: a persistent grid of plain tiles whose tile loop and K loop are one software-pipelined loop
+    # (tl.range flatten): the next tile's first X / W loads are issued while this tile's epilogue runs, where
+    # lora_persistent_kernel starts every tile's pipeline from empty. The loop nest may hold nothing but the K loop to
+    # flatten, so no wait for S can sit inside it:
+    # - IN_GRID False: S whole from the down kernel launched before (its K slices summed in the epilogue);
+    # - IN_GRID True: programs first compute S's row blocks (block t by program t mod grid, the whole K, scaled, into
+    #   slice 0), each counted by a release add; every program then runs its first tile's K loop outside the flattened
+    #   loop, waits once for all S blocks (done long before: a block is a tile's K loop over BR ≪ BN columns), and
+    #   runs the rest flattened. The last program past the wait zeroes both words after its store (the ticket
+    #   region's contract). Every program must be resident (grid ≤ #SMs), as for persistent_static.
+    #   PROXY_FENCE: S is written by plain stores and read by TMA (the async proxy): a proxy fence after the stores
+    #   and after the acquire (off only under the interpreter, which runs no inline PTX).
+    # The flattened epilogue recomputes its tile from a second counter so that it does not depend on values the
+    # pipeliner moved ahead.
     start = tl.program_id(0)
     step = tl.num_programs(0)
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
     k_tiles = tl.cdiv(K, BLOCK_K)
     num_tiles = num_pid_m * num_pid_n
-    tile_c = start - step
-    for tile in tl.range(start, num_tiles, step, flatten=FLATTEN, warp_specialize=WARP_SPEC):
+    first = start
+    if IN_GRID:
+        tl.static_assert(LOWRANK and S_SPLITS == 1, "IN_GRID: S whole, in one slice")
+        for t in range(start, num_pid_m, step):
+            s = _down_loop(x_desc, a_desc, t * BLOCK_M, 0, 0, k_tiles, BLOCK_M, BLOCK_R, BLOCK_K)
+            offs_m = t * BLOCK_M + tl.arange(0, BLOCK_M)
+            offs_r = tl.arange(0, BLOCK_R)
+            tl.store(s_ptr + offs_m[:, None] * stride_sm + offs_r[None, :] * stride_sr, s * scale,
+                     mask=(offs_m[:, None] < M) & (offs_r[None, :] < R))
+            if PROXY_FENCE:
+                _fence_proxy_async()
+            tl.debug_barrier()      # every thread's stores of the block before the one release
+            tl.atomic_add(sync_ptr, 1, sem="release", scope="gpu")
+        pid_m, pid_n = grouped_tile(start, num_pid_m, num_pid_n, GROUP_M)
+        acc = _flat_k_loop(x_desc, w_desc, pid_m, pid_n, k_tiles, BLOCK_M, BLOCK_N, BLOCK_K)
+        while tl.atomic_add(sync_ptr, 0, sem="acquire", scope="gpu") < num_pid_m:
+            pass
+        if PROXY_FENCE:
+            _fence_proxy_async()
+        lane, passed = _lane_atomic_add(sync_ptr + 1, 1, "relaxed")
+        _flat_epilogue(acc, pid_m, pid_n, s_ptr, b_ptr, bias_ptr, y_ptr, s_desc, b_desc, M, N, R, stride_sm,
+                       stride_sr, stride_bn, stride_br, stride_ym, stride_yn, BLOCK_M, BLOCK_N, BLOCK_R, LOWRANK,
+                       HAS_BIAS, LORA_TMA, S_SPLITS)
+        last = (lane == 0) & (passed == step - 1)
+        tl.atomic_xchg(sync_ptr + lane * 0, tl.zeros_like(lane), mask=last, sem="relaxed", scope="gpu")
+        tl.atomic_xchg(sync_ptr + 1 + lane * 0, tl.zeros_like(lane), mask=last, sem="relaxed", scope="gpu")
+        first = start + step
+    tile_c = first - step
+    for tile in tl.range(first, num_tiles, step, flatten=FLATTEN):
         pid_m, pid_n = grouped_tile(tile, num_pid_m, num_pid_n, GROUP_M)
-        if LOWRANK and LORA_FIRST:
-            # the branch as the accumulator's first term: no MMA after the K loop
-            acc = _flat_lowrank(tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32), pid_m, pid_n, s_ptr, b_ptr, s_desc,
-                                b_desc, M, N, R, stride_sm, stride_sr, stride_bn, stride_br, BLOCK_M, BLOCK_N,
-                                BLOCK_R, LORA_TMA, LORA_SEP, S_SPLITS)
-        else:
-            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for kt in range(k_tiles):
             x = x_desc.load([pid_m * BLOCK_M, kt * BLOCK_K])
             w = w_desc.load([pid_n * BLOCK_N, kt * BLOCK_K])
             acc = tl.dot(x, w.T, acc)
         tile_c += step
         pid_m, pid_n = grouped_tile(tile_c, num_pid_m, num_pid_n, GROUP_M)
-        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        if LOWRANK and not LORA_FIRST:
-            acc = _flat_lowrank(acc, pid_m, pid_n, s_ptr, b_ptr, s_desc, b_desc, M, N, R, stride_sm, stride_sr,
-                                stride_bn, stride_br, BLOCK_M, BLOCK_N, BLOCK_R, LORA_TMA, LORA_SEP, S_SPLITS)
-        acc = add_bias(acc, offs_n, N, bias_ptr, HAS_BIAS)
-        if Y_TMA:
-            # EPI_SPLIT 2: two [BM, BN/2] stores through half the staging buffer (shared memory for a stage)
-            if EPI_SPLIT == 2:
-                a0, a1 = acc.reshape(BLOCK_M, 2, BLOCK_N // 2).permute(0, 2, 1).split()
-                y_desc.store([pid_m * BLOCK_M, pid_n * BLOCK_N], a0.to(y_desc.dtype))
-                y_desc.store([pid_m * BLOCK_M, pid_n * BLOCK_N + BLOCK_N // 2], a1.to(y_desc.dtype))
-            else:
-                y_desc.store([pid_m * BLOCK_M, pid_n * BLOCK_N], acc.to(y_desc.dtype))
-        else:
-            store_tile(y_ptr, acc, offs_m, offs_n, M, N, stride_ym, stride_yn)
+        _flat_epilogue(acc, pid_m, pid_n, s_ptr, b_ptr, bias_ptr, y_ptr, s_desc, b_desc, M, N, R, stride_sm,
+                       stride_sr, stride_bn, stride_br, stride_ym, stride_yn, BLOCK_M, BLOCK_N, BLOCK_R, LOWRANK,
+                       HAS_BIAS, LORA_TMA, S_SPLITS)
 
 
 @triton.jit
@@ -1063,6 +1097,7 @@ def smem_ledger(config, dtype_bits: int, strategy: str, prefetch: bool = False):
         sb = tile_bytes(c.block_m, c.block_r, 32) + tile_bytes(c.block_n, c.block_r, dtype_bits)
         terms += [SmemTerm("flattened loop's region", region), SmemTerm("epilogue S/B TMA tiles extra",
                                                                          max(0, sb - region)),
+                  SmemTerm("S-task pipeline extra", max(0, st * (x + a) - pipeline)),
                   SmemTerm("TMA barriers", barrier_bytes(1), st + 2)]
         return SmemLedger(tuple(terms), label=f"lora flat {c.block_m}x{c.block_n}x{c.block_k} r{c.block_r}")
     if kloop:

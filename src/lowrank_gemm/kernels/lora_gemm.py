@@ -794,20 +794,20 @@ def _run_persistent(x, w, a, b, bias, y, scale, cfg, *, N, Kp, R, dynamic, bank=
 
 
 def _run_flat(x, w, a, b, bias, y, scale, cfg, *, N, Kp, R):
-    """S by the down kernel in its K slices, then ``lora_flat_kernel`` on a persistent grid (``LoraStrategy.FLAT``)."""
+    """``lora_flat_kernel`` with its S tasks in the grid (``LoraStrategy.FLAT``): one launch, a persistent grid (one
+    program under the interpreter, which runs programs one after another: a program must never wait on a later one)."""
     M, dev, c = x.shape[0], x.device, cfg
-    splits = down_splits(M, R, Kp, c.block_r, num_sms(dev)) if not _interpreting() else 2
-    s = _empty_f32(dev, splits, M, R)
-    _launch_down(x, a, s, scale, c.block_r, Kp=Kp, R=R)
+    s = _empty_f32(dev, 1, M, R)
     b = b if b.is_contiguous() else b.contiguous()
     tiles = cdiv(M, c.block_m) * cdiv(N, c.block_n)
-    launch(K_.lora_flat_kernel, (persistent_grid(tiles, dev),),
-           _desc(x, c.block_m, c.block_k), _desc(w, c.block_n, c.block_k), s, b, y if bias is None else bias, y,
-           None, TensorDescriptor.from_tensor(s, [1, c.block_m, c.block_r]), _desc(b, c.block_n, c.block_r),
-           M, N, Kp, R, s.stride(1), s.stride(2), b.stride(0), b.stride(1), y.stride(0), y.stride(1),
+    launch(K_.lora_flat_kernel, (1 if _interpreting() else persistent_grid(tiles, dev),),
+           _desc(x, c.block_m, c.block_k), _desc(w, c.block_n, c.block_k), _desc(a, c.block_r, c.block_k), s,
+           _TICKETS.get(dev, 2), b, y if bias is None else bias, y,
+           TensorDescriptor.from_tensor(s, [1, c.block_m, c.block_r]), _desc(b, c.block_n, c.block_r),
+           M, N, Kp, R, scale, s.stride(1), s.stride(2), b.stride(0), b.stride(1), y.stride(0), y.stride(1),
            BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, BLOCK_R=c.block_r, GROUP_M=c.group_m,
-           LOWRANK=True, HAS_BIAS=bias is not None, FLATTEN=True, LORA_TMA=True, S_SPLITS=splits,
-           num_warps=c.num_warps, num_stages=c.num_stages)
+           LOWRANK=True, HAS_BIAS=bias is not None, FLATTEN=True, LORA_TMA=True, IN_GRID=True,
+           PROXY_FENCE=not _interpreting(), num_warps=c.num_warps, num_stages=c.num_stages)
     return y
 
 

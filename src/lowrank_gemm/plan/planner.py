@@ -60,8 +60,9 @@ class LoraStrategy(str, Enum):
     """Same, tasks handed out by an atomic work counter (results stay deterministic)."""
     FLAT = "flat"
     """Persistent grid of plain tiles whose tile loop and K loop are one software-pipelined loop (the next tile's
-    loads overlap this tile's epilogue); S whole from the down kernel before it, in its K slices; the branch after
-    the K loop by TMA, the rank in one chunk (r ≤ block_r, r a multiple of 8). Session 49."""
+    loads overlap this tile's epilogue); S blocks computed first in the same grid, waited for once after each
+    program's first tile; the branch after the K loop by TMA, the rank in one chunk (r ≤ block_r, r a multiple of
+    8). Session 49."""
     STREAMK = "streamk"
     """Stream-K: #SMs programs split tiles × K steps evenly; split tiles are summed in segment
     order by their last arriver (ticket). A probe candidate only: never chosen by the heuristic."""
@@ -231,14 +232,11 @@ def can_implement(strategy: str, shape: tuple[int, int, int, int], config: Kerne
         return Feasibility(False, f"{strategy} keeps S in registers: rank {r} > block_r {c.block_r}")
     if c.block_r > MAX_FUSED_RANK and strategy in _FUSED_RANK_LIMITED:
         return Feasibility(False, f"block_r {c.block_r} > {MAX_FUSED_RANK} (register budget of S)")
+    if strategy == "flat" and c.block_r > 64:
+        return Feasibility(False, f"flat adds the rank in one chunk: block_r {c.block_r} > 64")
     if strategy == "flat" and r % 8:
         return Feasibility(False, f"flat reads B [N, r] and S [·, M, r] by TMA (16-byte rows): rank a multiple of 8, "
                                   f"got {r}")
-    if strategy == "flat" and c.block_r > 16:
-        # each of S's K slices is its own fp32 [BM, BR] TMA buffer in the flattened loop: at BR 16 they sit inside
-        # the flattened region; at 64 they do not (128×256×64, 3 stages, 2 slices: 262 KB compiled, session 49)
-        return Feasibility(False, f"flat takes block_r 16 (rank ≤ 16): S's K-slice buffers at block_r "
-                                  f"{c.block_r} outgrow shared memory")
     if c.split_k > 1 and strategy in _NO_SPLIT_K:
         return Feasibility(False, f"{strategy} does not split K (split_k={c.split_k})")
     if c.split_k > 1 and c.split_mode == "fixup" and strategy not in FIXUP_STRATEGIES:
