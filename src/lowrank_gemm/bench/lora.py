@@ -70,7 +70,8 @@ def plausible(strategy: str, M: int, r: int, quick: bool) -> bool:
     if strategy.startswith("persistent"):
         return M >= 64
     if strategy == "flat":
-        return M >= 256 and r <= 16 and r % 8 == 0     # its rank limit (planner.can_implement)
+        # its S-in-grid form has not run on a GPU yet (session 49: the device time ran out): --quick only until then
+        return False
     if strategy == "kloop":
         return r <= 64
     return True

@@ -925,7 +925,9 @@ def lora_flat_kernel(
     #   slice 0), each counted by a release add; every program then runs its first tile's K loop outside the flattened
     #   loop, waits once for all S blocks (done long before: a block is a tile's K loop over BR ≪ BN columns), and
     #   runs the rest flattened. The last program past the wait zeroes both words after its store (the ticket
-    #   region's contract). Every program must be resident (grid ≤ #SMs), as for persistent_static.
+    #   region's contract). No deadlock without co-residency either: the S blocks belong to the lowest program ids,
+    #   which the hardware dispatches first, and no S-task program waits before its blocks are published (as in
+    #   persistent_static).
     #   PROXY_FENCE: S is written by plain stores and read by TMA (the async proxy): a proxy fence after the stores
     #   and after the acquire (off only under the interpreter, which runs no inline PTX).
     # The flattened epilogue recomputes its tile from a second counter so that it does not depend on values the
