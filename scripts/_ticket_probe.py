@@ -1,6 +1,6 @@
-"""Shared part of session 47's ticket probes (probe_ml_tickets.py, probe_lora_sync.py): a call as it ran before the
-shared ticket region, with ``lora_gemm._TICKETS`` swapped for a stand-in that zeroes a fresh buffer per call (a
-memset node in every captured graph)."""
+"""Shared part of the LoRA probes since session 47 (probe_ml_tickets.py, probe_lora_sync.py, probe_lora_flat.py): a
+call as it ran before the shared ticket region, with ``lora_gemm._TICKETS`` swapped for a stand-in that zeroes a fresh
+buffer per call (a memset node in every captured graph); the cells, the baselines, the timed rows and the tables."""
 
 from __future__ import annotations
 
@@ -58,3 +58,28 @@ def write_tables(out, stem, rows, columns):
     table = markdown_table(list(columns), [[rw.get(k) for k in columns.values()] for rw in rows])
     (out / f"{stem}.md").write_text(table + "\n")
     print(table)
+
+
+def lora_cells(cells: str):
+    """Per ``MxNxKxR`` of the comma-separated ``cells``: (M, N, K, r, the bench's rotated bf16 input sets on the GPU),
+    the sets freed after each cell."""
+    from lowrank_gemm.bench.lora import make_sets
+    for cell in cells.split(","):
+        M, N, K, r = (int(v) for v in cell.split("x"))
+        sets = make_sets(M, N, K, r, torch.bfloat16, torch.device("cuda"))
+        yield M, N, K, r, sets
+        del sets
+        torch.cuda.empty_cache()
+
+
+def lora_baselines():
+    """(auto, cublas) on a set (x, w, a, b, scale·b): ``lora_linear`` as ``bench lora`` times it, and x·Wᵀ."""
+    from lowrank_gemm.bench.lora import SCALE
+    from lowrank_gemm.kernels import lora_gemm
+
+    def auto(x, w, a, b, bs):
+        return lora_gemm.lora_linear(x, w, a, b, SCALE)
+
+    def cublas(x, w, a, b, bs):
+        return x @ w.T
+    return auto, cublas

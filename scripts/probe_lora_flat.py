@@ -76,24 +76,19 @@ def main(argv=None):
     ap.add_argument("--cells", default=CELLS)
     ap.add_argument("--variants", default=DEFAULT_VARIANTS)
     args = ap.parse_args(argv)
-    from _ticket_probe import timed_rows, write_tables
-    from lowrank_gemm.bench.lora import SCALE, make_sets
+    from _ticket_probe import lora_baselines, lora_cells, timed_rows, write_tables
+    from lowrank_gemm.bench.lora import SCALE
     from lowrank_gemm.kernels import lora_gemm
     from lowrank_gemm.plan.planner import plan_lora
     dev = torch.device("cuda")
+    auto, cublas = lora_baselines()
     rows = []
-    for cell in args.cells.split(","):
-        M, N, K, r = (int(v) for v in cell.split("x"))
-        sets = make_sets(M, N, K, r, torch.bfloat16, dev)
+    for M, N, K, r, sets in lora_cells(args.cells):
         x0, w0, a0, b0, _ = sets[0]
 
-        def auto(x, w, a, b, bs):
-            return lora_gemm.lora_linear(x, w, a, b, SCALE)
-
-        def cublas(x, w, a, b, bs):
-            return x @ w.T
         def op_flat(x, w, a, b, bs):
             return lora_gemm.lora_linear(x, w, a, b, SCALE, strategy="flat")
+
         impls, errs = {"cublas_base": cublas, "auto": auto}, {"auto": rel_err(auto(*sets[0]), x0, w0, a0, b0, SCALE)}
         impls["op_flat"], errs["op_flat"] = op_flat, rel_err(op_flat(*sets[0]), x0, w0, a0, b0, SCALE)
         for name in args.variants.split(","):
@@ -105,14 +100,12 @@ def main(argv=None):
                 errs[name] = rel_err(y, x0, w0, a0, b0, SCALE, v.get("LOWRANK", True))
                 impls[name] = fn
             except Exception as e:      # a variant that does not compile or launch here: its row says why
-                print(f"{cell} {name}: {type(e).__name__}: {str(e)[:300]}", flush=True)
+                print(f"{M}x{N}x{K}x{r} {name}: {type(e).__name__}: {str(e)[:300]}", flush=True)
                 rows.append(dict(M=M, N=N, K=K, r=r, impl=name, error=f"{type(e).__name__}: {str(e)[:200]}"))
         strategy = plan_lora(M, N, K, r, torch.bfloat16, dev)[0]
         for row in timed_rows(impls, sets, dict(M=M, N=N, K=K, r=r, strategy=strategy), paired_base=cublas):
             row["rel_err"] = errs.get(row["impl"])
             rows.append(row)
-        del sets
-        torch.cuda.empty_cache()
     write_tables(args.out, "probe_lora_flat", rows,
                  {"M": "M", "N": "N", "K": "K", "r": "r", "impl": "impl", "auto strategy": "strategy",
                   "graph µs": "graph_us", "× cuBLAS": "x_cublas", "× cuBLAS (paired)": "x_cublas_paired",

@@ -53,29 +53,18 @@ def main(argv=None):
     ap.add_argument("--cells", default=CELLS)
     ap.add_argument("--readers", action="store_true")
     args = ap.parse_args(argv)
-    from _ticket_probe import timed_rows, with_per_call_tickets, write_tables
-    from lowrank_gemm.bench.lora import SCALE, make_sets
-    from lowrank_gemm.kernels import lora_gemm
+    from _ticket_probe import lora_baselines, lora_cells, timed_rows, with_per_call_tickets, write_tables
     from lowrank_gemm.plan.planner import plan_lora
     dev = torch.device("cuda")
+    auto, cublas = lora_baselines()
     rows = []
-    for cell in args.cells.split(","):
-        M, N, K, r = (int(v) for v in cell.split("x"))
-        sets = make_sets(M, N, K, r, torch.bfloat16, dev)
-
-        def auto(x, w, a, b, bs):
-            return lora_gemm.lora_linear(x, w, a, b, SCALE)
-
-        def cublas(x, w, a, b, bs):
-            return x @ w.T
+    for M, N, K, r, sets in lora_cells(args.cells):
         other, other_name = ((with_readers_early(auto), "auto_readers_early") if args.readers
                              else (with_per_call_tickets(auto), "auto_memset"))
         same = torch.equal(auto(*sets[0]), other(*sets[0]))
         rows += timed_rows({"cublas_base": cublas, "auto": auto, other_name: other}, sets,
                            dict(M=M, N=N, K=K, r=r, strategy=plan_lora(M, N, K, r, torch.bfloat16, dev)[0],
                                 bit_identical=same), paired_base=cublas)
-        del sets
-        torch.cuda.empty_cache()
     write_tables(args.out, "probe_lora_sync", rows,
                  {"M": "M", "N": "N", "K": "K", "r": "r", "impl": "impl", "strategy": "strategy",
                   "graph µs": "graph_us", "× cuBLAS": "x_cublas", "× cuBLAS (paired)": "x_cublas_paired",

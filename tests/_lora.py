@@ -1,6 +1,7 @@
 """Random single-adapter LoRA problems for the CPU interpreter tests (fp16: the interpreter's bf16 dot is wrong)."""
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from lowrank_gemm.kernels import lora_gemm as LG
 from lowrank_gemm.kernels.lora_gemm import run_strategy
@@ -35,3 +36,16 @@ def tickets_zero():
     """Split-K arrival tickets are back at zero after a launch (graph replays depend on it)."""
     region = LG._TICKETS.region(CPU)
     return region is None or not region.any()
+
+
+class AtenOps(TorchDispatchMode):
+    """The aten ops a call dispatches (our Triton launches do not show): a per-call zero / fill is a memset node in a
+    captured graph."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.seen.append(str(func))
+        return func(*args, **(kwargs or {}))

@@ -193,25 +193,14 @@ def test_flat_through_the_op():
 def test_flat_no_memset_per_call_and_tickets_left_zero():
     """As every strategy (test_lora_gemm.py): the sync words come from the shared per-stream region, nothing is zeroed
     per call (a captured graph would replay it as a memset node), and the region is back at zero after each call."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    from _lora import run, tickets_zero
+    from _lora import AtenOps, run, tickets_zero
     from lowrank_gemm.kernels.lora_gemm import run_strategy
     from lowrank_gemm.reference import lora_linear_ref
-
-    class Ops(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.seen = []
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            self.seen.append(str(func))
-            return func(*args, **(kwargs or {}))
     for M, N, K in ((37, 70, 48), (9, 90, 64), (50, 20, 40)):
         x, w, a, b, bias = make(M, N, K, 8, seed=M)
         run("flat", x, w, a, b, 0.6, bias, flat_cfg(8))
         out = torch.full((M, N), float("nan"), dtype=x.dtype)
-        with Ops() as ops:
+        with AtenOps() as ops:
             y = run_strategy("flat", x, w, a, b, 0.6, bias, flat_cfg(8), out=out)
         assert not [op for op in ops.seen if "zero" in op or "fill" in op], ops.seen
         assert tickets_zero()

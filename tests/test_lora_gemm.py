@@ -10,7 +10,7 @@ relative, S is rounded to fp16 before S·Bᵀ as an unfused fp16 run would; 2e-3
 import pytest
 import torch
 from hypothesis import given, settings, strategies as st
-from torch.utils._python_dispatch import TorchDispatchMode
+from _lora import AtenOps
 
 from lowrank_gemm.kernels import lora_gemm as LG
 from lowrank_gemm.kernels.lora_gemm import lora_linear, run_strategy
@@ -197,18 +197,6 @@ def test_persistent_epi_stages_one_is_the_same_result(dynamic):
     assert rel_err(ys[1], lora_linear_ref(x, w, a, b, 0.6, bias)) < REL_TOL
 
 
-class _AtenOps(TorchDispatchMode):
-    """The aten ops a call dispatches (our Triton launches do not show)."""
-
-    def __init__(self):
-        super().__init__()
-        self.seen = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.seen.append(str(func))
-        return func(*args, **(kwargs or {}))
-
-
 @pytest.mark.parametrize("strategy", KERNEL_STRATEGIES)
 @pytest.mark.parametrize("split_k", [1, 3])
 def test_no_memset_per_call_and_tickets_left_zero(strategy, split_k):
@@ -224,7 +212,7 @@ def test_no_memset_per_call_and_tickets_left_zero(strategy, split_k):
         cfg = cfg_for(6, split_k, bm=bm, bn=bn)
         run_poisoned(strategy, x, w, a, b, 0.6, bias, cfg)        # the region and any derived weight exist from here
         out = torch.full((M, N), float("nan"), dtype=x.dtype)
-        with _AtenOps() as ops:     # (run_poisoned clears the weight cache: kcat would rebuild [W | B | 0])
+        with AtenOps() as ops:     # (run_poisoned clears the weight cache: kcat would rebuild [W | B | 0])
             y = run_strategy(strategy, x, w, a, b, 0.6, bias, cfg, out=out)
         assert not [op for op in ops.seen if "zero" in op or "fill" in op], (M, ops.seen)
         assert tickets_zero(), (M, N, K)
