@@ -968,11 +968,7 @@ def lora_flat_kernel(
     tile_c = first - step
     for tile in tl.range(first, num_tiles, step, flatten=FLATTEN):
         pid_m, pid_n = grouped_tile(tile, num_pid_m, num_pid_n, GROUP_M)
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for kt in range(k_tiles):
-            x = x_desc.load([pid_m * BLOCK_M, kt * BLOCK_K])
-            w = w_desc.load([pid_n * BLOCK_N, kt * BLOCK_K])
-            acc = tl.dot(x, w.T, acc)
+        acc = _flat_k_loop(x_desc, w_desc, pid_m, pid_n, k_tiles, BLOCK_M, BLOCK_N, BLOCK_K)
         tile_c += step
         pid_m, pid_n = grouped_tile(tile_c, num_pid_m, num_pid_n, GROUP_M)
         _flat_epilogue(acc, pid_m, pid_n, s_ptr, b_ptr, bias_ptr, y_ptr, s_desc, b_desc, M, N, R, stride_sm,
