@@ -10,8 +10,8 @@ relative, S is rounded to fp16 before S·Bᵀ as an unfused fp16 run would; 2e-3
 import pytest
 import torch
 from hypothesis import given, settings, strategies as st
-from _lora import AtenOps
 
+from _lora import AtenOps
 from lowrank_gemm.kernels import lora_gemm as LG
 from lowrank_gemm.kernels.lora_gemm import lora_linear, run_strategy
 from lowrank_gemm.plan.config import KernelConfig
