@@ -8,7 +8,8 @@ Rows: ``cublas_base``, ``auto`` (what ships), ``op_flat`` = ``lora_linear(strate
 tasks in the grid, one wait after each program's first tile: the op's form since call 4), and the kernel with S from
 the down kernel in the op's K slices (128×256×64 tiles, 8 warps, grouped order 8, grid min(#SMs, tiles); the digit:
 stages): ``flat4_tepi`` flattened (call 3's form), ``nof4`` not flattened, ``flat4_bare`` flattened without the
-branch (no down launch): the bare GEMM against cuBLAS. (Calls 2–3 also timed the branch by pointer loads —
+branch (no down launch): the bare GEMM against cuBLAS, ``flat4_pre`` flattened with S from one down launch outside the
+timed call (session 50: what the branch's epilogue alone costs; its rel err is on the first input set, whose S it is). (Calls 2–3 also timed the branch by pointer loads —
 C7515 in ptxas, 15–40 % slower — and as the accumulator's first term; those forms are gone.)
 Each row carries its relative error against a float64 product on the first input set; rows of a failed compile or
 launch say so. Writes DIR/probe_lora_flat.{json,md}.
@@ -27,8 +28,9 @@ VARIANTS = {
     "flat4_tepi": dict(FLATTEN=True, num_stages=4),
     "nof4": dict(FLATTEN=False, num_stages=4),
     "flat4_bare": dict(FLATTEN=True, num_stages=4, LOWRANK=False),
+    "flat4_pre": dict(FLATTEN=True, num_stages=4, PRE_S=True),
 }
-DEFAULT_VARIANTS = "flat4_bare"
+DEFAULT_VARIANTS = "flat4_bare,flat4_pre"
 _FLAGS = dict(FLATTEN=True, LOWRANK=True)
 BM, BN, BK, GROUP_M, WARPS = 128, 256, 64, 8, 8
 
@@ -43,14 +45,21 @@ def flat_fn(v: dict, M: int, N: int, K: int, r: int, scale: float):
     from lowrank_gemm.kernels.schedule import num_sms
     br = rank_block(r)
     v = dict(_FLAGS, **v)
+    pre = {}
 
     def call(x, w, a, b, bs):
         dev = x.device
         y = torch.empty(M, N, device=dev, dtype=x.dtype)
         splits = lora_gemm.down_splits(M, r, K, br, num_sms(dev))
-        s = torch.empty(splits, M, r, device=dev, dtype=torch.float32)
-        if v["LOWRANK"]:
-            lora_gemm._launch_down(x, a, s, scale, br, Kp=K, R=r)
+        if v.get("PRE_S"):      # S once, outside the timed call: the kernel's branch alone
+            if "s" not in pre:
+                pre["s"] = torch.empty(splits, M, r, device=dev, dtype=torch.float32)
+                lora_gemm._launch_down(x, a, pre["s"], scale, br, Kp=K, R=r)
+            s = pre["s"]
+        else:
+            s = torch.empty(splits, M, r, device=dev, dtype=torch.float32)
+            if v["LOWRANK"]:
+                lora_gemm._launch_down(x, a, s, scale, br, Kp=K, R=r)
         tiles = -(-M // BM) * -(-N // BN)
         K_.lora_flat_kernel[(min(num_sms(dev), tiles),)](
             TensorDescriptor.from_tensor(x, [BM, BK]), TensorDescriptor.from_tensor(w, [BN, BK]),

@@ -56,17 +56,34 @@ def test_flat_matches_reference(case, bias):
     assert rel_err(y, ref) < 2e-3
 
 
-@pytest.mark.parametrize("M, N, K, r", [(77, 136, 96, 8), (130, 70, 200, 16), (20, 64, 64, 16)])
-def test_flat_in_grid_s(M, N, K, r):
-    """IN_GRID: the S blocks computed by the kernel (scaled), the first tile peeled, one wait; one program (the
-    interpreter runs programs in order, and a program may not wait on a later one); the two sync words end at zero."""
+@pytest.mark.parametrize("M, N, K, r, slices", [(77, 136, 96, 8, 1), (130, 70, 200, 16, 1), (20, 64, 64, 16, 1),
+                                                (130, 70, 200, 16, 3), (77, 136, 96, 8, 5)])
+def test_flat_in_grid_s(M, N, K, r, slices):
+    """IN_GRID: the S tasks computed by the kernel (scaled; in K slices whose partials the last task of a block sums
+    — 5 slices of K = 96's three 32-wide tiles leave two empty), the first tile peeled, one wait; one program (the
+    interpreter runs programs in order, and a program may not wait on a later one); every sync word ends at zero."""
     from lowrank_gemm.reference import lora_linear_ref
     x, w, a, b, bb = make(M, N, K, r, seed=M)
     s = torch.full((1, M, r), float("nan"))
-    sync = torch.zeros(2, dtype=torch.int32)
-    y = run_flat(x, w, s, b, bb, bm=32, bn=64, bk=32, br=16, grid=1, a=a, scale=0.7, sync=sync, IN_GRID=True)
+    ws = torch.full((slices, M, r), float("nan"))
+    sync = torch.zeros(2 + -(-M // 32), dtype=torch.int32)
+    y = run_flat(x, w, s, b, bb, bm=32, bn=64, bk=32, br=16, grid=1, a=a, scale=0.7, sync=sync, IN_GRID=True,
+                 ws_ptr=ws, stride_wk=ws.stride(0), s_slices=slices)
     assert rel_err(y, lora_linear_ref(x, w, a, b, 0.7, bb)) < 2e-3
     assert not sync.any()
+
+
+@pytest.mark.parametrize("pid_m, tiles, grid, k_tiles, want", [
+    (8, 256, 132, 64, 1),       # 1024×8192 on 128×256 tiles: 8 programs with one tile fewer, 8 blocks
+    (32, 1024, 132, 128, 1),    # 4096×8192: slack 32
+    (32, 512, 132, 64, 4),      # 4096²: slack 16 < 32 blocks → four slices, 128 short tasks
+    (8, 128, 128, 64, 16),      # 1024×4096²: one tile each, no slack → sixteen slices
+    (8, 128, 128, 8, 8),        # never more slices than K tiles
+    (300, 9600, 132, 64, 1),    # more blocks than programs: whole blocks
+])
+def test_flat_s_slices(pid_m, tiles, grid, k_tiles, want):
+    from lowrank_gemm.kernels.lora_gemm import flat_s_slices
+    assert flat_s_slices(pid_m, tiles, grid, k_tiles) == want
 
 
 def test_flat_same_result_flattened_or_not():
@@ -82,11 +99,13 @@ def flat_signature(bm, bn, bk, br, dt="bf16"):
             "a_desc": f"tensordesc<{dt}[{br}, {bk}]>", "s_ptr": "*fp32", "sync_ptr": "*i32", "b_ptr": f"*{dt}",
             "bias_ptr": f"*{dt}", "y_ptr": f"*{dt}", "s_desc": f"tensordesc<fp32[1, {bm}, {br}]>",
             "b_desc": f"tensordesc<{dt}[{bn}, {br}]>", "M": "i32", "N": "i32", "K": "i32", "R": "i32", "scale": "fp32",
-            "stride_sm": "i32", "stride_bn": "i32", "stride_ym": "i32"}
+            "stride_sm": "i32", "stride_bn": "i32", "stride_ym": "i32", "ws_ptr": "*fp32", "stride_wk": "i32",
+            "s_slices": "i32"}
 
 
 UNIT = dict(stride_sr=1, stride_br=1, stride_yn=1)
-ALIGNED = ("s_ptr", "sync_ptr", "b_ptr", "bias_ptr", "y_ptr", "M", "N", "K", "R", "stride_sm", "stride_bn", "stride_ym")
+ALIGNED = ("s_ptr", "sync_ptr", "b_ptr", "bias_ptr", "y_ptr", "M", "N", "K", "R", "stride_sm", "stride_bn", "stride_ym",
+           "ws_ptr", "stride_wk")
 
 
 def compile_flat(br=16, stages=4, **flags):

@@ -446,8 +446,10 @@ def test_ticket_region_strategies_repeat_and_leave_it_zero(strategy, shape):
         assert torch.equal(y_g, ys[0]) and _tickets_zero()
 
 
-FLAT_SHAPES = [  # (M, N, K, r): many tiles per program, ragged M / N / K, rank 8 / 16, one program per tile
+FLAT_SHAPES = [  # (M, N, K, r): many tiles per program, ragged M / N / K, rank 8 / 16, one program per tile; S tasks
+    # whole (4096×8192), in 4 K slices (4096²), 16 (1024×4096²) or 12 (1300×6000) on 132 SMs
     (4096, 8192, 4096, 16),
+    (4096, 4096, 4096, 16),
     (1500, 5000, 3000, 8),
     (1024, 4096, 4096, 16),
     (2000, 28672, 4096, 8),

@@ -903,7 +903,8 @@ def lora_flat_kernel(
     w_desc,             # W [N, K], box [BN, BK]
     a_desc,             # A [R, K], box [BR, BK] (IN_GRID)
     s_ptr,              # S [S_SPLITS, M, R] fp32, scaled: the down kernel's K slices, or (IN_GRID) written here
-    sync_ptr,           # int32 [2] (IN_GRID): S blocks done, programs past the wait; zero on entry, left zero
+    sync_ptr,           # int32 [2 + blocks of M] (IN_GRID): S blocks done, programs past the wait, per block its
+                        # S tasks' tickets (s_slices > 1); zero on entry, left zero
     b_ptr,              # B [N, R]
     bias_ptr,           # bias [N]
     y_ptr,              # Y [M, N]
@@ -915,18 +916,26 @@ def lora_flat_kernel(
     GROUP_M: tl.constexpr, LOWRANK: tl.constexpr, HAS_BIAS: tl.constexpr, FLATTEN: tl.constexpr = True,
     LORA_TMA: tl.constexpr = True, S_SPLITS: tl.constexpr = 1, IN_GRID: tl.constexpr = False,
     PROXY_FENCE: tl.constexpr = True,
+    ws_ptr=None, stride_wk=0, s_slices=1,   # IN_GRID: S tasks in K slices, partials [s_slices, M, R] fp32 at ws_ptr
 ):
     # Session 49: a persistent grid of plain tiles whose tile loop and K loop are one software-pipelined loop
     # (tl.range flatten): the next tile's first X / W loads are issued while this tile's epilogue runs, where
     # lora_persistent_kernel starts every tile's pipeline from empty. The loop nest may hold nothing but the K loop to
     # flatten, so no wait for S can sit inside it:
     # - IN_GRID False: S whole from the down kernel launched before (its K slices summed in the epilogue);
-    # - IN_GRID True: programs first compute S's row blocks (block t by program t mod grid, the whole K, scaled, into
-    #   slice 0), each counted by a release add; every program then runs its first tile's K loop outside the flattened
-    #   loop, waits once for all S blocks (done long before: a block is a tile's K loop over BR ≪ BN columns), and
-    #   runs the rest flattened. The last program past the wait zeroes both words after its store (the ticket
-    #   region's contract). No deadlock without co-residency either: the S blocks belong to the lowest program ids,
-    #   which the hardware dispatches first, and no S-task program waits before its blocks are published (as in
+    # - IN_GRID True: programs first run the S tasks (task q by program q mod grid): row block q // s_slices over the
+    #   (q mod s_slices)-th near-equal range of K tiles. With one slice a task stores its block scaled; with more it
+    #   parks its partial at ws_ptr and takes the block's ticket (sync_ptr[2 + block]), and the last of the block's
+    #   tasks sums the partials in slice order (deterministic), stores the block scaled and resets the ticket. A
+    #   finished block is counted by a release add on sync_ptr[0]. Every program then runs its first tile's K loop
+    #   outside the flattened loop, waits once for all S blocks, and runs the rest flattened. The last program past
+    #   the wait zeroes words 0 and 1 after its store (the ticket region's contract). Programs walk the tiles in
+    #   reverse program order (program p starts at tile grid − 1 − p), so the programs with one tile fewer are the
+    #   lowest ids, the ones that run the S tasks; the host picks s_slices (flat_s_slices) so that the tasks fit that
+    #   slack or, where it is too small, are short. Session 49's form (whole blocks on programs with a full share of
+    #   tiles) put one block's K loop, ~0.4 of a tile's, on the critical path (1.44× cuBLAS at 1024×4096², one tile
+    #   per program). No deadlock without co-residency either: the S tasks belong to the lowest program ids, which
+    #   the hardware dispatches first, and no S-task program waits before its tasks are done (as in
     #   persistent_static).
     #   PROXY_FENCE: S is written by plain stores and read by TMA (the async proxy): a proxy fence after the stores
     #   and after the acquire (off only under the interpreter, which runs no inline PTX).
@@ -941,16 +950,31 @@ def lora_flat_kernel(
     first = start
     if IN_GRID:
         tl.static_assert(LOWRANK and S_SPLITS == 1, "IN_GRID: S whole, in one slice")
-        for t in range(start, num_pid_m, step):
-            s = _down_loop(x_desc, a_desc, t * BLOCK_M, 0, 0, k_tiles, BLOCK_M, BLOCK_R, BLOCK_K)
-            offs_m = t * BLOCK_M + tl.arange(0, BLOCK_M)
+        per_slice = tl.cdiv(k_tiles, s_slices)
+        for q in range(start, num_pid_m * s_slices, step):
+            block = q // s_slices
+            k_lo = (q % s_slices) * per_slice
+            s = _down_loop(x_desc, a_desc, block * BLOCK_M, 0, k_lo, tl.minimum(k_lo + per_slice, k_tiles),
+                           BLOCK_M, BLOCK_R, BLOCK_K)
+            offs_m = block * BLOCK_M + tl.arange(0, BLOCK_M)
             offs_r = tl.arange(0, BLOCK_R)
-            tl.store(s_ptr + offs_m[:, None] * stride_sm + offs_r[None, :] * stride_sr, s * scale,
-                     mask=(offs_m[:, None] < M) & (offs_r[None, :] < R))
-            if PROXY_FENCE:
-                _fence_proxy_async()
-            tl.debug_barrier()      # every thread's stores of the block before the one release
-            tl.atomic_add(sync_ptr, 1, sem="release", scope="gpu")
+            s_offs = offs_m[:, None] * stride_sm + offs_r[None, :] * stride_sr
+            s_mask = (offs_m[:, None] < M) & (offs_r[None, :] < R)
+            whole = s_slices == 1
+            if s_slices > 1:
+                splitk_store(ws_ptr, s_offs, stride_wk, q % s_slices, s, s_mask)
+                whole = splitk_arrive(sync_ptr + 2 + block, s_slices)
+                if whole:
+                    s = splitk_sum(ws_ptr, s_offs, stride_wk, s_mask, s_slices,
+                                   tl.zeros((BLOCK_M, BLOCK_R), dtype=tl.float32))
+                    splitk_reset(sync_ptr + 2 + block)
+            if whole:
+                tl.store(s_ptr + s_offs, s * scale, mask=s_mask)
+                if PROXY_FENCE:
+                    _fence_proxy_async()
+                tl.debug_barrier()      # every thread's stores of the block before the one release
+                tl.atomic_add(sync_ptr, 1, sem="release", scope="gpu")
+        start = step - 1 - start    # reverse program order from here: the S tasks' programs get the fewer tiles
         pid_m, pid_n = grouped_tile(start, num_pid_m, num_pid_n, GROUP_M)
         acc = _flat_k_loop(x_desc, w_desc, pid_m, pid_n, k_tiles, BLOCK_M, BLOCK_N, BLOCK_K)
         while tl.atomic_add(sync_ptr, 0, sem="acquire", scope="gpu") < num_pid_m:

@@ -793,21 +793,39 @@ def _run_persistent(x, w, a, b, bias, y, scale, cfg, *, N, Kp, R, dynamic, bank=
     return y
 
 
+def flat_s_slices(num_pid_m: int, tiles: int, grid: int, k_tiles: int) -> int:
+    """K slices of the flat kernel's in-grid S tasks (``s_slices``). The kernel walks tiles in reverse program order,
+    so the programs with one tile fewer (``grid − tiles mod grid`` of them, none where the tiles split evenly) are
+    the lowest ids, which run the S tasks: whole row blocks (one slice) where they all fit there, a tile's worth of
+    slack each; else enough slices that every program runs about one short task (≤ 16 partials to sum)."""
+    rem = tiles % grid
+    slack = grid - rem if rem else 0
+    if num_pid_m <= slack:
+        return 1
+    return max(1, min(16, grid // num_pid_m, k_tiles))
+
+
 def _run_flat(x, w, a, b, bias, y, scale, cfg, *, N, Kp, R):
     """``lora_flat_kernel`` with its S tasks in the grid (``LoraStrategy.FLAT``): one launch, a persistent grid (one
-    program under the interpreter, which runs programs one after another: a program must never wait on a later one)."""
+    program under the interpreter, which runs programs one after another: a program must never wait on a later one).
+    S tasks in :func:`flat_s_slices` K slices, their partials in a scratch buffer summed in slice order."""
     M, dev, c = x.shape[0], x.device, cfg
     s = _empty_f32(dev, 1, M, R)
     b = b if b.is_contiguous() else b.contiguous()
-    tiles = cdiv(M, c.block_m) * cdiv(N, c.block_n)
-    launch(K_.lora_flat_kernel, (1 if _interpreting() else persistent_grid(tiles, dev),),
+    num_pid_m = cdiv(M, c.block_m)
+    tiles = num_pid_m * cdiv(N, c.block_n)
+    grid = 1 if _interpreting() else persistent_grid(tiles, dev)
+    slices = flat_s_slices(num_pid_m, tiles, grid, cdiv(Kp, c.block_k))
+    ws = _empty_f32(dev, slices, M, R) if slices > 1 else s
+    launch(K_.lora_flat_kernel, (grid,),
            _desc(x, c.block_m, c.block_k), _desc(w, c.block_n, c.block_k), _desc(a, c.block_r, c.block_k), s,
-           _TICKETS.get(dev, 2), b, y if bias is None else bias, y,
+           _TICKETS.get(dev, 2 + num_pid_m), b, y if bias is None else bias, y,
            TensorDescriptor.from_tensor(s, [1, c.block_m, c.block_r]), _desc(b, c.block_n, c.block_r),
            M, N, Kp, R, scale, s.stride(1), s.stride(2), b.stride(0), b.stride(1), y.stride(0), y.stride(1),
            BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, BLOCK_R=c.block_r, GROUP_M=c.group_m,
            LOWRANK=True, HAS_BIAS=bias is not None, FLATTEN=True, LORA_TMA=True, IN_GRID=True,
-           PROXY_FENCE=not _interpreting(), num_warps=c.num_warps, num_stages=c.num_stages)
+           PROXY_FENCE=not _interpreting(), ws_ptr=ws, stride_wk=ws.stride(0), s_slices=slices,
+           num_warps=c.num_warps, num_stages=c.num_stages)
     return y
 
 
