@@ -224,3 +224,24 @@ def test_flat_no_memset_per_call_and_tickets_left_zero():
         assert not [op for op in ops.seen if "zero" in op or "fill" in op], ops.seen
         assert tickets_zero()
         assert rel_err(y, lora_linear_ref(x, w, a, b, 0.6, bias)) < 2e-3
+
+
+@pytest.mark.parametrize("M, N, K, r, routed", [
+    (4096, 28672, 4096, 16, True), (4096, 8192, 8192, 64, True), (1024, 28672, 4096, 8, True),
+    (4096, 4096, 4096, 16, False),     # 32 S blocks, 16 programs with one tile fewer: K-sliced tasks
+    (1024, 4096, 4096, 16, False),     # one tile per program
+    (1024, 8192, 8192, 16, False),     # ~2 waves
+    (4096, 28672, 4096, 12, False),    # TMA rows of B / S: r a multiple of 8
+    (4096, 28672, 4096, 128, False),   # the rank in one chunk: r ≤ 64
+])
+def test_flat_plan_routes_where_it_measured_ahead(M, N, K, r, routed):
+    """The planner's flat rule on a 132-SM GPU (session 50, probes/s50/s50a)."""
+    from lowrank_gemm.kernels.lora_gemm import flat_s_slices
+    from lowrank_gemm.plan.planner import flat_plan
+    plan = flat_plan(M, N, K, r, 16, 132)
+    assert (plan is not None) == routed
+    if routed:
+        strategy, cfg = plan
+        tiles = -(-M // cfg.block_m) * -(-N // cfg.block_n)
+        assert strategy == "flat" and flat_s_slices(-(-M // cfg.block_m), tiles, 132, -(-K // cfg.block_k)) == 1
+    assert flat_plan(M, N, K, r, 8, 132) is None        # fp8 operands: not this kernel

@@ -474,3 +474,25 @@ def test_flat_strategy_gpu(M, N, K, r):
     assert torch.equal(ys[0], ys[1])
     ref = lora_linear_ref(x, w, a, b, 0.5, bb)
     assert ((ys[0].double() - ref).norm() / ref.norm()).item() < TOL
+
+
+def test_auto_routes_flat_and_replays_in_a_graph():
+    """Where the planner's flat rule serves (session 50: ≥ 4 waves, every S block on a program with one tile fewer),
+    ``auto`` runs ``flat``; captured in a CUDA graph it replays the eager bits, follows a new X, and leaves the ticket
+    region at zero."""
+    from lowrank_gemm.kernels.schedule import num_sms
+    from lowrank_gemm.plan.planner import flat_plan
+    M, N, K, r = 1024, 28672, 4096, 16
+    if flat_plan(M, N, K, r, 16, num_sms(torch.device("cuda"))) is None:
+        pytest.skip("the flat rule does not serve this shape on this GPU's SM count")
+    assert plan_lora(M, N, K, r, torch.bfloat16, torch.device("cuda"))[0] == "flat"
+    x, w, a, b, bias = make(M, N, K, r, seed=7)
+    eager, g, y = capture_graph(lambda: lora_linear(x, w, a, b, 0.5, bias))
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(y, eager)
+    x.copy_(make(M, N, K, r, seed=8)[0])
+    g.replay()
+    torch.cuda.synchronize()
+    assert rel_err(y, lora_linear_ref(x, w, a, b, 0.5, bias)) < TOL
+    assert LG._TICKETS.all_zero(x.device)

@@ -70,8 +70,7 @@ def plausible(strategy: str, M: int, r: int, quick: bool) -> bool:
     if strategy.startswith("persistent"):
         return M >= 64
     if strategy == "flat":
-        # its S-in-grid form has not run on a GPU yet (session 49: the device time ran out): --quick only until then
-        return False
+        return M >= 1024     # a persistent grid of 128×256 tiles (session 50: measured from M = 1024)
     if strategy == "kloop":
         return r <= 64
     return True

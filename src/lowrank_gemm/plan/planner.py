@@ -291,6 +291,31 @@ def entry_serves(M: int, N: int, strategy: str, cfg: KernelConfig, sms: int) -> 
     return at_m == cdiv(Mb, cfg.block_m) * per_row or at_m >= 2 * sms
 
 
+# flat_plan's floor: the programs' tile counts (waves of 128×256 tiles)
+FLAT_MIN_WAVES = 4
+
+
+def flat_plan(M: int, N: int, K: int, r: int, dtype_bits: int, sms: int) -> tuple[str, KernelConfig] | None:
+    """``flat`` where it measured ahead of the tuned table and the rules (``probes/s50/s50a``, H100, × cuBLAS paired;
+    session 50): at least :data:`FLAT_MIN_WAVES` waves of its tiles and every S row block on a program with one tile
+    fewer (:func:`~lowrank_gemm.kernels.lora_gemm.flat_s_slices` is 1), 16-bit, r a multiple of 8 up to 64. There it
+    read 1.01–1.07 against ``auto``'s 1.02–1.14 (4096×28672×4096 r8 / r16 / r64: 1.05 / 1.05 / 1.01 against 1.14 /
+    1.07 / 1.12; 1024×28672×4096 r16 / r64: 1.03 / 1.06 against 1.07 / 1.09). Not where its S tasks are K-sliced
+    (4096², 1024×4096²: 1.17–1.28 against 1.07–1.19: the last task of a block sums the partials ahead of its own
+    tile) nor below four waves (1024×8192², ~2 waves: level with ``auto``). None elsewhere."""
+    if dtype_bits != 16 or r % 8 or not 0 < r <= 64:
+        return None
+    strategy, cfg = heuristic_lora(M, N, K, r, dtype_bits, gpu=True, sms=sms, strategy="flat")
+    num_pid_m = cdiv(M, cfg.block_m)
+    tiles = num_pid_m * cdiv(N, cfg.block_n)
+    rem = tiles % sms
+    if tiles < FLAT_MIN_WAVES * sms or not rem or num_pid_m > sms - rem:
+        return None
+    if not can_implement(strategy, (M, N, K, r), cfg, dtype_bits):
+        return None
+    return strategy, cfg
+
+
 @functools.lru_cache(maxsize=8)
 def load_tuned(path: Path | None) -> dict:
     """``{key: {"strategy": str, "config": {...}}}`` from a LoRA table (``plan/tuned/lora_<gpu>.json``)."""
@@ -606,6 +631,10 @@ def _plan_lora_inner(M, N, K, r, dtype, device, pin, env_mode):
         if not ok:
             raise ValueError(f"pinned config cannot run {strategy} on (M,N,K,r)={shape}: {ok.reason}")
         return strategy, pin.config
+    if pin_strategy is None and gpu:
+        planned = flat_plan(M, N, K, r, bits, sms)
+        if planned is not None:
+            return planned
     if pin_strategy is None:
         table = load_tuned(tuned_file("lora", device))
         hit = table.get(tuned_key(M, N, K, r, dtype))
