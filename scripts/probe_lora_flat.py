@@ -84,11 +84,13 @@ def main(argv=None):
     ap.add_argument("--out", default="")
     ap.add_argument("--cells", default=CELLS)
     ap.add_argument("--variants", default=DEFAULT_VARIANTS)
+    ap.add_argument("--op-tiles", default="", help="extra op `flat` rows on pinned tiles: BMxBNxBKxWARPSxSTAGES,…")
+    ap.add_argument("--no-auto", action="store_true", help="no `auto` row")
     args = ap.parse_args(argv)
     from _ticket_probe import lora_baselines, lora_cells, timed_rows, write_tables
     from lowrank_gemm.bench.lora import SCALE
     from lowrank_gemm.kernels import lora_gemm
-    from lowrank_gemm.plan.planner import plan_lora
+    from lowrank_gemm.plan.planner import pinned, plan_lora
     dev = torch.device("cuda")
     auto, cublas = lora_baselines()
     rows = []
@@ -100,7 +102,24 @@ def main(argv=None):
 
         impls, errs = {"cublas_base": cublas, "auto": auto}, {"auto": rel_err(auto(*sets[0]), x0, w0, a0, b0, SCALE)}
         impls["op_flat"], errs["op_flat"] = op_flat, rel_err(op_flat(*sets[0]), x0, w0, a0, b0, SCALE)
-        for name in args.variants.split(","):
+        if args.no_auto:
+            del impls["auto"]
+        for spec in filter(None, args.op_tiles.split(",")):
+            bm, bn, bk, warps, stages = map(int, spec.split("x"))
+            with pinned(strategy="flat"):
+                cfg = plan_lora(M, N, K, r, torch.bfloat16, dev)[1].replace(
+                    block_m=bm, block_n=bn, block_k=bk, num_warps=warps, num_stages=stages)
+
+            def op_tiles(x, w, a, b, bs, cfg=cfg):
+                with pinned(strategy="flat", config=cfg):
+                    return lora_gemm.lora_linear(x, w, a, b, SCALE)
+            name = f"op_flat_{spec}"
+            try:
+                errs[name] = rel_err(op_tiles(*sets[0]), x0, w0, a0, b0, SCALE)
+                impls[name] = op_tiles
+            except Exception as e:
+                rows.append(dict(M=M, N=N, K=K, r=r, impl=name, error=f"{type(e).__name__}: {str(e)[:200]}"))
+        for name in filter(None, args.variants.split(",")):
             v = VARIANTS[name]
             fn = flat_fn(v, M, N, K, r, SCALE)
             try:
