@@ -86,6 +86,7 @@ def main(argv=None):
     ap.add_argument("--variants", default=DEFAULT_VARIANTS)
     ap.add_argument("--op-tiles", default="", help="extra op `flat` rows on pinned tiles: BMxBNxBKxWARPSxSTAGES,…")
     ap.add_argument("--no-auto", action="store_true", help="no `auto` row")
+    ap.add_argument("--tuned-row", action="store_true", help="a row of the tuned table's entry, pinned")
     args = ap.parse_args(argv)
     from _ticket_probe import lora_baselines, lora_cells, timed_rows, write_tables
     from lowrank_gemm.bench.lora import SCALE
@@ -104,6 +105,19 @@ def main(argv=None):
         impls["op_flat"], errs["op_flat"] = op_flat, rel_err(op_flat(*sets[0]), x0, w0, a0, b0, SCALE)
         if args.no_auto:
             del impls["auto"]
+        if args.tuned_row:      # the tuned table's entry, pinned: what auto ran before flat_plan (session 50)
+            from lowrank_gemm.plan.config import KernelConfig
+            from lowrank_gemm.plan.planner import load_tuned, tuned_key
+            from lowrank_gemm.plan.tuned import tuned_file
+            hit = load_tuned(tuned_file("lora", dev)).get(tuned_key(M, N, K, r, torch.bfloat16))
+            if hit is not None:
+                pin = dict(strategy=hit["strategy"], config=KernelConfig.from_dict(hit["config"]))
+
+                def tuned(x, w, a, b, bs, pin=pin):
+                    with pinned(**pin):
+                        return lora_gemm.lora_linear(x, w, a, b, SCALE)
+                impls["tuned_" + hit["strategy"]] = tuned
+                errs["tuned_" + hit["strategy"]] = rel_err(tuned(*sets[0]), x0, w0, a0, b0, SCALE)
         for spec in filter(None, args.op_tiles.split(",")):
             bm, bn, bk, warps, stages = map(int, spec.split("x"))
             with pinned(strategy="flat"):
