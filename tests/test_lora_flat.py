@@ -227,11 +227,12 @@ def test_flat_no_memset_per_call_and_tickets_left_zero():
 
 
 @pytest.mark.parametrize("M, N, K, r, routed", [
-    (4096, 28672, 4096, 16, True), (4096, 8192, 8192, 64, True), (1024, 28672, 4096, 8, True),
-    (4096, 4096, 4096, 16, False),     # 32 S blocks, 16 programs with one tile fewer: K-sliced tasks
-    (1024, 4096, 4096, 16, False),     # one tile per program
-    (1024, 8192, 8192, 16, False),     # ~2 waves
-    (4096, 28672, 4096, 12, False),    # TMA rows of B / S: r a multiple of 8
+    (4096, 28672, 4096, 64, True), (4096, 8192, 8192, 64, True), (1024, 28672, 4096, 32, True),
+    (4096, 28672, 4096, 16, False),    # r ≤ 16: level with the tuned plan (s50a / s50c)
+    (4096, 4096, 4096, 64, False),     # 32 S blocks, 16 programs with one tile fewer: K-sliced tasks
+    (1024, 4096, 4096, 64, False),     # one tile per program
+    (1024, 8192, 8192, 64, False),     # ~2 waves
+    (4096, 28672, 4096, 36, False),    # TMA rows of B / S: r a multiple of 8
     (4096, 28672, 4096, 128, False),   # the rank in one chunk: r ≤ 64
 ])
 def test_flat_plan_routes_where_it_measured_ahead(M, N, K, r, routed):

@@ -296,14 +296,16 @@ FLAT_MIN_WAVES = 4
 
 
 def flat_plan(M: int, N: int, K: int, r: int, dtype_bits: int, sms: int) -> tuple[str, KernelConfig] | None:
-    """``flat`` where it measured ahead of the tuned table and the rules (``probes/s50/s50a``, H100, × cuBLAS paired;
-    session 50): at least :data:`FLAT_MIN_WAVES` waves of its tiles and every S row block on a program with one tile
-    fewer (:func:`~lowrank_gemm.kernels.lora_gemm.flat_s_slices` is 1), 16-bit, r a multiple of 8 up to 64. There it
-    read 1.01–1.07 against ``auto``'s 1.02–1.14 (4096×28672×4096 r8 / r16 / r64: 1.05 / 1.05 / 1.01 against 1.14 /
-    1.07 / 1.12; 1024×28672×4096 r16 / r64: 1.03 / 1.06 against 1.07 / 1.09). Not where its S tasks are K-sliced
-    (4096², 1024×4096²: 1.17–1.28 against 1.07–1.19: the last task of a block sums the partials ahead of its own
-    tile) nor below four waves (1024×8192², ~2 waves: level with ``auto``). None elsewhere."""
-    if dtype_bits != 16 or r % 8 or not 0 < r <= 64:
+    """``flat`` where it measured ahead of the tuned table and the rules (H100, × cuBLAS paired, session 50): 16-bit,
+    r a multiple of 8 above 16 up to 64, at least :data:`FLAT_MIN_WAVES` waves of its tiles and every S row block on a
+    program with one tile fewer (:func:`~lowrank_gemm.kernels.lora_gemm.flat_s_slices` is 1). At r64 it beat the tuned
+    ``persistent_static`` side by side in one process (``probes/s50/s50c``): 4096×28672×4096 1.07 vs 1.10,
+    4096×8192² 1.05 vs 1.10, 1024×28672×4096 1.03 vs 1.10 (``s50a``: 1.01 vs 1.12, 1.07 vs 1.09, 1.06 vs 1.09) — one
+    rank chunk by TMA where persistent_static's epilogue walks the rank in chunks. At r8 / r16 the two were level
+    within the noise (s50a: flat ahead by 0.01–0.09 at r16; s50c: behind by 0.01–0.02), so those stay with the table.
+    Not where its S tasks are K-sliced (4096², 1024×4096²: 1.17–1.28 against 1.07–1.19: the last task of a block
+    sums the partials ahead of its own tile) nor below four waves (1024×8192², ~2 waves: level). None elsewhere."""
+    if dtype_bits != 16 or r % 8 or not 16 < r <= 64:
         return None
     strategy, cfg = heuristic_lora(M, N, K, r, dtype_bits, gpu=True, sms=sms, strategy="flat")
     num_pid_m = cdiv(M, cfg.block_m)
