@@ -58,7 +58,7 @@ from .tma import TMA_ALIGN, tma_operand
 from .row_quant import fp8_rows
 from . import _lora_kernels as K_
 from ._lora_kernels import smem_ledger
-from .schedule import cdiv, device_index, grouped_tile_host, next_pow2, num_sms, persistent_grid
+from .schedule import cdiv, device_index, grouped_tile_host, next_pow2, num_sms, persistent_grid, short_programs
 
 __all__ = ["lora_linear", "lora_linear_impl", "smem_ledger", "clear_weight_cache", "check_inputs",
            "run_strategy", "LoraOptions", "lora_options", "current_options", "LORA_OPTIONS_ENV"]
@@ -798,9 +798,7 @@ def flat_s_slices(num_pid_m: int, tiles: int, grid: int, k_tiles: int) -> int:
     so the programs with one tile fewer (``grid − tiles mod grid`` of them, none where the tiles split evenly) are
     the lowest ids, which run the S tasks: whole row blocks (one slice) where they all fit there, a tile's worth of
     slack each; else enough slices that every program runs about one short task (≤ 16 partials to sum)."""
-    rem = tiles % grid
-    slack = grid - rem if rem else 0
-    if num_pid_m <= slack:
+    if num_pid_m <= short_programs(tiles, grid):
         return 1
     return max(1, min(16, grid // num_pid_m, k_tiles))
 

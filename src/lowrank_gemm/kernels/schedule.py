@@ -68,3 +68,10 @@ def num_sms(device) -> int:
 def persistent_grid(num_tiles: int, device) -> int:
     """Programs in a persistent launch: one per SM, never more than there are tiles."""
     return max(1, min(num_tiles, num_sms(device)))
+
+
+def short_programs(num_tiles: int, grid: int) -> int:
+    """How many of a persistent grid's programs get one tile fewer than the rest when ``grid`` programs stride over
+    ``num_tiles`` tiles (none where the tiles split evenly)."""
+    rem = num_tiles % grid
+    return grid - rem if rem else 0

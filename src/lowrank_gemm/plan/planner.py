@@ -60,9 +60,10 @@ class LoraStrategy(str, Enum):
     """Same, tasks handed out by an atomic work counter (results stay deterministic)."""
     FLAT = "flat"
     """Persistent grid of plain tiles whose tile loop and K loop are one software-pipelined loop (the next tile's
-    loads overlap this tile's epilogue); S blocks computed first in the same grid, waited for once after each
-    program's first tile; the branch after the K loop by TMA, the rank in one chunk (r ≤ block_r, r a multiple of
-    8). Session 49."""
+    loads overlap this tile's epilogue); S tasks first in the same grid, on the programs with one tile fewer (K-sliced
+    where they do not fit there), waited for once after each program's first tile; the branch after the K loop by TMA,
+    the rank in one chunk (r ≤ block_r ≤ 64, r a multiple of 8). Sessions 49–50; ``auto`` routes it at r > 16
+    (:func:`flat_plan`)."""
     STREAMK = "streamk"
     """Stream-K: #SMs programs split tiles × K steps evenly; split tiles are summed in segment
     order by their last arriver (ticket). A probe candidate only: never chosen by the heuristic."""
@@ -307,11 +308,11 @@ def flat_plan(M: int, N: int, K: int, r: int, dtype_bits: int, sms: int) -> tupl
     sums the partials ahead of its own tile) nor below four waves (1024×8192², ~2 waves: level). None elsewhere."""
     if dtype_bits != 16 or r % 8 or not 16 < r <= 64:
         return None
+    from ..kernels.schedule import short_programs
     strategy, cfg = heuristic_lora(M, N, K, r, dtype_bits, gpu=True, sms=sms, strategy="flat")
     num_pid_m = cdiv(M, cfg.block_m)
     tiles = num_pid_m * cdiv(N, cfg.block_n)
-    rem = tiles % sms
-    if tiles < FLAT_MIN_WAVES * sms or not rem or num_pid_m > sms - rem:
+    if tiles < FLAT_MIN_WAVES * sms or num_pid_m > short_programs(tiles, sms):
         return None
     if not can_implement(strategy, (M, N, K, r), cfg, dtype_bits):
         return None
