@@ -73,17 +73,45 @@ def test_flat_in_grid_s(M, N, K, r, slices):
     assert not sync.any()
 
 
+@pytest.mark.parametrize("M, N, grid, slices", [(70, 136, 4, 1), (70, 136, 12, 1), (20, 64, 5, 1), (70, 136, 12, 3)])
+def test_flat_s_tasks_on_one_program_of_a_wider_grid(M, N, grid, slices):
+    """IN_GRID with ``s_programs`` = 1: program 0 runs every S task (the interpreter runs programs in order, so only
+    the first may hold them), the others only tiles; with more programs than tiles (12 against 70 × 136's nine, 5
+    against 20 × 64's one) the lowest hold no tile and must neither compute one nor count in the wait; every output
+    element written (NaN-poisoned), every sync word back at zero."""
+    from lowrank_gemm.reference import lora_linear_ref
+    x, w, a, b, bb = make(M, N, 96, 16, seed=N)
+    s = torch.full((1, M, 16), float("nan"))
+    ws = torch.full((slices, M, 16), float("nan"))
+    sync = torch.zeros(2 + -(-M // 32), dtype=torch.int32)
+    y = run_flat(x, w, s, b, bb, bm=32, bn=64, bk=32, br=16, grid=grid, a=a, scale=0.7, sync=sync, IN_GRID=True,
+                 ws_ptr=ws, stride_wk=ws.stride(0), s_slices=slices, s_programs=1)
+    assert rel_err(y, lora_linear_ref(x, w, a, b, 0.7, bb)) < 2e-3
+    assert not sync.any()
+
+
 @pytest.mark.parametrize("pid_m, tiles, grid, k_tiles, want", [
-    (8, 256, 132, 64, 1),       # 1024×8192 on 128×256 tiles: 8 programs with one tile fewer, 8 blocks
-    (32, 1024, 132, 128, 1),    # 4096×8192: slack 32
-    (32, 512, 132, 64, 4),      # 4096²: slack 16 < 32 blocks → four slices, 128 short tasks
-    (8, 128, 128, 64, 16),      # 1024×4096²: one tile each, no slack → sixteen slices
-    (8, 128, 128, 8, 8),        # never more slices than K tiles
-    (300, 9600, 132, 64, 1),    # more blocks than programs: whole blocks
+    (8, 256, 132, 64, (1, 8)),        # 1024×8192 on 128×256 tiles: 8 programs with one tile fewer, 8 blocks
+    (32, 1024, 132, 128, (1, 32)),    # 4096×8192: slack 32
+    (32, 512, 132, 64, (1, 16)),      # 4096²: 16 programs with one tile fewer, two whole blocks each
+    (8, 128, 132, 64, (1, 4)),        # 1024×4096²: one tile each on 128 programs, 4 spare programs, two blocks each
+    (8, 128, 128, 64, (16, 128)),     # the same without spare programs: sixteen slices over every program
+    (8, 128, 128, 8, (8, 128)),       # never more slices than K tiles
+    (40, 520, 132, 64, (3, 132)),     # slack 8 < 40 / 2: three slices over every program
+    (300, 9600, 132, 64, (1, 132)),   # more blocks than programs: whole blocks over every program
+    (3, 2, 5, 4, (1, 3)),             # a grid wider than the tiles: three spare programs, one block each
 ])
-def test_flat_s_slices(pid_m, tiles, grid, k_tiles, want):
-    from lowrank_gemm.kernels.lora_gemm import flat_s_slices
-    assert flat_s_slices(pid_m, tiles, grid, k_tiles) == want
+def test_flat_s_tasks(pid_m, tiles, grid, k_tiles, want):
+    from lowrank_gemm.kernels.lora_gemm import flat_s_tasks
+    assert flat_s_tasks(pid_m, tiles, grid, k_tiles) == want
+
+
+@pytest.mark.parametrize("tiles, pid_m, want", [(128, 8, 132), (130, 8, 132), (3584, 32, 132), (4, 2, 6)])
+def test_flat_grid_adds_spare_programs_for_s(tiles, pid_m, want):
+    from lowrank_gemm.kernels import lora_gemm
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(lora_gemm, "num_sms", lambda device: 132)
+        assert lora_gemm.flat_grid(tiles, pid_m, "cuda") == want
 
 
 def test_flat_same_result_flattened_or_not():
@@ -100,7 +128,7 @@ def flat_signature(bm, bn, bk, br, dt="bf16"):
             "bias_ptr": f"*{dt}", "y_ptr": f"*{dt}", "s_desc": f"tensordesc<fp32[1, {bm}, {br}]>",
             "b_desc": f"tensordesc<{dt}[{bn}, {br}]>", "M": "i32", "N": "i32", "K": "i32", "R": "i32", "scale": "fp32",
             "stride_sm": "i32", "stride_bn": "i32", "stride_ym": "i32", "ws_ptr": "*fp32", "stride_wk": "i32",
-            "s_slices": "i32"}
+            "s_slices": "i32", "s_programs": "i32"}
 
 
 UNIT = dict(stride_sr=1, stride_br=1, stride_yn=1)
@@ -237,12 +265,12 @@ def test_flat_no_memset_per_call_and_tickets_left_zero():
 ])
 def test_flat_plan_routes_where_it_measured_ahead(M, N, K, r, routed):
     """The planner's flat rule on a 132-SM GPU (session 50, probes/s50/s50a)."""
-    from lowrank_gemm.kernels.lora_gemm import flat_s_slices
+    from lowrank_gemm.kernels.lora_gemm import flat_s_tasks
     from lowrank_gemm.plan.planner import flat_plan
     plan = flat_plan(M, N, K, r, 16, 132)
     assert (plan is not None) == routed
     if routed:
         strategy, cfg = plan
         tiles = -(-M // cfg.block_m) * -(-N // cfg.block_n)
-        assert strategy == "flat" and flat_s_slices(-(-M // cfg.block_m), tiles, 132, -(-K // cfg.block_k)) == 1
+        assert strategy == "flat" and flat_s_tasks(-(-M // cfg.block_m), tiles, 132, -(-K // cfg.block_k))[0] == 1
     assert flat_plan(M, N, K, r, 8, 132) is None        # fp8 operands: not this kernel

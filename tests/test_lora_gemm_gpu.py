@@ -446,14 +446,17 @@ def test_ticket_region_strategies_repeat_and_leave_it_zero(strategy, shape):
         assert torch.equal(y_g, ys[0]) and _tickets_zero()
 
 
-FLAT_SHAPES = [  # (M, N, K, r): many tiles per program, ragged M / N / K, rank 8 / 16, one program per tile; S tasks
-    # whole (4096×8192), in 4 K slices (4096²), 16 (1024×4096²) or 12 (1300×6000) on 132 SMs
+FLAT_SHAPES = [  # (M, N, K, r): many tiles per program, ragged M / N / K, rank 8 / 16 / 64, one program per tile,
+    # fewer tiles than SMs; on 132 SMs S tasks whole, one per program with one tile fewer (4096×8192), two each
+    # (4096²), two each on the 4 spare programs past the tiles (1024×4096²), one each on 2 spare (200×1000), or in
+    # 12 K slices over every program (1300×6000: the tiles split evenly, no slack)
     (4096, 8192, 4096, 16),
     (4096, 4096, 4096, 16),
     (1500, 5000, 3000, 8),
     (1024, 4096, 4096, 16),
     (2000, 28672, 4096, 8),
     (1300, 6000, 2048, 64),
+    (200, 1000, 1024, 16),
 ]
 
 

@@ -917,26 +917,28 @@ def lora_flat_kernel(
     LORA_TMA: tl.constexpr = True, S_SPLITS: tl.constexpr = 1, IN_GRID: tl.constexpr = False,
     PROXY_FENCE: tl.constexpr = True,
     ws_ptr=None, stride_wk=0, s_slices=1,   # IN_GRID: S tasks in K slices, partials [s_slices, M, R] fp32 at ws_ptr
+    s_programs=0,       # IN_GRID: the programs 0 … s_programs − 1 run the S tasks (0: every program)
 ):
     # Session 49: a persistent grid of plain tiles whose tile loop and K loop are one software-pipelined loop
     # (tl.range flatten): the next tile's first X / W loads are issued while this tile's epilogue runs, where
     # lora_persistent_kernel starts every tile's pipeline from empty. The loop nest may hold nothing but the K loop to
     # flatten, so no wait for S can sit inside it:
     # - IN_GRID False: S whole from the down kernel launched before (its K slices summed in the epilogue);
-    # - IN_GRID True: programs first run the S tasks (task q by program q mod grid): row block q // s_slices over the
+    # - IN_GRID True: programs first run the S tasks (task q by program q mod s_programs, the host's count of programs
+    #   with slack: one tile fewer, or no tile where the grid is wider than the tiles): row block q // s_slices over the
     #   (q mod s_slices)-th near-equal range of K tiles. With one slice a task stores its block scaled; with more it
     #   parks its partial at ws_ptr and takes the block's ticket (sync_ptr[2 + block]), and the last of the block's
     #   tasks sums the partials in slice order (deterministic), stores the block scaled and resets the ticket. A
-    #   finished block is counted by a release add on sync_ptr[0]. Every program then runs its first tile's K loop
-    #   outside the flattened loop, waits once for all S blocks, and runs the rest flattened. The last program past
-    #   the wait zeroes words 0 and 1 after its store (the ticket region's contract). Programs walk the tiles in
-    #   reverse program order (program p starts at tile grid − 1 − p), so the programs with one tile fewer are the
-    #   lowest ids, the ones that run the S tasks; the host picks s_slices (flat_s_slices) so that the tasks fit that
-    #   slack or, where it is too small, are short. Session 49's form (whole blocks on programs with a full share of
-    #   tiles) put one block's K loop, ~0.4 of a tile's, on the critical path (1.44× cuBLAS at 1024×4096², one tile
-    #   per program). No deadlock without co-residency either: the S tasks belong to the lowest program ids, which
-    #   the hardware dispatches first, and no S-task program waits before its tasks are done (as in
-    #   persistent_static).
+    #   finished block is counted by a release add on sync_ptr[0]. Every program holding a tile then runs its first
+    #   tile's K loop outside the flattened loop, waits once for all S blocks, and runs the rest flattened; the last
+    #   of them past the wait zeroes words 0 and 1 after its store (the ticket region's contract). Programs walk the
+    #   tiles in reverse program order (program p starts at tile grid − 1 − p), so the programs with one tile fewer
+    #   (or none) are the lowest ids; the host picks s_slices and s_programs (flat_s_tasks) so that the S tasks sit
+    #   on that slack or, where it is too small, are short and spread over every program. Session 49's form (whole
+    #   blocks on programs with a full share of tiles) put one block's K loop, ~0.4 of a tile's, on the critical path
+    #   (1.44× cuBLAS at 1024×4096², one tile per program). Progress needs only the S programs resident together (a
+    #   grid of at most one program per SM): they are the lowest ids, which the hardware dispatches first, and none
+    #   waits before its own tasks are done (as in persistent_static).
     #   PROXY_FENCE: S is written by plain stores and read by TMA (the async proxy): a proxy fence after the stores
     #   and after the acquire (off only under the interpreter, which runs no inline PTX).
     # The flattened epilogue recomputes its tile from a second counter so that it does not depend on values the
@@ -951,7 +953,9 @@ def lora_flat_kernel(
     if IN_GRID:
         tl.static_assert(LOWRANK and S_SPLITS == 1, "IN_GRID: S whole, in one slice")
         per_slice = tl.cdiv(k_tiles, s_slices)
-        for q in range(start, num_pid_m * s_slices, step):
+        s_step = step if s_programs == 0 else s_programs
+        s_end = tl.where(start < s_step, num_pid_m * s_slices, 0)
+        for q in range(start, s_end, s_step):
             block = q // s_slices
             k_lo = (q % s_slices) * per_slice
             s = _down_loop(x_desc, a_desc, block * BLOCK_M, 0, k_lo, tl.minimum(k_lo + per_slice, k_tiles),
@@ -975,19 +979,20 @@ def lora_flat_kernel(
                 tl.debug_barrier()      # every thread's stores of the block before the one release
                 tl.atomic_add(sync_ptr, 1, sem="release", scope="gpu")
         start = step - 1 - start    # reverse program order from here: the S tasks' programs get the fewer tiles
-        pid_m, pid_n = grouped_tile(start, num_pid_m, num_pid_n, GROUP_M)
-        acc = _flat_k_loop(x_desc, w_desc, pid_m, pid_n, k_tiles, BLOCK_M, BLOCK_N, BLOCK_K)
-        while tl.atomic_add(sync_ptr, 0, sem="acquire", scope="gpu") < num_pid_m:
-            pass
-        if PROXY_FENCE:
-            _fence_proxy_async()
-        lane, passed = _lane_atomic_add(sync_ptr + 1, 1, "relaxed")
-        _flat_epilogue(acc, pid_m, pid_n, s_ptr, b_ptr, bias_ptr, y_ptr, s_desc, b_desc, M, N, R, stride_sm,
-                       stride_sr, stride_bn, stride_br, stride_ym, stride_yn, BLOCK_M, BLOCK_N, BLOCK_R, LOWRANK,
-                       HAS_BIAS, LORA_TMA, S_SPLITS)
-        last = (lane == 0) & (passed == step - 1)
-        tl.atomic_xchg(sync_ptr + lane * 0, tl.zeros_like(lane), mask=last, sem="relaxed", scope="gpu")
-        tl.atomic_xchg(sync_ptr + 1 + lane * 0, tl.zeros_like(lane), mask=last, sem="relaxed", scope="gpu")
+        if start < num_tiles:       # a grid wider than the tiles: its lowest programs hold S tasks only
+            pid_m, pid_n = grouped_tile(start, num_pid_m, num_pid_n, GROUP_M)
+            acc = _flat_k_loop(x_desc, w_desc, pid_m, pid_n, k_tiles, BLOCK_M, BLOCK_N, BLOCK_K)
+            while tl.atomic_add(sync_ptr, 0, sem="acquire", scope="gpu") < num_pid_m:
+                pass
+            if PROXY_FENCE:
+                _fence_proxy_async()
+            lane, passed = _lane_atomic_add(sync_ptr + 1, 1, "relaxed")
+            _flat_epilogue(acc, pid_m, pid_n, s_ptr, b_ptr, bias_ptr, y_ptr, s_desc, b_desc, M, N, R, stride_sm,
+                           stride_sr, stride_bn, stride_br, stride_ym, stride_yn, BLOCK_M, BLOCK_N, BLOCK_R,
+                           LOWRANK, HAS_BIAS, LORA_TMA, S_SPLITS)
+            last = (lane == 0) & (passed == tl.minimum(step, num_tiles) - 1)
+            tl.atomic_xchg(sync_ptr + lane * 0, tl.zeros_like(lane), mask=last, sem="relaxed", scope="gpu")
+            tl.atomic_xchg(sync_ptr + 1 + lane * 0, tl.zeros_like(lane), mask=last, sem="relaxed", scope="gpu")
         first = start + step
     tile_c = first - step
     for tile in tl.range(first, num_tiles, step, flatten=FLATTEN):

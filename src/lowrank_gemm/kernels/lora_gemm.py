@@ -793,27 +793,41 @@ def _run_persistent(x, w, a, b, bias, y, scale, cfg, *, N, Kp, R, dynamic, bank=
     return y
 
 
-def flat_s_slices(num_pid_m: int, tiles: int, grid: int, k_tiles: int) -> int:
-    """K slices of the flat kernel's in-grid S tasks (``s_slices``). The kernel walks tiles in reverse program order,
-    so the programs with one tile fewer (``grid − tiles mod grid`` of them, none where the tiles split evenly) are
-    the lowest ids, which run the S tasks: whole row blocks (one slice) where they all fit there, a tile's worth of
-    slack each; else enough slices that every program runs about one short task (≤ 16 partials to sum)."""
-    if num_pid_m <= short_programs(tiles, grid):
-        return 1
-    return max(1, min(16, grid // num_pid_m, k_tiles))
+# S row blocks one program with a tile's worth of slack runs whole: a block's K loop measured ~0.4 of a 128×256 tile's
+# (session 49, 1024×4096²), so two fit where the other programs run one tile more
+FLAT_S_BLOCKS_PER_SLACK = 2
+
+
+def flat_grid(tiles: int, num_pid_m: int, device) -> int:
+    """The flat kernel's programs: one per SM, and where the tiles do not fill the SMs, spare programs past them
+    (up to one per S row block) that hold S tasks only, so S is off every tile's critical path."""
+    sms = num_sms(device)
+    return max(1, min(sms, tiles + num_pid_m)) if tiles < sms else sms
+
+
+def flat_s_tasks(num_pid_m: int, tiles: int, grid: int, k_tiles: int) -> tuple[int, int]:
+    """``(s_slices, s_programs)`` of the flat kernel's in-grid S tasks. The kernel walks tiles in reverse program
+    order, so the programs with slack — one tile fewer (``grid − tiles mod grid`` of them, none where the tiles split
+    evenly) or none at all (a grid wider than the tiles) — are the lowest ids: they run the S tasks as whole row
+    blocks wherever each gets at most :data:`FLAT_S_BLOCKS_PER_SLACK`. Else every program runs about one short task:
+    enough K slices for that (≤ 16 partials to sum), or whole blocks where there are more blocks than programs."""
+    slack = grid - tiles if tiles < grid else short_programs(tiles, grid)
+    if slack and -(-num_pid_m // slack) <= FLAT_S_BLOCKS_PER_SLACK:
+        return 1, min(slack, num_pid_m)
+    return max(1, min(16, grid // num_pid_m, k_tiles)), grid
 
 
 def _run_flat(x, w, a, b, bias, y, scale, cfg, *, N, Kp, R):
     """``lora_flat_kernel`` with its S tasks in the grid (``LoraStrategy.FLAT``): one launch, a persistent grid (one
     program under the interpreter, which runs programs one after another: a program must never wait on a later one).
-    S tasks in :func:`flat_s_slices` K slices, their partials in a scratch buffer summed in slice order."""
+    S tasks placed by :func:`flat_s_tasks`, K-sliced partials in a scratch buffer summed in slice order."""
     M, dev, c = x.shape[0], x.device, cfg
     s = _empty_f32(dev, 1, M, R)
     b = b if b.is_contiguous() else b.contiguous()
     num_pid_m = cdiv(M, c.block_m)
     tiles = num_pid_m * cdiv(N, c.block_n)
-    grid = 1 if _interpreting() else persistent_grid(tiles, dev)
-    slices = flat_s_slices(num_pid_m, tiles, grid, cdiv(Kp, c.block_k))
+    grid = 1 if _interpreting() else flat_grid(tiles, num_pid_m, dev)
+    slices, s_programs = flat_s_tasks(num_pid_m, tiles, grid, cdiv(Kp, c.block_k))
     ws = _empty_f32(dev, slices, M, R) if slices > 1 else s
     launch(K_.lora_flat_kernel, (grid,),
            _desc(x, c.block_m, c.block_k), _desc(w, c.block_n, c.block_k), _desc(a, c.block_r, c.block_k), s,
@@ -823,7 +837,7 @@ def _run_flat(x, w, a, b, bias, y, scale, cfg, *, N, Kp, R):
            BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, BLOCK_R=c.block_r, GROUP_M=c.group_m,
            LOWRANK=True, HAS_BIAS=bias is not None, FLATTEN=True, LORA_TMA=True, IN_GRID=True,
            PROXY_FENCE=not _interpreting(), ws_ptr=ws, stride_wk=ws.stride(0), s_slices=slices,
-           num_warps=c.num_warps, num_stages=c.num_stages)
+           s_programs=s_programs, num_warps=c.num_warps, num_stages=c.num_stages)
     return y
 
 

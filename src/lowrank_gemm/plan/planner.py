@@ -299,7 +299,7 @@ FLAT_MIN_WAVES = 4
 def flat_plan(M: int, N: int, K: int, r: int, dtype_bits: int, sms: int) -> tuple[str, KernelConfig] | None:
     """``flat`` where it measured ahead of the tuned table and the rules (H100, × cuBLAS paired, session 50): 16-bit,
     r a multiple of 8 above 16 up to 64, at least :data:`FLAT_MIN_WAVES` waves of its tiles and every S row block on a
-    program with one tile fewer (:func:`~lowrank_gemm.kernels.lora_gemm.flat_s_slices` is 1). At r64 it beat the tuned
+    program with one tile fewer, one each (:func:`~lowrank_gemm.kernels.lora_gemm.flat_s_tasks`). At r64 it beat the tuned
     ``persistent_static`` side by side in one process (``probes/s50/s50c``): 4096×28672×4096 1.07 vs 1.10,
     4096×8192² 1.05 vs 1.10, 1024×28672×4096 1.03 vs 1.10 (``s50a``: 1.01 vs 1.12, 1.07 vs 1.09, 1.06 vs 1.09) — one
     rank chunk by TMA where persistent_static's epilogue walks the rank in chunks. At r8 / r16 the two were level
