@@ -106,6 +106,18 @@ def test_flat_s_tasks(pid_m, tiles, grid, k_tiles, want):
     assert flat_s_tasks(pid_m, tiles, grid, k_tiles) == want
 
 
+@pytest.mark.parametrize("bm, bn, br, stages, want", [
+    (128, 256, 64, 3, 6),      # r64: X + A stages in the room of 3 X + W stages
+    (128, 256, 16, 4, 8),      # r16: 10 fit, capped at 8
+    (128, 128, 64, 4, 5),
+    (64, 64, 64, 2, 2),        # never fewer than the main loop's
+])
+def test_flat_s_stages(bm, bn, br, stages, want):
+    from lowrank_gemm.kernels.lora_gemm import flat_s_stages
+    from lowrank_gemm.plan.config import KernelConfig
+    assert flat_s_stages(KernelConfig(block_m=bm, block_n=bn, block_k=64, block_r=br, num_stages=stages)) == want
+
+
 @pytest.mark.parametrize("tiles, pid_m, want", [(128, 8, 132), (130, 8, 132), (3584, 32, 132), (4, 2, 6)])
 def test_flat_grid_adds_spare_programs_for_s(tiles, pid_m, want):
     from lowrank_gemm.kernels import lora_gemm
@@ -144,7 +156,8 @@ def compile_flat(br=16, stages=4, **flags):
         num_warps=8, num_stages=stages, aligned=ALIGNED)
 
 
-@pytest.mark.parametrize("flags", [dict(S_SPLITS=1), dict(S_SPLITS=4), dict(IN_GRID=True)], ids=str)
+@pytest.mark.parametrize("flags", [dict(S_SPLITS=1), dict(S_SPLITS=4), dict(IN_GRID=True),
+                                   dict(IN_GRID=True, S_STAGES=8)], ids=str)
 def test_aot_flat_tma_branch_keeps_the_mma_in_flight(flags):
     c = compile_flat(FLATTEN=True, LORA_TMA=True, **flags)
     assert c.has("wgmma.mma_async", "cp.async.bulk.tensor", "wgmma.wait_group.sync.aligned 1")
@@ -223,6 +236,9 @@ def test_flat_ledger_bounds_the_compiled_kernel(bm, bn, bk, warps, stages, br, s
     consts = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, BLOCK_R=br, GROUP_M=8, LOWRANK=True, HAS_BIAS=True,
                   FLATTEN=True, LORA_TMA=True, S_SPLITS=splits, IN_GRID=splits == 0, **UNIT)
     consts["S_SPLITS"] = max(splits, 1)
+    if splits == 0:     # the S tasks' own pipeline, as the op launches it: laid over the main loop's buffers
+        from lowrank_gemm.kernels.lora_gemm import flat_s_stages
+        consts["S_STAGES"] = flat_s_stages(cfg)
     shared = compile_sm90(MOD, "lora_flat_kernel", flat_signature(bm, bn, bk, br), consts, num_warps=warps,
                           num_stages=stages, aligned=ALIGNED).shared
     assert shared - 1024 <= ledger <= shared + 16384 + 1024, (shared, ledger)

@@ -137,11 +137,11 @@ def _main_loop(x_desc, w_desc, a_desc, off_m, off_n, k_lo, k_hi,
 @triton.jit
 def _down_loop(x_desc, a_desc, off_m, off_r, k_lo, k_hi,
                BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr,
-               a_rows=0, K=0, A_GATHER: tl.constexpr = False, a_ok=0):
+               a_rows=0, K=0, A_GATHER: tl.constexpr = False, a_ok=0, STAGES: tl.constexpr = None):
     """s [BM, BR] = X[off_m:, k]·A[off_r:, k]ᵀ over K tiles [k_lo, k_hi) (unscaled, fp32); A_GATHER: A's rows from
-    ``a_rows`` where ``a_ok`` (:func:`_main_loop`)."""
+    ``a_rows`` where ``a_ok`` (:func:`_main_loop`); STAGES: its own pipeline depth (None: the kernel's)."""
     s = tl.zeros((BLOCK_M, BLOCK_R), dtype=tl.float32)
-    for kt in tl.range(k_lo, k_hi):
+    for kt in tl.range(k_lo, k_hi, num_stages=STAGES):
         x = x_desc.load([off_m, kt * BLOCK_K])
         if A_GATHER:
             offs_k = kt * BLOCK_K + tl.arange(0, BLOCK_K)
@@ -918,6 +918,7 @@ def lora_flat_kernel(
     PROXY_FENCE: tl.constexpr = True,
     ws_ptr=None, stride_wk=0, s_slices=1,   # IN_GRID: S tasks in K slices, partials [s_slices, M, R] fp32 at ws_ptr
     s_programs=0,       # IN_GRID: the programs 0 … s_programs − 1 run the S tasks (0: every program)
+    S_STAGES: tl.constexpr = None,      # IN_GRID: the S tasks' pipeline depth (None: num_stages)
 ):
     # Session 49: a persistent grid of plain tiles whose tile loop and K loop are one software-pipelined loop
     # (tl.range flatten): the next tile's first X / W loads are issued while this tile's epilogue runs, where
@@ -959,7 +960,7 @@ def lora_flat_kernel(
             block = q // s_slices
             k_lo = (q % s_slices) * per_slice
             s = _down_loop(x_desc, a_desc, block * BLOCK_M, 0, k_lo, tl.minimum(k_lo + per_slice, k_tiles),
-                           BLOCK_M, BLOCK_R, BLOCK_K)
+                           BLOCK_M, BLOCK_R, BLOCK_K, STAGES=S_STAGES)
             offs_m = block * BLOCK_M + tl.arange(0, BLOCK_M)
             offs_r = tl.arange(0, BLOCK_R)
             s_offs = offs_m[:, None] * stride_sm + offs_r[None, :] * stride_sr

@@ -805,6 +805,14 @@ def flat_grid(tiles: int, num_pid_m: int, device) -> int:
     return max(1, min(sms, tiles + num_pid_m)) if tiles < sms else sms
 
 
+def flat_s_stages(cfg) -> int:
+    """Pipeline depth of the flat kernel's S tasks: as many X / A stages as fit in the main loop's X / W stages (the
+    two loops never run at once, so Triton lays their buffers over each other: no shared memory added), at most 8.
+    The tasks stream 128 rows of X for a rank-sized MMA, so their steps are load-bound: at r64 on the main loop's 3
+    stages a block cost ~0.65 of a tile (s51a) where its bytes are 0.5 of one."""
+    return max(cfg.num_stages, min(8, cfg.num_stages * (cfg.block_m + cfg.block_n) // (cfg.block_m + cfg.block_r)))
+
+
 def flat_s_tasks(num_pid_m: int, tiles: int, grid: int, k_tiles: int) -> tuple[int, int]:
     """``(s_slices, s_programs)`` of the flat kernel's in-grid S tasks. The kernel walks tiles in reverse program
     order, so the programs with slack — one tile fewer (``grid − tiles mod grid`` of them, none where the tiles split
@@ -837,7 +845,7 @@ def _run_flat(x, w, a, b, bias, y, scale, cfg, *, N, Kp, R):
            BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, BLOCK_R=c.block_r, GROUP_M=c.group_m,
            LOWRANK=True, HAS_BIAS=bias is not None, FLATTEN=True, LORA_TMA=True, IN_GRID=True,
            PROXY_FENCE=not _interpreting(), ws_ptr=ws, stride_wk=ws.stride(0), s_slices=slices,
-           s_programs=s_programs, num_warps=c.num_warps, num_stages=c.num_stages)
+           s_programs=s_programs, S_STAGES=flat_s_stages(c), num_warps=c.num_warps, num_stages=c.num_stages)
     return y
 
 
