@@ -102,7 +102,7 @@ def test_flat_s_tasks_on_one_program_of_a_wider_grid(M, N, grid, slices):
     (3, 2, 5, 4, (1, 3)),             # a grid wider than the tiles: three spare programs, one block each
 ])
 def test_flat_s_tasks(pid_m, tiles, grid, k_tiles, want):
-    from lowrank_gemm.kernels.lora_gemm import flat_s_tasks
+    from lowrank_gemm.kernels.schedule import flat_s_tasks
     assert flat_s_tasks(pid_m, tiles, grid, k_tiles) == want
 
 
@@ -272,16 +272,18 @@ def test_flat_no_memset_per_call_and_tickets_left_zero():
 
 @pytest.mark.parametrize("M, N, K, r, routed", [
     (4096, 28672, 4096, 64, True), (4096, 8192, 8192, 64, True), (1024, 28672, 4096, 32, True),
-    (4096, 28672, 4096, 16, False),    # r ≤ 16: level with the tuned plan (s50a / s50c)
-    (4096, 4096, 4096, 64, False),     # 32 S blocks, 16 programs with one tile fewer: K-sliced tasks
-    (1024, 4096, 4096, 64, False),     # one tile per program
-    (1024, 8192, 8192, 64, False),     # ~2 waves
+    (4096, 28672, 4096, 16, False),    # r ≤ 16 on a wide layer: level with the tuned plan (s50a / s50c / s51b)
+    (4096, 4096, 4096, 64, True),      # narrow: 32 S blocks, two on each of the 16 programs with one tile fewer
+    (4096, 4096, 4096, 8, True),
+    (1024, 4096, 4096, 64, True),      # narrow, one tile per program: two blocks on each of 4 spare programs
+    (512, 4096, 4096, 16, False),      # narrow, half a wave
+    (1024, 8192, 8192, 64, False),     # ~2 waves of a wide layer
     (4096, 28672, 4096, 36, False),    # TMA rows of B / S: r a multiple of 8
     (4096, 28672, 4096, 128, False),   # the rank in one chunk: r ≤ 64
 ])
 def test_flat_plan_routes_where_it_measured_ahead(M, N, K, r, routed):
-    """The planner's flat rule on a 132-SM GPU (session 50, probes/s50/s50a)."""
-    from lowrank_gemm.kernels.lora_gemm import flat_s_tasks
+    """The planner's flat rule on a 132-SM GPU (sessions 50–51, probes/s50/s50c, probes/s51/s51b)."""
+    from lowrank_gemm.kernels.schedule import flat_s_tasks
     from lowrank_gemm.plan.planner import flat_plan
     plan = flat_plan(M, N, K, r, 16, 132)
     assert (plan is not None) == routed

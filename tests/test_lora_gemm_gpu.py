@@ -479,13 +479,13 @@ def test_flat_strategy_gpu(M, N, K, r):
     assert ((ys[0].double() - ref).norm() / ref.norm()).item() < TOL
 
 
-def test_auto_routes_flat_and_replays_in_a_graph():
-    """Where the planner's flat rule serves (session 50: ≥ 4 waves, every S block on a program with one tile fewer),
-    ``auto`` runs ``flat``; captured in a CUDA graph it replays the eager bits, follows a new X, and leaves the ticket
-    region at zero."""
+@pytest.mark.parametrize("M, N, K, r", [(1024, 28672, 4096, 64), (1024, 4096, 4096, 64)])
+def test_auto_routes_flat_and_replays_in_a_graph(M, N, K, r):
+    """Where the planner's flat rule serves (a wide layer from 4 waves at r > 16; a narrow one from about a wave,
+    here with spare programs past the tiles holding the S tasks), ``auto`` runs ``flat``; captured in a CUDA graph it
+    replays the eager bits, follows a new X, and leaves the ticket region at zero."""
     from lowrank_gemm.kernels.schedule import num_sms
     from lowrank_gemm.plan.planner import flat_plan
-    M, N, K, r = 1024, 28672, 4096, 64
     if flat_plan(M, N, K, r, 16, num_sms(torch.device("cuda"))) is None:
         pytest.skip("the flat rule does not serve this shape on this GPU's SM count")
     assert plan_lora(M, N, K, r, torch.bfloat16, torch.device("cuda"))[0] == "flat"

@@ -58,7 +58,8 @@ from .tma import TMA_ALIGN, tma_operand
 from .row_quant import fp8_rows
 from . import _lora_kernels as K_
 from ._lora_kernels import smem_ledger
-from .schedule import cdiv, device_index, grouped_tile_host, next_pow2, num_sms, persistent_grid, short_programs
+from .schedule import (cdiv, device_index, flat_programs, flat_s_tasks, grouped_tile_host, next_pow2, num_sms,
+                       persistent_grid)
 
 __all__ = ["lora_linear", "lora_linear_impl", "smem_ledger", "clear_weight_cache", "check_inputs",
            "run_strategy", "LoraOptions", "lora_options", "current_options", "LORA_OPTIONS_ENV"]
@@ -793,16 +794,9 @@ def _run_persistent(x, w, a, b, bias, y, scale, cfg, *, N, Kp, R, dynamic, bank=
     return y
 
 
-# S row blocks one program with a tile's worth of slack runs whole: a block's K loop measured ~0.4 of a 128×256 tile's
-# (session 49, 1024×4096²), so two fit where the other programs run one tile more
-FLAT_S_BLOCKS_PER_SLACK = 2
-
-
 def flat_grid(tiles: int, num_pid_m: int, device) -> int:
-    """The flat kernel's programs: one per SM, and where the tiles do not fill the SMs, spare programs past them
-    (up to one per S row block) that hold S tasks only, so S is off every tile's critical path."""
-    sms = num_sms(device)
-    return max(1, min(sms, tiles + num_pid_m)) if tiles < sms else sms
+    """:func:`~.schedule.flat_programs` on this device's SMs."""
+    return flat_programs(tiles, num_pid_m, num_sms(device))
 
 
 def flat_s_stages(cfg) -> int:
@@ -811,18 +805,6 @@ def flat_s_stages(cfg) -> int:
     The tasks stream 128 rows of X for a rank-sized MMA, so their steps are load-bound: at r64 on the main loop's 3
     stages a block cost ~0.65 of a tile (s51a) where its bytes are 0.5 of one."""
     return max(cfg.num_stages, min(8, cfg.num_stages * (cfg.block_m + cfg.block_n) // (cfg.block_m + cfg.block_r)))
-
-
-def flat_s_tasks(num_pid_m: int, tiles: int, grid: int, k_tiles: int) -> tuple[int, int]:
-    """``(s_slices, s_programs)`` of the flat kernel's in-grid S tasks. The kernel walks tiles in reverse program
-    order, so the programs with slack — one tile fewer (``grid − tiles mod grid`` of them, none where the tiles split
-    evenly) or none at all (a grid wider than the tiles) — are the lowest ids: they run the S tasks as whole row
-    blocks wherever each gets at most :data:`FLAT_S_BLOCKS_PER_SLACK`. Else every program runs about one short task:
-    enough K slices for that (≤ 16 partials to sum), or whole blocks where there are more blocks than programs."""
-    slack = grid - tiles if tiles < grid else short_programs(tiles, grid)
-    if slack and -(-num_pid_m // slack) <= FLAT_S_BLOCKS_PER_SLACK:
-        return 1, min(slack, num_pid_m)
-    return max(1, min(16, grid // num_pid_m, k_tiles)), grid
 
 
 def _run_flat(x, w, a, b, bias, y, scale, cfg, *, N, Kp, R):

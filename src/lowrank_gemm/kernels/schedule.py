@@ -75,3 +75,27 @@ def short_programs(num_tiles: int, grid: int) -> int:
     ``num_tiles`` tiles (none where the tiles split evenly)."""
     rem = num_tiles % grid
     return grid - rem if rem else 0
+
+
+# S row blocks one program with a tile's worth of slack runs whole in the flat kernel: a block's K loop streams an X
+# and an A tile per step against the main loop's X and W tiles, (128 + r) / (128 + 256) of a 128×256 tile's bytes
+# (0.375 at r16, 0.5 at r64) on its own pipeline depth, so two fit where the other programs run one tile more
+FLAT_S_BLOCKS_PER_SLACK = 2
+
+
+def flat_programs(num_tiles: int, num_pid_m: int, sms: int) -> int:
+    """The flat kernel's programs: one per SM, and where the tiles do not fill the SMs, spare programs past them (up
+    to one per S row block) that hold S tasks only, so S is off every tile's critical path."""
+    return max(1, min(sms, num_tiles + num_pid_m)) if num_tiles < sms else sms
+
+
+def flat_s_tasks(num_pid_m: int, tiles: int, grid: int, k_tiles: int) -> tuple[int, int]:
+    """``(s_slices, s_programs)`` of the flat kernel's in-grid S tasks. The kernel walks tiles in reverse program
+    order, so the programs with slack — one tile fewer (``grid − tiles mod grid`` of them, none where the tiles split
+    evenly) or none at all (a grid wider than the tiles) — are the lowest ids: they run the S tasks as whole row
+    blocks wherever each gets at most :data:`FLAT_S_BLOCKS_PER_SLACK`. Else every program runs about one short task:
+    enough K slices for that (≤ 16 partials to sum), or whole blocks where there are more blocks than programs."""
+    slack = grid - tiles if tiles < grid else short_programs(tiles, grid)
+    if slack and -(-num_pid_m // slack) <= FLAT_S_BLOCKS_PER_SLACK:
+        return 1, min(slack, num_pid_m)
+    return max(1, min(16, grid // num_pid_m, k_tiles)), grid

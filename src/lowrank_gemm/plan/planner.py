@@ -292,29 +292,37 @@ def entry_serves(M: int, N: int, strategy: str, cfg: KernelConfig, sms: int) -> 
     return at_m == cdiv(Mb, cfg.block_m) * per_row or at_m >= 2 * sms
 
 
-# flat_plan's floor: the programs' tile counts (waves of 128×256 tiles)
+# flat_plan's floor for wide layers: the programs' tile counts (waves of 128×256 tiles)
 FLAT_MIN_WAVES = 4
+# flat_plan's narrow layers (N ≤ this): from about one wave of tiles, every rank
+FLAT_NARROW_N = 4096
 
 
 def flat_plan(M: int, N: int, K: int, r: int, dtype_bits: int, sms: int) -> tuple[str, KernelConfig] | None:
-    """``flat`` where it measured ahead of the tuned table and the rules (H100, × cuBLAS paired, session 50): 16-bit,
-    r a multiple of 8 above 16 up to 64, at least :data:`FLAT_MIN_WAVES` waves of its tiles and every S row block on a
-    program with one tile fewer, one each (:func:`~lowrank_gemm.kernels.lora_gemm.flat_s_tasks`). At r64 it beat the tuned
-    ``persistent_static`` side by side in one process (``probes/s50/s50c``): 4096×28672×4096 1.07 vs 1.10,
-    4096×8192² 1.05 vs 1.10, 1024×28672×4096 1.03 vs 1.10 (``s50a``: 1.01 vs 1.12, 1.07 vs 1.09, 1.06 vs 1.09) — one
-    rank chunk by TMA where persistent_static's epilogue walks the rank in chunks. At r8 / r16 the two were level
-    within the noise (s50a: flat ahead by 0.01–0.09 at r16; s50c: behind by 0.01–0.02), so those stay with the table.
-    Not where its S tasks are K-sliced (4096², 1024×4096²: 1.17–1.28 against 1.07–1.19: the last task of a block
-    sums the partials ahead of its own tile) nor below four waves (1024×8192², ~2 waves: level). None elsewhere."""
-    if dtype_bits != 16 or r % 8 or not 16 < r <= 64:
+    """``flat`` where it measured ahead of the tuned table and the rules (H100, × cuBLAS paired): 16-bit, r a multiple
+    of 8 up to 64 (the rank in one TMA chunk), every S row block whole on the programs with slack
+    (:func:`~lowrank_gemm.kernels.schedule.flat_s_tasks`), and either
+    - r > 16 on at least :data:`FLAT_MIN_WAVES` waves of tiles (session 50, ``probes/s50/s50c``, side by side with the
+      tuned ``persistent_static``: 4096×28672×4096 1.07 vs 1.10, 4096×8192² 1.05 vs 1.10, 1024×28672×4096 1.03 vs
+      1.10 — one rank chunk by TMA where persistent_static walks the rank in chunks; at r8 / r16 level within the
+      noise, so those stay with the table; 1024×8192², ~2 waves: level), or
+    - N ≤ :data:`FLAT_NARROW_N` from about one wave of tiles (spare programs counted), every rank (session 51,
+      ``probes/s51/s51b``, two processes, after the S tasks went onto the slack at two blocks each with their own
+      pipeline depth): 4096³ r8 / r16 / r64 1.03–1.04 / 1.07–1.08 / 1.09–1.10 against the tuned ``split``'s
+      1.12–1.14 / 1.11–1.13 / 1.13–1.17; 1024×4096² r64 1.08 against 1.18–1.19, r16 1.06–1.07 against 1.07 (level).
+    None elsewhere."""
+    if dtype_bits != 16 or r % 8 or not 0 < r <= 64:
         return None
-    from ..kernels.schedule import short_programs
+    from ..kernels.schedule import flat_programs, flat_s_tasks
     strategy, cfg = heuristic_lora(M, N, K, r, dtype_bits, gpu=True, sms=sms, strategy="flat")
     num_pid_m = cdiv(M, cfg.block_m)
     tiles = num_pid_m * cdiv(N, cfg.block_n)
-    if tiles < FLAT_MIN_WAVES * sms or num_pid_m > short_programs(tiles, sms):
+    grid = flat_programs(tiles, num_pid_m, sms)
+    if flat_s_tasks(num_pid_m, tiles, grid, cdiv(K, cfg.block_k))[0] != 1:
         return None
-    if not can_implement(strategy, (M, N, K, r), cfg, dtype_bits):
+    wide = r > 16 and tiles >= FLAT_MIN_WAVES * sms
+    narrow = N <= FLAT_NARROW_N and tiles + num_pid_m >= sms
+    if not (wide or narrow) or not can_implement(strategy, (M, N, K, r), cfg, dtype_bits):
         return None
     return strategy, cfg
 
