@@ -7,6 +7,7 @@ slices its own input, a multi-LoRA layer with adapters written after sharding).
 """
 
 import os
+import sys
 import tempfile
 
 import pytest
@@ -206,9 +207,14 @@ def _worker(rank, world, init_file, results, backend="gloo"):
         assert float((got_bare - want_bare).abs().max()) < 5e-3
         results[rank] = (float((y_tp - y).abs().max()), float((got_head - want_head).abs().max()),
                          float((got_multi - want_multi).abs().max()), tuple(got_head.shape), tuple(got_multi.shape))
-        dist.barrier()      # no rank tears gloo down while the other is still in a collective (bench/tp.py's abort)
+        dist.barrier()      # every rank past its last collective before any closes its sockets
     finally:
         dist.destroy_process_group()
+    # no interpreter finalization while gloo's threads may still free tensors (bench/tp.py's _exit_past_gloo: an
+    # abort at exit otherwise); a failed rank raised above
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def test_two_processes_over_gloo():
