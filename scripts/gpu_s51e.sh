@@ -5,4 +5,4 @@
 source "$(dirname "$0")/_device_prelude.sh" s51e
 say "commit=${LOWRANK_GEMM_COMMIT:-?} $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)"
 probe_run probe_lora_flat 110 scripts/probe_lora_flat.py --variants "" --no-auto --tuned-row \
-    --cells 2048x4096x4096x16,2048x4096x4096x64,8192x4096x4096x16,4096x4096x14336x16,1024x4096x14336x64
+    --cells 2048x4096x4096x16,2048x4096x4096x64,8192x4096x4096x16,4096x4096x14336x64,1024x4096x14336x16
