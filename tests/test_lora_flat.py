@@ -277,6 +277,7 @@ def test_flat_no_memset_per_call_and_tickets_left_zero():
     (4096, 4096, 4096, 8, True),
     (1024, 4096, 4096, 64, True),      # narrow, one tile per program: two blocks on each of 4 spare programs
     (512, 4096, 4096, 16, False),      # narrow, half a wave
+    (38400, 4096, 4096, 16, False),    # 300 blocks, 84 programs with one tile fewer: whole blocks on every program
     (1024, 8192, 8192, 64, False),     # ~2 waves of a wide layer
     (4096, 28672, 4096, 36, False),    # TMA rows of B / S: r a multiple of 8
     (4096, 28672, 4096, 128, False),   # the rank in one chunk: r ≤ 64
@@ -290,5 +291,6 @@ def test_flat_plan_routes_where_it_measured_ahead(M, N, K, r, routed):
     if routed:
         strategy, cfg = plan
         tiles = -(-M // cfg.block_m) * -(-N // cfg.block_n)
-        assert strategy == "flat" and flat_s_tasks(-(-M // cfg.block_m), tiles, 132, -(-K // cfg.block_k))[0] == 1
+        slices, s_programs = flat_s_tasks(-(-M // cfg.block_m), tiles, 132, -(-K // cfg.block_k))
+        assert strategy == "flat" and slices == 1 and s_programs < 132
     assert flat_plan(M, N, K, r, 8, 132) is None        # fp8 operands: not this kernel

@@ -318,7 +318,8 @@ def flat_plan(M: int, N: int, K: int, r: int, dtype_bits: int, sms: int) -> tupl
     num_pid_m = cdiv(M, cfg.block_m)
     tiles = num_pid_m * cdiv(N, cfg.block_n)
     grid = flat_programs(tiles, num_pid_m, sms)
-    if flat_s_tasks(num_pid_m, tiles, grid, cdiv(K, cfg.block_k))[0] != 1:
+    slices, s_programs = flat_s_tasks(num_pid_m, tiles, grid, cdiv(K, cfg.block_k))
+    if slices != 1 or s_programs == grid:       # sliced, or whole blocks on every program: not on the slack
         return None
     wide = r > 16 and tiles >= FLAT_MIN_WAVES * sms
     narrow = N <= FLAT_NARROW_N and tiles + num_pid_m >= sms
