@@ -119,11 +119,9 @@ def test_flat_s_stages(bm, bn, br, stages, want):
 
 
 @pytest.mark.parametrize("tiles, pid_m, want", [(128, 8, 132), (130, 8, 132), (3584, 32, 132), (4, 2, 6)])
-def test_flat_grid_adds_spare_programs_for_s(tiles, pid_m, want):
-    from lowrank_gemm.kernels import lora_gemm
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(lora_gemm, "num_sms", lambda device: 132)
-        assert lora_gemm.flat_grid(tiles, pid_m, "cuda") == want
+def test_flat_programs_adds_spare_programs_for_s(tiles, pid_m, want):
+    from lowrank_gemm.kernels.schedule import flat_programs
+    assert flat_programs(tiles, pid_m, 132) == want
 
 
 def test_flat_same_result_flattened_or_not():

@@ -794,11 +794,6 @@ def _run_persistent(x, w, a, b, bias, y, scale, cfg, *, N, Kp, R, dynamic, bank=
     return y
 
 
-def flat_grid(tiles: int, num_pid_m: int, device) -> int:
-    """:func:`~.schedule.flat_programs` on this device's SMs."""
-    return flat_programs(tiles, num_pid_m, num_sms(device))
-
-
 def flat_s_stages(cfg) -> int:
     """Pipeline depth of the flat kernel's S tasks: as many X / A stages as fit in the main loop's X / W stages (the
     two loops never run at once, so Triton lays their buffers over each other: no shared memory added), at most 8.
@@ -816,7 +811,7 @@ def _run_flat(x, w, a, b, bias, y, scale, cfg, *, N, Kp, R):
     b = b if b.is_contiguous() else b.contiguous()
     num_pid_m = cdiv(M, c.block_m)
     tiles = num_pid_m * cdiv(N, c.block_n)
-    grid = 1 if _interpreting() else flat_grid(tiles, num_pid_m, dev)
+    grid = 1 if _interpreting() else flat_programs(tiles, num_pid_m, num_sms(dev))
     slices, s_programs = flat_s_tasks(num_pid_m, tiles, grid, cdiv(Kp, c.block_k))
     ws = _empty_f32(dev, slices, M, R) if slices > 1 else s
     launch(K_.lora_flat_kernel, (grid,),
