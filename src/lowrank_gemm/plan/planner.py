@@ -60,10 +60,11 @@ class LoraStrategy(str, Enum):
     """Same, tasks handed out by an atomic work counter (results stay deterministic)."""
     FLAT = "flat"
     """Persistent grid of plain tiles whose tile loop and K loop are one software-pipelined loop (the next tile's
-    loads overlap this tile's epilogue); S tasks first in the same grid, on the programs with one tile fewer (K-sliced
-    where they do not fit there), waited for once after each program's first tile; the branch after the K loop by TMA,
-    the rank in one chunk (r ≤ block_r ≤ 64, r a multiple of 8). Sessions 49–50; ``auto`` routes it at r > 16
-    (:func:`flat_plan`)."""
+    loads overlap this tile's epilogue); S tasks first in the same grid, up to two whole row blocks on each program
+    with one tile fewer or none (spare programs past the tiles), K-sliced over every program where they do not fit
+    there, waited for once after each program's first tile; the branch after the K loop by TMA, the rank in one chunk
+    (r ≤ block_r ≤ 64, r a multiple of 8). Sessions 49–51; ``auto`` routes it on wide layers at r > 16 and on
+    narrow ones (N ≤ 4096) at every rank (:func:`flat_plan`)."""
     STREAMK = "streamk"
     """Stream-K: #SMs programs split tiles × K steps evenly; split tiles are summed in segment
     order by their last arriver (ticket). A probe candidate only: never chosen by the heuristic."""
