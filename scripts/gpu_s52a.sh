@@ -14,3 +14,7 @@ if [[ $gpu == *H200* ]]; then
     bench_lora 200
     bench_multilora 175
 fi
+# the 256-token cells (1.7 waves of 128×256 tiles at N = 28672): op `flat` (since S_STAGES, never timed there), the
+# bare flattened GEMM and the branch's epilogue alone, against the tuned entry
+probe_run probe_lora_flat_256 100 scripts/probe_lora_flat.py --variants flat4_bare,flat4_pre --no-auto --tuned-row \
+    --cells 256x28672x4096x16,256x28672x4096x64,256x4096x4096x16,256x8192x8192x64
