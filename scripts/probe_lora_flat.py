@@ -29,6 +29,12 @@ VARIANTS = {
     "nof4": dict(FLATTEN=False, num_stages=4),
     "flat4_bare": dict(FLATTEN=True, num_stages=4, LOWRANK=False),
     "flat4_pre": dict(FLATTEN=True, num_stages=4, PRE_S=True),
+    # session 52: Y by TMA in two column halves (Y_TMA), and the 3-stage forms it needs at r16 to fit
+    "flat4_bare_ys": dict(FLATTEN=True, num_stages=4, LOWRANK=False, Y_TMA=True),
+    "flat3_bare": dict(FLATTEN=True, num_stages=3, LOWRANK=False),
+    "flat3_bare_ys": dict(FLATTEN=True, num_stages=3, LOWRANK=False, Y_TMA=True),
+    "flat3_pre": dict(FLATTEN=True, num_stages=3, PRE_S=True),
+    "flat3_pre_ys": dict(FLATTEN=True, num_stages=3, PRE_S=True, Y_TMA=True),
 }
 DEFAULT_VARIANTS = "flat4_bare,flat4_pre"
 _FLAGS = dict(FLATTEN=True, LOWRANK=True)
@@ -61,13 +67,15 @@ def flat_fn(v: dict, M: int, N: int, K: int, r: int, scale: float):
             if v["LOWRANK"]:
                 lora_gemm._launch_down(x, a, s, scale, br, Kp=K, R=r)
         tiles = -(-M // BM) * -(-N // BN)
+        y_tma = bool(v.get("Y_TMA"))
         K_.lora_flat_kernel[(min(num_sms(dev), tiles),)](
             TensorDescriptor.from_tensor(x, [BM, BK]), TensorDescriptor.from_tensor(w, [BN, BK]),
             TensorDescriptor.from_tensor(a, [br, BK]), s, s, b, y, y, TensorDescriptor.from_tensor(s, [1, BM, br]),
             TensorDescriptor.from_tensor(b, [BN, br]), M, N, K, r, scale,
             s.stride(1), s.stride(2), b.stride(0), b.stride(1), y.stride(0), y.stride(1),
             BLOCK_M=BM, BLOCK_N=BN, BLOCK_K=BK, BLOCK_R=br, GROUP_M=GROUP_M, LOWRANK=v["LOWRANK"], HAS_BIAS=False,
-            FLATTEN=v["FLATTEN"], LORA_TMA=True, S_SPLITS=splits, num_warps=WARPS, num_stages=v["num_stages"])
+            FLATTEN=v["FLATTEN"], LORA_TMA=True, S_SPLITS=splits, num_warps=WARPS, num_stages=v["num_stages"],
+            y_desc=TensorDescriptor.from_tensor(y, [BM, BN // 2]) if y_tma else None, Y_TMA=y_tma)
         return y
     return call
 
@@ -87,6 +95,9 @@ def main(argv=None):
     ap.add_argument("--op-tiles", default="", help="extra op `flat` rows on pinned tiles: BMxBNxBKxWARPSxSTAGES,…")
     ap.add_argument("--no-auto", action="store_true", help="no `auto` row")
     ap.add_argument("--tuned-row", action="store_true", help="a row of the tuned table's entry, pinned")
+    ap.add_argument("--y-tma", action="store_true",
+                    help="session 52: op `flat` rows with Y stored by TMA (op_flat_ys; its stages capped at 3, where "
+                         "the staging buffer fits) and the same capped config with pointer stores (op_flat_s3)")
     args = ap.parse_args(argv)
     from _ticket_probe import lora_baselines, lora_cells, timed_rows, write_tables
     from lowrank_gemm.bench.lora import SCALE
@@ -118,6 +129,23 @@ def main(argv=None):
                         return lora_gemm.lora_linear(x, w, a, b, SCALE)
                 impls["tuned_" + hit["strategy"]] = tuned
                 errs["tuned_" + hit["strategy"]] = rel_err(tuned(*sets[0]), x0, w0, a0, b0, SCALE)
+        if args.y_tma:
+            with pinned(strategy="flat"):
+                cfg3 = plan_lora(M, N, K, r, torch.bfloat16, dev)[1]
+            cfg3 = cfg3.replace(num_stages=min(cfg3.num_stages, 3))
+            for name, on in (("op_flat_s3", False), ("op_flat_ys", True)):
+                def op_ys(x, w, a, b, bs, cfg=cfg3, on=on):
+                    lora_gemm.FLAT_Y_TMA = on
+                    try:
+                        with pinned(strategy="flat", config=cfg):
+                            return lora_gemm.lora_linear(x, w, a, b, SCALE)
+                    finally:
+                        lora_gemm.FLAT_Y_TMA = False
+                try:
+                    errs[name] = rel_err(op_ys(*sets[0]), x0, w0, a0, b0, SCALE)
+                    impls[name] = op_ys
+                except Exception as e:
+                    rows.append(dict(M=M, N=N, K=K, r=r, impl=name, error=f"{type(e).__name__}: {str(e)[:200]}"))
         for spec in filter(None, args.op_tiles.split(",")):
             bm, bn, bk, warps, stages = map(int, spec.split("x"))
             with pinned(strategy="flat"):

@@ -22,6 +22,8 @@ def run_flat(x, w, s, b, bias, *, bm, bn, bk, br, grid, a=None, scale=1.0, sync=
     y = torch.full((M, N), float("nan"), dtype=x.dtype)
     a = a if a is not None else torch.zeros(r, K, dtype=x.dtype)
     sync = sync if sync is not None else torch.zeros(2, dtype=torch.int32)
+    if flags.get("Y_TMA"):
+        flags["y_desc"] = TensorDescriptor.from_tensor(y, [bm, bn // 2])
     K_.lora_flat_kernel[(grid,)](
         TensorDescriptor.from_tensor(x, [bm, bk]), TensorDescriptor.from_tensor(w, [bn, bk]),
         TensorDescriptor.from_tensor(a, [br, bk]), s[0], sync, b, bias if bias is not None else y, y,
@@ -122,6 +124,45 @@ def test_flat_s_stages(bm, bn, br, stages, want):
 def test_flat_programs_adds_spare_programs_for_s(tiles, pid_m, want):
     from lowrank_gemm.kernels.schedule import flat_programs
     assert flat_programs(tiles, pid_m, 132) == want
+
+
+@pytest.mark.parametrize("M, N, in_grid", [(77, 136, False), (130, 72, True), (20, 40, True)])
+def test_flat_y_by_tma_matches_pointer_stores(M, N, in_grid):
+    """Y_TMA (session 52 candidate): Y stored by TMA in two column halves — the copy clips rows past M and columns past
+    N (N = 40 on 64-wide tiles: the second half of the last tile column lies wholly outside), every element written
+    (NaN-poisoned), bit-identical to the pointer stores; with the S tasks in the grid too."""
+    x, w, a, b, bb = make(M, N, 96, 16, seed=N)
+    kw = dict(bm=32, bn=64, bk=32, br=16, FLATTEN=True, LORA_TMA=True)
+    if in_grid:
+        kw.update(grid=1, a=a, scale=0.7, IN_GRID=True, ws_ptr=torch.empty(1), stride_wk=0)
+        ys = [run_flat(x, w, torch.full((1, M, 16), float("nan")), b, bb, sync=torch.zeros(2 + -(-M // 32),
+                       dtype=torch.int32), Y_TMA=on, **kw) for on in (False, True)]
+    else:
+        s = torch.randn(2, M, 16, generator=torch.Generator().manual_seed(2))
+        ys = [run_flat(x, w, s, b, bb, grid=3, Y_TMA=on, **kw) for on in (False, True)]
+    assert not torch.isnan(ys[1]).any()
+    assert torch.equal(ys[0], ys[1])
+
+
+def test_aot_flat_y_by_tma():
+    """sm_90: Y_TMA stores by bulk tensor copies from one staging buffer (no st.global of Y left in the bare kernel),
+    keeps an MMA in flight, and fits at 3 stages with the S tasks in the grid at r16 and r64 (4 stages at r16 do not:
+    why the candidate is measured at 3)."""
+    bm, bn, bk = 128, 256, 64
+    from lowrank_gemm.kernels.aot import compile_sm90
+
+    def comp(br, stages, **flags):
+        sig = dict(flat_signature(bm, bn, bk, br), y_desc=f"tensordesc<bf16[{bm}, {bn // 2}]>")
+        return compile_sm90(MOD, "lora_flat_kernel", sig, dict(
+            BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, BLOCK_R=br, GROUP_M=8, HAS_BIAS=False, FLATTEN=True, LORA_TMA=True,
+            Y_TMA=True, **UNIT, **flags), num_warps=8, num_stages=stages, aligned=ALIGNED)
+    bare = comp(16, 4, LOWRANK=False)
+    assert bare.has("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group", "cp.async.bulk.wait_group.read",
+                    "wgmma.wait_group.sync.aligned 1")
+    assert "st.global" not in bare.ptx
+    for br, stages, s_stages in ((16, 3, 8), (64, 3, 6)):
+        assert comp(br, stages, LOWRANK=True, IN_GRID=True, S_STAGES=s_stages).shared <= 232448
+    assert comp(16, 4, LOWRANK=True, IN_GRID=True, S_STAGES=8).shared > 232448
 
 
 def test_flat_same_result_flattened_or_not():

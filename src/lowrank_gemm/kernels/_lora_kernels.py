@@ -868,7 +868,7 @@ def _flat_k_loop(x_desc, w_desc, pid_m, pid_n, k_tiles, BLOCK_M: tl.constexpr, B
 def _flat_epilogue(acc, pid_m, pid_n, s_ptr, b_ptr, bias_ptr, y_ptr, s_desc, b_desc, M, N, R, stride_sm, stride_sr,
                    stride_bn, stride_br, stride_ym, stride_yn, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                    BLOCK_R: tl.constexpr, LOWRANK: tl.constexpr, HAS_BIAS: tl.constexpr, LORA_TMA: tl.constexpr,
-                   S_SPLITS: tl.constexpr):
+                   S_SPLITS: tl.constexpr, y_desc=None, Y_TMA: tl.constexpr = False):
     """acc + S[tile rows, :R]·B[tile columns, :R]ᵀ (S fp32, rounded to B's dtype first; the rank in one chunk) + bias
     → Y. LORA_TMA: S (its K slices summed in index order; s_desc views S [S_SPLITS, M, R], rows past M and ranks past
     R read 0) and B by TMA; else by masked pointer loads (one slice) — which in a flattened loop puts register writes
@@ -889,7 +889,16 @@ def _flat_epilogue(acc, pid_m, pid_n, s_ptr, b_ptr, bias_ptr, y_ptr, s_desc, b_d
                         mask=(offs_m[:, None] < M) & (offs_r[None, :] < R), other=0.0)
             acc = lowrank_up(acc, s, b_ptr, stride_bn, stride_br, offs_n, N, R, BLOCK_R)
     acc = add_bias(acc, offs_n, N, bias_ptr, HAS_BIAS)
-    store_tile(y_ptr, acc, offs_m, offs_n, M, N, stride_ym, stride_yn)
+    if Y_TMA:
+        # Y by TMA in two column halves (y_desc box [BM, BN / 2]): the registers go to shared memory and the copy
+        # runs on while the next tile's K loop starts, where pointer stores hold the warps for 64 KB of masked
+        # st.global per tile; half the tile keeps the staging buffer at 32 KB; the copy clips rows past M.
+        halves = acc.reshape(BLOCK_M, 2, BLOCK_N // 2).permute(0, 2, 1)
+        lo, hi = halves.split()
+        y_desc.store([pid_m * BLOCK_M, pid_n * BLOCK_N], lo.to(y_ptr.dtype.element_ty))
+        y_desc.store([pid_m * BLOCK_M, pid_n * BLOCK_N + BLOCK_N // 2], hi.to(y_ptr.dtype.element_ty))
+    else:
+        store_tile(y_ptr, acc, offs_m, offs_n, M, N, stride_ym, stride_yn)
 
 
 @triton.jit
@@ -919,6 +928,8 @@ def lora_flat_kernel(
     ws_ptr=None, stride_wk=0, s_slices=1,   # IN_GRID: S tasks in K slices, partials [s_slices, M, R] fp32 at ws_ptr
     s_programs=0,       # IN_GRID: the programs 0 … s_programs − 1 run the S tasks (0: every program)
     S_STAGES: tl.constexpr = None,      # IN_GRID: the S tasks' pipeline depth (None: num_stages)
+    y_desc=None,        # Y [M, N], box [BM, BN / 2] (Y_TMA)
+    Y_TMA: tl.constexpr = False,
 ):
     # Session 49: a persistent grid of plain tiles whose tile loop and K loop are one software-pipelined loop
     # (tl.range flatten): the next tile's first X / W loads are issued while this tile's epilogue runs, where
@@ -990,7 +1001,7 @@ def lora_flat_kernel(
             lane, passed = _lane_atomic_add(sync_ptr + 1, 1, "relaxed")
             _flat_epilogue(acc, pid_m, pid_n, s_ptr, b_ptr, bias_ptr, y_ptr, s_desc, b_desc, M, N, R, stride_sm,
                            stride_sr, stride_bn, stride_br, stride_ym, stride_yn, BLOCK_M, BLOCK_N, BLOCK_R,
-                           LOWRANK, HAS_BIAS, LORA_TMA, S_SPLITS)
+                           LOWRANK, HAS_BIAS, LORA_TMA, S_SPLITS, y_desc, Y_TMA)
             last = (lane == 0) & (passed == tl.minimum(step, num_tiles) - 1)
             tl.atomic_xchg(sync_ptr + lane * 0, tl.zeros_like(lane), mask=last, sem="relaxed", scope="gpu")
             tl.atomic_xchg(sync_ptr + 1 + lane * 0, tl.zeros_like(lane), mask=last, sem="relaxed", scope="gpu")
@@ -1003,7 +1014,7 @@ def lora_flat_kernel(
         pid_m, pid_n = grouped_tile(tile_c, num_pid_m, num_pid_n, GROUP_M)
         _flat_epilogue(acc, pid_m, pid_n, s_ptr, b_ptr, bias_ptr, y_ptr, s_desc, b_desc, M, N, R, stride_sm,
                        stride_sr, stride_bn, stride_br, stride_ym, stride_yn, BLOCK_M, BLOCK_N, BLOCK_R, LOWRANK,
-                       HAS_BIAS, LORA_TMA, S_SPLITS)
+                       HAS_BIAS, LORA_TMA, S_SPLITS, y_desc, Y_TMA)
 
 
 @triton.jit

@@ -802,6 +802,19 @@ def flat_s_stages(cfg) -> int:
     return max(cfg.num_stages, min(8, cfg.num_stages * (cfg.block_m + cfg.block_n) // (cfg.block_m + cfg.block_r)))
 
 
+# Session 52 candidate (off until measured): the flat kernel's Y by TMA in two column halves (`_flat_epilogue`)
+FLAT_Y_TMA = False
+
+
+def _flat_y_desc(y: torch.Tensor, cfg) -> TensorDescriptor | None:
+    """Y's descriptor (box [BM, BN / 2]) where the flat kernel stores Y by TMA: :data:`FLAT_Y_TMA` on, a compiled GPU
+    launch, and a TMA-legal Y (unit column stride, 16-byte rows and base)."""
+    if not FLAT_Y_TMA or _interpreting() or y.stride(1) != 1 or (y.stride(0) * y.element_size()) % 16 \
+            or y.data_ptr() % 16:
+        return None
+    return TensorDescriptor.from_tensor(y, [cfg.block_m, cfg.block_n // 2])
+
+
 def _run_flat(x, w, a, b, bias, y, scale, cfg, *, N, Kp, R):
     """``lora_flat_kernel`` with its S tasks in the grid (``LoraStrategy.FLAT``): one launch, a persistent grid (one
     program under the interpreter, which runs programs one after another: a program must never wait on a later one).
@@ -814,6 +827,7 @@ def _run_flat(x, w, a, b, bias, y, scale, cfg, *, N, Kp, R):
     grid = 1 if _interpreting() else flat_programs(tiles, num_pid_m, num_sms(dev))
     slices, s_programs = flat_s_tasks(num_pid_m, tiles, grid, cdiv(Kp, c.block_k))
     ws = _empty_f32(dev, slices, M, R) if slices > 1 else s
+    y_desc = _flat_y_desc(y, c)
     launch(K_.lora_flat_kernel, (grid,),
            _desc(x, c.block_m, c.block_k), _desc(w, c.block_n, c.block_k), _desc(a, c.block_r, c.block_k), s,
            _TICKETS.get(dev, 2 + num_pid_m), b, y if bias is None else bias, y,
@@ -822,7 +836,8 @@ def _run_flat(x, w, a, b, bias, y, scale, cfg, *, N, Kp, R):
            BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, BLOCK_R=c.block_r, GROUP_M=c.group_m,
            LOWRANK=True, HAS_BIAS=bias is not None, FLATTEN=True, LORA_TMA=True, IN_GRID=True,
            PROXY_FENCE=not _interpreting(), ws_ptr=ws, stride_wk=ws.stride(0), s_slices=slices,
-           s_programs=s_programs, S_STAGES=flat_s_stages(c), num_warps=c.num_warps, num_stages=c.num_stages)
+           s_programs=s_programs, S_STAGES=flat_s_stages(c), y_desc=y_desc, Y_TMA=y_desc is not None,
+           num_warps=c.num_warps, num_stages=c.num_stages)
     return y
 
 
