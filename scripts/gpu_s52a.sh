@@ -1,16 +1,16 @@
 #!/usr/bin/env bash
 # Session 52, device call 1 (≤ 330 s), any GPU → $OUT/s52a/:
-# 1. the flat kernel's Y by TMA (Y_TMA, two column halves): the bare flattened GEMM at 3 / 4 stages with and without
-#    it, and op `flat` at 3 stages with and without it, against op `flat` as planned and cuBLAS;
-# 2. op `flat` at the 256-token cells (never timed since S_STAGES), the bare GEMM and the branch's epilogue alone,
-#    against the tuned entry;
+# 1. Y by TMA (Y_TMA, two column halves): the bare flattened GEMM at 3 / 4 stages with and without it, op `flat` at
+#    3 stages with and without it, against op `flat` as planned and cuBLAS;
+# 2. the 256-token cells (and 1024×28672 r16): op `flat` (never timed there since S_STAGES), the bare GEMM and the
+#    branch's epilogue alone, the tuned persistent entry with and without Y by TMA;
 # 3. flat_plan's narrow-layer rule on the untimed shapes (session 51's s51e).
 #   LOWRANK_GEMM_COMMIT=<hash> bash scripts/gpu_s52a.sh
 source "$(dirname "$0")/_device_prelude.sh" s52a
 say "commit=${LOWRANK_GEMM_COMMIT:-?} $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)"
-probe_run probe_lora_flat_ys 150 scripts/probe_lora_flat.py --variants flat4_bare,flat4_bare_ys,flat3_bare,flat3_bare_ys \
-    --no-auto --y-tma --cells 4096x4096x4096x16,4096x4096x4096x64,4096x28672x4096x64,1024x4096x4096x64,256x28672x4096x16
-probe_run probe_lora_flat_256 80 scripts/probe_lora_flat.py --variants flat4_bare,flat4_pre --no-auto --tuned-row \
-    --cells 256x28672x4096x64,256x4096x4096x16,256x8192x8192x64
-probe_run probe_lora_flat 80 scripts/probe_lora_flat.py --variants "" --no-auto --tuned-row \
+probe_run probe_lora_flat_ys 140 scripts/probe_lora_flat.py --variants flat4_bare,flat4_bare_ys,flat3_bare,flat3_bare_ys \
+    --no-auto --y-tma --cells 4096x4096x4096x16,4096x4096x4096x64,4096x28672x4096x64,1024x4096x4096x64
+probe_run probe_lora_flat_256 120 scripts/probe_lora_flat.py --variants flat4_bare,flat4_pre --no-auto --tuned-row \
+    --y-tma --cells 256x28672x4096x16,256x28672x4096x64,256x8192x8192x64,1024x28672x4096x16,4096x28672x4096x16
+probe_run probe_lora_flat 70 scripts/probe_lora_flat.py --variants "" --no-auto --tuned-row \
     --cells 2048x4096x4096x16,2048x4096x4096x64,8192x4096x4096x16,4096x4096x14336x64,1024x4096x14336x16

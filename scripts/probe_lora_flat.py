@@ -97,7 +97,8 @@ def main(argv=None):
     ap.add_argument("--tuned-row", action="store_true", help="a row of the tuned table's entry, pinned")
     ap.add_argument("--y-tma", action="store_true",
                     help="session 52: op `flat` rows with Y stored by TMA (op_flat_ys; its stages capped at 3, where "
-                         "the staging buffer fits) and the same capped config with pointer stores (op_flat_s3)")
+                         "the staging buffer fits) and the same capped config with pointer stores (op_flat_s3); with "
+                         "--tuned-row on a persistent entry, that entry with Y by TMA too")
     args = ap.parse_args(argv)
     from _ticket_probe import lora_baselines, lora_cells, timed_rows, write_tables
     from lowrank_gemm.bench.lora import SCALE
@@ -129,18 +130,33 @@ def main(argv=None):
                         return lora_gemm.lora_linear(x, w, a, b, SCALE)
                 impls["tuned_" + hit["strategy"]] = tuned
                 errs["tuned_" + hit["strategy"]] = rel_err(tuned(*sets[0]), x0, w0, a0, b0, SCALE)
+                if args.y_tma and hit["strategy"].startswith("persistent"):     # the same entry, Y by TMA
+
+                    def tuned_ys(x, w, a, b, bs, pin=pin):
+                        lora_gemm.Y_TMA_STRATEGIES = frozenset({pin["strategy"]})
+                        try:
+                            with pinned(**pin):
+                                return lora_gemm.lora_linear(x, w, a, b, SCALE)
+                        finally:
+                            lora_gemm.Y_TMA_STRATEGIES = frozenset()
+                    name = "tuned_" + hit["strategy"] + "_ys"
+                    try:
+                        errs[name] = rel_err(tuned_ys(*sets[0]), x0, w0, a0, b0, SCALE)
+                        impls[name] = tuned_ys
+                    except Exception as e:
+                        rows.append(dict(M=M, N=N, K=K, r=r, impl=name, error=f"{type(e).__name__}: {str(e)[:200]}"))
         if args.y_tma:
             with pinned(strategy="flat"):
                 cfg3 = plan_lora(M, N, K, r, torch.bfloat16, dev)[1]
             cfg3 = cfg3.replace(num_stages=min(cfg3.num_stages, 3))
             for name, on in (("op_flat_s3", False), ("op_flat_ys", True)):
                 def op_ys(x, w, a, b, bs, cfg=cfg3, on=on):
-                    lora_gemm.FLAT_Y_TMA = on
+                    lora_gemm.Y_TMA_STRATEGIES = frozenset({"flat"} if on else ())
                     try:
                         with pinned(strategy="flat", config=cfg):
                             return lora_gemm.lora_linear(x, w, a, b, SCALE)
                     finally:
-                        lora_gemm.FLAT_Y_TMA = False
+                        lora_gemm.Y_TMA_STRATEGIES = frozenset()
                 try:
                     errs[name] = rel_err(op_ys(*sets[0]), x0, w0, a0, b0, SCALE)
                     impls[name] = op_ys

@@ -197,6 +197,22 @@ def test_persistent_epi_stages_one_is_the_same_result(dynamic):
     assert rel_err(ys[1], lora_linear_ref(x, w, a, b, 0.6, bias)) < REL_TOL
 
 
+@pytest.mark.parametrize("strategy", ["flat", "persistent_static", "persistent_dynamic"])
+@pytest.mark.parametrize("M, N", [(37, 72), (50, 40), (9, 70)])
+def test_y_by_tma_is_the_same_result(strategy, M, N, monkeypatch):
+    """Session 52 candidate: Y stored by TMA in two column halves (``Y_TMA_STRATEGIES``) gives the pointer stores'
+    bits — rows past M and columns past N clipped by the copy (N = 40 on 32-wide tiles: a half tile wholly past N),
+    NaN-poisoned outputs; N = 70 has 140-byte rows, not TMA-legal: the kernel keeps its pointer stores."""
+    x, w, a, b, bias = make(M, N, 48, 8, seed=N)      # flat reads B by TMA: a rank of 16-byte rows
+    cfg = cfg_for(8, bm=16, bn=32)
+    ys = [run_poisoned(strategy, x, w, a, b, 0.6, bias, cfg)]
+    monkeypatch.setattr(LG, "Y_TMA_STRATEGIES", frozenset({strategy}))
+    assert (LG._y_desc(torch.empty(M, N, dtype=x.dtype), cfg, strategy) is None) == (N % 8 != 0)
+    ys.append(run_poisoned(strategy, x, w, a, b, 0.6, bias, cfg))
+    assert torch.equal(ys[0], ys[1])
+    assert rel_err(ys[1], lora_linear_ref(x, w, a, b, 0.6, bias)) < REL_TOL
+
+
 @pytest.mark.parametrize("strategy", KERNEL_STRATEGIES)
 @pytest.mark.parametrize("split_k", [1, 3])
 def test_no_memset_per_call_and_tickets_left_zero(strategy, split_k):
@@ -502,15 +518,30 @@ PERSISTENT_ALIGNED = ("s_ptr", "sync_ptr", "b_ptr", "bias_ptr", "y_ptr", "M", "N
                       "stride_sm", "stride_bn", "stride_ym")
 
 
-def compile_persistent(cfg: KernelConfig, dynamic: bool, readers_late: bool = True):
+def compile_persistent(cfg: KernelConfig, dynamic: bool, readers_late: bool = True, y_tma: bool = False):
     from lowrank_gemm.kernels.aot import compile_sm90
     c = cfg
-    return compile_sm90(MOD, "lora_persistent_kernel",
-                        persistent_signature(c.block_m, c.block_n, c.block_k, c.block_r),
+    sig = persistent_signature(c.block_m, c.block_n, c.block_k, c.block_r)
+    if y_tma:
+        sig["y_desc"] = f"tensordesc<bf16[{c.block_m}, {c.block_n // 2}]>"
+    return compile_sm90(MOD, "lora_persistent_kernel", sig,
                         dict(BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, BLOCK_R=c.block_r,
                              GROUP_M=c.group_m, DYNAMIC=dynamic, HAS_BIAS=True, EPI_STAGES=c.epi_stages or None,
-                             READERS_LATE=readers_late, **PERSISTENT_UNIT_STRIDES),
+                             READERS_LATE=readers_late, Y_TMA=y_tma, **PERSISTENT_UNIT_STRIDES),
                         aligned=PERSISTENT_ALIGNED, num_warps=c.num_warps, num_stages=c.num_stages)
+
+
+@pytest.mark.parametrize("cfg", [KernelConfig(block_m=128, block_n=256, block_k=64, block_r=64, num_warps=8,
+                                              num_stages=4),
+                                 KernelConfig(block_m=128, block_n=128, block_k=64, block_r=16, num_warps=8,
+                                              num_stages=6)])
+def test_aot_persistent_y_by_tma(cfg):
+    """Session 52 candidate: the persistent kernel's Y by bulk tensor copies needs no shared memory beyond the pointer
+    stores' (the staging buffer is laid over the K loop's, dead by the epilogue): the tuned table's deepest
+    128×256 and 128×128 entries still fit."""
+    ptr, tma = compile_persistent(cfg, False), compile_persistent(cfg, False, y_tma=True)
+    assert tma.has("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group", "cp.async.bulk.wait_group.read")
+    assert tma.shared == ptr.shared <= 232448
 
 
 

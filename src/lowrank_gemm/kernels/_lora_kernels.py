@@ -40,7 +40,7 @@ import triton.language as tl
 
 from .adapter_rows import (bank_has_stragglers, bank_pick, bank_rows, bank_stragglers, safe_ids, stack_cols, stack_order,
                            stack_pick, stacked_b)
-from .epilogue import add_bias, lowrank_up, store_tile
+from .epilogue import add_bias, lowrank_up, store_tile, store_y
 from .schedule import grouped_tile
 from .pdl import gdc_launch_dependents, gdc_wait
 from .splitk import splitk_arrive, splitk_reset, splitk_store, splitk_sum
@@ -780,12 +780,15 @@ def lora_persistent_kernel(
     BANK: tl.constexpr = False, ID_BLOCK: tl.constexpr = 16, B_CLEAN: tl.constexpr = False,
     wscale_ptr=None,    # fp8 weights' per-output-channel scale (lora_main_kernel)
     READERS_LATE: tl.constexpr = True,
+    y_desc=None,        # Y [M, N], box [BM, BN / 2] (Y_TMA; not with BANK, whose stragglers read the stored tile back)
+    Y_TMA: tl.constexpr = False,
 ):
     # BANK, B_CLEAN: as lora_main_kernel's (one adapter of a bank, picked on the device; rows of other adapters finished
     # after their tile's store)
     # READERS_LATE (session 48): a tile counts itself past its wait with one lane's atomic and acts on the count only
     # after its store, so the atomic's round trip hides behind the epilogue; False is session 47's form (a scalar
     # atomic, whose result is broadcast behind a CTA barrier before the epilogue starts) for A/B probes.
+    tl.static_assert(not (BANK and Y_TMA), "BANK reads the stored tile back: pointer stores only")
     b_bank = b_ptr
     cur, slot, rank, mixed, R, scale, a_row0, b_ptr = _bank_setup(ids_ptr, ranks_ptr, scales_ptr, M, L, R_MAX, R,
                                                                   scale, b_ptr, stride_bl, BANK, ID_BLOCK, B_CLEAN)
@@ -831,7 +834,8 @@ def lora_persistent_kernel(
                                        stride_bn, stride_br, offs_m, offs_n, M, N, R,
                                        BLOCK_M, BLOCK_R, EPI_STAGES)
             acc = add_bias(acc, offs_n, N, bias_ptr, HAS_BIAS)
-            store_tile(y_ptr, acc, offs_m, offs_n, M, N, stride_ym, stride_yn)
+            store_y(y_ptr, acc, offs_m, offs_n, M, N, stride_ym, stride_yn, y_desc, pid_m * BLOCK_M, pid_n * BLOCK_N,
+                    BLOCK_M, BLOCK_N, Y_TMA)
             if READERS_LATE:
                 last = (lane == 0) & (readers == num_pid_n - 1)
                 tl.atomic_xchg(sync_ptr + pid_m + lane * 0, tl.zeros_like(lane), mask=last, sem="relaxed", scope="gpu")
@@ -889,16 +893,8 @@ def _flat_epilogue(acc, pid_m, pid_n, s_ptr, b_ptr, bias_ptr, y_ptr, s_desc, b_d
                         mask=(offs_m[:, None] < M) & (offs_r[None, :] < R), other=0.0)
             acc = lowrank_up(acc, s, b_ptr, stride_bn, stride_br, offs_n, N, R, BLOCK_R)
     acc = add_bias(acc, offs_n, N, bias_ptr, HAS_BIAS)
-    if Y_TMA:
-        # Y by TMA in two column halves (y_desc box [BM, BN / 2]): the registers go to shared memory and the copy
-        # runs on while the next tile's K loop starts, where pointer stores hold the warps for 64 KB of masked
-        # st.global per tile; half the tile keeps the staging buffer at 32 KB; the copy clips rows past M.
-        halves = acc.reshape(BLOCK_M, 2, BLOCK_N // 2).permute(0, 2, 1)
-        lo, hi = halves.split()
-        y_desc.store([pid_m * BLOCK_M, pid_n * BLOCK_N], lo.to(y_ptr.dtype.element_ty))
-        y_desc.store([pid_m * BLOCK_M, pid_n * BLOCK_N + BLOCK_N // 2], hi.to(y_ptr.dtype.element_ty))
-    else:
-        store_tile(y_ptr, acc, offs_m, offs_n, M, N, stride_ym, stride_yn)
+    store_y(y_ptr, acc, offs_m, offs_n, M, N, stride_ym, stride_yn, y_desc, pid_m * BLOCK_M, pid_n * BLOCK_N,
+            BLOCK_M, BLOCK_N, Y_TMA)
 
 
 @triton.jit

@@ -14,7 +14,7 @@ import triton.language as tl
 
 from .schedule import next_pow2
 
-__all__ = ["rank_block", "lowrank_up", "affine", "add_bias", "store_tile"]
+__all__ = ["rank_block", "lowrank_up", "affine", "add_bias", "store_tile", "store_y"]
 
 
 def rank_block(rank: int) -> int:
@@ -55,3 +55,18 @@ def store_tile(y_ptr, acc, offs_m, offs_n, M, N, stride_ym, stride_yn):
     mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
     tl.store(y_ptr + offs_m[:, None] * stride_ym + offs_n[None, :] * stride_yn,
              acc.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def store_y(y_ptr, acc, offs_m, offs_n, M, N, stride_ym, stride_yn, y_desc, off_m, off_n,
+            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, Y_TMA: tl.constexpr):
+    """Y's tile: by :func:`store_tile`, or (Y_TMA) by TMA in two column halves from one staging buffer (``y_desc`` box
+    ``[BM, BN / 2]``; the copy clips rows past M and columns past N). Pointer stores of a wgmma accumulator go through
+    shared memory in chunks with two CTA barriers each; the TMA form writes each half by ``stmatrix`` and lets the copy
+    run on behind the next tile's K loop (session 52); half the tile keeps the buffer at 32 KB for a 128×256 tile."""
+    if Y_TMA:
+        lo, hi = acc.reshape(BLOCK_M, 2, BLOCK_N // 2).permute(0, 2, 1).split()
+        y_desc.store([off_m, off_n], lo.to(y_ptr.dtype.element_ty))
+        y_desc.store([off_m, off_n + BLOCK_N // 2], hi.to(y_ptr.dtype.element_ty))
+    else:
+        store_tile(y_ptr, acc, offs_m, offs_n, M, N, stride_ym, stride_yn)
