@@ -95,6 +95,8 @@ def main(argv=None):
     ap.add_argument("--op-tiles", default="", help="extra op `flat` rows on pinned tiles: BMxBNxBKxWARPSxSTAGES,…")
     ap.add_argument("--no-auto", action="store_true", help="no `auto` row")
     ap.add_argument("--tuned-row", action="store_true", help="a row of the tuned table's entry, pinned")
+    ap.add_argument("--strategies", default="",
+                    help="extra rows op_<strategy>: lora_linear pinned to each strategy on the planner's config for it")
     ap.add_argument("--y-tma", action="store_true",
                     help="session 52: op `flat` rows with Y stored by TMA (op_flat_ys; its stages capped at 3, where "
                          "the staging buffer fits) and the same capped config with pointer stores (op_flat_s3); with "
@@ -162,6 +164,15 @@ def main(argv=None):
                     impls[name] = op_ys
                 except Exception as e:
                     rows.append(dict(M=M, N=N, K=K, r=r, impl=name, error=f"{type(e).__name__}: {str(e)[:200]}"))
+        for strat in filter(None, args.strategies.split(",")):
+            def op_strat(x, w, a, b, bs, strat=strat):
+                with pinned(strategy=strat):
+                    return lora_gemm.lora_linear(x, w, a, b, SCALE)
+            try:
+                errs["op_" + strat] = rel_err(op_strat(*sets[0]), x0, w0, a0, b0, SCALE)
+                impls["op_" + strat] = op_strat
+            except Exception as e:
+                rows.append(dict(M=M, N=N, K=K, r=r, impl="op_" + strat, error=f"{type(e).__name__}: {str(e)[:200]}"))
         for spec in filter(None, args.op_tiles.split(",")):
             bm, bn, bk, warps, stages = map(int, spec.split("x"))
             with pinned(strategy="flat"):
