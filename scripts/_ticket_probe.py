@@ -28,10 +28,12 @@ def with_per_call_tickets(fn):
     return call
 
 
-def timed_rows(impls, sets, fields, paired_base=None):
+def timed_rows(impls, sets, fields, paired_base=None, pair_with=None):
     """Rows of graph-replay medians for ``impls`` (name → fn; the first is the ratios' base) over the rotated
     ``sets``, each row ``fields`` plus impl, graph_us and x_cublas (and, with ``paired_base``, the ratio to it timed
-    in alternation: ``bench.common.paired_ratio``); printed as they come."""
+    in alternation: ``bench.common.paired_ratio``; with ``pair_with``, the name of another impl, ``x_pair``: the
+    ratio to that impl timed in alternation, for two candidates closer than the noise between their cuBLAS
+    ratios); printed as they come."""
     from lowrank_gemm.bench.common import paired_ratio, time_impl
     rows, base = [], None
     for name, fn in impls.items():
@@ -42,6 +44,8 @@ def timed_rows(impls, sets, fields, paired_base=None):
         if paired_base is not None:
             row["x_cublas_paired"] = (paired_ratio(fn, sets, paired_base, sets)["ratio_paired"]
                                       if fn is not paired_base else None)
+        if pair_with in impls and name != pair_with:
+            row["x_pair"] = paired_ratio(fn, sets, impls[pair_with], sets)["ratio_paired"]
         rows.append(row)
         print(" ".join(f"{k}={v}" for k, v in row.items()), flush=True)
     return rows

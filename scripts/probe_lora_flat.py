@@ -35,6 +35,7 @@ VARIANTS = {
     "flat3_bare_ys": dict(FLATTEN=True, num_stages=3, LOWRANK=False, Y_TMA=True),
     "flat3_pre": dict(FLATTEN=True, num_stages=3, PRE_S=True),
     "flat3_pre_ys": dict(FLATTEN=True, num_stages=3, PRE_S=True, Y_TMA=True),
+    "flat4_bare_y4": dict(FLATTEN=True, num_stages=4, LOWRANK=False, Y_TMA=True, Y_PIECES=4),
 }
 DEFAULT_VARIANTS = "flat4_bare,flat4_pre"
 _FLAGS = dict(FLATTEN=True, LOWRANK=True)
@@ -67,7 +68,7 @@ def flat_fn(v: dict, M: int, N: int, K: int, r: int, scale: float):
             if v["LOWRANK"]:
                 lora_gemm._launch_down(x, a, s, scale, br, Kp=K, R=r)
         tiles = -(-M // BM) * -(-N // BN)
-        y_tma = bool(v.get("Y_TMA"))
+        y_tma, pieces = bool(v.get("Y_TMA")), v.get("Y_PIECES", 2)
         K_.lora_flat_kernel[(min(num_sms(dev), tiles),)](
             TensorDescriptor.from_tensor(x, [BM, BK]), TensorDescriptor.from_tensor(w, [BN, BK]),
             TensorDescriptor.from_tensor(a, [br, BK]), s, s, b, y, y, TensorDescriptor.from_tensor(s, [1, BM, br]),
@@ -75,7 +76,8 @@ def flat_fn(v: dict, M: int, N: int, K: int, r: int, scale: float):
             s.stride(1), s.stride(2), b.stride(0), b.stride(1), y.stride(0), y.stride(1),
             BLOCK_M=BM, BLOCK_N=BN, BLOCK_K=BK, BLOCK_R=br, GROUP_M=GROUP_M, LOWRANK=v["LOWRANK"], HAS_BIAS=False,
             FLATTEN=v["FLATTEN"], LORA_TMA=True, S_SPLITS=splits, num_warps=WARPS, num_stages=v["num_stages"],
-            y_desc=TensorDescriptor.from_tensor(y, [BM, BN // 2]) if y_tma else None, Y_TMA=y_tma)
+            y_desc=TensorDescriptor.from_tensor(y, [BM, BN // pieces]) if y_tma else None, Y_TMA=y_tma,
+            Y_PIECES=pieces)
         return y
     return call
 
@@ -95,6 +97,9 @@ def main(argv=None):
     ap.add_argument("--op-tiles", default="", help="extra op `flat` rows on pinned tiles: BMxBNxBKxWARPSxSTAGES,…")
     ap.add_argument("--no-auto", action="store_true", help="no `auto` row")
     ap.add_argument("--tuned-row", action="store_true", help="a row of the tuned table's entry, pinned")
+    ap.add_argument("--y-tma-from", type=int, default=0, help="skip the first N of --y-tma's rows")
+    ap.add_argument("--pair-with", default="", help="an impl's name: every row's ratio to it timed in alternation")
+    ap.add_argument("--stem", default="probe_lora_flat", help="output file stem")
     ap.add_argument("--strategies", default="",
                     help="extra rows op_<strategy>: lora_linear pinned to each strategy on the planner's config for it")
     ap.add_argument("--y-tma", action="store_true",
@@ -149,16 +154,21 @@ def main(argv=None):
                         rows.append(dict(M=M, N=N, K=K, r=r, impl=name, error=f"{type(e).__name__}: {str(e)[:200]}"))
         if args.y_tma:
             with pinned(strategy="flat"):
-                cfg3 = plan_lora(M, N, K, r, torch.bfloat16, dev)[1]
-            cfg3 = cfg3.replace(num_stages=min(cfg3.num_stages, 3))
-            for name, on in (("op_flat_s3", False), ("op_flat_ys", True)):
-                def op_ys(x, w, a, b, bs, cfg=cfg3, on=on):
+                cfg = plan_lora(M, N, K, r, torch.bfloat16, dev)[1]
+            cfg3 = cfg.replace(num_stages=min(cfg.num_stages, 3))
+            # (name, Y by TMA, its pieces, config): halves need the stages capped at 3 at r16 (call 1's form),
+            # quarters fit the planned 4 (session 52, call 2)
+            ys_rows = (("op_flat_s3", False, 2, cfg3), ("op_flat_ys", True, 2, cfg3), ("op_flat_y4", True, 4, cfg))
+            for name, on, pieces, cfg_ in ys_rows[args.y_tma_from:]:
+                def op_ys(x, w, a, b, bs, cfg=cfg_, on=on, pieces=pieces):
                     lora_gemm.Y_TMA_STRATEGIES = frozenset({"flat"} if on else ())
+                    lora_gemm.Y_PIECES = pieces
                     try:
                         with pinned(strategy="flat", config=cfg):
                             return lora_gemm.lora_linear(x, w, a, b, SCALE)
                     finally:
                         lora_gemm.Y_TMA_STRATEGIES = frozenset()
+                        lora_gemm.Y_PIECES = 4
                 try:
                     errs[name] = rel_err(op_ys(*sets[0]), x0, w0, a0, b0, SCALE)
                     impls[name] = op_ys
@@ -200,12 +210,14 @@ def main(argv=None):
                 print(f"{M}x{N}x{K}x{r} {name}: {type(e).__name__}: {str(e)[:300]}", flush=True)
                 rows.append(dict(M=M, N=N, K=K, r=r, impl=name, error=f"{type(e).__name__}: {str(e)[:200]}"))
         strategy = plan_lora(M, N, K, r, torch.bfloat16, dev)[0]
-        for row in timed_rows(impls, sets, dict(M=M, N=N, K=K, r=r, strategy=strategy), paired_base=cublas):
+        for row in timed_rows(impls, sets, dict(M=M, N=N, K=K, r=r, strategy=strategy), paired_base=cublas,
+                              pair_with=args.pair_with or None):
             row["rel_err"] = errs.get(row["impl"])
             rows.append(row)
-    write_tables(args.out, "probe_lora_flat", rows,
+    write_tables(args.out, args.stem, rows,
                  {"M": "M", "N": "N", "K": "K", "r": "r", "impl": "impl", "auto strategy": "strategy",
                   "graph µs": "graph_us", "× cuBLAS": "x_cublas", "× cuBLAS (paired)": "x_cublas_paired",
+                  **({f"× {args.pair_with} (paired)": "x_pair"} if args.pair_with else {}),
                   "rel err": "rel_err", "error": "error"})
 
 

@@ -23,7 +23,7 @@ def run_flat(x, w, s, b, bias, *, bm, bn, bk, br, grid, a=None, scale=1.0, sync=
     a = a if a is not None else torch.zeros(r, K, dtype=x.dtype)
     sync = sync if sync is not None else torch.zeros(2, dtype=torch.int32)
     if flags.get("Y_TMA"):
-        flags["y_desc"] = TensorDescriptor.from_tensor(y, [bm, bn // 2])
+        flags["y_desc"] = TensorDescriptor.from_tensor(y, [bm, bn // flags.get("Y_PIECES", 2)])
     K_.lora_flat_kernel[(grid,)](
         TensorDescriptor.from_tensor(x, [bm, bk]), TensorDescriptor.from_tensor(w, [bn, bk]),
         TensorDescriptor.from_tensor(a, [br, bk]), s[0], sync, b, bias if bias is not None else y, y,
@@ -126,28 +126,29 @@ def test_flat_programs_adds_spare_programs_for_s(tiles, pid_m, want):
     assert flat_programs(tiles, pid_m, 132) == want
 
 
-@pytest.mark.parametrize("M, N, in_grid", [(77, 136, False), (130, 72, True), (20, 40, True)])
-def test_flat_y_by_tma_matches_pointer_stores(M, N, in_grid):
-    """Y_TMA (session 52 candidate): Y stored by TMA in two column halves — the copy clips rows past M and columns past
-    N (N = 40 on 64-wide tiles: the second half of the last tile column lies wholly outside), every element written
+@pytest.mark.parametrize("M, N, in_grid, pieces", [(77, 136, False, 2), (130, 72, True, 2), (20, 40, True, 2),
+                                                   (77, 136, False, 4), (20, 40, True, 4)])
+def test_flat_y_by_tma_matches_pointer_stores(M, N, in_grid, pieces):
+    """Y_TMA (session 52 candidate): Y stored by TMA in column pieces — the copy clips rows past M and columns past N
+    (N = 40 on 64-wide tiles: the last tile column's second half lies wholly outside), every element written
     (NaN-poisoned), bit-identical to the pointer stores; with the S tasks in the grid too."""
     x, w, a, b, bb = make(M, N, 96, 16, seed=N)
     kw = dict(bm=32, bn=64, bk=32, br=16, FLATTEN=True, LORA_TMA=True)
     if in_grid:
         kw.update(grid=1, a=a, scale=0.7, IN_GRID=True, ws_ptr=torch.empty(1), stride_wk=0)
         ys = [run_flat(x, w, torch.full((1, M, 16), float("nan")), b, bb, sync=torch.zeros(2 + -(-M // 32),
-                       dtype=torch.int32), Y_TMA=on, **kw) for on in (False, True)]
+                       dtype=torch.int32), Y_TMA=on, Y_PIECES=pieces, **kw) for on in (False, True)]
     else:
         s = torch.randn(2, M, 16, generator=torch.Generator().manual_seed(2))
-        ys = [run_flat(x, w, s, b, bb, grid=3, Y_TMA=on, **kw) for on in (False, True)]
+        ys = [run_flat(x, w, s, b, bb, grid=3, Y_TMA=on, Y_PIECES=pieces, **kw) for on in (False, True)]
     assert not torch.isnan(ys[1]).any()
     assert torch.equal(ys[0], ys[1])
 
 
 def test_aot_flat_y_by_tma():
     """sm_90: Y_TMA stores by bulk tensor copies from one staging buffer (no st.global of Y left in the bare kernel),
-    keeps an MMA in flight, and fits at 3 stages with the S tasks in the grid at r16 and r64 (4 stages at r16 do not:
-    why the candidate is measured at 3)."""
+    keeps an MMA in flight; in halves it fits 3 stages with the S tasks in the grid at r16 and r64 but not the
+    planner's 4 at r16 (device call 1 ran halves at 3), in quarters it fits those 4."""
     bm, bn, bk = 128, 256, 64
     from lowrank_gemm.kernels.aot import compile_sm90
 
@@ -163,6 +164,13 @@ def test_aot_flat_y_by_tma():
     for br, stages, s_stages in ((16, 3, 8), (64, 3, 6)):
         assert comp(br, stages, LOWRANK=True, IN_GRID=True, S_STAGES=s_stages).shared <= 232448
     assert comp(16, 4, LOWRANK=True, IN_GRID=True, S_STAGES=8).shared > 232448
+    # quarters (16 KB staging): the planner's 4 stages at r16 fit (221 232 B)
+    sig = dict(flat_signature(bm, bn, bk, 16), y_desc=f"tensordesc<bf16[{bm}, {bn // 4}]>")
+    quarters = compile_sm90(MOD, "lora_flat_kernel", sig, dict(
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, BLOCK_R=16, GROUP_M=8, HAS_BIAS=False, FLATTEN=True, LORA_TMA=True,
+        Y_TMA=True, Y_PIECES=4, LOWRANK=True, IN_GRID=True, S_STAGES=8, **UNIT), num_warps=8, num_stages=4,
+        aligned=ALIGNED)
+    assert quarters.shared <= 232448 and quarters.has("wgmma.wait_group.sync.aligned 1")
 
 
 def test_flat_same_result_flattened_or_not():

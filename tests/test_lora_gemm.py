@@ -199,15 +199,17 @@ def test_persistent_epi_stages_one_is_the_same_result(dynamic):
 
 @pytest.mark.parametrize("strategy", ["flat", "persistent_static", "persistent_dynamic"])
 @pytest.mark.parametrize("M, N", [(37, 72), (50, 40), (9, 70)])
-def test_y_by_tma_is_the_same_result(strategy, M, N, monkeypatch):
-    """Session 52 candidate: Y stored by TMA in two column halves (``Y_TMA_STRATEGIES``) gives the pointer stores'
-    bits — rows past M and columns past N clipped by the copy (N = 40 on 32-wide tiles: a half tile wholly past N),
+@pytest.mark.parametrize("pieces", [2, 4])
+def test_y_by_tma_is_the_same_result(strategy, M, N, pieces, monkeypatch):
+    """Session 52 candidate: Y stored by TMA in column pieces (``Y_TMA_STRATEGIES``, ``Y_PIECES``) gives the pointer
+    stores' bits — rows past M and columns past N clipped by the copy (N = 40 on 32-wide tiles: pieces wholly past N),
     NaN-poisoned outputs; N = 70 has 140-byte rows, not TMA-legal: the kernel keeps its pointer stores."""
     x, w, a, b, bias = make(M, N, 48, 8, seed=N)      # flat reads B by TMA: a rank of 16-byte rows
     cfg = cfg_for(8, bm=16, bn=32)
     ys = [run_poisoned(strategy, x, w, a, b, 0.6, bias, cfg)]
     monkeypatch.setattr(LG, "Y_TMA_STRATEGIES", frozenset({strategy}))
-    assert (LG._y_desc(torch.empty(M, N, dtype=x.dtype), cfg, strategy) is None) == (N % 8 != 0)
+    monkeypatch.setattr(LG, "Y_PIECES", pieces)
+    assert (LG._y_desc(torch.empty(M, N, dtype=x.dtype), cfg, strategy)[0] is None) == (N % 8 != 0)
     ys.append(run_poisoned(strategy, x, w, a, b, 0.6, bias, cfg))
     assert torch.equal(ys[0], ys[1])
     assert rel_err(ys[1], lora_linear_ref(x, w, a, b, 0.6, bias)) < REL_TOL

@@ -780,8 +780,8 @@ def lora_persistent_kernel(
     BANK: tl.constexpr = False, ID_BLOCK: tl.constexpr = 16, B_CLEAN: tl.constexpr = False,
     wscale_ptr=None,    # fp8 weights' per-output-channel scale (lora_main_kernel)
     READERS_LATE: tl.constexpr = True,
-    y_desc=None,        # Y [M, N], box [BM, BN / 2] (Y_TMA; not with BANK, whose stragglers read the stored tile back)
-    Y_TMA: tl.constexpr = False,
+    y_desc=None,        # Y [M, N], box [BM, BN / Y_PIECES] (Y_TMA; not with BANK: its stragglers read the tile back)
+    Y_TMA: tl.constexpr = False, Y_PIECES: tl.constexpr = 2,
 ):
     # BANK, B_CLEAN: as lora_main_kernel's (one adapter of a bank, picked on the device; rows of other adapters finished
     # after their tile's store)
@@ -835,7 +835,7 @@ def lora_persistent_kernel(
                                        BLOCK_M, BLOCK_R, EPI_STAGES)
             acc = add_bias(acc, offs_n, N, bias_ptr, HAS_BIAS)
             store_y(y_ptr, acc, offs_m, offs_n, M, N, stride_ym, stride_yn, y_desc, pid_m * BLOCK_M, pid_n * BLOCK_N,
-                    BLOCK_M, BLOCK_N, Y_TMA)
+                    BLOCK_M, BLOCK_N, Y_TMA, Y_PIECES)
             if READERS_LATE:
                 last = (lane == 0) & (readers == num_pid_n - 1)
                 tl.atomic_xchg(sync_ptr + pid_m + lane * 0, tl.zeros_like(lane), mask=last, sem="relaxed", scope="gpu")
@@ -872,7 +872,7 @@ def _flat_k_loop(x_desc, w_desc, pid_m, pid_n, k_tiles, BLOCK_M: tl.constexpr, B
 def _flat_epilogue(acc, pid_m, pid_n, s_ptr, b_ptr, bias_ptr, y_ptr, s_desc, b_desc, M, N, R, stride_sm, stride_sr,
                    stride_bn, stride_br, stride_ym, stride_yn, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                    BLOCK_R: tl.constexpr, LOWRANK: tl.constexpr, HAS_BIAS: tl.constexpr, LORA_TMA: tl.constexpr,
-                   S_SPLITS: tl.constexpr, y_desc=None, Y_TMA: tl.constexpr = False):
+                   S_SPLITS: tl.constexpr, y_desc=None, Y_TMA: tl.constexpr = False, Y_PIECES: tl.constexpr = 2):
     """acc + S[tile rows, :R]·B[tile columns, :R]ᵀ (S fp32, rounded to B's dtype first; the rank in one chunk) + bias
     → Y. LORA_TMA: S (its K slices summed in index order; s_desc views S [S_SPLITS, M, R], rows past M and ranks past
     R read 0) and B by TMA; else by masked pointer loads (one slice) — which in a flattened loop puts register writes
@@ -894,7 +894,7 @@ def _flat_epilogue(acc, pid_m, pid_n, s_ptr, b_ptr, bias_ptr, y_ptr, s_desc, b_d
             acc = lowrank_up(acc, s, b_ptr, stride_bn, stride_br, offs_n, N, R, BLOCK_R)
     acc = add_bias(acc, offs_n, N, bias_ptr, HAS_BIAS)
     store_y(y_ptr, acc, offs_m, offs_n, M, N, stride_ym, stride_yn, y_desc, pid_m * BLOCK_M, pid_n * BLOCK_N,
-            BLOCK_M, BLOCK_N, Y_TMA)
+            BLOCK_M, BLOCK_N, Y_TMA, Y_PIECES)
 
 
 @triton.jit
@@ -924,8 +924,8 @@ def lora_flat_kernel(
     ws_ptr=None, stride_wk=0, s_slices=1,   # IN_GRID: S tasks in K slices, partials [s_slices, M, R] fp32 at ws_ptr
     s_programs=0,       # IN_GRID: the programs 0 … s_programs − 1 run the S tasks (0: every program)
     S_STAGES: tl.constexpr = None,      # IN_GRID: the S tasks' pipeline depth (None: num_stages)
-    y_desc=None,        # Y [M, N], box [BM, BN / 2] (Y_TMA)
-    Y_TMA: tl.constexpr = False,
+    y_desc=None,        # Y [M, N], box [BM, BN / Y_PIECES] (Y_TMA)
+    Y_TMA: tl.constexpr = False, Y_PIECES: tl.constexpr = 2,
 ):
     # Session 49: a persistent grid of plain tiles whose tile loop and K loop are one software-pipelined loop
     # (tl.range flatten): the next tile's first X / W loads are issued while this tile's epilogue runs, where
@@ -997,7 +997,7 @@ def lora_flat_kernel(
             lane, passed = _lane_atomic_add(sync_ptr + 1, 1, "relaxed")
             _flat_epilogue(acc, pid_m, pid_n, s_ptr, b_ptr, bias_ptr, y_ptr, s_desc, b_desc, M, N, R, stride_sm,
                            stride_sr, stride_bn, stride_br, stride_ym, stride_yn, BLOCK_M, BLOCK_N, BLOCK_R,
-                           LOWRANK, HAS_BIAS, LORA_TMA, S_SPLITS, y_desc, Y_TMA)
+                           LOWRANK, HAS_BIAS, LORA_TMA, S_SPLITS, y_desc, Y_TMA, Y_PIECES)
             last = (lane == 0) & (passed == tl.minimum(step, num_tiles) - 1)
             tl.atomic_xchg(sync_ptr + lane * 0, tl.zeros_like(lane), mask=last, sem="relaxed", scope="gpu")
             tl.atomic_xchg(sync_ptr + 1 + lane * 0, tl.zeros_like(lane), mask=last, sem="relaxed", scope="gpu")
@@ -1010,7 +1010,7 @@ def lora_flat_kernel(
         pid_m, pid_n = grouped_tile(tile_c, num_pid_m, num_pid_n, GROUP_M)
         _flat_epilogue(acc, pid_m, pid_n, s_ptr, b_ptr, bias_ptr, y_ptr, s_desc, b_desc, M, N, R, stride_sm,
                        stride_sr, stride_bn, stride_br, stride_ym, stride_yn, BLOCK_M, BLOCK_N, BLOCK_R, LOWRANK,
-                       HAS_BIAS, LORA_TMA, S_SPLITS, y_desc, Y_TMA)
+                       HAS_BIAS, LORA_TMA, S_SPLITS, y_desc, Y_TMA, Y_PIECES)
 
 
 @triton.jit

@@ -58,15 +58,25 @@ def store_tile(y_ptr, acc, offs_m, offs_n, M, N, stride_ym, stride_yn):
 
 
 @triton.jit
+def _store_pieces(y_desc, part, off_m, off_n, BLOCK_M: tl.constexpr, WIDTH: tl.constexpr, PIECE: tl.constexpr):
+    """``part`` [BM, WIDTH] by TMA in column pieces of ``PIECE`` (halving recursively: ``split`` takes one axis of 2)."""
+    if WIDTH == PIECE:
+        y_desc.store([off_m, off_n], part)
+    else:
+        lo, hi = part.reshape(BLOCK_M, 2, WIDTH // 2).permute(0, 2, 1).split()
+        _store_pieces(y_desc, lo, off_m, off_n, BLOCK_M, WIDTH // 2, PIECE)
+        _store_pieces(y_desc, hi, off_m, off_n + WIDTH // 2, BLOCK_M, WIDTH // 2, PIECE)
+
+
+@triton.jit
 def store_y(y_ptr, acc, offs_m, offs_n, M, N, stride_ym, stride_yn, y_desc, off_m, off_n,
-            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, Y_TMA: tl.constexpr):
-    """Y's tile: by :func:`store_tile`, or (Y_TMA) by TMA in two column halves from one staging buffer (``y_desc`` box
-    ``[BM, BN / 2]``; the copy clips rows past M and columns past N). Pointer stores of a wgmma accumulator go through
-    shared memory in chunks with two CTA barriers each; the TMA form writes each half by ``stmatrix`` and lets the copy
-    run on behind the next tile's K loop (session 52); half the tile keeps the buffer at 32 KB for a 128×256 tile."""
+            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, Y_TMA: tl.constexpr, Y_PIECES: tl.constexpr = 2):
+    """Y's tile: by :func:`store_tile`, or (Y_TMA) by TMA in ``Y_PIECES`` column pieces from one staging buffer
+    (``y_desc`` box ``[BM, BN / Y_PIECES]``; the copy clips rows past M and columns past N). Pointer stores of a wgmma
+    accumulator go through shared memory in chunks with two CTA barriers each; the TMA form writes each piece by
+    ``stmatrix`` and lets the copy run on behind the next tile's K loop (session 52). Pieces keep the staging buffer
+    small (16 KB a quarter of a 128×256 bf16 tile), so it fits beside the flattened kernel's 4-stage ring."""
     if Y_TMA:
-        lo, hi = acc.reshape(BLOCK_M, 2, BLOCK_N // 2).permute(0, 2, 1).split()
-        y_desc.store([off_m, off_n], lo.to(y_ptr.dtype.element_ty))
-        y_desc.store([off_m, off_n + BLOCK_N // 2], hi.to(y_ptr.dtype.element_ty))
+        _store_pieces(y_desc, acc.to(y_ptr.dtype.element_ty), off_m, off_n, BLOCK_M, BLOCK_N, BLOCK_N // Y_PIECES)
     else:
         store_tile(y_ptr, acc, offs_m, offs_n, M, N, stride_ym, stride_yn)

@@ -783,7 +783,7 @@ def _run_persistent(x, w, a, b, bias, y, scale, cfg, *, N, Kp, R, dynamic, bank=
     sync = _TICKETS.get(dev, 2 * num_pid_m + 1)     # zeroed once per stream, left zero by the kernel
     grid = (persistent_grid(num_pid_m * (num_pid_n + 1), dev) if dynamic
             else _static_grid(num_pid_m, num_pid_n, c.group_m, dev),)
-    y_desc = None if bank else _y_desc(y, c, "persistent_dynamic" if dynamic else "persistent_static")
+    y_desc, y_pieces = (None, 1) if bank else _y_desc(y, c, "persistent_dynamic" if dynamic else "persistent_static")
     launch(K_.lora_persistent_kernel, grid,
         _desc(x, c.block_m, c.block_k), _desc(w, c.block_n, c.block_k), _desc(a, c.block_r, c.block_k),
         s, sync, b, y if bias is None else bias, y, M, N, Kp, R, scale,
@@ -791,7 +791,7 @@ def _run_persistent(x, w, a, b, bias, y, scale, cfg, *, N, Kp, R, dynamic, bank=
         BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, BLOCK_R=c.block_r,
         GROUP_M=c.group_m, DYNAMIC=dynamic, HAS_BIAS=bias is not None, EPI_STAGES=c.epi_stages or None,
         **(bank or {}), **({"wscale_ptr": w_scale} if w_scale is not None else {}),
-        y_desc=y_desc, Y_TMA=y_desc is not None, num_warps=c.num_warps, num_stages=c.num_stages)
+        y_desc=y_desc, Y_TMA=y_desc is not None, Y_PIECES=y_pieces, num_warps=c.num_warps, num_stages=c.num_stages)
     return y
 
 
@@ -803,18 +803,21 @@ def flat_s_stages(cfg) -> int:
     return max(cfg.num_stages, min(8, cfg.num_stages * (cfg.block_m + cfg.block_n) // (cfg.block_m + cfg.block_r)))
 
 
-# Session 52 candidate (off until measured): Y stored by TMA in two column halves (`epilogue.store_y`) by the kernels
-# of these strategies ("flat", "persistent_static", "persistent_dynamic")
+# Session 52 candidate (off until measured): Y stored by TMA in Y_PIECES column pieces (`epilogue.store_y`) by the
+# kernels of these strategies ("flat", "persistent_static", "persistent_dynamic")
 Y_TMA_STRATEGIES: frozenset[str] = frozenset()
+Y_PIECES = 4
 
 
-def _y_desc(y: torch.Tensor, cfg, strategy: str) -> TensorDescriptor | None:
-    """Y's descriptor (box [BM, BN / 2]) where a kernel stores Y by TMA: ``strategy`` in :data:`Y_TMA_STRATEGIES` and a
-    TMA-legal Y (unit column stride, 16-byte rows and base)."""
+def _y_desc(y: torch.Tensor, cfg, strategy: str) -> tuple[TensorDescriptor | None, int]:
+    """(Y's descriptor, its column pieces) where a kernel stores Y by TMA — ``strategy`` in :data:`Y_TMA_STRATEGIES`
+    and a TMA-legal Y (unit column stride, 16-byte rows and base) — else (None, 1). The box is [BM, BN / pieces]:
+    :data:`Y_PIECES`, fewer where a piece would be under 16 bytes wide."""
     if strategy not in Y_TMA_STRATEGIES or y.stride(1) != 1 \
             or (y.stride(0) * y.element_size()) % 16 or y.data_ptr() % 16:
-        return None
-    return TensorDescriptor.from_tensor(y, [cfg.block_m, cfg.block_n // 2])
+        return None, 1
+    pieces = max(1, min(Y_PIECES, cfg.block_n * y.element_size() // 16))
+    return TensorDescriptor.from_tensor(y, [cfg.block_m, cfg.block_n // pieces]), pieces
 
 
 def _run_flat(x, w, a, b, bias, y, scale, cfg, *, N, Kp, R):
@@ -829,7 +832,7 @@ def _run_flat(x, w, a, b, bias, y, scale, cfg, *, N, Kp, R):
     grid = 1 if _interpreting() else flat_programs(tiles, num_pid_m, num_sms(dev))
     slices, s_programs = flat_s_tasks(num_pid_m, tiles, grid, cdiv(Kp, c.block_k))
     ws = _empty_f32(dev, slices, M, R) if slices > 1 else s
-    y_desc = _y_desc(y, c, "flat")
+    y_desc, y_pieces = _y_desc(y, c, "flat")
     launch(K_.lora_flat_kernel, (grid,),
            _desc(x, c.block_m, c.block_k), _desc(w, c.block_n, c.block_k), _desc(a, c.block_r, c.block_k), s,
            _TICKETS.get(dev, 2 + num_pid_m), b, y if bias is None else bias, y,
@@ -839,6 +842,7 @@ def _run_flat(x, w, a, b, bias, y, scale, cfg, *, N, Kp, R):
            LOWRANK=True, HAS_BIAS=bias is not None, FLATTEN=True, LORA_TMA=True, IN_GRID=True,
            PROXY_FENCE=not _interpreting(), ws_ptr=ws, stride_wk=ws.stride(0), s_slices=slices,
            s_programs=s_programs, S_STAGES=flat_s_stages(c), y_desc=y_desc, Y_TMA=y_desc is not None,
+           Y_PIECES=y_pieces,
            num_warps=c.num_warps, num_stages=c.num_stages)
     return y
 
