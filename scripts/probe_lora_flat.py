@@ -121,6 +121,14 @@ def main(argv=None):
             return lora_gemm.lora_linear(x, w, a, b, SCALE, strategy="flat")
 
         impls, errs = {"cublas_base": cublas, "auto": auto}, {"auto": rel_err(auto(*sets[0]), x0, w0, a0, b0, SCALE)}
+
+        def add(name, fn):
+            """A timed row for ``fn``, or a row saying why it did not run (a config that does not fit, say)."""
+            try:
+                errs[name] = rel_err(fn(*sets[0]), x0, w0, a0, b0, SCALE)
+                impls[name] = fn
+            except Exception as e:
+                rows.append(dict(M=M, N=N, K=K, r=r, impl=name, error=f"{type(e).__name__}: {str(e)[:200]}"))
         impls["op_flat"], errs["op_flat"] = op_flat, rel_err(op_flat(*sets[0]), x0, w0, a0, b0, SCALE)
         if args.no_auto:
             del impls["auto"]
@@ -146,12 +154,7 @@ def main(argv=None):
                                 return lora_gemm.lora_linear(x, w, a, b, SCALE)
                         finally:
                             lora_gemm.Y_TMA_STRATEGIES = frozenset()
-                    name = "tuned_" + hit["strategy"] + "_ys"
-                    try:
-                        errs[name] = rel_err(tuned_ys(*sets[0]), x0, w0, a0, b0, SCALE)
-                        impls[name] = tuned_ys
-                    except Exception as e:
-                        rows.append(dict(M=M, N=N, K=K, r=r, impl=name, error=f"{type(e).__name__}: {str(e)[:200]}"))
+                    add("tuned_" + hit["strategy"] + "_ys", tuned_ys)
         if args.y_tma:
             with pinned(strategy="flat"):
                 cfg = plan_lora(M, N, K, r, torch.bfloat16, dev)[1]
@@ -169,20 +172,12 @@ def main(argv=None):
                     finally:
                         lora_gemm.Y_TMA_STRATEGIES = frozenset()
                         lora_gemm.Y_PIECES = 4
-                try:
-                    errs[name] = rel_err(op_ys(*sets[0]), x0, w0, a0, b0, SCALE)
-                    impls[name] = op_ys
-                except Exception as e:
-                    rows.append(dict(M=M, N=N, K=K, r=r, impl=name, error=f"{type(e).__name__}: {str(e)[:200]}"))
+                add(name, op_ys)
         for strat in filter(None, args.strategies.split(",")):
             def op_strat(x, w, a, b, bs, strat=strat):
                 with pinned(strategy=strat):
                     return lora_gemm.lora_linear(x, w, a, b, SCALE)
-            try:
-                errs["op_" + strat] = rel_err(op_strat(*sets[0]), x0, w0, a0, b0, SCALE)
-                impls["op_" + strat] = op_strat
-            except Exception as e:
-                rows.append(dict(M=M, N=N, K=K, r=r, impl="op_" + strat, error=f"{type(e).__name__}: {str(e)[:200]}"))
+            add("op_" + strat, op_strat)
         for spec in filter(None, args.op_tiles.split(",")):
             bm, bn, bk, warps, stages = map(int, spec.split("x"))
             with pinned(strategy="flat"):
@@ -192,12 +187,7 @@ def main(argv=None):
             def op_tiles(x, w, a, b, bs, cfg=cfg):
                 with pinned(strategy="flat", config=cfg):
                     return lora_gemm.lora_linear(x, w, a, b, SCALE)
-            name = f"op_flat_{spec}"
-            try:
-                errs[name] = rel_err(op_tiles(*sets[0]), x0, w0, a0, b0, SCALE)
-                impls[name] = op_tiles
-            except Exception as e:
-                rows.append(dict(M=M, N=N, K=K, r=r, impl=name, error=f"{type(e).__name__}: {str(e)[:200]}"))
+            add(f"op_flat_{spec}", op_tiles)
         for name in filter(None, args.variants.split(",")):
             v = VARIANTS[name]
             fn = flat_fn(v, M, N, K, r, SCALE)
