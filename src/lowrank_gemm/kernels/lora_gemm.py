@@ -842,8 +842,7 @@ def _run_flat(x, w, a, b, bias, y, scale, cfg, *, N, Kp, R):
            LOWRANK=True, HAS_BIAS=bias is not None, FLATTEN=True, LORA_TMA=True, IN_GRID=True,
            PROXY_FENCE=not _interpreting(), ws_ptr=ws, stride_wk=ws.stride(0), s_slices=slices,
            s_programs=s_programs, S_STAGES=flat_s_stages(c), y_desc=y_desc, Y_TMA=y_desc is not None,
-           Y_PIECES=y_pieces,
-           num_warps=c.num_warps, num_stages=c.num_stages)
+           Y_PIECES=y_pieces, num_warps=c.num_warps, num_stages=c.num_stages)
     return y
 
 
