@@ -18,6 +18,7 @@ launch say so. Writes DIR/probe_lora_flat.{json,md}.
 from __future__ import annotations
 
 import argparse
+import contextlib
 
 import torch
 
@@ -82,6 +83,20 @@ def flat_fn(v: dict, M: int, N: int, K: int, r: int, scale: float):
     return call
 
 
+@contextlib.contextmanager
+def y_by_tma(strategies, pieces=None):
+    """The op with Y stored by TMA for ``strategies`` (``lora_gemm.Y_TMA_STRATEGIES``), in ``pieces`` column pieces;
+    the knobs as they were afterwards."""
+    from lowrank_gemm.kernels import lora_gemm
+    before = lora_gemm.Y_TMA_STRATEGIES, lora_gemm.Y_PIECES
+    lora_gemm.Y_TMA_STRATEGIES = frozenset(strategies)
+    lora_gemm.Y_PIECES = pieces or lora_gemm.Y_PIECES
+    try:
+        yield
+    finally:
+        lora_gemm.Y_TMA_STRATEGIES, lora_gemm.Y_PIECES = before
+
+
 def rel_err(y, x, w, a, b, scale, lowrank=True):
     ref = x.double() @ w.double().T
     if lowrank:
@@ -103,9 +118,10 @@ def main(argv=None):
     ap.add_argument("--strategies", default="",
                     help="extra rows op_<strategy>: lora_linear pinned to each strategy on the planner's config for it")
     ap.add_argument("--y-tma", action="store_true",
-                    help="session 52: op `flat` rows with Y stored by TMA (op_flat_ys; its stages capped at 3, where "
-                         "the staging buffer fits) and the same capped config with pointer stores (op_flat_s3); with "
-                         "--tuned-row on a persistent entry, that entry with Y by TMA too")
+                    help="session 52: op `flat` at its stages capped at 3 with pointer stores (op_flat_s3) and with Y "
+                         "stored by TMA in halves (op_flat_ys: where the staging buffer fits at r16), then op `flat` "
+                         "as planned with Y in quarters (op_flat_y4); with --tuned-row on a persistent entry, that "
+                         "entry with Y by TMA too")
     args = ap.parse_args(argv)
     from _ticket_probe import lora_baselines, lora_cells, timed_rows, write_tables
     from lowrank_gemm.bench.lora import SCALE
@@ -148,12 +164,8 @@ def main(argv=None):
                 if args.y_tma and hit["strategy"].startswith("persistent"):     # the same entry, Y by TMA
 
                     def tuned_ys(x, w, a, b, bs, pin=pin):
-                        lora_gemm.Y_TMA_STRATEGIES = frozenset({pin["strategy"]})
-                        try:
-                            with pinned(**pin):
-                                return lora_gemm.lora_linear(x, w, a, b, SCALE)
-                        finally:
-                            lora_gemm.Y_TMA_STRATEGIES = frozenset()
+                        with y_by_tma({pin["strategy"]}), pinned(**pin):
+                            return lora_gemm.lora_linear(x, w, a, b, SCALE)
                     add("tuned_" + hit["strategy"] + "_ys", tuned_ys)
         if args.y_tma:
             with pinned(strategy="flat"):
@@ -164,14 +176,8 @@ def main(argv=None):
             ys_rows = (("op_flat_s3", False, 2, cfg3), ("op_flat_ys", True, 2, cfg3), ("op_flat_y4", True, 4, cfg))
             for name, on, pieces, cfg_ in ys_rows[args.y_tma_from:]:
                 def op_ys(x, w, a, b, bs, cfg=cfg_, on=on, pieces=pieces):
-                    lora_gemm.Y_TMA_STRATEGIES = frozenset({"flat"} if on else ())
-                    lora_gemm.Y_PIECES = pieces
-                    try:
-                        with pinned(strategy="flat", config=cfg):
-                            return lora_gemm.lora_linear(x, w, a, b, SCALE)
-                    finally:
-                        lora_gemm.Y_TMA_STRATEGIES = frozenset()
-                        lora_gemm.Y_PIECES = 4
+                    with y_by_tma({"flat"} if on else (), pieces), pinned(strategy="flat", config=cfg):
+                        return lora_gemm.lora_linear(x, w, a, b, SCALE)
                 add(name, op_ys)
         for strat in filter(None, args.strategies.split(",")):
             def op_strat(x, w, a, b, bs, strat=strat):

@@ -152,11 +152,11 @@ def test_aot_flat_y_by_tma():
     bm, bn, bk = 128, 256, 64
     from lowrank_gemm.kernels.aot import compile_sm90
 
-    def comp(br, stages, **flags):
-        sig = dict(flat_signature(bm, bn, bk, br), y_desc=f"tensordesc<bf16[{bm}, {bn // 2}]>")
+    def comp(br, stages, pieces=2, **flags):
+        sig = dict(flat_signature(bm, bn, bk, br), y_desc=f"tensordesc<bf16[{bm}, {bn // pieces}]>")
         return compile_sm90(MOD, "lora_flat_kernel", sig, dict(
             BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, BLOCK_R=br, GROUP_M=8, HAS_BIAS=False, FLATTEN=True, LORA_TMA=True,
-            Y_TMA=True, **UNIT, **flags), num_warps=8, num_stages=stages, aligned=ALIGNED)
+            Y_TMA=True, Y_PIECES=pieces, **UNIT, **flags), num_warps=8, num_stages=stages, aligned=ALIGNED)
     bare = comp(16, 4, LOWRANK=False)
     assert bare.has("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group", "cp.async.bulk.wait_group.read",
                     "wgmma.wait_group.sync.aligned 1")
@@ -165,11 +165,7 @@ def test_aot_flat_y_by_tma():
         assert comp(br, stages, LOWRANK=True, IN_GRID=True, S_STAGES=s_stages).shared <= 232448
     assert comp(16, 4, LOWRANK=True, IN_GRID=True, S_STAGES=8).shared > 232448
     # quarters (16 KB staging): the planner's 4 stages at r16 fit (221 232 B)
-    sig = dict(flat_signature(bm, bn, bk, 16), y_desc=f"tensordesc<bf16[{bm}, {bn // 4}]>")
-    quarters = compile_sm90(MOD, "lora_flat_kernel", sig, dict(
-        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, BLOCK_R=16, GROUP_M=8, HAS_BIAS=False, FLATTEN=True, LORA_TMA=True,
-        Y_TMA=True, Y_PIECES=4, LOWRANK=True, IN_GRID=True, S_STAGES=8, **UNIT), num_warps=8, num_stages=4,
-        aligned=ALIGNED)
+    quarters = comp(16, 4, pieces=4, LOWRANK=True, IN_GRID=True, S_STAGES=8)
     assert quarters.shared <= 232448 and quarters.has("wgmma.wait_group.sync.aligned 1")
 
 
