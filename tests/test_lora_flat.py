@@ -268,23 +268,44 @@ LEDGER_CONFIGS = [   # (block_m, block_n, block_k, warps, stages, block_r, S sli
 ]
 
 
+@pytest.mark.parametrize("pieces", [0, 2, 4], ids=["y_pointers", "y_tma_halves", "y_tma_quarters"])
 @pytest.mark.parametrize("bm, bn, bk, warps, stages, br, splits", LEDGER_CONFIGS)
-def test_flat_ledger_bounds_the_compiled_kernel(bm, bn, bk, warps, stages, br, splits):
+def test_flat_ledger_bounds_the_compiled_kernel(bm, bn, bk, warps, stages, br, splits, pieces):
     """The ledger never under-counts what the compiled kernel asks for (±1 KiB), and over-counts by at most the S/B
-    term's documented slack (16 KiB)."""
+    term's documented slack (16 KiB): Y stored by pointers, or by TMA in halves or quarters (its staging piece)."""
     from lowrank_gemm.kernels.aot import compile_sm90
     from lowrank_gemm.plan.config import KernelConfig
     cfg = KernelConfig(block_m=bm, block_n=bn, block_k=bk, block_r=br, num_warps=warps, num_stages=stages)
-    ledger = K_.smem_ledger(cfg, 16, "flat").total()
+    ledger = K_.smem_ledger(cfg, 16, "flat", y_pieces=pieces).total()
     consts = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, BLOCK_R=br, GROUP_M=8, LOWRANK=True, HAS_BIAS=True,
                   FLATTEN=True, LORA_TMA=True, S_SPLITS=splits, IN_GRID=splits == 0, **UNIT)
     consts["S_SPLITS"] = max(splits, 1)
     if splits == 0:     # the S tasks' own pipeline, as the op launches it: laid over the main loop's buffers
         from lowrank_gemm.kernels.lora_gemm import flat_s_stages
         consts["S_STAGES"] = flat_s_stages(cfg)
-    shared = compile_sm90(MOD, "lora_flat_kernel", flat_signature(bm, bn, bk, br), consts, num_warps=warps,
-                          num_stages=stages, aligned=ALIGNED).shared
+    sig = flat_signature(bm, bn, bk, br)
+    if pieces:
+        sig["y_desc"] = f"tensordesc<bf16[{bm}, {bn // pieces}]>"
+        consts.update(Y_TMA=True, Y_PIECES=pieces)
+    shared = compile_sm90(MOD, "lora_flat_kernel", sig, consts, num_warps=warps, num_stages=stages,
+                          aligned=ALIGNED).shared
     assert shared - 1024 <= ledger <= shared + 16384 + 1024, (shared, ledger)
+
+
+def test_planner_ledger_counts_the_y_piece_where_the_op_stores_y_by_tma(monkeypatch):
+    """``lora_ledger`` is the ledger of the launch the op makes: the staging piece only where ``flat`` stores Y by
+    TMA (128×128 on 4 warps: an 8 KiB quarter, 4 KiB of it beyond the flattened region's half)."""
+    from lowrank_gemm.kernels import lora_gemm
+    from lowrank_gemm.plan.config import KernelConfig
+    from lowrank_gemm.plan.planner import lora_ledger
+    cfg = KernelConfig(block_m=128, block_n=128, block_k=64, block_r=16, num_warps=4, num_stages=4)
+    pointers = lora_ledger("flat", cfg).total()
+    monkeypatch.setattr(lora_gemm, "Y_TMA_STRATEGIES", frozenset({"flat"}))
+    assert lora_gemm.y_store_pieces("flat", cfg) == 4 and lora_gemm.y_store_pieces("split", cfg) == 0
+    assert lora_ledger("flat", cfg).total() == pointers + 4096
+    assert lora_ledger("split", cfg).total() == K_.smem_ledger(cfg, 16, "split").total()
+    monkeypatch.setattr(lora_gemm, "Y_PIECES", 1)        # a whole 32 KiB tile: 28 KiB beyond
+    assert lora_ledger("flat", cfg).total() == pointers + 28672
 
 
 def test_flat_through_the_op():

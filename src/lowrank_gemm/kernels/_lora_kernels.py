@@ -1099,7 +1099,7 @@ def lora_streamk_kernel(
 # SMEM ledger (the only shared-memory arithmetic of this family)
 # ---------------------------------------------------------------------------------------------
 
-def smem_ledger(config, dtype_bits: int, strategy: str, prefetch: bool = False):
+def smem_ledger(config, dtype_bits: int, strategy: str, prefetch: bool = False, y_pieces: int = 0):
     """Shared memory of the main kernel a strategy launches, term by term.
 
     Triton 3.6 allocates one buffer per pipeline stage for every TMA load of the K loop and one
@@ -1110,6 +1110,9 @@ def smem_ledger(config, dtype_bits: int, strategy: str, prefetch: bool = False):
     ``prefetch`` (``LoraOptions.prefetch``, EPI_PREFETCH): the B tile loaded before the K loop
     gets its own buffer, live across the loop (+8 KB at 16×256 in the compiled kernels; where
     only the FIXUP finisher uses it Triton may place it after the loop: the term is an upper bound).
+    ``y_pieces`` (Y_TMA, ``Y_PIECES``; 0: pointer stores): Y stored by TMA from one staging buffer of a 16-bit
+    ``[BM, BN / y_pieces]`` piece; the persistent kernels lay it over their pipelines (AOT: no extra bytes), flat
+    over half of its flattened region (below).
     """
     from ..plan.smem import SmemLedger, SmemTerm, barrier_bytes, tile_bytes
 
@@ -1134,6 +1137,12 @@ def smem_ledger(config, dtype_bits: int, strategy: str, prefetch: bool = False):
                                                                          max(0, sb - region)),
                   SmemTerm("S-task pipeline extra", max(0, st * (x + a) - pipeline)),
                   SmemTerm("TMA barriers", barrier_bytes(1), st + 2)]
+        if y_pieces:
+            # pointer stores stage Y through a conversion scratch inside that region; the TMA piece replaces it and
+            # takes what it needs beyond 256·warps² B (exact over the ledger test's eight configs in 1, 2 and 4
+            # pieces at 64×128 / 128×128 on 4 warps and 256×128 on 8; at 128×256 an upper bound by up to 8 KiB)
+            piece = tile_bytes(c.block_m, c.block_n // y_pieces, 16)
+            terms.append(SmemTerm("Y staging piece beyond half the region", max(0, piece - region // 2)))
         return SmemLedger(tuple(terms), label=f"lora flat {c.block_m}x{c.block_n}x{c.block_k} r{c.block_r}")
     if kloop:
         terms.append(SmemTerm("lowrank A tile", a, st))

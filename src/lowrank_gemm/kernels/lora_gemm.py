@@ -809,14 +809,20 @@ Y_TMA_STRATEGIES: frozenset[str] = frozenset()
 Y_PIECES = 4
 
 
+def y_store_pieces(strategy: str, cfg, y_bytes: int = 2) -> int:
+    """The column pieces a ``strategy`` kernel stores a TMA-legal Y in (0: pointer stores): :data:`Y_PIECES`, fewer
+    where a piece would be under 16 bytes wide. The planner's ledger counts the staging piece from it."""
+    if strategy not in Y_TMA_STRATEGIES:
+        return 0
+    return max(1, min(Y_PIECES, cfg.block_n * y_bytes // 16))
+
+
 def _y_desc(y: torch.Tensor, cfg, strategy: str) -> tuple[TensorDescriptor | None, int]:
-    """(Y's descriptor, its column pieces) where a kernel stores Y by TMA — ``strategy`` in :data:`Y_TMA_STRATEGIES`
-    and a TMA-legal Y (unit column stride, 16-byte rows and base) — else (None, 1). The box is [BM, BN / pieces]:
-    :data:`Y_PIECES`, fewer where a piece would be under 16 bytes wide."""
-    if strategy not in Y_TMA_STRATEGIES or y.stride(1) != 1 \
-            or (y.stride(0) * y.element_size()) % 16 or y.data_ptr() % 16:
+    """(Y's descriptor, its column pieces) where a kernel stores Y by TMA — :func:`y_store_pieces` and a TMA-legal Y
+    (unit column stride, 16-byte rows and base) — else (None, 1). The box is [BM, BN / pieces]."""
+    pieces = y_store_pieces(strategy, cfg, y.element_size())
+    if not pieces or y.stride(1) != 1 or (y.stride(0) * y.element_size()) % 16 or y.data_ptr() % 16:
         return None, 1
-    pieces = max(1, min(Y_PIECES, cfg.block_n * y.element_size() // 16))
     return TensorDescriptor.from_tensor(y, [cfg.block_m, cfg.block_n // pieces]), pieces
 
 

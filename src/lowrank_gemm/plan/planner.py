@@ -214,8 +214,10 @@ class Feasibility:
 
 
 def lora_ledger(strategy: str, config: KernelConfig, dtype_bits: int = 16) -> SmemLedger:
+    """The strategy's main-kernel ledger as the op launches it (Y by TMA where the op stores it so)."""
     from ..kernels._lora_kernels import smem_ledger
-    return smem_ledger(config, dtype_bits, strategy)
+    from ..kernels.lora_gemm import y_store_pieces
+    return smem_ledger(config, dtype_bits, strategy, y_pieces=y_store_pieces(strategy, config))
 
 
 def can_implement(strategy: str, shape: tuple[int, int, int, int], config: KernelConfig,
