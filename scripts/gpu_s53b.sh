@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Session 53, device call 2 (≤ 480 s): on an H200 the canonical tables (gpu_s51d.sh: the flat GPU tests, `bench lora`,
+# `bench multilora` → $OUT/s51d/); on any other GPU the whole GPU test suite at this commit (last run whole in
+# session 47, before the flat strategy) → $OUT/s53b/
+#   LOWRANK_GEMM_COMMIT=<hash> bash scripts/gpu_s53b.sh
+here=$(dirname "$0")
+if [[ $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1) == *H200* ]]; then
+    exec bash "$here/gpu_s51d.sh"
+fi
+source "$here/_device_prelude.sh" s53b
+say "commit=${LOWRANK_GEMM_COMMIT:-?} $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)"
+gpu_tests 460 8 tests
+gzip -f "$L/tests.log"
