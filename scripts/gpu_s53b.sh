@@ -9,5 +9,7 @@ if [[ $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1) == *H200* ]
 fi
 source "$here/_device_prelude.sh" s53b
 say "commit=${LOWRANK_GEMM_COMMIT:-?} $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)"
-gpu_tests 460 8 tests
+timeout 460 python3 -m pytest -m gpu tests -q -n 8 --timeout=90 -p no:cacheprovider -rf > "$L/tests.log" 2>&1
+say "tests rc=$? $(tail -1 "$L/tests.log")"
+grep -E "^FAILED|^ERROR" "$L/tests.log" | head -30 | tee -a "$L/summary.txt"
 gzip -f "$L/tests.log"
