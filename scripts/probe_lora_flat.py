@@ -86,15 +86,19 @@ def flat_fn(v: dict, M: int, N: int, K: int, r: int, scale: float):
 @contextlib.contextmanager
 def y_by_tma(strategies, pieces=None):
     """The op with Y stored by TMA for ``strategies`` (``lora_gemm.Y_TMA_STRATEGIES``), in ``pieces`` column pieces;
-    the knobs as they were afterwards."""
+    the knobs as they were afterwards. Memoized plans are dropped on both edges: the planner's ledger counts the
+    staging piece where the op stores Y so."""
     from lowrank_gemm.kernels import lora_gemm
+    from lowrank_gemm.plan.planner import clear_plan_cache
     before = lora_gemm.Y_TMA_STRATEGIES, lora_gemm.Y_PIECES
     lora_gemm.Y_TMA_STRATEGIES = frozenset(strategies)
     lora_gemm.Y_PIECES = pieces or lora_gemm.Y_PIECES
+    clear_plan_cache()
     try:
         yield
     finally:
         lora_gemm.Y_TMA_STRATEGIES, lora_gemm.Y_PIECES = before
+        clear_plan_cache()
 
 
 def rel_err(y, x, w, a, b, scale, lowrank=True):

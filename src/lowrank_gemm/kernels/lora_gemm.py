@@ -803,8 +803,9 @@ def flat_s_stages(cfg) -> int:
     return max(cfg.num_stages, min(8, cfg.num_stages * (cfg.block_m + cfg.block_n) // (cfg.block_m + cfg.block_r)))
 
 
-# Session 52 candidate (off until measured): Y stored by TMA in Y_PIECES column pieces (`epilogue.store_y`) by the
-# kernels of these strategies ("flat", "persistent_static", "persistent_dynamic")
+# Session 52 candidate (measured level or behind, sessions 52–53: off): Y stored by TMA in Y_PIECES column pieces
+# (`epilogue.store_y`) by the kernels of these strategies ("flat", "persistent_static", "persistent_dynamic"). The
+# planner's ledger reads them (y_store_pieces): after changing either, drop memoized plans (planner.clear_plan_cache)
 Y_TMA_STRATEGIES: frozenset[str] = frozenset()
 Y_PIECES = 4
 
