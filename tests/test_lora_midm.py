@@ -263,8 +263,9 @@ calls = []
 class Rec:
     def __init__(self, fn): self.fn = fn
     def __getitem__(self, grid): return lambda *a, **k: calls.append((self.fn, a, k))
-real = (K_.lora_main_kernel, K_.lora_down_kernel)
-K_.lora_main_kernel, K_.lora_down_kernel = Rec(real[0]), Rec(real[1])
+real = {name: getattr(K_, name) for name in req["kernels"]}
+for name, fn in real.items():
+    setattr(K_, name, Rec(fn))
 LG.INTERPRETER_WAVE_SMS = req["wave"]
 LG.num_sms = lambda device: 132
 LG.pdl_supported = lambda device: True
@@ -275,14 +276,19 @@ x, w, a = torch.empty(M, K, dtype=dt), torch.empty(N, K, dtype=dt), torch.empty(
 b = torch.empty(N, r, dtype=dt)
 with LG.lora_options(**req["options"]):
     LG.run_strategy(req["strategy"], x, w, a, b, 0.5, None, KernelConfig(**req["config"]))
-K_.lora_main_kernel, K_.lora_down_kernel = real
+for name, fn in real.items():
+    setattr(K_, name, fn)
 DT = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.int32: "i32"}
 out = []
 for fn, args, kw in calls:
     names = fn.arg_names
     sig, consts, aligned = {}, {}, []
-    for name, v in zip(names, args):
-        if isinstance(v, TensorDescriptor):
+    # arguments passed by keyword that are not constexprs (flat's ws_ptr, y_desc, …) are bound like positional ones
+    by_name = [(k, kw.pop(k)) for k in list(kw) if k in names and not fn.params[list(names).index(k)].is_constexpr]
+    for name, v in list(zip(names, args)) + by_name:
+        if v is None:             # Triton specializes a None argument as a constexpr
+            consts[name] = None
+        elif isinstance(v, TensorDescriptor):
             sig[name] = f"tensordesc<{DT[v.base.dtype]}{list(v.block_shape)}>"
             aligned.append(name)
         elif isinstance(v, torch.Tensor):
@@ -311,14 +317,16 @@ print(json.dumps(out))
 """
 
 
-def compile_as_launched(strategy, shape, config, options=(), wave=132):
+def compile_as_launched(strategy, shape, config, options=(), wave=132,
+                        kernels=("lora_main_kernel", "lora_down_kernel")):
     """sm_90 compiles of the kernels ``run_strategy`` launches for ``shape`` = (M, N, K, r), with the
     specialization a real launch gets (integer arguments equal to 1 become constants; multiples of
     16 and tensors are 16-byte aligned): the register counts of the test-suite signature (every
-    argument a plain i32) are 40–100 higher and report spills the launched kernels do not have."""
+    argument a plain i32) are 40–100 higher and report spills the launched kernels do not have.
+    ``kernels``: the ``_lora_kernels`` launches to record and compile, by name."""
     from lowrank_gemm.kernels.aot import CompiledInfo
     req = dict(strategy=strategy, shape=list(shape), config=config.to_dict(), wave=wave,
-               options={k: True for k in options})
+               options={k: True for k in options}, kernels=list(kernels))
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}    # record + compile, one process
     env["LOWRANK_GEMM_LORA_OPTIONS"] = "none"     # exactly ``options`` on (PDL is on by default otherwise)
     proc = subprocess.run([sys.executable, "-c", _RECORD_CHILD], input=json.dumps(req), capture_output=True,
@@ -367,6 +375,32 @@ def test_sm90_midm_plans_as_launched(strategy, shape, config, options):
     rs = ptxas(main.ptx)
     if rs is not None:
         assert rs[1] == 0, f"ptxas spills {rs[1]} B ({rs[0]} registers)"
+
+
+TUNED_256_R64 = KernelConfig(block_m=128, block_n=256, block_k=64, block_r=64, num_warps=8, num_stages=3)
+
+
+@pytest.mark.parametrize("strategy, shape, kernel, stages", [
+    ("flat", (256, 28672, 4096, 16), "lora_flat_kernel", 4),
+    ("flat", (256, 28672, 4096, 64), "lora_flat_kernel", 3),
+    ("persistent_static", (256, 28672, 4096, 64), "lora_persistent_kernel", 3),
+], ids=["flat-r16", "flat-r64", "persistent-r64"])
+def test_sm90_prefill_plans_as_launched(strategy, shape, kernel, stages):
+    """The 256-token plans as launched (session 53's audit, NOTES.md): flat's own plan keeps 4 stages at r16 and 3
+    at r64 (the branch's S and B tiles, prefetched beside the ring, leave no room for a 4th); the H200 table's
+    ``persistent_static`` entry at r64. No ptxas wgmma serialization, no spill in flat, at most a 16-byte one in the
+    persistent kernel's r64 epilogue."""
+    from lowrank_gemm.plan.planner import heuristic_lora
+    cfg = (heuristic_lora(*shape, 16, gpu=True, sms=132, strategy="flat")[1] if strategy == "flat"
+           else TUNED_256_R64)
+    assert cfg.num_stages == stages
+    info, consts = compile_as_launched(strategy, shape, cfg, ("pdl",), kernels=(kernel,))[kernel]
+    assert info.has("wgmma.mma_async", "cp.async.bulk.tensor") and info.shared <= 232448
+    assert consts.get("IN_GRID", True)
+    stats = ptxas_stats(info.ptx)
+    if stats is not None:
+        assert "C7515" not in stats[2] and "C7514" not in stats[2], stats[2]
+        assert stats[1] <= (0 if strategy == "flat" else 16), f"ptxas spills {stats[1]} B ({stats[0]} registers)"
 
 
 def test_sm90_pdl_order():
