@@ -213,6 +213,35 @@ def test_aot_flat_tma_branch_keeps_the_mma_in_flight(flags):
     assert "C7515" not in stats[2] and "C7514" not in stats[2], stats[2]
 
 
+def test_aot_flat_trace_stamps_only_when_asked():
+    """TRACE (probe_flat_trace.py): the global timer read at each of the six points and the SM id stored, the MMA
+    still in flight; off (the default), none of it is in the kernel."""
+    traced = compile_sm90_flat_traced()
+    assert traced.ptx.count("%globaltimer") == 6 and "%smid" in traced.ptx
+    assert traced.has("wgmma.wait_group.sync.aligned 1")
+    plain = compile_flat(FLATTEN=True, LORA_TMA=True, IN_GRID=True, S_STAGES=8)
+    assert "%globaltimer" not in plain.ptx and "%smid" not in plain.ptx
+
+
+def compile_sm90_flat_traced():
+    from lowrank_gemm.kernels.aot import compile_sm90
+    bm, bn, bk, br = 128, 256, 64, 16
+    return compile_sm90(MOD, "lora_flat_kernel", dict(flat_signature(bm, bn, bk, br), trace_ptr="*i64"), dict(
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, BLOCK_R=br, GROUP_M=8, LOWRANK=True, HAS_BIAS=False, FLATTEN=True,
+        LORA_TMA=True, IN_GRID=True, S_STAGES=8, TRACE=True, **UNIT), num_warps=8, num_stages=4,
+        aligned=ALIGNED + ("trace_ptr",))
+
+
+def test_flat_trace_refused_where_it_cannot_run(monkeypatch):
+    """The debug knob under the interpreter (no inline PTX) or in a wrong buffer: a clear error, not a launch."""
+    from _lora import run
+    from lowrank_gemm.kernels import lora_gemm
+    x, w, a, b, bb = make(40, 64, 64, 8, seed=5)
+    monkeypatch.setattr(lora_gemm, "FLAT_TRACE", torch.zeros(4, K_.FLAT_TRACE_SLOTS, dtype=torch.int64))
+    with pytest.raises(ValueError, match="FLAT_TRACE"):
+        run("flat", x, w, a, b, 1.0, bb, flat_cfg(8))
+
+
 def test_aot_flat_pointer_branch_serializes_the_wgmmas():
     """The finding behind the TMA form: the same kernel with S and B by pointer loads gets every wgmma serialized."""
     stats = ptxas_stats(compile_flat(FLATTEN=True, LORA_TMA=False).ptx)

@@ -903,6 +903,30 @@ def _fence_proxy_async():
 
 
 @triton.jit
+def _globaltimer():
+    return tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64, is_pure=False, pack=1)
+
+
+@triton.jit
+def _smid():
+    return tl.inline_asm_elementwise("mov.u32 $0, %smid;", "=r", [], dtype=tl.int32, is_pure=False, pack=1)
+
+
+# TRACE rows of lora_flat_kernel (int64, one row per program): the global timer (ns) at the program's start, after its
+# S tasks, after its first tile's K loop, past the S wait, after its first tile's epilogue, at its end; slot 6 unused;
+# slot 7 the SM it ran on. Slots a program never reaches stay as the host left them.
+FLAT_TRACE_SLOTS = 8
+FLAT_TRACE_NAMES = ("start", "s_tasks", "k_loop_1", "s_wait", "epilogue_1", "end", "", "smid")
+
+
+@triton.jit
+def _stamp(trace_ptr, slot: tl.constexpr, TRACE: tl.constexpr):
+    """TRACE: the global timer (ns) into this program's row of trace_ptr [programs, FLAT_TRACE_SLOTS] int64."""
+    if TRACE:
+        tl.store(trace_ptr + tl.program_id(0) * 8 + slot, _globaltimer())
+
+
+@triton.jit
 def lora_flat_kernel(
     x_desc,             # X [M, K], box [BM, BK]
     w_desc,             # W [N, K], box [BN, BK]
@@ -926,6 +950,8 @@ def lora_flat_kernel(
     S_STAGES: tl.constexpr = None,      # IN_GRID: the S tasks' pipeline depth (None: num_stages)
     y_desc=None,        # Y [M, N], box [BM, BN / Y_PIECES] (Y_TMA)
     Y_TMA: tl.constexpr = False, Y_PIECES: tl.constexpr = 2,
+    TRACE: tl.constexpr = False,        # timestamps per program (FLAT_TRACE_SLOTS) into trace_ptr; never under the
+    trace_ptr=None,                     # interpreter (inline PTX)
 ):
     # Session 49: a persistent grid of plain tiles whose tile loop and K loop are one software-pipelined loop
     # (tl.range flatten): the next tile's first X / W loads are issued while this tile's epilogue runs, where
@@ -958,6 +984,9 @@ def lora_flat_kernel(
     k_tiles = tl.cdiv(K, BLOCK_K)
     num_tiles = num_pid_m * num_pid_n
     first = start
+    _stamp(trace_ptr, 0, TRACE)
+    if TRACE:
+        tl.store(trace_ptr + start * 8 + 7, _smid().to(tl.int64))
     if IN_GRID:
         tl.static_assert(LOWRANK and S_SPLITS == 1, "IN_GRID: S whole, in one slice")
         per_slice = tl.cdiv(k_tiles, s_slices)
@@ -986,18 +1015,22 @@ def lora_flat_kernel(
                     _fence_proxy_async()
                 tl.debug_barrier()      # every thread's stores of the block before the one release
                 tl.atomic_add(sync_ptr, 1, sem="release", scope="gpu")
+        _stamp(trace_ptr, 1, TRACE)
         start = step - 1 - start    # reverse program order from here: the S tasks' programs get the fewer tiles
         if start < num_tiles:       # a grid wider than the tiles: its lowest programs hold S tasks only
             pid_m, pid_n = grouped_tile(start, num_pid_m, num_pid_n, GROUP_M)
             acc = _flat_k_loop(x_desc, w_desc, pid_m, pid_n, k_tiles, BLOCK_M, BLOCK_N, BLOCK_K)
+            _stamp(trace_ptr, 2, TRACE)
             while tl.atomic_add(sync_ptr, 0, sem="acquire", scope="gpu") < num_pid_m:
                 pass
+            _stamp(trace_ptr, 3, TRACE)
             if PROXY_FENCE:
                 _fence_proxy_async()
             lane, passed = _lane_atomic_add(sync_ptr + 1, 1, "relaxed")
             _flat_epilogue(acc, pid_m, pid_n, s_ptr, b_ptr, bias_ptr, y_ptr, s_desc, b_desc, M, N, R, stride_sm,
                            stride_sr, stride_bn, stride_br, stride_ym, stride_yn, BLOCK_M, BLOCK_N, BLOCK_R,
                            LOWRANK, HAS_BIAS, LORA_TMA, S_SPLITS, y_desc, Y_TMA, Y_PIECES)
+            _stamp(trace_ptr, 4, TRACE)
             last = (lane == 0) & (passed == tl.minimum(step, num_tiles) - 1)
             tl.atomic_xchg(sync_ptr + lane * 0, tl.zeros_like(lane), mask=last, sem="relaxed", scope="gpu")
             tl.atomic_xchg(sync_ptr + 1 + lane * 0, tl.zeros_like(lane), mask=last, sem="relaxed", scope="gpu")
@@ -1011,6 +1044,7 @@ def lora_flat_kernel(
         _flat_epilogue(acc, pid_m, pid_n, s_ptr, b_ptr, bias_ptr, y_ptr, s_desc, b_desc, M, N, R, stride_sm,
                        stride_sr, stride_bn, stride_br, stride_ym, stride_yn, BLOCK_M, BLOCK_N, BLOCK_R, LOWRANK,
                        HAS_BIAS, LORA_TMA, S_SPLITS, y_desc, Y_TMA, Y_PIECES)
+    _stamp(trace_ptr, 5, TRACE)
 
 
 @triton.jit

@@ -827,6 +827,11 @@ def _y_desc(y: torch.Tensor, cfg, strategy: str) -> tuple[TensorDescriptor | Non
     return TensorDescriptor.from_tensor(y, [cfg.block_m, cfg.block_n // pieces]), pieces
 
 
+# Debug knob (scripts/probe_flat_trace.py): an int64 CUDA tensor [≥ programs, K_.FLAT_TRACE_SLOTS] here makes
+# _run_flat launch the flat kernel with TRACE on (per-program timestamps, K_.FLAT_TRACE_NAMES); None: off
+FLAT_TRACE: torch.Tensor | None = None
+
+
 def _run_flat(x, w, a, b, bias, y, scale, cfg, *, N, Kp, R):
     """``lora_flat_kernel`` with its S tasks in the grid (``LoraStrategy.FLAT``): one launch, a persistent grid (one
     program under the interpreter, which runs programs one after another: a program must never wait on a later one).
@@ -840,6 +845,13 @@ def _run_flat(x, w, a, b, bias, y, scale, cfg, *, N, Kp, R):
     slices, s_programs = flat_s_tasks(num_pid_m, tiles, grid, cdiv(Kp, c.block_k))
     ws = _empty_f32(dev, slices, M, R) if slices > 1 else s
     y_desc, y_pieces = _y_desc(y, c, "flat")
+    trace = FLAT_TRACE
+    if trace is not None and (_interpreting() or trace.dtype != torch.int64 or trace.device != dev
+                              or trace.dim() != 2 or trace.shape[0] < grid
+                              or trace.shape[1] != K_.FLAT_TRACE_SLOTS or not trace.is_contiguous()):
+        raise ValueError(f"FLAT_TRACE: a contiguous int64 tensor on {dev} of [≥ {grid}, {K_.FLAT_TRACE_SLOTS}], "
+                         f"not under the interpreter, got {trace.dtype} "
+                         f"{tuple(trace.shape)} on {trace.device}")
     launch(K_.lora_flat_kernel, (grid,),
            _desc(x, c.block_m, c.block_k), _desc(w, c.block_n, c.block_k), _desc(a, c.block_r, c.block_k), s,
            _TICKETS.get(dev, 2 + num_pid_m), b, y if bias is None else bias, y,
@@ -849,7 +861,8 @@ def _run_flat(x, w, a, b, bias, y, scale, cfg, *, N, Kp, R):
            LOWRANK=True, HAS_BIAS=bias is not None, FLATTEN=True, LORA_TMA=True, IN_GRID=True,
            PROXY_FENCE=not _interpreting(), ws_ptr=ws, stride_wk=ws.stride(0), s_slices=slices,
            s_programs=s_programs, S_STAGES=flat_s_stages(c), y_desc=y_desc, Y_TMA=y_desc is not None,
-           Y_PIECES=y_pieces, num_warps=c.num_warps, num_stages=c.num_stages)
+           Y_PIECES=y_pieces, TRACE=trace is not None, trace_ptr=trace, num_warps=c.num_warps,
+           num_stages=c.num_stages)
     return y
 
 
