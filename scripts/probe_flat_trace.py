@@ -1,16 +1,18 @@
 """Probe (session 54): where op ``flat``'s programs spend their time — per-program global-timer stamps
-(``lora_gemm.FLAT_TRACE``, the kernel's ``TRACE``) of op ``flat`` and of the same kernel without the branch (the bare
-flattened GEMM, ``flat4_bare`` of ``probe_lora_flat.py``, same tile), one process.
+(``lora_gemm.FLAT_TRACE``, the kernel's ``TRACE``) of op ``flat``, of the same kernel with S made before it (``pre``:
+every tile flattened, the epilogue's branch alone) and without the branch (``bare``), on the op's plan, one process.
 
     PYTHONPATH=src python scripts/probe_flat_trace.py --out DIR [--cells MxNxKxR,...]
 
 Session 52 left the question: at 256 tokens the branch costs op ``flat`` and ``persistent_static`` ~0.04 (r16) and
 ~0.12 (r64) of cuBLAS's time over the bare GEMM, where at 4096×28672 r64 it costs flat 0.01 — a per-program cost, not
 a per-tile one. The stamps split each op program into its S tasks, its first tile's K loop (run apart), the S wait,
-that tile's epilogue and the flattened rest; the bare kernel's programs give the end-to-end time of the same tiles.
+that tile's epilogue and the flattened rest; ``pre`` and ``bare`` programs give the end-to-end time of the same tiles
+with the branch's epilogue only and with no branch. op − pre: the S tasks and the first tile run apart; pre − bare:
+the branch in the flattened epilogue.
 Each traced launch is the last of three in a CUDA graph replayed ten times (steady state, no host gaps).
 
-Rows (DIR/probe_flat_trace.{json,md}): graph-replay medians of cuBLAS, op ``flat`` and the bare kernel with TRACE off
+Rows (DIR/probe_flat_trace.{json,md}): graph-replay medians of cuBLAS, op ``flat``, ``pre`` and ``bare`` with TRACE off
 and on (what the stamps cost), then per program class (tiles held, S tasks or not) the median / max of each phase in
 µs and the span from the first program's start. The raw stamps go to the json.
 """
@@ -31,26 +33,36 @@ def plan_flat(M, N, K, r):
         return plan_lora(M, N, K, r, torch.bfloat16, torch.device("cuda"))[1]
 
 
-def bare_fn(cfg, M, N, K, trace=None):
-    """The flat kernel without the branch (no S, no IN_GRID), the op's tile and stages, grid min(#SMs, tiles)."""
+def kernel_fn(cfg, M, N, K, r, lowrank, trace=None):
+    """The flat kernel on the op's tile and stages without its S tasks (grid min(#SMs, tiles), tiles in program
+    order, everything flattened): ``lowrank`` False the bare GEMM; True the branch with S from one down launch made
+    once, outside the timed call, on the first input set (``flat4_pre`` of probe_lora_flat.py: the epilogue's branch
+    alone)."""
     from triton.tools.tensor_descriptor import TensorDescriptor
 
+    from lowrank_gemm.bench.lora import SCALE
     from lowrank_gemm.kernels import _lora_kernels as K_
+    from lowrank_gemm.kernels import lora_gemm
     from lowrank_gemm.kernels.schedule import num_sms
     c = cfg
     tiles = -(-M // c.block_m) * -(-N // c.block_n)
+    pre = {}
 
     def call(x, w, a, b, bs):
         y = torch.empty(M, N, device=x.device, dtype=x.dtype)
-        s = torch.empty(1, M, c.block_r, device=x.device, dtype=torch.float32)
+        if "s" not in pre:
+            pre["s"] = torch.zeros(1, M, r, device=x.device, dtype=torch.float32)
+            if lowrank:
+                lora_gemm._launch_down(x, a, pre["s"], SCALE, c.block_r, Kp=K, R=r)
+        s = pre["s"]
         K_.lora_flat_kernel[(min(num_sms(x.device), tiles),)](
             TensorDescriptor.from_tensor(x, [c.block_m, c.block_k]), TensorDescriptor.from_tensor(w, [c.block_n, c.block_k]),
-            TensorDescriptor.from_tensor(x, [c.block_r, c.block_k]), s, s, b, y, y,
+            TensorDescriptor.from_tensor(a, [c.block_r, c.block_k]), s, s, b, y, y,
             TensorDescriptor.from_tensor(s, [1, c.block_m, c.block_r]), TensorDescriptor.from_tensor(b, [c.block_n, c.block_r]),
-            M, N, K, 1, 1.0, s.stride(1), s.stride(2), b.stride(0), b.stride(1), y.stride(0), y.stride(1),
+            M, N, K, r, SCALE, s.stride(1), s.stride(2), b.stride(0), b.stride(1), y.stride(0), y.stride(1),
             BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, BLOCK_R=c.block_r, GROUP_M=c.group_m,
-            LOWRANK=False, HAS_BIAS=False, FLATTEN=True, LORA_TMA=True, TRACE=trace is not None, trace_ptr=trace,
-            num_warps=c.num_warps, num_stages=c.num_stages)
+            LOWRANK=lowrank, HAS_BIAS=False, FLATTEN=True, LORA_TMA=True, S_SPLITS=1, TRACE=trace is not None,
+            trace_ptr=trace, num_warps=c.num_warps, num_stages=c.num_stages)
         return y
     return call
 
@@ -135,11 +147,13 @@ def main(argv=None):
         _, s_programs = flat_s_tasks(num_pid_m, tiles, grid, -(-K // cfg.block_k))
         trace = torch.full((sms, FLAT_TRACE_SLOTS), -1, dtype=torch.int64, device=dev)
         impls = {"cublas_base": cublas, "op_flat": op_fn(), "op_flat_traced": op_fn(trace),
-                 "bare": bare_fn(cfg, M, N, K), "bare_traced": bare_fn(cfg, M, N, K, trace)}
+                 "pre": kernel_fn(cfg, M, N, K, r, True), "pre_traced": kernel_fn(cfg, M, N, K, r, True, trace),
+                 "bare": kernel_fn(cfg, M, N, K, r, False), "bare_traced": kernel_fn(cfg, M, N, K, r, False, trace)}
         print(f"cell {cell} plan {cfg.to_dict()} grid {grid} tiles {tiles} s_programs {s_programs}", flush=True)
         time_rows += timed_rows(impls, sets, dict(cell, plan=f"{cfg.block_m}x{cfg.block_n}x{cfg.block_k} "
                                                   f"w{cfg.num_warps} st{cfg.num_stages}"))
-        for kind, fn, g in (("op", op_fn(trace), grid), ("bare", bare_fn(cfg, M, N, K, trace), min(sms, tiles))):
+        for kind, fn, g in (("op", op_fn(trace), grid), ("pre", kernel_fn(cfg, M, N, K, r, True, trace), min(sms, tiles)),
+                            ("bare", kernel_fn(cfg, M, N, K, r, False, trace), min(sms, tiles))):
             stamps = traced(fn, sets, trace)
             raw.append(dict(cell, kind=kind, grid=g, tiles=tiles, s_programs=s_programs, stamps=stamps[:g]))
             summarize(phase_rows, stamps, cell, kind, g, tiles, s_programs)
