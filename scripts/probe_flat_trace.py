@@ -1,6 +1,8 @@
 """Probe (session 54): where op ``flat``'s programs spend their time — per-program global-timer stamps
-(``lora_gemm.FLAT_TRACE``, the kernel's ``TRACE``) of op ``flat``, of the same kernel with S made before it (``pre``:
-every tile flattened, the epilogue's branch alone) and without the branch (``bare``), on the op's plan, one process.
+(``lora_gemm.KERNEL_TRACE``, the kernel's ``TRACE``) of op ``flat``, of the same kernel with S made before it (``pre``:
+every tile flattened, the epilogue's branch alone) and without the branch (``bare``), on the op's plan, and of the tuned
+table's ``persistent_static`` plan where it has one for the cell (``ps``: what ``auto`` runs at 256 tokens), one
+process.
 
     PYTHONPATH=src python scripts/probe_flat_trace.py --out DIR [--cells MxNxKxR,...]
 
@@ -9,10 +11,10 @@ Session 52 left the question: at 256 tokens the branch costs op ``flat`` and ``p
 a per-tile one. The stamps split each op program into its S tasks, its first tile's K loop (run apart), the S wait,
 that tile's epilogue and the flattened rest; ``pre`` and ``bare`` programs give the end-to-end time of the same tiles
 with the branch's epilogue only and with no branch. op − pre: the S tasks and the first tile run apart; pre − bare:
-the branch in the flattened epilogue.
-Each traced launch is the last of three in a CUDA graph replayed ten times (steady state, no host gaps).
+the branch in the flattened epilogue. ``ps`` programs stamp their first tile's phases (every tile of theirs runs them
+apart). Each traced launch is the last of three in a CUDA graph replayed ten times (steady state, no host gaps).
 
-Rows (DIR/probe_flat_trace.{json,md}): graph-replay medians of cuBLAS, op ``flat``, ``pre`` and ``bare`` with TRACE off
+Rows (DIR/probe_flat_trace.{json,md}): graph-replay medians of cuBLAS, op ``flat``, ``pre``, ``bare`` (and ``ps``) with TRACE off
 and on (what the stamps cost), then per program class (tiles held, S tasks or not) the median / max of each phase in
 µs and the span from the first program's start. The raw stamps go to the json.
 """
@@ -67,17 +69,33 @@ def kernel_fn(cfg, M, N, K, r, lowrank, trace=None):
     return call
 
 
-def op_fn(trace=None):
+def op_fn(trace=None, pin=None):
+    """The op under ``pin`` (planner.pinned's arguments; default strategy flat, its planner tile)."""
     from lowrank_gemm.bench.lora import SCALE
     from lowrank_gemm.kernels import lora_gemm
+    from lowrank_gemm.plan.planner import pinned
+    pin = pin or dict(strategy="flat")
 
     def call(x, w, a, b, bs):
-        lora_gemm.FLAT_TRACE = trace
+        lora_gemm.KERNEL_TRACE = trace
         try:
-            return lora_gemm.lora_linear(x, w, a, b, SCALE, strategy="flat")
+            with pinned(**pin):
+                return lora_gemm.lora_linear(x, w, a, b, SCALE)
         finally:
-            lora_gemm.FLAT_TRACE = None
+            lora_gemm.KERNEL_TRACE = None
     return call
+
+
+def tuned_persistent(M, N, K, r):
+    """The tuned table's entry for the cell as planner.pinned's arguments where it is ``persistent_static``, else
+    None."""
+    from lowrank_gemm.plan.config import KernelConfig
+    from lowrank_gemm.plan.planner import load_tuned, tuned_key
+    from lowrank_gemm.plan.tuned import tuned_file
+    hit = load_tuned(tuned_file("lora", torch.device("cuda"))).get(tuned_key(M, N, K, r, torch.bfloat16))
+    if hit is None or hit["strategy"] != "persistent_static":
+        return None
+    return dict(strategy="persistent_static", config=KernelConfig.from_dict(hit["config"]))
 
 
 def traced(fn, sets, trace):
@@ -91,27 +109,37 @@ def traced(fn, sets, trace):
     return trace.cpu().tolist()
 
 
-def tiles_of(p, grid, tiles, reverse):
-    first = grid - 1 - p if reverse else p
-    return len(range(first, tiles, grid))
+def holds(kind, grid, tiles, s_programs, num_pid_m):
+    """p → (tiles program p holds, whether it runs an S task) for each kind of launch: op flat walks the tiles in
+    reverse program order with its S tasks on programs below s_programs; pre / bare walk them in program order;
+    persistent_static (ps) takes tasks p, p + grid, … of the S blocks then the tiles."""
+    if kind == "op":
+        return lambda p: (len(range(grid - 1 - p, tiles, grid)), p < s_programs)
+    if kind == "ps":
+        return lambda p: (len([t for t in range(p, num_pid_m + tiles, grid) if t >= num_pid_m]), p < num_pid_m)
+    return lambda p: (len(range(p, tiles, grid)), False)
 
 
-def summarize(rows, stamps, cell, kind, grid, tiles, s_programs):
-    """Per class of programs (tiles held, S tasks or not): median / max of each phase (µs), end from the first start."""
-    from lowrank_gemm.kernels._lora_kernels import FLAT_TRACE_NAMES
+def summarize(rows, stamps, cell, kind, grid, held):
+    """Per class of programs (``held(p)``: tiles held, S tasks or not): median / max of each phase (µs), end from the
+    first start."""
+    from lowrank_gemm.kernels._lora_kernels import TRACE_NAMES
     live = [(p, st) for p, st in enumerate(stamps[:grid]) if st[0] > 0]
     t0 = min(st[0] for _, st in live)
     span = (max(st[5] for _, st in live) - t0) / 1e3
     classes: dict[tuple, list] = {}
     for p, st in live:
-        key = (tiles_of(p, grid, tiles, kind == "op"), kind == "op" and p < s_programs)
+        key = held(p)
         classes.setdefault(key, []).append(st)
     for (n, s_task), group in sorted(classes.items()):
         phases = {"start": [(st[0] - t0) / 1e3 for st in group], "end": [(st[5] - t0) / 1e3 for st in group]}
-        if kind == "op":
+        if kind in ("op", "ps"):
             for i in range(1, 5):
-                if all(st[i] > 0 for st in group):
-                    phases[FLAT_TRACE_NAMES[i]] = [(st[i] - st[i - 1]) / 1e3 for st in group]
+                prev = i - 1
+                if i == 2 and kind == "ps" and not s_task:      # ps stamps slot 1 only after an S task
+                    prev = 0
+                if all(st[i] > 0 and st[prev] > 0 for st in group):
+                    phases[TRACE_NAMES[i]] = [(st[i] - st[prev]) / 1e3 for st in group]
             if n > 1 and all(st[4] > 0 for st in group):
                 phases["rest"] = [(st[5] - st[4]) / 1e3 for st in group]
         else:
@@ -132,7 +160,7 @@ def main(argv=None):
     import sys
     sys.path.insert(0, __file__.rsplit("/", 1)[0])
     from _ticket_probe import lora_baselines, lora_cells, timed_rows, write_tables
-    from lowrank_gemm.kernels._lora_kernels import FLAT_TRACE_SLOTS
+    from lowrank_gemm.kernels._lora_kernels import TRACE_SLOTS
     from lowrank_gemm.kernels.schedule import flat_programs, flat_s_tasks, num_sms
     dev = torch.device("cuda")
     sms = num_sms(dev)
@@ -145,18 +173,27 @@ def main(argv=None):
         tiles = num_pid_m * -(-N // cfg.block_n)
         grid = flat_programs(tiles, num_pid_m, sms)
         _, s_programs = flat_s_tasks(num_pid_m, tiles, grid, -(-K // cfg.block_k))
-        trace = torch.full((sms, FLAT_TRACE_SLOTS), -1, dtype=torch.int64, device=dev)
+        trace = torch.full((sms, TRACE_SLOTS), -1, dtype=torch.int64, device=dev)
+        ps = tuned_persistent(M, N, K, r)
         impls = {"cublas_base": cublas, "op_flat": op_fn(), "op_flat_traced": op_fn(trace),
                  "pre": kernel_fn(cfg, M, N, K, r, True), "pre_traced": kernel_fn(cfg, M, N, K, r, True, trace),
                  "bare": kernel_fn(cfg, M, N, K, r, False), "bare_traced": kernel_fn(cfg, M, N, K, r, False, trace)}
+        launches = [("op", op_fn(trace), grid), ("pre", kernel_fn(cfg, M, N, K, r, True, trace), min(sms, tiles)),
+                    ("bare", kernel_fn(cfg, M, N, K, r, False, trace), min(sms, tiles))]
+        if ps is not None:      # the tuned persistent_static plan: what auto ran at 256 tokens before flat
+            pc = ps["config"]
+            ps_pid_m = -(-M // pc.block_m)
+            ps_tiles = ps_pid_m * -(-N // pc.block_n)
+            impls.update(ps=op_fn(pin=ps), ps_traced=op_fn(trace, ps))
+            launches.append(("ps", op_fn(trace, ps), min(sms, ps_pid_m + ps_tiles), ps_tiles, ps_pid_m))
         print(f"cell {cell} plan {cfg.to_dict()} grid {grid} tiles {tiles} s_programs {s_programs}", flush=True)
         time_rows += timed_rows(impls, sets, dict(cell, plan=f"{cfg.block_m}x{cfg.block_n}x{cfg.block_k} "
                                                   f"w{cfg.num_warps} st{cfg.num_stages}"))
-        for kind, fn, g in (("op", op_fn(trace), grid), ("pre", kernel_fn(cfg, M, N, K, r, True, trace), min(sms, tiles)),
-                            ("bare", kernel_fn(cfg, M, N, K, r, False, trace), min(sms, tiles))):
+        for kind, fn, g, *ps_shape in launches:
+            n_tiles, n_pid_m = ps_shape or (tiles, num_pid_m)
             stamps = traced(fn, sets, trace)
-            raw.append(dict(cell, kind=kind, grid=g, tiles=tiles, s_programs=s_programs, stamps=stamps[:g]))
-            summarize(phase_rows, stamps, cell, kind, g, tiles, s_programs)
+            raw.append(dict(cell, kind=kind, grid=g, tiles=n_tiles, s_programs=s_programs, stamps=stamps[:g]))
+            summarize(phase_rows, stamps, cell, kind, g, holds(kind, g, n_tiles, s_programs, n_pid_m))
     write_tables(args.out, "probe_flat_trace", time_rows,
                  {c: c for c in ("M", "N", "K", "r", "plan", "impl", "graph_us", "x_cublas")})
     cols = ("M", "N", "K", "r", "kind", "tiles", "s_task", "programs", "sms", "span_us", "start", "s_tasks",

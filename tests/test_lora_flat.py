@@ -237,8 +237,8 @@ def test_flat_trace_refused_where_it_cannot_run(monkeypatch):
     from _lora import run
     from lowrank_gemm.kernels import lora_gemm
     x, w, a, b, bb = make(40, 64, 64, 8, seed=5)
-    monkeypatch.setattr(lora_gemm, "FLAT_TRACE", torch.zeros(4, K_.FLAT_TRACE_SLOTS, dtype=torch.int64))
-    with pytest.raises(ValueError, match="FLAT_TRACE"):
+    monkeypatch.setattr(lora_gemm, "KERNEL_TRACE", torch.zeros(4, K_.TRACE_SLOTS, dtype=torch.int64))
+    with pytest.raises(ValueError, match="KERNEL_TRACE"):
         run("flat", x, w, a, b, 1.0, bb, flat_cfg(8))
 
 

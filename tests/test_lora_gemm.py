@@ -520,17 +520,21 @@ PERSISTENT_ALIGNED = ("s_ptr", "sync_ptr", "b_ptr", "bias_ptr", "y_ptr", "M", "N
                       "stride_sm", "stride_bn", "stride_ym")
 
 
-def compile_persistent(cfg: KernelConfig, dynamic: bool, readers_late: bool = True, y_tma: bool = False):
+def compile_persistent(cfg: KernelConfig, dynamic: bool, readers_late: bool = True, y_tma: bool = False,
+                       trace: bool = False):
     from lowrank_gemm.kernels.aot import compile_sm90
     c = cfg
     sig = persistent_signature(c.block_m, c.block_n, c.block_k, c.block_r)
     if y_tma:
         sig["y_desc"] = f"tensordesc<bf16[{c.block_m}, {c.block_n // 2}]>"
+    if trace:
+        sig["trace_ptr"] = "*i64"
     return compile_sm90(MOD, "lora_persistent_kernel", sig,
                         dict(BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, BLOCK_R=c.block_r,
                              GROUP_M=c.group_m, DYNAMIC=dynamic, HAS_BIAS=True, EPI_STAGES=c.epi_stages or None,
-                             READERS_LATE=readers_late, Y_TMA=y_tma, **PERSISTENT_UNIT_STRIDES),
-                        aligned=PERSISTENT_ALIGNED, num_warps=c.num_warps, num_stages=c.num_stages)
+                             READERS_LATE=readers_late, Y_TMA=y_tma, TRACE=trace, **PERSISTENT_UNIT_STRIDES),
+                        aligned=PERSISTENT_ALIGNED + (("trace_ptr",) if trace else ()), num_warps=c.num_warps,
+                        num_stages=c.num_stages)
 
 
 @pytest.mark.parametrize("cfg", [KernelConfig(block_m=128, block_n=256, block_k=64, block_r=64, num_warps=8,
@@ -545,6 +549,16 @@ def test_aot_persistent_y_by_tma(cfg):
     assert tma.has("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group", "cp.async.bulk.wait_group.read")
     assert tma.shared == ptr.shared <= 232448
 
+
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
+def test_aot_persistent_trace_stamps_only_when_asked(dynamic):
+    """TRACE (probe_flat_trace.py): the global timer read at each of the six points (the first tile's three behind a
+    runtime test) and the SM id stored; off (the default), none of it, and the same shared memory either way."""
+    cfg = KernelConfig(block_m=128, block_n=256, block_k=64, block_r=64, num_warps=8, num_stages=4)
+    traced, plain = compile_persistent(cfg, dynamic, trace=True), compile_persistent(cfg, dynamic)
+    assert traced.ptx.count("%globaltimer") == 6 and "%smid" in traced.ptx
+    assert "%globaltimer" not in plain.ptx and "%smid" not in plain.ptx
+    assert traced.shared == plain.shared
 
 
 def streamk_signature(bm, bn, bk, br, dt="bf16"):

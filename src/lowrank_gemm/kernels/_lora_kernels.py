@@ -760,6 +760,46 @@ def _next_task(task, counter_ptr, DYNAMIC: tl.constexpr):
 
 
 @triton.jit
+def _globaltimer():
+    return tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64, is_pure=False, pack=1)
+
+
+@triton.jit
+def _smid():
+    return tl.inline_asm_elementwise("mov.u32 $0, %smid;", "=r", [], dtype=tl.int32, is_pure=False, pack=1)
+
+
+# TRACE rows of lora_flat_kernel and lora_persistent_kernel (int64, one row per program): the global timer (ns) at the
+# program's start, after its S tasks, after its first tile's K loop, past that tile's S wait, after its epilogue, at
+# the program's end; slot 6 unused; slot 7 the SM it ran on. Slots a program never reaches stay as the host left them.
+TRACE_SLOTS = 8
+TRACE_NAMES = ("start", "s_tasks", "k_loop_1", "s_wait", "epilogue_1", "end", "", "smid")
+
+
+@triton.jit
+def _stamp(trace_ptr, slot: tl.constexpr, TRACE: tl.constexpr):
+    """TRACE: the global timer (ns) into this program's row of trace_ptr [programs, TRACE_SLOTS] int64."""
+    if TRACE:
+        tl.store(trace_ptr + tl.program_id(0) * 8 + slot, _globaltimer())
+
+
+@triton.jit
+def _stamp_first(trace_ptr, slot: tl.constexpr, tiles_done, TRACE: tl.constexpr):
+    """TRACE: :func:`_stamp` in the program's first tile only (``tiles_done`` == 0)."""
+    if TRACE:
+        if tiles_done == 0:
+            _stamp(trace_ptr, slot, TRACE)
+
+
+@triton.jit
+def _stamp_start(trace_ptr, TRACE: tl.constexpr):
+    """TRACE: slot 0 (start) and slot 7 (the SM)."""
+    if TRACE:
+        _stamp(trace_ptr, 0, TRACE)
+        tl.store(trace_ptr + tl.program_id(0) * 8 + 7, _smid().to(tl.int64))
+
+
+@triton.jit
 def lora_persistent_kernel(
     x_desc,             # X [M, K], box [BM, BK]
     w_desc,             # W [N, K], box [BN, BK]
@@ -782,6 +822,8 @@ def lora_persistent_kernel(
     READERS_LATE: tl.constexpr = True,
     y_desc=None,        # Y [M, N], box [BM, BN / Y_PIECES] (Y_TMA; not with BANK: its stragglers read the tile back)
     Y_TMA: tl.constexpr = False, Y_PIECES: tl.constexpr = 2,
+    TRACE: tl.constexpr = False,        # timestamps per program (TRACE_SLOTS; the first tile's phases) into trace_ptr;
+    trace_ptr=None,                     # never under the interpreter (inline PTX)
 ):
     # BANK, B_CLEAN: as lora_main_kernel's (one adapter of a bank, picked on the device; rows of other adapters finished
     # after their tile's store)
@@ -798,6 +840,8 @@ def lora_persistent_kernel(
     k_tiles = tl.cdiv(K, BLOCK_K)
     counter_ptr = sync_ptr + num_pid_m
     readers_ptr = counter_ptr + 1
+    _stamp_start(trace_ptr, TRACE)
+    tiles_done = 0
     if DYNAMIC:
         task = tl.atomic_add(counter_ptr, 1, sem="relaxed")
     else:
@@ -814,13 +858,16 @@ def lora_persistent_kernel(
                      mask=(offs_m[:, None] < M) & (offs_r[None, :] < R))
             tl.debug_barrier()
             tl.atomic_xchg(sync_ptr + task, 1, sem="release", scope="gpu")
+            _stamp(trace_ptr, 1, TRACE)
         else:
             pid_m, pid_n = grouped_tile(task - num_pid_m, num_pid_m, num_pid_n, GROUP_M)
             acc, _s = _main_loop(x_desc, w_desc, a_desc, pid_m * BLOCK_M, pid_n * BLOCK_N, 0,
                                  k_tiles, BLOCK_M, BLOCK_N, BLOCK_K, BLOCK_R, False, ws_ptr=wscale_ptr, N=N)
+            _stamp_first(trace_ptr, 2, tiles_done, TRACE)
             # phase 2: the S block was produced by a task with a smaller id, already handed out
             while tl.atomic_add(sync_ptr + pid_m, 0, sem="acquire", scope="gpu") == 0:
                 pass
+            _stamp_first(trace_ptr, 3, tiles_done, TRACE)
             # the block's last tile past this wait puts its flag and count back to zero, so the next launch finds the
             # buffer as this one did (a persistent region shared by every launch on the stream: no memset per call)
             if READERS_LATE:
@@ -836,6 +883,9 @@ def lora_persistent_kernel(
             acc = add_bias(acc, offs_n, N, bias_ptr, HAS_BIAS)
             store_y(y_ptr, acc, offs_m, offs_n, M, N, stride_ym, stride_yn, y_desc, pid_m * BLOCK_M, pid_n * BLOCK_N,
                     BLOCK_M, BLOCK_N, Y_TMA, Y_PIECES)
+            _stamp_first(trace_ptr, 4, tiles_done, TRACE)
+            if TRACE:
+                tiles_done += 1
             if READERS_LATE:
                 last = (lane == 0) & (readers == num_pid_n - 1)
                 tl.atomic_xchg(sync_ptr + pid_m + lane * 0, tl.zeros_like(lane), mask=last, sem="relaxed", scope="gpu")
@@ -850,6 +900,7 @@ def lora_persistent_kernel(
                                         stride_br, ids_ptr, ranks_ptr, scales_ptr, M, N, K, L, R_MAX, cur,
                                         pid_m * BLOCK_M, pid_n * BLOCK_N, BLOCK_M, BLOCK_N, 16, BLOCK_R)
         task = _next_task(task, counter_ptr, DYNAMIC)
+    _stamp(trace_ptr, 5, TRACE)
     if DYNAMIC:
         # every program's last draw is ≥ num_tasks, one per program: the draw num_tasks + grid − 1 is the counter's
         # last use in this launch, so its program resets it
@@ -903,30 +954,6 @@ def _fence_proxy_async():
 
 
 @triton.jit
-def _globaltimer():
-    return tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64, is_pure=False, pack=1)
-
-
-@triton.jit
-def _smid():
-    return tl.inline_asm_elementwise("mov.u32 $0, %smid;", "=r", [], dtype=tl.int32, is_pure=False, pack=1)
-
-
-# TRACE rows of lora_flat_kernel (int64, one row per program): the global timer (ns) at the program's start, after its
-# S tasks, after its first tile's K loop, past the S wait, after its first tile's epilogue, at its end; slot 6 unused;
-# slot 7 the SM it ran on. Slots a program never reaches stay as the host left them.
-FLAT_TRACE_SLOTS = 8
-FLAT_TRACE_NAMES = ("start", "s_tasks", "k_loop_1", "s_wait", "epilogue_1", "end", "", "smid")
-
-
-@triton.jit
-def _stamp(trace_ptr, slot: tl.constexpr, TRACE: tl.constexpr):
-    """TRACE: the global timer (ns) into this program's row of trace_ptr [programs, FLAT_TRACE_SLOTS] int64."""
-    if TRACE:
-        tl.store(trace_ptr + tl.program_id(0) * 8 + slot, _globaltimer())
-
-
-@triton.jit
 def lora_flat_kernel(
     x_desc,             # X [M, K], box [BM, BK]
     w_desc,             # W [N, K], box [BN, BK]
@@ -950,7 +977,7 @@ def lora_flat_kernel(
     S_STAGES: tl.constexpr = None,      # IN_GRID: the S tasks' pipeline depth (None: num_stages)
     y_desc=None,        # Y [M, N], box [BM, BN / Y_PIECES] (Y_TMA)
     Y_TMA: tl.constexpr = False, Y_PIECES: tl.constexpr = 2,
-    TRACE: tl.constexpr = False,        # timestamps per program (FLAT_TRACE_SLOTS) into trace_ptr; never under the
+    TRACE: tl.constexpr = False,        # timestamps per program (TRACE_SLOTS) into trace_ptr; never under the
     trace_ptr=None,                     # interpreter (inline PTX)
 ):
     # Session 49: a persistent grid of plain tiles whose tile loop and K loop are one software-pipelined loop
@@ -984,9 +1011,7 @@ def lora_flat_kernel(
     k_tiles = tl.cdiv(K, BLOCK_K)
     num_tiles = num_pid_m * num_pid_n
     first = start
-    _stamp(trace_ptr, 0, TRACE)
-    if TRACE:
-        tl.store(trace_ptr + start * 8 + 7, _smid().to(tl.int64))
+    _stamp_start(trace_ptr, TRACE)
     if IN_GRID:
         tl.static_assert(LOWRANK and S_SPLITS == 1, "IN_GRID: S whole, in one slice")
         per_slice = tl.cdiv(k_tiles, s_slices)

@@ -776,6 +776,22 @@ def _static_grid(num_pid_m: int, num_pid_n: int, group_m: int, device) -> int:
     return grid
 
 
+# Debug knob (scripts/probe_flat_trace.py): an int64 CUDA tensor [≥ programs, K_.TRACE_SLOTS] here makes _run_flat and
+# _run_persistent launch their kernels with TRACE on (per-program timestamps, K_.TRACE_NAMES); None: off
+KERNEL_TRACE: torch.Tensor | None = None
+
+
+def _trace_arg(dev: torch.device, grid: int) -> torch.Tensor | None:
+    """:data:`KERNEL_TRACE` checked for a launch of ``grid`` programs on ``dev`` (None when off)."""
+    trace = KERNEL_TRACE
+    if trace is not None and (_interpreting() or trace.dtype != torch.int64 or trace.device != dev
+                              or trace.dim() != 2 or trace.shape[0] < grid
+                              or trace.shape[1] != K_.TRACE_SLOTS or not trace.is_contiguous()):
+        raise ValueError(f"KERNEL_TRACE: a contiguous int64 tensor on {dev} of [≥ {grid}, {K_.TRACE_SLOTS}], "
+                         f"not under the interpreter, got {trace.dtype} {tuple(trace.shape)} on {trace.device}")
+    return trace
+
+
 def _run_persistent(x, w, a, b, bias, y, scale, cfg, *, N, Kp, R, dynamic, bank=None, w_scale=None):
     M, dev, c = x.shape[0], x.device, cfg
     num_pid_m, num_pid_n = cdiv(M, c.block_m), cdiv(N, c.block_n)
@@ -784,6 +800,7 @@ def _run_persistent(x, w, a, b, bias, y, scale, cfg, *, N, Kp, R, dynamic, bank=
     grid = (persistent_grid(num_pid_m * (num_pid_n + 1), dev) if dynamic
             else _static_grid(num_pid_m, num_pid_n, c.group_m, dev),)
     y_desc, y_pieces = (None, 1) if bank else _y_desc(y, c, "persistent_dynamic" if dynamic else "persistent_static")
+    trace = _trace_arg(dev, grid[0])
     launch(K_.lora_persistent_kernel, grid,
         _desc(x, c.block_m, c.block_k), _desc(w, c.block_n, c.block_k), _desc(a, c.block_r, c.block_k),
         s, sync, b, y if bias is None else bias, y, M, N, Kp, R, scale,
@@ -791,7 +808,8 @@ def _run_persistent(x, w, a, b, bias, y, scale, cfg, *, N, Kp, R, dynamic, bank=
         BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, BLOCK_R=c.block_r,
         GROUP_M=c.group_m, DYNAMIC=dynamic, HAS_BIAS=bias is not None, EPI_STAGES=c.epi_stages or None,
         **(bank or {}), **({"wscale_ptr": w_scale} if w_scale is not None else {}),
-        y_desc=y_desc, Y_TMA=y_desc is not None, Y_PIECES=y_pieces, num_warps=c.num_warps, num_stages=c.num_stages)
+        y_desc=y_desc, Y_TMA=y_desc is not None, Y_PIECES=y_pieces, TRACE=trace is not None, trace_ptr=trace,
+        num_warps=c.num_warps, num_stages=c.num_stages)
     return y
 
 
@@ -827,11 +845,6 @@ def _y_desc(y: torch.Tensor, cfg, strategy: str) -> tuple[TensorDescriptor | Non
     return TensorDescriptor.from_tensor(y, [cfg.block_m, cfg.block_n // pieces]), pieces
 
 
-# Debug knob (scripts/probe_flat_trace.py): an int64 CUDA tensor [≥ programs, K_.FLAT_TRACE_SLOTS] here makes
-# _run_flat launch the flat kernel with TRACE on (per-program timestamps, K_.FLAT_TRACE_NAMES); None: off
-FLAT_TRACE: torch.Tensor | None = None
-
-
 def _run_flat(x, w, a, b, bias, y, scale, cfg, *, N, Kp, R):
     """``lora_flat_kernel`` with its S tasks in the grid (``LoraStrategy.FLAT``): one launch, a persistent grid (one
     program under the interpreter, which runs programs one after another: a program must never wait on a later one).
@@ -845,13 +858,7 @@ def _run_flat(x, w, a, b, bias, y, scale, cfg, *, N, Kp, R):
     slices, s_programs = flat_s_tasks(num_pid_m, tiles, grid, cdiv(Kp, c.block_k))
     ws = _empty_f32(dev, slices, M, R) if slices > 1 else s
     y_desc, y_pieces = _y_desc(y, c, "flat")
-    trace = FLAT_TRACE
-    if trace is not None and (_interpreting() or trace.dtype != torch.int64 or trace.device != dev
-                              or trace.dim() != 2 or trace.shape[0] < grid
-                              or trace.shape[1] != K_.FLAT_TRACE_SLOTS or not trace.is_contiguous()):
-        raise ValueError(f"FLAT_TRACE: a contiguous int64 tensor on {dev} of [≥ {grid}, {K_.FLAT_TRACE_SLOTS}], "
-                         f"not under the interpreter, got {trace.dtype} "
-                         f"{tuple(trace.shape)} on {trace.device}")
+    trace = _trace_arg(dev, grid)
     launch(K_.lora_flat_kernel, (grid,),
            _desc(x, c.block_m, c.block_k), _desc(w, c.block_n, c.block_k), _desc(a, c.block_r, c.block_k), s,
            _TICKETS.get(dev, 2 + num_pid_m), b, y if bias is None else bias, y,
