@@ -772,6 +772,8 @@ def _smid():
 # TRACE rows of lora_flat_kernel and lora_persistent_kernel (int64, one row per program): the global timer (ns) at the
 # program's start, after its S tasks, after its first tile's K loop, past that tile's S wait, after its epilogue, at
 # the program's end; slot 6 unused; slot 7 the SM it ran on. Slots a program never reaches stay as the host left them.
+# A stamp orders against the program's own instructions, not against its asynchronous work: the K loop's last wgmma
+# may still be in flight at slot 2 (it is waited for before the epilogue uses the accumulator).
 TRACE_SLOTS = 8
 TRACE_NAMES = ("start", "s_tasks", "k_loop_1", "s_wait", "epilogue_1", "end", "", "smid")
 
