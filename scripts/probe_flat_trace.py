@@ -16,7 +16,8 @@ apart). Each traced launch is the last of three in a CUDA graph replayed ten tim
 
 Rows (DIR/probe_flat_trace.{json,md}): graph-replay medians of cuBLAS, op ``flat``, ``pre``, ``bare`` (and ``ps``) with TRACE off
 and on (what the stamps cost), then per program class (tiles held, S tasks or not) the median / max of each phase in
-µs and the span from the first program's start. The raw stamps go to the json.
+µs and the span from the first program's start (``_phases``), and per cell the traced spans with op − pre, pre − bare
+and ps − bare in µs and as a fraction of cuBLAS's time (``_split``: the answer). The raw stamps go to ``_raw.json``.
 """
 
 from __future__ import annotations
@@ -150,6 +151,7 @@ def summarize(rows, stamps, cell, kind, grid, held):
             row[name] = f"{statistics.median(v):.2f} / {max(v):.2f}"
         rows.append(row)
         print("ROW", " ".join(f"{k}={v}" for k, v in row.items()), flush=True)
+    return span
 
 
 def main(argv=None):
@@ -165,7 +167,7 @@ def main(argv=None):
     dev = torch.device("cuda")
     sms = num_sms(dev)
     _, cublas = lora_baselines()
-    time_rows, phase_rows, raw = [], [], []
+    time_rows, phase_rows, raw, split_rows = [], [], [], []
     for M, N, K, r, sets in lora_cells(args.cells):
         cfg = plan_flat(M, N, K, r)
         cell = dict(M=M, N=N, K=K, r=r)
@@ -189,16 +191,31 @@ def main(argv=None):
         print(f"cell {cell} plan {cfg.to_dict()} grid {grid} tiles {tiles} s_programs {s_programs}", flush=True)
         time_rows += timed_rows(impls, sets, dict(cell, plan=f"{cfg.block_m}x{cfg.block_n}x{cfg.block_k} "
                                                   f"w{cfg.num_warps} st{cfg.num_stages}"))
+        spans = {}
         for kind, fn, g, *ps_shape in launches:
             n_tiles, n_pid_m = ps_shape or (tiles, num_pid_m)
             stamps = traced(fn, sets, trace)
             raw.append(dict(cell, kind=kind, grid=g, tiles=n_tiles, s_programs=s_programs, stamps=stamps[:g]))
-            summarize(phase_rows, stamps, cell, kind, g, holds(kind, g, n_tiles, s_programs, n_pid_m))
+            spans[kind] = summarize(phase_rows, stamps, cell, kind, g, holds(kind, g, n_tiles, s_programs, n_pid_m))
+        # the split the probe is for: traced spans (first start → last end), their differences in µs and as a fraction
+        # of the same cell's cuBLAS graph time
+        base = next(rw["graph_us"] for rw in time_rows if rw["impl"] == "cublas_base" and rw["M"] == M
+                    and rw["N"] == N and rw["K"] == K and rw["r"] == r)
+        split = dict(cell, cublas_us=base, **{f"span_{k}": round(v, 2) for k, v in spans.items()})
+        for name, (a_, b_) in (("op_minus_pre", ("op", "pre")), ("pre_minus_bare", ("pre", "bare")),
+                               ("ps_minus_bare", ("ps", "bare"))):
+            if a_ in spans and b_ in spans:
+                split[name] = f"{spans[a_] - spans[b_]:.2f} ({(spans[a_] - spans[b_]) / base:+.3f})"
+        split_rows.append(split)
+        print("ROW split", " ".join(f"{k}={v}" for k, v in split.items()), flush=True)
     write_tables(args.out, "probe_flat_trace", time_rows,
                  {c: c for c in ("M", "N", "K", "r", "plan", "impl", "graph_us", "x_cublas")})
     cols = ("M", "N", "K", "r", "kind", "tiles", "s_task", "programs", "sms", "span_us", "start", "s_tasks",
             "k_loop_1", "s_wait", "epilogue_1", "rest", "run", "end")
     write_tables(args.out, "probe_flat_trace_phases", phase_rows, {c: c for c in cols})
+    write_tables(args.out, "probe_flat_trace_split", split_rows, {c: c for c in (
+        "M", "N", "K", "r", "cublas_us", "span_op", "span_pre", "span_bare", "span_ps", "op_minus_pre",
+        "pre_minus_bare", "ps_minus_bare")})
     import json
     from pathlib import Path
     (Path(args.out) / "probe_flat_trace_raw.json").write_text(json.dumps(raw))
