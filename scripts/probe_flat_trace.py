@@ -37,37 +37,15 @@ def plan_flat(M, N, K, r):
 
 
 def kernel_fn(cfg, M, N, K, r, lowrank, trace=None):
-    """The flat kernel on the op's tile and stages without its S tasks (grid min(#SMs, tiles), tiles in program
-    order, everything flattened): ``lowrank`` False the bare GEMM; True the branch with S from one down launch made
-    once, outside the timed call, on the first input set (``flat4_pre`` of probe_lora_flat.py: the epilogue's branch
-    alone)."""
-    from triton.tools.tensor_descriptor import TensorDescriptor
+    """The flat kernel on the op's plan without its S tasks (``probe_lora_flat.flat_fn``: grid min(#SMs, tiles), tiles
+    in program order, everything flattened): ``lowrank`` False the bare GEMM; True the branch with S in one slice from
+    one down launch made once, outside the timed call, on the first input set (its ``flat4_pre``: the epilogue's
+    branch alone)."""
+    from probe_lora_flat import flat_fn
 
     from lowrank_gemm.bench.lora import SCALE
-    from lowrank_gemm.kernels import _lora_kernels as K_
-    from lowrank_gemm.kernels import lora_gemm
-    from lowrank_gemm.kernels.schedule import num_sms
-    c = cfg
-    tiles = -(-M // c.block_m) * -(-N // c.block_n)
-    pre = {}
-
-    def call(x, w, a, b, bs):
-        y = torch.empty(M, N, device=x.device, dtype=x.dtype)
-        if "s" not in pre:
-            pre["s"] = torch.zeros(1, M, r, device=x.device, dtype=torch.float32)
-            if lowrank:
-                lora_gemm._launch_down(x, a, pre["s"], SCALE, c.block_r, Kp=K, R=r)
-        s = pre["s"]
-        K_.lora_flat_kernel[(min(num_sms(x.device), tiles),)](
-            TensorDescriptor.from_tensor(x, [c.block_m, c.block_k]), TensorDescriptor.from_tensor(w, [c.block_n, c.block_k]),
-            TensorDescriptor.from_tensor(a, [c.block_r, c.block_k]), s, s, b, y, y,
-            TensorDescriptor.from_tensor(s, [1, c.block_m, c.block_r]), TensorDescriptor.from_tensor(b, [c.block_n, c.block_r]),
-            M, N, K, r, SCALE, s.stride(1), s.stride(2), b.stride(0), b.stride(1), y.stride(0), y.stride(1),
-            BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, BLOCK_R=c.block_r, GROUP_M=c.group_m,
-            LOWRANK=lowrank, HAS_BIAS=False, FLATTEN=True, LORA_TMA=True, S_SPLITS=1, TRACE=trace is not None,
-            trace_ptr=trace, num_warps=c.num_warps, num_stages=c.num_stages)
-        return y
-    return call
+    return flat_fn(dict(FLATTEN=True, LOWRANK=lowrank, PRE_S=lowrank), M, N, K, r, SCALE, cfg=cfg, splits=1,
+                   trace=trace)
 
 
 def op_fn(trace=None, pin=None):

@@ -43,42 +43,45 @@ _FLAGS = dict(FLATTEN=True, LOWRANK=True)
 BM, BN, BK, GROUP_M, WARPS = 128, 256, 64, 8, 8
 
 
-def flat_fn(v: dict, M: int, N: int, K: int, r: int, scale: float):
-    """x, w, a, b, bs → y by the down kernel (the op's K slices) and lora_flat_kernel under variant ``v``."""
+def flat_fn(v: dict, M: int, N: int, K: int, r: int, scale: float, cfg=None, splits: int | None = None, trace=None):
+    """x, w, a, b, bs → y by the down kernel (the op's K slices) and lora_flat_kernel under variant ``v``. ``cfg``: a
+    KernelConfig whose tile, warps, grouping and stages replace the probe's (``v``'s num_stages still wins); ``splits``:
+    S's K slices instead of the op's; ``trace``: the kernel's TRACE buffer (probe_flat_trace.py)."""
     from triton.tools.tensor_descriptor import TensorDescriptor
 
     from lowrank_gemm.kernels import _lora_kernels as K_
     from lowrank_gemm.kernels import lora_gemm
     from lowrank_gemm.kernels.epilogue import rank_block
     from lowrank_gemm.kernels.schedule import num_sms
-    br = rank_block(r)
-    v = dict(_FLAGS, **v)
+    bm, bn, bk, br, group_m, warps = ((BM, BN, BK, rank_block(r), GROUP_M, WARPS) if cfg is None else
+                                      (cfg.block_m, cfg.block_n, cfg.block_k, cfg.block_r, cfg.group_m, cfg.num_warps))
+    v = {**_FLAGS, **({} if cfg is None else {"num_stages": cfg.num_stages}), **v}
     pre = {}
 
     def call(x, w, a, b, bs):
         dev = x.device
         y = torch.empty(M, N, device=dev, dtype=x.dtype)
-        splits = lora_gemm.down_splits(M, r, K, br, num_sms(dev))
+        n_s = splits or lora_gemm.down_splits(M, r, K, br, num_sms(dev))
         if v.get("PRE_S"):      # S once, outside the timed call: the kernel's branch alone
             if "s" not in pre:
-                pre["s"] = torch.empty(splits, M, r, device=dev, dtype=torch.float32)
+                pre["s"] = torch.empty(n_s, M, r, device=dev, dtype=torch.float32)
                 lora_gemm._launch_down(x, a, pre["s"], scale, br, Kp=K, R=r)
             s = pre["s"]
         else:
-            s = torch.empty(splits, M, r, device=dev, dtype=torch.float32)
+            s = torch.empty(n_s, M, r, device=dev, dtype=torch.float32)
             if v["LOWRANK"]:
                 lora_gemm._launch_down(x, a, s, scale, br, Kp=K, R=r)
-        tiles = -(-M // BM) * -(-N // BN)
+        tiles = -(-M // bm) * -(-N // bn)
         y_tma, pieces = bool(v.get("Y_TMA")), v.get("Y_PIECES", 2)
         K_.lora_flat_kernel[(min(num_sms(dev), tiles),)](
-            TensorDescriptor.from_tensor(x, [BM, BK]), TensorDescriptor.from_tensor(w, [BN, BK]),
-            TensorDescriptor.from_tensor(a, [br, BK]), s, s, b, y, y, TensorDescriptor.from_tensor(s, [1, BM, br]),
-            TensorDescriptor.from_tensor(b, [BN, br]), M, N, K, r, scale,
+            TensorDescriptor.from_tensor(x, [bm, bk]), TensorDescriptor.from_tensor(w, [bn, bk]),
+            TensorDescriptor.from_tensor(a, [br, bk]), s, s, b, y, y, TensorDescriptor.from_tensor(s, [1, bm, br]),
+            TensorDescriptor.from_tensor(b, [bn, br]), M, N, K, r, scale,
             s.stride(1), s.stride(2), b.stride(0), b.stride(1), y.stride(0), y.stride(1),
-            BLOCK_M=BM, BLOCK_N=BN, BLOCK_K=BK, BLOCK_R=br, GROUP_M=GROUP_M, LOWRANK=v["LOWRANK"], HAS_BIAS=False,
-            FLATTEN=v["FLATTEN"], LORA_TMA=True, S_SPLITS=splits, num_warps=WARPS, num_stages=v["num_stages"],
-            y_desc=TensorDescriptor.from_tensor(y, [BM, BN // pieces]) if y_tma else None, Y_TMA=y_tma,
-            Y_PIECES=pieces)
+            BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, BLOCK_R=br, GROUP_M=group_m, LOWRANK=v["LOWRANK"], HAS_BIAS=False,
+            FLATTEN=v["FLATTEN"], LORA_TMA=True, S_SPLITS=n_s, num_warps=warps, num_stages=v["num_stages"],
+            y_desc=TensorDescriptor.from_tensor(y, [bm, bn // pieces]) if y_tma else None, Y_TMA=y_tma,
+            Y_PIECES=pieces, TRACE=trace is not None, trace_ptr=trace)
         return y
     return call
 
