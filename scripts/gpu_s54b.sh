@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Session 54, device call 2 (≤ 520 s): op flat's per-program stamps against the bare flattened GEMM
+# Session 54, device call 2 (≤ 520 s): op flat's per-program stamps against pre, bare and the tuned persistent_static
 # (probe_flat_trace.py), then compute-sanitizer memcheck / racecheck / synccheck on the op's in-grid-S kernels (flat,
 # persistent_static: scripts/_sanitize_flat.py) → $OUT/s54b/
 #   LOWRANK_GEMM_COMMIT=<hash> [TOOLS="memcheck racecheck synccheck"] bash scripts/gpu_s54b.sh
