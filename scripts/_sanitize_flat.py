@@ -7,15 +7,10 @@ float64 reference, then a CUDA-graph replay bit-identical to the eager call.
 """
 import torch
 
+from _sanitize_s_words import case
 from lowrank_gemm.bench.common import capture_graph
 from lowrank_gemm.kernels.lora_gemm import lora_linear
 from lowrank_gemm.reference import lora_linear_ref
-
-
-def case(M, N, K, r, seed=0):
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    t = lambda *s, sc=1.0: (torch.randn(*s, device="cuda", generator=g) * sc).to(torch.bfloat16)  # noqa: E731
-    return t(M, K), t(N, K, sc=K ** -0.5), t(r, K, sc=K ** -0.5), t(N, r, sc=r ** -0.5), t(N)
 
 
 for strategy, (M, N, K, r) in (("flat", (256, 28672, 4096, 64)), ("flat", (1024, 4096, 4096, 64)),

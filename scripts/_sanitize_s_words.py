@@ -30,14 +30,19 @@ def check(name, x, w, a, b, bias, **pin):
         print(name, "words" if words else "counters", f"rel_err={err:.2e}", "ok" if err < 1e-2 else "WRONG", flush=True)
 
 
-for M, N, K, r in ((1, 4096, 4096, 16), (16, 8192, 8192, 16), (1, 28672, 4096, 64)):
-    check(f"auto {M}x{N}x{K} r{r}", *case(M, N, K, r))
-ragged = KernelConfig(block_m=16, block_n=64, block_k=128, block_r=64, group_m=1, num_warps=4, num_stages=3,
-                      swap_ab=True, s_producers=3)
-check("pinned 37x5000x3000 r40 P3", *case(37, 5000, 3000, 40, seed=1), strategy="split", config=ragged)
-x, w, a, b, bias = case(16, 4096, 4096, 16, seed=2)
-eager, g, out = capture_graph(lambda: lora_linear(x, w, a, b, 0.5, bias))
-for _ in range(3):
-    g.replay()
-torch.cuda.synchronize()
-print("graph replays", "ok" if torch.equal(out, eager) else "WRONG", flush=True)
+def main():
+    for M, N, K, r in ((1, 4096, 4096, 16), (16, 8192, 8192, 16), (1, 28672, 4096, 64)):
+        check(f"auto {M}x{N}x{K} r{r}", *case(M, N, K, r))
+    ragged = KernelConfig(block_m=16, block_n=64, block_k=128, block_r=64, group_m=1, num_warps=4, num_stages=3,
+                          swap_ab=True, s_producers=3)
+    check("pinned 37x5000x3000 r40 P3", *case(37, 5000, 3000, 40, seed=1), strategy="split", config=ragged)
+    x, w, a, b, bias = case(16, 4096, 4096, 16, seed=2)
+    eager, g, out = capture_graph(lambda: lora_linear(x, w, a, b, 0.5, bias))
+    for _ in range(3):
+        g.replay()
+    torch.cuda.synchronize()
+    print("graph replays", "ok" if torch.equal(out, eager) else "WRONG", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -158,17 +158,18 @@ def main(argv=None):
         impls = {"cublas_base": cublas, "op_flat": op_fn(), "op_flat_traced": op_fn(trace),
                  "pre": kernel_fn(cfg, M, N, K, r, True), "pre_traced": kernel_fn(cfg, M, N, K, r, True, trace),
                  "bare": kernel_fn(cfg, M, N, K, r, False), "bare_traced": kernel_fn(cfg, M, N, K, r, False, trace)}
-        launches = [("op", op_fn(trace), grid), ("pre", kernel_fn(cfg, M, N, K, r, True, trace), min(sms, tiles)),
-                    ("bare", kernel_fn(cfg, M, N, K, r, False, trace), min(sms, tiles))]
+        launches = [("op", impls["op_flat_traced"], grid), ("pre", impls["pre_traced"], min(sms, tiles)),
+                    ("bare", impls["bare_traced"], min(sms, tiles))]
         if ps is not None:      # the tuned persistent_static plan: what auto ran at 256 tokens before flat
             pc = ps["config"]
             ps_pid_m = -(-M // pc.block_m)
             ps_tiles = ps_pid_m * -(-N // pc.block_n)
             impls.update(ps=op_fn(pin=ps), ps_traced=op_fn(trace, ps))
-            launches.append(("ps", op_fn(trace, ps), min(sms, ps_pid_m + ps_tiles), ps_tiles, ps_pid_m))
+            launches.append(("ps", impls["ps_traced"], min(sms, ps_pid_m + ps_tiles), ps_tiles, ps_pid_m))
         print(f"cell {cell} plan {cfg.to_dict()} grid {grid} tiles {tiles} s_programs {s_programs}", flush=True)
-        time_rows += timed_rows(impls, sets, dict(cell, plan=f"{cfg.block_m}x{cfg.block_n}x{cfg.block_k} "
-                                                  f"w{cfg.num_warps} st{cfg.num_stages}"))
+        cell_rows = timed_rows(impls, sets, dict(cell, plan=f"{cfg.block_m}x{cfg.block_n}x{cfg.block_k} "
+                                                 f"w{cfg.num_warps} st{cfg.num_stages}"))
+        time_rows += cell_rows
         spans = {}
         for kind, fn, g, *ps_shape in launches:
             n_tiles, n_pid_m = ps_shape or (tiles, num_pid_m)
@@ -177,8 +178,7 @@ def main(argv=None):
             spans[kind] = summarize(phase_rows, stamps, cell, kind, g, holds(kind, g, n_tiles, s_programs, n_pid_m))
         # the split the probe is for: traced spans (first start → last end), their differences in µs and as a fraction
         # of the same cell's cuBLAS graph time
-        base = next(rw["graph_us"] for rw in time_rows if rw["impl"] == "cublas_base" and rw["M"] == M
-                    and rw["N"] == N and rw["K"] == K and rw["r"] == r)
+        base = cell_rows[0]["graph_us"]     # cublas_base, the first impl
         split = dict(cell, cublas_us=base, **{f"span_{k}": round(v, 2) for k, v in spans.items()})
         for name, (a_, b_) in (("op_minus_pre", ("op", "pre")), ("pre_minus_bare", ("pre", "bare")),
                                ("ps_minus_bare", ("ps", "bare"))):
