@@ -191,12 +191,13 @@ ALIGNED = ("s_ptr", "sync_ptr", "b_ptr", "bias_ptr", "y_ptr", "M", "N", "K", "R"
            "ws_ptr", "stride_wk")
 
 
-def compile_flat(br=16, stages=4, **flags):
+def compile_flat(br=16, stages=4, trace=False, **flags):
     from lowrank_gemm.kernels.aot import compile_sm90
     bm, bn, bk = 128, 256, 64
-    return compile_sm90(MOD, "lora_flat_kernel", flat_signature(bm, bn, bk, br), dict(
-        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, BLOCK_R=br, GROUP_M=8, LOWRANK=True, HAS_BIAS=False, **UNIT, **flags),
-        num_warps=8, num_stages=stages, aligned=ALIGNED)
+    sig = dict(flat_signature(bm, bn, bk, br), **({"trace_ptr": "*i64"} if trace else {}))
+    return compile_sm90(MOD, "lora_flat_kernel", sig, dict(
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, BLOCK_R=br, GROUP_M=8, LOWRANK=True, HAS_BIAS=False, TRACE=trace, **UNIT,
+        **flags), num_warps=8, num_stages=stages, aligned=ALIGNED + (("trace_ptr",) if trace else ()))
 
 
 @pytest.mark.parametrize("flags", [dict(S_SPLITS=1), dict(S_SPLITS=4), dict(IN_GRID=True),
@@ -216,20 +217,11 @@ def test_aot_flat_tma_branch_keeps_the_mma_in_flight(flags):
 def test_aot_flat_trace_stamps_only_when_asked():
     """TRACE (probe_flat_trace.py): the global timer read at each of the six points and the SM id stored, the MMA
     still in flight; off (the default), none of it is in the kernel."""
-    traced = compile_sm90_flat_traced()
+    traced = compile_flat(FLATTEN=True, LORA_TMA=True, IN_GRID=True, S_STAGES=8, trace=True)
     assert traced.ptx.count("%globaltimer") == 6 and "%smid" in traced.ptx
     assert traced.has("wgmma.wait_group.sync.aligned 1")
     plain = compile_flat(FLATTEN=True, LORA_TMA=True, IN_GRID=True, S_STAGES=8)
     assert "%globaltimer" not in plain.ptx and "%smid" not in plain.ptx
-
-
-def compile_sm90_flat_traced():
-    from lowrank_gemm.kernels.aot import compile_sm90
-    bm, bn, bk, br = 128, 256, 64, 16
-    return compile_sm90(MOD, "lora_flat_kernel", dict(flat_signature(bm, bn, bk, br), trace_ptr="*i64"), dict(
-        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, BLOCK_R=br, GROUP_M=8, LOWRANK=True, HAS_BIAS=False, FLATTEN=True,
-        LORA_TMA=True, IN_GRID=True, S_STAGES=8, TRACE=True, **UNIT), num_warps=8, num_stages=4,
-        aligned=ALIGNED + ("trace_ptr",))
 
 
 def test_flat_trace_refused_where_it_cannot_run(monkeypatch):
