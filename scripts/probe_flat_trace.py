@@ -15,7 +15,8 @@ the branch in the flattened epilogue. ``ps`` programs stamp their first tile's p
 apart). Each traced launch is the last of three in a CUDA graph replayed ten times (steady state, no host gaps).
 
 Rows (DIR/probe_flat_trace.{json,md}): graph-replay medians of cuBLAS, op ``flat``, ``pre``, ``bare`` (and ``ps``) with TRACE off
-and on (what the stamps cost), then per program class (tiles held, S tasks or not) the median / max of each phase in
+and on (what the stamps cost), ``bare_st4`` where the plan has fewer than 4 stages (the bare GEMM at the depth the
+branch's operands take from it: r64's 3 stages against 4), then per program class (tiles held, S tasks or not) the median / max of each phase in
 µs and the span from the first program's start (``_phases``), and per cell the traced spans with op − pre, pre − bare
 and ps − bare in µs and as a fraction of cuBLAS's time (``_split``: the answer). The raw stamps go to ``_raw.json``.
 """
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+from dataclasses import replace
 
 import torch
 
@@ -158,6 +160,8 @@ def main(argv=None):
         impls = {"cublas_base": cublas, "op_flat": op_fn(), "op_flat_traced": op_fn(trace),
                  "pre": kernel_fn(cfg, M, N, K, r, True), "pre_traced": kernel_fn(cfg, M, N, K, r, True, trace),
                  "bare": kernel_fn(cfg, M, N, K, r, False), "bare_traced": kernel_fn(cfg, M, N, K, r, False, trace)}
+        if cfg.num_stages < 4:      # r64 runs 3 stages (the branch's S / B prefetched with the ring): the bare GEMM at
+            impls["bare_st4"] = kernel_fn(replace(cfg, num_stages=4), M, N, K, r, False)   # 4 splits that cost off
         launches = [("op", impls["op_flat_traced"], grid), ("pre", impls["pre_traced"], min(sms, tiles)),
                     ("bare", impls["bare_traced"], min(sms, tiles))]
         if ps is not None:      # the tuned persistent_static plan: what auto ran at 256 tokens before flat
