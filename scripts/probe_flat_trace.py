@@ -16,7 +16,8 @@ apart). Each traced launch is the last of three in a CUDA graph replayed ten tim
 
 Rows (DIR/probe_flat_trace.{json,md}): graph-replay medians of cuBLAS, op ``flat``, ``pre``, ``bare`` (and ``ps``) with TRACE off
 and on (what the stamps cost), ``bare_st4`` where the plan has fewer than 4 stages (the bare GEMM at the depth the
-branch's operands take from it: r64's 3 stages against 4), then per program class (tiles held, S tasks or not) the median / max of each phase in
+branch's operands take from it: r64's 3 stages against 4) and likewise ``ps_st4`` (the tuned
+persistent_static entry at 4 stages, which fit its ledger since the epilogue buffers were counted), then per program class (tiles held, S tasks or not) the median / max of each phase in
 µs and the span from the first program's start (``_phases``), and per cell the traced spans with op − pre, pre − bare
 and ps − bare in µs and as a fraction of cuBLAS's time (``_split``: the answer). The raw stamps go to ``_raw.json``.
 """
@@ -169,6 +170,8 @@ def main(argv=None):
             ps_pid_m = -(-M // pc.block_m)
             ps_tiles = ps_pid_m * -(-N // pc.block_n)
             impls.update(ps=op_fn(pin=ps), ps_traced=op_fn(trace, ps))
+            if pc.num_stages < 4 and pc.block_n * pc.block_m <= 128 * 256:     # r64's entry: 3 stages, 4 fit
+                impls["ps_st4"] = op_fn(pin=dict(ps, config=replace(pc, num_stages=4)))
             launches.append(("ps", impls["ps_traced"], min(sms, ps_pid_m + ps_tiles), ps_tiles, ps_pid_m))
         print(f"cell {cell} plan {cfg.to_dict()} grid {grid} tiles {tiles} s_programs {s_programs}", flush=True)
         cell_rows = timed_rows(impls, sets, dict(cell, plan=f"{cfg.block_m}x{cfg.block_n}x{cfg.block_k} "
