@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Session 54 (≤ 400 s): on an H200 the canonical `bench lora` (no multi-LoRA: no multi-LoRA kernel changed since
+# Session 54 (≤ 460 s): on an H200 the canonical `bench lora` (no multi-LoRA: no multi-LoRA kernel changed since
 # session 48's table; no GPU tests: the whole suite passed on an H100 at da6ce5c) → $OUT/s54c/lora, then op flat's
 # per-program stamps (probe_flat_trace.py); on any other GPU gpu_s54b.sh (the stamps, then compute-sanitizer
 # memcheck and synccheck: TOOLS)
@@ -11,4 +11,4 @@ fi
 source "$here/_device_prelude.sh" s54c
 say "commit=${LOWRANK_GEMM_COMMIT:-?} $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)"
 bench_lora 200
-probe_run trace 200 scripts/probe_flat_trace.py
+probe_run trace 260 scripts/probe_flat_trace.py

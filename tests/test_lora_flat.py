@@ -263,6 +263,21 @@ def test_flat_strategy_matches_reference(M, N, K, r, bias):
     assert rel_err(y, lora_linear_ref(x, w, a, b, 0.7, bb)) < 2e-3
 
 
+@pytest.mark.parametrize("M, N, K, r", [(77, 136, 96, 8), (130, 70, 200, 16), (300, 64, 640, 40)])
+def test_flat_narrow_s_is_bit_identical(monkeypatch, M, N, K, r):
+    """FLAT_S_NARROW (candidate): S stored in X's dtype gives the fp32 S's bits — the slices are summed and scaled in
+    fp32 before the one store, and the epilogue rounds S to B's dtype before its MMA either way."""
+    from dataclasses import replace
+
+    from _lora import run
+    from lowrank_gemm.kernels import lora_gemm
+    x, w, a, b, bb = make(M, N, K, r, seed=M + r)
+    cfg = flat_cfg(r) if r <= 16 else replace(flat_cfg(16, bm=64), block_r=64)
+    wide = run("flat", x, w, a, b, 0.7, bb, cfg)
+    monkeypatch.setattr(lora_gemm, "FLAT_S_NARROW", True)
+    assert torch.equal(run("flat", x, w, a, b, 0.7, bb, cfg), wide)
+
+
 def test_flat_strategy_is_deterministic():
     from _lora import run
     x, w, a, b, bb = make(90, 130, 128, 16, seed=5)
