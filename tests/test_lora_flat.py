@@ -191,10 +191,11 @@ ALIGNED = ("s_ptr", "sync_ptr", "b_ptr", "bias_ptr", "y_ptr", "M", "N", "K", "R"
            "ws_ptr", "stride_wk")
 
 
-def compile_flat(br=16, stages=4, trace=False, **flags):
+def compile_flat(br=16, stages=4, trace=False, s_dtype="fp32", **flags):
     from lowrank_gemm.kernels.aot import compile_sm90
     bm, bn, bk = 128, 256, 64
     sig = dict(flat_signature(bm, bn, bk, br), **({"trace_ptr": "*i64"} if trace else {}))
+    sig.update(s_ptr=f"*{s_dtype}", s_desc=f"tensordesc<{s_dtype}[1, {bm}, {br}]>")
     return compile_sm90(MOD, "lora_flat_kernel", sig, dict(
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, BLOCK_R=br, GROUP_M=8, LOWRANK=True, HAS_BIAS=False, TRACE=trace, **UNIT,
         **flags), num_warps=8, num_stages=stages, aligned=ALIGNED + (("trace_ptr",) if trace else ()))
@@ -212,6 +213,20 @@ def test_aot_flat_tma_branch_keeps_the_mma_in_flight(flags):
     if stats is None:
         pytest.skip("no ptxas in this triton")
     assert "C7515" not in stats[2] and "C7514" not in stats[2], stats[2]
+
+
+def _register_a_wgmmas(ptx: str) -> int:
+    """wgmmas whose A operand is a register list (a second brace group before the B descriptor), not a descriptor."""
+    return sum(line.count("{") > 1 for line in ptx.splitlines() if "wgmma.mma_async" in line)
+
+
+def test_aot_flat_narrow_s_feeds_the_mma_from_shared_memory():
+    """FLAT_S_NARROW (candidate): with S in X's dtype the epilogue's S·Bᵀ wgmmas read S where TMA put it; fp32 S goes
+    through registers (a conversion) into register-A wgmmas. The main K loop's wgmmas are shared-memory-A either way."""
+    flags = dict(FLATTEN=True, LORA_TMA=True, IN_GRID=True, S_STAGES=6)
+    wide, narrow = compile_flat(br=64, stages=3, **flags), compile_flat(br=64, stages=3, s_dtype="bf16", **flags)
+    assert _register_a_wgmmas(wide.ptx) > 0 and _register_a_wgmmas(narrow.ptx) == 0
+    assert narrow.has("wgmma.wait_group.sync.aligned 1") and narrow.shared <= wide.shared <= 232448
 
 
 def test_aot_flat_trace_stamps_only_when_asked():
