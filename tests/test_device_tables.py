@@ -60,3 +60,29 @@ def test_write_results_defaults_to_the_device_folder(fake_gpu, monkeypatch, tmp_
     monkeypatch.setattr(common, "RESULTS_ROOT", tmp_path)
     path = common.write_results("demo", {"device": "x"}, [{"impl": "a"}], md="# t\n")
     assert path == tmp_path / "h100" / "demo.json" and (tmp_path / "h100" / "demo.md").exists()
+
+
+def test_the_h100_lora_table_extends_the_h200s():
+    """``lora_h100.json``: the H100's own entries over the H200's (plan.tuned.table_entries); every entry a valid plan
+    the ledger fits, each naming where it was measured."""
+    import json
+
+    from lowrank_gemm.kernels._lora_kernels import smem_ledger
+    from lowrank_gemm.plan.config import KernelConfig
+    from lowrank_gemm.plan.planner import load_tuned
+    h100, h200 = tuned.TUNED_DIR / "lora_h100.json", tuned.TUNED_DIR / "lora_h200.json"
+    own = json.loads(h100.read_text())
+    assert own["extends"] == h200.name and own["lora"]
+    assert load_tuned(h100) == {**load_tuned(h200), **own["lora"]}
+    for key, entry in own["lora"].items():
+        cfg = KernelConfig.from_dict(entry["config"])
+        assert smem_ledger(cfg, 16, entry["strategy"]).fits(), key
+        assert "h100" in entry["source"] and entry["us"] < entry["replaces_us"], key
+
+
+def test_table_entries_refuses_another_version(tmp_path):
+    import json
+    p = tmp_path / "t.json"
+    p.write_text(json.dumps({"version": 2, "lora": {}}))
+    with pytest.raises(ValueError, match="unsupported tuned-table version 2"):
+        tuned.table_entries(str(p), "lora")

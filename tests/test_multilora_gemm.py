@@ -519,17 +519,17 @@ def test_tuned_table_round_trip(tmp_path, monkeypatch):
     assert key == mg.tuned_key(64, 4096, 4096, 16, 4) + "_seg"
     cpu = torch.device("cpu")
     assert mg.choose_plan(64, 4096, 4096, 16, 64, "segment", cpu, adapters=3, tuned_path=path) == pinned
-    mg._load_tuned.cache_clear()
+    mg.table_entries.cache_clear()
     path.write_text(json.dumps({"version": 1, "plans": {key: seg.to_dict()}}))
     assert mg.choose_plan(64, 4096, 4096, 16, 64, "segment", cpu, adapters=3, tuned_path=path) == seg
     assert mg.choose_plan(64, 4096, 4096, 16, 64, "gather", cpu, adapters=3, tuned_path=path) == \
         mg.heuristic_plan(64, 4096, 4096, 16, 64, "gather", 132, adapters=3)
-    mg._load_tuned.cache_clear()
+    mg.table_entries.cache_clear()
 
 
 def test_a_table_extends_another(tmp_path):
     import json
-    mg._load_tuned.cache_clear()
+    mg.table_entries.cache_clear()
     (tmp_path / "base.json").write_text(json.dumps({"version": 1, "plans": {"a": {"x": 1}, "b": {"x": 2}}}))
     (tmp_path / "own.json").write_text(json.dumps({"version": 1, "extends": "base.json", "plans": {"b": {"x": 3}}}))
     assert mg._load_tuned(str(tmp_path / "own.json")) == {"a": {"x": 1}, "b": {"x": 3}}
@@ -537,7 +537,7 @@ def test_a_table_extends_another(tmp_path):
     h100, h200 = (mg._load_tuned(str(mg.TUNED_DIR / f"multilora_{g}.json")) for g in ("h100", "h200"))
     own = json.loads((mg.TUNED_DIR / "multilora_h100.json").read_text())["plans"]
     assert own and all(k.endswith("_seg") for k in own) and h100 == {**h200, **own}
-    mg._load_tuned.cache_clear()
+    mg.table_entries.cache_clear()
 
 
 def test_max_adapters_hint_changes_only_the_plan():
@@ -962,10 +962,10 @@ def test_parts_probe_pins_only_clear_winners(tmp_path):
     data = json.loads(table.read_text())
     assert list(data["plans"]) == [mg.tuned_key(64, 28672, 4096, 16, 4)] and len(data["sources"]) == 1
     assert table.read_text() == json.dumps(data, indent=1)                      # the shipped table's layout
-    mg._load_tuned.cache_clear()
+    mg.table_entries.cache_clear()
     assert mg.choose_plan(64, 28672, 4096, 16, 64, "gather", torch.device("cpu"), adapters=4,
                           tuned_path=table) == faster
-    mg._load_tuned.cache_clear()
+    mg.table_entries.cache_clear()
 
 
 def test_heuristic_takes_the_measured_many_adapter_plans():

@@ -39,7 +39,6 @@ adapter(s) on the device, so the same CUDA graph serves any ids.
 from __future__ import annotations
 
 import functools
-import json
 import os
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -63,7 +62,7 @@ from lowrank_gemm.kernels.schedule import cdiv, grouped_tile, next_pow2, num_sms
 from lowrank_gemm.plan.config import KernelConfig
 from lowrank_gemm.plan.planner import takes_wide_tiles
 from lowrank_gemm.plan.smem import SmemLedger, SmemTerm, barrier_bytes, solve_stages, tile_bytes
-from lowrank_gemm.plan.tuned import TUNED_DIR, tuned_file
+from lowrank_gemm.plan.tuned import TUNED_DIR, table_entries, tuned_file
 
 __all__ = ["MultiLoRAPlan", "auto_mode", "choose_plan", "heuristic_plan", "tuned_key", "TUNED_PATH", "main_ledger", "can_implement", "sort_rows",
            "multi_lora_linear", "multi_lora_gemm", "MODES",
@@ -798,18 +797,10 @@ def tuned_key(M: int, N: int, K: int, r_max: int, adapters: int, mode: str = "ga
     return key + "_seg" if mode == "segment" else key
 
 
-@functools.lru_cache(maxsize=4)
 def _load_tuned(path: str) -> dict:
-    """The plans of a tuned table; one that ``extends`` another (the H100's: its own entries only, the H200's
-    beneath) has that table's plans under its own."""
-    p = Path(path)
-    if not p.exists():
-        return {}
-    data = json.loads(p.read_text())
-    if data.get("version") != 1:
-        raise ValueError(f"{p}: unsupported multilora tuned-table version {data.get('version')!r}")
-    base = _load_tuned(str(p.parent / data["extends"])) if data.get("extends") else {}
-    return {**base, **data.get("plans", {})}
+    """The plans of a multi-LoRA tuned table (``plan.tuned.table_entries``: one that ``extends`` another, the H100's
+    own entries only, has the H200's beneath)."""
+    return table_entries(path, "plans")
 
 
 _APPEND_STAGES = 3        # the heuristic's appended-expand B ring (every tuned appended winner's depth)

@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import functools
-import json
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
@@ -25,7 +24,7 @@ from ..kernels.epilogue import rank_block
 from ..kernels.schedule import cdiv
 from .config import SPLIT_MODES, KernelConfig
 from .smem import SmemError, SmemLedger, solve_stages
-from .tuned import TUNED_DIR, tuned_file
+from .tuned import TUNED_DIR, table_entries, tuned_file
 
 __all__ = ["LoraStrategy", "LORA_STRATEGIES", "plan_lora", "can_implement", "pinned", "Pinned",
            "block_r_for", "tile_for", "split_k_for", "stages_for", "group_m_for", "m_bucket",
@@ -333,10 +332,9 @@ def flat_plan(M: int, N: int, K: int, r: int, dtype_bits: int, sms: int) -> tupl
 
 @functools.lru_cache(maxsize=8)
 def load_tuned(path: Path | None) -> dict:
-    """``{key: {"strategy": str, "config": {...}}}`` from a LoRA table (``plan/tuned/lora_<gpu>.json``)."""
-    if path is None or not Path(path).exists():
-        return {}
-    return json.loads(Path(path).read_text()).get("lora", {})
+    """``{key: {"strategy": str, "config": {...}}}`` from a LoRA table (``plan/tuned/lora_<gpu>.json``; the H100's
+    ``extends`` the H200's: :func:`~lowrank_gemm.plan.tuned.table_entries`)."""
+    return {} if path is None else table_entries(str(path), "lora")
 
 
 # ---------------------------------------------------------------------------- pinning
@@ -611,8 +609,9 @@ def plan_lora(M: int, N: int, K: int, r: int, dtype: torch.dtype, device: torch.
 
 
 def clear_plan_cache() -> None:
-    """Forget memoized plans (after swapping the tuned table, e.g. in tests)."""
+    """Forget memoized plans and tables (after swapping the tuned table, e.g. in tests)."""
     _plan_lora.cache_clear()
+    table_entries.cache_clear()
 
 
 def _with_mode(strategy: str, cfg: KernelConfig, mode: str | None) -> KernelConfig:

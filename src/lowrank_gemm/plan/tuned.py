@@ -2,19 +2,21 @@
 
 Every kernel family keeps one measured table per GPU kind, ``plan/tuned/<family>_<gpu>.json``, written
 by its probe (``scripts/probe_<family>.py``). The shipped tables are the H200's; an H100 reads its own
-``<family>_h100.json`` where one exists (``multilora_h100.json``: the H200's plus entries measured on an H100),
-else the H200's (same SMs and shared memory, less bandwidth: a good start, not a measurement). Every other device
-(and the CPU interpreter) takes the family's heuristic.
+``<family>_h100.json`` where one exists (``multilora_h100.json``, ``lora_h100.json``: the H200's plus entries
+measured on an H100, by ``extends``: :func:`table_entries`), else the H200's (same SMs and shared memory, less
+bandwidth: a good start, not a measurement). Every other device (and the CPU interpreter) takes the family's
+heuristic.
 """
 
 from __future__ import annotations
 
 import functools
+import json
 from pathlib import Path
 
 import torch
 
-__all__ = ["TUNED_DIR", "gpu_kind", "gpu_table_name", "tuned_file"]
+__all__ = ["TUNED_DIR", "gpu_kind", "gpu_table_name", "table_entries", "tuned_file"]
 
 TUNED_DIR = Path(__file__).parent / "tuned"
 
@@ -47,3 +49,19 @@ def tuned_file(family: str, device) -> Path | None:
         return None
     own = TUNED_DIR / f"{family}_{kind}.json"
     return own if own.exists() else TUNED_DIR / f"{family}_{gpu_table_name(device)}.json"
+
+
+@functools.lru_cache(maxsize=16)
+def table_entries(path: str, section: str) -> dict:
+    """The entries under ``section`` of the tuned table at ``path`` ({} where there is no file). A table that
+    ``extends`` another (a file name beside it: an H100's own entries over the H200's) has that table's entries
+    beneath its own. Tables are version 1; another version is refused, not misread. Cached: drop with
+    ``table_entries.cache_clear()`` after writing a table."""
+    p = Path(path)
+    if not p.exists():
+        return {}
+    data = json.loads(p.read_text())
+    if data.get("version") != 1:
+        raise ValueError(f"{p}: unsupported tuned-table version {data.get('version')!r} (expected 1)")
+    base = table_entries(str(p.parent / data["extends"]), section) if data.get("extends") else {}
+    return {**base, **data.get(section, {})}
