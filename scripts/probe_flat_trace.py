@@ -16,7 +16,8 @@ apart). Each traced launch is the last of three in a CUDA graph replayed ten tim
 
 Rows (DIR/probe_flat_trace.{json,md}): graph-replay medians of cuBLAS, op ``flat``, ``pre``, ``bare`` (and ``ps``) with TRACE off
 and on (what the stamps cost), op ``flat`` with S in X's dtype (``op_flat_narrow_s``, the session 55 candidate
-``lora_gemm.FLAT_S_NARROW``), ``bare_st4`` where the plan has fewer than 4 stages (the bare GEMM at the depth the
+``lora_gemm.FLAT_S_NARROW``) and with the branch as each flattened tile's first MMA (``op_flat_branch_first``,
+``lora_gemm.FLAT_BRANCH_FIRST``; both paired against op ``flat``), ``bare_st4`` where the plan has fewer than 4 stages (the bare GEMM at the depth the
 branch's operands take from it: r64's 3 stages against 4) and likewise ``ps_st4`` (the tuned
 persistent_static entry at 4 stages, which fit its ledger since the epilogue buffers were counted), then per program class (tiles held, S tasks or not) the median / max of each phase in
 µs and the span from the first program's start (``_phases``), and per cell the traced spans with op − pre, pre − bare
@@ -52,21 +53,21 @@ def kernel_fn(cfg, M, N, K, r, lowrank, trace=None):
                    trace=trace)
 
 
-def op_fn(trace=None, pin=None, narrow_s=False):
+def op_fn(trace=None, pin=None, narrow_s=False, branch_first=False):
     """The op under ``pin`` (planner.pinned's arguments; default strategy flat, its planner tile); ``narrow_s``: with
-    ``lora_gemm.FLAT_S_NARROW`` (S in X's dtype)."""
+    ``lora_gemm.FLAT_S_NARROW`` (S in X's dtype); ``branch_first``: with ``lora_gemm.FLAT_BRANCH_FIRST``."""
     from lowrank_gemm.bench.lora import SCALE
     from lowrank_gemm.kernels import lora_gemm
     from lowrank_gemm.plan.planner import pinned
     pin = pin or dict(strategy="flat")
 
     def call(x, w, a, b, bs):
-        lora_gemm.KERNEL_TRACE, lora_gemm.FLAT_S_NARROW = trace, narrow_s
+        lora_gemm.KERNEL_TRACE, lora_gemm.FLAT_S_NARROW, lora_gemm.FLAT_BRANCH_FIRST = trace, narrow_s, branch_first
         try:
             with pinned(**pin):
                 return lora_gemm.lora_linear(x, w, a, b, SCALE)
         finally:
-            lora_gemm.KERNEL_TRACE, lora_gemm.FLAT_S_NARROW = None, False
+            lora_gemm.KERNEL_TRACE, lora_gemm.FLAT_S_NARROW, lora_gemm.FLAT_BRANCH_FIRST = None, False, False
     return call
 
 
@@ -161,7 +162,7 @@ def main(argv=None):
         trace = torch.full((sms, TRACE_SLOTS), -1, dtype=torch.int64, device=dev)
         ps = tuned_persistent(M, N, K, r)
         impls = {"cublas_base": cublas, "op_flat": op_fn(), "op_flat_traced": op_fn(trace),
-                 "op_flat_narrow_s": op_fn(narrow_s=True),
+                 "op_flat_narrow_s": op_fn(narrow_s=True), "op_flat_branch_first": op_fn(branch_first=True),
                  "pre": kernel_fn(cfg, M, N, K, r, True), "pre_traced": kernel_fn(cfg, M, N, K, r, True, trace),
                  "bare": kernel_fn(cfg, M, N, K, r, False), "bare_traced": kernel_fn(cfg, M, N, K, r, False, trace)}
         if cfg.num_stages < 4:      # r64 runs 3 stages (the branch's S / B prefetched with the ring): the bare GEMM at
@@ -183,9 +184,10 @@ def main(argv=None):
         # the candidate's effect is below the run-to-run noise of unpaired medians: op flat narrow ÷ op flat, timed in
         # alternation
         from lowrank_gemm.bench.common import paired_ratio
-        pair = paired_ratio(impls["op_flat_narrow_s"], sets, impls["op_flat"], sets)["ratio_paired"]
-        next(r for r in cell_rows if r["impl"] == "op_flat_narrow_s")["x_op_flat_paired"] = pair
-        print(f"ROW narrow_s {cell} x_op_flat_paired={pair}", flush=True)
+        for cand in ("op_flat_narrow_s", "op_flat_branch_first"):
+            pair = paired_ratio(impls[cand], sets, impls["op_flat"], sets)["ratio_paired"]
+            next(r for r in cell_rows if r["impl"] == cand)["x_op_flat_paired"] = pair
+            print(f"ROW {cand} {cell} x_op_flat_paired={pair}", flush=True)
         spans = {}
         for kind, fn, g, *ps_shape in launches:
             n_tiles, n_pid_m = ps_shape or (tiles, num_pid_m)
