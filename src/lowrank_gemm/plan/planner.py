@@ -330,7 +330,6 @@ def flat_plan(M: int, N: int, K: int, r: int, dtype_bits: int, sms: int) -> tupl
     return strategy, cfg
 
 
-@functools.lru_cache(maxsize=8)
 def load_tuned(path: Path | None) -> dict:
     """``{key: {"strategy": str, "config": {...}}}`` from a LoRA table (``plan/tuned/lora_<gpu>.json``; the H100's
     ``extends`` the H200's: :func:`~lowrank_gemm.plan.tuned.table_entries`)."""
