@@ -14,12 +14,13 @@ with the branch's epilogue only and with no branch. op − pre: the S tasks and 
 the branch in the flattened epilogue. ``ps`` programs stamp their first tile's phases (every tile of theirs runs them
 apart). Each traced launch is the last of three in a CUDA graph replayed ten times (steady state, no host gaps).
 
-Rows (DIR/probe_flat_trace.{json,md}): graph-replay medians of cuBLAS, op ``flat``, ``pre``, ``bare`` (and ``ps``) with TRACE off
-and on (what the stamps cost), op ``flat`` with S in X's dtype (``op_flat_narrow_s``, the session 55 candidate
-``lora_gemm.FLAT_S_NARROW``) and with the branch as each flattened tile's first MMA (``op_flat_branch_first``,
-``lora_gemm.FLAT_BRANCH_FIRST``; both paired against op ``flat``), ``bare_st4`` where the plan has fewer than 4 stages (the bare GEMM at the depth the
-branch's operands take from it: r64's 3 stages against 4) and likewise ``ps_st4`` (the tuned
-persistent_static entry at 4 stages, which fit its ledger since the epilogue buffers were counted), then per program class (tiles held, S tasks or not) the median / max of each phase in
+Rows (DIR/probe_flat_trace.{json,md}): graph-replay medians of cuBLAS, op ``flat``, ``pre``, ``bare`` (and ``ps``)
+with TRACE off and on (what the stamps cost); the session 55 candidates, op ``flat`` with S in X's dtype
+(``op_flat_narrow_s``, ``lora_gemm.FLAT_S_NARROW``) and with the branch as each flattened tile's first MMA
+(``op_flat_branch_first``, ``lora_gemm.FLAT_BRANCH_FIRST``), each also paired against op ``flat``; ``bare_st4`` where
+the plan has fewer than 4 stages (the bare GEMM at the depth the branch's operands take from it: r64's 3 stages
+against 4) and likewise ``ps_st4`` (the tuned persistent_static entry at 4 stages, which fit its ledger since the
+epilogue buffers were counted). Then per program class (tiles held, S tasks or not) the median / max of each phase in
 µs and the span from the first program's start (``_phases``), and per cell the traced spans with op − pre, pre − bare
 and ps − bare in µs and as a fraction of cuBLAS's time (``_split``: the answer). The raw stamps go to ``_raw.json``.
 """
@@ -146,6 +147,7 @@ def main(argv=None):
     import sys
     sys.path.insert(0, __file__.rsplit("/", 1)[0])
     from _ticket_probe import lora_baselines, lora_cells, timed_rows, write_tables
+    from lowrank_gemm.bench.common import paired_ratio
     from lowrank_gemm.kernels._lora_kernels import TRACE_SLOTS
     from lowrank_gemm.kernels.schedule import flat_programs, flat_s_tasks, num_sms
     dev = torch.device("cuda")
@@ -181,9 +183,8 @@ def main(argv=None):
         cell_rows = timed_rows(impls, sets, dict(cell, plan=f"{cfg.block_m}x{cfg.block_n}x{cfg.block_k} "
                                                  f"w{cfg.num_warps} st{cfg.num_stages}"))
         time_rows += cell_rows
-        # the candidate's effect is below the run-to-run noise of unpaired medians: op flat narrow ÷ op flat, timed in
+        # the candidates' effects are below the run-to-run noise of unpaired medians: each ÷ op flat, timed in
         # alternation
-        from lowrank_gemm.bench.common import paired_ratio
         for cand in ("op_flat_narrow_s", "op_flat_branch_first"):
             pair = paired_ratio(impls[cand], sets, impls["op_flat"], sets)["ratio_paired"]
             next(r for r in cell_rows if r["impl"] == cand)["x_op_flat_paired"] = pair
