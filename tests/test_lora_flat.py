@@ -264,8 +264,8 @@ def test_aot_flat_pointer_branch_serializes_the_wgmmas():
 
 def flat_cfg(r, bm=32, bn=64, bk=32, stages=3):
     from lowrank_gemm.plan.config import KernelConfig
-    return KernelConfig(block_m=bm, block_n=bn, block_k=bk, block_r=max(16, r), group_m=2, num_warps=4,
-                        num_stages=stages)
+    return KernelConfig(block_m=bm, block_n=bn, block_k=bk, block_r=max(16, 1 << (r - 1).bit_length()), group_m=2,
+                        num_warps=4, num_stages=stages)
 
 
 @pytest.mark.parametrize("M, N, K, r, bias", [(77, 136, 96, 8, True), (130, 70, 200, 16, False), (33, 200, 64, 16, True),
@@ -285,12 +285,10 @@ def test_flat_strategy_matches_reference(M, N, K, r, bias):
 def test_flat_narrow_s_is_bit_identical(monkeypatch, M, N, K, r):
     """FLAT_S_NARROW (candidate): S stored in X's dtype gives the fp32 S's bits — the slices are summed and scaled in
     fp32 before the one store, and the epilogue rounds S to B's dtype before its MMA either way."""
-    from dataclasses import replace
-
     from _lora import run
     from lowrank_gemm.kernels import lora_gemm
     x, w, a, b, bb = make(M, N, K, r, seed=M + r)
-    cfg = flat_cfg(r) if r <= 16 else replace(flat_cfg(16, bm=64), block_r=64)
+    cfg = flat_cfg(r)
     wide = run("flat", x, w, a, b, 0.7, bb, cfg)
     monkeypatch.setattr(lora_gemm, "FLAT_S_NARROW", True)
     assert torch.equal(run("flat", x, w, a, b, 0.7, bb, cfg), wide)
@@ -300,13 +298,11 @@ def test_flat_narrow_s_is_bit_identical(monkeypatch, M, N, K, r):
 def test_flat_branch_first_through_the_op(monkeypatch, M, N, K, r):
     """FLAT_BRANCH_FIRST (candidate): the flattened tiles start from S·Bᵀ (the first tile, peeled for the S wait, keeps
     the epilogue form): against float64, NaN-poisoned output, repeats bit-identical."""
-    from dataclasses import replace
-
     from _lora import run
     from lowrank_gemm.kernels import lora_gemm
     from lowrank_gemm.reference import lora_linear_ref
     x, w, a, b, bb = make(M, N, K, r, seed=M + 2 * r)
-    cfg = flat_cfg(r) if r <= 16 else replace(flat_cfg(16, bm=64), block_r=64)
+    cfg = flat_cfg(r)
     monkeypatch.setattr(lora_gemm, "FLAT_BRANCH_FIRST", True)
     y = run("flat", x, w, a, b, 0.7, bb, cfg)
     assert rel_err(y, lora_linear_ref(x, w, a, b, 0.7, bb)) < 2e-3
