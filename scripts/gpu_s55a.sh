@@ -1,9 +1,8 @@
 #!/usr/bin/env bash
-# Session 55's queue (≤ 450 s, any GPU): the flat GPU tests in both forms (the epilogue's branch and the candidate
-# FLAT_BRANCH_FIRST, 8 shapes each, 256×28672 r64 among them) and the graph-routing test, then probe_flat_trace.py
-# (op_flat_branch_first paired against op flat: NOTES.md session 55 §4; on the default cells also ps_st4 at
-# 1024×8192² r64, the other 128×256 r64 persistent_static entry at 3 stages; 4096×28672 left out: its unpaired rows
-# drift within a call) → $OUT/s55a/
+# Session 55's queue (≤ 450 s, any GPU): the flat GPU tests (8 shapes, 256×28672 r64 among them) and the graph-routing
+# test, then probe_flat_trace.py on the 256-token pair, 1024×4096² r64 and 1024×8192² r64 (ps_st4 there: the other
+# 128×256 r64 persistent_static entry at 3 stages; 4096×28672 left out: its unpaired rows drift within a call) →
+# $OUT/s55a/
 #   LOWRANK_GEMM_COMMIT=<hash> [CELLS=MxNxKxR,…] bash scripts/gpu_s55a.sh
 source "$(dirname "$0")/_device_prelude.sh" s55a
 say "commit=${LOWRANK_GEMM_COMMIT:-?} $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)"

@@ -15,9 +15,8 @@ the branch in the flattened epilogue. ``ps`` programs stamp their first tile's p
 apart). Each traced launch is the last of three in a CUDA graph replayed ten times (steady state, no host gaps).
 
 Rows (DIR/probe_flat_trace.{json,md}): graph-replay medians of cuBLAS, op ``flat``, ``pre``, ``bare`` (and ``ps``)
-with TRACE off and on (what the stamps cost); the session 55 candidates, op ``flat`` with S in X's dtype
-(``op_flat_narrow_s``, ``lora_gemm.FLAT_S_NARROW``) and with the branch as each flattened tile's first MMA
-(``op_flat_branch_first``, ``lora_gemm.FLAT_BRANCH_FIRST``), each also paired against op ``flat``; ``bare_st4`` where
+with TRACE off and on (what the stamps cost); the session 55 candidate, op ``flat`` with S in X's dtype
+(``op_flat_narrow_s``, ``lora_gemm.FLAT_S_NARROW``), also paired against op ``flat``; ``bare_st4`` where
 the plan has fewer than 4 stages (the bare GEMM at the depth the branch's operands take from it: r64's 3 stages
 against 4) and likewise ``ps_st4`` (the tuned persistent_static entry at 4 stages, which fit its ledger since the
 epilogue buffers were counted). Then per program class (tiles held, S tasks or not) the median / max of each phase in
@@ -54,21 +53,21 @@ def kernel_fn(cfg, M, N, K, r, lowrank, trace=None):
                    trace=trace)
 
 
-def op_fn(trace=None, pin=None, narrow_s=False, branch_first=False):
+def op_fn(trace=None, pin=None, narrow_s=False):
     """The op under ``pin`` (planner.pinned's arguments; default strategy flat, its planner tile); ``narrow_s``: with
-    ``lora_gemm.FLAT_S_NARROW`` (S in X's dtype); ``branch_first``: with ``lora_gemm.FLAT_BRANCH_FIRST``."""
+    ``lora_gemm.FLAT_S_NARROW`` (S in X's dtype)."""
     from lowrank_gemm.bench.lora import SCALE
     from lowrank_gemm.kernels import lora_gemm
     from lowrank_gemm.plan.planner import pinned
     pin = pin or dict(strategy="flat")
 
     def call(x, w, a, b, bs):
-        lora_gemm.KERNEL_TRACE, lora_gemm.FLAT_S_NARROW, lora_gemm.FLAT_BRANCH_FIRST = trace, narrow_s, branch_first
+        lora_gemm.KERNEL_TRACE, lora_gemm.FLAT_S_NARROW = trace, narrow_s
         try:
             with pinned(**pin):
                 return lora_gemm.lora_linear(x, w, a, b, SCALE)
         finally:
-            lora_gemm.KERNEL_TRACE, lora_gemm.FLAT_S_NARROW, lora_gemm.FLAT_BRANCH_FIRST = None, False, False
+            lora_gemm.KERNEL_TRACE, lora_gemm.FLAT_S_NARROW = None, False
     return call
 
 
@@ -164,7 +163,7 @@ def main(argv=None):
         trace = torch.full((sms, TRACE_SLOTS), -1, dtype=torch.int64, device=dev)
         ps = tuned_persistent(M, N, K, r)
         impls = {"cublas_base": cublas, "op_flat": op_fn(), "op_flat_traced": op_fn(trace),
-                 "op_flat_narrow_s": op_fn(narrow_s=True), "op_flat_branch_first": op_fn(branch_first=True),
+                 "op_flat_narrow_s": op_fn(narrow_s=True),
                  "pre": kernel_fn(cfg, M, N, K, r, True), "pre_traced": kernel_fn(cfg, M, N, K, r, True, trace),
                  "bare": kernel_fn(cfg, M, N, K, r, False), "bare_traced": kernel_fn(cfg, M, N, K, r, False, trace)}
         if cfg.num_stages < 4:      # r64 runs 3 stages (the branch's S / B prefetched with the ring): the bare GEMM at
@@ -183,9 +182,8 @@ def main(argv=None):
         cell_rows = timed_rows(impls, sets, dict(cell, plan=f"{cfg.block_m}x{cfg.block_n}x{cfg.block_k} "
                                                  f"w{cfg.num_warps} st{cfg.num_stages}"))
         time_rows += cell_rows
-        # the candidates' effects are below the run-to-run noise of unpaired medians: each ÷ op flat, timed in
-        # alternation
-        for cand in ("op_flat_narrow_s", "op_flat_branch_first"):
+        # the candidate's effect is below the run-to-run noise of unpaired medians: it ÷ op flat, timed in alternation
+        for cand in ("op_flat_narrow_s",):
             pair = paired_ratio(impls[cand], sets, impls["op_flat"], sets)["ratio_paired"]
             next(r for r in cell_rows if r["impl"] == cand)["x_op_flat_paired"] = pair
             print(f"ROW {cand} {cell} x_op_flat_paired={pair}", flush=True)

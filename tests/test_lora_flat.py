@@ -38,8 +38,6 @@ CASES = [   # M, N, K, r, tiles (bm, bn, bk, br), programs, flags, S slices
     (77, 136, 96, 8, (32, 64, 32, 16), 3, dict(FLATTEN=True, LORA_TMA=True), 3),
     (45, 72, 160, 8, (32, 32, 32, 16), 5, dict(FLATTEN=False, LORA_TMA=True), 1),
     (50, 96, 64, 16, (32, 64, 32, 16), 2, dict(FLATTEN=True, LORA_TMA=False), 1),
-    (77, 136, 96, 8, (32, 64, 32, 16), 3, dict(FLATTEN=True, LORA_TMA=True, BRANCH_FIRST=True), 3),
-    (45, 72, 160, 8, (32, 32, 32, 16), 5, dict(FLATTEN=False, LORA_TMA=True, BRANCH_FIRST=True), 1),
 ]
 
 
@@ -204,8 +202,7 @@ def compile_flat(br=16, stages=4, trace=False, s_dtype="fp32", **flags):
 
 
 @pytest.mark.parametrize("flags", [dict(S_SPLITS=1), dict(S_SPLITS=4), dict(IN_GRID=True),
-                                   dict(IN_GRID=True, S_STAGES=8), dict(IN_GRID=True, S_STAGES=8, BRANCH_FIRST=True)],
-                         ids=str)
+                                   dict(IN_GRID=True, S_STAGES=8)], ids=str)
 def test_aot_flat_tma_branch_keeps_the_mma_in_flight(flags):
     c = compile_flat(FLATTEN=True, LORA_TMA=True, **flags)
     assert c.has("wgmma.mma_async", "cp.async.bulk.tensor", "wgmma.wait_group.sync.aligned 1")
@@ -292,21 +289,6 @@ def test_flat_narrow_s_is_bit_identical(monkeypatch, M, N, K, r):
     wide = run("flat", x, w, a, b, 0.7, bb, cfg)
     monkeypatch.setattr(lora_gemm, "FLAT_S_NARROW", True)
     assert torch.equal(run("flat", x, w, a, b, 0.7, bb, cfg), wide)
-
-
-@pytest.mark.parametrize("M, N, K, r", [(77, 136, 96, 8), (130, 70, 200, 16), (300, 64, 640, 40)])
-def test_flat_branch_first_through_the_op(monkeypatch, M, N, K, r):
-    """FLAT_BRANCH_FIRST (candidate): the flattened tiles start from S·Bᵀ (the first tile, peeled for the S wait, keeps
-    the epilogue form): against float64, NaN-poisoned output, repeats bit-identical."""
-    from _lora import run
-    from lowrank_gemm.kernels import lora_gemm
-    from lowrank_gemm.reference import lora_linear_ref
-    x, w, a, b, bb = make(M, N, K, r, seed=M + 2 * r)
-    cfg = flat_cfg(r)
-    monkeypatch.setattr(lora_gemm, "FLAT_BRANCH_FIRST", True)
-    y = run("flat", x, w, a, b, 0.7, bb, cfg)
-    assert rel_err(y, lora_linear_ref(x, w, a, b, 0.7, bb)) < 2e-3
-    assert torch.equal(run("flat", x, w, a, b, 0.7, bb, cfg), y)
 
 
 def test_flat_strategy_is_deterministic():

@@ -912,27 +912,13 @@ def lora_persistent_kernel(
 
 @triton.jit
 def _flat_k_loop(x_desc, w_desc, pid_m, pid_n, k_tiles, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                 BLOCK_K: tl.constexpr, acc=None):
-    """acc (zeros where None) + the tile's X·Wᵀ."""
-    if acc is None:
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+                 BLOCK_K: tl.constexpr):
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for kt in range(k_tiles):
         x = x_desc.load([pid_m * BLOCK_M, kt * BLOCK_K])
         w = w_desc.load([pid_n * BLOCK_N, kt * BLOCK_K])
         acc = tl.dot(x, w.T, acc)
     return acc
-
-
-@triton.jit
-def _flat_branch(acc, pid_m, pid_n, s_desc, b_desc, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                 BLOCK_R: tl.constexpr, S_SPLITS: tl.constexpr):
-    """acc + S[tile rows, :R]·B[tile columns, :R]ᵀ by TMA: s_desc views S [S_SPLITS, M, R] (its K slices summed in
-    index order, in fp32, then rounded to B's dtype), rows past M and ranks past R read 0."""
-    s = s_desc.load([0, pid_m * BLOCK_M, 0]).reshape(BLOCK_M, BLOCK_R)
-    for k in tl.static_range(1, S_SPLITS):
-        s += s_desc.load([k, pid_m * BLOCK_M, 0]).reshape(BLOCK_M, BLOCK_R)
-    b = b_desc.load([pid_n * BLOCK_N, 0])
-    return tl.dot(s.to(b.dtype), b.T, acc)
 
 
 @triton.jit
@@ -948,7 +934,11 @@ def _flat_epilogue(acc, pid_m, pid_n, s_ptr, b_ptr, bias_ptr, y_ptr, s_desc, b_d
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     if LOWRANK:
         if LORA_TMA:
-            acc = _flat_branch(acc, pid_m, pid_n, s_desc, b_desc, BLOCK_M, BLOCK_N, BLOCK_R, S_SPLITS)
+            s = s_desc.load([0, pid_m * BLOCK_M, 0]).reshape(BLOCK_M, BLOCK_R)
+            for k in tl.static_range(1, S_SPLITS):
+                s += s_desc.load([k, pid_m * BLOCK_M, 0]).reshape(BLOCK_M, BLOCK_R)
+            b = b_desc.load([pid_n * BLOCK_N, 0])
+            acc = tl.dot(s.to(b.dtype), b.T, acc)
         else:
             tl.static_assert(S_SPLITS == 1, "S in K slices: by TMA only")
             offs_r = tl.arange(0, BLOCK_R)
@@ -992,8 +982,6 @@ def lora_flat_kernel(
     Y_TMA: tl.constexpr = False, Y_PIECES: tl.constexpr = 2,
     TRACE: tl.constexpr = False,        # timestamps per program (TRACE_SLOTS) into trace_ptr; never under the
     trace_ptr=None,                     # interpreter (inline PTX)
-    BRANCH_FIRST: tl.constexpr = False,     # candidate (lora_gemm.FLAT_BRANCH_FIRST): the flattened tiles start from
-                                            # S·Bᵀ and accumulate X·Wᵀ onto it; their epilogue only stores
 ):
     # Session 49: a persistent grid of plain tiles whose tile loop and K loop are one software-pipelined loop
     # (tl.range flatten): the next tile's first X / W loads are issued while this tile's epilogue runs, where
@@ -1075,22 +1063,15 @@ def lora_flat_kernel(
             tl.atomic_xchg(sync_ptr + lane * 0, tl.zeros_like(lane), mask=last, sem="relaxed", scope="gpu")
             tl.atomic_xchg(sync_ptr + 1 + lane * 0, tl.zeros_like(lane), mask=last, sem="relaxed", scope="gpu")
         first = start + step
-    # BRANCH_FIRST (session 55 candidate): the branch as the tile's first MMA, its S / B loads at the tile's start
-    # where the epilogue form waits ~2–3 µs per tile past the K loop for it (s55 stamps: pre − bare); not bit-identical
-    # to the epilogue form (the branch is summed first), deterministic the same way
-    lead: tl.constexpr = BRANCH_FIRST and LOWRANK and LORA_TMA
     tile_c = first - step
     for tile in tl.range(first, num_tiles, step, flatten=FLATTEN):
         pid_m, pid_n = grouped_tile(tile, num_pid_m, num_pid_n, GROUP_M)
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        if lead:
-            acc = _flat_branch(acc, pid_m, pid_n, s_desc, b_desc, BLOCK_M, BLOCK_N, BLOCK_R, S_SPLITS)
-        acc = _flat_k_loop(x_desc, w_desc, pid_m, pid_n, k_tiles, BLOCK_M, BLOCK_N, BLOCK_K, acc)
+        acc = _flat_k_loop(x_desc, w_desc, pid_m, pid_n, k_tiles, BLOCK_M, BLOCK_N, BLOCK_K)
         tile_c += step
         pid_m, pid_n = grouped_tile(tile_c, num_pid_m, num_pid_n, GROUP_M)
         _flat_epilogue(acc, pid_m, pid_n, s_ptr, b_ptr, bias_ptr, y_ptr, s_desc, b_desc, M, N, R, stride_sm,
-                       stride_sr, stride_bn, stride_br, stride_ym, stride_yn, BLOCK_M, BLOCK_N, BLOCK_R,
-                       LOWRANK and not lead, HAS_BIAS, LORA_TMA, S_SPLITS, y_desc, Y_TMA, Y_PIECES)
+                       stride_sr, stride_bn, stride_br, stride_ym, stride_yn, BLOCK_M, BLOCK_N, BLOCK_R, LOWRANK,
+                       HAS_BIAS, LORA_TMA, S_SPLITS, y_desc, Y_TMA, Y_PIECES)
     _stamp(trace_ptr, 5, TRACE)
 
 

@@ -851,11 +851,6 @@ def _y_desc(y: torch.Tensor, cfg, strategy: str) -> tuple[TensorDescriptor | Non
 # shared memory where fp32 S goes through registers and a conversion (sm_90 AOT, 128×256 r64: 12 register-A wgmmas
 # → none). The ledger keeps counting fp32 S (an upper bound).
 FLAT_S_NARROW = False
-# Candidate (session 55, off until measured: probe_flat_trace.py's op_flat_branch_first): the flattened tiles start from
-# S·Bᵀ and accumulate X·Wᵀ onto it (lora_flat_kernel BRANCH_FIRST), so the branch's S / B loads are issued at the
-# tile's start instead of being waited for past its K loop (s55: ~2–3 µs per tile). Deterministic, not bit-identical
-# to the epilogue form (the branch is summed first); the first tile, peeled for the S wait, keeps the epilogue form.
-FLAT_BRANCH_FIRST = False
 
 
 def _run_flat(x, w, a, b, bias, y, scale, cfg, *, N, Kp, R):
@@ -882,8 +877,8 @@ def _run_flat(x, w, a, b, bias, y, scale, cfg, *, N, Kp, R):
            LOWRANK=True, HAS_BIAS=bias is not None, FLATTEN=True, LORA_TMA=True, IN_GRID=True,
            PROXY_FENCE=not _interpreting(), ws_ptr=ws, stride_wk=ws.stride(0), s_slices=slices,
            s_programs=s_programs, S_STAGES=flat_s_stages(c), y_desc=y_desc, Y_TMA=y_desc is not None,
-           Y_PIECES=y_pieces, TRACE=trace is not None, trace_ptr=trace, BRANCH_FIRST=FLAT_BRANCH_FIRST,
-           num_warps=c.num_warps, num_stages=c.num_stages)
+           Y_PIECES=y_pieces, TRACE=trace is not None, trace_ptr=trace, num_warps=c.num_warps,
+           num_stages=c.num_stages)
     return y
 
 
