@@ -15,13 +15,12 @@ the branch in the flattened epilogue. ``ps`` programs stamp their first tile's p
 apart). Each traced launch is the last of three in a CUDA graph replayed ten times (steady state, no host gaps).
 
 Rows (DIR/probe_flat_trace.{json,md}): graph-replay medians of cuBLAS, op ``flat``, ``pre``, ``bare`` (and ``ps``)
-with TRACE off and on (what the stamps cost); the session 55 candidate, op ``flat`` with S in X's dtype
-(``op_flat_narrow_s``, ``lora_gemm.FLAT_S_NARROW``), also paired against op ``flat``; ``bare_st4`` where
-the plan has fewer than 4 stages (the bare GEMM at the depth the branch's operands take from it: r64's 3 stages
-against 4) and likewise ``ps_st4`` (the tuned persistent_static entry at 4 stages, which fit its ledger since the
-epilogue buffers were counted). Then per program class (tiles held, S tasks or not) the median / max of each phase in
-µs and the span from the first program's start (``_phases``), and per cell the traced spans with op − pre, pre − bare
-and ps − bare in µs and as a fraction of cuBLAS's time (``_split``: the answer). The raw stamps go to ``_raw.json``.
+with TRACE off and on (what the stamps cost); ``bare_st4`` where the plan has fewer than 4 stages (the bare GEMM at
+the depth the branch's operands take from it: r64's 3 stages against 4) and likewise ``ps_st4`` (the tuned
+persistent_static entry at 4 stages, which fit its ledger since the epilogue buffers were counted). Then per program
+class (tiles held, S tasks or not) the median / max of each phase in µs and the span from the first program's start
+(``_phases``), and per cell the traced spans with op − pre, pre − bare and ps − bare in µs and as a fraction of
+cuBLAS's time (``_split``: the answer). The raw stamps go to ``_raw.json``.
 """
 
 from __future__ import annotations
@@ -53,21 +52,20 @@ def kernel_fn(cfg, M, N, K, r, lowrank, trace=None):
                    trace=trace)
 
 
-def op_fn(trace=None, pin=None, narrow_s=False):
-    """The op under ``pin`` (planner.pinned's arguments; default strategy flat, its planner tile); ``narrow_s``: with
-    ``lora_gemm.FLAT_S_NARROW`` (S in X's dtype)."""
+def op_fn(trace=None, pin=None):
+    """The op under ``pin`` (planner.pinned's arguments; default strategy flat, its planner tile)."""
     from lowrank_gemm.bench.lora import SCALE
     from lowrank_gemm.kernels import lora_gemm
     from lowrank_gemm.plan.planner import pinned
     pin = pin or dict(strategy="flat")
 
     def call(x, w, a, b, bs):
-        lora_gemm.KERNEL_TRACE, lora_gemm.FLAT_S_NARROW = trace, narrow_s
+        lora_gemm.KERNEL_TRACE = trace
         try:
             with pinned(**pin):
                 return lora_gemm.lora_linear(x, w, a, b, SCALE)
         finally:
-            lora_gemm.KERNEL_TRACE, lora_gemm.FLAT_S_NARROW = None, False
+            lora_gemm.KERNEL_TRACE = None
     return call
 
 
@@ -146,7 +144,6 @@ def main(argv=None):
     import sys
     sys.path.insert(0, __file__.rsplit("/", 1)[0])
     from _ticket_probe import lora_baselines, lora_cells, timed_rows, write_tables
-    from lowrank_gemm.bench.common import paired_ratio
     from lowrank_gemm.kernels._lora_kernels import TRACE_SLOTS
     from lowrank_gemm.kernels.schedule import flat_programs, flat_s_tasks, num_sms
     dev = torch.device("cuda")
@@ -163,11 +160,10 @@ def main(argv=None):
         trace = torch.full((sms, TRACE_SLOTS), -1, dtype=torch.int64, device=dev)
         ps = tuned_persistent(M, N, K, r)
         impls = {"cublas_base": cublas, "op_flat": op_fn(), "op_flat_traced": op_fn(trace),
-                 "op_flat_narrow_s": op_fn(narrow_s=True),
                  "pre": kernel_fn(cfg, M, N, K, r, True), "pre_traced": kernel_fn(cfg, M, N, K, r, True, trace),
                  "bare": kernel_fn(cfg, M, N, K, r, False), "bare_traced": kernel_fn(cfg, M, N, K, r, False, trace)}
-        if cfg.num_stages < 4:      # r64 runs 3 stages (the branch's S / B prefetched with the ring): the bare GEMM at
-            impls["bare_st4"] = kernel_fn(replace(cfg, num_stages=4), M, N, K, r, False)   # 4 splits that cost off
+        if cfg.num_stages < 4:      # r64 runs 3 stages (the branch's S / B tiles take shared memory beside the
+            impls["bare_st4"] = kernel_fn(replace(cfg, num_stages=4), M, N, K, r, False)   # ring): the bare GEMM at 4
         launches = [("op", impls["op_flat_traced"], grid), ("pre", impls["pre_traced"], min(sms, tiles)),
                     ("bare", impls["bare_traced"], min(sms, tiles))]
         if ps is not None:      # the tuned persistent_static plan: what auto ran at 256 tokens before flat
@@ -182,11 +178,6 @@ def main(argv=None):
         cell_rows = timed_rows(impls, sets, dict(cell, plan=f"{cfg.block_m}x{cfg.block_n}x{cfg.block_k} "
                                                  f"w{cfg.num_warps} st{cfg.num_stages}"))
         time_rows += cell_rows
-        # the candidate's effect is below the run-to-run noise of unpaired medians: it ÷ op flat, timed in alternation
-        for cand in ("op_flat_narrow_s",):
-            pair = paired_ratio(impls[cand], sets, impls["op_flat"], sets)["ratio_paired"]
-            next(r for r in cell_rows if r["impl"] == cand)["x_op_flat_paired"] = pair
-            print(f"ROW {cand} {cell} x_op_flat_paired={pair}", flush=True)
         spans = {}
         for kind, fn, g, *ps_shape in launches:
             n_tiles, n_pid_m = ps_shape or (tiles, num_pid_m)
@@ -204,7 +195,7 @@ def main(argv=None):
         split_rows.append(split)
         print("ROW split", " ".join(f"{k}={v}" for k, v in split.items()), flush=True)
     write_tables(args.out, "probe_flat_trace", time_rows,
-                 {c: c for c in ("M", "N", "K", "r", "plan", "impl", "graph_us", "x_cublas", "x_op_flat_paired")})
+                 {c: c for c in ("M", "N", "K", "r", "plan", "impl", "graph_us", "x_cublas")})
     cols = ("M", "N", "K", "r", "kind", "tiles", "s_task", "programs", "sms", "span_us", "start", "s_tasks",
             "k_loop_1", "s_wait", "epilogue_1", "rest", "run", "end")
     write_tables(args.out, "probe_flat_trace_phases", phase_rows, {c: c for c in cols})

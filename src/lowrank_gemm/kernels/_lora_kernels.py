@@ -960,8 +960,7 @@ def lora_flat_kernel(
     x_desc,             # X [M, K], box [BM, BK]
     w_desc,             # W [N, K], box [BN, BK]
     a_desc,             # A [R, K], box [BR, BK] (IN_GRID)
-    s_ptr,              # S [S_SPLITS, M, R] fp32, scaled: the down kernel's K slices, or (IN_GRID) written here, fp32
-                        # or (lora_gemm.FLAT_S_NARROW) in X's dtype
+    s_ptr,              # S [S_SPLITS, M, R] fp32, scaled: the down kernel's K slices, or (IN_GRID) written here
     sync_ptr,           # int32 [2 + blocks of M] (IN_GRID): S blocks done, programs past the wait, per block its
                         # S tasks' tickets (s_slices > 1); zero on entry, left zero
     b_ptr,              # B [N, R]

@@ -845,27 +845,18 @@ def _y_desc(y: torch.Tensor, cfg, strategy: str) -> tuple[TensorDescriptor | Non
     return TensorDescriptor.from_tensor(y, [cfg.block_m, cfg.block_n // pieces]), pieces
 
 
-# Candidate (session 55; off: level with fp32 S, paired 0.99–1.01 on an H100, probes/s55): op flat's S stored in
-# X's dtype instead of fp32. Bit-identical (the K slices are summed and scaled in fp32 before the one store, and the
-# epilogue rounds S to B's dtype before its MMA anyway); half of S's bytes by TMA, and the S·Bᵀ wgmma takes S from
-# shared memory where fp32 S goes through registers and a conversion (sm_90 AOT, 128×256 r64: 12 register-A wgmmas
-# → none). The ledger keeps counting fp32 S (an upper bound).
-FLAT_S_NARROW = False
-
-
 def _run_flat(x, w, a, b, bias, y, scale, cfg, *, N, Kp, R):
     """``lora_flat_kernel`` with its S tasks in the grid (``LoraStrategy.FLAT``): one launch, a persistent grid (one
     program under the interpreter, which runs programs one after another: a program must never wait on a later one).
     S tasks placed by :func:`flat_s_tasks`, K-sliced partials in a scratch buffer summed in slice order."""
     M, dev, c = x.shape[0], x.device, cfg
-    s = torch.empty(1, M, R, dtype=x.dtype, device=dev) if FLAT_S_NARROW else _empty_f32(dev, 1, M, R)
+    s = _empty_f32(dev, 1, M, R)
     b = b if b.is_contiguous() else b.contiguous()
     num_pid_m = cdiv(M, c.block_m)
     tiles = num_pid_m * cdiv(N, c.block_n)
     grid = 1 if _interpreting() else flat_programs(tiles, num_pid_m, num_sms(dev))
     slices, s_programs = flat_s_tasks(num_pid_m, tiles, grid, cdiv(Kp, c.block_k))
-    # the K slices' partials stay fp32 (with one slice the kernel never touches ws: fp32 S stands in, as before)
-    ws = _empty_f32(dev, slices, M, R) if slices > 1 or FLAT_S_NARROW else s
+    ws = _empty_f32(dev, slices, M, R) if slices > 1 else s
     y_desc, y_pieces = _y_desc(y, c, "flat")
     trace = _trace_arg(dev, grid)
     launch(K_.lora_flat_kernel, (grid,),
