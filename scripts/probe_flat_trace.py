@@ -162,8 +162,9 @@ def main(argv=None):
         impls = {"cublas_base": cublas, "op_flat": op_fn(), "op_flat_traced": op_fn(trace),
                  "pre": kernel_fn(cfg, M, N, K, r, True), "pre_traced": kernel_fn(cfg, M, N, K, r, True, trace),
                  "bare": kernel_fn(cfg, M, N, K, r, False), "bare_traced": kernel_fn(cfg, M, N, K, r, False, trace)}
-        if cfg.num_stages < 4:      # r64 runs 3 stages (the branch's S / B tiles take shared memory beside the
-            impls["bare_st4"] = kernel_fn(replace(cfg, num_stages=4), M, N, K, r, False)   # ring): the bare GEMM at 4
+        # r64 runs 3 stages (the branch's S / B tiles take shared memory beside the ring): the bare GEMM at 4 too
+        if cfg.num_stages < 4:
+            impls["bare_st4"] = kernel_fn(replace(cfg, num_stages=4), M, N, K, r, False)
         launches = [("op", impls["op_flat_traced"], grid), ("pre", impls["pre_traced"], min(sms, tiles)),
                     ("bare", impls["bare_traced"], min(sms, tiles))]
         if ps is not None:      # the tuned persistent_static plan: what auto ran at 256 tokens before flat
