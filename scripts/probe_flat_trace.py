@@ -144,7 +144,7 @@ def main(argv=None):
     import sys
     sys.path.insert(0, __file__.rsplit("/", 1)[0])
     from _ticket_probe import lora_baselines, lora_cells, timed_rows, write_tables
-    from lowrank_gemm.kernels._lora_kernels import TRACE_SLOTS
+    from lowrank_gemm.kernels._lora_kernels import TRACE_SLOTS, smem_ledger
     from lowrank_gemm.kernels.schedule import flat_programs, flat_s_tasks, num_sms
     dev = torch.device("cuda")
     sms = num_sms(dev)
@@ -172,8 +172,9 @@ def main(argv=None):
             ps_pid_m = -(-M // pc.block_m)
             ps_tiles = ps_pid_m * -(-N // pc.block_n)
             impls.update(ps=op_fn(pin=ps), ps_traced=op_fn(trace, ps))
-            if pc.num_stages < 4 and pc.block_n * pc.block_m <= 128 * 256:     # r64's entry: 3 stages, 4 fit
-                impls["ps_st4"] = op_fn(pin=dict(ps, config=replace(pc, num_stages=4)))
+            st4 = replace(pc, num_stages=4)     # r64's 128×256 entries: 3 stages, where the ledger fits 4
+            if pc.num_stages < 4 and smem_ledger(st4, 16, "persistent_static").fits():
+                impls["ps_st4"] = op_fn(pin=dict(ps, config=st4))
             launches.append(("ps", impls["ps_traced"], min(sms, ps_pid_m + ps_tiles), ps_tiles, ps_pid_m))
         print(f"cell {cell} plan {cfg.to_dict()} grid {grid} tiles {tiles} s_programs {s_programs}", flush=True)
         cell_rows = timed_rows(impls, sets, dict(cell, plan=f"{cfg.block_m}x{cfg.block_n}x{cfg.block_k} "

@@ -191,11 +191,10 @@ ALIGNED = ("s_ptr", "sync_ptr", "b_ptr", "bias_ptr", "y_ptr", "M", "N", "K", "R"
            "ws_ptr", "stride_wk")
 
 
-def compile_flat(br=16, stages=4, trace=False, s_dtype="fp32", **flags):
+def compile_flat(br=16, stages=4, trace=False, **flags):
     from lowrank_gemm.kernels.aot import compile_sm90
     bm, bn, bk = 128, 256, 64
     sig = dict(flat_signature(bm, bn, bk, br), **({"trace_ptr": "*i64"} if trace else {}))
-    sig.update(s_ptr=f"*{s_dtype}", s_desc=f"tensordesc<{s_dtype}[1, {bm}, {br}]>")
     return compile_sm90(MOD, "lora_flat_kernel", sig, dict(
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, BLOCK_R=br, GROUP_M=8, LOWRANK=True, HAS_BIAS=False, TRACE=trace, **UNIT,
         **flags), num_warps=8, num_stages=stages, aligned=ALIGNED + (("trace_ptr",) if trace else ()))
@@ -247,8 +246,8 @@ def test_aot_flat_pointer_branch_serializes_the_wgmmas():
 
 def flat_cfg(r, bm=32, bn=64, bk=32, stages=3):
     from lowrank_gemm.plan.config import KernelConfig
-    return KernelConfig(block_m=bm, block_n=bn, block_k=bk, block_r=max(16, 1 << (r - 1).bit_length()), group_m=2,
-                        num_warps=4, num_stages=stages)
+    return KernelConfig(block_m=bm, block_n=bn, block_k=bk, block_r=max(16, r), group_m=2, num_warps=4,
+                        num_stages=stages)
 
 
 @pytest.mark.parametrize("M, N, K, r, bias", [(77, 136, 96, 8, True), (130, 70, 200, 16, False), (33, 200, 64, 16, True),
