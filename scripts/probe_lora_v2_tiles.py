@@ -1,0 +1,90 @@
+"""Does the Gluon LoRA v2 kernel (loader warp + two ping-pong consumers, the branch's S and B tiles loaded on one
+barrier when the tile starts) close the 256-token and 4096² gaps with a 64×256 consumer tile?
+
+Session 55 found that flat's branch costs ~2–3 µs per tile because Triton issues the S and B loads in the epilogue, one
+round trip after the other; v2's loader already issues both at the tile's start. v2 was only ever timed at its default
+tiles (128×128 per consumer): M = 256 126–137 µs against v1's 112. Here, per cell, in one process: cuBLAS x·Wᵀ,
+``lora_linear`` auto, and v2 at the default and at 64×256 (BK 64 and 32: same bytes in flight, 2× the stages), both
+shrink modes. Every impl is checked against an fp32 composite on the first set first (WRONG above 1e-2).
+
+    PYTHONPATH=src python scripts/probe_lora_v2_tiles.py --out DIR [--cells MxNxKxR,...]
+
+Writes DIR/probe_lora_v2_tiles.{json,md}; prints ``ROW`` lines.
+"""
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+CELLS = "256x28672x4096x16,256x28672x4096x64,4096x4096x4096x16,1024x4096x4096x64"
+TILES = ("64x256x64", "64x256x32")
+
+
+def v2_fn(config, shrink):
+    from lowrank_gemm.bench.lora import SCALE
+    from lowrank_gemm.kernels.gluon import lora_ws
+
+    def call(x, w, a, b, bs):
+        return lora_ws.launch_lora_v2(x, w, a, b, SCALE, config=config, shrink=shrink)
+    return call
+
+
+def tile_config(tile, r):
+    from lowrank_gemm.kernels.epilogue import rank_block
+    from lowrank_gemm.plan.config import KernelConfig
+    bm, bn, bk = (int(v) for v in tile.split("x"))
+    return KernelConfig(block_m=bm, block_n=bn, block_k=bk, block_r=rank_block(r), group_m=8, num_warps=4,
+                        num_stages=2, lowrank_stages=2, persistent=True)
+
+
+def rel_err(fn, s):
+    from lowrank_gemm.bench.lora import SCALE
+    x, w, a, b, _ = s
+    ref = x.float() @ w.float().T + SCALE * ((x.float() @ a.float().T).to(x.dtype).float() @ b.float().T)
+    return ((fn(*s).float() - ref).abs().max() / ref.abs().max()).item()
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--cells", default=CELLS)
+    args = ap.parse_args(argv)
+    import sys
+    sys.path.insert(0, __file__.rsplit("/", 1)[0])
+    from _ticket_probe import lora_baselines, lora_cells, timed_rows, write_tables
+    from lowrank_gemm.kernels.gluon import lora_ws
+    auto, cublas = lora_baselines()
+    rows = []
+    for M, N, K, r, sets in lora_cells(args.cells):
+        impls = {"cublas_base": cublas, "auto": auto,
+                 f"v2_default_{lora_ws.shrink_mode(M)}": v2_fn(None, None)}
+        for tile in TILES:
+            for shrink in lora_ws.SHRINK_MODES:
+                cfg = tile_config(tile, r)
+                if lora_ws.can_implement_v2(cfg, dict(M=M, N=N, K=K, rank=r, shrink=shrink)):
+                    impls[f"v2_{tile}_{shrink}"] = v2_fn(cfg, shrink)
+                else:
+                    print(f"SKIP v2_{tile}_{shrink} at {M}x{N}x{K} r{r}: does not fit", flush=True)
+        ok = {}
+        for name, fn in impls.items():
+            if name == "cublas_base":
+                ok[name] = fn
+                continue
+            try:
+                err = rel_err(fn, sets[0])
+            except Exception as exc:    # reported, not hidden: a config the launcher rejects on the GPU
+                print(f"FAIL {name} at {M}x{N}x{K} r{r}: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
+                continue
+            print(f"{name} rel_err {err:.2e}" + ("  WRONG" if not err <= 1e-2 else ""), flush=True)
+            if err <= 1e-2:
+                ok[name] = fn
+        for row in timed_rows(ok, sets, dict(M=M, N=N, K=K, r=r), pair_with="auto"):
+            rows.append(row)
+            print("ROW", " ".join(f"{k}={v}" for k, v in row.items()), flush=True)
+    write_tables(args.out, "probe_lora_v2_tiles", rows,
+                 {c: c for c in ("M", "N", "K", "r", "impl", "graph_us", "x_cublas", "x_pair")})
+
+
+if __name__ == "__main__":
+    main()
