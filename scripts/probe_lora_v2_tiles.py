@@ -1,11 +1,13 @@
-"""Does the Gluon LoRA v2 kernel (loader warp + two ping-pong consumers, the branch's S and B tiles loaded on one
-barrier when the tile starts) close the 256-token and 4096² gaps with a 64×256 consumer tile?
+"""Does the Gluon LoRA v2 kernel (a loader warp and two consumer warpgroups; the branch's S and B tiles loaded on
+one barrier during the K loop) close the 256-token and 4096² gaps with a larger tile?
 
 Session 55 found that flat's branch costs ~2–3 µs per tile because Triton issues the S and B loads in the epilogue, one
 round trip after the other; v2's loader already issues both at the tile's start. v2 was only ever timed at its default
-tiles (128×128 per consumer): M = 256 126–137 µs against v1's 112. Here, per cell, in one process: cuBLAS x·Wᵀ,
-``lora_linear`` auto, and v2 at the default and at 64×256 (BK 64 and 32: same bytes in flight, 2× the stages), both
-shrink modes. Every impl is checked against an fp32 composite on the first set first (WRONG above 1e-2).
+tiles (128×128 per consumer): M = 256 126–137 µs against v1's 112. Session 56 (first call, H100): ping-pong at 64×256
+per consumer is worse still (1.31–2.67× cuBLAS: each consumer's 64-row tile reads W from L2 four times at 256 tokens).
+Here, per cell, in one process: cuBLAS x·Wᵀ, ``lora_linear`` auto, v2 at its default and v2 COOP (both consumers
+on one 128×256 or 256×128 tile: v1's and cuBLAS's tile areas), both shrink modes (``TILES``: ``pp`` ping-pong,
+``coop``). Every impl is checked against an fp32 composite on the first set first (WRONG above 1e-2).
 
     PYTHONPATH=src python scripts/probe_lora_v2_tiles.py --out DIR [--cells MxNxKxR,...]
 
@@ -17,8 +19,9 @@ import argparse
 
 import torch
 
-CELLS = "256x28672x4096x16,256x28672x4096x64,4096x4096x4096x16,1024x4096x4096x64"
-TILES = ("64x256x64", "64x256x32")
+CELLS = ("256x28672x4096x16,256x28672x4096x64,4096x4096x4096x16,1024x4096x4096x64,256x4096x4096x16,"
+         "256x8192x8192x64")
+TILES = ("coop128x256x64", "coop256x128x64")
 
 
 def v2_fn(config, shrink):
@@ -33,9 +36,10 @@ def v2_fn(config, shrink):
 def tile_config(tile, r):
     from lowrank_gemm.kernels.epilogue import rank_block
     from lowrank_gemm.plan.config import KernelConfig
-    bm, bn, bk = (int(v) for v in tile.split("x"))
-    return KernelConfig(block_m=bm, block_n=bn, block_k=bk, block_r=rank_block(r), group_m=8, num_warps=4,
-                        num_stages=2, lowrank_stages=2, persistent=True)
+    coop = tile.startswith("coop")
+    bm, bn, bk = (int(v) for v in tile.removeprefix("coop").removeprefix("pp").split("x"))
+    return KernelConfig(block_m=bm, block_n=bn, block_k=bk, block_r=rank_block(r), group_m=8,
+                        num_warps=8 if coop else 4, num_stages=2, lowrank_stages=1 if coop else 2, persistent=True)
 
 
 def rel_err(fn, s):

@@ -27,6 +27,9 @@ def _compile(**case):
     return _PTX[key]
 
 
+COOP_128x256 = KernelConfig(block_m=128, block_n=256, block_k=64, block_r=16, num_warps=8, num_stages=2)
+COOP_256x128 = KernelConfig(block_m=256, block_n=128, block_k=64, block_r=16, num_warps=8, num_stages=2)
+
 AOT_CASES = [
     dict(shrink="fused"),
     dict(shrink="pre"),
@@ -38,6 +41,10 @@ AOT_CASES = [
     dict(shrink="fused", debug=True),
     dict(shrink="fused", config=KernelConfig(block_m=64, block_n=256, block_k=64, block_r=16, num_warps=4,
                                              num_stages=4)),
+    # COOP (num_warps 8: both consumers on one tile, 64 / 128 rows each; stores from registers)
+    dict(shrink="fused", M=200, config=COOP_128x256),
+    dict(shrink="pre", M=200, rank=64, config=COOP_128x256),
+    dict(shrink="pre", M=300, config=COOP_256x128),
 ]
 
 
@@ -73,11 +80,12 @@ def test_role_registers_in_ptx():
     assert 240 + 240 + 24 <= sk.REGISTER_BUDGET
 
 
+@pytest.mark.parametrize("coop", [False, True], ids=["pingpong", "coop"])
 @pytest.mark.parametrize("shrink,in_flight", [("fused", 2), ("pre", 1)])
-def test_consumer_k_loop_releases_inside_the_loop(shrink, in_flight):
+def test_consumer_k_loop_releases_inside_the_loop(shrink, in_flight, coop):
     """Session-1 bug class (loop-carried slot aliasing): the consumer K loop's MAIN.empty arrive address
     must be computed inside the loop; fused keeps one step (two wgmma groups) in flight."""
-    info, _, _ = _compile(shrink=shrink, K=1024)
+    info, _, _ = _compile(shrink=shrink, K=1024, **(dict(M=200, config=COOP_128x256) if coop else {}))
     loops = _ptx_loops(info.ptx)
     kloops = [body for _, body in loops if any(f"wgmma.wait_group.sync.aligned {in_flight};" in x for x in body)]
     assert len(kloops) == 2, f"one K loop per consumer, found {len(kloops)}"
@@ -156,7 +164,7 @@ def test_can_implement_and_clear_errors():
     with pytest.raises(ValueError, match="block_r"):
         L._check_config(KernelConfig(block_r=16, num_warps=4, num_stages=2), 33, True, True)
     with pytest.raises(ValueError, match="num_warps"):
-        L._check_config(KernelConfig(block_r=16, num_warps=8, num_stages=2), 16, True, True)
+        L._check_config(KernelConfig(block_r=16, num_warps=2, num_stages=2), 16, True, True)
     with pytest.raises(SmemError, match="limit"):
         L._check_config(KernelConfig(block_m=128, block_n=128, block_k=128, block_r=16, num_warps=4, num_stages=8),
                         16, True, True)
@@ -200,3 +208,35 @@ def test_auto_picks_v2_only_where_measured_faster(monkeypatch):
         assert lg._v2_choice(*shape, dev) is None, shape
     monkeypatch.setenv("LOWRANK_GEMM_LORA_V2", "0")
     assert lg._v2_choice(64, 28672, 4096, 16, dev) is None
+
+
+# ---------------------------------------------------------------------------------------------
+# COOP: both consumers on one tile.
+def test_coop_barriers_count_both_consumers():
+    """COOP's MAIN and LOWRANK empty barriers complete on two arrivals (each consumer reads every slot); the
+    ping-pong kernel's on one. One LOWRANK slot in COOP, two in ping-pong (the ledger's terms)."""
+    counts = {}
+    for coop in (False, True):
+        info, _, cfg = _compile(shrink="pre", M=200, **(dict(config=COOP_128x256) if coop else {}))
+        counts[coop] = sorted({int(v) for v in re.findall(r"mbarrier\.init\.shared(?:::cta)?\.b64 \[[^]]+\], (\d+);",
+                                                           info.ptx)})
+        led = {t.name: t.stages for t in L.lora_v2_ledger(cfg, fused=False).terms}
+        assert led["lowrank.lora_b"] == (1 if coop else 2) == L.lowrank_stages(cfg)
+        assert ("epilogue.out" in led) is not coop, "COOP stores from registers"
+    assert counts[False] == [1] and counts[True] == [1, 2], counts
+
+
+def test_coop_plan_and_errors():
+    assert L.is_coop(COOP_128x256) and not L.is_coop(COOP_128x256.replace(num_warps=4))
+    c = L.plan_lora_v2(256, 28672, 4096, 16, config=COOP_128x256, fused=False)
+    assert c.num_stages == 4 and c.lowrank_stages == 1     # 48 KB a stage beside one 12 KB S + B slot
+    c = L.plan_lora_v2(256, 28672, 4096, 64, config=COOP_128x256, fused=False)
+    assert c.num_stages == 3 and c.block_r == 64
+    assert L.can_implement_v2(COOP_128x256, dict(M=256, N=28672, K=4096, rank=16, shrink="pre"))
+    with pytest.raises(ValueError, match="COOP"):
+        L._check_config(COOP_128x256.replace(block_m=64), 16, True, False)
+    with pytest.raises(ValueError, match="registers/thread"):     # 128 rows × 256 per consumer
+        L._check_config(COOP_256x128.replace(block_n=256, num_stages=2), 16, False, False)
+    ops = L.make_operands_v2(96, 160, 384, 16, device="cpu")
+    with pytest.raises(ValueError, match="DEBUG.*COOP"):
+        L.kernel_args_v2(**ops, config=COOP_128x256, debug=True)

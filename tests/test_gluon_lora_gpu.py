@@ -107,3 +107,32 @@ def test_cuda_graph_capture_replay():
     g.replay()
     torch.cuda.synchronize()
     assert normalized_error(ops["out"], L.reference_v2(ops)) < TOL
+
+
+# COOP (num_warps 8): both consumers on one tile, a half of its rows each; one LOWRANK slot the loader refills
+# during the next tile's K loop.
+def _coop(tile):
+    from lowrank_gemm.plan.config import KernelConfig
+    bm, bn = (int(v) for v in tile.split("x"))
+    return KernelConfig(block_m=bm, block_n=bn, block_k=64, block_r=16, num_warps=8, num_stages=2)
+
+
+@pytest.mark.timeout(**WATCHDOG)
+@pytest.mark.parametrize("tile", ["128x256", "256x128"])
+@pytest.mark.parametrize("shrink", SHRINKS)
+@pytest.mark.parametrize("M,N,K,rank,bias,grid", [
+    (17, 40, 64, 16, True, None),           # one tile, one K step: the LOWRANK fill before the first MAIN fill
+    (250, 300, 1000, 16, True, None), (61, 1003, 777, 5, True, None), (300, 260, 520, 64, True, None),
+    (129, 8 * 131, 2048, 33, False, None),
+    (700, 1100, 192, 16, True, 3),          # many tiles per program, K steps < ring depth: the one slot's reuse
+    (520, 2000, 4096, 64, True, 5)])
+def test_coop_ragged(tile, shrink, M, N, K, rank, bias, grid):
+    _check(M, N, K, rank, shrink=shrink, bias=bias, grid=grid, config=_coop(tile))
+
+
+@pytest.mark.timeout(**WATCHDOG)
+def test_coop_deterministic():
+    ops = L.make_operands_v2(300, 1000, 2048, 16, device="cuda")
+    a = L.launch_lora_v2(**dict(ops, out=None), config=_coop("128x256"), shrink="pre")
+    b = L.launch_lora_v2(**dict(ops, out=None), config=_coop("128x256"), shrink="pre")
+    assert torch.equal(a, b)

@@ -50,7 +50,8 @@ from .skeleton import (bias_and_store, consumer_step, NUM_CONSUMERS, NUM_ROLES, 
 
 __all__ = ["LORA_ROLES", "LORA_ROLE_IDS", "LOWRANK_STAGES", "lora_v2_ledger", "plan_lora_v2", "default_config_v2",
            "can_implement_v2", "launch_lora_v2", "lora_ws_kernel", "kernel_args_v2", "aot_signature_v2",
-           "make_operands_v2", "reference_v2", "balanced_grid", "shrink_mode", "SHRINK_MODES"]
+           "make_operands_v2", "reference_v2", "balanced_grid", "shrink_mode", "SHRINK_MODES", "is_coop",
+           "lowrank_stages"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -127,11 +128,13 @@ class LoraArgs:
     EPI_TMA: gl.constexpr
     DEBUG: gl.constexpr
     DEBUG_ITERS: gl.constexpr
+    COOP: gl.constexpr
+    ROWS: gl.constexpr
 
     @gluon.constexpr_function
     def __init__(self, x_desc, w_desc, a_desc, b_desc, s_desc, out_desc, x_bufs, w_bufs, a_bufs, b_bufs, s_bufs,
                  epi_bufs, main, lowrank, order, out_ptr, stride_om, bias_ptr, dbg_ptr, scale, M, N, K, BLOCK_M,
-                 BLOCK_N, BLOCK_K, BLOCK_R, GROUP_M, FUSED, HAS_BIAS, EPI_TMA, DEBUG, DEBUG_ITERS):
+                 BLOCK_N, BLOCK_K, BLOCK_R, GROUP_M, FUSED, HAS_BIAS, EPI_TMA, DEBUG, DEBUG_ITERS, COOP):
         self.x_desc = x_desc
         self.w_desc = w_desc
         self.a_desc = a_desc
@@ -165,15 +168,34 @@ class LoraArgs:
         self.EPI_TMA = gl.constexpr(EPI_TMA)
         self.DEBUG = gl.constexpr(DEBUG)
         self.DEBUG_ITERS = gl.constexpr(DEBUG_ITERS)
+        self.COOP = gl.constexpr(COOP)
+        self.ROWS = gl.constexpr(BLOCK_M // 2 if COOP else BLOCK_M)    # rows of the tile one consumer owns
+
+
+@gluon.jit
+def _load_lowrank(p, lr, off_m, off_n):
+    """The tile's B (and, not FUSED, s) tiles on one barrier: one round trip for the branch's operands."""
+    p.lowrank.producer_acquire(lr)
+    bar = p.lowrank.ready_bar(lr)
+    if p.FUSED:
+        mbarrier.expect(bar, p.b_desc.block_type.nbytes)
+    else:
+        mbarrier.expect(bar, p.b_desc.block_type.nbytes + p.s_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(p.s_desc, [off_m, 0], bar, p.s_bufs.index(lr.index))
+    tma.async_copy_global_to_shared(p.b_desc, [off_n, 0], bar, p.b_bufs.index(lr.index))
+    return lr.next()
 
 
 @gluon.jit
 def _loader_partition(p):
-    """Per tile: the LOWRANK slot first (consumed last, so it has the whole K loop to land), then per K
-    step one MAIN slot (x, W and, FUSED, A: one expect, one barrier)."""
+    """Per tile: the LOWRANK slot (consumed last, so it has the K loop to land), then per K step one MAIN
+    slot (x, W and, FUSED, A: one expect, one barrier). Ping-pong: the LOWRANK slot first (one per consumer).
+    COOP (one LOWRANK slot): after the tile's first STAGES MAIN fills — the consumers' K loop on this tile has
+    begun by then, so the previous tile's epilogue released the slot, and the wait never holds MAIN fills back."""
     BK: gl.constexpr = p.BLOCK_K
     sched = GroupedTileScheduler.initialize(p.M, p.N, p.BLOCK_M, p.BLOCK_N, p.GROUP_M)
     k_tiles = gl.cdiv(p.K, BK)
+    lr_at = gl.minimum(k_tiles - 1, p.main.num_stages)
     main = producer_state(p.main.num_stages)
     lr = producer_state(p.lowrank.num_stages)
     it = 0
@@ -181,16 +203,12 @@ def _loader_partition(p):
         pid_m, pid_n = sched.get_tile(t)
         off_m = pid_m * p.BLOCK_M
         off_n = pid_n * p.BLOCK_N
-        p.lowrank.producer_acquire(lr)
-        bar = p.lowrank.ready_bar(lr)
-        if p.FUSED:
-            mbarrier.expect(bar, p.b_desc.block_type.nbytes)
-        else:
-            mbarrier.expect(bar, p.b_desc.block_type.nbytes + p.s_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(p.s_desc, [off_m, 0], bar, p.s_bufs.index(lr.index))
-        tma.async_copy_global_to_shared(p.b_desc, [off_n, 0], bar, p.b_bufs.index(lr.index))
-        lr = lr.next()
+        if not p.COOP:
+            lr = _load_lowrank(p, lr, off_m, off_n)
         for kk in range(k_tiles):
+            if p.COOP:
+                if kk == lr_at:
+                    lr = _load_lowrank(p, lr, off_m, off_n)
             if p.DEBUG:
                 debug_record(p.dbg_ptr, _ROLE_LOADER, it, main, p.DEBUG_ITERS)
             it += 1
@@ -208,15 +226,25 @@ def _loader_partition(p):
 
 
 @gluon.jit
-def _mainloop_fused(p, main, mma: gl.constexpr, mma_r: gl.constexpr, k_tiles, it, ROLE: gl.constexpr):
+def _x_tile(p, main, CONSUMER: gl.constexpr):
+    """The MAIN slot's x rows this consumer multiplies (COOP: its half of the tile)."""
+    xt = p.x_bufs.index(main.index)
+    if p.COOP:
+        xt = xt.slice(CONSUMER * p.ROWS, p.ROWS)
+    return xt
+
+
+@gluon.jit
+def _mainloop_fused(p, main, mma: gl.constexpr, mma_r: gl.constexpr, k_tiles, it, ROLE: gl.constexpr,
+                    CONSUMER: gl.constexpr):
     """acc += x·Wᵀ and s += x·Aᵀ per K step, one step's two wgmma groups in flight; the slot of step
     kk-1 is released after wait(2) — its address from ``main.prev()``, never a ``prev = main`` alias
     (skeleton docstring: that alias is not loop-carried and froze the 2l release on one slot)."""
-    acc = gl.zeros([p.BLOCK_M, p.BLOCK_N], gl.float32, mma)
-    s = gl.zeros([p.BLOCK_M, p.BLOCK_R], gl.float32, mma_r)
+    acc = gl.zeros([p.ROWS, p.BLOCK_N], gl.float32, mma)
+    s = gl.zeros([p.ROWS, p.BLOCK_R], gl.float32, mma_r)
     for kk in range(k_tiles):
         it = consumer_step(p, main, ROLE, it)
-        xt = p.x_bufs.index(main.index)
+        xt = _x_tile(p, main, CONSUMER)
         tok = warpgroup_mma(xt, p.w_bufs.index(main.index).permute((1, 0)), acc, is_async=True)
         tok_s = warpgroup_mma(xt, p.a_bufs.index(main.index).permute((1, 0)), s, is_async=True)
         acc, s = warpgroup_mma_wait(2, deps=(tok, tok_s))
@@ -228,12 +256,12 @@ def _mainloop_fused(p, main, mma: gl.constexpr, mma_r: gl.constexpr, k_tiles, it
 
 
 @gluon.jit
-def _mainloop_pre(p, main, mma: gl.constexpr, k_tiles, it, ROLE: gl.constexpr):
+def _mainloop_pre(p, main, mma: gl.constexpr, k_tiles, it, ROLE: gl.constexpr, CONSUMER: gl.constexpr):
     """acc += x·Wᵀ per K step, one wgmma in flight, lagged release as in :func:`_mainloop_fused`."""
-    acc = gl.zeros([p.BLOCK_M, p.BLOCK_N], gl.float32, mma)
+    acc = gl.zeros([p.ROWS, p.BLOCK_N], gl.float32, mma)
     for kk in range(k_tiles):
         it = consumer_step(p, main, ROLE, it)
-        tok = warpgroup_mma(p.x_bufs.index(main.index), p.w_bufs.index(main.index).permute((1, 0)), acc,
+        tok = warpgroup_mma(_x_tile(p, main, CONSUMER), p.w_bufs.index(main.index).permute((1, 0)), acc,
                             is_async=True)
         acc = warpgroup_mma_wait(1, deps=(tok, ))
         p.main.consumer_release(main.prev(), pred=kk > 0)
@@ -245,23 +273,29 @@ def _mainloop_pre(p, main, mma: gl.constexpr, k_tiles, it, ROLE: gl.constexpr):
 
 @gluon.jit
 def _epilogue(p, acc, s, lr, off_m, off_n, CONSUMER: gl.constexpr, mma: gl.constexpr):
-    """acc += (scale·s → x dtype)·Bᵀ (register-A wgmma, K = BLOCK_R) → + bias → store."""
+    """acc += (scale·s → x dtype)·Bᵀ (register-A wgmma, K = BLOCK_R) → + bias → store. ``off_m``: the first
+    row this consumer owns."""
     dtype: gl.constexpr = p.b_desc.dtype
     s_op: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
     p.lowrank.consumer_wait(lr)
     if p.FUSED:
         s16 = gl.convert_layout((s * p.scale).to(dtype), s_op)
     else:
-        s16 = (p.s_bufs.index(lr.index).load(s_op).to(gl.float32) * p.scale).to(dtype)
+        st = p.s_bufs.index(lr.index)
+        if p.COOP:
+            st = st.slice(CONSUMER * p.ROWS, p.ROWS)
+        s16 = (st.load(s_op).to(gl.float32) * p.scale).to(dtype)
     acc = warpgroup_mma(s16, p.b_bufs.index(lr.index).permute((1, 0)), acc)
     p.lowrank.consumer_release(lr)
-    bias_and_store(p, acc, off_m, off_n, CONSUMER, mma)
+    bias_and_store(p, acc, off_m, off_n, CONSUMER, mma, p.ROWS)
 
 
 @gluon.jit
 def _consumer_partition(p, CONSUMER: gl.constexpr):
-    """Local tiles CONSUMER, CONSUMER + 2, …: the MAIN state skips the other consumer's k_tiles slot
-    uses per tile; the LOWRANK state always lands on slot CONSUMER (2 slots, alternate tiles)."""
+    """Ping-pong: local tiles CONSUMER, CONSUMER + 2, …: the MAIN state skips the other consumer's k_tiles
+    slot uses per tile; the LOWRANK state always lands on slot CONSUMER (2 slots, alternate tiles).
+    COOP: every local tile, rows [CONSUMER·ROWS, +ROWS) of it; both consumers release every slot (empty
+    barriers count 2), so no hand-off is needed: each walks the rings in order."""
     ROLE: gl.constexpr = _ROLE_C0 if CONSUMER == 0 else _ROLE_C1
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[gl.num_warps(), 1],
                                                   instr_shape=[16, p.BLOCK_N, 16])
@@ -269,23 +303,33 @@ def _consumer_partition(p, CONSUMER: gl.constexpr):
                                                     instr_shape=[16, p.BLOCK_R, 16])
     sched = GroupedTileScheduler.initialize(p.M, p.N, p.BLOCK_M, p.BLOCK_N, p.GROUP_M)
     k_tiles = gl.cdiv(p.K, p.BLOCK_K)
-    main = consumer_state(p.main.num_stages).advance(CONSUMER * k_tiles)
-    lr = consumer_state(p.lowrank.num_stages).advance(CONSUMER)
+    main = consumer_state(p.main.num_stages)
+    lr = consumer_state(p.lowrank.num_stages)
+    first: gl.constexpr = 0 if p.COOP else CONSUMER
+    step: gl.constexpr = 1 if p.COOP else 2
+    if not p.COOP:
+        main = main.advance(CONSUMER * k_tiles)
+        lr = lr.advance(CONSUMER)
     it = 0
-    for t in range(CONSUMER, sched.get_num_tiles(), 2):
+    for t in range(first, sched.get_num_tiles(), step):
         pid_m, pid_n = sched.get_tile(t)
         off_m = pid_m * p.BLOCK_M
         off_n = pid_n * p.BLOCK_N
-        p.order.acquire(CONSUMER, t)     # the other consumer is done with tile t-1's MAIN slots
+        if not p.COOP:
+            p.order.acquire(CONSUMER, t)     # the other consumer is done with tile t-1's MAIN slots
         if p.FUSED:
-            acc, s, main, it = _mainloop_fused(p, main, mma, mma_r, k_tiles, it, ROLE)
+            acc, s, main, it = _mainloop_fused(p, main, mma, mma_r, k_tiles, it, ROLE, CONSUMER)
         else:
-            acc, main, it = _mainloop_pre(p, main, mma, k_tiles, it, ROLE)
+            acc, main, it = _mainloop_pre(p, main, mma, k_tiles, it, ROLE, CONSUMER)
             s = acc      # unused (s comes from the LOWRANK slot)
-        p.order.release(CONSUMER)        # its K loop may start while this epilogue runs
-        main = main.advance(k_tiles)
-        _epilogue(p, acc, s, lr, off_m, off_n, CONSUMER, mma)
-        lr = lr.advance(2)
+        if p.COOP:
+            _epilogue(p, acc, s, lr, off_m + CONSUMER * p.ROWS, off_n, CONSUMER, mma)
+            lr = lr.next()
+        else:
+            p.order.release(CONSUMER)        # its K loop may start while this epilogue runs
+            main = main.advance(k_tiles)
+            _epilogue(p, acc, s, lr, off_m, off_n, CONSUMER, mma)
+            lr = lr.advance(2)
     if p.EPI_TMA:
         tma.store_wait(0)
 
@@ -311,8 +355,10 @@ def lora_ws_kernel(x_desc, w_desc, a_desc, b_desc, s_desc, out_desc,
                    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, BLOCK_R: gl.constexpr,
                    GROUP_M: gl.constexpr, STAGES: gl.constexpr, FUSED: gl.constexpr, HAS_BIAS: gl.constexpr,
                    EPI_TMA: gl.constexpr, DEBUG: gl.constexpr = False, DEBUG_ITERS: gl.constexpr = 64,
-                   CONSUMER_ORDER: gl.constexpr = True):
+                   CONSUMER_ORDER: gl.constexpr = True, COOP: gl.constexpr = False):
     # Every SMEM buffer and barrier is declared here (lora_v2_ledger mirrors it term by term).
+    LR_STAGES: gl.constexpr = 1 if COOP else _LOWRANK_STAGES     # COOP: one tile in flight, one slot
+    RELEASERS: gl.constexpr = 2 if COOP else 1                     # COOP: both consumers read every slot
     x_bufs = gl.allocate_shared_memory(x_desc.dtype, [STAGES] + x_desc.block_type.shape, x_desc.layout)
     w_bufs = gl.allocate_shared_memory(w_desc.dtype, [STAGES] + w_desc.block_type.shape, w_desc.layout)
     if FUSED:
@@ -320,19 +366,18 @@ def lora_ws_kernel(x_desc, w_desc, a_desc, b_desc, s_desc, out_desc,
         s_bufs = x_bufs     # unused
     else:
         a_bufs = x_bufs     # unused
-        s_bufs = gl.allocate_shared_memory(s_desc.dtype, [_LOWRANK_STAGES] + s_desc.block_type.shape,
-                                           s_desc.layout)
-    b_bufs = gl.allocate_shared_memory(b_desc.dtype, [_LOWRANK_STAGES] + b_desc.block_type.shape, b_desc.layout)
+        s_bufs = gl.allocate_shared_memory(s_desc.dtype, [LR_STAGES] + s_desc.block_type.shape, s_desc.layout)
+    b_bufs = gl.allocate_shared_memory(b_desc.dtype, [LR_STAGES] + b_desc.block_type.shape, b_desc.layout)
     if EPI_TMA:
         epi_bufs = gl.allocate_shared_memory(out_desc.dtype, [2] + out_desc.block_type.shape, out_desc.layout)
     else:
         epi_bufs = x_bufs
-    main = make_pipeline(STAGES, 1, 1)
-    lowrank = make_pipeline(_LOWRANK_STAGES, 1, 1)
+    main = make_pipeline(STAGES, 1, RELEASERS)
+    lowrank = make_pipeline(LR_STAGES, 1, RELEASERS)
     order = make_consumer_order(CONSUMER_ORDER)   # False only to reproduce the parity hang (probe)
     p = LoraArgs(x_desc, w_desc, a_desc, b_desc, s_desc, out_desc, x_bufs, w_bufs, a_bufs, b_bufs, s_bufs, epi_bufs,
                  main, lowrank, order, out_ptr, stride_om, bias_ptr, dbg_ptr, scale, M, N, K, BLOCK_M, BLOCK_N,
-                 BLOCK_K, BLOCK_R, GROUP_M, FUSED, HAS_BIAS, EPI_TMA, DEBUG, DEBUG_ITERS)
+                 BLOCK_K, BLOCK_R, GROUP_M, FUSED, HAS_BIAS, EPI_TMA, DEBUG, DEBUG_ITERS, COOP)
     gl.warp_specialize([
         (_consumer0, (p, )),
         (_loader_partition, (p, )),
@@ -344,22 +389,37 @@ def lora_ws_kernel(x_desc, w_desc, a_desc, b_desc, s_desc, out_desc,
 # Host side: plan (ledger), validate, launch.
 
 
+def is_coop(config: KernelConfig) -> bool:
+    """Both consumers on one tile (each its half of the rows: the cooperative schedule) when ``num_warps`` is
+    two consumer warpgroups' worth; else ping-pong (each consumer its own tiles)."""
+    return config.num_warps == NUM_CONSUMERS * CONSUMER_WARPS
+
+
+def lowrank_stages(config: KernelConfig) -> int:
+    """LOWRANK slots: one per consumer in ping-pong; one in COOP (one tile in flight; the loader refills it during
+    the next tile's K loop)."""
+    return 1 if is_coop(config) else LOWRANK_STAGES
+
+
 def lora_v2_ledger(config: KernelConfig, *, fused: bool, epi_tma: bool = True) -> SmemLedger:
-    """Every byte ``lora_ws_kernel`` allocates (16-bit operands), itemized."""
+    """Every byte ``lora_ws_kernel`` allocates (16-bit operands), itemized. COOP stores from registers (no
+    staging buffer: ``epi_tma`` is ignored)."""
     bm, bn, bk, br, s = config.block_m, config.block_n, config.block_k, config.block_r, config.num_stages
+    lrs = lowrank_stages(config)
     terms = [SmemTerm(f"{Ring.MAIN}.x", tile_bytes(bm, bk, 16), s),
              SmemTerm(f"{Ring.MAIN}.w", tile_bytes(bn, bk, 16), s)]
     if fused:
         terms.append(SmemTerm(f"{Ring.MAIN}.lora_a", tile_bytes(br, bk, 16), s))
     else:
-        terms.append(SmemTerm(f"{Ring.LOWRANK}.s", tile_bytes(bm, br, 16), LOWRANK_STAGES))
-    terms.append(SmemTerm(f"{Ring.LOWRANK}.lora_b", tile_bytes(bn, br, 16), LOWRANK_STAGES))
-    if epi_tma:
+        terms.append(SmemTerm(f"{Ring.LOWRANK}.s", tile_bytes(bm, br, 16), lrs))
+    terms.append(SmemTerm(f"{Ring.LOWRANK}.lora_b", tile_bytes(bn, br, 16), lrs))
+    if epi_tma and not is_coop(config):
         terms.append(SmemTerm(f"{Ring.EPILOGUE}.out", tile_bytes(bm, bn, 16), 1, Scope.PER_CONSUMER))
     # ready + empty per slot of MAIN and LOWRANK, and the consumers' two ORDER barriers
-    terms.append(SmemTerm("barriers", barrier_bytes(2 * (s + LOWRANK_STAGES) + NUM_CONSUMERS)))
+    terms.append(SmemTerm("barriers", barrier_bytes(2 * (s + lrs) + NUM_CONSUMERS)))
     return SmemLedger(tuple(terms), consumers=NUM_CONSUMERS,
-                      label=f"lora v2 {'fused' if fused else 'pre'} {bm}x{bn}x{bk} r{br}")
+                      label=f"lora v2 {'coop ' if is_coop(config) else ''}{'fused' if fused else 'pre'} "
+                            f"{bm}x{bn}x{bk} r{br}")
 
 
 def default_config_v2(M: int, N: int, K: int, rank: int) -> KernelConfig:
@@ -386,7 +446,7 @@ def plan_lora_v2(M: int, N: int, K: int, rank: int, *, config: KernelConfig | No
     """Tiles from ``config`` (or :func:`default_config_v2`); block_r raised to the rank's block; MAIN
     stages from the ledger (deepest that fits, 2..8). Raises SmemError with the table if none fits."""
     base = config or default_config_v2(M, N, K, rank)
-    base = base.replace(block_r=max(base.block_r, rank_block(rank)), lowrank_stages=LOWRANK_STAGES)
+    base = base.replace(block_r=max(base.block_r, rank_block(rank)), lowrank_stages=lowrank_stages(base))
     main, _, ledger = solve_stages(lambda s, _l: lora_v2_ledger(base.replace(num_stages=s), fused=fused,
                                                                  epi_tma=epi_tma), min_main=2, max_main=8)
     if verbose:
@@ -397,17 +457,21 @@ def plan_lora_v2(M: int, N: int, K: int, rank: int, *, config: KernelConfig | No
 def _check_config(config: KernelConfig, rank: int, fused: bool, epi_tma: bool) -> None:
     """Raise ValueError/SmemError naming the violated constraint (expected vs got)."""
     bm, bn, bk, br = config.block_m, config.block_n, config.block_k, config.block_r
-    if config.num_warps != CONSUMER_WARPS:
-        raise ValueError(f"lora v2: num_warps is the consumer warpgroup size {CONSUMER_WARPS}, got {config.num_warps}")
-    if bm not in (64, 128) or bn not in (64, 128, 256):
-        raise ValueError(f"lora v2: block_m ∈ {{64, 128}}, block_n ∈ {{64, 128, 256}}; got {bm}×{bn}")
+    coop = is_coop(config)
+    if config.num_warps not in (CONSUMER_WARPS, NUM_CONSUMERS * CONSUMER_WARPS):
+        raise ValueError(f"lora v2: num_warps is {CONSUMER_WARPS} (ping-pong: a consumer warpgroup per tile) or "
+                         f"{NUM_CONSUMERS * CONSUMER_WARPS} (COOP: both on one tile), got {config.num_warps}")
+    if bm not in ((128, 256) if coop else (64, 128)) or bn not in (64, 128, 256):
+        raise ValueError(f"lora v2: block_m ∈ {{64, 128}} (COOP: {{128, 256}}, split between the consumers), "
+                         f"block_n ∈ {{64, 128, 256}}; got {bm}×{bn} {'COOP' if coop else 'ping-pong'}")
     if bk not in (32, 64, 128):
         raise ValueError(f"lora v2: block_k ∈ {{32, 64, 128}}, got {bk}")
     if br not in (16, 32, 64, 128) or rank > br:
         raise ValueError(f"lora v2: block_r must be a power of two in [16, 128] ≥ rank {rank}, got {br}")
-    regs = bm * bn // 128 + (bm * br // 128 if fused else 0)
+    rows = bm // 2 if coop else bm      # a consumer's share of the tile
+    regs = rows * bn // 128 + (rows * br // 128 if fused else 0)
     if regs > ACC_REG_LIMIT:
-        raise ValueError(f"lora v2: {bm}×{bn} (+ s {bm}×{br} when fused) accumulators need {regs} registers/thread "
+        raise ValueError(f"lora v2: {rows}×{bn} (+ s {rows}×{br} when fused) accumulators need {regs} registers/thread "
                          f"per consumer, limit {ACC_REG_LIMIT} of the {LORA_CONSUMER_REGS} a consumer gets")
     if config.num_stages < 2:
         raise ValueError(f"lora v2: num_stages must be ≥ 2, got {config.num_stages}")
@@ -421,8 +485,9 @@ def can_implement_v2(config: KernelConfig | None, shape: dict) -> bool:
         if r < 1 or K < 1 or shape.get("dtype", torch.bfloat16) not in _DTYPES:
             return False
         fused = shrink_mode(M, shape.get("shrink")) == "fused"
-        cfg = plan_lora_v2(M, N, K, r, config=config, fused=fused, epi_tma=N % 8 == 0)
-        _check_config(cfg, r, fused, N % 8 == 0)
+        epi_tma = N % 8 == 0 and not (config is not None and is_coop(config))
+        cfg = plan_lora_v2(M, N, K, r, config=config, fused=fused, epi_tma=epi_tma)
+        _check_config(cfg, r, fused, epi_tma)
         return True
     except (ValueError, SmemError):
         return False
@@ -457,7 +522,11 @@ def kernel_args_v2(x, weight, lora_a, lora_b, scale=1.0, bias=None, out=None, co
         raise ValueError(f"lora v2: out must be [M, N] = {[M, N]} {x.dtype} on {x.device} with unit column stride, "
                          f"got {list(out.shape)} {out.dtype} on {out.device} strides {tuple(out.stride())}")
     fused = shrink_mode(M, shrink) == "fused"
-    epi_tma = tma_ready(out) and N % 8 == 0
+    coop = config is not None and is_coop(config)
+    if coop and debug:
+        raise ValueError("lora v2: the DEBUG slot trace follows the ping-pong schedule; COOP (num_warps "
+                         f"{config.num_warps}) has none")
+    epi_tma = tma_ready(out) and N % 8 == 0 and not coop     # COOP stores its halves from registers
     cfg = plan_lora_v2(M, N, K, r, config=config, fused=fused, epi_tma=epi_tma)
     _check_config(cfg, r, fused, epi_tma)
     bm, bn, bk, br = cfg.block_m, cfg.block_n, cfg.block_k, cfg.block_r
@@ -486,7 +555,7 @@ def kernel_args_v2(x, weight, lora_a, lora_b, scale=1.0, bias=None, out=None, co
             out.stride(0), bias if bias is not None else i32, dbg if debug else i32, float(scale), M, N, K)
     cx = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, BLOCK_R=br, GROUP_M=cfg.group_m, STAGES=cfg.num_stages,
               FUSED=fused, HAS_BIAS=bias is not None, EPI_TMA=epi_tma, DEBUG=debug, DEBUG_ITERS=debug_iters,
-              CONSUMER_ORDER=consumer_order)
+              CONSUMER_ORDER=consumer_order, COOP=coop)
     return g, args, cx, cfg, out, dbg
 
 

@@ -396,10 +396,11 @@ def reads_done_before_refill():
 
 
 @gluon.jit
-def bias_and_store(p, acc, off_m, off_n, CONSUMER: gl.constexpr, mma: gl.constexpr):
+def bias_and_store(p, acc, off_m, off_n, CONSUMER: gl.constexpr, mma: gl.constexpr, ROWS: gl.constexpr = 0):
     """The epilogue tail every consumer shares: + bias[N] → store the tile, by TMA from this consumer's
     staging buffer (``p.EPI_TMA``) or masked from registers. ``p``: a kernel's argument aggregate with
-    HAS_BIAS, bias_ptr, M, N, BLOCK_M, BLOCK_N, EPI_TMA, epi_bufs, out_desc, out_ptr, stride_om."""
+    HAS_BIAS, bias_ptr, M, N, BLOCK_M, BLOCK_N, EPI_TMA, epi_bufs, out_desc, out_ptr, stride_om. ``ROWS``: the
+    rows ``acc`` holds when a consumer owns part of the tile (0: all BLOCK_M)."""
     offs_n = off_n + gl.arange(0, p.BLOCK_N, gl.SliceLayout(0, mma))
     if p.HAS_BIAS:
         bias = gl.load(p.bias_ptr + offs_n, mask=offs_n < p.N, other=0.0).to(gl.float32)
@@ -411,7 +412,7 @@ def bias_and_store(p, acc, off_m, off_n, CONSUMER: gl.constexpr, mma: gl.constex
         fence_async_shared()
         tma.async_copy_shared_to_global(p.out_desc, [off_m, off_n], epi)
     else:
-        offs_m = off_m + gl.arange(0, p.BLOCK_M, gl.SliceLayout(1, mma))
+        offs_m = off_m + gl.arange(0, p.BLOCK_M if ROWS == 0 else ROWS, gl.SliceLayout(1, mma))
         mask = (offs_m[:, None] < p.M) & (offs_n[None, :] < p.N)
         gl.store(p.out_ptr + offs_m[:, None] * p.stride_om + offs_n[None, :],
                  acc.to(p.out_ptr.dtype.element_ty), mask=mask)
