@@ -240,3 +240,24 @@ def test_coop_plan_and_errors():
     ops = L.make_operands_v2(96, 160, 384, 16, device="cpu")
     with pytest.raises(ValueError, match="DEBUG.*COOP"):
         L.kernel_args_v2(**ops, config=COOP_128x256, debug=True)
+
+
+def test_v2_table_entries_with_tiles_and_exact_n(monkeypatch, tmp_path):
+    """An entry may pin its tiles (``config``: the COOP schedule it was measured with) and one N exactly (``n``);
+    ``r_min`` bounds the rank from below. Other shapes stay on v1."""
+    import json
+    import torch
+    from lowrank_gemm.kernels import lora_gemm as lg
+    table = tmp_path / "lora_v2_test.json"
+    table.write_text(json.dumps({"entries": [
+        {"m_min": 129, "m_max": 256, "n": 28672, "k": 4096, "r_min": 9, "r_max": 64, "shrink": "pre",
+         "config": COOP_128x256.to_dict()}]}))
+    monkeypatch.setattr(lg, "tuned_file", lambda family, device: table)
+    dev = torch.device("cpu")
+    e = lg._v2_entry(256, 28672, 4096, 16, dev)
+    assert e["shrink"] == "pre" and lg._v2_config(e) == COOP_128x256 and L.is_coop(lg._v2_config(e))
+    assert lg._v2_choice(200, 28672, 4096, 64, dev) == "pre"
+    for shape in ((256, 28673, 4096, 16), (128, 28672, 4096, 16), (257, 28672, 4096, 16), (256, 28672, 4096, 8),
+                  (256, 28672, 8192, 16), (256, 28672, 4096, 65)):
+        assert lg._v2_entry(*shape, dev) is None, shape
+    assert lg._v2_config({"shrink": "fused"}) is None

@@ -1148,10 +1148,11 @@ def lora_linear_impl(x, weight, lora_a, lora_b, scale: float = 1.0, bias=None,
     pin = current_pin()
     scaled = weight_scale is not None
     if strategy == "auto" and pin is None and x.is_cuda and not scaled:
-        shrink = _v2_choice(M, N, K, lora_a.shape[0], x.device)
-        if shrink is not None:
+        entry = _v2_entry(M, N, K, lora_a.shape[0], x.device)
+        if entry is not None:
             from .gluon.lora_ws import launch_lora_v2
-            return launch_lora_v2(x, weight, lora_a, lora_b, scale, bias, shrink=shrink)
+            return launch_lora_v2(x, weight, lora_a, lora_b, scale, bias, shrink=entry["shrink"],
+                                  config=_v2_config(entry))
     # kcat needs [W | B] as a free view, a property of the tensors and not of the shape: decided here, not in plan_lora
     planned = None
     if strategy == "auto" and pin is None and x.is_cuda and not scaled and kcat_shape(M, N, K, lora_a.shape[0]):
@@ -1244,16 +1245,36 @@ def kcat_shape(M: int, N: int, K: int, r: int) -> bool:
     return M >= 1024 and N >= 2 * K and r <= 128
 
 
-def _v2_choice(M: int, N: int, K: int, r: int, device) -> str | None:
-    """The Gluon v2's shrink mode if the tuned table (``plan/tuned/lora_v2_<gpu>.json``) says v2 beat v1 for
-    this shape on this GPU, else None (v1). ``LOWRANK_GEMM_LORA_V2=0`` turns v2 off."""
+def _v2_entry(M: int, N: int, K: int, r: int, device) -> dict | None:
+    """The tuned table's (``plan/tuned/lora_v2_<gpu>.json``) entry whose bucket holds this shape — where the Gluon
+    v2 measured faster than v1 on this GPU — else None (v1). ``LOWRANK_GEMM_LORA_V2=0`` turns v2 off. An entry
+    has ``m_min``, ``m_max``, ``n_min`` (or ``n``: exactly), ``k``, ``r_max`` (and ``r_min``), ``shrink`` and
+    optionally ``config`` (KernelConfig fields: the tiles it was measured with; else v2's default)."""
     if getenv("LOWRANK_GEMM_LORA_V2", "1") == "0":
         return None
     path = tuned_file("lora_v2", device)
     for e in _load_v2_table(str(path)) if path is not None else ():
-        if e["m_min"] <= M <= e["m_max"] and N >= e["n_min"] and K == e["k"] and 0 < r <= e["r_max"]:
-            return e["shrink"]
+        n_ok = N == e["n"] if "n" in e else N >= e["n_min"]
+        if e["m_min"] <= M <= e["m_max"] and n_ok and K == e["k"] and max(1, e.get("r_min", 1)) <= r <= e["r_max"]:
+            return e
     return None
+
+
+def _v2_choice(M: int, N: int, K: int, r: int, device) -> str | None:
+    """The Gluon v2's shrink mode where :func:`_v2_entry` routes the shape to v2, else None."""
+    e = _v2_entry(M, N, K, r, device)
+    return None if e is None else e["shrink"]
+
+
+@functools.lru_cache(maxsize=64)
+def _v2_config_cached(items: tuple) -> KernelConfig:
+    return KernelConfig(**dict(items))
+
+
+def _v2_config(entry: dict) -> KernelConfig | None:
+    """The entry's tiles as a KernelConfig (None: v2's default for the shape)."""
+    c = entry.get("config")
+    return None if c is None else _v2_config_cached(tuple(sorted(c.items())))
 
 
 @functools.lru_cache(maxsize=None)
