@@ -261,3 +261,18 @@ def test_v2_table_entries_with_tiles_and_exact_n(monkeypatch, tmp_path):
                   (256, 28672, 8192, 16), (256, 28672, 4096, 65)):
         assert lg._v2_entry(*shape, dev) is None, shape
     assert lg._v2_config({"shrink": "fused"}) is None
+
+
+@pytest.mark.parametrize("n_tiles,k_tiles,stages", [(1, 1, 3), (3, 1, 2), (5, 2, 4), (4, 7, 3), (6, 3, 4), (2, 64, 4)])
+def test_coop_protocol_model(n_tiles, k_tiles, stages):
+    """The COOP schedule under random interleavings with real mbarrier parity semantics: never a deadlock or a slot
+    read while it holds another use, whichever role lags; with empty barriers counting one consumer (not both)
+    the loader refills slots the slower consumer has not read — the model catches it."""
+    from lowrank_gemm.kernels.gluon.protocol_model import simulate_coop
+    for seed in range(8):
+        for slow in (None, {"consumer1": 0.1}, {"consumer0": 0.1}, {"loader": 0.1}, {"tma": 0.05}):
+            r = simulate_coop(n_tiles, k_tiles, stages, seed=seed, slow=slow)
+            assert r.ok, (seed, slow, r.why)
+    broken = [simulate_coop(n_tiles + 3, k_tiles, stages, releasers=1, seed=s, slow={"consumer1": 0.1})
+              for s in range(8)]
+    assert not all(r.ok for r in broken), "a one-arrival empty barrier must be caught"

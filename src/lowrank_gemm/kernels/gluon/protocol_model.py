@@ -9,6 +9,8 @@ every waiter for phase n of a barrier starts waiting after phase n-1 completed.
 :func:`simulate` runs the roles of ``w4a4_ws_kernel`` (loader, expander, two consumers, and a TMA
 engine that lands copies in random order) under a random interleaving and reports a deadlock
 (nobody can move) or a spurious pass (a consumer saw a slot holding another use's data).
+:func:`simulate_coop` runs the LoRA v2 COOP schedule (``lora_ws``, ``num_warps`` 8): both consumers read every
+MAIN and LOWRANK slot (empty barriers count both), one LOWRANK slot refilled during the next tile's K loop.
 :func:`simulate_paired` runs its f8 decode-M variant: two expanders taking alternate K-step uses of MAIN and RAW,
 and paired consumers whose K loops interleave on MAIN — the strided roles that need even rings (skeleton docstring,
 "Strided roles"; an odd MAIN ring hung / faulted the H200 in session 26). ``slow`` weights let one role fall behind,
@@ -20,7 +22,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
-__all__ = ["MBarrier", "simulate", "simulate_paired", "SimResult"]
+__all__ = ["MBarrier", "simulate", "simulate_paired", "simulate_coop", "SimResult"]
 
 
 @dataclass
@@ -60,10 +62,10 @@ class SimResult:
 
 
 class _Ring:
-    def __init__(self, stages, ready_count, name):
+    def __init__(self, stages, ready_count, name, empty_count=1):
         self.n = stages
         self.ready = [MBarrier(ready_count) for _ in range(stages)]
-        self.empty = [MBarrier(1) for _ in range(stages)]
+        self.empty = [MBarrier(empty_count) for _ in range(stages)]
         self.content = [None] * stages   # use id written into each slot (per operand)
         self.name = name
 
@@ -296,6 +298,72 @@ def simulate_paired(n_tiles: int, k_tiles: int, stages: int, raw_stages: int, lr
              "consumer0": consumer(0), "consumer1": consumer(1)}
     return _run(roles, tma_q, spurious, rng, max_steps, lambda bar: _bar_name(bar, (main, raw, lrr), []),
                 weights=slow)
+
+
+def simulate_coop(n_tiles: int, k_tiles: int, stages: int, lr_stages: int = 1, releasers: int = 2, seed: int = 0,
+                  slow: dict | None = None, max_steps: int = 400000) -> SimResult:
+    """One program of ``lora_ws_kernel`` with COOP: the loader fills per tile one MAIN slot per K step (x and W on one
+    barrier) and the tile's LOWRANK slot (S and B on one barrier) just before K step ``min(k_tiles - 1, stages)``;
+    both consumers take every tile's every K step, release step kk-1's slot after step kk (the last after the loop),
+    then read the LOWRANK slot and release it. ``releasers``: arrivals that free a slot (2 in the kernel; 1 models
+    a count that forgets a consumer — the other may still be reading when the loader refills)."""
+    rng = random.Random(seed)
+    main = _Ring(stages, 1, "main", releasers)
+    lrr = _Ring(lr_stages, 1, "lowrank", releasers)
+    tma_q, spurious = [], []
+    lr_at = min(k_tiles - 1, stages)
+
+    def tma(bar, on_land):
+        tma_q.append((bar, 1, on_land))
+
+    def loader():
+        u = 0
+        for t in range(n_tiles):
+            for kk in range(k_tiles):
+                if kk == lr_at:
+                    i, ph = _state(t, lr_stages, True)
+                    yield from _wait(lrr.empty[i], ph)
+                    lrr.ready[i].arrive(expect_tx=1)
+                    tma(lrr.ready[i], lambda i=i, t=t: lrr.content.__setitem__(i, t))
+                i, ph = _state(u, stages, True)
+                yield from _wait(main.empty[i], ph)
+                main.ready[i].arrive(expect_tx=1)
+                tma(main.ready[i], lambda i=i, u=u: main.content.__setitem__(i, u))
+                u += 1
+                yield "ran", None, None
+
+    def consumer(c):
+        def release(v):
+            i = v % stages
+            if main.content[i] != v:
+                _spurious(spurious, True, f"consumer{c}: MAIN slot {i} was refilled ({main.content[i]}) while the "
+                                          f"wgmma of use {v} could still read it")
+            main.empty[i].arrive()
+        for t in range(n_tiles):
+            for kk in range(k_tiles):
+                u = t * k_tiles + kk
+                i, ph = _state(u, stages, False)
+                yield from _wait(main.ready[i], ph)
+                if main.content[i] != u:
+                    _spurious(spurious, True, f"consumer{c} tile {t} k {kk}: MAIN slot {i} holds use "
+                                              f"{main.content[i]}, wanted {u}")
+                yield "ran", None, None
+                if kk > 0:
+                    release(u - 1)
+            release(t * k_tiles + k_tiles - 1)
+            i, ph = _state(t, lr_stages, False)
+            yield from _wait(lrr.ready[i], ph)
+            if lrr.content[i] != t:
+                _spurious(spurious, True, f"consumer{c} epilogue of tile {t}: LOWRANK slot {i} holds {lrr.content[i]}")
+            yield "ran", None, None
+            if lrr.content[i] != t:
+                _spurious(spurious, True, f"consumer{c} epilogue of tile {t}: LOWRANK slot {i} refilled during the "
+                                          f"branch's MMA")
+            lrr.empty[i].arrive()
+            yield "ran", None, None
+
+    roles = {"loader": loader(), "consumer0": consumer(0), "consumer1": consumer(1)}
+    return _run(roles, tma_q, spurious, rng, max_steps, lambda bar: _bar_name(bar, (main, lrr), []), weights=slow)
 
 
 def _release_read(main, main_x, two_l, v, stages, c, spurious, stop):
