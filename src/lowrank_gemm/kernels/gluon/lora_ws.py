@@ -7,6 +7,10 @@ fp32 accumulation, output in x's dtype (spec: ``reference.lora_linear_ref``).
 Roles (:data:`LORA_ROLES`, the one place warps/registers are stated; no expander: bf16 needs no unpack):
 loader (1 warp, TMA of every ring) and two consumer warpgroups on alternate local tiles (ping-pong: one's
 epilogue overlaps the other's K loop), sharing the MAIN ring through ``skeleton.ConsumerOrder``.
+COOP (a config with ``num_warps`` 8, :func:`is_coop`): both consumers on every tile, a half of its rows each
+(128×256 = 2 × 64×256, 256×128 = 2 × 128×128: the tile areas v1 and cuBLAS run at 256+ tokens, where ping-pong's
+per-consumer tiles read W or x from L2 twice as often); every slot is released by both (empty barriers count 2);
+one LOWRANK slot, which the loader refills after the tile's first STAGES MAIN fills; Y stored from registers.
 
 Two ways to get s = x·Aᵀ (``shrink``; constexpr ``FUSED``, both selectable at run time for A/B):
 
