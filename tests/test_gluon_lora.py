@@ -45,6 +45,7 @@ AOT_CASES = [
     dict(shrink="fused", M=200, config=COOP_128x256),
     dict(shrink="pre", M=200, rank=64, config=COOP_128x256),
     dict(shrink="pre", M=300, config=COOP_256x128),
+    dict(shrink="fused", M=200, config=COOP_128x256, debug=True),
 ]
 
 
@@ -238,8 +239,8 @@ def test_coop_plan_and_errors():
     with pytest.raises(ValueError, match="registers/thread"):     # 128 rows × 256 per consumer
         L._check_config(COOP_256x128.replace(block_n=256, num_stages=2), 16, False, False)
     ops = L.make_operands_v2(96, 160, 384, 16, device="cpu")
-    with pytest.raises(ValueError, match="DEBUG.*COOP"):
-        L.kernel_args_v2(**ops, config=COOP_128x256, debug=True)
+    _, _, cx, cfg, _, _ = L.kernel_args_v2(**ops, config=COOP_128x256, shrink="pre", debug=True)
+    assert cx["COOP"] and not cx["EPI_TMA"] and cx["DEBUG"] and cfg.lowrank_stages == 1
 
 
 def test_v2_table_entries_with_tiles_and_exact_n(monkeypatch, tmp_path):

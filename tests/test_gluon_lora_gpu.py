@@ -78,16 +78,23 @@ def test_decode_tiles_64x256():
 
 
 @pytest.mark.timeout(**WATCHDOG)
+@pytest.mark.parametrize("coop", [False, True], ids=["pingpong", "coop"])
 @pytest.mark.parametrize("shrink", SHRINKS)
-def test_debug_trace_matches_host_model(shrink):
-    """Every role's (index, phase) sequence of program 0 vs skeleton.expected_states_host."""
+def test_debug_trace_matches_host_model(shrink, coop):
+    """Every role's (index, phase) sequence of program 0 vs skeleton.expected_states_host (COOP: both consumers
+    take every slot use, their halves of one tile)."""
     M, N, K = 3 * 128 - 5, 250, 640
+    config = _coop("128x256") if coop else None
     ops = L.make_operands_v2(M, N, K, 16, device="cuda")
-    out, dbg = L.launch_lora_v2(**ops, shrink=shrink, grid=1, debug=True)
+    out, dbg = L.launch_lora_v2(**ops, config=config, shrink=shrink, grid=1, debug=True)
     torch.cuda.synchronize()
     assert normalized_error(out, L.reference_v2(ops)) < TOL
-    g, _, cx, cfg, _, _ = L.kernel_args_v2(**dict(ops, out=None), shrink=shrink, grid=1)
+    g, _, cx, cfg, _, _ = L.kernel_args_v2(**dict(ops, out=None), config=config, shrink=shrink, grid=1)
     want = sk.expected_role_states(g, M, N, K, cfg, {"loader": cx["STAGES"]}, cx["STAGES"])
+    if coop:
+        uses = [u for u, _ in enumerate(want["loader"])]
+        for c in range(sk.NUM_CONSUMERS):
+            want[f"consumer{c}"] = sk.expected_states_host(uses, cx["STAGES"], producer=False)
     dbg = dbg.cpu()
     for name, seq in want.items():
         seq = seq[:L.DEBUG_ITERS_DEFAULT]

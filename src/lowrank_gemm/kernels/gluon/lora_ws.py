@@ -527,9 +527,6 @@ def kernel_args_v2(x, weight, lora_a, lora_b, scale=1.0, bias=None, out=None, co
                          f"got {list(out.shape)} {out.dtype} on {out.device} strides {tuple(out.stride())}")
     fused = shrink_mode(M, shrink) == "fused"
     coop = config is not None and is_coop(config)
-    if coop and debug:
-        raise ValueError("lora v2: the DEBUG slot trace follows the ping-pong schedule; COOP (num_warps "
-                         f"{config.num_warps}) has none")
     epi_tma = tma_ready(out) and N % 8 == 0 and not coop     # COOP stores its halves from registers
     cfg = plan_lora_v2(M, N, K, r, config=config, fused=fused, epi_tma=epi_tma)
     _check_config(cfg, r, fused, epi_tma)
