@@ -16,8 +16,11 @@ Writes DIR/probe_lora_v2_tiles.{json,md}; prints ``ROW`` lines.
 from __future__ import annotations
 
 import argparse
+import sys
+from pathlib import Path
 
-import torch
+sys.path.insert(0, str(Path(__file__).parent))
+from _ticket_probe import lora_baselines, lora_cells, timed_rows, write_tables  # noqa: E402  (scripts/ helper)
 
 CELLS = ("256x28672x4096x16,256x28672x4096x64,4096x4096x4096x16,1024x4096x4096x64,256x4096x4096x16,"
          "256x8192x8192x64")
@@ -51,12 +54,9 @@ def rel_err(fn, s):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--cells", default=CELLS)
+    ap.add_argument("--out", required=True, help="directory for the tables")
+    ap.add_argument("--cells", default=CELLS, help="comma-separated MxNxKxR")
     args = ap.parse_args(argv)
-    import sys
-    sys.path.insert(0, __file__.rsplit("/", 1)[0])
-    from _ticket_probe import lora_baselines, lora_cells, timed_rows, write_tables
     from lowrank_gemm.kernels.gluon import lora_ws
     auto, cublas = lora_baselines()
     rows = []

@@ -316,20 +316,19 @@ def simulate_coop(n_tiles: int, k_tiles: int, stages: int, lr_stages: int = 1, r
     def tma(bar, on_land):
         tma_q.append((bar, 1, on_land))
 
+    def fill(ring, use):
+        """Producer side of one slot use: wait until it is free, expect one TMA, whose landing stores ``use``."""
+        i, ph = _state(use, ring.n, True)
+        yield from _wait(ring.empty[i], ph)
+        ring.ready[i].arrive(expect_tx=1)
+        tma(ring.ready[i], lambda: ring.content.__setitem__(i, use))
+
     def loader():
-        u = 0
         for t in range(n_tiles):
             for kk in range(k_tiles):
                 if kk == lr_at:
-                    i, ph = _state(t, lr_stages, True)
-                    yield from _wait(lrr.empty[i], ph)
-                    lrr.ready[i].arrive(expect_tx=1)
-                    tma(lrr.ready[i], lambda i=i, t=t: lrr.content.__setitem__(i, t))
-                i, ph = _state(u, stages, True)
-                yield from _wait(main.empty[i], ph)
-                main.ready[i].arrive(expect_tx=1)
-                tma(main.ready[i], lambda i=i, u=u: main.content.__setitem__(i, u))
-                u += 1
+                    yield from fill(lrr, t)
+                yield from fill(main, t * k_tiles + kk)
                 yield "ran", None, None
 
     def consumer(c):
