@@ -1152,7 +1152,7 @@ def lora_linear_impl(x, weight, lora_a, lora_b, scale: float = 1.0, bias=None,
         if entry is not None:
             from .gluon.lora_ws import launch_lora_v2
             return launch_lora_v2(x, weight, lora_a, lora_b, scale, bias, shrink=entry["shrink"],
-                                  config=_v2_config(entry))
+                                  config=entry.get("config"))
     # kcat needs [W | B] as a free view, a property of the tensors and not of the shape: decided here, not in plan_lora
     planned = None
     if strategy == "auto" and pin is None and x.is_cuda and not scaled and kcat_shape(M, N, K, lora_a.shape[0]):
@@ -1249,7 +1249,7 @@ def _v2_entry(M: int, N: int, K: int, r: int, device) -> dict | None:
     """The tuned table's (``plan/tuned/lora_v2_<gpu>.json``) entry whose bucket holds this shape — where the Gluon
     v2 measured faster than v1 on this GPU — else None (v1). ``LOWRANK_GEMM_LORA_V2=0`` turns v2 off. An entry
     has ``m_min``, ``m_max``, ``n_min`` (or ``n``: exactly), ``k``, ``r_max`` (and ``r_min``), ``shrink`` and
-    optionally ``config`` (KernelConfig fields: the tiles it was measured with; else v2's default)."""
+    optionally ``config`` (the tiles it was measured with, a KernelConfig once loaded; else v2's default)."""
     if getenv("LOWRANK_GEMM_LORA_V2", "1") == "0":
         return None
     path = tuned_file("lora_v2", device)
@@ -1266,21 +1266,12 @@ def _v2_choice(M: int, N: int, K: int, r: int, device) -> str | None:
     return None if e is None else e["shrink"]
 
 
-@functools.lru_cache(maxsize=64)
-def _v2_config_cached(items: tuple) -> KernelConfig:
-    return KernelConfig(**dict(items))
-
-
-def _v2_config(entry: dict) -> KernelConfig | None:
-    """The entry's tiles as a KernelConfig (None: v2's default for the shape)."""
-    c = entry.get("config")
-    return None if c is None else _v2_config_cached(tuple(sorted(c.items())))
-
-
 @functools.lru_cache(maxsize=None)
 def _load_v2_table(path: str) -> tuple:
+    """The table's entries, each ``config`` (tile fields) made a KernelConfig once, here."""
     p = Path(path)
-    return tuple(json.loads(p.read_text())["entries"]) if p.exists() else ()
+    entries = json.loads(p.read_text())["entries"] if p.exists() else ()
+    return tuple({**e, "config": KernelConfig(**e["config"])} if "config" in e else e for e in entries)
 
 
 # ---------------------------------------------------------------------------- the op
