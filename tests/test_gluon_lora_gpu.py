@@ -13,6 +13,7 @@ from _tiles import TILE_COUNT_CASES, tile_count
 from lowrank_gemm.kernels.gluon import lora_ws as L
 from lowrank_gemm.kernels.gluon import skeleton as sk
 from lowrank_gemm.kernels.gluon.smoke import normalized_error
+from lowrank_gemm.plan.config import KernelConfig
 
 pytestmark = [pytest.mark.gpu]
 WATCHDOG = dict(timeout=60, method="thread")
@@ -92,7 +93,7 @@ def test_debug_trace_matches_host_model(shrink, coop):
     g, _, cx, cfg, _, _ = L.kernel_args_v2(**dict(ops, out=None), config=config, shrink=shrink, grid=1)
     want = sk.expected_role_states(g, M, N, K, cfg, {"loader": cx["STAGES"]}, cx["STAGES"])
     if coop:
-        uses = [u for u, _ in enumerate(want["loader"])]
+        uses = list(range(len(want["loader"])))
         for c in range(sk.NUM_CONSUMERS):
             want[f"consumer{c}"] = sk.expected_states_host(uses, cx["STAGES"], producer=False)
     dbg = dbg.cpu()
@@ -119,7 +120,6 @@ def test_cuda_graph_capture_replay():
 # COOP (num_warps 8): both consumers on one tile, a half of its rows each; one LOWRANK slot the loader refills
 # during the next tile's K loop.
 def _coop(tile):
-    from lowrank_gemm.plan.config import KernelConfig
     bm, bn = (int(v) for v in tile.split("x"))
     return KernelConfig(block_m=bm, block_n=bn, block_k=64, block_r=16, num_warps=8, num_stages=2)
 
