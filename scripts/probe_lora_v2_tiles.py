@@ -41,8 +41,9 @@ def tile_config(tile, r):
     from lowrank_gemm.plan.config import KernelConfig
     coop = tile.startswith("coop")
     bm, bn, bk = (int(v) for v in tile.removeprefix("coop").removeprefix("pp").split("x"))
+    # stages and LOWRANK slots are the launcher's (plan_lora_v2: the ledger's deepest ring, lora_ws.lowrank_stages)
     return KernelConfig(block_m=bm, block_n=bn, block_k=bk, block_r=rank_block(r), group_m=8,
-                        num_warps=8 if coop else 4, num_stages=2, lowrank_stages=1 if coop else 2, persistent=True)
+                        num_warps=8 if coop else 4)
 
 
 def rel_err(fn, s):
