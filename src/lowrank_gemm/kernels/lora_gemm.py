@@ -1266,12 +1266,29 @@ def _v2_choice(M: int, N: int, K: int, r: int, device) -> str | None:
     return None if e is None else e["shrink"]
 
 
+_V2_ENTRY_KEYS = ("m_min", "m_max", "k", "r_max", "shrink")
+
+
 @functools.lru_cache(maxsize=None)
 def _load_v2_table(path: str) -> tuple:
-    """The table's entries, each ``config`` (tile fields) made a KernelConfig once, here."""
+    """The table's entries, each ``config`` (tile fields) made a KernelConfig once, here. Version 1, as every tuned
+    table (another version is refused, not misread); a table that ``extends`` another (an H100's own entries over
+    the H200's) lists its own entries first, so they win where buckets overlap. An entry missing a bucket field is
+    an error naming the file and the entry, not a silent miss."""
     p = Path(path)
-    entries = json.loads(p.read_text())["entries"] if p.exists() else ()
-    return tuple({**e, "config": KernelConfig(**e["config"])} if "config" in e else e for e in entries)
+    if not p.exists():
+        return ()
+    data = json.loads(p.read_text())
+    if data.get("version") != 1:
+        raise ValueError(f"{p}: unsupported tuned-table version {data.get('version')!r} (expected 1)")
+    for i, e in enumerate(data.get("entries", ())):
+        missing = [k for k in _V2_ENTRY_KEYS if k not in e] + ([] if "n" in e or "n_min" in e else ["n or n_min"])
+        if missing:
+            raise ValueError(f"{p}: entry {i} lacks {', '.join(missing)} (has {sorted(e)})")
+        if e["shrink"] not in ("fused", "pre"):
+            raise ValueError(f"{p}: entry {i} has shrink {e['shrink']!r} (expected 'fused' or 'pre')")
+    own = tuple({**e, "config": KernelConfig(**e["config"])} if "config" in e else e for e in data.get("entries", ()))
+    return own + (_load_v2_table(str(p.parent / data["extends"])) if data.get("extends") else ())
 
 
 # ---------------------------------------------------------------------------- the op
