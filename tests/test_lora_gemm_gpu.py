@@ -157,15 +157,16 @@ def _tuned_entries():
     each config runs on whichever GPU the suite gets: correctness does not depend on the GPU the entry was timed on."""
     import json
     from lowrank_gemm.plan.tuned import TUNED_DIR
-    return sorted((f"{path.stem}:{key}", entry) for path in (TUNED_DIR / "lora_h200.json", TUNED_DIR / "lora_h100.json")
+    tables = (TUNED_DIR / "lora_h200.json", TUNED_DIR / "lora_h100.json")
+    return sorted((f"{path.stem}:{key}", entry) for path in tables
                   for key, entry in json.loads(path.read_text())["lora"].items())
 
 
 @pytest.mark.timeout(300)
 def test_every_tuned_plan_runs_right_at_its_bucket():
-    """Each committed table entry (H200's and H100's) at the top of its M and rank bucket (the shape it was measured at) and at a
-    ragged M = m/4 + 1 inside the bucket: launches (the ledger let it through), every output element written
-    (NaN-poisoned), within 1e-2 of float64, bit-identical on a second call."""
+    """Each committed table entry (the H200's and the H100's) at the top of its M and rank bucket (the shape it was
+    measured at) and at a ragged M = m/4 + 1 inside the bucket: launches (the ledger let it through), every output
+    element written (NaN-poisoned), within 1e-2 of float64, bit-identical on a second call."""
     for key, entry in _tuned_entries():
         m, n, k, r = (int(p[1:]) for p in key.split(":")[1].split("_")[:4])
         cfg = KernelConfig.from_dict(entry["config"])
