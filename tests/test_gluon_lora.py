@@ -102,43 +102,6 @@ def test_consumer_k_loop_releases_inside_the_loop(shrink, in_flight, coop):
 
 # ---------------------------------------------------------------------------------------------
 # Ring protocol on the host (same arithmetic as the kernel's states).
-def test_v2_table_extends_and_refuses_bad_files(monkeypatch, tmp_path):
-    """An H100's own v2 table ``extends`` the H200's: its entries first (they win where buckets overlap), the
-    H200's still apply elsewhere. Another version, an entry missing a bucket field or an unknown shrink mode is a
-    ValueError naming the file — never a silent fall back to v1."""
-    import json
-    import torch
-    from lowrank_gemm.kernels import lora_gemm as lg
-    base = tmp_path / "lora_v2_base.json"
-    base.write_text(json.dumps({"version": 1, "entries": [
-        {"m_min": 33, "m_max": 64, "n_min": 16384, "k": 4096, "r_max": 16, "shrink": "fused"}]}))
-    own = tmp_path / "lora_v2_own.json"
-    own.write_text(json.dumps({"version": 1, "extends": base.name, "entries": [
-        {"m_min": 129, "m_max": 256, "n": 28672, "k": 4096, "r_max": 64, "shrink": "pre",
-         "config": COOP_128x256.to_dict()},
-        {"m_min": 64, "m_max": 64, "n": 28672, "k": 4096, "r_max": 16, "shrink": "pre"}]}))
-    monkeypatch.setattr(lg, "tuned_file", lambda family, device: own)
-    dev = torch.device("cpu")
-    assert lg._v2_entry(256, 28672, 4096, 64, dev)["config"] == COOP_128x256
-    assert lg._v2_choice(64, 28672, 4096, 16, dev) == "pre"          # own entry over the base's "fused"
-    assert lg._v2_choice(48, 28672, 4096, 16, dev) == "fused"        # the base's, where own has none
-    assert lg._v2_choice(512, 28672, 4096, 16, dev) is None
-    for i, (data, match) in enumerate((
-            ({"version": 2, "entries": []}, "version 2"),
-            ({"entries": []}, "version None"),
-            ({"version": 1, "entries": [{"m_min": 1, "m_max": 8, "k": 4096, "r_max": 16, "shrink": "pre"}]},
-             "entry 0 lacks n or n_min"),
-            ({"version": 1, "entries": [{"m_min": 1, "n": 8, "k": 4096, "r_max": 16, "shrink": "pre"}]},
-             "lacks m_max"),
-            ({"version": 1, "entries": [{"m_min": 1, "m_max": 8, "n": 8, "k": 4096, "r_max": 16,
-                                         "shrink": "split"}]}, "shrink 'split'"))):
-        bad = tmp_path / f"lora_v2_bad{i}.json"
-        bad.write_text(json.dumps(data))
-        monkeypatch.setattr(lg, "tuned_file", lambda family, device, bad=bad: bad)
-        with pytest.raises(ValueError, match=match):
-            lg._v2_entry(64, 28672, 4096, 16, dev)
-
-
 @pytest.mark.parametrize("n_tiles,k_tiles,stages", [(1, 1, 3), (2, 5, 3), (5, 2, 4), (7, 3, 2), (3, 64, 7)])
 def test_consumers_partition_both_rings(n_tiles, k_tiles, stages):
     from test_gluon_skeleton import _PyState
