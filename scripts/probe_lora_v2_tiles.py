@@ -36,6 +36,31 @@ def v2_fn(config, shrink):
     return call
 
 
+def kernel_only_fn(config, sets):
+    """v2 ``pre`` with S = x·Aᵀ computed beforehand for every rotated set: the kernel alone (main product, branch
+    expand, bias), so its time against cuBLAS's x·Wᵀ is the Gluon main loop's quality, the shrink kept out."""
+    import torch
+    from lowrank_gemm.bench.lora import SCALE
+    from lowrank_gemm.kernels.gluon import lora_ws
+    from lowrank_gemm.kernels.launch import launch
+    pre = {}
+    for x, w, a, b, _ in sets:
+        r8 = -(-a.shape[0] // 8) * 8
+        pre[x.data_ptr()] = x @ torch.nn.functional.pad(a, (0, 0, 0, r8 - a.shape[0])).t()
+
+    def call(x, w, a, b, bs):
+        g, args, cx, _, out, _ = lora_ws.kernel_args_v2(x, w, a, b, SCALE, config=config, shrink="pre",
+                                                        s_pre=pre[x.data_ptr()])
+        launch(lora_ws.lora_ws_kernel, (g, ), *args, **cx, num_warps=lora_ws.CONSUMER_WARPS)
+        return out
+    return call
+
+
+def shrink_fn(x, w, a, b, bs):
+    """The ``pre`` shrink alone (one cuBLAS x·Aᵀ, as kernel_args_v2 runs it)."""
+    return x @ a.t()
+
+
 def tile_config(tile, r):
     from lowrank_gemm.kernels.epilogue import rank_block
     from lowrank_gemm.plan.config import KernelConfig
@@ -57,6 +82,8 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True, help="directory for the tables")
     ap.add_argument("--cells", default=CELLS, help="comma-separated MxNxKxR")
+    ap.add_argument("--parts", action="store_true",
+                    help="also time the pre shrink alone and each tile's kernel with S computed beforehand")
     args = ap.parse_args(argv)
     from lowrank_gemm.kernels.gluon import lora_ws
     auto, cublas = lora_baselines()
@@ -71,9 +98,14 @@ def main(argv=None):
                     impls[f"v2_{tile}_{shrink}"] = v2_fn(cfg, shrink)
                 else:
                     print(f"SKIP v2_{tile}_{shrink} at {M}x{N}x{K} r{r}: does not fit", flush=True)
+            if args.parts and lora_ws.can_implement_v2(cfg, dict(M=M, N=N, K=K, rank=r, shrink="pre")):
+                impls[f"v2_{tile}_kernel_only"] = kernel_only_fn(tile_config(tile, r), sets)
+        if args.parts:
+            impls["v2_default_kernel_only"] = kernel_only_fn(None, sets)
+            impls["shrink_only"] = shrink_fn
         ok = {}
         for name, fn in impls.items():
-            if name == "cublas_base":
+            if name in ("cublas_base", "shrink_only"):
                 ok[name] = fn
                 continue
             try:
