@@ -7,9 +7,11 @@ tiles (128×128 per consumer): M = 256 126–137 µs against v1's 112. Session 5
 per consumer is worse still (1.31–2.67× cuBLAS: each consumer's 64-row tile reads W from L2 four times at 256 tokens).
 Here, per cell, in one process: cuBLAS x·Wᵀ, ``lora_linear`` auto, v2 at its default and v2 COOP (both consumers
 on one 128×256 or 256×128 tile: v1's and cuBLAS's tile areas), both shrink modes (``TILES``: ``pp`` ping-pong,
-``coop``). Every impl is checked against an fp32 composite on the first set first (WRONG above 1e-2).
+``coop``). Every impl is checked against an fp32 composite on the first set first (WRONG above 1e-2). ``--parts``
+splits the ``pre`` path: its shrink alone and each tile's kernel with S computed beforehand. Session 57 (H100): COOP
+1.26–3.0× cuBLAS against auto's 1.04–1.15; its kernel alone 1.20–1.26×, the ping-pong kernel alone 1.08 at 4096³.
 
-    PYTHONPATH=src python scripts/probe_lora_v2_tiles.py --out DIR [--cells MxNxKxR,...]
+    PYTHONPATH=src python scripts/probe_lora_v2_tiles.py --out DIR [--cells MxNxKxR,...] [--parts]
 
 Writes DIR/probe_lora_v2_tiles.{json,md}; prints ``ROW`` lines.
 """
