@@ -41,14 +41,10 @@ def v2_fn(config, shrink):
 def kernel_only_fn(config, sets):
     """v2 ``pre`` with S = x·Aᵀ computed beforehand for every rotated set: the kernel alone (main product, branch
     expand, bias), so its time against cuBLAS's x·Wᵀ is the Gluon main loop's quality, the shrink kept out."""
-    import torch
     from lowrank_gemm.bench.lora import SCALE
     from lowrank_gemm.kernels.gluon import lora_ws
     from lowrank_gemm.kernels.launch import launch
-    pre = {}
-    for x, w, a, b, _ in sets:
-        r8 = -(-a.shape[0] // 8) * 8
-        pre[x.data_ptr()] = x @ torch.nn.functional.pad(a, (0, 0, 0, r8 - a.shape[0])).t()
+    pre = {x.data_ptr(): lora_ws.pre_shrink(x, a) for x, w, a, b, _ in sets}
 
     def call(x, w, a, b, bs):
         g, args, cx, _, out, _ = lora_ws.kernel_args_v2(x, w, a, b, SCALE, config=config, shrink="pre",
@@ -59,8 +55,9 @@ def kernel_only_fn(config, sets):
 
 
 def shrink_fn(x, w, a, b, bs):
-    """The ``pre`` shrink alone (one cuBLAS x·Aᵀ, as kernel_args_v2 runs it)."""
-    return x @ a.t()
+    """The ``pre`` shrink alone (``lora_ws.pre_shrink``, as kernel_args_v2 runs it)."""
+    from lowrank_gemm.kernels.gluon import lora_ws
+    return lora_ws.pre_shrink(x, a)
 
 
 def tile_config(tile, r):
@@ -101,7 +98,7 @@ def main(argv=None):
                 else:
                     print(f"SKIP v2_{tile}_{shrink} at {M}x{N}x{K} r{r}: does not fit", flush=True)
             if args.parts and lora_ws.can_implement_v2(cfg, dict(M=M, N=N, K=K, rank=r, shrink="pre")):
-                impls[f"v2_{tile}_kernel_only"] = kernel_only_fn(tile_config(tile, r), sets)
+                impls[f"v2_{tile}_kernel_only"] = kernel_only_fn(cfg, sets)
         if args.parts:
             impls["v2_default_kernel_only"] = kernel_only_fn(None, sets)
             impls["shrink_only"] = shrink_fn

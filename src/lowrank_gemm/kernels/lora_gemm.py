@@ -36,7 +36,6 @@ import collections
 import contextlib
 import contextvars
 import functools
-import json
 import weakref
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
@@ -49,7 +48,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from ..plan.config import KernelConfig
 from ..plan.planner import (LORA_STRATEGIES, block_r_for, can_implement, current_pin, fixup_dp_tiles, pinned,
                             plan_lora)
-from ..plan.tuned import tuned_file
+from ..plan.tuned import read_table, tuned_file
 from .env import env_on, getenv, interpreting
 from .launch import launch
 from .pdl import pdl_supported
@@ -1278,9 +1277,7 @@ def _load_v2_table(path: str) -> tuple:
     p = Path(path)
     if not p.exists():
         return ()
-    data = json.loads(p.read_text())
-    if data.get("version") != 1:
-        raise ValueError(f"{p}: unsupported tuned-table version {data.get('version')!r} (expected 1)")
+    data = read_table(p)
     for i, e in enumerate(data.get("entries", ())):
         missing = [k for k in _V2_ENTRY_KEYS if k not in e] + ([] if "n" in e or "n_min" in e else ["n or n_min"])
         if missing:

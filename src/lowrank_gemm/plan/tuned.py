@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["TUNED_DIR", "gpu_kind", "gpu_table_name", "table_entries", "tuned_file"]
+__all__ = ["TUNED_DIR", "gpu_kind", "gpu_table_name", "read_table", "table_entries", "tuned_file"]
 
 TUNED_DIR = Path(__file__).parent / "tuned"
 
@@ -51,6 +51,14 @@ def tuned_file(family: str, device) -> Path | None:
     return own if own.exists() else TUNED_DIR / f"{family}_{gpu_table_name(device)}.json"
 
 
+def read_table(path: Path) -> dict:
+    """A tuned table's JSON, refused (ValueError naming the file) unless it is version 1 — never misread."""
+    data = json.loads(Path(path).read_text())
+    if data.get("version") != 1:
+        raise ValueError(f"{path}: unsupported tuned-table version {data.get('version')!r} (expected 1)")
+    return data
+
+
 @functools.lru_cache(maxsize=16)
 def table_entries(path: str, section: str) -> dict:
     """The entries under ``section`` of the tuned table at ``path`` ({} where there is no file). A table that
@@ -60,8 +68,6 @@ def table_entries(path: str, section: str) -> dict:
     p = Path(path)
     if not p.exists():
         return {}
-    data = json.loads(p.read_text())
-    if data.get("version") != 1:
-        raise ValueError(f"{p}: unsupported tuned-table version {data.get('version')!r} (expected 1)")
+    data = read_table(p)
     base = table_entries(str(p.parent / data["extends"]), section) if data.get("extends") else {}
     return {**base, **data.get(section, {})}

@@ -53,7 +53,7 @@ from .skeleton import (bias_and_store, consumer_step, NUM_CONSUMERS, NUM_ROLES, 
                        Ring, consumer_state, debug_record, make_consumer_order, make_pipeline, producer_state)
 
 __all__ = ["LORA_ROLES", "LORA_ROLE_IDS", "LOWRANK_STAGES", "lora_v2_ledger", "plan_lora_v2", "default_config_v2",
-           "can_implement_v2", "launch_lora_v2", "lora_ws_kernel", "kernel_args_v2", "aot_signature_v2",
+           "can_implement_v2", "launch_lora_v2", "lora_ws_kernel", "kernel_args_v2", "pre_shrink", "aot_signature_v2",
            "make_operands_v2", "reference_v2", "balanced_grid", "shrink_mode", "SHRINK_MODES", "is_coop",
            "lowrank_stages"]
 
@@ -508,6 +508,15 @@ def balanced_grid(tiles: int, sms: int) -> int:
 
 
 
+def pre_shrink(x: torch.Tensor, lora_a: torch.Tensor) -> torch.Tensor:
+    """The ``pre`` mode's S = x·Aᵀ [M, r rounded up to 8] (16-byte rows for TMA; the padded columns are zeros): one
+    cuBLAS call, fp32 accumulation rounded once to x's dtype; the kernel applies ``scale`` in fp32."""
+    r = lora_a.shape[0]
+    r8 = cdiv(r, 8) * 8
+    a8 = lora_a if r == r8 else torch.nn.functional.pad(lora_a, (0, 0, 0, r8 - r))
+    return torch.mm(x, a8.t())
+
+
 def kernel_args_v2(x, weight, lora_a, lora_b, scale=1.0, bias=None, out=None, config=None, *, shrink=None,
                    grid=None, debug=False, debug_iters=DEBUG_ITERS_DEFAULT, consumer_order=True, s_pre=None):
     """Validate, plan, build one launch. x [M, K] (2-D), out [M, N] or None (allocated).
@@ -540,9 +549,7 @@ def kernel_args_v2(x, weight, lora_a, lora_b, scale=1.0, bias=None, out=None, co
         s_desc = desc(dummy(dev, x.dtype, (bm, br)), (bm, br))
     else:
         if s_pre is None:
-            # one cuBLAS call (fp32 accumulation, rounded once to x's dtype); scale is applied in fp32 in-kernel
-            a8 = lora_a if r == r8 else torch.nn.functional.pad(lora_a, (0, 0, 0, r8 - r))
-            s_pre = torch.mm(x, a8.t())
+            s_pre = pre_shrink(x, lora_a)
         a_desc = desc(dummy(dev, x.dtype, (br, bk)), (br, bk))
         s_desc = desc(tma_operand(s_pre, r8), (bm, br))
     out_desc = desc(out if epi_tma else dummy(dev, x.dtype, (bm, bn)), (bm, bn))
