@@ -59,6 +59,7 @@ from lowrank_gemm.formats.int4 import pack_int4, quantize_act_int4, quantize_wei
 from lowrank_gemm.formats.int4_twolevel import pack_weight_2l, quantize_act_2l
 from lowrank_gemm.kernels.act_quant import act_quant, plan_act_quant
 from lowrank_gemm.kernels.w4a4_gemm import TUNED_PATH, W4A4Plan, launch_w4a4_v1, plan_w4a4, swap_config
+from lowrank_gemm.plan.tuned import read_table
 from lowrank_gemm.reference import w4a4_gemm_ref
 
 RANK, G = 32, 64
@@ -150,7 +151,7 @@ def _merge_tuned(tuned: dict) -> dict:
     """New entries replace the table's entries of the same (fmt, group_size, m_max); the others stay
     (a --decode-only run must not drop the prefill bucket)."""
     key = lambda e: (e["fmt"], e.get("group_size", 64), e.get("m_max"))  # noqa: E731
-    old = json.loads(TUNED_PATH.read_text()).get("entries", []) if TUNED_PATH.exists() else []
+    old = read_table(TUNED_PATH).get("entries", []) if TUNED_PATH.exists() else []
     new_keys = {key(e) for e in tuned["entries"]}
     return {**tuned, "entries": [e for e in old if key(e) not in new_keys] + tuned["entries"]}
 
@@ -616,7 +617,7 @@ def main(argv=None) -> int:
             del o, ref
             torch.cuda.empty_cache()
 
-    tuned = {"device": torch.cuda.get_device_name(0), "source": "scripts/probe_w4a4.py",
+    tuned = {"version": 1, "device": torch.cuda.get_device_name(0), "source": "scripts/probe_w4a4.py",
              "entries": [{"fmt": f, "group_size": G, "m_max": mm, "probe_winner": name, "graph_us": t,
                           "plan": plan.to_dict()} for (f, mm), (t, name, plan) in sorted(
                               best.items(), key=lambda kv: (kv[0][0], float("inf") if kv[0][1] is None else kv[0][1]))]}

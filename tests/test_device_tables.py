@@ -86,3 +86,20 @@ def test_table_entries_refuses_another_version(tmp_path):
     p.write_text(json.dumps({"version": 2, "lora": {}}))
     with pytest.raises(ValueError, match="unsupported tuned-table version 2"):
         tuned.table_entries(str(p), "lora")
+
+
+@pytest.mark.parametrize("path", sorted(tuned.TUNED_DIR.glob("*.json")), ids=lambda p: p.name)
+def test_every_shipped_table_is_version_1(path):
+    """Every table that ships passes the one reader every family uses (``read_table``); an ``extends`` names a
+    table beside it."""
+    data = tuned.read_table(path)
+    assert not data.get("extends") or (path.parent / data["extends"]).exists(), data["extends"]
+
+
+def test_w4a4_table_refuses_another_version(tmp_path):
+    import json
+    from lowrank_gemm.kernels import w4a4_gemm
+    p = tmp_path / "w4a4_test.json"
+    p.write_text(json.dumps({"entries": []}))
+    with pytest.raises(ValueError, match="unsupported tuned-table version None"):
+        w4a4_gemm.load_tuned(str(p))

@@ -50,7 +50,6 @@ epilogue (epilogue.affine). Epilogue: affine, lowrank_up, add_bias, store_tile (
 from __future__ import annotations
 
 import functools
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -64,7 +63,7 @@ from ..formats.int4 import PACK_BLOCK
 from ..formats.int4_twolevel import MAX_K
 from ..plan.config import KernelConfig
 from ..plan.smem import SmemLedger, SmemTerm, barrier_bytes, solve_stages, tile_bytes
-from ..plan.tuned import TUNED_DIR, tuned_file
+from ..plan.tuned import TUNED_DIR, read_table, tuned_file
 from .act_quant import FORMATS, act_quant
 from .env import env_switch
 from .int4_unpack import SWAR_DEFAULT, unpack_hi, unpack_lo
@@ -657,11 +656,12 @@ TUNED_PATH = TUNED_DIR / "w4a4_h200.json"   # where the probe writes; read throu
 @functools.lru_cache(maxsize=8)
 def load_tuned(path: str = str(TUNED_PATH)) -> tuple:
     """Tuned entries (written by ``scripts/probe_w4a4.py --write-tuned``), sorted by m_max:
-    ``{"entries": [{"fmt", "group_size", "m_max" (null = ∞), "plan": W4A4Plan.to_dict()}]}``."""
+    ``{"version": 1, "entries": [{"fmt", "group_size", "m_max" (null = ∞), "plan": W4A4Plan.to_dict()}]}`` (another
+    version is refused: ``plan.tuned.read_table``)."""
     p = Path(path)
     if not p.exists():
         return ()
-    entries = json.loads(p.read_text()).get("entries", [])
+    entries = read_table(p).get("entries", [])
     return tuple(sorted(entries, key=lambda e: float("inf") if e.get("m_max") is None else e["m_max"]))
 
 
