@@ -1274,6 +1274,7 @@ def _load_v2_table(path: str) -> tuple:
     table (another version is refused, not misread); a table that ``extends`` another (an H100's own entries over
     the H200's) lists its own entries first, so they win where buckets overlap. An entry missing a bucket field is
     an error naming the file and the entry, not a silent miss."""
+    from .gluon.lora_ws import SHRINK_MODES
     p = Path(path)
     if not p.exists():
         return ()
@@ -1282,8 +1283,8 @@ def _load_v2_table(path: str) -> tuple:
         missing = [k for k in _V2_ENTRY_KEYS if k not in e] + ([] if "n" in e or "n_min" in e else ["n or n_min"])
         if missing:
             raise ValueError(f"{p}: entry {i} lacks {', '.join(missing)} (has {sorted(e)})")
-        if e["shrink"] not in ("fused", "pre"):
-            raise ValueError(f"{p}: entry {i} has shrink {e['shrink']!r} (expected 'fused' or 'pre')")
+        if e["shrink"] not in SHRINK_MODES:
+            raise ValueError(f"{p}: entry {i} has shrink {e['shrink']!r} (expected one of {SHRINK_MODES})")
     own = tuple({**e, "config": KernelConfig(**e["config"])} if "config" in e else e for e in data.get("entries", ()))
     return own + (_load_v2_table(str(p.parent / data["extends"])) if data.get("extends") else ())
 

@@ -482,6 +482,12 @@ def _check_config(config: KernelConfig, rank: int, fused: bool, epi_tma: bool) -
     lora_v2_ledger(config, fused=fused, epi_tma=epi_tma).check()
 
 
+def _stores_by_tma(config: KernelConfig | None, N: int) -> bool:
+    """Y leaves by TMA from a staging tile where rows are 16-byte pitched (N % 8 == 0) and the schedule is
+    ping-pong; COOP stores its halves from registers (no staging tile in its ledger)."""
+    return N % 8 == 0 and not (config is not None and is_coop(config))
+
+
 def can_implement_v2(config: KernelConfig | None, shape: dict) -> bool:
     """``shape``: dict with M, N, K, rank and optionally shrink ("fused"/"pre"), dtype (bf16)."""
     try:
@@ -489,7 +495,7 @@ def can_implement_v2(config: KernelConfig | None, shape: dict) -> bool:
         if r < 1 or K < 1 or shape.get("dtype", torch.bfloat16) not in _DTYPES:
             return False
         fused = shrink_mode(M, shape.get("shrink")) == "fused"
-        epi_tma = N % 8 == 0 and not (config is not None and is_coop(config))
+        epi_tma = _stores_by_tma(config, N)
         cfg = plan_lora_v2(M, N, K, r, config=config, fused=fused, epi_tma=epi_tma)
         _check_config(cfg, r, fused, epi_tma)
         return True
@@ -502,10 +508,6 @@ def balanced_grid(tiles: int, sms: int) -> int:
     evenly (224 tiles on 132 SMs → 112 programs × 2, not 92 × 2 + 40 × 1: same makespan, no idle half-wave)."""
     waves = cdiv(tiles, max(1, sms))
     return max(1, cdiv(tiles, waves))
-
-
-
-
 
 
 def pre_shrink(x: torch.Tensor, lora_a: torch.Tensor) -> torch.Tensor:
@@ -536,7 +538,7 @@ def kernel_args_v2(x, weight, lora_a, lora_b, scale=1.0, bias=None, out=None, co
                          f"got {list(out.shape)} {out.dtype} on {out.device} strides {tuple(out.stride())}")
     fused = shrink_mode(M, shrink) == "fused"
     coop = config is not None and is_coop(config)
-    epi_tma = tma_ready(out) and N % 8 == 0 and not coop     # COOP stores its halves from registers
+    epi_tma = tma_ready(out) and _stores_by_tma(config, N)
     cfg = plan_lora_v2(M, N, K, r, config=config, fused=fused, epi_tma=epi_tma)
     _check_config(cfg, r, fused, epi_tma)
     bm, bn, bk, br = cfg.block_m, cfg.block_n, cfg.block_k, cfg.block_r
