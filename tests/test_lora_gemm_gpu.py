@@ -17,7 +17,8 @@ from lowrank_gemm.reference import lora_linear_ref
 
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(120)]
 
-STRATEGIES = ("kloop", "split", "concat", "streams", "merged", "persistent_static", "persistent_dynamic", "kcat")
+STRATEGIES = ("kloop", "split", "concat", "streams", "merged", "persistent_static", "persistent_dynamic", "kcat",
+              "unfused")
 SHAPES = [  # (M, N, K, r): decode wide N, split-K territory, ragged, large M
     (64, 28672, 4096, 16),
     (64, 4096, 4096, 16),
@@ -503,3 +504,36 @@ def test_auto_routes_flat_and_replays_in_a_graph(M, N, K, r):
     torch.cuda.synchronize()
     assert rel_err(y, lora_linear_ref(x, w, a, b, 0.5, bias)) < TOL
     assert LG._TICKETS.all_zero(x.device)
+
+
+# ---------------------------------------------------------------------------- the user's own tuning
+
+@pytest.mark.timeout(400)
+def test_tune_lora_on_the_gpu_then_auto_reads_the_users_table(tmp_path, monkeypatch):
+    """``tune lora`` end to end on a layer no shipped table holds: every candidate checked against float64 on the GPU
+    and timed as graph replays; the winner (where it beat auto) is written where the planner reads first, and auto
+    then runs it — right, and bit-identical call to call. The table sits in a temporary LOWRANK_GEMM_TUNED_DIR."""
+    from lowrank_gemm.plan import autotune, planner
+    monkeypatch.setenv("LOWRANK_GEMM_TUNED_DIR", str(tmp_path))
+    planner.clear_plan_cache()
+    M, K, N, r = 200, 1536, 2560, 24
+    try:
+        (rep,) = autotune.tune_lora([(M, K, N, r)], progress=False)
+        errors = [row for row in rep.rows if "error" in row]
+        assert not errors, errors
+        assert all(row["rel_err"] < TOL for row in rep.rows)
+        dev = torch.device("cuda", torch.cuda.current_device())
+        if rep.chosen:
+            assert planner.user_plan(M, N, K, r, torch.bfloat16, dev) == (
+                rep.chosen["strategy"], KernelConfig.from_dict(rep.chosen["config"]))
+            assert plan_lora(M, N, K, r, torch.bfloat16, dev)[0] == rep.chosen["strategy"] == rep.auto_after_plan
+            assert rep.auto_after_us and rep.cublas_after_us
+        else:
+            assert rep.kept_auto and planner.user_plan(M, N, K, r, torch.bfloat16, dev) is None
+        x, w, a, b, bias = make(M, N, K, r)
+        ys = [lora_linear(x, w, a, b, 0.5, bias) for _ in range(2)]
+        assert rel_err(ys[0], lora_linear_ref(x, w, a, b, 0.5, bias)) < TOL
+        assert torch.equal(ys[0], ys[1])
+    finally:
+        monkeypatch.delenv("LOWRANK_GEMM_TUNED_DIR")
+        planner.clear_plan_cache()

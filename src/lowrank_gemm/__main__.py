@@ -6,6 +6,8 @@
 - ``bench SUITE``: GPU benchmark suites (lora, multilora, w4a4, ab; tp on several GPUs); results under
   benchmarks/results/<gpu> — h200, h100, another GPU's name (tp: <gpu>x<world>).
 - ``quantize``: the MiniLM accuracy table for every scheme (benchmarks/results/accuracy/minilm.json).
+- ``tune lora --shapes MxKxNxR,…``: time candidate plans for your own LoRA shapes on this GPU and write the winners
+  where the planner reads them first (``plan/autotune.py``).
 """
 
 from __future__ import annotations
@@ -108,6 +110,13 @@ def cmd_quantize(args) -> None:
     accuracy.main(args.rest)
 
 
+def cmd_tune(args) -> None:
+    if args.family != "lora":
+        raise SystemExit(f"unknown family {args.family!r}; tunable: lora")
+    from .plan import autotune
+    raise SystemExit(autotune.main(args.rest))
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m lowrank_gemm", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -122,6 +131,10 @@ def main(argv: list[str] | None = None) -> None:
     q = sub.add_parser("quantize", help="MiniLM accuracy table for every quantization scheme")
     q.add_argument("rest", nargs=argparse.REMAINDER)
     q.set_defaults(fn=cmd_quantize)
+    t = sub.add_parser("tune", help="tune the planner for your own shapes on this GPU (lora)")
+    t.add_argument("family")
+    t.add_argument("rest", nargs=argparse.REMAINDER)
+    t.set_defaults(fn=cmd_tune)
     args = p.parse_args(argv)
     args.fn(args)
 

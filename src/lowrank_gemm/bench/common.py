@@ -185,12 +185,11 @@ def results_dir(device=None, suffix: str = "") -> Path:
     """Where a suite writes by default: ``benchmarks/results/<gpu>`` — ``h100`` / ``h200``, another GPU's name in
     lower case with ``_`` for anything else (``nvidia_a100_sxm4_80gb``), ``cpu`` without CUDA — plus ``suffix``
     (``bench tp``: ``x<world>``). Named by the device that ran, so an H100's numbers never land among the H200's."""
-    from ..plan.tuned import _device_name, gpu_kind
+    from ..plan.tuned import device_slug
     if not torch.cuda.is_available():
         return RESULTS_ROOT / f"cpu{suffix}"
     dev = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
-    kind = gpu_kind(dev) or "".join(c if c.isalnum() else "_" for c in _device_name(dev))
-    return RESULTS_ROOT / f"{kind}{suffix}"
+    return RESULTS_ROOT / f"{device_slug(dev)}{suffix}"
 
 
 def write_results(name: str, meta: dict, rows: list[dict], outdir: Path | str | None = None,

@@ -3,6 +3,9 @@
     python -m lowrank_gemm.bench.lora [--quick] [--out DIR]        # table + lora.json/.md/.png
     python -m lowrank_gemm.bench.lora --tune [--quick] --out DIR   # sweep → DIR/lora_<gpu>.json
 
+(``--tune`` sweeps issue 2's grid for the shipped tables; a user's own shapes: ``python -m lowrank_gemm tune lora``,
+:mod:`lowrank_gemm.plan.autotune`, which shares the sweep.)
+
 One process times, on the same inputs: cuBLAS base GEMM without LoRA (``x @ W.T``), torch
 unfused LoRA (``addmm(x@W.T, x@A.T, (scale·B).T)``), every plausible strategy of
 ``lora_linear`` and ``auto``, eager and as CUDA-graph replays (``bench.common.time_impl``).
@@ -36,9 +39,8 @@ import torch
 
 from ..kernels.lora_gemm import kcat_preferred
 from ..kernels.lora_kcat import pack_lora_weights
-from ..plan.config import KernelConfig
-from ..plan.planner import (LORA_STRATEGIES, block_r_for, can_implement, group_m_for, lora_ledger,
-                            pinned, plan_lora, split_k_for, stages_for, tuned_key)
+from ..plan.autotune import sweep_candidates
+from ..plan.planner import LORA_STRATEGIES, pinned, plan_lora, tuned_key
 from .common import (device_meta, markdown_table, measure_copy_tbps, meta_header,
                      paired_ratio, parse_shapes, results_dir, rotation_count, time_graph, time_impl,
                      write_results)
@@ -49,7 +51,7 @@ MS = [1, 16, 64, 256, 1024, 4096]
 QUICK = [  # (M, K, N, r)
     (64, 4096, 28672, 16), (256, 4096, 28672, 16), (64, 4096, 4096, 16), (1, 4096, 4096, 16),
     (1024, 4096, 4096, 64), (4096, 8192, 8192, 16)]
-STRATS = [s for s in LORA_STRATEGIES if s != "torch"]
+STRATS = [s for s in LORA_STRATEGIES if s not in ("torch", "unfused")]   # unfused: the torch_unfused row
 # rows timed on the packed layout (W and B views of one buffer): kcat then needs no derived weight
 PACKED_IMPLS = ("auto_packed", "kcat")
 # the rows the issue's targets are read from: also timed in alternation with cuBLAS (``ratio_paired``)
@@ -219,37 +221,7 @@ def plot(data, path):
     fig.savefig(path, dpi=110)
 
 
-# ---------------------------------------------------------------------------- tuning
-
-def candidates(M, N, K, r):
-    """A small sweep per shape: tiles × split-K × strategy, each at its deepest feasible pipeline."""
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
-    br = block_r_for(r)
-    if M <= 64:
-        tiles = [(64, 64, 128, 4), (64, 128, 128, 4), (64, 256, 64, 4)]
-        strats = ["kloop", "split", "persistent_dynamic"]
-    elif M <= 256:
-        tiles = [(128, 128, 64, 4), (128, 256, 64, 8), (64, 128, 128, 4)]
-        strats = ["kloop", "split", "persistent_dynamic", "persistent_static"]
-    else:
-        tiles = [(128, 128, 64, 4), (128, 256, 64, 8)]
-        strats = ["split", "kloop", "persistent_dynamic", "persistent_static"]
-    out = []
-    for bm, bn, bk, warps in tiles:
-        npm, npn = -(-M // bm), -(-N // bn)
-        auto_split = split_k_for(npm * npn, -(-K // bk), sms)
-        for s in strats:
-            for split in sorted({1, auto_split} if not s.startswith("persistent") else {1}):
-                cfg = KernelConfig(block_m=bm, block_n=bn, block_k=bk, block_r=br, group_m=group_m_for(npm),
-                                   num_warps=warps, num_stages=2, split_k=split)
-                try:
-                    cfg = cfg.replace(num_stages=stages_for(lambda st: lora_ledger(s, cfg.replace(num_stages=st))))
-                except Exception:
-                    continue
-                if can_implement(s, (M, N, K, r), cfg):
-                    out.append((s, cfg))
-    return out
-
+# ---------------------------------------------------------------------------- tuning (the shipped tables)
 
 def tune(quick: bool, outdir: Path | None, kn: list[tuple[int, int]] | None = None, dtype=torch.bfloat16):
     """Time every candidate as a CUDA-graph replay, keep the fastest per tuned-table key. Merges
@@ -265,10 +237,11 @@ def tune(quick: bool, outdir: Path | None, kn: list[tuple[int, int]] | None = No
     table = json.loads(out_json.read_text()).get("lora", {}) if out_json.exists() else {}
     log = []
     t0 = time.time()
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
     for M, N, K, r in points:
         sets = make_sets(M, N, K, r, dtype, "cuda")
         best = None
-        for s, cfg in candidates(M, N, K, r):
+        for s, cfg in sweep_candidates(M, N, K, r, sms):
             fn = (lambda s_, c_: lambda x, w, a, b, bs: _pinned_call(lora_linear, s_, c_, x, w, a, b))(s, cfg)
             try:
                 us = time_graph(fn, sets).median_us

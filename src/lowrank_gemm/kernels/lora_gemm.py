@@ -16,6 +16,8 @@ Where it runs:
 - CUDA tensors: Triton kernels.
 - CPU tensors with ``TRITON_INTERPRET=1``: the same kernels in Triton's interpreter (tests).
 - CPU tensors otherwise, or ``strategy="torch"``: unfused PyTorch computed in fp32, cast back.
+- ``strategy="unfused"``: the three library GEMMs in the input dtype (what PyTorch runs without this package); the
+  planner routes it only from a user's own tuned table, where it measured fastest (:mod:`..plan.autotune`).
 
 Input contract (decisions, tested):
 - dtypes: x, weight, lora_a, lora_b (and bias) all float16 or all bfloat16; output has x's dtype.
@@ -47,7 +49,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ..plan.config import KernelConfig
 from ..plan.planner import (LORA_STRATEGIES, block_r_for, can_implement, current_pin, fixup_dp_tiles, pinned,
-                            plan_lora)
+                            plan_lora, user_plan)
 from ..plan.tuned import read_table, tuned_file
 from .env import env_on, getenv, interpreting
 from .launch import launch
@@ -113,6 +115,9 @@ def check_inputs(x, weight, lora_a, lora_b, bias=None, strategy: str = "auto", w
     if strategy != "auto" and strategy not in LORA_STRATEGIES:
         raise ValueError(f"strategy must be 'auto' or one of {LORA_STRATEGIES}, got {strategy!r}")
     check_fp8_base(x, weight, weight_scale, fp8_activations)
+    if strategy == "unfused" and (weight_scale is not None or fp8_activations):
+        raise ValueError(f"strategy 'unfused' runs three 16-bit library GEMMs: it takes no weight_scale or "
+                         f"fp8_activations (use 'auto', 'torch' or one of {WEIGHT_SCALE_STRATEGIES})")
     if weight_scale is not None and strategy not in ("auto", "torch") and strategy not in WEIGHT_SCALE_STRATEGIES:
         raise ValueError(f"strategy {strategy!r} keeps W in one buffer with a 16-bit factor and takes no "
                          f"weight_scale; with one use 'auto' or one of {WEIGHT_SCALE_STRATEGIES}")
@@ -958,6 +963,17 @@ def _run_kcat(x, w, a, b, bias, y, scale, cfg, *, N, Kp, R):
     return kcat_gemm(build_xcat(x, a, scale, rp), wcat, bias, y)
 
 
+def _run_unfused(x2, w, a, b, bias, y, scale):
+    """x·Wᵀ (+ bias) into y, then y += scale·(x·Aᵀ)·Bᵀ: three library GEMMs in the input dtype (S rounded to it)."""
+    if bias is not None:
+        torch.addmm(bias, x2, w.t(), out=y)
+    else:
+        torch.mm(x2, w.t(), out=y)
+    if a.shape[0]:
+        y.addmm_(x2 @ a.t(), b.t(), alpha=scale)
+    return y
+
+
 _RUNNERS = {
     "kloop": _run_kloop, "split": _run_split, "concat": _run_concat, "streams": _run_streams,
     "merged": _run_merged, "streamk": _run_streamk, "kcat": _run_kcat, "flat": _run_flat,
@@ -976,6 +992,10 @@ def run_strategy(strategy: str, x2, weight, lora_a, lora_b, scale, bias, cfg: Ke
     M, K = x2.shape
     N, R = weight.shape[0], lora_a.shape[0]
     y = torch.empty(M, N, dtype=x2.dtype, device=x2.device) if out is None else out
+    if strategy == "unfused":
+        if weight_scale is not None or x_fp8 is not None:
+            raise ValueError("strategy 'unfused' runs the 16-bit library GEMMs: no weight_scale or fp8 activations")
+        return _run_unfused(x2, weight, lora_a, lora_b, bias, y, float(scale))
     Kp = _k_padded(K, min(x2.element_size(), weight.element_size()))    # fp8 W: 16 of its 1-byte elements
     x2, w = tma_operand(x2, Kp), tma_operand(weight, Kp)
     bias_arg = bias.contiguous() if bias is not None else None
@@ -1146,7 +1166,11 @@ def lora_linear_impl(x, weight, lora_a, lora_b, scale: float = 1.0, bias=None,
         return _lora_linear_torch(x, weight, lora_a, lora_b, scale, bias, weight_scale, fp8_activations)
     pin = current_pin()
     scaled = weight_scale is not None
-    if strategy == "auto" and pin is None and x.is_cuda and not scaled:
+    # a user's own tuned entry (plan_lora reads it first) is taken as measured: no v2 table, no kcat preference
+    free = strategy == "auto" and pin is None and x.is_cuda and not scaled
+    if free and user_plan(M, N, K, lora_a.shape[0], x.dtype, x.device) is not None:
+        free = False
+    if free:
         entry = _v2_entry(M, N, K, lora_a.shape[0], x.device)
         if entry is not None:
             from .gluon.lora_ws import launch_lora_v2
@@ -1154,7 +1178,7 @@ def lora_linear_impl(x, weight, lora_a, lora_b, scale: float = 1.0, bias=None,
                                   config=entry.get("config"))
     # kcat needs [W | B] as a free view, a property of the tensors and not of the shape: decided here, not in plan_lora
     planned = None
-    if strategy == "auto" and pin is None and x.is_cuda and not scaled and kcat_shape(M, N, K, lora_a.shape[0]):
+    if free and kcat_shape(M, N, K, lora_a.shape[0]):
         from .lora_kcat import packed_wcat
         if packed_wcat(weight, lora_b) is not None:      # the packed layout: [W | B] is a free view
             planned = plan_lora(M, N, K, lora_a.shape[0], x.dtype, x.device)

@@ -1,4 +1,5 @@
-"""Strategy and launch configuration per shape: tuned table first, heuristic fallback.
+"""Strategy and launch configuration per shape: the user's own tuned table first (``python -m lowrank_gemm tune
+lora``, :mod:`.autotune`), then the shipped tuned table, heuristic fallback.
 
 One small pure function per knob (``block_r_for``, ``tile_for``, ``split_k_for``,
 ``stages_for``, ``group_m_for``) so other kernel families can reuse them; per-family planning
@@ -24,7 +25,7 @@ from ..kernels.epilogue import rank_block
 from ..kernels.schedule import cdiv
 from .config import SPLIT_MODES, KernelConfig
 from .smem import SmemError, SmemLedger, solve_stages
-from .tuned import TUNED_DIR, table_entries, tuned_file
+from .tuned import TUNED_DIR, table_entries, tuned_file, user_tuned_file
 
 __all__ = ["LoraStrategy", "LORA_STRATEGIES", "plan_lora", "can_implement", "pinned", "Pinned",
            "block_r_for", "tile_for", "split_k_for", "stages_for", "group_m_for", "m_bucket",
@@ -32,7 +33,7 @@ __all__ = ["LoraStrategy", "LORA_STRATEGIES", "plan_lora", "can_implement", "pin
            "SPLIT_BLOCK_R", "split_mode_override", "SPLIT_MODE_ENV", "FIXUP_STRATEGIES",
            "fixup_dp_tiles", "wave_split", "PIECE_OVERHEAD", "measured_tile", "wide_tiles_pay", "takes_wide_tiles",
            "one_wave_kloop_tile", "one_wave_persistent_tile", "entry_serves",
-           "WIDE_TILE_SPEEDUP"]
+           "WIDE_TILE_SPEEDUP", "user_plan"]
 
 MAX_FUSED_RANK = 128      # S lives in registers ([BM, BLOCK_R] fp32) in kloop / persistent
 # split's epilogue walks the rank in BLOCK_R chunks (unrolled). ptxas -v, 128×256×64 8 warps
@@ -74,11 +75,15 @@ class LoraStrategy(str, Enum):
     concatenated by one memory-bound kernel; [W | B] is the packed layout's view (``pack_lora_weights``) or cached."""
     TORCH = "torch"
     """Unfused PyTorch in fp32 (the fallback on CPU without the Triton interpreter)."""
+    UNFUSED = "unfused"
+    """Three library GEMMs in the input dtype — x·Wᵀ (+ bias), S = x·Aᵀ, then Y += scale·S·Bᵀ —, what PyTorch runs
+    without this package. Never planned by the rules: only a user's own tuned table (:mod:`.autotune`) routes it, where
+    it measured fastest on that GPU for that shape."""
 
 
 LORA_STRATEGIES = tuple(s.value for s in LoraStrategy)
 _FUSED_RANK_LIMITED = ("kloop", "persistent_static", "persistent_dynamic", "streamk", "flat")
-_NO_SPLIT_K = ("persistent_static", "persistent_dynamic", "streamk", "torch", "kcat", "flat")
+_NO_SPLIT_K = ("persistent_static", "persistent_dynamic", "streamk", "torch", "unfused", "kcat", "flat")
 # strategies whose main kernel is lora_main_kernel (KernelConfig.swap_ab reaches its K loop); kloop's S = A·Xᵀ is
 # then a wgmma with block_r on its M, so block_r ≥ 64 (an mma.sync of block_m rows instead: ptxas serializes every
 # wgmma, C7515, sm_90 AOT)
@@ -226,7 +231,7 @@ def can_implement(strategy: str, shape: tuple[int, int, int, int], config: Kerne
         return Feasibility(False, f"unknown strategy {strategy!r}; expected one of {LORA_STRATEGIES}")
     M, N, K, r = shape
     c = config
-    if strategy == "torch":
+    if strategy in ("torch", "unfused"):
         return Feasibility(True)
     if max(c.block_m, c.block_n, c.block_k, c.block_r) > 256:
         return Feasibility(False, f"TMA boxes are at most 256 per dim, got block "
@@ -269,8 +274,12 @@ def can_implement(strategy: str, shape: tuple[int, int, int, int], config: Kerne
 
 # ---------------------------------------------------------------------------- tuned table
 
-def tuned_key(M: int, N: int, K: int, r: int, dtype: torch.dtype | str) -> str:
+def tuned_key(M: int, N: int, K: int, r: int, dtype: torch.dtype | str, *, exact: bool = False) -> str:
+    """A tuned table's key: M and r by bucket (:func:`m_bucket`, :func:`r_bucket`), or as they are (``exact``: a
+    user's tuning measured that very shape; the same key where M and r are bucket values)."""
     d = str(dtype).replace("torch.", "")
+    if exact:
+        return f"m{M}_n{N}_k{K}_r{r}_{d}"
     return f"m{m_bucket(M)}_n{N}_k{K}_r{r_bucket(r)}_{d}"
 
 
@@ -334,6 +343,49 @@ def load_tuned(path: Path | None) -> dict:
     """``{key: {"strategy": str, "config": {...}}}`` from a LoRA table (``plan/tuned/lora_<gpu>.json``; the H100's
     ``extends`` the H200's: :func:`~lowrank_gemm.plan.tuned.table_entries`)."""
     return {} if path is None else table_entries(str(path), "lora")
+
+
+def _table_plan(path: Path | None, M: int, N: int, K: int, r: int, dtype, bits: int, sms: int
+                ) -> tuple[str, KernelConfig] | None:
+    """The entry of the LoRA table at ``path`` for this very shape (an exact key: :func:`tuned_key`), else for its
+    bucket where the entry serves this M (:func:`entry_serves`) — either only where it can run the shape; else None.
+    An entry with an unknown strategy or a config that is not a KernelConfig is an error naming the file and the
+    key (a hand-edited or corrupted table), never skipped in silence."""
+    entries = load_tuned(path)
+    exact = tuned_key(M, N, K, r, dtype, exact=True)
+    key = exact if exact in entries else tuned_key(M, N, K, r, dtype)
+    hit = entries.get(key)
+    if hit is None:
+        return None
+    strategy = hit.get("strategy") if isinstance(hit, dict) else None
+    if strategy not in LORA_STRATEGIES:
+        raise ValueError(f"{path}: entry {key}: unknown strategy {strategy!r}; expected one of {LORA_STRATEGIES}")
+    try:
+        cfg = KernelConfig.from_dict(hit["config"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ValueError(f"{path}: entry {key}: config is not a KernelConfig ({type(exc).__name__}: {exc})") from None
+    if can_implement(strategy, (M, N, K, r), cfg, bits) and (key == exact or entry_serves(M, N, strategy, cfg, sms)):
+        return strategy, cfg
+    return None
+
+
+def user_plan(M: int, N: int, K: int, r: int, dtype: torch.dtype, device: torch.device | str
+              ) -> tuple[str, KernelConfig] | None:
+    """The plan the user's own tuned table (:func:`~lowrank_gemm.plan.tuned.user_tuned_file`) holds for this shape,
+    or None. Memoized with the plans (:func:`clear_plan_cache`)."""
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    return _user_plan(M, N, K, r, dtype, device)
+
+
+@functools.lru_cache(maxsize=4096)
+def _user_plan(M, N, K, r, dtype, device):
+    if device.type != "cuda":
+        return None
+    from ..kernels.schedule import num_sms
+    bits = torch.finfo(dtype).bits if dtype.is_floating_point else 16
+    return _table_plan(user_tuned_file("lora", device), M, N, K, r, dtype, bits, num_sms(device))
 
 
 # ---------------------------------------------------------------------------- pinning
@@ -597,8 +649,9 @@ def plan_lora(M: int, N: int, K: int, r: int, dtype: torch.dtype, device: torch.
               ) -> tuple[str, KernelConfig]:
     """(strategy, KernelConfig) for ``y[M, N] = x[M, K]·Wᵀ + (x·Aᵀ)[M, r]·Bᵀ``.
 
-    Order: :func:`pinned` override → tuned table (``plan/tuned/lora_<gpu>.json``) → heuristic. Every
-    candidate is filtered with :func:`can_implement`; ``split`` (any rank) is the last resort.
+    Order: :func:`pinned` override → the user's own tuned table (:func:`user_plan`) → :func:`flat_plan` → the shipped
+    tuned table (``plan/tuned/lora_<gpu>.json``) → heuristic. Every candidate is filtered with
+    :func:`can_implement`; ``split`` (any rank) is the last resort.
     Memoized per (shape, dtype, device, pin): the op calls this on every launch.
     """
     device = torch.device(device)
@@ -608,8 +661,9 @@ def plan_lora(M: int, N: int, K: int, r: int, dtype: torch.dtype, device: torch.
 
 
 def clear_plan_cache() -> None:
-    """Forget memoized plans and tables (after swapping the tuned table, e.g. in tests)."""
+    """Forget memoized plans and tables (after swapping or writing a tuned table, e.g. in tests or after tuning)."""
     _plan_lora.cache_clear()
+    _user_plan.cache_clear()
     table_entries.cache_clear()
 
 
@@ -645,16 +699,13 @@ def _plan_lora_inner(M, N, K, r, dtype, device, pin, env_mode):
             raise ValueError(f"pinned config cannot run {strategy} on (M,N,K,r)={shape}: {ok.reason}")
         return strategy, pin.config
     if pin_strategy is None and gpu:
-        planned = flat_plan(M, N, K, r, bits, sms)
+        planned = _user_plan(M, N, K, r, dtype, device) or flat_plan(M, N, K, r, bits, sms)
         if planned is not None:
             return planned
     if pin_strategy is None:
-        table = load_tuned(tuned_file("lora", device))
-        hit = table.get(tuned_key(M, N, K, r, dtype))
-        if hit is not None:
-            cfg = KernelConfig.from_dict(hit["config"])
-            if can_implement(hit["strategy"], shape, cfg, bits) and entry_serves(M, N, hit["strategy"], cfg, sms):
-                return hit["strategy"], cfg
+        planned = _table_plan(tuned_file("lora", device), M, N, K, r, dtype, bits, sms)
+        if planned is not None:
+            return planned
     strategy, cfg = heuristic_lora(M, N, K, r, bits, gpu=gpu, sms=sms, strategy=pin_strategy,
                                    split_mode=env_mode)
     if r > cfg.block_r and strategy in _FUSED_RANK_LIMITED and pin_strategy is None:
