@@ -54,8 +54,28 @@ def test_candidates_are_distinct_runnable_and_include_todays_plan_and_unfused():
 
 def test_sweep_tiles_fit_the_ledger_at_every_m_class():
     for M in (1, 64, 256, 4096):
-        sweep = autotune.sweep_candidates(M, 4096, 4096, 16, 132)
-        assert sweep and all(planner.lora_ledger(s, c).fits() for s, c in sweep)
+        for fits in (False, True):
+            sweep = autotune.sweep_candidates(M, 4096, 4096, 16, 132, wave_fits=fits)
+            assert sweep and all(planner.lora_ledger(s, c).fits() for s, c in sweep)
+            assert len(set(sweep)) == len(sweep)
+
+
+def test_sweep_adds_the_splits_that_even_out_a_partial_wave():
+    """M = 256, N = 11008 (Llama-2-7B up): 86 tiles of 128×256 on 132 SMs, 0.65 of a wave — 3 pieces each make two
+    rounds of a third of a tile. The one-launch splits and stream-K are candidates there."""
+    plain = autotune.sweep_candidates(256, 11008, 4096, 16, 132)
+    sweep = autotune.sweep_candidates(256, 11008, 4096, 16, 132, wave_fits=True)
+    assert set(plain) < set(sweep)
+    wide = {(s, c.split_k, c.split_mode) for s, c in sweep if (c.block_m, c.block_n) == (128, 256)}
+    assert {("split", 3, "fixup"), ("kloop", 3, "fixup"), ("split", 4, "fixup"), ("streamk", 1, "reduce")} <= wide
+    assert not any(s == "streamk" for s, _ in autotune.sweep_candidates(64, 11008, 4096, 16, 132, wave_fits=True))
+
+
+def test_makespan_split_takes_any_integer():
+    assert planner.makespan_split(86, 64, 132) == 3 and planner.wave_split(86, 64, 132) == 4
+    assert planner.fixup_makespan(86, 3, 132) == pytest.approx(2 * (1 / 3 + planner.PIECE_OVERHEAD))
+    assert planner.makespan_split(86, 12, 132) == 3 and planner.makespan_split(86, 11, 132) == 1   # ≥ 4 K tiles a piece
+    assert planner.makespan_split(264, 64, 132) == 1      # two whole waves: nothing to even out
 
 
 def test_tune_writes_the_fastest_correct_candidate_under_the_exact_key(tmp_path):
@@ -77,6 +97,28 @@ def test_tune_writes_the_fastest_correct_candidate_under_the_exact_key(tmp_path)
     plan = planner._table_plan(path, M, N, K, r, torch.float16, 16, 132)
     assert plan == (cands[pick].strategy, cands[pick].config)
     assert planner._table_plan(path, M + 1, N, K, r, torch.float16, 16, 132) is None
+
+
+def test_a_win_inside_the_margin_keeps_auto(tmp_path):
+    """The fastest candidate at 5 µs against auto's 5.05: inside the 2 % margin, nothing is written; at 0 margin
+    it is."""
+    path = tmp_path / "lora_gpu.json"
+    (rep,) = autotune.tune_lora([SHAPE], dtype=torch.float16, device="cpu", path=path,
+                                timer=scripted_timer(fastest=1, auto_us=5.05), progress=False, print_fn=lambda s: None)
+    assert rep.kept_auto and not path.exists()
+    (rep,) = autotune.tune_lora([SHAPE], dtype=torch.float16, device="cpu", path=path, margin=0.0,
+                                timer=scripted_timer(fastest=1, auto_us=5.05), progress=False, print_fn=lambda s: None)
+    assert rep.chosen["us"] == 5.0 and path.exists()
+
+
+def test_report_files(tmp_path):
+    reps = autotune.tune_lora([SHAPE, SHAPE], dtype=torch.float16, device="cpu", path=tmp_path / "t.json",
+                              timer=scripted_timer(fastest=0), progress=False, print_fn=lambda s: None)
+    autotune._report_writer(tmp_path / "out")(reps)
+    data = json.loads((tmp_path / "out" / "tune_lora.json").read_text())
+    assert [r["M"] for r in data["reports"]] == [SHAPE[0]] * 2 and "meta" in data
+    md = (tmp_path / "out" / "tune_lora.md").read_text()
+    assert reps[0].chosen["label"] in md and "auto kept" in md       # the second pass: auto now runs the winner
 
 
 def test_tune_keeps_auto_where_no_candidate_beats_it(tmp_path):

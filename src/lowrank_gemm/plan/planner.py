@@ -31,7 +31,7 @@ __all__ = ["LoraStrategy", "LORA_STRATEGIES", "plan_lora", "can_implement", "pin
            "block_r_for", "tile_for", "split_k_for", "stages_for", "group_m_for", "m_bucket",
            "r_bucket", "tuned_key", "load_tuned", "clear_plan_cache", "heuristic_lora", "MAX_FUSED_RANK", "TUNED_DIR",
            "SPLIT_BLOCK_R", "split_mode_override", "SPLIT_MODE_ENV", "FIXUP_STRATEGIES",
-           "fixup_dp_tiles", "wave_split", "PIECE_OVERHEAD", "measured_tile", "wide_tiles_pay", "takes_wide_tiles",
+           "fixup_dp_tiles", "wave_split", "fixup_makespan", "makespan_split", "PIECE_OVERHEAD", "measured_tile", "wide_tiles_pay", "takes_wide_tiles",
            "one_wave_kloop_tile", "one_wave_persistent_tile", "entry_serves",
            "WIDE_TILE_SPEEDUP", "user_plan"]
 
@@ -157,18 +157,35 @@ def wave_split(num_tiles: int, k_tiles: int, sms: int, *, max_split: int = 8,
     fill-the-SMs rule (K=N=4096, M=256, 128×256 tiles: 32 tiles → 4); above it, a split only where
     the last wave is short (N=28672, M=256: 224 tiles → 4, 1.9 tile-times instead of 2; 512 or
     1024 tiles, 97 % of their last wave full → 1)."""
-    def makespan(split: int) -> float:
-        if split == 1:
-            return float(cdiv(num_tiles, sms))
-        whole = fixup_dp_tiles(num_tiles, split, sms)
-        pieces = (num_tiles - whole) * split
-        return whole // sms + cdiv(pieces, sms) * (1.0 / split + PIECE_OVERHEAD)
-
     best, split = 1, 2
     while split <= max_split and k_tiles // split >= min_k_tiles_per_split:
-        if makespan(split) < makespan(best) - 1e-9:
+        if fixup_makespan(num_tiles, split, sms) < fixup_makespan(num_tiles, best, sms) - 1e-9:
             best = split
         split *= 2
+    return best
+
+
+def fixup_makespan(num_tiles: int, split: int, sms: int) -> float:
+    """Predicted makespan in tile-times of a one-launch split-K: whole waves unsplit (:func:`fixup_dp_tiles`), the
+    rest in ``split`` pieces of 1/split + :data:`PIECE_OVERHEAD` each (:func:`wave_split`'s model)."""
+    if split == 1:
+        return float(cdiv(num_tiles, sms))
+    whole = fixup_dp_tiles(num_tiles, split, sms)
+    pieces = (num_tiles - whole) * split
+    return whole // sms + cdiv(pieces, sms) * (1.0 / split + PIECE_OVERHEAD)
+
+
+def makespan_split(num_tiles: int, k_tiles: int, sms: int, *, max_split: int = 8,
+                   min_k_tiles_per_split: int = 4) -> int:
+    """:func:`wave_split` over every integer split, not only powers of two — 86 tiles of 128×256 on 132 SMs
+    (M = 256, N = 11008): 3 pieces each are 2 rounds of a third of a tile (0.77 tile-times), where 2 or 4 give 1.1 /
+    0.9. A tuning candidate (:mod:`.autotune`); the rules keep :func:`wave_split`, as measured."""
+    best = 1
+    for split in range(2, max_split + 1):
+        if k_tiles // split < min_k_tiles_per_split:
+            break
+        if fixup_makespan(num_tiles, split, sms) < fixup_makespan(num_tiles, best, sms) - 1e-9:
+            best = split
     return best
 
 
