@@ -81,3 +81,13 @@ for r in data[-(len(data) // 4):]:
 PY
     gzip -f "$L/ncu_$tag.csv"
 }
+# tune_lora <seconds> <MxKxNxR,…>: `python -m lowrank_gemm tune lora` on the shapes, new shapes started for
+# <seconds> − 90, killed at <seconds> + 35; the user table under $L/table, the report under $L/tune
+tune_lora() {
+    local left=$1 shapes=$2
+    say "tune lora with ${left} s left: $shapes"
+    LOWRANK_GEMM_TUNED_DIR=$L/table timeout $((left + 35)) python3 -m lowrank_gemm tune lora --shapes "$shapes" \
+        --budget-s $((left - 90)) --out "$L/tune" > "$L/tune.log" 2>&1
+    say "tune rc=$?"
+    grep -E "^M=|wrote|budget|Error" "$L/tune.log" | tee -a "$L/summary.txt"
+}

@@ -9,11 +9,6 @@ say "commit=${LOWRANK_GEMM_COMMIT:-?} $(nvidia-smi --query-gpu=name --format=csv
 gpu_tests 200 4 tests/test_lora_gemm_gpu.py -k "unfused or tune"
 mv "$L/tests.log" "$L/tune_tests.log"
 SHAPES=${SHAPES:-256x4096x11008x16,256x11008x4096x16,1024x5120x13824x16,64x5120x13824x16,256x3072x16384x64,1024x8192x3072x16}
-left=$((${TOTAL:-580} - (SECONDS - t0) - 40))
-say "tune lora with ${left} s left: $SHAPES"
-LOWRANK_GEMM_TUNED_DIR=$L/table timeout $((left + 35)) python3 -m lowrank_gemm tune lora --shapes "$SHAPES" \
-    --budget-s $((left - 70)) --out "$L/tune" > "$L/tune.log" 2>&1
-say "tune rc=$?"
-grep -E "^M=|wrote|budget|Error" "$L/tune.log" | tee -a "$L/summary.txt"
+tune_lora $((${TOTAL:-580} - (SECONDS - t0) - 40)) "$SHAPES"
 gzip -f "$L"/*.log
 exit 0

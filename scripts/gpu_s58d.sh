@@ -11,11 +11,6 @@ gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 say "commit=${LOWRANK_GEMM_COMMIT:-?} $gpu"
 [[ $gpu == *H200* ]] && bench_lora 220
 SHAPES=${SHAPES:-256x4096x4096x16,256x4096x4096x64,256x4096x28672x16,256x4096x28672x64,256x8192x8192x64,256x4096x4096x8,256x8192x8192x16,256x4096x28672x8,1024x4096x4096x16}
-left=$((${TOTAL:-580} - (SECONDS - t0) - 40))
-say "tune lora with ${left} s left: $SHAPES"
-LOWRANK_GEMM_TUNED_DIR=$L/table timeout $((left + 35)) python3 -m lowrank_gemm tune lora --shapes "$SHAPES" \
-    --budget-s $((left - 90)) --out "$L/tune" > "$L/tune.log" 2>&1
-say "tune rc=$?"
-grep -E "^M=|wrote|budget|Error" "$L/tune.log" | tee -a "$L/summary.txt"
+tune_lora $((${TOTAL:-580} - (SECONDS - t0) - 40)) "$SHAPES"
 gzip -f "$L"/*.log
 exit 0

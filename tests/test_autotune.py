@@ -94,9 +94,9 @@ def test_tune_writes_the_fastest_correct_candidate_under_the_exact_key(tmp_path)
     assert entry["us"] == 5.0 and entry["cublas_us"] == 10.0 and entry["torch_unfused_us"] == 12.0
     assert tuned.read_table(path) == data
     # the planner serves it for exactly this shape; a neighbour M in another grid does not get it
-    plan = planner._table_plan(path, M, N, K, r, torch.float16, 16, 132)
+    plan = planner.table_plan(path, M, N, K, r, torch.float16, 16, 132)
     assert plan == (cands[pick].strategy, cands[pick].config)
-    assert planner._table_plan(path, M + 1, N, K, r, torch.float16, 16, 132) is None
+    assert planner.table_plan(path, M + 1, N, K, r, torch.float16, 16, 132) is None
 
 
 def test_a_win_inside_the_margin_keeps_auto(tmp_path):
@@ -294,3 +294,16 @@ def test_cli_tune(capsys, monkeypatch):
     with pytest.raises(SystemExit) as info:
         cli.main(["tune", "lora", "--shapes", "256x4096x4096x16"])
     assert info.value.code == 2 and "no CUDA GPU" in capsys.readouterr().out
+
+
+def test_candidates_under_a_users_entry_include_the_shipped_one(user_table, monkeypatch, tmp_path):
+    """Re-tuning a shape whose user entry went stale still times what the planner would run without it."""
+    M, N, K, r = 256, 4096, 4096, 16
+    key = planner.tuned_key(M, N, K, r, "bfloat16")
+    cfg = KernelConfig(block_m=128, block_n=128, block_k=64, block_r=16, group_m=2, num_warps=8, num_stages=4)
+    shipped = tmp_path / "lora_h200.json"
+    shipped.write_text(json.dumps({"version": 1, "lora": {key: {"strategy": "split", "config": cfg.to_dict()}}}))
+    monkeypatch.setattr(autotune, "tuned_file", lambda family, device: shipped)
+    user_table({key: {"strategy": "unfused", "config": KernelConfig().to_dict()}})
+    cands = autotune.lora_candidates(M, N, K, r, torch.bfloat16, torch.device("cuda", 0))
+    assert (cands[0].strategy, cands[1].strategy, cands[1].config) == ("unfused", "split", cfg)

@@ -4,18 +4,19 @@ The shipped tables (``plan/tuned/``) were measured on an H200 / H100 at issue 2'
 rules decide, and on some untuned layers they lose to plain PyTorch (README, "Status"). This module measures
 instead. Per shape (M, K, N, r), in one process:
 
-1. **Candidates** (:func:`lora_candidates`): today's plan, the rules' plan for every strategy that keeps no derived
-   copy of the weight (:data:`TUNE_STRATEGIES`), :func:`~.planner.flat_plan`, a small tile × split-K sweep
-   (:data:`SWEEP_TILES`) with the one-launch splits and stream-K that even out a partial wave of tiles, and
-   ``unfused`` — the three library GEMMs PyTorch runs without this package.
+1. **Candidates** (:func:`lora_candidates`): today's plan, the shipped table's entry (where an earlier tuning's entry
+   sits over it), the rules' plan for every strategy that keeps no derived copy of the weight
+   (:data:`TUNE_STRATEGIES`), :func:`~.planner.flat_plan`, a small tile × split-K sweep (:data:`SWEEP_TILES`) with the
+   one-launch splits and stream-K that even out a partial wave of tiles, and ``unfused`` — the three library GEMMs
+   PyTorch runs without this package.
 2. **Correctness first**: each candidate writes into a NaN-poisoned output and is compared with the float64
    reference (:func:`~lowrank_gemm.reference.lora_linear_ref`; rows past 1024 by their first and last 256); one
    that raises, leaves an element unwritten or misses :data:`MAX_REL_ERR` is reported and never chosen.
 3. **Timing** as CUDA-graph replays over inputs rotated past the L2 (:func:`~lowrank_gemm.bench.common.time_graph`),
    next to cuBLAS without the branch, torch's unfused LoRA and today's ``auto``, all in the same process.
 4. The fastest correct candidate, where it beats today's ``auto`` by more than :data:`MARGIN` (else nothing is
-   written for the shape), becomes
-   the shape's entry (its exact M and r: :func:`~.planner.tuned_key`) in the user's table ``<user_tuned_dir>/lora_<gpu>.json`` (:func:`~.tuned.user_tuned_file`; other entries kept), which
+   written for the shape), becomes the shape's entry (its exact M and r: :func:`~.planner.tuned_key`) in the user's
+   table ``<user_tuned_dir>/lora_<gpu>.json`` (:func:`~.tuned.user_tuned_file`; other entries kept), which
    :func:`~.planner.plan_lora` reads before anything else. ``auto`` is then never slower there than the fastest
    candidate measured, ``unfused`` included — up to the run-to-run noise of one measurement.
 
@@ -37,15 +38,16 @@ import torch
 
 from .config import KernelConfig
 from .planner import (FIXUP_STRATEGIES, block_r_for, can_implement, clear_plan_cache, flat_plan, group_m_for,
-                      heuristic_lora, lora_ledger, makespan_split, plan_lora, split_k_for, stages_for, tuned_key,
-                      wave_split)
-from .tuned import read_table, user_tuned_dir, device_slug
+                      heuristic_lora, lora_ledger, makespan_split, plan_lora, split_k_for, stages_for, table_plan,
+                      tuned_key, wave_split)
+from .tuned import device_slug, read_table, tuned_file, user_tuned_dir
 
 __all__ = ["TUNE_STRATEGIES", "SWEEP_TILES", "MAX_REL_ERR", "MARGIN", "Candidate", "ShapeReport", "lora_candidates",
            "sweep_candidates", "tune_lora", "parse_tune_shapes", "user_table_path", "main"]
 
-# strategies a tuned entry may route: not concat / merged / kcat (each keeps a derived copy of the weight that the
-# user did not ask for), not streamk (a probe candidate), not torch (fp32 on the GPU); unfused is added on its own
+# the strategies whose rules' plan is a candidate: not concat / merged / kcat (each keeps a derived copy of the weight
+# that the user did not ask for), not torch (fp32 on the GPU); streamk (no rules of its own) comes with the sweep's
+# tiles, unfused on its own
 TUNE_STRATEGIES = ("split", "kloop", "persistent_static", "persistent_dynamic", "flat", "streams")
 # (block_m, block_n, block_k, warps) by M class, each with and without the wave-filling split-K: the tiles of the
 # shipped tables' winners (bench lora --tune's sweep)
@@ -145,13 +147,16 @@ def lora_candidates(M: int, N: int, K: int, r: int, dtype: torch.dtype, device) 
     gpu, bits, sms = device.type == "cuda", _bits(dtype), num_sms(device)
     out, seen = [], set()
 
-    def add(strategy, cfg, label=None):
+    def add(strategy, cfg):
         if (strategy, cfg) in seen or not can_implement(strategy, (M, N, K, r), cfg, bits):
             return
         seen.add((strategy, cfg))
-        out.append(Candidate(label or _label(strategy, cfg), strategy, cfg))
+        out.append(Candidate(_label(strategy, cfg), strategy, cfg))
 
     add(*plan_lora(M, N, K, r, dtype, device))
+    shipped = table_plan(tuned_file("lora", device), M, N, K, r, dtype, bits, sms)   # under a user's own entry
+    if shipped is not None:
+        add(*shipped)
     for s in TUNE_STRATEGIES:
         try:
             add(*heuristic_lora(M, N, K, r, bits, gpu=gpu, sms=sms, strategy=s))

@@ -33,7 +33,7 @@ __all__ = ["LoraStrategy", "LORA_STRATEGIES", "plan_lora", "can_implement", "pin
            "SPLIT_BLOCK_R", "split_mode_override", "SPLIT_MODE_ENV", "FIXUP_STRATEGIES",
            "fixup_dp_tiles", "wave_split", "fixup_makespan", "makespan_split", "PIECE_OVERHEAD", "measured_tile", "wide_tiles_pay", "takes_wide_tiles",
            "one_wave_kloop_tile", "one_wave_persistent_tile", "entry_serves",
-           "WIDE_TILE_SPEEDUP", "user_plan"]
+           "WIDE_TILE_SPEEDUP", "user_plan", "table_plan"]
 
 MAX_FUSED_RANK = 128      # S lives in registers ([BM, BLOCK_R] fp32) in kloop / persistent
 # split's epilogue walks the rank in BLOCK_R chunks (unrolled). ptxas -v, 128×256×64 8 warps
@@ -362,7 +362,7 @@ def load_tuned(path: Path | None) -> dict:
     return {} if path is None else table_entries(str(path), "lora")
 
 
-def _table_plan(path: Path | None, M: int, N: int, K: int, r: int, dtype, bits: int, sms: int
+def table_plan(path: Path | None, M: int, N: int, K: int, r: int, dtype, bits: int, sms: int
                 ) -> tuple[str, KernelConfig] | None:
     """The entry of the LoRA table at ``path`` for this very shape (an exact key: :func:`tuned_key`), else for its
     bucket where the entry serves this M (:func:`entry_serves`) — either only where it can run the shape; else None.
@@ -402,7 +402,7 @@ def _user_plan(M, N, K, r, dtype, device):
         return None
     from ..kernels.schedule import num_sms
     bits = torch.finfo(dtype).bits if dtype.is_floating_point else 16
-    return _table_plan(user_tuned_file("lora", device), M, N, K, r, dtype, bits, num_sms(device))
+    return table_plan(user_tuned_file("lora", device), M, N, K, r, dtype, bits, num_sms(device))
 
 
 # ---------------------------------------------------------------------------- pinning
@@ -720,7 +720,7 @@ def _plan_lora_inner(M, N, K, r, dtype, device, pin, env_mode):
         if planned is not None:
             return planned
     if pin_strategy is None:
-        planned = _table_plan(tuned_file("lora", device), M, N, K, r, dtype, bits, sms)
+        planned = table_plan(tuned_file("lora", device), M, N, K, r, dtype, bits, sms)
         if planned is not None:
             return planned
     strategy, cfg = heuristic_lora(M, N, K, r, bits, gpu=gpu, sms=sms, strategy=pin_strategy,
