@@ -1,6 +1,6 @@
 """Which kernel cuBLAS runs for ``x @ W.T`` (bf16) at the issue-2 shapes, and at what time.
 
-    PYTHONPATH=src python scripts/probe_cublas_kernels.py [--out DIR]
+    PYTHONPATH=src python scripts/probe_cublas_kernels.py [--out DIR] [--shapes MxKxN,…]
 
 The kernel name carries cuBLAS's tile, cluster shape and split-K / stream-K choice
 (e.g. ``..._128x128x64_cluster2x1x1_..._execute_segment_k_off``), which says what our Triton kernels
@@ -38,10 +38,13 @@ def kernels_of(fn, iters=3):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--shapes", default=None, help="MxKxN,… instead of the issue-2 and Llama-3-8B shapes")
     args = ap.parse_args(argv)
     from triton.testing import do_bench
+
+    from lowrank_gemm.bench.common import parse_shapes
     rows = []
-    for M, K, N in SHAPES:
+    for M, K, N in (parse_shapes(args.shapes, dims=3) if args.shapes else SHAPES):
         x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
         w = torch.randn(N, K, device="cuda", dtype=torch.bfloat16)
         fn = lambda: x @ w.T  # noqa: E731
