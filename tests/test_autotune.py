@@ -307,3 +307,20 @@ def test_candidates_under_a_users_entry_include_the_shipped_one(user_table, monk
     user_table({key: {"strategy": "unfused", "config": KernelConfig().to_dict()}})
     cands = autotune.lora_candidates(M, N, K, r, torch.bfloat16, torch.device("cuda", 0))
     assert (cands[0].strategy, cands[1].strategy, cands[1].config) == ("unfused", "split", cfg)
+
+
+def test_tune_model_covers_each_distinct_fused_layer(tmp_path):
+    from lowrank_gemm.nn import LoRALinear
+    model = torch.nn.Sequential(LoRALinear(96, 80, 8, dtype=torch.float16), LoRALinear(80, 96, 8, dtype=torch.float16),
+                                LoRALinear(96, 80, 8, dtype=torch.float16), torch.nn.Linear(96, 96))
+    for p in model.parameters():
+        torch.nn.init.normal_(p, std=0.1)
+    assert autotune.lora_layer_shapes(model) == {torch.float16: [(80, 96, 8), (96, 80, 8)]}
+    reps = autotune.tune_model(model, tokens=[8, 40], device="cpu", path=tmp_path / "t.json", timer=scripted_timer(),
+                               progress=False, print_fn=lambda s: None)
+    assert sorted((r.M, r.K, r.N, r.r) for r in reps) == [(8, 80, 96, 8), (8, 96, 80, 8), (40, 80, 96, 8),
+                                                          (40, 96, 80, 8)]
+    with pytest.raises(ValueError, match="no 16-bit LoRALinear"):
+        autotune.tune_model(torch.nn.Linear(8, 8), tokens=[8], device="cpu", timer=scripted_timer())
+    with pytest.raises(ValueError, match="token counts"):
+        autotune.tune_model(model, tokens=[0], device="cpu", timer=scripted_timer())

@@ -20,6 +20,8 @@ instead. Per shape (M, K, N, r), in one process:
    :func:`~.planner.plan_lora` reads before anything else. ``auto`` is then never slower there than the fastest
    candidate measured, ``unfused`` included — up to the run-to-run noise of one measurement.
 
+From Python, :func:`tune_model` tunes every fused LoRA layer of a model at the token counts you serve.
+
 Outputs stay deterministic: a tuned entry is a plan, and every plan gives bit-identical results call to call. Two
 processes that tuned on different machines may pick different plans, hence different roundings (all within the
 reference's tolerance).
@@ -43,7 +45,8 @@ from .planner import (FIXUP_STRATEGIES, block_r_for, can_implement, clear_plan_c
 from .tuned import device_slug, read_table, tuned_file, user_tuned_dir
 
 __all__ = ["TUNE_STRATEGIES", "SWEEP_TILES", "MAX_REL_ERR", "MARGIN", "Candidate", "ShapeReport", "lora_candidates",
-           "sweep_candidates", "tune_lora", "parse_tune_shapes", "user_table_path", "main"]
+           "sweep_candidates", "tune_lora", "tune_model", "lora_layer_shapes", "parse_tune_shapes", "user_table_path",
+           "main"]
 
 # the strategies whose rules' plan is a candidate: not concat / merged / kcat (each keeps a derived copy of the weight
 # that the user did not ask for), not torch (fp32 on the GPU); streamk (no rules of its own) comes with the sweep's
@@ -360,6 +363,32 @@ def _verify(rep: ShapeReport, dtype, device, timer) -> None:
     del sets
     if device.type == "cuda":
         torch.cuda.empty_cache()
+
+
+def lora_layer_shapes(model: torch.nn.Module) -> dict[torch.dtype, list[tuple[int, int, int]]]:
+    """The distinct (K, N, r) of a model's fused LoRA layers (:class:`~lowrank_gemm.nn.LoRALinear`, e.g. after
+    :func:`~lowrank_gemm.integrations.peft.fuse_lora_`) by weight dtype; layers with an fp8 weight are left out
+    (tuning covers 16-bit layers)."""
+    from ..nn.lora import LoRALinear
+    out: dict[torch.dtype, set] = {}
+    for m in model.modules():
+        if isinstance(m, LoRALinear) and m.weight_scale is None and m.weight.dtype in (torch.float16, torch.bfloat16):
+            out.setdefault(m.weight.dtype, set()).add((m.in_features, m.out_features, m.rank))
+    return {d: sorted(v) for d, v in out.items()}
+
+
+def tune_model(model: torch.nn.Module, tokens: Sequence[int], **kw) -> list[ShapeReport]:
+    """:func:`tune_lora` on every distinct fused LoRA layer of ``model`` (:func:`lora_layer_shapes`) at each token
+    count in ``tokens`` (the M your serving runs: decode batch sizes, prefill chunks); ``kw`` as for tune_lora."""
+    if not tokens or any(int(m) < 1 for m in tokens):
+        raise ValueError(f"tokens: one or more positive token counts (M), got {tokens!r}")
+    shapes = lora_layer_shapes(model)
+    if not shapes:
+        raise ValueError("the model has no 16-bit LoRALinear layers to tune (fuse PEFT layers first: fuse_lora_)")
+    reports = []
+    for dtype, kns in shapes.items():
+        reports += tune_lora([(int(m), k, n, r) for (k, n, r) in kns for m in tokens], dtype=dtype, **kw)
+    return reports
 
 
 def _r(v):
