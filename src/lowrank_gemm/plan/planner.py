@@ -31,8 +31,8 @@ __all__ = ["LoraStrategy", "LORA_STRATEGIES", "plan_lora", "can_implement", "pin
            "block_r_for", "tile_for", "split_k_for", "stages_for", "group_m_for", "m_bucket",
            "r_bucket", "tuned_key", "load_tuned", "clear_plan_cache", "heuristic_lora", "MAX_FUSED_RANK", "TUNED_DIR",
            "SPLIT_BLOCK_R", "split_mode_override", "SPLIT_MODE_ENV", "FIXUP_STRATEGIES",
-           "fixup_dp_tiles", "wave_split", "fixup_makespan", "makespan_split", "PIECE_OVERHEAD", "measured_tile", "wide_tiles_pay", "takes_wide_tiles",
-           "one_wave_kloop_tile", "one_wave_persistent_tile", "entry_serves",
+           "fixup_dp_tiles", "wave_split", "fixup_makespan", "makespan_split", "PIECE_OVERHEAD", "measured_tile",
+           "wide_tiles_pay", "takes_wide_tiles", "one_wave_kloop_tile", "one_wave_persistent_tile", "entry_serves",
            "WIDE_TILE_SPEEDUP", "user_plan", "table_plan"]
 
 MAX_FUSED_RANK = 128      # S lives in registers ([BM, BLOCK_R] fp32) in kloop / persistent
@@ -363,7 +363,7 @@ def load_tuned(path: Path | None) -> dict:
 
 
 def table_plan(path: Path | None, M: int, N: int, K: int, r: int, dtype, bits: int, sms: int
-                ) -> tuple[str, KernelConfig] | None:
+               ) -> tuple[str, KernelConfig] | None:
     """The entry of the LoRA table at ``path`` for this very shape (an exact key: :func:`tuned_key`), else for its
     bucket where the entry serves this M (:func:`entry_serves`) — either only where it can run the shape; else None.
     An entry with an unknown strategy or a config that is not a KernelConfig is an error naming the file and the
