@@ -64,6 +64,20 @@ def test_heuristic_decode_one_wave_and_split_block_r():
     assert s == "split" and c.block_r == P.SPLIT_BLOCK_R      # rank walked in chunks: no spills
 
 
+def test_decode_m_64x64_where_64x32_takes_two_rounds():
+    """16 < M ≤ 64 under 0.7 of a wave of 64×64 tiles: 64×64 where 64×32 tiles would take two rounds (N=5632, K=2048:
+    88 against 176 tiles; H100 s58h, one process: 1.12× cuBLAS against 64×32×256's 1.39×), 64×32 where they take one
+    (N=4096: 128 tiles; the H200 table's 4096² tile), split 2 in the launch under half a wave (N=1024)."""
+    for N in (5632, 5120, 4352):
+        s, c = heuristic_lora(64, N, 2048, 16, 16, gpu=True, sms=H200_SMS)
+        assert (s, c.block_m, c.block_n, c.block_k, c.split_k) == ("kloop", 64, 64, 128, 1), N
+    s, c = heuristic_lora(64, 5632, 2048, 16, 16, gpu=True, sms=H200_SMS)
+    assert c.num_stages == 6                                  # the tuned winner of s58h: kloop 64x64x128 w4 s6
+    for N, split in ((4096, 1), (4224, 1), (1024, 2)):
+        s, c = heuristic_lora(64, N, 4096, 16, 16, gpu=True, sms=H200_SMS)
+        assert (s, c.block_n, c.block_k, c.split_k) == ("kloop", 32, 256, split), N
+
+
 def test_probe_candidates_are_short_feasible_and_reused(tmp_path):
     import importlib.util
     spec = importlib.util.spec_from_file_location("probe_lora", P.TUNED_DIR.parents[3] / "scripts" / "probe_lora.py")

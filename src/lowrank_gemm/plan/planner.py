@@ -462,7 +462,9 @@ def measured_tile(M: int, N: int, K: int, sms: int) -> tuple[int, int, int, int,
     - 16 < M ≤ 64, the weight stream: 64 rows × the widest N tile that still gives about a wave of tiles —
       64×256×64 from a full wave of 128-wide tiles (N=28672), 64×128×128 from 3/4 of one (N=14336: 0.97×),
       64×64×128 from 0.7 of a wave of 64-wide tiles (N=6144: 1.09×, where 64×32 read 1.45× and the old
-      fixup split 64×64 sk4 1.87×; 8192²'s tuned tile), else 64×32×256 (4096²'s tuned tile), split 2 in the
+      fixup split 64×64 sk4 1.87×; 8192²'s tuned tile) or where 64×32 tiles would need two rounds to 64×64's one
+      (N=5632, K=2048, 0.67 of a wave: 1.12× against 64×32×256's 1.39×, H100, ``probes/s58/s58h``), else
+      64×32×256 (4096²'s tuned tile: one round of 64×32 tiles, half the time of one round of 64×64), split 2 in the
       launch when even those are under half a wave (N=1024: 1.23× vs 1.41× unsplit); at K ≥ 8192 64×64
       split 2 instead (K=14336, N=4096: 1.05× vs 64×32 1.09×).
     - M > 64: 128×256 tiles (8 warps) from half a wave of them, unless their last wave is so empty that 128×128
@@ -479,6 +481,8 @@ def measured_tile(M: int, N: int, K: int, sms: int) -> tuple[int, int, int, int,
             return 64, 64, 128, 4, 1, "reduce"
         if K >= 8192:
             return 64, 64, 128, 4, 2, "fixup"
+        if cdiv(cdiv(N, 32), sms) >= 2:     # 64×32 tiles would take two rounds where 64×64 take one
+            return 64, 64, 128, 4, 1, "reduce"
         return 64, 32, 256, 4, (2 if cdiv(N, 32) < sms // 2 else 1), "fixup"
     if takes_wide_tiles(M, N, sms):
         return 128, 256, 64, 8, 1, "reduce"
