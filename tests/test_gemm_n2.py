@@ -4,7 +4,8 @@ every element written, and its sm_90 compile (two wgmma widths per K step, TMA l
 import pytest
 import torch
 
-from lowrank_gemm.kernels.gemm_n2 import SMEM_BYTES, gemm_n2, n2_ring_bytes, n2_stages, n2_tiles
+from lowrank_gemm.kernels.gemm_n2 import gemm_n2, n2_ledger, n2_stages, n2_tiles
+from lowrank_gemm.plan.smem import SM90_SMEM_LIMIT
 
 
 def rel_err(y, ref):
@@ -41,7 +42,12 @@ def test_bad_input():
 def test_tiles_and_stages():
     assert n2_tiles(256, 11008, 128, 128, 64) == 2 * 58          # 116 tiles: 0.88 of 132 SMs' wave
     assert [n2_stages(128, 128, n1, 64) for n1 in (32, 64, 128)] == [6, 5, 4]
-    assert n2_ring_bytes(128, 128, 64, 64, 5) == 204800
+    ledger = n2_ledger(128, 128, 64, 64, 5)
+    assert ledger.term("x tile").total(1) == 5 * 128 * 64 * 2 and ledger.term("W blocks").total(1) == 5 * 192 * 64 * 2
+    assert ledger.total() == 204800 + 40 and not n2_ledger(128, 128, 64, 64, 6).fits()
+    from lowrank_gemm.plan.smem import SmemError
+    with pytest.raises(SmemError, match="cannot stage"):
+        n2_stages(128, 256, 256, 16)          # 6 stages of 20 KB cannot hold a 128×512 output tile
 
 
 def test_sm90_compile_has_two_wgmma_widths_and_tma():
@@ -58,8 +64,8 @@ def test_sm90_compile_has_two_wgmma_widths_and_tma():
         BLOCK_M=128, BLOCK_N0=128, BLOCK_N1=64, BLOCK_K=64, GROUP_M=2, HAS_BIAS=True, STAGES=stages), num_warps=8)
     assert c.has("wgmma.mma_async.sync.aligned.m64n128k16", "wgmma.mma_async.sync.aligned.m64n64k16",
                  "cp.async.bulk.tensor")
-    assert n2_ring_bytes(128, 128, 64, 64, stages) <= c.shared <= n2_ring_bytes(128, 128, 64, 64, stages) + 1024
-    assert c.shared <= SMEM_BYTES
+    assert abs(c.shared - n2_ledger(128, 128, 64, 64, stages).total()) <= 64     # the ledger, term by term
+    assert c.shared <= SM90_SMEM_LIMIT
     stats = ptxas_stats(c.ptx)
     if stats is not None:
         assert stats[1] == 0, stats[2]

@@ -17,12 +17,11 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
+from ..plan.smem import SmemError, SmemLedger, SmemTerm, barrier_bytes, solve_stages, tile_bytes
 from .launch import launch
 from .schedule import cdiv, grouped_tile
 
-__all__ = ["gemm_n2", "n2_tiles", "n2_stages", "n2_ring_bytes", "SMEM_BYTES"]
-
-SMEM_BYTES = 227 * 1024          # sm_90's dynamic shared memory per block
+__all__ = ["gemm_n2", "n2_tiles", "n2_stages", "n2_ledger"]
 
 
 @triton.jit
@@ -53,21 +52,26 @@ def gemm_n2_kernel(x_desc, w0_desc, w1_desc, y0_desc, y1_desc, bias_ptr, M, N, K
     y1_desc.store([off_m, off_n1], acc1.to(y1_desc.dtype))
 
 
-def n2_ring_bytes(block_m: int, block_n0: int, block_n1: int, block_k: int, stages: int, elem: int = 2) -> int:
-    """Shared memory of the kernel: its ring of x [BM, BK] and both W blocks [BN0 + BN1, BK] per stage. The TMA
-    stores' staging tiles reuse the ring once the K loop is done (sm_90 compiles: 128 × (128 + 64) × 64 at 5 stages
-    is 204 888 B, the ring's 204 800 and a few barriers)."""
-    return (block_m + block_n0 + block_n1) * block_k * elem * stages
+def n2_ledger(block_m: int, block_n0: int, block_n1: int, block_k: int, stages: int, bits: int = 16) -> SmemLedger:
+    """The kernel's shared memory (:mod:`~lowrank_gemm.plan.smem`): its ring of x [BM, BK] and both W blocks
+    [BN0 + BN1, BK] per stage, and one barrier per stage. The TMA stores' staging reuses the ring once the K loop is
+    done (sm_90: 128 × (128 + 64) × 64 at 5 stages compiles to 204 888 B, the ring's 204 800 and its barriers), so
+    the ring must hold the output tile."""
+    return SmemLedger((SmemTerm("x tile", tile_bytes(block_m, block_k, bits), stages),
+                       SmemTerm("W blocks", tile_bytes(block_n0 + block_n1, block_k, bits), stages),
+                       SmemTerm("ready barriers", barrier_bytes(1), stages)),
+                      label=f"gemm_n2 {block_m}x({block_n0}+{block_n1})x{block_k}")
 
 
-def n2_stages(block_m: int, block_n0: int, block_n1: int, block_k: int, elem: int = 2) -> int:
-    """The deepest ring (≤ 6) that fits the shared memory, with room for the output tile it holds last."""
-    epilogue = block_m * (block_n0 + block_n1) * elem
-    for stages in range(6, 0, -1):
-        ring = n2_ring_bytes(block_m, block_n0, block_n1, block_k, stages, elem)
-        if ring + 1024 <= SMEM_BYTES and ring >= epilogue:
-            return stages
-    return 1
+def n2_stages(block_m: int, block_n0: int, block_n1: int, block_k: int) -> int:
+    """The deepest ring (2–6 stages) the ledger lets through; refused (SmemError) where that ring cannot hold the
+    output tile it stages last."""
+    stages, _, ledger = solve_stages(lambda st, _: n2_ledger(block_m, block_n0, block_n1, block_k, st))
+    ring = ledger.total() - barrier_bytes(stages)
+    if ring < tile_bytes(block_m, block_n0 + block_n1, 16):
+        raise SmemError(f"a ring of {ring} B cannot stage the {block_m}x{block_n0 + block_n1} output tile:\n"
+                        f"{ledger.table()}")
+    return stages
 
 
 def n2_tiles(M: int, N: int, block_m: int, block_n0: int, block_n1: int) -> int:
