@@ -173,9 +173,13 @@ def _git_commit() -> str | None:
         return None
 
 
-def device_meta(copy_tbps: float | None = None) -> dict:
+def device_meta(copy_tbps: float | None = None, device=None) -> dict:
+    """The result files' ``meta``: the device that ran (``device``, default the first GPU), versions, date, commit."""
     import triton
-    dev = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
+    if device is not None and torch.device(device).type != "cuda":
+        dev = "cpu"
+    else:
+        dev = torch.cuda.get_device_name(0 if device is None else device) if torch.cuda.is_available() else "cpu"
     return {"device": dev, "torch": torch.__version__, "triton": triton.__version__,
             "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
             "copy_tbps": copy_tbps, "commit": _git_commit()}

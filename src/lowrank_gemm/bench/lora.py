@@ -39,7 +39,7 @@ import torch
 
 from ..kernels.lora_gemm import kcat_preferred
 from ..kernels.lora_kcat import pack_lora_weights
-from ..plan.autotune import sweep_candidates
+from ..plan.autotune import SCALE, sweep_candidates
 from ..plan.planner import LORA_STRATEGIES, pinned, plan_lora, tuned_key
 from .common import (device_meta, markdown_table, measure_copy_tbps, meta_header,
                      paired_ratio, parse_shapes, results_dir, rotation_count, time_graph, time_impl,
@@ -58,7 +58,6 @@ PACKED_IMPLS = ("auto_packed", "kcat")
 PAIRED_IMPLS = ("auto", "auto_packed")
 # --fp8: on fp8 copies of each set's weight (fp8_sets)
 FP8_IMPLS = ("auto_fp8w", "auto_w8a8", "auto_w8a8x2", "fp8_scaled_mm")
-SCALE = 0.5
 
 
 def plausible(strategy: str, M: int, r: int, quick: bool) -> bool:

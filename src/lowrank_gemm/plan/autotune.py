@@ -29,7 +29,6 @@ reference's tolerance).
 
 from __future__ import annotations
 
-import datetime as _dt
 import json
 import time
 from dataclasses import dataclass, field
@@ -39,9 +38,10 @@ from typing import Callable, Sequence
 import torch
 
 from .config import KernelConfig
+from ..kernels.schedule import cdiv
 from .planner import (FIXUP_STRATEGIES, block_r_for, can_implement, clear_plan_cache, flat_plan, group_m_for,
-                      heuristic_lora, lora_ledger, makespan_split, plan_lora, split_k_for, stages_for, table_plan,
-                      tuned_key, wave_split)
+                      heuristic_lora, lora_ledger, makespan_split, plan_lora, resolve_device, split_k_for, stages_for,
+                      table_plan, tuned_key, wave_split)
 from .tuned import device_slug, read_table, tuned_file, user_tuned_dir
 
 __all__ = ["TUNE_STRATEGIES", "SWEEP_TILES", "MAX_REL_ERR", "MARGIN", "Candidate", "ShapeReport", "lora_candidates",
@@ -66,6 +66,8 @@ REF_ROWS = 256          # M > 1024: the reference covers the first and last REF_
 # a candidate replaces today's auto only if faster by more than this fraction: session 58's first run on an H100 had
 # four "winners" 0.06–1.3 % ahead of the plan auto already ran, the same plan among them (run-to-run noise)
 MARGIN = 0.02
+# the branch scale of every timed LoRA call, the tuner's and ``bench lora``'s (they share ``make_sets``, whose last
+# operand is SCALE·B for the unfused baseline)
 SCALE = 0.5
 
 
@@ -121,8 +123,8 @@ def sweep_candidates(M: int, N: int, K: int, r: int, sms: int, dtype_bits: int =
     cls = 64 if M <= 64 else 256 if M <= 256 else None
     out = []
     for bm, bn, bk, warps in SWEEP_TILES[cls]:
-        npm, npn = -(-M // bm), -(-N // bn)
-        tiles, k_tiles = npm * npn, -(-K // bk)
+        npm = cdiv(M, bm)
+        tiles, k_tiles = npm * cdiv(N, bn), cdiv(K, bk)
         plans = [(s, split, "reduce") for s in SWEEP_STRATEGIES[cls]
                  for split in sorted({1, split_k_for(tiles, k_tiles, sms)} if not s.startswith("persistent") else {1})]
         if wave_fits:
@@ -218,15 +220,8 @@ def _graph_us(fn, sets) -> float:
 
 
 def _input_sets(M: int, N: int, K: int, r: int, dtype, device) -> list[tuple]:
-    if torch.device(device).type == "cuda":
-        from ..bench.lora import make_sets
-        return make_sets(M, N, K, r, dtype, device)
-    g = torch.Generator().manual_seed(0)         # the interpreter (tests): one small set
-    x = torch.randn(M, K, generator=g).to(dtype)
-    w = (torch.randn(N, K, generator=g) / K ** 0.5).to(dtype)
-    a = (torch.randn(r, K, generator=g) / K ** 0.5).to(dtype)
-    b = (torch.randn(N, r, generator=g) / r ** 0.5).to(dtype)
-    return [(x, w, a, b, (SCALE * b).contiguous())]
+    from ..bench.lora import make_sets
+    return make_sets(M, N, K, r, dtype, device)
 
 
 def _load_user_table(path: Path) -> dict:
@@ -251,9 +246,7 @@ def tune_lora(shapes: Sequence[tuple[int, int, int, int]], *, dtype: torch.dtype
     after every shape. ``verify``: at the end, time cuBLAS and ``auto`` again for every shape that got an entry
     (``auto`` now reads it), side by side — the winner's own time is the least of many measurements, so it reads
     low. → one report per shape tuned."""
-    device = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
-    if device.type == "cuda" and device.index is None:
-        device = torch.device("cuda", torch.cuda.current_device())
+    device = resolve_device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
     if device.type != "cuda" and timer is None:
         raise RuntimeError("tuning times CUDA-graph replays: it needs a CUDA GPU (or a timer, in tests)")
     if dtype not in (torch.float16, torch.bfloat16):
@@ -396,11 +389,10 @@ def _r(v):
 
 
 def _meta(device) -> dict:
-    import triton
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    return {"device": name, "torch": torch.__version__, "triton": triton.__version__,
-            "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-            "source": "python -m lowrank_gemm tune lora"}
+    from ..bench.common import device_meta
+    meta = device_meta(device=device)
+    meta.pop("copy_tbps")
+    return dict(meta, source="python -m lowrank_gemm tune lora")
 
 
 class _NoBar:

@@ -22,7 +22,7 @@ import torch
 
 from ..kernels.env import getenv
 from ..kernels.epilogue import rank_block
-from ..kernels.schedule import cdiv
+from ..kernels.schedule import cdiv, device_index
 from .config import SPLIT_MODES, KernelConfig
 from .smem import SmemError, SmemLedger, solve_stages
 from .tuned import TUNED_DIR, table_entries, tuned_file, user_tuned_file
@@ -33,7 +33,7 @@ __all__ = ["LoraStrategy", "LORA_STRATEGIES", "plan_lora", "can_implement", "pin
            "SPLIT_BLOCK_R", "split_mode_override", "SPLIT_MODE_ENV", "FIXUP_STRATEGIES",
            "fixup_dp_tiles", "wave_split", "fixup_makespan", "makespan_split", "PIECE_OVERHEAD", "measured_tile",
            "wide_tiles_pay", "takes_wide_tiles", "one_wave_kloop_tile", "one_wave_persistent_tile", "entry_serves",
-           "WIDE_TILE_SPEEDUP", "user_plan", "table_plan"]
+           "WIDE_TILE_SPEEDUP", "user_plan", "table_plan", "resolve_device"]
 
 MAX_FUSED_RANK = 128      # S lives in registers ([BM, BLOCK_R] fp32) in kloop / persistent
 # split's epilogue walks the rank in BLOCK_R chunks (unrolled). ptxas -v, 128×256×64 8 warps
@@ -386,14 +386,20 @@ def table_plan(path: Path | None, M: int, N: int, K: int, r: int, dtype, bits: i
     return None
 
 
+def resolve_device(device: torch.device | str) -> torch.device:
+    """``device`` as a torch.device with its CUDA ordinal (the current device for a bare ``cuda``): one key per GPU
+    for the memoized plans."""
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", device_index(device))
+    return device
+
+
 def user_plan(M: int, N: int, K: int, r: int, dtype: torch.dtype, device: torch.device | str
               ) -> tuple[str, KernelConfig] | None:
     """The plan the user's own tuned table (:func:`~lowrank_gemm.plan.tuned.user_tuned_file`) holds for this shape,
     or None. Memoized with the plans (:func:`clear_plan_cache`)."""
-    device = torch.device(device)
-    if device.type == "cuda" and device.index is None:
-        device = torch.device("cuda", torch.cuda.current_device())
-    return _user_plan(M, N, K, r, dtype, device)
+    return _user_plan(M, N, K, r, dtype, resolve_device(device))
 
 
 @functools.lru_cache(maxsize=4096)
@@ -675,10 +681,7 @@ def plan_lora(M: int, N: int, K: int, r: int, dtype: torch.dtype, device: torch.
     :func:`can_implement`; ``split`` (any rank) is the last resort.
     Memoized per (shape, dtype, device, pin): the op calls this on every launch.
     """
-    device = torch.device(device)
-    if device.type == "cuda" and device.index is None:
-        device = torch.device("cuda", torch.cuda.current_device())
-    return _plan_lora(M, N, K, r, dtype, device, current_pin(), split_mode_override())
+    return _plan_lora(M, N, K, r, dtype, resolve_device(device), current_pin(), split_mode_override())
 
 
 def clear_plan_cache() -> None:
