@@ -1,0 +1,119 @@
+"""Why does a 64-row tile run slower on 32 tokens than on 64? (session 59)
+
+    PYTHONPATH=src python scripts/probe_decode_rows.py --out DIR [--shapes KxN,…] [--ms 17,24,…] [--r 16]
+
+Session 59's tuner (``probes/s59/s59a``, H100) timed the same plan — kloop 64×64×128, 6 stages — at 27.1–27.6 µs for
+M = 32 and 23.7–23.9 µs for M = 64 at K = N = 5120 (cuBLAS 22.3 / 22.4), and 14.6–14.8 against 13.7 at
+2048→5632. Per (K, N) and M, in one process, each as CUDA-graph replays over rotated inputs after a check against
+fp32 into a NaN-poisoned output: cuBLAS; kloop and split on that tile at rank r; the same tile at rank 0 (the bare
+main loop); and kloop on a 64-row copy of x whose rows past M are zero (what a full tile would cost). Writes
+``decode_rows.json`` / ``.md`` under DIR.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+SHAPES = [(5120, 5120), (2048, 5632)]
+MS = [17, 24, 32, 40, 48, 56, 64]
+
+
+def main(argv=None) -> int:
+    from lowrank_gemm.bench.common import device_meta, markdown_table, parse_shapes, rotation_count, time_graph
+    from lowrank_gemm.kernels.lora_gemm import run_strategy
+    from lowrank_gemm.plan.config import KernelConfig
+    from lowrank_gemm.plan.planner import lora_ledger, stages_for
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--shapes", default=None, help="KxN,…")
+    ap.add_argument("--ms", default=",".join(map(str, MS)))
+    ap.add_argument("--r", type=int, default=16)
+    args = ap.parse_args(argv)
+    shapes = parse_shapes(args.shapes, dims=2) if args.shapes else SHAPES
+    ms = [int(m) for m in args.ms.split(",")]
+    r, dt, dev = args.r, torch.bfloat16, "cuda"
+
+    def tile(strategy, rank):
+        c = KernelConfig(block_m=64, block_n=64, block_k=128, block_r=max(16, 1 << (rank - 1).bit_length()) if rank
+                         else 16, group_m=1, num_warps=4)
+        return c.replace(num_stages=stages_for(lambda s: lora_ledger(strategy, c.replace(num_stages=s))))
+
+    rows = []
+    for K, N in shapes:
+        for M in ms:
+            n = rotation_count(2 * (M * K + N * K + M * N + r * (K + N)))
+            g = torch.Generator(device=dev).manual_seed(M)
+            sets = [(torch.randn(M, K, device=dev, dtype=dt, generator=g),
+                     torch.randn(N, K, device=dev, dtype=dt, generator=g) / K ** 0.5,
+                     torch.randn(r, K, device=dev, dtype=dt, generator=g) / K ** 0.5,
+                     torch.randn(N, r, device=dev, dtype=dt, generator=g) / r ** 0.5) for _ in range(n)]
+            x, w, a, b = (t.float() for t in sets[0])
+            ref = x @ w.T + (x @ a.T) @ b.T
+            ref0 = x @ w.T
+            a0 = torch.empty(0, K, device=dev, dtype=dt)
+            b0 = torch.empty(N, 0, device=dev, dtype=dt)
+            padded = [(torch.cat([s[0], torch.zeros(64 - M, K, device=dev, dtype=dt)]) if M < 64 else s[0],) + s[1:]
+                      for s in sets]
+
+            def ours(strategy, rank0=False, pad=False):
+                cfg = tile(strategy, 0 if rank0 else r)
+
+                def fn(x, w, a, b, out=None):
+                    if rank0:
+                        return run_strategy(strategy, x, w, a0, b0, 1.0, None, cfg, out=out)
+                    return run_strategy(strategy, x, w, a, b, 1.0, None, cfg, out=out)
+                return fn, cfg
+
+            impls = [("cublas", lambda x, w, a, b, out=None: x @ w.T, None, False, False)]
+            for label, strategy, rank0, pad in (("kloop", "kloop", False, False), ("split", "split", False, False),
+                                                ("bare (split, rank 0)", "split", True, False),
+                                                ("kloop on x padded to 64 rows", "kloop", False, True)):
+                fn, cfg = ours(strategy, rank0)
+                impls.append((label, fn, cfg, rank0, pad))
+            base = None
+            for label, fn, cfg, rank0, pad in impls:
+                row = {"M": M, "K": K, "N": N, "r": 0 if rank0 or label == "cublas" else r, "impl": label,
+                       "config": None if cfg is None else
+                       f"{cfg.block_m}x{cfg.block_n}x{cfg.block_k} s{cfg.num_stages} br{cfg.block_r}"}
+                use = padded if pad else sets
+                rows_out = use[0][0].shape[0]
+                try:
+                    out = torch.full((rows_out, N), float("nan"), device=dev, dtype=dt)
+                    y = fn(*use[0], out=out) if label != "cublas" else fn(*use[0])
+                    torch.cuda.synchronize()
+                    y = y[:M]
+                    if y.isnan().any():
+                        raise RuntimeError("unwritten (NaN) outputs")
+                    want = ref0 if (rank0 or label == "cublas") else ref
+                    row["rel_err"] = round(float((y.float() - want).norm() / want.norm()), 6)
+                    if row["rel_err"] > 1e-2:
+                        raise RuntimeError(f"rel err {row['rel_err']}")
+                    row["us"] = round(time_graph(lambda *t: fn(*t), use).median_us, 3)
+                    base = row["us"] if label == "cublas" else base
+                    row["x_cublas"] = round(row["us"] / base, 3) if base else None
+                except Exception as exc:
+                    row["error"] = f"{type(exc).__name__}: {exc}"[:200]
+                rows.append(row)
+                print(f"ROW K={K} N={N} M={M} {label:<30} us {row.get('us')} x{row.get('x_cublas')} "
+                      f"{row.get('error', '')}", flush=True)
+            del sets, padded
+            torch.cuda.empty_cache()
+    args.out.mkdir(parents=True, exist_ok=True)
+    meta = device_meta()
+    (args.out / "decode_rows.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")
+    (args.out / "decode_rows.md").write_text(
+        "# One 64-row tile at M = 17…64 tokens\n\n" + json.dumps(meta) + "\n\n" + markdown_table(
+            ["K", "N", "M", "r", "impl", "config", "µs", "× cuBLAS", "rel err", "error"],
+            [[r_["K"], r_["N"], r_["M"], r_["r"], r_["impl"], r_["config"], r_.get("us"), r_.get("x_cublas"),
+              r_.get("rel_err"), r_.get("error")] for r_ in rows]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
