@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Session 59, call 2 (≤ 590 s, any GPU) → $OUT/s59b/:
-#  1. scripts/probe_decode_rows.py: one 64-row tile at M = 17…64 (why 32 tokens ran slower than 64 in s59a);
+#  1. scripts/probe_decode_rows.py: one 64-row tile at M = 17…64 (why 32 tokens ran slower than 64 in s59a), and
+#     swap-AB split tiles on the next power of two ≥ M tokens;
 #  2. the tuner's GPU test on its own (s59a's 120 s cut it off; it took 167 s with the others in s58f);
 #  3. on an H200 only, with the time left: the canonical `bench lora` (issue 2's grid; last on an H200 in session 30).
 #   LOWRANK_GEMM_COMMIT=<hash> bash scripts/gpu_s59b.sh

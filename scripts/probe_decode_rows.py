@@ -6,7 +6,8 @@ Session 59's tuner (``probes/s59/s59a``, H100) timed the same plan — kloop 64�
 M = 32 and 23.7–23.9 µs for M = 64 at K = N = 5120 (cuBLAS 22.3 / 22.4), and 14.6–14.8 against 13.7 at
 2048→5632. Per (K, N) and M, in one process, each as CUDA-graph replays over rotated inputs after a check against
 fp32 into a NaN-poisoned output: cuBLAS; kloop and split on that tile at rank r; the same tile at rank 0 (the bare
-main loop); and kloop on a 64-row copy of x whose rows past M are zero (what a full tile would cost). Writes
+main loop); kloop on a 64-row copy of x whose rows past M are zero (what the tile costs without TMA's zero fill,
+slow since session 6); and split with swap_ab on token tiles of the next power of two ≥ M (``SWAPS``). Writes
 ``decode_rows.json`` / ``.md`` under DIR.
 """
 
@@ -20,7 +21,9 @@ from pathlib import Path
 import torch
 
 SHAPES = [(5120, 5120), (2048, 5632)]
-MS = [17, 24, 32, 40, 48, 56, 64]
+MS = [17, 24, 32, 48, 64]
+# swap-AB split tiles (tokens on the wgmma's N, block_m = the next power of two ≥ M): (block_n, block_k)
+SWAPS = [(64, 256), (64, 128), (128, 64)]
 
 
 def main(argv=None) -> int:
@@ -39,9 +42,9 @@ def main(argv=None) -> int:
     ms = [int(m) for m in args.ms.split(",")]
     r, dt, dev = args.r, torch.bfloat16, "cuda"
 
-    def tile(strategy, rank):
-        c = KernelConfig(block_m=64, block_n=64, block_k=128, block_r=max(16, 1 << (rank - 1).bit_length()) if rank
-                         else 16, group_m=1, num_warps=4)
+    def tile(strategy, rank, bm=64, bn=64, bk=128, swap=False):
+        c = KernelConfig(block_m=bm, block_n=bn, block_k=bk, block_r=max(16, 1 << (rank - 1).bit_length()) if rank
+                         else 16, group_m=1, num_warps=4, swap_ab=swap)
         return c.replace(num_stages=stages_for(lambda s: lora_ledger(strategy, c.replace(num_stages=s))))
 
     rows = []
@@ -61,8 +64,8 @@ def main(argv=None) -> int:
             padded = [(torch.cat([s[0], torch.zeros(64 - M, K, device=dev, dtype=dt)]) if M < 64 else s[0],) + s[1:]
                       for s in sets]
 
-            def ours(strategy, rank0=False, pad=False):
-                cfg = tile(strategy, 0 if rank0 else r)
+            def ours(strategy, rank0=False, **tile_kw):
+                cfg = tile(strategy, 0 if rank0 else r, **tile_kw)
 
                 def fn(x, w, a, b, out=None):
                     if rank0:
@@ -76,11 +79,16 @@ def main(argv=None) -> int:
                                                 ("kloop on x padded to 64 rows", "kloop", False, True)):
                 fn, cfg = ours(strategy, rank0)
                 impls.append((label, fn, cfg, rank0, pad))
+            tokens = max(16, 1 << (M - 1).bit_length())
+            for bn, bk in SWAPS:
+                fn, cfg = ours("split", bm=tokens, bn=bn, bk=bk, swap=True)
+                impls.append((f"split swap {tokens}x{bn}x{bk}", fn, cfg, False, False))
             base = None
             for label, fn, cfg, rank0, pad in impls:
                 row = {"M": M, "K": K, "N": N, "r": 0 if rank0 or label == "cublas" else r, "impl": label,
                        "config": None if cfg is None else
-                       f"{cfg.block_m}x{cfg.block_n}x{cfg.block_k} s{cfg.num_stages} br{cfg.block_r}"}
+                       f"{cfg.block_m}x{cfg.block_n}x{cfg.block_k} s{cfg.num_stages} br{cfg.block_r}"
+                       + (" swap" if cfg.swap_ab else "")}
                 use = padded if pad else sets
                 rows_out = use[0][0].shape[0]
                 try:
