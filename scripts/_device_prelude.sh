@@ -90,4 +90,6 @@ tune_lora() {
         --budget-s $((left - 90)) --out "$L/tune" > "$L/tune.log" 2>&1
     say "tune rc=$?"
     grep -E "^M=|wrote|budget|Error" "$L/tune.log" | tee -a "$L/summary.txt"
+    # a call brings back at most 8 files: the report and the table in one archive
+    tar czf "$L/tune.tgz" -C "$L" tune table 2>/dev/null && rm -rf "$L/tune" "$L/table"
 }
