@@ -14,7 +14,6 @@ slow since session 6); and split with swap_ab on token tiles of the next power o
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -27,7 +26,8 @@ SWAPS = [(64, 256), (64, 128), (128, 64)]
 
 
 def main(argv=None) -> int:
-    from lowrank_gemm.bench.common import device_meta, markdown_table, parse_shapes, rotation_count, time_graph
+    from lowrank_gemm.bench.common import (checked_timing, device_meta, markdown_table, meta_header, parse_shapes,
+                                           rotation_count, write_results)
     from lowrank_gemm.kernels.lora_gemm import run_strategy
     from lowrank_gemm.plan.config import KernelConfig
     from lowrank_gemm.plan.planner import lora_ledger, stages_for
@@ -90,36 +90,21 @@ def main(argv=None) -> int:
                        f"{cfg.block_m}x{cfg.block_n}x{cfg.block_k} s{cfg.num_stages} br{cfg.block_r}"
                        + (" swap" if cfg.swap_ab else "")}
                 use = padded if pad else sets
-                rows_out = use[0][0].shape[0]
-                try:
-                    out = torch.full((rows_out, N), float("nan"), device=dev, dtype=dt)
-                    y = fn(*use[0], out=out) if label != "cublas" else fn(*use[0])
-                    torch.cuda.synchronize()
-                    y = y[:M]
-                    if y.isnan().any():
-                        raise RuntimeError("unwritten (NaN) outputs")
-                    want = ref0 if (rank0 or label == "cublas") else ref
-                    row["rel_err"] = round(float((y.float() - want).norm() / want.norm()), 6)
-                    if row["rel_err"] > 1e-2:
-                        raise RuntimeError(f"rel err {row['rel_err']}")
-                    row["us"] = round(time_graph(lambda *t: fn(*t), use).median_us, 3)
-                    base = row["us"] if label == "cublas" else base
-                    row["x_cublas"] = round(row["us"] / base, 3) if base else None
-                except Exception as exc:
-                    row["error"] = f"{type(exc).__name__}: {exc}"[:200]
+                row.update(checked_timing(fn, use, ref0 if (rank0 or label == "cublas") else ref,
+                                          out_rows=use[0][0].shape[0], takes_out=label != "cublas"))
+                base = row.get("us") if label == "cublas" else base
+                row["x_cublas"] = round(row["us"] / base, 3) if base and "us" in row else None
                 rows.append(row)
                 print(f"ROW K={K} N={N} M={M} {label:<30} us {row.get('us')} x{row.get('x_cublas')} "
                       f"{row.get('error', '')}", flush=True)
             del sets, padded
             torch.cuda.empty_cache()
-    args.out.mkdir(parents=True, exist_ok=True)
     meta = device_meta()
-    (args.out / "decode_rows.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")
-    (args.out / "decode_rows.md").write_text(
-        "# One 64-row tile at M = 17…64 tokens\n\n" + json.dumps(meta) + "\n\n" + markdown_table(
-            ["K", "N", "M", "r", "impl", "config", "µs", "× cuBLAS", "rel err", "error"],
-            [[r_["K"], r_["N"], r_["M"], r_["r"], r_["impl"], r_["config"], r_.get("us"), r_.get("x_cublas"),
-              r_.get("rel_err"), r_.get("error")] for r_ in rows]))
+    title = "# One 64-row tile at M = 17…64 tokens\n\n"
+    write_results("decode_rows", meta, rows, args.out, md=title + meta_header(meta) + markdown_table(
+        ["K", "N", "M", "r", "impl", "config", "µs", "× cuBLAS", "rel err", "error"],
+        [[r_["K"], r_["N"], r_["M"], r_["r"], r_["impl"], r_["config"], r_.get("us"), r_.get("x_cublas"),
+          r_.get("rel_err"), r_.get("error")] for r_ in rows]))
     return 0
 
 

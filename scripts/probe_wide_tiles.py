@@ -12,7 +12,6 @@ then timed as CUDA-graph replays over rotated inputs. Writes ``wide_tiles.json``
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -27,7 +26,8 @@ OURS = [("ours 128x256", 128, 256, 8), ("ours 128x128", 128, 128, 4)]
 
 
 def main(argv=None) -> int:
-    from lowrank_gemm.bench.common import device_meta, markdown_table, parse_shapes, rotation_count, time_graph
+    from lowrank_gemm.bench.common import (checked_timing, device_meta, markdown_table, meta_header, parse_shapes,
+                                           rotation_count, write_results)
     from lowrank_gemm.kernels.gemm_n2 import gemm_n2, n2_stages, n2_tiles
     from lowrank_gemm.kernels.lora_gemm import run_strategy
     from lowrank_gemm.kernels.schedule import cdiv, num_sms
@@ -65,33 +65,20 @@ def main(argv=None) -> int:
         for label, tiles, fn in impls:
             row = {"M": M, "K": K, "N": N, "impl": label, "tiles": tiles,
                    "waves": round(tiles / sms, 2) if tiles else None}
-            try:
-                out = torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16)
-                y = fn(*sets[0], out=out) if label != "cublas" else fn(*sets[0])
-                torch.cuda.synchronize()
-                if y.isnan().any():
-                    raise RuntimeError("unwritten (NaN) outputs")
-                row["rel_err"] = round(float((y.float() - ref).norm() / ref.norm()), 6)
-                if row["rel_err"] > 1e-2:
-                    raise RuntimeError(f"rel err {row['rel_err']}")
-                row["us"] = round(time_graph(lambda x, w: fn(x, w), sets).median_us, 3)
-                base = row["us"] if label == "cublas" else base
-                row["x_cublas"] = round(row["us"] / base, 3) if base else None
-            except Exception as exc:
-                row["error"] = f"{type(exc).__name__}: {exc}"[:200]
+            row.update(checked_timing(fn, sets, ref, takes_out=label != "cublas"))
+            base = row.get("us") if label == "cublas" else base
+            row["x_cublas"] = round(row["us"] / base, 3) if base and "us" in row else None
             rows.append(row)
             print(f"M={M} K={K} N={N} {label:<24} tiles {tiles} us {row.get('us')} x{row.get('x_cublas')} "
                   f"{row.get('error', '')}", flush=True)
         del sets
         torch.cuda.empty_cache()
-    args.out.mkdir(parents=True, exist_ok=True)
     meta = device_meta()
-    (args.out / "wide_tiles.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")
-    (args.out / "wide_tiles.md").write_text(
-        "# Bare GEMM: two-block-wide tiles against ours and cuBLAS\n\n" + json.dumps(meta) + "\n\n" + markdown_table(
-            ["M", "K", "N", "impl", "tiles", "waves", "µs", "× cuBLAS", "rel err", "error"],
-            [[r["M"], r["K"], r["N"], r["impl"], r["tiles"], r["waves"], r.get("us"), r.get("x_cublas"),
-              r.get("rel_err"), r.get("error")] for r in rows]))
+    title = "# Bare GEMM: two-block-wide tiles against ours and cuBLAS\n\n"
+    write_results("wide_tiles", meta, rows, args.out, md=title + meta_header(meta) + markdown_table(
+        ["M", "K", "N", "impl", "tiles", "waves", "µs", "× cuBLAS", "rel err", "error"],
+        [[r["M"], r["K"], r["N"], r["impl"], r["tiles"], r["waves"], r.get("us"), r.get("x_cublas"),
+          r.get("rel_err"), r.get("error")] for r in rows]))
     return 0
 
 

@@ -2,6 +2,7 @@
 cost is divided equally (before session 9 a one-set implementation carried all of it and a four-set one a quarter)."""
 
 import pytest
+import torch
 
 from lowrank_gemm.bench import common
 
@@ -74,3 +75,39 @@ def test_parse_shapes_names_the_bad_item():
     for bad in ("256x2", "0", "-1", "a", ""):
         with pytest.raises(ValueError, match="a positive integer"):
             parse_shapes(bad, dims=1)
+
+
+def test_checked_timing_never_times_a_wrong_or_unwritten_result(monkeypatch):
+    """A probe's cell: the right result is timed; one that leaves NaN rows, misses the tolerance or raises becomes an
+    error and is not timed."""
+    import types
+
+    from lowrank_gemm.bench import common
+    timed = []
+    monkeypatch.setattr(common, "time_graph", lambda fn, sets: timed.append(fn(*sets[0])) or
+                        types.SimpleNamespace(median_us=2.5))
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
+    g = torch.Generator().manual_seed(0)
+    x, w = torch.randn(5, 8, generator=g), torch.randn(6, 8, generator=g)
+    want = (x @ w.T).double()
+
+    def right(x, w, out=None):
+        out = torch.empty(x.shape[0], w.shape[0]) if out is None else out
+        out[:] = x @ w.T
+        return out
+
+    def half(x, w, out=None):
+        out[:3] = (x @ w.T)[:3]
+        return out
+
+    assert common.checked_timing(right, [(x, w)], want) == {"rel_err": 0.0, "us": 2.5}
+    assert common.checked_timing(lambda x, w: x @ w.T, [(x, w)], want, takes_out=False)["us"] == 2.5
+    padded = common.checked_timing(lambda x, w, out=None: right(torch.cat([x, x[:2]]), w, out), [(x, w)], want,
+                                   out_rows=7)
+    assert padded["us"] == 2.5      # extra rows past want's are not checked
+    assert len(timed) == 3
+    assert "NaN" in common.checked_timing(half, [(x, w)], want)["error"]
+    assert "rel err" in common.checked_timing(lambda x, w, out=None: right(x, -w, out), [(x, w)], want)["error"]
+    assert "ValueError: no" in common.checked_timing(lambda x, w, out=None: (_ for _ in ()).throw(ValueError("no")),
+                                                     [(x, w)], want)["error"]
+    assert len(timed) == 3

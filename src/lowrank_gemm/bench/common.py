@@ -155,6 +155,30 @@ def time_impl(fn, input_sets: Sequence[tuple], graph: bool = True) -> dict:
     return row
 
 
+def checked_timing(fn, input_sets: Sequence[tuple], want: torch.Tensor, out_rows: int | None = None,
+                   takes_out: bool = True, tol: float = 1e-2) -> dict:
+    """A probe's cell: ``fn(*input_sets[0], out=…)`` into a NaN-poisoned output (``out_rows`` rows, default
+    ``want``'s; its first ``want.shape[0]`` rows are checked), its relative error against ``want`` (fp32 or wider),
+    then its CUDA-graph replay time over the rotated sets. ``{"rel_err", "us"}``, or ``{"error"}`` where it fails,
+    writes NaN or misses ``tol`` — a wrong kernel is never timed."""
+    cell: dict = {}
+    try:
+        x0 = input_sets[0]
+        out = torch.full((out_rows or want.shape[0], want.shape[1]), float("nan"), device=x0[0].device,
+                         dtype=x0[0].dtype)
+        y = (fn(*x0, out=out) if takes_out else fn(*x0))[:want.shape[0]]
+        torch.cuda.synchronize()
+        if y.isnan().any():
+            raise RuntimeError("unwritten (NaN) outputs")
+        cell["rel_err"] = round(float((y.float() - want).norm() / want.norm()), 6)
+        if cell["rel_err"] > tol:
+            raise RuntimeError(f"rel err {cell['rel_err']}")
+        cell["us"] = round(time_graph(lambda *t: fn(*t), input_sets).median_us, 3)
+    except Exception as exc:
+        cell["error"] = f"{type(exc).__name__}: {exc}"[:200]
+    return cell
+
+
 def measure_copy_tbps(nbytes: int = 2 * 2**30) -> float:
     """Device-to-device copy bandwidth in TB/s, counting bytes read plus bytes written."""
     src = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
