@@ -26,8 +26,7 @@ SWAPS = [(64, 256), (64, 128), (128, 64)]
 
 
 def main(argv=None) -> int:
-    from lowrank_gemm.bench.common import (checked_timing, device_meta, markdown_table, meta_header, parse_shapes,
-                                           rotation_count, write_results)
+    from lowrank_gemm.bench.common import checked_timing, parse_shapes, rotation_count, write_probe
     from lowrank_gemm.kernels.lora_gemm import run_strategy
     from lowrank_gemm.plan.config import KernelConfig
     from lowrank_gemm.plan.planner import lora_ledger, stages_for
@@ -99,12 +98,9 @@ def main(argv=None) -> int:
                       f"{row.get('error', '')}", flush=True)
             del sets, padded
             torch.cuda.empty_cache()
-    meta = device_meta()
-    title = "# One 64-row tile at M = 17…64 tokens\n\n"
-    write_results("decode_rows", meta, rows, args.out, md=title + meta_header(meta) + markdown_table(
-        ["K", "N", "M", "r", "impl", "config", "µs", "× cuBLAS", "rel err", "error"],
-        [[r_["K"], r_["N"], r_["M"], r_["r"], r_["impl"], r_["config"], r_.get("us"), r_.get("x_cublas"),
-          r_.get("rel_err"), r_.get("error")] for r_ in rows]))
+    write_probe("decode_rows", "One 64-row tile at M = 17…64 tokens", rows,
+                [("K", "K"), ("N", "N"), ("M", "M"), ("r", "r"), ("impl", "impl"), ("config", "config"), ("µs", "us"),
+                 ("× cuBLAS", "x_cublas"), ("rel err", "rel_err"), ("error", "error")], args.out)
     return 0
 
 

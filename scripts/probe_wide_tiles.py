@@ -26,8 +26,7 @@ OURS = [("ours 128x256", 128, 256, 8), ("ours 128x128", 128, 128, 4)]
 
 
 def main(argv=None) -> int:
-    from lowrank_gemm.bench.common import (checked_timing, device_meta, markdown_table, meta_header, parse_shapes,
-                                           rotation_count, write_results)
+    from lowrank_gemm.bench.common import checked_timing, parse_shapes, rotation_count, write_probe
     from lowrank_gemm.kernels.gemm_n2 import gemm_n2, n2_stages, n2_tiles
     from lowrank_gemm.kernels.lora_gemm import run_strategy
     from lowrank_gemm.kernels.schedule import cdiv, num_sms
@@ -73,12 +72,9 @@ def main(argv=None) -> int:
                   f"{row.get('error', '')}", flush=True)
         del sets
         torch.cuda.empty_cache()
-    meta = device_meta()
-    title = "# Bare GEMM: two-block-wide tiles against ours and cuBLAS\n\n"
-    write_results("wide_tiles", meta, rows, args.out, md=title + meta_header(meta) + markdown_table(
-        ["M", "K", "N", "impl", "tiles", "waves", "µs", "× cuBLAS", "rel err", "error"],
-        [[r["M"], r["K"], r["N"], r["impl"], r["tiles"], r["waves"], r.get("us"), r.get("x_cublas"),
-          r.get("rel_err"), r.get("error")] for r in rows]))
+    write_probe("wide_tiles", "Bare GEMM: two-block-wide tiles against ours and cuBLAS", rows,
+                [("M", "M"), ("K", "K"), ("N", "N"), ("impl", "impl"), ("tiles", "tiles"), ("waves", "waves"),
+                 ("µs", "us"), ("× cuBLAS", "x_cublas"), ("rel err", "rel_err"), ("error", "error")], args.out)
     return 0
 
 

@@ -111,3 +111,15 @@ def test_checked_timing_never_times_a_wrong_or_unwritten_result(monkeypatch):
     assert "ValueError: no" in common.checked_timing(lambda x, w, out=None: (_ for _ in ()).throw(ValueError("no")),
                                                      [(x, w)], want)["error"]
     assert len(timed) == 3
+
+
+def test_write_probe_writes_json_and_a_table_of_the_asked_columns(tmp_path):
+    import json
+    rows = [{"M": 32, "impl": "kloop", "us": 27.5}, {"M": 64, "impl": "split", "error": "ValueError: no"}]
+    path = common.write_probe("p", "A probe", rows, [("M", "M"), ("impl", "impl"), ("µs", "us"), ("error", "error")],
+                              tmp_path)
+    data = json.loads(path.read_text())
+    assert data["rows"] == rows and "torch" in data["meta"]
+    md = (tmp_path / "p.md").read_text().splitlines()
+    assert md[0] == "# A probe" and "| M | impl | µs | error |" in md
+    assert "| 32 | kloop | 27.5 | — |" in md and "| 64 | split | — | ValueError: no |" in md

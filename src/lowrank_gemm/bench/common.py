@@ -238,6 +238,16 @@ def write_results(name: str, meta: dict, rows: list[dict], outdir: Path | str | 
     return path
 
 
+def write_probe(name: str, title: str, rows: list[dict], columns: Sequence[tuple[str, str]], outdir: Path | str
+                ) -> Path:
+    """A probe's ``<name>.json`` and ``.md`` under ``outdir``: this device's meta, the rows, and a table of
+    ``columns`` ((header, row key) pairs; a missing key reads —)."""
+    meta = device_meta()
+    md = f"# {title}\n\n" + meta_header(meta) + markdown_table([h for h, _ in columns],
+                                                               [[r.get(k) for _, k in columns] for r in rows])
+    return write_results(name, meta, rows, outdir, md=md)
+
+
 def load_results(path: Path | str) -> dict:
     return json.loads(Path(path).read_text())
 
