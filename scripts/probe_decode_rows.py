@@ -29,7 +29,8 @@ def main(argv=None) -> int:
     from lowrank_gemm.bench.common import checked_timing, parse_shapes, rotation_count, write_probe
     from lowrank_gemm.kernels.lora_gemm import run_strategy
     from lowrank_gemm.plan.config import KernelConfig
-    from lowrank_gemm.plan.planner import lora_ledger, stages_for
+    from lowrank_gemm.kernels.schedule import next_pow2
+    from lowrank_gemm.plan.planner import block_r_for, lora_ledger, stages_for
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, required=True)
@@ -42,8 +43,8 @@ def main(argv=None) -> int:
     r, dt, dev = args.r, torch.bfloat16, "cuda"
 
     def tile(strategy, rank, bm=64, bn=64, bk=128, swap=False):
-        c = KernelConfig(block_m=bm, block_n=bn, block_k=bk, block_r=max(16, 1 << (rank - 1).bit_length()) if rank
-                         else 16, group_m=1, num_warps=4, swap_ab=swap)
+        c = KernelConfig(block_m=bm, block_n=bn, block_k=bk, block_r=block_r_for(max(rank, 1)), group_m=1,
+                         num_warps=4, swap_ab=swap)
         return c.replace(num_stages=stages_for(lambda s: lora_ledger(strategy, c.replace(num_stages=s))))
 
     rows = []
@@ -78,7 +79,7 @@ def main(argv=None) -> int:
                                                 ("kloop on x padded to 64 rows", "kloop", False, True)):
                 fn, cfg = ours(strategy, rank0)
                 impls.append((label, fn, cfg, rank0, pad))
-            tokens = max(16, 1 << (M - 1).bit_length())
+            tokens = max(16, next_pow2(M))
             for bn, bk in SWAPS:
                 fn, cfg = ours("split", bm=tokens, bn=bn, bk=bk, swap=True)
                 impls.append((f"split swap {tokens}x{bn}x{bk}", fn, cfg, False, False))

@@ -173,7 +173,7 @@ def checked_timing(fn, input_sets: Sequence[tuple], want: torch.Tensor, out_rows
         cell["rel_err"] = round(float((y.float() - want).norm() / want.norm()), 6)
         if cell["rel_err"] > tol:
             raise RuntimeError(f"rel err {cell['rel_err']}")
-        cell["us"] = round(time_graph(lambda *t: fn(*t), input_sets).median_us, 3)
+        cell["us"] = round(time_graph(fn, input_sets).median_us, 3)
     except Exception as exc:
         cell["error"] = f"{type(exc).__name__}: {exc}"[:200]
     return cell
