@@ -19,8 +19,9 @@ from pathlib import Path
 
 import torch
 
-SHAPES = [(5120, 5120), (2048, 5632)]
-MS = [17, 24, 32, 48, 64]
+# the two shapes where s59a saw it, then issue 2's three families (the branch `swap32` would replan all of them)
+SHAPES = [(5120, 5120), (2048, 5632), (4096, 28672), (4096, 4096), (8192, 8192)]
+MS = [24, 32, 48, 64]
 # swap-AB split tiles (tokens on the wgmma's N, block_m = the next power of two ≥ M): (block_n, block_k)
 SWAPS = [(64, 256), (64, 128), (128, 64)]
 
