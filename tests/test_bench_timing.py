@@ -82,7 +82,6 @@ def test_checked_timing_never_times_a_wrong_or_unwritten_result(monkeypatch):
     error and is not timed."""
     import types
 
-    from lowrank_gemm.bench import common
     timed = []
     monkeypatch.setattr(common, "time_graph", lambda fn, sets: timed.append(fn(*sets[0])) or
                         types.SimpleNamespace(median_us=2.5))
