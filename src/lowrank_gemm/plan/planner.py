@@ -17,6 +17,7 @@ import functools
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
+from typing import Sequence
 
 import torch
 
@@ -157,11 +158,19 @@ def wave_split(num_tiles: int, k_tiles: int, sms: int, *, max_split: int = 8,
     fill-the-SMs rule (K=N=4096, M=256, 128×256 tiles: 32 tiles → 4); above it, a split only where
     the last wave is short (N=28672, M=256: 224 tiles → 4, 1.9 tile-times instead of 2; 512 or
     1024 tiles, 97 % of their last wave full → 1)."""
-    best, split = 1, 2
-    while split <= max_split and k_tiles // split >= min_k_tiles_per_split:
+    powers = [1 << i for i in range(1, max_split.bit_length()) if 1 << i <= max_split]
+    return _least_makespan(num_tiles, k_tiles, sms, powers, min_k_tiles_per_split)
+
+
+def _least_makespan(num_tiles: int, k_tiles: int, sms: int, splits: Sequence[int], min_k_tiles_per_split: int) -> int:
+    """The first of ``splits`` (ascending) with the least :func:`fixup_makespan`, 1 unless one is strictly better;
+    splits leaving a piece fewer than ``min_k_tiles_per_split`` K tiles are not tried."""
+    best = 1
+    for split in splits:
+        if k_tiles // split < min_k_tiles_per_split:
+            break
         if fixup_makespan(num_tiles, split, sms) < fixup_makespan(num_tiles, best, sms) - 1e-9:
             best = split
-        split *= 2
     return best
 
 
@@ -180,13 +189,7 @@ def makespan_split(num_tiles: int, k_tiles: int, sms: int, *, max_split: int = 8
     """:func:`wave_split` over every integer split, not only powers of two — 86 tiles of 128×256 on 132 SMs
     (M = 256, N = 11008): 3 pieces each are 2 rounds of a third of a tile (0.77 tile-times), where 2 or 4 give 1.1 /
     0.9. A tuning candidate (:mod:`.autotune`); the rules keep :func:`wave_split`, as measured."""
-    best = 1
-    for split in range(2, max_split + 1):
-        if k_tiles // split < min_k_tiles_per_split:
-            break
-        if fixup_makespan(num_tiles, split, sms) < fixup_makespan(num_tiles, best, sms) - 1e-9:
-            best = split
-    return best
+    return _least_makespan(num_tiles, k_tiles, sms, range(2, max_split + 1), min_k_tiles_per_split)
 
 
 def fixup_dp_tiles(tiles: int, split_k: int, sms: int | None) -> int:
