@@ -6,8 +6,10 @@ the 132 SMs (``probes/s58/s58g``: 168×128 at M = 256, N = 11008 — 132 tiles i
 take 48.6 µs in one round at a higher per-SM rate). Triton's block shapes are powers of two; a tile of two blocks
 — one x tile, two W tiles and two accumulators per K step, two wgmmas of N = BLOCK_N0 and BLOCK_N1 — is the nearest
 shape it can express. ``y = x·Wᵀ (+ bias)``, x [M, K], W [N, K], 16-bit, every tile in grouped order, one program
-per tile (the shapes it is for have about one wave of them). If it closes the gap (``scripts/probe_wide_tiles.py``),
-the LoRA kernels' tiles get the second block; until then it is a measurement tool.
+per tile (the shapes it is for have about one wave of them). Measured (``scripts/probe_wide_tiles.py``, session 59,
+H100, ``probes/s59/s59a``): it does not close the gap — 1.39× cuBLAS at M = 256, N = 11008, and two wgmmas per K
+step over the same area as one 128×256 tile cost 6–14 % more than one. The LoRA kernels keep their tiles; this stays
+a measurement tool.
 """
 
 from __future__ import annotations
