@@ -158,7 +158,7 @@ def test_an_unwritten_output_is_caught(monkeypatch):
         return out
     monkeypatch.setattr(LG, "run_strategy", half_written)
     with pytest.raises(RuntimeError, match="unwritten"):
-        autotune._check(autotune.Candidate("x", "split", KernelConfig()), x, w, a, b, ref, None)
+        autotune.check_candidate(autotune.Candidate("x", "split", KernelConfig()), x, w, a, b, ref, None)
 
 
 def test_tune_refuses_a_corrupted_table_before_timing(tmp_path):
@@ -324,3 +324,27 @@ def test_tune_model_covers_each_distinct_fused_layer(tmp_path):
         autotune.tune_model(torch.nn.Linear(8, 8), tokens=[8], device="cpu", timer=scripted_timer())
     with pytest.raises(ValueError, match="token counts"):
         autotune.tune_model(model, tokens=[0], device="cpu", timer=scripted_timer())
+
+
+def test_the_grid_sweep_checks_each_candidate_before_timing(tmp_path, monkeypatch):
+    """``bench lora --tune`` (the shipped tables' sweep): a candidate that is wrong but fastest by the clock is logged
+    with its error, never timed, never written; the next correct one is."""
+    from lowrank_gemm.bench import lora as bench_lora
+    M, K, N, r = SHAPE
+    cands = autotune.sweep_candidates(M, N, K, r, 4)[:2]
+    monkeypatch.setattr(bench_lora, "sweep_candidates", lambda *a, **k: cands)
+    real = LG.run_strategy
+
+    def run(strategy, x, w, a, b, scale, bias, cfg, **kw):
+        y = real(strategy, x, w, a, b, scale, bias, cfg, **kw)
+        return y * 1.5 if (strategy, cfg) == cands[0] else y
+    monkeypatch.setattr(LG, "run_strategy", run)
+    times = iter([5.0, 100.0])          # the first candidate timed would win
+    bench_lora.tune(False, tmp_path, dtype=torch.float16, device="cpu", timer=lambda fn, sets: next(times),
+                    points=[(M, N, K, r)])
+    (table,) = set(tmp_path.glob("lora_*.json")) - {tmp_path / "lora_tune_log.json"}
+    (entry,) = json.loads(table.read_text())["lora"].values()
+    assert (entry["strategy"], entry["config"]) == (cands[1][0], cands[1][1].to_dict())
+    log = json.loads((tmp_path / "lora_tune_log.json").read_text())
+    assert "relative error" in log[0]["error"] and "us" not in log[0]
+    assert log[1]["rel_err"] <= autotune.MAX_REL_ERR and log[1]["us"] == 5.0

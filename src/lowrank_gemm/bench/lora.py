@@ -39,7 +39,7 @@ import torch
 
 from ..kernels.lora_gemm import kcat_preferred
 from ..kernels.lora_kcat import pack_lora_weights
-from ..plan.autotune import SCALE, sweep_candidates
+from ..plan.autotune import MAX_REL_ERR, SCALE, Candidate, check_candidate, reference_rows, sweep_candidates
 from ..plan.planner import LORA_STRATEGIES, pinned, plan_lora, tuned_key
 from .common import (device_meta, markdown_table, measure_copy_tbps, meta_header,
                      paired_ratio, parse_shapes, results_dir, rotation_count, time_graph, time_impl,
@@ -222,33 +222,44 @@ def plot(data, path):
 
 # ---------------------------------------------------------------------------- tuning (the shipped tables)
 
-def tune(quick: bool, outdir: Path | None, kn: list[tuple[int, int]] | None = None, dtype=torch.bfloat16):
-    """Time every candidate as a CUDA-graph replay, keep the fastest per tuned-table key. Merges
-    into an existing OUT/lora_<gpu>.json (``h200``, ``h100``: the device's name in the results folder,
-    :func:`~.common.results_dir`), so the grid can be tuned in several runs (``--kn``)."""
+def tune(quick: bool, outdir: Path | None, kn: list[tuple[int, int]] | None = None, dtype=torch.bfloat16, *,
+         device="cuda", timer=None, points: list[tuple[int, int, int, int]] | None = None):
+    """Check every candidate against the float64 reference (a NaN-poisoned output, ≤ ``MAX_REL_ERR``, as
+    ``tune lora`` does), time the ones that pass as CUDA-graph replays, keep the fastest per tuned-table key; a
+    wrong or failing candidate goes to the log with its reason and is never chosen. Merges into an existing
+    OUT/lora_<gpu>.json (``h200``, ``h100``: the device's name in the results folder, :func:`~.common.results_dir`),
+    so the grid can be tuned in several runs (``--kn``). ``timer(fn, sets) → µs`` replaces the graph timing;
+    ``points`` ((M, N, K, r), …) replaces the grid."""
     from ..kernels.lora_gemm import lora_linear
+    from ..kernels.schedule import num_sms
+    timer = timer or (lambda fn, sets: time_graph(fn, sets).median_us)
     shapes = kn or SHAPES_KN
-    points = ([(m, n, k, r) for (m, k, n, r) in QUICK] if quick else
-              [(m, n, k, r) for (k, n) in shapes for r in (16, 64) for m in MS])
+    points = points or ([(m, n, k, r) for (m, k, n, r) in QUICK] if quick else
+                        [(m, n, k, r) for (k, n) in shapes for r in (16, 64) for m in MS])
     here = results_dir()
     outdir = Path(outdir) if outdir is not None else here
     out_json = outdir / f"lora_{here.name}.json"
     table = json.loads(out_json.read_text()).get("lora", {}) if out_json.exists() else {}
     log = []
     t0 = time.time()
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    sms = num_sms(torch.device(device))
     for M, N, K, r in points:
-        sets = make_sets(M, N, K, r, dtype, "cuda")
+        sets = make_sets(M, N, K, r, dtype, device)
+        ref, rows = reference_rows(*sets[0][:4])
         best = None
         for s, cfg in sweep_candidates(M, N, K, r, sms):
             fn = (lambda s_, c_: lambda x, w, a, b, bs: _pinned_call(lora_linear, s_, c_, x, w, a, b))(s, cfg)
+            entry = {"M": M, "N": N, "K": K, "r": r, "strategy": s, "config": cfg.to_dict()}
+            log.append(entry)
             try:
-                us = time_graph(fn, sets).median_us
+                entry["rel_err"] = round(check_candidate(Candidate(s, s, cfg), *sets[0][:4], ref, rows), 7)
+                if not entry["rel_err"] <= MAX_REL_ERR:
+                    raise RuntimeError(f"relative error {entry['rel_err']:.3g} > {MAX_REL_ERR}")
+                us = timer(fn, sets)
             except Exception as exc:
-                log.append({"M": M, "N": N, "K": K, "r": r, "strategy": s, "config": cfg.to_dict(),
-                            "error": f"{type(exc).__name__}: {exc}"[:200]})
+                entry["error"] = f"{type(exc).__name__}: {exc}"[:200]
                 continue
-            log.append({"M": M, "N": N, "K": K, "r": r, "strategy": s, "config": cfg.to_dict(), "us": round(us, 3)})
+            entry["us"] = round(us, 3)
             if best is None or us < best[0]:
                 best = (us, s, cfg)
         if best:
@@ -256,10 +267,11 @@ def tune(quick: bool, outdir: Path | None, kn: list[tuple[int, int]] | None = No
                                                    "us": round(best[0], 3)}
             print(f"tuned M={M} N={N} K={K} r={r}: {best[1]} {best[2]} {best[0]:.1f} µs "
                   f"[{time.time() - t0:.0f}s]", flush=True)
-        del sets
-        torch.cuda.empty_cache()
+        del sets, ref
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
     outdir.mkdir(parents=True, exist_ok=True)
-    meta = device_meta()
+    meta = device_meta(device=device)
     out_json.write_text(json.dumps({"version": 1, "meta": meta, "lora": table}, indent=1) + "\n")
     (outdir / "lora_tune_log.json").write_text(json.dumps(log, indent=1) + "\n")
     print(f"wrote {out_json} ({len(table)} entries) — copy it to src/lowrank_gemm/plan/tuned/ (an H100 reads "

@@ -192,7 +192,7 @@ def parse_tune_shapes(text: str) -> list[tuple[int, int, int, int]]:
     return out
 
 
-def _check(candidate: Candidate, x, w, a, b, ref: torch.Tensor, rows: torch.Tensor | None) -> float:
+def check_candidate(candidate: Candidate, x, w, a, b, ref: torch.Tensor, rows: torch.Tensor | None) -> float:
     """Run the candidate once into a NaN-poisoned output → its relative error against ``ref`` (float64 rows); raise
     where it left an element unwritten."""
     from ..kernels.lora_gemm import run_strategy
@@ -204,7 +204,7 @@ def _check(candidate: Candidate, x, w, a, b, ref: torch.Tensor, rows: torch.Tens
     return float((y.double() - ref).norm() / ref.norm())
 
 
-def _reference(x, w, a, b) -> tuple[torch.Tensor, torch.Tensor | None]:
+def reference_rows(x, w, a, b) -> tuple[torch.Tensor, torch.Tensor | None]:
     from ..reference import lora_linear_ref
     M = x.shape[0]
     rows = None
@@ -293,7 +293,7 @@ def _tune_shape(M: int, K: int, N: int, r: int, dtype, device, timer, margin: fl
     rep = ShapeReport(M, K, N, r)
     sets = _input_sets(M, N, K, r, dtype, device)
     x, w, a, b, _ = sets[0]
-    ref, rows = _reference(x, w, a, b)
+    ref, rows = reference_rows(x, w, a, b)
     rep.cublas_us = timer(lambda x, w, a, b, bs: x @ w.T, sets)
     rep.torch_unfused_us = timer(lambda x, w, a, b, bs: torch.addmm(x @ w.T, x @ a.T, bs.T), sets)
     rep.auto_before_plan = plan_lora(M, N, K, r, dtype, device)[0]
@@ -305,7 +305,7 @@ def _tune_shape(M: int, K: int, N: int, r: int, dtype, device, timer, margin: fl
     for cand in lora_candidates(M, N, K, r, dtype, device):
         row = {"label": cand.label, "strategy": cand.strategy, "config": cand.config.to_dict()}
         try:
-            row["rel_err"] = round(_check(cand, x, w, a, b, ref, rows), 7)
+            row["rel_err"] = round(check_candidate(cand, x, w, a, b, ref, rows), 7)
             if not row["rel_err"] <= MAX_REL_ERR:
                 raise RuntimeError(f"relative error {row['rel_err']:.3g} > {MAX_REL_ERR}")
 
