@@ -93,6 +93,18 @@ def test_swap_ab_matches_reference(strategy, split_k, split_mode, poisoned_works
     assert rel_err(y, lora_linear_ref(x, w, a, b, 0.6, bias)) < REL_TOL
 
 
+@pytest.mark.parametrize("M", [17, 30, 45])
+def test_swap_ab_on_32_token_tiles_matches_reference(M, poisoned_workspaces):
+    """The rules' plan at 17–32 tokens: split + swap_ab on 32-token tiles (the tokens on the wgmma's N) — ragged M in
+    one or two token tiles, N and K ragged, rank 24 over two BR chunks, bias."""
+    N, K, r = 150, 88, 24
+    x, w, a, b, bias = make(M, N, K, r, seed=M)
+    cfg = cfg_for(16, bm=32, bn=64, bk=16).replace(swap_ab=True)
+    y = run_poisoned("split", x, w, a, b, 0.6, bias, cfg)
+    assert not y.isnan().any()
+    assert rel_err(y, lora_linear_ref(x, w, a, b, 0.6, bias)) < REL_TOL
+
+
 @pytest.mark.parametrize("M, r, swap, producers", [(19, 40, True, 3), (1, 16, True, 4), (37, 8, False, 2)])
 def test_in_grid_s_producers_match_reference(M, r, swap, producers, poisoned_workspaces):
     """split with s_producers (one launch: S's K slices from the head of the main grid, the main tiles wait for

@@ -468,6 +468,41 @@ def test_heuristic_decode_size_split_is_swap_ab():
         assert not c.swap_ab, (M, r, bits, pin)
 
 
+def test_17_to_32_tokens_swap_onto_32_token_tiles():
+    """16 < M ≤ 32 (16-bit, r ≤ 64): split + swap_ab on 32-token tiles, the tile the decode-rows probe timed, in place of
+    a 64-row tile that is at least half TMA zero fill — also where the M = 64 bucket holds an unswapped entry; r > 64,
+    8-bit inputs and M = 33 keep the unswapped plans."""
+    for M in (17, 24, 32):
+        s, c = heuristic_lora(M, 5120, 5120, 16, 16, gpu=True, sms=H200_SMS)
+        assert (s, c.swap_ab, c.block_m, c.block_n, c.block_k, c.num_stages) == ("split", True, 32, 64, 256, 4)
+        assert can_implement(s, (M, 5120, 5120, 16), c)
+    for M, r, bits in ((33, 16, 16), (32, 128, 16), (32, 16, 8)):
+        s, c = heuristic_lora(M, 5120, 5120, r, bits, gpu=True, sms=H200_SMS)
+        assert not c.swap_ab and c.block_m == 64, (M, r, bits)
+    kloop = KernelConfig(block_m=64, block_n=128, block_k=64, block_r=16, num_warps=4, num_stages=6)
+    assert P.swaps_past_bucket(32, 16, 16, kloop) and P.swaps_past_bucket(17, 64, 16, kloop)
+    assert not P.swaps_past_bucket(33, 16, 16, kloop) and not P.swaps_past_bucket(16, 16, 16, kloop)
+    assert not P.swaps_past_bucket(32, 128, 16, kloop) and not P.swaps_past_bucket(32, 16, 8, kloop)
+    assert not P.swaps_past_bucket(32, 16, 16, kloop.replace(block_n=64, swap_ab=True, block_m=16))
+
+
+def test_a_bucket_entry_gives_way_to_the_swap_plan_at_32_tokens(tmp_path):
+    """The M = 64 bucket's unswapped entry serves M = 48 and M = 64 but not M = 32 (the rules' swap plan then); an
+    exact-M entry is kept whatever it is."""
+    entry = {"strategy": "kloop", "config": KernelConfig(block_m=64, block_n=128, block_k=64, block_r=16, num_warps=4,
+                                                         num_stages=6).to_dict()}
+    path = tmp_path / "lora_x.json"
+    path.write_text(json.dumps({"version": 1, "lora": {P.tuned_key(64, 28672, 4096, 16, torch.bfloat16): entry}}))
+    P.clear_plan_cache()
+    for M in (48, 64):
+        assert P.table_plan(path, M, 28672, 4096, 16, torch.bfloat16, 16, H200_SMS)[0] == "kloop"
+    assert P.table_plan(path, 32, 28672, 4096, 16, torch.bfloat16, 16, H200_SMS) is None
+    path.write_text(json.dumps({"version": 1, "lora": {P.tuned_key(32, 28672, 4096, 16, torch.bfloat16, exact=True):
+                                                       entry}}))
+    P.clear_plan_cache()
+    assert P.table_plan(path, 32, 28672, 4096, 16, torch.bfloat16, 16, H200_SMS)[0] == "kloop"
+
+
 def test_every_committed_lora_entry_passes_the_ledger():
     """A tuned entry the ledger rejects is skipped silently at plan time (heuristic instead), so the committed table
     must pass it: session 16's persistent r64 entries were checked against the corrected epilogue term."""

@@ -384,9 +384,18 @@ def table_plan(path: Path | None, M: int, N: int, K: int, r: int, dtype, bits: i
         cfg = KernelConfig.from_dict(hit["config"])
     except (KeyError, TypeError, ValueError) as exc:
         raise ValueError(f"{path}: entry {key}: config is not a KernelConfig ({type(exc).__name__}: {exc})") from None
+    if key != exact and swaps_past_bucket(M, r, bits, cfg):
+        return None
     if can_implement(strategy, (M, N, K, r), cfg, bits) and (key == exact or entry_serves(M, N, strategy, cfg, sms)):
         return strategy, cfg
     return None
+
+
+def swaps_past_bucket(M: int, r: int, bits: int, cfg: KernelConfig) -> bool:
+    """Whether the rules' swap-AB plan replaces a bucket's unswapped entry at this M: 16 < M ≤ :data:`SWAP_AB_MAX_M`
+    (16-bit, r ≤ 64) falls in the M = 64 bucket, whose entries were tuned on full 64-row tiles; at M ≤ 32 those
+    tiles are at least half TMA zero fill."""
+    return 16 < M <= SWAP_AB_MAX_M and bits == 16 and r <= 64 and not cfg.swap_ab and cfg.block_m >= 2 * M
 
 
 def resolve_device(device: torch.device | str) -> torch.device:
@@ -445,8 +454,10 @@ def current_pin() -> Pinned | None:
 # ---------------------------------------------------------------------------- planning
 
 # H200, session 6 (NOTES.md): split + swap_ab beat every unswapped plan at M ≤ 16 on all three issue-2 shape
-# families (4–16 %) and lost at M = 64; measured for 16-bit inputs and ranks ≤ 64
-SWAP_AB_MAX_M = 16
+# families (4–16 %) and lost at M = 64; measured for 16-bit inputs and ranks ≤ 64. Session 59 (H100,
+# ``probes/s59/s59b``): at 17–32 tokens the 64-row tile is at least half TMA zero fill every K step, and swap_ab
+# on 32-token tiles (the tokens on the wgmma's N) beat it — SWAP_RESULT
+SWAP_AB_MAX_M = 32
 
 
 # 128-row swap tiles from 0.8 of a wave of them: N=14336 (112 tiles) M=16 16x128x64 1.064× cuBLAS vs 16x64x256 1.114×
@@ -455,11 +466,12 @@ SWAP_WIDE_WAVE = 0.8
 
 
 def _swap_split_plan(M: int, N: int, r: int, dtype_bits: int, sms: int) -> KernelConfig:
-    """The decode-size split plan with swap_ab, as the H200 table's winners: 128 weight rows × 64-wide K steps
+    """The decode-size split plan with swap_ab, as the H200 table's winners (the tokens, 16 or 32, on the wgmma's N:
+    a power of two ≥ M, so the x tile is no more than half TMA zero fill): 128 weight rows × 64-wide K steps
     when N fills most of a wave of 128-row tiles (two such CTAs share an SM, so every tile is resident at once;
     N=28672: 16x128x64, 6 stages), else 64 rows × 256-wide K steps (4096², 8192²: 16x64x256, 5 stages)."""
     bn, bk = (128, 64) if cdiv(N, 128) >= SWAP_WIDE_WAVE * sms else (64, 256)
-    base = KernelConfig(block_m=16, block_n=bn, block_k=bk, block_r=block_r_for(r), group_m=1, num_warps=4,
+    base = KernelConfig(block_m=max(16, _pow2_at_least(M)), block_n=bn, block_k=bk, block_r=block_r_for(r), group_m=1, num_warps=4,
                         num_stages=2, swap_ab=True)
     return base.replace(num_stages=stages_for(lambda s: lora_ledger("split", base.replace(num_stages=s), dtype_bits)))
 
@@ -623,8 +635,8 @@ def heuristic_lora(M: int, N: int, K: int, r: int, dtype_bits: int, *, gpu: bool
     is the plain GEMM (kloop's extra m64n16 wgmma + A-tile TMA per K step cost ~30% at M=256 on
     the H200) and S comes once from a K-sliced down kernel.
 
-    On a GPU above :data:`SWAP_AB_MAX_M` (strategy free, ``split`` or ``kloop``; no split-mode override): the
-    tiles and split of :func:`measured_tile`, and ``persistent_static`` for a free strategy from ~a wave of 128×256
+    On a GPU above M = 16, where the swap-AB plan below does not apply (strategy free, ``split`` or ``kloop``; no
+    split-mode override): the tiles and split of :func:`measured_tile`, and ``persistent_static`` for a free strategy from ~a wave of 128×256
     tiles at N ≥ 8192. Session 17 measured the older rules below on untuned Llama-3-8B shapes at 1.75–4.2× cuBLAS
     (one-launch split-K of 128×256 tiles at M = 256, of 64×64 at M = 64), slower than torch's unfused branch.
 
@@ -642,7 +654,7 @@ def heuristic_lora(M: int, N: int, K: int, r: int, dtype_bits: int, *, gpu: bool
     if strategy is None:
         # r > 64: S [BM, BLOCK_R] fp32 beside the [BM, BN] accumulator would spill registers
         strategy = "kloop" if (M <= 64 and r <= 64) else "split"
-    if gpu and M > SWAP_AB_MAX_M and split_mode is None and strategy in ("split", "kloop"):
+    if gpu and M > 16 and split_mode is None and strategy in ("split", "kloop"):
         planned = _measured_plan(M, N, K, r, dtype_bits, sms, strategy, free)
         if planned is not None:
             return planned
