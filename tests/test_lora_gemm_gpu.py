@@ -282,7 +282,8 @@ def test_fixup_concurrent_streams(between, fresh_kernel_buffers):
     assert _tickets_zero()
 
 
-SWAP_SHAPES = [(1, 28672, 4096, 16), (16, 4096, 4096, 64), (64, 8192, 8192, 16), (37, 5000, 3000, 40)]
+SWAP_SHAPES = [(1, 28672, 4096, 16), (16, 4096, 4096, 64), (24, 28672, 4096, 16), (32, 5120, 5120, 64),
+               (64, 8192, 8192, 16), (37, 5000, 3000, 40)]
 
 
 @pytest.mark.parametrize("shape", SWAP_SHAPES, ids=lambda s: "x".join(map(str, s)))
@@ -294,7 +295,7 @@ def test_swap_ab_bf16(strategy, shape, bn, bk, split):
     from lowrank_gemm.plan.config import KernelConfig
     from lowrank_gemm.plan.planner import block_r_for, lora_ledger, stages_for
     M, N, K, r = shape
-    bm = 16 if M <= 16 else 64
+    bm = 16 if M <= 16 else 32 if M <= 32 else 64
     br = max(64, block_r_for(r)) if strategy == "kloop" else block_r_for(r)
     c = KernelConfig(block_m=bm, block_n=bn, block_k=bk, block_r=br, group_m=1, num_warps=4, num_stages=2,
                      split_k=split, split_mode="fixup", swap_ab=True)
