@@ -454,9 +454,11 @@ def current_pin() -> Pinned | None:
 # ---------------------------------------------------------------------------- planning
 
 # H200, session 6 (NOTES.md): split + swap_ab beat every unswapped plan at M ≤ 16 on all three issue-2 shape
-# families (4–16 %) and lost at M = 64; measured for 16-bit inputs and ranks ≤ 64. Session 59 (H100,
-# ``probes/s59/s59b``): at 17–32 tokens the 64-row tile is at least half TMA zero fill every K step, and swap_ab
-# on 32-token tiles (the tokens on the wgmma's N) beat it — SWAP_RESULT
+# families (4–16 %) and lost at M = 64; measured for 16-bit inputs and ranks ≤ 64. Session 60 (H100,
+# ``probes/s60/s60a``, r16): at 17–32 tokens the 64-row tile is at least half TMA zero fill every K step — the
+# same tile on x padded to 64 real rows runs as fast as at M = 64, 2–5 µs less — and swap_ab on 32-token tiles
+# (the tokens on the wgmma's N) beat the 64-row kloop / split on all five families probed, 1–10 % (5120² M = 24:
+# 23.7 against 26.5 µs; 4096→28672: 84.5 against 94.0); at M = 48 / 64 it lost again
 SWAP_AB_MAX_M = 32
 
 
