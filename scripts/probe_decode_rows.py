@@ -7,8 +7,8 @@ M = 32 and 23.7–23.9 µs for M = 64 at K = N = 5120 (cuBLAS 22.3 / 22.4), and 
 2048→5632. Per (K, N) and M, in one process, each as CUDA-graph replays over rotated inputs after a check against
 fp32 into a NaN-poisoned output: cuBLAS; kloop and split on that tile at rank r; the same tile at rank 0 (the bare
 main loop); kloop on a 64-row copy of x whose rows past M are zero (what the tile costs without TMA's zero fill,
-slow since session 6); and split with swap_ab on token tiles of the next power of two ≥ M (``SWAPS``). Writes
-``decode_rows.json`` / ``.md`` under DIR.
+slow since session 6); split with swap_ab on token tiles of the next power of two ≥ M (``SWAPS``); and ``auto``
+(the op as the planner routes it, its plan in the row). Writes ``decode_rows.json`` / ``.md`` under DIR.
 """
 
 from __future__ import annotations
@@ -28,10 +28,10 @@ SWAPS = [(64, 256), (64, 128), (128, 64)]
 
 def main(argv=None) -> int:
     from lowrank_gemm.bench.common import checked_timing, parse_shapes, rotation_count, write_probe
-    from lowrank_gemm.kernels.lora_gemm import run_strategy
+    from lowrank_gemm.kernels.lora_gemm import lora_linear, run_strategy
     from lowrank_gemm.plan.config import KernelConfig
     from lowrank_gemm.kernels.schedule import next_pow2
-    from lowrank_gemm.plan.planner import block_r_for, lora_ledger, stages_for
+    from lowrank_gemm.plan.planner import block_r_for, lora_ledger, plan_lora, stages_for
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, required=True)
@@ -84,6 +84,8 @@ def main(argv=None) -> int:
             for bn, bk in SWAPS:
                 fn, cfg = ours("split", bm=tokens, bn=bn, bk=bk, swap=True)
                 impls.append((f"split swap {tokens}x{bn}x{bk}", fn, cfg, False, False))
+            strategy, cfg = plan_lora(M, N, K, r, dt, torch.device(dev))
+            impls.append((f"auto ({strategy})", lambda x, w, a, b: lora_linear(x, w, a, b, 1.0), cfg, False, False))
             base = None
             for label, fn, cfg, rank0, pad in impls:
                 row = {"M": M, "K": K, "N": N, "r": 0 if rank0 or label == "cublas" else r, "impl": label,
@@ -92,7 +94,8 @@ def main(argv=None) -> int:
                        + (" swap" if cfg.swap_ab else "")}
                 use = padded if pad else sets
                 row.update(checked_timing(fn, use, ref0 if (rank0 or label == "cublas") else ref,
-                                          out_rows=use[0][0].shape[0], takes_out=label != "cublas"))
+                                          out_rows=use[0][0].shape[0],
+                                          takes_out=label != "cublas" and not label.startswith("auto")))
                 base = row.get("us") if label == "cublas" else base
                 row["x_cublas"] = round(row["us"] / base, 3) if base and "us" in row else None
                 rows.append(row)
