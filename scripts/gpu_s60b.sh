@@ -1,18 +1,23 @@
 #!/usr/bin/env bash
-# Session 60, call 2 (≤ 300 s, any GPU) → $OUT/s60b/: the 17–32-token swap-AB rule now on main, on the GPU:
-#  1. its GPU tests (32-token swap tiles at real sizes: NaN-poisoned, bit-identical, graph replay) and the tuned-plan
+# Session 60, call 2 (≤ 230 s, any GPU) → $OUT/s60b/: the 17–32-token swap-AB rule now on main, on the GPU:
+#  1. scripts/probe_decode_rows.py at M = 24 / 32 with an `auto` row at rank 64 (s60a timed r16 only);
+#  2. its GPU tests (32-token swap tiles at real sizes: NaN-poisoned, bit-identical, graph replay) and the tuned-plan
 #     and bench-grid feasibility tests it could touch;
-#  2. scripts/probe_decode_rows.py at M = 24 / 32 with an `auto` row, at rank 16 and rank 64 (s60a timed r16 only).
+#  3. with the time left, the probe at rank 16 (the auto row there).
 #   LOWRANK_GEMM_COMMIT=<hash> bash scripts/gpu_s60b.sh
 source "$(dirname "$0")/_device_prelude.sh" s60b
+t0=$SECONDS
 say "commit=${LOWRANK_GEMM_COMMIT:-?} $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)"
-gpu_tests 150 4 tests/test_lora_gemm_gpu.py -k "swap_ab_bf16 or every_tuned_plan or bench_grid_is_feasible"
+rows() {    # rows <rank> <timeout s>: the probe into $L/r<rank>/; its rows to the summary
+    mkdir -p "$L/r$1"
+    timeout "$2" python3 scripts/probe_decode_rows.py --out "$L/r$1" --ms 24,32 --r "$1" > "$L/r$1.log" 2>&1
+    say "rows r$1 rc=$?"
+    grep -E "^ROW|FAIL|Error" "$L/r$1.log" | sed 's/^ROW //' >> "$L/summary.txt"
+    gzip -f "$L/r$1.log"                              # 8 files in all: a call brings back ≤ 8
+}
+rows 64 60
+gpu_tests 120 8 tests/test_lora_gemm_gpu.py -k "swap_ab_bf16 or every_tuned_plan or bench_grid_is_feasible"
 gzip -f "$L/tests.log"
-for r in 16 64; do
-    mkdir -p "$L/r$r"
-    timeout 100 python3 scripts/probe_decode_rows.py --out "$L/r$r" --ms 24,32 --r "$r" > "$L/r$r.log" 2>&1
-    say "rows r$r rc=$?"
-    grep -E "^ROW|FAIL|Error" "$L/r$r.log" | sed 's/^ROW //' >> "$L/summary.txt"
-    gzip -f "$L/r$r.log"                              # 6 files in all: a call brings back ≤ 8
-done
+left=$(( 215 - (SECONDS - t0) ))
+(( left >= 30 )) && rows 16 "$left"
 exit 0
