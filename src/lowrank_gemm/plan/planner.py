@@ -393,9 +393,9 @@ def table_plan(path: Path | None, M: int, N: int, K: int, r: int, dtype, bits: i
 
 def swaps_past_bucket(M: int, r: int, bits: int, cfg: KernelConfig) -> bool:
     """Whether the rules' swap-AB plan replaces a bucket's unswapped entry at this M: 16 < M ≤ :data:`SWAP_AB_MAX_M`
-    (16-bit, r ≤ 64) falls in the M = 64 bucket, whose entries were tuned on full 64-row tiles; at M ≤ 32 those
-    tiles are at least half TMA zero fill."""
-    return 16 < M <= SWAP_AB_MAX_M and bits == 16 and r <= 64 and not cfg.swap_ab and cfg.block_m >= 2 * M
+    (where :func:`swap_plan_applies`) falls in the M = 64 bucket, whose entries were tuned on full 64-row tiles; at
+    M ≤ 32 those tiles are at least half TMA zero fill."""
+    return M > 16 and swap_plan_applies(M, r, bits) and not cfg.swap_ab and cfg.block_m >= 2 * M
 
 
 def resolve_device(device: torch.device | str) -> torch.device:
@@ -460,6 +460,15 @@ def current_pin() -> Pinned | None:
 # (the tokens on the wgmma's N) beat the 64-row kloop / split on all five families probed, 1–10 % (5120² M = 24:
 # 23.7 against 26.5 µs; 4096→28672: 84.5 against 94.0); at M = 48 / 64 it lost again
 SWAP_AB_MAX_M = 32
+# 17–32 tokens swap only up to the rank measured there (r16, s60a); r 17–64 keep the 64-row tiles until
+# ``scripts/gpu_s60b.sh`` times them and runs the GPU tests of those tiles
+SWAP_32_MAX_R = 16
+
+
+def swap_plan_applies(M: int, r: int, dtype_bits: int) -> bool:
+    """Whether the rules plan ``split`` + swap_ab here: 16-bit inputs, M ≤ 16 at r ≤ 64, 16 < M ≤
+    :data:`SWAP_AB_MAX_M` at r ≤ :data:`SWAP_32_MAX_R`."""
+    return dtype_bits == 16 and M <= SWAP_AB_MAX_M and r <= (64 if M <= 16 else SWAP_32_MAX_R)
 
 
 # 128-row swap tiles from 0.8 of a wave of them: N=14336 (112 tiles) M=16 16x128x64 1.064× cuBLAS vs 16x64x256 1.114×
@@ -647,9 +656,9 @@ def heuristic_lora(M: int, N: int, K: int, r: int, dtype_bits: int, *, gpu: bool
     or the "reduce" mode, first narrows the tiles to 64 columns. The fixup split is :func:`wave_split` (the
     partial last wave only; below one wave the same as ``split_k_for``).
 
-    On a GPU at M ≤ :data:`SWAP_AB_MAX_M` (16-bit, r ≤ 64, strategy free or ``split``): ``split`` with
-    swap_ab (:func:`_swap_split_plan`)."""
-    if (gpu and M <= SWAP_AB_MAX_M and dtype_bits == 16 and r <= 64 and strategy in (None, "split")
+    On a GPU where :func:`swap_plan_applies` (strategy free or ``split``): ``split`` with swap_ab
+    (:func:`_swap_split_plan`)."""
+    if (gpu and swap_plan_applies(M, r, dtype_bits) and strategy in (None, "split")
             and split_mode in (None, "fixup")):
         return "split", _swap_split_plan(M, N, r, dtype_bits, sms)
     free = strategy is None
