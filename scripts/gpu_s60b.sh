@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Session 60, call 2 (≤ 230 s, any GPU) → $OUT/s60b/: the 17–32-token swap-AB rule now on main, on the GPU:
+# Session 60, call 2 (never ran; the next session's first call; ≤ 230 s, any GPU) → $OUT/s60b/: the 17–32-token
+# swap-AB rule (on main at r ≤ 16, SWAP_32_MAX_R) on the GPU:
 #  1. scripts/probe_decode_rows.py at M = 24 / 32 with an `auto` row at rank 64 (s60a timed r16 only);
 #  2. its GPU tests (32-token swap tiles at real sizes: NaN-poisoned, bit-identical, graph replay) and the tuned-plan
 #     and bench-grid feasibility tests it could touch;
