@@ -23,7 +23,7 @@ import torch
 
 from ..kernels.env import getenv
 from ..kernels.epilogue import rank_block
-from ..kernels.schedule import cdiv, device_index
+from ..kernels.schedule import cdiv, device_index, next_pow2
 from .config import SPLIT_MODES, KernelConfig
 from .smem import SmemError, SmemLedger, solve_stages
 from .tuned import TUNED_DIR, table_entries, tuned_file, user_tuned_file
@@ -107,10 +107,6 @@ def split_mode_override() -> str | None:
 
 
 # ---------------------------------------------------------------------------- knobs (pure)
-
-def _pow2_at_least(v: int) -> int:
-    return 1 << max(0, int(v) - 1).bit_length()
-
 
 def block_r_for(r: int) -> int:
     """Rank padded to the MMA K granularity (16), as a power of two (``tl.arange``), ≤ 128."""
@@ -223,7 +219,7 @@ def r_bucket(r: int) -> int:
     for b in R_BUCKETS:
         if r <= b:
             return b
-    return _pow2_at_least(r)
+    return next_pow2(r)
 
 
 # ---------------------------------------------------------------------------- feasibility
@@ -482,8 +478,8 @@ def _swap_split_plan(M: int, N: int, r: int, dtype_bits: int, sms: int) -> Kerne
     when N fills most of a wave of 128-row tiles (two such CTAs share an SM, so every tile is resident at once;
     N=28672: 16x128x64, 6 stages), else 64 rows × 256-wide K steps (4096², 8192²: 16x64x256, 5 stages)."""
     bn, bk = (128, 64) if cdiv(N, 128) >= SWAP_WIDE_WAVE * sms else (64, 256)
-    base = KernelConfig(block_m=max(16, _pow2_at_least(M)), block_n=bn, block_k=bk, block_r=block_r_for(r), group_m=1, num_warps=4,
-                        num_stages=2, swap_ab=True)
+    base = KernelConfig(block_m=max(16, next_pow2(M)), block_n=bn, block_k=bk, block_r=block_r_for(r), group_m=1,
+                        num_warps=4, num_stages=2, swap_ab=True)
     return base.replace(num_stages=stages_for(lambda s: lora_ledger("split", base.replace(num_stages=s), dtype_bits)))
 
 
@@ -647,8 +643,8 @@ def heuristic_lora(M: int, N: int, K: int, r: int, dtype_bits: int, *, gpu: bool
     the H200) and S comes once from a K-sliced down kernel.
 
     On a GPU above M = 16, where the swap-AB plan below does not apply (strategy free, ``split`` or ``kloop``; no
-    split-mode override): the tiles and split of :func:`measured_tile`, and ``persistent_static`` for a free strategy from ~a wave of 128×256
-    tiles at N ≥ 8192. Session 17 measured the older rules below on untuned Llama-3-8B shapes at 1.75–4.2× cuBLAS
+    split-mode override): the tiles and split of :func:`measured_tile`, and ``persistent_static`` for a free
+    strategy from ~a wave of 128×256 tiles at N ≥ 8192. Session 17 measured the older rules below on untuned Llama-3-8B shapes at 1.75–4.2× cuBLAS
     (one-launch split-K of 128×256 tiles at M = 256, of 64×64 at M = 64), slower than torch's unfused branch.
 
     Otherwise (pinned persistent / concat / …, the env's split mode, the interpreter): few tiles keep 128-wide
