@@ -95,8 +95,8 @@ def test_swap_ab_matches_reference(strategy, split_k, split_mode, poisoned_works
 
 @pytest.mark.parametrize("M", [17, 30, 45])
 def test_swap_ab_on_32_token_tiles_matches_reference(M, poisoned_workspaces):
-    """The rules' plan at 17–32 tokens: split + swap_ab on 32-token tiles (the tokens on the wgmma's N) — ragged M in
-    one or two token tiles, N and K ragged, rank 24 over two BR chunks, bias."""
+    """split + swap_ab on 32-token tiles (the tokens on the wgmma's N; the rules' plan at 17–32 tokens, r ≤ 16) —
+    ragged M in one or two token tiles, N and K ragged, rank 24 over two BR chunks, bias."""
     N, K, r = 150, 88, 24
     x, w, a, b, bias = make(M, N, K, r, seed=M)
     cfg = cfg_for(16, bm=32, bn=64, bk=16).replace(swap_ab=True)
