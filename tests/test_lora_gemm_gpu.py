@@ -283,7 +283,7 @@ def test_fixup_concurrent_streams(between, fresh_kernel_buffers):
 
 
 SWAP_SHAPES = [(1, 28672, 4096, 16), (16, 4096, 4096, 64), (24, 28672, 4096, 16), (32, 5120, 5120, 64),
-               (64, 8192, 8192, 16), (37, 5000, 3000, 40)]
+               (64, 8192, 8192, 16), (37, 5000, 3000, 40), (20, 5000, 3000, 40)]
 
 
 @pytest.mark.parametrize("shape", SWAP_SHAPES, ids=lambda s: "x".join(map(str, s)))

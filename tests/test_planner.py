@@ -469,19 +469,19 @@ def test_heuristic_decode_size_split_is_swap_ab():
 
 
 def test_17_to_32_tokens_swap_onto_32_token_tiles():
-    """16 < M ≤ 32 (16-bit, r ≤ 16, the rank measured): split + swap_ab on 32-token tiles, the tile the decode-rows
-    probe timed, in place of a 64-row tile that is at least half TMA zero fill — also where the M = 64 bucket holds
-    an unswapped entry; r > 16, 8-bit inputs and M = 33 keep the unswapped plans."""
-    for M in (17, 24, 32):
-        s, c = heuristic_lora(M, 5120, 5120, 16, 16, gpu=True, sms=H200_SMS)
+    """16 < M ≤ 32 (16-bit, r ≤ 64, the ranks measured): split + swap_ab on 32-token tiles, the tiles the
+    decode-rows probe timed, in place of a 64-row tile that is at least half TMA zero fill — also where the M = 64
+    bucket holds an unswapped entry; r > 64, 8-bit inputs and M = 33 keep the unswapped plans."""
+    for M, r in ((17, 16), (24, 16), (32, 16), (17, 24), (24, 64), (32, 64)):
+        s, c = heuristic_lora(M, 5120, 5120, r, 16, gpu=True, sms=H200_SMS)
         assert (s, c.swap_ab, c.block_m, c.block_n, c.block_k, c.num_stages) == ("split", True, 32, 64, 256, 4)
-        assert can_implement(s, (M, 5120, 5120, 16), c)
-    for M, r, bits in ((33, 16, 16), (32, 128, 16), (32, 16, 8), (24, 64, 16), (17, 24, 16)):
+        assert c.block_r == max(16, r if r in (16, 32, 64) else 32) and can_implement(s, (M, 5120, 5120, r), c)
+    for M, r, bits in ((33, 16, 16), (32, 128, 16), (32, 16, 8), (24, 65, 16), (17, 96, 16)):
         s, c = heuristic_lora(M, 5120, 5120, r, bits, gpu=True, sms=H200_SMS)
         assert not c.swap_ab and c.block_m == 64, (M, r, bits)
     kloop = KernelConfig(block_m=64, block_n=128, block_k=64, block_r=16, num_warps=4, num_stages=6)
     assert P.swaps_past_bucket(32, 16, 16, kloop) and P.swaps_past_bucket(17, 8, 16, kloop)
-    assert not P.swaps_past_bucket(17, 64, 16, kloop)
+    assert P.swaps_past_bucket(17, 64, 16, kloop) and not P.swaps_past_bucket(17, 65, 16, kloop)
     assert heuristic_lora(16, 5120, 5120, 64, 16, gpu=True, sms=H200_SMS)[1].swap_ab     # M ≤ 16: r ≤ 64 as before
     assert not P.swaps_past_bucket(33, 16, 16, kloop) and not P.swaps_past_bucket(16, 16, 16, kloop)
     assert not P.swaps_past_bucket(32, 128, 16, kloop) and not P.swaps_past_bucket(32, 16, 8, kloop)

@@ -122,7 +122,7 @@ COMPILED = [
     ("split", CFG.replace(block_m=16, block_n=64, block_k=256, block_r=64, num_stages=5, swap_ab=True),
      lambda c: compile_main(c, K_.LOWRANK_GLOBAL, SWAP_AB=True, PDL=True)),
     # 32-token X tiles, the rules' 17–32-token plans (wide N: 128 weight rows × 64-wide K steps; else 64 × 256);
-    # r64 is the width SWAP_32_MAX_R would reach if the GPU measures it
+    # at r16 and at r64, the widest rank they serve
     ("split", CFG.replace(block_m=32, block_n=128, block_k=64, block_r=16, num_stages=6, swap_ab=True),
      lambda c: compile_main(c, K_.LOWRANK_GLOBAL, SWAP_AB=True, PDL=True)),
     ("split", CFG.replace(block_m=32, block_n=64, block_k=256, block_r=64, num_stages=4, swap_ab=True),

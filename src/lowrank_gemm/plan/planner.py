@@ -456,15 +456,17 @@ def current_pin() -> Pinned | None:
 # (the tokens on the wgmma's N) beat the 64-row kloop / split on all five families probed, 1–10 % (5120² M = 24:
 # 23.7 against 26.5 µs; 4096→28672: 84.5 against 94.0); at M = 48 / 64 it lost again
 SWAP_AB_MAX_M = 32
-# 17–32 tokens swap only up to the rank measured there (r16, s60a); r 17–64 keep the 64-row tiles until
-# ``scripts/gpu_s60b.sh`` times them and runs the GPU tests of those tiles
-SWAP_32_MAX_R = 16
+# Session 61 (H100, ``probes/s61/s60b``): at r64 the 32-token swap tiles beat the 64-row split by 5–9 % on 5120²,
+# 4096→28672 and 4096² and tie it elsewhere; today's plans there (the M = 64 bucket's kloop / persistent entries)
+# ran 25.3 µs on 4096² M = 24 against swap's 19.5, 31.8 against 25.9 on 5120², level on 4096→28672 and 8192²;
+# so 17–32 tokens swap up to r64, as M ≤ 16 does
+SWAP_AB_MAX_R = 64
 
 
 def swap_plan_applies(M: int, r: int, dtype_bits: int) -> bool:
-    """Whether the rules plan ``split`` + swap_ab here: 16-bit inputs, M ≤ 16 at r ≤ 64, 16 < M ≤
-    :data:`SWAP_AB_MAX_M` at r ≤ :data:`SWAP_32_MAX_R`."""
-    return dtype_bits == 16 and M <= SWAP_AB_MAX_M and r <= (64 if M <= 16 else SWAP_32_MAX_R)
+    """Whether the rules plan ``split`` + swap_ab here: 16-bit inputs, M ≤ :data:`SWAP_AB_MAX_M`,
+    r ≤ :data:`SWAP_AB_MAX_R`."""
+    return dtype_bits == 16 and M <= SWAP_AB_MAX_M and r <= SWAP_AB_MAX_R
 
 
 # 128-row swap tiles from 0.8 of a wave of them: N=14336 (112 tiles) M=16 16x128x64 1.064× cuBLAS vs 16x64x256 1.114×
