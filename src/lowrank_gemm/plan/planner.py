@@ -456,10 +456,10 @@ def current_pin() -> Pinned | None:
 # (the tokens on the wgmma's N) beat the 64-row kloop / split on all five families probed, 1–10 % (5120² M = 24:
 # 23.7 against 26.5 µs; 4096→28672: 84.5 against 94.0); at M = 48 / 64 it lost again
 SWAP_AB_MAX_M = 32
-# Session 61 (H100, ``probes/s61/s60b``): at r64 the 32-token swap tiles beat the 64-row split by 5–9 % on 5120²,
-# 4096→28672 and 4096² and tie it elsewhere; today's plans there (the M = 64 bucket's kloop / persistent entries)
-# ran 25.3 µs on 4096² M = 24 against swap's 19.5, 31.8 against 25.9 on 5120², level on 4096→28672 and 8192²;
-# so 17–32 tokens swap up to r64, as M ≤ 16 does
+# Session 61 (H100, ``probes/s61/s60b``, ``s61b``): at r32 / r64 the 32-token swap tiles beat the 64-row split
+# by 5–9 % on 5120², 4096→28672 and 4096² and tie it on 8192²; the plans they replaced at r64 (the M = 64
+# bucket's kloop / persistent entries) ran 25.3 µs on 4096² M = 24 against swap's 19.5, 31.8 against 25.9 on 5120²,
+# level on 4096→28672, 8192² and 2048→5632; so 17–32 tokens swap up to r64, as M ≤ 16 does
 SWAP_AB_MAX_R = 64
 
 
