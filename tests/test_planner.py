@@ -475,7 +475,7 @@ def test_17_to_32_tokens_swap_onto_32_token_tiles():
     for M, r in ((17, 16), (24, 16), (32, 16), (17, 24), (24, 64), (32, 64)):
         s, c = heuristic_lora(M, 5120, 5120, r, 16, gpu=True, sms=H200_SMS)
         assert (s, c.swap_ab, c.block_m, c.block_n, c.block_k, c.num_stages) == ("split", True, 32, 64, 256, 4)
-        assert c.block_r == max(16, r if r in (16, 32, 64) else 32) and can_implement(s, (M, 5120, 5120, r), c)
+        assert c.block_r == {16: 16, 24: 32, 64: 64}[r] and can_implement(s, (M, 5120, 5120, r), c)
     for M, r, bits in ((33, 16, 16), (32, 128, 16), (32, 16, 8), (24, 65, 16), (17, 96, 16)):
         s, c = heuristic_lora(M, 5120, 5120, r, bits, gpu=True, sms=H200_SMS)
         assert not c.swap_ab and c.block_m == 64, (M, r, bits)
