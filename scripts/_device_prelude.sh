@@ -93,3 +93,11 @@ tune_lora() {
     # a call brings back at most 8 files: the report and the table in one archive
     tar czf "$L/tune.tgz" -C "$L" tune table 2>/dev/null && rm -rf "$L/tune" "$L/table"
 }
+# decode_rows <rank> <timeout s>: scripts/probe_decode_rows.py at M = 24 / 32 into $L/r<rank>/; its rows to the summary
+decode_rows() {
+    mkdir -p "$L/r$1"
+    timeout "$2" python3 scripts/probe_decode_rows.py --out "$L/r$1" --ms 24,32 --r "$1" > "$L/r$1.log" 2>&1
+    say "rows r$1 rc=$?"
+    grep -E "^ROW|FAIL|Error" "$L/r$1.log" | sed 's/^ROW //' >> "$L/summary.txt"
+    gzip -f "$L/r$1.log"                              # a call brings back ≤ 8 files
+}

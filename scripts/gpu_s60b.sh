@@ -9,16 +9,9 @@
 source "$(dirname "$0")/_device_prelude.sh" s60b
 t0=$SECONDS
 say "commit=${LOWRANK_GEMM_COMMIT:-?} $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)"
-rows() {    # rows <rank> <timeout s>: the probe into $L/r<rank>/; its rows to the summary
-    mkdir -p "$L/r$1"
-    timeout "$2" python3 scripts/probe_decode_rows.py --out "$L/r$1" --ms 24,32 --r "$1" > "$L/r$1.log" 2>&1
-    say "rows r$1 rc=$?"
-    grep -E "^ROW|FAIL|Error" "$L/r$1.log" | sed 's/^ROW //' >> "$L/summary.txt"
-    gzip -f "$L/r$1.log"                              # 8 files in all: a call brings back ≤ 8
-}
-rows 64 60
+decode_rows 64 60
 gpu_tests 120 8 tests/test_lora_gemm_gpu.py -k "swap_ab_bf16 or every_tuned_plan or bench_grid_is_feasible"
 gzip -f "$L/tests.log"
 left=$(( 215 - (SECONDS - t0) ))
-(( left >= 30 )) && rows 16 "$left"
+(( left >= 30 )) && decode_rows 16 "$left"
 exit 0

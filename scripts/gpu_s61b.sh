@@ -14,16 +14,9 @@ if [[ $gpu == *H200* ]]; then
     bench_lora 230
     exit 0
 fi
-rows() {    # rows <rank> <timeout s>: the probe into $L/r<rank>/; its rows to the summary
-    mkdir -p "$L/r$1"
-    timeout "$2" python3 scripts/probe_decode_rows.py --out "$L/r$1" --ms 24,32 --r "$1" > "$L/r$1.log" 2>&1
-    say "rows r$1 rc=$?"
-    grep -E "^ROW|FAIL|Error" "$L/r$1.log" | sed 's/^ROW //' >> "$L/summary.txt"
-    gzip -f "$L/r$1.log"
-}
 gpu_tests 80 8 tests/test_lora_gemm_gpu.py -k "swap_ab_bf16 and 20x5000"
 gzip -f "$L/tests.log"
-rows 32 70
+decode_rows 32 70
 left=$(( 215 - (SECONDS - t0) ))
-(( left >= 30 )) && rows 64 "$left"
+(( left >= 30 )) && decode_rows 64 "$left"
 exit 0
