@@ -95,7 +95,7 @@ def test_swap_ab_matches_reference(strategy, split_k, split_mode, poisoned_works
 
 @pytest.mark.parametrize("M", [17, 30, 45])
 def test_swap_ab_on_32_token_tiles_matches_reference(M, poisoned_workspaces):
-    """split + swap_ab on 32-token tiles (the tokens on the wgmma's N; the rules' plan at 17–32 tokens, r ≤ 16) —
+    """split + swap_ab on 32-token tiles (the tokens on the wgmma's N; the rules' plan at 17–32 tokens, r ≤ 64) —
     ragged M in one or two token tiles, N and K ragged, rank 24 over two BR chunks, bias."""
     N, K, r = 150, 88, 24
     x, w, a, b, bias = make(M, N, K, r, seed=M)

@@ -646,8 +646,9 @@ def heuristic_lora(M: int, N: int, K: int, r: int, dtype_bits: int, *, gpu: bool
 
     On a GPU above M = 16, where the swap-AB plan below does not apply (strategy free, ``split`` or ``kloop``; no
     split-mode override): the tiles and split of :func:`measured_tile`, and ``persistent_static`` for a free
-    strategy from ~a wave of 128×256 tiles at N ≥ 8192. Session 17 measured the older rules below on untuned Llama-3-8B shapes at 1.75–4.2× cuBLAS
-    (one-launch split-K of 128×256 tiles at M = 256, of 64×64 at M = 64), slower than torch's unfused branch.
+    strategy from ~a wave of 128×256 tiles at N ≥ 8192. Session 17 measured the older rules below on untuned
+    Llama-3-8B shapes at 1.75–4.2× cuBLAS (one-launch split-K of 128×256 tiles at M = 256, of 64×64 at M = 64),
+    slower than torch's unfused branch.
 
     Otherwise (pinned persistent / concat / …, the env's split mode, the interpreter): few tiles keep 128-wide
     tiles with the in-launch split-K (``split_mode="fixup"``) at M ≤ 16 and split K up to ~1 wave; 17 ≤ M ≤ 64,
